@@ -1,0 +1,40 @@
+-- claim: move up to N tasks into this consumer's processing list, highest priority first.
+-- KEYS[1] pending list   KEYS[2] prioritized zset   KEYS[3] processing list of this consumer
+-- KEYS[4] consumers zset (lease deadlines)
+-- ARGV[1] consumer id    ARGV[2] N (max tasks)     ARGV[3] wake token (dropped, never returned)
+-- ARGV[4] "1" to first remove one wake token that a blocking claim put in processing
+-- Returns: false if this consumer holds no lease (it was reaped), else the claimed tasks
+-- (oldest first). Order: priority > 0, then the pending list (priority 0), then priority < 0.
+if not redis.call('ZSCORE', KEYS[4], ARGV[1]) then
+  return false
+end
+if ARGV[4] == '1' then
+  redis.call('LREM', KEYS[3], 1, ARGV[3])
+end
+local want = tonumber(ARGV[2])
+local zero = 100 * 4398046511104  -- score of the first priority-0 slot: (100 - p) * 2^42 + ms
+local claimed = {}
+
+local function take_prioritized(min, max)
+  if want - #claimed <= 0 then return end
+  local items = redis.call('ZRANGE', KEYS[2], min, max, 'BYSCORE', 'LIMIT', 0, want - #claimed)
+  for _, item in ipairs(items) do
+    redis.call('ZREM', KEYS[2], item)
+    redis.call('LPUSH', KEYS[3], item)
+    claimed[#claimed + 1] = item
+  end
+end
+
+take_prioritized('-inf', '(' .. zero)
+while want - #claimed > 0 do
+  local items = redis.call('RPOP', KEYS[1], want - #claimed)
+  if not items then break end
+  for _, item in ipairs(items) do
+    if item ~= ARGV[3] then
+      redis.call('LPUSH', KEYS[3], item)
+      claimed[#claimed + 1] = item
+    end
+  end
+end
+take_prioritized('(' .. zero, '+inf')
+return claimed

@@ -1,0 +1,12 @@
+-- dead_letter: move a task from this consumer's processing list to the dead-letter set.
+-- KEYS[1] processing list of this consumer   KEYS[2] dead zset   KEYS[3] recoveries hash
+-- ARGV[1] serialized task as claimed   ARGV[2] serialized task with its error and reason
+-- Returns: 1 moved, 0 lost (no longer in this consumer's list: it was reaped).
+-- Dead members are scored by the time (ms) they died.
+if redis.call('LREM', KEYS[1], -1, ARGV[1]) == 0 then
+  return 0
+end
+redis.call('HDEL', KEYS[3], redis.sha1hex(ARGV[1]))
+local time = redis.call('TIME')
+redis.call('ZADD', KEYS[2], tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000), ARGV[2])
+return 1

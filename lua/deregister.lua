@@ -1,0 +1,14 @@
+-- deregister: a consumer leaving cleanly gives back what it holds and drops its lease.
+-- KEYS[1] consumers zset   KEYS[2] consumer info hash   KEYS[3] processing list   KEYS[4] pending
+-- ARGV[1] consumer id
+-- Returns: how many tasks went back to the head of pending (oldest claimed runs first).
+local returned = 0
+while true do
+  local task = redis.call('LPOP', KEYS[3])
+  if not task then break end
+  redis.call('RPUSH', KEYS[4], task)
+  returned = returned + 1
+end
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+return returned

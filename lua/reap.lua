@@ -1,0 +1,68 @@
+-- reap: return the tasks of a consumer whose lease expired to the head of pending.
+-- KEYS[1] consumers zset   KEYS[2] consumer info hash   KEYS[3] reaped zset (tombstones)
+-- KEYS[4] processing list of the dead consumer   KEYS[5] pending list   KEYS[6] dead zset
+-- KEYS[7] recoveries hash (sha1 of task -> times recovered)
+-- ARGV[1] consumer id   ARGV[2] max recoveries before dead-lettering   ARGV[3] max tasks moved
+-- ARGV[4] wake token (dropped)   ARGV[5] default lease ms (when the consumer left no info)
+-- Returns: {status, requeued, still in the list, dead-lettered tasks...}; status 1 reaped,
+-- -1 lease still alive (nothing touched), -2 Redis restarted less than a lease ago (live
+-- consumers have not had the chance to renew yet), -3 not a consumer this queue knows.
+local time = redis.call('TIME')
+local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local deadline = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if deadline then
+  if tonumber(deadline) > now_ms then
+    return {-1, 0, 0}
+  end
+  local lease_ms = tonumber(ARGV[5])
+  local info = redis.call('HGET', KEYS[2], ARGV[1])
+  if info then
+    lease_ms = tonumber(cjson.decode(info)['lease_ms']) or lease_ms
+  end
+  local uptime_s = tonumber(string.match(redis.call('INFO', 'server'), 'uptime_in_seconds:(%d+)'))
+  if uptime_s * 1000 < lease_ms then
+    return {-2, 0, 0}
+  end
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('HDEL', KEYS[2], ARGV[1])
+  redis.call('ZADD', KEYS[3], now_ms, ARGV[1])
+elseif not redis.call('ZSCORE', KEYS[3], ARGV[1]) then
+  return {-3, 0, 0}
+end
+
+local function varint(n)
+  local out = ''
+  while n >= 128 do
+    out = out .. string.char(n % 128 + 128)
+    n = math.floor(n / 128)
+  end
+  return out .. string.char(n)
+end
+-- Appending a length-delimited field to a protobuf message sets it (last value wins).
+local function with_string_field(message, number, value)
+  return message .. string.char(number * 8 + 2) .. varint(#value) .. value
+end
+
+local result = {1, 0, 0}
+local max_recoveries = tonumber(ARGV[2])
+for _ = 1, tonumber(ARGV[3]) do
+  -- Newest first onto the head of pending, so the oldest claimed runs first.
+  local task = redis.call('LPOP', KEYS[4])
+  if not task then break end
+  if task ~= ARGV[4] then
+    local digest = redis.sha1hex(task)
+    local recovered = redis.call('HINCRBY', KEYS[7], digest, 1)
+    if recovered > max_recoveries then
+      redis.call('HDEL', KEYS[7], digest)
+      local reason = 'recovered ' .. recovered .. ' times from consumers that died running it'
+      local dead = with_string_field(with_string_field(task, 11, 'ConsumerDied: ' .. reason), 13, reason)
+      redis.call('ZADD', KEYS[6], now_ms, dead)
+      result[#result + 1] = dead
+    else
+      redis.call('RPUSH', KEYS[5], task)
+      result[2] = result[2] + 1
+    end
+  end
+end
+result[3] = redis.call('LLEN', KEYS[4])
+return result

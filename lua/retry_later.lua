@@ -1,0 +1,13 @@
+-- retry_later: move a task from this consumer's processing list to the delayed set.
+-- KEYS[1] processing list of this consumer   KEYS[2] delayed zset   KEYS[3] recoveries hash
+-- ARGV[1] serialized task as claimed   ARGV[2] delayed member ("<%+04d priority><task>")
+-- ARGV[3] delay in ms from now (server clock)
+-- Returns: 1 moved, 0 lost (no longer in this consumer's list: it was reaped).
+if redis.call('LREM', KEYS[1], -1, ARGV[1]) == 0 then
+  return 0
+end
+redis.call('HDEL', KEYS[3], redis.sha1hex(ARGV[1]))
+local time = redis.call('TIME')
+local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+redis.call('ZADD', KEYS[2], now_ms + tonumber(ARGV[3]), ARGV[2])
+return 1

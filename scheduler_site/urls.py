@@ -1,0 +1,8 @@
+"""URL routes of the site."""
+from django.contrib import admin
+from django.urls import include, path
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("", include("django_prometheus.urls")),
+]

@@ -1,0 +1,458 @@
+"""The only code that talks to Redis: key naming, the Lua scripts and one method per operation.
+
+Every key of a queue carries the hash tag ``{queue}``, so each script touches one Redis Cluster
+slot; every key a script touches is passed to it in KEYS. See docs/PROTOCOL.md.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+from redis.exceptions import NoScriptError
+
+LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
+# Pushed onto an empty pending list to wake a consumer blocked on it; never a valid Task
+# (field number 0 does not exist in protobuf), dropped wherever it is met.
+WAKE_TOKEN = b"\x00wake"
+# Each recovery of a task from a dead consumer is counted; past this it is dead-lettered.
+MAX_RECOVERIES = 3
+REAP_BATCH = 1000
+TOMBSTONE_KEEP_MS = 24 * 3600 * 1000
+
+
+def delayed_member(priority: int, raw: bytes) -> bytes:
+    """Encode a delayed-set member: the priority as 4 ASCII characters, then the task."""
+    return f"{priority:+04d}".encode() + raw
+
+
+def split_delayed_member(member: bytes) -> tuple[int, bytes]:
+    """Split a delayed-set member into its priority and the serialized task."""
+    return int(member[:4]), member[4:]
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Builds every Redis key; queue keys share the queue's hash tag."""
+
+    prefix: str
+
+    def queue_key(self, queue: str, name: str) -> str:
+        """Return the key `name` of `queue`, e.g. ``ts:{default}:pending``."""
+        return f"{self.prefix}:{{{queue}}}:{name}"
+
+    def pending(self, queue: str) -> str:
+        return self.queue_key(queue, "pending")
+
+    def prioritized(self, queue: str) -> str:
+        return self.queue_key(queue, "prioritized")
+
+    def delayed(self, queue: str) -> str:
+        return self.queue_key(queue, "delayed")
+
+    def dead(self, queue: str) -> str:
+        return self.queue_key(queue, "dead")
+
+    def processing(self, queue: str, consumer_id: str) -> str:
+        return self.queue_key(queue, f"processing:{consumer_id}")
+
+    def consumers(self, queue: str) -> str:
+        return self.queue_key(queue, "consumers")
+
+    def consumer_info(self, queue: str) -> str:
+        return self.queue_key(queue, "consumer_info")
+
+    def reaped(self, queue: str) -> str:
+        return self.queue_key(queue, "reaped")
+
+    def recoveries(self, queue: str) -> str:
+        return self.queue_key(queue, "recoveries")
+
+    def queues(self) -> str:
+        return f"{self.prefix}:queues"
+
+    def result(self, task_id: str) -> str:
+        return f"{self.prefix}:result:{task_id}"
+
+    def rate(self, task_type: str) -> str:
+        return f"{self.prefix}:rate:{{{task_type}}}"
+
+
+@dataclass(frozen=True)
+class Enqueueable:
+    """A serialized task ready to push, with where it goes and its initial result record."""
+
+    queue: str
+    raw: bytes
+    priority: int = 0
+    run_after_ms: int = 0
+    result_key_fields: dict[str, str] = field(default_factory=dict)
+    task_id: str = ""
+
+
+@dataclass(frozen=True)
+class ReapOutcome:
+    """What one reap call did to one consumer's processing list."""
+
+    status: int  # 1 reaped, -1 lease alive, -2 Redis restarted recently, -3 unknown consumer
+    requeued: int
+    remaining: int
+    dead_lettered: list[bytes]
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """Sizes of one queue's parts and its live consumers."""
+
+    queue: str
+    pending: int
+    processing: int
+    delayed: int
+    dead: int
+    consumers: list[dict[str, Any]]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "queue": self.queue, "pending": self.pending, "processing": self.processing,
+            "delayed": self.delayed, "dead": self.dead, "consumers": self.consumers,
+        }
+
+
+class Scripts:
+    """The Lua scripts of lua/, loaded once and run by SHA (reloaded after a Redis restart)."""
+
+    def __init__(self, directory: Path = LUA_DIR) -> None:
+        self.sources = {path.stem: path.read_bytes() for path in sorted(directory.glob("*.lua"))}
+        self.shas = {name: hashlib.sha1(src).hexdigest() for name, src in self.sources.items()}
+        self.names_by_sha = {sha: name for name, sha in self.shas.items()}
+
+    def run(self, client: Any, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Run script `name` on `client`, loading it first if the server does not have it."""
+        try:
+            return client.evalsha(self.shas[name], len(keys), *keys, *args)
+        except NoScriptError:
+            return client.eval(self.sources[name], len(keys), *keys, *args)
+
+    def queue(self, pipe: Any, name: str, keys: Sequence[str], args: Sequence[Any]) -> None:
+        """Add a run of script `name` to a pipeline (see `execute`)."""
+        pipe.evalsha(self.shas[name], len(keys), *keys, *args)
+
+    def execute(self, pipe: Any, client: Any) -> list[Any]:
+        """Execute a pipeline; re-run by source just those scripts the server did not have."""
+        commands = [(args, options) for args, options in _pipeline_commands(pipe)]
+        results = pipe.execute(raise_on_error=False)
+        for index, outcome in enumerate(results):
+            if isinstance(outcome, NoScriptError):
+                args = commands[index][0]
+                name = self.names_by_sha[_text(args[1])]
+                results[index] = client.eval(self.sources[name], *args[2:])
+            elif isinstance(outcome, Exception):
+                raise outcome
+        return results
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _pipeline_commands(pipe: Any) -> Iterable[tuple[tuple[Any, ...], dict[str, Any]]]:
+    """The commands queued on a redis-py pipeline, as (args, options)."""
+    stack = getattr(pipe, "command_stack", [])
+    for entry in stack:
+        args = getattr(entry, "args", None)
+        if args is None:
+            args, options = entry
+        else:
+            options = getattr(entry, "options", {})
+        yield tuple(args), options
+
+
+def connect(url: str, cluster: bool = False) -> Any:
+    """Open a Redis (or Redis Cluster) client for `url` with sensible timeouts."""
+    options: dict[str, Any] = {
+        "socket_timeout": 15,
+        "socket_connect_timeout": 5,
+        "health_check_interval": 30,
+    }
+    if cluster:
+        return redis.RedisCluster.from_url(url, **options)
+    return redis.Redis.from_url(url, **options)
+
+
+class Broker:
+    """Queue operations on Redis, each one round trip or one script."""
+
+    def __init__(self, client: Any, prefix: str, scripts: Scripts | None = None) -> None:
+        self.client = client
+        self.keys = Keys(prefix)
+        self.scripts = scripts or Scripts()
+
+    @classmethod
+    def from_settings(cls, *, prefix: str | None = None) -> Broker:
+        """Build a broker, with a connection pool of its own, from Django settings."""
+        from django.conf import settings
+
+        client = connect(settings.REDIS_URL, settings.REDIS_CLUSTER)
+        return cls(client, prefix or settings.TASKS_KEY_PREFIX)
+
+    def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        return self.scripts.run(self.client, name, keys, args)
+
+    # --- producing -------------------------------------------------------------------------
+    def enqueue(self, items: Sequence[Enqueueable], result_ttl_s: int) -> None:
+        """Write each task's READY record, then push the tasks, all in one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for item in items:
+            if item.result_key_fields:
+                key = self.keys.result(item.task_id)
+                pipe.hset(key, mapping=item.result_key_fields)
+                pipe.expire(key, result_ttl_s)
+        immediate: dict[str, list[bytes]] = {}
+        prioritized: dict[str, list[Any]] = {}
+        for item in items:
+            if item.run_after_ms:
+                pipe.zadd(self.keys.delayed(item.queue), {delayed_member(item.priority, item.raw): item.run_after_ms})
+            elif item.priority:
+                prioritized.setdefault(item.queue, []).extend([item.priority, item.raw])
+            else:
+                immediate.setdefault(item.queue, []).append(item.raw)
+        for queue, raws in immediate.items():
+            pipe.lpush(self.keys.pending(queue), *raws)
+        for queue, pairs in prioritized.items():
+            self.scripts.queue(pipe, "enqueue_prioritized",
+                               [self.keys.prioritized(queue), self.keys.pending(queue)], [WAKE_TOKEN, *pairs])
+        for queue in {item.queue for item in items}:
+            pipe.sadd(self.keys.queues(), queue)
+        self.scripts.execute(pipe, self.client)
+
+    # --- claiming --------------------------------------------------------------------------
+    def claim(self, queue: str, consumer_id: str, max_tasks: int, *, drop_wake: bool = False) -> list[bytes] | None:
+        """Move up to `max_tasks` into this consumer's list; None if its lease was lost."""
+        keys = [self.keys.pending(queue), self.keys.prioritized(queue),
+                self.keys.processing(queue, consumer_id), self.keys.consumers(queue)]
+        claimed = self._script("claim", keys, [consumer_id, max_tasks, WAKE_TOKEN, "1" if drop_wake else "0"])
+        return None if claimed is None else list(claimed)
+
+    def claim_blocking(self, queue: str, consumer_id: str, timeout_s: float) -> bytes | None:
+        """Block until a task can move from pending into this consumer's list (BLMOVE).
+
+        Returns the task, WAKE_TOKEN when woken for a prioritized task, or None on timeout.
+        """
+        return self.client.blmove(self.keys.pending(queue), self.keys.processing(queue, consumer_id),
+                                  timeout_s, "RIGHT", "LEFT")
+
+    # --- finishing -------------------------------------------------------------------------
+    def ack(self, queue: str, consumer_id: str, raws: Sequence[bytes],
+            results: Sequence[ResultUpdate] = ()) -> list[bool]:
+        """Record results, then acknowledge tasks, in one round trip; flags say which were still held."""
+        pipe = self.client.pipeline(transaction=False)
+        for update in results:
+            self._queue_result(pipe, update)
+        self.scripts.queue(pipe, "ack", [self.keys.processing(queue, consumer_id), self.keys.recoveries(queue)], list(raws))
+        flags = self.scripts.execute(pipe, self.client)[-1]
+        return [bool(flag) for flag in flags]
+
+    def retry_later(self, queue: str, consumer_id: str, raw: bytes, new_raw: bytes, priority: int,
+                    delay_ms: int, result: ResultUpdate | None = None) -> bool:
+        """Move a claimed task to the delayed set, due `delay_ms` from now; False if it was lost."""
+        keys = [self.keys.processing(queue, consumer_id), self.keys.delayed(queue), self.keys.recoveries(queue)]
+        args = [raw, delayed_member(priority, new_raw), max(0, int(delay_ms))]
+        return self._with_result("retry_later", keys, args, result)
+
+    def dead_letter(self, queue: str, consumer_id: str, raw: bytes, new_raw: bytes,
+                    result: ResultUpdate | None = None) -> bool:
+        """Move a claimed task to the dead-letter set; False if it was lost."""
+        keys = [self.keys.processing(queue, consumer_id), self.keys.dead(queue), self.keys.recoveries(queue)]
+        return self._with_result("dead_letter", keys, [raw, new_raw], result)
+
+    def _with_result(self, script: str, keys: list[str], args: list[Any], result: ResultUpdate | None) -> bool:
+        if result is None:
+            return bool(self._script(script, keys, args))
+        pipe = self.client.pipeline(transaction=False)
+        self.scripts.queue(pipe, script, keys, args)
+        self._queue_result(pipe, result)
+        return bool(self.scripts.execute(pipe, self.client)[0])
+
+    def return_unstarted(self, queue: str, consumer_id: str, raws: Sequence[bytes]) -> int:
+        """Put claimed, never-started tasks back at the head of pending, first one first."""
+        if not raws:
+            return 0
+        keys = [self.keys.processing(queue, consumer_id), self.keys.pending(queue)]
+        return int(self._script("return_unstarted", keys, list(raws)))
+
+    # --- results ---------------------------------------------------------------------------
+    def record_result(self, update: ResultUpdate) -> None:
+        """Write one result update."""
+        pipe = self.client.pipeline(transaction=False)
+        self._queue_result(pipe, update)
+        self.scripts.execute(pipe, self.client)
+
+    def _queue_result(self, pipe: Any, update: ResultUpdate) -> None:
+        args: list[Any] = [update.ttl_s, update.append_worker_id or "",
+                           json.dumps(update.append_error) if update.append_error else ""]
+        for name, value in update.fields.items():
+            args.extend([name, value])
+        self.scripts.queue(pipe, "record_result", [self.keys.result(update.task_id)], args)
+
+    def get_result(self, task_id: str) -> dict[str, str] | None:
+        """Return a task's result record as text fields, or None if there is none."""
+        record = self.client.hgetall(self.keys.result(task_id))
+        if not record:
+            return None
+        return {key.decode(): value.decode() for key, value in record.items()}
+
+    # --- delayed ---------------------------------------------------------------------------
+    def promote_due(self, queue: str, limit: int = 1000) -> tuple[int, int, int]:
+        """Move due delayed tasks into pending; return (moved, next due ms or -1, server ms)."""
+        keys = [self.keys.delayed(queue), self.keys.pending(queue), self.keys.prioritized(queue)]
+        moved, next_due_ms, now_ms = self._script("promote_due", keys, [limit, WAKE_TOKEN])
+        return int(moved), int(next_due_ms), int(now_ms)
+
+    # --- leases and recovery ---------------------------------------------------------------
+    def heartbeat(self, queues: Sequence[str], consumer_id: str, lease_ms: int,
+                  register_info: dict[str, Any] | None = None) -> bool:
+        """Register or renew this consumer's lease on every queue; False if any was lost."""
+        info = json.dumps(register_info) if register_info is not None else ""
+        pipe = self.client.pipeline(transaction=False)
+        for queue in queues:
+            self.scripts.queue(pipe, "heartbeat", [self.keys.consumers(queue), self.keys.consumer_info(queue)],
+                               [consumer_id, lease_ms, info])
+            if register_info is not None:
+                pipe.sadd(self.keys.queues(), queue)
+        results = self.scripts.execute(pipe, self.client)
+        return all(bool(flag) for flag in results[:: 2 if register_info is not None else 1])
+
+    def deregister(self, queue: str, consumer_id: str) -> int:
+        """Leave cleanly: return anything still held to pending and drop the lease."""
+        keys = [self.keys.consumers(queue), self.keys.consumer_info(queue),
+                self.keys.processing(queue, consumer_id), self.keys.pending(queue)]
+        return int(self._script("deregister", keys, [consumer_id]))
+
+    def reap_candidates(self, queue: str, max_ids: int = 100) -> tuple[list[str], list[str]]:
+        """Return consumers whose lease expired, and reaped ids whose lists are not empty."""
+        out = self._script("reap_candidates", [self.keys.consumers(queue), self.keys.reaped(queue)],
+                           [max_ids, TOMBSTONE_KEEP_MS])
+        ids = [item.decode() for item in out]
+        split = ids.index("")
+        expired, tombstones = ids[:split], ids[split + 1:]
+        if tombstones:
+            pipe = self.client.pipeline(transaction=False)
+            for consumer_id in tombstones:
+                pipe.llen(self.keys.processing(queue, consumer_id))
+            lengths = pipe.execute()
+            tombstones = [cid for cid, length in zip(tombstones, lengths) if length]
+        return expired, tombstones
+
+    def reap(self, queue: str, consumer_id: str, default_lease_ms: int) -> ReapOutcome:
+        """Return a dead consumer's tasks to pending (at most REAP_BATCH per call)."""
+        keys = [self.keys.consumers(queue), self.keys.consumer_info(queue), self.keys.reaped(queue),
+                self.keys.processing(queue, consumer_id), self.keys.pending(queue), self.keys.dead(queue),
+                self.keys.recoveries(queue)]
+        out = self._script("reap", keys, [consumer_id, MAX_RECOVERIES, REAP_BATCH, WAKE_TOKEN, default_lease_ms])
+        return ReapOutcome(status=int(out[0]), requeued=int(out[1]), remaining=int(out[2]),
+                           dead_lettered=list(out[3:]))
+
+    # --- inspection and admin --------------------------------------------------------------
+    def known_queues(self) -> list[str]:
+        """Return every queue that has seen a task or a consumer."""
+        return sorted(member.decode() for member in self.client.smembers(self.keys.queues()))
+
+    def live_consumers(self, queue: str) -> list[dict[str, Any]]:
+        """Return the consumers holding a lease on `queue`, with their info and in-flight count."""
+        entries = self.client.zrange(self.keys.consumers(queue), 0, -1, withscores=True)
+        if not entries:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(self.keys.consumer_info(queue))
+        for member, _ in entries:
+            pipe.llen(self.keys.processing(queue, member.decode()))
+        info_raw, *lengths = pipe.execute()
+        infos = {key.decode(): json.loads(value) for key, value in info_raw.items()}
+        consumers = []
+        for (member, deadline_ms), in_flight in zip(entries, lengths):
+            consumer_id = member.decode()
+            info = infos.get(consumer_id, {})
+            consumers.append({**info, "id": consumer_id, "lease_deadline_ms": int(deadline_ms), "in_flight": in_flight})
+        return consumers
+
+    def queue_stats(self, queue: str) -> QueueStats:
+        """Count pending, in-flight, delayed and dead tasks of a queue, and list its consumers."""
+        consumers = self.live_consumers(queue)
+        tombstones = self._tombstones(queue)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.llen(self.keys.pending(queue))
+        pipe.zcard(self.keys.prioritized(queue))
+        pipe.zcard(self.keys.delayed(queue))
+        pipe.zcard(self.keys.dead(queue))
+        for consumer_id in tombstones:
+            pipe.llen(self.keys.processing(queue, consumer_id))
+        pending, prioritized, delayed, dead, *orphaned = pipe.execute()
+        processing = sum(c["in_flight"] for c in consumers) + sum(orphaned)
+        return QueueStats(queue, pending + prioritized, processing, delayed, dead, consumers)
+
+    def _tombstones(self, queue: str) -> list[str]:
+        return [m.decode() for m in self.client.zrange(self.keys.reaped(queue), 0, -1)]
+
+    def is_idle(self, queues: Sequence[str]) -> bool:
+        """True when none of `queues` has anything pending, in flight or delayed."""
+        for queue in queues:
+            stats = self.queue_stats(queue)
+            if stats.pending or stats.processing or stats.delayed:
+                return False
+        return True
+
+    def list_dead(self, queue: str, offset: int = 0, limit: int = 100) -> list[tuple[bytes, int]]:
+        """Return dead-lettered tasks of a queue, newest first, with the time (ms) they died."""
+        entries = self.client.zrange(self.keys.dead(queue), offset, offset + limit - 1, desc=True, withscores=True)
+        return [(member, int(score)) for member, score in entries]
+
+    def requeue_dead(self, queue: str, pairs: Sequence[tuple[bytes, bytes]]) -> int:
+        """Move dead tasks (stored member, task to push) back to pending; return how many moved."""
+        if not pairs:
+            return 0
+        args: list[bytes] = []
+        for member, fresh in pairs:
+            args.extend([member, fresh])
+        return int(self._script("requeue_dead", [self.keys.dead(queue), self.keys.pending(queue)], args))
+
+    def delete_dead(self, queue: str, members: Sequence[bytes]) -> int:
+        """Delete dead-lettered tasks for good; return how many were deleted."""
+        return int(self.client.zrem(self.keys.dead(queue), *members)) if members else 0
+
+    def server_time_ms(self) -> int:
+        """Return the Redis server's clock in milliseconds."""
+        seconds, micros = self.client.time()
+        return seconds * 1000 + micros // 1000
+
+    def ping(self) -> bool:
+        """Return True if Redis answers."""
+        return bool(self.client.ping())
+
+
+@dataclass(frozen=True)
+class ResultUpdate:
+    """Fields to set on a task's result record, and items to append to its JSON lists."""
+
+    task_id: str
+    fields: dict[str, str]
+    ttl_s: int
+    append_worker_id: str | None = None
+    append_error: dict[str, str] | None = None
+
+
+_brokers: dict[tuple[str, bool, str], Broker] = {}
+
+
+def get_broker() -> Broker:
+    """Return the process-wide broker for the current settings (created on first use)."""
+    from django.conf import settings
+
+    key = (settings.REDIS_URL, settings.REDIS_CLUSTER, settings.TASKS_KEY_PREFIX)
+    broker = _brokers.get(key)
+    if broker is None:
+        broker = _brokers.setdefault(key, Broker.from_settings())
+    return broker

@@ -1,0 +1,73 @@
+"""Encoding of the protobuf task envelope and its JSON payload; the only user of task_pb2."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from google.protobuf.message import DecodeError
+
+from proto import task_pb2
+
+Task = task_pb2.Task
+
+PRIORITY_MIN = -100
+PRIORITY_MAX = 100
+
+
+class UndecodableTask(ValueError):
+    """Bytes that are not a valid task envelope or carry an invalid payload."""
+
+
+@dataclass(frozen=True)
+class Arguments:
+    """The positional and keyword arguments of a task."""
+
+    args: list[Any]
+    kwargs: dict[str, Any]
+
+
+def encode_payload(args: list[Any] | tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+    """Serialize arguments into the UTF-8 JSON payload."""
+    body: dict[str, Any] = {}
+    if args:
+        body["args"] = list(args)
+    if kwargs:
+        body["kwargs"] = kwargs
+    return json.dumps(body, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+def decode_payload(payload: bytes) -> Arguments:
+    """Parse a payload into arguments, raising UndecodableTask when it is malformed."""
+    if not payload:
+        return Arguments([], {})
+    try:
+        body = json.loads(payload.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise UndecodableTask(f"payload is not UTF-8 JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise UndecodableTask("payload must be a JSON object {\"args\": [...], \"kwargs\": {...}}")
+    args = body.get("args", [])
+    kwargs = body.get("kwargs", {})
+    if not isinstance(args, list):
+        raise UndecodableTask("payload \"args\" must be a JSON array")
+    if not isinstance(kwargs, dict):
+        raise UndecodableTask("payload \"kwargs\" must be a JSON object")
+    return Arguments(args, kwargs)
+
+
+def encode_task(task: Task) -> bytes:
+    """Serialize a task envelope (unknown fields read earlier are kept)."""
+    return task.SerializeToString()
+
+
+def decode_task(raw: bytes) -> Task:
+    """Parse a task envelope, raising UndecodableTask for bytes that are not one."""
+    task = Task()
+    try:
+        task.ParseFromString(raw)
+    except DecodeError as exc:
+        raise UndecodableTask(f"not a scheduler.v1.Task protobuf: {exc}") from None
+    if not task.id or not task.type:
+        raise UndecodableTask("task envelope has no id or no type")
+    return task

@@ -1,0 +1,79 @@
+"""Database models: task types, tuned in the admin."""
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.core.exceptions import ValidationError
+from django.db import models
+
+from .names import NAME_PATTERN, NAME_RULE
+
+name_validator = RegexValidator(f"^{NAME_PATTERN.pattern}$", f"Use {NAME_RULE}.")
+
+
+class TaskType(models.Model):
+    """A kind of task: which handler runs it, on which queue, how fast and how persistently."""
+
+    class RateAlgorithm(models.TextChoices):
+        GCRA = "gcra", "GCRA (exact: never more than the limit in any window)"
+        FIXED_WINDOW = "fixed_window", "Fixed window (may admit up to 2x at a window edge)"
+
+    name = models.CharField(
+        max_length=100, unique=True, validators=[name_validator],
+        help_text="The type name producers enqueue, e.g. billing.send_invoice.",
+    )
+    handler = models.CharField(
+        max_length=100, validators=[name_validator],
+        help_text="The registered handler that runs tasks of this type.",
+    )
+    queue = models.CharField(
+        max_length=100, default="default", validators=[name_validator],
+        help_text="Queue a task goes to when the producer does not name one.",
+    )
+    enabled = models.BooleanField(
+        default=True,
+        help_text="Disabled types cannot be enqueued, and queued tasks of this type wait "
+        "(without using attempts) until it is enabled again.",
+    )
+    rate_limit = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)],
+        help_text="At most this many tasks of this type start per rate period, across all "
+        "consumers. Empty means unlimited.",
+    )
+    rate_period = models.FloatField(
+        default=1.0, validators=[MinValueValidator(0.001), MaxValueValidator(86400 * 365)],
+        help_text="Length of the rate-limit window in seconds.",
+    )
+    rate_burst = models.PositiveIntegerField(
+        default=1, validators=[MinValueValidator(1)],
+        help_text="How many tasks may start back to back before the limit spaces them out "
+        "(never more than the rate limit itself).",
+    )
+    rate_algorithm = models.CharField(
+        max_length=20, choices=RateAlgorithm.choices, default=RateAlgorithm.GCRA,
+        help_text="GCRA holds the limit in every sliding window; fixed window is the "
+        "cheaper classic, which can admit twice the limit across a window boundary.",
+    )
+    max_attempts = models.PositiveIntegerField(
+        default=3, validators=[MinValueValidator(1), MaxValueValidator(1000)],
+        help_text="Runs allowed before a failing task is dead-lettered (1 = no retries).",
+    )
+    retry_backoff = models.FloatField(
+        default=2.0, validators=[MinValueValidator(0), MaxValueValidator(86400)],
+        help_text="Base of the exponential backoff in seconds: retry n waits about "
+        "backoff * 2^(n-1), with jitter, capped at one hour.",
+    )
+    timeout = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(0.001)],
+        help_text="Seconds a run may take before it is failed (and retried). Empty means no limit.",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        """Reject a burst larger than the rate limit it belongs to."""
+        if self.rate_limit is not None and self.rate_burst > self.rate_limit:
+            raise ValidationError({"rate_burst": "The burst cannot exceed the rate limit."})

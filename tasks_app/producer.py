@@ -1,0 +1,135 @@
+"""The one way tasks are enqueued: validation, encoding and a single round trip to Redis."""
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+
+from . import results
+from .broker import Broker, Enqueueable, get_broker
+from .codec import PRIORITY_MAX, PRIORITY_MIN, Arguments, Task, encode_payload, encode_task
+from .names import InvalidName, validate_name
+from .registry import Registry, registry as default_registry
+from .task_types import TaskTypeConfig, UnknownTaskType, ensure_task_type
+
+
+class EnqueueError(ValueError):
+    """A request to enqueue that was rejected before anything reached Redis."""
+
+
+@dataclass(frozen=True)
+class TaskRequest:
+    """One task to enqueue, as a caller describes it."""
+
+    type: str
+    args: Sequence[Any] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    queue: str | None = None
+    priority: int = 0
+    delay_s: float = 0.0
+    run_after: datetime | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    task_id: str | None = None
+
+
+@dataclass(frozen=True)
+class EnqueuedTask:
+    """What was pushed: the task id and where and when it will run."""
+
+    id: str
+    type: str
+    queue: str
+    priority: int
+    enqueued_at_ms: int
+    run_after_ms: int
+
+
+def enqueue(type_name: str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, *,
+            queue: str | None = None, priority: int = 0, delay_s: float = 0.0,
+            run_after: datetime | None = None, headers: Mapping[str, str] | None = None,
+            count: int = 1, broker: Broker | None = None) -> list[EnqueuedTask]:
+    """Validate and enqueue `count` tasks of one type in one round trip; return what was pushed."""
+    if not isinstance(count, int) or count < 1:
+        raise EnqueueError(f"count must be a positive integer, got {count!r}")
+    request = TaskRequest(type=type_name, args=args, kwargs=kwargs or {}, queue=queue, priority=priority,
+                          delay_s=delay_s, run_after=run_after, headers=headers or {})
+    return enqueue_many([request] * count, broker=broker)
+
+
+def enqueue_many(requests: Sequence[TaskRequest], *, broker: Broker | None = None,
+                 registry: Registry = default_registry) -> list[EnqueuedTask]:
+    """Validate every request, then enqueue them all in one round trip (all or nothing)."""
+    now_ms = int(time.time() * 1000)
+    configs: dict[str, TaskTypeConfig] = {}
+    items: list[Enqueueable] = []
+    enqueued: list[EnqueuedTask] = []
+    for request in requests:
+        config = configs.get(request.type) or _task_type(request.type, registry)
+        configs[request.type] = config
+        task, arguments = _build_task(request, config, now_ms)
+        raw = encode_task(task)
+        items.append(Enqueueable(queue=task.queue, raw=raw, priority=task.priority, run_after_ms=task.run_after_ms,
+                                 result_key_fields=results.enqueued_fields(task, arguments), task_id=task.id))
+        enqueued.append(EnqueuedTask(task.id, task.type, task.queue, task.priority, now_ms, task.run_after_ms))
+    if items:
+        (broker or get_broker()).enqueue(items, settings.TASKS_RESULT_TTL)
+    return enqueued
+
+
+def _task_type(name: str, registry: Registry) -> TaskTypeConfig:
+    try:
+        validate_name(name, "task type")
+        config = ensure_task_type(name, registry)
+    except (InvalidName, UnknownTaskType) as exc:
+        raise EnqueueError(str(exc)) from None
+    if not config.enabled:
+        raise EnqueueError(f"task type {name!r} is disabled")
+    if registry.get(config.handler) is None:
+        raise EnqueueError(f"task type {name!r} uses handler {config.handler!r}, which is not registered")
+    return config
+
+
+def _build_task(request: TaskRequest, config: TaskTypeConfig, now_ms: int) -> tuple[Task, Arguments]:
+    if isinstance(request.args, (str, bytes, Mapping)) or not isinstance(request.args, Sequence):
+        raise EnqueueError("args must be a JSON array")
+    if not isinstance(request.kwargs, Mapping) or not all(isinstance(k, str) for k in request.kwargs):
+        raise EnqueueError("kwargs must be a JSON object with string keys")
+    arguments = Arguments(list(request.args), dict(request.kwargs))
+    try:
+        payload = encode_payload(arguments.args, arguments.kwargs)
+    except (TypeError, ValueError) as exc:
+        raise EnqueueError(f"arguments must be JSON-serializable: {exc}") from None
+    if len(payload) > settings.TASKS_MAX_PAYLOAD_BYTES:
+        raise EnqueueError(f"payload is {len(payload)} bytes, over the limit of {settings.TASKS_MAX_PAYLOAD_BYTES}")
+    queue = request.queue or config.queue
+    try:
+        validate_name(queue, "queue")
+    except InvalidName as exc:
+        raise EnqueueError(str(exc)) from None
+    if isinstance(request.priority, bool) or not isinstance(request.priority, int) \
+            or not PRIORITY_MIN <= request.priority <= PRIORITY_MAX:
+        raise EnqueueError(f"priority must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX}, got {request.priority!r}")
+    run_after_ms = _run_after_ms(request, now_ms)
+    task = Task(id=request.task_id or str(uuid.uuid4()), type=request.type, payload=payload, queue=queue,
+                priority=request.priority, enqueued_at_ms=now_ms, run_after_ms=run_after_ms)
+    for key, value in request.headers.items():
+        task.headers[str(key)] = str(value)
+    return task, arguments
+
+
+def _run_after_ms(request: TaskRequest, now_ms: int) -> int:
+    delay_s = request.delay_s
+    if isinstance(delay_s, bool) or not isinstance(delay_s, (int, float)) or not math.isfinite(delay_s) or delay_s < 0:
+        raise EnqueueError(f"delay must be a non-negative number of seconds, got {delay_s!r}")
+    if request.run_after is not None:
+        if request.run_after.tzinfo is None:
+            raise EnqueueError("run_after must be timezone-aware")
+        run_after_ms = int(request.run_after.timestamp() * 1000)
+        return run_after_ms if run_after_ms > now_ms else 0
+    return now_ms + int(delay_s * 1000) if delay_s > 0 else 0

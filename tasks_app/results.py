@@ -1,0 +1,142 @@
+"""Result records: what the producer and the consumer write about a task, and how it reads back."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from django.tasks import TaskResultStatus
+
+from .broker import ResultUpdate
+from .codec import Arguments, Task
+
+READY = TaskResultStatus.READY.value
+RUNNING = TaskResultStatus.RUNNING.value
+SUCCESSFUL = TaskResultStatus.SUCCESSFUL.value
+FAILED = TaskResultStatus.FAILED.value
+FINISHED = {SUCCESSFUL, FAILED}
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def enqueued_fields(task: Task, arguments: Arguments) -> dict[str, str]:
+    """The fields of a READY record, written by the producer when it enqueues."""
+    fields = {
+        "id": task.id, "type": task.type, "queue": task.queue, "priority": str(task.priority),
+        "status": READY, "args": _json(arguments.args), "kwargs": _json(arguments.kwargs),
+        "enqueued_at_ms": str(task.enqueued_at_ms), "attempts": "0",
+    }
+    if task.run_after_ms:
+        fields["run_after_ms"] = str(task.run_after_ms)
+    return fields
+
+
+def started(task: Task, arguments: Arguments, worker_id: str, now_ms: int, max_attempts: int, ttl_s: int) -> ResultUpdate:
+    """The update written when an attempt starts (it also creates records for foreign producers)."""
+    fields = enqueued_fields(task, arguments)
+    fields.update({
+        "status": RUNNING, "attempts": str(task.attempt), "max_attempts": str(max_attempts),
+        "last_attempted_at_ms": str(now_ms),
+    })
+    if task.attempt == 1:
+        fields["started_at_ms"] = str(now_ms)
+    return ResultUpdate(task.id, fields, ttl_s, append_worker_id=worker_id)
+
+
+def succeeded(task: Task, return_value_json: str, now_ms: int, ttl_s: int) -> ResultUpdate:
+    """The update written when an attempt returns."""
+    fields = {"status": SUCCESSFUL, "finished_at_ms": str(now_ms), "return_value": return_value_json,
+              "attempts": str(task.attempt)}
+    return ResultUpdate(task.id, fields, ttl_s)
+
+
+def attempt_failed(task: Task, error: dict[str, str], now_ms: int, ttl_s: int, *, final: bool,
+                   retry_at_ms: int | None = None, dead_reason: str = "") -> ResultUpdate:
+    """The update written when an attempt fails: READY again if it will be retried, else FAILED."""
+    fields = {"attempts": str(task.attempt)}
+    if final:
+        fields.update({"status": FAILED, "finished_at_ms": str(now_ms)})
+        if dead_reason:
+            fields["dead_reason"] = dead_reason
+    else:
+        fields.update({"status": READY, "run_after_ms": str(retry_at_ms or now_ms)})
+    return ResultUpdate(task.id, fields, ttl_s, append_error=error)
+
+
+def error_record(exception_class_path: str, traceback_text: str) -> dict[str, str]:
+    """An entry of a record's errors list, shaped like django.tasks' TaskError."""
+    return {"exception_class_path": exception_class_path, "traceback": traceback_text}
+
+
+def _ms_to_datetime(value: str | None) -> datetime | None:
+    if not value:
+        return None
+    return datetime.fromtimestamp(int(value) / 1000, tz=UTC)
+
+
+@dataclass(frozen=True)
+class ResultRecord:
+    """A task's result record as read back from Redis."""
+
+    id: str
+    type: str
+    queue: str
+    status: str
+    priority: int = 0
+    args: list[Any] = field(default_factory=list)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    attempts: int = 0
+    max_attempts: int | None = None
+    enqueued_at: datetime | None = None
+    run_after: datetime | None = None
+    started_at: datetime | None = None
+    last_attempted_at: datetime | None = None
+    finished_at: datetime | None = None
+    return_value: Any = None
+    has_return_value: bool = False
+    worker_ids: list[str] = field(default_factory=list)
+    errors: list[dict[str, str]] = field(default_factory=list)
+    dead_reason: str = ""
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in FINISHED
+
+    @classmethod
+    def from_fields(cls, raw: dict[str, str]) -> ResultRecord:
+        """Parse the text fields of a result hash."""
+        return cls(
+            id=raw.get("id", ""), type=raw.get("type", ""), queue=raw.get("queue", ""),
+            status=raw.get("status", READY), priority=int(raw.get("priority") or 0),
+            args=json.loads(raw.get("args") or "[]"), kwargs=json.loads(raw.get("kwargs") or "{}"),
+            attempts=int(raw.get("attempts") or 0),
+            max_attempts=int(raw["max_attempts"]) if raw.get("max_attempts") else None,
+            enqueued_at=_ms_to_datetime(raw.get("enqueued_at_ms")),
+            run_after=_ms_to_datetime(raw.get("run_after_ms")),
+            started_at=_ms_to_datetime(raw.get("started_at_ms")),
+            last_attempted_at=_ms_to_datetime(raw.get("last_attempted_at_ms")),
+            finished_at=_ms_to_datetime(raw.get("finished_at_ms")),
+            return_value=json.loads(raw["return_value"]) if "return_value" in raw else None,
+            has_return_value="return_value" in raw,
+            worker_ids=json.loads(raw.get("worker_ids") or "[]"),
+            errors=json.loads(raw.get("errors") or "[]"),
+            dead_reason=raw.get("dead_reason", ""),
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        """A JSON-ready dict, as the API returns it."""
+        def iso(value: datetime | None) -> str | None:
+            return value.isoformat() if value else None
+
+        return {
+            "id": self.id, "type": self.type, "queue": self.queue, "status": self.status,
+            "priority": self.priority, "args": self.args, "kwargs": self.kwargs,
+            "attempts": self.attempts, "max_attempts": self.max_attempts,
+            "enqueued_at": iso(self.enqueued_at), "run_after": iso(self.run_after),
+            "started_at": iso(self.started_at), "last_attempted_at": iso(self.last_attempted_at),
+            "finished_at": iso(self.finished_at), "return_value": self.return_value,
+            "worker_ids": self.worker_ids, "errors": self.errors, "dead_reason": self.dead_reason,
+        }

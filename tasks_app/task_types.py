@@ -1,0 +1,86 @@
+"""Task type settings as consumers and producers see them: cached, refreshed from the database."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from django.db import IntegrityError, transaction
+
+from .models import TaskType
+from .registry import Registry
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TaskTypeConfig:
+    """An immutable snapshot of one TaskType row."""
+
+    name: str
+    handler: str
+    queue: str = "default"
+    enabled: bool = True
+    rate_limit: int | None = None
+    rate_period_s: float = 1.0
+    rate_burst: int = 1
+    rate_algorithm: str = TaskType.RateAlgorithm.GCRA
+    max_attempts: int = 3
+    retry_backoff_s: float = 2.0
+    timeout_s: float | None = None
+
+    @classmethod
+    def from_model(cls, row: TaskType) -> TaskTypeConfig:
+        """Snapshot a TaskType row."""
+        return cls(
+            name=row.name, handler=row.handler, queue=row.queue, enabled=row.enabled,
+            rate_limit=row.rate_limit, rate_period_s=row.rate_period, rate_burst=row.rate_burst,
+            rate_algorithm=row.rate_algorithm, max_attempts=row.max_attempts,
+            retry_backoff_s=row.retry_backoff, timeout_s=row.timeout,
+        )
+
+    @classmethod
+    def default_for(cls, handler_name: str) -> TaskTypeConfig:
+        """The settings a type gets when its row is created on first use."""
+        return cls(name=handler_name, handler=handler_name)
+
+
+class UnknownTaskType(LookupError):
+    """A type name with neither a TaskType row nor a registered handler of that name."""
+
+
+def ensure_task_type(name: str, registry: Registry) -> TaskTypeConfig:
+    """Return the type's settings, creating its row with defaults if a handler has its name."""
+    row = TaskType.objects.filter(name=name).first()
+    if row is not None:
+        return TaskTypeConfig.from_model(row)
+    if registry.get(name) is None:
+        raise UnknownTaskType(f"unknown task type {name!r}: no TaskType row and no handler of that name")
+    defaults = TaskTypeConfig.default_for(name)
+    try:
+        with transaction.atomic():
+            row = TaskType.objects.create(name=name, handler=defaults.handler, queue=defaults.queue)
+    except IntegrityError:  # another process created it first
+        row = TaskType.objects.get(name=name)
+    return TaskTypeConfig.from_model(row)
+
+
+class TaskTypeCache:
+    """Every TaskType in memory; `refresh()` reloads them all in one query.
+
+    A consumer refreshes from one housekeeping thread every few seconds, so worker threads
+    read settings without touching the database and admin edits arrive without a restart.
+    """
+
+    def __init__(self) -> None:
+        self._configs: dict[str, TaskTypeConfig] = {}
+
+    def get(self, name: str) -> TaskTypeConfig | None:
+        """Return the cached settings of type `name` (None if it has no row)."""
+        return self._configs.get(name)
+
+    def refresh(self) -> None:
+        """Reload every row; on a database error keep serving the last snapshot."""
+        try:
+            self._configs = {row.name: TaskTypeConfig.from_model(row) for row in TaskType.objects.all()}
+        except Exception as exc:  # the database may be briefly away; stale settings beat none
+            logger.warning("cannot reload task types, keeping the last ones: %s", exc)
