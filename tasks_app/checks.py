@@ -1,0 +1,29 @@
+"""System checks for the task queue's settings."""
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Warning, register
+
+from .names import NAME_PATTERN
+
+
+@register()
+def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Validate the task queue settings and report handler modules that failed to import."""
+    from .registry import registry
+
+    problems: list[CheckMessage] = []
+    if not NAME_PATTERN.fullmatch(settings.TASKS_KEY_PREFIX or ""):
+        problems.append(Error("TASKS_KEY_PREFIX must be 1-100 characters of A-Z a-z 0-9 _ . : -",
+                              id="tasks_app.E001"))
+    if not settings.REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
+        problems.append(Error("REDIS_URL must start with redis://, rediss:// or unix://", id="tasks_app.E002"))
+    if settings.TASKS_RESULT_TTL <= 0:
+        problems.append(Error("TASKS_RESULT_TTL must be a positive number of seconds", id="tasks_app.E003"))
+    if settings.TASKS_MAX_PAYLOAD_BYTES <= 0:
+        problems.append(Error("TASKS_MAX_PAYLOAD_BYTES must be positive", id="tasks_app.E004"))
+    for module, error in registry.import_errors.items():
+        problems.append(Warning(f"handler module {module} failed to import: {error}",
+                                hint="Tasks whose handler lives there will be dead-lettered.",
+                                id="tasks_app.W001"))
+    return problems

@@ -1,0 +1,358 @@
+"""A consumer process: claimer threads feed a bounded pool of workers; lifecycle and signals."""
+from __future__ import annotations
+
+import logging
+import os
+import queue as queue_module
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+
+from django.conf import settings
+from django.db import close_old_connections
+
+from . import metrics, results
+from .broker import WAKE_TOKEN, Broker
+from .codec import UndecodableTask, decode_task
+from .executor import Claimed, Executor, RateGate
+from .loops import HeartbeatLoop, HousekeepingLoop, ReaperLoop, SchedulerLoop, start_thread
+from .names import validate_name
+from .registry import Registry, registry as default_registry
+from .retrying import GaveUp, until_done
+from .task_types import TaskTypeCache
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ConsumerOptions:
+    """How a consumer runs; `runconsumer` flags map onto these one to one."""
+
+    queues: list[str] = field(default_factory=lambda: ["default"])
+    concurrency: int = 8
+    prefetch: int = 8
+    lease_s: float = 30.0
+    grace_s: float = 30.0
+    consumer_id: str | None = None
+    burst: bool = False
+    block_s: float = 2.0
+
+    def validate(self) -> None:
+        """Raise ValueError for options that cannot work."""
+        if not self.queues:
+            raise ValueError("at least one queue is needed")
+        for name in self.queues:
+            validate_name(name, "queue")
+        if self.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if self.prefetch < 0:
+            raise ValueError("prefetch cannot be negative")
+        if self.lease_s < 0.5:
+            raise ValueError("lease must be at least 0.5 s")
+        if self.grace_s < 0:
+            raise ValueError("grace cannot be negative")
+        if self.consumer_id is not None:
+            validate_name(self.consumer_id, "consumer id")
+
+
+class Capacity:
+    """Counts the tasks this consumer holds; claiming waits while it is full (backpressure)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.in_use = 0
+        self._cond = threading.Condition()
+
+    def acquire(self, timeout_s: float) -> bool:
+        """Take one slot, waiting up to `timeout_s` for one to free up."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self.in_use < self.limit, timeout_s):
+                return False
+            self.in_use += 1
+            metrics.IN_FLIGHT.set(self.in_use)
+            return True
+
+    def acquire_up_to(self, count: int) -> int:
+        """Take as many free slots as there are, up to `count`, without waiting."""
+        with self._cond:
+            taken = max(0, min(count, self.limit - self.in_use))
+            self.in_use += taken
+            metrics.IN_FLIGHT.set(self.in_use)
+            return taken
+
+    def release(self, count: int = 1) -> None:
+        """Give slots back."""
+        if count <= 0:
+            return
+        with self._cond:
+            self.in_use -= count
+            metrics.IN_FLIGHT.set(self.in_use)
+            self._cond.notify_all()
+
+
+class ClaimerLoop:
+    """Claims tasks of one queue while there is room: a batch at once, else one blocking move."""
+
+    def __init__(self, consumer: Consumer, queue: str) -> None:
+        self.consumer = consumer
+        self.queue = queue
+        self.name = f"claimer:{queue}"
+        self._drop_wake = False
+
+    def run_once(self) -> float:
+        consumer = self.consumer
+        if not consumer.capacity.acquire(timeout_s=0.5):
+            return 0.0
+        held = 1 + consumer.capacity.acquire_up_to(consumer.capacity.limit - 1)
+        consumer_id = consumer.consumer_id
+        try:
+            claimed = consumer.broker.claim(self.queue, consumer_id, held, drop_wake=self._drop_wake)
+            self._drop_wake = False
+            if claimed is None:
+                consumer.capacity.release(held)
+                consumer.lease_lost(consumer_id)
+                return 0.0
+            if claimed:
+                consumer.capacity.release(held - len(claimed))
+                held = len(claimed)
+                consumer.dispatch([Claimed(self.queue, consumer_id, raw) for raw in claimed])
+                return 0.0
+            consumer.capacity.release(held - 1)
+            held = 1
+            raw = consumer.broker.claim_blocking(self.queue, consumer_id, consumer.options.block_s)
+        except BaseException:
+            consumer.capacity.release(held)
+            raise
+        if raw is None or raw == WAKE_TOKEN:
+            consumer.capacity.release(1)
+            self._drop_wake = raw == WAKE_TOKEN
+            return 0.0
+        consumer.dispatch([Claimed(self.queue, consumer_id, raw)])
+        return 0.0
+
+
+class Consumer:
+    """One consumer process: claims, runs, acknowledges, heartbeats, reaps and schedules."""
+
+    def __init__(self, options: ConsumerOptions, *, registry: Registry = default_registry,
+                 broker: Broker | None = None, heartbeat_broker: Broker | None = None,
+                 rate_gate: RateGate | None = None) -> None:
+        options.validate()
+        self.options = options
+        self.registry = registry
+        self.broker = broker or Broker.from_settings()
+        # The heartbeat has a connection of its own so that busy workers never delay it.
+        self.heartbeat_broker = heartbeat_broker or Broker.from_settings(prefix=self.broker.keys.prefix)
+        self.base_id = options.consumer_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.consumer_id = self.base_id
+        self._generation = 0
+        self._identity_lock = threading.Lock()
+        self.capacity = Capacity(options.concurrency + options.prefetch)
+        self.work: queue_module.SimpleQueue[Claimed] = queue_module.SimpleQueue()
+        self.task_types = TaskTypeCache()
+        self.stop_requested = threading.Event()
+        self.claiming_stopped = threading.Event()
+        self.loops_stopped = threading.Event()
+        self.workers_stop = threading.Event()
+        self.give_up = threading.Event()
+        self.executor = Executor(self.broker, registry, self.task_types, self.consumer_id,
+                                 settings.TASKS_RESULT_TTL, rate_gate=rate_gate, give_up=self.give_up)
+        self._threads: list[threading.Thread] = []
+        self._claimers: list[threading.Thread] = []
+        self._workers: list[threading.Thread] = []
+        self._busy = 0
+        self._busy_lock = threading.Lock()
+        self._signals = 0
+
+    # --- identity --------------------------------------------------------------------------
+    def register(self) -> None:
+        """Take back anything a previous run under this id left behind, then take a lease."""
+        for queue in self.options.queues:
+            returned = self.broker.deregister(queue, self.consumer_id)
+            if returned:
+                logger.warning("returned %d task(s) left by an earlier run of %s on %s to pending",
+                               returned, self.consumer_id, queue)
+        info = {"host": socket.gethostname(), "pid": os.getpid(), "started_at_ms": int(time.time() * 1000),
+                "lease_ms": int(self.options.lease_s * 1000), "concurrency": self.options.concurrency,
+                "prefetch": self.options.prefetch, "queues": self.options.queues}
+        self.broker.heartbeat(self.options.queues, self.consumer_id, int(self.options.lease_s * 1000), info)
+
+    def lease_lost(self, lost_id: str) -> None:
+        """Our lease expired and we were reaped: never use that id again; register a new one."""
+        with self._identity_lock:
+            if lost_id != self.consumer_id:
+                return  # another thread already moved on
+            self._generation += 1
+            self.consumer_id = f"{self.base_id}.{self._generation}"
+            self.executor.worker_id = self.consumer_id
+            logger.error("consumer %s lost its lease (it was presumed dead and its tasks recovered); "
+                         "continuing as %s", lost_id, self.consumer_id)
+            until_done(self.register, what="register", give_up=self.give_up)
+
+    # --- running ---------------------------------------------------------------------------
+    def dispatch(self, claimed: Sequence[Claimed]) -> None:
+        """Hand claimed tasks to the workers (or straight back, if we are stopping)."""
+        if self.claiming_stopped.is_set():
+            self._return_unstarted(list(claimed))
+            return
+        for item in claimed:
+            self.work.put(item)
+
+    def _work(self) -> None:
+        while not self.workers_stop.is_set():
+            try:
+                claimed = self.work.get(timeout=0.2)
+            except queue_module.Empty:
+                continue
+            if self.claiming_stopped.is_set():
+                self._return_unstarted([claimed])
+                continue
+            if claimed.consumer_id != self.consumer_id:
+                # Claimed under an identity whose lease was lost: the reaper owns it now.
+                self.capacity.release()
+                continue
+            with self._busy_lock:
+                self._busy += 1
+            try:
+                self.executor.execute(claimed)
+            except GaveUp:
+                logger.error("gave up settling a task while stopping; its lease will recover it")
+            except Exception:  # a bug must not kill the worker: the task stays held until reaped
+                logger.exception("unexpected error running a task")
+            finally:
+                with self._busy_lock:
+                    self._busy -= 1
+                self.capacity.release()
+                close_old_connections()
+
+    def _return_unstarted(self, claimed: list[Claimed]) -> None:
+        by_owner: dict[tuple[str, str], list[bytes]] = {}
+        for item in claimed:
+            by_owner.setdefault((item.queue, item.consumer_id), []).append(item.raw)
+        for (queue, consumer_id), raws in by_owner.items():
+            try:
+                until_done(lambda: self.broker.return_unstarted(queue, consumer_id, raws),
+                           what="return_unstarted", give_up=self.give_up)
+            except GaveUp:
+                logger.error("could not return %d unstarted task(s); the lease will recover them", len(raws))
+        self.capacity.release(len(claimed))
+
+    def _on_reaped_dead_letters(self, queue: str, dead: list[bytes]) -> None:
+        now_ms = int(time.time() * 1000)
+        for raw in dead:
+            try:
+                task = decode_task(raw)
+            except UndecodableTask:
+                continue
+            metrics.TASKS_DEAD_LETTERED.labels(task.type, queue).inc()
+            logger.error("task %s dead-lettered: %s", task.id, task.dead_reason,
+                         extra={"task_id": task.id, "type": task.type, "queue": queue, "outcome": "dead_lettered"})
+            error = results.error_record("ConsumerDied", task.dead_reason)
+            self.broker.record_result(results.attempt_failed(task, error, now_ms, settings.TASKS_RESULT_TTL,
+                                                             final=True, dead_reason=task.dead_reason))
+
+    def start(self) -> None:
+        """Register and start every thread."""
+        self.task_types.refresh()
+        until_done(self.register, what="register", give_up=self.give_up)
+        opts = self.options
+        loops = [
+            HeartbeatLoop(self.heartbeat_broker, opts.queues, lambda: self.consumer_id, opts.lease_s,
+                          self.lease_lost),
+            SchedulerLoop(self.broker, opts.queues),
+            ReaperLoop(self.broker, opts.queues, opts.lease_s, self._on_reaped_dead_letters),
+            HousekeepingLoop(self._refresh_task_types, settings.TASKS_CONFIG_REFRESH_S,
+                             self.executor.expire_overdue),
+        ]
+        self._threads = [start_thread(loop, self.loops_stopped) for loop in loops]
+        self._claimers = [start_thread(ClaimerLoop(self, q), self.claiming_stopped) for q in opts.queues]
+        self._workers = [threading.Thread(target=self._work, name=f"worker-{i}", daemon=True)
+                         for i in range(opts.concurrency)]
+        for worker in self._workers:
+            worker.start()
+        logger.info("consumer %s started: queues=%s concurrency=%d prefetch=%d lease=%gs",
+                    self.consumer_id, ",".join(opts.queues), opts.concurrency, opts.prefetch, opts.lease_s)
+
+    def _refresh_task_types(self) -> None:
+        self.task_types.refresh()
+        close_old_connections()
+
+    def run(self) -> int:
+        """Run until stopped (or, in burst mode, until the queues are idle); return the exit code."""
+        self.start()
+        while not self.stop_requested.wait(0.2):
+            if self.options.burst and self._idle():
+                logger.info("burst: queues %s are empty; stopping", ",".join(self.options.queues))
+                break
+        return self.shutdown()
+
+    def _idle(self) -> bool:
+        with self._busy_lock:
+            busy = self._busy
+        if busy or not self.work.empty():
+            return False
+        try:
+            return self.broker.is_idle(self.options.queues)
+        except Exception as exc:
+            logger.warning("burst: cannot check the queues: %s", exc)
+            return False
+
+    def request_stop(self) -> None:
+        """Ask for a graceful stop (what SIGTERM and SIGINT do)."""
+        self.stop_requested.set()
+
+    def shutdown(self) -> int:
+        """Stop claiming, return unstarted tasks, let running ones finish within the grace period."""
+        self.claiming_stopped.set()
+        for thread in self._claimers:
+            thread.join(timeout=self.options.block_s + 1)
+        unstarted: list[Claimed] = []
+        while True:
+            try:
+                unstarted.append(self.work.get_nowait())
+            except queue_module.Empty:
+                break
+        if unstarted:
+            self._return_unstarted(unstarted)
+        deadline = time.monotonic() + self.options.grace_s
+        while time.monotonic() < deadline:
+            with self._busy_lock:
+                if self._busy == 0:
+                    break
+            time.sleep(0.05)
+        with self._busy_lock:
+            still_running = self._busy
+        self.workers_stop.set()
+        self.loops_stopped.set()
+        if still_running:
+            logger.warning("grace period over with %d task(s) still running; returning them to pending",
+                           still_running)
+        self.give_up.set()
+        for queue in self.options.queues:
+            try:
+                self.broker.deregister(queue, self.consumer_id)
+            except Exception as exc:
+                logger.error("could not deregister from %s (the lease will expire): %s", queue, exc)
+        logger.info("consumer %s stopped", self.consumer_id)
+        return 0
+
+    # --- signals ---------------------------------------------------------------------------
+    def install_signal_handlers(self) -> None:
+        """SIGTERM/SIGINT: stop gracefully; a second signal exits at once."""
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            logger.warning("second signal: exiting now; the lease will recover what was held")
+            os._exit(1)
+        logger.info("signal %d: finishing in-flight tasks (grace %gs); send again to exit now",
+                    signum, self.options.grace_s)
+        self.request_stop()
+

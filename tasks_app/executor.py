@@ -1,0 +1,304 @@
+"""Running one claimed task: decode, gate, call its handler, then ack, retry or dead-letter."""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import metrics, results
+from .broker import Broker
+from .codec import Arguments, Task, UndecodableTask, decode_payload, decode_task, encode_task
+from .registry import Handler, Registry
+from .retry_policy import backoff_delay_s
+from .retrying import until_done
+from .task_types import TaskTypeCache, TaskTypeConfig
+
+logger = logging.getLogger("tasks_app.tasks")
+
+UNDECODABLE_TYPE = "_undecodable"
+DISABLED_RECHECK_MS = 5000
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A task as claimed: the exact bytes in `consumer_id`'s processing list of `queue`."""
+
+    queue: str
+    consumer_id: str
+    raw: bytes
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """What a handler registered with ``takes_context=True`` receives first."""
+
+    task_id: str
+    type: str
+    queue: str
+    attempt: int
+    max_attempts: int
+    headers: dict[str, str]
+    consumer_id: str
+
+
+class TaskTimeout(Exception):
+    """The handler ran longer than its task type's timeout."""
+
+
+class ResultNotJson(TypeError):
+    """The handler returned a value that cannot be stored as JSON."""
+
+
+@dataclass
+class Running:
+    """A task whose handler is running, watched for its timeout."""
+
+    claimed: Claimed
+    task: Task
+    config: TaskTypeConfig
+    started_monotonic: float
+    deadline_monotonic: float | None
+    settled: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def settle(self) -> bool:
+        """Claim the right to finish this run; only the first caller (worker or watchdog) wins."""
+        with self.lock:
+            if self.settled:
+                return False
+            self.settled = True
+            return True
+
+
+RateGate = Callable[[Task, TaskTypeConfig], int]
+"""Returns 0 to let a task start now, else how many ms to wait before it may."""
+
+
+class Executor:
+    """Runs claimed tasks on worker threads and settles them in Redis."""
+
+    def __init__(self, broker: Broker, registry: Registry, task_types: TaskTypeCache, worker_id: str,
+                 result_ttl_s: int, rate_gate: RateGate | None = None,
+                 give_up: threading.Event | None = None) -> None:
+        self.broker = broker
+        self.registry = registry
+        self.task_types = task_types
+        self.worker_id = worker_id
+        self.result_ttl_s = result_ttl_s
+        self.rate_gate = rate_gate
+        # Set when the consumer stops: settling then gives up on an absent Redis (the lease
+        # recovers the task); until then a finished task is never left in limbo.
+        self.give_up = give_up or threading.Event()
+        self.running: dict[int, Running] = {}
+        self._running_lock = threading.Lock()
+
+    # --- entry points ----------------------------------------------------------------------
+    def execute(self, claimed: Claimed) -> None:
+        """Run one claimed task to its end; never raises for anything the task did."""
+        try:
+            task = decode_task(claimed.raw)
+        except UndecodableTask as exc:
+            self._dead_letter_undecodable(claimed, str(exc))
+            return
+        config, problem = self._resolve(task)
+        if config is None:
+            self._dead_letter(claimed, task, "UnknownTaskType", problem)
+            return
+        handler = self.registry.get(config.handler)
+        if handler is None:
+            reason = f"handler {config.handler!r} of task type {task.type!r} is not registered"
+            if self.registry.import_errors:
+                reason += f" (handler modules that failed to import: {self.registry.import_errors})"
+            self._dead_letter(claimed, task, "HandlerNotRegistered", reason)
+            return
+        if not config.enabled:
+            self._defer(claimed, task, DISABLED_RECHECK_MS, "disabled")
+            return
+        if config.rate_limit and self.rate_gate is not None:
+            wait_ms = self.rate_gate(task, config)
+            if wait_ms > 0:
+                self._defer(claimed, task, wait_ms, "rate_limited")
+                return
+        try:
+            arguments = decode_payload(task.payload)
+        except UndecodableTask as exc:
+            self._dead_letter(claimed, task, "InvalidPayload", str(exc))
+            return
+        self._run(claimed, task, config, handler, arguments)
+
+    def expire_overdue(self) -> int:
+        """Fail every run past its timeout (its thread keeps running until the handler returns)."""
+        now = time.monotonic()
+        with self._running_lock:
+            overdue = [r for r in self.running.values()
+                       if r.deadline_monotonic is not None and now >= r.deadline_monotonic and not r.settled]
+        failed = 0
+        for run in overdue:
+            if run.settle():
+                error = TaskTimeout(f"task exceeded its timeout of {run.config.timeout_s:g} s")
+                self._fail(run.claimed, run.task, run.config, error, "".join(traceback.format_exception(error)))
+                failed += 1
+        return failed
+
+    # --- the run ---------------------------------------------------------------------------
+    def _resolve(self, task: Task) -> tuple[TaskTypeConfig | None, str]:
+        config = self.task_types.get(task.type)
+        if config is not None:
+            return config, ""
+        if self.registry.get(task.type) is not None:
+            return TaskTypeConfig.default_for(task.type), ""
+        return None, f"unknown task type {task.type!r}: no TaskType row and no handler of that name"
+
+    def _run(self, claimed: Claimed, task: Task, config: TaskTypeConfig, handler: Handler,
+             arguments: Arguments) -> None:
+        task.attempt += 1
+        max_attempts = task.max_attempts or config.max_attempts
+        now_ms = int(time.time() * 1000)
+        started_update = results.started(task, arguments, self.worker_id, now_ms, max_attempts, self.result_ttl_s)
+        self._redis(lambda: self.broker.record_result(started_update), "record_result")
+        labels = (task.type, task.queue)
+        metrics.TASKS_STARTED.labels(*labels).inc()
+        waited_since_ms = task.run_after_ms or task.enqueued_at_ms
+        if waited_since_ms and task.attempt == 1:
+            metrics.TASK_WAIT.labels(*labels).observe(max(0.0, (now_ms - waited_since_ms) / 1000))
+        started = time.monotonic()
+        run = Running(claimed, task, config, started,
+                      started + config.timeout_s if config.timeout_s else None)
+        key = threading.get_ident()
+        with self._running_lock:
+            self.running[key] = run
+        metrics.BUSY_WORKERS.inc()
+        try:
+            context = TaskContext(task.id, task.type, task.queue, task.attempt, max_attempts, dict(task.headers),
+                                  claimed.consumer_id)
+            value = self.invoke(handler, context, arguments)
+            return_json = _to_json(value)
+        except BaseException as exc:  # a handler's sys.exit() must not kill the worker thread
+            duration = time.monotonic() - started
+            if run.settle():
+                metrics.TASK_DURATION.labels(*labels).observe(duration)
+                self._fail(claimed, task, config, exc, traceback.format_exc(), duration)
+        else:
+            duration = time.monotonic() - started
+            if run.settle():
+                metrics.TASK_DURATION.labels(*labels).observe(duration)
+                self._succeed(claimed, task, return_json, duration)
+        finally:
+            metrics.BUSY_WORKERS.dec()
+            with self._running_lock:
+                self.running.pop(key, None)
+
+    def invoke(self, handler: Handler, context: TaskContext, arguments: Arguments) -> Any:
+        """Call a handler with the task's arguments (and its context if it takes one)."""
+        if handler.takes_context:
+            return handler.func(context, *arguments.args, **arguments.kwargs)
+        return handler.func(*arguments.args, **arguments.kwargs)
+
+    # --- outcomes --------------------------------------------------------------------------
+    def _succeed(self, claimed: Claimed, task: Task, return_json: str, duration_s: float) -> None:
+        update = results.succeeded(task, return_json, int(time.time() * 1000), self.result_ttl_s)
+        held = self._redis(lambda: self.broker.ack(claimed.queue, claimed.consumer_id, [claimed.raw], [update])[0],
+                           "ack")
+        metrics.TASKS_SUCCEEDED.labels(task.type, task.queue).inc()
+        self._log_event(task, "succeeded", duration_s)
+        if not held:
+            self._ack_lost(claimed, task)
+
+    def _fail(self, claimed: Claimed, task: Task, config: TaskTypeConfig, error: BaseException,
+              traceback_text: str, duration_s: float | None = None) -> None:
+        max_attempts = task.max_attempts or config.max_attempts
+        error_path = f"{type(error).__module__}.{type(error).__qualname__}"
+        metrics.TASKS_FAILED.labels(task.type, task.queue).inc()
+        task.last_error = f"{error_path}: {error}"
+        task.last_traceback = traceback_text
+        error_entry = results.error_record(error_path, traceback_text)
+        now_ms = int(time.time() * 1000)
+        if task.attempt < max_attempts:
+            delay_ms = int(backoff_delay_s(task.attempt, config.retry_backoff_s) * 1000)
+            update = results.attempt_failed(task, error_entry, now_ms, self.result_ttl_s, final=False,
+                                            retry_at_ms=now_ms + delay_ms)
+            new_raw = encode_task(task)
+            held = self._redis(lambda: self.broker.retry_later(claimed.queue, claimed.consumer_id, claimed.raw,
+                                                               new_raw, task.priority, delay_ms, update), "retry")
+            metrics.TASKS_RETRIED.labels(task.type, task.queue).inc()
+            self._log_event(task, "retried", duration_s, error=task.last_error, retry_in_s=delay_ms / 1000)
+        else:
+            reason = f"failed {task.attempt} of {max_attempts} attempts; last error: {task.last_error}"
+            task.dead_reason = reason
+            update = results.attempt_failed(task, error_entry, now_ms, self.result_ttl_s, final=True,
+                                            dead_reason=reason)
+            held = self._dead_letter_raw(claimed, encode_task(task), update)
+            metrics.TASKS_DEAD_LETTERED.labels(task.type, task.queue).inc()
+            self._log_event(task, "dead_lettered", duration_s, error=task.last_error)
+        if not held:
+            self._ack_lost(claimed, task)
+
+    def _dead_letter(self, claimed: Claimed, task: Task, error_name: str, reason: str) -> None:
+        """Dead-letter a task that cannot run at all (no attempt is used)."""
+        task.last_error = f"{error_name}: {reason}"
+        task.dead_reason = reason
+        update = results.attempt_failed(task, results.error_record(error_name, reason),
+                                        int(time.time() * 1000), self.result_ttl_s, final=True, dead_reason=reason)
+        held = self._dead_letter_raw(claimed, encode_task(task), update)
+        metrics.TASKS_DEAD_LETTERED.labels(task.type, task.queue).inc()
+        logger.warning("task %s dead-lettered: %s", task.id, reason,
+                       extra={"task_id": task.id, "type": task.type, "queue": task.queue,
+                              "attempt": task.attempt, "outcome": "dead_lettered"})
+        if not held:
+            self._ack_lost(claimed, task)
+
+    def _dead_letter_undecodable(self, claimed: Claimed, problem: str) -> None:
+        """Keep bytes that are not a task, wrapped in one, with the reason."""
+        reason = f"undecodable task: {problem}"
+        wrapper = Task(id=str(uuid.uuid4()), type=UNDECODABLE_TYPE, queue=claimed.queue, payload=claimed.raw,
+                       last_error=f"UndecodableTask: {problem}", dead_reason=reason)
+        held = self._dead_letter_raw(claimed, encode_task(wrapper), None)
+        metrics.TASKS_DEAD_LETTERED.labels(UNDECODABLE_TYPE, claimed.queue).inc()
+        logger.warning("%d undecodable bytes on queue %s dead-lettered: %s", len(claimed.raw), claimed.queue, problem,
+                       extra={"task_id": wrapper.id, "queue": claimed.queue, "outcome": "dead_lettered"})
+        if not held:
+            metrics.ACKS_LOST.labels(claimed.queue).inc()
+
+    def _defer(self, claimed: Claimed, task: Task, wait_ms: int, reason: str) -> None:
+        """Put a task back in the delayed set without using an attempt."""
+        held = self._redis(lambda: self.broker.retry_later(claimed.queue, claimed.consumer_id, claimed.raw,
+                                                           claimed.raw, task.priority, wait_ms), "defer")
+        metrics.TASKS_DEFERRED.labels(task.type, task.queue, reason).inc()
+        if not held:
+            self._ack_lost(claimed, task)
+
+    def _redis(self, call: Callable[[], Any], what: str) -> Any:
+        return until_done(call, what=what, give_up=self.give_up)
+
+    def _dead_letter_raw(self, claimed: Claimed, new_raw: bytes, update: Any) -> bool:
+        return self._redis(lambda: self.broker.dead_letter(claimed.queue, claimed.consumer_id, claimed.raw,
+                                                           new_raw, update), "dead_letter")
+
+    def _ack_lost(self, claimed: Claimed, task: Task) -> None:
+        metrics.ACKS_LOST.labels(claimed.queue).inc()
+        logger.warning("task %s was no longer held by consumer %s (its lease expired and it was recovered); "
+                       "its outcome here was not applied", task.id, claimed.consumer_id,
+                       extra={"task_id": task.id, "type": task.type, "queue": task.queue, "outcome": "ack_lost"})
+
+    def _log_event(self, task: Task, outcome: str, duration_s: float | None, **extra: Any) -> None:
+        level = logging.INFO if outcome == "succeeded" else logging.WARNING
+        if not logger.isEnabledFor(level):
+            return
+        fields = {"task_id": task.id, "type": task.type, "queue": task.queue, "attempt": task.attempt,
+                  "duration_s": round(duration_s, 6) if duration_s is not None else None, "outcome": outcome, **extra}
+        logger.log(level, "task %s %s %s (attempt %d)", task.id, task.type, outcome, task.attempt, extra=fields)
+
+
+def _to_json(value: Any) -> str:
+    """Serialize a handler's return value, failing the run if it is not JSON."""
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ResultNotJson(f"return value is not JSON-serializable: {exc}") from None
+

@@ -1,0 +1,153 @@
+"""Background loops of a consumer; each has a `run_once()` that tests can call directly."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from redis.exceptions import RedisError
+
+from . import metrics
+from .broker import Broker
+from .retrying import next_backoff_s
+
+logger = logging.getLogger(__name__)
+
+
+class Loop(Protocol):
+    """One duty of a consumer: `run_once()` does a bit of it and says how long to sleep."""
+
+    name: str
+
+    def run_once(self) -> float: ...
+
+
+def run_forever(loop: Loop, stop: threading.Event) -> None:
+    """Call `loop.run_once()` until `stop` is set, backing off through Redis errors."""
+    backoff_s = 0.0
+    while not stop.is_set():
+        try:
+            sleep_s = loop.run_once()
+            backoff_s = 0.0
+        except RedisError as exc:
+            metrics.REDIS_ERRORS.labels(loop.name).inc()
+            backoff_s = next_backoff_s(backoff_s)
+            logger.warning("%s: redis error: %s; retrying in %.1f s", loop.name, exc, backoff_s)
+            sleep_s = backoff_s
+        except Exception:  # a bug in one loop must not silently end it
+            logger.exception("%s: unexpected error", loop.name)
+            sleep_s = 1.0
+        if sleep_s > 0:
+            stop.wait(sleep_s)
+
+
+def start_thread(loop: Loop, stop: threading.Event) -> threading.Thread:
+    """Run a loop in a daemon thread named after it."""
+    thread = threading.Thread(target=run_forever, args=(loop, stop), name=loop.name, daemon=True)
+    thread.start()
+    return thread
+
+
+class HeartbeatLoop:
+    """Renews this consumer's lease every third of the lease, on its own connection."""
+
+    name = "heartbeat"
+
+    def __init__(self, broker: Broker, queues: Sequence[str], identity: Callable[[], str], lease_s: float,
+                 on_lost: Callable[[str], None]) -> None:
+        self.broker = broker
+        self.queues = list(queues)
+        self.identity = identity
+        self.lease_ms = int(lease_s * 1000)
+        self.on_lost = on_lost
+
+    def run_once(self) -> float:
+        consumer_id = self.identity()
+        if self.broker.heartbeat(self.queues, consumer_id, self.lease_ms):
+            metrics.LEASE_RENEWALS.inc()
+        else:
+            metrics.LEASES_LOST.inc()
+            self.on_lost(consumer_id)
+        return self.lease_ms / 3000
+
+
+class SchedulerLoop:
+    """Moves due delayed tasks into pending, waking up when the next one is due."""
+
+    name = "scheduler"
+    MAX_SLEEP_S = 0.25
+    BATCH = 1000
+
+    def __init__(self, broker: Broker, queues: Sequence[str]) -> None:
+        self.broker = broker
+        self.queues = list(queues)
+
+    def run_once(self) -> float:
+        sleep_s = self.MAX_SLEEP_S
+        for queue in self.queues:
+            moved, next_due_ms, now_ms = self.broker.promote_due(queue, self.BATCH)
+            if moved >= self.BATCH:
+                sleep_s = 0.0
+            elif next_due_ms >= 0:
+                sleep_s = min(sleep_s, max(0.0, (next_due_ms - now_ms) / 1000))
+        return sleep_s
+
+
+class ReaperLoop:
+    """Returns the tasks of consumers whose lease expired to pending; never a live one's."""
+
+    name = "reaper"
+
+    def __init__(self, broker: Broker, queues: Sequence[str], lease_s: float,
+                 on_dead_lettered: Callable[[str, list[bytes]], None]) -> None:
+        self.broker = broker
+        self.queues = list(queues)
+        self.lease_s = lease_s
+        self.on_dead_lettered = on_dead_lettered
+
+    def run_once(self) -> float:
+        for queue in self.queues:
+            expired, tombstones = self.broker.reap_candidates(queue)
+            for consumer_id in [*expired, *tombstones]:
+                self.reap(queue, consumer_id)
+        return max(0.05, self.lease_s / 4)
+
+    def reap(self, queue: str, consumer_id: str) -> int:
+        """Reap one consumer's list on one queue completely; return how many tasks moved."""
+        moved = 0
+        while True:
+            outcome = self.broker.reap(queue, consumer_id, int(self.lease_s * 1000))
+            if outcome.status != 1:
+                return moved
+            moved += outcome.requeued + len(outcome.dead_lettered)
+            if outcome.requeued:
+                metrics.TASKS_RECOVERED.labels(queue).inc(outcome.requeued)
+                logger.warning("recovered %d task(s) of dead consumer %s on queue %s",
+                               outcome.requeued, consumer_id, queue)
+            if outcome.dead_lettered:
+                self.on_dead_lettered(queue, outcome.dead_lettered)
+            if not outcome.remaining:
+                return moved
+
+
+class HousekeepingLoop:
+    """Reloads task type settings and fails runs that outlived their timeout."""
+
+    name = "housekeeping"
+    TICK_S = 0.1
+
+    def __init__(self, refresh: Callable[[], None], refresh_every_s: float,
+                 expire_overdue: Callable[[], int]) -> None:
+        self.refresh = refresh
+        self.refresh_every_s = refresh_every_s
+        self.expire_overdue = expire_overdue
+        self._refreshed_at = float("-inf")
+
+    def run_once(self) -> float:
+        if time.monotonic() - self._refreshed_at >= self.refresh_every_s:
+            self.refresh()
+            self._refreshed_at = time.monotonic()
+        self.expire_overdue()
+        return self.TICK_S

@@ -1,0 +1,33 @@
+"""`manage.py queuestats`: per queue pending / processing / delayed / dead, and live consumers."""
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from tasks_app.broker import get_broker
+
+
+class Command(BaseCommand):
+    help = "Show per-queue counts (pending, processing, delayed, dead) and live consumers."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
+
+    def handle(self, *args: Any, json: bool, **options: Any) -> None:
+        broker = get_broker()
+        stats = [broker.queue_stats(queue) for queue in broker.known_queues()]
+        if json:
+            self.stdout.write(_dumps({"queues": [s.as_dict() for s in stats]}))
+            return
+        header = f"{'queue':<24}{'pending':>10}{'processing':>12}{'delayed':>10}{'dead':>8}{'consumers':>11}"
+        self.stdout.write(header)
+        for s in stats:
+            self.stdout.write(f"{s.queue:<24}{s.pending:>10}{s.processing:>12}{s.delayed:>10}{s.dead:>8}"
+                              f"{len(s.consumers):>11}")
+        for s in stats:
+            for consumer in s.consumers:
+                self.stdout.write(f"  {s.queue}: consumer {consumer['id']} in flight {consumer['in_flight']}")
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=True)

@@ -1,0 +1,66 @@
+"""`manage.py runconsumer`: run a consumer until stopped."""
+import argparse
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from tasks_app.consumer import Consumer, ConsumerOptions
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"cannot be negative, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be a non-negative number, got {text}")
+    return value
+
+
+class Command(BaseCommand):
+    help = "Claim and run tasks from the given queues until SIGTERM/SIGINT (or, with --burst, until idle)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--queue", dest="queues", action="append", metavar="Q",
+                            help="Queue to consume (repeatable; default: default).")
+        parser.add_argument("--concurrency", type=positive_int, default=8, help="Worker threads (default 8).")
+        parser.add_argument("--prefetch", type=non_negative_int, default=8,
+                            help="Tasks claimed beyond the running ones (default 8).")
+        parser.add_argument("--lease", type=non_negative_float, default=30.0, metavar="SECONDS",
+                            help="Lease: how long after its last heartbeat a silent consumer is presumed dead.")
+        parser.add_argument("--grace", type=non_negative_float, default=30.0, metavar="SECONDS",
+                            help="On SIGTERM, how long running tasks may take to finish (default 30).")
+        parser.add_argument("--consumer-id", help="Identity of this consumer (default: host-pid-random).")
+        parser.add_argument("--metrics-port", type=non_negative_int, metavar="P",
+                            help="Serve Prometheus metrics on this port.")
+        parser.add_argument("--burst", action="store_true",
+                            help="Exit 0 once the queues have nothing pending, in flight or delayed.")
+
+    def handle(self, *args: Any, queues: list[str] | None, concurrency: int, prefetch: int, lease: float,
+               grace: float, consumer_id: str | None, metrics_port: int | None, burst: bool,
+               **options: Any) -> None:
+        consumer_options = ConsumerOptions(queues=queues or ["default"], concurrency=concurrency, prefetch=prefetch,
+                                           lease_s=lease, grace_s=grace, consumer_id=consumer_id, burst=burst)
+        try:
+            consumer = Consumer(consumer_options)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        if metrics_port is not None:
+            from prometheus_client import start_http_server
+
+            start_http_server(metrics_port)
+        consumer.install_signal_handlers()
+        exit_code = consumer.run()
+        if exit_code:
+            raise SystemExit(exit_code)
