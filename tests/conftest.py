@@ -1,0 +1,80 @@
+"""Shared fixtures: a private key prefix per test, a broker, consumers in threads and processes."""
+from __future__ import annotations
+
+import contextlib
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+import tests.support.handlers  # noqa: F401  (registers the test handlers in this process)
+from tasks_app.broker import Broker, get_broker
+from tasks_app.consumer import Consumer, ConsumerOptions
+from tests.support.processes import ConsumerProcess
+
+ARTIFACTS_DIR = Path(__file__).resolve().parent.parent / "test-artifacts"
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Keep the SQLite test database in a file, so consumer subprocesses can share it."""
+    db = settings.DATABASES["default"]
+    if db["ENGINE"].endswith("sqlite3"):
+        db.setdefault("TEST", {})["NAME"] = str(tmp_path_factory.mktemp("db") / "test.sqlite3")
+
+
+@pytest.fixture
+def key_prefix(settings: pytest.FixtureRequest) -> Iterator[str]:
+    """A Redis key prefix of this test's own; its keys are deleted afterwards."""
+    prefix = f"test-{uuid.uuid4().hex[:12]}"
+    settings.TASKS_KEY_PREFIX = prefix
+    settings.TASKS_CONFIG_REFRESH_S = 0.5
+    yield prefix
+    client = get_broker().client
+    for key in client.scan_iter(match=f"{prefix}:*", count=1000):
+        client.delete(key)
+
+
+@pytest.fixture
+def broker(key_prefix: str) -> Broker:
+    """The broker for this test's prefix, on the Redis of REDIS_URL."""
+    return get_broker()
+
+
+@pytest.fixture
+def consumer_in_thread(broker: Broker) -> Iterator[contextlib.AbstractContextManager[Consumer]]:
+    """Factory of real consumers running in a thread of this process (stopped at exit)."""
+
+    @contextlib.contextmanager
+    def start(**options: object) -> Iterator[Consumer]:
+        opts = {"lease_s": 2.0, "grace_s": 5.0, "block_s": 0.5, **options}
+        consumer = Consumer(ConsumerOptions(**opts), broker=broker)  # type: ignore[arg-type]
+        exit_codes: list[int] = []
+        thread = threading.Thread(target=lambda: exit_codes.append(consumer.run()), daemon=True)
+        thread.start()
+        try:
+            yield consumer
+        finally:
+            consumer.request_stop()
+            thread.join(timeout=30)
+            assert not thread.is_alive(), "consumer thread did not stop"
+
+    return start
+
+
+@pytest.fixture
+def consumer_process(key_prefix: str, tmp_path: Path) -> Iterator[type]:
+    """Factory of `runconsumer` subprocesses on this test's prefix (killed at teardown)."""
+    started: list[ConsumerProcess] = []
+
+    def start(*args: str, **env: str) -> ConsumerProcess:
+        process = ConsumerProcess(key_prefix, *args, log_dir=tmp_path, **env)
+        started.append(process)
+        return process
+
+    yield start  # type: ignore[misc]
+    for process in started:
+        process.stop()

@@ -1,0 +1,50 @@
+"""Handlers used by the tests; consumer subprocesses load them via TASK_HANDLER_MODULES."""
+import json
+import os
+import signal
+import time
+from typing import Any
+
+from tasks_app.broker import get_broker
+from tasks_app.registry import handler
+
+RUNS_KEY_SUFFIX = "test:runs"
+
+
+def runs_key() -> str:
+    """The Redis list where `test.record` appends one JSON line per run."""
+    return f"{get_broker().keys.prefix}:{RUNS_KEY_SUFFIX}"
+
+
+@handler("test.record", takes_context=True)
+def record(context: Any, sleep_s: float = 0.0, fail_until_attempt: int = 0, **extra: Any) -> int:
+    """Record this run (task id, attempt, consumer, start time on the Redis clock), then work."""
+    broker = get_broker()
+    seconds, micros = broker.client.time()
+    broker.client.rpush(runs_key(), json.dumps({
+        "task_id": context.task_id, "attempt": context.attempt, "consumer": context.consumer_id,
+        "type": context.type, "start_ms": seconds * 1000 + micros / 1000, "pid": os.getpid(), **extra,
+    }))
+    if sleep_s:
+        time.sleep(float(sleep_s))
+    if context.attempt <= int(fail_until_attempt):
+        raise RuntimeError(f"planned failure on attempt {context.attempt}")
+    return context.attempt
+
+
+@handler("test.kill_self")
+def kill_self() -> None:
+    """Kill the consumer process running it: a poison pill."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+@handler("test.not_json")
+def not_json() -> object:
+    """Return something that is not JSON."""
+    return object()
+
+
+@handler("test.exit")
+def exit_process() -> None:
+    """Call sys.exit from a handler: must fail the task, not the worker."""
+    raise SystemExit(3)

@@ -1,0 +1,98 @@
+"""Real `manage.py runconsumer` subprocesses for tests that kill, freeze or signal them."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from django.conf import settings
+from django.db import connection
+
+PROJECT_DIR = Path(__file__).resolve().parents[2]
+
+
+def consumer_env(prefix: str, **extra: str) -> dict[str, str]:
+    """Environment for a consumer subprocess sharing this test's Redis prefix and database."""
+    env = dict(os.environ)
+    db = connection.settings_dict
+    if db["ENGINE"].endswith("sqlite3"):
+        database_url = f"sqlite:///{db['NAME']}"
+    else:
+        database_url = (f"postgres://{db['USER'] or ''}:{db['PASSWORD'] or ''}@{db['HOST'] or '127.0.0.1'}:"
+                        f"{db['PORT'] or 5432}/{db['NAME']}")
+    env.update({
+        "DATABASE_URL": database_url,
+        "REDIS_URL": settings.REDIS_URL,
+        "REDIS_CLUSTER": "1" if settings.REDIS_CLUSTER else "0",
+        "TASKS_KEY_PREFIX": prefix,
+        "TASK_HANDLER_MODULES": "tests.support.handlers",
+        "TASKS_CONFIG_REFRESH_S": str(settings.TASKS_CONFIG_REFRESH_S),
+        "PYTHONUNBUFFERED": "1",
+        "LOG_LEVEL": "WARNING",
+    })
+    env.update(extra)
+    return env
+
+
+class ConsumerProcess:
+    """A `runconsumer` subprocess; stop it gracefully, kill it, freeze it."""
+
+    def __init__(self, prefix: str, *args: str, log_dir: Path, name: str = "consumer", **env: str) -> None:
+        self.log_path = log_dir / f"{name}-{time.monotonic_ns()}.log"
+        self._log = open(self.log_path, "wb")
+        self.process = subprocess.Popen(
+            [sys.executable, str(PROJECT_DIR / "manage.py"), "runconsumer", *args],
+            cwd=PROJECT_DIR, env=consumer_env(prefix, **env), stdout=self._log, stderr=subprocess.STDOUT,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    def kill(self) -> None:
+        """SIGKILL, and reap the process."""
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def terminate(self, timeout_s: float = 60) -> int:
+        """SIGTERM, wait for the exit code."""
+        self.process.send_signal(signal.SIGTERM)
+        return self.wait(timeout_s)
+
+    def wait(self, timeout_s: float) -> int:
+        try:
+            return self.process.wait(timeout=timeout_s)
+        finally:
+            self._log.flush()
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        """Make sure the process is gone (used at teardown)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=10)
+        self._log.close()
+
+
+def wait_until(condition: Callable[[], object], timeout_s: float, interval_s: float = 0.05,
+               message: str = "condition") -> object:
+    """Poll `condition` until it is truthy; fail the test after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {message}")
+        time.sleep(interval_s)
