@@ -2,7 +2,7 @@
 import time
 from typing import Any
 
-from .registry import handler
+from tasks_app import handler
 
 
 @handler("demo.echo")
