@@ -1,4 +1,5 @@
 """Database models: task types, tuned in the admin."""
+from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.core.exceptions import ValidationError
 from django.db import models
@@ -77,3 +78,30 @@ class TaskType(models.Model):
         """Reject a burst larger than the rate limit it belongs to."""
         if self.rate_limit is not None and self.rate_burst > self.rate_limit:
             raise ValidationError({"rate_burst": "The burst cannot exceed the rate limit."})
+
+
+class ApiToken(models.Model):
+    """A per-user API token; only its SHA-256 is stored, the token itself is shown once."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens")
+    name = models.CharField(max_length=100, help_text="What the token is for, e.g. billing-service.")
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    key_prefix = models.CharField(
+        max_length=8, editable=False, help_text="The first characters of the token, to recognise it.",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    revoked_at = models.DateTimeField(
+        null=True, blank=True, help_text="Set to revoke the token; requests with it are then refused.",
+    )
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name = "API token"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.key_prefix}…)"
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None
