@@ -385,12 +385,15 @@ class Broker:
         tombstones = self._tombstones(queue)
         pipe = self.client.pipeline(transaction=False)
         pipe.llen(self.keys.pending(queue))
+        # A wake token is not a task; there is at most one, near the head of pending.
+        pipe.lpos(self.keys.pending(queue), WAKE_TOKEN, rank=-1, maxlen=16)
         pipe.zcard(self.keys.prioritized(queue))
         pipe.zcard(self.keys.delayed(queue))
         pipe.zcard(self.keys.dead(queue))
         for consumer_id in tombstones:
             pipe.llen(self.keys.processing(queue, consumer_id))
-        pending, prioritized, delayed, dead, *orphaned = pipe.execute()
+        pending, wake_token_at, prioritized, delayed, dead, *orphaned = pipe.execute()
+        pending -= wake_token_at is not None
         processing = sum(c["in_flight"] for c in consumers) + sum(orphaned)
         return QueueStats(queue, pending + prioritized, processing, delayed, dead, consumers)
 

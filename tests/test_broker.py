@@ -1,0 +1,258 @@
+"""The broker's contract, against a real Redis server."""
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tasks_app.broker import LUA_DIR, MAX_RECOVERIES, WAKE_TOKEN, Enqueueable, delayed_member, split_delayed_member
+from tasks_app.codec import Task, decode_task, encode_task
+
+LEASE_MS = 200
+
+
+def make_task(n: int, priority: int = 0, queue: str = "q") -> bytes:
+    return encode_task(Task(id=f"task-{n}", type="demo.echo", queue=queue, priority=priority))
+
+
+def ids(raws):
+    return [decode_task(raw).id for raw in raws]
+
+
+def register(broker, consumer_id: str, lease_ms: int = LEASE_MS, queues=("q",)) -> None:
+    broker.heartbeat(list(queues), consumer_id, lease_ms, {"lease_ms": lease_ms})
+
+
+def push(broker, *raws, queue="q", priority=0, run_after_ms=0):
+    broker.enqueue([Enqueueable(queue=queue, raw=raw, priority=priority, run_after_ms=run_after_ms)
+                    for raw in raws], result_ttl_s=60)
+
+
+def expire(broker, consumer_id: str, queue: str = "q") -> None:
+    """Let a lease lapse without waiting for it."""
+    broker.client.zadd(broker.keys.consumers(queue), {consumer_id: 0})
+
+
+def test_every_script_documents_its_keys_arguments_and_result():
+    for path in Path(LUA_DIR).glob("*.lua"):
+        header = path.read_text().split("\n\n")[0]
+        assert "KEYS[1]" in header and "Returns" in header, f"{path.name} lacks its header"
+
+
+def test_queue_keys_share_the_queue_hash_tag(broker):
+    keys = broker.keys
+    for key in [keys.pending("a.b"), keys.prioritized("a.b"), keys.delayed("a.b"), keys.dead("a.b"),
+                keys.processing("a.b", "c1"), keys.consumers("a.b"), keys.reaped("a.b"), keys.recoveries("a.b")]:
+        assert key.startswith(f"{keys.prefix}:{{a.b}}:")
+
+
+def test_claim_takes_fifo_then_priorities_in_order(broker):
+    register(broker, "c1")
+    push(broker, make_task(1), make_task(2))
+    push(broker, make_task(3, priority=-5), priority=-5)
+    push(broker, make_task(4, priority=5), priority=5)
+    push(broker, make_task(5, priority=50), priority=50)
+    assert ids(broker.claim("q", "c1", 10)) == ["task-5", "task-4", "task-1", "task-2", "task-3"]
+    assert broker.client.llen(broker.keys.processing("q", "c1")) == 5
+
+
+def test_claim_takes_no_more_than_asked(broker):
+    register(broker, "c1")
+    push(broker, *[make_task(n) for n in range(10)])
+    assert len(broker.claim("q", "c1", 3)) == 3
+    assert broker.client.llen(broker.keys.pending("q")) == 7
+
+
+def test_claim_without_a_lease_takes_nothing(broker):
+    push(broker, make_task(1))
+    assert broker.claim("q", "ghost", 5) is None
+    assert broker.client.llen(broker.keys.pending("q")) == 1
+
+
+def test_prioritized_enqueue_wakes_a_blocked_claim_and_the_token_is_dropped(broker):
+    register(broker, "c1")
+    push(broker, make_task(1, priority=3), priority=3)
+    assert broker.claim_blocking("q", "c1", 1) == WAKE_TOKEN
+    assert ids(broker.claim("q", "c1", 5, drop_wake=True)) == ["task-1"]
+    assert broker.client.lrange(broker.keys.processing("q", "c1"), 0, -1) == [make_task(1, priority=3)]
+
+
+def test_ack_only_finishes_tasks_this_consumer_holds(broker):
+    register(broker, "c1")
+    register(broker, "c2")
+    push(broker, make_task(1), make_task(2))
+    [first] = broker.claim("q", "c1", 1)
+    [second] = broker.claim("q", "c2", 1)
+    assert broker.ack("q", "c1", [first, second]) == [True, False]
+    assert broker.client.lrange(broker.keys.processing("q", "c2"), 0, -1) == [second]
+
+
+def test_reaper_never_touches_a_live_lease(broker):
+    register(broker, "c1", lease_ms=60_000)
+    push(broker, make_task(1))
+    broker.claim("q", "c1", 1)
+    outcome = broker.reap("q", "c1", 60_000)
+    assert outcome.status == -1
+    assert broker.client.llen(broker.keys.processing("q", "c1")) == 1
+
+
+def test_reaping_returns_tasks_oldest_first_and_tombstones_the_consumer(broker):
+    register(broker, "c1")
+    push(broker, *[make_task(n) for n in range(3)])
+    broker.claim("q", "c1", 3)
+    expire(broker, "c1")
+    expired, _ = broker.reap_candidates("q")
+    assert expired == ["c1"]
+    outcome = broker.reap("q", "c1", LEASE_MS)
+    assert (outcome.status, outcome.requeued, outcome.remaining) == (1, 3, 0)
+    register(broker, "c2")
+    assert ids(broker.claim("q", "c2", 3)) == ["task-0", "task-1", "task-2"]
+    # The reaped consumer's renewals and claims now fail: it must take a new identity.
+    assert broker.heartbeat(["q"], "c1", LEASE_MS) is False
+    assert broker.claim("q", "c1", 1) is None
+
+
+def test_a_reaped_consumer_cannot_also_retry_or_ack_its_task(broker):
+    register(broker, "c1")
+    push(broker, make_task(1))
+    [raw] = broker.claim("q", "c1", 1)
+    expire(broker, "c1")
+    broker.reap("q", "c1", LEASE_MS)
+    assert broker.retry_later("q", "c1", raw, raw, 0, 1000) is False
+    assert broker.dead_letter("q", "c1", raw, raw) is False
+    assert broker.ack("q", "c1", [raw]) == [False]
+    assert broker.client.zcard(broker.keys.delayed("q")) == 0
+    assert broker.client.zcard(broker.keys.dead("q")) == 0
+    assert broker.client.llen(broker.keys.pending("q")) == 1
+
+
+def test_tasks_moved_into_a_tombstoned_list_are_swept_back(broker):
+    register(broker, "c1")
+    expire(broker, "c1")
+    broker.reap("q", "c1", LEASE_MS)
+    # A blocking claim that was in flight when the consumer froze lands in its old list.
+    push(broker, make_task(9))
+    broker.claim_blocking("q", "c1", 1)
+    _, tombstones = broker.reap_candidates("q")
+    assert tombstones == ["c1"]
+    assert broker.reap("q", "c1", LEASE_MS).requeued == 1
+    assert broker.client.llen(broker.keys.pending("q")) == 1
+
+
+def test_a_task_recovered_too_often_is_dead_lettered_with_a_reason(broker):
+    push(broker, make_task(1))
+    for round_number in range(MAX_RECOVERIES + 1):
+        consumer_id = f"c{round_number}"
+        register(broker, consumer_id)
+        assert len(broker.claim("q", consumer_id, 1)) == 1
+        expire(broker, consumer_id)
+        outcome = broker.reap("q", consumer_id, LEASE_MS)
+    assert outcome.requeued == 0 and len(outcome.dead_lettered) == 1
+    dead = decode_task(outcome.dead_lettered[0])
+    assert dead.id == "task-1"
+    assert "recovered 4 times" in dead.dead_reason
+    assert dead.last_error.startswith("ConsumerDied")
+    assert broker.client.zcard(broker.keys.dead("q")) == 1
+    assert broker.client.llen(broker.keys.pending("q")) == 0
+
+
+def test_racing_reapers_requeue_each_task_exactly_once(broker):
+    register(broker, "victim")
+    push(broker, *[make_task(n) for n in range(200)])
+    broker.claim("q", "victim", 200)
+    expire(broker, "victim")
+    moved = []
+    barrier = threading.Barrier(8)
+
+    def reap() -> None:
+        barrier.wait()
+        outcome = broker.reap("q", "victim", LEASE_MS)
+        moved.append(outcome.requeued if outcome.status == 1 else 0)
+
+    threads = [threading.Thread(target=reap) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sum(moved) == 200
+    pending = broker.client.lrange(broker.keys.pending("q"), 0, -1)
+    assert len(pending) == len(set(pending)) == 200
+
+
+def test_retry_later_moves_to_delayed_and_promotion_waits_for_the_due_time(broker):
+    register(broker, "c1")
+    push(broker, make_task(1, priority=7), priority=7)
+    [raw] = broker.claim("q", "c1", 1)
+    assert broker.retry_later("q", "c1", raw, raw, 7, 300) is True
+    assert broker.promote_due("q")[0] == 0
+    [(member, _)] = broker.client.zrange(broker.keys.delayed("q"), 0, -1, withscores=True)
+    assert split_delayed_member(member) == (7, raw)
+    time.sleep(0.35)
+    assert broker.promote_due("q")[0] == 1
+    assert ids(broker.claim("q", "c1", 5, drop_wake=True)) == ["task-1"]
+
+
+def test_promotion_reports_the_next_due_time(broker):
+    now_ms = broker.server_time_ms()
+    push(broker, make_task(1), run_after_ms=now_ms + 60_000)
+    moved, next_due_ms, server_now_ms = broker.promote_due("q")
+    assert moved == 0
+    assert next_due_ms == now_ms + 60_000
+    assert abs(server_now_ms - now_ms) < 5_000
+
+
+def test_delayed_members_keep_their_priority():
+    assert split_delayed_member(delayed_member(-100, b"x")) == (-100, b"x")
+    assert split_delayed_member(delayed_member(5, b"\x00")) == (5, b"\x00")
+
+
+def test_return_unstarted_puts_tasks_back_at_the_head_in_order(broker):
+    register(broker, "c1")
+    push(broker, *[make_task(n) for n in range(4)])
+    claimed = broker.claim("q", "c1", 4)
+    assert broker.return_unstarted("q", "c1", claimed[2:]) == 2
+    push(broker, make_task(99))
+    assert ids(broker.claim("q", "c1", 3)) == ["task-2", "task-3", "task-99"]
+
+
+def test_deregister_returns_what_is_held_and_drops_the_lease(broker):
+    register(broker, "c1")
+    push(broker, make_task(1))
+    broker.claim("q", "c1", 1)
+    assert broker.deregister("q", "c1") == 1
+    assert broker.live_consumers("q") == []
+    assert broker.client.llen(broker.keys.pending("q")) == 1
+
+
+def test_queue_stats_and_idleness(broker):
+    register(broker, "c1")
+    push(broker, make_task(1), make_task(2))
+    push(broker, make_task(3, priority=1), priority=1)
+    push(broker, make_task(4), run_after_ms=broker.server_time_ms() + 60_000)
+    broker.claim("q", "c1", 1, drop_wake=True)
+    stats = broker.queue_stats("q")
+    assert (stats.pending, stats.processing, stats.delayed, stats.dead) == (2, 1, 1, 0)
+    assert [c["id"] for c in stats.consumers] == ["c1"]
+    assert stats.consumers[0]["in_flight"] == 1
+    assert not broker.is_idle(["q"])
+    assert broker.known_queues() == ["q"]
+
+
+def test_dead_letters_can_be_listed_requeued_and_deleted(broker):
+    register(broker, "c1")
+    push(broker, make_task(1), make_task(2))
+    first, second = broker.claim("q", "c1", 2)
+    broker.dead_letter("q", "c1", first, first)
+    broker.dead_letter("q", "c1", second, second)
+    assert {raw for raw, _ in broker.list_dead("q")} == {first, second}
+    assert broker.requeue_dead("q", [(first, first)]) == 1
+    assert broker.requeue_dead("q", [(first, first)]) == 0
+    assert broker.delete_dead("q", [second]) == 1
+    assert broker.list_dead("q") == []
+    assert broker.client.lrange(broker.keys.pending("q"), 0, -1) == [first]
+
+
+@pytest.mark.parametrize("priority", [1, -1])
+def test_non_zero_priority_tasks_count_as_pending(broker, priority):
+    push(broker, make_task(1, priority=priority), priority=priority)
+    assert broker.queue_stats("q").pending == 1
