@@ -1,0 +1,76 @@
+"""The thin management commands: enqueue, queuestats, runconsumer's argument checks."""
+import json
+import subprocess
+import sys
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from tests.support.processes import PROJECT_DIR, consumer_env
+
+
+@pytest.mark.django_db
+def test_enqueue_prints_one_id_per_line(broker):
+    out = StringIO()
+    call_command("enqueue", "demo.echo", "--args", "[1]", "--count", "3", stdout=out)
+    lines = out.getvalue().split()
+    assert len(lines) == 3
+    assert all(broker.get_result(task_id)["status"] == "READY" for task_id in lines)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("argv, message", [
+    (["no.such.type"], "unknown task type"),
+    (["demo.echo", "--args", '{"a": 1}'], "args must be a JSON array"),
+    (["demo.echo", "--delay", "-1"], "delay must be a non-negative"),
+    (["demo.echo", "--priority", "500"], "priority"),
+    (["demo.echo", "--count", "0"], "count"),
+])
+def test_enqueue_rejects_bad_input_with_a_command_error(broker, argv, message):
+    with pytest.raises(CommandError, match=message):
+        call_command("enqueue", *argv, stdout=StringIO())
+    assert broker.known_queues() == []
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("argv", [["no.such.type"], ["demo.echo", "--args", "[1"], ["demo.echo", "--args", "{}"],
+                                  ["demo.echo", "--delay", "-5"]])
+def test_enqueue_cli_fails_with_one_line_on_stderr_and_enqueues_nothing(broker, key_prefix, argv):
+    result = subprocess.run([sys.executable, str(PROJECT_DIR / "manage.py"), "enqueue", *argv],
+                            env=consumer_env(key_prefix), capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert result.stdout == ""
+    assert result.stderr.strip().splitlines()[-1].startswith(("CommandError:", "manage.py enqueue: error:"))
+    assert broker.known_queues() == []
+
+
+@pytest.mark.django_db
+def test_queuestats_json_lists_every_queue(broker):
+    call_command("enqueue", "demo.echo", "--queue", "mail", "--count", "2", stdout=StringIO())
+    out = StringIO()
+    call_command("queuestats", "--json", stdout=out)
+    [queue] = json.loads(out.getvalue())["queues"]
+    assert (queue["queue"], queue["pending"], queue["processing"], queue["consumers"]) == ("mail", 2, 0, [])
+
+
+@pytest.mark.django_db
+def test_queuestats_table(broker):
+    call_command("enqueue", "demo.echo", stdout=StringIO())
+    out = StringIO()
+    call_command("queuestats", stdout=out)
+    header, row = out.getvalue().splitlines()[:2]
+    assert header.split() == ["queue", "pending", "processing", "delayed", "dead", "consumers"]
+    assert row.split() == ["default", "1", "0", "0", "0", "0"]
+
+
+@pytest.mark.parametrize("argv", [["--concurrency", "0"], ["--prefetch", "-1"], ["--lease", "abc"]])
+def test_runconsumer_rejects_bad_options(argv):
+    with pytest.raises(CommandError):
+        call_command("runconsumer", *argv)
+
+
+@pytest.mark.django_db
+def test_runconsumer_rejects_an_invalid_queue_name(broker):
+    with pytest.raises(CommandError, match="invalid queue"):
+        call_command("runconsumer", "--queue", "bad queue", "--burst")

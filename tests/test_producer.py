@@ -1,0 +1,97 @@
+"""Validation and encoding on the producer side."""
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from tasks_app.codec import decode_payload, decode_task
+from tasks_app.models import TaskType
+from tasks_app.producer import EnqueueError, TaskRequest, enqueue, enqueue_many
+from tasks_app.results import ResultRecord
+
+pytestmark = pytest.mark.django_db
+
+
+def test_enqueue_pushes_a_task_and_a_ready_record(broker):
+    [task] = enqueue("demo.echo", [1, 2], {"k": "v"}, headers={"trace": "abc"})
+    [raw] = broker.client.lrange(broker.keys.pending("default"), 0, -1)
+    decoded = decode_task(raw)
+    assert (decoded.id, decoded.type, decoded.queue, decoded.attempt) == (task.id, "demo.echo", "default", 0)
+    assert decode_payload(decoded.payload).args == [1, 2]
+    assert dict(decoded.headers) == {"trace": "abc"}
+    record = ResultRecord.from_fields(broker.get_result(task.id))
+    assert (record.status, record.args, record.kwargs) == ("READY", [1, 2], {"k": "v"})
+
+
+def test_first_enqueue_of_a_handler_name_creates_its_task_type(broker):
+    enqueue("demo.sleep", [0])
+    row = TaskType.objects.get(name="demo.sleep")
+    assert (row.handler, row.queue, row.max_attempts) == ("demo.sleep", "default", 3)
+
+
+def test_a_task_type_row_routes_to_its_handler_and_queue(broker):
+    TaskType.objects.create(name="billing.invoice", handler="demo.echo", queue="billing")
+    [task] = enqueue("billing.invoice")
+    assert task.queue == "billing"
+    assert broker.client.llen(broker.keys.pending("billing")) == 1
+
+
+def test_count_enqueues_distinct_tasks_in_one_call(broker):
+    tasks = enqueue("demo.echo", count=25)
+    assert len({t.id for t in tasks}) == 25
+    assert broker.client.llen(broker.keys.pending("default")) == 25
+
+
+def test_bulk_enqueue_is_all_or_nothing(broker):
+    with pytest.raises(EnqueueError):
+        enqueue_many([TaskRequest("demo.echo", [1]), TaskRequest("demo.echo", "not a list")])
+    assert broker.client.llen(broker.keys.pending("default")) == 0
+
+
+def test_delay_and_run_after_go_to_the_delayed_set(broker):
+    enqueue("demo.echo", delay_s=30)
+    enqueue("demo.echo", run_after=datetime.now(UTC) + timedelta(minutes=5), priority=4)
+    assert broker.client.zcard(broker.keys.delayed("default")) == 2
+    assert broker.client.llen(broker.keys.pending("default")) == 0
+
+
+def test_priority_goes_to_the_prioritized_set(broker):
+    enqueue("demo.echo", priority=10)
+    assert broker.client.zcard(broker.keys.prioritized("default")) == 1
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"type_name": "no.such.type"}, "unknown task type"),
+    ({"type_name": "bad name!"}, "invalid task type"),
+    ({"type_name": "demo.echo", "args": {"a": 1}}, "args must be a JSON array"),
+    ({"type_name": "demo.echo", "args": "abc"}, "args must be a JSON array"),
+    ({"type_name": "demo.echo", "kwargs": [1]}, "kwargs must be a JSON object"),
+    ({"type_name": "demo.echo", "args": [object()]}, "JSON-serializable"),
+    ({"type_name": "demo.echo", "args": [float("nan")]}, "JSON-serializable"),
+    ({"type_name": "demo.echo", "queue": "a b"}, "invalid queue"),
+    ({"type_name": "demo.echo", "priority": 101}, "priority must be an integer from -100 to 100"),
+    ({"type_name": "demo.echo", "priority": True}, "priority must be an integer"),
+    ({"type_name": "demo.echo", "delay_s": -1}, "delay must be a non-negative"),
+    ({"type_name": "demo.echo", "delay_s": float("inf")}, "delay must be a non-negative"),
+    ({"type_name": "demo.echo", "run_after": datetime(2030, 1, 1)}, "timezone-aware"),
+    ({"type_name": "demo.echo", "count": 0}, "count must be a positive integer"),
+])
+def test_invalid_requests_are_rejected_before_anything_is_pushed(broker, kwargs, message):
+    type_name = kwargs.pop("type_name")
+    with pytest.raises(EnqueueError, match=message):
+        enqueue(type_name, **kwargs)
+    assert broker.known_queues() == []
+
+
+def test_disabled_types_and_unregistered_handlers_are_rejected(broker):
+    TaskType.objects.create(name="off", handler="demo.echo", enabled=False)
+    TaskType.objects.create(name="orphan", handler="gone.handler")
+    with pytest.raises(EnqueueError, match="disabled"):
+        enqueue("off")
+    with pytest.raises(EnqueueError, match="not registered"):
+        enqueue("orphan")
+
+
+def test_oversize_payloads_are_rejected(broker, settings):
+    settings.TASKS_MAX_PAYLOAD_BYTES = 100
+    with pytest.raises(EnqueueError, match="over the limit of 100"):
+        enqueue("demo.echo", ["x" * 200])
