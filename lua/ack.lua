@@ -1,14 +1,21 @@
 -- ack: finish tasks this consumer ran, if they are still in its processing list.
 -- KEYS[1] processing list of this consumer   KEYS[2] recoveries hash
+-- KEYS[3] (optional) this 10-second bucket's completed counter, incremented by the tasks acked
 -- ARGV[1..n] serialized tasks
 -- Returns: one flag per task: 1 acknowledged, 0 lost (reaped or finished elsewhere).
 -- Cost: O(this consumer's in-flight) per task, independent of other consumers.
 local flags = {}
+local acked = 0
 for i, task in ipairs(ARGV) do
   local removed = redis.call('LREM', KEYS[1], -1, task)
   if removed > 0 then
     redis.call('HDEL', KEYS[2], redis.sha1hex(task))
   end
   flags[i] = removed
+  acked = acked + removed
+end
+if KEYS[3] and acked > 0 then
+  redis.call('INCRBY', KEYS[3], acked)
+  redis.call('EXPIRE', KEYS[3], 120)
 end
 return flags

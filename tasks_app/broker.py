@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,8 @@ WAKE_TOKEN = b"\x00wake"
 MAX_RECOVERIES = 3
 REAP_BATCH = 1000
 TOMBSTONE_KEEP_MS = 24 * 3600 * 1000
+# Width of the buckets counting acknowledged tasks, for the dashboard's throughput.
+THROUGHPUT_BUCKET_S = 10
 
 
 def delayed_member(priority: int, raw: bytes) -> bytes:
@@ -71,6 +74,10 @@ class Keys:
 
     def recoveries(self, queue: str) -> str:
         return self.queue_key(queue, "recoveries")
+
+    def completed(self, queue: str, bucket: int) -> str:
+        """Counter of tasks acknowledged in one THROUGHPUT_BUCKET_S-long bucket (bucket = epoch s // width)."""
+        return self.queue_key(queue, f"completed:{bucket}")
 
     def queues(self) -> str:
         return f"{self.prefix}:queues"
@@ -252,7 +259,9 @@ class Broker:
         pipe = self.client.pipeline(transaction=False)
         for update in results:
             self._queue_result(pipe, update)
-        self.scripts.queue(pipe, "ack", [self.keys.processing(queue, consumer_id), self.keys.recoveries(queue)], list(raws))
+        bucket_key = self.keys.completed(queue, int(time.time()) // THROUGHPUT_BUCKET_S)
+        self.scripts.queue(pipe, "ack", [self.keys.processing(queue, consumer_id), self.keys.recoveries(queue),
+                                         bucket_key], list(raws))
         flags = self.scripts.execute(pipe, self.client)[-1]
         return [bool(flag) for flag in flags]
 
@@ -357,6 +366,13 @@ class Broker:
                            dead_lettered=list(out[3:]))
 
     # --- inspection and admin --------------------------------------------------------------
+    def completed_last_minute(self, queue: str) -> int:
+        """Count the tasks of `queue` acknowledged in the last minute (whole buckets: 50-60 s)."""
+        current = int(time.time()) // THROUGHPUT_BUCKET_S
+        buckets = range(current - 60 // THROUGHPUT_BUCKET_S + 1, current + 1)
+        counts = self.client.mget([self.keys.completed(queue, bucket) for bucket in buckets])
+        return sum(int(count) for count in counts if count is not None)
+
     def known_queues(self) -> list[str]:
         """Return every queue that has seen a task or a consumer."""
         return sorted(member.decode() for member in self.client.smembers(self.keys.queues()))
