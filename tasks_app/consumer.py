@@ -20,6 +20,7 @@ from . import metrics, results
 from .broker import WAKE_TOKEN, Broker
 from .codec import UndecodableTask, decode_task
 from .executor import Claimed, Executor, RateGate
+from .health import HealthLoop, Liveness
 from .loops import HeartbeatLoop, HousekeepingLoop, ReaperLoop, SchedulerLoop, start_thread
 from .names import validate_name
 from .registry import Registry, registry as default_registry
@@ -27,6 +28,8 @@ from .retrying import GaveUp, until_done
 from .task_types import TaskTypeCache
 
 logger = logging.getLogger(__name__)
+
+HEALTH_CHECK_S = 5.0
 
 
 @dataclass
@@ -41,6 +44,7 @@ class ConsumerOptions:
     consumer_id: str | None = None
     burst: bool = False
     block_s: float = 2.0
+    health_file: str | None = None
 
     def validate(self) -> None:
         """Raise ValueError for options that cannot work."""
@@ -168,6 +172,8 @@ class Consumer:
         self._busy = 0
         self._busy_lock = threading.Lock()
         self._signals = 0
+        # Checked every few seconds; stale after a few missed checks (or one lease, if longer).
+        self.liveness = Liveness(options.health_file, stale_after_s=max(3 * HEALTH_CHECK_S, options.lease_s))
 
     # --- identity --------------------------------------------------------------------------
     def register(self) -> None:
@@ -268,6 +274,7 @@ class Consumer:
             ReaperLoop(self.broker, opts.queues, opts.lease_s, self._on_reaped_dead_letters),
             HousekeepingLoop(self._refresh_task_types, settings.TASKS_CONFIG_REFRESH_S,
                              self.executor.expire_overdue),
+            HealthLoop(self.broker, self.liveness, HEALTH_CHECK_S),
         ]
         self._threads = [start_thread(loop, self.loops_stopped) for loop in loops]
         self._claimers = [start_thread(ClaimerLoop(self, q), self.claiming_stopped) for q in opts.queues]

@@ -26,3 +26,4 @@ BUSY_WORKERS = Gauge(f"{PREFIX}_consumer_busy_workers", "Worker threads running 
 LEASE_RENEWALS = Counter(f"{PREFIX}_lease_renewals", "Successful lease renewals.")
 LEASES_LOST = Counter(f"{PREFIX}_leases_lost", "Times this consumer found its lease gone and re-registered.")
 REDIS_ERRORS = Counter(f"{PREFIX}_redis_errors", "Redis errors met by consumer loops.", ["loop"])
+QUEUE_STATS_ERRORS = Counter(f"{PREFIX}_queue_stats_errors", "Scrapes whose queue depths could not be read in time.")

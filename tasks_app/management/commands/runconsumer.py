@@ -43,23 +43,26 @@ class Command(BaseCommand):
                             help="On SIGTERM, how long running tasks may take to finish (default 30).")
         parser.add_argument("--consumer-id", help="Identity of this consumer (default: host-pid-random).")
         parser.add_argument("--metrics-port", type=non_negative_int, metavar="P",
-                            help="Serve Prometheus metrics on this port.")
+                            help="Serve Prometheus metrics (/metrics) and liveness (/healthz) on this port.")
+        parser.add_argument("--health-file", metavar="PATH",
+                            help="Touch this file every few seconds while Redis answers (container liveness).")
         parser.add_argument("--burst", action="store_true",
                             help="Exit 0 once the queues have nothing pending, in flight or delayed.")
 
     def handle(self, *args: Any, queues: list[str] | None, concurrency: int, prefetch: int, lease: float,
                grace: float, consumer_id: str | None, metrics_port: int | None, burst: bool,
-               **options: Any) -> None:
+               health_file: str | None, **options: Any) -> None:
         consumer_options = ConsumerOptions(queues=queues or ["default"], concurrency=concurrency, prefetch=prefetch,
-                                           lease_s=lease, grace_s=grace, consumer_id=consumer_id, burst=burst)
+                                           lease_s=lease, grace_s=grace, consumer_id=consumer_id, burst=burst,
+                                           health_file=health_file)
         try:
             consumer = Consumer(consumer_options)
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         if metrics_port is not None:
-            from prometheus_client import start_http_server
+            from tasks_app.metrics_http import serve_consumer_metrics
 
-            start_http_server(metrics_port)
+            serve_consumer_metrics(consumer, metrics_port)
         consumer.install_signal_handlers()
         exit_code = consumer.run()
         if exit_code:

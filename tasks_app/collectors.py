@@ -1,0 +1,88 @@
+"""Queue depths and live consumers, read from Redis when Prometheus scrapes (no polling thread)."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError as FutureTimeout
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from . import metrics
+from .broker import Broker, QueueStats
+
+logger = logging.getLogger(__name__)
+
+STATES = ("pending", "processing", "delayed", "dead")
+# More queues than this are not exported: cardinality stays bounded whatever producers do.
+MAX_QUEUES = 200
+
+
+class QueueCollector(Collector):
+    """Export per-queue task counts by state and live consumers, read at scrape time.
+
+    The read runs on a helper thread and the scrape waits at most `timeout_s` for it: a slow or
+    absent Redis makes the scrape report `taskqueue_queue_stats_up 0` and count an error, never
+    hang or raise. A read still running from an earlier scrape is waited on, not duplicated.
+    """
+
+    def __init__(self, broker: Callable[[], Broker], queues: Sequence[str] = (), timeout_s: float = 2.0) -> None:
+        self.broker = broker
+        self.queues = list(queues)
+        self.timeout_s = timeout_s
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="queue-collector")
+        self._pending: Future[tuple[list[QueueStats], int]] | None = None
+        self._lock = threading.Lock()
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        """Name the families without touching Redis (registration must not do I/O)."""
+        return list(self._families())
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """Read every known queue from Redis, within the time budget."""
+        started = time.monotonic()
+        depth, live, up, duration = self._families()
+        read = self._read()
+        stats, now_ms = read if read is not None else ([], 0)
+        for item in stats:
+            for state in STATES:
+                depth.add_metric([item.queue, state], getattr(item, state))
+            # A consumer past its deadline is dead even before a reaper has removed it.
+            live.add_metric([item.queue], sum(1 for c in item.consumers if c["lease_deadline_ms"] > now_ms))
+        up.add_metric([], 0 if read is None else 1)
+        duration.add_metric([], time.monotonic() - started)
+        yield from (depth, live, up, duration)
+
+    def _read(self) -> tuple[list[QueueStats], int] | None:
+        with self._lock:
+            if self._pending is None or self._pending.done():
+                self._pending = self._pool.submit(self._read_all)
+            pending = self._pending
+        try:
+            return pending.result(timeout=self.timeout_s)
+        except FutureTimeout:
+            metrics.QUEUE_STATS_ERRORS.inc()
+            logger.warning("queue stats: Redis did not answer within %.1f s", self.timeout_s)
+        except Exception as exc:  # a scrape must never fail because Redis did
+            metrics.QUEUE_STATS_ERRORS.inc()
+            logger.warning("queue stats: cannot read Redis: %s", exc)
+        return None
+
+    def _read_all(self) -> tuple[list[QueueStats], int]:
+        broker = self.broker()
+        queues = sorted(set(self.queues) | set(broker.known_queues()))[:MAX_QUEUES]
+        return [broker.queue_stats(queue) for queue in queues], broker.server_time_ms()
+
+    @staticmethod
+    def _families() -> tuple[GaugeMetricFamily, ...]:
+        prefix = metrics.PREFIX
+        return (
+            GaugeMetricFamily(f"{prefix}_queue_tasks", "Tasks in a queue by state (pending, processing, "
+                              "delayed, dead), read from Redis at scrape time.", labels=["queue", "state"]),
+            GaugeMetricFamily(f"{prefix}_consumers_live", "Consumers holding a live lease on a queue.",
+                              labels=["queue"]),
+            GaugeMetricFamily(f"{prefix}_queue_stats_up", "1 if this scrape read the queue depths from Redis."),
+            GaugeMetricFamily(f"{prefix}_queue_stats_duration_seconds", "Time this scrape spent reading Redis."),
+        )

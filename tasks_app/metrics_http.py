@@ -1,0 +1,60 @@
+"""A consumer's HTTP endpoint: `/metrics` for Prometheus and `/healthz` for container liveness."""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+from socketserver import ThreadingMixIn
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import REGISTRY, make_wsgi_app
+from prometheus_client.registry import CollectorRegistry
+
+from .collectors import QueueCollector
+from .health import Liveness
+
+if TYPE_CHECKING:
+    from .consumer import Consumer
+
+StartResponse = Callable[..., Any]
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    """One thread per request, so a slow scrape never blocks a health check."""
+
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Do not log every scrape."""
+
+
+def make_app(liveness: Liveness | None, registry: CollectorRegistry = REGISTRY) -> Callable[..., Iterable[bytes]]:
+    """Return a WSGI app serving `/healthz` from `liveness` and metrics on every other path."""
+    metrics_app = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") == "/healthz":
+            healthy = liveness is None or liveness.healthy()
+            body = liveness.report() if liveness is not None else b'{"status": "ok"}'
+            start_response("200 OK" if healthy else "503 Service Unavailable",
+                           [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+            return [body]
+        return metrics_app(environ, start_response)
+
+    return app
+
+
+def serve(port: int, liveness: Liveness | None, addr: str = "0.0.0.0",
+          registry: CollectorRegistry = REGISTRY) -> WSGIServer:
+    """Serve metrics and health on `addr:port` from a daemon thread; return the server."""
+    server = make_server(addr, port, make_app(liveness, registry), _ThreadingServer, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+    return server
+
+
+def serve_consumer_metrics(consumer: Consumer, port: int, addr: str = "0.0.0.0") -> WSGIServer:
+    """Export the queue depths of `consumer`'s Redis and serve metrics and its liveness on `port`."""
+    REGISTRY.register(QueueCollector(lambda: consumer.broker, consumer.options.queues))
+    return serve(port, consumer.liveness, addr)
