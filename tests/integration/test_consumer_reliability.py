@@ -1,0 +1,112 @@
+"""Crash recovery, long tasks, graceful shutdown and backpressure with real consumer processes."""
+import signal
+import time
+
+import pytest
+
+from tasks_app import producer
+from tasks_app.codec import decode_task
+from tasks_app.results import ResultRecord
+from tests.support.processes import wait_until
+from tests.support.recording import recorded_runs, runs_per_task
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def statuses(broker, tasks) -> list[str]:
+    return [ResultRecord.from_fields(broker.get_result(t.id) or {}).status for t in tasks]
+
+
+def test_kill_9_mid_batch_loses_nothing_and_duplicates_only_what_the_dead_one_held(broker, consumer_process):
+    tasks = producer.enqueue("test.record", kwargs={"sleep_s": 0.1}, count=60)
+    victim = consumer_process("--consumer-id", "victim", "--lease", "1.5", "--concurrency", "4", "--prefetch", "2")
+    wait_until(lambda: len(recorded_runs(broker)) >= 10, 30, message="the victim to start working")
+    victim.signal(signal.SIGSTOP)  # freeze it so the snapshot is exactly what it holds when it dies
+    held = {decode_task(raw).id for raw in broker.client.lrange(broker.keys.processing("default", "victim"), 0, -1)}
+    victim.kill()
+    assert held, "the victim held tasks when it died"
+
+    survivor = consumer_process("--burst", "--lease", "1.5", "--concurrency", "4")
+    assert survivor.wait(60) == 0, survivor.log()
+
+    assert statuses(broker, tasks) == ["SUCCESSFUL"] * len(tasks)
+    runs = runs_per_task(broker)
+    assert set(runs) == {t.id for t in tasks}, "nothing lost"
+    duplicated = {task_id for task_id, count in runs.items() if count > 1}
+    assert duplicated <= held, "only tasks held by the dead consumer ran twice"
+    assert max(runs.values()) <= 2
+
+
+def test_a_task_running_longer_than_three_leases_on_a_live_consumer_runs_once(broker, consumer_process):
+    [task] = producer.enqueue("test.record", kwargs={"sleep_s": 3.5})
+    runner = consumer_process("--lease", "1", "--concurrency", "2")
+    watcher = consumer_process("--lease", "1", "--concurrency", "2")  # its reaper looks at the runner
+    wait_until(lambda: statuses(broker, [task]) == ["SUCCESSFUL"], 30, message="the long task to finish")
+    assert runs_per_task(broker)[task.id] == 1
+    for process in (runner, watcher):
+        assert process.terminate() == 0
+
+
+def test_sigterm_finishes_in_flight_tasks_and_returns_unstarted_ones(broker, consumer_process):
+    tasks = producer.enqueue("test.record", kwargs={"sleep_s": 1.0}, count=12)
+    consumer = consumer_process("--consumer-id", "graceful", "--concurrency", "2", "--prefetch", "4",
+                                "--grace", "20")
+    wait_until(lambda: len(recorded_runs(broker)) >= 2, 30, message="two tasks to start")
+    assert consumer.terminate(timeout_s=30) == 0, consumer.log()
+
+    started = runs_per_task(broker)
+    assert all(count == 1 for count in started.values())
+    finished = [t for t in tasks if statuses(broker, [t]) == ["SUCCESSFUL"]]
+    assert {t.id for t in finished} == set(started), "every started task finished, once"
+    stats = broker.queue_stats("default")
+    assert (stats.pending, stats.processing, stats.consumers) == (len(tasks) - len(started), 0, [])
+    # The unstarted tasks went back to the head of pending: the oldest runs first next time.
+    next_up = decode_task(broker.client.lindex(broker.keys.pending("default"), -1)).id
+    unstarted = [t.id for t in tasks if t.id not in started]
+    assert next_up == unstarted[0]
+
+
+def test_a_consumer_never_holds_more_than_concurrency_plus_prefetch(broker, consumer_process):
+    producer.enqueue("test.record", kwargs={"sleep_s": 0.05}, count=80)
+    consumer = consumer_process("--consumer-id", "bounded", "--burst", "--concurrency", "2", "--prefetch", "1")
+    key = broker.keys.processing("default", "bounded")
+    most_held = 0
+    while consumer.process.poll() is None:
+        most_held = max(most_held, broker.client.llen(key))
+        time.sleep(0.005)
+    assert consumer.wait(10) == 0, consumer.log()
+    assert 1 <= most_held <= 3
+    assert len(runs_per_task(broker)) == 80
+
+
+def test_bad_input_is_dead_lettered_and_the_consumer_carries_on(broker, consumer_process):
+    from tasks_app.broker import Enqueueable
+    from tasks_app.codec import Task, encode_task
+    from tasks_app.models import TaskType
+
+    TaskType.objects.create(name="needs.missing.module", handler="broken.handler")
+    foreign = [
+        b"\xff\xfe garbage",
+        encode_task(Task(id="unknown-1", type="no.such.type", queue="default")),
+        encode_task(Task(id="broken-1", type="needs.missing.module", queue="default")),
+        encode_task(Task(id="badpayload-1", type="test.record", queue="default", payload=b"[not json")),
+    ]
+    broker.enqueue([Enqueueable(queue="default", raw=raw) for raw in foreign], result_ttl_s=60)
+    good = producer.enqueue("test.record", count=20)
+    consumer = consumer_process("--burst", "--concurrency", "2",
+                                TASK_HANDLER_MODULES="tests.support.handlers,tests.support.broken_handlers")
+    assert consumer.wait(60) == 0, consumer.log()
+
+    assert statuses(broker, good) == ["SUCCESSFUL"] * 20
+    dead = {}
+    for raw, _ in broker.list_dead("default"):
+        task = decode_task(raw)
+        dead[task.id if task.type != "_undecodable" else "garbage"] = task
+    assert set(dead) == {"garbage", "unknown-1", "broken-1", "badpayload-1"}
+    assert dead["garbage"].payload == b"\xff\xfe garbage"
+    assert "undecodable" in dead["garbage"].dead_reason
+    assert "unknown task type 'no.such.type'" in dead["unknown-1"].dead_reason
+    assert "broken.handler" in dead["broken-1"].dead_reason
+    assert "simulated: a dependency" in dead["broken-1"].dead_reason
+    assert "not UTF-8 JSON" in dead["badpayload-1"].dead_reason
+    assert ResultRecord.from_fields(broker.get_result("unknown-1")).status == "FAILED"
