@@ -2,7 +2,10 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from tasks_app.health import healthz
+
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("healthz", healthz, name="healthz"),
     path("", include("django_prometheus.urls")),
 ]
