@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import metrics, results
+from . import django_tasks, metrics, results
 from .broker import Broker
 from .codec import Arguments, Task, UndecodableTask, decode_payload, decode_task, encode_task
 from .registry import Handler, Registry
@@ -110,7 +110,8 @@ class Executor:
         if config is None:
             self._dead_letter(claimed, task, "UnknownTaskType", problem)
             return
-        handler = self.registry.get(config.handler)
+        # A TaskType row may name a `@django.tasks.task` function this process has not imported yet.
+        handler = self.registry.get(config.handler) or self.registry.load_django_task(config.handler)
         if handler is None:
             reason = f"handler {config.handler!r} of task type {task.type!r} is not registered"
             if self.registry.import_errors:
@@ -196,6 +197,8 @@ class Executor:
 
     def invoke(self, handler: Handler, context: TaskContext, arguments: Arguments) -> Any:
         """Call a handler with the task's arguments (and its context if it takes one)."""
+        if handler.django_task is not None:
+            return django_tasks.run(handler.django_task, context, arguments, self.broker)
         if handler.takes_context:
             return handler.func(context, *arguments.args, **arguments.kwargs)
         return handler.func(*arguments.args, **arguments.kwargs)

@@ -54,10 +54,50 @@ class Registry:
         """Import handler modules, recording (not raising) the errors of those that fail."""
         for module in modules:
             try:
-                importlib.import_module(module)
+                imported = importlib.import_module(module)
+                # `@django.tasks.task` functions of a handler module are handlers too.
+                self.add_django_tasks(vars(imported).values())
             except Exception as exc:  # any error in user code must not stop the process
                 self.import_errors[module] = f"{type(exc).__name__}: {exc}"
                 logger.error("cannot import handler module %s: %s", module, exc)
+
+    def add_django_task(self, task: Any) -> Handler:
+        """Register a `@django.tasks.task` object under its `module_path` (kept if already there)."""
+        existing = self.get(task.module_path)
+        if existing is not None and existing.func is task.func:
+            return existing
+        entry = Handler(name=task.module_path, func=task.func, takes_context=task.takes_context, django_task=task)
+        self.add(entry)
+        return entry
+
+    def add_django_tasks(self, candidates: Iterable[Any]) -> None:
+        """Register every `django.tasks.Task` among `candidates` (a handler module's globals)."""
+        from django.tasks import Task
+
+        for candidate in candidates:
+            if isinstance(candidate, Task):
+                self.add_django_task(candidate)
+
+    def load_django_task(self, name: str) -> Handler | None:
+        """Import the module of `name` and register the `django.tasks.Task` it names, if it is one.
+
+        Only for names from a trusted source (a TaskType row, written by a producer that had
+        the task registered or by an admin): a name read from Redis alone is never imported.
+        """
+        from django.tasks import Task
+
+        module_name, _, attribute = name.rpartition(".")
+        if not module_name:
+            return None
+        try:
+            candidate = getattr(importlib.import_module(module_name), attribute, None)
+        except Exception as exc:  # user code: a broken module must not stop the consumer
+            self.import_errors[module_name] = f"{type(exc).__name__}: {exc}"
+            logger.error("cannot import task module %s: %s", module_name, exc)
+            return None
+        if not isinstance(candidate, Task) or candidate.module_path != name:
+            return None
+        return self.add_django_task(candidate)
 
 
 registry = Registry()
