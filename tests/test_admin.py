@@ -1,0 +1,50 @@
+"""The TaskType admin: handlers are chosen from the registry, never typed in."""
+import pytest
+
+from tasks_app.admin import TaskTypeForm
+from tasks_app.models import TaskType
+
+pytestmark = pytest.mark.django_db
+
+
+def form_data(**overrides):
+    data = {"name": "billing.invoice", "handler": "demo.echo", "queue": "default", "enabled": "on",
+            "rate_period": "1", "rate_burst": "1", "rate_algorithm": "gcra", "max_attempts": "3",
+            "retry_backoff": "2"}
+    data.update(overrides)
+    return data
+
+
+def test_handler_choices_are_the_registered_handlers():
+    choices = [value for value, _ in TaskTypeForm().fields["handler"].choices]
+    assert {"demo.echo", "demo.sleep", "demo.fail", "demo.flaky"} <= set(choices)
+
+
+def test_an_unregistered_handler_is_rejected():
+    form = TaskTypeForm(data=form_data(handler="os.system"))
+    assert not form.is_valid()
+    assert "handler" in form.errors
+
+
+@pytest.mark.parametrize("field, value", [("name", "bad name"), ("queue", "q/1"), ("max_attempts", "0"),
+                                          ("rate_limit", "0"), ("timeout", "-1")])
+def test_invalid_settings_are_rejected(field, value):
+    assert field in TaskTypeForm(data=form_data(**{field: value})).errors
+
+
+def test_burst_cannot_exceed_the_limit():
+    form = TaskTypeForm(data=form_data(rate_limit="2", rate_burst="5"))
+    assert not form.is_valid()
+    assert "rate_burst" in form.errors
+
+
+def test_a_row_whose_handler_left_the_code_stays_editable():
+    row = TaskType.objects.create(name="legacy", handler="removed.handler")
+    form = TaskTypeForm(instance=row)
+    assert ("removed.handler", "removed.handler") in form.fields["handler"].choices
+
+
+def test_admin_add_page_renders_for_staff(admin_client):
+    response = admin_client.get("/admin/tasks_app/tasktype/add/")
+    assert response.status_code == 200
+    assert b"demo.flaky" in response.content
