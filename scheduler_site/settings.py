@@ -106,9 +106,13 @@ TASKS_RESULT_TTL = int(os.environ.get("TASKS_RESULT_TTL", str(7 * 24 * 3600)))
 TASKS_MAX_PAYLOAD_BYTES = int(os.environ.get("TASKS_MAX_PAYLOAD_BYTES", str(1024 * 1024)))
 TASKS_CONFIG_REFRESH_S = float(os.environ.get("TASKS_CONFIG_REFRESH_S", "2"))
 
+# Django's tasks framework: `@task` functions' .enqueue() goes through this queue and
+# `runconsumer` runs them (ImmediateBackend would run them inline instead).
 TASKS = {
     "default": {
-        "BACKEND": "django.tasks.backends.immediate.ImmediateBackend",
+        "BACKEND": "tasks_app.backends.RedisBackend",
+        "QUEUES": [],  # empty: any valid queue name; list names to restrict them
+        "OPTIONS": {"ENQUEUE_ON_COMMIT": True},
     }
 }
 
