@@ -321,6 +321,13 @@ class Broker:
         moved, next_due_ms, now_ms = self._script("promote_due", keys, [limit, WAKE_TOKEN])
         return int(moved), int(next_due_ms), int(now_ms)
 
+    # --- rate limits -----------------------------------------------------------------------
+    def rate_limit(self, task_type: str, algorithm: str, task_id: str, limit: int, period_us: int,
+                   emission_us: int, tolerance_us: int) -> int:
+        """Decide whether a task of `task_type` may start now: 0 if so, else microseconds to wait."""
+        args = [algorithm, task_id, limit, period_us, emission_us, tolerance_us]
+        return int(self._script("rate_limit", [self.keys.rate(task_type)], args))
+
     # --- leases and recovery ---------------------------------------------------------------
     def heartbeat(self, queues: Sequence[str], consumer_id: str, lease_ms: int,
                   register_info: dict[str, Any] | None = None) -> bool:

@@ -21,6 +21,7 @@ from .broker import WAKE_TOKEN, Broker
 from .codec import UndecodableTask, decode_task
 from .executor import Claimed, Executor, RateGate
 from .health import HealthLoop, Liveness
+from .limits import RateLimiter
 from .loops import HeartbeatLoop, HousekeepingLoop, ReaperLoop, SchedulerLoop, start_thread
 from .names import validate_name
 from .registry import Registry, registry as default_registry
@@ -165,7 +166,8 @@ class Consumer:
         self.workers_stop = threading.Event()
         self.give_up = threading.Event()
         self.executor = Executor(self.broker, registry, self.task_types, self.consumer_id,
-                                 settings.TASKS_RESULT_TTL, rate_gate=rate_gate, give_up=self.give_up)
+                                 settings.TASKS_RESULT_TTL, give_up=self.give_up,
+                                 rate_gate=rate_gate or RateLimiter(self.broker, self.give_up))
         self._threads: list[threading.Thread] = []
         self._claimers: list[threading.Thread] = []
         self._workers: list[threading.Thread] = []

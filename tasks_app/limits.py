@@ -1,0 +1,76 @@
+"""Rate-limit policy: turn a type's limit into GCRA parameters and ask Redis for one decision per task.
+
+The decision itself is one atomic script on the server clock (lua/rate_limit.lua), so the limit
+holds across every consumer. docs/PROTOCOL.md ("Rate limits") proves the bound.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+
+from . import metrics
+from .broker import Broker
+from .codec import Task
+from .models import TaskType
+from .retrying import until_done
+from .task_types import TaskTypeConfig
+
+# Slack sigma: GCRA's emission interval is widened by sigma / (limit - burst + 1), which costs
+# at most 5% of the rate. Half of sigma lets a woken task start up to sigma/2 early (so the
+# normal lateness of a wake-up does not bounce it back to the queue); the other half keeps every
+# window of `rate_period` sigma/2 clear of an extra start, covering the moment between the
+# decision and the handler's first line.
+SLACK_FRACTION = 0.05
+MAX_SLACK_US = 50_000
+
+
+@dataclass(frozen=True)
+class RatePolicy:
+    """The parameters of one type's limiter, in microseconds."""
+
+    algorithm: str
+    limit: int
+    period_us: int
+    emission_us: int
+    tolerance_us: int
+
+    @classmethod
+    def for_config(cls, config: TaskTypeConfig) -> RatePolicy:
+        """Derive the limiter parameters of a rate-limited type.
+
+        GCRA with emission interval T and tolerance tau admits at most L starts in any window of
+        length W whenever L*T - tau >= W. With burst b, tau = (b-1)*T + sigma/2 and
+        T = (W + sigma) / (L - b + 1) give L*T - tau = W + sigma/2.
+        """
+        limit = int(config.rate_limit or 0)
+        if limit < 1:
+            raise ValueError(f"task type {config.name!r} has no rate limit")
+        burst = min(max(1, config.rate_burst), limit)
+        period_us = max(1, round(config.rate_period_s * 1_000_000))
+        slack_us = min(MAX_SLACK_US, int(period_us * SLACK_FRACTION))
+        if config.rate_algorithm == TaskType.RateAlgorithm.FIXED_WINDOW:
+            return cls(config.rate_algorithm, limit, period_us, math.ceil(period_us / limit), 0)
+        emission_us = math.ceil((period_us + slack_us) / (limit - burst + 1))
+        tolerance_us = (burst - 1) * emission_us + slack_us // 2
+        return cls(TaskType.RateAlgorithm.GCRA, limit, period_us, emission_us, tolerance_us)
+
+
+class RateLimiter:
+    """The consumer's rate gate: 0 lets a task start now, else the ms until its reserved slot."""
+
+    def __init__(self, broker: Broker, give_up: threading.Event | None = None) -> None:
+        self.broker = broker
+        # Set when the consumer stops: a gate waiting out a Redis outage then raises GaveUp and
+        # the task stays in the processing list, where the lease recovers it. Never lost.
+        self.give_up = give_up or threading.Event()
+
+    def __call__(self, task: Task, config: TaskTypeConfig) -> int:
+        """Take one decision for `task`; a positive result is how many ms it must wait."""
+        policy = RatePolicy.for_config(config)
+        wait_us = until_done(
+            lambda: self.broker.rate_limit(task.type, policy.algorithm, task.id, policy.limit, policy.period_us,
+                                           policy.emission_us, policy.tolerance_us),
+            what="rate_limit", give_up=self.give_up)
+        metrics.RATE_LIMIT_DECISIONS.labels(task.type, "denied" if wait_us > 0 else "allowed").inc()
+        return math.ceil(wait_us / 1000)

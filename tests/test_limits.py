@@ -1,0 +1,249 @@
+"""The rate-limit script and policy on fakeredis, with the server clock under the test's control."""
+from __future__ import annotations
+
+import random
+import threading
+import types
+from collections.abc import Iterator
+
+import fakeredis
+import pytest
+from fakeredis.commands_mixins import server_mixin
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from tasks_app import metrics
+from tasks_app.broker import Broker
+from tasks_app.codec import Task
+from tasks_app.limits import RateLimiter, RatePolicy
+from tasks_app.task_types import TaskTypeConfig
+
+START_US = 1_700_000_000_000_000
+SECOND_US = 1_000_000
+YEAR_S = 365 * 86400
+
+
+class Clock:
+    """The fake server clock read by the script's TIME, in microseconds."""
+
+    def __init__(self) -> None:
+        self.now_us = START_US
+
+    def time(self) -> float:
+        return self.now_us / SECOND_US
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    clock = Clock()
+    monkeypatch.setattr(server_mixin, "time", types.SimpleNamespace(time=clock.time))
+    return clock
+
+
+@pytest.fixture
+def broker() -> Iterator[Broker]:
+    yield Broker(fakeredis.FakeRedis(server=fakeredis.FakeServer()), "unit")
+
+
+def config(limit: int, period_s: float = 1.0, burst: int = 1, algorithm: str = "gcra") -> TaskTypeConfig:
+    return TaskTypeConfig(name="t", handler="t", rate_limit=limit, rate_period_s=period_s, rate_burst=burst,
+                          rate_algorithm=algorithm)
+
+
+def decide(broker: Broker, policy: RatePolicy, task_id: str) -> int:
+    """One decision on the fake clock: 0 allowed, else microseconds to wait."""
+    return broker.rate_limit("t", policy.algorithm, task_id, policy.limit, policy.period_us,
+                             policy.emission_us, policy.tolerance_us)
+
+
+def window_counts(starts_us: list[int], period_us: int) -> int:
+    """The most starts in any half-open window [s, s + period) beginning at a start."""
+    starts = sorted(starts_us)
+    most, first = 0, 0
+    for last, start in enumerate(starts):
+        while start - starts[first] >= period_us:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
+
+
+# --- policy ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("limit,period_s,burst", [(1, 1.0, 1), (10, 1.0, 1), (10, 1.0, 10), (7, 0.3, 3),
+                                                  (1, YEAR_S, 1), (1000, 60.0, 250)])
+def test_policy_keeps_every_window_within_the_limit(limit, period_s, burst):
+    policy = RatePolicy.for_config(config(limit, period_s, burst))
+
+    assert limit * policy.emission_us - policy.tolerance_us >= policy.period_us
+    # ... while losing at most 5% of the rate when there is no burst.
+    if burst == 1:
+        assert policy.emission_us <= policy.period_us / limit * 1.05 + 1
+
+
+def test_policy_refuses_a_type_without_a_limit():
+    with pytest.raises(ValueError):
+        RatePolicy.for_config(config(0))
+
+
+# --- GCRA -----------------------------------------------------------------------------------
+def test_limit_one_admits_one_then_reserves_the_next_slot(broker, clock):
+    policy = RatePolicy.for_config(config(1))
+
+    assert decide(broker, policy, "a") == 0
+    wait_us = decide(broker, policy, "b")
+
+    assert wait_us == policy.emission_us - policy.tolerance_us
+    clock.now_us += wait_us - 1
+    assert decide(broker, policy, "b") > 0  # one microsecond early: still denied
+
+
+def test_clock_exactly_at_the_allowed_time_admits(broker, clock):
+    policy = RatePolicy.for_config(config(1))
+    assert decide(broker, policy, "a") == 0
+    wait_us = decide(broker, policy, "b")
+
+    clock.now_us += wait_us
+
+    assert decide(broker, policy, "b") == 0
+    assert decide(broker, policy, "c") == policy.emission_us
+
+
+def test_very_long_period_keeps_exact_microseconds(broker, clock):
+    policy = RatePolicy.for_config(config(1, period_s=YEAR_S))
+
+    assert decide(broker, policy, "a") == 0
+    wait_us = decide(broker, policy, "b")
+
+    assert wait_us == policy.emission_us - policy.tolerance_us
+    assert wait_us > YEAR_S * SECOND_US
+    # The state outlives the reservation, so the year-long wait is still honoured.
+    assert broker.client.pttl(broker.keys.rate("t")) > wait_us // 1000
+    clock.now_us += wait_us
+    assert decide(broker, policy, "b") == 0
+
+
+def test_denied_tasks_get_slots_one_emission_interval_apart(broker, clock):
+    policy = RatePolicy.for_config(config(10))
+    assert decide(broker, policy, "first") == 0
+
+    waits = [decide(broker, policy, f"t{i}") for i in range(5)]
+
+    assert [b - a for a, b in zip(waits, waits[1:])] == [policy.emission_us] * 4
+
+
+def test_a_newcomer_joins_the_queue_instead_of_taking_a_reserved_slot(broker, clock):
+    policy = RatePolicy.for_config(config(10))
+    decide(broker, policy, "first")
+    waits = [decide(broker, policy, f"t{i}") for i in range(3)]
+
+    clock.now_us += waits[0]
+    newcomer_wait = decide(broker, policy, "newcomer")
+
+    assert newcomer_wait == waits[2] - waits[0] + policy.emission_us
+    assert decide(broker, policy, "t0") == 0
+
+
+def test_burst_admits_back_to_back_then_spaces_starts(broker, clock):
+    policy = RatePolicy.for_config(config(5, burst=3))
+
+    assert [decide(broker, policy, f"t{i}") for i in range(3)] == [0, 0, 0]
+    assert decide(broker, policy, "t3") > 0
+
+
+@pytest.mark.parametrize("limit,period_s,burst", [(10, 1.0, 1), (5, 1.0, 3), (1, 0.5, 1), (4, 2.0, 4)])
+def test_no_window_admits_more_than_the_limit(broker, clock, limit, period_s, burst):
+    """Tasks arrive at random, and denied ones come back late by up to 100 ms."""
+    policy = RatePolicy.for_config(config(limit, period_s, burst))
+    rng = random.Random(limit * 1000 + burst)
+    arrivals = sorted((START_US + rng.randrange(0, 3 * policy.period_us), f"t{i}") for i in range(60))
+    starts: list[int] = []
+    while arrivals:
+        arrivals.sort()
+        at_us, task_id = arrivals.pop(0)
+        clock.now_us = max(clock.now_us, at_us)
+        wait_us = decide(broker, policy, task_id)
+        if wait_us:
+            arrivals.append((clock.now_us + wait_us + rng.randrange(0, 100_000), task_id))
+        else:
+            starts.append(clock.now_us)
+
+    assert len(starts) == 60
+    assert window_counts(starts, policy.period_us) <= limit
+
+
+# --- fixed window ---------------------------------------------------------------------------
+def test_fixed_window_counts_per_clock_window(broker, clock):
+    policy = RatePolicy.for_config(config(2, algorithm="fixed_window"))
+    clock.now_us = START_US + SECOND_US // 2  # mid-window
+
+    assert [decide(broker, policy, f"t{i}") for i in range(2)] == [0, 0]
+    waits = [decide(broker, policy, f"d{i}") for i in range(3)]
+
+    assert waits[0] == SECOND_US // 2  # the next window starts at the next whole second
+    assert waits[1] - waits[0] == policy.emission_us
+
+
+def test_fixed_window_admits_twice_the_limit_across_an_edge(broker, clock):
+    policy = RatePolicy.for_config(config(3, algorithm="fixed_window"))
+    clock.now_us = START_US + SECOND_US - 1000
+    before = [decide(broker, policy, f"b{i}") for i in range(3)]
+    clock.now_us += 2000
+    after = [decide(broker, policy, f"a{i}") for i in range(3)]
+
+    assert before + after == [0] * 6  # 2L starts within 2 ms: the documented weakness
+
+
+def test_switching_algorithm_reuses_the_key(broker, clock):
+    gcra = RatePolicy.for_config(config(2))
+    fixed = RatePolicy.for_config(config(2, algorithm="fixed_window"))
+
+    assert decide(broker, gcra, "a") == 0
+    assert decide(broker, fixed, "b") == 0
+    assert decide(broker, gcra, "c") > 0
+
+
+def test_drained_queue_drops_forgotten_reservations(broker, clock):
+    policy = RatePolicy.for_config(config(10))
+    decide(broker, policy, "first")
+    waits = [decide(broker, policy, f"gone{i}") for i in range(3)]
+
+    clock.now_us += waits[-1] + policy.emission_us
+    assert decide(broker, policy, "late") == 0
+
+    assert broker.client.hkeys(broker.keys.rate("t")) == [b"tat"]
+
+
+# --- the gate -------------------------------------------------------------------------------
+def test_limiter_counts_decisions_and_rounds_the_wait_up_to_ms(broker, clock):
+    limiter = RateLimiter(broker)
+    cfg = config(limit=3, period_s=1.0)
+    labels = {"type": "t", "decision": "denied"}
+    denied_before = metrics.RATE_LIMIT_DECISIONS.labels(**labels)._value.get()
+
+    assert limiter(Task(id="a", type="t"), cfg) == 0
+    wait_ms = limiter(Task(id="b", type="t"), cfg)
+
+    policy = RatePolicy.for_config(cfg)
+    assert wait_ms == -(-(policy.emission_us - policy.tolerance_us) // 1000)
+    assert metrics.RATE_LIMIT_DECISIONS.labels(**labels)._value.get() == denied_before + 1
+
+
+class FlakyBroker:
+    """Fails the first decision like a Redis outage would, then answers."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.calls = 0
+
+    def rate_limit(self, *args: object) -> int:
+        self.calls += 1
+        if self.calls == 1:
+            raise RedisConnectionError("connection refused")
+        return self.broker.rate_limit(*args)
+
+
+def test_limiter_retries_through_a_redis_error(broker, clock, monkeypatch):
+    monkeypatch.setattr("tasks_app.retrying.FIRST_BACKOFF_S", 0.001)
+    flaky = FlakyBroker(broker)
+    limiter = RateLimiter(flaky, threading.Event())  # type: ignore[arg-type]
+
+    assert limiter(Task(id="a", type="t"), config(1)) == 0
+    assert flaky.calls == 2
