@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,36 +146,28 @@ class Scripts:
 
     def queue(self, pipe: Any, name: str, keys: Sequence[str], args: Sequence[Any]) -> None:
         """Add a run of script `name` to a pipeline (see `execute`)."""
-        pipe.evalsha(self.shas[name], len(keys), *keys, *args)
+        # Remember the call by its position, so `execute` can re-run it without reading
+        # redis-py internals (a Redis Cluster pipeline keeps its commands elsewhere).
+        vars(pipe).setdefault(_QUEUED_SCRIPTS, {})[len(pipe)] = (name, tuple(keys), tuple(args))
+        # Through execute_command: ClusterPipeline blocks its evalsha() method, yet routes an
+        # EVALSHA by its keys like any other command (all keys of a script share one slot).
+        pipe.execute_command("EVALSHA", self.shas[name], len(keys), *keys, *args)
 
     def execute(self, pipe: Any, client: Any) -> list[Any]:
         """Execute a pipeline; re-run by source just those scripts the server did not have."""
-        commands = [(args, options) for args, options in _pipeline_commands(pipe)]
+        queued: dict[int, tuple[str, tuple[str, ...], tuple[Any, ...]]] = vars(pipe).pop(_QUEUED_SCRIPTS, {})
         results = pipe.execute(raise_on_error=False)
         for index, outcome in enumerate(results):
             if isinstance(outcome, NoScriptError):
-                args = commands[index][0]
-                name = self.names_by_sha[_text(args[1])]
-                results[index] = client.eval(self.sources[name], *args[2:])
+                name, keys, args = queued[index]
+                results[index] = client.eval(self.sources[name], len(keys), *keys, *args)
             elif isinstance(outcome, Exception):
                 raise outcome
         return results
 
 
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _pipeline_commands(pipe: Any) -> Iterable[tuple[tuple[Any, ...], dict[str, Any]]]:
-    """The commands queued on a redis-py pipeline, as (args, options)."""
-    stack = getattr(pipe, "command_stack", [])
-    for entry in stack:
-        args = getattr(entry, "args", None)
-        if args is None:
-            args, options = entry
-        else:
-            options = getattr(entry, "options", {})
-        yield tuple(args), options
+# Attribute of a pipeline holding the scripts queued on it: position -> (name, keys, args).
+_QUEUED_SCRIPTS = "_tasks_queued_scripts"
 
 
 def connect(url: str, cluster: bool = False) -> Any:
