@@ -1,0 +1,56 @@
+"""Chaos fixtures: private Redis servers (single or a 3-master cluster) that the test owns."""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from django.conf import settings as django_settings
+
+from tasks_app.broker import Broker, get_broker
+
+from tests.chaos.servers import RedisClusterServers, RedisServer
+
+
+def _point_at(settings: object, url: str, cluster: bool) -> None:
+    settings.REDIS_URL = url  # type: ignore[attr-defined]
+    settings.REDIS_CLUSTER = cluster  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def start_redis(settings: object, key_prefix: str, tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
+    """Factory: start a private redis-server with extra options and point this test (and its consumers) at it."""
+    original = (django_settings.REDIS_URL, django_settings.REDIS_CLUSTER)
+    servers: list[RedisServer] = []
+
+    def start(*options: str) -> RedisServer:
+        server = RedisServer(tmp_path, *options).start()
+        servers.append(server)
+        _point_at(settings, server.url, False)
+        return server
+
+    yield start
+    # The key_prefix fixture cleans up on the original Redis after this; point it back first.
+    _point_at(settings, *original)
+    for server in servers:
+        server.remove()
+
+
+@pytest.fixture
+def chaos_broker(start_redis: Callable[..., RedisServer]) -> Broker:
+    """A broker on a fresh private redis-server (no persistence) that consumers share."""
+    start_redis("--appendonly", "no")
+    return get_broker()
+
+
+@pytest.fixture
+def cluster_broker(settings: object, key_prefix: str, tmp_path: Path) -> Iterator[Broker]:
+    """A broker on a private 3-master Redis Cluster on loopback (REDIS_CLUSTER=1)."""
+    original = (django_settings.REDIS_URL, django_settings.REDIS_CLUSTER)
+    cluster = RedisClusterServers(tmp_path).start()
+    _point_at(settings, cluster.url, True)
+    try:
+        yield get_broker()
+    finally:
+        _point_at(settings, *original)
+        cluster.remove()

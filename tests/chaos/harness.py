@@ -1,0 +1,162 @@
+"""What every chaos scenario shares: scale, a fleet of consumer processes, tallies and the summary line."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tasks_app.broker import Broker
+from tasks_app.codec import UndecodableTask, decode_task
+from tests.conftest import ARTIFACTS_DIR
+from tests.support.processes import ConsumerProcess, wait_until
+from tests.support.recording import recorded_runs
+
+LONG = os.environ.get("CHAOS_SCALE", "short") == "long"
+LEASE_S = 2.0
+SUMMARY_PATH = ARTIFACTS_DIR / "chaos-summary.jsonl"
+FINISHED = ("SUCCESSFUL", "FAILED")
+
+
+def scaled(short: int | float, long: int | float) -> Any:
+    """Pick the short (make test) or long (make chaos) figure."""
+    return long if LONG else short
+
+
+@dataclass
+class Summary:
+    """The one-line result of a scenario."""
+
+    scenario: str
+    tasks: int
+    runs: int
+    lost: int
+    duplicates: int
+    duplicates_allowed: int
+    recovery_s: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def report(self) -> None:
+        """Print the summary line and append it to test-artifacts/chaos-summary.jsonl."""
+        line = {"scale": "long" if LONG else "short", **asdict(self)}
+        if line["recovery_s"] is not None:
+            line["recovery_s"] = round(line["recovery_s"], 3)
+        line["at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+        print(f"\nCHAOS {self.scenario}: tasks={self.tasks} runs={self.runs} lost={self.lost} "
+              f"duplicates={self.duplicates} duplicates_allowed={self.duplicates_allowed} "
+              f"recovery_s={line['recovery_s']} {json.dumps(self.extra) if self.extra else ''}".rstrip())
+        SUMMARY_PATH.parent.mkdir(parents=True, exist_ok=True)
+        with SUMMARY_PATH.open("a") as out:
+            out.write(json.dumps(line) + "\n")
+
+
+def task_ids(raws: Iterable[bytes]) -> set[str]:
+    """Ids of the tasks among serialized entries (wake tokens and garbage are skipped)."""
+    ids = set()
+    for raw in raws:
+        try:
+            ids.add(decode_task(raw).id)
+        except UndecodableTask:
+            continue
+    return ids
+
+
+class Fleet:
+    """The consumer subprocesses of one scenario, by id: spawn, freeze, kill with a snapshot, respawn."""
+
+    def __init__(self, start_process: Callable[..., ConsumerProcess], broker: Broker, queues: Sequence[str] = ("default",),
+                 *, concurrency: int = 8, prefetch: int = 8, lease_s: float = LEASE_S, **env: str) -> None:
+        self.start_process = start_process
+        self.broker = broker
+        self.queues = list(queues)
+        self.args = ["--lease", str(lease_s), "--concurrency", str(concurrency), "--prefetch", str(prefetch),
+                     "--grace", "10", *[arg for q in self.queues for arg in ("--queue", q)]]
+        self.env = env
+        self.processes: dict[str, ConsumerProcess] = {}
+        self.in_flight_at_kills: set[str] = set()
+        self.killed_at: dict[str, float] = {}
+
+    def spawn(self, consumer_id: str) -> ConsumerProcess:
+        """Start a `runconsumer` with this id."""
+        process = self.start_process(*self.args, "--consumer-id", consumer_id, name=consumer_id, **self.env)
+        self.processes[consumer_id] = process
+        return process
+
+    def wait_registered(self, consumer_ids: Iterable[str], timeout_s: float = 60) -> None:
+        """Wait until every id holds a lease on the first queue."""
+        wanted = set(consumer_ids)
+        wait_until(lambda: wanted <= {c["id"] for c in self.broker.live_consumers(self.queues[0])}, timeout_s,
+                   interval_s=0.1, message=f"consumers {sorted(wanted)} to register")
+
+    def held(self, consumer_id: str) -> list[bytes]:
+        """Everything in the consumer's processing lists."""
+        return [raw for q in self.queues for raw in self.broker.client.lrange(self.broker.keys.processing(q, consumer_id), 0, -1)]
+
+    def freeze(self, consumer_id: str) -> set[str]:
+        """SIGSTOP a consumer and return the ids of the tasks it holds once it cannot move."""
+        self.processes[consumer_id].signal(signal.SIGSTOP)
+        time.sleep(0.05)  # let commands it already sent finish on the server
+        return task_ids(self.held(consumer_id))
+
+    def kill(self, consumer_id: str) -> set[str]:
+        """Freeze, snapshot the processing list, then SIGKILL; return the snapshot."""
+        snapshot = self.freeze(consumer_id)
+        self.processes[consumer_id].kill()
+        self.killed_at[consumer_id] = time.monotonic()
+        self.in_flight_at_kills |= snapshot
+        return snapshot
+
+    def recovered_within(self, consumer_id: str, timeout_s: float) -> float:
+        """Wait until a killed consumer's lists are empty (its tasks back in pending); return seconds since the kill."""
+        killed_at = self.killed_at[consumer_id]
+        wait_until(lambda: not self.held(consumer_id), killed_at + timeout_s - time.monotonic(), interval_s=0.02,
+                   message=f"the tasks of {consumer_id} to be back in pending within {timeout_s} s of the kill")
+        return time.monotonic() - killed_at
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {cid}\n{p.log()[-3000:]}" for cid, p in self.processes.items())
+
+
+def statuses(broker: Broker, ids: Sequence[str]) -> dict[str, str | None]:
+    """Each task's result status (None when it has no record)."""
+    pipe = broker.client.pipeline(transaction=False)
+    for task_id in ids:
+        pipe.hget(broker.keys.result(task_id), "status")
+    return {task_id: value.decode() if value else None for task_id, value in zip(ids, pipe.execute())}
+
+
+def wait_finished(broker: Broker, ids: Sequence[str], timeout_s: float, fleet: Fleet | None = None) -> None:
+    """Wait until every task has a final status."""
+    def done() -> bool:
+        return all(status in FINISHED for status in statuses(broker, ids).values())
+    try:
+        wait_until(done, timeout_s, interval_s=0.25, message=f"{len(ids)} tasks to finish")
+    except AssertionError:
+        pending = Counter(statuses(broker, ids).values())
+        raise AssertionError(f"tasks did not finish: {dict(pending)}\n{fleet.logs() if fleet else ''}") from None
+
+
+@dataclass
+class Tally:
+    """Runs per task as `test.record` saw them, against the tasks enqueued."""
+
+    runs: Counter[str]
+    lost: list[str]
+    duplicates: set[str]
+
+    @property
+    def total_runs(self) -> int:
+        return sum(self.runs.values())
+
+
+def tally(broker: Broker, ids: Sequence[str]) -> Tally:
+    """Count runs; a task is lost if it never succeeded, a duplicate if it ran more than once."""
+    runs = Counter(run["task_id"] for run in recorded_runs(broker))
+    final = statuses(broker, ids)
+    lost = [task_id for task_id in ids if final[task_id] != "SUCCESSFUL" or not runs[task_id]]
+    duplicates = {task_id for task_id in ids if runs[task_id] > 1}
+    return Tally(runs, lost, duplicates)
