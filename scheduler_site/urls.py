@@ -6,6 +6,7 @@ from tasks_app.health import healthz
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("", include("tasks_app.urls")),
     path("healthz", healthz, name="healthz"),
     path("", include("django_prometheus.urls")),
 ]

@@ -1,10 +1,14 @@
-"""Admin for task types: the handler is a choice among registered handlers."""
+"""Admin for task types (the handler is a choice among registered handlers) and API tokens."""
 from typing import Any
 
 from django import forms
 from django.contrib import admin
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.utils import timezone
 
-from .models import TaskType
+from .api_auth import fill_new_token
+from .models import ApiToken, TaskType
 from .registry import registry
 
 
@@ -39,3 +43,44 @@ class TaskTypeAdmin(admin.ModelAdmin):
         ("Rate limit", {"fields": ("rate_limit", "rate_period", "rate_burst", "rate_algorithm")}),
         ("Retries and timeout", {"fields": ("max_attempts", "retry_backoff", "timeout")}),
     )
+
+
+# The admin index links to the queue dashboard and the enqueue form.
+admin.site.index_template = "tasks_app/admin_index.html"
+
+
+@admin.register(ApiToken)
+class ApiTokenAdmin(admin.ModelAdmin):
+    """Create tokens (the secret is shown once, only its hash is kept) and revoke them."""
+
+    list_display = ("name", "user", "key_prefix", "created_at", "last_used_at", "revoked_at")
+    list_filter = (("revoked_at", admin.EmptyFieldListFilter),)
+    search_fields = ("name", "user__username", "key_prefix")
+    actions = ["revoke"]
+
+    def get_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> list[str]:
+        if obj is None:
+            return ["user", "name"]
+        return ["user", "name", "key_prefix", "created_at", "last_used_at", "revoked_at"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> list[str]:
+        return [] if obj is None else ["user", "key_prefix", "created_at", "last_used_at"]
+
+    def save_model(self, request: HttpRequest, obj: ApiToken, form: Any, change: bool) -> None:
+        if not change:
+            # Kept on the instance (not on this shared ModelAdmin) until response_add shows it.
+            obj.new_secret = fill_new_token(obj)  # type: ignore[attr-defined]
+        super().save_model(request, obj, form, change)
+
+    def response_add(self, request: HttpRequest, obj: ApiToken, post_url_continue: str | None = None) -> HttpResponse:
+        """Show the new token once, on its own page (never in a cookie or the database)."""
+        return render(request, "tasks_app/token_created.html", {
+            **self.admin_site.each_context(request), "title": "API token created", "token": obj,
+            "secret": obj.new_secret,  # type: ignore[attr-defined] "opts": self.opts,
+        })
+
+    @admin.action(description="Revoke selected API tokens")
+    def revoke(self, request: HttpRequest, queryset: Any) -> None:
+        """Revoke tokens: requests with them are refused from now on."""
+        revoked = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+        self.message_user(request, f"Revoked {revoked} token(s).")

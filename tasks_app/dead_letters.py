@@ -1,0 +1,129 @@
+"""Dead-lettered tasks as the dashboard sees them: listing, requeueing and deleting."""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from django.conf import settings
+
+from . import results
+from .broker import Broker, ResultUpdate, get_broker
+from .codec import Task, UndecodableTask, decode_payload, decode_task, encode_task
+from .executor import UNDECODABLE_TYPE
+
+SCAN_PAGE = 500
+
+
+@dataclass(frozen=True)
+class DeadTask:
+    """One member of a queue's dead-letter set, decoded for display."""
+
+    member: bytes
+    died_at: datetime
+    task: Task | None
+
+    @property
+    def ref(self) -> str:
+        """A stable handle for the member in forms (its SHA-1)."""
+        return hashlib.sha1(self.member).hexdigest()
+
+    @property
+    def task_id(self) -> str:
+        return self.task.id if self.task else ""
+
+    @property
+    def type(self) -> str:
+        return self.task.type if self.task else UNDECODABLE_TYPE
+
+    @property
+    def attempts(self) -> int:
+        return self.task.attempt if self.task else 0
+
+    @property
+    def error(self) -> str:
+        return self.task.last_error if self.task else "not a task envelope"
+
+    @property
+    def reason(self) -> str:
+        return self.task.dead_reason if self.task else ""
+
+    @property
+    def traceback(self) -> str:
+        return self.task.last_traceback if self.task else ""
+
+    @property
+    def requeueable(self) -> bool:
+        """Undecodable bytes kept for inspection can only be deleted."""
+        return self.task is not None and self.task.type != UNDECODABLE_TYPE
+
+
+def _decode(member: bytes, died_at_ms: int) -> DeadTask:
+    try:
+        task: Task | None = decode_task(member)
+    except UndecodableTask:
+        task = None
+    return DeadTask(member, datetime.fromtimestamp(died_at_ms / 1000, tz=UTC), task)
+
+
+def list_dead_tasks(queue: str, offset: int = 0, limit: int = 50, broker: Broker | None = None) -> list[DeadTask]:
+    """Return a page of a queue's dead-lettered tasks, newest first."""
+    return [_decode(member, died_ms) for member, died_ms in (broker or get_broker()).list_dead(queue, offset, limit)]
+
+
+def find_dead_tasks(queue: str, refs: Iterable[str], broker: Broker | None = None) -> list[DeadTask]:
+    """Return the dead tasks of `queue` whose refs are given (those no longer dead are left out)."""
+    wanted = set(refs)
+    found: list[DeadTask] = []
+    offset = 0
+    while wanted:
+        page = list_dead_tasks(queue, offset, SCAN_PAGE, broker)
+        for dead in page:
+            if dead.ref in wanted:
+                wanted.discard(dead.ref)
+                found.append(dead)
+        if len(page) < SCAN_PAGE:
+            break
+        offset += SCAN_PAGE
+    return found
+
+
+def fresh_copy(task: Task) -> Task:
+    """Return the task as it should start again: no attempts used, no error, due at once."""
+    fresh = Task()
+    fresh.CopyFrom(task)
+    fresh.attempt = 0
+    fresh.run_after_ms = 0
+    for name in ("last_error", "last_traceback", "dead_reason"):
+        fresh.ClearField(name)
+    return fresh
+
+
+def requeue(queue: str, dead: Sequence[DeadTask], broker: Broker | None = None) -> list[DeadTask]:
+    """Move requeueable dead tasks back to pending with a READY record; return those moved."""
+    broker = broker or get_broker()
+    movable = [item for item in dead if item.requeueable and item.task is not None]
+    if not movable:
+        return []
+    fresh = [fresh_copy(item.task) for item in movable if item.task is not None]
+    broker.requeue_dead(queue, [(item.member, encode_task(task)) for item, task in zip(movable, fresh)])
+    for task in fresh:
+        broker.record_result(_ready_again(task))
+    return movable
+
+
+def _ready_again(task: Task) -> ResultUpdate:
+    try:
+        arguments = decode_payload(task.payload)
+    except UndecodableTask:
+        arguments = None
+    fields = results.enqueued_fields(task, arguments) if arguments else {"status": results.READY, "attempts": "0"}
+    # record_result cannot delete fields; empty ones read back as "not set".
+    fields.update({"finished_at_ms": "", "run_after_ms": "", "dead_reason": ""})
+    return ResultUpdate(task.id, fields, settings.TASKS_RESULT_TTL)
+
+
+def delete(queue: str, dead: Sequence[DeadTask], broker: Broker | None = None) -> int:
+    """Delete dead tasks for good; return how many were deleted."""
+    return (broker or get_broker()).delete_dead(queue, [item.member for item in dead])

@@ -1,0 +1,15 @@
+"""Routes of the task pages, the dashboard and the JSON API (included at the site root)."""
+from django.urls import path
+
+from .views import api, dashboard, tasks
+
+app_name = "tasks_app"
+
+urlpatterns = [
+    path("tasks/enqueue/", tasks.enqueue_task, name="enqueue"),
+    path("tasks/dashboard/", dashboard.queue_dashboard, name="dashboard"),
+    path("tasks/dashboard/<str:queue>/dead/", dashboard.dead_letter_page, name="dead-letters"),
+    path("tasks/<str:task_id>/", tasks.task_detail, name="task"),
+    path("api/tasks/", api.create_task, name="api-tasks"),
+    path("api/tasks/<str:task_id>/", api.task_record, name="api-task"),
+]

@@ -1,0 +1,130 @@
+"""The JSON API: enqueue a task, read its result record. Bearer token or staff session (with CSRF)."""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from functools import wraps
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.middleware.csrf import CsrfViewMiddleware
+from django.urls import reverse
+from django.views.decorators.csrf import csrf_exempt
+
+from .. import producer
+from ..api_auth import AuthenticationFailed, authenticate
+from .common import load_record
+
+REQUEST_FIELDS = {"type", "args", "kwargs", "queue", "priority", "delay"}
+# Room for the JSON around the arguments before a body counts as oversize.
+ENVELOPE_ALLOWANCE_BYTES = 64 * 1024
+
+View = Callable[..., HttpResponse]
+
+
+def error(status: int, message: str, **headers: str) -> JsonResponse:
+    """Return `{"error": message}` with an HTTP status."""
+    response = JsonResponse({"error": message}, status=status)
+    for name, value in headers.items():
+        response[name] = value
+    return response
+
+
+class _CsrfCheck(CsrfViewMiddleware):
+    """Django's CSRF check, returning the reason for a failure instead of a page."""
+
+    def _reject(self, request: HttpRequest, reason: str) -> str:  # type: ignore[override]
+        return reason
+
+
+def _csrf_failure(request: HttpRequest) -> str | None:
+    check = _CsrfCheck(lambda _request: HttpResponse())
+    check.process_request(request)
+    return check.process_view(request, None, (), {})  # type: ignore[arg-type, return-value]
+
+
+def api_view(methods: set[str]) -> Callable[[View], View]:
+    """Allow `methods`; require a staff user by bearer token, or by session with CSRF on writes."""
+    def decorate(view: View) -> View:
+        @csrf_exempt  # token requests carry no cookie; session requests are checked below
+        @wraps(view)
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if request.method not in methods:
+                return error(405, f"method {request.method} not allowed", Allow=", ".join(sorted(methods)))
+            try:
+                credentials = authenticate(request)
+            except AuthenticationFailed as exc:
+                return error(401, str(exc), **{"WWW-Authenticate": 'Bearer error="invalid_token"'})
+            if credentials is None:
+                return error(401, "authentication required: send 'Authorization: Bearer <token>' or log in",
+                             **{"WWW-Authenticate": "Bearer"})
+            if not credentials.user.is_staff:
+                return error(403, "only staff users may use the task API")
+            if not credentials.by_token and request.method not in {"GET", "HEAD", "OPTIONS"}:
+                reason = _csrf_failure(request)
+                if reason:
+                    return error(403, f"CSRF check failed: {reason}")
+            return view(request, *args, **kwargs)
+        return wrapper
+    return decorate
+
+
+def _read_body(request: HttpRequest) -> dict[str, Any] | JsonResponse:
+    limit = settings.TASKS_MAX_PAYLOAD_BYTES + ENVELOPE_ALLOWANCE_BYTES
+    try:
+        too_big = int(request.headers.get("Content-Length") or 0) > limit or len(request.body) > limit
+    except RequestDataTooBig:
+        too_big = True
+    if too_big:
+        return error(413, f"request body is over the limit of {limit} bytes "
+                          f"(arguments may take up to TASKS_MAX_PAYLOAD_BYTES={settings.TASKS_MAX_PAYLOAD_BYTES})")
+    try:
+        body = json.loads(request.body or b"null")
+    except ValueError as exc:
+        return error(400, f"request body is not valid JSON: {exc}")
+    if not isinstance(body, dict):
+        return error(400, "request body must be a JSON object")
+    unknown = sorted(set(body) - REQUEST_FIELDS)
+    if unknown:
+        return error(400, f"unknown field(s): {', '.join(unknown)}; allowed: {', '.join(sorted(REQUEST_FIELDS))}")
+    if not isinstance(body.get("type"), str) or not body["type"]:
+        return error(400, "field 'type' is required and must be a string")
+    return body
+
+
+@api_view({"POST"})
+def create_task(request: HttpRequest) -> HttpResponse:
+    """Enqueue one task; 201 with its id and a Location header naming its record."""
+    body = _read_body(request)
+    if isinstance(body, JsonResponse):
+        return body
+    try:
+        task = producer.enqueue(body["type"], body.get("args", []), body.get("kwargs") or {},
+                                queue=body.get("queue") or None, priority=body.get("priority", 0),
+                                delay_s=body.get("delay", 0))[0]
+    except producer.EnqueueError as exc:
+        return error(400, str(exc))
+    location = request.build_absolute_uri(reverse("tasks_app:api-task", kwargs={"task_id": task.id}))
+    response = JsonResponse({
+        "id": task.id, "type": task.type, "queue": task.queue, "priority": task.priority, "status": "READY",
+        "enqueued_at": _iso(task.enqueued_at_ms), "run_after": _iso(task.run_after_ms) if task.run_after_ms else None,
+        "url": location,
+    }, status=201)
+    response["Location"] = location
+    return response
+
+
+def _iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat()
+
+
+@api_view({"GET"})
+def task_record(request: HttpRequest, task_id: str) -> HttpResponse:
+    """Return a task's result record as JSON; 404 if it is unknown or expired."""
+    record = load_record(task_id)
+    if record is None:
+        return error(404, f"no task {task_id!r} (unknown, or its record has expired)")
+    return JsonResponse(record.as_json())

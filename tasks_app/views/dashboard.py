@@ -1,0 +1,126 @@
+"""The queue dashboard and each queue's dead letters, with requeue and delete (logged in the admin log)."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.admin.models import CHANGE, DELETION, LogEntry
+from django.contrib.admin.views.decorators import staff_member_required
+from django.core.paginator import Paginator
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_http_methods
+
+from .. import dead_letters
+from ..broker import QueueStats, get_broker
+from ..names import InvalidName, validate_name
+from .common import admin_context
+
+PAGE_SIZE = 50
+
+
+@dataclass(frozen=True)
+class ConsumerRow:
+    """A live consumer of one queue, as the dashboard shows it."""
+
+    id: str
+    host: str
+    pid: Any
+    in_flight: int
+    concurrency: Any
+    last_heartbeat: datetime | None
+    lease_deadline: datetime
+
+    @classmethod
+    def from_info(cls, info: dict[str, Any]) -> ConsumerRow:
+        """Build a row from `Broker.live_consumers`; the last heartbeat is the deadline minus the lease."""
+        deadline_ms = int(info["lease_deadline_ms"])
+        lease_ms = info.get("lease_ms")
+        return cls(
+            id=info["id"], host=str(info.get("host", "")), pid=info.get("pid", ""),
+            in_flight=int(info.get("in_flight", 0)), concurrency=info.get("concurrency", ""),
+            last_heartbeat=_from_ms(deadline_ms - int(lease_ms)) if lease_ms else None,
+            lease_deadline=_from_ms(deadline_ms),
+        )
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    """One queue's counts, consumers and throughput."""
+
+    stats: QueueStats
+    consumers: list[ConsumerRow]
+    completed_last_minute: int
+
+
+def _from_ms(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+@staff_member_required
+def queue_dashboard(request: HttpRequest) -> HttpResponse:
+    """Show every queue's pending / processing / delayed / dead counts, consumers and throughput."""
+    broker = get_broker()
+    rows = []
+    for queue in broker.known_queues():
+        stats = broker.queue_stats(queue)
+        rows.append(QueueRow(stats, [ConsumerRow.from_info(c) for c in stats.consumers],
+                             broker.completed_last_minute(queue)))
+    return render(request, "tasks_app/dashboard.html", admin_context(request, "Queue dashboard", queues=rows))
+
+
+@staff_member_required
+@require_http_methods(["GET", "POST"])
+def dead_letter_page(request: HttpRequest, queue: str) -> HttpResponse:
+    """List a queue's dead-lettered tasks; POST requeues or deletes the chosen ones."""
+    try:
+        validate_name(queue, "queue")
+    except InvalidName as exc:
+        raise Http404(str(exc)) from None
+    if request.method == "POST":
+        _act(request, queue)
+        return redirect(request.get_full_path())
+    total = get_broker().queue_stats(queue).dead
+    page = Paginator(range(total), PAGE_SIZE).get_page(request.GET.get("page"))
+    offset = (page.number - 1) * PAGE_SIZE
+    tasks = dead_letters.list_dead_tasks(queue, offset, PAGE_SIZE)
+    return render(request, "tasks_app/dead_letters.html", admin_context(
+        request, f"Dead letters of queue {queue}", queue=queue, dead_tasks=tasks, page=page, total=total))
+
+
+def _act(request: HttpRequest, queue: str) -> None:
+    """Apply the posted action: requeue one (`requeue_one`), or requeue / delete the selected `ref`s."""
+    if request.POST.get("requeue_one"):
+        action, refs = "requeue", [request.POST["requeue_one"]]
+    else:
+        action, refs = request.POST.get("action", ""), request.POST.getlist("ref")
+    if action not in {"requeue", "delete"}:
+        messages.error(request, "Unknown action.")
+        return
+    if not refs:
+        messages.warning(request, "Select at least one task.")
+        return
+    found = dead_letters.find_dead_tasks(queue, refs)
+    if action == "requeue":
+        done = dead_letters.requeue(queue, found)
+        _log(request, done, CHANGE, f"Requeued dead-lettered task on queue {queue}")
+        skipped = len(refs) - len(done)
+        messages.success(request, f"Requeued {len(done)} task(s)." + (
+            f" {skipped} could not be requeued (no longer dead, or undecodable)." if skipped else ""))
+    else:
+        deleted = dead_letters.delete(queue, found)
+        _log(request, found, DELETION, f"Deleted dead-lettered task from queue {queue}")
+        messages.success(request, f"Deleted {deleted} task(s).")
+
+
+def _log(request: HttpRequest, tasks: Sequence[dead_letters.DeadTask], flag: int, message: str) -> None:
+    """Record one admin log entry per task (dead tasks are not models: no content type)."""
+    LogEntry.objects.bulk_create([
+        LogEntry(user_id=request.user.pk, content_type=None, object_id=task.task_id or task.ref,
+                 object_repr=f"{task.type} {task.task_id or task.ref}"[:200], action_flag=flag,
+                 change_message=message)
+        for task in tasks
+    ])

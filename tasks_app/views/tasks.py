@@ -1,0 +1,52 @@
+"""Staff pages: the enqueue form and a task's status page."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.admin.views.decorators import staff_member_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_http_methods
+
+from .. import producer
+from ..forms import EnqueueForm, error_field
+from .common import admin_context, load_record
+
+REFRESH_S = 2
+
+
+@staff_member_required
+@require_http_methods(["GET", "POST"])
+def enqueue_task(request: HttpRequest) -> HttpResponse:
+    """Show the enqueue form; on a valid POST enqueue one task and go to its page."""
+    form = EnqueueForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        try:
+            task = producer.enqueue(data["type"], data["args"], data["kwargs"], queue=data["queue"] or None,
+                                    priority=data["priority"], delay_s=data["delay"])[0]
+        except producer.EnqueueError as exc:
+            form.add_error(error_field(str(exc)), str(exc))
+        else:
+            messages.success(request, f"Task {task.id} enqueued on queue {task.queue}.")
+            return redirect("tasks_app:task", task_id=task.id)
+    return render(request, "tasks_app/enqueue.html", admin_context(request, "Enqueue a task", form=form))
+
+
+@staff_member_required
+def task_detail(request: HttpRequest, task_id: str) -> HttpResponse:
+    """Show a task's status, arguments and outcome; the page reloads itself until it finishes."""
+    record = load_record(task_id)
+    if record is None:
+        raise Http404("No task with this id (or its record has expired).")
+    return render(request, "tasks_app/task.html", admin_context(
+        request, f"Task {record.id}", record=record, refresh_s=None if record.is_finished else REFRESH_S,
+        last_error=record.errors[-1] if record.errors else None, args_json=_pretty(record.args),
+        kwargs_json=_pretty(record.kwargs), return_json=_pretty(record.return_value),
+    ))
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False)

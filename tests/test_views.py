@@ -1,0 +1,305 @@
+"""Staff pages: enqueue form, task page, queue dashboard, dead letters, API token admin."""
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.contrib.admin.models import CHANGE, DELETION, LogEntry
+from django.contrib.auth import get_user_model
+from django.test import Client
+from django.urls import reverse
+
+from tasks_app import producer
+from tasks_app.api_auth import hash_token
+from tasks_app.broker import ResultUpdate
+from tasks_app.codec import Task, decode_task, encode_task
+from tasks_app.dead_letters import list_dead_tasks
+from tasks_app.executor import UNDECODABLE_TYPE
+from tasks_app.models import ApiToken, TaskType
+from tasks_app.results import ResultRecord
+
+pytestmark = pytest.mark.django_db
+
+ENQUEUE_URL = "/tasks/enqueue/"
+DASHBOARD_URL = "/tasks/dashboard/"
+
+
+@pytest.fixture
+def staff(client: Client) -> Client:
+    """The test client, logged in as a staff superuser."""
+    user = get_user_model().objects.create_superuser("boss", "boss@example.com", None)
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def echo_type() -> TaskType:
+    return TaskType.objects.create(name="web.echo", handler="demo.echo", queue="web")
+
+
+def form_errors(html: str, field: str) -> str:
+    """Return the text of the error list rendered next to `field`."""
+    match = re.search(rf'field-{field}">\s*<ul class="errorlist[^"]*"[^>]*>(.*?)</ul>', html, re.S)
+    return match.group(1) if match else ""
+
+
+def post_enqueue(client: Client, **fields: object) -> object:
+    data = {"type": "web.echo", "args": "[]", "kwargs": "{}", "queue": "", "priority": "0", "delay": "0", **fields}
+    return client.post(ENQUEUE_URL, data)
+
+
+# --- permissions ---------------------------------------------------------------------------
+@pytest.mark.parametrize("url", [ENQUEUE_URL, DASHBOARD_URL, "/tasks/some-id/", "/tasks/dashboard/default/dead/"])
+def test_staff_pages_send_anonymous_and_non_staff_users_to_the_login(client, broker, url):
+    assert client.get(url)["Location"].startswith("/admin/login/")
+    client.force_login(get_user_model().objects.create_user("plain", password=None))
+    assert client.get(url)["Location"].startswith("/admin/login/")
+
+
+def test_anonymous_post_to_the_form_enqueues_nothing(client, broker, echo_type):
+    response = post_enqueue(client, args="[1]")
+    assert response.status_code == 302 and response["Location"].startswith("/admin/login/")
+    assert broker.queue_stats("web").pending == 0
+
+
+def test_the_admin_index_links_to_the_dashboard_and_the_form(staff):
+    html = staff.get("/admin/").content.decode()
+    assert f'href="{DASHBOARD_URL}"' in html and f'href="{ENQUEUE_URL}"' in html
+
+
+# --- enqueue form --------------------------------------------------------------------------
+def test_form_offers_only_enabled_types_with_registered_handlers(staff, broker, echo_type):
+    TaskType.objects.create(name="web.off", handler="demo.echo", enabled=False)
+    TaskType.objects.create(name="web.orphan", handler="no.such.handler")
+    html = staff.get(ENQUEUE_URL).content.decode()
+    assert '<option value="web.echo">' in html
+    assert "web.off" not in html and "web.orphan" not in html
+
+
+def test_form_says_when_there_is_no_type_to_enqueue(staff, broker):
+    assert "No task type can be enqueued yet" in staff.get(ENQUEUE_URL).content.decode()
+
+
+@pytest.mark.parametrize(("fields", "field", "message"), [
+    ({"args": "[1, 2"}, "args", "Invalid JSON: Expecting"),
+    ({"args": '{"a": 1}'}, "args", "Args must be a JSON array, got dict"),
+    ({"kwargs": "[1]"}, "kwargs", "Kwargs must be a JSON object, got list"),
+    ({"kwargs": "{'a': 1}"}, "kwargs", "Invalid JSON: Expecting property name"),
+    ({"queue": "bad queue!"}, "queue", "Use 1-100 characters"),
+    ({"priority": "101"}, "priority", "less than or equal to 100"),
+    ({"delay": "-1"}, "delay", "greater than or equal to 0"),
+    ({"type": "web.off"}, "type", "Select a valid choice"),
+])
+def test_form_shows_the_exact_error_next_to_the_field_and_enqueues_nothing(staff, broker, echo_type, fields,
+                                                                          field, message):
+    TaskType.objects.create(name="web.off", handler="demo.echo", enabled=False)
+    response = post_enqueue(staff, **fields)
+    assert response.status_code == 200
+    assert message in form_errors(response.content.decode(), field)
+    assert broker.known_queues() == []
+
+
+def test_form_reports_an_oversize_payload_next_to_args(staff, broker, echo_type, settings):
+    settings.TASKS_MAX_PAYLOAD_BYTES = 100
+    response = post_enqueue(staff, args='["' + "x" * 200 + '"]')
+    assert "over the limit of 100" in form_errors(response.content.decode(), "args")
+    assert broker.known_queues() == []
+
+
+def test_form_reports_a_type_disabled_after_the_form_was_shown(staff, broker, echo_type):
+    form_html = staff.get(ENQUEUE_URL).content.decode()
+    assert "web.echo" in form_html
+    TaskType.objects.filter(name="web.echo").update(enabled=False)
+    response = post_enqueue(staff)
+    assert "Select a valid choice" in form_errors(response.content.decode(), "type")
+
+
+def test_valid_form_enqueues_and_redirects_to_the_task_page(staff, broker, echo_type):
+    response = post_enqueue(staff, args='[1, "two"]', kwargs='{"k": true}', queue="other", priority="5", delay="0")
+    assert response.status_code == 302
+    task_id = response["Location"].rstrip("/").rsplit("/", 1)[-1]
+    assert response["Location"] == reverse("tasks_app:task", args=[task_id])
+    record = ResultRecord.from_fields(broker.get_result(task_id))
+    assert (record.type, record.queue, record.priority, record.args, record.kwargs, record.status) == \
+        ("web.echo", "other", 5, [1, "two"], {"k": True}, "READY")
+    assert broker.queue_stats("other").pending == 1
+
+
+def test_a_delay_puts_the_task_in_delayed(staff, broker, echo_type):
+    post_enqueue(staff, delay="30")
+    stats = broker.queue_stats("web")
+    assert (stats.pending, stats.delayed) == (0, 1)
+
+
+def test_form_post_without_csrf_token_is_refused(broker, echo_type):
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(get_user_model().objects.create_superuser("boss", "b@example.com", None))
+    assert post_enqueue(client).status_code == 403
+    html = client.get(ENQUEUE_URL).content.decode()
+    assert 'name="csrfmiddlewaretoken"' in html
+    assert broker.known_queues() == []
+
+
+# --- task page -----------------------------------------------------------------------------
+def test_task_page_of_an_unknown_task_is_404(staff, broker):
+    assert staff.get("/tasks/no-such-task/").status_code == 404
+
+
+def test_unfinished_task_page_refreshes_itself_and_escapes_arguments(staff, broker, echo_type):
+    [task] = producer.enqueue("web.echo", ["<script>alert(1)</script>"])
+    html = staff.get(f"/tasks/{task.id}/").content.decode()
+    assert 'http-equiv="refresh"' in html and "READY" in html
+    assert "<script>alert(1)" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def test_finished_task_page_shows_the_return_value_and_stops_refreshing(staff, broker, echo_type):
+    [task] = producer.enqueue("web.echo", [1])
+    broker.record_result(ResultUpdate(task.id, {"status": "SUCCESSFUL", "attempts": "1", "finished_at_ms": "1700000000000",
+                                                "return_value": '{"args": [1], "kwargs": {}}'}, 60))
+    html = staff.get(f"/tasks/{task.id}/").content.decode()
+    assert "SUCCESSFUL" in html and 'http-equiv="refresh"' not in html
+    assert re.search(r'id="task-return">\{\s*&quot;args&quot;: \[\s*1\s*\]', html)
+
+
+def test_failed_task_page_shows_the_error_and_traceback(staff, broker, echo_type):
+    [task] = producer.enqueue("web.echo")
+    broker.record_result(ResultUpdate(task.id, {"status": "FAILED", "attempts": "3", "dead_reason": "gave up"}, 60,
+                                      append_error={"exception_class_path": "builtins.RuntimeError",
+                                                    "traceback": "Traceback ...\nRuntimeError: <boom>"}))
+    html = staff.get(f"/tasks/{task.id}/").content.decode()
+    assert "Last error: builtins.RuntimeError" in html and "RuntimeError: &lt;boom&gt;" in html
+    assert "gave up" in html and 'http-equiv="refresh"' not in html
+
+
+# --- dashboard -----------------------------------------------------------------------------
+def test_dashboard_shows_counts_consumers_and_throughput(staff, broker, echo_type):
+    tasks = producer.enqueue("web.echo", count=3)
+    producer.enqueue("web.echo", delay_s=60)
+    broker.heartbeat(["web"], "c-1", 2000, {"host": "box-1", "pid": 42, "lease_ms": 2000, "concurrency": 4})
+    claimed = broker.claim("web", "c-1", 2)
+    assert broker.ack("web", "c-1", claimed[:1]) == [True]
+    html = staff.get(DASHBOARD_URL).content.decode()
+    row = re.search(r'<tr class="queue-row" data-queue="web">(.*?)</tr>', html, re.S).group(1)
+    numbers = [int(n) for n in re.findall(r"<td>(?:<a [^>]*>)?(\d+)", row)]
+    assert numbers == [1, 1, 1, 0, 1, 1]  # pending, processing, delayed, dead, consumers, completed
+    assert "c-1" in html and "box-1" in html and " ago" in html
+    assert len(tasks) == 3
+
+
+def test_dashboard_with_no_queues_says_so(staff, broker):
+    assert "No queue has seen a task" in staff.get(DASHBOARD_URL).content.decode()
+
+
+# --- dead letters --------------------------------------------------------------------------
+def make_dead(broker, type_name: str = "web.echo", error: str = "builtins.RuntimeError: <boom>") -> Task:
+    """Enqueue a task, claim it and dead-letter it after three attempts, as a consumer would."""
+    [enqueued] = producer.enqueue(type_name, [1])
+    broker.heartbeat(["web"], "c-dead", 5000, {"lease_ms": 5000})
+    [raw] = broker.claim("web", "c-dead", 1)
+    task = decode_task(raw)
+    task.attempt, task.last_error, task.last_traceback = 3, error, "Traceback (most recent call last): ..."
+    task.dead_reason = "failed 3 of 3 attempts"
+    broker.dead_letter("web", "c-dead", raw, encode_task(task),
+                       ResultUpdate(task.id, {"status": "FAILED", "attempts": "3", "finished_at_ms": "1",
+                                              "dead_reason": task.dead_reason}, 60))
+    assert task.id == enqueued.id
+    return task
+
+
+def make_undecodable(broker) -> None:
+    """Dead-letter bytes that are not a task, wrapped as the executor does."""
+    broker.client.lpush(broker.keys.pending("web"), b"garbage")
+    broker.heartbeat(["web"], "c-dead", 5000, {"lease_ms": 5000})
+    [raw] = broker.claim("web", "c-dead", 1)
+    wrapper = Task(id="wrap-1", type=UNDECODABLE_TYPE, queue="web", payload=raw, last_error="UndecodableTask: x")
+    broker.dead_letter("web", "c-dead", raw, encode_task(wrapper))
+
+
+def dead_url(queue: str = "web") -> str:
+    return f"/tasks/dashboard/{queue}/dead/"
+
+
+def test_dead_letter_list_shows_type_error_attempts_and_time_escaped(staff, broker, echo_type):
+    task = make_dead(broker)
+    make_undecodable(broker)
+    html = staff.get(dead_url()).content.decode()
+    assert "2 dead-lettered tasks" in html
+    assert task.id in html and "builtins.RuntimeError: &lt;boom&gt;" in html and "<boom>" not in html
+    assert re.search(r"<td>3</td>\s*<td>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC</td>", html)
+    assert html.count('class="button requeue-one"') == 1  # the undecodable one can only be deleted
+    assert "not a task: delete only" in html
+
+
+def test_dead_letters_of_an_invalid_queue_name_are_404(staff, broker):
+    assert staff.get("/tasks/dashboard/bad%20name/dead/").status_code == 404
+
+
+def test_requeue_one_resets_the_task_writes_a_ready_record_and_logs(staff, broker, echo_type):
+    task = make_dead(broker)
+    [dead] = list_dead_tasks("web")
+    response = staff.post(dead_url(), {"requeue_one": dead.ref})
+    assert response.status_code == 302
+    stats = broker.queue_stats("web")
+    assert (stats.dead, stats.pending) == (0, 1)
+    fresh = decode_task(broker.client.lrange(broker.keys.pending("web"), 0, -1)[0])
+    assert (fresh.id, fresh.attempt, fresh.last_error, fresh.last_traceback, fresh.dead_reason) == (task.id, 0, "", "", "")
+    record = ResultRecord.from_fields(broker.get_result(task.id))
+    assert (record.status, record.attempts, record.dead_reason, record.finished_at) == ("READY", 0, "", None)
+    entry = LogEntry.objects.get()
+    assert (entry.action_flag, entry.object_id, entry.user.username) == (CHANGE, task.id, "boss")
+    assert "Requeued 1 task(s)." in staff.get(response["Location"]).content.decode()
+
+
+def test_requeue_selected_and_delete_selected(staff, broker, echo_type):
+    tasks = [make_dead(broker) for _ in range(3)]
+    make_undecodable(broker)
+    refs = {d.task_id: d.ref for d in list_dead_tasks("web")}
+    staff.post(dead_url(), {"action": "requeue", "ref": [refs[tasks[0].id], refs[tasks[1].id], refs["wrap-1"]]})
+    stats = broker.queue_stats("web")
+    assert (stats.dead, stats.pending) == (2, 2)  # the undecodable one stays
+    staff.post(dead_url(), {"action": "delete", "ref": [refs[tasks[2].id], refs["wrap-1"]]})
+    assert broker.queue_stats("web").dead == 0
+    flags = sorted(LogEntry.objects.values_list("action_flag", "object_id"))
+    assert flags == sorted([(CHANGE, tasks[0].id), (CHANGE, tasks[1].id), (DELETION, tasks[2].id),
+                            (DELETION, "wrap-1")])
+
+
+def test_dead_letter_actions_need_a_selection_and_a_known_action(staff, broker, echo_type):
+    make_dead(broker)
+    page = staff.post(dead_url(), {"action": "requeue"}, follow=True).content.decode()
+    assert "Select at least one task." in page
+    [dead] = list_dead_tasks("web")
+    page = staff.post(dead_url(), {"action": "explode", "ref": [dead.ref]}, follow=True).content.decode()
+    assert "Unknown action." in page
+    assert broker.queue_stats("web").dead == 1 and not LogEntry.objects.exists()
+
+
+def test_dead_letter_actions_require_csrf_and_staff(client, broker, echo_type):
+    make_dead(broker)
+    [dead] = list_dead_tasks("web")
+    csrf_client = Client(enforce_csrf_checks=True)
+    csrf_client.force_login(get_user_model().objects.create_superuser("boss", "b@example.com", None))
+    assert csrf_client.post(dead_url(), {"requeue_one": dead.ref}).status_code == 403
+    client.force_login(get_user_model().objects.create_user("plain", password=None))
+    assert client.post(dead_url(), {"requeue_one": dead.ref}).status_code == 302
+    assert broker.queue_stats("web").dead == 1
+
+
+# --- API token admin -----------------------------------------------------------------------
+def test_admin_creates_a_token_shown_once_and_stores_only_its_hash(staff):
+    user_id = get_user_model().objects.get(username="boss").pk
+    response = staff.post("/admin/tasks_app/apitoken/add/", {"user": user_id, "name": "billing"})
+    html = response.content.decode()
+    secret = re.search(r'id="api-token"[^>]*value="([^"]+)"|value="([^"]+)" id="api-token"', html)
+    secret = next(group for group in secret.groups() if group)
+    row = ApiToken.objects.get()
+    assert row.key_hash == hash_token(secret) and secret not in row.key_hash and row.key_prefix == secret[:8]
+    assert secret not in staff.get(f"/admin/tasks_app/apitoken/{row.pk}/change/").content.decode()
+
+
+def test_admin_revokes_tokens(staff):
+    from tasks_app.api_auth import issue_token
+    row, _ = issue_token(get_user_model().objects.get(username="boss"), "ci")
+    staff.post("/admin/tasks_app/apitoken/", {"action": "revoke", "_selected_action": [row.pk]})
+    row.refresh_from_db()
+    assert row.revoked_at is not None and not row.is_active
