@@ -51,3 +51,47 @@ def kill_mid_batch(broker, consumer_process, *, scenario: str, tasks: int, consu
 @pytest.mark.timeout(240)
 def test_kill_9_mid_batch_loses_nothing(chaos_broker, consumer_process):
     kill_mid_batch(chaos_broker, consumer_process, scenario="1-kill-9-mid-batch", tasks=scaled(2000, 10000))
+
+
+@pytest.mark.timeout(240)
+def test_random_kills_lose_nothing(chaos_broker, consumer_process):
+    broker = chaos_broker
+    fleet = Fleet(consumer_process, broker, concurrency=8, prefetch=8)
+    names = ["a", "b", "c"]
+    current = {name: f"{name}0" for name in names}
+    for consumer_id in current.values():
+        fleet.spawn(consumer_id)
+    fleet.wait_registered(current.values())
+
+    rng = random.Random()
+    task_ids: list[str] = []
+    recovering: dict[str, None] = {}
+    recovery_s: list[float] = []
+    end = time.monotonic() + scaled(10, 90)
+    next_kill = time.monotonic() + rng.uniform(0.5, 3)
+    while time.monotonic() < end:
+        task_ids += [t.id for t in producer.enqueue("test.record", kwargs={"sleep_s": TASK_SLEEP_S}, count=40)]
+        if time.monotonic() >= next_kill:
+            name = rng.choice(names)
+            fleet.kill(current[name])
+            recovering[current[name]] = None
+            current[name] = f"{name}{int(current[name][1:]) + 1}"
+            fleet.spawn(current[name])
+            next_kill = time.monotonic() + rng.uniform(0.5, 3)
+        for consumer_id in list(recovering):
+            if not fleet.held(consumer_id):
+                recovery_s.append(time.monotonic() - fleet.killed_at[consumer_id])
+                del recovering[consumer_id]
+        time.sleep(0.1)
+    for consumer_id in recovering:
+        recovery_s.append(fleet.recovered_within(consumer_id, LEASE_S + 1))
+    wait_finished(broker, task_ids, scaled(120, 600), fleet)
+
+    result = tally(broker, task_ids)
+    allowed = fleet.in_flight_at_kills
+    Summary("2-random-kills", len(task_ids), result.total_runs, len(result.lost), len(result.duplicates),
+            len(allowed), max(recovery_s, default=None), {"kills": len(fleet.killed_at)}).report()
+    assert fleet.killed_at, "the run was too short to kill anything"
+    assert result.lost == [], f"lost tasks: {result.lost[:10]}"
+    assert result.duplicates <= allowed, f"ran twice without being held by a killed consumer: {result.duplicates - allowed}"
+    assert max(recovery_s) <= LEASE_S + 1
