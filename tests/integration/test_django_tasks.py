@@ -1,0 +1,107 @@
+"""Django's tasks framework end to end: `.enqueue()` here, a real `runconsumer` subprocess runs it."""
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.tasks import TaskResultStatus
+
+from tasks_app.models import TaskType
+from tests.support import django_tasks as tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+HANDLER_MODULES = "tests.support.handlers,tests.support.django_tasks"
+
+
+def run_consumer_until_idle(consumer_process) -> None:
+    """Run a burst consumer over the default queue until nothing is left; fail on a bad exit."""
+    consumer = consumer_process("--burst", "--lease", "2", "--concurrency", "2",
+                                TASK_HANDLER_MODULES=HANDLER_MODULES)
+    assert consumer.wait(timeout_s=60) == 0, consumer.log()
+
+
+def tune(django_task, **fields) -> None:
+    """Create the task's TaskType row as an admin would tune it."""
+    TaskType.objects.create(name=django_task.module_path, handler=django_task.module_path, **fields)
+
+
+def test_enqueue_then_get_result_moves_from_ready_to_successful(broker, consumer_process):
+    result = tasks.add.enqueue(20, 22)
+    assert tasks.add.get_result(result.id).status == TaskResultStatus.READY
+
+    run_consumer_until_idle(consumer_process)
+
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 42
+    assert result.attempts == 1 and len(result.worker_ids) == 1
+    assert result.errors == []
+    assert result.started_at <= result.finished_at
+
+
+def test_failing_task_retries_per_its_task_type_and_records_every_error(broker, consumer_process):
+    tune(tasks.fail, max_attempts=3, retry_backoff=0.05)
+    result = tasks.fail.enqueue("always")
+
+    run_consumer_until_idle(consumer_process)
+
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert result.attempts == 3 and len(result.worker_ids) == 3
+    assert [error.exception_class_path for error in result.errors] == ["builtins.ValueError"] * 3
+    assert all("ValueError: always" in error.traceback for error in result.errors)
+    assert result.errors[0].exception_class is ValueError
+    assert broker.queue_stats("default").dead == 1
+
+
+def test_takes_context_sees_attempts_one_two_three(broker, consumer_process):
+    tune(tasks.flaky, max_attempts=3, retry_backoff=0.05)
+    result = tasks.flaky.enqueue(failures=2)
+
+    run_consumer_until_idle(consumer_process)
+
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 3
+    assert [error.traceback.strip().splitlines()[-1] for error in result.errors] == [
+        "RuntimeError: planned failure on attempt 1", "RuntimeError: planned failure on attempt 2"]
+    assert result.attempts == 3
+
+
+def test_run_after_is_honoured(broker, consumer_process):
+    run_after = datetime.now(tz=UTC) + timedelta(seconds=1.5)
+    later = tasks.add.using(run_after=run_after).enqueue(1, 1)
+    now = tasks.add.enqueue(2, 2)
+    assert broker.queue_stats("default").delayed == 1
+
+    run_consumer_until_idle(consumer_process)
+
+    later.refresh()
+    now.refresh()
+    assert later.status == now.status == TaskResultStatus.SUCCESSFUL
+    assert later.started_at >= run_after.replace(microsecond=run_after.microsecond // 1000 * 1000)
+    assert now.started_at < run_after
+
+
+def test_first_enqueue_creates_a_task_type_the_admin_can_tune(broker, consumer_process):
+    result = tasks.not_json.enqueue()
+    row = TaskType.objects.get(name=tasks.not_json.module_path)
+    assert (row.handler, row.max_attempts) == (tasks.not_json.module_path, 3)
+    row.max_attempts = 1
+    row.save()
+
+    run_consumer_until_idle(consumer_process)
+
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert [error.exception_class_path for error in result.errors] == ["builtins.TypeError"]
+    assert result.attempts == 1
+
+
+def test_consumer_loads_a_task_named_by_its_task_type_row(broker, consumer_process):
+    result = tasks.add.enqueue(3, 4)  # the producer creates the row naming tests.support.django_tasks.add
+
+    consumer = consumer_process("--burst", "--lease", "2", TASK_HANDLER_MODULES="tests.support.handlers")
+    assert consumer.wait(timeout_s=60) == 0, consumer.log()
+
+    result.refresh()
+    assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 7)
