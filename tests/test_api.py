@@ -1,0 +1,171 @@
+"""The JSON API: token and session auth, validation errors, the result record."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+from django.utils import timezone
+
+from tasks_app.api_auth import issue_token
+from tasks_app.models import ApiToken, TaskType
+
+pytestmark = pytest.mark.django_db
+
+TASKS_URL = "/api/tasks/"
+
+
+@pytest.fixture
+def staff_user():
+    return get_user_model().objects.create_user("svc", password=None, is_staff=True)
+
+
+@pytest.fixture
+def token(staff_user) -> str:
+    """A valid token of a staff user."""
+    return issue_token(staff_user, "ci")[1]
+
+
+@pytest.fixture
+def echo_type() -> TaskType:
+    return TaskType.objects.create(name="api.echo", handler="demo.echo", queue="api")
+
+
+def post(client: Client, body: object, token: str | None = None, raw: bytes | None = None, **headers: str):
+    if token is not None:
+        headers["HTTP_AUTHORIZATION"] = f"Bearer {token}"
+    data = raw if raw is not None else json.dumps(body)
+    return client.post(TASKS_URL, data, content_type="application/json", **headers)
+
+
+def test_token_enqueues_and_the_record_is_readable(client, broker, token, echo_type):
+    response = post(client, {"type": "api.echo", "args": [1], "kwargs": {"a": "b"}, "priority": 3}, token)
+    assert response.status_code == 201
+    body = response.json()
+    assert response["Location"] == f"http://testserver/api/tasks/{body['id']}/" == body["url"]
+    assert (body["type"], body["queue"], body["priority"], body["status"]) == ("api.echo", "api", 3, "READY")
+    record = client.get(response["Location"], HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert record.status_code == 200
+    data = record.json()
+    assert (data["id"], data["status"], data["args"], data["kwargs"], data["attempts"]) == \
+        (body["id"], "READY", [1], {"a": "b"}, 0)
+    assert ApiToken.objects.get().last_used_at is not None
+
+
+def test_queue_and_delay_are_honoured(client, broker, token, echo_type):
+    response = post(client, {"type": "api.echo", "queue": "elsewhere", "delay": 60}, token)
+    assert response.status_code == 201 and response.json()["run_after"]
+    assert broker.queue_stats("elsewhere").delayed == 1
+
+
+@pytest.mark.parametrize(("header", "message"), [
+    (None, "authentication required"),
+    ("Bearer not-a-token", "invalid API token"),
+    ("Basic dXNlcjpwdw==", "malformed Authorization header"),
+    ("Bearer ", "malformed Authorization header"),
+])
+def test_missing_invalid_or_malformed_credentials_are_401(client, broker, echo_type, header, message):
+    headers = {"HTTP_AUTHORIZATION": header} if header else {}
+    for response in (post(client, {"type": "api.echo"}, **headers),
+                     client.get("/api/tasks/some-id/", **headers)):
+        assert response.status_code == 401
+        assert message in response.json()["error"]
+        assert response["WWW-Authenticate"].startswith("Bearer")
+    assert broker.known_queues() == []
+
+
+def test_revoked_token_is_401(client, broker, token, echo_type):
+    ApiToken.objects.update(revoked_at=timezone.now())
+    response = post(client, {"type": "api.echo"}, token)
+    assert (response.status_code, response.json()["error"]) == (401, "API token revoked")
+    assert broker.known_queues() == []
+
+
+def test_token_of_an_inactive_user_is_401(client, broker, token, staff_user, echo_type):
+    staff_user.is_active = False
+    staff_user.save()
+    assert post(client, {"type": "api.echo"}, token).status_code == 401
+
+
+def test_token_of_a_non_staff_user_is_403(client, broker, echo_type):
+    user = get_user_model().objects.create_user("plain", password=None)
+    response = post(client, {"type": "api.echo"}, issue_token(user, "x")[1])
+    assert response.status_code == 403 and "staff" in response.json()["error"]
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    (b"{not json", "request body is not valid JSON"),
+    (b"[1, 2]", "request body must be a JSON object"),
+    (b"", "request body must be a JSON object"),
+    (b'{"args": []}', "field 'type' is required"),
+    (b'{"type": 5}', "field 'type' is required"),
+    (b'{"type": "api.echo", "colour": "red"}', "unknown field(s): colour"),
+    (b'{"type": "nope.nothing"}', "unknown task type 'nope.nothing'"),
+    (b'{"type": "api.off"}', "task type 'api.off' is disabled"),
+    (b'{"type": "api.orphan"}', "which is not registered"),
+    (b'{"type": "api.echo", "args": {"a": 1}}', "args must be a JSON array"),
+    (b'{"type": "api.echo", "kwargs": [1]}', "kwargs must be a JSON object"),
+    (b'{"type": "api.echo", "queue": "no spaces"}', "invalid queue"),
+    (b'{"type": "api.echo", "priority": 1000}', "priority must be an integer from -100 to 100"),
+    (b'{"type": "api.echo", "priority": "1"}', "priority must be an integer"),
+    (b'{"type": "api.echo", "delay": -1}', "delay must be a non-negative number"),
+])
+def test_bad_requests_are_400_with_a_json_error(client, broker, token, echo_type, raw, message):
+    TaskType.objects.create(name="api.off", handler="demo.echo", enabled=False)
+    TaskType.objects.create(name="api.orphan", handler="gone.handler")
+    response = post(client, None, token, raw=raw)
+    assert response.status_code == 400
+    assert response["Content-Type"] == "application/json"
+    assert message in response.json()["error"]
+    assert broker.known_queues() == []
+
+
+def test_arguments_over_the_payload_limit_are_refused(client, broker, token, echo_type, settings):
+    settings.TASKS_MAX_PAYLOAD_BYTES = 1000
+    response = post(client, {"type": "api.echo", "args": ["x" * 2000]}, token)
+    assert response.status_code == 400
+    assert "over the limit of 1000" in response.json()["error"]
+    assert broker.known_queues() == []
+
+
+def test_a_body_far_over_the_limit_is_413(client, broker, token, echo_type, settings):
+    settings.TASKS_MAX_PAYLOAD_BYTES = 1000
+    response = post(client, {"type": "api.echo", "args": ["x" * 100_000]}, token)
+    assert response.status_code == 413
+    assert "TASKS_MAX_PAYLOAD_BYTES=1000" in response.json()["error"]
+    assert broker.known_queues() == []
+
+
+def test_unknown_task_is_404_json(client, broker, token):
+    response = client.get("/api/tasks/does-not-exist/", HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert response.status_code == 404 and "does-not-exist" in response.json()["error"]
+
+
+def test_wrong_methods_are_405(client, broker, token):
+    assert client.get(TASKS_URL, HTTP_AUTHORIZATION=f"Bearer {token}").status_code == 405
+    response = client.delete("/api/tasks/x/", HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert response.status_code == 405 and response["Allow"] == "GET"
+
+
+def test_staff_session_needs_the_csrf_token(broker, staff_user, echo_type):
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(staff_user)
+    refused = post(client, {"type": "api.echo"})
+    assert refused.status_code == 403 and "CSRF" in refused.json()["error"]
+    assert broker.known_queues() == []
+    client.get("/tasks/enqueue/")  # sets the CSRF cookie, as any staff page does
+    csrf = client.cookies["csrftoken"].value
+    accepted = post(client, {"type": "api.echo"}, HTTP_X_CSRFTOKEN=csrf)
+    assert accepted.status_code == 201
+    assert client.get(accepted["Location"]).json()["status"] == "READY"
+
+
+def test_token_requests_need_no_csrf_token(broker, token, echo_type):
+    assert post(Client(enforce_csrf_checks=True), {"type": "api.echo"}, token).status_code == 201
+
+
+def test_non_staff_session_is_403(client, broker, echo_type):
+    client.force_login(get_user_model().objects.create_user("plain", password=None))
+    assert post(client, {"type": "api.echo"}).status_code == 403
+    assert broker.known_queues() == []
