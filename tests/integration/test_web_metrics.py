@@ -1,11 +1,8 @@
 """The web app's `/metrics` and `/healthz` under real gunicorn with two workers."""
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -14,27 +11,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.processes import PROJECT_DIR, consumer_env, wait_until
+from tests.support.scrape import free_port, http_get as get
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 HEALTHZ_RESPONSES = "django_http_responses_total_by_status_view_method"
 STALE_FILE = "counter_999999.db"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-    except OSError:
-        return 0, b""
 
 
 @pytest.fixture

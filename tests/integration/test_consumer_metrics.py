@@ -1,0 +1,124 @@
+"""A real consumer's `/metrics` during and after a mixed batch, and after reaping a killed consumer."""
+from __future__ import annotations
+
+import pytest
+
+from tasks_app import producer
+from tasks_app.models import TaskType
+from tests.support.processes import wait_until
+from tests.support.recording import recorded_runs
+from tests.support.scrape import Scrape, free_port, http_get, scrape
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+OK, FLAKY, DEAD, SLOW, LIMITED = "m.ok", "m.flaky", "m.dead", "m.slow", "m.limited"
+BOUNDED_LABELS = {"type", "queue", "state", "reason", "decision", "loop"}
+
+
+@pytest.fixture
+def task_types() -> None:
+    """Five types on one handler, differing in what they do and how they are limited."""
+    for name, options in {OK: {}, FLAKY: {"max_attempts": 3, "retry_backoff": 0.05},
+                          DEAD: {"max_attempts": 2, "retry_backoff": 0.05}, SLOW: {},
+                          LIMITED: {"rate_limit": 1, "rate_period": 60}}.items():
+        TaskType.objects.create(name=name, handler="test.record", **options)
+
+
+def is_final(broker, task_id: str) -> bool:
+    record = broker.get_result(task_id) or {}
+    return record.get("status") in {"SUCCESSFUL", "FAILED"}
+
+
+def test_metrics_match_what_the_consumers_did(broker, consumer_process, task_types):
+    # A victim takes two slow tasks and is killed while running them.
+    victim = consumer_process("--lease", "1", "--concurrency", "2", "--prefetch", "0", "--consumer-id", "victim")
+    slow = producer.enqueue(SLOW, kwargs={"sleep_s": 2}, count=2)
+    wait_until(lambda: sum(run["consumer"] == "victim" for run in recorded_runs(broker)) == 2, 30,
+               message="the victim to start both slow tasks")
+    victim.kill()
+
+    # The survivor reaps the victim once its lease expires and runs everything else.
+    port = free_port()
+    survivor = consumer_process("--lease", "1", "--concurrency", "4", "--consumer-id", "survivor",
+                                "--metrics-port", str(port))
+    url = f"http://127.0.0.1:{port}/metrics"
+    ok = producer.enqueue(OK, count=5)
+    flaky = producer.enqueue(FLAKY, kwargs={"fail_until_attempt": 1}, count=2)
+    dead = producer.enqueue(DEAD, kwargs={"fail_until_attempt": 99})
+    limited = producer.enqueue(LIMITED, count=3)
+
+    # During: the recovered slow tasks run on the survivor.
+    def running_slow() -> Scrape | None:
+        current = scrape(url)
+        if current and current.value("taskqueue_consumer_busy_workers") >= 1 \
+                and current.value("taskqueue_tasks_started_total", type=SLOW) >= 1 \
+                and current.value("taskqueue_queue_tasks", queue="default", state="processing") >= 1:
+            return current
+        return None
+
+    during = wait_until(running_slow, 30, message="a scrape while the recovered slow tasks run")
+    assert during.value("taskqueue_consumer_in_flight_tasks") >= 1
+    assert during.value("taskqueue_tasks_recovered_total", queue="default") == 2
+    assert during.value("taskqueue_consumers_live", queue="default") == 1
+    assert during.value("taskqueue_queue_stats_up") == 1
+
+    wait_until(lambda: all(is_final(broker, task.id) for task in [*slow, *ok, *flaky, *dead]), 30,
+               message="every unlimited task to finish")
+    limited_started = sum(run["type"] == LIMITED for run in recorded_runs(broker))
+    rate_limited = limited_started < len(limited)
+    expected_delayed = len(limited) - limited_started
+
+    def settled() -> Scrape | None:
+        current = scrape(url)
+        # A claimer waiting for work keeps one slot reserved, so "in flight" rests at one per queue.
+        if current and current.value("taskqueue_consumer_in_flight_tasks") <= 1 \
+                and current.value("taskqueue_queue_tasks", queue="default", state="delayed") == expected_delayed \
+                and current.value("taskqueue_queue_tasks", queue="default", state="processing") == 0:
+            return current
+        return None
+
+    after = wait_until(settled, 30, message="the survivor to settle")
+
+    def counter(name: str, task_type: str) -> float:
+        return after.value(f"taskqueue_tasks_{name}_total", type=task_type, queue="default")
+
+    # What happened, type by type (the survivor never saw the victim's first runs).
+    assert [counter(n, OK) for n in ("started", "succeeded", "failed", "retried", "dead_lettered")] == [5, 5, 0, 0, 0]
+    assert [counter(n, FLAKY) for n in ("started", "succeeded", "failed", "retried", "dead_lettered")] == [4, 2, 2, 2, 0]
+    assert [counter(n, DEAD) for n in ("started", "succeeded", "failed", "retried", "dead_lettered")] == [2, 0, 2, 1, 1]
+    assert [counter(n, SLOW) for n in ("started", "succeeded", "failed")] == [2, 2, 0]
+    assert after.value("taskqueue_tasks_recovered_total", queue="default") == 2
+    assert after.value("taskqueue_task_duration_seconds_count", type=OK) == 5
+    assert after.value("taskqueue_task_duration_seconds_count", type=FLAKY) == 4
+    assert after.value("taskqueue_task_wait_seconds_count", type=OK) == 5
+    assert after.value("taskqueue_task_wait_seconds_count", type=FLAKY) == 2  # first attempts only
+
+    if rate_limited:  # the gate admits one task per minute; the others wait in delayed, no attempt used
+        assert limited_started == 1
+        assert counter("started", LIMITED) == 1
+        assert after.value("taskqueue_tasks_deferred_total", type=LIMITED, reason="rate_limited") >= 2
+    else:
+        assert counter("started", LIMITED) == len(limited)
+
+    # Gauges read from Redis at scrape time, and the consumer's own gauges.
+    depth = {state: after.value("taskqueue_queue_tasks", queue="default", state=state)
+             for state in ("pending", "processing", "delayed", "dead")}
+    assert depth == {"pending": 0, "processing": 0, "delayed": expected_delayed, "dead": 1}
+    assert after.value("taskqueue_consumers_live", queue="default") == 1
+    assert after.value("taskqueue_consumer_busy_workers") == 0
+    assert after.value("taskqueue_lease_renewals_total") >= 1
+    assert after.value("taskqueue_leases_lost_total") == 0
+    assert after.value("taskqueue_redis_errors_total") == 0
+    assert after.value("taskqueue_queue_stats_errors_total") == 0
+
+    # Cardinality stays bounded: labels are types, queues and small enums, never task ids.
+    task_ids = {task.id for task in [*slow, *ok, *flaky, *dead, *limited]}
+    for sample in after.samples:
+        if sample.name.startswith("taskqueue_"):
+            assert set(sample.labels) - {"le"} <= BOUNDED_LABELS, sample
+            assert not set(sample.labels.values()) & task_ids, sample
+
+    # Liveness on the same port.
+    status, body = http_get(f"http://127.0.0.1:{port}/healthz")
+    assert status == 200 and b'"ok"' in body
+    assert survivor.terminate() == 0, survivor.log()
