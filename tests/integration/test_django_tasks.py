@@ -4,6 +4,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.tasks import TaskResultStatus
 
+from tasks_app.broker import Enqueueable
+from tasks_app.codec import Task, encode_task
 from tasks_app.models import TaskType
 from tests.support import django_tasks as tasks
 
@@ -105,3 +107,16 @@ def test_consumer_loads_a_task_named_by_its_task_type_row(broker, consumer_proce
 
     result.refresh()
     assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 7)
+
+
+def test_a_row_naming_something_that_is_not_a_task_runs_nothing(broker, consumer_process):
+    # A plain function (this one kills its process) named by a row is never called as a task.
+    TaskType.objects.create(name="test.not_a_task", handler="tests.support.handlers.kill_self", max_attempts=1)
+    task = Task(id="not-a-task-1", type="test.not_a_task", queue="default")
+    broker.enqueue([Enqueueable(queue="default", raw=encode_task(task), task_id=task.id)], 60)
+
+    run_consumer_until_idle(consumer_process)
+
+    record = broker.get_result(task.id)
+    assert record["status"] == "FAILED"
+    assert "is not registered" in record["dead_reason"]
