@@ -150,6 +150,11 @@ class Executor:
     # --- the run ---------------------------------------------------------------------------
     def _resolve(self, task: Task) -> tuple[TaskTypeConfig | None, str]:
         config = self.task_types.get(task.type)
+        if config is None and self.registry.get(task.type) is None:
+            # A row created since the last refresh (say, a new `@task`'s first enqueue) must not be
+            # missed: reload before calling the type unknown (rare: such tasks are dead-lettered).
+            self.task_types.refresh()
+            config = self.task_types.get(task.type)
         if config is not None:
             return config, ""
         if self.registry.get(task.type) is not None:

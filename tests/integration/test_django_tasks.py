@@ -8,6 +8,7 @@ from tasks_app.broker import Enqueueable
 from tasks_app.codec import Task, encode_task
 from tasks_app.models import TaskType
 from tests.support import django_tasks as tasks
+from tests.support.processes import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -120,3 +121,15 @@ def test_a_row_naming_something_that_is_not_a_task_runs_nothing(broker, consumer
     record = broker.get_result(task.id)
     assert record["status"] == "FAILED"
     assert "is not registered" in record["dead_reason"]
+
+
+def test_a_running_consumer_finds_a_new_task_before_its_next_settings_refresh(broker, consumer_process):
+    consumer = consumer_process("--lease", "2", TASK_HANDLER_MODULES="tests.support.handlers",
+                                TASKS_CONFIG_REFRESH_S="600")
+    wait_until(lambda: broker.live_consumers("default"), 30, message="the consumer to start")
+
+    result = tasks.add.enqueue(5, 6)  # creates the TaskType row the consumer has not loaded yet
+
+    wait_until(lambda: tasks.add.get_result(result.id).is_finished, 30, message="the task to finish")
+    assert tasks.add.get_result(result.id).return_value == 11
+    assert consumer.terminate() == 0, consumer.log()
