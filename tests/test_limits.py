@@ -16,6 +16,7 @@ from tasks_app.broker import Broker
 from tasks_app.codec import Task
 from tasks_app.limits import RateLimiter, RatePolicy
 from tasks_app.task_types import TaskTypeConfig
+from tests.support.recording import most_starts_in_any_window
 
 START_US = 1_700_000_000_000_000
 SECOND_US = 1_000_000
@@ -53,17 +54,6 @@ def decide(broker: Broker, policy: RatePolicy, task_id: str) -> int:
     """One decision on the fake clock: 0 allowed, else microseconds to wait."""
     return broker.rate_limit("t", policy.algorithm, task_id, policy.limit, policy.period_us,
                              policy.emission_us, policy.tolerance_us)
-
-
-def window_counts(starts_us: list[int], period_us: int) -> int:
-    """The most starts in any half-open window [s, s + period) beginning at a start."""
-    starts = sorted(starts_us)
-    most, first = 0, 0
-    for last, start in enumerate(starts):
-        while start - starts[first] >= period_us:
-            first += 1
-        most = max(most, last - first + 1)
-    return most
 
 
 # --- policy ---------------------------------------------------------------------------------
@@ -166,7 +156,7 @@ def test_no_window_admits_more_than_the_limit(broker, clock, limit, period_s, bu
             starts.append(clock.now_us)
 
     assert len(starts) == 60
-    assert window_counts(starts, policy.period_us) <= limit
+    assert most_starts_in_any_window(starts, policy.period_us) <= limit
 
 
 # --- fixed window ---------------------------------------------------------------------------

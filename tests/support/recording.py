@@ -17,3 +17,14 @@ def recorded_runs(broker: Broker) -> list[dict[str, Any]]:
 def runs_per_task(broker: Broker) -> Counter[str]:
     """How many times each task id ran."""
     return Counter(run["task_id"] for run in recorded_runs(broker))
+
+
+def most_starts_in_any_window(starts: list[float], window: float) -> int:
+    """The most starts inside any half-open window [t, t + window), checking a window at each start."""
+    ordered = sorted(starts)
+    most, first = 0, 0
+    for last, start in enumerate(ordered):
+        while start - ordered[first] >= window:
+            first += 1
+        most = max(most, last - first + 1)
+    return most

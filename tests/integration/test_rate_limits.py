@@ -1,0 +1,122 @@
+"""Rate limits across real consumer processes on real Redis, timed on the Redis clock."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tasks_app import producer
+from tasks_app.broker import Broker
+from tasks_app.limits import RatePolicy
+from tasks_app.models import TaskType
+from tasks_app.task_types import TaskTypeConfig
+from tests.support.processes import wait_until
+from tests.support.recording import most_starts_in_any_window, recorded_runs
+from tests.support.scrape import free_port, scrape
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+LIMITED = "test.record"
+DECISIONS = "taskqueue_rate_limit_decisions_total"
+
+
+def redis_now_ms(broker: Broker) -> float:
+    seconds, micros = broker.client.time()
+    return seconds * 1000 + micros / 1000
+
+
+def start_times_ms(broker: Broker, task_type: str) -> list[float]:
+    return [run["start_ms"] for run in recorded_runs(broker) if run["type"] == task_type]
+
+
+def test_limit_holds_in_every_window_across_three_consumers(broker, consumer_process):
+    TaskType.objects.create(name=LIMITED, handler=LIMITED, rate_limit=10, rate_period=1.0)
+    ports = [free_port() for _ in range(3)]
+    consumers = [consumer_process("--concurrency", "8", "--lease", "2", "--metrics-port", str(port))
+                 for port in ports]
+    wait_until(lambda: len(broker.live_consumers("default")) == 3, 30, message="three consumers to register")
+
+    enqueued = producer.enqueue(LIMITED, count=200)
+    wait_until(lambda: len(recorded_runs(broker)) >= 200, 40, interval_s=0.5, message="all 200 tasks to start")
+
+    runs = recorded_runs(broker)
+    assert sorted(run["task_id"] for run in runs) == sorted(task.id for task in enqueued)
+    assert {run["attempt"] for run in runs} == {1}  # a denial never uses an attempt
+    assert len({run["pid"] for run in runs}) == 3
+    starts = [run["start_ms"] for run in runs]
+    assert most_starts_in_any_window(starts, 1000) <= 10
+    assert max(starts) - min(starts) <= 20_000 * 1.25
+    scrapes = [scrape(f"http://127.0.0.1:{port}/metrics") for port in ports]
+    assert all(scrapes), [consumer.log() for consumer in consumers]
+    allowed = sum(s.value(DECISIONS, type=LIMITED, decision="allowed") for s in scrapes)
+    denied = sum(s.value(DECISIONS, type=LIMITED, decision="denied") for s in scrapes)
+    assert allowed == 200
+    assert (allowed + denied) / 200 <= 3
+
+
+def test_fixed_window_admits_twice_the_limit_at_an_edge_where_gcra_does_not(broker):
+    def decisions(policy: RatePolicy, type_name: str, count: int) -> list[int]:
+        return [broker.rate_limit(type_name, policy.algorithm, f"{type_name}-{i}-{time.monotonic_ns()}",
+                                  policy.limit, policy.period_us, policy.emission_us, policy.tolerance_us)
+                for i in range(count)]
+
+    def straddle_an_edge() -> dict[str, list[int]]:
+        """10 decisions per algorithm just before a whole second, 10 just after (Redis clock)."""
+        now_ms = redis_now_ms(broker)
+        edge_ms = (now_ms // 1000 + 1) * 1000
+        time.sleep(max(0.0, (edge_ms - 100 - now_ms) / 1000))
+        before = {name: decisions(policy, name, 10) for name, policy in policies.items()}
+        if redis_now_ms(broker) >= edge_ms - 20:
+            return {}
+        time.sleep(max(0.0, (edge_ms + 20 - redis_now_ms(broker)) / 1000))
+        after = {name: decisions(policy, name, 10) for name, policy in policies.items()}
+        return {name: before[name] + after[name] for name in policies}
+
+    # GCRA with its largest burst: ten back to back is allowed, yet not ten more right after.
+    suffix = time.monotonic_ns()
+    policies = {
+        f"edge.fixed.{suffix}": RatePolicy.for_config(TaskTypeConfig(
+            name="f", handler="f", rate_limit=10, rate_algorithm="fixed_window")),
+        f"edge.gcra.{suffix}": RatePolicy.for_config(TaskTypeConfig(name="g", handler="g", rate_limit=10,
+                                                                    rate_burst=10)),
+    }
+    outcome = wait_until(straddle_an_edge, 10, interval_s=0, message="20 decisions straddling a window edge")
+    fixed, gcra = outcome.values()  # type: ignore[union-attr]
+
+    assert fixed.count(0) == 20  # all within ~140 ms: twice the limit
+    assert gcra[:10] == [0] * 10
+    assert gcra.count(0) == 10
+
+
+def test_lowering_the_limit_takes_effect_within_five_seconds(broker, consumer_process):
+    row = TaskType.objects.create(name=LIMITED, handler=LIMITED, rate_limit=10, rate_period=1.0)
+    consumer_process("--concurrency", "4", "--lease", "2")
+    producer.enqueue(LIMITED, count=80)
+    wait_until(lambda: len(recorded_runs(broker)) >= 15, 30, message="the first tasks to run at 10 per second")
+
+    row.rate_limit = 2
+    row.save(update_fields=["rate_limit"])
+    changed_ms = redis_now_ms(broker)
+    wait_until(lambda: redis_now_ms(broker) >= changed_ms + 8000, 15, interval_s=0.2,
+               message="eight seconds after the change")
+
+    starts = start_times_ms(broker, LIMITED)
+    before = [t for t in starts if t < changed_ms]
+    settled = [t for t in starts if changed_ms + 5000 <= t < changed_ms + 8000]
+    assert most_starts_in_any_window(before, 1000) >= 8
+    assert 1 <= len(settled) and most_starts_in_any_window(settled, 1000) <= 2
+
+
+def test_throttled_type_does_not_block_an_unthrottled_one_behind_it(broker, consumer_process):
+    TaskType.objects.create(name=LIMITED, handler=LIMITED, rate_limit=1, rate_period=60)
+    TaskType.objects.create(name="test.free", handler=LIMITED)
+    producer.enqueue(LIMITED, count=30)
+    free = producer.enqueue("test.free", count=30)
+
+    consumer_process("--concurrency", "2", "--prefetch", "2", "--lease", "2")
+    wait_until(lambda: len(start_times_ms(broker, "test.free")) == 30, 20,
+               message="every unthrottled task to run while the throttled ones wait")
+
+    assert {run["task_id"] for run in recorded_runs(broker) if run["type"] == "test.free"} == {t.id for t in free}
+    assert len(start_times_ms(broker, LIMITED)) == 1
+    assert broker.queue_stats("default").delayed == 29
