@@ -45,7 +45,9 @@ class TaskType(models.Model):
     rate_burst = models.PositiveIntegerField(
         default=1, validators=[MinValueValidator(1)],
         help_text="How many tasks may start back to back before the limit spaces them out "
-        "(never more than the rate limit itself).",
+        "(never more than the rate limit itself). Any window of the rate period still starts "
+        "at most the rate limit, so with GCRA a burst of b lowers the steady rate to "
+        "(limit - b + 1) per period; 1 keeps the full rate.",
     )
     rate_algorithm = models.CharField(
         max_length=20, choices=RateAlgorithm.choices, default=RateAlgorithm.GCRA,
@@ -77,7 +79,9 @@ class TaskType(models.Model):
     def clean(self) -> None:
         """Reject a burst larger than the rate limit it belongs to."""
         if self.rate_limit is not None and self.rate_burst > self.rate_limit:
-            raise ValidationError({"rate_burst": "The burst cannot exceed the rate limit."})
+            raise ValidationError({"rate_burst": (
+                f"The burst ({self.rate_burst}) cannot exceed the rate limit ({self.rate_limit}): at most "
+                f"{self.rate_limit} tasks may start in any {self.rate_period:g}-second window.")})
 
 
 class ApiToken(models.Model):

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import fakeredis
 import pytest
+from django.core.exceptions import ValidationError
 from fakeredis.commands_mixins import server_mixin
 from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -15,6 +16,7 @@ from tasks_app import metrics
 from tasks_app.broker import Broker
 from tasks_app.codec import Task
 from tasks_app.limits import RateLimiter, RatePolicy
+from tasks_app.models import TaskType
 from tasks_app.task_types import TaskTypeConfig
 from tests.support.recording import most_starts_in_any_window
 
@@ -237,3 +239,13 @@ def test_limiter_retries_through_a_redis_error(broker, clock, monkeypatch):
 
     assert limiter(Task(id="a", type="t"), config(1)) == 0
     assert flaky.calls == 2
+
+
+def test_a_burst_above_the_limit_is_rejected_with_the_numbers():
+    row = TaskType(name="t", handler="t", rate_limit=3, rate_burst=5, rate_period=2.0)
+
+    with pytest.raises(ValidationError) as raised:
+        row.clean()
+
+    assert raised.value.message_dict["rate_burst"] == [
+        "The burst (5) cannot exceed the rate limit (3): at most 3 tasks may start in any 2-second window."]
