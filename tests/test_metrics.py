@@ -1,0 +1,94 @@
+"""Metric names, labels and the queue collector (real Redis), and the health endpoints."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.test import override_settings
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.metrics import MetricWrapperBase
+
+from tasks_app import metrics, producer
+from tasks_app.broker import Broker, connect
+from tasks_app.collectors import QueueCollector
+from tasks_app.health import Liveness
+from tasks_app.metrics_http import make_app
+from tests.support.scrape import Scrape
+
+ALLOWED_LABELS = {"type", "queue", "reason", "decision", "loop"}
+
+
+def declared() -> list[MetricWrapperBase]:
+    return [value for value in vars(metrics).values() if isinstance(value, MetricWrapperBase)]
+
+
+def test_names_follow_prometheus_conventions_and_labels_stay_bounded():
+    for metric in declared():
+        name = metric._name
+        assert name.startswith(f"{metrics.PREFIX}_"), name
+        assert not name.endswith("_total"), f"{name}: the client adds _total to counters"
+        if metric._type == "histogram":
+            assert name.endswith("_seconds"), name
+        assert set(metric._labelnames) <= ALLOWED_LABELS, name
+
+
+def scrape_collector(collector: QueueCollector) -> Scrape:
+    registry = CollectorRegistry()
+    registry.register(collector)
+    return Scrape(generate_latest(registry).decode())
+
+
+@pytest.mark.django_db
+def test_collector_reads_depths_and_live_consumers_at_scrape_time(broker):
+    collector = QueueCollector(lambda: broker, ["idle"])
+    producer.enqueue("demo.echo", count=3)
+    producer.enqueue("demo.echo", delay_s=600)
+    broker.heartbeat(["default"], "c1", 60_000, {"host": "h"})
+    first = scrape_collector(collector)
+    assert first.value("taskqueue_queue_tasks", queue="default", state="pending") == 3
+    assert first.value("taskqueue_queue_tasks", queue="default", state="delayed") == 1
+    assert first.value("taskqueue_queue_tasks", queue="default", state="dead") == 0
+    assert first.value("taskqueue_consumers_live", queue="default") == 1
+    assert first.has("taskqueue_queue_tasks", queue="idle", state="pending")
+    assert first.value("taskqueue_queue_stats_up") == 1
+
+    producer.enqueue("demo.echo", count=2)  # read again on the next scrape, no polling
+    assert scrape_collector(collector).value("taskqueue_queue_tasks", queue="default", state="pending") == 5
+
+
+def test_collector_counts_an_unreachable_redis_instead_of_raising():
+    dead = Broker(connect("redis://127.0.0.1:1/0"), "unreachable")
+    errors_before = metrics.QUEUE_STATS_ERRORS._value.get()
+    result = scrape_collector(QueueCollector(lambda: dead, timeout_s=1.0))
+    assert result.value("taskqueue_queue_stats_up") == 0
+    assert not result.has("taskqueue_queue_tasks")
+    assert metrics.QUEUE_STATS_ERRORS._value.get() == errors_before + 1
+
+
+def call(app, path: str) -> tuple[str, bytes]:
+    status: list[str] = []
+    body = b"".join(app({"PATH_INFO": path, "REQUEST_METHOD": "GET"}, lambda s, headers: status.append(s)))
+    return status[0], body
+
+
+def test_consumer_healthz_follows_liveness(tmp_path):
+    health_file = tmp_path / "alive"
+    liveness = Liveness(str(health_file), stale_after_s=60)
+    app = make_app(liveness, CollectorRegistry())
+    assert call(app, "/healthz")[0].startswith("503")
+    liveness.beat()
+    assert health_file.exists() and time.time() - health_file.stat().st_mtime < 60
+    status, body = call(app, "/healthz")
+    assert status.startswith("200") and b'"ok"' in body
+
+
+@pytest.mark.django_db
+def test_web_healthz_checks_database_and_redis(client, key_prefix):
+    response = client.get("/healthz")
+    assert response.status_code == 200
+    assert response.json() == {"status": "ok", "checks": {"database": "ok", "redis": "ok"}}
+
+    with override_settings(REDIS_URL="redis://127.0.0.1:1/0"):
+        response = client.get("/healthz")
+    assert response.status_code == 503
+    assert response.json()["checks"]["redis"].startswith("error")
