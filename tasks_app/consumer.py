@@ -178,17 +178,18 @@ class Consumer:
         self.liveness = Liveness(options.health_file, stale_after_s=max(3 * HEALTH_CHECK_S, options.lease_s))
 
     # --- identity --------------------------------------------------------------------------
-    def register(self) -> None:
+    def register(self, consumer_id: str | None = None) -> None:
         """Take back anything a previous run under this id left behind, then take a lease."""
+        consumer_id = consumer_id or self.consumer_id
         for queue in self.options.queues:
-            returned = self.broker.deregister(queue, self.consumer_id)
+            returned = self.broker.deregister(queue, consumer_id)
             if returned:
                 logger.warning("returned %d task(s) left by an earlier run of %s on %s to pending",
-                               returned, self.consumer_id, queue)
+                               returned, consumer_id, queue)
         info = {"host": socket.gethostname(), "pid": os.getpid(), "started_at_ms": int(time.time() * 1000),
                 "lease_ms": int(self.options.lease_s * 1000), "concurrency": self.options.concurrency,
                 "prefetch": self.options.prefetch, "queues": self.options.queues}
-        self.broker.heartbeat(self.options.queues, self.consumer_id, int(self.options.lease_s * 1000), info)
+        self.broker.heartbeat(self.options.queues, consumer_id, int(self.options.lease_s * 1000), info)
 
     def lease_lost(self, lost_id: str) -> None:
         """Our lease expired and we were reaped: never use that id again; register a new one."""
@@ -196,11 +197,14 @@ class Consumer:
             if lost_id != self.consumer_id:
                 return  # another thread already moved on
             self._generation += 1
-            self.consumer_id = f"{self.base_id}.{self._generation}"
-            self.executor.worker_id = self.consumer_id
+            new_id = f"{self.base_id}.{self._generation}"
             logger.error("consumer %s lost its lease (it was presumed dead and its tasks recovered); "
-                         "continuing as %s", lost_id, self.consumer_id)
-            until_done(self.register, what="register", give_up=self.give_up)
+                         "continuing as %s", lost_id, new_id)
+            # Register before publishing the new id: a claimer that used it unregistered would
+            # see its claim refused and throw this fresh identity away too.
+            until_done(lambda: self.register(new_id), what="register", give_up=self.give_up)
+            self.consumer_id = new_id
+            self.executor.worker_id = new_id
 
     # --- running ---------------------------------------------------------------------------
     def dispatch(self, claimed: Sequence[Claimed]) -> None:
