@@ -1,0 +1,56 @@
+"""Scenario 3: a consumer frozen with SIGSTOP for three leases, then thawed with SIGCONT."""
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+
+from tasks_app import producer
+from tests.chaos.harness import LEASE_S, Fleet, Summary, scaled, tally, task_ids, wait_finished
+from tests.support.handlers import runs_key
+from tests.support.processes import wait_until
+
+pytestmark = [pytest.mark.chaos, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.mark.timeout(180)
+def test_frozen_consumer_is_reaped_and_comes_back_under_a_new_id(chaos_broker, consumer_process):
+    broker = chaos_broker
+    fleet = Fleet(consumer_process, broker, concurrency=4, prefetch=4, LOG_LEVEL="INFO")
+    for consumer_id in ("frozen", "b", "c"):
+        fleet.spawn(consumer_id)
+    fleet.wait_registered(["frozen", "b", "c"])
+    ids = [t.id for t in producer.enqueue("test.record", kwargs={"sleep_s": 0.3}, count=scaled(300, 2000))]
+    wait_until(lambda: broker.client.llen(runs_key()) >= 30, 60, message="tasks to start")
+
+    held_at_freeze = fleet.freeze("frozen")
+    frozen_at = time.monotonic()
+    others_held = {cid: task_ids(fleet.held(cid)) for cid in ("b", "c")}
+    recovery_s = fleet_recovery = None
+    wait_until(lambda: not fleet.held("frozen"), LEASE_S + 1 + 0.5, interval_s=0.02,
+               message="the frozen consumer's tasks to be recovered")
+    fleet_recovery = time.monotonic() - frozen_at
+    time.sleep(max(0.0, frozen_at + 3 * LEASE_S - time.monotonic()))
+    assert "frozen" in [m.decode() for m in broker.client.zrange(broker.keys.reaped("default"), 0, -1)]
+    fleet.processes["frozen"].signal(signal.SIGCONT)
+
+    fleet.wait_registered(["frozen.1", "b", "c"], timeout_s=LEASE_S * 3)
+    wait_finished(broker, ids, scaled(120, 600), fleet)
+    recovery_s = fleet_recovery
+    log = fleet.processes["frozen"].log()
+
+    result = tally(broker, ids)
+    live = {c["id"] for c in broker.live_consumers("default")}
+    late_acks = log.count("its outcome here was not applied")
+    Summary("3-frozen-consumer", len(ids), result.total_runs, len(result.lost), len(result.duplicates),
+            len(held_at_freeze), recovery_s, {"late_acks_lost": late_acks}).report()
+    assert result.lost == []
+    assert result.duplicates <= held_at_freeze, "only the frozen consumer's own tasks may run twice"
+    assert "consumer frozen lost its lease" in log and "continuing as frozen.1" in log
+    assert late_acks >= 1, "the thawed consumer's finished tasks should have found their acks lost"
+    assert {"frozen.1", "b", "c"} <= live and "frozen" not in live
+    for cid in ("b", "c"):
+        assert "lost its lease" not in fleet.processes[cid].log(), f"{cid} was wrongly presumed dead"
+        assert not (others_held[cid] & result.duplicates), f"a task {cid} held ran twice"
+    assert not fleet.held("frozen"), "the old identity's list must stay empty"
