@@ -32,17 +32,20 @@ class ConsumerRow:
     in_flight: int
     concurrency: Any
     last_heartbeat: datetime | None
+    heartbeat_age_s: float | None
     lease_deadline: datetime
 
     @classmethod
-    def from_info(cls, info: dict[str, Any]) -> ConsumerRow:
+    def from_info(cls, info: dict[str, Any], now_ms: int) -> ConsumerRow:
         """Build a row from `Broker.live_consumers`; the last heartbeat is the deadline minus the lease."""
         deadline_ms = int(info["lease_deadline_ms"])
         lease_ms = info.get("lease_ms")
+        beat_ms = deadline_ms - int(lease_ms) if lease_ms else None
         return cls(
             id=info["id"], host=str(info.get("host", "")), pid=info.get("pid", ""),
             in_flight=int(info.get("in_flight", 0)), concurrency=info.get("concurrency", ""),
-            last_heartbeat=_from_ms(deadline_ms - int(lease_ms)) if lease_ms else None,
+            last_heartbeat=_from_ms(beat_ms) if beat_ms is not None else None,
+            heartbeat_age_s=max(0.0, (now_ms - beat_ms) / 1000) if beat_ms is not None else None,
             lease_deadline=_from_ms(deadline_ms),
         )
 
@@ -64,10 +67,11 @@ def _from_ms(ms: int) -> datetime:
 def queue_dashboard(request: HttpRequest) -> HttpResponse:
     """Show every queue's pending / processing / delayed / dead counts, consumers and throughput."""
     broker = get_broker()
+    now_ms = broker.server_time_ms()  # leases are on the Redis clock
     rows = []
     for queue in broker.known_queues():
         stats = broker.queue_stats(queue)
-        rows.append(QueueRow(stats, [ConsumerRow.from_info(c) for c in stats.consumers],
+        rows.append(QueueRow(stats, [ConsumerRow.from_info(c, now_ms) for c in stats.consumers],
                              broker.completed_last_minute(queue)))
     return render(request, "tasks_app/dashboard.html", admin_context(request, "Queue dashboard", queues=rows))
 

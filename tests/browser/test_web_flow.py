@@ -1,0 +1,98 @@
+"""A staff user in headless Chromium: add a type, enqueue from the form, watch it run, rescue a dead task."""
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.auth import get_user_model
+
+from tasks_app import producer
+from tasks_app.models import TaskType
+from tasks_app.results import ResultRecord
+from tests.support.processes import wait_until
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+PASSWORD = "correct-horse-battery"
+
+
+def log_in(page, base_url: str) -> None:
+    """Log in through the admin's login form as a fresh superuser."""
+    get_user_model().objects.create_superuser("admin", "admin@example.com", PASSWORD)
+    page.goto(f"{base_url}/admin/")
+    page.fill("#id_username", "admin")
+    page.fill("#id_password", PASSWORD)
+    page.click("input[type=submit]")
+    page.wait_for_selector("#task-queue-links")
+
+
+def test_add_a_type_enqueue_from_the_form_and_watch_it_succeed(page, snap, live_server, broker, consumer_in_thread):
+    from playwright.sync_api import expect
+
+    log_in(page, live_server.url)
+    page.click("text=Task types")
+    page.click(".object-tools a.addlink")
+    page.fill("#id_name", "browser.echo")
+    page.select_option("#id_handler", "demo.echo")
+    page.fill("#id_queue", "browser")
+    page.click("input[name=_save]")
+    expect(page.locator("ul.messagelist")).to_contain_text("browser.echo")
+    assert TaskType.objects.get(name="browser.echo").handler == "demo.echo"
+
+    page.goto(f"{live_server.url}/admin/")
+    page.click("#task-queue-links >> text=Enqueue a task")
+    page.select_option("#id_type", "browser.echo")
+    page.fill("#id_args", '[1, "two"')
+    page.fill("#id_kwargs", '{"greeting": "<b>hi</b>"}')
+    page.click("input[type=submit]")
+    expect(page.locator(".field-args ul.errorlist")).to_contain_text("Invalid JSON")
+    snap("form-error")
+    assert broker.known_queues() == []
+
+    page.fill("#id_args", '[1, "two"]')
+    with consumer_in_thread(queues=["browser"], concurrency=2):
+        page.click("input[type=submit]")
+        page.wait_for_url(re.compile(r"/tasks/[0-9a-f-]{36}/$"))
+        expect(page.locator("#task-status")).to_have_text("SUCCESSFUL")
+    expect(page.locator("#task-return")).to_contain_text('"greeting": "<b>hi</b>"')  # shown as text, escaped
+    snap("task-successful")
+    task_id = page.url.rstrip("/").rsplit("/", 1)[-1]
+    record = ResultRecord.from_fields(broker.get_result(task_id))
+    assert (record.status, record.attempts, record.return_value) == \
+        ("SUCCESSFUL", 1, {"args": [1, "two"], "kwargs": {"greeting": "<b>hi</b>"}})
+
+
+def test_requeue_a_dead_lettered_task_from_the_dashboard(page, snap, live_server, broker, consumer_in_thread):
+    from playwright.sync_api import expect
+
+    TaskType.objects.create(name="browser.fail", handler="demo.fail", queue="browser", max_attempts=1)
+    TaskType.objects.create(name="browser.echo", handler="demo.echo", queue="browser")
+    log_in(page, live_server.url)
+    with consumer_in_thread(queues=["browser"], concurrency=2) as consumer:
+        [dead] = producer.enqueue("browser.fail", ["it broke"])
+        producer.enqueue("browser.echo", count=3)
+        wait_until(lambda: broker.queue_stats("browser").dead == 1, 15, message="the failing task to be dead-lettered")
+        wait_until(lambda: broker.queue_stats("browser").pending == 0, 15, message="the echo tasks to run")
+
+        page.goto(f"{live_server.url}/admin/")
+        page.click("#task-queue-links >> text=Queue dashboard")
+        row = page.locator('tr.queue-row[data-queue="browser"]')
+        expect(row).to_contain_text("browser")
+        expect(page.locator("tr.consumer-row")).to_contain_text(consumer.consumer_id)
+        snap("dashboard")
+
+        row.locator("a.dead-link").click()
+        dead_row = page.locator(f'tr.dead-row[data-task-id="{dead.id}"]')
+        expect(dead_row).to_contain_text("browser.fail")
+        expect(dead_row).to_contain_text("RuntimeError: it broke")
+        snap("dead-letters")
+        dead_row.locator("button.requeue-one").click()
+        expect(page.locator("ul.messagelist")).to_contain_text("Requeued 1 task(s).")
+        # The consumer runs it again (a second run, and it fails again: demo.fail always does).
+        wait_until(lambda: len(ResultRecord.from_fields(broker.get_result(dead.id)).worker_ids) == 2, 15,
+                   message="the requeued task to run again")
+    entry = LogEntry.objects.get(object_id=dead.id)
+    assert (entry.action_flag, entry.user.username) == (CHANGE, "admin")
+    page.goto(f"{live_server.url}/admin/")
+    expect(page.locator("#recent-actions-module")).to_contain_text(dead.id)
