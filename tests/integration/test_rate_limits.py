@@ -119,4 +119,5 @@ def test_throttled_type_does_not_block_an_unthrottled_one_behind_it(broker, cons
 
     assert {run["task_id"] for run in recorded_runs(broker) if run["type"] == "test.free"} == {t.id for t in free}
     assert len(start_times_ms(broker, LIMITED)) == 1
-    assert broker.queue_stats("default").delayed == 29
+    wait_until(lambda: broker.queue_stats("default").delayed == 29, 5,
+               message="the other throttled tasks to wait in the delayed set")
