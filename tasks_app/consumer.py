@@ -79,7 +79,6 @@ class Capacity:
             if not self._cond.wait_for(lambda: self.in_use < self.limit, timeout_s):
                 return False
             self.in_use += 1
-            metrics.IN_FLIGHT.set(self.in_use)
             return True
 
     def acquire_up_to(self, count: int) -> int:
@@ -87,7 +86,6 @@ class Capacity:
         with self._cond:
             taken = max(0, min(count, self.limit - self.in_use))
             self.in_use += taken
-            metrics.IN_FLIGHT.set(self.in_use)
             return taken
 
     def release(self, count: int = 1) -> None:
@@ -96,7 +94,6 @@ class Capacity:
             return
         with self._cond:
             self.in_use -= count
-            metrics.IN_FLIGHT.set(self.in_use)
             self._cond.notify_all()
 
 
@@ -209,6 +206,7 @@ class Consumer:
     # --- running ---------------------------------------------------------------------------
     def dispatch(self, claimed: Sequence[Claimed]) -> None:
         """Hand claimed tasks to the workers (or straight back, if we are stopping)."""
+        metrics.IN_FLIGHT.inc(len(claimed))
         if self.claiming_stopped.is_set():
             self._return_unstarted(list(claimed))
             return
@@ -226,7 +224,7 @@ class Consumer:
                 continue
             if claimed.consumer_id != self.consumer_id:
                 # Claimed under an identity whose lease was lost: the reaper owns it now.
-                self.capacity.release()
+                self._finished(1)
                 continue
             with self._busy_lock:
                 self._busy += 1
@@ -239,8 +237,13 @@ class Consumer:
             finally:
                 with self._busy_lock:
                     self._busy -= 1
-                self.capacity.release()
+                self._finished(1)
                 close_old_connections()
+
+    def _finished(self, count: int) -> None:
+        """Give back the slots of tasks that left this consumer's hands."""
+        metrics.IN_FLIGHT.dec(count)
+        self.capacity.release(count)
 
     def _return_unstarted(self, claimed: list[Claimed]) -> None:
         by_owner: dict[tuple[str, str], list[bytes]] = {}
@@ -252,7 +255,7 @@ class Consumer:
                            what="return_unstarted", give_up=self.give_up)
             except GaveUp:
                 logger.error("could not return %d unstarted task(s); the lease will recover them", len(raws))
-        self.capacity.release(len(claimed))
+        self._finished(len(claimed))
 
     def _on_reaped_dead_letters(self, queue: str, dead: list[bytes]) -> None:
         now_ms = int(time.time() * 1000)

@@ -21,8 +21,7 @@ TASK_DURATION = Histogram(f"{PREFIX}_task_duration_seconds", "Run time of task h
                           buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300))
 TASK_WAIT = Histogram(f"{PREFIX}_task_wait_seconds", "Time from enqueue (or due time) to start.", ["type", "queue"],
                       buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600))
-IN_FLIGHT = Gauge(f"{PREFIX}_consumer_in_flight_tasks", "Task slots in use: tasks this consumer holds, plus one reserved by each "
-                  "claimer waiting for work.")
+IN_FLIGHT = Gauge(f"{PREFIX}_consumer_in_flight_tasks", "Tasks this consumer has claimed and not yet finished.")
 BUSY_WORKERS = Gauge(f"{PREFIX}_consumer_busy_workers", "Worker threads running a handler.")
 LEASE_RENEWALS = Counter(f"{PREFIX}_lease_renewals", "Successful lease renewals.")
 LEASES_LOST = Counter(f"{PREFIX}_leases_lost", "Times this consumer found its lease gone and re-registered.")

@@ -70,8 +70,7 @@ def test_metrics_match_what_the_consumers_did(broker, consumer_process, task_typ
 
     def settled() -> Scrape | None:
         current = scrape(url)
-        # A claimer waiting for work keeps one slot reserved, so "in flight" rests at one per queue.
-        if current and current.value("taskqueue_consumer_in_flight_tasks") <= 1 \
+        if current and current.value("taskqueue_consumer_in_flight_tasks") == 0 \
                 and current.value("taskqueue_queue_tasks", queue="default", state="delayed") == expected_delayed \
                 and current.value("taskqueue_queue_tasks", queue="default", state="processing") == 0:
             return current
