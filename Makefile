@@ -62,13 +62,13 @@ $(STAMP): requirements.txt | $(PY)
 	touch $@
 
 test: $(STAMP)
-	@scripts/ensure-chromium
+	@scripts/ensure-test-tools
 	$(redis_setup)
 	$(PY) manage.py migrate --noinput -v 0
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 chaos: $(STAMP)
-	@scripts/ensure-chromium
+	@scripts/ensure-test-tools
 	$(redis_setup)
 	$(PY) manage.py migrate --noinput -v 0
 	CHAOS_SCALE=long $(PY) -m pytest tests/chaos $(PYTEST_ARGS)
