@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from django.tasks import Task  # also registers Django's system checks of the TASKS backends
+
 from .names import validate_name
 
 logger = logging.getLogger(__name__)
@@ -72,8 +74,6 @@ class Registry:
 
     def add_django_tasks(self, candidates: Iterable[Any]) -> None:
         """Register every `django.tasks.Task` among `candidates` (a handler module's globals)."""
-        from django.tasks import Task
-
         for candidate in candidates:
             if isinstance(candidate, Task):
                 self.add_django_task(candidate)
@@ -84,8 +84,6 @@ class Registry:
         Only for names from a trusted source (a TaskType row, written by a producer that had
         the task registered or by an admin): a name read from Redis alone is never imported.
         """
-        from django.tasks import Task
-
         module_name, _, attribute = name.rpartition(".")
         if not module_name:
             return None
