@@ -74,8 +74,9 @@ def api_view(methods: set[str]) -> Callable[[View], View]:
 
 def _read_body(request: HttpRequest) -> dict[str, Any] | JsonResponse:
     limit = settings.TASKS_MAX_PAYLOAD_BYTES + ENVELOPE_ALLOWANCE_BYTES
+    declared = request.headers.get("Content-Length") or "0"
     try:
-        too_big = int(request.headers.get("Content-Length") or 0) > limit or len(request.body) > limit
+        too_big = (declared.isdigit() and int(declared) > limit) or len(request.body) > limit
     except RequestDataTooBig:
         too_big = True
     if too_big:
