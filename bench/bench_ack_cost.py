@@ -1,0 +1,73 @@
+"""Ack cost: time of one ack (with its result write) while 10, 1,000 or 100,000 tasks are in flight
+on other consumers; it must not grow with them (it is O(this consumer's in-flight)).
+
+Each level has its own queue, all filled at once, and acks alternate between the levels, so
+every level sees the same Redis (same key count, same memory) and the same machine noise.
+"""
+import time
+
+from ours import our_system
+from support import emit, median, percentile
+
+LEVELS = (10, 1000, 100000)
+OTHER_CONSUMERS = 10
+OWN_IN_FLIGHT = 16  # concurrency + prefetch of a default consumer
+ACKS = 3000
+LEASE_MS = 600_000
+ME = "me"
+
+
+def enqueue(system, queue: str, count: int) -> None:
+    from tasks_app.producer import TaskRequest, enqueue_many
+
+    request = TaskRequest(type="bench.noop", queue=queue)
+    for start in range(0, count, 10000):
+        enqueue_many([request] * min(10000, count - start), broker=system.broker)
+
+
+def fill_others(system, queue: str, in_flight: int) -> None:
+    """Put `in_flight` tasks of `queue` into the processing lists of OTHER_CONSUMERS live consumers."""
+    broker = system.broker
+    enqueue(system, queue, in_flight)
+    for index in range(OTHER_CONSUMERS):
+        consumer_id = f"other-{index}"
+        broker.heartbeat([queue], consumer_id, LEASE_MS, {})
+        share = in_flight // OTHER_CONSUMERS + (1 if index < in_flight % OTHER_CONSUMERS else 0)
+        while share > 0:
+            share -= len(broker.claim(queue, consumer_id, min(share, 10000)) or [])
+
+
+def ack_one(system, queue: str, held: list[bytes]) -> float:
+    """Ack our oldest held task of `queue` with its result write, claim a new one; return the ack's seconds."""
+    from tasks_app import results
+    from tasks_app.codec import decode_task
+
+    raw = held.pop(0)
+    task = decode_task(raw)
+    task.attempt = 1
+    update = results.succeeded(task, "true", int(time.time() * 1000), 3600)
+    started = time.perf_counter()
+    system.broker.ack(queue, ME, [raw], [update])
+    elapsed = time.perf_counter() - started
+    held.extend(system.broker.claim(queue, ME, 1) or [])
+    return elapsed
+
+
+if __name__ == "__main__":
+    with our_system() as (system, client):
+        queues = {level: f"ack{level}" for level in LEVELS}
+        held: dict[int, list[bytes]] = {}
+        for level, queue in queues.items():
+            fill_others(system, queue, level)
+            enqueue(system, queue, ACKS + OWN_IN_FLIGHT)
+            system.broker.heartbeat([queue], ME, LEASE_MS, {})
+            held[level] = list(system.broker.claim(queue, ME, OWN_IN_FLIGHT))
+        timings: dict[int, list[float]] = {level: [] for level in LEVELS}
+        for _ in range(ACKS):
+            for level, queue in queues.items():
+                timings[level].append(ack_one(system, queue, held[level]))
+    figures = {str(level): {"median_us": round(median(t) * 1e6, 1), "p99_us": round(percentile(t, 0.99) * 1e6, 1)}
+               for level, t in timings.items()}
+    medians = [entry["median_us"] for entry in figures.values()]
+    emit({"bench": "ack_cost", "in_flight_elsewhere": figures, "own_in_flight": OWN_IN_FLIGHT,
+          "max_over_min_median": round(max(medians) / min(medians), 3)})

@@ -1,0 +1,27 @@
+"""Footprint: Redis bytes per queued task (INFO delta and MEMORY USAGE) and consumer RSS."""
+import time
+
+from ours import our_system
+from support import emit
+from workloads import Sizes, run_footprint
+
+IDLE_SETTLE_S = 2.0
+
+if __name__ == "__main__":
+    sizes = Sizes(footprint=50000)
+    with our_system() as (system, client):
+        figures = run_footprint(system, client, sizes)
+        # One READY result record, as the producer writes it beside every task.
+        system.enqueue_noop()
+        result_key = next(iter(client.scan_iter(system.broker.keys.result("*"))))
+        result_record_bytes = int(client.memory_usage(result_key, samples=0))
+        client.flushall()
+        worker = system.start_worker()
+        try:
+            time.sleep(IDLE_SETTLE_S)
+            worker.check_alive()
+            idle_rss = worker.rss_bytes()
+        finally:
+            worker.stop()
+    emit({"bench": "footprint", "tasks": sizes.footprint, **figures,
+          "result_record_bytes": result_record_bytes, "consumer_idle_rss_mb": round(idle_rss / 2**20, 1)})

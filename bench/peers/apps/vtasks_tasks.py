@@ -1,0 +1,16 @@
+"""django-vtasks tasks for the benchmark (module-level, so the worker can import them by path)."""
+from django_vtasks import task
+
+import probe
+
+
+@task
+def noop() -> bool:
+    """Do nothing."""
+    return probe.noop()
+
+
+@task
+def record_start(enqueued_at: float) -> bool:
+    """Record this task's start latency."""
+    return probe.record_start(enqueued_at)

@@ -1,0 +1,59 @@
+"""Profile one consumer draining a backlog with py-spy (not part of `make bench`).
+
+py-spy comes from the "[profile]" section of requirements-peers.txt, in .run/peers/profile.
+Writes collapsed stacks to .run/profile-drain.txt and prints the hottest functions
+(inclusive share of samples, all threads) as one JSON line.
+"""
+from __future__ import annotations
+
+import collections
+import subprocess
+import sys
+
+from bench_compare import peer_python, sections
+from ours import our_system
+from support import RUN_DIR, emit
+from workloads import Sizes, run_drain
+
+TOP = 25
+
+
+
+def main() -> None:
+    py_spy = peer_python("profile", sections()["profile"]).parent / "py-spy"
+    out = RUN_DIR / "profile-drain.txt"
+    with our_system() as (system, client):
+        plain_start = system.start_worker
+
+        def start_profiled():
+            worker = plain_start()
+            spy = subprocess.Popen([str(py_spy), "record", "--pid", str(worker.pid), "--format", "raw",
+                                    "--rate", "250", "--threads", "--output", str(out)],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            original_stop = worker.stop
+
+            def stop(timeout_s: float = 15) -> None:
+                original_stop(timeout_s)
+                spy.wait(30)
+
+            worker.stop = stop
+            return worker
+
+        system.start_worker = start_profiled
+        figures = run_drain(system, client, Sizes(drain=int(sys.argv[1]) if len(sys.argv) > 1 else 30000))
+    inclusive: collections.Counter[str] = collections.Counter()
+    total = 0
+    for line in out.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        if not frames or "idle" in frames[-1]:
+            continue
+        total += int(count)
+        for frame in set(frames):
+            inclusive[frame.split(" (")[0] + " " + frame.rsplit("/", 1)[-1].rstrip(")")] += int(count)
+    emit({"bench": "profile_drain", **figures, "samples": total,
+          "top_inclusive": [[name, round(100 * n / total, 1)] for name, n in inclusive.most_common(TOP)]})
+
+
+if __name__ == "__main__":
+    main()

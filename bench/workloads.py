@@ -1,0 +1,207 @@
+"""The four workloads every queue runs the same way: enqueue, footprint, drain and latency.
+
+A system under test (ours or a peer) implements `System`; its driver script runs the workloads
+with its own virtualenv's Python and prints one JSON line. Needs redis-py (every venv has it).
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from support import Worker, emit, median, percentile, wait_for
+
+from probe import LATENCY_KEY
+LATENCY_TASKS = 200
+LATENCY_GAP_S = 0.020
+
+
+@dataclass
+class Sizes:
+    """How many tasks each workload uses."""
+
+    single: int = 3000
+    bulk: int = 50000
+    batch: int = 1000
+    footprint: int = 20000
+    drain: int = 5000
+
+
+class System:
+    """A task queue under test: how to enqueue a no-op or a latency probe, run a worker, see progress."""
+
+    name = "?"
+    has_bulk = True
+
+    def __init__(self, redis_url: str) -> None:
+        self.redis_url = redis_url
+
+    def enqueue_noop(self) -> None:
+        """Enqueue one no-op task with one call of the system's enqueue API."""
+        raise NotImplementedError
+
+    def enqueue_noops(self, count: int) -> None:
+        """Enqueue `count` no-op tasks with one call of the bulk API (one round trip)."""
+        raise NotImplementedError
+
+    def enqueue_probe(self, enqueued_at: float) -> None:
+        """Enqueue a task whose handler records its start time minus `enqueued_at` (see probe.py)."""
+        raise NotImplementedError
+
+    def start_worker(self) -> Worker:
+        """Start one worker process with 8 threads (or the system's default concurrency)."""
+        raise NotImplementedError
+
+    def outstanding(self, client: redis.Redis, total: int) -> int:
+        """How many of `total` enqueued no-ops are not yet done, acknowledged and recorded."""
+        raise NotImplementedError
+
+    def queue_bytes(self, client: redis.Redis) -> int:
+        """MEMORY USAGE of the structures that hold queued tasks (excluding result records)."""
+        raise NotImplementedError
+
+
+def _flush(client: redis.Redis) -> None:
+    client.flushall()
+
+
+def _enqueue_backlog(system: System, count: int, batch: int) -> None:
+    if system.has_bulk:
+        for start in range(0, count, batch):
+            system.enqueue_noops(min(batch, count - start))
+    else:
+        for _ in range(count):
+            system.enqueue_noop()
+
+
+def run_enqueue(system: System, client: redis.Redis, sizes: Sizes) -> dict[str, Any]:
+    """Tasks/s for one enqueue call per task, and for bulk batches of `sizes.batch`."""
+    _flush(client)
+    for _ in range(200):  # warm up connections, caches and scripts
+        system.enqueue_noop()
+    started = time.perf_counter()
+    for _ in range(sizes.single):
+        system.enqueue_noop()
+    single = sizes.single / (time.perf_counter() - started)
+    bulk = None
+    if system.has_bulk:
+        _flush(client)
+        system.enqueue_noops(sizes.batch)
+        started = time.perf_counter()
+        _enqueue_backlog(system, sizes.bulk, sizes.batch)
+        bulk = sizes.bulk / (time.perf_counter() - started)
+    _flush(client)
+    return {"enqueue_single_per_s": round(single), "enqueue_bulk_per_s": round(bulk) if bulk else None}
+
+
+def run_footprint(system: System, client: redis.Redis, sizes: Sizes) -> dict[str, Any]:
+    """Redis bytes per queued no-op task: INFO used_memory delta, and the queue structures alone."""
+    _flush(client)
+    system.enqueue_noop()  # create the queue's keys so the delta counts tasks only
+    _flush(client)
+    system.enqueue_noop()
+    before = int(client.info("memory")["used_memory"])
+    _enqueue_backlog(system, sizes.footprint, sizes.batch)
+    after = int(client.info("memory")["used_memory"])
+    queue_only = system.queue_bytes(client)
+    _flush(client)
+    return {"bytes_per_task": round((after - before) / sizes.footprint, 1),
+            "bytes_per_task_queue_only": round(queue_only / (sizes.footprint + 1), 1)}
+
+
+def run_drain(system: System, client: redis.Redis, sizes: Sizes, workers: int = 1) -> dict[str, Any]:
+    """`workers` worker processes drain a backlog of no-ops: tasks/s from the first ack to the last."""
+    _flush(client)
+    total = sizes.drain
+    _enqueue_backlog(system, total, sizes.batch)
+    started: list[Worker] = []
+    spawned = time.perf_counter()
+    try:
+        started.extend(system.start_worker() for _ in range(workers))
+        first_at, left_at_first = _wait_first_progress(system, client, total, started)
+        peak_rss = 0
+        last_rss_at = 0.0
+        while (left := system.outstanding(client, total)) > 0:
+            for worker in started:
+                worker.check_alive()
+            now = time.perf_counter()
+            if now - last_rss_at > 0.25:
+                peak_rss, last_rss_at = max(peak_rss, max(w.rss_bytes() for w in started)), now
+            if now - spawned > 600:
+                raise TimeoutError(f"{system.name}: {left} of {total} tasks left after 600 s")
+            time.sleep(0.002)
+        finished = time.perf_counter()
+        peak_rss = max(peak_rss, max(w.rss_bytes() for w in started))
+    finally:
+        for worker in started:
+            worker.stop()
+    _flush(client)
+    return {"drain_tasks": total, "drain_per_s": round(left_at_first / (finished - first_at)),
+            "drain_wall_s_from_spawn": round(finished - spawned, 3), "worker_rss_mb": round(peak_rss / 2**20, 1)}
+
+
+def _wait_first_progress(system: System, client: redis.Redis, total: int,
+                         workers: list[Worker]) -> tuple[float, int]:
+    deadline = time.perf_counter() + 60
+    while True:
+        left = system.outstanding(client, total)
+        if left < total:
+            return time.perf_counter(), left
+        for worker in workers:
+            worker.check_alive()
+        if time.perf_counter() > deadline:
+            raise TimeoutError(f"{system.name}: no worker finished a task within 60 s:\n{workers[0].tail()}")
+        time.sleep(0.001)
+
+
+def run_latency(system: System, client: redis.Redis, sizes: Sizes) -> dict[str, Any]:
+    """An idle worker; tasks enqueued 20 ms apart; start minus enqueue (ms), p50 and p99."""
+    _flush(client)
+    worker = system.start_worker()
+    try:
+        system.enqueue_probe(time.time())
+        wait_for(lambda: client.llen(LATENCY_KEY) >= 1 or worker.check_alive(), 60,
+                 f"{system.name}: the worker never ran the warm-up probe")
+        time.sleep(1.0)  # let the worker settle into its idle wait
+        client.delete(LATENCY_KEY)
+        for _ in range(LATENCY_TASKS):
+            system.enqueue_probe(time.time())
+            time.sleep(LATENCY_GAP_S)
+        wait_for(lambda: client.llen(LATENCY_KEY) >= LATENCY_TASKS, 30, f"{system.name}: probes did not all run")
+        samples = [float(value) for value in client.lrange(LATENCY_KEY, 0, -1)]
+    finally:
+        worker.stop()
+    _flush(client)
+    return {"latency_p50_ms": round(median(samples), 2), "latency_p99_ms": round(percentile(samples, 0.99), 2)}
+
+
+WORKLOADS: dict[str, Callable[[System, redis.Redis, Sizes], dict[str, Any]]] = {
+    "enqueue": run_enqueue, "footprint": run_footprint, "drain": run_drain, "latency": run_latency,
+}
+
+
+def parse_args() -> argparse.Namespace:
+    """Command line of a driver: the Redis to use, the workloads and their sizes."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--redis-url", required=True)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    for name, default in vars(Sizes()).items():
+        parser.add_argument(f"--{name}", type=int, default=default)
+    return parser.parse_args()
+
+
+def run(system_factory: Callable[[str], System], args: argparse.Namespace | None = None) -> dict[str, Any]:
+    """Run the chosen workloads against one system and print one JSON line with every figure."""
+    args = args or parse_args()
+    sizes = Sizes(**{name: getattr(args, name) for name in vars(Sizes())})
+    system = system_factory(args.redis_url)
+    client = redis.Redis.from_url(args.redis_url)
+    record: dict[str, Any] = {"system": system.name}
+    for name in args.workloads.split(","):
+        record.update(WORKLOADS[name](system, client, sizes))
+    emit(record)
+    return record
