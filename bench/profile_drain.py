@@ -2,7 +2,7 @@
 
 py-spy comes from the "[profile]" section of requirements-peers.txt, in .run/peers/profile.
 Writes collapsed stacks to .run/profile-drain.txt and prints the hottest functions
-(inclusive share of samples, all threads) as one JSON line.
+(share of the samples taken while a thread held the GIL, inclusive and self) as one JSON line.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def main() -> None:
         def start_profiled():
             worker = plain_start()
             spy = subprocess.Popen([str(py_spy), "record", "--pid", str(worker.pid), "--format", "raw",
-                                    "--rate", "250", "--threads", "--output", str(out)],
+                                    "--rate", "200", "--gil", "--nonblocking", "--output", str(out)],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             original_stop = worker.stop
 
@@ -42,6 +42,7 @@ def main() -> None:
         system.start_worker = start_profiled
         figures = run_drain(system, client, Sizes(drain=int(sys.argv[1]) if len(sys.argv) > 1 else 30000))
     inclusive: collections.Counter[str] = collections.Counter()
+    own: collections.Counter[str] = collections.Counter()
     total = 0
     for line in out.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
@@ -49,10 +50,13 @@ def main() -> None:
         if not frames or "idle" in frames[-1]:
             continue
         total += int(count)
-        for frame in set(frames):
-            inclusive[frame.split(" (")[0] + " " + frame.rsplit("/", 1)[-1].rstrip(")")] += int(count)
+        names = [frame.split(" (")[0] + " " + frame.rsplit("/", 1)[-1].rstrip(")") for frame in frames]
+        own[names[-1]] += int(count)
+        for name in set(names):
+            inclusive[name] += int(count)
     emit({"bench": "profile_drain", **figures, "samples": total,
-          "top_inclusive": [[name, round(100 * n / total, 1)] for name, n in inclusive.most_common(TOP)]})
+          "top_inclusive": [[name, round(100 * n / total, 1)] for name, n in inclusive.most_common(TOP)],
+          "top_self": [[name, round(100 * n / total, 1)] for name, n in own.most_common(TOP)]})
 
 
 if __name__ == "__main__":
