@@ -1,20 +1,26 @@
 """App configuration: handler discovery and system checks."""
 from django.apps import AppConfig
 
+# Modules of every installed app searched for handlers: `@handler` functions and, in Django's
+# usual home for them, `@django.tasks.task` functions.
+HANDLER_SUBMODULES = ("handlers", "tasks")
+
 
 class TasksAppConfig(AppConfig):
-    """Imports every installed app's handlers.py and TASK_HANDLER_MODULES once Django is ready."""
+    """Imports every installed app's handlers.py and tasks.py, then TASK_HANDLER_MODULES."""
 
     name = "tasks_app"
     verbose_name = "Task queue"
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django.apps import apps
         from django.conf import settings
-        from django.utils.module_loading import autodiscover_modules
+        from django.utils.module_loading import module_has_submodule
 
         from . import checks  # noqa: F401  (registers the system checks)
         from .registry import registry
 
-        autodiscover_modules("handlers")
-        registry.import_modules(settings.TASK_HANDLER_MODULES)
+        discovered = [f"{app.name}.{submodule}" for app in apps.get_app_configs()
+                      for submodule in HANDLER_SUBMODULES if module_has_submodule(app.module, submodule)]
+        registry.import_modules([*discovered, *settings.TASK_HANDLER_MODULES])
