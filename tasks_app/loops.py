@@ -65,7 +65,16 @@ class HeartbeatLoop:
 
     def run_once(self) -> float:
         consumer_id = self.identity()
-        if self.broker.heartbeat(self.queues, consumer_id, self.lease_ms):
+        try:
+            held = self.broker.heartbeat(self.queues, consumer_id, self.lease_ms)
+        except RedisError as exc:
+            # Retry at twice the renewal pace instead of run_forever's backoff (up to 5 s):
+            # after a Redis restart reapers wait only one lease of uptime, and a heartbeat
+            # still backing off past that would get this live consumer reaped.
+            metrics.REDIS_ERRORS.labels(self.name).inc()
+            logger.warning("%s: redis error: %s; retrying in %.1f s", self.name, exc, self.lease_ms / 6000)
+            return self.lease_ms / 6000
+        if held:
             metrics.LEASE_RENEWALS.inc()
         else:
             metrics.LEASES_LOST.inc()
