@@ -122,7 +122,7 @@ run: $(STAMP)
 	echo
 	echo "  Admin:            $$base/admin/"
 	echo "  Enqueue a task:   $$base/tasks/enqueue/"
-	echo "  Dashboard:        $$base/admin/"
+	echo "  Dashboard:        $$base/tasks/dashboard/"
 	echo "  Metrics:          $$base/metrics"
 	echo
 	PORT='$(PORT)' DJANGO_DEBUG='$(DJANGO_DEBUG)' VENV_PY="$$PWD/$(PY)" scripts/run-dev
