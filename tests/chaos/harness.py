@@ -136,8 +136,25 @@ def wait_finished(broker: Broker, ids: Sequence[str], timeout_s: float, fleet: F
     try:
         wait_until(done, timeout_s, interval_s=0.25, message=f"{len(ids)} tasks to finish")
     except AssertionError:
-        pending = Counter(statuses(broker, ids).values())
-        raise AssertionError(f"tasks did not finish: {dict(pending)}\n{fleet.logs() if fleet else ''}") from None
+        final = statuses(broker, ids)
+        unfinished = {task_id for task_id, status in final.items() if status not in FINISHED}
+        raise AssertionError(f"tasks did not finish: {dict(Counter(final.values()))}; "
+                             f"where: {locate(broker, fleet, unfinished)}\n{fleet.logs() if fleet else ''}") from None
+
+
+def locate(broker: Broker, fleet: Fleet | None, wanted: set[str]) -> dict[str, list[str]]:
+    """Where the given tasks are now: pending, delayed, dead or some consumer's processing list."""
+    queues = fleet.queues if fleet else ["default"]
+    places: dict[str, list[bytes]] = {}
+    for queue in queues:
+        places[f"{queue}:pending"] = broker.client.lrange(broker.keys.pending(queue), 0, -1)
+        places[f"{queue}:delayed"] = [m[4:] for m in broker.client.zrange(broker.keys.delayed(queue), 0, -1)]
+        places[f"{queue}:dead"] = broker.client.zrange(broker.keys.dead(queue), 0, -1)
+        for consumer_id in (fleet.processes if fleet else []):
+            for suffix in ("", ".1", ".2"):
+                key = broker.keys.processing(queue, consumer_id + suffix)
+                places[f"{queue}:processing:{consumer_id}{suffix}"] = broker.client.lrange(key, 0, -1)
+    return {place: sorted(task_ids(raws) & wanted) for place, raws in places.items() if task_ids(raws) & wanted}
 
 
 @dataclass
