@@ -1,0 +1,55 @@
+"""Scenario 8: the queue on a 3-master Redis Cluster (REDIS_CLUSTER=1)."""
+from __future__ import annotations
+
+import pytest
+
+from tasks_app import producer
+from tasks_app.broker import Broker
+from tasks_app.results import ResultRecord
+from tests.chaos.harness import scaled
+from tests.chaos.test_kill import kill_mid_batch
+
+pytestmark = [pytest.mark.chaos, pytest.mark.django_db(transaction=True)]
+
+
+def queues_on_different_nodes(broker: Broker) -> tuple[str, str]:
+    """Two queue names whose hash tags live on different cluster nodes."""
+    cluster = broker.client
+    first = "east"
+    first_node = cluster.get_node_from_key(broker.keys.pending(first)).name
+    for n in range(1000):
+        name = f"west{n}"
+        if cluster.get_node_from_key(broker.keys.pending(name)).name != first_node:
+            return first, name
+    raise AssertionError("no second node found")
+
+
+@pytest.mark.timeout(180)
+def test_round_trip_on_two_queues_on_different_nodes(cluster_broker, consumer_process):
+    broker = cluster_broker
+    east, west = queues_on_different_nodes(broker)
+    tasks = []
+    for queue in (east, west):
+        tasks += producer.enqueue("demo.echo", [queue], count=20, queue=queue)
+        tasks += producer.enqueue("demo.echo", [queue], count=5, queue=queue, priority=5)
+        tasks += producer.enqueue("demo.echo", [queue], count=5, queue=queue, delay_s=1)
+
+    consumer = consumer_process("--burst", "--lease", "2", "--concurrency", "4", "--queue", east, "--queue", west)
+    assert consumer.wait(timeout_s=90) == 0, consumer.log()
+
+    for task in tasks:
+        record = ResultRecord.from_fields(broker.get_result(task.id))
+        assert record.status == "SUCCESSFUL", (task, consumer.log())
+        assert record.return_value == {"args": [task.queue], "kwargs": {}}
+    for queue in (east, west):
+        stats = broker.queue_stats(queue)
+        assert (stats.pending, stats.processing, stats.delayed, stats.dead) == (0, 0, 0, 0)
+    assert set(broker.known_queues()) == {east, west}
+    assert "CROSSSLOT" not in consumer.log()
+
+
+@pytest.mark.timeout(240)
+def test_kill_9_mid_batch_on_a_cluster(cluster_broker, consumer_process):
+    summary = kill_mid_batch(cluster_broker, consumer_process, scenario="8-cluster-kill-9-mid-batch",
+                             tasks=scaled(800, 5000))
+    assert summary.lost == 0
