@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -248,14 +248,20 @@ class Broker:
     def ack(self, queue: str, consumer_id: str, raws: Sequence[bytes],
             results: Sequence[ResultUpdate] = ()) -> list[bool]:
         """Record results, then acknowledge tasks, in one round trip; flags say which were still held."""
+        return self.ack_many(results, {(queue, consumer_id): raws})[(queue, consumer_id)]
+
+    def ack_many(self, results: Sequence[ResultUpdate],
+                 raws_by_owner: Mapping[tuple[str, str], Sequence[bytes]]) -> dict[tuple[str, str], list[bool]]:
+        """Record results, then acknowledge the tasks of each (queue, consumer) list, in one round trip."""
         pipe = self.client.pipeline(transaction=False)
         for update in results:
             self._queue_result(pipe, update)
-        bucket_key = self.keys.completed(queue, int(time.time()) // THROUGHPUT_BUCKET_S)
-        self.scripts.queue(pipe, "ack", [self.keys.processing(queue, consumer_id), self.keys.recoveries(queue),
-                                         bucket_key], list(raws))
-        flags = self.scripts.execute(pipe, self.client)[-1]
-        return [bool(flag) for flag in flags]
+        bucket = int(time.time()) // THROUGHPUT_BUCKET_S
+        for (queue, consumer_id), raws in raws_by_owner.items():
+            self.scripts.queue(pipe, "ack", [self.keys.processing(queue, consumer_id), self.keys.recoveries(queue),
+                                             self.keys.completed(queue, bucket)], list(raws))
+        outcomes = self.scripts.execute(pipe, self.client)[len(results):]
+        return {owner: [bool(flag) for flag in flags] for owner, flags in zip(raws_by_owner, outcomes)}
 
     def retry_later(self, queue: str, consumer_id: str, raw: bytes, new_raw: bytes, priority: int,
                     delay_ms: int, result: ResultUpdate | None = None) -> bool:

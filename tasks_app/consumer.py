@@ -17,6 +17,7 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from . import metrics, results
+from .ack_batcher import AckBatcher
 from .broker import WAKE_TOKEN, Broker
 from .codec import UndecodableTask, decode_task
 from .executor import Claimed, Executor, RateGate
@@ -162,8 +163,9 @@ class Consumer:
         self.loops_stopped = threading.Event()
         self.workers_stop = threading.Event()
         self.give_up = threading.Event()
+        self.acks = AckBatcher(self.broker, self.give_up)
         self.executor = Executor(self.broker, registry, self.task_types, self.consumer_id,
-                                 settings.TASKS_RESULT_TTL, give_up=self.give_up,
+                                 settings.TASKS_RESULT_TTL, give_up=self.give_up, acks=self.acks,
                                  rate_gate=rate_gate or RateLimiter(self.broker, self.give_up))
         self._threads: list[threading.Thread] = []
         self._claimers: list[threading.Thread] = []
@@ -228,8 +230,10 @@ class Consumer:
                 continue
             with self._busy_lock:
                 self._busy += 1
+            # A task whose ack the batcher writes keeps its slot until then (see ack_batcher).
+            left_to_batcher = False
             try:
-                self.executor.execute(claimed)
+                left_to_batcher = self.executor.execute(claimed, on_settled=lambda: self._finished(1))
             except GaveUp:
                 logger.error("gave up settling a task while stopping; its lease will recover it")
             except Exception:  # a bug must not kill the worker: the task stays held until reaped
@@ -237,7 +241,8 @@ class Consumer:
             finally:
                 with self._busy_lock:
                     self._busy -= 1
-                self._finished(1)
+                if not left_to_batcher:
+                    self._finished(1)
                 close_old_connections()
 
     def _finished(self, count: int) -> None:
@@ -286,6 +291,7 @@ class Consumer:
             HealthLoop(self.broker, self.liveness, HEALTH_CHECK_S),
         ]
         self._threads = [start_thread(loop, self.loops_stopped) for loop in loops]
+        self.acks.start()
         self._claimers = [start_thread(ClaimerLoop(self, q), self.claiming_stopped) for q in opts.queues]
         self._workers = [threading.Thread(target=self._work, name=f"worker-{i}", daemon=True)
                          for i in range(opts.concurrency)]
@@ -344,6 +350,7 @@ class Consumer:
         with self._busy_lock:
             still_running = self._busy
         self.workers_stop.set()
+        self.acks.close(timeout_s=self.options.grace_s + 5)  # finished tasks are acked, not returned
         self.loops_stopped.set()
         if still_running:
             logger.warning("grace period over with %d task(s) still running; returning them to pending",

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import django_tasks, metrics, results
+from .ack_batcher import AckBatcher
 from .broker import Broker
 from .codec import Arguments, Task, UndecodableTask, decode_payload, decode_task, encode_task
 from .registry import Handler, Registry
@@ -85,8 +86,11 @@ class Executor:
 
     def __init__(self, broker: Broker, registry: Registry, task_types: TaskTypeCache, worker_id: str,
                  result_ttl_s: int, rate_gate: RateGate | None = None,
-                 give_up: threading.Event | None = None) -> None:
+                 give_up: threading.Event | None = None, acks: AckBatcher | None = None) -> None:
         self.broker = broker
+        # With a batcher, RUNNING records and acks of successful runs go out in shared round
+        # trips and the worker moves on at once; without one, each is written before returning.
+        self.acks = acks
         self.registry = registry
         self.task_types = task_types
         self.worker_id = worker_id
@@ -99,17 +103,17 @@ class Executor:
         self._running_lock = threading.Lock()
 
     # --- entry points ----------------------------------------------------------------------
-    def execute(self, claimed: Claimed) -> None:
-        """Run one claimed task to its end; never raises for anything the task did."""
+    def execute(self, claimed: Claimed, on_settled: Callable[[], None] | None = None) -> bool:
+        """Run a claimed task to its end; True if the ack batcher settles it (and then calls `on_settled`)."""
         try:
             task = decode_task(claimed.raw)
         except UndecodableTask as exc:
             self._dead_letter_undecodable(claimed, str(exc))
-            return
+            return False
         config, problem = self._resolve(task)
         if config is None:
             self._dead_letter(claimed, task, "UnknownTaskType", problem)
-            return
+            return False
         # A TaskType row may name a `@django.tasks.task` function this process has not imported yet.
         handler = self.registry.get(config.handler) or self.registry.load_django_task(config.handler)
         if handler is None:
@@ -117,21 +121,21 @@ class Executor:
             if self.registry.import_errors:
                 reason += f" (handler modules that failed to import: {self.registry.import_errors})"
             self._dead_letter(claimed, task, "HandlerNotRegistered", reason)
-            return
+            return False
         if not config.enabled:
             self._defer(claimed, task, DISABLED_RECHECK_MS, "disabled")
-            return
+            return False
         if config.rate_limit and self.rate_gate is not None:
             wait_ms = self.rate_gate(task, config)
             if wait_ms > 0:
                 self._defer(claimed, task, wait_ms, "rate_limited")
-                return
+                return False
         try:
             arguments = decode_payload(task.payload)
         except UndecodableTask as exc:
             self._dead_letter(claimed, task, "InvalidPayload", str(exc))
-            return
-        self._run(claimed, task, config, handler, arguments)
+            return False
+        return self._run(claimed, task, config, handler, arguments, on_settled)
 
     def expire_overdue(self) -> int:
         """Fail every run past its timeout (its thread keeps running until the handler returns)."""
@@ -162,12 +166,15 @@ class Executor:
         return None, f"unknown task type {task.type!r}: no TaskType row and no handler of that name"
 
     def _run(self, claimed: Claimed, task: Task, config: TaskTypeConfig, handler: Handler,
-             arguments: Arguments) -> None:
+             arguments: Arguments, on_settled: Callable[[], None] | None = None) -> bool:
         task.attempt += 1
         max_attempts = task.max_attempts or config.max_attempts
         now_ms = int(time.time() * 1000)
         started_update = results.started(task, arguments, self.worker_id, now_ms, max_attempts, self.result_ttl_s)
-        self._redis(lambda: self.broker.record_result(started_update), "record_result")
+        if self.acks is not None and handler.django_task is None:
+            self.acks.record(started_update)  # written before this task's ack or failure record
+        else:  # a @task function reads its own record when it starts
+            self._redis(lambda: self.broker.record_result(started_update), "record_result")
         labels = (task.type, task.queue)
         metrics.TASKS_STARTED.labels(*labels).inc()
         waited_since_ms = task.run_after_ms or task.enqueued_at_ms
@@ -180,6 +187,7 @@ class Executor:
         with self._running_lock:
             self.running[key] = run
         metrics.BUSY_WORKERS.inc()
+        deferred = False
         try:
             context = TaskContext(task.id, task.type, task.queue, task.attempt, max_attempts, dict(task.headers),
                                   claimed.consumer_id)
@@ -194,11 +202,12 @@ class Executor:
             duration = time.monotonic() - started
             if run.settle():
                 metrics.TASK_DURATION.labels(*labels).observe(duration)
-                self._succeed(claimed, task, return_json, duration)
+                deferred = self._succeed(claimed, task, return_json, duration, on_settled)
         finally:
             metrics.BUSY_WORKERS.dec()
             with self._running_lock:
                 self.running.pop(key, None)
+        return deferred
 
     def invoke(self, handler: Handler, context: TaskContext, arguments: Arguments) -> Any:
         """Call a handler with the task's arguments (and its context if it takes one)."""
@@ -209,17 +218,30 @@ class Executor:
         return handler.func(*arguments.args, **arguments.kwargs)
 
     # --- outcomes --------------------------------------------------------------------------
-    def _succeed(self, claimed: Claimed, task: Task, return_json: str, duration_s: float) -> None:
+    def _succeed(self, claimed: Claimed, task: Task, return_json: str, duration_s: float,
+                 on_settled: Callable[[], None] | None = None) -> bool:
         update = results.succeeded(task, return_json, int(time.time() * 1000), self.result_ttl_s)
-        held = self._redis(lambda: self.broker.ack(claimed.queue, claimed.consumer_id, [claimed.raw], [update])[0],
-                           "ack")
         metrics.TASKS_SUCCEEDED.labels(task.type, task.queue).inc()
         self._log_event(task, "succeeded", duration_s)
+        if self.acks is not None:
+            def acked(held: bool | None) -> None:
+                if held is False:
+                    self._ack_lost(claimed, task)
+                if on_settled is not None:
+                    on_settled()
+
+            self.acks.ack(claimed.queue, claimed.consumer_id, claimed.raw, update, acked)
+            return True
+        held = self._redis(lambda: self.broker.ack(claimed.queue, claimed.consumer_id, [claimed.raw], [update])[0],
+                           "ack")
         if not held:
             self._ack_lost(claimed, task)
+        return False
 
     def _fail(self, claimed: Claimed, task: Task, config: TaskTypeConfig, error: BaseException,
               traceback_text: str, duration_s: float | None = None) -> None:
+        if self.acks is not None:
+            self.acks.barrier()  # this run's RUNNING record goes first
         max_attempts = task.max_attempts or config.max_attempts
         error_path = f"{type(error).__module__}.{type(error).__qualname__}"
         metrics.TASKS_FAILED.labels(task.type, task.queue).inc()
