@@ -171,9 +171,15 @@ class Tally:
 
 
 def tally(broker: Broker, ids: Sequence[str]) -> Tally:
-    """Count runs; a task is lost if it never succeeded, a duplicate if it ran more than once."""
-    runs = Counter(run["task_id"] for run in recorded_runs(broker))
+    """Count runs; a task is lost if it never succeeded, a duplicate if one attempt of it ran twice.
+
+    A retry after a failed attempt (e.g. the handler's own Redis call failing while Redis is
+    down) is a new attempt, not a duplicate.
+    """
+    recorded = recorded_runs(broker)
+    runs = Counter(run["task_id"] for run in recorded)
+    attempts = Counter((run["task_id"], run["attempt"]) for run in recorded)
     final = statuses(broker, ids)
     lost = [task_id for task_id in ids if final[task_id] != "SUCCESSFUL" or not runs[task_id]]
-    duplicates = {task_id for task_id in ids if runs[task_id] > 1}
+    duplicates = {task_id for (task_id, _), count in attempts.items() if count > 1}
     return Tally(runs, lost, duplicates)
