@@ -222,9 +222,11 @@ class Executor:
                  on_settled: Callable[[], None] | None = None) -> bool:
         update = results.succeeded(task, return_json, int(time.time() * 1000), self.result_ttl_s)
         metrics.TASKS_SUCCEEDED.labels(task.type, task.queue).inc()
-        self._log_event(task, "succeeded", duration_s)
         if self.acks is not None:
+            # Logged by the batcher's one thread once recorded: eight workers contending for
+            # the log handler's lock cost more than the line itself.
             def acked(held: bool | None) -> None:
+                self._log_event(task, "succeeded", duration_s)
                 if held is False:
                     self._ack_lost(claimed, task)
                 if on_settled is not None:
@@ -234,6 +236,7 @@ class Executor:
             return True
         held = self._redis(lambda: self.broker.ack(claimed.queue, claimed.consumer_id, [claimed.raw], [update])[0],
                            "ack")
+        self._log_event(task, "succeeded", duration_s)
         if not held:
             self._ack_lost(claimed, task)
         return False
