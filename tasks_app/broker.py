@@ -284,6 +284,10 @@ class Broker:
         self._queue_result(pipe, result)
         return bool(self.scripts.execute(pipe, self.client)[0])
 
+    def held_by(self, queue: str, consumer_id: str) -> list[bytes]:
+        """Return the tasks in a consumer's processing list."""
+        return list(self.client.lrange(self.keys.processing(queue, consumer_id), 0, -1))
+
     def return_unstarted(self, queue: str, consumer_id: str, raws: Sequence[bytes]) -> int:
         """Put claimed, never-started tasks back at the head of pending, first one first."""
         if not raws:

@@ -11,10 +11,12 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from types import FrameType
 
 from django.conf import settings
 from django.db import close_old_connections
+from redis.exceptions import RedisError
 
 from . import metrics, results
 from .ack_batcher import AckBatcher
@@ -106,9 +108,13 @@ class ClaimerLoop:
         self.queue = queue
         self.name = f"claimer:{queue}"
         self._drop_wake = False
+        # Set when a claim failed on the wire: Redis may have moved tasks we never heard of.
+        self._uncertain = False
 
     def run_once(self) -> float:
         consumer = self.consumer
+        if self._uncertain:
+            self.reconcile()
         if not consumer.capacity.acquire(timeout_s=0.5):
             return 0.0
         held = 1 + consumer.capacity.acquire_up_to(consumer.capacity.limit - 1)
@@ -128,8 +134,9 @@ class ClaimerLoop:
             consumer.capacity.release(held - 1)
             held = 1
             raw = consumer.broker.claim_blocking(self.queue, consumer_id, consumer.options.block_s)
-        except BaseException:
+        except BaseException as exc:
             consumer.capacity.release(held)
+            self._uncertain = isinstance(exc, RedisError)
             raise
         if raw is None or raw == WAKE_TOKEN:
             consumer.capacity.release(1)
@@ -137,6 +144,25 @@ class ClaimerLoop:
             return 0.0
         consumer.dispatch([Claimed(self.queue, consumer_id, raw)])
         return 0.0
+
+    def reconcile(self) -> None:
+        """Return tasks that sit in our processing list unbeknown to us (a claim's lost reply).
+
+        Only this thread adds to this queue's processing list, so anything listed there that
+        the consumer does not hold was moved by a claim whose reply never arrived. Left alone it
+        would wait, unstarted, until this consumer stops.
+        """
+        consumer = self.consumer
+        consumer_id = consumer.consumer_id
+        listed = consumer.broker.held_by(self.queue, consumer_id)
+        held = consumer.held_raws(self.queue, consumer_id)
+        strays = [raw for raw in listed if raw not in held and raw != WAKE_TOKEN]
+        self._drop_wake = self._drop_wake or WAKE_TOKEN in listed
+        if strays:
+            returned = consumer.broker.return_unstarted(self.queue, consumer_id, strays)
+            logger.warning("returned %d claimed task(s) whose claim reply was lost to the head of %s",
+                           returned, self.queue)
+        self._uncertain = False
 
 
 class Consumer:
@@ -172,6 +198,9 @@ class Consumer:
         self._workers: list[threading.Thread] = []
         self._busy = 0
         self._busy_lock = threading.Lock()
+        # (queue, consumer id, task) of every task handed to workers and not yet settled.
+        self._held: set[tuple[str, str, bytes]] = set()
+        self._held_lock = threading.Lock()
         self._signals = 0
         # Checked every few seconds; stale after a few missed checks (or one lease, if longer).
         self.liveness = Liveness(options.health_file, stale_after_s=max(3 * HEALTH_CHECK_S, options.lease_s))
@@ -209,6 +238,8 @@ class Consumer:
     def dispatch(self, claimed: Sequence[Claimed]) -> None:
         """Hand claimed tasks to the workers (or straight back, if we are stopping)."""
         metrics.IN_FLIGHT.inc(len(claimed))
+        with self._held_lock:
+            self._held.update((item.queue, item.consumer_id, item.raw) for item in claimed)
         if self.claiming_stopped.is_set():
             self._return_unstarted(list(claimed))
             return
@@ -226,14 +257,14 @@ class Consumer:
                 continue
             if claimed.consumer_id != self.consumer_id:
                 # Claimed under an identity whose lease was lost: the reaper owns it now.
-                self._finished(1)
+                self._finished([claimed])
                 continue
             with self._busy_lock:
                 self._busy += 1
             # A task whose ack the batcher writes keeps its slot until then (see ack_batcher).
             left_to_batcher = False
             try:
-                left_to_batcher = self.executor.execute(claimed, on_settled=lambda: self._finished(1))
+                left_to_batcher = self.executor.execute(claimed, on_settled=partial(self._finished, [claimed]))
             except GaveUp:
                 logger.error("gave up settling a task while stopping; its lease will recover it")
             except Exception:  # a bug must not kill the worker: the task stays held until reaped
@@ -242,13 +273,20 @@ class Consumer:
                 with self._busy_lock:
                     self._busy -= 1
                 if not left_to_batcher:
-                    self._finished(1)
+                    self._finished([claimed])
                 close_old_connections()
 
-    def _finished(self, count: int) -> None:
+    def _finished(self, claimed: Sequence[Claimed]) -> None:
         """Give back the slots of tasks that left this consumer's hands."""
-        metrics.IN_FLIGHT.dec(count)
-        self.capacity.release(count)
+        with self._held_lock:
+            self._held.difference_update((item.queue, item.consumer_id, item.raw) for item in claimed)
+        metrics.IN_FLIGHT.dec(len(claimed))
+        self.capacity.release(len(claimed))
+
+    def held_raws(self, queue: str, consumer_id: str) -> set[bytes]:
+        """The tasks of one processing list this consumer knows it holds."""
+        with self._held_lock:
+            return {raw for q, c, raw in self._held if q == queue and c == consumer_id}
 
     def _return_unstarted(self, claimed: list[Claimed]) -> None:
         by_owner: dict[tuple[str, str], list[bytes]] = {}
@@ -260,7 +298,7 @@ class Consumer:
                            what="return_unstarted", give_up=self.give_up)
             except GaveUp:
                 logger.error("could not return %d unstarted task(s); the lease will recover them", len(raws))
-        self._finished(len(claimed))
+        self._finished(claimed)
 
     def _on_reaped_dead_letters(self, queue: str, dead: list[bytes]) -> None:
         now_ms = int(time.time() * 1000)

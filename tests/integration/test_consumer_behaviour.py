@@ -127,3 +127,20 @@ def test_settings_are_read_from_memory_not_the_database_per_task(broker, django_
         for raw in claimed:
             executor.execute(Claimed("default", "inline", raw))
     assert all(record_of(broker, t).status == "SUCCESSFUL" for t in tasks)
+
+
+def test_tasks_moved_by_a_claim_whose_reply_was_lost_go_back_to_pending(broker):
+    from tasks_app.consumer import ClaimerLoop, Consumer, ConsumerOptions
+    from tasks_app.executor import Claimed
+
+    consumer = Consumer(ConsumerOptions(consumer_id="unlucky", lease_s=10), broker=broker)
+    consumer.register()
+    kept, lost = producer.enqueue("demo.echo", count=2)
+    held_raw, lost_raw = broker.claim("default", "unlucky", 2)
+    consumer.dispatch([Claimed("default", "unlucky", held_raw)])  # the one whose reply arrived
+
+    ClaimerLoop(consumer, "default").reconcile()
+
+    assert broker.held_by("default", "unlucky") == [held_raw]
+    assert broker.client.lrange(broker.keys.pending("default"), 0, -1) == [lost_raw]
+    assert {decode_task(held_raw).id, decode_task(lost_raw).id} == {kept.id, lost.id}
