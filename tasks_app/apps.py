@@ -19,6 +19,7 @@ class TasksAppConfig(AppConfig):
         from django.utils.module_loading import module_has_submodule
 
         from . import checks  # noqa: F401  (registers the system checks)
+        from . import signals  # noqa: F401  (connects the receivers)
         from .registry import registry
 
         discovered = [f"{app.name}.{submodule}" for app in apps.get_app_configs()

@@ -189,6 +189,8 @@ class Broker:
         self.client = client
         self.keys = Keys(prefix)
         self.scripts = scripts or Scripts()
+        # Queues this process already added to the queue set: one SADD per queue, not per enqueue.
+        self._announced_queues: set[str] = set()
 
     @classmethod
     def from_settings(cls, *, prefix: str | None = None) -> Broker:
@@ -224,9 +226,11 @@ class Broker:
         for queue, pairs in prioritized.items():
             self.scripts.queue(pipe, "enqueue_prioritized",
                                [self.keys.prioritized(queue), self.keys.pending(queue)], [WAKE_TOKEN, *pairs])
-        for queue in {item.queue for item in items}:
-            pipe.sadd(self.keys.queues(), queue)
+        new_queues = {item.queue for item in items} - self._announced_queues
+        if new_queues:
+            pipe.sadd(self.keys.queues(), *new_queues)
         self.scripts.execute(pipe, self.client)
+        self._announced_queues |= new_queues
 
     # --- claiming --------------------------------------------------------------------------
     def claim(self, queue: str, consumer_id: str, max_tasks: int, *, drop_wake: bool = False) -> list[bytes] | None:

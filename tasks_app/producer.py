@@ -16,7 +16,7 @@ from .broker import Broker, Enqueueable, get_broker
 from .codec import PRIORITY_MAX, PRIORITY_MIN, Arguments, Task, encode_payload, encode_task
 from .names import InvalidName, validate_name
 from .registry import Registry, registry as default_registry
-from .task_types import TaskTypeConfig, UnknownTaskType, ensure_task_type
+from .task_types import TaskTypeConfig, UnknownTaskType, recent_task_types
 
 
 class EnqueueError(ValueError):
@@ -85,7 +85,7 @@ def enqueue_many(requests: Sequence[TaskRequest], *, broker: Broker | None = Non
 def _task_type(name: str, registry: Registry) -> TaskTypeConfig:
     try:
         validate_name(name, "task type")
-        config = ensure_task_type(name, registry)
+        config = recent_task_types.get(name, registry, settings.TASKS_CONFIG_REFRESH_S)
     except (InvalidName, UnknownTaskType) as exc:
         raise EnqueueError(str(exc)) from None
     if not config.enabled:

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
@@ -84,3 +86,36 @@ class TaskTypeCache:
             self._configs = {row.name: TaskTypeConfig.from_model(row) for row in TaskType.objects.all()}
         except Exception as exc:  # the database may be briefly away; stale settings beat none
             logger.warning("cannot reload task types, keeping the last ones: %s", exc)
+
+
+class RecentTaskTypes:
+    """Producer-side settings per type, re-read from the database at most every `max_age_s`.
+
+    Saves a query per enqueue; edits made in this process apply at once (see `forget`), edits
+    made elsewhere within `max_age_s` (the consumers' refresh period, a few seconds).
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[TaskTypeConfig, float]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, name: str, registry: Registry, max_age_s: float) -> TaskTypeConfig:
+        """Return the settings of type `name`, creating its row on first use (see ensure_task_type)."""
+        entry = self._entries.get(name)
+        if entry is not None and time.monotonic() - entry[1] < max_age_s:
+            return entry[0]
+        config = ensure_task_type(name, registry)
+        with self._lock:
+            self._entries[name] = (config, time.monotonic())
+        return config
+
+    def forget(self, name: str | None = None) -> None:
+        """Drop one type (or all) so the next enqueue reads the database."""
+        with self._lock:
+            if name is None:
+                self._entries.clear()
+            else:
+                self._entries.pop(name, None)
+
+
+recent_task_types = RecentTaskTypes()

@@ -13,6 +13,7 @@ from django.conf import settings
 import tests.support.handlers  # noqa: F401  (registers the test handlers in this process)
 from tasks_app.broker import Broker, get_broker
 from tasks_app.consumer import Consumer, ConsumerOptions
+from tasks_app.task_types import recent_task_types
 from tests.support.processes import ConsumerProcess
 
 ARTIFACTS_DIR = Path(__file__).resolve().parent.parent / "test-artifacts"
@@ -30,6 +31,7 @@ def django_db_modify_db_settings(tmp_path_factory: pytest.TempPathFactory) -> No
 def key_prefix(settings: pytest.FixtureRequest) -> Iterator[str]:
     """A Redis key prefix of this test's own; its keys are deleted afterwards."""
     prefix = f"test-{uuid.uuid4().hex[:12]}"
+    recent_task_types.forget()  # rows of earlier tests are gone from the database
     settings.TASKS_KEY_PREFIX = prefix
     settings.TASKS_CONFIG_REFRESH_S = 0.5
     yield prefix

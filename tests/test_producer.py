@@ -95,3 +95,13 @@ def test_oversize_payloads_are_rejected(broker, settings):
     settings.TASKS_MAX_PAYLOAD_BYTES = 100
     with pytest.raises(EnqueueError, match="over the limit of 100"):
         enqueue("demo.echo", ["x" * 200])
+
+
+def test_type_settings_are_cached_between_enqueues_and_local_edits_apply_at_once(broker, django_assert_num_queries):
+    row = TaskType.objects.create(name="cached.type", handler="demo.echo", queue="first")
+    assert enqueue("cached.type")[0].queue == "first"
+    with django_assert_num_queries(0):
+        assert enqueue("cached.type")[0].queue == "first"
+    row.queue = "second"
+    row.save()
+    assert enqueue("cached.type")[0].queue == "second"
