@@ -43,12 +43,14 @@ def merge_updates(updates: Sequence[ResultUpdate]) -> list[ResultUpdate]:
         index = last_of.get(update.task_id)
         if index is not None:
             earlier = merged[index]
-            # One write can append one worker id and one error; a second of either needs its own.
+            # One write can append one worker id and one error, and belongs to one run.
             if not (earlier.append_worker_id and update.append_worker_id) \
-                    and not (earlier.append_error and update.append_error):
+                    and not (earlier.append_error and update.append_error) \
+                    and (earlier.run or update.run) == (update.run or earlier.run):
                 merged[index] = replace(earlier, fields={**earlier.fields, **update.fields}, ttl_s=update.ttl_s,
                                         append_worker_id=earlier.append_worker_id or update.append_worker_id,
-                                        append_error=earlier.append_error or update.append_error)
+                                        append_error=earlier.append_error or update.append_error,
+                                        run=earlier.run or update.run)
                 continue
         last_of[update.task_id] = len(merged)
         merged.append(update)

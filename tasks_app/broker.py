@@ -308,7 +308,7 @@ class Broker:
 
     def _queue_result(self, pipe: Any, update: ResultUpdate) -> None:
         args: list[Any] = [update.ttl_s, update.append_worker_id or "",
-                           json.dumps(update.append_error) if update.append_error else ""]
+                           json.dumps(update.append_error) if update.append_error else "", update.run or ""]
         for name, value in update.fields.items():
             args.extend([name, value])
         self.scripts.queue(pipe, "record_result", [self.keys.result(update.task_id)], args)
@@ -474,6 +474,8 @@ class ResultUpdate:
     ttl_s: int
     append_worker_id: str | None = None
     append_error: dict[str, str] | None = None
+    # The run (consumer and attempt) this update belongs to: ignored once a later run started.
+    run: str | None = None
 
 
 _brokers: dict[tuple[str, bool, str], Broker] = {}

@@ -119,8 +119,9 @@ def _ready_again(task: Task) -> ResultUpdate:
     except UndecodableTask:
         arguments = None
     fields = results.enqueued_fields(task, arguments) if arguments else {"status": results.READY, "attempts": "0"}
-    # record_result cannot delete fields; empty ones read back as "not set".
-    fields.update({"finished_at_ms": "", "run_after_ms": "", "dead_reason": ""})
+    # record_result cannot delete fields; empty ones read back as "not set". Clearing "run"
+    # also turns away a late outcome of the run before the task died.
+    fields.update({"finished_at_ms": "", "run_after_ms": "", "dead_reason": "", "run": ""})
     return ResultUpdate(task.id, fields, settings.TASKS_RESULT_TTL)
 
 

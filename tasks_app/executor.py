@@ -170,7 +170,8 @@ class Executor:
         task.attempt += 1
         max_attempts = task.max_attempts or config.max_attempts
         now_ms = int(time.time() * 1000)
-        started_update = results.started(task, arguments, self.worker_id, now_ms, max_attempts, self.result_ttl_s)
+        started_update = results.started(task, arguments, self.worker_id, now_ms, max_attempts, self.result_ttl_s,
+                                         results.run_token(claimed.consumer_id, task.attempt))
         if self.acks is not None and handler.django_task is None:
             self.acks.record(started_update)  # written before this task's ack or failure record
         else:  # a @task function reads its own record when it starts
@@ -220,7 +221,8 @@ class Executor:
     # --- outcomes --------------------------------------------------------------------------
     def _succeed(self, claimed: Claimed, task: Task, return_json: str, duration_s: float,
                  on_settled: Callable[[], None] | None = None) -> bool:
-        update = results.succeeded(task, return_json, int(time.time() * 1000), self.result_ttl_s)
+        update = results.succeeded(task, return_json, int(time.time() * 1000), self.result_ttl_s,
+                                   results.run_token(claimed.consumer_id, task.attempt))
         metrics.TASKS_SUCCEEDED.labels(task.type, task.queue).inc()
         if self.acks is not None:
             # Logged by the batcher's one thread once recorded: eight workers contending for
@@ -252,10 +254,11 @@ class Executor:
         task.last_traceback = traceback_text
         error_entry = results.error_record(error_path, traceback_text)
         now_ms = int(time.time() * 1000)
+        run = results.run_token(claimed.consumer_id, task.attempt)
         if task.attempt < max_attempts:
             delay_ms = int(backoff_delay_s(task.attempt, config.retry_backoff_s) * 1000)
             update = results.attempt_failed(task, error_entry, now_ms, self.result_ttl_s, final=False,
-                                            retry_at_ms=now_ms + delay_ms)
+                                            retry_at_ms=now_ms + delay_ms, run=run)
             new_raw = encode_task(task)
             held = self._redis(lambda: self.broker.retry_later(claimed.queue, claimed.consumer_id, claimed.raw,
                                                                new_raw, task.priority, delay_ms, update), "retry")
@@ -265,7 +268,7 @@ class Executor:
             reason = f"failed {task.attempt} of {max_attempts} attempts; last error: {task.last_error}"
             task.dead_reason = reason
             update = results.attempt_failed(task, error_entry, now_ms, self.result_ttl_s, final=True,
-                                            dead_reason=reason)
+                                            dead_reason=reason, run=run)
             held = self._dead_letter_raw(claimed, encode_task(task), update)
             metrics.TASKS_DEAD_LETTERED.labels(task.type, task.queue).inc()
             self._log_event(task, "dead_lettered", duration_s, error=task.last_error)

@@ -34,27 +34,36 @@ def enqueued_fields(task: Task, arguments: Arguments) -> dict[str, str]:
     return fields
 
 
-def started(task: Task, arguments: Arguments, worker_id: str, now_ms: int, max_attempts: int, ttl_s: int) -> ResultUpdate:
-    """The update written when an attempt starts (it also creates records for foreign producers)."""
+def run_token(consumer_id: str, attempt: int) -> str:
+    """Name one run of a task: the consumer that claimed it and the attempt number."""
+    return f"{consumer_id}/{attempt}"
+
+
+def started(task: Task, arguments: Arguments, worker_id: str, now_ms: int, max_attempts: int, ttl_s: int,
+            run: str) -> ResultUpdate:
+    """The update written when an attempt starts: it claims the record for run `run`.
+
+    It carries the enqueue fields too, which creates the record for foreign producers.
+    """
     fields = enqueued_fields(task, arguments)
     fields.update({
         "status": RUNNING, "attempts": str(task.attempt), "max_attempts": str(max_attempts),
-        "last_attempted_at_ms": str(now_ms),
+        "last_attempted_at_ms": str(now_ms), "run": run,
     })
     if task.attempt == 1:
         fields["started_at_ms"] = str(now_ms)
-    return ResultUpdate(task.id, fields, ttl_s, append_worker_id=worker_id)
+    return ResultUpdate(task.id, fields, ttl_s, append_worker_id=worker_id, run=run)
 
 
-def succeeded(task: Task, return_value_json: str, now_ms: int, ttl_s: int) -> ResultUpdate:
-    """The update written when an attempt returns."""
+def succeeded(task: Task, return_value_json: str, now_ms: int, ttl_s: int, run: str) -> ResultUpdate:
+    """The update written when run `run` returns (ignored if a later run took the record)."""
     fields = {"status": SUCCESSFUL, "finished_at_ms": str(now_ms), "return_value": return_value_json,
               "attempts": str(task.attempt)}
-    return ResultUpdate(task.id, fields, ttl_s)
+    return ResultUpdate(task.id, fields, ttl_s, run=run)
 
 
 def attempt_failed(task: Task, error: dict[str, str], now_ms: int, ttl_s: int, *, final: bool,
-                   retry_at_ms: int | None = None, dead_reason: str = "") -> ResultUpdate:
+                   retry_at_ms: int | None = None, dead_reason: str = "", run: str | None = None) -> ResultUpdate:
     """The update written when an attempt fails: READY again if it will be retried, else FAILED."""
     fields = {"attempts": str(task.attempt)}
     if final:
@@ -63,7 +72,7 @@ def attempt_failed(task: Task, error: dict[str, str], now_ms: int, ttl_s: int, *
             fields["dead_reason"] = dead_reason
     else:
         fields.update({"status": READY, "run_after_ms": str(retry_at_ms or now_ms)})
-    return ResultUpdate(task.id, fields, ttl_s, append_error=error)
+    return ResultUpdate(task.id, fields, ttl_s, append_error=error, run=run)
 
 
 def error_record(exception_class_path: str, traceback_text: str) -> dict[str, str]:

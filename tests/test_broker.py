@@ -256,3 +256,19 @@ def test_dead_letters_can_be_listed_requeued_and_deleted(broker):
 def test_non_zero_priority_tasks_count_as_pending(broker, priority):
     push(broker, make_task(1, priority=priority), priority=priority)
     assert broker.queue_stats("q").pending == 1
+
+
+def test_a_late_outcome_of_an_earlier_run_cannot_overwrite_a_later_run(broker):
+    from tasks_app import results
+    from tasks_app.codec import Arguments
+
+    task = Task(id="rerun-1", type="demo.echo", queue="q", attempt=1)
+    args = Arguments([], {})
+    first, second = results.run_token("c1", 1), results.run_token("c2", 1)
+    broker.record_result(results.started(task, args, "c1", 1, 3, 60, first))
+    broker.record_result(results.started(task, args, "c2", 2, 3, 60, second))  # c1 was presumed dead
+    broker.record_result(results.succeeded(task, '"from c1"', 3, 60, first))
+    assert broker.get_result("rerun-1")["status"] == "RUNNING"
+    broker.record_result(results.succeeded(task, '"from c2"', 4, 60, second))
+    record = broker.get_result("rerun-1")
+    assert (record["status"], record["return_value"]) == ("SUCCESSFUL", '"from c2"')
