@@ -125,6 +125,9 @@ run: $(STAMP)
 	echo "  Dashboard:        $$base/tasks/dashboard/"
 	echo "  Metrics:          $$base/metrics"
 	echo
+	echo "  Enqueue from another shell:"
+	echo "    REDIS_URL=$$REDIS_URL $(PY) manage.py enqueue demo.echo --args '[1]'"
+	echo
 	PORT='$(PORT)' DJANGO_DEBUG='$(DJANGO_DEBUG)' VENV_PY="$$PWD/$(PY)" scripts/run-dev
 
 proto: $(STAMP)

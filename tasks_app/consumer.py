@@ -34,6 +34,9 @@ from .task_types import TaskTypeCache
 logger = logging.getLogger(__name__)
 
 HEALTH_CHECK_S = 5.0
+# A terminal's Ctrl-C reaches every process of its group, and supervisors often pass it on as
+# well: a signal this soon after the first is the same request, not a second one.
+SIGNAL_ECHO_S = 1.0
 
 
 @dataclass
@@ -201,7 +204,7 @@ class Consumer:
         # (queue, consumer id, task) of every task handed to workers and not yet settled.
         self._held: set[tuple[str, str, bytes]] = set()
         self._held_lock = threading.Lock()
-        self._signals = 0
+        self._first_signal_at: float | None = None
         # Checked every few seconds; stale after a few missed checks (or one lease, if longer).
         self.liveness = Liveness(options.health_file, stale_after_s=max(3 * HEALTH_CHECK_S, options.lease_s))
 
@@ -409,11 +412,13 @@ class Consumer:
         signal.signal(signal.SIGINT, self._on_signal)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self._signals += 1
-        if self._signals > 1:
+        now = time.monotonic()
+        if self._first_signal_at is None:
+            self._first_signal_at = now
+            logger.info("signal %d: finishing in-flight tasks (grace %gs); send again to exit now",
+                        signum, self.options.grace_s)
+            self.request_stop()
+        elif now - self._first_signal_at >= SIGNAL_ECHO_S:
             logger.warning("second signal: exiting now; the lease will recover what was held")
             os._exit(1)
-        logger.info("signal %d: finishing in-flight tasks (grace %gs); send again to exit now",
-                    signum, self.options.grace_s)
-        self.request_stop()
 

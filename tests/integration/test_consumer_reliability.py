@@ -110,3 +110,22 @@ def test_bad_input_is_dead_lettered_and_the_consumer_carries_on(broker, consumer
     assert "simulated: a dependency" in dead["broken-1"].dead_reason
     assert "not UTF-8 JSON" in dead["badpayload-1"].dead_reason
     assert ResultRecord.from_fields(broker.get_result("unknown-1")).status == "FAILED"
+
+
+def test_a_signal_echo_is_not_a_second_signal_but_a_later_one_exits_at_once(broker, consumer_process):
+    [task] = producer.enqueue("test.record", kwargs={"sleep_s": 3.0})
+    consumer = consumer_process("--grace", "20")
+    wait_until(lambda: recorded_runs(broker), 30, message="the slow task to start")
+    consumer.signal(signal.SIGINT)  # Ctrl-C reaches the whole process group...
+    consumer.signal(signal.SIGTERM)  # ...and the supervisor forwards it too
+    assert consumer.wait(30) == 0, consumer.log()
+    assert statuses(broker, [task]) == ["SUCCESSFUL"]
+
+    [slow] = producer.enqueue("test.record", kwargs={"sleep_s": 30.0})
+    impatient = consumer_process("--grace", "60", "--consumer-id", "impatient", "--lease", "1")
+    wait_until(lambda: slow.id in runs_per_task(broker), 30, message="the second slow task to start")
+    impatient.signal(signal.SIGTERM)
+    time.sleep(1.5)
+    impatient.signal(signal.SIGTERM)
+    assert impatient.wait(10) == 1
+    assert "second signal" in impatient.log()
