@@ -6,7 +6,11 @@
 if redis.call('LREM', KEYS[1], -1, ARGV[1]) == 0 then
   return 0
 end
-redis.call('HDEL', KEYS[3], redis.sha1hex(ARGV[1]))
+-- A deferral (same bytes: rate-limited or disabled, it never ran) keeps the task's recovery
+-- count, so a poison pill that is also rate-limited still reaches the dead letters.
+if string.sub(ARGV[2], 5) ~= ARGV[1] then
+  redis.call('HDEL', KEYS[3], redis.sha1hex(ARGV[1]))
+end
 local time = redis.call('TIME')
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 redis.call('ZADD', KEYS[2], now_ms + tonumber(ARGV[3]), ARGV[2])

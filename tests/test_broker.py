@@ -272,3 +272,22 @@ def test_a_late_outcome_of_an_earlier_run_cannot_overwrite_a_later_run(broker):
     broker.record_result(results.succeeded(task, '"from c2"', 4, 60, second))
     record = broker.get_result("rerun-1")
     assert (record["status"], record["return_value"]) == ("SUCCESSFUL", '"from c2"')
+
+
+def test_a_deferral_keeps_the_recovery_count_but_a_retry_clears_it(broker):
+    push(broker, make_task(1))
+    register(broker, "c0")
+    [raw] = broker.claim("q", "c0", 1)
+    expire(broker, "c0")
+    broker.reap("q", "c0", LEASE_MS)
+    digest = __import__("hashlib").sha1(raw).hexdigest()
+    assert broker.client.hget(broker.keys.recoveries("q"), digest) == b"1"
+    register(broker, "c1")
+    [raw] = broker.claim("q", "c1", 1)
+    broker.retry_later("q", "c1", raw, raw, 0, 0)  # rate-limited: it never ran
+    assert broker.client.hget(broker.keys.recoveries("q"), digest) == b"1"
+    broker.promote_due("q")
+    [raw] = broker.claim("q", "c1", 1)
+    retried = encode_task(Task(id="task-1", type="demo.echo", queue="q", attempt=1))
+    broker.retry_later("q", "c1", raw, retried, 0, 0)  # it ran and failed: a fresh start
+    assert broker.client.hget(broker.keys.recoveries("q"), digest) is None
