@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 from traceback import format_exception
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
@@ -69,8 +70,13 @@ def _as_enqueued(task: Task, record: ResultRecord) -> Task:
         return task
 
 
-def run(task: Task, context: RunContext, arguments: Arguments, results: ResultReader) -> Any:
-    """Call a `@task` function as ImmediateBackend does; return its JSON-normalized value."""
+def run(task: Task, context: RunContext, arguments: Arguments, results: ResultReader,
+        timed_out: Callable[[], BaseException | None] = lambda: None) -> Any:
+    """Call a `@task` function as ImmediateBackend does; return its JSON-normalized value.
+
+    `timed_out` says whether the consumer already failed this run for its timeout: then the
+    late outcome of the function is not what happened, and task_finished reports the timeout.
+    """
     from .backends import RedisBackend  # the signals' sender; imported here because it imports us
 
     fields = results.get_result(context.task_id) or {}
@@ -88,9 +94,11 @@ def run(task: Task, context: RunContext, arguments: Arguments, results: ResultRe
         return_value = normalize_json(raw_return_value)
         # Stored as strict JSON: NaN and infinities fail here, not after task_finished.
         json.dumps(return_value, allow_nan=False)
+        _raise_if_timed_out(timed_out)
     except KeyboardInterrupt:
         raise
-    except BaseException as exc:
+    except BaseException as raised:
+        exc = timed_out() or raised
         exception_type = type(exc)
         task_result.errors.append(TaskError(
             exception_class_path=f"{exception_type.__module__}.{exception_type.__qualname__}",
@@ -109,6 +117,12 @@ def run(task: Task, context: RunContext, arguments: Arguments, results: ResultRe
     object.__setattr__(task_result, "_return_value", return_value)
     task_finished.send(RedisBackend, task_result=task_result)
     return return_value
+
+
+def _raise_if_timed_out(timed_out: Callable[[], BaseException | None]) -> None:
+    error = timed_out()
+    if error is not None:
+        raise error
 
 
 def _now() -> datetime:

@@ -66,6 +66,8 @@ class Running:
     started_monotonic: float
     deadline_monotonic: float | None
     settled: bool = False
+    # Set by the watchdog when it fails the run for its timeout (the handler still runs on).
+    timeout_error: BaseException | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def settle(self) -> bool:
@@ -147,6 +149,7 @@ class Executor:
         for run in overdue:
             if run.settle():
                 error = TaskTimeout(f"task exceeded its timeout of {run.config.timeout_s:g} s")
+                run.timeout_error = error
                 self._fail(run.claimed, run.task, run.config, error, "".join(traceback.format_exception(error)))
                 failed += 1
         return failed
@@ -192,7 +195,7 @@ class Executor:
         try:
             context = TaskContext(task.id, task.type, task.queue, task.attempt, max_attempts, dict(task.headers),
                                   claimed.consumer_id)
-            value = self.invoke(handler, context, arguments)
+            value = self.invoke(handler, context, arguments, lambda: run.timeout_error)
             return_json = _to_json(value)
         except BaseException as exc:  # a handler's sys.exit() must not kill the worker thread
             duration = time.monotonic() - started
@@ -210,10 +213,11 @@ class Executor:
                 self.running.pop(key, None)
         return deferred
 
-    def invoke(self, handler: Handler, context: TaskContext, arguments: Arguments) -> Any:
+    def invoke(self, handler: Handler, context: TaskContext, arguments: Arguments,
+               timed_out: Callable[[], BaseException | None] = lambda: None) -> Any:
         """Call a handler with the task's arguments (and its context if it takes one)."""
         if handler.django_task is not None:
-            return django_tasks.run(handler.django_task, context, arguments, self.broker)
+            return django_tasks.run(handler.django_task, context, arguments, self.broker, timed_out)
         if handler.takes_context:
             return handler.func(context, *arguments.args, **arguments.kwargs)
         return handler.func(*arguments.args, **arguments.kwargs)

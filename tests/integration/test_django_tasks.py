@@ -133,3 +133,27 @@ def test_a_running_consumer_finds_a_new_task_before_its_next_settings_refresh(br
     wait_until(lambda: tasks.add.get_result(result.id).is_finished, 30, message="the task to finish")
     assert tasks.add.get_result(result.id).return_value == 11
     assert consumer.terminate() == 0, consumer.log()
+
+
+def test_a_run_failed_for_its_timeout_reports_the_timeout_in_task_finished(broker, consumer_in_thread):
+    from django.tasks.signals import task_finished
+
+    tune(tasks.nap, timeout=0.3, max_attempts=1)
+    finished = []
+
+    def on_finished(sender, task_result, **kwargs):
+        finished.append(task_result)
+
+    task_finished.connect(on_finished)
+    try:
+        with consumer_in_thread():
+            result = tasks.nap.enqueue(1.0)
+            wait_until(lambda: finished, 15, message="task_finished")
+    finally:
+        task_finished.disconnect(on_finished)
+    [reported] = finished
+    assert reported.status == TaskResultStatus.FAILED
+    assert reported.errors[-1].exception_class_path == "tasks_app.executor.TaskTimeout"
+    stored = tasks.nap.get_result(result.id)
+    assert stored.status == TaskResultStatus.FAILED
+    assert stored.errors[-1].exception_class_path == "tasks_app.executor.TaskTimeout"

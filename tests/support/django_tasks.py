@@ -1,4 +1,5 @@
 """`@task` functions for the django.tasks tests; consumer subprocesses load them via TASK_HANDLER_MODULES."""
+import time
 from typing import Any
 
 from django.tasks import TaskContext, task
@@ -47,3 +48,10 @@ def attempt_and_workers(context: TaskContext) -> dict[str, Any]:
 async def async_add(a: int, b: int) -> int:
     """A coroutine task: the sum."""
     return a + b
+
+
+@task
+def nap(seconds: float) -> float:
+    """Sleep, then return how long: outlives a short timeout."""
+    time.sleep(seconds)
+    return seconds
