@@ -53,3 +53,26 @@ def test_kill_9_mid_batch_on_a_cluster(cluster_broker, consumer_process):
     summary = kill_mid_batch(cluster_broker, consumer_process, scenario="8-cluster-kill-9-mid-batch",
                              tasks=scaled(800, 5000))
     assert summary.lost == 0
+
+
+@pytest.mark.timeout(120)
+def test_rate_limit_holds_across_consumers_on_a_cluster(cluster_broker, consumer_process):
+    from tasks_app.models import TaskType
+    from tests.support.processes import wait_until
+    from tests.support.recording import most_starts_in_any_window, recorded_runs
+
+    broker = cluster_broker
+    TaskType.objects.create(name="test.record", handler="test.record", rate_limit=5, rate_period=1.0)
+    consumers = [consumer_process("--lease", "2", "--concurrency", "4") for _ in range(2)]
+    wait_until(lambda: len(broker.live_consumers("default")) == 2, 30, message="two consumers to register")
+    enqueued = producer.enqueue("test.record", count=scaled(40, 200))
+    wait_until(lambda: len(recorded_runs(broker)) >= len(enqueued), scaled(60, 120), interval_s=0.5,
+               message="every limited task to start")
+
+    runs = recorded_runs(broker)
+    assert sorted(run["task_id"] for run in runs) == sorted(task.id for task in enqueued)
+    assert {run["attempt"] for run in runs} == {1}
+    assert most_starts_in_any_window([run["start_ms"] for run in runs], 1000) <= 5
+    for consumer in consumers:
+        assert "CROSSSLOT" not in consumer.log()
+        assert consumer.terminate() == 0
