@@ -23,6 +23,8 @@ WAKE_TOKEN = b"\x00wake"
 # Each recovery of a task from a dead consumer is counted; past this it is dead-lettered.
 MAX_RECOVERIES = 3
 REAP_BATCH = 1000
+# READY records written per script call by a bulk enqueue (bounds how long one call blocks Redis).
+READY_RECORDS_PER_CALL = 1000
 TOMBSTONE_KEEP_MS = 24 * 3600 * 1000
 # Width of the buckets counting acknowledged tasks, for the dashboard's throughput.
 THROUGHPUT_BUCKET_S = 10
@@ -87,6 +89,11 @@ class Keys:
 
     def rate(self, task_type: str) -> str:
         return f"{self.prefix}:rate:{{{task_type}}}"
+
+
+# The fields a READY record may leave out, and the value each then has; the id is the key's suffix.
+# The producer stores only what differs (see results.ready_fields); get_result fills these back in.
+READY_RECORD_DEFAULTS = {"status": "READY", "priority": "0", "args": "[]", "kwargs": "{}", "attempts": "0"}
 
 
 @dataclass(frozen=True)
@@ -207,11 +214,7 @@ class Broker:
     def enqueue(self, items: Sequence[Enqueueable], result_ttl_s: int) -> None:
         """Write each task's READY record, then push the tasks, all in one round trip."""
         pipe = self.client.pipeline(transaction=False)
-        for item in items:
-            if item.result_key_fields:
-                key = self.keys.result(item.task_id)
-                pipe.hset(key, mapping=item.result_key_fields)
-                pipe.expire(key, result_ttl_s)
+        self._queue_ready_records(pipe, [item for item in items if item.result_key_fields], result_ttl_s)
         immediate: dict[str, list[bytes]] = {}
         prioritized: dict[str, list[Any]] = {}
         for item in items:
@@ -231,6 +234,26 @@ class Broker:
             pipe.sadd(self.keys.queues(), *new_queues)
         self.scripts.execute(pipe, self.client)
         self._announced_queues |= new_queues
+
+    def _queue_ready_records(self, pipe: Any, items: Sequence[Enqueueable], result_ttl_s: int) -> None:
+        # One script call per READY_RECORDS_PER_CALL records instead of HSET + EXPIRE per task:
+        # per-command client overhead dominated bulk enqueue. Result keys of a Redis Cluster lie
+        # in different slots, so there each record is a call of its own.
+        per_call = 1 if isinstance(self.client, redis.RedisCluster) else READY_RECORDS_PER_CALL
+        for start in range(0, len(items), per_call):
+            chunk = items[start:start + per_call]
+            args: list[Any] = [result_ttl_s]
+            shared: dict[str, str] | None = None
+            run_at = 0
+            for item in chunk:
+                if item.result_key_fields is shared:  # the producer shares one dict between identical tasks
+                    args[run_at] += 1
+                    continue
+                shared, run_at = item.result_key_fields, len(args)
+                args += (1, len(shared))
+                for name, value in shared.items():
+                    args += (name, value)
+            self.scripts.queue(pipe, "record_ready", [self.keys.result(item.task_id) for item in chunk], args)
 
     # --- claiming --------------------------------------------------------------------------
     def claim(self, queue: str, consumer_id: str, max_tasks: int, *, drop_wake: bool = False) -> list[bytes] | None:
@@ -314,11 +337,12 @@ class Broker:
         self.scripts.queue(pipe, "record_result", [self.keys.result(update.task_id)], args)
 
     def get_result(self, task_id: str) -> dict[str, str] | None:
-        """Return a task's result record as text fields, or None if there is none."""
+        """Return a task's result record as text fields (defaults filled in), or None if there is none."""
         record = self.client.hgetall(self.keys.result(task_id))
         if not record:
             return None
-        return {key.decode(): value.decode() for key, value in record.items()}
+        fields = {key.decode(): value.decode() for key, value in record.items()}
+        return {**READY_RECORD_DEFAULTS, "id": task_id, **fields}
 
     # --- delayed ---------------------------------------------------------------------------
     def promote_due(self, queue: str, limit: int = 1000) -> tuple[int, int, int]:

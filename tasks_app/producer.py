@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import math
+import os
 import time
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings
 
@@ -67,19 +67,47 @@ def enqueue_many(requests: Sequence[TaskRequest], *, broker: Broker | None = Non
     """Validate every request, then enqueue them all in one round trip (all or nothing)."""
     now_ms = int(time.time() * 1000)
     configs: dict[str, TaskTypeConfig] = {}
+    # A request object repeated in `requests` (as `enqueue(count=N)` does) is validated and
+    # encoded once; each of its tasks then costs a fresh id and one serialization.
+    prepared: dict[int, tuple[TaskRequest, _Prepared]] = {}
     items: list[Enqueueable] = []
     enqueued: list[EnqueuedTask] = []
     for request in requests:
-        config = configs.get(request.type) or _task_type(request.type, registry)
-        configs[request.type] = config
-        task, arguments = _build_task(request, config, now_ms)
-        raw = encode_task(task)
-        items.append(Enqueueable(queue=task.queue, raw=raw, priority=task.priority, run_after_ms=task.run_after_ms,
-                                 result_key_fields=results.enqueued_fields(task, arguments), task_id=task.id))
-        enqueued.append(EnqueuedTask(task.id, task.type, task.queue, task.priority, now_ms, task.run_after_ms))
+        entry = prepared.get(id(request))
+        if entry is None or entry[0] is not request:
+            entry = prepared[id(request)] = (request, _prepare(request, configs, registry, now_ms))
+        task, queue, priority, run_after_ms, record = entry[1]
+        task_id = task.id = request.task_id or new_task_id()
+        items.append(Enqueueable(queue, encode_task(task), priority, run_after_ms, record, task_id))
+        enqueued.append(EnqueuedTask(task_id, request.type, queue, priority, now_ms, run_after_ms))
     if items:
         (broker or get_broker()).enqueue(items, settings.TASKS_RESULT_TTL)
     return enqueued
+
+
+def new_task_id() -> str:
+    """Return a random (version 4) UUID string, built ~3x faster than `str(uuid.uuid4())`."""
+    digits = os.urandom(16).hex()
+    return (f"{digits[:8]}-{digits[8:12]}-4{digits[13:16]}-{'89ab'[int(digits[16], 16) & 3]}{digits[17:20]}-"
+            f"{digits[20:]}")
+
+
+class _Prepared(NamedTuple):
+    """A validated request: its task without an id, where it goes, and the READY record its tasks share."""
+
+    task: Task
+    queue: str
+    priority: int
+    run_after_ms: int
+    record: dict[str, str]
+
+
+def _prepare(request: TaskRequest, configs: dict[str, TaskTypeConfig], registry: Registry,
+             now_ms: int) -> _Prepared:
+    config = configs.get(request.type) or _task_type(request.type, registry)
+    configs[request.type] = config
+    task, arguments = _build_task(request, config, now_ms)
+    return _Prepared(task, task.queue, task.priority, task.run_after_ms, results.ready_fields(task, arguments))
 
 
 def _task_type(name: str, registry: Registry) -> TaskTypeConfig:
@@ -116,8 +144,8 @@ def _build_task(request: TaskRequest, config: TaskTypeConfig, now_ms: int) -> tu
             or not PRIORITY_MIN <= request.priority <= PRIORITY_MAX:
         raise EnqueueError(f"priority must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX}, got {request.priority!r}")
     run_after_ms = _run_after_ms(request, now_ms)
-    task = Task(id=request.task_id or str(uuid.uuid4()), type=request.type, payload=payload, queue=queue,
-                priority=request.priority, enqueued_at_ms=now_ms, run_after_ms=run_after_ms)
+    task = Task(type=request.type, payload=payload, queue=queue, priority=request.priority, enqueued_at_ms=now_ms,
+                run_after_ms=run_after_ms)
     for key, value in request.headers.items():
         task.headers[str(key)] = str(value)
     return task, arguments

@@ -1,4 +1,5 @@
 """Validation and encoding on the producer side."""
+import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -105,3 +106,35 @@ def test_type_settings_are_cached_between_enqueues_and_local_edits_apply_at_once
     row.queue = "second"
     row.save()
     assert enqueue("cached.type")[0].queue == "second"
+
+
+def test_a_ready_record_stores_only_fields_off_their_default_and_reads_back_whole(broker):
+    [plain] = enqueue("demo.echo")
+    [full] = enqueue("demo.echo", [1], {"k": "v"}, priority=5, delay_s=60)
+    assert set(broker.client.hkeys(broker.keys.result(plain.id))) == {b"type", b"queue", b"enqueued_at_ms"}
+    record = ResultRecord.from_fields(broker.get_result(plain.id))
+    assert (record.id, record.type, record.queue, record.status, record.priority, record.args, record.kwargs,
+            record.attempts, record.run_after) == (plain.id, "demo.echo", "default", "READY", 0, [], {}, 0, None)
+    assert record.enqueued_at == datetime.fromtimestamp(plain.enqueued_at_ms / 1000, tz=UTC)
+    record = ResultRecord.from_fields(broker.get_result(full.id))
+    assert (record.id, record.status, record.priority, record.args, record.kwargs) == (full.id, "READY", 5, [1], {"k": "v"})
+    assert record.run_after == datetime.fromtimestamp(full.run_after_ms / 1000, tz=UTC)
+
+
+def test_a_ready_record_with_every_field_written_by_an_older_producer_reads_back(broker):
+    broker.client.hset(broker.keys.result("old-1"), mapping={
+        "id": "old-1", "type": "demo.echo", "queue": "q", "priority": "3", "status": "READY", "args": "[2]",
+        "kwargs": "{}", "enqueued_at_ms": "1700000000000", "attempts": "0"})
+    record = ResultRecord.from_fields(broker.get_result("old-1"))
+    assert (record.id, record.type, record.queue, record.status, record.priority, record.args, record.attempts) \
+        == ("old-1", "demo.echo", "q", "READY", 3, [2], 0)
+
+
+def test_tasks_of_one_repeated_request_get_their_own_ids_and_canonical_bytes(broker):
+    tasks = enqueue("demo.echo", [7], {"k": "v"}, headers={"trace": "t"}, count=3)
+    raws = broker.client.lrange(broker.keys.pending("default"), 0, -1)
+    decoded = [decode_task(raw) for raw in raws]
+    assert sorted(t.id for t in decoded) == sorted(t.id for t in tasks)
+    assert all(uuid.UUID(t.id).version == 4 and str(uuid.UUID(t.id)) == t.id for t in decoded)
+    assert all(t.SerializeToString() == raw for t, raw in zip(decoded, raws))
+    assert all((decode_payload(t.payload).kwargs, dict(t.headers)) == ({"k": "v"}, {"trace": "t"}) for t in decoded)
