@@ -108,10 +108,15 @@ def test_type_settings_are_cached_between_enqueues_and_local_edits_apply_at_once
     assert enqueue("cached.type")[0].queue == "second"
 
 
-def test_a_ready_record_stores_only_fields_off_their_default_and_reads_back_whole(broker):
-    [plain] = enqueue("demo.echo")
+def test_a_ready_record_stores_only_fields_off_their_default_and_reads_back_whole(broker, settings):
+    [first] = enqueue("demo.echo")
+    [plain] = enqueue("demo.echo")  # a known queue: record and push in one script call
     [full] = enqueue("demo.echo", [1], {"k": "v"}, priority=5, delay_s=60)
-    assert set(broker.client.hkeys(broker.keys.result(plain.id))) == {b"type", b"queue", b"enqueued_at_ms"}
+    for task in (first, plain):
+        assert set(broker.client.hkeys(broker.keys.result(task.id))) == {b"type", b"queue", b"enqueued_at_ms"}
+        assert 0 < broker.client.ttl(broker.keys.result(task.id)) <= settings.TASKS_RESULT_TTL
+    assert [decode_task(raw).id for raw in broker.client.lrange(broker.keys.pending("default"), 0, -1)] \
+        == [plain.id, first.id]
     record = ResultRecord.from_fields(broker.get_result(plain.id))
     assert (record.id, record.type, record.queue, record.status, record.priority, record.args, record.kwargs,
             record.attempts, record.run_after) == (plain.id, "demo.echo", "default", "READY", 0, [], {}, 0, None)
