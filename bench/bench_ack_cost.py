@@ -45,7 +45,7 @@ def ack_one(system, queue: str, held: list[bytes]) -> float:
     raw = held.pop(0)
     task = decode_task(raw)
     task.attempt = 1
-    update = results.succeeded(task, "true", int(time.time() * 1000), 3600)
+    update = results.succeeded(task, "true", int(time.time() * 1000), 3600, results.run_token(ME, task.attempt))
     started = time.perf_counter()
     system.broker.ack(queue, ME, [raw], [update])
     elapsed = time.perf_counter() - started
