@@ -1,7 +1,9 @@
 """The only code that talks to Redis: key naming, the Lua scripts and one method per operation.
 
-Every key of a queue carries the hash tag ``{queue}``, so each script touches one Redis Cluster
-slot; every key a script touches is passed to it in KEYS. See docs/PROTOCOL.md.
+Every key of a queue carries the hash tag ``{queue}``, so each queue script touches one Redis
+Cluster slot; every key a script touches is passed to it in KEYS. Two producer shortcuts
+(`record_ready` for many records, `enqueue_one`) span slots and run only on a single server.
+See docs/PROTOCOL.md.
 """
 from __future__ import annotations
 
