@@ -13,7 +13,7 @@ from typing import Any
 
 from . import django_tasks, metrics, results
 from .ack_batcher import AckBatcher
-from .broker import Broker
+from .broker import Broker, ResultUpdate
 from .codec import Arguments, Task, UndecodableTask, decode_payload, decode_task, encode_task
 from .registry import Handler, Registry
 from .retry_policy import backoff_delay_s
@@ -316,7 +316,7 @@ class Executor:
     def _redis(self, call: Callable[[], Any], what: str) -> Any:
         return until_done(call, what=what, give_up=self.give_up)
 
-    def _dead_letter_raw(self, claimed: Claimed, new_raw: bytes, update: Any) -> bool:
+    def _dead_letter_raw(self, claimed: Claimed, new_raw: bytes, update: ResultUpdate | None) -> bool:
         return self._redis(lambda: self.broker.dead_letter(claimed.queue, claimed.consumer_id, claimed.raw,
                                                            new_raw, update), "dead_letter")
 
