@@ -144,7 +144,6 @@ class Scripts:
     def __init__(self, directory: Path = LUA_DIR) -> None:
         self.sources = {path.stem: path.read_bytes() for path in sorted(directory.glob("*.lua"))}
         self.shas = {name: hashlib.sha1(src).hexdigest() for name, src in self.sources.items()}
-        self.names_by_sha = {sha: name for name, sha in self.shas.items()}
 
     def run(self, client: Any, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run script `name` on `client`, loading it first if the server does not have it."""
