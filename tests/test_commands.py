@@ -74,3 +74,15 @@ def test_runconsumer_rejects_bad_options(argv):
 def test_runconsumer_rejects_an_invalid_queue_name(broker):
     with pytest.raises(CommandError, match="invalid queue"):
         call_command("runconsumer", "--queue", "bad queue", "--burst")
+
+
+@pytest.mark.django_db
+def test_runconsumer_reports_a_busy_metrics_port_in_one_line(broker):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(CommandError, match=f"cannot serve metrics on port {port}"):
+            call_command("runconsumer", "--metrics-port", str(port), "--burst")

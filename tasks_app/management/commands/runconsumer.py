@@ -62,7 +62,10 @@ class Command(BaseCommand):
         if metrics_port is not None:
             from tasks_app.metrics_http import serve_consumer_metrics
 
-            serve_consumer_metrics(consumer, metrics_port)
+            try:
+                serve_consumer_metrics(consumer, metrics_port)
+            except OSError as exc:
+                raise CommandError(f"cannot serve metrics on port {metrics_port}: {exc.strerror or exc}") from None
         consumer.install_signal_handlers()
         exit_code = consumer.run()
         if exit_code:
