@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from django.conf import settings
+from redis.exceptions import RedisError
 
 from . import results
 from .broker import Broker, Enqueueable, get_broker
@@ -21,6 +22,10 @@ from .task_types import TaskTypeConfig, UnknownTaskType, recent_task_types
 
 class EnqueueError(ValueError):
     """A request to enqueue that was rejected before anything reached Redis."""
+
+
+class QueueUnavailable(RuntimeError):
+    """Redis could not take the tasks (unreachable, or refusing writes): treat them as not enqueued."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +86,10 @@ def enqueue_many(requests: Sequence[TaskRequest], *, broker: Broker | None = Non
         items.append(Enqueueable(queue, encode_task(task), priority, run_after_ms, record, task_id))
         enqueued.append(EnqueuedTask(task_id, request.type, queue, priority, now_ms, run_after_ms))
     if items:
-        (broker or get_broker()).enqueue(items, settings.TASKS_RESULT_TTL)
+        try:
+            (broker or get_broker()).enqueue(items, settings.TASKS_RESULT_TTL)
+        except RedisError as exc:
+            raise QueueUnavailable(f"cannot enqueue: Redis did not take the tasks ({exc})") from exc
     return enqueued
 
 

@@ -34,8 +34,8 @@ def key_prefix(settings: pytest.FixtureRequest) -> Iterator[str]:
     recent_task_types.forget()  # rows of earlier tests are gone from the database
     settings.TASKS_KEY_PREFIX = prefix
     settings.TASKS_CONFIG_REFRESH_S = 0.5
+    client = get_broker().client  # the test may point REDIS_URL elsewhere; clean up here
     yield prefix
-    client = get_broker().client
     for key in client.scan_iter(match=f"{prefix}:*", count=1000):
         client.delete(key)
 

@@ -169,3 +169,10 @@ def test_non_staff_session_is_403(client, broker, echo_type):
     client.force_login(get_user_model().objects.create_user("plain", password=None))
     assert post(client, {"type": "api.echo"}).status_code == 403
     assert broker.known_queues() == []
+
+
+def test_redis_away_is_503_with_a_json_error(client, broker, token, echo_type, settings):
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+    response = post(client, {"type": "api.echo"}, token)
+    assert response.status_code == 503
+    assert "cannot enqueue" in response.json()["error"]

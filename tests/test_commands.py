@@ -86,3 +86,10 @@ def test_runconsumer_reports_a_busy_metrics_port_in_one_line(broker):
         port = taken.getsockname()[1]
         with pytest.raises(CommandError, match=f"cannot serve metrics on port {port}"):
             call_command("runconsumer", "--metrics-port", str(port), "--burst")
+
+
+@pytest.mark.django_db
+def test_enqueue_with_redis_away_fails_with_one_line(settings):
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+    with pytest.raises(CommandError, match="cannot enqueue"):
+        call_command("enqueue", "demo.echo", stdout=StringIO())

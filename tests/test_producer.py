@@ -143,3 +143,11 @@ def test_tasks_of_one_repeated_request_get_their_own_ids_and_canonical_bytes(bro
     assert all(uuid.UUID(t.id).version == 4 and str(uuid.UUID(t.id)) == t.id for t in decoded)
     assert all(t.SerializeToString() == raw for t, raw in zip(decoded, raws))
     assert all((decode_payload(t.payload).kwargs, dict(t.headers)) == ({"k": "v"}, {"trace": "t"}) for t in decoded)
+
+
+def test_an_unreachable_redis_is_a_clear_error(settings):
+    from tasks_app.producer import QueueUnavailable
+
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+    with pytest.raises(QueueUnavailable, match="cannot enqueue: Redis did not take the tasks"):
+        enqueue("demo.echo")

@@ -303,3 +303,10 @@ def test_admin_revokes_tokens(staff):
     staff.post("/admin/tasks_app/apitoken/", {"action": "revoke", "_selected_action": [row.pk]})
     row.refresh_from_db()
     assert row.revoked_at is not None and not row.is_active
+
+
+def test_the_form_says_so_when_redis_is_away(staff, broker, echo_type, settings):
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"
+    response = post_enqueue(staff, type="web.echo", args="[1]", kwargs="{}")
+    assert response.status_code == 200
+    assert "cannot enqueue: Redis did not take the tasks" in response.content.decode()

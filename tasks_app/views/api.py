@@ -108,6 +108,8 @@ def create_task(request: HttpRequest) -> HttpResponse:
                                 delay_s=body.get("delay", 0))[0]
     except producer.EnqueueError as exc:
         return error(400, str(exc))
+    except producer.QueueUnavailable as exc:
+        return error(503, str(exc))
     location = request.build_absolute_uri(reverse("tasks_app:api-task", kwargs={"task_id": task.id}))
     response = JsonResponse({
         "id": task.id, "type": task.type, "queue": task.queue, "priority": task.priority, "status": "READY",

@@ -29,6 +29,8 @@ def enqueue_task(request: HttpRequest) -> HttpResponse:
                                     priority=data["priority"], delay_s=data["delay"])[0]
         except producer.EnqueueError as exc:
             form.add_error(error_field(str(exc)), str(exc))
+        except producer.QueueUnavailable as exc:
+            form.add_error(None, str(exc))
         else:
             messages.success(request, f"Task {task.id} enqueued on queue {task.queue}.")
             return redirect("tasks_app:task", task_id=task.id)

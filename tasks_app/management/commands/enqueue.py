@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from tasks_app.producer import EnqueueError, enqueue
+from tasks_app.producer import EnqueueError, QueueUnavailable, enqueue
 
 
 def json_value(text: str) -> Any:
@@ -34,6 +34,6 @@ class Command(BaseCommand):
         try:
             enqueued = enqueue(type, task_args, kwargs, queue=queue, priority=priority, delay_s=delay,
                                count=count)
-        except EnqueueError as exc:
+        except (EnqueueError, QueueUnavailable) as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write("\n".join(task.id for task in enqueued))
