@@ -9,7 +9,8 @@ local acked = 0
 for i, task in ipairs(ARGV) do
   local removed = redis.call('LREM', KEYS[1], -1, task)
   if removed > 0 then
-    redis.call('HDEL', KEYS[2], redis.sha1hex(task))
+    local digest = redis.sha1hex(task)
+    redis.call('HDEL', KEYS[2], digest, 's:' .. digest)
   end
   flags[i] = removed
   acked = acked + removed

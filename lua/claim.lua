@@ -1,10 +1,13 @@
 -- claim: move up to N tasks into this consumer's processing list, highest priority first.
 -- KEYS[1] pending list   KEYS[2] prioritized zset   KEYS[3] processing list of this consumer
--- KEYS[4] consumers zset (lease deadlines)
+-- KEYS[4] consumers zset (lease deadlines)   KEYS[5] suspects list (tasks recovered from dead
+-- consumers, waiting to run where a death can be pinned on them)
 -- ARGV[1] consumer id    ARGV[2] N (max tasks)     ARGV[3] wake token (dropped, never returned)
 -- ARGV[4] "1" to first remove one wake token that a blocking claim put in processing
--- Returns: false if this consumer holds no lease (it was reaped), else the claimed tasks
--- (oldest first). Order: priority > 0, then the pending list (priority 0), then priority < 0.
+-- ARGV[5] "1" if this consumer may take a suspect (it holds none)
+-- Returns: false if this consumer holds no lease (it was reaped), else {s, w, tasks...}: s = 1
+-- when the first task is a suspect (at most one), w = suspects still waiting. Order: the
+-- suspect, priority > 0, the pending list (priority 0), priority < 0; oldest first within each.
 if not redis.call('ZSCORE', KEYS[4], ARGV[1]) then
   return false
 end
@@ -14,6 +17,11 @@ end
 local want = tonumber(ARGV[2])
 local zero = 100 * 4398046511104  -- score of the first priority-0 slot: (100 - p) * 2^42 + ms
 local claimed = {}
+local suspect = false
+if ARGV[5] == '1' and want > 0 then
+  suspect = redis.call('RPOPLPUSH', KEYS[5], KEYS[3])
+  if suspect then claimed[1] = suspect end
+end
 
 local function take_prioritized(min, max)
   if want - #claimed <= 0 then return end
@@ -37,4 +45,6 @@ while want - #claimed > 0 do
   end
 end
 take_prioritized('(' .. zero, '+inf')
+table.insert(claimed, 1, redis.call('LLEN', KEYS[5]))
+table.insert(claimed, 1, suspect and 1 or 0)
 return claimed

@@ -1,12 +1,14 @@
 -- deregister: a consumer leaving cleanly gives back what it holds and drops its lease.
 -- KEYS[1] consumers zset   KEYS[2] consumer info hash   KEYS[3] processing list   KEYS[4] pending
+-- KEYS[5] recoveries hash   KEYS[6] suspects list (for tasks recovered from a dead consumer before)
 -- ARGV[1] consumer id
 -- Returns: how many tasks went back to the head of pending (oldest claimed runs first).
 local returned = 0
 while true do
   local task = redis.call('LPOP', KEYS[3])
   if not task then break end
-  redis.call('RPUSH', KEYS[4], task)
+  local suspect = redis.call('HEXISTS', KEYS[5], redis.sha1hex(task)) == 1
+  redis.call('RPUSH', suspect and KEYS[6] or KEYS[4], task)
   returned = returned + 1
 end
 redis.call('ZREM', KEYS[1], ARGV[1])

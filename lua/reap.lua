@@ -1,7 +1,8 @@
--- reap: return the tasks of a consumer whose lease expired to the head of pending.
+-- reap: return the tasks of a consumer whose lease expired to the head of the suspects list.
 -- KEYS[1] consumers zset   KEYS[2] consumer info hash   KEYS[3] reaped zset (tombstones)
 -- KEYS[4] processing list of the dead consumer   KEYS[5] pending list   KEYS[6] dead zset
--- KEYS[7] recoveries hash (sha1 of task -> times recovered)
+-- KEYS[7] recoveries hash (sha1 of task -> times recovered; "s:" .. sha1 -> started as a suspect)
+-- KEYS[8] suspects list
 -- ARGV[1] consumer id   ARGV[2] max recoveries before dead-lettering   ARGV[3] max tasks moved
 -- ARGV[4] wake token (dropped)   ARGV[5] default lease ms (when the consumer left no info)
 -- Returns: {status, requeued, still in the list, dead-lettered tasks...}; status 1 reaped,
@@ -50,8 +51,15 @@ for _ = 1, tonumber(ARGV[3]) do
   local task = redis.call('LPOP', KEYS[4])
   if not task then break end
   if task ~= ARGV[4] then
+    -- A first recovery always counts (nobody knows which of the dead consumer's tasks ran);
+    -- after that a task is a suspect and counts only if it was running as one (marked when it
+    -- started), so tasks merely claimed or running beside a poison pill are not blamed for it.
     local digest = redis.sha1hex(task)
-    local recovered = redis.call('HINCRBY', KEYS[7], digest, 1)
+    local recovered = tonumber(redis.call('HGET', KEYS[7], digest)) or 0
+    if recovered == 0 or redis.call('HEXISTS', KEYS[7], 's:' .. digest) == 1 then
+      recovered = recovered + 1
+    end
+    redis.call('HDEL', KEYS[7], 's:' .. digest)
     if recovered > max_recoveries then
       redis.call('HDEL', KEYS[7], digest)
       local reason = 'recovered ' .. recovered .. ' times from consumers that died running it'
@@ -59,10 +67,15 @@ for _ = 1, tonumber(ARGV[3]) do
       redis.call('ZADD', KEYS[6], now_ms, dead)
       result[#result + 1] = dead
     else
-      redis.call('RPUSH', KEYS[5], task)
+      redis.call('HSET', KEYS[7], digest, recovered)
+      redis.call('RPUSH', KEYS[8], task)
       result[2] = result[2] + 1
     end
   end
+end
+-- Consumers blocked on pending claim suspects too once woken.
+if result[2] > 0 and redis.call('LLEN', KEYS[5]) == 0 then
+  redis.call('LPUSH', KEYS[5], ARGV[4])
 end
 result[3] = redis.call('LLEN', KEYS[4])
 return result

@@ -8,8 +8,11 @@ if redis.call('LREM', KEYS[1], -1, ARGV[1]) == 0 then
 end
 -- A deferral (same bytes: rate-limited or disabled, it never ran) keeps the task's recovery
 -- count, so a poison pill that is also rate-limited still reaches the dead letters.
+local digest = redis.sha1hex(ARGV[1])
 if string.sub(ARGV[2], 5) ~= ARGV[1] then
-  redis.call('HDEL', KEYS[3], redis.sha1hex(ARGV[1]))
+  redis.call('HDEL', KEYS[3], digest, 's:' .. digest)
+else
+  redis.call('HDEL', KEYS[3], 's:' .. digest)
 end
 local time = redis.call('TIME')
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)

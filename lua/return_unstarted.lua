@@ -1,11 +1,16 @@
--- return_unstarted: put claimed tasks that never started back at the head of pending.
--- KEYS[1] processing list of this consumer   KEYS[2] pending list
+-- return_unstarted: put claimed tasks that never started back at the head of pending (or of
+-- the suspects list, for a task recovered from a dead consumer before).
+-- KEYS[1] processing list of this consumer   KEYS[2] pending list   KEYS[3] recoveries hash
+-- KEYS[4] suspects list
 -- ARGV[1..n] serialized tasks, in the order they should run
 -- Returns: how many were returned (tasks no longer in the processing list are skipped).
 local returned = 0
 for i = #ARGV, 1, -1 do
   if redis.call('LREM', KEYS[1], -1, ARGV[i]) > 0 then
-    redis.call('RPUSH', KEYS[2], ARGV[i])
+    local digest = redis.sha1hex(ARGV[i])
+    local suspect = redis.call('HEXISTS', KEYS[3], digest) == 1
+    redis.call('HDEL', KEYS[3], 's:' .. digest)  -- it never ran here
+    redis.call('RPUSH', suspect and KEYS[4] or KEYS[2], ARGV[i])
     returned = returned + 1
   end
 end

@@ -79,6 +79,9 @@ class Keys:
     def recoveries(self, queue: str) -> str:
         return self.queue_key(queue, "recoveries")
 
+    def suspects(self, queue: str) -> str:
+        return self.queue_key(queue, "suspects")
+
     def completed(self, queue: str, bucket: int) -> str:
         """Counter of tasks acknowledged in one THROUGHPUT_BUCKET_S-long bucket (bucket = epoch s // width)."""
         return self.queue_key(queue, f"completed:{bucket}")
@@ -108,6 +111,15 @@ class Enqueueable:
     run_after_ms: int = 0
     result_key_fields: dict[str, str] = field(default_factory=dict)
     task_id: str = ""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What one claim moved into a consumer's processing list."""
+
+    tasks: list[bytes]
+    took_suspect: bool  # the first task is a suspect: recovered from a consumer that died holding it
+    suspects_waiting: int  # suspects still in the queue's suspects list
 
 
 @dataclass(frozen=True)
@@ -273,11 +285,25 @@ class Broker:
 
     # --- claiming --------------------------------------------------------------------------
     def claim(self, queue: str, consumer_id: str, max_tasks: int, *, drop_wake: bool = False) -> list[bytes] | None:
-        """Move up to `max_tasks` into this consumer's list; None if its lease was lost."""
-        keys = [self.keys.pending(queue), self.keys.prioritized(queue),
-                self.keys.processing(queue, consumer_id), self.keys.consumers(queue)]
-        claimed = self._script("claim", keys, [consumer_id, max_tasks, WAKE_TOKEN, "1" if drop_wake else "0"])
-        return None if claimed is None else list(claimed)
+        """Move up to `max_tasks` (no suspect) into this consumer's list; None if its lease was lost."""
+        claimed = self.claim_with_suspect(queue, consumer_id, max_tasks, drop_wake=drop_wake, allow_suspect=False)
+        return None if claimed is None else claimed.tasks
+
+    def claim_with_suspect(self, queue: str, consumer_id: str, max_tasks: int, *, drop_wake: bool = False,
+                           allow_suspect: bool = True) -> Claim | None:
+        """Like `claim`, first taking one suspect if allowed; None if this consumer's lease was lost."""
+        keys = [self.keys.pending(queue), self.keys.prioritized(queue), self.keys.processing(queue, consumer_id),
+                self.keys.consumers(queue), self.keys.suspects(queue)]
+        claimed = self._script("claim", keys, [consumer_id, max_tasks, WAKE_TOKEN, "1" if drop_wake else "0",
+                                               "1" if allow_suspect else "0"])
+        if claimed is None:
+            return None
+        took_suspect, suspects_waiting, *tasks = claimed
+        return Claim(tasks, bool(took_suspect), int(suspects_waiting))
+
+    def mark_started(self, queue: str, raw: bytes) -> None:
+        """Record that a suspect task is starting, so a death while it runs counts against it."""
+        self.client.hset(self.keys.recoveries(queue), f"s:{hashlib.sha1(raw).hexdigest()}", 1)
 
     def claim_blocking(self, queue: str, consumer_id: str, timeout_s: float) -> bytes | None:
         """Block until a task can move from pending into this consumer's list (BLMOVE).
@@ -335,7 +361,8 @@ class Broker:
         """Put claimed, never-started tasks back at the head of pending, first one first."""
         if not raws:
             return 0
-        keys = [self.keys.processing(queue, consumer_id), self.keys.pending(queue)]
+        keys = [self.keys.processing(queue, consumer_id), self.keys.pending(queue), self.keys.recoveries(queue),
+                self.keys.suspects(queue)]
         return int(self._script("return_unstarted", keys, list(raws)))
 
     # --- results ---------------------------------------------------------------------------
@@ -363,7 +390,8 @@ class Broker:
     # --- delayed ---------------------------------------------------------------------------
     def promote_due(self, queue: str, limit: int = 1000) -> tuple[int, int, int]:
         """Move due delayed tasks into pending; return (moved, next due ms or -1, server ms)."""
-        keys = [self.keys.delayed(queue), self.keys.pending(queue), self.keys.prioritized(queue)]
+        keys = [self.keys.delayed(queue), self.keys.pending(queue), self.keys.prioritized(queue),
+                self.keys.recoveries(queue), self.keys.suspects(queue)]
         moved, next_due_ms, now_ms = self._script("promote_due", keys, [limit, WAKE_TOKEN])
         return int(moved), int(next_due_ms), int(now_ms)
 
@@ -391,7 +419,8 @@ class Broker:
     def deregister(self, queue: str, consumer_id: str) -> int:
         """Leave cleanly: return anything still held to pending and drop the lease."""
         keys = [self.keys.consumers(queue), self.keys.consumer_info(queue),
-                self.keys.processing(queue, consumer_id), self.keys.pending(queue)]
+                self.keys.processing(queue, consumer_id), self.keys.pending(queue), self.keys.recoveries(queue),
+                self.keys.suspects(queue)]
         return int(self._script("deregister", keys, [consumer_id]))
 
     def reap_candidates(self, queue: str, max_ids: int = 100) -> tuple[list[str], list[str]]:
@@ -410,10 +439,10 @@ class Broker:
         return expired, tombstones
 
     def reap(self, queue: str, consumer_id: str, default_lease_ms: int) -> ReapOutcome:
-        """Return a dead consumer's tasks to pending (at most REAP_BATCH per call)."""
+        """Return a dead consumer's tasks to the suspects list (at most REAP_BATCH per call)."""
         keys = [self.keys.consumers(queue), self.keys.consumer_info(queue), self.keys.reaped(queue),
                 self.keys.processing(queue, consumer_id), self.keys.pending(queue), self.keys.dead(queue),
-                self.keys.recoveries(queue)]
+                self.keys.recoveries(queue), self.keys.suspects(queue)]
         out = self._script("reap", keys, [consumer_id, MAX_RECOVERIES, REAP_BATCH, WAKE_TOKEN, default_lease_ms])
         return ReapOutcome(status=int(out[0]), requeued=int(out[1]), remaining=int(out[2]),
                            dead_lettered=list(out[3:]))
@@ -457,14 +486,15 @@ class Broker:
         # A wake token is not a task; there is at most one, near the head of pending.
         pipe.lpos(self.keys.pending(queue), WAKE_TOKEN, rank=-1, maxlen=16)
         pipe.zcard(self.keys.prioritized(queue))
+        pipe.llen(self.keys.suspects(queue))
         pipe.zcard(self.keys.delayed(queue))
         pipe.zcard(self.keys.dead(queue))
         for consumer_id in tombstones:
             pipe.llen(self.keys.processing(queue, consumer_id))
-        pending, wake_token_at, prioritized, delayed, dead, *orphaned = pipe.execute()
+        pending, wake_token_at, prioritized, suspects, delayed, dead, *orphaned = pipe.execute()
         pending -= wake_token_at is not None
         processing = sum(c["in_flight"] for c in consumers) + sum(orphaned)
-        return QueueStats(queue, pending + prioritized, processing, delayed, dead, consumers)
+        return QueueStats(queue, pending + prioritized + suspects, processing, delayed, dead, consumers)
 
     def _tombstones(self, queue: str) -> list[str]:
         return [m.decode() for m in self.client.zrange(self.keys.reaped(queue), 0, -1)]

@@ -122,25 +122,40 @@ class ClaimerLoop:
             return 0.0
         held = 1 + consumer.capacity.acquire_up_to(consumer.capacity.limit - 1)
         consumer_id = consumer.consumer_id
+        may_take_suspect = consumer.reserve_suspect_slot()
+        took_suspect = False
         try:
-            claimed = consumer.broker.claim(self.queue, consumer_id, held, drop_wake=self._drop_wake)
+            outcome = consumer.broker.claim_with_suspect(self.queue, consumer_id, held, drop_wake=self._drop_wake,
+                                                         allow_suspect=may_take_suspect)
             self._drop_wake = False
-            if claimed is None:
+            if outcome is None:
                 consumer.capacity.release(held)
                 consumer.lease_lost(consumer_id)
                 return 0.0
-            if claimed:
-                consumer.capacity.release(held - len(claimed))
-                held = len(claimed)
-                consumer.dispatch([Claimed(self.queue, consumer_id, raw) for raw in claimed])
+            took_suspect = outcome.took_suspect
+            if outcome.tasks:
+                consumer.capacity.release(held - len(outcome.tasks))
+                held = len(outcome.tasks)
+                consumer.dispatch([Claimed(self.queue, consumer_id, raw, suspect=took_suspect and index == 0)
+                                   for index, raw in enumerate(outcome.tasks)])
                 return 0.0
             consumer.capacity.release(held - 1)
             held = 1
+            if outcome.suspects_waiting:
+                # Suspects wait for this consumer's one suspect slot: claim again as it frees,
+                # rather than block on pending meanwhile.
+                consumer.capacity.release(1)
+                held = 0
+                consumer.wait_for_suspect_slot(consumer.options.block_s)
+                return 0.0
             raw = consumer.broker.claim_blocking(self.queue, consumer_id, consumer.options.block_s)
         except BaseException as exc:
             consumer.capacity.release(held)
             self._uncertain = isinstance(exc, RedisError)
             raise
+        finally:
+            if may_take_suspect and not took_suspect:
+                consumer.release_suspect_slot()
         if raw is None or raw == WAKE_TOKEN:
             consumer.capacity.release(1)
             self._drop_wake = raw == WAKE_TOKEN
@@ -204,6 +219,9 @@ class Consumer:
         # (queue, consumer id, task) of every task handed to workers and not yet settled.
         self._held: set[tuple[str, str, bytes]] = set()
         self._held_lock = threading.Lock()
+        # At most one suspect (a task recovered from a consumer that died) is held at a time.
+        self._suspect_reserved = False
+        self._suspect_slot = threading.Condition()
         self._first_signal_at: float | None = None
         # Checked every few seconds; stale after a few missed checks (or one lease, if longer).
         self.liveness = Liveness(options.health_file, stale_after_s=max(3 * HEALTH_CHECK_S, options.lease_s))
@@ -279,8 +297,29 @@ class Consumer:
                     self._finished([claimed])
                 close_old_connections()
 
+    def reserve_suspect_slot(self) -> bool:
+        """Take the right to hold a suspect: one at a time, so a death can be pinned on it."""
+        with self._suspect_slot:
+            if self._suspect_reserved:
+                return False
+            self._suspect_reserved = True
+            return True
+
+    def release_suspect_slot(self) -> None:
+        """Give up the right to hold a suspect."""
+        with self._suspect_slot:
+            self._suspect_reserved = False
+            self._suspect_slot.notify_all()
+
+    def wait_for_suspect_slot(self, timeout_s: float) -> None:
+        """Wait (up to `timeout_s`) until no suspect is held."""
+        with self._suspect_slot:
+            self._suspect_slot.wait_for(lambda: not self._suspect_reserved, timeout_s)
+
     def _finished(self, claimed: Sequence[Claimed]) -> None:
         """Give back the slots of tasks that left this consumer's hands."""
+        if any(item.suspect for item in claimed):
+            self.release_suspect_slot()
         with self._held_lock:
             self._held.difference_update((item.queue, item.consumer_id, item.raw) for item in claimed)
         metrics.IN_FLIGHT.dec(len(claimed))

@@ -33,6 +33,8 @@ class Claimed:
     queue: str
     consumer_id: str
     raw: bytes
+    # Recovered from a consumer that died holding it: its start is recorded before it runs.
+    suspect: bool = False
 
 
 @dataclass(frozen=True)
@@ -170,6 +172,9 @@ class Executor:
 
     def _run(self, claimed: Claimed, task: Task, config: TaskTypeConfig, handler: Handler,
              arguments: Arguments, on_settled: Callable[[], None] | None = None) -> bool:
+        if claimed.suspect:
+            # Durable before the handler starts: if this process dies now, the task is to blame.
+            self._redis(lambda: self.broker.mark_started(claimed.queue, claimed.raw), "mark_started")
         task.attempt += 1
         max_attempts = task.max_attempts or config.max_attempts
         now_ms = int(time.time() * 1000)

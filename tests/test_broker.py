@@ -105,8 +105,8 @@ def test_reaping_returns_tasks_oldest_first_and_tombstones_the_consumer(broker):
     assert expired == ["c1"]
     outcome = broker.reap("q", "c1", LEASE_MS)
     assert (outcome.status, outcome.requeued, outcome.remaining) == (1, 3, 0)
-    register(broker, "c2")
-    assert ids(broker.claim("q", "c2", 3)) == ["task-0", "task-1", "task-2"]
+    # They wait as suspects, oldest at the head (each runs apart, so a death can be pinned on it).
+    assert ids(reversed(broker.client.lrange(broker.keys.suspects("q"), 0, -1))) == ["task-0", "task-1", "task-2"]
     # The reaped consumer's renewals and claims now fail: it must take a new identity.
     assert broker.heartbeat(["q"], "c1", LEASE_MS) is False
     assert broker.claim("q", "c1", 1) is None
@@ -123,7 +123,7 @@ def test_a_reaped_consumer_cannot_also_retry_or_ack_its_task(broker):
     assert broker.ack("q", "c1", [raw]) == [False]
     assert broker.client.zcard(broker.keys.delayed("q")) == 0
     assert broker.client.zcard(broker.keys.dead("q")) == 0
-    assert broker.client.llen(broker.keys.pending("q")) == 1
+    assert broker.client.llen(broker.keys.suspects("q")) == 1
 
 
 def test_tasks_moved_into_a_tombstoned_list_are_swept_back(broker):
@@ -136,24 +136,76 @@ def test_tasks_moved_into_a_tombstoned_list_are_swept_back(broker):
     _, tombstones = broker.reap_candidates("q")
     assert tombstones == ["c1"]
     assert broker.reap("q", "c1", LEASE_MS).requeued == 1
-    assert broker.client.llen(broker.keys.pending("q")) == 1
+    assert broker.client.llen(broker.keys.suspects("q")) == 1
+    assert broker.client.lrange(broker.keys.pending("q"), 0, -1) == [WAKE_TOKEN]  # wakes blocked claims
 
 
-def test_a_task_recovered_too_often_is_dead_lettered_with_a_reason(broker):
+def kill_while_holding(broker, consumer_id: str, *, take_suspect: bool, start_suspect: bool) -> list[bytes]:
+    """A consumer claims, maybe starts its suspect, dies, and is reaped; return the dead letters."""
+    register(broker, consumer_id)
+    if take_suspect:
+        claim = broker.claim_with_suspect("q", consumer_id, 10)
+        assert claim.took_suspect
+        if start_suspect:
+            broker.mark_started("q", claim.tasks[0])
+    else:
+        broker.claim("q", consumer_id, 10)
+    expire(broker, consumer_id)
+    return broker.reap("q", consumer_id, LEASE_MS).dead_lettered
+
+
+def test_a_task_that_keeps_killing_its_consumer_is_dead_lettered_with_a_reason(broker):
     push(broker, make_task(1))
-    for round_number in range(MAX_RECOVERIES + 1):
-        consumer_id = f"c{round_number}"
-        register(broker, consumer_id)
-        assert len(broker.claim("q", consumer_id, 1)) == 1
-        expire(broker, consumer_id)
-        outcome = broker.reap("q", consumer_id, LEASE_MS)
-    assert outcome.requeued == 0 and len(outcome.dead_lettered) == 1
-    dead = decode_task(outcome.dead_lettered[0])
+    assert kill_while_holding(broker, "c0", take_suspect=False, start_suspect=False) == []
+    assert broker.client.llen(broker.keys.suspects("q")) == 1
+    assert broker.queue_stats("q").pending == 1
+    for round_number in range(1, MAX_RECOVERIES):
+        assert kill_while_holding(broker, f"c{round_number}", take_suspect=True, start_suspect=True) == []
+    [raw] = kill_while_holding(broker, "last", take_suspect=True, start_suspect=True)
+    dead = decode_task(raw)
     assert dead.id == "task-1"
     assert "recovered 4 times" in dead.dead_reason
     assert dead.last_error.startswith("ConsumerDied")
     assert broker.client.zcard(broker.keys.dead("q")) == 1
-    assert broker.client.llen(broker.keys.pending("q")) == 0
+    assert broker.queue_stats("q").pending == 0
+
+
+def test_only_a_suspect_running_when_its_consumer_dies_is_blamed(broker):
+    push(broker, make_task(1), make_task(2), make_task(3))
+    kill_while_holding(broker, "c0", take_suspect=False, start_suspect=False)  # all three now suspects
+    for round_number in range(1, 10):
+        # Each consumer holds one suspect and dies before starting it: nobody is blamed.
+        assert kill_while_holding(broker, f"c{round_number}", take_suspect=True, start_suspect=False) == []
+    assert broker.client.llen(broker.keys.suspects("q")) == 3
+    assert broker.client.zcard(broker.keys.dead("q")) == 0
+
+
+def test_a_consumer_takes_at_most_one_suspect_and_finishing_it_clears_its_record(broker):
+    push(broker, make_task(1), make_task(2))
+    kill_while_holding(broker, "c0", take_suspect=False, start_suspect=False)
+    push(broker, make_task(3))
+    register(broker, "c1")
+    claim = broker.claim_with_suspect("q", "c1", 10)
+    assert claim.took_suspect and ids(claim.tasks) == ["task-1", "task-3"]
+    assert claim.suspects_waiting == 1
+    broker.mark_started("q", claim.tasks[0])
+    assert broker.ack("q", "c1", claim.tasks) == [True, True]
+    assert broker.client.hlen(broker.keys.recoveries("q")) == 1  # the other suspect's count only
+
+
+def test_returned_and_deferred_suspects_stay_suspects(broker):
+    push(broker, make_task(1))
+    kill_while_holding(broker, "c0", take_suspect=False, start_suspect=False)
+    register(broker, "c1")
+    [raw] = broker.claim_with_suspect("q", "c1", 1).tasks
+    assert broker.return_unstarted("q", "c1", [raw]) == 1
+    assert broker.client.llen(broker.keys.suspects("q")) == 1
+    [raw] = broker.claim_with_suspect("q", "c1", 1).tasks
+    broker.retry_later("q", "c1", raw, raw, 0, 0)  # rate-limited
+    time.sleep(0.01)
+    broker.promote_due("q")
+    assert broker.client.lrange(broker.keys.suspects("q"), 0, -1) == [raw]
+    assert broker.deregister("q", "c1") == 0
 
 
 def test_racing_reapers_requeue_each_task_exactly_once(broker):
@@ -175,8 +227,8 @@ def test_racing_reapers_requeue_each_task_exactly_once(broker):
     for thread in threads:
         thread.join()
     assert sum(moved) == 200
-    pending = broker.client.lrange(broker.keys.pending("q"), 0, -1)
-    assert len(pending) == len(set(pending)) == 200
+    suspects = broker.client.lrange(broker.keys.suspects("q"), 0, -1)
+    assert len(suspects) == len(set(suspects)) == 200
 
 
 def test_retry_later_moves_to_delayed_and_promotion_waits_for_the_due_time(broker):
@@ -283,11 +335,11 @@ def test_a_deferral_keeps_the_recovery_count_but_a_retry_clears_it(broker):
     digest = __import__("hashlib").sha1(raw).hexdigest()
     assert broker.client.hget(broker.keys.recoveries("q"), digest) == b"1"
     register(broker, "c1")
-    [raw] = broker.claim("q", "c1", 1)
+    [raw] = broker.claim_with_suspect("q", "c1", 1).tasks
     broker.retry_later("q", "c1", raw, raw, 0, 0)  # rate-limited: it never ran
     assert broker.client.hget(broker.keys.recoveries("q"), digest) == b"1"
     broker.promote_due("q")
-    [raw] = broker.claim("q", "c1", 1)
+    [raw] = broker.claim_with_suspect("q", "c1", 1).tasks
     retried = encode_task(Task(id="task-1", type="demo.echo", queue="q", attempt=1))
     broker.retry_later("q", "c1", raw, retried, 0, 0)  # it ran and failed: a fresh start
     assert broker.client.hget(broker.keys.recoveries("q"), digest) is None
