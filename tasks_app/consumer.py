@@ -37,6 +37,8 @@ HEALTH_CHECK_S = 5.0
 # A terminal's Ctrl-C reaches every process of its group, and supervisors often pass it on as
 # well: a signal this soon after the first is the same request, not a second one.
 SIGNAL_ECHO_S = 1.0
+# How soon a claimer waiting on pending looks again for suspects it could not take yet.
+SUSPECT_RECHECK_S = 0.1
 
 
 @dataclass
@@ -141,14 +143,11 @@ class ClaimerLoop:
                 return 0.0
             consumer.capacity.release(held - 1)
             held = 1
-            if outcome.suspects_waiting:
-                # Suspects wait for this consumer's one suspect slot: claim again as it frees,
-                # rather than block on pending meanwhile.
-                consumer.capacity.release(1)
-                held = 0
-                consumer.wait_for_suspect_slot(consumer.options.block_s)
-                return 0.0
-            raw = consumer.broker.claim_blocking(self.queue, consumer_id, consumer.options.block_s)
+            # Suspects waiting for this consumer's one suspect slot are claimed soon after it
+            # frees; new pending tasks still wake the blocking claim at once.
+            block_s = min(consumer.options.block_s, SUSPECT_RECHECK_S) if outcome.suspects_waiting \
+                else consumer.options.block_s
+            raw = consumer.broker.claim_blocking(self.queue, consumer_id, block_s)
         except BaseException as exc:
             consumer.capacity.release(held)
             self._uncertain = isinstance(exc, RedisError)
@@ -221,7 +220,7 @@ class Consumer:
         self._held_lock = threading.Lock()
         # At most one suspect (a task recovered from a consumer that died) is held at a time.
         self._suspect_reserved = False
-        self._suspect_slot = threading.Condition()
+        self._suspect_slot = threading.Lock()
         self._first_signal_at: float | None = None
         # Checked every few seconds; stale after a few missed checks (or one lease, if longer).
         self.liveness = Liveness(options.health_file, stale_after_s=max(3 * HEALTH_CHECK_S, options.lease_s))
@@ -309,12 +308,6 @@ class Consumer:
         """Give up the right to hold a suspect."""
         with self._suspect_slot:
             self._suspect_reserved = False
-            self._suspect_slot.notify_all()
-
-    def wait_for_suspect_slot(self, timeout_s: float) -> None:
-        """Wait (up to `timeout_s`) until no suspect is held."""
-        with self._suspect_slot:
-            self._suspect_slot.wait_for(lambda: not self._suspect_reserved, timeout_s)
 
     def _finished(self, claimed: Sequence[Claimed]) -> None:
         """Give back the slots of tasks that left this consumer's hands."""
