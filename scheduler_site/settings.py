@@ -139,3 +139,10 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     "loggers": {"django": {"handlers": ["console"], "level": "INFO", "propagate": False}},
 }
+
+# --- Delays and dead letters --------------------------------------------------------------
+# Longest delay a producer accepts (delay_s, run_after, the form and the API): one year.
+TASKS_MAX_DELAY_S = int(os.environ.get("TASKS_MAX_DELAY_S", str(365 * 24 * 3600)))
+# Dead letters kept per queue, and for how long (as Sidekiq: 10,000 and 6 months); the oldest go first.
+TASKS_DEAD_LETTER_MAX = int(os.environ.get("TASKS_DEAD_LETTER_MAX", "10000"))
+TASKS_DEAD_LETTER_MAX_AGE_S = int(os.environ.get("TASKS_DEAD_LETTER_MAX_AGE_S", str(180 * 24 * 3600)))

@@ -1,22 +1,25 @@
 """The only code that talks to Redis: key naming, the Lua scripts and one method per operation.
 
 Every key of a queue carries the hash tag ``{queue}``, so each queue script touches one Redis
-Cluster slot; every key a script touches is passed to it in KEYS. Two producer shortcuts
-(`record_ready` for many records, `enqueue_one`) span slots and run only on a single server.
-See docs/PROTOCOL.md.
+Cluster slot; every key a script touches is passed to it in KEYS. Two producer scripts
+(`enqueue_batch` with many queues or records, `enqueue_one`) span slots on a single server; on
+a Redis Cluster each call of `enqueue_batch` holds one queue or one record. See docs/PROTOCOL.md.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 from redis.exceptions import NoScriptError
+
+from . import batch_args
 
 LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
 # Pushed onto an empty pending list to wake a consumer blocked on it; never a valid Task
@@ -25,21 +28,31 @@ WAKE_TOKEN = b"\x00wake"
 # Each recovery of a task from a dead consumer is counted; past this it is dead-lettered.
 MAX_RECOVERIES = 3
 REAP_BATCH = 1000
-# READY records written per script call by a bulk enqueue (bounds how long one call blocks Redis).
-READY_RECORDS_PER_CALL = 1000
+# Ids given by callers are remembered per queue this long and up to this many, so a retry of a
+# partly enqueued batch (Redis Cluster) or of one whose reply was lost does not push them twice.
+ENQUEUED_IDS_KEEP_MS = 24 * 3600 * 1000
+ENQUEUED_IDS_MAX = 100_000
+# Type of the envelope that wraps bytes that are not a task in the dead letters (as the executor's).
+UNDECODABLE_TYPE = "_undecodable"
 TOMBSTONE_KEEP_MS = 24 * 3600 * 1000
 # Width of the buckets counting acknowledged tasks, for the dashboard's throughput.
 THROUGHPUT_BUCKET_S = 10
 
 
 def delayed_member(priority: int, raw: bytes) -> bytes:
-    """Encode a delayed-set member: the priority as 4 ASCII characters, then the task."""
-    return f"{priority:+04d}".encode() + raw
+    """Encode a delayed-set member: the priority (clamped to -100..100) as 4 ASCII characters, then the task."""
+    return f"{max(-100, min(100, int(priority))):+04d}".encode() + raw
 
 
-def split_delayed_member(member: bytes) -> tuple[int, bytes]:
-    """Split a delayed-set member into its priority and the serialized task."""
-    return int(member[:4]), member[4:]
+_DELAYED_PREFIX = re.compile(rb"[+-][0-9]{3}")
+
+
+def split_delayed_member(member: bytes) -> tuple[int, bytes] | None:
+    """Split a delayed-set member into its priority and the serialized task; None if it is not one."""
+    prefix = member[:4]
+    if not _DELAYED_PREFIX.fullmatch(prefix) or len(member) == 4 or abs(int(prefix)) > 100:
+        return None
+    return int(prefix), member[4:]
 
 
 @dataclass(frozen=True)
@@ -63,6 +76,10 @@ class Keys:
 
     def dead(self, queue: str) -> str:
         return self.queue_key(queue, "dead")
+
+    def enqueued(self, queue: str) -> str:
+        """Ids given by callers that were recently enqueued to `queue` (id -> server ms)."""
+        return self.queue_key(queue, "enqueued")
 
     def processing(self, queue: str, consumer_id: str) -> str:
         return self.queue_key(queue, f"processing:{consumer_id}")
@@ -103,14 +120,21 @@ READY_RECORD_DEFAULTS = {"status": "READY", "priority": "0", "args": "[]", "kwar
 
 @dataclass(frozen=True)
 class Enqueueable:
-    """A serialized task ready to push, with where it goes and its initial result record."""
+    """A serialized task ready to push, with where it goes, when (from Redis's now) and its READY record."""
 
     queue: str
     raw: bytes
     priority: int = 0
-    run_after_ms: int = 0
+    delay_ms: int = 0
     result_key_fields: dict[str, str] = field(default_factory=dict)
     task_id: str = ""
+    # The caller chose the id: a task with this id enqueued to this queue recently is not pushed again.
+    idempotent: bool = False
+
+    @property
+    def plain(self) -> bool:
+        """Priority 0, due now, no id to check: pushed as is."""
+        return not (self.priority or self.delay_ms > 0 or self.idempotent)
 
 
 @dataclass(frozen=True)
@@ -120,6 +144,15 @@ class Claim:
     tasks: list[bytes]
     took_suspect: bool  # the first task is a suspect: recovered from a consumer that died holding it
     suspects_waiting: int  # suspects still in the queue's suspects list
+
+
+class Promotion(NamedTuple):
+    """What one promote_due call did."""
+
+    moved: int
+    next_due_ms: int  # -1: nothing delayed
+    now_ms: int  # the server's clock
+    malformed: int  # due members that were not "<priority><task>", dead-lettered
 
 
 @dataclass(frozen=True)
@@ -150,11 +183,20 @@ class QueueStats:
         }
 
 
+# A line "-- include: NAME" in a script is replaced by lua/include/NAME.lua (helpers shared by scripts).
+_INCLUDE = re.compile(rb"^-- include: ([a-z_]+)$", re.MULTILINE)
+
+
+def _expand_includes(source: bytes, directory: Path) -> bytes:
+    return _INCLUDE.sub(lambda match: (directory / "include" / f"{match[1].decode()}.lua").read_bytes(), source)
+
+
 class Scripts:
     """The Lua scripts of lua/, loaded once and run by SHA (reloaded after a Redis restart)."""
 
     def __init__(self, directory: Path = LUA_DIR) -> None:
-        self.sources = {path.stem: path.read_bytes() for path in sorted(directory.glob("*.lua"))}
+        self.sources = {path.stem: _expand_includes(path.read_bytes(), directory)
+                        for path in sorted(directory.glob("*.lua"))}
         self.shas = {name: hashlib.sha1(src).hexdigest() for name, src in self.sources.items()}
 
     def run(self, client: Any, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
@@ -225,36 +267,53 @@ class Broker:
 
     # --- producing -------------------------------------------------------------------------
     def enqueue(self, items: Sequence[Enqueueable], result_ttl_s: int) -> None:
-        """Write each task's READY record, then push the tasks, all in one round trip."""
+        """Write each task's READY record (kept result_ttl_s past its due time) and push the tasks.
+
+        On a single Redis server one script call: all or nothing. On Redis Cluster one call per
+        queue and per record in one round trip: some may be pushed when an error is raised.
+        """
         if len(items) == 1 and self._enqueue_one(items[0], result_ttl_s):
             return
-        pipe = self.client.pipeline(transaction=False)
-        self._queue_ready_records(pipe, [item for item in items if item.result_key_fields], result_ttl_s)
-        immediate: dict[str, list[bytes]] = {}
-        prioritized: dict[str, list[Any]] = {}
-        for item in items:
-            if item.run_after_ms:
-                pipe.zadd(self.keys.delayed(item.queue), {delayed_member(item.priority, item.raw): item.run_after_ms})
-            elif item.priority:
-                prioritized.setdefault(item.queue, []).extend([item.priority, item.raw])
-            else:
-                immediate.setdefault(item.queue, []).append(item.raw)
-        for queue, raws in immediate.items():
-            pipe.lpush(self.keys.pending(queue), *raws)
-        for queue, pairs in prioritized.items():
-            self.scripts.queue(pipe, "enqueue_prioritized",
-                               [self.keys.prioritized(queue), self.keys.pending(queue)], [WAKE_TOKEN, *pairs])
         new_queues = {item.queue for item in items} - self._announced_queues
+        if isinstance(self.client, redis.RedisCluster):
+            self._enqueue_on_cluster(items, result_ttl_s, new_queues)
+        else:
+            by_queue = batch_args.by_queue(items)
+            keys = [key for queue in by_queue for key in self._queue_section_keys(queue)]
+            args: list[Any] = [WAKE_TOKEN, ENQUEUED_IDS_KEEP_MS, ENQUEUED_IDS_MAX, "1" if new_queues else "0",
+                               len(by_queue)]
+            for queue, queued in by_queue.items():
+                args += batch_args.queue_section(queue, queued)
+            records = [item for item in items if item.result_key_fields]
+            keys += [self.keys.queues()] if new_queues else []
+            keys += [self.keys.result(item.task_id) for item in records]
+            self._script("enqueue_batch", keys, args + batch_args.record_groups(records, result_ttl_s))
+        self._announced_queues |= new_queues
+
+    def _enqueue_on_cluster(self, items: Sequence[Enqueueable], result_ttl_s: int, new_queues: set[str]) -> None:
+        # Result keys and queues lie in different slots: one call per record, then one per queue.
+        pipe = self.client.pipeline(transaction=False)
+        head = [WAKE_TOKEN, ENQUEUED_IDS_KEEP_MS, ENQUEUED_IDS_MAX, "0"]
+        for item in items:
+            if item.result_key_fields:
+                self.scripts.queue(pipe, "enqueue_batch", [self.keys.result(item.task_id)],
+                                   [*head, 0, *batch_args.record_groups([item], result_ttl_s)])
+        for queue, queued in batch_args.by_queue(items).items():
+            self.scripts.queue(pipe, "enqueue_batch", self._queue_section_keys(queue),
+                               [*head, 1, *batch_args.queue_section(queue, queued)])
         if new_queues:
             pipe.sadd(self.keys.queues(), *new_queues)
         self.scripts.execute(pipe, self.client)
-        self._announced_queues |= new_queues
+
+    def _queue_section_keys(self, queue: str) -> list[str]:
+        return [self.keys.pending(queue), self.keys.prioritized(queue), self.keys.delayed(queue),
+                self.keys.enqueued(queue)]
 
     def _enqueue_one(self, item: Enqueueable, result_ttl_s: int) -> bool:
-        # The common single enqueue as one script call instead of a pipeline of two commands
-        # (~15 % more tasks/s: the round trip is most of its cost). Its keys lie in different
-        # slots, so not on Redis Cluster. False: not applicable, nothing was written.
-        if item.run_after_ms or item.priority or not item.result_key_fields \
+        # The common single enqueue as a script call without the batch's sections (~15 % more
+        # tasks/s than a pipeline of two commands: the round trip is most of its cost). Its keys
+        # lie in different slots, so not on Redis Cluster. False: not applicable, nothing written.
+        if not item.plain or not item.result_key_fields \
                 or item.queue not in self._announced_queues or isinstance(self.client, redis.RedisCluster):
             return False
         args: list[Any] = [result_ttl_s, item.raw]
@@ -262,26 +321,6 @@ class Broker:
             args += (name, value)
         self._script("enqueue_one", [self.keys.result(item.task_id), self.keys.pending(item.queue)], args)
         return True
-
-    def _queue_ready_records(self, pipe: Any, items: Sequence[Enqueueable], result_ttl_s: int) -> None:
-        # One script call per READY_RECORDS_PER_CALL records instead of HSET + EXPIRE per task:
-        # per-command client overhead dominated bulk enqueue. Result keys of a Redis Cluster lie
-        # in different slots, so there each record is a call of its own.
-        per_call = 1 if isinstance(self.client, redis.RedisCluster) else READY_RECORDS_PER_CALL
-        for start in range(0, len(items), per_call):
-            chunk = items[start:start + per_call]
-            args: list[Any] = [result_ttl_s]
-            shared: dict[str, str] | None = None
-            run_at = 0
-            for item in chunk:
-                if item.result_key_fields is shared:  # the producer shares one dict between identical tasks
-                    args[run_at] += 1
-                    continue
-                shared, run_at = item.result_key_fields, len(args)
-                args += (1, len(shared))
-                for name, value in shared.items():
-                    args += (name, value)
-            self.scripts.queue(pipe, "record_ready", [self.keys.result(item.task_id) for item in chunk], args)
 
     # --- claiming --------------------------------------------------------------------------
     def claim(self, queue: str, consumer_id: str, max_tasks: int, *, drop_wake: bool = False) -> list[bytes] | None:
@@ -388,12 +427,13 @@ class Broker:
         return {**READY_RECORD_DEFAULTS, "id": task_id, **fields}
 
     # --- delayed ---------------------------------------------------------------------------
-    def promote_due(self, queue: str, limit: int = 1000) -> tuple[int, int, int]:
-        """Move due delayed tasks into pending; return (moved, next due ms or -1, server ms)."""
+    def promote_due(self, queue: str, limit: int = 1000) -> Promotion:
+        """Move due delayed tasks into pending, and dead-letter due members that are not tasks."""
         keys = [self.keys.delayed(queue), self.keys.pending(queue), self.keys.prioritized(queue),
-                self.keys.recoveries(queue), self.keys.suspects(queue)]
-        moved, next_due_ms, now_ms = self._script("promote_due", keys, [limit, WAKE_TOKEN])
-        return int(moved), int(next_due_ms), int(now_ms)
+                self.keys.recoveries(queue), self.keys.suspects(queue), self.keys.dead(queue)]
+        moved, next_due_ms, now_ms, malformed = self._script("promote_due", keys,
+                                                             [limit, WAKE_TOKEN, queue, UNDECODABLE_TYPE])
+        return Promotion(int(moved), int(next_due_ms), int(now_ms), int(malformed))
 
     # --- rate limits -----------------------------------------------------------------------
     def rate_limit(self, task_type: str, algorithm: str, task_id: str, limit: int, period_us: int,
@@ -512,14 +552,19 @@ class Broker:
         entries = self.client.zrange(self.keys.dead(queue), offset, offset + limit - 1, desc=True, withscores=True)
         return [(member, int(score)) for member, score in entries]
 
-    def requeue_dead(self, queue: str, pairs: Sequence[tuple[bytes, bytes]]) -> int:
-        """Move dead tasks (stored member, task to push) back to pending; return how many moved."""
-        if not pairs:
+    def requeue_dead(self, queue: str, entries: Sequence[tuple[bytes, int, bytes]]) -> int:
+        """Move dead tasks (stored member, priority, task to push) back to pending or prioritized."""
+        if not entries:
             return 0
-        args: list[bytes] = []
-        for member, fresh in pairs:
-            args.extend([member, fresh])
-        return int(self._script("requeue_dead", [self.keys.dead(queue), self.keys.pending(queue)], args))
+        args: list[Any] = [WAKE_TOKEN]
+        for member, priority, fresh in entries:
+            args.extend([member, priority, fresh])
+        keys = [self.keys.dead(queue), self.keys.pending(queue), self.keys.prioritized(queue)]
+        return int(self._script("requeue_dead", keys, args))
+
+    def trim_dead(self, queue: str, max_count: int, max_age_s: int) -> int:
+        """Drop the oldest dead letters beyond `max_count` and those older than `max_age_s`."""
+        return int(self._script("trim_dead", [self.keys.dead(queue)], [max_count, max_age_s * 1000]))
 
     def delete_dead(self, queue: str, members: Sequence[bytes]) -> int:
         """Delete dead-lettered tasks for good; return how many were deleted."""

@@ -22,8 +22,21 @@ def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
         problems.append(Error("TASKS_RESULT_TTL must be a positive number of seconds", id="tasks_app.E003"))
     if settings.TASKS_MAX_PAYLOAD_BYTES <= 0:
         problems.append(Error("TASKS_MAX_PAYLOAD_BYTES must be positive", id="tasks_app.E004"))
+    problems += _delay_and_dead_letter_problems()
     for module, error in registry.import_errors.items():
         problems.append(Warning(f"handler module {module} failed to import: {error}",
                                 hint="Tasks whose handler lives there will be dead-lettered.",
                                 id="tasks_app.W001"))
+    return problems
+
+
+def _delay_and_dead_letter_problems() -> list[CheckMessage]:
+    problems: list[CheckMessage] = []
+    if settings.TASKS_MAX_DELAY_S <= 0:
+        problems.append(Error("TASKS_MAX_DELAY_S must be a positive number of seconds", id="tasks_app.E020"))
+    if settings.TASKS_DEAD_LETTER_MAX < 0:
+        problems.append(Error("TASKS_DEAD_LETTER_MAX must be 0 or more", id="tasks_app.E021"))
+    if settings.TASKS_DEAD_LETTER_MAX_AGE_S <= 0:
+        problems.append(Error("TASKS_DEAD_LETTER_MAX_AGE_S must be a positive number of seconds",
+                              id="tasks_app.E022"))
     return problems

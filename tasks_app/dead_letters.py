@@ -101,13 +101,13 @@ def fresh_copy(task: Task) -> Task:
 
 
 def requeue(queue: str, dead: Sequence[DeadTask], broker: Broker | None = None) -> list[DeadTask]:
-    """Move requeueable dead tasks back to pending with a READY record; return those moved."""
+    """Move requeueable dead tasks back, with their priority and a READY record; return those moved."""
     broker = broker or get_broker()
     movable = [item for item in dead if item.requeueable and item.task is not None]
     if not movable:
         return []
     fresh = [fresh_copy(item.task) for item in movable if item.task is not None]
-    broker.requeue_dead(queue, [(item.member, encode_task(task)) for item, task in zip(movable, fresh)])
+    broker.requeue_dead(queue, [(item.member, task.priority, encode_task(task)) for item, task in zip(movable, fresh)])
     for task in fresh:
         broker.record_result(_ready_again(task))
     return movable

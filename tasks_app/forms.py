@@ -5,6 +5,7 @@ import json
 from typing import Any
 
 from django import forms
+from django.conf import settings
 
 from .codec import PRIORITY_MAX, PRIORITY_MIN
 from .models import TaskType, name_validator
@@ -45,7 +46,7 @@ class EnqueueForm(forms.Form):
                             help_text="Leave empty for the task type's queue.")
     priority = forms.IntegerField(label="Priority", initial=0, min_value=PRIORITY_MIN, max_value=PRIORITY_MAX,
                                   help_text=f"{PRIORITY_MIN} to {PRIORITY_MAX}; higher runs first.")
-    delay = forms.FloatField(label="Delay (seconds)", initial=0, min_value=0, max_value=365 * 86400,
+    delay = forms.FloatField(label="Delay (seconds)", initial=0, min_value=0, max_value=settings.TASKS_MAX_DELAY_S,
                              help_text="Run no sooner than this many seconds from now.")
 
     def __init__(self, *args: Any, registry: Registry = default_registry, **kwargs: Any) -> None:

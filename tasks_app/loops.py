@@ -10,7 +10,7 @@ from typing import Protocol
 from redis.exceptions import RedisError
 
 from . import metrics
-from .broker import Broker
+from .broker import UNDECODABLE_TYPE, Broker
 from .retrying import next_backoff_s
 
 logger = logging.getLogger(__name__)
@@ -83,25 +83,47 @@ class HeartbeatLoop:
 
 
 class SchedulerLoop:
-    """Moves due delayed tasks into pending, waking up when the next one is due."""
+    """Moves due delayed tasks into pending, waking up when the next one is due; trims dead letters."""
 
     name = "scheduler"
     MAX_SLEEP_S = 0.25
     BATCH = 1000
+    # Dead letters are trimmed this often (a dead-letter set may exceed its caps by what dies meanwhile).
+    TRIM_EVERY_S = 5.0
 
-    def __init__(self, broker: Broker, queues: Sequence[str]) -> None:
+    def __init__(self, broker: Broker, queues: Sequence[str], *, dead_letter_max: int | None = None,
+                 dead_letter_max_age_s: int | None = None) -> None:
+        from django.conf import settings
+
         self.broker = broker
         self.queues = list(queues)
+        self.dead_letter_max = settings.TASKS_DEAD_LETTER_MAX if dead_letter_max is None else dead_letter_max
+        self.dead_letter_max_age_s = (settings.TASKS_DEAD_LETTER_MAX_AGE_S if dead_letter_max_age_s is None
+                                      else dead_letter_max_age_s)
+        self._trimmed_at = float("-inf")
 
     def run_once(self) -> float:
         sleep_s = self.MAX_SLEEP_S
         for queue in self.queues:
-            moved, next_due_ms, now_ms = self.broker.promote_due(queue, self.BATCH)
-            if moved >= self.BATCH:
+            promotion = self.broker.promote_due(queue, self.BATCH)
+            if promotion.malformed:
+                metrics.TASKS_DEAD_LETTERED.labels(UNDECODABLE_TYPE, queue).inc(promotion.malformed)
+                logger.warning("%d malformed delayed member(s) of queue %s dead-lettered", promotion.malformed, queue)
+            if promotion.moved + promotion.malformed >= self.BATCH:
                 sleep_s = 0.0
-            elif next_due_ms >= 0:
-                sleep_s = min(sleep_s, max(0.0, (next_due_ms - now_ms) / 1000))
+            elif promotion.next_due_ms >= 0:
+                sleep_s = min(sleep_s, max(0.0, (promotion.next_due_ms - promotion.now_ms) / 1000))
+        if time.monotonic() - self._trimmed_at >= self.TRIM_EVERY_S:
+            self.trim_dead_letters()
         return sleep_s
+
+    def trim_dead_letters(self) -> int:
+        """Apply the dead-letter caps (count and age) to every queue; return how many were dropped."""
+        self._trimmed_at = time.monotonic()
+        dropped = 0
+        for queue in self.queues:
+            dropped += self.broker.trim_dead(queue, self.dead_letter_max, self.dead_letter_max_age_s)
+        return dropped
 
 
 class ReaperLoop:

@@ -25,7 +25,11 @@ class EnqueueError(ValueError):
 
 
 class QueueUnavailable(RuntimeError):
-    """Redis could not take the tasks (unreachable, or refusing writes): treat them as not enqueued."""
+    """Redis could not take the tasks (unreachable, or refusing writes).
+
+    On a single Redis server none was enqueued. On Redis Cluster some may have been: retry with
+    the same task ids (`TaskRequest.task_id`), which are then not pushed twice.
+    """
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,11 @@ def enqueue(type_name: str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] 
 
 def enqueue_many(requests: Sequence[TaskRequest], *, broker: Broker | None = None,
                  registry: Registry = default_registry) -> list[EnqueuedTask]:
-    """Validate every request, then enqueue them all in one round trip (all or nothing)."""
+    """Validate every request, then enqueue them all in one round trip.
+
+    All or nothing on a single Redis server; on Redis Cluster a QueueUnavailable may follow a
+    partial enqueue, and a retry with the same task ids does not push any of them twice.
+    """
     now_ms = int(time.time() * 1000)
     configs: dict[str, TaskTypeConfig] = {}
     # A request object repeated in `requests` (as `enqueue(count=N)` does) is validated and
@@ -81,15 +89,17 @@ def enqueue_many(requests: Sequence[TaskRequest], *, broker: Broker | None = Non
         entry = prepared.get(id(request))
         if entry is None or entry[0] is not request:
             entry = prepared[id(request)] = (request, _prepare(request, configs, registry, now_ms))
-        task, queue, priority, run_after_ms, record = entry[1]
+        task, queue, priority, delay_ms, record = entry[1]
         task_id = task.id = request.task_id or new_task_id()
-        items.append(Enqueueable(queue, encode_task(task), priority, run_after_ms, record, task_id))
-        enqueued.append(EnqueuedTask(task_id, request.type, queue, priority, now_ms, run_after_ms))
+        items.append(Enqueueable(queue, encode_task(task), priority, delay_ms, record, task_id,
+                                 idempotent=bool(request.task_id)))
+        enqueued.append(EnqueuedTask(task_id, request.type, queue, priority, now_ms, task.run_after_ms))
     if items:
         try:
             (broker or get_broker()).enqueue(items, settings.TASKS_RESULT_TTL)
         except RedisError as exc:
-            raise QueueUnavailable(f"cannot enqueue: Redis did not take the tasks ({exc})") from exc
+            partly = "; some may be enqueued: retry with the same task ids" if settings.REDIS_CLUSTER else ""
+            raise QueueUnavailable(f"cannot enqueue: Redis did not take the tasks ({exc}){partly}") from exc
     return enqueued
 
 
@@ -101,12 +111,12 @@ def new_task_id() -> str:
 
 
 class _Prepared(NamedTuple):
-    """A validated request: its task without an id, where it goes, and the READY record its tasks share."""
+    """A validated request: its task without an id, where it goes, when, and the READY record its tasks share."""
 
     task: Task
     queue: str
     priority: int
-    run_after_ms: int
+    delay_ms: int  # from Redis's now; the envelope's run_after_ms is on this producer's clock, for display
     record: dict[str, str]
 
 
@@ -114,8 +124,9 @@ def _prepare(request: TaskRequest, configs: dict[str, TaskTypeConfig], registry:
              now_ms: int) -> _Prepared:
     config = configs.get(request.type) or _task_type(request.type, registry)
     configs[request.type] = config
-    task, arguments = _build_task(request, config, now_ms)
-    return _Prepared(task, task.queue, task.priority, task.run_after_ms, results.ready_fields(task, arguments))
+    delay_ms = _delay_ms(request, now_ms)
+    task, arguments = _build_task(request, config, now_ms, delay_ms)
+    return _Prepared(task, task.queue, task.priority, delay_ms, results.ready_fields(task, arguments))
 
 
 def _task_type(name: str, registry: Registry) -> TaskTypeConfig:
@@ -131,7 +142,7 @@ def _task_type(name: str, registry: Registry) -> TaskTypeConfig:
     return config
 
 
-def _build_task(request: TaskRequest, config: TaskTypeConfig, now_ms: int) -> tuple[Task, Arguments]:
+def _build_task(request: TaskRequest, config: TaskTypeConfig, now_ms: int, delay_ms: int) -> tuple[Task, Arguments]:
     if isinstance(request.args, (str, bytes, Mapping)) or not isinstance(request.args, Sequence):
         raise EnqueueError("args must be a JSON array")
     if not isinstance(request.kwargs, Mapping) or not all(isinstance(k, str) for k in request.kwargs):
@@ -151,21 +162,25 @@ def _build_task(request: TaskRequest, config: TaskTypeConfig, now_ms: int) -> tu
     if isinstance(request.priority, bool) or not isinstance(request.priority, int) \
             or not PRIORITY_MIN <= request.priority <= PRIORITY_MAX:
         raise EnqueueError(f"priority must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX}, got {request.priority!r}")
-    run_after_ms = _run_after_ms(request, now_ms)
     task = Task(type=request.type, payload=payload, queue=queue, priority=request.priority, enqueued_at_ms=now_ms,
-                run_after_ms=run_after_ms)
+                run_after_ms=now_ms + delay_ms if delay_ms else 0)
     for key, value in request.headers.items():
         task.headers[str(key)] = str(value)
     return task, arguments
 
 
-def _run_after_ms(request: TaskRequest, now_ms: int) -> int:
-    delay_s = request.delay_s
+def _delay_ms(request: TaskRequest, now_ms: int) -> int:
+    """How long from now (ms) the task waits: Redis scores it on its own clock, not this one."""
+    delay_s, max_delay_s = request.delay_s, settings.TASKS_MAX_DELAY_S
     if isinstance(delay_s, bool) or not isinstance(delay_s, (int, float)) or not math.isfinite(delay_s) or delay_s < 0:
         raise EnqueueError(f"delay must be a non-negative number of seconds, got {delay_s!r}")
-    if request.run_after is not None:
-        if request.run_after.tzinfo is None:
-            raise EnqueueError("run_after must be timezone-aware")
-        run_after_ms = int(request.run_after.timestamp() * 1000)
-        return run_after_ms if run_after_ms > now_ms else 0
-    return now_ms + int(delay_s * 1000) if delay_s > 0 else 0
+    if delay_s > max_delay_s:
+        raise EnqueueError(f"delay must be at most {max_delay_s} seconds (TASKS_MAX_DELAY_S), got {delay_s!r}")
+    if request.run_after is None:
+        return int(delay_s * 1000)
+    if not isinstance(request.run_after, datetime) or request.run_after.tzinfo is None:
+        raise EnqueueError("run_after must be timezone-aware")
+    delay_ms = int(request.run_after.timestamp() * 1000) - now_ms
+    if delay_ms > max_delay_s * 1000:
+        raise EnqueueError(f"run_after must be at most {max_delay_s} seconds (TASKS_MAX_DELAY_S) from now")
+    return max(0, delay_ms)

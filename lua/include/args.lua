@@ -1,0 +1,12 @@
+-- Arguments: numbers read defensively, so no ARGV can make a script raise.
+-- An integer argument within [min, max], or `default` when it is not a number (or NaN).
+local function int_arg(value, default, min, max)
+  local n = tonumber(value)
+  if not n or n ~= n then return default end
+  return math.max(min, math.min(max, math.floor(n)))
+end
+-- The server's clock in milliseconds.
+local function server_now_ms()
+  local time = redis.call('TIME')
+  return tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+end
