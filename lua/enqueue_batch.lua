@@ -82,7 +82,7 @@ for s = 1, sections do
     local excess = redis.call('ZCARD', KEYS[4 * s]) - keep_max
     if excess > 0 then redis.call('ZREMRANGEBYRANK', KEYS[4 * s], 0, excess - 1) end
   end
-  if ARGV[4] == '1' and name then
+  if ARGV[4] == '1' and name and KEYS[4 * sections + 1] then
     redis.call('SADD', KEYS[4 * sections + 1], name)
   end
 end

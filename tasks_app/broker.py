@@ -219,12 +219,18 @@ class Scripts:
         """Execute a pipeline; re-run by source just those scripts the server did not have."""
         queued: dict[int, tuple[str, tuple[str, ...], tuple[Any, ...]]] = vars(pipe).pop(_QUEUED_SCRIPTS, {})
         results = pipe.execute(raise_on_error=False)
+        error: Exception | None = None
         for index, outcome in enumerate(results):
-            if isinstance(outcome, NoScriptError):
-                name, keys, args = queued[index]
-                results[index] = client.eval(self.sources[name], len(keys), *keys, *args)
-            elif isinstance(outcome, Exception):
-                raise outcome
+            try:
+                if isinstance(outcome, NoScriptError):
+                    name, keys, args = queued[index]
+                    results[index] = client.eval(self.sources[name], len(keys), *keys, *args)
+                elif isinstance(outcome, Exception):
+                    raise outcome
+            except redis.ResponseError as exc:  # run every re-run before raising: the others are not undone
+                error = error or exc
+        if error is not None:
+            raise error
         return results
 
 

@@ -151,3 +151,32 @@ def test_an_unreachable_redis_is_a_clear_error(settings):
     settings.REDIS_URL = "redis://127.0.0.1:1/0"
     with pytest.raises(QueueUnavailable, match="cannot enqueue: Redis did not take the tasks"):
         enqueue("demo.echo")
+
+
+def nothing_enqueued(broker) -> bool:
+    keys = broker.keys
+    return not any([broker.client.llen(keys.pending("default")), broker.client.zcard(keys.delayed("default")),
+                    broker.client.zcard(keys.prioritized("default")),
+                    list(broker.client.scan_iter(match=f"{keys.prefix}:result:*"))])
+
+
+@pytest.mark.parametrize("delay_s", [1e14, 365 * 86400 + 1])
+def test_a_delay_over_the_maximum_is_refused_and_enqueues_nothing(broker, delay_s):
+    with pytest.raises(EnqueueError, match="delay must be at most 31536000 seconds"):
+        enqueue_many([TaskRequest("demo.echo", [1]), TaskRequest("demo.echo", [2], delay_s=delay_s)])
+    assert nothing_enqueued(broker)
+
+
+def test_a_run_after_beyond_the_maximum_delay_is_refused(broker, settings):
+    settings.TASKS_MAX_DELAY_S = 3600
+    with pytest.raises(EnqueueError, match="run_after must be at most 3600 seconds"):
+        enqueue("demo.echo", run_after=datetime.now(UTC) + timedelta(hours=2))
+    assert nothing_enqueued(broker)
+    [task] = enqueue("demo.echo", run_after=datetime.now(UTC) + timedelta(minutes=59))
+    assert broker.client.zcard(broker.keys.delayed("default")) == 1 and task.run_after_ms > task.enqueued_at_ms
+
+
+def test_the_form_and_the_producer_share_the_maximum_delay(settings):
+    from tasks_app.forms import EnqueueForm
+
+    assert EnqueueForm.base_fields["delay"].max_value == settings.TASKS_MAX_DELAY_S

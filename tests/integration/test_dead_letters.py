@@ -1,0 +1,79 @@
+"""Dead letters against real Redis: capped by count and age, requeued with their priority."""
+import pytest
+
+from tasks_app import dead_letters
+from tasks_app.broker import WAKE_TOKEN
+from tasks_app.codec import Task, decode_task, encode_task
+from tasks_app.loops import SchedulerLoop
+
+pytestmark = pytest.mark.django_db
+
+DAY_MS = 86400 * 1000
+
+
+def bury(broker, n: int, died_ms: int, priority: int = 0, queue: str = "q") -> bytes:
+    raw = encode_task(Task(id=f"dead-{n}", type="demo.echo", queue=queue, priority=priority, attempt=3,
+                           dead_reason="failed 3 of 3 attempts"))
+    broker.client.zadd(broker.keys.dead(queue), {raw: died_ms})
+    return raw
+
+
+def dead_ids(broker, queue: str = "q") -> list[str]:
+    return [decode_task(member).id for member, _ in broker.list_dead(queue, limit=1000)]
+
+
+def test_the_scheduler_keeps_only_the_newest_dead_letters(broker):
+    now_ms = broker.server_time_ms()
+    for n in range(30):
+        bury(broker, n, now_ms - (30 - n) * 1000)
+    loop = SchedulerLoop(broker, ["q"], dead_letter_max=10, dead_letter_max_age_s=30 * 86400)
+    loop.run_once()
+    assert dead_ids(broker) == [f"dead-{n}" for n in range(29, 19, -1)]
+
+
+def test_the_scheduler_drops_dead_letters_older_than_the_age_cap(broker):
+    now_ms = broker.server_time_ms()
+    for n, age_days in enumerate([400, 200, 181, 179, 10, 0]):
+        bury(broker, n, now_ms - age_days * DAY_MS)
+    loop = SchedulerLoop(broker, ["q"], dead_letter_max=10_000, dead_letter_max_age_s=180 * 86400)
+    assert loop.trim_dead_letters() == 3
+    assert sorted(dead_ids(broker)) == ["dead-3", "dead-4", "dead-5"]
+
+
+def test_the_caps_come_from_settings(broker, settings):
+    settings.TASKS_DEAD_LETTER_MAX = 2
+    now_ms = broker.server_time_ms()
+    for n in range(5):
+        bury(broker, n, now_ms - n)
+    SchedulerLoop(broker, ["q"]).run_once()
+    assert sorted(dead_ids(broker)) == ["dead-0", "dead-1"]
+
+
+def test_trimming_nothing_leaves_every_dead_letter(broker):
+    now_ms = broker.server_time_ms()
+    for n in range(5):
+        bury(broker, n, now_ms - n * DAY_MS)
+    assert broker.trim_dead("q", 5, 180 * 86400) == 0
+    assert len(dead_ids(broker)) == 5
+
+
+def test_a_requeued_dead_letter_keeps_its_priority_and_wakes_a_consumer(broker):
+    bury(broker, 1, broker.server_time_ms(), priority=7)
+    bury(broker, 2, broker.server_time_ms(), priority=0)
+    moved = dead_letters.requeue("q", dead_letters.list_dead_tasks("q", broker=broker), broker=broker)
+    assert len(moved) == 2
+    [prioritized] = broker.client.zrange(broker.keys.prioritized("q"), 0, -1)
+    fresh = decode_task(prioritized)
+    assert (fresh.id, fresh.priority, fresh.attempt, fresh.dead_reason) == ("dead-1", 7, 0, "")
+    [plain] = broker.client.lrange(broker.keys.pending("q"), 0, -1)
+    assert decode_task(plain).id == "dead-2"
+    broker.heartbeat(["q"], "c1", 10_000, {"lease_ms": 10_000})
+    assert [decode_task(raw).id for raw in broker.claim("q", "c1", 5)] == ["dead-1", "dead-2"]
+    assert broker.get_result("dead-1")["priority"] == "7"
+
+
+def test_requeueing_a_prioritized_dead_letter_alone_leaves_a_wake_token(broker):
+    bury(broker, 1, broker.server_time_ms(), priority=-20)
+    dead_letters.requeue("q", dead_letters.list_dead_tasks("q", broker=broker), broker=broker)
+    assert broker.client.lrange(broker.keys.pending("q"), 0, -1) == [WAKE_TOKEN]
+    assert broker.client.zcard(broker.keys.prioritized("q")) == 1

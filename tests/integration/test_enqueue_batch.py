@@ -1,0 +1,100 @@
+"""Bulk enqueue against private Redis servers: all or nothing on one server, no duplicates on retry."""
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from tasks_app.broker import Broker
+from tasks_app.producer import QueueUnavailable, TaskRequest, enqueue_many
+from tests.chaos.servers import RedisClusterServers, RedisServer
+
+pytestmark = pytest.mark.django_db
+
+PREFIX = "batch"
+
+
+def requests(with_ids: bool = False, queues: tuple[str, str] = ("A", "B")) -> list[TaskRequest]:
+    """1,000 tasks for queue A and 1,000 for queue B, some prioritized and some delayed."""
+    made = []
+    for queue in queues:
+        for n in range(1000):
+            made.append(TaskRequest("demo.echo", [n, "x" * 100], queue=queue, priority=5 if n % 10 == 0 else 0,
+                                    delay_s=60 if n % 10 == 1 else 0,
+                                    task_id=f"{queue}-{n}" if with_ids else None))
+    return made
+
+
+def queued(broker: Broker, queue: str) -> int:
+    keys = broker.keys
+    return (broker.client.llen(keys.pending(queue)) + broker.client.zcard(keys.prioritized(queue))
+            + broker.client.zcard(keys.delayed(queue)) - (broker.client.lpos(keys.pending(queue), b"\x00wake") is not None))
+
+
+def records(client: redis.Redis) -> int:
+    return sum(1 for _ in client.scan_iter(match=f"{PREFIX}:result:*", count=1000))
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path).start()
+    yield server
+    server.remove()
+
+
+def test_a_batch_over_the_memory_limit_is_enqueued_entirely_or_not_at_all(server):
+    client = redis.Redis.from_url(server.url)
+    broker = Broker(client, PREFIX)
+    enqueue_many(requests()[:10], broker=broker)  # load the scripts and announce A and B
+    client.delete(*client.keys(f"{PREFIX}:*"))
+    client.config_set("maxmemory-policy", "noeviction")
+    # Room for the command (its arguments count) and a few batches: batches are enqueued until
+    # one starts over the limit, and the one that crosses it must be whole.
+    client.config_set("maxmemory", int(client.info("memory")["used_memory"]) + 3_000_000)
+    outcomes = []
+    while "refused" not in outcomes and len(outcomes) < 20:
+        before = (queued(broker, "A"), queued(broker, "B"), records(client))
+        try:
+            enqueue_many(requests(), broker=broker)
+            outcomes.append("enqueued")
+            assert (queued(broker, "A"), queued(broker, "B"), records(client)) == (
+                before[0] + 1000, before[1] + 1000, before[2] + 2000)
+        except QueueUnavailable as exc:
+            assert "maxmemory" in str(exc)
+            outcomes.append("refused")
+            assert (queued(broker, "A"), queued(broker, "B"), records(client)) == before
+    assert outcomes[0] == "enqueued" and outcomes[-1] == "refused"
+
+
+def test_a_retry_with_the_same_ids_does_not_push_them_twice(server):
+    broker = Broker(redis.Redis.from_url(server.url), PREFIX)
+    enqueue_many(requests(with_ids=True), broker=broker)
+    enqueue_many(requests(with_ids=True)[500:1500], broker=broker)
+    assert (queued(broker, "A"), queued(broker, "B")) == (1000, 1000)
+    enqueue_many([TaskRequest("demo.echo", queue="A"), TaskRequest("demo.echo", queue="A", task_id="new")] * 2,
+                 broker=broker)
+    assert queued(broker, "A") == 1003  # ids given once are pushed once; generated ones always
+
+
+def test_on_a_cluster_a_partial_enqueue_is_completed_by_a_retry_without_duplicates(tmp_path, settings):
+    settings.REDIS_CLUSTER = True
+    cluster = RedisClusterServers(tmp_path).start()
+    try:
+        client = redis.RedisCluster.from_url(cluster.url)
+        broker = Broker(client, PREFIX)
+        a_port = client.get_node_from_key(broker.keys.pending("A")).port
+        b_queue = next(q for q in "BCDEFGHIJK" if client.get_node_from_key(broker.keys.pending(q)).port != a_port)
+        b_node = client.get_node_from_key(broker.keys.pending(b_queue))
+        batch = requests(with_ids=True, queues=("A", b_queue))
+        b_server = redis.Redis(port=b_node.port)
+        b_server.config_set("maxmemory-policy", "noeviction")
+        b_server.config_set("maxmemory", 1)  # B's node refuses every write
+        with pytest.raises(QueueUnavailable, match="some may be enqueued"):
+            enqueue_many(batch, broker=broker)
+        assert (queued(broker, "A"), queued(broker, b_queue)) == (1000, 0)
+        b_server.config_set("maxmemory", 0)
+        enqueue_many(batch, broker=broker)
+        assert (queued(broker, "A"), queued(broker, b_queue)) == (1000, 1000)
+        assert broker.get_result(f"{b_queue}-7")["status"] == "READY"
+    finally:
+        cluster.remove()
