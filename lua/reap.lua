@@ -31,17 +31,9 @@ elseif not redis.call('ZSCORE', KEYS[3], ARGV[1]) then
   return {-3, 0, 0}
 end
 
-local function varint(n)
-  local out = ''
-  while n >= 128 do
-    out = out .. string.char(n % 128 + 128)
-    n = math.floor(n / 128)
-  end
-  return out .. string.char(n)
-end
--- Appending a length-delimited field to a protobuf message sets it (last value wins).
+-- include: protobuf
 local function with_string_field(message, number, value)
-  return message .. string.char(number * 8 + 2) .. varint(#value) .. value
+  return message .. string_field(number, value)
 end
 
 local result = {1, 0, 0}

@@ -1,41 +1,40 @@
-"""The arguments of lua/enqueue_batch.lua: tasks in one section per queue, READY records in groups."""
+"""Tasks to enqueue, and the arguments of lua/enqueue_batch.lua: a section per queue, READY records in groups."""
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Any
 
 
-class Batchable(Protocol):
-    """What a section or a record group needs of a task (see broker.Enqueueable)."""
+@dataclass(frozen=True)
+class Enqueueable:
+    """A serialized task ready to push, with where it goes, when (from Redis's now) and its READY record."""
+
+    queue: str
+    raw: bytes
+    priority: int = 0
+    delay_ms: int = 0
+    result_key_fields: dict[str, str] = field(default_factory=dict)
+    task_id: str = ""
+    # The caller chose the id: a task with this id enqueued to this queue recently is not pushed again.
+    idempotent: bool = False
 
     @property
-    def queue(self) -> str: ...
-    @property
-    def raw(self) -> bytes: ...
-    @property
-    def priority(self) -> int: ...
-    @property
-    def delay_ms(self) -> int: ...
-    @property
-    def result_key_fields(self) -> dict[str, str]: ...
-    @property
-    def task_id(self) -> str: ...
-    @property
-    def idempotent(self) -> bool: ...
-    @property
-    def plain(self) -> bool: ...
+    def plain(self) -> bool:
+        """Priority 0, due now, no id to check: pushed as is."""
+        return not (self.priority or self.delay_ms > 0 or self.idempotent)
 
 
-def by_queue[T: Batchable](items: Sequence[T]) -> dict[str, list[T]]:
+def by_queue(items: Sequence[Enqueueable]) -> dict[str, list[Enqueueable]]:
     """Group tasks by queue, keeping their order within each queue."""
-    grouped: dict[str, list[T]] = {}
+    grouped: dict[str, list[Enqueueable]] = {}
     for item in items:
         grouped.setdefault(item.queue, []).append(item)
     return grouped
 
 
-def queue_section(queue: str, items: Sequence[Batchable]) -> list[Any]:
+def queue_section(queue: str, items: Sequence[Enqueueable]) -> list[Any]:
     """One queue's section: its name, the plain tasks, then (id, priority, delay ms, task) of the others."""
     plain = [item.raw for item in items if item.plain]
     others: list[Any] = []
@@ -45,7 +44,7 @@ def queue_section(queue: str, items: Sequence[Batchable]) -> list[Any]:
     return [queue, len(plain), *plain, len(others) // 4, *others]
 
 
-def record_groups(items: Sequence[Batchable], result_ttl_s: int) -> list[Any]:
+def record_groups(items: Sequence[Enqueueable], result_ttl_s: int) -> list[Any]:
     """READY records as groups (keys, ttl s, pairs, pairs...): tasks sharing one fields dict share a group.
 
     A record outlives its task's due time: its time to live is result_ttl_s plus the delay.

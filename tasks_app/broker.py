@@ -12,7 +12,7 @@ import json
 import re
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -20,6 +20,7 @@ import redis
 from redis.exceptions import NoScriptError
 
 from . import batch_args
+from .batch_args import Enqueueable
 
 LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
 # Pushed onto an empty pending list to wake a consumer blocked on it; never a valid Task
@@ -116,25 +117,6 @@ class Keys:
 # The fields a READY record may leave out, and the value each then has; the id is the key's suffix.
 # The producer stores only what differs (see results.ready_fields); get_result fills these back in.
 READY_RECORD_DEFAULTS = {"status": "READY", "priority": "0", "args": "[]", "kwargs": "{}", "attempts": "0"}
-
-
-@dataclass(frozen=True)
-class Enqueueable:
-    """A serialized task ready to push, with where it goes, when (from Redis's now) and its READY record."""
-
-    queue: str
-    raw: bytes
-    priority: int = 0
-    delay_ms: int = 0
-    result_key_fields: dict[str, str] = field(default_factory=dict)
-    task_id: str = ""
-    # The caller chose the id: a task with this id enqueued to this queue recently is not pushed again.
-    idempotent: bool = False
-
-    @property
-    def plain(self) -> bool:
-        """Priority 0, due now, no id to check: pushed as is."""
-        return not (self.priority or self.delay_ms > 0 or self.idempotent)
 
 
 @dataclass(frozen=True)
