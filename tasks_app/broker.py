@@ -257,8 +257,8 @@ class Broker:
     def enqueue(self, items: Sequence[Enqueueable], result_ttl_s: int) -> None:
         """Write each task's READY record (kept result_ttl_s past its due time) and push the tasks.
 
-        On a single Redis server one script call: all or nothing. On Redis Cluster one call per
-        queue and per record in one round trip: some may be pushed when an error is raised.
+        On a single Redis server all or nothing (see `_enqueue_on_server`). On Redis Cluster one
+        call per queue and per record in one round trip: some may be pushed when an error is raised.
         """
         if len(items) == 1 and self._enqueue_one(items[0], result_ttl_s):
             return
@@ -266,17 +266,32 @@ class Broker:
         if isinstance(self.client, redis.RedisCluster):
             self._enqueue_on_cluster(items, result_ttl_s, new_queues)
         else:
-            by_queue = batch_args.by_queue(items)
-            keys = [key for queue in by_queue for key in self._queue_section_keys(queue)]
-            args: list[Any] = [WAKE_TOKEN, ENQUEUED_IDS_KEEP_MS, ENQUEUED_IDS_MAX, "1" if new_queues else "0",
-                               len(by_queue)]
-            for queue, queued in by_queue.items():
-                args += batch_args.queue_section(queue, queued)
-            records = [item for item in items if item.result_key_fields]
-            keys += [self.keys.queues()] if new_queues else []
-            keys += [self.keys.result(item.task_id) for item in records]
-            self._script("enqueue_batch", keys, args + batch_args.record_groups(records, result_ttl_s))
+            self._enqueue_on_server(items, result_ttl_s, new_queues)
         self._announced_queues |= new_queues
+
+    def _enqueue_on_server(self, items: Sequence[Enqueueable], result_ttl_s: int, new_queues: set[str]) -> None:
+        # One enqueue_batch call, atomic on its own. Plain tasks are cheaper as native LPUSHes
+        # (no copy into Lua): then LPUSH and the script (by source, so NOSCRIPT cannot split
+        # them) run in MULTI/EXEC, which Redis refuses whole when it is out of memory.
+        sections = batch_args.sections(items)
+        records = [item for item in items if item.result_key_fields]
+        keys = [key for queue in sections for key in self._queue_section_keys(queue)]
+        keys += [self.keys.queues()] if new_queues else []
+        keys += [self.keys.result(item.task_id) for item in records]
+        args: list[Any] = [WAKE_TOKEN, ENQUEUED_IDS_KEEP_MS, ENQUEUED_IDS_MAX, "1" if new_queues else "0",
+                           len(sections)]
+        for queue, section in sections.items():
+            args += section.args(queue, with_plain=False)
+        args += batch_args.record_groups(records, result_ttl_s)
+        if not any(section.plain for section in sections.values()):
+            self._script("enqueue_batch", keys, args)
+            return
+        pipe = self.client.pipeline(transaction=True)
+        for queue, section in sections.items():
+            if section.plain:
+                pipe.lpush(self.keys.pending(queue), *section.plain)
+        pipe.eval(self.scripts.sources["enqueue_batch"], len(keys), *keys, *args)
+        pipe.execute()
 
     def _enqueue_on_cluster(self, items: Sequence[Enqueueable], result_ttl_s: int, new_queues: set[str]) -> None:
         # Result keys and queues lie in different slots: one call per record, then one per queue.
@@ -286,9 +301,8 @@ class Broker:
             if item.result_key_fields:
                 self.scripts.queue(pipe, "enqueue_batch", [self.keys.result(item.task_id)],
                                    [*head, 0, *batch_args.record_groups([item], result_ttl_s)])
-        for queue, queued in batch_args.by_queue(items).items():
-            self.scripts.queue(pipe, "enqueue_batch", self._queue_section_keys(queue),
-                               [*head, 1, *batch_args.queue_section(queue, queued)])
+        for queue, section in batch_args.sections(items).items():
+            self.scripts.queue(pipe, "enqueue_batch", self._queue_section_keys(queue), [*head, 1, *section.args(queue)])
         if new_queues:
             pipe.sadd(self.keys.queues(), *new_queues)
         self.scripts.execute(pipe, self.client)

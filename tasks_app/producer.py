@@ -89,11 +89,10 @@ def enqueue_many(requests: Sequence[TaskRequest], *, broker: Broker | None = Non
         entry = prepared.get(id(request))
         if entry is None or entry[0] is not request:
             entry = prepared[id(request)] = (request, _prepare(request, configs, registry, now_ms))
-        task, queue, priority, delay_ms, record = entry[1]
+        task, queue, priority, delay_ms, run_after_ms, record = entry[1]
         task_id = task.id = request.task_id or new_task_id()
-        items.append(Enqueueable(queue, encode_task(task), priority, delay_ms, record, task_id,
-                                 idempotent=bool(request.task_id)))
-        enqueued.append(EnqueuedTask(task_id, request.type, queue, priority, now_ms, task.run_after_ms))
+        items.append(Enqueueable(queue, encode_task(task), priority, delay_ms, record, task_id, bool(request.task_id)))
+        enqueued.append(EnqueuedTask(task_id, request.type, queue, priority, now_ms, run_after_ms))
     if items:
         try:
             (broker or get_broker()).enqueue(items, settings.TASKS_RESULT_TTL)
@@ -116,7 +115,8 @@ class _Prepared(NamedTuple):
     task: Task
     queue: str
     priority: int
-    delay_ms: int  # from Redis's now; the envelope's run_after_ms is on this producer's clock, for display
+    delay_ms: int  # from Redis's now
+    run_after_ms: int  # the envelope's, on this producer's clock: for display only
     record: dict[str, str]
 
 
@@ -126,7 +126,7 @@ def _prepare(request: TaskRequest, configs: dict[str, TaskTypeConfig], registry:
     configs[request.type] = config
     delay_ms = _delay_ms(request, now_ms)
     task, arguments = _build_task(request, config, now_ms, delay_ms)
-    return _Prepared(task, task.queue, task.priority, delay_ms, results.ready_fields(task, arguments))
+    return _Prepared(task, task.queue, task.priority, delay_ms, task.run_after_ms, results.ready_fields(task, arguments))
 
 
 def _task_type(name: str, registry: Registry) -> TaskTypeConfig:
