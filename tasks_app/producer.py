@@ -126,7 +126,8 @@ def _prepare(request: TaskRequest, configs: dict[str, TaskTypeConfig], registry:
     configs[request.type] = config
     delay_ms = _delay_ms(request, now_ms)
     task, arguments = _build_task(request, config, now_ms, delay_ms)
-    return _Prepared(task, task.queue, task.priority, delay_ms, task.run_after_ms, results.ready_fields(task, arguments))
+    record = results.ready_fields(task, arguments)
+    return _Prepared(task, task.queue, task.priority, delay_ms, task.run_after_ms, record)
 
 
 def _task_type(name: str, registry: Registry) -> TaskTypeConfig:
@@ -178,7 +179,7 @@ def _delay_ms(request: TaskRequest, now_ms: int) -> int:
         raise EnqueueError(f"delay must be at most {max_delay_s} seconds (TASKS_MAX_DELAY_S), got {delay_s!r}")
     if request.run_after is None:
         return int(delay_s * 1000)
-    if not isinstance(request.run_after, datetime) or request.run_after.tzinfo is None:
+    if request.run_after.tzinfo is None:
         raise EnqueueError("run_after must be timezone-aware")
     delay_ms = int(request.run_after.timestamp() * 1000) - now_ms
     if delay_ms > max_delay_s * 1000:

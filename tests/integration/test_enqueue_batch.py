@@ -27,8 +27,9 @@ def requests(with_ids: bool = False, queues: tuple[str, str] = ("A", "B")) -> li
 
 def queued(broker: Broker, queue: str) -> int:
     keys = broker.keys
+    woken = broker.client.lpos(keys.pending(queue), b"\x00wake") is not None
     return (broker.client.llen(keys.pending(queue)) + broker.client.zcard(keys.prioritized(queue))
-            + broker.client.zcard(keys.delayed(queue)) - (broker.client.lpos(keys.pending(queue), b"\x00wake") is not None))
+            + broker.client.zcard(keys.delayed(queue)) - woken)
 
 
 def records(client: redis.Redis) -> int:
