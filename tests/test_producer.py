@@ -180,3 +180,16 @@ def test_the_form_and_the_producer_share_the_maximum_delay(settings):
     from tasks_app.forms import EnqueueForm
 
     assert EnqueueForm.base_fields["delay"].max_value == settings.TASKS_MAX_DELAY_S
+
+
+@pytest.mark.parametrize(("name", "value", "error_id"), [
+    ("TASKS_MAX_DELAY_S", 0, "tasks_app.E020"),
+    ("TASKS_DEAD_LETTER_MAX", -1, "tasks_app.E021"),
+    ("TASKS_DEAD_LETTER_MAX_AGE_S", 0, "tasks_app.E022"),
+])
+def test_invalid_delay_and_dead_letter_settings_fail_the_system_checks(settings, name, value, error_id):
+    from tasks_app.checks import check_task_settings
+
+    assert error_id not in {problem.id for problem in check_task_settings()}
+    setattr(settings, name, value)
+    assert error_id in {problem.id for problem in check_task_settings()}
