@@ -127,7 +127,7 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
-        "text": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "text": {"()": "tasks_app.logging.TextFormatter", "format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
         "json": {"()": "tasks_app.logging.JsonFormatter"},
     },
     "handlers": {

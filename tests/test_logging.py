@@ -1,4 +1,4 @@
-"""Logs: one JSON line per task event with its fields, under LOG_FORMAT=json and LOG_LEVEL."""
+"""Logs: one JSON line per task event with its fields (LOG_FORMAT=json), one escaped line per record (text)."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from tasks_app import producer
-from tasks_app.logging import JsonFormatter
+from tasks_app.codec import Task, encode_payload, encode_task
+from tasks_app.logging import CONTINUATION_INDENT, JsonFormatter, TextFormatter
 from tasks_app.models import TaskType
 
 EVENT_FIELDS = {"task_id", "type", "queue", "attempt", "duration_s", "outcome"}
@@ -56,3 +57,34 @@ def test_log_level_warning_hides_successes(broker, consumer_process):
     entries = [json.loads(line) for line in consumer.log().splitlines() if line.strip()]
     assert not [entry for entry in entries if entry.get("outcome") == "succeeded"]
     assert all(entry["level"] in {"WARNING", "ERROR", "CRITICAL"} for entry in entries)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_text_log_keeps_a_foreign_task_id_with_a_newline_on_one_line(broker, consumer_process):
+    forged = "2026-01-01 00:00:00,000 INFO tasks_app.consumer everything is fine"
+    task = Task(id=f"evil\n{forged}\r\x1b[2J", type="no.such.type", queue="default",
+                payload=encode_payload([], {}))
+    broker.client.lpush(broker.keys.pending("default"), encode_task(task))
+    broker.client.sadd(broker.keys.queues(), "default")
+
+    consumer = consumer_process("--burst", "--lease", "2", LOG_FORMAT="text", LOG_LEVEL="INFO")
+    assert consumer.wait(timeout_s=60) == 0, consumer.log()
+
+    lines = consumer.log().splitlines()
+    [dead_line] = [line for line in lines if "dead-lettered" in line]
+    assert "evil\\n2026-01-01" in dead_line and "\\r\\x1b[2J" in dead_line
+    assert not [line for line in lines if line.startswith(forged)]
+    assert "\x1b" not in consumer.log()
+
+
+def test_text_formatter_indents_tracebacks_and_escapes_their_lines():
+    formatter = TextFormatter("%(levelname)s %(message)s")
+    try:
+        raise ValueError("first\nINFO forged record")
+    except ValueError:
+        record = logging.LogRecord("tasks_app.tasks", logging.ERROR, __file__, 1, "task %s failed",
+                                   ("t\u20281",), exc_info=sys.exc_info())
+    head, *rest = formatter.format(record).split("\n")
+    assert head == "ERROR task t\\u20281 failed"
+    assert rest and all(line.startswith(CONTINUATION_INDENT) for line in rest)
+    assert rest[-1] == CONTINUATION_INDENT + "INFO forged record"
