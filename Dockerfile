@@ -1,8 +1,9 @@
 # syntax=docker/dockerfile:1
 # Image of the task queue: the web app (default command) and consumers (`runconsumer`).
 #   docker build -t taskqueue .
-#   docker run taskqueue                                      # gunicorn on :8000
-#   docker run taskqueue python manage.py runconsumer --metrics-port 9100 --health-file /tmp/consumer-alive
+#   docker run -e DJANGO_SECRET_KEY=... taskqueue             # gunicorn on :8000
+#   docker run -e DJANGO_SECRET_KEY=... taskqueue python manage.py runconsumer --metrics-port 9100 \
+#       --metrics-host 0.0.0.0 --health-file /tmp/consumer-alive
 
 # --- build: install the pinned runtime requirements into a virtualenv --------------------
 FROM python:3.12-slim AS build

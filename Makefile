@@ -10,7 +10,8 @@
 #
 # Variables: PYTHON (interpreter used to create .venv), PYTEST_ARGS, PORT,
 # REDIS_URL (reused when reachable, otherwise a private redis-server is started
-# and stopped again), DJANGO_DEBUG (make run; default 1),
+# and stopped again), DJANGO_DEBUG (make run; default 1), DJANGO_SECRET_KEY
+# (a fresh one per run when unset),
 # DJANGO_SUPERUSER_USERNAME / _PASSWORD / _EMAIL (make run).
 
 SHELL := /bin/bash
@@ -44,6 +45,11 @@ export REDIS_URL
 echo "==> Redis: $$REDIS_URL"
 endef
 
+# Django refuses to start with DEBUG off and no DJANGO_SECRET_KEY: local runs get a key of their own.
+define dev_secret_key
+export DJANGO_SECRET_KEY="$${DJANGO_SECRET_KEY:-$$($(PY) -c 'import secrets; print(secrets.token_urlsafe(50))')}"
+endef
+
 venv .venv: $(STAMP)
 
 $(PY):
@@ -64,12 +70,14 @@ $(STAMP): requirements.txt | $(PY)
 test: $(STAMP)
 	@scripts/ensure-test-tools
 	$(redis_setup)
+	$(dev_secret_key)
 	$(PY) manage.py migrate --noinput -v 0
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 chaos: $(STAMP)
 	@scripts/ensure-test-tools
 	$(redis_setup)
+	$(dev_secret_key)
 	$(PY) manage.py migrate --noinput -v 0
 	CHAOS_SCALE=long $(PY) -m pytest tests/chaos $(PYTEST_ARGS)
 
@@ -81,6 +89,7 @@ bench: $(STAMP)
 	  exit 0
 	fi
 	$(redis_setup)
+	$(dev_secret_key)
 	$(PY) manage.py migrate --noinput -v 0
 	failed=()
 	for f in "$${benches[@]}"; do
@@ -95,6 +104,8 @@ bench: $(STAMP)
 run: DJANGO_DEBUG ?= 1
 run: $(STAMP)
 	@$(redis_setup)
+	export DJANGO_DEBUG='$(DJANGO_DEBUG)'
+	$(dev_secret_key)
 	$(PY) manage.py migrate --noinput
 	export DJANGO_SUPERUSER_USERNAME="$${DJANGO_SUPERUSER_USERNAME:-admin}"
 	rc=0

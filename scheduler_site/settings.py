@@ -3,6 +3,7 @@ import os
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -21,9 +22,21 @@ def _env_list(name: str, default: str = "") -> list[str]:
 
 
 DEBUG = _env_bool("DJANGO_DEBUG", False)
-# The fallback is flagged by `manage.py check --deploy` (security.W009); production sets its own.
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or "django-insecure-local-development-only"
+# A public default key would let anyone forge sessions: only a DEBUG (development) run may use it.
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "")
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured("DJANGO_SECRET_KEY is not set: set it to a long random secret "
+                                   "(or DJANGO_DEBUG=1 for local development)")
+    SECRET_KEY = "django-insecure-local-development-only"
 ALLOWED_HOSTS = _env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
+# Served over HTTPS: send the session and CSRF cookies only over HTTPS.
+SESSION_COOKIE_SECURE = _env_bool("DJANGO_SESSION_COOKIE_SECURE", False)
+CSRF_COOKIE_SECURE = _env_bool("DJANGO_CSRF_COOKIE_SECURE", False)
+# Behind a proxy that terminates TLS and sets X-Forwarded-Proto (and strips it from clients).
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_X_FORWARDED_PROTO", "https") if _env_bool("DJANGO_SECURE_PROXY_SSL_HEADER", False) else None
+)
 
 INSTALLED_APPS = [
     "django.contrib.admin",

@@ -106,9 +106,24 @@ def test_compose_runs_redis_postgres_web_two_consumers_and_prometheus():
         assert command[:3] == ["python", "manage.py", "runconsumer"]
         options = parser.parse_args(command[3:])  # the flags are the command's real ones
         assert options.metrics_port and options.health_file
+        assert options.metrics_host == "0.0.0.0"  # Prometheus scrapes from another container
         assert options.health_file in " ".join(services[name]["healthcheck"]["test"])
     for mount in services["prometheus"]["volumes"]:
         assert (ROOT / mount.split(":")[0]).exists()
+
+
+def test_compose_requires_a_secret_key_and_passes_the_https_settings():
+    text = (ROOT / "docker-compose.yml").read_text()
+    assert "change-me" not in text
+    env = compose()["x-env"]
+    assert re.fullmatch(r"\$\{DJANGO_SECRET_KEY:\?.+\}", env["DJANGO_SECRET_KEY"])
+    for name in ("DJANGO_SESSION_COOKIE_SECURE", "DJANGO_CSRF_COOKIE_SECURE", "DJANGO_SECURE_PROXY_SSL_HEADER"):
+        assert env[name].startswith(f"${{{name}:-")
+
+
+def test_a_consumer_metrics_port_binds_this_host_only_by_default():
+    parser = load_command_class("tasks_app", "runconsumer").create_parser("manage.py", "runconsumer")
+    assert parser.parse_args(["--metrics-port", "9100"]).metrics_host == "127.0.0.1"
 
 
 def test_prometheus_scrapes_the_ports_compose_serves():
