@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -10,9 +11,11 @@ from django.http import HttpRequest, JsonResponse
 
 from .broker import Broker, get_broker
 
+logger = logging.getLogger(__name__)
+
 
 def check_web() -> dict[str, str]:
-    """Check the database and Redis; map each to "ok" or the error met."""
+    """Check the database and Redis; map each to "ok" or the error met (which is also logged)."""
     checks: dict[str, str] = {}
     try:
         with connections["default"].cursor() as cursor:
@@ -25,15 +28,21 @@ def check_web() -> dict[str, str]:
         checks["redis"] = "ok"
     except Exception as exc:
         checks["redis"] = f"error: {exc}"
+    for name, state in checks.items():
+        if state != "ok":
+            logger.warning("health check: %s %s", name, state)
     return checks
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
-    """Answer 200 when the database and Redis are reachable, else 503, with each check's state."""
+    """Answer 200 when the database and Redis are reachable, else 503; only staff see each check's state."""
     checks = check_web()
     healthy = all(state == "ok" for state in checks.values())
-    return JsonResponse({"status": "ok" if healthy else "unavailable", "checks": checks},
-                        status=200 if healthy else 503)
+    body: dict[str, object] = {"status": "ok" if healthy else "unavailable"}
+    user = getattr(request, "user", None)
+    if user is not None and user.is_active and user.is_staff:
+        body["checks"] = checks  # error text may name hosts and credentials' users: not for everyone
+    return JsonResponse(body, status=200 if healthy else 503)
 
 
 class Liveness:

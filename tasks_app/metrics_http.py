@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from .consumer import Consumer
 
 StartResponse = Callable[..., Any]
+# Metrics and health are served to this host only unless an address is given.
+METRICS_HOST = "127.0.0.1"
 
 
 class _ThreadingServer(ThreadingMixIn, WSGIServer):
@@ -46,7 +48,7 @@ def make_app(liveness: Liveness | None, registry: CollectorRegistry = REGISTRY) 
     return app
 
 
-def serve(port: int, liveness: Liveness | None, addr: str = "0.0.0.0",
+def serve(port: int, liveness: Liveness | None, addr: str = METRICS_HOST,
           registry: CollectorRegistry = REGISTRY) -> WSGIServer:
     """Serve metrics and health on `addr:port` from a daemon thread; return the server."""
     server = make_server(addr, port, make_app(liveness, registry), _ThreadingServer, handler_class=_QuietHandler)
@@ -54,7 +56,7 @@ def serve(port: int, liveness: Liveness | None, addr: str = "0.0.0.0",
     return server
 
 
-def serve_consumer_metrics(consumer: Consumer, port: int, addr: str = "0.0.0.0") -> WSGIServer:
+def serve_consumer_metrics(consumer: Consumer, port: int, addr: str = METRICS_HOST) -> WSGIServer:
     """Export the queue depths of `consumer`'s Redis and serve metrics and its liveness on `port`."""
     REGISTRY.register(QueueCollector(lambda: consumer.broker, consumer.options.queues))
     return serve(port, consumer.liveness, addr)

@@ -13,7 +13,8 @@ from tasks_app.broker import Broker, connect
 from tasks_app.collectors import QueueCollector
 from tasks_app.health import Liveness
 from tasks_app.metrics_http import make_app
-from tests.support.scrape import Scrape
+from tests.support.processes import wait_until
+from tests.support.scrape import Scrape, free_port, http_get
 
 ALLOWED_LABELS = {"type", "queue", "reason", "decision", "loop"}
 
@@ -83,12 +84,33 @@ def test_consumer_healthz_follows_liveness(tmp_path):
 
 
 @pytest.mark.django_db
-def test_web_healthz_checks_database_and_redis(client, key_prefix):
-    response = client.get("/healthz")
+def test_web_healthz_checks_database_and_redis(admin_client, key_prefix):
+    response = admin_client.get("/healthz")
     assert response.status_code == 200
     assert response.json() == {"status": "ok", "checks": {"database": "ok", "redis": "ok"}}
 
     with override_settings(REDIS_URL="redis://127.0.0.1:1/0"):
-        response = client.get("/healthz")
+        response = admin_client.get("/healthz")
     assert response.status_code == 503
     assert response.json()["checks"]["redis"].startswith("error")
+
+
+@pytest.mark.django_db
+def test_web_healthz_shows_anonymous_callers_the_status_only(client, key_prefix, caplog):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    with override_settings(REDIS_URL="redis://127.0.0.1:1/0"):
+        response = client.get("/healthz")
+    assert response.status_code == 503
+    assert response.json() == {"status": "unavailable"}
+    assert b"127.0.0.1" not in response.content and b"error" not in response.content
+    assert any("health check: redis error" in record.getMessage() for record in caplog.records)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("argv", "other_loopback_answers"), [((), False), (("--metrics-host", "0.0.0.0"), True)])
+def test_consumer_metrics_bind_this_host_only_unless_told(consumer_process, argv, other_loopback_answers):
+    port = free_port()
+    consumer_process("--lease", "2", "--metrics-port", str(port), *argv)
+    wait_until(lambda: http_get(f"http://127.0.0.1:{port}/healthz")[0], 30, message="the metrics port to answer")
+    # 127.0.0.2 reaches this host too, but only a socket bound to every address accepts it.
+    assert bool(http_get(f"http://127.0.0.2:{port}/healthz")[0]) is other_loopback_answers

@@ -5,6 +5,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from tasks_app.consumer import Consumer, ConsumerOptions
+from tasks_app.metrics_http import METRICS_HOST
 
 
 def positive_int(text: str) -> int:
@@ -44,13 +45,16 @@ class Command(BaseCommand):
         parser.add_argument("--consumer-id", help="Identity of this consumer (default: host-pid-random).")
         parser.add_argument("--metrics-port", type=non_negative_int, metavar="P",
                             help="Serve Prometheus metrics (/metrics) and liveness (/healthz) on this port.")
+        parser.add_argument("--metrics-host", default=METRICS_HOST, metavar="ADDR",
+                            help=f"Address the metrics port binds (default {METRICS_HOST}: this host only; "
+                                 "0.0.0.0 when the scraper runs in another container or host).")
         parser.add_argument("--health-file", metavar="PATH",
                             help="Touch this file every few seconds while Redis answers (container liveness).")
         parser.add_argument("--burst", action="store_true",
                             help="Exit 0 once the queues have nothing pending, in flight or delayed.")
 
     def handle(self, *args: Any, queues: list[str] | None, concurrency: int, prefetch: int, lease: float,
-               grace: float, consumer_id: str | None, metrics_port: int | None, burst: bool,
+               grace: float, consumer_id: str | None, metrics_port: int | None, metrics_host: str, burst: bool,
                health_file: str | None, **options: Any) -> None:
         consumer_options = ConsumerOptions(queues=queues or ["default"], concurrency=concurrency, prefetch=prefetch,
                                            lease_s=lease, grace_s=grace, consumer_id=consumer_id, burst=burst,
@@ -63,9 +67,10 @@ class Command(BaseCommand):
             from tasks_app.metrics_http import serve_consumer_metrics
 
             try:
-                serve_consumer_metrics(consumer, metrics_port)
+                serve_consumer_metrics(consumer, metrics_port, metrics_host)
             except OSError as exc:
-                raise CommandError(f"cannot serve metrics on port {metrics_port}: {exc.strerror or exc}") from None
+                raise CommandError(f"cannot serve metrics on port {metrics_port} of {metrics_host}: "
+                                   f"{exc.strerror or exc}") from None
         consumer.install_signal_handlers()
         exit_code = consumer.run()
         if exit_code:
