@@ -54,13 +54,19 @@ class ApiTokenAdmin(admin.ModelAdmin):
     """Create tokens (the secret is shown once, only its hash is kept) and revoke them."""
 
     list_display = ("name", "user", "key_prefix", "created_at", "last_used_at", "revoked_at")
+    list_select_related = ("user",)
     list_filter = (("revoked_at", admin.EmptyFieldListFilter),)
     search_fields = ("name", "user__username", "key_prefix")
     actions = ["revoke"]
 
+    def get_queryset(self, request: HttpRequest) -> Any:
+        """A superuser sees every token; anyone else only their own (a token acts with its user's rights)."""
+        tokens = super().get_queryset(request)
+        return tokens if request.user.is_superuser else tokens.filter(user=request.user)
+
     def get_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> list[str]:
         if obj is None:
-            return ["user", "name"]
+            return ["user", "name"] if request.user.is_superuser else ["name"]
         return ["user", "name", "key_prefix", "created_at", "last_used_at", "revoked_at"]
 
     def get_readonly_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> list[str]:
@@ -68,6 +74,8 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: ApiToken, form: Any, change: bool) -> None:
         if not change:
+            if not request.user.is_superuser:
+                obj.user = request.user  # only a superuser mints tokens for someone else
             # Kept on the instance (not on this shared ModelAdmin) until response_add shows it.
             obj.new_secret = fill_new_token(obj)  # type: ignore[attr-defined]
         super().save_model(request, obj, form, change)
@@ -76,7 +84,8 @@ class ApiTokenAdmin(admin.ModelAdmin):
         """Show the new token once, on its own page (never in a cookie or the database)."""
         return render(request, "tasks_app/token_created.html", {
             **self.admin_site.each_context(request), "title": "API token created", "token": obj,
-            "secret": obj.new_secret,  # type: ignore[attr-defined] "opts": self.opts,
+            "secret": obj.new_secret,  # type: ignore[attr-defined]
+            "opts": self.opts,
         })
 
     @admin.action(description="Revoke selected API tokens")

@@ -1,16 +1,18 @@
 """The staff enqueue form: JSON arguments checked server-side, errors shown next to their field."""
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django import forms
 from django.conf import settings
 
 from .codec import PRIORITY_MAX, PRIORITY_MIN
+from .jsontext import JsonTooDeep, loads_bounded
 from .models import TaskType, name_validator
 from .registry import Registry, registry as default_registry
 
+# The longest delay the form and the API accept.
+MAX_DELAY_S = settings.TASKS_MAX_DELAY_S
 JSON_TEXTAREA = forms.Textarea(attrs={"rows": 3, "cols": 60, "class": "vLargeTextField", "spellcheck": "false"})
 
 
@@ -25,7 +27,9 @@ def parse_json_field(text: str, expected: type, what: str) -> Any:
     if not text.strip():
         return expected()
     try:
-        value = json.loads(text)
+        value = loads_bounded(text)
+    except JsonTooDeep as exc:
+        raise forms.ValidationError(str(exc), code="too_deep") from None
     except ValueError as exc:
         raise forms.ValidationError(f"Invalid JSON: {exc}", code="invalid_json") from None
     if not isinstance(value, expected):

@@ -1,4 +1,4 @@
-"""Database models: task types, tuned in the admin."""
+"""Database models: task types (tuned in the admin, and carrying the queue's permissions) and API tokens."""
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.core.exceptions import ValidationError
@@ -7,6 +7,10 @@ from django.db import models
 from .names import NAME_PATTERN, NAME_RULE
 
 name_validator = RegexValidator(f"^{NAME_PATTERN.pattern}$", f"Use {NAME_RULE}.")
+
+# Permissions (declared on TaskType): who may enqueue, and who may requeue or delete dead letters.
+ENQUEUE_PERMISSION = "tasks_app.enqueue_task"
+MANAGE_DEAD_LETTERS_PERMISSION = "tasks_app.manage_dead_letters"
 
 
 class TaskType(models.Model):
@@ -72,6 +76,10 @@ class TaskType(models.Model):
 
     class Meta:
         ordering = ["name"]
+        permissions = [
+            ("enqueue_task", "Can enqueue tasks (form and API)"),
+            ("manage_dead_letters", "Can requeue and delete dead-lettered tasks"),
+        ]
 
     def __str__(self) -> str:
         return self.name

@@ -5,9 +5,11 @@ import json
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 from django.test import Client
 from django.utils import timezone
 
+from tasks_app import producer
 from tasks_app.api_auth import issue_token
 from tasks_app.models import ApiToken, TaskType
 
@@ -18,7 +20,10 @@ TASKS_URL = "/api/tasks/"
 
 @pytest.fixture
 def staff_user():
-    return get_user_model().objects.create_user("svc", password=None, is_staff=True)
+    """A staff user allowed to enqueue."""
+    user = get_user_model().objects.create_user("svc", password=None, is_staff=True)
+    user.user_permissions.add(Permission.objects.get(content_type__app_label="tasks_app", codename="enqueue_task"))
+    return user
 
 
 @pytest.fixture
@@ -110,6 +115,12 @@ def test_token_of_a_non_staff_user_is_403(client, broker, echo_type):
     (b'{"type": "api.echo", "priority": 1000}', "priority must be an integer from -100 to 100"),
     (b'{"type": "api.echo", "priority": "1"}', "priority must be an integer"),
     (b'{"type": "api.echo", "delay": -1}', "delay must be a non-negative number"),
+    (b'{"type": "api.echo", "delay": 1e14}', "delay must be at most 31536000 seconds"),
+    (b'{"type": "api.echo", "delay": 31536001}', "delay must be at most 31536000 seconds"),
+    (b'{"type": "api.echo", "args": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+     "request body is nested too deeply: arguments may nest at most 64 levels"),
+    (b'{"type": "api.echo", "kwargs": ' + b'{"a":' * 65 + b"1" + b"}" * 65 + b"}", "nested too deeply"),
+    (b"[" * 100_000, "nested too deeply"),
 ])
 def test_bad_requests_are_400_with_a_json_error(client, broker, token, echo_type, raw, message):
     TaskType.objects.create(name="api.off", handler="demo.echo", enabled=False)
@@ -119,6 +130,15 @@ def test_bad_requests_are_400_with_a_json_error(client, broker, token, echo_type
     assert response["Content-Type"] == "application/json"
     assert message in response.json()["error"]
     assert broker.known_queues() == []
+    assert list(broker.client.scan_iter(match=f"{broker.keys.prefix}:*")) == []  # no READY record either
+
+
+def test_a_record_with_a_run_after_beyond_the_calendar_still_reads(client, broker, token, echo_type):
+    [task] = producer.enqueue("api.echo", [1], delay_s=60)
+    broker.client.hset(broker.keys.result(task.id), "run_after_ms", str(10 ** 17))
+    response = client.get(f"/api/tasks/{task.id}/", HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert response.status_code == 200
+    assert response.json()["run_after"].startswith("9999-12-30")
 
 
 def test_arguments_over_the_payload_limit_are_refused(client, broker, token, echo_type, settings):

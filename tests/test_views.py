@@ -89,6 +89,9 @@ def test_form_says_when_there_is_no_type_to_enqueue(staff, broker):
     ({"priority": "101"}, "priority", "less than or equal to 100"),
     ({"delay": "-1"}, "delay", "greater than or equal to 0"),
     ({"type": "web.off"}, "type", "Select a valid choice"),
+    ({"args": "[" * 100_000 + "]" * 100_000}, "args", "JSON is nested too deeply (at most 64 levels)"),
+    ({"kwargs": '{"a":' * 65 + "1" + "}" * 65}, "kwargs", "JSON is nested too deeply (at most 64 levels)"),
+    ({"delay": str(365 * 86400 + 1)}, "delay", "less than or equal to 31536000"),
 ])
 def test_form_shows_the_exact_error_next_to_the_field_and_enqueues_nothing(staff, broker, echo_type, fields,
                                                                           field, message):

@@ -1,7 +1,6 @@
 """The JSON API: enqueue a task, read its result record. Bearer token or staff session (with CSRF)."""
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from datetime import UTC, datetime
 from functools import wraps
@@ -16,6 +15,9 @@ from django.views.decorators.csrf import csrf_exempt
 
 from .. import producer
 from ..api_auth import AuthenticationFailed, authenticate
+from ..forms import MAX_DELAY_S
+from ..jsontext import MAX_JSON_DEPTH, JsonTooDeep, loads_bounded
+from ..models import ENQUEUE_PERMISSION
 from .common import load_record
 
 REQUEST_FIELDS = {"type", "args", "kwargs", "queue", "priority", "delay"}
@@ -46,8 +48,11 @@ def _csrf_failure(request: HttpRequest) -> str | None:
     return check.process_view(request, None, (), {})  # type: ignore[arg-type, return-value]
 
 
-def api_view(methods: set[str]) -> Callable[[View], View]:
-    """Allow `methods`; require a staff user by bearer token, or by session with CSRF on writes."""
+def api_view(methods: set[str], permission: str | None = None) -> Callable[[View], View]:
+    """Allow `methods`; require a staff user (with `permission`) by bearer token, or by session with CSRF on writes.
+
+    A token acts as its user, with that user's permissions.
+    """
     def decorate(view: View) -> View:
         @csrf_exempt  # token requests carry no cookie; session requests are checked below
         @wraps(view)
@@ -63,6 +68,8 @@ def api_view(methods: set[str]) -> Callable[[View], View]:
                              **{"WWW-Authenticate": "Bearer"})
             if not credentials.user.is_staff:
                 return error(403, "only staff users may use the task API")
+            if permission is not None and not credentials.user.has_perm(permission):
+                return error(403, f"permission {permission} is required")
             if not credentials.by_token and request.method not in {"GET", "HEAD", "OPTIONS"}:
                 reason = _csrf_failure(request)
                 if reason:
@@ -83,7 +90,9 @@ def _read_body(request: HttpRequest) -> dict[str, Any] | JsonResponse:
         return error(413, f"request body is over the limit of {limit} bytes "
                           f"(arguments may take up to TASKS_MAX_PAYLOAD_BYTES={settings.TASKS_MAX_PAYLOAD_BYTES})")
     try:
-        body = json.loads(request.body or b"null")
+        body = loads_bounded(request.body or b"null", MAX_JSON_DEPTH + 1)  # the arguments sit in the body
+    except JsonTooDeep:
+        return error(400, f"request body is nested too deeply: arguments may nest at most {MAX_JSON_DEPTH} levels")
     except ValueError as exc:
         return error(400, f"request body is not valid JSON: {exc}")
     if not isinstance(body, dict):
@@ -93,10 +102,13 @@ def _read_body(request: HttpRequest) -> dict[str, Any] | JsonResponse:
         return error(400, f"unknown field(s): {', '.join(unknown)}; allowed: {', '.join(sorted(REQUEST_FIELDS))}")
     if not isinstance(body.get("type"), str) or not body["type"]:
         return error(400, "field 'type' is required and must be a string")
+    delay_s = body.get("delay", 0)
+    if isinstance(delay_s, (int, float)) and not isinstance(delay_s, bool) and delay_s > MAX_DELAY_S:
+        return error(400, f"delay must be at most {MAX_DELAY_S} seconds, got {delay_s!r}")
     return body
 
 
-@api_view({"POST"})
+@api_view({"POST"}, permission=ENQUEUE_PERMISSION)
 def create_task(request: HttpRequest) -> HttpResponse:
     """Enqueue one task; 201 with its id and a Location header naming its record."""
     body = _read_body(request)

@@ -1,4 +1,4 @@
-"""Staff pages: the enqueue form and a task's status page."""
+"""Staff pages: the enqueue form (permission enqueue_task) and a task's status page."""
 from __future__ import annotations
 
 import json
@@ -6,18 +6,21 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
+from django.contrib.auth.decorators import permission_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
 from .. import producer
 from ..forms import EnqueueForm, error_field
+from ..models import ENQUEUE_PERMISSION
 from .common import admin_context, load_record
 
 REFRESH_S = 2
 
 
 @staff_member_required
+@permission_required(ENQUEUE_PERMISSION, raise_exception=True)
 @require_http_methods(["GET", "POST"])
 def enqueue_task(request: HttpRequest) -> HttpResponse:
     """Show the enqueue form; on a valid POST enqueue one task and go to its page."""

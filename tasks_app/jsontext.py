@@ -1,0 +1,47 @@
+"""JSON text from outside (requests, forms, records in Redis): parsed with a nesting bound, never a RecursionError."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+# Deeper arguments are refused at enqueue; deeper values read from Redis are shown as text.
+MAX_JSON_DEPTH = 64
+
+
+class JsonTooDeep(ValueError):
+    """JSON text nested deeper than allowed."""
+
+
+def depth(value: Any) -> int:
+    """Return how deeply `value` nests lists and dicts (a scalar is 0), without recursion."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, (list, dict)):
+            level += 1
+            deepest = max(deepest, level)
+            stack.extend((child, level) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def loads_bounded(text: str | bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Parse JSON text; raise ValueError if it is invalid, JsonTooDeep if it nests over `max_depth`."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise JsonTooDeep(f"JSON is nested too deeply (at most {max_depth} levels)") from None
+    if depth(value) > max_depth:
+        raise JsonTooDeep(f"JSON is nested too deeply (at most {max_depth} levels)")
+    return value
+
+
+def scrub_text(value: Any) -> Any:
+    """Return a parsed JSON value whose strings carry no lone surrogate (written as escapes instead)."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, list):
+        return [scrub_text(item) for item in value]
+    if isinstance(value, dict):
+        return {scrub_text(key): scrub_text(item) for key, item in value.items()}
+    return value
