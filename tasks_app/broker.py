@@ -425,7 +425,9 @@ class Broker:
         record = self.client.hgetall(self.keys.result(task_id))
         if not record:
             return None
-        fields = {key.decode(): value.decode() for key, value in record.items()}
+        # Bytes a foreign producer wrote need not be UTF-8: shown with escapes, never an error.
+        fields = {key.decode(errors="backslashreplace"): value.decode(errors="backslashreplace")
+                  for key, value in record.items()}
         return {**READY_RECORD_DEFAULTS, "id": task_id, **fields}
 
     # --- delayed ---------------------------------------------------------------------------
@@ -499,7 +501,8 @@ class Broker:
 
     def known_queues(self) -> list[str]:
         """Return every queue that has seen a task or a consumer."""
-        return sorted(member.decode() for member in self.client.smembers(self.keys.queues()))
+        members = self.client.smembers(self.keys.queues())
+        return sorted(member.decode(errors="backslashreplace") for member in members)  # may hold any bytes
 
     def live_consumers(self, queue: str) -> list[dict[str, Any]]:
         """Return the consumers holding a lease on `queue`, with their info and in-flight count."""
@@ -509,12 +512,12 @@ class Broker:
         pipe = self.client.pipeline(transaction=False)
         pipe.hgetall(self.keys.consumer_info(queue))
         for member, _ in entries:
-            pipe.llen(self.keys.processing(queue, member.decode()))
+            pipe.llen(self.keys.processing(queue, member.decode(errors="backslashreplace")))
         info_raw, *lengths = pipe.execute()
-        infos = {key.decode(): json.loads(value) for key, value in info_raw.items()}
+        infos = {key.decode(errors="backslashreplace"): _json_object(value) for key, value in info_raw.items()}
         consumers = []
         for (member, deadline_ms), in_flight in zip(entries, lengths):
-            consumer_id = member.decode()
+            consumer_id = member.decode(errors="backslashreplace")
             info = infos.get(consumer_id, {})
             consumers.append({**info, "id": consumer_id, "lease_deadline_ms": int(deadline_ms), "in_flight": in_flight})
         return consumers
@@ -580,6 +583,15 @@ class Broker:
     def ping(self) -> bool:
         """Return True if Redis answers."""
         return bool(self.client.ping())
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    """Parse a consumer's info; anything but a JSON object (written by something else) reads as empty."""
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,9 @@ from datetime import UTC, datetime
 
 # Attributes every LogRecord has; anything else was passed in `extra` and is emitted as a field.
 _STANDARD_ATTRIBUTES = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
-# C0 and C1 control characters, DEL, and the Unicode line and paragraph separators.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# C0 and C1 control characters, DEL, the Unicode line and paragraph separators, and lone surrogates
+# (which no UTF-8 stream or page can carry).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 # Every line after a record's first (traceback, stack) starts with this, so no line it holds looks like a record.
 CONTINUATION_INDENT = "    "

@@ -10,6 +10,7 @@ from django.tasks import TaskResultStatus
 
 from .broker import READY_RECORD_DEFAULTS, ResultUpdate
 from .codec import Arguments, Task
+from .jsontext import loads_bounded, scrub_text
 
 READY = TaskResultStatus.READY.value
 RUNNING = TaskResultStatus.RUNNING.value
@@ -91,10 +92,45 @@ def error_record(exception_class_path: str, traceback_text: str) -> dict[str, st
     return {"exception_class_path": exception_class_path, "traceback": traceback_text}
 
 
+# Where times beyond the calendar are clamped (a day inside it, so any time zone can show them).
+_LATEST = datetime(9999, 12, 30, tzinfo=UTC)
+_EARLIEST = datetime(1, 1, 2, tzinfo=UTC)
+
+
 def _ms_to_datetime(value: str | None) -> datetime | None:
-    if not value:
+    """A record's milliseconds as a UTC datetime; clamped to the calendar, None if not a number."""
+    try:
+        ms = float(value or "")
+    except ValueError:
         return None
-    return datetime.fromtimestamp(int(value) / 1000, tz=UTC)
+    if ms != ms:  # NaN
+        return None
+    try:
+        return datetime.fromtimestamp(ms / 1000, tz=UTC)
+    except (OverflowError, OSError, ValueError):
+        return _LATEST if ms > 0 else _EARLIEST
+
+
+def _text(value: Any) -> str:
+    return scrub_text(str(value))
+
+
+def _int(value: str | None, default: int | None = 0) -> int | None:
+    try:
+        return int(value) if value else default
+    except ValueError:
+        return default
+
+
+def _parsed(value: str | None, expected: type, default: Any) -> Any:
+    """A JSON field of the record, or `default` when it is absent, invalid, too deep or not `expected`."""
+    if not value:
+        return default
+    try:
+        parsed = scrub_text(loads_bounded(value))
+    except ValueError:
+        return default
+    return parsed if isinstance(parsed, expected) else default
 
 
 @dataclass(frozen=True)
@@ -127,23 +163,24 @@ class ResultRecord:
 
     @classmethod
     def from_fields(cls, raw: dict[str, str]) -> ResultRecord:
-        """Parse the text fields of a result hash."""
+        """Parse the text fields of a result hash; a field that does not parse reads as not set."""
+        errors = _parsed(raw.get("errors"), list, [])
+        return_text = raw.get("return_value")
         return cls(
-            id=raw.get("id", ""), type=raw.get("type", ""), queue=raw.get("queue", ""),
-            status=raw.get("status", READY), priority=int(raw.get("priority") or 0),
-            args=json.loads(raw.get("args") or "[]"), kwargs=json.loads(raw.get("kwargs") or "{}"),
-            attempts=int(raw.get("attempts") or 0),
-            max_attempts=int(raw["max_attempts"]) if raw.get("max_attempts") else None,
+            id=_text(raw.get("id", "")), type=_text(raw.get("type", "")), queue=_text(raw.get("queue", "")),
+            status=_text(raw.get("status") or READY), priority=_int(raw.get("priority")) or 0,
+            args=_parsed(raw.get("args"), list, []), kwargs=_parsed(raw.get("kwargs"), dict, {}),
+            attempts=_int(raw.get("attempts")) or 0, max_attempts=_int(raw.get("max_attempts"), None),
             enqueued_at=_ms_to_datetime(raw.get("enqueued_at_ms")),
             run_after=_ms_to_datetime(raw.get("run_after_ms")),
             started_at=_ms_to_datetime(raw.get("started_at_ms")),
             last_attempted_at=_ms_to_datetime(raw.get("last_attempted_at_ms")),
             finished_at=_ms_to_datetime(raw.get("finished_at_ms")),
-            return_value=json.loads(raw["return_value"]) if "return_value" in raw else None,
-            has_return_value="return_value" in raw,
-            worker_ids=json.loads(raw.get("worker_ids") or "[]"),
-            errors=json.loads(raw.get("errors") or "[]"),
-            dead_reason=raw.get("dead_reason", ""),
+            return_value=_parsed(return_text, object, _text(return_text)) if return_text is not None else None,
+            has_return_value=return_text is not None,
+            worker_ids=[_text(item) for item in _parsed(raw.get("worker_ids"), list, [])],
+            errors=[{_text(k): _text(v) for k, v in item.items()} for item in errors if isinstance(item, dict)],
+            dead_reason=_text(raw.get("dead_reason", "")),
         )
 
     def as_json(self) -> dict[str, Any]:

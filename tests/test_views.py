@@ -313,3 +313,88 @@ def test_the_form_says_so_when_redis_is_away(staff, broker, echo_type, settings)
     response = post_enqueue(staff, type="web.echo", args="[1]", kwargs="{}")
     assert response.status_code == 200
     assert "cannot enqueue: Redis did not take the tasks" in response.content.decode()
+
+
+# --- whatever bytes Redis holds ------------------------------------------------------------
+HOSTILE_NAMES = [b"a/b", b"line\nbreak", b"<script>alert(1)</script>", b"caf\xe9", b"q" * 100_000, b"", b"\xff\xfe"]
+
+
+def test_the_dashboard_shows_hostile_queue_names_escaped_and_unlinked(staff, broker, echo_type):
+    producer.enqueue("web.echo", [1])
+    broker.client.sadd(broker.keys.queues(), *HOSTILE_NAMES)
+    broker.client.lpush(broker.keys.pending("a/b"), b"not a task")
+    broker.client.zadd(broker.keys.consumers("web"), {b"\xff/odd\nconsumer": 10 ** 15, b"c-2": 1})
+    broker.client.hset(broker.keys.consumer_info("web"), mapping={b"\xff/odd\nconsumer": b"not json", b"c-2": b"[1]"})
+
+    response = staff.get(DASHBOARD_URL)
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "<script>alert" not in html
+    assert "line\\nbreak" in html and "caf\\xe9" in html and "\\xff/odd\\nconsumer" in html
+    assert "q" * 199 + "…" in html and "q" * 201 not in html
+    assert html.count("(not a valid queue name") == len(HOSTILE_NAMES)
+    links = re.findall(r'href="(/tasks/dashboard/[^"]*)/dead/"', html)
+    assert links == ["/tasks/dashboard/web"]
+    row = re.search(r'data-queue="a/b">(.*?)</tr>', html, re.S).group(1)
+    assert [int(n) for n in re.findall(r"<td>(\d+)</td>", row)][:1] == [1]  # its counts are still read
+
+
+def dead_member(broker, queue: str, member: bytes, died_ms: int = 1_700_000_000_000) -> None:
+    """Write a dead-set member straight into Redis, as a foreign producer or an old version might."""
+    broker.client.zadd(broker.keys.dead(queue), {member: died_ms})
+    broker.client.sadd(broker.keys.queues(), queue)
+
+
+def foreign_task(task_id: str, **fields: str) -> bytes:
+    return encode_task(Task(id=task_id, type=fields.pop("type", "web.echo"), queue="web", **fields))
+
+
+def test_the_dead_letter_page_renders_hostile_ids_and_their_tasks_can_be_handled(staff, broker, echo_type):
+    ids = ["a/b", "line\nbreak", "<script>alert(1)</script>", "x" * 100_000, ""]
+    for task_id in ids:
+        dead_member(broker, "web", foreign_task(task_id, last_error="<img src=x onerror=alert(1)>"))
+    dead_member(broker, "web", b"\xff\xfe not protobuf \x00")
+    dead_member(broker, "web", foreign_task("t-type", type="<b>bold</b>\n"))
+
+    response = staff.get(dead_url())
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "7 dead-lettered tasks" in html
+    assert "&lt;script&gt;" in html and "<script>alert" not in html and "<img src=x" not in html
+    assert "line\\nbreak" in html and "&lt;b&gt;bold&lt;/b&gt;\\n" in html
+    assert 'href="/tasks/a/b/"' not in html and "x" * 201 not in html
+    assert 'href="/tasks/line%0Abreak/"' in html  # an id that makes a URL is still linked
+
+    refs = {dead.task_id: dead.ref for dead in list_dead_tasks("web")}
+    assert staff.post(dead_url(), {"requeue_one": refs["a/b"]}).status_code == 302
+    assert staff.post(dead_url(), {"action": "delete", "ref": [refs["x" * 100_000]]}).status_code == 302
+    assert broker.queue_stats("web").dead == 5
+    assert decode_task(broker.client.lindex(broker.keys.pending("web"), 0)).id == "a/b"
+
+
+GARBAGE_RECORD = {
+    "type": b"\xff\xfe", "queue": "a/b\n<i>", "status": "<script>x</script>", "priority": "high",
+    "attempts": "many", "max_attempts": "1e3", "enqueued_at_ms": "yesterday", "run_after_ms": str(10 ** 17),
+    "started_at_ms": "nan", "last_attempted_at_ms": "-1e30", "finished_at_ms": "inf",
+    "args": "[" * 5000, "kwargs": "[1, 2]", "return_value": '"\\ud800 <b>"', "worker_ids": '["w\\udc80", 5]',
+    "errors": '[1, {"exception_class_path": "\\udfff<x>", "traceback": "line\\n<script>"}]',
+    "dead_reason": b"\x00\xff",
+}
+
+
+@pytest.mark.parametrize("task_id", ["t-garbage", "line\nbreak", "<script>", "y" * 5000])
+def test_a_record_with_garbage_fields_renders_on_the_task_page_and_in_the_api(staff, broker, task_id):
+    broker.client.hset(broker.keys.result(task_id), mapping={**GARBAGE_RECORD, "id": "other/id"})
+    url = reverse("tasks_app:task", args=[task_id])
+    response = staff.get(url)
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "<script>" not in html and "&lt;script&gt;x&lt;/script&gt;" in html
+    assert "\\ud800 &lt;b&gt;" in html and "\\udfff&lt;x&gt;" in html
+    assert "9999-12-30" in html or "Dec. 30, 9999" in html
+
+    data = staff.get(reverse("tasks_app:api-task", args=[task_id])).json()
+    assert (data["priority"], data["attempts"], data["args"], data["kwargs"]) == (0, 0, [], {})
+    assert data["run_after"].startswith("9999-12-30") and data["enqueued_at"] is None
+    assert data["worker_ids"] == ["w\\udc80", "5"] and data["return_value"] == "\\ud800 <b>"
+    assert data["type"] == "\\xff\\xfe" and data["errors"][0]["traceback"] == "line\n<script>"

@@ -9,6 +9,7 @@ from typing import Any
 from django.contrib import messages
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.admin.views.decorators import staff_member_required
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -16,6 +17,7 @@ from django.views.decorators.http import require_http_methods
 
 from .. import dead_letters
 from ..broker import QueueStats, get_broker
+from ..models import MANAGE_DEAD_LETTERS_PERMISSION
 from ..names import InvalidName, validate_name
 from .common import admin_context
 
@@ -33,17 +35,20 @@ class ConsumerRow:
     concurrency: Any
     last_heartbeat: datetime | None
     heartbeat_age_s: float | None
-    lease_deadline: datetime
+    lease_deadline: datetime | None
 
     @classmethod
     def from_info(cls, info: dict[str, Any], now_ms: int) -> ConsumerRow:
-        """Build a row from `Broker.live_consumers`; the last heartbeat is the deadline minus the lease."""
-        deadline_ms = int(info["lease_deadline_ms"])
-        lease_ms = info.get("lease_ms")
-        beat_ms = deadline_ms - int(lease_ms) if lease_ms else None
+        """Build a row from `Broker.live_consumers`; the last heartbeat is the deadline minus the lease.
+
+        The info is whatever the consumer (or anything else) wrote: fields that are not numbers show as blanks.
+        """
+        deadline_ms = _int_or_none(info.get("lease_deadline_ms")) or 0
+        lease_ms = _int_or_none(info.get("lease_ms"))
+        beat_ms = deadline_ms - lease_ms if lease_ms else None
         return cls(
-            id=info["id"], host=str(info.get("host", "")), pid=info.get("pid", ""),
-            in_flight=int(info.get("in_flight", 0)), concurrency=info.get("concurrency", ""),
+            id=str(info.get("id", "")), host=str(info.get("host", "")), pid=info.get("pid", ""),
+            in_flight=_int_or_none(info.get("in_flight")) or 0, concurrency=info.get("concurrency", ""),
             last_heartbeat=_from_ms(beat_ms) if beat_ms is not None else None,
             heartbeat_age_s=max(0.0, (now_ms - beat_ms) / 1000) if beat_ms is not None else None,
             lease_deadline=_from_ms(deadline_ms),
@@ -52,15 +57,34 @@ class ConsumerRow:
 
 @dataclass(frozen=True)
 class QueueRow:
-    """One queue's counts, consumers and throughput."""
+    """One queue's counts, consumers and throughput; a name no consumer could serve is shown, not linked."""
 
     stats: QueueStats
     consumers: list[ConsumerRow]
     completed_last_minute: int
+    valid_name: bool
 
 
-def _from_ms(ms: int) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC)
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def _from_ms(ms: int) -> datetime | None:
+    try:
+        return datetime.fromtimestamp(ms / 1000, tz=UTC)
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
+def _is_valid_name(queue: str) -> bool:
+    try:
+        validate_name(queue, "queue")
+    except InvalidName:
+        return False
+    return True
 
 
 @staff_member_required
@@ -72,19 +96,22 @@ def queue_dashboard(request: HttpRequest) -> HttpResponse:
     for queue in broker.known_queues():
         stats = broker.queue_stats(queue)
         rows.append(QueueRow(stats, [ConsumerRow.from_info(c, now_ms) for c in stats.consumers],
-                             broker.completed_last_minute(queue)))
+                             broker.completed_last_minute(queue), _is_valid_name(queue)))
     return render(request, "tasks_app/dashboard.html", admin_context(request, "Queue dashboard", queues=rows))
 
 
 @staff_member_required
 @require_http_methods(["GET", "POST"])
 def dead_letter_page(request: HttpRequest, queue: str) -> HttpResponse:
-    """List a queue's dead-lettered tasks; POST requeues or deletes the chosen ones."""
+    """List a queue's dead-lettered tasks; POST (permission manage_dead_letters) requeues or deletes some."""
     try:
         validate_name(queue, "queue")
     except InvalidName as exc:
         raise Http404(str(exc)) from None
+    can_manage = request.user.has_perm(MANAGE_DEAD_LETTERS_PERMISSION)
     if request.method == "POST":
+        if not can_manage:
+            raise PermissionDenied(f"permission {MANAGE_DEAD_LETTERS_PERMISSION} is required")
         _act(request, queue)
         return redirect(request.get_full_path())
     total = get_broker().queue_stats(queue).dead
@@ -92,7 +119,8 @@ def dead_letter_page(request: HttpRequest, queue: str) -> HttpResponse:
     offset = (page.number - 1) * PAGE_SIZE
     tasks = dead_letters.list_dead_tasks(queue, offset, PAGE_SIZE)
     return render(request, "tasks_app/dead_letters.html", admin_context(
-        request, f"Dead letters of queue {queue}", queue=queue, dead_tasks=tasks, page=page, total=total))
+        request, f"Dead letters of queue {queue}", queue=queue, dead_tasks=tasks, page=page, total=total,
+        can_manage=can_manage))
 
 
 def _act(request: HttpRequest, queue: str) -> None:
