@@ -96,3 +96,29 @@ def test_requeue_a_dead_lettered_task_from_the_dashboard(page, snap, live_server
     assert (entry.action_flag, entry.user.username) == (CHANGE, "admin")
     page.goto(f"{live_server.url}/admin/")
     expect(page.locator("#recent-actions-module")).to_contain_text(dead.id)
+
+
+def test_the_dashboard_shows_a_hostile_queue_name_as_text(page, snap, live_server, broker):
+    from playwright.sync_api import expect
+
+    hostile = '<img src=x onerror="window.pwned=1;alert(1)">a/b\n<script>window.pwned=2</script>'
+    broker.client.sadd(broker.keys.queues(), hostile.encode(), b"caf\xe9", b"default")
+    broker.client.zadd(broker.keys.dead("default"), {b"\xff not a task": 1})
+    dialogs: list[str] = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+
+    log_in(page, live_server.url)
+    page.goto(f"{live_server.url}/tasks/dashboard/")
+    rows = page.locator("tr.queue-row")
+    expect(rows).to_have_count(3)
+    hostile_row = rows.filter(has_text="onerror")
+    expect(hostile_row).to_contain_text('<img src=x onerror="window.pwned=1;alert(1)">a/b\\n<script>')
+    expect(hostile_row.locator("a")).to_have_count(0)
+    expect(rows.filter(has_text="caf\\xe9").locator("a")).to_have_count(0)
+    snap("hostile-queue-name")
+    assert page.evaluate("window.pwned") is None and dialogs == []
+    assert page.locator("img[src=x]").count() == 0
+
+    page.click("tr.queue-row[data-queue=default] a.dead-link")
+    expect(page.locator("tr.dead-row")).to_have_count(1)
+    expect(page.locator("tr.dead-row")).to_contain_text("not a task: delete only")
