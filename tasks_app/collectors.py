@@ -12,6 +12,7 @@ from prometheus_client.registry import Collector
 
 from . import metrics
 from .broker import Broker, QueueStats
+from .names import NAME_PATTERN
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +73,9 @@ class QueueCollector(Collector):
 
     def _read_all(self) -> tuple[list[QueueStats], int]:
         broker = self.broker()
-        queues = sorted(set(self.queues) | set(broker.known_queues()))[:MAX_QUEUES]
-        return [broker.queue_stats(queue) for queue in queues], broker.server_time_ms()
+        # A name that breaks the naming rule (a foreign producer's) is no label: no consumer serves it.
+        queues = sorted(set(self.queues) | {name for name in broker.known_queues() if NAME_PATTERN.fullmatch(name)})
+        return [broker.queue_stats(queue) for queue in queues[:MAX_QUEUES]], broker.server_time_ms()
 
     @staticmethod
     def _families() -> tuple[GaugeMetricFamily, ...]:

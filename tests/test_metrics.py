@@ -7,6 +7,7 @@ import pytest
 from django.test import override_settings
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.parser import text_string_to_metric_families
 
 from tasks_app import metrics, producer
 from tasks_app.broker import Broker, connect
@@ -34,9 +35,7 @@ def test_names_follow_prometheus_conventions_and_labels_stay_bounded():
 
 
 def scrape_collector(collector: QueueCollector) -> Scrape:
-    registry = CollectorRegistry()
-    registry.register(collector)
-    return Scrape(generate_latest(registry).decode())
+    return Scrape(generate_latest(registry_of(collector)).decode())
 
 
 @pytest.mark.django_db
@@ -55,6 +54,25 @@ def test_collector_reads_depths_and_live_consumers_at_scrape_time(broker):
 
     producer.enqueue("demo.echo", count=2)  # read again on the next scrape, no polling
     assert scrape_collector(collector).value("taskqueue_queue_tasks", queue="default", state="pending") == 5
+
+
+@pytest.mark.django_db
+def test_collector_exports_only_valid_queue_names_whatever_the_queue_set_holds(broker):
+    producer.enqueue("demo.echo")
+    broker.client.sadd(broker.keys.queues(), b"caf\xe9", b"a/b", b"x" * 10_000, b"<q>\n")
+    text = generate_latest(registry_of(QueueCollector(lambda: broker))).decode()
+    result = Scrape(text)
+    assert result.value("taskqueue_queue_stats_up") == 1  # before: the undecodable name failed every scrape
+    assert result.value("taskqueue_queue_tasks", queue="default", state="pending") == 1
+    samples = [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+    queues = {sample.labels["queue"] for sample in samples if "queue" in sample.labels}
+    assert queues == {"default"}
+
+
+def registry_of(collector: QueueCollector) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(collector)
+    return registry
 
 
 def test_collector_counts_an_unreachable_redis_instead_of_raising():
