@@ -11,8 +11,6 @@ from .jsontext import JsonTooDeep, loads_bounded
 from .models import TaskType, name_validator
 from .registry import Registry, registry as default_registry
 
-# The longest delay the form and the API accept.
-MAX_DELAY_S = settings.TASKS_MAX_DELAY_S
 JSON_TEXTAREA = forms.Textarea(attrs={"rows": 3, "cols": 60, "class": "vLargeTextField", "spellcheck": "false"})
 
 

@@ -15,7 +15,6 @@ from django.views.decorators.csrf import csrf_exempt
 
 from .. import producer
 from ..api_auth import AuthenticationFailed, authenticate
-from ..forms import MAX_DELAY_S
 from ..jsontext import MAX_JSON_DEPTH, JsonTooDeep, loads_bounded
 from ..models import ENQUEUE_PERMISSION
 from .common import load_record
@@ -102,9 +101,6 @@ def _read_body(request: HttpRequest) -> dict[str, Any] | JsonResponse:
         return error(400, f"unknown field(s): {', '.join(unknown)}; allowed: {', '.join(sorted(REQUEST_FIELDS))}")
     if not isinstance(body.get("type"), str) or not body["type"]:
         return error(400, "field 'type' is required and must be a string")
-    delay_s = body.get("delay", 0)
-    if isinstance(delay_s, (int, float)) and not isinstance(delay_s, bool) and delay_s > MAX_DELAY_S:
-        return error(400, f"delay must be at most {MAX_DELAY_S} seconds, got {delay_s!r}")
     return body
 
 
