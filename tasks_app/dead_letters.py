@@ -21,7 +21,7 @@ class DeadTask:
     """One member of a queue's dead-letter set, decoded for display."""
 
     member: bytes
-    died_at: datetime
+    died_at: datetime | None
     task: Task | None
 
     @property
@@ -64,7 +64,11 @@ def _decode(member: bytes, died_at_ms: int) -> DeadTask:
         task: Task | None = decode_task(member)
     except UndecodableTask:
         task = None
-    return DeadTask(member, datetime.fromtimestamp(died_at_ms / 1000, tz=UTC), task)
+    try:
+        died_at: datetime | None = datetime.fromtimestamp(died_at_ms / 1000, tz=UTC)
+    except (OverflowError, OSError, ValueError):  # a foreign score, e.g. nanoseconds: past the calendar
+        died_at = None
+    return DeadTask(member, died_at, task)
 
 
 def list_dead_tasks(queue: str, offset: int = 0, limit: int = 50, broker: Broker | None = None) -> list[DeadTask]:

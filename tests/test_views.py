@@ -355,11 +355,12 @@ def test_the_dead_letter_page_renders_hostile_ids_and_their_tasks_can_be_handled
         dead_member(broker, "web", foreign_task(task_id, last_error="<img src=x onerror=alert(1)>"))
     dead_member(broker, "web", b"\xff\xfe not protobuf \x00")
     dead_member(broker, "web", foreign_task("t-type", type="<b>bold</b>\n"))
+    dead_member(broker, "web", foreign_task("t-nanoseconds"), died_ms=1_700_000_000_000_000_000)
 
     response = staff.get(dead_url())
     assert response.status_code == 200
     html = response.content.decode()
-    assert "7 dead-lettered tasks" in html
+    assert "8 dead-lettered tasks" in html
     assert "&lt;script&gt;" in html and "<script>alert" not in html and "<img src=x" not in html
     assert "line\\nbreak" in html and "&lt;b&gt;bold&lt;/b&gt;\\n" in html
     assert 'href="/tasks/a/b/"' not in html and "x" * 201 not in html
@@ -368,7 +369,7 @@ def test_the_dead_letter_page_renders_hostile_ids_and_their_tasks_can_be_handled
     refs = {dead.task_id: dead.ref for dead in list_dead_tasks("web")}
     assert staff.post(dead_url(), {"requeue_one": refs["a/b"]}).status_code == 302
     assert staff.post(dead_url(), {"action": "delete", "ref": [refs["x" * 100_000]]}).status_code == 302
-    assert broker.queue_stats("web").dead == 5
+    assert broker.queue_stats("web").dead == 6
     assert decode_task(broker.client.lindex(broker.keys.pending("web"), 0)).id == "a/b"
 
 
