@@ -49,6 +49,7 @@ def test_the_permissions_are_declared_by_a_migration():
 
 def test_staff_without_enqueue_task_gets_403_from_the_form_and_enqueues_nothing(broker, echo_type):
     client = logged_in(staff_user("viewer"))
+    assert f'href="{ENQUEUE_URL}"' not in client.get("/tasks/dashboard/").content.decode()
     assert client.get(ENQUEUE_URL).status_code == 403
     assert post_enqueue(client, args="[1]").status_code == 403
     assert post_enqueue(client, args="[1]", delay="60").status_code == 403
