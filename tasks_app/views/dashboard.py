@@ -18,7 +18,7 @@ from django.views.decorators.http import require_http_methods
 from .. import dead_letters
 from ..broker import QueueStats, get_broker
 from ..models import MANAGE_DEAD_LETTERS_PERMISSION
-from ..names import InvalidName, validate_name
+from ..names import NAME_PATTERN, InvalidName, validate_name
 from .common import admin_context
 
 PAGE_SIZE = 50
@@ -79,14 +79,6 @@ def _from_ms(ms: int) -> datetime | None:
         return None
 
 
-def _is_valid_name(queue: str) -> bool:
-    try:
-        validate_name(queue, "queue")
-    except InvalidName:
-        return False
-    return True
-
-
 @staff_member_required
 def queue_dashboard(request: HttpRequest) -> HttpResponse:
     """Show every queue's pending / processing / delayed / dead counts, consumers and throughput."""
@@ -96,7 +88,7 @@ def queue_dashboard(request: HttpRequest) -> HttpResponse:
     for queue in broker.known_queues():
         stats = broker.queue_stats(queue)
         rows.append(QueueRow(stats, [ConsumerRow.from_info(c, now_ms) for c in stats.consumers],
-                             broker.completed_last_minute(queue), _is_valid_name(queue)))
+                             broker.completed_last_minute(queue), NAME_PATTERN.fullmatch(queue) is not None))
     return render(request, "tasks_app/dashboard.html", admin_context(request, "Queue dashboard", queues=rows))
 
 
