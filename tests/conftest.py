@@ -55,7 +55,15 @@ def consumer_in_thread(broker: Broker) -> Iterator[contextlib.AbstractContextMan
         opts = {"lease_s": 2.0, "grace_s": 5.0, "block_s": 0.5, **options}
         consumer = Consumer(ConsumerOptions(**opts), broker=broker)  # type: ignore[arg-type]
         exit_codes: list[int] = []
-        thread = threading.Thread(target=lambda: exit_codes.append(consumer.run()), daemon=True)
+        crashes: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                exit_codes.append(consumer.run())
+            except BaseException as exc:  # reported at exit: a crashed consumer fails the test
+                crashes.append(exc)
+
+        thread = threading.Thread(target=run, daemon=True)
         thread.start()
         try:
             yield consumer
@@ -63,6 +71,9 @@ def consumer_in_thread(broker: Broker) -> Iterator[contextlib.AbstractContextMan
             consumer.request_stop()
             thread.join(timeout=30)
             assert not thread.is_alive(), "consumer thread did not stop"
+            if crashes:
+                raise AssertionError(f"consumer crashed: {crashes[0]!r}") from crashes[0]
+            assert exit_codes == [0], f"consumer exited with {exit_codes}"
 
     return start
 

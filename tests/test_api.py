@@ -12,6 +12,7 @@ from django.utils import timezone
 from tasks_app import producer
 from tasks_app.api_auth import issue_token
 from tasks_app.models import ApiToken, TaskType
+from tests.support.enqueued import enqueued_keys
 
 pytestmark = pytest.mark.django_db
 
@@ -77,14 +78,14 @@ def test_missing_invalid_or_malformed_credentials_are_401(client, broker, echo_t
         assert response.status_code == 401
         assert message in response.json()["error"]
         assert response["WWW-Authenticate"].startswith("Bearer")
-    assert broker.known_queues() == []
+    assert enqueued_keys(broker) == []
 
 
 def test_revoked_token_is_401(client, broker, token, echo_type):
     ApiToken.objects.update(revoked_at=timezone.now())
     response = post(client, {"type": "api.echo"}, token)
     assert (response.status_code, response.json()["error"]) == (401, "API token revoked")
-    assert broker.known_queues() == []
+    assert enqueued_keys(broker) == []
 
 
 def test_token_of_an_inactive_user_is_401(client, broker, token, staff_user, echo_type):
@@ -146,7 +147,7 @@ def test_arguments_over_the_payload_limit_are_refused(client, broker, token, ech
     response = post(client, {"type": "api.echo", "args": ["x" * 2000]}, token)
     assert response.status_code == 400
     assert "over the limit of 1000" in response.json()["error"]
-    assert broker.known_queues() == []
+    assert enqueued_keys(broker) == []
 
 
 def test_a_body_far_over_the_limit_is_413(client, broker, token, echo_type, settings):
@@ -154,7 +155,7 @@ def test_a_body_far_over_the_limit_is_413(client, broker, token, echo_type, sett
     response = post(client, {"type": "api.echo", "args": ["x" * 100_000]}, token)
     assert response.status_code == 413
     assert "TASKS_MAX_PAYLOAD_BYTES=1000" in response.json()["error"]
-    assert broker.known_queues() == []
+    assert enqueued_keys(broker) == []
 
 
 def test_unknown_task_is_404_json(client, broker, token):
@@ -173,7 +174,7 @@ def test_staff_session_needs_the_csrf_token(broker, staff_user, echo_type):
     client.force_login(staff_user)
     refused = post(client, {"type": "api.echo"})
     assert refused.status_code == 403 and "CSRF" in refused.json()["error"]
-    assert broker.known_queues() == []
+    assert enqueued_keys(broker) == []
     client.get("/tasks/enqueue/")  # sets the CSRF cookie, as any staff page does
     csrf = client.cookies["csrftoken"].value
     accepted = post(client, {"type": "api.echo"}, HTTP_X_CSRFTOKEN=csrf)
@@ -188,7 +189,7 @@ def test_token_requests_need_no_csrf_token(broker, token, echo_type):
 def test_non_staff_session_is_403(client, broker, echo_type):
     client.force_login(get_user_model().objects.create_user("plain", password=None))
     assert post(client, {"type": "api.echo"}).status_code == 403
-    assert broker.known_queues() == []
+    assert enqueued_keys(broker) == []
 
 
 def test_redis_away_is_503_with_a_json_error(client, broker, token, echo_type, settings):

@@ -7,6 +7,7 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
+from tests.support.enqueued import enqueued_keys
 from tests.support.processes import PROJECT_DIR, consumer_env
 
 
@@ -30,7 +31,7 @@ def test_enqueue_prints_one_id_per_line(broker):
 def test_enqueue_rejects_bad_input_with_a_command_error(broker, argv, message):
     with pytest.raises(CommandError, match=message):
         call_command("enqueue", *argv, stdout=StringIO())
-    assert broker.known_queues() == []
+    assert enqueued_keys(broker) == []
 
 
 @pytest.mark.django_db(transaction=True)
@@ -42,7 +43,7 @@ def test_enqueue_cli_fails_with_one_line_on_stderr_and_enqueues_nothing(broker, 
     assert result.returncode != 0
     assert result.stdout == ""
     assert result.stderr.strip().splitlines()[-1].startswith(("CommandError:", "manage.py enqueue: error:"))
-    assert broker.known_queues() == []
+    assert enqueued_keys(broker) == []
 
 
 @pytest.mark.django_db

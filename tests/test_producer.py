@@ -8,6 +8,7 @@ from tasks_app.codec import decode_payload, decode_task
 from tasks_app.models import TaskType
 from tasks_app.producer import EnqueueError, TaskRequest, enqueue, enqueue_many
 from tasks_app.results import ResultRecord
+from tests.support.enqueued import enqueued_keys
 
 pytestmark = pytest.mark.django_db
 
@@ -45,7 +46,7 @@ def test_count_enqueues_distinct_tasks_in_one_call(broker):
 def test_bulk_enqueue_is_all_or_nothing(broker):
     with pytest.raises(EnqueueError):
         enqueue_many([TaskRequest("demo.echo", [1]), TaskRequest("demo.echo", "not a list")])
-    assert broker.client.llen(broker.keys.pending("default")) == 0
+    assert enqueued_keys(broker) == []
 
 
 def test_delay_and_run_after_go_to_the_delayed_set(broker):
@@ -80,7 +81,7 @@ def test_invalid_requests_are_rejected_before_anything_is_pushed(broker, kwargs,
     type_name = kwargs.pop("type_name")
     with pytest.raises(EnqueueError, match=message):
         enqueue(type_name, **kwargs)
-    assert broker.known_queues() == []
+    assert enqueued_keys(broker) == []
 
 
 def test_disabled_types_and_unregistered_handlers_are_rejected(broker):

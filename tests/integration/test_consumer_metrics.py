@@ -64,9 +64,10 @@ def test_metrics_match_what_the_consumers_did(broker, consumer_process, task_typ
 
     wait_until(lambda: all(is_final(broker, task.id) for task in [*slow, *ok, *flaky, *dead]), 30,
                message="every unlimited task to finish")
-    limited_started = sum(run["type"] == LIMITED for run in recorded_runs(broker))
-    rate_limited = limited_started < len(limited)
-    expected_delayed = len(limited) - limited_started
+    # The gate admits one LIMITED task per minute: one runs, the other two wait in delayed.
+    wait_until(lambda: any(is_final(broker, task.id) for task in limited), 30,
+               message="the one admitted rate-limited task to finish")
+    expected_delayed = len(limited) - 1
 
     def settled() -> Scrape | None:
         current = scrape(url)
@@ -92,12 +93,14 @@ def test_metrics_match_what_the_consumers_did(broker, consumer_process, task_typ
     assert after.value("taskqueue_task_wait_seconds_count", type=OK) == 5
     assert after.value("taskqueue_task_wait_seconds_count", type=FLAKY) == 2  # first attempts only
 
-    if rate_limited:  # the gate admits one task per minute; the others wait in delayed, no attempt used
-        assert limited_started == 1
-        assert counter("started", LIMITED) == 1
-        assert after.value("taskqueue_tasks_deferred_total", type=LIMITED, reason="rate_limited") >= 2
-    else:
-        assert counter("started", LIMITED) == len(limited)
+    limited_started = sum(run["type"] == LIMITED for run in recorded_runs(broker))
+    assert limited_started == 1, f"{limited_started} of {len(limited)} rate-limited tasks started"
+    # The deferred ones used no attempt: their records still say READY with no attempt made.
+    assert counter("started", LIMITED) == 1
+    assert after.value("taskqueue_tasks_deferred_total", type=LIMITED, reason="rate_limited") >= 2
+    waiting = [broker.get_result(task.id) for task in limited]
+    assert sorted(record["status"] for record in waiting) == ["READY", "READY", "SUCCESSFUL"], waiting
+    assert sorted(record["attempts"] for record in waiting) == ["0", "0", "1"], waiting
 
     # Gauges read from Redis at scrape time, and the consumer's own gauges.
     depth = {state: after.value("taskqueue_queue_tasks", queue="default", state=state)

@@ -1,0 +1,15 @@
+"""What an enqueue leaves in Redis, for tests that claim a rejected request enqueued nothing."""
+from __future__ import annotations
+
+from tasks_app.broker import Broker
+
+
+def enqueued_keys(broker: Broker) -> list[bytes]:
+    """Every key of this test's prefix that an enqueue writes, on any queue: none after a refusal.
+
+    The queue set alone is not enough: a producer that announced a queue once does not add it
+    again, and a READY record or a delayed member can be written without it.
+    """
+    keys = broker.keys
+    patterns = [keys.queues(), keys.pending("*"), keys.prioritized("*"), keys.delayed("*"), keys.result("*")]
+    return sorted(key for pattern in patterns for key in broker.client.scan_iter(match=pattern, count=1000))
