@@ -1,0 +1,29 @@
+"""Putting tasks into a queue and into a consumer's hands directly, for unit tests of the consumer."""
+from __future__ import annotations
+
+from typing import Any
+
+from tasks_app.broker import Broker, Enqueueable
+from tasks_app.codec import Task, encode_task
+
+
+def task_bytes(task_id: str, task_type: str = "test.record", queue: str = "q", **fields: Any) -> bytes:
+    """A serialized task, as a producer would push it."""
+    return encode_task(Task(id=task_id, type=task_type, queue=queue, **fields))
+
+
+def push(broker: Broker, *raws: bytes, queue: str = "q", run_after_ms: int = 0) -> None:
+    """Enqueue serialized tasks (no READY record)."""
+    broker.enqueue([Enqueueable(queue=queue, raw=raw, run_after_ms=run_after_ms) for raw in raws], result_ttl_s=60)
+
+
+def register(broker: Broker, consumer_id: str, lease_ms: int, queue: str = "q") -> None:
+    """Give a consumer a lease on one queue, as its start does."""
+    broker.heartbeat([queue], consumer_id, lease_ms, {"lease_ms": lease_ms})
+
+
+def claim(broker: Broker, consumer_id: str, count: int, queue: str = "q") -> list[bytes]:
+    """Move up to `count` tasks into a registered consumer's processing list."""
+    claimed = broker.claim(queue, consumer_id, count)
+    assert claimed is not None, f"{consumer_id} holds no lease on {queue}"
+    return claimed

@@ -1,0 +1,203 @@
+"""The consumer's background loops, one `run_once()` at a time, against a real Redis."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from tasks_app.broker import MAX_RECOVERIES, Broker, connect
+from tasks_app.loops import HeartbeatLoop, HousekeepingLoop, ReaperLoop, SchedulerLoop, run_forever, start_thread
+from tasks_app.retrying import FIRST_BACKOFF_S
+from tests.support.claims import claim, push, register, task_bytes
+from tests.support.counters import sample
+
+SHORT_LEASE_MS = 100
+
+
+class ScriptedLoop:
+    """A loop whose run_once follows a script: a sleep to return, or an exception to raise."""
+
+    name = "scripted"
+
+    def __init__(self, steps: list[float | BaseException], stop: threading.Event) -> None:
+        self.steps = steps
+        self.stop = stop
+        self.calls = 0
+
+    def run_once(self) -> float:
+        step = self.steps[self.calls]
+        self.calls += 1
+        if self.calls == len(self.steps):
+            self.stop.set()
+        if isinstance(step, BaseException):
+            raise step
+        return step
+
+
+class RecordingStop(threading.Event):
+    """A stop event that records how long the loop asked to sleep, without sleeping."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(timeout or 0.0)
+        return self.is_set()
+
+
+def unreachable_broker(prefix: str) -> Broker:
+    """A broker whose Redis refuses connections."""
+    return Broker(connect("redis://127.0.0.1:1/0"), prefix)
+
+
+# --- run_forever --------------------------------------------------------------------------
+def test_run_forever_backs_off_through_redis_errors_and_resets_after_a_success():
+    stop = RecordingStop()
+    errors_before = sample("taskqueue_redis_errors_total", loop="scripted")
+    loop = ScriptedLoop([0.5, RedisConnectionError("down"), RedisConnectionError("down"), 0.0,
+                         RedisConnectionError("down"), 0.3], stop)
+    run_forever(loop, stop)
+    assert loop.calls == 6
+    first, second, third = stop.waits[1], stop.waits[2], stop.waits[3]
+    assert stop.waits[0] == 0.5 and stop.waits[-1] == 0.3 and len(stop.waits) == 5  # no wait after 0.0
+    assert 0.8 * FIRST_BACKOFF_S <= first <= 1.2 * FIRST_BACKOFF_S
+    assert second > first * 1.3  # doubled (with jitter)
+    assert 0.8 * FIRST_BACKOFF_S <= third <= 1.2 * FIRST_BACKOFF_S  # reset by the success in between
+    assert sample("taskqueue_redis_errors_total", loop="scripted") == errors_before + 3
+
+
+def test_run_forever_survives_a_bug_in_run_once(caplog):
+    stop = RecordingStop()
+    loop = ScriptedLoop([ValueError("a bug"), 0.2], stop)
+    run_forever(loop, stop)
+    assert loop.calls == 2, "the loop went on after the bug"
+    assert stop.waits == [1.0, 0.2]
+    assert "scripted: unexpected error" in caplog.text and "ValueError: a bug" in caplog.text
+
+
+def test_start_thread_runs_the_loop_until_stopped():
+    stop = threading.Event()
+    loop = ScriptedLoop([0.0] * 3, stop)
+    thread = start_thread(loop, stop)
+    thread.join(timeout=5)
+    assert not thread.is_alive() and thread.daemon and thread.name == "scripted"
+    assert loop.calls == 3
+
+
+# --- heartbeat ----------------------------------------------------------------------------
+def test_heartbeat_renews_a_held_lease_every_third_of_it(broker):
+    register(broker, "c1", lease_ms=1000)
+    lost: list[str] = []
+    loop = HeartbeatLoop(broker, ["q"], lambda: "c1", 9.0, lost.append)
+    deadline_before = broker.client.zscore(broker.keys.consumers("q"), "c1")
+    time.sleep(0.01)
+    assert loop.run_once() == pytest.approx(3.0)
+    assert broker.client.zscore(broker.keys.consumers("q"), "c1") >= deadline_before + 8000
+    assert lost == []
+
+
+def test_heartbeat_reports_a_lost_lease_with_the_id_that_lost_it(broker):
+    lost: list[str] = []
+    loop = HeartbeatLoop(broker, ["q"], lambda: "reaped-one", 9.0, lost.append)  # never registered: reaped
+    loop.run_once()
+    assert lost == ["reaped-one"]
+    assert broker.client.zscore(broker.keys.consumers("q"), "reaped-one") is None, "a lost lease is not retaken"
+
+
+def test_heartbeat_retries_sooner_than_its_pace_when_redis_is_away(key_prefix):
+    lost: list[str] = []
+    loop = HeartbeatLoop(unreachable_broker(key_prefix), ["q"], lambda: "c1", 9.0, lost.append)
+    sleep_s = loop.run_once()
+    assert 0 < sleep_s < 3.0
+    assert lost == [], "an unreachable Redis is not a lost lease"
+
+
+# --- scheduler ----------------------------------------------------------------------------
+def test_scheduler_sleeps_its_longest_with_nothing_delayed(broker):
+    assert SchedulerLoop(broker, ["q"]).run_once() == SchedulerLoop.MAX_SLEEP_S
+
+
+def test_scheduler_wakes_when_the_next_task_is_due(broker):
+    now_ms = broker.server_time_ms()
+    push(broker, task_bytes("soon"), run_after_ms=now_ms + 100)
+    push(broker, task_bytes("later"), queue="other", run_after_ms=now_ms + 60_000)
+    loop = SchedulerLoop(broker, ["other", "q"])
+    assert 0.0 < loop.run_once() <= 0.1
+    assert broker.queue_stats("q").delayed == 1
+    time.sleep(0.11)
+    assert loop.run_once() == SchedulerLoop.MAX_SLEEP_S  # "soon" moved; "later" is far off
+    assert (broker.queue_stats("q").pending, broker.queue_stats("q").delayed) == (1, 0)
+    assert broker.queue_stats("other").delayed == 1
+
+
+def test_scheduler_goes_again_at_once_while_a_full_batch_moved(broker):
+    past_ms = broker.server_time_ms() - 1000
+    push(broker, *(task_bytes(f"t{n}") for n in range(3)), run_after_ms=past_ms)
+    loop = SchedulerLoop(broker, ["q"])
+    loop.BATCH = 2
+    assert loop.run_once() == 0.0
+    assert loop.run_once() == SchedulerLoop.MAX_SLEEP_S
+    assert broker.queue_stats("q").pending == 3
+
+
+# --- reaper -------------------------------------------------------------------------------
+def test_reaper_recovers_only_consumers_whose_lease_expired(broker):
+    push(broker, *(task_bytes(f"t{n}") for n in range(4)))
+    register(broker, "dead", SHORT_LEASE_MS)
+    register(broker, "alive", 30_000)
+    claim(broker, "dead", 3)
+    alive_holds = claim(broker, "alive", 1)
+    time.sleep(SHORT_LEASE_MS / 1000 + 0.02)
+    recovered_before = sample("taskqueue_tasks_recovered_total", queue="q")
+    loop = ReaperLoop(broker, ["q"], 0.1, lambda queue, dead: pytest.fail("nothing is dead-lettered"))
+    assert loop.run_once() == 0.05  # a quarter lease, at least 50 ms
+    assert broker.held_by("q", "dead") == []
+    assert broker.held_by("q", "alive") == alive_holds
+    assert broker.queue_stats("q").pending == 3  # the recovered ones wait as suspects
+    assert sample("taskqueue_tasks_recovered_total", queue="q") == recovered_before + 3
+    assert [c["id"] for c in broker.live_consumers("q")] == ["alive"]
+    assert ReaperLoop(broker, ["q"], 8.0, lambda q, d: None).run_once() == 2.0
+
+
+def test_reaper_dead_letters_a_task_that_keeps_killing_its_consumers(broker):
+    push(broker, task_bytes("poison"))
+    dead_lettered: list[tuple[str, list[bytes]]] = []
+    loop = ReaperLoop(broker, ["q"], 0.1, lambda queue, dead: dead_lettered.append((queue, dead)))
+    for victim in range(MAX_RECOVERIES + 1):
+        consumer_id = f"victim-{victim}"
+        register(broker, consumer_id, SHORT_LEASE_MS)
+        taken = broker.claim_with_suspect("q", consumer_id, 1)
+        assert taken is not None and len(taken.tasks) == 1
+        if taken.took_suspect:
+            broker.mark_started("q", taken.tasks[0])  # it was running when its consumer died
+        time.sleep(SHORT_LEASE_MS / 1000 + 0.02)
+        assert loop.reap("q", consumer_id) == 1
+    [(queue, [raw])] = dead_lettered
+    assert queue == "q" and b"recovered 4 times" in raw
+    assert broker.queue_stats("q").dead == 1 and broker.queue_stats("q").pending == 0
+
+
+def test_reaping_a_live_or_unknown_consumer_moves_nothing(broker):
+    push(broker, task_bytes("t"))
+    register(broker, "alive", 30_000)
+    held = claim(broker, "alive", 1)
+    loop = ReaperLoop(broker, ["q"], 0.1, lambda q, d: None)
+    assert loop.reap("q", "alive") == 0 and loop.reap("q", "nobody") == 0
+    assert broker.held_by("q", "alive") == held
+
+
+# --- housekeeping -------------------------------------------------------------------------
+def test_housekeeping_refreshes_on_its_period_and_expires_every_tick():
+    refreshes: list[float] = []
+    expiries: list[float] = []
+    loop = HousekeepingLoop(lambda: refreshes.append(time.monotonic()), 0.2,
+                            lambda: expiries.append(time.monotonic()) or 0)
+    assert loop.run_once() == HousekeepingLoop.TICK_S
+    loop.run_once()
+    assert (len(refreshes), len(expiries)) == (1, 2)  # the first call refreshes at once
+    time.sleep(0.21)
+    loop.run_once()
+    assert (len(refreshes), len(expiries)) == (2, 3)
