@@ -1,0 +1,308 @@
+"""The consumer's own logic: backpressure, claiming, suspects, identity, shutdown and signals."""
+from __future__ import annotations
+
+import os
+import queue as queue_module
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+from django.conf import settings
+from redis.exceptions import RedisError
+
+from tasks_app import consumer as consumer_module
+from tasks_app.broker import WAKE_TOKEN, Broker, Enqueueable
+from tasks_app.consumer import Capacity, ClaimerLoop, Consumer, ConsumerOptions
+from tasks_app.executor import Claimed
+from tests.support.claims import claim, push, register, task_bytes
+from tests.support.processes import wait_until
+from tests.support.recording import recorded_runs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def make_consumer(broker: Broker, **options: object) -> Consumer:
+    """A registered consumer on queue "q" whose threads are not started: tests drive it by hand."""
+    opts = {"queues": ["q"], "concurrency": 2, "prefetch": 1, "lease_s": 2.0, "grace_s": 0.2, "block_s": 0.1,
+            "consumer_id": "me", **options}
+    consumer = Consumer(ConsumerOptions(**opts), broker=broker)  # type: ignore[arg-type]
+    consumer.register()
+    return consumer
+
+
+@pytest.fixture
+def consumer(broker: Broker) -> Iterator[Consumer]:
+    consumer = make_consumer(broker)
+    yield consumer
+    consumer.give_up.set()
+
+
+def handed_to_workers(consumer: Consumer) -> list[Claimed]:
+    """Take everything dispatched to the (not running) workers off their queue."""
+    items = []
+    while True:
+        try:
+            items.append(consumer.work.get_nowait())
+        except queue_module.Empty:
+            return items
+
+
+def make_suspect(broker: Broker, raw: bytes) -> None:
+    """Leave `raw` in the suspects list, as a consumer that died holding it does."""
+    register(broker, "died", lease_ms=50)
+    claim(broker, "died", 1)
+    time.sleep(0.06)
+    assert broker.reap("q", "died", 50).requeued == 1
+
+
+def claim_all(broker: Broker) -> list[bytes]:
+    """Everything a fresh consumer would claim next, in order."""
+    register(broker, "next", lease_ms=10_000)
+    return claim(broker, "next", 100)
+
+
+# --- Capacity -----------------------------------------------------------------------------
+def test_capacity_counts_slots_up_to_its_limit():
+    capacity = Capacity(3)
+    assert capacity.acquire(timeout_s=0) and capacity.acquire_up_to(5) == 2
+    assert capacity.in_use == 3
+    assert capacity.acquire_up_to(1) == 0 and not capacity.acquire(timeout_s=0.01)
+    capacity.release(2)
+    assert capacity.acquire_up_to(5) == 2 and capacity.in_use == 3
+
+
+def test_capacity_ignores_empty_and_negative_requests():
+    capacity = Capacity(2)
+    assert capacity.acquire_up_to(0) == 0 and capacity.acquire_up_to(-3) == 0
+    capacity.release(0)
+    capacity.release(-1)
+    assert capacity.in_use == 0
+
+
+def test_a_full_capacity_waits_for_a_release_from_another_thread():
+    capacity = Capacity(1)
+    assert capacity.acquire(timeout_s=0)
+    started = time.monotonic()
+    threading.Timer(0.05, capacity.release).start()
+    assert capacity.acquire(timeout_s=5)
+    assert 0.04 <= time.monotonic() - started < 2
+    assert capacity.in_use == 1
+
+
+# --- options ------------------------------------------------------------------------------
+@pytest.mark.parametrize(("options", "message"), [
+    ({"queues": []}, "at least one queue"), ({"queues": ["a b"]}, "queue"), ({"concurrency": 0}, "concurrency"),
+    ({"prefetch": -1}, "prefetch"), ({"lease_s": 0.4}, "lease"), ({"grace_s": -1}, "grace"),
+    ({"consumer_id": "x/y"}, "consumer id"),
+])
+def test_options_that_cannot_work_are_refused(broker, options, message):
+    with pytest.raises(ValueError, match=message):
+        Consumer(ConsumerOptions(**options), broker=broker)
+
+
+# --- claiming -----------------------------------------------------------------------------
+def test_the_claimer_takes_at_most_concurrency_plus_prefetch(broker, consumer):
+    push(broker, *(task_bytes(f"t{n}") for n in range(10)))
+    loop = ClaimerLoop(consumer, "q")
+    assert loop.run_once() == 0.0
+    claimed = handed_to_workers(consumer)
+    assert [item.raw for item in claimed] == [task_bytes(f"t{n}") for n in range(3)]
+    assert consumer.capacity.in_use == 3
+    assert set(broker.held_by("q", "me")) == consumer.held_raws("q", "me") == {item.raw for item in claimed}
+    loop.run_once()  # full: waits for a slot, claims nothing
+    assert len(broker.held_by("q", "me")) == 3 and handed_to_workers(consumer) == []
+    assert broker.queue_stats("q").pending == 7
+
+
+def test_a_claim_of_fewer_tasks_than_room_keeps_only_their_slots(broker, consumer):
+    push(broker, task_bytes("a"), task_bytes("b"))
+    ClaimerLoop(consumer, "q").run_once()
+    assert len(handed_to_workers(consumer)) == 2 and consumer.capacity.in_use == 2
+
+
+def test_a_claim_that_finds_nothing_gives_every_slot_back(broker, consumer):
+    loop = ClaimerLoop(consumer, "q")
+    assert loop.run_once() == 0.0
+    assert consumer.capacity.in_use == 0 and handed_to_workers(consumer) == []
+    assert consumer.reserve_suspect_slot(), "the suspect slot was released"
+
+
+def test_a_blocking_claim_returns_the_task_pushed_while_it_waits(broker):
+    consumer = make_consumer(broker, block_s=2.0)
+    threading.Timer(0.1, push, args=(broker, task_bytes("late"))).start()
+    ClaimerLoop(consumer, "q").run_once()
+    assert [item.raw for item in handed_to_workers(consumer)] == [task_bytes("late")]
+    assert consumer.capacity.in_use == 1 and broker.held_by("q", "me") == [task_bytes("late")]
+
+
+def test_a_wake_token_is_dropped_and_the_prioritized_task_claimed_next(broker):
+    consumer = make_consumer(broker, block_s=2.0)
+    urgent = task_bytes("urgent", priority=5)
+    threading.Timer(0.1, broker.enqueue, args=([Enqueueable(queue="q", raw=urgent, priority=5)], 60)).start()
+    loop = ClaimerLoop(consumer, "q")
+    loop.run_once()  # woken by the token, which is not a task
+    assert handed_to_workers(consumer) == [] and consumer.capacity.in_use == 0
+    loop.run_once()
+    assert [item.raw for item in handed_to_workers(consumer)] == [urgent]
+    assert broker.held_by("q", "me") == [urgent], "the wake token left the processing list"
+    assert WAKE_TOKEN not in broker.client.lrange(broker.keys.pending("q"), 0, -1)
+
+
+def test_a_lost_lease_releases_the_slots_and_moves_to_a_new_identity(broker, consumer):
+    push(broker, task_bytes("t"))
+    broker.client.zrem(broker.keys.consumers("q"), "me")  # reaped while we were away
+    ClaimerLoop(consumer, "q").run_once()
+    assert consumer.capacity.in_use == 0 and handed_to_workers(consumer) == []
+    assert consumer.consumer_id == "me.1" and consumer.executor.worker_id == "me.1"
+    assert [c["id"] for c in broker.live_consumers("q")] == ["me.1"]
+    assert consumer.reserve_suspect_slot()
+    ClaimerLoop(consumer, "q").run_once()
+    assert broker.held_by("q", "me.1") == [task_bytes("t")]
+
+
+def test_lease_lost_for_an_old_identity_changes_nothing(broker, consumer):
+    consumer.lease_lost("me")
+    consumer.lease_lost("me")  # a second thread reporting the same loss
+    assert consumer.consumer_id == "me.1"
+    consumer.lease_lost("me.1")
+    assert consumer.consumer_id == "me.2"
+    assert sorted(c["id"] for c in broker.live_consumers("q")) == ["me", "me.1", "me.2"]
+
+
+def test_one_suspect_at_a_time_and_its_slot_is_held_until_it_leaves(broker, consumer):
+    first, second, fresh = task_bytes("s1"), task_bytes("s2"), task_bytes("fresh")
+    push(broker, first, second)
+    make_suspect(broker, first)
+    register(broker, "died2", lease_ms=50)
+    claim(broker, "died2", 1)
+    time.sleep(0.06)
+    broker.reap("q", "died2", 50)
+    push(broker, fresh)
+    loop = ClaimerLoop(consumer, "q")
+    loop.run_once()
+    [suspect, other] = handed_to_workers(consumer)
+    assert suspect.suspect and not other.suspect and other.raw == fresh
+    assert not consumer.reserve_suspect_slot(), "the slot is held while the suspect is"
+    loop.run_once()  # the other suspect waits: this consumer already holds one
+    assert handed_to_workers(consumer) == [] and consumer.capacity.in_use == 2
+    consumer.claiming_stopped.set()
+    consumer.dispatch([suspect])  # stopping: straight back to the suspects list
+    assert consumer.reserve_suspect_slot(), "a suspect that left gives its slot back"
+    assert broker.client.llen(broker.keys.suspects("q")) == 2
+
+
+def test_a_redis_error_mid_claim_releases_everything_then_reconciles_the_lost_reply(broker):
+    # A client that gives up on a blocking claim before it ends: a real error on the wire.
+    impatient = Broker(redis.Redis.from_url(settings.REDIS_URL, socket_timeout=0.1), broker.keys.prefix)
+    consumer = make_consumer(impatient, block_s=1.0)
+    loop = ClaimerLoop(consumer, "q")
+    with pytest.raises(RedisError):
+        loop.run_once()
+    assert consumer.capacity.in_use == 0 and consumer.reserve_suspect_slot()
+    consumer.release_suspect_slot()
+    stray = task_bytes("moved-but-never-heard-of")
+    push(broker, stray)
+    claim(broker, "me", 1)  # what a claim whose reply was lost leaves behind
+    loop.run_once()
+    assert [item.raw for item in handed_to_workers(consumer)] == [stray], "returned, then claimed knowingly"
+    assert broker.held_by("q", "me") == [stray] and consumer.held_raws("q", "me") == {stray}
+
+
+# --- dispatch and shutdown ----------------------------------------------------------------
+def test_dispatch_while_stopping_returns_the_tasks_at_once(broker, consumer):
+    push(broker, task_bytes("a"), task_bytes("b"))
+    raws = claim(broker, "me", 2)
+    consumer.capacity.acquire_up_to(2)
+    consumer.claiming_stopped.set()
+    consumer.dispatch([Claimed("q", "me", raw) for raw in raws])
+    assert handed_to_workers(consumer) == []
+    assert broker.held_by("q", "me") == [] and consumer.held_raws("q", "me") == set()
+    assert consumer.capacity.in_use == 0
+    assert broker.queue_stats("q").pending == 2
+
+
+def test_shutdown_returns_unstarted_tasks_in_order_and_deregisters(broker, consumer):
+    push(broker, *(task_bytes(f"t{n}") for n in range(5)))
+    ClaimerLoop(consumer, "q").run_once()
+    assert consumer.capacity.in_use == 3
+    assert consumer.shutdown() == 0
+    assert consumer.capacity.in_use == 0 and broker.held_by("q", "me") == []
+    assert broker.live_consumers("q") == []
+    next_up = claim_all(broker)
+    assert next_up == [task_bytes(f"t{n}") for n in range(5)], "the returned ones run first, in order"
+
+
+def test_a_task_claimed_under_a_lost_identity_is_left_to_the_reaper(broker, consumer_in_thread):
+    with consumer_in_thread(queues=["q"], concurrency=1) as running:
+        old_id = running.consumer_id
+        wait_until(lambda: broker.live_consumers("q"), 5, message="the consumer to register")
+        running.lease_lost(old_id)  # as if the heartbeat found the lease gone
+        raw = task_bytes("t")
+        broker.client.lpush(broker.keys.processing("q", old_id), raw)  # claimed just before the loss
+        running.capacity.acquire_up_to(1)
+        running.dispatch([Claimed("q", old_id, raw)])
+        wait_until(lambda: not running.held_raws("q", old_id), 5, interval_s=0.01, message="a worker to let go of it")
+        assert recorded_runs(broker) == [], "it did not run under the lost identity"
+        assert broker.held_by("q", old_id) == [raw], "the reaper recovers it from the old list"
+
+
+# --- the in-thread consumer fixture -------------------------------------------------------
+def test_the_fixture_reports_a_consumer_that_crashed(consumer_in_thread):
+    with pytest.raises(AssertionError, match="consumer crashed: RuntimeError"):
+        with consumer_in_thread(queues=["q"]) as running:
+            shutdown = running.shutdown
+
+            def crash() -> int:
+                shutdown()
+                raise RuntimeError("a bug in shutdown")
+
+            running.shutdown = crash  # type: ignore[method-assign]
+
+
+def test_the_fixture_reports_a_consumer_that_exited_non_zero(consumer_in_thread):
+    with pytest.raises(AssertionError, match=r"consumer exited with \[3\]"):
+        with consumer_in_thread(queues=["q"]) as running:
+            shutdown = running.shutdown
+            running.shutdown = lambda: shutdown() + 3  # type: ignore[method-assign]
+
+
+# --- signals ------------------------------------------------------------------------------
+@pytest.fixture
+def signalled(broker, monkeypatch) -> Iterator[tuple[Consumer, list[int]]]:
+    """A consumer whose signal handlers are installed; os._exit is recorded instead of run."""
+    consumer = make_consumer(broker)
+    exits: list[int] = []
+    monkeypatch.setattr(os, "_exit", exits.append)
+    monkeypatch.setattr(consumer_module, "SIGNAL_ECHO_S", 0.2)
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    consumer.install_signal_handlers()
+    yield consumer, exits
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)
+
+
+def test_a_first_signal_asks_for_a_graceful_stop(signalled):
+    consumer, exits = signalled
+    os.kill(os.getpid(), signal.SIGTERM)
+    assert consumer.stop_requested.wait(1) and exits == []
+
+
+def test_a_signal_echoed_at_once_is_the_same_request(signalled):
+    consumer, exits = signalled
+    os.kill(os.getpid(), signal.SIGINT)
+    os.kill(os.getpid(), signal.SIGTERM)  # the terminal's Ctrl-C and the supervisor's copy of it
+    assert consumer.stop_requested.wait(1)
+    time.sleep(0.01)
+    assert exits == []
+
+
+def test_a_second_signal_after_the_echo_window_exits_at_once(signalled):
+    consumer, exits = signalled
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.25)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.01)
+    assert exits == [1]
