@@ -1,0 +1,286 @@
+"""Every outcome of running one claimed task, settled in a real Redis."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tasks_app.ack_batcher import AckBatcher
+from tasks_app.broker import Broker, split_delayed_member
+from tasks_app.codec import Task, decode_task, encode_payload
+from tasks_app.executor import UNDECODABLE_TYPE, Claimed, Executor, TaskContext
+from tasks_app.limits import RateLimiter
+from tasks_app.models import TaskType
+from tasks_app.registry import Handler, Registry
+from tasks_app.task_types import TaskTypeCache
+from tests.support.claims import claim, push, register, task_bytes
+from tests.support.counters import sample
+
+pytestmark = pytest.mark.django_db
+
+CONSUMER = "worker-a"
+
+
+def boom() -> None:
+    raise ValueError("boom")
+
+
+def with_context(context: TaskContext, *args: Any, **kwargs: Any) -> dict[str, Any]:
+    return {"task_id": context.task_id, "attempt": context.attempt, "max_attempts": context.max_attempts,
+            "queue": context.queue, "consumer": context.consumer_id, "args": list(args), "kwargs": kwargs}
+
+
+@pytest.fixture
+def registry() -> Registry:
+    """Handlers of this module only."""
+    registry = Registry()
+    registry.add(Handler("x.add", lambda a, b: a + b))
+    registry.add(Handler("x.boom", boom))
+    registry.add(Handler("x.context", with_context, takes_context=True))
+    registry.add(Handler("x.exit", lambda: exec("raise SystemExit(3)")))
+    registry.add(Handler("x.not_json", lambda: object()))
+    registry.add(Handler("x.sleep", lambda seconds: time.sleep(seconds) or "late"))
+    return registry
+
+
+@pytest.fixture
+def executor(broker: Broker, registry: Registry) -> Executor:
+    register(broker, CONSUMER, lease_ms=30_000)
+    return Executor(broker, registry, TaskTypeCache(), CONSUMER, result_ttl_s=60, rate_gate=RateLimiter(broker))
+
+
+def task_type(executor: Executor, name: str, **options: Any) -> None:
+    """Create a TaskType row and let the executor see it."""
+    TaskType.objects.create(name=name, handler=options.pop("handler", name), queue="q", **options)
+    executor.task_types.refresh()
+
+
+def claimed(broker: Broker, task_id: str, task_type_name: str, *args: Any, raw: bytes | None = None,
+            **fields: Any) -> Claimed:
+    """Push one task and claim it for CONSUMER."""
+    if raw is None:
+        raw = task_bytes(task_id, task_type_name, payload=encode_payload(list(args), {}), **fields)
+    push(broker, raw)
+    [taken] = claim(broker, CONSUMER, 1)
+    return Claimed("q", CONSUMER, taken)
+
+
+def dead_tasks(broker: Broker) -> list[Task]:
+    return [decode_task(member) for member, _ in broker.list_dead("q")]
+
+
+def delayed_tasks(broker: Broker) -> list[tuple[Task, int]]:
+    """Tasks in the delayed set with how many ms from now each is due."""
+    now_ms = broker.server_time_ms()
+    members = broker.client.zrange(broker.keys.delayed("q"), 0, -1, withscores=True)
+    return [(decode_task(split_delayed_member(member)[1]), int(score) - now_ms) for member, score in members]
+
+
+def assert_let_go(broker: Broker) -> None:
+    assert broker.held_by("q", CONSUMER) == [], "the task left the processing list"
+
+
+# --- tasks that cannot run ----------------------------------------------------------------
+def test_undecodable_bytes_are_kept_in_a_dead_wrapper(broker, executor):
+    item = claimed(broker, "", "", raw=b"\xff\x00 not a task")
+    assert executor.execute(item) is False
+    assert_let_go(broker)
+    [wrapper] = dead_tasks(broker)
+    assert wrapper.type == UNDECODABLE_TYPE and wrapper.payload == b"\xff\x00 not a task"
+    assert wrapper.dead_reason.startswith("undecodable task")
+
+
+def test_an_unknown_type_is_dead_lettered_without_an_attempt(broker, executor):
+    item = claimed(broker, "t1", "nobody.knows")
+    before = sample("taskqueue_tasks_dead_lettered_total", type="nobody.knows", queue="q")
+    assert executor.execute(item) is False
+    assert_let_go(broker)
+    [dead] = dead_tasks(broker)
+    assert dead.id == "t1" and dead.attempt == 0 and "unknown task type 'nobody.knows'" in dead.dead_reason
+    assert dead.last_error.startswith("UnknownTaskType:")
+    record = broker.get_result("t1")
+    assert record["status"] == "FAILED" and "unknown task type" in record["dead_reason"]
+    assert sample("taskqueue_tasks_dead_lettered_total", type="nobody.knows", queue="q") == before + 1
+
+
+def test_a_row_whose_handler_is_not_registered_is_dead_lettered_with_the_import_errors(broker, executor, registry):
+    task_type(executor, "x.orphan", handler="gone.module.handler")
+    registry.import_modules(["tests.support.broken_handlers"])
+    assert executor.execute(claimed(broker, "t1", "x.orphan")) is False
+    assert_let_go(broker)
+    [dead] = dead_tasks(broker)
+    assert "handler 'gone.module.handler' of task type 'x.orphan' is not registered" in dead.dead_reason
+    assert "tests.support.broken_handlers" in dead.dead_reason
+    assert dead.last_error.startswith("HandlerNotRegistered:")
+
+
+def test_a_payload_that_is_not_json_is_dead_lettered(broker, executor):
+    assert executor.execute(claimed(broker, "t1", "x.add", raw=task_bytes("t1", "x.add", payload=b"{nope"))) is False
+    assert_let_go(broker)
+    [dead] = dead_tasks(broker)
+    assert dead.last_error.startswith("InvalidPayload:") and dead.attempt == 0
+
+
+# --- deferrals ----------------------------------------------------------------------------
+def test_a_disabled_type_waits_in_delayed_without_using_an_attempt(broker, executor):
+    task_type(executor, "x.add", enabled=False)
+    item = claimed(broker, "t1", "x.add", 1, 2)
+    before = sample("taskqueue_tasks_deferred_total", type="x.add", queue="q", reason="disabled")
+    assert executor.execute(item) is False
+    assert_let_go(broker)
+    [(task, due_in_ms)] = delayed_tasks(broker)
+    assert task.id == "t1" and task.attempt == 0
+    assert 4000 <= due_in_ms <= 5000  # checked again a few seconds later
+    assert broker.get_result("t1") is None, "nothing ran, nothing was recorded"
+    assert sample("taskqueue_tasks_deferred_total", type="x.add", queue="q", reason="disabled") == before + 1
+
+
+def test_a_rate_limited_type_runs_one_then_defers_the_next_to_its_slot(broker, executor):
+    task_type(executor, "x.add", rate_limit=1, rate_period=10)
+    assert executor.execute(claimed(broker, "t1", "x.add", 1, 2)) is False
+    assert broker.get_result("t1")["status"] == "SUCCESSFUL"
+    assert executor.execute(claimed(broker, "t2", "x.add", 3, 4)) is False
+    assert_let_go(broker)
+    [(task, due_in_ms)] = delayed_tasks(broker)
+    assert task.id == "t2" and task.attempt == 0
+    assert 8000 <= due_in_ms <= 10_500
+    assert sample("taskqueue_tasks_deferred_total", type="x.add", queue="q", reason="rate_limited") >= 1
+
+
+# --- runs ---------------------------------------------------------------------------------
+def test_a_successful_run_is_acked_with_its_return_value(broker, executor):
+    before = sample("taskqueue_tasks_succeeded_total", type="x.add", queue="q")
+    assert executor.execute(claimed(broker, "t1", "x.add", 2, 3)) is False
+    assert_let_go(broker)
+    record = broker.get_result("t1")
+    assert record["status"] == "SUCCESSFUL" and json.loads(record["return_value"]) == 5
+    assert record["attempts"] == "1" and json.loads(record["worker_ids"]) == [CONSUMER]
+    assert dead_tasks(broker) == [] and delayed_tasks(broker) == []
+    assert sample("taskqueue_tasks_succeeded_total", type="x.add", queue="q") == before + 1
+
+
+def test_a_handler_with_context_sees_this_run(broker, executor):
+    task_type(executor, "x.context", max_attempts=4)
+    executor.execute(claimed(broker, "t1", "x.context", "a"))
+    value = json.loads(broker.get_result("t1")["return_value"])
+    assert value == {"task_id": "t1", "attempt": 1, "max_attempts": 4, "queue": "q", "consumer": CONSUMER,
+                     "args": ["a"], "kwargs": {}}
+
+
+def test_a_failure_is_retried_later_with_backoff_and_the_error(broker, executor):
+    task_type(executor, "x.boom", max_attempts=3, retry_backoff=10)
+    assert executor.execute(claimed(broker, "t1", "x.boom")) is False
+    assert_let_go(broker)
+    [(task, due_in_ms)] = delayed_tasks(broker)
+    assert task.attempt == 1 and task.last_error == "builtins.ValueError: boom"
+    assert "ValueError: boom" in task.last_traceback
+    assert 4500 <= due_in_ms <= 10_000  # the upper half of base * 2^0
+    record = broker.get_result("t1")
+    assert record["status"] == "READY" and record["attempts"] == "1"
+    assert json.loads(record["errors"])[0]["exception_class_path"] == "builtins.ValueError"
+
+
+def test_the_second_retry_waits_about_twice_as_long(broker, executor):
+    task_type(executor, "x.boom", max_attempts=3, retry_backoff=10)
+    executor.execute(claimed(broker, "t1", "x.boom", raw=task_bytes("t1", "x.boom", attempt=1)))
+    [(task, due_in_ms)] = delayed_tasks(broker)
+    assert task.attempt == 2 and 9500 <= due_in_ms <= 20_000
+
+
+def test_the_last_failure_dead_letters_with_the_reason(broker, executor):
+    task_type(executor, "x.boom", max_attempts=2)
+    assert executor.execute(claimed(broker, "t1", "x.boom", raw=task_bytes("t1", "x.boom", attempt=1))) is False
+    assert_let_go(broker)
+    [dead] = dead_tasks(broker)
+    assert dead.attempt == 2
+    assert dead.dead_reason == "failed 2 of 2 attempts; last error: builtins.ValueError: boom"
+    record = broker.get_result("t1")
+    assert record["status"] == "FAILED" and record["dead_reason"] == dead.dead_reason
+
+
+def test_the_task_s_own_max_attempts_wins_over_its_type(broker, executor):
+    task_type(executor, "x.boom", max_attempts=5)
+    executor.execute(claimed(broker, "t1", "x.boom", max_attempts=1))
+    assert [task.id for task in dead_tasks(broker)] == ["t1"] and delayed_tasks(broker) == []
+
+
+@pytest.mark.parametrize(("handler", "error"), [("x.exit", "builtins.SystemExit: 3"),
+                                                ("x.not_json", "ResultNotJson")])
+def test_a_handler_that_exits_or_returns_non_json_fails_its_task(broker, executor, handler, error):
+    task_type(executor, handler, max_attempts=1)
+    executor.execute(claimed(broker, "t1", handler))
+    [dead] = dead_tasks(broker)
+    assert error in dead.last_error
+
+
+def test_an_outcome_for_a_task_no_longer_held_counts_an_ack_lost(broker, executor):
+    item = claimed(broker, "t1", "x.add", 1, 1)
+    broker.client.delete(broker.keys.processing("q", CONSUMER))  # reaped meanwhile
+    before = sample("taskqueue_acks_lost_total", queue="q")
+    assert executor.execute(item) is False
+    assert sample("taskqueue_acks_lost_total", queue="q") == before + 1
+
+
+def test_a_suspect_has_its_start_recorded_before_its_handler_runs(broker, registry):
+    seen: list[bool] = []
+    register(broker, CONSUMER, lease_ms=30_000)
+    executor = Executor(broker, registry, TaskTypeCache(), CONSUMER, result_ttl_s=60)
+    item = claimed(broker, "t1", "x.probe")
+
+    def probe() -> None:
+        # The reaper counts a death against a suspect only if this mark exists.
+        seen.append(bool(broker.client.hlen(broker.keys.recoveries("q"))))
+
+    registry.add(Handler("x.probe", probe))
+    executor.execute(Claimed(item.queue, item.consumer_id, item.raw, suspect=True))
+    assert seen == [True]
+
+
+# --- with the ack batcher -----------------------------------------------------------------
+@pytest.fixture
+def batched(broker: Broker, registry: Registry) -> Iterator[Executor]:
+    register(broker, CONSUMER, lease_ms=30_000)
+    acks = AckBatcher(broker, threading.Event())
+    acks.start()
+    yield Executor(broker, registry, TaskTypeCache(), CONSUMER, result_ttl_s=60, acks=acks)
+    acks.close(timeout_s=5)
+
+
+def test_with_the_batcher_a_success_is_settled_later_and_reported(broker, batched):
+    settled = threading.Event()
+    assert batched.execute(claimed(broker, "t1", "x.add", 1, 2), on_settled=settled.set) is True
+    assert settled.wait(5), "on_settled was called once the ack was written"
+    assert broker.get_result("t1")["status"] == "SUCCESSFUL"
+    assert_let_go(broker)
+
+
+def test_with_the_batcher_a_failure_is_settled_at_once(broker, batched):
+    batched.task_types.refresh()
+    assert batched.execute(claimed(broker, "t1", "x.boom"), on_settled=lambda: pytest.fail("not batched")) is False
+    assert_let_go(broker)
+    [(task, _)] = delayed_tasks(broker)
+    assert task.attempt == 1
+    record = broker.get_result("t1")
+    assert record["status"] == "READY" and record["attempts"] == "1"
+
+
+# --- timeouts -----------------------------------------------------------------------------
+def test_expire_overdue_fails_a_run_past_its_timeout_and_ignores_its_late_return(broker, executor):
+    task_type(executor, "x.sleep", max_attempts=1, timeout=0.1)
+    item = claimed(broker, "t1", "x.sleep", 0.4)
+    worker = threading.Thread(target=executor.execute, args=(item,))
+    worker.start()
+    assert executor.expire_overdue() == 0, "not overdue yet"
+    time.sleep(0.2)
+    assert executor.expire_overdue() == 1
+    assert executor.expire_overdue() == 0, "failed once"
+    worker.join(timeout=5)
+    assert_let_go(broker)
+    [dead] = dead_tasks(broker)
+    assert "TaskTimeout" in dead.last_error and "timeout of 0.1 s" in dead.last_error
+    record = broker.get_result("t1")
+    assert record["status"] == "FAILED" and "return_value" not in record, "the late return was not applied"
