@@ -73,7 +73,9 @@ def test_a_delayed_task_never_runs_before_its_time(broker, consumer_in_thread):
         tasks = producer.enqueue("test.record", delay_s=1.0, count=3)
         for task in tasks:
             wait_finished(broker, task)
-    for run, task in zip(sorted(recorded_runs(broker), key=lambda r: r["task_id"]), sorted(tasks, key=lambda t: t.id)):
+    runs = sorted(recorded_runs(broker), key=lambda r: r["task_id"])
+    assert [run["task_id"] for run in runs] == sorted(task.id for task in tasks), "each ran once"
+    for run, task in zip(runs, sorted(tasks, key=lambda t: t.id), strict=True):
         assert run["start_ms"] >= task.run_after_ms
 
 
