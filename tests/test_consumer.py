@@ -1,6 +1,7 @@
 """The consumer's own logic: backpressure, claiming, suspects, identity, shutdown and signals."""
 from __future__ import annotations
 
+import json
 import os
 import queue as queue_module
 import signal
@@ -14,10 +15,11 @@ from django.conf import settings
 from redis.exceptions import RedisError
 
 from tasks_app import consumer as consumer_module
-from tasks_app.broker import WAKE_TOKEN, Broker, Enqueueable
+from tasks_app.broker import MAX_RECOVERIES, WAKE_TOKEN, Broker, Enqueueable
+from tasks_app.codec import encode_payload
 from tasks_app.consumer import Capacity, ClaimerLoop, Consumer, ConsumerOptions
 from tasks_app.executor import Claimed
-from tests.support.claims import claim, push, register, task_bytes
+from tests.support.claims import claim, die_running, push, register, task_bytes
 from tests.support.processes import wait_until
 from tests.support.recording import recorded_runs
 
@@ -233,6 +235,30 @@ def test_shutdown_returns_unstarted_tasks_in_order_and_deregisters(broker, consu
     assert broker.live_consumers("q") == []
     next_up = claim_all(broker)
     assert next_up == [task_bytes(f"t{n}") for n in range(5)], "the returned ones run first, in order"
+
+
+def test_a_task_still_running_when_the_grace_period_ends_goes_back_to_pending(broker, consumer_in_thread, caplog):
+    with consumer_in_thread(queues=["q"], concurrency=1, grace_s=0.2):
+        push(broker, task_bytes("slow", payload=encode_payload([], {"sleep_s": 1.5})))
+        wait_until(lambda: recorded_runs(broker), 5, message="the slow task to start")
+    stats = broker.queue_stats("q")
+    assert (stats.pending, stats.processing, stats.consumers) == (1, 0, [])
+    assert "grace period over with 1 task(s) still running" in caplog.text
+
+
+def test_a_poison_pill_dead_lettered_by_the_reaper_gets_a_failed_record(broker, consumer_in_thread):
+    push(broker, task_bytes("poison"))
+    for victim in range(MAX_RECOVERIES):
+        die_running(broker, f"victim-{victim}", 50)
+        broker.reap("q", f"victim-{victim}", 50)
+    die_running(broker, "last-victim", 50)  # the consumer's own reaper finds this one
+    with consumer_in_thread(queues=["q"]):
+        wait_until(lambda: (broker.get_result("poison") or {}).get("status") == "FAILED", 5,
+                   message="the poison pill's record to say FAILED")
+    record = broker.get_result("poison")
+    assert "recovered 4 times from consumers that died running it" in record["dead_reason"]
+    assert json.loads(record["errors"])[-1]["exception_class_path"] == "ConsumerDied"
+    assert broker.queue_stats("q").dead == 1 and recorded_runs(broker) == []
 
 
 def test_a_task_claimed_under_a_lost_identity_is_left_to_the_reaper(broker, consumer_in_thread):

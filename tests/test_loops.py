@@ -10,7 +10,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from tasks_app.broker import MAX_RECOVERIES, Broker, connect
 from tasks_app.loops import HeartbeatLoop, HousekeepingLoop, ReaperLoop, SchedulerLoop, run_forever, start_thread
 from tasks_app.retrying import FIRST_BACKOFF_S
-from tests.support.claims import claim, push, register, task_bytes
+from tests.support.claims import claim, die_running, push, register, task_bytes
 from tests.support.counters import sample
 
 SHORT_LEASE_MS = 100
@@ -167,14 +167,8 @@ def test_reaper_dead_letters_a_task_that_keeps_killing_its_consumers(broker):
     dead_lettered: list[tuple[str, list[bytes]]] = []
     loop = ReaperLoop(broker, ["q"], 0.1, lambda queue, dead: dead_lettered.append((queue, dead)))
     for victim in range(MAX_RECOVERIES + 1):
-        consumer_id = f"victim-{victim}"
-        register(broker, consumer_id, SHORT_LEASE_MS)
-        taken = broker.claim_with_suspect("q", consumer_id, 1)
-        assert taken is not None and len(taken.tasks) == 1
-        if taken.took_suspect:
-            broker.mark_started("q", taken.tasks[0])  # it was running when its consumer died
-        time.sleep(SHORT_LEASE_MS / 1000 + 0.02)
-        assert loop.reap("q", consumer_id) == 1
+        die_running(broker, f"victim-{victim}", SHORT_LEASE_MS)
+        assert loop.reap("q", f"victim-{victim}") == 1
     [(queue, [raw])] = dead_lettered
     assert queue == "q" and b"recovered 4 times" in raw
     assert broker.queue_stats("q").dead == 1 and broker.queue_stats("q").pending == 0

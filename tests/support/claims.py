@@ -1,6 +1,7 @@
 """Putting tasks into a queue and into a consumer's hands directly, for unit tests of the consumer."""
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from tasks_app.broker import Broker, Enqueueable
@@ -27,3 +28,14 @@ def claim(broker: Broker, consumer_id: str, count: int, queue: str = "q") -> lis
     claimed = broker.claim(queue, consumer_id, count)
     assert claimed is not None, f"{consumer_id} holds no lease on {queue}"
     return claimed
+
+
+def die_running(broker: Broker, consumer_id: str, lease_ms: int, queue: str = "q") -> bytes:
+    """Be a consumer that claims the next task (a suspect first), starts it and dies: its lease lapses."""
+    register(broker, consumer_id, lease_ms, queue)
+    taken = broker.claim_with_suspect(queue, consumer_id, 1)
+    assert taken is not None and len(taken.tasks) == 1, f"{consumer_id} found nothing to claim"
+    if taken.took_suspect:
+        broker.mark_started(queue, taken.tasks[0])  # it was running when its consumer died
+    time.sleep(lease_ms / 1000 + 0.02)
+    return taken.tasks[0]
