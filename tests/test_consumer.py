@@ -117,6 +117,7 @@ def test_the_claimer_takes_at_most_concurrency_plus_prefetch(broker, consumer):
     loop.run_once()  # full: waits for a slot, claims nothing
     assert len(broker.held_by("q", "me")) == 3 and handed_to_workers(consumer) == []
     assert broker.queue_stats("q").pending == 7
+    assert consumer.reserve_suspect_slot(), "no suspect was taken, so the slot is free"
 
 
 def test_a_claim_of_fewer_tasks_than_room_keeps_only_their_slots(broker, consumer):
