@@ -7,6 +7,7 @@ import time
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from tasks_app import producer
 from tasks_app.broker import MAX_RECOVERIES, Broker, connect
 from tasks_app.loops import HeartbeatLoop, HousekeepingLoop, ReaperLoop, SchedulerLoop, run_forever, start_thread
 from tasks_app.retrying import FIRST_BACKOFF_S
@@ -120,22 +121,23 @@ def test_scheduler_sleeps_its_longest_with_nothing_delayed(broker):
     assert SchedulerLoop(broker, ["q"]).run_once() == SchedulerLoop.MAX_SLEEP_S
 
 
+@pytest.mark.django_db
 def test_scheduler_wakes_when_the_next_task_is_due(broker):
-    now_ms = broker.server_time_ms()
-    push(broker, task_bytes("soon"), run_after_ms=now_ms + 100)
-    push(broker, task_bytes("later"), queue="other", run_after_ms=now_ms + 60_000)
+    producer.enqueue("demo.echo", queue="q", delay_s=0.2)
+    producer.enqueue("demo.echo", queue="other", delay_s=60)
     loop = SchedulerLoop(broker, ["other", "q"])
-    assert 0.0 < loop.run_once() <= 0.1
+    assert 0.0 <= loop.run_once() <= 0.2 < SchedulerLoop.MAX_SLEEP_S
     assert broker.queue_stats("q").delayed == 1
-    time.sleep(0.11)
-    assert loop.run_once() == SchedulerLoop.MAX_SLEEP_S  # "soon" moved; "later" is far off
+    time.sleep(0.21)
+    assert loop.run_once() == SchedulerLoop.MAX_SLEEP_S  # the first moved; the other is far off
     assert (broker.queue_stats("q").pending, broker.queue_stats("q").delayed) == (1, 0)
     assert broker.queue_stats("other").delayed == 1
 
 
+@pytest.mark.django_db
 def test_scheduler_goes_again_at_once_while_a_full_batch_moved(broker):
-    past_ms = broker.server_time_ms() - 1000
-    push(broker, *(task_bytes(f"t{n}") for n in range(3)), run_after_ms=past_ms)
+    producer.enqueue("demo.echo", queue="q", delay_s=0.01, count=3)
+    time.sleep(0.02)
     loop = SchedulerLoop(broker, ["q"])
     loop.BATCH = 2
     assert loop.run_once() == 0.0

@@ -13,9 +13,9 @@ def task_bytes(task_id: str, task_type: str = "test.record", queue: str = "q", *
     return encode_task(Task(id=task_id, type=task_type, queue=queue, **fields))
 
 
-def push(broker: Broker, *raws: bytes, queue: str = "q", run_after_ms: int = 0) -> None:
-    """Enqueue serialized tasks (no READY record)."""
-    broker.enqueue([Enqueueable(queue=queue, raw=raw, run_after_ms=run_after_ms) for raw in raws], result_ttl_s=60)
+def push(broker: Broker, *raws: bytes, queue: str = "q") -> None:
+    """Enqueue serialized tasks to run now (no READY record)."""
+    broker.enqueue([Enqueueable(queue=queue, raw=raw) for raw in raws], result_ttl_s=60)
 
 
 def register(broker: Broker, consumer_id: str, lease_ms: int, queue: str = "q") -> None:
