@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +13,7 @@ import tests.support.handlers  # noqa: F401  (registers the test handlers in thi
 from tasks_app.broker import Broker, get_broker
 from tasks_app.consumer import Consumer, ConsumerOptions
 from tasks_app.task_types import recent_task_types
+from tests.support.consumers import running
 from tests.support.processes import ConsumerProcess
 
 ARTIFACTS_DIR = Path(__file__).resolve().parent.parent / "test-artifacts"
@@ -53,27 +53,8 @@ def consumer_in_thread(broker: Broker) -> Iterator[contextlib.AbstractContextMan
     @contextlib.contextmanager
     def start(**options: object) -> Iterator[Consumer]:
         opts = {"lease_s": 2.0, "grace_s": 5.0, "block_s": 0.5, **options}
-        consumer = Consumer(ConsumerOptions(**opts), broker=broker)  # type: ignore[arg-type]
-        exit_codes: list[int] = []
-        crashes: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                exit_codes.append(consumer.run())
-            except BaseException as exc:  # reported at exit: a crashed consumer fails the test
-                crashes.append(exc)
-
-        thread = threading.Thread(target=run, daemon=True)
-        thread.start()
-        try:
+        with running(Consumer(ConsumerOptions(**opts), broker=broker)) as consumer:  # type: ignore[arg-type]
             yield consumer
-        finally:
-            consumer.request_stop()
-            thread.join(timeout=30)
-            assert not thread.is_alive(), "consumer thread did not stop"
-            if crashes:
-                raise AssertionError(f"consumer crashed: {crashes[0]!r}") from crashes[0]
-            assert exit_codes == [0], f"consumer exited with {exit_codes}"
 
     return start
 
