@@ -52,12 +52,12 @@ def handed_to_workers(consumer: Consumer) -> list[Claimed]:
             return items
 
 
-def make_suspect(broker: Broker, raw: bytes) -> None:
-    """Leave `raw` in the suspects list, as a consumer that died holding it does."""
-    register(broker, "died", lease_ms=50)
-    claim(broker, "died", 1)
+def make_suspect(broker: Broker, died_id: str) -> None:
+    """Move the next pending task to the suspects list, as a consumer that died holding it does."""
+    register(broker, died_id, lease_ms=50)
+    claim(broker, died_id, 1)
     time.sleep(0.06)
-    assert broker.reap("q", "died", 50).requeued == 1
+    assert broker.reap("q", died_id, 50).requeued == 1
 
 
 def claim_all(broker: Broker) -> list[bytes]:
@@ -176,13 +176,10 @@ def test_lease_lost_for_an_old_identity_changes_nothing(broker, consumer):
 
 
 def test_one_suspect_at_a_time_and_its_slot_is_held_until_it_leaves(broker, consumer):
-    first, second, fresh = task_bytes("s1"), task_bytes("s2"), task_bytes("fresh")
-    push(broker, first, second)
-    make_suspect(broker, first)
-    register(broker, "died2", lease_ms=50)
-    claim(broker, "died2", 1)
-    time.sleep(0.06)
-    broker.reap("q", "died2", 50)
+    fresh = task_bytes("fresh")
+    push(broker, task_bytes("s1"), task_bytes("s2"))
+    make_suspect(broker, "died-1")
+    make_suspect(broker, "died-2")
     push(broker, fresh)
     loop = ClaimerLoop(consumer, "q")
     loop.run_once()

@@ -60,8 +60,20 @@ def test_fixed_window_admits_twice_the_limit_at_an_edge_where_gcra_does_not(brok
                                   policy.limit, policy.period_us, policy.emission_us, policy.tolerance_us)
                 for i in range(count)]
 
+    def fresh_policies() -> dict[str, RatePolicy]:
+        """New type names: an attempt that missed its edge must not leave denials queued for the next."""
+        suffix = time.monotonic_ns()
+        return {
+            f"edge.fixed.{suffix}": RatePolicy.for_config(TaskTypeConfig(
+                name="f", handler="f", rate_limit=10, rate_algorithm="fixed_window")),
+            # GCRA with its largest burst: ten back to back is allowed, yet not ten more right after.
+            f"edge.gcra.{suffix}": RatePolicy.for_config(TaskTypeConfig(name="g", handler="g", rate_limit=10,
+                                                                        rate_burst=10)),
+        }
+
     def straddle_an_edge() -> dict[str, list[int]]:
         """10 decisions per algorithm just before a whole second, 10 just after (Redis clock)."""
+        policies = fresh_policies()
         now_ms = redis_now_ms(broker)
         edge_ms = (now_ms // 1000 + 1) * 1000
         time.sleep(max(0.0, (edge_ms - 100 - now_ms) / 1000))
@@ -72,14 +84,6 @@ def test_fixed_window_admits_twice_the_limit_at_an_edge_where_gcra_does_not(brok
         after = {name: decisions(policy, name, 10) for name, policy in policies.items()}
         return {name: before[name] + after[name] for name in policies}
 
-    # GCRA with its largest burst: ten back to back is allowed, yet not ten more right after.
-    suffix = time.monotonic_ns()
-    policies = {
-        f"edge.fixed.{suffix}": RatePolicy.for_config(TaskTypeConfig(
-            name="f", handler="f", rate_limit=10, rate_algorithm="fixed_window")),
-        f"edge.gcra.{suffix}": RatePolicy.for_config(TaskTypeConfig(name="g", handler="g", rate_limit=10,
-                                                                    rate_burst=10)),
-    }
     outcome = wait_until(straddle_an_edge, 10, interval_s=0, message="20 decisions straddling a window edge")
     fixed, gcra = outcome.values()  # type: ignore[union-attr]
 
