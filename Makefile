@@ -5,7 +5,7 @@
 #   make chaos   long chaos run (CHAOS_SCALE=long) of tests/chaos
 #   make bench   run bench/bench_*.py, one JSON line each
 #   make run     web app + one consumer on http://127.0.0.1:$(PORT)/
-#   make proto   regenerate proto/task_pb2.py from proto/task.proto
+#   make proto   regenerate tasks_app/task_pb2.py and .pyi from proto/task.proto
 #   make clean   remove .venv, .run and test-artifacts
 #
 # Variables: PYTHON (interpreter used to create .venv), PYTEST_ARGS, PORT,
@@ -142,7 +142,7 @@ run: $(STAMP)
 	PORT='$(PORT)' DJANGO_DEBUG='$(DJANGO_DEBUG)' VENV_PY="$$PWD/$(PY)" scripts/run-dev
 
 proto: $(STAMP)
-	$(PY) -m grpc_tools.protoc -Iproto --python_out=proto proto/task.proto
+	$(PY) -m grpc_tools.protoc -Iproto --python_out=tasks_app --pyi_out=tasks_app proto/task.proto
 
 clean:
 	@scripts/ensure-redis prune || true

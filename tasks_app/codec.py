@@ -7,7 +7,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from proto import task_pb2
+from . import task_pb2
 
 Task = task_pb2.Task
 

@@ -10,13 +10,15 @@ from google.protobuf.internal.encoder import _VarintBytes
 from tasks_app.codec import Task, UndecodableTask, decode_payload, decode_task, encode_payload, encode_task
 
 PROTO_DIR = Path(__file__).resolve().parent.parent / "proto"
+GENERATED_DIR = Path(__file__).resolve().parent.parent / "tasks_app"
 
 
-def test_committed_task_pb2_matches_a_fresh_generation(tmp_path):
+def test_committed_task_pb2_and_its_stub_match_a_fresh_generation(tmp_path):
     subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTO_DIR}", f"--python_out={tmp_path}",
-                    str(PROTO_DIR / "task.proto")], check=True)
-    assert filecmp.cmp(tmp_path / "task_pb2.py", PROTO_DIR / "task_pb2.py", shallow=False), \
-        "proto/task_pb2.py is stale: run `make proto` and commit it"
+                    f"--pyi_out={tmp_path}", str(PROTO_DIR / "task.proto")], check=True)
+    for name in ("task_pb2.py", "task_pb2.pyi"):
+        assert filecmp.cmp(tmp_path / name, GENERATED_DIR / name, shallow=False), \
+            f"tasks_app/{name} is stale: run `make proto` and commit it"
 
 
 def test_contract_field_numbers_are_fixed():
