@@ -1,5 +1,9 @@
-"""App configuration: handler discovery and system checks."""
+"""App configuration: setting defaults, handler discovery and system checks."""
+from types import ModuleType
+
 from django.apps import AppConfig
+
+from .conf import apply_defaults
 
 # Modules of every installed app searched for handlers: `@handler` functions and, in Django's
 # usual home for them, `@django.tasks.task` functions.
@@ -12,6 +16,10 @@ class TasksAppConfig(AppConfig):
     name = "tasks_app"
     verbose_name = "Task queue"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def __init__(self, app_name: str, app_module: ModuleType | None) -> None:
+        super().__init__(app_name, app_module)
+        apply_defaults()  # before any installed app's models or ready() import a module of ours
 
     def ready(self) -> None:
         from django.apps import apps
