@@ -28,6 +28,7 @@ HANDLERS = '''from tasks_app import handler
 def add(a: int, b: int) -> int:
     return a + b
 '''
+URLPATTERNS = 'urlpatterns = [\n    path("", include("tasks_app.urls")),'
 
 
 def _run(*command: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
@@ -91,8 +92,8 @@ def test_runtime_dependencies_hold_the_pins_of_requirements_txt():
 
 
 def test_protobuf_floor_is_the_version_task_pb2_was_generated_by():
-    generated = re.search(r"^# Protobuf Python Version: (\S+)$", (ROOT / "tasks_app" / "task_pb2.py").read_text(),
-                          re.M)
+    gencode = (ROOT / "tasks_app" / "task_pb2.py").read_text()
+    generated = re.search(r"^# Protobuf Python Version: (\S+)$", gencode, re.M)
     protobuf = next(Requirement(dependency) for dependency in PYPROJECT["project"]["dependencies"]
                     if Requirement(dependency).name == "protobuf")
     assert generated and f">={generated[1]}" in {str(spec) for spec in protobuf.specifier}
@@ -109,9 +110,8 @@ def _start_project(venv: Path, site: Path, key_prefix: str) -> dict[str, str]:
     with (site / "mysite" / "settings.py").open("a") as settings_file:
         settings_file.write(f'\nINSTALLED_APPS += ["tasks_app", "shop"]\nREDIS_URL = "{settings.REDIS_URL}"\n'
                             f'TASKS_KEY_PREFIX = "{key_prefix}"\n')
-    urls = (site / "mysite" / "urls.py").read_text()
-    urls = urls.replace("from django.urls import path", "from django.urls import include, path")
-    (site / "mysite" / "urls.py").write_text(urls.replace("urlpatterns = [", 'urlpatterns = [\n    path("", include("tasks_app.urls")),'))
+    urls = (site / "mysite" / "urls.py").read_text().replace("import path", "import include, path")
+    (site / "mysite" / "urls.py").write_text(urls.replace("urlpatterns = [", URLPATTERNS))
     return env
 
 
