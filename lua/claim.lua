@@ -1,13 +1,15 @@
 -- claim: move up to N tasks into this consumer's processing list, highest priority first.
 -- KEYS[1] pending list   KEYS[2] prioritized zset   KEYS[3] processing list of this consumer
 -- KEYS[4] consumers zset (lease deadlines)   KEYS[5] suspects list (tasks recovered from dead
--- consumers, waiting to run where a death can be pinned on them)
+-- consumers, waiting to run where a death can be pinned on them)   KEYS[6] fence counter
 -- ARGV[1] consumer id    ARGV[2] N (max tasks)     ARGV[3] wake token (dropped, never returned)
 -- ARGV[4] "1" to first remove one wake token that a blocking claim put in processing
 -- ARGV[5] "1" if this consumer may take a suspect (it holds none)
--- Returns: false if this consumer holds no lease (it was reaped), else {s, w, tasks...}: s = 1
--- when the first task is a suspect (at most one), w = suspects still waiting. Order: the
--- suspect, priority > 0, the pending list (priority 0), priority < 0; oldest first within each.
+-- Returns: false if this consumer holds no lease (it was reaped), else {s, w, f, tasks...}: s = 1
+-- when the first task is a suspect (at most one), w = suspects still waiting, f = the fencing
+-- token of the first task (task i holds f + i - 1; 0 if none was claimed; issued as in
+-- issue_fence.lua). Order: the suspect, priority > 0, the pending list (priority 0),
+-- priority < 0; oldest first within each.
 if not redis.call('ZSCORE', KEYS[4], ARGV[1]) then
   return false
 end
@@ -45,6 +47,14 @@ while want - #claimed > 0 do
   end
 end
 take_prioritized('(' .. zero, '+inf')
+local first_fence = 0
+if #claimed > 0 then
+  local time = redis.call('TIME')
+  local now_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
+  first_fence = math.max(tonumber(redis.call('GET', KEYS[6])) or 0, now_us) + 1
+  redis.call('SET', KEYS[6], string.format('%.0f', first_fence + #claimed - 1))
+end
+table.insert(claimed, 1, first_fence)
 table.insert(claimed, 1, redis.call('LLEN', KEYS[5]))
 table.insert(claimed, 1, suspect and 1 or 0)
 return claimed

@@ -1,31 +1,37 @@
--- record_result: update a task's result record, appending to its JSON lists.
+-- record_result: update a task's result record, appending to its JSON lists, fenced by run.
 -- KEYS[1] result hash
 -- ARGV[1] time to live (s)   ARGV[2] worker id to append, or ""   ARGV[3] error JSON object to
--- append, or ""   ARGV[4] run token this update belongs to, or "" (unconditional); then
--- field/value pairs to set (values are stored as given). A run claims the record by setting
--- its field "run" (when it starts).
--- Returns: 1 written, 0 ignored: the record belongs to a later run (this one's consumer was
--- presumed dead and the task re-run), so this late outcome must not overwrite it.
-if ARGV[4] ~= '' then
-  local current = redis.call('HGET', KEYS[1], 'run')
-  local claims = false
-  for i = 5, #ARGV, 2 do
-    if ARGV[i] == 'run' then claims = true end
-  end
-  if current and current ~= ARGV[4] and not claims then
+-- append, or ""   ARGV[4] fencing token of the run this update belongs to (issued at claim),
+-- or "" (unconditional: not a run's write); then field/value pairs to set (values are stored
+-- as given).
+-- The record keeps the highest token that wrote to it in its field "fence". A write with a
+-- lower token is ignored (its run lost the claim: its consumer was presumed dead and the task
+-- re-run or requeued); a write with a higher token takes the record over.
+-- Returns: 1 written, 0 ignored.
+local token = tonumber(ARGV[4])
+if token then
+  local current = tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0
+  if token < current then
     return 0
   end
 end
 if #ARGV > 4 then
   redis.call('HSET', KEYS[1], unpack(ARGV, 5))
 end
+if token then
+  redis.call('HSET', KEYS[1], 'fence', ARGV[4])
+end
+-- A list field a foreign writer left malformed is started afresh rather than failing the write.
 local function append(field, item)
-  local current = redis.call('HGET', KEYS[1], field)
-  local list = current and cjson.decode(current) or {}
+  local ok, list = pcall(cjson.decode, redis.call('HGET', KEYS[1], field) or '[]')
+  if not ok or type(list) ~= 'table' then list = {} end
   list[#list + 1] = item
   redis.call('HSET', KEYS[1], field, cjson.encode(list))
 end
 if ARGV[2] ~= '' then append('worker_ids', ARGV[2]) end
-if ARGV[3] ~= '' then append('errors', cjson.decode(ARGV[3])) end
-redis.call('EXPIRE', KEYS[1], tonumber(ARGV[1]))
+if ARGV[3] ~= '' then
+  local ok, item = pcall(cjson.decode, ARGV[3])
+  if ok then append('errors', item) end
+end
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[1]) or 604800)
 return 1

@@ -121,6 +121,8 @@ TASKS_KEY_PREFIX = os.environ.get("TASKS_KEY_PREFIX", "ts")
 TASK_HANDLER_MODULES = _env_list("TASK_HANDLER_MODULES")
 TASKS_RESULT_TTL = int(os.environ.get("TASKS_RESULT_TTL", str(7 * 24 * 3600)))
 TASKS_MAX_PAYLOAD_BYTES = int(os.environ.get("TASKS_MAX_PAYLOAD_BYTES", str(1024 * 1024)))
+# Largest return value (as JSON) a consumer stores; tracebacks are cut to it.
+TASKS_MAX_RESULT_BYTES = int(os.environ.get("TASKS_MAX_RESULT_BYTES", str(1024 * 1024)))
 TASKS_CONFIG_REFRESH_S = float(os.environ.get("TASKS_CONFIG_REFRESH_S", "2"))
 
 # Django's tasks framework: `@task` functions' .enqueue() goes through this queue and

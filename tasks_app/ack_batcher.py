@@ -5,6 +5,12 @@ whatever has queued up while its previous round trip was in flight (no deliberat
 idle consumer adds no latency), writes every result record first and then acks the tasks, one
 script per processing list. A task keeps its consumer slot until its ack is written, so a crash
 can only re-run tasks this consumer held: never more than concurrency + prefetch.
+
+One entry never holds up the others: an update that cannot be encoded is replaced before it
+joins a batch, and a batch that Redis refuses (a deterministic error, or a write that keeps
+failing while Redis answers) is written again entry by entry, where the refused entry's task
+is acked with a record saying why its result could not be stored. Connection errors are
+retried with backoff. Every ack's `done` is called, whatever happened.
 """
 from __future__ import annotations
 
@@ -14,16 +20,23 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from . import results
 from .broker import Broker, ResultUpdate
 from .retrying import GaveUp, until_done
 
 logger = logging.getLogger(__name__)
 
 MAX_BATCH = 512
+# Failures in a row, with Redis answering PING, after which a write is taken as refused.
+REFUSED_AFTER = 3
+# Cap of the reason stored when a result could not be written.
+MAX_REASON_BYTES = 4096
 
 AckDone = Callable[[bool | None], None]
 """Called once an ack was written: True if the task was still held, False if it was lost,
 None if the consumer stopped before Redis could be reached (the lease recovers the task)."""
+
+Owner = tuple[str, str]
 
 
 @dataclass(frozen=True)
@@ -46,15 +59,34 @@ def merge_updates(updates: Sequence[ResultUpdate]) -> list[ResultUpdate]:
             # One write can append one worker id and one error, and belongs to one run.
             if not (earlier.append_worker_id and update.append_worker_id) \
                     and not (earlier.append_error and update.append_error) \
-                    and (earlier.run or update.run) == (update.run or earlier.run):
+                    and (earlier.fence or update.fence) == (update.fence or earlier.fence):
                 merged[index] = replace(earlier, fields={**earlier.fields, **update.fields}, ttl_s=update.ttl_s,
                                         append_worker_id=earlier.append_worker_id or update.append_worker_id,
                                         append_error=earlier.append_error or update.append_error,
-                                        run=earlier.run or update.run)
+                                        fence=earlier.fence or update.fence)
                 continue
         last_of[update.task_id] = len(merged)
         merged.append(update)
     return merged
+
+
+def storable(update: ResultUpdate) -> bool:
+    """True if every text of `update` can be sent to Redis as UTF-8."""
+    texts = [update.task_id, update.append_worker_id or "", *update.fields, *update.fields.values()]
+    if update.append_error:
+        texts += update.append_error.values()
+    return all(results.is_utf8_encodable(text) for text in texts)
+
+
+def unstored_result(update: ResultUpdate, problem: str) -> ResultUpdate:
+    """What to record instead of an outcome that could not be written: the task FAILED, and why."""
+    reason = results.clean_text(f"the result of this run could not be stored: {problem}", MAX_REASON_BYTES)
+    fields = {"status": results.FAILED, "dead_reason": reason}
+    if "finished_at_ms" in update.fields:
+        fields["finished_at_ms"] = update.fields["finished_at_ms"]
+    error = results.error_record("tasks_app.ResultNotStored", reason)
+    return ResultUpdate(results.clean_text(update.task_id, MAX_REASON_BYTES), fields, update.ttl_s,
+                        append_error=error, fence=update.fence)
 
 
 class AckBatcher:
@@ -71,10 +103,15 @@ class AckBatcher:
     # --- producers (worker threads) --------------------------------------------------------
     def record(self, update: ResultUpdate) -> None:
         """Write a result update with the next flush (before anything submitted after it)."""
-        self._entries.put(update)
+        if storable(update):
+            self._entries.put(update)
+        else:  # a later outcome of the same run follows; this one is not worth failing the task
+            logger.error("dropped a result update of task %a that cannot be encoded as UTF-8", update.task_id)
 
     def ack(self, queue: str, consumer_id: str, raw: bytes, update: ResultUpdate | None, done: AckDone) -> None:
         """Write `update`, then ack the task, with the next flush; `done` is called afterwards."""
+        if update is not None and not storable(update):
+            update = unstored_result(update, "it holds text that is not valid Unicode (a lone surrogate)")
         self._entries.put(_Ack(queue, consumer_id, raw, update, done))
 
     def barrier(self) -> None:
@@ -138,33 +175,81 @@ class AckBatcher:
         return len(batch)
 
     def _write(self, batch: list[ResultUpdate | _Ack | threading.Event]) -> None:
-        updates: list[ResultUpdate] = []
-        acks: dict[tuple[str, str], list[_Ack]] = {}
-        barriers: list[threading.Event] = []
-        for item in batch:
-            if isinstance(item, ResultUpdate):
-                updates.append(item)
-            elif isinstance(item, _Ack):
-                if item.update is not None:
-                    updates.append(item.update)
-                acks.setdefault((item.queue, item.consumer_id), []).append(item)
-            else:
-                barriers.append(item)
-        if updates or acks:
-            raws = {owner: [a.raw for a in items] for owner, items in acks.items()}
-            try:
-                flags: dict[tuple[str, str], list[bool]] | None = until_done(
-                    lambda: self.broker.ack_many(merge_updates(updates), raws), what="ack", give_up=self.give_up)
-            except GaveUp:
-                logger.error("gave up writing %d ack(s) while stopping; the lease will recover those tasks",
-                             sum(len(items) for items in acks.values()))
-                flags = None
-            for owner, items in acks.items():
-                for index, item in enumerate(items):
-                    try:
-                        item.done(None if flags is None else flags[owner][index])
-                    except Exception:
-                        logger.exception("unexpected error after acknowledging a task")
-        for event in barriers:
-            event.set()
+        entries = [item for item in batch if not isinstance(item, threading.Event)]
+        acks = [item for item in entries if isinstance(item, _Ack)]
+        flags: dict[int, bool | None] = {}
+        try:
+            if entries:
+                flags = self._write_batch(entries)
+        finally:  # whatever happened, every task's slot comes back and every barrier opens
+            for item in acks:
+                try:
+                    item.done(flags.get(id(item)))
+                except Exception:
+                    logger.exception("unexpected error after acknowledging a task")
+            for item in batch:
+                if isinstance(item, threading.Event):
+                    item.set()
 
+    def _write_batch(self, entries: list[ResultUpdate | _Ack]) -> dict[int, bool | None]:
+        """Write a batch in one round trip; if Redis refuses it, write its entries one by one."""
+        updates = [item for item in entries if isinstance(item, ResultUpdate)]
+        acks = [item for item in entries if isinstance(item, _Ack)]
+        in_order = [item if isinstance(item, ResultUpdate) else item.update for item in entries]
+        try:
+            return self._send([update for update in in_order if update is not None], acks, what="ack")
+        except GaveUp:
+            logger.error("gave up writing %d ack(s) while stopping; the lease will recover those tasks", len(acks))
+            return {}
+        except Exception as exc:  # deterministic: one entry is to blame, never its batch-mates
+            logger.warning("a batch of %d result(s) and %d ack(s) was refused (%s); writing them one by one",
+                           len(updates), len(acks), exc)
+        flags: dict[int, bool | None] = {}
+        for update in updates:
+            self._write_update_alone(update)
+        for item in acks:
+            flags.update(self._write_ack_alone(item))
+        return flags
+
+    def _write_update_alone(self, update: ResultUpdate) -> None:
+        try:
+            self._send([update], [], what="record_result")
+        except GaveUp:
+            pass
+        except Exception as exc:
+            logger.error("dropped a result update of task %a that Redis refused: %s", update.task_id, exc)
+
+    def _write_ack_alone(self, item: _Ack) -> dict[int, bool | None]:
+        """Write one task's outcome and ack; an outcome Redis refuses is replaced by a FAILED record."""
+        try:
+            return self._send([item.update] if item.update else [], [item], what="ack")
+        except GaveUp:
+            return {}
+        except Exception as exc:
+            if item.update is None:
+                logger.error("Redis refused the ack of a task of queue %s: %s", item.queue, exc)
+                return {}
+            logger.error("the result of task %a could not be stored (%s); recording it as failed",
+                         item.update.task_id, exc)
+            problem = exc
+        try:
+            return self._send([unstored_result(item.update, str(problem))], [item], what="ack")
+        except Exception as exc:  # GaveUp too: the lease recovers the task
+            logger.error("could not record the failure of task %a either: %s", item.update.task_id, exc)
+            return {}
+
+    def _send(self, updates: list[ResultUpdate], acks: list[_Ack], *, what: str) -> dict[int, bool | None]:
+        """One round trip (retried through outages); the flag of each ack by its id()."""
+        by_owner: dict[Owner, list[_Ack]] = {}
+        for item in acks:
+            by_owner.setdefault((item.queue, item.consumer_id), []).append(item)
+        raws = {owner: [item.raw for item in items] for owner, items in by_owner.items()}
+        outcome = until_done(lambda: self.broker.ack_many(merge_updates(updates), raws), what=what,
+                             give_up=self.give_up, refused_after=REFUSED_AFTER, redis_answers=self._redis_answers)
+        return {id(item): flag for owner, items in by_owner.items() for item, flag in zip(items, outcome[owner])}
+
+    def _redis_answers(self) -> bool:
+        try:
+            return self.broker.ping()
+        except Exception:
+            return False

@@ -101,6 +101,10 @@ class Keys:
     def suspects(self, queue: str) -> str:
         return self.queue_key(queue, "suspects")
 
+    def fence(self, queue: str) -> str:
+        """Counter issuing the fencing tokens of runs of `queue`'s tasks (see claim.lua)."""
+        return self.queue_key(queue, "fence")
+
     def completed(self, queue: str, bucket: int) -> str:
         """Counter of tasks acknowledged in one THROUGHPUT_BUCKET_S-long bucket (bucket = epoch s // width)."""
         return self.queue_key(queue, f"completed:{bucket}")
@@ -127,6 +131,7 @@ class Claim:
     tasks: list[bytes]
     took_suspect: bool  # the first task is a suspect: recovered from a consumer that died holding it
     suspects_waiting: int  # suspects still in the queue's suspects list
+    first_fence: int = 0  # fencing token of tasks[0]; tasks[i] holds first_fence + i
 
 
 class Promotion(NamedTuple):
@@ -335,25 +340,33 @@ class Broker:
                            allow_suspect: bool = True) -> Claim | None:
         """Like `claim`, first taking one suspect if allowed; None if this consumer's lease was lost."""
         keys = [self.keys.pending(queue), self.keys.prioritized(queue), self.keys.processing(queue, consumer_id),
-                self.keys.consumers(queue), self.keys.suspects(queue)]
+                self.keys.consumers(queue), self.keys.suspects(queue), self.keys.fence(queue)]
         claimed = self._script("claim", keys, [consumer_id, max_tasks, WAKE_TOKEN, "1" if drop_wake else "0",
                                                "1" if allow_suspect else "0"])
         if claimed is None:
             return None
-        took_suspect, suspects_waiting, *tasks = claimed
-        return Claim(tasks, bool(took_suspect), int(suspects_waiting))
+        took_suspect, suspects_waiting, first_fence, *tasks = claimed
+        return Claim(tasks, bool(took_suspect), int(suspects_waiting), int(first_fence))
 
     def mark_started(self, queue: str, raw: bytes) -> None:
         """Record that a suspect task is starting, so a death while it runs counts against it."""
         self.client.hset(self.keys.recoveries(queue), f"s:{hashlib.sha1(raw).hexdigest()}", 1)
 
-    def claim_blocking(self, queue: str, consumer_id: str, timeout_s: float) -> bytes | None:
+    def claim_blocking(self, queue: str, consumer_id: str, timeout_s: float) -> tuple[bytes | None, int]:
         """Block until a task can move from pending into this consumer's list (BLMOVE).
 
-        Returns the task, WAKE_TOKEN when woken for a prioritized task, or None on timeout.
+        Returns the task and its fencing token; (WAKE_TOKEN, 0) when woken for a prioritized
+        task, (None, 0) on timeout.
         """
-        return self.client.blmove(self.keys.pending(queue), self.keys.processing(queue, consumer_id),
-                                  timeout_s, "RIGHT", "LEFT")
+        raw = self.client.blmove(self.keys.pending(queue), self.keys.processing(queue, consumer_id),
+                                 timeout_s, "RIGHT", "LEFT")
+        if raw is None or raw == WAKE_TOKEN:
+            return raw, 0
+        return raw, self.issue_fence(queue)
+
+    def issue_fence(self, queue: str) -> int:
+        """Issue one fencing token of `queue`: higher than every token issued before it."""
+        return int(self._script("issue_fence", [self.keys.fence(queue)], [1]))
 
     # --- finishing -------------------------------------------------------------------------
     def ack(self, queue: str, consumer_id: str, raws: Sequence[bytes],
@@ -363,10 +376,17 @@ class Broker:
 
     def ack_many(self, results: Sequence[ResultUpdate],
                  raws_by_owner: Mapping[tuple[str, str], Sequence[bytes]]) -> dict[tuple[str, str], list[bool]]:
-        """Record results, then acknowledge the tasks of each (queue, consumer) list, in one round trip."""
+        """Record results, then acknowledge the tasks of each (queue, consumer) list, in one round trip.
+
+        On Redis Cluster the results and the acks live on different nodes, where one pipeline
+        gives no order: the results are written first and the acks only once they are durable.
+        """
         pipe = self.client.pipeline(transaction=False)
         for update in results:
             self._queue_result(pipe, update)
+        if isinstance(self.client, redis.RedisCluster) and results and raws_by_owner:
+            self.scripts.execute(pipe, self.client)
+            return self.ack_many([], raws_by_owner)
         bucket = int(time.time()) // THROUGHPUT_BUCKET_S
         for (queue, consumer_id), raws in raws_by_owner.items():
             self.scripts.queue(pipe, "ack", [self.keys.processing(queue, consumer_id), self.keys.recoveries(queue),
@@ -408,15 +428,15 @@ class Broker:
         return int(self._script("return_unstarted", keys, list(raws)))
 
     # --- results ---------------------------------------------------------------------------
-    def record_result(self, update: ResultUpdate) -> None:
-        """Write one result update."""
+    def record_result(self, update: ResultUpdate) -> bool:
+        """Write one result update; False if it was ignored (a run with a later fence owns the record)."""
         pipe = self.client.pipeline(transaction=False)
         self._queue_result(pipe, update)
-        self.scripts.execute(pipe, self.client)
+        return bool(self.scripts.execute(pipe, self.client)[0])
 
     def _queue_result(self, pipe: Any, update: ResultUpdate) -> None:
         args: list[Any] = [update.ttl_s, update.append_worker_id or "",
-                           json.dumps(update.append_error) if update.append_error else "", update.run or ""]
+                           json.dumps(update.append_error) if update.append_error else "", update.fence or ""]
         for name, value in update.fields.items():
             args.extend([name, value])
         self.scripts.queue(pipe, "record_result", [self.keys.result(update.task_id)], args)
@@ -604,8 +624,9 @@ class ResultUpdate:
     ttl_s: int
     append_worker_id: str | None = None
     append_error: dict[str, str] | None = None
-    # The run (consumer and attempt) this update belongs to: ignored once a later run started.
-    run: str | None = None
+    # Fencing token of the run this update belongs to (0: not of a run, written unconditionally);
+    # ignored once a run with a higher token wrote to the record.
+    fence: int = 0
 
 
 _brokers: dict[tuple[str, bool, str], Broker] = {}

@@ -6,6 +6,9 @@ from django.core.checks import CheckMessage, Error, Warning, register
 
 from .names import NAME_PATTERN
 
+# Well under Redis's default proto-max-bulk-len (512 MiB): a record holds a value and a traceback.
+MAX_RESULT_BYTES_LIMIT = 64 * 1024 * 1024
+
 
 @register()
 def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
@@ -23,6 +26,10 @@ def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
     if settings.TASKS_MAX_PAYLOAD_BYTES <= 0:
         problems.append(Error("TASKS_MAX_PAYLOAD_BYTES must be positive", id="tasks_app.E004"))
     problems += _delay_and_dead_letter_problems()
+    if not 1024 <= settings.TASKS_MAX_RESULT_BYTES <= MAX_RESULT_BYTES_LIMIT:
+        problems.append(Error(f"TASKS_MAX_RESULT_BYTES must be between 1024 and {MAX_RESULT_BYTES_LIMIT}",
+                              hint="Redis refuses values over its proto-max-bulk-len (512 MiB by default).",
+                              id="tasks_app.E030"))
     for module, error in registry.import_errors.items():
         problems.append(Warning(f"handler module {module} failed to import: {error}",
                                 hint="Tasks whose handler lives there will be dead-lettered.",

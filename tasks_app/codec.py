@@ -62,7 +62,7 @@ def encode_task(task: Task) -> bytes:
 
 
 def decode_task(raw: bytes) -> Task:
-    """Parse a task envelope, raising UndecodableTask for bytes that are not one."""
+    """Parse a task envelope, raising UndecodableTask for bytes that are not one; clamp its priority."""
     task = Task()
     try:
         task.ParseFromString(raw)
@@ -70,4 +70,6 @@ def decode_task(raw: bytes) -> Task:
         raise UndecodableTask(f"not a scheduler.v1.Task protobuf: {exc}") from None
     if not task.id or not task.type:
         raise UndecodableTask("task envelope has no id or no type")
+    # A foreign producer may send any int32; the delayed-set member holds exactly 4 characters.
+    task.priority = min(PRIORITY_MAX, max(PRIORITY_MIN, task.priority))
     return task

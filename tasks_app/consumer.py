@@ -138,7 +138,8 @@ class ClaimerLoop:
             if outcome.tasks:
                 consumer.capacity.release(held - len(outcome.tasks))
                 held = len(outcome.tasks)
-                consumer.dispatch([Claimed(self.queue, consumer_id, raw, suspect=took_suspect and index == 0)
+                consumer.dispatch([Claimed(self.queue, consumer_id, raw, suspect=took_suspect and index == 0,
+                                           fence=outcome.first_fence + index)
                                    for index, raw in enumerate(outcome.tasks)])
                 return 0.0
             consumer.capacity.release(held - 1)
@@ -147,7 +148,7 @@ class ClaimerLoop:
             # frees; new pending tasks still wake the blocking claim at once.
             block_s = min(consumer.options.block_s, SUSPECT_RECHECK_S) if outcome.suspects_waiting \
                 else consumer.options.block_s
-            raw = consumer.broker.claim_blocking(self.queue, consumer_id, block_s)
+            raw, fence = consumer.broker.claim_blocking(self.queue, consumer_id, block_s)
         except BaseException as exc:
             consumer.capacity.release(held)
             self._uncertain = isinstance(exc, RedisError)
@@ -159,7 +160,7 @@ class ClaimerLoop:
             consumer.capacity.release(1)
             self._drop_wake = raw == WAKE_TOKEN
             return 0.0
-        consumer.dispatch([Claimed(self.queue, consumer_id, raw)])
+        consumer.dispatch([Claimed(self.queue, consumer_id, raw, fence=fence)])
         return 0.0
 
     def reconcile(self) -> None:

@@ -111,22 +111,24 @@ def requeue(queue: str, dead: Sequence[DeadTask], broker: Broker | None = None) 
     if not movable:
         return []
     fresh = [fresh_copy(item.task) for item in movable if item.task is not None]
+    # Taken before the push: above every earlier run's token (their late writes are ignored),
+    # below the next run's (whose writes this READY record must not override).
+    fence = broker.issue_fence(queue)
     broker.requeue_dead(queue, [(item.member, task.priority, encode_task(task)) for item, task in zip(movable, fresh)])
     for task in fresh:
-        broker.record_result(_ready_again(task))
+        broker.record_result(_ready_again(task, fence))
     return movable
 
 
-def _ready_again(task: Task) -> ResultUpdate:
+def _ready_again(task: Task, fence: int) -> ResultUpdate:
     try:
         arguments = decode_payload(task.payload)
     except UndecodableTask:
         arguments = None
     fields = results.enqueued_fields(task, arguments) if arguments else {"status": results.READY, "attempts": "0"}
-    # record_result cannot delete fields; empty ones read back as "not set". Clearing "run"
-    # also turns away a late outcome of the run before the task died.
-    fields.update({"finished_at_ms": "", "run_after_ms": "", "dead_reason": "", "run": ""})
-    return ResultUpdate(task.id, fields, settings.TASKS_RESULT_TTL)
+    # record_result cannot delete fields; empty ones read back as "not set".
+    fields.update({"finished_at_ms": "", "run_after_ms": "", "dead_reason": ""})
+    return ResultUpdate(task.id, fields, settings.TASKS_RESULT_TTL, fence=fence)
 
 
 def delete(queue: str, dead: Sequence[DeadTask], broker: Broker | None = None) -> int:

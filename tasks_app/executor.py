@@ -1,29 +1,39 @@
-"""Running one claimed task: decode, gate, call its handler, then ack, retry or dead-letter."""
+"""Running one claimed task: decode, gate, call its handler, then ack, retry or dead-letter.
+
+Whatever goes wrong while doing so, the task is settled here (`execute` dead-letters it with the
+reason as a last resort): a task this consumer holds never stays in its processing list unsettled.
+"""
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
-import traceback
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from . import django_tasks, metrics, results
 from .ack_batcher import AckBatcher
 from .broker import Broker, ResultUpdate
 from .codec import Arguments, Task, UndecodableTask, decode_payload, decode_task, encode_task
+from .exceptions import ResultNotJson, ResultTooLarge, TaskTimeout
 from .registry import Handler, Registry
+from .results import clean_text
 from .retry_policy import backoff_delay_s
-from .retrying import until_done
+from .retrying import GaveUp, until_done
 from .task_types import TaskTypeCache, TaskTypeConfig
+from .timeouts import RunClock, call_with_clock, failure_traceback
 
 logger = logging.getLogger("tasks_app.tasks")
 
 UNDECODABLE_TYPE = "_undecodable"
+# Metric label of task types that are neither a TaskType row nor a registered handler: a type
+# name read from Redis must not create a label set of its own.
+UNKNOWN_TYPE_LABEL = "_unknown"
 DISABLED_RECHECK_MS = 5000
+# Cap of error messages and dead reasons (tracebacks are capped at max_result_bytes).
+MAX_ERROR_MESSAGE_BYTES = 16 * 1024
 
 
 @dataclass(frozen=True)
@@ -35,6 +45,8 @@ class Claimed:
     raw: bytes
     # Recovered from a consumer that died holding it: its start is recorded before it runs.
     suspect: bool = False
+    # Fencing token issued with this claim: result writes of older runs of the task are ignored.
+    fence: int = 0
 
 
 @dataclass(frozen=True)
@@ -50,35 +62,12 @@ class TaskContext:
     consumer_id: str
 
 
-class TaskTimeout(Exception):
-    """The handler ran longer than its task type's timeout."""
-
-
-class ResultNotJson(TypeError):
-    """The handler returned a value that cannot be stored as JSON."""
-
-
-@dataclass
+@dataclass(frozen=True)
 class Running:
     """A task whose handler is running, watched for its timeout."""
 
-    claimed: Claimed
     task: Task
-    config: TaskTypeConfig
-    started_monotonic: float
-    deadline_monotonic: float | None
-    settled: bool = False
-    # Set by the watchdog when it fails the run for its timeout (the handler still runs on).
-    timeout_error: BaseException | None = None
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def settle(self) -> bool:
-        """Claim the right to finish this run; only the first caller (worker or watchdog) wins."""
-        with self.lock:
-            if self.settled:
-                return False
-            self.settled = True
-            return True
+    clock: RunClock
 
 
 RateGate = Callable[[Task, TaskTypeConfig], int]
@@ -90,7 +79,8 @@ class Executor:
 
     def __init__(self, broker: Broker, registry: Registry, task_types: TaskTypeCache, worker_id: str,
                  result_ttl_s: int, rate_gate: RateGate | None = None,
-                 give_up: threading.Event | None = None, acks: AckBatcher | None = None) -> None:
+                 give_up: threading.Event | None = None, acks: AckBatcher | None = None,
+                 max_result_bytes: int | None = None) -> None:
         self.broker = broker
         # With a batcher, RUNNING records and acks of successful runs go out in shared round
         # trips and the worker moves on at once; without one, each is written before returning.
@@ -105,10 +95,25 @@ class Executor:
         self.give_up = give_up or threading.Event()
         self.running: dict[int, Running] = {}
         self._running_lock = threading.Lock()
+        if max_result_bytes is None:
+            from django.conf import settings
+
+            max_result_bytes = int(settings.TASKS_MAX_RESULT_BYTES)
+        self.max_result_bytes = max_result_bytes
 
     # --- entry points ----------------------------------------------------------------------
     def execute(self, claimed: Claimed, on_settled: Callable[[], None] | None = None) -> bool:
         """Run a claimed task to its end; True if the ack batcher settles it (and then calls `on_settled`)."""
+        try:
+            return self._execute(claimed, on_settled)
+        except GaveUp:
+            raise
+        except Exception as exc:  # a bug or a write Redis refuses: settle the task, never leave it held
+            logger.exception("unexpected error settling a task of queue %s; dead-lettering it", claimed.queue)
+            self._dead_letter_after_error(claimed, exc)
+            return False
+
+    def _execute(self, claimed: Claimed, on_settled: Callable[[], None] | None) -> bool:
         try:
             task = decode_task(claimed.raw)
         except UndecodableTask as exc:
@@ -142,19 +147,19 @@ class Executor:
         return self._run(claimed, task, config, handler, arguments, on_settled)
 
     def expire_overdue(self) -> int:
-        """Fail every run past its timeout (its thread keeps running until the handler returns)."""
+        """Raise TaskTimeout in every run past its timeout; each is settled once its handler returns."""
         now = time.monotonic()
         with self._running_lock:
-            overdue = [r for r in self.running.values()
-                       if r.deadline_monotonic is not None and now >= r.deadline_monotonic and not r.settled]
-        failed = 0
+            overdue = [run for run in self.running.values() if run.clock.overdue(now)]
+        interrupted = 0
         for run in overdue:
-            if run.settle():
-                error = TaskTimeout(f"task exceeded its timeout of {run.config.timeout_s:g} s")
-                run.timeout_error = error
-                self._fail(run.claimed, run.task, run.config, error, "".join(traceback.format_exception(error)))
-                failed += 1
-        return failed
+            if run.clock.interrupt():
+                interrupted += 1
+                logger.warning("task %s exceeded its timeout of %g s: TaskTimeout raised in its handler; "
+                               "it stays held until the handler returns", run.task.id, run.clock.timeout_s,
+                               extra={"task_id": run.task.id, "type": run.task.type, "queue": run.task.queue,
+                                      "attempt": run.task.attempt, "outcome": "timed_out"})
+        return interrupted
 
     # --- the run ---------------------------------------------------------------------------
     def _resolve(self, task: Task) -> tuple[TaskTypeConfig | None, str]:
@@ -179,7 +184,7 @@ class Executor:
         max_attempts = task.max_attempts or config.max_attempts
         now_ms = int(time.time() * 1000)
         started_update = results.started(task, arguments, self.worker_id, now_ms, max_attempts, self.result_ttl_s,
-                                         results.run_token(claimed.consumer_id, task.attempt))
+                                         claimed.fence)
         if self.acks is not None and handler.django_task is None:
             self.acks.record(started_update)  # written before this task's ack or failure record
         else:  # a @task function reads its own record when it starts
@@ -189,34 +194,38 @@ class Executor:
         waited_since_ms = task.run_after_ms or task.enqueued_at_ms
         if waited_since_ms and task.attempt == 1:
             metrics.TASK_WAIT.labels(*labels).observe(max(0.0, (now_ms - waited_since_ms) / 1000))
-        started = time.monotonic()
-        run = Running(claimed, task, config, started,
-                      started + config.timeout_s if config.timeout_s else None)
+        context = TaskContext(task.id, task.type, task.queue, task.attempt, max_attempts, dict(task.headers),
+                              claimed.consumer_id)
+        clock = RunClock(config.timeout_s or None)
+        value, raised = self._call(handler, context, arguments, clock, task)
+        duration = time.monotonic() - clock.started_monotonic
+        metrics.TASK_DURATION.labels(*labels).observe(duration)
+        error = clock.timeout_error or raised  # the timeout wins over whatever the handler did after it
+        if error is None:
+            try:
+                return_json = results.result_json(value, self.max_result_bytes)
+            except (ResultNotJson, ResultTooLarge) as exc:
+                error = exc
+            else:
+                return self._succeed(claimed, task, return_json, duration, on_settled)
+        self._fail(claimed, task, config, error, failure_traceback(error, raised), duration)
+        return False
+
+    def _call(self, handler: Handler, context: TaskContext, arguments: Arguments, clock: RunClock,
+              task: Task) -> tuple[Any, BaseException | None]:
+        """Call the handler under its run's clock; return its value and what it raised."""
         key = threading.get_ident()
         with self._running_lock:
-            self.running[key] = run
+            self.running[key] = Running(task, clock)
         metrics.BUSY_WORKERS.inc()
-        deferred = False
         try:
-            context = TaskContext(task.id, task.type, task.queue, task.attempt, max_attempts, dict(task.headers),
-                                  claimed.consumer_id)
-            value = self.invoke(handler, context, arguments, lambda: run.timeout_error)
-            return_json = _to_json(value)
-        except BaseException as exc:  # a handler's sys.exit() must not kill the worker thread
-            duration = time.monotonic() - started
-            if run.settle():
-                metrics.TASK_DURATION.labels(*labels).observe(duration)
-                self._fail(claimed, task, config, exc, traceback.format_exc(), duration)
-        else:
-            duration = time.monotonic() - started
-            if run.settle():
-                metrics.TASK_DURATION.labels(*labels).observe(duration)
-                deferred = self._succeed(claimed, task, return_json, duration, on_settled)
+            value, raised = call_with_clock(
+                clock, lambda: self.invoke(handler, context, arguments, lambda: clock.timeout_error))
         finally:
             metrics.BUSY_WORKERS.dec()
             with self._running_lock:
                 self.running.pop(key, None)
-        return deferred
+        return value, raised
 
     def invoke(self, handler: Handler, context: TaskContext, arguments: Arguments,
                timed_out: Callable[[], BaseException | None] = lambda: None) -> Any:
@@ -230,8 +239,7 @@ class Executor:
     # --- outcomes --------------------------------------------------------------------------
     def _succeed(self, claimed: Claimed, task: Task, return_json: str, duration_s: float,
                  on_settled: Callable[[], None] | None = None) -> bool:
-        update = results.succeeded(task, return_json, int(time.time() * 1000), self.result_ttl_s,
-                                   results.run_token(claimed.consumer_id, task.attempt))
+        update = results.succeeded(task, return_json, int(time.time() * 1000), self.result_ttl_s, claimed.fence)
         metrics.TASKS_SUCCEEDED.labels(task.type, task.queue).inc()
         if self.acks is not None:
             # Logged by the batcher's one thread once recorded: eight workers contending for
@@ -257,17 +265,16 @@ class Executor:
         if self.acks is not None:
             self.acks.barrier()  # this run's RUNNING record goes first
         max_attempts = task.max_attempts or config.max_attempts
-        error_path = f"{type(error).__module__}.{type(error).__qualname__}"
+        error_path = clean_text(f"{type(error).__module__}.{type(error).__qualname__}", MAX_ERROR_MESSAGE_BYTES)
         metrics.TASKS_FAILED.labels(task.type, task.queue).inc()
-        task.last_error = f"{error_path}: {error}"
-        task.last_traceback = traceback_text
-        error_entry = results.error_record(error_path, traceback_text)
+        task.last_error = clean_text(f"{error_path}: {results.describe_error(error)}", MAX_ERROR_MESSAGE_BYTES)
+        task.last_traceback = clean_text(traceback_text, self.max_result_bytes)
+        error_entry = results.error_record(error_path, task.last_traceback)
         now_ms = int(time.time() * 1000)
-        run = results.run_token(claimed.consumer_id, task.attempt)
         if task.attempt < max_attempts:
             delay_ms = int(backoff_delay_s(task.attempt, config.retry_backoff_s) * 1000)
             update = results.attempt_failed(task, error_entry, now_ms, self.result_ttl_s, final=False,
-                                            retry_at_ms=now_ms + delay_ms, run=run)
+                                            retry_at_ms=now_ms + delay_ms, fence=claimed.fence)
             new_raw = encode_task(task)
             held = self._redis(lambda: self.broker.retry_later(claimed.queue, claimed.consumer_id, claimed.raw,
                                                                new_raw, task.priority, delay_ms, update), "retry")
@@ -277,7 +284,7 @@ class Executor:
             reason = f"failed {task.attempt} of {max_attempts} attempts; last error: {task.last_error}"
             task.dead_reason = reason
             update = results.attempt_failed(task, error_entry, now_ms, self.result_ttl_s, final=True,
-                                            dead_reason=reason, run=run)
+                                            dead_reason=reason, fence=claimed.fence)
             held = self._dead_letter_raw(claimed, encode_task(task), update)
             metrics.TASKS_DEAD_LETTERED.labels(task.type, task.queue).inc()
             self._log_event(task, "dead_lettered", duration_s, error=task.last_error)
@@ -286,17 +293,53 @@ class Executor:
 
     def _dead_letter(self, claimed: Claimed, task: Task, error_name: str, reason: str) -> None:
         """Dead-letter a task that cannot run at all (no attempt is used)."""
+        reason = clean_text(reason, MAX_ERROR_MESSAGE_BYTES)
         task.last_error = f"{error_name}: {reason}"
         task.dead_reason = reason
-        update = results.attempt_failed(task, results.error_record(error_name, reason),
-                                        int(time.time() * 1000), self.result_ttl_s, final=True, dead_reason=reason)
+        update = results.attempt_failed(task, results.error_record(error_name, reason), int(time.time() * 1000),
+                                        self.result_ttl_s, final=True, dead_reason=reason, fence=claimed.fence)
         held = self._dead_letter_raw(claimed, encode_task(task), update)
-        metrics.TASKS_DEAD_LETTERED.labels(task.type, task.queue).inc()
+        metrics.TASKS_DEAD_LETTERED.labels(self._type_label(task.type), task.queue).inc()
         logger.warning("task %s dead-lettered: %s", task.id, reason,
                        extra={"task_id": task.id, "type": task.type, "queue": task.queue,
                               "attempt": task.attempt, "outcome": "dead_lettered"})
         if not held:
             self._ack_lost(claimed, task)
+
+    def _dead_letter_after_error(self, claimed: Claimed, error: Exception) -> None:
+        """The last resort: dead-letter a task whose settling failed, with the error as its reason."""
+        reason = clean_text(f"settling the task failed: {type(error).__name__}: {results.describe_error(error)}",
+                            MAX_ERROR_MESSAGE_BYTES)
+        try:
+            task = decode_task(claimed.raw)
+            task.last_error = task.dead_reason = reason
+            new_raw = encode_task(task)
+            update: ResultUpdate | None = results.attempt_failed(
+                task, results.error_record("SettleFailed", reason), int(time.time() * 1000), self.result_ttl_s,
+                final=True, dead_reason=reason, fence=claimed.fence)
+            label = self._type_label(task.type)
+        except Exception:  # keep the bytes as they are, wrapped like undecodable ones
+            new_raw = encode_task(Task(id=str(uuid.uuid4()), type=UNDECODABLE_TYPE, queue=claimed.queue,
+                                       payload=claimed.raw, last_error=reason, dead_reason=reason))
+            update, label = None, UNDECODABLE_TYPE
+        try:
+            # The move alone first: it must not depend on a record write, which may be what failed.
+            held = self._dead_letter_raw(claimed, new_raw, None)
+            if held and update is not None:
+                self._redis(lambda: self.broker.record_result(update), "record_result")
+        except GaveUp:
+            raise
+        except Exception:
+            logger.exception("could not dead-letter a task of queue %s; it stays held until the lease of "
+                             "consumer %s is lost", claimed.queue, claimed.consumer_id)
+            return
+        metrics.TASKS_DEAD_LETTERED.labels(label, claimed.queue).inc()
+
+    def _type_label(self, type_name: str) -> str:
+        """The metric label of a task type: its name only if it is a TaskType row or a handler."""
+        if self.task_types.get(type_name) is not None or self.registry.get(type_name) is not None:
+            return type_name
+        return UNKNOWN_TYPE_LABEL
 
     def _dead_letter_undecodable(self, claimed: Claimed, problem: str) -> None:
         """Keep bytes that are not a task, wrapped in one, with the reason."""
@@ -338,12 +381,3 @@ class Executor:
         fields = {"task_id": task.id, "type": task.type, "queue": task.queue, "attempt": task.attempt,
                   "duration_s": round(duration_s, 6) if duration_s is not None else None, "outcome": outcome, **extra}
         logger.log(level, "task %s %s %s (attempt %d)", task.id, task.type, outcome, task.attempt, extra=fields)
-
-
-def _to_json(value: Any) -> str:
-    """Serialize a handler's return value, failing the run if it is not JSON."""
-    try:
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise ResultNotJson(f"return value is not JSON-serializable: {exc}") from None
-

@@ -11,6 +11,7 @@ from django.tasks import TaskResultStatus
 from .broker import READY_RECORD_DEFAULTS, ResultUpdate
 from .codec import Arguments, Task
 from .jsontext import loads_bounded, scrub_text
+from .exceptions import ResultNotJson, ResultTooLarge
 
 READY = TaskResultStatus.READY.value
 RUNNING = TaskResultStatus.RUNNING.value
@@ -19,8 +20,58 @@ FAILED = TaskResultStatus.FAILED.value
 FINISHED = {SUCCESSFUL, FAILED}
 
 
+# What a cut text ends with, so that a reader sees it was cut.
+TRUNCATED_MARK = "... [truncated]"
+
+
 def _json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    if is_utf8_encodable(text):
+        return text
+    # Lone surrogates (a foreign payload's "\ud800") cannot be sent to Redis as UTF-8: escape them.
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=True)
+
+
+def is_utf8_encodable(text: str) -> bool:
+    """True unless `text` holds a lone surrogate (what "surrogateescape" decoding leaves)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def result_json(value: Any, max_bytes: int) -> str:
+    """Serialize a handler's return value for its record, failing the run if it cannot be stored."""
+    try:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ResultNotJson(f"return value is not JSON-serializable: {exc}") from None
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise ResultNotJson(f"return value holds text that is not valid Unicode (a lone surrogate, as "
+                            f"surrogateescape decoding leaves): {exc.object[exc.start:exc.end]!a}") from None
+    if size > max_bytes:
+        raise ResultTooLarge(f"return value is {size} bytes of JSON, over TASKS_MAX_RESULT_BYTES ({max_bytes})")
+    return text
+
+
+def describe_error(error: BaseException) -> str:
+    """The message of an exception, even one whose __str__ fails."""
+    try:
+        return str(error)
+    except Exception:
+        return f"<{type(error).__name__} whose message cannot be shown>"
+
+
+def clean_text(text: str, max_bytes: int) -> str:
+    """Make error text storable: lone surrogates shown as backslash escapes, cut to `max_bytes` of UTF-8."""
+    data = text.encode("utf-8", errors="backslashreplace")
+    if len(data) > max_bytes:
+        keep_bytes = max(0, max_bytes - len(TRUNCATED_MARK))
+        return data[:keep_bytes].decode("utf-8", errors="ignore") + TRUNCATED_MARK
+    return data.decode("utf-8")
 
 
 def enqueued_fields(task: Task, arguments: Arguments) -> dict[str, str]:
@@ -46,36 +97,31 @@ def ready_fields(task: Task, arguments: Arguments) -> dict[str, str]:
     return fields
 
 
-def run_token(consumer_id: str, attempt: int) -> str:
-    """Name one run of a task: the consumer that claimed it and the attempt number."""
-    return f"{consumer_id}/{attempt}"
-
-
 def started(task: Task, arguments: Arguments, worker_id: str, now_ms: int, max_attempts: int, ttl_s: int,
-            run: str) -> ResultUpdate:
-    """The update written when an attempt starts: it claims the record for run `run`.
+            fence: int) -> ResultUpdate:
+    """The update written when an attempt starts: it claims the record for the run holding `fence`.
 
     It carries the enqueue fields too, which creates the record for foreign producers.
     """
     fields = enqueued_fields(task, arguments)
     fields.update({
         "status": RUNNING, "attempts": str(task.attempt), "max_attempts": str(max_attempts),
-        "last_attempted_at_ms": str(now_ms), "run": run,
+        "last_attempted_at_ms": str(now_ms),
     })
     if task.attempt == 1:
         fields["started_at_ms"] = str(now_ms)
-    return ResultUpdate(task.id, fields, ttl_s, append_worker_id=worker_id, run=run)
+    return ResultUpdate(task.id, fields, ttl_s, append_worker_id=worker_id, fence=fence)
 
 
-def succeeded(task: Task, return_value_json: str, now_ms: int, ttl_s: int, run: str) -> ResultUpdate:
-    """The update written when run `run` returns (ignored if a later run took the record)."""
+def succeeded(task: Task, return_value_json: str, now_ms: int, ttl_s: int, fence: int) -> ResultUpdate:
+    """The update written when a run returns (ignored if a run with a later fence took the record)."""
     fields = {"status": SUCCESSFUL, "finished_at_ms": str(now_ms), "return_value": return_value_json,
               "attempts": str(task.attempt)}
-    return ResultUpdate(task.id, fields, ttl_s, run=run)
+    return ResultUpdate(task.id, fields, ttl_s, fence=fence)
 
 
 def attempt_failed(task: Task, error: dict[str, str], now_ms: int, ttl_s: int, *, final: bool,
-                   retry_at_ms: int | None = None, dead_reason: str = "", run: str | None = None) -> ResultUpdate:
+                   retry_at_ms: int | None = None, dead_reason: str = "", fence: int = 0) -> ResultUpdate:
     """The update written when an attempt fails: READY again if it will be retried, else FAILED."""
     fields = {"attempts": str(task.attempt)}
     if final:
@@ -84,7 +130,7 @@ def attempt_failed(task: Task, error: dict[str, str], now_ms: int, ttl_s: int, *
             fields["dead_reason"] = dead_reason
     else:
         fields.update({"status": READY, "run_after_ms": str(retry_at_ms or now_ms)})
-    return ResultUpdate(task.id, fields, ttl_s, append_error=error, run=run)
+    return ResultUpdate(task.id, fields, ttl_s, append_error=error, fence=fence)
 
 
 def error_record(exception_class_path: str, traceback_text: str) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""Retrying Redis calls through outages: log, back off, try again."""
+"""Retrying Redis calls through outages: log, back off, try again; deterministic errors surface."""
 from __future__ import annotations
 
 import logging
@@ -7,7 +7,17 @@ import threading
 from collections.abc import Callable
 from typing import TypeVar
 
-from redis.exceptions import RedisError
+from redis.exceptions import (
+    ClusterError,
+    ConnectionError as RedisConnectionError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisError,
+    ResponseError,
+    SlotNotCoveredError,
+    TimeoutError as RedisTimeoutError,
+    TryAgainError,
+)
 
 from . import metrics
 
@@ -16,10 +26,34 @@ T = TypeVar("T")
 
 FIRST_BACKOFF_S = 0.1
 MAX_BACKOFF_S = 5.0
+# Errors of a server (or cluster) state that passes: a lost connection, a node loading its data,
+# a failover under way, memory freed by eviction or expiry. Anything else a command or script
+# answers (a wrong argument, a value over the server's limits) fails the same way every time.
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    RedisConnectionError, RedisTimeoutError, ClusterError, TryAgainError, ReadOnlyError, OutOfMemoryError,
+    SlotNotCoveredError,
+)
+TRANSIENT_REPLY_PREFIXES = ("LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "OOM",
+                            "NOREPLICAS")
 
 
 class GaveUp(Exception):
     """Redis stayed away until the caller was told to stop."""
+
+
+class WriteRefused(Exception):
+    """A write kept failing on the wire while Redis answered other commands: it is the write.
+
+    Redis drops the connection of a command over its limits (a value over proto-max-bulk-len),
+    which looks like an outage; retrying such a write would never end.
+    """
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for errors that trying again later can cure (Redis away or busy), False for the rest."""
+    if isinstance(exc, TRANSIENT_ERRORS):
+        return True
+    return isinstance(exc, ResponseError) and str(exc).startswith(TRANSIENT_REPLY_PREFIXES)
 
 
 def next_backoff_s(previous_s: float) -> float:
@@ -27,13 +61,26 @@ def next_backoff_s(previous_s: float) -> float:
     return min(MAX_BACKOFF_S, max(FIRST_BACKOFF_S, previous_s * 2)) * random.uniform(0.8, 1.2)
 
 
-def until_done(call: Callable[[], T], *, what: str, give_up: threading.Event) -> T:
-    """Run `call` until Redis accepts it; raise GaveUp once `give_up` is set."""
+def until_done(call: Callable[[], T], *, what: str, give_up: threading.Event,
+               refused_after: int = 0, redis_answers: Callable[[], bool] = lambda: False) -> T:
+    """Run `call` until Redis accepts it; raise GaveUp once `give_up` is set.
+
+    Only transient errors are retried: any other error (a ResponseError, an encoding error)
+    would fail again the same way, so it is raised for the caller to settle. With
+    `refused_after`, a call failing that many times in a row while `redis_answers()` raises
+    WriteRefused.
+    """
     backoff_s = 0.0
+    failures = 0
     while True:
         try:
             return call()
-        except RedisError as exc:
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            failures += 1
+            if refused_after and failures >= refused_after and redis_answers():
+                raise WriteRefused(f"{what} failed {failures} times while Redis answered: {exc}") from exc
             metrics.REDIS_ERRORS.labels(what).inc()
             backoff_s = next_backoff_s(backoff_s)
             logger.warning("redis error during %s: %s; retrying in %.1f s", what, exc, backoff_s)

@@ -72,7 +72,7 @@ def test_claim_without_a_lease_takes_nothing(broker):
 def test_prioritized_enqueue_wakes_a_blocked_claim_and_the_token_is_dropped(broker):
     register(broker, "c1")
     push(broker, make_task(1, priority=3), priority=3)
-    assert broker.claim_blocking("q", "c1", 1) == WAKE_TOKEN
+    assert broker.claim_blocking("q", "c1", 1) == (WAKE_TOKEN, 0)
     assert ids(broker.claim("q", "c1", 5, drop_wake=True)) == ["task-1"]
     assert broker.client.lrange(broker.keys.processing("q", "c1"), 0, -1) == [make_task(1, priority=3)]
 
@@ -316,7 +316,7 @@ def test_a_late_outcome_of_an_earlier_run_cannot_overwrite_a_later_run(broker):
 
     task = Task(id="rerun-1", type="demo.echo", queue="q", attempt=1)
     args = Arguments([], {})
-    first, second = results.run_token("c1", 1), results.run_token("c2", 1)
+    first, second = broker.issue_fence("q"), broker.issue_fence("q")
     broker.record_result(results.started(task, args, "c1", 1, 3, 60, first))
     broker.record_result(results.started(task, args, "c2", 2, 3, 60, second))  # c1 was presumed dead
     broker.record_result(results.succeeded(task, '"from c1"', 3, 60, first))

@@ -53,7 +53,7 @@ def test_a_task_past_its_timeout_fails_and_the_consumer_goes_on(broker, consumer
         record = wait_finished(broker, slow, timeout_s=10)
         assert wait_finished(broker, quick).status == "SUCCESSFUL"
     assert record.status == "FAILED"
-    assert record.errors[0]["exception_class_path"] == "tasks_app.executor.TaskTimeout"
+    assert record.errors[0]["exception_class_path"] == "tasks_app.exceptions.TaskTimeout"
     assert "timeout of 0.3 s" in record.errors[0]["traceback"]
 
 
@@ -65,7 +65,7 @@ def test_handlers_that_exit_or_return_non_json_fail_without_killing_workers(brok
         assert wait_finished(broker, after).status == "SUCCESSFUL"
         wait_until(lambda: record_of(broker, exits).attempts == 1 and record_of(broker, not_json).errors, 10)
     assert record_of(broker, exits).errors[0]["exception_class_path"] == "builtins.SystemExit"
-    assert record_of(broker, not_json).errors[0]["exception_class_path"] == "tasks_app.executor.ResultNotJson"
+    assert record_of(broker, not_json).errors[0]["exception_class_path"] == "tasks_app.exceptions.ResultNotJson"
 
 
 def test_a_delayed_task_never_runs_before_its_time(broker, consumer_in_thread):

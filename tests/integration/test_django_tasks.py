@@ -153,7 +153,7 @@ def test_a_run_failed_for_its_timeout_reports_the_timeout_in_task_finished(broke
         task_finished.disconnect(on_finished)
     [reported] = finished
     assert reported.status == TaskResultStatus.FAILED
-    assert reported.errors[-1].exception_class_path == "tasks_app.executor.TaskTimeout"
+    assert reported.errors[-1].exception_class_path == "tasks_app.exceptions.TaskTimeout"
     stored = tasks.nap.get_result(result.id)
     assert stored.status == TaskResultStatus.FAILED
-    assert stored.errors[-1].exception_class_path == "tasks_app.executor.TaskTimeout"
+    assert stored.errors[-1].exception_class_path == "tasks_app.exceptions.TaskTimeout"

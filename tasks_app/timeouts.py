@@ -1,0 +1,84 @@
+"""Soft time limits: a run past its deadline gets TaskTimeout raised inside its own thread.
+
+CPython delivers such an exception between two bytecodes of the target thread: pure-Python code
+stops at once (its `finally` blocks and context managers run), a C call (time.sleep, a socket
+read) finishes first. The run stays held by its worker until the handler returns; only then is
+it settled, so a retry never overlaps it.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .exceptions import TaskTimeout
+
+
+def _set_async_exc(thread_id: int, exc_type: type[BaseException] | None) -> None:
+    # None clears an exception not yet delivered (the run returned in the meantime).
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(exc_type)
+                                               if exc_type is not None else ctypes.c_void_p(0))
+
+
+@dataclass
+class RunClock:
+    """One run's deadline, and the right to interrupt its thread until it has returned."""
+
+    timeout_s: float | None
+    thread_id: int = field(default_factory=threading.get_ident)
+    started_monotonic: float = field(default_factory=time.monotonic)
+    # The timeout, once the watchdog raised it in the handler's thread.
+    timeout_error: TaskTimeout | None = None
+    returned: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def overdue(self, now_monotonic: float) -> bool:
+        """True if the run is past its deadline and has not been interrupted or returned."""
+        return (self.timeout_s is not None and now_monotonic - self.started_monotonic >= self.timeout_s
+                and self.timeout_error is None and not self.returned)
+
+    def interrupt(self) -> bool:
+        """Raise TaskTimeout in the run's thread, once, unless the handler already returned."""
+        with self.lock:
+            if self.returned or self.timeout_error is not None:
+                return False
+            self.timeout_error = TaskTimeout(f"task exceeded its timeout of {self.timeout_s:g} s")
+            _set_async_exc(self.thread_id, TaskTimeout)
+            return True
+
+    def finish(self) -> None:
+        """Mark the handler returned (called by its own thread): no interrupt may arrive after this."""
+        with self.lock:
+            if self.returned:
+                return
+            self.returned = True
+            if self.timeout_error is not None:
+                _set_async_exc(self.thread_id, None)
+
+
+def call_with_clock(clock: RunClock, call: Callable[[], object]) -> tuple[object, BaseException | None]:
+    """Run `call` under `clock`; return its value and what it raised (the timeout, if it hit one)."""
+    value: object = None
+    raised: BaseException | None = None
+    try:
+        try:
+            value = call()
+        except BaseException as exc:  # a handler's sys.exit() must not kill the worker thread
+            raised = exc
+        finally:
+            clock.finish()
+    except TaskTimeout as late:  # delivered after the call ended, before finish() took the lock
+        raised = raised or late
+        clock.finish()
+    return value, raised
+
+
+def failure_traceback(error: BaseException, raised: BaseException | None) -> str:
+    """The traceback of a failed run: of `error`, and of what the handler raised if that differs (a timeout)."""
+    text = "".join(traceback.format_exception(error))
+    if raised is not None and raised is not error:
+        text += "\nThe handler, interrupted at its timeout, raised:\n" + "".join(traceback.format_exception(raised))
+    return text
