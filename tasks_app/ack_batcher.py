@@ -192,61 +192,72 @@ class AckBatcher:
                     item.set()
 
     def _write_batch(self, entries: list[ResultUpdate | _Ack]) -> dict[int, bool | None]:
-        """Write a batch in one round trip; if Redis refuses it, write its entries one by one."""
-        updates = [item for item in entries if isinstance(item, ResultUpdate)]
+        """Write a batch in one round trip; if it fails as a whole, write its entries one by one."""
         acks = [item for item in entries if isinstance(item, _Ack)]
         in_order = [item if isinstance(item, ResultUpdate) else item.update for item in entries]
         try:
-            return self._send([update for update in in_order if update is not None], acks, what="ack")
+            return self._send([update for update in in_order if update is not None], acks)
         except GaveUp:
             logger.error("gave up writing %d ack(s) while stopping; the lease will recover those tasks", len(acks))
             return {}
-        except Exception as exc:  # deterministic: one entry is to blame, never its batch-mates
-            logger.warning("a batch of %d result(s) and %d ack(s) was refused (%s); writing them one by one",
-                           len(updates), len(acks), exc)
+        except Exception as exc:  # a write that keeps failing on the wire while Redis answers, or a bug
+            logger.warning("a batch of %d result(s) and ack(s) failed (%s); writing them one by one", len(entries), exc)
         flags: dict[int, bool | None] = {}
-        for update in updates:
-            self._write_update_alone(update)
-        for item in acks:
-            flags.update(self._write_ack_alone(item))
+        for entry in entries:
+            flags.update(self._write_alone(entry))
         return flags
 
-    def _write_update_alone(self, update: ResultUpdate) -> None:
-        try:
-            self._send([update], [], what="record_result")
-        except GaveUp:
-            pass
-        except Exception as exc:
-            logger.error("dropped a result update of task %a that Redis refused: %s", update.task_id, exc)
+    def _write_alone(self, entry: ResultUpdate | _Ack) -> dict[int, bool | None]:
+        """Write one entry; an outcome that cannot be written is replaced by a FAILED record, at worst dropped."""
+        if isinstance(entry, ResultUpdate):
+            self._try_send([entry], [])
+            return {}
+        plans: list[list[ResultUpdate]] = [[entry.update] if entry.update else []]
+        if entry.update is not None:  # then its failure, then at worst the ack alone
+            plans += [[unstored_result(entry.update, "Redis refused the write")], []]
+        for updates in plans:
+            flags = self._try_send(updates, [entry])
+            if flags is not None:
+                return flags
+        return {}
 
-    def _write_ack_alone(self, item: _Ack) -> dict[int, bool | None]:
-        """Write one task's outcome and ack; an outcome Redis refuses is replaced by a FAILED record."""
+    def _try_send(self, updates: list[ResultUpdate], acks: list[_Ack]) -> dict[int, bool | None] | None:
         try:
-            return self._send([item.update] if item.update else [], [item], what="ack")
-        except GaveUp:
+            return self._send(updates, acks)
+        except GaveUp:  # the lease recovers the tasks
             return {}
         except Exception as exc:
-            if item.update is None:
-                logger.error("Redis refused the ack of a task of queue %s: %s", item.queue, exc)
-                return {}
-            logger.error("the result of task %a could not be stored (%s); recording it as failed",
-                         item.update.task_id, exc)
-            problem = exc
-        try:
-            return self._send([unstored_result(item.update, str(problem))], [item], what="ack")
-        except Exception as exc:  # GaveUp too: the lease recovers the task
-            logger.error("could not record the failure of task %a either: %s", item.update.task_id, exc)
-            return {}
+            logger.error("Redis refused a write of %d result(s) and %d ack(s): %s", len(updates), len(acks), exc)
+            return None
 
-    def _send(self, updates: list[ResultUpdate], acks: list[_Ack], *, what: str) -> dict[int, bool | None]:
-        """One round trip (retried through outages); the flag of each ack by its id()."""
+    def _send(self, updates: list[ResultUpdate], acks: list[_Ack]) -> dict[int, bool | None]:
+        """One round trip (retried through outages); the flag of each ack by its id().
+
+        A result write that Redis refuses (its reply is an error) stops no ack: the task of an
+        outcome refused this way is recorded FAILED with the reason instead.
+        """
         by_owner: dict[Owner, list[_Ack]] = {}
         for item in acks:
             by_owner.setdefault((item.queue, item.consumer_id), []).append(item)
         raws = {owner: [item.raw for item in items] for owner, items in by_owner.items()}
-        outcome = until_done(lambda: self.broker.ack_many(merge_updates(updates), raws), what=what,
-                             give_up=self.give_up, refused_after=REFUSED_AFTER, redis_answers=self._redis_answers)
-        return {id(item): flag for owner, items in by_owner.items() for item, flag in zip(items, outcome[owner])}
+        merged = merge_updates(updates)
+        flags, refused = until_done(lambda: self.broker.ack_many_reporting(merged, raws), what="ack",
+                                    give_up=self.give_up, refused_after=REFUSED_AFTER,
+                                    redis_answers=self._redis_answers)
+        refused_of = {merged[index].task_id: exc for index, exc in refused.items()}
+        for item in acks:
+            if item.update is not None and item.update.task_id in refused_of:
+                self._record_unstored(item.update, refused_of.pop(item.update.task_id))
+        for task_id, exc in refused_of.items():
+            logger.error("dropped a result update of task %a that Redis refused: %s", task_id, exc)
+        return {id(item): flag for owner, items in by_owner.items() for item, flag in zip(items, flags[owner])}
+
+    def _record_unstored(self, update: ResultUpdate, problem: Exception) -> None:
+        logger.error("the result of task %a could not be stored (%s); recording it as failed", update.task_id, problem)
+        _, refused = until_done(lambda: self.broker.ack_many_reporting([unstored_result(update, str(problem))], {}),
+                                what="record_result", give_up=self.give_up)
+        if refused:
+            logger.error("could not record the failure of task %a either: %s", update.task_id, refused[0])
 
     def _redis_answers(self) -> bool:
         try:

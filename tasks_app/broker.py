@@ -203,22 +203,24 @@ class Scripts:
         # EVALSHA by its keys like any other command (all keys of a script share one slot).
         pipe.execute_command("EVALSHA", self.shas[name], len(keys), *keys, *args)
 
-    def execute(self, pipe: Any, client: Any) -> list[Any]:
-        """Execute a pipeline; re-run by source just those scripts the server did not have."""
+    def execute(self, pipe: Any, client: Any, raise_on_error: bool = True) -> list[Any]:
+        """Execute a pipeline; re-run by source just those scripts the server did not have.
+
+        With `raise_on_error` False, a command's error is returned in its place instead.
+        """
         queued: dict[int, tuple[str, tuple[str, ...], tuple[Any, ...]]] = vars(pipe).pop(_QUEUED_SCRIPTS, {})
         results = pipe.execute(raise_on_error=False)
-        error: Exception | None = None
         for index, outcome in enumerate(results):
-            try:
-                if isinstance(outcome, NoScriptError):
-                    name, keys, args = queued[index]
+            if isinstance(outcome, NoScriptError):
+                name, keys, args = queued[index]
+                try:
                     results[index] = client.eval(self.sources[name], len(keys), *keys, *args)
-                elif isinstance(outcome, Exception):
+                except redis.ResponseError as exc:  # run every re-run before raising: the others are not undone
+                    results[index] = exc
+        if raise_on_error:
+            for outcome in results:
+                if isinstance(outcome, Exception):
                     raise outcome
-            except redis.ResponseError as exc:  # run every re-run before raising: the others are not undone
-                error = error or exc
-        if error is not None:
-            raise error
         return results
 
 
@@ -376,7 +378,16 @@ class Broker:
 
     def ack_many(self, results: Sequence[ResultUpdate],
                  raws_by_owner: Mapping[tuple[str, str], Sequence[bytes]]) -> dict[tuple[str, str], list[bool]]:
-        """Record results, then acknowledge the tasks of each (queue, consumer) list, in one round trip.
+        """Record results, then acknowledge the tasks of each (queue, consumer) list, in one round trip."""
+        flags, refused = self.ack_many_reporting(results, raws_by_owner)
+        if refused:
+            raise next(iter(refused.values()))
+        return flags
+
+    def ack_many_reporting(self, results: Sequence[ResultUpdate],
+                           raws_by_owner: Mapping[tuple[str, str], Sequence[bytes]]
+                           ) -> tuple[dict[tuple[str, str], list[bool]], dict[int, Exception]]:
+        """Like `ack_many`, but a result write Redis refuses stops nothing: its index in `results` and error are returned.
 
         On Redis Cluster the results and the acks live on different nodes, where one pipeline
         gives no order: the results are written first and the acks only once they are durable.
@@ -384,15 +395,22 @@ class Broker:
         pipe = self.client.pipeline(transaction=False)
         for update in results:
             self._queue_result(pipe, update)
+        written: list[Any] = []
         if isinstance(self.client, redis.RedisCluster) and results and raws_by_owner:
-            self.scripts.execute(pipe, self.client)
-            return self.ack_many([], raws_by_owner)
+            written = self.scripts.execute(pipe, self.client, raise_on_error=False)
+            pipe = self.client.pipeline(transaction=False)
         bucket = int(time.time()) // THROUGHPUT_BUCKET_S
         for (queue, consumer_id), raws in raws_by_owner.items():
             self.scripts.queue(pipe, "ack", [self.keys.processing(queue, consumer_id), self.keys.recoveries(queue),
                                              self.keys.completed(queue, bucket)], list(raws))
-        outcomes = self.scripts.execute(pipe, self.client)[len(results):]
-        return {owner: [bool(flag) for flag in flags] for owner, flags in zip(raws_by_owner, outcomes)}
+        written += self.scripts.execute(pipe, self.client, raise_on_error=False)
+        refused = {index: outcome for index, outcome in enumerate(written[:len(results)])
+                   if isinstance(outcome, Exception)}
+        outcomes = written[len(results):]
+        for outcome in outcomes:
+            if isinstance(outcome, Exception):
+                raise outcome
+        return {owner: [bool(flag) for flag in flags] for owner, flags in zip(raws_by_owner, outcomes)}, refused
 
     def retry_later(self, queue: str, consumer_id: str, raw: bytes, new_raw: bytes, priority: int,
                     delay_ms: int, result: ResultUpdate | None = None) -> bool:

@@ -1,9 +1,10 @@
-"""The ack batcher: results before acks in one flush, lost acks flagged, barriers, merged updates."""
+"""The ack batcher: results before acks in one flush, lost acks flagged, barriers, merged updates, refused entries."""
 from __future__ import annotations
 
 import threading
 
 import pytest
+import redis
 
 from tasks_app import producer
 from tasks_app.ack_batcher import AckBatcher, merge_updates
@@ -66,3 +67,113 @@ def test_barrier_returns_after_earlier_writes_and_close_flushes_the_rest(broker)
 
     assert acked == [True, True]
     assert broker.client.llen(broker.keys.processing("default", "c2")) == 0
+
+
+class FlakyBroker(Broker):
+    """A real broker whose next `failures` batch writes fail as a dropped connection would."""
+
+    def __init__(self, broker: Broker, failures: int) -> None:
+        super().__init__(broker.client, broker.keys.prefix, broker.scripts)
+        self.failures = failures
+        self.calls = 0
+
+    def ack_many_reporting(self, results, raws_by_owner):
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise redis.exceptions.ConnectionError("connection reset by peer")
+        return super().ack_many_reporting(results, raws_by_owner)
+
+
+def _ack_all(batcher: AckBatcher, ids: list[str], raws: list[bytes], consumer_id: str,
+             fields: dict[str, dict[str, str]] | None = None) -> list[bool | None]:
+    outcomes: list[bool | None] = []
+    for task_id, raw in zip(ids, raws):
+        update = ResultUpdate(task_id, (fields or {}).get(task_id, {"status": "SUCCESSFUL"}), 60)
+        batcher.ack("default", consumer_id, raw, update, outcomes.append)
+    return outcomes
+
+
+def test_a_result_that_redis_refuses_fails_only_its_own_task(broker, caplog):
+    ids, raws = _claimed(broker, "c3", 3)
+    broker.client.delete(broker.keys.result(ids[1]))
+    broker.client.rpush(broker.keys.result(ids[1]), "not a hash")  # every write to it: WRONGTYPE
+    batcher = AckBatcher(broker, threading.Event())
+    outcomes = _ack_all(batcher, ids, raws, "c3")
+
+    assert batcher.flush_once(block_s=0.1) == 3
+
+    assert outcomes == [True, True, True]  # all acked: the refused record held up nothing
+    assert broker.client.llen(broker.keys.processing("default", "c3")) == 0
+    assert [broker.get_result(i)["status"] for i in (ids[0], ids[2])] == ["SUCCESSFUL", "SUCCESSFUL"]
+    assert "could not be stored" in caplog.text
+
+
+def test_a_result_with_a_lone_surrogate_is_recorded_as_failed_and_its_batch_mates_succeed(broker):
+    ids, raws = _claimed(broker, "c4", 3)
+    batcher = AckBatcher(broker, threading.Event())
+    bad = {"status": "SUCCESSFUL", "return_value": '"caf\udce9"'}
+    outcomes = _ack_all(batcher, ids, raws, "c4", {ids[1]: bad})
+
+    batcher.flush_once(block_s=0.1)
+
+    assert outcomes == [True, True, True]
+    records = [broker.get_result(i) for i in ids]
+    assert [r["status"] for r in records] == ["SUCCESSFUL", "FAILED", "SUCCESSFUL"]
+    assert "lone surrogate" in records[1]["dead_reason"] and "return_value" not in records[1]
+
+
+def test_connection_errors_are_retried_until_the_batch_is_written(broker):
+    ids, raws = _claimed(broker, "c5", 2)
+    flaky = FlakyBroker(broker, failures=2)
+    batcher = AckBatcher(flaky, threading.Event())
+    outcomes = _ack_all(batcher, ids, raws, "c5")
+
+    batcher.flush_once(block_s=0.1)
+
+    assert flaky.calls == 3 and outcomes == [True, True]
+    assert [broker.get_result(i)["status"] for i in ids] == ["SUCCESSFUL", "SUCCESSFUL"]
+
+
+class RefusesBatches(Broker):
+    """A real broker that drops the connection on any write of more than one ack, as Redis does
+    for a batch holding a value over its proto-max-bulk-len."""
+
+    def ack_many_reporting(self, results, raws_by_owner):
+        if sum(len(raws) for raws in raws_by_owner.values()) > 1:
+            raise redis.exceptions.ConnectionError("connection reset by peer")
+        return super().ack_many_reporting(results, raws_by_owner)
+
+    ack_many = ack_many_reporting
+
+
+def test_a_write_failing_on_the_wire_while_redis_answers_is_isolated_not_retried_forever(broker):
+    ids, raws = _claimed(broker, "c6", 2)
+    give_up = threading.Event()
+    batcher = AckBatcher(RefusesBatches(broker.client, broker.keys.prefix, broker.scripts), give_up)
+    outcomes = _ack_all(batcher, ids, raws, "c6")
+
+    flusher = threading.Thread(target=batcher.flush_once, args=(0.1,), daemon=True)
+    flusher.start()
+    flusher.join(timeout=20)
+    give_up.set()
+
+    assert not flusher.is_alive(), "the flusher retried the refused batch forever"
+    assert outcomes == [True, True]  # written one by one
+    assert [broker.get_result(i)["status"] for i in ids] == ["SUCCESSFUL", "SUCCESSFUL"]
+
+
+def test_every_done_callback_is_called_even_when_writing_fails_unexpectedly(broker):
+    ids, raws = _claimed(broker, "c7", 2)
+
+    class Broken(Broker):
+        def ack_many_reporting(self, results, raws_by_owner):
+            raise TypeError("a bug")
+
+    batcher = AckBatcher(Broken(broker.client, broker.keys.prefix, broker.scripts), threading.Event())
+    outcomes = _ack_all(batcher, ids, raws, "c7")
+    written = threading.Event()
+    batcher._entries.put(written)
+
+    batcher.flush_once(block_s=0.1)
+
+    assert outcomes == [None, None] and written.is_set()

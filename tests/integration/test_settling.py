@@ -1,0 +1,160 @@
+"""Settling what handlers and foreign producers really send, with real `runconsumer` processes.
+
+Return values and exception texts that Redis cannot store, values over the size caps, runs past
+their timeout: each fails its own task with a reason, never its batch-mates, never the consumer.
+"""
+import json
+
+import pytest
+import redis
+
+import tests.support.settle_handlers  # noqa: F401  (registers the handlers in this process)
+from tasks_app import producer
+from tasks_app.broker import Broker
+from tasks_app.codec import Task, decode_task, encode_task
+from tasks_app.models import TaskType
+from tasks_app.results import ResultRecord
+from tests.chaos.servers import RedisServer
+from tests.support.processes import wait_until
+from tests.support.settle_handlers import SPANS_KEY_SUFFIX
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+HANDLERS = "tests.support.handlers,tests.support.settle_handlers"
+
+
+def record_of(broker: Broker, task_id: str) -> ResultRecord:
+    return ResultRecord.from_fields(broker.get_result(task_id) or {})
+
+
+def wait_all_finished(broker: Broker, task_ids: list[str], timeout_s: float = 30) -> list[ResultRecord]:
+    wait_until(lambda: all(record_of(broker, i).is_finished for i in task_ids), timeout_s,
+               message="every task to finish")
+    return [record_of(broker, i) for i in task_ids]
+
+
+def push_foreign(broker: Broker, task_id: str, type_name: str, payload: bytes) -> None:
+    """LPUSH a task as a producer in another language would."""
+    raw = encode_task(Task(id=task_id, type=type_name, queue="default", payload=payload))
+    broker.client.lpush(broker.keys.pending("default"), raw)
+
+
+def spans(broker: Broker) -> list[dict]:
+    return [json.loads(item) for item in broker.client.lrange(f"{broker.keys.prefix}:{SPANS_KEY_SUFFIX}", 0, -1)]
+
+
+def create_types() -> None:
+    TaskType.objects.create(name="settle.latin1_name", handler="settle.latin1_name", max_attempts=2,
+                            retry_backoff=0.1)
+    TaskType.objects.create(name="settle.big", handler="settle.big", max_attempts=1)
+    TaskType.objects.create(name="demo.echo", handler="demo.echo", max_attempts=2, retry_backoff=0.1)
+
+
+def enqueue_bad(broker: Broker, kind: str) -> str:
+    if kind == "latin1_return":
+        return producer.enqueue("settle.latin1_name")[0].id
+    if kind == "foreign_surrogate_args":
+        push_foreign(broker, "foreign-1", "demo.echo", b'{"args": ["\\ud800"]}')
+        return "foreign-1"
+    return producer.enqueue("settle.big", [5000])[0].id
+
+
+@pytest.mark.parametrize("kind", ["latin1_return", "foreign_surrogate_args", "over_max_result_bytes"])
+def test_an_unstorable_return_value_fails_its_task_only_and_the_consumer_goes_on(broker, consumer_process, kind):
+    create_types()
+    before = [t.id for t in producer.enqueue("demo.echo", [1], count=20)]
+    bad_id = enqueue_bad(broker, kind)
+    after = [t.id for t in producer.enqueue("demo.echo", [2], count=20)]
+    consumer = consumer_process("--concurrency", "4", "--prefetch", "8", TASK_HANDLER_MODULES=HANDLERS,
+                                TASKS_MAX_RESULT_BYTES="2048")
+
+    good = wait_all_finished(broker, before + after)
+    assert [r.status for r in good] == ["SUCCESSFUL"] * 40, consumer.log()
+    [bad] = wait_all_finished(broker, [bad_id])
+    assert bad.status == "FAILED"
+    reason = bad.dead_reason
+    expected = ("ResultTooLarge", "TASKS_MAX_RESULT_BYTES") if kind == "over_max_result_bytes" \
+        else ("ResultNotJson", "lone surrogate")
+    assert all(part in reason for part in expected), reason
+    assert [decode_task(raw).id for raw, _ in broker.list_dead("default")] == [bad_id]
+
+    later = [t.id for t in producer.enqueue("demo.echo", [3], count=5)]  # the consumer still claims
+    assert [r.status for r in wait_all_finished(broker, later)] == ["SUCCESSFUL"] * 5
+    assert broker.queue_stats("default").processing == 0
+    assert consumer.terminate() == 0
+
+
+def test_a_return_value_over_the_servers_bulk_limit_fails_its_task_only(broker, consumer_process, settings,
+                                                                        tmp_path):
+    server = RedisServer(tmp_path).start()
+    try:
+        redis.Redis.from_url(server.url).config_set("proto-max-bulk-len", 1024 * 1024)
+        settings.REDIS_URL = server.url  # the producer and this test's broker use the private server
+        private = Broker(redis.Redis.from_url(server.url), broker.keys.prefix)
+        TaskType.objects.create(name="settle.big", handler="settle.big", max_attempts=1)
+        good = [t.id for t in producer.enqueue("demo.echo", [1], count=10)]
+        [huge] = producer.enqueue("settle.big", [1536 * 1024])
+        good += [t.id for t in producer.enqueue("demo.echo", [2], count=10)]
+        consumer = consumer_process("--concurrency", "4", TASK_HANDLER_MODULES=HANDLERS, REDIS_URL=server.url,
+                                    TASKS_MAX_RESULT_BYTES=str(4 * 1024 * 1024))
+
+        assert [r.status for r in wait_all_finished(private, good, 60)] == ["SUCCESSFUL"] * 20, consumer.log()
+        [record] = wait_all_finished(private, [huge.id], 60)
+        assert record.status == "FAILED" and "could not be stored" in record.dead_reason, record
+        later = [t.id for t in producer.enqueue("demo.echo", [3], count=5)]
+        assert [r.status for r in wait_all_finished(private, later)] == ["SUCCESSFUL"] * 5
+        assert private.queue_stats("default").processing == 0
+        assert consumer.terminate() == 0
+    finally:
+        server.remove()
+
+
+def test_an_exception_message_with_a_lone_surrogate_is_retried_then_dead_lettered(broker, consumer_process):
+    TaskType.objects.create(name="settle.raise_latin1", handler="settle.raise_latin1", max_attempts=2,
+                            retry_backoff=0.1)
+    [task] = producer.enqueue("settle.raise_latin1")
+    consumer = consumer_process("--concurrency", "2", TASK_HANDLER_MODULES=HANDLERS)
+
+    [record] = wait_all_finished(broker, [task.id])
+    assert (record.status, record.attempts) == ("FAILED", 2), consumer.log()
+    assert "cannot open caf\\udce9" in record.dead_reason  # readable: the byte shown as an escape
+    assert [e["exception_class_path"] for e in record.errors] == ["builtins.RuntimeError"] * 2
+    [(raw, _)] = broker.list_dead("default")
+    dead = decode_task(raw)
+    assert dead.id == task.id and "caf\\udce9" in dead.last_error and "raise_latin1" in dead.last_traceback
+    assert broker.queue_stats("default").processing == 0
+    assert consumer.terminate() == 0
+
+
+def test_a_retry_of_a_timed_out_run_never_overlaps_it(broker, consumer_process):
+    TaskType.objects.create(name="settle.timed", handler="settle.timed", max_attempts=3, retry_backoff=0.1,
+                            timeout=0.5)
+    [task] = producer.enqueue("settle.timed", kwargs={"sleep_s": 2})
+    consumer = consumer_process("--concurrency", "4", TASK_HANDLER_MODULES=HANDLERS)
+
+    [record] = wait_all_finished(broker, [task.id], 40)
+    assert (record.status, record.attempts) == ("FAILED", 3), consumer.log()
+    assert [e["exception_class_path"] for e in record.errors] == ["tasks_app.exceptions.TaskTimeout"] * 3
+    runs: dict[int, dict[str, float]] = {}
+    for span in spans(broker):
+        runs.setdefault(span["attempt"], {})[span["event"]] = span["at_s"]
+    assert sorted(runs) == [1, 2, 3]
+    for attempt in (2, 3):
+        assert runs[attempt]["start"] >= runs[attempt - 1]["end"], runs
+    assert broker.queue_stats("default").processing == 0
+    assert consumer.terminate() == 0
+
+
+def test_a_pure_python_handler_is_interrupted_at_its_timeout_and_its_finally_runs(broker, consumer_process):
+    TaskType.objects.create(name="settle.busy", handler="settle.busy", max_attempts=1, timeout=0.5)
+    [task] = producer.enqueue("settle.busy", kwargs={"run_s": 20})
+    consumer = consumer_process("--concurrency", "2", TASK_HANDLER_MODULES=HANDLERS)
+
+    [record] = wait_all_finished(broker, [task.id], 15)
+    assert record.status == "FAILED", consumer.log()
+    assert record.errors[0]["exception_class_path"] == "tasks_app.exceptions.TaskTimeout"
+    assert "settle_handlers.py" in record.errors[0]["traceback"]  # where the handler was interrupted
+    events = {span["event"]: span["at_s"] for span in spans(broker)}
+    assert "finally" in events, (events, record.errors, consumer.log())
+    assert 0.4 <= events["finally"] - events["start"] < 3.0, events
+    assert consumer.terminate() == 0

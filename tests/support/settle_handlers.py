@@ -1,0 +1,71 @@
+"""Handlers whose outcomes are hard to store or to stop; consumer subprocesses load them too."""
+import json
+import time
+from typing import Any
+
+from tasks_app.broker import get_broker
+from tasks_app.registry import handler
+
+SPANS_KEY_SUFFIX = "test:spans"
+
+
+def spans_key() -> str:
+    """The Redis list where `settle.timed` and `settle.busy` append what each run did, and when."""
+    return f"{get_broker().keys.prefix}:{SPANS_KEY_SUFFIX}"
+
+
+def _redis_now_s() -> float:
+    seconds, micros = get_broker().client.time()
+    return seconds + micros / 1e6
+
+
+def _note(context: Any, event: str) -> None:
+    get_broker().client.rpush(spans_key(), json.dumps({
+        "task_id": context.task_id, "attempt": context.attempt, "event": event, "at_s": _redis_now_s()}))
+
+
+@handler("settle.latin1_name")
+def latin1_name() -> str:
+    """Return what os.listdir gives for a Latin-1 file name: text with a lone surrogate."""
+    return b"caf\xe9".decode("utf-8", "surrogateescape")
+
+
+@handler("settle.big")
+def big(size: int) -> str:
+    """Return a string of `size` characters."""
+    return "x" * int(size)
+
+
+@handler("settle.raise_latin1")
+def raise_latin1() -> None:
+    """Raise an exception whose message holds a lone surrogate."""
+    raise RuntimeError("cannot open " + b"caf\xe9".decode("utf-8", "surrogateescape"))
+
+
+@handler("settle.timed", takes_context=True)
+def timed(context: Any, sleep_s: float) -> float:
+    """Note the start and the end of this run (Redis clock) around a sleep."""
+    _note(context, "start")
+    try:
+        time.sleep(float(sleep_s))
+    finally:
+        _note(context, "end")
+    return float(sleep_s)
+
+
+@handler("settle.busy", takes_context=True)
+def busy(context: Any, run_s: float) -> int:
+    """Spin in pure Python for `run_s`; its `finally` notes when it ran."""
+    _note(context, "start")
+    spins = 0
+    try:
+        deadline = time.monotonic() + float(run_s)
+        # Not `while time.monotonic() < deadline`: CPython 3.13.0 skips the `finally` of an
+        # exception raised from another thread at the back edge of such a loop (README: timeouts).
+        while True:
+            if time.monotonic() >= deadline:
+                break
+            spins += 1
+    finally:
+        _note(context, "finally")
+    return spins
