@@ -158,3 +158,32 @@ def test_a_pure_python_handler_is_interrupted_at_its_timeout_and_its_finally_run
     assert "finally" in events, (events, record.errors, consumer.log())
     assert 0.4 <= events["finally"] - events["start"] < 3.0, events
     assert consumer.terminate() == 0
+
+
+def test_a_foreign_priority_out_of_range_is_clamped_and_survives_a_retry(broker, consumer_in_thread):
+    TaskType.objects.create(name="test.record", handler="test.record", max_attempts=2, retry_backoff=0.1)
+    raw = encode_task(Task(id="loud-1", type="test.record", queue="default", priority=5000,
+                           payload=b'{"kwargs": {"fail_until_attempt": 1}}'))
+    broker.client.lpush(broker.keys.pending("default"), raw)
+    with consumer_in_thread():
+        [record] = wait_all_finished(broker, ["loud-1"])
+    assert (record.status, record.attempts, record.priority) == ("SUCCESSFUL", 2, 100)
+    assert broker.list_dead("default") == []
+
+
+def test_a_type_name_from_redis_does_not_become_a_metric_label(broker, consumer_in_thread):
+    from prometheus_client import REGISTRY
+
+    def dead_lettered(type_label: str) -> float:
+        sample = REGISTRY.get_sample_value("taskqueue_tasks_dead_lettered_total",
+                                           {"type": type_label, "queue": "default"})
+        return sample or 0.0
+
+    before = dead_lettered("_unknown")
+    push_foreign(broker, "stranger-1", "made.up.type.7f3a", b"")
+    with consumer_in_thread():
+        [record] = wait_all_finished(broker, ["stranger-1"])
+    assert record.status == "FAILED" and "unknown task type" in record.dead_reason
+    assert dead_lettered("_unknown") == before + 1
+    assert REGISTRY.get_sample_value("taskqueue_tasks_dead_lettered_total",
+                                     {"type": "made.up.type.7f3a", "queue": "default"}) is None
