@@ -17,7 +17,7 @@ from . import django_tasks, metrics, results
 from .ack_batcher import AckBatcher
 from .broker import Broker, ResultUpdate
 from .codec import Arguments, Task, UndecodableTask, decode_payload, decode_task, encode_task
-from .exceptions import ResultNotJson, ResultTooLarge, TaskTimeout
+from .exceptions import ResultNotJson, ResultTooLarge
 from .registry import Handler, Registry
 from .results import clean_text
 from .retry_policy import backoff_delay_s
