@@ -187,3 +187,21 @@ def test_a_type_name_from_redis_does_not_become_a_metric_label(broker, consumer_
     assert dead_lettered("_unknown") == before + 1
     assert REGISTRY.get_sample_value("taskqueue_tasks_dead_lettered_total",
                                      {"type": "made.up.type.7f3a", "queue": "default"}) is None
+
+
+def test_a_retry_that_redis_refuses_dead_letters_the_task_instead_of_holding_it(broker, consumer_process):
+    TaskType.objects.create(name="demo.fail", handler="demo.fail", max_attempts=3, retry_backoff=0.1)
+    broker.client.set(broker.keys.delayed("default"), "not a sorted set")  # every retry: WRONGTYPE
+    [task] = producer.enqueue("demo.fail", kwargs={"message": "boom"})
+    consumer = consumer_process("--concurrency", "2", TASK_HANDLER_MODULES=HANDLERS)
+
+    [record] = wait_all_finished(broker, [task.id])
+    assert record.status == "FAILED", consumer.log()
+    assert "settling the task failed" in record.dead_reason and "WRONGTYPE" in record.dead_reason
+    [(raw, _)] = broker.list_dead("default")
+    assert decode_task(raw).id == task.id
+    broker.client.delete(broker.keys.delayed("default"))
+    assert broker.queue_stats("default").processing == 0
+    later = [t.id for t in producer.enqueue("demo.echo", [1], count=3)]
+    assert [r.status for r in wait_all_finished(broker, later)] == ["SUCCESSFUL"] * 3
+    assert consumer.terminate() == 0
