@@ -129,7 +129,7 @@ def test_an_exception_message_with_a_lone_surrogate_is_retried_then_dead_lettere
 def test_a_retry_of_a_timed_out_run_never_overlaps_it(broker, consumer_process):
     TaskType.objects.create(name="settle.timed", handler="settle.timed", max_attempts=3, retry_backoff=0.1,
                             timeout=0.5)
-    [task] = producer.enqueue("settle.timed", kwargs={"sleep_s": 2})
+    [task] = producer.enqueue("settle.timed", kwargs={"sleep_s": 3})
     consumer = consumer_process("--concurrency", "4", TASK_HANDLER_MODULES=HANDLERS)
 
     [record] = wait_all_finished(broker, [task.id], 40)
