@@ -6,14 +6,9 @@
 -- Errors (before writing anything) if a key holds the wrong type.
 -- Cost: O(this consumer's in-flight) per task, independent of other consumers.
 
--- Refuse before any write if a key holds another type (a foreign writer's mistake): an error
--- halfway would leave the task removed from the processing list and nowhere else.
-for i, want in ipairs({'list', 'hash', 'string'}) do
-  local kind = KEYS[i] and redis.call('TYPE', KEYS[i]).ok
-  if kind and kind ~= 'none' and kind ~= want then
-    return redis.error_reply('WRONGTYPE ' .. KEYS[i] .. ' holds a ' .. kind .. ', not a ' .. want)
-  end
-end
+-- include: key_types
+local refused = wrong_key_type({'list', 'hash', 'string'})
+if refused then return refused end
 local flags = {}
 local acked = 0
 for i, task in ipairs(ARGV) do

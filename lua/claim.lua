@@ -47,12 +47,10 @@ while want - #claimed > 0 do
   end
 end
 take_prioritized('(' .. zero, '+inf')
+-- include: fence
 local first_fence = 0
 if #claimed > 0 then
-  local time = redis.call('TIME')
-  local now_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
-  first_fence = math.max(tonumber(redis.call('GET', KEYS[6])) or 0, now_us) + 1
-  redis.call('SET', KEYS[6], string.format('%.0f', first_fence + #claimed - 1))
+  first_fence = issue_fences(KEYS[6], #claimed)
 end
 table.insert(claimed, 1, first_fence)
 table.insert(claimed, 1, redis.call('LLEN', KEYS[5]))

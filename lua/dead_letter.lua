@@ -4,14 +4,10 @@
 -- Returns: 1 moved, 0 lost (no longer in this consumer's list: it was reaped).
 -- Errors (before writing anything) if a key holds the wrong type.
 -- Dead members are scored by the time (ms) they died.
--- Refuse before any write if a key holds another type (a foreign writer's mistake): an error
--- halfway would leave the task removed from the processing list and nowhere else.
-for i, want in ipairs({'list', 'zset', 'hash'}) do
-  local kind = KEYS[i] and redis.call('TYPE', KEYS[i]).ok
-  if kind and kind ~= 'none' and kind ~= want then
-    return redis.error_reply('WRONGTYPE ' .. KEYS[i] .. ' holds a ' .. kind .. ', not a ' .. want)
-  end
-end
+
+-- include: key_types
+local refused = wrong_key_type({'list', 'zset', 'hash'})
+if refused then return refused end
 if redis.call('LREM', KEYS[1], -1, ARGV[1]) == 0 then
   return 0
 end

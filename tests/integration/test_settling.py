@@ -191,8 +191,8 @@ def test_a_type_name_from_redis_does_not_become_a_metric_label(broker, consumer_
 
 def test_a_retry_that_redis_refuses_dead_letters_the_task_instead_of_holding_it(broker, consumer_process):
     TaskType.objects.create(name="demo.fail", handler="demo.fail", max_attempts=3, retry_backoff=0.1)
-    broker.client.set(broker.keys.delayed("default"), "not a sorted set")  # every retry: WRONGTYPE
     [task] = producer.enqueue("demo.fail", kwargs={"message": "boom"})
+    broker.client.set(broker.keys.delayed("default"), "not a sorted set")  # every retry: WRONGTYPE
     consumer = consumer_process("--concurrency", "2", TASK_HANDLER_MODULES=HANDLERS)
 
     [record] = wait_all_finished(broker, [task.id])
