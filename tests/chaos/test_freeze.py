@@ -10,6 +10,7 @@ from tasks_app import producer
 from tests.chaos.harness import LEASE_S, Fleet, Summary, scaled, tally, task_ids, wait_finished
 from tests.support.handlers import runs_key
 from tests.support.processes import wait_until
+from tests.support.recording import recorded_runs
 
 pytestmark = [pytest.mark.chaos, pytest.mark.django_db(transaction=True)]
 
@@ -26,6 +27,11 @@ def test_frozen_consumer_is_reaped_and_comes_back_under_a_new_id(chaos_broker, c
 
     held_at_freeze = fleet.freeze("frozen")
     frozen_at = time.monotonic()
+    frozen_ms = broker.server_time_ms()
+    lease_deadline_ms = broker.client.zscore(broker.keys.consumers("default"), "frozen")
+    assert lease_deadline_ms is not None, "the frozen consumer had no lease"
+    running_at_freeze = {run["task_id"] for run in recorded_runs(broker)
+                         if run["consumer"] == "frozen" and run["start_ms"] <= frozen_ms} & held_at_freeze
     others_held = {cid: task_ids(fleet.held(cid)) for cid in ("b", "c")}
     wait_until(lambda: not fleet.held("frozen"), LEASE_S + 1, interval_s=0.02,
                message="the frozen consumer's tasks to be back in pending within lease + 1 s")
@@ -41,10 +47,18 @@ def test_frozen_consumer_is_reaped_and_comes_back_under_a_new_id(chaos_broker, c
     result = tally(broker, ids)
     live = {c["id"] for c in broker.live_consumers("default")}
     late_acks = log.count("its outcome here was not applied")
+    started_late = [run for run in recorded_runs(broker)
+                    if run["consumer"] == "frozen" and run["start_ms"] > lease_deadline_ms]
     Summary("3-frozen-consumer", len(ids), result.total_runs, len(result.lost), len(result.duplicates),
-            len(held_at_freeze), recovery_s, {"late_acks_lost": late_acks}).report()
+            len(running_at_freeze), recovery_s,
+            {"late_acks_lost": late_acks, "held_at_freeze": len(held_at_freeze),
+             "started_after_lease_expired": len(started_late)}).report()
+    assert running_at_freeze, "the consumer was frozen while running nothing"
     assert result.lost == []
-    assert result.duplicates <= held_at_freeze, "only the frozen consumer's own tasks may run twice"
+    assert started_late == [], (f"{len(started_late)} task(s) started on the frozen consumer after its lease "
+                                f"expired (deadline {lease_deadline_ms:.0f} ms), e.g. {started_late[:2]}")
+    assert result.duplicates <= running_at_freeze, (
+        f"only the tasks running on the frozen consumer may run twice; also: {result.duplicates - running_at_freeze}")
     assert "consumer frozen lost its lease" in log and "continuing as frozen.1" in log
     assert late_acks >= 1, "the thawed consumer's finished tasks should have found their acks lost"
     assert {"frozen.1", "b", "c"} <= live and "frozen" not in live
