@@ -172,6 +172,15 @@ def leftovers(broker: Broker, queues: Iterable[str]) -> dict[str, int]:
     return {key: length for key, length in found.items() if length}
 
 
+def settled_leftovers(broker: Broker, queues: Iterable[str], timeout_s: float = 2 * LEASE_S) -> dict[str, int]:
+    """`leftovers`, once they are empty or `timeout_s` has passed (acks are written in batches)."""
+    queues = list(queues)
+    deadline = time.monotonic() + timeout_s
+    while (left := leftovers(broker, queues)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
 def statuses(broker: Broker, ids: Sequence[str]) -> dict[str, str | None]:
     """Each task's result status (None when it has no record)."""
     pipe = broker.client.pipeline(transaction=False)
@@ -190,15 +199,19 @@ def wait_finished(broker: Broker, ids: Sequence[str], timeout_s: float, fleet: F
         final = statuses(broker, ids)
         unfinished = {task_id for task_id, status in final.items() if status not in FINISHED}
         raise AssertionError(f"tasks did not finish: {dict(Counter(final.values()))}; "
-                             f"where: {locate(broker, fleet, unfinished)}\n{fleet.logs() if fleet else ''}") from None
+                             f"where: {locate(broker, fleet, unfinished)}; in Redis: "
+                             f"{leftovers(broker, fleet.queues if fleet else ['default'])}\n"
+                             f"{fleet.logs() if fleet else ''}") from None
 
 
 def locate(broker: Broker, fleet: Fleet | None, wanted: set[str]) -> dict[str, list[str]]:
-    """Where the given tasks are now: pending, delayed, dead or some consumer's processing list."""
+    """Where the given tasks are now: pending, prioritized, suspects, delayed, dead or a consumer's processing list."""
     queues = fleet.queues if fleet else ["default"]
     places: dict[str, list[bytes]] = {}
     for queue in queues:
         places[f"{queue}:pending"] = broker.client.lrange(broker.keys.pending(queue), 0, -1)
+        places[f"{queue}:prioritized"] = broker.client.zrange(broker.keys.prioritized(queue), 0, -1)
+        places[f"{queue}:suspects"] = broker.client.lrange(broker.keys.suspects(queue), 0, -1)
         places[f"{queue}:delayed"] = [m[4:] for m in broker.client.zrange(broker.keys.delayed(queue), 0, -1)]
         places[f"{queue}:dead"] = broker.client.zrange(broker.keys.dead(queue), 0, -1)
         for consumer_id in (fleet.processes if fleet else []):
