@@ -156,15 +156,15 @@ def started_on(broker: Broker, consumer_id: str) -> set[str]:
     return {run["task_id"] for run in recorded_runs(broker) if run["consumer"] == consumer_id}
 
 
-def leftovers(broker: Broker, queues: Iterable[str]) -> dict[str, int]:
+def leftovers(broker: Broker, queues: Iterable[str], *, dead: bool = True) -> dict[str, int]:
     """Every non-empty structure of the queues with its length: pending (wake tokens aside), prioritized,
-    delayed, suspects, dead and every processing list, whoever it belongs to."""
+    delayed, suspects, dead (unless `dead` is False) and every processing list, whoever it belongs to."""
     client = broker.client
     found: dict[str, int] = {}
     for queue in queues:
         keys = broker.keys
         found[keys.pending(queue)] = sum(raw != WAKE_TOKEN for raw in client.lrange(keys.pending(queue), 0, -1))
-        for key in (keys.prioritized(queue), keys.delayed(queue), keys.dead(queue)):
+        for key in (keys.prioritized(queue), keys.delayed(queue), *([keys.dead(queue)] if dead else [])):
             found[key] = client.zcard(key)
         found[keys.suspects(queue)] = client.llen(keys.suspects(queue))
         for key in client.scan_iter(match=keys.processing(queue, "*"), count=1000):
@@ -172,11 +172,12 @@ def leftovers(broker: Broker, queues: Iterable[str]) -> dict[str, int]:
     return {key: length for key, length in found.items() if length}
 
 
-def settled_leftovers(broker: Broker, queues: Iterable[str], timeout_s: float = 2 * LEASE_S) -> dict[str, int]:
+def settled_leftovers(broker: Broker, queues: Iterable[str], timeout_s: float = 2 * LEASE_S, *,
+                      dead: bool = True) -> dict[str, int]:
     """`leftovers`, once they are empty or `timeout_s` has passed (acks are written in batches)."""
     queues = list(queues)
     deadline = time.monotonic() + timeout_s
-    while (left := leftovers(broker, queues)) and time.monotonic() < deadline:
+    while (left := leftovers(broker, queues, dead=dead)) and time.monotonic() < deadline:
         time.sleep(0.1)
     return left
 
