@@ -205,7 +205,7 @@ def wait_finished(broker: Broker, ids: Sequence[str], timeout_s: float, fleet: F
                              f"{fleet.logs() if fleet else ''}") from None
 
 
-def locate(broker: Broker, fleet: Fleet | None, wanted: set[str]) -> dict[str, list[str]]:
+def locate(broker: Broker, fleet: Fleet | None, wanted: set[str]) -> dict[str, str]:
     """Where the given tasks are now: pending, prioritized, suspects, delayed, dead or a consumer's processing list."""
     queues = fleet.queues if fleet else ["default"]
     places: dict[str, list[bytes]] = {}
@@ -219,7 +219,8 @@ def locate(broker: Broker, fleet: Fleet | None, wanted: set[str]) -> dict[str, l
             for suffix in ("", ".1", ".2"):
                 key = broker.keys.processing(queue, consumer_id + suffix)
                 places[f"{queue}:processing:{consumer_id}{suffix}"] = broker.client.lrange(key, 0, -1)
-    return {place: sorted(task_ids(raws) & wanted) for place, raws in places.items() if task_ids(raws) & wanted}
+    found = {place: sorted(task_ids(raws) & wanted) for place, raws in places.items()}
+    return {place: f"{len(ids)} task(s), e.g. {ids[:3]}" for place, ids in found.items() if ids}
 
 
 @dataclass

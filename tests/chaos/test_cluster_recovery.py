@@ -1,20 +1,16 @@
 """Scenario 8, recovery on Redis Cluster: kill -9 with queues on every master, and a master's failover."""
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 import redis
 
-from tasks_app import producer
 from tasks_app.broker import Broker
-from tests.chaos.harness import Fleet, Summary, scaled, settled_leftovers, tally, wait_finished
+from tests.chaos.harness import Fleet, scaled
+from tests.chaos.test_kill import assert_all_done, enqueue_everywhere, kill_one_of_two
 from tests.support.handlers import runs_key
-from tests.support.processes import ConsumerProcess, wait_until
+from tests.support.processes import wait_until
 
 pytestmark = [pytest.mark.chaos, pytest.mark.django_db(transaction=True)]
-
-TASK_SLEEP_S = 0.005
 
 
 def queues_by_master(broker: Broker, per_master: int) -> dict[str, list[str]]:
@@ -30,53 +26,12 @@ def queues_by_master(broker: Broker, per_master: int) -> dict[str, list[str]]:
     raise AssertionError("no queue names found for every master")
 
 
-def enqueue_everywhere(queues: list[str], per_queue: int, sleep_s: float) -> list[str]:
-    """Enqueue `per_queue` recorded tasks on each queue; return their ids."""
-    return [t.id for queue in queues
-            for t in producer.enqueue("test.record", kwargs={"sleep_s": sleep_s}, count=per_queue, queue=queue)]
-
-
-def assert_all_done(broker: Broker, fleet: Fleet, ids: list[str], label: str, allowed: set[str] | None) -> Summary:
-    """Every task ran and succeeded, every structure of every queue is empty; report the run."""
-    wait_finished(broker, ids, scaled(90, 180), fleet)
-    left = settled_leftovers(broker, fleet.queues)
-    result = tally(broker, ids)
-    summary = Summary(label, len(ids), sum(result.runs[task_id] for task_id in ids), len(result.lost),
-                      len(result.duplicates & set(ids)), len(allowed) if allowed is not None else len(ids),
-                      extra={"queues": len(fleet.queues), "left_in_redis": left})
-    summary.report()
-    assert result.lost == [], f"{label}: lost tasks: {result.lost[:10]}"
-    assert all(result.runs[task_id] >= 1 for task_id in ids), f"{label}: a task never ran"
-    assert left == {}, f"{label}: left in Redis after every task finished: {left}\n{fleet.logs()}"
-    if allowed is not None:
-        extra = (result.duplicates & set(ids)) - allowed
-        assert not extra, f"{label}: ran twice without being held by the killed consumer: {sorted(extra)[:5]}"
-    return summary
-
-
-def kill_one_of_two(broker: Broker, consumer_process: Callable[..., ConsumerProcess], queues: list[str],
-                    run: int) -> Summary:
-    """Two consumers on every queue (4 threads, lease 2 s); one is SIGKILLed (its process group) halfway."""
-    fleet = Fleet(consumer_process, broker, queues, concurrency=4, prefetch=None)
-    victim, survivor = f"r{run}-a", f"r{run}-b"
-    for consumer_id in (victim, survivor):
-        fleet.spawn(consumer_id)
-    fleet.wait_registered([victim, survivor])
-    runs_before = broker.client.llen(runs_key())
-    ids = enqueue_everywhere(queues, scaled(200, 600), TASK_SLEEP_S)
-    wait_until(lambda: broker.client.llen(runs_key()) - runs_before >= len(ids) // 2, 60,
-               message="half of the tasks to start")
-    held = fleet.kill(victim)
-    summary = assert_all_done(broker, fleet, ids, f"8-cluster-kill-9-spread-run-{run}", held)
-    assert fleet.processes[survivor].terminate() == 0, fleet.processes[survivor].log()
-    return summary
-
-
 @pytest.mark.timeout(600)
 def test_kill_9_with_queues_on_every_master(cluster_broker, consumer_process):
     queues = [queue for queues in queues_by_master(cluster_broker, 2).values() for queue in queues]
     for run in range(scaled(3, 15)):
-        kill_one_of_two(cluster_broker, consumer_process, queues, run)
+        kill_one_of_two(cluster_broker, consumer_process, queues, scenario="8-cluster-kill-9-spread", run=run,
+                        per_queue=scaled(200, 600))
 
 
 @pytest.mark.timeout(300)

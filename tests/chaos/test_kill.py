@@ -1,21 +1,25 @@
-"""Scenarios 1 and 2: consumers killed with SIGKILL (and one SIGTERM) while they work."""
+"""Scenarios 1 and 2: consumers killed with SIGKILL (and one SIGTERM) while they work, on one queue or many."""
 from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable
 
 import pytest
 
 from tasks_app import producer
+from tasks_app.broker import Broker
 from tasks_app.producer import TaskRequest
 from tests.support.handlers import runs_key
-from tests.support.processes import wait_until
+from tests.support.processes import ConsumerProcess, wait_until
 
-from tests.chaos.harness import LEASE_S, Fleet, Summary, scaled, seeded_rng, tally, wait_finished
+from tests.chaos.harness import (LEASE_S, Fleet, Summary, scaled, seeded_rng, settled_leftovers, tally,
+                                 wait_finished)
 
 pytestmark = [pytest.mark.chaos, pytest.mark.django_db(transaction=True)]
 
 TASK_SLEEP_S = 0.01
+SPREAD_TASK_SLEEP_S = 0.005
 
 
 def kill_mid_batch(broker, consumer_process, *, scenario: str, tasks: int, consumers: int = 4) -> Summary:
@@ -44,6 +48,48 @@ def kill_mid_batch(broker, consumer_process, *, scenario: str, tasks: int, consu
     summary.report()
     assert result.lost == [], f"lost tasks: {result.lost[:10]}"
     assert result.duplicates <= allowed, f"ran twice without being held by a killed consumer: {result.duplicates - allowed}"
+    return summary
+
+
+def enqueue_everywhere(queues: list[str], per_queue: int, sleep_s: float) -> list[str]:
+    """Enqueue `per_queue` recorded tasks on each queue; return their ids."""
+    return [t.id for queue in queues
+            for t in producer.enqueue("test.record", kwargs={"sleep_s": sleep_s}, count=per_queue, queue=queue)]
+
+
+def assert_all_done(broker: Broker, fleet: Fleet, ids: list[str], label: str, allowed: set[str] | None) -> Summary:
+    """Every task ran and succeeded, every structure of every queue is empty; report the run."""
+    wait_finished(broker, ids, scaled(90, 180), fleet)
+    left = settled_leftovers(broker, fleet.queues)
+    result = tally(broker, ids)
+    summary = Summary(label, len(ids), sum(result.runs[task_id] for task_id in ids), len(result.lost),
+                      len(result.duplicates & set(ids)), len(allowed) if allowed is not None else len(ids),
+                      extra={"queues": len(fleet.queues), "left_in_redis": left})
+    summary.report()
+    assert result.lost == [], f"{label}: lost tasks: {result.lost[:10]}"
+    assert all(result.runs[task_id] >= 1 for task_id in ids), f"{label}: a task never ran"
+    assert left == {}, f"{label}: left in Redis after every task finished: {left}\n{fleet.logs()}"
+    if allowed is not None:
+        extra = (result.duplicates & set(ids)) - allowed
+        assert not extra, f"{label}: ran twice without being held by the killed consumer: {sorted(extra)[:5]}"
+    return summary
+
+
+def kill_one_of_two(broker: Broker, consumer_process: Callable[..., ConsumerProcess], queues: list[str], *,
+                    scenario: str, run: int, per_queue: int) -> Summary:
+    """Two consumers on every queue (4 threads, lease 2 s); one is SIGKILLed (its process group) halfway."""
+    fleet = Fleet(consumer_process, broker, queues, concurrency=4, prefetch=None)
+    victim, survivor = f"r{run}-a", f"r{run}-b"
+    for consumer_id in (victim, survivor):
+        fleet.spawn(consumer_id)
+    fleet.wait_registered([victim, survivor])
+    runs_before = broker.client.llen(runs_key())
+    ids = enqueue_everywhere(queues, per_queue, SPREAD_TASK_SLEEP_S)
+    wait_until(lambda: broker.client.llen(runs_key()) - runs_before >= len(ids) // 2, 60,
+               message="half of the tasks to start")
+    held = fleet.kill(victim)
+    summary = assert_all_done(broker, fleet, ids, f"{scenario}-run-{run}", held)
+    assert fleet.processes[survivor].terminate() == 0, fleet.processes[survivor].log()
     return summary
 
 
@@ -98,3 +144,10 @@ def test_random_kills_lose_nothing(chaos_broker, consumer_process):
     assert result.lost == [], f"lost tasks: {result.lost[:10]}"
     assert result.duplicates <= allowed, f"ran twice without being held by a killed consumer: {result.duplicates - allowed}"
     assert max(recovery_s) <= LEASE_S + 1, f"a killed consumer's tasks took {max(recovery_s):.1f} s to be recovered"
+
+
+@pytest.mark.timeout(240)
+def test_kill_9_with_several_queues_runs_every_recovered_task(chaos_broker, consumer_process):
+    """Six queues drain before the kill's tasks are recovered: every queue's suspects must still run."""
+    kill_one_of_two(chaos_broker, consumer_process, [f"q{n}" for n in range(6)], scenario="1-kill-9-several-queues",
+                    run=0, per_queue=scaled(30, 100))
