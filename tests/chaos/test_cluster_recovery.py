@@ -31,7 +31,7 @@ def test_kill_9_with_queues_on_every_master(cluster_broker, consumer_process):
     queues = [queue for queues in queues_by_master(cluster_broker, 2).values() for queue in queues]
     for run in range(scaled(3, 15)):
         kill_one_of_two(cluster_broker, consumer_process, queues, scenario="8-cluster-kill-9-spread", run=run,
-                        per_queue=scaled(200, 600))
+                        per_queue=scaled(100, 600))
 
 
 @pytest.mark.timeout(300)
