@@ -199,8 +199,9 @@ def wait_finished(broker: Broker, ids: Sequence[str], timeout_s: float, fleet: F
     except AssertionError:
         final = statuses(broker, ids)
         unfinished = {task_id for task_id, status in final.items() if status not in FINISHED}
-        raise AssertionError(f"tasks did not finish: {dict(Counter(final.values()))}; "
-                             f"where: {locate(broker, fleet, unfinished)}; in Redis: "
+        ran = sum(run["task_id"] in unfinished for run in recorded_runs(broker))
+        raise AssertionError(f"tasks did not finish: {dict(Counter(final.values()))} ({ran} runs of the unfinished "
+                             f"ones recorded); where: {locate(broker, fleet, unfinished)}; in Redis: "
                              f"{leftovers(broker, fleet.queues if fleet else ['default'])}\n"
                              f"{fleet.logs() if fleet else ''}") from None
 

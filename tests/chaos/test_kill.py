@@ -1,6 +1,7 @@
 """Scenarios 1 and 2: consumers killed with SIGKILL (and one SIGTERM) while they work, on one queue or many."""
 from __future__ import annotations
 
+import random
 import signal
 import time
 from collections.abc import Callable
@@ -98,22 +99,17 @@ def test_kill_9_mid_batch_loses_nothing(chaos_broker, consumer_process):
     kill_mid_batch(chaos_broker, consumer_process, scenario="1-kill-9-mid-batch", tasks=scaled(2000, 10000))
 
 
-@pytest.mark.timeout(240)
-def test_random_kills_lose_nothing(chaos_broker, consumer_process):
-    """A steady load; at random moments a random consumer is SIGKILLed while its handlers run, and respawned."""
-    broker = chaos_broker
-    rng = seeded_rng("2-random-kills")
-    fleet = Fleet(consumer_process, broker, concurrency=8, prefetch=8)
-    current = {name: f"{name}0" for name in ("a", "b", "c")}
-    for consumer_id in current.values():
-        fleet.spawn(consumer_id)
-    fleet.wait_registered(current.values())
+def steady_load_with_kills(fleet: Fleet, rng: random.Random, current: dict[str, str],
+                           duration_s: float) -> tuple[list[str], set[str], list[float]]:
+    """Enqueue ~200 tasks/s; every 0.5-3 s SIGKILL a random consumer while a handler of its runs, and respawn it.
 
+    Returns the task ids, the tasks running on the killed consumers, and each kill's recovery time.
+    """
     task_ids: list[str] = []
     running_at_kills: set[str] = set()
     recovering: dict[str, None] = {}
     recovery_s: list[float] = []
-    end = time.monotonic() + scaled(10, 90)
+    end = time.monotonic() + duration_s
     next_kill = time.monotonic() + rng.uniform(0.5, 3)
     while time.monotonic() < end:
         # About 200 tasks/s of 5-100 ms each: every consumer is always running some.
@@ -133,6 +129,21 @@ def test_random_kills_lose_nothing(chaos_broker, consumer_process):
             del recovering[consumer_id]
         time.sleep(0.05)
     recovery_s += [fleet.recovered_within(consumer_id, LEASE_S + 1) for consumer_id in recovering]
+    return task_ids, running_at_kills, recovery_s
+
+
+@pytest.mark.timeout(240)
+def test_random_kills_lose_nothing(chaos_broker, consumer_process):
+    """A steady load; at random moments a random consumer is SIGKILLed while its handlers run, and respawned."""
+    broker = chaos_broker
+    rng = seeded_rng("2-random-kills")
+    fleet = Fleet(consumer_process, broker, concurrency=8, prefetch=8)
+    current = {name: f"{name}0" for name in ("a", "b", "c")}
+    for consumer_id in current.values():
+        fleet.spawn(consumer_id)
+    fleet.wait_registered(current.values())
+
+    task_ids, running_at_kills, recovery_s = steady_load_with_kills(fleet, rng, current, scaled(10, 90))
     wait_finished(broker, task_ids, scaled(120, 600), fleet)
 
     result = tally(broker, task_ids)

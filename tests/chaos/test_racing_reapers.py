@@ -19,17 +19,8 @@ REAPER_THREADS = 16
 DEAD_LEASE_MS = 500
 
 
-@pytest.mark.timeout(180)
-def test_racing_reapers_requeue_each_task_exactly_once(chaos_broker):
-    broker = chaos_broker
-    # A consumer that claimed a large batch and died: its lease is never renewed.
-    assert broker.heartbeat(["default"], "dead", DEAD_LEASE_MS, {"lease_ms": DEAD_LEASE_MS})
-    ids = [t.id for t in producer.enqueue("test.record", count=scaled(1500, 5000))]
-    claimed = broker.claim("default", "dead", len(ids))
-    assert claimed is not None
-    held_by_dead = task_ids(claimed)
-    time.sleep(1.1)  # its lease is over, and Redis has been up for longer than it
-
+def race_reapers(broker: Broker) -> tuple[list[int], float]:
+    """REAPER_THREADS threads reap consumer "dead" at once; return what each requeued, and how long it took."""
     barrier = threading.Barrier(REAPER_THREADS)
     requeued: list[int] = []
     lock = threading.Lock()
@@ -51,7 +42,21 @@ def test_racing_reapers_requeue_each_task_exactly_once(chaos_broker):
         thread.start()
     for thread in threads:
         thread.join(60)
-    recovery_s = time.monotonic() - started
+    return requeued, time.monotonic() - started
+
+
+@pytest.mark.timeout(180)
+def test_racing_reapers_requeue_each_task_exactly_once(chaos_broker):
+    broker = chaos_broker
+    # A consumer that claimed a large batch and died: its lease is never renewed.
+    assert broker.heartbeat(["default"], "dead", DEAD_LEASE_MS, {"lease_ms": DEAD_LEASE_MS})
+    ids = [t.id for t in producer.enqueue("test.record", count=scaled(1500, 5000))]
+    claimed = broker.claim("default", "dead", len(ids))
+    assert claimed is not None
+    held_by_dead = task_ids(claimed)
+    time.sleep(1.1)  # its lease is over, and Redis has been up for longer than it
+
+    requeued, recovery_s = race_reapers(broker)
 
     # Reaped tasks wait as suspects (one runs per consumer at a time, so running 1,500 of them
     # would take a minute): count what the reapers put back, entry by entry, instead.
