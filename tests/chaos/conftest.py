@@ -1,6 +1,7 @@
-"""Chaos fixtures: private Redis servers (single or a 3-master cluster) that the test owns."""
+"""Chaos fixtures: private Redis servers (single, or a 3-master cluster with or without replicas) that the test owns."""
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -43,14 +44,27 @@ def chaos_broker(start_redis: Callable[..., RedisServer]) -> Broker:
     return get_broker()
 
 
-@pytest.fixture
-def cluster_broker(settings: object, key_prefix: str, tmp_path: Path) -> Iterator[Broker]:
-    """A broker on a private 3-master Redis Cluster on loopback (REDIS_CLUSTER=1)."""
+@contextlib.contextmanager
+def _on_cluster(settings: object, tmp_path: Path, replicas: int) -> Iterator[tuple[RedisClusterServers, Broker]]:
     original = (django_settings.REDIS_URL, django_settings.REDIS_CLUSTER)
-    cluster = RedisClusterServers(tmp_path).start()
+    cluster = RedisClusterServers(tmp_path, replicas=replicas, node_timeout_ms=2000 if replicas else 5000).start()
     _point_at(settings, cluster.url, True)
     try:
-        yield get_broker()
+        yield cluster, get_broker()
     finally:
         _point_at(settings, *original)
         cluster.remove()
+
+
+@pytest.fixture
+def cluster_broker(settings: object, key_prefix: str, tmp_path: Path) -> Iterator[Broker]:
+    """A broker on a private 3-master Redis Cluster on loopback (REDIS_CLUSTER=1)."""
+    with _on_cluster(settings, tmp_path, replicas=0) as (_, broker):
+        yield broker
+
+
+@pytest.fixture
+def replicated_cluster(settings: object, key_prefix: str, tmp_path: Path) -> Iterator[tuple[RedisClusterServers, Broker]]:
+    """A private Redis Cluster of 3 masters and 3 replicas (node timeout 2 s) and a broker on it."""
+    with _on_cluster(settings, tmp_path, replicas=1) as cluster_and_broker:
+        yield cluster_and_broker

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import time
 from collections import Counter
@@ -10,7 +11,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tasks_app.broker import Broker
+from tasks_app.broker import WAKE_TOKEN, Broker
 from tasks_app.codec import UndecodableTask, decode_task
 from tests.conftest import ARTIFACTS_DIR
 from tests.support.processes import ConsumerProcess, wait_until
@@ -54,6 +55,13 @@ class Summary:
             out.write(json.dumps(line) + "\n")
 
 
+def seeded_rng(scenario: str) -> random.Random:
+    """A random generator seeded from CHAOS_SEED or a fresh seed, printed so that a failing run replays."""
+    seed = int(os.environ.get("CHAOS_SEED") or random.SystemRandom().randrange(2**32))
+    print(f"\nCHAOS {scenario}: seed={seed} (replay with CHAOS_SEED={seed})")
+    return random.Random(seed)
+
+
 def task_ids(raws: Iterable[bytes]) -> set[str]:
     """Ids of the tasks among serialized entries (wake tokens and garbage are skipped)."""
     ids = set()
@@ -69,12 +77,13 @@ class Fleet:
     """The consumer subprocesses of one scenario, by id: spawn, freeze, kill with a snapshot, respawn."""
 
     def __init__(self, start_process: Callable[..., ConsumerProcess], broker: Broker, queues: Sequence[str] = ("default",),
-                 *, concurrency: int = 8, prefetch: int = 8, lease_s: float = LEASE_S, **env: str) -> None:
+                 *, concurrency: int = 8, prefetch: int | None = 8, lease_s: float = LEASE_S, **env: str) -> None:
         self.start_process = start_process
         self.broker = broker
         self.queues = list(queues)
-        self.args = ["--lease", str(lease_s), "--concurrency", str(concurrency), "--prefetch", str(prefetch),
-                     "--grace", "10", *[arg for q in self.queues for arg in ("--queue", q)]]
+        self.args = ["--lease", str(lease_s), "--concurrency", str(concurrency), "--grace", "10",
+                     *(["--prefetch", str(prefetch)] if prefetch is not None else []),
+                     *[arg for q in self.queues for arg in ("--queue", q)]]
         self.env = env
         self.processes: dict[str, ConsumerProcess] = {}
         self.in_flight_at_kills: set[str] = set()
@@ -103,12 +112,33 @@ class Fleet:
         return task_ids(self.held(consumer_id))
 
     def kill(self, consumer_id: str) -> set[str]:
-        """Freeze, snapshot the processing list, then SIGKILL; return the snapshot."""
+        """Freeze, snapshot the processing list, then SIGKILL the process group; return the snapshot."""
         snapshot = self.freeze(consumer_id)
+        self._kill_frozen(consumer_id, snapshot)
+        return snapshot
+
+    def kill_while_running(self, consumer_id: str, timeout_s: float = 30) -> tuple[set[str], set[str]]:
+        """SIGKILL a consumer at a moment when it holds tasks whose handler started there.
+
+        Returns the tasks it held and those of them that had started. Freezes, looks, and thaws
+        again (to retry a few ms later) while it holds no started task.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            held = self.freeze(consumer_id)
+            running = held & started_on(self.broker, consumer_id)
+            if running or time.monotonic() > deadline:
+                break
+            self.processes[consumer_id].signal(signal.SIGCONT)
+            time.sleep(0.01)
+        self._kill_frozen(consumer_id, held)
+        assert running, f"{consumer_id} never held a started task within {timeout_s} s"
+        return held, running
+
+    def _kill_frozen(self, consumer_id: str, snapshot: set[str]) -> None:
         self.processes[consumer_id].kill()
         self.killed_at[consumer_id] = time.monotonic()
         self.in_flight_at_kills |= snapshot
-        return snapshot
 
     def recovered_within(self, consumer_id: str, timeout_s: float) -> float:
         """Wait until a killed consumer's lists are empty (its tasks back in pending); return seconds since the kill."""
@@ -119,6 +149,37 @@ class Fleet:
 
     def logs(self) -> str:
         return "\n".join(f"--- {cid}\n{p.log()[-3000:]}" for cid, p in self.processes.items())
+
+
+def started_on(broker: Broker, consumer_id: str) -> set[str]:
+    """Ids of the tasks whose `test.record` run started under this consumer id."""
+    return {run["task_id"] for run in recorded_runs(broker) if run["consumer"] == consumer_id}
+
+
+def leftovers(broker: Broker, queues: Iterable[str], *, dead: bool = True) -> dict[str, int]:
+    """Every non-empty structure of the queues with its length: pending (wake tokens aside), prioritized,
+    delayed, suspects, dead (unless `dead` is False) and every processing list, whoever it belongs to."""
+    client = broker.client
+    found: dict[str, int] = {}
+    for queue in queues:
+        keys = broker.keys
+        found[keys.pending(queue)] = sum(raw != WAKE_TOKEN for raw in client.lrange(keys.pending(queue), 0, -1))
+        for key in (keys.prioritized(queue), keys.delayed(queue), *([keys.dead(queue)] if dead else [])):
+            found[key] = client.zcard(key)
+        found[keys.suspects(queue)] = client.llen(keys.suspects(queue))
+        for key in client.scan_iter(match=keys.processing(queue, "*"), count=1000):
+            found[key.decode()] = client.llen(key)
+    return {key: length for key, length in found.items() if length}
+
+
+def settled_leftovers(broker: Broker, queues: Iterable[str], timeout_s: float = 2 * LEASE_S, *,
+                      dead: bool = True) -> dict[str, int]:
+    """`leftovers`, once they are empty or `timeout_s` has passed (acks are written in batches)."""
+    queues = list(queues)
+    deadline = time.monotonic() + timeout_s
+    while (left := leftovers(broker, queues, dead=dead)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
 
 
 def statuses(broker: Broker, ids: Sequence[str]) -> dict[str, str | None]:
@@ -138,23 +199,29 @@ def wait_finished(broker: Broker, ids: Sequence[str], timeout_s: float, fleet: F
     except AssertionError:
         final = statuses(broker, ids)
         unfinished = {task_id for task_id, status in final.items() if status not in FINISHED}
-        raise AssertionError(f"tasks did not finish: {dict(Counter(final.values()))}; "
-                             f"where: {locate(broker, fleet, unfinished)}\n{fleet.logs() if fleet else ''}") from None
+        ran = sum(run["task_id"] in unfinished for run in recorded_runs(broker))
+        raise AssertionError(f"tasks did not finish: {dict(Counter(final.values()))} ({ran} runs of the unfinished "
+                             f"ones recorded); where: {locate(broker, fleet, unfinished)}; in Redis: "
+                             f"{leftovers(broker, fleet.queues if fleet else ['default'])}\n"
+                             f"{fleet.logs() if fleet else ''}") from None
 
 
-def locate(broker: Broker, fleet: Fleet | None, wanted: set[str]) -> dict[str, list[str]]:
-    """Where the given tasks are now: pending, delayed, dead or some consumer's processing list."""
+def locate(broker: Broker, fleet: Fleet | None, wanted: set[str]) -> dict[str, str]:
+    """Where the given tasks are now: pending, prioritized, suspects, delayed, dead or a consumer's processing list."""
     queues = fleet.queues if fleet else ["default"]
     places: dict[str, list[bytes]] = {}
     for queue in queues:
         places[f"{queue}:pending"] = broker.client.lrange(broker.keys.pending(queue), 0, -1)
+        places[f"{queue}:prioritized"] = broker.client.zrange(broker.keys.prioritized(queue), 0, -1)
+        places[f"{queue}:suspects"] = broker.client.lrange(broker.keys.suspects(queue), 0, -1)
         places[f"{queue}:delayed"] = [m[4:] for m in broker.client.zrange(broker.keys.delayed(queue), 0, -1)]
         places[f"{queue}:dead"] = broker.client.zrange(broker.keys.dead(queue), 0, -1)
         for consumer_id in (fleet.processes if fleet else []):
             for suffix in ("", ".1", ".2"):
                 key = broker.keys.processing(queue, consumer_id + suffix)
                 places[f"{queue}:processing:{consumer_id}{suffix}"] = broker.client.lrange(key, 0, -1)
-    return {place: sorted(task_ids(raws) & wanted) for place, raws in places.items() if task_ids(raws) & wanted}
+    found = {place: sorted(task_ids(raws) & wanted) for place, raws in places.items()}
+    return {place: f"{len(ids)} task(s), e.g. {ids[:3]}" for place, ids in found.items() if ids}
 
 
 @dataclass
@@ -170,16 +237,20 @@ class Tally:
         return sum(self.runs.values())
 
 
-def tally(broker: Broker, ids: Sequence[str]) -> Tally:
-    """Count runs; a task is lost if it never succeeded, a duplicate if one attempt of it ran twice.
+def tally(broker: Broker, ids: Sequence[str], *, per_attempt: bool = False) -> Tally:
+    """Count runs; a task is lost if it never succeeded, a duplicate if it ran more than once.
 
-    A retry after a failed attempt (e.g. the handler's own Redis call failing while Redis is
-    down) is a new attempt, not a duplicate.
+    Where the handler can fail (e.g. its own Redis call while Redis is down), pass
+    `per_attempt`: a retry after a failed attempt is a new attempt, and only an attempt that
+    ran twice is a duplicate. Elsewhere every run beyond the first is one.
     """
     recorded = recorded_runs(broker)
     runs = Counter(run["task_id"] for run in recorded)
     attempts = Counter((run["task_id"], run["attempt"]) for run in recorded)
     final = statuses(broker, ids)
     lost = [task_id for task_id in ids if final[task_id] != "SUCCESSFUL" or not runs[task_id]]
-    duplicates = {task_id for (task_id, _), count in attempts.items() if count > 1}
+    if per_attempt:
+        duplicates = {task_id for (task_id, _), count in attempts.items() if count > 1}
+    else:
+        duplicates = {task_id for task_id, count in runs.items() if count > 1}
     return Tally(runs, lost, duplicates)

@@ -10,8 +10,36 @@ from tasks_app import producer
 from tests.chaos.harness import LEASE_S, Fleet, Summary, scaled, tally, task_ids, wait_finished
 from tests.support.handlers import runs_key
 from tests.support.processes import wait_until
+from tests.support.recording import recorded_runs
 
 pytestmark = [pytest.mark.chaos, pytest.mark.django_db(transaction=True)]
+
+
+def freeze(fleet: Fleet, consumer_id: str) -> tuple[set[str], set[str], float]:
+    """SIGSTOP a consumer; return the tasks it holds, those of them it was running, and its lease deadline (ms)."""
+    broker = fleet.broker
+    held = fleet.freeze(consumer_id)
+    frozen_ms = broker.server_time_ms()
+    lease_deadline_ms = broker.client.zscore(broker.keys.consumers("default"), consumer_id)
+    assert lease_deadline_ms is not None, f"{consumer_id} had no lease when frozen"
+    running = {run["task_id"] for run in recorded_runs(broker)
+               if run["consumer"] == consumer_id and run["start_ms"] <= frozen_ms} & held
+    return held, running, lease_deadline_ms
+
+
+def thaw_after_three_leases(fleet: Fleet, consumer_id: str, frozen_at: float) -> float:
+    """Check the frozen consumer's tasks are back within lease + 1 s and it is reaped; SIGCONT it 3 leases in.
+
+    Returns the seconds its tasks took to be back.
+    """
+    broker = fleet.broker
+    wait_until(lambda: not fleet.held(consumer_id), LEASE_S + 1, interval_s=0.02,
+               message="the frozen consumer's tasks to be back in pending within lease + 1 s")
+    recovery_s = time.monotonic() - frozen_at
+    time.sleep(max(0.0, frozen_at + 3 * LEASE_S - time.monotonic()))
+    assert consumer_id in [m.decode() for m in broker.client.zrange(broker.keys.reaped("default"), 0, -1)]
+    fleet.processes[consumer_id].signal(signal.SIGCONT)
+    return recovery_s
 
 
 @pytest.mark.timeout(180)
@@ -24,15 +52,10 @@ def test_frozen_consumer_is_reaped_and_comes_back_under_a_new_id(chaos_broker, c
     ids = [t.id for t in producer.enqueue("test.record", kwargs={"sleep_s": 0.3}, count=scaled(300, 2000))]
     wait_until(lambda: broker.client.llen(runs_key()) >= 30, 60, message="tasks to start")
 
-    held_at_freeze = fleet.freeze("frozen")
     frozen_at = time.monotonic()
+    held_at_freeze, running_at_freeze, lease_deadline_ms = freeze(fleet, "frozen")
     others_held = {cid: task_ids(fleet.held(cid)) for cid in ("b", "c")}
-    wait_until(lambda: not fleet.held("frozen"), LEASE_S + 1, interval_s=0.02,
-               message="the frozen consumer's tasks to be back in pending within lease + 1 s")
-    recovery_s = time.monotonic() - frozen_at
-    time.sleep(max(0.0, frozen_at + 3 * LEASE_S - time.monotonic()))
-    assert "frozen" in [m.decode() for m in broker.client.zrange(broker.keys.reaped("default"), 0, -1)]
-    fleet.processes["frozen"].signal(signal.SIGCONT)
+    recovery_s = thaw_after_three_leases(fleet, "frozen", frozen_at)
 
     fleet.wait_registered(["frozen.1", "b", "c"], timeout_s=LEASE_S * 3)
     wait_finished(broker, ids, scaled(120, 600), fleet)
@@ -41,10 +64,18 @@ def test_frozen_consumer_is_reaped_and_comes_back_under_a_new_id(chaos_broker, c
     result = tally(broker, ids)
     live = {c["id"] for c in broker.live_consumers("default")}
     late_acks = log.count("its outcome here was not applied")
+    started_late = [run for run in recorded_runs(broker)
+                    if run["consumer"] == "frozen" and run["start_ms"] > lease_deadline_ms]
     Summary("3-frozen-consumer", len(ids), result.total_runs, len(result.lost), len(result.duplicates),
-            len(held_at_freeze), recovery_s, {"late_acks_lost": late_acks}).report()
+            len(running_at_freeze), recovery_s,
+            {"late_acks_lost": late_acks, "held_at_freeze": len(held_at_freeze),
+             "started_after_lease_expired": len(started_late)}).report()
+    assert running_at_freeze, "the consumer was frozen while running nothing"
     assert result.lost == []
-    assert result.duplicates <= held_at_freeze, "only the frozen consumer's own tasks may run twice"
+    assert started_late == [], (f"{len(started_late)} task(s) started on the frozen consumer after its lease "
+                                f"expired (deadline {lease_deadline_ms:.0f} ms), e.g. {started_late[:2]}")
+    assert result.duplicates <= running_at_freeze, (
+        f"only the tasks running on the frozen consumer may run twice; also: {result.duplicates - running_at_freeze}")
     assert "consumer frozen lost its lease" in log and "continuing as frozen.1" in log
     assert late_acks >= 1, "the thawed consumer's finished tasks should have found their acks lost"
     assert {"frozen.1", "b", "c"} <= live and "frozen" not in live

@@ -42,7 +42,7 @@ def test_redis_restart_loses_nothing_and_runs_nothing_twice(start_redis, consume
         assert fleet.processes[consumer_id].process.poll() is None, f"{consumer_id} exited"
         assert "lost its lease" not in fleet.processes[consumer_id].log(), f"{consumer_id} was reaped"
 
-    result = tally(broker, ids)
+    result = tally(broker, ids, per_attempt=True)
     resumed_ms = min(run["start_ms"] for run in recorded_runs(broker) if run["start_ms"] >= restarted_ms)
     Summary(f"4-redis-restart-aof-{fsync}", len(ids), result.total_runs, len(result.lost), len(result.duplicates),
             0, (resumed_ms - restarted_ms) / 1000, {"down_s": LEASE_S * 1.5}

@@ -48,3 +48,26 @@ def not_json() -> object:
 def exit_process() -> None:
     """Call sys.exit from a handler: must fail the task, not the worker."""
     raise SystemExit(3)
+
+
+# --- hostile handlers: what real handlers do to a consumer (tests/chaos/test_hostile_input.py) ---
+LONE_SURROGATE_TEXT = b"caf\xe9".decode("utf-8", "surrogateescape")  # what os.listdir gives for a Latin-1 name
+HUGE_RETURN_BYTES = 2 * 1024 * 1024  # over the 1 MiB proto-max-bulk-len of the scenario's Redis
+
+
+@handler("test.hostile_return")
+def hostile_return(kind: str) -> str:
+    """Return a lone-surrogate string ("surrogate") or a 2 MiB one ("huge")."""
+    return LONE_SURROGATE_TEXT if kind == "surrogate" else "x" * HUGE_RETURN_BYTES
+
+
+@handler("test.hostile_raise")
+def hostile_raise() -> None:
+    """Raise an exception whose message holds a lone surrogate."""
+    raise RuntimeError(f"cannot open {LONE_SURROGATE_TEXT}")
+
+
+@handler("test.hostile_sleep")
+def hostile_sleep(sleep_s: float) -> None:
+    """Sleep (past the type's timeout, in the hostile scenario)."""
+    time.sleep(float(sleep_s))

@@ -47,6 +47,7 @@ class ConsumerProcess:
         self.process = subprocess.Popen(
             [sys.executable, str(PROJECT_DIR / "manage.py"), "runconsumer", *args],
             cwd=PROJECT_DIR, env=consumer_env(prefix, **env), stdout=self._log, stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group, so a test can kill the group as a supervisor would
         )
 
     @property
@@ -57,8 +58,11 @@ class ConsumerProcess:
         self.process.send_signal(signum)
 
     def kill(self) -> None:
-        """SIGKILL, and reap the process."""
-        self.process.send_signal(signal.SIGKILL)
+        """SIGKILL the whole process group (the consumer and anything it started), and reap the process."""
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         self.process.wait(timeout=10)
 
     def terminate(self, timeout_s: float = 60) -> int:
@@ -80,8 +84,7 @@ class ConsumerProcess:
         """Make sure the process is gone (used at teardown)."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGCONT)
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(timeout=10)
+            self.kill()
         self._log.close()
 
 
