@@ -5,13 +5,19 @@
 -- ARGV[1] consumer id    ARGV[2] N (max tasks)     ARGV[3] wake token (dropped, never returned)
 -- ARGV[4] "1" to first remove one wake token that a blocking claim put in processing
 -- ARGV[5] "1" if this consumer may take a suspect (it holds none)
--- Returns: false if this consumer holds no lease (it was reaped), else {s, w, f, tasks...}: s = 1
--- when the first task is a suspect (at most one), w = suspects still waiting, f = the fencing
--- token of the first task (task i holds f + i - 1; 0 if none was claimed; issued as in
+-- Returns: false if this consumer holds no lease (it was reaped); {-1, 0, 0} if its lease lapsed
+-- (not renewed in time: it claims nothing until a renewal succeeds); else {s, w, f, tasks...}:
+-- s = 1 when the first task is a suspect (at most one), w = suspects still waiting, f = the
+-- fencing token of the first task (task i holds f + i - 1; 0 if none was claimed; issued as in
 -- issue_fence.lua). Order: the suspect, priority > 0, the pending list (priority 0),
 -- priority < 0; oldest first within each.
-if not redis.call('ZSCORE', KEYS[4], ARGV[1]) then
+local deadline = redis.call('ZSCORE', KEYS[4], ARGV[1])
+if not deadline then
   return false
+end
+local time = redis.call('TIME')
+if tonumber(deadline) <= tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000) then
+  return {-1, 0, 0}
 end
 if ARGV[4] == '1' then
   redis.call('LREM', KEYS[3], 1, ARGV[3])

@@ -1,13 +1,33 @@
--- heartbeat: register a consumer or renew its lease, on the server's clock.
+-- heartbeat: register a consumer or renew its live lease, on the server's clock.
 -- KEYS[1] consumers zset (id -> lease deadline ms)   KEYS[2] consumer info hash (id -> JSON)
+-- KEYS[3] primary marker hash of this queue's slot (replid -> of the node that last served it,
+-- since_ms -> when that node began to), read by reap to hold reaping after a failover
 -- ARGV[1] consumer id   ARGV[2] lease ms   ARGV[3] info JSON to register with, or "" to renew
--- Returns: 1 lease held, 0 lease lost (the consumer was reaped and must not use this id again).
+-- Returns: 1 lease held, 0 lease lost (the consumer was reaped, or its lease expired: it must
+-- not use this id again). While reapers hold off (Redis up or primary for less than a lease)
+-- an expired lease is still renewed: the outage, not the consumer, let it lapse.
 local time = redis.call('TIME')
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local lease_ms = tonumber(ARGV[2]) or 0
+local uptime_s = tonumber(string.match(redis.call('INFO', 'server'), 'uptime_in_seconds:(%d+)'))
+local uptime_ms = (uptime_s or 1e9) * 1000  -- unknown: long enough
+local replid = string.match(redis.call('INFO', 'replication'), 'master_replid:(%w+)') or ''
+local marked = redis.call('HGET', KEYS[3], 'replid')
+local since_ms = tonumber(redis.call('HGET', KEYS[3], 'since_ms'))
+if marked ~= replid or not since_ms then
+  -- No marker yet: this node has served the slot since it started, as far as anyone knows.
+  -- Another node's marker: this node took the slot over (a failover) just now.
+  since_ms = marked and now_ms or now_ms - uptime_ms
+  redis.call('HSET', KEYS[3], 'replid', replid, 'since_ms', since_ms)
+end
+local holding = uptime_ms < lease_ms or now_ms - since_ms < lease_ms
 if ARGV[3] ~= '' then
   redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
-elseif not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-  return 0
+else
+  local deadline = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
+  if not deadline or (deadline <= now_ms and not holding) then
+    return 0
+  end
 end
-redis.call('ZADD', KEYS[1], now_ms + tonumber(ARGV[2]), ARGV[1])
+redis.call('ZADD', KEYS[1], now_ms + lease_ms, ARGV[1])
 return 1

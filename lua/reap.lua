@@ -2,26 +2,45 @@
 -- KEYS[1] consumers zset   KEYS[2] consumer info hash   KEYS[3] reaped zset (tombstones)
 -- KEYS[4] processing list of the dead consumer   KEYS[5] pending list   KEYS[6] dead zset
 -- KEYS[7] recoveries hash (sha1 of task -> times recovered; "s:" .. sha1 -> started as a suspect)
--- KEYS[8] suspects list
+-- KEYS[8] suspects list   KEYS[9] primary marker hash (replid, since_ms: see heartbeat)
 -- ARGV[1] consumer id   ARGV[2] max recoveries before dead-lettering   ARGV[3] max tasks moved
 -- ARGV[4] wake token (dropped)   ARGV[5] default lease ms (when the consumer left no info)
+-- ARGV[6] "1" when a consumer registering under this id recovers what its own earlier run left:
+-- that run is dead whatever its lease says; no tombstone (the id is about to be live again)
 -- Returns: {status, requeued, still in the list, dead-lettered tasks...}; status 1 reaped,
--- -1 lease still alive (nothing touched), -2 Redis restarted less than a lease ago (live
--- consumers have not had the chance to renew yet), -3 not a consumer this queue knows.
+-- -1 lease still alive (nothing touched), -2 Redis restarted, or this node became the slot's
+-- primary, less than a lease ago (live consumers have not had the chance to renew yet),
+-- -3 not a consumer this queue knows.
 local time = redis.call('TIME')
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-local deadline = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if deadline then
-  if tonumber(deadline) > now_ms then
+
+-- The consumer's own lease length; whatever a foreign process wrote there, never an error.
+local function lease_of(id)
+  local info = redis.call('HGET', KEYS[2], id)
+  local ok, decoded = pcall(cjson.decode, info or '')
+  local lease_ms = ok and type(decoded) == 'table' and tonumber(decoded['lease_ms'])
+  return lease_ms or tonumber(ARGV[5]) or 0
+end
+
+-- True while live consumers may not have renewed yet: Redis restarted, or this node took
+-- the slot over (its replication id is not the one heartbeats last marked), under a lease ago.
+local function holding(lease_ms)
+  local uptime_s = tonumber(string.match(redis.call('INFO', 'server'), 'uptime_in_seconds:(%d+)'))
+  if uptime_s and uptime_s * 1000 < lease_ms then return true end
+  local replid = string.match(redis.call('INFO', 'replication'), 'master_replid:(%w+)') or ''
+  local since_ms = tonumber(redis.call('HGET', KEYS[9], 'since_ms'))
+  return redis.call('HGET', KEYS[9], 'replid') ~= replid or not since_ms or now_ms - since_ms < lease_ms
+end
+
+local deadline = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
+if ARGV[6] == '1' then
+  redis.call('ZREM', KEYS[1], ARGV[1])
+  redis.call('HDEL', KEYS[2], ARGV[1])
+elseif deadline then
+  if deadline > now_ms then
     return {-1, 0, 0}
   end
-  local lease_ms = tonumber(ARGV[5])
-  local info = redis.call('HGET', KEYS[2], ARGV[1])
-  if info then
-    lease_ms = tonumber(cjson.decode(info)['lease_ms']) or lease_ms
-  end
-  local uptime_s = tonumber(string.match(redis.call('INFO', 'server'), 'uptime_in_seconds:(%d+)'))
-  if uptime_s * 1000 < lease_ms then
+  if holding(lease_of(ARGV[1])) then
     return {-2, 0, 0}
   end
   redis.call('ZREM', KEYS[1], ARGV[1])

@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import redis
+from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError
+from redis.retry import Retry
 
 from . import batch_args
 from .batch_args import Enqueueable
@@ -36,6 +38,8 @@ ENQUEUED_IDS_KEEP_MS = 24 * 3600 * 1000
 ENQUEUED_IDS_MAX = 100_000
 # Type of the envelope that wraps bytes that are not a task in the dead letters (as the executor's).
 UNDECODABLE_TYPE = "_undecodable"
+# Tombstones examined per reaper pass: the newest page, and one more page in turn.
+TOMBSTONE_PAGE = 100
 TOMBSTONE_KEEP_MS = 24 * 3600 * 1000
 # Width of the buckets counting acknowledged tasks, for the dashboard's throughput.
 THROUGHPUT_BUCKET_S = 10
@@ -105,6 +109,10 @@ class Keys:
         """Counter issuing the fencing tokens of runs of `queue`'s tasks (see claim.lua)."""
         return self.queue_key(queue, "fence")
 
+    def primary(self, queue: str) -> str:
+        """Marker of the node serving this queue's slot and since when (reaping waits after a change)."""
+        return self.queue_key(queue, "primary")
+
     def completed(self, queue: str, bucket: int) -> str:
         """Counter of tasks acknowledged in one THROUGHPUT_BUCKET_S-long bucket (bucket = epoch s // width)."""
         return self.queue_key(queue, f"completed:{bucket}")
@@ -132,6 +140,7 @@ class Claim:
     took_suspect: bool  # the first task is a suspect: recovered from a consumer that died holding it
     suspects_waiting: int  # suspects still in the queue's suspects list
     first_fence: int = 0  # fencing token of tasks[0]; tasks[i] holds first_fence + i
+    lease_expired: bool = False  # nothing was claimed: the lease lapsed and has not been renewed
 
 
 class Promotion(NamedTuple):
@@ -147,7 +156,7 @@ class Promotion(NamedTuple):
 class ReapOutcome:
     """What one reap call did to one consumer's processing list."""
 
-    status: int  # 1 reaped, -1 lease alive, -2 Redis restarted recently, -3 unknown consumer
+    status: int  # 1 reaped, -1 lease alive, -2 Redis restarted or failed over recently, -3 unknown consumer
     requeued: int
     remaining: int
     dead_lettered: list[bytes]
@@ -228,12 +237,18 @@ class Scripts:
 _QUEUED_SCRIPTS = "_tasks_queued_scripts"
 
 
-def connect(url: str, cluster: bool = False) -> Any:
-    """Open a Redis (or Redis Cluster) client for `url` with sensible timeouts."""
+def connect(url: str, cluster: bool = False, *, timeout_s: float = 15.0) -> Any:
+    """Open a Redis (or Redis Cluster) client for `url` that never re-sends a command by itself.
+
+    redis-py's default `Retry` silently re-sends a command whose reply was lost: a claim or
+    BLMOVE then moves tasks twice and the first call's tasks sit unknown in our list, an LPUSH
+    enqueues twice. Our callers retry with backoff themselves and know what a lost reply means.
+    """
     options: dict[str, Any] = {
-        "socket_timeout": 15,
-        "socket_connect_timeout": 5,
+        "socket_timeout": timeout_s,
+        "socket_connect_timeout": min(5.0, timeout_s),
         "health_check_interval": 30,
+        "retry": Retry(NoBackoff(), 0),
     }
     if cluster:
         return redis.RedisCluster.from_url(url, **options)
@@ -251,11 +266,11 @@ class Broker:
         self._announced_queues: set[str] = set()
 
     @classmethod
-    def from_settings(cls, *, prefix: str | None = None) -> Broker:
+    def from_settings(cls, *, prefix: str | None = None, timeout_s: float = 15.0) -> Broker:
         """Build a broker, with a connection pool of its own, from Django settings."""
         from django.conf import settings
 
-        client = connect(settings.REDIS_URL, settings.REDIS_CLUSTER)
+        client = connect(settings.REDIS_URL, settings.REDIS_CLUSTER, timeout_s=timeout_s)
         return cls(client, prefix or settings.TASKS_KEY_PREFIX)
 
     def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
@@ -338,9 +353,16 @@ class Broker:
         claimed = self.claim_with_suspect(queue, consumer_id, max_tasks, drop_wake=drop_wake, allow_suspect=False)
         return None if claimed is None else claimed.tasks
 
+    # The claim methods below must not be re-sent after a lost reply (see `connect`): a claim
+    # whose outcome is unknown is reconciled by the caller against `held_by`.
+
     def claim_with_suspect(self, queue: str, consumer_id: str, max_tasks: int, *, drop_wake: bool = False,
                            allow_suspect: bool = True) -> Claim | None:
-        """Like `claim`, first taking one suspect if allowed; None if this consumer's lease was lost."""
+        """Like `claim`, first taking one suspect if allowed; None if this consumer's lease was lost.
+
+        Claims only under a live lease: one that lapsed (deadline passed, not yet reaped) claims
+        nothing and says so (`lease_expired`) until a renewal succeeds.
+        """
         keys = [self.keys.pending(queue), self.keys.prioritized(queue), self.keys.processing(queue, consumer_id),
                 self.keys.consumers(queue), self.keys.suspects(queue), self.keys.fence(queue)]
         claimed = self._script("claim", keys, [consumer_id, max_tasks, WAKE_TOKEN, "1" if drop_wake else "0",
@@ -348,6 +370,8 @@ class Broker:
         if claimed is None:
             return None
         took_suspect, suspects_waiting, first_fence, *tasks = claimed
+        if took_suspect == -1:
+            return Claim([], False, 0, lease_expired=True)
         return Claim(tasks, bool(took_suspect), int(suspects_waiting), int(first_fence))
 
     def mark_started(self, queue: str, raw: bytes) -> None:
@@ -488,45 +512,61 @@ class Broker:
     # --- leases and recovery ---------------------------------------------------------------
     def heartbeat(self, queues: Sequence[str], consumer_id: str, lease_ms: int,
                   register_info: dict[str, Any] | None = None) -> bool:
-        """Register or renew this consumer's lease on every queue; False if any was lost."""
+        """Register or renew this consumer's lease on every queue; False if any was lost or had lapsed."""
         info = json.dumps(register_info) if register_info is not None else ""
         pipe = self.client.pipeline(transaction=False)
         for queue in queues:
-            self.scripts.queue(pipe, "heartbeat", [self.keys.consumers(queue), self.keys.consumer_info(queue)],
-                               [consumer_id, lease_ms, info])
+            keys = [self.keys.consumers(queue), self.keys.consumer_info(queue), self.keys.primary(queue)]
+            self.scripts.queue(pipe, "heartbeat", keys, [consumer_id, lease_ms, info])
             if register_info is not None:
                 pipe.sadd(self.keys.queues(), queue)
         results = self.scripts.execute(pipe, self.client)
         return all(bool(flag) for flag in results[:: 2 if register_info is not None else 1])
 
     def deregister(self, queue: str, consumer_id: str) -> int:
-        """Leave cleanly: return anything still held to pending and drop the lease."""
+        """Leave cleanly: return anything still held to pending uncounted, and drop the lease."""
         keys = [self.keys.consumers(queue), self.keys.consumer_info(queue),
                 self.keys.processing(queue, consumer_id), self.keys.pending(queue), self.keys.recoveries(queue),
                 self.keys.suspects(queue)]
         return int(self._script("deregister", keys, [consumer_id]))
 
-    def reap_candidates(self, queue: str, max_ids: int = 100) -> tuple[list[str], list[str]]:
-        """Return consumers whose lease expired, and reaped ids whose lists are not empty."""
+    def reap_candidates(self, queue: str) -> tuple[list[str], list[str]]:
+        """Return consumers whose lease expired, and the newest reaped ids whose lists are not empty."""
+        expired, tombstones, _ = self.reap_candidate_page(queue, 0)
+        return expired, tombstones
+
+    def reap_candidate_page(self, queue: str, tombstone_offset: int) -> tuple[list[str], list[str], int]:
+        """Return consumers whose lease expired, reaped ids whose lists are not empty, and the next offset.
+
+        Tombstones are examined a page at a time: the newest page on every call, and the page at
+        `tombstone_offset`; pass the returned offset next time to visit every page in turn.
+        """
         out = self._script("reap_candidates", [self.keys.consumers(queue), self.keys.reaped(queue)],
-                           [max_ids, TOMBSTONE_KEEP_MS])
-        ids = [item.decode() for item in out]
+                           [TOMBSTONE_PAGE, TOMBSTONE_KEEP_MS, tombstone_offset])
+        ids, count = [_consumer_id(item) for item in out[:-2]], int(out[-1])
         split = ids.index("")
-        expired, tombstones = ids[:split], ids[split + 1:]
+        expired = [cid for cid in ids[:split] if cid]
+        tombstones = list(dict.fromkeys(cid for cid in ids[split + 1:] if cid))
         if tombstones:
             pipe = self.client.pipeline(transaction=False)
             for consumer_id in tombstones:
                 pipe.llen(self.keys.processing(queue, consumer_id))
             lengths = pipe.execute()
             tombstones = [cid for cid, length in zip(tombstones, lengths) if length]
-        return expired, tombstones
+        next_offset = tombstone_offset + TOMBSTONE_PAGE
+        return expired, tombstones, next_offset if next_offset < count else 0
 
-    def reap(self, queue: str, consumer_id: str, default_lease_ms: int) -> ReapOutcome:
-        """Return a dead consumer's tasks to the suspects list (at most REAP_BATCH per call)."""
+    def reap(self, queue: str, consumer_id: str, default_lease_ms: int, *, own_earlier_run: bool = False) -> ReapOutcome:
+        """Return a dead consumer's tasks to the suspects list (at most REAP_BATCH per call).
+
+        With `own_earlier_run`, the caller is registering under `consumer_id`: what an earlier
+        run under that id left is recovered like a dead consumer's, whatever its lease says.
+        """
         keys = [self.keys.consumers(queue), self.keys.consumer_info(queue), self.keys.reaped(queue),
                 self.keys.processing(queue, consumer_id), self.keys.pending(queue), self.keys.dead(queue),
-                self.keys.recoveries(queue), self.keys.suspects(queue)]
-        out = self._script("reap", keys, [consumer_id, MAX_RECOVERIES, REAP_BATCH, WAKE_TOKEN, default_lease_ms])
+                self.keys.recoveries(queue), self.keys.suspects(queue), self.keys.primary(queue)]
+        args = [consumer_id, MAX_RECOVERIES, REAP_BATCH, WAKE_TOKEN, default_lease_ms, "1" if own_earlier_run else "0"]
+        out = self._script("reap", keys, args)
         return ReapOutcome(status=int(out[0]), requeued=int(out[1]), remaining=int(out[2]),
                            dead_lettered=list(out[3:]))
 
@@ -581,7 +621,7 @@ class Broker:
         return QueueStats(queue, pending + prioritized + suspects, processing, delayed, dead, consumers)
 
     def _tombstones(self, queue: str) -> list[str]:
-        return [m.decode() for m in self.client.zrange(self.keys.reaped(queue), 0, -1)]
+        return [cid for cid in map(_consumer_id, self.client.zrange(self.keys.reaped(queue), 0, -1)) if cid]
 
     def is_idle(self, queues: Sequence[str]) -> bool:
         """True when none of `queues` has anything pending, in flight or delayed."""
@@ -647,6 +687,17 @@ class ResultUpdate:
     fence: int = 0
 
 
+def _consumer_id(member: bytes) -> str:
+    # A member no consumer of ours could have written (not UTF-8, or not a valid name) is skipped:
+    # no key can be built from it, and reaping it must not stop the reaper.
+    try:
+        consumer_id = member.decode()
+    except UnicodeDecodeError:
+        return ""
+    return consumer_id if _VALID_ID.fullmatch(consumer_id) else ""
+
+
+_VALID_ID = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
 _brokers: dict[tuple[str, bool, str], Broker] = {}
 
 

@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -16,16 +17,16 @@ from types import FrameType
 
 from django.conf import settings
 from django.db import close_old_connections
-from redis.exceptions import RedisError
-
 from . import metrics, results
 from .ack_batcher import AckBatcher
-from .broker import WAKE_TOKEN, Broker
+from .broker import Broker
+from .claimer import Capacity, ClaimerLoop
 from .codec import UndecodableTask, decode_task
 from .executor import Claimed, Executor, RateGate
 from .health import HealthLoop, Liveness
 from .limits import RateLimiter
-from .loops import HeartbeatLoop, HousekeepingLoop, ReaperLoop, SchedulerLoop, start_thread
+from .loops import (HEARTBEAT_TIMEOUT_SHARE, HeartbeatLoop, HousekeepingLoop, LeaseClock, ReaperLoop, SchedulerLoop,
+                    start_thread)
 from .names import validate_name
 from .registry import Registry, registry as default_registry
 from .retrying import GaveUp, until_done
@@ -37,8 +38,8 @@ HEALTH_CHECK_S = 5.0
 # A terminal's Ctrl-C reaches every process of its group, and supervisors often pass it on as
 # well: a signal this soon after the first is the same request, not a second one.
 SIGNAL_ECHO_S = 1.0
-# How soon a claimer waiting on pending looks again for suspects it could not take yet.
-SUSPECT_RECHECK_S = 0.1
+# How often a worker holding a task looks again whether the lease was renewed.
+LEASE_WAIT_S = 0.05
 
 
 @dataclass
@@ -73,116 +74,6 @@ class ConsumerOptions:
             validate_name(self.consumer_id, "consumer id")
 
 
-class Capacity:
-    """Counts the tasks this consumer holds; claiming waits while it is full (backpressure)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.in_use = 0
-        self._cond = threading.Condition()
-
-    def acquire(self, timeout_s: float) -> bool:
-        """Take one slot, waiting up to `timeout_s` for one to free up."""
-        with self._cond:
-            if not self._cond.wait_for(lambda: self.in_use < self.limit, timeout_s):
-                return False
-            self.in_use += 1
-            return True
-
-    def acquire_up_to(self, count: int) -> int:
-        """Take as many free slots as there are, up to `count`, without waiting."""
-        with self._cond:
-            taken = max(0, min(count, self.limit - self.in_use))
-            self.in_use += taken
-            return taken
-
-    def release(self, count: int = 1) -> None:
-        """Give slots back."""
-        if count <= 0:
-            return
-        with self._cond:
-            self.in_use -= count
-            self._cond.notify_all()
-
-
-class ClaimerLoop:
-    """Claims tasks of one queue while there is room: a batch at once, else one blocking move."""
-
-    def __init__(self, consumer: Consumer, queue: str) -> None:
-        self.consumer = consumer
-        self.queue = queue
-        self.name = f"claimer:{queue}"
-        self._drop_wake = False
-        # Set when a claim failed on the wire: Redis may have moved tasks we never heard of.
-        self._uncertain = False
-
-    def run_once(self) -> float:
-        consumer = self.consumer
-        if self._uncertain:
-            self.reconcile()
-        if not consumer.capacity.acquire(timeout_s=0.5):
-            return 0.0
-        held = 1 + consumer.capacity.acquire_up_to(consumer.capacity.limit - 1)
-        consumer_id = consumer.consumer_id
-        may_take_suspect = consumer.reserve_suspect_slot()
-        took_suspect = False
-        try:
-            outcome = consumer.broker.claim_with_suspect(self.queue, consumer_id, held, drop_wake=self._drop_wake,
-                                                         allow_suspect=may_take_suspect)
-            self._drop_wake = False
-            if outcome is None:
-                consumer.capacity.release(held)
-                consumer.lease_lost(consumer_id)
-                return 0.0
-            took_suspect = outcome.took_suspect
-            if outcome.tasks:
-                consumer.capacity.release(held - len(outcome.tasks))
-                held = len(outcome.tasks)
-                consumer.dispatch([Claimed(self.queue, consumer_id, raw, suspect=took_suspect and index == 0,
-                                           fence=outcome.first_fence + index)
-                                   for index, raw in enumerate(outcome.tasks)])
-                return 0.0
-            consumer.capacity.release(held - 1)
-            held = 1
-            # Suspects waiting for this consumer's one suspect slot are claimed soon after it
-            # frees; new pending tasks still wake the blocking claim at once.
-            block_s = min(consumer.options.block_s, SUSPECT_RECHECK_S) if outcome.suspects_waiting \
-                else consumer.options.block_s
-            raw, fence = consumer.broker.claim_blocking(self.queue, consumer_id, block_s)
-        except BaseException as exc:
-            consumer.capacity.release(held)
-            self._uncertain = isinstance(exc, RedisError)
-            raise
-        finally:
-            if may_take_suspect and not took_suspect:
-                consumer.release_suspect_slot()
-        if raw is None or raw == WAKE_TOKEN:
-            consumer.capacity.release(1)
-            self._drop_wake = raw == WAKE_TOKEN
-            return 0.0
-        consumer.dispatch([Claimed(self.queue, consumer_id, raw, fence=fence)])
-        return 0.0
-
-    def reconcile(self) -> None:
-        """Return tasks that sit in our processing list unbeknown to us (a claim's lost reply).
-
-        Only this thread adds to this queue's processing list, so anything listed there that
-        the consumer does not hold was moved by a claim whose reply never arrived. Left alone it
-        would wait, unstarted, until this consumer stops.
-        """
-        consumer = self.consumer
-        consumer_id = consumer.consumer_id
-        listed = consumer.broker.held_by(self.queue, consumer_id)
-        held = consumer.held_raws(self.queue, consumer_id)
-        strays = [raw for raw in listed if raw not in held and raw != WAKE_TOKEN]
-        self._drop_wake = self._drop_wake or WAKE_TOKEN in listed
-        if strays:
-            returned = consumer.broker.return_unstarted(self.queue, consumer_id, strays)
-            logger.warning("returned %d claimed task(s) whose claim reply was lost to the head of %s",
-                           returned, self.queue)
-        self._uncertain = False
-
-
 class Consumer:
     """One consumer process: claims, runs, acknowledges, heartbeats, reaps and schedules."""
 
@@ -193,8 +84,11 @@ class Consumer:
         self.options = options
         self.registry = registry
         self.broker = broker or Broker.from_settings()
-        # The heartbeat has a connection of its own so that busy workers never delay it.
-        self.heartbeat_broker = heartbeat_broker or Broker.from_settings(prefix=self.broker.keys.prefix)
+        # The heartbeat has a connection of its own so that busy workers never delay it, with
+        # timeouts short enough that a hung renewal is retried well within the lease.
+        self.heartbeat_broker = heartbeat_broker or Broker.from_settings(
+            prefix=self.broker.keys.prefix, timeout_s=options.lease_s * HEARTBEAT_TIMEOUT_SHARE)
+        self.lease = LeaseClock(options.lease_s)
         self.base_id = options.consumer_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.consumer_id = self.base_id
         self._generation = 0
@@ -216,8 +110,9 @@ class Consumer:
         self._workers: list[threading.Thread] = []
         self._busy = 0
         self._busy_lock = threading.Lock()
-        # (queue, consumer id, task) of every task handed to workers and not yet settled.
-        self._held: set[tuple[str, str, bytes]] = set()
+        # (queue, consumer id, task) of every task handed to workers and not yet settled, counted:
+        # two byte-identical tasks can be claimed at once.
+        self._held: Counter[tuple[str, str, bytes]] = Counter()
         self._held_lock = threading.Lock()
         # At most one suspect (a task recovered from a consumer that died) is held at a time.
         self._suspect_reserved = False
@@ -225,20 +120,27 @@ class Consumer:
         self._first_signal_at: float | None = None
         # Checked every few seconds; stale after a few missed checks (or one lease, if longer).
         self.liveness = Liveness(options.health_file, stale_after_s=max(3 * HEALTH_CHECK_S, options.lease_s))
+        self.reaper = ReaperLoop(self.broker, options.queues, options.lease_s, self._on_reaped_dead_letters)
 
     # --- identity --------------------------------------------------------------------------
     def register(self, consumer_id: str | None = None) -> None:
-        """Take back anything a previous run under this id left behind, then take a lease."""
+        """Recover what an earlier run under this id left behind, then take a lease.
+
+        A run that exited cleanly left nothing (it deregistered); anything left belongs to a run
+        that died, so it is recovered as a dead consumer's tasks are: counted, via suspects.
+        """
         consumer_id = consumer_id or self.consumer_id
         for queue in self.options.queues:
-            returned = self.broker.deregister(queue, consumer_id)
-            if returned:
-                logger.warning("returned %d task(s) left by an earlier run of %s on %s to pending",
-                               returned, consumer_id, queue)
+            recovered = self.reaper.reap(queue, consumer_id, own_earlier_run=True)
+            if recovered:
+                logger.warning("recovered %d task(s) left by an earlier run of %s on %s, which did not exit cleanly",
+                               recovered, consumer_id, queue)
+        sent_at = time.monotonic()
         info = {"host": socket.gethostname(), "pid": os.getpid(), "started_at_ms": int(time.time() * 1000),
                 "lease_ms": int(self.options.lease_s * 1000), "concurrency": self.options.concurrency,
                 "prefetch": self.options.prefetch, "queues": self.options.queues}
         self.broker.heartbeat(self.options.queues, consumer_id, int(self.options.lease_s * 1000), info)
+        self.lease.renewed(sent_at)
 
     def lease_lost(self, lost_id: str) -> None:
         """Our lease expired and we were reaped: never use that id again; register a new one."""
@@ -273,12 +175,12 @@ class Consumer:
                 claimed = self.work.get(timeout=0.2)
             except queue_module.Empty:
                 continue
-            if self.claiming_stopped.is_set():
-                self._return_unstarted([claimed])
-                continue
-            if claimed.consumer_id != self.consumer_id:
+            if not self._lease_holds(claimed):
                 # Claimed under an identity whose lease was lost: the reaper owns it now.
                 self._finished([claimed])
+                continue
+            if self.claiming_stopped.is_set():
+                self._return_unstarted([claimed])
                 continue
             with self._busy_lock:
                 self._busy += 1
@@ -296,6 +198,17 @@ class Consumer:
                 if not left_to_batcher:
                     self._finished([claimed])
                 close_old_connections()
+
+    def _lease_holds(self, claimed: Claimed) -> bool:
+        """Wait while the lease may have lapsed; True once it surely holds for `claimed`'s identity.
+
+        A task starts only under a lease renewed less than lease - margin ago: one that is not
+        renewed in time stays held here, and if the lease is lost it is the reaper's.
+        """
+        while not self.lease.fresh() and claimed.consumer_id == self.consumer_id \
+                and not self.claiming_stopped.is_set() and not self.workers_stop.is_set():
+            self.workers_stop.wait(LEASE_WAIT_S)
+        return claimed.consumer_id == self.consumer_id
 
     def reserve_suspect_slot(self) -> bool:
         """Take the right to hold a suspect: one at a time, so a death can be pinned on it."""
@@ -315,14 +228,18 @@ class Consumer:
         if any(item.suspect for item in claimed):
             self.release_suspect_slot()
         with self._held_lock:
-            self._held.difference_update((item.queue, item.consumer_id, item.raw) for item in claimed)
+            for item in claimed:
+                key = (item.queue, item.consumer_id, item.raw)
+                self._held[key] -= 1
+                if self._held[key] <= 0:
+                    del self._held[key]
         metrics.IN_FLIGHT.dec(len(claimed))
         self.capacity.release(len(claimed))
 
-    def held_raws(self, queue: str, consumer_id: str) -> set[bytes]:
-        """The tasks of one processing list this consumer knows it holds."""
+    def held_raws(self, queue: str, consumer_id: str) -> Counter[bytes]:
+        """The tasks of one processing list this consumer knows it holds, each with how many times."""
         with self._held_lock:
-            return {raw for q, c, raw in self._held if q == queue and c == consumer_id}
+            return Counter({raw: n for (q, c, raw), n in self._held.items() if q == queue and c == consumer_id})
 
     def _return_unstarted(self, claimed: list[Claimed]) -> None:
         by_owner: dict[tuple[str, str], list[bytes]] = {}
@@ -356,10 +273,9 @@ class Consumer:
         until_done(self.register, what="register", give_up=self.give_up)
         opts = self.options
         loops = [
-            HeartbeatLoop(self.heartbeat_broker, opts.queues, lambda: self.consumer_id, opts.lease_s,
-                          self.lease_lost),
+            HeartbeatLoop(self.heartbeat_broker, opts.queues, lambda: self.consumer_id, self.lease, self.lease_lost),
             SchedulerLoop(self.broker, opts.queues),
-            ReaperLoop(self.broker, opts.queues, opts.lease_s, self._on_reaped_dead_letters),
+            self.reaper,
             HousekeepingLoop(self._refresh_task_types, settings.TASKS_CONFIG_REFRESH_S,
                              self.executor.expire_overdue),
             HealthLoop(self.broker, self.liveness, HEALTH_CHECK_S),

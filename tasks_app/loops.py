@@ -50,21 +50,49 @@ def start_thread(loop: Loop, stop: threading.Event) -> threading.Thread:
     return thread
 
 
+# A renewal's socket and connect timeouts, as a share of the lease: a hung renewal fails fast
+# and is retried (at the same pace) well before the lease runs out.
+HEARTBEAT_TIMEOUT_SHARE = 1 / 6
+# Tasks start only while the last renewal is younger than the lease less this share of it.
+LEASE_MARGIN_SHARE = 1 / 6
+
+
+class LeaseClock:
+    """When this consumer's lease was last renewed, on the monotonic clock; whether it still holds."""
+
+    def __init__(self, lease_s: float) -> None:
+        self.lease_s = lease_s
+        self._renewed_at = float("-inf")
+        self._lock = threading.Lock()
+
+    def renewed(self, sent_at: float) -> None:
+        """Record a successful renewal whose request left at `sent_at` (the lease runs from then, or later)."""
+        with self._lock:
+            self._renewed_at = max(self._renewed_at, sent_at)
+
+    def fresh(self) -> bool:
+        """True while the lease surely holds: renewed less than lease - margin ago."""
+        with self._lock:
+            return time.monotonic() - self._renewed_at < self.lease_s * (1 - LEASE_MARGIN_SHARE)
+
+
 class HeartbeatLoop:
     """Renews this consumer's lease every third of the lease, on its own connection."""
 
     name = "heartbeat"
 
-    def __init__(self, broker: Broker, queues: Sequence[str], identity: Callable[[], str], lease_s: float,
+    def __init__(self, broker: Broker, queues: Sequence[str], identity: Callable[[], str], lease: LeaseClock,
                  on_lost: Callable[[str], None]) -> None:
         self.broker = broker
         self.queues = list(queues)
         self.identity = identity
-        self.lease_ms = int(lease_s * 1000)
+        self.lease = lease
+        self.lease_ms = int(lease.lease_s * 1000)
         self.on_lost = on_lost
 
     def run_once(self) -> float:
         consumer_id = self.identity()
+        sent_at = time.monotonic()
         try:
             held = self.broker.heartbeat(self.queues, consumer_id, self.lease_ms)
         except RedisError as exc:
@@ -75,6 +103,7 @@ class HeartbeatLoop:
             logger.warning("%s: redis error: %s; retrying in %.1f s", self.name, exc, self.lease_ms / 6000)
             return self.lease_ms / 6000
         if held:
+            self.lease.renewed(sent_at)
             metrics.LEASE_RENEWALS.inc()
         else:
             metrics.LEASES_LOST.inc()
@@ -137,19 +166,25 @@ class ReaperLoop:
         self.queues = list(queues)
         self.lease_s = lease_s
         self.on_dead_lettered = on_dead_lettered
+        # Per queue, the page of tombstones to examine next (besides the newest, every time).
+        self._tombstone_offsets = dict.fromkeys(self.queues, 0)
 
     def run_once(self) -> float:
         for queue in self.queues:
-            expired, tombstones = self.broker.reap_candidates(queue)
+            expired, tombstones, self._tombstone_offsets[queue] = self.broker.reap_candidate_page(
+                queue, self._tombstone_offsets[queue])
             for consumer_id in [*expired, *tombstones]:
                 self.reap(queue, consumer_id)
         return max(0.05, self.lease_s / 4)
 
-    def reap(self, queue: str, consumer_id: str) -> int:
-        """Reap one consumer's list on one queue completely; return how many tasks moved."""
+    def reap(self, queue: str, consumer_id: str, *, own_earlier_run: bool = False) -> int:
+        """Reap one consumer's list on one queue completely; return how many tasks moved.
+
+        With `own_earlier_run`, recover what an earlier run of this process's id left behind.
+        """
         moved = 0
         while True:
-            outcome = self.broker.reap(queue, consumer_id, int(self.lease_s * 1000))
+            outcome = self.broker.reap(queue, consumer_id, int(self.lease_s * 1000), own_earlier_run=own_earlier_run)
             if outcome.status != 1:
                 return moved
             moved += outcome.requeued + len(outcome.dead_lettered)

@@ -232,7 +232,7 @@ def test_racing_reapers_requeue_each_task_exactly_once(broker):
 
 
 def test_retry_later_moves_to_delayed_and_promotion_waits_for_the_due_time(broker):
-    register(broker, "c1")
+    register(broker, "c1", lease_ms=5000)  # claims again after the delay: only under a live lease
     push(broker, make_task(1, priority=7), priority=7)
     [raw] = broker.claim("q", "c1", 1)
     assert broker.retry_later("q", "c1", raw, raw, 7, 300) is True

@@ -1,0 +1,147 @@
+"""Claiming for a consumer: one claimer thread per queue fills a bounded set of slots."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from redis.exceptions import RedisError
+
+from .broker import WAKE_TOKEN, Claim
+from .executor import Claimed
+
+if TYPE_CHECKING:
+    from .consumer import Consumer
+
+logger = logging.getLogger(__name__)
+
+# How soon a claimer waiting on pending looks again for suspects it could not take yet.
+SUSPECT_RECHECK_S = 0.1
+# How soon a claimer whose lease lapsed tries again (the heartbeat renews it or gives it up).
+LEASE_RECHECK_S = 0.1
+
+
+class Capacity:
+    """Counts the tasks this consumer holds; claiming waits while it is full (backpressure)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.in_use = 0
+        self._cond = threading.Condition()
+
+    def acquire(self, timeout_s: float) -> bool:
+        """Take one slot, waiting up to `timeout_s` for one to free up."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self.in_use < self.limit, timeout_s):
+                return False
+            self.in_use += 1
+            return True
+
+    def acquire_up_to(self, count: int) -> int:
+        """Take as many free slots as there are, up to `count`, without waiting."""
+        with self._cond:
+            taken = max(0, min(count, self.limit - self.in_use))
+            self.in_use += taken
+            return taken
+
+    def release(self, count: int = 1) -> None:
+        """Give slots back."""
+        if count <= 0:
+            return
+        with self._cond:
+            self.in_use -= count
+            self._cond.notify_all()
+
+
+class ClaimerLoop:
+    """Claims tasks of one queue while there is room: a batch at once, else one blocking move.
+
+    Every lease (and at once after a claim failed on the wire) it audits its processing list
+    against what the consumer holds, returning strays: tasks a claim moved whose reply was lost.
+    """
+
+    def __init__(self, consumer: Consumer, queue: str) -> None:
+        self.consumer = consumer
+        self.queue = queue
+        self.name = f"claimer:{queue}"
+        self._drop_wake = False
+        # Set when a claim failed on the wire: Redis may have moved tasks we never heard of.
+        self._uncertain = False
+        self._audit_at = time.monotonic() + consumer.options.lease_s
+        # Slots taken for the claim in progress and not yet handed to a dispatched task.
+        self._slots = 0
+
+    def run_once(self) -> float:
+        consumer = self.consumer
+        if self._uncertain or time.monotonic() >= self._audit_at:
+            self.reconcile()
+        if not consumer.capacity.acquire(timeout_s=0.5):
+            return 0.0
+        self._slots = 1 + consumer.capacity.acquire_up_to(consumer.capacity.limit - 1)
+        consumer_id = consumer.consumer_id
+        may_take_suspect = consumer.reserve_suspect_slot()
+        outcome: Claim | None = None
+        try:
+            outcome = consumer.broker.claim_with_suspect(self.queue, consumer_id, self._slots,
+                                                         drop_wake=self._drop_wake, allow_suspect=may_take_suspect)
+            self._drop_wake = False
+            return self._take(outcome, consumer_id)
+        except BaseException as exc:
+            self._uncertain = isinstance(exc, RedisError)
+            raise
+        finally:
+            consumer.capacity.release(self._slots)
+            self._slots = 0
+            if may_take_suspect and not (outcome is not None and outcome.took_suspect):
+                consumer.release_suspect_slot()
+
+    def _take(self, outcome: Claim | None, consumer_id: str) -> float:
+        # Dispatch what the claim moved; with nothing moved, block on pending for one task.
+        # Slots not used by a dispatched task are left in self._slots for the caller to release.
+        consumer = self.consumer
+        if outcome is None:
+            consumer.lease_lost(consumer_id)
+            return 0.0
+        if outcome.tasks:
+            self._slots -= len(outcome.tasks)
+            consumer.dispatch([Claimed(self.queue, consumer_id, raw, suspect=outcome.took_suspect and index == 0,
+                                       fence=outcome.first_fence + index)
+                               for index, raw in enumerate(outcome.tasks)])
+            return 0.0
+        if outcome.lease_expired or not consumer.lease.fresh():
+            return LEASE_RECHECK_S  # no claim under a lapsed lease: the heartbeat renews it or gives it up
+        consumer.capacity.release(self._slots - 1)
+        self._slots = 1
+        # Suspects waiting for this consumer's one suspect slot are claimed soon after it
+        # frees; new pending tasks still wake the blocking claim at once.
+        block_s = min(consumer.options.block_s, SUSPECT_RECHECK_S) if outcome.suspects_waiting \
+            else consumer.options.block_s
+        raw, fence = consumer.broker.claim_blocking(self.queue, consumer_id, block_s)
+        if raw is not None and raw != WAKE_TOKEN:
+            self._slots = 0
+            consumer.dispatch([Claimed(self.queue, consumer_id, raw, fence=fence)])
+        self._drop_wake = raw == WAKE_TOKEN
+        return 0.0
+
+    def reconcile(self) -> None:
+        """Return tasks that sit in our processing list unbeknown to us (a claim's lost reply).
+
+        Only this thread adds to this queue's processing list and to what the consumer holds of
+        it, so taking the held tasks first and listing second can only make us see fewer strays,
+        never a held task as one. Left alone a stray would wait, unstarted, until this consumer
+        stops.
+        """
+        consumer = self.consumer
+        consumer_id = consumer.consumer_id
+        held = consumer.held_raws(self.queue, consumer_id)
+        listed = consumer.broker.held_by(self.queue, consumer_id)
+        strays = list((Counter(raw for raw in listed if raw != WAKE_TOKEN) - held).elements())
+        self._drop_wake = self._drop_wake or WAKE_TOKEN in listed
+        if strays:
+            returned = consumer.broker.return_unstarted(self.queue, consumer_id, strays)
+            logger.warning("returned %d claimed task(s) whose claim reply was lost to the head of %s",
+                           returned, self.queue)
+        self._uncertain = False
+        self._audit_at = time.monotonic() + consumer.options.lease_s
