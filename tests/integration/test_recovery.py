@@ -1,0 +1,234 @@
+"""Recovery against real Redis: lost claim replies, leftovers of an unclean run, failover and restart guards."""
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tasks_app import producer
+from tasks_app.broker import MAX_RECOVERIES, Broker, Scripts, connect, get_broker
+from tasks_app.codec import Task, encode_task
+from tasks_app.consumer import ClaimerLoop, Consumer, ConsumerOptions
+from tests.chaos.servers import RedisClusterServers, RedisServer
+from tests.support.processes import wait_until
+from tests.support.recording import runs_per_task
+
+
+NULL_REPLIES = (b"*-1\r\n", b"_\r\n", b"$-1\r\n")
+
+
+class ReplyDroppingProxy:
+    """A TCP proxy to Redis that, once armed, forwards the first command containing `marker`
+    and then closes the connection instead of passing its reply on: the command ran, the
+    client never hears of it (what a network cut or a node dying mid-reply does)."""
+
+    def __init__(self, port: int, marker: bytes) -> None:
+        self.target_port = port
+        self.marker = marker
+        self.dropped = threading.Event()
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target_port))
+            armed = threading.Event()
+            threading.Thread(target=self._upstream, args=(client, server, armed), daemon=True).start()
+            threading.Thread(target=self._downstream, args=(server, client, armed), daemon=True).start()
+
+    def _upstream(self, client: socket.socket, server: socket.socket, armed: threading.Event) -> None:
+        with contextlib.suppress(OSError):
+            while chunk := client.recv(65536):
+                if not self.dropped.is_set() and self.marker in chunk:
+                    armed.set()
+                server.sendall(chunk)
+
+    def _downstream(self, server: socket.socket, client: socket.socket, armed: threading.Event) -> None:
+        with contextlib.suppress(OSError):
+            while chunk := server.recv(65536):
+                if armed.is_set() and chunk in NULL_REPLIES:
+                    armed.clear()  # a blocking move that timed out moved nothing: wait for one that does
+                elif armed.is_set() and not self.dropped.is_set():
+                    self.dropped.set()
+                    break  # the reply is swallowed
+                client.sendall(chunk)
+        for sock in (client, server):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+@contextlib.contextmanager
+def running(consumer: Consumer) -> Iterator[Consumer]:
+    exit_codes: list[int] = []
+    thread = threading.Thread(target=lambda: exit_codes.append(consumer.run()), daemon=True)
+    thread.start()
+    try:
+        yield consumer
+    finally:
+        consumer.request_stop()
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "consumer did not stop"
+    assert exit_codes == [0]
+
+
+@pytest.fixture
+def cluster(settings, key_prefix: str, tmp_path: Path) -> Iterator[RedisClusterServers]:
+    """A private 3-master Redis Cluster that this test (producer, handlers, consumer) uses."""
+    original = (settings.REDIS_URL, settings.REDIS_CLUSTER)
+    servers = RedisClusterServers(tmp_path).start()
+    settings.REDIS_URL, settings.REDIS_CLUSTER = servers.url, True
+    try:
+        yield servers
+    finally:
+        settings.REDIS_URL, settings.REDIS_CLUSTER = original
+        servers.remove()
+
+
+def through_proxy(url: str, node_port: int, proxy: ReplyDroppingProxy, prefix: str) -> Broker:
+    """A cluster broker whose commands to one node pass through `proxy`."""
+    client = connect(url, cluster=True)
+    client.nodes_manager.address_remap = lambda addr: ("127.0.0.1", proxy.port) if addr[1] == node_port else addr
+    client.nodes_manager.initialize()
+    return Broker(client, prefix)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("lost", ["claim script", "BLMOVE"])
+def test_tasks_moved_by_a_claim_whose_reply_was_lost_still_run(cluster, lost):
+    # Before: the client re-sent the command on its own after re-reading the slots; the first
+    # call's tasks sat in the live consumer's list, unknown to it, until it exited.
+    broker = get_broker()
+    scripts = Scripts()
+    broker.client.script_load(scripts.sources["claim"])
+    marker = scripts.shas["claim"].encode() if lost == "claim script" else b"BLMOVE"
+    node = broker.client.get_node_from_key(broker.keys.pending("default"))
+    proxy = ReplyDroppingProxy(node.port, marker)
+    try:
+        consumer = Consumer(ConsumerOptions(lease_s=30, block_s=0.5, concurrency=2, prefetch=2),
+                            broker=through_proxy(cluster.url, node.port, proxy, broker.keys.prefix),
+                            heartbeat_broker=broker)
+        first = producer.enqueue("test.record", count=3) if lost == "claim script" else []
+        with running(consumer):
+            if lost == "BLMOVE":
+                wait_until(lambda: broker.live_consumers("default"), 10, message="the consumer to register")
+                time.sleep(0.3)  # the claimer is blocked in BLMOVE now
+                first = producer.enqueue("test.record", count=1)
+            wait_until(proxy.dropped.is_set, 10, message=f"a {lost} reply to be dropped")
+            later = producer.enqueue("test.record", count=2)
+            wanted = {task.id for task in [*first, *later]}
+            wait_until(lambda: wanted <= set(runs_per_task(broker)), 10,
+                       message="every task, those of the lost claim included, to run")
+        assert all(count == 1 for count in runs_per_task(broker).values())
+        assert not broker.held_by("default", consumer.consumer_id)
+    finally:
+        proxy.close()
+
+
+def test_clients_never_resend_a_command_by_themselves(cluster):
+    assert connect(cluster.url, cluster=True).retry.get_retries() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_in_a_live_consumers_list_that_it_does_not_hold_is_returned_within_a_lease(broker, consumer_in_thread):
+    # The audit: whatever put it there (a lost reply no error told us of), it must not wait
+    # until the consumer exits.
+    with consumer_in_thread(lease_s=1.0) as consumer:
+        wait_until(lambda: broker.live_consumers("default"), 10, message="the consumer to register")
+        stray = encode_task(Task(id="stray-1", type="test.record", queue="default"))
+        broker.client.lpush(broker.keys.processing("default", consumer.consumer_id), stray)
+        wait_until(lambda: runs_per_task(broker)["stray-1"] == 1, 10, message="the stray task to run")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_byte_identical_tasks_held_at_once_are_counted_apart(broker, consumer_in_thread):
+    twin = encode_task(Task(id="twin", type="test.record", queue="default", payload=b'{"kwargs": {"sleep_s": 1.0}}'))
+    broker.client.lpush(broker.keys.pending("default"), twin, twin)
+    with consumer_in_thread(concurrency=1, prefetch=1) as consumer:
+        wait_until(lambda: runs_per_task(broker)["twin"] == 2, 10, message="the second twin to start")
+        wait_until(lambda: len(broker.held_by("default", consumer.consumer_id)) == 1, 10,
+                   message="the first twin's ack")
+        time.sleep(0.1)  # the ack's callback lets go of the first twin
+        ClaimerLoop(consumer, "default").reconcile()  # the second twin still runs: not a stray
+        assert broker.held_by("default", consumer.consumer_id) == [twin]
+        assert broker.client.llen(broker.keys.pending("default")) == 0
+        wait_until(lambda: not broker.held_by("default", consumer.consumer_id), 10, message="the twin to finish")
+        time.sleep(0.3)
+    assert runs_per_task(broker)["twin"] == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_fixed_id_restarted_after_each_death_dead_letters_the_task_that_kills_it(broker, consumer_process):
+    # What compose's `restart: unless-stopped` does; the lease is long, so no reaper ever acts.
+    [pill] = producer.enqueue("test.kill_self")
+    deaths = 0
+    for _ in range(MAX_RECOVERIES + 3):
+        process = consumer_process("--consumer-id", "fixed", "--lease", "30", "--concurrency", "2", "--prefetch", "0")
+        try:
+            wait_until(lambda: process.process.poll() is not None or broker.client.zcard(broker.keys.dead("default")),
+                       30, message="the consumer to die or the pill to be dead-lettered")
+        finally:
+            process.stop()
+        if broker.client.zcard(broker.keys.dead("default")):
+            break
+        deaths += 1
+    [(member, _)] = broker.list_dead("default")
+    assert pill.id.encode() in member and b"recovered 4 times" in member
+    assert deaths == MAX_RECOVERIES + 1
+
+
+def reap_status(broker: Broker, consumer_id: str, lease_ms: int) -> int:
+    return broker.reap("q", consumer_id, lease_ms).status
+
+
+def expired_consumer(broker: Broker, consumer_id: str, lease_ms: int) -> None:
+    broker.heartbeat(["q"], consumer_id, lease_ms, {"lease_ms": lease_ms})
+    broker.client.lpush(broker.keys.processing("q", consumer_id), encode_task(Task(id="t", type="demo.echo", queue="q")))
+    broker.client.zadd(broker.keys.consumers("q"), {consumer_id: 1})
+
+
+def test_reaping_waits_until_a_restarted_redis_has_been_up_for_a_lease(tmp_path: Path, key_prefix):
+    server = RedisServer(tmp_path).start()
+    try:
+        broker = Broker(connect(server.url), key_prefix)
+        expired_consumer(broker, "c1", 2000)
+        assert reap_status(broker, "c1", 2000) == -2
+        assert broker.client.llen(broker.keys.processing("q", "c1")) == 1
+        wait_until(lambda: int(broker.client.info("server")["uptime_in_seconds"]) >= 3, 10, message="uptime")
+        assert reap_status(broker, "c1", 2000) == 1
+    finally:
+        server.remove()
+
+
+def test_reaping_waits_a_lease_after_a_replica_is_promoted(tmp_path: Path, key_prefix):
+    primary = RedisServer(tmp_path).start()
+    replica = RedisServer(tmp_path, "--replicaof", "127.0.0.1", str(primary.port)).start()
+    try:
+        old, new = Broker(connect(primary.url), key_prefix), Broker(connect(replica.url), key_prefix)
+        wait_until(lambda: new.client.info("replication")["master_link_status"] == "up", 10, message="sync")
+        wait_until(lambda: int(new.client.info("server")["uptime_in_seconds"]) >= 2, 10, message="uptime")
+        expired_consumer(old, "c1", 1000)
+        old.client.wait(1, 2000)
+        new.client.replicaof("NO", "ONE")  # the failover: a replica with a long uptime takes over
+        assert reap_status(new, "c1", 1000) == -2
+        new.heartbeat(["q"], "live", 1000, {"lease_ms": 1000})  # live consumers renew on the new primary
+        assert reap_status(new, "c1", 1000) == -2
+        time.sleep(1.1)
+        assert reap_status(new, "c1", 1000) == 1
+    finally:
+        replica.remove()
+        primary.remove()
+
