@@ -1,9 +1,6 @@
 """Recovery against real Redis: lost claim replies, leftovers of an unclean run, failover and restart guards."""
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,74 +12,10 @@ from tasks_app.broker import MAX_RECOVERIES, Broker, Scripts, connect, get_broke
 from tasks_app.codec import Task, encode_task
 from tasks_app.consumer import ClaimerLoop, Consumer, ConsumerOptions
 from tests.chaos.servers import RedisClusterServers, RedisServer
+from tests.support.consumers import running
 from tests.support.processes import wait_until
+from tests.support.proxy import RedisProxy
 from tests.support.recording import runs_per_task
-
-
-NULL_REPLIES = (b"*-1\r\n", b"_\r\n", b"$-1\r\n")
-
-
-class ReplyDroppingProxy:
-    """A TCP proxy to Redis that, once armed, forwards the first command containing `marker`
-    and then closes the connection instead of passing its reply on: the command ran, the
-    client never hears of it (what a network cut or a node dying mid-reply does)."""
-
-    def __init__(self, port: int, marker: bytes) -> None:
-        self.target_port = port
-        self.marker = marker
-        self.dropped = threading.Event()
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(("127.0.0.1", self.target_port))
-            armed = threading.Event()
-            threading.Thread(target=self._upstream, args=(client, server, armed), daemon=True).start()
-            threading.Thread(target=self._downstream, args=(server, client, armed), daemon=True).start()
-
-    def _upstream(self, client: socket.socket, server: socket.socket, armed: threading.Event) -> None:
-        with contextlib.suppress(OSError):
-            while chunk := client.recv(65536):
-                if not self.dropped.is_set() and self.marker in chunk:
-                    armed.set()
-                server.sendall(chunk)
-
-    def _downstream(self, server: socket.socket, client: socket.socket, armed: threading.Event) -> None:
-        with contextlib.suppress(OSError):
-            while chunk := server.recv(65536):
-                if armed.is_set() and chunk in NULL_REPLIES:
-                    armed.clear()  # a blocking move that timed out moved nothing: wait for one that does
-                elif armed.is_set() and not self.dropped.is_set():
-                    self.dropped.set()
-                    break  # the reply is swallowed
-                client.sendall(chunk)
-        for sock in (client, server):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-            sock.close()
-
-    def close(self) -> None:
-        self._listener.close()
-
-
-@contextlib.contextmanager
-def running(consumer: Consumer) -> Iterator[Consumer]:
-    exit_codes: list[int] = []
-    thread = threading.Thread(target=lambda: exit_codes.append(consumer.run()), daemon=True)
-    thread.start()
-    try:
-        yield consumer
-    finally:
-        consumer.request_stop()
-        thread.join(timeout=30)
-        assert not thread.is_alive(), "consumer did not stop"
-    assert exit_codes == [0]
 
 
 @pytest.fixture
@@ -98,7 +31,7 @@ def cluster(settings, key_prefix: str, tmp_path: Path) -> Iterator[RedisClusterS
         servers.remove()
 
 
-def through_proxy(url: str, node_port: int, proxy: ReplyDroppingProxy, prefix: str) -> Broker:
+def through_proxy(url: str, node_port: int, proxy: RedisProxy, prefix: str) -> Broker:
     """A cluster broker whose commands to one node pass through `proxy`."""
     client = connect(url, cluster=True)
     client.nodes_manager.address_remap = lambda addr: ("127.0.0.1", proxy.port) if addr[1] == node_port else addr
@@ -116,7 +49,7 @@ def test_tasks_moved_by_a_claim_whose_reply_was_lost_still_run(cluster, lost):
     broker.client.script_load(scripts.sources["claim"])
     marker = scripts.shas["claim"].encode() if lost == "claim script" else b"BLMOVE"
     node = broker.client.get_node_from_key(broker.keys.pending("default"))
-    proxy = ReplyDroppingProxy(node.port, marker)
+    proxy = RedisProxy(node.port, drop_reply_to=marker)
     try:
         consumer = Consumer(ConsumerOptions(lease_s=30, block_s=0.5, concurrency=2, prefetch=2),
                             broker=through_proxy(cluster.url, node.port, proxy, broker.keys.prefix),
