@@ -343,3 +343,56 @@ def test_a_deferral_keeps_the_recovery_count_but_a_retry_clears_it(broker):
     retried = encode_task(Task(id="task-1", type="demo.echo", queue="q", attempt=1))
     broker.retry_later("q", "c1", raw, retried, 0, 0)  # it ran and failed: a fresh start
     assert broker.client.hget(broker.keys.recoveries("q"), digest) is None
+
+
+@pytest.mark.parametrize("info", [b"not json", b"5", b"[1, 2]", b'{"lease_ms": "soon"}', b'{"lease_ms": {}}', b"\xff"])
+def test_reaping_never_fails_on_consumer_info_a_foreign_process_wrote(broker, info):
+    register(broker, "c1")
+    push(broker, make_task(1))
+    broker.claim("q", "c1", 1)
+    broker.client.hset(broker.keys.consumer_info("q"), "c1", info)
+    expire(broker, "c1")
+    outcome = broker.reap("q", "c1", LEASE_MS)
+    assert (outcome.status, outcome.requeued) == (1, 1)
+
+
+def test_a_clean_exit_clears_the_start_mark_of_the_suspect_it_returns(broker):
+    register(broker, "c0")
+    push(broker, make_task(1))
+    [raw] = broker.claim("q", "c0", 1)
+    expire(broker, "c0")
+    broker.reap("q", "c0", LEASE_MS)
+    register(broker, "c1")
+    [raw] = broker.claim_with_suspect("q", "c1", 1).tasks
+    broker.mark_started("q", raw)
+    assert broker.deregister("q", "c1") == 1
+    digest = __import__("hashlib").sha1(raw).hexdigest()
+    assert broker.client.hget(broker.keys.recoveries("q"), f"s:{digest}") is None
+    assert broker.client.hget(broker.keys.recoveries("q"), digest) == b"1"
+    assert broker.client.lrange(broker.keys.suspects("q"), 0, -1) == [raw]
+
+
+def test_every_tombstone_is_examined_in_turn_not_only_the_first_page(broker):
+    from tasks_app.broker import TOMBSTONE_PAGE
+    from tasks_app.loops import ReaperLoop
+
+    now_ms = broker.server_time_ms()
+    count = 2 * TOMBSTONE_PAGE + 50
+    broker.client.zadd(broker.keys.reaped("q"), {f"gone-{n}": now_ms - count + n for n in range(count)})
+    for n in (0, TOMBSTONE_PAGE + 10, count - 1):  # the oldest, a middle one, the newest
+        broker.client.lpush(broker.keys.processing("q", f"gone-{n}"), make_task(n))
+    reaper = ReaperLoop(broker, ["q"], LEASE_MS / 1000, lambda queue, dead: None)
+    for _ in range(count // TOMBSTONE_PAGE + 1):
+        reaper.run_once()
+    assert sorted(ids(broker.client.lrange(broker.keys.suspects("q"), 0, -1))) == \
+        sorted(f"task-{n}" for n in (0, TOMBSTONE_PAGE + 10, count - 1))
+
+
+def test_a_consumer_id_no_consumer_could_have_written_does_not_stop_the_reaper(broker):
+    broker.client.zadd(broker.keys.consumers("q"), {b"\xff\xfe": 1, "bad id{}": 1})
+    register(broker, "c1")
+    push(broker, make_task(1))
+    broker.claim("q", "c1", 1)
+    expire(broker, "c1")
+    expired, _ = broker.reap_candidates("q")
+    assert expired == ["c1"]
