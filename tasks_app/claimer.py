@@ -110,7 +110,7 @@ class ClaimerLoop:
                                        fence=outcome.first_fence + index)
                                for index, raw in enumerate(outcome.tasks)])
             return 0.0
-        if outcome.lease_expired or not consumer.lease.fresh():
+        if outcome.lease_expired or not consumer.lease.fresh(consumer_id):
             return LEASE_RECHECK_S  # no claim under a lapsed lease: the heartbeat renews it or gives it up
         consumer.capacity.release(self._slots - 1)
         self._slots = 1

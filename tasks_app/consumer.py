@@ -140,7 +140,7 @@ class Consumer:
                 "lease_ms": int(self.options.lease_s * 1000), "concurrency": self.options.concurrency,
                 "prefetch": self.options.prefetch, "queues": self.options.queues}
         self.broker.heartbeat(self.options.queues, consumer_id, int(self.options.lease_s * 1000), info)
-        self.lease.renewed(sent_at)
+        self.lease.renewed(consumer_id, sent_at)
 
     def lease_lost(self, lost_id: str) -> None:
         """Our lease expired and we were reaped: never use that id again; register a new one."""
@@ -205,7 +205,7 @@ class Consumer:
         A task starts only under a lease renewed less than lease - margin ago: one that is not
         renewed in time stays held here, and if the lease is lost it is the reaper's.
         """
-        while not self.lease.fresh() and claimed.consumer_id == self.consumer_id \
+        while not self.lease.fresh(claimed.consumer_id) and claimed.consumer_id == self.consumer_id \
                 and not self.claiming_stopped.is_set() and not self.workers_stop.is_set():
             self.workers_stop.wait(LEASE_WAIT_S)
         return claimed.consumer_id == self.consumer_id

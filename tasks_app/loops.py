@@ -58,22 +58,26 @@ LEASE_MARGIN_SHARE = 1 / 6
 
 
 class LeaseClock:
-    """When this consumer's lease was last renewed, on the monotonic clock; whether it still holds."""
+    """When this consumer's lease was last renewed, and under which id, on the monotonic clock."""
 
     def __init__(self, lease_s: float) -> None:
         self.lease_s = lease_s
+        self._consumer_id = ""
         self._renewed_at = float("-inf")
         self._lock = threading.Lock()
 
-    def renewed(self, sent_at: float) -> None:
+    def renewed(self, consumer_id: str, sent_at: float) -> None:
         """Record a successful renewal whose request left at `sent_at` (the lease runs from then, or later)."""
         with self._lock:
+            if consumer_id != self._consumer_id:
+                self._consumer_id, self._renewed_at = consumer_id, sent_at
             self._renewed_at = max(self._renewed_at, sent_at)
 
-    def fresh(self) -> bool:
-        """True while the lease surely holds: renewed less than lease - margin ago."""
+    def fresh(self, consumer_id: str) -> bool:
+        """True while the lease of `consumer_id` surely holds: renewed less than lease - margin ago."""
         with self._lock:
-            return time.monotonic() - self._renewed_at < self.lease_s * (1 - LEASE_MARGIN_SHARE)
+            return consumer_id == self._consumer_id \
+                and time.monotonic() - self._renewed_at < self.lease_s * (1 - LEASE_MARGIN_SHARE)
 
 
 class HeartbeatLoop:
@@ -103,7 +107,7 @@ class HeartbeatLoop:
             logger.warning("%s: redis error: %s; retrying in %.1f s", self.name, exc, self.lease_ms / 6000)
             return self.lease_ms / 6000
         if held:
-            self.lease.renewed(sent_at)
+            self.lease.renewed(consumer_id, sent_at)
             metrics.LEASE_RENEWALS.inc()
         else:
             metrics.LEASES_LOST.inc()

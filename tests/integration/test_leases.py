@@ -63,13 +63,15 @@ def test_the_heartbeat_gives_up_on_a_hung_renewal_well_within_a_third_of_the_lea
 
 def test_the_lease_clock_is_fresh_only_within_lease_less_margin_of_the_last_renewal():
     clock = LeaseClock(0.6)
-    assert not clock.fresh()
-    clock.renewed(time.monotonic())
-    assert clock.fresh()
+    assert not clock.fresh("c1")
+    clock.renewed("c1", time.monotonic())
+    assert clock.fresh("c1")
     time.sleep(0.6 * (1 - LEASE_MARGIN_SHARE) + 0.02)
-    assert not clock.fresh()
-    clock.renewed(time.monotonic())
-    assert clock.fresh()
+    assert not clock.fresh("c1")
+    clock.renewed("c1", time.monotonic())
+    assert clock.fresh("c1")
+    clock.renewed("c1.1", time.monotonic())  # a new identity: the old one's lease is gone
+    assert clock.fresh("c1.1") and not clock.fresh("c1")
 
 
 @pytest.mark.django_db(transaction=True)
