@@ -556,7 +556,8 @@ class Broker:
         next_offset = tombstone_offset + TOMBSTONE_PAGE
         return expired, tombstones, next_offset if next_offset < count else 0
 
-    def reap(self, queue: str, consumer_id: str, default_lease_ms: int, *, own_earlier_run: bool = False) -> ReapOutcome:
+    def reap(self, queue: str, consumer_id: str, default_lease_ms: int, *,
+             own_earlier_run: bool = False) -> ReapOutcome:
         """Return a dead consumer's tasks to the suspects list (at most REAP_BATCH per call).
 
         With `own_earlier_run`, the caller is registering under `consumer_id`: what an earlier

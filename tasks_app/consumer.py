@@ -84,15 +84,13 @@ class Consumer:
         self.options = options
         self.registry = registry
         self.broker = broker or Broker.from_settings()
-        # The heartbeat has a connection of its own so that busy workers never delay it, with
-        # timeouts short enough that a hung renewal is retried well within the lease.
+        # Its own connection, so busy workers never delay it; a hung renewal fails well within the lease.
         self.heartbeat_broker = heartbeat_broker or Broker.from_settings(
             prefix=self.broker.keys.prefix, timeout_s=options.lease_s * HEARTBEAT_TIMEOUT_SHARE)
         self.lease = LeaseClock(options.lease_s)
         self.base_id = options.consumer_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.consumer_id = self.base_id
-        self._generation = 0
-        self._identity_lock = threading.Lock()
+        self._generation, self._identity_lock = 0, threading.Lock()
         self.capacity = Capacity(options.concurrency + options.prefetch)
         self.work: queue_module.SimpleQueue[Claimed] = queue_module.SimpleQueue()
         self.task_types = TaskTypeCache()
@@ -108,17 +106,14 @@ class Consumer:
         self._threads: list[threading.Thread] = []
         self._claimers: list[threading.Thread] = []
         self._workers: list[threading.Thread] = []
-        self._busy = 0
-        self._busy_lock = threading.Lock()
-        # (queue, consumer id, task) of every task handed to workers and not yet settled, counted:
-        # two byte-identical tasks can be claimed at once.
+        self._busy, self._busy_lock = 0, threading.Lock()
+        # (queue, consumer id, task) handed to workers and not settled, counted (twins can be claimed at once).
         self._held: Counter[tuple[str, str, bytes]] = Counter()
         self._held_lock = threading.Lock()
         # At most one suspect (a task recovered from a consumer that died) is held at a time.
         self._suspect_reserved = False
         self._suspect_slot = threading.Lock()
         self._first_signal_at: float | None = None
-        # Checked every few seconds; stale after a few missed checks (or one lease, if longer).
         self.liveness = Liveness(options.health_file, stale_after_s=max(3 * HEALTH_CHECK_S, options.lease_s))
         self.reaper = ReaperLoop(self.broker, options.queues, options.lease_s, self._on_reaped_dead_letters)
 
