@@ -523,6 +523,18 @@ class Broker:
         results = self.scripts.execute(pipe, self.client)
         return all(bool(flag) for flag in results[:: 2 if register_info is not None else 1])
 
+    def abandon(self, queues: Sequence[str], consumer_id: str) -> None:
+        """Tombstone an id whose lease was lost, so reapers sweep its lists even if its lease entry is gone.
+
+        A blocking claim in flight can still move a task into such a list, and after a failover
+        that lost the lease entry no reaper would otherwise look there.
+        """
+        now_ms = int(time.time() * 1000)
+        pipe = self.client.pipeline(transaction=False)
+        for queue in queues:
+            pipe.zadd(self.keys.reaped(queue), {consumer_id: now_ms}, nx=True)
+        pipe.execute()
+
     def deregister(self, queue: str, consumer_id: str) -> int:
         """Leave cleanly: return anything still held to pending uncounted, and drop the lease."""
         keys = [self.keys.consumers(queue), self.keys.consumer_info(queue),

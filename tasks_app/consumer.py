@@ -138,7 +138,7 @@ class Consumer:
         self.lease.renewed(consumer_id, sent_at)
 
     def lease_lost(self, lost_id: str) -> None:
-        """Our lease expired and we were reaped: never use that id again; register a new one."""
+        """Our lease expired (or we were reaped): never use that id again; tombstone it, register a new one."""
         with self._identity_lock:
             if lost_id != self.consumer_id:
                 return  # another thread already moved on
@@ -146,6 +146,7 @@ class Consumer:
             new_id = f"{self.base_id}.{self._generation}"
             logger.error("consumer %s lost its lease (it was presumed dead and its tasks recovered); "
                          "continuing as %s", lost_id, new_id)
+            until_done(lambda: self.broker.abandon(self.options.queues, lost_id), what="abandon", give_up=self.give_up)
             # Register before publishing the new id: a claimer that used it unregistered would
             # see its claim refused and throw this fresh identity away too.
             until_done(lambda: self.register(new_id), what="register", give_up=self.give_up)

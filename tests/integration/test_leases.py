@@ -103,3 +103,17 @@ def test_a_consumer_that_cannot_renew_starts_nothing_more_and_its_tasks_run_else
             and run["start_ms"] > registered_ms + lease_s * 1000 * (1 - LEASE_MARGIN_SHARE) + 250]
     assert not late, f"started after its lease could have lapsed: {late}"
     assert any(run["consumer"] == f"{first_id}.1" for run in runs)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_moved_into_a_lost_identitys_list_runs_even_when_its_lease_entry_vanished(broker, consumer_in_thread):
+    # A failover that lost the lease entry: no lease, no tombstone, so no reaper looked there.
+    with consumer_in_thread() as consumer:
+        first_id = wait_until(lambda: next(iter(broker.live_consumers("default")), None), 10,
+                              message="the consumer to register")["id"]
+        broker.client.zrem(broker.keys.consumers("default"), first_id)
+        wait_until(lambda: consumer.consumer_id != first_id, 10, message="the consumer to take a new id")
+        late = encode_task(Task(id="late-1", type="test.record", queue="default"))
+        broker.client.lpush(broker.keys.processing("default", first_id), late)  # a blocking claim in flight
+        wait_until(lambda: recorded_runs(broker), 10, message="the late task to run")
+    assert [run["task_id"] for run in recorded_runs(broker)] == ["late-1"]
