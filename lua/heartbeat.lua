@@ -9,9 +9,9 @@
 local time = redis.call('TIME')
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local lease_ms = tonumber(ARGV[2]) or 0
-local uptime_s = tonumber(string.match(redis.call('INFO', 'server'), 'uptime_in_seconds:(%d+)'))
-local uptime_ms = (uptime_s or 1e9) * 1000  -- unknown: long enough
-local replid = string.match(redis.call('INFO', 'replication'), 'master_replid:(%w+)') or ''
+-- include: node
+local uptime_ms = node_uptime_ms()
+local replid = node_replid()
 local marked = redis.call('HGET', KEYS[3], 'replid')
 local since_ms = tonumber(redis.call('HGET', KEYS[3], 'since_ms'))
 if marked ~= replid or not since_ms then

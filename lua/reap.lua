@@ -22,12 +22,12 @@ local function lease_of(id)
   return lease_ms or tonumber(ARGV[5]) or 0
 end
 
+-- include: node
 -- True while live consumers may not have renewed yet: Redis restarted, or this node took
 -- the slot over (its replication id is not the one heartbeats last marked), under a lease ago.
 local function holding(lease_ms)
-  local uptime_s = tonumber(string.match(redis.call('INFO', 'server'), 'uptime_in_seconds:(%d+)'))
-  if uptime_s and uptime_s * 1000 < lease_ms then return true end
-  local replid = string.match(redis.call('INFO', 'replication'), 'master_replid:(%w+)') or ''
+  if node_uptime_ms() < lease_ms then return true end
+  local replid = node_replid()
   local since_ms = tonumber(redis.call('HGET', KEYS[9], 'since_ms'))
   return redis.call('HGET', KEYS[9], 'replid') ~= replid or not since_ms or now_ms - since_ms < lease_ms
 end
