@@ -81,19 +81,27 @@ class ClaimerLoop:
             return 0.0
         self._slots = 1 + consumer.capacity.acquire_up_to(consumer.capacity.limit - 1)
         consumer_id = consumer.consumer_id
-        may_take_suspect = consumer.reserve_suspect_slot()
-        outcome: Claim | None = None
         try:
-            outcome = consumer.broker.claim_with_suspect(self.queue, consumer_id, self._slots,
-                                                         drop_wake=self._drop_wake, allow_suspect=may_take_suspect)
-            self._drop_wake = False
-            return self._take(outcome, consumer_id)
+            return self._take(self._claim(consumer_id), consumer_id)
         except BaseException as exc:
             self._uncertain = isinstance(exc, RedisError)
             raise
         finally:
             consumer.capacity.release(self._slots)
             self._slots = 0
+
+    def _claim(self, consumer_id: str) -> Claim | None:
+        # The consumer's one suspect slot is held for the claim script only, unless it took a
+        # suspect: held through a blocking claim, it kept every other queue's suspects waiting.
+        consumer = self.consumer
+        may_take_suspect = consumer.reserve_suspect_slot()
+        outcome: Claim | None = None
+        try:
+            outcome = consumer.broker.claim_with_suspect(self.queue, consumer_id, self._slots,
+                                                         drop_wake=self._drop_wake, allow_suspect=may_take_suspect)
+            self._drop_wake = False
+            return outcome
+        finally:
             if may_take_suspect and not (outcome is not None and outcome.took_suspect):
                 consumer.release_suspect_slot()
 

@@ -165,3 +165,13 @@ def test_reaping_waits_a_lease_after_a_replica_is_promoted(tmp_path: Path, key_p
         replica.remove()
         primary.remove()
 
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_suspect_of_one_queue_runs_while_the_consumers_other_queues_are_idle(broker, consumer_in_thread):
+    # Before: an idle queue's claimer held the consumer's one suspect slot through each of its
+    # blocking claims, so the suspects of every other queue it consumes waited for good.
+    suspect = encode_task(Task(id="suspect-1", type="test.record", queue="b"))
+    broker.client.rpush(broker.keys.suspects("b"), suspect)
+    with consumer_in_thread(queues=["a1", "a2", "a3", "b"], block_s=2.0):
+        wait_until(lambda: runs_per_task(broker)["suspect-1"] == 1, 8, message="the suspect to run")
