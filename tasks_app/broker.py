@@ -237,19 +237,21 @@ class Scripts:
 _QUEUED_SCRIPTS = "_tasks_queued_scripts"
 
 
-def connect(url: str, cluster: bool = False, *, timeout_s: float = 15.0) -> Any:
-    """Open a Redis (or Redis Cluster) client for `url` that never re-sends a command by itself.
+def connect(url: str, cluster: bool = False, *, timeout_s: float = 15.0, resend: bool = True) -> Any:
+    """Open a Redis (or Redis Cluster) client for `url`; with `resend=False` it never re-sends a command.
 
-    redis-py's default `Retry` silently re-sends a command whose reply was lost: a claim or
-    BLMOVE then moves tasks twice and the first call's tasks sit unknown in our list, an LPUSH
-    enqueues twice. Our callers retry with backoff themselves and know what a lost reply means.
+    redis-py's default `Retry` (on Cluster: re-resolve the slots, send again) silently re-sends a
+    command whose reply was lost: a claim or BLMOVE then moves tasks twice and the first call's
+    tasks sit unknown in the consumer's list, an LPUSH enqueues twice. The consumer's clients do
+    not re-send (it retries with backoff itself and knows what a lost reply means).
     """
     options: dict[str, Any] = {
         "socket_timeout": timeout_s,
         "socket_connect_timeout": min(5.0, timeout_s),
         "health_check_interval": 30,
-        "retry": Retry(NoBackoff(), 0),
     }
+    if not resend:
+        options["retry"] = Retry(NoBackoff(), 0)
     if cluster:
         return redis.RedisCluster.from_url(url, **options)
     return redis.Redis.from_url(url, **options)
@@ -266,11 +268,11 @@ class Broker:
         self._announced_queues: set[str] = set()
 
     @classmethod
-    def from_settings(cls, *, prefix: str | None = None, timeout_s: float = 15.0) -> Broker:
-        """Build a broker, with a connection pool of its own, from Django settings."""
+    def from_settings(cls, *, prefix: str | None = None, timeout_s: float = 15.0, resend: bool = True) -> Broker:
+        """Build a broker, with a connection pool of its own, from Django settings (see `connect`)."""
         from django.conf import settings
 
-        client = connect(settings.REDIS_URL, settings.REDIS_CLUSTER, timeout_s=timeout_s)
+        client = connect(settings.REDIS_URL, settings.REDIS_CLUSTER, timeout_s=timeout_s, resend=resend)
         return cls(client, prefix or settings.TASKS_KEY_PREFIX)
 
     def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
@@ -353,8 +355,8 @@ class Broker:
         claimed = self.claim_with_suspect(queue, consumer_id, max_tasks, drop_wake=drop_wake, allow_suspect=False)
         return None if claimed is None else claimed.tasks
 
-    # The claim methods below must not be re-sent after a lost reply (see `connect`): a claim
-    # whose outcome is unknown is reconciled by the caller against `held_by`.
+    # The claim methods below must not run on a client that re-sends after a lost reply (see
+    # `connect`): a claim whose outcome is unknown is reconciled by the caller against `held_by`.
 
     def claim_with_suspect(self, queue: str, consumer_id: str, max_tasks: int, *, drop_wake: bool = False,
                            allow_suspect: bool = True) -> Claim | None:

@@ -83,10 +83,10 @@ class Consumer:
         options.validate()
         self.options = options
         self.registry = registry
-        self.broker = broker or Broker.from_settings()
+        self.broker = broker or Broker.from_settings(resend=False)  # a lost claim reply is ours to reconcile
         # Its own connection, so busy workers never delay it; a hung renewal fails well within the lease.
         self.heartbeat_broker = heartbeat_broker or Broker.from_settings(
-            prefix=self.broker.keys.prefix, timeout_s=options.lease_s * HEARTBEAT_TIMEOUT_SHARE)
+            prefix=self.broker.keys.prefix, timeout_s=options.lease_s * HEARTBEAT_TIMEOUT_SHARE, resend=False)
         self.lease = LeaseClock(options.lease_s)
         self.base_id = options.consumer_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.consumer_id = self.base_id

@@ -31,12 +31,11 @@ def cluster(settings, key_prefix: str, tmp_path: Path) -> Iterator[RedisClusterS
         servers.remove()
 
 
-def through_proxy(url: str, node_port: int, proxy: RedisProxy, prefix: str) -> Broker:
-    """A cluster broker whose commands to one node pass through `proxy`."""
-    client = connect(url, cluster=True)
-    client.nodes_manager.address_remap = lambda addr: ("127.0.0.1", proxy.port) if addr[1] == node_port else addr
-    client.nodes_manager.initialize()
-    return Broker(client, prefix)
+def route_through(broker: Broker, node_port: int, proxy: RedisProxy) -> None:
+    """Send a cluster broker's commands for one node through `proxy`."""
+    nodes = broker.client.nodes_manager
+    nodes.address_remap = lambda addr: ("127.0.0.1", proxy.port) if addr[1] == node_port else addr
+    nodes.initialize()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -51,9 +50,8 @@ def test_tasks_moved_by_a_claim_whose_reply_was_lost_still_run(cluster, lost):
     node = broker.client.get_node_from_key(broker.keys.pending("default"))
     proxy = RedisProxy(node.port, drop_reply_to=marker)
     try:
-        consumer = Consumer(ConsumerOptions(lease_s=30, block_s=0.5, concurrency=2, prefetch=2),
-                            broker=through_proxy(cluster.url, node.port, proxy, broker.keys.prefix),
-                            heartbeat_broker=broker)
+        consumer = Consumer(ConsumerOptions(lease_s=30, block_s=0.5, concurrency=2, prefetch=2))
+        route_through(consumer.broker, node.port, proxy)  # the consumer's own clients, as it connects
         first = producer.enqueue("test.record", count=3) if lost == "claim script" else []
         with running(consumer):
             if lost == "BLMOVE":
@@ -71,8 +69,11 @@ def test_tasks_moved_by_a_claim_whose_reply_was_lost_still_run(cluster, lost):
         proxy.close()
 
 
-def test_clients_never_resend_a_command_by_themselves(cluster):
-    assert connect(cluster.url, cluster=True).retry.get_retries() == 0
+@pytest.mark.django_db
+def test_a_consumers_clients_never_resend_a_command_by_themselves(cluster):
+    consumer = Consumer(ConsumerOptions())
+    assert consumer.broker.client.retry.get_retries() == 0
+    assert consumer.heartbeat_broker.client.retry.get_retries() == 0
 
 
 @pytest.mark.django_db(transaction=True)
