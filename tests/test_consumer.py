@@ -273,8 +273,6 @@ def test_a_task_claimed_under_a_lost_identity_is_left_to_the_reaper(broker, cons
         assert broker.held_by("q", old_id) == [raw], "the reaper recovers it from the old list"
 
 
-@pytest.mark.xfail(strict=True, reason="Consumer._held is a set of (queue, consumer, bytes): the first twin to "
-                   "finish removes both, so reconcile() sees the running twin as a stray and requeues it")
 def test_reconciling_never_returns_a_byte_identical_twin_that_is_still_held(broker, consumer_in_thread):
     # A foreign producer may push the same bytes twice: two claims, two runs, both held at once.
     twin = task_bytes("twin", payload=encode_payload([], {"sleep_s": 0.4}))

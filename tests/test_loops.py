@@ -9,7 +9,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tasks_app import producer
 from tasks_app.broker import MAX_RECOVERIES, Broker, connect
-from tasks_app.loops import HeartbeatLoop, HousekeepingLoop, ReaperLoop, SchedulerLoop, run_forever, start_thread
+from tasks_app.loops import (HeartbeatLoop, HousekeepingLoop, LeaseClock, ReaperLoop, SchedulerLoop, run_forever,
+                             start_thread)
 from tasks_app.retrying import FIRST_BACKOFF_S
 from tests.support.claims import claim, die_running, push, register, task_bytes
 from tests.support.counters import sample
@@ -92,7 +93,7 @@ def test_start_thread_runs_the_loop_until_stopped():
 def test_heartbeat_renews_a_held_lease_every_third_of_it(broker):
     register(broker, "c1", lease_ms=1000)
     lost: list[str] = []
-    loop = HeartbeatLoop(broker, ["q"], lambda: "c1", 9.0, lost.append)
+    loop = HeartbeatLoop(broker, ["q"], lambda: "c1", LeaseClock(9.0), lost.append)
     deadline_before = broker.client.zscore(broker.keys.consumers("q"), "c1")
     time.sleep(0.01)
     assert loop.run_once() == pytest.approx(3.0)
@@ -102,7 +103,7 @@ def test_heartbeat_renews_a_held_lease_every_third_of_it(broker):
 
 def test_heartbeat_reports_a_lost_lease_with_the_id_that_lost_it(broker):
     lost: list[str] = []
-    loop = HeartbeatLoop(broker, ["q"], lambda: "reaped-one", 9.0, lost.append)  # never registered: reaped
+    loop = HeartbeatLoop(broker, ["q"], lambda: "reaped-one", LeaseClock(9.0), lost.append)  # never registered: reaped
     loop.run_once()
     assert lost == ["reaped-one"]
     assert broker.client.zscore(broker.keys.consumers("q"), "reaped-one") is None, "a lost lease is not retaken"
@@ -110,7 +111,7 @@ def test_heartbeat_reports_a_lost_lease_with_the_id_that_lost_it(broker):
 
 def test_heartbeat_retries_sooner_than_its_pace_when_redis_is_away(key_prefix):
     lost: list[str] = []
-    loop = HeartbeatLoop(unreachable_broker(key_prefix), ["q"], lambda: "c1", 9.0, lost.append)
+    loop = HeartbeatLoop(unreachable_broker(key_prefix), ["q"], lambda: "c1", LeaseClock(9.0), lost.append)
     sleep_s = loop.run_once()
     assert 0 < sleep_s < 3.0
     assert lost == [], "an unreachable Redis is not a lost lease"
