@@ -101,15 +101,35 @@ class Fleet:
         wait_until(lambda: wanted <= {c["id"] for c in self.broker.live_consumers(self.queues[0])}, timeout_s,
                    interval_s=0.1, message=f"consumers {sorted(wanted)} to register")
 
+    def identities(self, consumer_id: str) -> list[str]:
+        """The ids the process started as `consumer_id` has used: its own and `<id>.<n>` after a lost lease."""
+        client, keys = self.broker.client, self.broker.keys
+        found = {consumer_id}
+        for queue in self.queues:
+            for member in [*client.zrange(keys.consumers(queue), 0, -1), *client.zrange(keys.reaped(queue), 0, -1)]:
+                name = member.decode()
+                if name.startswith(f"{consumer_id}."):
+                    found.add(name)
+        return sorted(found)
+
     def held(self, consumer_id: str) -> list[bytes]:
-        """Everything in the consumer's processing lists."""
+        """Everything in the processing lists of this one id."""
         return [raw for q in self.queues for raw in self.broker.client.lrange(self.broker.keys.processing(q, consumer_id), 0, -1)]
 
+    def held_by_process(self, consumer_id: str) -> set[str]:
+        """Ids of the tasks in the processing lists of every id the consumer process has used."""
+        return task_ids([raw for cid in self.identities(consumer_id) for raw in self.held(cid)])
+
+    def running(self, consumer_id: str) -> set[str]:
+        """Ids of the tasks the consumer holds whose handler started there (under any of its ids)."""
+        started = set().union(*(started_on(self.broker, cid) for cid in self.identities(consumer_id)))
+        return self.held_by_process(consumer_id) & started
+
     def freeze(self, consumer_id: str) -> set[str]:
-        """SIGSTOP a consumer and return the ids of the tasks it holds once it cannot move."""
+        """SIGSTOP a consumer and return the ids of the tasks it holds (under any of its ids) once it cannot move."""
         self.processes[consumer_id].signal(signal.SIGSTOP)
         time.sleep(0.05)  # let commands it already sent finish on the server
-        return task_ids(self.held(consumer_id))
+        return self.held_by_process(consumer_id)
 
     def kill(self, consumer_id: str) -> set[str]:
         """Freeze, snapshot the processing list, then SIGKILL the process group; return the snapshot."""
@@ -120,16 +140,18 @@ class Fleet:
     def kill_while_running(self, consumer_id: str, timeout_s: float = 30) -> tuple[set[str], set[str]]:
         """SIGKILL a consumer at a moment when it holds tasks whose handler started there.
 
-        Returns the tasks it held and those of them that had started. Freezes, looks, and thaws
-        again (to retry a few ms later) while it holds no started task.
+        Returns the tasks it held and those of them that had started. Waits until it looks busy,
+        then freezes and looks again, thawing it to retry while it holds no started task.
         """
         deadline = time.monotonic() + timeout_s
         while True:
-            held = self.freeze(consumer_id)
-            running = held & started_on(self.broker, consumer_id)
-            if running or time.monotonic() > deadline:
-                break
-            self.processes[consumer_id].signal(signal.SIGCONT)
+            # Freeze only once it looks busy: freezing it over and over would starve its heartbeat.
+            if self.running(consumer_id) or time.monotonic() > deadline:
+                held = self.freeze(consumer_id)
+                running = held & self.running(consumer_id)
+                if running or time.monotonic() > deadline:
+                    break
+                self.processes[consumer_id].signal(signal.SIGCONT)
             time.sleep(0.01)
         self._kill_frozen(consumer_id, held)
         assert running, f"{consumer_id} never held a started task within {timeout_s} s"
@@ -143,7 +165,7 @@ class Fleet:
     def recovered_within(self, consumer_id: str, timeout_s: float) -> float:
         """Wait until a killed consumer's lists are empty (its tasks back in pending); return seconds since the kill."""
         killed_at = self.killed_at[consumer_id]
-        wait_until(lambda: not self.held(consumer_id), killed_at + timeout_s - time.monotonic(), interval_s=0.02,
+        wait_until(lambda: not self.held_by_process(consumer_id), killed_at + timeout_s - time.monotonic(), interval_s=0.02,
                    message=f"the tasks of {consumer_id} to be back in pending within {timeout_s} s of the kill")
         return time.monotonic() - killed_at
 
