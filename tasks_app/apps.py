@@ -26,8 +26,8 @@ class TasksAppConfig(AppConfig):
         from django.conf import settings
         from django.utils.module_loading import module_has_submodule
 
-        from . import checks  # noqa: F401  (registers the system checks)
-        from . import signals  # noqa: F401  (connects the receivers)
+        # Imported for their effect: checks registers the system checks, signals connects the receivers.
+        from . import checks, signals  # noqa: F401
         from .registry import registry
 
         discovered = [f"{app.name}.{submodule}" for app in apps.get_app_configs()

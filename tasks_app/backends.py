@@ -14,7 +14,8 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
-from .broker import Broker, Enqueueable, get_broker
+from .batch_args import Enqueueable
+from .broker import Broker, get_broker
 from .django_tasks import find_handler, task_result_from_record
 from .names import NAME_PATTERN, InvalidName, validate_name
 from .producer import EnqueueError, TaskRequest, enqueue_many
@@ -63,7 +64,7 @@ class RedisBackend(BaseTaskBackend):
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         """Validate, then push the task now, or when the current transaction commits."""
         self.validate_task(task)
-        result = TaskResult(
+        result: TaskResult[Any, Any] = TaskResult(
             task=task, id=str(uuid.uuid4()), status=TaskResultStatus.READY, enqueued_at=None, started_at=None,
             finished_at=None, last_attempted_at=None, args=args, kwargs=kwargs, backend=self.alias,
             errors=[], worker_ids=[],

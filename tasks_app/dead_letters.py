@@ -114,7 +114,7 @@ def requeue(queue: str, dead: Sequence[DeadTask], broker: Broker | None = None) 
     # Taken before the push: above every earlier run's token (their late writes are ignored),
     # below the next run's (whose writes this READY record must not override).
     fence = broker.issue_fence(queue)
-    broker.requeue_dead(queue, [(item.member, task.priority, encode_task(task)) for item, task in zip(movable, fresh)])
+    broker.requeue_dead(queue, [(item.member, task.priority, encode_task(task)) for item, task in zip(movable, fresh, strict=True)])
     for task in fresh:
         broker.record_result(_ready_again(task, fence))
     return movable

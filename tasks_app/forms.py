@@ -1,7 +1,7 @@
 """The staff enqueue form: JSON arguments checked server-side, errors shown next to their field."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.conf import settings
@@ -20,7 +20,7 @@ def enqueueable_type_names(registry: Registry = default_registry) -> list[str]:
             if registry.get(row.handler) is not None]
 
 
-def parse_json_field(text: str, expected: type, what: str) -> Any:
+def parse_json_field[T](text: str, expected: type[T], what: str) -> T:
     """Parse `text` as JSON of type `expected` (empty means empty), with a precise message on error."""
     if not text.strip():
         return expected()
@@ -53,7 +53,8 @@ class EnqueueForm(forms.Form):
 
     def __init__(self, *args: Any, registry: Registry = default_registry, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["type"].choices = [("", "---------")] + [(n, n) for n in enqueueable_type_names(registry)]
+        type_field = cast(forms.ChoiceField, self.fields["type"])
+        type_field.choices = [("", "---------"), *((n, n) for n in enqueueable_type_names(registry))]
 
     def clean_args(self) -> list[Any]:
         return parse_json_field(self.cleaned_data["args"], list, "Args")

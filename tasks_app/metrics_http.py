@@ -34,7 +34,7 @@ class _QuietHandler(WSGIRequestHandler):
 
 def make_app(liveness: Liveness | None, registry: CollectorRegistry = REGISTRY) -> Callable[..., Iterable[bytes]]:
     """Return a WSGI app serving `/healthz` from `liveness` and metrics on every other path."""
-    metrics_app = make_wsgi_app(registry)
+    metrics_app: Callable[..., Iterable[bytes]] = make_wsgi_app(registry)
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         if environ.get("PATH_INFO") == "/healthz":

@@ -1,7 +1,7 @@
 """Database models: task types (tuned in the admin, and carrying the queue's permissions) and API tokens."""
 from django.conf import settings
-from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
 from .names import NAME_PATTERN, NAME_RULE

@@ -13,7 +13,8 @@ from django.conf import settings
 from redis.exceptions import RedisError
 
 from . import results
-from .broker import Broker, Enqueueable, get_broker
+from .batch_args import Enqueueable
+from .broker import Broker, get_broker
 from .codec import PRIORITY_MAX, PRIORITY_MIN, Arguments, Task, encode_payload, encode_task
 from .names import InvalidName, validate_name
 from .registry import Registry, registry as default_registry

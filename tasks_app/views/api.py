@@ -37,7 +37,7 @@ def error(status: int, message: str, **headers: str) -> JsonResponse:
 class _CsrfCheck(CsrfViewMiddleware):
     """Django's CSRF check, returning the reason for a failure instead of a page."""
 
-    def _reject(self, request: HttpRequest, reason: str) -> str:  # type: ignore[override]
+    def _reject(self, request: HttpRequest, reason: str) -> str:
         return reason
 
 

@@ -142,6 +142,8 @@ def _act(request: HttpRequest, queue: str) -> None:
 
 def _log(request: HttpRequest, tasks: Sequence[dead_letters.DeadTask], flag: int, message: str) -> None:
     """Record one admin log entry per task (dead tasks are not models: no content type)."""
+    if not request.user.is_authenticated:  # the views are staff-only: an entry always has its user
+        raise PermissionDenied
     LogEntry.objects.bulk_create([
         LogEntry(user_id=request.user.pk, content_type=None, object_id=task.task_id or task.ref,
                  object_repr=f"{task.type} {task.task_id or task.ref}"[:200], action_flag=flag,
