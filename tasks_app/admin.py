@@ -1,4 +1,5 @@
 """Admin for task types (the handler is a choice among registered handlers) and API tokens."""
+
 from typing import Any, cast
 
 from django import forms
@@ -20,8 +21,17 @@ class TaskTypeForm(forms.ModelForm):
     class Meta:
         model = TaskType
         fields = (
-            "name", "handler", "queue", "enabled", "rate_limit", "rate_period", "rate_burst", "rate_algorithm",
-            "max_attempts", "retry_backoff", "timeout",
+            "name",
+            "handler",
+            "queue",
+            "enabled",
+            "rate_limit",
+            "rate_period",
+            "rate_burst",
+            "rate_algorithm",
+            "max_attempts",
+            "retry_backoff",
+            "timeout",
         )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -36,8 +46,18 @@ class TaskTypeForm(forms.ModelForm):
 @admin.register(TaskType)
 class TaskTypeAdmin(admin.ModelAdmin):
     form = TaskTypeForm
-    list_display = ("name", "handler", "queue", "enabled", "rate_limit", "rate_period", "max_attempts",
-                    "retry_backoff", "timeout", "updated_at")
+    list_display = (
+        "name",
+        "handler",
+        "queue",
+        "enabled",
+        "rate_limit",
+        "rate_period",
+        "max_attempts",
+        "retry_backoff",
+        "timeout",
+        "updated_at",
+    )
     list_filter = ("enabled", "queue", "rate_algorithm")
     list_editable = ("enabled",)
     search_fields = ("name", "handler", "queue")
@@ -86,11 +106,17 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
     def response_add(self, request: HttpRequest, obj: ApiToken, post_url_continue: str | None = None) -> HttpResponse:
         """Show the new token once, on its own page (never in a cookie or the database)."""
-        return render(request, "tasks_app/token_created.html", {
-            **self.admin_site.each_context(request), "title": "API token created", "token": obj,
-            "secret": obj.new_secret,  # type: ignore[attr-defined]
-            "opts": self.opts,
-        })
+        return render(
+            request,
+            "tasks_app/token_created.html",
+            {
+                **self.admin_site.each_context(request),
+                "title": "API token created",
+                "token": obj,
+                "secret": obj.new_secret,  # type: ignore[attr-defined]
+                "opts": self.opts,
+            },
+        )
 
     @admin.action(description="Revoke selected API tokens")
     def revoke(self, request: HttpRequest, queryset: Any) -> None:

@@ -1,4 +1,5 @@
 """App configuration: setting defaults, handler discovery and system checks."""
+
 from types import ModuleType
 
 from django.apps import AppConfig
@@ -30,6 +31,10 @@ class TasksAppConfig(AppConfig):
         from . import checks, signals  # noqa: F401
         from .registry import registry
 
-        discovered = [f"{app.name}.{submodule}" for app in apps.get_app_configs()
-                      for submodule in HANDLER_SUBMODULES if module_has_submodule(app.module, submodule)]
+        discovered = [
+            f"{app.name}.{submodule}"
+            for app in apps.get_app_configs()
+            for submodule in HANDLER_SUBMODULES
+            if module_has_submodule(app.module, submodule)
+        ]
         registry.import_modules([*discovered, *settings.TASK_HANDLER_MODULES])

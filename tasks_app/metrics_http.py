@@ -1,4 +1,5 @@
 """A consumer's HTTP endpoint: `/metrics` for Prometheus and `/healthz` for container liveness."""
+
 from __future__ import annotations
 
 import threading
@@ -40,16 +41,19 @@ def make_app(liveness: Liveness | None, registry: CollectorRegistry = REGISTRY) 
         if environ.get("PATH_INFO") == "/healthz":
             healthy = liveness is None or liveness.healthy()
             body = liveness.report() if liveness is not None else b'{"status": "ok"}'
-            start_response("200 OK" if healthy else "503 Service Unavailable",
-                           [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+            start_response(
+                "200 OK" if healthy else "503 Service Unavailable",
+                [("Content-Type", "application/json"), ("Content-Length", str(len(body)))],
+            )
             return [body]
         return metrics_app(environ, start_response)
 
     return app
 
 
-def serve(port: int, liveness: Liveness | None, addr: str = METRICS_HOST,
-          registry: CollectorRegistry = REGISTRY) -> WSGIServer:
+def serve(
+    port: int, liveness: Liveness | None, addr: str = METRICS_HOST, registry: CollectorRegistry = REGISTRY
+) -> WSGIServer:
     """Serve metrics and health on `addr:port` from a daemon thread; return the server."""
     server = make_server(addr, port, make_app(liveness, registry), _ThreadingServer, handler_class=_QuietHandler)
     threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
