@@ -4,4 +4,4 @@ import secrets
 
 os.environ.setdefault("DJANGO_SECRET_KEY", f"test-run-{secrets.token_urlsafe(32)}")
 
-from scheduler_site.settings import *  # noqa: E402,F401,F403
+from scheduler_site.settings import *  # noqa: F403

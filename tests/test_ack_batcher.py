@@ -38,7 +38,7 @@ def test_one_flush_records_results_then_acks_and_reports_each_task(broker):
     give_up = threading.Event()
     batcher = AckBatcher(broker, give_up)
     outcomes: list[bool | None] = []
-    for task_id, raw in zip(ids, raws):
+    for task_id, raw in zip(ids, raws, strict=True):
         batcher.record(ResultUpdate(task_id, {"status": "RUNNING"}, 60, append_worker_id="c1"))
         batcher.ack("default", "c1", raw, ResultUpdate(task_id, {"status": "SUCCESSFUL"}, 60), outcomes.append)
     broker.client.lrem(broker.keys.processing("default", "c1"), 1, raws[1])  # as if it was reaped

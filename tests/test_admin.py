@@ -26,7 +26,7 @@ def test_an_unregistered_handler_is_rejected():
     assert "handler" in form.errors
 
 
-@pytest.mark.parametrize("field, value", [("name", "bad name"), ("queue", "q/1"), ("max_attempts", "0"),
+@pytest.mark.parametrize(("field", "value"), [("name", "bad name"), ("queue", "q/1"), ("max_attempts", "0"),
                                           ("rate_limit", "0"), ("timeout", "-1")])
 def test_invalid_settings_are_rejected(field, value):
     assert field in TaskTypeForm(data=form_data(**{field: value})).errors

@@ -21,7 +21,7 @@ def test_enqueue_prints_one_id_per_line(broker):
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("argv, message", [
+@pytest.mark.parametrize(("argv", "message"), [
     (["no.such.type"], "unknown task type"),
     (["demo.echo", "--args", '{"a": 1}'], "args must be a JSON array"),
     (["demo.echo", "--delay", "-1"], "delay must be a non-negative"),

@@ -8,6 +8,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -286,23 +287,29 @@ def test_reconciling_never_returns_a_byte_identical_twin_that_is_still_held(brok
 
 
 # --- the in-thread consumer fixture -------------------------------------------------------
+def _crash_in_shutdown(running: Any) -> None:
+    shutdown = running.shutdown
+
+    def crash() -> int:
+        shutdown()
+        raise RuntimeError("a bug in shutdown")
+
+    running.shutdown = crash
+
+
+def _exit_non_zero(running: Any) -> None:
+    shutdown = running.shutdown
+    running.shutdown = lambda: shutdown() + 3
+
+
 def test_the_fixture_reports_a_consumer_that_crashed(consumer_in_thread):
-    with pytest.raises(AssertionError, match="consumer crashed: RuntimeError"):
-        with consumer_in_thread(queues=["q"]) as running:
-            shutdown = running.shutdown
-
-            def crash() -> int:
-                shutdown()
-                raise RuntimeError("a bug in shutdown")
-
-            running.shutdown = crash  # type: ignore[method-assign]
+    with pytest.raises(AssertionError, match="consumer crashed: RuntimeError"), consumer_in_thread(queues=["q"]) as running:
+        _crash_in_shutdown(running)
 
 
 def test_the_fixture_reports_a_consumer_that_exited_non_zero(consumer_in_thread):
-    with pytest.raises(AssertionError, match=r"consumer exited with \[3\]"):
-        with consumer_in_thread(queues=["q"]) as running:
-            shutdown = running.shutdown
-            running.shutdown = lambda: shutdown() + 3  # type: ignore[method-assign]
+    with pytest.raises(AssertionError, match=r"consumer exited with \[3\]"), consumer_in_thread(queues=["q"]) as running:
+        _exit_non_zero(running)
 
 
 # --- signals ------------------------------------------------------------------------------
@@ -336,7 +343,7 @@ def test_a_signal_echoed_at_once_is_the_same_request(signalled):
 
 
 def test_a_second_signal_after_the_echo_window_exits_at_once(signalled):
-    consumer, exits = signalled
+    _consumer, exits = signalled
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(0.25)
     os.kill(os.getpid(), signal.SIGTERM)

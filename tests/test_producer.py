@@ -61,7 +61,7 @@ def test_priority_goes_to_the_prioritized_set(broker):
     assert broker.client.zcard(broker.keys.prioritized("default")) == 1
 
 
-@pytest.mark.parametrize("kwargs, message", [
+@pytest.mark.parametrize(("kwargs", "message"), [
     ({"type_name": "no.such.type"}, "unknown task type"),
     ({"type_name": "bad name!"}, "invalid task type"),
     ({"type_name": "demo.echo", "args": {"a": 1}}, "args must be a JSON array"),
@@ -142,7 +142,7 @@ def test_tasks_of_one_repeated_request_get_their_own_ids_and_canonical_bytes(bro
     decoded = [decode_task(raw) for raw in raws]
     assert sorted(t.id for t in decoded) == sorted(t.id for t in tasks)
     assert all(uuid.UUID(t.id).version == 4 and str(uuid.UUID(t.id)) == t.id for t in decoded)
-    assert all(t.SerializeToString() == raw for t, raw in zip(decoded, raws))
+    assert all(t.SerializeToString() == raw for t, raw in zip(decoded, raws, strict=True))
     assert all((decode_payload(t.payload).kwargs, dict(t.headers)) == ({"k": "v"}, {"trace": "t"}) for t in decoded)
 
 

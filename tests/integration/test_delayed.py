@@ -36,7 +36,7 @@ def test_malformed_members_are_dead_lettered_and_the_good_ones_run(broker, consu
     due_ms = broker.server_time_ms() - 1000
     bad = malformed_members()
     foreign_good = {delayed_member(5, foreign_task(1, 5)): due_ms, delayed_member(0, foreign_task(2)): due_ms}
-    broker.client.zadd(broker.keys.delayed("default"), {**{member: due_ms for member in bad}, **foreign_good})
+    broker.client.zadd(broker.keys.delayed("default"), {**dict.fromkeys(bad, due_ms), **foreign_good})
 
     consumer = consumer_process("--concurrency", "4")
     expected = {task.id for task in good} | {"foreign-1", "foreign-2"}
@@ -54,7 +54,7 @@ def test_malformed_members_are_dead_lettered_and_the_good_ones_run(broker, consu
 
 def test_promotion_reports_malformed_members_and_never_raises(broker):
     due_ms = broker.server_time_ms() - 1000
-    broker.client.zadd(broker.keys.delayed("q"), {**{m: due_ms for m in malformed_members()},
+    broker.client.zadd(broker.keys.delayed("q"), {**dict.fromkeys(malformed_members(), due_ms),
                                                   delayed_member(-3, foreign_task(1)): due_ms})
     promotion = broker.promote_due("q")
     assert (promotion.moved, promotion.malformed) == (1, len(malformed_members()))

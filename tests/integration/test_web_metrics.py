@@ -32,10 +32,11 @@ def multiproc_dir(tmp_path: Path) -> Path:
 def gunicorn(key_prefix: str, multiproc_dir: Path, tmp_path: Path) -> Iterator[str]:
     """`gunicorn scheduler_site.wsgi` with 2 workers, configured by the project's gunicorn.conf.py."""
     port = free_port()
-    log = open(tmp_path / "gunicorn.log", "wb")
     env = consumer_env(key_prefix, PROMETHEUS_MULTIPROC_DIR=str(multiproc_dir), DJANGO_DEBUG="0")
-    process = subprocess.Popen([sys.executable, "-m", "gunicorn", "scheduler_site.wsgi", "-b", f"127.0.0.1:{port}",
-                                "-w", "2"], cwd=PROJECT_DIR, env=env, stdout=log, stderr=subprocess.STDOUT)
+    with open(tmp_path / "gunicorn.log", "wb") as log:
+        process = subprocess.Popen([sys.executable, "-m", "gunicorn", "scheduler_site.wsgi", "-b",
+                                    f"127.0.0.1:{port}", "-w", "2"], cwd=PROJECT_DIR, env=env, stdout=log,
+                                   stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
         wait_until(lambda: get(f"{base}/healthz")[0] == 200 or process.poll() is not None, 30,
@@ -45,7 +46,6 @@ def gunicorn(key_prefix: str, multiproc_dir: Path, tmp_path: Path) -> Iterator[s
     finally:
         process.terminate()
         process.wait(timeout=30)
-        log.close()
 
 
 def healthz_count(metrics_text: str) -> float:
