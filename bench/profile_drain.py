@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 from bench_compare import peer_python, sections
+
 from ours import our_system
 from support import RUN_DIR, emit
 from workloads import Sizes, run_drain

@@ -13,9 +13,9 @@ from typing import Any
 
 import redis
 
+from probe import LATENCY_KEY
 from support import Worker, emit, median, percentile, wait_for
 
-from probe import LATENCY_KEY
 LATENCY_TASKS = 200
 LATENCY_GAP_S = 0.020
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import redis  # noqa: E402
+import redis
 
-import django_env  # noqa: E402
-from support import ROOT, Worker  # noqa: E402
-from workloads import System, parse_args, run  # noqa: E402
+import django_env
+from support import ROOT, Worker
+from workloads import System, parse_args, run
 
 QUEUE = "default"
 
