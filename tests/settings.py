@@ -1,4 +1,5 @@
 """Settings of a test run: the site's own, with a secret key of this run (consumer subprocesses inherit it)."""
+
 import os
 import secrets
 

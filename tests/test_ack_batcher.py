@@ -1,4 +1,5 @@
 """The ack batcher: results before acks in one flush, lost acks flagged, barriers, merged updates, refused entries."""
+
 from __future__ import annotations
 
 import threading
@@ -84,8 +85,13 @@ class FlakyBroker(Broker):
         return super().ack_many_reporting(results, raws_by_owner)
 
 
-def _ack_all(batcher: AckBatcher, ids: list[str], raws: list[bytes], consumer_id: str,
-             fields: dict[str, dict[str, str]] | None = None) -> list[bool | None]:
+def _ack_all(
+    batcher: AckBatcher,
+    ids: list[str],
+    raws: list[bytes],
+    consumer_id: str,
+    fields: dict[str, dict[str, str]] | None = None,
+) -> list[bool | None]:
     outcomes: list[bool | None] = []
     for task_id, raw in zip(ids, raws):
         update = ResultUpdate(task_id, (fields or {}).get(task_id, {"status": "SUCCESSFUL"}), 60)

@@ -1,4 +1,5 @@
 """The rate-limit script and policy on fakeredis, with the server clock under the test's control."""
+
 from __future__ import annotations
 
 import itertools
@@ -48,19 +49,23 @@ def broker() -> Broker:
 
 
 def config(limit: int, period_s: float = 1.0, burst: int = 1, algorithm: str = "gcra") -> TaskTypeConfig:
-    return TaskTypeConfig(name="t", handler="t", rate_limit=limit, rate_period_s=period_s, rate_burst=burst,
-                          rate_algorithm=algorithm)
+    return TaskTypeConfig(
+        name="t", handler="t", rate_limit=limit, rate_period_s=period_s, rate_burst=burst, rate_algorithm=algorithm
+    )
 
 
 def decide(broker: Broker, policy: RatePolicy, task_id: str) -> int:
     """One decision on the fake clock: 0 allowed, else microseconds to wait."""
-    return broker.rate_limit("t", policy.algorithm, task_id, policy.limit, policy.period_us,
-                             policy.emission_us, policy.tolerance_us)
+    return broker.rate_limit(
+        "t", policy.algorithm, task_id, policy.limit, policy.period_us, policy.emission_us, policy.tolerance_us
+    )
 
 
 # --- policy ---------------------------------------------------------------------------------
-@pytest.mark.parametrize(("limit", "period_s", "burst"), [(1, 1.0, 1), (10, 1.0, 1), (10, 1.0, 10), (7, 0.3, 3),
-                                                  (1, YEAR_S, 1), (1000, 60.0, 250)])
+@pytest.mark.parametrize(
+    ("limit", "period_s", "burst"),
+    [(1, 1.0, 1), (10, 1.0, 1), (10, 1.0, 10), (7, 0.3, 3), (1, YEAR_S, 1), (1000, 60.0, 250)],
+)
 def test_policy_keeps_every_window_within_the_limit(limit, period_s, burst):
     policy = RatePolicy.for_config(config(limit, period_s, burst))
 
@@ -248,4 +253,5 @@ def test_a_burst_above_the_limit_is_rejected_with_the_numbers():
         row.clean()
 
     assert raised.value.message_dict["rate_burst"] == [
-        "The burst (5) cannot exceed the rate limit (3): at most 3 tasks may start in any 2-second window."]
+        "The burst (5) cannot exceed the rate limit (3): at most 3 tasks may start in any 2-second window."
+    ]
