@@ -1,4 +1,5 @@
 """Handlers the benchmarks enqueue: a no-op and a latency probe (TASK_HANDLER_MODULES=bench.handlers)."""
+
 from bench.probe import noop, record_start
 from tasks_app import handler
 
