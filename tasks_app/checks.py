@@ -27,9 +27,13 @@ def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
         problems.append(Error("TASKS_MAX_PAYLOAD_BYTES must be positive", id="tasks_app.E004"))
     problems += _delay_and_dead_letter_problems()
     if not 1024 <= settings.TASKS_MAX_RESULT_BYTES <= MAX_RESULT_BYTES_LIMIT:
-        problems.append(Error(f"TASKS_MAX_RESULT_BYTES must be between 1024 and {MAX_RESULT_BYTES_LIMIT}",
-                              hint="Redis refuses values over its proto-max-bulk-len (512 MiB by default).",
-                              id="tasks_app.E030"))
+        problems.append(
+            Error(
+                f"TASKS_MAX_RESULT_BYTES must be between 1024 and {MAX_RESULT_BYTES_LIMIT}",
+                hint="Redis refuses values over its proto-max-bulk-len (512 MiB by default).",
+                id="tasks_app.E030",
+            )
+        )
     for module, error in registry.import_errors.items():
         problems.append(
             Warning(

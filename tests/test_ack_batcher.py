@@ -93,7 +93,7 @@ def _ack_all(
     fields: dict[str, dict[str, str]] | None = None,
 ) -> list[bool | None]:
     outcomes: list[bool | None] = []
-    for task_id, raw in zip(ids, raws):
+    for task_id, raw in zip(ids, raws, strict=True):
         update = ResultUpdate(task_id, (fields or {}).get(task_id, {"status": "SUCCESSFUL"}), 60)
         batcher.ack("default", consumer_id, raw, update, outcomes.append)
     return outcomes

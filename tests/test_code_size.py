@@ -17,9 +17,6 @@ KNOWN_LONG_MODULES = {
 KNOWN_LONG_FUNCTIONS = {
     "tasks_app/consumer.py::ClaimerLoop.run_once",
     "tasks_app/django_tasks.py::run",
-    "tasks_app/executor.py::Executor._run",
-    "tests/chaos/test_kill.py::test_random_kills_lose_nothing",
-    "tests/chaos/test_racing_reapers.py::test_racing_reapers_requeue_each_task_exactly_once",
     "tests/integration/test_consumer_metrics.py::test_metrics_match_what_the_consumers_did",
 }
 
