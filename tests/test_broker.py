@@ -394,8 +394,9 @@ def test_every_tombstone_is_examined_in_turn_not_only_the_first_page(broker):
     reaper = ReaperLoop(broker, ["q"], LEASE_MS / 1000, lambda queue, dead: None)
     for _ in range(count // TOMBSTONE_PAGE + 1):
         reaper.run_once()
-    assert sorted(ids(broker.client.lrange(broker.keys.suspects("q"), 0, -1))) == \
-        sorted(f"task-{n}" for n in (0, TOMBSTONE_PAGE + 10, count - 1))
+    assert sorted(ids(broker.client.lrange(broker.keys.suspects("q"), 0, -1))) == sorted(
+        f"task-{n}" for n in (0, TOMBSTONE_PAGE + 10, count - 1)
+    )
 
 
 def test_a_consumer_id_no_consumer_could_have_written_does_not_stop_the_reaper(broker):

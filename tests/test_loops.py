@@ -10,8 +10,15 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tasks_app import producer
 from tasks_app.broker import MAX_RECOVERIES, Broker, connect
-from tasks_app.loops import (HeartbeatLoop, HousekeepingLoop, LeaseClock, ReaperLoop, SchedulerLoop, run_forever,
-                             start_thread)
+from tasks_app.loops import (
+    HeartbeatLoop,
+    HousekeepingLoop,
+    LeaseClock,
+    ReaperLoop,
+    SchedulerLoop,
+    run_forever,
+    start_thread,
+)
 from tasks_app.retrying import FIRST_BACKOFF_S
 from tests.support.claims import claim, die_running, push, register, task_bytes
 from tests.support.counters import sample
