@@ -2,6 +2,7 @@
 #
 #   make venv    create .venv (Python >= 3.12) and install requirements.txt
 #   make test    full test suite (incl. short chaos tests) against a private Redis
+#   make lint    ruff check, ruff format --check, mypy on tasks_app and scheduler_site
 #   make chaos   long chaos run (CHAOS_SCALE=long) of tests/chaos
 #   make bench   run bench/bench_*.py, one JSON line each
 #   make run     web app + one consumer on http://127.0.0.1:$(PORT)/
@@ -28,7 +29,7 @@ PYTEST_ARGS ?=
 PORT        ?= 8000
 
 .DEFAULT_GOAL := help
-.PHONY: help venv .venv test chaos bench run proto clean
+.PHONY: help venv .venv test lint chaos bench run proto clean
 
 help:
 	@sed -n 's/^#   /  /p' $(firstword $(MAKEFILE_LIST))
@@ -73,6 +74,14 @@ test: $(STAMP)
 	$(dev_secret_key)
 	$(PY) manage.py migrate --noinput -v 0
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The same checks as .pre-commit-config.yaml; all three run, and any finding fails the target.
+lint: $(STAMP)
+	@failed=0
+	$(VENV)/bin/ruff check . || failed=1
+	$(VENV)/bin/ruff format --check . || failed=1
+	$(VENV)/bin/mypy tasks_app scheduler_site || failed=1
+	exit $$failed
 
 chaos: $(STAMP)
 	@scripts/ensure-test-tools

@@ -5,6 +5,7 @@ in PROMETHEUS_MULTIPROC_DIR and `/metrics` (any worker) sums them. The directory
 the server starts, so counts of an earlier run never leak in, and a dead worker's live gauges are
 dropped. Without PROMETHEUS_MULTIPROC_DIR a private directory is created for this server.
 """
+
 import os
 import shutil
 import tempfile

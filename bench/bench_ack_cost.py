@@ -4,6 +4,7 @@ on other consumers; it must not grow with them (it is O(this consumer's in-fligh
 Each level has its own queue, all filled at once, and acks alternate between the levels, so
 every level sees the same Redis (same key count, same memory) and the same machine noise.
 """
+
 import time
 
 from ours import our_system
@@ -66,8 +67,16 @@ if __name__ == "__main__":
         for _ in range(ACKS):
             for level, queue in queues.items():
                 timings[level].append(ack_one(system, queue, held[level]))
-    figures = {str(level): {"median_us": round(median(t) * 1e6, 1), "p99_us": round(percentile(t, 0.99) * 1e6, 1)}
-               for level, t in timings.items()}
+    figures = {
+        str(level): {"median_us": round(median(t) * 1e6, 1), "p99_us": round(percentile(t, 0.99) * 1e6, 1)}
+        for level, t in timings.items()
+    }
     medians = [entry["median_us"] for entry in figures.values()]
-    emit({"bench": "ack_cost", "in_flight_elsewhere": figures, "own_in_flight": OWN_IN_FLIGHT,
-          "max_over_min_median": round(max(medians) / min(medians), 3)})
+    emit(
+        {
+            "bench": "ack_cost",
+            "in_flight_elsewhere": figures,
+            "own_in_flight": OWN_IN_FLIGHT,
+            "max_over_min_median": round(max(medians) / min(medians), 3),
+        }
+    )

@@ -5,6 +5,7 @@ virtualenv under .run/peers/<name>, and runs on its own private redis-server, on
 other. Prints a table (ours / peer for every figure) on stderr, writes it to
 .run/bench-compare.md, and prints one JSON line with every figure.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -61,8 +62,19 @@ def peer_python(name: str, requirements: list[str]) -> Path:
     print(f"==> installing {name} into {home}", file=sys.stderr, flush=True)
     venv.EnvBuilder(with_pip=True, clear=True).create(home)
     (home / "requirements.txt").write_text(pins)
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                    "-r", str(home / "requirements.txt")], check=True)
+    subprocess.run(
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            "-r",
+            str(home / "requirements.txt"),
+        ],
+        check=True,
+    )
     stamp.write_text(hashlib.sha256(pins.encode()).hexdigest())
     return python
 
@@ -70,8 +82,15 @@ def peer_python(name: str, requirements: list[str]) -> Path:
 def run_driver(name: str, python: Path) -> dict[str, Any]:
     """Run one driver on a private redis-server; return its JSON line."""
     with redis_server() as server:
-        argv = [str(python), str(BENCH_DIR / "peers" / f"{name}.py"), "--redis-url", server.url, *SIZES,
-                "--drain", str(DRAIN_TASKS[name])]
+        argv = [
+            str(python),
+            str(BENCH_DIR / "peers" / f"{name}.py"),
+            "--redis-url",
+            server.url,
+            *SIZES,
+            "--drain",
+            str(DRAIN_TASKS[name]),
+        ]
         print(f"==> {name}", file=sys.stderr, flush=True)
         done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:

@@ -1,4 +1,5 @@
 """Drain: N no-op tasks queued, one `runconsumer` (default concurrency); tasks/s until all are acked."""
+
 from ours import run
 from support import emit
 from workloads import Sizes, run_drain

@@ -4,6 +4,7 @@ The shared workload's bulk batches repeat one request object, which the producer
 encodes once per batch; `enqueue_bulk_distinct_per_s` is the bulk rate when every request differs
 (its own argument), so each is validated and encoded on its own.
 """
+
 import time
 from typing import Any
 
@@ -16,8 +17,10 @@ from workloads import Sizes, run_enqueue
 def distinct_bulk_per_s(system: Ours, sizes: Sizes) -> int:
     """Tasks/s for `enqueue_many` batches of requests that all differ."""
     request = system.producer.TaskRequest
-    batches = [[request("bench.noop", [start + i], queue=QUEUE) for i in range(sizes.batch)]
-               for start in range(0, sizes.bulk, sizes.batch)]
+    batches = [
+        [request("bench.noop", [start + i], queue=QUEUE) for i in range(sizes.batch)]
+        for start in range(0, sizes.bulk, sizes.batch)
+    ]
     system.producer.enqueue_many(batches[0], broker=system.broker)  # warm up
     started = time.perf_counter()
     for batch in batches:

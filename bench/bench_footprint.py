@@ -1,4 +1,5 @@
 """Footprint: Redis bytes per queued task (INFO delta and MEMORY USAGE) and consumer RSS."""
+
 import time
 
 from ours import our_system
@@ -23,5 +24,12 @@ if __name__ == "__main__":
             idle_rss = worker.rss_bytes()
         finally:
             worker.stop()
-    emit({"bench": "footprint", "tasks": sizes.footprint, **figures,
-          "result_record_bytes": result_record_bytes, "consumer_idle_rss_mb": round(idle_rss / 2**20, 1)})
+    emit(
+        {
+            "bench": "footprint",
+            "tasks": sizes.footprint,
+            **figures,
+            "result_record_bytes": result_record_bytes,
+            "consumer_idle_rss_mb": round(idle_rss / 2**20, 1),
+        }
+    )

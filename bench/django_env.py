@@ -1,4 +1,5 @@
 """Point this process (and the consumers it starts) at a private Redis and a throwaway SQLite DB."""
+
 from __future__ import annotations
 
 import os
@@ -14,14 +15,16 @@ PREFIX = "bench"
 def setup(redis_url: str) -> Path:
     """Set the environment, start Django, migrate a fresh SQLite DB; return its directory."""
     db_dir = Path(tempfile.mkdtemp(prefix="bench-db-"))
-    os.environ.update({
-        "DJANGO_SETTINGS_MODULE": "scheduler_site.settings",
-        "REDIS_URL": redis_url,
-        "TASKS_KEY_PREFIX": PREFIX,
-        "DATABASE_URL": f"sqlite:///{db_dir / 'bench.sqlite3'}",
-        "TASK_HANDLER_MODULES": "bench.handlers",
-        "BENCH_REDIS_URL": redis_url,
-    })
+    os.environ.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "scheduler_site.settings",
+            "REDIS_URL": redis_url,
+            "TASKS_KEY_PREFIX": PREFIX,
+            "DATABASE_URL": f"sqlite:///{db_dir / 'bench.sqlite3'}",
+            "TASK_HANDLER_MODULES": "bench.handlers",
+            "BENCH_REDIS_URL": redis_url,
+        }
+    )
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     import django

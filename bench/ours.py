@@ -1,4 +1,5 @@
 """Run one of the shared workloads (bench/workloads.py) against our queue on a private Redis."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator

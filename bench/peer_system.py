@@ -1,4 +1,5 @@
 """Shared start-up of a peer driver: import paths and the environment its worker needs."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """What a latency probe task does when it starts: push (now - enqueued_at) in ms to Redis."""
+
 from __future__ import annotations
 
 import os

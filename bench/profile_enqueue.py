@@ -2,6 +2,7 @@
 
 Not run by `make bench`. Usage: `python bench/profile_enqueue.py [bulk|single] [top N]`.
 """
+
 import cProfile
 import pstats
 import sys

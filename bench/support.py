@@ -2,6 +2,7 @@
 
 Peer drivers run in their own virtualenvs, so nothing here may import a third-party package.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,9 +44,24 @@ class RedisServer:
     def start(self) -> RedisServer:
         """Start the server and wait until it answers."""
         self.process = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.dir), "--logfile", str(self.dir / "redis.log")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.dir),
+                "--logfile",
+                str(self.dir / "redis.log"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         wait_for(lambda: self.command("PING") == "PONG", 10, "redis-server did not start")
         return self
 
@@ -140,13 +156,25 @@ def descendants(pid: int) -> list[int]:
 class Worker:
     """A consumer/worker subprocess of any system, its output kept in a log file."""
 
-    def __init__(self, argv: Sequence[str], *, env: dict[str, str] | None = None, cwd: Path | None = None,
-                 log_name: str = "worker") -> None:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        *,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+        log_name: str = "worker",
+    ) -> None:
         RUN_DIR.mkdir(exist_ok=True)
         self.log_path = RUN_DIR / f"bench-{log_name}-{os.getpid()}.log"
         self._log = self.log_path.open("wb")
-        self.process = subprocess.Popen(list(argv), env={**os.environ, **(env or {})}, cwd=cwd,
-                                        stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.process = subprocess.Popen(
+            list(argv),
+            env={**os.environ, **(env or {})},
+            cwd=cwd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     @property
     def pid(self) -> int:
@@ -195,5 +223,9 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     redis_version = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.strip()
-    return {"nproc": os.cpu_count(), "cpu": model, "python": sys.version.split()[0],
-            "redis": redis_version.split("v=")[1].split()[0] if "v=" in redis_version else redis_version}
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": model,
+        "python": sys.version.split()[0],
+        "redis": redis_version.split("v=")[1].split()[0] if "v=" in redis_version else redis_version,
+    }

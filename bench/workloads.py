@@ -3,6 +3,7 @@
 A system under test (ours or a peer) implements `System`; its driver script runs the workloads
 with its own virtualenv's Python and prints one JSON line. Needs redis-py (every venv has it).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -13,9 +14,9 @@ from typing import Any
 
 import redis
 
+from probe import LATENCY_KEY
 from support import Worker, emit, median, percentile, wait_for
 
-from probe import LATENCY_KEY
 LATENCY_TASKS = 200
 LATENCY_GAP_S = 0.020
 
@@ -109,8 +110,10 @@ def run_footprint(system: System, client: redis.Redis, sizes: Sizes) -> dict[str
     after = int(client.info("memory")["used_memory"])
     queue_only = system.queue_bytes(client)
     _flush(client)
-    return {"bytes_per_task": round((after - before) / sizes.footprint, 1),
-            "bytes_per_task_queue_only": round(queue_only / (sizes.footprint + 1), 1)}
+    return {
+        "bytes_per_task": round((after - before) / sizes.footprint, 1),
+        "bytes_per_task_queue_only": round(queue_only / (sizes.footprint + 1), 1),
+    }
 
 
 def run_drain(system: System, client: redis.Redis, sizes: Sizes, workers: int = 1) -> dict[str, Any]:
@@ -140,12 +143,15 @@ def run_drain(system: System, client: redis.Redis, sizes: Sizes, workers: int = 
         for worker in started:
             worker.stop()
     _flush(client)
-    return {"drain_tasks": total, "drain_per_s": round(left_at_first / (finished - first_at)),
-            "drain_wall_s_from_spawn": round(finished - spawned, 3), "worker_rss_mb": round(peak_rss / 2**20, 1)}
+    return {
+        "drain_tasks": total,
+        "drain_per_s": round(left_at_first / (finished - first_at)),
+        "drain_wall_s_from_spawn": round(finished - spawned, 3),
+        "worker_rss_mb": round(peak_rss / 2**20, 1),
+    }
 
 
-def _wait_first_progress(system: System, client: redis.Redis, total: int,
-                         workers: list[Worker]) -> tuple[float, int]:
+def _wait_first_progress(system: System, client: redis.Redis, total: int, workers: list[Worker]) -> tuple[float, int]:
     deadline = time.perf_counter() + 60
     while True:
         left = system.outstanding(client, total)
@@ -164,8 +170,11 @@ def run_latency(system: System, client: redis.Redis, sizes: Sizes) -> dict[str, 
     worker = system.start_worker()
     try:
         system.enqueue_probe(time.time())
-        wait_for(lambda: client.llen(LATENCY_KEY) >= 1 or worker.check_alive(), 60,
-                 f"{system.name}: the worker never ran the warm-up probe")
+        wait_for(
+            lambda: client.llen(LATENCY_KEY) >= 1 or worker.check_alive(),
+            60,
+            f"{system.name}: the worker never ran the warm-up probe",
+        )
         time.sleep(1.0)  # let the worker settle into its idle wait
         client.delete(LATENCY_KEY)
         for _ in range(LATENCY_TASKS):
@@ -180,7 +189,10 @@ def run_latency(system: System, client: redis.Redis, sizes: Sizes) -> dict[str, 
 
 
 WORKLOADS: dict[str, Callable[[System, redis.Redis, Sizes], dict[str, Any]]] = {
-    "enqueue": run_enqueue, "footprint": run_footprint, "drain": run_drain, "latency": run_latency,
+    "enqueue": run_enqueue,
+    "footprint": run_footprint,
+    "drain": run_drain,
+    "latency": run_latency,
 }
 
 

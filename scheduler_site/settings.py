@@ -1,4 +1,5 @@
 """Django settings, read from the environment (12-factor); the only module that reads it."""
+
 import os
 from pathlib import Path
 
@@ -26,8 +27,9 @@ DEBUG = _env_bool("DJANGO_DEBUG", False)
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "")
 if not SECRET_KEY:
     if not DEBUG:
-        raise ImproperlyConfigured("DJANGO_SECRET_KEY is not set: set it to a long random secret "
-                                   "(or DJANGO_DEBUG=1 for local development)")
+        raise ImproperlyConfigured(
+            "DJANGO_SECRET_KEY is not set: set it to a long random secret (or DJANGO_DEBUG=1 for local development)"
+        )
     SECRET_KEY = "django-insecure-local-development-only"
 ALLOWED_HOSTS = _env_list("DJANGO_ALLOWED_HOSTS", "localhost,127.0.0.1,[::1]")
 # Served over HTTPS: send the session and CSRF cookies only over HTTPS.

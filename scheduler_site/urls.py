@@ -1,4 +1,5 @@
 """URL routes of the site."""
+
 from django.contrib import admin
 from django.urls import include, path
 

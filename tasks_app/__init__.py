@@ -1,4 +1,5 @@
 """A reliable, rate-limited task queue for Django on Redis."""
+
 from .exceptions import TaskTimeout
 from .registry import handler
 

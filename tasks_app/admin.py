@@ -1,5 +1,6 @@
 """Admin for task types (the handler is a choice among registered handlers) and API tokens."""
-from typing import Any
+
+from typing import Any, cast
 
 from django import forms
 from django.contrib import admin
@@ -19,7 +20,19 @@ class TaskTypeForm(forms.ModelForm):
 
     class Meta:
         model = TaskType
-        fields = "__all__"
+        fields = (
+            "name",
+            "handler",
+            "queue",
+            "enabled",
+            "rate_limit",
+            "rate_period",
+            "rate_burst",
+            "rate_algorithm",
+            "max_attempts",
+            "retry_backoff",
+            "timeout",
+        )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -27,14 +40,24 @@ class TaskTypeForm(forms.ModelForm):
         current = self.instance.handler if self.instance and self.instance.pk else None
         if current and current not in names:
             names.append(current)  # keep a row editable after its handler was removed from code
-        self.fields["handler"].choices = [(name, name) for name in names]
+        cast(forms.ChoiceField, self.fields["handler"]).choices = [(name, name) for name in names]
 
 
 @admin.register(TaskType)
 class TaskTypeAdmin(admin.ModelAdmin):
     form = TaskTypeForm
-    list_display = ("name", "handler", "queue", "enabled", "rate_limit", "rate_period", "max_attempts",
-                    "retry_backoff", "timeout", "updated_at")
+    list_display = (
+        "name",
+        "handler",
+        "queue",
+        "enabled",
+        "rate_limit",
+        "rate_period",
+        "max_attempts",
+        "retry_backoff",
+        "timeout",
+        "updated_at",
+    )
     list_filter = ("enabled", "queue", "rate_algorithm")
     list_editable = ("enabled",)
     search_fields = ("name", "handler", "queue")
@@ -57,36 +80,43 @@ class ApiTokenAdmin(admin.ModelAdmin):
     list_select_related = ("user",)
     list_filter = (("revoked_at", admin.EmptyFieldListFilter),)
     search_fields = ("name", "user__username", "key_prefix")
-    actions = ["revoke"]
+    actions = ("revoke",)
 
     def get_queryset(self, request: HttpRequest) -> Any:
         """A superuser sees every token; anyone else only their own (a token acts with its user's rights)."""
         tokens = super().get_queryset(request)
         return tokens if request.user.is_superuser else tokens.filter(user=request.user)
 
-    def get_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> list[str]:
+    def get_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> tuple[str, ...]:
         if obj is None:
-            return ["user", "name"] if request.user.is_superuser else ["name"]
-        return ["user", "name", "key_prefix", "created_at", "last_used_at", "revoked_at"]
+            return ("user", "name") if request.user.is_superuser else ("name",)
+        return ("user", "name", "key_prefix", "created_at", "last_used_at", "revoked_at")
 
     def get_readonly_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> list[str]:
         return [] if obj is None else ["user", "key_prefix", "created_at", "last_used_at"]
 
     def save_model(self, request: HttpRequest, obj: ApiToken, form: Any, change: bool) -> None:
         if not change:
-            if not request.user.is_superuser:
-                obj.user = request.user  # only a superuser mints tokens for someone else
+            user = request.user
+            if user.is_authenticated and not user.is_superuser:
+                obj.user = user  # only a superuser mints tokens for someone else
             # Kept on the instance (not on this shared ModelAdmin) until response_add shows it.
             obj.new_secret = fill_new_token(obj)  # type: ignore[attr-defined]
         super().save_model(request, obj, form, change)
 
     def response_add(self, request: HttpRequest, obj: ApiToken, post_url_continue: str | None = None) -> HttpResponse:
         """Show the new token once, on its own page (never in a cookie or the database)."""
-        return render(request, "tasks_app/token_created.html", {
-            **self.admin_site.each_context(request), "title": "API token created", "token": obj,
-            "secret": obj.new_secret,  # type: ignore[attr-defined]
-            "opts": self.opts,
-        })
+        return render(
+            request,
+            "tasks_app/token_created.html",
+            {
+                **self.admin_site.each_context(request),
+                "title": "API token created",
+                "token": obj,
+                "secret": obj.new_secret,  # type: ignore[attr-defined]
+                "opts": self.opts,
+            },
+        )
 
     @admin.action(description="Revoke selected API tokens")
     def revoke(self, request: HttpRequest, queryset: Any) -> None:

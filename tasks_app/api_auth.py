@@ -1,4 +1,5 @@
 """API tokens: issue them (the secret is returned once), and authenticate `Authorization: Bearer` requests."""
+
 from __future__ import annotations
 
 import hashlib

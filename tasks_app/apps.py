@@ -1,4 +1,5 @@
 """App configuration: setting defaults, handler discovery and system checks."""
+
 from types import ModuleType
 
 from django.apps import AppConfig
@@ -26,10 +27,14 @@ class TasksAppConfig(AppConfig):
         from django.conf import settings
         from django.utils.module_loading import module_has_submodule
 
-        from . import checks  # noqa: F401  (registers the system checks)
-        from . import signals  # noqa: F401  (connects the receivers)
+        # Imported for their effect: checks registers the system checks, signals connects the receivers.
+        from . import checks, signals  # noqa: F401
         from .registry import registry
 
-        discovered = [f"{app.name}.{submodule}" for app in apps.get_app_configs()
-                      for submodule in HANDLER_SUBMODULES if module_has_submodule(app.module, submodule)]
+        discovered = [
+            f"{app.name}.{submodule}"
+            for app in apps.get_app_configs()
+            for submodule in HANDLER_SUBMODULES
+            if module_has_submodule(app.module, submodule)
+        ]
         registry.import_modules([*discovered, *settings.TASK_HANDLER_MODULES])

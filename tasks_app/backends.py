@@ -1,4 +1,5 @@
 """`tasks_app.backends.RedisBackend`: Django's tasks framework on this queue."""
+
 from __future__ import annotations
 
 import uuid
@@ -14,7 +15,8 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
-from .broker import Broker, Enqueueable, get_broker
+from .batch_args import Enqueueable
+from .broker import Broker, get_broker
 from .django_tasks import find_handler, task_result_from_record
 from .names import NAME_PATTERN, InvalidName, validate_name
 from .producer import EnqueueError, TaskRequest, enqueue_many
@@ -63,20 +65,24 @@ class RedisBackend(BaseTaskBackend):
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         """Validate, then push the task now, or when the current transaction commits."""
         self.validate_task(task)
-        result = TaskResult(
-            task=task, id=str(uuid.uuid4()), status=TaskResultStatus.READY, enqueued_at=None, started_at=None,
-            finished_at=None, last_attempted_at=None, args=args, kwargs=kwargs, backend=self.alias,
-            errors=[], worker_ids=[],
+        result: TaskResult[Any, Any] = TaskResult(
+            task=task,
+            id=str(uuid.uuid4()),
+            status=TaskResultStatus.READY,
+            enqueued_at=None,
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=args,
+            kwargs=kwargs,
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
         )
-        run_after = task.run_after
-        if run_after is not None and timezone.is_naive(run_after):  # allowed only with USE_TZ = False
-            run_after = timezone.make_aware(run_after)
-        request = TaskRequest(type=task.module_path, args=result.args, kwargs=result.kwargs, queue=task.queue_name,
-                              priority=task.priority, run_after=run_after, task_id=result.id)
         held = _HeldPush()
         try:
             # Everything is checked here, inside the caller's transaction; only the push waits.
-            [enqueued] = enqueue_many([request], broker=held)  # type: ignore[arg-type]
+            [enqueued] = enqueue_many([_request(task, result)], broker=held)  # type: ignore[arg-type]
         except EnqueueError as exc:
             raise InvalidTask(str(exc)) from None
         broker = get_broker()
@@ -109,15 +115,23 @@ class RedisBackend(BaseTaskBackend):
         where = f"TASKS[{self.alias!r}]"
         for queue in sorted(self.queues):
             if not isinstance(queue, str) or not NAME_PATTERN.fullmatch(queue):
-                messages.append(Error(f"{where} QUEUES has an invalid queue name {queue!r}",
-                                      hint="Use 1-100 characters from A-Z, a-z, 0-9 and _ . : -",
-                                      id="tasks_app.E010"))
+                messages.append(
+                    Error(
+                        f"{where} QUEUES has an invalid queue name {queue!r}",
+                        hint="Use 1-100 characters from A-Z, a-z, 0-9 and _ . : -",
+                        id="tasks_app.E010",
+                    )
+                )
         for option in sorted(set(self.options) - KNOWN_OPTIONS):
-            messages.append(Error(f"{where} OPTIONS has an unknown option {option!r}",
-                                  hint=f"Known options: {', '.join(sorted(KNOWN_OPTIONS))}.", id="tasks_app.E011"))
+            messages.append(
+                Error(
+                    f"{where} OPTIONS has an unknown option {option!r}",
+                    hint=f"Known options: {', '.join(sorted(KNOWN_OPTIONS))}.",
+                    id="tasks_app.E011",
+                )
+            )
         if not isinstance(self.enqueue_on_commit, bool):
-            messages.append(Error(f"{where} OPTIONS['ENQUEUE_ON_COMMIT'] must be True or False",
-                                  id="tasks_app.E012"))
+            messages.append(Error(f"{where} OPTIONS['ENQUEUE_ON_COMMIT'] must be True or False", id="tasks_app.E012"))
         messages.extend(_check_redis(get_broker(), where))
         return messages
 
@@ -127,6 +141,27 @@ def _check_redis(broker: Broker, where: str) -> list[CheckMessage]:
     try:
         broker.ping()
     except Exception as exc:  # any connection error means the same thing here
-        return [Warning(f"{where}: Redis at REDIS_URL does not answer: {exc}",
-                        hint="Tasks cannot be enqueued until it does.", id="tasks_app.W010")]
+        return [
+            Warning(
+                f"{where}: Redis at REDIS_URL does not answer: {exc}",
+                hint="Tasks cannot be enqueued until it does.",
+                id="tasks_app.W010",
+            )
+        ]
     return []
+
+
+def _request(task: Task, result: TaskResult[Any, Any]) -> TaskRequest:
+    """The producer's request for a django.tasks task, under the id of its result."""
+    run_after = task.run_after
+    if run_after is not None and timezone.is_naive(run_after):  # allowed only with USE_TZ = False
+        run_after = timezone.make_aware(run_after)
+    return TaskRequest(
+        type=task.module_path,
+        args=result.args,
+        kwargs=result.kwargs,
+        queue=task.queue_name,
+        priority=task.priority,
+        run_after=run_after,
+        task_id=result.id,
+    )

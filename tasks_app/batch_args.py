@@ -1,4 +1,5 @@
 """Tasks to enqueue, and the arguments of lua/enqueue_batch.lua: a section per queue, READY records in groups."""
+
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
 """System checks for the task queue's settings."""
+
 from typing import Any
 
 from django.conf import settings
@@ -17,8 +18,7 @@ def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
 
     problems: list[CheckMessage] = []
     if not NAME_PATTERN.fullmatch(settings.TASKS_KEY_PREFIX or ""):
-        problems.append(Error("TASKS_KEY_PREFIX must be 1-100 characters of A-Z a-z 0-9 _ . : -",
-                              id="tasks_app.E001"))
+        problems.append(Error("TASKS_KEY_PREFIX must be 1-100 characters of A-Z a-z 0-9 _ . : -", id="tasks_app.E001"))
     if not settings.REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
         problems.append(Error("REDIS_URL must start with redis://, rediss:// or unix://", id="tasks_app.E002"))
     if settings.TASKS_RESULT_TTL <= 0:
@@ -27,13 +27,21 @@ def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
         problems.append(Error("TASKS_MAX_PAYLOAD_BYTES must be positive", id="tasks_app.E004"))
     problems += _delay_and_dead_letter_problems()
     if not 1024 <= settings.TASKS_MAX_RESULT_BYTES <= MAX_RESULT_BYTES_LIMIT:
-        problems.append(Error(f"TASKS_MAX_RESULT_BYTES must be between 1024 and {MAX_RESULT_BYTES_LIMIT}",
-                              hint="Redis refuses values over its proto-max-bulk-len (512 MiB by default).",
-                              id="tasks_app.E030"))
+        problems.append(
+            Error(
+                f"TASKS_MAX_RESULT_BYTES must be between 1024 and {MAX_RESULT_BYTES_LIMIT}",
+                hint="Redis refuses values over its proto-max-bulk-len (512 MiB by default).",
+                id="tasks_app.E030",
+            )
+        )
     for module, error in registry.import_errors.items():
-        problems.append(Warning(f"handler module {module} failed to import: {error}",
-                                hint="Tasks whose handler lives there will be dead-lettered.",
-                                id="tasks_app.W001"))
+        problems.append(
+            Warning(
+                f"handler module {module} failed to import: {error}",
+                hint="Tasks whose handler lives there will be dead-lettered.",
+                id="tasks_app.W001",
+            )
+        )
     return problems
 
 
@@ -44,6 +52,5 @@ def _delay_and_dead_letter_problems() -> list[CheckMessage]:
     if settings.TASKS_DEAD_LETTER_MAX < 0:
         problems.append(Error("TASKS_DEAD_LETTER_MAX must be 0 or more", id="tasks_app.E021"))
     if settings.TASKS_DEAD_LETTER_MAX_AGE_S <= 0:
-        problems.append(Error("TASKS_DEAD_LETTER_MAX_AGE_S must be a positive number of seconds",
-                              id="tasks_app.E022"))
+        problems.append(Error("TASKS_DEAD_LETTER_MAX_AGE_S must be a positive number of seconds", id="tasks_app.E022"))
     return problems

@@ -1,4 +1,5 @@
 """Claiming for a consumer: one claimer thread per queue fills a bounded set of slots."""
+
 from __future__ import annotations
 
 import logging
@@ -97,8 +98,9 @@ class ClaimerLoop:
         may_take_suspect = consumer.reserve_suspect_slot()
         outcome: Claim | None = None
         try:
-            outcome = consumer.broker.claim_with_suspect(self.queue, consumer_id, self._slots,
-                                                         drop_wake=self._drop_wake, allow_suspect=may_take_suspect)
+            outcome = consumer.broker.claim_with_suspect(
+                self.queue, consumer_id, self._slots, drop_wake=self._drop_wake, allow_suspect=may_take_suspect
+            )
             self._drop_wake = False
             return outcome
         finally:
@@ -114,9 +116,18 @@ class ClaimerLoop:
             return 0.0
         if outcome.tasks:
             self._slots -= len(outcome.tasks)
-            consumer.dispatch([Claimed(self.queue, consumer_id, raw, suspect=outcome.took_suspect and index == 0,
-                                       fence=outcome.first_fence + index)
-                               for index, raw in enumerate(outcome.tasks)])
+            consumer.dispatch(
+                [
+                    Claimed(
+                        self.queue,
+                        consumer_id,
+                        raw,
+                        suspect=outcome.took_suspect and index == 0,
+                        fence=outcome.first_fence + index,
+                    )
+                    for index, raw in enumerate(outcome.tasks)
+                ]
+            )
             return 0.0
         if outcome.lease_expired or not consumer.lease.fresh(consumer_id):
             return LEASE_RECHECK_S  # no claim under a lapsed lease: the heartbeat renews it or gives it up
@@ -124,8 +135,9 @@ class ClaimerLoop:
         self._slots = 1
         # Suspects waiting for this consumer's one suspect slot are claimed soon after it
         # frees; new pending tasks still wake the blocking claim at once.
-        block_s = min(consumer.options.block_s, SUSPECT_RECHECK_S) if outcome.suspects_waiting \
-            else consumer.options.block_s
+        block_s = (
+            min(consumer.options.block_s, SUSPECT_RECHECK_S) if outcome.suspects_waiting else consumer.options.block_s
+        )
         raw, fence = consumer.broker.claim_blocking(self.queue, consumer_id, block_s)
         if raw is not None and raw != WAKE_TOKEN:
             self._slots = 0
@@ -149,7 +161,8 @@ class ClaimerLoop:
         self._drop_wake = self._drop_wake or WAKE_TOKEN in listed
         if strays:
             returned = consumer.broker.return_unstarted(self.queue, consumer_id, strays)
-            logger.warning("returned %d claimed task(s) whose claim reply was lost to the head of %s",
-                           returned, self.queue)
+            logger.warning(
+                "returned %d claimed task(s) whose claim reply was lost to the head of %s", returned, self.queue
+            )
         self._uncertain = False
         self._audit_at = time.monotonic() + consumer.options.lease_s

@@ -1,4 +1,5 @@
 """Queue depths and live consumers, read from Redis when Prometheus scrapes (no polling thread)."""
+
 from __future__ import annotations
 
 import logging
@@ -81,10 +82,14 @@ class QueueCollector(Collector):
     def _families() -> tuple[GaugeMetricFamily, ...]:
         prefix = metrics.PREFIX
         return (
-            GaugeMetricFamily(f"{prefix}_queue_tasks", "Tasks in a queue by state (pending, processing, "
-                              "delayed, dead), read from Redis at scrape time.", labels=["queue", "state"]),
-            GaugeMetricFamily(f"{prefix}_consumers_live", "Consumers holding a live lease on a queue.",
-                              labels=["queue"]),
+            GaugeMetricFamily(
+                f"{prefix}_queue_tasks",
+                "Tasks in a queue by state (pending, processing, delayed, dead), read from Redis at scrape time.",
+                labels=["queue", "state"],
+            ),
+            GaugeMetricFamily(
+                f"{prefix}_consumers_live", "Consumers holding a live lease on a queue.", labels=["queue"]
+            ),
             GaugeMetricFamily(f"{prefix}_queue_stats_up", "1 if this scrape read the queue depths from Redis."),
             GaugeMetricFamily(f"{prefix}_queue_stats_duration_seconds", "Time this scrape spent reading Redis."),
         )

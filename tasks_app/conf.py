@@ -1,4 +1,5 @@
 """Defaults of the task queue's settings, for a project whose settings.py leaves some out."""
+
 from typing import Any
 
 from django.conf import settings

@@ -1,4 +1,5 @@
 """Dead-lettered tasks as the dashboard sees them: listing, requeueing and deleting."""
+
 from __future__ import annotations
 
 import hashlib
@@ -114,7 +115,9 @@ def requeue(queue: str, dead: Sequence[DeadTask], broker: Broker | None = None) 
     # Taken before the push: above every earlier run's token (their late writes are ignored),
     # below the next run's (whose writes this READY record must not override).
     fence = broker.issue_fence(queue)
-    broker.requeue_dead(queue, [(item.member, task.priority, encode_task(task)) for item, task in zip(movable, fresh)])
+    broker.requeue_dead(
+        queue, [(item.member, task.priority, encode_task(task)) for item, task in zip(movable, fresh, strict=True)]
+    )
     for task in fresh:
         broker.record_result(_ready_again(task, fence))
     return movable

@@ -1,4 +1,5 @@
 """Public exceptions of the task queue: what a handler may catch and what a result record names."""
+
 from __future__ import annotations
 
 

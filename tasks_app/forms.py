@@ -1,7 +1,8 @@
 """The staff enqueue form: JSON arguments checked server-side, errors shown next to their field."""
+
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 from django.conf import settings
@@ -16,11 +17,14 @@ JSON_TEXTAREA = forms.Textarea(attrs={"rows": 3, "cols": 60, "class": "vLargeTex
 
 def enqueueable_type_names(registry: Registry = default_registry) -> list[str]:
     """Return the names of enabled task types whose handler is registered in this process."""
-    return [row.name for row in TaskType.objects.filter(enabled=True).only("name", "handler")
-            if registry.get(row.handler) is not None]
+    return [
+        row.name
+        for row in TaskType.objects.filter(enabled=True).only("name", "handler")
+        if registry.get(row.handler) is not None
+    ]
 
 
-def parse_json_field(text: str, expected: type, what: str) -> Any:
+def parse_json_field[T](text: str, expected: type[T], what: str) -> T:
     """Parse `text` as JSON of type `expected` (empty means empty), with a precise message on error."""
     if not text.strip():
         return expected()
@@ -31,8 +35,10 @@ def parse_json_field(text: str, expected: type, what: str) -> Any:
     except ValueError as exc:
         raise forms.ValidationError(f"Invalid JSON: {exc}", code="invalid_json") from None
     if not isinstance(value, expected):
-        raise forms.ValidationError(f"{what} must be a JSON {'array' if expected is list else 'object'}, "
-                                    f"got {type(value).__name__}", code="wrong_type")
+        raise forms.ValidationError(
+            f"{what} must be a JSON {'array' if expected is list else 'object'}, got {type(value).__name__}",
+            code="wrong_type",
+        )
     return value
 
 
@@ -40,20 +46,44 @@ class EnqueueForm(forms.Form):
     """Which task to enqueue and with what arguments."""
 
     type = forms.ChoiceField(label="Task type", choices=())
-    args = forms.CharField(label="Args", required=False, widget=JSON_TEXTAREA,
-                           help_text='Positional arguments as a JSON array, e.g. <code>[1, "two"]</code>.')
-    kwargs = forms.CharField(label="Kwargs", required=False, widget=JSON_TEXTAREA,
-                             help_text='Keyword arguments as a JSON object, e.g. <code>{"to": "a@b.c"}</code>.')
-    queue = forms.CharField(label="Queue", required=False, max_length=100, validators=[name_validator],
-                            help_text="Leave empty for the task type's queue.")
-    priority = forms.IntegerField(label="Priority", initial=0, min_value=PRIORITY_MIN, max_value=PRIORITY_MAX,
-                                  help_text=f"{PRIORITY_MIN} to {PRIORITY_MAX}; higher runs first.")
-    delay = forms.FloatField(label="Delay (seconds)", initial=0, min_value=0, max_value=settings.TASKS_MAX_DELAY_S,
-                             help_text="Run no sooner than this many seconds from now.")
+    args = forms.CharField(
+        label="Args",
+        required=False,
+        widget=JSON_TEXTAREA,
+        help_text='Positional arguments as a JSON array, e.g. <code>[1, "two"]</code>.',
+    )
+    kwargs = forms.CharField(
+        label="Kwargs",
+        required=False,
+        widget=JSON_TEXTAREA,
+        help_text='Keyword arguments as a JSON object, e.g. <code>{"to": "a@b.c"}</code>.',
+    )
+    queue = forms.CharField(
+        label="Queue",
+        required=False,
+        max_length=100,
+        validators=[name_validator],
+        help_text="Leave empty for the task type's queue.",
+    )
+    priority = forms.IntegerField(
+        label="Priority",
+        initial=0,
+        min_value=PRIORITY_MIN,
+        max_value=PRIORITY_MAX,
+        help_text=f"{PRIORITY_MIN} to {PRIORITY_MAX}; higher runs first.",
+    )
+    delay = forms.FloatField(
+        label="Delay (seconds)",
+        initial=0,
+        min_value=0,
+        max_value=settings.TASKS_MAX_DELAY_S,
+        help_text="Run no sooner than this many seconds from now.",
+    )
 
     def __init__(self, *args: Any, registry: Registry = default_registry, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fields["type"].choices = [("", "---------")] + [(n, n) for n in enqueueable_type_names(registry)]
+        type_field = cast(forms.ChoiceField, self.fields["type"])
+        type_field.choices = [("", "---------"), *((n, n) for n in enqueueable_type_names(registry))]
 
     def clean_args(self) -> list[Any]:
         return parse_json_field(self.cleaned_data["args"], list, "Args")
@@ -64,9 +94,16 @@ class EnqueueForm(forms.Form):
 
 # Which form field a producer error is about, by the start of its message.
 _ERROR_FIELDS = (
-    ("payload", "args"), ("arguments", "args"), ("args", "args"), ("kwargs", "kwargs"),
-    ("invalid queue", "queue"), ("priority", "priority"), ("delay", "delay"),
-    ("invalid task type", "type"), ("unknown task type", "type"), ("task type", "type"),
+    ("payload", "args"),
+    ("arguments", "args"),
+    ("args", "args"),
+    ("kwargs", "kwargs"),
+    ("invalid queue", "queue"),
+    ("priority", "priority"),
+    ("delay", "delay"),
+    ("invalid task type", "type"),
+    ("unknown task type", "type"),
+    ("task type", "type"),
 )
 
 

@@ -1,4 +1,5 @@
 """Demo handlers, so a newcomer can try every path of the queue at once."""
+
 import time
 from typing import Any
 

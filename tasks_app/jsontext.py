@@ -1,4 +1,5 @@
 """JSON text from outside (requests, forms, records in Redis): parsed with a nesting bound, never a RecursionError."""
+
 from __future__ import annotations
 
 import json

@@ -3,6 +3,7 @@
 The decision itself is one atomic script on the server clock (lua/rate_limit.lua), so the limit
 holds across every consumer. docs/PROTOCOL.md ("Rate limits") proves the bound.
 """
+
 from __future__ import annotations
 
 import math
@@ -69,8 +70,17 @@ class RateLimiter:
         """Take one decision for `task`; a positive result is how many ms it must wait."""
         policy = RatePolicy.for_config(config)
         wait_us = until_done(
-            lambda: self.broker.rate_limit(task.type, policy.algorithm, task.id, policy.limit, policy.period_us,
-                                           policy.emission_us, policy.tolerance_us),
-            what="rate_limit", give_up=self.give_up)
+            lambda: self.broker.rate_limit(
+                task.type,
+                policy.algorithm,
+                task.id,
+                policy.limit,
+                policy.period_us,
+                policy.emission_us,
+                policy.tolerance_us,
+            ),
+            what="rate_limit",
+            give_up=self.give_up,
+        )
         metrics.RATE_LIMIT_DECISIONS.labels(task.type, "denied" if wait_us > 0 else "allowed").inc()
         return math.ceil(wait_us / 1000)

@@ -1,4 +1,5 @@
 """Log formatting: text lines with control characters escaped, or one JSON object per line (LOG_FORMAT=json)."""
+
 import json
 import logging
 import re

@@ -1,4 +1,5 @@
 """Every Prometheus metric of the consumer, declared once. Labels: task type and queue only."""
+
 from prometheus_client import Counter, Gauge, Histogram
 
 PREFIX = "taskqueue"
@@ -7,20 +8,25 @@ TASKS_STARTED = Counter(f"{PREFIX}_tasks_started", "Task runs started.", ["type"
 TASKS_SUCCEEDED = Counter(f"{PREFIX}_tasks_succeeded", "Task runs that returned.", ["type", "queue"])
 TASKS_FAILED = Counter(f"{PREFIX}_tasks_failed", "Task runs that raised or timed out.", ["type", "queue"])
 TASKS_RETRIED = Counter(f"{PREFIX}_tasks_retried", "Failed tasks scheduled to run again.", ["type", "queue"])
-TASKS_DEAD_LETTERED = Counter(f"{PREFIX}_tasks_dead_lettered", "Tasks moved to the dead-letter set.",
-                              ["type", "queue"])
-TASKS_RECOVERED = Counter(f"{PREFIX}_tasks_recovered", "Tasks returned to pending from dead consumers.",
-                          ["queue"])
-TASKS_DEFERRED = Counter(f"{PREFIX}_tasks_deferred", "Tasks put back without using an attempt.",
-                         ["type", "queue", "reason"])
-ACKS_LOST = Counter(f"{PREFIX}_acks_lost", "Finished tasks no longer held by this consumer (it was reaped).",
-                    ["queue"])
-RATE_LIMIT_DECISIONS = Counter(f"{PREFIX}_rate_limit_decisions", "Rate-limit gate decisions.",
-                               ["type", "decision"])
-TASK_DURATION = Histogram(f"{PREFIX}_task_duration_seconds", "Run time of task handlers.", ["type", "queue"],
-                          buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300))
-TASK_WAIT = Histogram(f"{PREFIX}_task_wait_seconds", "Time from enqueue (or due time) to start.", ["type", "queue"],
-                      buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600))
+TASKS_DEAD_LETTERED = Counter(f"{PREFIX}_tasks_dead_lettered", "Tasks moved to the dead-letter set.", ["type", "queue"])
+TASKS_RECOVERED = Counter(f"{PREFIX}_tasks_recovered", "Tasks returned to pending from dead consumers.", ["queue"])
+TASKS_DEFERRED = Counter(
+    f"{PREFIX}_tasks_deferred", "Tasks put back without using an attempt.", ["type", "queue", "reason"]
+)
+ACKS_LOST = Counter(f"{PREFIX}_acks_lost", "Finished tasks no longer held by this consumer (it was reaped).", ["queue"])
+RATE_LIMIT_DECISIONS = Counter(f"{PREFIX}_rate_limit_decisions", "Rate-limit gate decisions.", ["type", "decision"])
+TASK_DURATION = Histogram(
+    f"{PREFIX}_task_duration_seconds",
+    "Run time of task handlers.",
+    ["type", "queue"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+)
+TASK_WAIT = Histogram(
+    f"{PREFIX}_task_wait_seconds",
+    "Time from enqueue (or due time) to start.",
+    ["type", "queue"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600),
+)
 IN_FLIGHT = Gauge(f"{PREFIX}_consumer_in_flight_tasks", "Tasks this consumer has claimed and not yet finished.")
 BUSY_WORKERS = Gauge(f"{PREFIX}_consumer_busy_workers", "Worker threads running a handler.")
 LEASE_RENEWALS = Counter(f"{PREFIX}_lease_renewals", "Successful lease renewals.")

@@ -1,4 +1,5 @@
 """A consumer's HTTP endpoint: `/metrics` for Prometheus and `/healthz` for container liveness."""
+
 from __future__ import annotations
 
 import threading
@@ -34,22 +35,25 @@ class _QuietHandler(WSGIRequestHandler):
 
 def make_app(liveness: Liveness | None, registry: CollectorRegistry = REGISTRY) -> Callable[..., Iterable[bytes]]:
     """Return a WSGI app serving `/healthz` from `liveness` and metrics on every other path."""
-    metrics_app = make_wsgi_app(registry)
+    metrics_app: Callable[..., Iterable[bytes]] = make_wsgi_app(registry)
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         if environ.get("PATH_INFO") == "/healthz":
             healthy = liveness is None or liveness.healthy()
             body = liveness.report() if liveness is not None else b'{"status": "ok"}'
-            start_response("200 OK" if healthy else "503 Service Unavailable",
-                           [("Content-Type", "application/json"), ("Content-Length", str(len(body)))])
+            start_response(
+                "200 OK" if healthy else "503 Service Unavailable",
+                [("Content-Type", "application/json"), ("Content-Length", str(len(body)))],
+            )
             return [body]
         return metrics_app(environ, start_response)
 
     return app
 
 
-def serve(port: int, liveness: Liveness | None, addr: str = METRICS_HOST,
-          registry: CollectorRegistry = REGISTRY) -> WSGIServer:
+def serve(
+    port: int, liveness: Liveness | None, addr: str = METRICS_HOST, registry: CollectorRegistry = REGISTRY
+) -> WSGIServer:
     """Serve metrics and health on `addr:port` from a daemon thread; return the server."""
     server = make_server(addr, port, make_app(liveness, registry), _ThreadingServer, handler_class=_QuietHandler)
     threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()

@@ -1,7 +1,8 @@
 """Database models: task types (tuned in the admin, and carrying the queue's permissions) and API tokens."""
+
 from django.conf import settings
-from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
 from .names import NAME_PATTERN, NAME_RULE
@@ -21,15 +22,20 @@ class TaskType(models.Model):
         FIXED_WINDOW = "fixed_window", "Fixed window (may admit up to 2x at a window edge)"
 
     name = models.CharField(
-        max_length=100, unique=True, validators=[name_validator],
+        max_length=100,
+        unique=True,
+        validators=[name_validator],
         help_text="The type name producers enqueue, e.g. billing.send_invoice.",
     )
     handler = models.CharField(
-        max_length=100, validators=[name_validator],
+        max_length=100,
+        validators=[name_validator],
         help_text="The registered handler that runs tasks of this type.",
     )
     queue = models.CharField(
-        max_length=100, default="default", validators=[name_validator],
+        max_length=100,
+        default="default",
+        validators=[name_validator],
         help_text="Queue a task goes to when the producer does not name one.",
     )
     enabled = models.BooleanField(
@@ -38,37 +44,47 @@ class TaskType(models.Model):
         "(without using attempts) until it is enabled again.",
     )
     rate_limit = models.PositiveIntegerField(
-        null=True, blank=True, validators=[MinValueValidator(1)],
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
         help_text="At most this many tasks of this type start per rate period, across all "
         "consumers. Empty means unlimited.",
     )
     rate_period = models.FloatField(
-        default=1.0, validators=[MinValueValidator(0.001), MaxValueValidator(86400 * 365)],
+        default=1.0,
+        validators=[MinValueValidator(0.001), MaxValueValidator(86400 * 365)],
         help_text="Length of the rate-limit window in seconds.",
     )
     rate_burst = models.PositiveIntegerField(
-        default=1, validators=[MinValueValidator(1)],
+        default=1,
+        validators=[MinValueValidator(1)],
         help_text="How many tasks may start back to back before the limit spaces them out "
         "(never more than the rate limit itself). Any window of the rate period still starts "
         "at most the rate limit, so with GCRA a burst of b lowers the steady rate to "
         "(limit - b + 1) per period; 1 keeps the full rate.",
     )
     rate_algorithm = models.CharField(
-        max_length=20, choices=RateAlgorithm.choices, default=RateAlgorithm.GCRA,
+        max_length=20,
+        choices=RateAlgorithm.choices,
+        default=RateAlgorithm.GCRA,
         help_text="GCRA holds the limit in every sliding window; fixed window is the "
         "cheaper classic, which can admit twice the limit across a window boundary.",
     )
     max_attempts = models.PositiveIntegerField(
-        default=3, validators=[MinValueValidator(1), MaxValueValidator(1000)],
+        default=3,
+        validators=[MinValueValidator(1), MaxValueValidator(1000)],
         help_text="Runs allowed before a failing task is dead-lettered (1 = no retries).",
     )
     retry_backoff = models.FloatField(
-        default=2.0, validators=[MinValueValidator(0), MaxValueValidator(86400)],
+        default=2.0,
+        validators=[MinValueValidator(0), MaxValueValidator(86400)],
         help_text="Base of the exponential backoff in seconds: retry n waits about "
         "backoff * 2^(n-1), with jitter, capped at one hour.",
     )
     timeout = models.FloatField(
-        null=True, blank=True, validators=[MinValueValidator(0.001)],
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.001)],
         help_text="Seconds a run may take before it is failed (and retried). Empty means no limit.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
@@ -87,9 +103,14 @@ class TaskType(models.Model):
     def clean(self) -> None:
         """Reject a burst larger than the rate limit it belongs to."""
         if self.rate_limit is not None and self.rate_burst > self.rate_limit:
-            raise ValidationError({"rate_burst": (
-                f"The burst ({self.rate_burst}) cannot exceed the rate limit ({self.rate_limit}): at most "
-                f"{self.rate_limit} tasks may start in any {self.rate_period:g}-second window.")})
+            raise ValidationError(
+                {
+                    "rate_burst": (
+                        f"The burst ({self.rate_burst}) cannot exceed the rate limit ({self.rate_limit}): at most "
+                        f"{self.rate_limit} tasks may start in any {self.rate_period:g}-second window."
+                    )
+                }
+            )
 
 
 class ApiToken(models.Model):
@@ -99,12 +120,16 @@ class ApiToken(models.Model):
     name = models.CharField(max_length=100, help_text="What the token is for, e.g. billing-service.")
     key_hash = models.CharField(max_length=64, unique=True, editable=False)
     key_prefix = models.CharField(
-        max_length=8, editable=False, help_text="The first characters of the token, to recognise it.",
+        max_length=8,
+        editable=False,
+        help_text="The first characters of the token, to recognise it.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
     revoked_at = models.DateTimeField(
-        null=True, blank=True, help_text="Set to revoke the token; requests with it are then refused.",
+        null=True,
+        blank=True,
+        help_text="Set to revoke the token; requests with it are then refused.",
     )
 
     class Meta:

@@ -1,4 +1,5 @@
 """Validation of queue and task type names, so that no name can break a Redis key."""
+
 import re
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,100}")

@@ -1,4 +1,5 @@
 """The one way tasks are enqueued: validation, encoding and a single round trip to Redis."""
+
 from __future__ import annotations
 
 import math
@@ -13,7 +14,8 @@ from django.conf import settings
 from redis.exceptions import RedisError
 
 from . import results
-from .broker import Broker, Enqueueable, get_broker
+from .batch_args import Enqueueable
+from .broker import Broker, get_broker
 from .codec import PRIORITY_MAX, PRIORITY_MIN, Arguments, Task, encode_payload, encode_task
 from .names import InvalidName, validate_name
 from .registry import Registry, registry as default_registry
@@ -59,20 +61,38 @@ class EnqueuedTask:
     run_after_ms: int
 
 
-def enqueue(type_name: str, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None, *,
-            queue: str | None = None, priority: int = 0, delay_s: float = 0.0,
-            run_after: datetime | None = None, headers: Mapping[str, str] | None = None,
-            count: int = 1, broker: Broker | None = None) -> list[EnqueuedTask]:
+def enqueue(
+    type_name: str,
+    args: Sequence[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    queue: str | None = None,
+    priority: int = 0,
+    delay_s: float = 0.0,
+    run_after: datetime | None = None,
+    headers: Mapping[str, str] | None = None,
+    count: int = 1,
+    broker: Broker | None = None,
+) -> list[EnqueuedTask]:
     """Validate and enqueue `count` tasks of one type in one round trip; return what was pushed."""
     if not isinstance(count, int) or count < 1:
         raise EnqueueError(f"count must be a positive integer, got {count!r}")
-    request = TaskRequest(type=type_name, args=args, kwargs=kwargs or {}, queue=queue, priority=priority,
-                          delay_s=delay_s, run_after=run_after, headers=headers or {})
+    request = TaskRequest(
+        type=type_name,
+        args=args,
+        kwargs=kwargs or {},
+        queue=queue,
+        priority=priority,
+        delay_s=delay_s,
+        run_after=run_after,
+        headers=headers or {},
+    )
     return enqueue_many([request] * count, broker=broker)
 
 
-def enqueue_many(requests: Sequence[TaskRequest], *, broker: Broker | None = None,
-                 registry: Registry = default_registry) -> list[EnqueuedTask]:
+def enqueue_many(
+    requests: Sequence[TaskRequest], *, broker: Broker | None = None, registry: Registry = default_registry
+) -> list[EnqueuedTask]:
     """Validate every request, then enqueue them all in one round trip.
 
     All or nothing on a single Redis server; on Redis Cluster a QueueUnavailable may follow a
@@ -105,8 +125,9 @@ def enqueue_many(requests: Sequence[TaskRequest], *, broker: Broker | None = Non
 def new_task_id() -> str:
     """Return a random (version 4) UUID string, built ~3x faster than `str(uuid.uuid4())`."""
     digits = os.urandom(16).hex()
-    return (f"{digits[:8]}-{digits[8:12]}-4{digits[13:16]}-{'89ab'[int(digits[16], 16) & 3]}{digits[17:20]}-"
-            f"{digits[20:]}")
+    return (
+        f"{digits[:8]}-{digits[8:12]}-4{digits[13:16]}-{'89ab'[int(digits[16], 16) & 3]}{digits[17:20]}-{digits[20:]}"
+    )
 
 
 class _Prepared(NamedTuple):
@@ -120,8 +141,7 @@ class _Prepared(NamedTuple):
     record: dict[str, str]
 
 
-def _prepare(request: TaskRequest, configs: dict[str, TaskTypeConfig], registry: Registry,
-             now_ms: int) -> _Prepared:
+def _prepare(request: TaskRequest, configs: dict[str, TaskTypeConfig], registry: Registry, now_ms: int) -> _Prepared:
     config = configs.get(request.type) or _task_type(request.type, registry)
     configs[request.type] = config
     delay_ms = _delay_ms(request, now_ms)
@@ -160,11 +180,22 @@ def _build_task(request: TaskRequest, config: TaskTypeConfig, now_ms: int, delay
         validate_name(queue, "queue")
     except InvalidName as exc:
         raise EnqueueError(str(exc)) from None
-    if isinstance(request.priority, bool) or not isinstance(request.priority, int) \
-            or not PRIORITY_MIN <= request.priority <= PRIORITY_MAX:
-        raise EnqueueError(f"priority must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX}, got {request.priority!r}")
-    task = Task(type=request.type, payload=payload, queue=queue, priority=request.priority, enqueued_at_ms=now_ms,
-                run_after_ms=now_ms + delay_ms if delay_ms else 0)
+    if (
+        isinstance(request.priority, bool)
+        or not isinstance(request.priority, int)
+        or not PRIORITY_MIN <= request.priority <= PRIORITY_MAX
+    ):
+        raise EnqueueError(
+            f"priority must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX}, got {request.priority!r}"
+        )
+    task = Task(
+        type=request.type,
+        payload=payload,
+        queue=queue,
+        priority=request.priority,
+        enqueued_at_ms=now_ms,
+        run_after_ms=now_ms + delay_ms if delay_ms else 0,
+    )
     for key, value in request.headers.items():
         task.headers[str(key)] = str(value)
     return task, arguments

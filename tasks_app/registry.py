@@ -1,4 +1,5 @@
 """The registry of task handlers: the only code a consumer will ever run."""
+
 from __future__ import annotations
 
 import importlib
@@ -39,9 +40,7 @@ class Registry:
         with self._lock:
             existing = self.handlers.get(entry.name)
             if existing is not None and _qualname(existing.func) != _qualname(entry.func):
-                raise ValueError(
-                    f"handler {entry.name!r} is already registered to {_qualname(existing.func)}"
-                )
+                raise ValueError(f"handler {entry.name!r} is already registered to {_qualname(existing.func)}")
             self.handlers[entry.name] = entry
 
     def get(self, name: str) -> Handler | None:

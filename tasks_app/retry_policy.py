@@ -1,4 +1,5 @@
 """When a failed task runs again: exponential backoff with jitter."""
+
 import random
 
 MAX_BACKOFF_S = 3600.0

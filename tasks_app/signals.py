@@ -1,4 +1,5 @@
 """Signal receivers: a TaskType edit in this process reaches its producers at once."""
+
 from typing import Any
 
 from django.db.models.signals import post_delete, post_save

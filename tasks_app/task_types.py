@@ -1,4 +1,5 @@
 """Task type settings as consumers and producers see them: cached, refreshed from the database."""
+
 from __future__ import annotations
 
 import logging
@@ -34,10 +35,17 @@ class TaskTypeConfig:
     def from_model(cls, row: TaskType) -> TaskTypeConfig:
         """Snapshot a TaskType row."""
         return cls(
-            name=row.name, handler=row.handler, queue=row.queue, enabled=row.enabled,
-            rate_limit=row.rate_limit, rate_period_s=row.rate_period, rate_burst=row.rate_burst,
-            rate_algorithm=row.rate_algorithm, max_attempts=row.max_attempts,
-            retry_backoff_s=row.retry_backoff, timeout_s=row.timeout,
+            name=row.name,
+            handler=row.handler,
+            queue=row.queue,
+            enabled=row.enabled,
+            rate_limit=row.rate_limit,
+            rate_period_s=row.rate_period,
+            rate_burst=row.rate_burst,
+            rate_algorithm=row.rate_algorithm,
+            max_attempts=row.max_attempts,
+            retry_backoff_s=row.retry_backoff,
+            timeout_s=row.timeout,
         )
 
     @classmethod

@@ -5,6 +5,7 @@ stops at once (its `finally` blocks and context managers run), a C call (time.sl
 read) finishes first. The run stays held by its worker until the handler returns; only then is
 it settled, so a retry never overlaps it.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -19,8 +20,9 @@ from .exceptions import TaskTimeout
 
 def _set_async_exc(thread_id: int, exc_type: type[BaseException] | None) -> None:
     # None clears an exception not yet delivered (the run returned in the meantime).
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(exc_type)
-                                               if exc_type is not None else ctypes.c_void_p(0))
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread_id), ctypes.py_object(exc_type) if exc_type is not None else ctypes.c_void_p(0)
+    )
 
 
 @dataclass
@@ -37,8 +39,12 @@ class RunClock:
 
     def overdue(self, now_monotonic: float) -> bool:
         """True if the run is past its deadline and has not been interrupted or returned."""
-        return (self.timeout_s is not None and now_monotonic - self.started_monotonic >= self.timeout_s
-                and self.timeout_error is None and not self.returned)
+        return (
+            self.timeout_s is not None
+            and now_monotonic - self.started_monotonic >= self.timeout_s
+            and self.timeout_error is None
+            and not self.returned
+        )
 
     def interrupt(self) -> bool:
         """Raise TaskTimeout in the run's thread, once, unless the handler already returned."""

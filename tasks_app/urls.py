@@ -1,4 +1,5 @@
 """Routes of the task pages, the dashboard and the JSON API (included at the site root)."""
+
 from django.urls import path
 
 from .views import api, dashboard, tasks

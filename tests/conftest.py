@@ -1,4 +1,5 @@
 """Shared fixtures: a private key prefix per test, a broker, consumers in threads and processes."""
+
 from __future__ import annotations
 
 import contextlib
@@ -8,10 +9,13 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.test import Client
 
 import tests.support.handlers  # noqa: F401  (registers the test handlers in this process)
 from tasks_app.broker import Broker, get_broker
 from tasks_app.consumer import Consumer, ConsumerOptions
+from tasks_app.models import TaskType
 from tasks_app.task_types import recent_task_types
 from tests.support.consumers import running
 from tests.support.processes import ConsumerProcess
@@ -90,3 +94,17 @@ def redis_up_for_a_while() -> None:
     uptime_s = int(client.info("server")["uptime_in_seconds"])
     if uptime_s < 3:
         time.sleep(3 - uptime_s)
+
+
+@pytest.fixture
+def staff(client: Client) -> Client:
+    """The test client, logged in as a staff superuser."""
+    user = get_user_model().objects.create_superuser("boss", "boss@example.com", None)
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def echo_type() -> TaskType:
+    """A task type of the demo echo handler on the web queue."""
+    return TaskType.objects.create(name="web.echo", handler="demo.echo", queue="web")

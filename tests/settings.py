@@ -1,7 +1,8 @@
 """Settings of a test run: the site's own, with a secret key of this run (consumer subprocesses inherit it)."""
+
 import os
 import secrets
 
 os.environ.setdefault("DJANGO_SECRET_KEY", f"test-run-{secrets.token_urlsafe(32)}")
 
-from scheduler_site.settings import *  # noqa: E402,F401,F403
+from scheduler_site.settings import *  # noqa: F403

@@ -1,4 +1,5 @@
 """The ack batcher: results before acks in one flush, lost acks flagged, barriers, merged updates, refused entries."""
+
 from __future__ import annotations
 
 import threading
@@ -38,7 +39,7 @@ def test_one_flush_records_results_then_acks_and_reports_each_task(broker):
     give_up = threading.Event()
     batcher = AckBatcher(broker, give_up)
     outcomes: list[bool | None] = []
-    for task_id, raw in zip(ids, raws):
+    for task_id, raw in zip(ids, raws, strict=True):
         batcher.record(ResultUpdate(task_id, {"status": "RUNNING"}, 60, append_worker_id="c1"))
         batcher.ack("default", "c1", raw, ResultUpdate(task_id, {"status": "SUCCESSFUL"}, 60), outcomes.append)
     broker.client.lrem(broker.keys.processing("default", "c1"), 1, raws[1])  # as if it was reaped
@@ -84,10 +85,15 @@ class FlakyBroker(Broker):
         return super().ack_many_reporting(results, raws_by_owner)
 
 
-def _ack_all(batcher: AckBatcher, ids: list[str], raws: list[bytes], consumer_id: str,
-             fields: dict[str, dict[str, str]] | None = None) -> list[bool | None]:
+def _ack_all(
+    batcher: AckBatcher,
+    ids: list[str],
+    raws: list[bytes],
+    consumer_id: str,
+    fields: dict[str, dict[str, str]] | None = None,
+) -> list[bool | None]:
     outcomes: list[bool | None] = []
-    for task_id, raw in zip(ids, raws):
+    for task_id, raw in zip(ids, raws, strict=True):
         update = ResultUpdate(task_id, (fields or {}).get(task_id, {"status": "SUCCESSFUL"}), 60)
         batcher.ack("default", consumer_id, raw, update, outcomes.append)
     return outcomes

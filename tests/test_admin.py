@@ -1,4 +1,5 @@
 """The TaskType admin: handlers are chosen from the registry, never typed in."""
+
 import pytest
 
 from tasks_app.admin import TaskTypeForm
@@ -8,9 +9,17 @@ pytestmark = pytest.mark.django_db
 
 
 def form_data(**overrides):
-    data = {"name": "billing.invoice", "handler": "demo.echo", "queue": "default", "enabled": "on",
-            "rate_period": "1", "rate_burst": "1", "rate_algorithm": "gcra", "max_attempts": "3",
-            "retry_backoff": "2"}
+    data = {
+        "name": "billing.invoice",
+        "handler": "demo.echo",
+        "queue": "default",
+        "enabled": "on",
+        "rate_period": "1",
+        "rate_burst": "1",
+        "rate_algorithm": "gcra",
+        "max_attempts": "3",
+        "retry_backoff": "2",
+    }
     data.update(overrides)
     return data
 
@@ -26,8 +35,10 @@ def test_an_unregistered_handler_is_rejected():
     assert "handler" in form.errors
 
 
-@pytest.mark.parametrize("field, value", [("name", "bad name"), ("queue", "q/1"), ("max_attempts", "0"),
-                                          ("rate_limit", "0"), ("timeout", "-1")])
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("name", "bad name"), ("queue", "q/1"), ("max_attempts", "0"), ("rate_limit", "0"), ("timeout", "-1")],
+)
 def test_invalid_settings_are_rejected(field, value):
     assert field in TaskTypeForm(data=form_data(**{field: value})).errors
 

@@ -1,4 +1,5 @@
 """The JSON API: token and session auth, validation errors, the result record."""
+
 from __future__ import annotations
 
 import json
@@ -54,8 +55,13 @@ def test_token_enqueues_and_the_record_is_readable(client, broker, token, echo_t
     record = client.get(response["Location"], HTTP_AUTHORIZATION=f"Bearer {token}")
     assert record.status_code == 200
     data = record.json()
-    assert (data["id"], data["status"], data["args"], data["kwargs"], data["attempts"]) == \
-        (body["id"], "READY", [1], {"a": "b"}, 0)
+    assert (data["id"], data["status"], data["args"], data["kwargs"], data["attempts"]) == (
+        body["id"],
+        "READY",
+        [1],
+        {"a": "b"},
+        0,
+    )
     assert ApiToken.objects.get().last_used_at is not None
 
 
@@ -65,16 +71,18 @@ def test_queue_and_delay_are_honoured(client, broker, token, echo_type):
     assert broker.queue_stats("elsewhere").delayed == 1
 
 
-@pytest.mark.parametrize(("header", "message"), [
-    (None, "authentication required"),
-    ("Bearer not-a-token", "invalid API token"),
-    ("Basic dXNlcjpwdw==", "malformed Authorization header"),
-    ("Bearer ", "malformed Authorization header"),
-])
+@pytest.mark.parametrize(
+    ("header", "message"),
+    [
+        (None, "authentication required"),
+        ("Bearer not-a-token", "invalid API token"),
+        ("Basic dXNlcjpwdw==", "malformed Authorization header"),
+        ("Bearer ", "malformed Authorization header"),
+    ],
+)
 def test_missing_invalid_or_malformed_credentials_are_401(client, broker, echo_type, header, message):
     headers = {"HTTP_AUTHORIZATION": header} if header else {}
-    for response in (post(client, {"type": "api.echo"}, **headers),
-                     client.get("/api/tasks/some-id/", **headers)):
+    for response in (post(client, {"type": "api.echo"}, **headers), client.get("/api/tasks/some-id/", **headers)):
         assert response.status_code == 401
         assert message in response.json()["error"]
         assert response["WWW-Authenticate"].startswith("Bearer")
@@ -100,29 +108,34 @@ def test_token_of_a_non_staff_user_is_403(client, broker, echo_type):
     assert response.status_code == 403 and "staff" in response.json()["error"]
 
 
-@pytest.mark.parametrize(("raw", "message"), [
-    (b"{not json", "request body is not valid JSON"),
-    (b"[1, 2]", "request body must be a JSON object"),
-    (b"", "request body must be a JSON object"),
-    (b'{"args": []}', "field 'type' is required"),
-    (b'{"type": 5}', "field 'type' is required"),
-    (b'{"type": "api.echo", "colour": "red"}', "unknown field(s): colour"),
-    (b'{"type": "nope.nothing"}', "unknown task type 'nope.nothing'"),
-    (b'{"type": "api.off"}', "task type 'api.off' is disabled"),
-    (b'{"type": "api.orphan"}', "which is not registered"),
-    (b'{"type": "api.echo", "args": {"a": 1}}', "args must be a JSON array"),
-    (b'{"type": "api.echo", "kwargs": [1]}', "kwargs must be a JSON object"),
-    (b'{"type": "api.echo", "queue": "no spaces"}', "invalid queue"),
-    (b'{"type": "api.echo", "priority": 1000}', "priority must be an integer from -100 to 100"),
-    (b'{"type": "api.echo", "priority": "1"}', "priority must be an integer"),
-    (b'{"type": "api.echo", "delay": -1}', "delay must be a non-negative number"),
-    (b'{"type": "api.echo", "delay": 1e14}', "delay must be at most 31536000 seconds"),
-    (b'{"type": "api.echo", "delay": 31536001}', "delay must be at most 31536000 seconds"),
-    (b'{"type": "api.echo", "args": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
-     "request body is nested too deeply: arguments may nest at most 64 levels"),
-    (b'{"type": "api.echo", "kwargs": ' + b'{"a":' * 65 + b"1" + b"}" * 65 + b"}", "nested too deeply"),
-    (b"[" * 100_000, "nested too deeply"),
-])
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b"{not json", "request body is not valid JSON"),
+        (b"[1, 2]", "request body must be a JSON object"),
+        (b"", "request body must be a JSON object"),
+        (b'{"args": []}', "field 'type' is required"),
+        (b'{"type": 5}', "field 'type' is required"),
+        (b'{"type": "api.echo", "colour": "red"}', "unknown field(s): colour"),
+        (b'{"type": "nope.nothing"}', "unknown task type 'nope.nothing'"),
+        (b'{"type": "api.off"}', "task type 'api.off' is disabled"),
+        (b'{"type": "api.orphan"}', "which is not registered"),
+        (b'{"type": "api.echo", "args": {"a": 1}}', "args must be a JSON array"),
+        (b'{"type": "api.echo", "kwargs": [1]}', "kwargs must be a JSON object"),
+        (b'{"type": "api.echo", "queue": "no spaces"}', "invalid queue"),
+        (b'{"type": "api.echo", "priority": 1000}', "priority must be an integer from -100 to 100"),
+        (b'{"type": "api.echo", "priority": "1"}', "priority must be an integer"),
+        (b'{"type": "api.echo", "delay": -1}', "delay must be a non-negative number"),
+        (b'{"type": "api.echo", "delay": 1e14}', "delay must be at most 31536000 seconds"),
+        (b'{"type": "api.echo", "delay": 31536001}', "delay must be at most 31536000 seconds"),
+        (
+            b'{"type": "api.echo", "args": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+            "request body is nested too deeply: arguments may nest at most 64 levels",
+        ),
+        (b'{"type": "api.echo", "kwargs": ' + b'{"a":' * 65 + b"1" + b"}" * 65 + b"}", "nested too deeply"),
+        (b"[" * 100_000, "nested too deeply"),
+    ],
+)
 def test_bad_requests_are_400_with_a_json_error(client, broker, token, echo_type, raw, message):
     TaskType.objects.create(name="api.off", handler="demo.echo", enabled=False)
     TaskType.objects.create(name="api.orphan", handler="gone.handler")
@@ -136,7 +149,7 @@ def test_bad_requests_are_400_with_a_json_error(client, broker, token, echo_type
 
 def test_a_record_with_a_run_after_beyond_the_calendar_still_reads(client, broker, token, echo_type):
     [task] = producer.enqueue("api.echo", [1], delay_s=60)
-    broker.client.hset(broker.keys.result(task.id), "run_after_ms", str(10 ** 17))
+    broker.client.hset(broker.keys.result(task.id), "run_after_ms", str(10**17))
     response = client.get(f"/api/tasks/{task.id}/", HTTP_AUTHORIZATION=f"Bearer {token}")
     assert response.status_code == 200
     assert response.json()["run_after"].startswith("9999-12-30")

@@ -1,4 +1,5 @@
 """The broker's contract, against a real Redis server."""
+
 import threading
 import time
 from pathlib import Path
@@ -24,8 +25,9 @@ def register(broker, consumer_id: str, lease_ms: int = LEASE_MS, queues=("q",)) 
 
 
 def push(broker, *raws, queue="q", priority=0, delay_ms=0):
-    broker.enqueue([Enqueueable(queue=queue, raw=raw, priority=priority, delay_ms=delay_ms)
-                    for raw in raws], result_ttl_s=60)
+    broker.enqueue(
+        [Enqueueable(queue=queue, raw=raw, priority=priority, delay_ms=delay_ms) for raw in raws], result_ttl_s=60
+    )
 
 
 def expire(broker, consumer_id: str, queue: str = "q") -> None:
@@ -41,8 +43,16 @@ def test_every_script_documents_its_keys_arguments_and_result():
 
 def test_queue_keys_share_the_queue_hash_tag(broker):
     keys = broker.keys
-    for key in [keys.pending("a.b"), keys.prioritized("a.b"), keys.delayed("a.b"), keys.dead("a.b"),
-                keys.processing("a.b", "c1"), keys.consumers("a.b"), keys.reaped("a.b"), keys.recoveries("a.b")]:
+    for key in [
+        keys.pending("a.b"),
+        keys.prioritized("a.b"),
+        keys.delayed("a.b"),
+        keys.dead("a.b"),
+        keys.processing("a.b", "c1"),
+        keys.consumers("a.b"),
+        keys.reaped("a.b"),
+        keys.recoveries("a.b"),
+    ]:
         assert key.startswith(f"{keys.prefix}:{{a.b}}:")
 
 
@@ -384,8 +394,9 @@ def test_every_tombstone_is_examined_in_turn_not_only_the_first_page(broker):
     reaper = ReaperLoop(broker, ["q"], LEASE_MS / 1000, lambda queue, dead: None)
     for _ in range(count // TOMBSTONE_PAGE + 1):
         reaper.run_once()
-    assert sorted(ids(broker.client.lrange(broker.keys.suspects("q"), 0, -1))) == \
-        sorted(f"task-{n}" for n in (0, TOMBSTONE_PAGE + 10, count - 1))
+    assert sorted(ids(broker.client.lrange(broker.keys.suspects("q"), 0, -1))) == sorted(
+        f"task-{n}" for n in (0, TOMBSTONE_PAGE + 10, count - 1)
+    )
 
 
 def test_a_consumer_id_no_consumer_could_have_written_does_not_stop_the_reaper(broker):

@@ -1,4 +1,5 @@
 """System checks of the task queue's settings: each error, the warning, and the all-clear."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """The protobuf contract and the JSON payload."""
+
 import filecmp
 import subprocess
 import sys
@@ -14,18 +15,34 @@ GENERATED_DIR = Path(__file__).resolve().parent.parent / "tasks_app"
 
 
 def test_committed_task_pb2_and_its_stub_match_a_fresh_generation(tmp_path):
-    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{PROTO_DIR}", f"--python_out={tmp_path}",
-                    f"--pyi_out={tmp_path}", str(PROTO_DIR / "task.proto")], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{PROTO_DIR}",
+            f"--python_out={tmp_path}",
+            f"--pyi_out={tmp_path}",
+            str(PROTO_DIR / "task.proto"),
+        ],
+        check=True,
+    )
     for name in ("task_pb2.py", "task_pb2.pyi"):
-        assert filecmp.cmp(tmp_path / name, GENERATED_DIR / name, shallow=False), \
+        assert filecmp.cmp(tmp_path / name, GENERATED_DIR / name, shallow=False), (
             f"tasks_app/{name} is stale: run `make proto` and commit it"
+        )
 
 
 def test_contract_field_numbers_are_fixed():
     fields = {f.name: f.number for f in Task.DESCRIPTOR.fields}
     assert Task.DESCRIPTOR.full_name == "scheduler.v1.Task"
     assert {k: fields[k] for k in ("id", "type", "payload", "queue", "priority")} == {
-        "id": 1, "type": 2, "payload": 3, "queue": 4, "priority": 5}
+        "id": 1,
+        "type": 2,
+        "payload": 3,
+        "queue": 4,
+        "priority": 5,
+    }
 
 
 def test_unknown_fields_from_a_newer_producer_survive_a_re_encode():
@@ -59,7 +76,7 @@ def test_payload_round_trip_and_optional_members():
     assert encode_payload([], {}) == b"{}"
 
 
-@pytest.mark.parametrize("payload", [b"[1]", b"{\"args\": {}}", b"{\"kwargs\": []}", b"\xff", b"{"])
+@pytest.mark.parametrize("payload", [b"[1]", b'{"args": {}}', b'{"kwargs": []}', b"\xff", b"{"])
 def test_malformed_payloads_are_rejected(payload):
     with pytest.raises(UndecodableTask):
         decode_payload(payload)

@@ -1,4 +1,5 @@
 """The thin management commands: enqueue, queuestats, runconsumer's argument checks."""
+
 import json
 import subprocess
 import sys
@@ -21,13 +22,16 @@ def test_enqueue_prints_one_id_per_line(broker):
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("argv, message", [
-    (["no.such.type"], "unknown task type"),
-    (["demo.echo", "--args", '{"a": 1}'], "args must be a JSON array"),
-    (["demo.echo", "--delay", "-1"], "delay must be a non-negative"),
-    (["demo.echo", "--priority", "500"], "priority"),
-    (["demo.echo", "--count", "0"], "count"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["no.such.type"], "unknown task type"),
+        (["demo.echo", "--args", '{"a": 1}'], "args must be a JSON array"),
+        (["demo.echo", "--delay", "-1"], "delay must be a non-negative"),
+        (["demo.echo", "--priority", "500"], "priority"),
+        (["demo.echo", "--count", "0"], "count"),
+    ],
+)
 def test_enqueue_rejects_bad_input_with_a_command_error(broker, argv, message):
     with pytest.raises(CommandError, match=message):
         call_command("enqueue", *argv, stdout=StringIO())
@@ -35,11 +39,18 @@ def test_enqueue_rejects_bad_input_with_a_command_error(broker, argv, message):
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("argv", [["no.such.type"], ["demo.echo", "--args", "[1"], ["demo.echo", "--args", "{}"],
-                                  ["demo.echo", "--delay", "-5"]])
+@pytest.mark.parametrize(
+    "argv",
+    [["no.such.type"], ["demo.echo", "--args", "[1"], ["demo.echo", "--args", "{}"], ["demo.echo", "--delay", "-5"]],
+)
 def test_enqueue_cli_fails_with_one_line_on_stderr_and_enqueues_nothing(broker, key_prefix, argv):
-    result = subprocess.run([sys.executable, str(PROJECT_DIR / "manage.py"), "enqueue", *argv],
-                            env=consumer_env(key_prefix), capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, str(PROJECT_DIR / "manage.py"), "enqueue", *argv],
+        env=consumer_env(key_prefix),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode != 0
     assert result.stdout == ""
     assert result.stderr.strip().splitlines()[-1].startswith(("CommandError:", "manage.py enqueue: error:"))

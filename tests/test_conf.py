@@ -1,4 +1,5 @@
 """Every queue setting tasks_app reads has one default, the same in conf.py and scheduler_site."""
+
 import json
 import os
 import re
@@ -21,6 +22,7 @@ def test_every_queue_setting_tasks_app_reads_has_a_default():
 def test_scheduler_site_defaults_are_those_of_conf():
     env = {name: value for name, value in os.environ.items() if name not in DEFAULTS}
     dump = "import json, scheduler_site.settings as s; print(json.dumps({n: getattr(s, n) for n in %r}))"
-    out = subprocess.run([sys.executable, "-c", dump % sorted(DEFAULTS)], cwd=ROOT, env=env, check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", dump % sorted(DEFAULTS)], cwd=ROOT, env=env, check=True, capture_output=True, text=True
+    ).stdout
     assert json.loads(out) == DEFAULTS

@@ -1,4 +1,5 @@
 """The consumer's own logic: backpressure, claiming, suspects, identity, shutdown and signals."""
+
 from __future__ import annotations
 
 import json
@@ -8,6 +9,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -28,8 +30,16 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def make_consumer(broker: Broker, **options: object) -> Consumer:
     """A registered consumer on queue "q" whose threads are not started: tests drive it by hand."""
-    opts = {"queues": ["q"], "concurrency": 2, "prefetch": 1, "lease_s": 2.0, "grace_s": 0.2, "block_s": 0.1,
-            "consumer_id": "me", **options}
+    opts = {
+        "queues": ["q"],
+        "concurrency": 2,
+        "prefetch": 1,
+        "lease_s": 2.0,
+        "grace_s": 0.2,
+        "block_s": 0.1,
+        "consumer_id": "me",
+        **options,
+    }
     consumer = Consumer(ConsumerOptions(**opts), broker=broker)  # type: ignore[arg-type]
     consumer.register()
     return consumer
@@ -95,11 +105,18 @@ def test_a_full_capacity_waits_for_a_release_from_another_thread():
 
 
 # --- options ------------------------------------------------------------------------------
-@pytest.mark.parametrize(("options", "message"), [
-    ({"queues": []}, "at least one queue"), ({"queues": ["a b"]}, "queue"), ({"concurrency": 0}, "concurrency"),
-    ({"prefetch": -1}, "prefetch"), ({"lease_s": 0.4}, "lease"), ({"grace_s": -1}, "grace"),
-    ({"consumer_id": "x/y"}, "consumer id"),
-])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"queues": []}, "at least one queue"),
+        ({"queues": ["a b"]}, "queue"),
+        ({"concurrency": 0}, "concurrency"),
+        ({"prefetch": -1}, "prefetch"),
+        ({"lease_s": 0.4}, "lease"),
+        ({"grace_s": -1}, "grace"),
+        ({"consumer_id": "x/y"}, "consumer id"),
+    ],
+)
 def test_options_that_cannot_work_are_refused(broker, options, message):
     with pytest.raises(ValueError, match=message):
         Consumer(ConsumerOptions(**options), broker=broker)
@@ -251,8 +268,11 @@ def test_a_poison_pill_dead_lettered_by_the_reaper_gets_a_failed_record(broker, 
         broker.reap("q", f"victim-{victim}", 50)
     die_running(broker, "last-victim", 50)  # the consumer's own reaper finds this one
     with consumer_in_thread(queues=["q"]):
-        wait_until(lambda: (broker.get_result("poison") or {}).get("status") == "FAILED", 5,
-                   message="the poison pill's record to say FAILED")
+        wait_until(
+            lambda: (broker.get_result("poison") or {}).get("status") == "FAILED",
+            5,
+            message="the poison pill's record to say FAILED",
+        )
     record = broker.get_result("poison")
     assert "recovered 4 times from consumers that died running it" in record["dead_reason"]
     assert json.loads(record["errors"])[-1]["exception_class_path"] == "ConsumerDied"
@@ -286,23 +306,35 @@ def test_reconciling_never_returns_a_byte_identical_twin_that_is_still_held(brok
 
 
 # --- the in-thread consumer fixture -------------------------------------------------------
+def _crash_in_shutdown(running: Any) -> None:
+    shutdown = running.shutdown
+
+    def crash() -> int:
+        shutdown()
+        raise RuntimeError("a bug in shutdown")
+
+    running.shutdown = crash
+
+
+def _exit_non_zero(running: Any) -> None:
+    shutdown = running.shutdown
+    running.shutdown = lambda: shutdown() + 3
+
+
 def test_the_fixture_reports_a_consumer_that_crashed(consumer_in_thread):
-    with pytest.raises(AssertionError, match="consumer crashed: RuntimeError"):
-        with consumer_in_thread(queues=["q"]) as running:
-            shutdown = running.shutdown
-
-            def crash() -> int:
-                shutdown()
-                raise RuntimeError("a bug in shutdown")
-
-            running.shutdown = crash  # type: ignore[method-assign]
+    with (
+        pytest.raises(AssertionError, match="consumer crashed: RuntimeError"),
+        consumer_in_thread(queues=["q"]) as running,
+    ):
+        _crash_in_shutdown(running)
 
 
 def test_the_fixture_reports_a_consumer_that_exited_non_zero(consumer_in_thread):
-    with pytest.raises(AssertionError, match=r"consumer exited with \[3\]"):
-        with consumer_in_thread(queues=["q"]) as running:
-            shutdown = running.shutdown
-            running.shutdown = lambda: shutdown() + 3  # type: ignore[method-assign]
+    with (
+        pytest.raises(AssertionError, match=r"consumer exited with \[3\]"),
+        consumer_in_thread(queues=["q"]) as running,
+    ):
+        _exit_non_zero(running)
 
 
 # --- signals ------------------------------------------------------------------------------
@@ -336,7 +368,7 @@ def test_a_signal_echoed_at_once_is_the_same_request(signalled):
 
 
 def test_a_second_signal_after_the_echo_window_exits_at_once(signalled):
-    consumer, exits = signalled
+    _consumer, exits = signalled
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(0.25)
     os.kill(os.getpid(), signal.SIGTERM)

@@ -3,6 +3,7 @@
 Docker cannot run here, so these files are checked by parsing them; the alert rules also go
 through `promtool` when it is installed (Debian package `prometheus`).
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from tasks_app.collectors import QueueCollector
 
 ROOT = Path(__file__).resolve().parent.parent
-SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created"),
-            "summary": ("_sum", "_count", "_created"), "gauge": ("",)}
+SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "histogram": ("_bucket", "_sum", "_count", "_created"),
+    "summary": ("_sum", "_count", "_created"),
+    "gauge": ("",),
+}
 METRIC_NAME = re.compile(r"\b(?:taskqueue|django)_[a-zA-Z0-9_]+")
 
 
@@ -61,7 +66,7 @@ def test_dockerfile_is_multi_stage_slim_and_runs_as_non_root():
     instructions = dockerfile_instructions()
     stages = [args for name, args in instructions if name == "FROM"]
     assert len(stages) >= 2 and all(stage.startswith("python:3.12-slim") for stage in stages)
-    final_stage = instructions[max(i for i, (name, _) in enumerate(instructions) if name == "FROM"):]
+    final_stage = instructions[max(i for i, (name, _) in enumerate(instructions) if name == "FROM") :]
     users = [args for name, args in final_stage if name == "USER"]
     assert users and users[-1] not in {"root", "0"}
     assert any(name == "RUN" and "collectstatic" in args for name, args in final_stage)
@@ -72,8 +77,11 @@ def test_dockerfile_is_multi_stage_slim_and_runs_as_non_root():
 
 
 def test_every_dockerfile_copy_source_exists_and_is_not_ignored():
-    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
-               if line.strip() and not line.startswith("#")}
+    ignored = {
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
     for name, args in dockerfile_instructions():
         if name != "COPY" or args.startswith("--from"):
             continue
@@ -131,8 +139,11 @@ def test_prometheus_scrapes_the_ports_compose_serves():
     config = yaml.safe_load((ROOT / "prometheus.yml").read_text())
     targets = {target for job in config["scrape_configs"] for sc in job["static_configs"] for target in sc["targets"]}
     parser = load_command_class("tasks_app", "runconsumer").create_parser("manage.py", "runconsumer")
-    expected = {"web:8000"} | {f"{name}:{parser.parse_args(service['command'][3:]).metrics_port}"
-                               for name, service in services.items() if "runconsumer" in service.get("command", [])}
+    expected = {"web:8000"} | {
+        f"{name}:{parser.parse_args(service['command'][3:]).metrics_port}"
+        for name, service in services.items()
+        if "runconsumer" in service.get("command", [])
+    }
     assert targets == expected
     for rule_file in config["rule_files"]:
         assert (ROOT / rule_file).exists()
@@ -147,8 +158,13 @@ def test_alert_rules_have_the_expected_shape():
         assert rule["labels"]["severity"] in {"warning", "critical"}
         assert rule["annotations"]["summary"]
     expressions = " ".join(rule["expr"] for rule in rules)
-    for metric in ("taskqueue_queue_tasks", "taskqueue_tasks_dead_lettered_total", "taskqueue_consumers_live",
-                   "taskqueue_leases_lost_total", "taskqueue_redis_errors_total"):
+    for metric in (
+        "taskqueue_queue_tasks",
+        "taskqueue_tasks_dead_lettered_total",
+        "taskqueue_consumers_live",
+        "taskqueue_leases_lost_total",
+        "taskqueue_redis_errors_total",
+    ):
         assert metric in expressions
 
 

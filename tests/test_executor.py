@@ -1,4 +1,5 @@
 """Every outcome of running one claimed task, settled in a real Redis."""
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,15 @@ def boom() -> None:
 
 
 def with_context(context: TaskContext, *args: Any, **kwargs: Any) -> dict[str, Any]:
-    return {"task_id": context.task_id, "attempt": context.attempt, "max_attempts": context.max_attempts,
-            "queue": context.queue, "consumer": context.consumer_id, "args": list(args), "kwargs": kwargs}
+    return {
+        "task_id": context.task_id,
+        "attempt": context.attempt,
+        "max_attempts": context.max_attempts,
+        "queue": context.queue,
+        "consumer": context.consumer_id,
+        "args": list(args),
+        "kwargs": kwargs,
+    }
 
 
 @pytest.fixture
@@ -59,8 +67,9 @@ def task_type(executor: Executor, name: str, **options: Any) -> None:
     executor.task_types.refresh()
 
 
-def claimed(broker: Broker, task_id: str, task_type_name: str, *args: Any, raw: bytes | None = None,
-            **fields: Any) -> Claimed:
+def claimed(
+    broker: Broker, task_id: str, task_type_name: str, *args: Any, raw: bytes | None = None, **fields: Any
+) -> Claimed:
     """Push one task and claim it for CONSUMER."""
     if raw is None:
         raw = task_bytes(task_id, task_type_name, payload=encode_payload(list(args), {}), **fields)
@@ -167,8 +176,15 @@ def test_a_handler_with_context_sees_this_run(broker, executor):
     task_type(executor, "x.context", max_attempts=4)
     executor.execute(claimed(broker, "t1", "x.context", "a"))
     value = json.loads(broker.get_result("t1")["return_value"])
-    assert value == {"task_id": "t1", "attempt": 1, "max_attempts": 4, "queue": "q", "consumer": CONSUMER,
-                     "args": ["a"], "kwargs": {}}
+    assert value == {
+        "task_id": "t1",
+        "attempt": 1,
+        "max_attempts": 4,
+        "queue": "q",
+        "consumer": CONSUMER,
+        "args": ["a"],
+        "kwargs": {},
+    }
 
 
 def test_a_failure_is_retried_later_with_backoff_and_the_error(broker, executor):
@@ -208,8 +224,7 @@ def test_the_task_s_own_max_attempts_wins_over_its_type(broker, executor):
     assert [task.id for task in dead_tasks(broker)] == ["t1"] and delayed_tasks(broker) == []
 
 
-@pytest.mark.parametrize(("handler", "error"), [("x.exit", "builtins.SystemExit: 3"),
-                                                ("x.not_json", "ResultNotJson")])
+@pytest.mark.parametrize(("handler", "error"), [("x.exit", "builtins.SystemExit: 3"), ("x.not_json", "ResultNotJson")])
 def test_a_handler_that_exits_or_returns_non_json_fails_its_task(broker, executor, handler, error):
     task_type(executor, handler, max_attempts=1)
     executor.execute(claimed(broker, "t1", handler))

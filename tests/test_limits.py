@@ -1,10 +1,11 @@
 """The rate-limit script and policy on fakeredis, with the server clock under the test's control."""
+
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 import types
-from collections.abc import Iterator
 
 import fakeredis
 import pytest
@@ -43,24 +44,28 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
 
 
 @pytest.fixture
-def broker() -> Iterator[Broker]:
-    yield Broker(fakeredis.FakeRedis(server=fakeredis.FakeServer()), "unit")
+def broker() -> Broker:
+    return Broker(fakeredis.FakeRedis(server=fakeredis.FakeServer()), "unit")
 
 
 def config(limit: int, period_s: float = 1.0, burst: int = 1, algorithm: str = "gcra") -> TaskTypeConfig:
-    return TaskTypeConfig(name="t", handler="t", rate_limit=limit, rate_period_s=period_s, rate_burst=burst,
-                          rate_algorithm=algorithm)
+    return TaskTypeConfig(
+        name="t", handler="t", rate_limit=limit, rate_period_s=period_s, rate_burst=burst, rate_algorithm=algorithm
+    )
 
 
 def decide(broker: Broker, policy: RatePolicy, task_id: str) -> int:
     """One decision on the fake clock: 0 allowed, else microseconds to wait."""
-    return broker.rate_limit("t", policy.algorithm, task_id, policy.limit, policy.period_us,
-                             policy.emission_us, policy.tolerance_us)
+    return broker.rate_limit(
+        "t", policy.algorithm, task_id, policy.limit, policy.period_us, policy.emission_us, policy.tolerance_us
+    )
 
 
 # --- policy ---------------------------------------------------------------------------------
-@pytest.mark.parametrize("limit,period_s,burst", [(1, 1.0, 1), (10, 1.0, 1), (10, 1.0, 10), (7, 0.3, 3),
-                                                  (1, YEAR_S, 1), (1000, 60.0, 250)])
+@pytest.mark.parametrize(
+    ("limit", "period_s", "burst"),
+    [(1, 1.0, 1), (10, 1.0, 1), (10, 1.0, 10), (7, 0.3, 3), (1, YEAR_S, 1), (1000, 60.0, 250)],
+)
 def test_policy_keeps_every_window_within_the_limit(limit, period_s, burst):
     policy = RatePolicy.for_config(config(limit, period_s, burst))
 
@@ -71,7 +76,7 @@ def test_policy_keeps_every_window_within_the_limit(limit, period_s, burst):
 
 
 def test_policy_refuses_a_type_without_a_limit():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="has no rate limit"):
         RatePolicy.for_config(config(0))
 
 
@@ -118,7 +123,7 @@ def test_denied_tasks_get_slots_one_emission_interval_apart(broker, clock):
 
     waits = [decide(broker, policy, f"t{i}") for i in range(5)]
 
-    assert [b - a for a, b in zip(waits, waits[1:])] == [policy.emission_us] * 4
+    assert [b - a for a, b in itertools.pairwise(waits)] == [policy.emission_us] * 4
 
 
 def test_a_newcomer_joins_the_queue_instead_of_taking_a_reserved_slot(broker, clock):
@@ -140,7 +145,7 @@ def test_burst_admits_back_to_back_then_spaces_starts(broker, clock):
     assert decide(broker, policy, "t3") > 0
 
 
-@pytest.mark.parametrize("limit,period_s,burst", [(10, 1.0, 1), (5, 1.0, 3), (1, 0.5, 1), (4, 2.0, 4)])
+@pytest.mark.parametrize(("limit", "period_s", "burst"), [(10, 1.0, 1), (5, 1.0, 3), (1, 0.5, 1), (4, 2.0, 4)])
 def test_no_window_admits_more_than_the_limit(broker, clock, limit, period_s, burst):
     """Tasks arrive at random, and denied ones come back late by up to 100 ms."""
     policy = RatePolicy.for_config(config(limit, period_s, burst))
@@ -248,4 +253,5 @@ def test_a_burst_above_the_limit_is_rejected_with_the_numbers():
         row.clean()
 
     assert raised.value.message_dict["rate_burst"] == [
-        "The burst (5) cannot exceed the rate limit (3): at most 3 tasks may start in any 2-second window."]
+        "The burst (5) cannot exceed the rate limit (3): at most 3 tasks may start in any 2-second window."
+    ]

@@ -1,4 +1,5 @@
 """Logs: one JSON line per task event with its fields (LOG_FORMAT=json), one escaped line per record (text)."""
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,9 @@ def test_json_formatter_emits_extra_fields_and_exceptions():
     try:
         raise ValueError("boom")
     except ValueError:
-        record = logging.LogRecord("tasks_app.tasks", logging.WARNING, __file__, 1, "task %s failed", ("t1",),
-                                   exc_info=sys.exc_info())
+        record = logging.LogRecord(
+            "tasks_app.tasks", logging.WARNING, __file__, 1, "task %s failed", ("t1",), exc_info=sys.exc_info()
+        )
     record.task_id, record.outcome = "t1", "retried"
     entry = json.loads(JsonFormatter().format(record))
     assert entry["message"] == "task t1 failed" and entry["level"] == "WARNING"
@@ -43,7 +45,7 @@ def test_consumer_logs_one_json_line_per_task_event(broker, consumer_process):
     outcomes = sorted((entry["task_id"], entry["outcome"], entry["attempt"]) for entry in events)
     assert outcomes == sorted([(ok.id, "succeeded", 1), (flaky.id, "retried", 1), (flaky.id, "succeeded", 2)])
     for entry in events:
-        assert EVENT_FIELDS <= set(entry), entry
+        assert set(entry) >= EVENT_FIELDS, entry
         assert entry["queue"] == "default" and entry["duration_s"] >= 0
     assert {entry["type"] for entry in events} == {"test.record", "log.flaky"}
     assert next(e for e in events if e["outcome"] == "retried")["level"] == "WARNING"
@@ -68,8 +70,7 @@ def test_log_level_warning_hides_successes(broker, consumer_process):
 @pytest.mark.django_db(transaction=True)
 def test_text_log_keeps_a_foreign_task_id_with_a_newline_on_one_line(broker, consumer_process):
     forged = "2026-01-01 00:00:00,000 INFO tasks_app.consumer everything is fine"
-    task = Task(id=f"evil\n{forged}\r\x1b[2J", type="no.such.type", queue="default",
-                payload=encode_payload([], {}))
+    task = Task(id=f"evil\n{forged}\r\x1b[2J", type="no.such.type", queue="default", payload=encode_payload([], {}))
     broker.client.lpush(broker.keys.pending("default"), encode_task(task))
     broker.client.sadd(broker.keys.queues(), "default")
 
@@ -88,8 +89,9 @@ def test_text_formatter_indents_tracebacks_and_escapes_their_lines():
     try:
         raise ValueError("first\nINFO forged record")
     except ValueError:
-        record = logging.LogRecord("tasks_app.tasks", logging.ERROR, __file__, 1, "task %s failed",
-                                   ("t\u20281",), exc_info=sys.exc_info())
+        record = logging.LogRecord(
+            "tasks_app.tasks", logging.ERROR, __file__, 1, "task %s failed", ("t\u20281",), exc_info=sys.exc_info()
+        )
     head, *rest = formatter.format(record).split("\n")
     assert head == "ERROR task t\\u20281 failed"
     assert rest and all(line.startswith(CONTINUATION_INDENT) for line in rest)

@@ -1,4 +1,5 @@
 """The consumer's background loops, one `run_once()` at a time, against a real Redis."""
+
 from __future__ import annotations
 
 import threading
@@ -9,8 +10,15 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tasks_app import producer
 from tasks_app.broker import MAX_RECOVERIES, Broker, connect
-from tasks_app.loops import (HeartbeatLoop, HousekeepingLoop, LeaseClock, ReaperLoop, SchedulerLoop, run_forever,
-                             start_thread)
+from tasks_app.loops import (
+    HeartbeatLoop,
+    HousekeepingLoop,
+    LeaseClock,
+    ReaperLoop,
+    SchedulerLoop,
+    run_forever,
+    start_thread,
+)
 from tasks_app.retrying import FIRST_BACKOFF_S
 from tests.support.claims import claim, die_running, push, register, task_bytes
 from tests.support.counters import sample
@@ -59,8 +67,9 @@ def unreachable_broker(prefix: str) -> Broker:
 def test_run_forever_backs_off_through_redis_errors_and_resets_after_a_success():
     stop = RecordingStop()
     errors_before = sample("taskqueue_redis_errors_total", loop="scripted")
-    loop = ScriptedLoop([0.5, RedisConnectionError("down"), RedisConnectionError("down"), 0.0,
-                         RedisConnectionError("down"), 0.3], stop)
+    loop = ScriptedLoop(
+        [0.5, RedisConnectionError("down"), RedisConnectionError("down"), 0.0, RedisConnectionError("down"), 0.3], stop
+    )
     run_forever(loop, stop)
     assert loop.calls == 6
     first, second, third = stop.waits[1], stop.waits[2], stop.waits[3]
@@ -190,8 +199,9 @@ def test_reaping_a_live_or_unknown_consumer_moves_nothing(broker):
 def test_housekeeping_refreshes_on_its_period_and_expires_every_tick():
     refreshes: list[float] = []
     expiries: list[float] = []
-    loop = HousekeepingLoop(lambda: refreshes.append(time.monotonic()), 0.2,
-                            lambda: expiries.append(time.monotonic()) or 0)
+    loop = HousekeepingLoop(
+        lambda: refreshes.append(time.monotonic()), 0.2, lambda: expiries.append(time.monotonic()) or 0
+    )
     assert loop.run_once() == HousekeepingLoop.TICK_S
     loop.run_once()
     assert (len(refreshes), len(expiries)) == (1, 2)  # the first call refreshes at once

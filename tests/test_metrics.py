@@ -1,4 +1,5 @@
 """Metric names, labels and the queue collector (real Redis), and the health endpoints."""
+
 from __future__ import annotations
 
 import time

@@ -1,4 +1,5 @@
 """The wheel: what it holds, the dependencies it declares, and a startproject site running tasks from it."""
+
 from __future__ import annotations
 
 import os
@@ -21,19 +22,20 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ("pyproject.toml", "README.md", "lua", "tasks_app")  # what `pip wheel .` reads
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
-HANDLERS = '''from tasks_app import handler
+HANDLERS = """from tasks_app import handler
 
 
 @handler("shop.add")
 def add(a: int, b: int) -> int:
     return a + b
-'''
+"""
 URLPATTERNS = 'urlpatterns = [\n    path("", include("tasks_app.urls")),'
 
 
 def _run(*command: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
-    done = subprocess.run([str(part) for part in command], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [str(part) for part in command], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, f"{command} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
     return done.stdout
 
@@ -44,8 +46,9 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     source, dist = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("dist")
     for name in SOURCES:
         if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, source / name, symlinks=True,
-                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            shutil.copytree(
+                ROOT / name, source / name, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+            )
         else:
             shutil.copy2(ROOT / name, source / name)
     _run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", dist, source)
@@ -75,8 +78,13 @@ def _package_files() -> set[str]:
 def test_the_wheel_holds_all_of_tasks_app_and_nothing_else(wheel):
     names = {name for name in zipfile.ZipFile(wheel).namelist() if ".dist-info/" not in name}
     lua = {f"tasks_app/{path.relative_to(ROOT).as_posix()}" for path in (ROOT / "lua").rglob("*.lua")}
-    assert {"tasks_app/lua/include/protobuf.lua", "tasks_app/py.typed", "tasks_app/task_pb2.pyi",
-            "tasks_app/migrations/0001_initial.py", "tasks_app/templates/tasks_app/base.html"} <= lua | names
+    assert {
+        "tasks_app/lua/include/protobuf.lua",
+        "tasks_app/py.typed",
+        "tasks_app/task_pb2.pyi",
+        "tasks_app/migrations/0001_initial.py",
+        "tasks_app/templates/tasks_app/base.html",
+    } <= lua | names
     assert lua <= names
     assert names == _package_files()
 
@@ -94,36 +102,53 @@ def test_runtime_dependencies_hold_the_pins_of_requirements_txt():
 def test_protobuf_floor_is_the_version_task_pb2_was_generated_by():
     gencode = (ROOT / "tasks_app" / "task_pb2.py").read_text()
     generated = re.search(r"^# Protobuf Python Version: (\S+)$", gencode, re.M)
-    protobuf = next(Requirement(dependency) for dependency in PYPROJECT["project"]["dependencies"]
-                    if Requirement(dependency).name == "protobuf")
+    protobuf = next(
+        Requirement(dependency)
+        for dependency in PYPROJECT["project"]["dependencies"]
+        if Requirement(dependency).name == "protobuf"
+    )
     assert generated and f">={generated[1]}" in {str(spec) for spec in protobuf.specifier}
 
 
 def _start_project(venv: Path, site: Path, key_prefix: str) -> dict[str, str]:
     """Make a site as its docs tell a user to: startproject, startapp, settings, urls, a handler."""
-    env = {name: value for name, value in os.environ.items()
-           if name not in {"DJANGO_SETTINGS_MODULE", "PYTHONPATH"} and not name.startswith(("TASK", "REDIS"))}
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in {"DJANGO_SETTINGS_MODULE", "PYTHONPATH"} and not name.startswith(("TASK", "REDIS"))
+    }
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     _run(venv / "bin" / "django-admin", "startproject", "mysite", site, env=env)
     _run(venv / "bin" / "python", "manage.py", "startapp", "shop", cwd=site, env=env)
     (site / "shop" / "handlers.py").write_text(HANDLERS)
     with (site / "mysite" / "settings.py").open("a") as settings_file:
-        settings_file.write(f'\nINSTALLED_APPS += ["tasks_app", "shop"]\nREDIS_URL = "{settings.REDIS_URL}"\n'
-                            f'TASKS_KEY_PREFIX = "{key_prefix}"\n')
+        settings_file.write(
+            f'\nINSTALLED_APPS += ["tasks_app", "shop"]\nREDIS_URL = "{settings.REDIS_URL}"\n'
+            f'TASKS_KEY_PREFIX = "{key_prefix}"\n'
+        )
     urls = (site / "mysite" / "urls.py").read_text().replace("import path", "import include, path")
     (site / "mysite" / "urls.py").write_text(urls.replace("urlpatterns = [", URLPATTERNS))
     return env
 
 
-def test_a_startproject_site_enqueues_and_runs_a_task_with_the_installed_app(venv, tmp_path, broker: Broker,
-                                                                               key_prefix):
+def test_a_startproject_site_enqueues_and_runs_a_task_with_the_installed_app(
+    venv, tmp_path, broker: Broker, key_prefix
+):
     site = tmp_path / "mysite"
     env = _start_project(venv, site, key_prefix)
     manage = (venv / "bin" / "python", "manage.py")
     _run(*manage, "migrate", "-v", "0", cwd=site, env=env)
-    where = _run(*manage, "shell", "-v", "0", "-c",
-                 "import tasks_app, tasks_app.broker as b; from django.urls import reverse; "
-                 "print(tasks_app.__file__, b.LUA_DIR, reverse('tasks_app:dashboard'))", cwd=site, env=env)
+    where = _run(
+        *manage,
+        "shell",
+        "-v",
+        "0",
+        "-c",
+        "import tasks_app, tasks_app.broker as b; from django.urls import reverse; "
+        "print(tasks_app.__file__, b.LUA_DIR, reverse('tasks_app:dashboard'))",
+        cwd=site,
+        env=env,
+    )
     assert where.split()[0].startswith(str(venv)) and where.split()[1].startswith(str(venv)), where
     assert where.split()[2] == "/tasks/dashboard/"
     (task_id,) = _run(*manage, "enqueue", "shop.add", "--args", "[2, 3]", cwd=site, env=env).split()

@@ -1,5 +1,6 @@
 """Permissions: enqueue_task for the form and the API (tokens act as their user), manage_dead_letters for
 requeue and delete, and API tokens that only a superuser mints for someone else."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,9 @@ from django.test import Client
 
 from tasks_app.api_auth import issue_token
 from tasks_app.dead_letters import list_dead_tasks
-from tasks_app.models import ApiToken, TaskType
-from tests.test_views import dead_url, make_dead, post_enqueue
+from tasks_app.models import ApiToken
+from tests.test_dead_letter_views import dead_url, make_dead
+from tests.test_views import post_enqueue
 
 pytestmark = pytest.mark.django_db
 
@@ -35,11 +37,6 @@ def logged_in(user) -> Client:
 def keys_written(broker) -> list[bytes]:
     """Every key of this test's prefix: pending lists, delayed sets, READY records, the queue set."""
     return sorted(broker.client.scan_iter(match=f"{broker.keys.prefix}:*", count=1000))
-
-
-@pytest.fixture
-def echo_type() -> TaskType:
-    return TaskType.objects.create(name="web.echo", handler="demo.echo", queue="web")
 
 
 def test_the_permissions_are_declared_by_a_migration():
@@ -74,8 +71,9 @@ def test_the_permission_may_come_from_a_group(broker, echo_type):
 
 def api_post(client: Client, token: str | None = None) -> object:
     headers = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if token else {}
-    return client.post("/api/tasks/", json.dumps({"type": "web.echo", "args": [1]}), content_type="application/json",
-                       **headers)
+    return client.post(
+        "/api/tasks/", json.dumps({"type": "web.echo", "args": [1]}), content_type="application/json", **headers
+    )
 
 
 def test_a_token_acts_with_its_users_permissions(broker, echo_type):
@@ -108,8 +106,11 @@ def test_staff_without_manage_dead_letters_can_look_but_not_requeue_or_delete(br
     html = page.content.decode()
     assert dead.task_id in html and "requeue-one" not in html and 'value="delete"' not in html
 
-    for data in ({"requeue_one": dead.ref}, {"action": "requeue", "ref": [dead.ref]},
-                 {"action": "delete", "ref": [dead.ref]}):
+    for data in (
+        {"requeue_one": dead.ref},
+        {"action": "requeue", "ref": [dead.ref]},
+        {"action": "delete", "ref": [dead.ref]},
+    ):
         assert client.post(dead_url(), data).status_code == 403
     assert broker.client.zrange(broker.keys.dead("web"), 0, -1, withscores=True) == before
     assert broker.client.llen(broker.keys.pending("web")) == 0

@@ -1,4 +1,5 @@
 """Validation and encoding on the producer side."""
+
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -61,22 +62,25 @@ def test_priority_goes_to_the_prioritized_set(broker):
     assert broker.client.zcard(broker.keys.prioritized("default")) == 1
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"type_name": "no.such.type"}, "unknown task type"),
-    ({"type_name": "bad name!"}, "invalid task type"),
-    ({"type_name": "demo.echo", "args": {"a": 1}}, "args must be a JSON array"),
-    ({"type_name": "demo.echo", "args": "abc"}, "args must be a JSON array"),
-    ({"type_name": "demo.echo", "kwargs": [1]}, "kwargs must be a JSON object"),
-    ({"type_name": "demo.echo", "args": [object()]}, "JSON-serializable"),
-    ({"type_name": "demo.echo", "args": [float("nan")]}, "JSON-serializable"),
-    ({"type_name": "demo.echo", "queue": "a b"}, "invalid queue"),
-    ({"type_name": "demo.echo", "priority": 101}, "priority must be an integer from -100 to 100"),
-    ({"type_name": "demo.echo", "priority": True}, "priority must be an integer"),
-    ({"type_name": "demo.echo", "delay_s": -1}, "delay must be a non-negative"),
-    ({"type_name": "demo.echo", "delay_s": float("inf")}, "delay must be a non-negative"),
-    ({"type_name": "demo.echo", "run_after": datetime(2030, 1, 1)}, "timezone-aware"),
-    ({"type_name": "demo.echo", "count": 0}, "count must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"type_name": "no.such.type"}, "unknown task type"),
+        ({"type_name": "bad name!"}, "invalid task type"),
+        ({"type_name": "demo.echo", "args": {"a": 1}}, "args must be a JSON array"),
+        ({"type_name": "demo.echo", "args": "abc"}, "args must be a JSON array"),
+        ({"type_name": "demo.echo", "kwargs": [1]}, "kwargs must be a JSON object"),
+        ({"type_name": "demo.echo", "args": [object()]}, "JSON-serializable"),
+        ({"type_name": "demo.echo", "args": [float("nan")]}, "JSON-serializable"),
+        ({"type_name": "demo.echo", "queue": "a b"}, "invalid queue"),
+        ({"type_name": "demo.echo", "priority": 101}, "priority must be an integer from -100 to 100"),
+        ({"type_name": "demo.echo", "priority": True}, "priority must be an integer"),
+        ({"type_name": "demo.echo", "delay_s": -1}, "delay must be a non-negative"),
+        ({"type_name": "demo.echo", "delay_s": float("inf")}, "delay must be a non-negative"),
+        ({"type_name": "demo.echo", "run_after": datetime(2030, 1, 1)}, "timezone-aware"),
+        ({"type_name": "demo.echo", "count": 0}, "count must be a positive integer"),
+    ],
+)
 def test_invalid_requests_are_rejected_before_anything_is_pushed(broker, kwargs, message):
     type_name = kwargs.pop("type_name")
     with pytest.raises(EnqueueError, match=message):
@@ -116,24 +120,59 @@ def test_a_ready_record_stores_only_fields_off_their_default_and_reads_back_whol
     for task in (first, plain):
         assert set(broker.client.hkeys(broker.keys.result(task.id))) == {b"type", b"queue", b"enqueued_at_ms"}
         assert 0 < broker.client.ttl(broker.keys.result(task.id)) <= settings.TASKS_RESULT_TTL
-    assert [decode_task(raw).id for raw in broker.client.lrange(broker.keys.pending("default"), 0, -1)] \
-        == [plain.id, first.id]
+    assert [decode_task(raw).id for raw in broker.client.lrange(broker.keys.pending("default"), 0, -1)] == [
+        plain.id,
+        first.id,
+    ]
     record = ResultRecord.from_fields(broker.get_result(plain.id))
-    assert (record.id, record.type, record.queue, record.status, record.priority, record.args, record.kwargs,
-            record.attempts, record.run_after) == (plain.id, "demo.echo", "default", "READY", 0, [], {}, 0, None)
+    assert (
+        record.id,
+        record.type,
+        record.queue,
+        record.status,
+        record.priority,
+        record.args,
+        record.kwargs,
+        record.attempts,
+        record.run_after,
+    ) == (plain.id, "demo.echo", "default", "READY", 0, [], {}, 0, None)
     assert record.enqueued_at == datetime.fromtimestamp(plain.enqueued_at_ms / 1000, tz=UTC)
     record = ResultRecord.from_fields(broker.get_result(full.id))
-    assert (record.id, record.status, record.priority, record.args, record.kwargs) == (full.id, "READY", 5, [1], {"k": "v"})
+    assert (record.id, record.status, record.priority, record.args, record.kwargs) == (
+        full.id,
+        "READY",
+        5,
+        [1],
+        {"k": "v"},
+    )
     assert record.run_after == datetime.fromtimestamp(full.run_after_ms / 1000, tz=UTC)
 
 
 def test_a_ready_record_with_every_field_written_by_an_older_producer_reads_back(broker):
-    broker.client.hset(broker.keys.result("old-1"), mapping={
-        "id": "old-1", "type": "demo.echo", "queue": "q", "priority": "3", "status": "READY", "args": "[2]",
-        "kwargs": "{}", "enqueued_at_ms": "1700000000000", "attempts": "0"})
+    broker.client.hset(
+        broker.keys.result("old-1"),
+        mapping={
+            "id": "old-1",
+            "type": "demo.echo",
+            "queue": "q",
+            "priority": "3",
+            "status": "READY",
+            "args": "[2]",
+            "kwargs": "{}",
+            "enqueued_at_ms": "1700000000000",
+            "attempts": "0",
+        },
+    )
     record = ResultRecord.from_fields(broker.get_result("old-1"))
-    assert (record.id, record.type, record.queue, record.status, record.priority, record.args, record.attempts) \
-        == ("old-1", "demo.echo", "q", "READY", 3, [2], 0)
+    assert (record.id, record.type, record.queue, record.status, record.priority, record.args, record.attempts) == (
+        "old-1",
+        "demo.echo",
+        "q",
+        "READY",
+        3,
+        [2],
+        0,
+    )
 
 
 def test_tasks_of_one_repeated_request_get_their_own_ids_and_canonical_bytes(broker):
@@ -142,7 +181,7 @@ def test_tasks_of_one_repeated_request_get_their_own_ids_and_canonical_bytes(bro
     decoded = [decode_task(raw) for raw in raws]
     assert sorted(t.id for t in decoded) == sorted(t.id for t in tasks)
     assert all(uuid.UUID(t.id).version == 4 and str(uuid.UUID(t.id)) == t.id for t in decoded)
-    assert all(t.SerializeToString() == raw for t, raw in zip(decoded, raws))
+    assert all(t.SerializeToString() == raw for t, raw in zip(decoded, raws, strict=True))
     assert all((decode_payload(t.payload).kwargs, dict(t.headers)) == ({"k": "v"}, {"trace": "t"}) for t in decoded)
 
 
@@ -156,9 +195,14 @@ def test_an_unreachable_redis_is_a_clear_error(settings):
 
 def nothing_enqueued(broker) -> bool:
     keys = broker.keys
-    return not any([broker.client.llen(keys.pending("default")), broker.client.zcard(keys.delayed("default")),
-                    broker.client.zcard(keys.prioritized("default")),
-                    list(broker.client.scan_iter(match=f"{keys.prefix}:result:*"))])
+    return not any(
+        [
+            broker.client.llen(keys.pending("default")),
+            broker.client.zcard(keys.delayed("default")),
+            broker.client.zcard(keys.prioritized("default")),
+            list(broker.client.scan_iter(match=f"{keys.prefix}:result:*")),
+        ]
+    )
 
 
 @pytest.mark.parametrize("delay_s", [1e14, 365 * 86400 + 1])
@@ -183,11 +227,14 @@ def test_the_form_and_the_producer_share_the_maximum_delay(settings):
     assert EnqueueForm.base_fields["delay"].max_value == settings.TASKS_MAX_DELAY_S
 
 
-@pytest.mark.parametrize(("name", "value", "error_id"), [
-    ("TASKS_MAX_DELAY_S", 0, "tasks_app.E020"),
-    ("TASKS_DEAD_LETTER_MAX", -1, "tasks_app.E021"),
-    ("TASKS_DEAD_LETTER_MAX_AGE_S", 0, "tasks_app.E022"),
-])
+@pytest.mark.parametrize(
+    ("name", "value", "error_id"),
+    [
+        ("TASKS_MAX_DELAY_S", 0, "tasks_app.E020"),
+        ("TASKS_DEAD_LETTER_MAX", -1, "tasks_app.E021"),
+        ("TASKS_DEAD_LETTER_MAX_AGE_S", 0, "tasks_app.E022"),
+    ],
+)
 def test_invalid_delay_and_dead_letter_settings_fail_the_system_checks(settings, name, value, error_id):
     from tasks_app.checks import check_task_settings
 

@@ -1,4 +1,5 @@
 """Result records: fenced writes against real Redis, storable error text, the result size cap."""
+
 import json
 
 import pytest
@@ -37,8 +38,7 @@ def test_a_late_running_write_of_a_presumed_dead_run_cannot_override_the_reruns_
     # c1 was only frozen: it writes RUNNING (as its batcher flushes late), then its own failure.
     assert not broker.record_result(results.started(task, ARGS, "c1", 4, 3, 60, old))
     error = results.error_record("builtins.RuntimeError", "late")
-    assert not broker.record_result(results.attempt_failed(task, error, 5, 60, final=True, dead_reason="x",
-                                                           fence=old))
+    assert not broker.record_result(results.attempt_failed(task, error, 5, 60, final=True, dead_reason="x", fence=old))
 
     record = broker.get_result(task.id)
     assert (record["status"], record["return_value"], record["finished_at_ms"]) == ("SUCCESSFUL", '"from c2"', "3")
@@ -52,8 +52,9 @@ def test_a_later_token_takes_the_record_over_and_tokens_survive_a_lost_counter(b
     broker.client.delete(broker.keys.fence("q"))  # a restart without persistence
     later = broker.issue_fence("q")
     assert later > first
-    assert broker.record_result(results.attempt_failed(task, results.error_record("E", "t"), 2, 60, final=False,
-                                                       retry_at_ms=9, fence=later))
+    assert broker.record_result(
+        results.attempt_failed(task, results.error_record("E", "t"), 2, 60, final=False, retry_at_ms=9, fence=later)
+    )
     assert broker.get_result(task.id)["status"] == "READY"
 
 
@@ -61,8 +62,9 @@ def test_the_record_script_survives_malformed_fields_left_by_a_foreign_writer(br
     key = broker.keys.result("foreign-1")
     broker.client.hset(key, mapping={"fence": "not a number", "worker_ids": "{oops", "errors": "[1,"})
     task = Task(id="foreign-1", type="demo.echo", queue="q", attempt=1)
-    assert broker.record_result(results.attempt_failed(task, results.error_record("E", "tb"), 1, 60, final=True,
-                                                       fence=broker.issue_fence("q")))
+    assert broker.record_result(
+        results.attempt_failed(task, results.error_record("E", "tb"), 1, 60, final=True, fence=broker.issue_fence("q"))
+    )
     assert json.loads(broker.get_result("foreign-1")["errors"]) == [{"exception_class_path": "E", "traceback": "tb"}]
 
 

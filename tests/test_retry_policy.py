@@ -1,4 +1,5 @@
 """Exponential backoff with jitter."""
+
 import random
 
 from tasks_app.retry_policy import MAX_BACKOFF_S, backoff_delay_s

@@ -1,4 +1,5 @@
 """Soft time limits: TaskTimeout raised in a running handler's thread, never after it returned."""
+
 import threading
 import time
 

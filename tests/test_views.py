@@ -1,10 +1,10 @@
 """Staff pages: enqueue form, task page, queue dashboard, dead letters, API token admin."""
+
 from __future__ import annotations
 
 import re
 
 import pytest
-from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.auth import get_user_model
 from django.test import Client
 from django.urls import reverse
@@ -12,9 +12,6 @@ from django.urls import reverse
 from tasks_app import producer
 from tasks_app.api_auth import hash_token
 from tasks_app.broker import ResultUpdate
-from tasks_app.codec import Task, decode_task, encode_task
-from tasks_app.dead_letters import list_dead_tasks
-from tasks_app.executor import UNDECODABLE_TYPE
 from tasks_app.models import ApiToken, TaskType
 from tasks_app.results import ResultRecord
 from tests.support.enqueued import enqueued_keys
@@ -23,19 +20,6 @@ pytestmark = pytest.mark.django_db
 
 ENQUEUE_URL = "/tasks/enqueue/"
 DASHBOARD_URL = "/tasks/dashboard/"
-
-
-@pytest.fixture
-def staff(client: Client) -> Client:
-    """The test client, logged in as a staff superuser."""
-    user = get_user_model().objects.create_superuser("boss", "boss@example.com", None)
-    client.force_login(user)
-    return client
-
-
-@pytest.fixture
-def echo_type() -> TaskType:
-    return TaskType.objects.create(name="web.echo", handler="demo.echo", queue="web")
 
 
 def form_errors(html: str, field: str) -> str:
@@ -81,21 +65,25 @@ def test_form_says_when_there_is_no_type_to_enqueue(staff, broker):
     assert "No task type can be enqueued yet" in staff.get(ENQUEUE_URL).content.decode()
 
 
-@pytest.mark.parametrize(("fields", "field", "message"), [
-    ({"args": "[1, 2"}, "args", "Invalid JSON: Expecting"),
-    ({"args": '{"a": 1}'}, "args", "Args must be a JSON array, got dict"),
-    ({"kwargs": "[1]"}, "kwargs", "Kwargs must be a JSON object, got list"),
-    ({"kwargs": "{'a': 1}"}, "kwargs", "Invalid JSON: Expecting property name"),
-    ({"queue": "bad queue!"}, "queue", "Use 1-100 characters"),
-    ({"priority": "101"}, "priority", "less than or equal to 100"),
-    ({"delay": "-1"}, "delay", "greater than or equal to 0"),
-    ({"type": "web.off"}, "type", "Select a valid choice"),
-    ({"args": "[" * 100_000 + "]" * 100_000}, "args", "JSON is nested too deeply (at most 64 levels)"),
-    ({"kwargs": '{"a":' * 65 + "1" + "}" * 65}, "kwargs", "JSON is nested too deeply (at most 64 levels)"),
-    ({"delay": str(365 * 86400 + 1)}, "delay", "less than or equal to 31536000"),
-])
-def test_form_shows_the_exact_error_next_to_the_field_and_enqueues_nothing(staff, broker, echo_type, fields,
-                                                                          field, message):
+@pytest.mark.parametrize(
+    ("fields", "field", "message"),
+    [
+        ({"args": "[1, 2"}, "args", "Invalid JSON: Expecting"),
+        ({"args": '{"a": 1}'}, "args", "Args must be a JSON array, got dict"),
+        ({"kwargs": "[1]"}, "kwargs", "Kwargs must be a JSON object, got list"),
+        ({"kwargs": "{'a': 1}"}, "kwargs", "Invalid JSON: Expecting property name"),
+        ({"queue": "bad queue!"}, "queue", "Use 1-100 characters"),
+        ({"priority": "101"}, "priority", "less than or equal to 100"),
+        ({"delay": "-1"}, "delay", "greater than or equal to 0"),
+        ({"type": "web.off"}, "type", "Select a valid choice"),
+        ({"args": "[" * 100_000 + "]" * 100_000}, "args", "JSON is nested too deeply (at most 64 levels)"),
+        ({"kwargs": '{"a":' * 65 + "1" + "}" * 65}, "kwargs", "JSON is nested too deeply (at most 64 levels)"),
+        ({"delay": str(365 * 86400 + 1)}, "delay", "less than or equal to 31536000"),
+    ],
+)
+def test_form_shows_the_exact_error_next_to_the_field_and_enqueues_nothing(
+    staff, broker, echo_type, fields, field, message
+):
     TaskType.objects.create(name="web.off", handler="demo.echo", enabled=False)
     response = post_enqueue(staff, **fields)
     assert response.status_code == 200
@@ -124,8 +112,14 @@ def test_valid_form_enqueues_and_redirects_to_the_task_page(staff, broker, echo_
     task_id = response["Location"].rstrip("/").rsplit("/", 1)[-1]
     assert response["Location"] == reverse("tasks_app:task", args=[task_id])
     record = ResultRecord.from_fields(broker.get_result(task_id))
-    assert (record.type, record.queue, record.priority, record.args, record.kwargs, record.status) == \
-        ("web.echo", "other", 5, [1, "two"], {"k": True}, "READY")
+    assert (record.type, record.queue, record.priority, record.args, record.kwargs, record.status) == (
+        "web.echo",
+        "other",
+        5,
+        [1, "two"],
+        {"k": True},
+        "READY",
+    )
     assert broker.queue_stats("other").pending == 1
 
 
@@ -158,8 +152,18 @@ def test_unfinished_task_page_refreshes_itself_and_escapes_arguments(staff, brok
 
 def test_finished_task_page_shows_the_return_value_and_stops_refreshing(staff, broker, echo_type):
     [task] = producer.enqueue("web.echo", [1])
-    broker.record_result(ResultUpdate(task.id, {"status": "SUCCESSFUL", "attempts": "1", "finished_at_ms": "1700000000000",
-                                                "return_value": '{"args": [1], "kwargs": {}}'}, 60))
+    broker.record_result(
+        ResultUpdate(
+            task.id,
+            {
+                "status": "SUCCESSFUL",
+                "attempts": "1",
+                "finished_at_ms": "1700000000000",
+                "return_value": '{"args": [1], "kwargs": {}}',
+            },
+            60,
+        )
+    )
     html = staff.get(f"/tasks/{task.id}/").content.decode()
     assert "SUCCESSFUL" in html and 'http-equiv="refresh"' not in html
     assert re.search(r'id="task-return">\{\s*&quot;args&quot;: \[\s*1\s*\]', html)
@@ -167,9 +171,17 @@ def test_finished_task_page_shows_the_return_value_and_stops_refreshing(staff, b
 
 def test_failed_task_page_shows_the_error_and_traceback(staff, broker, echo_type):
     [task] = producer.enqueue("web.echo")
-    broker.record_result(ResultUpdate(task.id, {"status": "FAILED", "attempts": "3", "dead_reason": "gave up"}, 60,
-                                      append_error={"exception_class_path": "builtins.RuntimeError",
-                                                    "traceback": "Traceback ...\nRuntimeError: <boom>"}))
+    broker.record_result(
+        ResultUpdate(
+            task.id,
+            {"status": "FAILED", "attempts": "3", "dead_reason": "gave up"},
+            60,
+            append_error={
+                "exception_class_path": "builtins.RuntimeError",
+                "traceback": "Traceback ...\nRuntimeError: <boom>",
+            },
+        )
+    )
     html = staff.get(f"/tasks/{task.id}/").content.decode()
     assert "Last error: builtins.RuntimeError" in html and "RuntimeError: &lt;boom&gt;" in html
     assert "gave up" in html and 'http-equiv="refresh"' not in html
@@ -194,101 +206,6 @@ def test_dashboard_with_no_queues_says_so(staff, broker):
     assert "No queue has seen a task" in staff.get(DASHBOARD_URL).content.decode()
 
 
-# --- dead letters --------------------------------------------------------------------------
-def make_dead(broker, type_name: str = "web.echo", error: str = "builtins.RuntimeError: <boom>") -> Task:
-    """Enqueue a task, claim it and dead-letter it after three attempts, as a consumer would."""
-    [enqueued] = producer.enqueue(type_name, [1])
-    broker.heartbeat(["web"], "c-dead", 5000, {"lease_ms": 5000})
-    [raw] = broker.claim("web", "c-dead", 1)
-    task = decode_task(raw)
-    task.attempt, task.last_error, task.last_traceback = 3, error, "Traceback (most recent call last): ..."
-    task.dead_reason = "failed 3 of 3 attempts"
-    broker.dead_letter("web", "c-dead", raw, encode_task(task),
-                       ResultUpdate(task.id, {"status": "FAILED", "attempts": "3", "finished_at_ms": "1",
-                                              "dead_reason": task.dead_reason}, 60))
-    assert task.id == enqueued.id
-    return task
-
-
-def make_undecodable(broker) -> None:
-    """Dead-letter bytes that are not a task, wrapped as the executor does."""
-    broker.client.lpush(broker.keys.pending("web"), b"garbage")
-    broker.heartbeat(["web"], "c-dead", 5000, {"lease_ms": 5000})
-    [raw] = broker.claim("web", "c-dead", 1)
-    wrapper = Task(id="wrap-1", type=UNDECODABLE_TYPE, queue="web", payload=raw, last_error="UndecodableTask: x")
-    broker.dead_letter("web", "c-dead", raw, encode_task(wrapper))
-
-
-def dead_url(queue: str = "web") -> str:
-    return f"/tasks/dashboard/{queue}/dead/"
-
-
-def test_dead_letter_list_shows_type_error_attempts_and_time_escaped(staff, broker, echo_type):
-    task = make_dead(broker)
-    make_undecodable(broker)
-    html = staff.get(dead_url()).content.decode()
-    assert "2 dead-lettered tasks" in html
-    assert task.id in html and "builtins.RuntimeError: &lt;boom&gt;" in html and "<boom>" not in html
-    assert re.search(r"<td>3</td>\s*<td>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC</td>", html)
-    assert html.count('class="button requeue-one"') == 1  # the undecodable one can only be deleted
-    assert "not a task: delete only" in html
-
-
-def test_dead_letters_of_an_invalid_queue_name_are_404(staff, broker):
-    assert staff.get("/tasks/dashboard/bad%20name/dead/").status_code == 404
-
-
-def test_requeue_one_resets_the_task_writes_a_ready_record_and_logs(staff, broker, echo_type):
-    task = make_dead(broker)
-    [dead] = list_dead_tasks("web")
-    response = staff.post(dead_url(), {"requeue_one": dead.ref})
-    assert response.status_code == 302
-    stats = broker.queue_stats("web")
-    assert (stats.dead, stats.pending) == (0, 1)
-    fresh = decode_task(broker.client.lrange(broker.keys.pending("web"), 0, -1)[0])
-    assert (fresh.id, fresh.attempt, fresh.last_error, fresh.last_traceback, fresh.dead_reason) == (task.id, 0, "", "", "")
-    record = ResultRecord.from_fields(broker.get_result(task.id))
-    assert (record.status, record.attempts, record.dead_reason, record.finished_at) == ("READY", 0, "", None)
-    entry = LogEntry.objects.get()
-    assert (entry.action_flag, entry.object_id, entry.user.username) == (CHANGE, task.id, "boss")
-    assert "Requeued 1 task(s)." in staff.get(response["Location"]).content.decode()
-
-
-def test_requeue_selected_and_delete_selected(staff, broker, echo_type):
-    tasks = [make_dead(broker) for _ in range(3)]
-    make_undecodable(broker)
-    refs = {d.task_id: d.ref for d in list_dead_tasks("web")}
-    staff.post(dead_url(), {"action": "requeue", "ref": [refs[tasks[0].id], refs[tasks[1].id], refs["wrap-1"]]})
-    stats = broker.queue_stats("web")
-    assert (stats.dead, stats.pending) == (2, 2)  # the undecodable one stays
-    staff.post(dead_url(), {"action": "delete", "ref": [refs[tasks[2].id], refs["wrap-1"]]})
-    assert broker.queue_stats("web").dead == 0
-    flags = sorted(LogEntry.objects.values_list("action_flag", "object_id"))
-    assert flags == sorted([(CHANGE, tasks[0].id), (CHANGE, tasks[1].id), (DELETION, tasks[2].id),
-                            (DELETION, "wrap-1")])
-
-
-def test_dead_letter_actions_need_a_selection_and_a_known_action(staff, broker, echo_type):
-    make_dead(broker)
-    page = staff.post(dead_url(), {"action": "requeue"}, follow=True).content.decode()
-    assert "Select at least one task." in page
-    [dead] = list_dead_tasks("web")
-    page = staff.post(dead_url(), {"action": "explode", "ref": [dead.ref]}, follow=True).content.decode()
-    assert "Unknown action." in page
-    assert broker.queue_stats("web").dead == 1 and not LogEntry.objects.exists()
-
-
-def test_dead_letter_actions_require_csrf_and_staff(client, broker, echo_type):
-    make_dead(broker)
-    [dead] = list_dead_tasks("web")
-    csrf_client = Client(enforce_csrf_checks=True)
-    csrf_client.force_login(get_user_model().objects.create_superuser("boss", "b@example.com", None))
-    assert csrf_client.post(dead_url(), {"requeue_one": dead.ref}).status_code == 403
-    client.force_login(get_user_model().objects.create_user("plain", password=None))
-    assert client.post(dead_url(), {"requeue_one": dead.ref}).status_code == 302
-    assert broker.queue_stats("web").dead == 1
-
-
 # --- API token admin -----------------------------------------------------------------------
 def test_admin_creates_a_token_shown_once_and_stores_only_its_hash(staff):
     user_id = get_user_model().objects.get(username="boss").pk
@@ -303,6 +220,7 @@ def test_admin_creates_a_token_shown_once_and_stores_only_its_hash(staff):
 
 def test_admin_revokes_tokens(staff):
     from tasks_app.api_auth import issue_token
+
     row, _ = issue_token(get_user_model().objects.get(username="boss"), "ci")
     staff.post("/admin/tasks_app/apitoken/", {"action": "revoke", "_selected_action": [row.pk]})
     row.refresh_from_db()
@@ -324,7 +242,7 @@ def test_the_dashboard_shows_hostile_queue_names_escaped_and_unlinked(staff, bro
     producer.enqueue("web.echo", [1])
     broker.client.sadd(broker.keys.queues(), *HOSTILE_NAMES)
     broker.client.lpush(broker.keys.pending("a/b"), b"not a task")
-    broker.client.zadd(broker.keys.consumers("web"), {b"\xff/odd\nconsumer": 10 ** 15, b"c-2": 1})
+    broker.client.zadd(broker.keys.consumers("web"), {b"\xff/odd\nconsumer": 10**15, b"c-2": 1})
     broker.client.hset(broker.keys.consumer_info("web"), mapping={b"\xff/odd\nconsumer": b"not json", b"c-2": b"[1]"})
 
     response = staff.get(DASHBOARD_URL)
@@ -340,45 +258,22 @@ def test_the_dashboard_shows_hostile_queue_names_escaped_and_unlinked(staff, bro
     assert [int(n) for n in re.findall(r"<td>(\d+)</td>", row)][:1] == [1]  # its counts are still read
 
 
-def dead_member(broker, queue: str, member: bytes, died_ms: int = 1_700_000_000_000) -> None:
-    """Write a dead-set member straight into Redis, as a foreign producer or an old version might."""
-    broker.client.zadd(broker.keys.dead(queue), {member: died_ms})
-    broker.client.sadd(broker.keys.queues(), queue)
-
-
-def foreign_task(task_id: str, **fields: str) -> bytes:
-    return encode_task(Task(id=task_id, type=fields.pop("type", "web.echo"), queue="web", **fields))
-
-
-def test_the_dead_letter_page_renders_hostile_ids_and_their_tasks_can_be_handled(staff, broker, echo_type):
-    ids = ["a/b", "line\nbreak", "<script>alert(1)</script>", "x" * 100_000, ""]
-    for task_id in ids:
-        dead_member(broker, "web", foreign_task(task_id, last_error="<img src=x onerror=alert(1)>"))
-    dead_member(broker, "web", b"\xff\xfe not protobuf \x00")
-    dead_member(broker, "web", foreign_task("t-type", type="<b>bold</b>\n"))
-    dead_member(broker, "web", foreign_task("t-nanoseconds"), died_ms=1_700_000_000_000_000_000)
-
-    response = staff.get(dead_url())
-    assert response.status_code == 200
-    html = response.content.decode()
-    assert "8 dead-lettered tasks" in html
-    assert "&lt;script&gt;" in html and "<script>alert" not in html and "<img src=x" not in html
-    assert "line\\nbreak" in html and "&lt;b&gt;bold&lt;/b&gt;\\n" in html
-    assert 'href="/tasks/a/b/"' not in html and "x" * 201 not in html
-    assert 'href="/tasks/line%0Abreak/"' in html  # an id that makes a URL is still linked
-
-    refs = {dead.task_id: dead.ref for dead in list_dead_tasks("web")}
-    assert staff.post(dead_url(), {"requeue_one": refs["a/b"]}).status_code == 302
-    assert staff.post(dead_url(), {"action": "delete", "ref": [refs["x" * 100_000]]}).status_code == 302
-    assert broker.queue_stats("web").dead == 6
-    assert decode_task(broker.client.lindex(broker.keys.pending("web"), 0)).id == "a/b"
-
-
 GARBAGE_RECORD = {
-    "type": b"\xff\xfe", "queue": "a/b\n<i>", "status": "<script>x</script>", "priority": "high",
-    "attempts": "many", "max_attempts": "1e3", "enqueued_at_ms": "yesterday", "run_after_ms": str(10 ** 17),
-    "started_at_ms": "nan", "last_attempted_at_ms": "-1e30", "finished_at_ms": "inf",
-    "args": "[" * 5000, "kwargs": "[1, 2]", "return_value": '"\\ud800 <b>"', "worker_ids": '["w\\udc80", 5]',
+    "type": b"\xff\xfe",
+    "queue": "a/b\n<i>",
+    "status": "<script>x</script>",
+    "priority": "high",
+    "attempts": "many",
+    "max_attempts": "1e3",
+    "enqueued_at_ms": "yesterday",
+    "run_after_ms": str(10**17),
+    "started_at_ms": "nan",
+    "last_attempted_at_ms": "-1e30",
+    "finished_at_ms": "inf",
+    "args": "[" * 5000,
+    "kwargs": "[1, 2]",
+    "return_value": '"\\ud800 <b>"',
+    "worker_ids": '["w\\udc80", 5]',
     "errors": '[1, {"exception_class_path": "\\udfff<x>", "traceback": "line\\n<script>"}]',
     "dead_reason": b"\x00\xff",
 }

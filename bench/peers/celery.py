@@ -1,4 +1,5 @@
 """Driver for Celery: task.delay() (no bulk API) and one worker with the threads pool (8)."""
+
 from __future__ import annotations
 
 import sys
@@ -12,8 +13,16 @@ from support import Worker  # noqa: E402
 from workloads import System, parse_args, run  # noqa: E402
 
 COUNT_RESULTS = "return #redis.call('KEYS', ARGV[1])"
-OTHER_KEYS = ("celery", "unacked", "unacked_index", "unacked_mutex", "_kombu.binding.celery",
-              "_kombu.binding.celery.pidbox", "_kombu.binding.celeryev", "_kombu.binding.reply.celery.pidbox")
+OTHER_KEYS = (
+    "celery",
+    "unacked",
+    "unacked_index",
+    "unacked_mutex",
+    "_kombu.binding.celery",
+    "_kombu.binding.celery.pidbox",
+    "_kombu.binding.celeryev",
+    "_kombu.binding.reply.celery.pidbox",
+)
 
 
 class Celery(System):
@@ -34,8 +43,24 @@ class Celery(System):
         self.app.record_start.delay(enqueued_at)
 
     def start_worker(self) -> Worker:
-        return Worker([bin_path("celery"), "-A", "celery_app", "worker", "-P", "threads", "-c", "8",
-                       "--without-gossip", "--without-mingle", "-l", "INFO"], env=self.env, log_name="celery")
+        return Worker(
+            [
+                bin_path("celery"),
+                "-A",
+                "celery_app",
+                "worker",
+                "-P",
+                "threads",
+                "-c",
+                "8",
+                "--without-gossip",
+                "--without-mingle",
+                "-l",
+                "INFO",
+            ],
+            env=self.env,
+            log_name="celery",
+        )
 
     def outstanding(self, client, total: int) -> int:
         # Results are one key each: count them in O(1) as DBSIZE less Celery's few other keys,

@@ -1,4 +1,5 @@
 """Driver for Dramatiq: actor.send() (no bulk API) and one worker process with 8 threads."""
+
 from __future__ import annotations
 
 import sys
@@ -30,15 +31,20 @@ class Dramatiq(System):
         self.app.record_start.send(enqueued_at)
 
     def start_worker(self) -> Worker:
-        return Worker([bin_path("dramatiq"), "dramatiq_app", "--processes", "1", "--threads", "8"],
-                      env=self.env, log_name="dramatiq")
+        return Worker(
+            [bin_path("dramatiq"), "dramatiq_app", "--processes", "1", "--threads", "8"],
+            env=self.env,
+            log_name="dramatiq",
+        )
 
     def outstanding(self, client, total: int) -> int:
         # A message stays in the .msgs hash until it is acknowledged (after its result is stored).
         return int(client.hlen("dramatiq:default.msgs"))
 
     def queue_bytes(self, client) -> int:
-        return sum(int(client.memory_usage(key, samples=0) or 0) for key in ("dramatiq:default", "dramatiq:default.msgs"))
+        return sum(
+            int(client.memory_usage(key, samples=0) or 0) for key in ("dramatiq:default", "dramatiq:default.msgs")
+        )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """Driver for Huey: calling a task enqueues it (no bulk API); one consumer with 8 thread workers."""
+
 from __future__ import annotations
 
 import sys
@@ -30,8 +31,9 @@ class Huey(System):
         self.app.record_start(enqueued_at)
 
     def start_worker(self) -> Worker:
-        return Worker([bin_path("huey_consumer"), "huey_app.huey", "-w", "8", "-k", "thread"],
-                      env=self.env, log_name="huey")
+        return Worker(
+            [bin_path("huey_consumer"), "huey_app.huey", "-w", "8", "-k", "thread"], env=self.env, log_name="huey"
+        )
 
     def outstanding(self, client, total: int) -> int:
         return total - int(client.hlen("huey.results.bench"))

@@ -1,4 +1,5 @@
 """Driver for this project's queue: `producer.enqueue` / `enqueue_many` and one `runconsumer`."""
+
 from __future__ import annotations
 
 import sys
@@ -6,11 +7,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import redis  # noqa: E402
+import redis
 
-import django_env  # noqa: E402
-from support import ROOT, Worker  # noqa: E402
-from workloads import System, parse_args, run  # noqa: E402
+import django_env
+from support import ROOT, Worker
+from workloads import System, parse_args, run
 
 QUEUE = "default"
 
@@ -43,8 +44,9 @@ class Ours(System):
     def start_worker(self) -> Worker:
         consumer_id = f"bench-{len(self.consumer_ids) + 1}"
         self.consumer_ids.append(consumer_id)
-        return Worker(django_env.runconsumer_argv("--queue", QUEUE, "--consumer-id", consumer_id), cwd=ROOT,
-                      log_name=consumer_id)
+        return Worker(
+            django_env.runconsumer_argv("--queue", QUEUE, "--consumer-id", consumer_id), cwd=ROOT, log_name=consumer_id
+        )
 
     def outstanding(self, client: redis.Redis, total: int) -> int:
         # Results are written in the same round trip as the ack, just before it: a task that

@@ -1,4 +1,5 @@
 """Driver for RQ: Queue.enqueue / enqueue_many (one pipeline) and one SimpleWorker."""
+
 from __future__ import annotations
 
 import sys
@@ -34,8 +35,11 @@ class RQ(System):
         self.queue.enqueue("probe.record_start", enqueued_at)
 
     def start_worker(self) -> Worker:
-        return Worker([bin_path("rq"), "worker", "--worker-class", "rq.SimpleWorker", "--url", self.redis_url,
-                       "default"], env=self.env, log_name="rq")
+        return Worker(
+            [bin_path("rq"), "worker", "--worker-class", "rq.SimpleWorker", "--url", self.redis_url, "default"],
+            env=self.env,
+            log_name="rq",
+        )
 
     def outstanding(self, client, total: int) -> int:
         return total - int(client.zcard("rq:finished:default"))

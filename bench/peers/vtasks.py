@@ -1,4 +1,5 @@
 """Driver for django-vtasks (Valkey backend): task.enqueue / backend.enqueue_many, one runworker."""
+
 from __future__ import annotations
 
 import sys
@@ -44,8 +45,11 @@ class VTasks(System):
     def start_worker(self) -> Worker:
         import sys
 
-        return Worker([sys.executable, "-m", "django", "runworker", "--concurrency", "8", "--id", WORKER_ID],
-                      env=self.env, log_name="vtasks")
+        return Worker(
+            [sys.executable, "-m", "django", "runworker", "--concurrency", "8", "--id", WORKER_ID],
+            env=self.env,
+            log_name="vtasks",
+        )
 
     def outstanding(self, client, total: int) -> int:
         return int(client.llen("{vt}:q:default")) + int(client.llen(f"{{vt}}:processing:{WORKER_ID}"))

@@ -1,4 +1,5 @@
 """Template helpers for text read from Redis: shown on one line and bounded, linked only when it makes a URL."""
+
 from __future__ import annotations
 
 from typing import Any

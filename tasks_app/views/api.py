@@ -1,4 +1,5 @@
 """The JSON API: enqueue a task, read its result record. Bearer token or staff session (with CSRF)."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -37,7 +38,7 @@ def error(status: int, message: str, **headers: str) -> JsonResponse:
 class _CsrfCheck(CsrfViewMiddleware):
     """Django's CSRF check, returning the reason for a failure instead of a page."""
 
-    def _reject(self, request: HttpRequest, reason: str) -> str:  # type: ignore[override]
+    def _reject(self, request: HttpRequest, reason: str) -> str:
         return reason
 
 
@@ -52,6 +53,7 @@ def api_view(methods: set[str], permission: str | None = None) -> Callable[[View
 
     A token acts as its user, with that user's permissions.
     """
+
     def decorate(view: View) -> View:
         @csrf_exempt  # token requests carry no cookie; session requests are checked below
         @wraps(view)
@@ -63,8 +65,11 @@ def api_view(methods: set[str], permission: str | None = None) -> Callable[[View
             except AuthenticationFailed as exc:
                 return error(401, str(exc), **{"WWW-Authenticate": 'Bearer error="invalid_token"'})
             if credentials is None:
-                return error(401, "authentication required: send 'Authorization: Bearer <token>' or log in",
-                             **{"WWW-Authenticate": "Bearer"})
+                return error(
+                    401,
+                    "authentication required: send 'Authorization: Bearer <token>' or log in",
+                    **{"WWW-Authenticate": "Bearer"},
+                )
             if not credentials.user.is_staff:
                 return error(403, "only staff users may use the task API")
             if permission is not None and not credentials.user.has_perm(permission):
@@ -74,7 +79,9 @@ def api_view(methods: set[str], permission: str | None = None) -> Callable[[View
                 if reason:
                     return error(403, f"CSRF check failed: {reason}")
             return view(request, *args, **kwargs)
+
         return wrapper
+
     return decorate
 
 
@@ -86,8 +93,11 @@ def _read_body(request: HttpRequest) -> dict[str, Any] | JsonResponse:
     except RequestDataTooBig:
         too_big = True
     if too_big:
-        return error(413, f"request body is over the limit of {limit} bytes "
-                          f"(arguments may take up to TASKS_MAX_PAYLOAD_BYTES={settings.TASKS_MAX_PAYLOAD_BYTES})")
+        return error(
+            413,
+            f"request body is over the limit of {limit} bytes "
+            f"(arguments may take up to TASKS_MAX_PAYLOAD_BYTES={settings.TASKS_MAX_PAYLOAD_BYTES})",
+        )
     try:
         body = loads_bounded(request.body or b"null", MAX_JSON_DEPTH + 1)  # the arguments sit in the body
     except JsonTooDeep:
@@ -111,19 +121,32 @@ def create_task(request: HttpRequest) -> HttpResponse:
     if isinstance(body, JsonResponse):
         return body
     try:
-        task = producer.enqueue(body["type"], body.get("args", []), body.get("kwargs") or {},
-                                queue=body.get("queue") or None, priority=body.get("priority", 0),
-                                delay_s=body.get("delay", 0))[0]
+        task = producer.enqueue(
+            body["type"],
+            body.get("args", []),
+            body.get("kwargs") or {},
+            queue=body.get("queue") or None,
+            priority=body.get("priority", 0),
+            delay_s=body.get("delay", 0),
+        )[0]
     except producer.EnqueueError as exc:
         return error(400, str(exc))
     except producer.QueueUnavailable as exc:
         return error(503, str(exc))
     location = request.build_absolute_uri(reverse("tasks_app:api-task", kwargs={"task_id": task.id}))
-    response = JsonResponse({
-        "id": task.id, "type": task.type, "queue": task.queue, "priority": task.priority, "status": "READY",
-        "enqueued_at": _iso(task.enqueued_at_ms), "run_after": _iso(task.run_after_ms) if task.run_after_ms else None,
-        "url": location,
-    }, status=201)
+    response = JsonResponse(
+        {
+            "id": task.id,
+            "type": task.type,
+            "queue": task.queue,
+            "priority": task.priority,
+            "status": "READY",
+            "enqueued_at": _iso(task.enqueued_at_ms),
+            "run_after": _iso(task.run_after_ms) if task.run_after_ms else None,
+            "url": location,
+        },
+        status=201,
+    )
     response["Location"] = location
     return response
 

@@ -1,4 +1,5 @@
 """What the staff pages share: the admin's context, and reading a task's result record."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,4 +1,5 @@
 """The queue dashboard and each queue's dead letters, with requeue and delete (logged in the admin log)."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -47,8 +48,11 @@ class ConsumerRow:
         lease_ms = _int_or_none(info.get("lease_ms"))
         beat_ms = deadline_ms - lease_ms if lease_ms else None
         return cls(
-            id=str(info.get("id", "")), host=str(info.get("host", "")), pid=info.get("pid", ""),
-            in_flight=_int_or_none(info.get("in_flight")) or 0, concurrency=info.get("concurrency", ""),
+            id=str(info.get("id", "")),
+            host=str(info.get("host", "")),
+            pid=info.get("pid", ""),
+            in_flight=_int_or_none(info.get("in_flight")) or 0,
+            concurrency=info.get("concurrency", ""),
             last_heartbeat=_from_ms(beat_ms) if beat_ms is not None else None,
             heartbeat_age_s=max(0.0, (now_ms - beat_ms) / 1000) if beat_ms is not None else None,
             lease_deadline=_from_ms(deadline_ms),
@@ -87,8 +91,14 @@ def queue_dashboard(request: HttpRequest) -> HttpResponse:
     rows = []
     for queue in broker.known_queues():
         stats = broker.queue_stats(queue)
-        rows.append(QueueRow(stats, [ConsumerRow.from_info(c, now_ms) for c in stats.consumers],
-                             broker.completed_last_minute(queue), NAME_PATTERN.fullmatch(queue) is not None))
+        rows.append(
+            QueueRow(
+                stats,
+                [ConsumerRow.from_info(c, now_ms) for c in stats.consumers],
+                broker.completed_last_minute(queue),
+                NAME_PATTERN.fullmatch(queue) is not None,
+            )
+        )
     return render(request, "tasks_app/dashboard.html", admin_context(request, "Queue dashboard", queues=rows))
 
 
@@ -110,9 +120,19 @@ def dead_letter_page(request: HttpRequest, queue: str) -> HttpResponse:
     page = Paginator(range(total), PAGE_SIZE).get_page(request.GET.get("page"))
     offset = (page.number - 1) * PAGE_SIZE
     tasks = dead_letters.list_dead_tasks(queue, offset, PAGE_SIZE)
-    return render(request, "tasks_app/dead_letters.html", admin_context(
-        request, f"Dead letters of queue {queue}", queue=queue, dead_tasks=tasks, page=page, total=total,
-        can_manage=can_manage))
+    return render(
+        request,
+        "tasks_app/dead_letters.html",
+        admin_context(
+            request,
+            f"Dead letters of queue {queue}",
+            queue=queue,
+            dead_tasks=tasks,
+            page=page,
+            total=total,
+            can_manage=can_manage,
+        ),
+    )
 
 
 def _act(request: HttpRequest, queue: str) -> None:
@@ -132,8 +152,11 @@ def _act(request: HttpRequest, queue: str) -> None:
         done = dead_letters.requeue(queue, found)
         _log(request, done, CHANGE, f"Requeued dead-lettered task on queue {queue}")
         skipped = len(refs) - len(done)
-        messages.success(request, f"Requeued {len(done)} task(s)." + (
-            f" {skipped} could not be requeued (no longer dead, or undecodable)." if skipped else ""))
+        messages.success(
+            request,
+            f"Requeued {len(done)} task(s)."
+            + (f" {skipped} could not be requeued (no longer dead, or undecodable)." if skipped else ""),
+        )
     else:
         deleted = dead_letters.delete(queue, found)
         _log(request, found, DELETION, f"Deleted dead-lettered task from queue {queue}")
@@ -142,9 +165,18 @@ def _act(request: HttpRequest, queue: str) -> None:
 
 def _log(request: HttpRequest, tasks: Sequence[dead_letters.DeadTask], flag: int, message: str) -> None:
     """Record one admin log entry per task (dead tasks are not models: no content type)."""
-    LogEntry.objects.bulk_create([
-        LogEntry(user_id=request.user.pk, content_type=None, object_id=task.task_id or task.ref,
-                 object_repr=f"{task.type} {task.task_id or task.ref}"[:200], action_flag=flag,
-                 change_message=message)
-        for task in tasks
-    ])
+    if not request.user.is_authenticated:  # the views are staff-only: an entry always has its user
+        raise PermissionDenied
+    LogEntry.objects.bulk_create(
+        [
+            LogEntry(
+                user_id=request.user.pk,
+                content_type=None,
+                object_id=task.task_id or task.ref,
+                object_repr=f"{task.type} {task.task_id or task.ref}"[:200],
+                action_flag=flag,
+                change_message=message,
+            )
+            for task in tasks
+        ]
+    )

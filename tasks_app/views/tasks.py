@@ -1,4 +1,5 @@
 """Staff pages: the enqueue form (permission enqueue_task) and a task's status page."""
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,14 @@ def enqueue_task(request: HttpRequest) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         try:
-            task = producer.enqueue(data["type"], data["args"], data["kwargs"], queue=data["queue"] or None,
-                                    priority=data["priority"], delay_s=data["delay"])[0]
+            task = producer.enqueue(
+                data["type"],
+                data["args"],
+                data["kwargs"],
+                queue=data["queue"] or None,
+                priority=data["priority"],
+                delay_s=data["delay"],
+            )[0]
         except producer.EnqueueError as exc:
             form.add_error(error_field(str(exc)), str(exc))
         except producer.QueueUnavailable as exc:
@@ -46,11 +53,20 @@ def task_detail(request: HttpRequest, task_id: str) -> HttpResponse:
     record = load_record(task_id)
     if record is None:
         raise Http404("No task with this id (or its record has expired).")
-    return render(request, "tasks_app/task.html", admin_context(
-        request, f"Task {record.id}", record=record, refresh_s=None if record.is_finished else REFRESH_S,
-        last_error=record.errors[-1] if record.errors else None, args_json=_pretty(record.args),
-        kwargs_json=_pretty(record.kwargs), return_json=_pretty(record.return_value),
-    ))
+    return render(
+        request,
+        "tasks_app/task.html",
+        admin_context(
+            request,
+            f"Task {record.id}",
+            record=record,
+            refresh_s=None if record.is_finished else REFRESH_S,
+            last_error=record.errors[-1] if record.errors else None,
+            args_json=_pretty(record.args),
+            kwargs_json=_pretty(record.kwargs),
+            return_json=_pretty(record.return_value),
+        ),
+    )
 
 
 def _pretty(value: Any) -> str:

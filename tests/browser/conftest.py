@@ -1,4 +1,5 @@
 """Headless Debian Chromium driven by Playwright's sync API, with screenshots in test-artifacts/."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
@@ -44,10 +45,12 @@ def screenshot_path(test_name: str, step: str) -> Path:
 @pytest.fixture
 def snap(request: pytest.FixtureRequest, page: object) -> Callable[[str], Path]:
     """Save a full-page screenshot of the current page as test-artifacts/<test>-<step>.png."""
+
     def take(step: str) -> Path:
         path = screenshot_path(request.node.name, step)
         page.screenshot(path=str(path), full_page=True)  # type: ignore[attr-defined]
         return path
+
     return take
 
 

@@ -1,4 +1,5 @@
 """A staff user in headless Chromium: add a type, enqueue from the form, watch it run, rescue a dead task."""
+
 from __future__ import annotations
 
 import re
@@ -60,8 +61,11 @@ def test_add_a_type_enqueue_from_the_form_and_watch_it_succeed(page, snap, live_
     snap("task-successful")
     task_id = page.url.rstrip("/").rsplit("/", 1)[-1]
     record = ResultRecord.from_fields(broker.get_result(task_id))
-    assert (record.status, record.attempts, record.return_value) == \
-        ("SUCCESSFUL", 1, {"args": [1, "two"], "kwargs": {"greeting": "<b>hi</b>"}})
+    assert (record.status, record.attempts, record.return_value) == (
+        "SUCCESSFUL",
+        1,
+        {"args": [1, "two"], "kwargs": {"greeting": "<b>hi</b>"}},
+    )
 
 
 def test_requeue_a_dead_lettered_task_from_the_dashboard(page, snap, live_server, broker, consumer_in_thread):
@@ -91,8 +95,11 @@ def test_requeue_a_dead_lettered_task_from_the_dashboard(page, snap, live_server
         dead_row.locator("button.requeue-one").click()
         expect(page.locator("ul.messagelist")).to_contain_text("Requeued 1 task(s).")
         # The consumer runs it again (a second run, and it fails again: demo.fail always does).
-        wait_until(lambda: len(ResultRecord.from_fields(broker.get_result(dead.id)).worker_ids) == 2, 15,
-                   message="the requeued task to run again")
+        wait_until(
+            lambda: len(ResultRecord.from_fields(broker.get_result(dead.id)).worker_ids) == 2,
+            15,
+            message="the requeued task to run again",
+        )
     entry = LogEntry.objects.get(object_id=dead.id)
     assert (entry.action_flag, entry.user.username) == (CHANGE, "admin")
     page.goto(f"{live_server.url}/admin/")

@@ -1,4 +1,5 @@
 """Retries, dead letters, timeouts, delays, priorities and live settings, with a real consumer."""
+
 import pytest
 
 from tasks_app import producer
@@ -85,7 +86,15 @@ def test_higher_priority_runs_first_within_a_queue(broker, consumer_in_thread):
     with consumer_in_thread(concurrency=1, prefetch=0):
         wait_until(lambda: len(recorded_runs(broker)) == 8, 20, message="all eight runs")
     assert [run["label"] for run in recorded_runs(broker)] == [
-        "urgent", "urgent", "high", "high", "normal", "normal", "low", "low"]
+        "urgent",
+        "urgent",
+        "high",
+        "high",
+        "normal",
+        "normal",
+        "low",
+        "low",
+    ]
 
 
 def test_admin_edits_reach_a_running_consumer_within_five_seconds(broker, consumer_in_thread):
@@ -94,8 +103,9 @@ def test_admin_edits_reach_a_running_consumer_within_five_seconds(broker, consum
         wait_until(lambda: consumer.task_types.get("tunable") is not None, 5, message="the type to load")
         row.max_attempts = 2
         row.save()
-        wait_until(lambda: consumer.task_types.get("tunable").max_attempts == 2, 5,
-                   message="the edit to reach the consumer")
+        wait_until(
+            lambda: consumer.task_types.get("tunable").max_attempts == 2, 5, message="the edit to reach the consumer"
+        )
         [task] = producer.enqueue("tunable")
         assert wait_finished(broker, task).attempts == 2
 

@@ -1,4 +1,5 @@
 """A real consumer's `/metrics` during and after a mixed batch, and after reaping a killed consumer."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,9 +19,13 @@ BOUNDED_LABELS = {"type", "queue", "state", "reason", "decision", "loop"}
 @pytest.fixture
 def task_types() -> None:
     """Five types on one handler, differing in what they do and how they are limited."""
-    for name, options in {OK: {}, FLAKY: {"max_attempts": 3, "retry_backoff": 0.05},
-                          DEAD: {"max_attempts": 2, "retry_backoff": 0.05}, SLOW: {},
-                          LIMITED: {"rate_limit": 1, "rate_period": 60}}.items():
+    for name, options in {
+        OK: {},
+        FLAKY: {"max_attempts": 3, "retry_backoff": 0.05},
+        DEAD: {"max_attempts": 2, "retry_backoff": 0.05},
+        SLOW: {},
+        LIMITED: {"rate_limit": 1, "rate_period": 60},
+    }.items():
         TaskType.objects.create(name=name, handler="test.record", **options)
 
 
@@ -33,14 +38,18 @@ def test_metrics_match_what_the_consumers_did(broker, consumer_process, task_typ
     # A victim takes two slow tasks and is killed while running them.
     victim = consumer_process("--lease", "1", "--concurrency", "2", "--prefetch", "0", "--consumer-id", "victim")
     slow = producer.enqueue(SLOW, kwargs={"sleep_s": 2}, count=2)
-    wait_until(lambda: sum(run["consumer"] == "victim" for run in recorded_runs(broker)) == 2, 30,
-               message="the victim to start both slow tasks")
+    wait_until(
+        lambda: sum(run["consumer"] == "victim" for run in recorded_runs(broker)) == 2,
+        30,
+        message="the victim to start both slow tasks",
+    )
     victim.kill()
 
     # The survivor reaps the victim once its lease expires and runs everything else.
     port = free_port()
-    survivor = consumer_process("--lease", "1", "--concurrency", "4", "--consumer-id", "survivor",
-                                "--metrics-port", str(port))
+    survivor = consumer_process(
+        "--lease", "1", "--concurrency", "4", "--consumer-id", "survivor", "--metrics-port", str(port)
+    )
     url = f"http://127.0.0.1:{port}/metrics"
     ok = producer.enqueue(OK, count=5)
     flaky = producer.enqueue(FLAKY, kwargs={"fail_until_attempt": 1}, count=2)
@@ -50,9 +59,12 @@ def test_metrics_match_what_the_consumers_did(broker, consumer_process, task_typ
     # During: the recovered slow tasks run on the survivor.
     def running_slow() -> Scrape | None:
         current = scrape(url)
-        if current and current.value("taskqueue_consumer_busy_workers") >= 1 \
-                and current.value("taskqueue_tasks_started_total", type=SLOW) >= 1 \
-                and current.value("taskqueue_queue_tasks", queue="default", state="processing") >= 1:
+        if (
+            current
+            and current.value("taskqueue_consumer_busy_workers") >= 1
+            and current.value("taskqueue_tasks_started_total", type=SLOW) >= 1
+            and current.value("taskqueue_queue_tasks", queue="default", state="processing") >= 1
+        ):
             return current
         return None
 
@@ -62,18 +74,27 @@ def test_metrics_match_what_the_consumers_did(broker, consumer_process, task_typ
     assert during.value("taskqueue_consumers_live", queue="default") == 1
     assert during.value("taskqueue_queue_stats_up") == 1
 
-    wait_until(lambda: all(is_final(broker, task.id) for task in [*slow, *ok, *flaky, *dead]), 30,
-               message="every unlimited task to finish")
+    wait_until(
+        lambda: all(is_final(broker, task.id) for task in [*slow, *ok, *flaky, *dead]),
+        30,
+        message="every unlimited task to finish",
+    )
     # The gate admits one LIMITED task per minute: one runs, the other two wait in delayed.
-    wait_until(lambda: any(is_final(broker, task.id) for task in limited), 30,
-               message="the one admitted rate-limited task to finish")
+    wait_until(
+        lambda: any(is_final(broker, task.id) for task in limited),
+        30,
+        message="the one admitted rate-limited task to finish",
+    )
     expected_delayed = len(limited) - 1
 
     def settled() -> Scrape | None:
         current = scrape(url)
-        if current and current.value("taskqueue_consumer_in_flight_tasks") == 0 \
-                and current.value("taskqueue_queue_tasks", queue="default", state="delayed") == expected_delayed \
-                and current.value("taskqueue_queue_tasks", queue="default", state="processing") == 0:
+        if (
+            current
+            and current.value("taskqueue_consumer_in_flight_tasks") == 0
+            and current.value("taskqueue_queue_tasks", queue="default", state="delayed") == expected_delayed
+            and current.value("taskqueue_queue_tasks", queue="default", state="processing") == 0
+        ):
             return current
         return None
 
@@ -84,7 +105,13 @@ def test_metrics_match_what_the_consumers_did(broker, consumer_process, task_typ
 
     # What happened, type by type (the survivor never saw the victim's first runs).
     assert [counter(n, OK) for n in ("started", "succeeded", "failed", "retried", "dead_lettered")] == [5, 5, 0, 0, 0]
-    assert [counter(n, FLAKY) for n in ("started", "succeeded", "failed", "retried", "dead_lettered")] == [4, 2, 2, 2, 0]
+    assert [counter(n, FLAKY) for n in ("started", "succeeded", "failed", "retried", "dead_lettered")] == [
+        4,
+        2,
+        2,
+        2,
+        0,
+    ]
     assert [counter(n, DEAD) for n in ("started", "succeeded", "failed", "retried", "dead_lettered")] == [2, 0, 2, 1, 1]
     assert [counter(n, SLOW) for n in ("started", "succeeded", "failed")] == [2, 2, 0]
     assert after.value("taskqueue_tasks_recovered_total", queue="default") == 2
@@ -103,8 +130,10 @@ def test_metrics_match_what_the_consumers_did(broker, consumer_process, task_typ
     assert sorted(record["attempts"] for record in waiting) == ["0", "0", "1"], waiting
 
     # Gauges read from Redis at scrape time, and the consumer's own gauges.
-    depth = {state: after.value("taskqueue_queue_tasks", queue="default", state=state)
-             for state in ("pending", "processing", "delayed", "dead")}
+    depth = {
+        state: after.value("taskqueue_queue_tasks", queue="default", state=state)
+        for state in ("pending", "processing", "delayed", "dead")
+    }
     assert depth == {"pending": 0, "processing": 0, "delayed": expected_delayed, "dead": 1}
     assert after.value("taskqueue_consumers_live", queue="default") == 1
     assert after.value("taskqueue_consumer_busy_workers") == 0

@@ -1,4 +1,5 @@
 """Crash recovery, long tasks, graceful shutdown and backpressure with real consumer processes."""
+
 import signal
 import time
 
@@ -49,8 +50,7 @@ def test_a_task_running_longer_than_three_leases_on_a_live_consumer_runs_once(br
 
 def test_sigterm_finishes_in_flight_tasks_and_returns_unstarted_ones(broker, consumer_process):
     tasks = producer.enqueue("test.record", kwargs={"sleep_s": 1.0}, count=12)
-    consumer = consumer_process("--consumer-id", "graceful", "--concurrency", "2", "--prefetch", "4",
-                                "--grace", "20")
+    consumer = consumer_process("--consumer-id", "graceful", "--concurrency", "2", "--prefetch", "4", "--grace", "20")
     wait_until(lambda: len(recorded_runs(broker)) >= 2, 30, message="two tasks to start")
     assert consumer.terminate(timeout_s=30) == 0, consumer.log()
 
@@ -93,8 +93,9 @@ def test_bad_input_is_dead_lettered_and_the_consumer_carries_on(broker, consumer
     ]
     broker.enqueue([Enqueueable(queue="default", raw=raw) for raw in foreign], result_ttl_s=60)
     good = producer.enqueue("test.record", count=20)
-    consumer = consumer_process("--burst", "--concurrency", "2",
-                                TASK_HANDLER_MODULES="tests.support.handlers,tests.support.broken_handlers")
+    consumer = consumer_process(
+        "--burst", "--concurrency", "2", TASK_HANDLER_MODULES="tests.support.handlers,tests.support.broken_handlers"
+    )
     assert consumer.wait(60) == 0, consumer.log()
 
     assert statuses(broker, good) == ["SUCCESSFUL"] * 20

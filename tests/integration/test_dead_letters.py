@@ -1,4 +1,5 @@
 """Dead letters against real Redis: capped by count and age, requeued with their priority."""
+
 import pytest
 
 from tasks_app import dead_letters
@@ -12,8 +13,16 @@ DAY_MS = 86400 * 1000
 
 
 def bury(broker, n: int, died_ms: int, priority: int = 0, queue: str = "q") -> bytes:
-    raw = encode_task(Task(id=f"dead-{n}", type="demo.echo", queue=queue, priority=priority, attempt=3,
-                           dead_reason="failed 3 of 3 attempts"))
+    raw = encode_task(
+        Task(
+            id=f"dead-{n}",
+            type="demo.echo",
+            queue=queue,
+            priority=priority,
+            attempt=3,
+            dead_reason="failed 3 of 3 attempts",
+        )
+    )
     broker.client.zadd(broker.keys.dead(queue), {raw: died_ms})
     return raw
 

@@ -1,4 +1,5 @@
 """The delayed set against real Redis: malformed members, the server clock, record lifetimes."""
+
 import types
 
 import pytest
@@ -36,7 +37,7 @@ def test_malformed_members_are_dead_lettered_and_the_good_ones_run(broker, consu
     due_ms = broker.server_time_ms() - 1000
     bad = malformed_members()
     foreign_good = {delayed_member(5, foreign_task(1, 5)): due_ms, delayed_member(0, foreign_task(2)): due_ms}
-    broker.client.zadd(broker.keys.delayed("default"), {**{member: due_ms for member in bad}, **foreign_good})
+    broker.client.zadd(broker.keys.delayed("default"), {**dict.fromkeys(bad, due_ms), **foreign_good})
 
     consumer = consumer_process("--concurrency", "4")
     expected = {task.id for task in good} | {"foreign-1", "foreign-2"}
@@ -54,8 +55,10 @@ def test_malformed_members_are_dead_lettered_and_the_good_ones_run(broker, consu
 
 def test_promotion_reports_malformed_members_and_never_raises(broker):
     due_ms = broker.server_time_ms() - 1000
-    broker.client.zadd(broker.keys.delayed("q"), {**{m: due_ms for m in malformed_members()},
-                                                  delayed_member(-3, foreign_task(1)): due_ms})
+    broker.client.zadd(
+        broker.keys.delayed("q"),
+        {**dict.fromkeys(malformed_members(), due_ms), delayed_member(-3, foreign_task(1)): due_ms},
+    )
     promotion = broker.promote_due("q")
     assert (promotion.moved, promotion.malformed) == (1, len(malformed_members()))
     assert broker.client.zcard(broker.keys.dead("q")) == len(malformed_members())
@@ -69,25 +72,34 @@ def test_a_foreign_infinite_score_does_not_make_the_scheduler_spin(broker):
     assert SchedulerLoop(broker, ["q"]).run_once() == SchedulerLoop.MAX_SLEEP_S
 
 
-@pytest.mark.parametrize(("script", "keys", "args"), [
-    ("promote_due", 6, ["lots", "\x00wake", "q", "t"]),
-    ("promote_due", 6, ["nan", "\x00wake", "q", "t"]),
-    ("promote_due", 6, []),
-    ("enqueue_prioritized", 2, ["\x00wake", "high", b"task", "1e400", b"task2", "7"]),
-    ("requeue_dead", 3, ["\x00wake", b"member", "-inf", b"task", b"odd"]),
-    ("trim_dead", 1, ["many", "old"]),
-    ("enqueue_one", 2, ["soon", b"task", "field"]),
-    ("enqueue_batch", 4, ["\x00wake", "x", "y", "1", "3", "q", "9", b"t", "5", "", "p", "d"]),
-])
+@pytest.mark.parametrize(
+    ("script", "keys", "args"),
+    [
+        ("promote_due", 6, ["lots", "\x00wake", "q", "t"]),
+        ("promote_due", 6, ["nan", "\x00wake", "q", "t"]),
+        ("promote_due", 6, []),
+        ("enqueue_prioritized", 2, ["\x00wake", "high", b"task", "1e400", b"task2", "7"]),
+        ("requeue_dead", 3, ["\x00wake", b"member", "-inf", b"task", b"odd"]),
+        ("trim_dead", 1, ["many", "old"]),
+        ("enqueue_one", 2, ["soon", b"task", "field"]),
+        ("enqueue_batch", 4, ["\x00wake", "x", "y", "1", "3", "q", "9", b"t", "5", "", "p", "d"]),
+    ],
+)
 def test_scripts_never_raise_on_odd_arguments(broker, script, keys, args):
-    names = [broker.keys.delayed("q"), broker.keys.pending("q"), broker.keys.prioritized("q"),
-             broker.keys.recoveries("q"), broker.keys.suspects("q"), broker.keys.dead("q")]
+    names = [
+        broker.keys.delayed("q"),
+        broker.keys.pending("q"),
+        broker.keys.prioritized("q"),
+        broker.keys.recoveries("q"),
+        broker.keys.suspects("q"),
+        broker.keys.dead("q"),
+    ]
     broker.client.zadd(broker.keys.dead("q"), {b"member": 1})
     broker.scripts.run(broker.client, script, names[:keys], args)
 
 
 def test_delayed_member_is_well_formed_whatever_the_priority():
-    for priority in (-10**12, -101, -100, -1, 0, 7, 100, 101, 2**40):
+    for priority in (-(10**12), -101, -100, -1, 0, 7, 100, 101, 2**40):
         member = delayed_member(priority, b"task")
         assert split_delayed_member(member) == (max(-100, min(100, priority)), b"task")
     assert split_delayed_member(b"abcdtask") is None and split_delayed_member(b"+000") is None

@@ -1,4 +1,5 @@
 """Django's tasks framework end to end: `.enqueue()` here, a real `runconsumer` subprocess runs it."""
+
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -17,8 +18,7 @@ HANDLER_MODULES = "tests.support.handlers,tests.support.django_tasks"
 
 def run_consumer_until_idle(consumer_process) -> None:
     """Run a burst consumer over the default queue until nothing is left; fail on a bad exit."""
-    consumer = consumer_process("--burst", "--lease", "2", "--concurrency", "2",
-                                TASK_HANDLER_MODULES=HANDLER_MODULES)
+    consumer = consumer_process("--burst", "--lease", "2", "--concurrency", "2", TASK_HANDLER_MODULES=HANDLER_MODULES)
     assert consumer.wait(timeout_s=60) == 0, consumer.log()
 
 
@@ -66,7 +66,9 @@ def test_takes_context_sees_attempts_one_two_three(broker, consumer_process):
     assert result.status == TaskResultStatus.SUCCESSFUL
     assert result.return_value == 3
     assert [error.traceback.strip().splitlines()[-1] for error in result.errors] == [
-        "RuntimeError: planned failure on attempt 1", "RuntimeError: planned failure on attempt 2"]
+        "RuntimeError: planned failure on attempt 1",
+        "RuntimeError: planned failure on attempt 2",
+    ]
     assert result.attempts == 3
 
 
@@ -124,8 +126,9 @@ def test_a_row_naming_something_that_is_not_a_task_runs_nothing(broker, consumer
 
 
 def test_a_running_consumer_finds_a_new_task_before_its_next_settings_refresh(broker, consumer_process):
-    consumer = consumer_process("--lease", "2", TASK_HANDLER_MODULES="tests.support.handlers",
-                                TASKS_CONFIG_REFRESH_S="600")
+    consumer = consumer_process(
+        "--lease", "2", TASK_HANDLER_MODULES="tests.support.handlers", TASKS_CONFIG_REFRESH_S="600"
+    )
     wait_until(lambda: broker.live_consumers("default"), 30, message="the consumer to start")
 
     result = tasks.add.enqueue(5, 6)  # creates the TaskType row the consumer has not loaded yet

@@ -1,4 +1,5 @@
 """Leases against real Redis: claims and renewals only under a live lease, and no start without one."""
+
 from __future__ import annotations
 
 import time
@@ -85,22 +86,31 @@ def test_a_consumer_that_cannot_renew_starts_nothing_more_and_its_tasks_run_else
     proxy = RedisProxy(port)
     proxy.cut()
     try:
-        consumer = Consumer(ConsumerOptions(lease_s=lease_s, concurrency=1, prefetch=3, block_s=0.5),
-                            broker=broker, heartbeat_broker=Broker(connect(proxy.url, timeout_s=0.5), broker.keys.prefix))
+        consumer = Consumer(
+            ConsumerOptions(lease_s=lease_s, concurrency=1, prefetch=3, block_s=0.5),
+            broker=broker,
+            heartbeat_broker=Broker(connect(proxy.url, timeout_s=0.5), broker.keys.prefix),
+        )
         with running(consumer):
-            first_id = wait_until(lambda: next(iter(broker.live_consumers("default")), None), 10,
-                                  message="the consumer to register")["id"]
+            first_id = wait_until(
+                lambda: next(iter(broker.live_consumers("default")), None), 10, message="the consumer to register"
+            )["id"]
             registered_ms = broker.client.zscore(broker.keys.consumers("default"), first_id) - lease_s * 1000
             time.sleep(lease_s + 2.0)  # lapsed, then reaped by its own reaper
             proxy.restore()
             wanted = {task.id for task in tasks}
-            wait_until(lambda: wanted <= {run["task_id"] for run in recorded_runs(broker)}, 20,
-                       message="every task to run")
+            wait_until(
+                lambda: wanted <= {run["task_id"] for run in recorded_runs(broker)}, 20, message="every task to run"
+            )
     finally:
         proxy.close()
     runs = recorded_runs(broker)
-    late = [run for run in runs if run["consumer"] == first_id
-            and run["start_ms"] > registered_ms + lease_s * 1000 * (1 - LEASE_MARGIN_SHARE) + 250]
+    late = [
+        run
+        for run in runs
+        if run["consumer"] == first_id
+        and run["start_ms"] > registered_ms + lease_s * 1000 * (1 - LEASE_MARGIN_SHARE) + 250
+    ]
     assert not late, f"started after its lease could have lapsed: {late}"
     assert any(run["consumer"] == f"{first_id}.1" for run in runs)
 
@@ -109,8 +119,9 @@ def test_a_consumer_that_cannot_renew_starts_nothing_more_and_its_tasks_run_else
 def test_a_task_moved_into_a_lost_identitys_list_runs_even_when_its_lease_entry_vanished(broker, consumer_in_thread):
     # A failover that lost the lease entry: no lease, no tombstone, so no reaper looked there.
     with consumer_in_thread() as consumer:
-        first_id = wait_until(lambda: next(iter(broker.live_consumers("default")), None), 10,
-                              message="the consumer to register")["id"]
+        first_id = wait_until(
+            lambda: next(iter(broker.live_consumers("default")), None), 10, message="the consumer to register"
+        )["id"]
         broker.client.zrem(broker.keys.consumers("default"), first_id)
         wait_until(lambda: consumer.consumer_id != first_id, 10, message="the consumer to take a new id")
         late = encode_task(Task(id="late-1", type="test.record", queue="default"))

@@ -1,4 +1,5 @@
 """Recovery against real Redis: lost claim replies, leftovers of an unclean run, failover and restart guards."""
+
 from __future__ import annotations
 
 import time
@@ -61,8 +62,11 @@ def test_tasks_moved_by_a_claim_whose_reply_was_lost_still_run(cluster, lost):
             wait_until(proxy.dropped.is_set, 10, message=f"a {lost} reply to be dropped")
             later = producer.enqueue("test.record", count=2)
             wanted = {task.id for task in [*first, *later]}
-            wait_until(lambda: wanted <= set(runs_per_task(broker)), 10,
-                       message="every task, those of the lost claim included, to run")
+            wait_until(
+                lambda: wanted <= set(runs_per_task(broker)),
+                10,
+                message="every task, those of the lost claim included, to run",
+            )
         assert all(count == 1 for count in runs_per_task(broker).values())
         assert not broker.held_by("default", consumer.consumer_id)
     finally:
@@ -93,8 +97,9 @@ def test_byte_identical_tasks_held_at_once_are_counted_apart(broker, consumer_in
     broker.client.lpush(broker.keys.pending("default"), twin, twin)
     with consumer_in_thread(concurrency=1, prefetch=1) as consumer:
         wait_until(lambda: runs_per_task(broker)["twin"] == 2, 10, message="the second twin to start")
-        wait_until(lambda: len(broker.held_by("default", consumer.consumer_id)) == 1, 10,
-                   message="the first twin's ack")
+        wait_until(
+            lambda: len(broker.held_by("default", consumer.consumer_id)) == 1, 10, message="the first twin's ack"
+        )
         time.sleep(0.1)  # the ack's callback lets go of the first twin
         ClaimerLoop(consumer, "default").reconcile()  # the second twin still runs: not a stray
         assert broker.held_by("default", consumer.consumer_id) == [twin]
@@ -112,8 +117,13 @@ def test_a_fixed_id_restarted_after_each_death_dead_letters_the_task_that_kills_
     for _ in range(MAX_RECOVERIES + 3):
         process = consumer_process("--consumer-id", "fixed", "--lease", "30", "--concurrency", "2", "--prefetch", "0")
         try:
-            wait_until(lambda: process.process.poll() is not None or broker.client.zcard(broker.keys.dead("default")),
-                       30, message="the consumer to die or the pill to be dead-lettered")
+            wait_until(
+                lambda process=process: (
+                    process.process.poll() is not None or broker.client.zcard(broker.keys.dead("default"))
+                ),
+                30,
+                message="the consumer to die or the pill to be dead-lettered",
+            )
         finally:
             process.stop()
         if broker.client.zcard(broker.keys.dead("default")):
@@ -130,7 +140,9 @@ def reap_status(broker: Broker, consumer_id: str, lease_ms: int) -> int:
 
 def expired_consumer(broker: Broker, consumer_id: str, lease_ms: int) -> None:
     broker.heartbeat(["q"], consumer_id, lease_ms, {"lease_ms": lease_ms})
-    broker.client.lpush(broker.keys.processing("q", consumer_id), encode_task(Task(id="t", type="demo.echo", queue="q")))
+    broker.client.lpush(
+        broker.keys.processing("q", consumer_id), encode_task(Task(id="t", type="demo.echo", queue="q"))
+    )
     broker.client.zadd(broker.keys.consumers("q"), {consumer_id: 1})
 
 
@@ -165,7 +177,6 @@ def test_reaping_waits_a_lease_after_a_replica_is_promoted(tmp_path: Path, key_p
     finally:
         replica.remove()
         primary.remove()
-
 
 
 @pytest.mark.django_db(transaction=True)

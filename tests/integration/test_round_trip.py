@@ -1,4 +1,5 @@
 """Enqueue, run with a real consumer, read the results back."""
+
 import pytest
 
 from tasks_app import producer
@@ -28,5 +29,8 @@ def test_burst_consumer_runs_every_task_and_records_results(broker, consumer_pro
 def test_consumer_in_thread_runs_tasks(broker, consumer_in_thread):
     with consumer_in_thread(concurrency=2):
         enqueued = producer.enqueue("demo.echo", [7])
-        wait_until(lambda: (broker.get_result(enqueued[0].id) or {}).get("status") == "SUCCESSFUL", 10,
-                   message="the task to succeed")
+        wait_until(
+            lambda: (broker.get_result(enqueued[0].id) or {}).get("status") == "SUCCESSFUL",
+            10,
+            message="the task to succeed",
+        )

@@ -3,6 +3,7 @@
 Return values and exception texts that Redis cannot store, values over the size caps, runs past
 their timeout: each fails its own task with a reason, never its batch-mates, never the consumer.
 """
+
 import json
 
 import pytest
@@ -28,8 +29,9 @@ def record_of(broker: Broker, task_id: str) -> ResultRecord:
 
 
 def wait_all_finished(broker: Broker, task_ids: list[str], timeout_s: float = 30) -> list[ResultRecord]:
-    wait_until(lambda: all(record_of(broker, i).is_finished for i in task_ids), timeout_s,
-               message="every task to finish")
+    wait_until(
+        lambda: all(record_of(broker, i).is_finished for i in task_ids), timeout_s, message="every task to finish"
+    )
     return [record_of(broker, i) for i in task_ids]
 
 
@@ -44,8 +46,7 @@ def spans(broker: Broker) -> list[dict]:
 
 
 def create_types() -> None:
-    TaskType.objects.create(name="settle.latin1_name", handler="settle.latin1_name", max_attempts=2,
-                            retry_backoff=0.1)
+    TaskType.objects.create(name="settle.latin1_name", handler="settle.latin1_name", max_attempts=2, retry_backoff=0.1)
     TaskType.objects.create(name="settle.big", handler="settle.big", max_attempts=1)
     TaskType.objects.create(name="demo.echo", handler="demo.echo", max_attempts=2, retry_backoff=0.1)
 
@@ -65,16 +66,20 @@ def test_an_unstorable_return_value_fails_its_task_only_and_the_consumer_goes_on
     before = [t.id for t in producer.enqueue("demo.echo", [1], count=20)]
     bad_id = enqueue_bad(broker, kind)
     after = [t.id for t in producer.enqueue("demo.echo", [2], count=20)]
-    consumer = consumer_process("--concurrency", "4", "--prefetch", "8", TASK_HANDLER_MODULES=HANDLERS,
-                                TASKS_MAX_RESULT_BYTES="2048")
+    consumer = consumer_process(
+        "--concurrency", "4", "--prefetch", "8", TASK_HANDLER_MODULES=HANDLERS, TASKS_MAX_RESULT_BYTES="2048"
+    )
 
     good = wait_all_finished(broker, before + after)
     assert [r.status for r in good] == ["SUCCESSFUL"] * 40, consumer.log()
     [bad] = wait_all_finished(broker, [bad_id])
     assert bad.status == "FAILED"
     reason = bad.dead_reason
-    expected = ("ResultTooLarge", "TASKS_MAX_RESULT_BYTES") if kind == "over_max_result_bytes" \
+    expected = (
+        ("ResultTooLarge", "TASKS_MAX_RESULT_BYTES")
+        if kind == "over_max_result_bytes"
         else ("ResultNotJson", "lone surrogate")
+    )
     assert all(part in reason for part in expected), reason
     assert [decode_task(raw).id for raw, _ in broker.list_dead("default")] == [bad_id]
 
@@ -84,8 +89,7 @@ def test_an_unstorable_return_value_fails_its_task_only_and_the_consumer_goes_on
     assert consumer.terminate() == 0
 
 
-def test_a_return_value_over_the_servers_bulk_limit_fails_its_task_only(broker, consumer_process, settings,
-                                                                        tmp_path):
+def test_a_return_value_over_the_servers_bulk_limit_fails_its_task_only(broker, consumer_process, settings, tmp_path):
     server = RedisServer(tmp_path).start()
     try:
         redis.Redis.from_url(server.url).config_set("proto-max-bulk-len", 1024 * 1024)
@@ -95,8 +99,13 @@ def test_a_return_value_over_the_servers_bulk_limit_fails_its_task_only(broker, 
         good = [t.id for t in producer.enqueue("demo.echo", [1], count=10)]
         [huge] = producer.enqueue("settle.big", [1536 * 1024])
         good += [t.id for t in producer.enqueue("demo.echo", [2], count=10)]
-        consumer = consumer_process("--concurrency", "4", TASK_HANDLER_MODULES=HANDLERS, REDIS_URL=server.url,
-                                    TASKS_MAX_RESULT_BYTES=str(4 * 1024 * 1024))
+        consumer = consumer_process(
+            "--concurrency",
+            "4",
+            TASK_HANDLER_MODULES=HANDLERS,
+            REDIS_URL=server.url,
+            TASKS_MAX_RESULT_BYTES=str(4 * 1024 * 1024),
+        )
 
         assert [r.status for r in wait_all_finished(private, good, 60)] == ["SUCCESSFUL"] * 20, consumer.log()
         [record] = wait_all_finished(private, [huge.id], 60)
@@ -110,8 +119,9 @@ def test_a_return_value_over_the_servers_bulk_limit_fails_its_task_only(broker, 
 
 
 def test_an_exception_message_with_a_lone_surrogate_is_retried_then_dead_lettered(broker, consumer_process):
-    TaskType.objects.create(name="settle.raise_latin1", handler="settle.raise_latin1", max_attempts=2,
-                            retry_backoff=0.1)
+    TaskType.objects.create(
+        name="settle.raise_latin1", handler="settle.raise_latin1", max_attempts=2, retry_backoff=0.1
+    )
     [task] = producer.enqueue("settle.raise_latin1")
     consumer = consumer_process("--concurrency", "2", TASK_HANDLER_MODULES=HANDLERS)
 
@@ -127,8 +137,7 @@ def test_an_exception_message_with_a_lone_surrogate_is_retried_then_dead_lettere
 
 
 def test_a_retry_of_a_timed_out_run_never_overlaps_it(broker, consumer_process):
-    TaskType.objects.create(name="settle.timed", handler="settle.timed", max_attempts=3, retry_backoff=0.1,
-                            timeout=0.5)
+    TaskType.objects.create(name="settle.timed", handler="settle.timed", max_attempts=3, retry_backoff=0.1, timeout=0.5)
     [task] = producer.enqueue("settle.timed", kwargs={"sleep_s": 3})
     consumer = consumer_process("--concurrency", "4", TASK_HANDLER_MODULES=HANDLERS)
 
@@ -162,8 +171,15 @@ def test_a_pure_python_handler_is_interrupted_at_its_timeout_and_its_finally_run
 
 def test_a_foreign_priority_out_of_range_is_clamped_and_survives_a_retry(broker, consumer_in_thread):
     TaskType.objects.create(name="test.record", handler="test.record", max_attempts=2, retry_backoff=0.1)
-    raw = encode_task(Task(id="loud-1", type="test.record", queue="default", priority=5000,
-                           payload=b'{"kwargs": {"fail_until_attempt": 1}}'))
+    raw = encode_task(
+        Task(
+            id="loud-1",
+            type="test.record",
+            queue="default",
+            priority=5000,
+            payload=b'{"kwargs": {"fail_until_attempt": 1}}',
+        )
+    )
     broker.client.lpush(broker.keys.pending("default"), raw)
     with consumer_in_thread():
         [record] = wait_all_finished(broker, ["loud-1"])
@@ -175,8 +191,9 @@ def test_a_type_name_from_redis_does_not_become_a_metric_label(broker, consumer_
     from prometheus_client import REGISTRY
 
     def dead_lettered(type_label: str) -> float:
-        sample = REGISTRY.get_sample_value("taskqueue_tasks_dead_lettered_total",
-                                           {"type": type_label, "queue": "default"})
+        sample = REGISTRY.get_sample_value(
+            "taskqueue_tasks_dead_lettered_total", {"type": type_label, "queue": "default"}
+        )
         return sample or 0.0
 
     before = dead_lettered("_unknown")
@@ -185,8 +202,12 @@ def test_a_type_name_from_redis_does_not_become_a_metric_label(broker, consumer_
         [record] = wait_all_finished(broker, ["stranger-1"])
     assert record.status == "FAILED" and "unknown task type" in record.dead_reason
     assert dead_lettered("_unknown") == before + 1
-    assert REGISTRY.get_sample_value("taskqueue_tasks_dead_lettered_total",
-                                     {"type": "made.up.type.7f3a", "queue": "default"}) is None
+    assert (
+        REGISTRY.get_sample_value(
+            "taskqueue_tasks_dead_lettered_total", {"type": "made.up.type.7f3a", "queue": "default"}
+        )
+        is None
+    )
 
 
 def test_a_retry_that_redis_refuses_dead_letters_the_task_instead_of_holding_it(broker, consumer_process):

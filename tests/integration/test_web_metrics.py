@@ -1,4 +1,5 @@
 """The web app's `/metrics` and `/healthz` under real gunicorn with two workers."""
+
 from __future__ import annotations
 
 import subprocess
@@ -32,29 +33,38 @@ def multiproc_dir(tmp_path: Path) -> Path:
 def gunicorn(key_prefix: str, multiproc_dir: Path, tmp_path: Path) -> Iterator[str]:
     """`gunicorn scheduler_site.wsgi` with 2 workers, configured by the project's gunicorn.conf.py."""
     port = free_port()
-    log = open(tmp_path / "gunicorn.log", "wb")
     env = consumer_env(key_prefix, PROMETHEUS_MULTIPROC_DIR=str(multiproc_dir), DJANGO_DEBUG="0")
-    process = subprocess.Popen([sys.executable, "-m", "gunicorn", "scheduler_site.wsgi", "-b", f"127.0.0.1:{port}",
-                                "-w", "2"], cwd=PROJECT_DIR, env=env, stdout=log, stderr=subprocess.STDOUT)
+    with open(tmp_path / "gunicorn.log", "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "scheduler_site.wsgi", "-b", f"127.0.0.1:{port}", "-w", "2"],
+            cwd=PROJECT_DIR,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_until(lambda: get(f"{base}/healthz")[0] == 200 or process.poll() is not None, 30,
-                   message="gunicorn to answer")
+        wait_until(
+            lambda: get(f"{base}/healthz")[0] == 200 or process.poll() is not None, 30, message="gunicorn to answer"
+        )
         assert process.poll() is None, (tmp_path / "gunicorn.log").read_text()
         yield base
     finally:
         process.terminate()
         process.wait(timeout=30)
-        log.close()
 
 
 def healthz_count(metrics_text: str) -> float:
     """Sum of 200 responses of the healthz view, over every worker."""
     for family in text_string_to_metric_families(metrics_text):
         if family.name == HEALTHZ_RESPONSES:
-            return sum(sample.value for sample in family.samples
-                       if sample.name.endswith("_total") and sample.labels.get("view") == "healthz"
-                       and sample.labels.get("status") == "200")
+            return sum(
+                sample.value
+                for sample in family.samples
+                if sample.name.endswith("_total")
+                and sample.labels.get("view") == "healthz"
+                and sample.labels.get("status") == "200"
+            )
     return 0.0
 
 
@@ -72,6 +82,7 @@ def test_metrics_add_up_requests_served_by_every_worker(gunicorn, multiproc_dir)
 
     made = 0
     with ThreadPoolExecutor(max_workers=8) as pool:
+
         def burst() -> bool:
             nonlocal made
             statuses = list(pool.map(lambda _: get(f"{gunicorn}/healthz")[0], range(16)))
@@ -87,4 +98,3 @@ def test_metrics_add_up_requests_served_by_every_worker(gunicorn, multiproc_dir)
         assert status == 200
         assert healthz_count(body.decode()) == before + made
     assert b"django_http_requests_latency_seconds_by_view_method_bucket" in body
-

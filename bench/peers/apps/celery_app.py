@@ -1,4 +1,5 @@
 """The Celery app both the Celery driver and its worker import (broker and results on Redis)."""
+
 import os
 
 from celery import Celery

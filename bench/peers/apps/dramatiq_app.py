@@ -1,4 +1,5 @@
 """The Dramatiq broker and actors (Redis broker, results stored on Redis)."""
+
 import os
 
 import dramatiq

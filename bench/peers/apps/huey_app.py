@@ -1,4 +1,5 @@
 """The Huey instance (Redis storage, blocking dequeue) and its tasks."""
+
 import os
 
 from huey import RedisHuey

@@ -1,4 +1,5 @@
 """django-vtasks tasks for the benchmark (module-level, so the worker can import them by path)."""
+
 from django_vtasks import task
 
 import probe

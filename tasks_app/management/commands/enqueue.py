@@ -1,4 +1,5 @@
 """`manage.py enqueue`: validate and enqueue tasks, printing one id per line."""
+
 import argparse
 import json
 from typing import Any
@@ -20,20 +21,36 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("type", help="Task type name, e.g. demo.echo.")
-        parser.add_argument("--args", dest="task_args", type=json_value, default=[], metavar="JSON_ARRAY",
-                            help="Positional arguments as a JSON array.")
-        parser.add_argument("--kwargs", type=json_value, default={}, metavar="JSON_OBJECT",
-                            help="Keyword arguments as a JSON object.")
+        parser.add_argument(
+            "--args",
+            dest="task_args",
+            type=json_value,
+            default=[],
+            metavar="JSON_ARRAY",
+            help="Positional arguments as a JSON array.",
+        )
+        parser.add_argument(
+            "--kwargs", type=json_value, default={}, metavar="JSON_OBJECT", help="Keyword arguments as a JSON object."
+        )
         parser.add_argument("--queue", help="Queue (default: the task type's queue).")
         parser.add_argument("--priority", type=int, default=0, help="-100..100; higher runs first.")
         parser.add_argument("--delay", type=float, default=0.0, metavar="SECONDS", help="Run no sooner than this.")
         parser.add_argument("--count", type=int, default=1, metavar="N", help="Enqueue N identical tasks.")
 
-    def handle(self, *args: Any, type: str, task_args: Any, kwargs: Any, queue: str | None, priority: int,
-               delay: float, count: int, **options: Any) -> None:
+    def handle(
+        self,
+        *args: Any,
+        type: str,
+        task_args: Any,
+        kwargs: Any,
+        queue: str | None,
+        priority: int,
+        delay: float,
+        count: int,
+        **options: Any,
+    ) -> None:
         try:
-            enqueued = enqueue(type, task_args, kwargs, queue=queue, priority=priority, delay_s=delay,
-                               count=count)
+            enqueued = enqueue(type, task_args, kwargs, queue=queue, priority=priority, delay_s=delay, count=count)
         except (EnqueueError, QueueUnavailable) as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write("\n".join(task.id for task in enqueued))

@@ -1,4 +1,5 @@
 """`manage.py queuestats`: per queue pending / processing / delayed / dead, and live consumers."""
+
 import json
 from typing import Any
 
@@ -22,8 +23,9 @@ class Command(BaseCommand):
         header = f"{'queue':<24}{'pending':>10}{'processing':>12}{'delayed':>10}{'dead':>8}{'consumers':>11}"
         self.stdout.write(header)
         for s in stats:
-            self.stdout.write(f"{s.queue:<24}{s.pending:>10}{s.processing:>12}{s.delayed:>10}{s.dead:>8}"
-                              f"{len(s.consumers):>11}")
+            self.stdout.write(
+                f"{s.queue:<24}{s.pending:>10}{s.processing:>12}{s.delayed:>10}{s.dead:>8}{len(s.consumers):>11}"
+            )
         for s in stats:
             for consumer in s.consumers:
                 self.stdout.write(f"  {s.queue}: consumer {consumer['id']} in flight {consumer['in_flight']}")

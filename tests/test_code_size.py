@@ -1,0 +1,83 @@
+"""Modules stay under 400 lines and functions under 40, so each can be read in one sitting."""
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CHECKED_DIRS = ("tasks_app", "scheduler_site", "tests", "bench")
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 40
+
+# Over the limits today, each to be split; an entry that is back under its limit must be removed.
+KNOWN_LONG_MODULES = {
+    "tasks_app/broker.py",
+    "tests/test_broker.py",
+}
+KNOWN_LONG_FUNCTIONS = {
+    "tasks_app/django_tasks.py::run",
+    "tests/integration/test_consumer_metrics.py::test_metrics_match_what_the_consumers_did",
+}
+
+
+def checked_modules() -> list[Path]:
+    """Return the hand-written modules: not migrations, not the generated protobuf code."""
+    return sorted(
+        path
+        for top in CHECKED_DIRS
+        for path in (ROOT / top).rglob("*.py")
+        if "migrations" not in path.parts and not path.name.endswith("_pb2.py")
+    )
+
+
+def functions(tree: ast.AST, prefix: str = "") -> Iterator[tuple[str, int]]:
+    """Yield (qualified name, lines from `def` to its last line) of every function, nested ones too."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            yield prefix + node.name, node.end_lineno - node.lineno + 1
+            yield from functions(node, f"{prefix}{node.name}.")
+        elif isinstance(node, ast.ClassDef):
+            yield from functions(node, f"{prefix}{node.name}.")
+        else:
+            yield from functions(node, prefix)
+
+
+def long_modules() -> dict[str, int]:
+    """Return the line count of every module over MAX_MODULE_LINES, by path."""
+    counts = {path.relative_to(ROOT).as_posix(): len(path.read_text().splitlines()) for path in checked_modules()}
+    return {name: lines for name, lines in counts.items() if lines > MAX_MODULE_LINES}
+
+
+def long_functions() -> dict[str, int]:
+    """Return the length of every function over MAX_FUNCTION_LINES, by path::qualified name."""
+    found = {}
+    for path in checked_modules():
+        for name, lines in functions(ast.parse(path.read_text(), filename=str(path))):
+            if lines > MAX_FUNCTION_LINES:
+                found[f"{path.relative_to(ROOT).as_posix()}::{name}"] = lines
+    return found
+
+
+def test_the_checked_trees_hold_modules():
+    names = {path.relative_to(ROOT).as_posix() for path in checked_modules()}
+    assert {"tasks_app/producer.py", "scheduler_site/settings.py", "tests/test_code_size.py"} <= names
+    assert not any(name.endswith("_pb2.py") or "/migrations/" in name for name in names)
+
+
+def test_function_lengths_count_from_def_to_the_last_line():
+    tree = ast.parse("class A:\n    def f(self):\n        def g():\n            pass\n\n        return g\n")
+    assert dict(functions(tree)) == {"A.f": 5, "A.f.g": 2}
+
+
+def test_modules_stay_under_the_line_limit():
+    found = long_modules()
+    new = {name: lines for name, lines in found.items() if name not in KNOWN_LONG_MODULES}
+    assert not new, f"modules over {MAX_MODULE_LINES} lines: {new}"
+    assert not KNOWN_LONG_MODULES - found.keys(), "back under the limit: remove from KNOWN_LONG_MODULES"
+
+
+def test_functions_stay_under_the_line_limit():
+    found = long_functions()
+    new = {name: lines for name, lines in found.items() if name not in KNOWN_LONG_FUNCTIONS}
+    assert not new, f"functions over {MAX_FUNCTION_LINES} lines: {new}"
+    assert not KNOWN_LONG_FUNCTIONS - found.keys(), "back under the limit: remove from KNOWN_LONG_FUNCTIONS"
