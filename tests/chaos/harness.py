@@ -137,7 +137,8 @@ class Fleet:
         self._kill_frozen(consumer_id, snapshot)
         return snapshot
 
-    def kill_while_running(self, consumer_id: str, timeout_s: float = 30) -> tuple[set[str], set[str]]:
+    def kill_while_running(self, consumer_id: str, timeout_s: float = 30,
+                           between_looks: Callable[[], None] = lambda: None) -> tuple[set[str], set[str]]:
         """SIGKILL a consumer at a moment when it holds tasks whose handler started there.
 
         Returns the tasks it held and those of them that had started. Waits until it looks busy,
@@ -152,6 +153,7 @@ class Fleet:
                 if running or time.monotonic() > deadline:
                     break
                 self.processes[consumer_id].signal(signal.SIGCONT)
+            between_looks()  # e.g. keep the load going, or the queue drains and it never looks busy
             time.sleep(0.01)
         self._kill_frozen(consumer_id, held)
         assert running, f"{consumer_id} never held a started task within {timeout_s} s"

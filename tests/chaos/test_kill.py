@@ -111,14 +111,24 @@ def steady_load_with_kills(fleet: Fleet, rng: random.Random, current: dict[str, 
     recovery_s: list[float] = []
     end = time.monotonic() + duration_s
     next_kill = time.monotonic() + rng.uniform(0.5, 3)
-    while time.monotonic() < end:
+    last_batch = [0.0]
+    durations = random.Random(rng.random())  # its own stream: the kill choices replay whatever the timing
+
+
+    def load() -> None:
         # About 200 tasks/s of 5-100 ms each: every consumer is always running some.
-        requests = [TaskRequest("test.record", kwargs={"sleep_s": round(rng.uniform(0.005, 0.1), 3)})
+        if time.monotonic() - last_batch[0] < 0.05:
+            return
+        last_batch[0] = time.monotonic()
+        requests = [TaskRequest("test.record", kwargs={"sleep_s": round(durations.uniform(0.005, 0.1), 3)})
                     for _ in range(10)]
-        task_ids += [t.id for t in producer.enqueue_many(requests)]
+        task_ids.extend(t.id for t in producer.enqueue_many(requests))
+
+    while time.monotonic() < end:
+        load()
         if time.monotonic() >= next_kill:
             name = rng.choice(sorted(current))
-            _, running = fleet.kill_while_running(current[name])
+            _, running = fleet.kill_while_running(current[name], between_looks=load)
             running_at_kills |= running
             recovering[current[name]] = None
             current[name] = f"{name}{int(current[name][1:]) + 1}"
@@ -127,7 +137,7 @@ def steady_load_with_kills(fleet: Fleet, rng: random.Random, current: dict[str, 
         for consumer_id in [cid for cid in recovering if not fleet.held(cid)]:
             recovery_s.append(time.monotonic() - fleet.killed_at[consumer_id])
             del recovering[consumer_id]
-        time.sleep(0.05)
+        time.sleep(0.01)
     recovery_s += [fleet.recovered_within(consumer_id, LEASE_S + 1) for consumer_id in recovering]
     return task_ids, running_at_kills, recovery_s
 
