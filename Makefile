@@ -146,7 +146,7 @@ run: $(STAMP)
 	echo "  Metrics:          $$base/metrics"
 	echo
 	echo "  Enqueue from another shell:"
-	echo "    REDIS_URL=$$REDIS_URL $(PY) manage.py enqueue demo.echo --args '[1]'"
+	echo "    DJANGO_DEBUG=$(DJANGO_DEBUG) REDIS_URL=$$REDIS_URL $(PY) manage.py enqueue demo.echo --args '[1]'"
 	echo
 	PORT='$(PORT)' DJANGO_DEBUG='$(DJANGO_DEBUG)' VENV_PY="$$PWD/$(PY)" scripts/run-dev
 
