@@ -163,3 +163,8 @@ TASKS_MAX_DELAY_S = int(os.environ.get("TASKS_MAX_DELAY_S", str(365 * 24 * 3600)
 # Dead letters kept per queue, and for how long (as Sidekiq: 10,000 and 6 months); the oldest go first.
 TASKS_DEAD_LETTER_MAX = int(os.environ.get("TASKS_DEAD_LETTER_MAX", "10000"))
 TASKS_DEAD_LETTER_MAX_AGE_S = int(os.environ.get("TASKS_DEAD_LETTER_MAX_AGE_S", str(180 * 24 * 3600)))
+
+# --- Redis Cluster durability -------------------------------------------------------------
+# Before acking, a consumer waits up to this long (ms) for a replica of each master that took the
+# batch's results to have them; past it the tasks are acked anyway (and counted in a metric).
+TASKS_CLUSTER_WAIT_MS = int(os.environ.get("TASKS_CLUSTER_WAIT_MS", "100"))

@@ -3,7 +3,8 @@
 Workers hand their writes to one flusher thread and move on to the next task. The flusher takes
 whatever has queued up while its previous round trip was in flight (no deliberate wait, so an
 idle consumer adds no latency), writes every result record first and then acks the tasks, one
-script per processing list. A task keeps its consumer slot until its ack is written, so a crash
+script per processing list. On Redis Cluster the acks wait until a replica of each master that
+took results has them, or TASKS_CLUSTER_WAIT_MS passed (counted, then acked anyway). A task keeps its consumer slot until its ack is written, so a crash
 can only re-run tasks this consumer held: never more than concurrency + prefetch.
 
 One entry never holds up the others: an update that cannot be encoded is replaced before it
@@ -20,7 +21,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from . import results
+from . import metrics, results
 from .broker import Broker, ResultUpdate
 from .retrying import GaveUp, until_done
 
@@ -241,9 +242,13 @@ class AckBatcher:
             by_owner.setdefault((item.queue, item.consumer_id), []).append(item)
         raws = {owner: [item.raw for item in items] for owner, items in by_owner.items()}
         merged = merge_updates(updates)
-        flags, refused = until_done(lambda: self.broker.ack_many_reporting(merged, raws), what="ack",
-                                    give_up=self.give_up, refused_after=REFUSED_AFTER,
-                                    redis_answers=self._redis_answers)
+        flags, refused, unreplicated = until_done(lambda: self.broker.ack_many_reporting(merged, raws), what="ack",
+                                                  give_up=self.give_up, refused_after=REFUSED_AFTER,
+                                                  redis_answers=self._redis_answers)
+        if unreplicated:  # acked anyway: a lagging replica must not hold acks back
+            metrics.RESULT_REPLICATION_TIMEOUTS.inc(unreplicated)
+            logger.warning("%d master(s) did not confirm results on a replica within the wait; acked anyway",
+                           unreplicated)
         refused_of = {merged[index].task_id: exc for index, exc in refused.items()}
         for item in acks:
             if item.update is not None and item.update.task_id in refused_of:
@@ -254,8 +259,8 @@ class AckBatcher:
 
     def _record_unstored(self, update: ResultUpdate, problem: Exception) -> None:
         logger.error("the result of task %a could not be stored (%s); recording it as failed", update.task_id, problem)
-        _, refused = until_done(lambda: self.broker.ack_many_reporting([unstored_result(update, str(problem))], {}),
-                                what="record_result", give_up=self.give_up)
+        refused = until_done(lambda: self.broker.ack_many_reporting([unstored_result(update, str(problem))], {}),
+                             what="record_result", give_up=self.give_up).refused
         if refused:
             logger.error("could not record the failure of task %a either: %s", update.task_id, refused[0])
 

@@ -12,13 +12,14 @@ import json
 import re
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait as wait_for
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import redis
 from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError
+from redis.exceptions import AskError, ClusterError, ConnectionError as RedisConnectionError, NoScriptError
 from redis.retry import Retry
 
 from . import batch_args
@@ -43,6 +44,10 @@ TOMBSTONE_PAGE = 100
 TOMBSTONE_KEEP_MS = 24 * 3600 * 1000
 # Width of the buckets counting acknowledged tasks, for the dashboard's throughput.
 THROUGHPUT_BUCKET_S = 10
+# Redis Cluster: how long a master's WAIT for one replica to have a flush's results may take
+# (TASKS_CLUSTER_WAIT_MS), and how often each master's replica count is read again.
+CLUSTER_WAIT_MS = 100
+REPLICA_CHECK_S = 10.0
 
 
 def delayed_member(priority: int, raw: bytes) -> bytes:
@@ -162,6 +167,14 @@ class ReapOutcome:
     dead_lettered: list[bytes]
 
 
+class AckReport(NamedTuple):
+    """What a batch of result writes and acks did."""
+
+    flags: dict[tuple[str, str], list[bool]]  # per (queue, consumer): whether each task was still held
+    refused: dict[int, Exception]  # result writes Redis refused, by index
+    unreplicated_masters: int = 0  # Redis Cluster: masters whose replica did not confirm the results in time
+
+
 @dataclass(frozen=True)
 class QueueStats:
     """Sizes of one queue's parts and its live consumers."""
@@ -203,14 +216,17 @@ class Scripts:
         except NoScriptError:
             return client.eval(self.sources[name], len(keys), *keys, *args)
 
-    def queue(self, pipe: Any, name: str, keys: Sequence[str], args: Sequence[Any]) -> None:
-        """Add a run of script `name` to a pipeline (see `execute`)."""
+    def queue(self, pipe: Any, name: str, keys: Sequence[str], args: Sequence[Any], *, by_source: bool = False) -> None:
+        """Add a run of script `name` to a pipeline (see `execute`); `by_source` sends EVAL, not EVALSHA."""
         # Remember the call by its position, so `execute` can re-run it without reading
         # redis-py internals (a Redis Cluster pipeline keeps its commands elsewhere).
         vars(pipe).setdefault(_QUEUED_SCRIPTS, {})[len(pipe)] = (name, tuple(keys), tuple(args))
         # Through execute_command: ClusterPipeline blocks its evalsha() method, yet routes an
         # EVALSHA by its keys like any other command (all keys of a script share one slot).
-        pipe.execute_command("EVALSHA", self.shas[name], len(keys), *keys, *args)
+        if by_source:
+            pipe.execute_command("EVAL", self.sources[name], len(keys), *keys, *args)
+        else:
+            pipe.execute_command("EVALSHA", self.shas[name], len(keys), *keys, *args)
 
     def execute(self, pipe: Any, client: Any, raise_on_error: bool = True) -> list[Any]:
         """Execute a pipeline; re-run by source just those scripts the server did not have.
@@ -260,10 +276,15 @@ def connect(url: str, cluster: bool = False, *, timeout_s: float = 15.0, resend:
 class Broker:
     """Queue operations on Redis, each one round trip or one script."""
 
-    def __init__(self, client: Any, prefix: str, scripts: Scripts | None = None) -> None:
+    def __init__(self, client: Any, prefix: str, scripts: Scripts | None = None, *,
+                 cluster_wait_ms: int = CLUSTER_WAIT_MS) -> None:
         self.client = client
         self.keys = Keys(prefix)
         self.scripts = scripts or Scripts()
+        self.cluster_wait_ms = cluster_wait_ms
+        # Redis Cluster: per master name, whether it had a replica and when that was read.
+        self._replica_checks: dict[str, tuple[bool, float]] = {}
+        self._masters_pool: ThreadPoolExecutor | None = None
         # Queues this process already added to the queue set: one SADD per queue, not per enqueue.
         self._announced_queues: set[str] = set()
 
@@ -273,7 +294,7 @@ class Broker:
         from django.conf import settings
 
         client = connect(settings.REDIS_URL, settings.REDIS_CLUSTER, timeout_s=timeout_s, resend=resend)
-        return cls(client, prefix or settings.TASKS_KEY_PREFIX)
+        return cls(client, prefix or settings.TASKS_KEY_PREFIX, cluster_wait_ms=settings.TASKS_CLUSTER_WAIT_MS)
 
     def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         return self.scripts.run(self.client, name, keys, args)
@@ -405,26 +426,28 @@ class Broker:
     def ack_many(self, results: Sequence[ResultUpdate],
                  raws_by_owner: Mapping[tuple[str, str], Sequence[bytes]]) -> dict[tuple[str, str], list[bool]]:
         """Record results, then acknowledge the tasks of each (queue, consumer) list, in one round trip."""
-        flags, refused = self.ack_many_reporting(results, raws_by_owner)
-        if refused:
-            raise next(iter(refused.values()))
-        return flags
+        report = self.ack_many_reporting(results, raws_by_owner)
+        if report.refused:
+            raise next(iter(report.refused.values()))
+        return report.flags
 
     def ack_many_reporting(self, results: Sequence[ResultUpdate],
-                           raws_by_owner: Mapping[tuple[str, str], Sequence[bytes]]
-                           ) -> tuple[dict[tuple[str, str], list[bool]], dict[int, Exception]]:
-        """Like `ack_many`, but a result write Redis refuses stops nothing: its index in `results` and error are returned.
+                           raws_by_owner: Mapping[tuple[str, str], Sequence[bytes]]) -> AckReport:
+        """Like `ack_many`, but a result write Redis refuses stops nothing: its index in `results` and error are reported.
 
         On Redis Cluster the results and the acks live on different nodes, where one pipeline
-        gives no order: the results are written first and the acks only once they are durable.
+        gives no order: the results are written first, each master that took some WAITs (on the
+        same connection, all masters at once) until a replica has them or `cluster_wait_ms`
+        passed, and only then are the tasks acked.
         """
         pipe = self.client.pipeline(transaction=False)
-        for update in results:
-            self._queue_result(pipe, update)
         written: list[Any] = []
+        unreplicated = 0
         if isinstance(self.client, redis.RedisCluster) and results and raws_by_owner:
-            written = self.scripts.execute(pipe, self.client, raise_on_error=False)
-            pipe = self.client.pipeline(transaction=False)
+            written, unreplicated = self._write_results_replicated(results)
+        else:
+            for update in results:
+                self._queue_result(pipe, update)
         bucket = int(time.time()) // THROUGHPUT_BUCKET_S
         for (queue, consumer_id), raws in raws_by_owner.items():
             self.scripts.queue(pipe, "ack", [self.keys.processing(queue, consumer_id), self.keys.recoveries(queue),
@@ -436,7 +459,75 @@ class Broker:
         for outcome in outcomes:
             if isinstance(outcome, Exception):
                 raise outcome
-        return {owner: [bool(flag) for flag in flags] for owner, flags in zip(raws_by_owner, outcomes)}, refused
+        flags = {owner: [bool(flag) for flag in flags] for owner, flags in zip(raws_by_owner, outcomes)}
+        return AckReport(flags, refused, unreplicated)
+
+    def _write_results_replicated(self, results: Sequence[ResultUpdate]) -> tuple[list[Any], int]:
+        """Write results on a cluster, every master at once; return each write's reply and how many WAITs timed out."""
+        by_master: dict[str, list[int]] = {}
+        nodes: dict[str, Any] = {}
+        for index, update in enumerate(results):
+            node = self.client.get_node_from_key(self.keys.result(update.task_id))
+            nodes[node.name] = node
+            by_master.setdefault(node.name, []).append(index)
+        jobs = [(nodes[name], [results[index] for index in indexes]) for name, indexes in by_master.items()]
+        if len(jobs) == 1:
+            done = [self._write_on_master(*jobs[0])]
+        else:
+            if self._masters_pool is None:
+                self._masters_pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="results-on-masters")
+            futures = [self._masters_pool.submit(self._write_on_master, *job) for job in jobs]
+            wait_for(futures)  # every master has answered before an error of one is raised
+            done = [future.result() for future in futures]
+        written: list[Any] = [None] * len(results)
+        for indexes, (replies, _) in zip(by_master.values(), done):
+            for index, reply in zip(indexes, replies):
+                written[index] = reply
+        return written, sum(timed_out for _, timed_out in done)
+
+    def _write_on_master(self, node: Any, updates: list[ResultUpdate]) -> tuple[list[Any], int]:
+        """Write `updates` on `node` and WAIT there for a replica; return the replies and 1 if the WAIT timed out.
+
+        WAIT counts the writes of its own connection, so it goes in the writes' pipeline: on the
+        node's own client, never re-sent elsewhere. Scripts a just-promoted master lacks are sent
+        again by source with another WAIT. A lost node, a moved slot or a failed WAIT raise
+        ClusterError (the slot map is read again), so the caller writes the results again.
+        """
+        client = self.client.get_redis_connection(node)
+        waits = self._has_replica(node.name, client)
+        replies: list[Any] = [None] * len(updates)
+        todo = list(range(len(updates)))
+        timed_out = 0
+        for by_source in (False, True):
+            pipe = client.pipeline(transaction=False)
+            for index in todo:
+                self._queue_result(pipe, updates[index], by_source=by_source)
+            if waits:
+                pipe.execute_command("WAIT", 1, self.cluster_wait_ms)
+            try:
+                sent = pipe.execute(raise_on_error=False)
+            except RedisConnectionError as exc:
+                self.client.nodes_manager.initialize()
+                raise ClusterError(f"lost master {node.name} while writing results: {exc}") from exc
+            if any(isinstance(reply, AskError) for reply in sent) or (waits and isinstance(sent[-1], Exception)):
+                self.client.nodes_manager.initialize()
+                raise ClusterError(f"master {node.name} no longer holds these results' slots: {sent}")
+            timed_out = 1 if waits and int(sent[-1]) < 1 else timed_out
+            for index, reply in zip(todo, sent):
+                replies[index] = reply
+            todo = [index for index in todo if isinstance(replies[index], NoScriptError)]
+            if not todo:
+                break
+        return replies, timed_out
+
+    def _has_replica(self, name: str, client: Any) -> bool:
+        """Whether master `name` has a connected replica (read again every REPLICA_CHECK_S)."""
+        checked = self._replica_checks.get(name)
+        now_s = time.monotonic()
+        if checked is None or now_s - checked[1] > REPLICA_CHECK_S:
+            checked = (int(client.info("replication").get("connected_slaves", 0)) > 0, now_s)
+            self._replica_checks[name] = checked
+        return checked[0]
 
     def retry_later(self, queue: str, consumer_id: str, raw: bytes, new_raw: bytes, priority: int,
                     delay_ms: int, result: ResultUpdate | None = None) -> bool:
@@ -478,12 +569,12 @@ class Broker:
         self._queue_result(pipe, update)
         return bool(self.scripts.execute(pipe, self.client)[0])
 
-    def _queue_result(self, pipe: Any, update: ResultUpdate) -> None:
+    def _queue_result(self, pipe: Any, update: ResultUpdate, *, by_source: bool = False) -> None:
         args: list[Any] = [update.ttl_s, update.append_worker_id or "",
                            json.dumps(update.append_error) if update.append_error else "", update.fence or ""]
         for name, value in update.fields.items():
             args.extend([name, value])
-        self.scripts.queue(pipe, "record_result", [self.keys.result(update.task_id)], args)
+        self.scripts.queue(pipe, "record_result", [self.keys.result(update.task_id)], args, by_source=by_source)
 
     def get_result(self, task_id: str) -> dict[str, str] | None:
         """Return a task's result record as text fields (defaults filled in), or None if there is none."""
