@@ -19,7 +19,17 @@ from typing import Any, NamedTuple
 
 import redis
 from redis.backoff import NoBackoff
-from redis.exceptions import AskError, ClusterError, ConnectionError as RedisConnectionError, NoScriptError
+from redis.exceptions import (
+    AskError,
+    BusyLoadingError,
+    ClusterDownError,
+    ClusterError,
+    ConnectionError as RedisConnectionError,
+    NoScriptError,
+    ReadOnlyError,
+    TimeoutError as RedisTimeoutError,
+    TryAgainError,
+)
 from redis.retry import Retry
 
 from . import batch_args
@@ -167,6 +177,10 @@ class ReapOutcome:
     dead_lettered: list[bytes]
 
 
+# Replies of a master that is failing over, moved a slot or was demoted: write the results again.
+_NODE_STATE_REPLIES = (AskError, ClusterDownError, TryAgainError, ReadOnlyError, BusyLoadingError)
+
+
 class AckReport(NamedTuple):
     """What a batch of result writes and acks did."""
 
@@ -285,6 +299,7 @@ class Broker:
         # Redis Cluster: per master name, whether it had a replica and when that was read.
         self._replica_checks: dict[str, tuple[bool, float]] = {}
         self._masters_pool: ThreadPoolExecutor | None = None
+        self._masters_with_scripts: set[str] = set()
         # Queues this process already added to the queue set: one SADD per queue, not per enqueue.
         self._announced_queues: set[str] = set()
 
@@ -498,27 +513,34 @@ class Broker:
         replies: list[Any] = [None] * len(updates)
         todo = list(range(len(updates)))
         timed_out = 0
-        for by_source in (False, True):
+        # By source first on a master not yet written to here, so a WAIT is not spent on NOSCRIPT.
+        for by_source in (False, True) if node.name in self._masters_with_scripts else (True,):
             pipe = client.pipeline(transaction=False)
             for index in todo:
                 self._queue_result(pipe, updates[index], by_source=by_source)
             if waits:
                 pipe.execute_command("WAIT", 1, self.cluster_wait_ms)
-            try:
-                sent = pipe.execute(raise_on_error=False)
-            except RedisConnectionError as exc:
-                self.client.nodes_manager.initialize()
-                raise ClusterError(f"lost master {node.name} while writing results: {exc}") from exc
-            if any(isinstance(reply, AskError) for reply in sent) or (waits and isinstance(sent[-1], Exception)):
-                self.client.nodes_manager.initialize()
-                raise ClusterError(f"master {node.name} no longer holds these results' slots: {sent}")
+            sent = self._execute_on_master(node, pipe, waits)
             timed_out = 1 if waits and int(sent[-1]) < 1 else timed_out
             for index, reply in zip(todo, sent):
                 replies[index] = reply
             todo = [index for index in todo if isinstance(replies[index], NoScriptError)]
             if not todo:
+                self._masters_with_scripts.add(node.name)
                 break
         return replies, timed_out
+
+    def _execute_on_master(self, node: Any, pipe: Any, waits: bool) -> list[Any]:
+        """Execute a pipeline on one master; ClusterError (after reading the slot map again) if the node failed it."""
+        try:
+            sent = pipe.execute(raise_on_error=False)
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            self.client.nodes_manager.initialize()
+            raise ClusterError(f"lost master {node.name} while writing results: {exc}") from exc
+        if any(isinstance(reply, _NODE_STATE_REPLIES) for reply in sent) or (waits and isinstance(sent[-1], Exception)):
+            self.client.nodes_manager.initialize()
+            raise ClusterError(f"master {node.name} answered as in a failover: {sent}")
+        return list(sent)
 
     def _has_replica(self, name: str, client: Any) -> bool:
         """Whether master `name` has a connected replica (read again every REPLICA_CHECK_S)."""

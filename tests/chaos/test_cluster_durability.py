@@ -1,0 +1,123 @@
+"""Redis Cluster: a flush acks its tasks only once a replica of each master that took its results has them."""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+from prometheus_client import REGISTRY
+
+from tasks_app import producer
+from tasks_app.ack_batcher import AckBatcher
+from tasks_app.broker import Broker, ResultUpdate
+from tests.chaos.servers import RedisClusterServers, RedisServer
+
+pytestmark = [pytest.mark.chaos, pytest.mark.django_db(transaction=True)]
+
+TIMEOUTS_METRIC = "taskqueue_result_replication_timeouts_total"
+
+
+def _timeouts() -> float:
+    return REGISTRY.get_sample_value(TIMEOUTS_METRIC) or 0.0
+
+
+def _claimed(broker: Broker, consumer_id: str, count: int) -> tuple[list[str], list[bytes]]:
+    tasks = producer.enqueue("demo.echo", count=count)
+    broker.heartbeat(["default"], consumer_id, 10_000, {})
+    return [t.id for t in tasks], broker.claim("default", consumer_id, count)
+
+
+def _ack_all(batcher: AckBatcher, ids: list[str], raws: list[bytes], consumer_id: str) -> list[bool | None]:
+    outcomes: list[bool | None] = []
+    for task_id, raw in zip(ids, raws):
+        batcher.ack("default", consumer_id, raw, ResultUpdate(task_id, {"status": "SUCCESSFUL"}, 60), outcomes.append)
+    return outcomes
+
+
+def _master_of(cluster: RedisClusterServers, broker: Broker, key: str) -> RedisServer:
+    return cluster.server_on_port(broker.client.get_node_from_key(key).port)
+
+
+def _status_on_replica(replica: RedisServer, key: str) -> bytes | None:
+    client = redis.Redis(port=replica.port, single_connection_client=True)
+    client.execute_command("READONLY")
+    return client.hget(key, "status")
+
+
+@contextlib.contextmanager
+def _stopped(server: RedisServer) -> Iterator[None]:
+    """SIGSTOP a node (it keeps its connections but answers nothing, as a replica lagging behind) until the block ends."""
+    assert server.process is not None
+    os.kill(server.process.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+
+
+@pytest.mark.timeout(120)
+def test_acks_wait_until_a_replica_has_the_results(replicated_cluster):
+    cluster, shared = replicated_cluster
+    broker = Broker(shared.client, shared.keys.prefix, shared.scripts, cluster_wait_ms=5000)
+    ids, raws = _claimed(broker, "d1", 3)
+    result_key = broker.keys.result(ids[0])
+    replica = cluster.replica_of(_master_of(cluster, broker, result_key))
+    batcher = AckBatcher(broker, threading.Event())
+    outcomes = _ack_all(batcher, ids, raws, "d1")
+    before = _timeouts()
+
+    with _stopped(replica):
+        flusher = threading.Thread(target=batcher.flush_once, args=(0.1,), daemon=True)
+        flusher.start()
+        time.sleep(1.0)
+        assert broker.get_result(ids[0])["status"] == "SUCCESSFUL"  # written on its master...
+        assert broker.client.llen(broker.keys.processing("default", "d1")) == 3  # ...but nothing acked yet
+        assert outcomes == []
+    flusher.join(timeout=10)
+
+    assert not flusher.is_alive() and outcomes == [True, True, True]
+    assert broker.client.llen(broker.keys.processing("default", "d1")) == 0
+    assert _status_on_replica(replica, result_key) == b"SUCCESSFUL"
+    assert _timeouts() == before
+
+
+@pytest.mark.timeout(120)
+def test_a_lagging_replica_delays_acks_by_the_wait_at_most_and_is_counted(replicated_cluster):
+    cluster, shared = replicated_cluster
+    broker = Broker(shared.client, shared.keys.prefix, shared.scripts, cluster_wait_ms=300)
+    ids, raws = _claimed(broker, "d2", 3)
+    replica = cluster.replica_of(_master_of(cluster, broker, broker.keys.result(ids[0])))
+    batcher = AckBatcher(broker, threading.Event())
+    outcomes = _ack_all(batcher, ids, raws, "d2")
+    before = _timeouts()
+
+    with _stopped(replica):
+        started_s = time.monotonic()
+        batcher.flush_once(block_s=0.1)
+        took_s = time.monotonic() - started_s
+
+    assert outcomes == [True, True, True]  # acked anyway: availability over a replica that lags
+    assert broker.client.llen(broker.keys.processing("default", "d2")) == 0
+    assert 0.3 <= took_s < 3.0
+    assert _timeouts() == before + 1
+
+
+@pytest.mark.timeout(120)
+def test_masters_without_replicas_are_not_waited_on(cluster_broker):
+    broker = Broker(cluster_broker.client, cluster_broker.keys.prefix, cluster_broker.scripts, cluster_wait_ms=5000)
+    ids, raws = _claimed(broker, "d3", 6)
+    batcher = AckBatcher(broker, threading.Event())
+    outcomes = _ack_all(batcher, ids, raws, "d3")
+    before = _timeouts()
+
+    started_s = time.monotonic()
+    batcher.flush_once(block_s=0.1)
+
+    assert time.monotonic() - started_s < 2.0  # a WAIT there would block the whole 5 s
+    assert outcomes == [True] * 6 and _timeouts() == before
+    assert [broker.get_result(task_id)["status"] for task_id in ids] == ["SUCCESSFUL"] * 6
