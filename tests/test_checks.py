@@ -85,3 +85,9 @@ def test_the_check_is_registered_and_stops_manage_py(settings, fresh_registry):
     assert "tasks_app.E003" in ids(run_checks())
     with pytest.raises(SystemCheckError, match="TASKS_RESULT_TTL"):
         call_command("check")
+
+
+@pytest.mark.parametrize("wait_ms", [0, -5, 10_001])
+def test_a_cluster_wait_that_is_zero_or_too_long_is_an_error(settings, fresh_registry, wait_ms):
+    settings.TASKS_CLUSTER_WAIT_MS = wait_ms  # WAIT 0 would block acks forever
+    assert ids(checks.check_task_settings()) == ["tasks_app.E031"]
