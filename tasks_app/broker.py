@@ -12,7 +12,8 @@ import json
 import re
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait as wait_for
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -24,11 +25,15 @@ from redis.exceptions import (
     BusyLoadingError,
     ClusterDownError,
     ClusterError,
-    ConnectionError as RedisConnectionError,
     NoScriptError,
     ReadOnlyError,
-    TimeoutError as RedisTimeoutError,
     TryAgainError,
+)
+from redis.exceptions import (
+    ConnectionError as RedisConnectionError,
+)
+from redis.exceptions import (
+    TimeoutError as RedisTimeoutError,
 )
 from redis.retry import Retry
 
