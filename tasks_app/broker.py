@@ -234,6 +234,9 @@ class Scripts:
             return client.evalsha(self.shas[name], len(keys), *keys, *args)
         except NoScriptError:
             return client.eval(self.sources[name], len(keys), *keys, *args)
+        except RedisConnectionError:
+            _replace_dead_default_node(client)
+            raise
 
     def queue(self, pipe: Any, name: str, keys: Sequence[str], args: Sequence[Any], *, by_source: bool = False) -> None:
         """Add a run of script `name` to a pipeline (see `execute`); `by_source` sends EVAL, not EVALSHA."""
@@ -253,7 +256,11 @@ class Scripts:
         With `raise_on_error` False, a command's error is returned in its place instead.
         """
         queued: dict[int, tuple[str, tuple[str, ...], tuple[Any, ...]]] = vars(pipe).pop(_QUEUED_SCRIPTS, {})
-        results = pipe.execute(raise_on_error=False)
+        try:
+            results = pipe.execute(raise_on_error=False)
+        except RedisConnectionError:
+            _replace_dead_default_node(client)
+            raise
         for index, outcome in enumerate(results):
             if isinstance(outcome, NoScriptError):
                 name, keys, args = queued[index]
@@ -266,6 +273,13 @@ class Scripts:
                 if isinstance(outcome, Exception):
                     raise outcome
         return results
+
+
+def _replace_dead_default_node(client: Any) -> None:
+    # redis-py (8.1) asks a cluster's default node for a script's keys (COMMAND GETKEYS) before
+    # routing it, and keeps a dead default node after a failover: every later script would fail.
+    if isinstance(client, redis.RedisCluster):
+        client.replace_default_node()
 
 
 # Attribute of a pipeline holding the scripts queued on it: position -> (name, keys, args).
