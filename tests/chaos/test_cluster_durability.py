@@ -121,3 +121,27 @@ def test_masters_without_replicas_are_not_waited_on(cluster_broker):
     assert time.monotonic() - started_s < 2.0  # a WAIT there would block the whole 5 s
     assert outcomes == [True] * 6 and _timeouts() == before
     assert [broker.get_result(task_id)["status"] for task_id in ids] == ["SUCCESSFUL"] * 6
+
+
+@pytest.mark.timeout(120)
+def test_scripts_work_again_after_the_client_default_node_failed_over(replicated_cluster):
+    cluster, broker = replicated_cluster
+    queues = ["q0", "q1", "q2", "q3", "q4", "q5"]
+    assert broker.heartbeat(queues, "d4", 10_000, {})
+    victim = broker.client.get_node_from_key(broker.keys.consumers("q0"))
+    broker.client.set_default_node(victim)  # redis-py asks this node for every script's keys
+    replica = cluster.replica_of(cluster.server_on_port(victim.port))
+    cluster.server_on_port(victim.port).kill()
+    deadline = time.monotonic() + 30
+    while redis.Redis(port=replica.port).info("replication")["role"] != "master":
+        assert time.monotonic() < deadline, "the replica was never promoted"
+        time.sleep(0.1)
+
+    while True:
+        try:
+            broker.heartbeat(queues, "d4", 10_000)
+            break
+        except redis.RedisError as exc:
+            assert time.monotonic() < deadline, f"heartbeats still fail long after the failover: {exc}"
+            time.sleep(0.3)
+    assert broker.client.get_node_from_key(broker.keys.consumers("q0")).port == replica.port
