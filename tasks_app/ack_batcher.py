@@ -265,7 +265,8 @@ class AckBatcher:
             logger.error("could not record the failure of task %a either: %s", update.task_id, refused[0])
 
     def _redis_answers(self) -> bool:
+        # A cluster failing over answers PING yet refuses writes for seconds: not the write's fault.
         try:
-            return self.broker.ping()
+            return self.broker.ping() and self.broker.serves_every_slot()
         except Exception:
             return False

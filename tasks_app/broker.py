@@ -810,6 +810,13 @@ class Broker:
         """Return True if Redis answers."""
         return bool(self.client.ping())
 
+    def serves_every_slot(self) -> bool:
+        """False while a Redis Cluster reports a slot unserved (a failover under way); True on a single server."""
+        if not isinstance(self.client, redis.RedisCluster):
+            return True
+        return all(info.get("cluster_state") == "ok"
+                   for info in self.client.cluster_info(target_nodes=redis.RedisCluster.PRIMARIES).values())
+
 
 def _json_object(raw: bytes) -> dict[str, Any]:
     """Parse a consumer's info; anything but a JSON object (written by something else) reads as empty."""
