@@ -183,3 +183,31 @@ def test_every_done_callback_is_called_even_when_writing_fails_unexpectedly(brok
     batcher.flush_once(block_s=0.1)
 
     assert outcomes == [None, None] and written.is_set()
+
+
+class FailingOver(Broker):
+    """A real broker on a cluster that answers PING but CLUSTERDOWN to the next `failures` batches."""
+
+    def __init__(self, broker: Broker, failures: int) -> None:
+        super().__init__(broker.client, broker.keys.prefix, broker.scripts)
+        self.failures = failures
+
+    def serves_every_slot(self) -> bool:
+        return self.failures <= 0
+
+    def ack_many_reporting(self, results, raws_by_owner):
+        self.failures -= 1
+        if self.failures >= 0:
+            raise redis.exceptions.ClusterDownError("CLUSTERDOWN The cluster is down")
+        return super().ack_many_reporting(results, raws_by_owner)
+
+
+def test_a_cluster_failing_over_is_waited_out_not_taken_as_refusing_the_batch(broker):
+    ids, raws = _claimed(broker, "c8", 1)
+    batcher = AckBatcher(FailingOver(broker, failures=6), threading.Event())  # over two REFUSED_AFTER
+    outcomes = _ack_all(batcher, ids, raws, "c8")
+
+    batcher.flush_once(block_s=0.1)
+
+    assert outcomes == [True]
+    assert broker.get_result(ids[0])["status"] == "SUCCESSFUL"  # not FAILED "could not be stored"
