@@ -4,8 +4,9 @@ Workers hand their writes to one flusher thread and move on to the next task. Th
 whatever has queued up while its previous round trip was in flight (no deliberate wait, so an
 idle consumer adds no latency), writes every result record first and then acks the tasks, one
 script per processing list. On Redis Cluster the acks wait until a replica of each master that
-took results has them, or TASKS_CLUSTER_WAIT_MS passed (counted, then acked anyway). A task keeps its consumer slot until its ack is written, so a crash
-can only re-run tasks this consumer held: never more than concurrency + prefetch.
+took results has them, or TASKS_CLUSTER_WAIT_MS passed (counted, then acked anyway). A task keeps
+its consumer slot until its ack is written, so a crash can only re-run tasks this consumer held:
+never more than concurrency + prefetch.
 
 One entry never holds up the others: an update that cannot be encoded is replaced before it
 joins a batch, and a batch that Redis refuses (a deterministic error, or a write that keeps

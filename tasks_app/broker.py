@@ -12,8 +12,7 @@ import json
 import re
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import wait as wait_for
+from concurrent.futures import ThreadPoolExecutor, wait as wait_for
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -25,15 +24,11 @@ from redis.exceptions import (
     BusyLoadingError,
     ClusterDownError,
     ClusterError,
+    ConnectionError as RedisConnectionError,
     NoScriptError,
     ReadOnlyError,
-    TryAgainError,
-)
-from redis.exceptions import (
-    ConnectionError as RedisConnectionError,
-)
-from redis.exceptions import (
     TimeoutError as RedisTimeoutError,
+    TryAgainError,
 )
 from redis.retry import Retry
 
@@ -467,7 +462,7 @@ class Broker:
 
     def ack_many_reporting(self, results: Sequence[ResultUpdate],
                            raws_by_owner: Mapping[tuple[str, str], Sequence[bytes]]) -> AckReport:
-        """Like `ack_many`, but a result write Redis refuses stops nothing: its index in `results` and error are reported.
+        """Like `ack_many`, but a result write Redis refuses stops nothing: its index and error are reported.
 
         On Redis Cluster the results and the acks live on different nodes, where one pipeline
         gives no order: the results are written first, each master that took some WAITs (on the
@@ -514,8 +509,8 @@ class Broker:
             wait_for(futures)  # every master has answered before an error of one is raised
             done = [future.result() for future in futures]
         written: list[Any] = [None] * len(results)
-        for indexes, (replies, _) in zip(by_master.values(), done):
-            for index, reply in zip(indexes, replies):
+        for indexes, (replies, _) in zip(by_master.values(), done, strict=True):
+            for index, reply in zip(indexes, replies, strict=True):
                 written[index] = reply
         return written, sum(timed_out for _, timed_out in done)
 
@@ -541,7 +536,7 @@ class Broker:
                 pipe.execute_command("WAIT", 1, self.cluster_wait_ms)
             sent = self._execute_on_master(node, pipe, waits)
             timed_out = 1 if waits and int(sent[-1]) < 1 else timed_out
-            for index, reply in zip(todo, sent):
+            for index, reply in zip(todo, sent, strict=False):  # then the WAIT's reply
                 replies[index] = reply
             todo = [index for index in todo if isinstance(replies[index], NoScriptError)]
             if not todo:

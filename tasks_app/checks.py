@@ -29,13 +29,21 @@ def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
         problems.append(Error("TASKS_MAX_PAYLOAD_BYTES must be positive", id="tasks_app.E004"))
     problems += _delay_and_dead_letter_problems()
     if not 1024 <= settings.TASKS_MAX_RESULT_BYTES <= MAX_RESULT_BYTES_LIMIT:
-        problems.append(Error(f"TASKS_MAX_RESULT_BYTES must be between 1024 and {MAX_RESULT_BYTES_LIMIT}",
-                              hint="Redis refuses values over its proto-max-bulk-len (512 MiB by default).",
-                              id="tasks_app.E030"))
+        problems.append(
+            Error(
+                f"TASKS_MAX_RESULT_BYTES must be between 1024 and {MAX_RESULT_BYTES_LIMIT}",
+                hint="Redis refuses values over its proto-max-bulk-len (512 MiB by default).",
+                id="tasks_app.E030",
+            )
+        )
     if not 1 <= settings.TASKS_CLUSTER_WAIT_MS <= MAX_CLUSTER_WAIT_MS:
-        problems.append(Error(f"TASKS_CLUSTER_WAIT_MS must be between 1 and {MAX_CLUSTER_WAIT_MS} milliseconds",
-                              hint="Acks wait this long at most for a replica; 0 would make Redis wait forever.",
-                              id="tasks_app.E031"))
+        problems.append(
+            Error(
+                f"TASKS_CLUSTER_WAIT_MS must be between 1 and {MAX_CLUSTER_WAIT_MS} milliseconds",
+                hint="Acks wait this long at most for a replica; 0 would make Redis wait forever.",
+                id="tasks_app.E031",
+            )
+        )
     for module, error in registry.import_errors.items():
         problems.append(
             Warning(

@@ -33,6 +33,8 @@ LEASE_RENEWALS = Counter(f"{PREFIX}_lease_renewals", "Successful lease renewals.
 LEASES_LOST = Counter(f"{PREFIX}_leases_lost", "Times this consumer found its lease gone and re-registered.")
 REDIS_ERRORS = Counter(f"{PREFIX}_redis_errors", "Redis errors met by consumer loops.", ["loop"])
 QUEUE_STATS_ERRORS = Counter(f"{PREFIX}_queue_stats_errors", "Scrapes whose queue depths could not be read in time.")
-RESULT_REPLICATION_TIMEOUTS = Counter(f"{PREFIX}_result_replication_timeouts",
-                                      "Redis Cluster masters whose replica did not confirm a flush's results "
-                                      "within TASKS_CLUSTER_WAIT_MS (the tasks were acked anyway).")
+RESULT_REPLICATION_TIMEOUTS = Counter(
+    f"{PREFIX}_result_replication_timeouts",
+    "Redis Cluster masters whose replica did not confirm a flush's results "
+    "within TASKS_CLUSTER_WAIT_MS (the tasks were acked anyway).",
+)

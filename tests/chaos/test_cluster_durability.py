@@ -1,4 +1,5 @@
 """Redis Cluster: a flush acks its tasks only once a replica of each master that took its results has them."""
+
 from __future__ import annotations
 
 import contextlib
@@ -34,7 +35,7 @@ def _claimed(broker: Broker, consumer_id: str, count: int) -> tuple[list[str], l
 
 def _ack_all(batcher: AckBatcher, ids: list[str], raws: list[bytes], consumer_id: str) -> list[bool | None]:
     outcomes: list[bool | None] = []
-    for task_id, raw in zip(ids, raws):
+    for task_id, raw in zip(ids, raws, strict=True):
         batcher.ack("default", consumer_id, raw, ResultUpdate(task_id, {"status": "SUCCESSFUL"}, 60), outcomes.append)
     return outcomes
 
@@ -51,7 +52,7 @@ def _status_on_replica(replica: RedisServer, key: str) -> bytes | None:
 
 @contextlib.contextmanager
 def _stopped(server: RedisServer) -> Iterator[None]:
-    """SIGSTOP a node (it keeps its connections but answers nothing, as a replica lagging behind) until the block ends."""
+    """SIGSTOP a node until the block ends: it keeps its connections but answers nothing, as a lagging replica."""
     assert server.process is not None
     os.kill(server.process.pid, signal.SIGSTOP)
     try:
@@ -137,11 +138,14 @@ def test_scripts_work_again_after_the_client_default_node_failed_over(replicated
         assert time.monotonic() < deadline, "the replica was never promoted"
         time.sleep(0.1)
 
-    while True:
+    error: redis.RedisError | None = None
+    while time.monotonic() < deadline:
         try:
             broker.heartbeat(queues, "d4", 10_000)
+            error = None
             break
         except redis.RedisError as exc:
-            assert time.monotonic() < deadline, f"heartbeats still fail long after the failover: {exc}"
+            error = exc
             time.sleep(0.3)
+    assert error is None, f"heartbeats still fail long after the failover: {error}"
     assert broker.client.get_node_from_key(broker.keys.consumers("q0")).port == replica.port
