@@ -1,4 +1,5 @@
 """What every chaos scenario shares: scale, a fleet of consumer processes, tallies and the summary line."""
+
 from __future__ import annotations
 
 import json
@@ -47,9 +48,11 @@ class Summary:
         if line["recovery_s"] is not None:
             line["recovery_s"] = round(line["recovery_s"], 3)
         line["at"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-        print(f"\nCHAOS {self.scenario}: tasks={self.tasks} runs={self.runs} lost={self.lost} "
-              f"duplicates={self.duplicates} duplicates_allowed={self.duplicates_allowed} "
-              f"recovery_s={line['recovery_s']} {json.dumps(self.extra) if self.extra else ''}".rstrip())
+        print(
+            f"\nCHAOS {self.scenario}: tasks={self.tasks} runs={self.runs} lost={self.lost} "
+            f"duplicates={self.duplicates} duplicates_allowed={self.duplicates_allowed} "
+            f"recovery_s={line['recovery_s']} {json.dumps(self.extra) if self.extra else ''}".rstrip()
+        )
         SUMMARY_PATH.parent.mkdir(parents=True, exist_ok=True)
         with SUMMARY_PATH.open("a") as out:
             out.write(json.dumps(line) + "\n")
@@ -76,14 +79,30 @@ def task_ids(raws: Iterable[bytes]) -> set[str]:
 class Fleet:
     """The consumer subprocesses of one scenario, by id: spawn, freeze, kill with a snapshot, respawn."""
 
-    def __init__(self, start_process: Callable[..., ConsumerProcess], broker: Broker, queues: Sequence[str] = ("default",),
-                 *, concurrency: int = 8, prefetch: int | None = 8, lease_s: float = LEASE_S, **env: str) -> None:
+    def __init__(
+        self,
+        start_process: Callable[..., ConsumerProcess],
+        broker: Broker,
+        queues: Sequence[str] = ("default",),
+        *,
+        concurrency: int = 8,
+        prefetch: int | None = 8,
+        lease_s: float = LEASE_S,
+        **env: str,
+    ) -> None:
         self.start_process = start_process
         self.broker = broker
         self.queues = list(queues)
-        self.args = ["--lease", str(lease_s), "--concurrency", str(concurrency), "--grace", "10",
-                     *(["--prefetch", str(prefetch)] if prefetch is not None else []),
-                     *[arg for q in self.queues for arg in ("--queue", q)]]
+        self.args = [
+            "--lease",
+            str(lease_s),
+            "--concurrency",
+            str(concurrency),
+            "--grace",
+            "10",
+            *(["--prefetch", str(prefetch)] if prefetch is not None else []),
+            *[arg for q in self.queues for arg in ("--queue", q)],
+        ]
         self.env = env
         self.processes: dict[str, ConsumerProcess] = {}
         self.in_flight_at_kills: set[str] = set()
@@ -98,8 +117,12 @@ class Fleet:
     def wait_registered(self, consumer_ids: Iterable[str], timeout_s: float = 60) -> None:
         """Wait until every id holds a lease on the first queue."""
         wanted = set(consumer_ids)
-        wait_until(lambda: wanted <= {c["id"] for c in self.broker.live_consumers(self.queues[0])}, timeout_s,
-                   interval_s=0.1, message=f"consumers {sorted(wanted)} to register")
+        wait_until(
+            lambda: wanted <= {c["id"] for c in self.broker.live_consumers(self.queues[0])},
+            timeout_s,
+            interval_s=0.1,
+            message=f"consumers {sorted(wanted)} to register",
+        )
 
     def identities(self, consumer_id: str) -> list[str]:
         """The ids the process started as `consumer_id` has used: its own and `<id>.<n>` after a lost lease."""
@@ -114,7 +137,11 @@ class Fleet:
 
     def held(self, consumer_id: str) -> list[bytes]:
         """Everything in the processing lists of this one id."""
-        return [raw for q in self.queues for raw in self.broker.client.lrange(self.broker.keys.processing(q, consumer_id), 0, -1)]
+        return [
+            raw
+            for q in self.queues
+            for raw in self.broker.client.lrange(self.broker.keys.processing(q, consumer_id), 0, -1)
+        ]
 
     def held_by_process(self, consumer_id: str) -> set[str]:
         """Ids of the tasks in the processing lists of every id the consumer process has used."""
@@ -137,8 +164,9 @@ class Fleet:
         self._kill_frozen(consumer_id, snapshot)
         return snapshot
 
-    def kill_while_running(self, consumer_id: str, timeout_s: float = 30,
-                           between_looks: Callable[[], None] = lambda: None) -> tuple[set[str], set[str]]:
+    def kill_while_running(
+        self, consumer_id: str, timeout_s: float = 30, between_looks: Callable[[], None] = lambda: None
+    ) -> tuple[set[str], set[str]]:
         """SIGKILL a consumer at a moment when it holds tasks whose handler started there.
 
         Returns the tasks it held and those of them that had started. Waits until it looks busy,
@@ -167,8 +195,12 @@ class Fleet:
     def recovered_within(self, consumer_id: str, timeout_s: float) -> float:
         """Wait until a killed consumer's lists are empty (its tasks back in pending); return seconds since the kill."""
         killed_at = self.killed_at[consumer_id]
-        wait_until(lambda: not self.held_by_process(consumer_id), killed_at + timeout_s - time.monotonic(), interval_s=0.02,
-                   message=f"the tasks of {consumer_id} to be back in pending within {timeout_s} s of the kill")
+        wait_until(
+            lambda: not self.held_by_process(consumer_id),
+            killed_at + timeout_s - time.monotonic(),
+            interval_s=0.02,
+            message=f"the tasks of {consumer_id} to be back in pending within {timeout_s} s of the kill",
+        )
         return time.monotonic() - killed_at
 
     def logs(self) -> str:
@@ -196,8 +228,9 @@ def leftovers(broker: Broker, queues: Iterable[str], *, dead: bool = True) -> di
     return {key: length for key, length in found.items() if length}
 
 
-def settled_leftovers(broker: Broker, queues: Iterable[str], timeout_s: float = 2 * LEASE_S, *,
-                      dead: bool = True) -> dict[str, int]:
+def settled_leftovers(
+    broker: Broker, queues: Iterable[str], timeout_s: float = 2 * LEASE_S, *, dead: bool = True
+) -> dict[str, int]:
     """`leftovers`, once they are empty or `timeout_s` has passed (acks are written in batches)."""
     queues = list(queues)
     deadline = time.monotonic() + timeout_s
@@ -216,18 +249,22 @@ def statuses(broker: Broker, ids: Sequence[str]) -> dict[str, str | None]:
 
 def wait_finished(broker: Broker, ids: Sequence[str], timeout_s: float, fleet: Fleet | None = None) -> None:
     """Wait until every task has a final status."""
+
     def done() -> bool:
         return all(status in FINISHED for status in statuses(broker, ids).values())
+
     try:
         wait_until(done, timeout_s, interval_s=0.25, message=f"{len(ids)} tasks to finish")
     except AssertionError:
         final = statuses(broker, ids)
         unfinished = {task_id for task_id, status in final.items() if status not in FINISHED}
         ran = sum(run["task_id"] in unfinished for run in recorded_runs(broker))
-        raise AssertionError(f"tasks did not finish: {dict(Counter(final.values()))} ({ran} runs of the unfinished "
-                             f"ones recorded); where: {locate(broker, fleet, unfinished)}; in Redis: "
-                             f"{leftovers(broker, fleet.queues if fleet else ['default'])}\n"
-                             f"{fleet.logs() if fleet else ''}") from None
+        raise AssertionError(
+            f"tasks did not finish: {dict(Counter(final.values()))} ({ran} runs of the unfinished "
+            f"ones recorded); where: {locate(broker, fleet, unfinished)}; in Redis: "
+            f"{leftovers(broker, fleet.queues if fleet else ['default'])}\n"
+            f"{fleet.logs() if fleet else ''}"
+        ) from None
 
 
 def locate(broker: Broker, fleet: Fleet | None, wanted: set[str]) -> dict[str, str]:
@@ -240,7 +277,7 @@ def locate(broker: Broker, fleet: Fleet | None, wanted: set[str]) -> dict[str, s
         places[f"{queue}:suspects"] = broker.client.lrange(broker.keys.suspects(queue), 0, -1)
         places[f"{queue}:delayed"] = [m[4:] for m in broker.client.zrange(broker.keys.delayed(queue), 0, -1)]
         places[f"{queue}:dead"] = broker.client.zrange(broker.keys.dead(queue), 0, -1)
-        for consumer_id in (fleet.processes if fleet else []):
+        for consumer_id in fleet.processes if fleet else []:
             for suffix in ("", ".1", ".2"):
                 key = broker.keys.processing(queue, consumer_id + suffix)
                 places[f"{queue}:processing:{consumer_id}{suffix}"] = broker.client.lrange(key, 0, -1)

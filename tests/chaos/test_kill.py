@@ -1,4 +1,5 @@
 """Scenarios 1 and 2: consumers killed with SIGKILL (and one SIGTERM) while they work, on one queue or many."""
+
 from __future__ import annotations
 
 import random
@@ -14,8 +15,7 @@ from tasks_app.producer import TaskRequest
 from tests.support.handlers import runs_key
 from tests.support.processes import ConsumerProcess, wait_until
 
-from tests.chaos.harness import (LEASE_S, Fleet, Summary, scaled, seeded_rng, settled_leftovers, tally,
-                                 wait_finished)
+from tests.chaos.harness import LEASE_S, Fleet, Summary, scaled, seeded_rng, settled_leftovers, tally, wait_finished
 
 pytestmark = [pytest.mark.chaos, pytest.mark.django_db(transaction=True)]
 
@@ -44,18 +44,24 @@ def kill_mid_batch(broker, consumer_process, *, scenario: str, tasks: int, consu
 
     result = tally(broker, task_ids)
     allowed = set().union(*snapshots.values())
-    summary = Summary(scenario, len(task_ids), result.total_runs, len(result.lost), len(result.duplicates),
-                      len(allowed), recovery_s)
+    summary = Summary(
+        scenario, len(task_ids), result.total_runs, len(result.lost), len(result.duplicates), len(allowed), recovery_s
+    )
     summary.report()
     assert result.lost == [], f"lost tasks: {result.lost[:10]}"
-    assert result.duplicates <= allowed, f"ran twice without being held by a killed consumer: {result.duplicates - allowed}"
+    assert result.duplicates <= allowed, (
+        f"ran twice without being held by a killed consumer: {result.duplicates - allowed}"
+    )
     return summary
 
 
 def enqueue_everywhere(queues: list[str], per_queue: int, sleep_s: float) -> list[str]:
     """Enqueue `per_queue` recorded tasks on each queue; return their ids."""
-    return [t.id for queue in queues
-            for t in producer.enqueue("test.record", kwargs={"sleep_s": sleep_s}, count=per_queue, queue=queue)]
+    return [
+        t.id
+        for queue in queues
+        for t in producer.enqueue("test.record", kwargs={"sleep_s": sleep_s}, count=per_queue, queue=queue)
+    ]
 
 
 def assert_all_done(broker: Broker, fleet: Fleet, ids: list[str], label: str, allowed: set[str] | None) -> Summary:
@@ -63,9 +69,15 @@ def assert_all_done(broker: Broker, fleet: Fleet, ids: list[str], label: str, al
     wait_finished(broker, ids, scaled(90, 180), fleet)
     left = settled_leftovers(broker, fleet.queues)
     result = tally(broker, ids)
-    summary = Summary(label, len(ids), sum(result.runs[task_id] for task_id in ids), len(result.lost),
-                      len(result.duplicates & set(ids)), len(allowed) if allowed is not None else len(ids),
-                      extra={"queues": len(fleet.queues), "left_in_redis": left})
+    summary = Summary(
+        label,
+        len(ids),
+        sum(result.runs[task_id] for task_id in ids),
+        len(result.lost),
+        len(result.duplicates & set(ids)),
+        len(allowed) if allowed is not None else len(ids),
+        extra={"queues": len(fleet.queues), "left_in_redis": left},
+    )
     summary.report()
     assert result.lost == [], f"{label}: lost tasks: {result.lost[:10]}"
     assert all(result.runs[task_id] >= 1 for task_id in ids), f"{label}: a task never ran"
@@ -76,8 +88,15 @@ def assert_all_done(broker: Broker, fleet: Fleet, ids: list[str], label: str, al
     return summary
 
 
-def kill_one_of_two(broker: Broker, consumer_process: Callable[..., ConsumerProcess], queues: list[str], *,
-                    scenario: str, run: int, per_queue: int) -> Summary:
+def kill_one_of_two(
+    broker: Broker,
+    consumer_process: Callable[..., ConsumerProcess],
+    queues: list[str],
+    *,
+    scenario: str,
+    run: int,
+    per_queue: int,
+) -> Summary:
     """Two consumers on every queue (4 threads, lease 2 s); one is SIGKILLed (its process group) halfway."""
     fleet = Fleet(consumer_process, broker, queues, concurrency=4, prefetch=None)
     victim, survivor = f"r{run}-a", f"r{run}-b"
@@ -86,8 +105,9 @@ def kill_one_of_two(broker: Broker, consumer_process: Callable[..., ConsumerProc
     fleet.wait_registered([victim, survivor])
     runs_before = broker.client.llen(runs_key())
     ids = enqueue_everywhere(queues, per_queue, SPREAD_TASK_SLEEP_S)
-    wait_until(lambda: broker.client.llen(runs_key()) - runs_before >= len(ids) // 2, 60,
-               message="half of the tasks to start")
+    wait_until(
+        lambda: broker.client.llen(runs_key()) - runs_before >= len(ids) // 2, 60, message="half of the tasks to start"
+    )
     held = fleet.kill(victim)
     summary = assert_all_done(broker, fleet, ids, f"{scenario}-run-{run}", held)
     assert fleet.processes[survivor].terminate() == 0, fleet.processes[survivor].log()
@@ -99,31 +119,39 @@ def test_kill_9_mid_batch_loses_nothing(chaos_broker, consumer_process):
     kill_mid_batch(chaos_broker, consumer_process, scenario="1-kill-9-mid-batch", tasks=scaled(2000, 10000))
 
 
-def steady_load_with_kills(fleet: Fleet, rng: random.Random, current: dict[str, str],
-                           duration_s: float) -> tuple[list[str], set[str], list[float]]:
+class SteadyLoad:
+    """About 200 tasks/s of 5-100 ms each (10 every 50 ms): every consumer is always running some."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.durations = random.Random(rng.random())  # its own stream: the kill choices replay whatever the timing
+        self.task_ids: list[str] = []
+        self._last_batch_at = 0.0
+
+    def __call__(self) -> None:
+        """Enqueue the next batch if it is due."""
+        if time.monotonic() - self._last_batch_at < 0.05:
+            return
+        self._last_batch_at = time.monotonic()
+        requests = [
+            TaskRequest("test.record", kwargs={"sleep_s": round(self.durations.uniform(0.005, 0.1), 3)})
+            for _ in range(10)
+        ]
+        self.task_ids.extend(t.id for t in producer.enqueue_many(requests))
+
+
+def steady_load_with_kills(
+    fleet: Fleet, rng: random.Random, current: dict[str, str], duration_s: float
+) -> tuple[list[str], set[str], list[float]]:
     """Enqueue ~200 tasks/s; every 0.5-3 s SIGKILL a random consumer while a handler of its runs, and respawn it.
 
     Returns the task ids, the tasks running on the killed consumers, and each kill's recovery time.
     """
-    task_ids: list[str] = []
+    load = SteadyLoad(rng)
     running_at_kills: set[str] = set()
     recovering: dict[str, None] = {}
     recovery_s: list[float] = []
     end = time.monotonic() + duration_s
     next_kill = time.monotonic() + rng.uniform(0.5, 3)
-    last_batch = [0.0]
-    durations = random.Random(rng.random())  # its own stream: the kill choices replay whatever the timing
-
-
-    def load() -> None:
-        # About 200 tasks/s of 5-100 ms each: every consumer is always running some.
-        if time.monotonic() - last_batch[0] < 0.05:
-            return
-        last_batch[0] = time.monotonic()
-        requests = [TaskRequest("test.record", kwargs={"sleep_s": round(durations.uniform(0.005, 0.1), 3)})
-                    for _ in range(10)]
-        task_ids.extend(t.id for t in producer.enqueue_many(requests))
-
     while time.monotonic() < end:
         load()
         if time.monotonic() >= next_kill:
@@ -139,7 +167,7 @@ def steady_load_with_kills(fleet: Fleet, rng: random.Random, current: dict[str, 
             del recovering[consumer_id]
         time.sleep(0.01)
     recovery_s += [fleet.recovered_within(consumer_id, LEASE_S + 1) for consumer_id in recovering]
-    return task_ids, running_at_kills, recovery_s
+    return load.task_ids, running_at_kills, recovery_s
 
 
 @pytest.mark.timeout(240)
@@ -158,17 +186,32 @@ def test_random_kills_lose_nothing(chaos_broker, consumer_process):
 
     result = tally(broker, task_ids)
     allowed = fleet.in_flight_at_kills
-    Summary("2-random-kills", len(task_ids), result.total_runs, len(result.lost), len(result.duplicates),
-            len(allowed), max(recovery_s, default=None),
-            {"kills": len(fleet.killed_at), "running_at_kills": len(running_at_kills)}).report()
+    Summary(
+        "2-random-kills",
+        len(task_ids),
+        result.total_runs,
+        len(result.lost),
+        len(result.duplicates),
+        len(allowed),
+        max(recovery_s, default=None),
+        {"kills": len(fleet.killed_at), "running_at_kills": len(running_at_kills)},
+    ).report()
     assert fleet.killed_at, "the run was too short to kill anything"
     assert result.lost == [], f"lost tasks: {result.lost[:10]}"
-    assert result.duplicates <= allowed, f"ran twice without being held by a killed consumer: {result.duplicates - allowed}"
+    assert result.duplicates <= allowed, (
+        f"ran twice without being held by a killed consumer: {result.duplicates - allowed}"
+    )
     assert max(recovery_s) <= LEASE_S + 1, f"a killed consumer's tasks took {max(recovery_s):.1f} s to be recovered"
 
 
 @pytest.mark.timeout(240)
 def test_kill_9_with_several_queues_runs_every_recovered_task(chaos_broker, consumer_process):
     """Six queues drain before the kill's tasks are recovered: every queue's suspects must still run."""
-    kill_one_of_two(chaos_broker, consumer_process, [f"q{n}" for n in range(6)], scenario="1-kill-9-several-queues",
-                    run=0, per_queue=scaled(30, 100))
+    kill_one_of_two(
+        chaos_broker,
+        consumer_process,
+        [f"q{n}" for n in range(6)],
+        scenario="1-kill-9-several-queues",
+        run=0,
+        per_queue=scaled(30, 100),
+    )
