@@ -1,4 +1,5 @@
 """Encoding of the protobuf task envelope and its JSON payload; the only user of task_pb2."""
+
 from __future__ import annotations
 
 import json
@@ -46,13 +47,13 @@ def decode_payload(payload: bytes) -> Arguments:
     except (UnicodeDecodeError, ValueError) as exc:
         raise UndecodableTask(f"payload is not UTF-8 JSON: {exc}") from None
     if not isinstance(body, dict):
-        raise UndecodableTask("payload must be a JSON object {\"args\": [...], \"kwargs\": {...}}")
+        raise UndecodableTask('payload must be a JSON object {"args": [...], "kwargs": {...}}')
     args = body.get("args", [])
     kwargs = body.get("kwargs", {})
     if not isinstance(args, list):
-        raise UndecodableTask("payload \"args\" must be a JSON array")
+        raise UndecodableTask('payload "args" must be a JSON array')
     if not isinstance(kwargs, dict):
-        raise UndecodableTask("payload \"kwargs\" must be a JSON object")
+        raise UndecodableTask('payload "kwargs" must be a JSON object')
     return Arguments(args, kwargs)
 
 

@@ -1,4 +1,5 @@
 """A consumer process: claimer threads feed a bounded pool of workers; lifecycle and signals."""
+
 from __future__ import annotations
 
 import logging
@@ -17,6 +18,7 @@ from types import FrameType
 
 from django.conf import settings
 from django.db import close_old_connections
+
 from . import metrics, results
 from .ack_batcher import AckBatcher
 from .broker import Broker
@@ -25,8 +27,16 @@ from .codec import UndecodableTask, decode_task
 from .executor import Claimed, Executor, RateGate
 from .health import HealthLoop, Liveness
 from .limits import RateLimiter
-from .loops import (HEARTBEAT_TIMEOUT_SHARE, HeartbeatLoop, HousekeepingLoop, LeaseClock, ReaperLoop, SchedulerLoop,
-                    start_thread)
+from .loops import (
+    HEARTBEAT_TIMEOUT_SHARE,
+    HeartbeatLoop,
+    HousekeepingLoop,
+    LeaseClock,
+    Loop,
+    ReaperLoop,
+    SchedulerLoop,
+    start_thread,
+)
 from .names import validate_name
 from .registry import Registry, registry as default_registry
 from .retrying import GaveUp, until_done
@@ -77,16 +87,23 @@ class ConsumerOptions:
 class Consumer:
     """One consumer process: claims, runs, acknowledges, heartbeats, reaps and schedules."""
 
-    def __init__(self, options: ConsumerOptions, *, registry: Registry = default_registry,
-                 broker: Broker | None = None, heartbeat_broker: Broker | None = None,
-                 rate_gate: RateGate | None = None) -> None:
+    def __init__(
+        self,
+        options: ConsumerOptions,
+        *,
+        registry: Registry = default_registry,
+        broker: Broker | None = None,
+        heartbeat_broker: Broker | None = None,
+        rate_gate: RateGate | None = None,
+    ) -> None:
         options.validate()
         self.options = options
         self.registry = registry
         self.broker = broker or Broker.from_settings(resend=False)  # a lost claim reply is ours to reconcile
         # Its own connection, so busy workers never delay it; a hung renewal fails well within the lease.
         self.heartbeat_broker = heartbeat_broker or Broker.from_settings(
-            prefix=self.broker.keys.prefix, timeout_s=options.lease_s * HEARTBEAT_TIMEOUT_SHARE, resend=False)
+            prefix=self.broker.keys.prefix, timeout_s=options.lease_s * HEARTBEAT_TIMEOUT_SHARE, resend=False
+        )
         self.lease = LeaseClock(options.lease_s)
         self.base_id = options.consumer_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.consumer_id = self.base_id
@@ -100,9 +117,16 @@ class Consumer:
         self.workers_stop = threading.Event()
         self.give_up = threading.Event()
         self.acks = AckBatcher(self.broker, self.give_up)
-        self.executor = Executor(self.broker, registry, self.task_types, self.consumer_id,
-                                 settings.TASKS_RESULT_TTL, give_up=self.give_up, acks=self.acks,
-                                 rate_gate=rate_gate or RateLimiter(self.broker, self.give_up))
+        self.executor = Executor(
+            self.broker,
+            registry,
+            self.task_types,
+            self.consumer_id,
+            settings.TASKS_RESULT_TTL,
+            give_up=self.give_up,
+            acks=self.acks,
+            rate_gate=rate_gate or RateLimiter(self.broker, self.give_up),
+        )
         self._threads: list[threading.Thread] = []
         self._claimers: list[threading.Thread] = []
         self._workers: list[threading.Thread] = []
@@ -128,12 +152,22 @@ class Consumer:
         for queue in self.options.queues:
             recovered = self.reaper.reap(queue, consumer_id, own_earlier_run=True)
             if recovered:
-                logger.warning("recovered %d task(s) left by an earlier run of %s on %s, which did not exit cleanly",
-                               recovered, consumer_id, queue)
+                logger.warning(
+                    "recovered %d task(s) left by an earlier run of %s on %s, which did not exit cleanly",
+                    recovered,
+                    consumer_id,
+                    queue,
+                )
         sent_at = time.monotonic()
-        info = {"host": socket.gethostname(), "pid": os.getpid(), "started_at_ms": int(time.time() * 1000),
-                "lease_ms": int(self.options.lease_s * 1000), "concurrency": self.options.concurrency,
-                "prefetch": self.options.prefetch, "queues": self.options.queues}
+        info = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "started_at_ms": int(time.time() * 1000),
+            "lease_ms": int(self.options.lease_s * 1000),
+            "concurrency": self.options.concurrency,
+            "prefetch": self.options.prefetch,
+            "queues": self.options.queues,
+        }
         self.broker.heartbeat(self.options.queues, consumer_id, int(self.options.lease_s * 1000), info)
         self.lease.renewed(consumer_id, sent_at)
 
@@ -144,8 +178,11 @@ class Consumer:
                 return  # another thread already moved on
             self._generation += 1
             new_id = f"{self.base_id}.{self._generation}"
-            logger.error("consumer %s lost its lease (it was presumed dead and its tasks recovered); "
-                         "continuing as %s", lost_id, new_id)
+            logger.error(
+                "consumer %s lost its lease (it was presumed dead and its tasks recovered); continuing as %s",
+                lost_id,
+                new_id,
+            )
             until_done(lambda: self.broker.abandon(self.options.queues, lost_id), what="abandon", give_up=self.give_up)
             # Register before publishing the new id: a claimer that used it unregistered would
             # see its claim refused and throw this fresh identity away too.
@@ -201,8 +238,12 @@ class Consumer:
         A task starts only under a lease renewed less than lease - margin ago: one that is not
         renewed in time stays held here, and if the lease is lost it is the reaper's.
         """
-        while not self.lease.fresh(claimed.consumer_id) and claimed.consumer_id == self.consumer_id \
-                and not self.claiming_stopped.is_set() and not self.workers_stop.is_set():
+        while (
+            not self.lease.fresh(claimed.consumer_id)
+            and claimed.consumer_id == self.consumer_id
+            and not self.claiming_stopped.is_set()
+            and not self.workers_stop.is_set()
+        ):
             self.workers_stop.wait(LEASE_WAIT_S)
         return claimed.consumer_id == self.consumer_id
 
@@ -243,8 +284,11 @@ class Consumer:
             by_owner.setdefault((item.queue, item.consumer_id), []).append(item.raw)
         for (queue, consumer_id), raws in by_owner.items():
             try:
-                until_done(lambda: self.broker.return_unstarted(queue, consumer_id, raws),
-                           what="return_unstarted", give_up=self.give_up)
+                until_done(
+                    partial(self.broker.return_unstarted, queue, consumer_id, raws),
+                    what="return_unstarted",
+                    give_up=self.give_up,
+                )
             except GaveUp:
                 logger.error("could not return %d unstarted task(s); the lease will recover them", len(raws))
         self._finished(claimed)
@@ -257,34 +301,47 @@ class Consumer:
             except UndecodableTask:
                 continue
             metrics.TASKS_DEAD_LETTERED.labels(task.type, queue).inc()
-            logger.error("task %s dead-lettered: %s", task.id, task.dead_reason,
-                         extra={"task_id": task.id, "type": task.type, "queue": queue, "outcome": "dead_lettered"})
+            logger.error(
+                "task %s dead-lettered: %s",
+                task.id,
+                task.dead_reason,
+                extra={"task_id": task.id, "type": task.type, "queue": queue, "outcome": "dead_lettered"},
+            )
             error = results.error_record("ConsumerDied", task.dead_reason)
-            self.broker.record_result(results.attempt_failed(task, error, now_ms, settings.TASKS_RESULT_TTL,
-                                                             final=True, dead_reason=task.dead_reason))
+            self.broker.record_result(
+                results.attempt_failed(
+                    task, error, now_ms, settings.TASKS_RESULT_TTL, final=True, dead_reason=task.dead_reason
+                )
+            )
 
     def start(self) -> None:
         """Register and start every thread."""
         self.task_types.refresh()
         until_done(self.register, what="register", give_up=self.give_up)
         opts = self.options
-        loops = [
+        loops: list[Loop] = [
             HeartbeatLoop(self.heartbeat_broker, opts.queues, lambda: self.consumer_id, self.lease, self.lease_lost),
             SchedulerLoop(self.broker, opts.queues),
             self.reaper,
-            HousekeepingLoop(self._refresh_task_types, settings.TASKS_CONFIG_REFRESH_S,
-                             self.executor.expire_overdue),
+            HousekeepingLoop(self._refresh_task_types, settings.TASKS_CONFIG_REFRESH_S, self.executor.expire_overdue),
             HealthLoop(self.broker, self.liveness, HEALTH_CHECK_S),
         ]
         self._threads = [start_thread(loop, self.loops_stopped) for loop in loops]
         self.acks.start()
         self._claimers = [start_thread(ClaimerLoop(self, q), self.claiming_stopped) for q in opts.queues]
-        self._workers = [threading.Thread(target=self._work, name=f"worker-{i}", daemon=True)
-                         for i in range(opts.concurrency)]
+        self._workers = [
+            threading.Thread(target=self._work, name=f"worker-{i}", daemon=True) for i in range(opts.concurrency)
+        ]
         for worker in self._workers:
             worker.start()
-        logger.info("consumer %s started: queues=%s concurrency=%d prefetch=%d lease=%gs",
-                    self.consumer_id, ",".join(opts.queues), opts.concurrency, opts.prefetch, opts.lease_s)
+        logger.info(
+            "consumer %s started: queues=%s concurrency=%d prefetch=%d lease=%gs",
+            self.consumer_id,
+            ",".join(opts.queues),
+            opts.concurrency,
+            opts.prefetch,
+            opts.lease_s,
+        )
 
     def _refresh_task_types(self) -> None:
         self.task_types.refresh()
@@ -339,8 +396,7 @@ class Consumer:
         self.acks.close(timeout_s=self.options.grace_s + 5)  # finished tasks are acked, not returned
         self.loops_stopped.set()
         if still_running:
-            logger.warning("grace period over with %d task(s) still running; returning them to pending",
-                           still_running)
+            logger.warning("grace period over with %d task(s) still running; returning them to pending", still_running)
         self.give_up.set()
         for queue in self.options.queues:
             try:
@@ -360,10 +416,10 @@ class Consumer:
         now = time.monotonic()
         if self._first_signal_at is None:
             self._first_signal_at = now
-            logger.info("signal %d: finishing in-flight tasks (grace %gs); send again to exit now",
-                        signum, self.options.grace_s)
+            logger.info(
+                "signal %d: finishing in-flight tasks (grace %gs); send again to exit now", signum, self.options.grace_s
+            )
             self.request_stop()
         elif now - self._first_signal_at >= SIGNAL_ECHO_S:
             logger.warning("second signal: exiting now; the lease will recover what was held")
             os._exit(1)
-

@@ -1,10 +1,11 @@
 """`django.tasks` on a consumer: run `@task` functions as ImmediateBackend does, read results back."""
+
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
 from traceback import format_exception
-from collections.abc import Callable
 from typing import Any, Protocol
 
 from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
@@ -14,20 +15,10 @@ from django.tasks.signals import task_finished, task_started
 from django.utils.json import normalize_json
 
 from .codec import Arguments
+from .context import TaskContext as RunContext
 from .models import TaskType
 from .registry import Handler, Registry
 from .results import RUNNING, ResultRecord
-
-
-class RunContext(Protocol):
-    """What the executor knows about the run (its own TaskContext)."""
-
-    task_id: str
-    type: str
-    queue: str
-    attempt: int
-    max_attempts: int
-    consumer_id: str
 
 
 class ResultReader(Protocol):
@@ -49,12 +40,21 @@ def find_handler(name: str, registry: Registry) -> Handler | None:
 
 def task_result_from_record(record: ResultRecord, task: Task, alias: str) -> TaskResult:
     """Build Django's TaskResult from a result record."""
-    result = TaskResult(
-        task=_as_enqueued(task, record), id=record.id, status=TaskResultStatus(record.status),
-        enqueued_at=record.enqueued_at, started_at=record.started_at, finished_at=record.finished_at,
-        last_attempted_at=record.last_attempted_at, args=record.args, kwargs=record.kwargs, backend=alias,
-        errors=[TaskError(exception_class_path=error["exception_class_path"], traceback=error["traceback"])
-                for error in record.errors],
+    result: TaskResult = TaskResult(
+        task=_as_enqueued(task, record),
+        id=record.id,
+        status=TaskResultStatus(record.status),
+        enqueued_at=record.enqueued_at,
+        started_at=record.started_at,
+        finished_at=record.finished_at,
+        last_attempted_at=record.last_attempted_at,
+        args=record.args,
+        kwargs=record.kwargs,
+        backend=alias,
+        errors=[
+            TaskError(exception_class_path=error["exception_class_path"], traceback=error["traceback"])
+            for error in record.errors
+        ],
         worker_ids=list(record.worker_ids),
     )
     if record.has_return_value:
@@ -70,8 +70,13 @@ def _as_enqueued(task: Task, record: ResultRecord) -> Task:
         return task
 
 
-def run(task: Task, context: RunContext, arguments: Arguments, results: ResultReader,
-        timed_out: Callable[[], BaseException | None] = lambda: None) -> Any:
+def run(
+    task: Task,
+    context: RunContext,
+    arguments: Arguments,
+    results: ResultReader,
+    timed_out: Callable[[], BaseException | None] = lambda: None,
+) -> Any:
     """Call a `@task` function as ImmediateBackend does; return its JSON-normalized value.
 
     `timed_out` says whether the consumer already failed this run for its timeout: then the
@@ -80,8 +85,9 @@ def run(task: Task, context: RunContext, arguments: Arguments, results: ResultRe
     from .backends import RedisBackend  # the signals' sender; imported here because it imports us
 
     fields = results.get_result(context.task_id) or {}
-    record = ResultRecord.from_fields({"id": context.task_id, "type": context.type, "queue": context.queue,
-                                       **fields, "status": RUNNING})
+    record = ResultRecord.from_fields(
+        {"id": context.task_id, "type": context.type, "queue": context.queue, **fields, "status": RUNNING}
+    )
     task_result = task_result_from_record(record, task, task.backend)
     object.__setattr__(task_result, "args", arguments.args)
     object.__setattr__(task_result, "kwargs", arguments.kwargs)
@@ -100,10 +106,12 @@ def run(task: Task, context: RunContext, arguments: Arguments, results: ResultRe
     except BaseException as raised:
         exc = timed_out() or raised
         exception_type = type(exc)
-        task_result.errors.append(TaskError(
-            exception_class_path=f"{exception_type.__module__}.{exception_type.__qualname__}",
-            traceback="".join(format_exception(exc)),
-        ))
+        task_result.errors.append(
+            TaskError(
+                exception_class_path=f"{exception_type.__module__}.{exception_type.__qualname__}",
+                traceback="".join(format_exception(exc)),
+            )
+        )
         # What get_result() shows after this run: READY again while attempts remain.
         if context.attempt < context.max_attempts:
             object.__setattr__(task_result, "status", TaskResultStatus.READY)

@@ -3,6 +3,7 @@
 Whatever goes wrong while doing so, the task is settled here (`execute` dead-letters it with the
 reason as a last resort): a task this consumer holds never stays in its processing list unsettled.
 """
+
 from __future__ import annotations
 
 import logging
@@ -17,6 +18,7 @@ from . import django_tasks, metrics, results
 from .ack_batcher import AckBatcher
 from .broker import Broker, ResultUpdate
 from .codec import Arguments, Task, UndecodableTask, decode_payload, decode_task, encode_task
+from .context import TaskContext
 from .exceptions import ResultNotJson, ResultTooLarge
 from .registry import Handler, Registry
 from .results import clean_text
@@ -50,19 +52,6 @@ class Claimed:
 
 
 @dataclass(frozen=True)
-class TaskContext:
-    """What a handler registered with ``takes_context=True`` receives first."""
-
-    task_id: str
-    type: str
-    queue: str
-    attempt: int
-    max_attempts: int
-    headers: dict[str, str]
-    consumer_id: str
-
-
-@dataclass(frozen=True)
 class Running:
     """A task whose handler is running, watched for its timeout."""
 
@@ -77,10 +66,18 @@ RateGate = Callable[[Task, TaskTypeConfig], int]
 class Executor:
     """Runs claimed tasks on worker threads and settles them in Redis."""
 
-    def __init__(self, broker: Broker, registry: Registry, task_types: TaskTypeCache, worker_id: str,
-                 result_ttl_s: int, rate_gate: RateGate | None = None,
-                 give_up: threading.Event | None = None, acks: AckBatcher | None = None,
-                 max_result_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        registry: Registry,
+        task_types: TaskTypeCache,
+        worker_id: str,
+        result_ttl_s: int,
+        rate_gate: RateGate | None = None,
+        give_up: threading.Event | None = None,
+        acks: AckBatcher | None = None,
+        max_result_bytes: int | None = None,
+    ) -> None:
         self.broker = broker
         # With a batcher, RUNNING records and acks of successful runs go out in shared round
         # trips and the worker moves on at once; without one, each is written before returning.
@@ -155,10 +152,19 @@ class Executor:
         for run in overdue:
             if run.clock.interrupt():
                 interrupted += 1
-                logger.warning("task %s exceeded its timeout of %g s: TaskTimeout raised in its handler; "
-                               "it stays held until the handler returns", run.task.id, run.clock.timeout_s,
-                               extra={"task_id": run.task.id, "type": run.task.type, "queue": run.task.queue,
-                                      "attempt": run.task.attempt, "outcome": "timed_out"})
+                logger.warning(
+                    "task %s exceeded its timeout of %g s: TaskTimeout raised in its handler; "
+                    "it stays held until the handler returns",
+                    run.task.id,
+                    run.clock.timeout_s,
+                    extra={
+                        "task_id": run.task.id,
+                        "type": run.task.type,
+                        "queue": run.task.queue,
+                        "attempt": run.task.attempt,
+                        "outcome": "timed_out",
+                    },
+                )
         return interrupted
 
     # --- the run ---------------------------------------------------------------------------
@@ -175,16 +181,24 @@ class Executor:
             return TaskTypeConfig.default_for(task.type), ""
         return None, f"unknown task type {task.type!r}: no TaskType row and no handler of that name"
 
-    def _run(self, claimed: Claimed, task: Task, config: TaskTypeConfig, handler: Handler,
-             arguments: Arguments, on_settled: Callable[[], None] | None = None) -> bool:
+    def _run(
+        self,
+        claimed: Claimed,
+        task: Task,
+        config: TaskTypeConfig,
+        handler: Handler,
+        arguments: Arguments,
+        on_settled: Callable[[], None] | None = None,
+    ) -> bool:
         if claimed.suspect:
             # Durable before the handler starts: if this process dies now, the task is to blame.
             self._redis(lambda: self.broker.mark_started(claimed.queue, claimed.raw), "mark_started")
         task.attempt += 1
         max_attempts = task.max_attempts or config.max_attempts
         now_ms = int(time.time() * 1000)
-        started_update = results.started(task, arguments, self.worker_id, now_ms, max_attempts, self.result_ttl_s,
-                                         claimed.fence)
+        started_update = results.started(
+            task, arguments, self.worker_id, now_ms, max_attempts, self.result_ttl_s, claimed.fence
+        )
         if self.acks is not None and handler.django_task is None:
             self.acks.record(started_update)  # written before this task's ack or failure record
         else:  # a @task function reads its own record when it starts
@@ -194,8 +208,9 @@ class Executor:
         waited_since_ms = task.run_after_ms or task.enqueued_at_ms
         if waited_since_ms and task.attempt == 1:
             metrics.TASK_WAIT.labels(*labels).observe(max(0.0, (now_ms - waited_since_ms) / 1000))
-        context = TaskContext(task.id, task.type, task.queue, task.attempt, max_attempts, dict(task.headers),
-                              claimed.consumer_id)
+        context = TaskContext(
+            task.id, task.type, task.queue, task.attempt, max_attempts, dict(task.headers), claimed.consumer_id
+        )
         clock = RunClock(config.timeout_s or None)
         value, raised = self._call(handler, context, arguments, clock, task)
         duration = time.monotonic() - clock.started_monotonic
@@ -211,8 +226,9 @@ class Executor:
         self._fail(claimed, task, config, error, failure_traceback(error, raised), duration)
         return False
 
-    def _call(self, handler: Handler, context: TaskContext, arguments: Arguments, clock: RunClock,
-              task: Task) -> tuple[Any, BaseException | None]:
+    def _call(
+        self, handler: Handler, context: TaskContext, arguments: Arguments, clock: RunClock, task: Task
+    ) -> tuple[Any, BaseException | None]:
         """Call the handler under its run's clock; return its value and what it raised."""
         key = threading.get_ident()
         with self._running_lock:
@@ -220,15 +236,21 @@ class Executor:
         metrics.BUSY_WORKERS.inc()
         try:
             value, raised = call_with_clock(
-                clock, lambda: self.invoke(handler, context, arguments, lambda: clock.timeout_error))
+                clock, lambda: self.invoke(handler, context, arguments, lambda: clock.timeout_error)
+            )
         finally:
             metrics.BUSY_WORKERS.dec()
             with self._running_lock:
                 self.running.pop(key, None)
         return value, raised
 
-    def invoke(self, handler: Handler, context: TaskContext, arguments: Arguments,
-               timed_out: Callable[[], BaseException | None] = lambda: None) -> Any:
+    def invoke(
+        self,
+        handler: Handler,
+        context: TaskContext,
+        arguments: Arguments,
+        timed_out: Callable[[], BaseException | None] = lambda: None,
+    ) -> Any:
         """Call a handler with the task's arguments (and its context if it takes one)."""
         if handler.django_task is not None:
             return django_tasks.run(handler.django_task, context, arguments, self.broker, timed_out)
@@ -237,8 +259,14 @@ class Executor:
         return handler.func(*arguments.args, **arguments.kwargs)
 
     # --- outcomes --------------------------------------------------------------------------
-    def _succeed(self, claimed: Claimed, task: Task, return_json: str, duration_s: float,
-                 on_settled: Callable[[], None] | None = None) -> bool:
+    def _succeed(
+        self,
+        claimed: Claimed,
+        task: Task,
+        return_json: str,
+        duration_s: float,
+        on_settled: Callable[[], None] | None = None,
+    ) -> bool:
         update = results.succeeded(task, return_json, int(time.time() * 1000), self.result_ttl_s, claimed.fence)
         metrics.TASKS_SUCCEEDED.labels(task.type, task.queue).inc()
         if self.acks is not None:
@@ -253,15 +281,23 @@ class Executor:
 
             self.acks.ack(claimed.queue, claimed.consumer_id, claimed.raw, update, acked)
             return True
-        held = self._redis(lambda: self.broker.ack(claimed.queue, claimed.consumer_id, [claimed.raw], [update])[0],
-                           "ack")
+        held = self._redis(
+            lambda: self.broker.ack(claimed.queue, claimed.consumer_id, [claimed.raw], [update])[0], "ack"
+        )
         self._log_event(task, "succeeded", duration_s)
         if not held:
             self._ack_lost(claimed, task)
         return False
 
-    def _fail(self, claimed: Claimed, task: Task, config: TaskTypeConfig, error: BaseException,
-              traceback_text: str, duration_s: float | None = None) -> None:
+    def _fail(
+        self,
+        claimed: Claimed,
+        task: Task,
+        config: TaskTypeConfig,
+        error: BaseException,
+        traceback_text: str,
+        duration_s: float | None = None,
+    ) -> None:
         if self.acks is not None:
             self.acks.barrier()  # this run's RUNNING record goes first
         max_attempts = task.max_attempts or config.max_attempts
@@ -273,18 +309,30 @@ class Executor:
         now_ms = int(time.time() * 1000)
         if task.attempt < max_attempts:
             delay_ms = int(backoff_delay_s(task.attempt, config.retry_backoff_s) * 1000)
-            update = results.attempt_failed(task, error_entry, now_ms, self.result_ttl_s, final=False,
-                                            retry_at_ms=now_ms + delay_ms, fence=claimed.fence)
+            update = results.attempt_failed(
+                task,
+                error_entry,
+                now_ms,
+                self.result_ttl_s,
+                final=False,
+                retry_at_ms=now_ms + delay_ms,
+                fence=claimed.fence,
+            )
             new_raw = encode_task(task)
-            held = self._redis(lambda: self.broker.retry_later(claimed.queue, claimed.consumer_id, claimed.raw,
-                                                               new_raw, task.priority, delay_ms, update), "retry")
+            held = self._redis(
+                lambda: self.broker.retry_later(
+                    claimed.queue, claimed.consumer_id, claimed.raw, new_raw, task.priority, delay_ms, update
+                ),
+                "retry",
+            )
             metrics.TASKS_RETRIED.labels(task.type, task.queue).inc()
             self._log_event(task, "retried", duration_s, error=task.last_error, retry_in_s=delay_ms / 1000)
         else:
             reason = f"failed {task.attempt} of {max_attempts} attempts; last error: {task.last_error}"
             task.dead_reason = reason
-            update = results.attempt_failed(task, error_entry, now_ms, self.result_ttl_s, final=True,
-                                            dead_reason=reason, fence=claimed.fence)
+            update = results.attempt_failed(
+                task, error_entry, now_ms, self.result_ttl_s, final=True, dead_reason=reason, fence=claimed.fence
+            )
             held = self._dead_letter_raw(claimed, encode_task(task), update)
             metrics.TASKS_DEAD_LETTERED.labels(task.type, task.queue).inc()
             self._log_event(task, "dead_lettered", duration_s, error=task.last_error)
@@ -296,31 +344,63 @@ class Executor:
         reason = clean_text(reason, MAX_ERROR_MESSAGE_BYTES)
         task.last_error = f"{error_name}: {reason}"
         task.dead_reason = reason
-        update = results.attempt_failed(task, results.error_record(error_name, reason), int(time.time() * 1000),
-                                        self.result_ttl_s, final=True, dead_reason=reason, fence=claimed.fence)
+        update = results.attempt_failed(
+            task,
+            results.error_record(error_name, reason),
+            int(time.time() * 1000),
+            self.result_ttl_s,
+            final=True,
+            dead_reason=reason,
+            fence=claimed.fence,
+        )
         held = self._dead_letter_raw(claimed, encode_task(task), update)
         metrics.TASKS_DEAD_LETTERED.labels(self._type_label(task.type), task.queue).inc()
-        logger.warning("task %s dead-lettered: %s", task.id, reason,
-                       extra={"task_id": task.id, "type": task.type, "queue": task.queue,
-                              "attempt": task.attempt, "outcome": "dead_lettered"})
+        logger.warning(
+            "task %s dead-lettered: %s",
+            task.id,
+            reason,
+            extra={
+                "task_id": task.id,
+                "type": task.type,
+                "queue": task.queue,
+                "attempt": task.attempt,
+                "outcome": "dead_lettered",
+            },
+        )
         if not held:
             self._ack_lost(claimed, task)
 
     def _dead_letter_after_error(self, claimed: Claimed, error: Exception) -> None:
         """The last resort: dead-letter a task whose settling failed, with the error as its reason."""
-        reason = clean_text(f"settling the task failed: {type(error).__name__}: {results.describe_error(error)}",
-                            MAX_ERROR_MESSAGE_BYTES)
+        reason = clean_text(
+            f"settling the task failed: {type(error).__name__}: {results.describe_error(error)}",
+            MAX_ERROR_MESSAGE_BYTES,
+        )
         try:
             task = decode_task(claimed.raw)
             task.last_error = task.dead_reason = reason
             new_raw = encode_task(task)
             update: ResultUpdate | None = results.attempt_failed(
-                task, results.error_record("SettleFailed", reason), int(time.time() * 1000), self.result_ttl_s,
-                final=True, dead_reason=reason, fence=claimed.fence)
+                task,
+                results.error_record("SettleFailed", reason),
+                int(time.time() * 1000),
+                self.result_ttl_s,
+                final=True,
+                dead_reason=reason,
+                fence=claimed.fence,
+            )
             label = self._type_label(task.type)
         except Exception:  # keep the bytes as they are, wrapped like undecodable ones
-            new_raw = encode_task(Task(id=str(uuid.uuid4()), type=UNDECODABLE_TYPE, queue=claimed.queue,
-                                       payload=claimed.raw, last_error=reason, dead_reason=reason))
+            new_raw = encode_task(
+                Task(
+                    id=str(uuid.uuid4()),
+                    type=UNDECODABLE_TYPE,
+                    queue=claimed.queue,
+                    payload=claimed.raw,
+                    last_error=reason,
+                    dead_reason=reason,
+                )
+            )
             update, label = None, UNDECODABLE_TYPE
         try:
             # The move alone first: it must not depend on a record write, which may be what failed.
@@ -330,8 +410,11 @@ class Executor:
         except GaveUp:
             raise
         except Exception:
-            logger.exception("could not dead-letter a task of queue %s; it stays held until the lease of "
-                             "consumer %s is lost", claimed.queue, claimed.consumer_id)
+            logger.exception(
+                "could not dead-letter a task of queue %s; it stays held until the lease of consumer %s is lost",
+                claimed.queue,
+                claimed.consumer_id,
+            )
             return
         metrics.TASKS_DEAD_LETTERED.labels(label, claimed.queue).inc()
 
@@ -344,40 +427,68 @@ class Executor:
     def _dead_letter_undecodable(self, claimed: Claimed, problem: str) -> None:
         """Keep bytes that are not a task, wrapped in one, with the reason."""
         reason = f"undecodable task: {problem}"
-        wrapper = Task(id=str(uuid.uuid4()), type=UNDECODABLE_TYPE, queue=claimed.queue, payload=claimed.raw,
-                       last_error=f"UndecodableTask: {problem}", dead_reason=reason)
+        wrapper = Task(
+            id=str(uuid.uuid4()),
+            type=UNDECODABLE_TYPE,
+            queue=claimed.queue,
+            payload=claimed.raw,
+            last_error=f"UndecodableTask: {problem}",
+            dead_reason=reason,
+        )
         held = self._dead_letter_raw(claimed, encode_task(wrapper), None)
         metrics.TASKS_DEAD_LETTERED.labels(UNDECODABLE_TYPE, claimed.queue).inc()
-        logger.warning("%d undecodable bytes on queue %s dead-lettered: %s", len(claimed.raw), claimed.queue, problem,
-                       extra={"task_id": wrapper.id, "queue": claimed.queue, "outcome": "dead_lettered"})
+        logger.warning(
+            "%d undecodable bytes on queue %s dead-lettered: %s",
+            len(claimed.raw),
+            claimed.queue,
+            problem,
+            extra={"task_id": wrapper.id, "queue": claimed.queue, "outcome": "dead_lettered"},
+        )
         if not held:
             metrics.ACKS_LOST.labels(claimed.queue).inc()
 
     def _defer(self, claimed: Claimed, task: Task, wait_ms: int, reason: str) -> None:
         """Put a task back in the delayed set without using an attempt."""
-        held = self._redis(lambda: self.broker.retry_later(claimed.queue, claimed.consumer_id, claimed.raw,
-                                                           claimed.raw, task.priority, wait_ms), "defer")
+        held = self._redis(
+            lambda: self.broker.retry_later(
+                claimed.queue, claimed.consumer_id, claimed.raw, claimed.raw, task.priority, wait_ms
+            ),
+            "defer",
+        )
         metrics.TASKS_DEFERRED.labels(task.type, task.queue, reason).inc()
         if not held:
             self._ack_lost(claimed, task)
 
-    def _redis(self, call: Callable[[], Any], what: str) -> Any:
+    def _redis[T](self, call: Callable[[], T], what: str) -> T:
         return until_done(call, what=what, give_up=self.give_up)
 
     def _dead_letter_raw(self, claimed: Claimed, new_raw: bytes, update: ResultUpdate | None) -> bool:
-        return self._redis(lambda: self.broker.dead_letter(claimed.queue, claimed.consumer_id, claimed.raw,
-                                                           new_raw, update), "dead_letter")
+        return self._redis(
+            lambda: self.broker.dead_letter(claimed.queue, claimed.consumer_id, claimed.raw, new_raw, update),
+            "dead_letter",
+        )
 
     def _ack_lost(self, claimed: Claimed, task: Task) -> None:
         metrics.ACKS_LOST.labels(claimed.queue).inc()
-        logger.warning("task %s was no longer held by consumer %s (its lease expired and it was recovered); "
-                       "its outcome here was not applied", task.id, claimed.consumer_id,
-                       extra={"task_id": task.id, "type": task.type, "queue": task.queue, "outcome": "ack_lost"})
+        logger.warning(
+            "task %s was no longer held by consumer %s (its lease expired and it was recovered); "
+            "its outcome here was not applied",
+            task.id,
+            claimed.consumer_id,
+            extra={"task_id": task.id, "type": task.type, "queue": task.queue, "outcome": "ack_lost"},
+        )
 
     def _log_event(self, task: Task, outcome: str, duration_s: float | None, **extra: Any) -> None:
         level = logging.INFO if outcome == "succeeded" else logging.WARNING
         if not logger.isEnabledFor(level):
             return
-        fields = {"task_id": task.id, "type": task.type, "queue": task.queue, "attempt": task.attempt,
-                  "duration_s": round(duration_s, 6) if duration_s is not None else None, "outcome": outcome, **extra}
+        fields = {
+            "task_id": task.id,
+            "type": task.type,
+            "queue": task.queue,
+            "attempt": task.attempt,
+            "duration_s": round(duration_s, 6) if duration_s is not None else None,
+            "outcome": outcome,
+            **extra,
+        }
         logger.log(level, "task %s %s %s (attempt %d)", task.id, task.type, outcome, task.attempt, extra=fields)

@@ -1,4 +1,5 @@
 """Health checks: the web app's `/healthz` view and a consumer's liveness (file and HTTP)."""
+
 from __future__ import annotations
 
 import json
@@ -70,8 +71,12 @@ class Liveness:
     def report(self) -> bytes:
         """A JSON body describing the state, for `/healthz` on the metrics port."""
         age = self.age_s()
-        return json.dumps({"status": "ok" if self.healthy() else "unavailable",
-                           "last_ok_age_s": round(age, 3) if age != float("inf") else None}).encode()
+        return json.dumps(
+            {
+                "status": "ok" if self.healthy() else "unavailable",
+                "last_ok_age_s": round(age, 3) if age != float("inf") else None,
+            }
+        ).encode()
 
 
 class HealthLoop:

@@ -1,4 +1,5 @@
 """Background loops of a consumer; each has a `run_once()` that tests can call directly."""
+
 from __future__ import annotations
 
 import logging
@@ -76,8 +77,9 @@ class LeaseClock:
     def fresh(self, consumer_id: str) -> bool:
         """True while the lease of `consumer_id` surely holds: renewed less than lease - margin ago."""
         with self._lock:
-            return consumer_id == self._consumer_id \
-                and time.monotonic() - self._renewed_at < self.lease_s * (1 - LEASE_MARGIN_SHARE)
+            return consumer_id == self._consumer_id and time.monotonic() - self._renewed_at < self.lease_s * (
+                1 - LEASE_MARGIN_SHARE
+            )
 
 
 class HeartbeatLoop:
@@ -85,8 +87,14 @@ class HeartbeatLoop:
 
     name = "heartbeat"
 
-    def __init__(self, broker: Broker, queues: Sequence[str], identity: Callable[[], str], lease: LeaseClock,
-                 on_lost: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        queues: Sequence[str],
+        identity: Callable[[], str],
+        lease: LeaseClock,
+        on_lost: Callable[[str], None],
+    ) -> None:
         self.broker = broker
         self.queues = list(queues)
         self.identity = identity
@@ -124,15 +132,22 @@ class SchedulerLoop:
     # Dead letters are trimmed this often (a dead-letter set may exceed its caps by what dies meanwhile).
     TRIM_EVERY_S = 5.0
 
-    def __init__(self, broker: Broker, queues: Sequence[str], *, dead_letter_max: int | None = None,
-                 dead_letter_max_age_s: int | None = None) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        queues: Sequence[str],
+        *,
+        dead_letter_max: int | None = None,
+        dead_letter_max_age_s: int | None = None,
+    ) -> None:
         from django.conf import settings
 
         self.broker = broker
         self.queues = list(queues)
         self.dead_letter_max = settings.TASKS_DEAD_LETTER_MAX if dead_letter_max is None else dead_letter_max
-        self.dead_letter_max_age_s = (settings.TASKS_DEAD_LETTER_MAX_AGE_S if dead_letter_max_age_s is None
-                                      else dead_letter_max_age_s)
+        self.dead_letter_max_age_s = (
+            settings.TASKS_DEAD_LETTER_MAX_AGE_S if dead_letter_max_age_s is None else dead_letter_max_age_s
+        )
         self._trimmed_at = float("-inf")
 
     def run_once(self) -> float:
@@ -164,8 +179,13 @@ class ReaperLoop:
 
     name = "reaper"
 
-    def __init__(self, broker: Broker, queues: Sequence[str], lease_s: float,
-                 on_dead_lettered: Callable[[str, list[bytes]], None]) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        queues: Sequence[str],
+        lease_s: float,
+        on_dead_lettered: Callable[[str, list[bytes]], None],
+    ) -> None:
         self.broker = broker
         self.queues = list(queues)
         self.lease_s = lease_s
@@ -176,7 +196,8 @@ class ReaperLoop:
     def run_once(self) -> float:
         for queue in self.queues:
             expired, tombstones, self._tombstone_offsets[queue] = self.broker.reap_candidate_page(
-                queue, self._tombstone_offsets[queue])
+                queue, self._tombstone_offsets[queue]
+            )
             for consumer_id in [*expired, *tombstones]:
                 self.reap(queue, consumer_id)
         return max(0.05, self.lease_s / 4)
@@ -194,8 +215,9 @@ class ReaperLoop:
             moved += outcome.requeued + len(outcome.dead_lettered)
             if outcome.requeued:
                 metrics.TASKS_RECOVERED.labels(queue).inc(outcome.requeued)
-                logger.warning("recovered %d task(s) of dead consumer %s on queue %s",
-                               outcome.requeued, consumer_id, queue)
+                logger.warning(
+                    "recovered %d task(s) of dead consumer %s on queue %s", outcome.requeued, consumer_id, queue
+                )
             if outcome.dead_lettered:
                 self.on_dead_lettered(queue, outcome.dead_lettered)
             if not outcome.remaining:
@@ -208,8 +230,7 @@ class HousekeepingLoop:
     name = "housekeeping"
     TICK_S = 0.1
 
-    def __init__(self, refresh: Callable[[], None], refresh_every_s: float,
-                 expire_overdue: Callable[[], int]) -> None:
+    def __init__(self, refresh: Callable[[], None], refresh_every_s: float, expire_overdue: Callable[[], int]) -> None:
         self.refresh = refresh
         self.refresh_every_s = refresh_every_s
         self.expire_overdue = expire_overdue

@@ -1,4 +1,5 @@
 """Result records: what the producer and the consumer write about a task, and how it reads back."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,8 @@ from django.tasks import TaskResultStatus
 
 from .broker import READY_RECORD_DEFAULTS, ResultUpdate
 from .codec import Arguments, Task
-from .jsontext import loads_bounded, scrub_text
 from .exceptions import ResultNotJson, ResultTooLarge
+from .jsontext import loads_bounded, scrub_text
 
 READY = TaskResultStatus.READY.value
 RUNNING = TaskResultStatus.RUNNING.value
@@ -50,8 +51,10 @@ def result_json(value: Any, max_bytes: int) -> str:
     try:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError as exc:
-        raise ResultNotJson(f"return value holds text that is not valid Unicode (a lone surrogate, as "
-                            f"surrogateescape decoding leaves): {exc.object[exc.start:exc.end]!a}") from None
+        raise ResultNotJson(
+            f"return value holds text that is not valid Unicode (a lone surrogate, as "
+            f"surrogateescape decoding leaves): {exc.object[exc.start : exc.end]!a}"
+        ) from None
     if size > max_bytes:
         raise ResultTooLarge(f"return value is {size} bytes of JSON, over TASKS_MAX_RESULT_BYTES ({max_bytes})")
     return text
@@ -97,17 +100,22 @@ def ready_fields(task: Task, arguments: Arguments) -> dict[str, str]:
     return fields
 
 
-def started(task: Task, arguments: Arguments, worker_id: str, now_ms: int, max_attempts: int, ttl_s: int,
-            fence: int) -> ResultUpdate:
+def started(
+    task: Task, arguments: Arguments, worker_id: str, now_ms: int, max_attempts: int, ttl_s: int, fence: int
+) -> ResultUpdate:
     """The update written when an attempt starts: it claims the record for the run holding `fence`.
 
     It carries the enqueue fields too, which creates the record for foreign producers.
     """
     fields = enqueued_fields(task, arguments)
-    fields.update({
-        "status": RUNNING, "attempts": str(task.attempt), "max_attempts": str(max_attempts),
-        "last_attempted_at_ms": str(now_ms),
-    })
+    fields.update(
+        {
+            "status": RUNNING,
+            "attempts": str(task.attempt),
+            "max_attempts": str(max_attempts),
+            "last_attempted_at_ms": str(now_ms),
+        }
+    )
     if task.attempt == 1:
         fields["started_at_ms"] = str(now_ms)
     return ResultUpdate(task.id, fields, ttl_s, append_worker_id=worker_id, fence=fence)
@@ -115,13 +123,26 @@ def started(task: Task, arguments: Arguments, worker_id: str, now_ms: int, max_a
 
 def succeeded(task: Task, return_value_json: str, now_ms: int, ttl_s: int, fence: int) -> ResultUpdate:
     """The update written when a run returns (ignored if a run with a later fence took the record)."""
-    fields = {"status": SUCCESSFUL, "finished_at_ms": str(now_ms), "return_value": return_value_json,
-              "attempts": str(task.attempt)}
+    fields = {
+        "status": SUCCESSFUL,
+        "finished_at_ms": str(now_ms),
+        "return_value": return_value_json,
+        "attempts": str(task.attempt),
+    }
     return ResultUpdate(task.id, fields, ttl_s, fence=fence)
 
 
-def attempt_failed(task: Task, error: dict[str, str], now_ms: int, ttl_s: int, *, final: bool,
-                   retry_at_ms: int | None = None, dead_reason: str = "", fence: int = 0) -> ResultUpdate:
+def attempt_failed(
+    task: Task,
+    error: dict[str, str],
+    now_ms: int,
+    ttl_s: int,
+    *,
+    final: bool,
+    retry_at_ms: int | None = None,
+    dead_reason: str = "",
+    fence: int = 0,
+) -> ResultUpdate:
     """The update written when an attempt fails: READY again if it will be retried, else FAILED."""
     fields = {"attempts": str(task.attempt)}
     if final:
@@ -158,7 +179,7 @@ def _ms_to_datetime(value: str | None) -> datetime | None:
 
 
 def _text(value: Any) -> str:
-    return scrub_text(str(value))
+    return str(scrub_text(str(value)))
 
 
 def _int(value: str | None, default: int | None = 0) -> int | None:
@@ -213,10 +234,15 @@ class ResultRecord:
         errors = _parsed(raw.get("errors"), list, [])
         return_text = raw.get("return_value")
         return cls(
-            id=_text(raw.get("id", "")), type=_text(raw.get("type", "")), queue=_text(raw.get("queue", "")),
-            status=_text(raw.get("status") or READY), priority=_int(raw.get("priority")) or 0,
-            args=_parsed(raw.get("args"), list, []), kwargs=_parsed(raw.get("kwargs"), dict, {}),
-            attempts=_int(raw.get("attempts")) or 0, max_attempts=_int(raw.get("max_attempts"), None),
+            id=_text(raw.get("id", "")),
+            type=_text(raw.get("type", "")),
+            queue=_text(raw.get("queue", "")),
+            status=_text(raw.get("status") or READY),
+            priority=_int(raw.get("priority")) or 0,
+            args=_parsed(raw.get("args"), list, []),
+            kwargs=_parsed(raw.get("kwargs"), dict, {}),
+            attempts=_int(raw.get("attempts")) or 0,
+            max_attempts=_int(raw.get("max_attempts"), None),
             enqueued_at=_ms_to_datetime(raw.get("enqueued_at_ms")),
             run_after=_ms_to_datetime(raw.get("run_after_ms")),
             started_at=_ms_to_datetime(raw.get("started_at_ms")),
@@ -231,15 +257,27 @@ class ResultRecord:
 
     def as_json(self) -> dict[str, Any]:
         """A JSON-ready dict, as the API returns it."""
+
         def iso(value: datetime | None) -> str | None:
             return value.isoformat() if value else None
 
         return {
-            "id": self.id, "type": self.type, "queue": self.queue, "status": self.status,
-            "priority": self.priority, "args": self.args, "kwargs": self.kwargs,
-            "attempts": self.attempts, "max_attempts": self.max_attempts,
-            "enqueued_at": iso(self.enqueued_at), "run_after": iso(self.run_after),
-            "started_at": iso(self.started_at), "last_attempted_at": iso(self.last_attempted_at),
-            "finished_at": iso(self.finished_at), "return_value": self.return_value,
-            "worker_ids": self.worker_ids, "errors": self.errors, "dead_reason": self.dead_reason,
+            "id": self.id,
+            "type": self.type,
+            "queue": self.queue,
+            "status": self.status,
+            "priority": self.priority,
+            "args": self.args,
+            "kwargs": self.kwargs,
+            "attempts": self.attempts,
+            "max_attempts": self.max_attempts,
+            "enqueued_at": iso(self.enqueued_at),
+            "run_after": iso(self.run_after),
+            "started_at": iso(self.started_at),
+            "last_attempted_at": iso(self.last_attempted_at),
+            "finished_at": iso(self.finished_at),
+            "return_value": self.return_value,
+            "worker_ids": self.worker_ids,
+            "errors": self.errors,
+            "dead_reason": self.dead_reason,
         }

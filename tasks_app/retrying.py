@@ -1,18 +1,17 @@
 """Retrying Redis calls through outages: log, back off, try again; deterministic errors surface."""
+
 from __future__ import annotations
 
 import logging
 import random
 import threading
 from collections.abc import Callable
-from typing import TypeVar
 
 from redis.exceptions import (
     ClusterError,
     ConnectionError as RedisConnectionError,
     OutOfMemoryError,
     ReadOnlyError,
-    RedisError,
     ResponseError,
     SlotNotCoveredError,
     TimeoutError as RedisTimeoutError,
@@ -22,7 +21,6 @@ from redis.exceptions import (
 from . import metrics
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 
 FIRST_BACKOFF_S = 0.1
 MAX_BACKOFF_S = 5.0
@@ -30,11 +28,15 @@ MAX_BACKOFF_S = 5.0
 # a failover under way, memory freed by eviction or expiry. Anything else a command or script
 # answers (a wrong argument, a value over the server's limits) fails the same way every time.
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
-    RedisConnectionError, RedisTimeoutError, ClusterError, TryAgainError, ReadOnlyError, OutOfMemoryError,
+    RedisConnectionError,
+    RedisTimeoutError,
+    ClusterError,
+    TryAgainError,
+    ReadOnlyError,
+    OutOfMemoryError,
     SlotNotCoveredError,
 )
-TRANSIENT_REPLY_PREFIXES = ("LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "OOM",
-                            "NOREPLICAS")
+TRANSIENT_REPLY_PREFIXES = ("LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "OOM", "NOREPLICAS")
 
 
 class GaveUp(Exception):
@@ -61,8 +63,14 @@ def next_backoff_s(previous_s: float) -> float:
     return min(MAX_BACKOFF_S, max(FIRST_BACKOFF_S, previous_s * 2)) * random.uniform(0.8, 1.2)
 
 
-def until_done(call: Callable[[], T], *, what: str, give_up: threading.Event,
-               refused_after: int = 0, redis_answers: Callable[[], bool] = lambda: False) -> T:
+def until_done[T](
+    call: Callable[[], T],
+    *,
+    what: str,
+    give_up: threading.Event,
+    refused_after: int = 0,
+    redis_answers: Callable[[], bool] = lambda: False,
+) -> T:
     """Run `call` until Redis accepts it; raise GaveUp once `give_up` is set.
 
     Only transient errors are retried: any other error (a ResponseError, an encoding error)

@@ -13,7 +13,8 @@ import pytest
 from tasks_app.ack_batcher import AckBatcher
 from tasks_app.broker import Broker, split_delayed_member
 from tasks_app.codec import Task, decode_task, encode_payload
-from tasks_app.executor import UNDECODABLE_TYPE, Claimed, Executor, TaskContext
+from tasks_app.context import TaskContext
+from tasks_app.executor import UNDECODABLE_TYPE, Claimed, Executor
 from tasks_app.limits import RateLimiter
 from tasks_app.models import TaskType
 from tasks_app.registry import Handler, Registry

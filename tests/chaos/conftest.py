@@ -1,4 +1,5 @@
 """Chaos fixtures: private Redis servers (single, or a 3-master cluster with or without replicas) that the test owns."""
+
 from __future__ import annotations
 
 import contextlib
@@ -9,7 +10,6 @@ import pytest
 from django.conf import settings as django_settings
 
 from tasks_app.broker import Broker, get_broker
-
 from tests.chaos.servers import RedisClusterServers, RedisServer
 
 
@@ -64,7 +64,9 @@ def cluster_broker(settings: object, key_prefix: str, tmp_path: Path) -> Iterato
 
 
 @pytest.fixture
-def replicated_cluster(settings: object, key_prefix: str, tmp_path: Path) -> Iterator[tuple[RedisClusterServers, Broker]]:
+def replicated_cluster(
+    settings: object, key_prefix: str, tmp_path: Path
+) -> Iterator[tuple[RedisClusterServers, Broker]]:
     """A private Redis Cluster of 3 masters and 3 replicas (node timeout 2 s) and a broker on it."""
     with _on_cluster(settings, tmp_path, replicas=1) as cluster_and_broker:
         yield cluster_and_broker

@@ -244,7 +244,7 @@ def statuses(broker: Broker, ids: Sequence[str]) -> dict[str, str | None]:
     pipe = broker.client.pipeline(transaction=False)
     for task_id in ids:
         pipe.hget(broker.keys.result(task_id), "status")
-    return {task_id: value.decode() if value else None for task_id, value in zip(ids, pipe.execute())}
+    return {task_id: value.decode() if value else None for task_id, value in zip(ids, pipe.execute(), strict=True)}
 
 
 def wait_finished(broker: Broker, ids: Sequence[str], timeout_s: float, fleet: Fleet | None = None) -> None:

@@ -1,4 +1,5 @@
 """Private `redis-server` processes for the chaos tests: a single server or a cluster (with or without replicas)."""
+
 from __future__ import annotations
 
 import shutil
@@ -45,13 +46,25 @@ class RedisServer:
 
     def start(self) -> RedisServer:
         """Start the server (again, on the same port and data) and wait until it answers."""
-        log = open(self.directory / "redis.log", "ab")
-        self.process = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory),
-             "--save", "", "--daemonize", "no", *self.options],
-            stdout=log, stderr=subprocess.STDOUT,
-        )
-        log.close()
+        with open(self.directory / "redis.log", "ab") as log:
+            self.process = subprocess.Popen(
+                [
+                    "redis-server",
+                    "--port",
+                    str(self.port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--dir",
+                    str(self.directory),
+                    "--save",
+                    "",
+                    "--daemonize",
+                    "no",
+                    *self.options,
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         client = redis.Redis(port=self.port, socket_connect_timeout=1)
         deadline = time.monotonic() + READY_TIMEOUT_S
         while True:
@@ -87,9 +100,20 @@ class RedisClusterServers:
 
     def __init__(self, directory: Path, masters: int = 3, *, replicas: int = 0, node_timeout_ms: int = 5000) -> None:
         self.replicas = replicas
-        self.servers = [RedisServer(directory, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
-                                    "--cluster-node-timeout", str(node_timeout_ms), "--appendonly", "no")
-                        for _ in range(masters * (1 + replicas))]
+        self.servers = [
+            RedisServer(
+                directory,
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                str(node_timeout_ms),
+                "--appendonly",
+                "no",
+            )
+            for _ in range(masters * (1 + replicas))
+        ]
 
     @property
     def url(self) -> str:
@@ -99,10 +123,20 @@ class RedisClusterServers:
         """Start every node, create the cluster and wait until every node reports it healthy."""
         for server in self.servers:
             server.start()
-        subprocess.run(["redis-cli", "--cluster", "create",
-                        *[f"127.0.0.1:{server.port}" for server in self.servers],
-                        "--cluster-replicas", str(self.replicas), "--cluster-yes"],
-                       check=True, capture_output=True, timeout=60)
+        subprocess.run(
+            [
+                "redis-cli",
+                "--cluster",
+                "create",
+                *[f"127.0.0.1:{server.port}" for server in self.servers],
+                "--cluster-replicas",
+                str(self.replicas),
+                "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
         deadline = time.monotonic() + READY_TIMEOUT_S
         for server in self.servers:
             client = redis.Redis(port=server.port)

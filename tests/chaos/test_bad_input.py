@@ -1,4 +1,5 @@
 """Scenario 9: garbage bytes and unknown task types mixed into a large batch."""
+
 from __future__ import annotations
 
 import os
@@ -21,13 +22,15 @@ CHUNK = 100
 
 def garbage(rng: random.Random) -> bytes:
     """Bytes that are no task: invalid protobuf, or an envelope without id/type, or plain text."""
-    return rng.choice([
-        b"\xff" + os.urandom(rng.randint(1, 64)),  # field 31, wire type 7: never valid protobuf
-        b"",
-        b"{\"type\": \"test.record\"}",
-        encode_task(Task(type="test.record")),  # no id
-        b"\x0a\x05hello",  # an id, no type
-    ])
+    return rng.choice(
+        [
+            b"\xff" + os.urandom(rng.randint(1, 64)),  # field 31, wire type 7: never valid protobuf
+            b"",
+            b'{"type": "test.record"}',
+            encode_task(Task(type="test.record")),  # no id
+            b"\x0a\x05hello",  # an id, no type
+        ]
+    )
 
 
 def unknown_type(queue: str) -> Enqueueable:
@@ -58,8 +61,16 @@ def test_bad_input_is_dead_lettered_and_never_stops_the_consumer(chaos_broker, c
 
     result = tally(broker, good)
     dead = [decode_task(raw) for raw, _ in broker.list_dead("default", limit=bad + 10)]
-    Summary("9-bad-input", len(good) + bad, result.total_runs, len(result.lost), len(result.duplicates), 0, None,
-            {"garbage": bad_garbage, "unknown_type": bad_unknown, "dead_lettered": len(dead)}).report()
+    Summary(
+        "9-bad-input",
+        len(good) + bad,
+        result.total_runs,
+        len(result.lost),
+        len(result.duplicates),
+        0,
+        None,
+        {"garbage": bad_garbage, "unknown_type": bad_unknown, "dead_lettered": len(dead)},
+    ).report()
     assert result.lost == []
     assert len(dead) == bad
     assert all(task.dead_reason for task in dead)

@@ -1,4 +1,5 @@
 """Scenario 8: the queue on a 3-master Redis Cluster (REDIS_CLUSTER=1): round trip and rate limit."""
+
 from __future__ import annotations
 
 import pytest
@@ -58,8 +59,12 @@ def test_rate_limit_holds_across_consumers_on_a_cluster(cluster_broker, consumer
     consumers = [consumer_process("--lease", "2", "--concurrency", "4") for _ in range(2)]
     wait_until(lambda: len(broker.live_consumers("default")) == 2, 30, message="two consumers to register")
     enqueued = producer.enqueue("test.record", count=scaled(40, 200))
-    wait_until(lambda: len(recorded_runs(broker)) >= len(enqueued), scaled(60, 120), interval_s=0.5,
-               message="every limited task to start")
+    wait_until(
+        lambda: len(recorded_runs(broker)) >= len(enqueued),
+        scaled(60, 120),
+        interval_s=0.5,
+        message="every limited task to start",
+    )
 
     runs = recorded_runs(broker)
     assert sorted(run["task_id"] for run in runs) == sorted(task.id for task in enqueued)

@@ -1,4 +1,5 @@
 """Scenario 8, recovery on Redis Cluster: kill -9 with queues on every master, and a master's failover."""
+
 from __future__ import annotations
 
 import pytest
@@ -30,8 +31,14 @@ def queues_by_master(broker: Broker, per_master: int) -> dict[str, list[str]]:
 def test_kill_9_with_queues_on_every_master(cluster_broker, consumer_process):
     queues = [queue for queues in queues_by_master(cluster_broker, 2).values() for queue in queues]
     for run in range(scaled(3, 15)):
-        kill_one_of_two(cluster_broker, consumer_process, queues, scenario="8-cluster-kill-9-spread", run=run,
-                        per_queue=scaled(100, 600))
+        kill_one_of_two(
+            cluster_broker,
+            consumer_process,
+            queues,
+            scenario="8-cluster-kill-9-spread",
+            run=run,
+            per_queue=scaled(100, 600),
+        )
 
 
 @pytest.mark.timeout(300)
@@ -39,8 +46,11 @@ def test_master_failover_loses_nothing(replicated_cluster, consumer_process):
     cluster, broker = replicated_cluster
     by_master = queues_by_master(broker, 1)
     queues = [queue for queues in by_master.values() for queue in queues]
-    victim_queue = next(queue for queue in queues  # not the node the consumers were pointed at
-                        if broker.client.get_node_from_key(broker.keys.pending(queue)).port != cluster.servers[0].port)
+    victim_queue = next(
+        queue
+        for queue in queues  # not the node the consumers were pointed at
+        if broker.client.get_node_from_key(broker.keys.pending(queue)).port != cluster.servers[0].port
+    )
     master = cluster.server_on_port(broker.client.get_node_from_key(broker.keys.pending(victim_queue)).port)
     replica = cluster.replica_of(master)
     fleet = Fleet(consumer_process, broker, queues, concurrency=4, prefetch=None)
@@ -51,8 +61,12 @@ def test_master_failover_loses_nothing(replicated_cluster, consumer_process):
     cluster.wait_replicated(master)  # the tasks themselves are on the replica: a loss below is ours
     wait_until(lambda: broker.client.llen(runs_key()) >= len(ids) // 3, 60, message="a third of the tasks to start")
     master.kill()
-    wait_until(lambda: redis.Redis(port=replica.port).info("replication")["role"] == "master", 30,
-               interval_s=0.1, message="the replica to be promoted")
+    wait_until(
+        lambda: redis.Redis(port=replica.port).info("replication")["role"] == "master",
+        30,
+        interval_s=0.1,
+        message="the replica to be promoted",
+    )
     assert_all_done(broker, fleet, ids, "8-cluster-master-failover", None)
     for consumer_id in ("f1", "f2"):
         assert fleet.processes[consumer_id].process.poll() is None, f"{consumer_id} exited\n{fleet.logs()}"

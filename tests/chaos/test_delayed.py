@@ -1,4 +1,5 @@
 """Scenario 7: delayed tasks due after more than a lease, with a consumer killed while it runs promoted ones."""
+
 from __future__ import annotations
 
 import pytest
@@ -33,9 +34,14 @@ def test_delayed_tasks_run_once_and_never_early_across_a_kill(chaos_broker, cons
     for consumer_id in ("d1", "d2"):
         fleet.spawn(consumer_id)
     fleet.wait_registered(["d1", "d2"])
-    requests = [TaskRequest("test.record", kwargs={"sleep_s": TASK_SLEEP_S},
-                            delay_s=rng.uniform(LEASE_S * 1.2, LEASE_S * scaled(2.5, 15)))
-                for _ in range(scaled(300, 3000))]
+    requests = [
+        TaskRequest(
+            "test.record",
+            kwargs={"sleep_s": TASK_SLEEP_S},
+            delay_s=rng.uniform(LEASE_S * 1.2, LEASE_S * scaled(2.5, 15)),
+        )
+        for _ in range(scaled(300, 3000))
+    ]
     due_ms = {t.id: t.run_after_ms for t in producer.enqueue_many(requests)}
     wait_until(lambda: started_on(broker, "d1"), 30, message="d1 to start a promoted task")
     held, running = fleet.kill_while_running("d1")
@@ -51,14 +57,28 @@ def test_delayed_tasks_run_once_and_never_early_across_a_kill(chaos_broker, cons
         last_start_ms[run["task_id"]] = max(run["start_ms"], last_start_ms.get(run["task_id"], 0))
     on_time_s = [(start - due_ms[tid]) / 1000 for tid, start in last_start_ms.items() if tid not in held]
     recovered_s = [(last_start_ms[tid] - due_ms[tid]) / 1000 for tid in held]
-    Summary("7-delayed-across-kill", len(ids), result.total_runs, len(result.lost), len(result.duplicates),
-            len(running), None,
-            {"held_at_kill": len(held), "early": len(early), "lateness_p99_s": round(percentile(on_time_s, 0.99), 3),
-             "lateness_max_s": round(max(on_time_s), 3), "recovered_lateness_max_s": round(max(recovered_s), 3)}
-            ).report()
+    Summary(
+        "7-delayed-across-kill",
+        len(ids),
+        result.total_runs,
+        len(result.lost),
+        len(result.duplicates),
+        len(running),
+        None,
+        {
+            "held_at_kill": len(held),
+            "early": len(early),
+            "lateness_p99_s": round(percentile(on_time_s, 0.99), 3),
+            "lateness_max_s": round(max(on_time_s), 3),
+            "recovered_lateness_max_s": round(max(recovered_s), 3),
+        },
+    ).report()
     assert early == [], f"ran before their due time: {early[:3]}"
     assert result.lost == []
-    assert result.duplicates <= running, f"ran twice without running on the killed consumer: {result.duplicates - running}"
-    assert percentile(on_time_s, 0.99) <= ON_TIME_P99_S and max(on_time_s) <= ON_TIME_MAX_S, \
+    assert result.duplicates <= running, (
+        f"ran twice without running on the killed consumer: {result.duplicates - running}"
+    )
+    assert percentile(on_time_s, 0.99) <= ON_TIME_P99_S and max(on_time_s) <= ON_TIME_MAX_S, (
         f"late: p99 {percentile(on_time_s, 0.99):.3f} s, max {max(on_time_s):.3f} s"
+    )
     assert max(recovered_s) <= RECOVERED_MAX_S, f"recovered tasks started up to {max(recovered_s):.2f} s late"

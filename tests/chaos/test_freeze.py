@@ -1,4 +1,5 @@
 """Scenario 3: a consumer frozen with SIGSTOP for three leases, then thawed with SIGCONT."""
+
 from __future__ import annotations
 
 import signal
@@ -22,8 +23,11 @@ def freeze(fleet: Fleet, consumer_id: str) -> tuple[set[str], set[str], float]:
     frozen_ms = broker.server_time_ms()
     lease_deadline_ms = broker.client.zscore(broker.keys.consumers("default"), consumer_id)
     assert lease_deadline_ms is not None, f"{consumer_id} had no lease when frozen"
-    running = {run["task_id"] for run in recorded_runs(broker)
-               if run["consumer"] == consumer_id and run["start_ms"] <= frozen_ms} & held
+    running = {
+        run["task_id"]
+        for run in recorded_runs(broker)
+        if run["consumer"] == consumer_id and run["start_ms"] <= frozen_ms
+    } & held
     return held, running, lease_deadline_ms
 
 
@@ -33,8 +37,12 @@ def thaw_after_three_leases(fleet: Fleet, consumer_id: str, frozen_at: float) ->
     Returns the seconds its tasks took to be back.
     """
     broker = fleet.broker
-    wait_until(lambda: not fleet.held(consumer_id), LEASE_S + 1, interval_s=0.02,
-               message="the frozen consumer's tasks to be back in pending within lease + 1 s")
+    wait_until(
+        lambda: not fleet.held(consumer_id),
+        LEASE_S + 1,
+        interval_s=0.02,
+        message="the frozen consumer's tasks to be back in pending within lease + 1 s",
+    )
     recovery_s = time.monotonic() - frozen_at
     time.sleep(max(0.0, frozen_at + 3 * LEASE_S - time.monotonic()))
     assert consumer_id in [m.decode() for m in broker.client.zrange(broker.keys.reaped("default"), 0, -1)]
@@ -64,18 +72,32 @@ def test_frozen_consumer_is_reaped_and_comes_back_under_a_new_id(chaos_broker, c
     result = tally(broker, ids)
     live = {c["id"] for c in broker.live_consumers("default")}
     late_acks = log.count("its outcome here was not applied")
-    started_late = [run for run in recorded_runs(broker)
-                    if run["consumer"] == "frozen" and run["start_ms"] > lease_deadline_ms]
-    Summary("3-frozen-consumer", len(ids), result.total_runs, len(result.lost), len(result.duplicates),
-            len(running_at_freeze), recovery_s,
-            {"late_acks_lost": late_acks, "held_at_freeze": len(held_at_freeze),
-             "started_after_lease_expired": len(started_late)}).report()
+    started_late = [
+        run for run in recorded_runs(broker) if run["consumer"] == "frozen" and run["start_ms"] > lease_deadline_ms
+    ]
+    Summary(
+        "3-frozen-consumer",
+        len(ids),
+        result.total_runs,
+        len(result.lost),
+        len(result.duplicates),
+        len(running_at_freeze),
+        recovery_s,
+        {
+            "late_acks_lost": late_acks,
+            "held_at_freeze": len(held_at_freeze),
+            "started_after_lease_expired": len(started_late),
+        },
+    ).report()
     assert running_at_freeze, "the consumer was frozen while running nothing"
     assert result.lost == []
-    assert started_late == [], (f"{len(started_late)} task(s) started on the frozen consumer after its lease "
-                                f"expired (deadline {lease_deadline_ms:.0f} ms), e.g. {started_late[:2]}")
+    assert started_late == [], (
+        f"{len(started_late)} task(s) started on the frozen consumer after its lease "
+        f"expired (deadline {lease_deadline_ms:.0f} ms), e.g. {started_late[:2]}"
+    )
     assert result.duplicates <= running_at_freeze, (
-        f"only the tasks running on the frozen consumer may run twice; also: {result.duplicates - running_at_freeze}")
+        f"only the tasks running on the frozen consumer may run twice; also: {result.duplicates - running_at_freeze}"
+    )
     assert "consumer frozen lost its lease" in log and "continuing as frozen.1" in log
     assert late_acks >= 1, "the thawed consumer's finished tasks should have found their acks lost"
     assert {"frozen.1", "b", "c"} <= live and "frozen" not in live

@@ -1,6 +1,8 @@
 """Scenario 10: hostile input among a few thousand good tasks, as real handlers and foreign producers send it."""
+
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import uuid
@@ -40,13 +42,20 @@ class Hostile:
 
 def foreign(type_name: str, payload: bytes = b"", task_id: str | None = None) -> tuple[str, bytes]:
     """A task envelope as another language's producer would write it (one attempt allowed)."""
-    task = Task(id=task_id or str(uuid.uuid4()), type=type_name, queue=QUEUE, payload=payload, max_attempts=1,
-                enqueued_at_ms=int(time.time() * 1000))
+    task = Task(
+        id=task_id or str(uuid.uuid4()),
+        type=type_name,
+        queue=QUEUE,
+        payload=payload,
+        max_attempts=1,
+        enqueued_at_ms=int(time.time() * 1000),
+    )
     return task.id, encode_task(task)
 
 
-def push_foreign(broker: Broker, hostile: Hostile, kind: str, type_name: str, payload: bytes = b"",
-                 task_id: str | None = None) -> None:
+def push_foreign(
+    broker: Broker, hostile: Hostile, kind: str, type_name: str, payload: bytes = b"", task_id: str | None = None
+) -> None:
     task_id, raw = foreign(type_name, payload, task_id)
     broker.client.lpush(broker.keys.pending(QUEUE), raw)
     hostile.add(kind, task_id)
@@ -144,8 +153,9 @@ def mixed_load(broker: Broker, total: int) -> tuple[list[str], Hostile]:
 def hostile_types() -> None:
     """One attempt for every hostile type (so each ends at once), 0.5 s timeout for the sleeper."""
     for name in ("test.hostile_return", "test.hostile_raise", "test.hostile_sleep", "demo.echo"):
-        TaskType.objects.create(name=name, handler=name, max_attempts=1,
-                                timeout=0.5 if name == "test.hostile_sleep" else None)
+        TaskType.objects.create(
+            name=name, handler=name, max_attempts=1, timeout=0.5 if name == "test.hostile_sleep" else None
+        )
 
 
 @pytest.mark.timeout(300)
@@ -160,19 +170,31 @@ def test_hostile_input_fails_only_itself_and_never_stalls_a_consumer(start_redis
     good, hostile = mixed_load(broker, scaled(2000, 10000))
     wait_finished(broker, good, scaled(60, 300), fleet)
 
-    try:
+    with contextlib.suppress(AssertionError):
         wait_until(lambda: not wrong_outcomes(broker, hostile), 20, interval_s=0.5, message="bad entries to end")
-    except AssertionError:
-        pass
     wrong = wrong_outcomes(broker, hostile)
     by_id, undecodable = dead_letters(broker)
-    unmatched_prefixless = sum(kind == "delayed_no_prefix" and task_id not in by_id
-                               and broker.get_result(task_id) is None for task_id, kind in hostile.ids.items())
+    unmatched_prefixless = sum(
+        kind == "delayed_no_prefix" and task_id not in by_id and broker.get_result(task_id) is None
+        for task_id, kind in hostile.ids.items()
+    )
     result = tally(broker, good)
-    Summary("10-hostile-input", len(good) + len(hostile.ids) + hostile.garbage, result.total_runs, len(result.lost),
-            len(result.duplicates), 0, None,
-            {"bad": dict(Counter(hostile.ids.values())), "garbage": hostile.garbage, "dead_lettered": len(by_id),
-             "undecodable_dead": undecodable, "wrong_outcomes": {k: dict(v) for k, v in wrong.items()}}).report()
+    Summary(
+        "10-hostile-input",
+        len(good) + len(hostile.ids) + hostile.garbage,
+        result.total_runs,
+        len(result.lost),
+        len(result.duplicates),
+        0,
+        None,
+        {
+            "bad": dict(Counter(hostile.ids.values())),
+            "garbage": hostile.garbage,
+            "dead_lettered": len(by_id),
+            "undecodable_dead": undecodable,
+            "wrong_outcomes": {k: dict(v) for k, v in wrong.items()},
+        },
+    ).report()
     assert result.lost == [], f"good tasks lost: {len(result.lost)}"
     assert wrong == {}, f"bad entries not ended with a reason: {wrong}\n{fleet.logs()}"
     assert undecodable >= hostile.garbage + unmatched_prefixless, "undecodable entries not dead-lettered with a reason"

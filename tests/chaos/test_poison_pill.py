@@ -1,4 +1,5 @@
 """Scenario 5: a task that SIGKILLs every consumer that runs it."""
+
 from __future__ import annotations
 
 import time
@@ -8,7 +9,7 @@ import pytest
 from tasks_app import producer
 from tasks_app.broker import MAX_RECOVERIES
 from tasks_app.codec import decode_task
-from tests.chaos.harness import LEASE_S, Fleet, Summary, scaled, statuses, tally, wait_finished
+from tests.chaos.harness import Fleet, Summary, scaled, statuses, tally, wait_finished
 
 pytestmark = [pytest.mark.chaos, pytest.mark.django_db(transaction=True)]
 
@@ -42,9 +43,16 @@ def test_poison_pill_is_dead_lettered_after_the_recovery_limit(chaos_broker, con
 
     result = tally(broker, good)
     dead = [decode_task(raw) for raw, _ in broker.list_dead("default")]
-    Summary("5-poison-pill", len(good) + 1, result.total_runs + deaths, len(result.lost), len(result.duplicates),
-            len(result.duplicates), None, {"consumers_killed_by_pill": deaths,
-                                           "dead_lettered": len(dead)}).report()
+    Summary(
+        "5-poison-pill",
+        len(good) + 1,
+        result.total_runs + deaths,
+        len(result.lost),
+        len(result.duplicates),
+        len(result.duplicates),
+        None,
+        {"consumers_killed_by_pill": deaths, "dead_lettered": len(dead)},
+    ).report()
     assert [task.id for task in dead] == [pill]
     assert f"recovered {MAX_RECOVERIES + 1} times" in dead[0].dead_reason
     assert deaths == MAX_RECOVERIES + 1

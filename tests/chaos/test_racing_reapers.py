@@ -1,4 +1,5 @@
 """Scenario 6: many reapers racing over the list of one dead consumer."""
+
 from __future__ import annotations
 
 import threading
@@ -61,13 +62,21 @@ def test_racing_reapers_requeue_each_task_exactly_once(chaos_broker):
     # Reaped tasks wait as suspects (one runs per consumer at a time, so running 1,500 of them
     # would take a minute): count what the reapers put back, entry by entry, instead.
     keys = broker.keys
-    requeued_entries = [*broker.client.lrange(keys.suspects("default"), 0, -1),
-                        *broker.client.lrange(keys.pending("default"), 0, -1)]
+    requeued_entries = [
+        *broker.client.lrange(keys.suspects("default"), 0, -1),
+        *broker.client.lrange(keys.pending("default"), 0, -1),
+    ]
     copies = Counter(decode_task(raw).id for raw in requeued_entries if raw != WAKE_TOKEN)
-    Summary("6-racing-reapers", len(ids), sum(copies.values()), len(set(ids) - set(copies)),
-            sum(n - 1 for n in copies.values()), 0, recovery_s,
-            {"held_by_dead": len(held_by_dead), "reapers": REAPER_THREADS,
-             "requeued_by_threads": sum(requeued)}).report()
+    Summary(
+        "6-racing-reapers",
+        len(ids),
+        sum(copies.values()),
+        len(set(ids) - set(copies)),
+        sum(n - 1 for n in copies.values()),
+        0,
+        recovery_s,
+        {"held_by_dead": len(held_by_dead), "reapers": REAPER_THREADS, "requeued_by_threads": sum(requeued)},
+    ).report()
     assert len(requeued) == REAPER_THREADS
     assert sum(requeued) == len(held_by_dead) == len(ids)
     assert not broker.client.llen(keys.processing("default", "dead"))

@@ -1,4 +1,5 @@
 """Scenario 4: Redis itself crashes mid-run and comes back later than a lease."""
+
 from __future__ import annotations
 
 import time
@@ -44,9 +45,15 @@ def test_redis_restart_loses_nothing_and_runs_nothing_twice(start_redis, consume
 
     result = tally(broker, ids, per_attempt=True)
     resumed_ms = min(run["start_ms"] for run in recorded_runs(broker) if run["start_ms"] >= restarted_ms)
-    Summary(f"4-redis-restart-aof-{fsync}", len(ids), result.total_runs, len(result.lost), len(result.duplicates),
-            0, (resumed_ms - restarted_ms) / 1000, {"down_s": LEASE_S * 1.5}
-            ).report()
+    Summary(
+        f"4-redis-restart-aof-{fsync}",
+        len(ids),
+        result.total_runs,
+        len(result.lost),
+        len(result.duplicates),
+        0,
+        (resumed_ms - restarted_ms) / 1000,
+        {"down_s": LEASE_S * 1.5},
+    ).report()
     assert result.lost == []
     assert result.duplicates == set(), "a live consumer's task was recovered after the restart"
-

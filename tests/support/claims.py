@@ -1,4 +1,5 @@
 """Putting tasks into a queue and into a consumer's hands directly, for unit tests of the consumer."""
+
 from __future__ import annotations
 
 import time

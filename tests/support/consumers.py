@@ -1,4 +1,5 @@
 """A consumer built by the test (its own brokers) running in a thread of this process."""
+
 from __future__ import annotations
 
 import contextlib

@@ -1,4 +1,5 @@
 """`@task` functions for the django.tasks tests; consumer subprocesses load them via TASK_HANDLER_MODULES."""
+
 import time
 from typing import Any
 
@@ -40,8 +41,11 @@ def flaky(context: TaskContext, failures: int = 2) -> int:
 @task(takes_context=True)
 def attempt_and_workers(context: TaskContext) -> dict[str, Any]:
     """Return what the context says about this run."""
-    return {"attempt": context.attempt, "workers": len(context.task_result.worker_ids),
-            "status": context.task_result.status}
+    return {
+        "attempt": context.attempt,
+        "workers": len(context.task_result.worker_ids),
+        "status": context.task_result.status,
+    }
 
 
 @task

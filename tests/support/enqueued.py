@@ -1,4 +1,5 @@
 """What an enqueue leaves in Redis, for tests that claim a rejected request enqueued nothing."""
+
 from __future__ import annotations
 
 from tasks_app.broker import Broker

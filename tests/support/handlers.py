@@ -1,4 +1,5 @@
 """Handlers used by the tests; consumer subprocesses load them via TASK_HANDLER_MODULES."""
+
 import json
 import os
 import signal
@@ -21,10 +22,20 @@ def record(context: Any, sleep_s: float = 0.0, fail_until_attempt: int = 0, **ex
     """Record this run (task id, attempt, consumer, start time on the Redis clock), then work."""
     broker = get_broker()
     seconds, micros = broker.client.time()
-    broker.client.rpush(runs_key(), json.dumps({
-        "task_id": context.task_id, "attempt": context.attempt, "consumer": context.consumer_id,
-        "type": context.type, "start_ms": seconds * 1000 + micros / 1000, "pid": os.getpid(), **extra,
-    }))
+    broker.client.rpush(
+        runs_key(),
+        json.dumps(
+            {
+                "task_id": context.task_id,
+                "attempt": context.attempt,
+                "consumer": context.consumer_id,
+                "type": context.type,
+                "start_ms": seconds * 1000 + micros / 1000,
+                "pid": os.getpid(),
+                **extra,
+            }
+        ),
+    )
     if sleep_s:
         time.sleep(float(sleep_s))
     if context.attempt <= int(fail_until_attempt):

@@ -1,6 +1,8 @@
 """Real `manage.py runconsumer` subprocesses for tests that kill, freeze or signal them."""
+
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -22,18 +24,22 @@ def consumer_env(prefix: str, **extra: str) -> dict[str, str]:
     if db["ENGINE"].endswith("sqlite3"):
         database_url = f"sqlite:///{db['NAME']}"
     else:
-        database_url = (f"postgres://{db['USER'] or ''}:{db['PASSWORD'] or ''}@{db['HOST'] or '127.0.0.1'}:"
-                        f"{db['PORT'] or 5432}/{db['NAME']}")
-    env.update({
-        "DATABASE_URL": database_url,
-        "REDIS_URL": settings.REDIS_URL,
-        "REDIS_CLUSTER": "1" if settings.REDIS_CLUSTER else "0",
-        "TASKS_KEY_PREFIX": prefix,
-        "TASK_HANDLER_MODULES": "tests.support.handlers",
-        "TASKS_CONFIG_REFRESH_S": str(settings.TASKS_CONFIG_REFRESH_S),
-        "PYTHONUNBUFFERED": "1",
-        "LOG_LEVEL": "WARNING",
-    })
+        database_url = (
+            f"postgres://{db['USER'] or ''}:{db['PASSWORD'] or ''}@{db['HOST'] or '127.0.0.1'}:"
+            f"{db['PORT'] or 5432}/{db['NAME']}"
+        )
+    env.update(
+        {
+            "DATABASE_URL": database_url,
+            "REDIS_URL": settings.REDIS_URL,
+            "REDIS_CLUSTER": "1" if settings.REDIS_CLUSTER else "0",
+            "TASKS_KEY_PREFIX": prefix,
+            "TASK_HANDLER_MODULES": "tests.support.handlers",
+            "TASKS_CONFIG_REFRESH_S": str(settings.TASKS_CONFIG_REFRESH_S),
+            "PYTHONUNBUFFERED": "1",
+            "LOG_LEVEL": "WARNING",
+        }
+    )
     env.update(extra)
     return env
 
@@ -43,12 +49,15 @@ class ConsumerProcess:
 
     def __init__(self, prefix: str, *args: str, log_dir: Path, name: str = "consumer", **env: str) -> None:
         self.log_path = log_dir / f"{name}-{time.monotonic_ns()}.log"
-        self._log = open(self.log_path, "wb")
-        self.process = subprocess.Popen(
-            [sys.executable, str(PROJECT_DIR / "manage.py"), "runconsumer", *args],
-            cwd=PROJECT_DIR, env=consumer_env(prefix, **env), stdout=self._log, stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group, so a test can kill the group as a supervisor would
-        )
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, str(PROJECT_DIR / "manage.py"), "runconsumer", *args],
+                cwd=PROJECT_DIR,
+                env=consumer_env(prefix, **env),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group, so a test can kill the group as a supervisor would
+            )
 
     @property
     def pid(self) -> int:
@@ -59,10 +68,8 @@ class ConsumerProcess:
 
     def kill(self) -> None:
         """SIGKILL the whole process group (the consumer and anything it started), and reap the process."""
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.process.wait(timeout=10)
 
     def terminate(self, timeout_s: float = 60) -> int:
@@ -71,13 +78,9 @@ class ConsumerProcess:
         return self.wait(timeout_s)
 
     def wait(self, timeout_s: float) -> int:
-        try:
-            return self.process.wait(timeout=timeout_s)
-        finally:
-            self._log.flush()
+        return self.process.wait(timeout=timeout_s)
 
     def log(self) -> str:
-        self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
@@ -85,11 +88,11 @@ class ConsumerProcess:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGCONT)
             self.kill()
-        self._log.close()
 
 
-def wait_until(condition: Callable[[], object], timeout_s: float, interval_s: float = 0.05,
-               message: str = "condition") -> object:
+def wait_until(
+    condition: Callable[[], object], timeout_s: float, interval_s: float = 0.05, message: str = "condition"
+) -> object:
     """Poll `condition` until it is truthy; fail the test after `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while True:

@@ -1,4 +1,5 @@
 """A TCP proxy in front of Redis that can cut connections or swallow one reply, for network-failure tests."""
+
 from __future__ import annotations
 
 import contextlib

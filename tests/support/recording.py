@@ -1,4 +1,5 @@
 """Reading what `test.record` wrote."""
+
 import json
 from collections import Counter
 from typing import Any

@@ -1,4 +1,5 @@
 """Reading Prometheus text exposition in tests."""
+
 from __future__ import annotations
 
 import socket
@@ -35,8 +36,9 @@ class Scrape:
 
     def value(self, name: str, **labels: str) -> float:
         """Sum of the samples called `name` whose labels include `labels` (0 if none)."""
-        return sum(s.value for s in self.samples
-                   if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+        return sum(
+            s.value for s in self.samples if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+        )
 
     def has(self, name: str, **labels: str) -> bool:
         """True if some sample called `name` has these labels."""

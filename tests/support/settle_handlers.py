@@ -1,4 +1,5 @@
 """Handlers whose outcomes are hard to store or to stop; consumer subprocesses load them too."""
+
 import json
 import time
 from typing import Any
@@ -20,8 +21,10 @@ def _redis_now_s() -> float:
 
 
 def _note(context: Any, event: str) -> None:
-    get_broker().client.rpush(spans_key(), json.dumps({
-        "task_id": context.task_id, "attempt": context.attempt, "event": event, "at_s": _redis_now_s()}))
+    get_broker().client.rpush(
+        spans_key(),
+        json.dumps({"task_id": context.task_id, "attempt": context.attempt, "event": event, "at_s": _redis_now_s()}),
+    )
 
 
 @handler("settle.latin1_name")
