@@ -40,8 +40,8 @@ def fill_others(system, queue: str, in_flight: int) -> None:
 
 def ack_one(system, queue: str, held: list[bytes]) -> float:
     """Ack our oldest held task of `queue` with its result write, claim a new one; return the ack's seconds."""
-    from tasks_app import results
-    from tasks_app.codec import decode_task
+    from tasks_app.protocol import results
+    from tasks_app.protocol.codec import decode_task
 
     raw = held.pop(0)
     task = decode_task(raw)

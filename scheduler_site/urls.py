@@ -3,7 +3,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
-from tasks_app.health import healthz
+from tasks_app.web.health import healthz
 
 urlpatterns = [
     path("admin/", admin.site.urls),

@@ -1,6 +1,6 @@
 """A reliable, rate-limited task queue for Django on Redis."""
 
-from .exceptions import TaskTimeout
-from .registry import handler
+from tasks_app.exceptions import TaskTimeout
+from tasks_app.registry import handler
 
 __all__ = ["TaskTimeout", "handler"]

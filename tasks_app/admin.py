@@ -8,9 +8,9 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
-from .api_auth import fill_new_token
-from .models import ApiToken, TaskType
-from .registry import registry
+from tasks_app.models import ApiToken, TaskType
+from tasks_app.registry import registry
+from tasks_app.web.api_auth import fill_new_token
 
 
 class TaskTypeForm(forms.ModelForm):

@@ -4,7 +4,7 @@ from types import ModuleType
 
 from django.apps import AppConfig
 
-from .conf import apply_defaults
+from tasks_app.conf import apply_defaults
 
 # Modules of every installed app searched for handlers: `@handler` functions and, in Django's
 # usual home for them, `@django.tasks.task` functions.
@@ -28,8 +28,8 @@ class TasksAppConfig(AppConfig):
         from django.utils.module_loading import module_has_submodule
 
         # Imported for their effect: checks registers the system checks, signals connects the receivers.
-        from . import checks, signals  # noqa: F401
-        from .registry import registry
+        from tasks_app import checks, signals  # noqa: F401
+        from tasks_app.registry import registry
 
         discovered = [
             f"{app.name}.{submodule}"

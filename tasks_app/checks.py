@@ -5,7 +5,7 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
 
-from .names import NAME_PATTERN
+from tasks_app.protocol.names import NAME_PATTERN
 
 # Well under Redis's default proto-max-bulk-len (512 MiB): a record holds a value and a traceback.
 MAX_RESULT_BYTES_LIMIT = 64 * 1024 * 1024
@@ -16,7 +16,7 @@ MAX_CLUSTER_WAIT_MS = 10_000
 @register()
 def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """Validate the task queue settings and report handler modules that failed to import."""
-    from .registry import registry
+    from tasks_app.registry import registry
 
     problems: list[CheckMessage] = []
     if not NAME_PATTERN.fullmatch(settings.TASKS_KEY_PREFIX or ""):

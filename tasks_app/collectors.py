@@ -11,9 +11,9 @@ from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError as Futur
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from . import metrics
-from .broker import Broker, QueueStats
-from .names import NAME_PATTERN
+from tasks_app import metrics
+from tasks_app.protocol.broker import Broker, QueueStats
+from tasks_app.protocol.names import NAME_PATTERN
 
 logger = logging.getLogger(__name__)
 

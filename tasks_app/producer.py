@@ -13,13 +13,13 @@ from typing import Any, NamedTuple
 from django.conf import settings
 from redis.exceptions import RedisError
 
-from . import results
-from .batch_args import Enqueueable
-from .broker import Broker, get_broker
-from .codec import PRIORITY_MAX, PRIORITY_MIN, Arguments, Task, encode_payload, encode_task
-from .names import InvalidName, validate_name
-from .registry import Registry, registry as default_registry
-from .task_types import TaskTypeConfig, UnknownTaskType, recent_task_types
+from tasks_app.protocol import results
+from tasks_app.protocol.batch_args import Enqueueable
+from tasks_app.protocol.broker import Broker, get_broker
+from tasks_app.protocol.codec import PRIORITY_MAX, PRIORITY_MIN, Arguments, Task, encode_payload, encode_task
+from tasks_app.protocol.names import InvalidName, validate_name
+from tasks_app.registry import Registry, registry as default_registry
+from tasks_app.task_types import TaskTypeConfig, UnknownTaskType, recent_task_types
 
 
 class EnqueueError(ValueError):

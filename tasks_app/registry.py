@@ -11,7 +11,7 @@ from typing import Any
 
 from django.tasks import Task  # also registers Django's system checks of the TASKS backends
 
-from .names import validate_name
+from tasks_app.protocol.names import validate_name
 
 logger = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from typing import Any
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
-from .models import TaskType
-from .task_types import recent_task_types
+from tasks_app.models import TaskType
+from tasks_app.task_types import recent_task_types
 
 
 @receiver([post_save, post_delete], sender=TaskType, dispatch_uid="tasks_app.forget_task_type")

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
 
-from .models import TaskType
-from .registry import Registry
+from tasks_app.models import TaskType
+from tasks_app.registry import Registry
 
 logger = logging.getLogger(__name__)
 

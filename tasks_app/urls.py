@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from .views import api, dashboard, tasks
+from tasks_app.web import api, dashboard, tasks
 
 app_name = "tasks_app"
 

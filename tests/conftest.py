@@ -13,9 +13,9 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 import tests.support.handlers  # noqa: F401  (registers the test handlers in this process)
-from tasks_app.broker import Broker, get_broker
-from tasks_app.consumer import Consumer, ConsumerOptions
+from tasks_app.consumer.lifecycle import Consumer, ConsumerOptions
 from tasks_app.models import TaskType
+from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.task_types import recent_task_types
 from tests.support.consumers import running
 from tests.support.processes import ConsumerProcess
@@ -88,7 +88,7 @@ def redis_up_for_a_while() -> None:
     """
     import time
 
-    from tasks_app.broker import connect
+    from tasks_app.protocol.broker import connect
 
     client = connect(settings.REDIS_URL, settings.REDIS_CLUSTER)
     uptime_s = int(client.info("server")["uptime_in_seconds"])

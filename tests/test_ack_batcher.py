@@ -8,8 +8,8 @@ import pytest
 import redis
 
 from tasks_app import producer
-from tasks_app.ack_batcher import AckBatcher, merge_updates
-from tasks_app.broker import Broker, ResultUpdate
+from tasks_app.consumer.ack_batcher import AckBatcher, merge_updates
+from tasks_app.protocol.broker import Broker, ResultUpdate
 
 pytestmark = pytest.mark.django_db
 

@@ -11,8 +11,8 @@ from django.test import Client
 from django.utils import timezone
 
 from tasks_app import producer
-from tasks_app.api_auth import issue_token
 from tasks_app.models import ApiToken, TaskType
+from tasks_app.web.api_auth import issue_token
 from tests.support.enqueued import enqueued_keys
 
 pytestmark = pytest.mark.django_db

@@ -15,10 +15,10 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued, task_finished, task_started
 
 from tasks_app import producer
-from tasks_app.backends import RedisBackend
-from tasks_app.broker import Broker
-from tasks_app.codec import decode_task
+from tasks_app.django_tasks.backend import RedisBackend
 from tasks_app.models import TaskType
+from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.codec import decode_task
 from tests.support import django_tasks as tasks
 from tests.support.processes import wait_until
 

@@ -6,8 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from tasks_app.broker import LUA_DIR, MAX_RECOVERIES, WAKE_TOKEN, Enqueueable, delayed_member, split_delayed_member
-from tasks_app.codec import Task, decode_task, encode_task
+from tasks_app.protocol.broker import (
+    LUA_DIR,
+    MAX_RECOVERIES,
+    WAKE_TOKEN,
+    Enqueueable,
+    delayed_member,
+    split_delayed_member,
+)
+from tasks_app.protocol.codec import Task, decode_task, encode_task
 
 LEASE_MS = 200
 
@@ -321,8 +328,8 @@ def test_non_zero_priority_tasks_count_as_pending(broker, priority):
 
 
 def test_a_late_outcome_of_an_earlier_run_cannot_overwrite_a_later_run(broker):
-    from tasks_app import results
-    from tasks_app.codec import Arguments
+    from tasks_app.protocol import results
+    from tasks_app.protocol.codec import Arguments
 
     task = Task(id="rerun-1", type="demo.echo", queue="q", attempt=1)
     args = Arguments([], {})
@@ -383,8 +390,8 @@ def test_a_clean_exit_clears_the_start_mark_of_the_suspect_it_returns(broker):
 
 
 def test_every_tombstone_is_examined_in_turn_not_only_the_first_page(broker):
-    from tasks_app.broker import TOMBSTONE_PAGE
-    from tasks_app.loops import ReaperLoop
+    from tasks_app.consumer.loops import ReaperLoop
+    from tasks_app.protocol.broker import TOMBSTONE_PAGE
 
     now_ms = broker.server_time_ms()
     count = 2 * TOMBSTONE_PAGE + 50

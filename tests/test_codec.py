@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from google.protobuf.internal.encoder import _VarintBytes
 
-from tasks_app.codec import Task, UndecodableTask, decode_payload, decode_task, encode_payload, encode_task
+from tasks_app.protocol.codec import Task, UndecodableTask, decode_payload, decode_task, encode_payload, encode_task
 
 PROTO_DIR = Path(__file__).resolve().parent.parent / "proto"
 GENERATED_DIR = Path(__file__).resolve().parent.parent / "tasks_app"

@@ -16,11 +16,10 @@ import redis
 from django.conf import settings
 from redis.exceptions import RedisError
 
-from tasks_app import consumer as consumer_module
-from tasks_app.broker import MAX_RECOVERIES, WAKE_TOKEN, Broker, Enqueueable
-from tasks_app.codec import encode_payload
-from tasks_app.consumer import Capacity, ClaimerLoop, Consumer, ConsumerOptions
-from tasks_app.executor import Claimed
+from tasks_app.consumer.executor import Claimed
+from tasks_app.consumer.lifecycle import Capacity, ClaimerLoop, Consumer, ConsumerOptions, lifecycle as consumer_module
+from tasks_app.protocol.broker import MAX_RECOVERIES, WAKE_TOKEN, Broker, Enqueueable
+from tasks_app.protocol.codec import encode_payload
 from tests.support.claims import claim, die_running, push, register, task_bytes
 from tests.support.processes import wait_until
 from tests.support.recording import recorded_runs

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from tasks_app.ack_batcher import AckBatcher
-from tasks_app.broker import Broker, split_delayed_member
-from tasks_app.codec import Task, decode_task, encode_payload
+from tasks_app.consumer.ack_batcher import AckBatcher
+from tasks_app.consumer.executor import Claimed, Executor
+from tasks_app.consumer.limits import RateLimiter
 from tasks_app.context import TaskContext
-from tasks_app.executor import UNDECODABLE_TYPE, Claimed, Executor
-from tasks_app.limits import RateLimiter
 from tasks_app.models import TaskType
+from tasks_app.protocol.broker import UNDECODABLE_TYPE, Broker, split_delayed_member
+from tasks_app.protocol.codec import Task, decode_task, encode_payload
 from tasks_app.registry import Handler, Registry
 from tasks_app.task_types import TaskTypeCache
 from tests.support.claims import claim, push, register, task_bytes

@@ -14,10 +14,10 @@ from fakeredis.commands_mixins import server_mixin
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tasks_app import metrics
-from tasks_app.broker import Broker
-from tasks_app.codec import Task
-from tasks_app.limits import RateLimiter, RatePolicy
+from tasks_app.consumer.limits import RateLimiter, RatePolicy
 from tasks_app.models import TaskType
+from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.codec import Task
 from tasks_app.task_types import TaskTypeConfig
 from tests.support.recording import most_starts_in_any_window
 
@@ -238,7 +238,7 @@ class FlakyBroker:
 
 
 def test_limiter_retries_through_a_redis_error(broker, clock, monkeypatch):
-    monkeypatch.setattr("tasks_app.retrying.FIRST_BACKOFF_S", 0.001)
+    monkeypatch.setattr("tasks_app.consumer.lifecycle.retrying.FIRST_BACKOFF_S", 0.001)
     flaky = FlakyBroker(broker)
     limiter = RateLimiter(flaky, threading.Event())  # type: ignore[arg-type]
 

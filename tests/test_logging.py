@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from tasks_app import producer
-from tasks_app.codec import Task, encode_payload, encode_task
 from tasks_app.logging import CONTINUATION_INDENT, JsonFormatter, TextFormatter
 from tasks_app.models import TaskType
+from tasks_app.protocol.codec import Task, encode_payload, encode_task
 
 EVENT_FIELDS = {"task_id", "type", "queue", "attempt", "duration_s", "outcome"}
 

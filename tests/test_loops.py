@@ -9,8 +9,7 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tasks_app import producer
-from tasks_app.broker import MAX_RECOVERIES, Broker, connect
-from tasks_app.loops import (
+from tasks_app.consumer.loops import (
     HeartbeatLoop,
     HousekeepingLoop,
     LeaseClock,
@@ -19,7 +18,8 @@ from tasks_app.loops import (
     run_forever,
     start_thread,
 )
-from tasks_app.retrying import FIRST_BACKOFF_S
+from tasks_app.consumer.retrying import FIRST_BACKOFF_S
+from tasks_app.protocol.broker import MAX_RECOVERIES, Broker, connect
 from tests.support.claims import claim, die_running, push, register, task_bytes
 from tests.support.counters import sample
 

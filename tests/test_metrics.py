@@ -11,10 +11,10 @@ from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.parser import text_string_to_metric_families
 
 from tasks_app import metrics, producer
-from tasks_app.broker import Broker, connect
 from tasks_app.collectors import QueueCollector
-from tasks_app.health import Liveness
-from tasks_app.metrics_http import make_app
+from tasks_app.consumer.health import Liveness
+from tasks_app.consumer.metrics_http import make_app
+from tasks_app.protocol.broker import Broker, connect
 from tests.support.processes import wait_until
 from tests.support.scrape import Scrape, free_port, http_get
 

@@ -16,7 +16,7 @@ from django.conf import settings
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tasks_app.broker import Broker
+from tasks_app.protocol.broker import Broker
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ("pyproject.toml", "README.md", "lua", "tasks_app")  # what `pip wheel .` reads
@@ -144,7 +144,7 @@ def test_a_startproject_site_enqueues_and_runs_a_task_with_the_installed_app(
         "-v",
         "0",
         "-c",
-        "import tasks_app, tasks_app.broker as b; from django.urls import reverse; "
+        "import tasks_app, tasks_app.protocol.broker as b; from django.urls import reverse; "
         "print(tasks_app.__file__, b.LUA_DIR, reverse('tasks_app:dashboard'))",
         cwd=site,
         env=env,

@@ -10,9 +10,9 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
 from django.test import Client
 
-from tasks_app.api_auth import issue_token
-from tasks_app.dead_letters import list_dead_tasks
 from tasks_app.models import ApiToken
+from tasks_app.protocol.dead_letters import list_dead_tasks
+from tasks_app.web.api_auth import issue_token
 from tests.test_dead_letter_views import dead_url, make_dead
 from tests.test_views import post_enqueue
 

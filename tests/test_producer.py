@@ -5,10 +5,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tasks_app.codec import decode_payload, decode_task
 from tasks_app.models import TaskType
 from tasks_app.producer import EnqueueError, TaskRequest, enqueue, enqueue_many
-from tasks_app.results import ResultRecord
+from tasks_app.protocol.codec import decode_payload, decode_task
+from tasks_app.protocol.results import ResultRecord
 from tests.support.enqueued import enqueued_keys
 
 pytestmark = pytest.mark.django_db
@@ -222,7 +222,7 @@ def test_a_run_after_beyond_the_maximum_delay_is_refused(broker, settings):
 
 
 def test_the_form_and_the_producer_share_the_maximum_delay(settings):
-    from tasks_app.forms import EnqueueForm
+    from tasks_app.web.forms import EnqueueForm
 
     assert EnqueueForm.base_fields["delay"].max_value == settings.TASKS_MAX_DELAY_S
 

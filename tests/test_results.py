@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from tasks_app import results
-from tasks_app.broker import Broker, Enqueueable
-from tasks_app.codec import Arguments, Task, encode_task
 from tasks_app.exceptions import ResultNotJson, ResultTooLarge
+from tasks_app.protocol import results
+from tasks_app.protocol.broker import Broker, Enqueueable
+from tasks_app.protocol.codec import Arguments, Task, encode_task
 
 ARGS = Arguments([], {})
 LATIN1 = b"caf\xe9".decode("utf-8", "surrogateescape")

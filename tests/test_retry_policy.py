@@ -2,7 +2,7 @@
 
 import random
 
-from tasks_app.retry_policy import MAX_BACKOFF_S, backoff_delay_s
+from tasks_app.consumer.retry_policy import MAX_BACKOFF_S, backoff_delay_s
 
 
 def test_backoff_doubles_and_stays_in_the_upper_half():

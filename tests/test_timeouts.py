@@ -3,8 +3,8 @@
 import threading
 import time
 
+from tasks_app.consumer.timeouts import RunClock, call_with_clock
 from tasks_app.exceptions import TaskTimeout
-from tasks_app.timeouts import RunClock, call_with_clock
 
 
 def run_in_thread(timeout_s: float, handler) -> tuple[RunClock, list]:

@@ -10,10 +10,10 @@ from django.test import Client
 from django.urls import reverse
 
 from tasks_app import producer
-from tasks_app.api_auth import hash_token
-from tasks_app.broker import ResultUpdate
 from tasks_app.models import ApiToken, TaskType
-from tasks_app.results import ResultRecord
+from tasks_app.protocol.broker import ResultUpdate
+from tasks_app.protocol.results import ResultRecord
+from tasks_app.web.api_auth import hash_token
 from tests.support.enqueued import enqueued_keys
 
 pytestmark = pytest.mark.django_db
@@ -219,7 +219,7 @@ def test_admin_creates_a_token_shown_once_and_stores_only_its_hash(staff):
 
 
 def test_admin_revokes_tokens(staff):
-    from tasks_app.api_auth import issue_token
+    from tasks_app.web.api_auth import issue_token
 
     row, _ = issue_token(get_user_model().objects.get(username="boss"), "ci")
     staff.post("/admin/tasks_app/apitoken/", {"action": "revoke", "_selected_action": [row.pk]})

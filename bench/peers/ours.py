@@ -25,7 +25,7 @@ class Ours(System):
         super().__init__(redis_url)
         django_env.setup(redis_url)
         from tasks_app import producer
-        from tasks_app.broker import get_broker
+        from tasks_app.protocol.broker import get_broker
 
         self.producer = producer
         self.broker = get_broker()

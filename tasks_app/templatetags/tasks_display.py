@@ -7,7 +7,7 @@ from typing import Any
 from django import template
 from django.urls import NoReverseMatch, reverse
 
-from ..logging import escape_control
+from tasks_app.logging import escape_control
 
 register = template.Library()
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings as django_settings
 
-from tasks_app.broker import Broker, get_broker
+from tasks_app.protocol.broker import Broker, get_broker
 from tests.chaos.servers import RedisClusterServers, RedisServer
 
 

@@ -10,8 +10,8 @@ import pytest
 from django.conf import settings
 
 from tasks_app import producer
-from tasks_app.broker import Enqueueable
-from tasks_app.codec import Task, decode_task, encode_task
+from tasks_app.protocol.broker import Enqueueable
+from tasks_app.protocol.codec import Task, decode_task, encode_task
 from tests.chaos.harness import Fleet, Summary, scaled, tally, wait_finished
 from tests.support.processes import wait_until
 

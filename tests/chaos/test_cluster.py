@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tasks_app import producer
-from tasks_app.broker import Broker
-from tasks_app.results import ResultRecord
+from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.results import ResultRecord
 from tests.chaos.harness import scaled
 
 pytestmark = [pytest.mark.chaos, pytest.mark.django_db(transaction=True)]

@@ -14,8 +14,8 @@ import redis
 from prometheus_client import REGISTRY
 
 from tasks_app import producer
-from tasks_app.ack_batcher import AckBatcher
-from tasks_app.broker import Broker, ResultUpdate
+from tasks_app.consumer.ack_batcher import AckBatcher
+from tasks_app.protocol.broker import Broker, ResultUpdate
 from tests.chaos.servers import RedisClusterServers, RedisServer
 
 pytestmark = [pytest.mark.chaos, pytest.mark.django_db(transaction=True)]

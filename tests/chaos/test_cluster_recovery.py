@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from tasks_app.broker import Broker
+from tasks_app.protocol.broker import Broker
 from tests.chaos.harness import Fleet, scaled
 from tests.chaos.test_kill import assert_all_done, enqueue_everywhere, kill_one_of_two
 from tests.support.handlers import runs_key

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 import pytest
 
 from tasks_app import producer
-from tasks_app.broker import Broker, get_broker
-from tasks_app.codec import Task, UndecodableTask, decode_task, encode_task
 from tasks_app.models import TaskType
-from tasks_app.results import ResultRecord
+from tasks_app.protocol.broker import Broker, get_broker
+from tasks_app.protocol.codec import Task, UndecodableTask, decode_task, encode_task
+from tasks_app.protocol.results import ResultRecord
 from tests.chaos.harness import Fleet, Summary, scaled, settled_leftovers, tally, wait_finished
 from tests.support.processes import wait_until
 from tests.support.recording import recorded_runs

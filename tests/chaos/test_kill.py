@@ -10,12 +10,11 @@ from collections.abc import Callable
 import pytest
 
 from tasks_app import producer
-from tasks_app.broker import Broker
 from tasks_app.producer import TaskRequest
+from tasks_app.protocol.broker import Broker
+from tests.chaos.harness import LEASE_S, Fleet, Summary, scaled, seeded_rng, settled_leftovers, tally, wait_finished
 from tests.support.handlers import runs_key
 from tests.support.processes import ConsumerProcess, wait_until
-
-from tests.chaos.harness import LEASE_S, Fleet, Summary, scaled, seeded_rng, settled_leftovers, tally, wait_finished
 
 pytestmark = [pytest.mark.chaos, pytest.mark.django_db(transaction=True)]
 

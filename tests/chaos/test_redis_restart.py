@@ -7,7 +7,7 @@ import time
 import pytest
 
 from tasks_app import producer
-from tasks_app.broker import get_broker
+from tasks_app.protocol.broker import get_broker
 from tests.chaos.harness import LEASE_S, Fleet, Summary, scaled, tally, wait_finished
 from tests.support.handlers import runs_key
 from tests.support.processes import wait_until

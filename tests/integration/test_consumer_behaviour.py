@@ -3,9 +3,9 @@
 import pytest
 
 from tasks_app import producer
-from tasks_app.codec import decode_task
 from tasks_app.models import TaskType
-from tasks_app.results import ResultRecord
+from tasks_app.protocol.codec import decode_task
+from tasks_app.protocol.results import ResultRecord
 from tests.support.processes import wait_until
 from tests.support.recording import recorded_runs
 
@@ -124,7 +124,7 @@ def test_disabled_types_wait_without_using_attempts(broker, consumer_in_thread):
 
 
 def test_settings_are_read_from_memory_not_the_database_per_task(broker, django_assert_num_queries):
-    from tasks_app.executor import Claimed, Executor
+    from tasks_app.consumer.executor import Claimed, Executor
     from tasks_app.registry import registry
     from tasks_app.task_types import TaskTypeCache
 
@@ -142,8 +142,8 @@ def test_settings_are_read_from_memory_not_the_database_per_task(broker, django_
 
 
 def test_tasks_moved_by_a_claim_whose_reply_was_lost_go_back_to_pending(broker):
-    from tasks_app.consumer import ClaimerLoop, Consumer, ConsumerOptions
-    from tasks_app.executor import Claimed
+    from tasks_app.consumer.executor import Claimed
+    from tasks_app.consumer.lifecycle import ClaimerLoop, Consumer, ConsumerOptions
 
     consumer = Consumer(ConsumerOptions(consumer_id="unlucky", lease_s=10), broker=broker)
     consumer.register()

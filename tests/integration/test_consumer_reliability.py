@@ -6,8 +6,8 @@ import time
 import pytest
 
 from tasks_app import producer
-from tasks_app.codec import decode_task
-from tasks_app.results import ResultRecord
+from tasks_app.protocol.codec import decode_task
+from tasks_app.protocol.results import ResultRecord
 from tests.support.processes import wait_until
 from tests.support.recording import recorded_runs, runs_per_task
 
@@ -80,9 +80,9 @@ def test_a_consumer_never_holds_more_than_concurrency_plus_prefetch(broker, cons
 
 
 def test_bad_input_is_dead_lettered_and_the_consumer_carries_on(broker, consumer_process):
-    from tasks_app.broker import Enqueueable
-    from tasks_app.codec import Task, encode_task
     from tasks_app.models import TaskType
+    from tasks_app.protocol.broker import Enqueueable
+    from tasks_app.protocol.codec import Task, encode_task
 
     TaskType.objects.create(name="needs.missing.module", handler="broken.handler")
     foreign = [

@@ -2,10 +2,10 @@
 
 import pytest
 
-from tasks_app import dead_letters
-from tasks_app.broker import WAKE_TOKEN
-from tasks_app.codec import Task, decode_task, encode_task
-from tasks_app.loops import SchedulerLoop
+from tasks_app.consumer.loops import SchedulerLoop
+from tasks_app.protocol import dead_letters
+from tasks_app.protocol.broker import WAKE_TOKEN
+from tasks_app.protocol.codec import Task, decode_task, encode_task
 
 pytestmark = pytest.mark.django_db
 

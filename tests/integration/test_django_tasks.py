@@ -5,9 +5,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.tasks import TaskResultStatus
 
-from tasks_app.broker import Enqueueable
-from tasks_app.codec import Task, encode_task
 from tasks_app.models import TaskType
+from tasks_app.protocol.broker import Enqueueable
+from tasks_app.protocol.codec import Task, encode_task
 from tests.support import django_tasks as tasks
 from tests.support.processes import wait_until
 

@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from tasks_app.broker import Broker
 from tasks_app.producer import QueueUnavailable, TaskRequest, enqueue_many
+from tasks_app.protocol.broker import Broker
 from tests.chaos.servers import RedisClusterServers, RedisServer
 
 pytestmark = pytest.mark.django_db

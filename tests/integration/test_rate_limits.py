@@ -7,9 +7,9 @@ import time
 import pytest
 
 from tasks_app import producer
-from tasks_app.broker import Broker
-from tasks_app.limits import RatePolicy
+from tasks_app.consumer.limits import RatePolicy
 from tasks_app.models import TaskType
+from tasks_app.protocol.broker import Broker
 from tasks_app.task_types import TaskTypeConfig
 from tests.support.processes import wait_until
 from tests.support.recording import most_starts_in_any_window, recorded_runs

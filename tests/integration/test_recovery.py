@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from tasks_app import producer
-from tasks_app.broker import MAX_RECOVERIES, Broker, Scripts, connect, get_broker
-from tasks_app.codec import Task, encode_task
-from tasks_app.consumer import ClaimerLoop, Consumer, ConsumerOptions
+from tasks_app.consumer.lifecycle import ClaimerLoop, Consumer, ConsumerOptions
+from tasks_app.protocol.broker import MAX_RECOVERIES, Broker, Scripts, connect, get_broker
+from tasks_app.protocol.codec import Task, encode_task
 from tests.chaos.servers import RedisClusterServers, RedisServer
 from tests.support.consumers import running
 from tests.support.processes import wait_until

@@ -11,10 +11,10 @@ import redis
 
 import tests.support.settle_handlers  # noqa: F401  (registers the handlers in this process)
 from tasks_app import producer
-from tasks_app.broker import Broker
-from tasks_app.codec import Task, decode_task, encode_task
 from tasks_app.models import TaskType
-from tasks_app.results import ResultRecord
+from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.codec import Task, decode_task, encode_task
+from tasks_app.protocol.results import ResultRecord
 from tests.chaos.servers import RedisServer
 from tests.support.processes import wait_until
 from tests.support.settle_handlers import SPANS_KEY_SUFFIX

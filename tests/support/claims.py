@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tasks_app.broker import Broker, Enqueueable
-from tasks_app.codec import Task, encode_task
+from tasks_app.protocol.broker import Broker, Enqueueable
+from tasks_app.protocol.codec import Task, encode_task
 
 
 def task_bytes(task_id: str, task_type: str = "test.record", queue: str = "q", **fields: Any) -> bytes:

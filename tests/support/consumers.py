@@ -6,7 +6,7 @@ import contextlib
 import threading
 from collections.abc import Iterator
 
-from tasks_app.consumer import Consumer
+from tasks_app.consumer.lifecycle import Consumer
 
 
 @contextlib.contextmanager

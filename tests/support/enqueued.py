@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tasks_app.broker import Broker
+from tasks_app.protocol.broker import Broker
 
 
 def enqueued_keys(broker: Broker) -> list[bytes]:

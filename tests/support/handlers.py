@@ -6,7 +6,7 @@ import signal
 import time
 from typing import Any
 
-from tasks_app.broker import get_broker
+from tasks_app.protocol.broker import get_broker
 from tasks_app.registry import handler
 
 RUNS_KEY_SUFFIX = "test:runs"

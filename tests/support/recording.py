@@ -4,7 +4,7 @@ import json
 from collections import Counter
 from typing import Any
 
-from tasks_app.broker import Broker
+from tasks_app.protocol.broker import Broker
 
 from .handlers import RUNS_KEY_SUFFIX
 

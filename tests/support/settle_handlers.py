@@ -4,7 +4,7 @@ import json
 import time
 from typing import Any
 
-from tasks_app.broker import get_broker
+from tasks_app.protocol.broker import get_broker
 from tasks_app.registry import handler
 
 SPANS_KEY_SUFFIX = "test:spans"

@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from tasks_app.broker import get_broker
+from tasks_app.protocol.broker import get_broker
 
 
 class Command(BaseCommand):

@@ -5,8 +5,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from tasks_app.consumer import Consumer, ConsumerOptions
-from tasks_app.metrics_http import METRICS_HOST
+from tasks_app.consumer.lifecycle import Consumer, ConsumerOptions
+from tasks_app.consumer.metrics_http import METRICS_HOST
 
 
 def positive_int(text: str) -> int:
@@ -128,7 +128,7 @@ def _add_observability_arguments(parser: CommandParser) -> None:
 
 
 def _serve_metrics(consumer: Consumer, port: int, host: str) -> None:
-    from tasks_app.metrics_http import serve_consumer_metrics
+    from tasks_app.consumer.metrics_http import serve_consumer_metrics
 
     try:
         serve_consumer_metrics(consumer, port, host)

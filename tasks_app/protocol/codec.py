@@ -8,7 +8,7 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from . import task_pb2
+from tasks_app import task_pb2
 
 Task = task_pb2.Task
 

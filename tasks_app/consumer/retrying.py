@@ -18,7 +18,7 @@ from redis.exceptions import (
     TryAgainError,
 )
 
-from . import metrics
+from tasks_app import metrics
 
 logger = logging.getLogger(__name__)
 

@@ -9,10 +9,9 @@ from datetime import UTC, datetime
 
 from django.conf import settings
 
-from . import results
-from .broker import Broker, ResultUpdate, get_broker
-from .codec import Task, UndecodableTask, decode_payload, decode_task, encode_task
-from .executor import UNDECODABLE_TYPE
+from tasks_app.protocol import results
+from tasks_app.protocol.broker import UNDECODABLE_TYPE, Broker, ResultUpdate, get_broker
+from tasks_app.protocol.codec import Task, UndecodableTask, decode_payload, decode_task, encode_task
 
 SCAN_PAGE = 500
 

@@ -10,7 +10,7 @@ from typing import Any
 from django.http import HttpRequest
 from django.utils import timezone
 
-from .models import ApiToken
+from tasks_app.models import ApiToken
 
 TOKEN_BYTES = 32
 

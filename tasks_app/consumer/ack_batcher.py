@@ -22,9 +22,10 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from . import metrics, results
-from .broker import Broker, ResultUpdate
-from .retrying import GaveUp, until_done
+from tasks_app import metrics
+from tasks_app.protocol import results
+from tasks_app.protocol.broker import Broker, ResultUpdate
+from tasks_app.consumer.retrying import GaveUp, until_done
 
 logger = logging.getLogger(__name__)
 

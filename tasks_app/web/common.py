@@ -7,8 +7,8 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
-from ..broker import get_broker
-from ..results import ResultRecord
+from tasks_app.protocol.broker import get_broker
+from tasks_app.protocol.results import ResultRecord
 
 
 def admin_context(request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:

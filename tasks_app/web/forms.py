@@ -7,10 +7,10 @@ from typing import Any, cast
 from django import forms
 from django.conf import settings
 
-from .codec import PRIORITY_MAX, PRIORITY_MIN
-from .jsontext import JsonTooDeep, loads_bounded
-from .models import TaskType, name_validator
-from .registry import Registry, registry as default_registry
+from tasks_app.models import TaskType, name_validator
+from tasks_app.protocol.codec import PRIORITY_MAX, PRIORITY_MIN
+from tasks_app.protocol.jsontext import JsonTooDeep, loads_bounded
+from tasks_app.registry import Registry, registry as default_registry
 
 JSON_TEXTAREA = forms.Textarea(attrs={"rows": 3, "cols": 60, "class": "vLargeTextField", "spellcheck": "false"})
 

@@ -19,15 +19,13 @@ from types import FrameType
 from django.conf import settings
 from django.db import close_old_connections
 
-from . import metrics, results
-from .ack_batcher import AckBatcher
-from .broker import Broker
-from .claimer import Capacity, ClaimerLoop
-from .codec import UndecodableTask, decode_task
-from .executor import Claimed, Executor, RateGate
-from .health import HealthLoop, Liveness
-from .limits import RateLimiter
-from .loops import (
+from tasks_app import metrics
+from tasks_app.consumer.ack_batcher import AckBatcher
+from tasks_app.consumer.claimer import Capacity, ClaimerLoop
+from tasks_app.consumer.executor import Claimed, Executor, RateGate
+from tasks_app.consumer.health import HealthLoop, Liveness
+from tasks_app.consumer.limits import RateLimiter
+from tasks_app.consumer.loops import (
     HEARTBEAT_TIMEOUT_SHARE,
     HeartbeatLoop,
     HousekeepingLoop,
@@ -37,10 +35,13 @@ from .loops import (
     SchedulerLoop,
     start_thread,
 )
-from .names import validate_name
-from .registry import Registry, registry as default_registry
-from .retrying import GaveUp, until_done
-from .task_types import TaskTypeCache
+from tasks_app.consumer.retrying import GaveUp, until_done
+from tasks_app.protocol import results
+from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.codec import UndecodableTask, decode_task
+from tasks_app.protocol.names import validate_name
+from tasks_app.registry import Registry, registry as default_registry
+from tasks_app.task_types import TaskTypeCache
 
 logger = logging.getLogger(__name__)
 

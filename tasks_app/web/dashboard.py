@@ -16,11 +16,11 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
-from .. import dead_letters
-from ..broker import QueueStats, get_broker
-from ..models import MANAGE_DEAD_LETTERS_PERMISSION
-from ..names import NAME_PATTERN, InvalidName, validate_name
-from .common import admin_context
+from tasks_app.models import MANAGE_DEAD_LETTERS_PERMISSION
+from tasks_app.protocol import dead_letters
+from tasks_app.protocol.broker import QueueStats, get_broker
+from tasks_app.protocol.names import NAME_PATTERN, InvalidName, validate_name
+from tasks_app.web.common import admin_context
 
 PAGE_SIZE = 50
 

@@ -15,7 +15,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .exceptions import TaskTimeout
+from tasks_app.exceptions import TaskTimeout
 
 
 def _set_async_exc(thread_id: int, exc_type: type[BaseException] | None) -> None:

@@ -14,22 +14,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import django_tasks, metrics, results
-from .ack_batcher import AckBatcher
-from .broker import Broker, ResultUpdate
-from .codec import Arguments, Task, UndecodableTask, decode_payload, decode_task, encode_task
-from .context import TaskContext
-from .exceptions import ResultNotJson, ResultTooLarge
-from .registry import Handler, Registry
-from .results import clean_text
-from .retry_policy import backoff_delay_s
-from .retrying import GaveUp, until_done
-from .task_types import TaskTypeCache, TaskTypeConfig
-from .timeouts import RunClock, call_with_clock, failure_traceback
+from tasks_app import metrics
+from tasks_app.consumer.ack_batcher import AckBatcher
+from tasks_app.consumer.retry_policy import backoff_delay_s
+from tasks_app.consumer.retrying import GaveUp, until_done
+from tasks_app.consumer.timeouts import RunClock, call_with_clock, failure_traceback
+from tasks_app.context import TaskContext
+from tasks_app.django_tasks import runner
+from tasks_app.exceptions import ResultNotJson, ResultTooLarge
+from tasks_app.protocol import results
+from tasks_app.protocol.broker import UNDECODABLE_TYPE, Broker, ResultUpdate
+from tasks_app.protocol.codec import Arguments, Task, UndecodableTask, decode_payload, decode_task, encode_task
+from tasks_app.protocol.results import clean_text
+from tasks_app.registry import Handler, Registry
+from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
 
 logger = logging.getLogger("tasks_app.tasks")
 
-UNDECODABLE_TYPE = "_undecodable"
 # Metric label of task types that are neither a TaskType row nor a registered handler: a type
 # name read from Redis must not create a label set of its own.
 UNKNOWN_TYPE_LABEL = "_unknown"
@@ -253,7 +254,7 @@ class Executor:
     ) -> Any:
         """Call a handler with the task's arguments (and its context if it takes one)."""
         if handler.django_task is not None:
-            return django_tasks.run(handler.django_task, context, arguments, self.broker, timed_out)
+            return runner.run(handler.django_task, context, arguments, self.broker, timed_out)
         if handler.takes_context:
             return handler.func(context, *arguments.args, **arguments.kwargs)
         return handler.func(*arguments.args, **arguments.kwargs)

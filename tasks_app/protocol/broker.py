@@ -32,11 +32,11 @@ from redis.exceptions import (
 )
 from redis.retry import Retry
 
-from . import batch_args
-from .batch_args import Enqueueable
+from tasks_app.protocol import batch_args
+from tasks_app.protocol.batch_args import Enqueueable
 
 # tasks_app/lua links to the top-level lua/ in the repository; the wheel holds the files themselves.
-LUA_DIR = Path(__file__).resolve().parent / "lua"
+LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
 # Pushed onto an empty pending list to wake a consumer blocked on it; never a valid Task
 # (field number 0 does not exist in protobuf), dropped wherever it is met.
 WAKE_TOKEN = b"\x00wake"

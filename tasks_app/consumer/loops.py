@@ -10,9 +10,9 @@ from typing import Protocol
 
 from redis.exceptions import RedisError
 
-from . import metrics
-from .broker import UNDECODABLE_TYPE, Broker
-from .retrying import next_backoff_s
+from tasks_app import metrics
+from tasks_app.consumer.retrying import next_backoff_s
+from tasks_app.protocol.broker import UNDECODABLE_TYPE, Broker
 
 logger = logging.getLogger(__name__)
 

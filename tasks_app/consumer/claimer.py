@@ -6,15 +6,14 @@ import logging
 import threading
 import time
 from collections import Counter
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
 from redis.exceptions import RedisError
 
-from .broker import WAKE_TOKEN, Claim
-from .executor import Claimed
-
-if TYPE_CHECKING:
-    from .consumer import Consumer
+from tasks_app.consumer.executor import Claimed
+from tasks_app.consumer.loops import LeaseClock
+from tasks_app.protocol.broker import WAKE_TOKEN, Broker, Claim
 
 logger = logging.getLogger(__name__)
 
@@ -22,6 +21,35 @@ logger = logging.getLogger(__name__)
 SUSPECT_RECHECK_S = 0.1
 # How soon a claimer whose lease lapsed tries again (the heartbeat renews it or gives it up).
 LEASE_RECHECK_S = 0.1
+
+
+class ClaimTimings(Protocol):
+    """The consumer's options a claimer reads."""
+
+    @property
+    def lease_s(self) -> float: ...
+    @property
+    def block_s(self) -> float: ...
+
+
+class Claiming(Protocol):
+    """What a claimer needs of its consumer: where to claim from and where claimed tasks go."""
+
+    @property
+    def consumer_id(self) -> str: ...
+    @property
+    def options(self) -> ClaimTimings: ...
+    @property
+    def broker(self) -> Broker: ...
+    @property
+    def capacity(self) -> Capacity: ...
+    @property
+    def lease(self) -> LeaseClock: ...
+    def reserve_suspect_slot(self) -> bool: ...
+    def release_suspect_slot(self) -> None: ...
+    def lease_lost(self, lost_id: str) -> None: ...
+    def dispatch(self, claimed: Sequence[Claimed]) -> None: ...
+    def held_raws(self, queue: str, consumer_id: str) -> Counter[bytes]: ...
 
 
 class Capacity:
@@ -63,7 +91,7 @@ class ClaimerLoop:
     against what the consumer holds, returning strays: tasks a claim moved whose reply was lost.
     """
 
-    def __init__(self, consumer: Consumer, queue: str) -> None:
+    def __init__(self, consumer: Claiming, queue: str) -> None:
         self.consumer = consumer
         self.queue = queue
         self.name = f"claimer:{queue}"

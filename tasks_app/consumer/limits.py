@@ -10,12 +10,12 @@ import math
 import threading
 from dataclasses import dataclass
 
-from . import metrics
-from .broker import Broker
-from .codec import Task
-from .models import TaskType
-from .retrying import until_done
-from .task_types import TaskTypeConfig
+from tasks_app import metrics
+from tasks_app.consumer.retrying import until_done
+from tasks_app.models import TaskType
+from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.codec import Task
+from tasks_app.task_types import TaskTypeConfig
 
 # Slack sigma: GCRA's emission interval is widened by sigma / (limit - burst + 1), which costs
 # at most 5% of the rate. Half of sigma lets a woken task start up to sigma/2 early (so the

@@ -14,11 +14,11 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 
-from .. import producer
-from ..api_auth import AuthenticationFailed, authenticate
-from ..jsontext import MAX_JSON_DEPTH, JsonTooDeep, loads_bounded
-from ..models import ENQUEUE_PERMISSION
-from .common import load_record
+from tasks_app import producer
+from tasks_app.models import ENQUEUE_PERMISSION
+from tasks_app.protocol.jsontext import MAX_JSON_DEPTH, JsonTooDeep, loads_bounded
+from tasks_app.web.api_auth import AuthenticationFailed, authenticate
+from tasks_app.web.common import load_record
 
 REQUEST_FIELDS = {"type", "args", "kwargs", "queue", "priority", "delay"}
 # Room for the JSON around the arguments before a body counts as oversize.

@@ -11,11 +11,11 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import REGISTRY, make_wsgi_app
 from prometheus_client.registry import CollectorRegistry
 
-from .collectors import QueueCollector
-from .health import Liveness
+from tasks_app.collectors import QueueCollector
+from tasks_app.consumer.health import Liveness
 
 if TYPE_CHECKING:
-    from .consumer import Consumer
+    from tasks_app.consumer.lifecycle import Consumer
 
 StartResponse = Callable[..., Any]
 # Metrics and health are served to this host only unless an address is given.

@@ -12,10 +12,10 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
-from .. import producer
-from ..forms import EnqueueForm, error_field
-from ..models import ENQUEUE_PERMISSION
-from .common import admin_context, load_record
+from tasks_app import producer
+from tasks_app.models import ENQUEUE_PERMISSION
+from tasks_app.web.common import admin_context, load_record
+from tasks_app.web.forms import EnqueueForm, error_field
 
 REFRESH_S = 2
 

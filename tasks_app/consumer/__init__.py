@@ -1,0 +1,1 @@
+"""What runs inside `manage.py runconsumer`: lifecycle, claiming, running, acking, background loops."""

@@ -1,0 +1,167 @@
+"""`tasks_app.backends.RedisBackend`: Django's tasks framework on this queue."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from django.core.checks import CheckMessage, Error, Warning
+from django.db import transaction
+from django.tasks import Task, TaskResult, TaskResultStatus
+from django.tasks.backends.base import BaseTaskBackend
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+from django.tasks.signals import task_enqueued
+from django.utils import timezone
+
+from tasks_app.django_tasks.results import find_handler, task_result_from_record
+from tasks_app.producer import EnqueueError, TaskRequest, enqueue_many
+from tasks_app.protocol.batch_args import Enqueueable
+from tasks_app.protocol.broker import Broker, get_broker
+from tasks_app.protocol.names import NAME_PATTERN, InvalidName, validate_name
+from tasks_app.protocol.results import ResultRecord
+from tasks_app.registry import registry
+
+KNOWN_OPTIONS = {"ENQUEUE_ON_COMMIT"}
+
+
+class _HeldPush:
+    """Stands in for the broker while the producer validates, keeping what to push for later."""
+
+    def __init__(self) -> None:
+        self.items: list[Enqueueable] = []
+        self.result_ttl_s = 0
+
+    def enqueue(self, items: Sequence[Enqueueable], result_ttl_s: int) -> None:
+        """Keep the validated items instead of pushing them."""
+        self.items = list(items)
+        self.result_ttl_s = result_ttl_s
+
+
+class RedisBackend(BaseTaskBackend):
+    """Enqueue `@task` functions onto the Redis queue; `runconsumer` runs them."""
+
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        super().__init__(alias, params)
+        self.enqueue_on_commit = self.options.get("ENQUEUE_ON_COMMIT", True)
+
+    def validate_task(self, task: Task) -> None:
+        """Apply Django's rules, then ours (valid names); register the task as a handler."""
+        super().validate_task(task)
+        try:
+            validate_name(task.queue_name, "queue")
+            validate_name(task.module_path, "task name (module path)")
+            # Registered so the producer accepts its type and creates its TaskType row.
+            registry.add_django_task(task)
+        except (InvalidName, ValueError) as exc:
+            raise InvalidTask(str(exc)) from None
+
+    def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
+        """Validate, then push the task now, or when the current transaction commits."""
+        self.validate_task(task)
+        result: TaskResult[Any, Any] = TaskResult(
+            task=task,
+            id=str(uuid.uuid4()),
+            status=TaskResultStatus.READY,
+            enqueued_at=None,
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=args,
+            kwargs=kwargs,
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )
+        held = _HeldPush()
+        try:
+            # Everything is checked here, inside the caller's transaction; only the push waits.
+            [enqueued] = enqueue_many([_request(task, result)], broker=held)  # type: ignore[arg-type]
+        except EnqueueError as exc:
+            raise InvalidTask(str(exc)) from None
+        broker = get_broker()
+
+        def push() -> None:
+            broker.enqueue(held.items, held.result_ttl_s)
+            object.__setattr__(result, "enqueued_at", datetime.fromtimestamp(enqueued.enqueued_at_ms / 1000, tz=UTC))
+            task_enqueued.send(type(self), task_result=result)
+
+        if self.enqueue_on_commit:
+            transaction.on_commit(push)  # at once when no transaction is open
+        else:
+            push()
+        return result
+
+    def get_result(self, result_id: str) -> TaskResult:
+        """Read a task's result record; raise TaskResultDoesNotExist if there is none."""
+        fields = get_broker().get_result(str(result_id))
+        if not fields:
+            raise TaskResultDoesNotExist(result_id)
+        record = ResultRecord.from_fields(fields)
+        handler = find_handler(record.type, registry)
+        if handler is None:  # a record of a plain handler's task, not of a `@task` function
+            raise TaskResultDoesNotExist(result_id)
+        return task_result_from_record(record, handler.django_task, self.alias)
+
+    def check(self, **kwargs: Any) -> list[CheckMessage]:
+        """Report invalid queues and options, and a Redis that does not answer."""
+        messages: list[CheckMessage] = list(super().check(**kwargs))
+        where = f"TASKS[{self.alias!r}]"
+        for queue in sorted(self.queues):
+            if not isinstance(queue, str) or not NAME_PATTERN.fullmatch(queue):
+                messages.append(
+                    Error(
+                        f"{where} QUEUES has an invalid queue name {queue!r}",
+                        hint="Use 1-100 characters from A-Z, a-z, 0-9 and _ . : -",
+                        id="tasks_app.E010",
+                    )
+                )
+        for option in sorted(set(self.options) - KNOWN_OPTIONS):
+            messages.append(
+                Error(
+                    f"{where} OPTIONS has an unknown option {option!r}",
+                    hint=f"Known options: {', '.join(sorted(KNOWN_OPTIONS))}.",
+                    id="tasks_app.E011",
+                )
+            )
+        if not isinstance(self.enqueue_on_commit, bool):
+            messages.append(Error(f"{where} OPTIONS['ENQUEUE_ON_COMMIT'] must be True or False", id="tasks_app.E012"))
+        messages.extend(_check_redis(get_broker(), where))
+        return messages
+
+
+def _check_redis(broker: Broker, where: str) -> list[CheckMessage]:
+    # A warning, not an error: consumers start before Redis and reconnect with backoff.
+    try:
+        broker.ping()
+    except Exception as exc:  # any connection error means the same thing here
+        return [
+            Warning(
+                f"{where}: Redis at REDIS_URL does not answer: {exc}",
+                hint="Tasks cannot be enqueued until it does.",
+                id="tasks_app.W010",
+            )
+        ]
+    return []
+
+
+def _request(task: Task, result: TaskResult[Any, Any]) -> TaskRequest:
+    """The producer's request for a django.tasks task, under the id of its result."""
+    run_after = task.run_after
+    if run_after is not None and timezone.is_naive(run_after):  # allowed only with USE_TZ = False
+        run_after = timezone.make_aware(run_after)
+    return TaskRequest(
+        type=task.module_path,
+        args=result.args,
+        kwargs=result.kwargs,
+        queue=task.queue_name,
+        priority=task.priority,
+        run_after=run_after,
+        task_id=result.id,
+    )

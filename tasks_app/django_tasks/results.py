@@ -1,0 +1,54 @@
+"""Django's TaskResult read from this queue's result records, and the `@task` function a type names."""
+
+from __future__ import annotations
+
+from django.tasks import Task, TaskResult, TaskResultStatus
+from django.tasks.base import TaskError
+from django.tasks.exceptions import InvalidTask
+
+from tasks_app.models import TaskType
+from tasks_app.protocol.results import ResultRecord
+from tasks_app.registry import Handler, Registry
+
+
+def find_handler(name: str, registry: Registry) -> Handler | None:
+    """Return the handler of the `@task` function `name`, loading it only if a TaskType row names it."""
+    handler = registry.get(name)
+    if handler is not None:
+        return handler if handler.django_task is not None else None
+    # A type name read from Redis is imported only when the database vouches for it.
+    if not TaskType.objects.filter(handler=name).exists():
+        return None
+    return registry.load_django_task(name)
+
+
+def task_result_from_record(record: ResultRecord, task: Task, alias: str) -> TaskResult:
+    """Build Django's TaskResult from a result record."""
+    result: TaskResult = TaskResult(
+        task=_as_enqueued(task, record),
+        id=record.id,
+        status=TaskResultStatus(record.status),
+        enqueued_at=record.enqueued_at,
+        started_at=record.started_at,
+        finished_at=record.finished_at,
+        last_attempted_at=record.last_attempted_at,
+        args=record.args,
+        kwargs=record.kwargs,
+        backend=alias,
+        errors=[
+            TaskError(exception_class_path=error["exception_class_path"], traceback=error["traceback"])
+            for error in record.errors
+        ],
+        worker_ids=list(record.worker_ids),
+    )
+    if record.has_return_value:
+        object.__setattr__(result, "_return_value", record.return_value)
+    return result
+
+
+def _as_enqueued(task: Task, record: ResultRecord) -> Task:
+    """The task with the priority, queue and run_after it was enqueued with."""
+    try:
+        return task.using(priority=record.priority, queue_name=record.queue or None, run_after=record.run_after)
+    except InvalidTask:  # this process's backend would not accept it; the function is what matters
+        return task

@@ -1,0 +1,95 @@
+"""`django.tasks` on a consumer: run `@task` functions as ImmediateBackend does, read results back."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from traceback import format_exception
+from typing import Any, Protocol
+
+from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
+from django.tasks.base import TaskError
+from django.tasks.signals import task_finished, task_started
+from django.utils.json import normalize_json
+
+from tasks_app.context import TaskContext as RunContext
+from tasks_app.django_tasks.backend import RedisBackend
+from tasks_app.django_tasks.results import task_result_from_record
+from tasks_app.protocol.codec import Arguments
+from tasks_app.protocol.results import RUNNING, ResultRecord
+
+
+class ResultReader(Protocol):
+    """Reads a result record's text fields (the broker)."""
+
+    def get_result(self, task_id: str) -> dict[str, str] | None: ...
+
+
+def run(
+    task: Task,
+    context: RunContext,
+    arguments: Arguments,
+    results: ResultReader,
+    timed_out: Callable[[], BaseException | None] = lambda: None,
+) -> Any:
+    """Call a `@task` function as ImmediateBackend does; return its JSON-normalized value.
+
+    `timed_out` says whether the consumer already failed this run for its timeout: then the
+    late outcome of the function is not what happened, and task_finished reports the timeout.
+    """
+    fields = results.get_result(context.task_id) or {}
+    record = ResultRecord.from_fields(
+        {"id": context.task_id, "type": context.type, "queue": context.queue, **fields, "status": RUNNING}
+    )
+    task_result = task_result_from_record(record, task, task.backend)
+    object.__setattr__(task_result, "args", arguments.args)
+    object.__setattr__(task_result, "kwargs", arguments.kwargs)
+    task_started.send(sender=RedisBackend, task_result=task_result)
+    try:
+        if task.takes_context:
+            raw_return_value = task.call(TaskContext(task_result=task_result), *arguments.args, **arguments.kwargs)
+        else:
+            raw_return_value = task.call(*arguments.args, **arguments.kwargs)
+        return_value = normalize_json(raw_return_value)
+        # Stored as strict JSON: NaN and infinities fail here, not after task_finished.
+        json.dumps(return_value, allow_nan=False)
+        _raise_if_timed_out(timed_out)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as raised:
+        _record_failure(task_result, timed_out() or raised, context)
+        raise
+    object.__setattr__(task_result, "finished_at", _now())
+    object.__setattr__(task_result, "status", TaskResultStatus.SUCCESSFUL)
+    object.__setattr__(task_result, "_return_value", return_value)
+    task_finished.send(RedisBackend, task_result=task_result)
+    return return_value
+
+
+def _record_failure(task_result: TaskResult, exc: BaseException, context: RunContext) -> None:
+    """Add the run's error to `task_result` and send task_finished with the status get_result() shows next."""
+    exception_type = type(exc)
+    task_result.errors.append(
+        TaskError(
+            exception_class_path=f"{exception_type.__module__}.{exception_type.__qualname__}",
+            traceback="".join(format_exception(exc)),
+        )
+    )
+    # What get_result() shows after this run: READY again while attempts remain.
+    if context.attempt < context.max_attempts:
+        object.__setattr__(task_result, "status", TaskResultStatus.READY)
+    else:
+        object.__setattr__(task_result, "finished_at", _now())
+        object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
+    task_finished.send(RedisBackend, task_result=task_result)
+
+
+def _raise_if_timed_out(timed_out: Callable[[], BaseException | None]) -> None:
+    error = timed_out()
+    if error is not None:
+        raise error
+
+
+def _now() -> datetime:
+    return datetime.now(tz=UTC)

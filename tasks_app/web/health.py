@@ -1,0 +1,43 @@
+"""The web app's `/healthz` view: the database and Redis, each checked on every request."""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import connections
+from django.http import HttpRequest, JsonResponse
+
+from tasks_app.protocol.broker import get_broker
+
+logger = logging.getLogger(__name__)
+
+
+def check_web() -> dict[str, str]:
+    """Check the database and Redis; map each to "ok" or the error met (which is also logged)."""
+    checks: dict[str, str] = {}
+    try:
+        with connections["default"].cursor() as cursor:
+            cursor.execute("SELECT 1")
+        checks["database"] = "ok"
+    except Exception as exc:
+        checks["database"] = f"error: {exc}"
+    try:
+        get_broker().ping()
+        checks["redis"] = "ok"
+    except Exception as exc:
+        checks["redis"] = f"error: {exc}"
+    for name, state in checks.items():
+        if state != "ok":
+            logger.warning("health check: %s %s", name, state)
+    return checks
+
+
+def healthz(request: HttpRequest) -> JsonResponse:
+    """Answer 200 when the database and Redis are reachable, else 503; only staff see each check's state."""
+    checks = check_web()
+    healthy = all(state == "ok" for state in checks.values())
+    body: dict[str, object] = {"status": "ok" if healthy else "unavailable"}
+    user = getattr(request, "user", None)
+    if user is not None and user.is_active and user.is_staff:
+        body["checks"] = checks  # error text may name hosts and credentials' users: not for everyone
+    return JsonResponse(body, status=200 if healthy else 503)
