@@ -1,7 +1,7 @@
 # Build / run / CI entry points for the Redis task queue.
 #
 #   make venv    create .venv (Python >= 3.12) and install requirements.txt
-#   make test    full test suite (incl. short chaos tests) against a private Redis
+#   make test    make lint, then the full test suite (incl. short chaos tests) against a private Redis
 #   make lint    ruff check, ruff format --check, mypy on tasks_app and scheduler_site
 #   make chaos   long chaos run (CHAOS_SCALE=long) of tests/chaos
 #   make bench   run bench/bench_*.py, one JSON line each
@@ -70,6 +70,7 @@ $(STAMP): requirements.txt | $(PY)
 
 test: $(STAMP)
 	@scripts/ensure-test-tools
+	$(MAKE) lint
 	$(redis_setup)
 	$(dev_secret_key)
 	$(PY) manage.py migrate --noinput -v 0

@@ -75,9 +75,9 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_graph_sees_relative_absolute_and_module_imports():
     graph = import_graph()
-    assert "tasks_app.protocol.broker" in graph["tasks_app.consumer.lifecycle.executor"]
-    assert "tasks_app.django_tasks.runner.runner" in graph["tasks_app.consumer.lifecycle.executor"]
-    assert "tasks_app.django_tasks.runner.backend" in graph["tasks_app.backends"]
+    assert "tasks_app.protocol.broker" in graph["tasks_app.consumer.executor"]
+    assert "tasks_app.django_tasks.runner" in graph["tasks_app.consumer.executor"]
+    assert "tasks_app.django_tasks.backend" in graph["tasks_app.backends"]
 
 
 def test_the_cycle_finder_finds_a_cycle():

@@ -16,8 +16,9 @@ import redis
 from django.conf import settings
 from redis.exceptions import RedisError
 
+from tasks_app.consumer import lifecycle as consumer_module
 from tasks_app.consumer.executor import Claimed
-from tasks_app.consumer.lifecycle import Capacity, ClaimerLoop, Consumer, ConsumerOptions, lifecycle as consumer_module
+from tasks_app.consumer.lifecycle import Capacity, ClaimerLoop, Consumer, ConsumerOptions
 from tasks_app.protocol.broker import MAX_RECOVERIES, WAKE_TOKEN, Broker, Enqueueable
 from tasks_app.protocol.codec import encode_payload
 from tests.support.claims import claim, die_running, push, register, task_bytes

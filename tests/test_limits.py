@@ -238,7 +238,7 @@ class FlakyBroker:
 
 
 def test_limiter_retries_through_a_redis_error(broker, clock, monkeypatch):
-    monkeypatch.setattr("tasks_app.consumer.lifecycle.retrying.FIRST_BACKOFF_S", 0.001)
+    monkeypatch.setattr("tasks_app.consumer.retrying.FIRST_BACKOFF_S", 0.001)
     flaky = FlakyBroker(broker)
     limiter = RateLimiter(flaky, threading.Event())  # type: ignore[arg-type]
 

@@ -14,6 +14,7 @@ failing while Redis answers) is written again entry by entry, where the refused 
 is acked with a record saying why its result could not be stored. Connection errors are
 retried with backoff. Every ack's `done` is called, whatever happened.
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,9 +24,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from tasks_app import metrics
+from tasks_app.consumer.retrying import GaveUp, until_done
 from tasks_app.protocol import results
 from tasks_app.protocol.broker import Broker, ResultUpdate
-from tasks_app.consumer.retrying import GaveUp, until_done
 
 logger = logging.getLogger(__name__)
 
@@ -60,13 +61,19 @@ def merge_updates(updates: Sequence[ResultUpdate]) -> list[ResultUpdate]:
         if index is not None:
             earlier = merged[index]
             # One write can append one worker id and one error, and belongs to one run.
-            if not (earlier.append_worker_id and update.append_worker_id) \
-                    and not (earlier.append_error and update.append_error) \
-                    and (earlier.fence or update.fence) == (update.fence or earlier.fence):
-                merged[index] = replace(earlier, fields={**earlier.fields, **update.fields}, ttl_s=update.ttl_s,
-                                        append_worker_id=earlier.append_worker_id or update.append_worker_id,
-                                        append_error=earlier.append_error or update.append_error,
-                                        fence=earlier.fence or update.fence)
+            if (
+                not (earlier.append_worker_id and update.append_worker_id)
+                and not (earlier.append_error and update.append_error)
+                and (earlier.fence or update.fence) == (update.fence or earlier.fence)
+            ):
+                merged[index] = replace(
+                    earlier,
+                    fields={**earlier.fields, **update.fields},
+                    ttl_s=update.ttl_s,
+                    append_worker_id=earlier.append_worker_id or update.append_worker_id,
+                    append_error=earlier.append_error or update.append_error,
+                    fence=earlier.fence or update.fence,
+                )
                 continue
         last_of[update.task_id] = len(merged)
         merged.append(update)
@@ -88,8 +95,13 @@ def unstored_result(update: ResultUpdate, problem: str) -> ResultUpdate:
     if "finished_at_ms" in update.fields:
         fields["finished_at_ms"] = update.fields["finished_at_ms"]
     error = results.error_record("tasks_app.ResultNotStored", reason)
-    return ResultUpdate(results.clean_text(update.task_id, MAX_REASON_BYTES), fields, update.ttl_s,
-                        append_error=error, fence=update.fence)
+    return ResultUpdate(
+        results.clean_text(update.task_id, MAX_REASON_BYTES),
+        fields,
+        update.ttl_s,
+        append_error=error,
+        fence=update.fence,
+    )
 
 
 class AckBatcher:
@@ -99,8 +111,9 @@ class AckBatcher:
         self.broker = broker
         self.give_up = give_up
         self.max_batch = max_batch
-        self._entries: queue_module.SimpleQueue[ResultUpdate | _Ack | threading.Event | None] = \
+        self._entries: queue_module.SimpleQueue[ResultUpdate | _Ack | threading.Event | None] = (
             queue_module.SimpleQueue()
+        )
         self._thread: threading.Thread | None = None
 
     # --- producers (worker threads) --------------------------------------------------------
@@ -185,9 +198,9 @@ class AckBatcher:
             if entries:
                 flags = self._write_batch(entries)
         finally:  # whatever happened, every task's slot comes back and every barrier opens
-            for item in acks:
+            for ack in acks:
                 try:
-                    item.done(flags.get(id(item)))
+                    ack.done(flags.get(id(ack)))
                 except Exception:
                     logger.exception("unexpected error after acknowledging a task")
             for item in batch:
@@ -244,25 +257,35 @@ class AckBatcher:
             by_owner.setdefault((item.queue, item.consumer_id), []).append(item)
         raws = {owner: [item.raw for item in items] for owner, items in by_owner.items()}
         merged = merge_updates(updates)
-        flags, refused, unreplicated = until_done(lambda: self.broker.ack_many_reporting(merged, raws), what="ack",
-                                                  give_up=self.give_up, refused_after=REFUSED_AFTER,
-                                                  redis_answers=self._redis_answers)
+        flags, refused, unreplicated = until_done(
+            lambda: self.broker.ack_many_reporting(merged, raws),
+            what="ack",
+            give_up=self.give_up,
+            refused_after=REFUSED_AFTER,
+            redis_answers=self._redis_answers,
+        )
         if unreplicated:  # acked anyway: a lagging replica must not hold acks back
             metrics.RESULT_REPLICATION_TIMEOUTS.inc(unreplicated)
-            logger.warning("%d master(s) did not confirm results on a replica within the wait; acked anyway",
-                           unreplicated)
+            logger.warning(
+                "%d master(s) did not confirm results on a replica within the wait; acked anyway", unreplicated
+            )
         refused_of = {merged[index].task_id: exc for index, exc in refused.items()}
         for item in acks:
             if item.update is not None and item.update.task_id in refused_of:
                 self._record_unstored(item.update, refused_of.pop(item.update.task_id))
         for task_id, exc in refused_of.items():
             logger.error("dropped a result update of task %a that Redis refused: %s", task_id, exc)
-        return {id(item): flag for owner, items in by_owner.items() for item, flag in zip(items, flags[owner])}
+        return {
+            id(item): flag for owner, items in by_owner.items() for item, flag in zip(items, flags[owner], strict=True)
+        }
 
     def _record_unstored(self, update: ResultUpdate, problem: Exception) -> None:
         logger.error("the result of task %a could not be stored (%s); recording it as failed", update.task_id, problem)
-        refused = until_done(lambda: self.broker.ack_many_reporting([unstored_result(update, str(problem))], {}),
-                             what="record_result", give_up=self.give_up).refused
+        refused = until_done(
+            lambda: self.broker.ack_many_reporting([unstored_result(update, str(problem))], {}),
+            what="record_result",
+            give_up=self.give_up,
+        ).refused
         if refused:
             logger.error("could not record the failure of task %a either: %s", update.task_id, refused[0])
 

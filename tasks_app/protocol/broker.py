@@ -5,6 +5,7 @@ Cluster slot; every key a script touches is passed to it in KEYS. Two producer s
 (`enqueue_batch` with many queues or records, `enqueue_one`) span slots on a single server; on
 a Redis Cluster each call of `enqueue_batch` holds one queue or one record. See docs/PROTOCOL.md.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -15,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait as wait_for
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import redis
 from redis.backoff import NoBackoff
@@ -202,8 +203,12 @@ class QueueStats:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "queue": self.queue, "pending": self.pending, "processing": self.processing,
-            "delayed": self.delayed, "dead": self.dead, "consumers": self.consumers,
+            "queue": self.queue,
+            "pending": self.pending,
+            "processing": self.processing,
+            "delayed": self.delayed,
+            "dead": self.dead,
+            "consumers": self.consumers,
         }
 
 
@@ -219,8 +224,9 @@ class Scripts:
     """The Lua scripts of lua/, loaded once and run by SHA (reloaded after a Redis restart)."""
 
     def __init__(self, directory: Path = LUA_DIR) -> None:
-        self.sources = {path.stem: _expand_includes(path.read_bytes(), directory)
-                        for path in sorted(directory.glob("*.lua"))}
+        self.sources = {
+            path.stem: _expand_includes(path.read_bytes(), directory) for path in sorted(directory.glob("*.lua"))
+        }
         self.shas = {name: hashlib.sha1(src).hexdigest() for name, src in self.sources.items()}
 
     def run(self, client: Any, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
@@ -252,7 +258,7 @@ class Scripts:
         """
         queued: dict[int, tuple[str, tuple[str, ...], tuple[Any, ...]]] = vars(pipe).pop(_QUEUED_SCRIPTS, {})
         try:
-            results = pipe.execute(raise_on_error=False)
+            results: list[Any] = pipe.execute(raise_on_error=False)
         except RedisConnectionError:
             _replace_dead_default_node(client)
             raise
@@ -304,8 +310,9 @@ def connect(url: str, cluster: bool = False, *, timeout_s: float = 15.0, resend:
 class Broker:
     """Queue operations on Redis, each one round trip or one script."""
 
-    def __init__(self, client: Any, prefix: str, scripts: Scripts | None = None, *,
-                 cluster_wait_ms: int = CLUSTER_WAIT_MS) -> None:
+    def __init__(
+        self, client: Any, prefix: str, scripts: Scripts | None = None, *, cluster_wait_ms: int = CLUSTER_WAIT_MS
+    ) -> None:
         self.client = client
         self.keys = Keys(prefix)
         self.scripts = scripts or Scripts()
@@ -353,8 +360,13 @@ class Broker:
         keys = [key for queue in sections for key in self._queue_section_keys(queue)]
         keys += [self.keys.queues()] if new_queues else []
         keys += [self.keys.result(item.task_id) for item in records]
-        args: list[Any] = [WAKE_TOKEN, ENQUEUED_IDS_KEEP_MS, ENQUEUED_IDS_MAX, "1" if new_queues else "0",
-                           len(sections)]
+        args: list[Any] = [
+            WAKE_TOKEN,
+            ENQUEUED_IDS_KEEP_MS,
+            ENQUEUED_IDS_MAX,
+            "1" if new_queues else "0",
+            len(sections),
+        ]
         for queue, section in sections.items():
             args += section.args(queue, with_plain=False)
         args += batch_args.record_groups(records, result_ttl_s)
@@ -374,8 +386,12 @@ class Broker:
         head = [WAKE_TOKEN, ENQUEUED_IDS_KEEP_MS, ENQUEUED_IDS_MAX, "0"]
         for item in items:
             if item.result_key_fields:
-                self.scripts.queue(pipe, "enqueue_batch", [self.keys.result(item.task_id)],
-                                   [*head, 0, *batch_args.record_groups([item], result_ttl_s)])
+                self.scripts.queue(
+                    pipe,
+                    "enqueue_batch",
+                    [self.keys.result(item.task_id)],
+                    [*head, 0, *batch_args.record_groups([item], result_ttl_s)],
+                )
         for queue, section in batch_args.sections(items).items():
             self.scripts.queue(pipe, "enqueue_batch", self._queue_section_keys(queue), [*head, 1, *section.args(queue)])
         if new_queues:
@@ -383,15 +399,23 @@ class Broker:
         self.scripts.execute(pipe, self.client)
 
     def _queue_section_keys(self, queue: str) -> list[str]:
-        return [self.keys.pending(queue), self.keys.prioritized(queue), self.keys.delayed(queue),
-                self.keys.enqueued(queue)]
+        return [
+            self.keys.pending(queue),
+            self.keys.prioritized(queue),
+            self.keys.delayed(queue),
+            self.keys.enqueued(queue),
+        ]
 
     def _enqueue_one(self, item: Enqueueable, result_ttl_s: int) -> bool:
         # The common single enqueue as a script call without the batch's sections (~15 % more
         # tasks/s than a pipeline of two commands: the round trip is most of its cost). Its keys
         # lie in different slots, so not on Redis Cluster. False: not applicable, nothing written.
-        if not item.plain or not item.result_key_fields \
-                or item.queue not in self._announced_queues or isinstance(self.client, redis.RedisCluster):
+        if (
+            not item.plain
+            or not item.result_key_fields
+            or item.queue not in self._announced_queues
+            or isinstance(self.client, redis.RedisCluster)
+        ):
             return False
         args: list[Any] = [result_ttl_s, item.raw]
         for name, value in item.result_key_fields.items():
@@ -408,17 +432,27 @@ class Broker:
     # The claim methods below must not run on a client that re-sends after a lost reply (see
     # `connect`): a claim whose outcome is unknown is reconciled by the caller against `held_by`.
 
-    def claim_with_suspect(self, queue: str, consumer_id: str, max_tasks: int, *, drop_wake: bool = False,
-                           allow_suspect: bool = True) -> Claim | None:
+    def claim_with_suspect(
+        self, queue: str, consumer_id: str, max_tasks: int, *, drop_wake: bool = False, allow_suspect: bool = True
+    ) -> Claim | None:
         """Like `claim`, first taking one suspect if allowed; None if this consumer's lease was lost.
 
         Claims only under a live lease: one that lapsed (deadline passed, not yet reaped) claims
         nothing and says so (`lease_expired`) until a renewal succeeds.
         """
-        keys = [self.keys.pending(queue), self.keys.prioritized(queue), self.keys.processing(queue, consumer_id),
-                self.keys.consumers(queue), self.keys.suspects(queue), self.keys.fence(queue)]
-        claimed = self._script("claim", keys, [consumer_id, max_tasks, WAKE_TOKEN, "1" if drop_wake else "0",
-                                               "1" if allow_suspect else "0"])
+        keys = [
+            self.keys.pending(queue),
+            self.keys.prioritized(queue),
+            self.keys.processing(queue, consumer_id),
+            self.keys.consumers(queue),
+            self.keys.suspects(queue),
+            self.keys.fence(queue),
+        ]
+        claimed = self._script(
+            "claim",
+            keys,
+            [consumer_id, max_tasks, WAKE_TOKEN, "1" if drop_wake else "0", "1" if allow_suspect else "0"],
+        )
         if claimed is None:
             return None
         took_suspect, suspects_waiting, first_fence, *tasks = claimed
@@ -436,8 +470,9 @@ class Broker:
         Returns the task and its fencing token; (WAKE_TOKEN, 0) when woken for a prioritized
         task, (None, 0) on timeout.
         """
-        raw = self.client.blmove(self.keys.pending(queue), self.keys.processing(queue, consumer_id),
-                                 timeout_s, "RIGHT", "LEFT")
+        raw = self.client.blmove(
+            self.keys.pending(queue), self.keys.processing(queue, consumer_id), timeout_s, "RIGHT", "LEFT"
+        )
         if raw is None or raw == WAKE_TOKEN:
             return raw, 0
         return raw, self.issue_fence(queue)
@@ -447,21 +482,24 @@ class Broker:
         return int(self._script("issue_fence", [self.keys.fence(queue)], [1]))
 
     # --- finishing -------------------------------------------------------------------------
-    def ack(self, queue: str, consumer_id: str, raws: Sequence[bytes],
-            results: Sequence[ResultUpdate] = ()) -> list[bool]:
+    def ack(
+        self, queue: str, consumer_id: str, raws: Sequence[bytes], results: Sequence[ResultUpdate] = ()
+    ) -> list[bool]:
         """Record results, then acknowledge tasks, in one round trip; flags say which were still held."""
         return self.ack_many(results, {(queue, consumer_id): raws})[(queue, consumer_id)]
 
-    def ack_many(self, results: Sequence[ResultUpdate],
-                 raws_by_owner: Mapping[tuple[str, str], Sequence[bytes]]) -> dict[tuple[str, str], list[bool]]:
+    def ack_many(
+        self, results: Sequence[ResultUpdate], raws_by_owner: Mapping[tuple[str, str], Sequence[bytes]]
+    ) -> dict[tuple[str, str], list[bool]]:
         """Record results, then acknowledge the tasks of each (queue, consumer) list, in one round trip."""
         report = self.ack_many_reporting(results, raws_by_owner)
         if report.refused:
             raise next(iter(report.refused.values()))
         return report.flags
 
-    def ack_many_reporting(self, results: Sequence[ResultUpdate],
-                           raws_by_owner: Mapping[tuple[str, str], Sequence[bytes]]) -> AckReport:
+    def ack_many_reporting(
+        self, results: Sequence[ResultUpdate], raws_by_owner: Mapping[tuple[str, str], Sequence[bytes]]
+    ) -> AckReport:
         """Like `ack_many`, but a result write Redis refuses stops nothing: its index and error are reported.
 
         On Redis Cluster the results and the acks live on different nodes, where one pipeline
@@ -479,16 +517,25 @@ class Broker:
                 self._queue_result(pipe, update)
         bucket = int(time.time()) // THROUGHPUT_BUCKET_S
         for (queue, consumer_id), raws in raws_by_owner.items():
-            self.scripts.queue(pipe, "ack", [self.keys.processing(queue, consumer_id), self.keys.recoveries(queue),
-                                             self.keys.completed(queue, bucket)], list(raws))
+            self.scripts.queue(
+                pipe,
+                "ack",
+                [
+                    self.keys.processing(queue, consumer_id),
+                    self.keys.recoveries(queue),
+                    self.keys.completed(queue, bucket),
+                ],
+                list(raws),
+            )
         written += self.scripts.execute(pipe, self.client, raise_on_error=False)
-        refused = {index: outcome for index, outcome in enumerate(written[:len(results)])
-                   if isinstance(outcome, Exception)}
-        outcomes = written[len(results):]
+        refused = {
+            index: outcome for index, outcome in enumerate(written[: len(results)]) if isinstance(outcome, Exception)
+        }
+        outcomes = written[len(results) :]
         for outcome in outcomes:
             if isinstance(outcome, Exception):
                 raise outcome
-        flags = {owner: [bool(flag) for flag in flags] for owner, flags in zip(raws_by_owner, outcomes)}
+        flags = {owner: [bool(flag) for flag in flags] for owner, flags in zip(raws_by_owner, outcomes, strict=True)}
         return AckReport(flags, refused, unreplicated)
 
     def _write_results_replicated(self, results: Sequence[ResultUpdate]) -> tuple[list[Any], int]:
@@ -565,15 +612,24 @@ class Broker:
             self._replica_checks[name] = checked
         return checked[0]
 
-    def retry_later(self, queue: str, consumer_id: str, raw: bytes, new_raw: bytes, priority: int,
-                    delay_ms: int, result: ResultUpdate | None = None) -> bool:
+    def retry_later(
+        self,
+        queue: str,
+        consumer_id: str,
+        raw: bytes,
+        new_raw: bytes,
+        priority: int,
+        delay_ms: int,
+        result: ResultUpdate | None = None,
+    ) -> bool:
         """Move a claimed task to the delayed set, due `delay_ms` from now; False if it was lost."""
         keys = [self.keys.processing(queue, consumer_id), self.keys.delayed(queue), self.keys.recoveries(queue)]
         args = [raw, delayed_member(priority, new_raw), max(0, int(delay_ms))]
         return self._with_result("retry_later", keys, args, result)
 
-    def dead_letter(self, queue: str, consumer_id: str, raw: bytes, new_raw: bytes,
-                    result: ResultUpdate | None = None) -> bool:
+    def dead_letter(
+        self, queue: str, consumer_id: str, raw: bytes, new_raw: bytes, result: ResultUpdate | None = None
+    ) -> bool:
         """Move a claimed task to the dead-letter set; False if it was lost."""
         keys = [self.keys.processing(queue, consumer_id), self.keys.dead(queue), self.keys.recoveries(queue)]
         return self._with_result("dead_letter", keys, [raw, new_raw], result)
@@ -594,8 +650,12 @@ class Broker:
         """Put claimed, never-started tasks back at the head of pending, first one first."""
         if not raws:
             return 0
-        keys = [self.keys.processing(queue, consumer_id), self.keys.pending(queue), self.keys.recoveries(queue),
-                self.keys.suspects(queue)]
+        keys = [
+            self.keys.processing(queue, consumer_id),
+            self.keys.pending(queue),
+            self.keys.recoveries(queue),
+            self.keys.suspects(queue),
+        ]
         return int(self._script("return_unstarted", keys, list(raws)))
 
     # --- results ---------------------------------------------------------------------------
@@ -606,8 +666,12 @@ class Broker:
         return bool(self.scripts.execute(pipe, self.client)[0])
 
     def _queue_result(self, pipe: Any, update: ResultUpdate, *, by_source: bool = False) -> None:
-        args: list[Any] = [update.ttl_s, update.append_worker_id or "",
-                           json.dumps(update.append_error) if update.append_error else "", update.fence or ""]
+        args: list[Any] = [
+            update.ttl_s,
+            update.append_worker_id or "",
+            json.dumps(update.append_error) if update.append_error else "",
+            update.fence or "",
+        ]
         for name, value in update.fields.items():
             args.extend([name, value])
         self.scripts.queue(pipe, "record_result", [self.keys.result(update.task_id)], args, by_source=by_source)
@@ -618,29 +682,47 @@ class Broker:
         if not record:
             return None
         # Bytes a foreign producer wrote need not be UTF-8: shown with escapes, never an error.
-        fields = {key.decode(errors="backslashreplace"): value.decode(errors="backslashreplace")
-                  for key, value in record.items()}
+        fields = {
+            key.decode(errors="backslashreplace"): value.decode(errors="backslashreplace")
+            for key, value in record.items()
+        }
         return {**READY_RECORD_DEFAULTS, "id": task_id, **fields}
 
     # --- delayed ---------------------------------------------------------------------------
     def promote_due(self, queue: str, limit: int = 1000) -> Promotion:
         """Move due delayed tasks into pending, and dead-letter due members that are not tasks."""
-        keys = [self.keys.delayed(queue), self.keys.pending(queue), self.keys.prioritized(queue),
-                self.keys.recoveries(queue), self.keys.suspects(queue), self.keys.dead(queue)]
-        moved, next_due_ms, now_ms, malformed = self._script("promote_due", keys,
-                                                             [limit, WAKE_TOKEN, queue, UNDECODABLE_TYPE])
+        keys = [
+            self.keys.delayed(queue),
+            self.keys.pending(queue),
+            self.keys.prioritized(queue),
+            self.keys.recoveries(queue),
+            self.keys.suspects(queue),
+            self.keys.dead(queue),
+        ]
+        moved, next_due_ms, now_ms, malformed = self._script(
+            "promote_due", keys, [limit, WAKE_TOKEN, queue, UNDECODABLE_TYPE]
+        )
         return Promotion(int(moved), int(next_due_ms), int(now_ms), int(malformed))
 
     # --- rate limits -----------------------------------------------------------------------
-    def rate_limit(self, task_type: str, algorithm: str, task_id: str, limit: int, period_us: int,
-                   emission_us: int, tolerance_us: int) -> int:
+    def rate_limit(
+        self,
+        task_type: str,
+        algorithm: str,
+        task_id: str,
+        limit: int,
+        period_us: int,
+        emission_us: int,
+        tolerance_us: int,
+    ) -> int:
         """Decide whether a task of `task_type` may start now: 0 if so, else microseconds to wait."""
         args = [algorithm, task_id, limit, period_us, emission_us, tolerance_us]
         return int(self._script("rate_limit", [self.keys.rate(task_type)], args))
 
     # --- leases and recovery ---------------------------------------------------------------
-    def heartbeat(self, queues: Sequence[str], consumer_id: str, lease_ms: int,
-                  register_info: dict[str, Any] | None = None) -> bool:
+    def heartbeat(
+        self, queues: Sequence[str], consumer_id: str, lease_ms: int, register_info: dict[str, Any] | None = None
+    ) -> bool:
         """Register or renew this consumer's lease on every queue; False if any was lost or had lapsed."""
         info = json.dumps(register_info) if register_info is not None else ""
         pipe = self.client.pipeline(transaction=False)
@@ -666,9 +748,14 @@ class Broker:
 
     def deregister(self, queue: str, consumer_id: str) -> int:
         """Leave cleanly: return anything still held to pending uncounted, and drop the lease."""
-        keys = [self.keys.consumers(queue), self.keys.consumer_info(queue),
-                self.keys.processing(queue, consumer_id), self.keys.pending(queue), self.keys.recoveries(queue),
-                self.keys.suspects(queue)]
+        keys = [
+            self.keys.consumers(queue),
+            self.keys.consumer_info(queue),
+            self.keys.processing(queue, consumer_id),
+            self.keys.pending(queue),
+            self.keys.recoveries(queue),
+            self.keys.suspects(queue),
+        ]
         return int(self._script("deregister", keys, [consumer_id]))
 
     def reap_candidates(self, queue: str) -> tuple[list[str], list[str]]:
@@ -682,35 +769,46 @@ class Broker:
         Tombstones are examined a page at a time: the newest page on every call, and the page at
         `tombstone_offset`; pass the returned offset next time to visit every page in turn.
         """
-        out = self._script("reap_candidates", [self.keys.consumers(queue), self.keys.reaped(queue)],
-                           [TOMBSTONE_PAGE, TOMBSTONE_KEEP_MS, tombstone_offset])
+        out = self._script(
+            "reap_candidates",
+            [self.keys.consumers(queue), self.keys.reaped(queue)],
+            [TOMBSTONE_PAGE, TOMBSTONE_KEEP_MS, tombstone_offset],
+        )
         ids, count = [_consumer_id(item) for item in out[:-2]], int(out[-1])
         split = ids.index("")
         expired = [cid for cid in ids[:split] if cid]
-        tombstones = list(dict.fromkeys(cid for cid in ids[split + 1:] if cid))
+        tombstones = list(dict.fromkeys(cid for cid in ids[split + 1 :] if cid))
         if tombstones:
             pipe = self.client.pipeline(transaction=False)
             for consumer_id in tombstones:
                 pipe.llen(self.keys.processing(queue, consumer_id))
             lengths = pipe.execute()
-            tombstones = [cid for cid, length in zip(tombstones, lengths) if length]
+            tombstones = [cid for cid, length in zip(tombstones, lengths, strict=True) if length]
         next_offset = tombstone_offset + TOMBSTONE_PAGE
         return expired, tombstones, next_offset if next_offset < count else 0
 
-    def reap(self, queue: str, consumer_id: str, default_lease_ms: int, *,
-             own_earlier_run: bool = False) -> ReapOutcome:
+    def reap(
+        self, queue: str, consumer_id: str, default_lease_ms: int, *, own_earlier_run: bool = False
+    ) -> ReapOutcome:
         """Return a dead consumer's tasks to the suspects list (at most REAP_BATCH per call).
 
         With `own_earlier_run`, the caller is registering under `consumer_id`: what an earlier
         run under that id left is recovered like a dead consumer's, whatever its lease says.
         """
-        keys = [self.keys.consumers(queue), self.keys.consumer_info(queue), self.keys.reaped(queue),
-                self.keys.processing(queue, consumer_id), self.keys.pending(queue), self.keys.dead(queue),
-                self.keys.recoveries(queue), self.keys.suspects(queue), self.keys.primary(queue)]
+        keys = [
+            self.keys.consumers(queue),
+            self.keys.consumer_info(queue),
+            self.keys.reaped(queue),
+            self.keys.processing(queue, consumer_id),
+            self.keys.pending(queue),
+            self.keys.dead(queue),
+            self.keys.recoveries(queue),
+            self.keys.suspects(queue),
+            self.keys.primary(queue),
+        ]
         args = [consumer_id, MAX_RECOVERIES, REAP_BATCH, WAKE_TOKEN, default_lease_ms, "1" if own_earlier_run else "0"]
         out = self._script("reap", keys, args)
-        return ReapOutcome(status=int(out[0]), requeued=int(out[1]), remaining=int(out[2]),
-                           dead_lettered=list(out[3:]))
+        return ReapOutcome(status=int(out[0]), requeued=int(out[1]), remaining=int(out[2]), dead_lettered=list(out[3:]))
 
     # --- inspection and admin --------------------------------------------------------------
     def completed_last_minute(self, queue: str) -> int:
@@ -737,7 +835,7 @@ class Broker:
         info_raw, *lengths = pipe.execute()
         infos = {key.decode(errors="backslashreplace"): _json_object(value) for key, value in info_raw.items()}
         consumers = []
-        for (member, deadline_ms), in_flight in zip(entries, lengths):
+        for (member, deadline_ms), in_flight in zip(entries, lengths, strict=True):
             consumer_id = member.decode(errors="backslashreplace")
             info = infos.get(consumer_id, {})
             consumers.append({**info, "id": consumer_id, "lease_deadline_ms": int(deadline_ms), "in_flight": in_flight})
@@ -799,7 +897,7 @@ class Broker:
     def server_time_ms(self) -> int:
         """Return the Redis server's clock in milliseconds."""
         seconds, micros = self.client.time()
-        return seconds * 1000 + micros // 1000
+        return int(seconds) * 1000 + int(micros) // 1000
 
     def ping(self) -> bool:
         """Return True if Redis answers."""
@@ -809,8 +907,9 @@ class Broker:
         """False while a Redis Cluster reports a slot unserved (a failover under way); True on a single server."""
         if not isinstance(self.client, redis.RedisCluster):
             return True
-        return all(info.get("cluster_state") == "ok"
-                   for info in self.client.cluster_info(target_nodes=redis.RedisCluster.PRIMARIES).values())
+        # With several target nodes redis-py answers one parsed CLUSTER INFO per node.
+        replies = cast(dict[Any, dict[str, Any]], self.client.cluster_info(target_nodes=redis.RedisCluster.PRIMARIES))
+        return all(info.get("cluster_state") == "ok" for info in replies.values())
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:
