@@ -12,8 +12,9 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from tasks_app import metrics
-from tasks_app.protocol.broker import Broker, QueueStats
+from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.names import NAME_PATTERN
+from tasks_app.protocol.replies import QueueStats
 
 logger = logging.getLogger(__name__)
 

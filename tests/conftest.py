@@ -88,7 +88,7 @@ def redis_up_for_a_while() -> None:
     """
     import time
 
-    from tasks_app.protocol.broker import connect
+    from tasks_app.protocol.scripts import connect
 
     client = connect(settings.REDIS_URL, settings.REDIS_CLUSTER)
     uptime_s = int(client.info("server")["uptime_in_seconds"])

@@ -9,7 +9,8 @@ import redis
 
 from tasks_app import producer
 from tasks_app.consumer.ack_batcher import AckBatcher, merge_updates
-from tasks_app.protocol.broker import Broker, ResultUpdate
+from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.replies import ResultUpdate
 
 pytestmark = pytest.mark.django_db
 

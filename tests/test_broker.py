@@ -6,15 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from tasks_app.protocol.broker import (
-    LUA_DIR,
-    MAX_RECOVERIES,
-    WAKE_TOKEN,
-    Enqueueable,
-    delayed_member,
-    split_delayed_member,
-)
+from tasks_app.protocol.broker import Enqueueable
 from tasks_app.protocol.codec import Task, decode_task, encode_task
+from tasks_app.protocol.keys import WAKE_TOKEN, delayed_member, split_delayed_member
+from tasks_app.protocol.leases import MAX_RECOVERIES
+from tasks_app.protocol.scripts import LUA_DIR
 
 LEASE_MS = 200
 
@@ -391,7 +387,7 @@ def test_a_clean_exit_clears_the_start_mark_of_the_suspect_it_returns(broker):
 
 def test_every_tombstone_is_examined_in_turn_not_only_the_first_page(broker):
     from tasks_app.consumer.loops import ReaperLoop
-    from tasks_app.protocol.broker import TOMBSTONE_PAGE
+    from tasks_app.protocol.leases import TOMBSTONE_PAGE
 
     now_ms = broker.server_time_ms()
     count = 2 * TOMBSTONE_PAGE + 50

@@ -19,8 +19,10 @@ from redis.exceptions import RedisError
 from tasks_app.consumer import lifecycle as consumer_module
 from tasks_app.consumer.executor import Claimed
 from tasks_app.consumer.lifecycle import Capacity, ClaimerLoop, Consumer, ConsumerOptions
-from tasks_app.protocol.broker import MAX_RECOVERIES, WAKE_TOKEN, Broker, Enqueueable
+from tasks_app.protocol.broker import Broker, Enqueueable
 from tasks_app.protocol.codec import encode_payload
+from tasks_app.protocol.keys import WAKE_TOKEN
+from tasks_app.protocol.leases import MAX_RECOVERIES
 from tests.support.claims import claim, die_running, push, register, task_bytes
 from tests.support.processes import wait_until
 from tests.support.recording import recorded_runs

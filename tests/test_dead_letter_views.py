@@ -10,9 +10,10 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from tasks_app import producer
-from tasks_app.protocol.broker import UNDECODABLE_TYPE, ResultUpdate
 from tasks_app.protocol.codec import Task, decode_task, encode_task
 from tasks_app.protocol.dead_letters import list_dead_tasks
+from tasks_app.protocol.keys import UNDECODABLE_TYPE
+from tasks_app.protocol.replies import ResultUpdate
 from tasks_app.protocol.results import ResultRecord
 
 pytestmark = pytest.mark.django_db

@@ -15,8 +15,9 @@ from tasks_app.consumer.executor import Claimed, Executor
 from tasks_app.consumer.limits import RateLimiter
 from tasks_app.context import TaskContext
 from tasks_app.models import TaskType
-from tasks_app.protocol.broker import UNDECODABLE_TYPE, Broker, split_delayed_member
+from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, decode_task, encode_payload
+from tasks_app.protocol.keys import UNDECODABLE_TYPE, split_delayed_member
 from tasks_app.registry import Handler, Registry
 from tasks_app.task_types import TaskTypeCache
 from tests.support.claims import claim, push, register, task_bytes

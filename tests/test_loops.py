@@ -19,7 +19,9 @@ from tasks_app.consumer.loops import (
     start_thread,
 )
 from tasks_app.consumer.retrying import FIRST_BACKOFF_S
-from tasks_app.protocol.broker import MAX_RECOVERIES, Broker, connect
+from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.leases import MAX_RECOVERIES
+from tasks_app.protocol.scripts import connect
 from tests.support.claims import claim, die_running, push, register, task_bytes
 from tests.support.counters import sample
 

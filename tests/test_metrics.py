@@ -14,7 +14,8 @@ from tasks_app import metrics, producer
 from tasks_app.collectors import QueueCollector
 from tasks_app.consumer.health import Liveness
 from tasks_app.consumer.metrics_http import make_app
-from tasks_app.protocol.broker import Broker, connect
+from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.scripts import connect
 from tests.support.processes import wait_until
 from tests.support.scrape import Scrape, free_port, http_get
 

@@ -144,7 +144,7 @@ def test_a_startproject_site_enqueues_and_runs_a_task_with_the_installed_app(
         "-v",
         "0",
         "-c",
-        "import tasks_app, tasks_app.protocol.broker as b; from django.urls import reverse; "
+        "import tasks_app, tasks_app.protocol.scripts as b; from django.urls import reverse; "
         "print(tasks_app.__file__, b.LUA_DIR, reverse('tasks_app:dashboard'))",
         cwd=site,
         env=env,

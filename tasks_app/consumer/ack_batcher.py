@@ -26,7 +26,8 @@ from dataclasses import dataclass, replace
 from tasks_app import metrics
 from tasks_app.consumer.retrying import GaveUp, until_done
 from tasks_app.protocol import results
-from tasks_app.protocol.broker import Broker, ResultUpdate
+from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.replies import ResultUpdate
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,9 @@ from redis.exceptions import RedisError
 
 from tasks_app.consumer.executor import Claimed
 from tasks_app.consumer.loops import LeaseClock
-from tasks_app.protocol.broker import WAKE_TOKEN, Broker, Claim
+from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.keys import WAKE_TOKEN
+from tasks_app.protocol.replies import Claim
 
 logger = logging.getLogger(__name__)
 

@@ -23,8 +23,10 @@ from tasks_app.context import TaskContext
 from tasks_app.django_tasks import runner
 from tasks_app.exceptions import ResultNotJson, ResultTooLarge
 from tasks_app.protocol import results
-from tasks_app.protocol.broker import UNDECODABLE_TYPE, Broker, ResultUpdate
+from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Arguments, Task, UndecodableTask, decode_payload, decode_task, encode_task
+from tasks_app.protocol.keys import UNDECODABLE_TYPE
+from tasks_app.protocol.replies import ResultUpdate
 from tasks_app.protocol.results import clean_text
 from tasks_app.registry import Handler, Registry
 from tasks_app.task_types import TaskTypeCache, TaskTypeConfig

@@ -12,7 +12,8 @@ from redis.exceptions import RedisError
 
 from tasks_app import metrics
 from tasks_app.consumer.retrying import next_backoff_s
-from tasks_app.protocol.broker import UNDECODABLE_TYPE, Broker
+from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.keys import UNDECODABLE_TYPE
 
 logger = logging.getLogger(__name__)
 

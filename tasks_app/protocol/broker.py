@@ -1,4 +1,7 @@
-"""The only code that talks to Redis: key naming, the Lua scripts and one method per operation.
+"""`Broker`, the only code that talks to Redis: one method per operation, each one round trip or one script.
+
+Producing, claiming and finishing are here; leases, inspection and replicated result writes are
+in the modules whose classes it inherits (leases.py, inspection.py, replication.py).
 
 Every key of a queue carries the hash tag ``{queue}``, so each queue script touches one Redis
 Cluster slot; every key a script touches is passed to it in KEYS. Two producer scripts
@@ -9,305 +12,29 @@ a Redis Cluster each call of `enqueue_batch` holds one queue or one record. See 
 from __future__ import annotations
 
 import hashlib
-import json
-import re
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait as wait_for
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, NamedTuple, cast
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import redis
-from redis.backoff import NoBackoff
-from redis.exceptions import (
-    AskError,
-    BusyLoadingError,
-    ClusterDownError,
-    ClusterError,
-    ConnectionError as RedisConnectionError,
-    NoScriptError,
-    ReadOnlyError,
-    TimeoutError as RedisTimeoutError,
-    TryAgainError,
-)
-from redis.retry import Retry
 
 from tasks_app.protocol import batch_args
 from tasks_app.protocol.batch_args import Enqueueable
+from tasks_app.protocol.inspection import THROUGHPUT_BUCKET_S, InspectionOps
+from tasks_app.protocol.keys import UNDECODABLE_TYPE, WAKE_TOKEN, Keys, delayed_member
+from tasks_app.protocol.leases import LeaseOps
+from tasks_app.protocol.replication import CLUSTER_WAIT_MS, ReplicatedWrites
+from tasks_app.protocol.replies import READY_RECORD_DEFAULTS, AckReport, Claim, Promotion, ResultUpdate
+from tasks_app.protocol.scripts import Scripts, connect
 
-# tasks_app/lua links to the top-level lua/ in the repository; the wheel holds the files themselves.
-LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
-# Pushed onto an empty pending list to wake a consumer blocked on it; never a valid Task
-# (field number 0 does not exist in protobuf), dropped wherever it is met.
-WAKE_TOKEN = b"\x00wake"
-# Each recovery of a task from a dead consumer is counted; past this it is dead-lettered.
-MAX_RECOVERIES = 3
-REAP_BATCH = 1000
 # Ids given by callers are remembered per queue this long and up to this many, so a retry of a
 # partly enqueued batch (Redis Cluster) or of one whose reply was lost does not push them twice.
 ENQUEUED_IDS_KEEP_MS = 24 * 3600 * 1000
 ENQUEUED_IDS_MAX = 100_000
-# Type of the envelope that wraps bytes that are not a task in the dead letters (as the executor's).
-UNDECODABLE_TYPE = "_undecodable"
-# Tombstones examined per reaper pass: the newest page, and one more page in turn.
-TOMBSTONE_PAGE = 100
-TOMBSTONE_KEEP_MS = 24 * 3600 * 1000
-# Width of the buckets counting acknowledged tasks, for the dashboard's throughput.
-THROUGHPUT_BUCKET_S = 10
-# Redis Cluster: how long a master's WAIT for one replica to have a flush's results may take
-# (TASKS_CLUSTER_WAIT_MS), and how often each master's replica count is read again.
-CLUSTER_WAIT_MS = 100
-REPLICA_CHECK_S = 10.0
 
 
-def delayed_member(priority: int, raw: bytes) -> bytes:
-    """Encode a delayed-set member: the priority (clamped to -100..100) as 4 ASCII characters, then the task."""
-    return f"{max(-100, min(100, int(priority))):+04d}".encode() + raw
-
-
-_DELAYED_PREFIX = re.compile(rb"[+-][0-9]{3}")
-
-
-def split_delayed_member(member: bytes) -> tuple[int, bytes] | None:
-    """Split a delayed-set member into its priority and the serialized task; None if it is not one."""
-    prefix = member[:4]
-    if not _DELAYED_PREFIX.fullmatch(prefix) or len(member) == 4 or abs(int(prefix)) > 100:
-        return None
-    return int(prefix), member[4:]
-
-
-@dataclass(frozen=True)
-class Keys:
-    """Builds every Redis key; queue keys share the queue's hash tag."""
-
-    prefix: str
-
-    def queue_key(self, queue: str, name: str) -> str:
-        """Return the key `name` of `queue`, e.g. ``ts:{default}:pending``."""
-        return f"{self.prefix}:{{{queue}}}:{name}"
-
-    def pending(self, queue: str) -> str:
-        return self.queue_key(queue, "pending")
-
-    def prioritized(self, queue: str) -> str:
-        return self.queue_key(queue, "prioritized")
-
-    def delayed(self, queue: str) -> str:
-        return self.queue_key(queue, "delayed")
-
-    def dead(self, queue: str) -> str:
-        return self.queue_key(queue, "dead")
-
-    def enqueued(self, queue: str) -> str:
-        """Ids given by callers that were recently enqueued to `queue` (id -> server ms)."""
-        return self.queue_key(queue, "enqueued")
-
-    def processing(self, queue: str, consumer_id: str) -> str:
-        return self.queue_key(queue, f"processing:{consumer_id}")
-
-    def consumers(self, queue: str) -> str:
-        return self.queue_key(queue, "consumers")
-
-    def consumer_info(self, queue: str) -> str:
-        return self.queue_key(queue, "consumer_info")
-
-    def reaped(self, queue: str) -> str:
-        return self.queue_key(queue, "reaped")
-
-    def recoveries(self, queue: str) -> str:
-        return self.queue_key(queue, "recoveries")
-
-    def suspects(self, queue: str) -> str:
-        return self.queue_key(queue, "suspects")
-
-    def fence(self, queue: str) -> str:
-        """Counter issuing the fencing tokens of runs of `queue`'s tasks (see claim.lua)."""
-        return self.queue_key(queue, "fence")
-
-    def primary(self, queue: str) -> str:
-        """Marker of the node serving this queue's slot and since when (reaping waits after a change)."""
-        return self.queue_key(queue, "primary")
-
-    def completed(self, queue: str, bucket: int) -> str:
-        """Counter of tasks acknowledged in one THROUGHPUT_BUCKET_S-long bucket (bucket = epoch s // width)."""
-        return self.queue_key(queue, f"completed:{bucket}")
-
-    def queues(self) -> str:
-        return f"{self.prefix}:queues"
-
-    def result(self, task_id: str) -> str:
-        return f"{self.prefix}:result:{task_id}"
-
-    def rate(self, task_type: str) -> str:
-        return f"{self.prefix}:rate:{{{task_type}}}"
-
-
-# The fields a READY record may leave out, and the value each then has; the id is the key's suffix.
-# The producer stores only what differs (see results.ready_fields); get_result fills these back in.
-READY_RECORD_DEFAULTS = {"status": "READY", "priority": "0", "args": "[]", "kwargs": "{}", "attempts": "0"}
-
-
-@dataclass(frozen=True)
-class Claim:
-    """What one claim moved into a consumer's processing list."""
-
-    tasks: list[bytes]
-    took_suspect: bool  # the first task is a suspect: recovered from a consumer that died holding it
-    suspects_waiting: int  # suspects still in the queue's suspects list
-    first_fence: int = 0  # fencing token of tasks[0]; tasks[i] holds first_fence + i
-    lease_expired: bool = False  # nothing was claimed: the lease lapsed and has not been renewed
-
-
-class Promotion(NamedTuple):
-    """What one promote_due call did."""
-
-    moved: int
-    next_due_ms: int  # -1: nothing delayed
-    now_ms: int  # the server's clock
-    malformed: int  # due members that were not "<priority><task>", dead-lettered
-
-
-@dataclass(frozen=True)
-class ReapOutcome:
-    """What one reap call did to one consumer's processing list."""
-
-    status: int  # 1 reaped, -1 lease alive, -2 Redis restarted or failed over recently, -3 unknown consumer
-    requeued: int
-    remaining: int
-    dead_lettered: list[bytes]
-
-
-# Replies of a master that is failing over, moved a slot or was demoted: write the results again.
-_NODE_STATE_REPLIES = (AskError, ClusterDownError, TryAgainError, ReadOnlyError, BusyLoadingError)
-
-
-class AckReport(NamedTuple):
-    """What a batch of result writes and acks did."""
-
-    flags: dict[tuple[str, str], list[bool]]  # per (queue, consumer): whether each task was still held
-    refused: dict[int, Exception]  # result writes Redis refused, by index
-    unreplicated_masters: int = 0  # Redis Cluster: masters whose replica did not confirm the results in time
-
-
-@dataclass(frozen=True)
-class QueueStats:
-    """Sizes of one queue's parts and its live consumers."""
-
-    queue: str
-    pending: int
-    processing: int
-    delayed: int
-    dead: int
-    consumers: list[dict[str, Any]]
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "queue": self.queue,
-            "pending": self.pending,
-            "processing": self.processing,
-            "delayed": self.delayed,
-            "dead": self.dead,
-            "consumers": self.consumers,
-        }
-
-
-# A line "-- include: NAME" in a script is replaced by lua/include/NAME.lua (helpers shared by scripts).
-_INCLUDE = re.compile(rb"^-- include: ([a-z_]+)$", re.MULTILINE)
-
-
-def _expand_includes(source: bytes, directory: Path) -> bytes:
-    return _INCLUDE.sub(lambda match: (directory / "include" / f"{match[1].decode()}.lua").read_bytes(), source)
-
-
-class Scripts:
-    """The Lua scripts of lua/, loaded once and run by SHA (reloaded after a Redis restart)."""
-
-    def __init__(self, directory: Path = LUA_DIR) -> None:
-        self.sources = {
-            path.stem: _expand_includes(path.read_bytes(), directory) for path in sorted(directory.glob("*.lua"))
-        }
-        self.shas = {name: hashlib.sha1(src).hexdigest() for name, src in self.sources.items()}
-
-    def run(self, client: Any, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """Run script `name` on `client`, loading it first if the server does not have it."""
-        try:
-            return client.evalsha(self.shas[name], len(keys), *keys, *args)
-        except NoScriptError:
-            return client.eval(self.sources[name], len(keys), *keys, *args)
-        except RedisConnectionError:
-            _replace_dead_default_node(client)
-            raise
-
-    def queue(self, pipe: Any, name: str, keys: Sequence[str], args: Sequence[Any], *, by_source: bool = False) -> None:
-        """Add a run of script `name` to a pipeline (see `execute`); `by_source` sends EVAL, not EVALSHA."""
-        # Remember the call by its position, so `execute` can re-run it without reading
-        # redis-py internals (a Redis Cluster pipeline keeps its commands elsewhere).
-        vars(pipe).setdefault(_QUEUED_SCRIPTS, {})[len(pipe)] = (name, tuple(keys), tuple(args))
-        # Through execute_command: ClusterPipeline blocks its evalsha() method, yet routes an
-        # EVALSHA by its keys like any other command (all keys of a script share one slot).
-        if by_source:
-            pipe.execute_command("EVAL", self.sources[name], len(keys), *keys, *args)
-        else:
-            pipe.execute_command("EVALSHA", self.shas[name], len(keys), *keys, *args)
-
-    def execute(self, pipe: Any, client: Any, raise_on_error: bool = True) -> list[Any]:
-        """Execute a pipeline; re-run by source just those scripts the server did not have.
-
-        With `raise_on_error` False, a command's error is returned in its place instead.
-        """
-        queued: dict[int, tuple[str, tuple[str, ...], tuple[Any, ...]]] = vars(pipe).pop(_QUEUED_SCRIPTS, {})
-        try:
-            results: list[Any] = pipe.execute(raise_on_error=False)
-        except RedisConnectionError:
-            _replace_dead_default_node(client)
-            raise
-        for index, outcome in enumerate(results):
-            if isinstance(outcome, NoScriptError):
-                name, keys, args = queued[index]
-                try:
-                    results[index] = client.eval(self.sources[name], len(keys), *keys, *args)
-                except redis.ResponseError as exc:  # run every re-run before raising: the others are not undone
-                    results[index] = exc
-        if raise_on_error:
-            for outcome in results:
-                if isinstance(outcome, Exception):
-                    raise outcome
-        return results
-
-
-def _replace_dead_default_node(client: Any) -> None:
-    # redis-py (8.1) asks a cluster's default node for a script's keys (COMMAND GETKEYS) before
-    # routing it, and keeps a dead default node after a failover: every later script would fail.
-    if isinstance(client, redis.RedisCluster):
-        client.replace_default_node()
-
-
-# Attribute of a pipeline holding the scripts queued on it: position -> (name, keys, args).
-_QUEUED_SCRIPTS = "_tasks_queued_scripts"
-
-
-def connect(url: str, cluster: bool = False, *, timeout_s: float = 15.0, resend: bool = True) -> Any:
-    """Open a Redis (or Redis Cluster) client for `url`; with `resend=False` it never re-sends a command.
-
-    redis-py's default `Retry` (on Cluster: re-resolve the slots, send again) silently re-sends a
-    command whose reply was lost: a claim or BLMOVE then moves tasks twice and the first call's
-    tasks sit unknown in the consumer's list, an LPUSH enqueues twice. The consumer's clients do
-    not re-send (it retries with backoff itself and knows what a lost reply means).
-    """
-    options: dict[str, Any] = {
-        "socket_timeout": timeout_s,
-        "socket_connect_timeout": min(5.0, timeout_s),
-        "health_check_interval": 30,
-    }
-    if not resend:
-        options["retry"] = Retry(NoBackoff(), 0)
-    if cluster:
-        return redis.RedisCluster.from_url(url, **options)
-    return redis.Redis.from_url(url, **options)
-
-
-class Broker:
+class Broker(ReplicatedWrites, LeaseOps, InspectionOps):
     """Queue operations on Redis, each one round trip or one script."""
 
     def __init__(
@@ -331,9 +58,6 @@ class Broker:
 
         client = connect(settings.REDIS_URL, settings.REDIS_CLUSTER, timeout_s=timeout_s, resend=resend)
         return cls(client, prefix or settings.TASKS_KEY_PREFIX, cluster_wait_ms=settings.TASKS_CLUSTER_WAIT_MS)
-
-    def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        return self.scripts.run(self.client, name, keys, args)
 
     # --- producing -------------------------------------------------------------------------
     def enqueue(self, items: Sequence[Enqueueable], result_ttl_s: int) -> None:
@@ -538,80 +262,6 @@ class Broker:
         flags = {owner: [bool(flag) for flag in flags] for owner, flags in zip(raws_by_owner, outcomes, strict=True)}
         return AckReport(flags, refused, unreplicated)
 
-    def _write_results_replicated(self, results: Sequence[ResultUpdate]) -> tuple[list[Any], int]:
-        """Write results on a cluster, every master at once; return each write's reply and how many WAITs timed out."""
-        by_master: dict[str, list[int]] = {}
-        nodes: dict[str, Any] = {}
-        for index, update in enumerate(results):
-            node = self.client.get_node_from_key(self.keys.result(update.task_id))
-            nodes[node.name] = node
-            by_master.setdefault(node.name, []).append(index)
-        jobs = [(nodes[name], [results[index] for index in indexes]) for name, indexes in by_master.items()]
-        if len(jobs) == 1:
-            done = [self._write_on_master(*jobs[0])]
-        else:
-            if self._masters_pool is None:
-                self._masters_pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="results-on-masters")
-            futures = [self._masters_pool.submit(self._write_on_master, *job) for job in jobs]
-            wait_for(futures)  # every master has answered before an error of one is raised
-            done = [future.result() for future in futures]
-        written: list[Any] = [None] * len(results)
-        for indexes, (replies, _) in zip(by_master.values(), done, strict=True):
-            for index, reply in zip(indexes, replies, strict=True):
-                written[index] = reply
-        return written, sum(timed_out for _, timed_out in done)
-
-    def _write_on_master(self, node: Any, updates: list[ResultUpdate]) -> tuple[list[Any], int]:
-        """Write `updates` on `node` and WAIT there for a replica; return the replies and 1 if the WAIT timed out.
-
-        WAIT counts the writes of its own connection, so it goes in the writes' pipeline: on the
-        node's own client, never re-sent elsewhere. Scripts a just-promoted master lacks are sent
-        again by source with another WAIT. A lost node, a moved slot or a failed WAIT raise
-        ClusterError (the slot map is read again), so the caller writes the results again.
-        """
-        client = self.client.get_redis_connection(node)
-        waits = self._has_replica(node.name, client)
-        replies: list[Any] = [None] * len(updates)
-        todo = list(range(len(updates)))
-        timed_out = 0
-        # By source first on a master not yet written to here, so a WAIT is not spent on NOSCRIPT.
-        for by_source in (False, True) if node.name in self._masters_with_scripts else (True,):
-            pipe = client.pipeline(transaction=False)
-            for index in todo:
-                self._queue_result(pipe, updates[index], by_source=by_source)
-            if waits:
-                pipe.execute_command("WAIT", 1, self.cluster_wait_ms)
-            sent = self._execute_on_master(node, pipe, waits)
-            timed_out = 1 if waits and int(sent[-1]) < 1 else timed_out
-            for index, reply in zip(todo, sent, strict=False):  # then the WAIT's reply
-                replies[index] = reply
-            todo = [index for index in todo if isinstance(replies[index], NoScriptError)]
-            if not todo:
-                self._masters_with_scripts.add(node.name)
-                break
-        return replies, timed_out
-
-    def _execute_on_master(self, node: Any, pipe: Any, waits: bool) -> list[Any]:
-        """Execute a pipeline on one master; ClusterError (after reading the slot map again) if the node failed it."""
-        try:
-            sent = pipe.execute(raise_on_error=False)
-        except (RedisConnectionError, RedisTimeoutError) as exc:
-            self.client.nodes_manager.initialize()
-            raise ClusterError(f"lost master {node.name} while writing results: {exc}") from exc
-        if any(isinstance(reply, _NODE_STATE_REPLIES) for reply in sent) or (waits and isinstance(sent[-1], Exception)):
-            self.client.nodes_manager.initialize()
-            raise ClusterError(f"master {node.name} answered as in a failover: {sent}")
-        return list(sent)
-
-    def _has_replica(self, name: str, client: Any) -> bool:
-        """Whether master `name` has a connected replica (read again every REPLICA_CHECK_S)."""
-        checked = self._replica_checks.get(name)
-        now_s = time.monotonic()
-        if checked is None or now_s - checked[1] > REPLICA_CHECK_S:
-            checked = (int(client.info("replication").get("connected_slaves", 0)) > 0, now_s)
-            self._replica_checks[name] = checked
-        return checked[0]
-
     def retry_later(
         self,
         queue: str,
@@ -665,17 +315,6 @@ class Broker:
         self._queue_result(pipe, update)
         return bool(self.scripts.execute(pipe, self.client)[0])
 
-    def _queue_result(self, pipe: Any, update: ResultUpdate, *, by_source: bool = False) -> None:
-        args: list[Any] = [
-            update.ttl_s,
-            update.append_worker_id or "",
-            json.dumps(update.append_error) if update.append_error else "",
-            update.fence or "",
-        ]
-        for name, value in update.fields.items():
-            args.extend([name, value])
-        self.scripts.queue(pipe, "record_result", [self.keys.result(update.task_id)], args, by_source=by_source)
-
     def get_result(self, task_id: str) -> dict[str, str] | None:
         """Return a task's result record as text fields (defaults filled in), or None if there is none."""
         record = self.client.hgetall(self.keys.result(task_id))
@@ -719,233 +358,7 @@ class Broker:
         args = [algorithm, task_id, limit, period_us, emission_us, tolerance_us]
         return int(self._script("rate_limit", [self.keys.rate(task_type)], args))
 
-    # --- leases and recovery ---------------------------------------------------------------
-    def heartbeat(
-        self, queues: Sequence[str], consumer_id: str, lease_ms: int, register_info: dict[str, Any] | None = None
-    ) -> bool:
-        """Register or renew this consumer's lease on every queue; False if any was lost or had lapsed."""
-        info = json.dumps(register_info) if register_info is not None else ""
-        pipe = self.client.pipeline(transaction=False)
-        for queue in queues:
-            keys = [self.keys.consumers(queue), self.keys.consumer_info(queue), self.keys.primary(queue)]
-            self.scripts.queue(pipe, "heartbeat", keys, [consumer_id, lease_ms, info])
-            if register_info is not None:
-                pipe.sadd(self.keys.queues(), queue)
-        results = self.scripts.execute(pipe, self.client)
-        return all(bool(flag) for flag in results[:: 2 if register_info is not None else 1])
 
-    def abandon(self, queues: Sequence[str], consumer_id: str) -> None:
-        """Tombstone an id whose lease was lost, so reapers sweep its lists even if its lease entry is gone.
-
-        A blocking claim in flight can still move a task into such a list, and after a failover
-        that lost the lease entry no reaper would otherwise look there.
-        """
-        now_ms = int(time.time() * 1000)
-        pipe = self.client.pipeline(transaction=False)
-        for queue in queues:
-            pipe.zadd(self.keys.reaped(queue), {consumer_id: now_ms}, nx=True)
-        pipe.execute()
-
-    def deregister(self, queue: str, consumer_id: str) -> int:
-        """Leave cleanly: return anything still held to pending uncounted, and drop the lease."""
-        keys = [
-            self.keys.consumers(queue),
-            self.keys.consumer_info(queue),
-            self.keys.processing(queue, consumer_id),
-            self.keys.pending(queue),
-            self.keys.recoveries(queue),
-            self.keys.suspects(queue),
-        ]
-        return int(self._script("deregister", keys, [consumer_id]))
-
-    def reap_candidates(self, queue: str) -> tuple[list[str], list[str]]:
-        """Return consumers whose lease expired, and the newest reaped ids whose lists are not empty."""
-        expired, tombstones, _ = self.reap_candidate_page(queue, 0)
-        return expired, tombstones
-
-    def reap_candidate_page(self, queue: str, tombstone_offset: int) -> tuple[list[str], list[str], int]:
-        """Return consumers whose lease expired, reaped ids whose lists are not empty, and the next offset.
-
-        Tombstones are examined a page at a time: the newest page on every call, and the page at
-        `tombstone_offset`; pass the returned offset next time to visit every page in turn.
-        """
-        out = self._script(
-            "reap_candidates",
-            [self.keys.consumers(queue), self.keys.reaped(queue)],
-            [TOMBSTONE_PAGE, TOMBSTONE_KEEP_MS, tombstone_offset],
-        )
-        ids, count = [_consumer_id(item) for item in out[:-2]], int(out[-1])
-        split = ids.index("")
-        expired = [cid for cid in ids[:split] if cid]
-        tombstones = list(dict.fromkeys(cid for cid in ids[split + 1 :] if cid))
-        if tombstones:
-            pipe = self.client.pipeline(transaction=False)
-            for consumer_id in tombstones:
-                pipe.llen(self.keys.processing(queue, consumer_id))
-            lengths = pipe.execute()
-            tombstones = [cid for cid, length in zip(tombstones, lengths, strict=True) if length]
-        next_offset = tombstone_offset + TOMBSTONE_PAGE
-        return expired, tombstones, next_offset if next_offset < count else 0
-
-    def reap(
-        self, queue: str, consumer_id: str, default_lease_ms: int, *, own_earlier_run: bool = False
-    ) -> ReapOutcome:
-        """Return a dead consumer's tasks to the suspects list (at most REAP_BATCH per call).
-
-        With `own_earlier_run`, the caller is registering under `consumer_id`: what an earlier
-        run under that id left is recovered like a dead consumer's, whatever its lease says.
-        """
-        keys = [
-            self.keys.consumers(queue),
-            self.keys.consumer_info(queue),
-            self.keys.reaped(queue),
-            self.keys.processing(queue, consumer_id),
-            self.keys.pending(queue),
-            self.keys.dead(queue),
-            self.keys.recoveries(queue),
-            self.keys.suspects(queue),
-            self.keys.primary(queue),
-        ]
-        args = [consumer_id, MAX_RECOVERIES, REAP_BATCH, WAKE_TOKEN, default_lease_ms, "1" if own_earlier_run else "0"]
-        out = self._script("reap", keys, args)
-        return ReapOutcome(status=int(out[0]), requeued=int(out[1]), remaining=int(out[2]), dead_lettered=list(out[3:]))
-
-    # --- inspection and admin --------------------------------------------------------------
-    def completed_last_minute(self, queue: str) -> int:
-        """Count the tasks of `queue` acknowledged in the last minute (whole buckets: 50-60 s)."""
-        current = int(time.time()) // THROUGHPUT_BUCKET_S
-        buckets = range(current - 60 // THROUGHPUT_BUCKET_S + 1, current + 1)
-        counts = self.client.mget([self.keys.completed(queue, bucket) for bucket in buckets])
-        return sum(int(count) for count in counts if count is not None)
-
-    def known_queues(self) -> list[str]:
-        """Return every queue that has seen a task or a consumer."""
-        members = self.client.smembers(self.keys.queues())
-        return sorted(member.decode(errors="backslashreplace") for member in members)  # may hold any bytes
-
-    def live_consumers(self, queue: str) -> list[dict[str, Any]]:
-        """Return the consumers holding a lease on `queue`, with their info and in-flight count."""
-        entries = self.client.zrange(self.keys.consumers(queue), 0, -1, withscores=True)
-        if not entries:
-            return []
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hgetall(self.keys.consumer_info(queue))
-        for member, _ in entries:
-            pipe.llen(self.keys.processing(queue, member.decode(errors="backslashreplace")))
-        info_raw, *lengths = pipe.execute()
-        infos = {key.decode(errors="backslashreplace"): _json_object(value) for key, value in info_raw.items()}
-        consumers = []
-        for (member, deadline_ms), in_flight in zip(entries, lengths, strict=True):
-            consumer_id = member.decode(errors="backslashreplace")
-            info = infos.get(consumer_id, {})
-            consumers.append({**info, "id": consumer_id, "lease_deadline_ms": int(deadline_ms), "in_flight": in_flight})
-        return consumers
-
-    def queue_stats(self, queue: str) -> QueueStats:
-        """Count pending, in-flight, delayed and dead tasks of a queue, and list its consumers."""
-        consumers = self.live_consumers(queue)
-        tombstones = self._tombstones(queue)
-        pipe = self.client.pipeline(transaction=False)
-        pipe.llen(self.keys.pending(queue))
-        # A wake token is not a task; there is at most one, near the head of pending.
-        pipe.lpos(self.keys.pending(queue), WAKE_TOKEN, rank=-1, maxlen=16)
-        pipe.zcard(self.keys.prioritized(queue))
-        pipe.llen(self.keys.suspects(queue))
-        pipe.zcard(self.keys.delayed(queue))
-        pipe.zcard(self.keys.dead(queue))
-        for consumer_id in tombstones:
-            pipe.llen(self.keys.processing(queue, consumer_id))
-        pending, wake_token_at, prioritized, suspects, delayed, dead, *orphaned = pipe.execute()
-        pending -= wake_token_at is not None
-        processing = sum(c["in_flight"] for c in consumers) + sum(orphaned)
-        return QueueStats(queue, pending + prioritized + suspects, processing, delayed, dead, consumers)
-
-    def _tombstones(self, queue: str) -> list[str]:
-        return [cid for cid in map(_consumer_id, self.client.zrange(self.keys.reaped(queue), 0, -1)) if cid]
-
-    def is_idle(self, queues: Sequence[str]) -> bool:
-        """True when none of `queues` has anything pending, in flight or delayed."""
-        for queue in queues:
-            stats = self.queue_stats(queue)
-            if stats.pending or stats.processing or stats.delayed:
-                return False
-        return True
-
-    def list_dead(self, queue: str, offset: int = 0, limit: int = 100) -> list[tuple[bytes, int]]:
-        """Return dead-lettered tasks of a queue, newest first, with the time (ms) they died."""
-        entries = self.client.zrange(self.keys.dead(queue), offset, offset + limit - 1, desc=True, withscores=True)
-        return [(member, int(score)) for member, score in entries]
-
-    def requeue_dead(self, queue: str, entries: Sequence[tuple[bytes, int, bytes]]) -> int:
-        """Move dead tasks (stored member, priority, task to push) back to pending or prioritized."""
-        if not entries:
-            return 0
-        args: list[Any] = [WAKE_TOKEN]
-        for member, priority, fresh in entries:
-            args.extend([member, priority, fresh])
-        keys = [self.keys.dead(queue), self.keys.pending(queue), self.keys.prioritized(queue)]
-        return int(self._script("requeue_dead", keys, args))
-
-    def trim_dead(self, queue: str, max_count: int, max_age_s: int) -> int:
-        """Drop the oldest dead letters beyond `max_count` and those older than `max_age_s`."""
-        return int(self._script("trim_dead", [self.keys.dead(queue)], [max_count, max_age_s * 1000]))
-
-    def delete_dead(self, queue: str, members: Sequence[bytes]) -> int:
-        """Delete dead-lettered tasks for good; return how many were deleted."""
-        return int(self.client.zrem(self.keys.dead(queue), *members)) if members else 0
-
-    def server_time_ms(self) -> int:
-        """Return the Redis server's clock in milliseconds."""
-        seconds, micros = self.client.time()
-        return int(seconds) * 1000 + int(micros) // 1000
-
-    def ping(self) -> bool:
-        """Return True if Redis answers."""
-        return bool(self.client.ping())
-
-    def serves_every_slot(self) -> bool:
-        """False while a Redis Cluster reports a slot unserved (a failover under way); True on a single server."""
-        if not isinstance(self.client, redis.RedisCluster):
-            return True
-        # With several target nodes redis-py answers one parsed CLUSTER INFO per node.
-        replies = cast(dict[Any, dict[str, Any]], self.client.cluster_info(target_nodes=redis.RedisCluster.PRIMARIES))
-        return all(info.get("cluster_state") == "ok" for info in replies.values())
-
-
-def _json_object(raw: bytes) -> dict[str, Any]:
-    """Parse a consumer's info; anything but a JSON object (written by something else) reads as empty."""
-    try:
-        value = json.loads(raw)
-    except (ValueError, RecursionError):
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
-@dataclass(frozen=True)
-class ResultUpdate:
-    """Fields to set on a task's result record, and items to append to its JSON lists."""
-
-    task_id: str
-    fields: dict[str, str]
-    ttl_s: int
-    append_worker_id: str | None = None
-    append_error: dict[str, str] | None = None
-    # Fencing token of the run this update belongs to (0: not of a run, written unconditionally);
-    # ignored once a run with a higher token wrote to the record.
-    fence: int = 0
-
-
-def _consumer_id(member: bytes) -> str:
-    # A member no consumer of ours could have written (not UTF-8, or not a valid name) is skipped:
-    # no key can be built from it, and reaping it must not stop the reaper.
-    try:
-        consumer_id = member.decode()
-    except UnicodeDecodeError:
-        return ""
-    return consumer_id if _VALID_ID.fullmatch(consumer_id) else ""
-
-
-_VALID_ID = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
 _brokers: dict[tuple[str, bool, str], Broker] = {}
 
 

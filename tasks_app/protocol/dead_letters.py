@@ -10,8 +10,10 @@ from datetime import UTC, datetime
 from django.conf import settings
 
 from tasks_app.protocol import results
-from tasks_app.protocol.broker import UNDECODABLE_TYPE, Broker, ResultUpdate, get_broker
+from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.codec import Task, UndecodableTask, decode_payload, decode_task, encode_task
+from tasks_app.protocol.keys import UNDECODABLE_TYPE
+from tasks_app.protocol.replies import ResultUpdate
 
 SCAN_PAGE = 500
 

@@ -10,9 +10,9 @@ from typing import Any
 from django.tasks import TaskResultStatus
 
 from tasks_app.exceptions import ResultNotJson, ResultTooLarge
-from tasks_app.protocol.broker import READY_RECORD_DEFAULTS, ResultUpdate
 from tasks_app.protocol.codec import Arguments, Task
 from tasks_app.protocol.jsontext import loads_bounded, scrub_text
+from tasks_app.protocol.replies import READY_RECORD_DEFAULTS, ResultUpdate
 
 READY = TaskResultStatus.READY.value
 RUNNING = TaskResultStatus.RUNNING.value

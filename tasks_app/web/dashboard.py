@@ -18,8 +18,9 @@ from django.views.decorators.http import require_http_methods
 
 from tasks_app.models import MANAGE_DEAD_LETTERS_PERMISSION
 from tasks_app.protocol import dead_letters
-from tasks_app.protocol.broker import QueueStats, get_broker
+from tasks_app.protocol.broker import get_broker
 from tasks_app.protocol.names import NAME_PATTERN, InvalidName, validate_name
+from tasks_app.protocol.replies import QueueStats
 from tasks_app.web.common import admin_context
 
 PAGE_SIZE = 50

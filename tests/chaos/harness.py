@@ -12,8 +12,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tasks_app.protocol.broker import WAKE_TOKEN, Broker
+from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import UndecodableTask, decode_task
+from tasks_app.protocol.keys import WAKE_TOKEN
 from tests.conftest import ARTIFACTS_DIR
 from tests.support.processes import ConsumerProcess, wait_until
 from tests.support.recording import recorded_runs

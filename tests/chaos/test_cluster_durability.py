@@ -15,7 +15,8 @@ from prometheus_client import REGISTRY
 
 from tasks_app import producer
 from tasks_app.consumer.ack_batcher import AckBatcher
-from tasks_app.protocol.broker import Broker, ResultUpdate
+from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.replies import ResultUpdate
 from tests.chaos.servers import RedisClusterServers, RedisServer
 
 pytestmark = [pytest.mark.chaos, pytest.mark.django_db(transaction=True)]

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from tasks_app import producer
-from tasks_app.protocol.broker import MAX_RECOVERIES
 from tasks_app.protocol.codec import decode_task
+from tasks_app.protocol.leases import MAX_RECOVERIES
 from tests.chaos.harness import Fleet, Summary, scaled, statuses, tally, wait_finished
 
 pytestmark = [pytest.mark.chaos, pytest.mark.django_db(transaction=True)]

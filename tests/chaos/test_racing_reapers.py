@@ -10,8 +10,10 @@ import pytest
 from django.conf import settings
 
 from tasks_app import producer
-from tasks_app.protocol.broker import WAKE_TOKEN, Broker, connect
+from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import decode_task
+from tasks_app.protocol.keys import WAKE_TOKEN
+from tasks_app.protocol.scripts import connect
 from tests.chaos.harness import Summary, scaled, task_ids
 
 pytestmark = [pytest.mark.chaos, pytest.mark.django_db(transaction=True)]

@@ -4,8 +4,8 @@ import pytest
 
 from tasks_app.consumer.loops import SchedulerLoop
 from tasks_app.protocol import dead_letters
-from tasks_app.protocol.broker import WAKE_TOKEN
 from tasks_app.protocol.codec import Task, decode_task, encode_task
+from tasks_app.protocol.keys import WAKE_TOKEN
 
 pytestmark = pytest.mark.django_db
 

@@ -6,8 +6,8 @@ import pytest
 
 from tasks_app import producer
 from tasks_app.consumer.loops import SchedulerLoop
-from tasks_app.protocol.broker import UNDECODABLE_TYPE, delayed_member, split_delayed_member
 from tasks_app.protocol.codec import Task, decode_task, encode_task
+from tasks_app.protocol.keys import UNDECODABLE_TYPE, delayed_member, split_delayed_member
 from tests.support.processes import wait_until
 from tests.support.recording import runs_per_task
 

@@ -10,8 +10,9 @@ import pytest
 from tasks_app import producer
 from tasks_app.consumer.lifecycle import Consumer, ConsumerOptions
 from tasks_app.consumer.loops import LEASE_MARGIN_SHARE, LeaseClock
-from tasks_app.protocol.broker import Broker, connect
+from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, encode_task
+from tasks_app.protocol.scripts import connect
 from tests.chaos.servers import RedisServer
 from tests.support.consumers import running
 from tests.support.processes import wait_until

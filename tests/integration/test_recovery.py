@@ -10,8 +10,10 @@ import pytest
 
 from tasks_app import producer
 from tasks_app.consumer.lifecycle import ClaimerLoop, Consumer, ConsumerOptions
-from tasks_app.protocol.broker import MAX_RECOVERIES, Broker, Scripts, connect, get_broker
+from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.codec import Task, encode_task
+from tasks_app.protocol.leases import MAX_RECOVERIES
+from tasks_app.protocol.scripts import Scripts, connect
 from tests.chaos.servers import RedisClusterServers, RedisServer
 from tests.support.consumers import running
 from tests.support.processes import wait_until

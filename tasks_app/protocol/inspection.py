@@ -1,0 +1,131 @@
+"""Reading and tending a queue from outside: stats, live consumers, throughput, idleness and the dead letters."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import Any, cast
+
+import redis
+
+from tasks_app.protocol.keys import WAKE_TOKEN, consumer_id_of
+from tasks_app.protocol.replies import QueueStats
+from tasks_app.protocol.scripts import ScriptClient
+
+# Width of the buckets counting acknowledged tasks, for the dashboard's throughput.
+THROUGHPUT_BUCKET_S = 10
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    """Parse a consumer's info; anything but a JSON object (written by something else) reads as empty."""
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+class InspectionOps(ScriptClient):
+    """Queue stats and dead-letter operations for the dashboard, the commands and the consumer's housekeeping."""
+
+    # --- inspection and admin --------------------------------------------------------------
+    def completed_last_minute(self, queue: str) -> int:
+        """Count the tasks of `queue` acknowledged in the last minute (whole buckets: 50-60 s)."""
+        current = int(time.time()) // THROUGHPUT_BUCKET_S
+        buckets = range(current - 60 // THROUGHPUT_BUCKET_S + 1, current + 1)
+        counts = self.client.mget([self.keys.completed(queue, bucket) for bucket in buckets])
+        return sum(int(count) for count in counts if count is not None)
+
+    def known_queues(self) -> list[str]:
+        """Return every queue that has seen a task or a consumer."""
+        members = self.client.smembers(self.keys.queues())
+        return sorted(member.decode(errors="backslashreplace") for member in members)  # may hold any bytes
+
+    def live_consumers(self, queue: str) -> list[dict[str, Any]]:
+        """Return the consumers holding a lease on `queue`, with their info and in-flight count."""
+        entries = self.client.zrange(self.keys.consumers(queue), 0, -1, withscores=True)
+        if not entries:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(self.keys.consumer_info(queue))
+        for member, _ in entries:
+            pipe.llen(self.keys.processing(queue, member.decode(errors="backslashreplace")))
+        info_raw, *lengths = pipe.execute()
+        infos = {key.decode(errors="backslashreplace"): _json_object(value) for key, value in info_raw.items()}
+        consumers = []
+        for (member, deadline_ms), in_flight in zip(entries, lengths, strict=True):
+            consumer_id = member.decode(errors="backslashreplace")
+            info = infos.get(consumer_id, {})
+            consumers.append({**info, "id": consumer_id, "lease_deadline_ms": int(deadline_ms), "in_flight": in_flight})
+        return consumers
+
+    def queue_stats(self, queue: str) -> QueueStats:
+        """Count pending, in-flight, delayed and dead tasks of a queue, and list its consumers."""
+        consumers = self.live_consumers(queue)
+        tombstones = self._tombstones(queue)
+        pipe = self.client.pipeline(transaction=False)
+        pipe.llen(self.keys.pending(queue))
+        # A wake token is not a task; there is at most one, near the head of pending.
+        pipe.lpos(self.keys.pending(queue), WAKE_TOKEN, rank=-1, maxlen=16)
+        pipe.zcard(self.keys.prioritized(queue))
+        pipe.llen(self.keys.suspects(queue))
+        pipe.zcard(self.keys.delayed(queue))
+        pipe.zcard(self.keys.dead(queue))
+        for consumer_id in tombstones:
+            pipe.llen(self.keys.processing(queue, consumer_id))
+        pending, wake_token_at, prioritized, suspects, delayed, dead, *orphaned = pipe.execute()
+        pending -= wake_token_at is not None
+        processing = sum(c["in_flight"] for c in consumers) + sum(orphaned)
+        return QueueStats(queue, pending + prioritized + suspects, processing, delayed, dead, consumers)
+
+    def _tombstones(self, queue: str) -> list[str]:
+        return [cid for cid in map(consumer_id_of, self.client.zrange(self.keys.reaped(queue), 0, -1)) if cid]
+
+    def is_idle(self, queues: Sequence[str]) -> bool:
+        """True when none of `queues` has anything pending, in flight or delayed."""
+        for queue in queues:
+            stats = self.queue_stats(queue)
+            if stats.pending or stats.processing or stats.delayed:
+                return False
+        return True
+
+    def list_dead(self, queue: str, offset: int = 0, limit: int = 100) -> list[tuple[bytes, int]]:
+        """Return dead-lettered tasks of a queue, newest first, with the time (ms) they died."""
+        entries = self.client.zrange(self.keys.dead(queue), offset, offset + limit - 1, desc=True, withscores=True)
+        return [(member, int(score)) for member, score in entries]
+
+    def requeue_dead(self, queue: str, entries: Sequence[tuple[bytes, int, bytes]]) -> int:
+        """Move dead tasks (stored member, priority, task to push) back to pending or prioritized."""
+        if not entries:
+            return 0
+        args: list[Any] = [WAKE_TOKEN]
+        for member, priority, fresh in entries:
+            args.extend([member, priority, fresh])
+        keys = [self.keys.dead(queue), self.keys.pending(queue), self.keys.prioritized(queue)]
+        return int(self._script("requeue_dead", keys, args))
+
+    def trim_dead(self, queue: str, max_count: int, max_age_s: int) -> int:
+        """Drop the oldest dead letters beyond `max_count` and those older than `max_age_s`."""
+        return int(self._script("trim_dead", [self.keys.dead(queue)], [max_count, max_age_s * 1000]))
+
+    def delete_dead(self, queue: str, members: Sequence[bytes]) -> int:
+        """Delete dead-lettered tasks for good; return how many were deleted."""
+        return int(self.client.zrem(self.keys.dead(queue), *members)) if members else 0
+
+    def server_time_ms(self) -> int:
+        """Return the Redis server's clock in milliseconds."""
+        seconds, micros = self.client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+    def ping(self) -> bool:
+        """Return True if Redis answers."""
+        return bool(self.client.ping())
+
+    def serves_every_slot(self) -> bool:
+        """False while a Redis Cluster reports a slot unserved (a failover under way); True on a single server."""
+        if not isinstance(self.client, redis.RedisCluster):
+            return True
+        # With several target nodes redis-py answers one parsed CLUSTER INFO per node.
+        replies = cast(dict[Any, dict[str, Any]], self.client.cluster_info(target_nodes=redis.RedisCluster.PRIMARIES))
+        return all(info.get("cluster_state") == "ok" for info in replies.values())

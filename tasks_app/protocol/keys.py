@@ -1,0 +1,109 @@
+"""Every Redis key of the protocol, built in `Keys`, and the encodings of members (delayed entries, consumer ids)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# Pushed onto an empty pending list to wake a consumer blocked on it; never a valid Task
+# (field number 0 does not exist in protobuf), dropped wherever it is met.
+WAKE_TOKEN = b"\x00wake"
+
+
+# Type of the envelope that wraps bytes that are not a task in the dead letters (as the executor's).
+UNDECODABLE_TYPE = "_undecodable"
+
+
+def delayed_member(priority: int, raw: bytes) -> bytes:
+    """Encode a delayed-set member: the priority (clamped to -100..100) as 4 ASCII characters, then the task."""
+    return f"{max(-100, min(100, int(priority))):+04d}".encode() + raw
+
+
+_DELAYED_PREFIX = re.compile(rb"[+-][0-9]{3}")
+
+
+def split_delayed_member(member: bytes) -> tuple[int, bytes] | None:
+    """Split a delayed-set member into its priority and the serialized task; None if it is not one."""
+    prefix = member[:4]
+    if not _DELAYED_PREFIX.fullmatch(prefix) or len(member) == 4 or abs(int(prefix)) > 100:
+        return None
+    return int(prefix), member[4:]
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Builds every Redis key; queue keys share the queue's hash tag."""
+
+    prefix: str
+
+    def queue_key(self, queue: str, name: str) -> str:
+        """Return the key `name` of `queue`, e.g. ``ts:{default}:pending``."""
+        return f"{self.prefix}:{{{queue}}}:{name}"
+
+    def pending(self, queue: str) -> str:
+        return self.queue_key(queue, "pending")
+
+    def prioritized(self, queue: str) -> str:
+        return self.queue_key(queue, "prioritized")
+
+    def delayed(self, queue: str) -> str:
+        return self.queue_key(queue, "delayed")
+
+    def dead(self, queue: str) -> str:
+        return self.queue_key(queue, "dead")
+
+    def enqueued(self, queue: str) -> str:
+        """Ids given by callers that were recently enqueued to `queue` (id -> server ms)."""
+        return self.queue_key(queue, "enqueued")
+
+    def processing(self, queue: str, consumer_id: str) -> str:
+        return self.queue_key(queue, f"processing:{consumer_id}")
+
+    def consumers(self, queue: str) -> str:
+        return self.queue_key(queue, "consumers")
+
+    def consumer_info(self, queue: str) -> str:
+        return self.queue_key(queue, "consumer_info")
+
+    def reaped(self, queue: str) -> str:
+        return self.queue_key(queue, "reaped")
+
+    def recoveries(self, queue: str) -> str:
+        return self.queue_key(queue, "recoveries")
+
+    def suspects(self, queue: str) -> str:
+        return self.queue_key(queue, "suspects")
+
+    def fence(self, queue: str) -> str:
+        """Counter issuing the fencing tokens of runs of `queue`'s tasks (see claim.lua)."""
+        return self.queue_key(queue, "fence")
+
+    def primary(self, queue: str) -> str:
+        """Marker of the node serving this queue's slot and since when (reaping waits after a change)."""
+        return self.queue_key(queue, "primary")
+
+    def completed(self, queue: str, bucket: int) -> str:
+        """Counter of tasks acknowledged in one THROUGHPUT_BUCKET_S-long bucket (bucket = epoch s // width)."""
+        return self.queue_key(queue, f"completed:{bucket}")
+
+    def queues(self) -> str:
+        return f"{self.prefix}:queues"
+
+    def result(self, task_id: str) -> str:
+        return f"{self.prefix}:result:{task_id}"
+
+    def rate(self, task_type: str) -> str:
+        return f"{self.prefix}:rate:{{{task_type}}}"
+
+
+def consumer_id_of(member: bytes) -> str:
+    # A member no consumer of ours could have written (not UTF-8, or not a valid name) is skipped:
+    # no key can be built from it, and reaping it must not stop the reaper.
+    try:
+        consumer_id = member.decode()
+    except UnicodeDecodeError:
+        return ""
+    return consumer_id if _VALID_ID.fullmatch(consumer_id) else ""
+
+
+_VALID_ID = re.compile(r"[A-Za-z0-9_.:-]{1,200}")

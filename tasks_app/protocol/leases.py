@@ -1,0 +1,119 @@
+"""Consumer leases on Redis: heartbeats, giving a lease up, deregistering, and reaping dead consumers' tasks."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from tasks_app.protocol.keys import WAKE_TOKEN, consumer_id_of
+from tasks_app.protocol.replies import ReapOutcome
+from tasks_app.protocol.scripts import ScriptClient
+
+# Each recovery of a task from a dead consumer is counted; past this it is dead-lettered.
+MAX_RECOVERIES = 3
+
+REAP_BATCH = 1000
+
+
+# Tombstones examined per reaper pass: the newest page, and one more page in turn.
+TOMBSTONE_PAGE = 100
+
+
+TOMBSTONE_KEEP_MS = 24 * 3600 * 1000
+
+
+class LeaseOps(ScriptClient):
+    """Heartbeats and reaping."""
+
+    # --- leases and recovery ---------------------------------------------------------------
+    def heartbeat(
+        self, queues: Sequence[str], consumer_id: str, lease_ms: int, register_info: dict[str, Any] | None = None
+    ) -> bool:
+        """Register or renew this consumer's lease on every queue; False if any was lost or had lapsed."""
+        info = json.dumps(register_info) if register_info is not None else ""
+        pipe = self.client.pipeline(transaction=False)
+        for queue in queues:
+            keys = [self.keys.consumers(queue), self.keys.consumer_info(queue), self.keys.primary(queue)]
+            self.scripts.queue(pipe, "heartbeat", keys, [consumer_id, lease_ms, info])
+            if register_info is not None:
+                pipe.sadd(self.keys.queues(), queue)
+        results = self.scripts.execute(pipe, self.client)
+        return all(bool(flag) for flag in results[:: 2 if register_info is not None else 1])
+
+    def abandon(self, queues: Sequence[str], consumer_id: str) -> None:
+        """Tombstone an id whose lease was lost, so reapers sweep its lists even if its lease entry is gone.
+
+        A blocking claim in flight can still move a task into such a list, and after a failover
+        that lost the lease entry no reaper would otherwise look there.
+        """
+        now_ms = int(time.time() * 1000)
+        pipe = self.client.pipeline(transaction=False)
+        for queue in queues:
+            pipe.zadd(self.keys.reaped(queue), {consumer_id: now_ms}, nx=True)
+        pipe.execute()
+
+    def deregister(self, queue: str, consumer_id: str) -> int:
+        """Leave cleanly: return anything still held to pending uncounted, and drop the lease."""
+        keys = [
+            self.keys.consumers(queue),
+            self.keys.consumer_info(queue),
+            self.keys.processing(queue, consumer_id),
+            self.keys.pending(queue),
+            self.keys.recoveries(queue),
+            self.keys.suspects(queue),
+        ]
+        return int(self._script("deregister", keys, [consumer_id]))
+
+    def reap_candidates(self, queue: str) -> tuple[list[str], list[str]]:
+        """Return consumers whose lease expired, and the newest reaped ids whose lists are not empty."""
+        expired, tombstones, _ = self.reap_candidate_page(queue, 0)
+        return expired, tombstones
+
+    def reap_candidate_page(self, queue: str, tombstone_offset: int) -> tuple[list[str], list[str], int]:
+        """Return consumers whose lease expired, reaped ids whose lists are not empty, and the next offset.
+
+        Tombstones are examined a page at a time: the newest page on every call, and the page at
+        `tombstone_offset`; pass the returned offset next time to visit every page in turn.
+        """
+        out = self._script(
+            "reap_candidates",
+            [self.keys.consumers(queue), self.keys.reaped(queue)],
+            [TOMBSTONE_PAGE, TOMBSTONE_KEEP_MS, tombstone_offset],
+        )
+        ids, count = [consumer_id_of(item) for item in out[:-2]], int(out[-1])
+        split = ids.index("")
+        expired = [cid for cid in ids[:split] if cid]
+        tombstones = list(dict.fromkeys(cid for cid in ids[split + 1 :] if cid))
+        if tombstones:
+            pipe = self.client.pipeline(transaction=False)
+            for consumer_id in tombstones:
+                pipe.llen(self.keys.processing(queue, consumer_id))
+            lengths = pipe.execute()
+            tombstones = [cid for cid, length in zip(tombstones, lengths, strict=True) if length]
+        next_offset = tombstone_offset + TOMBSTONE_PAGE
+        return expired, tombstones, next_offset if next_offset < count else 0
+
+    def reap(
+        self, queue: str, consumer_id: str, default_lease_ms: int, *, own_earlier_run: bool = False
+    ) -> ReapOutcome:
+        """Return a dead consumer's tasks to the suspects list (at most REAP_BATCH per call).
+
+        With `own_earlier_run`, the caller is registering under `consumer_id`: what an earlier
+        run under that id left is recovered like a dead consumer's, whatever its lease says.
+        """
+        keys = [
+            self.keys.consumers(queue),
+            self.keys.consumer_info(queue),
+            self.keys.reaped(queue),
+            self.keys.processing(queue, consumer_id),
+            self.keys.pending(queue),
+            self.keys.dead(queue),
+            self.keys.recoveries(queue),
+            self.keys.suspects(queue),
+            self.keys.primary(queue),
+        ]
+        args = [consumer_id, MAX_RECOVERIES, REAP_BATCH, WAKE_TOKEN, default_lease_ms, "1" if own_earlier_run else "0"]
+        out = self._script("reap", keys, args)
+        return ReapOutcome(status=int(out[0]), requeued=int(out[1]), remaining=int(out[2]), dead_lettered=list(out[3:]))

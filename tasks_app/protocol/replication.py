@@ -1,0 +1,128 @@
+"""Redis Cluster result writes: each master that took a flush's results WAITs for a replica before the acks."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor, wait as wait_for
+from typing import Any
+
+from redis.exceptions import (
+    AskError,
+    BusyLoadingError,
+    ClusterDownError,
+    ClusterError,
+    ConnectionError as RedisConnectionError,
+    NoScriptError,
+    ReadOnlyError,
+    TimeoutError as RedisTimeoutError,
+    TryAgainError,
+)
+
+from tasks_app.protocol.replies import ResultUpdate
+from tasks_app.protocol.scripts import ScriptClient
+
+# Redis Cluster: how long a master's WAIT for one replica to have a flush's results may take
+# (TASKS_CLUSTER_WAIT_MS), and how often each master's replica count is read again.
+CLUSTER_WAIT_MS = 100
+
+REPLICA_CHECK_S = 10.0
+
+
+# Replies of a master that is failing over, moved a slot or was demoted: write the results again.
+_NODE_STATE_REPLIES = (AskError, ClusterDownError, TryAgainError, ReadOnlyError, BusyLoadingError)
+
+
+class ReplicatedWrites(ScriptClient):
+    """Writes results on each master and waits for one of its replicas to have them."""
+
+    cluster_wait_ms: int
+    _replica_checks: dict[str, tuple[bool, float]]
+    _masters_pool: ThreadPoolExecutor | None
+    _masters_with_scripts: set[str]
+
+    def _write_results_replicated(self, results: Sequence[ResultUpdate]) -> tuple[list[Any], int]:
+        """Write results on a cluster, every master at once; return each write's reply and how many WAITs timed out."""
+        by_master: dict[str, list[int]] = {}
+        nodes: dict[str, Any] = {}
+        for index, update in enumerate(results):
+            node = self.client.get_node_from_key(self.keys.result(update.task_id))
+            nodes[node.name] = node
+            by_master.setdefault(node.name, []).append(index)
+        jobs = [(nodes[name], [results[index] for index in indexes]) for name, indexes in by_master.items()]
+        if len(jobs) == 1:
+            done = [self._write_on_master(*jobs[0])]
+        else:
+            if self._masters_pool is None:
+                self._masters_pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="results-on-masters")
+            futures = [self._masters_pool.submit(self._write_on_master, *job) for job in jobs]
+            wait_for(futures)  # every master has answered before an error of one is raised
+            done = [future.result() for future in futures]
+        written: list[Any] = [None] * len(results)
+        for indexes, (replies, _) in zip(by_master.values(), done, strict=True):
+            for index, reply in zip(indexes, replies, strict=True):
+                written[index] = reply
+        return written, sum(timed_out for _, timed_out in done)
+
+    def _write_on_master(self, node: Any, updates: list[ResultUpdate]) -> tuple[list[Any], int]:
+        """Write `updates` on `node` and WAIT there for a replica; return the replies and 1 if the WAIT timed out.
+
+        WAIT counts the writes of its own connection, so it goes in the writes' pipeline: on the
+        node's own client, never re-sent elsewhere. Scripts a just-promoted master lacks are sent
+        again by source with another WAIT. A lost node, a moved slot or a failed WAIT raise
+        ClusterError (the slot map is read again), so the caller writes the results again.
+        """
+        client = self.client.get_redis_connection(node)
+        waits = self._has_replica(node.name, client)
+        replies: list[Any] = [None] * len(updates)
+        todo = list(range(len(updates)))
+        timed_out = 0
+        # By source first on a master not yet written to here, so a WAIT is not spent on NOSCRIPT.
+        for by_source in (False, True) if node.name in self._masters_with_scripts else (True,):
+            pipe = client.pipeline(transaction=False)
+            for index in todo:
+                self._queue_result(pipe, updates[index], by_source=by_source)
+            if waits:
+                pipe.execute_command("WAIT", 1, self.cluster_wait_ms)
+            sent = self._execute_on_master(node, pipe, waits)
+            timed_out = 1 if waits and int(sent[-1]) < 1 else timed_out
+            for index, reply in zip(todo, sent, strict=False):  # then the WAIT's reply
+                replies[index] = reply
+            todo = [index for index in todo if isinstance(replies[index], NoScriptError)]
+            if not todo:
+                self._masters_with_scripts.add(node.name)
+                break
+        return replies, timed_out
+
+    def _execute_on_master(self, node: Any, pipe: Any, waits: bool) -> list[Any]:
+        """Execute a pipeline on one master; ClusterError (after reading the slot map again) if the node failed it."""
+        try:
+            sent = pipe.execute(raise_on_error=False)
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            self.client.nodes_manager.initialize()
+            raise ClusterError(f"lost master {node.name} while writing results: {exc}") from exc
+        if any(isinstance(reply, _NODE_STATE_REPLIES) for reply in sent) or (waits and isinstance(sent[-1], Exception)):
+            self.client.nodes_manager.initialize()
+            raise ClusterError(f"master {node.name} answered as in a failover: {sent}")
+        return list(sent)
+
+    def _has_replica(self, name: str, client: Any) -> bool:
+        """Whether master `name` has a connected replica (read again every REPLICA_CHECK_S)."""
+        checked = self._replica_checks.get(name)
+        now_s = time.monotonic()
+        if checked is None or now_s - checked[1] > REPLICA_CHECK_S:
+            checked = (int(client.info("replication").get("connected_slaves", 0)) > 0, now_s)
+            self._replica_checks[name] = checked
+        return checked[0]
+
+    def _queue_result(self, pipe: Any, update: ResultUpdate, *, by_source: bool = False) -> None:
+        args: list[Any] = [
+            update.ttl_s,
+            update.append_worker_id or "",
+            json.dumps(update.append_error) if update.append_error else "",
+            update.fence or "",
+        ]
+        for name, value in update.fields.items():
+            args.extend([name, value])
+        self.scripts.queue(pipe, "record_result", [self.keys.result(update.task_id)], args, by_source=by_source)

@@ -1,0 +1,84 @@
+"""What broker operations take and return: result updates, claims, promotions, reaps, ack reports, queue stats."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+# The fields a READY record may leave out, and the value each then has; the id is the key's suffix.
+# The producer stores only what differs (see results.ready_fields); get_result fills these back in.
+READY_RECORD_DEFAULTS = {"status": "READY", "priority": "0", "args": "[]", "kwargs": "{}", "attempts": "0"}
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What one claim moved into a consumer's processing list."""
+
+    tasks: list[bytes]
+    took_suspect: bool  # the first task is a suspect: recovered from a consumer that died holding it
+    suspects_waiting: int  # suspects still in the queue's suspects list
+    first_fence: int = 0  # fencing token of tasks[0]; tasks[i] holds first_fence + i
+    lease_expired: bool = False  # nothing was claimed: the lease lapsed and has not been renewed
+
+
+class Promotion(NamedTuple):
+    """What one promote_due call did."""
+
+    moved: int
+    next_due_ms: int  # -1: nothing delayed
+    now_ms: int  # the server's clock
+    malformed: int  # due members that were not "<priority><task>", dead-lettered
+
+
+@dataclass(frozen=True)
+class ReapOutcome:
+    """What one reap call did to one consumer's processing list."""
+
+    status: int  # 1 reaped, -1 lease alive, -2 Redis restarted or failed over recently, -3 unknown consumer
+    requeued: int
+    remaining: int
+    dead_lettered: list[bytes]
+
+
+class AckReport(NamedTuple):
+    """What a batch of result writes and acks did."""
+
+    flags: dict[tuple[str, str], list[bool]]  # per (queue, consumer): whether each task was still held
+    refused: dict[int, Exception]  # result writes Redis refused, by index
+    unreplicated_masters: int = 0  # Redis Cluster: masters whose replica did not confirm the results in time
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """Sizes of one queue's parts and its live consumers."""
+
+    queue: str
+    pending: int
+    processing: int
+    delayed: int
+    dead: int
+    consumers: list[dict[str, Any]]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "queue": self.queue,
+            "pending": self.pending,
+            "processing": self.processing,
+            "delayed": self.delayed,
+            "dead": self.dead,
+            "consumers": self.consumers,
+        }
+
+
+@dataclass(frozen=True)
+class ResultUpdate:
+    """Fields to set on a task's result record, and items to append to its JSON lists."""
+
+    task_id: str
+    fields: dict[str, str]
+    ttl_s: int
+    append_worker_id: str | None = None
+    append_error: dict[str, str] | None = None
+    # Fencing token of the run this update belongs to (0: not of a run, written unconditionally);
+    # ignored once a run with a higher token wrote to the record.
+    fence: int = 0

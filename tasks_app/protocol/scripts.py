@@ -1,0 +1,127 @@
+"""The Lua scripts of lua/ (includes expanded), run by SHA, and the Redis connections they run on."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.exceptions import (
+    ConnectionError as RedisConnectionError,
+    NoScriptError,
+)
+from redis.retry import Retry
+
+from tasks_app.protocol.keys import Keys
+
+# tasks_app/lua links to the top-level lua/ in the repository; the wheel holds the files themselves.
+LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
+
+# A line "-- include: NAME" in a script is replaced by lua/include/NAME.lua (helpers shared by scripts).
+_INCLUDE = re.compile(rb"^-- include: ([a-z_]+)$", re.MULTILINE)
+
+
+def _expand_includes(source: bytes, directory: Path) -> bytes:
+    return _INCLUDE.sub(lambda match: (directory / "include" / f"{match[1].decode()}.lua").read_bytes(), source)
+
+
+class Scripts:
+    """The Lua scripts of lua/, loaded once and run by SHA (reloaded after a Redis restart)."""
+
+    def __init__(self, directory: Path = LUA_DIR) -> None:
+        self.sources = {
+            path.stem: _expand_includes(path.read_bytes(), directory) for path in sorted(directory.glob("*.lua"))
+        }
+        self.shas = {name: hashlib.sha1(src).hexdigest() for name, src in self.sources.items()}
+
+    def run(self, client: Any, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Run script `name` on `client`, loading it first if the server does not have it."""
+        try:
+            return client.evalsha(self.shas[name], len(keys), *keys, *args)
+        except NoScriptError:
+            return client.eval(self.sources[name], len(keys), *keys, *args)
+        except RedisConnectionError:
+            _replace_dead_default_node(client)
+            raise
+
+    def queue(self, pipe: Any, name: str, keys: Sequence[str], args: Sequence[Any], *, by_source: bool = False) -> None:
+        """Add a run of script `name` to a pipeline (see `execute`); `by_source` sends EVAL, not EVALSHA."""
+        # Remember the call by its position, so `execute` can re-run it without reading
+        # redis-py internals (a Redis Cluster pipeline keeps its commands elsewhere).
+        vars(pipe).setdefault(_QUEUED_SCRIPTS, {})[len(pipe)] = (name, tuple(keys), tuple(args))
+        # Through execute_command: ClusterPipeline blocks its evalsha() method, yet routes an
+        # EVALSHA by its keys like any other command (all keys of a script share one slot).
+        if by_source:
+            pipe.execute_command("EVAL", self.sources[name], len(keys), *keys, *args)
+        else:
+            pipe.execute_command("EVALSHA", self.shas[name], len(keys), *keys, *args)
+
+    def execute(self, pipe: Any, client: Any, raise_on_error: bool = True) -> list[Any]:
+        """Execute a pipeline; re-run by source just those scripts the server did not have.
+
+        With `raise_on_error` False, a command's error is returned in its place instead.
+        """
+        queued: dict[int, tuple[str, tuple[str, ...], tuple[Any, ...]]] = vars(pipe).pop(_QUEUED_SCRIPTS, {})
+        try:
+            results: list[Any] = pipe.execute(raise_on_error=False)
+        except RedisConnectionError:
+            _replace_dead_default_node(client)
+            raise
+        for index, outcome in enumerate(results):
+            if isinstance(outcome, NoScriptError):
+                name, keys, args = queued[index]
+                try:
+                    results[index] = client.eval(self.sources[name], len(keys), *keys, *args)
+                except redis.ResponseError as exc:  # run every re-run before raising: the others are not undone
+                    results[index] = exc
+        if raise_on_error:
+            for outcome in results:
+                if isinstance(outcome, Exception):
+                    raise outcome
+        return results
+
+
+def _replace_dead_default_node(client: Any) -> None:
+    # redis-py (8.1) asks a cluster's default node for a script's keys (COMMAND GETKEYS) before
+    # routing it, and keeps a dead default node after a failover: every later script would fail.
+    if isinstance(client, redis.RedisCluster):
+        client.replace_default_node()
+
+
+# Attribute of a pipeline holding the scripts queued on it: position -> (name, keys, args).
+_QUEUED_SCRIPTS = "_tasks_queued_scripts"
+
+
+def connect(url: str, cluster: bool = False, *, timeout_s: float = 15.0, resend: bool = True) -> Any:
+    """Open a Redis (or Redis Cluster) client for `url`; with `resend=False` it never re-sends a command.
+
+    redis-py's default `Retry` (on Cluster: re-resolve the slots, send again) silently re-sends a
+    command whose reply was lost: a claim or BLMOVE then moves tasks twice and the first call's
+    tasks sit unknown in the consumer's list, an LPUSH enqueues twice. The consumer's clients do
+    not re-send (it retries with backoff itself and knows what a lost reply means).
+    """
+    options: dict[str, Any] = {
+        "socket_timeout": timeout_s,
+        "socket_connect_timeout": min(5.0, timeout_s),
+        "health_check_interval": 30,
+    }
+    if not resend:
+        options["retry"] = Retry(NoBackoff(), 0)
+    if cluster:
+        return redis.RedisCluster.from_url(url, **options)
+    return redis.Redis.from_url(url, **options)
+
+
+class ScriptClient:
+    """What the broker's operations share: the client, the keys and the scripts."""
+
+    client: Any
+    keys: Keys
+    scripts: Scripts
+
+    def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        return self.scripts.run(self.client, name, keys, args)
