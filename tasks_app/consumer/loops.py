@@ -176,7 +176,7 @@ class SchedulerLoop:
 
 
 class ReaperLoop:
-    """Returns the tasks of consumers whose lease expired to pending; never a live one's."""
+    """Moves the tasks of consumers whose lease expired to their queue's suspects; never a live one's."""
 
     name = "reaper"
 
