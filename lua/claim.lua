@@ -15,15 +15,16 @@ local deadline = redis.call('ZSCORE', KEYS[4], ARGV[1])
 if not deadline then
   return false
 end
-local time = redis.call('TIME')
-if tonumber(deadline) <= tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000) then
+-- include: args
+if tonumber(deadline) <= server_now_ms() then
   return {-1, 0, 0}
 end
 if ARGV[4] == '1' then
   redis.call('LREM', KEYS[3], 1, ARGV[3])
 end
 local want = tonumber(ARGV[2])
-local zero = 100 * 4398046511104  -- score of the first priority-0 slot: (100 - p) * 2^42 + ms
+-- include: priority
+local zero = priority_score(0, 0)  -- score of the first priority-0 slot
 local claimed = {}
 local suspect = false
 if ARGV[5] == '1' and want > 0 then

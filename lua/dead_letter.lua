@@ -13,6 +13,6 @@ if redis.call('LREM', KEYS[1], -1, ARGV[1]) == 0 then
 end
 local digest = redis.sha1hex(ARGV[1])
 redis.call('HDEL', KEYS[3], digest, 's:' .. digest)
-local time = redis.call('TIME')
-redis.call('ZADD', KEYS[2], tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000), ARGV[2])
+-- include: args
+redis.call('ZADD', KEYS[2], server_now_ms(), ARGV[2])
 return 1

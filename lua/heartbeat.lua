@@ -6,8 +6,8 @@
 -- Returns: 1 lease held, 0 lease lost (the consumer was reaped, or its lease expired: it must
 -- not use this id again). While reapers hold off (Redis up or primary for less than a lease)
 -- an expired lease is still renewed: the outage, not the consumer, let it lapse.
-local time = redis.call('TIME')
-local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+-- include: args
+local now_ms = server_now_ms()
 local lease_ms = tonumber(ARGV[2]) or 0
 -- include: node
 local uptime_ms = node_uptime_ms()

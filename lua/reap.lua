@@ -11,8 +11,8 @@
 -- -1 lease still alive (nothing touched), -2 Redis restarted, or this node became the slot's
 -- primary, less than a lease ago (live consumers have not had the chance to renew yet),
 -- -3 not a consumer this queue knows.
-local time = redis.call('TIME')
-local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+-- include: args
+local now_ms = server_now_ms()
 
 -- The consumer's own lease length; whatever a foreign process wrote there, never an error.
 local function lease_of(id)

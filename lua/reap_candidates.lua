@@ -4,8 +4,8 @@
 -- ARGV[3] offset of a further page of tombstones, newest first (0: none; a multiple of the page size)
 -- Returns: {expired ids..., "", tombstone ids..., "", number of tombstones}: the tombstones are
 -- the newest page (where late claims of a reaped consumer land) and the page at the offset.
-local time = redis.call('TIME')
-local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+-- include: args
+local now_ms = server_now_ms()
 local page = tonumber(ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now_ms - tonumber(ARGV[2]))
 local out = redis.call('ZRANGE', KEYS[1], '-inf', '(' .. now_ms, 'BYSCORE', 'LIMIT', 0, page)

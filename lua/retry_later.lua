@@ -19,7 +19,7 @@ if string.sub(ARGV[2], 5) ~= ARGV[1] then
 else
   redis.call('HDEL', KEYS[3], 's:' .. digest)
 end
-local time = redis.call('TIME')
-local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+-- include: args
+local now_ms = server_now_ms()
 redis.call('ZADD', KEYS[2], now_ms + tonumber(ARGV[3]), ARGV[2])
 return 1

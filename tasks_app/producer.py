@@ -18,6 +18,7 @@ from tasks_app.protocol.batch_args import Enqueueable
 from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.codec import PRIORITY_MAX, PRIORITY_MIN, Arguments, Task, encode_payload, encode_task
 from tasks_app.protocol.names import InvalidName, validate_name
+from tasks_app.protocol.timestamps import ms_of_datetime
 from tasks_app.registry import Registry, registry as default_registry
 from tasks_app.task_types import TaskTypeConfig, UnknownTaskType, recent_task_types
 
@@ -212,7 +213,7 @@ def _delay_ms(request: TaskRequest, now_ms: int) -> int:
         return int(delay_s * 1000)
     if request.run_after.tzinfo is None:
         raise EnqueueError("run_after must be timezone-aware")
-    delay_ms = int(request.run_after.timestamp() * 1000) - now_ms
+    delay_ms = ms_of_datetime(request.run_after) - now_ms
     if delay_ms > max_delay_s * 1000:
         raise EnqueueError(f"run_after must be at most {max_delay_s} seconds (TASKS_MAX_DELAY_S) from now")
     return max(0, delay_ms)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 from django.core.checks import CheckMessage, Error, Warning
@@ -21,6 +20,7 @@ from tasks_app.protocol.batch_args import Enqueueable
 from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.names import NAME_PATTERN, InvalidName, validate_name
 from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.timestamps import datetime_of_ms
 from tasks_app.registry import registry
 
 KNOWN_OPTIONS = {"ENQUEUE_ON_COMMIT"}
@@ -89,7 +89,7 @@ class RedisBackend(BaseTaskBackend):
 
         def push() -> None:
             broker.enqueue(held.items, held.result_ttl_s)
-            object.__setattr__(result, "enqueued_at", datetime.fromtimestamp(enqueued.enqueued_at_ms / 1000, tz=UTC))
+            object.__setattr__(result, "enqueued_at", datetime_of_ms(enqueued.enqueued_at_ms))
             task_enqueued.send(type(self), task_result=result)
 
         if self.enqueue_on_commit:

@@ -9,6 +9,7 @@ from typing import Any
 from google.protobuf.message import DecodeError
 
 from tasks_app import task_pb2
+from tasks_app.protocol.jsontext import compact_json
 
 Task = task_pb2.Task
 
@@ -35,7 +36,7 @@ def encode_payload(args: list[Any] | tuple[Any, ...], kwargs: dict[str, Any]) ->
         body["args"] = list(args)
     if kwargs:
         body["kwargs"] = kwargs
-    return json.dumps(body, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+    return compact_json(body, allow_nan=False).encode()
 
 
 def decode_payload(payload: bytes) -> Arguments:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 from django.conf import settings
 
@@ -14,6 +14,7 @@ from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.codec import Task, UndecodableTask, decode_payload, decode_task, encode_task
 from tasks_app.protocol.keys import UNDECODABLE_TYPE
 from tasks_app.protocol.replies import ResultUpdate
+from tasks_app.protocol.timestamps import datetime_of_ms
 
 SCAN_PAGE = 500
 
@@ -66,11 +67,7 @@ def _decode(member: bytes, died_at_ms: int) -> DeadTask:
         task: Task | None = decode_task(member)
     except UndecodableTask:
         task = None
-    try:
-        died_at: datetime | None = datetime.fromtimestamp(died_at_ms / 1000, tz=UTC)
-    except (OverflowError, OSError, ValueError):  # a foreign score, e.g. nanoseconds: past the calendar
-        died_at = None
-    return DeadTask(member, died_at, task)
+    return DeadTask(member, datetime_of_ms(died_at_ms), task)  # None for a foreign score past the calendar
 
 
 def list_dead_tasks(queue: str, offset: int = 0, limit: int = 50, broker: Broker | None = None) -> list[DeadTask]:

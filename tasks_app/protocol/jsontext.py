@@ -1,4 +1,4 @@
-"""JSON text from outside (requests, forms, records in Redis): parsed with a nesting bound, never a RecursionError."""
+"""JSON text: from outside (requests, forms, records in Redis) parsed with a nesting bound, ours written compact."""
 
 from __future__ import annotations
 
@@ -7,6 +7,11 @@ from typing import Any
 
 # Deeper arguments are refused at enqueue; deeper values read from Redis are shown as text.
 MAX_JSON_DEPTH = 64
+
+
+def compact_json(value: Any, *, ensure_ascii: bool = False, allow_nan: bool = True) -> str:
+    """Return `value` as JSON text without spaces, as payloads and result records store it."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=ensure_ascii, allow_nan=allow_nan)
 
 
 class JsonTooDeep(ValueError):

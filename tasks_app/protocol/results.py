@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -11,8 +10,9 @@ from django.tasks import TaskResultStatus
 
 from tasks_app.exceptions import ResultNotJson, ResultTooLarge
 from tasks_app.protocol.codec import Arguments, Task
-from tasks_app.protocol.jsontext import loads_bounded, scrub_text
+from tasks_app.protocol.jsontext import compact_json, loads_bounded, scrub_text
 from tasks_app.protocol.replies import READY_RECORD_DEFAULTS, ResultUpdate
+from tasks_app.protocol.timestamps import datetime_of_ms
 
 READY = TaskResultStatus.READY.value
 RUNNING = TaskResultStatus.RUNNING.value
@@ -26,11 +26,11 @@ TRUNCATED_MARK = "... [truncated]"
 
 
 def _json(value: Any) -> str:
-    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    text = compact_json(value)
     if is_utf8_encodable(text):
         return text
     # Lone surrogates (a foreign payload's "\ud800") cannot be sent to Redis as UTF-8: escape them.
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=True)
+    return compact_json(value, ensure_ascii=True)
 
 
 def is_utf8_encodable(text: str) -> bool:
@@ -45,7 +45,7 @@ def is_utf8_encodable(text: str) -> bool:
 def result_json(value: Any, max_bytes: int) -> str:
     """Serialize a handler's return value for its record, failing the run if it cannot be stored."""
     try:
-        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        text = compact_json(value, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ResultNotJson(f"return value is not JSON-serializable: {exc}") from None
     try:
@@ -172,10 +172,10 @@ def _ms_to_datetime(value: str | None) -> datetime | None:
         return None
     if ms != ms:  # NaN
         return None
-    try:
-        return datetime.fromtimestamp(ms / 1000, tz=UTC)
-    except (OverflowError, OSError, ValueError):
+    moment = datetime_of_ms(ms)
+    if moment is None:
         return _LATEST if ms > 0 else _EARLIEST
+    return moment
 
 
 def _text(value: Any) -> str:

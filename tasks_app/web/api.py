@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import UTC, datetime
 from functools import wraps
 from typing import Any
 
@@ -17,6 +16,7 @@ from django.views.decorators.csrf import csrf_exempt
 from tasks_app import producer
 from tasks_app.models import ENQUEUE_PERMISSION
 from tasks_app.protocol.jsontext import MAX_JSON_DEPTH, JsonTooDeep, loads_bounded
+from tasks_app.protocol.timestamps import datetime_of_ms
 from tasks_app.web.api_auth import AuthenticationFailed, authenticate
 from tasks_app.web.common import load_record
 
@@ -151,8 +151,9 @@ def create_task(request: HttpRequest) -> HttpResponse:
     return response
 
 
-def _iso(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat()
+def _iso(ms: int) -> str | None:
+    moment = datetime_of_ms(ms)
+    return moment.isoformat() if moment else None
 
 
 @api_view({"GET"})

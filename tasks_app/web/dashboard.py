@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from django.contrib import messages
@@ -21,6 +21,7 @@ from tasks_app.protocol import dead_letters
 from tasks_app.protocol.broker import get_broker
 from tasks_app.protocol.names import NAME_PATTERN, InvalidName, validate_name
 from tasks_app.protocol.replies import QueueStats
+from tasks_app.protocol.timestamps import datetime_of_ms
 from tasks_app.web.common import admin_context
 
 PAGE_SIZE = 50
@@ -54,9 +55,9 @@ class ConsumerRow:
             pid=info.get("pid", ""),
             in_flight=_int_or_none(info.get("in_flight")) or 0,
             concurrency=info.get("concurrency", ""),
-            last_heartbeat=_from_ms(beat_ms) if beat_ms is not None else None,
+            last_heartbeat=datetime_of_ms(beat_ms) if beat_ms is not None else None,
             heartbeat_age_s=max(0.0, (now_ms - beat_ms) / 1000) if beat_ms is not None else None,
-            lease_deadline=_from_ms(deadline_ms),
+            lease_deadline=datetime_of_ms(deadline_ms),
         )
 
 
@@ -74,13 +75,6 @@ def _int_or_none(value: Any) -> int | None:
     try:
         return int(value)
     except (TypeError, ValueError, OverflowError):
-        return None
-
-
-def _from_ms(ms: int) -> datetime | None:
-    try:
-        return datetime.fromtimestamp(ms / 1000, tz=UTC)
-    except (OverflowError, OSError, ValueError):
         return None
 
 
