@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from tasks_app.consumer.ack_batcher import AckBatcher
-from tasks_app.consumer.executor import Claimed, Executor
+from tasks_app.consumer.claimed import Claimed
+from tasks_app.consumer.executor import Executor
 from tasks_app.consumer.limits import RateLimiter
 from tasks_app.context import TaskContext
 from tasks_app.models import TaskType

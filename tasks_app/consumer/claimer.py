@@ -11,7 +11,7 @@ from typing import Protocol
 
 from redis.exceptions import RedisError
 
-from tasks_app.consumer.executor import Claimed
+from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.loops import LeaseClock
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.keys import WAKE_TOKEN

@@ -21,8 +21,9 @@ from django.db import close_old_connections
 
 from tasks_app import metrics
 from tasks_app.consumer.ack_batcher import AckBatcher
+from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.claimer import Capacity, ClaimerLoop
-from tasks_app.consumer.executor import Claimed, Executor, RateGate
+from tasks_app.consumer.executor import Executor, RateGate
 from tasks_app.consumer.health import HealthLoop, Liveness
 from tasks_app.consumer.limits import RateLimiter
 from tasks_app.consumer.loops import (

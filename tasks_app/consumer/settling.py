@@ -1,0 +1,281 @@
+"""Settling a run in Redis: ack, retry later, defer or dead-letter, with the metrics and log line of each."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from tasks_app import metrics
+from tasks_app.consumer.ack_batcher import AckBatcher
+from tasks_app.consumer.claimed import Claimed
+from tasks_app.consumer.retry_policy import backoff_delay_s
+from tasks_app.consumer.retrying import GaveUp, until_done
+from tasks_app.protocol import results
+from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.codec import Task, decode_task, encode_task
+from tasks_app.protocol.keys import UNDECODABLE_TYPE
+from tasks_app.protocol.replies import ResultUpdate
+from tasks_app.protocol.results import clean_text
+from tasks_app.registry import Registry
+from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
+
+logger = logging.getLogger("tasks_app.tasks")
+
+# Metric label of task types that are neither a TaskType row nor a registered handler: a type
+# name read from Redis must not create a label set of its own.
+UNKNOWN_TYPE_LABEL = "_unknown"
+
+# Cap of error messages and dead reasons (tracebacks are capped at max_result_bytes).
+MAX_ERROR_MESSAGE_BYTES = 16 * 1024
+
+
+class Settling:
+    """How an executor settles the tasks it ran; never leaves one unsettled in its processing list."""
+
+    broker: Broker
+    acks: AckBatcher | None
+    registry: Registry
+    task_types: TaskTypeCache
+    worker_id: str
+    result_ttl_s: int
+    give_up: threading.Event
+    max_result_bytes: int
+
+    # --- outcomes --------------------------------------------------------------------------
+    def _succeed(
+        self,
+        claimed: Claimed,
+        task: Task,
+        return_json: str,
+        duration_s: float,
+        on_settled: Callable[[], None] | None = None,
+    ) -> bool:
+        update = results.succeeded(task, return_json, int(time.time() * 1000), self.result_ttl_s, claimed.fence)
+        metrics.TASKS_SUCCEEDED.labels(task.type, task.queue).inc()
+        if self.acks is not None:
+            # Logged by the batcher's one thread once recorded: eight workers contending for
+            # the log handler's lock cost more than the line itself.
+            def acked(held: bool | None) -> None:
+                self._log_event(task, "succeeded", duration_s)
+                if held is False:
+                    self._ack_lost(claimed, task)
+                if on_settled is not None:
+                    on_settled()
+
+            self.acks.ack(claimed.queue, claimed.consumer_id, claimed.raw, update, acked)
+            return True
+        held = self._redis(
+            lambda: self.broker.ack(claimed.queue, claimed.consumer_id, [claimed.raw], [update])[0], "ack"
+        )
+        self._log_event(task, "succeeded", duration_s)
+        if not held:
+            self._ack_lost(claimed, task)
+        return False
+
+    def _fail(
+        self,
+        claimed: Claimed,
+        task: Task,
+        config: TaskTypeConfig,
+        error: BaseException,
+        traceback_text: str,
+        duration_s: float | None = None,
+    ) -> None:
+        if self.acks is not None:
+            self.acks.barrier()  # this run's RUNNING record goes first
+        max_attempts = task.max_attempts or config.max_attempts
+        error_path = clean_text(f"{type(error).__module__}.{type(error).__qualname__}", MAX_ERROR_MESSAGE_BYTES)
+        metrics.TASKS_FAILED.labels(task.type, task.queue).inc()
+        task.last_error = clean_text(f"{error_path}: {results.describe_error(error)}", MAX_ERROR_MESSAGE_BYTES)
+        task.last_traceback = clean_text(traceback_text, self.max_result_bytes)
+        error_entry = results.error_record(error_path, task.last_traceback)
+        now_ms = int(time.time() * 1000)
+        if task.attempt < max_attempts:
+            delay_ms = int(backoff_delay_s(task.attempt, config.retry_backoff_s) * 1000)
+            update = results.attempt_failed(
+                task,
+                error_entry,
+                now_ms,
+                self.result_ttl_s,
+                final=False,
+                retry_at_ms=now_ms + delay_ms,
+                fence=claimed.fence,
+            )
+            new_raw = encode_task(task)
+            held = self._redis(
+                lambda: self.broker.retry_later(
+                    claimed.queue, claimed.consumer_id, claimed.raw, new_raw, task.priority, delay_ms, update
+                ),
+                "retry",
+            )
+            metrics.TASKS_RETRIED.labels(task.type, task.queue).inc()
+            self._log_event(task, "retried", duration_s, error=task.last_error, retry_in_s=delay_ms / 1000)
+        else:
+            reason = f"failed {task.attempt} of {max_attempts} attempts; last error: {task.last_error}"
+            task.dead_reason = reason
+            update = results.attempt_failed(
+                task, error_entry, now_ms, self.result_ttl_s, final=True, dead_reason=reason, fence=claimed.fence
+            )
+            held = self._dead_letter_raw(claimed, encode_task(task), update)
+            metrics.TASKS_DEAD_LETTERED.labels(task.type, task.queue).inc()
+            self._log_event(task, "dead_lettered", duration_s, error=task.last_error)
+        if not held:
+            self._ack_lost(claimed, task)
+
+    def _dead_letter(self, claimed: Claimed, task: Task, error_name: str, reason: str) -> None:
+        """Dead-letter a task that cannot run at all (no attempt is used)."""
+        reason = clean_text(reason, MAX_ERROR_MESSAGE_BYTES)
+        task.last_error = f"{error_name}: {reason}"
+        task.dead_reason = reason
+        update = results.attempt_failed(
+            task,
+            results.error_record(error_name, reason),
+            int(time.time() * 1000),
+            self.result_ttl_s,
+            final=True,
+            dead_reason=reason,
+            fence=claimed.fence,
+        )
+        held = self._dead_letter_raw(claimed, encode_task(task), update)
+        metrics.TASKS_DEAD_LETTERED.labels(self._type_label(task.type), task.queue).inc()
+        logger.warning(
+            "task %s dead-lettered: %s",
+            task.id,
+            reason,
+            extra={
+                "task_id": task.id,
+                "type": task.type,
+                "queue": task.queue,
+                "attempt": task.attempt,
+                "outcome": "dead_lettered",
+            },
+        )
+        if not held:
+            self._ack_lost(claimed, task)
+
+    def _dead_letter_after_error(self, claimed: Claimed, error: Exception) -> None:
+        """The last resort: dead-letter a task whose settling failed, with the error as its reason."""
+        reason = clean_text(
+            f"settling the task failed: {type(error).__name__}: {results.describe_error(error)}",
+            MAX_ERROR_MESSAGE_BYTES,
+        )
+        try:
+            task = decode_task(claimed.raw)
+            task.last_error = task.dead_reason = reason
+            new_raw = encode_task(task)
+            update: ResultUpdate | None = results.attempt_failed(
+                task,
+                results.error_record("SettleFailed", reason),
+                int(time.time() * 1000),
+                self.result_ttl_s,
+                final=True,
+                dead_reason=reason,
+                fence=claimed.fence,
+            )
+            label = self._type_label(task.type)
+        except Exception:  # keep the bytes as they are, wrapped like undecodable ones
+            new_raw = encode_task(
+                Task(
+                    id=str(uuid.uuid4()),
+                    type=UNDECODABLE_TYPE,
+                    queue=claimed.queue,
+                    payload=claimed.raw,
+                    last_error=reason,
+                    dead_reason=reason,
+                )
+            )
+            update, label = None, UNDECODABLE_TYPE
+        try:
+            # The move alone first: it must not depend on a record write, which may be what failed.
+            held = self._dead_letter_raw(claimed, new_raw, None)
+            if held and update is not None:
+                self._redis(lambda: self.broker.record_result(update), "record_result")
+        except GaveUp:
+            raise
+        except Exception:
+            logger.exception(
+                "could not dead-letter a task of queue %s; it stays held until the lease of consumer %s is lost",
+                claimed.queue,
+                claimed.consumer_id,
+            )
+            return
+        metrics.TASKS_DEAD_LETTERED.labels(label, claimed.queue).inc()
+
+    def _type_label(self, type_name: str) -> str:
+        """The metric label of a task type: its name only if it is a TaskType row or a handler."""
+        if self.task_types.get(type_name) is not None or self.registry.get(type_name) is not None:
+            return type_name
+        return UNKNOWN_TYPE_LABEL
+
+    def _dead_letter_undecodable(self, claimed: Claimed, problem: str) -> None:
+        """Keep bytes that are not a task, wrapped in one, with the reason."""
+        reason = f"undecodable task: {problem}"
+        wrapper = Task(
+            id=str(uuid.uuid4()),
+            type=UNDECODABLE_TYPE,
+            queue=claimed.queue,
+            payload=claimed.raw,
+            last_error=f"UndecodableTask: {problem}",
+            dead_reason=reason,
+        )
+        held = self._dead_letter_raw(claimed, encode_task(wrapper), None)
+        metrics.TASKS_DEAD_LETTERED.labels(UNDECODABLE_TYPE, claimed.queue).inc()
+        logger.warning(
+            "%d undecodable bytes on queue %s dead-lettered: %s",
+            len(claimed.raw),
+            claimed.queue,
+            problem,
+            extra={"task_id": wrapper.id, "queue": claimed.queue, "outcome": "dead_lettered"},
+        )
+        if not held:
+            metrics.ACKS_LOST.labels(claimed.queue).inc()
+
+    def _defer(self, claimed: Claimed, task: Task, wait_ms: int, reason: str) -> None:
+        """Put a task back in the delayed set without using an attempt."""
+        held = self._redis(
+            lambda: self.broker.retry_later(
+                claimed.queue, claimed.consumer_id, claimed.raw, claimed.raw, task.priority, wait_ms
+            ),
+            "defer",
+        )
+        metrics.TASKS_DEFERRED.labels(task.type, task.queue, reason).inc()
+        if not held:
+            self._ack_lost(claimed, task)
+
+    def _redis[T](self, call: Callable[[], T], what: str) -> T:
+        return until_done(call, what=what, give_up=self.give_up)
+
+    def _dead_letter_raw(self, claimed: Claimed, new_raw: bytes, update: ResultUpdate | None) -> bool:
+        return self._redis(
+            lambda: self.broker.dead_letter(claimed.queue, claimed.consumer_id, claimed.raw, new_raw, update),
+            "dead_letter",
+        )
+
+    def _ack_lost(self, claimed: Claimed, task: Task) -> None:
+        metrics.ACKS_LOST.labels(claimed.queue).inc()
+        logger.warning(
+            "task %s was no longer held by consumer %s (its lease expired and it was recovered); "
+            "its outcome here was not applied",
+            task.id,
+            claimed.consumer_id,
+            extra={"task_id": task.id, "type": task.type, "queue": task.queue, "outcome": "ack_lost"},
+        )
+
+    def _log_event(self, task: Task, outcome: str, duration_s: float | None, **extra: Any) -> None:
+        level = logging.INFO if outcome == "succeeded" else logging.WARNING
+        if not logger.isEnabledFor(level):
+            return
+        fields = {
+            "task_id": task.id,
+            "type": task.type,
+            "queue": task.queue,
+            "attempt": task.attempt,
+            "duration_s": round(duration_s, 6) if duration_s is not None else None,
+            "outcome": outcome,
+            **extra,
+        }
+        logger.log(level, "task %s %s %s (attempt %d)", task.id, task.type, outcome, task.attempt, extra=fields)
