@@ -13,7 +13,8 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 import tests.support.handlers  # noqa: F401  (registers the test handlers in this process)
-from tasks_app.consumer.lifecycle import Consumer, ConsumerOptions
+from tasks_app.consumer.lifecycle import Consumer
+from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.task_types import recent_task_types

@@ -18,7 +18,8 @@ from redis.exceptions import RedisError
 
 from tasks_app.consumer import lifecycle as consumer_module
 from tasks_app.consumer.claimed import Claimed
-from tasks_app.consumer.lifecycle import Capacity, ClaimerLoop, Consumer, ConsumerOptions
+from tasks_app.consumer.lifecycle import Capacity, ClaimerLoop, Consumer
+from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.protocol.broker import Broker, Enqueueable
 from tasks_app.protocol.codec import encode_payload
 from tasks_app.protocol.keys import WAKE_TOKEN

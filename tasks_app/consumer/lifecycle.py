@@ -12,7 +12,6 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from functools import partial
 from types import FrameType
 
@@ -36,11 +35,11 @@ from tasks_app.consumer.loops import (
     SchedulerLoop,
     start_thread,
 )
+from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.consumer.retrying import GaveUp, until_done
 from tasks_app.protocol import results
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import UndecodableTask, decode_task
-from tasks_app.protocol.names import validate_name
 from tasks_app.registry import Registry, registry as default_registry
 from tasks_app.task_types import TaskTypeCache
 
@@ -52,38 +51,6 @@ HEALTH_CHECK_S = 5.0
 SIGNAL_ECHO_S = 1.0
 # How often a worker holding a task looks again whether the lease was renewed.
 LEASE_WAIT_S = 0.05
-
-
-@dataclass
-class ConsumerOptions:
-    """How a consumer runs; `runconsumer` flags map onto these one to one."""
-
-    queues: list[str] = field(default_factory=lambda: ["default"])
-    concurrency: int = 8
-    prefetch: int = 8
-    lease_s: float = 30.0
-    grace_s: float = 30.0
-    consumer_id: str | None = None
-    burst: bool = False
-    block_s: float = 2.0
-    health_file: str | None = None
-
-    def validate(self) -> None:
-        """Raise ValueError for options that cannot work."""
-        if not self.queues:
-            raise ValueError("at least one queue is needed")
-        for name in self.queues:
-            validate_name(name, "queue")
-        if self.concurrency < 1:
-            raise ValueError("concurrency must be at least 1")
-        if self.prefetch < 0:
-            raise ValueError("prefetch cannot be negative")
-        if self.lease_s < 0.5:
-            raise ValueError("lease must be at least 0.5 s")
-        if self.grace_s < 0:
-            raise ValueError("grace cannot be negative")
-        if self.consumer_id is not None:
-            validate_name(self.consumer_id, "consumer id")
 
 
 class Consumer:

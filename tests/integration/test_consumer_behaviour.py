@@ -144,7 +144,8 @@ def test_settings_are_read_from_memory_not_the_database_per_task(broker, django_
 
 def test_tasks_moved_by_a_claim_whose_reply_was_lost_go_back_to_pending(broker):
     from tasks_app.consumer.claimed import Claimed
-    from tasks_app.consumer.lifecycle import ClaimerLoop, Consumer, ConsumerOptions
+    from tasks_app.consumer.lifecycle import ClaimerLoop, Consumer
+    from tasks_app.consumer.options import ConsumerOptions
 
     consumer = Consumer(ConsumerOptions(consumer_id="unlucky", lease_s=10), broker=broker)
     consumer.register()

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from tasks_app import producer
-from tasks_app.consumer.lifecycle import Consumer, ConsumerOptions
+from tasks_app.consumer.lifecycle import Consumer
 from tasks_app.consumer.loops import LEASE_MARGIN_SHARE, LeaseClock
+from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, encode_task
 from tasks_app.protocol.scripts import connect

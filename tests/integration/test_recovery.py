@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from tasks_app import producer
-from tasks_app.consumer.lifecycle import ClaimerLoop, Consumer, ConsumerOptions
+from tasks_app.consumer.lifecycle import ClaimerLoop, Consumer
+from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.codec import Task, encode_task
 from tasks_app.protocol.leases import MAX_RECOVERIES

@@ -5,8 +5,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from tasks_app.consumer.lifecycle import Consumer, ConsumerOptions
+from tasks_app.consumer.lifecycle import Consumer
 from tasks_app.consumer.metrics_http import METRICS_HOST
+from tasks_app.consumer.options import ConsumerOptions
 
 
 def positive_int(text: str) -> int:

@@ -1,0 +1,37 @@
+"""How a consumer runs: the options `runconsumer` flags map onto, and their validation."""
+
+from dataclasses import dataclass, field
+
+from tasks_app.protocol.names import validate_name
+
+
+@dataclass
+class ConsumerOptions:
+    """How a consumer runs; `runconsumer` flags map onto these one to one."""
+
+    queues: list[str] = field(default_factory=lambda: ["default"])
+    concurrency: int = 8
+    prefetch: int = 8
+    lease_s: float = 30.0
+    grace_s: float = 30.0
+    consumer_id: str | None = None
+    burst: bool = False
+    block_s: float = 2.0
+    health_file: str | None = None
+
+    def validate(self) -> None:
+        """Raise ValueError for options that cannot work."""
+        if not self.queues:
+            raise ValueError("at least one queue is needed")
+        for name in self.queues:
+            validate_name(name, "queue")
+        if self.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if self.prefetch < 0:
+            raise ValueError("prefetch cannot be negative")
+        if self.lease_s < 0.5:
+            raise ValueError("lease must be at least 0.5 s")
+        if self.grace_s < 0:
+            raise ValueError("grace cannot be negative")
+        if self.consumer_id is not None:
+            validate_name(self.consumer_id, "consumer id")
