@@ -99,6 +99,22 @@ def enqueue_many(
     All or nothing on a single Redis server; on Redis Cluster a QueueUnavailable may follow a
     partial enqueue, and a retry with the same task ids does not push any of them twice.
     """
+    batch = prepare(requests, registry=registry)
+    push(batch, broker=broker)
+    return batch.enqueued
+
+
+@dataclass(frozen=True)
+class PreparedBatch:
+    """Validated, encoded tasks ready for one push, and what `enqueue_many` returns for them."""
+
+    items: list[Enqueueable]
+    enqueued: list[EnqueuedTask]
+    result_ttl_s: int
+
+
+def prepare(requests: Sequence[TaskRequest], *, registry: Registry = default_registry) -> PreparedBatch:
+    """Validate and encode every request without touching Redis; raise EnqueueError on the first bad one."""
     now_ms = int(time.time() * 1000)
     configs: dict[str, TaskTypeConfig] = {}
     # A request object repeated in `requests` (as `enqueue(count=N)` does) is validated and
@@ -114,13 +130,17 @@ def enqueue_many(
         task_id = task.id = request.task_id or new_task_id()
         items.append(Enqueueable(queue, encode_task(task), priority, delay_ms, record, task_id, bool(request.task_id)))
         enqueued.append(EnqueuedTask(task_id, request.type, queue, priority, now_ms, run_after_ms))
-    if items:
+    return PreparedBatch(items, enqueued, settings.TASKS_RESULT_TTL)
+
+
+def push(batch: PreparedBatch, *, broker: Broker | None = None) -> None:
+    """Push a prepared batch in one round trip; raise QueueUnavailable if Redis does not take it."""
+    if batch.items:
         try:
-            (broker or get_broker()).enqueue(items, settings.TASKS_RESULT_TTL)
+            (broker or get_broker()).enqueue(batch.items, batch.result_ttl_s)
         except RedisError as exc:
             partly = "; some may be enqueued: retry with the same task ids" if settings.REDIS_CLUSTER else ""
             raise QueueUnavailable(f"cannot enqueue: Redis did not take the tasks ({exc}){partly}") from exc
-    return enqueued
 
 
 def new_task_id() -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
 from typing import Any
 
 from django.core.checks import CheckMessage, Error, Warning
@@ -15,8 +14,7 @@ from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
 from tasks_app.django_tasks.results import find_handler, task_result_from_record
-from tasks_app.producer import EnqueueError, TaskRequest, enqueue_many
-from tasks_app.protocol.batch_args import Enqueueable
+from tasks_app.producer import EnqueueError, TaskRequest, prepare
 from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.names import NAME_PATTERN, InvalidName, validate_name
 from tasks_app.protocol.results import ResultRecord
@@ -24,19 +22,6 @@ from tasks_app.protocol.timestamps import datetime_of_ms
 from tasks_app.registry import registry
 
 KNOWN_OPTIONS = {"ENQUEUE_ON_COMMIT"}
-
-
-class _HeldPush:
-    """Stands in for the broker while the producer validates, keeping what to push for later."""
-
-    def __init__(self) -> None:
-        self.items: list[Enqueueable] = []
-        self.result_ttl_s = 0
-
-    def enqueue(self, items: Sequence[Enqueueable], result_ttl_s: int) -> None:
-        """Keep the validated items instead of pushing them."""
-        self.items = list(items)
-        self.result_ttl_s = result_ttl_s
 
 
 class RedisBackend(BaseTaskBackend):
@@ -79,16 +64,16 @@ class RedisBackend(BaseTaskBackend):
             errors=[],
             worker_ids=[],
         )
-        held = _HeldPush()
         try:
             # Everything is checked here, inside the caller's transaction; only the push waits.
-            [enqueued] = enqueue_many([_request(task, result)], broker=held)  # type: ignore[arg-type]
+            batch = prepare([_request(task, result)], registry=registry)
         except EnqueueError as exc:
             raise InvalidTask(str(exc)) from None
+        [enqueued] = batch.enqueued
         broker = get_broker()
 
         def push() -> None:
-            broker.enqueue(held.items, held.result_ttl_s)
+            broker.enqueue(batch.items, batch.result_ttl_s)
             object.__setattr__(result, "enqueued_at", datetime_of_ms(enqueued.enqueued_at_ms))
             task_enqueued.send(type(self), task_result=result)
 
