@@ -172,24 +172,8 @@ class Executor(Settling):
         arguments: Arguments,
         on_settled: Callable[[], None] | None = None,
     ) -> bool:
-        if claimed.suspect:
-            # Durable before the handler starts: if this process dies now, the task is to blame.
-            self._redis(lambda: self.broker.mark_started(claimed.queue, claimed.raw), "mark_started")
-        task.attempt += 1
-        max_attempts = task.max_attempts or config.max_attempts
-        now_ms = int(time.time() * 1000)
-        started_update = results.started(
-            task, arguments, self.worker_id, now_ms, max_attempts, self.result_ttl_s, claimed.fence
-        )
-        if self.acks is not None and handler.django_task is None:
-            self.acks.record(started_update)  # written before this task's ack or failure record
-        else:  # a @task function reads its own record when it starts
-            self._redis(lambda: self.broker.record_result(started_update), "record_result")
+        max_attempts = self._record_start(claimed, task, config, handler, arguments)
         labels = (task.type, task.queue)
-        metrics.TASKS_STARTED.labels(*labels).inc()
-        waited_since_ms = task.run_after_ms or task.enqueued_at_ms
-        if waited_since_ms and task.attempt == 1:
-            metrics.TASK_WAIT.labels(*labels).observe(max(0.0, (now_ms - waited_since_ms) / 1000))
         context = TaskContext(
             task.id, task.type, task.queue, task.attempt, max_attempts, dict(task.headers), claimed.consumer_id
         )
@@ -207,6 +191,29 @@ class Executor(Settling):
                 return self._succeed(claimed, task, return_json, duration, on_settled)
         self._fail(claimed, task, config, error, failure_traceback(error, raised), duration)
         return False
+
+    def _record_start(
+        self, claimed: Claimed, task: Task, config: TaskTypeConfig, handler: Handler, arguments: Arguments
+    ) -> int:
+        """Count the attempt and record its start (RUNNING record, metrics); return the task's attempt limit."""
+        if claimed.suspect:
+            # Durable before the handler starts: if this process dies now, the task is to blame.
+            self._redis(lambda: self.broker.mark_started(claimed.queue, claimed.raw), "mark_started")
+        task.attempt += 1
+        max_attempts = task.max_attempts or config.max_attempts
+        now_ms = int(time.time() * 1000)
+        started_update = results.started(
+            task, arguments, self.worker_id, now_ms, max_attempts, self.result_ttl_s, claimed.fence
+        )
+        if self.acks is not None and handler.django_task is None:
+            self.acks.record(started_update)  # written before this task's ack or failure record
+        else:  # a @task function reads its own record when it starts
+            self._redis(lambda: self.broker.record_result(started_update), "record_result")
+        metrics.TASKS_STARTED.labels(task.type, task.queue).inc()
+        waited_since_ms = task.run_after_ms or task.enqueued_at_ms
+        if waited_since_ms and task.attempt == 1:
+            metrics.TASK_WAIT.labels(task.type, task.queue).observe(max(0.0, (now_ms - waited_since_ms) / 1000))
+        return max_attempts
 
     def _call(
         self, handler: Handler, context: TaskContext, arguments: Arguments, clock: RunClock, task: Task

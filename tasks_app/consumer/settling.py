@@ -95,25 +95,7 @@ class Settling:
         error_entry = results.error_record(error_path, task.last_traceback)
         now_ms = int(time.time() * 1000)
         if task.attempt < max_attempts:
-            delay_ms = int(backoff_delay_s(task.attempt, config.retry_backoff_s) * 1000)
-            update = results.attempt_failed(
-                task,
-                error_entry,
-                now_ms,
-                self.result_ttl_s,
-                final=False,
-                retry_at_ms=now_ms + delay_ms,
-                fence=claimed.fence,
-            )
-            new_raw = encode_task(task)
-            held = self._redis(
-                lambda: self.broker.retry_later(
-                    claimed.queue, claimed.consumer_id, claimed.raw, new_raw, task.priority, delay_ms, update
-                ),
-                "retry",
-            )
-            metrics.TASKS_RETRIED.labels(task.type, task.queue).inc()
-            self._log_event(task, "retried", duration_s, error=task.last_error, retry_in_s=delay_ms / 1000)
+            held = self._retry(claimed, task, config, error_entry, now_ms, duration_s)
         else:
             reason = f"failed {task.attempt} of {max_attempts} attempts; last error: {task.last_error}"
             task.dead_reason = reason
@@ -125,6 +107,37 @@ class Settling:
             self._log_event(task, "dead_lettered", duration_s, error=task.last_error)
         if not held:
             self._ack_lost(claimed, task)
+
+    def _retry(
+        self,
+        claimed: Claimed,
+        task: Task,
+        config: TaskTypeConfig,
+        error_entry: dict[str, str],
+        now_ms: int,
+        duration_s: float | None,
+    ) -> bool:
+        """Put a failed task back in the delayed set, due after its backoff; False if it was lost."""
+        delay_ms = int(backoff_delay_s(task.attempt, config.retry_backoff_s) * 1000)
+        update = results.attempt_failed(
+            task,
+            error_entry,
+            now_ms,
+            self.result_ttl_s,
+            final=False,
+            retry_at_ms=now_ms + delay_ms,
+            fence=claimed.fence,
+        )
+        new_raw = encode_task(task)
+        held = self._redis(
+            lambda: self.broker.retry_later(
+                claimed.queue, claimed.consumer_id, claimed.raw, new_raw, task.priority, delay_ms, update
+            ),
+            "retry",
+        )
+        metrics.TASKS_RETRIED.labels(task.type, task.queue).inc()
+        self._log_event(task, "retried", duration_s, error=task.last_error, retry_in_s=delay_ms / 1000)
+        return held
 
     def _dead_letter(self, claimed: Claimed, task: Task, error_name: str, reason: str) -> None:
         """Dead-letter a task that cannot run at all (no attempt is used)."""
