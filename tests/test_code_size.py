@@ -14,7 +14,6 @@ KNOWN_LONG_MODULES = {
     "tests/test_broker.py",
 }
 KNOWN_LONG_FUNCTIONS = {
-    "tasks_app/consumer/lifecycle.py::Consumer.__init__",
     "tasks_app/consumer/settling.py::Settling._dead_letter_after_error",
     "tests/chaos/test_bad_input.py::test_bad_input_is_dead_lettered_and_never_stops_the_consumer",
     "tests/chaos/test_delayed.py::test_delayed_tasks_run_once_and_never_early_across_a_kill",

@@ -80,11 +80,7 @@ class Consumer:
         self.capacity = Capacity(options.concurrency + options.prefetch)
         self.work: queue_module.SimpleQueue[Claimed] = queue_module.SimpleQueue()
         self.task_types = TaskTypeCache()
-        self.stop_requested = threading.Event()
-        self.claiming_stopped = threading.Event()
-        self.loops_stopped = threading.Event()
-        self.workers_stop = threading.Event()
-        self.give_up = threading.Event()
+        self._init_thread_state()
         self.acks = AckBatcher(self.broker, self.give_up)
         self.executor = Executor(
             self.broker,
@@ -96,6 +92,16 @@ class Consumer:
             acks=self.acks,
             rate_gate=rate_gate or RateLimiter(self.broker, self.give_up),
         )
+        self.liveness = Liveness(options.health_file, stale_after_s=max(3 * HEALTH_CHECK_S, options.lease_s))
+        self.reaper = ReaperLoop(self.broker, options.queues, options.lease_s, self._on_reaped_dead_letters)
+
+    def _init_thread_state(self) -> None:
+        """Create what the consumer's threads share: the stop events, the threads, the tasks held, the suspect slot."""
+        self.stop_requested = threading.Event()
+        self.claiming_stopped = threading.Event()
+        self.loops_stopped = threading.Event()
+        self.workers_stop = threading.Event()
+        self.give_up = threading.Event()
         self._threads: list[threading.Thread] = []
         self._claimers: list[threading.Thread] = []
         self._workers: list[threading.Thread] = []
@@ -107,8 +113,6 @@ class Consumer:
         self._suspect_reserved = False
         self._suspect_slot = threading.Lock()
         self._first_signal_at: float | None = None
-        self.liveness = Liveness(options.health_file, stale_after_s=max(3 * HEALTH_CHECK_S, options.lease_s))
-        self.reaper = ReaperLoop(self.broker, options.queues, options.lease_s, self._on_reaped_dead_letters)
 
     # --- identity --------------------------------------------------------------------------
     def register(self, consumer_id: str | None = None) -> None:
