@@ -107,3 +107,14 @@ def test_the_protocol_imports_no_django_model_or_view():
 
 def test_tasks_app_has_no_import_cycle():
     assert cycles(import_graph()) == []
+
+
+def test_documented_import_paths_still_work() -> None:
+    """The paths README gives users (`tasks_app.broker.get_broker`, `tasks_app.backends.RedisBackend`) import."""
+    from tasks_app.backends import RedisBackend
+    from tasks_app.broker import get_broker
+    from tasks_app.django_tasks.backend import RedisBackend as backend
+    from tasks_app.protocol.broker import get_broker as protocol_get_broker
+
+    assert get_broker is protocol_get_broker
+    assert RedisBackend is backend
