@@ -115,6 +115,7 @@ run: DJANGO_DEBUG ?= 1
 run: $(STAMP)
 	@$(redis_setup)
 	export DJANGO_DEBUG='$(DJANGO_DEBUG)'
+	export TASK_HANDLER_MODULES="$${TASK_HANDLER_MODULES:+$$TASK_HANDLER_MODULES,}examples.handlers"
 	$(dev_secret_key)
 	$(PY) manage.py migrate --noinput
 	export DJANGO_SUPERUSER_USERNAME="$${DJANGO_SUPERUSER_USERNAME:-admin}"
@@ -147,7 +148,7 @@ run: $(STAMP)
 	echo "  Metrics:          $$base/metrics"
 	echo
 	echo "  Enqueue from another shell:"
-	echo "    DJANGO_DEBUG=$(DJANGO_DEBUG) REDIS_URL=$$REDIS_URL $(PY) manage.py enqueue demo.echo --args '[1]'"
+	echo "    DJANGO_DEBUG=$(DJANGO_DEBUG) REDIS_URL=$$REDIS_URL TASK_HANDLER_MODULES=$$TASK_HANDLER_MODULES $(PY) manage.py enqueue demo.echo --args '[1]'"
 	echo
 	PORT='$(PORT)' DJANGO_DEBUG='$(DJANGO_DEBUG)' VENV_PY="$$PWD/$(PY)" scripts/run-dev
 

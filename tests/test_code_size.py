@@ -5,7 +5,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CHECKED_DIRS = ("tasks_app", "scheduler_site", "tests", "bench")
+CHECKED_DIRS = ("tasks_app", "scheduler_site", "examples", "tests", "bench")
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 40
 

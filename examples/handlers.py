@@ -1,4 +1,4 @@
-"""Demo handlers, so a newcomer can try every path of the queue at once."""
+"""Demo handlers, so a newcomer can try every path of the queue at once (`make run` enables them)."""
 
 import time
 from typing import Any

@@ -1,0 +1,1 @@
+"""Example handlers for trying the queue locally; `make run` enables them through TASK_HANDLER_MODULES."""
