@@ -5,5 +5,6 @@
 -- Returns: the first token; the n tokens are first .. first + n - 1, each higher than any token
 -- issued before, even after a restart that lost the counter.
 
+-- include: args
 -- include: fence
 return issue_fences(KEYS[1], math.max(1, math.floor(tonumber(ARGV[1]) or 1)))

@@ -14,8 +14,8 @@
 -- A denied task is given the next free slot of a queue spaced by the emission interval, so
 -- denied tasks wake one by one instead of all at once. While that queue is not empty, only
 -- tasks holding a reservation may start; a newcomer joins the end of the queue.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+-- include: args
+local now = server_now_us()
 local key = KEYS[1]
 local algorithm = ARGV[1]
 local reservation = 'r:' .. ARGV[2]

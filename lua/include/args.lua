@@ -5,8 +5,11 @@ local function int_arg(value, default, min, max)
   if not n or n ~= n then return default end
   return math.max(min, math.min(max, math.floor(n)))
 end
--- The server's clock in milliseconds.
-local function server_now_ms()
+-- The server's clock in microseconds, and in milliseconds: the one place scripts read TIME.
+local function server_now_us()
   local time = redis.call('TIME')
-  return tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  return tonumber(time[1]) * 1000000 + tonumber(time[2])
+end
+local function server_now_ms()
+  return math.floor(server_now_us() / 1000)
 end
