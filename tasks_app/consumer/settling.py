@@ -176,32 +176,7 @@ class Settling:
             f"settling the task failed: {type(error).__name__}: {results.describe_error(error)}",
             MAX_ERROR_MESSAGE_BYTES,
         )
-        try:
-            task = decode_task(claimed.raw)
-            task.last_error = task.dead_reason = reason
-            new_raw = encode_task(task)
-            update: ResultUpdate | None = results.attempt_failed(
-                task,
-                results.error_record("SettleFailed", reason),
-                int(time.time() * 1000),
-                self.result_ttl_s,
-                final=True,
-                dead_reason=reason,
-                fence=claimed.fence,
-            )
-            label = self._type_label(task.type)
-        except Exception:  # keep the bytes as they are, wrapped like undecodable ones
-            new_raw = encode_task(
-                Task(
-                    id=str(uuid.uuid4()),
-                    type=UNDECODABLE_TYPE,
-                    queue=claimed.queue,
-                    payload=claimed.raw,
-                    last_error=reason,
-                    dead_reason=reason,
-                )
-            )
-            update, label = None, UNDECODABLE_TYPE
+        new_raw, update, label = self._last_resort_entry(claimed, reason)
         try:
             # The move alone first: it must not depend on a record write, which may be what failed.
             held = self._dead_letter_raw(claimed, new_raw, None)
@@ -217,6 +192,32 @@ class Settling:
             )
             return
         metrics.TASKS_DEAD_LETTERED.labels(label, claimed.queue).inc()
+
+    def _last_resort_entry(self, claimed: Claimed, reason: str) -> tuple[bytes, ResultUpdate | None, str]:
+        """The dead-letter entry, record update and metric label for a task whose settling failed."""
+        try:
+            task = decode_task(claimed.raw)
+            task.last_error = task.dead_reason = reason
+            update = results.attempt_failed(
+                task,
+                results.error_record("SettleFailed", reason),
+                int(time.time() * 1000),
+                self.result_ttl_s,
+                final=True,
+                dead_reason=reason,
+                fence=claimed.fence,
+            )
+            return encode_task(task), update, self._type_label(task.type)
+        except Exception:  # keep the bytes as they are, wrapped like undecodable ones
+            wrapped = Task(
+                id=str(uuid.uuid4()),
+                type=UNDECODABLE_TYPE,
+                queue=claimed.queue,
+                payload=claimed.raw,
+                last_error=reason,
+                dead_reason=reason,
+            )
+            return encode_task(wrapped), None, UNDECODABLE_TYPE
 
     def _type_label(self, type_name: str) -> str:
         """The metric label of a task type: its name only if it is a TaskType row or a handler."""

@@ -1,0 +1,29 @@
+"""Calls of the broker's scripts shared by the broker contract tests."""
+
+from tasks_app.protocol.broker import Enqueueable
+from tasks_app.protocol.codec import Task, decode_task, encode_task
+
+LEASE_MS = 200
+
+
+def make_task(n: int, priority: int = 0, queue: str = "q") -> bytes:
+    return encode_task(Task(id=f"task-{n}", type="demo.echo", queue=queue, priority=priority))
+
+
+def ids(raws):
+    return [decode_task(raw).id for raw in raws]
+
+
+def register(broker, consumer_id: str, lease_ms: int = LEASE_MS, queues=("q",)) -> None:
+    broker.heartbeat(list(queues), consumer_id, lease_ms, {"lease_ms": lease_ms})
+
+
+def push(broker, *raws, queue="q", priority=0, delay_ms=0):
+    broker.enqueue(
+        [Enqueueable(queue=queue, raw=raw, priority=priority, delay_ms=delay_ms) for raw in raws], result_ttl_s=60
+    )
+
+
+def expire(broker, consumer_id: str, queue: str = "q") -> None:
+    """Let a lease lapse without waiting for it."""
+    broker.client.zadd(broker.keys.consumers(queue), {consumer_id: 0})

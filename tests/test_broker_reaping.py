@@ -1,0 +1,228 @@
+"""The broker's contract for leases, reaping and suspects, against a real Redis server."""
+
+import threading
+import time
+
+import pytest
+
+from tasks_app.protocol.codec import Task, decode_task, encode_task
+from tasks_app.protocol.keys import WAKE_TOKEN
+from tasks_app.protocol.leases import MAX_RECOVERIES
+from tests.support.broker_calls import LEASE_MS, expire, ids, make_task, push, register
+
+
+def test_reaper_never_touches_a_live_lease(broker):
+    register(broker, "c1", lease_ms=60_000)
+    push(broker, make_task(1))
+    broker.claim("q", "c1", 1)
+    outcome = broker.reap("q", "c1", 60_000)
+    assert outcome.status == -1
+    assert broker.client.llen(broker.keys.processing("q", "c1")) == 1
+
+
+def test_reaping_returns_tasks_oldest_first_and_tombstones_the_consumer(broker):
+    register(broker, "c1")
+    push(broker, *[make_task(n) for n in range(3)])
+    broker.claim("q", "c1", 3)
+    expire(broker, "c1")
+    expired, _ = broker.reap_candidates("q")
+    assert expired == ["c1"]
+    outcome = broker.reap("q", "c1", LEASE_MS)
+    assert (outcome.status, outcome.requeued, outcome.remaining) == (1, 3, 0)
+    # They wait as suspects, oldest at the head (each runs apart, so a death can be pinned on it).
+    assert ids(reversed(broker.client.lrange(broker.keys.suspects("q"), 0, -1))) == ["task-0", "task-1", "task-2"]
+    # The reaped consumer's renewals and claims now fail: it must take a new identity.
+    assert broker.heartbeat(["q"], "c1", LEASE_MS) is False
+    assert broker.claim("q", "c1", 1) is None
+
+
+def test_a_reaped_consumer_cannot_also_retry_or_ack_its_task(broker):
+    register(broker, "c1")
+    push(broker, make_task(1))
+    [raw] = broker.claim("q", "c1", 1)
+    expire(broker, "c1")
+    broker.reap("q", "c1", LEASE_MS)
+    assert broker.retry_later("q", "c1", raw, raw, 0, 1000) is False
+    assert broker.dead_letter("q", "c1", raw, raw) is False
+    assert broker.ack("q", "c1", [raw]) == [False]
+    assert broker.client.zcard(broker.keys.delayed("q")) == 0
+    assert broker.client.zcard(broker.keys.dead("q")) == 0
+    assert broker.client.llen(broker.keys.suspects("q")) == 1
+
+
+def test_tasks_moved_into_a_tombstoned_list_are_swept_back(broker):
+    register(broker, "c1")
+    expire(broker, "c1")
+    broker.reap("q", "c1", LEASE_MS)
+    # A blocking claim that was in flight when the consumer froze lands in its old list.
+    push(broker, make_task(9))
+    broker.claim_blocking("q", "c1", 1)
+    _, tombstones = broker.reap_candidates("q")
+    assert tombstones == ["c1"]
+    assert broker.reap("q", "c1", LEASE_MS).requeued == 1
+    assert broker.client.llen(broker.keys.suspects("q")) == 1
+    assert broker.client.lrange(broker.keys.pending("q"), 0, -1) == [WAKE_TOKEN]  # wakes blocked claims
+
+
+def kill_while_holding(broker, consumer_id: str, *, take_suspect: bool, start_suspect: bool) -> list[bytes]:
+    """A consumer claims, maybe starts its suspect, dies, and is reaped; return the dead letters."""
+    register(broker, consumer_id)
+    if take_suspect:
+        claim = broker.claim_with_suspect("q", consumer_id, 10)
+        assert claim.took_suspect
+        if start_suspect:
+            broker.mark_started("q", claim.tasks[0])
+    else:
+        broker.claim("q", consumer_id, 10)
+    expire(broker, consumer_id)
+    return broker.reap("q", consumer_id, LEASE_MS).dead_lettered
+
+
+def test_a_task_that_keeps_killing_its_consumer_is_dead_lettered_with_a_reason(broker):
+    push(broker, make_task(1))
+    assert kill_while_holding(broker, "c0", take_suspect=False, start_suspect=False) == []
+    assert broker.client.llen(broker.keys.suspects("q")) == 1
+    assert broker.queue_stats("q").pending == 1
+    for round_number in range(1, MAX_RECOVERIES):
+        assert kill_while_holding(broker, f"c{round_number}", take_suspect=True, start_suspect=True) == []
+    [raw] = kill_while_holding(broker, "last", take_suspect=True, start_suspect=True)
+    dead = decode_task(raw)
+    assert dead.id == "task-1"
+    assert "recovered 4 times" in dead.dead_reason
+    assert dead.last_error.startswith("ConsumerDied")
+    assert broker.client.zcard(broker.keys.dead("q")) == 1
+    assert broker.queue_stats("q").pending == 0
+
+
+def test_only_a_suspect_running_when_its_consumer_dies_is_blamed(broker):
+    push(broker, make_task(1), make_task(2), make_task(3))
+    kill_while_holding(broker, "c0", take_suspect=False, start_suspect=False)  # all three now suspects
+    for round_number in range(1, 10):
+        # Each consumer holds one suspect and dies before starting it: nobody is blamed.
+        assert kill_while_holding(broker, f"c{round_number}", take_suspect=True, start_suspect=False) == []
+    assert broker.client.llen(broker.keys.suspects("q")) == 3
+    assert broker.client.zcard(broker.keys.dead("q")) == 0
+
+
+def test_a_consumer_takes_at_most_one_suspect_and_finishing_it_clears_its_record(broker):
+    push(broker, make_task(1), make_task(2))
+    kill_while_holding(broker, "c0", take_suspect=False, start_suspect=False)
+    push(broker, make_task(3))
+    register(broker, "c1")
+    claim = broker.claim_with_suspect("q", "c1", 10)
+    assert claim.took_suspect and ids(claim.tasks) == ["task-1", "task-3"]
+    assert claim.suspects_waiting == 1
+    broker.mark_started("q", claim.tasks[0])
+    assert broker.ack("q", "c1", claim.tasks) == [True, True]
+    assert broker.client.hlen(broker.keys.recoveries("q")) == 1  # the other suspect's count only
+
+
+def test_returned_and_deferred_suspects_stay_suspects(broker):
+    push(broker, make_task(1))
+    kill_while_holding(broker, "c0", take_suspect=False, start_suspect=False)
+    register(broker, "c1")
+    [raw] = broker.claim_with_suspect("q", "c1", 1).tasks
+    assert broker.return_unstarted("q", "c1", [raw]) == 1
+    assert broker.client.llen(broker.keys.suspects("q")) == 1
+    [raw] = broker.claim_with_suspect("q", "c1", 1).tasks
+    broker.retry_later("q", "c1", raw, raw, 0, 0)  # rate-limited
+    time.sleep(0.01)
+    broker.promote_due("q")
+    assert broker.client.lrange(broker.keys.suspects("q"), 0, -1) == [raw]
+    assert broker.deregister("q", "c1") == 0
+
+
+def test_racing_reapers_requeue_each_task_exactly_once(broker):
+    register(broker, "victim")
+    push(broker, *[make_task(n) for n in range(200)])
+    broker.claim("q", "victim", 200)
+    expire(broker, "victim")
+    moved = []
+    barrier = threading.Barrier(8)
+
+    def reap() -> None:
+        barrier.wait()
+        outcome = broker.reap("q", "victim", LEASE_MS)
+        moved.append(outcome.requeued if outcome.status == 1 else 0)
+
+    threads = [threading.Thread(target=reap) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sum(moved) == 200
+    suspects = broker.client.lrange(broker.keys.suspects("q"), 0, -1)
+    assert len(suspects) == len(set(suspects)) == 200
+
+
+def test_a_deferral_keeps_the_recovery_count_but_a_retry_clears_it(broker):
+    push(broker, make_task(1))
+    register(broker, "c0")
+    [raw] = broker.claim("q", "c0", 1)
+    expire(broker, "c0")
+    broker.reap("q", "c0", LEASE_MS)
+    digest = __import__("hashlib").sha1(raw).hexdigest()
+    assert broker.client.hget(broker.keys.recoveries("q"), digest) == b"1"
+    register(broker, "c1")
+    [raw] = broker.claim_with_suspect("q", "c1", 1).tasks
+    broker.retry_later("q", "c1", raw, raw, 0, 0)  # rate-limited: it never ran
+    assert broker.client.hget(broker.keys.recoveries("q"), digest) == b"1"
+    broker.promote_due("q")
+    [raw] = broker.claim_with_suspect("q", "c1", 1).tasks
+    retried = encode_task(Task(id="task-1", type="demo.echo", queue="q", attempt=1))
+    broker.retry_later("q", "c1", raw, retried, 0, 0)  # it ran and failed: a fresh start
+    assert broker.client.hget(broker.keys.recoveries("q"), digest) is None
+
+
+@pytest.mark.parametrize("info", [b"not json", b"5", b"[1, 2]", b'{"lease_ms": "soon"}', b'{"lease_ms": {}}', b"\xff"])
+def test_reaping_never_fails_on_consumer_info_a_foreign_process_wrote(broker, info):
+    register(broker, "c1")
+    push(broker, make_task(1))
+    broker.claim("q", "c1", 1)
+    broker.client.hset(broker.keys.consumer_info("q"), "c1", info)
+    expire(broker, "c1")
+    outcome = broker.reap("q", "c1", LEASE_MS)
+    assert (outcome.status, outcome.requeued) == (1, 1)
+
+
+def test_a_clean_exit_clears_the_start_mark_of_the_suspect_it_returns(broker):
+    register(broker, "c0")
+    push(broker, make_task(1))
+    [raw] = broker.claim("q", "c0", 1)
+    expire(broker, "c0")
+    broker.reap("q", "c0", LEASE_MS)
+    register(broker, "c1")
+    [raw] = broker.claim_with_suspect("q", "c1", 1).tasks
+    broker.mark_started("q", raw)
+    assert broker.deregister("q", "c1") == 1
+    digest = __import__("hashlib").sha1(raw).hexdigest()
+    assert broker.client.hget(broker.keys.recoveries("q"), f"s:{digest}") is None
+    assert broker.client.hget(broker.keys.recoveries("q"), digest) == b"1"
+    assert broker.client.lrange(broker.keys.suspects("q"), 0, -1) == [raw]
+
+
+def test_every_tombstone_is_examined_in_turn_not_only_the_first_page(broker):
+    from tasks_app.consumer.loops import ReaperLoop
+    from tasks_app.protocol.leases import TOMBSTONE_PAGE
+
+    now_ms = broker.server_time_ms()
+    count = 2 * TOMBSTONE_PAGE + 50
+    broker.client.zadd(broker.keys.reaped("q"), {f"gone-{n}": now_ms - count + n for n in range(count)})
+    for n in (0, TOMBSTONE_PAGE + 10, count - 1):  # the oldest, a middle one, the newest
+        broker.client.lpush(broker.keys.processing("q", f"gone-{n}"), make_task(n))
+    reaper = ReaperLoop(broker, ["q"], LEASE_MS / 1000, lambda queue, dead: None)
+    for _ in range(count // TOMBSTONE_PAGE + 1):
+        reaper.run_once()
+    assert sorted(ids(broker.client.lrange(broker.keys.suspects("q"), 0, -1))) == sorted(
+        f"task-{n}" for n in (0, TOMBSTONE_PAGE + 10, count - 1)
+    )
+
+
+def test_a_consumer_id_no_consumer_could_have_written_does_not_stop_the_reaper(broker):
+    broker.client.zadd(broker.keys.consumers("q"), {b"\xff\xfe": 1, "bad id{}": 1})
+    register(broker, "c1")
+    push(broker, make_task(1))
+    broker.claim("q", "c1", 1)
+    expire(broker, "c1")
+    expired, _ = broker.reap_candidates("q")
+    assert expired == ["c1"]
