@@ -16,7 +16,6 @@ KNOWN_LONG_FUNCTIONS = {
     "tests/chaos/test_delayed.py::test_delayed_tasks_run_once_and_never_early_across_a_kill",
     "tests/chaos/test_freeze.py::test_frozen_consumer_is_reaped_and_comes_back_under_a_new_id",
     "tests/chaos/test_poison_pill.py::test_poison_pill_is_dead_lettered_after_the_recovery_limit",
-    "tests/integration/test_consumer_metrics.py::test_metrics_match_what_the_consumers_did",
 }
 
 
