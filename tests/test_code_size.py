@@ -9,15 +9,6 @@ CHECKED_DIRS = ("tasks_app", "scheduler_site", "examples", "tests", "bench")
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 40
 
-# Over the limits today, each to be split; an entry that is back under its limit must be removed.
-KNOWN_LONG_MODULES: set[str] = set()
-KNOWN_LONG_FUNCTIONS = {
-    "tests/chaos/test_bad_input.py::test_bad_input_is_dead_lettered_and_never_stops_the_consumer",
-    "tests/chaos/test_delayed.py::test_delayed_tasks_run_once_and_never_early_across_a_kill",
-    "tests/chaos/test_freeze.py::test_frozen_consumer_is_reaped_and_comes_back_under_a_new_id",
-    "tests/chaos/test_poison_pill.py::test_poison_pill_is_dead_lettered_after_the_recovery_limit",
-}
-
 
 def checked_modules() -> list[Path]:
     """Return the hand-written modules: not migrations, not the generated protobuf code."""
@@ -69,14 +60,8 @@ def test_function_lengths_count_from_def_to_the_last_line():
 
 
 def test_modules_stay_under_the_line_limit():
-    found = long_modules()
-    new = {name: lines for name, lines in found.items() if name not in KNOWN_LONG_MODULES}
-    assert not new, f"modules over {MAX_MODULE_LINES} lines: {new}"
-    assert not KNOWN_LONG_MODULES - found.keys(), "back under the limit: remove from KNOWN_LONG_MODULES"
+    assert long_modules() == {}, f"modules over {MAX_MODULE_LINES} lines"
 
 
 def test_functions_stay_under_the_line_limit():
-    found = long_functions()
-    new = {name: lines for name, lines in found.items() if name not in KNOWN_LONG_FUNCTIONS}
-    assert not new, f"functions over {MAX_FUNCTION_LINES} lines: {new}"
-    assert not KNOWN_LONG_FUNCTIONS - found.keys(), "back under the limit: remove from KNOWN_LONG_FUNCTIONS"
+    assert long_functions() == {}, f"functions over {MAX_FUNCTION_LINES} lines"

@@ -38,14 +38,9 @@ def unknown_type(queue: str) -> Enqueueable:
     return Enqueueable(queue=queue, raw=encode_task(task), task_id=task.id)
 
 
-@pytest.mark.timeout(240)
-def test_bad_input_is_dead_lettered_and_never_stops_the_consumer(chaos_broker, consumer_process):
-    broker = chaos_broker
-    fleet = Fleet(consumer_process, broker, concurrency=8, prefetch=8)
-    consumer = fleet.spawn("steady")
-    fleet.wait_registered(["steady"])
+def enqueue_mixed(broker, total: int) -> tuple[list[str], int, int]:
+    """Enqueue `total` entries, two bad ones (garbage, unknown type) per chunk; return good ids and bad counts."""
     rng = random.Random()
-    total = scaled(2000, 10000)
     good: list[str] = []
     bad_garbage = bad_unknown = 0
     while len(good) + bad_garbage + bad_unknown < total:
@@ -54,6 +49,16 @@ def test_bad_input_is_dead_lettered_and_never_stops_the_consumer(chaos_broker, c
         broker.enqueue([unknown_type("default")], settings.TASKS_RESULT_TTL)
         bad_garbage += 1
         bad_unknown += 1
+    return good, bad_garbage, bad_unknown
+
+
+@pytest.mark.timeout(240)
+def test_bad_input_is_dead_lettered_and_never_stops_the_consumer(chaos_broker, consumer_process):
+    broker = chaos_broker
+    fleet = Fleet(consumer_process, broker, concurrency=8, prefetch=8)
+    consumer = fleet.spawn("steady")
+    fleet.wait_registered(["steady"])
+    good, bad_garbage, bad_unknown = enqueue_mixed(broker, scaled(2000, 10000))
     wait_finished(broker, good, scaled(180, 600), fleet)
     bad = bad_garbage + bad_unknown
 

@@ -26,14 +26,19 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
-@pytest.mark.timeout(180)
-def test_delayed_tasks_run_once_and_never_early_across_a_kill(chaos_broker, consumer_process):
-    broker = chaos_broker
-    rng = seeded_rng("7-delayed-across-kill")
-    fleet = Fleet(consumer_process, broker, concurrency=4, prefetch=4)
-    for consumer_id in ("d1", "d2"):
-        fleet.spawn(consumer_id)
-    fleet.wait_registered(["d1", "d2"])
+def start_lateness(runs: list[dict], due_ms: dict[str, int], held: set[str]) -> tuple[list, list[float], list[float]]:
+    """Runs that started early, and how late (s) the last start of each task was: other tasks, then those `held`."""
+    early = [run for run in runs if run["start_ms"] < due_ms[run["task_id"]]]
+    last_start_ms: dict[str, float] = {}
+    for run in runs:
+        last_start_ms[run["task_id"]] = max(run["start_ms"], last_start_ms.get(run["task_id"], 0))
+    on_time_s = [(start - due_ms[tid]) / 1000 for tid, start in last_start_ms.items() if tid not in held]
+    recovered_s = [(last_start_ms[tid] - due_ms[tid]) / 1000 for tid in held]
+    return early, on_time_s, recovered_s
+
+
+def enqueue_due_after_a_lease(rng) -> dict[str, int]:
+    """Enqueue tasks due at random times more than a lease from now; return their due times (ms) by id."""
     requests = [
         TaskRequest(
             "test.record",
@@ -42,7 +47,17 @@ def test_delayed_tasks_run_once_and_never_early_across_a_kill(chaos_broker, cons
         )
         for _ in range(scaled(300, 3000))
     ]
-    due_ms = {t.id: t.run_after_ms for t in producer.enqueue_many(requests)}
+    return {t.id: t.run_after_ms for t in producer.enqueue_many(requests)}
+
+
+@pytest.mark.timeout(180)
+def test_delayed_tasks_run_once_and_never_early_across_a_kill(chaos_broker, consumer_process):
+    broker = chaos_broker
+    fleet = Fleet(consumer_process, broker, concurrency=4, prefetch=4)
+    for consumer_id in ("d1", "d2"):
+        fleet.spawn(consumer_id)
+    fleet.wait_registered(["d1", "d2"])
+    due_ms = enqueue_due_after_a_lease(seeded_rng("7-delayed-across-kill"))
     wait_until(lambda: started_on(broker, "d1"), 30, message="d1 to start a promoted task")
     held, running = fleet.kill_while_running("d1")
     fleet.spawn("d1-respawned")
@@ -50,13 +65,7 @@ def test_delayed_tasks_run_once_and_never_early_across_a_kill(chaos_broker, cons
     wait_finished(broker, ids, scaled(120, 600), fleet)
 
     result = tally(broker, ids)
-    runs = recorded_runs(broker)
-    early = [run for run in runs if run["start_ms"] < due_ms[run["task_id"]]]
-    last_start_ms: dict[str, float] = {}
-    for run in runs:
-        last_start_ms[run["task_id"]] = max(run["start_ms"], last_start_ms.get(run["task_id"], 0))
-    on_time_s = [(start - due_ms[tid]) / 1000 for tid, start in last_start_ms.items() if tid not in held]
-    recovered_s = [(last_start_ms[tid] - due_ms[tid]) / 1000 for tid in held]
+    early, on_time_s, recovered_s = start_lateness(recorded_runs(broker), due_ms, held)
     Summary(
         "7-delayed-across-kill",
         len(ids),
@@ -75,9 +84,7 @@ def test_delayed_tasks_run_once_and_never_early_across_a_kill(chaos_broker, cons
     ).report()
     assert early == [], f"ran before their due time: {early[:3]}"
     assert result.lost == []
-    assert result.duplicates <= running, (
-        f"ran twice without running on the killed consumer: {result.duplicates - running}"
-    )
+    assert result.duplicates <= running, f"ran twice, not running on the killed consumer: {result.duplicates - running}"
     assert percentile(on_time_s, 0.99) <= ON_TIME_P99_S and max(on_time_s) <= ON_TIME_MAX_S, (
         f"late: p99 {percentile(on_time_s, 0.99):.3f} s, max {max(on_time_s):.3f} s"
     )

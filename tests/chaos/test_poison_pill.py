@@ -14,6 +14,22 @@ from tests.chaos.harness import Fleet, Summary, scaled, statuses, tally, wait_fi
 pytestmark = [pytest.mark.chaos, pytest.mark.django_db(transaction=True)]
 
 
+def respawn_until_dead_lettered(fleet: Fleet, pill: str, generation: dict[str, int]) -> int:
+    """Respawn, under a new id, every consumer the pill kills until it is dead-lettered; return the deaths."""
+    deaths = 0
+    deadline = time.monotonic() + 120
+    while statuses(fleet.broker, [pill])[pill] != "FAILED":
+        assert time.monotonic() < deadline, f"the pill was never dead-lettered\n{fleet.logs()}"
+        for name, number in generation.items():
+            process = fleet.processes[f"{name}{number}"]
+            if process.process.poll() is not None:
+                deaths += 1
+                generation[name] = number + 1
+                fleet.spawn(f"{name}{number + 1}")
+        time.sleep(0.1)
+    return deaths
+
+
 @pytest.mark.timeout(180)
 def test_poison_pill_is_dead_lettered_after_the_recovery_limit(chaos_broker, consumer_process):
     broker = chaos_broker
@@ -28,17 +44,7 @@ def test_poison_pill_is_dead_lettered_after_the_recovery_limit(chaos_broker, con
     pill = producer.enqueue("test.kill_self")[0].id
     good += [t.id for t in producer.enqueue("test.record", kwargs={"sleep_s": 0.01}, count=scaled(100, 1000) // 2)]
 
-    deaths = 0
-    deadline = time.monotonic() + 120
-    while statuses(broker, [pill])[pill] != "FAILED":
-        assert time.monotonic() < deadline, f"the pill was never dead-lettered\n{fleet.logs()}"
-        for name, number in generation.items():
-            process = fleet.processes[f"{name}{number}"]
-            if process.process.poll() is not None:  # the pill killed it: respawn under a new id
-                deaths += 1
-                generation[name] = number + 1
-                fleet.spawn(f"{name}{number + 1}")
-        time.sleep(0.1)
+    deaths = respawn_until_dead_lettered(fleet, pill, generation)
     wait_finished(broker, good, scaled(120, 600), fleet)
 
     result = tally(broker, good)
