@@ -12,6 +12,26 @@ MAX_RESULT_BYTES_LIMIT = 64 * 1024 * 1024
 # A consumer's acks wait at most this long for a replica (WAIT 0 would block forever).
 MAX_CLUSTER_WAIT_MS = 10_000
 
+# Settings that must lie in a range: name, lowest, highest, unit, why, check id.
+_BOUNDED_SETTINGS = (
+    (
+        "TASKS_MAX_RESULT_BYTES",
+        1024,
+        MAX_RESULT_BYTES_LIMIT,
+        "",
+        "Redis refuses values over its proto-max-bulk-len (512 MiB by default).",
+        "tasks_app.E030",
+    ),
+    (
+        "TASKS_CLUSTER_WAIT_MS",
+        1,
+        MAX_CLUSTER_WAIT_MS,
+        " milliseconds",
+        "Acks wait this long at most for a replica; 0 would make Redis wait forever.",
+        "tasks_app.E031",
+    ),
+)
+
 
 @register()
 def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
@@ -28,22 +48,11 @@ def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
     if settings.TASKS_MAX_PAYLOAD_BYTES <= 0:
         problems.append(Error("TASKS_MAX_PAYLOAD_BYTES must be positive", id="tasks_app.E004"))
     problems += _delay_and_dead_letter_problems()
-    if not 1024 <= settings.TASKS_MAX_RESULT_BYTES <= MAX_RESULT_BYTES_LIMIT:
-        problems.append(
-            Error(
-                f"TASKS_MAX_RESULT_BYTES must be between 1024 and {MAX_RESULT_BYTES_LIMIT}",
-                hint="Redis refuses values over its proto-max-bulk-len (512 MiB by default).",
-                id="tasks_app.E030",
-            )
-        )
-    if not 1 <= settings.TASKS_CLUSTER_WAIT_MS <= MAX_CLUSTER_WAIT_MS:
-        problems.append(
-            Error(
-                f"TASKS_CLUSTER_WAIT_MS must be between 1 and {MAX_CLUSTER_WAIT_MS} milliseconds",
-                hint="Acks wait this long at most for a replica; 0 would make Redis wait forever.",
-                id="tasks_app.E031",
-            )
-        )
+    problems += [
+        Error(f"{name} must be between {low} and {high}{unit}", hint=hint, id=check_id)
+        for name, low, high, unit, hint, check_id in _BOUNDED_SETTINGS
+        if not low <= getattr(settings, name) <= high
+    ]
     for module, error in registry.import_errors.items():
         problems.append(
             Warning(
