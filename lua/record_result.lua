@@ -7,12 +7,24 @@
 -- The record keeps the highest token that wrote to it in its field "fence". A write with a
 -- lower token is ignored (its run lost the claim: its consumer was presumed dead and the task
 -- re-run or requeued); a write with a higher token takes the record over.
--- Returns: 1 written, 0 ignored.
+-- A write with a higher token than the record's opens a run: it is refused, and nothing is
+-- written, if the task was cancelled (status CANCELLED, or cancel_requested_at_ms left by a
+-- cancel of an earlier run, which then makes the record CANCELLED): the consumer drops it unrun.
+-- Returns: 1 written, 0 ignored, 2 refused: the task was cancelled.
 local token = tonumber(ARGV[4])
 if token then
   local current = tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0
   if token < current then
     return 0
+  end
+  if token > current then
+    if redis.call('HGET', KEYS[1], 'status') == 'CANCELLED' then return 2 end
+    if redis.call('HEXISTS', KEYS[1], 'cancel_requested_at_ms') == 1 then
+      local time = redis.call('TIME')
+      redis.call('HSET', KEYS[1], 'status', 'CANCELLED', 'finished_at_ms',
+                 tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000))
+      return 2
+    end
   end
 end
 if #ARGV > 4 then

@@ -1,6 +1,7 @@
 """A reliable, rate-limited task queue for Django on Redis."""
 
-from tasks_app.exceptions import TaskTimeout
+from tasks_app.control import cancel, cancel_many
+from tasks_app.exceptions import TaskAlreadyFinished, TaskCancelled, TaskNotFound, TaskTimeout
 from tasks_app.registry import handler
 
-__all__ = ["TaskTimeout", "handler"]
+__all__ = ["TaskAlreadyFinished", "TaskCancelled", "TaskNotFound", "TaskTimeout", "cancel", "cancel_many", "handler"]

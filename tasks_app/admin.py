@@ -32,6 +32,8 @@ class TaskTypeForm(forms.ModelForm):
             "max_attempts",
             "retry_backoff",
             "timeout",
+            "unique_for_s",
+            "unique_until",
         )
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -65,6 +67,7 @@ class TaskTypeAdmin(admin.ModelAdmin):
         (None, {"fields": ("name", "handler", "queue", "enabled")}),
         ("Rate limit", {"fields": ("rate_limit", "rate_period", "rate_burst", "rate_algorithm")}),
         ("Retries and timeout", {"fields": ("max_attempts", "retry_backoff", "timeout")}),
+        ("Unique tasks", {"fields": ("unique_for_s", "unique_until")}),
     )
 
 

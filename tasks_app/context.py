@@ -1,6 +1,65 @@
 """What a handler registered with ``takes_context=True`` receives first: the task and its run."""
 
-from dataclasses import dataclass
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+# Longest progress message kept (characters); a longer one is cut.
+MAX_PROGRESS_MESSAGE_CHARS = 1000
+
+
+class RunControl:
+    """The mutable side of a run, shared by its handler and its consumer: cancel flag and latest progress."""
+
+    def __init__(self) -> None:
+        self._cancelled = threading.Event()
+        self._lock = threading.Lock()
+        self._progress: dict[str, Any] | None = None
+        self._dirty = False
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def cancel(self) -> None:
+        """Mark the run as asked to stop (its consumer read a cancel request)."""
+        self._cancelled.set()
+
+    def set_progress(self, progress: dict[str, Any]) -> None:
+        """Keep the latest progress; the consumer writes it out, coalesced."""
+        with self._lock:
+            self._progress, self._dirty = progress, True
+
+    def take_progress(self) -> dict[str, Any] | None:
+        """Return the progress set since the last call (None if none was)."""
+        with self._lock:
+            if not self._dirty:
+                return None
+            self._dirty = False
+            return self._progress
+
+
+def progress_value(current: float, total: float | None, message: str) -> dict[str, Any]:
+    """Validate a handler's progress report and return its JSON form; ValueError/TypeError if invalid."""
+    for name, value in (("current", current), ("total", total)):
+        if value is None and name == "total":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise TypeError(f"progress {name} must be a finite number, got {value!r}")
+    if total is not None and total < 0:
+        raise ValueError(f"progress total must not be negative, got {total!r}")
+    if not isinstance(message, str):
+        raise TypeError(f"progress message must be a string, got {type(message).__name__}")
+    return {
+        "current": current,
+        "total": total,
+        "message": message[:MAX_PROGRESS_MESSAGE_CHARS].encode("utf-8", "backslashreplace").decode("utf-8"),
+        "updated_at": datetime.now(UTC).isoformat(),
+    }
 
 
 @dataclass(frozen=True)
@@ -14,3 +73,13 @@ class TaskContext:
     max_attempts: int
     headers: dict[str, str]
     consumer_id: str
+    control: RunControl = field(default_factory=RunControl, repr=False, compare=False)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once someone cancelled this task (within about a second); the handler may then raise TaskCancelled."""
+        return self.control.cancelled
+
+    def set_progress(self, current: float, total: float | None = None, message: str = "") -> None:
+        """Report how far the run is; stored in the task's record as `progress`, at most a few writes a second."""
+        self.control.set_progress(progress_value(current, total, message))

@@ -38,3 +38,13 @@ RESULT_REPLICATION_TIMEOUTS = Counter(
     "Redis Cluster masters whose replica did not confirm a flush's results "
     "within TASKS_CLUSTER_WAIT_MS (the tasks were acked anyway).",
 )
+TASKS_CANCELLED = Counter(
+    f"{PREFIX}_tasks_cancelled",
+    "Tasks that ended CANCELLED on a consumer: dropped before they started, or stopped by their handler.",
+    ["type", "queue"],
+)
+DUPLICATES_REFUSED = Counter(
+    f"{PREFIX}_duplicates_refused",
+    "Enqueues of a unique task type answered with the id of a task already enqueued (nothing pushed).",
+    ["type"],
+)

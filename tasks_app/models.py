@@ -9,9 +9,10 @@ from tasks_app.protocol.names import NAME_PATTERN, NAME_RULE
 
 name_validator = RegexValidator(f"^{NAME_PATTERN.pattern}$", f"Use {NAME_RULE}.")
 
-# Permissions (declared on TaskType): who may enqueue, and who may requeue or delete dead letters.
+# Permissions (declared on TaskType): who may enqueue, who may requeue or delete dead letters, who may cancel.
 ENQUEUE_PERMISSION = "tasks_app.enqueue_task"
 MANAGE_DEAD_LETTERS_PERMISSION = "tasks_app.manage_dead_letters"
+CANCEL_PERMISSION = "tasks_app.cancel_task"
 
 
 class TaskType(models.Model):
@@ -20,6 +21,10 @@ class TaskType(models.Model):
     class RateAlgorithm(models.TextChoices):
         GCRA = "gcra", "GCRA (exact: never more than the limit in any window)"
         FIXED_WINDOW = "fixed_window", "Fixed window (may admit up to 2x at a window edge)"
+
+    class UniqueUntil(models.TextChoices):
+        WINDOW = "window", "The end of the window"
+        FINISHED = "finished", "The task finishes (or the window ends)"
 
     name = models.CharField(
         max_length=100,
@@ -87,6 +92,21 @@ class TaskType(models.Model):
         validators=[MinValueValidator(0.001)],
         help_text="Seconds a run may take before it is failed (and retried). Empty means no limit.",
     )
+    unique_for_s = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.001), MaxValueValidator(86400 * 365)],
+        help_text="Unique tasks: while a task of this type with the same uniqueness key (by default "
+        "its arguments) was enqueued less than this many seconds ago, another enqueue returns that "
+        "task's id and enqueues nothing. Empty means off.",
+    )
+    unique_until = models.CharField(
+        max_length=10,
+        choices=UniqueUntil.choices,
+        default=UniqueUntil.WINDOW,
+        help_text="When a unique task's key is freed: at the end of the window, or as soon as the "
+        "task finishes (succeeds, fails for good or is cancelled), whichever comes first.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -95,6 +115,7 @@ class TaskType(models.Model):
         permissions = [
             ("enqueue_task", "Can enqueue tasks (form and API)"),
             ("manage_dead_letters", "Can requeue and delete dead-lettered tasks"),
+            ("cancel_task", "Can cancel tasks (task page, API, task browser)"),
         ]
 
     def __str__(self) -> str:

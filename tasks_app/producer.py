@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, NamedTuple
 
 from django.conf import settings
 from redis.exceptions import RedisError
 
+from tasks_app import metrics
 from tasks_app.protocol import results
 from tasks_app.protocol.batch_args import Enqueueable
 from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.codec import PRIORITY_MAX, PRIORITY_MIN, Arguments, Task, encode_payload, encode_task
+from tasks_app.protocol.control import UniqueEnqueueable
 from tasks_app.protocol.names import InvalidName, validate_name
 from tasks_app.protocol.timestamps import ms_of_datetime
 from tasks_app.registry import Registry, registry as default_registry
@@ -48,6 +52,8 @@ class TaskRequest:
     run_after: datetime | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     task_id: str | None = None
+    # Unique task types: what makes two tasks the same (default: the type, args and kwargs).
+    unique_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,8 @@ class EnqueuedTask:
     priority: int
     enqueued_at_ms: int
     run_after_ms: int
+    # A unique type's task was already enqueued within its window: `id` is that task's, nothing was pushed.
+    duplicate: bool = False
 
 
 def enqueue(
@@ -73,6 +81,7 @@ def enqueue(
     run_after: datetime | None = None,
     headers: Mapping[str, str] | None = None,
     count: int = 1,
+    unique_key: str | None = None,
     broker: Broker | None = None,
 ) -> list[EnqueuedTask]:
     """Validate and enqueue `count` tasks of one type in one round trip; return what was pushed."""
@@ -87,6 +96,7 @@ def enqueue(
         delay_s=delay_s,
         run_after=run_after,
         headers=headers or {},
+        unique_key=unique_key,
     )
     return enqueue_many([request] * count, broker=broker)
 
@@ -99,9 +109,7 @@ def enqueue_many(
     All or nothing on a single Redis server; on Redis Cluster a QueueUnavailable may follow a
     partial enqueue, and a retry with the same task ids does not push any of them twice.
     """
-    batch = prepare(requests, registry=registry)
-    push(batch, broker=broker)
-    return batch.enqueued
+    return push(prepare(requests, registry=registry), broker=broker)
 
 
 @dataclass(frozen=True)
@@ -111,6 +119,8 @@ class PreparedBatch:
     items: list[Enqueueable]
     enqueued: list[EnqueuedTask]
     result_ttl_s: int
+    # Tasks of unique types, by their position in `enqueued` (not in `items`): pushed one script each.
+    uniques: list[tuple[int, UniqueEnqueueable]] = field(default_factory=list)
 
 
 def prepare(requests: Sequence[TaskRequest], *, registry: Registry = default_registry) -> PreparedBatch:
@@ -120,27 +130,42 @@ def prepare(requests: Sequence[TaskRequest], *, registry: Registry = default_reg
     # A request object repeated in `requests` (as `enqueue(count=N)` does) is validated and
     # encoded once; each of its tasks then costs a fresh id and one serialization.
     prepared: dict[int, tuple[TaskRequest, _Prepared]] = {}
-    items: list[Enqueueable] = []
-    enqueued: list[EnqueuedTask] = []
+    batch = PreparedBatch([], [], settings.TASKS_RESULT_TTL)
     for request in requests:
         entry = prepared.get(id(request))
         if entry is None or entry[0] is not request:
             entry = prepared[id(request)] = (request, _prepare(request, configs, registry, now_ms))
-        task, queue, priority, delay_ms, run_after_ms, record = entry[1]
+        task, queue, priority, delay_ms, run_after_ms, record, window_ms = entry[1]
         task_id = task.id = request.task_id or new_task_id()
-        items.append(Enqueueable(queue, encode_task(task), priority, delay_ms, record, task_id, bool(request.task_id)))
-        enqueued.append(EnqueuedTask(task_id, request.type, queue, priority, now_ms, run_after_ms))
-    return PreparedBatch(items, enqueued, settings.TASKS_RESULT_TTL)
+        item = Enqueueable(queue, encode_task(task), priority, delay_ms, record, task_id, bool(request.task_id))
+        if window_ms:
+            batch.uniques.append((len(batch.enqueued), UniqueEnqueueable(item, task.unique_digest, window_ms)))
+        else:
+            batch.items.append(item)
+        batch.enqueued.append(EnqueuedTask(task_id, request.type, queue, priority, now_ms, run_after_ms))
+    return batch
 
 
-def push(batch: PreparedBatch, *, broker: Broker | None = None) -> None:
-    """Push a prepared batch in one round trip; raise QueueUnavailable if Redis does not take it."""
-    if batch.items:
-        try:
+def push(batch: PreparedBatch, *, broker: Broker | None = None) -> list[EnqueuedTask]:
+    """Push a prepared batch; return what was enqueued (duplicates of unique tasks carry the first one's id).
+
+    One round trip for ordinary tasks, one more for tasks of unique types (a script each).
+    Raise QueueUnavailable if Redis does not take them.
+    """
+    enqueued = list(batch.enqueued)
+    try:
+        if batch.items:
             (broker or get_broker()).enqueue(batch.items, batch.result_ttl_s)
-        except RedisError as exc:
-            partly = "; some may be enqueued: retry with the same task ids" if settings.REDIS_CLUSTER else ""
-            raise QueueUnavailable(f"cannot enqueue: Redis did not take the tasks ({exc}){partly}") from exc
+        if batch.uniques:
+            holders = (broker or get_broker()).enqueue_unique([u for _, u in batch.uniques], batch.result_ttl_s)
+            for (position, _), holder in zip(batch.uniques, holders, strict=True):
+                if holder is not None:
+                    enqueued[position] = replace(enqueued[position], id=holder, duplicate=True)
+                    metrics.DUPLICATES_REFUSED.labels(enqueued[position].type).inc()
+    except RedisError as exc:
+        partly = "; some may be enqueued: retry with the same task ids" if settings.REDIS_CLUSTER else ""
+        raise QueueUnavailable(f"cannot enqueue: Redis did not take the tasks ({exc}){partly}") from exc
+    return enqueued
 
 
 def new_task_id() -> str:
@@ -160,6 +185,7 @@ class _Prepared(NamedTuple):
     delay_ms: int  # from Redis's now
     run_after_ms: int  # the envelope's, on this producer's clock: for display only
     record: dict[str, str]
+    unique_window_ms: int  # 0: not a unique task
 
 
 def _prepare(request: TaskRequest, configs: dict[str, TaskTypeConfig], registry: Registry, now_ms: int) -> _Prepared:
@@ -167,8 +193,32 @@ def _prepare(request: TaskRequest, configs: dict[str, TaskTypeConfig], registry:
     configs[request.type] = config
     delay_ms = _delay_ms(request, now_ms)
     task, arguments = _build_task(request, config, now_ms, delay_ms)
+    task.unique_digest = unique_digest(request, config)
     record = results.ready_fields(task, arguments)
-    return _Prepared(task, task.queue, task.priority, delay_ms, task.run_after_ms, record)
+    window_ms = max(1, int(config.unique_for_s * 1000)) if task.unique_digest and config.unique_for_s else 0
+    return _Prepared(task, task.queue, task.priority, delay_ms, task.run_after_ms, record, window_ms)
+
+
+MAX_UNIQUE_KEY_CHARS = 1000
+
+
+def unique_digest(request: TaskRequest, config: TaskTypeConfig) -> str:
+    """The digest naming a unique task's key: of its type and `unique_key`, or of its type and arguments."""
+    if request.unique_key is not None:
+        if not isinstance(request.unique_key, str) or not 1 <= len(request.unique_key) <= MAX_UNIQUE_KEY_CHARS:
+            raise EnqueueError(f"unique_key must be a string of 1 to {MAX_UNIQUE_KEY_CHARS} characters")
+        if not config.unique_for_s:
+            raise EnqueueError(f"task type {request.type!r} is not unique (its unique_for_s is empty)")
+    if not config.unique_for_s:
+        return ""
+    if request.unique_key is not None:
+        identity = "k\x00" + request.unique_key
+    else:
+        identity = "a\x00" + json.dumps(
+            [list(request.args), dict(request.kwargs)], sort_keys=True, separators=(",", ":")
+        )
+    data = f"{request.type}\x00{identity}".encode("utf-8", "surrogatepass")
+    return hashlib.sha256(data).hexdigest()[:32]
 
 
 def _task_type(name: str, registry: Registry) -> TaskTypeConfig:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\ntask.proto\x12\x0cscheduler.v1\"\xca\x02\n\x04Task\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12\r\n\x05queue\x18\x04 \x01(\t\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\x05\x12\x14\n\x0cmax_attempts\x18\x07 \x01(\x05\x12\x16\n\x0e\x65nqueued_at_ms\x18\x08 \x01(\x03\x12\x14\n\x0crun_after_ms\x18\t \x01(\x03\x12\x30\n\x07headers\x18\n \x03(\x0b\x32\x1f.scheduler.v1.Task.HeadersEntry\x12\x12\n\nlast_error\x18\x0b \x01(\t\x12\x16\n\x0elast_traceback\x18\x0c \x01(\t\x12\x13\n\x0b\x64\x65\x61\x64_reason\x18\r \x01(\t\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\ntask.proto\x12\x0cscheduler.v1\"\xe1\x02\n\x04Task\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\x12\r\n\x05queue\x18\x04 \x01(\t\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12\x0f\n\x07\x61ttempt\x18\x06 \x01(\x05\x12\x14\n\x0cmax_attempts\x18\x07 \x01(\x05\x12\x16\n\x0e\x65nqueued_at_ms\x18\x08 \x01(\x03\x12\x14\n\x0crun_after_ms\x18\t \x01(\x03\x12\x30\n\x07headers\x18\n \x03(\x0b\x32\x1f.scheduler.v1.Task.HeadersEntry\x12\x12\n\nlast_error\x18\x0b \x01(\t\x12\x16\n\x0elast_traceback\x18\x0c \x01(\t\x12\x13\n\x0b\x64\x65\x61\x64_reason\x18\r \x01(\t\x12\x15\n\runique_digest\x18\x0e \x01(\t\x1a.\n\x0cHeadersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,7 +34,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TASK_HEADERSENTRY']._loaded_options = None
   _globals['_TASK_HEADERSENTRY']._serialized_options = b'8\001'
   _globals['_TASK']._serialized_start=29
-  _globals['_TASK']._serialized_end=359
-  _globals['_TASK_HEADERSENTRY']._serialized_start=313
-  _globals['_TASK_HEADERSENTRY']._serialized_end=359
+  _globals['_TASK']._serialized_end=382
+  _globals['_TASK_HEADERSENTRY']._serialized_start=336
+  _globals['_TASK_HEADERSENTRY']._serialized_end=382
 # @@protoc_insertion_point(module_scope)

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Task(_message.Message):
-    __slots__ = ("id", "type", "payload", "queue", "priority", "attempt", "max_attempts", "enqueued_at_ms", "run_after_ms", "headers", "last_error", "last_traceback", "dead_reason")
+    __slots__ = ("id", "type", "payload", "queue", "priority", "attempt", "max_attempts", "enqueued_at_ms", "run_after_ms", "headers", "last_error", "last_traceback", "dead_reason", "unique_digest")
     class HeadersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -28,6 +28,7 @@ class Task(_message.Message):
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     LAST_TRACEBACK_FIELD_NUMBER: _ClassVar[int]
     DEAD_REASON_FIELD_NUMBER: _ClassVar[int]
+    UNIQUE_DIGEST_FIELD_NUMBER: _ClassVar[int]
     id: str
     type: str
     payload: bytes
@@ -41,4 +42,5 @@ class Task(_message.Message):
     last_error: str
     last_traceback: str
     dead_reason: str
-    def __init__(self, id: _Optional[str] = ..., type: _Optional[str] = ..., payload: _Optional[bytes] = ..., queue: _Optional[str] = ..., priority: _Optional[int] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., enqueued_at_ms: _Optional[int] = ..., run_after_ms: _Optional[int] = ..., headers: _Optional[_Mapping[str, str]] = ..., last_error: _Optional[str] = ..., last_traceback: _Optional[str] = ..., dead_reason: _Optional[str] = ...) -> None: ...
+    unique_digest: str
+    def __init__(self, id: _Optional[str] = ..., type: _Optional[str] = ..., payload: _Optional[bytes] = ..., queue: _Optional[str] = ..., priority: _Optional[int] = ..., attempt: _Optional[int] = ..., max_attempts: _Optional[int] = ..., enqueued_at_ms: _Optional[int] = ..., run_after_ms: _Optional[int] = ..., headers: _Optional[_Mapping[str, str]] = ..., last_error: _Optional[str] = ..., last_traceback: _Optional[str] = ..., dead_reason: _Optional[str] = ..., unique_digest: _Optional[str] = ...) -> None: ...

@@ -30,6 +30,8 @@ class TaskTypeConfig:
     max_attempts: int = 3
     retry_backoff_s: float = 2.0
     timeout_s: float | None = None
+    unique_for_s: float | None = None
+    unique_until: str = TaskType.UniqueUntil.WINDOW
 
     @classmethod
     def from_model(cls, row: TaskType) -> TaskTypeConfig:
@@ -46,6 +48,8 @@ class TaskTypeConfig:
             max_attempts=row.max_attempts,
             retry_backoff_s=row.retry_backoff,
             timeout_s=row.timeout,
+            unique_for_s=row.unique_for_s,
+            unique_until=row.unique_until,
         )
 
     @classmethod

@@ -13,4 +13,6 @@ urlpatterns = [
     path("tasks/<str:task_id>/", tasks.task_detail, name="task"),
     path("api/tasks/", api.create_task, name="api-tasks"),
     path("api/tasks/<str:task_id>/", api.task_record, name="api-task"),
+    path("api/tasks/<str:task_id>/cancel/", api.cancel_task, name="api-task-cancel"),
+    path("tasks/<str:task_id>/cancel/", tasks.cancel_task, name="task-cancel"),
 ]

@@ -21,7 +21,8 @@ import logging
 import queue as queue_module
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from tasks_app import metrics
 from tasks_app.consumer.retrying import GaveUp, until_done
@@ -51,6 +52,18 @@ class _Ack:
     raw: bytes
     update: ResultUpdate | None
     done: AckDone
+
+
+@dataclass(frozen=True)
+class _Start:
+    """A run's first write, whose reply its worker waits for: 2 means the task was cancelled."""
+
+    update: ResultUpdate
+    written: threading.Event = field(default_factory=threading.Event)
+    reply: list[Any] = field(default_factory=list)
+
+
+Entry = ResultUpdate | _Ack | _Start
 
 
 def merge_updates(updates: Sequence[ResultUpdate]) -> list[ResultUpdate]:
@@ -112,9 +125,7 @@ class AckBatcher:
         self.broker = broker
         self.give_up = give_up
         self.max_batch = max_batch
-        self._entries: queue_module.SimpleQueue[ResultUpdate | _Ack | threading.Event | None] = (
-            queue_module.SimpleQueue()
-        )
+        self._entries: queue_module.SimpleQueue[Entry | threading.Event | None] = queue_module.SimpleQueue()
         self._thread: threading.Thread | None = None
 
     # --- producers (worker threads) --------------------------------------------------------
@@ -131,13 +142,25 @@ class AckBatcher:
             update = unstored_result(update, "it holds text that is not valid Unicode (a lone surrogate)")
         self._entries.put(_Ack(queue, consumer_id, raw, update, done))
 
+    def record_start(self, update: ResultUpdate) -> Any:
+        """Write a run's first update with the next flush and wait: Redis's reply (2: cancelled), None if unwritten."""
+        if not storable(update):
+            return None
+        entry = _Start(update)
+        self._entries.put(entry)
+        self._wait(entry.written)
+        return entry.reply[0] if entry.reply else None
+
     def barrier(self) -> None:
         """Wait until everything submitted so far has been written."""
+        written = threading.Event()
+        self._entries.put(written)
+        self._wait(written)
+
+    def _wait(self, written: threading.Event) -> None:
         if self._thread is None or not self._thread.is_alive():
             self.flush_once(block_s=0)
             return
-        written = threading.Event()
-        self._entries.put(written)
         while not written.wait(0.5):
             if not self._thread.is_alive():
                 self.flush_once(block_s=0)
@@ -171,7 +194,7 @@ class AckBatcher:
             item = self._entries.get(timeout=block_s) if block_s > 0 else self._entries.get_nowait()
         except queue_module.Empty:
             return 0
-        batch: list[ResultUpdate | _Ack | threading.Event] = []
+        batch: list[Entry | threading.Event] = []
         stopping = False
         while True:
             if item is None:
@@ -191,7 +214,7 @@ class AckBatcher:
             return None
         return len(batch)
 
-    def _write(self, batch: list[ResultUpdate | _Ack | threading.Event]) -> None:
+    def _write(self, batch: list[Entry | threading.Event]) -> None:
         entries = [item for item in batch if not isinstance(item, threading.Event)]
         acks = [item for item in entries if isinstance(item, _Ack)]
         flags: dict[int, bool | None] = {}
@@ -207,13 +230,16 @@ class AckBatcher:
             for item in batch:
                 if isinstance(item, threading.Event):
                     item.set()
+                elif isinstance(item, _Start):
+                    item.written.set()
 
-    def _write_batch(self, entries: list[ResultUpdate | _Ack]) -> dict[int, bool | None]:
+    def _write_batch(self, entries: list[Entry]) -> dict[int, bool | None]:
         """Write a batch in one round trip; if it fails as a whole, write its entries one by one."""
         acks = [item for item in entries if isinstance(item, _Ack)]
+        starts = [item for item in entries if isinstance(item, _Start)]
         in_order = [item if isinstance(item, ResultUpdate) else item.update for item in entries]
         try:
-            return self._send([update for update in in_order if update is not None], acks)
+            return self._send([update for update in in_order if update is not None], acks, starts)
         except GaveUp:
             logger.error("gave up writing %d ack(s) while stopping; the lease will recover those tasks", len(acks))
             return {}
@@ -224,10 +250,13 @@ class AckBatcher:
             flags.update(self._write_alone(entry))
         return flags
 
-    def _write_alone(self, entry: ResultUpdate | _Ack) -> dict[int, bool | None]:
+    def _write_alone(self, entry: Entry) -> dict[int, bool | None]:
         """Write one entry; an outcome that cannot be written is replaced by a FAILED record, at worst dropped."""
         if isinstance(entry, ResultUpdate):
             self._try_send([entry], [])
+            return {}
+        if isinstance(entry, _Start):
+            self._try_send([entry.update], [], [entry])
             return {}
         plans: list[list[ResultUpdate]] = [[entry.update] if entry.update else []]
         if entry.update is not None:  # then its failure, then at worst the ack alone
@@ -238,16 +267,20 @@ class AckBatcher:
                 return flags
         return {}
 
-    def _try_send(self, updates: list[ResultUpdate], acks: list[_Ack]) -> dict[int, bool | None] | None:
+    def _try_send(
+        self, updates: list[ResultUpdate], acks: list[_Ack], starts: Sequence[_Start] = ()
+    ) -> dict[int, bool | None] | None:
         try:
-            return self._send(updates, acks)
+            return self._send(updates, acks, starts)
         except GaveUp:  # the lease recovers the tasks
             return {}
         except Exception as exc:
             logger.error("Redis refused a write of %d result(s) and %d ack(s): %s", len(updates), len(acks), exc)
             return None
 
-    def _send(self, updates: list[ResultUpdate], acks: list[_Ack]) -> dict[int, bool | None]:
+    def _send(
+        self, updates: list[ResultUpdate], acks: list[_Ack], starts: Sequence[_Start] = ()
+    ) -> dict[int, bool | None]:
         """One round trip (retried through outages); the flag of each ack by its id().
 
         A result write that Redis refuses (its reply is an error) stops no ack: the task of an
@@ -258,7 +291,7 @@ class AckBatcher:
             by_owner.setdefault((item.queue, item.consumer_id), []).append(item)
         raws = {owner: [item.raw for item in items] for owner, items in by_owner.items()}
         merged = merge_updates(updates)
-        flags, refused, unreplicated = until_done(
+        flags, refused, unreplicated, written = until_done(
             lambda: self.broker.ack_many_reporting(merged, raws),
             what="ack",
             give_up=self.give_up,
@@ -270,6 +303,9 @@ class AckBatcher:
             logger.warning(
                 "%d master(s) did not confirm results on a replica within the wait; acked anyway", unreplicated
             )
+        replies = {update.task_id: reply for update, reply in zip(merged, written, strict=False)}
+        for start in starts:
+            start.reply.append(replies.get(start.update.task_id))
         refused_of = {merged[index].task_id: exc for index, exc in refused.items()}
         for item in acks:
             if item.update is not None and item.update.task_id in refused_of:

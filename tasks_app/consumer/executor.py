@@ -10,18 +10,17 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from tasks_app import metrics
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.claimed import Claimed
+from tasks_app.consumer.control import ControlSettling, Running, RunWatch, progress_update
 from tasks_app.consumer.retrying import GaveUp
-from tasks_app.consumer.settling import Settling
 from tasks_app.consumer.timeouts import RunClock, call_with_clock, failure_traceback
 from tasks_app.context import TaskContext
 from tasks_app.django_tasks import runner
-from tasks_app.exceptions import ResultNotJson, ResultTooLarge
+from tasks_app.exceptions import ResultNotJson, ResultTooLarge, TaskCancelled
 from tasks_app.protocol import results
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Arguments, Task, UndecodableTask, decode_payload, decode_task
@@ -33,19 +32,11 @@ logger = logging.getLogger("tasks_app.tasks")
 DISABLED_RECHECK_MS = 5000
 
 
-@dataclass(frozen=True)
-class Running:
-    """A task whose handler is running, watched for its timeout."""
-
-    task: Task
-    clock: RunClock
-
-
 RateGate = Callable[[Task, TaskTypeConfig], int]
 """Returns 0 to let a task start now, else how many ms to wait before it may."""
 
 
-class Executor(Settling):
+class Executor(ControlSettling):
     """Runs claimed tasks on worker threads and settles them in Redis."""
 
     def __init__(
@@ -79,6 +70,7 @@ class Executor(Settling):
 
             max_result_bytes = int(settings.TASKS_MAX_RESULT_BYTES)
         self.max_result_bytes = max_result_bytes
+        self.watch = RunWatch(broker, acks.record if acks is not None else broker.record_result, result_ttl_s)
 
     # --- entry points ----------------------------------------------------------------------
     def execute(self, claimed: Claimed, on_settled: Callable[[], None] | None = None) -> bool:
@@ -124,6 +116,13 @@ class Executor(Settling):
             self._dead_letter(claimed, task, "InvalidPayload", str(exc))
             return False
         return self._run(claimed, task, config, handler, arguments, on_settled)
+
+    def watch_running(self) -> None:
+        """Fail runs past their timeout, tell handlers of cancels, write progress (the housekeeping tick)."""
+        self.expire_overdue()
+        with self._running_lock:
+            runs = list(self.running.values())
+        self.watch.tick(runs)
 
     def expire_overdue(self) -> int:
         """Raise TaskTimeout in every run past its timeout; each is settled once its handler returns."""
@@ -173,14 +172,17 @@ class Executor(Settling):
         on_settled: Callable[[], None] | None = None,
     ) -> bool:
         max_attempts = self._record_start(claimed, task, config, handler, arguments)
-        labels = (task.type, task.queue)
+        if max_attempts is None:  # cancelled before it started
+            self._release_unique(task, config)
+            return self._drop_cancelled(claimed, task, on_settled)
         context = TaskContext(
             task.id, task.type, task.queue, task.attempt, max_attempts, dict(task.headers), claimed.consumer_id
         )
         clock = RunClock(config.timeout_s or None)
-        value, raised = self._call(handler, context, arguments, clock, task)
+        run = Running(task, clock, context, claimed.fence)
+        value, raised = self._call(handler, context, arguments, run)
         duration = time.monotonic() - clock.started_monotonic
-        metrics.TASK_DURATION.labels(*labels).observe(duration)
+        metrics.TASK_DURATION.labels(task.type, task.queue).observe(duration)
         error = clock.timeout_error or raised  # the timeout wins over whatever the handler did after it
         if error is None:
             try:
@@ -188,14 +190,23 @@ class Executor(Settling):
             except (ResultNotJson, ResultTooLarge) as exc:
                 error = exc
             else:
+                self._release_unique(task, config)
                 return self._succeed(claimed, task, return_json, duration, on_settled)
+        if isinstance(error, TaskCancelled):
+            self._release_unique(task, config)
+            return self._end_cancelled(claimed, task, duration, on_settled)
         self._fail(claimed, task, config, error, failure_traceback(error, raised), duration)
+        if task.attempt >= max_attempts:
+            self._release_unique(task, config)
         return False
 
     def _record_start(
         self, claimed: Claimed, task: Task, config: TaskTypeConfig, handler: Handler, arguments: Arguments
-    ) -> int:
-        """Count the attempt and record its start (RUNNING record, metrics); return the task's attempt limit."""
+    ) -> int | None:
+        """Count the attempt and record its start (RUNNING record, metrics); return the task's attempt limit.
+
+        None: Redis refused the start because the task was cancelled; it must not run.
+        """
         if claimed.suspect:
             # Durable before the handler starts: if this process dies now, the task is to blame.
             self._redis(lambda: self.broker.mark_started(claimed.queue, claimed.raw), "mark_started")
@@ -206,9 +217,11 @@ class Executor(Settling):
             task, arguments, self.worker_id, now_ms, max_attempts, self.result_ttl_s, claimed.fence
         )
         if self.acks is not None and handler.django_task is None:
-            self.acks.record(started_update)  # written before this task's ack or failure record
+            reply = self.acks.record_start(started_update)  # shares a flush with other workers' writes
         else:  # a @task function reads its own record when it starts
-            self._redis(lambda: self.broker.record_result(started_update), "record_result")
+            reply = self._redis(lambda: self.broker.record_result(started_update), "record_result")
+        if reply == results.START_REFUSED:
+            return None
         metrics.TASKS_STARTED.labels(task.type, task.queue).inc()
         waited_since_ms = task.run_after_ms or task.enqueued_at_ms
         if waited_since_ms and task.attempt == 1:
@@ -216,12 +229,12 @@ class Executor(Settling):
         return max_attempts
 
     def _call(
-        self, handler: Handler, context: TaskContext, arguments: Arguments, clock: RunClock, task: Task
+        self, handler: Handler, context: TaskContext, arguments: Arguments, run: Running
     ) -> tuple[Any, BaseException | None]:
         """Call the handler under its run's clock; return its value and what it raised."""
-        key = threading.get_ident()
+        key, clock = threading.get_ident(), run.clock
         with self._running_lock:
-            self.running[key] = Running(task, clock)
+            self.running[key] = run
         metrics.BUSY_WORKERS.inc()
         try:
             value, raised = call_with_clock(
@@ -231,6 +244,9 @@ class Executor(Settling):
             metrics.BUSY_WORKERS.dec()
             with self._running_lock:
                 self.running.pop(key, None)
+            last_progress = progress_update(run, self.result_ttl_s)
+            if last_progress is not None:  # before the outcome: the batcher keeps the order
+                self.watch.record(last_progress)
         return value, raised
 
     def invoke(

@@ -296,7 +296,7 @@ class Consumer:
             HeartbeatLoop(self.heartbeat_broker, opts.queues, lambda: self.consumer_id, self.lease, self.lease_lost),
             SchedulerLoop(self.broker, opts.queues),
             self.reaper,
-            HousekeepingLoop(self._refresh_task_types, settings.TASKS_CONFIG_REFRESH_S, self.executor.expire_overdue),
+            HousekeepingLoop(self._refresh_task_types, settings.TASKS_CONFIG_REFRESH_S, self.executor.watch_running),
             HealthLoop(self.broker, self.liveness, HEALTH_CHECK_S),
         ]
         self._threads = [start_thread(loop, self.loops_stopped) for loop in loops]

@@ -226,12 +226,14 @@ class ReaperLoop:
 
 
 class HousekeepingLoop:
-    """Reloads task type settings and fails runs that outlived their timeout."""
+    """Reloads task type settings and watches running tasks (timeouts, cancel requests, progress)."""
 
     name = "housekeeping"
     TICK_S = 0.1
 
-    def __init__(self, refresh: Callable[[], None], refresh_every_s: float, expire_overdue: Callable[[], int]) -> None:
+    def __init__(
+        self, refresh: Callable[[], None], refresh_every_s: float, expire_overdue: Callable[[], object]
+    ) -> None:
         self.refresh = refresh
         self.refresh_every_s = refresh_every_s
         self.expire_overdue = expire_overdue

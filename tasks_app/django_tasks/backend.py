@@ -14,7 +14,7 @@ from django.tasks.signals import task_enqueued
 from django.utils import timezone
 
 from tasks_app.django_tasks.results import find_handler, task_result_from_record
-from tasks_app.producer import EnqueueError, TaskRequest, prepare
+from tasks_app.producer import EnqueueError, TaskRequest, prepare, push as push_batch
 from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.names import NAME_PATTERN, InvalidName, validate_name
 from tasks_app.protocol.results import ResultRecord
@@ -69,11 +69,12 @@ class RedisBackend(BaseTaskBackend):
             batch = prepare([_request(task, result)], registry=registry)
         except EnqueueError as exc:
             raise InvalidTask(str(exc)) from None
-        [enqueued] = batch.enqueued
         broker = get_broker()
 
         def push() -> None:
-            broker.enqueue(batch.items, batch.result_ttl_s)
+            [enqueued] = push_batch(batch, broker=broker)
+            if enqueued.duplicate:  # a unique task's duplicate: the result is the first task's
+                object.__setattr__(result, "id", enqueued.id)
             object.__setattr__(result, "enqueued_at", datetime_of_ms(enqueued.enqueued_at_ms))
             task_enqueued.send(type(self), task_result=result)
 

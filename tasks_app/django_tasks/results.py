@@ -7,7 +7,7 @@ from django.tasks.base import TaskError
 from django.tasks.exceptions import InvalidTask
 
 from tasks_app.models import TaskType
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.results import CANCELLED, ResultRecord
 from tasks_app.registry import Handler, Registry
 
 
@@ -23,11 +23,19 @@ def find_handler(name: str, registry: Registry) -> Handler | None:
 
 
 def task_result_from_record(record: ResultRecord, task: Task, alias: str) -> TaskResult:
-    """Build Django's TaskResult from a result record."""
+    """Build Django's TaskResult from a result record (CANCELLED reads as FAILED with a TaskCancelled error)."""
+    errors = [
+        TaskError(exception_class_path=error["exception_class_path"], traceback=error["traceback"])
+        for error in record.errors
+    ]
+    status = record.status
+    if status == CANCELLED:  # django.tasks has no cancelled status
+        status = TaskResultStatus.FAILED.value
+        errors.append(TaskError(exception_class_path=CANCELLED_ERROR_PATH, traceback=_cancelled_text(record)))
     result: TaskResult = TaskResult(
         task=_as_enqueued(task, record),
         id=record.id,
-        status=TaskResultStatus(record.status),
+        status=TaskResultStatus(status),
         enqueued_at=record.enqueued_at,
         started_at=record.started_at,
         finished_at=record.finished_at,
@@ -35,15 +43,20 @@ def task_result_from_record(record: ResultRecord, task: Task, alias: str) -> Tas
         args=record.args,
         kwargs=record.kwargs,
         backend=alias,
-        errors=[
-            TaskError(exception_class_path=error["exception_class_path"], traceback=error["traceback"])
-            for error in record.errors
-        ],
+        errors=errors,
         worker_ids=list(record.worker_ids),
     )
     if record.has_return_value:
         object.__setattr__(result, "_return_value", record.return_value)
     return result
+
+
+CANCELLED_ERROR_PATH = "tasks_app.exceptions.TaskCancelled"
+
+
+def _cancelled_text(record: ResultRecord) -> str:
+    by = f" by {record.cancelled_by}" if record.cancelled_by else ""
+    return f"tasks_app.exceptions.TaskCancelled: the task was cancelled{by}"
 
 
 def _as_enqueued(task: Task, record: ResultRecord) -> Task:

@@ -21,6 +21,7 @@ import redis
 
 from tasks_app.protocol import batch_args
 from tasks_app.protocol.batch_args import Enqueueable
+from tasks_app.protocol.control import ControlOps
 from tasks_app.protocol.inspection import THROUGHPUT_BUCKET_S, InspectionOps
 from tasks_app.protocol.keys import UNDECODABLE_TYPE, WAKE_TOKEN, Keys, delayed_member
 from tasks_app.protocol.leases import LeaseOps
@@ -34,7 +35,7 @@ ENQUEUED_IDS_KEEP_MS = 24 * 3600 * 1000
 ENQUEUED_IDS_MAX = 100_000
 
 
-class Broker(ReplicatedWrites, LeaseOps, InspectionOps):
+class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ControlOps):
     """Queue operations on Redis, each one round trip or one script."""
 
     def __init__(
@@ -260,7 +261,7 @@ class Broker(ReplicatedWrites, LeaseOps, InspectionOps):
             if isinstance(outcome, Exception):
                 raise outcome
         flags = {owner: [bool(flag) for flag in flags] for owner, flags in zip(raws_by_owner, outcomes, strict=True)}
-        return AckReport(flags, refused, unreplicated)
+        return AckReport(flags, refused, unreplicated, tuple(written[: len(results)]))
 
     def retry_later(
         self,
@@ -309,11 +310,11 @@ class Broker(ReplicatedWrites, LeaseOps, InspectionOps):
         return int(self._script("return_unstarted", keys, list(raws)))
 
     # --- results ---------------------------------------------------------------------------
-    def record_result(self, update: ResultUpdate) -> bool:
-        """Write one result update; False if it was ignored (a run with a later fence owns the record)."""
+    def record_result(self, update: ResultUpdate) -> int:
+        """Write one result update: 1 written, 0 ignored (a later run owns the record), 2 refused (cancelled)."""
         pipe = self.client.pipeline(transaction=False)
         self._queue_result(pipe, update)
-        return bool(self.scripts.execute(pipe, self.client)[0])
+        return int(self.scripts.execute(pipe, self.client)[0])
 
     def get_result(self, task_id: str) -> dict[str, str] | None:
         """Return a task's result record as text fields (defaults filled in), or None if there is none."""

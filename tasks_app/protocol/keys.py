@@ -86,6 +86,14 @@ class Keys:
         """Counter of tasks acknowledged in one THROUGHPUT_BUCKET_S-long bucket (bucket = epoch s // width)."""
         return self.queue_key(queue, f"completed:{bucket}")
 
+    def unique(self, queue: str, digest: str) -> str:
+        """Uniqueness lock of a task type and key on `queue`: the first task's id, expiring with its window."""
+        return self.queue_key(queue, f"unique:{digest}")
+
+    def cancel_requests(self, queue: str) -> str:
+        """Running tasks of `queue` asked to stop (task id -> server ms of the request)."""
+        return self.queue_key(queue, "cancel_requests")
+
     def queues(self) -> str:
         return f"{self.prefix}:queues"
 

@@ -46,6 +46,7 @@ class AckReport(NamedTuple):
     flags: dict[tuple[str, str], list[bool]]  # per (queue, consumer): whether each task was still held
     refused: dict[int, Exception]  # result writes Redis refused, by index
     unreplicated_masters: int = 0  # Redis Cluster: masters whose replica did not confirm the results in time
+    written: tuple[Any, ...] = ()  # each result write's reply (1 written, 0 ignored, 2 refused: cancelled)
 
 
 @dataclass(frozen=True)

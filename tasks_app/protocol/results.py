@@ -18,7 +18,11 @@ READY = TaskResultStatus.READY.value
 RUNNING = TaskResultStatus.RUNNING.value
 SUCCESSFUL = TaskResultStatus.SUCCESSFUL.value
 FAILED = TaskResultStatus.FAILED.value
-FINISHED = {SUCCESSFUL, FAILED}
+# Not one of Django's statuses: django.tasks reads it as FAILED with a TaskCancelled error.
+CANCELLED = "CANCELLED"
+FINISHED = {SUCCESSFUL, FAILED, CANCELLED}
+# What record_result answers when a run's first write finds the task cancelled: it must not start.
+START_REFUSED = 2
 
 
 # What a cut text ends with, so that a reader sees it was cut.
@@ -154,6 +158,12 @@ def attempt_failed(
     return ResultUpdate(task.id, fields, ttl_s, append_error=error, fence=fence)
 
 
+def cancelled(task: Task, now_ms: int, ttl_s: int, fence: int) -> ResultUpdate:
+    """The update written when a handler stopped on a cancel request (raised TaskCancelled)."""
+    fields = {"status": CANCELLED, "finished_at_ms": str(now_ms), "attempts": str(task.attempt)}
+    return ResultUpdate(task.id, fields, ttl_s, fence=fence)
+
+
 def error_record(exception_class_path: str, traceback_text: str) -> dict[str, str]:
     """An entry of a record's errors list, shaped like django.tasks' TaskError."""
     return {"exception_class_path": exception_class_path, "traceback": traceback_text}
@@ -223,6 +233,10 @@ class ResultRecord:
     worker_ids: list[str] = field(default_factory=list)
     errors: list[dict[str, str]] = field(default_factory=list)
     dead_reason: str = ""
+    cancelled_by: str = ""
+    cancelled_at: datetime | None = None
+    cancel_requested_at: datetime | None = None
+    progress: dict[str, Any] | None = None
 
     @property
     def is_finished(self) -> bool:
@@ -253,6 +267,10 @@ class ResultRecord:
             worker_ids=[_text(item) for item in _parsed(raw.get("worker_ids"), list, [])],
             errors=[{_text(k): _text(v) for k, v in item.items()} for item in errors if isinstance(item, dict)],
             dead_reason=_text(raw.get("dead_reason", "")),
+            cancelled_by=_text(raw.get("cancelled_by", "")),
+            cancelled_at=_ms_to_datetime(raw.get("cancelled_at_ms")),
+            cancel_requested_at=_ms_to_datetime(raw.get("cancel_requested_at_ms")),
+            progress=_parsed(raw.get("progress"), dict, None),
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -280,4 +298,8 @@ class ResultRecord:
             "worker_ids": self.worker_ids,
             "errors": self.errors,
             "dead_reason": self.dead_reason,
+            "cancelled_by": self.cancelled_by,
+            "cancelled_at": iso(self.cancelled_at),
+            "cancel_requested_at": iso(self.cancel_requested_at),
+            "progress": self.progress,
         }

@@ -1,4 +1,4 @@
-"""The JSON API: enqueue a task, read its result record. Bearer token or staff session (with CSRF)."""
+"""The JSON API: enqueue a task, read its result record, cancel it. Bearer token or staff session (with CSRF)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 
-from tasks_app import producer
-from tasks_app.models import ENQUEUE_PERMISSION
+from tasks_app import control, producer
+from tasks_app.models import CANCEL_PERMISSION, ENQUEUE_PERMISSION
 from tasks_app.protocol.jsontext import MAX_JSON_DEPTH, JsonTooDeep, loads_bounded
 from tasks_app.protocol.timestamps import datetime_of_ms
 from tasks_app.web.api_auth import AuthenticationFailed, authenticate
 from tasks_app.web.common import load_record
 
-REQUEST_FIELDS = {"type", "args", "kwargs", "queue", "priority", "delay"}
+REQUEST_FIELDS = {"type", "args", "kwargs", "queue", "priority", "delay", "unique_key"}
 # Room for the JSON around the arguments before a body counts as oversize.
 ENVELOPE_ALLOWANCE_BYTES = 64 * 1024
 
@@ -74,7 +74,9 @@ def api_view(methods: set[str], permission: str | None = None) -> Callable[[View
                 return error(403, "only staff users may use the task API")
             if permission is not None and not credentials.user.has_perm(permission):
                 return error(403, f"permission {permission} is required")
-            if not credentials.by_token and request.method not in {"GET", "HEAD", "OPTIONS"}:
+            if credentials.by_token:
+                request.user = credentials.user  # the view sees who called, as with a session
+            elif request.method not in {"GET", "HEAD", "OPTIONS"}:
                 reason = _csrf_failure(request)
                 if reason:
                     return error(403, f"CSRF check failed: {reason}")
@@ -116,7 +118,7 @@ def _read_body(request: HttpRequest) -> dict[str, Any] | JsonResponse:
 
 @api_view({"POST"}, permission=ENQUEUE_PERMISSION)
 def create_task(request: HttpRequest) -> HttpResponse:
-    """Enqueue one task; 201 with its id and a Location header naming its record."""
+    """Enqueue one task; 201 with its id and a Location header naming its record (200 for a duplicate)."""
     body = _read_body(request)
     if isinstance(body, JsonResponse):
         return body
@@ -128,6 +130,7 @@ def create_task(request: HttpRequest) -> HttpResponse:
             queue=body.get("queue") or None,
             priority=body.get("priority", 0),
             delay_s=body.get("delay", 0),
+            unique_key=body.get("unique_key"),
         )[0]
     except producer.EnqueueError as exc:
         return error(400, str(exc))
@@ -144,8 +147,9 @@ def create_task(request: HttpRequest) -> HttpResponse:
             "enqueued_at": _iso(task.enqueued_at_ms),
             "run_after": _iso(task.run_after_ms) if task.run_after_ms else None,
             "url": location,
+            "duplicate": task.duplicate,
         },
-        status=201,
+        status=200 if task.duplicate else 201,
     )
     response["Location"] = location
     return response
@@ -163,3 +167,19 @@ def task_record(request: HttpRequest, task_id: str) -> HttpResponse:
     if record is None:
         return error(404, f"no task {task_id!r} (unknown, or its record has expired)")
     return JsonResponse(record.as_json())
+
+
+@api_view({"POST"}, permission=CANCEL_PERMISSION)
+def cancel_task(request: HttpRequest, task_id: str) -> HttpResponse:
+    """Cancel a task: 200 if it will never run, 202 if it runs and was asked to stop, 404 unknown, 409 finished."""
+    try:
+        reply = control.cancel(task_id, cancelled_by=f"user:{request.user.get_username()}")
+    except control.TaskNotFound as exc:
+        return error(404, str(exc))
+    except control.TaskAlreadyFinished as exc:
+        return error(409, str(exc))
+    running = reply.outcome == control.REQUESTED
+    return JsonResponse(
+        {"id": task_id, "outcome": reply.outcome, "status": reply.status, "cancel_requested": running},
+        status=202 if running else 200,
+    )

@@ -1,4 +1,4 @@
-"""Staff pages: the enqueue form (permission enqueue_task) and a task's status page."""
+"""Staff pages: the enqueue form (permission enqueue_task), a task's status page and its cancel button."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
-from tasks_app import producer
-from tasks_app.models import ENQUEUE_PERMISSION
+from tasks_app import control, producer
+from tasks_app.models import CANCEL_PERMISSION, ENQUEUE_PERMISSION
 from tasks_app.web.common import admin_context, load_record
 from tasks_app.web.forms import EnqueueForm, error_field
 
@@ -65,8 +65,39 @@ def task_detail(request: HttpRequest, task_id: str) -> HttpResponse:
             args_json=_pretty(record.args),
             kwargs_json=_pretty(record.kwargs),
             return_json=_pretty(record.return_value),
+            can_cancel=not record.is_finished and request.user.has_perm(CANCEL_PERMISSION),
+            progress_percent=_percent(record.progress),
         ),
     )
+
+
+@staff_member_required
+@permission_required(CANCEL_PERMISSION, raise_exception=True)
+@require_http_methods(["POST"])
+def cancel_task(request: HttpRequest, task_id: str) -> HttpResponse:
+    """Cancel the task (the button on its page) and go back to its page, saying what happened."""
+    try:
+        reply = control.cancel(task_id, cancelled_by=f"user:{request.user.get_username()}")
+    except control.TaskNotFound as exc:
+        raise Http404(str(exc)) from None
+    except control.TaskAlreadyFinished as exc:
+        messages.error(request, str(exc))
+    else:
+        if reply.outcome == control.CANCELLED:
+            messages.success(request, f"Task {task_id} cancelled: it will not run.")
+        else:
+            messages.warning(request, f"Task {task_id} is running: it was asked to stop.")
+    return redirect("tasks_app:task", task_id=task_id)
+
+
+def _percent(progress: dict[str, Any] | None) -> float | None:
+    """How far a progress report says the run is, 0-100; None without a positive total."""
+    if not progress:
+        return None
+    current, total = progress.get("current"), progress.get("total")
+    if not isinstance(current, int | float) or not isinstance(total, int | float) or total <= 0:
+        return None
+    return max(0.0, min(100.0, 100.0 * current / total))
 
 
 def _pretty(value: Any) -> str:

@@ -36,6 +36,11 @@ class Command(BaseCommand):
         parser.add_argument("--priority", type=int, default=0, help="-100..100; higher runs first.")
         parser.add_argument("--delay", type=float, default=0.0, metavar="SECONDS", help="Run no sooner than this.")
         parser.add_argument("--count", type=int, default=1, metavar="N", help="Enqueue N identical tasks.")
+        parser.add_argument(
+            "--unique-key",
+            metavar="KEY",
+            help="Unique task types: what makes tasks the same (default: the type and arguments).",
+        )
 
     def handle(
         self,
@@ -47,10 +52,25 @@ class Command(BaseCommand):
         priority: int,
         delay: float,
         count: int,
+        unique_key: str | None,
         **options: Any,
     ) -> None:
         try:
-            enqueued = enqueue(type, task_args, kwargs, queue=queue, priority=priority, delay_s=delay, count=count)
+            enqueued = enqueue(
+                type,
+                task_args,
+                kwargs,
+                queue=queue,
+                priority=priority,
+                delay_s=delay,
+                count=count,
+                unique_key=unique_key,
+            )
         except (EnqueueError, QueueUnavailable) as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write("\n".join(task.id for task in enqueued))
+        duplicates = sum(task.duplicate for task in enqueued)
+        if duplicates:
+            self.stderr.write(
+                f"{duplicates} duplicate(s) of a unique task already enqueued: its id printed, nothing pushed"
+            )

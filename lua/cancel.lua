@@ -1,0 +1,29 @@
+-- cancel: cancel a task through its result record, the one place where its start is decided.
+-- KEYS[1] the task's result hash
+-- ARGV[1] who cancels (free text, stored as cancelled_by)
+-- A READY task (pending, prioritized, delayed, waiting for a retry, deferred, returned) becomes
+-- CANCELLED at once: record_result refuses the RUNNING write that would start it, so the
+-- consumer that claims it drops it unrun. A RUNNING task gets cancel_requested_at_ms: its
+-- handler sees context.cancelled, and no later run of it starts.
+-- Returns: {outcome, queue, status, server ms}: outcome "cancelled" (it will never run),
+-- "requested" (running: asked to stop), "finished" (SUCCESSFUL, FAILED or CANCELLED: nothing
+-- done), "unknown" (no record, or a key of another type: nothing done).
+
+-- include: args
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind ~= 'hash' then return {'unknown', '', '', 0} end
+local queue = redis.call('HGET', KEYS[1], 'queue') or ''
+local status = redis.call('HGET', KEYS[1], 'status') or 'READY'
+local now_ms = server_now_ms()
+if status == 'READY' then
+  redis.call('HSET', KEYS[1], 'status', 'CANCELLED', 'cancelled_by', ARGV[1],
+             'cancelled_at_ms', now_ms, 'finished_at_ms', now_ms)
+  return {'cancelled', queue, 'CANCELLED', now_ms}
+end
+if status == 'RUNNING' then
+  if redis.call('HSETNX', KEYS[1], 'cancel_requested_at_ms', now_ms) == 1 then
+    redis.call('HSET', KEYS[1], 'cancelled_by', ARGV[1])
+  end
+  return {'requested', queue, status, tonumber(redis.call('HGET', KEYS[1], 'cancel_requested_at_ms')) or now_ms}
+end
+return {'finished', queue, status, now_ms}

@@ -1,0 +1,36 @@
+-- enqueue_unique: push one task unless a task of the same type and uniqueness key was enqueued
+-- to this queue within the key's window; the check and the push are one step.
+-- KEYS[1] uniqueness key (string: the id of the task that holds it)   KEYS[2] pending list
+-- KEYS[3] prioritized zset   KEYS[4] delayed zset   KEYS[5] (optional, single server only) the
+-- task's result hash, for its READY record
+-- ARGV[1] task id   ARGV[2] window (ms)   ARGV[3] wake token   ARGV[4] priority (-100..100)
+-- ARGV[5] delay ms (0 = due now)   ARGV[6] serialized task   ARGV[7] time to live of the record
+-- (s); then the record's field/value pairs
+-- Returns: {1, task id} pushed; {0, id of the task holding the key} a duplicate: nothing written.
+-- Errors (before writing anything) if a key holds the wrong type. Atomic: the push is the first
+-- write (out of memory fails it and nothing is written); the record is written with pcall.
+
+-- include: args
+-- include: priority
+-- include: key_types
+local refused = wrong_key_type({'string', 'list', 'zset', 'zset'})
+if refused then return refused end
+local holder = redis.call('GET', KEYS[1])
+if holder then return {0, holder} end
+local now_ms = server_now_ms()
+local priority = int_arg(ARGV[4], 0, -100, 100)
+local delay_ms = int_arg(ARGV[5], 0, 0, 2 ^ 53)
+if delay_ms > 0 then
+  redis.call('ZADD', KEYS[4], now_ms + delay_ms, string.format('%+04d', priority) .. ARGV[6])
+elseif priority ~= 0 then
+  redis.call('ZADD', KEYS[3], priority_score(priority, now_ms), ARGV[6])
+  if redis.call('LLEN', KEYS[2]) == 0 then redis.call('LPUSH', KEYS[2], ARGV[3]) end
+else
+  redis.call('LPUSH', KEYS[2], ARGV[6])
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', int_arg(ARGV[2], 1000, 1, 2 ^ 53))
+local last = #ARGV - ((#ARGV - 7) % 2)
+if KEYS[5] and last >= 9 and type(redis.pcall('HSET', KEYS[5], unpack(ARGV, 8, last))) == 'number' then
+  redis.pcall('EXPIRE', KEYS[5], int_arg(ARGV[7], 1, 1, 2 ^ 53))
+end
+return {1, ARGV[1]}

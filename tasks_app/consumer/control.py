@@ -1,0 +1,131 @@
+"""Task control on a consumer: cancelled tasks dropped unrun, cancel requests and progress of running ones.
+
+The start of a run is its RUNNING write (`record_result.lua`), which Redis refuses for a cancelled
+task: the worker then acks the task without running it. Running handlers learn of a cancel from
+`RunWatch`, which the housekeeping loop ticks: one ZMSCORE per queue with running tasks every
+half second, no polling per task. Progress set by handlers is written by the same tick through
+the ack batcher, at most every PROGRESS_EVERY_S per task, and once more when the run ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from tasks_app import metrics
+from tasks_app.consumer.claimed import Claimed
+from tasks_app.consumer.settling import Settling
+from tasks_app.consumer.timeouts import RunClock
+from tasks_app.context import TaskContext
+from tasks_app.protocol import results
+from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.codec import Task
+from tasks_app.protocol.jsontext import compact_json
+from tasks_app.protocol.replies import ResultUpdate
+from tasks_app.task_types import TaskTypeConfig
+
+logger = logging.getLogger("tasks_app.tasks")
+
+CANCEL_CHECK_S = 0.5
+PROGRESS_EVERY_S = 0.25
+
+
+@dataclass(frozen=True)
+class Running:
+    """A task whose handler is running, watched for its timeout, cancel requests and progress."""
+
+    task: Task
+    clock: RunClock
+    context: TaskContext | None = None
+    fence: int = 0
+
+
+def progress_update(run: Running, ttl_s: int) -> ResultUpdate | None:
+    """The record update carrying the progress the handler set since the last one (None if it set none)."""
+    progress = run.context.control.take_progress() if run.context is not None else None
+    if progress is None:
+        return None
+    return ResultUpdate(run.task.id, {"progress": compact_json(progress)}, ttl_s, fence=run.fence)
+
+
+class RunWatch:
+    """Tells running handlers of cancel requests and writes their progress; ticked by the housekeeping loop."""
+
+    def __init__(self, broker: Broker, record: Callable[[ResultUpdate], object], result_ttl_s: int) -> None:
+        self.broker = broker
+        self.record = record
+        self.result_ttl_s = result_ttl_s
+        self._checked_at = self._progress_at = float("-inf")
+
+    def tick(self, runs: Sequence[Running]) -> None:
+        """Write due progress, and every CANCEL_CHECK_S mark the runs whose task someone cancelled."""
+        now = time.monotonic()
+        if now - self._progress_at >= PROGRESS_EVERY_S:
+            self._progress_at = now
+            for run in runs:
+                update = progress_update(run, self.result_ttl_s)
+                if update is not None:
+                    self.record(update)
+        if not runs or now - self._checked_at < CANCEL_CHECK_S:
+            return
+        self._checked_at = now
+        by_queue: dict[str, list[Running]] = {}
+        for run in runs:
+            if run.context is not None and not run.context.cancelled:
+                by_queue.setdefault(run.task.queue, []).append(run)
+        for queue, queued in by_queue.items():
+            marks = self.broker.cancel_marks(queue, [run.task.id for run in queued])
+            for run, marked in zip(queued, marks, strict=True):
+                if marked and run.context is not None:
+                    run.context.control.cancel()
+                    logger.info("task %s was cancelled while running; its handler is told", run.task.id)
+
+
+class ControlSettling(Settling):
+    """How an executor ends cancelled runs and frees the uniqueness keys of finished unique tasks."""
+
+    def _drop_cancelled(self, claimed: Claimed, task: Task, on_settled: Callable[[], None] | None) -> bool:
+        """Ack a task whose record says it was cancelled before it started, without running it."""
+        return self._ack_ended(claimed, task, None, "cancelled_before_start", None, on_settled)
+
+    def _end_cancelled(
+        self, claimed: Claimed, task: Task, duration_s: float, on_settled: Callable[[], None] | None
+    ) -> bool:
+        """Settle a run whose handler raised TaskCancelled: CANCELLED, not retried."""
+        update = results.cancelled(task, int(time.time() * 1000), self.result_ttl_s, claimed.fence)
+        return self._ack_ended(claimed, task, update, "cancelled", duration_s, on_settled)
+
+    def _ack_ended(
+        self,
+        claimed: Claimed,
+        task: Task,
+        update: ResultUpdate | None,
+        outcome: str,
+        duration_s: float | None,
+        on_settled: Callable[[], None] | None,
+    ) -> bool:
+        metrics.TASKS_CANCELLED.labels(task.type, task.queue).inc()
+        self._log_event(task, outcome, duration_s)
+        if self.acks is None:
+            updates = [update] if update is not None else []
+            if not self._redis(
+                lambda: self.broker.ack(claimed.queue, claimed.consumer_id, [claimed.raw], updates)[0], "ack"
+            ):
+                self._ack_lost(claimed, task)
+            return False
+
+        def acked(held: bool | None) -> None:
+            if held is False:
+                self._ack_lost(claimed, task)
+            if on_settled is not None:
+                on_settled()
+
+        self.acks.ack(claimed.queue, claimed.consumer_id, claimed.raw, update, acked)
+        return True
+
+    def _release_unique(self, task: Task, config: TaskTypeConfig) -> None:
+        """Free the task's uniqueness key now that it finished, if its type holds keys until then."""
+        if task.unique_digest and config.unique_until == "finished":
+            self._redis(lambda: self.broker.release_unique(task.queue, task.unique_digest, task.id), "release_unique")

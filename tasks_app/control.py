@@ -1,0 +1,48 @@
+"""Cancelling tasks from Python: `tasks_app.cancel(id)` and `tasks_app.cancel_many(ids)`.
+
+What the CLI (`manage.py cancel`), the JSON API, the task page and the task browser call. A task
+that has not started never runs and reads CANCELLED at once; a running one is asked to stop
+(its handler sees `context.cancelled` within about a second and may raise TaskCancelled).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tasks_app.exceptions import TaskAlreadyFinished, TaskNotFound
+from tasks_app.protocol.broker import Broker, get_broker
+from tasks_app.protocol.control import CANCELLED, FINISHED, REQUESTED, UNKNOWN, CancelReply
+
+__all__ = [
+    "CANCELLED",
+    "FINISHED",
+    "REQUESTED",
+    "UNKNOWN",
+    "CancelReply",
+    "TaskAlreadyFinished",
+    "TaskNotFound",
+    "cancel",
+    "cancel_many",
+]
+
+# Longest `cancelled_by` stored (characters).
+MAX_CANCELLED_BY_CHARS = 200
+
+
+def cancel_many(task_ids: Sequence[str], *, cancelled_by: str = "", broker: Broker | None = None) -> list[CancelReply]:
+    """Cancel tasks by id in one round trip (two if some run); never raises for an id: read each reply's outcome."""
+    ids = [str(task_id) for task_id in task_ids]
+    if not ids:
+        return []
+    by = cancelled_by[:MAX_CANCELLED_BY_CHARS].encode("utf-8", "backslashreplace").decode("utf-8")
+    return (broker or get_broker()).cancel_many(ids, by)
+
+
+def cancel(task_id: str, *, cancelled_by: str = "", broker: Broker | None = None) -> CancelReply:
+    """Cancel one task: CANCELLED if it had not started, REQUESTED if it runs; raise if unknown or finished."""
+    [reply] = cancel_many([task_id], cancelled_by=cancelled_by, broker=broker)
+    if reply.outcome == UNKNOWN:
+        raise TaskNotFound(f"no task {task_id!r} (unknown, or its record has expired)")
+    if reply.outcome == FINISHED:
+        raise TaskAlreadyFinished(f"task {task_id!r} already finished ({reply.status}): nothing to cancel")
+    return reply

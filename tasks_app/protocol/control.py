@@ -1,0 +1,119 @@
+"""Task control in Redis: unique enqueues, cancelling through result records, cancel requests of running tasks.
+
+`ControlOps` is mixed into `Broker`. A cancel is decided on the task's result record (its own
+slot), where the RUNNING write that starts a run is decided too (`record_result.lua`), so a
+cancel and a start are ordered by Redis: either the cancel comes first and the task never
+runs, or the start comes first and the cancel becomes a request to the running handler, which
+its consumer reads from the queue's `cancel_requests` (one command per queue, see `cancel_marks`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import redis
+
+from tasks_app.protocol.batch_args import Enqueueable
+from tasks_app.protocol.keys import WAKE_TOKEN
+from tasks_app.protocol.scripts import ScriptClient
+
+# Cancel requests of running tasks are kept this long (a run outliving it is not told again).
+CANCEL_REQUESTS_KEEP_MS = 24 * 3600 * 1000
+
+# Outcomes of a cancel (`CancelReply.outcome`).
+CANCELLED = "cancelled"  # it had not started: it never runs, its record reads CANCELLED
+REQUESTED = "requested"  # it is running: its handler is asked to stop (context.cancelled)
+FINISHED = "finished"  # it had already finished: nothing done
+UNKNOWN = "unknown"  # no record of it: nothing done
+
+
+class UniqueEnqueueable(NamedTuple):
+    """A task to push only if no task of its type and uniqueness key was enqueued within its window."""
+
+    item: Enqueueable
+    digest: str  # names the uniqueness key P:{queue}:unique:<digest>
+    window_ms: int
+
+
+@dataclass(frozen=True)
+class CancelReply:
+    """What a cancel did to one task."""
+
+    task_id: str
+    outcome: str  # CANCELLED, REQUESTED, FINISHED or UNKNOWN
+    queue: str
+    status: str  # the record's status after the cancel ("" if unknown)
+    at_ms: int  # server time of the cancel (of the first request, for a running task)
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="backslashreplace") if isinstance(value, bytes) else str(value)
+
+
+class ControlOps(ScriptClient):
+    """Unique enqueues, cancels and cancel requests, one round trip each (two for a running task's cancel)."""
+
+    def enqueue_unique(self, uniques: Sequence[UniqueEnqueueable], result_ttl_s: int) -> list[str | None]:
+        """Push each task unless it is a duplicate; per task None (pushed) or the id of the task holding its key.
+
+        One script per task, in one pipeline, in order: a later task of the same key is a
+        duplicate of an earlier one. On Redis Cluster the READY records (another slot) are
+        written in the same pipeline and those of duplicates deleted afterwards.
+        """
+        cluster = isinstance(self.client, redis.RedisCluster)
+        pipe = self.client.pipeline(transaction=False)
+        for unique in uniques:
+            item = unique.item
+            keys = [
+                self.keys.unique(item.queue, unique.digest),
+                self.keys.pending(item.queue),
+                self.keys.prioritized(item.queue),
+                self.keys.delayed(item.queue),
+            ]
+            record = [pair for field in item.result_key_fields.items() for pair in field]
+            if cluster and record:
+                pipe.hset(self.keys.result(item.task_id), mapping=dict(item.result_key_fields))
+                pipe.expire(self.keys.result(item.task_id), result_ttl_s + max(0, item.delay_ms) // 1000 + 1)
+            elif record:
+                keys.append(self.keys.result(item.task_id))
+            args = [item.task_id, unique.window_ms, WAKE_TOKEN, item.priority, item.delay_ms, item.raw]
+            self.scripts.queue(pipe, "enqueue_unique", keys, [*args, result_ttl_s + item.delay_ms // 1000 + 1, *record])
+        replies = [reply for reply in self.scripts.execute(pipe, self.client) if isinstance(reply, list)]
+        holders = [None if int(pushed) else _text(holder) for pushed, holder in replies]
+        duplicates = [unique.item.task_id for unique, holder in zip(uniques, holders, strict=True) if holder]
+        if cluster and duplicates:
+            self.client.delete(*(self.keys.result(task_id) for task_id in duplicates))
+        return holders
+
+    def release_unique(self, queue: str, digest: str, task_id: str) -> bool:
+        """Free a uniqueness key if task `task_id` still holds it; True if it did."""
+        return bool(self._script("release_unique", [self.keys.unique(queue, digest)], [task_id]))
+
+    def cancel_many(self, task_ids: Sequence[str], cancelled_by: str = "") -> list[CancelReply]:
+        """Cancel tasks by id, in one round trip (and one more if some are running); never raises for an id."""
+        pipe = self.client.pipeline(transaction=False)
+        for task_id in task_ids:
+            self.scripts.queue(pipe, "cancel", [self.keys.result(task_id)], [cancelled_by])
+        replies = [
+            CancelReply(task_id, _text(outcome), _text(queue), _text(status), int(at_ms))
+            for task_id, (outcome, queue, status, at_ms) in zip(
+                task_ids, self.scripts.execute(pipe, self.client), strict=True
+            )
+        ]
+        running = [reply for reply in replies if reply.outcome == REQUESTED and reply.queue]
+        if running:
+            pipe = self.client.pipeline(transaction=False)
+            for reply in running:
+                key = self.keys.cancel_requests(reply.queue)
+                pipe.zadd(key, {reply.task_id: reply.at_ms})
+                pipe.zremrangebyscore(key, "-inf", f"({reply.at_ms - CANCEL_REQUESTS_KEEP_MS}")
+            pipe.execute()
+        return replies
+
+    def cancel_marks(self, queue: str, task_ids: Sequence[str]) -> list[bool]:
+        """Whether a cancel was requested for each of these (running) tasks of `queue`: one ZMSCORE."""
+        if not task_ids:
+            return []
+        return [score is not None for score in self.client.zmscore(self.keys.cancel_requests(queue), list(task_ids))]
