@@ -3,7 +3,7 @@
 The start of a run is its RUNNING write (`record_result.lua`), which Redis refuses for a cancelled
 task: the worker then acks the task without running it. Running handlers learn of a cancel from
 `RunWatch`, which the housekeeping loop ticks: one ZMSCORE per queue with running tasks every
-half second, no polling per task. Progress set by handlers is written by the same tick through
+CANCEL_CHECK_S, no polling per task. Progress set by handlers is written by the same tick through
 the ack batcher, at most every PROGRESS_EVERY_S per task, and once more when the run ends.
 """
 
@@ -19,6 +19,7 @@ from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.settling import Settling
 from tasks_app.consumer.timeouts import RunClock
 from tasks_app.context import TaskContext
+from tasks_app.models import TaskType
 from tasks_app.protocol import results
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task
@@ -28,7 +29,7 @@ from tasks_app.task_types import TaskTypeConfig
 
 logger = logging.getLogger("tasks_app.tasks")
 
-CANCEL_CHECK_S = 0.5
+CANCEL_CHECK_S = 0.25
 PROGRESS_EVERY_S = 0.25
 
 
@@ -88,44 +89,18 @@ class ControlSettling(Settling):
 
     def _drop_cancelled(self, claimed: Claimed, task: Task, on_settled: Callable[[], None] | None) -> bool:
         """Ack a task whose record says it was cancelled before it started, without running it."""
-        return self._ack_ended(claimed, task, None, "cancelled_before_start", None, on_settled)
+        metrics.TASKS_CANCELLED.labels(task.type, task.queue).inc()
+        return self._ack_settled(claimed, task, None, "cancelled_before_start", None, on_settled)
 
     def _end_cancelled(
         self, claimed: Claimed, task: Task, duration_s: float, on_settled: Callable[[], None] | None
     ) -> bool:
         """Settle a run whose handler raised TaskCancelled: CANCELLED, not retried."""
-        update = results.cancelled(task, int(time.time() * 1000), self.result_ttl_s, claimed.fence)
-        return self._ack_ended(claimed, task, update, "cancelled", duration_s, on_settled)
-
-    def _ack_ended(
-        self,
-        claimed: Claimed,
-        task: Task,
-        update: ResultUpdate | None,
-        outcome: str,
-        duration_s: float | None,
-        on_settled: Callable[[], None] | None,
-    ) -> bool:
         metrics.TASKS_CANCELLED.labels(task.type, task.queue).inc()
-        self._log_event(task, outcome, duration_s)
-        if self.acks is None:
-            updates = [update] if update is not None else []
-            if not self._redis(
-                lambda: self.broker.ack(claimed.queue, claimed.consumer_id, [claimed.raw], updates)[0], "ack"
-            ):
-                self._ack_lost(claimed, task)
-            return False
-
-        def acked(held: bool | None) -> None:
-            if held is False:
-                self._ack_lost(claimed, task)
-            if on_settled is not None:
-                on_settled()
-
-        self.acks.ack(claimed.queue, claimed.consumer_id, claimed.raw, update, acked)
-        return True
+        update = results.cancelled(task, int(time.time() * 1000), self.result_ttl_s, claimed.fence)
+        return self._ack_settled(claimed, task, update, "cancelled", duration_s, on_settled)
 
     def _release_unique(self, task: Task, config: TaskTypeConfig) -> None:
         """Free the task's uniqueness key now that it finished, if its type holds keys until then."""
-        if task.unique_digest and config.unique_until == "finished":
+        if task.unique_digest and config.unique_until == TaskType.UniqueUntil.FINISHED:
             self._redis(lambda: self.broker.release_unique(task.queue, task.unique_digest, task.id), "release_unique")

@@ -56,11 +56,23 @@ class Settling:
     ) -> bool:
         update = results.succeeded(task, return_json, int(time.time() * 1000), self.result_ttl_s, claimed.fence)
         metrics.TASKS_SUCCEEDED.labels(task.type, task.queue).inc()
+        return self._ack_settled(claimed, task, update, "succeeded", duration_s, on_settled)
+
+    def _ack_settled(
+        self,
+        claimed: Claimed,
+        task: Task,
+        update: ResultUpdate | None,
+        outcome: str,
+        duration_s: float | None,
+        on_settled: Callable[[], None] | None,
+    ) -> bool:
+        """Write `update` and ack the task; True if the ack batcher does it (and then calls `on_settled`)."""
         if self.acks is not None:
             # Logged by the batcher's one thread once recorded: eight workers contending for
             # the log handler's lock cost more than the line itself.
             def acked(held: bool | None) -> None:
-                self._log_event(task, "succeeded", duration_s)
+                self._log_event(task, outcome, duration_s)
                 if held is False:
                     self._ack_lost(claimed, task)
                 if on_settled is not None:
@@ -68,10 +80,11 @@ class Settling:
 
             self.acks.ack(claimed.queue, claimed.consumer_id, claimed.raw, update, acked)
             return True
+        updates = [update] if update is not None else []
         held = self._redis(
-            lambda: self.broker.ack(claimed.queue, claimed.consumer_id, [claimed.raw], [update])[0], "ack"
+            lambda: self.broker.ack(claimed.queue, claimed.consumer_id, [claimed.raw], updates)[0], "ack"
         )
-        self._log_event(task, "succeeded", duration_s)
+        self._log_event(task, outcome, duration_s)
         if not held:
             self._ack_lost(claimed, task)
         return False

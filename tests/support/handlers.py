@@ -82,3 +82,32 @@ def hostile_raise() -> None:
 def hostile_sleep(sleep_s: float) -> None:
     """Sleep (past the type's timeout, in the hostile scenario)."""
     time.sleep(float(sleep_s))
+
+
+# --- task control (tests/integration/test_task_control.py) ---
+CANCEL_NOTICED_SUFFIX = "test:cancel_noticed"
+
+
+@handler("test.cooperative", takes_context=True)
+def cooperative(context: Any, max_s: float = 30.0) -> str:
+    """Run until cancelled (then record when, on the Redis clock, and raise TaskCancelled) or `max_s` passed."""
+    from tasks_app import TaskCancelled
+
+    deadline = time.monotonic() + float(max_s)
+    while time.monotonic() < deadline:
+        if context.cancelled:
+            broker = get_broker()
+            seconds, micros = broker.client.time()
+            broker.client.set(f"{broker.keys.prefix}:{CANCEL_NOTICED_SUFFIX}", seconds * 1000 + micros // 1000)
+            raise TaskCancelled()
+        time.sleep(0.02)
+    return "not cancelled"
+
+
+@handler("test.progress", takes_context=True)
+def progress(context: Any, steps: int = 5, step_s: float = 0.5) -> int:
+    """Report progress `steps` times, `step_s` apart."""
+    for step in range(1, int(steps) + 1):
+        time.sleep(float(step_s))
+        context.set_progress(step, int(steps), f"step {step}")
+    return int(steps)

@@ -1,0 +1,132 @@
+"""Task control without a consumer: the API, the CLI, the task page, django.tasks results, the start gate."""
+
+from __future__ import annotations
+
+import json
+import math
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core.management import CommandError, call_command
+from django.tasks import TaskResultStatus
+
+import tasks_app
+from tasks_app import producer
+from tasks_app.context import MAX_PROGRESS_MESSAGE_CHARS, progress_value
+from tasks_app.models import TaskType
+from tasks_app.protocol import results
+from tasks_app.protocol.replies import ResultUpdate
+from tests.support import django_tasks as tasks
+
+pytestmark = pytest.mark.django_db
+
+
+def cancel_url(task_id: str) -> str:
+    return f"/api/tasks/{task_id}/cancel/"
+
+
+def start_run(broker: Any, task_id: str, fence: int) -> int:
+    """What a consumer's first write of a run does; returns record_result's reply."""
+    return broker.record_result(ResultUpdate(task_id, {"status": results.RUNNING}, 60, fence=fence))
+
+
+def test_the_api_answers_a_duplicate_with_200_and_the_first_id(staff, broker, echo_type):
+    TaskType.objects.filter(pk=echo_type.pk).update(unique_for_s=60)
+    body = {"type": "web.echo", "args": [1], "unique_key": "order-7"}
+    first = staff.post("/api/tasks/", body, content_type="application/json")
+    again = staff.post("/api/tasks/", {**body, "args": [2]}, content_type="application/json")
+    assert (first.status_code, first.json()["duplicate"]) == (201, False)
+    assert (again.status_code, again.json()["duplicate"], again.json()["id"]) == (200, True, first.json()["id"])
+    with pytest.raises(producer.EnqueueError, match="not unique"):
+        producer.enqueue("demo.echo", unique_key="k")
+
+
+def test_the_api_cancels_queued_and_running_tasks_and_refuses_unknown_and_finished(staff, broker, echo_type):
+    queued, running = (task.id for task in producer.enqueue("web.echo", count=2))
+    assert start_run(broker, running, 1) == 1
+    response = staff.post(cancel_url(queued))
+    assert (response.status_code, response.json()["outcome"], response.json()["status"]) == (
+        200,
+        "cancelled",
+        "CANCELLED",
+    )
+    response = staff.post(cancel_url(running))
+    assert (response.status_code, response.json()["cancel_requested"]) == (202, True)
+    assert staff.post(cancel_url(queued)).status_code == 409
+    assert "no task" in staff.post(cancel_url("nope")).json()["error"]
+    assert staff.get(cancel_url(queued)).status_code == 405
+    record = staff.get(f"/api/tasks/{running}/").json()
+    assert record["status"] == "RUNNING" and record["cancelled_by"] == "user:boss" and record["cancel_requested_at"]
+
+
+def test_cancelling_needs_the_cancel_permission(client, broker, echo_type):
+    user = get_user_model().objects.create_user("clerk", is_staff=True)
+    client.force_login(user)
+    task_id = producer.enqueue("web.echo")[0].id
+    assert client.post(cancel_url(task_id)).status_code == 403
+    assert client.post(f"/tasks/{task_id}/cancel/").status_code == 403
+    assert broker.get_result(task_id)["status"] == "READY"
+
+
+def test_the_start_gate_refuses_cancelled_tasks_and_later_runs_of_cancel_requested_ones(broker, echo_type):
+    cancelled, requested = (task.id for task in producer.enqueue("web.echo", count=2))
+    tasks_app.cancel(cancelled)
+    assert start_run(broker, cancelled, 5) == results.START_REFUSED
+    assert start_run(broker, requested, 5) == 1
+    assert tasks_app.cancel(requested).outcome == tasks_app.control.REQUESTED
+    assert broker.cancel_marks("web", [requested, cancelled]) == [True, False]
+    assert start_run(broker, requested, 5) == 1  # the same run goes on writing
+    assert broker.get_result(requested)["status"] == "RUNNING"
+    assert start_run(broker, requested, 6) == results.START_REFUSED  # a retry never starts
+    assert broker.get_result(requested)["status"] == "CANCELLED"
+
+
+def test_manage_py_cancel_reports_each_task_and_fails_on_unknown_or_finished(broker, echo_type):
+    first, second = (task.id for task in producer.enqueue("web.echo", count=2))
+    out = StringIO()
+    call_command("cancel", first, stdout=out)
+    assert out.getvalue() == f"{first} cancelled (it will not run)\n"
+    out = StringIO()
+    with pytest.raises(CommandError, match=rf"task {first} already finished \(CANCELLED\); no task missing"):
+        call_command("cancel", first, second, "missing", stdout=out)
+    assert out.getvalue() == f"{second} cancelled (it will not run)\n"
+
+
+def test_the_task_page_cancels_with_its_button_and_shows_progress(staff, broker, echo_type):
+    task_id = producer.enqueue("web.echo")[0].id
+    page = staff.get(f"/tasks/{task_id}/").content.decode()
+    assert 'id="task-cancel"' in page and "csrfmiddlewaretoken" in page
+    response = staff.post(f"/tasks/{task_id}/cancel/", follow=True)
+    page = response.content.decode()
+    assert "cancelled: it will not run" in page and 'id="task-cancel"' not in page and "by user:boss" in page
+    other = producer.enqueue("web.echo")[0].id
+    progress = json.dumps(progress_value(3, 4, "three <b>of</b> four"))
+    broker.record_result(ResultUpdate(other, {"status": "RUNNING", "progress": progress}, 60))
+    page = staff.get(f"/tasks/{other}/").content.decode()
+    assert '<progress max="100" value="75.0">' in page and "three &lt;b&gt;of&lt;/b&gt; four" in page
+
+
+def test_django_tasks_reads_a_cancelled_task_as_failed_with_task_cancelled(settings, broker):
+    backend = {"BACKEND": "tasks_app.backends.RedisBackend", "QUEUES": [], "OPTIONS": {"ENQUEUE_ON_COMMIT": False}}
+    settings.TASKS = {"default": backend}
+    result = tasks.add.enqueue(1, 2)
+    tasks_app.cancel(result.id, cancelled_by="ops")
+    read = tasks.add.get_result(result.id)
+    assert read.status == TaskResultStatus.FAILED
+    assert [error.exception_class_path for error in read.errors] == ["tasks_app.exceptions.TaskCancelled"]
+    assert "by ops" in read.errors[0].traceback
+
+
+@pytest.mark.parametrize(
+    ("current", "total", "message", "problem"),
+    [(True, None, "", TypeError), (math.nan, None, "", TypeError), ("1", None, "", TypeError), (1, -1, "", ValueError)],
+)
+def test_invalid_progress_is_refused(current, total, message, problem):
+    with pytest.raises(problem):
+        progress_value(current, total, message)
+
+
+def test_a_long_progress_message_is_cut():
+    assert len(progress_value(1, None, "x" * 5000)["message"]) == MAX_PROGRESS_MESSAGE_CHARS
