@@ -21,9 +21,11 @@ if status == 'READY' then
   return {'cancelled', queue, 'CANCELLED', now_ms}
 end
 if status == 'RUNNING' then
-  if redis.call('HSETNX', KEYS[1], 'cancel_requested_at_ms', now_ms) == 1 then
-    redis.call('HSET', KEYS[1], 'cancelled_by', ARGV[1])
+  local requested = tonumber(redis.call('HGET', KEYS[1], 'cancel_requested_at_ms') or '')
+  if not requested then
+    requested = now_ms
+    redis.call('HSET', KEYS[1], 'cancel_requested_at_ms', now_ms, 'cancelled_by', ARGV[1])
   end
-  return {'requested', queue, status, tonumber(redis.call('HGET', KEYS[1], 'cancel_requested_at_ms')) or now_ms}
+  return {'requested', queue, status, requested}
 end
 return {'finished', queue, status, now_ms}

@@ -7,22 +7,27 @@
 -- The record keeps the highest token that wrote to it in its field "fence". A write with a
 -- lower token is ignored (its run lost the claim: its consumer was presumed dead and the task
 -- re-run or requeued); a write with a higher token takes the record over.
--- A write with a higher token than the record's opens a run: it is refused, and nothing is
--- written, if the task was cancelled (status CANCELLED, or cancel_requested_at_ms left by a
--- cancel of an earlier run, which then makes the record CANCELLED): the consumer drops it unrun.
+-- A write with a higher token that sets status RUNNING starts a run: it is refused, and nothing
+-- is written, if the task was cancelled (status CANCELLED, or a non-empty cancel_requested_at_ms
+-- left by a cancel of an earlier run, which then makes the record CANCELLED): the consumer drops
+-- the task unrun.
 -- Returns: 1 written, 0 ignored, 2 refused: the task was cancelled.
+
+-- include: args
 local token = tonumber(ARGV[4])
 if token then
   local current = tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0
   if token < current then
     return 0
   end
-  if token > current then
+  local starts = false
+  for i = 5, #ARGV - 1, 2 do
+    if ARGV[i] == 'status' then starts = ARGV[i + 1] == 'RUNNING' end
+  end
+  if starts and token > current then
     if redis.call('HGET', KEYS[1], 'status') == 'CANCELLED' then return 2 end
-    if redis.call('HEXISTS', KEYS[1], 'cancel_requested_at_ms') == 1 then
-      local time = redis.call('TIME')
-      redis.call('HSET', KEYS[1], 'status', 'CANCELLED', 'finished_at_ms',
-                 tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000))
+    if (redis.call('HGET', KEYS[1], 'cancel_requested_at_ms') or '') ~= '' then
+      redis.call('HSET', KEYS[1], 'status', 'CANCELLED', 'finished_at_ms', server_now_ms())
       return 2
     end
   end

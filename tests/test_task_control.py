@@ -81,6 +81,8 @@ def test_the_start_gate_refuses_cancelled_tasks_and_later_runs_of_cancel_request
     assert broker.get_result(requested)["status"] == "RUNNING"
     assert start_run(broker, requested, 6) == results.START_REFUSED  # a retry never starts
     assert broker.get_result(requested)["status"] == "CANCELLED"
+    other_write = ResultUpdate(cancelled, {"dead_reason": "requeued"}, 60, fence=9)
+    assert broker.record_result(other_write) == 1  # only a run's start is refused
 
 
 def test_manage_py_cancel_reports_each_task_and_fails_on_unknown_or_finished(broker, echo_type):

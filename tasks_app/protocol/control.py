@@ -55,6 +55,8 @@ def _text(value: Any) -> str:
 class ControlOps(ScriptClient):
     """Unique enqueues, cancels and cancel requests, one round trip each (two for a running task's cancel)."""
 
+    _announced_queues: set[str]
+
     def enqueue_unique(self, uniques: Sequence[UniqueEnqueueable], result_ttl_s: int) -> list[str | None]:
         """Push each task unless it is a duplicate; per task None (pushed) or the id of the task holding its key.
 
@@ -80,7 +82,11 @@ class ControlOps(ScriptClient):
                 keys.append(self.keys.result(item.task_id))
             args = [item.task_id, unique.window_ms, WAKE_TOKEN, item.priority, item.delay_ms, item.raw]
             self.scripts.queue(pipe, "enqueue_unique", keys, [*args, result_ttl_s + item.delay_ms // 1000 + 1, *record])
+        new_queues = {unique.item.queue for unique in uniques} - self._announced_queues
+        if new_queues:
+            pipe.sadd(self.keys.queues(), *new_queues)
         replies = [reply for reply in self.scripts.execute(pipe, self.client) if isinstance(reply, list)]
+        self._announced_queues |= new_queues
         holders = [None if int(pushed) else _text(holder) for pushed, holder in replies]
         duplicates = [unique.item.task_id for unique, holder in zip(uniques, holders, strict=True) if holder]
         if cluster and duplicates:

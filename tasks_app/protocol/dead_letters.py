@@ -128,7 +128,8 @@ def _ready_again(task: Task, fence: int) -> ResultUpdate:
         arguments = None
     fields = results.enqueued_fields(task, arguments) if arguments else {"status": results.READY, "attempts": "0"}
     # record_result cannot delete fields; empty ones read back as "not set".
-    fields.update({"finished_at_ms": "", "run_after_ms": "", "dead_reason": ""})
+    # A requeue starts afresh: a cancel requested of an earlier run no longer applies.
+    fields.update({"finished_at_ms": "", "run_after_ms": "", "dead_reason": "", "cancel_requested_at_ms": ""})
     return ResultUpdate(task.id, fields, settings.TASKS_RESULT_TTL, fence=fence)
 
 
