@@ -121,6 +121,23 @@ def test_django_tasks_reads_a_cancelled_task_as_failed_with_task_cancelled(setti
     assert "by ops" in read.errors[0].traceback
 
 
+def test_django_tasks_returns_the_first_result_for_a_duplicate_and_duplicates_are_counted(settings, broker):
+    from tasks_app import metrics
+
+    backend = {"BACKEND": "tasks_app.backends.RedisBackend", "QUEUES": [], "OPTIONS": {"ENQUEUE_ON_COMMIT": False}}
+    settings.TASKS = {"default": backend}
+    first = tasks.add.enqueue(1, 2)
+    TaskType.objects.filter(name=tasks.add.module_path).update(unique_for_s=60)
+    producer.recent_task_types.forget()
+    refused = metrics.DUPLICATES_REFUSED.labels(tasks.add.module_path)
+    before = refused._value.get()
+    unique = tasks.add.enqueue(1, 2)
+    again = tasks.add.enqueue(1, 2)
+    assert unique.id != first.id and again.id == unique.id
+    assert tasks.add.get_result(again.id).status == TaskResultStatus.READY
+    assert refused._value.get() == before + 1
+
+
 @pytest.mark.parametrize(
     ("current", "total", "message", "problem"),
     [(True, None, "", TypeError), (math.nan, None, "", TypeError), ("1", None, "", TypeError), (1, -1, "", ValueError)],
