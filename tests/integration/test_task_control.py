@@ -107,9 +107,9 @@ def test_a_cancel_racing_the_claim_either_prevents_the_run_or_is_reported_too_la
     with consumer_in_thread(concurrency=4, prefetch=2):
         producer.enqueue("test.record")  # the consumer is up and claiming once this one ran
         wait_until(lambda: runs_per_task(broker), 15, message="the consumer to start")
-        for n in range(60):  # each cancel goes out about when the consumer claims its task
+        for n in range(40):  # each cancel goes out about when the consumer claims its task
             task_id = producer.enqueue("test.record")[0].id
-            time.sleep((n % 10) * 0.002)
+            time.sleep((n % 5) * 0.01)
             try:
                 replies[task_id] = tasks_app.cancel(task_id).outcome
             except tasks_app.TaskAlreadyFinished:
