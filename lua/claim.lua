@@ -2,11 +2,13 @@
 -- KEYS[1] pending list   KEYS[2] prioritized zset   KEYS[3] processing list of this consumer
 -- KEYS[4] consumers zset (lease deadlines)   KEYS[5] suspects list (tasks recovered from dead
 -- consumers, waiting to run where a death can be pinned on them)   KEYS[6] fence counter
+-- KEYS[7] (optional) paused marker of the queue: while it exists nothing is claimed
 -- ARGV[1] consumer id    ARGV[2] N (max tasks)     ARGV[3] wake token (dropped, never returned)
 -- ARGV[4] "1" to first remove one wake token that a blocking claim put in processing
 -- ARGV[5] "1" if this consumer may take a suspect (it holds none)
 -- Returns: false if this consumer holds no lease (it was reaped); {-1, 0, 0} if its lease lapsed
--- (not renewed in time: it claims nothing until a renewal succeeds); else {s, w, f, tasks...}:
+-- (not renewed in time: it claims nothing until a renewal succeeds); {-2, 0, 0} if the queue is
+-- paused (nothing claimed, suspects included); else {s, w, f, tasks...}:
 -- s = 1 when the first task is a suspect (at most one), w = suspects still waiting, f = the
 -- fencing token of the first task (task i holds f + i - 1; 0 if none was claimed; issued as in
 -- issue_fence.lua). Order: the suspect, priority > 0, the pending list (priority 0),
@@ -18,6 +20,9 @@ end
 -- include: args
 if tonumber(deadline) <= server_now_ms() then
   return {-1, 0, 0}
+end
+if KEYS[7] and redis.call('EXISTS', KEYS[7]) == 1 then
+  return {-2, 0, 0}
 end
 if ARGV[4] == '1' then
   redis.call('LREM', KEYS[3], 1, ARGV[3])

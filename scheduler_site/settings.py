@@ -168,3 +168,8 @@ TASKS_DEAD_LETTER_MAX_AGE_S = int(os.environ.get("TASKS_DEAD_LETTER_MAX_AGE_S", 
 # Before acking, a consumer waits up to this long (ms) for a replica of each master that took the
 # batch's results to have them; past it the tasks are acked anyway (and counted in a metric).
 TASKS_CLUSTER_WAIT_MS = int(os.environ.get("TASKS_CLUSTER_WAIT_MS", "100"))
+
+# --- Throttles ------------------------------------------------------------------------------
+# A task waiting for a concurrency slot (max_running) is woken when one frees; it also looks
+# again after about this long (0.5 - 1x, spread) in case that wake was lost.
+TASKS_THROTTLE_RECHECK_S = float(os.environ.get("TASKS_THROTTLE_RECHECK_S", "5"))

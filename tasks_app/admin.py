@@ -29,6 +29,9 @@ class TaskTypeForm(forms.ModelForm):
             "rate_period",
             "rate_burst",
             "rate_algorithm",
+            "rate_limit_key",
+            "max_running",
+            "max_running_key",
             "max_attempts",
             "retry_backoff",
             "timeout",
@@ -55,6 +58,7 @@ class TaskTypeAdmin(admin.ModelAdmin):
         "enabled",
         "rate_limit",
         "rate_period",
+        "max_running",
         "max_attempts",
         "retry_backoff",
         "timeout",
@@ -65,7 +69,23 @@ class TaskTypeAdmin(admin.ModelAdmin):
     search_fields = ("name", "handler", "queue")
     fieldsets = (
         (None, {"fields": ("name", "handler", "queue", "enabled")}),
-        ("Rate limit", {"fields": ("rate_limit", "rate_period", "rate_burst", "rate_algorithm")}),
+        (
+            "Rate limit",
+            {
+                "fields": ("rate_limit", "rate_period", "rate_burst", "rate_algorithm", "rate_limit_key"),
+                "description": "How many tasks of this type may start per period, across every consumer; "
+                "with a key, per value of that keyword argument (per tenant, say).",
+            },
+        ),
+        (
+            "Concurrency cap",
+            {
+                "fields": ("max_running", "max_running_key"),
+                "description": "How many tasks of this type may run at the same time, across every consumer; "
+                "with a key, per value of that keyword argument. Both throttles may be set: each holds. To stop "
+                "a whole queue for a while, pause it on the queue dashboard instead.",
+            },
+        ),
         ("Retries and timeout", {"fields": ("max_attempts", "retry_backoff", "timeout")}),
         ("Unique tasks", {"fields": ("unique_for_s", "unique_until")}),
     )

@@ -30,6 +30,14 @@ _BOUNDED_SETTINGS = (
         "Acks wait this long at most for a replica; 0 would make Redis wait forever.",
         "tasks_app.E031",
     ),
+    (
+        "TASKS_THROTTLE_RECHECK_S",
+        0.1,
+        3600,
+        " seconds",
+        "Tasks waiting for a concurrency slot look again this often should a wake be lost.",
+        "tasks_app.E040",
+    ),
 )
 
 

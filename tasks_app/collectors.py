@@ -46,7 +46,7 @@ class QueueCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         """Read every known queue from Redis, within the time budget."""
         started = time.monotonic()
-        depth, live, up, duration = self._families()
+        depth, live, paused, up, duration = self._families()
         read = self._read()
         stats, now_ms = read if read is not None else ([], 0)
         for item in stats:
@@ -54,9 +54,10 @@ class QueueCollector(Collector):
                 depth.add_metric([item.queue, state], getattr(item, state))
             # A consumer past its deadline is dead even before a reaper has removed it.
             live.add_metric([item.queue], sum(1 for c in item.consumers if c["lease_deadline_ms"] > now_ms))
+            paused.add_metric([item.queue], 1 if item.paused else 0)
         up.add_metric([], 0 if read is None else 1)
         duration.add_metric([], time.monotonic() - started)
-        yield from (depth, live, up, duration)
+        yield from (depth, live, paused, up, duration)
 
     def _read(self) -> tuple[list[QueueStats], int] | None:
         with self._lock:
@@ -90,6 +91,9 @@ class QueueCollector(Collector):
             ),
             GaugeMetricFamily(
                 f"{prefix}_consumers_live", "Consumers holding a live lease on a queue.", labels=["queue"]
+            ),
+            GaugeMetricFamily(
+                f"{prefix}_queue_paused", "1 while a queue is paused (nothing is claimed from it).", labels=["queue"]
             ),
             GaugeMetricFamily(f"{prefix}_queue_stats_up", "1 if this scrape read the queue depths from Redis."),
             GaugeMetricFamily(f"{prefix}_queue_stats_duration_seconds", "Time this scrape spent reading Redis."),

@@ -15,6 +15,9 @@ TASKS_DEFERRED = Counter(
 )
 ACKS_LOST = Counter(f"{PREFIX}_acks_lost", "Finished tasks no longer held by this consumer (it was reaped).", ["queue"])
 RATE_LIMIT_DECISIONS = Counter(f"{PREFIX}_rate_limit_decisions", "Rate-limit gate decisions.", ["type", "decision"])
+CONCURRENCY_DECISIONS = Counter(
+    f"{PREFIX}_concurrency_decisions", "Concurrency-cap (max_running) slot decisions.", ["type", "decision"]
+)
 TASK_DURATION = Histogram(
     f"{PREFIX}_task_duration_seconds",
     "Run time of task handlers.",

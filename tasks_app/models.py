@@ -13,6 +13,20 @@ name_validator = RegexValidator(f"^{NAME_PATTERN.pattern}$", f"Use {NAME_RULE}."
 ENQUEUE_PERMISSION = "tasks_app.enqueue_task"
 MANAGE_DEAD_LETTERS_PERMISSION = "tasks_app.manage_dead_letters"
 CANCEL_PERMISSION = "tasks_app.cancel_task"
+PAUSE_QUEUE_PERMISSION = "tasks_app.pause_queue"
+
+# A limit key names a keyword argument of the handler.
+kwarg_validator = RegexValidator(r"^[A-Za-z_][A-Za-z0-9_]*$", "Use the name of a keyword argument, e.g. tenant_id.")
+
+
+def optional_limit_field(help_text: str) -> models.PositiveIntegerField:
+    """A throttle's limit: a positive count, empty for unlimited."""
+    return models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)], help_text=help_text)
+
+
+def limit_key_field(help_text: str) -> models.CharField:
+    """A throttle's key: the name of the keyword argument whose values are limited each on their own."""
+    return models.CharField(max_length=100, blank=True, default="", validators=[kwarg_validator], help_text=help_text)
 
 
 class TaskType(models.Model):
@@ -48,12 +62,15 @@ class TaskType(models.Model):
         help_text="Disabled types cannot be enqueued, and queued tasks of this type wait "
         "(without using attempts) until it is enabled again.",
     )
-    rate_limit = models.PositiveIntegerField(
-        null=True,
-        blank=True,
-        validators=[MinValueValidator(1)],
-        help_text="At most this many tasks of this type start per rate period, across all "
-        "consumers. Empty means unlimited.",
+    rate_limit = optional_limit_field(
+        "Rate: at most this many tasks of this type start per rate period, across all "
+        "consumers (a task over the limit waits in the delayed set without using an attempt). "
+        "Empty means unlimited."
+    )
+    rate_limit_key = limit_key_field(
+        "Key: the name of a keyword argument, e.g. tenant_id. The rate limit then applies "
+        "to each value of it on its own (10 per second per tenant, not 10 per second in all), so one "
+        "tenant's flood never delays another's tasks. Needs a rate limit. Empty: one limit for the type."
     )
     rate_period = models.FloatField(
         default=1.0,
@@ -107,6 +124,17 @@ class TaskType(models.Model):
         help_text="When a unique task's key is freed: at the end of the window, or as soon as the "
         "task finishes (succeeds, fails for good or is cancelled), whichever comes first.",
     )
+    max_running = optional_limit_field(
+        "Cap: at most this many tasks of this type run at once, across all consumers (1: never "
+        "two at a time). A task finding every slot taken waits in the delayed set without using an attempt "
+        "and starts as soon as a slot frees; a consumer that dies frees its slots when its lease expires. "
+        "Combines with the rate limit (both hold). Empty means unlimited."
+    )
+    max_running_key = limit_key_field(
+        "Key of the cap: the name of a keyword argument, e.g. tenant_id; the cap then applies "
+        "to each value of it on its own (at most N at once per tenant). Needs a cap. Empty: one cap for "
+        "the type."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -116,22 +144,26 @@ class TaskType(models.Model):
             ("enqueue_task", "Can enqueue tasks (form and API)"),
             ("manage_dead_letters", "Can requeue and delete dead-lettered tasks"),
             ("cancel_task", "Can cancel tasks (task page, API, task browser)"),
+            ("pause_queue", "Can pause and resume queues"),
         ]
 
     def __str__(self) -> str:
         return self.name
 
     def clean(self) -> None:
-        """Reject a burst larger than the rate limit it belongs to."""
+        """Reject throttle settings that do not fit together: a burst over its limit, a key without its limit."""
+        errors: dict[str, str] = {}
         if self.rate_limit is not None and self.rate_burst > self.rate_limit:
-            raise ValidationError(
-                {
-                    "rate_burst": (
-                        f"The burst ({self.rate_burst}) cannot exceed the rate limit ({self.rate_limit}): at most "
-                        f"{self.rate_limit} tasks may start in any {self.rate_period:g}-second window."
-                    )
-                }
+            errors["rate_burst"] = (
+                f"The burst ({self.rate_burst}) cannot exceed the rate limit ({self.rate_limit}): at most "
+                f"{self.rate_limit} tasks may start in any {self.rate_period:g}-second window."
             )
+        if self.rate_limit_key and self.rate_limit is None:
+            errors["rate_limit_key"] = "A rate limit key needs a rate limit: set one, or clear the key."
+        if self.max_running_key and self.max_running is None:
+            errors["max_running_key"] = "A cap key needs a cap (max running): set one, or clear the key."
+        if errors:
+            raise ValidationError(errors)
 
 
 class ApiToken(models.Model):

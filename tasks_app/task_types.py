@@ -32,6 +32,9 @@ class TaskTypeConfig:
     timeout_s: float | None = None
     unique_for_s: float | None = None
     unique_until: str = TaskType.UniqueUntil.WINDOW
+    max_running: int | None = None
+    rate_limit_key: str = ""
+    max_running_key: str = ""
 
     @classmethod
     def from_model(cls, row: TaskType) -> TaskTypeConfig:
@@ -50,6 +53,9 @@ class TaskTypeConfig:
             timeout_s=row.timeout,
             unique_for_s=row.unique_for_s,
             unique_until=row.unique_until,
+            max_running=row.max_running,
+            rate_limit_key=row.rate_limit_key,
+            max_running_key=row.max_running_key,
         )
 
     @classmethod

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from tasks_app.web import api, dashboard, tasks
+from tasks_app.web import api, dashboard, queue_control, tasks
 
 app_name = "tasks_app"
 
@@ -10,9 +10,13 @@ urlpatterns = [
     path("tasks/enqueue/", tasks.enqueue_task, name="enqueue"),
     path("tasks/dashboard/", dashboard.queue_dashboard, name="dashboard"),
     path("tasks/dashboard/<str:queue>/dead/", dashboard.dead_letter_page, name="dead-letters"),
+    path("tasks/dashboard/<str:queue>/pause/", queue_control.pause_page, name="queue-pause"),
     path("tasks/<str:task_id>/", tasks.task_detail, name="task"),
     path("api/tasks/", api.create_task, name="api-tasks"),
     path("api/tasks/<str:task_id>/", api.task_record, name="api-task"),
     path("api/tasks/<str:task_id>/cancel/", api.cancel_task, name="api-task-cancel"),
     path("tasks/<str:task_id>/cancel/", tasks.cancel_task, name="task-cancel"),
+    path("api/queues/<str:queue>/", queue_control.api_queue, name="api-queue"),
+    path("api/queues/<str:queue>/pause/", queue_control.api_pause, name="api-queue-pause"),
+    path("api/queues/<str:queue>/resume/", queue_control.api_resume, name="api-queue-resume"),
 ]

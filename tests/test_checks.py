@@ -91,3 +91,9 @@ def test_the_check_is_registered_and_stops_manage_py(settings, fresh_registry):
 def test_a_cluster_wait_that_is_zero_or_too_long_is_an_error(settings, fresh_registry, wait_ms):
     settings.TASKS_CLUSTER_WAIT_MS = wait_ms  # WAIT 0 would block acks forever
     assert ids(checks.check_task_settings()) == ["tasks_app.E031"]
+
+
+@pytest.mark.parametrize("recheck_s", [0, -1, 3601])
+def test_a_throttle_recheck_out_of_range_is_an_error(settings, fresh_registry, recheck_s):
+    settings.TASKS_THROTTLE_RECHECK_S = recheck_s
+    assert ids(checks.check_task_settings()) == ["tasks_app.E040"]

@@ -72,8 +72,8 @@ def test_queuestats_table(broker):
     out = StringIO()
     call_command("queuestats", stdout=out)
     header, row = out.getvalue().splitlines()[:2]
-    assert header.split() == ["queue", "pending", "processing", "delayed", "dead", "consumers"]
-    assert row.split() == ["default", "1", "0", "0", "0", "0"]
+    assert header.split() == ["queue", "pending", "processing", "delayed", "dead", "consumers", "state"]
+    assert row.split() == ["default", "1", "0", "0", "0", "0", "running"]
 
 
 @pytest.mark.parametrize("argv", [["--concurrency", "0"], ["--prefetch", "-1"], ["--lease", "abc"]])

@@ -23,6 +23,8 @@ logger = logging.getLogger(__name__)
 SUSPECT_RECHECK_S = 0.1
 # How soon a claimer whose lease lapsed tries again (the heartbeat renews it or gives it up).
 LEASE_RECHECK_S = 0.1
+# How soon a claimer of a paused queue looks again whether it was resumed.
+PAUSED_RECHECK_S = 0.25
 
 
 class ClaimTimings(Protocol):
@@ -159,15 +161,20 @@ class ClaimerLoop:
                 ]
             )
             return 0.0
+        if outcome.paused:
+            return PAUSED_RECHECK_S
         if outcome.lease_expired or not consumer.lease.fresh(consumer_id):
             return LEASE_RECHECK_S  # no claim under a lapsed lease: the heartbeat renews it or gives it up
         consumer.capacity.release(self._slots - 1)
         self._slots = 1
+        return self._claim_blocking(consumer_id, outcome.suspects_waiting)
+
+    def _claim_blocking(self, consumer_id: str, suspects_waiting: int) -> float:
+        """Block on pending for one task, which takes the one slot left in self._slots."""
+        consumer = self.consumer
         # Suspects waiting for this consumer's one suspect slot are claimed soon after it
         # frees; new pending tasks still wake the blocking claim at once.
-        block_s = (
-            min(consumer.options.block_s, SUSPECT_RECHECK_S) if outcome.suspects_waiting else consumer.options.block_s
-        )
+        block_s = min(consumer.options.block_s, SUSPECT_RECHECK_S) if suspects_waiting else consumer.options.block_s
         raw, fence = consumer.broker.claim_blocking(self.queue, consumer_id, block_s)
         if raw is not None and raw != WAKE_TOKEN:
             self._slots = 0

@@ -15,7 +15,9 @@ from typing import Any
 from tasks_app import metrics
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.claimed import Claimed
+from tasks_app.consumer.concurrency import ConcurrencyGate, key_token_of
 from tasks_app.consumer.control import ControlSettling, Running, RunWatch, progress_update
+from tasks_app.consumer.pause_watch import PauseWatch
 from tasks_app.consumer.retrying import GaveUp
 from tasks_app.consumer.timeouts import RunClock, call_with_clock, failure_traceback
 from tasks_app.context import TaskContext
@@ -32,8 +34,9 @@ logger = logging.getLogger("tasks_app.tasks")
 DISABLED_RECHECK_MS = 5000
 
 
-RateGate = Callable[[Task, TaskTypeConfig], int]
-"""Returns 0 to let a task start now, else how many ms to wait before it may."""
+RateGate = Callable[[Task, TaskTypeConfig, str | None], int]
+"""Returns 0 to let a task start now, else how many ms to wait before it may (the third
+argument: the token of the task's `rate_limit_key` value, None when the limit is not keyed)."""
 
 
 class Executor(ControlSettling):
@@ -50,6 +53,7 @@ class Executor(ControlSettling):
         give_up: threading.Event | None = None,
         acks: AckBatcher | None = None,
         max_result_bytes: int | None = None,
+        concurrency: ConcurrencyGate | None = None,
     ) -> None:
         self.broker = broker
         # With a batcher, RUNNING records and acks of successful runs go out in shared round
@@ -60,9 +64,11 @@ class Executor(ControlSettling):
         self.worker_id = worker_id
         self.result_ttl_s = result_ttl_s
         self.rate_gate = rate_gate
+        self.concurrency = concurrency
         # Set when the consumer stops: settling then gives up on an absent Redis (the lease
         # recovers the task); until then a finished task is never left in limbo.
         self.give_up = give_up or threading.Event()
+        self.pauses = PauseWatch(broker, self.give_up)
         self.running: dict[int, Running] = {}
         self._running_lock = threading.Lock()
         if max_result_bytes is None:
@@ -76,6 +82,8 @@ class Executor(ControlSettling):
     def execute(self, claimed: Claimed, on_settled: Callable[[], None] | None = None) -> bool:
         """Run a claimed task to its end; True if the ack batcher settles it (and then calls `on_settled`)."""
         try:
+            if self.pauses.return_if_paused(claimed):  # paused since it was claimed: it does not start
+                return False
             return self._execute(claimed, on_settled)
         except GaveUp:
             raise
@@ -105,17 +113,36 @@ class Executor(ControlSettling):
         if not config.enabled:
             self._defer(claimed, task, DISABLED_RECHECK_MS, "disabled")
             return False
-        if config.rate_limit and self.rate_gate is not None:
-            wait_ms = self.rate_gate(task, config)
-            if wait_ms > 0:
-                self._defer(claimed, task, wait_ms, "rate_limited")
-                return False
         try:
             arguments = decode_payload(task.payload)
         except UndecodableTask as exc:
             self._dead_letter(claimed, task, "InvalidPayload", str(exc))
             return False
-        return self._run(claimed, task, config, handler, arguments, on_settled)
+        holder = self._admit(claimed, task, config, arguments)
+        if holder is None:
+            return False
+        try:
+            return self._run(claimed, task, config, handler, arguments, on_settled)
+        finally:
+            if holder and self.concurrency is not None:
+                self.concurrency.release(holder)
+
+    def _admit(self, claimed: Claimed, task: Task, config: TaskTypeConfig, arguments: Arguments) -> str | None:
+        """Pass the rate limit, then take a concurrency slot; None: deferred, else the slot's holder ("": uncapped)."""
+        if config.rate_limit and self.rate_gate is not None:
+            wait_ms = self.rate_gate(task, config, key_token_of(config.rate_limit_key, arguments))
+            if wait_ms > 0:
+                self._defer(claimed, task, wait_ms, "rate_limited")
+                return None
+        gate = self.concurrency
+        if not config.max_running or gate is None:
+            return ""
+        slots = gate.slots_of(config, arguments)
+        holder = gate.acquire(claimed, task, slots)
+        if holder is None:
+            self._defer(claimed, task, gate.recheck_ms(), "max_running")
+            gate.wait(claimed, task, slots)
+        return holder
 
     def watch_running(self) -> None:
         """Fail runs past their timeout, tell handlers of cancels, write progress (the housekeeping tick)."""

@@ -22,6 +22,7 @@ from tasks_app import metrics
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.claimer import Capacity, ClaimerLoop
+from tasks_app.consumer.concurrency import ConcurrencyGate
 from tasks_app.consumer.executor import Executor, RateGate
 from tasks_app.consumer.health import HealthLoop, Liveness
 from tasks_app.consumer.limits import RateLimiter
@@ -91,6 +92,7 @@ class Consumer:
             give_up=self.give_up,
             acks=self.acks,
             rate_gate=rate_gate or RateLimiter(self.broker, self.give_up),
+            concurrency=ConcurrencyGate.for_consumer(self),
         )
         self.liveness = Liveness(options.health_file, stale_after_s=max(3 * HEALTH_CHECK_S, options.lease_s))
         self.reaper = ReaperLoop(self.broker, options.queues, options.lease_s, self._on_reaped_dead_letters)

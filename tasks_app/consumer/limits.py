@@ -66,8 +66,8 @@ class RateLimiter:
         # the task stays in the processing list, where the lease recovers it. Never lost.
         self.give_up = give_up or threading.Event()
 
-    def __call__(self, task: Task, config: TaskTypeConfig) -> int:
-        """Take one decision for `task`; a positive result is how many ms it must wait."""
+    def __call__(self, task: Task, config: TaskTypeConfig, key_token: str | None = None) -> int:
+        """Take one decision for `task` (on its key value's own limiter if keyed); > 0: how many ms it must wait."""
         policy = RatePolicy.for_config(config)
         wait_us = until_done(
             lambda: self.broker.rate_limit(
@@ -78,6 +78,7 @@ class RateLimiter:
                 policy.period_us,
                 policy.emission_us,
                 policy.tolerance_us,
+                key_token,
             ),
             what="rate_limit",
             give_up=self.give_up,

@@ -67,6 +67,11 @@ class LeaseClock:
         self._consumer_id = ""
         self._renewed_at = float("-inf")
         self._lock = threading.Lock()
+        self._on_renewal: list[Callable[[], None]] = []
+
+    def on_renewal(self, renew: Callable[[], None]) -> None:
+        """Call `renew` after each renewal: what else lives under the lease (concurrency slots) is renewed with it."""
+        self._on_renewal.append(renew)
 
     def renewed(self, consumer_id: str, sent_at: float) -> None:
         """Record a successful renewal whose request left at `sent_at` (the lease runs from then, or later)."""
@@ -74,6 +79,8 @@ class LeaseClock:
             if consumer_id != self._consumer_id:
                 self._consumer_id, self._renewed_at = consumer_id, sent_at
             self._renewed_at = max(self._renewed_at, sent_at)
+        for renew in self._on_renewal:
+            renew()
 
     def fresh(self, consumer_id: str) -> bool:
         """True while the lease of `consumer_id` surely holds: renewed less than lease - margin ago."""

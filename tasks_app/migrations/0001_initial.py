@@ -5,33 +5,136 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='TaskType',
+            name="TaskType",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(help_text='The type name producers enqueue, e.g. billing.send_invoice.', max_length=100, unique=True, validators=[django.core.validators.RegexValidator('^[A-Za-z0-9_.:-]{1,100}$', 'Use 1-100 characters from A-Z, a-z, 0-9 and _ . : -.')])),
-                ('handler', models.CharField(help_text='The registered handler that runs tasks of this type.', max_length=100, validators=[django.core.validators.RegexValidator('^[A-Za-z0-9_.:-]{1,100}$', 'Use 1-100 characters from A-Z, a-z, 0-9 and _ . : -.')])),
-                ('queue', models.CharField(default='default', help_text='Queue a task goes to when the producer does not name one.', max_length=100, validators=[django.core.validators.RegexValidator('^[A-Za-z0-9_.:-]{1,100}$', 'Use 1-100 characters from A-Z, a-z, 0-9 and _ . : -.')])),
-                ('enabled', models.BooleanField(default=True, help_text='Disabled types cannot be enqueued, and queued tasks of this type wait (without using attempts) until it is enabled again.')),
-                ('rate_limit', models.PositiveIntegerField(blank=True, help_text='At most this many tasks of this type start per rate period, across all consumers. Empty means unlimited.', null=True, validators=[django.core.validators.MinValueValidator(1)])),
-                ('rate_period', models.FloatField(default=1.0, help_text='Length of the rate-limit window in seconds.', validators=[django.core.validators.MinValueValidator(0.001), django.core.validators.MaxValueValidator(31536000)])),
-                ('rate_burst', models.PositiveIntegerField(default=1, help_text='How many tasks may start back to back before the limit spaces them out (never more than the rate limit itself).', validators=[django.core.validators.MinValueValidator(1)])),
-                ('rate_algorithm', models.CharField(choices=[('gcra', 'GCRA (exact: never more than the limit in any window)'), ('fixed_window', 'Fixed window (may admit up to 2x at a window edge)')], default='gcra', help_text='GCRA holds the limit in every sliding window; fixed window is the cheaper classic, which can admit twice the limit across a window boundary.', max_length=20)),
-                ('max_attempts', models.PositiveIntegerField(default=3, help_text='Runs allowed before a failing task is dead-lettered (1 = no retries).', validators=[django.core.validators.MinValueValidator(1), django.core.validators.MaxValueValidator(1000)])),
-                ('retry_backoff', models.FloatField(default=2.0, help_text='Base of the exponential backoff in seconds: retry n waits about backoff * 2^(n-1), with jitter, capped at one hour.', validators=[django.core.validators.MinValueValidator(0), django.core.validators.MaxValueValidator(86400)])),
-                ('timeout', models.FloatField(blank=True, help_text='Seconds a run may take before it is failed (and retried). Empty means no limit.', null=True, validators=[django.core.validators.MinValueValidator(0.001)])),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                (
+                    "name",
+                    models.CharField(
+                        help_text="The type name producers enqueue, e.g. billing.send_invoice.",
+                        max_length=100,
+                        unique=True,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "^[A-Za-z0-9_.:-]{1,100}$", "Use 1-100 characters from A-Z, a-z, 0-9 and _ . : -."
+                            )
+                        ],
+                    ),
+                ),
+                (
+                    "handler",
+                    models.CharField(
+                        help_text="The registered handler that runs tasks of this type.",
+                        max_length=100,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "^[A-Za-z0-9_.:-]{1,100}$", "Use 1-100 characters from A-Z, a-z, 0-9 and _ . : -."
+                            )
+                        ],
+                    ),
+                ),
+                (
+                    "queue",
+                    models.CharField(
+                        default="default",
+                        help_text="Queue a task goes to when the producer does not name one.",
+                        max_length=100,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "^[A-Za-z0-9_.:-]{1,100}$", "Use 1-100 characters from A-Z, a-z, 0-9 and _ . : -."
+                            )
+                        ],
+                    ),
+                ),
+                (
+                    "enabled",
+                    models.BooleanField(
+                        default=True,
+                        help_text="Disabled types cannot be enqueued, and queued tasks of this type wait (without using attempts) until it is enabled again.",
+                    ),
+                ),
+                (
+                    "rate_limit",
+                    models.PositiveIntegerField(
+                        blank=True,
+                        help_text="At most this many tasks of this type start per rate period, across all consumers. Empty means unlimited.",
+                        null=True,
+                        validators=[django.core.validators.MinValueValidator(1)],
+                    ),
+                ),
+                (
+                    "rate_period",
+                    models.FloatField(
+                        default=1.0,
+                        help_text="Length of the rate-limit window in seconds.",
+                        validators=[
+                            django.core.validators.MinValueValidator(0.001),
+                            django.core.validators.MaxValueValidator(31536000),
+                        ],
+                    ),
+                ),
+                (
+                    "rate_burst",
+                    models.PositiveIntegerField(
+                        default=1,
+                        help_text="How many tasks may start back to back before the limit spaces them out (never more than the rate limit itself).",
+                        validators=[django.core.validators.MinValueValidator(1)],
+                    ),
+                ),
+                (
+                    "rate_algorithm",
+                    models.CharField(
+                        choices=[
+                            ("gcra", "GCRA (exact: never more than the limit in any window)"),
+                            ("fixed_window", "Fixed window (may admit up to 2x at a window edge)"),
+                        ],
+                        default="gcra",
+                        help_text="GCRA holds the limit in every sliding window; fixed window is the cheaper classic, which can admit twice the limit across a window boundary.",
+                        max_length=20,
+                    ),
+                ),
+                (
+                    "max_attempts",
+                    models.PositiveIntegerField(
+                        default=3,
+                        help_text="Runs allowed before a failing task is dead-lettered (1 = no retries).",
+                        validators=[
+                            django.core.validators.MinValueValidator(1),
+                            django.core.validators.MaxValueValidator(1000),
+                        ],
+                    ),
+                ),
+                (
+                    "retry_backoff",
+                    models.FloatField(
+                        default=2.0,
+                        help_text="Base of the exponential backoff in seconds: retry n waits about backoff * 2^(n-1), with jitter, capped at one hour.",
+                        validators=[
+                            django.core.validators.MinValueValidator(0),
+                            django.core.validators.MaxValueValidator(86400),
+                        ],
+                    ),
+                ),
+                (
+                    "timeout",
+                    models.FloatField(
+                        blank=True,
+                        help_text="Seconds a run may take before it is failed (and retried). Empty means no limit.",
+                        null=True,
+                        validators=[django.core.validators.MinValueValidator(0.001)],
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
     ]

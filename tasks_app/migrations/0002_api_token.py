@@ -6,28 +6,44 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('tasks_app', '0001_initial'),
+        ("tasks_app", "0001_initial"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ApiToken',
+            name="ApiToken",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(help_text='What the token is for, e.g. billing-service.', max_length=100)),
-                ('key_hash', models.CharField(editable=False, max_length=64, unique=True)),
-                ('key_prefix', models.CharField(editable=False, help_text='The first characters of the token, to recognise it.', max_length=8)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('last_used_at', models.DateTimeField(blank=True, editable=False, null=True)),
-                ('revoked_at', models.DateTimeField(blank=True, help_text='Set to revoke the token; requests with it are then refused.', null=True)),
-                ('user', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='api_tokens', to=settings.AUTH_USER_MODEL)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("name", models.CharField(help_text="What the token is for, e.g. billing-service.", max_length=100)),
+                ("key_hash", models.CharField(editable=False, max_length=64, unique=True)),
+                (
+                    "key_prefix",
+                    models.CharField(
+                        editable=False, help_text="The first characters of the token, to recognise it.", max_length=8
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("last_used_at", models.DateTimeField(blank=True, editable=False, null=True)),
+                (
+                    "revoked_at",
+                    models.DateTimeField(
+                        blank=True, help_text="Set to revoke the token; requests with it are then refused.", null=True
+                    ),
+                ),
+                (
+                    "user",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="api_tokens",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'API token',
-                'ordering': ['-created_at'],
+                "verbose_name": "API token",
+                "ordering": ["-created_at"],
             },
         ),
     ]

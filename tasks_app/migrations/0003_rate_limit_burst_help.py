@@ -5,15 +5,18 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('tasks_app', '0002_api_token'),
+        ("tasks_app", "0002_api_token"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='tasktype',
-            name='rate_burst',
-            field=models.PositiveIntegerField(default=1, help_text='How many tasks may start back to back before the limit spaces them out (never more than the rate limit itself). Any window of the rate period still starts at most the rate limit, so with GCRA a burst of b lowers the steady rate to (limit - b + 1) per period; 1 keeps the full rate.', validators=[django.core.validators.MinValueValidator(1)]),
+            model_name="tasktype",
+            name="rate_burst",
+            field=models.PositiveIntegerField(
+                default=1,
+                help_text="How many tasks may start back to back before the limit spaces them out (never more than the rate limit itself). Any window of the rate period still starts at most the rate limit, so with GCRA a burst of b lowers the steady rate to (limit - b + 1) per period; 1 keeps the full rate.",
+                validators=[django.core.validators.MinValueValidator(1)],
+            ),
         ),
     ]

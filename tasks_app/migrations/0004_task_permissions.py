@@ -4,14 +4,19 @@ from django.db import migrations
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('tasks_app', '0003_rate_limit_burst_help'),
+        ("tasks_app", "0003_rate_limit_burst_help"),
     ]
 
     operations = [
         migrations.AlterModelOptions(
-            name='tasktype',
-            options={'ordering': ['name'], 'permissions': [('enqueue_task', 'Can enqueue tasks (form and API)'), ('manage_dead_letters', 'Can requeue and delete dead-lettered tasks')]},
+            name="tasktype",
+            options={
+                "ordering": ["name"],
+                "permissions": [
+                    ("enqueue_task", "Can enqueue tasks (form and API)"),
+                    ("manage_dead_letters", "Can requeue and delete dead-lettered tasks"),
+                ],
+            },
         ),
     ]

@@ -5,24 +5,43 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('tasks_app', '0004_task_permissions'),
+        ("tasks_app", "0004_task_permissions"),
     ]
 
     operations = [
         migrations.AlterModelOptions(
-            name='tasktype',
-            options={'ordering': ['name'], 'permissions': [('enqueue_task', 'Can enqueue tasks (form and API)'), ('manage_dead_letters', 'Can requeue and delete dead-lettered tasks'), ('cancel_task', 'Can cancel tasks (task page, API, task browser)')]},
+            name="tasktype",
+            options={
+                "ordering": ["name"],
+                "permissions": [
+                    ("enqueue_task", "Can enqueue tasks (form and API)"),
+                    ("manage_dead_letters", "Can requeue and delete dead-lettered tasks"),
+                    ("cancel_task", "Can cancel tasks (task page, API, task browser)"),
+                ],
+            },
         ),
         migrations.AddField(
-            model_name='tasktype',
-            name='unique_for_s',
-            field=models.FloatField(blank=True, help_text="Unique tasks: while a task of this type with the same uniqueness key (by default its arguments) was enqueued less than this many seconds ago, another enqueue returns that task's id and enqueues nothing. Empty means off.", null=True, validators=[django.core.validators.MinValueValidator(0.001), django.core.validators.MaxValueValidator(31536000)]),
+            model_name="tasktype",
+            name="unique_for_s",
+            field=models.FloatField(
+                blank=True,
+                help_text="Unique tasks: while a task of this type with the same uniqueness key (by default its arguments) was enqueued less than this many seconds ago, another enqueue returns that task's id and enqueues nothing. Empty means off.",
+                null=True,
+                validators=[
+                    django.core.validators.MinValueValidator(0.001),
+                    django.core.validators.MaxValueValidator(31536000),
+                ],
+            ),
         ),
         migrations.AddField(
-            model_name='tasktype',
-            name='unique_until',
-            field=models.CharField(choices=[('window', 'The end of the window'), ('finished', 'The task finishes (or the window ends)')], default='window', help_text="When a unique task's key is freed: at the end of the window, or as soon as the task finishes (succeeds, fails for good or is cancelled), whichever comes first.", max_length=10),
+            model_name="tasktype",
+            name="unique_until",
+            field=models.CharField(
+                choices=[("window", "The end of the window"), ("finished", "The task finishes (or the window ends)")],
+                default="window",
+                help_text="When a unique task's key is freed: at the end of the window, or as soon as the task finishes (succeeds, fails for good or is cancelled), whichever comes first.",
+                max_length=10,
+            ),
         ),
     ]

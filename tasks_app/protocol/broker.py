@@ -25,9 +25,11 @@ from tasks_app.protocol.control import ControlOps
 from tasks_app.protocol.inspection import THROUGHPUT_BUCKET_S, InspectionOps
 from tasks_app.protocol.keys import UNDECODABLE_TYPE, WAKE_TOKEN, Keys, delayed_member
 from tasks_app.protocol.leases import LeaseOps
+from tasks_app.protocol.pausing import PauseOps
 from tasks_app.protocol.replication import CLUSTER_WAIT_MS, ReplicatedWrites
 from tasks_app.protocol.replies import READY_RECORD_DEFAULTS, AckReport, Claim, Promotion, ResultUpdate
 from tasks_app.protocol.scripts import Scripts, connect
+from tasks_app.protocol.slots import SlotOps
 
 # Ids given by callers are remembered per queue this long and up to this many, so a retry of a
 # partly enqueued batch (Redis Cluster) or of one whose reply was lost does not push them twice.
@@ -35,7 +37,7 @@ ENQUEUED_IDS_KEEP_MS = 24 * 3600 * 1000
 ENQUEUED_IDS_MAX = 100_000
 
 
-class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ControlOps):
+class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ControlOps, SlotOps, PauseOps):
     """Queue operations on Redis, each one round trip or one script."""
 
     def __init__(
@@ -163,7 +165,8 @@ class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ControlOps):
         """Like `claim`, first taking one suspect if allowed; None if this consumer's lease was lost.
 
         Claims only under a live lease: one that lapsed (deadline passed, not yet reaped) claims
-        nothing and says so (`lease_expired`) until a renewal succeeds.
+        nothing and says so (`lease_expired`) until a renewal succeeds; a paused queue claims
+        nothing either (`paused`).
         """
         keys = [
             self.keys.pending(queue),
@@ -172,6 +175,7 @@ class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ControlOps):
             self.keys.consumers(queue),
             self.keys.suspects(queue),
             self.keys.fence(queue),
+            self.keys.paused(queue),
         ]
         claimed = self._script(
             "claim",
@@ -183,6 +187,8 @@ class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ControlOps):
         took_suspect, suspects_waiting, first_fence, *tasks = claimed
         if took_suspect == -1:
             return Claim([], False, 0, lease_expired=True)
+        if took_suspect == -2:
+            return Claim([], False, 0, paused=True)
         return Claim(tasks, bool(took_suspect), int(suspects_waiting), int(first_fence))
 
     def mark_started(self, queue: str, raw: bytes) -> None:
@@ -354,10 +360,11 @@ class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ControlOps):
         period_us: int,
         emission_us: int,
         tolerance_us: int,
+        key_token: str | None = None,
     ) -> int:
-        """Decide whether a task of `task_type` may start now: 0 if so, else microseconds to wait."""
+        """Decide whether a task of `task_type` (of one key value, if keyed) may start now: 0, else µs to wait."""
         args = [algorithm, task_id, limit, period_us, emission_us, tolerance_us]
-        return int(self._script("rate_limit", [self.keys.rate(task_type)], args))
+        return int(self._script("rate_limit", [self.keys.rate(task_type, key_token)], args))
 
 
 _brokers: dict[tuple[str, bool, str], Broker] = {}

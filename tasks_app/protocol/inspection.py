@@ -72,12 +72,13 @@ class InspectionOps(ScriptClient):
         pipe.llen(self.keys.suspects(queue))
         pipe.zcard(self.keys.delayed(queue))
         pipe.zcard(self.keys.dead(queue))
+        pipe.exists(self.keys.paused(queue))
         for consumer_id in tombstones:
             pipe.llen(self.keys.processing(queue, consumer_id))
-        pending, wake_token_at, prioritized, suspects, delayed, dead, *orphaned = pipe.execute()
+        pending, wake_token_at, prioritized, suspects, delayed, dead, paused, *orphaned = pipe.execute()
         pending -= wake_token_at is not None
         processing = sum(c["in_flight"] for c in consumers) + sum(orphaned)
-        return QueueStats(queue, pending + prioritized + suspects, processing, delayed, dead, consumers)
+        return QueueStats(queue, pending + prioritized + suspects, processing, delayed, dead, consumers, bool(paused))
 
     def _tombstones(self, queue: str) -> list[str]:
         return [cid for cid in map(consumer_id_of, self.client.zrange(self.keys.reaped(queue), 0, -1)) if cid]

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 # Pushed onto an empty pending list to wake a consumer blocked on it; never a valid Task
 # (field number 0 does not exist in protobuf), dropped wherever it is met.
@@ -100,8 +104,49 @@ class Keys:
     def result(self, task_id: str) -> str:
         return f"{self.prefix}:result:{task_id}"
 
-    def rate(self, task_type: str) -> str:
-        return f"{self.prefix}:rate:{{{task_type}}}"
+    def rate(self, task_type: str, key_token: str | None = None) -> str:
+        """The GCRA state of a type, or of one value of its `rate_limit_key` (see `limit_key_token`)."""
+        return f"{self.prefix}:rate:{{{_limit_tag(task_type, key_token)}}}"
+
+    def paused(self, queue: str) -> str:
+        """Present while `queue` is paused (JSON: since_ms, by); claims of it are refused."""
+        return self.queue_key(queue, "paused")
+
+    def running(self, task_type: str, key_token: str | None = None) -> str:
+        """Holders of a capped type's (or key value's) slots: "h:<token>" or "w:<waiter>" -> deadline ms."""
+        return f"{self.prefix}:running:{{{_limit_tag(task_type, key_token)}}}"
+
+    def running_waiters(self, task_type: str, key_token: str | None = None) -> str:
+        """Tasks waiting for one of those slots, in the order they first waited: waiter id -> order."""
+        return f"{self.running(task_type, key_token)}:waiters"
+
+    def running_waiting(self, task_type: str, key_token: str | None = None) -> str:
+        """Where each waiter sits while it waits: waiter id -> "<queue>\\n<delayed member>"."""
+        return f"{self.running(task_type, key_token)}:waiting"
+
+
+def _limit_tag(task_type: str, key_token: str | None) -> str:
+    return task_type if key_token is None else f"{task_type}|{key_token}"
+
+
+# A key value used as it is in a key when it looks like this; any other is hashed.
+_PLAIN_KEY_VALUE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+MISSING_KEY_TOKEN = "#missing"
+
+
+def limit_key_token(kwargs: Mapping[str, Any], name: str) -> str:
+    """The part of a keyed limit's key for the value of kwarg `name`: short names as they are, else a hash.
+
+    42 and "42" are one key; a task without the kwarg shares the bucket "#missing" with others
+    like it. A hashed value starts with "#", which no plain value contains, so none collide.
+    """
+    if name not in kwargs:
+        return MISSING_KEY_TOKEN
+    value = kwargs[name]
+    if isinstance(value, int | str) and not isinstance(value, bool) and _PLAIN_KEY_VALUE.fullmatch(str(value)):
+        return str(value)
+    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=repr)
+    return "#" + hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 def consumer_id_of(member: bytes) -> str:

@@ -19,6 +19,7 @@ class Claim:
     suspects_waiting: int  # suspects still in the queue's suspects list
     first_fence: int = 0  # fencing token of tasks[0]; tasks[i] holds first_fence + i
     lease_expired: bool = False  # nothing was claimed: the lease lapsed and has not been renewed
+    paused: bool = False  # nothing was claimed: the queue is paused
 
 
 class Promotion(NamedTuple):
@@ -59,9 +60,11 @@ class QueueStats:
     delayed: int
     dead: int
     consumers: list[dict[str, Any]]
+    paused: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return {
+            "paused": self.paused,
             "queue": self.queue,
             "pending": self.pending,
             "processing": self.processing,

@@ -80,6 +80,7 @@ def api_view(methods: set[str], permission: str | None = None) -> Callable[[View
                 reason = _csrf_failure(request)
                 if reason:
                     return error(403, f"CSRF check failed: {reason}")
+            request.user = credentials.user  # a token acts as its user, in the view too
             return view(request, *args, **kwargs)
 
         return wrapper

@@ -69,6 +69,7 @@ class QueueRow:
     consumers: list[ConsumerRow]
     completed_last_minute: int
     valid_name: bool
+    paused_by: str = ""
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -92,6 +93,7 @@ def queue_dashboard(request: HttpRequest) -> HttpResponse:
                 [ConsumerRow.from_info(c, now_ms) for c in stats.consumers],
                 broker.completed_last_minute(queue),
                 NAME_PATTERN.fullmatch(queue) is not None,
+                str((broker.pause_states([queue])[queue] or {}).get("by") or ""),
             )
         )
     return render(request, "tasks_app/dashboard.html", admin_context(request, "Queue dashboard", queues=rows))

@@ -130,3 +130,21 @@ def test_the_dashboard_shows_a_hostile_queue_name_as_text(page, snap, live_serve
     page.click("tr.queue-row[data-queue=default] a.dead-link")
     expect(page.locator("tr.dead-row")).to_have_count(1)
     expect(page.locator("tr.dead-row")).to_contain_text("not a task: delete only")
+
+
+def test_pause_and_resume_a_queue_from_the_dashboard(page, snap, live_server, broker):
+    from playwright.sync_api import expect
+
+    producer.enqueue("demo.echo", count=2)
+    log_in(page, live_server.url)
+    page.goto(f"{live_server.url}/tasks/dashboard/")
+    row = page.locator('tr.queue-row[data-queue="default"]')
+    row.locator("button.pause-button").click()
+    expect(page.locator("ul.messagelist")).to_contain_text("Queue default paused.")
+    expect(row.locator(".paused-badge")).to_have_text("Paused")
+    snap("paused-queue")
+    assert broker.is_paused("default")
+    row.locator("button.pause-button").click()
+    expect(page.locator("ul.messagelist")).to_contain_text("Queue default resumed.")
+    expect(row.locator(".queue-state")).to_contain_text("Running")
+    assert not broker.is_paused("default")

@@ -73,3 +73,40 @@ def test_rate_limit_holds_across_consumers_on_a_cluster(cluster_broker, consumer
     for consumer in consumers:
         assert "CROSSSLOT" not in consumer.log()
         assert consumer.terminate() == 0
+
+
+@pytest.mark.timeout(120)
+def test_pause_and_concurrency_cap_hold_on_a_cluster(cluster_broker, consumer_process):
+    import time
+
+    from tasks_app.models import TaskType
+    from tests.support.processes import wait_until
+    from tests.support.throttle_handlers import MODULES, most_at_once, spans
+
+    broker = cluster_broker
+    # Keyed: the two tenants' slot sets hash to slots of their own, apart from the queue's.
+    TaskType.objects.create(name="test.span", handler="test.span", max_running=2, max_running_key="tenant")
+    assert broker.pause("default", by="chaos")
+    consumers = [consumer_process("--lease", "2", "--concurrency", "4", TASK_HANDLER_MODULES=MODULES) for _ in range(2)]
+    enqueued = [
+        *producer.enqueue("test.span", kwargs={"sleep_s": 0.2, "tenant": "a"}, count=scaled(8, 40)),
+        *producer.enqueue("test.span", kwargs={"sleep_s": 0.2, "tenant": "b"}, count=scaled(8, 40)),
+    ]
+    wait_until(lambda: len(broker.live_consumers("default")) == 2, 30, message="two consumers to register")
+    time.sleep(1.5)
+    assert spans(broker) == [] and broker.queue_stats("default").paused
+
+    assert broker.resume("default")
+
+    def ends() -> list[dict]:
+        return [e for e in spans(broker) if e["event"] == "end"]
+
+    wait_until(lambda: len(ends()) >= len(enqueued), scaled(60, 120), interval_s=0.2, message="every task to end")
+    events = spans(broker)
+    assert sorted(e["task_id"] for e in ends()) == sorted(task.id for task in enqueued)
+    for tenant in "ab":
+        assert most_at_once([e for e in events if e["tenant"] == tenant]) <= 2
+    assert most_at_once(events) > 2  # the tenants ran side by side
+    for consumer in consumers:
+        assert "CROSSSLOT" not in consumer.log()
+        assert consumer.terminate() == 0

@@ -20,11 +20,12 @@ class Command(BaseCommand):
         if json:
             self.stdout.write(_dumps({"queues": [s.as_dict() for s in stats]}))
             return
-        header = f"{'queue':<24}{'pending':>10}{'processing':>12}{'delayed':>10}{'dead':>8}{'consumers':>11}"
+        header = f"{'queue':<24}{'pending':>10}{'processing':>12}{'delayed':>10}{'dead':>8}{'consumers':>11}  state"
         self.stdout.write(header)
         for s in stats:
             self.stdout.write(
                 f"{s.queue:<24}{s.pending:>10}{s.processing:>12}{s.delayed:>10}{s.dead:>8}{len(s.consumers):>11}"
+                f"  {'paused' if s.paused else 'running'}"
             )
         for s in stats:
             for consumer in s.consumers:

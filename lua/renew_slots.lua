@@ -1,0 +1,16 @@
+-- renew_slots: extend the slots a live consumer's runs hold, with its lease (from its heartbeat).
+-- KEYS[1] slots zset (see include/slots.lua)
+-- ARGV[1] lease ms   ARGV[2] idle ms   ARGV[3..n] holder tokens
+-- Returns: how many were renewed. A holder already evicted (its consumer was presumed dead) is
+-- not brought back: its slot may be someone else's now.
+-- include: key_types
+local refused = wrong_key_type({'zset'})
+if refused then return refused end
+-- include: args
+local deadline = server_now_ms() + int_arg(ARGV[1], 30000, 1, 86400000)
+local renewed = 0
+for i = 3, #ARGV do
+  renewed = renewed + redis.call('ZADD', KEYS[1], 'XX', 'CH', deadline, 'h:' .. ARGV[i])
+end
+redis.call('PEXPIRE', KEYS[1], int_arg(ARGV[2], 60000, 1000, 86400000))
+return renewed

@@ -1,0 +1,91 @@
+"""Pausing and resuming a queue from the dashboard and the JSON API (permission pause_queue)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.admin.views.decorators import staff_member_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect
+from django.views.decorators.http import require_POST
+
+from tasks_app.models import PAUSE_QUEUE_PERMISSION
+from tasks_app.protocol.broker import get_broker
+from tasks_app.protocol.names import InvalidName, validate_name
+from tasks_app.protocol.timestamps import datetime_of_ms
+from tasks_app.web.api import api_view, error
+
+logger = logging.getLogger(__name__)
+
+
+def set_paused(queue: str, paused: bool, by: str) -> bool:
+    """Pause or resume `queue`; False if it already was in that state."""
+    broker = get_broker()
+    changed = broker.pause(queue, by=by) if paused else broker.resume(queue)
+    if changed:
+        logger.warning("queue %s %s by %s", queue, "paused" if paused else "resumed", by or "an operator")
+    return changed
+
+
+def queue_state(queue: str) -> dict[str, Any]:
+    """A queue's counts and whether (since when, by whom) it is paused, as JSON."""
+    broker = get_broker()
+    stats = broker.queue_stats(queue).as_dict()
+    state = broker.pause_states([queue])[queue] or {}
+    since = datetime_of_ms(state["since_ms"]) if isinstance(state.get("since_ms"), int) else None
+    stats.pop("consumers")
+    return {**stats, "paused_since": since.isoformat() if since else None, "paused_by": state.get("by")}
+
+
+@staff_member_required
+@require_POST
+def pause_page(request: HttpRequest, queue: str) -> HttpResponse:
+    """The dashboard's pause / resume buttons (POST action=pause|resume, with CSRF)."""
+    if not request.user.has_perm(PAUSE_QUEUE_PERMISSION):
+        raise PermissionDenied(f"permission {PAUSE_QUEUE_PERMISSION} is required")
+    try:
+        validate_name(queue, "queue")
+    except InvalidName as exc:
+        raise Http404(str(exc)) from None
+    action = request.POST.get("action")
+    if action not in {"pause", "resume"}:
+        messages.error(request, "Unknown action.")
+    elif set_paused(queue, action == "pause", request.user.get_username()):
+        messages.success(request, f"Queue {queue} {action}d.")
+    else:
+        messages.info(request, f"Queue {queue} was already {action}d.")
+    return redirect("tasks_app:dashboard")
+
+
+def _api_set(request: HttpRequest, queue: str, paused: bool) -> HttpResponse:
+    try:
+        validate_name(queue, "queue")
+    except InvalidName as exc:
+        return error(400, str(exc))
+    changed = set_paused(queue, paused, request.user.get_username())
+    return JsonResponse({**queue_state(queue), "changed": changed})
+
+
+@api_view({"POST"}, permission=PAUSE_QUEUE_PERMISSION)
+def api_pause(request: HttpRequest, queue: str) -> HttpResponse:
+    """Pause a queue: consumers stop claiming it within a second; enqueues are still accepted."""
+    return _api_set(request, queue, True)
+
+
+@api_view({"POST"}, permission=PAUSE_QUEUE_PERMISSION)
+def api_resume(request: HttpRequest, queue: str) -> HttpResponse:
+    """Resume a paused queue."""
+    return _api_set(request, queue, False)
+
+
+@api_view({"GET"})
+def api_queue(request: HttpRequest, queue: str) -> HttpResponse:
+    """A queue's counts and pause state."""
+    try:
+        validate_name(queue, "queue")
+    except InvalidName as exc:
+        return error(400, str(exc))
+    return JsonResponse(queue_state(queue))

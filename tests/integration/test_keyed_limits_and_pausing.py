@@ -1,0 +1,61 @@
+"""Keyed rate limits and pausing a queue, across real consumer processes on real Redis."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tasks_app import producer
+from tasks_app.models import TaskType
+from tests.support.processes import wait_until
+from tests.support.recording import most_starts_in_any_window, recorded_runs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+RECORD = "test.record"
+
+
+def test_keyed_rate_limit_runs_tenants_side_by_side(broker, consumer_process):
+    TaskType.objects.create(name=RECORD, handler=RECORD, rate_limit=3, rate_period=1.0, rate_limit_key="tenant")
+    consumers = [consumer_process("--concurrency", "4", "--lease", "2") for _ in range(2)]
+    wait_until(lambda: len(broker.live_consumers("default")) == 2, 30, message="two consumers to register")
+
+    flood = producer.enqueue(RECORD, kwargs={"tenant": "a"}, count=9)  # tenant a floods first
+    other = producer.enqueue(RECORD, kwargs={"tenant": "b"}, count=9)
+    wait_until(lambda: len(recorded_runs(broker)) >= 18, 30, interval_s=0.2, message="all 18 tasks to start")
+
+    runs = recorded_runs(broker)
+    assert sorted(run["task_id"] for run in runs) == sorted(task.id for task in flood + other)
+    starts = {tenant: [run["start_ms"] for run in runs if run["tenant"] == tenant] for tenant in "ab"}
+    for tenant, times in starts.items():
+        assert most_starts_in_any_window(times, 1000) <= 3, tenant
+        assert max(times) - min(times) <= 3500, (tenant, [c.log() for c in consumers])  # ~2.8 s for 9 at 3/s
+    assert abs(min(starts["a"]) - min(starts["b"])) <= 1000  # b did not wait behind a's deferred tasks
+    assert max(max(t) for t in starts.values()) - min(min(t) for t in starts.values()) <= 4500  # not ~6 s
+
+
+def test_paused_queue_starts_nothing_and_resuming_starts_at_once(broker, consumer_process):
+    TaskType.objects.create(name=RECORD, handler=RECORD)
+    consumer_process("--concurrency", "4", "--lease", "2")
+    wait_until(lambda: broker.live_consumers("default"), 30, message="the consumer to register")
+    time.sleep(0.5)  # idle: its claim is blocked on the empty pending list
+
+    assert broker.pause("default", by="test")
+    consumer_process("--concurrency", "4", "--lease", "2")  # a consumer started meanwhile obeys it too
+    time.sleep(1.0)  # consumers stop claiming within 1 s
+    enqueued = producer.enqueue(RECORD, count=10)  # enqueues are still accepted
+    enqueued_at = time.monotonic()
+    wait_until(lambda: len(broker.live_consumers("default")) == 2, 30, message="the second consumer to register")
+    time.sleep(max(1.0, enqueued_at + 3.0 - time.monotonic()))  # 3 s at least, 1 s of them with both
+    stats = broker.queue_stats("default")
+    assert recorded_runs(broker) == []
+    assert (stats.paused, stats.pending, stats.processing, len(stats.consumers)) == (True, 10, 0, 2)
+
+    resumed_ms = broker.server_time_ms()
+    assert broker.resume("default")
+    wait_until(lambda: len(recorded_runs(broker)) == 10, 10, message="every task to start after the resume")
+    runs = recorded_runs(broker)
+    assert sorted(run["task_id"] for run in runs) == sorted(task.id for task in enqueued)
+    assert min(run["start_ms"] for run in runs) - resumed_ms <= 1000
+    assert not broker.queue_stats("default").paused

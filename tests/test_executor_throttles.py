@@ -1,0 +1,82 @@
+"""The executor's throttles in a real Redis: a concurrency slot per run, deferral and wake-up, paused queues."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from tasks_app.consumer.claimed import Claimed
+from tasks_app.consumer.concurrency import ConcurrencyGate
+from tasks_app.consumer.executor import Executor
+from tasks_app.consumer.limits import RateLimiter
+from tasks_app.protocol.codec import decode_task, encode_payload
+from tasks_app.protocol.slots import SlotSet, Waiter
+from tasks_app.task_types import TaskTypeCache
+from tests.support.claims import claim, push, register, task_bytes
+from tests.support.counters import sample
+from tests.test_executor import CONSUMER, claimed, delayed_tasks, registry, task_type  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def gated(broker, registry) -> Executor:  # noqa: F811 (the fixture above)
+    register(broker, CONSUMER, lease_ms=30_000)
+    gate = ConcurrencyGate(broker, broker, lease_s=30, recheck_s=5, give_up=threading.Event())
+    return Executor(
+        broker, registry, TaskTypeCache(), CONSUMER, result_ttl_s=60, rate_gate=RateLimiter(broker), concurrency=gate
+    )
+
+
+def pending_ids(broker) -> list[str]:
+    return [decode_task(raw).id for raw in broker.client.lrange(broker.keys.pending("q"), 0, -1)]
+
+
+def test_a_run_holds_a_slot_and_gives_it_back(broker, gated):
+    task_type(gated, "x.add", max_running=1)
+    assert gated.execute(claimed(broker, "t1", "x.add", 1, 2)) is False
+    assert broker.get_result("t1")["status"] == "SUCCESSFUL"
+    assert broker.slots_in_use(SlotSet("x.add", None, 1)) == 0
+
+
+def test_no_free_slot_defers_without_an_attempt_and_a_freed_slot_wakes_the_task(broker, gated):
+    task_type(gated, "x.add", max_running=1)
+    slots = SlotSet("x.add", None, 1)
+    assert broker.acquire_slot(slots, "elsewhere", Waiter("q", b"+000other"), 30_000, 60_000)[0]
+    assert gated.execute(claimed(broker, "t1", "x.add", 1, 2)) is False
+    [(task, due_in_ms)] = delayed_tasks(broker)
+    assert task.id == "t1" and task.attempt == 0 and 2000 <= due_in_ms <= 5100  # only the fallback
+    assert sample("taskqueue_tasks_deferred_total", type="x.add", queue="q", reason="max_running") >= 1
+
+    woken = broker.release_slot(slots, "elsewhere", 60_000)
+    assert [waiter.queue for waiter in woken] == ["q"]
+    assert broker.wake(woken[0]) and pending_ids(broker) == ["t1"] and delayed_tasks(broker) == []
+    [raw] = claim(broker, CONSUMER, 1)
+    assert gated.execute(Claimed("q", CONSUMER, raw)) is False
+    assert broker.get_result("t1")["status"] == "SUCCESSFUL"  # the slot kept for it was its to take
+
+
+def test_each_key_value_has_a_cap_of_its_own(broker, gated):
+    task_type(gated, "x.kw", handler="x.context", max_running=1, max_running_key="tenant")
+    assert broker.acquire_slot(SlotSet("x.kw", "a", 1), "busy", Waiter("q", b"+000other"), 30_000, 60_000)[0]
+
+    def run(task_id: str, tenant: str) -> None:
+        raw = task_bytes(task_id, "x.kw", payload=encode_payload([1, 2], {"tenant": tenant}))
+        push(broker, raw)
+        [taken] = claim(broker, CONSUMER, 1)
+        gated.execute(Claimed("q", CONSUMER, taken))
+
+    run("b1", "b")
+    run("a1", "a")
+    assert broker.get_result("b1")["status"] == "SUCCESSFUL"
+    assert [task.id for task, _ in delayed_tasks(broker)] == ["a1"]
+
+
+def test_a_task_of_a_queue_paused_after_its_claim_goes_back_unstarted(broker, gated):
+    task_type(gated, "x.add")
+    held = claimed(broker, "t1", "x.add", 1, 2)
+    broker.pause("q")
+    assert gated.execute(held) is False
+    assert pending_ids(broker) == ["t1"] and broker.held_by("q", CONSUMER) == []
+    assert broker.get_result("t1") is None  # it never started
