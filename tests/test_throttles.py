@@ -195,7 +195,9 @@ def test_throttle_combinations_that_do_not_fit_are_refused(overrides, field):
 
 def test_keyed_throttles_with_their_limits_are_accepted():
     form = TaskTypeForm(
-        data=form_data(rate_limit="3", rate_limit_key="tenant", max_running="2", max_running_key="tenant")
+        data=form_data(
+            rate_limit="3", rate_limit_key="tenant", max_running="2", max_running_key="tenant", unique_until="window"
+        )
     )
     assert form.is_valid(), form.errors
     row = form.save()
