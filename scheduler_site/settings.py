@@ -168,3 +168,5 @@ TASKS_DEAD_LETTER_MAX_AGE_S = int(os.environ.get("TASKS_DEAD_LETTER_MAX_AGE_S", 
 # Before acking, a consumer waits up to this long (ms) for a replica of each master that took the
 # batch's results to have them; past it the tasks are acked anyway (and counted in a metric).
 TASKS_CLUSTER_WAIT_MS = int(os.environ.get("TASKS_CLUSTER_WAIT_MS", "100"))
+# At most this many recent tasks per queue are kept in the history index behind the task browser.
+TASKS_HISTORY_MAX = int(os.environ.get("TASKS_HISTORY_MAX", "100000"))

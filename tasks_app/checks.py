@@ -30,6 +30,14 @@ _BOUNDED_SETTINGS = (
         "Acks wait this long at most for a replica; 0 would make Redis wait forever.",
         "tasks_app.E031",
     ),
+    (
+        "TASKS_HISTORY_MAX",
+        1,
+        10_000_000,
+        " tasks",
+        "Each queue's history index keeps this many tasks; ten million would take gigabytes of Redis memory.",
+        "tasks_app.E060",
+    ),
 )
 
 

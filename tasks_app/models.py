@@ -9,10 +9,11 @@ from tasks_app.protocol.names import NAME_PATTERN, NAME_RULE
 
 name_validator = RegexValidator(f"^{NAME_PATTERN.pattern}$", f"Use {NAME_RULE}.")
 
-# Permissions (declared on TaskType): who may enqueue, who may requeue or delete dead letters, who may cancel.
+# Permissions (declared on TaskType): enqueue, requeue or delete dead letters, cancel, delete task records.
 ENQUEUE_PERMISSION = "tasks_app.enqueue_task"
 MANAGE_DEAD_LETTERS_PERMISSION = "tasks_app.manage_dead_letters"
 CANCEL_PERMISSION = "tasks_app.cancel_task"
+DELETE_TASK_RECORDS_PERMISSION = "tasks_app.delete_task_records"
 
 
 class TaskType(models.Model):
@@ -116,6 +117,7 @@ class TaskType(models.Model):
             ("enqueue_task", "Can enqueue tasks (form and API)"),
             ("manage_dead_letters", "Can requeue and delete dead-lettered tasks"),
             ("cancel_task", "Can cancel tasks (task page, API, task browser)"),
+            ("delete_task_records", "Can delete task records from the task browser"),
         ]
 
     def __str__(self) -> str:

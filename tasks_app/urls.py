@@ -2,13 +2,15 @@
 
 from django.urls import path
 
-from tasks_app.web import api, dashboard, tasks
+from tasks_app.web import api, browser, dashboard, tasks
 
 app_name = "tasks_app"
 
 urlpatterns = [
+    path("tasks/", browser.task_browser, name="browser"),
     path("tasks/enqueue/", tasks.enqueue_task, name="enqueue"),
     path("tasks/dashboard/", dashboard.queue_dashboard, name="dashboard"),
+    path("tasks/dashboard/series.json", dashboard.chart_series, name="dashboard-series"),
     path("tasks/dashboard/<str:queue>/dead/", dashboard.dead_letter_page, name="dead-letters"),
     path("tasks/<str:task_id>/", tasks.task_detail, name="task"),
     path("api/tasks/", api.create_task, name="api-tasks"),
