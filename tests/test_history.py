@@ -5,7 +5,7 @@ import time
 import pytest
 
 from tasks_app import producer
-from tasks_app.protocol import history
+from tasks_app.protocol import history, results
 from tasks_app.protocol.results import ResultRecord
 
 pytestmark = pytest.mark.django_db
@@ -104,3 +104,7 @@ def test_runs_are_counted_per_minute(broker, consumer_in_thread):
     assert total == {"ok": 3, "ok|demo.echo": 3}
     assert sum(v for c in counts for k, v in c.items() if k.startswith("d|demo.echo|")) == 3
     assert broker.sample_backlog("h") == 0
+
+
+def test_every_status_a_record_can_have_has_an_index():
+    assert set(history.STATUSES) == {results.READY, results.RUNNING, *results.FINISHED}

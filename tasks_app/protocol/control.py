@@ -18,7 +18,6 @@ import redis
 from tasks_app.protocol import history
 from tasks_app.protocol.batch_args import Enqueueable
 from tasks_app.protocol.keys import WAKE_TOKEN
-from tasks_app.protocol.results import CANCELLED as CANCELLED_STATUS
 from tasks_app.protocol.scripts import ScriptClient
 
 # Cancel requests of running tasks are kept this long (a run outliving it is not told again).
@@ -115,7 +114,7 @@ class ControlOps(ScriptClient):
         if running or filed:
             pipe = self.client.pipeline(transaction=False)
             for reply in filed:  # the task browser's history: READY to CANCELLED (another slot than the record)
-                args = history.status_move_args(reply.task_id, CANCELLED_STATUS, "", history.INDEX_TTL_S)
+                args = history.status_move_args(reply.task_id, history.CANCELLED, "", history.INDEX_TTL_S)
                 self.scripts.queue(pipe, "history_move", history.index_keys(self.keys, reply.queue), args)
             for reply in running:
                 key = self.keys.cancel_requests(reply.queue)

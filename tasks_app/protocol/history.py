@@ -14,13 +14,16 @@ import functools
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
+from django.tasks import TaskResultStatus
+
 from tasks_app.protocol.keys import Keys
 from tasks_app.protocol.replies import ResultUpdate, record_text_fields
-from tasks_app.protocol.results import CANCELLED, FAILED, READY, RUNNING, SUCCESSFUL
 from tasks_app.protocol.scripts import ScriptClient
 
-# Every status a record can have, each with an index of its own; a new status is one more entry.
-STATUSES: tuple[str, ...] = (READY, RUNNING, SUCCESSFUL, FAILED, CANCELLED)
+# Every status a record can have (as results.py names them; not imported from there, which would
+# make an import cycle through tasks_app.exceptions), each with an index of its own.
+CANCELLED = "CANCELLED"
+STATUSES: tuple[str, ...] = (*(status.value for status in TaskResultStatus), CANCELLED)
 
 HISTORY_MAX = 100_000
 # Time to live given to index keys where the result TTL is not at hand (a cancel); the consumers'

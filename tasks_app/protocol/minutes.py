@@ -15,8 +15,9 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from django.tasks import TaskResultStatus
+
 from tasks_app.protocol.replies import ResultUpdate
-from tasks_app.protocol.results import FAILED, READY, SUCCESSFUL
 from tasks_app.protocol.scripts import ScriptClient
 
 KEEP_MINUTES = 120
@@ -27,6 +28,9 @@ DURATION_BUCKETS_MS: tuple[float, ...] = (
 )  # fmt: skip
 
 OUTCOMES = ("ok", "failed", "retried")
+READY, SUCCESSFUL, FAILED = (
+    s.value for s in (TaskResultStatus.READY, TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED)
+)
 
 
 def outcome_of(update: ResultUpdate) -> str | None:
