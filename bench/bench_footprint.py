@@ -1,10 +1,11 @@
-"""Footprint: Redis bytes per queued task (INFO delta and MEMORY USAGE) and consumer RSS."""
+"""Footprint: Redis bytes per queued task (INFO delta and MEMORY USAGE), its history index's share, consumer RSS."""
 
 import time
 
 from ours import our_system
+from peers.ours import QUEUE
 from support import emit
-from workloads import Sizes, run_footprint
+from workloads import Sizes, enqueue_backlog, run_footprint
 
 IDLE_SETTLE_S = 2.0
 
@@ -16,6 +17,14 @@ if __name__ == "__main__":
         system.enqueue_noop()
         result_key = next(iter(client.scan_iter(system.broker.keys.result("*"))))
         result_record_bytes = int(client.memory_usage(result_key, samples=0))
+        client.flushall()
+        from tasks_app.protocol.history import index_keys  # importable once Ours() has set the project up
+
+        # The history index (behind the task browser) alone: MEMORY USAGE of its keys, all of them sampled.
+        enqueue_backlog(system, sizes.footprint, sizes.batch)
+        index_bytes = sum(
+            int(client.memory_usage(key, samples=0) or 0) for key in index_keys(system.broker.keys, QUEUE)
+        )
         client.flushall()
         worker = system.start_worker()
         try:
@@ -30,6 +39,7 @@ if __name__ == "__main__":
             "tasks": sizes.footprint,
             **figures,
             "result_record_bytes": result_record_bytes,
+            "history_index_bytes_per_task": round(index_bytes / sizes.footprint, 1),
             "consumer_idle_rss_mb": round(idle_rss / 2**20, 1),
         }
     )

@@ -70,7 +70,8 @@ def _flush(client: redis.Redis) -> None:
     client.flushall()
 
 
-def _enqueue_backlog(system: System, count: int, batch: int) -> None:
+def enqueue_backlog(system: System, count: int, batch: int) -> None:
+    """Enqueue `count` no-ops, in bulk batches where the system has them."""
     if system.has_bulk:
         for start in range(0, count, batch):
             system.enqueue_noops(min(batch, count - start))
@@ -93,7 +94,7 @@ def run_enqueue(system: System, client: redis.Redis, sizes: Sizes) -> dict[str, 
         _flush(client)
         system.enqueue_noops(sizes.batch)
         started = time.perf_counter()
-        _enqueue_backlog(system, sizes.bulk, sizes.batch)
+        enqueue_backlog(system, sizes.bulk, sizes.batch)
         bulk = sizes.bulk / (time.perf_counter() - started)
     _flush(client)
     return {"enqueue_single_per_s": round(single), "enqueue_bulk_per_s": round(bulk) if bulk else None}
@@ -106,7 +107,7 @@ def run_footprint(system: System, client: redis.Redis, sizes: Sizes) -> dict[str
     _flush(client)
     system.enqueue_noop()
     before = int(client.info("memory")["used_memory"])
-    _enqueue_backlog(system, sizes.footprint, sizes.batch)
+    enqueue_backlog(system, sizes.footprint, sizes.batch)
     after = int(client.info("memory")["used_memory"])
     queue_only = system.queue_bytes(client)
     _flush(client)
@@ -120,7 +121,7 @@ def run_drain(system: System, client: redis.Redis, sizes: Sizes, workers: int = 
     """`workers` worker processes drain a backlog of no-ops: tasks/s from the first ack to the last."""
     _flush(client)
     total = sizes.drain
-    _enqueue_backlog(system, total, sizes.batch)
+    enqueue_backlog(system, total, sizes.batch)
     started: list[Worker] = []
     spawned = time.perf_counter()
     try:

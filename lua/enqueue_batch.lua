@@ -1,13 +1,19 @@
--- enqueue_batch: push a batch of tasks and write their READY records, all or nothing.
--- KEYS[1] to KEYS[4] for the first queue section, 4 more for each further one: pending list,
+-- enqueue_batch: push a batch of tasks, write their READY records and add them to their queues'
+-- history indexes, all or nothing.
+-- KEYS[1] to KEYS[k] for the first queue section, k more for each further one: pending list,
 -- prioritized zset, delayed zset, enqueued ids zset (task id -> server ms, for ids given by the
--- caller); then, if ARGV[4] is "1", the queue set; then the result hashes of the READY records.
+-- caller), and if ARGV[6] = s > 0 the history zset, the history ids zset and s status indexes
+-- (k = 4, or 6 + s); then, if ARGV[4] is "1", the queue set; then the result hashes of the
+-- READY records.
 -- ARGV[1] wake token   ARGV[2] how long enqueued ids are remembered (ms)   ARGV[3] at most how
 -- many are remembered per queue   ARGV[4] "1" to add the queue names to the queue set
--- ARGV[5] q, the number of queue sections; then each section: queue name, n, n tasks with
--- priority 0, due now and no id to check; m, then m groups of 4: id to check ("" none),
--- priority (-100..100), delay ms (0 = due now), task. Then the records: groups of (number of
--- keys, time to live s, p, then p field/value pairs) until the end.
+-- ARGV[5] q, the number of queue sections   ARGV[6] s, the number of status indexes of each
+-- section (0: no history index)   ARGV[7] at most how many tasks a queue's history keeps
+-- ARGV[8] its time to live (ms)   ARGV[9] to ARGV[8 + s] the status names of those indexes;
+-- then each section: queue name, n, n tasks with priority 0, due now and no id to check; m,
+-- then m groups of 4: id to check ("" none), priority (-100..100), delay ms (0 = due now),
+-- task; h, then h task ids to add to the history as READY. Then the records: groups of
+-- (number of keys, time to live s, p, then p field/value pairs) until the end.
 -- Returns: the number of tasks pushed (a task whose id was enqueued before is skipped).
 -- Atomic: the only write that can fail is the first (Redis out of memory, so nothing is written)
 -- and nothing after it raises: key types are checked first, records are written with pcall.
@@ -16,18 +22,37 @@
 
 -- include: args
 -- include: priority
+-- include: history
 local now_ms = server_now_ms()
 local keep_ms = int_arg(ARGV[2], 86400000, 0, 2 ^ 53)
 local keep_max = int_arg(ARGV[3], 100000, 1, 2 ^ 53)
-local sections = int_arg(ARGV[5], 0, 0, #KEYS / 4)
+local indexes = int_arg(ARGV[6], 0, 0, math.max(0, #ARGV - 8))
+local stride = indexes > 0 and 6 + indexes or 4
+local sections = int_arg(ARGV[5], 0, 0, #KEYS / stride)
 local wanted = {'list', 'zset', 'zset', 'zset'}
 for s = 1, sections do
   for k = 1, 4 do
-    local found = redis.call('TYPE', KEYS[4 * s - 4 + k])['ok']
+    local found = redis.call('TYPE', KEYS[stride * (s - 1) + k])['ok']
     if found ~= 'none' and found ~= wanted[k] then
-      return redis.error_reply('WRONGTYPE ' .. KEYS[4 * s - 4 + k] .. ' is a ' .. found .. ', not a ' .. wanted[k])
+      return redis.error_reply('WRONGTYPE ' .. KEYS[stride * (s - 1) + k] .. ' is a ' .. found .. ', not a ' .. wanted[k])
     end
   end
+end
+local status_names = {unpack(ARGV, 9, 8 + indexes)}
+local history_max = int_arg(ARGV[7], 100000, 1, 2 ^ 53)
+local history_ttl_ms = int_arg(ARGV[8], 604800000, 1, 2 ^ 53)
+
+-- Add section s's h task ids from ARGV[from...] to its history, then trim it.
+local function add_history(s, from, h_count)
+  if indexes == 0 or h_count == 0 then return end
+  local base = stride * (s - 1)
+  local h = history_keys(KEYS[base + 5], KEYS[base + 6], status_names, base + 7)
+  local score = history_now()
+  for i = from, from + h_count - 1 do
+    history_add(h, ARGV[i], score + (i - from) / 1000, 'READY')
+  end
+  history_trim(h, now_ms, history_ttl_ms, history_max)
+  history_expire(h, history_ttl_ms)
 end
 
 local pushed = 0
@@ -48,22 +73,22 @@ end
 
 -- Push one task of section s; returns whether it was pushed and whether it went to prioritized.
 local function push_other(s, id, priority, delay_ms, task)
-  if seen_before(KEYS[4 * s], id) then return false, false end
+  if seen_before(KEYS[stride * (s - 1) + 4], id) then return false, false end
   if delay_ms > 0 then
-    redis.call('ZADD', KEYS[4 * s - 1], now_ms + delay_ms, string.format('%+04d', priority) .. task)
+    redis.call('ZADD', KEYS[stride * (s - 1) + 3], now_ms + delay_ms, string.format('%+04d', priority) .. task)
   elseif priority ~= 0 then
-    redis.call('ZADD', KEYS[4 * s - 2], priority_score(priority, now_ms), task)
+    redis.call('ZADD', KEYS[stride * (s - 1) + 2], priority_score(priority, now_ms), task)
     return true, true
   else
-    redis.call('LPUSH', KEYS[4 * s - 3], task)
+    redis.call('LPUSH', KEYS[stride * (s - 1) + 1], task)
   end
   return true, false
 end
 
-local at = 6
+local at = 9 + indexes
 for s = 1, sections do
   local name, plain = ARGV[at], int_arg(ARGV[at + 1], 0, 0, #ARGV - at - 1)
-  push_plain(KEYS[4 * s - 3], at + 2, at + 1 + plain)
+  push_plain(KEYS[stride * (s - 1) + 1], at + 2, at + 1 + plain)
   at = at + 2 + plain
   local others = int_arg(ARGV[at], 0, 0, math.floor((#ARGV - at) / 4))
   local woke = false
@@ -74,23 +99,26 @@ for s = 1, sections do
     woke = woke or prioritized
   end
   at = at + 1 + 4 * others
-  if woke and redis.call('LLEN', KEYS[4 * s - 3]) == 0 then
-    redis.call('LPUSH', KEYS[4 * s - 3], ARGV[1])
+  local h_count = int_arg(ARGV[at], 0, 0, #ARGV - at)
+  add_history(s, at + 1, h_count)
+  at = at + 1 + h_count
+  if woke and redis.call('LLEN', KEYS[stride * (s - 1) + 1]) == 0 then
+    redis.call('LPUSH', KEYS[stride * (s - 1) + 1], ARGV[1])
   end
   if others > 0 then
-    redis.call('ZREMRANGEBYSCORE', KEYS[4 * s], '-inf', '(' .. (now_ms - keep_ms))
-    local excess = redis.call('ZCARD', KEYS[4 * s]) - keep_max
-    if excess > 0 then redis.call('ZREMRANGEBYRANK', KEYS[4 * s], 0, excess - 1) end
+    redis.call('ZREMRANGEBYSCORE', KEYS[stride * (s - 1) + 4], '-inf', '(' .. (now_ms - keep_ms))
+    local excess = redis.call('ZCARD', KEYS[stride * (s - 1) + 4]) - keep_max
+    if excess > 0 then redis.call('ZREMRANGEBYRANK', KEYS[stride * (s - 1) + 4], 0, excess - 1) end
   end
-  if ARGV[4] == '1' and name and KEYS[4 * sections + 1] then
-    redis.call('SADD', KEYS[4 * sections + 1], name)
+  if ARGV[4] == '1' and name and KEYS[stride * sections + 1] then
+    redis.call('SADD', KEYS[stride * sections + 1], name)
   end
 end
 
 -- READY records: a result key of a foreign type only loses its record, the tasks stay pushed;
 -- out of memory before anything was written (a call with records only) is the caller's error.
 local wrote = pushed > 0
-local key = 4 * sections + (ARGV[4] == '1' and 2 or 1)
+local key = stride * sections + (ARGV[4] == '1' and 2 or 1)
 while at + 2 <= #ARGV and key <= #KEYS do
   local count = int_arg(ARGV[at], 0, 0, #KEYS - key + 1)
   local ttl_s = int_arg(ARGV[at + 1], 1, 1, 2 ^ 53)

@@ -1,9 +1,12 @@
--- record_result: update a task's result record, appending to its JSON lists, fenced by run.
--- KEYS[1] result hash
+-- record_result: update a task's result record, appending to its JSON lists, fenced by run,
+-- and move the task between the status indexes of its queue's history.
+-- KEYS[1] result hash; if ARGV[5] > 0, KEYS[2] history zset, KEYS[3] history ids zset, then
+-- KEYS[4] to KEYS[3 + ARGV[5]] the status indexes of the statuses named in ARGV[7...].
 -- ARGV[1] time to live (s)   ARGV[2] worker id to append, or ""   ARGV[3] error JSON object to
 -- append, or ""   ARGV[4] fencing token of the run this update belongs to (issued at claim),
--- or "" (unconditional: not a run's write); then field/value pairs to set (values are stored
--- as given).
+-- or "" (unconditional: not a run's write)   ARGV[5] s, the number of status indexes (0: no
+-- history index, a single key)   ARGV[6] the task id   ARGV[7] to ARGV[6 + s] the status names
+-- of those indexes; then field/value pairs to set (values are stored as given).
 -- The record keeps the highest token that wrote to it in its field "fence". A write with a
 -- lower token is ignored (its run lost the claim: its consumer was presumed dead and the task
 -- re-run or requeued); a write with a higher token takes the record over.
@@ -11,32 +14,54 @@
 -- is written, if the task was cancelled (status CANCELLED, or a non-empty cancel_requested_at_ms
 -- left by a cancel of an earlier run, which then makes the record CANCELLED): the consumer drops
 -- the task unrun.
+-- A write that changes the field "status" moves the id from the index of the old status (a
+-- record without one is READY) to that of the new one, keeping its enqueue-time score.
 -- Returns: 1 written, 0 ignored, 2 refused: the task was cancelled.
 
 -- include: args
+-- include: history
 local token = tonumber(ARGV[4])
-if token then
-  local current = tonumber(redis.call('HGET', KEYS[1], 'fence')) or 0
-  if token < current then
+local indexes = int_arg(ARGV[5], 0, 0, #KEYS - 3)
+local first = 7 + indexes
+local last = #ARGV - ((#ARGV - first + 1) % 2)
+local new = nil
+for i = first, last - 1, 2 do
+  if ARGV[i] == 'status' then new = ARGV[i + 1] end
+end
+local ttl_s = tonumber(ARGV[1]) or 604800
+local function file_under(old, status)
+  if indexes == 0 or status == old then return end
+  local h = history_keys(KEYS[2], KEYS[3], {unpack(ARGV, 7, 6 + indexes)}, 4)
+  local function enqueued_ms()
+    return tonumber(redis.call('HGET', KEYS[1], 'enqueued_at_ms')) or server_now_ms()
+  end
+  history_move(h, ARGV[6], old, status, enqueued_ms, ttl_s * 1000)
+end
+local old = false
+if token or new then
+  local current = redis.call('HMGET', KEYS[1], 'fence', 'status', 'cancel_requested_at_ms')
+  local fence = tonumber(current[1]) or 0
+  old = current[2] or 'READY'
+  if token and token < fence then
     return 0
   end
-  local starts = false
-  for i = 5, #ARGV - 1, 2 do
-    if ARGV[i] == 'status' then starts = ARGV[i + 1] == 'RUNNING' end
-  end
-  if starts and token > current then
-    if redis.call('HGET', KEYS[1], 'status') == 'CANCELLED' then return 2 end
-    if (redis.call('HGET', KEYS[1], 'cancel_requested_at_ms') or '') ~= '' then
+  if token and new == 'RUNNING' and token > fence then
+    if old == 'CANCELLED' then return 2 end
+    if (current[3] or '') ~= '' then
       redis.call('HSET', KEYS[1], 'status', 'CANCELLED', 'finished_at_ms', server_now_ms())
+      file_under(old, 'CANCELLED')
       return 2
     end
   end
 end
-if #ARGV > 4 then
-  redis.call('HSET', KEYS[1], unpack(ARGV, 5))
-end
+-- The fields and the fence in one HSET.
+local pairs_to_set = {unpack(ARGV, first, last)}
 if token then
-  redis.call('HSET', KEYS[1], 'fence', ARGV[4])
+  pairs_to_set[#pairs_to_set + 1] = 'fence'
+  pairs_to_set[#pairs_to_set + 1] = ARGV[4]
+end
+if #pairs_to_set > 0 then
+  redis.call('HSET', KEYS[1], unpack(pairs_to_set))
 end
 -- A list field a foreign writer left malformed is started afresh rather than failing the write.
 local function append(field, item)
@@ -50,5 +75,6 @@ if ARGV[3] ~= '' then
   local ok, item = pcall(cjson.decode, ARGV[3])
   if ok then append('errors', item) end
 end
-redis.call('EXPIRE', KEYS[1], tonumber(ARGV[1]) or 604800)
+redis.call('EXPIRE', KEYS[1], ttl_s)
+if new then file_under(old, new) end
 return 1

@@ -173,3 +173,5 @@ TASKS_CLUSTER_WAIT_MS = int(os.environ.get("TASKS_CLUSTER_WAIT_MS", "100"))
 # A task waiting for a concurrency slot (max_running) is woken when one frees; it also looks
 # again after about this long (0.5 - 1x, spread) in case that wake was lost.
 TASKS_THROTTLE_RECHECK_S = float(os.environ.get("TASKS_THROTTLE_RECHECK_S", "5"))
+# At most this many recent tasks per queue are kept in the history index behind the task browser.
+TASKS_HISTORY_MAX = int(os.environ.get("TASKS_HISTORY_MAX", "100000"))

@@ -38,6 +38,14 @@ _BOUNDED_SETTINGS = (
         "Tasks waiting for a concurrency slot look again this often should a wake be lost.",
         "tasks_app.E040",
     ),
+    (
+        "TASKS_HISTORY_MAX",
+        1,
+        10_000_000,
+        " tasks",
+        "Each queue's history index keeps this many tasks; ten million would take gigabytes of Redis memory.",
+        "tasks_app.E060",
+    ),
 )
 
 

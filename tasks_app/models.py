@@ -9,11 +9,13 @@ from tasks_app.protocol.names import NAME_PATTERN, NAME_RULE
 
 name_validator = RegexValidator(f"^{NAME_PATTERN.pattern}$", f"Use {NAME_RULE}.")
 
-# Permissions (declared on TaskType): who may enqueue, who may requeue or delete dead letters, who may cancel.
+# Permissions (declared on TaskType): enqueue, requeue or delete dead letters, cancel, pause queues,
+# delete task records.
 ENQUEUE_PERMISSION = "tasks_app.enqueue_task"
 MANAGE_DEAD_LETTERS_PERMISSION = "tasks_app.manage_dead_letters"
 CANCEL_PERMISSION = "tasks_app.cancel_task"
 PAUSE_QUEUE_PERMISSION = "tasks_app.pause_queue"
+DELETE_TASK_RECORDS_PERMISSION = "tasks_app.delete_task_records"
 
 # A limit key names a keyword argument of the handler.
 kwarg_validator = RegexValidator(r"^[A-Za-z_][A-Za-z0-9_]*$", "Use the name of a keyword argument, e.g. tenant_id.")
@@ -145,6 +147,7 @@ class TaskType(models.Model):
             ("manage_dead_letters", "Can requeue and delete dead-lettered tasks"),
             ("cancel_task", "Can cancel tasks (task page, API, task browser)"),
             ("pause_queue", "Can pause and resume queues"),
+            ("delete_task_records", "Can delete task records from the task browser"),
         ]
 
     def __str__(self) -> str:

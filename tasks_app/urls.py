@@ -2,13 +2,15 @@
 
 from django.urls import path
 
-from tasks_app.web import api, dashboard, queue_control, tasks
+from tasks_app.web import api, browser, dashboard, queue_control, tasks
 
 app_name = "tasks_app"
 
 urlpatterns = [
+    path("tasks/", browser.task_browser, name="browser"),
     path("tasks/enqueue/", tasks.enqueue_task, name="enqueue"),
     path("tasks/dashboard/", dashboard.queue_dashboard, name="dashboard"),
+    path("tasks/dashboard/series.json", dashboard.chart_series, name="dashboard-series"),
     path("tasks/dashboard/<str:queue>/dead/", dashboard.dead_letter_page, name="dead-letters"),
     path("tasks/dashboard/<str:queue>/pause/", queue_control.pause_page, name="queue-pause"),
     path("tasks/<str:task_id>/", tasks.task_detail, name="task"),

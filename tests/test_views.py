@@ -146,7 +146,7 @@ def test_task_page_of_an_unknown_task_is_404(staff, broker):
 def test_unfinished_task_page_refreshes_itself_and_escapes_arguments(staff, broker, echo_type):
     [task] = producer.enqueue("web.echo", ["<script>alert(1)</script>"])
     html = staff.get(f"/tasks/{task.id}/").content.decode()
-    assert 'http-equiv="refresh"' in html and "READY" in html
+    assert "tasks_app/live.js" in html and "data-live-done" not in html and "READY" in html
     assert "<script>alert(1)" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
 
 

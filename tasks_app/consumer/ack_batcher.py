@@ -87,6 +87,7 @@ def merge_updates(updates: Sequence[ResultUpdate]) -> list[ResultUpdate]:
                     append_worker_id=earlier.append_worker_id or update.append_worker_id,
                     append_error=earlier.append_error or update.append_error,
                     fence=earlier.fence or update.fence,
+                    run_s=update.run_s if update.run_s is not None else earlier.run_s,
                 )
                 continue
         last_of[update.task_id] = len(merged)
@@ -115,6 +116,9 @@ def unstored_result(update: ResultUpdate, problem: str) -> ResultUpdate:
         update.ttl_s,
         append_error=error,
         fence=update.fence,
+        queue=update.queue,
+        task_type=update.task_type,
+        run_s=update.run_s,
     )
 
 

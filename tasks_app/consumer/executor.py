@@ -26,6 +26,7 @@ from tasks_app.exceptions import ResultNotJson, ResultTooLarge, TaskCancelled
 from tasks_app.protocol import results
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Arguments, Task, UndecodableTask, decode_payload, decode_task
+from tasks_app.protocol.timestamps import now_ms
 from tasks_app.registry import Handler, Registry
 from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
 
@@ -239,9 +240,9 @@ class Executor(ControlSettling):
             self._redis(lambda: self.broker.mark_started(claimed.queue, claimed.raw), "mark_started")
         task.attempt += 1
         max_attempts = task.max_attempts or config.max_attempts
-        now_ms = int(time.time() * 1000)
+        started_ms = now_ms()
         started_update = results.started(
-            task, arguments, self.worker_id, now_ms, max_attempts, self.result_ttl_s, claimed.fence
+            task, arguments, self.worker_id, started_ms, max_attempts, self.result_ttl_s, claimed.fence
         )
         if self.acks is not None and handler.django_task is None:
             reply = self.acks.record_start(started_update)  # shares a flush with other workers' writes
@@ -252,7 +253,7 @@ class Executor(ControlSettling):
         metrics.TASKS_STARTED.labels(task.type, task.queue).inc()
         waited_since_ms = task.run_after_ms or task.enqueued_at_ms
         if waited_since_ms and task.attempt == 1:
-            metrics.TASK_WAIT.labels(task.type, task.queue).observe(max(0.0, (now_ms - waited_since_ms) / 1000))
+            metrics.TASK_WAIT.labels(task.type, task.queue).observe(max(0.0, (started_ms - waited_since_ms) / 1000))
         return max_attempts
 
     def _call(

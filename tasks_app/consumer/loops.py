@@ -132,7 +132,7 @@ class HeartbeatLoop:
 
 
 class SchedulerLoop:
-    """Moves due delayed tasks into pending, waking up when the next one is due; trims dead letters."""
+    """Moves due delayed tasks into pending, waking when the next one is due; trims dead letters, samples backlogs."""
 
     name = "scheduler"
     MAX_SLEEP_S = 0.25
@@ -157,6 +157,7 @@ class SchedulerLoop:
             settings.TASKS_DEAD_LETTER_MAX_AGE_S if dead_letter_max_age_s is None else dead_letter_max_age_s
         )
         self._trimmed_at = float("-inf")
+        self.result_ttl_s = int(settings.TASKS_RESULT_TTL)
 
     def run_once(self) -> float:
         sleep_s = self.MAX_SLEEP_S
@@ -171,6 +172,9 @@ class SchedulerLoop:
                 sleep_s = min(sleep_s, max(0.0, (promotion.next_due_ms - promotion.now_ms) / 1000))
         if time.monotonic() - self._trimmed_at >= self.TRIM_EVERY_S:
             self.trim_dead_letters()
+            for queue in self.queues:  # the backlog chart's samples; the history index's time to live
+                self.broker.sample_backlog(queue)
+                self.broker.refresh_history_ttl(queue, self.result_ttl_s)
         return sleep_s
 
     def trim_dead_letters(self) -> int:

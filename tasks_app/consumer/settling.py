@@ -20,6 +20,7 @@ from tasks_app.protocol.codec import Task, decode_task, encode_task
 from tasks_app.protocol.keys import UNDECODABLE_TYPE
 from tasks_app.protocol.replies import ResultUpdate
 from tasks_app.protocol.results import clean_text
+from tasks_app.protocol.timestamps import now_ms
 from tasks_app.registry import Registry
 from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
 
@@ -54,7 +55,7 @@ class Settling:
         duration_s: float,
         on_settled: Callable[[], None] | None = None,
     ) -> bool:
-        update = results.succeeded(task, return_json, int(time.time() * 1000), self.result_ttl_s, claimed.fence)
+        update = results.succeeded(task, return_json, now_ms(), self.result_ttl_s, claimed.fence, run_s=duration_s)
         metrics.TASKS_SUCCEEDED.labels(task.type, task.queue).inc()
         return self._ack_settled(claimed, task, update, "succeeded", duration_s, on_settled)
 
@@ -106,14 +107,21 @@ class Settling:
         task.last_error = clean_text(f"{error_path}: {results.describe_error(error)}", MAX_ERROR_MESSAGE_BYTES)
         task.last_traceback = clean_text(traceback_text, self.max_result_bytes)
         error_entry = results.error_record(error_path, task.last_traceback)
-        now_ms = int(time.time() * 1000)
+        failed_at_ms = now_ms()
         if task.attempt < max_attempts:
-            held = self._retry(claimed, task, config, error_entry, now_ms, duration_s)
+            held = self._retry(claimed, task, config, error_entry, failed_at_ms, duration_s)
         else:
             reason = f"failed {task.attempt} of {max_attempts} attempts; last error: {task.last_error}"
             task.dead_reason = reason
             update = results.attempt_failed(
-                task, error_entry, now_ms, self.result_ttl_s, final=True, dead_reason=reason, fence=claimed.fence
+                task,
+                error_entry,
+                failed_at_ms,
+                self.result_ttl_s,
+                final=True,
+                dead_reason=reason,
+                fence=claimed.fence,
+                run_s=duration_s,
             )
             held = self._dead_letter_raw(claimed, encode_task(task), update)
             metrics.TASKS_DEAD_LETTERED.labels(task.type, task.queue).inc()
@@ -127,7 +135,7 @@ class Settling:
         task: Task,
         config: TaskTypeConfig,
         error_entry: dict[str, str],
-        now_ms: int,
+        failed_at_ms: float,
         duration_s: float | None,
     ) -> bool:
         """Put a failed task back in the delayed set, due after its backoff; False if it was lost."""
@@ -135,11 +143,12 @@ class Settling:
         update = results.attempt_failed(
             task,
             error_entry,
-            now_ms,
+            failed_at_ms,
             self.result_ttl_s,
             final=False,
-            retry_at_ms=now_ms + delay_ms,
+            retry_at_ms=int(failed_at_ms) + delay_ms,
             fence=claimed.fence,
+            run_s=duration_s,
         )
         new_raw = encode_task(task)
         held = self._redis(
@@ -160,7 +169,7 @@ class Settling:
         update = results.attempt_failed(
             task,
             results.error_record(error_name, reason),
-            int(time.time() * 1000),
+            now_ms(),
             self.result_ttl_s,
             final=True,
             dead_reason=reason,

@@ -29,15 +29,17 @@ class Enqueueable(NamedTuple):
 
 @dataclass
 class Section:
-    """One queue's tasks: plain ones (pushed as they are) and the others as (id, priority, delay ms, task)."""
+    """One queue's tasks: plain ones (pushed as they are), the others as (id, priority, delay ms, task),
+    and the ids of those with a record (added to the queue's history)."""
 
     plain: list[bytes] = field(default_factory=list)
     others: list[Any] = field(default_factory=list)
+    history: list[str] = field(default_factory=list)
 
     def args(self, queue: str, with_plain: bool = True) -> list[Any]:
-        """The section's ARGV: queue name, plain tasks (if `with_plain`, else none), the others."""
+        """The section's ARGV: queue name, plain tasks (if `with_plain`, else none), the others, the history ids."""
         plain = self.plain if with_plain else []
-        return [queue, len(plain), *plain, len(self.others) // 4, *self.others]
+        return [queue, len(plain), *plain, len(self.others) // 4, *self.others, len(self.history), *self.history]
 
 
 def sections(items: Sequence[Enqueueable]) -> dict[str, Section]:
@@ -51,6 +53,8 @@ def sections(items: Sequence[Enqueueable]) -> dict[str, Section]:
             section.others += (item.task_id if item.idempotent else "", item.priority, item.delay_ms, item.raw)
         else:
             section.plain.append(item.raw)
+        if item.result_key_fields:
+            section.history.append(item.task_id)
     return by_queue
 
 

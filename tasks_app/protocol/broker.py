@@ -19,15 +19,16 @@ from typing import Any
 
 import redis
 
-from tasks_app.protocol import batch_args
+from tasks_app.protocol import batch_args, history
 from tasks_app.protocol.batch_args import Enqueueable
 from tasks_app.protocol.control import ControlOps
+from tasks_app.protocol.history import HISTORY_MAX, HistoryOps
 from tasks_app.protocol.inspection import THROUGHPUT_BUCKET_S, InspectionOps
 from tasks_app.protocol.keys import UNDECODABLE_TYPE, WAKE_TOKEN, Keys, delayed_member
 from tasks_app.protocol.leases import LeaseOps
 from tasks_app.protocol.pausing import PauseOps
 from tasks_app.protocol.replication import CLUSTER_WAIT_MS, ReplicatedWrites
-from tasks_app.protocol.replies import READY_RECORD_DEFAULTS, AckReport, Claim, Promotion, ResultUpdate
+from tasks_app.protocol.replies import AckReport, Claim, Promotion, ResultUpdate, record_text_fields
 from tasks_app.protocol.scripts import Scripts, connect
 from tasks_app.protocol.slots import SlotOps
 
@@ -37,13 +38,20 @@ ENQUEUED_IDS_KEEP_MS = 24 * 3600 * 1000
 ENQUEUED_IDS_MAX = 100_000
 
 
-class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ControlOps, SlotOps, PauseOps):
+class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ControlOps, SlotOps, PauseOps, HistoryOps):
     """Queue operations on Redis, each one round trip or one script."""
 
     def __init__(
-        self, client: Any, prefix: str, scripts: Scripts | None = None, *, cluster_wait_ms: int = CLUSTER_WAIT_MS
+        self,
+        client: Any,
+        prefix: str,
+        scripts: Scripts | None = None,
+        *,
+        cluster_wait_ms: int = CLUSTER_WAIT_MS,
+        history_max: int = HISTORY_MAX,
     ) -> None:
         self.client = client
+        self.history_max = history_max
         self.keys = Keys(prefix)
         self.scripts = scripts or Scripts()
         self.cluster_wait_ms = cluster_wait_ms
@@ -60,7 +68,12 @@ class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ControlOps, SlotOps, Pau
         from django.conf import settings
 
         client = connect(settings.REDIS_URL, settings.REDIS_CLUSTER, timeout_s=timeout_s, resend=resend)
-        return cls(client, prefix or settings.TASKS_KEY_PREFIX, cluster_wait_ms=settings.TASKS_CLUSTER_WAIT_MS)
+        return cls(
+            client,
+            prefix or settings.TASKS_KEY_PREFIX,
+            cluster_wait_ms=settings.TASKS_CLUSTER_WAIT_MS,
+            history_max=settings.TASKS_HISTORY_MAX,
+        )
 
     # --- producing -------------------------------------------------------------------------
     def enqueue(self, items: Sequence[Enqueueable], result_ttl_s: int) -> None:
@@ -93,6 +106,7 @@ class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ControlOps, SlotOps, Pau
             ENQUEUED_IDS_MAX,
             "1" if new_queues else "0",
             len(sections),
+            *history.header_args(self.history_max, result_ttl_s * 1000),
         ]
         for queue, section in sections.items():
             args += section.args(queue, with_plain=False)
@@ -111,16 +125,18 @@ class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ControlOps, SlotOps, Pau
         # Result keys and queues lie in different slots: one call per record, then one per queue.
         pipe = self.client.pipeline(transaction=False)
         head = [WAKE_TOKEN, ENQUEUED_IDS_KEEP_MS, ENQUEUED_IDS_MAX, "0"]
+        shape = history.header_args(self.history_max, result_ttl_s * 1000)
         for item in items:
             if item.result_key_fields:
                 self.scripts.queue(
                     pipe,
                     "enqueue_batch",
                     [self.keys.result(item.task_id)],
-                    [*head, 0, *batch_args.record_groups([item], result_ttl_s)],
+                    [*head, 0, *shape, *batch_args.record_groups([item], result_ttl_s)],
                 )
         for queue, section in batch_args.sections(items).items():
-            self.scripts.queue(pipe, "enqueue_batch", self._queue_section_keys(queue), [*head, 1, *section.args(queue)])
+            keys = self._queue_section_keys(queue)
+            self.scripts.queue(pipe, "enqueue_batch", keys, [*head, 1, *shape, *section.args(queue)])
         if new_queues:
             pipe.sadd(self.keys.queues(), *new_queues)
         self.scripts.execute(pipe, self.client)
@@ -131,6 +147,7 @@ class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ControlOps, SlotOps, Pau
             self.keys.prioritized(queue),
             self.keys.delayed(queue),
             self.keys.enqueued(queue),
+            *history.index_keys(self.keys, queue),
         ]
 
     def _enqueue_one(self, item: Enqueueable, result_ttl_s: int) -> bool:
@@ -144,10 +161,16 @@ class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ControlOps, SlotOps, Pau
             or isinstance(self.client, redis.RedisCluster)
         ):
             return False
-        args: list[Any] = [result_ttl_s, item.raw]
+        keys = [
+            self.keys.result(item.task_id),
+            self.keys.pending(item.queue),
+            *history.index_keys(self.keys, item.queue),
+        ]
+        args: list[Any] = [result_ttl_s, item.raw, len(history.STATUSES), item.task_id, self.history_max]
+        args += history.STATUSES
         for name, value in item.result_key_fields.items():
             args += (name, value)
-        self._script("enqueue_one", [self.keys.result(item.task_id), self.keys.pending(item.queue)], args)
+        self._script("enqueue_one", keys, args)
         return True
 
     # --- claiming --------------------------------------------------------------------------
@@ -248,21 +271,14 @@ class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ControlOps, SlotOps, Pau
                 self._queue_result(pipe, update)
         bucket = int(time.time()) // THROUGHPUT_BUCKET_S
         for (queue, consumer_id), raws in raws_by_owner.items():
-            self.scripts.queue(
-                pipe,
-                "ack",
-                [
-                    self.keys.processing(queue, consumer_id),
-                    self.keys.recoveries(queue),
-                    self.keys.completed(queue, bucket),
-                ],
-                list(raws),
-            )
+            keys = [self.keys.processing(queue, consumer_id), self.keys.recoveries(queue)]
+            self.scripts.queue(pipe, "ack", [*keys, self.keys.completed(queue, bucket)], list(raws))
+        self._queue_side_writes(pipe, results)
         written += self.scripts.execute(pipe, self.client, raise_on_error=False)
         refused = {
             index: outcome for index, outcome in enumerate(written[: len(results)]) if isinstance(outcome, Exception)
         }
-        outcomes = written[len(results) :]
+        outcomes = written[len(results) : len(results) + len(raws_by_owner)]
         for outcome in outcomes:
             if isinstance(outcome, Exception):
                 raise outcome
@@ -294,10 +310,7 @@ class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ControlOps, SlotOps, Pau
     def _with_result(self, script: str, keys: list[str], args: list[Any], result: ResultUpdate | None) -> bool:
         if result is None:
             return bool(self._script(script, keys, args))
-        pipe = self.client.pipeline(transaction=False)
-        self.scripts.queue(pipe, script, keys, args)
-        self._queue_result(pipe, result)
-        return bool(self.scripts.execute(pipe, self.client)[0])
+        return bool(self._with_results(lambda pipe: self.scripts.queue(pipe, script, keys, args), [result])[0])
 
     def held_by(self, queue: str, consumer_id: str) -> list[bytes]:
         """Return the tasks in a consumer's processing list."""
@@ -318,21 +331,11 @@ class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ControlOps, SlotOps, Pau
     # --- results ---------------------------------------------------------------------------
     def record_result(self, update: ResultUpdate) -> int:
         """Write one result update: 1 written, 0 ignored (a later run owns the record), 2 refused (cancelled)."""
-        pipe = self.client.pipeline(transaction=False)
-        self._queue_result(pipe, update)
-        return int(self.scripts.execute(pipe, self.client)[0])
+        return int(self._with_results(lambda pipe: None, [update])[0])
 
     def get_result(self, task_id: str) -> dict[str, str] | None:
         """Return a task's result record as text fields (defaults filled in), or None if there is none."""
-        record = self.client.hgetall(self.keys.result(task_id))
-        if not record:
-            return None
-        # Bytes a foreign producer wrote need not be UTF-8: shown with escapes, never an error.
-        fields = {
-            key.decode(errors="backslashreplace"): value.decode(errors="backslashreplace")
-            for key, value in record.items()
-        }
-        return {**READY_RECORD_DEFAULTS, "id": task_id, **fields}
+        return record_text_fields(task_id, self.client.hgetall(self.keys.result(task_id)))
 
     # --- delayed ---------------------------------------------------------------------------
     def promote_due(self, queue: str, limit: int = 1000) -> Promotion:

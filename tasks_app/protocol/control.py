@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 import redis
 
+from tasks_app.protocol import history
 from tasks_app.protocol.batch_args import Enqueueable
 from tasks_app.protocol.keys import WAKE_TOKEN
 from tasks_app.protocol.scripts import ScriptClient
@@ -109,13 +110,17 @@ class ControlOps(ScriptClient):
             )
         ]
         running = [reply for reply in replies if reply.outcome == REQUESTED and reply.queue]
-        if running:
+        filed = [reply for reply in replies if reply.outcome == CANCELLED and reply.queue]
+        if running or filed:
             pipe = self.client.pipeline(transaction=False)
+            for reply in filed:  # the task browser's history: READY to CANCELLED (another slot than the record)
+                args = history.status_move_args(reply.task_id, history.CANCELLED, "", history.INDEX_TTL_S)
+                self.scripts.queue(pipe, "history_move", history.index_keys(self.keys, reply.queue), args)
             for reply in running:
                 key = self.keys.cancel_requests(reply.queue)
                 pipe.zadd(key, {reply.task_id: reply.at_ms})
                 pipe.zremrangebyscore(key, "-inf", f"({reply.at_ms - CANCEL_REQUESTS_KEEP_MS}")
-            pipe.execute()
+            self.scripts.execute(pipe, self.client)
         return replies
 
     def cancel_marks(self, queue: str, task_ids: Sequence[str]) -> list[bool]:

@@ -130,7 +130,7 @@ def _ready_again(task: Task, fence: int) -> ResultUpdate:
     # record_result cannot delete fields; empty ones read back as "not set".
     # A requeue starts afresh: a cancel requested of an earlier run no longer applies.
     fields.update({"finished_at_ms": "", "run_after_ms": "", "dead_reason": "", "cancel_requested_at_ms": ""})
-    return ResultUpdate(task.id, fields, settings.TASKS_RESULT_TTL, fence=fence)
+    return ResultUpdate(task.id, fields, settings.TASKS_RESULT_TTL, fence=fence, queue=task.queue, task_type=task.type)
 
 
 def delete(queue: str, dead: Sequence[DeadTask], broker: Broker | None = None) -> int:

@@ -98,6 +98,22 @@ class Keys:
         """Running tasks of `queue` asked to stop (task id -> server ms of the request)."""
         return self.queue_key(queue, "cancel_requests")
 
+    def history(self, queue: str) -> str:
+        """Index of `queue`'s recent tasks: task id -> enqueue time (server ms), newest last."""
+        return self.queue_key(queue, "history")
+
+    def history_ids(self, queue: str) -> str:
+        """The same task ids, all scored 0, for prefix search by lexical range."""
+        return self.queue_key(queue, "history:ids")
+
+    def history_status(self, queue: str, status: str) -> str:
+        """Index of `queue`'s recent tasks whose record has `status`: task id -> enqueue time (ms)."""
+        return self.queue_key(queue, f"history:{status}")
+
+    def minute(self, queue: str, minute: int) -> str:
+        """Hash of `queue`'s counters over one minute (minute = epoch s // 60), for the charts."""
+        return self.queue_key(queue, f"minute:{minute}")
+
     def queues(self) -> str:
         return f"{self.prefix}:queues"
 

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, wait as wait_for
 from typing import Any
 
+import redis
 from redis.exceptions import (
     AskError,
     BusyLoadingError,
@@ -20,8 +21,9 @@ from redis.exceptions import (
     TryAgainError,
 )
 
+from tasks_app.protocol import history
+from tasks_app.protocol.minutes import MinuteOps
 from tasks_app.protocol.replies import ResultUpdate
-from tasks_app.protocol.scripts import ScriptClient
 
 # Redis Cluster: how long a master's WAIT for one replica to have a flush's results may take
 # (TASKS_CLUSTER_WAIT_MS), and how often each master's replica count is read again.
@@ -34,7 +36,7 @@ REPLICA_CHECK_S = 10.0
 _NODE_STATE_REPLIES = (AskError, ClusterDownError, TryAgainError, ReadOnlyError, BusyLoadingError)
 
 
-class ReplicatedWrites(ScriptClient):
+class ReplicatedWrites(MinuteOps):
     """Writes results on each master and waits for one of its replicas to have them."""
 
     cluster_wait_ms: int
@@ -117,12 +119,43 @@ class ReplicatedWrites(ScriptClient):
         return checked[0]
 
     def _queue_result(self, pipe: Any, update: ResultUpdate, *, by_source: bool = False) -> None:
+        """Queue an update's record_result; on one server it also files the task in its history (see history.py)."""
+        keys = [self.keys.result(update.task_id)]
+        history_args: list[Any] = [0, update.task_id]
+        if history.indexed(update) and not isinstance(self.client, redis.RedisCluster):
+            keys += history.index_keys(self.keys, update.queue)
+            history_args = [len(history.STATUSES), update.task_id, *history.STATUSES]
         args: list[Any] = [
             update.ttl_s,
             update.append_worker_id or "",
             json.dumps(update.append_error) if update.append_error else "",
             update.fence or "",
+            *history_args,
         ]
         for name, value in update.fields.items():
             args.extend([name, value])
-        self.scripts.queue(pipe, "record_result", [self.keys.result(update.task_id)], args, by_source=by_source)
+        self.scripts.queue(pipe, "record_result", keys, args, by_source=by_source)
+
+    def _with_results(self, first: Any, updates: Sequence[ResultUpdate]) -> list[Any]:
+        """One round trip: what `first` queues, the result writes, then their side writes; raises the first failure."""
+        pipe = self.client.pipeline(transaction=False)
+        first(pipe)
+        for update in updates:
+            self._queue_result(pipe, update)
+        wanted = len(pipe)
+        self._queue_side_writes(pipe, updates)
+        replies = self.scripts.execute(pipe, self.client, raise_on_error=False)[:wanted]
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies
+
+    def _queue_side_writes(self, pipe: Any, updates: Sequence[ResultUpdate]) -> None:
+        """Queue what goes with result writes, last in a pipeline: chart counters, and on Redis Cluster the
+        history moves (the record and the index lie in different slots there)."""
+        if isinstance(self.client, redis.RedisCluster):
+            for update in updates:
+                if history.indexed(update):
+                    keys = history.index_keys(self.keys, update.queue)
+                    self.scripts.queue(pipe, "history_move", keys, history.move_args(update))
+        self._queue_minute_counts(pipe, updates)

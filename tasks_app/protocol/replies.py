@@ -10,6 +10,17 @@ from typing import Any, NamedTuple
 READY_RECORD_DEFAULTS = {"status": "READY", "priority": "0", "args": "[]", "kwargs": "{}", "attempts": "0"}
 
 
+def record_text_fields(task_id: str, record: dict[bytes, bytes]) -> dict[str, str] | None:
+    """A result hash as text fields with the defaults filled in; None if there is none."""
+    if not record:
+        return None
+    # Bytes a foreign producer wrote need not be UTF-8: shown with escapes, never an error.
+    fields = {
+        key.decode(errors="backslashreplace"): value.decode(errors="backslashreplace") for key, value in record.items()
+    }
+    return {**READY_RECORD_DEFAULTS, "id": task_id, **fields}
+
+
 @dataclass(frozen=True)
 class Claim:
     """What one claim moved into a consumer's processing list."""
@@ -86,3 +97,7 @@ class ResultUpdate:
     # Fencing token of the run this update belongs to (0: not of a run, written unconditionally);
     # ignored once a run with a higher token wrote to the record.
     fence: int = 0
+    # Not written to the record: where the history index and the charts file the update.
+    queue: str = ""
+    task_type: str = ""
+    run_s: float | None = None  # how long the run took, for the duration charts

@@ -12,7 +12,7 @@ from tasks_app.exceptions import ResultNotJson, ResultTooLarge
 from tasks_app.protocol.codec import Arguments, Task
 from tasks_app.protocol.jsontext import compact_json, loads_bounded, scrub_text
 from tasks_app.protocol.replies import READY_RECORD_DEFAULTS, ResultUpdate
-from tasks_app.protocol.timestamps import datetime_of_ms
+from tasks_app.protocol.timestamps import datetime_of_ms, ms_text
 
 READY = TaskResultStatus.READY.value
 RUNNING = TaskResultStatus.RUNNING.value
@@ -101,11 +101,13 @@ def ready_fields(task: Task, arguments: Arguments) -> dict[str, str]:
         fields["kwargs"] = _json(arguments.kwargs)
     if task.run_after_ms:
         fields["run_after_ms"] = str(task.run_after_ms)
+    if "retry_of" in task.headers:  # a retry from the task browser: the task it copies
+        fields["retry_of"] = task.headers["retry_of"]
     return fields
 
 
 def started(
-    task: Task, arguments: Arguments, worker_id: str, now_ms: int, max_attempts: int, ttl_s: int, fence: int
+    task: Task, arguments: Arguments, worker_id: str, now_ms: float, max_attempts: int, ttl_s: int, fence: int
 ) -> ResultUpdate:
     """The update written when an attempt starts: it claims the record for the run holding `fence`.
 
@@ -117,51 +119,58 @@ def started(
             "status": RUNNING,
             "attempts": str(task.attempt),
             "max_attempts": str(max_attempts),
-            "last_attempted_at_ms": str(now_ms),
+            "last_attempted_at_ms": ms_text(now_ms),
         }
     )
     if task.attempt == 1:
-        fields["started_at_ms"] = str(now_ms)
-    return ResultUpdate(task.id, fields, ttl_s, append_worker_id=worker_id, fence=fence)
+        fields["started_at_ms"] = ms_text(now_ms)
+    return ResultUpdate(
+        task.id, fields, ttl_s, append_worker_id=worker_id, fence=fence, queue=task.queue, task_type=task.type
+    )
 
 
-def succeeded(task: Task, return_value_json: str, now_ms: int, ttl_s: int, fence: int) -> ResultUpdate:
+def succeeded(
+    task: Task, return_value_json: str, now_ms: float, ttl_s: int, fence: int, run_s: float | None = None
+) -> ResultUpdate:
     """The update written when a run returns (ignored if a run with a later fence took the record)."""
     fields = {
         "status": SUCCESSFUL,
-        "finished_at_ms": str(now_ms),
+        "finished_at_ms": ms_text(now_ms),
         "return_value": return_value_json,
         "attempts": str(task.attempt),
     }
-    return ResultUpdate(task.id, fields, ttl_s, fence=fence)
+    return ResultUpdate(task.id, fields, ttl_s, fence=fence, queue=task.queue, task_type=task.type, run_s=run_s)
 
 
 def attempt_failed(
     task: Task,
     error: dict[str, str],
-    now_ms: int,
+    now_ms: float,
     ttl_s: int,
     *,
     final: bool,
     retry_at_ms: int | None = None,
     dead_reason: str = "",
     fence: int = 0,
+    run_s: float | None = None,
 ) -> ResultUpdate:
     """The update written when an attempt fails: READY again if it will be retried, else FAILED."""
     fields = {"attempts": str(task.attempt)}
     if final:
-        fields.update({"status": FAILED, "finished_at_ms": str(now_ms)})
+        fields.update({"status": FAILED, "finished_at_ms": ms_text(now_ms)})
         if dead_reason:
             fields["dead_reason"] = dead_reason
     else:
-        fields.update({"status": READY, "run_after_ms": str(retry_at_ms or now_ms)})
-    return ResultUpdate(task.id, fields, ttl_s, append_error=error, fence=fence)
+        fields.update({"status": READY, "run_after_ms": str(retry_at_ms or int(now_ms))})
+    return ResultUpdate(
+        task.id, fields, ttl_s, append_error=error, fence=fence, queue=task.queue, task_type=task.type, run_s=run_s
+    )
 
 
 def cancelled(task: Task, now_ms: int, ttl_s: int, fence: int) -> ResultUpdate:
     """The update written when a handler stopped on a cancel request (raised TaskCancelled)."""
     fields = {"status": CANCELLED, "finished_at_ms": str(now_ms), "attempts": str(task.attempt)}
-    return ResultUpdate(task.id, fields, ttl_s, fence=fence)
+    return ResultUpdate(task.id, fields, ttl_s, fence=fence, queue=task.queue, task_type=task.type)
 
 
 def error_record(exception_class_path: str, traceback_text: str) -> dict[str, str]:
@@ -237,6 +246,8 @@ class ResultRecord:
     cancelled_at: datetime | None = None
     cancel_requested_at: datetime | None = None
     progress: dict[str, Any] | None = None
+    retry_of: str = ""  # the task this one retries (enqueued from the task browser)
+    retried_as: str = ""  # the latest retry of this task
 
     @property
     def is_finished(self) -> bool:
@@ -271,6 +282,8 @@ class ResultRecord:
             cancelled_at=_ms_to_datetime(raw.get("cancelled_at_ms")),
             cancel_requested_at=_ms_to_datetime(raw.get("cancel_requested_at_ms")),
             progress=_parsed(raw.get("progress"), dict, None),
+            retry_of=_text(raw.get("retry_of", "")),
+            retried_as=_text(raw.get("retried_as", "")),
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -302,4 +315,6 @@ class ResultRecord:
             "cancelled_at": iso(self.cancelled_at),
             "cancel_requested_at": iso(self.cancel_requested_at),
             "progress": self.progress,
+            "retry_of": self.retry_of or None,
+            "retried_as": self.retried_as or None,
         }

@@ -1,12 +1,16 @@
-"""Epoch milliseconds, as Redis scores and records hold them, to and from datetimes."""
+"""Epoch milliseconds, as Redis scores and records hold them (µs in the fraction), to and from datetimes."""
 
-from datetime import UTC, datetime
+import math
+import time
+from datetime import UTC, datetime, timedelta
 
 
 def datetime_of_ms(ms: float) -> datetime | None:
-    """Return epoch milliseconds as a UTC datetime; None beyond the calendar (e.g. a foreign nanosecond score)."""
+    """Return epoch ms as a UTC datetime to the µs; None beyond the calendar (e.g. a foreign nanosecond score)."""
     try:
-        return datetime.fromtimestamp(ms / 1000, tz=UTC)
+        whole_ms = math.floor(ms)
+        moment = datetime.fromtimestamp(whole_ms // 1000, tz=UTC)
+        return moment + timedelta(milliseconds=whole_ms % 1000, microseconds=round((ms - whole_ms) * 1000))
     except (OverflowError, OSError, ValueError):
         return None
 
@@ -14,3 +18,13 @@ def datetime_of_ms(ms: float) -> datetime | None:
 def ms_of_datetime(moment: datetime) -> int:
     """Return a timezone-aware datetime as epoch milliseconds."""
     return int(moment.timestamp() * 1000)
+
+
+def now_ms() -> float:
+    """The clock as epoch milliseconds with microseconds in the fraction."""
+    return time.time_ns() // 1000 / 1000
+
+
+def ms_text(ms: float) -> str:
+    """Epoch ms as a record stores it: a whole number as is, else with its microseconds ("...123.456")."""
+    return str(ms) if isinstance(ms, int) else f"{ms:.3f}"

@@ -1,11 +1,13 @@
-"""Template helpers for text read from Redis: shown on one line and bounded, linked only when it makes a URL."""
+"""Template helpers: Redis text on one line and bounded, linked only when it makes a URL; times and durations."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from django import template
 from django.urls import NoReverseMatch, reverse
+from django.utils.html import format_html
 
 from tasks_app.logging import escape_control
 
@@ -33,3 +35,47 @@ def url_or_empty(view_name: str, *args: Any) -> str:
         return reverse(view_name, args=args)
     except NoReverseMatch:
         return ""
+
+
+@register.filter
+def when(moment: datetime | None) -> str:
+    """Show a time with seconds and its age ("12:34:56 12 s ago"), the full timestamp (µs, UTC) on hover."""
+    if moment is None:
+        return "—"
+    full = moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f UTC")
+    return format_html(
+        '<time datetime="{}" title="{}" data-age>{} <span class="tasks-age">{}</span></time>',
+        moment.isoformat(),
+        full,
+        moment.astimezone(UTC).strftime("%H:%M:%S" if _today(moment) else "%Y-%m-%d %H:%M:%S"),
+        age(moment),
+    )
+
+
+def _today(moment: datetime) -> bool:
+    return abs((datetime.now(UTC) - moment).total_seconds()) < 20 * 3600
+
+
+def age(moment: datetime, now: datetime | None = None) -> str:
+    """How long ago (or from now) `moment` is, in its largest unit: "12 s ago", "3 min ago", "in 2 h"."""
+    seconds = ((now or datetime.now(UTC)) - moment).total_seconds()
+    size = abs(seconds)
+    for unit, width in (("d", 86400), ("h", 3600), ("min", 60)):
+        if size >= width:
+            amount = f"{int(size // width)} {unit}"
+            break
+    else:
+        amount = f"{int(size)} s"
+    return f"{amount} ago" if seconds >= 0 else f"in {amount}"
+
+
+@register.filter
+def seconds(value: float | None) -> str:
+    """A duration in seconds as people read it: "850 ms", "3.2 s", "2 min 5 s"."""
+    if value is None:
+        return "—"
+    if value < 1:
+        return f"{value * 1000:.0f} ms"
+    if value < 60:
+        return f"{value:.1f} s"
+    return f"{int(value // 60)} min {int(value % 60)} s"

@@ -12,7 +12,7 @@ from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.admin.views.decorators import staff_member_required
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
@@ -22,6 +22,7 @@ from tasks_app.protocol.broker import get_broker
 from tasks_app.protocol.names import NAME_PATTERN, InvalidName, validate_name
 from tasks_app.protocol.replies import QueueStats
 from tasks_app.protocol.timestamps import datetime_of_ms
+from tasks_app.web.charts import chart_data, dashboard_charts
 from tasks_app.web.common import admin_context
 
 PAGE_SIZE = 50
@@ -96,7 +97,15 @@ def queue_dashboard(request: HttpRequest) -> HttpResponse:
                 str((broker.pause_states([queue])[queue] or {}).get("by") or ""),
             )
         )
-    return render(request, "tasks_app/dashboard.html", admin_context(request, "Queue dashboard", queues=rows))
+    charts = dashboard_charts(chart_data(broker, [row.stats.queue for row in rows]))
+    return render(request, "tasks_app/dashboard.html", admin_context(request, "Queue dashboard", queues=rows, **charts))
+
+
+@staff_member_required
+def chart_series(request: HttpRequest) -> JsonResponse:
+    """The dashboard's chart data as JSON: per-minute series of the last hour, per queue and per type."""
+    broker = get_broker()
+    return JsonResponse(chart_data(broker, broker.known_queues()))
 
 
 @staff_member_required

@@ -16,6 +16,7 @@ from tasks_app import control, producer
 from tasks_app.models import CANCEL_PERMISSION, ENQUEUE_PERMISSION
 from tasks_app.web.common import admin_context, load_record
 from tasks_app.web.forms import EnqueueForm, error_field
+from tasks_app.web.origins import task_origins
 
 REFRESH_S = 2
 
@@ -61,6 +62,7 @@ def task_detail(request: HttpRequest, task_id: str) -> HttpResponse:
             f"Task {record.id}",
             record=record,
             refresh_s=None if record.is_finished else REFRESH_S,
+            origins=task_origins(record),
             last_error=record.errors[-1] if record.errors else None,
             args_json=_pretty(record.args),
             kwargs_json=_pretty(record.kwargs),

@@ -114,5 +114,6 @@ def test_on_a_cluster_a_partial_enqueue_is_completed_by_a_retry_without_duplicat
         enqueue_many(batch, broker=broker)
         assert (queued(broker, "A"), queued(broker, b_queue)) == (1000, 1000)
         assert broker.get_result(f"{b_queue}-7")["status"] == "READY"
+        assert broker.history_count(["A", b_queue], "READY", None) == 2000  # the history, in each queue's slot
     finally:
         cluster.remove()

@@ -1,0 +1,16 @@
+-- history_move: file a task under its new status in its queue's history index (Redis Cluster,
+-- where the result record lies in another slot than the index, so record_result cannot).
+-- KEYS[1] history zset   KEYS[2] history ids zset   KEYS[3...] the status indexes, one per
+-- status named in ARGV[5...]
+-- ARGV[1] task id   ARGV[2] its new status   ARGV[3] enqueue time (ms), the score if the index
+-- lacks the task   ARGV[4] time to live of the index keys (ms)   ARGV[5...] the status names.
+-- Not fenced like the record's write: a late write of a run that lost its claim can file the
+-- task under a stale status until the next change; the browser shows the record's own status.
+-- Returns: 1.
+
+-- include: args
+-- include: history
+local h = history_keys(KEYS[1], KEYS[2], {unpack(ARGV, 5, #ARGV)}, 3)
+local function enqueued_ms() return int_arg(ARGV[3], server_now_ms(), 0, 2 ^ 53) end
+history_move(h, ARGV[1], nil, ARGV[2], enqueued_ms, int_arg(ARGV[4], 604800000, 1, 2 ^ 53))
+return 1

@@ -1,0 +1,75 @@
+-- The history index of one queue (docs/PROTOCOL.md, "History index"): `h` holds its keys,
+-- h.all (id -> enqueue ms), h.ids (ids scored 0, for prefix search) and h.status (status name
+-- -> key of that status's index; h.status_keys lists them). Every write is a pcall: an index
+-- key of a foreign type only loses index entries, never the record or the task.
+local function history_keys(all, ids, names, first_key)
+  local h = {all = all, ids = ids, status = {}, status_keys = {}}
+  for i, name in ipairs(names) do
+    h.status[name] = KEYS[first_key + i - 1]
+    h.status_keys[i] = KEYS[first_key + i - 1]
+  end
+  return h
+end
+
+-- The server's clock in milliseconds with microseconds (a score: two enqueues in one
+-- millisecond still sort in order).
+local function history_now()
+  local time = redis.call('TIME')
+  return tonumber(time[1]) * 1000 + tonumber(time[2]) / 1000
+end
+
+local function history_drop(h, members)
+  if #members == 0 then return end
+  redis.pcall('ZREM', h.all, unpack(members))
+  redis.pcall('ZREM', h.ids, unpack(members))
+  for _, key in ipairs(h.status_keys) do redis.pcall('ZREM', key, unpack(members)) end
+end
+
+-- Drop entries older than ttl_ms and, once more than max/1000 over the cap, the oldest beyond
+-- it (amortized); at most 1000 of each per call.
+local function history_trim(h, now_ms, ttl_ms, max)
+  local aged = redis.pcall('ZRANGEBYSCORE', h.all, '-inf', '(' .. (now_ms - ttl_ms), 'LIMIT', 0, 1000)
+  if type(aged) == 'table' then history_drop(h, aged) end
+  local size = redis.pcall('ZCARD', h.all)
+  if type(size) == 'number' and size - max > math.floor(max / 1000) then
+    local oldest = redis.pcall('ZRANGE', h.all, 0, math.min(size - max, 1000) - 1)
+    if type(oldest) == 'table' then history_drop(h, oldest) end
+  end
+end
+
+-- Add a task to the index under `status`; false if it was there already (nothing changed).
+local function history_add(h, id, score, status)
+  if redis.pcall('ZADD', h.all, 'NX', score, id) ~= 1 then return false end
+  redis.pcall('ZADD', h.ids, 0, id)
+  if h.status[status] then redis.pcall('ZADD', h.status[status], score, id) end
+  return true
+end
+
+local function history_expire(h, ttl_ms)
+  redis.pcall('PEXPIRE', h.all, ttl_ms)
+  redis.pcall('PEXPIRE', h.ids, ttl_ms)
+  for _, key in ipairs(h.status_keys) do redis.pcall('PEXPIRE', key, ttl_ms) end
+end
+
+-- Move a task from the index of status `old` (nil: unknown, so from every other) to that of
+-- `new`, keeping its score (the status indexes' time to live is refreshed by the consumers'
+-- schedulers and each enqueue, not here: this runs for every result write);
+-- a task the index lacks (a foreign producer's) is added with the score `fallback_score()`.
+local function history_move(h, id, old, new, fallback_score, ttl_ms)
+  local score = redis.pcall('ZSCORE', h.all, id)
+  if type(score) ~= 'string' then
+    score = fallback_score()
+    history_add(h, id, score, new)
+    redis.pcall('PEXPIRE', h.all, ttl_ms)
+    redis.pcall('PEXPIRE', h.ids, ttl_ms)
+  elseif h.status[new] then
+    redis.pcall('ZADD', h.status[new], score, id)
+  end
+  if old == nil then
+    for name, key in pairs(h.status) do
+      if name ~= new then redis.pcall('ZREM', key, id) end
+    end
+  elseif old ~= new and h.status[old] then
+    redis.pcall('ZREM', h.status[old], id)
+  end
+end

@@ -1,0 +1,139 @@
+"""The history index of each queue: recent task ids by enqueue time, per status, and by id for prefix search.
+
+Per queue, all in its hash tag: ``history`` (id -> enqueue time in server ms, µs in the
+fraction), ``history:ids`` (the same ids scored 0: a lexical range finds an id prefix) and one
+``history:<STATUS>`` per status of STATUSES. The enqueue scripts add a task, `record_result`
+moves it between the status indexes as its record's status changes (on Redis Cluster, where the
+record lies in another slot, `history_move` does in the same round trip). Each call of an
+enqueue script trims the queue's history to `history_max` tasks and to the result time to live.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Sequence
+from typing import Any, NamedTuple
+
+from django.tasks import TaskResultStatus
+
+from tasks_app.protocol.keys import Keys
+from tasks_app.protocol.replies import ResultUpdate, record_text_fields
+from tasks_app.protocol.scripts import ScriptClient
+
+# Every status a record can have (as results.py names them; not imported from there, which would
+# make an import cycle through tasks_app.exceptions), each with an index of its own.
+CANCELLED = "CANCELLED"
+STATUSES: tuple[str, ...] = (*(status.value for status in TaskResultStatus), CANCELLED)
+
+HISTORY_MAX = 100_000
+# Time to live given to index keys where the result TTL is not at hand (a cancel); the consumers'
+# schedulers set the result TTL again every few seconds.
+INDEX_TTL_S = 7 * 24 * 3600
+
+
+class Entry(NamedTuple):
+    """One task of a history index: its queue, id and enqueue time (epoch ms)."""
+
+    queue: str
+    task_id: str
+    score_ms: float
+
+
+@functools.lru_cache(maxsize=4096)  # built for every result write: once per queue instead
+def index_keys(keys: Keys, queue: str) -> tuple[str, ...]:
+    """The keys of `queue`'s history, as the scripts take them: all, ids, then one per status."""
+    return (keys.history(queue), keys.history_ids(queue), *(keys.history_status(queue, s) for s in STATUSES))
+
+
+def header_args(history_max: int, ttl_ms: int) -> list[Any]:
+    """What enqueue_batch takes after its first five arguments: the index's shape, cap and life."""
+    return [len(STATUSES), history_max, ttl_ms, *STATUSES]
+
+
+def indexed(update: ResultUpdate) -> bool:
+    """Whether a result write changes where its task is filed (it sets a status, its queue known)."""
+    return bool(update.queue) and "status" in update.fields
+
+
+def move_args(update: ResultUpdate) -> list[Any]:
+    """The ARGV of history_move for an update: id, status, fallback score, ttl (ms), status names."""
+    return status_move_args(
+        update.task_id, update.fields["status"], update.fields.get("enqueued_at_ms", ""), update.ttl_s
+    )
+
+
+def status_move_args(task_id: str, status: str, enqueued_ms: str, ttl_s: int) -> list[Any]:
+    """The ARGV of history_move: a task filed under `status` (scored `enqueued_ms` if the index lacks it)."""
+    return [task_id, status, enqueued_ms, ttl_s * 1000, *STATUSES]
+
+
+class HistoryOps(ScriptClient):
+    """Reading the history index (pages, prefix search) and deleting tasks from it."""
+
+    def history_window(
+        self, queues: Sequence[str], status: str | None, max_ms: float | None, min_ms: float | None, limit: int
+    ) -> list[Entry]:
+        """The newest `limit` entries of `queues` (of one status if given), scores in [min_ms, max_ms)."""
+        upper = f"({max_ms!r}" if max_ms is not None else "+inf"
+        lower = repr(min_ms) if min_ms is not None else "-inf"
+        pipe = self.client.pipeline(transaction=False)
+        for queue in queues:
+            key = self.keys.history_status(queue, status) if status else self.keys.history(queue)
+            pipe.zrevrangebyscore(key, upper, lower, start=0, num=limit, withscores=True)
+        entries = [
+            Entry(queue, member.decode(errors="backslashreplace"), float(score))
+            for queue, rows in zip(queues, pipe.execute(), strict=True)
+            for member, score in rows
+        ]
+        entries.sort(key=lambda entry: entry.score_ms, reverse=True)
+        return entries[:limit]
+
+    def history_count(self, queues: Sequence[str], status: str | None, min_ms: float | None) -> int:
+        """How many entries of `queues` (of one status if given) are at least as new as `min_ms` (O(log n))."""
+        pipe = self.client.pipeline(transaction=False)
+        for queue in queues:
+            key = self.keys.history_status(queue, status) if status else self.keys.history(queue)
+            pipe.zcount(key, repr(min_ms) if min_ms is not None else "-inf", "+inf")
+        return sum(pipe.execute())
+
+    def history_by_prefix(self, queues: Sequence[str], prefix: str, limit: int) -> list[Entry]:
+        """Up to `limit` tasks of `queues` whose id starts with `prefix` (lexical range, O(log n))."""
+        pipe = self.client.pipeline(transaction=False)
+        for queue in queues:
+            pipe.zrangebylex(self.keys.history_ids(queue), f"[{prefix}", f"[{prefix}\xff", start=0, num=limit)
+        found = [
+            (queue, member.decode(errors="backslashreplace"))
+            for queue, members in zip(queues, pipe.execute(), strict=True)
+            for member in members
+        ]
+        pipe = self.client.pipeline(transaction=False)
+        for queue, task_id in found:
+            pipe.zscore(self.keys.history(queue), task_id)
+        scored = [Entry(q, i, float(s or 0)) for (q, i), s in zip(found, pipe.execute(), strict=True)]
+        return sorted(scored, key=lambda entry: entry.score_ms, reverse=True)[:limit]
+
+    def refresh_history_ttl(self, queue: str, ttl_s: int) -> None:
+        """Give `queue`'s index keys the result time to live again (a status index made by a result write has none)."""
+        pipe = self.client.pipeline(transaction=False)
+        for key in index_keys(self.keys, queue):
+            pipe.pexpire(key, ttl_s * 1000)
+        pipe.execute()
+
+    def get_results(self, task_ids: Iterable[str]) -> list[dict[str, str] | None]:
+        """The result records of several tasks in one round trip, as `get_result` returns each."""
+        ids = list(task_ids)
+        pipe = self.client.pipeline(transaction=False)
+        for task_id in ids:
+            pipe.hgetall(self.keys.result(task_id))
+        return [record_text_fields(task_id, raw) for task_id, raw in zip(ids, pipe.execute(), strict=True)]
+
+    def delete_tasks(self, tasks: Iterable[tuple[str, str]]) -> int:
+        """Delete the result records of (queue, task id) pairs and their history entries; return how many existed."""
+        pipe = self.client.pipeline(transaction=False)
+        pairs = list(tasks)
+        for queue, task_id in pairs:
+            pipe.delete(self.keys.result(task_id))
+            for key in index_keys(self.keys, queue):
+                pipe.zrem(key, task_id)
+        replies = pipe.execute()
+        return sum(replies[index * (2 + len(STATUSES))] for index in range(len(pairs)))

@@ -1,0 +1,91 @@
+// Live pages: every few seconds fetch this same URL (filters included) and swap in the fresh
+// content of each element marked data-live (matched by id). The rest of the page (filter
+// inputs, scroll position, the selection of checkboxes) stays as it is. Pauses while the tab
+// is hidden, while an element inside a region has focus, and when the user switches it off.
+// Relative ages ("12 s ago") of <time data-age> elements tick every second in between.
+(function () {
+  "use strict";
+  var script = document.currentScript;
+  var intervalS = Number(script && script.dataset.interval) || 5;
+  var paused = false;
+  var busy = false;
+
+  function age(seconds) {
+    var size = Math.abs(seconds), units = [["d", 86400], ["h", 3600], ["min", 60]], text = null;
+    for (var i = 0; i < units.length && text === null; i++) {
+      if (size >= units[i][1]) text = Math.floor(size / units[i][1]) + " " + units[i][0];
+    }
+    if (text === null) text = Math.floor(size) + " s";
+    return seconds >= 0 ? text + " ago" : "in " + text;
+  }
+
+  function tickAges() {
+    var now = Date.now();
+    document.querySelectorAll("time[data-age]").forEach(function (el) {
+      var at = Date.parse(el.getAttribute("datetime"));
+      var span = el.querySelector(".tasks-age");
+      if (!isNaN(at) && span) span.textContent = age((now - at) / 1000);
+    });
+  }
+
+  function checkedValues(region) {
+    var values = {};
+    region.querySelectorAll("input[type=checkbox]:checked").forEach(function (box) {
+      values[box.name + "=" + box.value] = true;
+    });
+    return values;
+  }
+
+  function swap(fresh) {
+    if (fresh.querySelector("[data-live-done]") && !document.querySelector("[data-live-done]")) {
+      window.location.reload();  // finished: the whole page has more to show (the error, the result)
+      return;
+    }
+    document.querySelectorAll("[data-live]").forEach(function (region) {
+      var replacement = fresh.getElementById(region.id);
+      if (!replacement || region.contains(document.activeElement) && document.activeElement !== document.body) return;
+      var checked = checkedValues(region);
+      region.innerHTML = replacement.innerHTML;
+      region.querySelectorAll("input[type=checkbox]").forEach(function (box) {
+        if (checked[box.name + "=" + box.value]) box.checked = true;
+      });
+    });
+    if (fresh.querySelector("[data-live-done]")) paused = true;  // e.g. the task finished
+    document.dispatchEvent(new CustomEvent("tasks:refreshed"));
+  }
+
+  function refresh() {
+    if (paused || busy || document.hidden) return;
+    busy = true;
+    fetch(window.location.href, {credentials: "same-origin", headers: {"X-Requested-With": "live"}})
+      .then(function (response) { return response.ok ? response.text() : null; })
+      .then(function (html) {
+        if (html) swap(new DOMParser().parseFromString(html, "text/html"));
+        var stamp = document.getElementById("tasks-live-stamp");
+        if (stamp) stamp.textContent = new Date().toLocaleTimeString();
+      })
+      .catch(function () {})
+      .finally(function () { busy = false; });
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    var toggle = document.getElementById("tasks-live-toggle");
+    if (document.querySelector("[data-live-done]")) paused = true;
+    if (toggle) {
+      toggle.addEventListener("click", function () {
+        paused = !paused;
+        toggle.textContent = paused ? "Resume live updates" : "Pause live updates";
+        if (!paused) refresh();
+      });
+      toggle.textContent = paused ? "Resume live updates" : "Pause live updates";
+    }
+    var all = document.getElementById("tasks-select-all");
+    if (all) {
+      all.addEventListener("change", function () {
+        document.querySelectorAll("input[name=task]").forEach(function (box) { box.checked = all.checked; });
+      });
+    }
+    window.setInterval(refresh, intervalS * 1000);
+    window.setInterval(tickAges, 1000);
+  });
+})();

@@ -1,0 +1,193 @@
+"""The task browser's query: filters from the query string, and the page of tasks they select from the history index.
+
+Every filter reads the history index (no SCAN): a status picks that status's index, a queue
+its own, a time range is a score range, `q` is an exact id then a prefix (a lexical range).
+A type is checked on the records of the window read, so a page reads at most SCAN_BUDGET
+entries and says where to go on ("older") when it stopped before the index ended.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.http import QueryDict
+from django.utils.dateparse import parse_datetime
+
+from tasks_app.protocol import history
+from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.history import Entry
+from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.timestamps import ms_of_datetime
+
+PAGE_SIZES = (25, 50, 100, 200)
+DEFAULT_PAGE_SIZE = 50
+# Entries one page may read while looking for tasks of the wanted type (records read in chunks).
+SCAN_BUDGET = 5000
+CHUNK = 250
+# Relative time ranges offered as presets.
+RANGES = {"15m": timedelta(minutes=15), "1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
+
+
+@dataclass(frozen=True)
+class Filters:
+    """What the browser lists: each filter is a query-string parameter of the same name."""
+
+    status: str = ""
+    type: str = ""
+    queue: str = ""
+    q: str = ""
+    range: str = ""
+    since: datetime | None = None
+    until: datetime | None = None
+    before: float | None = None  # the cursor: entries enqueued strictly before this score (ms)
+    size: int = DEFAULT_PAGE_SIZE
+    errors: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_query(cls, query: QueryDict) -> Filters:
+        """Read the filters; a value that does not parse is dropped with a message in `errors`."""
+        errors: list[str] = []
+        status = query.get("status", "")
+        if status and status not in history.STATUSES:
+            errors.append(f"Unknown status {status!r}.")
+            status = ""
+        preset = query.get("range", "")
+        if preset and preset not in RANGES:
+            errors.append(f"Unknown time range {preset!r}.")
+            preset = ""
+        return cls(
+            status=status,
+            type=query.get("type", "").strip()[:200],
+            queue=query.get("queue", "").strip()[:200],
+            q=query.get("q", "").strip()[:200],
+            range=preset,
+            since=_moment(query.get("since", ""), "since", errors),
+            until=_moment(query.get("until", ""), "until", errors),
+            before=_number(query.get("before", "")),
+            size=_size(query.get("size", "")),
+            errors=errors,
+        )
+
+    def bounds_ms(self, now: datetime) -> tuple[float | None, float | None]:
+        """The score range selected: (newer than, older than), either None for open."""
+        since = now - RANGES[self.range] if self.range else self.since
+        upper: list[float] = [ms_of_datetime(self.until)] if self.until else []
+        if self.before is not None:
+            upper.append(self.before)
+        return (ms_of_datetime(since) if since else None, min(upper) if upper else None)
+
+    def matches(self, record: ResultRecord) -> bool:
+        """Whether a record passes the filters the index alone cannot apply (its type; its status, kept current)."""
+        return (not self.type or record.type == self.type) and (not self.status or record.status == self.status)
+
+
+def _moment(text: str, name: str, errors: list[str]) -> datetime | None:
+    if not text:
+        return None
+    moment = parse_datetime(text)
+    if moment is None:
+        errors.append(f"{name} must be a date and time like 2026-12-01T14:30.")
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _number(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if value == value and abs(value) < 1e16 else None
+
+
+def _size(text: str) -> int:
+    return int(text) if text.isdigit() and int(text) in PAGE_SIZES else DEFAULT_PAGE_SIZE
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of the browser: its tasks, the cursor of the next (older) page, and the total if known."""
+
+    records: list[tuple[ResultRecord, float]]
+    older: float | None
+    total: int | None
+    exhausted_budget: bool = False
+
+
+def find_page(broker: Broker, filters: Filters, now: datetime | None = None) -> Page:
+    """The tasks the filters select, newest first, one page of them."""
+    queues = [filters.queue] if filters.queue else broker.known_queues()
+    if filters.q:
+        return _search(broker, filters, queues)
+    lower, upper = filters.bounds_ms(now or datetime.now(UTC))
+    found: list[tuple[ResultRecord, float]] = []
+    examined = 0
+    chunk = CHUNK if filters.type else filters.size  # without a type nearly every entry is a row
+    while examined < SCAN_BUDGET:
+        window = broker.history_window(queues, filters.status or None, upper, lower, chunk)
+        for entry, record in zip(window, _records(broker, window), strict=True):
+            upper = entry.score_ms
+            if record is not None and filters.matches(record):
+                found.append((record, entry.score_ms))
+                if len(found) == filters.size:
+                    return Page(found, upper, _total(broker, filters, queues, lower))
+        examined += len(window)
+        if len(window) < chunk:
+            return Page(found, None, _total(broker, filters, queues, lower))
+    return Page(found, upper, _total(broker, filters, queues, lower), exhausted_budget=True)
+
+
+def _records(broker: Broker, window: list[Entry]) -> list[ResultRecord | None]:
+    fields = broker.get_results(entry.task_id for entry in window)
+    return [ResultRecord.from_fields(item) if item else None for item in fields]
+
+
+def _total(broker: Broker, filters: Filters, queues: list[str], lower: float | None) -> int | None:
+    """How many entries the index holds for these filters; None when a type or an end time narrows it."""
+    if filters.type or filters.until or filters.before is not None:
+        return None
+    return broker.history_count(queues, filters.status or None, lower)
+
+
+def _search(broker: Broker, filters: Filters, queues: list[str]) -> Page:
+    """`q` as an exact id (any task with a record, indexed or not), else as a prefix of ids in the index."""
+    exact = broker.get_result(filters.q)
+    if exact is not None:
+        record = ResultRecord.from_fields(exact)
+        keep = filters.matches(record) and (not filters.queue or record.queue == filters.queue)
+        return Page([(record, 0.0)] if keep else [], None, None)
+    entries = broker.history_by_prefix(queues, filters.q, filters.size)
+    rows = [
+        (r, e.score_ms) for e, r in zip(entries, _records(broker, entries), strict=True) if r and filters.matches(r)
+    ]
+    return Page(rows, None, None)
+
+
+def query_without(query: QueryDict, *names: str) -> str:
+    """The query string without `names` (to build the links to other pages of the same filters)."""
+    kept = query.copy()
+    for name in names:
+        kept.pop(name, None)
+    return kept.urlencode()
+
+
+def row_json(record: ResultRecord, score_ms: float) -> dict[str, Any]:
+    """A row of the browser as JSON: the record's fields, the duration, the first line of the last error."""
+    return {**record.as_json(), "duration_s": duration_s(record), "error_line": error_line(record), "cursor": score_ms}
+
+
+def duration_s(record: ResultRecord) -> float | None:
+    """How long the task ran: from its first start to its finish (or to now while it runs); None if not started."""
+    if record.started_at is None:
+        return None
+    end = record.finished_at or (datetime.now(UTC) if record.status == "RUNNING" else None)
+    return max(0.0, (end - record.started_at).total_seconds()) if end else None
+
+
+def error_line(record: ResultRecord) -> str:
+    """The first line of the last error: the exception and its message, as a traceback's last line has them."""
+    if not record.errors:
+        return record.dead_reason.splitlines()[0] if record.dead_reason else ""
+    lines = [line for line in record.errors[-1].get("traceback", "").splitlines() if line.strip()]
+    return lines[-1].strip() if lines else record.errors[-1].get("exception_class_path", "")

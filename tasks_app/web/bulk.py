@@ -1,0 +1,113 @@
+"""The task browser's bulk actions: each one entry of ACTIONS, with its permission, and one admin log entry per task."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.contrib.admin.models import ADDITION, CHANGE, DELETION, LogEntry
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest
+
+import tasks_app
+from tasks_app import producer
+from tasks_app.models import CANCEL_PERMISSION, DELETE_TASK_RECORDS_PERMISSION, ENQUEUE_PERMISSION
+from tasks_app.protocol.broker import get_broker
+from tasks_app.protocol.control import CANCELLED, REQUESTED
+from tasks_app.protocol.replies import ResultUpdate
+from tasks_app.protocol.results import FINISHED, ResultRecord
+
+# At most this many tasks are acted on at once (a page holds at most 200).
+MAX_SELECTED = 500
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What an action did: the log entries to write (task, flag, message) and what to tell the user."""
+
+    logged: list[tuple[ResultRecord, int, str]]
+    message: str
+
+
+@dataclass(frozen=True)
+class BulkAction:
+    """An action on selected tasks: its name in the form, its label, the permission it needs, what it does."""
+
+    name: str
+    label: str
+    permission: str
+    run: Callable[[Sequence[ResultRecord], str], Outcome]  # the tasks, and who acts ("user:<name>")
+
+
+def retry(records: Sequence[ResultRecord], actor: str) -> Outcome:
+    """Enqueue a copy of each task (type, args, kwargs, queue, priority), its record linking to the original."""
+    requests = [
+        producer.TaskRequest(
+            type=r.type, args=r.args, kwargs=r.kwargs, queue=r.queue, priority=r.priority, headers={"retry_of": r.id}
+        )
+        for r in records
+    ]
+    enqueued = producer.enqueue_many(requests)
+    broker = get_broker()
+    ttl_s = settings.TASKS_RESULT_TTL
+    for record, task in zip(records, enqueued, strict=True):
+        broker.record_result(ResultUpdate(record.id, {"retried_as": task.id}, ttl_s))
+    logged = [(r, ADDITION, f"Retried as task {t.id}") for r, t in zip(records, enqueued, strict=True)]
+    return Outcome(logged, f"Enqueued {len(enqueued)} retry task(s).")
+
+
+def delete(records: Sequence[ResultRecord], actor: str) -> Outcome:
+    """Delete the records of finished tasks and their history entries (a queued or running task keeps its record)."""
+    finished = [r for r in records if r.status in FINISHED]
+    deleted = get_broker().delete_tasks((r.queue, r.id) for r in finished)
+    skipped = len(records) - len(finished)
+    note = f" {skipped} not finished, kept." if skipped else ""
+    return Outcome(
+        [(r, DELETION, "Deleted the task's record") for r in finished], f"Deleted {deleted} record(s).{note}"
+    )
+
+
+def cancel(records: Sequence[ResultRecord], actor: str) -> Outcome:
+    """Cancel each task: one not started never runs, a running one is asked to stop; finished ones are left."""
+    replies = tasks_app.cancel_many([r.id for r in records], cancelled_by=actor)
+    acted = {reply.task_id: reply.outcome for reply in replies if reply.outcome in (CANCELLED, REQUESTED)}
+    logged = [(r, CHANGE, f"Cancel: {acted[r.id]}") for r in records if r.id in acted]
+    stopped = sum(outcome == REQUESTED for outcome in acted.values())
+    note = f" {len(records) - len(acted)} already finished, left." if len(acted) < len(records) else ""
+    return Outcome(logged, f"Cancelled {len(acted) - stopped} task(s), asked {stopped} running one(s) to stop.{note}")
+
+
+# The actions offered, in this order; an action is one entry.
+ACTIONS: dict[str, BulkAction] = {
+    action.name: action
+    for action in (
+        BulkAction("retry", "Retry selected tasks (enqueue a copy)", ENQUEUE_PERMISSION, retry),
+        BulkAction("cancel", "Cancel selected tasks", CANCEL_PERMISSION, cancel),
+        BulkAction("delete", "Delete the records of selected finished tasks", DELETE_TASK_RECORDS_PERMISSION, delete),
+    )
+}
+
+
+def allowed_actions(request: HttpRequest) -> list[BulkAction]:
+    """The actions this user may run."""
+    return [action for action in ACTIONS.values() if request.user.has_perm(action.permission)]
+
+
+def log(request: HttpRequest, logged: Sequence[tuple[ResultRecord, int, str]]) -> None:
+    """One admin log entry per task acted on (tasks are not models: no content type)."""
+    if not request.user.is_authenticated:  # the view is staff-only: an entry always has its user
+        raise PermissionDenied
+    LogEntry.objects.bulk_create(
+        [
+            LogEntry(
+                user_id=request.user.pk,
+                content_type=None,
+                object_id=record.id[:200],
+                object_repr=f"{record.type} {record.id}"[:200],
+                action_flag=flag,
+                change_message=message,
+            )
+            for record, flag, message in logged
+        ]
+    )

@@ -1,0 +1,204 @@
+"""The dashboard's charts: per-minute series of the last hour read from the counters, and drawn as inline SVG."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.utils.html import escape
+from django.utils.safestring import SafeString, mark_safe
+
+from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.minutes import DURATION_BUCKETS_MS, OUTCOMES
+from tasks_app.templatetags.tasks_display import printable
+
+WINDOW_MINUTES = 60
+# Types drawn one chart each, busiest first; the others are in the table only.
+MAX_TYPE_CHARTS = 8
+
+Series = dict[str, list[float | None]]
+
+
+def percentile_ms(buckets: Mapping[int, int], share: float) -> float | None:
+    """The duration under which `share` of the runs fell, interpolated within its bucket; None without runs."""
+    total = sum(buckets.values())
+    if not total:
+        return None
+    wanted, seen = share * total, 0
+    for index in sorted(buckets):
+        count = buckets[index]
+        if seen + count >= wanted:
+            lower = DURATION_BUCKETS_MS[index - 1] if index > 0 else 0.0
+            if index >= len(DURATION_BUCKETS_MS):  # the open-ended last bucket: at least its lower bound
+                return lower
+            return lower + (DURATION_BUCKETS_MS[index] - lower) * (wanted - seen) / count
+        seen += count
+    return None
+
+
+@dataclass
+class TypeTotals:
+    """One task type's series (summed over queues) and its hour's duration histogram."""
+
+    series: Series
+    hour_buckets: dict[int, int]
+
+
+def _type_totals(types: dict[str, TypeTotals], minute_index: int, counts: Mapping[str, int]) -> None:
+    """Add one queue-minute's per-type fields into `types` (minute `minute_index` of the window)."""
+    minute_buckets: dict[str, dict[int, int]] = {}
+    for field, amount in counts.items():
+        kind, _, rest = field.partition("|")
+        if not rest:
+            continue
+        if kind == "d":
+            task_type, _, bucket = rest.rpartition("|")
+            if bucket.isdigit():
+                minute_buckets.setdefault(task_type, {})[int(bucket)] = amount
+            continue
+        if kind in OUTCOMES:
+            totals = types.setdefault(rest, _new_type())
+            series = totals.series[kind]
+            series[minute_index] = (series[minute_index] or 0) + amount  # counts start at 0
+    for task_type, buckets in minute_buckets.items():
+        totals = types.setdefault(task_type, _new_type())
+        for index, count in buckets.items():
+            totals.hour_buckets[index] = totals.hour_buckets.get(index, 0) + count
+        totals.series["p50_ms"][minute_index] = percentile_ms(buckets, 0.5)
+        totals.series["p95_ms"][minute_index] = percentile_ms(buckets, 0.95)
+
+
+def _new_type() -> TypeTotals:
+    counts: Series = {name: [0] * WINDOW_MINUTES for name in OUTCOMES}
+    return TypeTotals({**counts, "p50_ms": [None] * WINDOW_MINUTES, "p95_ms": [None] * WINDOW_MINUTES}, {})
+
+
+def chart_data(broker: Broker, queues: Sequence[str], now_s: float | None = None) -> dict[str, Any]:
+    """The last hour per minute: per queue outcomes and backlog, per type outcomes and p50/p95 durations."""
+    current = int(now_s if now_s is not None else time.time()) // 60
+    minutes = list(range(current - WINDOW_MINUTES + 1, current + 1))
+    by_queue: dict[str, Series] = {}
+    types: dict[str, TypeTotals] = {}
+    for queue in queues:
+        rows = broker.minute_counts(queue, minutes)
+        by_queue[queue] = {name: [row.get(name, 0) for row in rows] for name in OUTCOMES}
+        by_queue[queue]["backlog"] = [row.get("backlog") for row in rows]
+        for index, row in enumerate(rows):
+            _type_totals(types, index, row)
+    return {
+        "minutes": [minute * 60 for minute in minutes],
+        "queues": by_queue,
+        "types": {
+            name: {
+                **totals.series,
+                "hour_p50_ms": percentile_ms(totals.hour_buckets, 0.5),
+                "hour_p95_ms": percentile_ms(totals.hour_buckets, 0.95),
+                "hour_total": sum(v or 0 for kind in OUTCOMES for v in totals.series[kind]),
+            }
+            for name, totals in sorted(types.items())
+        },
+    }
+
+
+# Colours of the lines, as the admin's palette has them (success, error, warning, info).
+COLOURS = {
+    "ok": "#2e7d32",
+    "failed": "#c62828",
+    "retried": "#ef6c00",
+    "backlog": "#1565c0",
+    "p50_ms": "#1565c0",
+    "p95_ms": "#8e24aa",
+}
+LABELS = {
+    "ok": "succeeded",
+    "failed": "failed",
+    "retried": "retried",
+    "backlog": "backlog",
+    "p50_ms": "p50",
+    "p95_ms": "p95",
+}
+
+WIDTH, HEIGHT, LEFT, BOTTOM, TOP = 360, 120, 44, 18, 8
+
+
+def _label(value: float, unit: str) -> str:
+    if unit == "ms" and value >= 1000:
+        return f"{value / 1000:.3g} s"
+    return f"{value:.3g}{' ms' if unit == 'ms' else ''}"
+
+
+def svg_chart(title: str, series: Series, unit: str = "") -> SafeString:
+    """A small line chart of per-minute series (None = no data) over the last hour, as inline SVG."""
+    values = [v for points in series.values() for v in points if v is not None]
+    top = max(values, default=0) or 1
+    plot_w, plot_h = WIDTH - LEFT - 4, HEIGHT - BOTTOM - TOP
+    parts = [
+        f'<svg class="tasks-chart" role="img" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}">',
+        f"<title>{escape(title)}</title>",
+        f'<line x1="{LEFT}" y1="{TOP + plot_h}" x2="{WIDTH - 4}" y2="{TOP + plot_h}" class="tasks-axis"/>',
+        f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{TOP + plot_h}" class="tasks-axis"/>',
+        f'<text x="{LEFT - 4}" y="{TOP + 8}" text-anchor="end">{escape(_label(top, unit))}</text>',
+        f'<text x="{LEFT - 4}" y="{TOP + plot_h}" text-anchor="end">0</text>',
+        f'<text x="{LEFT}" y="{HEIGHT - 4}">-60 min</text>',
+        f'<text x="{WIDTH - 4}" y="{HEIGHT - 4}" text-anchor="end">now</text>',
+    ]
+    for name, points in series.items():
+        step = plot_w / max(1, len(points) - 1)
+        for run in _runs(points):
+            coords = " ".join(f"{LEFT + i * step:.1f},{TOP + plot_h - (value / top) * plot_h:.1f}" for i, value in run)
+            colour = COLOURS.get(name, "#555")
+            parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{coords}"/>')
+    parts.append("</svg>")
+    legend = "".join(
+        f'<span class="tasks-legend" style="border-color: {COLOURS.get(name, "#555")}">'
+        f"{escape(LABELS.get(name, name))}</span>"
+        for name in series
+    )
+    # Every text in it (titles, type and queue names) is escaped above.
+    return mark_safe(
+        f'<figure class="tasks-figure">{"".join(parts)}<figcaption>{escape(title)} {legend}</figcaption></figure>'
+    )
+
+
+def _runs(points: Sequence[float | None]) -> list[list[tuple[int, float]]]:
+    """Split a series at its gaps (None), so a line is not drawn across minutes without data."""
+    runs: list[list[tuple[int, float]]] = [[]]
+    for index, value in enumerate(points):
+        if value is None:
+            if runs[-1]:
+                runs.append([])
+        else:
+            runs[-1].append((index, value))
+    return [run if len(run) > 1 else run * 2 for run in runs if run]
+
+
+def dashboard_charts(data: dict[str, Any]) -> dict[str, Any]:
+    """The SVG charts of `chart_data` for the dashboard: per queue and per (busiest) type."""
+    queues = [
+        {
+            "name": name,
+            "outcomes": svg_chart(f"{printable(name)}: tasks per minute", {k: series[k] for k in OUTCOMES}),
+            "backlog": svg_chart(f"{printable(name)}: backlog", {"backlog": series["backlog"]}),
+        }
+        for name, series in data["queues"].items()
+    ]
+    busiest = sorted(data["types"].items(), key=lambda item: -item[1]["hour_total"])
+    types = [_type_charts(name, series, drawn=rank < MAX_TYPE_CHARTS) for rank, (name, series) in enumerate(busiest)]
+    return {"queue_charts": queues, "type_charts": types}
+
+
+def _type_charts(name: str, series: dict[str, Any], *, drawn: bool) -> dict[str, Any]:
+    """One type's row: its hour's totals and, if `drawn`, its outcome and duration charts."""
+    title = printable(name)
+    return {
+        "name": name,
+        "hour_total": series["hour_total"],
+        "hour_p50_ms": series["hour_p50_ms"],
+        "hour_p95_ms": series["hour_p95_ms"],
+        "outcomes": svg_chart(f"{title}: tasks per minute", {k: series[k] for k in OUTCOMES}) if drawn else None,
+        "durations": svg_chart(f"{title}: duration", {k: series[k] for k in ("p50_ms", "p95_ms")}, "ms")
+        if drawn
+        else None,
+    }

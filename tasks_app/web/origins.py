@@ -1,0 +1,35 @@
+"""Where a task came from and what came of it, as its page links them: one entry of ORIGINS per kind of link."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tasks_app.protocol.results import ResultRecord
+from tasks_app.templatetags.tasks_display import url_or_empty
+
+
+@dataclass(frozen=True)
+class Origin:
+    """One line of the task page's "Origin" rows: a label, the linked text, and its URL ("" shows it unlinked)."""
+
+    label: str
+    text: str
+    url: str
+
+
+def _task_link(label: str, task_id: str) -> Origin | None:
+    return Origin(label, task_id, url_or_empty("tasks_app:task", task_id)) if task_id else None
+
+
+# Each takes a record and returns its line, or None. A periodic task's schedule (the record's
+# schedule name, linked to its admin page) is one more entry here.
+ORIGINS: list[Callable[[ResultRecord], Origin | None]] = [
+    lambda record: _task_link("Retry of", record.retry_of),
+    lambda record: _task_link("Retried as", record.retried_as),
+]
+
+
+def task_origins(record: ResultRecord) -> list[Origin]:
+    """The origin lines of a task's page."""
+    return [origin for origin in (entry(record) for entry in ORIGINS) if origin is not None]

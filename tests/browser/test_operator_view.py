@@ -1,0 +1,121 @@
+"""A staff user in headless Chromium: the task browser's filters and search, the dashboard's charts, a bulk retry."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tasks_app import producer
+from tasks_app.models import TaskType
+from tasks_app.protocol import results
+from tasks_app.protocol.replies import ResultUpdate
+from tests.browser.test_web_flow import log_in
+from tests.support.processes import wait_until
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+
+def _finished(broker, task_id: str, status: str, error: str = "") -> None:
+    """Record a task as finished (its task waits delayed, so nothing runs it)."""
+    entry = results.error_record("demo.Boom", f"Traceback\nRuntimeError: {error}") if error else None
+    now_ms = time.time() * 1000
+    fields = {
+        "status": status,
+        "enqueued_at_ms": str(int(now_ms) - 4000),
+        "started_at_ms": f"{now_ms - 1834.5:.3f}",
+        "finished_at_ms": f"{now_ms:.3f}",
+    }
+    broker.record_result(ResultUpdate(task_id, fields, 600, append_error=entry, queue="ops"))
+
+
+def _held_back(type_name: str, count: int = 1, **kwargs) -> list[str]:
+    """Enqueue tasks due in an hour: their records are what the browser shows."""
+    return [t.id for t in producer.enqueue(type_name, queue="ops", count=count, delay_s=3600, **kwargs)]
+
+
+def test_the_failed_filter_and_an_id_prefix_search(page, snap, live_server, broker):
+    from playwright.sync_api import expect
+
+    TaskType.objects.create(name="ops.echo", handler="demo.echo", queue="ops")
+    ok = _held_back("ops.echo", 3, args=["fine"])
+    bad = _held_back("ops.echo", 2, args=["broken"])
+    for task_id in ok:
+        _finished(broker, task_id, "SUCCESSFUL")
+    for task_id in bad:
+        _finished(broker, task_id, "FAILED", error="card declined <b>bold</b>")
+    waiting = _held_back("ops.echo")
+    log_in(page, live_server.url)
+    page.click("#task-queue-links >> text=Tasks")
+    expect(page.locator("tr.task-row")).to_have_count(6)
+    snap("browser")
+
+    page.select_option("#f-status", "FAILED")
+    page.click("#task-filters input[type=submit]")
+    expect(page.locator("tr.task-row")).to_have_count(2)
+    listed = page.locator("tr.task-row").evaluate_all("rows => rows.map(r => r.dataset.task)")
+    assert sorted(listed) == sorted(bad)
+    expect(page.locator("tr.task-row").first).to_contain_text("RuntimeError: card declined <b>bold</b>")
+    assert "status=FAILED" in page.url
+    snap("browser-failed")
+
+    page.goto(f"{live_server.url}/tasks/")
+    page.fill("#f-q", waiting[0][:7])
+    page.click("#task-filters input[type=submit]")
+    expect(page.locator("tr.task-row")).to_have_count(1)
+    expect(page.locator("tr.task-row")).to_have_attribute("data-task", waiting[0])
+    page.click("tr.task-row a.task-link")
+    expect(page.locator("#task-status")).to_have_text("READY")
+
+
+def test_the_dashboard_draws_its_charts(page, snap, live_server, broker, consumer_in_thread):
+    from playwright.sync_api import expect
+
+    TaskType.objects.create(name="ops.echo", handler="demo.echo", queue="ops")
+    TaskType.objects.create(name="ops.fail", handler="demo.fail", queue="ops", max_attempts=1)
+    with consumer_in_thread(queues=["ops"], concurrency=2):
+        producer.enqueue("ops.echo", count=12)
+        producer.enqueue("ops.fail", count=2)
+        wait_until(lambda: broker.history_count(["ops"], "SUCCESSFUL", None) == 12, 20, message="the echoes to run")
+        wait_until(lambda: broker.history_count(["ops"], "FAILED", None) == 2, 20, message="the failures to fail")
+        broker.sample_backlog("ops")
+        log_in(page, live_server.url)
+        page.goto(f"{live_server.url}/tasks/dashboard/")
+        charts = page.locator("#charts-queues svg.tasks-chart")
+        expect(charts).to_have_count(2)
+        expect(page.locator("#charts-types svg.tasks-chart")).to_have_count(4)
+        assert page.locator("#charts-queues polyline").count() >= 3
+        box = charts.first.bounding_box()
+        assert box and box["width"] > 200 and box["height"] > 80
+        expect(page.locator("#charts-types tr.type-row", has_text="ops.echo")).to_contain_text("12")
+        snap("dashboard")
+
+
+def test_a_bulk_retry_reaches_successful_on_a_real_consumer(page, snap, live_server, broker, consumer_process):
+    from playwright.sync_api import expect
+
+    TaskType.objects.create(name="ops.echo", handler="demo.echo", queue="ops")
+    [original] = _held_back("ops.echo", args=["again"])
+    _finished(broker, original, "FAILED", error="flaky upstream")
+    consumer = consumer_process("--queue", "ops", "--lease", "2", TASK_HANDLER_MODULES="examples.handlers")
+    log_in(page, live_server.url)
+    page.goto(f"{live_server.url}/tasks/?status=SUCCESSFUL")
+    expect(page.locator("tr.task-row")).to_have_count(0)
+    page.goto(f"{live_server.url}/tasks/?status=FAILED")
+    page.check(f'input[name=task][value="{original}"]')
+    page.select_option("#bulk-action", "retry")
+    page.click("#bulk-go")
+    expect(page.locator("ul.messagelist")).to_contain_text("Enqueued 1 retry task(s).")
+
+    page.goto(f"{live_server.url}/tasks/?status=SUCCESSFUL")
+    # No reload from here on: the page updates itself when the retry has run.
+    expect(page.locator("tr.task-row")).to_have_count(1, timeout=30_000)
+    retry_id = page.locator("tr.task-row").get_attribute("data-task")
+    assert retry_id != original
+    record = results.ResultRecord.from_fields(broker.get_result(retry_id))
+    assert (record.status, record.args, record.retry_of) == ("SUCCESSFUL", ["again"], original)
+    page.click("tr.task-row a.task-link")
+    expect(page.locator("#task-status")).to_have_text("SUCCESSFUL")
+    expect(page.locator("tr.task-origin")).to_contain_text(original)
+    snap("retried-task")
+    assert consumer.process.poll() is None

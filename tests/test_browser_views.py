@@ -1,0 +1,225 @@
+"""The task browser `/tasks/`, its bulk actions, the dashboard charts and the live pages, with the test client."""
+
+import re
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.contrib.admin.models import ADDITION, DELETION, LogEntry
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
+from django.test import Client
+
+from tasks_app import producer
+from tasks_app.protocol import results
+from tasks_app.protocol.replies import ResultUpdate
+from tasks_app.templatetags.tasks_display import age, when
+
+pytestmark = pytest.mark.django_db
+
+
+def _enqueue(type_name="demo.echo", queue="b", count=1, **kwargs):
+    return [task.id for task in producer.enqueue(type_name, queue=queue, count=count, **kwargs)]
+
+
+def _set_status(broker, task_id, status, queue="b", **fields):
+    extra = {"finished_at_ms": str(int(time.time() * 1000))} if status in results.FINISHED else {}
+    broker.record_result(ResultUpdate(task_id, {"status": status, **extra, **fields}, 60, queue=queue))
+
+
+def _listed(response):
+    assert response.status_code == 200
+    return re.findall(r'class="task-row" data-task="([^"]+)"', response.content.decode())
+
+
+def test_the_browser_is_for_staff_only(client, broker):
+    assert client.get("/tasks/").status_code == 302
+    user = get_user_model().objects.create_user("plain", password="x")
+    client.force_login(user)
+    assert client.get("/tasks/").status_code == 302
+
+
+def test_newest_first_and_each_row_links_to_its_task(staff, broker):
+    ids = _enqueue(count=3)
+    listed = _listed(staff.get("/tasks/"))
+    assert listed == ids[::-1]
+    assert f'href="/tasks/{ids[0]}/"' in staff.get("/tasks/").content.decode()
+
+
+def test_status_filter(staff, broker):
+    ok, bad, waiting = _enqueue(count=3)
+    _set_status(broker, ok, "SUCCESSFUL")
+    _set_status(broker, bad, "RUNNING")
+    _set_status(broker, bad, "FAILED")
+    assert _listed(staff.get("/tasks/?status=FAILED")) == [bad]
+    assert _listed(staff.get("/tasks/?status=SUCCESSFUL")) == [ok]
+    assert _listed(staff.get("/tasks/?status=READY")) == [waiting]
+    assert _listed(staff.get("/tasks/?status=RUNNING")) == []
+    assert "Unknown status" in staff.get("/tasks/?status=NOPE").content.decode()
+
+
+def test_type_and_queue_filters(staff, broker):
+    echo = _enqueue("demo.echo", queue="b")
+    sleep = _enqueue("demo.sleep", queue="b")
+    other = _enqueue("demo.echo", queue="c")
+    assert _listed(staff.get("/tasks/?type=demo.sleep")) == sleep
+    assert _listed(staff.get("/tasks/?queue=c")) == other
+    assert _listed(staff.get("/tasks/?type=demo.echo&queue=b")) == echo
+    _set_status(broker, echo[0], "FAILED")
+    assert _listed(staff.get("/tasks/?status=FAILED&type=demo.echo")) == echo
+    assert _listed(staff.get("/tasks/?status=FAILED&type=demo.sleep")) == []
+
+
+def test_time_range_filters(staff, broker):
+    old = _enqueue()[0]
+    broker.client.zadd(broker.keys.history("b"), {old: (time.time() - 7200) * 1000}, xx=True)
+    broker.client.zadd(broker.keys.history_status("b", "READY"), {old: (time.time() - 7200) * 1000}, xx=True)
+    new = _enqueue()[0]
+    assert _listed(staff.get("/tasks/?range=1h")) == [new]
+    assert _listed(staff.get("/tasks/?range=24h")) == [new, old]
+    until = (datetime.now(UTC) - timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%S")
+    assert _listed(staff.get(f"/tasks/?until={until}")) == [old]
+    since = (datetime.now(UTC) - timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%S")
+    assert _listed(staff.get(f"/tasks/?since={since}")) == [new]
+
+
+def test_search_by_id_and_by_prefix(staff, broker):
+    first, second = _enqueue(count=2)
+    assert _listed(staff.get(f"/tasks/?q={first}")) == [first]
+    assert _listed(staff.get(f"/tasks/?q={second[:6]}")) == [second]
+    assert _listed(staff.get("/tasks/?q=zzzz")) == []
+
+
+def test_pagination_follows_the_older_cursor(staff, broker):
+    ids = _enqueue(count=30)[::-1]
+    first = staff.get("/tasks/?size=25")
+    assert _listed(first) == ids[:25]
+    assert "30 tasks in the history" in first.content.decode()
+    older = re.search(r'href="\?([^"]*before=[^"]+)" id="page-older"', first.content.decode())[1]
+    second = staff.get("/tasks/?" + older.replace("&amp;", "&"))
+    assert _listed(second) == ids[25:]
+    assert 'id="page-older"' not in second.content.decode()
+
+
+def test_the_json_format(staff, broker):
+    task_id = _enqueue(args=[1])[0]
+    data = staff.get("/tasks/?format=json").json()
+    assert [row["id"] for row in data["tasks"]] == [task_id]
+    assert data["tasks"][0]["args"] == [1] and data["total"] == 1
+
+
+def test_bulk_retry_enqueues_linked_copies_and_logs_them(staff, broker):
+    original = _enqueue(args=["x"], kwargs={"k": 1})[0]
+    _set_status(broker, original, "FAILED")
+    response = staff.post("/tasks/?status=FAILED", {"action": "retry", "task": [original]})
+    assert response.status_code == 302 and response["Location"] == "/tasks/?status=FAILED"
+    retry_id = next(i for i in _listed(staff.get("/tasks/?status=READY")) if i != original)
+    retry = results.ResultRecord.from_fields(broker.get_result(retry_id))
+    assert (retry.type, retry.args, retry.kwargs, retry.queue, retry.retry_of) == (
+        "demo.echo",
+        ["x"],
+        {"k": 1},
+        "b",
+        original,
+    )
+    entry = LogEntry.objects.get()
+    assert (entry.object_id, entry.action_flag) == (original, ADDITION) and retry_id in entry.change_message
+    page = staff.get(f"/tasks/{retry_id}/").content.decode()
+    assert "Retry of" in page and f'href="/tasks/{original}/"' in page
+    assert f'href="/tasks/{retry_id}/"' in staff.get(f"/tasks/{original}/").content.decode()
+
+
+def test_bulk_delete_removes_finished_records_only(staff, broker):
+    done, waiting = _enqueue(count=2)
+    _set_status(broker, done, "SUCCESSFUL")
+    staff.post("/tasks/", {"action": "delete", "task": [done, waiting]})
+    assert broker.get_result(done) is None and broker.get_result(waiting) is not None
+    assert _listed(staff.get("/tasks/")) == [waiting]
+    assert list(LogEntry.objects.values_list("object_id", "action_flag")) == [(done, DELETION)]
+
+
+def test_bulk_actions_need_their_permission_and_csrf(broker):
+    task_id = _enqueue()[0]
+    user = get_user_model().objects.create_user("staffer", password="x", is_staff=True)
+    client = Client()
+    client.force_login(user)
+    assert 'name="action"' not in client.get("/tasks/").content.decode()
+    assert client.post("/tasks/", {"action": "retry", "task": [task_id]}).status_code == 403
+    user.user_permissions.add(Permission.objects.get(codename="enqueue_task"))
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(user)
+    assert strict.post("/tasks/", {"action": "retry", "task": [task_id]}).status_code == 403
+    assert client.post("/tasks/", {"action": "retry", "task": [task_id]}).status_code == 302
+    assert client.post("/tasks/", {"action": "delete", "task": [task_id]}).status_code == 403
+    assert LogEntry.objects.count() == 1
+
+
+def test_user_data_is_escaped(staff, broker):
+    task_id = _enqueue(args=["<script>alert(1)</script>"])[0]
+    error = results.error_record("x.Boom", "Traceback\nValueError: <img src=x onerror=alert(1)>")
+    broker.record_result(ResultUpdate(task_id, {"status": "FAILED"}, 60, append_error=error, queue="b"))
+    page = staff.get("/tasks/").content.decode()
+    assert "<img src=x" not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
+    assert "<script>alert" not in staff.get(f"/tasks/{task_id}/").content.decode()
+
+
+def test_the_cap_of_the_index_drops_the_oldest_from_the_browser(staff, broker):
+    broker.history_max = 3
+    ids = [_enqueue()[0] for _ in range(5)]
+    assert _listed(staff.get("/tasks/")) == ids[:1:-1]
+
+
+def test_the_dashboard_draws_charts_from_the_counters(staff, broker, consumer_in_thread):
+    ids = _enqueue(count=3)
+    with consumer_in_thread(queues=["b"], concurrency=2):
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and _listed(staff.get("/tasks/?status=SUCCESSFUL")) != ids[::-1]:
+            time.sleep(0.1)
+    page = staff.get("/tasks/dashboard/").content.decode()
+    assert page.count("<svg") >= 4 and "<polyline" in page and "b: tasks per minute" in page
+    assert 'href="/tasks/"' in page and "live.js" in page
+    series = staff.get("/tasks/dashboard/series.json").json()
+    assert sum(series["queues"]["b"]["ok"]) == 3 and len(series["minutes"]) == 60
+    assert sum(series["types"]["demo.echo"]["ok"]) == 3
+    assert series["types"]["demo.echo"]["hour_p50_ms"] is not None
+
+
+def test_the_admin_index_links_the_browser(staff):
+    assert 'href="/tasks/"' in staff.get("/admin/").content.decode()
+
+
+def test_times_show_seconds_age_and_microseconds_on_hover():
+    moment = (datetime.now(UTC) - timedelta(seconds=30)).replace(microsecond=123456)
+    html = str(when(moment))
+    assert moment.strftime("%H:%M:%S") in html and moment.strftime('title="%Y-%m-%d %H:%M:%S.123456 UTC"') in html
+    assert "s ago" in html
+    assert "2025-12-01 12:00:05" in str(when(datetime(2025, 12, 1, 12, 0, 5, tzinfo=UTC)))  # not today: with the date
+    assert age(moment, moment + timedelta(seconds=12)) == "12 s ago"
+    assert age(moment, moment + timedelta(minutes=3, seconds=4)) == "3 min ago"
+    assert age(moment, moment - timedelta(hours=2)) == "in 2 h"
+
+
+def test_records_keep_microseconds_and_read_milliseconds_too(broker):
+    task_id = _enqueue()[0]
+    broker.record_result(ResultUpdate(task_id, {"started_at_ms": "1764590405123.456"}, 60))
+    record = results.ResultRecord.from_fields(broker.get_result(task_id))
+    assert record.started_at == datetime(2025, 12, 1, 12, 0, 5, 123456, tzinfo=UTC)
+    broker.record_result(ResultUpdate(task_id, {"started_at_ms": "1764590405123"}, 60))
+    assert results.ResultRecord.from_fields(broker.get_result(task_id)).started_at.microsecond == 123000
+    first = results.started(
+        results.Task(id="a", attempt=1), results.Arguments([], {}), "w", 1764590405123.001, 1, 60, 1
+    )
+    second = results.started(
+        results.Task(id="b", attempt=1), results.Arguments([], {}), "w", 1764590405123.002, 1, 60, 1
+    )
+    assert first.fields["started_at_ms"] < second.fields["started_at_ms"]
+
+
+def test_bulk_cancel_files_the_tasks_under_cancelled_and_logs_them(staff, broker):
+    waiting, done = _enqueue(count=2)
+    _set_status(broker, done, "SUCCESSFUL")
+    staff.post("/tasks/", {"action": "cancel", "task": [waiting, done]})
+    assert results.ResultRecord.from_fields(broker.get_result(waiting)).status == "CANCELLED"
+    assert _listed(staff.get("/tasks/?status=CANCELLED")) == [waiting]
+    assert _listed(staff.get("/tasks/?status=READY")) == []
+    assert list(LogEntry.objects.values_list("object_id", flat=True)) == [waiting]

@@ -1,0 +1,110 @@
+"""The history index behind the task browser, and the per-minute chart counters, on real Redis."""
+
+import time
+
+import pytest
+
+from tasks_app import producer
+from tasks_app.protocol import history, results
+from tasks_app.protocol.results import ResultRecord
+
+pytestmark = pytest.mark.django_db
+
+
+def _ids(broker, key):
+    return [member.decode() for member in broker.client.zrange(key, 0, -1)]
+
+
+def _wait_status(broker, task_ids, status, timeout_s=20.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        records = [ResultRecord.from_fields(fields or {}) for fields in broker.get_results(task_ids)]
+        if all(record.status == status for record in records):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"tasks did not reach {status}")
+
+
+def test_enqueued_tasks_are_indexed_ready_newest_last(broker):
+    first = producer.enqueue("demo.echo", queue="h")[0].id  # a new queue: enqueue_batch
+    rest = [task.id for task in producer.enqueue("demo.echo", queue="h", count=3)]
+    single = producer.enqueue("demo.echo", queue="h")[0].id  # a known queue: enqueue_one
+    expected = [first, *rest, single]
+    assert _ids(broker, broker.keys.history("h")) == expected
+    assert _ids(broker, broker.keys.history_status("h", "READY")) == expected
+    assert sorted(_ids(broker, broker.keys.history_ids("h"))) == sorted(expected)
+    for key in history.index_keys(broker.keys, "h")[:3]:
+        assert 0 < broker.client.pttl(key) <= 7 * 24 * 3600 * 1000
+
+
+def test_statuses_move_as_tasks_run_and_fail(broker, consumer_in_thread):
+    ok = [task.id for task in producer.enqueue("demo.echo", queue="h", count=2)]
+    bad = producer.enqueue("demo.fail", queue="h")[0].id
+    from tasks_app.models import TaskType
+
+    TaskType.objects.filter(name="demo.fail").update(max_attempts=1)
+    with consumer_in_thread(queues=["h"], concurrency=2):
+        _wait_status(broker, ok, "SUCCESSFUL")
+        _wait_status(broker, [bad], "FAILED")
+    assert sorted(_ids(broker, broker.keys.history_status("h", "SUCCESSFUL"))) == sorted(ok)
+    assert _ids(broker, broker.keys.history_status("h", "FAILED")) == [bad]
+    for status in ("READY", "RUNNING"):
+        assert _ids(broker, broker.keys.history_status("h", status)) == []
+    assert len(_ids(broker, broker.keys.history("h"))) == 3
+
+
+def test_the_cap_drops_the_oldest_entries(broker):
+    broker.history_max = 3
+    ids = [producer.enqueue("demo.echo", queue="h")[0].id for _ in range(5)]
+    assert _ids(broker, broker.keys.history("h")) == ids[2:]
+    assert _ids(broker, broker.keys.history_status("h", "READY")) == ids[2:]
+    assert sorted(_ids(broker, broker.keys.history_ids("h"))) == sorted(ids[2:])
+
+
+def test_entries_older_than_the_result_ttl_drop_out(broker, settings):
+    old = producer.enqueue("demo.echo", queue="h")[0].id
+    aged_ms = (time.time() - settings.TASKS_RESULT_TTL - 60) * 1000
+    broker.client.zadd(broker.keys.history("h"), {old: aged_ms})
+    new = producer.enqueue("demo.echo", queue="h")[0].id
+    assert _ids(broker, broker.keys.history("h")) == [new]
+    assert _ids(broker, broker.keys.history_status("h", "READY")) == [new]
+
+
+def test_window_prefix_and_delete(broker):
+    ids = [task.id for task in producer.enqueue("demo.echo", queue="h", count=4)]
+    other = producer.enqueue("demo.echo", queue="h2")[0].id
+    window = broker.history_window(["h", "h2"], None, None, None, 3)
+    assert [entry.task_id for entry in window] == [other, ids[3], ids[2]]
+    older = broker.history_window(["h", "h2"], "READY", window[-1].score_ms, None, 10)
+    assert [entry.task_id for entry in older] == [ids[1], ids[0]]
+    assert broker.history_count(["h", "h2"], None, None) == 5
+    assert [entry.task_id for entry in broker.history_by_prefix(["h", "h2"], ids[2][:8], 5)] == [ids[2]]
+    assert broker.delete_tasks([("h", ids[0])]) == 1
+    assert broker.get_result(ids[0]) is None
+    assert ids[0] not in _ids(broker, broker.keys.history("h"))
+    assert ids[0] not in _ids(broker, broker.keys.history_ids("h"))
+
+
+def test_a_foreign_index_key_loses_only_index_entries(broker):
+    producer.enqueue("demo.echo", queue="h")
+    broker.client.delete(broker.keys.history_status("h", "READY"))
+    broker.client.set(broker.keys.history_status("h", "READY"), "not a zset")
+    task = producer.enqueue("demo.echo", queue="h")[0]
+    assert broker.get_result(task.id)["type"] == "demo.echo"
+    assert task.id in _ids(broker, broker.keys.history("h"))
+
+
+def test_runs_are_counted_per_minute(broker, consumer_in_thread):
+    ids = [task.id for task in producer.enqueue("demo.echo", queue="h", count=3)]
+    with consumer_in_thread(queues=["h"], concurrency=2):
+        _wait_status(broker, ids, "SUCCESSFUL")
+    minute = int(time.time()) // 60
+    counts = broker.minute_counts("h", [minute - 1, minute])
+    total = {key: sum(c.get(key, 0) for c in counts) for key in ("ok", "ok|demo.echo")}
+    assert total == {"ok": 3, "ok|demo.echo": 3}
+    assert sum(v for c in counts for k, v in c.items() if k.startswith("d|demo.echo|")) == 3
+    assert broker.sample_backlog("h") == 0
+
+
+def test_every_status_a_record_can_have_has_an_index():
+    assert set(history.STATUSES) == {results.READY, results.RUNNING, *results.FINISHED}
