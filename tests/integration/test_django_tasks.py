@@ -73,18 +73,19 @@ def test_takes_context_sees_attempts_one_two_three(broker, consumer_process):
 
 
 def test_run_after_is_honoured(broker, consumer_process):
+    # The consumer is up before either task is enqueued, so the one due now never waits for it.
+    consumer = consumer_process("--lease", "2", "--concurrency", "2", TASK_HANDLER_MODULES=HANDLER_MODULES)
+    wait_until(lambda: broker.live_consumers("default"), 60, message="the consumer to register")
     run_after = datetime.now(tz=UTC) + timedelta(seconds=1.5)
     later = tasks.add.using(run_after=run_after).enqueue(1, 1)
     now = tasks.add.enqueue(2, 2)
-    assert broker.queue_stats("default").delayed == 1
 
-    run_consumer_until_idle(consumer_process)
-
-    later.refresh()
-    now.refresh()
+    for result in (now, later):
+        wait_until(lambda result=result: result.refresh() or result.is_finished, 60, message="both tasks to finish")
+    assert consumer.terminate() == 0, consumer.log()
     assert later.status == now.status == TaskResultStatus.SUCCESSFUL
     assert later.started_at >= run_after.replace(microsecond=run_after.microsecond // 1000 * 1000)
-    assert now.started_at < run_after
+    assert now.started_at < later.started_at
 
 
 def test_first_enqueue_creates_a_task_type_the_admin_can_tune(broker, consumer_process):
