@@ -37,6 +37,7 @@ from tasks_app.consumer.loops import (
     start_thread,
 )
 from tasks_app.consumer.options import ConsumerOptions
+from tasks_app.consumer.periodic_loop import scheduler_loops
 from tasks_app.consumer.retrying import GaveUp, until_done
 from tasks_app.protocol import results
 from tasks_app.protocol.broker import Broker
@@ -300,6 +301,7 @@ class Consumer:
             self.reaper,
             HousekeepingLoop(self._refresh_task_types, settings.TASKS_CONFIG_REFRESH_S, self.executor.watch_running),
             HealthLoop(self.broker, self.liveness, HEALTH_CHECK_S),
+            *scheduler_loops(self.broker, opts),
         ]
         self._threads = [start_thread(loop, self.loops_stopped) for loop in loops]
         self.acks.start()

@@ -98,6 +98,10 @@ class Keys:
         """Running tasks of `queue` asked to stop (task id -> server ms of the request)."""
         return self.queue_key(queue, "cancel_requests")
 
+    def periodic(self, queue: str, schedule: str) -> str:
+        """State of periodic schedule `schedule` firing into `queue`: last slot handled, last task fired."""
+        return self.queue_key(queue, f"periodic:{schedule}")
+
     def queues(self) -> str:
         return f"{self.prefix}:queues"
 
