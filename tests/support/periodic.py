@@ -27,6 +27,11 @@ def pushed_runs(broker: Broker, queue: str) -> list[PushedRun]:
         task = decode_task(raw)
         headers = dict(task.headers)
         runs.append(
-            PushedRun(task.id, headers.get(SCHEDULE_HEADER, ""), int(headers.get(SLOT_HEADER, "-1")), CATCH_UP_HEADER in headers)
+            PushedRun(
+                task.id,
+                headers.get(SCHEDULE_HEADER, ""),
+                int(headers.get(SLOT_HEADER, "-1")),
+                CATCH_UP_HEADER in headers,
+            )
         )
     return runs
