@@ -1,0 +1,67 @@
+"""The consumer's periodic loop (`run_once`) on a real Redis: what it fires, how long it sleeps, what it reports."""
+
+import time
+
+import pytest
+
+from tasks_app import metrics
+from tasks_app.consumer.periodic_loop import PeriodicLoop
+from tasks_app.models import TaskType
+from tasks_app.periodic.config import PeriodicConfig
+from tasks_app.periodic.schedule import Schedule
+from tests.support.periodic import pushed_runs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+OUT = "periodic-out"
+
+
+@pytest.fixture
+def echo():
+    return TaskType.objects.create(name="demo.echo", handler="demo.echo", queue=OUT)
+
+
+def loop_of(broker, *configs, clock=time.time, refresh_s=2.0):
+    return PeriodicLoop(broker, refresh_s, 60.0, load=lambda: configs, clock=clock)
+
+
+def config(name="tick", **schedule):
+    return PeriodicConfig(name=name, task_type="demo.echo", schedule=Schedule(**(schedule or {"interval_s": 1})))
+
+
+def test_it_fires_a_due_slot_once_and_sleeps_until_the_next_slot_at_most_the_refresh(broker, echo):
+    loop = loop_of(broker, config(), config("hourly", interval_s=3600))
+    before = metrics.PERIODIC_FIRED.labels("tick")._value.get()
+    assert 0 < loop.run_once() <= 1.0
+    loop.run_once()  # the same slot again (or the next one): never twice
+    slots = [run.slot_ms for run in pushed_runs(broker, OUT) if run.schedule == "tick"]
+    assert len(slots) == len(set(slots)) >= 1
+    assert metrics.PERIODIC_FIRED.labels("tick")._value.get() - before == len(slots)
+    assert 0 < loop_of(broker, config("hourly", interval_s=3600)).run_once() <= 2.0
+
+
+def test_a_host_clock_ahead_of_the_server_waits_for_the_server(broker, echo):
+    loop = loop_of(broker, config("hourly", interval_s=3600), clock=lambda: time.time() + 3600)
+    assert 0 < loop.run_once() <= 2.0  # its due slot is still ahead on the Redis clock: looked at again soon
+    assert pushed_runs(broker, OUT) == []
+    assert "hourly" not in loop._handled
+
+
+def test_a_disabled_task_type_fires_nothing_and_the_loop_goes_on(broker, echo, caplog):
+    TaskType.objects.filter(pk=echo.pk).update(enabled=False)
+    loop = loop_of(broker, config())
+    assert loop.run_once() > 0
+    assert pushed_runs(broker, OUT) == []
+    assert "is disabled" in caplog.text
+
+
+def test_lateness_grows_when_slots_pass_without_a_run(broker, echo):
+    loop = loop_of(broker, config("minutely", interval_s=60))
+    loop.run_once()  # the first sight of the schedule (late: nothing fired, its slot recorded)
+    assert metrics.PERIODIC_LATE.labels("minutely")._value.get() == 0
+    later = loop_of(broker, config("minutely", interval_s=60), clock=lambda: time.time() + 150)
+    later._handled = dict(loop._handled)
+    later._fired = dict(loop._handled)
+    later._report_lateness(config("minutely", interval_s=60), int((time.time() + 150) * 1000))
+    assert metrics.PERIODIC_LATE.labels("minutely")._value.get() > 60
+    assert metrics.PERIODIC_PERIOD.labels("minutely")._value.get() == 60
