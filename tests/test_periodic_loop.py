@@ -5,8 +5,9 @@ import time
 import pytest
 
 from tasks_app import metrics
-from tasks_app.consumer.periodic_loop import PeriodicLoop
-from tasks_app.models import TaskType
+from tasks_app.consumer.options import ConsumerOptions
+from tasks_app.consumer.periodic_loop import CodeScheduleSync, PeriodicLoop, scheduler_loops
+from tasks_app.models import PeriodicTask, TaskType
 from tasks_app.periodic.config import PeriodicConfig
 from tasks_app.periodic.schedule import Schedule
 from tests.support.periodic import pushed_runs
@@ -65,3 +66,21 @@ def test_lateness_grows_when_slots_pass_without_a_run(broker, echo):
     later._report_lateness(config("minutely", interval_s=60), int((time.time() + 150) * 1000))
     assert metrics.PERIODIC_LATE.labels("minutely")._value.get() > 60
     assert metrics.PERIODIC_PERIOD.labels("minutely")._value.get() == 60
+
+
+def test_no_scheduler_runs_no_periodic_loop(broker):
+    assert scheduler_loops(broker, ConsumerOptions(scheduler=False)) == []
+    [loop] = scheduler_loops(broker, ConsumerOptions())
+    assert loop.name == "periodic"
+
+
+def test_code_schedules_are_synced_before_the_first_pass_and_a_database_error_does_not_stop_firing(
+    broker, echo, settings, caplog
+):
+    settings.TASKS_PERIODIC = {"from.code": {"task": "demo.echo", "interval_s": 60}}
+    sync = CodeScheduleSync(loop_of(broker, config()))
+    assert sync.run_once() > 0
+    assert PeriodicTask.objects.get(name="from.code").source == "code"
+    settings.TASKS_PERIODIC = {"broken": "not a dict"}
+    assert CodeScheduleSync(loop_of(broker, config("other"))).run_once() > 0
+    assert "TASKS_PERIODIC['broken'] is not scheduled" in caplog.text

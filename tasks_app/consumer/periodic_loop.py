@@ -145,13 +145,15 @@ class CodeScheduleSync:
         self._synced = False
 
     def run_once(self) -> float:
-        """Sync the code schedules (once), then run the scheduler's pass."""
+        """Sync the code schedules (until it succeeds once), then run the scheduler's pass."""
         if not self._synced:
             try:
                 sync_code_schedules(settings.TASKS_PERIODIC, self._registry)
+                self._synced = True
+            except Exception as exc:  # the database may be away: fire the schedules it has, sync later
+                logger.warning("cannot sync TASKS_PERIODIC to the database yet: %s", exc)
             finally:
                 close_old_connections()
-            self._synced = True
         return self.loop.run_once()
 
 

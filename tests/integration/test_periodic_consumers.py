@@ -54,10 +54,14 @@ def test_three_consumers_fire_each_slot_once_through_a_kill_and_catch_up_after_a
     time.sleep(7)
     consumers[0].kill()
     time.sleep(max(0.0, 15 - (time.monotonic() - started)))
-    for slots in (assert_once_per_slot(broker, "tick.skip"), assert_once_per_slot(broker, "tick.once")):
+    for name in ("tick.skip", "tick.once"):
+        slots = assert_once_per_slot(broker, name)
         span = (slots[-1] - slots[0]) // 1000 + 1
         assert len(slots) >= 0.8 * span, f"slots missed with consumers up: {len(slots)} runs over {span} s"
-    assert not any(run.catch_up for run in pushed_runs(broker, OUT))  # nothing was missed: no catch-up run
+        # Only a slot every consumer reached late (a loaded machine) is missed, and then at most
+        # one catch-up run stands for it.
+        catch_ups = sum(run.catch_up for run in runs_of(broker, name))
+        assert catch_ups <= (span - len(slots) if name == "tick.once" else 0)
 
     # All consumers down for 5 s, then one starts.
     for consumer in consumers[1:]:
