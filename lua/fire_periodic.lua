@@ -7,7 +7,8 @@
 -- late (ms) the slot may be and still run as itself   ARGV[4] catch-up policy: "skip" or "once"
 -- ARGV[5] wake token   ARGV[6] priority (-100..100)   ARGV[7] regular task id   ARGV[8] regular
 -- task   ARGV[9] catch-up task id   ARGV[10] catch-up task ("" for none)   ARGV[11] record time to
--- live (s); then the READY record's field/value pairs (the same for both runs).
+-- live (s)   ARGV[12] when the schedule was last saved (ms; slots up to then are never caught up:
+-- it may have been disabled); then the READY record's field/value pairs (the same for both runs).
 -- Returns: {outcome, server now ms, last slot handled ms, last fired slot ms} where outcome is
 -- "early" (the slot is after the server's now: nothing done), "done" (this slot or a later one
 -- was handled already), "fired", "caught_up" (one run for the missed slots, this one among
@@ -39,9 +40,11 @@ if last and slot_ms <= last then return {'done', now_ms, last, fired} end
 
 local prev_ms = int_arg(ARGV[2], 0, 0, 2 ^ 53)
 local on_time = now_ms - slot_ms <= int_arg(ARGV[3], 0, 0, 2 ^ 53)
--- Missed: the slot before this one was never handled, or this one is too late to run as itself.
--- Without a history (a new schedule) nothing counts as missed.
-local missed = last ~= nil and (prev_ms > last or not on_time)
+-- Missed: a slot after the last handled one and after the schedule's last save (before it, it may
+-- have been disabled) was never handled: the one before this, or this one, too late to run as
+-- itself. Without a history (a new schedule) nothing counts as missed.
+local saved_ms = int_arg(ARGV[12], 0, 0, 2 ^ 53)
+local missed = last ~= nil and (prev_ms > math.max(last, saved_ms) or (not on_time and slot_ms > saved_ms))
 local catch_up = missed and ARGV[4] == 'once' and ARGV[10] ~= ''
 local priority = int_arg(ARGV[6], 0, -100, 100)
 local ttl_s = int_arg(ARGV[11], 1, 1, 2 ^ 53)
@@ -53,8 +56,8 @@ local function push(task, record_key, offset_ms)
     redis.call('ZADD', KEYS[3], priority_score(priority, now_ms - offset_ms), task)
     if redis.call('LLEN', KEYS[2]) == 0 then redis.call('LPUSH', KEYS[2], ARGV[5]) end
   end
-  if record_key and #ARGV >= 13 then
-    local written = redis.pcall('HSET', record_key, unpack(ARGV, 12, #ARGV - ((#ARGV - 11) % 2)))
+  if record_key and #ARGV >= 14 then
+    local written = redis.pcall('HSET', record_key, unpack(ARGV, 13, #ARGV - ((#ARGV - 12) % 2)))
     if type(written) == 'number' then redis.pcall('EXPIRE', record_key, ttl_s) end
   end
 end

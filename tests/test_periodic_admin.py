@@ -121,6 +121,12 @@ def test_periodic_sync_writes_code_schedules_and_refuses_invalid_ones(broker, ec
     assert (nightly.source, nightly.cron, nightly.enabled) == ("code", "0 3 * * *", True)
     assert set(PeriodicTask.objects.values_list("name", flat=True)) == {"nightly", "admin.job"}
 
+    saved_at = nightly.updated_at
+    call_command("periodic", "sync", stdout=(again := StringIO()))
+    assert "unchanged: nightly" in again.getvalue()
+    nightly.refresh_from_db()
+    assert nightly.updated_at == saved_at  # not saved again: catch-up still counts from the last real edit
+
     PeriodicTask.objects.filter(name="nightly").update(enabled=False)  # an operator pauses it
     settings.TASKS_PERIODIC = {
         "nightly": {"task": "demo.echo", "cron": "0 4 * * *"},

@@ -22,8 +22,8 @@ def echo():
     return TaskType.objects.create(name="demo.echo", handler="demo.echo", queue=OUT)
 
 
-def loop_of(broker, *configs, clock=time.time, refresh_s=2.0):
-    return PeriodicLoop(broker, refresh_s, 60.0, load=lambda: configs, clock=clock)
+def loop_of(broker, *configs, clock_ms=None, refresh_s=2.0):
+    return PeriodicLoop(broker, refresh_s, 60.0, load=lambda: configs, clock_ms=clock_ms)
 
 
 def config(name="tick", **schedule):
@@ -41,11 +41,18 @@ def test_it_fires_a_due_slot_once_and_sleeps_until_the_next_slot_at_most_the_ref
     assert 0 < loop_of(broker, config("hourly", interval_s=3600)).run_once() <= 2.0
 
 
-def test_a_host_clock_ahead_of_the_server_waits_for_the_server(broker, echo):
-    loop = loop_of(broker, config("hourly", interval_s=3600), clock=lambda: time.time() + 3600)
-    assert 0 < loop.run_once() <= 2.0  # its due slot is still ahead on the Redis clock: looked at again soon
+def test_a_slot_still_ahead_on_the_redis_clock_is_not_fired(broker, echo):
+    ahead = loop_of(broker, config("hourly", interval_s=3600), clock_ms=lambda: broker.server_time_ms() + 3_600_000)
+    assert 0 < ahead.run_once() <= 2.0  # the script refused the early slot: looked at again soon
     assert pushed_runs(broker, OUT) == []
-    assert "hourly" not in loop._handled
+    assert "hourly" not in ahead._handled
+
+
+def test_slots_are_computed_on_the_redis_clock_whatever_this_host_says(broker, echo, monkeypatch):
+    monkeypatch.setattr(time, "time", lambda: 0.0)  # a host clock stuck in 1970
+    loop_of(broker, config()).run_once()
+    [run] = pushed_runs(broker, OUT)
+    assert abs(run.slot_ms - broker.server_time_ms()) < 5_000
 
 
 def test_a_disabled_task_type_fires_nothing_and_the_loop_goes_on(broker, echo, caplog):
@@ -60,10 +67,10 @@ def test_lateness_grows_when_slots_pass_without_a_run(broker, echo):
     loop = loop_of(broker, config("minutely", interval_s=60))
     loop.run_once()  # the first sight of the schedule (late: nothing fired, its slot recorded)
     assert metrics.PERIODIC_LATE.labels("minutely")._value.get() == 0
-    later = loop_of(broker, config("minutely", interval_s=60), clock=lambda: time.time() + 150)
+    later = loop_of(broker, config("minutely", interval_s=60))
     later._handled = dict(loop._handled)
     later._fired = dict(loop._handled)
-    later._report_lateness(config("minutely", interval_s=60), int((time.time() + 150) * 1000))
+    later._report_lateness(config("minutely", interval_s=60), broker.server_time_ms() + 150_000)
     assert metrics.PERIODIC_LATE.labels("minutely")._value.get() > 60
     assert metrics.PERIODIC_PERIOD.labels("minutely")._value.get() == 60
 

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 
 from django.conf import settings
 from django.db import close_old_connections
+from redis.exceptions import RedisError
 
 from tasks_app import metrics
 from tasks_app.consumer.options import ConsumerOptions
@@ -42,14 +43,16 @@ class PeriodicLoop:
         grace_s: float,
         *,
         load: Callable[[], Sequence[PeriodicConfig]] = load_configs,
-        clock: Callable[[], float] = time.time,
+        clock_ms: Callable[[], int] | None = None,
         registry: Registry = default_registry,
     ) -> None:
         self.broker = broker
         self.refresh_s = refresh_s
         self.grace_ms = int(grace_s * 1000)
         self._load = load
-        self._clock = clock
+        # Slots are computed on the Redis server's clock (the one the fire script decides on), so a
+        # consumer whose own clock is off neither fires early nor finds every slot late.
+        self._clock_ms = clock_ms or broker.server_time_ms
         self._registry = registry
         self._configs: Sequence[PeriodicConfig] = ()
         self._next_load = float("-inf")
@@ -61,11 +64,16 @@ class PeriodicLoop:
         """Fire what is due; return the seconds until the nearest next slot, at most the refresh period."""
         if time.monotonic() >= self._next_load:
             self._reload()
-        now_ms = self._now_ms()
+        now_ms, read_at = self._clock_ms(), time.monotonic()
         wake_ms = now_ms + int(self.refresh_s * 1000)
         for config in self._configs:
-            wake_ms = min(wake_ms, self._tend(config, now_ms))
-        return max(MIN_SLEEP_S, (wake_ms - self._now_ms()) / 1000)
+            try:
+                wake_ms = min(wake_ms, self._tend(config, now_ms))
+            except RedisError:
+                raise  # the loop's runner backs off
+            except Exception:  # one schedule's bug must not starve the others
+                logger.exception("periodic task %s: unexpected error", config.name)
+        return max(MIN_SLEEP_S, (wake_ms - now_ms) / 1000 - (time.monotonic() - read_at))
 
     def _reload(self) -> None:
         try:
@@ -98,7 +106,8 @@ class PeriodicLoop:
         following_ms = schedule.next_after(slot_ms)
         previous_ms = schedule.previous_before(slot_ms)
         period_ms = following_ms - slot_ms if following_ms is not None else self.grace_ms
-        firing = SlotFiring(slot_ms, previous_ms or 0, min(self.grace_ms, period_ms), config.catch_up)
+        on_time_ms = min(self.grace_ms, period_ms)
+        firing = SlotFiring(slot_ms, previous_ms or 0, on_time_ms, config.catch_up, config.saved_ms)
         try:
             reply = fire_slot(config, firing, self.broker, registry=self._registry)
         except EnqueueError as exc:
@@ -107,8 +116,8 @@ class PeriodicLoop:
             return None
         finally:
             close_old_connections()
-        if reply.outcome == "early":  # this host's clock is ahead of the server's
-            return self._now_ms() + max(1, slot_ms - reply.now_ms)
+        if reply.outcome == "early":  # the server's clock stepped back since it was read
+            return slot_ms
         self._remember(config.name, reply)
         return None
 
@@ -130,9 +139,6 @@ class PeriodicLoop:
             return
         metrics.PERIODIC_LATE.labels(config.name).set(max(0, now_ms - following_ms) / 1000)
         metrics.PERIODIC_PERIOD.labels(config.name).set((following_ms - reference_ms) / 1000)
-
-    def _now_ms(self) -> int:
-        return int(self._clock() * 1000)
 
 
 class CodeScheduleSync:

@@ -28,10 +28,11 @@ class InvalidCodeSchedule(ValueError):
 
 @dataclass
 class SyncReport:
-    """What a sync did: names created, updated and removed, and entries refused with why."""
+    """What a sync did: names created, updated, left as they were and removed, and entries refused with why."""
 
     created: list[str] = field(default_factory=list)
     updated: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
     refused: dict[str, str] = field(default_factory=dict)
 
@@ -40,24 +41,25 @@ def sync_code_schedules(entries: Mapping[str, Mapping[str, Any]], registry: Regi
     """Create or update a `source=code` row per entry and delete code rows no entry names any more.
 
     Code owns every field of its rows but `enabled`, which operators may switch in the admin (a new
-    row starts enabled). A refused entry is reported and its row, if any, left as it was.
+    row starts enabled). A row already as the code says is not saved again (its `updated_at`, from
+    which catch-up counts missed slots, stays). A refused entry is reported and its row left as it was.
     """
     report = SyncReport()
     for name, entry in entries.items():
         try:
-            created = _sync_one(str(name), entry, registry)
+            outcome = _sync_one(str(name), entry, registry)
         except InvalidCodeSchedule as exc:
             report.refused[str(name)] = str(exc)
             logger.error("TASKS_PERIODIC[%r] is not scheduled: %s", name, exc)
             continue
-        (report.created if created else report.updated).append(str(name))
+        {"created": report.created, "updated": report.updated, "unchanged": report.unchanged}[outcome].append(str(name))
     stale = PeriodicTask.objects.filter(source=PeriodicTask.Source.CODE).exclude(name__in=[str(n) for n in entries])
     report.removed = sorted(stale.values_list("name", flat=True))
     stale.delete()
     return report
 
 
-def _sync_one(name: str, entry: Mapping[str, Any], registry: Registry) -> bool:
+def _sync_one(name: str, entry: Mapping[str, Any], registry: Registry) -> str:
     if not isinstance(entry, Mapping) or not isinstance(entry.get("task"), str):
         raise InvalidCodeSchedule('an entry is a dict with at least "task" (a task type) and "cron" or "interval_s"')
     unknown = set(entry) - ENTRY_FIELDS - {"task"}
@@ -74,14 +76,16 @@ def _sync_one(name: str, entry: Mapping[str, Any], registry: Registry) -> bool:
         except IntegrityError:
             if attempt:
                 raise
-    return False
+    return "updated"  # not reached: the second attempt returns or raises
 
 
-def _write_row(name: str, entry: Mapping[str, Any], task_type: str) -> bool:
+def _write_row(name: str, entry: Mapping[str, Any], task_type: str) -> str:
+    """Write one entry's row; return "created", "updated" or "unchanged"."""
     row = PeriodicTask.objects.select_for_update().filter(name=name).first()
     created = row is None
     if row is None:
         row = PeriodicTask(name=name)
+    before = _owned_values(row)
     defaults = PeriodicTask()
     for attr in ENTRY_FIELDS:
         setattr(row, attr, entry.get(attr, getattr(defaults, attr)))
@@ -93,5 +97,11 @@ def _write_row(name: str, entry: Mapping[str, Any], task_type: str) -> bool:
         raise InvalidCodeSchedule(
             "; ".join(f"{key}: {' '.join(msgs)}" for key, msgs in exc.message_dict.items())
         ) from None
+    if not created and _owned_values(row) == before:
+        return "unchanged"
     row.save()
-    return created
+    return "created" if created else "updated"
+
+
+def _owned_values(row: PeriodicTask) -> tuple[Any, ...]:
+    return (row.source, row.task_type_id, *(getattr(row, attr) for attr in sorted(ENTRY_FIELDS)))

@@ -8,6 +8,7 @@ from typing import Any
 
 from tasks_app.models import PeriodicTask
 from tasks_app.periodic.schedule import InvalidSchedule, Schedule
+from tasks_app.protocol.timestamps import ms_of_datetime
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +26,7 @@ class PeriodicConfig:
     priority: int = 0
     catch_up: str = PeriodicTask.CatchUp.SKIP
     enabled: bool = True
+    saved_ms: int = 0  # the row's last save (epoch ms)
 
     @classmethod
     def from_model(cls, row: PeriodicTask) -> PeriodicConfig:
@@ -46,6 +48,7 @@ class PeriodicConfig:
             priority=row.priority,
             catch_up=row.catch_up,
             enabled=row.enabled,
+            saved_ms=ms_of_datetime(row.updated_at) if row.updated_at else 0,
         )
 
 

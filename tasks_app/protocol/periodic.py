@@ -23,6 +23,7 @@ class SlotFiring(NamedTuple):
     previous_ms: int  # 0: no slot before it
     on_time_ms: int
     catch_up: str  # "skip" or "once"
+    saved_ms: int = 0  # when the schedule was last saved: slots up to then are never caught up
 
 
 class FireReply(NamedTuple):
@@ -77,6 +78,7 @@ class PeriodicOps(ScriptClient):
             catch_up.task_id if catch_up else "",
             catch_up.raw if catch_up else "",
             result_ttl_s,
+            firing.saved_ms,
         ]
         for name, value in regular.result_key_fields.items():
             args += (name, value)

@@ -80,6 +80,16 @@ def test_skip_drops_missed_slots_and_once_fires_one_catch_up_run(broker, config)
     assert runs.count(("every.second", False)) == 2
 
 
+def test_slots_before_the_schedule_was_last_saved_are_never_caught_up(broker, config):
+    once = PeriodicConfig(**{**config.__dict__, "catch_up": PeriodicTask.CatchUp.ONCE})
+    now_ms = server_ms(broker) // 1000 * 1000
+    fire_slot(once, firing(now_ms - 10_000, "once"), broker)
+    # Disabled, then enabled again 2 s ago (a save): the slots while it was off are not "missed".
+    resumed = SlotFiring(now_ms, now_ms - 1000, 60_000, "once", saved_ms=now_ms - 500)
+    assert fire_slot(once, resumed, broker).outcome == "fired"
+    assert not any(run.catch_up for run in pushed_runs(broker, QUEUE))
+
+
 def test_a_new_schedule_first_seen_late_fires_nothing_for_its_past(broker, config):
     long_ago_ms = server_ms(broker) - 3_600_000
     reply = fire_slot(config, firing(long_ago_ms, "once"), broker)

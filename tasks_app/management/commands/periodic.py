@@ -34,7 +34,8 @@ class Command(BaseCommand):
             self.stdout.write(_run(name))
         else:
             report = sync_code_schedules(settings.TASKS_PERIODIC, registry)
-            for label, names in (("created", report.created), ("updated", report.updated), ("removed", report.removed)):
+            done = ("created", report.created), ("updated", report.updated), ("unchanged", report.unchanged)
+            for label, names in (*done, ("removed", report.removed)):
                 self.stdout.write(f"{label}: {', '.join(names) or '-'}")
             if report.refused:
                 raise CommandError("; ".join(f"{name}: {why}" for name, why in report.refused.items()))
