@@ -91,3 +91,13 @@ def test_code_schedules_are_synced_before_the_first_pass_and_a_database_error_do
     settings.TASKS_PERIODIC = {"broken": "not a dict"}
     assert CodeScheduleSync(loop_of(broker, config("other"))).run_once() > 0
     assert "TASKS_PERIODIC['broken'] is not scheduled" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "check_id"), [("TASKS_PERIODIC_GRACE_S", -1, "E050"), ("TASKS_PERIODIC", [], "E051")]
+)
+def test_system_checks_refuse_bad_periodic_settings(settings, name, value, check_id):
+    from tasks_app.checks import check_task_settings
+
+    setattr(settings, name, value)
+    assert f"tasks_app.{check_id}" in {problem.id for problem in check_task_settings()}

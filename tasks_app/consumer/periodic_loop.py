@@ -25,6 +25,8 @@ logger = logging.getLogger(__name__)
 
 # Never wake sooner than this after a pass (a slot is fired once its time has come on the server).
 MIN_SLEEP_S = 0.005
+# A slot the script found still ahead (the server clock stepped back) is tried again no sooner than this.
+EARLY_RETRY_MS = 100
 
 
 class PeriodicLoop:
@@ -93,14 +95,14 @@ class PeriodicLoop:
         schedule = config.schedule
         due_ms = schedule.latest_at_or_before(now_ms)
         if due_ms is not None and due_ms > self._handled.get(config.name, -1):
-            retry_at_ms = self._fire(config, due_ms)
+            retry_at_ms = self._fire(config, due_ms, now_ms)
             if retry_at_ms is not None:
                 return retry_at_ms
         self._report_lateness(config, now_ms)
         next_ms = schedule.next_after(now_ms)
         return next_ms if next_ms is not None else now_ms + int(self.refresh_s * 1000)
 
-    def _fire(self, config: PeriodicConfig, slot_ms: int) -> int | None:
+    def _fire(self, config: PeriodicConfig, slot_ms: int, now_ms: int) -> int | None:
         """Run the fire script for one slot; return when to try again if it was early on the server's clock."""
         schedule = config.schedule
         following_ms = schedule.next_after(slot_ms)
@@ -117,7 +119,7 @@ class PeriodicLoop:
         finally:
             close_old_connections()
         if reply.outcome == "early":  # the server's clock stepped back since it was read
-            return slot_ms
+            return now_ms + max(EARLY_RETRY_MS, slot_ms - reply.now_ms)
         self._remember(config.name, reply)
         return None
 
