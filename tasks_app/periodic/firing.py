@@ -5,7 +5,8 @@ from __future__ import annotations
 import uuid
 
 from tasks_app.periodic.config import PeriodicConfig
-from tasks_app.producer import EnqueuedTask, TaskRequest, enqueue_many, prepare
+from tasks_app.producer import EnqueuedTask, PreparedBatch, TaskRequest, enqueue_many, prepare
+from tasks_app.protocol.batch_args import Enqueueable
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.periodic import FireReply, SlotFiring
 from tasks_app.registry import Registry, registry as default_registry
@@ -42,9 +43,8 @@ def fire_slot(
     if config.catch_up == "once":
         requests.append(_request(config, firing.slot_ms, "catch_up", {CATCH_UP_HEADER: "1"}))
     batch = prepare(requests, registry=registry)
-    regular = batch.items[0]
-    catch_up = batch.items[1] if len(batch.items) > 1 else None
-    return broker.fire_periodic(config.name, firing, regular, catch_up, batch.result_ttl_s)
+    runs = _in_request_order(batch)
+    return broker.fire_periodic(config.name, firing, runs[0], runs[1] if len(runs) > 1 else None, batch.result_ttl_s)
 
 
 def run_now(
@@ -60,6 +60,17 @@ def run_now(
         headers={SCHEDULE_HEADER: config.name, MANUAL_HEADER: "1"},
     )
     return enqueue_many([request], broker=broker, registry=registry)[0]
+
+
+def _in_request_order(batch: PreparedBatch) -> list[Enqueueable]:
+    """The batch's tasks in the order of its requests, those of unique types among them.
+
+    The fire script's once-per-slot check is what keeps a periodic run single, so a unique type's
+    lock is not taken for it.
+    """
+    uniques = {position: unique.item for position, unique in batch.uniques}
+    ordinary = iter(batch.items)
+    return [uniques[position] if position in uniques else next(ordinary) for position in range(len(batch.enqueued))]
 
 
 def _request(config: PeriodicConfig, slot_ms: int, kind: str, extra: dict[str, str] | None = None) -> TaskRequest:

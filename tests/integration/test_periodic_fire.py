@@ -126,3 +126,11 @@ def test_the_state_records_the_last_fired_run(broker, config):
     assert (state.handled_slot_ms, state.fired_slot_ms) == (slot_ms, slot_ms)
     assert state.task_id == run_id(config.name, slot_ms)
     assert state.fired_at_ms >= before_ms
+
+
+def test_a_unique_type_fires_once_per_slot_by_the_script_alone(broker, config):
+    TaskType.objects.filter(name="demo.echo").update(unique_for_s=3600)
+    now_ms = server_ms(broker) // 1000 * 1000
+    assert fire_slot(config, firing(now_ms - 1000), broker).outcome == "fired"
+    assert fire_slot(config, firing(now_ms), broker).outcome == "fired"  # same args, next slot: runs
+    assert len(pushed_runs(broker, QUEUE)) == 2
