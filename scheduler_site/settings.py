@@ -175,3 +175,11 @@ TASKS_CLUSTER_WAIT_MS = int(os.environ.get("TASKS_CLUSTER_WAIT_MS", "100"))
 TASKS_THROTTLE_RECHECK_S = float(os.environ.get("TASKS_THROTTLE_RECHECK_S", "5"))
 # At most this many recent tasks per queue are kept in the history index behind the task browser.
 TASKS_HISTORY_MAX = int(os.environ.get("TASKS_HISTORY_MAX", "100000"))
+
+# --- Periodic tasks ----------------------------------------------------------------------------
+# Schedules declared in code, written to PeriodicTask rows (source "code") when consumers start:
+# {"reports.nightly": {"task": "reports.build", "cron": "0 3 * * *", "timezone": "Europe/Berlin"}}.
+TASKS_PERIODIC: dict[str, dict[str, object]] = {}
+# A slot reached later than this (or than its period, if shorter) counts as missed: the catch-up
+# policy decides whether it runs.
+TASKS_PERIODIC_GRACE_S = float(os.environ.get("TASKS_PERIODIC_GRACE_S", "60"))

@@ -1,4 +1,4 @@
-"""Admin for task types (the handler is a choice among registered handlers) and API tokens."""
+"""Admin for task types (the handler is a choice among registered handlers), API tokens and periodic tasks."""
 
 from typing import Any, cast
 
@@ -8,7 +8,8 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
-from tasks_app.models import ApiToken, TaskType
+from tasks_app.models import ApiToken, PeriodicTask, TaskType
+from tasks_app.periodic.admin import PeriodicTaskAdmin
 from tasks_app.registry import registry
 from tasks_app.web.api_auth import fill_new_token
 
@@ -146,3 +147,6 @@ class ApiTokenAdmin(admin.ModelAdmin):
         """Revoke tokens: requests with them are refused from now on."""
         revoked = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
         self.message_user(request, f"Revoked {revoked} token(s).")
+
+
+admin.site.register(PeriodicTask, PeriodicTaskAdmin)

@@ -46,6 +46,14 @@ _BOUNDED_SETTINGS = (
         "Each queue's history index keeps this many tasks; ten million would take gigabytes of Redis memory.",
         "tasks_app.E060",
     ),
+    (
+        "TASKS_PERIODIC_GRACE_S",
+        0,
+        7 * 86400,
+        " seconds",
+        "A periodic slot reached later than this counts as missed (its catch-up policy decides).",
+        "tasks_app.E050",
+    ),
 )
 
 
@@ -64,6 +72,9 @@ def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
     if settings.TASKS_MAX_PAYLOAD_BYTES <= 0:
         problems.append(Error("TASKS_MAX_PAYLOAD_BYTES must be positive", id="tasks_app.E004"))
     problems += _delay_and_dead_letter_problems()
+    periodic: object = settings.TASKS_PERIODIC  # a project's settings.py may hold anything
+    if not isinstance(periodic, dict):
+        problems.append(Error("TASKS_PERIODIC must be a dict: schedule name -> entry", id="tasks_app.E051"))
     problems += [
         Error(f"{name} must be between {low} and {high}{unit}", hint=hint, id=check_id)
         for name, low, high, unit, hint, check_id in _BOUNDED_SETTINGS

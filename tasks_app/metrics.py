@@ -1,4 +1,4 @@
-"""Every Prometheus metric of the consumer, declared once. Labels: task type and queue only."""
+"""Every Prometheus metric of the consumer, declared once. Labels: task type and queue (periodic ones: the schedule)."""
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -50,4 +50,13 @@ DUPLICATES_REFUSED = Counter(
     f"{PREFIX}_duplicates_refused",
     "Enqueues of a unique task type answered with the id of a task already enqueued (nothing pushed).",
     ["type"],
+)
+PERIODIC_FIRED = Counter(f"{PREFIX}_periodic_fired", "Runs of periodic schedules this consumer pushed.", ["schedule"])
+PERIODIC_LATE = Gauge(
+    f"{PREFIX}_periodic_late_seconds",
+    "How long the slot after a schedule's last fired one has been due without a run (0: on time).",
+    ["schedule"],
+)
+PERIODIC_PERIOD = Gauge(
+    f"{PREFIX}_periodic_period_seconds", "Gap between a schedule's last fired slot and the next.", ["schedule"]
 )

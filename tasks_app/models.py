@@ -1,10 +1,11 @@
-"""Database models: task types (tuned in the admin, and carrying the queue's permissions) and API tokens."""
+"""Database models: task types (tuned in the admin, carrying the queue's permissions), API tokens, periodic tasks."""
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
+from tasks_app.periodic.validation import schedule_errors
 from tasks_app.protocol.names import NAME_PATTERN, NAME_RULE
 
 name_validator = RegexValidator(f"^{NAME_PATTERN.pattern}$", f"Use {NAME_RULE}.")
@@ -198,3 +199,83 @@ class ApiToken(models.Model):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None
+
+
+class PeriodicTask(models.Model):
+    """A task enqueued on a schedule (an interval or a cron expression), fired once per slot by the consumers."""
+
+    class CatchUp(models.TextChoices):
+        SKIP = "skip", "Skip: slots missed while no consumer ran are dropped; the next slot runs"
+        ONCE = "once", "Once: one run for all the slots missed, as soon as a consumer is up"
+
+    class Source(models.TextChoices):
+        ADMIN = "admin", "Admin"
+        CODE = "code", "Code (TASKS_PERIODIC)"
+
+    name = models.CharField(
+        max_length=100,
+        unique=True,
+        validators=[name_validator],
+        help_text="Name of the schedule, e.g. reports.nightly.",
+    )
+    task_type = models.ForeignKey(
+        TaskType,
+        on_delete=models.PROTECT,
+        related_name="periodic_tasks",
+        help_text="The type of task each run enqueues.",
+    )
+    args = models.JSONField(default=list, blank=True, help_text="Positional arguments, a JSON array.")
+    kwargs = models.JSONField(default=dict, blank=True, help_text="Keyword arguments, a JSON object.")
+    interval_s = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Run every this many seconds (slots counted from start_at, else from the epoch). "
+        "Leave empty when a cron expression is given.",
+    )
+    cron = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="Cron expression: minute hour day month weekday (e.g. 0 3 * * *), or 6 fields with "
+        "seconds first. Leave empty when an interval is given.",
+    )
+    timezone = models.CharField(
+        max_length=64, default="UTC", help_text="IANA time zone the cron expression is read in, e.g. Europe/Berlin."
+    )
+    enabled = models.BooleanField(default=True, help_text="Disabled schedules fire nothing.")
+    start_at = models.DateTimeField(null=True, blank=True, help_text="No run before this time.")
+    end_at = models.DateTimeField(null=True, blank=True, help_text="No run after this time.")
+    queue = models.CharField(
+        max_length=100, blank=True, validators=[name_validator], help_text="Queue of the runs; empty: the type's queue."
+    )
+    priority = models.IntegerField(
+        default=0, validators=[MinValueValidator(-100), MaxValueValidator(100)], help_text="-100..100, higher first."
+    )
+    catch_up = models.CharField(
+        max_length=10,
+        choices=CatchUp.choices,
+        default=CatchUp.SKIP,
+        help_text="What happens to slots missed while no consumer ran.",
+    )
+    source = models.CharField(
+        max_length=10,
+        choices=Source.choices,
+        default=Source.ADMIN,
+        editable=False,
+        help_text="Rows from code are rewritten from TASKS_PERIODIC whenever consumers start.",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def clean(self) -> None:
+        """Reject a bad cron or time zone, both or neither of cron and interval, odd arguments or dates."""
+        self.cron = (self.cron or "").strip()
+        errors = schedule_errors(self)
+        if errors:
+            raise ValidationError(errors)

@@ -5,11 +5,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "tasks_app"
-LAYERS = ("protocol", "consumer", "django_tasks", "web")
+LAYERS = ("protocol", "consumer", "django_tasks", "web", "periodic")
 # Layer -> the layers it must never import.
 FORBIDDEN = {
-    "protocol": {"consumer", "django_tasks", "web"},
+    "protocol": {"consumer", "django_tasks", "web", "periodic"},
     "web": {"consumer"},
+    "periodic": {"consumer", "web"},
 }
 
 

@@ -80,6 +80,7 @@ def test_a_handler_module_that_failed_to_import_is_a_warning_with_its_error(fres
     assert "dead-lettered" in problem.hint
 
 
+@pytest.mark.django_db  # the model checks ask the database whether it supports JSONField
 def test_the_check_is_registered_and_stops_manage_py(settings, fresh_registry):
     settings.TASKS_RESULT_TTL = 0
     assert "tasks_app.E003" in ids(run_checks())

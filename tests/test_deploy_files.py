@@ -164,6 +164,7 @@ def test_alert_rules_have_the_expected_shape():
         "taskqueue_consumers_live",
         "taskqueue_leases_lost_total",
         "taskqueue_redis_errors_total",
+        "taskqueue_periodic_late_seconds",
     ):
         assert metric in expressions
 

@@ -19,7 +19,8 @@ from tasks_app.protocol.scripts import connect
 from tests.support.processes import wait_until
 from tests.support.scrape import Scrape, free_port, http_get
 
-ALLOWED_LABELS = {"type", "queue", "reason", "decision", "loop"}
+# "schedule": periodic task names, a set bounded by the rows of PeriodicTask like types are by TaskType.
+ALLOWED_LABELS = {"type", "queue", "reason", "decision", "loop", "schedule"}
 
 
 def declared() -> list[MetricWrapperBase]:

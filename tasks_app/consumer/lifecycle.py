@@ -37,6 +37,7 @@ from tasks_app.consumer.loops import (
     start_thread,
 )
 from tasks_app.consumer.options import ConsumerOptions
+from tasks_app.consumer.periodic_loop import scheduler_loops
 from tasks_app.consumer.retrying import GaveUp, until_done
 from tasks_app.protocol import results
 from tasks_app.protocol.broker import Broker
@@ -47,8 +48,7 @@ from tasks_app.task_types import TaskTypeCache
 logger = logging.getLogger(__name__)
 
 HEALTH_CHECK_S = 5.0
-# A terminal's Ctrl-C reaches every process of its group, and supervisors often pass it on as
-# well: a signal this soon after the first is the same request, not a second one.
+# Ctrl-C reaches the whole process group, and supervisors pass it on too: a signal this soon is the same request.
 SIGNAL_ECHO_S = 1.0
 # How often a worker holding a task looks again whether the lease was renewed.
 LEASE_WAIT_S = 0.05
@@ -159,8 +159,7 @@ class Consumer:
                 new_id,
             )
             until_done(lambda: self.broker.abandon(self.options.queues, lost_id), what="abandon", give_up=self.give_up)
-            # Register before publishing the new id: a claimer that used it unregistered would
-            # see its claim refused and throw this fresh identity away too.
+            # Register before publishing the new id: a claim under it unregistered would be refused (and the id lost).
             until_done(lambda: self.register(new_id), what="register", give_up=self.give_up)
             self.consumer_id = new_id
             self.executor.worker_id = new_id
@@ -300,6 +299,7 @@ class Consumer:
             self.reaper,
             HousekeepingLoop(self._refresh_task_types, settings.TASKS_CONFIG_REFRESH_S, self.executor.watch_running),
             HealthLoop(self.broker, self.liveness, HEALTH_CHECK_S),
+            *scheduler_loops(self.broker, opts),
         ]
         self._threads = [start_thread(loop, self.loops_stopped) for loop in loops]
         self.acks.start()

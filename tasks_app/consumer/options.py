@@ -18,6 +18,7 @@ class ConsumerOptions:
     burst: bool = False
     block_s: float = 2.0
     health_file: str | None = None
+    scheduler: bool = True  # run the periodic scheduler (runconsumer --no-scheduler: False)
 
     def validate(self) -> None:
         """Raise ValueError for options that cannot work."""

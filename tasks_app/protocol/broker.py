@@ -27,6 +27,7 @@ from tasks_app.protocol.inspection import THROUGHPUT_BUCKET_S, InspectionOps
 from tasks_app.protocol.keys import UNDECODABLE_TYPE, WAKE_TOKEN, Keys, delayed_member
 from tasks_app.protocol.leases import LeaseOps
 from tasks_app.protocol.pausing import PauseOps
+from tasks_app.protocol.periodic import PeriodicOps
 from tasks_app.protocol.replication import CLUSTER_WAIT_MS, ReplicatedWrites
 from tasks_app.protocol.replies import AckReport, Claim, Promotion, ResultUpdate, record_text_fields
 from tasks_app.protocol.scripts import Scripts, connect
@@ -38,7 +39,7 @@ ENQUEUED_IDS_KEEP_MS = 24 * 3600 * 1000
 ENQUEUED_IDS_MAX = 100_000
 
 
-class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ControlOps, SlotOps, PauseOps, HistoryOps):
+class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ControlOps, SlotOps, PauseOps, HistoryOps, PeriodicOps):
     """Queue operations on Redis, each one round trip or one script."""
 
     def __init__(

@@ -114,6 +114,10 @@ class Keys:
         """Hash of `queue`'s counters over one minute (minute = epoch s // 60), for the charts."""
         return self.queue_key(queue, f"minute:{minute}")
 
+    def periodic(self, queue: str, schedule: str) -> str:
+        """State of periodic schedule `schedule` firing into `queue`: last slot handled, last task fired."""
+        return self.queue_key(queue, f"periodic:{schedule}")
+
     def queues(self) -> str:
         return f"{self.prefix}:queues"
 

@@ -17,6 +17,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 
 from tasks_app.models import MANAGE_DEAD_LETTERS_PERMISSION
+from tasks_app.periodic.status import schedule_statuses
 from tasks_app.protocol import dead_letters
 from tasks_app.protocol.broker import get_broker
 from tasks_app.protocol.names import NAME_PATTERN, InvalidName, validate_name
@@ -82,7 +83,7 @@ def _int_or_none(value: Any) -> int | None:
 
 @staff_member_required
 def queue_dashboard(request: HttpRequest) -> HttpResponse:
-    """Show every queue's pending / processing / delayed / dead counts, consumers and throughput."""
+    """Show every queue's pending / processing / delayed / dead counts, consumers and throughput, and the schedules."""
     broker = get_broker()
     now_ms = broker.server_time_ms()  # leases are on the Redis clock
     rows = []
@@ -98,7 +99,8 @@ def queue_dashboard(request: HttpRequest) -> HttpResponse:
             )
         )
     charts = dashboard_charts(chart_data(broker, [row.stats.queue for row in rows]))
-    return render(request, "tasks_app/dashboard.html", admin_context(request, "Queue dashboard", queues=rows, **charts))
+    context = admin_context(request, "Queue dashboard", queues=rows, schedules=schedule_statuses(broker), **charts)
+    return render(request, "tasks_app/dashboard.html", context)
 
 
 @staff_member_required

@@ -40,6 +40,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--burst", action="store_true", help="Exit 0 once the queues have nothing pending, in flight or delayed."
         )
+        parser.add_argument(
+            "--no-scheduler", action="store_true", help="Do not fire periodic tasks from this consumer."
+        )
 
     def handle(
         self,
@@ -54,6 +57,7 @@ class Command(BaseCommand):
         metrics_host: str,
         burst: bool,
         health_file: str | None,
+        no_scheduler: bool,
         **options: Any,
     ) -> None:
         consumer_options = ConsumerOptions(
@@ -65,6 +69,7 @@ class Command(BaseCommand):
             consumer_id=consumer_id,
             burst=burst,
             health_file=health_file,
+            scheduler=not no_scheduler,
         )
         try:
             consumer = Consumer(consumer_options)

@@ -1,0 +1,80 @@
+-- fire_periodic: claim one slot of a periodic schedule and push its task, in one call, so any
+-- number of consumers fire each slot once and a consumer dying mid-way loses or doubles nothing.
+-- KEYS[1] the schedule's state hash   KEYS[2] pending list   KEYS[3] prioritized zset
+-- KEYS[4] the regular run's result hash, KEYS[5] the catch-up run's (both optional: a single
+-- Redis server only, as they lie in other slots; on Redis Cluster the caller writes the records)
+-- ARGV[1] slot (ms since the epoch)   ARGV[2] the slot before it (ms; 0 = none)   ARGV[3] how
+-- late (ms) the slot may be and still run as itself   ARGV[4] catch-up policy: "skip" or "once"
+-- ARGV[5] wake token   ARGV[6] priority (-100..100)   ARGV[7] regular task id   ARGV[8] regular
+-- task   ARGV[9] catch-up task id   ARGV[10] catch-up task ("" for none)   ARGV[11] record time to
+-- live (s)   ARGV[12] when the schedule was last saved (ms; slots up to then are never caught up:
+-- it may have been disabled); then the READY record's field/value pairs (the same for both runs).
+-- Returns: {outcome, server now ms, last slot handled ms, last fired slot ms} where outcome is
+-- "early" (the slot is after the server's now: nothing done), "done" (this slot or a later one
+-- was handled already), "fired", "caught_up" (one run for the missed slots, this one among
+-- them), "fired_and_caught_up" (a catch-up run, then this slot's) or "skipped" (late: recorded,
+-- nothing pushed).
+-- The state hash: slot_ms (last slot handled), fired_slot_ms, task_id and fired_at_ms (server
+-- ms) of the last run pushed. A slot at or before slot_ms is never pushed again.
+
+-- include: args
+-- include: priority
+-- include: key_types
+-- A result key of another type only loses its record (written with pcall): not checked.
+local bad = wrong_key_type({'hash', 'list', 'zset'})
+if bad then return bad end
+local now_ms = server_now_ms()
+local slot_ms = int_arg(ARGV[1], -1, -1, 2 ^ 53)
+if slot_ms < 0 then return redis.error_reply('ERR fire_periodic: the slot must be a number of ms') end
+
+-- A field of the state that is not a time in ms (written by someone else) counts as absent.
+local function ms_field(name)
+  local n = tonumber(redis.call('HGET', KEYS[1], name))
+  if n and n == n and n >= 0 and n <= 2 ^ 53 then return math.floor(n) end
+  return nil
+end
+local last = ms_field('slot_ms')
+local fired = ms_field('fired_slot_ms') or -1
+if now_ms < slot_ms then return {'early', now_ms, last or -1, fired} end
+if last and slot_ms <= last then return {'done', now_ms, last, fired} end
+
+local prev_ms = int_arg(ARGV[2], 0, 0, 2 ^ 53)
+local on_time = now_ms - slot_ms <= int_arg(ARGV[3], 0, 0, 2 ^ 53)
+-- Missed: a slot after the last handled one and after the schedule's last save (before it, it may
+-- have been disabled) was never handled: the one before this, or this one, too late to run as
+-- itself. Without a history (a new schedule) nothing counts as missed.
+local saved_ms = int_arg(ARGV[12], 0, 0, 2 ^ 53)
+local missed = last ~= nil and (prev_ms > math.max(last, saved_ms) or (not on_time and slot_ms > saved_ms))
+local catch_up = missed and ARGV[4] == 'once' and ARGV[10] ~= ''
+local priority = int_arg(ARGV[6], 0, -100, 100)
+local ttl_s = int_arg(ARGV[11], 1, 1, 2 ^ 53)
+
+local function push(task, record_key, offset_ms)
+  if priority == 0 then
+    redis.call('LPUSH', KEYS[2], task)
+  else
+    redis.call('ZADD', KEYS[3], priority_score(priority, now_ms - offset_ms), task)
+    if redis.call('LLEN', KEYS[2]) == 0 then redis.call('LPUSH', KEYS[2], ARGV[5]) end
+  end
+  if record_key and #ARGV >= 14 then
+    local written = redis.pcall('HSET', record_key, unpack(ARGV, 13, #ARGV - ((#ARGV - 12) % 2)))
+    if type(written) == 'number' then redis.pcall('EXPIRE', record_key, ttl_s) end
+  end
+end
+
+local outcome = 'skipped'
+local task_id
+if catch_up then
+  push(ARGV[10], KEYS[5], 1)  -- the older run first
+  outcome, task_id = 'caught_up', ARGV[9]
+end
+if on_time then
+  push(ARGV[8], KEYS[4], 0)
+  outcome, task_id = catch_up and 'fired_and_caught_up' or 'fired', ARGV[7]
+end
+redis.call('HSET', KEYS[1], 'slot_ms', slot_ms)
+if task_id then
+  fired = slot_ms
+  redis.call('HSET', KEYS[1], 'fired_slot_ms', slot_ms, 'task_id', task_id, 'fired_at_ms', now_ms)
+end
+return {outcome, now_ms, slot_ms, fired}

@@ -1,0 +1,179 @@
+"""The scheduler of periodic tasks that every consumer runs: no beat process, each slot fired once by a script."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from django.conf import settings
+from django.db import close_old_connections
+from redis.exceptions import RedisError
+
+from tasks_app import metrics
+from tasks_app.consumer.options import ConsumerOptions
+from tasks_app.periodic.code import sync_code_schedules
+from tasks_app.periodic.config import PeriodicConfig, load_configs
+from tasks_app.periodic.firing import fire_slot
+from tasks_app.producer import EnqueueError
+from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.periodic import FireReply, SlotFiring
+from tasks_app.registry import Registry, registry as default_registry
+
+logger = logging.getLogger(__name__)
+
+# Never wake sooner than this after a pass (a slot is fired once its time has come on the server).
+MIN_SLEEP_S = 0.005
+# A slot the script found still ahead (the server clock stepped back) is tried again no sooner than this.
+EARLY_RETRY_MS = 100
+
+
+class PeriodicLoop:
+    """Fires the due slot of every enabled schedule and sleeps until the nearest next slot (or the refresh).
+
+    Rows are re-read every `refresh_s`, so admin edits arrive without a restart. Each due slot costs
+    this consumer one script call, which pushes the run only if no one did before.
+    """
+
+    name = "periodic"
+
+    def __init__(
+        self,
+        broker: Broker,
+        refresh_s: float,
+        grace_s: float,
+        *,
+        load: Callable[[], Sequence[PeriodicConfig]] = load_configs,
+        clock_ms: Callable[[], int] | None = None,
+        registry: Registry = default_registry,
+    ) -> None:
+        self.broker = broker
+        self.refresh_s = refresh_s
+        self.grace_ms = int(grace_s * 1000)
+        self._load = load
+        # Slots are computed on the Redis server's clock (the one the fire script decides on), so a
+        # consumer whose own clock is off neither fires early nor finds every slot late.
+        self._clock_ms = clock_ms or broker.server_time_ms
+        self._registry = registry
+        self._configs: Sequence[PeriodicConfig] = ()
+        self._next_load = float("-inf")
+        # Per schedule, the last slot handled and the last one fired, as Redis last told.
+        self._handled: dict[str, int] = {}
+        self._fired: dict[str, int] = {}
+
+    def run_once(self) -> float:
+        """Fire what is due; return the seconds until the nearest next slot, at most the refresh period."""
+        if time.monotonic() >= self._next_load:
+            self._reload()
+        now_ms, read_at = self._clock_ms(), time.monotonic()
+        wake_ms = now_ms + int(self.refresh_s * 1000)
+        for config in self._configs:
+            try:
+                wake_ms = min(wake_ms, self._tend(config, now_ms))
+            except RedisError:
+                raise  # the loop's runner backs off
+            except Exception:  # one schedule's bug must not starve the others
+                logger.exception("periodic task %s: unexpected error", config.name)
+        return max(MIN_SLEEP_S, (wake_ms - now_ms) / 1000 - (time.monotonic() - read_at))
+
+    def _reload(self) -> None:
+        try:
+            configs = self._load()
+        except Exception as exc:  # the database may be briefly away: keep firing the last schedules
+            logger.warning("cannot reload periodic tasks, keeping the last ones: %s", exc)
+            configs = self._configs
+        finally:
+            close_old_connections()
+        self._next_load = time.monotonic() + self.refresh_s
+        for gone in {c.name for c in self._configs} - {c.name for c in configs}:
+            _forget_metrics(gone)
+        self._configs = configs
+
+    def _tend(self, config: PeriodicConfig, now_ms: int) -> int:
+        """Fire `config`'s due slot if this loop has not seen it handled; return when to look at it again."""
+        schedule = config.schedule
+        due_ms = schedule.latest_at_or_before(now_ms)
+        if due_ms is not None and due_ms > self._handled.get(config.name, -1):
+            retry_at_ms = self._fire(config, due_ms, now_ms)
+            if retry_at_ms is not None:
+                return retry_at_ms
+        self._report_lateness(config, now_ms)
+        next_ms = schedule.next_after(now_ms)
+        return next_ms if next_ms is not None else now_ms + int(self.refresh_s * 1000)
+
+    def _fire(self, config: PeriodicConfig, slot_ms: int, now_ms: int) -> int | None:
+        """Run the fire script for one slot; return when to try again if it was early on the server's clock."""
+        schedule = config.schedule
+        following_ms = schedule.next_after(slot_ms)
+        previous_ms = schedule.previous_before(slot_ms)
+        period_ms = following_ms - slot_ms if following_ms is not None else self.grace_ms
+        on_time_ms = min(self.grace_ms, period_ms)
+        firing = SlotFiring(slot_ms, previous_ms or 0, on_time_ms, config.catch_up, config.saved_ms)
+        try:
+            reply = fire_slot(config, firing, self.broker, registry=self._registry)
+        except EnqueueError as exc:
+            logger.error("periodic task %s: slot %d not fired: %s", config.name, slot_ms, exc)
+            self._handled[config.name] = slot_ms  # not retried by this consumer; the next slot tries again
+            return None
+        finally:
+            close_old_connections()
+        if reply.outcome == "early":  # the server's clock stepped back since it was read
+            return now_ms + max(EARLY_RETRY_MS, slot_ms - reply.now_ms)
+        self._remember(config.name, reply)
+        return None
+
+    def _remember(self, name: str, reply: FireReply) -> None:
+        self._handled[name] = reply.handled_slot_ms
+        self._fired[name] = reply.fired_slot_ms
+        if reply.pushed:
+            metrics.PERIODIC_FIRED.labels(name).inc(2 if reply.outcome == "fired_and_caught_up" else 1)
+            logger.info("periodic task %s: %s slot %d", name, reply.outcome, reply.handled_slot_ms)
+
+    def _report_lateness(self, config: PeriodicConfig, now_ms: int) -> None:
+        """Set the gauges: how late the slot after the last fired one is, and the gap to it."""
+        reference_ms = self._fired.get(config.name, -1)
+        if reference_ms < 0:
+            reference_ms = self._handled.get(config.name, -1)
+        following_ms = config.schedule.next_after(reference_ms) if reference_ms >= 0 else None
+        if following_ms is None:
+            metrics.PERIODIC_LATE.labels(config.name).set(0)
+            return
+        metrics.PERIODIC_LATE.labels(config.name).set(max(0, now_ms - following_ms) / 1000)
+        metrics.PERIODIC_PERIOD.labels(config.name).set((following_ms - reference_ms) / 1000)
+
+
+class CodeScheduleSync:
+    """Writes the TASKS_PERIODIC schedules to their rows once, before the first pass of the scheduler."""
+
+    def __init__(self, loop: PeriodicLoop, registry: Registry = default_registry) -> None:
+        self.loop = loop
+        self.name = loop.name
+        self._registry = registry
+        self._synced = False
+
+    def run_once(self) -> float:
+        """Sync the code schedules (until it succeeds once), then run the scheduler's pass."""
+        if not self._synced:
+            try:
+                sync_code_schedules(settings.TASKS_PERIODIC, self._registry)
+                self._synced = True
+            except Exception as exc:  # the database may be away: fire the schedules it has, sync later
+                logger.warning("cannot sync TASKS_PERIODIC to the database yet: %s", exc)
+            finally:
+                close_old_connections()
+        return self.loop.run_once()
+
+
+def scheduler_loops(broker: Broker, options: ConsumerOptions) -> list[CodeScheduleSync]:
+    """The periodic scheduler of a consumer, or none with `--no-scheduler`."""
+    if not options.scheduler:
+        return []
+    loop = PeriodicLoop(broker, settings.TASKS_CONFIG_REFRESH_S, settings.TASKS_PERIODIC_GRACE_S)
+    return [CodeScheduleSync(loop)]
+
+
+def _forget_metrics(name: str) -> None:
+    for gauge in (metrics.PERIODIC_LATE, metrics.PERIODIC_PERIOD):
+        with contextlib.suppress(KeyError):
+            gauge.remove(name)

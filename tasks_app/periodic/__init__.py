@@ -1,0 +1,1 @@
+"""Periodic tasks: schedules (slot arithmetic), their rows as snapshots, code schedules, firing and status."""

@@ -1,0 +1,84 @@
+"""Admin of periodic tasks: validation in the form, next run and last fired run (linking to its task page)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+
+from tasks_app.models import PeriodicTask
+from tasks_app.periodic.status import ScheduleStatus, schedule_statuses
+from tasks_app.protocol.broker import get_broker
+
+# Fields that rows from code take from TASKS_PERIODIC: read-only in the admin (only `enabled` may change).
+CODE_OWNED_FIELDS = (
+    "name",
+    "task_type",
+    "args",
+    "kwargs",
+    "interval_s",
+    "cron",
+    "timezone",
+    "start_at",
+    "end_at",
+    "queue",
+    "priority",
+    "catch_up",
+)
+
+
+class PeriodicTaskAdmin(admin.ModelAdmin):
+    """Periodic tasks; the list shows each one's next run and last fired run, read from Redis once per page."""
+
+    list_display = ("name", "task_type", "schedule", "enabled", "source", "next_run", "last_run")
+    list_filter = ("enabled", "source", "catch_up")
+    list_editable = ("enabled",)
+    search_fields = ("name", "task_type__name", "cron")
+    list_select_related = ("task_type",)
+    readonly_fields = ("source",)
+    fieldsets = (
+        (None, {"fields": ("name", "task_type", "args", "kwargs", "enabled", "source")}),
+        ("Schedule", {"fields": ("interval_s", "cron", "timezone", "start_at", "end_at", "catch_up")}),
+        ("Routing", {"fields": ("queue", "priority")}),
+    )
+
+    def get_readonly_fields(self, request: HttpRequest, obj: PeriodicTask | None = None) -> Any:
+        if obj is not None and obj.source == PeriodicTask.Source.CODE:
+            return ("source", *CODE_OWNED_FIELDS)
+        return self.readonly_fields
+
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        """Read the Redis state of the page's rows in one round trip before they are rendered."""
+        changelist = super().get_changelist_instance(request)
+        rows = list(changelist.result_list)  # evaluates the queryset once: the page renders these objects
+        # Kept on each row of this request (this ModelAdmin is shared by every request).
+        for row, status in zip(rows, schedule_statuses(get_broker(), rows), strict=True):
+            row.periodic_status = status
+        return changelist
+
+    @staticmethod
+    def _status(obj: PeriodicTask) -> ScheduleStatus | None:
+        return getattr(obj, "periodic_status", None)
+
+    @admin.display(description="Schedule")
+    def schedule(self, obj: PeriodicTask) -> str:
+        status = self._status(obj)
+        return status.schedule if status else obj.cron or f"every {obj.interval_s} s"
+
+    @admin.display(description="Next run")
+    def next_run(self, obj: PeriodicTask) -> str:
+        status = self._status(obj)
+        if status is None or (status.error and not status.next_run):
+            return f"invalid: {status.error}" if status and status.error else "-"
+        return f"{status.next_run:%Y-%m-%d %H:%M:%S} UTC" if status.next_run else "-"
+
+    @admin.display(description="Last fired run")
+    def last_run(self, obj: PeriodicTask) -> str:
+        status = self._status(obj)
+        if status is None or not status.last_task_id or status.last_slot is None:
+            return status.error if status and status.error == "Redis unavailable" else "-"
+        url = reverse("tasks_app:task", args=[status.last_task_id])
+        return format_html('<a href="{}">{}</a>', url, f"{status.last_slot:%Y-%m-%d %H:%M:%S} UTC")

@@ -1,0 +1,64 @@
+"""Periodic tasks as the scheduler sees them: immutable snapshots of the enabled rows."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from tasks_app.models import PeriodicTask
+from tasks_app.periodic.schedule import InvalidSchedule, Schedule
+from tasks_app.protocol.timestamps import ms_of_datetime
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PeriodicConfig:
+    """One PeriodicTask row, frozen: what to enqueue and when."""
+
+    name: str
+    task_type: str
+    schedule: Schedule
+    args: list[Any] = field(default_factory=list)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    queue: str = ""  # empty: the task type's queue
+    priority: int = 0
+    catch_up: str = PeriodicTask.CatchUp.SKIP
+    enabled: bool = True
+    saved_ms: int = 0  # the row's last save (epoch ms)
+
+    @classmethod
+    def from_model(cls, row: PeriodicTask) -> PeriodicConfig:
+        """Snapshot a row; raise InvalidSchedule if its schedule cannot produce slots."""
+        schedule = Schedule(
+            interval_s=row.interval_s,
+            cron=(row.cron or "").strip(),
+            timezone=row.timezone,
+            start_at=row.start_at,
+            end_at=row.end_at,
+        )
+        return cls(
+            name=row.name,
+            task_type=row.task_type.name,
+            schedule=schedule,
+            args=list(row.args) if isinstance(row.args, list) else [],
+            kwargs=dict(row.kwargs) if isinstance(row.kwargs, dict) else {},
+            queue=row.queue,
+            priority=row.priority,
+            catch_up=row.catch_up,
+            enabled=row.enabled,
+            saved_ms=ms_of_datetime(row.updated_at) if row.updated_at else 0,
+        )
+
+
+def load_configs(*, enabled_only: bool = True) -> list[PeriodicConfig]:
+    """Snapshot the rows in one query; a row whose schedule is invalid (saved past the admin) is logged and left out."""
+    rows = PeriodicTask.objects.select_related("task_type").order_by("name")
+    configs = []
+    for row in rows.filter(enabled=True) if enabled_only else rows:
+        try:
+            configs.append(PeriodicConfig.from_model(row))
+        except InvalidSchedule as exc:
+            logger.error("periodic task %s is not scheduled: %s", row.name, exc)
+    return configs

@@ -1,0 +1,85 @@
+"""Firing a periodic task: its runs encoded as ordinary tasks (the producer's `prepare`), pushed by one script."""
+
+from __future__ import annotations
+
+import uuid
+
+from tasks_app.periodic.config import PeriodicConfig
+from tasks_app.producer import EnqueuedTask, PreparedBatch, TaskRequest, enqueue_many, prepare
+from tasks_app.protocol.batch_args import Enqueueable
+from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.periodic import FireReply, SlotFiring
+from tasks_app.registry import Registry, registry as default_registry
+
+# Headers every periodic run carries: the schedule and its slot (ms); a catch-up run (standing
+# for the slots missed before that one, or up to it) also the catch-up mark, a manual run the manual one.
+SCHEDULE_HEADER = "periodic"
+SLOT_HEADER = "periodic_slot_ms"
+CATCH_UP_HEADER = "periodic_catch_up"
+MANUAL_HEADER = "periodic_manual"
+
+# Task ids of periodic runs are UUIDs derived from (schedule, slot, kind): a replay of a slot can
+# only ever name the same task.
+_RUN_IDS = uuid.UUID("5d1f4f0e-7c53-4a4e-9a43-7b0d3f6c9e21")
+
+
+def run_id(schedule: str, slot_ms: int, kind: str = "run") -> str:
+    """The task id of the run of `schedule` for `slot_ms` (`kind` "run" or "catch_up")."""
+    return str(uuid.uuid5(_RUN_IDS, f"{schedule}\x00{slot_ms}\x00{kind}"))
+
+
+def fire_slot(
+    config: PeriodicConfig,
+    firing: SlotFiring,
+    broker: Broker,
+    *,
+    registry: Registry = default_registry,
+) -> FireReply:
+    """Fire one slot of a schedule (and one catch-up run when its policy says so); raise EnqueueError if invalid.
+
+    Both runs are encoded; the script decides on the server's clock which of them to push, if any.
+    """
+    requests = [_request(config, firing.slot_ms, "run")]
+    if config.catch_up == "once":
+        requests.append(_request(config, firing.slot_ms, "catch_up", {CATCH_UP_HEADER: "1"}))
+    batch = prepare(requests, registry=registry)
+    runs = _in_request_order(batch)
+    return broker.fire_periodic(config.name, firing, runs[0], runs[1] if len(runs) > 1 else None, batch.result_ttl_s)
+
+
+def run_now(
+    config: PeriodicConfig, broker: Broker | None = None, registry: Registry = default_registry
+) -> EnqueuedTask:
+    """Enqueue one run of a schedule now, outside its slots (its state in Redis is not touched)."""
+    request = TaskRequest(
+        type=config.task_type,
+        args=config.args,
+        kwargs=config.kwargs,
+        queue=config.queue or None,
+        priority=config.priority,
+        headers={SCHEDULE_HEADER: config.name, MANUAL_HEADER: "1"},
+    )
+    return enqueue_many([request], broker=broker, registry=registry)[0]
+
+
+def _in_request_order(batch: PreparedBatch) -> list[Enqueueable]:
+    """The batch's tasks in the order of its requests, those of unique types among them.
+
+    The fire script's once-per-slot check is what keeps a periodic run single, so a unique type's
+    lock is not taken for it.
+    """
+    uniques = {position: unique.item for position, unique in batch.uniques}
+    ordinary = iter(batch.items)
+    return [uniques[position] if position in uniques else next(ordinary) for position in range(len(batch.enqueued))]
+
+
+def _request(config: PeriodicConfig, slot_ms: int, kind: str, extra: dict[str, str] | None = None) -> TaskRequest:
+    return TaskRequest(
+        type=config.task_type,
+        args=config.args,
+        kwargs=config.kwargs,
+        queue=config.queue or None,
+        priority=config.priority,
+        headers={SCHEDULE_HEADER: config.name, SLOT_HEADER: str(slot_ms), **(extra or {})},
+        task_id=run_id(config.name, slot_ms, kind),
+    )

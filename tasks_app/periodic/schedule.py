@@ -1,0 +1,119 @@
+"""Slot arithmetic of a schedule: pure functions of time, the same on every consumer.
+
+A slot is named by its time in milliseconds since the epoch. Interval slots are
+`anchor + k * interval` (anchor: `start_at`, else the epoch), so every consumer computes the same
+slots whenever it starts. Cron slots are evaluated by cronsim in the schedule's time zone, with
+Debian cron's DST rules: a job at a fixed local time runs once when clocks go back, and a time
+skipped when they go forward runs at the first minute after the jump.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from cronsim import CronSim, CronSimError
+
+MIN_INTERVAL_S = 1
+
+
+class InvalidSchedule(ValueError):
+    """A schedule that cannot produce slots: a bad cron, an unknown zone, both or neither of cron/interval."""
+
+
+def cron_error(expression: str) -> str | None:
+    """Why `expression` is not a cron expression cronsim accepts (5 fields, or 6 with seconds first); None if it is."""
+    fields = len(expression.split())
+    if fields not in (5, 6):
+        return f"a cron expression has 5 fields (minute hour day month weekday), or 6 with seconds first; got {fields}"
+    try:
+        CronSim(expression, datetime.now(UTC))
+    except CronSimError as exc:
+        return f"invalid cron expression {expression!r}: {exc}"
+    return None
+
+
+def zone(name: str) -> ZoneInfo:
+    """Return the IANA time zone `name`; raise InvalidSchedule for an unknown one."""
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise InvalidSchedule(f"unknown time zone {name!r}: use an IANA name such as UTC or Europe/Berlin") from None
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When a periodic task is due: every `interval_s` seconds or by `cron`, between start_at and end_at."""
+
+    interval_s: int | None = None
+    cron: str = ""
+    timezone: str = "UTC"
+    start_at: datetime | None = None
+    end_at: datetime | None = None
+
+    def __post_init__(self) -> None:
+        if bool(self.cron) == (self.interval_s is not None):
+            raise InvalidSchedule("give either a cron expression or an interval, not both or neither")
+        if self.interval_s is not None and self.interval_s < MIN_INTERVAL_S:
+            raise InvalidSchedule(f"the interval must be at least {MIN_INTERVAL_S} second")
+        if self.cron and (error := cron_error(self.cron)):
+            raise InvalidSchedule(error)
+        zone(self.timezone)
+        if self.start_at and self.end_at and self.end_at <= self.start_at:
+            raise InvalidSchedule("end_at must be after start_at")
+
+    def describe(self) -> str:
+        """The schedule in a few words, e.g. ``every 60 s`` or ``cron 0 3 * * * (Europe/Berlin)``."""
+        if self.interval_s is not None:
+            return f"every {self.interval_s} s"
+        return f"cron {self.cron} ({self.timezone})"
+
+    def latest_at_or_before(self, now_ms: int) -> int | None:
+        """The last slot at or before `now_ms` (not before start_at, not after end_at); None if there is none."""
+        if self.end_at is not None:
+            now_ms = min(now_ms, _ms(self.end_at))
+        if self.interval_s is not None:
+            interval_ms, anchor_ms = self.interval_s * 1000, self._anchor_ms()
+            if now_ms < anchor_ms:
+                return None
+            return anchor_ms + (now_ms - anchor_ms) // interval_ms * interval_ms
+        # Slots strictly before the next whole second are those at or before now (slots are whole seconds).
+        slot = next(CronSim(self.cron, self._local(now_ms // 1000 * 1000 + 1000), reverse=True))
+        slot_ms = _ms(slot)
+        return slot_ms if self.start_at is None or slot_ms >= _ms(self.start_at) else None
+
+    def next_after(self, now_ms: int) -> int | None:
+        """The first slot strictly after `now_ms` (not before start_at); None once end_at has passed."""
+        if self.interval_s is not None:
+            interval_ms, anchor_ms = self.interval_s * 1000, self._anchor_ms()
+            slot_ms = (
+                anchor_ms if now_ms < anchor_ms else anchor_ms + ((now_ms - anchor_ms) // interval_ms + 1) * interval_ms
+            )
+        else:
+            start_ms = max(now_ms, _ms(self.start_at) - 1) if self.start_at else now_ms
+            slot_ms = _ms(next(CronSim(self.cron, self._local(start_ms))))
+        if self.end_at is not None and slot_ms > _ms(self.end_at):
+            return None
+        return slot_ms
+
+    def previous_before(self, slot_ms: int) -> int | None:
+        """The slot before `slot_ms`, ignoring start_at (a slot before the start was never due); None if none."""
+        if self.interval_s is not None:
+            before_ms = slot_ms - self.interval_s * 1000
+            return before_ms if before_ms >= self._anchor_ms() else None
+        # The slot strictly before: from the last millisecond of the previous second backwards.
+        return _ms(next(CronSim(self.cron, self._local(slot_ms - 1), reverse=True)))
+
+    def _anchor_ms(self) -> int:
+        return _ms(self.start_at) if self.start_at is not None else 0
+
+    def _local(self, epoch_ms: int) -> datetime:
+        return datetime.fromtimestamp(epoch_ms / 1000, UTC).astimezone(zone(self.timezone))
+
+
+def _ms(moment: datetime) -> int:
+    return int((moment - _EPOCH) // timedelta(milliseconds=1))
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

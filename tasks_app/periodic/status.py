@@ -1,0 +1,89 @@
+"""Schedules as operators see them (command, dashboard, admin): next run, last fired run, validity."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime
+
+from redis.exceptions import RedisError
+
+from tasks_app.models import PeriodicTask
+from tasks_app.periodic.config import PeriodicConfig
+from tasks_app.periodic.schedule import InvalidSchedule
+from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.periodic import PeriodicState
+from tasks_app.protocol.timestamps import datetime_of_ms
+
+
+@dataclass(frozen=True)
+class ScheduleStatus:
+    """One periodic task: its schedule in words, next run, last fired run (None when unknown)."""
+
+    name: str
+    task_type: str
+    queue: str
+    schedule: str
+    enabled: bool
+    source: str
+    catch_up: str
+    next_run: datetime | None
+    last_slot: datetime | None
+    last_task_id: str
+    last_fired_at: datetime | None
+    error: str  # why the row is not scheduled ("" when it is); "Redis unavailable" if its state could not be read
+
+
+def schedule_statuses(broker: Broker, rows: list[PeriodicTask] | None = None) -> list[ScheduleStatus]:
+    """The status of each row (default: all), reading every schedule's state from Redis in one round trip."""
+    if rows is None:
+        rows = list(PeriodicTask.objects.select_related("task_type").order_by("name"))
+    configs: list[PeriodicConfig | InvalidSchedule] = []
+    for row in rows:
+        try:
+            configs.append(PeriodicConfig.from_model(row))
+        except InvalidSchedule as exc:
+            configs.append(exc)
+    queues = [row.queue or row.task_type.queue for row in rows]
+    try:
+        states: list[PeriodicState | None] = list(
+            broker.periodic_states([(queue, row.name) for queue, row in zip(queues, rows, strict=True)])
+        )
+        unavailable = ""
+    except RedisError:
+        states, unavailable = [None] * len(rows), "Redis unavailable"
+    now_ms = int(time.time() * 1000)
+    return [
+        _status(row, queue, config, state, now_ms, unavailable)
+        for row, queue, config, state in zip(rows, queues, configs, states, strict=True)
+    ]
+
+
+def _status(
+    row: PeriodicTask,
+    queue: str,
+    config: PeriodicConfig | InvalidSchedule,
+    state: PeriodicState | None,
+    now_ms: int,
+    unavailable: str,
+) -> ScheduleStatus:
+    valid = isinstance(config, PeriodicConfig)
+    next_ms = config.schedule.next_after(now_ms) if isinstance(config, PeriodicConfig) and row.enabled else None
+    fired_ms = state.fired_slot_ms if state else None
+    fired_at_ms = state.fired_at_ms if state else None
+    return ScheduleStatus(
+        name=row.name,
+        task_type=row.task_type.name,
+        queue=queue,
+        schedule=config.schedule.describe()
+        if isinstance(config, PeriodicConfig)
+        else row.cron or f"{row.interval_s} s",
+        enabled=row.enabled,
+        source=row.source,
+        catch_up=row.catch_up,
+        next_run=datetime_of_ms(next_ms) if next_ms is not None else None,
+        last_slot=datetime_of_ms(fired_ms) if fired_ms is not None else None,
+        last_task_id=state.task_id if state else "",
+        last_fired_at=datetime_of_ms(fired_at_ms) if fired_at_ms is not None else None,
+        error=(str(config) if not valid else unavailable),
+    )

@@ -1,0 +1,128 @@
+"""Periodic schedules on Redis: firing one slot (`fire_periodic.lua`) and reading a schedule's state."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import redis
+
+from tasks_app.protocol import batch_args
+from tasks_app.protocol.batch_args import Enqueueable
+from tasks_app.protocol.keys import WAKE_TOKEN
+from tasks_app.protocol.scripts import ScriptClient
+
+# What fire_periodic.lua says it did with a slot.
+PUSHED_OUTCOMES = frozenset({"fired", "caught_up", "fired_and_caught_up"})
+
+
+class SlotFiring(NamedTuple):
+    """One slot to fire: when it is, the slot before it, how late it may run as itself, the policy."""
+
+    slot_ms: int
+    previous_ms: int  # 0: no slot before it
+    on_time_ms: int
+    catch_up: str  # "skip" or "once"
+    saved_ms: int = 0  # when the schedule was last saved: slots up to then are never caught up
+
+
+class FireReply(NamedTuple):
+    """What the fire script did with a slot, on the Redis server's clock."""
+
+    outcome: str
+    now_ms: int
+    handled_slot_ms: int  # the last slot handled (fired or skipped); -1 if none
+    fired_slot_ms: int  # the last slot a run was pushed for; -1 if none
+
+    @property
+    def pushed(self) -> bool:
+        """True if this call pushed a run (regular or catch-up)."""
+        return self.outcome in PUSHED_OUTCOMES
+
+
+class PeriodicState(NamedTuple):
+    """A schedule's state in Redis: the last slot handled and the last run pushed (ms; None if none)."""
+
+    handled_slot_ms: int | None
+    fired_slot_ms: int | None
+    task_id: str
+    fired_at_ms: int | None
+
+
+class PeriodicOps(ScriptClient):
+    """Firing periodic slots and reading their state."""
+
+    _announced_queues: set[str]  # queues this process added to the queue set (the broker's)
+
+    def fire_periodic(
+        self, schedule: str, firing: SlotFiring, regular: Enqueueable, catch_up: Enqueueable | None, result_ttl_s: int
+    ) -> FireReply:
+        """Claim one slot of `schedule` and push its run (and a catch-up run, if due) in one script call.
+
+        Both tasks are encoded for `regular.queue`; a slot at or before the last one handled pushes nothing.
+        """
+        queue = regular.queue
+        keys = [self.keys.periodic(queue, schedule), self.keys.pending(queue), self.keys.prioritized(queue)]
+        on_cluster = isinstance(self.client, redis.RedisCluster)
+        if not on_cluster:
+            keys += [self.keys.result(regular.task_id), self.keys.result(catch_up.task_id if catch_up else "-")]
+        args: list[Any] = [
+            firing.slot_ms,
+            firing.previous_ms,
+            firing.on_time_ms,
+            firing.catch_up,
+            WAKE_TOKEN,
+            regular.priority,
+            regular.task_id,
+            regular.raw,
+            catch_up.task_id if catch_up else "",
+            catch_up.raw if catch_up else "",
+            result_ttl_s,
+            firing.saved_ms,
+        ]
+        for name, value in regular.result_key_fields.items():
+            args += (name, value)
+        outcome, now_ms, handled_ms, fired_ms = self._script("fire_periodic", keys, args)
+        text = outcome.decode() if isinstance(outcome, bytes) else str(outcome)
+        reply = FireReply(text, int(now_ms), int(handled_ms), int(fired_ms))
+        if reply.pushed:
+            self._announce_queue(queue)
+            if on_cluster:
+                self._write_ready_records(_pushed(reply.outcome, regular, catch_up), result_ttl_s)
+        return reply
+
+    def periodic_states(self, schedules: Sequence[tuple[str, str]]) -> list[PeriodicState]:
+        """The state of each (queue, schedule) in one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for queue, schedule in schedules:
+            pipe.hgetall(self.keys.periodic(queue, schedule))
+        return [_state(fields) for fields in pipe.execute()]
+
+    def _announce_queue(self, queue: str) -> None:
+        if queue not in self._announced_queues:
+            self.client.sadd(self.keys.queues(), queue)
+            self._announced_queues.add(queue)
+
+    def _write_ready_records(self, items: Sequence[Enqueueable], result_ttl_s: int) -> None:
+        # Redis Cluster: the records lie in other slots than the queue, written after the push.
+        head = [WAKE_TOKEN, 0, 1, "0", 0]
+        for item in items:
+            records = batch_args.record_groups([item], result_ttl_s)
+            self._script("enqueue_batch", [self.keys.result(item.task_id)], [*head, *records])
+
+
+def _pushed(outcome: str, regular: Enqueueable, catch_up: Enqueueable | None) -> list[Enqueueable]:
+    """The runs the fire script pushed for `outcome`, oldest first."""
+    runs = [catch_up] if catch_up is not None and outcome in ("caught_up", "fired_and_caught_up") else []
+    return [*runs, regular] if outcome in ("fired", "fired_and_caught_up") else runs
+
+
+def _state(fields: Mapping[bytes, bytes]) -> PeriodicState:
+    def ms(name: bytes) -> int | None:
+        try:
+            return int(fields[name])
+        except (KeyError, ValueError):
+            return None
+
+    task_id = fields.get(b"task_id", b"").decode(errors="backslashreplace")
+    return PeriodicState(ms(b"slot_ms"), ms(b"fired_slot_ms"), task_id, ms(b"fired_at_ms"))

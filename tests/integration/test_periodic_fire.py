@@ -1,0 +1,136 @@
+"""fire_periodic.lua on a real Redis: one run per slot whatever races it, the catch-up policies, garbage state."""
+
+import threading
+import time
+
+import pytest
+
+from tasks_app.models import PeriodicTask, TaskType
+from tasks_app.periodic.config import PeriodicConfig
+from tasks_app.periodic.firing import fire_slot, run_id
+from tasks_app.periodic.schedule import Schedule
+from tasks_app.protocol.periodic import SlotFiring
+from tests.support.periodic import pushed_runs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+QUEUE = "periodic-out"
+
+
+@pytest.fixture
+def config(broker):
+    TaskType.objects.create(name="demo.echo", handler="demo.echo", queue=QUEUE)
+    return PeriodicConfig(name="every.second", task_type="demo.echo", schedule=Schedule(interval_s=1), args=[1])
+
+
+def server_ms(broker) -> int:
+    seconds, micros = broker.client.time()
+    return seconds * 1000 + micros // 1000
+
+
+def firing(slot_ms: int, catch_up: str = "skip", on_time_ms: int = 60_000) -> SlotFiring:
+    return SlotFiring(slot_ms, slot_ms - 1000, on_time_ms, catch_up)
+
+
+def test_eight_threads_racing_for_one_slot_push_one_task(broker, config):
+    slot_ms = server_ms(broker) // 1000 * 1000
+    barrier = threading.Barrier(8)
+    outcomes = []
+
+    def race():
+        barrier.wait()
+        outcomes.append(fire_slot(config, firing(slot_ms), broker).outcome)
+
+    threads = [threading.Thread(target=race) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    runs = pushed_runs(broker, QUEUE)
+    assert sorted(outcomes) == ["done"] * 7 + ["fired"]
+    assert [(run.task_id, run.slot_ms) for run in runs] == [(run_id("every.second", slot_ms), slot_ms)]
+    assert broker.get_result(runs[0].task_id)["status"] == "READY"
+
+
+def test_a_slot_at_or_before_the_last_one_is_refused_and_a_future_one_waits(broker, config):
+    slot_ms = server_ms(broker) // 1000 * 1000
+    assert fire_slot(config, firing(slot_ms), broker).outcome == "fired"
+    assert fire_slot(config, firing(slot_ms - 1000), broker).outcome == "done"
+    assert fire_slot(config, firing(slot_ms + 60_000), broker).outcome == "early"
+    assert len(pushed_runs(broker, QUEUE)) == 1
+
+
+def test_skip_drops_missed_slots_and_once_fires_one_catch_up_run(broker, config):
+    now_ms = server_ms(broker) // 1000 * 1000
+    base_ms = now_ms - 10_000
+    fire_slot(config, firing(base_ms, on_time_ms=60_000), broker)  # the last run before an outage
+    skip = fire_slot(config, firing(now_ms), broker)
+    assert skip.outcome == "fired"  # the 9 missed slots in between: dropped
+
+    once = PeriodicConfig(**{**config.__dict__, "name": "every.second.once", "catch_up": PeriodicTask.CatchUp.ONCE})
+    fire_slot(once, firing(base_ms, "once"), broker)
+    assert fire_slot(once, firing(now_ms - 5000, "once"), broker).outcome == "fired_and_caught_up"
+    # Too late to run as itself: one run stands for it and the slots missed before it.
+    assert fire_slot(once, firing(now_ms, "once", on_time_ms=0), broker).outcome == "caught_up"
+
+    runs = [(run.schedule, run.catch_up) for run in pushed_runs(broker, QUEUE)]
+    assert runs.count(("every.second.once", True)) == 2
+    assert runs.count(("every.second.once", False)) == 2
+    assert runs.count(("every.second", True)) == 0
+    assert runs.count(("every.second", False)) == 2
+
+
+def test_slots_before_the_schedule_was_last_saved_are_never_caught_up(broker, config):
+    once = PeriodicConfig(**{**config.__dict__, "catch_up": PeriodicTask.CatchUp.ONCE})
+    now_ms = server_ms(broker) // 1000 * 1000
+    fire_slot(once, firing(now_ms - 10_000, "once"), broker)
+    # Disabled, then enabled again 2 s ago (a save): the slots while it was off are not "missed".
+    resumed = SlotFiring(now_ms, now_ms - 1000, 60_000, "once", saved_ms=now_ms - 500)
+    assert fire_slot(once, resumed, broker).outcome == "fired"
+    assert not any(run.catch_up for run in pushed_runs(broker, QUEUE))
+
+
+def test_a_new_schedule_first_seen_late_fires_nothing_for_its_past(broker, config):
+    long_ago_ms = server_ms(broker) - 3_600_000
+    reply = fire_slot(config, firing(long_ago_ms, "once"), broker)
+    assert reply.outcome == "skipped"
+    assert pushed_runs(broker, QUEUE) == []
+
+
+@pytest.mark.parametrize("garbage", [b"nan", b"inf", b"1e400", b"-5", "caf\u00e9".encode()])
+def test_a_garbage_state_counts_as_no_history(broker, config, garbage):
+    broker.client.hset(broker.keys.periodic(QUEUE, config.name), "slot_ms", garbage)
+    slot_ms = server_ms(broker) // 1000 * 1000
+    assert fire_slot(config, firing(slot_ms), broker).outcome == "fired"
+
+
+def test_a_state_key_of_another_type_is_an_error_and_pushes_nothing(broker, config):
+    broker.client.set(broker.keys.periodic(QUEUE, config.name), "x")
+    with pytest.raises(Exception, match="WRONGTYPE"):
+        fire_slot(config, firing(server_ms(broker) // 1000 * 1000), broker)
+    assert pushed_runs(broker, QUEUE) == []
+
+
+def test_a_prioritized_run_goes_to_the_prioritized_set_and_wakes_pending(broker, config):
+    urgent = PeriodicConfig(**{**config.__dict__, "priority": 5})
+    assert fire_slot(urgent, firing(server_ms(broker) // 1000 * 1000), broker).pushed
+    assert broker.client.zcard(broker.keys.prioritized(QUEUE)) == 1
+    assert broker.client.llen(broker.keys.pending(QUEUE)) == 1  # the wake token
+
+
+def test_the_state_records_the_last_fired_run(broker, config):
+    slot_ms = server_ms(broker) // 1000 * 1000
+    before_ms = int(time.time() * 1000) - 5_000
+    fire_slot(config, firing(slot_ms), broker)
+    [state] = broker.periodic_states([(QUEUE, config.name)])
+    assert (state.handled_slot_ms, state.fired_slot_ms) == (slot_ms, slot_ms)
+    assert state.task_id == run_id(config.name, slot_ms)
+    assert state.fired_at_ms >= before_ms
+
+
+def test_a_unique_type_fires_once_per_slot_by_the_script_alone(broker, config):
+    TaskType.objects.filter(name="demo.echo").update(unique_for_s=3600)
+    now_ms = server_ms(broker) // 1000 * 1000
+    assert fire_slot(config, firing(now_ms - 1000), broker).outcome == "fired"
+    assert fire_slot(config, firing(now_ms), broker).outcome == "fired"  # same args, next slot: runs
+    assert len(pushed_runs(broker, QUEUE)) == 2

@@ -1,0 +1,139 @@
+"""Periodic tasks in the admin and the `periodic` command: validation with clear errors, next and last runs."""
+
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from tasks_app.models import PeriodicTask, TaskType
+from tasks_app.periodic.config import PeriodicConfig
+from tasks_app.periodic.firing import fire_slot
+from tasks_app.protocol.periodic import SlotFiring
+from tests.support.periodic import pushed_runs
+
+pytestmark = pytest.mark.django_db
+
+ADD_URL = "/admin/tasks_app/periodictask/add/"
+LIST_URL = "/admin/tasks_app/periodictask/"
+
+
+@pytest.fixture
+def echo():
+    return TaskType.objects.create(name="demo.echo", handler="demo.echo", queue="periodic-out")
+
+
+def form(echo, **overrides):
+    data = {
+        "name": "reports.nightly",
+        "task_type": str(echo.pk),
+        "args": "[]",
+        "kwargs": "{}",
+        "enabled": "on",
+        "interval_s": "",
+        "cron": "0 3 * * *",
+        "timezone": "Europe/Berlin",
+        "queue": "",
+        "priority": "0",
+        "catch_up": "skip",
+    }
+    return {**data, **overrides}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"cron": "61 3 * * *"}, "Invalid cron expression"),
+        ({"cron": "0 3 * *"}, "5 fields"),
+        ({"timezone": "Europe/Atlantis"}, "Unknown time zone"),
+        ({"interval_s": "60"}, "exactly one of the two"),
+        ({"cron": ""}, "exactly one of the two"),
+        ({"args": '{"a": 1}'}, "JSON array"),
+    ],
+)
+def test_the_admin_refuses_invalid_schedules_with_a_clear_error(staff, broker, echo, overrides, message):
+    response = staff.post(ADD_URL, form(echo, **overrides))
+    assert response.status_code == 200
+    assert message in response.content.decode()
+    assert not PeriodicTask.objects.exists()
+
+
+def test_the_admin_list_shows_the_next_run_and_links_the_last_fired_run(staff, broker, echo):
+    assert staff.post(ADD_URL, form(echo, cron="", interval_s="60", timezone="UTC")).status_code == 302
+    row = PeriodicTask.objects.select_related("task_type").get()
+    now_ms = broker.server_time_ms() // 60_000 * 60_000
+    fire_slot(PeriodicConfig.from_model(row), SlotFiring(now_ms, now_ms - 60_000, 60_000, "skip"), broker)
+    [run] = pushed_runs(broker, "periodic-out")
+    page = staff.get(LIST_URL).content.decode()
+    assert f'href="/tasks/{run.task_id}/"' in page
+    assert "every 60 s" in page and " UTC" in page
+    dashboard = staff.get("/tasks/dashboard/").content.decode()
+    assert f'href="/tasks/{run.task_id}/"' in dashboard and "reports.nightly" in dashboard
+
+
+def test_rows_from_code_are_marked_and_only_their_enabled_flag_is_editable(staff, broker, echo):
+    row = PeriodicTask.objects.create(name="code.job", task_type=echo, interval_s=5, source=PeriodicTask.Source.CODE)
+    page = staff.get(f"{LIST_URL}{row.pk}/change/").content.decode()
+    assert 'name="enabled"' in page and 'name="interval_s"' not in page
+    assert "Code (TASKS_PERIODIC)" in staff.get(LIST_URL).content.decode()
+
+
+def test_periodic_list_shows_each_schedule_and_flags_an_invalid_one(broker, echo):
+    PeriodicTask.objects.create(name="ok.job", task_type=echo, interval_s=30)
+    PeriodicTask.objects.create(name="bad.job", task_type=echo, cron="0 3 * * *", timezone="Nowhere/City")
+    out = StringIO()
+    call_command("periodic", "list", stdout=out)
+    lines = out.getvalue().splitlines()
+    assert lines[0].split() == ["name", "schedule", "next", "run", "last", "run", "enabled"]
+    assert any(line.startswith("ok.job") and "every 30 s" in line for line in lines)
+    assert any(line.startswith("bad.job") and "INVALID: unknown time zone" in line for line in lines)
+
+
+def test_periodic_run_enqueues_one_ordinary_task_now(broker, echo):
+    PeriodicTask.objects.create(name="ok.job", task_type=echo, interval_s=3600, args=[7])
+    out = StringIO()
+    call_command("periodic", "run", "ok.job", stdout=out)
+    task_id = out.getvalue().strip()
+    assert broker.get_result(task_id)["args"] == "[7]"
+    assert broker.periodic_states([("periodic-out", "ok.job")])[0].fired_slot_ms is None  # outside the schedule
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [({"cron": "99 * * * *"}, "Invalid cron expression"), ({"cron": "0 3 * * *", "timezone": "Bad/Zone"}, "time zone")],
+)
+def test_periodic_run_refuses_an_invalid_row_and_enqueues_nothing(broker, echo, fields, message):
+    PeriodicTask.objects.create(name="bad.job", task_type=echo, **fields)  # saved past the admin's validation
+    with pytest.raises(CommandError, match=message):
+        call_command("periodic", "run", "bad.job", stdout=StringIO())
+    with pytest.raises(CommandError, match="no periodic task named"):
+        call_command("periodic", "run", "no.such.job", stdout=StringIO())
+    assert pushed_runs(broker, "periodic-out") == []
+
+
+def test_periodic_sync_writes_code_schedules_and_refuses_invalid_ones(broker, echo, settings):
+    PeriodicTask.objects.create(name="old.code", task_type=echo, interval_s=5, source=PeriodicTask.Source.CODE)
+    PeriodicTask.objects.create(name="admin.job", task_type=echo, interval_s=5)
+    settings.TASKS_PERIODIC = {"nightly": {"task": "demo.echo", "cron": "0 3 * * *", "timezone": "Europe/Berlin"}}
+    out = StringIO()
+    call_command("periodic", "sync", stdout=out)
+    assert "created: nightly" in out.getvalue() and "removed: old.code" in out.getvalue()
+    nightly = PeriodicTask.objects.get(name="nightly")
+    assert (nightly.source, nightly.cron, nightly.enabled) == ("code", "0 3 * * *", True)
+    assert set(PeriodicTask.objects.values_list("name", flat=True)) == {"nightly", "admin.job"}
+
+    saved_at = nightly.updated_at
+    call_command("periodic", "sync", stdout=(again := StringIO()))
+    assert "unchanged: nightly" in again.getvalue()
+    nightly.refresh_from_db()
+    assert nightly.updated_at == saved_at  # not saved again: catch-up still counts from the last real edit
+
+    PeriodicTask.objects.filter(name="nightly").update(enabled=False)  # an operator pauses it
+    settings.TASKS_PERIODIC = {
+        "nightly": {"task": "demo.echo", "cron": "0 4 * * *"},
+        "broken": {"task": "demo.echo", "cron": "0 25 * * *"},
+    }
+    with pytest.raises(CommandError, match="broken: cron: Invalid cron expression"):
+        call_command("periodic", "sync", stdout=StringIO())
+    nightly.refresh_from_db()
+    assert (nightly.cron, nightly.timezone, nightly.enabled) == ("0 4 * * *", "UTC", False)
+    assert not PeriodicTask.objects.filter(name="broken").exists()

@@ -1,0 +1,103 @@
+"""The consumer's periodic loop (`run_once`) on a real Redis: what it fires, how long it sleeps, what it reports."""
+
+import time
+
+import pytest
+
+from tasks_app import metrics
+from tasks_app.consumer.options import ConsumerOptions
+from tasks_app.consumer.periodic_loop import CodeScheduleSync, PeriodicLoop, scheduler_loops
+from tasks_app.models import PeriodicTask, TaskType
+from tasks_app.periodic.config import PeriodicConfig
+from tasks_app.periodic.schedule import Schedule
+from tests.support.periodic import pushed_runs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+OUT = "periodic-out"
+
+
+@pytest.fixture
+def echo():
+    return TaskType.objects.create(name="demo.echo", handler="demo.echo", queue=OUT)
+
+
+def loop_of(broker, *configs, clock_ms=None, refresh_s=2.0):
+    return PeriodicLoop(broker, refresh_s, 60.0, load=lambda: configs, clock_ms=clock_ms)
+
+
+def config(name="tick", **schedule):
+    return PeriodicConfig(name=name, task_type="demo.echo", schedule=Schedule(**(schedule or {"interval_s": 1})))
+
+
+def test_it_fires_a_due_slot_once_and_sleeps_until_the_next_slot_at_most_the_refresh(broker, echo):
+    loop = loop_of(broker, config(), config("hourly", interval_s=3600))
+    before = metrics.PERIODIC_FIRED.labels("tick")._value.get()
+    assert 0 < loop.run_once() <= 1.0
+    loop.run_once()  # the same slot again (or the next one): never twice
+    slots = [run.slot_ms for run in pushed_runs(broker, OUT) if run.schedule == "tick"]
+    assert len(slots) == len(set(slots)) >= 1
+    assert metrics.PERIODIC_FIRED.labels("tick")._value.get() - before == len(slots)
+    assert 0 < loop_of(broker, config("hourly", interval_s=3600)).run_once() <= 2.0
+
+
+def test_a_slot_still_ahead_on_the_redis_clock_is_not_fired(broker, echo):
+    ahead = loop_of(broker, config("hourly", interval_s=3600), clock_ms=lambda: broker.server_time_ms() + 3_600_000)
+    assert 0 < ahead.run_once() <= 2.0  # the script refused the early slot: looked at again soon
+    assert pushed_runs(broker, OUT) == []
+    assert "hourly" not in ahead._handled
+
+
+def test_slots_are_computed_on_the_redis_clock_whatever_this_host_says(broker, echo, monkeypatch):
+    monkeypatch.setattr(time, "time", lambda: 0.0)  # a host clock stuck in 1970
+    loop_of(broker, config()).run_once()
+    [run] = pushed_runs(broker, OUT)
+    assert abs(run.slot_ms - broker.server_time_ms()) < 5_000
+
+
+def test_a_disabled_task_type_fires_nothing_and_the_loop_goes_on(broker, echo, caplog):
+    TaskType.objects.filter(pk=echo.pk).update(enabled=False)
+    loop = loop_of(broker, config())
+    assert loop.run_once() > 0
+    assert pushed_runs(broker, OUT) == []
+    assert "is disabled" in caplog.text
+
+
+def test_lateness_grows_when_slots_pass_without_a_run(broker, echo):
+    loop = loop_of(broker, config("minutely", interval_s=60))
+    loop.run_once()  # the first sight of the schedule (late: nothing fired, its slot recorded)
+    assert metrics.PERIODIC_LATE.labels("minutely")._value.get() == 0
+    later = loop_of(broker, config("minutely", interval_s=60))
+    later._handled = dict(loop._handled)
+    later._fired = dict(loop._handled)
+    later._report_lateness(config("minutely", interval_s=60), broker.server_time_ms() + 150_000)
+    assert metrics.PERIODIC_LATE.labels("minutely")._value.get() > 60
+    assert metrics.PERIODIC_PERIOD.labels("minutely")._value.get() == 60
+
+
+def test_no_scheduler_runs_no_periodic_loop(broker):
+    assert scheduler_loops(broker, ConsumerOptions(scheduler=False)) == []
+    [loop] = scheduler_loops(broker, ConsumerOptions())
+    assert loop.name == "periodic"
+
+
+def test_code_schedules_are_synced_before_the_first_pass_and_a_database_error_does_not_stop_firing(
+    broker, echo, settings, caplog
+):
+    settings.TASKS_PERIODIC = {"from.code": {"task": "demo.echo", "interval_s": 60}}
+    sync = CodeScheduleSync(loop_of(broker, config()))
+    assert sync.run_once() > 0
+    assert PeriodicTask.objects.get(name="from.code").source == "code"
+    settings.TASKS_PERIODIC = {"broken": "not a dict"}
+    assert CodeScheduleSync(loop_of(broker, config("other"))).run_once() > 0
+    assert "TASKS_PERIODIC['broken'] is not scheduled" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "check_id"), [("TASKS_PERIODIC_GRACE_S", -1, "E050"), ("TASKS_PERIODIC", [], "E051")]
+)
+def test_system_checks_refuse_bad_periodic_settings(settings, name, value, check_id):
+    from tasks_app.checks import check_task_settings
+
+    setattr(settings, name, value)
+    assert f"tasks_app.{check_id}" in {problem.id for problem in check_task_settings()}
