@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import logging
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from django.tasks import Task  # also registers Django's system checks of the TASKS backends
@@ -25,6 +27,11 @@ class Handler:
     takes_context: bool = False
     # A django.tasks Task object when the handler came from `@django.tasks.task`.
     django_task: Any = None
+
+    @cached_property
+    def is_async(self) -> bool:
+        """True for an `async def` function: it runs on the consumer's event loop."""
+        return inspect.iscoroutinefunction(self.func)
 
 
 @dataclass

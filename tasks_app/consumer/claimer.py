@@ -79,6 +79,15 @@ class Capacity:
             self.in_use += taken
             return taken
 
+    def hand_off(self) -> None:
+        """Give back the slot of a task that moved to the asyncio lane (which has slots of its own)."""
+        self.release(1)
+
+    def take_back(self) -> None:
+        """Count such a task again, at once, just before its slot is released as it leaves the consumer."""
+        with self._cond:
+            self.in_use += 1
+
     def release(self, count: int = 1) -> None:
         """Give slots back."""
         if count <= 0:

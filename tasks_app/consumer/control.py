@@ -41,6 +41,9 @@ class Running:
     clock: RunClock
     context: TaskContext | None = None
     fence: int = 0
+    # What a hard limit needs to settle the run from another thread (process mode).
+    claimed: Claimed | None = None
+    config: TaskTypeConfig | None = None
 
 
 def progress_update(run: Running, ttl_s: int) -> ResultUpdate | None:

@@ -6,14 +6,18 @@ reason as a last resort): a task this consumer holds never stays in its processi
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from tasks_app import metrics
 from tasks_app.consumer.ack_batcher import AckBatcher
+from tasks_app.consumer.async_lane import AsyncLane
+from tasks_app.consumer.async_runs import AsyncRuns
 from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.concurrency import ConcurrencyGate, key_token_of
 from tasks_app.consumer.control import ControlSettling, Running, RunWatch, progress_update
@@ -40,7 +44,7 @@ RateGate = Callable[[Task, TaskTypeConfig, str | None], int]
 argument: the token of the task's `rate_limit_key` value, None when the limit is not keyed)."""
 
 
-class Executor(ControlSettling):
+class Executor(AsyncRuns, ControlSettling):
     """Runs claimed tasks on worker threads and settles them in Redis."""
 
     def __init__(
@@ -55,6 +59,7 @@ class Executor(ControlSettling):
         acks: AckBatcher | None = None,
         max_result_bytes: int | None = None,
         concurrency: ConcurrencyGate | None = None,
+        async_lane: AsyncLane | None = None,
     ) -> None:
         self.broker = broker
         # With a batcher, RUNNING records and acks of successful runs go out in shared round
@@ -66,6 +71,8 @@ class Executor(ControlSettling):
         self.result_ttl_s = result_ttl_s
         self.rate_gate = rate_gate
         self.concurrency = concurrency
+        # Where `async def` handlers run (without one, on the worker thread, to completion).
+        self.async_lane = async_lane
         # Set when the consumer stops: settling then gives up on an absent Redis (the lease
         # recovers the task); until then a finished task is never left in limbo.
         self.give_up = give_up or threading.Event()
@@ -122,11 +129,14 @@ class Executor(ControlSettling):
         holder = self._admit(claimed, task, config, arguments)
         if holder is None:
             return False
+        release = partial(self.concurrency.release, holder) if holder and self.concurrency is not None else None
+        if release is not None and handler.is_async and self.async_lane is not None:
+            return self._run_releasing(claimed, task, config, handler, arguments, on_settled, release)
         try:
             return self._run(claimed, task, config, handler, arguments, on_settled)
         finally:
-            if holder and self.concurrency is not None:
-                self.concurrency.release(holder)
+            if release is not None:
+                release()
 
     def _admit(self, claimed: Claimed, task: Task, config: TaskTypeConfig, arguments: Arguments) -> str | None:
         """Pass the rate limit, then take a concurrency slot; None: deferred, else the slot's holder ("": uncapped)."""
@@ -176,6 +186,41 @@ class Executor(ControlSettling):
                 )
         return interrupted
 
+    def fail_hung(self, grace_s: float) -> int:
+        """Settle as timed out every run still going `grace_s` after its TaskTimeout; return how many.
+
+        For process mode only, where the process then exits: the handler's thread is left to
+        it, and its late outcome is never settled (the claim's fence makes it harmless anyway).
+        """
+        now = time.monotonic()
+        with self._running_lock:
+            hung = [run for run in self.running.values() if run.clock.abandon(grace_s, now)]
+        for run in hung:
+            try:
+                self._fail_hung_run(run, grace_s, now)
+            except Exception:  # its lease recovers it once the process is gone
+                logger.exception("could not settle hung task %s", run.task.id)
+        return len(hung) + (self.async_lane.fail_hung(grace_s) if self.async_lane is not None else 0)
+
+    def _fail_hung_run(self, run: Running, grace_s: float, now: float) -> None:
+        assert run.claimed is not None and run.config is not None and run.clock.timeout_error is not None
+        logger.error(
+            "task %s still running %g s past its timeout: failed, and its process will be replaced",
+            run.task.id,
+            grace_s,
+            extra={"task_id": run.task.id, "type": run.task.type, "queue": run.task.queue, "outcome": "hung"},
+        )
+        error = run.clock.timeout_error
+        duration_s = now - run.clock.started_monotonic
+        self._fail(run.claimed, run.task, run.config, error, failure_traceback(error, None), duration_s)
+        if run.task.attempt >= (run.task.max_attempts or run.config.max_attempts):
+            self._release_unique(run.task, run.config)
+
+    def hung(self) -> int:
+        """How many runs were given up by `fail_hung` and have not returned."""
+        with self._running_lock:
+            return sum(1 for run in self.running.values() if run.clock.abandoned)
+
     # --- the run ---------------------------------------------------------------------------
     def _resolve(self, task: Task) -> tuple[TaskTypeConfig | None, str]:
         config = self.task_types.get(task.type)
@@ -206,12 +251,31 @@ class Executor(ControlSettling):
         context = TaskContext(
             task.id, task.type, task.queue, task.attempt, max_attempts, dict(task.headers), claimed.consumer_id
         )
+        if handler.is_async and self.async_lane is not None:
+            return self._run_async(claimed, task, config, handler, context, arguments, max_attempts, on_settled)
         clock = RunClock(config.timeout_s or None)
-        run = Running(task, clock, context, claimed.fence)
+        run = Running(task, clock, context, claimed.fence, claimed, config)
         value, raised = self._call(handler, context, arguments, run)
+        if clock.abandoned:
+            return False  # settled by fail_hung when it outlived its hard limit
         duration = time.monotonic() - clock.started_monotonic
-        metrics.TASK_DURATION.labels(task.type, task.queue).observe(duration)
         error = clock.timeout_error or raised  # the timeout wins over whatever the handler did after it
+        return self._settle_outcome(claimed, task, config, max_attempts, value, error, raised, duration, on_settled)
+
+    def _settle_outcome(
+        self,
+        claimed: Claimed,
+        task: Task,
+        config: TaskTypeConfig,
+        max_attempts: int,
+        value: Any,
+        error: BaseException | None,
+        raised: BaseException | None,
+        duration: float,
+        on_settled: Callable[[], None] | None,
+    ) -> bool:
+        """Settle a run that returned `value` or failed with `error`; True if the ack batcher calls `on_settled`."""
+        metrics.TASK_DURATION.labels(task.type, task.queue).observe(duration)
         if error is None:
             try:
                 return_json = results.result_json(value, self.max_result_bytes)
@@ -287,6 +351,8 @@ class Executor(ControlSettling):
         """Call a handler with the task's arguments (and its context if it takes one)."""
         if handler.django_task is not None:
             return runner.run(handler.django_task, context, arguments, self.broker, timed_out)
+        if handler.is_async:  # without an asyncio lane, on this thread
+            return asyncio.run(self.invoke_async(handler, context, arguments, None))
         if handler.takes_context:
             return handler.func(context, *arguments.args, **arguments.kwargs)
         return handler.func(*arguments.args, **arguments.kwargs)

@@ -20,6 +20,7 @@ from django.db import close_old_connections
 
 from tasks_app import metrics
 from tasks_app.consumer.ack_batcher import AckBatcher
+from tasks_app.consumer.async_lane import AsyncLane
 from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.claimer import Capacity, ClaimerLoop
 from tasks_app.consumer.concurrency import ConcurrencyGate
@@ -38,10 +39,10 @@ from tasks_app.consumer.loops import (
 )
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.consumer.periodic_loop import scheduler_loops
+from tasks_app.consumer.process_mode import ProcessGuard
+from tasks_app.consumer.reaped import record_reaped
 from tasks_app.consumer.retrying import GaveUp, until_done
-from tasks_app.protocol import results
 from tasks_app.protocol.broker import Broker
-from tasks_app.protocol.codec import UndecodableTask, decode_task
 from tasks_app.registry import Registry, registry as default_registry
 from tasks_app.task_types import TaskTypeCache
 
@@ -93,9 +94,10 @@ class Consumer:
             acks=self.acks,
             rate_gate=rate_gate or RateLimiter(self.broker, self.give_up),
             concurrency=ConcurrencyGate.for_consumer(self),
+            async_lane=AsyncLane(options.async_concurrency, self.capacity),
         )
         self.liveness = Liveness(options.health_file, stale_after_s=max(3 * HEALTH_CHECK_S, options.lease_s))
-        self.reaper = ReaperLoop(self.broker, options.queues, options.lease_s, self._on_reaped_dead_letters)
+        self.reaper = ReaperLoop(self.broker, options.queues, options.lease_s, partial(record_reaped, self.broker))
 
     def _init_thread_state(self) -> None:
         """Create what the consumer's threads share: the stop events, the threads, the tasks held, the suspect slot."""
@@ -115,6 +117,8 @@ class Consumer:
         self._suspect_reserved = False
         self._suspect_slot = threading.Lock()
         self._first_signal_at: float | None = None
+        self.exit_code = 0  # what `leave` asks for (process mode)
+        self.guard = ProcessGuard(self.options, lambda grace_s: self.executor.fail_hung(grace_s), self.leave)
 
     # --- identity --------------------------------------------------------------------------
     def register(self, consumer_id: str | None = None) -> None:
@@ -205,6 +209,7 @@ class Consumer:
                 if not left_to_batcher:
                     self._finished([claimed])
                 close_old_connections()
+                self.guard.ran_one()
 
     def _lease_holds(self, claimed: Claimed) -> bool:
         """Wait while the lease may have lapsed; True once it surely holds for `claimed`'s identity.
@@ -267,42 +272,23 @@ class Consumer:
                 logger.error("could not return %d unstarted task(s); the lease will recover them", len(raws))
         self._finished(claimed)
 
-    def _on_reaped_dead_letters(self, queue: str, dead: list[bytes]) -> None:
-        now_ms = int(time.time() * 1000)
-        for raw in dead:
-            try:
-                task = decode_task(raw)
-            except UndecodableTask:
-                continue
-            metrics.TASKS_DEAD_LETTERED.labels(task.type, queue).inc()
-            logger.error(
-                "task %s dead-lettered: %s",
-                task.id,
-                task.dead_reason,
-                extra={"task_id": task.id, "type": task.type, "queue": queue, "outcome": "dead_lettered"},
-            )
-            error = results.error_record("ConsumerDied", task.dead_reason)
-            self.broker.record_result(
-                results.attempt_failed(
-                    task, error, now_ms, settings.TASKS_RESULT_TTL, final=True, dead_reason=task.dead_reason
-                )
-            )
-
     def start(self) -> None:
         """Register and start every thread."""
         self.task_types.refresh()
         until_done(self.register, what="register", give_up=self.give_up)
         opts = self.options
+        watch = self.guard.watching(self.executor.watch_running)  # then hard limits, in process mode
         loops: list[Loop] = [
             HeartbeatLoop(self.heartbeat_broker, opts.queues, lambda: self.consumer_id, self.lease, self.lease_lost),
             SchedulerLoop(self.broker, opts.queues),
             self.reaper,
-            HousekeepingLoop(self._refresh_task_types, settings.TASKS_CONFIG_REFRESH_S, self.executor.watch_running),
+            HousekeepingLoop(self._refresh_task_types, settings.TASKS_CONFIG_REFRESH_S, watch),
             HealthLoop(self.broker, self.liveness, HEALTH_CHECK_S),
             *scheduler_loops(self.broker, opts),
         ]
         self._threads = [start_thread(loop, self.loops_stopped) for loop in loops]
         self.acks.start()
+        self.guard.start()
         self._claimers = [start_thread(ClaimerLoop(self, q), self.claiming_stopped) for q in opts.queues]
         self._workers = [
             threading.Thread(target=self._work, name=f"worker-{i}", daemon=True) for i in range(opts.concurrency)
@@ -346,6 +332,15 @@ class Consumer:
         """Ask for a graceful stop (what SIGTERM and SIGINT do)."""
         self.stop_requested.set()
 
+    def leave(self, exit_code: int, reason: str) -> None:
+        """Stop claiming now and stop gracefully, exiting with `exit_code` (process mode: see process_mode.py)."""
+        if self.stop_requested.is_set():
+            return  # already stopping: the first reason (or a signal's graceful stop) stands
+        self.exit_code = exit_code
+        self.claiming_stopped.set()
+        self.stop_requested.set()
+        logger.warning("consumer %s stopping (exit code %d): %s", self.consumer_id, exit_code, reason)
+
     def shutdown(self) -> int:
         """Stop claiming, return unstarted tasks, let running ones finish within the grace period."""
         self.claiming_stopped.set()
@@ -362,7 +357,7 @@ class Consumer:
         deadline = time.monotonic() + self.options.grace_s
         while time.monotonic() < deadline:
             with self._busy_lock:
-                if self._busy == 0:
+                if self._busy + self.executor.async_running() <= self.executor.hung():  # not for hung ones
                     break
             time.sleep(0.05)
         with self._busy_lock:
@@ -378,8 +373,10 @@ class Consumer:
                 self.broker.deregister(queue, self.consumer_id)
             except Exception as exc:
                 logger.error("could not deregister from %s (the lease will expire): %s", queue, exc)
+        self.guard.stop()
+        self.executor.close()
         logger.info("consumer %s stopped", self.consumer_id)
-        return 0
+        return self.exit_code
 
     # --- signals ---------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:

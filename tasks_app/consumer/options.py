@@ -19,6 +19,13 @@ class ConsumerOptions:
     block_s: float = 2.0
     health_file: str | None = None
     scheduler: bool = True  # run the periodic scheduler (runconsumer --no-scheduler: False)
+    # Process mode (see supervisor.py and process_mode.py): recycling, hard limits, the beat file.
+    max_tasks: int | None = None
+    max_memory_mb: int | None = None
+    hard_limit_grace_s: float | None = None
+    supervisor_beat: str | None = None
+    # Coroutine handlers running at once on the consumer's event loop (async_lane.py).
+    async_concurrency: int = 100
 
     def validate(self) -> None:
         """Raise ValueError for options that cannot work."""
@@ -34,5 +41,7 @@ class ConsumerOptions:
             raise ValueError("lease must be at least 0.5 s")
         if self.grace_s < 0:
             raise ValueError("grace cannot be negative")
+        if self.async_concurrency < 1:
+            raise ValueError("async concurrency must be at least 1")
         if self.consumer_id is not None:
             validate_name(self.consumer_id, "consumer id")

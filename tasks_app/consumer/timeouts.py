@@ -8,11 +8,12 @@ it settled, so a retry never overlaps it.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from tasks_app.exceptions import TaskTimeout
@@ -35,6 +36,8 @@ class RunClock:
     # The timeout, once the watchdog raised it in the handler's thread.
     timeout_error: TaskTimeout | None = None
     returned: bool = False
+    # Settled as timed out while its handler still ran (a hard limit, in process mode).
+    abandoned: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def overdue(self, now_monotonic: float) -> bool:
@@ -54,6 +57,14 @@ class RunClock:
             self.timeout_error = TaskTimeout(f"task exceeded its timeout of {self.timeout_s:g} s")
             _set_async_exc(self.thread_id, TaskTimeout)
             return True
+
+    def abandon(self, grace_s: float, now_monotonic: float) -> bool:
+        """Give up on a run still going `grace_s` after it was interrupted; True once, if it did."""
+        with self.lock:
+            if self.returned or self.abandoned or self.timeout_error is None or self.timeout_s is None:
+                return False
+            self.abandoned = now_monotonic - self.started_monotonic >= self.timeout_s + grace_s
+            return self.abandoned
 
     def finish(self) -> None:
         """Mark the handler returned (called by its own thread): no interrupt may arrive after this."""
@@ -80,6 +91,17 @@ def call_with_clock(clock: RunClock, call: Callable[[], object]) -> tuple[object
         raised = raised or late
         clock.finish()
     return value, raised
+
+
+async def within_timeout[T](awaitable: Awaitable[T], timeout_s: float | None) -> T:
+    """Await `awaitable`, cancelling it at `timeout_s` with TaskTimeout (its `finally` blocks run)."""
+    async with asyncio.timeout(timeout_s) as scope:
+        try:
+            return await awaitable
+        except asyncio.CancelledError:
+            if scope.expired():
+                raise TaskTimeout(f"task exceeded its timeout of {timeout_s:g} s") from None
+            raise
 
 
 def failure_traceback(error: BaseException, raised: BaseException | None) -> str:

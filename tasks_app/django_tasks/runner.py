@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from traceback import format_exception
 from typing import Any, Protocol
@@ -13,6 +13,7 @@ from django.tasks.base import TaskError
 from django.tasks.signals import task_finished, task_started
 from django.utils.json import normalize_json
 
+from tasks_app.consumer.timeouts import within_timeout
 from tasks_app.context import TaskContext as RunContext
 from tasks_app.django_tasks.backend import RedisBackend
 from tasks_app.django_tasks.results import task_result_from_record
@@ -38,6 +39,46 @@ def run(
     `timed_out` says whether the consumer already failed this run for its timeout: then the
     late outcome of the function is not what happened, and task_finished reports the timeout.
     """
+    task_result = _started(task, context, arguments, results)
+    try:
+        if task.takes_context:
+            raw_return_value = task.call(TaskContext(task_result=task_result), *arguments.args, **arguments.kwargs)
+        else:
+            raw_return_value = task.call(*arguments.args, **arguments.kwargs)
+        return_value = _json_value(raw_return_value)
+        _raise_if_timed_out(timed_out)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as raised:
+        _record_failure(task_result, timed_out() or raised, context)
+        raise
+    return _record_success(task_result, return_value)
+
+
+def start_async(
+    task: Task, context: RunContext, arguments: Arguments, results: ResultReader, timeout_s: float | None
+) -> Coroutine[Any, Any, Any]:
+    """Send task_started for a run of an `async def` `@task` function; return the coroutine that runs it."""
+    task_result = _started(task, context, arguments, results)
+    return _run_async(task, task_result, context, arguments, timeout_s)
+
+
+async def _run_async(
+    task: Task, task_result: TaskResult, context: RunContext, arguments: Arguments, timeout_s: float | None
+) -> Any:
+    args = (TaskContext(task_result=task_result), *arguments.args) if task.takes_context else arguments.args
+    try:
+        return_value = _json_value(await within_timeout(task.func(*args, **arguments.kwargs), timeout_s))
+    except KeyboardInterrupt:
+        raise
+    except BaseException as raised:
+        _record_failure(task_result, raised, context)
+        raise
+    return _record_success(task_result, return_value)
+
+
+def _started(task: Task, context: RunContext, arguments: Arguments, results: ResultReader) -> TaskResult:
+    """The run's TaskResult, read from its RUNNING record; task_started is sent."""
     fields = results.get_result(context.task_id) or {}
     record = ResultRecord.from_fields(
         {"id": context.task_id, "type": context.type, "queue": context.queue, **fields, "status": RUNNING}
@@ -46,20 +87,17 @@ def run(
     object.__setattr__(task_result, "args", arguments.args)
     object.__setattr__(task_result, "kwargs", arguments.kwargs)
     task_started.send(sender=RedisBackend, task_result=task_result)
-    try:
-        if task.takes_context:
-            raw_return_value = task.call(TaskContext(task_result=task_result), *arguments.args, **arguments.kwargs)
-        else:
-            raw_return_value = task.call(*arguments.args, **arguments.kwargs)
-        return_value = normalize_json(raw_return_value)
-        # Stored as strict JSON: NaN and infinities fail here, not after task_finished.
-        json.dumps(return_value, allow_nan=False)
-        _raise_if_timed_out(timed_out)
-    except KeyboardInterrupt:
-        raise
-    except BaseException as raised:
-        _record_failure(task_result, timed_out() or raised, context)
-        raise
+    return task_result
+
+
+def _json_value(raw_return_value: Any) -> Any:
+    """The return value as stored: JSON-normalized, strict (NaN and infinities fail here, not after task_finished)."""
+    return_value = normalize_json(raw_return_value)
+    json.dumps(return_value, allow_nan=False)
+    return return_value
+
+
+def _record_success(task_result: TaskResult, return_value: Any) -> Any:
     object.__setattr__(task_result, "finished_at", _now())
     object.__setattr__(task_result, "status", TaskResultStatus.SUCCESSFUL)
     object.__setattr__(task_result, "_return_value", return_value)

@@ -7,7 +7,7 @@ from tasks_app.models import TaskType
 from tasks_app.protocol.codec import decode_task
 from tasks_app.protocol.results import ResultRecord
 from tests.support.processes import wait_until
-from tests.support.recording import recorded_runs
+from tests.support.recording import marks, recorded_runs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -158,3 +158,12 @@ def test_tasks_moved_by_a_claim_whose_reply_was_lost_go_back_to_pending(broker):
     assert broker.held_by("default", "unlucky") == [held_raw]
     assert broker.client.lrange(broker.keys.pending("default"), 0, -1) == [lost_raw]
     assert {decode_task(held_raw).id, decode_task(lost_raw).id} == {kept.id, lost.id}
+
+
+def test_the_soft_limit_runs_the_handlers_finally_in_thread_mode(broker, consumer_in_thread):
+    TaskType.objects.create(name="steps.slow", handler="test.hang", max_attempts=1, timeout=0.3)
+    with consumer_in_thread(concurrency=1):
+        [slow] = producer.enqueue("steps.slow", kwargs={"sleep_s": 10, "step_s": 0.05})
+        record = wait_finished(broker, slow, timeout_s=10)
+    assert record.errors[0]["exception_class_path"] == "tasks_app.exceptions.TaskTimeout"
+    assert [m["mark"] for m in marks(broker)] == ["start", "finally"], "interrupted, its finally ran"

@@ -1,5 +1,6 @@
 """Handlers used by the tests; consumer subprocesses load them via TASK_HANDLER_MODULES."""
 
+import asyncio
 import json
 import os
 import signal
@@ -111,3 +112,61 @@ def progress(context: Any, steps: int = 5, step_s: float = 0.5) -> int:
         time.sleep(float(step_s))
         context.set_progress(step, int(steps), f"step {step}")
     return int(steps)
+
+
+# --- time limits and process mode (tests/integration/test_process_mode.py, test_async_lane.py) ---
+MARKS_KEY_SUFFIX = "test:marks"
+
+
+def mark(context: Any, what: str) -> None:
+    """Append `what` this run reached (with its task id and process) to the marks list."""
+    broker = get_broker()
+    entry = {"task_id": context.task_id, "mark": what, "pid": os.getpid()}
+    broker.client.rpush(f"{broker.keys.prefix}:{MARKS_KEY_SUFFIX}", json.dumps(entry))
+
+
+@handler("test.hang", takes_context=True)
+def hang(context: Any, sleep_s: float, step_s: float = 0.0) -> str:
+    """Sleep (in one C call, or in steps of `step_s`), marking its start, its end and its `finally`."""
+    mark(context, "start")
+    try:
+        if step_s:
+            deadline = time.monotonic() + float(sleep_s)
+            while time.monotonic() < deadline:
+                time.sleep(float(step_s))
+        else:
+            time.sleep(float(sleep_s))
+        mark(context, "end")
+    finally:
+        mark(context, "finally")
+    return "woke up"
+
+
+# --- the asyncio lane (tests/integration/test_async_lane.py) ---
+_async_running = 0
+_async_peak = 0
+
+
+@handler("test.async_sleep")
+async def async_sleep(sleep_s: float = 0.05) -> int:
+    """Await `sleep_s`; return the most runs of this handler seen at once in this process."""
+    global _async_running, _async_peak
+    _async_running += 1
+    _async_peak = max(_async_peak, _async_running)
+    try:
+        await asyncio.sleep(float(sleep_s))
+    finally:
+        _async_running -= 1
+    return _async_peak
+
+
+@handler("test.async_hang", takes_context=True)
+async def async_hang(context: Any, sleep_s: float) -> str:
+    """Await `sleep_s`, marking its start, its end and its `finally`."""
+    mark(context, "start")
+    try:
+        await asyncio.sleep(float(sleep_s))
+        mark(context, "end")
+    finally:
+        mark(context, "finally")
+    return "woke up"

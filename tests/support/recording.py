@@ -6,7 +6,7 @@ from typing import Any
 
 from tasks_app.protocol.broker import Broker
 
-from .handlers import RUNS_KEY_SUFFIX
+from .handlers import MARKS_KEY_SUFFIX, RUNS_KEY_SUFFIX
 
 
 def recorded_runs(broker: Broker) -> list[dict[str, Any]]:
@@ -29,3 +29,9 @@ def most_starts_in_any_window(starts: list[float], window: float) -> int:
             first += 1
         most = max(most, last - first + 1)
     return most
+
+
+def marks(broker: Broker) -> list[dict[str, Any]]:
+    """Every mark `test.hang` (and the async test handlers) left, in order."""
+    raw = broker.client.lrange(f"{broker.keys.prefix}:{MARKS_KEY_SUFFIX}", 0, -1)
+    return [json.loads(item) for item in raw]

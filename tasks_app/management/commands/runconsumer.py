@@ -1,8 +1,14 @@
 """`manage.py runconsumer`: run a consumer until stopped."""
 
 import argparse
+import os
+import socket
+import sys
+from functools import partial
+from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from tasks_app.consumer.lifecycle import Consumer
@@ -36,6 +42,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         _add_run_arguments(parser)
+        _add_process_arguments(parser)
         _add_observability_arguments(parser)
         parser.add_argument(
             "--burst", action="store_true", help="Exit 0 once the queues have nothing pending, in flight or delayed."
@@ -44,43 +51,86 @@ class Command(BaseCommand):
             "--no-scheduler", action="store_true", help="Do not fire periodic tasks from this consumer."
         )
 
-    def handle(
-        self,
-        *args: Any,
-        queues: list[str] | None,
-        concurrency: int,
-        prefetch: int,
-        lease: float,
-        grace: float,
-        consumer_id: str | None,
-        metrics_port: int | None,
-        metrics_host: str,
-        burst: bool,
-        health_file: str | None,
-        no_scheduler: bool,
-        **options: Any,
-    ) -> None:
-        consumer_options = ConsumerOptions(
-            queues=queues or ["default"],
-            concurrency=concurrency,
-            prefetch=prefetch,
-            lease_s=lease,
-            grace_s=grace,
-            consumer_id=consumer_id,
-            burst=burst,
-            health_file=health_file,
-            scheduler=not no_scheduler,
-        )
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        """Keep the parser: process mode passes the same flags on to its children."""
+        self.parser = super().create_parser(prog_name, subcommand, **kwargs)
+        return self.parser
+
+    def handle(self, *args: Any, processes: int | None, metrics_port: int | None, **options: Any) -> None:
+        consumer_options = _consumer_options(options)
         try:
-            consumer = Consumer(consumer_options)
+            consumer_options.validate()
         except ValueError as exc:
             raise CommandError(str(exc)) from None
-        if metrics_port is not None:
-            _serve_metrics(consumer, metrics_port, metrics_host)
-        consumer.install_signal_handlers()
-        exit_code = consumer.run()
+        if processes is not None:
+            from tasks_app.consumer.supervisor import Supervisor
+
+            command = partial(child_command, self.parser, options, metrics_port)
+            exit_code = Supervisor(command, processes, burst=options["burst"], health_file=options["health_file"]).run()
+        else:
+            consumer = Consumer(consumer_options)
+            if metrics_port is not None:
+                _serve_metrics(consumer, metrics_port, options["metrics_host"])
+            consumer.install_signal_handlers()
+            exit_code = consumer.run()
         if exit_code:
             raise SystemExit(exit_code)
+
+
+def _consumer_options(options: dict[str, Any]) -> ConsumerOptions:
+    """The consumer's options from the command's."""
+    supervised = options["supervisor_beat"] is not None
+    return ConsumerOptions(
+        queues=options["queues"] or ["default"],
+        concurrency=options["concurrency"],
+        prefetch=options["prefetch"],
+        lease_s=options["lease"],
+        grace_s=options["grace"],
+        consumer_id=options["consumer_id"],
+        burst=options["burst"],
+        health_file=options["health_file"],
+        max_tasks=options["max_tasks_per_child"],
+        max_memory_mb=options["max_memory_per_child"],
+        hard_limit_grace_s=options["timeout_grace"] if supervised else None,
+        supervisor_beat=options["supervisor_beat"],
+        async_concurrency=options["async_concurrency"],
+        scheduler=not options["no_scheduler"],
+    )
+
+
+# Flags a supervisor sets per child instead of passing its own on.
+PER_CHILD_DESTS = {"help", "processes", "consumer_id", "metrics_port", "health_file", "supervisor_beat", "skip_checks"}
+
+
+def child_command(
+    parser: CommandParser, options: dict[str, Any], metrics_port: int | None, index: int, beat: Path
+) -> list[str]:
+    """The argv of consumer process `index` of a supervisor started with `options`."""
+    base_id = options["consumer_id"] or f"{socket.gethostname()}-{os.getpid()}"
+    argv = [sys.executable, "-m", "django", "runconsumer", "--consumer-id", f"{base_id}-{index}"]
+    # The supervisor ran the system checks already.
+    argv += ["--supervisor-beat", str(beat), "--settings", settings.SETTINGS_MODULE, "--skip-checks"]
+    if metrics_port is not None:
+        argv += ["--metrics-port", str(metrics_port + index)]
+    if options["health_file"]:
+        argv += ["--health-file", f"{options['health_file']}.{index}"]
+    for action in parser._actions:
+        if action.dest in PER_CHILD_DESTS or action.dest == "settings" or not action.option_strings:
+            continue
+        argv += _as_flags(action, options.get(action.dest, action.default))
+    return argv
+
+
+def _as_flags(action: argparse.Action, value: Any) -> list[str]:
+    """The command-line flags that give `action` the value `value`."""
+    flag = action.option_strings[-1]
+    if value is None or value == action.default:
+        return []
+    if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+        return [flag]
+    if isinstance(action, argparse._AppendAction):
+        return [item for element in value for item in (flag, str(element))]
+    return [flag, str(value)]
 
 
 def _add_run_arguments(parser: CommandParser) -> None:
@@ -110,6 +160,39 @@ def _add_run_arguments(parser: CommandParser) -> None:
         help="On SIGTERM, how long running tasks may take to finish (default 30).",
     )
     parser.add_argument("--consumer-id", help="Identity of this consumer (default: host-pid-random).")
+
+
+def _add_process_arguments(parser: CommandParser) -> None:
+    parser.add_argument(
+        "--processes",
+        type=positive_int,
+        metavar="N",
+        help="Process mode: run N consumer processes under a supervisor, with hard time limits (see README).",
+    )
+    parser.add_argument(
+        "--max-tasks-per-child", type=positive_int, metavar="N", help="Recycle a consumer process after N tasks."
+    )
+    parser.add_argument(
+        "--max-memory-per-child",
+        type=positive_int,
+        metavar="MB",
+        help="Recycle a consumer process whose resident memory exceeds MB.",
+    )
+    parser.add_argument(
+        "--timeout-grace",
+        type=non_negative_float,
+        default=1.0,
+        metavar="SECONDS",
+        help="Process mode: how long a handler may run past its timeout before its process is replaced (default 1).",
+    )
+    parser.add_argument(
+        "--async-concurrency",
+        type=positive_int,
+        default=100,
+        metavar="N",
+        help="async def handlers running at once on the consumer's event loop (default 100).",
+    )
+    parser.add_argument("--supervisor-beat", help=argparse.SUPPRESS)
 
 
 def _add_observability_arguments(parser: CommandParser) -> None:

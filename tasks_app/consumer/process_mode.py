@@ -1,0 +1,105 @@
+"""A consumer as one child of `runconsumer --processes`: its beat, its recycling and its hard time limits.
+
+A child leaves with a documented exit code, and its supervisor starts a replacement at once:
+`EXIT_RECYCLE` after `--max-tasks-per-child` runs or above `--max-memory-per-child` MB,
+`EXIT_HARD_LIMIT` after a handler outlived its timeout by the grace period. Either way it
+stops claiming, returns what it had not started and lets its other running tasks finish.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from tasks_app.consumer.options import ConsumerOptions
+
+logger = logging.getLogger(__name__)
+
+EXIT_RECYCLE = 75
+EXIT_HARD_LIMIT = 76
+# How often a child touches its beat file (its supervisor kills a child whose beat stops).
+BEAT_EVERY_S = 1.0
+
+Leave = Callable[[int, str], None]
+"""Asks the consumer to stop gracefully and exit with this code, logging the reason."""
+
+
+def rss_mb() -> float:
+    """This process's resident memory in MB (its peak where /proc is absent)."""
+    try:
+        resident_pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
+    return resident_pages * os.sysconf("SC_PAGE_SIZE") / (1024 * 1024)
+
+
+class ProcessGuard:
+    """Watches a consumer for process mode: beats for its supervisor, recycles it, enforces hard limits."""
+
+    def __init__(self, options: ConsumerOptions, fail_hung: Callable[[float], int], leave: Leave) -> None:
+        self.options = options
+        self.fail_hung = fail_hung
+        self.leave = leave
+        self._ran = 0
+        self._ran_lock = threading.Lock()
+        self._parent = os.getppid()
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        """Start the beat thread when supervised or recycling by memory."""
+        if self.options.supervisor_beat or self.options.max_memory_mb:
+            threading.Thread(target=self._beat_forever, name="process-guard", daemon=True).start()
+
+    def stop(self) -> None:
+        """Stop the beat thread (the process is about to exit)."""
+        self._stop.set()
+
+    def ran_one(self) -> None:
+        """Count one finished run; recycle once `max_tasks` have run."""
+        limit = self.options.max_tasks
+        if limit is None:
+            return
+        with self._ran_lock:
+            self._ran += 1
+            spent = self._ran == limit
+        if spent:
+            self.leave(EXIT_RECYCLE, f"ran {limit} task(s) (--max-tasks-per-child): recycling")
+
+    def watching(self, watch: Callable[[], object]) -> Callable[[], int]:
+        """`watch` (the housekeeping tick over running tasks), then `enforce_hard_limits`."""
+
+        def tick() -> int:
+            watch()
+            return self.enforce_hard_limits()
+
+        return tick
+
+    def enforce_hard_limits(self) -> int:
+        """Fail runs past their timeout plus grace and leave; return how many (0 outside process mode)."""
+        grace_s = self.options.hard_limit_grace_s
+        if grace_s is None:
+            return 0
+        failed = self.fail_hung(grace_s)
+        if failed:
+            self.leave(EXIT_HARD_LIMIT, f"{failed} handler(s) still running {grace_s:g} s past their timeout")
+        return failed
+
+    def _beat_forever(self) -> None:
+        beat = Path(self.options.supervisor_beat) if self.options.supervisor_beat else None
+        while not self._stop.wait(0 if beat is not None and not beat.exists() else BEAT_EVERY_S):
+            if beat is not None:
+                beat.touch()
+                if os.getppid() != self._parent:
+                    self.leave(0, "its supervisor is gone: stopping")
+            self._check_memory()
+
+    def _check_memory(self) -> None:
+        limit = self.options.max_memory_mb
+        if limit is not None and (used := rss_mb()) > limit:
+            self.leave(EXIT_RECYCLE, f"uses {used:.0f} MB, over --max-memory-per-child {limit} MB: recycling")

@@ -1,0 +1,39 @@
+"""What a consumer does with the tasks its reaper dead-lettered: count, log and record each."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from django.conf import settings
+
+from tasks_app import metrics
+from tasks_app.protocol import results
+from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.codec import UndecodableTask, decode_task
+
+# The consumer's own logger: these lines were always the consumer's.
+logger = logging.getLogger("tasks_app.consumer.lifecycle")
+
+
+def record_reaped(broker: Broker, queue: str, dead: list[bytes]) -> None:
+    """Count, log and record as failed the tasks of a dead consumer that the reaper dead-lettered."""
+    now_ms = int(time.time() * 1000)
+    for raw in dead:
+        try:
+            task = decode_task(raw)
+        except UndecodableTask:
+            continue
+        metrics.TASKS_DEAD_LETTERED.labels(task.type, queue).inc()
+        logger.error(
+            "task %s dead-lettered: %s",
+            task.id,
+            task.dead_reason,
+            extra={"task_id": task.id, "type": task.type, "queue": queue, "outcome": "dead_lettered"},
+        )
+        error = results.error_record("ConsumerDied", task.dead_reason)
+        broker.record_result(
+            results.attempt_failed(
+                task, error, now_ms, settings.TASKS_RESULT_TTL, final=True, dead_reason=task.dead_reason
+            )
+        )

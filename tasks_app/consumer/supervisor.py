@@ -1,0 +1,212 @@
+"""Process mode: `runconsumer --processes N` starts N consumer processes and keeps them running.
+
+Each child is a fresh `runconsumer` (no fork: Django and Redis connections are never shared)
+with an id of its own, `<id>-<n>`; a replacement reuses it, so it recovers at once what a dead
+predecessor held. A child that exits with `EXIT_RECYCLE` or `EXIT_HARD_LIMIT` is replaced at
+once; one that crashes, after a backoff. A child whose beat file stops advancing (wedged in C
+with the GIL held) is killed with SIGKILL and replaced. SIGTERM or SIGINT stops every child
+gracefully, then the supervisor exits 0; a second signal kills them and exits 1 at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+from tasks_app.consumer.process_mode import EXIT_HARD_LIMIT, EXIT_RECYCLE
+
+logger = logging.getLogger(__name__)
+
+# A child whose beat is older than this is wedged: killed and replaced.
+STALL_S = 10.0
+# How long a child may take to start beating (Django's start-up on a loaded machine).
+STARTUP_S = 60.0
+FIRST_BACKOFF_S = 0.5
+MAX_BACKOFF_S = 30.0
+# A child that lived this long before crashing restarts without backoff.
+STABLE_AFTER_S = 30.0
+TICK_S = 0.1
+# See lifecycle.SIGNAL_ECHO_S: a signal this soon after the first is the same request.
+SIGNAL_ECHO_S = 1.0
+# How often the group's health file is refreshed from its children's.
+HEALTH_EVERY_S = 1.0
+
+ChildCommand = Callable[[int, Path], Sequence[str]]
+"""The argv of child `n`, which touches the given beat file."""
+
+
+@dataclass
+class Child:
+    """One slot of the group: its process, if running, and when it may start again."""
+
+    index: int
+    beat: Path
+    process: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    backoff_s: float = 0.0
+    start_at: float = 0.0
+    # Sent SIGTERM since the group began stopping.
+    told: bool = False
+
+
+def describe_exit(returncode: int) -> str:
+    """`exited with status 3`, or `was killed by signal 9 (SIGKILL)`."""
+    if returncode >= 0:
+        return f"exited with status {returncode}"
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = "unknown"
+    return f"was killed by signal {-returncode} ({name})"
+
+
+def child_env() -> dict[str, str]:
+    """This process's environment, with its import path: a child imports what the supervisor did."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(os.path.abspath(entry) for entry in sys.path if entry)}
+
+
+class Supervisor:
+    """Runs N consumer processes until stopped (or, in burst mode, until each has exited 0)."""
+
+    def __init__(
+        self, command: ChildCommand, processes: int, *, burst: bool = False, health_file: str | None = None
+    ) -> None:
+        self.command = command
+        self.burst = burst
+        self.health_file = Path(health_file) if health_file else None
+        self.health_stale_s = 3 * HEALTH_EVERY_S + 15.0
+        self._dir = Path(tempfile.mkdtemp(prefix="runconsumer-"))
+        self.children = [Child(n, self._dir / f"beat-{n}") for n in range(processes)]
+        self._signals: list[float] = []
+        self._stopping = False
+        self._health_at = 0.0
+
+    def run(self) -> int:
+        """Start the children and watch them; return the exit code."""
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        logger.info("supervisor %d starting %d consumer process(es)", os.getpid(), len(self.children))
+        try:
+            return self._watch()
+        finally:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+    def _watch(self) -> int:
+        while True:
+            if self._second_signal():
+                return self._kill_all()
+            for child in self.children:
+                self._tend(child)
+            self._refresh_health()
+            if all(child.process is None and (self._stopping or child.start_at < 0) for child in self.children):
+                logger.info("supervisor %d: every consumer process has exited", os.getpid())
+                return 0
+            time.sleep(TICK_S)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signals.append(time.monotonic())
+        if not self._stopping:
+            self._stopping = True
+            logger.info("signal %d: stopping every consumer process gracefully; send again to kill them", signum)
+
+    def _second_signal(self) -> bool:
+        return any(at - self._signals[0] >= SIGNAL_ECHO_S for at in self._signals[1:])
+
+    def _kill_all(self) -> int:
+        logger.warning("second signal: killing every consumer process; their leases will recover what they held")
+        for child in self.children:
+            self._send(child, signal.SIGKILL)
+            if child.process is not None:
+                child.process.wait()
+        return 1
+
+    def _send(self, child: Child, signum: int) -> None:
+        if child.process is not None and child.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                child.process.send_signal(signum)
+
+    def _tend(self, child: Child) -> None:
+        """Start, reap or kill one child as its state asks."""
+        if child.process is None:
+            if not self._stopping and 0 <= child.start_at <= time.monotonic():
+                self._start(child)
+            return
+        if self._stopping and not child.told:
+            self._send(child, signal.SIGTERM)
+            child.told = True
+        returncode = child.process.poll()
+        if returncode is not None:
+            self._exited(child, returncode)
+        elif self._stalled(child):
+            logger.error(
+                "consumer process %d (pid %d) stopped beating for %g s (wedged): killing it",
+                child.index,
+                child.process.pid,
+                STALL_S,
+            )
+            child.process.kill()
+
+    def _start(self, child: Child) -> None:
+        child.beat.unlink(missing_ok=True)
+        child.process = subprocess.Popen(list(self.command(child.index, child.beat)), env=child_env())
+        child.started_at = time.monotonic()
+        logger.info("consumer process %d started (pid %d)", child.index, child.process.pid)
+
+    def _stalled(self, child: Child) -> bool:
+        try:
+            age_s = time.time() - child.beat.stat().st_mtime
+        except FileNotFoundError:
+            return time.monotonic() - child.started_at > STARTUP_S
+        return age_s > STALL_S
+
+    def _exited(self, child: Child, returncode: int) -> None:
+        assert child.process is not None
+        pid, lived_s = child.process.pid, time.monotonic() - child.started_at
+        child.process = None
+        if self._stopping:
+            logger.info("consumer process %d (pid %d) %s", child.index, pid, describe_exit(returncode))
+            return
+        if returncode == 0 and self.burst:
+            child.start_at = -1  # burst: it found the queues idle; not replaced
+            return
+        if returncode in (0, EXIT_RECYCLE, EXIT_HARD_LIMIT):
+            logger.warning("consumer process %d (pid %d) %s; replacing it", child.index, pid, describe_exit(returncode))
+            child.backoff_s, child.start_at = 0.0, time.monotonic()
+            return
+        child.backoff_s = (
+            0.0 if lived_s >= STABLE_AFTER_S else min(MAX_BACKOFF_S, max(FIRST_BACKOFF_S, 2 * child.backoff_s))
+        )
+        child.start_at = time.monotonic() + child.backoff_s
+        logger.error(
+            "consumer process %d (pid %d) %s after %.1f s; replacing it in %.1f s",
+            child.index,
+            pid,
+            describe_exit(returncode),
+            lived_s,
+            child.backoff_s,
+        )
+
+    def _refresh_health(self) -> None:
+        """Touch the group's health file while every child's own health file is fresh."""
+        now = time.time()
+        if self.health_file is None or now - self._health_at < HEALTH_EVERY_S:
+            return
+        self._health_at = now
+        for child in self.children:
+            try:
+                if now - Path(f"{self.health_file}.{child.index}").stat().st_mtime > self.health_stale_s:
+                    return
+            except FileNotFoundError:
+                return
+        self.health_file.touch()

@@ -1,0 +1,55 @@
+"""The asyncio lane: `async def` handlers share one event loop per consumer, with their own slots."""
+
+import pytest
+
+from tasks_app import producer
+from tasks_app.models import TaskType
+from tasks_app.protocol.results import ResultRecord
+from tests.support.processes import wait_until
+from tests.support.recording import marks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def record_of(broker, task) -> ResultRecord:
+    return ResultRecord.from_fields(broker.get_result(task.id) or {})
+
+
+def test_a_thousand_async_tasks_run_at_once_on_one_process(broker, consumer_process):
+    tasks = producer.enqueue("test.async_sleep", kwargs={"sleep_s": 0.05}, count=1000)
+    consumer = consumer_process("--burst", "--concurrency", "2", "--prefetch", "2", "--async-concurrency", "200")
+    assert consumer.wait(120) == 0, consumer.log()
+
+    fields = [broker.get_result(task.id) or {} for task in tasks]
+    assert [f.get("status") for f in fields] == ["SUCCESSFUL"] * len(tasks)
+    assert max(int(f["return_value"]) for f in fields) > 2, "more at once than there are worker threads"
+    first_start = min(int(f["started_at_ms"]) for f in fields)
+    last_finish = max(int(f["finished_at_ms"]) for f in fields)
+    assert last_finish - first_start < 10_000, "well under the 50 s they would take one after another"
+
+
+def test_an_async_task_past_its_timeout_is_cancelled_its_finally_runs_and_the_consumer_goes_on(
+    broker, consumer_in_thread
+):
+    TaskType.objects.create(name="async.slow", handler="test.async_hang", timeout=0.3, max_attempts=1)
+    with consumer_in_thread(concurrency=1):
+        [slow] = producer.enqueue("async.slow", kwargs={"sleep_s": 10})
+        [quick] = producer.enqueue("test.async_sleep", kwargs={"sleep_s": 0})
+        wait_until(lambda: record_of(broker, slow).is_finished, 10, message="the slow task to time out")
+        wait_until(lambda: record_of(broker, quick).is_finished, 10, message="the quick one to finish")
+    record = record_of(broker, slow)
+    assert (record.status, record.errors[0]["exception_class_path"]) == ("FAILED", "tasks_app.exceptions.TaskTimeout")
+    assert "timeout of 0.3 s" in record.errors[0]["traceback"]
+    assert [m["mark"] for m in marks(broker)] == ["start", "finally"]
+    assert record_of(broker, quick).status == "SUCCESSFUL"
+
+
+def test_a_failing_async_task_is_retried_through_the_same_path(broker, consumer_in_thread):
+    TaskType.objects.create(name="async.fails", handler="test.async_sleep", max_attempts=2, retry_backoff=0.1)
+    with consumer_in_thread():
+        [task] = producer.enqueue("async.fails", kwargs={"sleep_s": "not a number"})
+        wait_until(lambda: record_of(broker, task).is_finished, 10, message="the task to fail twice")
+    record = record_of(broker, task)
+    assert (record.status, record.attempts) == ("FAILED", 2)
+    assert [e["exception_class_path"] for e in record.errors] == ["builtins.ValueError"] * 2
+    assert broker.queue_stats("default").processing == 0

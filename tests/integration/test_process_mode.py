@@ -1,0 +1,98 @@
+"""Process mode: `runconsumer --processes N` replaces dead children, stops cleanly, recycles, enforces hard limits."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from tasks_app import producer
+from tasks_app.models import TaskType
+from tasks_app.protocol.results import ResultRecord
+from tests.support.process_tree import alive, children_of
+from tests.support.processes import wait_until
+from tests.support.recording import marks, recorded_runs, runs_per_task
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def record_of(broker, task) -> ResultRecord:
+    return ResultRecord.from_fields(broker.get_result(task.id) or {})
+
+
+def statuses(broker, tasks) -> list[str]:
+    return [record_of(broker, task).status for task in tasks]
+
+
+def test_a_child_killed_mid_batch_is_replaced_and_nothing_is_lost(broker, consumer_process):
+    tasks = producer.enqueue("test.record", kwargs={"sleep_s": 0.1}, count=60)
+    group = consumer_process(
+        "--processes", "2", "--consumer-id", "grp", "--lease", "1.5", "--concurrency", "3", "--prefetch", "2"
+    )
+    wait_until(lambda: any(run["consumer"] == "grp-0" for run in recorded_runs(broker)), 60, message="child 0 to work")
+    victim = next(run["pid"] for run in recorded_runs(broker) if run["consumer"] == "grp-0")
+    os.kill(victim, signal.SIGKILL)
+
+    wait_until(lambda: statuses(broker, tasks) == ["SUCCESSFUL"] * len(tasks), 60, message="every task to succeed")
+    runs = runs_per_task(broker)
+    assert set(runs) == {task.id for task in tasks}, "nothing lost"
+    assert max(runs.values()) <= 2
+    wait_until(lambda: len(children_of(group.pid)) == 2, 30, message="the victim to be replaced")
+    assert victim not in children_of(group.pid)
+    assert group.terminate(timeout_s=60) == 0, group.log()
+    assert "was killed by signal 9 (SIGKILL)" in group.log()
+
+
+def test_sigterm_stops_every_child_gracefully_and_exits_0(broker, consumer_process):
+    tasks = producer.enqueue("test.record", kwargs={"sleep_s": 0.3}, count=16)
+    group = consumer_process("--processes", "2", "--concurrency", "2", "--prefetch", "2", "--grace", "20")
+    wait_until(lambda: len(recorded_runs(broker)) >= 4, 60, message="both children to work")
+    children = children_of(group.pid)
+    assert len(children) == 2
+    assert group.terminate(timeout_s=60) == 0, group.log()
+    assert not any(alive(pid) for pid in children), "no child left"
+
+    started = runs_per_task(broker)
+    assert all(count == 1 for count in started.values())
+    assert {t.id for t in tasks if record_of(broker, t).status == "SUCCESSFUL"} == set(started)
+    stats = broker.queue_stats("default")
+    assert (stats.pending, stats.processing, stats.consumers) == (len(tasks) - len(started), 0, [])
+
+
+def test_children_recycled_after_max_tasks_lose_nothing_and_run_nothing_twice(broker, consumer_process):
+    tasks = producer.enqueue("test.record", kwargs={"sleep_s": 0.02}, count=24)
+    group = consumer_process(
+        "--processes", "1", "--max-tasks-per-child", "8", "--burst", "--concurrency", "2", "--prefetch", "2"
+    )
+    assert group.wait(120) == 0, group.log()
+    assert statuses(broker, tasks) == ["SUCCESSFUL"] * len(tasks)
+    assert runs_per_task(broker) == {task.id: 1 for task in tasks}
+    pids = {run["pid"] for run in recorded_runs(broker)}
+    assert len(pids) >= 3, "a new child after every eight tasks"
+    assert "exited with status 75; replacing it" in group.log()
+
+
+def test_a_handler_stuck_in_c_past_its_hard_limit_is_failed_and_its_process_replaced(broker, consumer_process):
+    TaskType.objects.create(name="hangs", handler="test.hang", timeout=1, max_attempts=1)
+    group = consumer_process("--processes", "1", "--concurrency", "4", "--prefetch", "0", "--timeout-grace", "1")
+    wait_until(lambda: children_of(group.pid), 30, message="the child to start")
+    others = producer.enqueue("test.record", kwargs={"sleep_s": 2.5}, count=3)
+    wait_until(lambda: len(recorded_runs(broker)) == 3, 30, message="the other tasks to start")
+    [hung] = producer.enqueue("hangs", kwargs={"sleep_s": 10})
+    wait_until(lambda: marks(broker), 30, message="the hanging handler to start")
+    started = time.monotonic()
+    wait_until(lambda: record_of(broker, hung).is_finished, 10, message="the hung task to be failed")
+    failed_after_s = time.monotonic() - started
+
+    record = record_of(broker, hung)
+    assert (record.status, record.attempts) == ("FAILED", 1)
+    assert record.errors[-1]["exception_class_path"] == "tasks_app.exceptions.TaskTimeout"
+    assert failed_after_s < 8, "failed at its hard limit, long before the sleep's end"
+    [start] = marks(broker)
+    wait_until(lambda: not alive(start["pid"]), 30, message="the stuck process to exit")
+    assert [m["mark"] for m in marks(broker)] == ["start"], "its end never reached"
+    wait_until(lambda: statuses(broker, others) == ["SUCCESSFUL"] * 3, 30, message="the others to finish")
+    assert runs_per_task(broker) == {task.id: 1 for task in others}, "the others ran once"
+    wait_until(lambda: children_of(group.pid) not in ([], [start["pid"]]), 30, message="a replacement")
+    assert group.terminate(timeout_s=60) == 0, group.log()
+    assert "exited with status 76; replacing it" in group.log()

@@ -1,0 +1,108 @@
+"""Process mode's pure parts: a child's command line, exit descriptions, recycling and hard-limit decisions."""
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from django.core.management import load_command_class
+
+from tasks_app.consumer.options import ConsumerOptions
+from tasks_app.consumer.process_mode import EXIT_HARD_LIMIT, EXIT_RECYCLE, ProcessGuard
+from tasks_app.consumer.supervisor import STALL_S, Supervisor, describe_exit
+from tasks_app.consumer.timeouts import RunClock
+from tasks_app.management.commands.runconsumer import child_command
+
+
+def child_argv(*argv: str) -> list[str]:
+    command = load_command_class("tasks_app", "runconsumer")
+    parser = command.create_parser("manage.py", "runconsumer")
+    options = vars(parser.parse_args(list(argv)))
+    return child_command(parser, options, options["metrics_port"], 1, Path("/tmp/beat-1"))
+
+
+def test_a_child_gets_the_supervisors_flags_and_its_own_identity_port_and_beat():
+    argv = child_argv(
+        "--processes", "2", "--queue", "a", "--queue", "b", "--concurrency", "3", "--burst",
+        "--consumer-id", "grp", "--metrics-port", "9100", "--max-tasks-per-child", "50",
+    )  # fmt: skip
+    joined = " ".join(argv)
+    assert "--consumer-id grp-1" in joined and "--metrics-port 9101" in joined
+    assert "--supervisor-beat /tmp/beat-1" in joined and "--skip-checks" in joined
+    assert "--queue a --queue b" in joined and "--concurrency 3" in joined and "--burst" in argv
+    assert "--max-tasks-per-child 50" in joined
+    assert "--processes" not in argv and "--prefetch" not in argv, "defaults are not repeated"
+
+
+def test_exits_are_described_by_status_or_signal():
+    assert describe_exit(3) == "exited with status 3"
+    assert describe_exit(-signal.SIGKILL) == "was killed by signal 9 (SIGKILL)"
+
+
+def test_a_child_leaves_to_be_recycled_once_it_ran_its_tasks():
+    left: list[int] = []
+    guard = ProcessGuard(ConsumerOptions(max_tasks=2), lambda grace_s: 0, lambda code, reason: left.append(code))
+    guard.ran_one()
+    assert left == []
+    guard.ran_one()
+    guard.ran_one()
+    assert left == [EXIT_RECYCLE], "once"
+
+
+def test_hard_limits_apply_in_process_mode_only():
+    left: list[int] = []
+    options = ConsumerOptions(hard_limit_grace_s=0.5)
+    assert ProcessGuard(options, lambda grace_s: 1, lambda code, reason: left.append(code)).enforce_hard_limits() == 1
+    assert left == [EXIT_HARD_LIMIT]
+    assert ProcessGuard(ConsumerOptions(), lambda grace_s: 1, lambda code, reason: None).enforce_hard_limits() == 0
+
+
+def test_a_run_is_abandoned_only_past_its_timeout_plus_grace_and_only_once():
+    clock = RunClock(1.0, thread_id=0)
+    start = clock.started_monotonic
+    assert not clock.abandon(0.5, start + 2), "never interrupted: not past its soft limit yet"
+    clock.timeout_error = TimeoutError()  # type: ignore[assignment]
+    assert not clock.abandon(0.5, start + 1.2)
+    assert clock.abandon(0.5, start + 1.6) and not clock.abandon(0.5, start + 2)
+
+
+def test_a_run_that_returned_is_never_abandoned():
+    clock = RunClock(1.0, thread_id=0)
+    clock.timeout_error = TimeoutError()  # type: ignore[assignment]
+    clock.returned = True
+    assert not clock.abandon(0.0, clock.started_monotonic + 10)
+
+
+def tend_until(supervisor: Supervisor, done, timeout_s: float = 10) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, "the supervisor did not get there"
+        for child in supervisor.children:
+            supervisor._tend(child)
+        time.sleep(0.02)
+
+
+def test_a_child_that_stops_beating_is_killed_and_replaced_after_a_backoff(caplog):
+    supervisor = Supervisor(lambda index, beat: ["sleep", "30"], 1)
+    [child] = supervisor.children
+    supervisor._tend(child)
+    first = child.process
+    child.beat.touch()
+    os.utime(child.beat, (time.time() - STALL_S - 1,) * 2)
+    tend_until(supervisor, lambda: child.process is None)
+    assert first.returncode == -signal.SIGKILL
+    assert child.start_at > time.monotonic(), "a crash is replaced after a backoff"
+    assert "stopped beating" in caplog.text and "was killed by signal 9 (SIGKILL)" in caplog.text
+
+
+def test_a_recycled_child_is_replaced_at_once_and_a_burst_child_done_is_not():
+    recycled = Supervisor(lambda index, beat: ["sh", "-c", f"exit {EXIT_RECYCLE}"], 1)
+    [child] = recycled.children
+    recycled._tend(child)
+    tend_until(recycled, lambda: child.process is None)
+    assert child.start_at <= time.monotonic()
+    burst = Supervisor(lambda index, beat: ["true"], 1, burst=True)
+    [done] = burst.children
+    burst._tend(done)
+    tend_until(burst, lambda: done.process is None)
+    assert done.start_at < 0, "not replaced"
