@@ -68,6 +68,10 @@ def test_the_admin_list_shows_the_next_run_and_links_the_last_fired_run(staff, b
     assert "every 60 s" in page and " UTC" in page
     dashboard = staff.get("/tasks/dashboard/").content.decode()
     assert f'href="/tasks/{run.task_id}/"' in dashboard and "reports.nightly" in dashboard
+    # The run's own page and record name the schedule that fired it.
+    assert broker.get_result(run.task_id)["periodic"] == "reports.nightly"
+    task_page = staff.get(f"/tasks/{run.task_id}/").content.decode()
+    assert "Periodic schedule" in task_page and f'href="/admin/tasks_app/periodictask/{row.pk}/change/"' in task_page
 
 
 def test_rows_from_code_are_marked_and_only_their_enabled_flag_is_editable(staff, broker, echo):

@@ -9,11 +9,12 @@ from tasks_app.producer import EnqueuedTask, PreparedBatch, TaskRequest, enqueue
 from tasks_app.protocol.batch_args import Enqueueable
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.periodic import FireReply, SlotFiring
+from tasks_app.protocol.results import PERIODIC_HEADER
 from tasks_app.registry import Registry, registry as default_registry
 
 # Headers every periodic run carries: the schedule and its slot (ms); a catch-up run (standing
 # for the slots missed before that one, or up to it) also the catch-up mark, a manual run the manual one.
-SCHEDULE_HEADER = "periodic"
+SCHEDULE_HEADER = PERIODIC_HEADER
 SLOT_HEADER = "periodic_slot_ms"
 CATCH_UP_HEADER = "periodic_catch_up"
 MANUAL_HEADER = "periodic_manual"

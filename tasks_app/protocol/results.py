@@ -86,6 +86,13 @@ def enqueued_fields(task: Task, arguments: Arguments) -> dict[str, str]:
     return {**READY_RECORD_DEFAULTS, "id": task.id, **ready_fields(task, arguments)}
 
 
+# Headers a READY record keeps as fields of the same name: the task a retry from the task browser
+# copies, and the periodic schedule that fired the task.
+RETRY_OF_HEADER = "retry_of"
+PERIODIC_HEADER = "periodic"
+RECORDED_HEADERS = (RETRY_OF_HEADER, PERIODIC_HEADER)
+
+
 def ready_fields(task: Task, arguments: Arguments) -> dict[str, str]:
     """The fields the producer stores in a READY record: those not at their default, id not at all.
 
@@ -101,8 +108,9 @@ def ready_fields(task: Task, arguments: Arguments) -> dict[str, str]:
         fields["kwargs"] = _json(arguments.kwargs)
     if task.run_after_ms:
         fields["run_after_ms"] = str(task.run_after_ms)
-    if "retry_of" in task.headers:  # a retry from the task browser: the task it copies
-        fields["retry_of"] = task.headers["retry_of"]
+    for header in RECORDED_HEADERS:  # where the task came from: a retry's original, a periodic schedule
+        if header in task.headers:
+            fields[header] = task.headers[header]
     return fields
 
 
@@ -247,6 +255,7 @@ class ResultRecord:
     cancel_requested_at: datetime | None = None
     progress: dict[str, Any] | None = None
     retry_of: str = ""  # the task this one retries (enqueued from the task browser)
+    periodic: str = ""  # the periodic schedule that fired this task
     retried_as: str = ""  # the latest retry of this task
 
     @property
@@ -283,6 +292,7 @@ class ResultRecord:
             cancel_requested_at=_ms_to_datetime(raw.get("cancel_requested_at_ms")),
             progress=_parsed(raw.get("progress"), dict, None),
             retry_of=_text(raw.get("retry_of", "")),
+            periodic=_text(raw.get("periodic", "")),
             retried_as=_text(raw.get("retried_as", "")),
         )
 
@@ -316,5 +326,6 @@ class ResultRecord:
             "cancel_requested_at": iso(self.cancel_requested_at),
             "progress": self.progress,
             "retry_of": self.retry_of or None,
+            "periodic": self.periodic or None,
             "retried_as": self.retried_as or None,
         }

@@ -16,7 +16,7 @@ from tasks_app.models import CANCEL_PERMISSION, DELETE_TASK_RECORDS_PERMISSION, 
 from tasks_app.protocol.broker import get_broker
 from tasks_app.protocol.control import CANCELLED, REQUESTED
 from tasks_app.protocol.replies import ResultUpdate
-from tasks_app.protocol.results import FINISHED, ResultRecord
+from tasks_app.protocol.results import FINISHED, RETRY_OF_HEADER, ResultRecord
 
 # At most this many tasks are acted on at once (a page holds at most 200).
 MAX_SELECTED = 500
@@ -44,7 +44,7 @@ def retry(records: Sequence[ResultRecord], actor: str) -> Outcome:
     """Enqueue a copy of each task (type, args, kwargs, queue, priority), its record linking to the original."""
     requests = [
         producer.TaskRequest(
-            type=r.type, args=r.args, kwargs=r.kwargs, queue=r.queue, priority=r.priority, headers={"retry_of": r.id}
+            type=r.type, args=r.args, kwargs=r.kwargs, queue=r.queue, priority=r.priority, headers={RETRY_OF_HEADER: r.id}
         )
         for r in records
     ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tasks_app.models import PeriodicTask
 from tasks_app.protocol.results import ResultRecord
 from tasks_app.templatetags.tasks_display import url_or_empty
 
@@ -22,11 +23,20 @@ def _task_link(label: str, task_id: str) -> Origin | None:
     return Origin(label, task_id, url_or_empty("tasks_app:task", task_id)) if task_id else None
 
 
-# Each takes a record and returns its line, or None. A periodic task's schedule (the record's
-# schedule name, linked to its admin page) is one more entry here.
+def _schedule_link(name: str) -> Origin | None:
+    """The periodic schedule that fired a task, linked to its admin page while the row exists."""
+    if not name:
+        return None
+    row = PeriodicTask.objects.filter(name=name).only("pk").first()
+    url = url_or_empty("admin:tasks_app_periodictask_change", str(row.pk)) if row else ""
+    return Origin("Periodic schedule", name, url)
+
+
+# Each takes a record and returns its line, or None.
 ORIGINS: list[Callable[[ResultRecord], Origin | None]] = [
     lambda record: _task_link("Retry of", record.retry_of),
     lambda record: _task_link("Retried as", record.retried_as),
+    lambda record: _schedule_link(record.periodic),
 ]
 
 
