@@ -12,10 +12,9 @@ local function history_keys(all, ids, names, first_key)
 end
 
 -- The server's clock in milliseconds with microseconds (a score: two enqueues in one
--- millisecond still sort in order).
+-- millisecond still sort in order). Needs the args include before it.
 local function history_now()
-  local time = redis.call('TIME')
-  return tonumber(time[1]) * 1000 + tonumber(time[2]) / 1000
+  return server_now_us() / 1000
 end
 
 local function history_drop(h, members)

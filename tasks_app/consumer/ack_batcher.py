@@ -219,6 +219,12 @@ class AckBatcher:
         return len(batch)
 
     def _write(self, batch: list[Entry | threading.Event]) -> None:
+        starts: list[Entry | threading.Event] = [item for item in batch if isinstance(item, _Start)]
+        if starts and len(starts) < len(batch):
+            # Handlers wait for their start: write those first, so no ack's replica WAIT (and no
+            # large batch of results) stands between a rate-limit admission and the handler.
+            self._write(starts)
+            batch = [item for item in batch if not isinstance(item, _Start)]
         entries = [item for item in batch if not isinstance(item, threading.Event)]
         acks = [item for item in entries if isinstance(item, _Ack)]
         flags: dict[int, bool | None] = {}
