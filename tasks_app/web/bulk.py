@@ -44,7 +44,12 @@ def retry(records: Sequence[ResultRecord], actor: str) -> Outcome:
     """Enqueue a copy of each task (type, args, kwargs, queue, priority), its record linking to the original."""
     requests = [
         producer.TaskRequest(
-            type=r.type, args=r.args, kwargs=r.kwargs, queue=r.queue, priority=r.priority, headers={RETRY_OF_HEADER: r.id}
+            type=r.type,
+            args=r.args,
+            kwargs=r.kwargs,
+            queue=r.queue,
+            priority=r.priority,
+            headers={RETRY_OF_HEADER: r.id},
         )
         for r in records
     ]
