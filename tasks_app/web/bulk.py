@@ -6,8 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.contrib.admin.models import ADDITION, CHANGE, DELETION, LogEntry
-from django.core.exceptions import PermissionDenied
+from django.contrib.admin.models import ADDITION, CHANGE, DELETION
 from django.http import HttpRequest
 
 import tasks_app
@@ -17,6 +16,7 @@ from tasks_app.protocol.broker import get_broker
 from tasks_app.protocol.control import CANCELLED, REQUESTED
 from tasks_app.protocol.replies import ResultUpdate
 from tasks_app.protocol.results import FINISHED, RETRY_OF_HEADER, ResultRecord
+from tasks_app.web.common import log_task_actions
 
 # At most this many tasks are acted on at once (a page holds at most 200).
 MAX_SELECTED = 500
@@ -100,19 +100,5 @@ def allowed_actions(request: HttpRequest) -> list[BulkAction]:
 
 
 def log(request: HttpRequest, logged: Sequence[tuple[ResultRecord, int, str]]) -> None:
-    """One admin log entry per task acted on (tasks are not models: no content type)."""
-    if not request.user.is_authenticated:  # the view is staff-only: an entry always has its user
-        raise PermissionDenied
-    LogEntry.objects.bulk_create(
-        [
-            LogEntry(
-                user_id=request.user.pk,
-                content_type=None,
-                object_id=record.id[:200],
-                object_repr=f"{record.type} {record.id}"[:200],
-                action_flag=flag,
-                change_message=message,
-            )
-            for record, flag, message in logged
-        ]
-    )
+    """One admin log entry per task acted on."""
+    log_task_actions(request, ((record.id, record.type, flag, message) for record, flag, message in logged))

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from django.contrib import messages
-from django.contrib.admin.models import CHANGE, DELETION, LogEntry
+from django.contrib.admin.models import CHANGE, DELETION
 from django.contrib.admin.views.decorators import staff_member_required
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
@@ -24,7 +24,7 @@ from tasks_app.protocol.names import NAME_PATTERN, InvalidName, validate_name
 from tasks_app.protocol.replies import QueueStats
 from tasks_app.protocol.timestamps import datetime_of_ms
 from tasks_app.web.charts import chart_data, dashboard_charts
-from tasks_app.web.common import admin_context
+from tasks_app.web.common import admin_context, log_task_actions
 
 PAGE_SIZE = 50
 
@@ -172,19 +172,5 @@ def _act(request: HttpRequest, queue: str) -> None:
 
 
 def _log(request: HttpRequest, tasks: Sequence[dead_letters.DeadTask], flag: int, message: str) -> None:
-    """Record one admin log entry per task (dead tasks are not models: no content type)."""
-    if not request.user.is_authenticated:  # the views are staff-only: an entry always has its user
-        raise PermissionDenied
-    LogEntry.objects.bulk_create(
-        [
-            LogEntry(
-                user_id=request.user.pk,
-                content_type=None,
-                object_id=task.task_id or task.ref,
-                object_repr=f"{task.type} {task.task_id or task.ref}"[:200],
-                action_flag=flag,
-                change_message=message,
-            )
-            for task in tasks
-        ]
-    )
+    """Record one admin log entry per dead-lettered task acted on."""
+    log_task_actions(request, ((task.task_id or task.ref, task.type, flag, message) for task in tasks))
