@@ -1,26 +1,29 @@
 -- cancel: cancel a task through its result record, the one place where its start is decided.
 -- KEYS[1] the task's result hash
 -- ARGV[1] who cancels (free text, stored as cancelled_by)
--- A READY task (pending, prioritized, delayed, waiting for a retry, deferred, returned) becomes
--- CANCELLED at once: record_result refuses the RUNNING write that would start it, so the
--- consumer that claims it drops it unrun. A RUNNING task gets cancel_requested_at_ms: its
--- handler sees context.cancelled, and no later run of it starts.
+-- A READY task that no consumer holds (pending, prioritized, delayed, waiting for a retry,
+-- deferred) becomes CANCELLED at once: record_result refuses the receipt or RUNNING write that
+-- would start it, so the consumer that claims it drops it unrun. A task a consumer claimed
+-- (its receipt left claimed_fence) or runs gets cancel_requested_at_ms: that consumer tells its
+-- handler (context.cancelled) once it runs, and no later run of it starts.
 -- Returns: {outcome, queue, status, server ms}: outcome "cancelled" (it will never run),
--- "requested" (running: asked to stop), "finished" (SUCCESSFUL, FAILED or CANCELLED: nothing
--- done), "unknown" (no record, or a key of another type: nothing done).
+-- "requested" (claimed or running: asked to stop), "finished" (SUCCESSFUL, FAILED or
+-- CANCELLED: nothing done), "unknown" (no record, or a key of another type: nothing done).
 
 -- include: args
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind ~= 'hash' then return {'unknown', '', '', 0} end
 local queue = redis.call('HGET', KEYS[1], 'queue') or ''
-local status = redis.call('HGET', KEYS[1], 'status') or 'READY'
+local fields = redis.call('HMGET', KEYS[1], 'status', 'claimed_fence')
+local status = fields[1] or 'READY'
+local claimed = (fields[2] or '') ~= ''
 local now_ms = server_now_ms()
-if status == 'READY' then
+if status == 'READY' and not claimed then
   redis.call('HSET', KEYS[1], 'status', 'CANCELLED', 'cancelled_by', ARGV[1],
              'cancelled_at_ms', now_ms, 'finished_at_ms', now_ms)
   return {'cancelled', queue, 'CANCELLED', now_ms}
 end
-if status == 'RUNNING' then
+if status == 'RUNNING' or status == 'READY' then
   local requested = tonumber(redis.call('HGET', KEYS[1], 'cancel_requested_at_ms') or '')
   if not requested then
     requested = now_ms

@@ -11,15 +11,19 @@
 -- lower token is ignored (its run lost the claim: its consumer was presumed dead and the task
 -- re-run or requeued); a write with a higher token takes the record over.
 -- A write with a higher token that sets status RUNNING starts a run: it is refused, and nothing
--- is written, if the task was cancelled (status CANCELLED, or a non-empty cancel_requested_at_ms
--- left by a cancel of an earlier run, which then makes the record CANCELLED): the consumer drops
--- the task unrun.
+-- is written, if the task was cancelled (see include/start_gate.lua): the consumer drops the task
+-- unrun. A RUNNING write after a claim's receipt (claim_receipts.lua) carries the receipt's
+-- token, so it is never refused: the receipt decided.
+-- A write that sets status READY (a retry) clears claimed_fence: the task waits again.
 -- A write that changes the field "status" moves the id from the index of the old status (a
--- record without one is READY) to that of the new one, keeping its enqueue-time score.
+-- record without one is READY) to that of the new one, keeping its enqueue-time score; one that
+-- sets the status the record has files it there and out of every other status's index (a
+-- refused receipt's CANCELLED, filed by the consumer's next write).
 -- Returns: 1 written, 0 ignored, 2 refused: the task was cancelled.
 
 -- include: args
 -- include: history
+-- include: start_gate
 local token = tonumber(ARGV[4])
 local indexes = int_arg(ARGV[5], 0, 0, #KEYS - 3)
 local first = 7 + indexes
@@ -30,7 +34,8 @@ for i = first, last - 1, 2 do
 end
 local ttl_s = tonumber(ARGV[1]) or 604800
 local function file_under(old, status)
-  if indexes == 0 or status == old then return end
+  if indexes == 0 then return end
+  if status == old then old = nil end  -- no change: make sure the index agrees (every other index)
   local h = history_keys(KEYS[2], KEYS[3], {unpack(ARGV, 7, 6 + indexes)}, 4)
   local function enqueued_ms()
     return tonumber(redis.call('HGET', KEYS[1], 'enqueued_at_ms')) or server_now_ms()
@@ -45,13 +50,9 @@ if token or new then
   if token and token < fence then
     return 0
   end
-  if token and new == 'RUNNING' and token > fence then
-    if old == 'CANCELLED' then return 2 end
-    if (current[3] or '') ~= '' then
-      redis.call('HSET', KEYS[1], 'status', 'CANCELLED', 'finished_at_ms', server_now_ms())
-      file_under(old, 'CANCELLED')
-      return 2
-    end
+  if token and new == 'RUNNING' and token > fence and cancelled_before_start(KEYS[1], old, current[3]) then
+    if old ~= 'CANCELLED' then file_under(old, 'CANCELLED') end
+    return 2
   end
 end
 -- The fields and the fence in one HSET.
@@ -59,6 +60,10 @@ local pairs_to_set = {unpack(ARGV, first, last)}
 if token then
   pairs_to_set[#pairs_to_set + 1] = 'fence'
   pairs_to_set[#pairs_to_set + 1] = ARGV[4]
+end
+if new == 'READY' then
+  pairs_to_set[#pairs_to_set + 1] = 'claimed_fence'
+  pairs_to_set[#pairs_to_set + 1] = ''
 end
 if #pairs_to_set > 0 then
   redis.call('HSET', KEYS[1], unpack(pairs_to_set))

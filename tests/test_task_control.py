@@ -85,6 +85,36 @@ def test_the_start_gate_refuses_cancelled_tasks_and_later_runs_of_cancel_request
     assert broker.record_result(other_write) == 1  # only a run's start is refused
 
 
+def test_claim_receipts_make_a_later_cancel_a_request_to_the_consumer_that_holds_the_task(broker, echo_type):
+    cancelled, held, deferred, retried = (task.id for task in producer.enqueue("web.echo", count=4))
+    tasks_app.cancel(cancelled)
+    assert broker.claim_receipts([(cancelled, 5), (held, 6), (deferred, 7), (retried, 8)], 60) == [2, 1, 1, 1]
+    # Claimed, not started: the cancel asks the consumer, whose start then goes through.
+    assert tasks_app.cancel(held).outcome == tasks_app.control.REQUESTED
+    assert broker.get_result(held)["status"] == "READY" and broker.cancel_marks("web", [held]) == [True]
+    assert start_run(broker, held, 6) == 1 and broker.get_result(held)["status"] == "RUNNING"
+    # Deferred: the consumer withdrew its receipt, so the cancel cancels it outright.
+    broker.record_result(ResultUpdate(deferred, {results.CLAIMED_FENCE: ""}, 60, fence=7))
+    assert tasks_app.cancel(deferred).outcome == tasks_app.control.CANCELLED
+    assert broker.claim_receipts([(deferred, 9)], 60) == [2]
+    # Cancel requested while claimed, then the task went back to wait: its next claim is refused.
+    assert tasks_app.cancel(retried).outcome == tasks_app.control.REQUESTED
+    assert broker.claim_receipts([(retried, 10), (retried, 1)], 60) == [2, 0]
+    assert broker.get_result(retried)["status"] == "CANCELLED"
+
+
+def test_a_dropped_task_is_filed_cancelled_and_a_foreign_key_gets_no_receipt(broker, echo_type):
+    task = producer.enqueue("web.echo")[0]
+    assert broker.claim_receipts([(task.id, 5)], 60) == [1]
+    tasks_app.cancel(task.id)
+    assert broker.claim_receipts([(task.id, 6)], 60) == [2]  # the record reads CANCELLED, its index not yet
+    broker.record_result(results.dropped_cancelled(task, 60, 6))  # what the consumer writes as it drops it
+    index = broker.client.zrange(broker.keys.history_status("web", results.CANCELLED), 0, -1)
+    assert index == [task.id.encode()] and not broker.client.zscore(broker.keys.history_status("web", "READY"), task.id)
+    broker.client.set(broker.keys.result("foreign"), "not a hash")
+    assert broker.claim_receipts([("foreign", 1)], 60) == [-1]
+
+
 def test_manage_py_cancel_reports_each_task_and_fails_on_unknown_or_finished(broker, echo_type):
     first, second = (task.id for task in producer.enqueue("web.echo", count=2))
     out = StringIO()

@@ -1,6 +1,8 @@
 """A claimed task as the consumer holds it: the exact bytes in its processing list, with its claim's token."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from tasks_app.protocol.codec import Task
 
 
 @dataclass(frozen=True)
@@ -14,3 +16,8 @@ class Claimed:
     suspect: bool = False
     # Fencing token issued with this claim: result writes of older runs of the task are ignored.
     fence: int = 0
+    # The task decoded from `raw` when its claim's receipt was written (None: not decoded yet).
+    task: Task | None = field(default=None, compare=False)
+    # What the task's record answered the receipt (see receipts.py): None if none was written,
+    # START_REFUSED if the task was cancelled (it must not run), else it may start at once.
+    receipt: int | None = field(default=None, compare=False)

@@ -9,10 +9,12 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Protocol
 
+from django.conf import settings
 from redis.exceptions import RedisError
 
 from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.loops import LeaseClock
+from tasks_app.consumer.receipts import with_receipts
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.keys import WAKE_TOKEN
 from tasks_app.protocol.replies import Claim
@@ -114,6 +116,7 @@ class ClaimerLoop:
         self._audit_at = time.monotonic() + consumer.options.lease_s
         # Slots taken for the claim in progress and not yet handed to a dispatched task.
         self._slots = 0
+        self._result_ttl_s = int(settings.TASKS_RESULT_TTL)
 
     def run_once(self) -> float:
         consumer = self.consumer
@@ -157,7 +160,7 @@ class ClaimerLoop:
             return 0.0
         if outcome.tasks:
             self._slots -= len(outcome.tasks)
-            consumer.dispatch(
+            self._dispatch(
                 [
                     Claimed(
                         self.queue,
@@ -187,9 +190,13 @@ class ClaimerLoop:
         raw, fence = consumer.broker.claim_blocking(self.queue, consumer_id, block_s)
         if raw is not None and raw != WAKE_TOKEN:
             self._slots = 0
-            consumer.dispatch([Claimed(self.queue, consumer_id, raw, fence=fence)])
+            self._dispatch([Claimed(self.queue, consumer_id, raw, fence=fence)])
         self._drop_wake = raw == WAKE_TOKEN
         return 0.0
+
+    def _dispatch(self, claimed: list[Claimed]) -> None:
+        """Write the claims' receipts to the tasks' records, then hand the tasks to the workers."""
+        self.consumer.dispatch(with_receipts(self.consumer.broker, claimed, self._result_ttl_s))
 
     def reconcile(self) -> None:
         """Return tasks that sit in our processing list unbeknown to us (a claim's lost reply).

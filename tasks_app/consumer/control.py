@@ -93,7 +93,8 @@ class ControlSettling(Settling):
     def _drop_cancelled(self, claimed: Claimed, task: Task, on_settled: Callable[[], None] | None) -> bool:
         """Ack a task whose record says it was cancelled before it started, without running it."""
         metrics.TASKS_CANCELLED.labels(task.type, task.queue).inc()
-        return self._ack_settled(claimed, task, None, "cancelled_before_start", None, on_settled)
+        update = results.dropped_cancelled(task, self.result_ttl_s, claimed.fence)
+        return self._ack_settled(claimed, task, update, "cancelled_before_start", None, on_settled)
 
     def _end_cancelled(
         self, claimed: Claimed, task: Task, duration_s: float, on_settled: Callable[[], None] | None

@@ -102,7 +102,7 @@ class Executor(AsyncRuns, ControlSettling):
 
     def _execute(self, claimed: Claimed, on_settled: Callable[[], None] | None) -> bool:
         try:
-            task = decode_task(claimed.raw)
+            task = claimed.task or decode_task(claimed.raw)
         except UndecodableTask as exc:
             self._dead_letter_undecodable(claimed, str(exc))
             return False
@@ -118,6 +118,9 @@ class Executor(AsyncRuns, ControlSettling):
                 reason += f" (handler modules that failed to import: {self.registry.import_errors})"
             self._dead_letter(claimed, task, "HandlerNotRegistered", reason)
             return False
+        if claimed.receipt == results.START_REFUSED:  # cancelled before its claim: before any gate too
+            self._release_unique(task, config)
+            return self._drop_cancelled(claimed, task, on_settled)
         if not config.enabled:
             self._defer(claimed, task, DISABLED_RECHECK_MS, "disabled")
             return False
@@ -308,7 +311,10 @@ class Executor(AsyncRuns, ControlSettling):
         started_update = results.started(
             task, arguments, self.worker_id, started_ms, max_attempts, self.result_ttl_s, claimed.fence
         )
-        if self.acks is not None and handler.django_task is None:
+        if self.acks is not None and handler.django_task is None and claimed.receipt is not None:
+            self.acks.record(started_update)  # the receipt decided the start: goes out with the next flush
+            reply = None
+        elif self.acks is not None and handler.django_task is None:
             reply = self.acks.record_start(started_update)  # shares a flush with other workers' writes
         else:  # a @task function reads its own record when it starts
             reply = self._redis(lambda: self.broker.record_result(started_update), "record_result")

@@ -200,6 +200,8 @@ class Settling:
         )
         new_raw, update, label = self._last_resort_entry(claimed, reason)
         try:
+            if self.acks is not None:
+                self.acks.barrier()  # a RUNNING write this run queued goes first
             # The move alone first: it must not depend on a record write, which may be what failed.
             held = self._dead_letter_raw(claimed, new_raw, None)
             if held and update is not None:
@@ -272,9 +274,15 @@ class Settling:
 
     def _defer(self, claimed: Claimed, task: Task, wait_ms: int, reason: str) -> None:
         """Put a task back in the delayed set without using an attempt."""
+        # Unstarted again: its receipt is withdrawn, so that a cancel while it waits cancels it outright.
+        withdrawn = (
+            results.receipt_withdrawn(task, claimed.fence, self.result_ttl_s + wait_ms // 1000 + 1)
+            if claimed.receipt is not None
+            else None
+        )
         held = self._redis(
             lambda: self.broker.retry_later(
-                claimed.queue, claimed.consumer_id, claimed.raw, claimed.raw, task.priority, wait_ms
+                claimed.queue, claimed.consumer_id, claimed.raw, claimed.raw, task.priority, wait_ms, withdrawn
             ),
             "defer",
         )

@@ -123,6 +123,23 @@ class ControlOps(ScriptClient):
             self.scripts.execute(pipe, self.client)
         return replies
 
+    def claim_receipts(self, claims: Sequence[tuple[str, int]], result_ttl_s: int) -> list[int]:
+        """Write the receipts of claimed tasks, (id, fencing token) each: per task 1 held by that claim,
+        0 a later claim holds it, 2 cancelled (it must not run), -1 its record is not a hash.
+
+        One script for them all on one server; on Redis Cluster, where the records lie in many
+        slots, one script per task in one pipeline.
+        """
+        keys = [self.keys.result(task_id) for task_id, _ in claims]
+        if not isinstance(self.client, redis.RedisCluster):
+            return [
+                int(reply) for reply in self._script("claim_receipts", keys, [result_ttl_s, *(t for _, t in claims)])
+            ]
+        pipe = self.client.pipeline(transaction=False)
+        for key, (_, token) in zip(keys, claims, strict=True):
+            self.scripts.queue(pipe, "claim_receipts", [key], [result_ttl_s, token])
+        return [int(replies[0]) for replies in self.scripts.execute(pipe, self.client)]
+
     def cancel_marks(self, queue: str, task_ids: Sequence[str]) -> list[bool]:
         """Whether a cancel was requested for each of these (running) tasks of `queue`: one ZMSCORE."""
         if not task_ids:

@@ -23,6 +23,8 @@ CANCELLED = "CANCELLED"
 FINISHED = {SUCCESSFUL, FAILED, CANCELLED}
 # What record_result answers when a run's first write finds the task cancelled: it must not start.
 START_REFUSED = 2
+# Set by a claim's receipt (claim_receipts.lua) to its fencing token; empty while no consumer holds the task.
+CLAIMED_FENCE = "claimed_fence"
 
 
 # What a cut text ends with, so that a reader sees it was cut.
@@ -173,6 +175,16 @@ def attempt_failed(
     return ResultUpdate(
         task.id, fields, ttl_s, append_error=error, fence=fence, queue=task.queue, task_type=task.type, run_s=run_s
     )
+
+
+def receipt_withdrawn(task: Task, fence: int, ttl_s: int) -> ResultUpdate:
+    """Written when a claimed task goes back to wait unstarted (deferred): a cancel then cancels it outright."""
+    return ResultUpdate(task.id, {CLAIMED_FENCE: ""}, ttl_s, fence=fence, queue=task.queue)
+
+
+def dropped_cancelled(task: Task, ttl_s: int, fence: int) -> ResultUpdate:
+    """Written when a consumer drops a cancelled task unrun: its record already reads CANCELLED, its index too now."""
+    return ResultUpdate(task.id, {"status": CANCELLED}, ttl_s, fence=fence, queue=task.queue, task_type=task.type)
 
 
 def cancelled(task: Task, now_ms: int, ttl_s: int, fence: int) -> ResultUpdate:
