@@ -5,9 +5,11 @@
 -- Per task: a record whose fence is above the token belongs to a later claim (nothing written);
 -- a cancelled task's receipt is refused (include/start_gate.lua: nothing written, or the record
 -- made CANCELLED); else claimed_fence and fence are set to the token, which the run's RUNNING
--- write then carries (never refused). A missing record is created with those two fields.
--- Returns: one reply per task: 1 held by this claim, 0 a later claim holds it, 2 refused (the
--- task was cancelled: it must not run), -1 not a record (a key of another type: nothing done).
+-- write then carries (never refused). A missing record is created with those two fields (the
+-- RUNNING write then fills in the task's own).
+-- Returns: one reply per task: 1 held by this claim, 3 held, its record created here, 0 a later
+-- claim holds it, 2 refused (the task was cancelled: it must not run), -1 not a record (a key
+-- of another type: nothing done).
 
 -- include: args
 -- include: start_gate
@@ -23,9 +25,9 @@ for i, key in ipairs(KEYS) do
   elseif cancelled_before_start(key, current[2] or 'READY', current[3]) then
     replies[i] = 2
   else
+    replies[i] = redis.call('EXISTS', key) == 1 and 1 or 3
     redis.call('HSET', key, 'claimed_fence', token, 'fence', token)
     redis.call('EXPIRE', key, ttl_s)
-    replies[i] = 1
   end
 end
 return replies

@@ -112,7 +112,8 @@ def test_a_dropped_task_is_filed_cancelled_and_a_foreign_key_gets_no_receipt(bro
     index = broker.client.zrange(broker.keys.history_status("web", results.CANCELLED), 0, -1)
     assert index == [task.id.encode()] and not broker.client.zscore(broker.keys.history_status("web", "READY"), task.id)
     broker.client.set(broker.keys.result("foreign"), "not a hash")
-    assert broker.claim_receipts([("foreign", 1)], 60) == [-1]
+    assert broker.claim_receipts([("foreign", 1), ("no-record", 2)], 60) == [-1, 3]  # 3: the record is new
+    assert broker.client.hgetall(broker.keys.result("no-record")) == {b"claimed_fence": b"2", b"fence": b"2"}
 
 
 def test_manage_py_cancel_reports_each_task_and_fails_on_unknown_or_finished(broker, echo_type):

@@ -22,6 +22,7 @@ import queue as queue_module
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from tasks_app import metrics
@@ -52,6 +53,7 @@ class _Ack:
     raw: bytes
     update: ResultUpdate | None
     done: AckDone
+    log: Callable[[], None] | None = None  # called after every `done` of its batch
 
 
 @dataclass(frozen=True)
@@ -140,11 +142,19 @@ class AckBatcher:
         else:  # a later outcome of the same run follows; this one is not worth failing the task
             logger.error("dropped a result update of task %a that cannot be encoded as UTF-8", update.task_id)
 
-    def ack(self, queue: str, consumer_id: str, raw: bytes, update: ResultUpdate | None, done: AckDone) -> None:
-        """Write `update`, then ack the task, with the next flush; `done` is called afterwards."""
+    def ack(
+        self,
+        queue: str,
+        consumer_id: str,
+        raw: bytes,
+        update: ResultUpdate | None,
+        done: AckDone,
+        log: Callable[[], None] | None = None,
+    ) -> None:
+        """Write `update`, then ack the task, with the next flush; `done` is called afterwards, then `log`."""
         if update is not None and not storable(update):
             update = unstored_result(update, "it holds text that is not valid Unicode (a lone surrogate)")
-        self._entries.put(_Ack(queue, consumer_id, raw, update, done))
+        self._entries.put(_Ack(queue, consumer_id, raw, update, done, log))
 
     def record_start(self, update: ResultUpdate) -> Any:
         """Write a run's first update with the next flush and wait: Redis's reply (2: cancelled), None if unwritten."""
@@ -233,15 +243,22 @@ class AckBatcher:
                 flags = self._write_batch(entries)
         finally:  # whatever happened, every task's slot comes back and every barrier opens
             for ack in acks:
-                try:
-                    ack.done(flags.get(id(ack)))
-                except Exception:
-                    logger.exception("unexpected error after acknowledging a task")
+                self._call_safely(partial(ack.done, flags.get(id(ack))))
             for item in batch:
                 if isinstance(item, threading.Event):
                     item.set()
                 elif isinstance(item, _Start):
                     item.written.set()
+            for ack in acks:
+                if ack.log is not None:
+                    self._call_safely(ack.log)
+
+    @staticmethod
+    def _call_safely(callback: Callable[[], None]) -> None:
+        try:
+            callback()
+        except Exception:
+            logger.exception("unexpected error after acknowledging a task")
 
     def _write_batch(self, entries: list[Entry]) -> dict[int, bool | None]:
         """Write a batch in one round trip; if it fails as a whole, write its entries one by one."""

@@ -309,7 +309,14 @@ class Executor(AsyncRuns, ControlSettling):
         max_attempts = task.max_attempts or config.max_attempts
         started_ms = now_ms()
         started_update = results.started(
-            task, arguments, self.worker_id, started_ms, max_attempts, self.result_ttl_s, claimed.fence
+            task,
+            arguments,
+            self.worker_id,
+            started_ms,
+            max_attempts,
+            self.result_ttl_s,
+            claimed.fence,
+            record_exists=claimed.receipt == results.RECEIPT_OF_RECORD,
         )
         if self.acks is not None and handler.django_task is None and claimed.receipt is not None:
             self.acks.record(started_update)  # the receipt decided the start: goes out with the next flush

@@ -70,16 +70,19 @@ class Settling:
     ) -> bool:
         """Write `update` and ack the task; True if the ack batcher does it (and then calls `on_settled`)."""
         if self.acks is not None:
-            # Logged by the batcher's one thread once recorded: eight workers contending for
-            # the log handler's lock cost more than the line itself.
+            # Logged by the batcher's one thread once recorded (eight workers contending for the
+            # log handler's lock cost more than the line itself), after every slot of its batch
+            # came back: the claimer refills them while the lines are written.
             def acked(held: bool | None) -> None:
-                self._log_event(task, outcome, duration_s)
-                if held is False:
-                    self._ack_lost(claimed, task)
                 if on_settled is not None:
                     on_settled()
+                if held is False:
+                    self._ack_lost(claimed, task)
 
-            self.acks.ack(claimed.queue, claimed.consumer_id, claimed.raw, update, acked)
+            def log() -> None:
+                self._log_event(task, outcome, duration_s)
+
+            self.acks.ack(claimed.queue, claimed.consumer_id, claimed.raw, update, acked, log)
             return True
         updates = [update] if update is not None else []
         held = self._redis(

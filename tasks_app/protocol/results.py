@@ -25,6 +25,9 @@ FINISHED = {SUCCESSFUL, FAILED, CANCELLED}
 START_REFUSED = 2
 # Set by a claim's receipt (claim_receipts.lua) to its fencing token; empty while no consumer holds the task.
 CLAIMED_FENCE = "claimed_fence"
+# What claim_receipts answers for a task its claim holds whose record it found (whose RUNNING
+# write need not carry the enqueue fields again).
+RECEIPT_OF_RECORD = 1
 
 
 # What a cut text ends with, so that a reader sees it was cut.
@@ -117,13 +120,22 @@ def ready_fields(task: Task, arguments: Arguments) -> dict[str, str]:
 
 
 def started(
-    task: Task, arguments: Arguments, worker_id: str, now_ms: float, max_attempts: int, ttl_s: int, fence: int
+    task: Task,
+    arguments: Arguments,
+    worker_id: str,
+    now_ms: float,
+    max_attempts: int,
+    ttl_s: int,
+    fence: int,
+    *,
+    record_exists: bool = False,
 ) -> ResultUpdate:
     """The update written when an attempt starts: it claims the record for the run holding `fence`.
 
-    It carries the enqueue fields too, which creates the record for foreign producers.
+    Unless the record is known to exist, it carries the enqueue fields too, which creates the
+    record for foreign producers (or one that expired while its task waited).
     """
-    fields = enqueued_fields(task, arguments)
+    fields = {} if record_exists else enqueued_fields(task, arguments)
     fields.update(
         {
             "status": RUNNING,

@@ -167,3 +167,19 @@ def test_the_soft_limit_runs_the_handlers_finally_in_thread_mode(broker, consume
         record = wait_finished(broker, slow, timeout_s=10)
     assert record.errors[0]["exception_class_path"] == "tasks_app.exceptions.TaskTimeout"
     assert [m["mark"] for m in marks(broker)] == ["start", "finally"], "interrupted, its finally ran"
+
+
+def test_a_run_completes_the_record_whether_the_producer_wrote_one_or_not(broker, consumer_in_thread):
+    from tasks_app.protocol.broker import Enqueueable
+    from tasks_app.protocol.codec import Task, encode_payload, encode_task
+
+    payload = encode_payload([1], {"note": "foreign"})
+    raw = encode_task(Task(id="foreign-1", type="test.record", queue="default", payload=payload))
+    broker.enqueue([Enqueueable(queue="default", raw=raw)], result_ttl_s=60)  # no READY record
+    [ours] = producer.enqueue("test.record", args=[2], kwargs={"note": "ours"})
+    with consumer_in_thread():
+        foreign = wait_finished(broker, decode_task(raw))
+        record = wait_finished(broker, ours)
+    for finished, args, kwargs in ((foreign, [1], {"note": "foreign"}), (record, [2], {"note": "ours"})):
+        assert (finished.status, finished.attempts, finished.args, finished.kwargs) == ("SUCCESSFUL", 1, args, kwargs)
+        assert finished.type == "test.record" and finished.queue == "default" and finished.started_at
