@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -20,83 +18,22 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from private_redis import RedisServer
+
 BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
 RUN_DIR = ROOT / ".run"
 
 
-def free_port() -> int:
-    """Return a TCP port on the loopback interface that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class RedisServer:
-    """A private, throwaway redis-server on a free loopback port (no persistence)."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.dir = Path(tempfile.mkdtemp(prefix=f"bench-redis-{self.port}-"))
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> RedisServer:
-        """Start the server and wait until it answers."""
-        self.process = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.dir),
-                "--logfile",
-                str(self.dir / "redis.log"),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        wait_for(lambda: self.command("PING") == "PONG", 10, "redis-server did not start")
-        return self
-
-    def command(self, *args: str) -> str:
-        """Run one redis-cli command against the server; return its raw output."""
-        done = subprocess.run(["redis-cli", "-p", str(self.port), *args], capture_output=True, text=True)
-        return done.stdout.strip()
-
-    def version(self) -> str:
-        """Return the server's version string."""
-        for line in self.command("INFO", "server").splitlines():
-            if line.startswith("redis_version:"):
-                return line.split(":", 1)[1].strip()
-        return "?"
-
-    def stop(self) -> None:
-        """Stop the server and remove its directory."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-
 @contextmanager
 def redis_server() -> Iterator[RedisServer]:
-    """Run a private redis-server for the duration of the block."""
-    server = RedisServer()
-    try:
-        yield server.start()
-    finally:
-        server.stop()
+    """Run a private redis-server (no persistence) for the duration of the block."""
+    with tempfile.TemporaryDirectory(prefix="bench-redis-") as directory:
+        server = RedisServer(Path(directory), "--appendonly", "no")
+        try:
+            yield server.start()
+        finally:
+            server.remove()
 
 
 def wait_for(condition: Callable[[], bool], timeout_s: float, message: str, interval_s: float = 0.005) -> None:

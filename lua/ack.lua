@@ -7,18 +7,14 @@
 -- Cost: O(this consumer's in-flight) per task, independent of other consumers.
 
 -- include: key_types
+-- include: settle
 local refused = wrong_key_type({'list', 'hash', 'string'})
 if refused then return refused end
 local flags = {}
 local acked = 0
 for i, task in ipairs(ARGV) do
-  local removed = redis.call('LREM', KEYS[1], -1, task)
-  if removed > 0 then
-    local digest = redis.sha1hex(task)
-    redis.call('HDEL', KEYS[2], digest, 's:' .. digest)
-  end
-  flags[i] = removed
-  acked = acked + removed
+  flags[i] = settle_claimed(task, KEYS[2], false)
+  acked = acked + flags[i]
 end
 if KEYS[3] and acked > 0 then
   redis.call('INCRBY', KEYS[3], acked)

@@ -5,14 +5,11 @@
 -- Errors (before writing anything) if a key holds the wrong type.
 -- Dead members are scored by the time (ms) they died.
 
+-- include: args
 -- include: key_types
+-- include: settle
 local refused = wrong_key_type({'list', 'zset', 'hash'})
 if refused then return refused end
-if redis.call('LREM', KEYS[1], -1, ARGV[1]) == 0 then
-  return 0
-end
-local digest = redis.sha1hex(ARGV[1])
-redis.call('HDEL', KEYS[3], digest, 's:' .. digest)
--- include: args
+if settle_claimed(ARGV[1], KEYS[3], false) == 0 then return 0 end
 redis.call('ZADD', KEYS[2], server_now_ms(), ARGV[2])
 return 1

@@ -26,7 +26,8 @@
 local now_ms = server_now_ms()
 local keep_ms = int_arg(ARGV[2], 86400000, 0, 2 ^ 53)
 local keep_max = int_arg(ARGV[3], 100000, 1, 2 ^ 53)
-local indexes = int_arg(ARGV[6], 0, 0, math.max(0, #ARGV - 8))
+local index, after_index = history_args(6)
+local indexes = index.count
 local stride = indexes > 0 and 6 + indexes or 4
 local sections = int_arg(ARGV[5], 0, 0, #KEYS / stride)
 local wanted = {'list', 'zset', 'zset', 'zset'}
@@ -38,21 +39,14 @@ for s = 1, sections do
     end
   end
 end
-local status_names = {unpack(ARGV, 9, 8 + indexes)}
-local history_max = int_arg(ARGV[7], 100000, 1, 2 ^ 53)
-local history_ttl_ms = int_arg(ARGV[8], 604800000, 1, 2 ^ 53)
 
 -- Add section s's h task ids from ARGV[from...] to its history, then trim it.
 local function add_history(s, from, h_count)
   if indexes == 0 or h_count == 0 then return end
   local base = stride * (s - 1)
-  local h = history_keys(KEYS[base + 5], KEYS[base + 6], status_names, base + 7)
-  local score = history_now()
-  for i = from, from + h_count - 1 do
-    history_add(h, ARGV[i], score + (i - from) / 1000, 'READY')
-  end
-  history_trim(h, now_ms, history_ttl_ms, history_max)
-  history_expire(h, history_ttl_ms)
+  local ids = {}
+  for i = from, from + h_count - 1 do ids[#ids + 1] = ARGV[i] end
+  history_enqueued(history_keys(KEYS[base + 5], KEYS[base + 6], index.names, base + 7), ids, index.max, index.ttl_ms)
 end
 
 local pushed = 0
@@ -85,7 +79,7 @@ local function push_other(s, id, priority, delay_ms, task)
   return true, false
 end
 
-local at = 9 + indexes
+local at = after_index
 for s = 1, sections do
   local name, plain = ARGV[at], int_arg(ARGV[at + 1], 0, 0, #ARGV - at - 1)
   push_plain(KEYS[stride * (s - 1) + 1], at + 2, at + 1 + plain)

@@ -26,9 +26,6 @@ if #ARGV >= first + 1 then
 end
 if indexes > 0 and ARGV[4] then
   local h = history_keys(KEYS[3], KEYS[4], {unpack(ARGV, 6, 5 + indexes)}, 5)
-  local now_ms = history_now()
-  history_add(h, ARGV[4], now_ms, 'READY')
-  history_trim(h, now_ms, ttl_s * 1000, int_arg(ARGV[5], 100000, 1, 2 ^ 53))
-  history_expire(h, ttl_s * 1000)
+  history_enqueued(h, {ARGV[4]}, int_arg(ARGV[5], 100000, 1, 2 ^ 53), ttl_s * 1000)
 end
 return length

@@ -1,18 +1,24 @@
 -- enqueue_unique: push one task unless a task of the same type and uniqueness key was enqueued
--- to this queue within the key's window; the check and the push are one step.
+-- to this queue within the key's window; the check, the push and the task's history entry are
+-- one step.
 -- KEYS[1] uniqueness key (string: the id of the task that holds it)   KEYS[2] pending list
--- KEYS[3] prioritized zset   KEYS[4] delayed zset   KEYS[5] (optional, single server only) the
--- task's result hash, for its READY record
+-- KEYS[3] prioritized zset   KEYS[4] delayed zset; if ARGV[8] = s > 0, KEYS[5] history zset,
+-- KEYS[6] history ids zset and KEYS[7] to KEYS[6 + s] the status indexes of the statuses named
+-- in ARGV[11...]; then (optional, single server only) the task's result hash, for its READY record
 -- ARGV[1] task id   ARGV[2] window (ms)   ARGV[3] wake token   ARGV[4] priority (-100..100)
 -- ARGV[5] delay ms (0 = due now)   ARGV[6] serialized task   ARGV[7] time to live of the record
--- (s); then the record's field/value pairs
+-- (s)   ARGV[8] s, the number of status indexes (0: no history index)   ARGV[9] at most how many
+-- tasks the history keeps   ARGV[10] its time to live (ms)   ARGV[11] to ARGV[10 + s] the status
+-- names; then the record's field/value pairs
 -- Returns: {1, task id} pushed; {0, id of the task holding the key} a duplicate: nothing written.
 -- Errors (before writing anything) if a key holds the wrong type. Atomic: the push is the first
--- write (out of memory fails it and nothing is written); the record is written with pcall.
+-- write (out of memory fails it and nothing is written); the record and the index are written
+-- with pcall (a key of a foreign type only loses its part).
 
 -- include: args
 -- include: priority
 -- include: key_types
+-- include: history
 local refused = wrong_key_type({'string', 'list', 'zset', 'zset'})
 if refused then return refused end
 local holder = redis.call('GET', KEYS[1])
@@ -29,8 +35,14 @@ else
   redis.call('LPUSH', KEYS[2], ARGV[6])
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', int_arg(ARGV[2], 1000, 1, 2 ^ 53))
-local last = #ARGV - ((#ARGV - 7) % 2)
-if KEYS[5] and last >= 9 and type(redis.pcall('HSET', KEYS[5], unpack(ARGV, 8, last))) == 'number' then
-  redis.pcall('EXPIRE', KEYS[5], int_arg(ARGV[7], 1, 1, 2 ^ 53))
+local index, first = history_args(8, #KEYS - 6)
+local record_key = KEYS[5]
+if index.count > 0 then
+  history_enqueued(history_keys(KEYS[5], KEYS[6], index.names, 7), {ARGV[1]}, index.max, index.ttl_ms)
+  record_key = KEYS[7 + index.count]
+end
+local last = #ARGV - ((#ARGV - first + 1) % 2)
+if record_key and last > first and type(redis.pcall('HSET', record_key, unpack(ARGV, first, last))) == 'number' then
+  redis.pcall('EXPIRE', record_key, int_arg(ARGV[7], 1, 1, 2 ^ 53))
 end
 return {1, ARGV[1]}

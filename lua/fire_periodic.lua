@@ -1,14 +1,19 @@
 -- fire_periodic: claim one slot of a periodic schedule and push its task, in one call, so any
 -- number of consumers fire each slot once and a consumer dying mid-way loses or doubles nothing.
--- KEYS[1] the schedule's state hash   KEYS[2] pending list   KEYS[3] prioritized zset
--- KEYS[4] the regular run's result hash, KEYS[5] the catch-up run's (both optional: a single
--- Redis server only, as they lie in other slots; on Redis Cluster the caller writes the records)
+-- KEYS[1] the schedule's state hash   KEYS[2] pending list   KEYS[3] prioritized zset; if
+-- ARGV[13] = s > 0, KEYS[4] history zset, KEYS[5] history ids zset and KEYS[6] to KEYS[5 + s] the
+-- status indexes of the statuses named in ARGV[16...]; then the regular run's result hash and
+-- the catch-up run's (both optional: a single Redis server only, as they lie in other slots; on
+-- Redis Cluster the caller writes the records)
 -- ARGV[1] slot (ms since the epoch)   ARGV[2] the slot before it (ms; 0 = none)   ARGV[3] how
 -- late (ms) the slot may be and still run as itself   ARGV[4] catch-up policy: "skip" or "once"
 -- ARGV[5] wake token   ARGV[6] priority (-100..100)   ARGV[7] regular task id   ARGV[8] regular
 -- task   ARGV[9] catch-up task id   ARGV[10] catch-up task ("" for none)   ARGV[11] record time to
 -- live (s)   ARGV[12] when the schedule was last saved (ms; slots up to then are never caught up:
--- it may have been disabled); then the READY record's field/value pairs (the same for both runs).
+-- it may have been disabled)   ARGV[13] s, the number of status indexes (0: no history index)
+-- ARGV[14] at most how many tasks the history keeps   ARGV[15] its time to live (ms)   ARGV[16] to
+-- ARGV[15 + s] the status names; then the READY record's field/value pairs (the same for both
+-- runs). Each run pushed is added to the history index as READY (the catch-up run first).
 -- Returns: {outcome, server now ms, last slot handled ms, last fired slot ms} where outcome is
 -- "early" (the slot is after the server's now: nothing done), "done" (this slot or a later one
 -- was handled already), "fired", "caught_up" (one run for the missed slots, this one among
@@ -20,6 +25,7 @@
 -- include: args
 -- include: priority
 -- include: key_types
+-- include: history
 -- A result key of another type only loses its record (written with pcall): not checked.
 local bad = wrong_key_type({'hash', 'list', 'zset'})
 if bad then return bad end
@@ -48,16 +54,20 @@ local missed = last ~= nil and (prev_ms > math.max(last, saved_ms) or (not on_ti
 local catch_up = missed and ARGV[4] == 'once' and ARGV[10] ~= ''
 local priority = int_arg(ARGV[6], 0, -100, 100)
 local ttl_s = int_arg(ARGV[11], 1, 1, 2 ^ 53)
+local index, first_field = history_args(13, #KEYS - 5)
+local result_keys = index.count > 0 and 6 + index.count or 4
+local pushed_ids = {}
 
-local function push(task, record_key, offset_ms)
+local function push(task, id, record_key, offset_ms)
   if priority == 0 then
     redis.call('LPUSH', KEYS[2], task)
   else
     redis.call('ZADD', KEYS[3], priority_score(priority, now_ms - offset_ms), task)
     if redis.call('LLEN', KEYS[2]) == 0 then redis.call('LPUSH', KEYS[2], ARGV[5]) end
   end
-  if record_key and #ARGV >= 14 then
-    local written = redis.pcall('HSET', record_key, unpack(ARGV, 13, #ARGV - ((#ARGV - 12) % 2)))
+  pushed_ids[#pushed_ids + 1] = id
+  if record_key and #ARGV > first_field then
+    local written = redis.pcall('HSET', record_key, unpack(ARGV, first_field, #ARGV - ((#ARGV - first_field + 1) % 2)))
     if type(written) == 'number' then redis.pcall('EXPIRE', record_key, ttl_s) end
   end
 end
@@ -65,12 +75,15 @@ end
 local outcome = 'skipped'
 local task_id
 if catch_up then
-  push(ARGV[10], KEYS[5], 1)  -- the older run first
+  push(ARGV[10], ARGV[9], KEYS[result_keys + 1], 1)  -- the older run first
   outcome, task_id = 'caught_up', ARGV[9]
 end
 if on_time then
-  push(ARGV[8], KEYS[4], 0)
+  push(ARGV[8], ARGV[7], KEYS[result_keys], 0)
   outcome, task_id = catch_up and 'fired_and_caught_up' or 'fired', ARGV[7]
+end
+if index.count > 0 and #pushed_ids > 0 then
+  history_enqueued(history_keys(KEYS[4], KEYS[5], index.names, 6), pushed_ids, index.max, index.ttl_ms)
 end
 redis.call('HSET', KEYS[1], 'slot_ms', slot_ms)
 if task_id then

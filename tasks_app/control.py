@@ -1,12 +1,14 @@
-"""Cancelling tasks from Python: `tasks_app.cancel(id)` and `tasks_app.cancel_many(ids)`.
+"""Task and queue control from Python: `tasks_app.cancel(id)`, `tasks_app.cancel_many(ids)` and `set_queue_paused`.
 
-What the CLI (`manage.py cancel`), the JSON API, the task page and the task browser call. A task
-that has not started never runs and reads CANCELLED at once; a running one is asked to stop
-(its handler sees `context.cancelled` within about a second and may raise TaskCancelled).
+What the CLI (`manage.py cancel`, `manage.py queue`), the JSON API, the dashboard, the task page
+and the task browser call. A task that has not started never runs and reads CANCELLED at once; a
+running one is asked to stop (its handler sees `context.cancelled` within about a second and may
+raise TaskCancelled). A paused queue is claimed from by no consumer until it is resumed.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from tasks_app.exceptions import TaskAlreadyFinished, TaskNotFound
@@ -23,7 +25,10 @@ __all__ = [
     "TaskNotFound",
     "cancel",
     "cancel_many",
+    "set_queue_paused",
 ]
+
+logger = logging.getLogger(__name__)
 
 # Longest `cancelled_by` stored (characters).
 MAX_CANCELLED_BY_CHARS = 200
@@ -46,3 +51,12 @@ def cancel(task_id: str, *, cancelled_by: str = "", broker: Broker | None = None
     if reply.outcome == FINISHED:
         raise TaskAlreadyFinished(f"task {task_id!r} already finished ({reply.status}): nothing to cancel")
     return reply
+
+
+def set_queue_paused(queue: str, paused: bool, *, by: str = "", broker: Broker | None = None) -> bool:
+    """Pause or resume `queue`, logging a warning when that changes it; False if it already was so."""
+    broker = broker or get_broker()
+    changed = broker.pause(queue, by=by) if paused else broker.resume(queue)
+    if changed:
+        logger.warning("queue %s %s by %s", queue, "paused" if paused else "resumed", by or "an operator")
+    return changed

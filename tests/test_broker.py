@@ -86,6 +86,17 @@ def test_retry_later_moves_to_delayed_and_promotion_waits_for_the_due_time(broke
     assert ids(broker.claim("q", "c1", 5, drop_wake=True)) == ["task-1"]
 
 
+def test_retry_later_with_a_delay_that_is_not_a_number_makes_the_task_due_now(broker):
+    register(broker, "c1")
+    push(broker, make_task(1))
+    [raw] = broker.claim("q", "c1", 1)
+    keys = [broker.keys.processing("q", "c1"), broker.keys.delayed("q"), broker.keys.recoveries("q")]
+    assert broker.scripts.run(broker.client, "retry_later", keys, [raw, delayed_member(0, raw), "soon"]) == 1
+    [(_, due_ms)] = broker.client.zrange(broker.keys.delayed("q"), 0, -1, withscores=True)
+    assert abs(due_ms - broker.server_time_ms()) < 5_000
+    assert broker.held_by("q", "c1") == []
+
+
 def test_promotion_reports_the_next_due_time(broker):
     now_ms = broker.server_time_ms()
     push(broker, make_task(1), delay_ms=60_000)

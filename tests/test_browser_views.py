@@ -11,9 +11,15 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 
 from tasks_app import producer
+from tasks_app.models import TaskType
+from tasks_app.periodic.config import PeriodicConfig
+from tasks_app.periodic.firing import fire_slot, run_id
+from tasks_app.periodic.schedule import Schedule
 from tasks_app.protocol import results
+from tasks_app.protocol.periodic import SlotFiring
 from tasks_app.protocol.replies import ResultUpdate
 from tasks_app.templatetags.tasks_display import age, when
+from tests.support.periodic import current_slot_ms
 
 pytestmark = pytest.mark.django_db
 
@@ -44,6 +50,19 @@ def test_newest_first_and_each_row_links_to_its_task(staff, broker):
     listed = _listed(staff.get("/tasks/"))
     assert listed == ids[::-1]
     assert f'href="/tasks/{ids[0]}/"' in staff.get("/tasks/").content.decode()
+
+
+def test_periodic_runs_and_unique_tasks_are_listed_ready_before_any_consumer_runs(staff, broker):
+    TaskType.objects.create(name="demo.echo", handler="demo.echo", queue="b", unique_for_s=600)
+    config = PeriodicConfig(name="tick", task_type="demo.echo", schedule=Schedule(interval_s=1))
+    slot_ms = current_slot_ms(broker)
+    assert fire_slot(config, SlotFiring(slot_ms, slot_ms - 1000, 60_000, "skip"), broker).pushed
+    unique, duplicate = producer.enqueue("demo.echo", [1], queue="b", count=2)
+    assert duplicate.duplicate
+    expected = [unique.id, run_id("tick", slot_ms)]
+    assert _listed(staff.get("/tasks/")) == expected
+    assert _listed(staff.get("/tasks/?status=READY&queue=b")) == expected
+    assert "2 tasks in the history" in staff.get("/tasks/").content.decode()
 
 
 def test_status_filter(staff, broker):

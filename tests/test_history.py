@@ -5,8 +5,14 @@ import time
 import pytest
 
 from tasks_app import producer
+from tasks_app.models import TaskType
+from tasks_app.periodic.config import PeriodicConfig
+from tasks_app.periodic.firing import fire_slot, run_id
+from tasks_app.periodic.schedule import Schedule
 from tasks_app.protocol import history, results
+from tasks_app.protocol.periodic import SlotFiring
 from tasks_app.protocol.results import ResultRecord
+from tests.support.periodic import current_slot_ms
 
 pytestmark = pytest.mark.django_db
 
@@ -68,6 +74,55 @@ def test_entries_older_than_the_result_ttl_drop_out(broker, settings):
     new = producer.enqueue("demo.echo", queue="h")[0].id
     assert _ids(broker, broker.keys.history("h")) == [new]
     assert _ids(broker, broker.keys.history_status("h", "READY")) == [new]
+
+
+def _unique_echo_on_h() -> None:
+    TaskType.objects.create(name="demo.echo", handler="demo.echo", queue="h", unique_for_s=600)
+
+
+def _each_second(catch_up: str = "skip") -> PeriodicConfig:
+    return PeriodicConfig(name="tick", task_type="demo.echo", schedule=Schedule(interval_s=1), catch_up=catch_up)
+
+
+def test_periodic_runs_are_indexed_ready_when_fired_catch_up_first(broker):
+    TaskType.objects.create(name="demo.echo", handler="demo.echo", queue="h")
+    once, now_ms = _each_second("once"), current_slot_ms(broker)
+    assert fire_slot(once, SlotFiring(now_ms - 10_000, now_ms - 11_000, 60_000, "once"), broker).outcome == "fired"
+    firing = SlotFiring(now_ms, now_ms - 1000, 60_000, "once")
+    assert fire_slot(once, firing, broker).outcome == "fired_and_caught_up"
+    assert fire_slot(once, firing, broker).outcome == "done"  # pushes nothing, files nothing
+    expected = [run_id("tick", now_ms - 10_000), run_id("tick", now_ms, "catch_up"), run_id("tick", now_ms)]
+    assert _ids(broker, broker.keys.history("h")) == expected
+    assert _ids(broker, broker.keys.history_status("h", "READY")) == expected
+    assert sorted(_ids(broker, broker.keys.history_ids("h"))) == sorted(expected)
+    for key in history.index_keys(broker.keys, "h")[:3]:
+        assert 0 < broker.client.pttl(key) <= 7 * 24 * 3600 * 1000
+
+
+def test_unique_tasks_are_indexed_ready_when_pushed_and_duplicates_are_not(broker):
+    _unique_echo_on_h()
+    first = producer.enqueue("demo.echo", [1], count=3)
+    delayed = producer.enqueue("demo.echo", [2], delay_s=60)[0]
+    urgent = producer.enqueue("demo.echo", [3], priority=5)[0]
+    assert [task.duplicate for task in first] == [False, True, True]
+    expected = [first[0].id, delayed.id, urgent.id]
+    assert _ids(broker, broker.keys.history("h")) == expected
+    assert _ids(broker, broker.keys.history_status("h", "READY")) == expected
+    assert sorted(_ids(broker, broker.keys.history_ids("h"))) == sorted(expected)
+    assert 0 < broker.client.pttl(broker.keys.history_status("h", "READY")) <= 7 * 24 * 3600 * 1000
+
+
+def test_periodic_and_unique_enqueues_keep_the_cap_and_drop_aged_entries(broker, settings):
+    _unique_echo_on_h()
+    broker.history_max = 3
+    old = producer.enqueue("demo.echo", [0])[0].id
+    broker.client.zadd(broker.keys.history("h"), {old: (time.time() - settings.TASKS_RESULT_TTL - 60) * 1000})
+    ids = [producer.enqueue("demo.echo", [n])[0].id for n in range(1, 4)]
+    assert _ids(broker, broker.keys.history("h")) == ids  # the aged entry dropped by the first of them
+    slot_ms = current_slot_ms(broker)
+    assert fire_slot(_each_second(), SlotFiring(slot_ms, slot_ms - 1000, 60_000, "skip"), broker).pushed
+    assert _ids(broker, broker.keys.history("h")) == [*ids[1:], run_id("tick", slot_ms)]
+    assert _ids(broker, broker.keys.history_status("h", "READY")) == [*ids[1:], run_id("tick", slot_ms)]
 
 
 def test_window_prefix_and_delete(broker):

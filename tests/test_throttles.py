@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from io import StringIO
 
@@ -111,10 +112,16 @@ def test_a_paused_queue_claims_nothing_and_accepts_enqueues(broker):
     assert len(broker.claim("default", "c1", 10)) == 2
 
 
-def test_queue_command_pauses_and_resumes(broker):
+def _pause_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == "tasks_app.control"]
+
+
+def test_queue_command_pauses_and_resumes(broker, caplog):
     out = StringIO()
+    caplog.set_level(logging.WARNING, logger="tasks_app.control")
     call_command("queue", "pause", "default", stdout=out)
     call_command("queue", "pause", "default", stdout=out)
+    assert _pause_warnings(caplog) == ["queue default paused by manage.py queue"]  # a change only
     assert broker.is_paused("default")
     call_command("queuestats", stdout=out)
     call_command("queue", "resume", "default", stdout=out)
@@ -122,6 +129,11 @@ def test_queue_command_pauses_and_resumes(broker):
     assert lines[:2] == ["queue default paused", "queue default was already paused"]
     assert lines[3].split()[-1] == "paused" and lines[-1] == "queue default resumed"
     assert not broker.is_paused("default")
+    call_command("queue", "pause", "default", "--by", "night shift", stdout=out)
+    assert _pause_warnings(caplog)[1:] == [
+        "queue default resumed by manage.py queue",
+        "queue default paused by night shift",
+    ]
     with pytest.raises(CommandError, match="queue"):
         call_command("queue", "pause", "bad name")
 
@@ -158,7 +170,8 @@ def test_api_pauses_and_resumes_with_the_permission_only(client, broker, operato
     assert refused.status_code == 403 and not broker.is_paused("default")
 
 
-def test_dashboard_shows_paused_queues_and_pauses_with_a_button(staff, broker):
+def test_dashboard_shows_paused_queues_and_pauses_with_a_button(staff, broker, caplog):
+    caplog.set_level(logging.WARNING, logger="tasks_app.control")
     producer.enqueue("demo.echo")
     page = staff.get("/tasks/dashboard/").content.decode()
     assert 'value="pause"' in page and "Running" in page
@@ -168,6 +181,7 @@ def test_dashboard_shows_paused_queues_and_pauses_with_a_button(staff, broker):
     assert "Paused" in page and 'value="resume"' in page
     staff.post("/tasks/dashboard/default/pause/", {"action": "resume"})
     assert not broker.is_paused("default")
+    assert _pause_warnings(caplog) == ["queue default paused by boss", "queue default resumed by boss"]
 
 
 def test_dashboard_pause_needs_the_permission_and_a_post(client, broker):

@@ -50,6 +50,26 @@ local function history_expire(h, ttl_ms)
   for _, key in ipairs(h.status_keys) do redis.pcall('PEXPIRE', key, ttl_ms) end
 end
 
+-- The index arguments from ARGV[at] on, as tasks_app/protocol/history.py's header_args writes
+-- them: s (the number of status indexes, 0 for no index), the cap, the time to live (ms) and s
+-- status names (at most `most` of them: the status index keys the script was given). Returns them
+-- as a table, and the position of the first argument after them.
+local function history_args(at, most)
+  local count = int_arg(ARGV[at], 0, 0, math.max(0, math.min(#ARGV - at - 2, most or 2 ^ 53)))
+  local shape = {count = count, max = int_arg(ARGV[at + 1], 100000, 1, 2 ^ 53),
+                 ttl_ms = int_arg(ARGV[at + 2], 604800000, 1, 2 ^ 53), names = {unpack(ARGV, at + 3, at + 2 + count)}}
+  return shape, at + 3 + count
+end
+
+-- File tasks just enqueued under READY (scores 1 µs apart, in the order given), then trim the
+-- index to `max` entries and `ttl_ms` and give its keys that time to live again.
+local function history_enqueued(h, ids, max, ttl_ms)
+  local now_ms = history_now()
+  for i, id in ipairs(ids) do history_add(h, id, now_ms + (i - 1) / 1000, 'READY') end
+  history_trim(h, now_ms, ttl_ms, max)
+  history_expire(h, ttl_ms)
+end
+
 -- Move a task from the index of status `old` (nil: unknown, so from every other) to that of
 -- `new`, keeping its score (the status indexes' time to live is refreshed by the consumers'
 -- schedulers and each enqueue, not here: this runs for every result write);

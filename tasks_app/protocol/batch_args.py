@@ -77,3 +77,9 @@ def record_groups(items: Sequence[Enqueueable], result_ttl_s: int) -> list[Any]:
         for name, value in shared.items():
             args += (name, value)
     return args
+
+
+def record_only_args(item: Enqueueable, result_ttl_s: int) -> list[Any]:
+    """The ARGV of an enqueue_batch call that writes `item`'s READY record alone (its own slot on Redis Cluster)."""
+    # No queue section and no history index: the wake token and the id memory are never read.
+    return ["", 0, 1, "0", 0, 0, 1, 1, *record_groups([item], result_ttl_s)]

@@ -129,12 +129,8 @@ class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ControlOps, SlotOps, Pau
         shape = history.header_args(self.history_max, result_ttl_s * 1000)
         for item in items:
             if item.result_key_fields:
-                self.scripts.queue(
-                    pipe,
-                    "enqueue_batch",
-                    [self.keys.result(item.task_id)],
-                    [*head, 0, *shape, *batch_args.record_groups([item], result_ttl_s)],
-                )
+                keys = [self.keys.result(item.task_id)]
+                self.scripts.queue(pipe, "enqueue_batch", keys, batch_args.record_only_args(item, result_ttl_s))
         for queue, section in batch_args.sections(items).items():
             keys = self._queue_section_keys(queue)
             self.scripts.queue(pipe, "enqueue_batch", keys, [*head, 1, *shape, *section.args(queue)])

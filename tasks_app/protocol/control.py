@@ -57,16 +57,19 @@ class ControlOps(ScriptClient):
     """Unique enqueues, cancels and cancel requests, one round trip each (two for a running task's cancel)."""
 
     _announced_queues: set[str]
+    history_max: int  # the cap of each queue's history index (the broker's)
 
     def enqueue_unique(self, uniques: Sequence[UniqueEnqueueable], result_ttl_s: int) -> list[str | None]:
         """Push each task unless it is a duplicate; per task None (pushed) or the id of the task holding its key.
 
         One script per task, in one pipeline, in order: a later task of the same key is a
-        duplicate of an earlier one. On Redis Cluster the READY records (another slot) are
-        written in the same pipeline and those of duplicates deleted afterwards.
+        duplicate of an earlier one. A task pushed is filed READY in its queue's history by the
+        same script. On Redis Cluster the READY records (another slot) are written in the same
+        pipeline and those of duplicates deleted afterwards.
         """
         cluster = isinstance(self.client, redis.RedisCluster)
         pipe = self.client.pipeline(transaction=False)
+        index = history.header_args(self.history_max, result_ttl_s * 1000)
         for unique in uniques:
             item = unique.item
             keys = [
@@ -74,6 +77,7 @@ class ControlOps(ScriptClient):
                 self.keys.pending(item.queue),
                 self.keys.prioritized(item.queue),
                 self.keys.delayed(item.queue),
+                *history.index_keys(self.keys, item.queue),
             ]
             record = [pair for field in item.result_key_fields.items() for pair in field]
             if cluster and record:
@@ -82,7 +86,8 @@ class ControlOps(ScriptClient):
             elif record:
                 keys.append(self.keys.result(item.task_id))
             args = [item.task_id, unique.window_ms, WAKE_TOKEN, item.priority, item.delay_ms, item.raw]
-            self.scripts.queue(pipe, "enqueue_unique", keys, [*args, result_ttl_s + item.delay_ms // 1000 + 1, *record])
+            args += [result_ttl_s + item.delay_ms // 1000 + 1, *index, *record]
+            self.scripts.queue(pipe, "enqueue_unique", keys, args)
         new_queues = {unique.item.queue for unique in uniques} - self._announced_queues
         if new_queues:
             pipe.sadd(self.keys.queues(), *new_queues)

@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 
 import redis
 
-from tasks_app.protocol import batch_args
+from tasks_app.protocol import batch_args, history
 from tasks_app.protocol.batch_args import Enqueueable
 from tasks_app.protocol.keys import WAKE_TOKEN
 from tasks_app.protocol.scripts import ScriptClient
@@ -53,16 +53,19 @@ class PeriodicOps(ScriptClient):
     """Firing periodic slots and reading their state."""
 
     _announced_queues: set[str]  # queues this process added to the queue set (the broker's)
+    history_max: int  # the cap of each queue's history index (the broker's)
 
     def fire_periodic(
         self, schedule: str, firing: SlotFiring, regular: Enqueueable, catch_up: Enqueueable | None, result_ttl_s: int
     ) -> FireReply:
         """Claim one slot of `schedule` and push its run (and a catch-up run, if due) in one script call.
 
-        Both tasks are encoded for `regular.queue`; a slot at or before the last one handled pushes nothing.
+        Both tasks are encoded for `regular.queue`; a slot at or before the last one handled pushes
+        nothing. The script files each run it pushes READY in the queue's history index.
         """
         queue = regular.queue
         keys = [self.keys.periodic(queue, schedule), self.keys.pending(queue), self.keys.prioritized(queue)]
+        keys += history.index_keys(self.keys, queue)
         on_cluster = isinstance(self.client, redis.RedisCluster)
         if not on_cluster:
             keys += [self.keys.result(regular.task_id), self.keys.result(catch_up.task_id if catch_up else "-")]
@@ -79,6 +82,7 @@ class PeriodicOps(ScriptClient):
             catch_up.raw if catch_up else "",
             result_ttl_s,
             firing.saved_ms,
+            *history.header_args(self.history_max, result_ttl_s * 1000),
         ]
         for name, value in regular.result_key_fields.items():
             args += (name, value)
@@ -105,10 +109,9 @@ class PeriodicOps(ScriptClient):
 
     def _write_ready_records(self, items: Sequence[Enqueueable], result_ttl_s: int) -> None:
         # Redis Cluster: the records lie in other slots than the queue, written after the push.
-        head = [WAKE_TOKEN, 0, 1, "0", 0]
         for item in items:
-            records = batch_args.record_groups([item], result_ttl_s)
-            self._script("enqueue_batch", [self.keys.result(item.task_id)], [*head, *records])
+            args = batch_args.record_only_args(item, result_ttl_s)
+            self._script("enqueue_batch", [self.keys.result(item.task_id)], args)
 
 
 def _pushed(outcome: str, regular: Enqueueable, catch_up: Enqueueable | None) -> list[Enqueueable]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from django.contrib import messages
@@ -12,22 +11,12 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect
 from django.views.decorators.http import require_POST
 
+from tasks_app.control import set_queue_paused
 from tasks_app.models import PAUSE_QUEUE_PERMISSION
 from tasks_app.protocol.broker import get_broker
 from tasks_app.protocol.names import InvalidName, validate_name
 from tasks_app.protocol.timestamps import datetime_of_ms
 from tasks_app.web.api import api_view, error
-
-logger = logging.getLogger(__name__)
-
-
-def set_paused(queue: str, paused: bool, by: str) -> bool:
-    """Pause or resume `queue`; False if it already was in that state."""
-    broker = get_broker()
-    changed = broker.pause(queue, by=by) if paused else broker.resume(queue)
-    if changed:
-        logger.warning("queue %s %s by %s", queue, "paused" if paused else "resumed", by or "an operator")
-    return changed
 
 
 def queue_state(queue: str) -> dict[str, Any]:
@@ -53,7 +42,7 @@ def pause_page(request: HttpRequest, queue: str) -> HttpResponse:
     action = request.POST.get("action")
     if action not in {"pause", "resume"}:
         messages.error(request, "Unknown action.")
-    elif set_paused(queue, action == "pause", request.user.get_username()):
+    elif set_queue_paused(queue, action == "pause", by=request.user.get_username()):
         messages.success(request, f"Queue {queue} {action}d.")
     else:
         messages.info(request, f"Queue {queue} was already {action}d.")
@@ -65,7 +54,7 @@ def _api_set(request: HttpRequest, queue: str, paused: bool) -> HttpResponse:
         validate_name(queue, "queue")
     except InvalidName as exc:
         return error(400, str(exc))
-    changed = set_paused(queue, paused, request.user.get_username())
+    changed = set_queue_paused(queue, paused, by=request.user.get_username())
     return JsonResponse({**queue_state(queue), "changed": changed})
 
 

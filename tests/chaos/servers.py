@@ -2,97 +2,15 @@
 
 from __future__ import annotations
 
-import shutil
-import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import redis
 
-READY_TIMEOUT_S = 20.0
+from bench.private_redis import READY_TIMEOUT_S, RedisServer
 
-
-def free_port() -> int:
-    """Return a TCP port on loopback that nothing listens on (and whose cluster bus port is free)."""
-    while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        if port + 10000 > 65535:
-            continue
-        with socket.socket() as bus:
-            try:
-                bus.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-        return port
-
-
-class RedisServer:
-    """One `redis-server` on a free loopback port, with its data in a directory of its own."""
-
-    def __init__(self, directory: Path, *options: str, port: int | None = None) -> None:
-        self.port = port or free_port()
-        self.directory = directory / f"redis-{self.port}"
-        self.directory.mkdir(parents=True, exist_ok=True)
-        self.options = list(options)
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> RedisServer:
-        """Start the server (again, on the same port and data) and wait until it answers."""
-        with open(self.directory / "redis.log", "ab") as log:
-            self.process = subprocess.Popen(
-                [
-                    "redis-server",
-                    "--port",
-                    str(self.port),
-                    "--bind",
-                    "127.0.0.1",
-                    "--dir",
-                    str(self.directory),
-                    "--save",
-                    "",
-                    "--daemonize",
-                    "no",
-                    *self.options,
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        client = redis.Redis(port=self.port, socket_connect_timeout=1)
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while True:
-            try:
-                if client.ping() and client.info("persistence").get("loading", 0) == 0:
-                    break
-            except redis.RedisError:
-                pass
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server on port {self.port} did not start:\n{self.log()}")
-            time.sleep(0.05)
-        client.close()
-        return self
-
-    def kill(self) -> None:
-        """SIGKILL the server (a crash: nothing is flushed beyond what the fsync policy did)."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait(timeout=10)
-
-    def log(self) -> str:
-        path = self.directory / "redis.log"
-        return path.read_text(errors="replace")[-4000:] if path.exists() else ""
-
-    def remove(self) -> None:
-        """Kill the server and delete its data."""
-        self.kill()
-        shutil.rmtree(self.directory, ignore_errors=True)
+__all__ = ["RedisClusterServers", "RedisServer"]
 
 
 class RedisClusterServers:

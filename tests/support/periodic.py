@@ -1,4 +1,4 @@
-"""Reading the runs periodic schedules pushed, straight from a queue's pending list (oldest first)."""
+"""Periodic runs in tests: the server's current slot, and the runs a queue's pending list holds (oldest first)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,12 @@ from tasks_app.periodic.firing import CATCH_UP_HEADER, SCHEDULE_HEADER, SLOT_HEA
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import decode_task
 from tasks_app.protocol.keys import WAKE_TOKEN
+
+
+def current_slot_ms(broker: Broker) -> int:
+    """The latest whole second on the Redis server's clock: a slot of a one-second schedule, due now."""
+    seconds, micros = broker.client.time()
+    return (seconds * 1000 + micros // 1000) // 1000 * 1000
 
 
 class PushedRun(NamedTuple):

@@ -4,7 +4,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from tasks_app.protocol.broker import get_broker
+from tasks_app.control import set_queue_paused
 from tasks_app.protocol.names import InvalidName, validate_name
 
 
@@ -21,6 +21,5 @@ class Command(BaseCommand):
             validate_name(queue, "queue")
         except InvalidName as exc:
             raise CommandError(str(exc)) from None
-        broker = get_broker()
-        changed = broker.pause(queue, by=by) if action == "pause" else broker.resume(queue)
+        changed = set_queue_paused(queue, action == "pause", by=by)
         self.stdout.write(f"queue {queue} {action}d" if changed else f"queue {queue} was already {action}d")

@@ -1,0 +1,14 @@
+-- Settling a claimed task (ack, retry_later, dead_letter): take it out of this consumer's
+-- processing list, KEYS[1], and clear its marks in the recoveries hash: the start mark
+-- ("s:<sha1>") and, unless keep_count, its recovery count ("<sha1>"). Returns 1, or 0 when the
+-- list does not hold the task (reaped or finished elsewhere), having written nothing.
+local function settle_claimed(task, recoveries, keep_count)
+  if redis.call('LREM', KEYS[1], -1, task) == 0 then return 0 end
+  local digest = redis.sha1hex(task)
+  if keep_count then
+    redis.call('HDEL', recoveries, 's:' .. digest)
+  else
+    redis.call('HDEL', recoveries, digest, 's:' .. digest)
+  end
+  return 1
+end
