@@ -37,13 +37,17 @@ def enqueue_task(request: HttpRequest) -> HttpResponse:
                 queue=data["queue"] or None,
                 priority=data["priority"],
                 delay_s=data["delay"],
+                unique_key=data["unique_key"],
             )[0]
         except producer.EnqueueError as exc:
             form.add_error(error_field(str(exc)), str(exc))
         except producer.QueueUnavailable as exc:
             form.add_error(None, str(exc))
         else:
-            messages.success(request, f"Task {task.id} enqueued on queue {task.queue}.")
+            if task.duplicate:
+                messages.info(request, f"Task {task.id} was enqueued already, within its unique window: nothing added.")
+            else:
+                messages.success(request, f"Task {task.id} enqueued on queue {task.queue}.")
             return redirect("tasks_app:task", task_id=task.id)
     return render(request, "tasks_app/enqueue.html", admin_context(request, "Enqueue a task", form=form))
 
