@@ -24,7 +24,7 @@ from tasks_app.consumer.control import ControlSettling, Running, RunWatch, progr
 from tasks_app.consumer.pause_watch import PauseWatch
 from tasks_app.consumer.retrying import GaveUp
 from tasks_app.consumer.timeouts import RunClock, call_with_clock, failure_traceback
-from tasks_app.context import TaskContext
+from tasks_app.context import TaskContext, running
 from tasks_app.django_tasks import runner
 from tasks_app.exceptions import ResultNotJson, ResultTooLarge, TaskCancelled
 from tasks_app.protocol import results
@@ -348,11 +348,12 @@ class Executor(AsyncRuns, ControlSettling):
         arguments: Arguments,
         timed_out: Callable[[], BaseException | None] = lambda: None,
     ) -> Any:
-        """Call a handler with the task's arguments (and its context if it takes one)."""
-        if handler.django_task is not None:
-            return runner.run(handler.django_task, context, arguments, self.broker, timed_out)
-        if handler.is_async:  # without an asyncio lane, on this thread
-            return asyncio.run(self.invoke_async(handler, context, arguments, None))
-        if handler.takes_context:
-            return handler.func(context, *arguments.args, **arguments.kwargs)
-        return handler.func(*arguments.args, **arguments.kwargs)
+        """Call a handler with the task's arguments (and its context if it takes one, and as `context.current()`)."""
+        with running(context):
+            if handler.django_task is not None:
+                return runner.run(handler.django_task, context, arguments, self.broker, timed_out)
+            if handler.is_async:  # without an asyncio lane, on this thread
+                return asyncio.run(self.invoke_async(handler, context, arguments, None))
+            if handler.takes_context:
+                return handler.func(context, *arguments.args, **arguments.kwargs)
+            return handler.func(*arguments.args, **arguments.kwargs)
