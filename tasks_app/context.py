@@ -24,6 +24,7 @@ class RunControl:
 
     def __init__(self) -> None:
         self._cancelled = threading.Event()
+        self._forced = threading.Event()
         self._lock = threading.Lock()
         self._progress: dict[str, Any] | None = None
         self._dirty = False
@@ -32,9 +33,18 @@ class RunControl:
     def cancelled(self) -> bool:
         return self._cancelled.is_set()
 
+    @property
+    def forced(self) -> bool:
+        return self._forced.is_set()
+
     def cancel(self) -> None:
         """Mark the run as asked to stop (its consumer read a cancel request)."""
         self._cancelled.set()
+
+    def force(self) -> None:
+        """Mark the run as cancelled by force (its consumer is stopping it)."""
+        self._cancelled.set()
+        self._forced.set()
 
     def set_progress(self, progress: dict[str, Any]) -> None:
         """Keep the latest progress; the consumer writes it out, coalesced."""

@@ -77,7 +77,8 @@ class Executor(AsyncRuns, ControlSettling):
         # recovers the task); until then a finished task is never left in limbo.
         self.give_up = give_up or threading.Event()
         self.pauses = PauseWatch(broker, self.give_up)
-        self.running: dict[int, Running] = {}
+        # Runs being watched: thread runs by thread id, async runs by their RunControl.
+        self.running: dict[object, Running] = {}
         self._running_lock = threading.Lock()
         if max_result_bytes is None:
             from django.conf import settings
@@ -187,7 +188,7 @@ class Executor(AsyncRuns, ControlSettling):
         return interrupted
 
     def fail_hung(self, grace_s: float) -> int:
-        """Settle as timed out every run still going `grace_s` after its TaskTimeout; return how many.
+        """Settle every run still going `grace_s` after its TaskTimeout (failed) or forced cancel (cancelled).
 
         For process mode only, where the process then exits: the handler's thread is left to
         it, and its late outcome is never settled (the claim's fence makes it harmless anyway).
@@ -197,7 +198,10 @@ class Executor(AsyncRuns, ControlSettling):
             hung = [run for run in self.running.values() if run.clock.abandon(grace_s, now)]
         for run in hung:
             try:
-                self._fail_hung_run(run, grace_s, now)
+                if run.clock.cancel_error is not None:
+                    self._end_forced_run(run, grace_s, now)
+                else:
+                    self._fail_hung_run(run, grace_s, now)
             except Exception:  # its lease recovers it once the process is gone
                 logger.exception("could not settle hung task %s", run.task.id)
         return len(hung) + (self.async_lane.fail_hung(grace_s) if self.async_lane is not None else 0)
