@@ -1,9 +1,16 @@
-"""What a handler registered with ``takes_context=True`` receives first: the task and its run."""
+"""What a handler registered with ``takes_context=True`` receives first: the task and its run.
+
+`current()` returns the same object from anywhere inside a run (a `@django.tasks.task` function,
+a handler without `takes_context`, code they call), on its thread or in its coroutine.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
+from collections.abc import Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -17,6 +24,7 @@ class RunControl:
 
     def __init__(self) -> None:
         self._cancelled = threading.Event()
+        self._forced = threading.Event()
         self._lock = threading.Lock()
         self._progress: dict[str, Any] | None = None
         self._dirty = False
@@ -25,9 +33,18 @@ class RunControl:
     def cancelled(self) -> bool:
         return self._cancelled.is_set()
 
+    @property
+    def forced(self) -> bool:
+        return self._forced.is_set()
+
     def cancel(self) -> None:
         """Mark the run as asked to stop (its consumer read a cancel request)."""
         self._cancelled.set()
+
+    def force(self) -> None:
+        """Mark the run as cancelled by force (its consumer is stopping it)."""
+        self._cancelled.set()
+        self._forced.set()
 
     def set_progress(self, progress: dict[str, Any]) -> None:
         """Keep the latest progress; the consumer writes it out, coalesced."""
@@ -83,3 +100,24 @@ class TaskContext:
     def set_progress(self, current: float, total: float | None = None, message: str = "") -> None:
         """Report how far the run is; stored in the task's record as `progress`, at most a few writes a second."""
         self.control.set_progress(progress_value(current, total, message))
+
+
+_current: ContextVar[TaskContext | None] = ContextVar("tasks_app_current_run", default=None)
+
+
+def current() -> TaskContext:
+    """The context of the run this code is part of (on its thread or in its coroutine); LookupError outside one."""
+    context = _current.get()
+    if context is None:
+        raise LookupError("tasks_app.context.current() is only available while a consumer runs a task")
+    return context
+
+
+@contextlib.contextmanager
+def running(context: TaskContext) -> Iterator[TaskContext]:
+    """Make `context` what `current()` returns until the block ends (the consumer wraps each run in it)."""
+    token = _current.set(context)
+    try:
+        yield context
+    finally:
+        _current.reset(token)

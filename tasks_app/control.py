@@ -3,7 +3,9 @@
 What the CLI (`manage.py cancel`, `manage.py queue`), the JSON API, the dashboard, the task page
 and the task browser call. A task that has not started never runs and reads CANCELLED at once; a
 running one is asked to stop (its handler sees `context.cancelled` within about a second and may
-raise TaskCancelled). A paused queue is claimed from by no consumer until it is resumed.
+raise TaskCancelled), or, with `force=True`, stopped: TaskCancelled raised in it, and in process
+mode its process replaced if it has not ended a grace period later. A paused queue is claimed
+from by no consumer until it is resumed.
 """
 
 from __future__ import annotations
@@ -34,18 +36,20 @@ logger = logging.getLogger(__name__)
 MAX_CANCELLED_BY_CHARS = 200
 
 
-def cancel_many(task_ids: Sequence[str], *, cancelled_by: str = "", broker: Broker | None = None) -> list[CancelReply]:
+def cancel_many(
+    task_ids: Sequence[str], *, cancelled_by: str = "", force: bool = False, broker: Broker | None = None
+) -> list[CancelReply]:
     """Cancel tasks by id in one round trip (two if some run); never raises for an id: read each reply's outcome."""
     ids = [str(task_id) for task_id in task_ids]
     if not ids:
         return []
     by = cancelled_by[:MAX_CANCELLED_BY_CHARS].encode("utf-8", "backslashreplace").decode("utf-8")
-    return (broker or get_broker()).cancel_many(ids, by)
+    return (broker or get_broker()).cancel_many(ids, by, force)
 
 
-def cancel(task_id: str, *, cancelled_by: str = "", broker: Broker | None = None) -> CancelReply:
+def cancel(task_id: str, *, cancelled_by: str = "", force: bool = False, broker: Broker | None = None) -> CancelReply:
     """Cancel one task: CANCELLED if it had not started, REQUESTED if it runs; raise if unknown or finished."""
-    [reply] = cancel_many([task_id], cancelled_by=cancelled_by, broker=broker)
+    [reply] = cancel_many([task_id], cancelled_by=cancelled_by, force=force, broker=broker)
     if reply.outcome == UNKNOWN:
         raise TaskNotFound(f"no task {task_id!r} (unknown, or its record has expired)")
     if reply.outcome == FINISHED:

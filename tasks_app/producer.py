@@ -208,7 +208,7 @@ def unique_digest(request: TaskRequest, config: TaskTypeConfig) -> str:
         if not isinstance(request.unique_key, str) or not 1 <= len(request.unique_key) <= MAX_UNIQUE_KEY_CHARS:
             raise EnqueueError(f"unique_key must be a string of 1 to {MAX_UNIQUE_KEY_CHARS} characters")
         if not config.unique_for_s:
-            raise EnqueueError(f"task type {request.type!r} is not unique (its unique_for_s is empty)")
+            raise EnqueueError(f"unique_key given, but task type {request.type!r} is not unique (no unique_for_s)")
     if not config.unique_for_s:
         return ""
     if request.unique_key is not None:

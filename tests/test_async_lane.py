@@ -4,8 +4,8 @@ import asyncio
 import threading
 import time
 
-from tasks_app.consumer.async_lane import AsyncLane
-from tasks_app.exceptions import TaskTimeout
+from tasks_app.consumer.async_lane import AsyncLane, Flight
+from tasks_app.exceptions import TaskCancelled, TaskTimeout
 
 
 class Slots:
@@ -19,16 +19,27 @@ class Slots:
         self.in_use += 1
 
 
-def settled_runs(lane: AsyncLane, coroutine, timeout_s=None) -> tuple[list, threading.Event]:
+def recorded_flight(timeout_s=None) -> tuple[Flight, list]:
+    """A flight whose settle records (value, error) in the list."""
     outcomes: list = []
-    finished = threading.Event()
 
     def settle(value, error, raised, duration_s, on_settled) -> bool:
         outcomes.append((value, error))
         return False
 
-    lane.submit(coroutine, settle, finished.set, timeout_s)
-    return outcomes, finished
+    return Flight(settle, timeout_s), outcomes
+
+
+def submitted(lane: AsyncLane, coroutine, flight: Flight) -> threading.Event:
+    """Submit the run; the event is set once it is settled."""
+    finished = threading.Event()
+    lane.submit(coroutine, flight, finished.set)
+    return finished
+
+
+def settled_runs(lane: AsyncLane, coroutine, timeout_s=None) -> tuple[list, threading.Event]:
+    flight, outcomes = recorded_flight(timeout_s)
+    return outcomes, submitted(lane, coroutine, flight)
 
 
 def test_a_coroutine_runs_on_the_loop_and_is_settled_once_with_its_slots_given_back():
@@ -59,6 +70,62 @@ def test_a_run_blocking_the_loop_past_its_hard_limit_is_failed_once():
     assert finished.is_set() and lane.running == 0
     [(value, error)] = outcomes
     assert value is None and isinstance(error, TaskTimeout)
+    time.sleep(1.0)
+    assert len(outcomes) == 1, "its late end is not settled again"
+    lane.close()
+
+
+def test_a_forced_cancel_raises_task_cancelled_where_the_coroutine_awaits_and_wins_over_its_return():
+    lane = AsyncLane(10, Slots())
+    reached: list[str] = []
+
+    async def swallows_the_cancel() -> str:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            reached.append("cancelled")
+        return "went on"
+
+    flight, outcomes = recorded_flight()
+    finished = submitted(lane, swallows_the_cancel(), flight)
+    time.sleep(0.1)
+    lane.cancel(flight)
+    assert finished.wait(5) and reached == ["cancelled"]
+    [(value, error)] = outcomes
+    assert value is None and isinstance(error, TaskCancelled)
+    lane.close()
+
+
+def test_a_run_cancelled_with_force_before_it_began_never_begins():
+    lane = AsyncLane(10, Slots())
+    began = threading.Event()
+
+    async def work() -> None:
+        began.set()
+
+    flight, outcomes = recorded_flight()
+    lane.cancel(flight)
+    finished = submitted(lane, work(), flight)
+    assert finished.wait(5) and not began.is_set()
+    assert isinstance(outcomes[0][1], TaskCancelled)
+    lane.close()
+
+
+def test_a_forced_run_blocking_the_loop_past_the_grace_is_settled_cancelled_once():
+    lane = AsyncLane(10, Slots())
+
+    async def blocks_the_loop() -> str:
+        time.sleep(1.0)
+        return "late"
+
+    flight, outcomes = recorded_flight()
+    finished = submitted(lane, blocks_the_loop(), flight)
+    time.sleep(0.1)
+    lane.cancel(flight)
+    assert lane.fail_hung(0.3) == 0, "within the grace"
+    time.sleep(0.4)
+    assert lane.fail_hung(0.3) == 1 and lane.fail_hung(0.3) == 0
+    assert finished.is_set() and isinstance(outcomes[0][1], TaskCancelled)
     time.sleep(1.0)
     assert len(outcomes) == 1, "its late end is not settled again"
     lane.close()

@@ -14,7 +14,7 @@ from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.executor import Executor
 from tasks_app.consumer.limits import RateLimiter
-from tasks_app.context import TaskContext
+from tasks_app.context import TaskContext, current
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, decode_task, encode_payload
@@ -52,6 +52,7 @@ def registry() -> Registry:
     registry.add(Handler("x.add", lambda a, b: a + b))
     registry.add(Handler("x.boom", boom))
     registry.add(Handler("x.context", with_context, takes_context=True))
+    registry.add(Handler("x.current", lambda *args: with_context(current(), *args)))
     registry.add(Handler("x.exit", lambda: exec("raise SystemExit(3)")))
     registry.add(Handler("x.not_json", lambda: object()))
     registry.add(Handler("x.sleep", lambda seconds: time.sleep(seconds) or "late"))
@@ -164,6 +165,14 @@ def test_a_rate_limited_type_runs_one_then_defers_the_next_to_its_slot(broker, e
 
 
 # --- runs ---------------------------------------------------------------------------------
+def test_a_handler_without_context_reads_its_run_from_current_which_is_unset_outside_runs(broker, executor):
+    executor.execute(claimed(broker, "t1", "x.current", "a"))
+    value = json.loads(broker.get_result("t1")["return_value"])
+    assert (value["task_id"], value["attempt"], value["args"]) == ("t1", 1, ["a"])
+    with pytest.raises(LookupError, match="only available while a consumer runs a task"):
+        current()
+
+
 def test_a_successful_run_is_acked_with_its_return_value(broker, executor):
     before = sample("taskqueue_tasks_succeeded_total", type="x.add", queue="q")
     assert executor.execute(claimed(broker, "t1", "x.add", 2, 3)) is False

@@ -17,6 +17,7 @@ from tasks_app import producer
 from tasks_app.context import MAX_PROGRESS_MESSAGE_CHARS, progress_value
 from tasks_app.models import TaskType
 from tasks_app.protocol import results
+from tasks_app.protocol.control import CancelMark
 from tasks_app.protocol.replies import ResultUpdate
 from tests.support import django_tasks as tasks
 
@@ -76,7 +77,7 @@ def test_the_start_gate_refuses_cancelled_tasks_and_later_runs_of_cancel_request
     assert start_run(broker, cancelled, 5) == results.START_REFUSED
     assert start_run(broker, requested, 5) == 1
     assert tasks_app.cancel(requested).outcome == tasks_app.control.REQUESTED
-    assert broker.cancel_marks("web", [requested, cancelled]) == [True, False]
+    assert broker.cancel_marks("web", [requested, cancelled]) == [CancelMark.REQUESTED, CancelMark.NONE]
     assert start_run(broker, requested, 5) == 1  # the same run goes on writing
     assert broker.get_result(requested)["status"] == "RUNNING"
     assert start_run(broker, requested, 6) == results.START_REFUSED  # a retry never starts
@@ -180,3 +181,57 @@ def test_invalid_progress_is_refused(current, total, message, problem):
 
 def test_a_long_progress_message_is_cut():
     assert len(progress_value(1, None, "x" * 5000)["message"]) == MAX_PROGRESS_MESSAGE_CHARS
+
+
+def test_manage_py_cancel_force_stops_running_tasks_and_cancels_queued_ones_as_usual(broker, echo_type):
+    queued, running = (task.id for task in producer.enqueue("web.echo", count=2))
+    assert start_run(broker, running, 1) == 1
+    out = StringIO()
+    call_command("cancel", "--force", queued, running, stdout=out)
+    assert out.getvalue() == f"{queued} cancelled (it will not run)\n{running} running: stopped by force\n"
+    assert broker.cancel_marks("web", [running, queued]) == [CancelMark.FORCED, CancelMark.NONE]
+
+
+def test_the_api_force_field_forces_the_cancel_of_a_running_task(staff, broker, echo_type):
+    plain, forced, by_form, by_curl = (task.id for task in producer.enqueue("web.echo", count=4))
+    for task_id in (plain, forced, by_form, by_curl):
+        assert start_run(broker, task_id, 1) == 1
+    response = staff.post(cancel_url(plain), {"force": False}, content_type="application/json")
+    assert (response.status_code, response.json()["forced"]) == (202, False)
+    response = staff.post(cancel_url(forced), {"force": True}, content_type="application/json")
+    assert (response.status_code, response.json()["cancel_requested"], response.json()["forced"]) == (202, True, True)
+    assert staff.post(cancel_url(by_form), {"force": "true"}).json()["forced"] is True
+    curl_body = '{"force": true}'  # what `curl -d` sends, as a form
+    assert staff.post(cancel_url(by_curl), curl_body, "application/x-www-form-urlencoded").json()["forced"] is True
+    marks = broker.cancel_marks("web", [plain, forced, by_form, by_curl])
+    assert marks == [CancelMark.REQUESTED, CancelMark.FORCED, CancelMark.FORCED, CancelMark.FORCED]
+
+
+@pytest.mark.parametrize("body", ['{"force": "yes"}', '{"force": true, "why": 1}', "[true]", '{"force": tru'])
+def test_the_api_refuses_a_bad_cancel_body_and_cancels_nothing(staff, broker, echo_type, body):
+    task_id = producer.enqueue("web.echo")[0].id
+    response = staff.post(cancel_url(task_id), body, content_type="application/json")
+    assert response.status_code == 400 and response.json()["error"]
+    assert broker.get_result(task_id)["status"] == "READY"
+
+
+def test_the_task_page_offers_a_forced_stop_while_the_task_runs(staff, broker, echo_type):
+    queued, running = (task.id for task in producer.enqueue("web.echo", count=2))
+    assert 'id="task-cancel-force"' not in staff.get(f"/tasks/{queued}/").content.decode()
+    assert start_run(broker, running, 1) == 1
+    assert 'id="task-cancel-force"' in staff.get(f"/tasks/{running}/").content.decode()
+    page = staff.post(f"/tasks/{running}/cancel/", {"force": "1"}, follow=True).content.decode()
+    assert "it is being stopped by force" in page
+    assert broker.cancel_marks("web", [running]) == [CancelMark.FORCED]
+
+
+def test_a_requeue_from_the_dead_letters_forgets_the_cancel_requests_of_the_earlier_run(staff, broker, echo_type):
+    from tasks_app.protocol.dead_letters import list_dead_tasks, requeue
+    from tests.test_dead_letter_views import make_dead
+
+    task = make_dead(broker)  # as if its last run had been cancelled with force (and timed out)
+    for key in (broker.keys.cancel_requests("web"), broker.keys.cancel_forced("web")):
+        broker.client.zadd(key, {task.id: 1})
+    assert broker.cancel_marks("web", [task.id]) == [CancelMark.FORCED]
+    assert [dead.task.id for dead in requeue("web", list_dead_tasks("web"), broker) if dead.task] == [task.id]
+    assert broker.cancel_marks("web", [task.id]) == [CancelMark.NONE]

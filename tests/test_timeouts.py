@@ -1,10 +1,17 @@
-"""Soft time limits: TaskTimeout raised in a running handler's thread, never after it returned."""
+"""Soft limits and forced cancels: TaskTimeout or TaskCancelled raised in a handler's thread, never once it returned."""
 
 import threading
 import time
 
 from tasks_app.consumer.timeouts import RunClock, call_with_clock
-from tasks_app.exceptions import TaskTimeout
+from tasks_app.exceptions import TaskCancelled, TaskTimeout
+
+
+def spin(seconds: float) -> None:
+    """Busy pure-Python code (no C call to finish first) for `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        pass
 
 
 def run_in_thread(timeout_s: float, handler) -> tuple[RunClock, list]:
@@ -29,10 +36,7 @@ def test_an_overdue_pure_python_handler_is_interrupted_and_its_finally_runs():
 
     def handler() -> None:
         try:
-            deadline = time.monotonic() + 10
-            while True:
-                if time.monotonic() >= deadline:
-                    break
+            spin(10)
         finally:
             ran_finally.set()
 
@@ -73,3 +77,41 @@ def test_an_interrupt_racing_the_handlers_return_never_escapes_the_run():
         clock.interrupt()
         thread.join(5)
     assert escaped == []
+
+
+def test_a_forced_cancel_raises_task_cancelled_whose_finally_runs_and_wins_over_a_return():
+    ran_finally = threading.Event()
+
+    def handler() -> str:
+        try:
+            spin(10)
+        except TaskCancelled:
+            return "swallowed it"
+        finally:
+            ran_finally.set()
+        return "ran out"
+
+    clock, outcome, thread = run_in_thread(60, handler)
+    time.sleep(0.1)
+    assert clock.force_cancel() and not clock.force_cancel() and not clock.interrupt()
+    thread.join(5)
+    assert not thread.is_alive() and ran_finally.is_set()
+    [(value, raised)] = outcome
+    assert value is None and raised is clock.cancel_error and isinstance(raised, TaskCancelled)
+    assert not clock.overdue(time.monotonic() + 120)
+
+
+def test_a_forced_run_still_going_after_the_grace_is_abandoned_once():
+    clock = RunClock(None)
+    assert not clock.abandon(0.0, time.monotonic())  # neither timed out nor cancelled
+    clock.thread_id = 0  # no thread to raise in: it stands for one stuck in a C call
+    assert clock.force_cancel()
+    assert not clock.abandon(1.0, clock.forced_monotonic + 0.5)
+    assert clock.abandon(1.0, clock.forced_monotonic + 1.0) and not clock.abandon(1.0, clock.forced_monotonic + 2)
+    assert clock.abandoned
+
+
+def test_a_run_that_returned_is_never_cancelled_by_force():
+    clock, outcome, thread = run_in_thread(None, lambda: 42)
+    thread.join(5)
+    assert not clock.force_cancel() and outcome == [(42, None)] and clock.cancel_error is None

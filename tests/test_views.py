@@ -79,6 +79,8 @@ def test_form_says_when_there_is_no_type_to_enqueue(staff, broker):
         ({"args": "[" * 100_000 + "]" * 100_000}, "args", "JSON is nested too deeply (at most 64 levels)"),
         ({"kwargs": '{"a":' * 65 + "1" + "}" * 65}, "kwargs", "JSON is nested too deeply (at most 64 levels)"),
         ({"delay": str(365 * 86400 + 1)}, "delay", "less than or equal to 31536000"),
+        ({"unique_key": "order-7"}, "unique_key", "task type &#x27;web.echo&#x27; is not unique"),
+        ({"unique_key": "k" * 1001}, "unique_key", "at most 1000 characters"),
     ],
 )
 def test_form_shows_the_exact_error_next_to_the_field_and_enqueues_nothing(
@@ -121,6 +123,17 @@ def test_valid_form_enqueues_and_redirects_to_the_task_page(staff, broker, echo_
         "READY",
     )
     assert broker.queue_stats("other").pending == 1
+
+
+def test_the_same_unique_key_twice_gives_the_first_task_and_enqueues_nothing_more(staff, broker, echo_type):
+    TaskType.objects.filter(pk=echo_type.pk).update(unique_for_s=60)
+    first = post_enqueue(staff, args="[1]", unique_key="order-7")
+    again = post_enqueue(staff, args="[2]", unique_key="order-7")
+    other = post_enqueue(staff, args="[2]", unique_key="order-8")
+    assert first["Location"] == again["Location"] != other["Location"]
+    assert broker.queue_stats("web").pending == 2
+    page = staff.get(again["Location"]).content.decode()
+    assert "was enqueued already, within its unique window: nothing added" in page
 
 
 def test_a_delay_puts_the_task_in_delayed(staff, broker, echo_type):

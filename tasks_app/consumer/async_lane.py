@@ -6,7 +6,8 @@ coroutine here and moves on: the task gives back its worker slot and takes one o
 settled through the same path as a sync run (results, retries, acks and fences): a success is
 handed to the ack batcher from the loop (that only queues it), anything else is settled on a
 small pool of threads, so the loop never waits on Redis. A task keeps its lane slot until its ack is
-written: a crash can re-run at most concurrency + prefetch + async concurrency tasks.
+written: a crash can re-run at most concurrency + prefetch + async concurrency tasks. A forced
+cancel (`cancel`) cancels the run's asyncio task: TaskCancelled where its coroutine awaits.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from tasks_app.exceptions import TaskTimeout
+from tasks_app.exceptions import TaskCancelled, TaskTimeout
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +44,8 @@ class WorkerSlots(Protocol):
 
 
 @dataclass(eq=False)
-class _Flight:
-    """One coroutine handed to the lane: what settles it, and whether that was done."""
+class Flight:
+    """One coroutine handed to the lane: what settles it, whether that was done, whether it was cancelled."""
 
     settle: Settle
     timeout_s: float | None
@@ -53,6 +54,10 @@ class _Flight:
     started: float = field(default_factory=time.monotonic)
     settled: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # A forced cancel: when it was asked (monotonic, any thread), and whether it reached the run (on the loop).
+    force_requested_at: float | None = None
+    forced: bool = False
+    task: asyncio.Task[None] | None = None
 
     def take_settling(self) -> bool:
         """True for the one caller that settles this run (its end, or a hard limit)."""
@@ -72,7 +77,7 @@ class AsyncLane:
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._settlers: ThreadPoolExecutor | None = None
-        self._flights: set[_Flight] = set()
+        self._flights: set[Flight] = set()
 
     @property
     def running(self) -> int:
@@ -80,17 +85,10 @@ class AsyncLane:
         with self._lock:
             return self._running
 
-    def submit(
-        self,
-        coroutine: Coroutine[Any, Any, Any],
-        settle: Settle,
-        on_settled: Callable[[], None],
-        timeout_s: float | None,
-        succeed_now: SucceedNow | None = None,
-    ) -> None:
-        """Run `coroutine` on the loop and settle its outcome; waits while the lane is full."""
+    def submit(self, coroutine: Coroutine[Any, Any, Any], flight: Flight, on_settled: Callable[[], None]) -> None:
+        """Run `coroutine` on the loop and settle its outcome as `flight` says; waits while the lane is full."""
         self._slots.acquire()
-        flight = _Flight(settle, timeout_s, succeed_now)
+        flight.started = time.monotonic()  # its timeout counts from here, not while it waited for a slot
         flight.done = self._done_callback(on_settled, flight)
         with self._lock:
             self._running += 1
@@ -99,24 +97,40 @@ class AsyncLane:
         self.worker_slots.hand_off()
         asyncio.run_coroutine_threadsafe(self._run(coroutine, flight), loop)
 
+    def cancel(self, flight: Flight) -> None:
+        """Cancel a run for a forced cancel: TaskCancelled where its coroutine awaits (at once if it has not begun)."""
+        flight.force_requested_at = time.monotonic()
+        with self._lock:
+            loop = self._loop if flight in self._flights else None
+        if loop is not None:
+            loop.call_soon_threadsafe(self._cancel_on_loop, flight)
+
     def fail_hung(self, grace_s: float) -> int:
-        """Settle as timed out every run still going `grace_s` past its timeout (the loop is blocked)."""
+        """Settle every run still going `grace_s` past its timeout or forced cancel (its loop is blocked)."""
         now = time.monotonic()
         with self._lock:
-            hung = [
-                flight
-                for flight in self._flights
-                if flight.timeout_s is not None and now - flight.started >= flight.timeout_s + grace_s
-            ]
+            hung = [(flight, error) for flight in self._flights if (error := self._hung_error(flight, grace_s, now))]
         failed = 0
-        for flight in hung:
+        for flight, error in hung:
             if flight.take_settling():
-                assert flight.timeout_s is not None
-                error = TaskTimeout(f"task exceeded its timeout of {flight.timeout_s:g} s")
-                logger.error("an async task is still running %g s past its timeout: its event loop is blocked", grace_s)
+                logger.error(
+                    "an async task still runs %g s after %s was due in it (its event loop is blocked, or it "
+                    "ignored the cancellation): given up on",
+                    grace_s,
+                    type(error).__name__,
+                )
                 self._settle(flight, None, error, now - flight.started)
                 failed += 1
         return failed
+
+    @staticmethod
+    def _hung_error(flight: Flight, grace_s: float, now: float) -> TaskCancelled | TaskTimeout | None:
+        """What a run is settled with if it outlived its forced cancel or its timeout by `grace_s` (else None)."""
+        if flight.force_requested_at is not None and now - flight.force_requested_at >= grace_s:
+            return TaskCancelled("the task was cancelled with force")
+        if flight.timeout_s is not None and now - flight.started >= flight.timeout_s + grace_s:
+            return TaskTimeout(f"task exceeded its timeout of {flight.timeout_s:g} s")
+        return None
 
     def close(self) -> None:
         """Stop the loop and the settling threads (after the consumer waited for the running tasks)."""
@@ -135,13 +149,8 @@ class AsyncLane:
         self._loop = loop
         return loop
 
-    async def _run(self, coroutine: Coroutine[Any, Any, Any], flight: _Flight) -> None:
-        value: Any = None
-        raised: BaseException | None = None
-        try:
-            value = await coroutine
-        except BaseException as exc:  # a handler's sys.exit() or cancellation fails the task, not the lane
-            raised = exc
+    async def _run(self, coroutine: Coroutine[Any, Any, Any], flight: Flight) -> None:
+        value, raised = await self._outcome(coroutine, flight)
         if flight.take_settling():
             duration_s = time.monotonic() - flight.started
             later = None
@@ -159,7 +168,30 @@ class AsyncLane:
             else:  # closed while it ran (past the grace period)
                 self._settle(flight, value, raised, duration_s)
 
-    def _settle(self, flight: _Flight, value: Any, raised: BaseException | None, duration_s: float) -> None:
+    @staticmethod
+    async def _outcome(coroutine: Coroutine[Any, Any, Any], flight: Flight) -> tuple[Any, BaseException | None]:
+        """Await the run; its value and what it raised (a forced cancel that reached it wins over both)."""
+        flight.task = asyncio.current_task()
+        if flight.force_requested_at is not None:  # cancelled with force before it began
+            coroutine.close()
+        else:
+            try:
+                value = await coroutine
+            except BaseException as exc:  # a handler's sys.exit() or cancellation fails the task, not the lane
+                if not flight.forced or isinstance(exc, TaskTimeout):
+                    return None, exc
+            else:
+                if not flight.forced:
+                    return value, None
+        return None, TaskCancelled("the task was cancelled with force")
+
+    @staticmethod
+    def _cancel_on_loop(flight: Flight) -> None:
+        if flight.task is not None and not flight.task.done():
+            flight.forced = True
+            flight.task.cancel()
+
+    def _settle(self, flight: Flight, value: Any, raised: BaseException | None, duration_s: float) -> None:
         try:
             later = flight.settle(value, raised, raised, duration_s, flight.done)
         except Exception:  # settle dead-letters as a last resort; this is a bug: the lease recovers the task
@@ -168,7 +200,7 @@ class AsyncLane:
         if not later:
             flight.done()
 
-    def _done_callback(self, on_settled: Callable[[], None], flight: _Flight) -> Callable[[], None]:
+    def _done_callback(self, on_settled: Callable[[], None], flight: Flight) -> Callable[[], None]:
         """What runs once the task left the consumer's hands: its slots are given back."""
 
         def done() -> None:

@@ -1,19 +1,26 @@
-"""How an executor hands `async def` handlers to its asyncio lane and settles what they return."""
+"""How an executor hands `async def` handlers to its asyncio lane and settles what they return.
+
+An async run is watched like a thread run (`Executor.running`, keyed by its RunControl): the
+housekeeping tick tells it of cancels and writes its progress, and a forced cancel cancels its
+asyncio task. It leaves the watch when it ends, its last progress written just before its outcome.
+"""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Coroutine
+import threading
+from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
 from typing import Any
 
 from tasks_app import metrics
-from tasks_app.consumer.async_lane import AsyncLane
+from tasks_app.consumer.async_lane import AsyncLane, Flight
 from tasks_app.consumer.claimed import Claimed
+from tasks_app.consumer.control import Running, RunWatch, progress_update
 from tasks_app.consumer.retrying import GaveUp
 from tasks_app.consumer.settling import Settling
-from tasks_app.consumer.timeouts import within_timeout
-from tasks_app.context import TaskContext
+from tasks_app.consumer.timeouts import RunClock, within_timeout
+from tasks_app.context import RunControl, TaskContext, running
 from tasks_app.django_tasks import runner
 from tasks_app.exceptions import ResultNotJson, ResultTooLarge
 from tasks_app.protocol import results
@@ -24,10 +31,20 @@ from tasks_app.task_types import TaskTypeConfig
 logger = logging.getLogger("tasks_app.tasks")
 
 
+async def as_current[T](context: TaskContext, awaitable: Awaitable[T]) -> T:
+    """Await `awaitable` with `context` as what `tasks_app.context.current()` returns in it."""
+    with running(context):
+        return await awaitable
+
+
 class AsyncRuns(Settling):
     """The asyncio lane's side of an executor: submit a run, settle its outcome from the lane."""
 
     async_lane: AsyncLane | None
+    # The executor's: the runs the housekeeping tick watches, and the watch.
+    running: dict[object, Running]
+    _running_lock: threading.Lock
+    watch: RunWatch
     # The executor's: settles a run's outcome (see Executor._settle_outcome).
     _settle_outcome: Callable[..., bool]
     _run: Callable[..., bool]
@@ -43,13 +60,26 @@ class AsyncRuns(Settling):
         max_attempts: int,
         on_settled: Callable[[], None] | None,
     ) -> bool:
-        """Hand the run to the lane; it calls `on_settled` once the task is settled (always True)."""
-        assert self.async_lane is not None
-        coroutine = self.invoke_async(handler, context, arguments, config.timeout_s or None)
-        settle = partial(self._settle_safely, claimed, task, config, max_attempts)
-        succeed_now = partial(self._succeed_now, claimed, task)
-        self.async_lane.submit(coroutine, settle, on_settled or (lambda: None), config.timeout_s or None, succeed_now)
+        """Hand the run to the lane, watched; it calls `on_settled` once the task is settled (always True)."""
+        lane = self.async_lane
+        assert lane is not None
+        timeout_s = config.timeout_s or None
+        coroutine = self.invoke_async(handler, context, arguments, timeout_s)
+        settle = partial(self._settle_safely, context.control, claimed, task, config, max_attempts)
+        flight = Flight(settle, timeout_s, partial(self._succeed_now, context.control, claimed, task))
+        run = Running(task, RunClock(None), context, claimed.fence, claimed, config, partial(lane.cancel, flight))
+        with self._running_lock:
+            self.running[context.control] = run
+        lane.submit(coroutine, flight, on_settled or (lambda: None))
         return True
+
+    def _unwatch(self, control: RunControl) -> None:
+        """Stop watching an async run that ended; write the progress it set since the last tick (before its outcome)."""
+        with self._running_lock:
+            run = self.running.pop(control, None)
+        last_progress = progress_update(run, self.result_ttl_s) if run is not None else None
+        if last_progress is not None:
+            self.watch.record(last_progress)
 
     def _run_releasing(
         self,
@@ -77,7 +107,13 @@ class AsyncRuns(Settling):
         return later
 
     def _succeed_now(
-        self, claimed: Claimed, task: Task, value: Any, duration: float, on_settled: Callable[[], None]
+        self,
+        control: RunControl,
+        claimed: Claimed,
+        task: Task,
+        value: Any,
+        duration: float,
+        on_settled: Callable[[], None],
     ) -> bool | None:
         """Settle a success through the ack batcher without waiting; None if that cannot be done."""
         if self.acks is None or task.unique_digest:  # freeing a unique key is a round trip
@@ -86,12 +122,16 @@ class AsyncRuns(Settling):
             return_json = results.result_json(value, self.max_result_bytes)
         except (ResultNotJson, ResultTooLarge):
             return None  # a failure: settled on a settling thread
+        self._unwatch(control)  # the batcher only queues its progress write, before the ack
         metrics.TASK_DURATION.labels(task.type, task.queue).observe(duration)
         return self._succeed(claimed, task, return_json, duration, on_settled)
 
-    def _settle_safely(self, claimed: Claimed, task: Task, config: TaskTypeConfig, *outcome: Any) -> bool:
+    def _settle_safely(
+        self, control: RunControl, claimed: Claimed, task: Task, config: TaskTypeConfig, *outcome: Any
+    ) -> bool:
         """`_settle_outcome`, dead-letting the task as a last resort if settling fails (see `execute`)."""
         try:
+            self._unwatch(control)
             return self._settle_outcome(claimed, task, config, *outcome)
         except GaveUp:
             raise
@@ -105,10 +145,12 @@ class AsyncRuns(Settling):
     ) -> Coroutine[Any, Any, Any]:
         """The coroutine of an `async def` handler's run, cancelled with TaskTimeout at `timeout_s`."""
         if handler.django_task is not None:
-            return runner.start_async(handler.django_task, context, arguments, self.broker, timeout_s)
-        if handler.takes_context:
-            return within_timeout(handler.func(context, *arguments.args, **arguments.kwargs), timeout_s)
-        return within_timeout(handler.func(*arguments.args, **arguments.kwargs), timeout_s)
+            with running(context):  # task_started, sent now, sees the run as current
+                coroutine = runner.start_async(handler.django_task, context, arguments, self.broker, timeout_s)
+        else:
+            args = (context, *arguments.args) if handler.takes_context else arguments.args
+            coroutine = within_timeout(handler.func(*args, **arguments.kwargs), timeout_s)
+        return as_current(context, coroutine)
 
     def async_running(self) -> int:
         """Tasks on the asyncio lane, not yet settled."""

@@ -2,9 +2,12 @@
 
 The start of a run is its RUNNING write (`record_result.lua`), which Redis refuses for a cancelled
 task: the worker then acks the task without running it. Running handlers learn of a cancel from
-`RunWatch`, which the housekeeping loop ticks: one ZMSCORE per queue with running tasks every
-CANCEL_CHECK_S, no polling per task. Progress set by handlers is written by the same tick through
-the ack batcher, at most every PROGRESS_EVERY_S per task, and once more when the run ends.
+`RunWatch`, which the housekeeping loop ticks: one round trip per queue with running tasks every
+CANCEL_CHECK_S (the ids' scores in `cancel_requests` and `cancel_forced`), no polling per task.
+A forced cancel also stops the run: TaskCancelled raised in its thread or its coroutine (and, in
+process mode, a run still going a grace period later is abandoned: see process_mode.py).
+Progress set by handlers is written by the same tick through the ack batcher, at most every
+PROGRESS_EVERY_S per task, and once more when the run ends.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from tasks_app.models import TaskType
 from tasks_app.protocol import results
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task
+from tasks_app.protocol.control import CancelMark
 from tasks_app.protocol.jsontext import compact_json
 from tasks_app.protocol.replies import ResultUpdate
 from tasks_app.task_types import TaskTypeConfig
@@ -44,6 +48,15 @@ class Running:
     # What a hard limit needs to settle the run from another thread (process mode).
     claimed: Claimed | None = None
     config: TaskTypeConfig | None = None
+    # How a forced cancel stops it (None: TaskCancelled raised in its thread, through its clock).
+    stop: Callable[[], object] | None = None
+
+    def force_stop(self) -> None:
+        """Stop the run for a forced cancel: TaskCancelled raised where it runs."""
+        if self.stop is not None:
+            self.stop()
+        else:
+            self.clock.force_cancel()
 
 
 def progress_update(run: Running, ttl_s: int) -> ResultUpdate | None:
@@ -77,18 +90,32 @@ class RunWatch:
         self._checked_at = now
         by_queue: dict[str, list[Running]] = {}
         for run in runs:
-            if run.context is not None and not run.context.cancelled:
+            if run.context is not None and not run.context.control.forced:
                 by_queue.setdefault(run.task.queue, []).append(run)
         for queue, queued in by_queue.items():
             marks = self.broker.cancel_marks(queue, [run.task.id for run in queued])
-            for run, marked in zip(queued, marks, strict=True):
-                if marked and run.context is not None:
-                    run.context.control.cancel()
-                    logger.info("task %s was cancelled while running; its handler is told", run.task.id)
+            for run, mark in zip(queued, marks, strict=True):
+                self._tell(run, mark)
+
+    @staticmethod
+    def _tell(run: Running, mark: CancelMark) -> None:
+        """Pass a cancel request on to its run: the flag it polls, and for a forced one, TaskCancelled."""
+        if run.context is None:
+            return
+        control = run.context.control
+        if mark == CancelMark.FORCED:
+            control.force()
+            run.force_stop()
+            logger.warning("task %s was cancelled with force while running: TaskCancelled raised in it", run.task.id)
+        elif mark == CancelMark.REQUESTED and not control.cancelled:
+            control.cancel()
+            logger.info("task %s was cancelled while running; its handler is told", run.task.id)
 
 
 class ControlSettling(Settling):
     """How an executor ends cancelled runs and frees the uniqueness keys of finished unique tasks."""
+
+    watch: RunWatch
 
     def _drop_cancelled(self, claimed: Claimed, task: Task, on_settled: Callable[[], None] | None) -> bool:
         """Ack a task whose record says it was cancelled before it started, without running it."""
@@ -103,6 +130,21 @@ class ControlSettling(Settling):
         metrics.TASKS_CANCELLED.labels(task.type, task.queue).inc()
         update = results.cancelled(task, int(time.time() * 1000), self.result_ttl_s, claimed.fence)
         return self._ack_settled(claimed, task, update, "cancelled", duration_s, on_settled)
+
+    def _end_forced_run(self, run: Running, grace_s: float, now: float) -> None:
+        """Settle a run still going `grace_s` after its forced cancel: CANCELLED; its process is then replaced."""
+        assert run.claimed is not None and run.config is not None
+        logger.error(
+            "task %s still running %g s after a forced cancel: cancelled, and its process will be replaced",
+            run.task.id,
+            grace_s,
+            extra={"task_id": run.task.id, "type": run.task.type, "queue": run.task.queue, "outcome": "cancelled"},
+        )
+        last_progress = progress_update(run, self.result_ttl_s)
+        if last_progress is not None:
+            self.watch.record(last_progress)
+        self._release_unique(run.task, run.config)
+        self._end_cancelled(run.claimed, run.task, now - run.clock.started_monotonic, None)
 
     def _release_unique(self, task: Task, config: TaskTypeConfig) -> None:
         """Free the task's uniqueness key now that it finished, if its type holds keys until then."""

@@ -24,7 +24,7 @@ from tasks_app.consumer.control import ControlSettling, Running, RunWatch, progr
 from tasks_app.consumer.pause_watch import PauseWatch
 from tasks_app.consumer.retrying import GaveUp
 from tasks_app.consumer.timeouts import RunClock, call_with_clock, failure_traceback
-from tasks_app.context import TaskContext
+from tasks_app.context import TaskContext, running
 from tasks_app.django_tasks import runner
 from tasks_app.exceptions import ResultNotJson, ResultTooLarge, TaskCancelled
 from tasks_app.protocol import results
@@ -77,7 +77,8 @@ class Executor(AsyncRuns, ControlSettling):
         # recovers the task); until then a finished task is never left in limbo.
         self.give_up = give_up or threading.Event()
         self.pauses = PauseWatch(broker, self.give_up)
-        self.running: dict[int, Running] = {}
+        # Runs being watched: thread runs by thread id, async runs by their RunControl.
+        self.running: dict[object, Running] = {}
         self._running_lock = threading.Lock()
         if max_result_bytes is None:
             from django.conf import settings
@@ -190,7 +191,7 @@ class Executor(AsyncRuns, ControlSettling):
         return interrupted
 
     def fail_hung(self, grace_s: float) -> int:
-        """Settle as timed out every run still going `grace_s` after its TaskTimeout; return how many.
+        """Settle every run still going `grace_s` after its TaskTimeout (failed) or forced cancel (cancelled).
 
         For process mode only, where the process then exits: the handler's thread is left to
         it, and its late outcome is never settled (the claim's fence makes it harmless anyway).
@@ -200,7 +201,10 @@ class Executor(AsyncRuns, ControlSettling):
             hung = [run for run in self.running.values() if run.clock.abandon(grace_s, now)]
         for run in hung:
             try:
-                self._fail_hung_run(run, grace_s, now)
+                if run.clock.cancel_error is not None:
+                    self._end_forced_run(run, grace_s, now)
+                else:
+                    self._fail_hung_run(run, grace_s, now)
             except Exception:  # its lease recovers it once the process is gone
                 logger.exception("could not settle hung task %s", run.task.id)
         return len(hung) + (self.async_lane.fail_hung(grace_s) if self.async_lane is not None else 0)
@@ -361,11 +365,12 @@ class Executor(AsyncRuns, ControlSettling):
         arguments: Arguments,
         timed_out: Callable[[], BaseException | None] = lambda: None,
     ) -> Any:
-        """Call a handler with the task's arguments (and its context if it takes one)."""
-        if handler.django_task is not None:
-            return runner.run(handler.django_task, context, arguments, self.broker, timed_out)
-        if handler.is_async:  # without an asyncio lane, on this thread
-            return asyncio.run(self.invoke_async(handler, context, arguments, None))
-        if handler.takes_context:
-            return handler.func(context, *arguments.args, **arguments.kwargs)
-        return handler.func(*arguments.args, **arguments.kwargs)
+        """Call a handler with the task's arguments (and its context if it takes one, and as `context.current()`)."""
+        with running(context):
+            if handler.django_task is not None:
+                return runner.run(handler.django_task, context, arguments, self.broker, timed_out)
+            if handler.is_async:  # without an asyncio lane, on this thread
+                return asyncio.run(self.invoke_async(handler, context, arguments, None))
+            if handler.takes_context:
+                return handler.func(context, *arguments.args, **arguments.kwargs)
+            return handler.func(*arguments.args, **arguments.kwargs)

@@ -2,8 +2,9 @@
 
 A child leaves with a documented exit code, and its supervisor starts a replacement at once:
 `EXIT_RECYCLE` after `--max-tasks-per-child` runs or above `--max-memory-per-child` MB,
-`EXIT_HARD_LIMIT` after a handler outlived its timeout by the grace period. Either way it
-stops claiming, returns what it had not started and lets its other running tasks finish.
+`EXIT_HARD_LIMIT` after a handler outlived its timeout, or a forced cancel, by the grace period
+(`--timeout-grace`). Either way it stops claiming, returns what it had not started and lets its
+other running tasks finish.
 """
 
 from __future__ import annotations
@@ -81,13 +82,15 @@ class ProcessGuard:
         return tick
 
     def enforce_hard_limits(self) -> int:
-        """Fail runs past their timeout plus grace and leave; return how many (0 outside process mode)."""
+        """Settle runs past their timeout or forced cancel plus grace, and leave; return how many (0 in thread mode)."""
         grace_s = self.options.hard_limit_grace_s
         if grace_s is None:
             return 0
         failed = self.fail_hung(grace_s)
         if failed:
-            self.leave(EXIT_HARD_LIMIT, f"{failed} handler(s) still running {grace_s:g} s past their timeout")
+            self.leave(
+                EXIT_HARD_LIMIT, f"{failed} handler(s) still running {grace_s:g} s past their timeout or forced cancel"
+            )
         return failed
 
     def _beat_forever(self) -> None:

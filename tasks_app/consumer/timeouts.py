@@ -1,9 +1,10 @@
-"""Soft time limits: a run past its deadline gets TaskTimeout raised inside its own thread.
+"""Soft time limits and forced cancels: TaskTimeout or TaskCancelled raised inside the run's own thread.
 
 CPython delivers such an exception between two bytecodes of the target thread: pure-Python code
 stops at once (its `finally` blocks and context managers run), a C call (time.sleep, a socket
 read) finishes first. The run stays held by its worker until the handler returns; only then is
-it settled, so a retry never overlaps it.
+it settled, so a retry never overlaps it. (In process mode a run that outlives the exception by
+a grace period is abandoned, and its process replaced: see `RunClock.abandon`.)
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from tasks_app.exceptions import TaskTimeout
+from tasks_app.exceptions import TaskCancelled, TaskTimeout
 
 
 def _set_async_exc(thread_id: int, exc_type: type[BaseException] | None) -> None:
@@ -35,8 +36,11 @@ class RunClock:
     started_monotonic: float = field(default_factory=time.monotonic)
     # The timeout, once the watchdog raised it in the handler's thread.
     timeout_error: TaskTimeout | None = None
+    # A forced cancel, once raised in the handler's thread, and when (monotonic).
+    cancel_error: TaskCancelled | None = None
+    forced_monotonic: float = 0.0
     returned: bool = False
-    # Settled as timed out while its handler still ran (a hard limit, in process mode).
+    # Settled while its handler still ran (a hard limit or a forced cancel, in process mode).
     abandoned: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -46,24 +50,38 @@ class RunClock:
             self.timeout_s is not None
             and now_monotonic - self.started_monotonic >= self.timeout_s
             and self.timeout_error is None
+            and self.cancel_error is None
             and not self.returned
         )
 
     def interrupt(self) -> bool:
-        """Raise TaskTimeout in the run's thread, once, unless the handler already returned."""
+        """Raise TaskTimeout in the run's thread, once, unless the handler already returned (or was cancelled)."""
         with self.lock:
-            if self.returned or self.timeout_error is not None:
+            if self.returned or self.timeout_error is not None or self.cancel_error is not None:
                 return False
             self.timeout_error = TaskTimeout(f"task exceeded its timeout of {self.timeout_s:g} s")
             _set_async_exc(self.thread_id, TaskTimeout)
             return True
 
-    def abandon(self, grace_s: float, now_monotonic: float) -> bool:
-        """Give up on a run still going `grace_s` after it was interrupted; True once, if it did."""
+    def force_cancel(self) -> bool:
+        """Raise TaskCancelled in the run's thread, once, unless the handler already returned (or timed out)."""
         with self.lock:
-            if self.returned or self.abandoned or self.timeout_error is None or self.timeout_s is None:
+            if self.returned or self.timeout_error is not None or self.cancel_error is not None:
                 return False
-            self.abandoned = now_monotonic - self.started_monotonic >= self.timeout_s + grace_s
+            self.cancel_error = TaskCancelled("the task was cancelled with force")
+            self.forced_monotonic = time.monotonic()
+            _set_async_exc(self.thread_id, TaskCancelled)
+            return True
+
+    def abandon(self, grace_s: float, now_monotonic: float) -> bool:
+        """Give up on a run still going `grace_s` after its timeout or forced cancel; True once, if it did."""
+        with self.lock:
+            if self.returned or self.abandoned:
+                return False
+            if self.cancel_error is not None:
+                self.abandoned = now_monotonic - self.forced_monotonic >= grace_s
+            elif self.timeout_error is not None and self.timeout_s is not None:
+                self.abandoned = now_monotonic - self.started_monotonic >= self.timeout_s + grace_s
             return self.abandoned
 
     def finish(self) -> None:
@@ -72,12 +90,15 @@ class RunClock:
             if self.returned:
                 return
             self.returned = True
-            if self.timeout_error is not None:
+            if self.timeout_error is not None or self.cancel_error is not None:
                 _set_async_exc(self.thread_id, None)
 
 
 def call_with_clock(clock: RunClock, call: Callable[[], object]) -> tuple[object, BaseException | None]:
-    """Run `call` under `clock`; return its value and what it raised (the timeout, if it hit one)."""
+    """Run `call` under `clock`; return its value and what it raised.
+
+    A forced cancel wins over whatever the handler did after it (a return, another exception).
+    """
     value: object = None
     raised: BaseException | None = None
     try:
@@ -87,9 +108,11 @@ def call_with_clock(clock: RunClock, call: Callable[[], object]) -> tuple[object
             raised = exc
         finally:
             clock.finish()
-    except TaskTimeout as late:  # delivered after the call ended, before finish() took the lock
+    except (TaskTimeout, TaskCancelled) as late:  # delivered after the call ended, before finish() took the lock
         raised = raised or late
         clock.finish()
+    if clock.cancel_error is not None:
+        return None, clock.cancel_error
     return value, raised
 
 

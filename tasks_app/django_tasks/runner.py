@@ -1,9 +1,14 @@
-"""`django.tasks` on a consumer: run `@task` functions as ImmediateBackend does, read results back."""
+"""`django.tasks` on a consumer: run `@task` functions as ImmediateBackend does, read results back.
+
+A `takes_context=True` function gets a `RunTaskContext`: Django's TaskContext, plus `cancelled`
+and `set_progress()` as on a handler's context (`tasks_app.context.current()` works there too).
+"""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from traceback import format_exception
 from typing import Any, Protocol
@@ -19,6 +24,23 @@ from tasks_app.django_tasks.backend import RedisBackend
 from tasks_app.django_tasks.results import task_result_from_record
 from tasks_app.protocol.codec import Arguments
 from tasks_app.protocol.results import RUNNING, ResultRecord
+
+
+# Frozen as Django's own TaskContext is (its stubs leave that out).
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunTaskContext(TaskContext):  # type: ignore[misc]
+    """Django's TaskContext of a run on a consumer, with its cancel flag and progress reports."""
+
+    run: RunContext
+
+    @property
+    def cancelled(self) -> bool:
+        """True once someone cancelled this task (see tasks_app.context.TaskContext.cancelled)."""
+        return self.run.cancelled
+
+    def set_progress(self, current: float, total: float | None = None, message: str = "") -> None:
+        """Report how far the run is, stored in the task's record (see tasks_app.context.TaskContext.set_progress)."""
+        self.run.set_progress(current, total, message)
 
 
 class ResultReader(Protocol):
@@ -42,7 +64,8 @@ def run(
     task_result = _started(task, context, arguments, results)
     try:
         if task.takes_context:
-            raw_return_value = task.call(TaskContext(task_result=task_result), *arguments.args, **arguments.kwargs)
+            django_context = RunTaskContext(task_result=task_result, run=context)
+            raw_return_value = task.call(django_context, *arguments.args, **arguments.kwargs)
         else:
             raw_return_value = task.call(*arguments.args, **arguments.kwargs)
         return_value = _json_value(raw_return_value)
@@ -66,7 +89,8 @@ def start_async(
 async def _run_async(
     task: Task, task_result: TaskResult, context: RunContext, arguments: Arguments, timeout_s: float | None
 ) -> Any:
-    args = (TaskContext(task_result=task_result), *arguments.args) if task.takes_context else arguments.args
+    django_context = RunTaskContext(task_result=task_result, run=context)
+    args = (django_context, *arguments.args) if task.takes_context else arguments.args
     try:
         return_value = _json_value(await within_timeout(task.func(*args, **arguments.kwargs), timeout_s))
     except KeyboardInterrupt:

@@ -4,13 +4,15 @@
 slot), where the RUNNING write that starts a run is decided too (`record_result.lua`), so a
 cancel and a start are ordered by Redis: either the cancel comes first and the task never
 runs, or the start comes first and the cancel becomes a request to the running handler, which
-its consumer reads from the queue's `cancel_requests` (one command per queue, see `cancel_marks`).
+its consumer reads from the queue's `cancel_requests` (and `cancel_forced`, for a forced cancel:
+one round trip per queue, see `cancel_marks`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import IntEnum
 from typing import Any, NamedTuple
 
 import redis
@@ -28,6 +30,14 @@ CANCELLED = "cancelled"  # it had not started: it never runs, its record reads C
 REQUESTED = "requested"  # it is running: its handler is asked to stop (context.cancelled)
 FINISHED = "finished"  # it had already finished: nothing done
 UNKNOWN = "unknown"  # no record of it: nothing done
+
+
+class CancelMark(IntEnum):
+    """What was asked of a running task: nothing, to stop (`context.cancelled`), or to stop by force."""
+
+    NONE = 0
+    REQUESTED = 1
+    FORCED = 2
 
 
 class UniqueEnqueueable(NamedTuple):
@@ -103,8 +113,12 @@ class ControlOps(ScriptClient):
         """Free a uniqueness key if task `task_id` still holds it; True if it did."""
         return bool(self._script("release_unique", [self.keys.unique(queue, digest)], [task_id]))
 
-    def cancel_many(self, task_ids: Sequence[str], cancelled_by: str = "") -> list[CancelReply]:
-        """Cancel tasks by id, in one round trip (and one more if some are running); never raises for an id."""
+    def cancel_many(self, task_ids: Sequence[str], cancelled_by: str = "", force: bool = False) -> list[CancelReply]:
+        """Cancel tasks by id, in one round trip (and one more if some are running); never raises for an id.
+
+        With `force`, running ones are also listed in the queue's `cancel_forced`: their consumer
+        stops them instead of only telling them (see README, "Cancelling").
+        """
         pipe = self.client.pipeline(transaction=False)
         for task_id in task_ids:
             self.scripts.queue(pipe, "cancel", [self.keys.result(task_id)], [cancelled_by])
@@ -122,9 +136,7 @@ class ControlOps(ScriptClient):
                 args = history.status_move_args(reply.task_id, history.CANCELLED, "", history.INDEX_TTL_S)
                 self.scripts.queue(pipe, "history_move", history.index_keys(self.keys, reply.queue), args)
             for reply in running:
-                key = self.keys.cancel_requests(reply.queue)
-                pipe.zadd(key, {reply.task_id: reply.at_ms})
-                pipe.zremrangebyscore(key, "-inf", f"({reply.at_ms - CANCEL_REQUESTS_KEEP_MS}")
+                self._file_cancel_request(pipe, reply, force)
             self.scripts.execute(pipe, self.client)
         return replies
 
@@ -145,8 +157,36 @@ class ControlOps(ScriptClient):
             self.scripts.queue(pipe, "claim_receipts", [key], [result_ttl_s, token])
         return [int(replies[0]) for replies in self.scripts.execute(pipe, self.client)]
 
-    def cancel_marks(self, queue: str, task_ids: Sequence[str]) -> list[bool]:
-        """Whether a cancel was requested for each of these (running) tasks of `queue`: one ZMSCORE."""
+    def _file_cancel_request(self, pipe: Any, reply: CancelReply, force: bool) -> None:
+        """Queue the writes that tell a running task's consumer of its cancel (and trim old requests)."""
+        keys = [self.keys.cancel_requests(reply.queue)]
+        if force:
+            keys.append(self.keys.cancel_forced(reply.queue))
+        for key in keys:
+            pipe.zadd(key, {reply.task_id: reply.at_ms})
+            pipe.zremrangebyscore(key, "-inf", f"({reply.at_ms - CANCEL_REQUESTS_KEEP_MS}")
+
+    def cancel_marks(self, queue: str, task_ids: Sequence[str]) -> list[CancelMark]:
+        """What was asked of each of these (running) tasks of `queue`: two ZMSCOREs in one round trip."""
         if not task_ids:
             return []
-        return [score is not None for score in self.client.zmscore(self.keys.cancel_requests(queue), list(task_ids))]
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zmscore(self.keys.cancel_requests(queue), list(task_ids))
+        pipe.zmscore(self.keys.cancel_forced(queue), list(task_ids))
+        requested, forced = pipe.execute()
+        return [
+            CancelMark.FORCED
+            if by_force is not None
+            else CancelMark.REQUESTED
+            if asked is not None
+            else CancelMark.NONE
+            for asked, by_force in zip(requested, forced, strict=True)
+        ]
+
+    def forget_cancel_requests(self, queue: str, task_ids: Sequence[str]) -> None:
+        """Drop the cancel requests of these tasks of `queue` (a requeue from the dead letters starts afresh)."""
+        if task_ids:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zrem(self.keys.cancel_requests(queue), *task_ids)
+            pipe.zrem(self.keys.cancel_forced(queue), *task_ids)
+            pipe.execute()

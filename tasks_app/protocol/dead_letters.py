@@ -113,6 +113,7 @@ def requeue(queue: str, dead: Sequence[DeadTask], broker: Broker | None = None) 
     # Taken before the push: above every earlier run's token (their late writes are ignored),
     # below the next run's (whose writes this READY record must not override).
     fence = broker.issue_fence(queue)
+    broker.forget_cancel_requests(queue, [task.id for task in fresh])  # before the push: no new run sees them
     broker.requeue_dead(
         queue, [(item.member, task.priority, encode_task(task)) for item, task in zip(movable, fresh, strict=True)]
     )

@@ -98,6 +98,10 @@ class Keys:
         """Running tasks of `queue` asked to stop (task id -> server ms of the request)."""
         return self.queue_key(queue, "cancel_requests")
 
+    def cancel_forced(self, queue: str) -> str:
+        """The running tasks of `queue` whose cancel was forced (task id -> server ms of the request)."""
+        return self.queue_key(queue, "cancel_forced")
+
     def history(self, queue: str) -> str:
         """Index of `queue`'s recent tasks: task id -> enqueue time (server ms), newest last."""
         return self.queue_key(queue, "history")

@@ -9,6 +9,7 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http.multipartparser import MultiPartParserError
 from django.middleware.csrf import CsrfViewMiddleware
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
@@ -21,6 +22,9 @@ from tasks_app.web.api_auth import AuthenticationFailed, authenticate
 from tasks_app.web.common import load_record
 
 REQUEST_FIELDS = {"type", "args", "kwargs", "queue", "priority", "delay", "unique_key"}
+# A cancel's optional body: {"force": true}.
+MAX_CANCEL_BODY_BYTES = 1024
+FORCE_WORDS = {"1", "true", "on"}
 # Room for the JSON around the arguments before a body counts as oversize.
 ENVELOPE_ALLOWANCE_BYTES = 64 * 1024
 
@@ -170,17 +174,49 @@ def task_record(request: HttpRequest, task_id: str) -> HttpResponse:
     return JsonResponse(record.as_json())
 
 
+def _read_force(request: HttpRequest) -> bool | JsonResponse:
+    """Whether a cancel is forced: `{"force": true}` as its JSON body, or a form field force=true (no body: no)."""
+    declared = request.headers.get("Content-Length") or "0"
+    if not declared.isdigit() or int(declared) > MAX_CANCEL_BODY_BYTES:
+        return error(413, f"a cancel's body is at most {MAX_CANCEL_BODY_BYTES} bytes")
+    if request.content_type == "multipart/form-data":  # its stream may have been read (CSRF): not its body
+        try:
+            return request.POST.get("force", "").lower() in FORCE_WORDS
+        except MultiPartParserError as exc:
+            return error(400, f"request body is not valid form data: {exc}")
+    if not request.body.strip():
+        return False
+    if request.content_type == "application/x-www-form-urlencoded" and not request.body.lstrip().startswith(b"{"):
+        return request.POST.get("force", "").lower() in FORCE_WORDS
+    try:
+        body = loads_bounded(request.body, 1)
+    except ValueError as exc:
+        return error(400, f"request body is not valid JSON: {exc}")
+    if not isinstance(body, dict) or set(body) - {"force"} or not isinstance(body.get("force", False), bool):
+        return error(400, 'request body must be empty or a JSON object {"force": true|false}')
+    return bool(body.get("force", False))
+
+
 @api_view({"POST"}, permission=CANCEL_PERMISSION)
 def cancel_task(request: HttpRequest, task_id: str) -> HttpResponse:
-    """Cancel a task: 200 if it will never run, 202 if it runs and was asked to stop, 404 unknown, 409 finished."""
+    """Cancel a task: 200 if it will never run, 202 if it runs and was asked (or forced) to stop, 404, 409."""
+    force = _read_force(request)
+    if isinstance(force, JsonResponse):
+        return force
     try:
-        reply = control.cancel(task_id, cancelled_by=f"user:{request.user.get_username()}")
+        reply = control.cancel(task_id, cancelled_by=f"user:{request.user.get_username()}", force=force)
     except control.TaskNotFound as exc:
         return error(404, str(exc))
     except control.TaskAlreadyFinished as exc:
         return error(409, str(exc))
     running = reply.outcome == control.REQUESTED
     return JsonResponse(
-        {"id": task_id, "outcome": reply.outcome, "status": reply.status, "cancel_requested": running},
+        {
+            "id": task_id,
+            "outcome": reply.outcome,
+            "status": reply.status,
+            "cancel_requested": running,
+            "forced": running and force,
+        },
         status=202 if running else 200,
     )

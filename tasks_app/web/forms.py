@@ -8,6 +8,7 @@ from django import forms
 from django.conf import settings
 
 from tasks_app.models import TaskType, name_validator
+from tasks_app.producer import MAX_UNIQUE_KEY_CHARS
 from tasks_app.protocol.codec import PRIORITY_MAX, PRIORITY_MIN
 from tasks_app.protocol.jsontext import JsonTooDeep, loads_bounded
 from tasks_app.registry import Registry, registry as default_registry
@@ -79,6 +80,14 @@ class EnqueueForm(forms.Form):
         max_value=settings.TASKS_MAX_DELAY_S,
         help_text="Run no sooner than this many seconds from now.",
     )
+    unique_key = forms.CharField(
+        label="Unique key",
+        required=False,
+        strip=False,
+        max_length=MAX_UNIQUE_KEY_CHARS,
+        help_text="For task types with <code>unique_for_s</code>: a task enqueued with the same key within the "
+        "window is not enqueued again (you are taken to the first one). Leave empty for a hash of the arguments.",
+    )
 
     def __init__(self, *args: Any, registry: Registry = default_registry, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -91,6 +100,9 @@ class EnqueueForm(forms.Form):
     def clean_kwargs(self) -> dict[str, Any]:
         return parse_json_field(self.cleaned_data["kwargs"], dict, "Kwargs")
 
+    def clean_unique_key(self) -> str | None:
+        return self.cleaned_data["unique_key"] or None
+
 
 # Which form field a producer error is about, by the start of its message.
 _ERROR_FIELDS = (
@@ -101,6 +113,7 @@ _ERROR_FIELDS = (
     ("invalid queue", "queue"),
     ("priority", "priority"),
     ("delay", "delay"),
+    ("unique_key", "unique_key"),
     ("invalid task type", "type"),
     ("unknown task type", "type"),
     ("task type", "type"),

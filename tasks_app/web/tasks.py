@@ -37,13 +37,17 @@ def enqueue_task(request: HttpRequest) -> HttpResponse:
                 queue=data["queue"] or None,
                 priority=data["priority"],
                 delay_s=data["delay"],
+                unique_key=data["unique_key"],
             )[0]
         except producer.EnqueueError as exc:
             form.add_error(error_field(str(exc)), str(exc))
         except producer.QueueUnavailable as exc:
             form.add_error(None, str(exc))
         else:
-            messages.success(request, f"Task {task.id} enqueued on queue {task.queue}.")
+            if task.duplicate:
+                messages.info(request, f"Task {task.id} was enqueued already, within its unique window: nothing added.")
+            else:
+                messages.success(request, f"Task {task.id} enqueued on queue {task.queue}.")
             return redirect("tasks_app:task", task_id=task.id)
     return render(request, "tasks_app/enqueue.html", admin_context(request, "Enqueue a task", form=form))
 
@@ -77,9 +81,10 @@ def task_detail(request: HttpRequest, task_id: str) -> HttpResponse:
 @permission_required(CANCEL_PERMISSION, raise_exception=True)
 @require_http_methods(["POST"])
 def cancel_task(request: HttpRequest, task_id: str) -> HttpResponse:
-    """Cancel the task (the button on its page) and go back to its page, saying what happened."""
+    """Cancel the task (the buttons on its page: by force too) and go back to its page, saying what happened."""
+    force = request.POST.get("force") == "1"
     try:
-        reply = control.cancel(task_id, cancelled_by=f"user:{request.user.get_username()}")
+        reply = control.cancel(task_id, cancelled_by=f"user:{request.user.get_username()}", force=force)
     except control.TaskNotFound as exc:
         raise Http404(str(exc)) from None
     except control.TaskAlreadyFinished as exc:
@@ -87,6 +92,8 @@ def cancel_task(request: HttpRequest, task_id: str) -> HttpResponse:
     else:
         if reply.outcome == control.CANCELLED:
             messages.success(request, f"Task {task_id} cancelled: it will not run.")
+        elif force:
+            messages.warning(request, f"Task {task_id} is running: it is being stopped by force.")
         else:
             messages.warning(request, f"Task {task_id} is running: it was asked to stop.")
     return redirect("tasks_app:task", task_id=task_id)

@@ -148,3 +148,24 @@ def test_pause_and_resume_a_queue_from_the_dashboard(page, snap, live_server, br
     expect(page.locator("ul.messagelist")).to_contain_text("Queue default resumed.")
     expect(row.locator(".queue-state")).to_contain_text("Running")
     assert not broker.is_paused("default")
+
+
+def test_two_enqueues_from_the_form_with_the_same_unique_key_give_one_task(page, snap, live_server, broker):
+    from playwright.sync_api import expect
+
+    TaskType.objects.create(name="browser.once", handler="demo.echo", queue="browser", unique_for_s=600)
+    log_in(page, live_server.url)
+    task_ids = []
+    for args in ("[1]", "[2]"):
+        page.goto(f"{live_server.url}/tasks/enqueue/")
+        page.select_option("#id_type", "browser.once")
+        page.fill("#id_args", args)
+        page.fill("#id_unique_key", "order-7")
+        page.click("input[type=submit]")
+        page.wait_for_url(re.compile(r"/tasks/[0-9a-f-]{36}/$"))
+        task_ids.append(page.url.rstrip("/").rsplit("/", 1)[-1])
+    expect(page.locator("ul.messagelist")).to_contain_text("was enqueued already")
+    snap("duplicate")
+    assert task_ids[0] == task_ids[1]
+    assert broker.queue_stats("browser").pending == 1
+    assert ResultRecord.from_fields(broker.get_result(task_ids[0])).args == [1]

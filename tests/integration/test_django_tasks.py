@@ -1,5 +1,6 @@
 """Django's tasks framework end to end: `.enqueue()` here, a real `runconsumer` subprocess runs it."""
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -161,3 +162,27 @@ def test_a_run_failed_for_its_timeout_reports_the_timeout_in_task_finished(broke
     stored = tasks.nap.get_result(result.id)
     assert stored.status == TaskResultStatus.FAILED
     assert stored.errors[-1].exception_class_path == "tasks_app.exceptions.TaskTimeout"
+
+
+def test_a_task_with_context_polls_cancelled_and_reports_progress_on_djangos_context(broker, consumer_process):
+    import tasks_app
+
+    result = tasks.cooperative.enqueue(step_s=0.1)
+    consumer = consumer_process("--concurrency", "2", TASK_HANDLER_MODULES=HANDLER_MODULES)
+    reads: list[int] = []
+
+    def progress_seen() -> bool:
+        progress = (broker.get_result(result.id) or {}).get("progress")
+        if progress:
+            reads.append(json.loads(progress)["current"])
+        return len(set(reads)) >= 3
+
+    wait_until(progress_seen, 30, message="progress from the @task function")
+    assert reads == sorted(reads)
+    tasks_app.cancel(result.id, cancelled_by="ops")
+    wait_until(lambda: tasks.cooperative.get_result(result.id).is_finished, 10, message="the run to end")
+    read = tasks.cooperative.get_result(result.id)
+    assert read.status == TaskResultStatus.FAILED and read.attempts == 1
+    assert [error.exception_class_path for error in read.errors] == ["tasks_app.exceptions.TaskCancelled"]
+    assert broker.get_result(result.id)["status"] == "CANCELLED"
+    assert consumer.terminate() == 0, consumer.log()

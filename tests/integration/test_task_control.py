@@ -143,3 +143,27 @@ def test_progress_reported_by_a_handler_is_read_increasing_through_the_api(broke
     assert seen == sorted(seen) and len(seen) >= 3 and seen[-1] == 5
     progress = staff.get(f"/api/tasks/{task_id}/").json()["progress"]
     assert progress["total"] == 5 and progress["message"] == "step 5" and progress["updated_at"]
+
+
+def test_an_async_handler_reports_progress_and_sees_the_cancel_within_a_second(broker, staff, consumer_process):
+    task_id = producer.enqueue("test.async_cooperative", kwargs={"step_s": 0.2})[0].id
+    consumer = consumer_process("--concurrency", "2")
+    seen: list[int] = []
+
+    def progress_read() -> bool:
+        body = staff.get(f"/api/tasks/{task_id}/").json()
+        if body["progress"] and (not seen or seen[-1] != body["progress"]["current"]):
+            seen.append(body["progress"]["current"])
+        return len(seen) >= 4
+
+    wait_until(progress_read, 30, interval_s=0.1, message="progress to be read four times")
+    assert seen == sorted(seen) and len(set(seen)) == len(seen), "increasing"
+    reply = tasks_app.cancel(task_id, cancelled_by="tester")
+    noticed_key = f"{broker.keys.prefix}:{CANCEL_NOTICED_SUFFIX}"
+    noticed_ms = int(wait_until(lambda: broker.client.get(noticed_key), 10, message="the coroutine to notice"))
+    assert noticed_ms - reply.at_ms < 1000
+    wait_until(lambda: record_of(broker, task_id).status == "CANCELLED", 10, message="the run to end cancelled")
+    record = record_of(broker, task_id)
+    assert record.attempts == 1 and record.errors == []
+    assert record.progress is not None and record.progress["current"] >= seen[-1], "its last progress, then its end"
+    assert consumer.terminate() == 0, consumer.log()

@@ -5,6 +5,8 @@ from typing import Any
 
 from django.tasks import TaskContext, task
 
+from tasks_app.django_tasks.runner import RunTaskContext
+
 
 @task
 def add(a: int, b: int) -> int:
@@ -59,3 +61,21 @@ def nap(seconds: float) -> float:
     """Sleep, then return how long: outlives a short timeout."""
     time.sleep(seconds)
     return seconds
+
+
+@task(takes_context=True)
+def cooperative(context: RunTaskContext, step_s: float = 0.1, max_s: float = 30.0) -> str:
+    """Report progress on Django's context until cancelled (then raise TaskCancelled), as a handler would."""
+    from tasks_app import TaskCancelled
+    from tasks_app.context import current
+
+    assert current() is context.run, "current() is the run behind Django's context"
+    deadline = time.monotonic() + max_s
+    step = 0
+    while time.monotonic() < deadline:
+        if context.cancelled:
+            raise TaskCancelled()
+        step += 1
+        context.set_progress(step, message=f"step {step}")
+        time.sleep(step_s)
+    return "not cancelled"

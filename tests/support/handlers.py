@@ -89,6 +89,13 @@ def hostile_sleep(sleep_s: float) -> None:
 CANCEL_NOTICED_SUFFIX = "test:cancel_noticed"
 
 
+def record_cancel_noticed() -> None:
+    """Record when (on the Redis clock, in ms) the handler saw `context.cancelled`."""
+    broker = get_broker()
+    seconds, micros = broker.client.time()
+    broker.client.set(f"{broker.keys.prefix}:{CANCEL_NOTICED_SUFFIX}", seconds * 1000 + micros // 1000)
+
+
 @handler("test.cooperative", takes_context=True)
 def cooperative(context: Any, max_s: float = 30.0) -> str:
     """Run until cancelled (then record when, on the Redis clock, and raise TaskCancelled) or `max_s` passed."""
@@ -97,9 +104,7 @@ def cooperative(context: Any, max_s: float = 30.0) -> str:
     deadline = time.monotonic() + float(max_s)
     while time.monotonic() < deadline:
         if context.cancelled:
-            broker = get_broker()
-            seconds, micros = broker.client.time()
-            broker.client.set(f"{broker.keys.prefix}:{CANCEL_NOTICED_SUFFIX}", seconds * 1000 + micros // 1000)
+            record_cancel_noticed()
             raise TaskCancelled()
         time.sleep(0.02)
     return "not cancelled"
@@ -170,3 +175,20 @@ async def async_hang(context: Any, sleep_s: float) -> str:
     finally:
         mark(context, "finally")
     return "woke up"
+
+
+@handler("test.async_cooperative", takes_context=True)
+async def async_cooperative(context: Any, step_s: float = 0.2, max_s: float = 30.0) -> str:
+    """Report progress every `step_s` until cancelled (then record when, as test.cooperative does) or `max_s` passed."""
+    from tasks_app import TaskCancelled
+
+    deadline = time.monotonic() + float(max_s)
+    step = 0
+    while time.monotonic() < deadline:
+        if context.cancelled:
+            record_cancel_noticed()
+            raise TaskCancelled()
+        step += 1
+        context.set_progress(step, None, f"step {step}")
+        await asyncio.sleep(float(step_s))
+    return "not cancelled"

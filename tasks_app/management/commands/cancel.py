@@ -1,4 +1,4 @@
-"""`manage.py cancel ID [ID...]`: cancel tasks; prints what happened to each, fails if any was unknown or finished."""
+"""`manage.py cancel [--force] ID [ID...]`: cancel tasks, saying what became of each; fails on unknown or finished."""
 
 import getpass
 from typing import Any
@@ -8,20 +8,29 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tasks_app.control import CANCELLED, FINISHED, REQUESTED, cancel_many
 
 DONE = {CANCELLED: "cancelled (it will not run)", REQUESTED: "running: asked to stop"}
+FORCED = "running: stopped by force"
 
 
 class Command(BaseCommand):
-    help = "Cancel tasks by id: queued ones never run, running ones are asked to stop."
+    help = "Cancel tasks by id: queued ones never run, running ones are asked to stop (with --force, stopped)."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("ids", nargs="+", metavar="ID", help="Task ids.")
         parser.add_argument("--by", default="", help="Who cancels, stored in the record (default: cli:<user>).")
+        parser.add_argument(
+            "--force",
+            action="store_true",
+            help="Stop running tasks: TaskCancelled raised in them; in process mode, their process is replaced "
+            "if they have not ended within --timeout-grace.",
+        )
 
-    def handle(self, *args: Any, ids: list[str], by: str, **options: Any) -> None:
-        replies = cancel_many(ids, cancelled_by=by or f"cli:{getpass.getuser()}")
+    def handle(self, *args: Any, ids: list[str], by: str, force: bool, **options: Any) -> None:
+        replies = cancel_many(ids, cancelled_by=by or f"cli:{getpass.getuser()}", force=force)
         problems = []
         for reply in replies:
-            if reply.outcome in DONE:
+            if reply.outcome == REQUESTED and force:
+                self.stdout.write(f"{reply.task_id} {FORCED}")
+            elif reply.outcome in DONE:
                 self.stdout.write(f"{reply.task_id} {DONE[reply.outcome]}")
             elif reply.outcome == FINISHED:
                 problems.append(f"task {reply.task_id} already finished ({reply.status})")
