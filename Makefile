@@ -1,7 +1,7 @@
 # Build / run / CI entry points for the Redis task queue.
 #
 #   make venv    create .venv (Python >= 3.12) and install requirements.txt
-#   make test    make lint, then the full test suite (incl. short chaos tests) against a private Redis
+#   make test    make lint, then the full test suite (incl. short chaos tests) in parallel against a private Redis
 #   make lint    ruff check, ruff format --check, mypy on tasks_app and scheduler_site
 #   make chaos   long chaos run (CHAOS_SCALE=long) of tests/chaos
 #   make bench   run bench/bench_*.py, one JSON line each
@@ -9,7 +9,8 @@
 #   make proto   regenerate tasks_app/task_pb2.py and .pyi from proto/task.proto
 #   make clean   remove .venv, .run and test-artifacts
 #
-# Variables: PYTHON (interpreter used to create .venv), PYTEST_ARGS, PORT,
+# Variables: PYTHON (interpreter used to create .venv), PYTEST_ARGS, TEST_WORKERS
+# (pytest-xdist workers of make test; 0 runs the suite in one process), PORT,
 # REDIS_URL (reused when reachable, otherwise a private redis-server is started
 # and stopped again), DJANGO_DEBUG (make run; default 1), DJANGO_SECRET_KEY
 # (a fresh one per run when unset),
@@ -26,6 +27,8 @@ PY    := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 PYTEST_ARGS ?=
+# The tests mostly wait (on consumers, leases, sleeps), not on the CPU: more workers than cores.
+TEST_WORKERS ?= 6
 PORT        ?= 8000
 
 .DEFAULT_GOAL := help
@@ -74,7 +77,7 @@ test: $(STAMP)
 	$(redis_setup)
 	$(dev_secret_key)
 	$(PY) manage.py migrate --noinput -v 0
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The same checks as .pre-commit-config.yaml; all three run, and any finding fails the target.
 lint: $(STAMP)

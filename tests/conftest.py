@@ -21,12 +21,20 @@ from tasks_app.task_types import recent_task_types
 from tests.support.consumers import running
 from tests.support.processes import ConsumerProcess
 
+pytest_plugins = ["tests.support.alone"]
+
 ARTIFACTS_DIR = Path(__file__).resolve().parent.parent / "test-artifacts"
 
 
 @pytest.fixture(scope="session")
-def django_db_modify_db_settings(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Keep the SQLite test database in a file, so consumer subprocesses can share it."""
+def django_db_modify_db_settings(
+    django_db_modify_db_settings_parallel_suffix: None, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Keep the SQLite test database in a file, so consumer subprocesses can share it.
+
+    Under pytest-xdist each worker has a database of its own: pytest-django's suffix (`_gw0`, ...)
+    names the PostgreSQL one, and the SQLite file lies in the worker's own temporary directory.
+    """
     db = settings.DATABASES["default"]
     if db["ENGINE"].endswith("sqlite3"):
         db.setdefault("TEST", {})["NAME"] = str(tmp_path_factory.mktemp("db") / "test.sqlite3")

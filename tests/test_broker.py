@@ -5,10 +5,12 @@ from pathlib import Path
 
 import pytest
 
+from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task
 from tasks_app.protocol.keys import WAKE_TOKEN, delayed_member, split_delayed_member
 from tasks_app.protocol.scripts import LUA_DIR
 from tests.support.broker_calls import ids, make_task, push, register
+from tests.support.midway import MovesMidway
 
 
 def test_every_script_documents_its_keys_arguments_and_result():
@@ -141,6 +143,48 @@ def test_queue_stats_and_idleness(broker):
     assert stats.consumers[0]["in_flight"] == 1
     assert not broker.is_idle(["q"])
     assert broker.known_queues() == ["q"]
+
+
+# A task's moves as the consumer makes them: (from, to).
+TRANSITS = {"claim": ("pending", "processing"), "retry": ("processing", "delayed"), "promotion": ("delayed", "pending")}
+
+
+def _put(broker, queue: str, place: str, raw: bytes) -> None:
+    if place == "delayed":
+        broker.client.zadd(broker.keys.delayed(queue), {delayed_member(0, raw): 0})
+    else:
+        key = broker.keys.pending(queue) if place == "pending" else broker.keys.processing(queue, "c1")
+        broker.client.rpush(key, raw)
+
+
+def _take(broker, queue: str, place: str, raw: bytes) -> None:
+    if place == "delayed":
+        broker.client.zrem(broker.keys.delayed(queue), delayed_member(0, raw))
+    else:
+        key = broker.keys.pending(queue) if place == "pending" else broker.keys.processing(queue, "c1")
+        broker.client.lrem(key, 1, raw)
+
+
+@pytest.mark.parametrize("transit", TRANSITS)
+def test_stats_count_a_task_once_and_see_the_queue_busy_whenever_it_moves_during_the_read(broker, transit):
+    origin, destination = TRANSITS[transit]
+    raw = make_task(1)
+    for before in range(8):  # more round trips than a read makes: the last ones see no move
+        for read in ("stats", "idle"):
+            queue = f"q-{read}-{before}"
+            register(broker, "c1", lease_ms=60_000, queues=[queue])
+            _put(broker, queue, origin, raw)
+
+            def move(queue: str = queue) -> None:
+                _take(broker, queue, origin, raw)
+                _put(broker, queue, destination, raw)
+
+            reader = Broker(MovesMidway(broker.client, move, before), broker.keys.prefix)
+            if read == "stats":
+                stats = reader.queue_stats(queue)
+                assert stats.pending + stats.processing + stats.delayed == 1, f"moved before round trip {before}"
+            else:
+                assert not reader.is_idle([queue]), f"moved before round trip {before}"
 
 
 def test_dead_letters_can_be_listed_requeued_and_deleted(broker):

@@ -29,6 +29,9 @@ HANDLERS = """from tasks_app import handler
 def add(a: int, b: int) -> int:
     return a + b
 """
+# One worker builds the wheel and the virtualenv once for every test of the module.
+pytestmark = pytest.mark.xdist_group("packaging")
+
 URLPATTERNS = 'urlpatterns = [\n    path("", include("tasks_app.urls")),'
 
 

@@ -26,6 +26,19 @@ def _json_object(raw: bytes) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _consumer_rows(
+    entries: list[tuple[bytes, float]], info_raw: dict[bytes, bytes], in_flight: list[int]
+) -> list[dict[str, Any]]:
+    """One row per lease entry: the consumer's info, id, lease deadline and in-flight count."""
+    infos = {key.decode(errors="backslashreplace"): _json_object(value) for key, value in info_raw.items()}
+    consumers = []
+    for (member, deadline_ms), count in zip(entries, in_flight, strict=True):
+        consumer_id = member.decode(errors="backslashreplace")
+        info = infos.get(consumer_id, {})
+        consumers.append({**info, "id": consumer_id, "lease_deadline_ms": int(deadline_ms), "in_flight": count})
+    return consumers
+
+
 class InspectionOps(ScriptClient):
     """Queue stats and dead-letter operations for the dashboard, the commands and the consumer's housekeeping."""
 
@@ -52,19 +65,20 @@ class InspectionOps(ScriptClient):
         for member, _ in entries:
             pipe.llen(self.keys.processing(queue, member.decode(errors="backslashreplace")))
         info_raw, *lengths = pipe.execute()
-        infos = {key.decode(errors="backslashreplace"): _json_object(value) for key, value in info_raw.items()}
-        consumers = []
-        for (member, deadline_ms), in_flight in zip(entries, lengths, strict=True):
-            consumer_id = member.decode(errors="backslashreplace")
-            info = infos.get(consumer_id, {})
-            consumers.append({**info, "id": consumer_id, "lease_deadline_ms": int(deadline_ms), "in_flight": in_flight})
-        return consumers
+        return _consumer_rows(entries, info_raw, lengths)
 
     def queue_stats(self, queue: str) -> QueueStats:
-        """Count pending, in-flight, delayed and dead tasks of a queue, and list its consumers."""
-        consumers = self.live_consumers(queue)
-        tombstones = self._tombstones(queue)
-        pipe = self.client.pipeline(transaction=False)
+        """Count pending, in-flight, delayed and dead tasks of a queue, and list its consumers.
+
+        The consumers and the reaped ones are listed first; then one MULTI/EXEC reads every count
+        (a queue's keys share its hash tag), so a task that a claim, a retry or a promotion moves
+        meanwhile is counted once, wherever it is.
+        """
+        entries, holders = self._holders(queue)
+        pipe = self.client.pipeline(transaction=True)
+        pipe.hgetall(self.keys.consumer_info(queue))
+        for consumer_id in holders:
+            pipe.llen(self.keys.processing(queue, consumer_id))
         pipe.llen(self.keys.pending(queue))
         # A wake token is not a task; there is at most one, near the head of pending.
         pipe.lpos(self.keys.pending(queue), WAKE_TOKEN, rank=-1, maxlen=16)
@@ -73,15 +87,21 @@ class InspectionOps(ScriptClient):
         pipe.zcard(self.keys.delayed(queue))
         pipe.zcard(self.keys.dead(queue))
         pipe.exists(self.keys.paused(queue))
-        for consumer_id in tombstones:
-            pipe.llen(self.keys.processing(queue, consumer_id))
-        pending, wake_token_at, prioritized, suspects, delayed, dead, paused, *orphaned = pipe.execute()
+        info_raw, *lengths = pipe.execute()
+        pending, wake_token_at, prioritized, suspects, delayed, dead, paused = lengths[len(holders) :]
         pending -= wake_token_at is not None
-        processing = sum(c["in_flight"] for c in consumers) + sum(orphaned)
+        processing = sum(lengths[: len(holders)])
+        consumers = _consumer_rows(entries, info_raw, lengths[: len(entries)])
         return QueueStats(queue, pending + prioritized + suspects, processing, delayed, dead, consumers, bool(paused))
 
-    def _tombstones(self, queue: str) -> list[str]:
-        return [cid for cid in map(consumer_id_of, self.client.zrange(self.keys.reaped(queue), 0, -1)) if cid]
+    def _holders(self, queue: str) -> tuple[list[tuple[bytes, float]], list[str]]:
+        """The lease entries of `queue`, and every id whose processing list may hold its tasks (reaped ones too)."""
+        listing = self.client.pipeline(transaction=False)
+        listing.zrange(self.keys.consumers(queue), 0, -1, withscores=True)
+        listing.zrange(self.keys.reaped(queue), 0, -1)
+        entries, reaped = listing.execute()
+        holders = [member.decode(errors="backslashreplace") for member, _ in entries]
+        return entries, holders + [cid for cid in map(consumer_id_of, reaped) if cid]
 
     def is_idle(self, queues: Sequence[str]) -> bool:
         """True when none of `queues` has anything pending, in flight or delayed."""

@@ -7,7 +7,8 @@ import pytest
 from tasks_app import producer
 from tests.browser.test_web_flow import log_in
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+# One worker runs the browser tests one after another: two Chromiums at once only slow each other.
+pytestmark = [pytest.mark.browser, pytest.mark.xdist_group("browser"), pytest.mark.django_db(transaction=True)]
 
 
 def test_cancel_a_queued_task_from_its_page(page, snap, live_server, broker):

@@ -13,7 +13,8 @@ from tasks_app.protocol.replies import ResultUpdate
 from tests.browser.test_web_flow import log_in
 from tests.support.processes import wait_until
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+# One worker runs the browser tests one after another: two Chromiums at once only slow each other.
+pytestmark = [pytest.mark.browser, pytest.mark.xdist_group("browser"), pytest.mark.django_db(transaction=True)]
 
 
 def _finished(broker, task_id: str, status: str, error: str = "") -> None:

@@ -14,7 +14,8 @@ from tasks_app.protocol.results import ResultRecord
 from tests.support.enqueued import enqueued_keys
 from tests.support.processes import wait_until
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+# One worker runs the browser tests one after another: two Chromiums at once only slow each other.
+pytestmark = [pytest.mark.browser, pytest.mark.xdist_group("browser"), pytest.mark.django_db(transaction=True)]
 
 PASSWORD = "correct-horse-battery"
 

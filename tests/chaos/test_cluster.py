@@ -51,6 +51,7 @@ def test_round_trip_on_two_queues_on_different_nodes(cluster_broker, consumer_pr
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.alone  # its start times are read at the handler's first line: load elsewhere would shift them
 def test_rate_limit_holds_across_consumers_on_a_cluster(cluster_broker, consumer_process):
     from tasks_app.models import TaskType
     from tests.support.processes import wait_until

@@ -51,6 +51,7 @@ def enqueue_due_after_a_lease(rng) -> dict[str, int]:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.alone  # how late the tasks start is what it checks: load elsewhere would delay them
 def test_delayed_tasks_run_once_and_never_early_across_a_kill(chaos_broker, consumer_process):
     broker = chaos_broker
     fleet = Fleet(consumer_process, broker, concurrency=4, prefetch=4)

@@ -16,19 +16,24 @@ from tests.support.recording import recorded_runs
 pytestmark = [pytest.mark.chaos, pytest.mark.django_db(transaction=True)]
 
 
-def freeze(fleet: Fleet, consumer_id: str) -> tuple[set[str], set[str], float]:
-    """SIGSTOP a consumer; return the tasks it holds, those of them it was running, and its lease deadline (ms)."""
+def freeze(fleet: Fleet, consumer_id: str) -> tuple[set[str], float, float]:
+    """SIGSTOP a consumer; return the tasks it holds, when it was frozen and its lease deadline (ms, Redis clock)."""
     broker = fleet.broker
     held = fleet.freeze(consumer_id)
     frozen_ms = broker.server_time_ms()
     lease_deadline_ms = broker.client.zscore(broker.keys.consumers("default"), consumer_id)
     assert lease_deadline_ms is not None, f"{consumer_id} had no lease when frozen"
-    running = {
-        run["task_id"]
-        for run in recorded_runs(broker)
-        if run["consumer"] == consumer_id and run["start_ms"] <= frozen_ms
-    } & held
-    return held, running, lease_deadline_ms
+    return held, frozen_ms, lease_deadline_ms
+
+
+def started_before(fleet: Fleet, consumer_id: str, frozen_ms: float) -> set[str]:
+    """Tasks whose handler began on the consumer before it was frozen.
+
+    Read once the run is over: a handler frozen between reading the clock and pushing its record
+    pushes it only after the thaw, with the start time it read before the freeze.
+    """
+    runs = recorded_runs(fleet.broker)
+    return {run["task_id"] for run in runs if run["consumer"] == consumer_id and run["start_ms"] <= frozen_ms}
 
 
 def thaw_after_three_leases(fleet: Fleet, consumer_id: str, frozen_at: float) -> float:
@@ -67,13 +72,14 @@ def test_frozen_consumer_is_reaped_and_comes_back_under_a_new_id(chaos_broker, c
     ids = start_three_consumers_under_load(fleet)
 
     frozen_at = time.monotonic()
-    held_at_freeze, running_at_freeze, lease_deadline_ms = freeze(fleet, "frozen")
+    held_at_freeze, frozen_ms, lease_deadline_ms = freeze(fleet, "frozen")
     others_held = {cid: task_ids(fleet.held(cid)) for cid in ("b", "c")}
     recovery_s = thaw_after_three_leases(fleet, "frozen", frozen_at)
 
     fleet.wait_registered(["frozen.1", "b", "c"], timeout_s=LEASE_S * 3)
     wait_finished(broker, ids, scaled(120, 600), fleet)
     log = fleet.processes["frozen"].log()
+    running_at_freeze = started_before(fleet, "frozen", frozen_ms) & held_at_freeze
 
     result = tally(broker, ids)
     late_acks = log.count("its outcome here was not applied")

@@ -51,9 +51,10 @@ def race_reapers(broker: Broker) -> tuple[list[int], float]:
 @pytest.mark.timeout(180)
 def test_racing_reapers_requeue_each_task_exactly_once(chaos_broker):
     broker = chaos_broker
-    # A consumer that claimed a large batch and died: its lease is never renewed.
-    assert broker.heartbeat(["default"], "dead", DEAD_LEASE_MS, {"lease_ms": DEAD_LEASE_MS})
     ids = [t.id for t in producer.enqueue("test.record", count=scaled(1500, 5000))]
+    # A consumer that claimed a large batch and died: its lease is never renewed. It registers
+    # only now, as enqueueing takes longer than its lease on a loaded machine.
+    assert broker.heartbeat(["default"], "dead", DEAD_LEASE_MS, {"lease_ms": DEAD_LEASE_MS})
     claimed = broker.claim("default", "dead", len(ids))
     assert claimed is not None
     held_by_dead = task_ids(claimed)
