@@ -4,37 +4,22 @@ from __future__ import annotations
 
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import redis
 
+from tests.support.ports import free_port
+
 READY_TIMEOUT_S = 20.0
-
-
-def free_port() -> int:
-    """Return a TCP port on loopback that nothing listens on (and whose cluster bus port is free)."""
-    while True:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        if port + 10000 > 65535:
-            continue
-        with socket.socket() as bus:
-            try:
-                bus.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-        return port
 
 
 class RedisServer:
     """One `redis-server` on a free loopback port, with its data in a directory of its own."""
 
     def __init__(self, directory: Path, *options: str, port: int | None = None) -> None:
-        self.port = port or free_port()
+        self.port = port or free_port(cluster_bus=True)
         self.directory = directory / f"redis-{self.port}"
         self.directory.mkdir(parents=True, exist_ok=True)
         self.options = list(options)
@@ -67,17 +52,22 @@ class RedisServer:
             )
         client = redis.Redis(port=self.port, socket_connect_timeout=1)
         deadline = time.monotonic() + READY_TIMEOUT_S
-        while True:
-            try:
-                if client.ping() and client.info("persistence").get("loading", 0) == 0:
-                    break
-            except redis.RedisError:
-                pass
+        while not self._answers(client):
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"redis-server on port {self.port} did not start:\n{self.log()}")
             time.sleep(0.05)
         client.close()
         return self
+
+    def _answers(self, client: redis.Redis) -> bool:
+        """True once this server (not another one on its port) answers and has loaded its data."""
+        try:
+            info = client.info("server") | client.info("persistence")
+        except redis.RedisError:
+            return False
+        if int(info["process_id"]) != self.process.pid:  # type: ignore[union-attr]
+            raise RuntimeError(f"port {self.port} is another server's (pid {info['process_id']}):\n{self.log()}")
+        return info.get("loading", 0) == 0
 
     def kill(self) -> None:
         """SIGKILL the server (a crash: nothing is flushed beyond what the fsync policy did)."""
