@@ -62,13 +62,17 @@ class RedisServer:
         return self
 
     def _loaded(self) -> bool:
+        """True once this server (not another one on its port) answers and has loaded its data."""
         try:
             info = subprocess.run(
-                ["redis-cli", "-p", str(self.port), "INFO", "persistence"], capture_output=True, text=True, timeout=5
+                ["redis-cli", "-p", str(self.port), "INFO", "everything"], capture_output=True, text=True, timeout=5
             )
         except subprocess.TimeoutExpired:
             return False
-        return "loading:0" in info.stdout.split()
+        fields = dict(line.split(":", 1) for line in info.stdout.split() if ":" in line)
+        if "process_id" in fields and self.process is not None and int(fields["process_id"]) != self.process.pid:
+            raise RuntimeError(f"port {self.port} is another server's (pid {fields['process_id']}):\n{self.log()}")
+        return fields.get("loading") == "0"
 
     def kill(self) -> None:
         """SIGKILL the server (a crash: nothing is flushed beyond what the fsync policy did)."""

@@ -16,8 +16,9 @@ from tasks_app.consumer.health import Liveness
 from tasks_app.consumer.metrics_http import make_app
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.scripts import connect
+from tests.support.ports import free_port
 from tests.support.processes import wait_until
-from tests.support.scrape import Scrape, free_port, http_get
+from tests.support.scrape import Scrape, http_get
 
 # "schedule": periodic task names, a set bounded by the rows of PeriodicTask like types are by TaskType.
 ALLOWED_LABELS = {"type", "queue", "reason", "decision", "loop", "schedule"}

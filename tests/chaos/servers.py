@@ -8,9 +8,18 @@ from pathlib import Path
 
 import redis
 
-from bench.private_redis import READY_TIMEOUT_S, RedisServer
+from bench import private_redis
+from bench.private_redis import READY_TIMEOUT_S
+from tests.support.ports import free_port
 
 __all__ = ["RedisClusterServers", "RedisServer"]
+
+
+class RedisServer(private_redis.RedisServer):
+    """A private redis-server on a port of this pytest-xdist worker's own block (see ports.py)."""
+
+    def __init__(self, directory: Path, *options: str, port: int | None = None) -> None:
+        super().__init__(directory, *options, port=port or free_port(cluster_bus=True))
 
 
 class RedisClusterServers:

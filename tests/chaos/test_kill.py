@@ -149,21 +149,26 @@ def steady_load_with_kills(
     running_at_kills: set[str] = set()
     recovering: dict[str, None] = {}
     recovery_s: list[float] = []
+
+    def keep_going() -> None:
+        """Keep the load up and time every recovery, also while waiting for the next victim to look busy."""
+        load()
+        for consumer_id in [cid for cid in recovering if not fleet.held(cid)]:
+            recovery_s.append(time.monotonic() - fleet.killed_at[consumer_id])
+            del recovering[consumer_id]
+
     end = time.monotonic() + duration_s
     next_kill = time.monotonic() + rng.uniform(0.5, 3)
     while time.monotonic() < end:
-        load()
+        keep_going()
         if time.monotonic() >= next_kill:
             name = rng.choice(sorted(current))
-            _, running = fleet.kill_while_running(current[name], between_looks=load)
+            _, running = fleet.kill_while_running(current[name], between_looks=keep_going)
             running_at_kills |= running
             recovering[current[name]] = None
             current[name] = f"{name}{int(current[name][1:]) + 1}"
             fleet.spawn(current[name])
             next_kill = time.monotonic() + rng.uniform(0.5, 3)
-        for consumer_id in [cid for cid in recovering if not fleet.held(cid)]:
-            recovery_s.append(time.monotonic() - fleet.killed_at[consumer_id])
-            del recovering[consumer_id]
         time.sleep(0.01)
     recovery_s += [fleet.recovered_within(consumer_id, LEASE_S + 1) for consumer_id in recovering]
     return load.task_ids, running_at_kills, recovery_s

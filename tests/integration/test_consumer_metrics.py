@@ -6,9 +6,10 @@ import pytest
 
 from tasks_app import producer
 from tasks_app.models import TaskType
+from tests.support.ports import free_port
 from tests.support.processes import wait_until
 from tests.support.recording import recorded_runs
-from tests.support.scrape import Scrape, free_port, http_get, scrape
+from tests.support.scrape import Scrape, http_get, scrape
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -11,9 +11,10 @@ from tasks_app.consumer.limits import RatePolicy
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
 from tasks_app.task_types import TaskTypeConfig
+from tests.support.ports import free_port
 from tests.support.processes import wait_until
 from tests.support.recording import most_starts_in_any_window, recorded_runs
-from tests.support.scrape import free_port, scrape
+from tests.support.scrape import scrape
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

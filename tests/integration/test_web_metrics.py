@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.ports import free_port
 from tests.support.processes import PROJECT_DIR, consumer_env, wait_until
-from tests.support.scrape import free_port, http_get as get
+from tests.support.scrape import http_get as get
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
-import socket
 import urllib.error
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def http_get(url: str) -> tuple[int, bytes]:
