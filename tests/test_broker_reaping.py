@@ -133,8 +133,8 @@ def test_returned_and_deferred_suspects_stay_suspects(broker):
 
 
 def test_racing_reapers_requeue_each_task_exactly_once(broker):
-    register(broker, "victim")
     push(broker, *[make_task(n) for n in range(200)])
+    register(broker, "victim")  # after the push: its short lease must still hold for the claim
     broker.claim("q", "victim", 200)
     expire(broker, "victim")
     moved = []
