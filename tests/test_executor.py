@@ -184,6 +184,15 @@ def test_a_successful_run_is_acked_with_its_return_value(broker, executor):
     assert sample("taskqueue_tasks_succeeded_total", type="x.add", queue="q") == before + 1
 
 
+def test_a_task_whose_lease_was_lost_at_the_gates_is_left_to_the_reaper_unstarted(broker, executor):
+    asked: list[Claimed] = []
+    executor.lease_check = lambda item: bool(asked.append(item))  # the lease was lost meanwhile
+    item = claimed(broker, "t1", "x.add", 2, 3)
+    assert executor.execute(item) is False and asked == [item]
+    assert broker.held_by("q", CONSUMER) == [item.raw]  # the reaper recovers it
+    assert broker.get_result("t1") is None or broker.get_result("t1")["status"] == "READY"
+
+
 def test_a_handler_with_context_sees_this_run(broker, executor):
     task_type(executor, "x.context", max_attempts=4)
     executor.execute(claimed(broker, "t1", "x.context", "a"))

@@ -39,6 +39,12 @@ logger = logging.getLogger("tasks_app.tasks")
 DISABLED_RECHECK_MS = 5000
 
 
+def _max_result_bytes() -> int:
+    from django.conf import settings
+
+    return int(settings.TASKS_MAX_RESULT_BYTES)
+
+
 RateGate = Callable[[Task, TaskTypeConfig, str | None], int]
 """Returns 0 to let a task start now, else how many ms to wait before it may (the third
 argument: the token of the task's `rate_limit_key` value, None when the limit is not keyed)."""
@@ -60,8 +66,10 @@ class Executor(AsyncRuns, ControlSettling):
         max_result_bytes: int | None = None,
         concurrency: ConcurrencyGate | None = None,
         async_lane: AsyncLane | None = None,
+        lease_check: Callable[[Claimed], bool] | None = None,
     ) -> None:
         self.broker = broker
+        self.lease_check = lease_check  # waits while the claim's lease may have lapsed; False once lost
         # With a batcher, RUNNING records and acks of successful runs go out in shared round
         # trips and the worker moves on at once; without one, each is written before returning.
         self.acks = acks
@@ -80,11 +88,7 @@ class Executor(AsyncRuns, ControlSettling):
         # Runs being watched: thread runs by thread id, async runs by their RunControl.
         self.running: dict[object, Running] = {}
         self._running_lock = threading.Lock()
-        if max_result_bytes is None:
-            from django.conf import settings
-
-            max_result_bytes = int(settings.TASKS_MAX_RESULT_BYTES)
-        self.max_result_bytes = max_result_bytes
+        self.max_result_bytes = max_result_bytes if max_result_bytes is not None else _max_result_bytes()
         self.watch = RunWatch(broker, acks.record if acks is not None else broker.record_result, result_ttl_s)
 
     # --- entry points ----------------------------------------------------------------------
@@ -251,6 +255,8 @@ class Executor(AsyncRuns, ControlSettling):
         arguments: Arguments,
         on_settled: Callable[[], None] | None = None,
     ) -> bool:
+        if self.lease_check is not None and not self.lease_check(claimed):
+            return False  # its lease was lost while it passed the gates: the reaper owns it now
         max_attempts = self._record_start(claimed, task, config, handler, arguments)
         if max_attempts is None:  # cancelled before it started
             self._release_unique(task, config)

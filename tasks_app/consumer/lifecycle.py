@@ -80,7 +80,6 @@ class Consumer:
         self.consumer_id = self.base_id
         self._generation, self._identity_lock = 0, threading.Lock()
         self.capacity = Capacity(options.concurrency + options.prefetch)
-        self.work: queue_module.SimpleQueue[Claimed] = queue_module.SimpleQueue()
         self.task_types = TaskTypeCache()
         self._init_thread_state()
         self.acks = AckBatcher(self.broker, self.give_up)
@@ -95,12 +94,14 @@ class Consumer:
             rate_gate=rate_gate or RateLimiter(self.broker, self.give_up),
             concurrency=ConcurrencyGate.for_consumer(self),
             async_lane=AsyncLane(options.async_concurrency, self.capacity),
+            lease_check=self._lease_holds,  # again after the gates, just before the start
         )
         self.liveness = Liveness(options.health_file, stale_after_s=max(3 * HEALTH_CHECK_S, options.lease_s))
         self.reaper = ReaperLoop(self.broker, options.queues, options.lease_s, partial(record_reaped, self.broker))
 
     def _init_thread_state(self) -> None:
         """Create what the consumer's threads share: the stop events, the threads, the tasks held, the suspect slot."""
+        self.work: queue_module.SimpleQueue[Claimed] = queue_module.SimpleQueue()
         self.stop_requested = threading.Event()
         self.claiming_stopped = threading.Event()
         self.loops_stopped = threading.Event()
