@@ -107,7 +107,7 @@ class Executor(AsyncRuns, ControlSettling):
 
     def _execute(self, claimed: Claimed, on_settled: Callable[[], None] | None) -> bool:
         try:
-            task = claimed.task or decode_task(claimed.raw)
+            task = claimed.task if claimed.task is not None else decode_task(claimed.raw)
         except UndecodableTask as exc:
             self._dead_letter_undecodable(claimed, str(exc))
             return False
