@@ -18,7 +18,7 @@ from redis.exceptions import RedisError
 
 from tasks_app.consumer import lifecycle as consumer_module
 from tasks_app.consumer.claimed import Claimed
-from tasks_app.consumer.lifecycle import Capacity, ClaimerLoop, Consumer
+from tasks_app.consumer.lifecycle import ClaimerLoop, Consumer
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.protocol.broker import Broker, Enqueueable
 from tasks_app.protocol.codec import encode_payload
@@ -77,34 +77,6 @@ def claim_all(broker: Broker) -> list[bytes]:
     """Everything a fresh consumer would claim next, in order."""
     register(broker, "next", lease_ms=10_000)
     return claim(broker, "next", 100)
-
-
-# --- Capacity -----------------------------------------------------------------------------
-def test_capacity_counts_slots_up_to_its_limit():
-    capacity = Capacity(3)
-    assert capacity.acquire(timeout_s=0) and capacity.acquire_up_to(5) == 2
-    assert capacity.in_use == 3
-    assert capacity.acquire_up_to(1) == 0 and not capacity.acquire(timeout_s=0.01)
-    capacity.release(2)
-    assert capacity.acquire_up_to(5) == 2 and capacity.in_use == 3
-
-
-def test_capacity_ignores_empty_and_negative_requests():
-    capacity = Capacity(2)
-    assert capacity.acquire_up_to(0) == 0 and capacity.acquire_up_to(-3) == 0
-    capacity.release(0)
-    capacity.release(-1)
-    assert capacity.in_use == 0
-
-
-def test_a_full_capacity_waits_for_a_release_from_another_thread():
-    capacity = Capacity(1)
-    assert capacity.acquire(timeout_s=0)
-    started = time.monotonic()
-    threading.Timer(0.05, capacity.release).start()
-    assert capacity.acquire(timeout_s=5)
-    assert 0.04 <= time.monotonic() - started < 2
-    assert capacity.in_use == 1
 
 
 # --- options ------------------------------------------------------------------------------

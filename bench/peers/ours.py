@@ -17,7 +17,7 @@ QUEUE = "default"
 
 
 class Ours(System):
-    """This project: one runconsumer with its default concurrency (8) and prefetch (8)."""
+    """This project: one runconsumer with its default concurrency (8) and automatic prefetch."""
 
     name = "ours"
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -12,6 +11,7 @@ from typing import Protocol
 from django.conf import settings
 from redis.exceptions import RedisError
 
+from tasks_app.consumer.capacity import Capacity
 from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.loops import LeaseClock
 from tasks_app.consumer.receipts import with_receipts
@@ -56,47 +56,6 @@ class Claiming(Protocol):
     def lease_lost(self, lost_id: str) -> None: ...
     def dispatch(self, claimed: Sequence[Claimed]) -> None: ...
     def held_raws(self, queue: str, consumer_id: str) -> Counter[bytes]: ...
-
-
-class Capacity:
-    """Counts the tasks this consumer holds; claiming waits while it is full (backpressure)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.in_use = 0
-        self._cond = threading.Condition()
-
-    def acquire(self, timeout_s: float) -> bool:
-        """Take one slot, waiting up to `timeout_s` for one to free up."""
-        with self._cond:
-            if not self._cond.wait_for(lambda: self.in_use < self.limit, timeout_s):
-                return False
-            self.in_use += 1
-            return True
-
-    def acquire_up_to(self, count: int) -> int:
-        """Take as many free slots as there are, up to `count`, without waiting."""
-        with self._cond:
-            taken = max(0, min(count, self.limit - self.in_use))
-            self.in_use += taken
-            return taken
-
-    def hand_off(self) -> None:
-        """Give back the slot of a task that moved to the asyncio lane (which has slots of its own)."""
-        self.release(1)
-
-    def take_back(self) -> None:
-        """Count such a task again, at once, just before its slot is released as it leaves the consumer."""
-        with self._cond:
-            self.in_use += 1
-
-    def release(self, count: int = 1) -> None:
-        """Give slots back."""
-        if count <= 0:
-            return
-        with self._cond:
-            self.in_use -= count
-            self._cond.notify_all()
 
 
 class ClaimerLoop:
@@ -196,6 +155,7 @@ class ClaimerLoop:
 
     def _dispatch(self, claimed: list[Claimed]) -> None:
         """Write the claims' receipts to the tasks' records, then hand the tasks to the workers."""
+        self.consumer.capacity.claimed(len(claimed))
         self.consumer.dispatch(with_receipts(self.consumer.broker, claimed, self._result_ttl_s))
 
     def reconcile(self) -> None:

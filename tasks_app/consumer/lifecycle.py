@@ -21,8 +21,9 @@ from django.db import close_old_connections
 from tasks_app import metrics
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.async_lane import AsyncLane
+from tasks_app.consumer.capacity import Capacity
 from tasks_app.consumer.claimed import Claimed
-from tasks_app.consumer.claimer import Capacity, ClaimerLoop
+from tasks_app.consumer.claimer import ClaimerLoop
 from tasks_app.consumer.concurrency import ConcurrencyGate
 from tasks_app.consumer.executor import Executor, RateGate
 from tasks_app.consumer.health import HealthLoop, Liveness
@@ -79,7 +80,7 @@ class Consumer:
         self.base_id = options.consumer_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.consumer_id = self.base_id
         self._generation, self._identity_lock = 0, threading.Lock()
-        self.capacity = Capacity(options.concurrency + options.prefetch)
+        self.capacity = Capacity(options.concurrency, options.prefetch)
         self.task_types = TaskTypeCache()
         self._init_thread_state()
         self.acks = AckBatcher(self.broker, self.give_up)
@@ -145,7 +146,7 @@ class Consumer:
             "started_at_ms": int(time.time() * 1000),
             "lease_ms": int(self.options.lease_s * 1000),
             "concurrency": self.options.concurrency,
-            "prefetch": self.options.prefetch,
+            "prefetch": self.capacity.prefetch_max,
             "queues": self.options.queues,
         }
         self.broker.heartbeat(self.options.queues, consumer_id, int(self.options.lease_s * 1000), info)
@@ -297,11 +298,11 @@ class Consumer:
         for worker in self._workers:
             worker.start()
         logger.info(
-            "consumer %s started: queues=%s concurrency=%d prefetch=%d lease=%gs",
+            "consumer %s started: queues=%s concurrency=%d prefetch=%s lease=%gs",
             self.consumer_id,
             ",".join(opts.queues),
             opts.concurrency,
-            opts.prefetch,
+            opts.prefetch if opts.prefetch is not None else f"auto (up to {self.capacity.prefetch_max})",
             opts.lease_s,
         )
 

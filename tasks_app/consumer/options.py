@@ -11,7 +11,7 @@ class ConsumerOptions:
 
     queues: list[str] = field(default_factory=lambda: ["default"])
     concurrency: int = 8
-    prefetch: int = 8
+    prefetch: int | None = None  # tasks claimed beyond the running ones; None: automatic (capacity.py)
     lease_s: float = 30.0
     grace_s: float = 30.0
     consumer_id: str | None = None
@@ -35,7 +35,7 @@ class ConsumerOptions:
             validate_name(name, "queue")
         if self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
-        if self.prefetch < 0:
+        if self.prefetch is not None and self.prefetch < 0:
             raise ValueError("prefetch cannot be negative")
         if self.lease_s < 0.5:
             raise ValueError("lease must be at least 0.5 s")

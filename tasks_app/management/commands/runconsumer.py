@@ -30,6 +30,10 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def prefetch_arg(text: str) -> int | None:
+    return None if text == "auto" else non_negative_int(text)
+
+
 def non_negative_float(text: str) -> float:
     value = float(text)
     if not value >= 0:
@@ -143,7 +147,12 @@ def _add_run_arguments(parser: CommandParser) -> None:
     )
     parser.add_argument("--concurrency", type=positive_int, default=8, help="Worker threads (default 8).")
     parser.add_argument(
-        "--prefetch", type=non_negative_int, default=8, help="Tasks claimed beyond the running ones (default 8)."
+        "--prefetch",
+        type=prefetch_arg,
+        default=None,
+        metavar="N|auto",
+        help="Tasks claimed beyond the running ones: a fixed number, or auto (default): what the consumer "
+        "starts in about 20 ms at its recent pace, up to 32.",
     )
     parser.add_argument(
         "--lease",
