@@ -17,7 +17,7 @@ from collections.abc import Callable
 # An automatic prefetch holds what the consumer starts in about this long at its recent pace...
 PREFETCH_HORIZON_S = 0.02
 # ...and never more than this many tasks beyond the running ones.
-AUTO_PREFETCH_MAX = 32
+AUTO_PREFETCH_MAX = 64
 # The pace is measured over windows at least this long, smoothed with this time constant.
 PACE_WINDOW_S = 0.1
 PACE_SMOOTHING_S = 0.3

@@ -152,7 +152,7 @@ def _add_run_arguments(parser: CommandParser) -> None:
         default=None,
         metavar="N|auto",
         help="Tasks claimed beyond the running ones: a fixed number, or auto (default): what the consumer "
-        "starts in about 20 ms at its recent pace, up to 32.",
+        "starts in about 20 ms at its recent pace, up to 64.",
     )
     parser.add_argument(
         "--lease",
