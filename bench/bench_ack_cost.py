@@ -12,7 +12,7 @@ from support import emit, median, percentile
 
 LEVELS = (10, 1000, 100000)
 OTHER_CONSUMERS = 10
-OWN_IN_FLIGHT = 16  # concurrency + prefetch of a default consumer
+OWN_IN_FLIGHT = 16  # what a consumer holding 16 tasks (say, 8 running and 8 prefetched) acks among
 ACKS = 3000
 LEASE_MS = 600_000
 ME = "me"
@@ -38,31 +38,37 @@ def fill_others(system, queue: str, in_flight: int) -> None:
             share -= len(broker.claim(queue, consumer_id, min(share, 10000)) or [])
 
 
-def ack_one(system, queue: str, held: list[bytes]) -> float:
+def claim_fenced(system, queue: str, count: int) -> list[tuple[bytes, int]]:
+    """Claim up to `count` tasks of `queue` as ME: each with its claim's fencing token."""
+    claim = system.broker.claim_with_suspect(queue, ME, count, allow_suspect=False)
+    return [] if claim is None else [(raw, claim.first_fence + index) for index, raw in enumerate(claim.tasks)]
+
+
+def ack_one(system, queue: str, held: list[tuple[bytes, int]]) -> float:
     """Ack our oldest held task of `queue` with its result write, claim a new one; return the ack's seconds."""
     from tasks_app.protocol import results
     from tasks_app.protocol.codec import decode_task
 
-    raw = held.pop(0)
+    raw, fence = held.pop(0)
     task = decode_task(raw)
     task.attempt = 1
-    update = results.succeeded(task, "true", int(time.time() * 1000), 3600, results.run_token(ME, task.attempt))
+    update = results.succeeded(task, "true", int(time.time() * 1000), 3600, fence)
     started = time.perf_counter()
     system.broker.ack(queue, ME, [raw], [update])
     elapsed = time.perf_counter() - started
-    held.extend(system.broker.claim(queue, ME, 1) or [])
+    held.extend(claim_fenced(system, queue, 1))
     return elapsed
 
 
 if __name__ == "__main__":
     with our_system() as (system, client):
         queues = {level: f"ack{level}" for level in LEVELS}
-        held: dict[int, list[bytes]] = {}
+        held: dict[int, list[tuple[bytes, int]]] = {}
         for level, queue in queues.items():
             fill_others(system, queue, level)
             enqueue(system, queue, ACKS + OWN_IN_FLIGHT)
             system.broker.heartbeat([queue], ME, LEASE_MS, {})
-            held[level] = list(system.broker.claim(queue, ME, OWN_IN_FLIGHT))
+            held[level] = claim_fenced(system, queue, OWN_IN_FLIGHT)
         timings: dict[int, list[float]] = {level: [] for level in LEVELS}
         for _ in range(ACKS):
             for level, queue in queues.items():
