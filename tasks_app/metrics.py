@@ -32,6 +32,10 @@ TASK_WAIT = Histogram(
 )
 IN_FLIGHT = Gauge(f"{PREFIX}_consumer_in_flight_tasks", "Tasks this consumer has claimed and not yet finished.")
 BUSY_WORKERS = Gauge(f"{PREFIX}_consumer_busy_workers", "Worker threads running a handler.")
+PREFETCH = Gauge(
+    f"{PREFIX}_consumer_prefetch",
+    "Tasks this consumer may claim beyond its running ones now (automatic: follows its pace).",
+)
 LEASE_RENEWALS = Counter(f"{PREFIX}_lease_renewals", "Successful lease renewals.")
 LEASES_LOST = Counter(f"{PREFIX}_leases_lost", "Times this consumer found its lease gone and re-registered.")
 REDIS_ERRORS = Counter(f"{PREFIX}_redis_errors", "Redis errors met by consumer loops.", ["loop"])

@@ -3,6 +3,8 @@
 import threading
 import time
 
+from prometheus_client import REGISTRY
+
 from tasks_app.consumer.capacity import AUTO_PREFETCH_MAX, PREFETCH_HORIZON_S, Capacity
 
 
@@ -55,6 +57,7 @@ def test_an_automatic_prefetch_starts_at_the_running_slots_and_grows_with_a_fast
     assert capacity.limit == 8 and capacity.prefetch_max == AUTO_PREFETCH_MAX
     claim_at_pace(capacity, clock, per_s=5000, seconds=2)
     assert capacity.limit == 8 + AUTO_PREFETCH_MAX  # 5,000/s x 20 ms = 100, capped
+    assert REGISTRY.get_sample_value("taskqueue_consumer_prefetch") == AUTO_PREFETCH_MAX
     claim_at_pace(capacity, clock, per_s=1000, seconds=2)
     assert capacity.limit == 8 + 1000 * PREFETCH_HORIZON_S
 
@@ -74,6 +77,7 @@ def test_an_automatic_prefetch_drops_to_nothing_for_slow_tasks_and_after_a_lull(
 def test_a_fixed_prefetch_ignores_the_pace():
     clock = FakeClock()
     capacity = Capacity(2, 3, clock)
+    assert REGISTRY.get_sample_value("taskqueue_consumer_prefetch") == 3
     claim_at_pace(capacity, clock, per_s=5000, seconds=1)
     assert capacity.limit == 5
     clock.now += 10

@@ -14,6 +14,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from tasks_app import metrics
+
 # An automatic prefetch holds what the consumer starts in about this long at its recent pace...
 PREFETCH_HORIZON_S = 0.02
 # ...and never more than this many tasks beyond the running ones.
@@ -57,6 +59,7 @@ class Capacity:
         self.prefetch_max = AUTO_PREFETCH_MAX if prefetch is None else prefetch
         self._pace = Pace(clock) if prefetch is None else None
         self.limit = concurrency + (0 if self._pace is not None else self.prefetch_max)
+        metrics.PREFETCH.set(self.limit - concurrency)
         self.in_use = 0
         self._cond = threading.Condition()
 
@@ -104,4 +107,5 @@ class Capacity:
             return
         prefetch = min(self.prefetch_max, int(self._pace.per_s * PREFETCH_HORIZON_S))
         self.limit = self.concurrency + prefetch
+        metrics.PREFETCH.set(prefetch)
         self._cond.notify_all()
