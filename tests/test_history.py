@@ -43,6 +43,20 @@ def test_enqueued_tasks_are_indexed_ready_newest_last(broker):
         assert 0 < broker.client.pttl(key) <= 7 * 24 * 3600 * 1000
 
 
+def test_an_enqueue_gives_the_index_its_time_to_live_again_only_once_it_has_run_down(broker):
+    producer.enqueue("demo.echo", queue="h", count=2)
+    producer.enqueue("demo.echo", queue="h")  # a known queue: enqueue_one
+    ttl_ms = 7 * 24 * 3600 * 1000
+    keys = history.index_keys(broker.keys, "h")
+    broker.client.pexpire(keys[2], 60_000)  # a status index whose time to live a write cut short
+    producer.enqueue("demo.echo", queue="h")  # the index was given its TTL just now: nothing rewritten
+    assert broker.client.pttl(keys[2]) <= 60_000
+    broker.client.pexpire(keys[0], ttl_ms - 3_600_000)  # run down by an hour, beyond the 10 min slack
+    producer.enqueue("demo.echo", queue="h")
+    for key in keys[:3]:
+        assert ttl_ms - 60_000 < broker.client.pttl(key) <= ttl_ms
+
+
 def test_statuses_move_as_tasks_run_and_fail(broker, consumer_in_thread):
     ok = [task.id for task in producer.enqueue("demo.echo", queue="h", count=2)]
     bad = producer.enqueue("demo.fail", queue="h")[0].id

@@ -44,7 +44,11 @@ local function history_add(h, id, score, status)
   return true
 end
 
+-- Give the index keys `ttl_ms` to live again, unless `all` got it less than a thousandth of it
+-- ago (an enqueue then skips seven writes; the consumers' schedulers refresh every key anyway).
 local function history_expire(h, ttl_ms)
+  local left = redis.pcall('PTTL', h.all)
+  if type(left) == 'number' and left > ttl_ms - math.max(1000, math.floor(ttl_ms / 1000)) then return end
   redis.pcall('PEXPIRE', h.all, ttl_ms)
   redis.pcall('PEXPIRE', h.ids, ttl_ms)
   for _, key in ipairs(h.status_keys) do redis.pcall('PEXPIRE', key, ttl_ms) end
