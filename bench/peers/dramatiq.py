@@ -37,6 +37,9 @@ class Dramatiq(System):
             [bin_path("dramatiq"), "dramatiq_app", "--processes", "1", "--threads", "8"],
             env=self.env,
             log_name="dramatiq",
+            # The main process passes SIGTERM on to its worker process; a second one there is a hard
+            # exit, which waits forever on the AsyncIO middleware's (non-daemon) event loop thread.
+            term_main_only=True,
         )
 
     def outstanding(self, client, total: int) -> int:
