@@ -1,4 +1,7 @@
-"""Run the same enqueue / footprint / drain / latency workload against us and every Python peer.
+"""Run the same enqueue / footprint / drain / latency workloads against us and every Python peer.
+
+The drains empty a backlog of no-ops, of tasks making one Redis round trip, and of async tasks
+making that round trip (on the systems that run `async def` tasks; "—" on the others).
 
 Each peer is installed from bench/requirements-peers.txt (its "[name]" section) into its own
 virtualenv under .run/peers/<name>, and runs on its own private redis-server, one after the
@@ -22,7 +25,7 @@ PEERS_DIR = RUN_DIR / "peers"
 REQUIREMENTS = BENCH_DIR / "requirements-peers.txt"
 PEERS = ["rq", "celery", "dramatiq", "huey", "vtasks"]
 # Slow systems drain a smaller backlog so the whole run stays within its time budget;
-# every figure is a rate, so the sizes need not match.
+# every figure is a rate, so the sizes need not match. Each drain workload uses the same size.
 DRAIN_TASKS = {"ours": 20000, "vtasks": 10000, "dramatiq": 5000, "huey": 5000, "celery": 5000, "rq": 3000}
 SIZES = ["--single", "2000", "--bulk", "50000", "--footprint", "10000"]
 # (key, label, True when more is better)
@@ -30,6 +33,8 @@ FIGURES = [
     ("enqueue_single_per_s", "enqueue, one call per task (tasks/s)", True),
     ("enqueue_bulk_per_s", "enqueue, bulk API (tasks/s)", True),
     ("drain_per_s", "drain, one worker process (tasks/s)", True),
+    ("drain_redis_op_per_s", "drain, one Redis round trip per task (tasks/s)", True),
+    ("drain_async_redis_op_per_s", "drain, async handler with one Redis round trip (tasks/s)", True),
     ("latency_p50_ms", "idle latency p50 (ms)", False),
     ("latency_p99_ms", "idle latency p99 (ms)", False),
     ("bytes_per_task", "Redis bytes per queued task, all writes", False),

@@ -14,7 +14,7 @@ if __name__ == "__main__":
     with our_system() as (system, client):
         figures = run_footprint(system, client, sizes)
         # One READY result record, as the producer writes it beside every task.
-        system.enqueue_noop()
+        system.enqueue_task()
         result_key = next(iter(client.scan_iter(system.broker.keys.result("*"))))
         result_record_bytes = int(client.memory_usage(result_key, samples=0))
         client.flushall()

@@ -20,11 +20,10 @@ PROCESS_COUNTS = (1, 2, 4)
 
 
 class OursVariant(Ours):
-    """Our queue draining tasks of `task_type`, its consumer started with extra flags (`--processes N`)."""
+    """Our queue, its consumer started with extra flags (`--processes N`)."""
 
-    def __init__(self, redis_url: str, task_type: str, flags: tuple[str, ...] = (), processes: int = 0) -> None:
+    def __init__(self, redis_url: str, flags: tuple[str, ...] = (), processes: int = 0) -> None:
         super().__init__(redis_url)
-        self.noop_request = self.producer.TaskRequest(type=task_type, queue=QUEUE)
         self.flags = flags
         self.processes = processes
 
@@ -40,25 +39,25 @@ class OursVariant(Ours):
         return Worker(argv, cwd=ROOT, log_name=consumer_id)
 
 
-def drain(url: str, task_type: str, tasks: int, flags: tuple[str, ...] = (), processes: int = 0) -> dict[str, Any]:
-    """Drain `tasks` tasks of `task_type` with one consumer (or one supervised group); its figures."""
-    system = OursVariant(url, task_type, flags, processes)
-    return run_drain(system, redis.Redis.from_url(url), Sizes(drain=tasks))
+def drain(url: str, kind: str, tasks: int, flags: tuple[str, ...] = (), processes: int = 0) -> dict[str, Any]:
+    """Drain `tasks` tasks of `kind` (bench.<kind>) with one consumer (or one supervised group); its figures."""
+    system = OursVariant(url, flags, processes)
+    return run_drain(system, redis.Redis.from_url(url), Sizes(drain=tasks), kind=kind)
 
 
 def figures(url: str, tasks: int) -> dict[str, Any]:
     """Every figure of this script, on the Redis at `url` (one Django setup: one Redis per process)."""
-    by_processes = {str(n): drain(url, "bench.noop", tasks, processes=n)["drain_per_s"] for n in PROCESS_COUNTS}
+    by_processes = {str(n): drain(url, "noop", tasks, processes=n)["drain_per_s"] for n in PROCESS_COUNTS}
     return {
         "bench": "process_mode",
         "tasks": tasks,
         "nproc": os.cpu_count(),
         "noop_drain_per_s_by_processes": by_processes,
         "speedup_2_over_1": round(by_processes["2"] / by_processes["1"], 2),
-        "thread_mode_noop_drain_per_s": drain(url, "bench.noop", tasks)["drain_per_s"],
-        "sync_redis_op_drain_per_s": drain(url, "bench.redis_op", tasks)["drain_per_s"],
-        "async_redis_op_drain_per_s": drain(url, "bench.async_redis_op", tasks)["drain_per_s"],
-        "async_sleep_50ms_drain_per_s": drain(url, "bench.async_sleep", tasks // 4)["drain_per_s"],
+        "thread_mode_noop_drain_per_s": drain(url, "noop", tasks)["drain_per_s"],
+        "sync_redis_op_drain_per_s": drain(url, "redis_op", tasks)["drain_per_s"],
+        "async_redis_op_drain_per_s": drain(url, "async_redis_op", tasks)["drain_per_s"],
+        "async_sleep_50ms_drain_per_s": drain(url, "async_sleep", tasks // 4)["drain_per_s"],
     }
 
 

@@ -17,15 +17,15 @@ if __name__ == "__main__":
     mode = sys.argv[1] if len(sys.argv) > 1 else "bulk"
     top = int(sys.argv[2]) if len(sys.argv) > 2 else 25
     with our_system() as (system, client):
-        system.enqueue_noops(BATCH)  # warm up the connection, the type cache and the queue set
-        system.enqueue_noop()
+        system.enqueue_tasks(BATCH)  # warm up the connection, the type cache and the queue set
+        system.enqueue_task()
         profiler = cProfile.Profile()
         profiler.enable()
         if mode == "single":
             for _ in range(SINGLE):
-                system.enqueue_noop()
+                system.enqueue_task()
         else:
             for _ in range(BATCHES):
-                system.enqueue_noops(BATCH)
+                system.enqueue_tasks(BATCH)
         profiler.disable()
     pstats.Stats(profiler).sort_stats("tottime").print_stats(top)

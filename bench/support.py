@@ -91,7 +91,11 @@ def descendants(pid: int) -> list[int]:
 
 
 class Worker:
-    """A consumer/worker subprocess of any system, its output kept in a log file."""
+    """A consumer/worker subprocess of any system, its output kept in a log file.
+
+    `stop` sends SIGTERM to the whole process group, or with `term_main_only` to the main process
+    alone, for a system whose main process passes it on to its children (a second one is a kill).
+    """
 
     def __init__(
         self,
@@ -100,7 +104,9 @@ class Worker:
         env: dict[str, str] | None = None,
         cwd: Path | None = None,
         log_name: str = "worker",
+        term_main_only: bool = False,
     ) -> None:
+        self.term_main_only = term_main_only
         RUN_DIR.mkdir(exist_ok=True)
         self.log_path = RUN_DIR / f"bench-{log_name}-{os.getpid()}.log"
         self._log = self.log_path.open("wb")
@@ -122,10 +128,13 @@ class Worker:
         return rss_bytes(self.process.pid)
 
     def stop(self, timeout_s: float = 15) -> None:
-        """SIGTERM the worker's process group, SIGKILL it if it lingers, and close the log."""
+        """SIGTERM the worker's process group (or main process), SIGKILL the group if it lingers, close the log."""
         if self.process.poll() is None:
             try:
-                os.killpg(self.process.pid, signal.SIGTERM)
+                if self.term_main_only:
+                    os.kill(self.process.pid, signal.SIGTERM)
+                else:
+                    os.killpg(self.process.pid, signal.SIGTERM)
                 self.process.wait(timeout_s)
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)

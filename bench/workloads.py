@@ -1,4 +1,8 @@
-"""The four workloads every queue runs the same way: enqueue, footprint, drain and latency.
+"""The workloads every queue runs the same way: enqueue, footprint, drains and latency.
+
+The drains empty a backlog of no-ops, of tasks making one Redis round trip (INCR on a client
+the worker thread keeps) and, where the system runs `async def` tasks, of the same round trip
+from an async task (see probe.py for what each task does).
 
 A system under test (ours or a peer) implements `System`; its driver script runs the workloads
 with its own virtualenv's Python and prints one JSON line. Needs redis-py (every venv has it).
@@ -14,7 +18,7 @@ from typing import Any
 
 import redis
 
-from probe import LATENCY_KEY
+from probe import LATENCY_KEY, OPS_KEY
 from support import Worker, emit, median, percentile, wait_for
 
 LATENCY_TASKS = 200
@@ -33,20 +37,22 @@ class Sizes:
 
 
 class System:
-    """A task queue under test: how to enqueue a no-op or a latency probe, run a worker, see progress."""
+    """A task queue under test: how to enqueue a task of each kind, run a worker, see progress."""
 
     name = "?"
     has_bulk = True
+    # The kinds of task (probe.py's function names) the system runs; "async_redis_op" where it runs `async def`.
+    kinds: frozenset[str] = frozenset({"noop", "redis_op"})
 
     def __init__(self, redis_url: str) -> None:
         self.redis_url = redis_url
 
-    def enqueue_noop(self) -> None:
-        """Enqueue one no-op task with one call of the system's enqueue API."""
+    def enqueue_task(self, kind: str = "noop") -> None:
+        """Enqueue one task of `kind` (a no-op by default) with one call of the system's enqueue API."""
         raise NotImplementedError
 
-    def enqueue_noops(self, count: int) -> None:
-        """Enqueue `count` no-op tasks with one call of the bulk API (one round trip)."""
+    def enqueue_tasks(self, count: int, kind: str = "noop") -> None:
+        """Enqueue `count` tasks of `kind` with one call of the bulk API (one round trip)."""
         raise NotImplementedError
 
     def enqueue_probe(self, enqueued_at: float) -> None:
@@ -58,7 +64,7 @@ class System:
         raise NotImplementedError
 
     def outstanding(self, client: redis.Redis, total: int) -> int:
-        """How many of `total` enqueued no-ops are not yet done, acknowledged and recorded."""
+        """How many of `total` enqueued tasks are not yet done, acknowledged and recorded."""
         raise NotImplementedError
 
     def queue_bytes(self, client: redis.Redis) -> int:
@@ -70,29 +76,29 @@ def _flush(client: redis.Redis) -> None:
     client.flushall()
 
 
-def enqueue_backlog(system: System, count: int, batch: int) -> None:
-    """Enqueue `count` no-ops, in bulk batches where the system has them."""
+def enqueue_backlog(system: System, count: int, batch: int, kind: str = "noop") -> None:
+    """Enqueue `count` tasks of `kind`, in bulk batches where the system has them."""
     if system.has_bulk:
         for start in range(0, count, batch):
-            system.enqueue_noops(min(batch, count - start))
+            system.enqueue_tasks(min(batch, count - start), kind)
     else:
         for _ in range(count):
-            system.enqueue_noop()
+            system.enqueue_task(kind)
 
 
 def run_enqueue(system: System, client: redis.Redis, sizes: Sizes) -> dict[str, Any]:
     """Tasks/s for one enqueue call per task, and for bulk batches of `sizes.batch`."""
     _flush(client)
     for _ in range(200):  # warm up connections, caches and scripts
-        system.enqueue_noop()
+        system.enqueue_task()
     started = time.perf_counter()
     for _ in range(sizes.single):
-        system.enqueue_noop()
+        system.enqueue_task()
     single = sizes.single / (time.perf_counter() - started)
     bulk = None
     if system.has_bulk:
         _flush(client)
-        system.enqueue_noops(sizes.batch)
+        system.enqueue_tasks(sizes.batch)
         started = time.perf_counter()
         enqueue_backlog(system, sizes.bulk, sizes.batch)
         bulk = sizes.bulk / (time.perf_counter() - started)
@@ -103,9 +109,9 @@ def run_enqueue(system: System, client: redis.Redis, sizes: Sizes) -> dict[str, 
 def run_footprint(system: System, client: redis.Redis, sizes: Sizes) -> dict[str, Any]:
     """Redis bytes per queued no-op task: INFO used_memory delta, and the queue structures alone."""
     _flush(client)
-    system.enqueue_noop()  # create the queue's keys so the delta counts tasks only
+    system.enqueue_task()  # create the queue's keys so the delta counts tasks only
     _flush(client)
-    system.enqueue_noop()
+    system.enqueue_task()
     before = int(client.info("memory")["used_memory"])
     enqueue_backlog(system, sizes.footprint, sizes.batch)
     after = int(client.info("memory")["used_memory"])
@@ -117,11 +123,13 @@ def run_footprint(system: System, client: redis.Redis, sizes: Sizes) -> dict[str
     }
 
 
-def run_drain(system: System, client: redis.Redis, sizes: Sizes, workers: int = 1) -> dict[str, Any]:
-    """`workers` worker processes drain a backlog of no-ops: tasks/s from the first ack to the last."""
+def run_drain(
+    system: System, client: redis.Redis, sizes: Sizes, workers: int = 1, kind: str = "noop"
+) -> dict[str, Any]:
+    """`workers` worker processes drain a backlog of `kind` tasks: tasks/s from the first ack to the last."""
     _flush(client)
     total = sizes.drain
-    enqueue_backlog(system, total, sizes.batch)
+    enqueue_backlog(system, total, sizes.batch, kind)
     started: list[Worker] = []
     spawned = time.perf_counter()
     try:
@@ -143,13 +151,15 @@ def run_drain(system: System, client: redis.Redis, sizes: Sizes, workers: int = 
     finally:
         for worker in started:
             worker.stop()
+    round_trips = int(client.get(OPS_KEY) or 0)
     _flush(client)
-    return {
+    figures = {
         "drain_tasks": total,
         "drain_per_s": round(left_at_first / (finished - first_at)),
         "drain_wall_s_from_spawn": round(finished - spawned, 3),
         "worker_rss_mb": round(peak_rss / 2**20, 1),
     }
+    return figures | ({"round_trips": round_trips} if round_trips else {})
 
 
 def _wait_first_progress(system: System, client: redis.Redis, total: int, workers: list[Worker]) -> tuple[float, int]:
@@ -189,10 +199,30 @@ def run_latency(system: System, client: redis.Redis, sizes: Sizes) -> dict[str, 
     return {"latency_p50_ms": round(median(samples), 2), "latency_p99_ms": round(percentile(samples, 0.99), 2)}
 
 
-WORKLOADS: dict[str, Callable[[System, redis.Redis, Sizes], dict[str, Any]]] = {
+Workload = Callable[[System, redis.Redis, Sizes], dict[str, Any]]
+
+
+def drain_of(kind: str) -> Workload:
+    """The drain of a backlog of `kind` tasks, figures named drain_<kind>_*; None if the system lacks that task."""
+
+    def run_kind_drain(system: System, client: redis.Redis, sizes: Sizes) -> dict[str, Any]:
+        if kind not in system.kinds:
+            return {f"drain_{kind}_per_s": None}
+        figures = run_drain(system, client, sizes, kind=kind)
+        round_trips = figures.get("round_trips", 0)
+        if round_trips < figures["drain_tasks"]:
+            raise RuntimeError(f"{system.name}: {round_trips} INCRs for {figures['drain_tasks']} {kind} tasks")
+        return {f"drain_{kind}_{key.removeprefix('drain_')}": value for key, value in figures.items()}
+
+    return run_kind_drain
+
+
+WORKLOADS: dict[str, Workload] = {
     "enqueue": run_enqueue,
     "footprint": run_footprint,
     "drain": run_drain,
+    "drain_redis_op": drain_of("redis_op"),
+    "drain_async_redis_op": drain_of("async_redis_op"),
     "latency": run_latency,
 }
 

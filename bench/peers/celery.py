@@ -9,6 +9,7 @@ from pathlib import Path
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
 from peer_system import bin_path, prepare  # noqa: E402
+from probe import OPS_KEY  # noqa: E402
 from support import Worker  # noqa: E402
 from workloads import System, parse_args, run  # noqa: E402
 
@@ -22,6 +23,7 @@ OTHER_KEYS = (
     "_kombu.binding.celery.pidbox",
     "_kombu.binding.celeryev",
     "_kombu.binding.reply.celery.pidbox",
+    OPS_KEY,
 )
 
 
@@ -35,9 +37,10 @@ class Celery(System):
         import celery_app
 
         self.app = celery_app
+        self.tasks = {kind: getattr(celery_app, kind) for kind in self.kinds}
 
-    def enqueue_noop(self) -> None:
-        self.app.noop.delay()
+    def enqueue_task(self, kind: str = "noop") -> None:
+        self.tasks[kind].delay()
 
     def enqueue_probe(self, enqueued_at: float) -> None:
         self.app.record_start.delay(enqueued_at)

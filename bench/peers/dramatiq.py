@@ -16,6 +16,7 @@ from workloads import System, parse_args, run  # noqa: E402
 class Dramatiq(System):
     name = "dramatiq"
     has_bulk = False
+    kinds = frozenset({"noop", "redis_op", "async_redis_op"})
 
     def __init__(self, redis_url: str) -> None:
         super().__init__(redis_url)
@@ -23,9 +24,10 @@ class Dramatiq(System):
         import dramatiq_app
 
         self.app = dramatiq_app
+        self.tasks = {kind: getattr(dramatiq_app, kind) for kind in self.kinds}
 
-    def enqueue_noop(self) -> None:
-        self.app.noop.send()
+    def enqueue_task(self, kind: str = "noop") -> None:
+        self.tasks[kind].send()
 
     def enqueue_probe(self, enqueued_at: float) -> None:
         self.app.record_start.send(enqueued_at)
@@ -35,6 +37,9 @@ class Dramatiq(System):
             [bin_path("dramatiq"), "dramatiq_app", "--processes", "1", "--threads", "8"],
             env=self.env,
             log_name="dramatiq",
+            # The main process passes SIGTERM on to its worker process; a second one there is a hard
+            # exit, which waits forever on the AsyncIO middleware's (non-daemon) event loop thread.
+            term_main_only=True,
         )
 
     def outstanding(self, client, total: int) -> int:

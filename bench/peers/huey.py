@@ -23,9 +23,10 @@ class Huey(System):
         import huey_app
 
         self.app = huey_app
+        self.tasks = {kind: getattr(huey_app, kind) for kind in self.kinds}
 
-    def enqueue_noop(self) -> None:
-        self.app.noop()
+    def enqueue_task(self, kind: str = "noop") -> None:
+        self.tasks[kind]()
 
     def enqueue_probe(self, enqueued_at: float) -> None:
         self.app.record_start(enqueued_at)

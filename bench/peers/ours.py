@@ -20,6 +20,7 @@ class Ours(System):
     """This project: one runconsumer with its default concurrency (8) and automatic prefetch."""
 
     name = "ours"
+    kinds = frozenset({"noop", "redis_op", "async_redis_op"})
 
     def __init__(self, redis_url: str) -> None:
         super().__init__(redis_url)
@@ -29,14 +30,14 @@ class Ours(System):
 
         self.producer = producer
         self.broker = get_broker()
-        self.noop_request = producer.TaskRequest(type="bench.noop", queue=QUEUE)
         self.consumer_ids: list[str] = []
 
-    def enqueue_noop(self) -> None:
-        self.producer.enqueue("bench.noop", queue=QUEUE, broker=self.broker)
+    def enqueue_task(self, kind: str = "noop") -> None:
+        self.producer.enqueue(f"bench.{kind}", queue=QUEUE, broker=self.broker)
 
-    def enqueue_noops(self, count: int) -> None:
-        self.producer.enqueue_many([self.noop_request] * count, broker=self.broker)
+    def enqueue_tasks(self, count: int, kind: str = "noop") -> None:
+        request = self.producer.TaskRequest(type=f"bench.{kind}", queue=QUEUE)
+        self.producer.enqueue_many([request] * count, broker=self.broker)
 
     def enqueue_probe(self, enqueued_at: float) -> None:
         self.producer.enqueue("bench.probe", [enqueued_at], queue=QUEUE, broker=self.broker)

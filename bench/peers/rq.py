@@ -25,11 +25,11 @@ class RQ(System):
         self.queue_class = Queue
         self.queue = Queue("default", connection=Redis.from_url(redis_url))
 
-    def enqueue_noop(self) -> None:
-        self.queue.enqueue("probe.noop")
+    def enqueue_task(self, kind: str = "noop") -> None:
+        self.queue.enqueue(f"probe.{kind}")
 
-    def enqueue_noops(self, count: int) -> None:
-        self.queue.enqueue_many([self.queue_class.prepare_data("probe.noop") for _ in range(count)])
+    def enqueue_tasks(self, count: int, kind: str = "noop") -> None:
+        self.queue.enqueue_many([self.queue_class.prepare_data(f"probe.{kind}") for _ in range(count)])
 
     def enqueue_probe(self, enqueued_at: float) -> None:
         self.queue.enqueue("probe.record_start", enqueued_at)

@@ -17,6 +17,7 @@ WORKER_ID = "bench"
 
 class VTasks(System):
     name = "django-vtasks"
+    kinds = frozenset({"noop", "redis_op", "async_redis_op"})
 
     def __init__(self, redis_url: str) -> None:
         super().__init__(redis_url)
@@ -30,17 +31,18 @@ class VTasks(System):
         import vtasks_tasks
         from django.tasks import task_backends
 
-        self.tasks = vtasks_tasks
+        self.app = vtasks_tasks
+        self.tasks = {kind: getattr(vtasks_tasks, kind) for kind in self.kinds}
         self.backend = task_backends["default"]
 
-    def enqueue_noop(self) -> None:
-        self.tasks.noop.enqueue()
+    def enqueue_task(self, kind: str = "noop") -> None:
+        self.tasks[kind].enqueue()
 
-    def enqueue_noops(self, count: int) -> None:
-        self.backend.enqueue_many([(self.tasks.noop, (), {})] * count)
+    def enqueue_tasks(self, count: int, kind: str = "noop") -> None:
+        self.backend.enqueue_many([(self.tasks[kind], (), {})] * count)
 
     def enqueue_probe(self, enqueued_at: float) -> None:
-        self.tasks.record_start.enqueue(enqueued_at)
+        self.app.record_start.enqueue(enqueued_at)
 
     def start_worker(self) -> Worker:
         import sys

@@ -10,3 +10,4 @@ app = Celery("bench", broker=os.environ["BENCH_REDIS_URL"], backend=os.environ["
 app.conf.update(broker_connection_retry_on_startup=True, worker_hijack_root_logger=False)
 noop = app.task(name="noop")(probe.noop)
 record_start = app.task(name="record_start")(probe.record_start)
+redis_op = app.task(name="redis_op")(probe.redis_op)
