@@ -112,20 +112,16 @@ class Executor(AsyncRuns, ControlSettling):
             self._dead_letter_undecodable(claimed, str(exc))
             return False
         config, problem = self._resolve(task)
+        if claimed.receipt == results.START_REFUSED:  # cancelled before its claim: dropped, whatever its type
+            if config is not None:
+                self._release_unique(task, config)
+            return self._drop_cancelled(claimed, task, on_settled)
         if config is None:
             self._dead_letter(claimed, task, "UnknownTaskType", problem)
             return False
-        # A TaskType row may name a `@django.tasks.task` function this process has not imported yet.
-        handler = self.registry.get(config.handler) or self.registry.load_django_task(config.handler)
+        handler = self._handler_of(claimed, task, config)
         if handler is None:
-            reason = f"handler {config.handler!r} of task type {task.type!r} is not registered"
-            if self.registry.import_errors:
-                reason += f" (handler modules that failed to import: {self.registry.import_errors})"
-            self._dead_letter(claimed, task, "HandlerNotRegistered", reason)
             return False
-        if claimed.receipt == results.START_REFUSED:  # cancelled before its claim: before any gate too
-            self._release_unique(task, config)
-            return self._drop_cancelled(claimed, task, on_settled)
         if not config.enabled:
             self._defer(claimed, task, DISABLED_RECHECK_MS, "disabled")
             return False
@@ -145,6 +141,17 @@ class Executor(AsyncRuns, ControlSettling):
         finally:
             if release is not None:
                 release()
+
+    def _handler_of(self, claimed: Claimed, task: Task, config: TaskTypeConfig) -> Handler | None:
+        """The task's handler; None if none is registered under its name (the task is dead-lettered)."""
+        # A TaskType row may name a `@django.tasks.task` function this process has not imported yet.
+        handler = self.registry.get(config.handler) or self.registry.load_django_task(config.handler)
+        if handler is None:
+            reason = f"handler {config.handler!r} of task type {task.type!r} is not registered"
+            if self.registry.import_errors:
+                reason += f" (handler modules that failed to import: {self.registry.import_errors})"
+            self._dead_letter(claimed, task, "HandlerNotRegistered", reason)
+        return handler
 
     def _admit(self, claimed: Claimed, task: Task, config: TaskTypeConfig, arguments: Arguments) -> str | None:
         """Pass the rate limit, then take a concurrency slot; None: deferred, else the slot's holder ("": uncapped)."""

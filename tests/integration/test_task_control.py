@@ -87,6 +87,24 @@ def test_cancelled_pending_and_delayed_tasks_never_run_and_the_others_do(broker,
     assert broker.is_idle(["default"])  # the cancelled ones were dropped, not left behind
 
 
+def test_a_cancelled_task_whose_type_or_handler_is_gone_is_dropped_not_dead_lettered(broker, consumer_process):
+    TaskType.objects.create(name="gone.type", handler="demo.echo")
+    TaskType.objects.create(name="gone.handler", handler="demo.echo")
+    unknown = producer.enqueue("gone.type")
+    no_handler = producer.enqueue("gone.handler")
+    # Since they were enqueued: one type deleted, the other's handler renamed to one nobody registers;
+    # either is dead-lettered if it runs.
+    TaskType.objects.filter(name="gone.type").delete()
+    TaskType.objects.filter(name="gone.handler").update(handler="gone.handler")
+    for task in (*unknown, *no_handler):
+        assert tasks_app.cancel(task.id, cancelled_by="tester").outcome == CANCELLED
+    consumer = consumer_process("--burst")
+    assert consumer.wait(60) == 0, consumer.log()
+    assert set(statuses(broker, [t.id for t in (*unknown, *no_handler)]).values()) == {"CANCELLED"}
+    assert broker.list_dead("default") == []
+    assert broker.is_idle(["default"])
+
+
 def test_a_running_cooperative_task_sees_the_cancel_within_a_second_and_ends_cancelled(broker, consumer_process):
     task_id = producer.enqueue("test.cooperative")[0].id
     consumer = consumer_process("--concurrency", "2")
