@@ -234,6 +234,19 @@ def test_records_keep_microseconds_and_read_milliseconds_too(broker):
     assert first.fields["started_at_ms"] < second.fields["started_at_ms"]
 
 
+def test_bulk_cancel_by_force_lists_running_tasks_for_their_consumers_to_stop(staff, broker):
+    waiting, running = _enqueue(count=2)
+    _set_status(broker, running, "RUNNING")
+    response = staff.post("/tasks/", {"action": "cancel_force", "task": [waiting, running]}, follow=True)
+    assert "1 running one(s) stopped by force" in response.content.decode()
+    assert results.ResultRecord.from_fields(broker.get_result(waiting)).status == "CANCELLED"
+    assert broker.client.zscore(broker.keys.cancel_forced("b"), running) is not None
+    assert sorted(LogEntry.objects.values_list("change_message", flat=True)) == [
+        "Cancel by force: cancelled",
+        "Cancel by force: requested",
+    ]
+
+
 def test_bulk_cancel_files_the_tasks_under_cancelled_and_logs_them(staff, broker):
     waiting, done = _enqueue(count=2)
     _set_status(broker, done, "SUCCESSFUL")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 from django.conf import settings
 from django.contrib.admin.models import ADDITION, CHANGE, DELETION
@@ -73,14 +74,17 @@ def delete(records: Sequence[ResultRecord], actor: str) -> Outcome:
     )
 
 
-def cancel(records: Sequence[ResultRecord], actor: str) -> Outcome:
-    """Cancel each task: one not started never runs, a running one is asked to stop; finished ones are left."""
-    replies = tasks_app.cancel_many([r.id for r in records], cancelled_by=actor)
+def cancel(records: Sequence[ResultRecord], actor: str, *, force: bool = False) -> Outcome:
+    """Cancel each task: one not started never runs, a running one is asked to stop (`force`: stopped by
+    force, see README "Cancelling"); finished ones are left."""
+    replies = tasks_app.cancel_many([r.id for r in records], cancelled_by=actor, force=force)
     acted = {reply.task_id: reply.outcome for reply in replies if reply.outcome in (CANCELLED, REQUESTED)}
-    logged = [(r, CHANGE, f"Cancel: {acted[r.id]}") for r in records if r.id in acted]
+    what = "Cancel by force" if force else "Cancel"
+    logged = [(r, CHANGE, f"{what}: {acted[r.id]}") for r in records if r.id in acted]
     stopped = sum(outcome == REQUESTED for outcome in acted.values())
     note = f" {len(records) - len(acted)} already finished, left." if len(acted) < len(records) else ""
-    return Outcome(logged, f"Cancelled {len(acted) - stopped} task(s), asked {stopped} running one(s) to stop.{note}")
+    how = "stopped by force" if force else "asked to stop"
+    return Outcome(logged, f"Cancelled {len(acted) - stopped} task(s); {stopped} running one(s) {how}.{note}")
 
 
 # The actions offered, in this order; an action is one entry.
@@ -89,6 +93,12 @@ ACTIONS: dict[str, BulkAction] = {
     for action in (
         BulkAction("retry", "Retry selected tasks (enqueue a copy)", ENQUEUE_PERMISSION, retry),
         BulkAction("cancel", "Cancel selected tasks", CANCEL_PERMISSION, cancel),
+        BulkAction(
+            "cancel_force",
+            "Cancel selected tasks, stopping running ones by force",
+            CANCEL_PERMISSION,
+            partial(cancel, force=True),
+        ),
         BulkAction("delete", "Delete the records of selected finished tasks", DELETE_TASK_RECORDS_PERMISSION, delete),
     )
 }
