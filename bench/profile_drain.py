@@ -6,9 +6,10 @@ on a private redis-server, the drain of N tasks of that kind only, with py-spy (
 requirements-peers.txt, in .run/peers/profile) attached to the worker process from its first finished task
 until it is stopped. py-spy samples the thread holding the GIL, or with --all-threads every active thread.
 Writes the raw collapsed stacks to .run/profile-drain-<system>-<kind>[-all].txt and prints one JSON line: the
-drain's figures, the samples, their share of the samplings the rate allowed in the time recorded (with the GIL:
-about how often a thread held it; with every thread: active threads per sampling; py-spy may fall behind its
-rate, so these are lower bounds) and the hottest functions, inclusive and self, in % of the samples.
+drain's figures; over the recording, the tasks finished and the CPU per task of the worker (in all and by
+thread name) and of Redis; the samples and their share of the samplings the rate allowed in that time (with
+the GIL: about how often a thread held it; with every thread: threads py-spy saw active per sampling; py-spy
+may fall behind its rate, so these are lower bounds); the hottest functions, inclusive and self, in % of samples.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_compare import PEERS, peer_python, run_driver, sections
-from spy import DEFAULT_RATE, hottest, sampled
+from spy import DEFAULT_RATE, hottest, spanned
 from support import RUN_DIR, emit
 
 TOP = 25
@@ -53,21 +54,24 @@ def main() -> None:
 
 
 def summary(args: argparse.Namespace, figures: dict[str, Any], out: Path) -> dict[str, Any]:
-    """The JSON line: the drain's figures, how much was sampled, and the hottest functions."""
+    """The JSON line: the drain's figures, what the recording spanned, and the hottest functions."""
     total, inclusive, own = hottest(out)
-    seconds = sampled(out)
-    samplings = round(seconds * args.rate) if seconds else None
-    share = round(total / samplings, 3) if samplings else None
+    span = spanned(out)
+    samplings = round(span["seconds"] * args.rate) if span else None
+    tasks = span.get("tasks") or None
     return {
         "bench": "profile_drain",
         "kind": args.kind,
         "mode": "all threads" if args.all_threads else "gil",
         **figures,
         "profile": str(out.relative_to(RUN_DIR.parent)),
-        "seconds_recorded": seconds,
-        "samplings": samplings,
+        **span,
+        "worker_cpu_us_per_task": round(1e6 * span["worker_cpu_s"] / tasks, 1) if tasks else None,
+        "redis_cpu_us_per_task": round(1e6 * span["redis_cpu_s"] / tasks, 1) if tasks else None,
         "samples": total,
-        ("active_threads_per_sampling" if args.all_threads else "gil_held_share"): share,
+        ("active_threads_per_sampling" if args.all_threads else "gil_held_share"): (
+            round(total / samplings, 3) if samplings else None
+        ),
         "top_inclusive": [[name, round(100 * n / total, 1)] for name, n in inclusive.most_common(TOP)],
         "top_self": [[name, round(100 * n / total, 1)] for name, n in own.most_common(TOP)],
     }

@@ -246,11 +246,21 @@ def parse_args() -> argparse.Namespace:
 
 
 def profile_workers(system: System, client: redis.Redis, sizes: Sizes, args: argparse.Namespace) -> None:
-    """Attach py-spy to every worker `system` starts, from its first finished task of a drain of `sizes.drain`."""
+    """Attach py-spy to every worker `system` starts, from its first finished task of a drain of `sizes.drain`.
+
+    The recording notes the tasks finished and Redis's CPU seconds (INFO cpu) over its span.
+    """
     options = SpyOptions(args.py_spy, args.profile, args.profile_rate, gil=not args.all_threads)
-    system.start_worker = profiled(
-        system.start_worker, options, lambda: system.outstanding(client, sizes.drain) < sizes.drain
-    )
+
+    def counters() -> dict[str, float]:
+        cpu = client.info("cpu")
+        done = sizes.drain - system.outstanding(client, sizes.drain)
+        return {"tasks": done, "redis_cpu_s": float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])}
+
+    def finished_one() -> bool:
+        return system.outstanding(client, sizes.drain) < sizes.drain
+
+    system.start_worker = profiled(system.start_worker, options, finished_one, counters)
 
 
 def run(system_factory: Callable[[str], System], args: argparse.Namespace | None = None) -> dict[str, Any]:
