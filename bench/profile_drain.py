@@ -49,7 +49,9 @@ def main() -> None:
     options += ["--py-spy", str(py_spy), "--profile-rate", str(args.rate)]
     figures = run_driver(args.system, python, [*options, *(["--all-threads"] if args.all_threads else [])], 900)
     if not out.exists():
-        raise SystemExit(f"no profile: {args.system} has no {args.kind} drain, or py-spy wrote nothing ({figures})")
+        log = out.with_suffix(".log")
+        said = log.read_text(errors="replace").strip().splitlines()[:1] if log.exists() else []
+        raise SystemExit(f"no profile of {args.system} ({figures}); py-spy said: {said or 'nothing'}")
     emit(summary(args, figures, out))
 
 
