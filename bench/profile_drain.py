@@ -8,8 +8,9 @@ until it is stopped. py-spy samples the thread holding the GIL, or with --all-th
 Writes the raw collapsed stacks to .run/profile-drain-<system>-<kind>[-all].txt and prints one JSON line: the
 drain's figures; over the recording, the tasks finished and the CPU per task of the worker (in all and by
 thread name) and of Redis; the samples and their share of the samplings the rate allowed in that time (with
-the GIL: about how often a thread held it; with every thread: threads py-spy saw active per sampling; py-spy
-may fall behind its rate, so these are lower bounds); the hottest functions, inclusive and self, in % of samples.
+the GIL: about how often a thread held it; with every thread: threads py-spy saw active per sampling; lower
+bounds: py-spy may fall behind its rate, and its "Errors" are samplings it could not read, py_spy_errors); the
+hottest functions, inclusive and self, in % of the samples.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import Callable
@@ -145,6 +146,9 @@ def frame_name(frame: str) -> str:
 
 
 def spanned(out: Path) -> dict[str, Any]:
-    """What the recording into `out` spanned (see `profiled`), or {} if that was not written."""
-    path = out.with_suffix(".json")
-    return json.loads(path.read_text()) if path.exists() else {}
+    """What the recording into `out` spanned (see `profiled`) and py-spy's failed samplings, where known."""
+    path, log = out.with_suffix(".json"), out.with_suffix(".log")
+    found = json.loads(path.read_text()) if path.exists() else {}
+    # py-spy's last line: "Samples: N Errors: M"; an error is a sampling whose stacks it could not read.
+    errors = re.findall(r"Errors: (\d+)", log.read_text(errors="replace")) if log.exists() else []
+    return found | ({"py_spy_errors": int(errors[-1])} if errors else {})
