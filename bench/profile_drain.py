@@ -31,8 +31,8 @@ WORKLOADS = {"noop": "drain", "redis_op": "drain_redis_op", "async_redis_op": "d
 def parse_args() -> argparse.Namespace:
     """The system, the backlog, the kind of task and how py-spy samples."""
     parser = argparse.ArgumentParser(description="Profile one system's worker draining a backlog with py-spy.")
-    parser.add_argument("system", nargs="?", default="ours", choices=["ours", *PEERS])
-    parser.add_argument("tasks", nargs="?", type=int, default=30000)
+    parser.add_argument("system", nargs="?", default="ours", choices=["ours", *PEERS], help="whose worker (ours)")
+    parser.add_argument("tasks", nargs="?", type=int, default=30000, help="tasks in the backlog (30000)")
     parser.add_argument("--kind", default="noop", choices=list(WORKLOADS))
     parser.add_argument("--all-threads", action="store_true", help="every active thread, not only the GIL holder")
     parser.add_argument("--rate", type=int, default=DEFAULT_RATE, help="py-spy samples per second")
@@ -40,6 +40,7 @@ def parse_args() -> argparse.Namespace:
 
 
 def main() -> None:
+    """Run the named system's drain with py-spy on its worker; print the summary line."""
     args = parse_args()
     pins = sections()
     py_spy = peer_python("profile", pins["profile"]).parent / "py-spy"
