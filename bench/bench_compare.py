@@ -84,20 +84,14 @@ def peer_python(name: str, requirements: list[str]) -> Path:
     return python
 
 
-def run_driver(name: str, python: Path) -> dict[str, Any]:
-    """Run one driver on a private redis-server; return its JSON line."""
+def run_driver(name: str, python: Path, options: list[str] | None = None, timeout_s: float = 300) -> dict[str, Any]:
+    """Run one driver on a private redis-server with `options` (default: every workload); return its JSON line."""
+    if options is None:
+        options = [*SIZES, "--drain", str(DRAIN_TASKS[name])]
     with redis_server() as server:
-        argv = [
-            str(python),
-            str(BENCH_DIR / "peers" / f"{name}.py"),
-            "--redis-url",
-            server.url,
-            *SIZES,
-            "--drain",
-            str(DRAIN_TASKS[name]),
-        ]
+        argv = [str(python), str(BENCH_DIR / "peers" / f"{name}.py"), "--redis-url", server.url, *options]
         print(f"==> {name}", file=sys.stderr, flush=True)
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
     if done.returncode != 0:
         raise RuntimeError(f"{name} driver failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])

@@ -6,6 +6,7 @@ from an async task (see probe.py for what each task does).
 
 A system under test (ours or a peer) implements `System`; its driver script runs the workloads
 with its own virtualenv's Python and prints one JSON line. Needs redis-py (every venv has it).
+With `--profile`, py-spy records the workers of the drains (bench/profile_drain.py runs that).
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ import argparse
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import redis
 
 from probe import LATENCY_KEY, OPS_KEY
+from spy import DEFAULT_RATE, SpyOptions, profiled
 from support import Worker, emit, median, percentile, wait_for
 
 LATENCY_TASKS = 200
@@ -228,13 +231,36 @@ WORKLOADS: dict[str, Workload] = {
 
 
 def parse_args() -> argparse.Namespace:
-    """Command line of a driver: the Redis to use, the workloads and their sizes."""
+    """Command line of a driver: the Redis to use, the workloads and their sizes, and py-spy for the drains."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--redis-url", required=True)
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     for name, default in vars(Sizes()).items():
         parser.add_argument(f"--{name}", type=int, default=default)
+    profile = parser.add_argument_group("profiling (drain workloads only; see bench/profile_drain.py)")
+    profile.add_argument("--profile", type=Path, help="record each worker with py-spy into this raw file")
+    profile.add_argument("--py-spy", type=Path, help="the py-spy executable")
+    profile.add_argument("--profile-rate", type=int, default=DEFAULT_RATE, help="samples per second")
+    profile.add_argument("--all-threads", action="store_true", help="sample every active thread, not the GIL holder")
     return parser.parse_args()
+
+
+def profile_workers(system: System, client: redis.Redis, sizes: Sizes, args: argparse.Namespace) -> None:
+    """Attach py-spy to every worker `system` starts, from its first finished task of a drain of `sizes.drain`.
+
+    The recording notes the tasks finished and Redis's CPU seconds (INFO cpu) over its span.
+    """
+    options = SpyOptions(args.py_spy, args.profile, args.profile_rate, gil=not args.all_threads)
+
+    def counters() -> dict[str, float]:
+        cpu = client.info("cpu")
+        done = sizes.drain - system.outstanding(client, sizes.drain)
+        return {"tasks": done, "redis_cpu_s": float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])}
+
+    def finished_one() -> bool:
+        return system.outstanding(client, sizes.drain) < sizes.drain
+
+    system.start_worker = profiled(system.start_worker, options, finished_one, counters)
 
 
 def run(system_factory: Callable[[str], System], args: argparse.Namespace | None = None) -> dict[str, Any]:
@@ -243,6 +269,8 @@ def run(system_factory: Callable[[str], System], args: argparse.Namespace | None
     sizes = Sizes(**{name: getattr(args, name) for name in vars(Sizes())})
     system = system_factory(args.redis_url)
     client = redis.Redis.from_url(args.redis_url)
+    if args.profile:
+        profile_workers(system, client, sizes, args)
     record: dict[str, Any] = {"system": system.name}
     for name in args.workloads.split(","):
         record.update(WORKLOADS[name](system, client, sizes))
