@@ -1,5 +1,7 @@
 """Every Prometheus metric of the consumer, declared once. Labels: task type and queue (periodic ones: the schedule)."""
 
+from typing import Any, NamedTuple
+
 from prometheus_client import Counter, Gauge, Histogram
 
 PREFIX = "taskqueue"
@@ -64,3 +66,32 @@ PERIODIC_LATE = Gauge(
 PERIODIC_PERIOD = Gauge(
     f"{PREFIX}_periodic_period_seconds", "Gap between a schedule's last fired slot and the next.", ["schedule"]
 )
+
+
+class RunMetrics(NamedTuple):
+    """The per-run metrics of one task type on one queue, their labelled children looked up once."""
+
+    started: Any
+    succeeded: Any
+    duration: Any
+    wait: Any
+
+
+# Labelled children by (type, queue): a look-up through `labels()` takes a lock and checks the
+# labels, four times per run. As bounded as the metrics themselves (one child per pair either way).
+_run_metrics: dict[tuple[str, str], RunMetrics] = {}
+
+
+def of_run(task_type: str, queue: str) -> RunMetrics:
+    """The per-run metrics of `task_type` on `queue`."""
+    found = _run_metrics.get((task_type, queue))
+    if found is None:
+        labels = (task_type, queue)
+        found = RunMetrics(
+            TASKS_STARTED.labels(*labels),
+            TASKS_SUCCEEDED.labels(*labels),
+            TASK_DURATION.labels(*labels),
+            TASK_WAIT.labels(*labels),
+        )
+        _run_metrics[labels] = found
+    return found

@@ -136,3 +136,15 @@ def test_consumer_metrics_bind_this_host_only_unless_told(consumer_process, argv
     wait_until(lambda: http_get(f"http://127.0.0.1:{port}/healthz")[0], 30, message="the metrics port to answer")
     # 127.0.0.2 reaches this host too, but only a socket bound to every address accepts it.
     assert bool(http_get(f"http://127.0.0.2:{port}/healthz")[0]) is other_loopback_answers
+
+
+def test_run_metrics_are_the_labelled_children_and_count_in_the_registry():
+    from prometheus_client import REGISTRY
+
+    run = metrics.of_run("cached.type", "cached-queue")
+    assert metrics.of_run("cached.type", "cached-queue") is run
+    assert run.started is metrics.TASKS_STARTED.labels("cached.type", "cached-queue")
+    labels = {"type": "cached.type", "queue": "cached-queue"}
+    before = REGISTRY.get_sample_value("taskqueue_tasks_succeeded_total", labels) or 0
+    run.succeeded.inc()
+    assert REGISTRY.get_sample_value("taskqueue_tasks_succeeded_total", labels) == before + 1

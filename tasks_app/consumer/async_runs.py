@@ -123,7 +123,7 @@ class AsyncRuns(Settling):
         except (ResultNotJson, ResultTooLarge):
             return None  # a failure: settled on a settling thread
         self._unwatch(control)  # the batcher only queues its progress write, before the ack
-        metrics.TASK_DURATION.labels(task.type, task.queue).observe(duration)
+        metrics.of_run(task.type, task.queue).duration.observe(duration)
         return self._succeed(claimed, task, return_json, duration, on_settled)
 
     def _settle_safely(

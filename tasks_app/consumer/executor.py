@@ -295,7 +295,7 @@ class Executor(AsyncRuns, ControlSettling):
         on_settled: Callable[[], None] | None,
     ) -> bool:
         """Settle a run that returned `value` or failed with `error`; True if the ack batcher calls `on_settled`."""
-        metrics.TASK_DURATION.labels(task.type, task.queue).observe(duration)
+        metrics.of_run(task.type, task.queue).duration.observe(duration)
         if error is None:
             try:
                 return_json = results.result_json(value, self.max_result_bytes)
@@ -344,10 +344,11 @@ class Executor(AsyncRuns, ControlSettling):
             reply = self._redis(lambda: self.broker.record_result(started_update), "record_result")
         if reply == results.START_REFUSED:
             return None
-        metrics.TASKS_STARTED.labels(task.type, task.queue).inc()
+        run_metrics = metrics.of_run(task.type, task.queue)
+        run_metrics.started.inc()
         waited_since_ms = task.run_after_ms or task.enqueued_at_ms
         if waited_since_ms and task.attempt == 1:
-            metrics.TASK_WAIT.labels(task.type, task.queue).observe(max(0.0, (started_ms - waited_since_ms) / 1000))
+            run_metrics.wait.observe(max(0.0, (started_ms - waited_since_ms) / 1000))
         return max_attempts
 
     def _call(

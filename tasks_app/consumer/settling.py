@@ -56,7 +56,7 @@ class Settling:
         on_settled: Callable[[], None] | None = None,
     ) -> bool:
         update = results.succeeded(task, return_json, now_ms(), self.result_ttl_s, claimed.fence, run_s=duration_s)
-        metrics.TASKS_SUCCEEDED.labels(task.type, task.queue).inc()
+        metrics.of_run(task.type, task.queue).succeeded.inc()
         return self._ack_settled(claimed, task, update, "succeeded", duration_s, on_settled)
 
     def _ack_settled(
