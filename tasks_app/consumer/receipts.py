@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import replace
 
 from redis.exceptions import RedisError
 
@@ -43,7 +42,15 @@ def with_receipts(broker: Broker, claimed: Sequence[Claimed], result_ttl_s: int)
         )
         replies = iter([NOT_A_RECORD] * len(claims))
     return [
-        replace(item, task=task, receipt=_receipt(next(replies)) if task is not None else None)
+        Claimed(
+            item.queue,
+            item.consumer_id,
+            item.raw,
+            item.suspect,
+            item.fence,
+            task,
+            _receipt(next(replies)) if task is not None else None,
+        )
         for item, task in zip(claimed, tasks, strict=True)
     ]
 
