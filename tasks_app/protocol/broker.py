@@ -221,12 +221,22 @@ class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ControlOps, SlotOps, Pau
         Returns the task and its fencing token; (WAKE_TOKEN, 0) when woken for a prioritized
         task, (None, 0) on timeout.
         """
-        raw = self.client.blmove(
-            self.keys.pending(queue), self.keys.processing(queue, consumer_id), timeout_s, "RIGHT", "LEFT"
-        )
-        if raw is None or raw == WAKE_TOKEN:
-            return raw, 0
-        return raw, self.issue_fence(queue)
+        pending, processing = self.keys.pending(queue), self.keys.processing(queue, consumer_id)
+        client: Any = self.client
+        if isinstance(self.client, redis.RedisCluster):  # its pipelines retry on their own: two calls
+            raw = client.blmove(pending, processing, timeout_s, "RIGHT", "LEFT")
+            if raw is None or raw == WAKE_TOKEN:
+                return raw, 0
+            return raw, self.issue_fence(queue)
+        # One round trip: Redis runs the fence script on this connection as soon as the move
+        # returns (a token issued after a timeout or a wake is a harmless gap in the sequence).
+        pipe = client.pipeline(transaction=False)
+        pipe.blmove(pending, processing, timeout_s, "RIGHT", "LEFT")
+        self.scripts.queue(pipe, "issue_fence", [self.keys.fence(queue)], [1])
+        moved, fence = self.scripts.execute(pipe, client)
+        if moved is None or moved == WAKE_TOKEN:
+            return moved, 0
+        return moved, int(fence)
 
     def issue_fence(self, queue: str) -> int:
         """Issue one fencing token of `queue`: higher than every token issued before it."""
