@@ -119,7 +119,7 @@ class ControlSettling(Settling):
 
     def _drop_cancelled(self, claimed: Claimed, task: Task, on_settled: Callable[[], None] | None) -> bool:
         """Ack a task whose record says it was cancelled before it started, without running it."""
-        metrics.TASKS_CANCELLED.labels(task.type, task.queue).inc()
+        metrics.TASKS_CANCELLED.labels(self._type_label(task.type), task.queue).inc()  # its type may be gone
         update = results.dropped_cancelled(task, self.result_ttl_s, claimed.fence)
         return self._ack_settled(claimed, task, update, "cancelled_before_start", None, on_settled)
 

@@ -126,7 +126,9 @@ def test_a_cancel_racing_the_claim_either_prevents_the_run_or_is_reported_too_la
         producer.enqueue("test.record")  # the consumer is up and claiming once this one ran
         wait_until(lambda: runs_per_task(broker), 15, message="the consumer to start")
         for n in range(40):  # each cancel goes out about when the consumer claims its task
-            task_id = producer.enqueue("test.record")[0].id
+            # One in five is due 50 ms later, so that some cancels surely come before their claim
+            # (an idle consumer claims within a round trip of the push).
+            task_id = producer.enqueue("test.record", delay_s=0.05 if n % 5 == 0 else 0)[0].id
             time.sleep((n % 5) * 0.01)
             try:
                 replies[task_id] = tasks_app.cancel(task_id).outcome
