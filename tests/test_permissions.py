@@ -14,7 +14,7 @@ from tasks_app.models import ApiToken
 from tasks_app.protocol.dead_letters import list_dead_tasks
 from tasks_app.web.api_auth import issue_token
 from tests.test_dead_letter_views import dead_url, make_dead
-from tests.test_views import post_enqueue
+from tests.test_views import errors_shown, post_enqueue
 
 pytestmark = pytest.mark.django_db
 
@@ -57,7 +57,7 @@ def test_staff_without_enqueue_task_gets_403_from_the_form_and_enqueues_nothing(
 def test_enqueue_task_lets_a_staff_user_use_the_form(broker, echo_type):
     client = logged_in(staff_user("producer", "enqueue_task"))
     response = post_enqueue(client, args="[1]")
-    assert response.status_code == 302
+    assert response.status_code == 302, errors_shown(response)
     assert broker.client.llen(broker.keys.pending("web")) == 1
 
 
@@ -66,7 +66,8 @@ def test_the_permission_may_come_from_a_group(broker, echo_type):
     group = Group.objects.create(name="producers")
     group.permissions.add(Permission.objects.get(codename="enqueue_task"))
     user.groups.add(group)
-    assert post_enqueue(logged_in(user), args="[1]").status_code == 302
+    response = post_enqueue(logged_in(user), args="[1]")
+    assert response.status_code == 302, errors_shown(response)
 
 
 def api_post(client: Client, token: str | None = None) -> object:

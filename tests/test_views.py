@@ -33,6 +33,11 @@ def post_enqueue(client: Client, **fields: object) -> object:
     return client.post(ENQUEUE_URL, data)
 
 
+def errors_shown(response) -> list[str]:
+    """The error lists of a form page shown again (what a failed submission said), for assertion messages."""
+    return re.findall(r'<ul class="errorlist[^"]*"[^>]*>(.*?)</ul>', response.content.decode(), re.S)
+
+
 # --- permissions ---------------------------------------------------------------------------
 @pytest.mark.parametrize("url", [ENQUEUE_URL, DASHBOARD_URL, "/tasks/some-id/", "/tasks/dashboard/default/dead/"])
 def test_staff_pages_send_anonymous_and_non_staff_users_to_the_login(client, broker, url):
@@ -110,7 +115,7 @@ def test_form_reports_a_type_disabled_after_the_form_was_shown(staff, broker, ec
 
 def test_valid_form_enqueues_and_redirects_to_the_task_page(staff, broker, echo_type):
     response = post_enqueue(staff, args='[1, "two"]', kwargs='{"k": true}', queue="other", priority="5", delay="0")
-    assert response.status_code == 302
+    assert response.status_code == 302, errors_shown(response)
     task_id = response["Location"].rstrip("/").rsplit("/", 1)[-1]
     assert response["Location"] == reverse("tasks_app:task", args=[task_id])
     record = ResultRecord.from_fields(broker.get_result(task_id))
