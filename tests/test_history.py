@@ -16,6 +16,8 @@ from tests.support.periodic import current_slot_ms
 
 pytestmark = pytest.mark.django_db
 
+RESULT_TTL_MS = 7 * 24 * 3600 * 1000  # the default TASKS_RESULT_TTL, which the index keys get
+
 
 def _ids(broker, key):
     return [member.decode() for member in broker.client.zrange(key, 0, -1)]
@@ -31,30 +33,34 @@ def _wait_status(broker, task_ids, status, timeout_s=20.0):
     raise AssertionError(f"tasks did not reach {status}")
 
 
+def _assert_indexed_ready(broker, queue, expected):
+    """`expected` are the queue's history, oldest first, all READY; the index keys live as long as the records."""
+    assert _ids(broker, broker.keys.history(queue)) == expected
+    assert _ids(broker, broker.keys.history_status(queue, "READY")) == expected
+    assert sorted(_ids(broker, broker.keys.history_ids(queue))) == sorted(expected)
+    for key in history.index_keys(broker.keys, queue)[:3]:
+        assert 0 < broker.client.pttl(key) <= RESULT_TTL_MS
+
+
 def test_enqueued_tasks_are_indexed_ready_newest_last(broker):
     first = producer.enqueue("demo.echo", queue="h")[0].id  # a new queue: enqueue_batch
     rest = [task.id for task in producer.enqueue("demo.echo", queue="h", count=3)]
     single = producer.enqueue("demo.echo", queue="h")[0].id  # a known queue: enqueue_one
     expected = [first, *rest, single]
-    assert _ids(broker, broker.keys.history("h")) == expected
-    assert _ids(broker, broker.keys.history_status("h", "READY")) == expected
-    assert sorted(_ids(broker, broker.keys.history_ids("h"))) == sorted(expected)
-    for key in history.index_keys(broker.keys, "h")[:3]:
-        assert 0 < broker.client.pttl(key) <= 7 * 24 * 3600 * 1000
+    _assert_indexed_ready(broker, "h", expected)
 
 
 def test_an_enqueue_gives_the_index_its_time_to_live_again_only_once_it_has_run_down(broker):
     producer.enqueue("demo.echo", queue="h", count=2)
     producer.enqueue("demo.echo", queue="h")  # a known queue: enqueue_one
-    ttl_ms = 7 * 24 * 3600 * 1000
     keys = history.index_keys(broker.keys, "h")
     broker.client.pexpire(keys[2], 60_000)  # a status index whose time to live a write cut short
     producer.enqueue("demo.echo", queue="h")  # the index was given its TTL just now: nothing rewritten
     assert broker.client.pttl(keys[2]) <= 60_000
-    broker.client.pexpire(keys[0], ttl_ms - 3_600_000)  # run down by an hour, beyond the 10 min slack
+    broker.client.pexpire(keys[0], RESULT_TTL_MS - 3_600_000)  # run down by an hour, beyond the 10 min slack
     producer.enqueue("demo.echo", queue="h")
     for key in keys[:3]:
-        assert ttl_ms - 60_000 < broker.client.pttl(key) <= ttl_ms
+        assert RESULT_TTL_MS - 60_000 < broker.client.pttl(key) <= RESULT_TTL_MS
 
 
 def test_statuses_move_as_tasks_run_and_fail(broker, consumer_in_thread):
@@ -106,11 +112,7 @@ def test_periodic_runs_are_indexed_ready_when_fired_catch_up_first(broker):
     assert fire_slot(once, firing, broker).outcome == "fired_and_caught_up"
     assert fire_slot(once, firing, broker).outcome == "done"  # pushes nothing, files nothing
     expected = [run_id("tick", now_ms - 10_000), run_id("tick", now_ms, "catch_up"), run_id("tick", now_ms)]
-    assert _ids(broker, broker.keys.history("h")) == expected
-    assert _ids(broker, broker.keys.history_status("h", "READY")) == expected
-    assert sorted(_ids(broker, broker.keys.history_ids("h"))) == sorted(expected)
-    for key in history.index_keys(broker.keys, "h")[:3]:
-        assert 0 < broker.client.pttl(key) <= 7 * 24 * 3600 * 1000
+    _assert_indexed_ready(broker, "h", expected)
 
 
 def test_unique_tasks_are_indexed_ready_when_pushed_and_duplicates_are_not(broker):
@@ -123,7 +125,7 @@ def test_unique_tasks_are_indexed_ready_when_pushed_and_duplicates_are_not(broke
     assert _ids(broker, broker.keys.history("h")) == expected
     assert _ids(broker, broker.keys.history_status("h", "READY")) == expected
     assert sorted(_ids(broker, broker.keys.history_ids("h"))) == sorted(expected)
-    assert 0 < broker.client.pttl(broker.keys.history_status("h", "READY")) <= 7 * 24 * 3600 * 1000
+    assert 0 < broker.client.pttl(broker.keys.history_status("h", "READY")) <= RESULT_TTL_MS
 
 
 def test_periodic_and_unique_enqueues_keep_the_cap_and_drop_aged_entries(broker, settings):
