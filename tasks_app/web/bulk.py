@@ -75,8 +75,7 @@ def delete(records: Sequence[ResultRecord], actor: str) -> Outcome:
 
 
 def cancel(records: Sequence[ResultRecord], actor: str, *, force: bool = False) -> Outcome:
-    """Cancel each task: one not started never runs, a running one is asked to stop (`force`: stopped by
-    force, see README "Cancelling"); finished ones are left."""
+    """Cancel each task: one not started never runs, a running one is asked to stop (or stopped, `force`)."""
     replies = tasks_app.cancel_many([r.id for r in records], cancelled_by=actor, force=force)
     acted = {reply.task_id: reply.outcome for reply in replies if reply.outcome in (CANCELLED, REQUESTED)}
     what = "Cancel by force" if force else "Cancel"
