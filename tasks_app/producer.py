@@ -19,7 +19,7 @@ from tasks_app import metrics
 from tasks_app.protocol import results
 from tasks_app.protocol.batch_args import Enqueueable
 from tasks_app.protocol.broker import Broker, get_broker
-from tasks_app.protocol.codec import PRIORITY_MAX, PRIORITY_MIN, Arguments, Task, encode_payload, encode_task
+from tasks_app.protocol.codec import PRIORITY_MAX, PRIORITY_MIN, Task, encode_arguments, encode_task, payload_of
 from tasks_app.protocol.control import UniqueEnqueueable
 from tasks_app.protocol.names import InvalidName, validate_name
 from tasks_app.protocol.timestamps import ms_of_datetime
@@ -192,9 +192,9 @@ def _prepare(request: TaskRequest, configs: dict[str, TaskTypeConfig], registry:
     config = configs.get(request.type) or _task_type(request.type, registry)
     configs[request.type] = config
     delay_ms = _delay_ms(request, now_ms)
-    task, arguments = _build_task(request, config, now_ms, delay_ms)
+    task, args_json, kwargs_json = _build_task(request, config, now_ms, delay_ms)
     task.unique_digest = unique_digest(request, config)
-    record = results.ready_fields(task, arguments)
+    record = results.ready_fields_of_json(task, args_json, kwargs_json)
     window_ms = max(1, int(config.unique_for_s * 1000)) if task.unique_digest and config.unique_for_s else 0
     return _Prepared(task, task.queue, task.priority, delay_ms, task.run_after_ms, record, window_ms)
 
@@ -234,14 +234,15 @@ def _task_type(name: str, registry: Registry) -> TaskTypeConfig:
     return config
 
 
-def _build_task(request: TaskRequest, config: TaskTypeConfig, now_ms: int, delay_ms: int) -> tuple[Task, Arguments]:
+def _build_task(request: TaskRequest, config: TaskTypeConfig, now_ms: int, delay_ms: int) -> tuple[Task, str, str]:
+    """The task without an id, and the JSON texts of its args and kwargs ("" when empty)."""
     if isinstance(request.args, (str, bytes, Mapping)) or not isinstance(request.args, Sequence):
         raise EnqueueError("args must be a JSON array")
     if not isinstance(request.kwargs, Mapping) or not all(isinstance(k, str) for k in request.kwargs):
         raise EnqueueError("kwargs must be a JSON object with string keys")
-    arguments = Arguments(list(request.args), dict(request.kwargs))
     try:
-        payload = encode_payload(arguments.args, arguments.kwargs)
+        args_json, kwargs_json = encode_arguments(request.args, request.kwargs)
+        payload = payload_of(args_json, kwargs_json)
     except (TypeError, ValueError) as exc:
         raise EnqueueError(f"arguments must be JSON-serializable: {exc}") from None
     if len(payload) > settings.TASKS_MAX_PAYLOAD_BYTES:
@@ -269,7 +270,7 @@ def _build_task(request: TaskRequest, config: TaskTypeConfig, now_ms: int, delay
     )
     for key, value in request.headers.items():
         task.headers[str(key)] = str(value)
-    return task, arguments
+    return task, args_json, kwargs_json
 
 
 def _delay_ms(request: TaskRequest, now_ms: int) -> int:

@@ -1,6 +1,7 @@
 """The protobuf contract and the JSON payload."""
 
 import filecmp
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -74,6 +75,25 @@ def test_payload_round_trip_and_optional_members():
     assert decode_payload(b"").args == []
     assert decode_payload(b"{}").kwargs == {}
     assert encode_payload([], {}) == b"{}"
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"), [([], {}), ([1, "é"], {}), ((), {"k": [True, None]}), ([{"a": 1}], {"b": "\u2603"})]
+)
+def test_payload_is_the_compact_json_of_its_members(args, kwargs):
+    body = {**({"args": list(args)} if args else {}), **({"kwargs": kwargs} if kwargs else {})}
+    assert encode_payload(args, kwargs) == json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+@pytest.mark.parametrize(("args", "kwargs"), [([float("nan")], {}), ([], {"k": float("inf")})])
+def test_payload_refuses_nan(args, kwargs):
+    with pytest.raises(ValueError, match="Out of range float values"):
+        encode_payload(args, kwargs)
+
+
+def test_payload_refuses_a_lone_surrogate():
+    with pytest.raises(UnicodeEncodeError):
+        encode_payload(["\ud800"], {})
 
 
 @pytest.mark.parametrize("payload", [b"[1]", b'{"args": {}}', b'{"kwargs": []}', b"\xff", b"{"])

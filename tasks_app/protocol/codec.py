@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,14 +30,30 @@ class Arguments:
     kwargs: dict[str, Any]
 
 
-def encode_payload(args: list[Any] | tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:
+def encode_payload(args: Sequence[Any], kwargs: Mapping[str, Any]) -> bytes:
     """Serialize arguments into the UTF-8 JSON payload."""
-    body: dict[str, Any] = {}
-    if args:
-        body["args"] = list(args)
-    if kwargs:
-        body["kwargs"] = kwargs
-    return compact_json(body, allow_nan=False).encode()
+    return payload_of(*encode_arguments(args, kwargs))
+
+
+def encode_arguments(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, str]:
+    """The compact JSON texts of `args` and `kwargs`, "" for each that is empty (NaN refused)."""
+    return (
+        compact_json(list(args), allow_nan=False) if args else "",
+        compact_json(dict(kwargs), allow_nan=False) if kwargs else "",
+    )
+
+
+def payload_of(args_json: str, kwargs_json: str) -> bytes:
+    """The UTF-8 JSON payload {"args": ..., "kwargs": ...} of texts from `encode_arguments`.
+
+    Raises UnicodeEncodeError for a text holding a lone surrogate.
+    """
+    members = []
+    if args_json:
+        members.append(f'"args":{args_json}')
+    if kwargs_json:
+        members.append(f'"kwargs":{kwargs_json}')
+    return f"{{{','.join(members)}}}".encode()
 
 
 def decode_payload(payload: bytes) -> Arguments:

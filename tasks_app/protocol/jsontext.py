@@ -9,9 +9,17 @@ from typing import Any
 MAX_JSON_DEPTH = 64
 
 
+# One encoder per option pair, built once: `json.dumps` with options builds one per call.
+_COMPACT_ENCODERS = {
+    (ensure_ascii, allow_nan): json.JSONEncoder(separators=(",", ":"), ensure_ascii=ensure_ascii, allow_nan=allow_nan)
+    for ensure_ascii in (False, True)
+    for allow_nan in (False, True)
+}
+
+
 def compact_json(value: Any, *, ensure_ascii: bool = False, allow_nan: bool = True) -> str:
     """Return `value` as JSON text without spaces, as payloads and result records store it."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=ensure_ascii, allow_nan=allow_nan)
+    return _COMPACT_ENCODERS[ensure_ascii, allow_nan].encode(value)
 
 
 class JsonTooDeep(ValueError):

@@ -104,13 +104,19 @@ def ready_fields(task: Task, arguments: Arguments) -> dict[str, str]:
     `Broker.get_result` fills the rest back in (READY_RECORD_DEFAULTS, the id from the key);
     leaving them out saves ~115 B of Redis memory per queued task.
     """
+    args_json = _json(arguments.args) if arguments.args else ""
+    return ready_fields_of_json(task, args_json, _json(arguments.kwargs) if arguments.kwargs else "")
+
+
+def ready_fields_of_json(task: Task, args_json: str, kwargs_json: str) -> dict[str, str]:
+    """`ready_fields` of arguments already encoded as UTF-8-safe JSON texts ("" when empty)."""
     fields = {"type": task.type, "queue": task.queue, "enqueued_at_ms": str(task.enqueued_at_ms)}
     if task.priority:
         fields["priority"] = str(task.priority)
-    if arguments.args:
-        fields["args"] = _json(arguments.args)
-    if arguments.kwargs:
-        fields["kwargs"] = _json(arguments.kwargs)
+    if args_json:
+        fields["args"] = args_json
+    if kwargs_json:
+        fields["kwargs"] = kwargs_json
     if task.run_after_ms:
         fields["run_after_ms"] = str(task.run_after_ms)
     for header in RECORDED_HEADERS:  # where the task came from: a retry's original, a periodic schedule
