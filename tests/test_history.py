@@ -11,6 +11,8 @@ from tasks_app.periodic.firing import fire_slot, run_id
 from tasks_app.periodic.schedule import Schedule
 from tasks_app.protocol import history, results
 from tasks_app.protocol.periodic import SlotFiring
+from tasks_app.protocol.replication import RECORDS_PER_CALL
+from tasks_app.protocol.replies import ResultUpdate
 from tasks_app.protocol.results import ResultRecord
 from tests.support.periodic import current_slot_ms
 
@@ -179,3 +181,54 @@ def test_runs_are_counted_per_minute(broker, consumer_in_thread):
 
 def test_every_status_a_record_can_have_has_an_index():
     assert set(history.STATUSES) == {results.READY, results.RUNNING, *results.FINISHED}
+
+
+def test_one_flush_files_the_tasks_of_several_queues_in_calls_of_bounded_size(broker):
+    per_queue = {
+        queue: [t.id for t in producer.enqueue("demo.echo", queue=queue, count=RECORDS_PER_CALL + 3)]
+        for queue in ("h", "h2")
+    }
+    updates = [
+        ResultUpdate(task_id, {"status": "SUCCESSFUL" if n % 2 else "FAILED"}, 60, queue=queue)
+        for queue, ids in per_queue.items()
+        for n, task_id in enumerate(ids)
+    ]
+    unfiled = ResultUpdate(per_queue["h"][0], {"progress": "1"}, 60)  # no status, no queue: no index
+    updates.insert(5, unfiled)
+    report = broker.ack_many_reporting(updates, {})
+
+    assert report.written == (1,) * len(updates) and not report.refused
+    for queue, ids in per_queue.items():
+        assert set(_ids(broker, broker.keys.history_status(queue, "SUCCESSFUL"))) == set(ids[1::2])
+        assert set(_ids(broker, broker.keys.history_status(queue, "FAILED"))) == set(ids[0::2])
+        assert _ids(broker, broker.keys.history_status(queue, "READY")) == []
+    assert broker.get_result(per_queue["h"][0])["progress"] == "1"
+
+
+def test_a_refused_record_in_a_call_stops_none_of_the_others(broker):
+    ids = [task.id for task in producer.enqueue("demo.echo", queue="h", count=3)]
+    broker.client.delete(broker.keys.result(ids[1]))
+    broker.client.rpush(broker.keys.result(ids[1]), "not a hash")
+    report = broker.ack_many_reporting([ResultUpdate(i, {"status": "SUCCESSFUL"}, 60, queue="h") for i in ids], {})
+
+    assert list(report.refused) == [1] and "WRONGTYPE" in str(report.refused[1])
+    assert [report.written[0], report.written[2]] == [1, 1]
+    assert set(_ids(broker, broker.keys.history_status("h", "SUCCESSFUL"))) == {ids[0], ids[2]}
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["999", "READY"],  # more status indexes than keys and arguments
+        ["0", "60", "", "", "", "id"],  # a group cut short before its pair count
+        ["0", "60", "", "", "", "id", "99999", "status"],  # more pairs than given
+        ["0", "x", "w", "{not json", "nan", "id", "1", "status", "SUCCESSFUL"],
+        ["-3"],
+        [],
+    ],
+)
+def test_record_result_takes_any_arguments_without_raising(broker, argv):
+    keys = [broker.keys.result("hostile-1"), broker.keys.result("hostile-2")]
+    replies = broker.scripts.run(broker.client, "record_result", keys, argv)
+    assert isinstance(replies, list) and len(replies) <= 2
+    assert not any(isinstance(reply, Exception) and "attempt to" in str(reply) for reply in replies)

@@ -28,7 +28,7 @@ from tasks_app.protocol.keys import UNDECODABLE_TYPE, WAKE_TOKEN, Keys, delayed_
 from tasks_app.protocol.leases import LeaseOps
 from tasks_app.protocol.pausing import PauseOps
 from tasks_app.protocol.periodic import PeriodicOps
-from tasks_app.protocol.replication import CLUSTER_WAIT_MS, ReplicatedWrites
+from tasks_app.protocol.replication import CLUSTER_WAIT_MS, Place, ReplicatedWrites, replies_at
 from tasks_app.protocol.replies import AckReport, Claim, Promotion, ResultUpdate, record_text_fields
 from tasks_app.protocol.scripts import Scripts, connect
 from tasks_app.protocol.slots import SlotOps
@@ -270,27 +270,27 @@ class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ControlOps, SlotOps, Pau
         """
         pipe = self.client.pipeline(transaction=False)
         written: list[Any] = []
+        places: list[Place] = []
         unreplicated = 0
         if isinstance(self.client, redis.RedisCluster) and results and raws_by_owner:
             written, unreplicated = self._write_results_replicated(results)
         else:
-            for update in results:
-                self._queue_result(pipe, update)
+            places = self._queue_results(pipe, results)
+        calls = len(pipe)
         bucket = int(time.time()) // THROUGHPUT_BUCKET_S
         for (queue, consumer_id), raws in raws_by_owner.items():
             keys = [self.keys.processing(queue, consumer_id), self.keys.recoveries(queue)]
             self.scripts.queue(pipe, "ack", [*keys, self.keys.completed(queue, bucket)], list(raws))
         self._queue_side_writes(pipe, results)
-        written += self.scripts.execute(pipe, self.client, raise_on_error=False)
-        refused = {
-            index: outcome for index, outcome in enumerate(written[: len(results)]) if isinstance(outcome, Exception)
-        }
-        outcomes = written[len(results) : len(results) + len(raws_by_owner)]
+        sent = self.scripts.execute(pipe, self.client, raise_on_error=False)
+        written += replies_at(sent, places)
+        refused = {index: outcome for index, outcome in enumerate(written) if isinstance(outcome, Exception)}
+        outcomes = sent[calls : calls + len(raws_by_owner)]
         for outcome in outcomes:
             if isinstance(outcome, Exception):
                 raise outcome
         flags = {owner: [bool(flag) for flag in flags] for owner, flags in zip(raws_by_owner, outcomes, strict=True)}
-        return AckReport(flags, refused, unreplicated, tuple(written[: len(results)]))
+        return AckReport(flags, refused, unreplicated, tuple(written))
 
     def retry_later(
         self,

@@ -6,7 +6,7 @@ import json
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, wait as wait_for
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 from redis.exceptions import (
@@ -30,6 +30,25 @@ from tasks_app.protocol.replies import ResultUpdate
 CLUSTER_WAIT_MS = 100
 
 REPLICA_CHECK_S = 10.0
+
+# At most how many records one record_result call writes (on one server): a call holds Redis
+# for its whole length.
+RECORDS_PER_CALL = 128
+
+
+class Place(NamedTuple):
+    """Where a result write's reply is: the position of its call in a pipeline, its index in that call's reply."""
+
+    position: int
+    offset: int
+
+
+def replies_at(sent: Sequence[Any], places: Sequence[Place]) -> list[Any]:
+    """Each result write's reply: 1, 0, 2 or its error (the error of its whole call, if that failed)."""
+    return [
+        sent[place.position] if isinstance(sent[place.position], Exception) else sent[place.position][place.offset]
+        for place in places
+    ]
 
 
 # Replies of a master that is failing over, moved a slot or was demoted: write the results again.
@@ -83,13 +102,12 @@ class ReplicatedWrites(MinuteOps):
         # By source first on a master not yet written to here, so a WAIT is not spent on NOSCRIPT.
         for by_source in (False, True) if node.name in self._masters_with_scripts else (True,):
             pipe = client.pipeline(transaction=False)
-            for index in todo:
-                self._queue_result(pipe, updates[index], by_source=by_source)
+            places = self._queue_results(pipe, [updates[index] for index in todo], by_source=by_source)
             if waits:
                 pipe.execute_command("WAIT", 1, self.cluster_wait_ms)
             sent = self._execute_on_master(node, pipe, waits)
             timed_out = 1 if waits and int(sent[-1]) < 1 else timed_out
-            for index, reply in zip(todo, sent, strict=False):  # then the WAIT's reply
+            for index, reply in zip(todo, replies_at(sent, places), strict=True):
                 replies[index] = reply
             todo = [index for index in todo if isinstance(replies[index], NoScriptError)]
             if not todo:
@@ -118,33 +136,56 @@ class ReplicatedWrites(MinuteOps):
             self._replica_checks[name] = checked
         return checked[0]
 
-    def _queue_result(self, pipe: Any, update: ResultUpdate, *, by_source: bool = False) -> None:
-        """Queue an update's record_result; on one server it also files the task in its history (see history.py)."""
-        keys = [self.keys.result(update.task_id)]
-        history_args: list[Any] = [0, update.task_id]
-        if history.indexed(update) and not isinstance(self.client, redis.RedisCluster):
-            keys += history.index_keys(self.keys, update.queue)
-            history_args = [len(history.STATUSES), update.task_id, *history.STATUSES]
-        args: list[Any] = [
-            update.ttl_s,
-            update.append_worker_id or "",
-            json.dumps(update.append_error) if update.append_error else "",
-            update.fence or "",
-            *history_args,
-        ]
-        for name, value in update.fields.items():
-            args.extend([name, value])
+    def _queue_results(self, pipe: Any, updates: Sequence[ResultUpdate], *, by_source: bool = False) -> list[Place]:
+        """Queue the record_result calls of `updates`; return where each one's reply will be.
+
+        On one server a call writes up to RECORDS_PER_CALL records of one queue and files their
+        tasks in its history (see history.py); on Redis Cluster a call writes one record.
+        """
+        places: list[Place] = [Place(0, 0)] * len(updates)
+        for queue, indexes in self._result_groups(updates):
+            for start in range(0, len(indexes), RECORDS_PER_CALL):
+                chunk = indexes[start : start + RECORDS_PER_CALL]
+                for offset, index in enumerate(chunk):
+                    places[index] = Place(len(pipe), offset)
+                self._queue_record_call(pipe, queue, [updates[index] for index in chunk], by_source)
+        return places
+
+    def _result_groups(self, updates: Sequence[ResultUpdate]) -> list[tuple[str, list[int]]]:
+        """The updates' indexes by the queue whose history their call files them in ("": none)."""
+        if isinstance(self.client, redis.RedisCluster):
+            return [("", [index]) for index in range(len(updates))]
+        groups: dict[str, list[int]] = {}
+        for index, update in enumerate(updates):
+            groups.setdefault(update.queue if history.indexed(update) else "", []).append(index)
+        return list(groups.items())
+
+    def _queue_record_call(self, pipe: Any, queue: str, updates: Sequence[ResultUpdate], by_source: bool) -> None:
+        keys: list[str] = list(history.index_keys(self.keys, queue)) if queue else []
+        args: list[Any] = [len(history.STATUSES), *history.STATUSES] if queue else [0]
+        for update in updates:
+            keys.append(self.keys.result(update.task_id))
+            args += (
+                update.ttl_s,
+                update.append_worker_id or "",
+                json.dumps(update.append_error) if update.append_error else "",
+                update.fence or "",
+                update.task_id,
+                len(update.fields),
+            )
+            for name, value in update.fields.items():
+                args += (name, value)
         self.scripts.queue(pipe, "record_result", keys, args, by_source=by_source)
 
     def _with_results(self, first: Any, updates: Sequence[ResultUpdate]) -> list[Any]:
         """One round trip: what `first` queues, the result writes, then their side writes; raises the first failure."""
         pipe = self.client.pipeline(transaction=False)
         first(pipe)
-        for update in updates:
-            self._queue_result(pipe, update)
-        wanted = len(pipe)
+        firsts = len(pipe)
+        places = self._queue_results(pipe, updates)
         self._queue_side_writes(pipe, updates)
-        replies = self.scripts.execute(pipe, self.client, raise_on_error=False)[:wanted]
+        sent = self.scripts.execute(pipe, self.client, raise_on_error=False)
+        replies = [*sent[:firsts], *replies_at(sent, places)]
         for reply in replies:
             if isinstance(reply, Exception):
                 raise reply
