@@ -78,6 +78,7 @@ class AsyncLane:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._settlers: ThreadPoolExecutor | None = None
         self._flights: set[Flight] = set()
+        self._tasks: set[asyncio.Task[None]] = set()  # touched on the loop only
 
     @property
     def running(self) -> int:
@@ -95,7 +96,7 @@ class AsyncLane:
             self._flights.add(flight)
             loop = self._loop or self._start()
         self.worker_slots.hand_off()
-        asyncio.run_coroutine_threadsafe(self._run(coroutine, flight), loop)
+        loop.call_soon_threadsafe(self._begin, coroutine, flight)
 
     def cancel(self, flight: Flight) -> None:
         """Cancel a run for a forced cancel: TaskCancelled where its coroutine awaits (at once if it has not begun)."""
@@ -148,6 +149,12 @@ class AsyncLane:
         self._settlers = ThreadPoolExecutor(SETTLE_THREADS, thread_name_prefix="async-settle")
         self._loop = loop
         return loop
+
+    def _begin(self, coroutine: Coroutine[Any, Any, Any], flight: Flight) -> None:
+        """On the loop: start the run as an asyncio task, held here (the loop keeps only weak references)."""
+        task = asyncio.get_running_loop().create_task(self._run(coroutine, flight))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _run(self, coroutine: Coroutine[Any, Any, Any], flight: Flight) -> None:
         value, raised = await self._outcome(coroutine, flight)
