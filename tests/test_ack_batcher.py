@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from tasks_app import producer
-from tasks_app.consumer.ack_batcher import AckBatcher, merge_updates
+from tasks_app.consumer.ack_batcher import AckBatcher, merge_updates, storable
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.replies import ResultUpdate
 
@@ -212,3 +212,16 @@ def test_a_cluster_failing_over_is_waited_out_not_taken_as_refusing_the_batch(br
 
     assert outcomes == [True]
     assert broker.get_result(ids[0])["status"] == "SUCCESSFUL"  # not FAILED "could not be stored"
+
+
+@pytest.mark.parametrize(
+    ("fields", "error", "expected"),
+    [
+        ({"status": "SUCCESSFUL", "return_value": '"café ☃"'}, None, True),
+        ({"return_value": '"caf\udce9"'}, None, False),
+        ({"a": "\ud83d", "b": "\ude00"}, None, False),  # two halves of a pair in two texts are still lone
+        ({"status": "FAILED"}, {"message": "bad \udcff byte"}, False),
+    ],
+)
+def test_an_update_is_storable_only_if_every_text_is_valid_unicode(fields, error, expected):
+    assert storable(ResultUpdate("t1", fields, 60, append_error=error)) is expected

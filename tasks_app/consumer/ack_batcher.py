@@ -102,7 +102,7 @@ def storable(update: ResultUpdate) -> bool:
     texts = [update.task_id, update.append_worker_id or "", *update.fields, *update.fields.values()]
     if update.append_error:
         texts += update.append_error.values()
-    return all(results.is_utf8_encodable(text) for text in texts)
+    return results.is_utf8_encodable("".join(texts))  # one lone surrogate fails the whole text
 
 
 def unstored_result(update: ResultUpdate, problem: str) -> ResultUpdate:
