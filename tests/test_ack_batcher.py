@@ -29,6 +29,16 @@ def test_successive_updates_of_a_task_merge_unless_both_append():
     assert merged[2].append_worker_id == "w2"
 
 
+def test_an_outcome_merged_into_an_earlier_write_keeps_its_queue_and_type():
+    progress = ResultUpdate("a", {"progress": "50"}, 60, fence=7)  # a write that knows no queue
+    done = ResultUpdate("a", {"status": "SUCCESSFUL"}, 60, fence=7, queue="q", task_type="t", run_s=0.5)
+
+    (merged,) = merge_updates([progress, done])
+
+    assert merged.fields == {"progress": "50", "status": "SUCCESSFUL"}
+    assert (merged.queue, merged.task_type, merged.run_s) == ("q", "t", 0.5)  # filed and charted
+
+
 def _claimed(broker: Broker, consumer_id: str, count: int) -> tuple[list[str], list[bytes]]:
     tasks = producer.enqueue("demo.echo", count=count)
     broker.heartbeat(["default"], consumer_id, 10_000, {})

@@ -81,6 +81,18 @@ def test_statuses_move_as_tasks_run_and_fail(broker, consumer_in_thread):
     assert len(_ids(broker, broker.keys.history("h"))) == 3
 
 
+def test_a_run_that_reports_progress_and_ends_at_once_is_filed_and_counted(broker, consumer_in_thread):
+    # Its progress and its outcome share a flush and merge into one write, which must keep the queue.
+    ids = [task.id for task in producer.enqueue("test.progress", [1, 0], queue="h", count=5)]
+    with consumer_in_thread(queues=["h"], concurrency=2):
+        _wait_status(broker, ids, "SUCCESSFUL")
+    assert sorted(_ids(broker, broker.keys.history_status("h", "SUCCESSFUL"))) == sorted(ids)
+    assert _ids(broker, broker.keys.history_status("h", "RUNNING")) == []
+    assert all(broker.get_result(task_id)["progress"] for task_id in ids)
+    minute = broker.minute_counts("h", [int(time.time()) // 60 + offset for offset in (-1, 0)])
+    assert sum(counts.get("ok|test.progress", 0) for counts in minute) == 5, minute
+
+
 def test_the_cap_drops_the_oldest_entries(broker):
     broker.history_max = 3
     ids = [producer.enqueue("demo.echo", queue="h")[0].id for _ in range(5)]

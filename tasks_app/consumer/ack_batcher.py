@@ -89,6 +89,8 @@ def merge_updates(updates: Sequence[ResultUpdate]) -> list[ResultUpdate]:
                     append_worker_id=earlier.append_worker_id or update.append_worker_id,
                     append_error=earlier.append_error or update.append_error,
                     fence=earlier.fence or update.fence,
+                    queue=earlier.queue or update.queue,  # where the history and the charts file it
+                    task_type=earlier.task_type or update.task_type,
                     run_s=update.run_s if update.run_s is not None else earlier.run_s,
                 )
                 continue

@@ -64,7 +64,8 @@ def progress_update(run: Running, ttl_s: int) -> ResultUpdate | None:
     progress = run.context.control.take_progress() if run.context is not None else None
     if progress is None:
         return None
-    return ResultUpdate(run.task.id, {"progress": compact_json(progress)}, ttl_s, fence=run.fence)
+    fields = {"progress": compact_json(progress)}
+    return ResultUpdate(run.task.id, fields, ttl_s, fence=run.fence, queue=run.task.queue, task_type=run.task.type)
 
 
 class RunWatch:
