@@ -152,12 +152,15 @@ class ReplicatedWrites(MinuteOps):
         return places
 
     def _result_groups(self, updates: Sequence[ResultUpdate]) -> list[tuple[str, list[int]]]:
-        """The updates' indexes by the queue whose history their call files them in ("": none)."""
+        """The updates' indexes by the queue whose history their call files them in ("": none).
+
+        Every update of a run carries its queue, so the writes of one task keep their order.
+        """
         if isinstance(self.client, redis.RedisCluster):
             return [("", [index]) for index in range(len(updates))]
         groups: dict[str, list[int]] = {}
         for index, update in enumerate(updates):
-            groups.setdefault(update.queue if history.indexed(update) else "", []).append(index)
+            groups.setdefault(update.queue, []).append(index)
         return list(groups.items())
 
     def _queue_record_call(self, pipe: Any, queue: str, updates: Sequence[ResultUpdate], by_source: bool) -> None:
