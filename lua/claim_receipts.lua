@@ -17,7 +17,7 @@ local ttl_s = int_arg(ARGV[1], 604800, 1, 2 ^ 31)
 local replies = {}
 for i, key in ipairs(KEYS) do
   local token = tonumber(ARGV[i + 1]) or 0
-  local current = redis.pcall('HMGET', key, 'fence', 'status', 'cancel_requested_at_ms')
+  local current = redis.pcall('HMGET', key, 'fence', 'status', 'cancel_requested_at_ms', 'type')
   if type(current) ~= 'table' or current.err then
     replies[i] = -1
   elseif token < (tonumber(current[1]) or 0) then
@@ -25,7 +25,9 @@ for i, key in ipairs(KEYS) do
   elseif cancelled_before_start(key, current[2] or 'READY', current[3]) then
     replies[i] = 2
   else
-    replies[i] = redis.call('EXISTS', key) == 1 and 1 or 3
+    -- 1 only for a record that holds the task's own fields (a producer's READY record or a run's
+    -- write): one an earlier receipt created holds only claimed_fence and fence.
+    replies[i] = current[4] and 1 or 3
     redis.call('HSET', key, 'claimed_fence', token, 'fence', token)
     redis.call('EXPIRE', key, ttl_s)
   end

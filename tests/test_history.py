@@ -1,10 +1,14 @@
 """The history index behind the task browser, and the per-minute chart counters, on real Redis."""
 
+import threading
 import time
 
 import pytest
 
 from tasks_app import producer
+from tasks_app.consumer.ack_batcher import AckBatcher
+from tasks_app.consumer.claimed import Claimed
+from tasks_app.consumer.executor import Executor
 from tasks_app.models import TaskType
 from tasks_app.periodic.config import PeriodicConfig
 from tasks_app.periodic.firing import fire_slot, run_id
@@ -14,6 +18,9 @@ from tasks_app.protocol.periodic import SlotFiring
 from tasks_app.protocol.replication import RECORDS_PER_CALL
 from tasks_app.protocol.replies import ResultUpdate
 from tasks_app.protocol.results import ResultRecord
+from tasks_app.registry import Handler, Registry
+from tasks_app.task_types import TaskTypeCache
+from tests.support.claims import claim, push, register, task_bytes
 from tests.support.periodic import current_slot_ms
 
 pytestmark = pytest.mark.django_db
@@ -244,3 +251,49 @@ def test_record_result_takes_any_arguments_without_raising(broker, argv):
     replies = broker.scripts.run(broker.client, "record_result", keys, argv)
     assert isinstance(replies, list) and len(replies) <= 2
     assert not any(isinstance(reply, Exception) and "attempt to" in str(reply) for reply in replies)
+
+
+def test_a_foreign_task_without_an_enqueue_time_stays_in_the_history_index(broker):
+    registry = Registry()
+    registry.add(Handler("demo.echo", lambda *a: list(a)))
+    register(broker, "w", lease_ms=30_000)
+    executor = Executor(broker, registry, TaskTypeCache(), "w", result_ttl_s=60)
+    push(broker, task_bytes("t5", "demo.echo"))  # a plain LPUSH; enqueued_at_ms left at 0 (protobuf's default)
+    [raw] = claim(broker, "w", 1)
+    executor.execute(Claimed("q", "w", raw, fence=1))
+    assert broker.get_result("t5")["status"] == "SUCCESSFUL"
+    producer.enqueue("demo.echo", queue="q")  # any enqueue trims the queue's index of aged entries
+    assert "t5" in _ids(broker, broker.keys.history_status("q", "SUCCESSFUL"))
+
+
+def _minute_total(broker, queue, field):
+    minute = int(time.time()) // 60
+    return sum(counts.get(field, 0) for counts in broker.minute_counts(queue, [minute - 1, minute]))
+
+
+def test_an_outcome_the_record_turned_away_is_not_charted(broker):
+    # A later run (token 10) owns the record: the late outcome of the run that lost its claim
+    # (token 5) is ignored by record_result, so the chart does not count it either.
+    broker.record_result(ResultUpdate("t1", {"status": "SUCCESSFUL"}, 60, fence=10, queue="h", task_type="x"))
+    before = _minute_total(broker, "h", "ok")
+    batcher = AckBatcher(broker, threading.Event())
+    batcher.record(ResultUpdate("t1", {"status": "SUCCESSFUL"}, 60, fence=5, queue="h", task_type="x", run_s=0.1))
+    batcher.flush_once(block_s=0.1)
+    assert broker.get_result("t1")["fence"] == "10"
+    assert _minute_total(broker, "h", "ok") == before
+
+
+def test_an_outcome_redis_refused_is_not_charted(broker):
+    # The record's key holds a string: the SUCCESSFUL write is refused, and so is the FAILED one
+    # tried instead. Nothing is recorded, so nothing is charted.
+    broker.client.set(broker.keys.result("t2"), "not a hash")
+    push(broker, task_bytes("t2", queue="h"), queue="h")
+    broker.heartbeat(["h"], "c", 10_000, {})
+    [raw] = claim(broker, "c", 1, queue="h")
+    batcher = AckBatcher(broker, threading.Event())
+    done: list[bool | None] = []
+    outcome = ResultUpdate("t2", {"status": "SUCCESSFUL"}, 60, fence=1, queue="h", task_type="x", run_s=0.1)
+    batcher.ack("h", "c", raw, outcome, done.append)
+    batcher.flush_once(block_s=0.1)
+    assert done == [True]
+    assert (_minute_total(broker, "h", "ok"), _minute_total(broker, "h", "failed")) == (0, 0)

@@ -268,6 +268,8 @@ class Executor(AsyncRuns, ControlSettling):
         if max_attempts is None:  # cancelled before it started
             self._release_unique(task, config)
             return self._drop_cancelled(claimed, task, on_settled)
+        if max_attempts == 0:  # a later claim holds the task: it runs there, never here as well
+            return self._ack_settled(claimed, task, None, "superseded", None, on_settled)
         context = TaskContext(
             task.id, task.type, task.queue, task.attempt, max_attempts, dict(task.headers), claimed.consumer_id
         )
@@ -318,7 +320,10 @@ class Executor(AsyncRuns, ControlSettling):
         """Count the attempt and record its start (RUNNING record, metrics); return the task's attempt limit.
 
         None: Redis refused the start because the task was cancelled; it must not run.
+        0: a later claim holds the task (its token is on the record); it must not run either.
         """
+        if claimed.receipt == results.SUPERSEDED:
+            return 0
         if claimed.suspect:
             # Durable before the handler starts: if this process dies now, the task is to blame.
             self._redis(lambda: self.broker.mark_started(claimed.queue, claimed.raw), "mark_started")
@@ -344,6 +349,8 @@ class Executor(AsyncRuns, ControlSettling):
             reply = self._redis(lambda: self.broker.record_result(started_update), "record_result")
         if reply == results.START_REFUSED:
             return None
+        if reply == results.SUPERSEDED:
+            return 0
         run_metrics = metrics.of_run(task.type, task.queue)
         run_metrics.started.inc()
         waited_since_ms = task.run_after_ms or task.enqueued_at_ms

@@ -226,7 +226,7 @@ class Consumer:
             and not self.workers_stop.is_set()
         ):
             self.workers_stop.wait(LEASE_WAIT_S)
-        return claimed.consumer_id == self.consumer_id
+        return claimed.consumer_id == self.consumer_id and self.lease.fresh(claimed.consumer_id)
 
     def reserve_suspect_slot(self) -> bool:
         """Take the right to hold a suspect: one at a time, so a death can be pinned on it."""

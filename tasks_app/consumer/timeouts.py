@@ -42,6 +42,8 @@ class RunClock:
     returned: bool = False
     # Settled while its handler still ran (a hard limit or a forced cancel, in process mode).
     abandoned: bool = False
+    # Set by call_with_clock once an exception raised in the thread is sure to be caught there.
+    armed: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def overdue(self, now_monotonic: float) -> bool:
@@ -60,7 +62,8 @@ class RunClock:
             if self.returned or self.timeout_error is not None or self.cancel_error is not None:
                 return False
             self.timeout_error = TaskTimeout(f"task exceeded its timeout of {self.timeout_s:g} s")
-            _set_async_exc(self.thread_id, TaskTimeout)
+            if self.armed:
+                _set_async_exc(self.thread_id, TaskTimeout)
             return True
 
     def force_cancel(self) -> bool:
@@ -70,7 +73,8 @@ class RunClock:
                 return False
             self.cancel_error = TaskCancelled("the task was cancelled with force")
             self.forced_monotonic = time.monotonic()
-            _set_async_exc(self.thread_id, TaskCancelled)
+            if self.armed:
+                _set_async_exc(self.thread_id, TaskCancelled)
             return True
 
     def abandon(self, grace_s: float, now_monotonic: float) -> bool:
@@ -90,7 +94,7 @@ class RunClock:
             if self.returned:
                 return
             self.returned = True
-            if self.timeout_error is not None or self.cancel_error is not None:
+            if self.armed and (self.timeout_error is not None or self.cancel_error is not None):
                 _set_async_exc(self.thread_id, None)
 
 
@@ -103,6 +107,11 @@ def call_with_clock(clock: RunClock, call: Callable[[], object]) -> tuple[object
     raised: BaseException | None = None
     try:
         try:
+            with clock.lock:
+                clock.armed = True
+                early = clock.timeout_error or clock.cancel_error  # raised before the run could catch it
+            if early is not None:
+                raise early
             value = call()
         except BaseException as exc:  # a handler's sys.exit() must not kill the worker thread
             raised = exc

@@ -281,9 +281,11 @@ class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ControlOps, SlotOps, Pau
         for (queue, consumer_id), raws in raws_by_owner.items():
             keys = [self.keys.processing(queue, consumer_id), self.keys.recoveries(queue)]
             self.scripts.queue(pipe, "ack", [*keys, self.keys.completed(queue, bucket)], list(raws))
-        self._queue_side_writes(pipe, results)
+        minute = int(time.time()) // 60
+        self._queue_side_writes(pipe, results, minute)
         sent = self.scripts.execute(pipe, self.client, raise_on_error=False)
         written += replies_at(sent, places)
+        self._uncount_unwritten(results, written, minute)
         refused = {index: outcome for index, outcome in enumerate(written) if isinstance(outcome, Exception)}
         outcomes = sent[calls : calls + len(raws_by_owner)]
         for outcome in outcomes:

@@ -70,13 +70,24 @@ def count_updates(updates: Iterable[ResultUpdate], minute: int) -> dict[tuple[st
 class MinuteOps(ScriptClient):
     """Writing and reading the per-minute counters."""
 
-    def _queue_minute_counts(self, pipe: Any, updates: Sequence[ResultUpdate]) -> None:
+    def _queue_minute_counts(
+        self, pipe: Any, updates: Sequence[ResultUpdate], minute: int | None = None, sign: int = 1
+    ) -> None:
         """Add the counters of `updates` to a pipeline (after its other commands: their replies are not read)."""
-        for (queue, minute), fields in count_updates(updates, int(time.time()) // 60).items():
-            key = self.keys.minute(queue, minute)
+        at = int(time.time()) // 60 if minute is None else minute
+        for (queue, minute_of), fields in count_updates(updates, at).items():
+            key = self.keys.minute(queue, minute_of)
             for name, amount in fields.items():
-                pipe.hincrby(key, name, amount)
+                pipe.hincrby(key, name, sign * amount)
             pipe.expire(key, KEEP_MINUTES * 60)
+
+    def _uncount_unwritten(self, updates: Sequence[ResultUpdate], replies: Sequence[Any], minute: int) -> None:
+        """Take back the counts of result writes the record did not take (ignored by their fence, or refused)."""
+        unwritten = [update for update, reply in zip(updates, replies, strict=True) if reply != 1]
+        if any(outcome_of(update) for update in unwritten):
+            pipe = self.client.pipeline(transaction=False)
+            self._queue_minute_counts(pipe, unwritten, minute, sign=-1)
+            pipe.execute()
 
     def sample_backlog(self, queue: str) -> int:
         """Store how many tasks of `queue` wait (pending, prioritized, suspects, delayed) in this minute's hash."""

@@ -186,15 +186,17 @@ class ReplicatedWrites(MinuteOps):
         first(pipe)
         firsts = len(pipe)
         places = self._queue_results(pipe, updates)
-        self._queue_side_writes(pipe, updates)
+        minute = int(time.time()) // 60
+        self._queue_side_writes(pipe, updates, minute)
         sent = self.scripts.execute(pipe, self.client, raise_on_error=False)
+        self._uncount_unwritten(updates, replies_at(sent, places), minute)
         replies = [*sent[:firsts], *replies_at(sent, places)]
         for reply in replies:
             if isinstance(reply, Exception):
                 raise reply
         return replies
 
-    def _queue_side_writes(self, pipe: Any, updates: Sequence[ResultUpdate]) -> None:
+    def _queue_side_writes(self, pipe: Any, updates: Sequence[ResultUpdate], minute: int | None = None) -> None:
         """Queue what goes with result writes, last in a pipeline: chart counters, and on Redis Cluster the
         history moves (the record and the index lie in different slots there)."""
         if isinstance(self.client, redis.RedisCluster):
@@ -202,4 +204,4 @@ class ReplicatedWrites(MinuteOps):
                 if history.indexed(update):
                     keys = history.index_keys(self.keys, update.queue)
                     self.scripts.queue(pipe, "history_move", keys, history.move_args(update))
-        self._queue_minute_counts(pipe, updates)
+        self._queue_minute_counts(pipe, updates, minute)

@@ -23,6 +23,9 @@ CANCELLED = "CANCELLED"
 FINISHED = {SUCCESSFUL, FAILED, CANCELLED}
 # What record_result answers when a run's first write finds the task cancelled: it must not start.
 START_REFUSED = 2
+# What claim_receipts and record_result answer when a later claim's token is on the record: the
+# task is another claim's now (this consumer was presumed dead, or the task was pushed twice).
+SUPERSEDED = 0
 # Set by a claim's receipt (claim_receipts.lua) to its fencing token; empty while no consumer holds the task.
 CLAIMED_FENCE = "claimed_fence"
 # What claim_receipts answers for a task its claim holds whose record it found (whose RUNNING

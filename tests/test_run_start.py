@@ -1,0 +1,125 @@
+"""Whether a claimed task may start: its consumer's lease, its receipt, a later claim, a cancel racing its start."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from tasks_app import metrics
+from tasks_app.consumer.ack_batcher import AckBatcher
+from tasks_app.consumer.claimed import Claimed
+from tasks_app.consumer.claimer import ClaimerLoop
+from tasks_app.consumer.executor import Executor
+from tasks_app.consumer.lifecycle import Consumer
+from tasks_app.consumer.options import ConsumerOptions
+from tasks_app.protocol.broker import Broker
+from tasks_app.registry import Handler, Registry, registry as default_registry
+from tasks_app.task_types import TaskTypeCache
+from tests.support.claims import claim, push, register, task_bytes
+from tests.support.recording import recorded_runs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _consumer(broker: Broker) -> Consumer:
+    options = ConsumerOptions(
+        queues=["q"], concurrency=1, prefetch=0, lease_s=2.0, grace_s=0.2, block_s=0.1, consumer_id="me"
+    )
+    consumer = Consumer(options, broker=broker)
+    consumer.register()
+    return consumer
+
+
+def _claim_through_the_claimer(consumer: Consumer) -> Claimed:
+    ClaimerLoop(consumer, "q").run_once()
+    return consumer.work.get_nowait()
+
+
+def test_a_task_does_not_start_under_a_stale_lease_while_the_consumer_stops(broker):
+    consumer = _consumer(broker)
+    try:
+        push(broker, task_bytes("t1"))
+        [raw] = claim(broker, "me", 1)
+        # The last renewal is older than lease - lease/6: this consumer may be presumed dead.
+        consumer.lease._renewed_at = time.monotonic() - 10
+        consumer.claiming_stopped.set()  # SIGTERM arrived while the task passed its gates
+        consumer.executor.execute(Claimed("q", "me", raw, fence=1))
+        assert recorded_runs(broker) == [], "started although its lease may have lapsed"
+        assert broker.held_by("q", "me") == [raw]  # still held: deregistering (or the reaper) returns it
+    finally:
+        consumer.give_up.set()
+
+
+def test_a_foreign_task_claimed_a_second_time_still_gets_a_full_record(broker):
+    # A foreign producer pushed the task without a READY record (PROTOCOL.md: optional).
+    consumer = _consumer(broker)
+    try:
+        push(broker, task_bytes("t3", payload=b'{"kwargs": {"tag": "x"}}'))
+        first = _claim_through_the_claimer(consumer)
+        assert first.receipt == 3  # the receipt created the record: {claimed_fence, fence} only
+        # It goes back unstarted (its queue was paused, its consumer stopped, a rate limit deferred it...).
+        broker.return_unstarted("q", "me", [first.raw])
+        consumer._finished([first])
+        second = _claim_through_the_claimer(consumer)
+        assert second.receipt == 3  # the record still holds none of the task's fields
+        consumer.executor.execute(second)
+        while consumer.acks.flush_once(block_s=0):
+            pass
+        record = broker.get_result("t3")
+        assert record["status"] == "SUCCESSFUL"
+        assert (record["type"], record["queue"], record["kwargs"]) == ("test.record", "q", '{"tag":"x"}')
+    finally:
+        consumer.give_up.set()
+
+
+@pytest.mark.parametrize("receipt", [None, 0])
+def test_a_run_whose_start_a_later_claim_turned_away_does_not_start(broker, receipt):
+    # receipt None: the worker waits for its RUNNING write, which Redis ignores (reply 0) because
+    # a later claim's token is on the record; receipt 0: claim_receipts said the same up front.
+    register(broker, "me", lease_ms=30_000)
+    push(broker, task_bytes("t6"))
+    [raw] = claim(broker, "me", 1)
+    later = broker.issue_fence("q") + 1000  # meanwhile the task was claimed again (pushed twice, or reaped)
+    assert broker.claim_receipts([("t6", later)], 60) == [3]
+    batcher = AckBatcher(broker, threading.Event())
+    executor = Executor(broker, default_registry, TaskTypeCache(), "me", result_ttl_s=60, acks=batcher)
+    executor.execute(Claimed("q", "me", raw, fence=later - 1000, receipt=receipt))
+    while batcher.flush_once(block_s=0):
+        pass
+    assert recorded_runs(broker) == [], "ran although a later claim holds the task"
+    assert broker.get_result("t6")["fence"] == str(later)
+    assert broker.held_by("q", "me") == []  # acked unrun: the later claim runs it
+
+
+def test_a_forced_cancel_that_lands_as_the_run_registers_ends_it_cancelled_not_dead(broker, monkeypatch):
+    registry = Registry()
+    registry.add(Handler("x.ok", lambda: "done"))
+    register(broker, "w", lease_ms=30_000)
+    executor = Executor(broker, registry, TaskTypeCache(), "w", result_ttl_s=60)
+    push(broker, task_bytes("t4", "x.ok"))
+    [raw] = claim(broker, "w", 1)
+    registered = threading.Event()
+    real_gauge = metrics.BUSY_WORKERS
+
+    class SlowGauge:  # the worker thread is descheduled right after its run became visible
+        def inc(self) -> None:
+            registered.set()
+            time.sleep(0.3)
+
+        def dec(self) -> None:
+            real_gauge.dec()
+
+    monkeypatch.setattr(metrics, "BUSY_WORKERS", SlowGauge())
+    worker = threading.Thread(target=executor.execute, args=(Claimed("q", "w", raw, fence=1),))
+    worker.start()
+    assert registered.wait(5)
+    [run] = list(executor.running.values())
+    run.context.control.force()  # what RunWatch does on a forced cancel
+    run.force_stop()
+    worker.join(5)
+
+    assert broker.list_dead("q") == [], "a cancelled task was dead-lettered as a settling failure"
+    assert broker.get_result("t4")["status"] == "CANCELLED"
+    assert executor.running == {}
