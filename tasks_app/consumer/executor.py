@@ -20,9 +20,10 @@ from tasks_app.consumer.async_lane import AsyncLane
 from tasks_app.consumer.async_runs import AsyncRuns
 from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.concurrency import ConcurrencyGate, key_token_of
-from tasks_app.consumer.control import ControlSettling, Running, RunWatch, progress_update
+from tasks_app.consumer.control import Running, RunWatch, progress_update
 from tasks_app.consumer.pause_watch import PauseWatch
 from tasks_app.consumer.retrying import GaveUp
+from tasks_app.consumer.run_limits import RunLimits
 from tasks_app.consumer.timeouts import RunClock, call_with_clock, failure_traceback
 from tasks_app.context import TaskContext, running
 from tasks_app.django_tasks import runner
@@ -30,6 +31,7 @@ from tasks_app.exceptions import ResultNotJson, ResultTooLarge, TaskCancelled
 from tasks_app.protocol import results
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Arguments, Task, UndecodableTask, decode_payload, decode_task
+from tasks_app.protocol.replies import ResultUpdate
 from tasks_app.protocol.timestamps import now_ms
 from tasks_app.registry import Handler, Registry
 from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
@@ -50,7 +52,7 @@ RateGate = Callable[[Task, TaskTypeConfig, str | None], int]
 argument: the token of the task's `rate_limit_key` value, None when the limit is not keyed)."""
 
 
-class Executor(AsyncRuns, ControlSettling):
+class Executor(AsyncRuns, RunLimits):
     """Runs claimed tasks on worker threads and settles them in Redis."""
 
     def __init__(
@@ -177,68 +179,6 @@ class Executor(AsyncRuns, ControlSettling):
             runs = list(self.running.values())
         self.watch.tick(runs)
 
-    def expire_overdue(self) -> int:
-        """Raise TaskTimeout in every run past its timeout; each is settled once its handler returns."""
-        now = time.monotonic()
-        with self._running_lock:
-            overdue = [run for run in self.running.values() if run.clock.overdue(now)]
-        interrupted = 0
-        for run in overdue:
-            if run.clock.interrupt():
-                interrupted += 1
-                logger.warning(
-                    "task %s exceeded its timeout of %g s: TaskTimeout raised in its handler; "
-                    "it stays held until the handler returns",
-                    run.task.id,
-                    run.clock.timeout_s,
-                    extra={
-                        "task_id": run.task.id,
-                        "type": run.task.type,
-                        "queue": run.task.queue,
-                        "attempt": run.task.attempt,
-                        "outcome": "timed_out",
-                    },
-                )
-        return interrupted
-
-    def fail_hung(self, grace_s: float) -> int:
-        """Settle every run still going `grace_s` after its TaskTimeout (failed) or forced cancel (cancelled).
-
-        For process mode only, where the process then exits: the handler's thread is left to
-        it, and its late outcome is never settled (the claim's fence makes it harmless anyway).
-        """
-        now = time.monotonic()
-        with self._running_lock:
-            hung = [run for run in self.running.values() if run.clock.abandon(grace_s, now)]
-        for run in hung:
-            try:
-                if run.clock.cancel_error is not None:
-                    self._end_forced_run(run, grace_s, now)
-                else:
-                    self._fail_hung_run(run, grace_s, now)
-            except Exception:  # its lease recovers it once the process is gone
-                logger.exception("could not settle hung task %s", run.task.id)
-        return len(hung) + (self.async_lane.fail_hung(grace_s) if self.async_lane is not None else 0)
-
-    def _fail_hung_run(self, run: Running, grace_s: float, now: float) -> None:
-        assert run.claimed is not None and run.config is not None and run.clock.timeout_error is not None
-        logger.error(
-            "task %s still running %g s past its timeout: failed, and its process will be replaced",
-            run.task.id,
-            grace_s,
-            extra={"task_id": run.task.id, "type": run.task.type, "queue": run.task.queue, "outcome": "hung"},
-        )
-        error = run.clock.timeout_error
-        duration_s = now - run.clock.started_monotonic
-        self._fail(run.claimed, run.task, run.config, error, failure_traceback(error, None), duration_s)
-        if run.task.attempt >= (run.task.max_attempts or run.config.max_attempts):
-            self._release_unique(run.task, run.config)
-
-    def hung(self) -> int:
-        """How many runs were given up by `fail_hung` and have not returned."""
-        with self._running_lock:
-            return sum(1 for run in self.running.values() if run.clock.abandoned)
-
     # --- the run ---------------------------------------------------------------------------
     def _resolve(self, task: Task) -> tuple[TaskTypeConfig | None, str]:
         config = self.task_types.get(task.type)
@@ -340,13 +280,7 @@ class Executor(AsyncRuns, ControlSettling):
             claimed.fence,
             record_exists=claimed.receipt == results.RECEIPT_OF_RECORD,
         )
-        if self.acks is not None and handler.django_task is None and claimed.receipt is not None:
-            self.acks.record(started_update)  # the receipt decided the start: goes out with the next flush
-            reply = None
-        elif self.acks is not None and handler.django_task is None:
-            reply = self.acks.record_start(started_update)  # shares a flush with other workers' writes
-        else:  # a @task function reads its own record when it starts
-            reply = self._redis(lambda: self.broker.record_result(started_update), "record_result")
+        reply = self._write_start(claimed, handler, started_update)
         if reply == results.START_REFUSED:
             return None
         if reply == results.SUPERSEDED:
@@ -357,6 +291,16 @@ class Executor(AsyncRuns, ControlSettling):
         if waited_since_ms and task.attempt == 1:
             run_metrics.wait.observe(max(0.0, (started_ms - waited_since_ms) / 1000))
         return max_attempts
+
+    def _write_start(self, claimed: Claimed, handler: Handler, started_update: ResultUpdate) -> Any:
+        """Write a run's RUNNING update; Redis's reply (None: not waited for, the receipt decided)."""
+        if self.acks is not None and handler.django_task is None and claimed.receipt is not None:
+            self.acks.record(started_update)  # goes out with the next flush
+            return None
+        if self.acks is not None and handler.django_task is None:
+            return self.acks.record_start(started_update)  # shares a flush with other workers' writes
+        # A @task function reads its own record when it starts.
+        return self._redis(lambda: self.broker.record_result(started_update), "record_result")
 
     def _call(
         self, handler: Handler, context: TaskContext, arguments: Arguments, run: Running

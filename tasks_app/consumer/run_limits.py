@@ -1,0 +1,85 @@
+"""Time limits of an executor's running tasks: TaskTimeout at their timeout, and in process mode
+giving up on those still running a grace period later (their process is then replaced)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from tasks_app.consumer.async_lane import AsyncLane
+from tasks_app.consumer.control import ControlSettling, Running
+from tasks_app.consumer.timeouts import failure_traceback
+
+logger = logging.getLogger("tasks_app.tasks")
+
+
+class RunLimits(ControlSettling):
+    """The executor's side of time limits, over the runs it watches."""
+
+    # The executor's: the runs it watches, and its asyncio lane.
+    running: dict[object, Running]
+    _running_lock: threading.Lock
+    async_lane: AsyncLane | None
+
+    def expire_overdue(self) -> int:
+        """Raise TaskTimeout in every run past its timeout; each is settled once its handler returns."""
+        now = time.monotonic()
+        with self._running_lock:
+            overdue = [run for run in self.running.values() if run.clock.overdue(now)]
+        interrupted = 0
+        for run in overdue:
+            if run.clock.interrupt():
+                interrupted += 1
+                logger.warning(
+                    "task %s exceeded its timeout of %g s: TaskTimeout raised in its handler; "
+                    "it stays held until the handler returns",
+                    run.task.id,
+                    run.clock.timeout_s,
+                    extra={
+                        "task_id": run.task.id,
+                        "type": run.task.type,
+                        "queue": run.task.queue,
+                        "attempt": run.task.attempt,
+                        "outcome": "timed_out",
+                    },
+                )
+        return interrupted
+
+    def fail_hung(self, grace_s: float) -> int:
+        """Settle every run still going `grace_s` after its TaskTimeout (failed) or forced cancel (cancelled).
+
+        For process mode only, where the process then exits: the handler's thread is left to
+        it, and its late outcome is never settled (the claim's fence makes it harmless anyway).
+        """
+        now = time.monotonic()
+        with self._running_lock:
+            hung = [run for run in self.running.values() if run.clock.abandon(grace_s, now)]
+        for run in hung:
+            try:
+                if run.clock.cancel_error is not None:
+                    self._end_forced_run(run, grace_s, now)
+                else:
+                    self._fail_hung_run(run, grace_s, now)
+            except Exception:  # its lease recovers it once the process is gone
+                logger.exception("could not settle hung task %s", run.task.id)
+        return len(hung) + (self.async_lane.fail_hung(grace_s) if self.async_lane is not None else 0)
+
+    def _fail_hung_run(self, run: Running, grace_s: float, now: float) -> None:
+        assert run.claimed is not None and run.config is not None and run.clock.timeout_error is not None
+        logger.error(
+            "task %s still running %g s past its timeout: failed, and its process will be replaced",
+            run.task.id,
+            grace_s,
+            extra={"task_id": run.task.id, "type": run.task.type, "queue": run.task.queue, "outcome": "hung"},
+        )
+        error = run.clock.timeout_error
+        duration_s = now - run.clock.started_monotonic
+        self._fail(run.claimed, run.task, run.config, error, failure_traceback(error, None), duration_s)
+        if run.task.attempt >= (run.task.max_attempts or run.config.max_attempts):
+            self._release_unique(run.task, run.config)
+
+    def hung(self) -> int:
+        """How many runs were given up by `fail_hung` and have not returned."""
+        with self._running_lock:
+            return sum(1 for run in self.running.values() if run.clock.abandoned)
