@@ -123,3 +123,18 @@ def test_a_forced_cancel_that_lands_as_the_run_registers_ends_it_cancelled_not_d
     assert broker.list_dead("q") == [], "a cancelled task was dead-lettered as a settling failure"
     assert broker.get_result("t4")["status"] == "CANCELLED"
     assert executor.running == {}
+
+
+@pytest.mark.parametrize("envelope_queue", ["", "elsewhere"])
+def test_a_task_belongs_to_the_queue_it_was_claimed_from(broker, envelope_queue):
+    # A foreign producer left the envelope's queue empty, or named another: the record, the
+    # history index and the charts file the task under the queue it was pushed to.
+    registry = Registry()
+    registry.add(Handler("x.ok", lambda: "done"))
+    register(broker, "w", lease_ms=30_000)
+    executor = Executor(broker, registry, TaskTypeCache(), "w", result_ttl_s=60)
+    push(broker, task_bytes("t7", "x.ok", queue=envelope_queue))
+    [raw] = claim(broker, "w", 1)
+    executor.execute(Claimed("q", "w", raw, fence=1))
+    assert broker.get_result("t7")["queue"] == "q"
+    assert broker.client.zscore(broker.keys.history_status("q", "SUCCESSFUL"), "t7") is not None

@@ -113,6 +113,8 @@ class Executor(AsyncRuns, RunLimits):
         except UndecodableTask as exc:
             self._dead_letter_undecodable(claimed, str(exc))
             return False
+        if task.queue != claimed.queue:  # a foreign envelope's empty or other queue: where it was claimed wins
+            task.queue = claimed.queue
         config, problem = self._resolve(task)
         if claimed.receipt == results.START_REFUSED:  # cancelled before its claim: dropped, whatever its type
             if config is not None:
