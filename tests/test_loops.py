@@ -198,7 +198,7 @@ def test_reaping_a_live_or_unknown_consumer_moves_nothing(broker):
 
 
 # --- housekeeping -------------------------------------------------------------------------
-def test_housekeeping_refreshes_on_its_period_and_expires_every_tick():
+def test_housekeeping_refreshes_on_its_period_and_watches_every_tick():
     refreshes: list[float] = []
     expiries: list[float] = []
     loop = HousekeepingLoop(

@@ -175,8 +175,7 @@ class Executor(AsyncRuns, RunLimits):
         return holder
 
     def watch_running(self) -> None:
-        """Fail runs past their timeout, tell handlers of cancels, write progress (the housekeeping tick)."""
-        self.expire_overdue()
+        """Tell handlers of cancels and write their progress (the housekeeping tick; time limits: TimeLimitLoop)."""
         with self._running_lock:
             runs = list(self.running.values())
         self.watch.tick(runs)

@@ -36,6 +36,7 @@ from tasks_app.consumer.loops import (
     Loop,
     ReaperLoop,
     SchedulerLoop,
+    TimeLimitLoop,
     start_thread,
 )
 from tasks_app.consumer.options import ConsumerOptions
@@ -159,11 +160,8 @@ class Consumer:
                 return  # another thread already moved on
             self._generation += 1
             new_id = f"{self.base_id}.{self._generation}"
-            logger.error(
-                "consumer %s lost its lease (it was presumed dead and its tasks recovered); continuing as %s",
-                lost_id,
-                new_id,
-            )
+            message = "consumer %s lost its lease (it was presumed dead and its tasks recovered); continuing as %s"
+            logger.error(message, lost_id, new_id)
             until_done(lambda: self.broker.abandon(self.options.queues, lost_id), what="abandon", give_up=self.give_up)
             # Register before publishing the new id: a claim under it unregistered would be refused (and the id lost).
             until_done(lambda: self.register(new_id), what="register", give_up=self.give_up)
@@ -279,12 +277,12 @@ class Consumer:
         self.task_types.refresh()
         until_done(self.register, what="register", give_up=self.give_up)
         opts = self.options
-        watch = self.guard.watching(self.executor.watch_running)  # then hard limits, in process mode
         loops: list[Loop] = [
             HeartbeatLoop(self.heartbeat_broker, opts.queues, lambda: self.consumer_id, self.lease, self.lease_lost),
             SchedulerLoop(self.broker, opts.queues),
             self.reaper,
-            HousekeepingLoop(self._refresh_task_types, settings.TASKS_CONFIG_REFRESH_S, watch),
+            HousekeepingLoop(self._refresh_task_types, settings.TASKS_CONFIG_REFRESH_S, self.executor.watch_running),
+            TimeLimitLoop(self.guard.watching(self.executor.expire_overdue)),  # then hard limits, in process mode
             HealthLoop(self.broker, self.liveness, HEALTH_CHECK_S),
             *scheduler_loops(self.broker, opts),
         ]

@@ -237,22 +237,35 @@ class ReaperLoop:
 
 
 class HousekeepingLoop:
-    """Reloads task type settings and watches running tasks (timeouts, cancel requests, progress)."""
+    """Reloads task type settings and watches running tasks (cancel requests, progress)."""
 
     name = "housekeeping"
     TICK_S = 0.1
 
-    def __init__(
-        self, refresh: Callable[[], None], refresh_every_s: float, expire_overdue: Callable[[], object]
-    ) -> None:
+    def __init__(self, refresh: Callable[[], None], refresh_every_s: float, watch: Callable[[], object]) -> None:
         self.refresh = refresh
         self.refresh_every_s = refresh_every_s
-        self.expire_overdue = expire_overdue
+        self.watch = watch
         self._refreshed_at = float("-inf")
 
     def run_once(self) -> float:
         if time.monotonic() - self._refreshed_at >= self.refresh_every_s:
             self.refresh()
             self._refreshed_at = time.monotonic()
-        self.expire_overdue()
+        self.watch()
+        return self.TICK_S
+
+
+class TimeLimitLoop:
+    """Enforces the running tasks' time limits every tick, on a thread that waits on no Redis reply:
+    a Redis outage (or a frozen server) delays neither a TaskTimeout nor a hard limit."""
+
+    name = "time-limits"
+    TICK_S = 0.1
+
+    def __init__(self, enforce: Callable[[], object]) -> None:
+        self.enforce = enforce
+
+    def run_once(self) -> float:
+        self.enforce()
         return self.TICK_S

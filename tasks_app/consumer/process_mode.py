@@ -73,7 +73,7 @@ class ProcessGuard:
             self.leave(EXIT_RECYCLE, f"ran {limit} task(s) (--max-tasks-per-child): recycling")
 
     def watching(self, watch: Callable[[], object]) -> Callable[[], int]:
-        """`watch` (the housekeeping tick over running tasks), then `enforce_hard_limits`."""
+        """`watch` (the soft time limits of the running tasks), then `enforce_hard_limits`."""
 
         def tick() -> int:
             watch()

@@ -16,6 +16,7 @@ class RedisProxy:
     `drop_reply_to`: the first command containing these bytes is forwarded, then the connection
     is closed instead of passing its (non-null) reply on: the command ran, the client never hears
     of it (a network cut or a node dying mid-reply). `cut()`: every connection fails until `restore()`.
+    `freeze()`: commands are held, unanswered, until `thaw()` (a frozen server, a black-holed network).
     """
 
     def __init__(self, port: int, drop_reply_to: bytes | None = None) -> None:
@@ -23,6 +24,8 @@ class RedisProxy:
         self.marker = drop_reply_to
         self.dropped = threading.Event()
         self._cut = threading.Event()
+        self._flowing = threading.Event()
+        self._flowing.set()
         self._sockets: list[socket.socket] = []
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = self._listener.getsockname()[1]
@@ -41,6 +44,14 @@ class RedisProxy:
     def restore(self) -> None:
         """Forward again."""
         self._cut.clear()
+
+    def freeze(self) -> None:
+        """Hold every command sent from now on, unanswered, until `thaw()`."""
+        self._flowing.clear()
+
+    def thaw(self) -> None:
+        """Pass the held commands on, and forward again."""
+        self._flowing.set()
 
     def close(self) -> None:
         self._listener.close()
@@ -66,6 +77,7 @@ class RedisProxy:
             while chunk := client.recv(65536):
                 if self.marker and not self.dropped.is_set() and self.marker in chunk:
                     armed.set()
+                self._flowing.wait()
                 server.sendall(chunk)
 
     def _downstream(self, server: socket.socket, client: socket.socket, armed: threading.Event) -> None:

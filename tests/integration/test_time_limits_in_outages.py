@@ -1,0 +1,66 @@
+"""Time limits hold while the consumer cannot reach Redis (cut off, or frozen): they wait on no Redis reply."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from tasks_app import producer
+from tasks_app.consumer.lifecycle import Consumer
+from tasks_app.consumer.options import ConsumerOptions
+from tasks_app.exceptions import TaskTimeout
+from tasks_app.models import TaskType
+from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.scripts import connect
+from tasks_app.registry import Handler, Registry
+from tests.support.consumers import running
+from tests.support.proxy import RedisProxy
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TIMEOUT_S = 2.0
+
+
+@pytest.mark.alone  # how late the timeout lands is what it checks: load elsewhere would delay it
+@pytest.mark.parametrize("outage", ["cut", "freeze"])
+def test_a_timeout_is_raised_in_its_handler_on_time_while_redis_is_unreachable(broker, outage):
+    started, ended = threading.Event(), threading.Event()
+    seen: list[BaseException] = []
+
+    def sleepy() -> None:
+        started.set()
+        try:
+            for _ in range(200):  # pure Python: TaskTimeout lands between two sleeps
+                time.sleep(0.05)
+        except TaskTimeout as exc:
+            seen.append(exc)
+            raise
+        finally:
+            ended.set()
+
+    registry = Registry()
+    registry.add(Handler("x.sleepy", sleepy))
+    TaskType.objects.create(name="x.sleepy", handler="x.sleepy", timeout=TIMEOUT_S, max_attempts=1)
+    producer.enqueue_many([producer.TaskRequest("x.sleepy")], registry=registry)
+    proxy = RedisProxy(broker.client.connection_pool.connection_kwargs["port"])
+    try:
+        # Claims, results and cancel checks through the proxy (a frozen server answers none of
+        # them for 5 s); the lease on a connection of its own.
+        consumer = Consumer(
+            ConsumerOptions(concurrency=1, prefetch=0, lease_s=10.0, block_s=0.2),
+            registry=registry,
+            broker=Broker(connect(proxy.url, timeout_s=5.0), broker.keys.prefix),
+        )
+        with running(consumer):
+            assert started.wait(10), "the task did not start"
+            started_at = time.monotonic()
+            proxy.cut() if outage == "cut" else proxy.freeze()
+            assert ended.wait(TIMEOUT_S + 10), "the handler was never interrupted"
+            late_s = time.monotonic() - started_at - TIMEOUT_S
+            proxy.restore()
+            proxy.thaw()
+        assert seen and late_s < 0.6, f"TaskTimeout came {late_s:.2f} s late, with Redis {outage}"
+    finally:
+        proxy.close()
