@@ -124,6 +124,12 @@ class AsyncLane:
                 failed += 1
         return failed
 
+    def any_hung(self, grace_s: float) -> bool:
+        """Whether `fail_hung(grace_s)` would give up on some run now."""
+        now = time.monotonic()
+        with self._lock:
+            return any(self._hung_error(flight, grace_s, now) for flight in self._flights if not flight.settled)
+
     @staticmethod
     def _hung_error(flight: Flight, grace_s: float, now: float) -> TaskCancelled | TaskTimeout | None:
         """What a run is settled with if it outlived its forced cancel or its timeout by `grace_s` (else None)."""

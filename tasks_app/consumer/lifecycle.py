@@ -121,7 +121,7 @@ class Consumer:
         self._suspect_slot = threading.Lock()
         self._first_signal_at: float | None = None
         self.exit_code = 0  # what `leave` asks for (process mode)
-        self.guard = ProcessGuard(self.options, lambda grace_s: self.executor.fail_hung(grace_s), self.leave)
+        self.guard = ProcessGuard(self.options, lambda *limits: self.executor.fail_hung(*limits), self.leave)
 
     # --- identity --------------------------------------------------------------------------
     def register(self, consumer_id: str | None = None) -> None:

@@ -23,6 +23,8 @@ logger = logging.getLogger(__name__)
 
 EXIT_RECYCLE = 75
 EXIT_HARD_LIMIT = 76
+# Beyond the waits of a leaving consumer's shutdown, what its exit may take at most (s).
+EXIT_MARGIN_S = 5.0
 # How often a child touches its beat file (its supervisor kills a child whose beat stops).
 BEAT_EVERY_S = 1.0
 
@@ -40,10 +42,16 @@ def rss_mb() -> float:
     return resident_pages * os.sysconf("SC_PAGE_SIZE") / (1024 * 1024)
 
 
+def exit_within_s(options: ConsumerOptions) -> float:
+    """How long a consumer that leaves may still take to exit: Consumer.shutdown waits for its
+    claimers (block_s + 1), its running tasks (grace_s) and its last acks (grace_s + 5)."""
+    return options.block_s + 1 + options.grace_s + options.grace_s + 5 + EXIT_MARGIN_S
+
+
 class ProcessGuard:
     """Watches a consumer for process mode: beats for its supervisor, recycles it, enforces hard limits."""
 
-    def __init__(self, options: ConsumerOptions, fail_hung: Callable[[float], int], leave: Leave) -> None:
+    def __init__(self, options: ConsumerOptions, fail_hung: Callable[[float, float], int], leave: Leave) -> None:
         self.options = options
         self.fail_hung = fail_hung
         self.leave = leave
@@ -86,7 +94,7 @@ class ProcessGuard:
         grace_s = self.options.hard_limit_grace_s
         if grace_s is None:
             return 0
-        failed = self.fail_hung(grace_s)
+        failed = self.fail_hung(grace_s, exit_within_s(self.options))
         if failed:
             self.leave(
                 EXIT_HARD_LIMIT, f"{failed} handler(s) still running {grace_s:g} s past their timeout or forced cancel"

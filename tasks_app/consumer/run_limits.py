@@ -46,15 +46,18 @@ class RunLimits(ControlSettling):
                 )
         return interrupted
 
-    def fail_hung(self, grace_s: float) -> int:
+    def fail_hung(self, grace_s: float, exit_within_s: float) -> int:
         """Settle every run still going `grace_s` after its TaskTimeout (failed) or forced cancel (cancelled).
 
-        For process mode only, where the process then exits: the handler's thread is left to
-        it, and its late outcome is never settled (the claim's fence makes it harmless anyway).
+        For process mode only, where the process then exits (within `exit_within_s`): the
+        handler's thread is left to it, and its late outcome is never settled (the claim's fence
+        makes it harmless anyway). No retry is due before the process is gone.
         """
         now = time.monotonic()
         with self._running_lock:
             hung = [run for run in self.running.values() if run.clock.abandon(grace_s, now)]
+        if hung or (self.async_lane is not None and self.async_lane.any_hung(grace_s)):
+            self.retry_floor_s = max(self.retry_floor_s, exit_within_s)
         for run in hung:
             try:
                 if run.clock.cancel_error is not None:

@@ -45,6 +45,9 @@ class Settling:
     result_ttl_s: int
     give_up: threading.Event
     max_result_bytes: int
+    # No retry is due sooner (s): set once this process gave up on a hung run and is leaving,
+    # so that no copy of a task starts elsewhere while its hung handler still runs here.
+    retry_floor_s: float = 0.0
 
     # --- outcomes --------------------------------------------------------------------------
     def _succeed(
@@ -142,7 +145,7 @@ class Settling:
         duration_s: float | None,
     ) -> bool:
         """Put a failed task back in the delayed set, due after its backoff; False if it was lost."""
-        delay_ms = int(backoff_delay_s(task.attempt, config.retry_backoff_s) * 1000)
+        delay_ms = int(max(backoff_delay_s(task.attempt, config.retry_backoff_s), self.retry_floor_s) * 1000)
         update = results.attempt_failed(
             task,
             error_entry,

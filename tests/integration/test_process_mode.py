@@ -72,6 +72,25 @@ def test_children_recycled_after_max_tasks_lose_nothing_and_run_nothing_twice(br
     assert "exited with status 75; replacing it" in group.log()
 
 
+def test_the_retry_of_a_hung_run_starts_only_once_its_process_is_gone(broker, consumer_process):
+    # Two children: the idle one would take the retry at once, while the stuck one still exits
+    # (and its hung handler still runs). The retry is not due before that process is surely gone.
+    TaskType.objects.create(name="hangs", handler="test.hang", timeout=1, max_attempts=2, retry_backoff=0.1)
+    group = consumer_process(
+        "--processes", "2", "--concurrency", "1", "--prefetch", "0", "--timeout-grace", "1", "--grace", "2"
+    )
+    wait_until(lambda: len(children_of(group.pid)) == 2, 30, message="the children to start")
+    producer.enqueue("hangs", kwargs={"sleep_s": 60})
+    wait_until(lambda: marks(broker), 30, message="the hanging handler to start")
+    [first] = marks(broker)
+    wait_until(lambda: len(marks(broker)) > 1 or not alive(first["pid"]), 60, message="the stuck process to exit")
+    stuck_alive_at_retry = alive(first["pid"]) and len(marks(broker)) > 1
+    wait_until(lambda: len(marks(broker)) > 1, 60, message="the retry to start")
+    assert not stuck_alive_at_retry, "the retry started while the hung handler's process still ran"
+    assert marks(broker)[1]["pid"] != first["pid"]
+    assert group.terminate(timeout_s=60) == 0, group.log()
+
+
 def test_a_handler_stuck_in_c_past_its_hard_limit_is_failed_and_its_process_replaced(broker, consumer_process):
     TaskType.objects.create(name="hangs", handler="test.hang", timeout=1, max_attempts=1)
     group = consumer_process("--processes", "1", "--concurrency", "4", "--prefetch", "0", "--timeout-grace", "1")
