@@ -8,7 +8,7 @@ from pathlib import Path
 from django.core.management import load_command_class
 
 from tasks_app.consumer.options import ConsumerOptions
-from tasks_app.consumer.process_mode import EXIT_HARD_LIMIT, EXIT_RECYCLE, ProcessGuard
+from tasks_app.consumer.process_mode import EXIT_HARD_LIMIT, EXIT_MARGIN_S, EXIT_RECYCLE, ProcessGuard
 from tasks_app.consumer.supervisor import STALL_S, Supervisor, describe_exit
 from tasks_app.consumer.timeouts import RunClock
 from tasks_app.management.commands.runconsumer import child_command
@@ -41,7 +41,7 @@ def test_exits_are_described_by_status_or_signal():
 
 def test_a_child_leaves_to_be_recycled_once_it_ran_its_tasks():
     left: list[int] = []
-    guard = ProcessGuard(ConsumerOptions(max_tasks=2), lambda grace_s: 0, lambda code, reason: left.append(code))
+    guard = ProcessGuard(ConsumerOptions(max_tasks=2), lambda *limits: 0, lambda code, reason: left.append(code))
     guard.ran_one()
     assert left == []
     guard.ran_one()
@@ -51,10 +51,18 @@ def test_a_child_leaves_to_be_recycled_once_it_ran_its_tasks():
 
 def test_hard_limits_apply_in_process_mode_only():
     left: list[int] = []
-    options = ConsumerOptions(hard_limit_grace_s=0.5)
-    assert ProcessGuard(options, lambda grace_s: 1, lambda code, reason: left.append(code)).enforce_hard_limits() == 1
+    asked: list[tuple[float, float]] = []
+
+    def fail_hung(grace_s: float, exit_within_s: float) -> int:
+        asked.append((grace_s, exit_within_s))
+        return 1
+
+    options = ConsumerOptions(hard_limit_grace_s=0.5, grace_s=3.0, block_s=1.0)
+    assert ProcessGuard(options, fail_hung, lambda code, reason: left.append(code)).enforce_hard_limits() == 1
     assert left == [EXIT_HARD_LIMIT]
-    assert ProcessGuard(ConsumerOptions(), lambda grace_s: 1, lambda code, reason: None).enforce_hard_limits() == 0
+    # Retries of what it gave up on wait out the claimers, the running tasks and the last acks.
+    assert asked == [(0.5, 1.0 + 1 + 3.0 + 3.0 + 5 + EXIT_MARGIN_S)]
+    assert ProcessGuard(ConsumerOptions(), fail_hung, lambda code, reason: None).enforce_hard_limits() == 0
 
 
 def test_a_run_is_abandoned_only_past_its_timeout_plus_grace_and_only_once():
