@@ -14,6 +14,7 @@ from tasks_app.consumer.claimer import ClaimerLoop
 from tasks_app.consumer.executor import Executor
 from tasks_app.consumer.lifecycle import Consumer
 from tasks_app.consumer.options import ConsumerOptions
+from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
 from tasks_app.registry import Handler, Registry, registry as default_registry
 from tasks_app.task_types import TaskTypeCache
@@ -138,3 +139,15 @@ def test_a_task_belongs_to_the_queue_it_was_claimed_from(broker, envelope_queue)
     executor.execute(Claimed("q", "w", raw, fence=1))
     assert broker.get_result("t7")["queue"] == "q"
     assert broker.client.zscore(broker.keys.history_status("q", "SUCCESSFUL"), "t7") is not None
+
+
+def test_a_type_whose_row_allows_no_attempts_still_runs_its_tasks(broker):
+    # max_attempts 0 (a row written without the admin's validation) must not read as "not ours".
+    TaskType.objects.create(name="test.record", handler="test.record", queue="q", max_attempts=0)
+    task_types = TaskTypeCache()
+    task_types.refresh()
+    register(broker, "me", lease_ms=30_000)
+    push(broker, task_bytes("t8"))
+    [raw] = claim(broker, "me", 1)
+    Executor(broker, default_registry, task_types, "me", result_ttl_s=60).execute(Claimed("q", "me", raw, fence=1))
+    assert [run["task_id"] for run in recorded_runs(broker)] == ["t8"]

@@ -7,6 +7,7 @@ reason as a last resort): a task this consumer holds never stays in its processi
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import threading
 import time
@@ -45,6 +46,13 @@ def _max_result_bytes() -> int:
     from django.conf import settings
 
     return int(settings.TASKS_MAX_RESULT_BYTES)
+
+
+class NotStarted(enum.Enum):
+    """Why a claimed task's run must not start: its record says so."""
+
+    CANCELLED = "cancelled"  # cancelled before it started
+    SUPERSEDED = "superseded"  # a later claim's token is on the record: that claim runs it
 
 
 RateGate = Callable[[Task, TaskTypeConfig, str | None], int]
@@ -206,10 +214,10 @@ class Executor(AsyncRuns, RunLimits):
         if self.lease_check is not None and not self.lease_check(claimed):
             return False  # its lease was lost while it passed the gates: the reaper owns it now
         max_attempts = self._record_start(claimed, task, config, handler, arguments)
-        if max_attempts is None:  # cancelled before it started
+        if max_attempts is NotStarted.CANCELLED:  # cancelled before it started
             self._release_unique(task, config)
             return self._drop_cancelled(claimed, task, on_settled)
-        if max_attempts == 0:  # a later claim holds the task: it runs there, never here as well
+        if max_attempts is NotStarted.SUPERSEDED:  # a later claim holds the task: it runs there, never here as well
             return self._ack_settled(claimed, task, None, "superseded", None, on_settled)
         context = TaskContext(
             task.id, task.type, task.queue, task.attempt, max_attempts, dict(task.headers), claimed.consumer_id
@@ -257,14 +265,11 @@ class Executor(AsyncRuns, RunLimits):
 
     def _record_start(
         self, claimed: Claimed, task: Task, config: TaskTypeConfig, handler: Handler, arguments: Arguments
-    ) -> int | None:
-        """Count the attempt and record its start (RUNNING record, metrics); return the task's attempt limit.
-
-        None: Redis refused the start because the task was cancelled; it must not run.
-        0: a later claim holds the task (its token is on the record); it must not run either.
-        """
+    ) -> int | NotStarted:
+        """Count the attempt and record its start (RUNNING record, metrics); return the task's attempt limit,
+        or why it must not start."""
         if claimed.receipt == results.SUPERSEDED:
-            return 0
+            return NotStarted.SUPERSEDED
         if claimed.suspect:
             # Durable before the handler starts: if this process dies now, the task is to blame.
             self._redis(lambda: self.broker.mark_started(claimed.queue, claimed.raw), "mark_started")
@@ -283,9 +288,9 @@ class Executor(AsyncRuns, RunLimits):
         )
         reply = self._write_start(claimed, handler, started_update)
         if reply == results.START_REFUSED:
-            return None
+            return NotStarted.CANCELLED
         if reply == results.SUPERSEDED:
-            return 0
+            return NotStarted.SUPERSEDED
         run_metrics = metrics.of_run(task.type, task.queue)
         run_metrics.started.inc()
         waited_since_ms = task.run_after_ms or task.enqueued_at_ms
