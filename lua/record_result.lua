@@ -97,13 +97,17 @@ local first_record = indexes > 0 and 3 + indexes or 1
 for key_index = first_record, #KEYS do
   if at + 5 > #ARGV then break end
   local count = int_arg(ARGV[at + 5], 0, 0, math.floor((#ARGV - at - 5) / 2))
-  local u = {
-    ttl_s = tonumber(ARGV[at]) or 604800, worker = ARGV[at + 1], error = ARGV[at + 2],
-    token = tonumber(ARGV[at + 3]), fence_arg = ARGV[at + 3], id = ARGV[at + 4],
-    pairs = count > 0 and {unpack(ARGV, at + 6, at + 5 + 2 * count)} or {},
-  }
+  local first = at
+  local function this_group()  -- inside the pcall: even a group too large to unpack fails alone
+    local u = {
+      ttl_s = tonumber(ARGV[first]) or 604800, worker = ARGV[first + 1], error = ARGV[first + 2],
+      token = tonumber(ARGV[first + 3]), fence_arg = ARGV[first + 3], id = ARGV[first + 4],
+      pairs = count > 0 and {unpack(ARGV, first + 6, first + 5 + 2 * count)} or {},
+    }
+    return write_record(KEYS[key_index], u)
+  end
   at = at + 6 + 2 * count
-  local ok, reply = pcall(write_record, KEYS[key_index], u)
+  local ok, reply = pcall(this_group)
   if ok then
     replies[#replies + 1] = reply
   else

@@ -297,3 +297,12 @@ def test_an_outcome_redis_refused_is_not_charted(broker):
     batcher.flush_once(block_s=0.1)
     assert done == [True]
     assert (_minute_total(broker, "h", "ok"), _minute_total(broker, "h", "failed")) == (0, 0)
+
+
+def test_a_group_too_large_to_unpack_fails_alone(broker):
+    keys = [broker.keys.result("huge"), broker.keys.result("fine")]
+    huge = ["60", "", "", "", "huge", "5000", *(["f", "v"] * 5000)]
+    fine = ["60", "", "", "", "fine", "1", "status", "SUCCESSFUL"]
+    replies = broker.scripts.run(broker.client, "record_result", keys, ["0", *huge, *fine])
+    assert isinstance(replies[0], Exception) and replies[1] == 1
+    assert broker.get_result("fine")["status"] == "SUCCESSFUL"
