@@ -109,8 +109,7 @@ class AsyncLane:
     def fail_hung(self, grace_s: float) -> int:
         """Settle every run still going `grace_s` past its timeout or forced cancel (its loop is blocked)."""
         now = time.monotonic()
-        with self._lock:
-            hung = [(flight, error) for flight in self._flights if (error := self._hung_error(flight, grace_s, now))]
+        hung = self._hung(grace_s, now)
         failed = 0
         for flight, error in hung:
             if flight.take_settling():
@@ -126,9 +125,16 @@ class AsyncLane:
 
     def any_hung(self, grace_s: float) -> bool:
         """Whether `fail_hung(grace_s)` would give up on some run now."""
-        now = time.monotonic()
+        return bool(self._hung(grace_s, time.monotonic()))
+
+    def _hung(self, grace_s: float, now: float) -> list[tuple[Flight, TaskCancelled | TaskTimeout]]:
+        """The unsettled runs that outlived their forced cancel or timeout by `grace_s`, each with its error."""
         with self._lock:
-            return any(self._hung_error(flight, grace_s, now) for flight in self._flights if not flight.settled)
+            return [
+                (flight, error)
+                for flight in self._flights
+                if not flight.settled and (error := self._hung_error(flight, grace_s, now))
+            ]
 
     @staticmethod
     def _hung_error(flight: Flight, grace_s: float, now: float) -> TaskCancelled | TaskTimeout | None:
