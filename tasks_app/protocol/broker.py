@@ -28,7 +28,7 @@ from tasks_app.protocol.keys import UNDECODABLE_TYPE, WAKE_TOKEN, Keys, delayed_
 from tasks_app.protocol.leases import LeaseOps
 from tasks_app.protocol.pausing import PauseOps
 from tasks_app.protocol.periodic import PeriodicOps
-from tasks_app.protocol.replication import CLUSTER_WAIT_MS, Place, ReplicatedWrites, replies_at
+from tasks_app.protocol.replication import CLUSTER_WAIT_MS, Place, ReplicatedWrites
 from tasks_app.protocol.replies import AckReport, Claim, Promotion, ResultUpdate, record_text_fields
 from tasks_app.protocol.scripts import Scripts, connect
 from tasks_app.protocol.slots import SlotOps
@@ -281,11 +281,7 @@ class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ControlOps, SlotOps, Pau
         for (queue, consumer_id), raws in raws_by_owner.items():
             keys = [self.keys.processing(queue, consumer_id), self.keys.recoveries(queue)]
             self.scripts.queue(pipe, "ack", [*keys, self.keys.completed(queue, bucket)], list(raws))
-        minute = int(time.time()) // 60
-        self._queue_side_writes(pipe, results, minute)
-        sent = self.scripts.execute(pipe, self.client, raise_on_error=False)
-        written += replies_at(sent, places)
-        self._uncount_unwritten(results, written, minute)
+        sent, written = self._execute_with_results(pipe, results, places, written)
         refused = {index: outcome for index, outcome in enumerate(written) if isinstance(outcome, Exception)}
         outcomes = sent[calls : calls + len(raws_by_owner)]
         for outcome in outcomes:

@@ -70,12 +70,10 @@ def count_updates(updates: Iterable[ResultUpdate], minute: int) -> dict[tuple[st
 class MinuteOps(ScriptClient):
     """Writing and reading the per-minute counters."""
 
-    def _queue_minute_counts(
-        self, pipe: Any, updates: Sequence[ResultUpdate], minute: int | None = None, sign: int = 1
-    ) -> None:
-        """Add the counters of `updates` to a pipeline (after its other commands: their replies are not read)."""
-        at = int(time.time()) // 60 if minute is None else minute
-        for (queue, minute_of), fields in count_updates(updates, at).items():
+    def _queue_minute_counts(self, pipe: Any, updates: Sequence[ResultUpdate], minute: int, sign: int = 1) -> None:
+        """Add the counters of `updates` to `minute`'s hashes in a pipeline (after its other commands: their
+        replies are not read); `sign` -1 takes them back."""
+        for (queue, minute_of), fields in count_updates(updates, minute).items():
             key = self.keys.minute(queue, minute_of)
             for name, amount in fields.items():
                 pipe.hincrby(key, name, sign * amount)

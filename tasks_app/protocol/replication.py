@@ -185,18 +185,26 @@ class ReplicatedWrites(MinuteOps):
         pipe = self.client.pipeline(transaction=False)
         first(pipe)
         firsts = len(pipe)
-        places = self._queue_results(pipe, updates)
-        minute = int(time.time()) // 60
-        self._queue_side_writes(pipe, updates, minute)
-        sent = self.scripts.execute(pipe, self.client, raise_on_error=False)
-        self._uncount_unwritten(updates, replies_at(sent, places), minute)
-        replies = [*sent[:firsts], *replies_at(sent, places)]
+        sent, written = self._execute_with_results(pipe, updates, self._queue_results(pipe, updates))
+        replies = [*sent[:firsts], *written]
         for reply in replies:
             if isinstance(reply, Exception):
                 raise reply
         return replies
 
-    def _queue_side_writes(self, pipe: Any, updates: Sequence[ResultUpdate], minute: int | None = None) -> None:
+    def _execute_with_results(
+        self, pipe: Any, updates: Sequence[ResultUpdate], places: Sequence[Place], earlier: Sequence[Any] = ()
+    ) -> tuple[list[Any], list[Any]]:
+        """Queue the side writes of `updates` and execute `pipe`; take back the counts of writes the
+        records did not take. Returns every reply of `pipe`, and each update's (`earlier` first)."""
+        minute = int(time.time()) // 60
+        self._queue_side_writes(pipe, updates, minute)
+        sent = self.scripts.execute(pipe, self.client, raise_on_error=False)
+        written = [*earlier, *replies_at(sent, places)]
+        self._uncount_unwritten(updates, written, minute)
+        return sent, written
+
+    def _queue_side_writes(self, pipe: Any, updates: Sequence[ResultUpdate], minute: int) -> None:
         """Queue what goes with result writes, last in a pipeline: chart counters, and on Redis Cluster the
         history moves (the record and the index lie in different slots there)."""
         if isinstance(self.client, redis.RedisCluster):
