@@ -11,9 +11,6 @@
 -- include: args
 -- include: history
 local h = history_keys(KEYS[1], KEYS[2], {unpack(ARGV, 5, #ARGV)}, 3)
-local function enqueued_ms()  -- 0 is protobuf's "not set"
-  local ms = int_arg(ARGV[3], 0, 0, 2 ^ 53)
-  return ms > 0 and ms or server_now_ms()
-end
+local function enqueued_ms() return int_arg(ARGV[3], 0, 0, 2 ^ 53) end
 history_move(h, ARGV[1], nil, ARGV[2], enqueued_ms, int_arg(ARGV[4], 604800000, 1, 2 ^ 53))
 return 1

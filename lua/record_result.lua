@@ -33,10 +33,8 @@ if indexes > 0 then h = history_keys(KEYS[1], KEYS[2], {unpack(ARGV, 2, 1 + inde
 local function file_under(key, task_id, old, status, ttl_s)
   if h == nil then return end
   if status == old then old = nil end  -- no change: make sure the index agrees (every other index)
-  local function enqueued_ms()  -- 0 is protobuf's "not set": scored now, not at the epoch (trimmed at once)
-    local ms = tonumber(redis.call('HGET', key, 'enqueued_at_ms'))
-    if not ms or ms <= 0 then ms = server_now_ms() end
-    return ms
+  local function enqueued_ms()
+    return tonumber(redis.call('HGET', key, 'enqueued_at_ms'))
   end
   history_move(h, task_id, old, status, enqueued_ms, ttl_s * 1000)
 end

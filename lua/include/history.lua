@@ -77,11 +77,14 @@ end
 -- Move a task from the index of status `old` (nil: unknown, so from every other) to that of
 -- `new`, keeping its score (the status indexes' time to live is refreshed by the consumers'
 -- schedulers and each enqueue, not here: this runs for every result write);
--- a task the index lacks (a foreign producer's) is added with the score `fallback_score()`.
+-- a task the index lacks (a foreign producer's) is added with the score `fallback_score()`, its
+-- enqueue time: or now, when that is unknown (nil) or 0 (protobuf's "not set"; at the epoch the
+-- next trim would drop it at once).
 local function history_move(h, id, old, new, fallback_score, ttl_ms)
   local score = redis.pcall('ZSCORE', h.all, id)
   if type(score) ~= 'string' then
     score = fallback_score()
+    if not score or score <= 0 then score = server_now_ms() end
     history_add(h, id, score, new)
     redis.pcall('PEXPIRE', h.all, ttl_ms)
     redis.pcall('PEXPIRE', h.ids, ttl_ms)
