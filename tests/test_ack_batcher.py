@@ -81,6 +81,19 @@ def test_barrier_returns_after_earlier_writes_and_close_flushes_the_rest(broker)
     assert broker.client.llen(broker.keys.processing("default", "c2")) == 0
 
 
+def test_a_barrier_with_no_flusher_running_writes_every_batch_submitted_before_it(broker):
+    _ids, raws = _claimed(broker, "c3", 5)
+    batcher = AckBatcher(broker, threading.Event(), max_batch=2)  # never started, or already closed
+    acked: list[bool | None] = []
+    for raw in raws:
+        batcher.ack("default", "c3", raw, None, acked.append)
+
+    batcher.barrier()
+
+    assert acked == [True] * 5
+    assert broker.client.llen(broker.keys.processing("default", "c3")) == 0
+
+
 class FlakyBroker(Broker):
     """A real broker whose next `failures` batch writes fail as a dropped connection would."""
 

@@ -135,6 +135,7 @@ class AckBatcher:
         self.max_batch = max_batch
         self._entries: queue_module.SimpleQueue[Entry | threading.Event | None] = queue_module.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._in_place = threading.Lock()  # one thread at a time writes batches when no flusher runs
 
     # --- producers (worker threads) --------------------------------------------------------
     def record(self, update: ResultUpdate) -> None:
@@ -174,13 +175,19 @@ class AckBatcher:
         self._wait(written)
 
     def _wait(self, written: threading.Event) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            self.flush_once(block_s=0)
-            return
-        while not written.wait(0.5):
-            if not self._thread.is_alive():
-                self.flush_once(block_s=0)
+        while self._flusher_alive():
+            if written.wait(0.5):
                 return
+        self._flush_in_place(written)
+
+    def _flusher_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _flush_in_place(self, written: threading.Event) -> None:
+        """With no flusher thread, write batches from this thread until `written` opens (in order)."""
+        with self._in_place:
+            while not written.is_set() and self.flush_once(block_s=0):
+                pass
 
     # --- the flusher -----------------------------------------------------------------------
     def start(self) -> None:
