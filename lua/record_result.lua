@@ -19,8 +19,13 @@
 -- record without one is READY) to that of the new one, keeping its enqueue-time score; one that
 -- sets the status the record has files it there and out of every other status's index (a
 -- refused receipt's CANCELLED, filed by the consumer's next write).
--- Returns: per group, 1 written, 0 ignored, 2 refused (the task was cancelled), or an error
--- (a record of a foreign type): one group's error stops no other group.
+-- A write of a run that the record already holds (the same token, the status the record has,
+-- and the same time it was attempted, finished or is due again) was sent again after its reply
+-- was lost: its fields are set again, but it appends nothing, and it answers 4, so its chart
+-- counts are taken back like an unwritten write's.
+-- Returns: per group, 1 written, 0 ignored, 2 refused (the task was cancelled), 4 written
+-- again (a re-sent write), or an error (a record of a foreign type): one group's error stops no
+-- other group.
 
 -- include: args
 -- include: history
@@ -47,6 +52,19 @@ local function append(key, field, item)
   redis.call('HSET', key, field, cjson.encode(list))
 end
 
+-- The time fields that tell one write of a run from another of the same status.
+local WRITE_TIMES = {last_attempted_at_ms = true, finished_at_ms = true, run_after_ms = true}
+
+-- Whether the record already holds this write of the run: it sets a time field the record has.
+local function written_before(key, pairs_to_set)
+  for i = 1, #pairs_to_set - 1, 2 do
+    if WRITE_TIMES[pairs_to_set[i]] then
+      return redis.call('HGET', key, pairs_to_set[i]) == pairs_to_set[i + 1]
+    end
+  end
+  return false
+end
+
 -- One group: `u` holds its arguments (ttl_s, worker, error, token, fence_arg, id, pairs).
 local function write_record(key, u)
   local new = nil
@@ -54,6 +72,7 @@ local function write_record(key, u)
     if u.pairs[i] == 'status' then new = u.pairs[i + 1] end
   end
   local old = false
+  local again = false
   if u.token or new then
     local current = redis.call('HMGET', key, 'fence', 'status', 'cancel_requested_at_ms')
     local fence = tonumber(current[1]) or 0
@@ -65,6 +84,7 @@ local function write_record(key, u)
       if old ~= 'CANCELLED' then file_under(key, u.id, old, 'CANCELLED', u.ttl_s) end
       return 2
     end
+    again = u.token == fence and new == old and written_before(key, u.pairs)
   end
   -- The fields and the fence in one HSET.
   local pairs_to_set = u.pairs
@@ -79,14 +99,14 @@ local function write_record(key, u)
   if #pairs_to_set > 0 then
     redis.call('HSET', key, unpack(pairs_to_set))
   end
-  if u.worker ~= '' then append(key, 'worker_ids', u.worker) end
-  if u.error ~= '' then
+  if u.worker ~= '' and not again then append(key, 'worker_ids', u.worker) end
+  if u.error ~= '' and not again then
     local ok, item = pcall(cjson.decode, u.error)
     if ok then append(key, 'errors', item) end
   end
   redis.call('EXPIRE', key, u.ttl_s)
   if new then file_under(key, u.id, old, new, u.ttl_s) end
-  return 1
+  return again and 4 or 1
 end
 
 local replies = {}

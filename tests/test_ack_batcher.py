@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 
 import pytest
 import redis
 
 from tasks_app import producer
 from tasks_app.consumer.ack_batcher import AckBatcher, merge_updates, storable
+from tasks_app.protocol import results
 from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.codec import decode_task
 from tasks_app.protocol.replies import ResultUpdate
 
 pytestmark = pytest.mark.django_db
@@ -162,6 +166,50 @@ def test_connection_errors_are_retried_until_the_batch_is_written(broker):
 
     assert flaky.calls == 3 and outcomes == [True, True]
     assert [broker.get_result(i)["status"] for i in ids] == ["SUCCESSFUL", "SUCCESSFUL"]
+
+
+class LosesFirstReply(Broker):
+    """A real broker whose first batch write Redis applies but whose reply is lost, as on a dropped connection."""
+
+    def __init__(self, broker: Broker) -> None:
+        super().__init__(broker.client, broker.keys.prefix, broker.scripts)
+        self.calls = 0
+
+    def ack_many_reporting(self, results, raws_by_owner):
+        self.calls += 1
+        report = super().ack_many_reporting(results, raws_by_owner)
+        if self.calls == 1:
+            raise redis.exceptions.ConnectionError("connection reset by peer")
+        return report
+
+
+def test_a_batch_sent_again_after_its_reply_was_lost_appends_counts_and_reports_nothing_twice(broker):
+    ids, raws = _claimed(broker, "c7", 2)
+    minute = int(time.time()) // 60
+    batcher = AckBatcher(LosesFirstReply(broker), threading.Event())
+    outcomes: list[bool | None] = []
+    for index, raw in enumerate(raws):
+        task = decode_task(raw)
+        task.attempt = 1
+        fence = 10 + index
+        batcher.record(results.started(task, None, "c7", 1000.5, 3, 60, fence, record_exists=True))  # type: ignore[arg-type]
+        ending = (
+            results.succeeded(task, "null", 2000.5, 60, fence, run_s=0.1)
+            if index == 0
+            else results.attempt_failed(task, {"exception_class_path": "E"}, 2000.5, 60, final=True, fence=fence)
+        )
+        batcher.ack("default", "c7", raw, ending, outcomes.append)
+
+    batcher.flush_once(block_s=0.1)
+
+    assert outcomes == [None, None]  # acked by the lost send: not taken for tasks recovered elsewhere
+    assert broker.client.llen(broker.keys.processing("default", "c7")) == 0
+    ok, failed = (broker.get_result(task_id) for task_id in ids)
+    assert ok["status"] == "SUCCESSFUL" and ok["worker_ids"] == '["c7"]'
+    assert failed["status"] == "FAILED" and failed["worker_ids"] == '["c7"]'
+    assert len(json.loads(failed["errors"])) == 1
+    counts = broker.minute_counts("default", [minute, minute + 1])  # the flush may fall in the next minute
+    assert [sum(c.get(name, 0) for c in counts) for name in ("ok", "failed")] == [1, 1]
 
 
 class RefusesBatches(Broker):

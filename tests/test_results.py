@@ -45,6 +45,23 @@ def test_a_late_running_write_of_a_presumed_dead_run_cannot_override_the_reruns_
     assert record["worker_ids"] == '["c1","c2"]' and "errors" not in record
 
 
+def test_a_rerun_after_its_receipt_is_a_new_write_and_a_write_sent_twice_appends_once(broker):
+    task, old, new = claim_twice(broker)
+    task.attempt = 1
+    assert broker.record_result(results.started(task, ARGS, "c1", 1, 3, 60, old)) == 1  # c1 dies RUNNING
+    assert broker.claim_receipts([(task.id, new)], 60) == [1]  # the record now holds c2's token
+    task.attempt = 2
+    rerun = results.started(task, ARGS, "c2", 2, 3, 60, new)
+    assert broker.record_result(rerun) == 1  # RUNNING again, same token: still c2's first write
+    assert broker.record_result(rerun) == 4  # sent again after a lost reply
+    error = results.error_record("builtins.RuntimeError", "boom")
+    failure = results.attempt_failed(task, error, 3, 60, final=True, fence=new)
+    assert [broker.record_result(failure), broker.record_result(failure)] == [1, 4]
+
+    record = broker.get_result(task.id)
+    assert record["worker_ids"] == '["c1","c2"]' and len(json.loads(record["errors"])) == 1
+
+
 def test_a_later_token_takes_the_record_over_and_tokens_survive_a_lost_counter(broker):
     task = Task(id="fenced-2", type="demo.echo", queue="q", attempt=1)
     first = broker.issue_fence("q")

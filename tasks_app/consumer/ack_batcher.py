@@ -29,7 +29,7 @@ from tasks_app import metrics
 from tasks_app.consumer.retrying import GaveUp, until_done
 from tasks_app.protocol import results
 from tasks_app.protocol.broker import Broker
-from tasks_app.protocol.replies import ResultUpdate
+from tasks_app.protocol.replies import AckReport, ResultUpdate
 
 logger = logging.getLogger(__name__)
 
@@ -124,6 +124,24 @@ def unstored_result(update: ResultUpdate, problem: str) -> ResultUpdate:
         task_type=update.task_type,
         run_s=update.run_s,
     )
+
+
+def _flags_by_ack(
+    by_owner: dict[Owner, list[_Ack]], flags: dict[Owner, list[bool]], *, resent: bool
+) -> dict[int, bool | None]:
+    """Each ack's flag by its id(): True acked, False no longer held, None unknown.
+
+    A batch sent again after a failed send may have been applied by that send (its reply lost):
+    a task it no longer finds was acked then, or recovered meanwhile; which, nobody can tell.
+    """
+    by_ack: dict[int, bool | None] = {
+        id(item): flag for owner, items in by_owner.items() for item, flag in zip(items, flags[owner], strict=True)
+    }
+    if resent and not all(by_ack.values()):
+        gone = sum(1 for flag in by_ack.values() if not flag)
+        logger.info("%d task(s) of a batch sent again after a failed send were acked by it or recovered", gone)
+        return {key: flag or None for key, flag in by_ack.items()}
+    return by_ack
 
 
 class AckBatcher:
@@ -297,17 +315,17 @@ class AckBatcher:
         plans: list[list[ResultUpdate]] = [[entry.update] if entry.update else []]
         if entry.update is not None:  # then its failure, then at worst the ack alone
             plans += [[unstored_result(entry.update, "Redis refused the write")], []]
-        for updates in plans:
-            flags = self._try_send(updates, [entry])
+        for updates in plans:  # the failed batch may have been applied: a task gone is not known lost
+            flags = self._try_send(updates, [entry], resent=True)
             if flags is not None:
                 return flags
         return {}
 
     def _try_send(
-        self, updates: list[ResultUpdate], acks: list[_Ack], starts: Sequence[_Start] = ()
+        self, updates: list[ResultUpdate], acks: list[_Ack], starts: Sequence[_Start] = (), *, resent: bool = False
     ) -> dict[int, bool | None] | None:
         try:
-            return self._send(updates, acks, starts)
+            return self._send(updates, acks, starts, resent=resent)
         except GaveUp:  # the lease recovers the tasks
             return {}
         except Exception as exc:
@@ -315,9 +333,9 @@ class AckBatcher:
             return None
 
     def _send(
-        self, updates: list[ResultUpdate], acks: list[_Ack], starts: Sequence[_Start] = ()
+        self, updates: list[ResultUpdate], acks: list[_Ack], starts: Sequence[_Start] = (), *, resent: bool = False
     ) -> dict[int, bool | None]:
-        """One round trip (retried through outages); the flag of each ack by its id().
+        """One round trip (retried through outages); the flag of each ack by its id() (`resent`: sent before).
 
         A result write that Redis refuses (its reply is an error) stops no ack: the task of an
         outcome refused this way is recorded FAILED with the reason instead.
@@ -327,12 +345,15 @@ class AckBatcher:
             by_owner.setdefault((item.queue, item.consumer_id), []).append(item)
         raws = {owner: [item.raw for item in items] for owner, items in by_owner.items()}
         merged = merge_updates(updates)
+        sends = 0
+
+        def send() -> AckReport:
+            nonlocal sends
+            sends += 1
+            return self.broker.ack_many_reporting(merged, raws)
+
         flags, refused, unreplicated, written = until_done(
-            lambda: self.broker.ack_many_reporting(merged, raws),
-            what="ack",
-            give_up=self.give_up,
-            refused_after=REFUSED_AFTER,
-            redis_answers=self._redis_answers,
+            send, what="ack", give_up=self.give_up, refused_after=REFUSED_AFTER, redis_answers=self._redis_answers
         )
         if unreplicated:  # acked anyway: a lagging replica must not hold acks back
             metrics.RESULT_REPLICATION_TIMEOUTS.inc(unreplicated)
@@ -348,9 +369,7 @@ class AckBatcher:
                 self._record_unstored(item.update, refused_of.pop(item.update.task_id))
         for task_id, exc in refused_of.items():
             logger.error("dropped a result update of task %a that Redis refused: %s", task_id, exc)
-        return {
-            id(item): flag for owner, items in by_owner.items() for item, flag in zip(items, flags[owner], strict=True)
-        }
+        return _flags_by_ack(by_owner, flags, resent=resent or sends > 1)
 
     def _record_unstored(self, update: ResultUpdate, problem: Exception) -> None:
         logger.error("the result of task %a could not be stored (%s); recording it as failed", update.task_id, problem)

@@ -335,7 +335,7 @@ class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ControlOps, SlotOps, Pau
 
     # --- results ---------------------------------------------------------------------------
     def record_result(self, update: ResultUpdate) -> int:
-        """Write one result update: 1 written, 0 ignored (a later run owns the record), 2 refused (cancelled)."""
+        """Write one result update: 1 written, 0 ignored (a later run owns it), 2 refused, 4 written again."""
         return int(self._with_results(lambda pipe: None, [update])[0])
 
     def get_result(self, task_id: str) -> dict[str, str] | None:
