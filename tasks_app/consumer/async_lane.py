@@ -123,9 +123,9 @@ class AsyncLane:
                 failed += 1
         return failed
 
-    def any_hung(self, grace_s: float) -> bool:
-        """Whether `fail_hung(grace_s)` would give up on some run now."""
-        return bool(self._hung(grace_s, time.monotonic()))
+    def count_hung(self, grace_s: float) -> int:
+        """How many runs `fail_hung(grace_s)` would give up on now."""
+        return len(self._hung(grace_s, time.monotonic()))
 
     def _hung(self, grace_s: float, now: float) -> list[tuple[Flight, TaskCancelled | TaskTimeout]]:
         """The unsettled runs that outlived their forced cancel or timeout by `grace_s`, each with its error."""

@@ -98,6 +98,7 @@ class Executor(AsyncRuns, RunLimits):
         # Runs being watched: thread runs by thread id, async runs by their RunControl.
         self.running: dict[object, Running] = {}
         self._running_lock = threading.Lock()
+        self._hung_settlers: list[threading.Thread] = []
         self.max_result_bytes = max_result_bytes if max_result_bytes is not None else _max_result_bytes()
         self.watch = RunWatch(broker, acks.record if acks is not None else broker.record_result, result_ttl_s)
 

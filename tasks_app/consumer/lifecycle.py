@@ -360,6 +360,7 @@ class Consumer:
                 if self._busy + self.executor.async_running() <= self.executor.hung():  # not for hung ones
                     break
             time.sleep(0.05)
+        self.executor.wait_hung_settled(timeout_s=self.options.grace_s + 5)  # their failures go before deregistering
         with self._busy_lock:
             still_running = self._busy
         self.workers_stop.set()

@@ -21,6 +21,7 @@ class RunLimits(ControlSettling):
     running: dict[object, Running]
     _running_lock: threading.Lock
     async_lane: AsyncLane | None
+    _hung_settlers: list[threading.Thread]  # threads settling the runs `fail_hung` gave up on
 
     def expire_overdue(self) -> int:
         """Raise TaskTimeout in every run past its timeout; each is settled once its handler returns."""
@@ -47,17 +48,33 @@ class RunLimits(ControlSettling):
         return interrupted
 
     def fail_hung(self, grace_s: float, exit_within_s: float) -> int:
-        """Settle every run still going `grace_s` after its TaskTimeout (failed) or forced cancel (cancelled).
+        """Give up on every run still going `grace_s` after its TaskTimeout (failed) or forced cancel (cancelled).
 
         For process mode only, where the process then exits (within `exit_within_s`): the
         handler's thread is left to it, and its late outcome is never settled (the claim's fence
-        makes it harmless anyway). No retry is due before the process is gone.
+        makes it harmless anyway). No retry is due before the process is gone. The runs are
+        settled on a thread of their own: Redis may be away, and the caller's other time limits
+        must not wait for it.
         """
         now = time.monotonic()
         with self._running_lock:
             hung = [run for run in self.running.values() if run.clock.abandon(grace_s, now)]
-        if hung or (self.async_lane is not None and self.async_lane.any_hung(grace_s)):
-            self.retry_floor_s = max(self.retry_floor_s, exit_within_s)
+        hung_async = self.async_lane.count_hung(grace_s) if self.async_lane is not None else 0
+        if not hung and not hung_async:
+            return 0
+        self.retry_floor_s = max(self.retry_floor_s, exit_within_s)
+        settler = threading.Thread(target=self._settle_hung, args=(hung, grace_s, now), name="hard-limits", daemon=True)
+        self._hung_settlers.append(settler)
+        settler.start()
+        return len(hung) + hung_async
+
+    def wait_hung_settled(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for the runs given up on to be settled (before their tasks could be returned)."""
+        deadline = time.monotonic() + timeout_s
+        for settler in self._hung_settlers:
+            settler.join(max(0.0, deadline - time.monotonic()))
+
+    def _settle_hung(self, hung: list[Running], grace_s: float, now: float) -> None:
         for run in hung:
             try:
                 if run.clock.cancel_error is not None:
@@ -66,7 +83,8 @@ class RunLimits(ControlSettling):
                     self._fail_hung_run(run, grace_s, now)
             except Exception:  # its lease recovers it once the process is gone
                 logger.exception("could not settle hung task %s", run.task.id)
-        return len(hung) + (self.async_lane.fail_hung(grace_s) if self.async_lane is not None else 0)
+        if self.async_lane is not None:
+            self.async_lane.fail_hung(grace_s)
 
     def _fail_hung_run(self, run: Running, grace_s: float, now: float) -> None:
         assert run.claimed is not None and run.config is not None and run.clock.timeout_error is not None

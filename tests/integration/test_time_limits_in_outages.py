@@ -10,9 +10,11 @@ import pytest
 from tasks_app import producer
 from tasks_app.consumer.lifecycle import Consumer
 from tasks_app.consumer.options import ConsumerOptions
+from tasks_app.consumer.process_mode import EXIT_HARD_LIMIT
 from tasks_app.exceptions import TaskTimeout
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.results import ResultRecord
 from tasks_app.protocol.scripts import connect
 from tasks_app.registry import Handler, Registry
 from tests.support.consumers import running
@@ -62,5 +64,60 @@ def test_a_timeout_is_raised_in_its_handler_on_time_while_redis_is_unreachable(b
             proxy.restore()
             proxy.thaw()
         assert seen and late_s < 0.6, f"TaskTimeout came {late_s:.2f} s late, with Redis {outage}"
+    finally:
+        proxy.close()
+
+
+@pytest.mark.alone  # how late the timeout lands is what it checks: load elsewhere would delay it
+def test_a_hard_limit_settling_during_a_frozen_redis_delays_no_other_runs_timeout(broker):
+    # Process mode's hard limit gives up on a run hung in C; its failure cannot be written while
+    # Redis is frozen. Another run's TaskTimeout must land on time all the same.
+    ended = threading.Event()
+    started: list[str] = []
+    seen: list[BaseException] = []
+
+    def stuck() -> None:
+        started.append("stuck")
+        time.sleep(30)  # in C: no TaskTimeout can land; only the hard limit ends it
+
+    def sleepy() -> None:
+        started.append("sleepy")
+        try:
+            for _ in range(400):
+                time.sleep(0.05)
+        except TaskTimeout as exc:
+            seen.append(exc)
+            raise
+        finally:
+            ended.set()
+
+    registry = Registry()
+    registry.add(Handler("x.stuck", stuck))
+    registry.add(Handler("x.sleepy", sleepy))
+    TaskType.objects.create(name="x.stuck", handler="x.stuck", timeout=1, max_attempts=1)
+    TaskType.objects.create(name="x.sleepy", handler="x.sleepy", timeout=4, max_attempts=1)
+    stuck_id = producer.enqueue_many(
+        [producer.TaskRequest("x.stuck"), producer.TaskRequest("x.sleepy")], registry=registry
+    )[0].id
+    proxy = RedisProxy(broker.client.connection_pool.connection_kwargs["port"])
+    try:
+        consumer = Consumer(
+            ConsumerOptions(concurrency=2, prefetch=0, lease_s=30.0, block_s=0.2, grace_s=10, hard_limit_grace_s=0.5),
+            registry=registry,
+            broker=Broker(connect(proxy.url, timeout_s=5.0), broker.keys.prefix),
+        )
+        with running(consumer, exit_code=EXIT_HARD_LIMIT):  # it leaves once the stuck run is given up on
+            deadline = time.monotonic() + 10
+            while len(started) < 2 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert len(started) == 2, f"only {started} started"
+            started_at = time.monotonic()
+            proxy.freeze()  # before the stuck run's hard limit (1.5 s): its failure cannot be written
+            assert ended.wait(20), "the other handler was never interrupted"
+            late_s = time.monotonic() - started_at - 4
+            proxy.thaw()
+        assert seen and late_s < 0.6, f"TaskTimeout came {late_s:.2f} s late, behind the hard limit's settling"
+        stuck_record = ResultRecord.from_fields(broker.get_result(stuck_id))
+        assert stuck_record.status == "FAILED" and "TaskTimeout" in stuck_record.errors[-1]["exception_class_path"]
     finally:
         proxy.close()

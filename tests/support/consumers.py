@@ -10,8 +10,8 @@ from tasks_app.consumer.lifecycle import Consumer
 
 
 @contextlib.contextmanager
-def running(consumer: Consumer) -> Iterator[Consumer]:
-    """Run `consumer` in a thread; stop it at exit and check it stopped cleanly (exit code 0, no crash)."""
+def running(consumer: Consumer, exit_code: int = 0) -> Iterator[Consumer]:
+    """Run `consumer` in a thread; stop it at exit and check it stopped cleanly (`exit_code`, no crash)."""
     exit_codes: list[int] = []
     crashes: list[BaseException] = []
 
@@ -31,4 +31,4 @@ def running(consumer: Consumer) -> Iterator[Consumer]:
         assert not thread.is_alive(), "consumer did not stop"
         if crashes:
             raise AssertionError(f"consumer crashed: {crashes[0]!r}") from crashes[0]
-    assert exit_codes == [0], f"consumer exited with {exit_codes}"
+    assert exit_codes == [exit_code], f"consumer exited with {exit_codes}"
