@@ -25,23 +25,30 @@ pytestmark = pytest.mark.django_db(transaction=True)
 TIMEOUT_S = 2.0
 
 
+class Interruptible:
+    """A handler sleeping in pure Python (a TaskTimeout lands between two sleeps) that notes how it ended."""
+
+    def __init__(self, seconds: float) -> None:
+        self.started, self.ended = threading.Event(), threading.Event()
+        self.seen: list[BaseException] = []
+        self.steps = int(seconds / 0.05)
+
+    def __call__(self) -> None:
+        self.started.set()
+        try:
+            for _ in range(self.steps):
+                time.sleep(0.05)
+        except TaskTimeout as exc:
+            self.seen.append(exc)
+            raise
+        finally:
+            self.ended.set()
+
+
 @pytest.mark.alone  # how late the timeout lands is what it checks: load elsewhere would delay it
 @pytest.mark.parametrize("outage", ["cut", "freeze"])
 def test_a_timeout_is_raised_in_its_handler_on_time_while_redis_is_unreachable(broker, outage):
-    started, ended = threading.Event(), threading.Event()
-    seen: list[BaseException] = []
-
-    def sleepy() -> None:
-        started.set()
-        try:
-            for _ in range(200):  # pure Python: TaskTimeout lands between two sleeps
-                time.sleep(0.05)
-        except TaskTimeout as exc:
-            seen.append(exc)
-            raise
-        finally:
-            ended.set()
-
+    sleepy = Interruptible(10)
     registry = Registry()
     registry.add(Handler("x.sleepy", sleepy))
     TaskType.objects.create(name="x.sleepy", handler="x.sleepy", timeout=TIMEOUT_S, max_attempts=1)
@@ -56,14 +63,14 @@ def test_a_timeout_is_raised_in_its_handler_on_time_while_redis_is_unreachable(b
             broker=Broker(connect(proxy.url, timeout_s=5.0), broker.keys.prefix),
         )
         with running(consumer):
-            assert started.wait(10), "the task did not start"
+            assert sleepy.started.wait(10), "the task did not start"
             started_at = time.monotonic()
             proxy.cut() if outage == "cut" else proxy.freeze()
-            assert ended.wait(TIMEOUT_S + 10), "the handler was never interrupted"
+            assert sleepy.ended.wait(TIMEOUT_S + 10), "the handler was never interrupted"
             late_s = time.monotonic() - started_at - TIMEOUT_S
             proxy.restore()
             proxy.thaw()
-        assert seen and late_s < 0.6, f"TaskTimeout came {late_s:.2f} s late, with Redis {outage}"
+        assert sleepy.seen and late_s < 0.6, f"TaskTimeout came {late_s:.2f} s late, with Redis {outage}"
     finally:
         proxy.close()
 
@@ -72,24 +79,12 @@ def test_a_timeout_is_raised_in_its_handler_on_time_while_redis_is_unreachable(b
 def test_a_hard_limit_settling_during_a_frozen_redis_delays_no_other_runs_timeout(broker):
     # Process mode's hard limit gives up on a run hung in C; its failure cannot be written while
     # Redis is frozen. Another run's TaskTimeout must land on time all the same.
-    ended = threading.Event()
-    started: list[str] = []
-    seen: list[BaseException] = []
+    stuck_started = threading.Event()
+    sleepy = Interruptible(20)
 
     def stuck() -> None:
-        started.append("stuck")
+        stuck_started.set()
         time.sleep(30)  # in C: no TaskTimeout can land; only the hard limit ends it
-
-    def sleepy() -> None:
-        started.append("sleepy")
-        try:
-            for _ in range(400):
-                time.sleep(0.05)
-        except TaskTimeout as exc:
-            seen.append(exc)
-            raise
-        finally:
-            ended.set()
 
     registry = Registry()
     registry.add(Handler("x.stuck", stuck))
@@ -107,16 +102,13 @@ def test_a_hard_limit_settling_during_a_frozen_redis_delays_no_other_runs_timeou
             broker=Broker(connect(proxy.url, timeout_s=5.0), broker.keys.prefix),
         )
         with running(consumer, exit_code=EXIT_HARD_LIMIT):  # it leaves once the stuck run is given up on
-            deadline = time.monotonic() + 10
-            while len(started) < 2 and time.monotonic() < deadline:
-                time.sleep(0.02)
-            assert len(started) == 2, f"only {started} started"
+            assert stuck_started.wait(10) and sleepy.started.wait(10), "the tasks did not start"
             started_at = time.monotonic()
             proxy.freeze()  # before the stuck run's hard limit (1.5 s): its failure cannot be written
-            assert ended.wait(20), "the other handler was never interrupted"
+            assert sleepy.ended.wait(20), "the other handler was never interrupted"
             late_s = time.monotonic() - started_at - 4
             proxy.thaw()
-        assert seen and late_s < 0.6, f"TaskTimeout came {late_s:.2f} s late, behind the hard limit's settling"
+        assert sleepy.seen and late_s < 0.6, f"TaskTimeout came {late_s:.2f} s late, behind the hard limit's settling"
         stuck_record = ResultRecord.from_fields(broker.get_result(stuck_id))
         assert stuck_record.status == "FAILED" and "TaskTimeout" in stuck_record.errors[-1]["exception_class_path"]
     finally:
