@@ -102,6 +102,22 @@ def test_time_range_filters(staff, broker):
     assert _listed(staff.get(f"/tasks/?since={since}")) == [new]
 
 
+@pytest.mark.parametrize(
+    "query",
+    [
+        "since=2026-13-45T10:00",
+        "until=2026-02-30T10:00",
+        "since=0001-01-01T00:00%2B14:00",
+        "until=9999-12-31T23:59-14:00",
+    ],
+)
+def test_a_time_off_the_calendar_is_refused_with_a_message(staff, broker, query):
+    task_id = _enqueue()[0]
+    response = staff.get(f"/tasks/?{query}")
+    assert _listed(response) == [task_id]
+    assert "must be a date and time like" in response.content.decode()
+
+
 def test_search_by_id_and_by_prefix(staff, broker):
     first, second = _enqueue(count=2)
     assert _listed(staff.get(f"/tasks/?q={first}")) == [first]

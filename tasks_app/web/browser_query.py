@@ -86,11 +86,20 @@ class Filters:
 def _moment(text: str, name: str, errors: list[str]) -> datetime | None:
     if not text:
         return None
-    moment = parse_datetime(text)
+    moment = _utc_moment(text)
     if moment is None:
         errors.append(f"{name} must be a date and time like 2026-12-01T14:30.")
+    return moment
+
+
+def _utc_moment(text: str) -> datetime | None:
+    """`text` as a time in UTC (as the form shows it); None unless it is one on the calendar."""
+    try:
+        moment = parse_datetime(text)  # None if not shaped like a time; ValueError for a 13th month
+        # Day 1 at +14:00 or day 9999 at -14:00 is off the calendar in UTC.
+        return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).astimezone(UTC) if moment else None
+    except (ValueError, OverflowError):
         return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def _number(text: str) -> float | None:
