@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -313,3 +314,19 @@ def test_a_record_with_garbage_fields_renders_on_the_task_page_and_in_the_api(st
     assert data["run_after"].startswith("9999-12-30") and data["enqueued_at"] is None
     assert data["worker_ids"] == ["w\\udc80", "5"] and data["return_value"] == "\\ud800 <b>"
     assert data["type"] == "\\xff\\xfe" and data["errors"][0]["traceback"] == "line\n<script>"
+
+
+def test_a_foreign_key_of_another_type_at_a_record_reads_as_no_record_in_every_page(staff, broker):
+    listed = producer.enqueue("demo.echo", queue="b")[0].id
+    broker.client.set(broker.keys.result("not-a-hash"), "a foreign producer's result string")
+    now_ms = time.time() * 1000
+    broker.client.zadd(broker.keys.history("b"), {"not-a-hash": now_ms})
+    broker.client.zadd(broker.keys.history_ids("b"), {"not-a-hash": 0})
+    assert staff.get(reverse("tasks_app:task", args=["not-a-hash"])).status_code == 404
+    assert staff.get(reverse("tasks_app:api-task", args=["not-a-hash"])).status_code == 404
+    assert re.findall(r'data-task="([^"]+)"', staff.get("/tasks/").content.decode()) == [listed]
+    for query in ("?q=not-a-hash", "?q=not-"):
+        assert 'data-task="' not in staff.get("/tasks/" + query).content.decode()
+    assert [row["id"] for row in staff.get("/tasks/?format=json").json()["tasks"]] == [listed]
+    bulk = staff.post("/tasks/", {"action": "cancel", "task": ["not-a-hash", listed]}, follow=True)
+    assert "Cancelled 1 task(s)" in bulk.content.decode()

@@ -29,7 +29,7 @@ from tasks_app.protocol.leases import LeaseOps
 from tasks_app.protocol.pausing import PauseOps
 from tasks_app.protocol.periodic import PeriodicOps
 from tasks_app.protocol.replication import CLUSTER_WAIT_MS, Place, ReplicatedWrites
-from tasks_app.protocol.replies import AckReport, Claim, Promotion, ResultUpdate, record_text_fields
+from tasks_app.protocol.replies import AckReport, Claim, Promotion, ResultUpdate
 from tasks_app.protocol.scripts import Scripts, connect
 from tasks_app.protocol.slots import SlotOps
 
@@ -340,7 +340,7 @@ class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ControlOps, SlotOps, Pau
 
     def get_result(self, task_id: str) -> dict[str, str] | None:
         """Return a task's result record as text fields (defaults filled in), or None if there is none."""
-        return record_text_fields(task_id, self.client.hgetall(self.keys.result(task_id)))
+        return self.get_results([task_id])[0]
 
     # --- delayed ---------------------------------------------------------------------------
     def promote_due(self, queue: str, limit: int = 1000) -> Promotion:

@@ -125,7 +125,8 @@ class HistoryOps(ScriptClient):
         pipe = self.client.pipeline(transaction=False)
         for task_id in ids:
             pipe.hgetall(self.keys.result(task_id))
-        return [record_text_fields(task_id, raw) for task_id, raw in zip(ids, pipe.execute(), strict=True)]
+        replies = pipe.execute(raise_on_error=False)  # one foreign key of another type spoils no other record
+        return [record_text_fields(task_id, raw) for task_id, raw in zip(ids, replies, strict=True)]
 
     def delete_tasks(self, tasks: Iterable[tuple[str, str]]) -> int:
         """Delete the result records of (queue, task id) pairs and their history entries; return how many existed."""

@@ -5,13 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import redis
+
 # The fields a READY record may leave out, and the value each then has; the id is the key's suffix.
 # The producer stores only what differs (see results.ready_fields); get_result fills these back in.
 READY_RECORD_DEFAULTS = {"status": "READY", "priority": "0", "args": "[]", "kwargs": "{}", "attempts": "0"}
 
 
-def record_text_fields(task_id: str, record: dict[bytes, bytes]) -> dict[str, str] | None:
-    """A result hash as text fields with the defaults filled in; None if there is none."""
+def record_text_fields(task_id: str, record: dict[bytes, bytes] | Exception) -> dict[str, str] | None:
+    """A result hash (HGETALL's reply) as text fields with the defaults filled in; None if there is none."""
+    if isinstance(record, redis.ResponseError) and str(record).startswith("WRONGTYPE"):
+        return None  # a foreign key of another type under the record's name is no record (as cancel.lua reads it)
+    if isinstance(record, Exception):
+        raise record
     if not record:
         return None
     # Bytes a foreign producer wrote need not be UTF-8: shown with escapes, never an error.
