@@ -136,6 +136,42 @@ def test_pagination_follows_the_older_cursor(staff, broker):
     assert 'id="page-older"' not in second.content.decode()
 
 
+def _same_enqueue_time(broker, ids, queue):
+    """File tasks at one score, as a foreign producer's tasks of one millisecond are."""
+    for key in (broker.keys.history(queue), broker.keys.history_status(queue, "READY")):
+        broker.client.zadd(key, dict.fromkeys(ids, 1_700_000_000_000), xx=True)
+
+
+def _all_pages(client, query):
+    """The rows of every page, following the "Older" links."""
+    rows, url = [], f"/tasks/?{query}"
+    while url:
+        response = client.get(url)
+        rows += _listed(response)
+        page = response.content.decode()
+        older = re.search(r'href="\?([^"]*before=[^"]+)" id="page-older"', page)
+        url = "/tasks/?" + older[1].replace("&amp;", "&") if older else None
+    return rows
+
+
+def test_pages_go_on_through_tasks_of_one_enqueue_time_in_several_queues(staff, broker):
+    ids = _enqueue(queue="b", count=20) + _enqueue(queue="c", count=20)
+    _same_enqueue_time(broker, ids[:20], "b")
+    _same_enqueue_time(broker, ids[20:], "c")
+    rows = _all_pages(staff, "size=25")
+    assert sorted(rows) == sorted(ids) and len(rows) == 40
+    assert _all_pages(staff, "size=25&status=READY") == rows
+
+
+def test_a_type_filter_goes_on_through_tasks_of_one_enqueue_time(staff, broker, monkeypatch):
+    monkeypatch.setattr("tasks_app.web.browser_query.CHUNK", 4)  # the run spans several windows
+    TaskType.objects.create(name="demo.fail", handler="demo.fail", queue="b")
+    wanted = _enqueue(count=10)
+    others = _enqueue("demo.fail", count=10)
+    _same_enqueue_time(broker, wanted + others, "b")
+    assert sorted(_all_pages(staff, "size=25&type=demo.echo")) == sorted(wanted)
+
+
 def test_the_json_format(staff, broker):
     task_id = _enqueue(args=[1])[0]
     data = staff.get("/tasks/?format=json").json()

@@ -71,22 +71,37 @@ class HistoryOps(ScriptClient):
     """Reading the history index (pages, prefix search) and deleting tasks from it."""
 
     def history_window(
-        self, queues: Sequence[str], status: str | None, max_ms: float | None, min_ms: float | None, limit: int
+        self,
+        queues: Sequence[str],
+        status: str | None,
+        max_ms: float | None,
+        min_ms: float | None,
+        limit: int,
+        seen: int = 0,
     ) -> list[Entry]:
-        """The newest `limit` entries of `queues` (of one status if given), scores in [min_ms, max_ms)."""
-        upper = f"({max_ms!r}" if max_ms is not None else "+inf"
+        """The newest `limit` entries of `queues` (of one status if given), scores in [min_ms, max_ms).
+
+        With `seen`, scores in [min_ms, max_ms] but for the first `seen` of those scored max_ms:
+        a page resumes inside a run of equal scores (a foreign producer's tasks of one
+        millisecond), which are ordered by id, as Redis orders them within each key.
+        """
+        upper = "+inf" if max_ms is None else repr(max_ms) if seen else f"({max_ms!r}"
         lower = repr(min_ms) if min_ms is not None else "-inf"
         pipe = self.client.pipeline(transaction=False)
         for queue in queues:
             key = self.keys.history_status(queue, status) if status else self.keys.history(queue)
-            pipe.zrevrangebyscore(key, upper, lower, start=0, num=limit, withscores=True)
-        entries = [
-            Entry(queue, member.decode(errors="backslashreplace"), float(score))
-            for queue, rows in zip(queues, pipe.execute(), strict=True)
-            for member, score in rows
+            pipe.zrevrangebyscore(key, upper, lower, start=0, num=limit + seen, withscores=True)
+        rows = [
+            (float(score), member, queue)
+            for queue, replies in zip(queues, pipe.execute(), strict=True)
+            for member, score in replies
         ]
-        entries.sort(key=lambda entry: entry.score_ms, reverse=True)
-        return entries[:limit]
+        rows.sort(reverse=True)
+        shown = sum(1 for score, _, _ in rows[:seen] if score == max_ms)  # those ties come first
+        return [
+            Entry(queue, member.decode(errors="backslashreplace"), score)
+            for score, member, queue in rows[shown : shown + limit]
+        ]
 
     def history_count(self, queues: Sequence[str], status: str | None, min_ms: float | None) -> int:
         """How many entries of `queues` (of one status if given) are at least as new as `min_ms` (O(log n))."""

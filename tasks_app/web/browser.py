@@ -36,10 +36,11 @@ def task_browser(request: HttpRequest) -> HttpResponse:
             {
                 "tasks": [row_json(record, score) for record, score in page.records],
                 "older": page.older,
+                "older_seen": page.older_seen,
                 "total": page.total,
             }
         )
-    base_query = query_without(request.GET, "before", "format")
+    base_query = query_without(request.GET, "before", "seen", "format")
     return render(
         request,
         "tasks_app/browser.html",

@@ -41,7 +41,8 @@ class Filters:
     range: str = ""
     since: datetime | None = None
     until: datetime | None = None
-    before: float | None = None  # the cursor: entries enqueued strictly before this score (ms)
+    before: float | None = None  # the cursor: entries enqueued strictly before this score (ms)...
+    seen: int = 0  # ...or at it too, but for the first `seen` of those (earlier pages showed them)
     size: int = DEFAULT_PAGE_SIZE
     errors: list[str] = field(default_factory=list)
 
@@ -66,6 +67,7 @@ class Filters:
             since=_moment(query.get("since", ""), "since", errors),
             until=_moment(query.get("until", ""), "until", errors),
             before=_number(query.get("before", "")),
+            seen=_count(query.get("seen", "")),
             size=_size(query.get("size", "")),
             errors=errors,
         )
@@ -110,6 +112,10 @@ def _number(text: str) -> float | None:
     return value if value == value and abs(value) < 1e16 else None
 
 
+def _count(text: str) -> int:
+    return min(int(text), history.HISTORY_MAX) if text.isdigit() else 0
+
+
 def _size(text: str) -> int:
     return int(text) if text.isdigit() and int(text) in PAGE_SIZES else DEFAULT_PAGE_SIZE
 
@@ -122,6 +128,7 @@ class Page:
     older: float | None
     total: int | None
     exhausted_budget: bool = False
+    older_seen: int = 0  # of the entries scored `older`, how many this page and the earlier ones showed
 
 
 def find_page(broker: Broker, filters: Filters, now: datetime | None = None) -> Page:
@@ -130,21 +137,23 @@ def find_page(broker: Broker, filters: Filters, now: datetime | None = None) -> 
     if filters.q:
         return _search(broker, filters, queues)
     lower, upper = filters.bounds_ms(now or datetime.now(UTC))
+    seen = filters.seen if upper is not None and upper == filters.before else 0
     found: list[tuple[ResultRecord, float]] = []
     examined = 0
     chunk = CHUNK if filters.type else filters.size  # without a type nearly every entry is a row
     while examined < SCAN_BUDGET:
-        window = broker.history_window(queues, filters.status or None, upper, lower, chunk)
+        window = broker.history_window(queues, filters.status or None, upper, lower, chunk, seen)
         for entry, record in zip(window, _records(broker, window), strict=True):
+            seen = seen + 1 if entry.score_ms == upper else 1
             upper = entry.score_ms
             if record is not None and filters.matches(record):
                 found.append((record, entry.score_ms))
                 if len(found) == filters.size:
-                    return Page(found, upper, _total(broker, filters, queues, lower))
+                    return Page(found, upper, _total(broker, filters, queues, lower), older_seen=seen)
         examined += len(window)
         if len(window) < chunk:
             return Page(found, None, _total(broker, filters, queues, lower))
-    return Page(found, upper, _total(broker, filters, queues, lower), exhausted_budget=True)
+    return Page(found, upper, _total(broker, filters, queues, lower), exhausted_budget=True, older_seen=seen)
 
 
 def _records(broker: Broker, window: list[Entry]) -> list[ResultRecord | None]:
