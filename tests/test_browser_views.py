@@ -16,9 +16,11 @@ from tasks_app.periodic.config import PeriodicConfig
 from tasks_app.periodic.firing import fire_slot, run_id
 from tasks_app.periodic.schedule import Schedule
 from tasks_app.protocol import results
+from tasks_app.protocol.minutes import bucket_of
 from tasks_app.protocol.periodic import SlotFiring
 from tasks_app.protocol.replies import ResultUpdate
 from tasks_app.templatetags.tasks_display import age, when
+from tasks_app.web.charts import chart_data
 from tests.support.periodic import current_slot_ms
 
 pytestmark = pytest.mark.django_db
@@ -253,6 +255,17 @@ def test_the_dashboard_draws_charts_from_the_counters(staff, broker, consumer_in
     assert sum(series["queues"]["b"]["ok"]) == 3 and len(series["minutes"]) == 60
     assert sum(series["types"]["demo.echo"]["ok"]) == 3
     assert series["types"]["demo.echo"]["hour_p50_ms"] is not None
+
+
+def test_a_types_minute_durations_count_its_runs_in_every_queue(broker):
+    minute = int(time.time()) // 60
+    fast, slow = bucket_of(3), bucket_of(4000)
+    broker.client.hset(broker.keys.minute("a", minute), mapping={"ok|demo.echo": 9, f"d|demo.echo|{fast}": 9})
+    broker.client.hset(broker.keys.minute("b", minute), mapping={"ok|demo.echo": 1, f"d|demo.echo|{slow}": 1})
+    series = chart_data(broker, ["a", "b"], now_s=minute * 60)["types"]["demo.echo"]
+    assert series["hour_total"] == 10
+    assert series["p50_ms"][-1] == series["hour_p50_ms"] < 5  # nine runs of ten were fast
+    assert series["p95_ms"][-1] == series["hour_p95_ms"] > 2500
 
 
 def test_the_admin_index_links_the_browser(staff):

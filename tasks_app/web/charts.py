@@ -40,15 +40,29 @@ def percentile_ms(buckets: Mapping[int, int], share: float) -> float | None:
 
 @dataclass
 class TypeTotals:
-    """One task type's series (summed over queues) and its hour's duration histogram."""
+    """One task type's outcome series and each minute's duration histogram, both summed over queues."""
 
     series: Series
-    hour_buckets: dict[int, int]
+    minute_buckets: list[dict[int, int]]
+
+    def as_json(self) -> dict[str, Any]:
+        """The type's series with its p50/p95 per minute, and the hour's totals."""
+        hour_buckets: dict[int, int] = {}
+        for buckets in self.minute_buckets:
+            for index, count in buckets.items():
+                hour_buckets[index] = hour_buckets.get(index, 0) + count
+        return {
+            **self.series,
+            "p50_ms": [percentile_ms(buckets, 0.5) for buckets in self.minute_buckets],
+            "p95_ms": [percentile_ms(buckets, 0.95) for buckets in self.minute_buckets],
+            "hour_p50_ms": percentile_ms(hour_buckets, 0.5),
+            "hour_p95_ms": percentile_ms(hour_buckets, 0.95),
+            "hour_total": sum(v or 0 for kind in OUTCOMES for v in self.series[kind]),
+        }
 
 
 def _type_totals(types: dict[str, TypeTotals], minute_index: int, counts: Mapping[str, int]) -> None:
     """Add one queue-minute's per-type fields into `types` (minute `minute_index` of the window)."""
-    minute_buckets: dict[str, dict[int, int]] = {}
     for field, amount in counts.items():
         kind, _, rest = field.partition("|")
         if not rest:
@@ -56,23 +70,16 @@ def _type_totals(types: dict[str, TypeTotals], minute_index: int, counts: Mappin
         if kind == "d":
             task_type, _, bucket = rest.rpartition("|")
             if bucket.isdigit():
-                minute_buckets.setdefault(task_type, {})[int(bucket)] = amount
+                buckets = types.setdefault(task_type, _new_type()).minute_buckets[minute_index]
+                buckets[int(bucket)] = buckets.get(int(bucket), 0) + amount  # the type may run in other queues
             continue
         if kind in OUTCOMES:
-            totals = types.setdefault(rest, _new_type())
-            series = totals.series[kind]
+            series = types.setdefault(rest, _new_type()).series[kind]
             series[minute_index] = (series[minute_index] or 0) + amount  # counts start at 0
-    for task_type, buckets in minute_buckets.items():
-        totals = types.setdefault(task_type, _new_type())
-        for index, count in buckets.items():
-            totals.hour_buckets[index] = totals.hour_buckets.get(index, 0) + count
-        totals.series["p50_ms"][minute_index] = percentile_ms(buckets, 0.5)
-        totals.series["p95_ms"][minute_index] = percentile_ms(buckets, 0.95)
 
 
 def _new_type() -> TypeTotals:
-    counts: Series = {name: [0] * WINDOW_MINUTES for name in OUTCOMES}
-    return TypeTotals({**counts, "p50_ms": [None] * WINDOW_MINUTES, "p95_ms": [None] * WINDOW_MINUTES}, {})
+    return TypeTotals({name: [0] * WINDOW_MINUTES for name in OUTCOMES}, [{} for _ in range(WINDOW_MINUTES)])
 
 
 def chart_data(broker: Broker, queues: Sequence[str], now_s: float | None = None) -> dict[str, Any]:
@@ -90,15 +97,7 @@ def chart_data(broker: Broker, queues: Sequence[str], now_s: float | None = None
     return {
         "minutes": [minute * 60 for minute in minutes],
         "queues": by_queue,
-        "types": {
-            name: {
-                **totals.series,
-                "hour_p50_ms": percentile_ms(totals.hour_buckets, 0.5),
-                "hour_p95_ms": percentile_ms(totals.hour_buckets, 0.95),
-                "hour_total": sum(v or 0 for kind in OUTCOMES for v in totals.series[kind]),
-            }
-            for name, totals in sorted(types.items())
-        },
+        "types": {name: totals.as_json() for name, totals in sorted(types.items())},
     }
 
 
