@@ -159,3 +159,18 @@ def test_the_dead_letter_page_renders_hostile_ids_and_their_tasks_can_be_handled
     assert staff.post(dead_url(), {"action": "delete", "ref": [refs["x" * 100_000]]}).status_code == 302
     assert broker.queue_stats("web").dead == 6
     assert decode_task(broker.client.lindex(broker.keys.pending("web"), 0)).id == "a/b"
+
+
+@pytest.mark.parametrize("envelope_queue", ["", "elsewhere"])
+def test_a_requeued_envelope_naming_no_or_another_queue_is_filed_under_the_queue_it_goes_back_to(
+    staff, broker, echo_type, envelope_queue
+):
+    """As a reaper leaves a foreign producer's task it recovered too often: its envelope as pushed."""
+    task = Task(id="t-foreign", type="web.echo", queue=envelope_queue, payload=b'{"args": [1]}', attempt=4)
+    dead_member(broker, "web", encode_task(task))
+    [dead] = list_dead_tasks("web")
+    assert staff.post(dead_url(), {"requeue_one": dead.ref}).status_code == 302
+    assert decode_task(broker.client.lindex(broker.keys.pending("web"), 0)).queue == "web"
+    assert ResultRecord.from_fields(broker.get_result("t-foreign")).queue == "web"
+    listed = staff.get("/tasks/?status=READY&queue=web").content.decode()
+    assert 'data-task="t-foreign"' in listed

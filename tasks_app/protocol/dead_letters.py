@@ -92,11 +92,14 @@ def find_dead_tasks(queue: str, refs: Iterable[str], broker: Broker | None = Non
     return found
 
 
-def fresh_copy(task: Task) -> Task:
-    """Return the task as it should start again: no attempts used, no error, due at once."""
+def fresh_copy(task: Task, queue: str) -> Task:
+    """Return the task as it should start again on `queue`: no attempts used, no error, due at once."""
     fresh = Task()
     fresh.CopyFrom(task)
     fresh.attempt = 0
+    # A foreign envelope a reaper dead-lettered as pushed may name no queue, or another: its READY
+    # record and history belong to the queue it goes back to, as a consumer would file it.
+    fresh.queue = queue
     fresh.run_after_ms = 0
     for name in ("last_error", "last_traceback", "dead_reason"):
         fresh.ClearField(name)
@@ -109,7 +112,7 @@ def requeue(queue: str, dead: Sequence[DeadTask], broker: Broker | None = None) 
     movable = [item for item in dead if item.requeueable and item.task is not None]
     if not movable:
         return []
-    fresh = [fresh_copy(item.task) for item in movable if item.task is not None]
+    fresh = [fresh_copy(item.task, queue) for item in movable if item.task is not None]
     # Taken before the push: above every earlier run's token (their late writes are ignored),
     # below the next run's (whose writes this READY record must not override).
     fence = broker.issue_fence(queue)
