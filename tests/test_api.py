@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from tasks_app import producer
 from tasks_app.models import ApiToken, TaskType
+from tasks_app.protocol.results import ResultRecord
 from tasks_app.web.api_auth import issue_token
 from tests.support.enqueued import enqueued_keys
 
@@ -210,3 +211,13 @@ def test_redis_away_is_503_with_a_json_error(client, broker, token, echo_type, s
     response = post(client, {"type": "api.echo"}, token)
     assert response.status_code == 503
     assert "cannot enqueue" in response.json()["error"]
+
+
+def test_a_payload_limit_above_djangos_upload_limit_is_the_one_that_holds(client, broker, token, echo_type, settings):
+    settings.TASKS_MAX_PAYLOAD_BYTES = 4 * 1024 * 1024
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
+    response = post(client, {"type": "api.echo", "args": ["x" * (3 * 1024 * 1024)]}, token)
+    assert response.status_code == 201, response.content[:200]
+    assert len(ResultRecord.from_fields(broker.get_result(response.json()["id"])).args[0]) == 3 * 1024 * 1024
+    too_big = post(client, {"type": "api.echo", "args": ["x" * (5 * 1024 * 1024)]}, token)
+    assert too_big.status_code == 413
