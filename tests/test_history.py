@@ -177,6 +177,12 @@ def test_window_prefix_and_delete(broker):
     assert ids[0] not in _ids(broker, broker.keys.history_ids("h"))
 
 
+def test_a_prefix_finds_ids_that_go_on_with_any_character(broker):
+    ids = ["tâche-a", "tâche-€", "tâche-\U0001f600", "tâchf"]
+    producer.enqueue_many([producer.TaskRequest("demo.echo", queue="h", task_id=task_id) for task_id in ids])
+    assert sorted(entry.task_id for entry in broker.history_by_prefix(["h"], "tâche-", 10)) == sorted(ids[:3])
+
+
 def test_a_foreign_index_key_loses_only_index_entries(broker):
     producer.enqueue("demo.echo", queue="h")
     broker.client.delete(broker.keys.history_status("h", "READY"))

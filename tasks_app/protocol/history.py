@@ -115,7 +115,9 @@ class HistoryOps(ScriptClient):
         """Up to `limit` tasks of `queues` whose id starts with `prefix` (lexical range, O(log n))."""
         pipe = self.client.pipeline(transaction=False)
         for queue in queues:
-            pipe.zrangebylex(self.keys.history_ids(queue), f"[{prefix}", f"[{prefix}\xff", start=0, num=limit)
+            lower = f"[{prefix}".encode()
+            # The byte FF, not the text "\xff" (sent as UTF-8 C3 BF, below the bytes of "€" or any emoji).
+            pipe.zrangebylex(self.keys.history_ids(queue), lower, lower + b"\xff", start=0, num=limit)
         found = [
             (queue, member.decode(errors="backslashreplace"))
             for queue, members in zip(queues, pipe.execute(), strict=True)
