@@ -221,3 +221,12 @@ def test_a_payload_limit_above_djangos_upload_limit_is_the_one_that_holds(client
     assert len(ResultRecord.from_fields(broker.get_result(response.json()["id"])).args[0]) == 3 * 1024 * 1024
     too_big = post(client, {"type": "api.echo", "args": ["x" * (5 * 1024 * 1024)]}, token)
     assert too_big.status_code == 413
+
+
+def test_a_foreign_payloads_nan_reads_as_null_in_strict_json(client, broker, token, echo_type):
+    fields = {"type": "api.echo", "args": "[NaN, 1.5]", "kwargs": '{"x": -Infinity}', "return_value": "Infinity"}
+    broker.client.hset(broker.keys.result("t-nan"), mapping={**fields, "progress": '{"current": NaN}'})
+    response = client.get("/api/tasks/t-nan/", HTTP_AUTHORIZATION=f"Bearer {token}")
+    data = json.loads(response.content, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))
+    assert (data["args"], data["kwargs"], data["return_value"]) == ([None, 1.5], {"x": None}, None)
+    assert data["progress"] == {"current": None}

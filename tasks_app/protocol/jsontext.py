@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 # Deeper arguments are refused at enqueue; deeper values read from Redis are shown as text.
@@ -58,4 +59,15 @@ def scrub_text(value: Any) -> Any:
         return [scrub_text(item) for item in value]
     if isinstance(value, dict):
         return {scrub_text(key): scrub_text(item) for key, item in value.items()}
+    return value
+
+
+def finite(value: Any) -> Any:
+    """Return a parsed JSON value with NaN and infinities as None: strict JSON has neither (JSON.stringify's way)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, list):
+        return [finite(item) for item in value]
+    if isinstance(value, dict):
+        return {key: finite(item) for key, item in value.items()}
     return value

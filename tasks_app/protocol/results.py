@@ -10,7 +10,7 @@ from django.tasks import TaskResultStatus
 
 from tasks_app.exceptions import ResultNotJson, ResultTooLarge
 from tasks_app.protocol.codec import Arguments, Task
-from tasks_app.protocol.jsontext import compact_json, loads_bounded, scrub_text
+from tasks_app.protocol.jsontext import compact_json, finite, loads_bounded, scrub_text
 from tasks_app.protocol.replies import READY_RECORD_DEFAULTS, ResultUpdate
 from tasks_app.protocol.timestamps import datetime_of_ms, ms_text
 
@@ -330,12 +330,12 @@ class ResultRecord:
         )
 
     def as_json(self) -> dict[str, Any]:
-        """A JSON-ready dict, as the API returns it."""
+        """A JSON-ready dict, as the API returns it (a foreign payload's NaN as null: strict readers refuse NaN)."""
 
         def iso(value: datetime | None) -> str | None:
             return value.isoformat() if value else None
 
-        return {
+        fields: dict[str, Any] = {
             "id": self.id,
             "type": self.type,
             "queue": self.queue,
@@ -362,3 +362,4 @@ class ResultRecord:
             "periodic": self.periodic or None,
             "retried_as": self.retried_as or None,
         }
+        return {name: finite(value) for name, value in fields.items()}
