@@ -196,6 +196,16 @@ def test_staff_session_needs_the_csrf_token(broker, staff_user, echo_type):
     assert client.get(accepted["Location"]).json()["status"] == "READY"
 
 
+def test_a_staff_sessions_form_post_to_the_api_is_a_400_json_error(broker, staff_user, echo_type):
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(staff_user)
+    client.get("/tasks/enqueue/")
+    csrf = client.cookies["csrftoken"].value
+    response = client.post("/api/tasks/", {"type": "api.echo", "csrfmiddlewaretoken": csrf})  # multipart
+    assert response.status_code == 400 and "JSON object" in response.json()["error"]
+    assert enqueued_keys(broker) == []
+
+
 def test_token_requests_need_no_csrf_token(broker, token, echo_type):
     assert post(Client(enforce_csrf_checks=True), {"type": "api.echo"}, token).status_code == 201
 
