@@ -117,7 +117,10 @@ class ApiTokenAdmin(admin.ModelAdmin):
         return ("user", "name", "key_prefix", "created_at", "last_used_at", "revoked_at")
 
     def get_readonly_fields(self, request: HttpRequest, obj: ApiToken | None = None) -> list[str]:
-        return [] if obj is None else ["user", "key_prefix", "created_at", "last_used_at"]
+        if obj is None:
+            return []
+        # A revocation is for good (a leaked secret must not work again): a new token is minted instead.
+        return ["user", "key_prefix", "created_at", "last_used_at", *(["revoked_at"] if obj.revoked_at else [])]
 
     def save_model(self, request: HttpRequest, obj: ApiToken, form: Any, change: bool) -> None:
         if not change:

@@ -7,8 +7,10 @@ import time
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 from django.test import Client
 from django.urls import reverse
+from django.utils import timezone
 
 from tasks_app import producer
 from tasks_app.models import ApiToken, TaskType
@@ -244,6 +246,22 @@ def test_admin_revokes_tokens(staff):
     staff.post("/admin/tasks_app/apitoken/", {"action": "revoke", "_selected_action": [row.pk]})
     row.refresh_from_db()
     assert row.revoked_at is not None and not row.is_active
+
+
+def test_a_revoked_token_stays_revoked_when_its_change_form_is_saved_without_the_date(broker, client):
+    from tasks_app.web.api_auth import issue_token
+
+    owner = get_user_model().objects.create_user("owner", password="x", is_staff=True)
+    owner.user_permissions.set(Permission.objects.filter(codename__in=["view_apitoken", "change_apitoken"]))
+    client.force_login(owner)
+    row, secret = issue_token(owner, "leaked")
+    ApiToken.objects.filter(pk=row.pk).update(revoked_at=timezone.now())
+    client.post(
+        f"/admin/tasks_app/apitoken/{row.pk}/change/", {"name": "leaked", "revoked_at_0": "", "revoked_at_1": ""}
+    )
+    row.refresh_from_db()
+    assert row.revoked_at is not None
+    assert client.get("/api/queues/b/", HTTP_AUTHORIZATION=f"Bearer {secret}").status_code == 401
 
 
 def test_the_form_says_so_when_redis_is_away(staff, broker, echo_type, settings):
