@@ -1,4 +1,4 @@
-"""The executor's throttles in a real Redis: a concurrency slot per run, deferral and wake-up, paused queues."""
+"""The executor's throttles in a real Redis: a slot per run, deferral and wake-up, paused queues, unique keys."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from tasks_app.protocol.slots import SlotSet, Waiter
 from tasks_app.task_types import TaskTypeCache
 from tests.support.claims import claim, push, register, task_bytes
 from tests.support.counters import sample
-from tests.test_executor import CONSUMER, claimed, delayed_tasks, registry, task_type  # noqa: F401 (fixture)
+from tests.test_executor import CONSUMER, claimed, dead_tasks, delayed_tasks, registry, task_type  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.django_db
 
@@ -80,3 +80,17 @@ def test_a_task_of_a_queue_paused_after_its_claim_goes_back_unstarted(broker, ga
     assert gated.execute(held) is False
     assert pending_ids(broker) == ["t1"] and broker.held_by("q", CONSUMER) == []
     assert broker.get_result("t1") is None  # it never started
+
+
+@pytest.mark.parametrize(
+    ("handler", "payload", "error"),
+    [("x.nowhere", encode_payload([], {}), "HandlerNotRegistered"), ("x.add", b"not json", "InvalidPayload")],
+)
+def test_a_unique_task_dead_lettered_unrun_frees_its_key(broker, gated, handler, payload, error):
+    task_type(gated, "x.once", handler=handler, unique_for_s=600, unique_until="finished")
+    unique_key = broker.keys.unique("q", "d1")
+    broker.client.set(unique_key, "t1", px=600_000)  # as enqueue_unique left it
+    gated.execute(claimed(broker, "t1", "x.once", raw=task_bytes("t1", "x.once", payload=payload, unique_digest="d1")))
+    [dead] = dead_tasks(broker)
+    assert dead.last_error.startswith(error)
+    assert not broker.client.exists(unique_key)  # it failed for good: a new one may be enqueued

@@ -141,7 +141,7 @@ class Executor(AsyncRuns, RunLimits):
         try:
             arguments = decode_payload(task.payload)
         except UndecodableTask as exc:
-            self._dead_letter(claimed, task, "InvalidPayload", str(exc))
+            self._dead_letter_unrunnable(claimed, task, config, "InvalidPayload", str(exc))
             return False
         holder = self._admit(claimed, task, config, arguments)
         if holder is None:
@@ -163,8 +163,15 @@ class Executor(AsyncRuns, RunLimits):
             reason = f"handler {config.handler!r} of task type {task.type!r} is not registered"
             if self.registry.import_errors:
                 reason += f" (handler modules that failed to import: {self.registry.import_errors})"
-            self._dead_letter(claimed, task, "HandlerNotRegistered", reason)
+            self._dead_letter_unrunnable(claimed, task, config, "HandlerNotRegistered", reason)
         return handler
+
+    def _dead_letter_unrunnable(
+        self, claimed: Claimed, task: Task, config: TaskTypeConfig, error_name: str, reason: str
+    ) -> None:
+        """Dead-letter a task of a known type that cannot run: it failed for good, so its unique key is freed."""
+        self._dead_letter(claimed, task, error_name, reason)
+        self._release_unique(task, config)
 
     def _admit(self, claimed: Claimed, task: Task, config: TaskTypeConfig, arguments: Arguments) -> str | None:
         """Pass the rate limit, then take a concurrency slot; None: deferred, else the slot's holder ("": uncapped)."""
