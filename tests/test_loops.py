@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from functools import partial
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -18,10 +19,13 @@ from tasks_app.consumer.loops import (
     run_forever,
     start_thread,
 )
+from tasks_app.consumer.reaped import record_reaped
 from tasks_app.consumer.retrying import FIRST_BACKOFF_S
+from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.leases import MAX_RECOVERIES
 from tasks_app.protocol.scripts import connect
+from tasks_app.task_types import TaskTypeCache
 from tests.support.claims import claim, die_running, push, register, task_bytes
 from tests.support.counters import sample
 
@@ -186,6 +190,22 @@ def test_reaper_dead_letters_a_task_that_keeps_killing_its_consumers(broker):
     [(queue, [raw])] = dead_lettered
     assert queue == "q" and b"recovered 4 times" in raw
     assert broker.queue_stats("q").dead == 1 and broker.queue_stats("q").pending == 0
+
+
+@pytest.mark.django_db
+def test_a_unique_task_the_reaper_dead_letters_frees_its_key(broker):
+    TaskType.objects.create(name="x.once", handler="x.once", queue="q", unique_for_s=600, unique_until="finished")
+    task_types = TaskTypeCache()
+    task_types.refresh()
+    unique_key = broker.keys.unique("q", "d1")
+    broker.client.set(unique_key, "poison", px=600_000)  # as enqueue_unique left it
+    push(broker, task_bytes("poison", "x.once", unique_digest="d1"))
+    loop = ReaperLoop(broker, ["q"], 0.1, partial(record_reaped, broker, task_types))
+    for victim in range(MAX_RECOVERIES + 1):
+        die_running(broker, f"victim-{victim}", SHORT_LEASE_MS)
+        loop.reap("q", f"victim-{victim}")
+    assert broker.queue_stats("q").dead == 1
+    assert not broker.client.exists(unique_key)  # it failed for good: a new one may be enqueued
 
 
 def test_reaping_a_live_or_unknown_consumer_moves_nothing(broker):

@@ -149,5 +149,10 @@ class ControlSettling(Settling):
 
     def _release_unique(self, task: Task, config: TaskTypeConfig) -> None:
         """Free the task's uniqueness key now that it finished, if its type holds keys until then."""
-        if task.unique_digest and config.unique_until == TaskType.UniqueUntil.FINISHED:
+        if holds_unique_until_finished(task, config):
             self._redis(lambda: self.broker.release_unique(task.queue, task.unique_digest, task.id), "release_unique")
+
+
+def holds_unique_until_finished(task: Task, config: TaskTypeConfig | None) -> bool:
+    """Whether `task` holds a uniqueness key that its end (not the window's) frees."""
+    return bool(task.unique_digest) and config is not None and config.unique_until == TaskType.UniqueUntil.FINISHED

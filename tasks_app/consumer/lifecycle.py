@@ -99,7 +99,10 @@ class Consumer:
             lease_check=self._lease_holds,  # again after the gates, just before the start
         )
         self.liveness = Liveness(options.health_file, stale_after_s=max(3 * HEALTH_CHECK_S, options.lease_s))
-        self.reaper = ReaperLoop(self.broker, options.queues, options.lease_s, partial(record_reaped, self.broker))
+        self.reaper = ReaperLoop(self.broker, options.queues, options.lease_s, self._record_reaped)
+
+    def _record_reaped(self, queue: str, dead: list[bytes]) -> None:
+        record_reaped(self.broker, self.task_types, queue, dead)
 
     def _init_thread_state(self) -> None:
         """Create what the consumer's threads share: the stop events, the threads, the tasks held, the suspect slot."""

@@ -8,16 +8,21 @@ import time
 from django.conf import settings
 
 from tasks_app import metrics
+from tasks_app.consumer.control import holds_unique_until_finished
 from tasks_app.protocol import results
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import UndecodableTask, decode_task
+from tasks_app.task_types import TaskTypeCache
 
 # The consumer's own logger: these lines were always the consumer's.
 logger = logging.getLogger("tasks_app.consumer.lifecycle")
 
 
-def record_reaped(broker: Broker, queue: str, dead: list[bytes]) -> None:
-    """Count, log and record as failed the tasks of a dead consumer that the reaper dead-lettered."""
+def record_reaped(broker: Broker, task_types: TaskTypeCache, queue: str, dead: list[bytes]) -> None:
+    """Count, log and record as failed the tasks of a dead consumer that the reaper dead-lettered.
+
+    They failed for good, so a unique one frees its key (unique_until = finished).
+    """
     now_ms = int(time.time() * 1000)
     for raw in dead:
         try:
@@ -37,3 +42,5 @@ def record_reaped(broker: Broker, queue: str, dead: list[bytes]) -> None:
                 task, error, now_ms, settings.TASKS_RESULT_TTL, final=True, dead_reason=task.dead_reason
             )
         )
+        if holds_unique_until_finished(task, task_types.get(task.type)):
+            broker.release_unique(queue, task.unique_digest, task.id)
