@@ -94,3 +94,13 @@ def test_a_unique_task_dead_lettered_unrun_frees_its_key(broker, gated, handler,
     [dead] = dead_tasks(broker)
     assert dead.last_error.startswith(error)
     assert not broker.client.exists(unique_key)  # it failed for good: a new one may be enqueued
+
+
+def test_a_waiter_without_an_enqueue_time_queues_behind_those_waiting_before_it(broker, gated):
+    task_type(gated, "x.add", max_running=1)
+    slots = SlotSet("x.add", None, 1)
+    assert broker.acquire_slot(slots, "elsewhere", Waiter("q", b"+000other"), 30_000, 60_000)[0]
+    gated.execute(claimed(broker, "dated", "x.add", 1, 2, enqueued_at_ms=broker.server_time_ms() - 1000))
+    gated.execute(claimed(broker, "foreign", "x.add", 1, 2))  # as a foreign producer pushes it: no enqueue time
+    [woken] = broker.release_slot(slots, "elsewhere", 60_000)
+    assert decode_task(woken.member[4:]).id == "dated"  # first come, first served
