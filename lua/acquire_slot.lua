@@ -5,7 +5,8 @@
 -- unless renewed (renew_slots)   ARGV[5] how long a woken waiter's slot is kept for it (ms)
 -- ARGV[6] how long idle keys are kept (ms)
 -- Returns: {1, woken...} when the slot was taken, {0} when none is free. A task that was woken
--- takes the slot reserved for it; an expired holder (its consumer died) no longer counts.
+-- takes the slot reserved for it; an expired holder (its consumer died) no longer counts. A
+-- holder token that already holds a slot gets it again ({1, ...}): calling twice takes one slot.
 -- woken: "<queue>\n<delayed member>" of waiters handed a slot left free (a raised limit).
 -- include: key_types
 local refused = wrong_key_type({'zset', 'zset', 'hash'})
@@ -17,7 +18,8 @@ local limit = int_arg(ARGV[1], 1, 1, 1000000000)
 local reserve_ms = int_arg(ARGV[5], 5000, 1, 86400000)
 evict_expired(now_ms)
 redis.call('ZREM', SLOTS, 'w:' .. ARGV[3])
-if redis.call('ZCARD', SLOTS) >= limit then
+-- A holder already there is this run's: the retry of a call whose reply was lost takes it again.
+if redis.call('ZCARD', SLOTS) >= limit and not redis.call('ZSCORE', SLOTS, 'h:' .. ARGV[2]) then
   keep(int_arg(ARGV[6], 60000, 1000, 86400000))
   return {0}
 end

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.concurrency import ConcurrencyGate
 from tasks_app.consumer.executor import Executor
 from tasks_app.consumer.limits import RateLimiter
+from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import decode_task, encode_payload
 from tasks_app.protocol.slots import SlotSet, Waiter
 from tasks_app.task_types import TaskTypeCache
@@ -104,3 +107,27 @@ def test_a_waiter_without_an_enqueue_time_queues_behind_those_waiting_before_it(
     gated.execute(claimed(broker, "foreign", "x.add", 1, 2))  # as a foreign producer pushes it: no enqueue time
     [woken] = broker.release_slot(slots, "elsewhere", 60_000)
     assert decode_task(woken.member[4:]).id == "dated"  # first come, first served
+
+
+class LosesFirstReply:
+    """A broker whose first acquire_slot runs in Redis but whose reply never arrives."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker, self.lost = broker, False
+
+    def acquire_slot(self, *args: Any) -> tuple[bool, list[Waiter]]:
+        reply = self.broker.acquire_slot(*args)
+        if not self.lost:
+            self.lost = True
+            raise RedisConnectionError("reply lost")
+        return reply
+
+
+def test_a_slot_taken_by_a_call_whose_reply_was_lost_goes_to_its_retry(broker):
+    gate = ConcurrencyGate(LosesFirstReply(broker), broker, lease_s=30, recheck_s=5, give_up=threading.Event())
+    slots = SlotSet("x.add", None, 1)
+    task = decode_task(task_bytes("t1", "x.add"))
+    holder = gate.acquire(Claimed("q", CONSUMER, task_bytes("t1", "x.add")), task, slots)
+    assert holder is not None  # the slot its first try took is its own, not a stranger's for a lease
+    broker.release_slot(slots, holder, 60_000)
+    assert broker.slots_in_use(slots) == 0
