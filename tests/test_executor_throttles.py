@@ -26,7 +26,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def gated(broker, registry) -> Executor:  # noqa: F811 (the fixture above)
     register(broker, CONSUMER, lease_ms=30_000)
-    gate = ConcurrencyGate(broker, broker, lease_s=30, recheck_s=5, give_up=threading.Event())
+    gate = ConcurrencyGate(broker, broker, lease_s=3, recheck_s=5, give_up=threading.Event())
     return Executor(
         broker, registry, TaskTypeCache(), CONSUMER, result_ttl_s=60, rate_gate=RateLimiter(broker), concurrency=gate
     )
@@ -46,13 +46,13 @@ def test_a_run_holds_a_slot_and_gives_it_back(broker, gated):
 def test_no_free_slot_defers_without_an_attempt_and_a_freed_slot_wakes_the_task(broker, gated):
     task_type(gated, "x.add", max_running=1)
     slots = SlotSet("x.add", None, 1)
-    assert broker.acquire_slot(slots, "elsewhere", Waiter("q", b"+000other"), 30_000, 60_000)[0]
+    assert broker.acquire_slot(slots, "elsewhere", Waiter("q", b"+000other"), 3_000, 60_000)[0]
     assert gated.execute(claimed(broker, "t1", "x.add", 1, 2)) is False
     [(task, due_in_ms)] = delayed_tasks(broker)
     assert task.id == "t1" and task.attempt == 0 and 2000 <= due_in_ms <= 5100  # only the fallback
     assert sample("taskqueue_tasks_deferred_total", type="x.add", queue="q", reason="max_running") >= 1
 
-    woken = broker.release_slot(slots, "elsewhere", 60_000)
+    woken = broker.release_slot(slots, "elsewhere", 60_000, 3_000)
     assert [waiter.queue for waiter in woken] == ["q"]
     assert broker.wake(woken[0]) and pending_ids(broker) == ["t1"] and delayed_tasks(broker) == []
     [raw] = claim(broker, CONSUMER, 1)
@@ -62,7 +62,7 @@ def test_no_free_slot_defers_without_an_attempt_and_a_freed_slot_wakes_the_task(
 
 def test_each_key_value_has_a_cap_of_its_own(broker, gated):
     task_type(gated, "x.kw", handler="x.context", max_running=1, max_running_key="tenant")
-    assert broker.acquire_slot(SlotSet("x.kw", "a", 1), "busy", Waiter("q", b"+000other"), 30_000, 60_000)[0]
+    assert broker.acquire_slot(SlotSet("x.kw", "a", 1), "busy", Waiter("q", b"+000other"), 3_000, 60_000)[0]
 
     def run(task_id: str, tenant: str) -> None:
         raw = task_bytes(task_id, "x.kw", payload=encode_payload([1, 2], {"tenant": tenant}))
@@ -102,10 +102,10 @@ def test_a_unique_task_dead_lettered_unrun_frees_its_key(broker, gated, handler,
 def test_a_waiter_without_an_enqueue_time_queues_behind_those_waiting_before_it(broker, gated):
     task_type(gated, "x.add", max_running=1)
     slots = SlotSet("x.add", None, 1)
-    assert broker.acquire_slot(slots, "elsewhere", Waiter("q", b"+000other"), 30_000, 60_000)[0]
+    assert broker.acquire_slot(slots, "elsewhere", Waiter("q", b"+000other"), 3_000, 60_000)[0]
     gated.execute(claimed(broker, "dated", "x.add", 1, 2, enqueued_at_ms=broker.server_time_ms() - 1000))
     gated.execute(claimed(broker, "foreign", "x.add", 1, 2))  # as a foreign producer pushes it: no enqueue time
-    [woken] = broker.release_slot(slots, "elsewhere", 60_000)
+    [woken] = broker.release_slot(slots, "elsewhere", 60_000, 3_000)
     assert decode_task(woken.member[4:]).id == "dated"  # first come, first served
 
 
@@ -124,10 +124,10 @@ class LosesFirstReply:
 
 
 def test_a_slot_taken_by_a_call_whose_reply_was_lost_goes_to_its_retry(broker):
-    gate = ConcurrencyGate(LosesFirstReply(broker), broker, lease_s=30, recheck_s=5, give_up=threading.Event())
+    gate = ConcurrencyGate(LosesFirstReply(broker), broker, lease_s=3, recheck_s=5, give_up=threading.Event())
     slots = SlotSet("x.add", None, 1)
     task = decode_task(task_bytes("t1", "x.add"))
     holder = gate.acquire(Claimed("q", CONSUMER, task_bytes("t1", "x.add")), task, slots)
     assert holder is not None  # the slot its first try took is its own, not a stranger's for a lease
-    broker.release_slot(slots, holder, 60_000)
+    broker.release_slot(slots, holder, 60_000, 3_000)
     assert broker.slots_in_use(slots) == 0

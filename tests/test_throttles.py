@@ -25,7 +25,7 @@ from tests.test_admin import form_data
 pytestmark = pytest.mark.django_db
 
 SLOTS = SlotSet("cap.type", None, 2)
-LEASE_MS = 30_000
+LEASE_MS = 3_000  # at most the uptime the suite waits for (conftest): slot scripts wait a lease after a restart
 IDLE_MS = 60_000
 
 
@@ -48,15 +48,15 @@ def test_slots_cap_holders_and_free_ones_go_to_the_oldest_waiter(broker):
     assert broker.acquire_slot(SLOTS, "h1", waiter(1), LEASE_MS, IDLE_MS) == (True, [])
     assert broker.acquire_slot(SLOTS, "h2", waiter(2), LEASE_MS, IDLE_MS) == (True, [])
     assert broker.acquire_slot(SLOTS, "h3", waiter(3), LEASE_MS, IDLE_MS) == (False, [])
-    assert broker.wait_for_slot(SLOTS, waiter(4), 200, IDLE_MS) == []
-    assert broker.wait_for_slot(SLOTS, waiter(3), 100, IDLE_MS) == []  # enqueued earlier: first in line
-    assert broker.wait_for_slot(SLOTS, waiter(4), 50, IDLE_MS) == []  # waiting already: keeps its place
+    assert broker.wait_for_slot(SLOTS, waiter(4), 200, IDLE_MS, LEASE_MS) == []
+    assert broker.wait_for_slot(SLOTS, waiter(3), 100, IDLE_MS, LEASE_MS) == []  # enqueued earlier: first in line
+    assert broker.wait_for_slot(SLOTS, waiter(4), 50, IDLE_MS, LEASE_MS) == []  # waiting already: keeps its place
 
-    assert broker.release_slot(SLOTS, "h1", IDLE_MS) == [waiter(3)]  # one waiter per freed slot
+    assert broker.release_slot(SLOTS, "h1", IDLE_MS, LEASE_MS) == [waiter(3)]  # one waiter per freed slot
     # The freed slot is kept for the woken task: a newcomer cannot take it, the woken task can.
     assert broker.acquire_slot(SLOTS, "h5", waiter(5), LEASE_MS, IDLE_MS) == (False, [])
     assert broker.acquire_slot(SLOTS, "h3", waiter(3), LEASE_MS, IDLE_MS) == (True, [])
-    assert broker.release_slot(SLOTS, "h2", IDLE_MS) == [waiter(4)]
+    assert broker.release_slot(SLOTS, "h2", IDLE_MS, LEASE_MS) == [waiter(4)]
     assert broker.slots_in_use(SLOTS) == 2
     assert 0 < broker.client.pttl(broker.keys.running(SLOTS.task_type)) <= IDLE_MS  # idle keys expire
 
@@ -64,12 +64,12 @@ def test_slots_cap_holders_and_free_ones_go_to_the_oldest_waiter(broker):
 def test_a_holder_that_stops_renewing_lapses_and_a_renewed_one_does_not(broker):
     broker.acquire_slot(SLOTS, "dead", waiter(1), 300, IDLE_MS)
     broker.acquire_slot(SLOTS, "live", waiter(2), 300, IDLE_MS)
-    broker.wait_for_slot(SLOTS, waiter(3), 1, IDLE_MS)
+    broker.wait_for_slot(SLOTS, waiter(3), 1, IDLE_MS, 300)
     for _ in range(3):
         time.sleep(0.15)
         assert broker.renew_slots({(SLOTS.task_type, None): ["live"]}, 300, IDLE_MS) == 1
     # The dead holder's slot went to the waiter as soon as a script saw it lapsed.
-    assert broker.wait_for_slot(SLOTS, waiter(4), 2, IDLE_MS) == [waiter(3)]
+    assert broker.wait_for_slot(SLOTS, waiter(4), 2, IDLE_MS, 300) == [waiter(3)]
     assert broker.renew_slots({(SLOTS.task_type, None): ["dead"]}, 300, IDLE_MS) == 0  # never brought back
 
 

@@ -5,9 +5,16 @@
 -- member>": where its task sits). All three share the type's (or type|key value's) hash tag.
 local SLOTS, WAITERS, WAITING = KEYS[1], KEYS[2], KEYS[3]
 
--- Holders whose consumer stopped renewing (it died), and woken waiters that never came.
-local function evict_expired(now_ms)
+-- Holders whose consumer stopped renewing (it died), and woken waiters that never came; true if
+-- the entries left can be trusted. Not while Redis has been up for less than a lease (`lease_ms`,
+-- the caller's): deadlines passed while it was down, and holders it lost (writes since the last
+-- fsync, keys that expired as idle meanwhile) belong to runs that go on. Live consumers renew
+-- their holders within a lease (renew_slots puts lost ones back then), as they renew their
+-- leases; until then nothing is evicted and no slot is given out. (Needs include node.)
+local function evict_expired(now_ms, lease_ms)
+  if node_uptime_ms() < lease_ms then return false end
   redis.call('ZREMRANGEBYSCORE', SLOTS, '-inf', now_ms)
+  return true
 end
 
 -- Hand each free slot to the oldest waiter: it is reserved for that waiter (which is returned,

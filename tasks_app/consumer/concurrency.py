@@ -125,7 +125,7 @@ class ConcurrencyGate:
         waiter = Waiter.of(claimed.queue, task.priority, claimed.raw)
         order_ms = task.enqueued_at_ms or 0
         woken = until_done(
-            lambda: self.broker.wait_for_slot(slots, waiter, order_ms, self.idle_ms),
+            lambda: self.broker.wait_for_slot(slots, waiter, order_ms, self.idle_ms, self.lease_ms),
             what="wait_for_slot",
             give_up=self.give_up,
         )
@@ -138,7 +138,9 @@ class ConcurrencyGate:
             return
         try:
             woken = until_done(
-                lambda: self.broker.release_slot(slots, holder, self.idle_ms), what="release_slot", give_up=self.give_up
+                lambda: self.broker.release_slot(slots, holder, self.idle_ms, self.lease_ms),
+                what="release_slot",
+                give_up=self.give_up,
             )
         except GaveUp:  # stopping without Redis: no longer renewed, the slot lapses with the lease
             logger.warning(

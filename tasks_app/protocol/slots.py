@@ -73,14 +73,14 @@ class SlotOps(ScriptClient):
         taken, *woken = self._script("acquire_slot", self._slot_keys(slots), args)
         return bool(int(taken)), _waiters(woken)
 
-    def wait_for_slot(self, slots: SlotSet, waiter: Waiter, order_ms: int, idle_ms: int) -> list[Waiter]:
+    def wait_for_slot(self, slots: SlotSet, waiter: Waiter, order_ms: int, idle_ms: int, lease_ms: int) -> list[Waiter]:
         """Queue a deferred task for the next free slot; return the waiters handed one now (maybe itself)."""
-        args = [slots.limit, waiter.id, waiter.entry, order_ms, WAKE_RESERVE_MS, idle_ms]
+        args = [slots.limit, waiter.id, waiter.entry, order_ms, WAKE_RESERVE_MS, idle_ms, lease_ms]
         return _waiters(self._script("wait_for_slot", self._slot_keys(slots), args))
 
-    def release_slot(self, slots: SlotSet, holder: str, idle_ms: int) -> list[Waiter]:
+    def release_slot(self, slots: SlotSet, holder: str, idle_ms: int, lease_ms: int) -> list[Waiter]:
         """Give a run's slot back; return the waiters woken (one per free slot)."""
-        args = [holder, slots.limit, WAKE_RESERVE_MS, idle_ms]
+        args = [holder, slots.limit, WAKE_RESERVE_MS, idle_ms, lease_ms]
         return _waiters(self._script("release_slot", self._slot_keys(slots), args))
 
     def renew_slots(self, held: Mapping[tuple[str, str | None], Sequence[str]], lease_ms: int, idle_ms: int) -> int:

@@ -9,6 +9,10 @@ import pytest
 
 from tasks_app import producer
 from tasks_app.models import TaskType
+from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.scripts import connect
+from tasks_app.protocol.slots import SlotSet, Waiter
+from tests.chaos.servers import RedisServer
 from tests.support.processes import wait_until
 from tests.support.throttle_handlers import HOLD_KEY_SUFFIX, MODULES, most_at_once, spans
 
@@ -64,3 +68,32 @@ def test_slots_of_a_killed_consumer_free_when_its_lease_lapses_and_not_before(br
     later = [e for e in events if e["event"] == "start" and e["pid"] == other.pid]
     assert min(e["t_ms"] for e in later) >= lease_deadline_ms  # the holder's lease had to lapse first
     assert most_at_once(events, open_until_ms=killed_ms) <= 2
+
+
+def wait_up_for(broker: Broker, ms: int) -> None:
+    wait_until(lambda: int(broker.client.info("server")["uptime_in_seconds"]) * 1000 >= ms, 10, message="uptime")
+
+
+@pytest.mark.parametrize("lost", [False, True])
+def test_a_restarted_redis_counts_the_slots_of_live_runs_until_their_consumers_renew(tmp_path, key_prefix, lost):
+    lease_ms = 2000
+    server = RedisServer(tmp_path, "--appendonly", "yes", "--appendfsync", "always").start()
+    try:
+        broker = Broker(connect(server.url), key_prefix)
+        slots, newcomer = SlotSet(CAPPED, None, 1), Waiter("q", b"+000b")
+        wait_up_for(broker, lease_ms)
+        assert broker.acquire_slot(slots, "live", Waiter("q", b"+000a"), lease_ms, 60_000)[0]
+        server.kill()
+        time.sleep(lease_ms / 1000 + 0.3)  # down for longer than a lease: the holder's deadline is past
+        server.start()
+        if lost:  # not yet fsynced, or expired as idle while Redis was down
+            broker.client.delete(broker.keys.running(CAPPED))
+        assert not broker.acquire_slot(slots, "newcomer", newcomer, lease_ms, 60_000)[0]  # the live run still counts
+        assert broker.renew_slots({(CAPPED, None): ["live"]}, lease_ms, 60_000) == 1  # its consumer renews it
+        wait_up_for(broker, lease_ms)
+        broker.renew_slots({(CAPPED, None): ["live"]}, lease_ms, 60_000)  # as every heartbeat does
+        assert not broker.acquire_slot(slots, "newcomer", newcomer, lease_ms, 60_000)[0]
+        broker.release_slot(slots, "live", 60_000, lease_ms)
+        assert broker.acquire_slot(slots, "newcomer", newcomer, lease_ms, 60_000)[0]
+    finally:
+        server.remove()
