@@ -18,6 +18,7 @@ from tasks_app.protocol.slots import SlotSet, Waiter
 from tasks_app.task_types import TaskTypeCache
 from tests.support.claims import claim, push, register, task_bytes
 from tests.support.counters import sample
+from tests.support.processes import wait_until
 from tests.test_executor import CONSUMER, claimed, dead_tasks, delayed_tasks, registry, task_type  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.django_db
@@ -131,3 +132,22 @@ def test_a_slot_taken_by_a_call_whose_reply_was_lost_goes_to_its_retry(broker):
     assert holder is not None  # the slot its first try took is its own, not a stranger's for a lease
     broker.release_slot(slots, holder, 60_000, 3_000)
     assert broker.slots_in_use(slots) == 0
+
+
+def test_the_unique_key_of_a_run_given_up_on_while_it_hangs_outlives_its_process(broker, gated):
+    # Process mode: a handler stuck in C past its timeout and grace is failed while it still runs.
+    task_type(
+        gated, "x.stuck", handler="x.sleep", timeout=0.1, max_attempts=1, unique_for_s=600, unique_until="finished"
+    )
+    unique_key = broker.keys.unique("q", "d1")
+    broker.client.set(unique_key, "t1", px=600_000)
+    held = claimed(
+        broker, "t1", "x.stuck", raw=task_bytes("t1", "x.stuck", payload=encode_payload([1.5], {}), unique_digest="d1")
+    )
+    run = threading.Thread(target=gated.execute, args=(held,))
+    run.start()
+    wait_until(lambda: gated.expire_overdue() == 1, 5, interval_s=0.02, message="the timeout")
+    wait_until(lambda: gated.fail_hung(0.1, 5.0) == 1, 5, interval_s=0.02, message="the run to be given up on")
+    assert broker.get_result("t1")["status"] == "FAILED" and run.is_alive()
+    assert 0 < broker.client.pttl(unique_key) <= 5000  # freed once its process is surely gone, not while it runs
+    run.join()

@@ -13,6 +13,7 @@ PROGRESS_EVERY_S per task, and once more when the run ends.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -150,7 +151,12 @@ class ControlSettling(Settling):
     def _release_unique(self, task: Task, config: TaskTypeConfig) -> None:
         """Free the task's uniqueness key now that it finished, if its type holds keys until then."""
         if holds_unique_until_finished(task, config):
-            self._redis(lambda: self.broker.release_unique(task.queue, task.unique_digest, task.id), "release_unique")
+            # Once this process gave up on a hung run, such a run may still go on until the process is
+            # gone: the key is freed only then, as no retry is due sooner.
+            after_ms = math.ceil(self.retry_floor_s * 1000)
+            self._redis(
+                lambda: self.broker.release_unique(task.queue, task.unique_digest, task.id, after_ms), "release_unique"
+            )
 
 
 def holds_unique_until_finished(task: Task, config: TaskTypeConfig | None) -> bool:

@@ -109,9 +109,9 @@ class ControlOps(ScriptClient):
             self.client.delete(*(self.keys.result(task_id) for task_id in duplicates))
         return holders
 
-    def release_unique(self, queue: str, digest: str, task_id: str) -> bool:
-        """Free a uniqueness key if task `task_id` still holds it; True if it did."""
-        return bool(self._script("release_unique", [self.keys.unique(queue, digest)], [task_id]))
+    def release_unique(self, queue: str, digest: str, task_id: str, after_ms: int = 0) -> bool:
+        """Free a uniqueness key if task `task_id` holds it (in `after_ms`, if its window ends later); True if so."""
+        return bool(self._script("release_unique", [self.keys.unique(queue, digest)], [task_id, after_ms]))
 
     def cancel_many(self, task_ids: Sequence[str], cancelled_by: str = "", force: bool = False) -> list[CancelReply]:
         """Cancel tasks by id, in one round trip (and one more if some are running); never raises for an id.
