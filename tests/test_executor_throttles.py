@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from tasks_app.consumer.async_lane import AsyncLane
 from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.concurrency import ConcurrencyGate
 from tasks_app.consumer.executor import Executor
@@ -15,10 +17,12 @@ from tasks_app.consumer.limits import RateLimiter
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import decode_task, encode_payload
 from tasks_app.protocol.slots import SlotSet, Waiter
+from tasks_app.registry import Handler
 from tasks_app.task_types import TaskTypeCache
 from tests.support.claims import claim, push, register, task_bytes
 from tests.support.counters import sample
 from tests.support.processes import wait_until
+from tests.test_async_lane import Slots
 from tests.test_executor import CONSUMER, claimed, dead_tasks, delayed_tasks, registry, task_type  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.django_db
@@ -151,3 +155,21 @@ def test_the_unique_key_of_a_run_given_up_on_while_it_hangs_outlives_its_process
     assert broker.get_result("t1")["status"] == "FAILED" and run.is_alive()
     assert 0 < broker.client.pttl(unique_key) <= 5000  # freed once its process is surely gone, not while it runs
     run.join()
+
+
+async def blocks_the_loop(seconds: float) -> str:
+    time.sleep(seconds)  # a sync call inside async code: no cancellation reaches it
+    return "late"
+
+
+def test_the_slot_of_an_async_run_given_up_on_while_it_hangs_is_held_until_its_process_is_gone(broker, gated):
+    # Process mode: a run blocking its event loop past its timeout and grace is failed while it still runs.
+    gated.registry.add(Handler("x.blocks", blocks_the_loop))
+    gated.async_lane = AsyncLane(4, Slots())
+    task_type(gated, "x.hangs", handler="x.blocks", timeout=0.1, max_attempts=1, max_running=1)
+    slots = SlotSet("x.hangs", None, 1)
+    assert gated.execute(claimed(broker, "t1", "x.hangs", 1.5)) is True  # handed to the lane
+    wait_until(lambda: gated.fail_hung(0.1, 5.0) == 1, 5, interval_s=0.02, message="the run to be given up on")
+    wait_until(lambda: broker.get_result("t1")["status"] == "FAILED", 5, message="the run to be failed")
+    assert broker.slots_in_use(slots) == 1  # still running: its slot lapses with the lease once the process is gone
+    gated.close()

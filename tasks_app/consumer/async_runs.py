@@ -94,7 +94,11 @@ class AsyncRuns(Settling):
         """`_run` of an async task holding a max_running slot: the slot is released once it is settled."""
 
         def settled() -> None:
-            release()
+            # Once this process gave up on a hung run (which it cannot tell from the others here),
+            # that run may still go on until the process is gone: the slot stays held, renewed
+            # until then, and lapses with the lease after.
+            if not self.retry_floor_s:
+                release()
             if on_settled is not None:
                 on_settled()
 
