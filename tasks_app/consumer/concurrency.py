@@ -101,24 +101,21 @@ class ConcurrencyGate:
     def acquire(self, claimed: Claimed, task: Task, slots: SlotSet) -> str | None:
         """Take a slot for `task`; its holder token, or None when none is free."""
         holder = uuid.uuid4().hex
-        with self._lock:
-            self._held[holder] = slots  # first: a renewal running meanwhile must not miss it
         waiter = Waiter.of(claimed.queue, task.priority, claimed.raw)
-        try:
-            taken, woken = until_done(
-                lambda: self.broker.acquire_slot(slots, holder, waiter, self.lease_ms, self.idle_ms),
-                what="acquire_slot",
-                give_up=self.give_up,
-            )
-        except BaseException:
-            self._forget(holder)
-            raise
+        taken, woken = until_done(
+            lambda: self.broker.acquire_slot(slots, holder, waiter, self.lease_ms, self.idle_ms),
+            what="acquire_slot",
+            give_up=self.give_up,
+        )
         metrics.CONCURRENCY_DECISIONS.labels(task.type, "allowed" if taken else "denied").inc()
         self._wake(woken)
-        if not taken:
-            self._forget(holder)
-            return None
-        return holder
+        if taken:
+            # Renewed from now on, not before: just after a Redis restart a renewal puts back the
+            # holders it is sent, and must not create one whose slot was refused. A renewal that
+            # misses it meanwhile is harmless: the slot is good for a lease from its taking.
+            with self._lock:
+                self._held[holder] = slots
+        return holder if taken else None
 
     def wait(self, claimed: Claimed, task: Task, slots: SlotSet) -> None:
         """Queue a deferred task for the next free slot of `slots` (wakes it at once if one is free)."""

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 
 import pytest
 
 from tasks_app import producer
+from tasks_app.consumer.claimed import Claimed
+from tasks_app.consumer.concurrency import ConcurrencyGate
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.codec import Task, encode_task
 from tasks_app.protocol.scripts import connect
 from tasks_app.protocol.slots import SlotSet, Waiter
 from tests.chaos.servers import RedisServer
@@ -95,5 +99,30 @@ def test_a_restarted_redis_counts_the_slots_of_live_runs_until_their_consumers_r
         assert not broker.acquire_slot(slots, "newcomer", newcomer, lease_ms, 60_000)[0]
         broker.release_slot(slots, "live", 60_000, lease_ms)
         assert broker.acquire_slot(slots, "newcomer", newcomer, lease_ms, 60_000)[0]
+    finally:
+        server.remove()
+
+
+class RenewsFirst:
+    """A broker whose heartbeat renews this consumer's slots just before each acquire_slot runs."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker, self.gate = broker, None
+
+    def acquire_slot(self, *args):
+        self.gate.renew()
+        return self.broker.acquire_slot(*args)
+
+
+def test_a_run_denied_a_slot_just_after_a_restart_leaves_no_holder_behind(tmp_path, key_prefix):
+    server = RedisServer(tmp_path).start()  # just started: for a lease no slot is given out
+    try:
+        broker = Broker(connect(server.url), key_prefix)
+        renews_first = RenewsFirst(broker)
+        gate = renews_first.gate = ConcurrencyGate(renews_first, broker, 3.0, 5.0, threading.Event())
+        slots = SlotSet(CAPPED, None, 1)
+        task = Task(id="t1", type=CAPPED, queue="q")
+        assert gate.acquire(Claimed("q", "c1", encode_task(task)), task, slots) is None
+        assert broker.slots_in_use(slots) == 0  # its renewal did not put back a slot it never took
     finally:
         server.remove()
