@@ -6,9 +6,11 @@
 -- would start it, so the consumer that claims it drops it unrun. A task a consumer claimed
 -- (its receipt left claimed_fence) or runs gets cancel_requested_at_ms: that consumer tells its
 -- handler (context.cancelled) once it runs, and no later run of it starts.
--- Returns: {outcome, queue, status, server ms}: outcome "cancelled" (it will never run),
--- "requested" (claimed or running: asked to stop), "finished" (SUCCESSFUL, FAILED or
--- CANCELLED: nothing done), "unknown" (no record, or a key of another type: nothing done).
+-- Returns: {outcome, queue, status, server ms, unique digest}: outcome "cancelled" (it will never
+-- run), "requested" (claimed or running: asked to stop), "finished" (SUCCESSFUL, FAILED or
+-- CANCELLED: nothing done), "unknown" (no record, or a key of another type: nothing done); the
+-- record's unique_digest for a task cancelled outright (its uniqueness key is freed: it ended),
+-- else "".
 
 -- include: args
 local kind = redis.call('TYPE', KEYS[1]).ok
@@ -21,7 +23,7 @@ local now_ms = server_now_ms()
 if status == 'READY' and not claimed then
   redis.call('HSET', KEYS[1], 'status', 'CANCELLED', 'cancelled_by', ARGV[1],
              'cancelled_at_ms', now_ms, 'finished_at_ms', now_ms)
-  return {'cancelled', queue, 'CANCELLED', now_ms}
+  return {'cancelled', queue, 'CANCELLED', now_ms, redis.call('HGET', KEYS[1], 'unique_digest') or ''}
 end
 if status == 'RUNNING' or status == 'READY' then
   local requested = tonumber(redis.call('HGET', KEYS[1], 'cancel_requested_at_ms') or '')

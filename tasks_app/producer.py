@@ -16,6 +16,7 @@ from django.conf import settings
 from redis.exceptions import RedisError
 
 from tasks_app import metrics
+from tasks_app.models import TaskType
 from tasks_app.protocol import results
 from tasks_app.protocol.batch_args import Enqueueable
 from tasks_app.protocol.broker import Broker, get_broker
@@ -196,6 +197,8 @@ def _prepare(request: TaskRequest, configs: dict[str, TaskTypeConfig], registry:
     task.unique_digest = unique_digest(request, config)
     record = results.ready_fields_of_json(task, args_json, kwargs_json)
     window_ms = max(1, int(config.unique_for_s * 1000)) if task.unique_digest and config.unique_for_s else 0
+    if window_ms and config.unique_until == TaskType.UniqueUntil.FINISHED:
+        record["unique_digest"] = task.unique_digest  # a cancel before it starts frees its key (it ended)
     return _Prepared(task, task.queue, task.priority, delay_ms, task.run_after_ms, record, window_ms)
 
 

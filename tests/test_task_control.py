@@ -13,7 +13,7 @@ from django.core.management import CommandError, call_command
 from django.tasks import TaskResultStatus
 
 import tasks_app
-from tasks_app import producer
+from tasks_app import control, producer
 from tasks_app.context import MAX_PROGRESS_MESSAGE_CHARS, progress_value
 from tasks_app.models import TaskType
 from tasks_app.protocol import results
@@ -42,6 +42,15 @@ def test_the_api_answers_a_duplicate_with_200_and_the_first_id(staff, broker, ec
     assert (again.status_code, again.json()["duplicate"], again.json()["id"]) == (200, True, first.json()["id"])
     with pytest.raises(producer.EnqueueError, match="not unique"):
         producer.enqueue("demo.echo", unique_key="k")
+
+
+@pytest.mark.parametrize(("unique_until", "freed"), [("finished", True), ("window", False)])
+def test_cancelling_a_waiting_unique_task_frees_its_key_if_its_end_does(broker, echo_type, unique_until, freed):
+    TaskType.objects.filter(pk=echo_type.pk).update(unique_for_s=3600, unique_until=unique_until)
+    [scheduled] = producer.enqueue("web.echo", [1], delay_s=600)  # no consumer claims it for ten minutes
+    assert tasks_app.cancel(scheduled.id).outcome == control.CANCELLED
+    [again] = producer.enqueue("web.echo", [1])
+    assert (again.duplicate, again.id == scheduled.id) == (not freed, not freed)
 
 
 def test_the_api_cancels_queued_and_running_tasks_and_refuses_unknown_and_finished(staff, broker, echo_type):

@@ -122,19 +122,21 @@ class ControlOps(ScriptClient):
         pipe = self.client.pipeline(transaction=False)
         for task_id in task_ids:
             self.scripts.queue(pipe, "cancel", [self.keys.result(task_id)], [cancelled_by])
+        answers = self.scripts.execute(pipe, self.client)
         replies = [
             CancelReply(task_id, _text(outcome), _text(queue), _text(status), int(at_ms))
-            for task_id, (outcome, queue, status, at_ms) in zip(
-                task_ids, self.scripts.execute(pipe, self.client), strict=True
-            )
+            for task_id, (outcome, queue, status, at_ms, *_) in zip(task_ids, answers, strict=True)
         ]
         running = [reply for reply in replies if reply.outcome == REQUESTED and reply.queue]
-        filed = [reply for reply in replies if reply.outcome == CANCELLED and reply.queue]
+        filed = [
+            (reply, _text(answer[4]) if len(answer) > 4 else "")
+            for reply, answer in zip(replies, answers, strict=True)
+            if reply.outcome == CANCELLED and reply.queue
+        ]
         if running or filed:
             pipe = self.client.pipeline(transaction=False)
-            for reply in filed:  # the task browser's history: READY to CANCELLED (another slot than the record)
-                args = history.status_move_args(reply.task_id, history.CANCELLED, "", history.INDEX_TTL_S)
-                self.scripts.queue(pipe, "history_move", history.index_keys(self.keys, reply.queue), args)
+            for reply, unique_digest in filed:
+                self._file_cancelled(pipe, reply, unique_digest)
             for reply in running:
                 self._file_cancel_request(pipe, reply, force)
             self.scripts.execute(pipe, self.client)
@@ -156,6 +158,14 @@ class ControlOps(ScriptClient):
         for key, (_, token) in zip(keys, claims, strict=True):
             self.scripts.queue(pipe, "claim_receipts", [key], [result_ttl_s, token])
         return [int(replies[0]) for replies in self.scripts.execute(pipe, self.client)]
+
+    def _file_cancelled(self, pipe: Any, reply: CancelReply, unique_digest: str) -> None:
+        """Queue the writes of a task cancelled outright: its move in the history, and freeing its uniqueness key."""
+        # The task browser's history: READY to CANCELLED (another slot than the record).
+        args = history.status_move_args(reply.task_id, history.CANCELLED, "", history.INDEX_TTL_S)
+        self.scripts.queue(pipe, "history_move", history.index_keys(self.keys, reply.queue), args)
+        if unique_digest:  # a key its end frees (unique_until = finished): it ended, it will never run
+            self.scripts.queue(pipe, "release_unique", [self.keys.unique(reply.queue, unique_digest)], [reply.task_id])
 
     def _file_cancel_request(self, pipe: Any, reply: CancelReply, force: bool) -> None:
         """Queue the writes that tell a running task's consumer of its cancel (and trim old requests)."""
