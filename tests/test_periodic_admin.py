@@ -45,6 +45,7 @@ def form(echo, **overrides):
         ({"cron": "61 3 * * *"}, "Invalid cron expression"),
         ({"cron": "0 3 * *"}, "5 fields"),
         ({"timezone": "Europe/Atlantis"}, "Unknown time zone"),
+        ({"timezone": "Europe"}, "Unknown time zone"),
         ({"interval_s": "60"}, "exactly one of the two"),
         ({"cron": ""}, "exactly one of the two"),
         ({"args": '{"a": 1}'}, "JSON array"),

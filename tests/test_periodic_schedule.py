@@ -99,6 +99,8 @@ def test_no_slot_after_end_at():
         ({}, "either a cron expression or an interval"),
         ({"cron": "* * * * *", "interval_s": 5}, "either a cron expression or an interval"),
         ({"cron": "* * * * *", "timezone": "Mars/Olympus"}, "unknown time zone"),
+        ({"cron": "* * * * *", "timezone": "America"}, "unknown time zone"),  # a folder of the zone database
+        ({"cron": "* * * * *", "timezone": "x" * 300}, "unknown time zone"),  # too long for a file name
         ({"interval_s": 0}, "at least 1 second"),
     ],
 )

@@ -38,7 +38,8 @@ def zone(name: str) -> ZoneInfo:
     """Return the IANA time zone `name`; raise InvalidSchedule for an unknown one."""
     try:
         return ZoneInfo(name)
-    except (ZoneInfoNotFoundError, ValueError):
+    # OSError: a name that is a folder of the zone database ("America") or too long for a file name.
+    except (ZoneInfoNotFoundError, ValueError, OSError):
         raise InvalidSchedule(f"unknown time zone {name!r}: use an IANA name such as UTC or Europe/Berlin") from None
 
 
