@@ -63,6 +63,14 @@ def test_a_disabled_task_type_fires_nothing_and_the_loop_goes_on(broker, echo, c
     assert "is disabled" in caplog.text
 
 
+def test_a_schedule_whose_state_key_redis_refuses_does_not_stop_the_others(broker, echo, caplog):
+    broker.client.set(broker.keys.periodic(OUT, "a.foreign"), "not a hash")  # WRONGTYPE for the script
+    loop = loop_of(broker, config("a.foreign"), config("b.tick"))
+    assert loop.run_once() > 0
+    assert [run.schedule for run in pushed_runs(broker, OUT)] == ["b.tick"]
+    assert "periodic task a.foreign: slot" in caplog.text and "WRONGTYPE" in caplog.text
+
+
 def test_lateness_grows_when_slots_pass_without_a_run(broker, echo):
     loop = loop_of(broker, config("minutely", interval_s=60))
     loop.run_once()  # the first sight of the schedule (late: nothing fired, its slot recorded)

@@ -13,6 +13,7 @@ from redis.exceptions import RedisError
 
 from tasks_app import metrics
 from tasks_app.consumer.options import ConsumerOptions
+from tasks_app.consumer.retrying import is_transient
 from tasks_app.periodic.code import sync_code_schedules
 from tasks_app.periodic.config import PeriodicConfig, load_configs
 from tasks_app.periodic.firing import fire_slot
@@ -113,8 +114,13 @@ class PeriodicLoop:
         try:
             reply = fire_slot(config, firing, self.broker, registry=self._registry)
         except EnqueueError as exc:
-            logger.error("periodic task %s: slot %d not fired: %s", config.name, slot_ms, exc)
-            self._handled[config.name] = slot_ms  # not retried by this consumer; the next slot tries again
+            self._not_fired(config.name, slot_ms, exc)
+            return None
+        except RedisError as exc:
+            if is_transient(exc):
+                raise  # Redis away or busy: the loop's runner backs off
+            # This schedule's own key or arguments (a foreign key of another type): the others go on.
+            self._not_fired(config.name, slot_ms, exc)
             return None
         finally:
             close_old_connections()
@@ -122,6 +128,10 @@ class PeriodicLoop:
             return now_ms + max(EARLY_RETRY_MS, slot_ms - reply.now_ms)
         self._remember(config.name, reply)
         return None
+
+    def _not_fired(self, name: str, slot_ms: int, error: Exception) -> None:
+        logger.error("periodic task %s: slot %d not fired: %s", name, slot_ms, error)
+        self._handled[name] = slot_ms  # not retried by this consumer; the next slot tries again
 
     def _remember(self, name: str, reply: FireReply) -> None:
         self._handled[name] = reply.handled_slot_ms
