@@ -6,7 +6,7 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from tasks_app.models import PeriodicTask, TaskType
-from tasks_app.periodic.config import PeriodicConfig
+from tasks_app.periodic.config import PeriodicConfig, load_configs
 from tasks_app.periodic.firing import fire_slot
 from tasks_app.protocol.periodic import SlotFiring
 from tests.support.periodic import pushed_runs
@@ -91,6 +91,17 @@ def test_periodic_list_shows_each_schedule_and_flags_an_invalid_one(broker, echo
     assert lines[0].split() == ["name", "schedule", "next", "run", "last", "run", "enabled"]
     assert any(line.startswith("ok.job") and "every 30 s" in line for line in lines)
     assert any(line.startswith("bad.job") and "INVALID: unknown time zone" in line for line in lines)
+
+
+def test_a_row_whose_arguments_are_of_the_wrong_shape_is_flagged_and_never_fired_with_other_arguments(broker, echo):
+    # Saved past the admin's validation (a shell, a data migration).
+    PeriodicTask.objects.create(name="bad.args", task_type=echo, interval_s=1, args={"days": 7})
+    PeriodicTask.objects.create(name="bad.kwargs", task_type=echo, interval_s=1, kwargs="days=7")
+    assert load_configs() == []
+    out = StringIO()
+    call_command("periodic", "list", stdout=out)
+    assert "INVALID: Arguments must be a JSON array" in out.getvalue()
+    assert "INVALID: Keyword arguments must be a JSON object" in out.getvalue()
 
 
 def test_periodic_run_enqueues_one_ordinary_task_now(broker, echo):

@@ -8,6 +8,7 @@ from typing import Any
 
 from tasks_app.models import PeriodicTask
 from tasks_app.periodic.schedule import InvalidSchedule, Schedule
+from tasks_app.periodic.validation import argument_errors
 from tasks_app.protocol.timestamps import ms_of_datetime
 
 logger = logging.getLogger(__name__)
@@ -30,7 +31,11 @@ class PeriodicConfig:
 
     @classmethod
     def from_model(cls, row: PeriodicTask) -> PeriodicConfig:
-        """Snapshot a row; raise InvalidSchedule if its schedule cannot produce slots."""
+        """Snapshot a row; raise InvalidSchedule if its schedule cannot produce slots or its arguments are not JSON."""
+        # Saved past the admin (a shell, a migration, raw SQL: text that is not JSON loads as a string):
+        # firing it with other arguments than the row's would run a job nobody asked for.
+        if errors := argument_errors(row.args, row.kwargs):
+            raise InvalidSchedule(" ".join(errors.values()))
         schedule = Schedule(
             interval_s=row.interval_s,
             cron=(row.cron or "").strip(),
@@ -42,8 +47,8 @@ class PeriodicConfig:
             name=row.name,
             task_type=row.task_type.name,
             schedule=schedule,
-            args=list(row.args) if isinstance(row.args, list) else [],
-            kwargs=dict(row.kwargs) if isinstance(row.kwargs, dict) else {},
+            args=list(row.args),
+            kwargs=dict(row.kwargs),
             queue=row.queue,
             priority=row.priority,
             catch_up=row.catch_up,

@@ -21,8 +21,15 @@ def schedule_errors(row: Any) -> dict[str, str]:
         errors["timezone"] = str(exc)[0].upper() + str(exc)[1:] + "."
     if row.start_at and row.end_at and row.end_at <= row.start_at:
         errors["end_at"] = "The end must be after the start."
-    if not isinstance(row.args, list):
+    errors.update(argument_errors(row.args, row.kwargs))
+    return errors
+
+
+def argument_errors(args: Any, kwargs: Any) -> dict[str, str]:
+    """Field name -> what is wrong with a schedule's arguments; empty if `args` is a list and `kwargs` a dict."""
+    errors: dict[str, str] = {}
+    if not isinstance(args, list):
         errors["args"] = 'Arguments must be a JSON array, e.g. [1, "a"].'
-    if not isinstance(row.kwargs, dict):
+    if not isinstance(kwargs, dict):
         errors["kwargs"] = 'Keyword arguments must be a JSON object, e.g. {"days": 7}.'
     return errors
