@@ -82,6 +82,22 @@ def test_rows_from_code_are_marked_and_only_their_enabled_flag_is_editable(staff
     assert "Code (TASKS_PERIODIC)" in staff.get(LIST_URL).content.decode()
 
 
+def test_rows_saved_past_the_admin_with_errors_can_still_be_paused_from_the_list_and_their_page(staff, broker, echo):
+    broken = PeriodicTask.objects.create(name="a.broken", task_type=echo, cron="0 3 * * *", timezone="Nowhere/City")
+    fine = PeriodicTask.objects.create(name="b.fine", task_type=echo, interval_s=60)
+    rows = {"form-TOTAL_FORMS": "2", "form-INITIAL_FORMS": "2", "form-0-id": broken.pk, "form-1-id": fine.pk}
+    assert staff.post(LIST_URL, {**rows, "_save": "Save"}).status_code == 302  # both unticked: paused
+    assert not PeriodicTask.objects.filter(enabled=True).exists()
+
+    code = PeriodicTask.objects.create(name="code.broken", task_type=echo, cron="0 3 * *", source="code")
+    assert staff.post(f"{LIST_URL}{code.pk}/change/", {"_save": "Save"}).status_code == 302
+    code.refresh_from_db()
+    assert not code.enabled
+    # A form that shows the schedule still refuses it.
+    refused = staff.post(f"{LIST_URL}{broken.pk}/change/", form(echo, timezone="Nowhere/City"))
+    assert refused.status_code == 200 and "Unknown time zone" in refused.content.decode()
+
+
 def test_periodic_list_shows_each_schedule_and_flags_an_invalid_one(broker, echo):
     PeriodicTask.objects.create(name="ok.job", task_type=echo, interval_s=30)
     PeriodicTask.objects.create(name="bad.job", task_type=echo, cron="0 3 * * *", timezone="Nowhere/City")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
@@ -30,6 +32,29 @@ CODE_OWNED_FIELDS = (
 )
 
 
+class PeriodicTaskForm(forms.ModelForm):
+    """A periodic task's form that answers only for the fields it shows.
+
+    A row of the list (only `enabled`) or from code (its schedule read-only) cannot fix the rest: an
+    error there (a row saved past the admin, flagged in the list) must not stop pausing it or saving
+    the rows beside it.
+    """
+
+    def add_error(self, field: str | None, error: Any) -> None:
+        """Add `error`, leaving out the row's errors on fields this form does not show."""
+        if field is None and isinstance(error, ValidationError) and hasattr(error, "error_dict"):
+            # The row's own errors ("__all__") are about cron and interval together.
+            shown = {
+                name: errors
+                for name, errors in error.error_dict.items()
+                if name in self.fields or (name == NON_FIELD_ERRORS and "cron" in self.fields)
+            }
+            if not shown:
+                return
+            error = shown
+        super().add_error(field, error)
+
+
 class PeriodicTaskAdmin(admin.ModelAdmin):
     """Periodic tasks; the list shows each one's next run and last fired run, read from Redis once per page."""
 
@@ -39,6 +64,7 @@ class PeriodicTaskAdmin(admin.ModelAdmin):
     search_fields = ("name", "task_type__name", "cron")
     list_select_related = ("task_type",)
     readonly_fields = ("source",)
+    form = PeriodicTaskForm
     fieldsets = (
         (None, {"fields": ("name", "task_type", "args", "kwargs", "enabled", "source")}),
         ("Schedule", {"fields": ("interval_s", "cron", "timezone", "start_at", "end_at", "catch_up")}),
@@ -49,6 +75,9 @@ class PeriodicTaskAdmin(admin.ModelAdmin):
         if obj is not None and obj.source == PeriodicTask.Source.CODE:
             return ("source", *CODE_OWNED_FIELDS)
         return self.readonly_fields
+
+    def get_changelist_form(self, request: HttpRequest, **kwargs: Any) -> Any:
+        return super().get_changelist_form(request, **{"form": PeriodicTaskForm, **kwargs})
 
     def get_changelist_instance(self, request: HttpRequest) -> Any:
         """Read the Redis state of the page's rows in one round trip before they are rendered."""
