@@ -1,5 +1,6 @@
 """Periodic tasks in the admin and the `periodic` command: validation with clear errors, next and last runs."""
 
+from datetime import UTC, datetime
 from io import StringIO
 
 import pytest
@@ -169,3 +170,16 @@ def test_periodic_sync_writes_code_schedules_and_refuses_invalid_ones(broker, ec
     nightly.refresh_from_db()
     assert (nightly.cron, nightly.timezone, nightly.enabled) == ("0 4 * * *", "UTC", False)
     assert not PeriodicTask.objects.filter(name="broken").exists()
+
+
+def test_a_code_schedule_with_dates_without_an_offset_is_stored_once_and_not_saved_again_at_each_sync(
+    broker, echo, settings
+):
+    window = {"start_at": "2026-01-01 03:00", "end_at": "2027-01-01T00:00:00+01:00"}
+    settings.TASKS_PERIODIC = {"nightly": {"task": "demo.echo", "interval_s": 60, "catch_up": "once", **window}}
+    call_command("periodic", "sync", stdout=StringIO())
+    nightly = PeriodicTask.objects.get(name="nightly")
+    assert nightly.start_at == datetime(2026, 1, 1, 3, tzinfo=UTC)  # read in TIME_ZONE (UTC)
+    call_command("periodic", "sync", stdout=(again := StringIO()))
+    assert "unchanged: nightly" in again.getvalue()
+    assert PeriodicTask.objects.get(name="nightly").updated_at == nightly.updated_at

@@ -5,10 +5,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, models, transaction
+from django.utils import timezone
 
 from tasks_app.models import PeriodicTask, TaskType
 from tasks_app.registry import Registry
@@ -89,6 +90,7 @@ def _write_row(name: str, entry: Mapping[str, Any], task_type: str) -> str:
     defaults = PeriodicTask()
     for attr in ENTRY_FIELDS:
         setattr(row, attr, entry.get(attr, getattr(defaults, attr)))
+    _read_dates(row)
     row.task_type = TaskType.objects.get(name=task_type)
     row.source = PeriodicTask.Source.CODE
     try:
@@ -101,6 +103,20 @@ def _write_row(name: str, entry: Mapping[str, Any], task_type: str) -> str:
         return "unchanged"
     row.save()
     return "created" if created else "updated"
+
+
+def _read_dates(row: PeriodicTask) -> None:
+    """Read start_at and end_at as the database stores them: a naive time (no offset) in the default zone.
+
+    Left naive, one would compare unequal to its stored self (the row saved again at every start,
+    moving the save that catch-up counts from) and could not be compared with an aware other.
+    """
+    for attr in ("start_at", "end_at"):
+        try:
+            moment = cast(models.DateTimeField, PeriodicTask._meta.get_field(attr)).to_python(getattr(row, attr))
+        except ValidationError:
+            continue  # full_clean reports it
+        setattr(row, attr, timezone.make_aware(moment) if moment and timezone.is_naive(moment) else moment)
 
 
 def _owned_values(row: PeriodicTask) -> tuple[Any, ...]:
