@@ -71,6 +71,16 @@ def test_a_schedule_whose_state_key_redis_refuses_does_not_stop_the_others(broke
     assert "periodic task a.foreign: slot" in caplog.text and "WRONGTYPE" in caplog.text
 
 
+def test_a_schedule_that_cannot_fire_reads_late_on_a_consumer_that_never_saw_it_fire(broker, echo):
+    TaskType.objects.filter(pk=echo.pk).update(enabled=False)
+    now_ms = broker.server_time_ms()
+    clock = iter([now_ms, now_ms + 150_000])
+    loop = loop_of(broker, config("broken.minutely", interval_s=60), clock_ms=lambda: next(clock))
+    loop.run_once()
+    loop.run_once()  # 2.5 periods later: still refused
+    assert metrics.PERIODIC_LATE.labels("broken.minutely")._value.get() > 60  # the alert's threshold: one period
+
+
 def test_lateness_grows_when_slots_pass_without_a_run(broker, echo):
     loop = loop_of(broker, config("minutely", interval_s=60))
     loop.run_once()  # the first sight of the schedule (late: nothing fired, its slot recorded)

@@ -62,6 +62,9 @@ class PeriodicLoop:
         # Per schedule, the last slot handled and the last one fired, as Redis last told.
         self._handled: dict[str, int] = {}
         self._fired: dict[str, int] = {}
+        # Per schedule this loop could not fire (EnqueueError, a refused script), the first slot it
+        # failed since its last reply: what lateness counts from when no fired run is known.
+        self._failing_since: dict[str, int] = {}
 
     def run_once(self) -> float:
         """Fire what is due; return the seconds until the nearest next slot, at most the refresh period."""
@@ -89,6 +92,7 @@ class PeriodicLoop:
         self._next_load = time.monotonic() + self.refresh_s
         for gone in {c.name for c in self._configs} - {c.name for c in configs}:
             _forget_metrics(gone)
+            self._failing_since.pop(gone, None)
         self._configs = configs
 
     def _tend(self, config: PeriodicConfig, now_ms: int) -> int:
@@ -132,10 +136,12 @@ class PeriodicLoop:
     def _not_fired(self, name: str, slot_ms: int, error: Exception) -> None:
         logger.error("periodic task %s: slot %d not fired: %s", name, slot_ms, error)
         self._handled[name] = slot_ms  # not retried by this consumer; the next slot tries again
+        self._failing_since.setdefault(name, slot_ms)
 
     def _remember(self, name: str, reply: FireReply) -> None:
         self._handled[name] = reply.handled_slot_ms
         self._fired[name] = reply.fired_slot_ms
+        self._failing_since.pop(name, None)
         if reply.pushed:
             metrics.PERIODIC_FIRED.labels(name).inc(2 if reply.outcome == "fired_and_caught_up" else 1)
             logger.info("periodic task %s: %s slot %d", name, reply.outcome, reply.handled_slot_ms)
@@ -144,7 +150,9 @@ class PeriodicLoop:
         """Set the gauges: how late the slot after the last fired one is, and the gap to it."""
         reference_ms = self._fired.get(config.name, -1)
         if reference_ms < 0:
-            reference_ms = self._handled.get(config.name, -1)
+            # A consumer started since the schedule last fired, if it cannot fire it either, knows no
+            # fired run: count from its first failed slot, not the last (which would read on time).
+            reference_ms = self._failing_since.get(config.name, self._handled.get(config.name, -1))
         following_ms = config.schedule.next_after(reference_ms) if reference_ms >= 0 else None
         if following_ms is None:
             metrics.PERIODIC_LATE.labels(config.name).set(0)
