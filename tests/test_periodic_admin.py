@@ -50,6 +50,11 @@ def form(echo, **overrides):
         ({"interval_s": "60"}, "exactly one of the two"),
         ({"cron": ""}, "exactly one of the two"),
         ({"args": '{"a": 1}'}, "JSON array"),
+        ({"args": "[NaN]"}, "no NaN or Infinity"),
+        ({"kwargs": '{"x": "\\ud800"}'}, "no lone surrogates"),
+        ({"args": '["' + "x" * 1_100_000 + '"]'}, "over the limit of 1048576"),
+        ({"kwargs": '{"a": ' + "[" * 64 + "]" * 64 + "}"}, "nested too deeply (at most 64 levels)"),
+        ({"args": "[" * 100_000 + "]" * 100_000}, "nested too deeply"),  # past Python's recursion limit
     ],
 )
 def test_the_admin_refuses_invalid_schedules_with_a_clear_error(staff, broker, echo, overrides, message):

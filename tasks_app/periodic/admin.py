@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from django import forms
 from django.contrib import admin
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
+from django.db import models
+from django.forms.fields import InvalidJSONInput
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
@@ -30,6 +32,30 @@ CODE_OWNED_FIELDS = (
     "priority",
     "catch_up",
 )
+
+
+class ArgumentsField(forms.JSONField):
+    """Django's JSON form field, saying so for text nested too deeply and showing a lone surrogate as its escape.
+
+    Django's raises a RecursionError for the first and renders the second into a page that cannot be
+    encoded: both a server error instead of the form with its message.
+    """
+
+    def to_python(self, value: Any) -> Any:
+        try:
+            return super().to_python(value)
+        except RecursionError:
+            raise ValidationError("JSON nested too deeply.", code="invalid") from None
+
+    def bound_data(self, data: Any, initial: Any) -> Any:
+        try:
+            return super().bound_data(data, initial)
+        except RecursionError:
+            return InvalidJSONInput(data)
+
+    def prepare_value(self, value: Any) -> Any:
+        text = super().prepare_value(value)
+        return text.encode("utf-8", "backslashreplace").decode() if isinstance(text, str) else text
 
 
 class PeriodicTaskForm(forms.ModelForm):
@@ -65,6 +91,7 @@ class PeriodicTaskAdmin(admin.ModelAdmin):
     list_select_related = ("task_type",)
     readonly_fields = ("source",)
     form = PeriodicTaskForm
+    formfield_overrides: ClassVar[dict[Any, dict[str, Any]]] = {models.JSONField: {"form_class": ArgumentsField}}
     fieldsets = (
         (None, {"fields": ("name", "task_type", "args", "kwargs", "enabled", "source")}),
         ("Schedule", {"fields": ("interval_s", "cron", "timezone", "start_at", "end_at", "catch_up")}),
