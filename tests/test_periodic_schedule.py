@@ -83,6 +83,14 @@ def test_interval_slots_are_anchored_at_start_at_or_the_epoch():
     assert Schedule(interval_s=60).latest_at_or_before(90_500) == 60_000
 
 
+def test_the_first_slot_has_no_slot_before_it_whether_by_interval_or_cron():
+    start = datetime(2026, 3, 2, tzinfo=UTC)  # a Monday
+    for schedule in (Schedule(cron="0 3 * * *", start_at=start), Schedule(interval_s=3600, start_at=start)):
+        first_ms = schedule.next_after(ms(start) - 1)
+        assert schedule.previous_before(first_ms) is None
+        assert schedule.previous_before(schedule.next_after(first_ms)) == first_ms
+
+
 def test_no_slot_after_end_at():
     end = datetime(2026, 1, 1, 0, 1, tzinfo=UTC)
     ending = Schedule(interval_s=30, end_at=end)

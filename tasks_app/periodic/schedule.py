@@ -99,12 +99,13 @@ class Schedule:
         return slot_ms
 
     def previous_before(self, slot_ms: int) -> int | None:
-        """The slot before `slot_ms`, ignoring start_at (a slot before the start was never due); None if none."""
+        """The slot before `slot_ms`; None if none is at or after start_at (one before the start was never due)."""
         if self.interval_s is not None:
             before_ms = slot_ms - self.interval_s * 1000
-            return before_ms if before_ms >= self._anchor_ms() else None
-        # The slot strictly before: from the last millisecond of the previous second backwards.
-        return _ms(next(CronSim(self.cron, self._local(slot_ms - 1), reverse=True)))
+        else:
+            # The slot strictly before: from the last millisecond of the previous second backwards.
+            before_ms = _ms(next(CronSim(self.cron, self._local(slot_ms - 1), reverse=True)))
+        return before_ms if before_ms >= self._anchor_ms() else None
 
     def _anchor_ms(self) -> int:
         return _ms(self.start_at) if self.start_at is not None else 0

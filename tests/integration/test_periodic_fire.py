@@ -10,6 +10,7 @@ from tasks_app.periodic.config import PeriodicConfig
 from tasks_app.periodic.firing import fire_slot, run_id
 from tasks_app.periodic.schedule import Schedule
 from tasks_app.protocol.periodic import SlotFiring
+from tasks_app.protocol.timestamps import datetime_of_ms
 from tests.support.periodic import pushed_runs
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -88,6 +89,15 @@ def test_slots_before_the_schedule_was_last_saved_are_never_caught_up(broker, co
     resumed = SlotFiring(now_ms, now_ms - 1000, 60_000, "once", saved_ms=now_ms - 500)
     assert fire_slot(once, resumed, broker).outcome == "fired"
     assert not any(run.catch_up for run in pushed_runs(broker, QUEUE))
+
+
+def test_a_cron_schedule_whose_start_was_moved_later_catches_up_nothing_from_before_its_start(broker, config):
+    slot_ms = server_ms(broker) // 1000 * 1000
+    schedule = Schedule(cron="* * * * * *", start_at=datetime_of_ms(slot_ms))
+    once = PeriodicConfig(**{**config.__dict__, "schedule": schedule, "catch_up": PeriodicTask.CatchUp.ONCE})
+    fire_slot(once, firing(slot_ms - 10_000, "once"), broker)  # it ran, then its start was moved to now
+    first = SlotFiring(slot_ms, schedule.previous_before(slot_ms) or 0, 60_000, "once", saved_ms=slot_ms - 5000)
+    assert fire_slot(once, first, broker).outcome == "fired"  # the seconds before its start were never due
 
 
 def test_a_new_schedule_first_seen_late_fires_nothing_for_its_past(broker, config):
