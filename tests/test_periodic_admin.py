@@ -169,8 +169,12 @@ def test_periodic_sync_writes_code_schedules_and_refuses_invalid_ones(broker, ec
     settings.TASKS_PERIODIC = {
         "nightly": {"task": "demo.echo", "cron": "0 4 * * *"},
         "broken": {"task": "demo.echo", "cron": "0 25 * * *"},
+        "epoch.start": {"task": "demo.echo", "interval_s": 60, "start_at": 1767225600},
+        "word.start": {"task": "demo.echo", "interval_s": 60, "start_at": "tomorrow", "end_at": "2027-01-01T00:00Z"},
     }
-    with pytest.raises(CommandError, match="broken: cron: Invalid cron expression"):
+    with pytest.raises(
+        CommandError, match=r"broken: cron: Invalid cron expression.*epoch\.start: start_at.*word\.start: start_at"
+    ):
         call_command("periodic", "sync", stdout=StringIO())
     nightly.refresh_from_db()
     assert (nightly.cron, nightly.timezone, nightly.enabled) == ("0 4 * * *", "UTC", False)

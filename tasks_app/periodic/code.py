@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import date
 from typing import Any, cast
 
 from django.core.exceptions import ValidationError
@@ -112,6 +113,8 @@ def _read_dates(row: PeriodicTask) -> None:
     moving the save that catch-up counts from) and could not be compared with an aware other.
     """
     for attr in ("start_at", "end_at"):
+        if not isinstance(getattr(row, attr), (str, date, type(None))):  # Django's parser raises TypeError
+            raise InvalidCodeSchedule(f"{attr}: give a datetime or an ISO 8601 text such as 2026-01-01T03:00:00Z")
         try:
             moment = cast(models.DateTimeField, PeriodicTask._meta.get_field(attr)).to_python(getattr(row, attr))
         except ValidationError:

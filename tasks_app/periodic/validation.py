@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -23,7 +24,8 @@ def schedule_errors(row: Any) -> dict[str, str]:
         zone(row.timezone or "")
     except InvalidSchedule as exc:
         errors["timezone"] = str(exc)[0].upper() + str(exc)[1:] + "."
-    if row.start_at and row.end_at and row.end_at <= row.start_at:
+    # Compared only as dates: a value full_clean refused (a number from TASKS_PERIODIC) stays as given.
+    if isinstance(row.start_at, datetime) and isinstance(row.end_at, datetime) and row.end_at <= row.start_at:
         errors["end_at"] = "The end must be after the start."
     errors.update(argument_errors(row.args, row.kwargs))
     return errors
