@@ -107,11 +107,8 @@ class Consumer:
     def _init_thread_state(self) -> None:
         """Create what the consumer's threads share: the stop events, the threads, the tasks held, the suspect slot."""
         self.work: queue_module.SimpleQueue[Claimed] = queue_module.SimpleQueue()
-        self.stop_requested = threading.Event()
-        self.claiming_stopped = threading.Event()
-        self.loops_stopped = threading.Event()
-        self.workers_stop = threading.Event()
-        self.give_up = threading.Event()
+        self.stop_requested, self.claiming_stopped = threading.Event(), threading.Event()
+        self.loops_stopped, self.workers_stop, self.give_up = threading.Event(), threading.Event(), threading.Event()
         self._threads: list[threading.Thread] = []
         self._claimers: list[threading.Thread] = []
         self._workers: list[threading.Thread] = []
