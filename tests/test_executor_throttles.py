@@ -152,6 +152,7 @@ def test_the_unique_key_of_a_run_given_up_on_while_it_hangs_outlives_its_process
     run.start()
     wait_until(lambda: gated.expire_overdue() == 1, 5, interval_s=0.02, message="the timeout")
     wait_until(lambda: gated.fail_hung(0.1, 5.0) == 1, 5, interval_s=0.02, message="the run to be given up on")
+    gated.wait_hung_settled(timeout_s=10)  # settled on a thread of its own
     assert broker.get_result("t1")["status"] == "FAILED" and run.is_alive()
     assert 0 < broker.client.pttl(unique_key) <= 5000  # freed once its process is surely gone, not while it runs
     run.join()
