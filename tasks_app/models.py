@@ -18,6 +18,10 @@ CANCEL_PERMISSION = "tasks_app.cancel_task"
 PAUSE_QUEUE_PERMISSION = "tasks_app.pause_queue"
 DELETE_TASK_RECORDS_PERMISSION = "tasks_app.delete_task_records"
 
+# The rate period's bounds (s): the admin refuses others, and a row written around it is read as the nearest.
+RATE_PERIOD_MIN_S = 0.001
+RATE_PERIOD_MAX_S = 86400 * 365
+
 # A limit key names a keyword argument of the handler.
 kwarg_validator = RegexValidator(r"^[A-Za-z_][A-Za-z0-9_]*$", "Use the name of a keyword argument, e.g. tenant_id.")
 
@@ -77,7 +81,7 @@ class TaskType(models.Model):
     )
     rate_period = models.FloatField(
         default=1.0,
-        validators=[MinValueValidator(0.001), MaxValueValidator(86400 * 365)],
+        validators=[MinValueValidator(RATE_PERIOD_MIN_S), MaxValueValidator(RATE_PERIOD_MAX_S)],
         help_text="Length of the rate-limit window in seconds.",
     )
     rate_burst = models.PositiveIntegerField(

@@ -255,3 +255,14 @@ def test_a_burst_above_the_limit_is_rejected_with_the_numbers():
     assert raised.value.message_dict["rate_burst"] == [
         "The burst (5) cannot exceed the rate limit (3): at most 3 tasks may start in any 2-second window."
     ]
+
+
+@pytest.mark.parametrize(
+    ("period_s", "read_as_s"),
+    [(1e300, YEAR_S), (float("inf"), YEAR_S), (float("nan"), YEAR_S), (0, 0.001), (-5, 0.001)],
+)
+def test_a_period_outside_the_admin_s_bounds_is_read_as_the_nearest_bound(broker, clock, period_s, read_as_s):
+    # Written around the admin (`TaskType.objects.update(rate_period=...)`): no task may fail on it.
+    policy = RatePolicy.for_config(config(1, period_s))
+    assert policy == RatePolicy.for_config(config(1, read_as_s))
+    assert decide(broker, policy, "a") == 0 and decide(broker, policy, "b") > 0

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from tasks_app import metrics
 from tasks_app.consumer.retrying import until_done
-from tasks_app.models import TaskType
+from tasks_app.models import RATE_PERIOD_MAX_S, RATE_PERIOD_MIN_S, TaskType
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task
 from tasks_app.task_types import TaskTypeConfig
@@ -48,13 +48,20 @@ class RatePolicy:
         if limit < 1:
             raise ValueError(f"task type {config.name!r} has no rate limit")
         burst = min(max(1, config.rate_burst), limit)
-        period_us = max(1, round(config.rate_period_s * 1_000_000))
+        period_us = round(_bounded_period_s(config.rate_period_s) * 1_000_000)
         slack_us = min(MAX_SLACK_US, int(period_us * SLACK_FRACTION))
         if config.rate_algorithm == TaskType.RateAlgorithm.FIXED_WINDOW:
             return cls(config.rate_algorithm, limit, period_us, math.ceil(period_us / limit), 0)
         emission_us = math.ceil((period_us + slack_us) / (limit - burst + 1))
         tolerance_us = (burst - 1) * emission_us + slack_us // 2
         return cls(TaskType.RateAlgorithm.GCRA, limit, period_us, emission_us, tolerance_us)
+
+
+def _bounded_period_s(period_s: float) -> float:
+    """The period within the admin's bounds: a row updated around them (0, 1e300, NaN) must not fail every task."""
+    if period_s != period_s:  # NaN: no period at all, read as the strictest
+        return RATE_PERIOD_MAX_S
+    return min(max(period_s, RATE_PERIOD_MIN_S), RATE_PERIOD_MAX_S)
 
 
 class RateLimiter:
