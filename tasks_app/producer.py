@@ -22,6 +22,7 @@ from tasks_app.protocol.batch_args import Enqueueable
 from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.codec import PRIORITY_MAX, PRIORITY_MIN, Task, encode_arguments, encode_task, payload_of
 from tasks_app.protocol.control import UniqueEnqueueable
+from tasks_app.protocol.jsontext import MAX_JSON_DEPTH, argument_problem
 from tasks_app.protocol.names import InvalidName, validate_name
 from tasks_app.protocol.timestamps import ms_of_datetime
 from tasks_app.registry import Registry, registry as default_registry
@@ -248,6 +249,12 @@ def _build_task(request: TaskRequest, config: TaskTypeConfig, now_ms: int, delay
         payload = payload_of(args_json, kwargs_json)
     except (TypeError, ValueError) as exc:
         raise EnqueueError(f"arguments must be JSON-serializable: {exc}") from None
+    except RecursionError:
+        raise EnqueueError(f"arguments may nest at most {MAX_JSON_DEPTH} levels") from None
+    # Checked once encoded: the encoder has refused cycles, which this walk would follow forever.
+    problem = argument_problem(list(request.args)) or argument_problem(dict(request.kwargs))
+    if problem:
+        raise EnqueueError(problem)
     if len(payload) > settings.TASKS_MAX_PAYLOAD_BYTES:
         raise EnqueueError(f"payload is {len(payload)} bytes, over the limit of {settings.TASKS_MAX_PAYLOAD_BYTES}")
     queue = request.queue or config.queue

@@ -120,6 +120,16 @@ class TestValidation:
             tasks.echo.enqueue("x" * 200)
         assert redis_keys(broker) == []
 
+    def test_arguments_the_handler_would_not_get_as_given_are_rejected(self, redis_tasks, broker):
+        deep: list = [0]
+        for _ in range(64):
+            deep = [deep]
+        with pytest.raises(InvalidTask, match="nest at most 64 levels"):
+            tasks.echo.enqueue(deep)
+        with pytest.raises(InvalidTask, match="keys must be strings"):
+            tasks.echo.enqueue(counts={1: "one"})
+        assert redis_keys(broker) == []
+
     def test_arguments_that_are_not_json_fail_as_in_django(self, redis_tasks, broker):
         with pytest.raises(TypeError):
             tasks.add.enqueue(object(), 1)

@@ -14,6 +14,14 @@ from tests.support.enqueued import enqueued_keys
 pytestmark = pytest.mark.django_db
 
 
+def nested(levels: int) -> list:
+    """A list `levels` deep: [[...[0]...]]."""
+    value: list = [0]
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
 def test_enqueue_pushes_a_task_and_a_ready_record(broker):
     [task] = enqueue("demo.echo", [1, 2], {"k": "v"}, headers={"trace": "abc"})
     [raw] = broker.client.lrange(broker.keys.pending("default"), 0, -1)
@@ -62,6 +70,12 @@ def test_priority_goes_to_the_prioritized_set(broker):
     assert broker.client.zcard(broker.keys.prioritized("default")) == 1
 
 
+def test_arguments_nested_64_levels_deep_reach_the_record_whole(broker):
+    [task] = enqueue("demo.echo", nested(64), {"k": nested(63)})  # the args array and the kwargs object count
+    record = ResultRecord.from_fields(broker.get_result(task.id))
+    assert (record.args, record.kwargs) == (nested(64), {"k": nested(63)})
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
@@ -72,6 +86,11 @@ def test_priority_goes_to_the_prioritized_set(broker):
         ({"type_name": "demo.echo", "kwargs": [1]}, "kwargs must be a JSON object"),
         ({"type_name": "demo.echo", "args": [object()]}, "JSON-serializable"),
         ({"type_name": "demo.echo", "args": [float("nan")]}, "JSON-serializable"),
+        ({"type_name": "demo.echo", "args": nested(65)}, "nest at most 64 levels"),
+        ({"type_name": "demo.echo", "kwargs": {"k": nested(64)}}, "nest at most 64 levels"),
+        ({"type_name": "demo.echo", "args": [nested(100_000)]}, "nest at most 64 levels"),  # past the encoder's stack
+        ({"type_name": "demo.echo", "args": [{1: "a", "1": "b"}]}, "keys must be strings, got 1"),
+        ({"type_name": "demo.echo", "kwargs": {"k": [{None: 0}]}}, "keys must be strings, got None"),
         ({"type_name": "demo.echo", "queue": "a b"}, "invalid queue"),
         ({"type_name": "demo.echo", "priority": 101}, "priority must be an integer from -100 to 100"),
         ({"type_name": "demo.echo", "priority": True}, "priority must be an integer"),

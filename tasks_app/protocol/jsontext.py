@@ -40,6 +40,25 @@ def depth(value: Any) -> int:
     return deepest
 
 
+def argument_problem(value: list[Any] | dict[str, Any], max_depth: int = MAX_JSON_DEPTH) -> str | None:
+    """Say why JSON-encodable `value` would not reach a handler as given (too deep, a key not a string), or None."""
+    # JSON writes the keys 1 and True as "1" and "true": the handler would get other keys, or lose a value.
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if level > max_depth:
+            return f"arguments may nest at most {max_depth} levels"
+        if isinstance(item, dict):
+            for key in item:
+                if not isinstance(key, str):
+                    return f"object keys must be strings, got {key!r}"
+            item = item.values()
+        children = [child for child in item if isinstance(child, (list, tuple, dict))]
+        if children:
+            stack += [(child, level + 1) for child in children]
+    return None
+
+
 def loads_bounded(text: str | bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """Parse JSON text; raise ValueError if it is invalid, JsonTooDeep if it nests over `max_depth`."""
     try:

@@ -1,18 +1,18 @@
 """`manage.py enqueue`: validate and enqueue tasks, printing one id per line."""
 
 import argparse
-import json
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from tasks_app.producer import EnqueueError, QueueUnavailable, enqueue
+from tasks_app.protocol.jsontext import loads_bounded
 
 
 def json_value(text: str) -> Any:
     try:
-        return json.loads(text)
-    except ValueError as exc:
+        return loads_bounded(text)
+    except ValueError as exc:  # JsonTooDeep too: deeper arguments would be refused anyway
         raise argparse.ArgumentTypeError(f"invalid JSON: {exc}") from None
 
 
