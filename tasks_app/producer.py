@@ -87,12 +87,12 @@ def enqueue(
     broker: Broker | None = None,
 ) -> list[EnqueuedTask]:
     """Validate and enqueue `count` tasks of one type in one round trip; return what was pushed."""
-    if not isinstance(count, int) or count < 1:
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise EnqueueError(f"count must be a positive integer, got {count!r}")
     request = TaskRequest(
         type=type_name,
         args=args,
-        kwargs=kwargs or {},
+        kwargs={} if kwargs is None else kwargs,
         queue=queue,
         priority=priority,
         delay_s=delay_s,
@@ -193,6 +193,8 @@ class _Prepared(NamedTuple):
 def _prepare(request: TaskRequest, configs: dict[str, TaskTypeConfig], registry: Registry, now_ms: int) -> _Prepared:
     config = configs.get(request.type) or _task_type(request.type, registry)
     configs[request.type] = config
+    if request.task_id is not None:
+        _check_task_id(request.task_id)
     delay_ms = _delay_ms(request, now_ms)
     task, args_json, kwargs_json = _build_task(request, config, now_ms, delay_ms)
     task.unique_digest = unique_digest(request, config)
@@ -204,6 +206,17 @@ def _prepare(request: TaskRequest, configs: dict[str, TaskTypeConfig], registry:
 
 
 MAX_UNIQUE_KEY_CHARS = 1000
+MAX_TASK_ID_CHARS = 200
+
+
+def _check_task_id(task_id: str) -> None:
+    """Refuse a caller's task id that is not 1 to MAX_TASK_ID_CHARS characters of UTF-8 text."""
+    try:
+        valid = isinstance(task_id, str) and 1 <= len(task_id) <= MAX_TASK_ID_CHARS and bool(task_id.encode())
+    except UnicodeEncodeError:  # a lone surrogate
+        valid = False
+    if not valid:
+        raise EnqueueError(f"task_id must be 1 to {MAX_TASK_ID_CHARS} characters of UTF-8 text, got {task_id!r:.120}")
 
 
 def unique_digest(request: TaskRequest, config: TaskTypeConfig) -> str:
@@ -278,21 +291,27 @@ def _build_task(request: TaskRequest, config: TaskTypeConfig, now_ms: int, delay
         enqueued_at_ms=now_ms,
         run_after_ms=now_ms + delay_ms if delay_ms else 0,
     )
-    for key, value in request.headers.items():
-        task.headers[str(key)] = str(value)
+    try:
+        for key, value in request.headers.items():
+            task.headers[str(key)] = str(value)
+    except (AttributeError, ValueError) as exc:  # not a mapping, or a lone surrogate (UnicodeEncodeError)
+        raise EnqueueError(f"headers must map names to UTF-8 text: {exc}") from None
     return task, args_json, kwargs_json
 
 
 def _delay_ms(request: TaskRequest, now_ms: int) -> int:
     """How long from now (ms) the task waits: Redis scores it on its own clock, not this one."""
     delay_s, max_delay_s = request.delay_s, settings.TASKS_MAX_DELAY_S
-    if isinstance(delay_s, bool) or not isinstance(delay_s, (int, float)) or not math.isfinite(delay_s) or delay_s < 0:
+    # Compared, not math.isfinite(): that raises OverflowError for an int past the floats.
+    if isinstance(delay_s, bool) or not isinstance(delay_s, (int, float)) or not 0 <= delay_s < math.inf:
         raise EnqueueError(f"delay must be a non-negative number of seconds, got {delay_s!r}")
     if delay_s > max_delay_s:
         raise EnqueueError(f"delay must be at most {max_delay_s} seconds (TASKS_MAX_DELAY_S), got {delay_s!r}")
     if request.run_after is None:
         return int(delay_s * 1000)
-    if request.run_after.tzinfo is None:
+    if not isinstance(request.run_after, datetime):
+        raise EnqueueError(f"run_after must be a datetime, got {request.run_after!r}")
+    if request.run_after.utcoffset() is None:  # a tzinfo without an offset is naive too
         raise EnqueueError("run_after must be timezone-aware")
     delay_ms = ms_of_datetime(request.run_after) - now_ms
     if delay_ms > max_delay_s * 1000:

@@ -1,7 +1,7 @@
 """Validation and encoding on the producer side."""
 
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 
 import pytest
 
@@ -12,6 +12,16 @@ from tasks_app.protocol.results import ResultRecord
 from tests.support.enqueued import enqueued_keys
 
 pytestmark = pytest.mark.django_db
+
+
+class NoOffset(tzinfo):
+    """A time zone that knows no offset: its datetimes are naive, tzinfo or not."""
+
+    def utcoffset(self, dt: datetime | None) -> None:
+        return None
+
+    def localize(self) -> datetime:
+        return datetime(2030, 1, 1, tzinfo=self)
 
 
 def nested(levels: int) -> list:
@@ -97,13 +107,27 @@ def test_arguments_nested_64_levels_deep_reach_the_record_whole(broker):
         ({"type_name": "demo.echo", "delay_s": -1}, "delay must be a non-negative"),
         ({"type_name": "demo.echo", "delay_s": float("inf")}, "delay must be a non-negative"),
         ({"type_name": "demo.echo", "run_after": datetime(2030, 1, 1)}, "timezone-aware"),
+        ({"type_name": "demo.echo", "run_after": NoOffset().localize()}, "timezone-aware"),
+        ({"type_name": "demo.echo", "run_after": "2030-01-01T00:00:00Z"}, "run_after must be a datetime"),
+        ({"type_name": "demo.echo", "delay_s": 10**400}, "delay must be at most"),
+        ({"type_name": "demo.echo", "kwargs": []}, "kwargs must be a JSON object"),
+        ({"type_name": "demo.echo", "kwargs": 0}, "kwargs must be a JSON object"),
+        ({"type_name": "demo.echo", "headers": {"trace": "\ud800"}}, "headers must map names to UTF-8 text"),
         ({"type_name": "demo.echo", "count": 0}, "count must be a positive integer"),
+        ({"type_name": "demo.echo", "count": True}, "count must be a positive integer"),
     ],
 )
 def test_invalid_requests_are_rejected_before_anything_is_pushed(broker, kwargs, message):
     type_name = kwargs.pop("type_name")
     with pytest.raises(EnqueueError, match=message):
         enqueue(type_name, **kwargs)
+    assert enqueued_keys(broker) == []
+
+
+@pytest.mark.parametrize("task_id", [5, "", "x" * 201, "\ud800", b"raw"])
+def test_caller_task_ids_that_are_not_short_utf8_text_are_rejected(broker, task_id):
+    with pytest.raises(EnqueueError, match="task_id must be 1 to 200 characters"):
+        enqueue_many([TaskRequest("demo.echo", task_id="fine"), TaskRequest("demo.echo", task_id=task_id)])
     assert enqueued_keys(broker) == []
 
 
