@@ -253,23 +253,7 @@ def _task_type(name: str, registry: Registry) -> TaskTypeConfig:
 
 def _build_task(request: TaskRequest, config: TaskTypeConfig, now_ms: int, delay_ms: int) -> tuple[Task, str, str]:
     """The task without an id, and the JSON texts of its args and kwargs ("" when empty)."""
-    if isinstance(request.args, (str, bytes, Mapping)) or not isinstance(request.args, Sequence):
-        raise EnqueueError("args must be a JSON array")
-    if not isinstance(request.kwargs, Mapping) or not all(isinstance(k, str) for k in request.kwargs):
-        raise EnqueueError("kwargs must be a JSON object with string keys")
-    try:
-        args_json, kwargs_json = encode_arguments(request.args, request.kwargs)
-        payload = payload_of(args_json, kwargs_json)
-    except (TypeError, ValueError) as exc:
-        raise EnqueueError(f"arguments must be JSON-serializable: {exc}") from None
-    except RecursionError:
-        raise EnqueueError(f"arguments may nest at most {MAX_JSON_DEPTH} levels") from None
-    # Checked once encoded: the encoder has refused cycles, which this walk would follow forever.
-    problem = argument_problem(list(request.args)) or argument_problem(dict(request.kwargs))
-    if problem:
-        raise EnqueueError(problem)
-    if len(payload) > settings.TASKS_MAX_PAYLOAD_BYTES:
-        raise EnqueueError(f"payload is {len(payload)} bytes, over the limit of {settings.TASKS_MAX_PAYLOAD_BYTES}")
+    args_json, kwargs_json, payload = _encoded_arguments(request)
     queue = request.queue or config.queue
     try:
         validate_name(queue, "queue")
@@ -297,6 +281,28 @@ def _build_task(request: TaskRequest, config: TaskTypeConfig, now_ms: int, delay
     except (AttributeError, ValueError) as exc:  # not a mapping, or a lone surrogate (UnicodeEncodeError)
         raise EnqueueError(f"headers must map names to UTF-8 text: {exc}") from None
     return task, args_json, kwargs_json
+
+
+def _encoded_arguments(request: TaskRequest) -> tuple[str, str, bytes]:
+    """The JSON texts of the request's args and kwargs ("" when empty) and its payload; EnqueueError if refused."""
+    if isinstance(request.args, (str, bytes, Mapping)) or not isinstance(request.args, Sequence):
+        raise EnqueueError("args must be a JSON array")
+    if not isinstance(request.kwargs, Mapping) or not all(isinstance(k, str) for k in request.kwargs):
+        raise EnqueueError("kwargs must be a JSON object with string keys")
+    try:
+        args_json, kwargs_json = encode_arguments(request.args, request.kwargs)
+        payload = payload_of(args_json, kwargs_json)
+    except (TypeError, ValueError) as exc:
+        raise EnqueueError(f"arguments must be JSON-serializable: {exc}") from None
+    except RecursionError:
+        raise EnqueueError(f"arguments may nest at most {MAX_JSON_DEPTH} levels") from None
+    # Checked once encoded: the encoder has refused cycles, which this walk would follow forever.
+    problem = argument_problem(list(request.args)) or argument_problem(dict(request.kwargs))
+    if problem:
+        raise EnqueueError(problem)
+    if len(payload) > settings.TASKS_MAX_PAYLOAD_BYTES:
+        raise EnqueueError(f"payload is {len(payload)} bytes, over the limit of {settings.TASKS_MAX_PAYLOAD_BYTES}")
+    return args_json, kwargs_json, payload
 
 
 def _delay_ms(request: TaskRequest, now_ms: int) -> int:
