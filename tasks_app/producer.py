@@ -151,15 +151,13 @@ def prepare(requests: Sequence[TaskRequest], *, registry: Registry = default_reg
 def push(batch: PreparedBatch, *, broker: Broker | None = None) -> list[EnqueuedTask]:
     """Push a prepared batch; return what was enqueued (duplicates of unique tasks carry the first one's id).
 
-    One round trip for ordinary tasks, one more for tasks of unique types (a script each).
-    Raise QueueUnavailable if Redis does not take them.
+    One round trip (tasks of unique types cost a script each). Raise QueueUnavailable if Redis
+    does not take them.
     """
     enqueued = list(batch.enqueued)
     try:
-        if batch.items:
-            (broker or get_broker()).enqueue(batch.items, batch.result_ttl_s)
-        if batch.uniques:
-            holders = (broker or get_broker()).enqueue_unique([u for _, u in batch.uniques], batch.result_ttl_s)
+        if batch.items or batch.uniques:
+            holders = (broker or get_broker()).enqueue(batch.items, batch.result_ttl_s, [u for _, u in batch.uniques])
             for (position, _), holder in zip(batch.uniques, holders, strict=True):
                 if holder is not None:
                     enqueued[position] = replace(enqueued[position], id=holder, duplicate=True)

@@ -1,12 +1,11 @@
 """`Broker`, the only code that talks to Redis: one method per operation, each one round trip or one script.
 
-Producing, claiming and finishing are here; leases, inspection and replicated result writes are
-in the modules whose classes it inherits (leases.py, inspection.py, replication.py).
+Claiming and finishing are here; producing, leases, inspection and replicated result writes are
+in the modules whose classes it inherits (producing.py, leases.py, inspection.py, replication.py).
 
 Every key of a queue carries the hash tag ``{queue}``, so each queue script touches one Redis
-Cluster slot; every key a script touches is passed to it in KEYS. Two producer scripts
-(`enqueue_batch` with many queues or records, `enqueue_one`) span slots on a single server; on
-a Redis Cluster each call of `enqueue_batch` holds one queue or one record. See docs/PROTOCOL.md.
+Cluster slot; every key a script touches is passed to it in KEYS (the producer's scripts that
+span slots run on a single server only, see producing.py). See docs/PROTOCOL.md.
 """
 
 from __future__ import annotations
@@ -19,27 +18,22 @@ from typing import Any
 
 import redis
 
-from tasks_app.protocol import batch_args, history
-from tasks_app.protocol.batch_args import Enqueueable
-from tasks_app.protocol.control import ControlOps
+# Enqueueable: re-exported, the type callers of `Broker.enqueue` build.
+from tasks_app.protocol.batch_args import Enqueueable as Enqueueable
 from tasks_app.protocol.history import HISTORY_MAX, HistoryOps
 from tasks_app.protocol.inspection import THROUGHPUT_BUCKET_S, InspectionOps
 from tasks_app.protocol.keys import UNDECODABLE_TYPE, WAKE_TOKEN, Keys, delayed_member
 from tasks_app.protocol.leases import LeaseOps
 from tasks_app.protocol.pausing import PauseOps
 from tasks_app.protocol.periodic import PeriodicOps
+from tasks_app.protocol.producing import ProducingOps
 from tasks_app.protocol.replication import CLUSTER_WAIT_MS, Place, ReplicatedWrites
 from tasks_app.protocol.replies import AckReport, Claim, Promotion, ResultUpdate
 from tasks_app.protocol.scripts import Scripts, connect
 from tasks_app.protocol.slots import SlotOps
 
-# Ids given by callers are remembered per queue this long and up to this many, so a retry of a
-# partly enqueued batch (Redis Cluster) or of one whose reply was lost does not push them twice.
-ENQUEUED_IDS_KEEP_MS = 24 * 3600 * 1000
-ENQUEUED_IDS_MAX = 100_000
 
-
-class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ControlOps, SlotOps, PauseOps, HistoryOps, PeriodicOps):
+class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ProducingOps, SlotOps, PauseOps, HistoryOps, PeriodicOps):
     """Queue operations on Redis, each one round trip or one script."""
 
     def __init__(
@@ -75,100 +69,6 @@ class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ControlOps, SlotOps, Pau
             cluster_wait_ms=settings.TASKS_CLUSTER_WAIT_MS,
             history_max=settings.TASKS_HISTORY_MAX,
         )
-
-    # --- producing -------------------------------------------------------------------------
-    def enqueue(self, items: Sequence[Enqueueable], result_ttl_s: int) -> None:
-        """Write each task's READY record (kept result_ttl_s past its due time) and push the tasks.
-
-        On a single Redis server all or nothing (see `_enqueue_on_server`). On Redis Cluster one
-        call per queue and per record in one round trip: some may be pushed when an error is raised.
-        """
-        if len(items) == 1 and self._enqueue_one(items[0], result_ttl_s):
-            return
-        new_queues = {item.queue for item in items} - self._announced_queues
-        if isinstance(self.client, redis.RedisCluster):
-            self._enqueue_on_cluster(items, result_ttl_s, new_queues)
-        else:
-            self._enqueue_on_server(items, result_ttl_s, new_queues)
-        self._announced_queues |= new_queues
-
-    def _enqueue_on_server(self, items: Sequence[Enqueueable], result_ttl_s: int, new_queues: set[str]) -> None:
-        # One enqueue_batch call, atomic on its own. Plain tasks are cheaper as native LPUSHes
-        # (no copy into Lua): then LPUSH and the script (by source, so NOSCRIPT cannot split
-        # them) run in MULTI/EXEC, which Redis refuses whole when it is out of memory.
-        sections = batch_args.sections(items)
-        records = [item for item in items if item.result_key_fields]
-        keys = [key for queue in sections for key in self._queue_section_keys(queue)]
-        keys += [self.keys.queues()] if new_queues else []
-        keys += [self.keys.result(item.task_id) for item in records]
-        args: list[Any] = [
-            WAKE_TOKEN,
-            ENQUEUED_IDS_KEEP_MS,
-            ENQUEUED_IDS_MAX,
-            "1" if new_queues else "0",
-            len(sections),
-            *history.header_args(self.history_max, result_ttl_s * 1000),
-        ]
-        for queue, section in sections.items():
-            args += section.args(queue, with_plain=False)
-        args += batch_args.record_groups(records, result_ttl_s)
-        if not any(section.plain for section in sections.values()):
-            self._script("enqueue_batch", keys, args)
-            return
-        pipe = self.client.pipeline(transaction=True)
-        for queue, section in sections.items():
-            if section.plain:
-                pipe.lpush(self.keys.pending(queue), *section.plain)
-        pipe.eval(self.scripts.sources["enqueue_batch"], len(keys), *keys, *args)
-        pipe.execute()
-
-    def _enqueue_on_cluster(self, items: Sequence[Enqueueable], result_ttl_s: int, new_queues: set[str]) -> None:
-        # Result keys and queues lie in different slots: one call per record, then one per queue.
-        pipe = self.client.pipeline(transaction=False)
-        head = [WAKE_TOKEN, ENQUEUED_IDS_KEEP_MS, ENQUEUED_IDS_MAX, "0"]
-        shape = history.header_args(self.history_max, result_ttl_s * 1000)
-        for item in items:
-            if item.result_key_fields:
-                keys = [self.keys.result(item.task_id)]
-                self.scripts.queue(pipe, "enqueue_batch", keys, batch_args.record_only_args(item, result_ttl_s))
-        for queue, section in batch_args.sections(items).items():
-            keys = self._queue_section_keys(queue)
-            self.scripts.queue(pipe, "enqueue_batch", keys, [*head, 1, *shape, *section.args(queue)])
-        if new_queues:
-            pipe.sadd(self.keys.queues(), *new_queues)
-        self.scripts.execute(pipe, self.client)
-
-    def _queue_section_keys(self, queue: str) -> list[str]:
-        return [
-            self.keys.pending(queue),
-            self.keys.prioritized(queue),
-            self.keys.delayed(queue),
-            self.keys.enqueued(queue),
-            *history.index_keys(self.keys, queue),
-        ]
-
-    def _enqueue_one(self, item: Enqueueable, result_ttl_s: int) -> bool:
-        # The common single enqueue as a script call without the batch's sections (~15 % more
-        # tasks/s than a pipeline of two commands: the round trip is most of its cost). Its keys
-        # lie in different slots, so not on Redis Cluster. False: not applicable, nothing written.
-        if (
-            not item.plain
-            or not item.result_key_fields
-            or item.queue not in self._announced_queues
-            or isinstance(self.client, redis.RedisCluster)
-        ):
-            return False
-        keys = [
-            self.keys.result(item.task_id),
-            self.keys.pending(item.queue),
-            *history.index_keys(self.keys, item.queue),
-        ]
-        args: list[Any] = [result_ttl_s, item.raw, len(history.STATUSES), item.task_id, self.history_max]
-        args += history.STATUSES
-        for name, value in item.result_key_fields.items():
-            args += (name, value)
-        self._script("enqueue_one", keys, args)
-        return True
 
     # --- claiming --------------------------------------------------------------------------
     def claim(self, queue: str, consumer_id: str, max_tasks: int, *, drop_wake: bool = False) -> list[bytes] | None:

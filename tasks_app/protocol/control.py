@@ -77,10 +77,23 @@ class ControlOps(ScriptClient):
         same script. On Redis Cluster the READY records (another slot) are written in the same
         pipeline and those of duplicates deleted afterwards.
         """
-        cluster = isinstance(self.client, redis.RedisCluster)
         pipe = self.client.pipeline(transaction=False)
+        new_queues = self.queue_uniques(pipe, uniques, result_ttl_s)
+        holders = self.unique_holders(uniques, self.scripts.execute(pipe, self.client))
+        self._announced_queues |= new_queues
+        return holders
+
+    def queue_uniques(
+        self, pipe: Any, uniques: Sequence[UniqueEnqueueable], result_ttl_s: int, *, first_by_source: bool = False
+    ) -> set[str]:
+        """Add the calls of `enqueue_unique` to a pipeline; return the queues it announces (see `unique_holders`).
+
+        `first_by_source`: the first script call is sent as EVAL, which loads it for the others
+        in a MULTI/EXEC (where a NOSCRIPT would fail them alone, after the rest has run).
+        """
+        cluster = isinstance(self.client, redis.RedisCluster)
         index = history.header_args(self.history_max, result_ttl_s * 1000)
-        for unique in uniques:
+        for position, unique in enumerate(uniques):
             item = unique.item
             keys = [
                 self.keys.unique(item.queue, unique.digest),
@@ -97,15 +110,18 @@ class ControlOps(ScriptClient):
                 keys.append(self.keys.result(item.task_id))
             args = [item.task_id, unique.window_ms, WAKE_TOKEN, item.priority, item.delay_ms, item.raw]
             args += [result_ttl_s + item.delay_ms // 1000 + 1, *index, *record]
-            self.scripts.queue(pipe, "enqueue_unique", keys, args)
+            self.scripts.queue(pipe, "enqueue_unique", keys, args, by_source=first_by_source and position == 0)
         new_queues = {unique.item.queue for unique in uniques} - self._announced_queues
         if new_queues:
             pipe.sadd(self.keys.queues(), *new_queues)
-        replies = [reply for reply in self.scripts.execute(pipe, self.client) if isinstance(reply, list)]
-        self._announced_queues |= new_queues
-        holders = [None if int(pushed) else _text(holder) for pushed, holder in replies]
+        return new_queues
+
+    def unique_holders(self, uniques: Sequence[UniqueEnqueueable], replies: Sequence[Any]) -> list[str | None]:
+        """Per task of `uniques` None (pushed) or its holder's id, read from the replies of `queue_uniques`'s calls."""
+        scripts = [reply for reply in replies if isinstance(reply, list)]  # only they reply with a list: {pushed, id}
+        holders = [None if int(pushed) else _text(holder) for pushed, holder in scripts]
         duplicates = [unique.item.task_id for unique, holder in zip(uniques, holders, strict=True) if holder]
-        if cluster and duplicates:
+        if isinstance(self.client, redis.RedisCluster) and duplicates:
             self.client.delete(*(self.keys.result(task_id) for task_id in duplicates))
         return holders
 

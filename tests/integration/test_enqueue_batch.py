@@ -6,9 +6,12 @@ from pathlib import Path
 import pytest
 import redis
 
+from tasks_app.models import TaskType
 from tasks_app.producer import QueueUnavailable, TaskRequest, enqueue_many
 from tasks_app.protocol.broker import Broker
 from tests.chaos.servers import RedisClusterServers, RedisServer
+from tests.support.midway import MovesMidway
+from tests.support.proxy import RedisProxy
 
 pytestmark = pytest.mark.django_db
 
@@ -117,3 +120,22 @@ def test_on_a_cluster_a_partial_enqueue_is_completed_by_a_retry_without_duplicat
         assert broker.history_count(["A", b_queue], "READY", None) == 2000  # the history, in each queue's slot
     finally:
         cluster.remove()
+
+
+@pytest.mark.parametrize("cut_before_round_trip", [0, 1, 2])
+def test_a_batch_with_unique_tasks_is_enqueued_whole_or_not_at_all_when_redis_goes_away(server, cut_before_round_trip):
+    TaskType.objects.create(name="unique.echo", handler="demo.echo", unique_for_s=600)
+    proxy = RedisProxy(server.port)
+    try:
+        client = MovesMidway(redis.Redis.from_url(proxy.url), proxy.cut, before=cut_before_round_trip)
+        batch = [TaskRequest("demo.echo", [1]), TaskRequest("unique.echo", [2]), TaskRequest("demo.echo", [3])]
+        try:
+            enqueue_many(batch, broker=Broker(client, PREFIX))
+            outcome = "enqueued"
+        except QueueUnavailable:
+            outcome = "refused"
+    finally:
+        proxy.close()
+    direct = Broker(redis.Redis.from_url(server.url), PREFIX)
+    pushed = (queued(direct, "default"), records(direct.client))
+    assert (outcome, pushed) in {("enqueued", (3, 3)), ("refused", (0, 0))}

@@ -44,6 +44,9 @@ class _Pipeline:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._pipeline, name)
 
+    def __len__(self) -> int:
+        return len(self._pipeline)
+
     def execute(self, *args: Any, **kwargs: Any) -> Any:
         self._tick()
         return self._pipeline.execute(*args, **kwargs)

@@ -1,0 +1,143 @@
+"""Producing: `ProducingOps`, mixed into `Broker`, pushes tasks, their READY records and unique tasks.
+
+Two of its scripts (`enqueue_batch` with many queues or records, `enqueue_one`) span slots on a
+single server; on a Redis Cluster each call of `enqueue_batch` holds one queue or one record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+
+from tasks_app.protocol import batch_args, history
+from tasks_app.protocol.batch_args import Enqueueable
+from tasks_app.protocol.control import ControlOps, UniqueEnqueueable
+from tasks_app.protocol.keys import WAKE_TOKEN
+
+# Ids given by callers are remembered per queue this long and up to this many, so a retry of a
+# partly enqueued batch (Redis Cluster) or of one whose reply was lost does not push them twice.
+ENQUEUED_IDS_KEEP_MS = 24 * 3600 * 1000
+ENQUEUED_IDS_MAX = 100_000
+
+
+class ProducingOps(ControlOps):
+    """Enqueueing, all or nothing on a single Redis server."""
+
+    def enqueue(
+        self, items: Sequence[Enqueueable], result_ttl_s: int, uniques: Sequence[UniqueEnqueueable] = ()
+    ) -> list[str | None]:
+        """Write each task's READY record (kept result_ttl_s past its due time) and push the tasks,
+        and the `uniques` as `enqueue_unique` does; return its holders (None: pushed).
+
+        On a single Redis server all or nothing (see `_enqueue_on_server`). On Redis Cluster one
+        call per queue and per record in one round trip: some may be pushed when an error is raised.
+        """
+        if not uniques and len(items) == 1 and self._enqueue_one(items[0], result_ttl_s):
+            return []
+        new_queues = {item.queue for item in items} - self._announced_queues
+        if isinstance(self.client, redis.RedisCluster):
+            if items:
+                self._enqueue_on_cluster(items, result_ttl_s, new_queues)
+            self._announced_queues |= new_queues
+            return self.enqueue_unique(uniques, result_ttl_s) if uniques else []
+        holders = self._enqueue_on_server(items, result_ttl_s, new_queues, uniques)
+        self._announced_queues |= new_queues
+        return holders
+
+    def _enqueue_on_server(
+        self,
+        items: Sequence[Enqueueable],
+        result_ttl_s: int,
+        new_queues: set[str],
+        uniques: Sequence[UniqueEnqueueable],
+    ) -> list[str | None]:
+        # One enqueue_batch call, atomic on its own. Plain tasks are cheaper as native LPUSHes
+        # (no copy into Lua), and unique tasks need a script each: then the LPUSHes and the
+        # scripts (the first of each by source, so NOSCRIPT cannot split them) run in
+        # MULTI/EXEC, which Redis refuses whole when it is out of memory.
+        sections, keys, args = self._batch_call(items, result_ttl_s, new_queues)
+        if not uniques and not any(section.plain for section in sections.values()):
+            self._script("enqueue_batch", keys, args)
+            return []
+        pipe = self.client.pipeline(transaction=True)
+        for queue, section in sections.items():
+            if section.plain:
+                pipe.lpush(self.keys.pending(queue), *section.plain)
+        if items:
+            pipe.eval(self.scripts.sources["enqueue_batch"], len(keys), *keys, *args)
+        unique_queues = self.queue_uniques(pipe, uniques, result_ttl_s, first_by_source=True)
+        holders = self.unique_holders(uniques, pipe.execute())
+        self._announced_queues |= unique_queues
+        return holders
+
+    def _batch_call(
+        self, items: Sequence[Enqueueable], result_ttl_s: int, new_queues: set[str]
+    ) -> tuple[dict[str, batch_args.Section], list[str], list[Any]]:
+        """The sections of `items`, and the KEYS and ARGV of one enqueue_batch call (plain tasks left out)."""
+        sections = batch_args.sections(items)
+        records = [item for item in items if item.result_key_fields]
+        keys = [key for queue in sections for key in self._queue_section_keys(queue)]
+        keys += [self.keys.queues()] if new_queues else []
+        keys += [self.keys.result(item.task_id) for item in records]
+        args: list[Any] = [
+            WAKE_TOKEN,
+            ENQUEUED_IDS_KEEP_MS,
+            ENQUEUED_IDS_MAX,
+            "1" if new_queues else "0",
+            len(sections),
+            *history.header_args(self.history_max, result_ttl_s * 1000),
+        ]
+        for queue, section in sections.items():
+            args += section.args(queue, with_plain=False)
+        args += batch_args.record_groups(records, result_ttl_s)
+        return sections, keys, args
+
+    def _enqueue_on_cluster(self, items: Sequence[Enqueueable], result_ttl_s: int, new_queues: set[str]) -> None:
+        # Result keys and queues lie in different slots: one call per record, then one per queue.
+        pipe = self.client.pipeline(transaction=False)
+        head = [WAKE_TOKEN, ENQUEUED_IDS_KEEP_MS, ENQUEUED_IDS_MAX, "0"]
+        shape = history.header_args(self.history_max, result_ttl_s * 1000)
+        for item in items:
+            if item.result_key_fields:
+                keys = [self.keys.result(item.task_id)]
+                self.scripts.queue(pipe, "enqueue_batch", keys, batch_args.record_only_args(item, result_ttl_s))
+        for queue, section in batch_args.sections(items).items():
+            keys = self._queue_section_keys(queue)
+            self.scripts.queue(pipe, "enqueue_batch", keys, [*head, 1, *shape, *section.args(queue)])
+        if new_queues:
+            pipe.sadd(self.keys.queues(), *new_queues)
+        self.scripts.execute(pipe, self.client)
+
+    def _queue_section_keys(self, queue: str) -> list[str]:
+        return [
+            self.keys.pending(queue),
+            self.keys.prioritized(queue),
+            self.keys.delayed(queue),
+            self.keys.enqueued(queue),
+            *history.index_keys(self.keys, queue),
+        ]
+
+    def _enqueue_one(self, item: Enqueueable, result_ttl_s: int) -> bool:
+        # The common single enqueue as a script call without the batch's sections (~15 % more
+        # tasks/s than a pipeline of two commands: the round trip is most of its cost). Its keys
+        # lie in different slots, so not on Redis Cluster. False: not applicable, nothing written.
+        if (
+            not item.plain
+            or not item.result_key_fields
+            or item.queue not in self._announced_queues
+            or isinstance(self.client, redis.RedisCluster)
+        ):
+            return False
+        keys = [
+            self.keys.result(item.task_id),
+            self.keys.pending(item.queue),
+            *history.index_keys(self.keys, item.queue),
+        ]
+        args: list[Any] = [result_ttl_s, item.raw, len(history.STATUSES), item.task_id, self.history_max]
+        args += history.STATUSES
+        for name, value in item.result_key_fields.items():
+            args += (name, value)
+        self._script("enqueue_one", keys, args)
+        return True
