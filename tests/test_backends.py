@@ -197,6 +197,12 @@ class TestEnqueue:
         assert tasks.add.get_result(high.id).task.priority == 50
         assert tasks.add.get_result(other.id).task.queue_name == "other"
 
+    def test_a_whole_float_priority_is_taken_as_django_allows(self, redis_tasks, broker):
+        result = tasks.add.using(priority=5.0).enqueue(1, 2)
+        assert tasks.add.get_result(result.id).task.priority == 5
+        with pytest.raises(InvalidTask, match="whole number"):
+            tasks.add.using(priority=5.5)
+
     def test_run_after_goes_to_the_delayed_set(self, redis_tasks, broker):
         run_after = datetime.now(tz=UTC) + timedelta(minutes=5)
         result = tasks.add.using(run_after=run_after).enqueue(1, 2)

@@ -147,7 +147,7 @@ def _request(task: Task, result: TaskResult[Any, Any]) -> TaskRequest:
         args=result.args,
         kwargs=result.kwargs,
         queue=task.queue_name,
-        priority=task.priority,
+        priority=int(task.priority),  # Django allows a whole float (5.0); validate_task checked it
         run_after=run_after,
         task_id=result.id,
     )
