@@ -257,7 +257,7 @@ class Consumer:
         with self._held_lock:
             return Counter({raw: n for (q, c, raw), n in self._held.items() if q == queue and c == consumer_id})
 
-    def _return_unstarted(self, claimed: list[Claimed]) -> None:
+    def _return_unstarted(self, claimed: list[Claimed], give_up: threading.Event | None = None) -> None:
         by_owner: dict[tuple[str, str], list[bytes]] = {}
         for item in claimed:
             by_owner.setdefault((item.queue, item.consumer_id), []).append(item.raw)
@@ -266,7 +266,7 @@ class Consumer:
                 until_done(
                     partial(self.broker.return_unstarted, queue, consumer_id, raws),
                     what="return_unstarted",
-                    give_up=self.give_up,
+                    give_up=give_up or self.give_up,
                 )
             except GaveUp:
                 logger.error("could not return %d unstarted task(s); the lease will recover them", len(raws))
@@ -346,20 +346,7 @@ class Consumer:
         self.claiming_stopped.set()
         for thread in self._claimers:
             thread.join(timeout=self.options.block_s + 1)
-        unstarted: list[Claimed] = []
-        while True:
-            try:
-                unstarted.append(self.work.get_nowait())
-            except queue_module.Empty:
-                break
-        if unstarted:
-            self._return_unstarted(unstarted)
-        deadline = time.monotonic() + self.options.grace_s
-        while time.monotonic() < deadline:
-            with self._busy_lock:
-                if self._busy + self.executor.async_running() <= self.executor.hung():  # not for hung ones
-                    break
-            time.sleep(0.05)
+        self._finish_within_grace()
         self.executor.wait_hung_settled(timeout_s=self.options.grace_s + 5)  # their failures go before deregistering
         with self._busy_lock:
             still_running = self._busy
@@ -378,6 +365,31 @@ class Consumer:
         self.executor.close()
         logger.info("consumer %s stopped", self.consumer_id)
         return self.exit_code
+
+    def _finish_within_grace(self) -> None:
+        """Return the tasks that never started and let the running ones finish, in one grace period.
+
+        With Redis away the return is given up once the grace period is over (the lease then
+        recovers those tasks) instead of holding the stop until Redis is back.
+        """
+        grace_over = threading.Event()
+        timer = threading.Timer(self.options.grace_s, grace_over.set)
+        timer.daemon = True
+        timer.start()
+        unstarted: list[Claimed] = []
+        while True:
+            try:
+                unstarted.append(self.work.get_nowait())
+            except queue_module.Empty:
+                break
+        if unstarted:
+            self._return_unstarted(unstarted, give_up=grace_over)
+        while not grace_over.is_set():
+            with self._busy_lock:
+                if self._busy + self.executor.async_running() <= self.executor.hung():  # not for hung ones
+                    break
+            grace_over.wait(0.05)
+        timer.cancel()
 
     # --- signals ---------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:

@@ -2,12 +2,17 @@
 
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
 from tasks_app import producer
-from tasks_app.protocol.codec import decode_task
+from tasks_app.protocol.broker import Broker, Enqueueable
+from tasks_app.protocol.codec import decode_task, encode_payload
 from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.scripts import connect
+from tests.chaos.servers import RedisServer
+from tests.support.claims import task_bytes
 from tests.support.processes import wait_until
 from tests.support.recording import recorded_runs, runs_per_task
 
@@ -64,6 +69,30 @@ def test_sigterm_finishes_in_flight_tasks_and_returns_unstarted_ones(broker, con
     next_up = decode_task(broker.client.lindex(broker.keys.pending("default"), -1)).id
     unstarted = [t.id for t in tasks if t.id not in started]
     assert next_up == unstarted[0]
+
+
+def test_sigterm_while_redis_is_down_exits_within_the_grace_period_leaving_the_tasks_to_the_lease(
+    tmp_path: Path, key_prefix, consumer_process
+):
+    # Before: the stop retried returning its prefetched tasks until Redis came back, for good.
+    server = RedisServer(tmp_path, "--appendonly", "yes", "--appendfsync", "always").start()
+    try:
+        private = Broker(connect(server.url), key_prefix)
+        slow = encode_payload([], {"sleep_s": 3.0})  # the one running outlasts the grace period
+        raws = [task_bytes(f"t{n}", queue="default", payload=slow) for n in range(6)]
+        private.enqueue([Enqueueable(queue="default", raw=raw) for raw in raws], result_ttl_s=60)
+        args = ("--consumer-id", "cut-off", "--concurrency", "1", "--prefetch", "4", "--grace", "1")
+        consumer = consumer_process(*args, REDIS_URL=server.url)
+        processing = private.keys.processing("default", "cut-off")
+        wait_until(lambda: private.client.llen(processing) == 5 and recorded_runs(private), 30, message="a full hand")
+        server.kill()
+        assert consumer.terminate(timeout_s=30) == 0, consumer.log()
+        server.start()
+        assert private.client.llen(processing) == 5, "nothing lost: what it held waits in its list"
+        assert private.client.llen(private.keys.pending("default")) == 1
+        assert private.client.zscore(private.keys.consumers("default"), "cut-off") is not None, "for the reapers"
+    finally:
+        server.remove()
 
 
 def test_a_consumer_never_holds_more_than_concurrency_plus_prefetch(broker, consumer_process):
