@@ -103,12 +103,22 @@ class ProcessGuard:
 
     def _beat_forever(self) -> None:
         beat = Path(self.options.supervisor_beat) if self.options.supervisor_beat else None
-        while not self._stop.wait(0 if beat is not None and not beat.exists() else BEAT_EVERY_S):
+        wait_s = 0.0  # the first beat at once: the supervisor waits for it
+        while not self._stop.wait(wait_s):
+            wait_s = BEAT_EVERY_S
             if beat is not None:
-                beat.touch()
                 if os.getppid() != self._parent:
                     self.leave(0, "its supervisor is gone: stopping")
+                self._touch(beat)
             self._check_memory()
+
+    def _touch(self, beat: Path) -> None:
+        # A supervisor that crashed removed its beat files on its way out: this thread must live
+        # on to see it gone (one that is still there kills a child whose beat stops).
+        try:
+            beat.touch()
+        except OSError as exc:
+            logger.error("cannot touch the beat file %s: %s", beat, exc)
 
     def _check_memory(self) -> None:
         limit = self.options.max_memory_mb

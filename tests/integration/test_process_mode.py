@@ -1,7 +1,10 @@
 """Process mode: `runconsumer --processes N` replaces dead children, stops cleanly, recycles, enforces hard limits."""
 
 import os
+import shutil
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -10,7 +13,7 @@ from tasks_app import producer
 from tasks_app.models import TaskType
 from tasks_app.protocol.results import ResultRecord
 from tests.support.process_tree import alive, children_of
-from tests.support.processes import wait_until
+from tests.support.processes import PROJECT_DIR, consumer_env, wait_until
 from tests.support.recording import marks, recorded_runs, runs_per_task
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -115,3 +118,25 @@ def test_a_handler_stuck_in_c_past_its_hard_limit_is_failed_and_its_process_repl
     wait_until(lambda: children_of(group.pid) not in ([], [start["pid"]]), 30, message="a replacement")
     assert group.terminate(timeout_s=60) == 0, group.log()
     assert "exited with status 76; replacing it" in group.log()
+
+
+def test_a_child_whose_supervisor_died_after_removing_its_beat_files_stops_by_itself(broker, tmp_path):
+    # A supervisor that crashes removes its beat files on its way out; before, the child's beat
+    # thread died on the missing file, so the orphan never noticed its supervisor was gone.
+    beats = tmp_path / "beats"
+    beats.mkdir()
+    consumer = [sys.executable, str(PROJECT_DIR / "manage.py"), "runconsumer", "--consumer-id", "orphan"]
+    consumer += ["--supervisor-beat", str(beats / "beat-0"), "--lease", "2"]
+    supervisor = subprocess.Popen(
+        ["sh", "-c", '"$@" & wait', "sh", *consumer], env=consumer_env(broker.keys.prefix), start_new_session=True
+    )
+    try:
+        wait_until(lambda: (beats / "beat-0").exists() and children_of(supervisor.pid), 60, message="a beating child")
+        [child] = children_of(supervisor.pid)
+        shutil.rmtree(beats)
+        supervisor.kill()
+        supervisor.wait(10)
+        wait_until(lambda: not alive(child), 30, message="the orphan to stop")
+        assert broker.live_consumers("default") == [], "it left cleanly"
+    finally:
+        os.killpg(supervisor.pid, signal.SIGKILL)
