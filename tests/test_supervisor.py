@@ -114,3 +114,20 @@ def test_a_recycled_child_is_replaced_at_once_and_a_burst_child_done_is_not():
     burst._tend(done)
     tend_until(burst, lambda: done.process is None)
     assert done.start_at < 0, "not replaced"
+
+
+def test_a_child_that_cannot_be_started_is_tried_again_after_a_backoff(caplog, tmp_path):
+    # Before: the fork's OSError (a process limit reached, say) ended the supervisor and its group.
+    command = tmp_path / "consumer"
+    supervisor = Supervisor(lambda index, beat: [str(command)], 1)
+    [child] = supervisor.children
+    supervisor._tend(child)
+    assert child.process is None and child.backoff_s > 0 and child.start_at > time.monotonic()
+    assert "consumer process 0 could not start" in caplog.text
+    command.write_text("#!/bin/sh\nsleep 30\n")
+    command.chmod(0o755)
+    child.start_at = time.monotonic()
+    supervisor._tend(child)
+    assert child.process is not None and child.process.poll() is None, "started once it can be"
+    child.process.kill()
+    child.process.wait()

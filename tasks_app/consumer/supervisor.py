@@ -159,7 +159,14 @@ class Supervisor:
 
     def _start(self, child: Child) -> None:
         child.beat.unlink(missing_ok=True)
-        child.process = subprocess.Popen(list(self.command(child.index, child.beat)), env=child_env())
+        try:
+            child.process = subprocess.Popen(list(self.command(child.index, child.beat)), env=child_env())
+        except OSError as exc:  # fork refused (a process limit, memory): a crash at start, not the group's end
+            self._back_off(child, lived_s=0.0)
+            logger.error(
+                "consumer process %d could not start: %s; trying again in %.1f s", child.index, exc, child.backoff_s
+            )
+            return
         child.started_at = time.monotonic()
         logger.info("consumer process %d started (pid %d)", child.index, child.process.pid)
 
@@ -184,10 +191,7 @@ class Supervisor:
             logger.warning("consumer process %d (pid %d) %s; replacing it", child.index, pid, describe_exit(returncode))
             child.backoff_s, child.start_at = 0.0, time.monotonic()
             return
-        child.backoff_s = (
-            0.0 if lived_s >= STABLE_AFTER_S else min(MAX_BACKOFF_S, max(FIRST_BACKOFF_S, 2 * child.backoff_s))
-        )
-        child.start_at = time.monotonic() + child.backoff_s
+        self._back_off(child, lived_s)
         logger.error(
             "consumer process %d (pid %d) %s after %.1f s; replacing it in %.1f s",
             child.index,
@@ -196,6 +200,13 @@ class Supervisor:
             lived_s,
             child.backoff_s,
         )
+
+    @staticmethod
+    def _back_off(child: Child, lived_s: float) -> None:
+        """Schedule a crashed child's replacement: at once after a stable run, else after a doubling backoff."""
+        stable = lived_s >= STABLE_AFTER_S
+        child.backoff_s = 0.0 if stable else min(MAX_BACKOFF_S, max(FIRST_BACKOFF_S, 2 * child.backoff_s))
+        child.start_at = time.monotonic() + child.backoff_s
 
     def _refresh_health(self) -> None:
         """Touch the group's health file while every child's own health file is fresh."""
