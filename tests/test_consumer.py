@@ -16,7 +16,7 @@ import redis
 from django.conf import settings
 from redis.exceptions import RedisError
 
-from tasks_app.consumer import lifecycle as consumer_module
+from tasks_app.consumer import stop_signals
 from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.lifecycle import ClaimerLoop, Consumer
 from tasks_app.consumer.options import ConsumerOptions
@@ -319,7 +319,7 @@ def signalled(broker, monkeypatch) -> Iterator[tuple[Consumer, list[int]]]:
     consumer = make_consumer(broker)
     exits: list[int] = []
     monkeypatch.setattr(os, "_exit", exits.append)
-    monkeypatch.setattr(consumer_module, "SIGNAL_ECHO_S", 0.2)
+    monkeypatch.setattr(stop_signals, "SIGNAL_ECHO_S", 0.2)
     previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
     consumer.install_signal_handlers()
     yield consumer, exits

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import queue as queue_module
-import signal
 import socket
 import threading
 import time
@@ -13,7 +12,6 @@ import uuid
 from collections import Counter
 from collections.abc import Sequence
 from functools import partial
-from types import FrameType
 
 from django.conf import settings
 from django.db import close_old_connections
@@ -44,6 +42,7 @@ from tasks_app.consumer.periodic_loop import scheduler_loops
 from tasks_app.consumer.process_mode import ProcessGuard
 from tasks_app.consumer.reaped import record_reaped
 from tasks_app.consumer.retrying import GaveUp, until_done
+from tasks_app.consumer.stop_signals import install_stop_signals
 from tasks_app.protocol.broker import Broker
 from tasks_app.registry import Registry, registry as default_registry
 from tasks_app.task_types import TaskTypeCache
@@ -51,8 +50,6 @@ from tasks_app.task_types import TaskTypeCache
 logger = logging.getLogger(__name__)
 
 HEALTH_CHECK_S = 5.0
-# Ctrl-C reaches the whole process group, and supervisors pass it on too: a signal this soon is the same request.
-SIGNAL_ECHO_S = 1.0
 # How often a worker holding a task looks again whether the lease was renewed.
 LEASE_WAIT_S = 0.05
 
@@ -119,7 +116,6 @@ class Consumer:
         # At most one suspect (a task recovered from a consumer that died) is held at a time.
         self._suspect_reserved = False
         self._suspect_slot = threading.Lock()
-        self._first_signal_at: float | None = None
         self.exit_code = 0  # what `leave` asks for (process mode)
         self.guard = ProcessGuard(self.options, lambda *limits: self.executor.fail_hung(*limits), self.leave)
 
@@ -391,20 +387,6 @@ class Consumer:
             grace_over.wait(0.05)
         timer.cancel()
 
-    # --- signals ---------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
         """SIGTERM/SIGINT: stop gracefully; a second signal exits at once."""
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        now = time.monotonic()
-        if self._first_signal_at is None:
-            self._first_signal_at = now
-            logger.info(
-                "signal %d: finishing in-flight tasks (grace %gs); send again to exit now", signum, self.options.grace_s
-            )
-            self.request_stop()
-        elif now - self._first_signal_at >= SIGNAL_ECHO_S:
-            logger.warning("second signal: exiting now; the lease will recover what was held")
-            os._exit(1)
+        install_stop_signals(self.request_stop, self.options.grace_s)
