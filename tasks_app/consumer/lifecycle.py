@@ -271,7 +271,8 @@ class Consumer:
     def start(self) -> None:
         """Register and start every thread."""
         self.task_types.refresh()
-        until_done(self.register, what="register", give_up=self.give_up)
+        # A stop asked for while Redis is away ends the wait: nothing is claimed or held yet.
+        until_done(self.register, what="register", give_up=self.stop_requested)
         opts = self.options
         loops: list[Loop] = [
             HeartbeatLoop(self.heartbeat_broker, opts.queues, lambda: self.consumer_id, self.lease, self.lease_lost),
@@ -306,7 +307,11 @@ class Consumer:
 
     def run(self) -> int:
         """Run until stopped (or, in burst mode, until the queues are idle); return the exit code."""
-        self.start()
+        try:
+            self.start()
+        except GaveUp:
+            logger.warning("consumer %s stopped before it could register: Redis was unreachable", self.consumer_id)
+            return self.exit_code
         while not self.stop_requested.wait(0.2):
             if self.options.burst and self._idle():
                 logger.info("burst: queues %s are empty; stopping", ",".join(self.options.queues))

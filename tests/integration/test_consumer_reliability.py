@@ -13,6 +13,7 @@ from tasks_app.protocol.results import ResultRecord
 from tasks_app.protocol.scripts import connect
 from tests.chaos.servers import RedisServer
 from tests.support.claims import task_bytes
+from tests.support.ports import free_port
 from tests.support.processes import wait_until
 from tests.support.recording import recorded_runs, runs_per_task
 
@@ -93,6 +94,14 @@ def test_sigterm_while_redis_is_down_exits_within_the_grace_period_leaving_the_t
         assert private.client.zscore(private.keys.consumers("default"), "cut-off") is not None, "for the reapers"
     finally:
         server.remove()
+
+
+def test_sigterm_before_redis_was_ever_reached_exits_0(consumer_process):
+    # Before: the start retried registering until Redis answered, whatever signal came meanwhile.
+    consumer = consumer_process("--lease", "2", REDIS_URL=f"redis://127.0.0.1:{free_port()}/0")
+    wait_until(lambda: "redis error during register" in consumer.log(), 60, message="the consumer to retry")
+    assert consumer.terminate(timeout_s=20) == 0, consumer.log()
+    assert "stopped before it could register" in consumer.log()
 
 
 def test_a_consumer_never_holds_more_than_concurrency_plus_prefetch(broker, consumer_process):
