@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import queue as queue_module
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 from django.conf import settings
-from redis.exceptions import RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError, RedisError
 
 from tasks_app.consumer import stop_signals
 from tasks_app.consumer.claimed import Claimed
@@ -252,6 +253,38 @@ def test_a_poison_pill_dead_lettered_by_the_reaper_gets_a_failed_record(broker, 
     assert "recovered 4 times from consumers that died running it" in record["dead_reason"]
     assert json.loads(record["errors"])[-1]["exception_class_path"] == "ConsumerDied"
     assert broker.queue_stats("q").dead == 1 and recorded_runs(broker) == []
+
+
+def test_the_reapers_failed_records_ride_out_an_outage_and_one_refused_stops_none_of_the_others(
+    broker, consumer_in_thread, monkeypatch, caplog
+):
+    # Before: the first error lost the records of this and every later pill of the batch for good
+    # (they were dead letters already, so no later pass came back to them).
+    pills = {name: task_bytes(name) for name in ("flaky", "refused", "plain")}
+    register(broker, "victim", lease_ms=50)
+    for raw in pills.values():  # each has killed three consumers already, and ran on this one too
+        broker.client.lpush(broker.keys.processing("q", "victim"), raw)
+        digest = hashlib.sha1(raw).hexdigest()
+        broker.client.hset(broker.keys.recoveries("q"), mapping={digest: MAX_RECOVERIES, f"s:{digest}": 1})
+    broker.client.set(broker.keys.result("refused"), "a foreign writer's string")
+    record_result, failed_once = broker.record_result, []
+
+    def flaky_record_result(update):
+        if update.task_id == "flaky" and not failed_once:
+            failed_once.append(update)
+            raise RedisConnectionError("the connection dropped")
+        return record_result(update)
+
+    monkeypatch.setattr(broker, "record_result", flaky_record_result)
+    time.sleep(0.06)
+    with consumer_in_thread(queues=["q"]):
+        wait_until(
+            lambda: [(broker.get_result(name) or {}).get("status") for name in ("flaky", "plain")] == ["FAILED"] * 2,
+            10,
+            message="the pills' records to say FAILED",
+        )
+    assert failed_once and broker.queue_stats("q").dead == 3
+    assert "could not record dead-lettered task refused as failed" in caplog.text
 
 
 def test_a_task_claimed_under_a_lost_identity_is_left_to_the_reaper(broker, consumer_in_thread):

@@ -77,7 +77,6 @@ class Consumer:
         self.lease = LeaseClock(options.lease_s)
         self.base_id = options.consumer_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.consumer_id = self.base_id
-        self._generation, self._identity_lock = 0, threading.Lock()
         self.capacity = Capacity(options.concurrency, options.prefetch)
         self.task_types = TaskTypeCache()
         self._init_thread_state()
@@ -96,14 +95,13 @@ class Consumer:
             lease_check=self._lease_holds,  # again after the gates, just before the start
         )
         self.liveness = Liveness(options.health_file, stale_after_s=max(3 * HEALTH_CHECK_S, options.lease_s))
-        self.reaper = ReaperLoop(self.broker, options.queues, options.lease_s, self._record_reaped)
-
-    def _record_reaped(self, queue: str, dead: list[bytes]) -> None:
-        record_reaped(self.broker, self.task_types, queue, dead)
+        recorder = partial(record_reaped, self.broker, self.task_types, give_up=self.stop_requested)
+        self.reaper = ReaperLoop(self.broker, options.queues, options.lease_s, recorder)
 
     def _init_thread_state(self) -> None:
         """Create what the consumer's threads share: the stop events, the threads, the tasks held, the suspect slot."""
         self.work: queue_module.SimpleQueue[Claimed] = queue_module.SimpleQueue()
+        self._generation, self._identity_lock = 0, threading.Lock()  # of the ids taken after a lost lease
         self.stop_requested, self.claiming_stopped = threading.Event(), threading.Event()
         self.loops_stopped, self.workers_stop, self.give_up = threading.Event(), threading.Event(), threading.Event()
         self._threads: list[threading.Thread] = []
