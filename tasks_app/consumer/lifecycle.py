@@ -269,6 +269,7 @@ class Consumer:
     def start(self) -> None:
         """Register and start every thread."""
         self.task_types.refresh()
+        self.guard.start()  # beating already: a child waiting for Redis is not wedged
         # A stop asked for while Redis is away ends the wait: nothing is claimed or held yet.
         until_done(self.register, what="register", give_up=self.stop_requested)
         opts = self.options
@@ -283,7 +284,6 @@ class Consumer:
         ]
         self._threads = [start_thread(loop, self.loops_stopped) for loop in loops]
         self.acks.start()
-        self.guard.start()
         self._claimers = [start_thread(ClaimerLoop(self, q), self.claiming_stopped) for q in opts.queues]
         self._workers = [
             threading.Thread(target=self._work, name=f"worker-{i}", daemon=True) for i in range(opts.concurrency)
@@ -309,6 +309,7 @@ class Consumer:
             self.start()
         except GaveUp:
             logger.warning("consumer %s stopped before it could register: Redis was unreachable", self.consumer_id)
+            self.guard.stop()
             return self.exit_code
         while not self.stop_requested.wait(0.2):
             if self.options.burst and self._idle():

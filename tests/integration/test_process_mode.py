@@ -12,6 +12,7 @@ import pytest
 from tasks_app import producer
 from tasks_app.models import TaskType
 from tasks_app.protocol.results import ResultRecord
+from tests.support.ports import free_port
 from tests.support.process_tree import alive, children_of
 from tests.support.processes import PROJECT_DIR, consumer_env, wait_until
 from tests.support.recording import marks, recorded_runs, runs_per_task
@@ -140,3 +141,14 @@ def test_a_child_whose_supervisor_died_after_removing_its_beat_files_stops_by_it
         assert broker.live_consumers("default") == [], "it left cleanly"
     finally:
         os.killpg(supervisor.pid, signal.SIGKILL)
+
+
+def test_a_child_waiting_for_redis_to_register_beats_so_its_supervisor_does_not_kill_it(consumer_process, tmp_path):
+    # Before: the beat began only once registered, so a Redis outage at a child's start looked
+    # like a wedged child to its supervisor, which SIGKILLed it every minute.
+    beat = tmp_path / "beat-0"
+    unreachable = f"redis://127.0.0.1:{free_port()}/0"
+    child = consumer_process("--supervisor-beat", str(beat), "--lease", "2", REDIS_URL=unreachable)
+    wait_until(lambda: "redis error during register" in child.log(), 60, message="the child to wait for Redis")
+    wait_until(beat.exists, 10, message="the child's beat")
+    assert child.terminate(timeout_s=20) == 0, child.log()
