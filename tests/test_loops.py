@@ -200,7 +200,7 @@ def test_a_unique_task_the_reaper_dead_letters_frees_its_key(broker):
     unique_key = broker.keys.unique("q", "d1")
     broker.client.set(unique_key, "poison", px=600_000)  # as enqueue_unique left it
     push(broker, task_bytes("poison", "x.once", unique_digest="d1"))
-    loop = ReaperLoop(broker, ["q"], 0.1, partial(record_reaped, broker, task_types))
+    loop = ReaperLoop(broker, ["q"], 0.1, partial(record_reaped, broker, task_types, give_up=threading.Event()))
     for victim in range(MAX_RECOVERIES + 1):
         die_running(broker, f"victim-{victim}", SHORT_LEASE_MS)
         loop.reap("q", f"victim-{victim}")
