@@ -295,7 +295,7 @@ def _encoded_arguments(request: TaskRequest) -> tuple[str, str, bytes]:
     except RecursionError:
         raise EnqueueError(f"arguments may nest at most {MAX_JSON_DEPTH} levels") from None
     # Checked once encoded: the encoder has refused cycles, which this walk would follow forever.
-    problem = argument_problem(list(request.args)) or argument_problem(dict(request.kwargs))
+    problem = argument_problem(list(request.args), args_json) or argument_problem(dict(request.kwargs), kwargs_json)
     if problem:
         raise EnqueueError(problem)
     if len(payload) > settings.TASKS_MAX_PAYLOAD_BYTES:

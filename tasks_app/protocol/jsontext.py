@@ -40,8 +40,16 @@ def depth(value: Any) -> int:
     return deepest
 
 
-def argument_problem(value: list[Any] | dict[str, Any], max_depth: int = MAX_JSON_DEPTH) -> str | None:
-    """Say why JSON-encodable `value` would not reach a handler as given (too deep, a key not a string), or None."""
+def argument_problem(value: list[Any] | dict[str, Any], text: str = "", max_depth: int = MAX_JSON_DEPTH) -> str | None:
+    """Say why JSON-encodable `value` would not reach a handler as given (too deep, a key not a string), or None.
+
+    Given `text`, its JSON, the walk is skipped when the text rules both out: it holds no object
+    but `value` itself, and fewer brackets than the depth allowed.
+    """
+    if not value:
+        return None
+    if text and text.count("{") <= isinstance(value, dict) and text.count("[") + text.count("{") <= max_depth:
+        return None
     # JSON writes the keys 1 and True as "1" and "true": the handler would get other keys, or lose a value.
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
