@@ -79,10 +79,23 @@ def test_queuestats_table(broker):
     assert row.split() == ["default", "1", "0", "0", "0", "0", "running"]
 
 
-@pytest.mark.parametrize("argv", [["--concurrency", "0"], ["--prefetch", "-1"], ["--lease", "abc"]])
-def test_runconsumer_rejects_bad_options(argv):
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--concurrency", "0"],
+        ["--prefetch", "-1"],
+        ["--lease", "abc"],
+        # Each would crash the consumer (an overflow in a thread's join), at start or in its graceful stop.
+        ["--lease", "inf"],
+        ["--grace", "inf"],
+        ["--grace", "1e300"],
+        ["--timeout-grace", "nan"],
+    ],
+)
+@pytest.mark.django_db
+def test_runconsumer_rejects_bad_options(broker, argv):
     with pytest.raises(CommandError):
-        call_command("runconsumer", *argv)
+        call_command("runconsumer", *argv, "--burst")
 
 
 @pytest.mark.django_db

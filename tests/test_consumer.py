@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import queue as queue_module
 import signal
@@ -90,6 +91,10 @@ def claim_all(broker: Broker) -> list[bytes]:
         ({"prefetch": -1}, "prefetch"),
         ({"lease_s": 0.4}, "lease"),
         ({"grace_s": -1}, "grace"),
+        ({"lease_s": math.inf}, "lease"),
+        ({"grace_s": math.inf}, "grace"),
+        ({"grace_s": 1e300}, "grace"),
+        ({"hard_limit_grace_s": math.nan}, "timeout grace"),
         ({"consumer_id": "x/y"}, "consumer id"),
     ],
 )

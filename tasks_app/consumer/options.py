@@ -4,6 +4,9 @@ from dataclasses import dataclass, field
 
 from tasks_app.protocol.names import validate_name
 
+# Longest lease or grace period (s): beyond it a thread's join or wait overflows the platform's time_t.
+MAX_DURATION_S = 7 * 86400
+
 
 @dataclass
 class ConsumerOptions:
@@ -37,10 +40,11 @@ class ConsumerOptions:
             raise ValueError("concurrency must be at least 1")
         if self.prefetch is not None and self.prefetch < 0:
             raise ValueError("prefetch cannot be negative")
-        if self.lease_s < 0.5:
-            raise ValueError("lease must be at least 0.5 s")
-        if self.grace_s < 0:
-            raise ValueError("grace cannot be negative")
+        if not 0.5 <= self.lease_s <= MAX_DURATION_S:
+            raise ValueError(f"lease must be between 0.5 and {MAX_DURATION_S} s")
+        for name, value in (("grace", self.grace_s), ("timeout grace", self.hard_limit_grace_s)):
+            if value is not None and not 0 <= value <= MAX_DURATION_S:
+                raise ValueError(f"{name} must be between 0 and {MAX_DURATION_S} s")
         if self.async_concurrency < 1:
             raise ValueError("async concurrency must be at least 1")
         if self.consumer_id is not None:

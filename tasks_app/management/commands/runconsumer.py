@@ -13,7 +13,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from tasks_app.consumer.lifecycle import Consumer
 from tasks_app.consumer.metrics_http import METRICS_HOST
-from tasks_app.consumer.options import ConsumerOptions
+from tasks_app.consumer.options import MAX_DURATION_S, ConsumerOptions
 
 
 def positive_int(text: str) -> int:
@@ -34,10 +34,10 @@ def prefetch_arg(text: str) -> int | None:
     return None if text == "auto" else non_negative_int(text)
 
 
-def non_negative_float(text: str) -> float:
+def duration_arg(text: str) -> float:
     value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative number, got {text}")
+    if not 0 <= value <= MAX_DURATION_S:  # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"must be a number of seconds from 0 to {MAX_DURATION_S}, got {text}")
     return value
 
 
@@ -156,14 +156,14 @@ def _add_run_arguments(parser: CommandParser) -> None:
     )
     parser.add_argument(
         "--lease",
-        type=non_negative_float,
+        type=duration_arg,
         default=30.0,
         metavar="SECONDS",
         help="Lease: how long after its last heartbeat a silent consumer is presumed dead.",
     )
     parser.add_argument(
         "--grace",
-        type=non_negative_float,
+        type=duration_arg,
         default=30.0,
         metavar="SECONDS",
         help="On SIGTERM, how long running tasks may take to finish (default 30).",
@@ -189,7 +189,7 @@ def _add_process_arguments(parser: CommandParser) -> None:
     )
     parser.add_argument(
         "--timeout-grace",
-        type=non_negative_float,
+        type=duration_arg,
         default=1.0,
         metavar="SECONDS",
         help="Process mode: how long a handler may run past its timeout before its process is replaced (default 1).",
