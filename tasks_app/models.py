@@ -159,7 +159,8 @@ class TaskType(models.Model):
         return self.name
 
     def clean(self) -> None:
-        """Reject throttle settings that do not fit together: a burst over its limit, a key without its limit."""
+        """Reject settings that do not fit together: a burst over its limit, a key without its limit, and
+        a unique task's end without its window."""
         errors: dict[str, str] = {}
         if self.rate_limit is not None and self.rate_burst > self.rate_limit:
             errors["rate_burst"] = (
@@ -170,6 +171,11 @@ class TaskType(models.Model):
             errors["rate_limit_key"] = "A rate limit key needs a rate limit: set one, or clear the key."
         if self.max_running_key and self.max_running is None:
             errors["max_running_key"] = "A cap key needs a cap (max running): set one, or clear the key."
+        if self.unique_until == self.UniqueUntil.FINISHED and self.unique_for_s is None:
+            errors["unique_until"] = (
+                "Keeping a task unique until it finishes needs a window (unique for): without one the type "
+                "is not unique at all. Set the window, or choose the end of the window."
+            )
         if errors:
             raise ValidationError(errors)
 

@@ -49,6 +49,13 @@ def test_burst_cannot_exceed_the_limit():
     assert "rate_burst" in form.errors
 
 
+def test_unique_until_finished_needs_a_window():
+    form = TaskTypeForm(data=form_data(unique_until="finished"))
+    assert not form.is_valid()
+    assert "needs a window" in form.errors["unique_until"][0]
+    assert TaskTypeForm(data=form_data(unique_until="finished", unique_for_s="60")).is_valid()
+
+
 def test_a_row_whose_handler_left_the_code_stays_editable():
     row = TaskType.objects.create(name="legacy", handler="removed.handler")
     form = TaskTypeForm(instance=row)
