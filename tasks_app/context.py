@@ -60,12 +60,19 @@ class RunControl:
             return self._progress
 
 
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond every float: no JSON reader could take it as a number
+        return False
+
+
 def progress_value(current: float, total: float | None, message: str) -> dict[str, Any]:
     """Validate a handler's progress report and return its JSON form; ValueError/TypeError if invalid."""
     for name, value in (("current", current), ("total", total)):
         if value is None and name == "total":
             continue
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, int | float) or not _finite(value):
             raise TypeError(f"progress {name} must be a finite number, got {value!r}")
     if total is not None and total < 0:
         raise ValueError(f"progress total must not be negative, got {total!r}")

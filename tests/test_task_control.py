@@ -181,7 +181,14 @@ def test_django_tasks_returns_the_first_result_for_a_duplicate_and_duplicates_ar
 
 @pytest.mark.parametrize(
     ("current", "total", "message", "problem"),
-    [(True, None, "", TypeError), (math.nan, None, "", TypeError), ("1", None, "", TypeError), (1, -1, "", ValueError)],
+    [
+        (True, None, "", TypeError),
+        (math.nan, None, "", TypeError),
+        ("1", None, "", TypeError),
+        (1, -1, "", ValueError),
+        pytest.param(10**400, None, "", TypeError, id="current-beyond-every-float"),
+        pytest.param(1, 10**400, "", TypeError, id="total-beyond-every-float"),
+    ],
 )
 def test_invalid_progress_is_refused(current, total, message, problem):
     with pytest.raises(problem):
