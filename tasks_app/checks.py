@@ -15,6 +15,15 @@ MAX_CLUSTER_WAIT_MS = 10_000
 # Settings that must lie in a range: name, lowest, highest, unit, why, check id.
 _BOUNDED_SETTINGS = (
     (
+        "TASKS_CONFIG_REFRESH_S",
+        0.1,
+        3600,
+        " seconds",
+        "Consumers reload task types this often, so admin edits reach them within it; "
+        "NaN would stop the reloads altogether.",
+        "tasks_app.E005",
+    ),
+    (
         "TASKS_MAX_RESULT_BYTES",
         1024,
         MAX_RESULT_BYTES_LIMIT,

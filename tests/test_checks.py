@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from django.core.checks import Error, Warning, run_checks
 from django.core.management import call_command
@@ -98,3 +100,9 @@ def test_a_cluster_wait_that_is_zero_or_too_long_is_an_error(settings, fresh_reg
 def test_a_throttle_recheck_out_of_range_is_an_error(settings, fresh_registry, recheck_s):
     settings.TASKS_THROTTLE_RECHECK_S = recheck_s
     assert ids(checks.check_task_settings()) == ["tasks_app.E040"]
+
+
+@pytest.mark.parametrize("refresh_s", [0, -1, math.nan, 3601])
+def test_a_config_refresh_period_out_of_range_is_an_error(settings, fresh_registry, refresh_s):
+    settings.TASKS_CONFIG_REFRESH_S = refresh_s  # NaN: consumers would never see an admin edit
+    assert ids(checks.check_task_settings()) == ["tasks_app.E005"]
