@@ -39,12 +39,17 @@ MAX_CANCELLED_BY_CHARS = 200
 def cancel_many(
     task_ids: Sequence[str], *, cancelled_by: str = "", force: bool = False, broker: Broker | None = None
 ) -> list[CancelReply]:
-    """Cancel tasks by id in one round trip (two if some run); never raises for an id: read each reply's outcome."""
+    """Cancel tasks by id in one round trip (two if some run); never raises for an id: read each reply's outcome.
+
+    An id given twice is cancelled once, and both get that cancel's reply (not "finished" for the second).
+    """
     ids = [str(task_id) for task_id in task_ids]
     if not ids:
         return []
     by = cancelled_by[:MAX_CANCELLED_BY_CHARS].encode("utf-8", "backslashreplace").decode("utf-8")
-    return (broker or get_broker()).cancel_many(ids, by, force)
+    replies = (broker or get_broker()).cancel_many(list(dict.fromkeys(ids)), by, force)
+    by_id = {reply.task_id: reply for reply in replies}
+    return [by_id[task_id] for task_id in ids]
 
 
 def cancel(task_id: str, *, cancelled_by: str = "", force: bool = False, broker: Broker | None = None) -> CancelReply:

@@ -137,6 +137,14 @@ def test_manage_py_cancel_reports_each_task_and_fails_on_unknown_or_finished(bro
     assert out.getvalue() == f"{second} cancelled (it will not run)\n"
 
 
+def test_an_id_given_twice_is_cancelled_once_and_reported_alike(broker, echo_type):
+    task_id = producer.enqueue("web.echo")[0].id
+    out = StringIO()
+    call_command("cancel", task_id, task_id, stdout=out)  # no "already finished" for the second
+    assert out.getvalue() == f"{task_id} cancelled (it will not run)\n" * 2
+    assert [reply.outcome for reply in tasks_app.cancel_many([task_id, task_id])] == ["finished", "finished"]
+
+
 def test_the_task_page_cancels_with_its_button_and_shows_progress(staff, broker, echo_type):
     task_id = producer.enqueue("web.echo")[0].id
     page = staff.get(f"/tasks/{task_id}/").content.decode()
