@@ -94,7 +94,7 @@ class Executor(AsyncRuns, RunLimits):
         # Set when the consumer stops: settling then gives up on an absent Redis (the lease
         # recovers the task); until then a finished task is never left in limbo.
         self.give_up = give_up or threading.Event()
-        self.pauses = PauseWatch(broker, self.give_up)
+        self.pauses = PauseWatch(broker, self.give_up, result_ttl_s)
         # Runs being watched: thread runs by thread id, async runs by their RunControl.
         self.running: dict[object, Running] = {}
         self._running_lock = threading.Lock()

@@ -1,4 +1,9 @@
-"""Tasks of a queue paused after they were claimed go back unstarted (claims of it stop in lua/claim.lua)."""
+"""Tasks of a queue paused after they were claimed go back unstarted (claims of it stop in lua/claim.lua).
+
+Such a task's receipt is withdrawn as it goes back, as for a deferred one: a cancel while the queue
+stays paused cancels it outright (it reads CANCELLED at once), rather than asking a consumer that
+no longer holds it to stop.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from redis.exceptions import RedisError
 
 from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.retrying import until_done
+from tasks_app.protocol import results
 from tasks_app.protocol.broker import Broker
 
 logger = logging.getLogger(__name__)
@@ -21,9 +27,12 @@ PAUSE_STATE_MAX_AGE_S = 0.25
 class PauseWatch:
     """Whether a claimed task's queue was paused since, read from Redis at most every PAUSE_STATE_MAX_AGE_S."""
 
-    def __init__(self, broker: Broker, give_up: threading.Event, max_age_s: float = PAUSE_STATE_MAX_AGE_S) -> None:
+    def __init__(
+        self, broker: Broker, give_up: threading.Event, result_ttl_s: int, max_age_s: float = PAUSE_STATE_MAX_AGE_S
+    ) -> None:
         self.broker = broker
         self.give_up = give_up
+        self.result_ttl_s = result_ttl_s
         self.max_age_s = max_age_s
         self._seen: dict[str, tuple[bool, float]] = {}
 
@@ -44,10 +53,14 @@ class PauseWatch:
         """Put a claimed task of a paused queue back at the head of pending, unstarted; False if it runs."""
         if not self.paused(claimed.queue):
             return False
-        until_done(
+        returned = until_done(
             lambda: self.broker.return_unstarted(claimed.queue, claimed.consumer_id, [claimed.raw]),
             what="return_unstarted",
             give_up=self.give_up,
         )
+        if returned and claimed.task is not None and claimed.receipt is not None:
+            # Fenced by this claim's token: ignored if another claim took the task since (a resume).
+            withdrawn = results.receipt_withdrawn(claimed.task, claimed.fence, self.result_ttl_s)
+            until_done(lambda: self.broker.record_result(withdrawn), what="record_result", give_up=self.give_up)
         logger.info("queue %s is paused: a claimed task went back to pending unstarted", claimed.queue)
         return True

@@ -6,7 +6,9 @@ import time
 
 import pytest
 
+import tasks_app
 from tasks_app import producer
+from tasks_app.control import CANCELLED
 from tasks_app.models import TaskType
 from tests.support.processes import wait_until
 from tests.support.recording import most_starts_in_any_window, recorded_runs
@@ -60,3 +62,25 @@ def test_paused_queue_starts_nothing_and_resuming_starts_at_once(broker, consume
     assert sorted(run["task_id"] for run in runs) == sorted(task.id for task in enqueued)
     assert min(run["start_ms"] for run in runs) - resumed_ms <= 1000
     assert not broker.queue_stats("default").paused
+
+
+def test_a_cancel_of_a_task_sent_back_by_a_pause_cancels_it_at_once(broker, consumer_in_thread):
+    TaskType.objects.create(name=RECORD, handler=RECORD)
+    with consumer_in_thread(concurrency=1, prefetch=3):
+        first, *prefetched = producer.enqueue(RECORD, kwargs={"sleep_s": 1.0}, count=4)
+        wait_until(lambda: recorded_runs(broker), 10, message="the first task to start")
+        assert broker.pause("default", by="test")  # the other three, prefetched meanwhile, go back unstarted
+        wait_until(lambda: broker.queue_stats("default").pending == 3, 10, message="the prefetched tasks to go back")
+        wait_until(
+            lambda: all(not broker.get_result(task.id).get("claimed_fence") for task in prefetched),
+            10,
+            message="their receipts to be withdrawn",
+        )
+        replies = tasks_app.cancel_many([task.id for task in prefetched])
+        # Not "requested" (a consumer asked to stop a task it no longer holds): cancelled, and read so.
+        assert [reply.outcome for reply in replies] == [CANCELLED] * 3
+        assert {broker.get_result(task.id)["status"] for task in prefetched} == {"CANCELLED"}
+        assert broker.resume("default")
+        wait_until(lambda: broker.queue_stats("default").pending == 0, 10, message="the cancelled tasks to be dropped")
+        wait_until(lambda: broker.get_result(first.id)["status"] == "SUCCESSFUL", 10, message="the first to end")
+    assert [run["task_id"] for run in recorded_runs(broker)] == [first.id]
