@@ -93,6 +93,8 @@ class TaskTypeCache:
 
     def __init__(self) -> None:
         self._configs: dict[str, TaskTypeConfig] = {}
+        # False until the rows were read once: before that no type's settings are known.
+        self.loaded = False
 
     def get(self, name: str) -> TaskTypeConfig | None:
         """Return the cached settings of type `name` (None if it has no row)."""
@@ -102,6 +104,7 @@ class TaskTypeCache:
         """Reload every row; on a database error keep serving the last snapshot."""
         try:
             self._configs = {row.name: TaskTypeConfig.from_model(row) for row in TaskType.objects.all()}
+            self.loaded = True
         except Exception as exc:  # the database may be briefly away; stale settings beat none
             logger.warning("cannot reload task types, keeping the last ones: %s", exc)
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.db import OperationalError
 
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.claimed import Claimed
@@ -320,3 +321,24 @@ def test_expire_overdue_fails_a_run_past_its_timeout_and_ignores_its_late_return
     assert "TaskTimeout" in dead.last_error and "timeout of 0.1 s" in dead.last_error
     record = broker.get_result("t1")
     assert record["status"] == "FAILED" and "return_value" not in record, "the late return was not applied"
+
+
+def test_a_task_waits_while_the_task_types_were_never_read(broker, executor, monkeypatch):
+    TaskType.objects.create(name="x.add", handler="x.add", queue="q", rate_limit=1, rate_period=3600)
+    rows = TaskType.objects.all
+
+    def database_down() -> None:
+        raise OperationalError("the database is restarting")
+
+    monkeypatch.setattr(TaskType.objects, "all", database_down)  # down since the consumer started
+    assert executor.execute(claimed(broker, "t1", "x.add", 1, 2)) is False
+    assert_let_go(broker)
+    [(task, due_in_ms)] = delayed_tasks(broker)  # not run with the defaults, which have no rate limit
+    assert task.id == "t1" and task.attempt == 0 and 4000 <= due_in_ms <= 5000
+    assert broker.get_result("t1") is None and dead_tasks(broker) == []
+
+    monkeypatch.setattr(TaskType.objects, "all", rows)  # back: the row's limit holds
+    executor.execute(claimed(broker, "t2", "x.add", 1, 2))
+    executor.execute(claimed(broker, "t3", "x.add", 3, 4))
+    assert broker.get_result("t2")["status"] == "SUCCESSFUL"
+    assert broker.get_result("t3") is None, "the second start within the hour waits for its slot"

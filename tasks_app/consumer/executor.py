@@ -129,6 +129,11 @@ class Executor(AsyncRuns, RunLimits):
             if config is not None:
                 self._release_unique(task, config)
             return self._drop_cancelled(claimed, task, on_settled)
+        if not self.task_types.loaded:
+            # The database was never read (down since this consumer started): the type's row may
+            # set limits, a timeout or another handler; running it with defaults would ignore them.
+            self._defer(claimed, task, DISABLED_RECHECK_MS, "settings_unknown")
+            return False
         if config is None:
             self._dead_letter(claimed, task, "UnknownTaskType", problem)
             return False
@@ -199,9 +204,10 @@ class Executor(AsyncRuns, RunLimits):
     # --- the run ---------------------------------------------------------------------------
     def _resolve(self, task: Task) -> tuple[TaskTypeConfig | None, str]:
         config = self.task_types.get(task.type)
-        if config is None and self.registry.get(task.type) is None:
+        if config is None and (self.registry.get(task.type) is None or not self.task_types.loaded):
             # A row created since the last refresh (say, a new `@task`'s first enqueue) must not be
-            # missed: reload before calling the type unknown (rare: such tasks are dead-lettered).
+            # missed: reload before calling the type unknown (rare: such tasks are dead-lettered),
+            # or before trusting a handler's defaults while no row was ever read.
             self.task_types.refresh()
             config = self.task_types.get(task.type)
         if config is not None:
