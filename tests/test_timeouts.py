@@ -3,6 +3,8 @@
 import threading
 import time
 
+import pytest
+
 from tasks_app.consumer.timeouts import RunClock, call_with_clock
 from tasks_app.exceptions import TaskCancelled, TaskTimeout
 
@@ -115,3 +117,26 @@ def test_a_run_that_returned_is_never_cancelled_by_force():
     clock, outcome, thread = run_in_thread(None, lambda: 42)
     thread.join(5)
     assert not clock.force_cancel() and outcome == [(42, None)] and clock.cancel_error is None
+
+
+class LateClock(RunClock):
+    """A clock whose timeout or forced cancel comes after the handler returned, just before `finish`."""
+
+    def __init__(self, interrupt: str) -> None:
+        super().__init__(timeout_s=60.0)
+        self.late = interrupt
+
+    def finish(self) -> None:
+        if not self.returned:
+            late = threading.Thread(target=getattr(self, self.late))  # from the time-limit or watch thread
+            late.start()
+            late.join(5)
+        super().finish()
+
+
+@pytest.mark.parametrize("interrupt", ["force_cancel", "interrupt"])
+def test_a_cancel_or_timeout_coming_after_the_handler_returned_leaves_its_value(interrupt):
+    clock = LateClock(interrupt)
+    # Neither reported cancelled nor retried as timed out: the handler's work was all done.
+    assert call_with_clock(clock, lambda: 42) == (42, None)
+    assert clock.timeout_error is None and clock.cancel_error is None

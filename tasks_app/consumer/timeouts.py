@@ -39,6 +39,8 @@ class RunClock:
     # A forced cancel, once raised in the handler's thread, and when (monotonic).
     cancel_error: TaskCancelled | None = None
     forced_monotonic: float = 0.0
+    # When the timeout or the forced cancel was raised in the thread (monotonic).
+    interrupted_monotonic: float = 0.0
     returned: bool = False
     # Settled while its handler still ran (a hard limit or a forced cancel, in process mode).
     abandoned: bool = False
@@ -62,6 +64,7 @@ class RunClock:
             if self.returned or self.timeout_error is not None or self.cancel_error is not None:
                 return False
             self.timeout_error = TaskTimeout(f"task exceeded its timeout of {self.timeout_s:g} s")
+            self.interrupted_monotonic = time.monotonic()
             if self.armed:
                 _set_async_exc(self.thread_id, TaskTimeout)
             return True
@@ -72,7 +75,7 @@ class RunClock:
             if self.returned or self.timeout_error is not None or self.cancel_error is not None:
                 return False
             self.cancel_error = TaskCancelled("the task was cancelled with force")
-            self.forced_monotonic = time.monotonic()
+            self.forced_monotonic = self.interrupted_monotonic = time.monotonic()
             if self.armed:
                 _set_async_exc(self.thread_id, TaskCancelled)
             return True
@@ -97,14 +100,21 @@ class RunClock:
             if self.armed and (self.timeout_error is not None or self.cancel_error is not None):
                 _set_async_exc(self.thread_id, None)
 
+    def pardon(self) -> None:
+        """Forget a timeout or forced cancel that came after the handler had returned (its value stands)."""
+        with self.lock:
+            self.timeout_error = self.cancel_error = None
+
 
 def call_with_clock(clock: RunClock, call: Callable[[], object]) -> tuple[object, BaseException | None]:
     """Run `call` under `clock`; return its value and what it raised.
 
-    A forced cancel wins over whatever the handler did after it (a return, another exception).
+    A forced cancel wins over whatever the handler did after it (a return, another exception); one
+    (or a timeout) that comes only once the handler has returned, before `finish`, changes nothing.
     """
     value: object = None
     raised: BaseException | None = None
+    returned_at: float | None = None
     try:
         try:
             with clock.lock:
@@ -113,6 +123,7 @@ def call_with_clock(clock: RunClock, call: Callable[[], object]) -> tuple[object
             if early is not None:
                 raise early
             value = call()
+            returned_at = time.monotonic()
         except BaseException as exc:  # a handler's sys.exit() must not kill the worker thread
             raised = exc
         finally:
@@ -120,6 +131,9 @@ def call_with_clock(clock: RunClock, call: Callable[[], object]) -> tuple[object
     except (TaskTimeout, TaskCancelled) as late:  # delivered after the call ended, before finish() took the lock
         raised = raised or late
         clock.finish()
+    if returned_at is not None and clock.interrupted_monotonic > returned_at:
+        clock.pardon()  # the run had ended: reporting it cancelled (or retrying it) would be wrong
+        return value, None
     if clock.cancel_error is not None:
         return None, clock.cancel_error
     return value, raised
