@@ -130,10 +130,7 @@ class Executor(AsyncRuns, RunLimits):
                 self._release_unique(task, config)
             return self._drop_cancelled(claimed, task, on_settled)
         if not self.task_types.loaded:
-            # The database was never read (down since this consumer started): the type's row may
-            # set limits, a timeout or another handler; running it with defaults would ignore them.
-            self._defer(claimed, task, DISABLED_RECHECK_MS, "settings_unknown")
-            return False
+            return self._defer_unknown_settings(claimed, task)
         if config is None:
             self._dead_letter(claimed, task, "UnknownTaskType", problem)
             return False
@@ -159,6 +156,12 @@ class Executor(AsyncRuns, RunLimits):
         finally:
             if release is not None:
                 release()
+
+    def _defer_unknown_settings(self, claimed: Claimed, task: Task) -> bool:
+        """Defer a task while no TaskType row was ever read (the database down since this consumer started)."""
+        # Its row may set limits, a timeout or another handler: running it with defaults would ignore them.
+        self._defer(claimed, task, DISABLED_RECHECK_MS, "settings_unknown")
+        return False
 
     def _handler_of(self, claimed: Claimed, task: Task, config: TaskTypeConfig) -> Handler | None:
         """The task's handler; None if none is registered under its name (the task is dead-lettered)."""
