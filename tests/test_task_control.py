@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from io import StringIO
 from typing import Any
 
@@ -143,6 +144,16 @@ def test_an_id_given_twice_is_cancelled_once_and_reported_alike(broker, echo_typ
     call_command("cancel", task_id, task_id, stdout=out)  # no "already finished" for the second
     assert out.getvalue() == f"{task_id} cancelled (it will not run)\n" * 2
     assert [reply.outcome for reply in tasks_app.cancel_many([task_id, task_id])] == ["finished", "finished"]
+
+
+def test_manage_py_cancel_works_for_a_user_without_a_name(broker, echo_type, monkeypatch):
+    def no_name() -> str:  # a container run under an arbitrary uid: no passwd entry, no USER
+        raise OSError("No username set in the environment")
+
+    monkeypatch.setattr("getpass.getuser", no_name)
+    task_id = producer.enqueue("web.echo")[0].id
+    call_command("cancel", task_id, stdout=StringIO())
+    assert broker.client.hget(broker.keys.result(task_id), "cancelled_by") == f"cli:uid:{os.getuid()}".encode()
 
 
 def test_the_task_page_cancels_with_its_button_and_shows_progress(staff, broker, echo_type):

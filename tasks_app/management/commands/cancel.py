@@ -1,6 +1,7 @@
 """`manage.py cancel [--force] ID [ID...]`: cancel tasks, saying what became of each; fails on unknown or finished."""
 
 import getpass
+import os
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -9,6 +10,14 @@ from tasks_app.control import CANCELLED, FINISHED, REQUESTED, cancel_many
 
 DONE = {CANCELLED: "cancelled (it will not run)", REQUESTED: "running: asked to stop"}
 FORCED = "running: stopped by force"
+
+
+def cli_user() -> str:
+    """Who runs the command: the login name, else the uid (a container's user may have neither name nor USER)."""
+    try:
+        return getpass.getuser()
+    except OSError:
+        return f"uid:{os.getuid()}"
 
 
 class Command(BaseCommand):
@@ -25,7 +34,7 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, ids: list[str], by: str, force: bool, **options: Any) -> None:
-        replies = cancel_many(ids, cancelled_by=by or f"cli:{getpass.getuser()}", force=force)
+        replies = cancel_many(ids, cancelled_by=by or f"cli:{cli_user()}", force=force)
         problems = []
         for reply in replies:
             if reply.outcome == REQUESTED and force:
