@@ -146,6 +146,16 @@ def test_an_id_given_twice_is_cancelled_once_and_reported_alike(broker, echo_typ
     assert [reply.outcome for reply in tasks_app.cancel_many([task_id, task_id])] == ["finished", "finished"]
 
 
+def test_an_id_that_is_not_unicode_is_unknown_and_cancels_the_others_still(broker, echo_type):
+    task_id = producer.enqueue("web.echo")[0].id
+    replies = tasks_app.cancel_many(["\udcff", task_id])  # non-UTF-8 bytes given on a command line
+    assert [reply.outcome for reply in replies] == ["unknown", "cancelled"]
+    with pytest.raises(tasks_app.TaskNotFound):
+        tasks_app.cancel("bad-\udcff")
+    with pytest.raises(CommandError, match="no task"):
+        call_command("cancel", "\udcff", stdout=StringIO())
+
+
 def test_manage_py_cancel_works_for_a_user_without_a_name(broker, echo_type, monkeypatch):
     def no_name() -> str:  # a container run under an arbitrary uid: no passwd entry, no USER
         raise OSError("No username set in the environment")
