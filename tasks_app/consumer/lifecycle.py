@@ -41,6 +41,7 @@ from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.consumer.periodic_loop import scheduler_loops
 from tasks_app.consumer.process_mode import ProcessGuard
 from tasks_app.consumer.reaped import record_reaped
+from tasks_app.consumer.receipts import withdrawals
 from tasks_app.consumer.retrying import GaveUp, until_done
 from tasks_app.consumer.stop_signals import install_stop_signals
 from tasks_app.protocol.broker import Broker
@@ -252,13 +253,14 @@ class Consumer:
             return Counter({raw: n for (q, c, raw), n in self._held.items() if q == queue and c == consumer_id})
 
     def _return_unstarted(self, claimed: list[Claimed], give_up: threading.Event | None = None) -> None:
-        by_owner: dict[tuple[str, str], list[bytes]] = {}
+        by_owner: dict[tuple[str, str], list[Claimed]] = {}
         for item in claimed:
-            by_owner.setdefault((item.queue, item.consumer_id), []).append(item.raw)
-        for (queue, consumer_id), raws in by_owner.items():
+            by_owner.setdefault((item.queue, item.consumer_id), []).append(item)
+        for (queue, consumer_id), items in by_owner.items():
+            raws, withdrawn = [item.raw for item in items], withdrawals(items, settings.TASKS_RESULT_TTL)
             try:
                 until_done(
-                    partial(self.broker.return_unstarted, queue, consumer_id, raws),
+                    partial(self.broker.return_unstarted, queue, consumer_id, raws, withdrawn),
                     what="return_unstarted",
                     give_up=give_up or self.give_up,
                 )

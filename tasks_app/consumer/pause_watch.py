@@ -14,8 +14,8 @@ import time
 from redis.exceptions import RedisError
 
 from tasks_app.consumer.claimed import Claimed
+from tasks_app.consumer.receipts import withdrawals
 from tasks_app.consumer.retrying import until_done
-from tasks_app.protocol import results
 from tasks_app.protocol.broker import Broker
 
 logger = logging.getLogger(__name__)
@@ -53,14 +53,11 @@ class PauseWatch:
         """Put a claimed task of a paused queue back at the head of pending, unstarted; False if it runs."""
         if not self.paused(claimed.queue):
             return False
-        returned = until_done(
-            lambda: self.broker.return_unstarted(claimed.queue, claimed.consumer_id, [claimed.raw]),
+        withdrawn = withdrawals([claimed], self.result_ttl_s)
+        until_done(
+            lambda: self.broker.return_unstarted(claimed.queue, claimed.consumer_id, [claimed.raw], withdrawn),
             what="return_unstarted",
             give_up=self.give_up,
         )
-        if returned and claimed.task is not None and claimed.receipt is not None:
-            # Fenced by this claim's token: ignored if another claim took the task since (a resume).
-            withdrawn = results.receipt_withdrawn(claimed.task, claimed.fence, self.result_ttl_s)
-            until_done(lambda: self.broker.record_result(withdrawn), what="record_result", give_up=self.give_up)
         logger.info("queue %s is paused: a claimed task went back to pending unstarted", claimed.queue)
         return True

@@ -17,8 +17,10 @@ from collections.abc import Sequence
 from redis.exceptions import RedisError
 
 from tasks_app.consumer.claimed import Claimed
+from tasks_app.protocol import results
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, UndecodableTask, decode_task
+from tasks_app.protocol.replies import ResultUpdate
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +54,15 @@ def with_receipts(broker: Broker, claimed: Sequence[Claimed], result_ttl_s: int)
             _receipt(next(replies)) if task is not None else None,
         )
         for item, task in zip(claimed, tasks, strict=True)
+    ]
+
+
+def withdrawals(claimed: Sequence[Claimed], result_ttl_s: int) -> list[ResultUpdate]:
+    """The writes that withdraw the receipts of claimed tasks going back to wait unstarted."""
+    return [
+        results.receipt_withdrawn(item.task, item.fence, result_ttl_s)
+        for item in claimed
+        if item.task is not None and item.receipt is not None
     ]
 
 

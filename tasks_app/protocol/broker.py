@@ -221,8 +221,15 @@ class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ProducingOps, SlotOps, P
         """Return the tasks in a consumer's processing list."""
         return list(self.client.lrange(self.keys.processing(queue, consumer_id), 0, -1))
 
-    def return_unstarted(self, queue: str, consumer_id: str, raws: Sequence[bytes]) -> int:
-        """Put claimed, never-started tasks back at the head of pending, first one first."""
+    def return_unstarted(
+        self, queue: str, consumer_id: str, raws: Sequence[bytes], withdrawn: Sequence[ResultUpdate] = ()
+    ) -> int:
+        """Put claimed, never-started tasks back at the head of pending, first one first; how many were held.
+
+        `withdrawn`: the receipts of their claims to withdraw in the same round trip, so that a cancel
+        while they wait cancels them outright (each fenced by its claim's token: one that another
+        claim has taken since is left alone).
+        """
         if not raws:
             return 0
         keys = [
@@ -231,7 +238,15 @@ class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ProducingOps, SlotOps, P
             self.keys.recoveries(queue),
             self.keys.suspects(queue),
         ]
-        return int(self._script("return_unstarted", keys, list(raws)))
+        if not withdrawn:
+            return int(self._script("return_unstarted", keys, list(raws)))
+        pipe = self.client.pipeline(transaction=False)
+        self.scripts.queue(pipe, "return_unstarted", keys, list(raws))
+        # A withdrawal Redis refuses (a foreign key at the record) only leaves that receipt standing.
+        sent, _ = self._execute_with_results(pipe, withdrawn, self._queue_results(pipe, withdrawn))
+        if isinstance(sent[0], Exception):
+            raise sent[0]
+        return int(sent[0])
 
     # --- results ---------------------------------------------------------------------------
     def record_result(self, update: ResultUpdate) -> int:

@@ -84,3 +84,22 @@ def test_a_cancel_of_a_task_sent_back_by_a_pause_cancels_it_at_once(broker, cons
         wait_until(lambda: broker.queue_stats("default").pending == 0, 10, message="the cancelled tasks to be dropped")
         wait_until(lambda: broker.get_result(first.id)["status"] == "SUCCESSFUL", 10, message="the first to end")
     assert [run["task_id"] for run in recorded_runs(broker)] == [first.id]
+
+
+def test_a_cancel_of_a_task_a_stopping_consumer_sent_back_cancels_it_at_once(broker, consumer_in_thread):
+    TaskType.objects.create(name=RECORD, handler=RECORD)
+    with consumer_in_thread(concurrency=1, prefetch=3):
+        first, *prefetched = producer.enqueue(RECORD, kwargs={"sleep_s": 1.0}, count=4)
+        wait_until(lambda: recorded_runs(broker), 10, message="the first task to start")
+        wait_until(
+            lambda: all(broker.get_result(task.id).get("claimed_fence") for task in prefetched),
+            10,
+            message="the other three to be prefetched",
+        )
+    # Stopped: the first finished within the grace period, the other three went back unstarted.
+    assert broker.get_result(first.id)["status"] == "SUCCESSFUL"
+    assert broker.queue_stats("default").pending == 3
+    assert all(not broker.get_result(task.id).get("claimed_fence") for task in prefetched), "receipts left standing"
+    replies = tasks_app.cancel_many([task.id for task in prefetched])
+    assert [reply.outcome for reply in replies] == [CANCELLED] * 3
+    assert {broker.get_result(task.id)["status"] for task in prefetched} == {"CANCELLED"}
