@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from tasks_app.exceptions import TaskAlreadyFinished, TaskNotFound
 from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.control import CANCELLED, FINISHED, REQUESTED, UNKNOWN, CancelReply
+from tasks_app.protocol.jsontext import is_utf8_encodable
 
 __all__ = [
     "CANCELLED",
@@ -48,7 +49,7 @@ def cancel_many(
         return []
     by = cancelled_by[:MAX_CANCELLED_BY_CHARS].encode("utf-8", "backslashreplace").decode("utf-8")
     # An id that is not valid Unicode (a lone surrogate: non-UTF-8 bytes on a command line) names no task.
-    storable = [task_id for task_id in dict.fromkeys(ids) if not any("\ud800" <= c <= "\udfff" for c in task_id)]
+    storable = [task_id for task_id in dict.fromkeys(ids) if is_utf8_encodable(task_id)]
     replies = (broker or get_broker()).cancel_many(storable, by, force) if storable else []
     by_id = {reply.task_id: reply for reply in replies}
     return [by_id.get(task_id) or CancelReply(task_id, UNKNOWN, "", "", 0) for task_id in ids]

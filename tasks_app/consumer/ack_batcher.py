@@ -29,6 +29,7 @@ from tasks_app import metrics
 from tasks_app.consumer.retrying import GaveUp, until_done
 from tasks_app.protocol import results
 from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.jsontext import is_utf8_encodable
 from tasks_app.protocol.replies import AckReport, ResultUpdate
 
 logger = logging.getLogger(__name__)
@@ -104,7 +105,7 @@ def storable(update: ResultUpdate) -> bool:
     texts = [update.task_id, update.append_worker_id or "", *update.fields, *update.fields.values()]
     if update.append_error:
         texts += update.append_error.values()
-    return results.is_utf8_encodable("".join(texts))  # one lone surrogate fails the whole text
+    return is_utf8_encodable("".join(texts))  # one lone surrogate fails the whole text
 
 
 def unstored_result(update: ResultUpdate, problem: str) -> ResultUpdate:

@@ -25,6 +25,7 @@ from pathlib import Path
 from types import FrameType
 
 from tasks_app.consumer.process_mode import EXIT_HARD_LIMIT, EXIT_RECYCLE
+from tasks_app.consumer.stop_signals import SIGNAL_ECHO_S  # a signal this soon after the first is the same request
 
 logger = logging.getLogger(__name__)
 
@@ -37,8 +38,6 @@ MAX_BACKOFF_S = 30.0
 # A child that lived this long before crashing restarts without backoff.
 STABLE_AFTER_S = 30.0
 TICK_S = 0.1
-# See stop_signals.SIGNAL_ECHO_S: a signal this soon after the first is the same request.
-SIGNAL_ECHO_S = 1.0
 # How often the group's health file is refreshed from its children's.
 HEALTH_EVERY_S = 1.0
 

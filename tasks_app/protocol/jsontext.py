@@ -78,6 +78,15 @@ def loads_bounded(text: str | bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
     return value
 
 
+def is_utf8_encodable(text: str) -> bool:
+    """True unless `text` holds a lone surrogate (what "surrogateescape" decoding leaves)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def scrub_text(value: Any) -> Any:
     """Return a parsed JSON value whose strings carry no lone surrogate (written as escapes instead)."""
     if isinstance(value, str):

@@ -10,7 +10,7 @@ from django.tasks import TaskResultStatus
 
 from tasks_app.exceptions import ResultNotJson, ResultTooLarge
 from tasks_app.protocol.codec import Arguments, Task
-from tasks_app.protocol.jsontext import compact_json, finite, loads_bounded, scrub_text
+from tasks_app.protocol.jsontext import compact_json, finite, is_utf8_encodable, loads_bounded, scrub_text
 from tasks_app.protocol.replies import READY_RECORD_DEFAULTS, ResultUpdate
 from tasks_app.protocol.timestamps import datetime_of_ms, ms_text
 
@@ -43,15 +43,6 @@ def _json(value: Any) -> str:
         return text
     # Lone surrogates (a foreign payload's "\ud800") cannot be sent to Redis as UTF-8: escape them.
     return compact_json(value, ensure_ascii=True)
-
-
-def is_utf8_encodable(text: str) -> bool:
-    """True unless `text` holds a lone surrogate (what "surrogateescape" decoding leaves)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def result_json(value: Any, max_bytes: int) -> str:
