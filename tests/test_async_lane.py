@@ -66,7 +66,9 @@ def test_a_run_blocking_the_loop_past_its_hard_limit_is_failed_once():
 
     outcomes, finished = settled_runs(lane, blocks_the_loop(), timeout_s=0.1)
     time.sleep(0.4)
-    assert lane.fail_hung(0.2) == 1 and lane.fail_hung(0.2) == 0
+    hung = lane.take_hung(0.2)
+    assert len(hung) == 1 and lane.take_hung(0.2) == [], "taken once"
+    lane.settle_hung(hung, 0.2)
     assert finished.is_set() and lane.running == 0
     [(value, error)] = outcomes
     assert value is None and isinstance(error, TaskTimeout)
@@ -122,11 +124,11 @@ def test_a_forced_run_blocking_the_loop_past_the_grace_is_settled_cancelled_once
     finished = submitted(lane, blocks_the_loop(), flight)
     time.sleep(0.1)
     lane.cancel(flight)
-    assert lane.count_hung(0.3) == 0 and lane.fail_hung(0.3) == 0, "within the grace"
+    assert lane.take_hung(0.3) == [], "within the grace"
     time.sleep(0.4)
-    assert lane.count_hung(0.3) == 1
-    assert lane.fail_hung(0.3) == 1 and lane.fail_hung(0.3) == 0
-    assert lane.count_hung(0.3) == 0, "given up on once"
+    hung = lane.take_hung(0.3)
+    assert len(hung) == 1 and lane.take_hung(0.3) == [], "given up on once"
+    lane.settle_hung(hung, 0.3)
     assert finished.is_set() and isinstance(outcomes[0][1], TaskCancelled)
     time.sleep(1.0)
     assert len(outcomes) == 1, "its late end is not settled again"

@@ -171,6 +171,7 @@ def test_the_slot_of_an_async_run_given_up_on_while_it_hangs_is_held_until_its_p
     slots = SlotSet("x.hangs", None, 1)
     assert gated.execute(claimed(broker, "t1", "x.hangs", 1.5)) is True  # handed to the lane
     wait_until(lambda: gated.fail_hung(0.1, 5.0) == 1, 5, interval_s=0.02, message="the run to be given up on")
+    assert gated.fail_hung(0.1, 5.0) == 0, "taken by one settling thread, not again at the next tick"
     wait_until(lambda: broker.get_result("t1")["status"] == "FAILED", 5, message="the run to be failed")
     assert broker.slots_in_use(slots) == 1  # still running: its slot lapses with the lease once the process is gone
     gated.close()

@@ -66,6 +66,10 @@ class Flight:
             return first
 
 
+# A run given up on at its hard limit, with the error it is settled with.
+HungFlight = tuple[Flight, TaskCancelled | TaskTimeout]
+
+
 class AsyncLane:
     """One event loop in a thread of its own, running up to `concurrency` coroutine handlers at once."""
 
@@ -106,28 +110,26 @@ class AsyncLane:
         if loop is not None:
             loop.call_soon_threadsafe(self._cancel_on_loop, flight)
 
-    def fail_hung(self, grace_s: float) -> int:
-        """Settle every run still going `grace_s` past its timeout or forced cancel (its loop is blocked)."""
+    def take_hung(self, grace_s: float) -> list[HungFlight]:
+        """Take every run still going `grace_s` past its timeout or forced cancel (its loop is blocked), once each.
+
+        A run taken here is no longer settled by its own end: `settle_hung` settles it.
+        """
+        return [(flight, error) for flight, error in self._hung(grace_s, time.monotonic()) if flight.take_settling()]
+
+    def settle_hung(self, hung: list[HungFlight], grace_s: float) -> None:
+        """Settle the runs `take_hung` took, each with its error."""
         now = time.monotonic()
-        hung = self._hung(grace_s, now)
-        failed = 0
         for flight, error in hung:
-            if flight.take_settling():
-                logger.error(
-                    "an async task still runs %g s after %s was due in it (its event loop is blocked, or it "
-                    "ignored the cancellation): given up on",
-                    grace_s,
-                    type(error).__name__,
-                )
-                self._settle(flight, None, error, now - flight.started)
-                failed += 1
-        return failed
+            logger.error(
+                "an async task still runs %g s after %s was due in it (its event loop is blocked, or it "
+                "ignored the cancellation): given up on",
+                grace_s,
+                type(error).__name__,
+            )
+            self._settle(flight, None, error, now - flight.started)
 
-    def count_hung(self, grace_s: float) -> int:
-        """How many runs `fail_hung(grace_s)` would give up on now."""
-        return len(self._hung(grace_s, time.monotonic()))
-
-    def _hung(self, grace_s: float, now: float) -> list[tuple[Flight, TaskCancelled | TaskTimeout]]:
+    def _hung(self, grace_s: float, now: float) -> list[HungFlight]:
         """The unsettled runs that outlived their forced cancel or timeout by `grace_s`, each with its error."""
         with self._lock:
             return [

@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 
-from tasks_app.consumer.async_lane import AsyncLane
+from tasks_app.consumer.async_lane import AsyncLane, HungFlight
 from tasks_app.consumer.control import ControlSettling, Running
 from tasks_app.consumer.timeouts import failure_traceback
 
@@ -59,14 +59,16 @@ class RunLimits(ControlSettling):
         now = time.monotonic()
         with self._running_lock:
             hung = [run for run in self.running.values() if run.clock.abandon(grace_s, now)]
-        hung_async = self.async_lane.count_hung(grace_s) if self.async_lane is not None else 0
+        hung_async = self.async_lane.take_hung(grace_s) if self.async_lane is not None else []
         if not hung and not hung_async:
             return 0
         self.retry_floor_s = max(self.retry_floor_s, exit_within_s)
-        settler = threading.Thread(target=self._settle_hung, args=(hung, grace_s, now), name="hard-limits", daemon=True)
+        settler = threading.Thread(
+            target=self._settle_hung, args=(hung, hung_async, grace_s, now), name="hard-limits", daemon=True
+        )
         self._hung_settlers.append(settler)
         settler.start()
-        return len(hung) + hung_async
+        return len(hung) + len(hung_async)
 
     def wait_hung_settled(self, timeout_s: float) -> None:
         """Wait up to `timeout_s` for the runs given up on to be settled (before their tasks could be returned)."""
@@ -74,7 +76,7 @@ class RunLimits(ControlSettling):
         for settler in self._hung_settlers:
             settler.join(max(0.0, deadline - time.monotonic()))
 
-    def _settle_hung(self, hung: list[Running], grace_s: float, now: float) -> None:
+    def _settle_hung(self, hung: list[Running], hung_async: list[HungFlight], grace_s: float, now: float) -> None:
         for run in hung:
             try:
                 if run.clock.cancel_error is not None:
@@ -84,7 +86,7 @@ class RunLimits(ControlSettling):
             except Exception:  # its lease recovers it once the process is gone
                 logger.exception("could not settle hung task %s", run.task.id)
         if self.async_lane is not None:
-            self.async_lane.fail_hung(grace_s)
+            self.async_lane.settle_hung(hung_async, grace_s)
 
     def _fail_hung_run(self, run: Running, grace_s: float, now: float) -> None:
         assert run.claimed is not None and run.config is not None and run.clock.timeout_error is not None
