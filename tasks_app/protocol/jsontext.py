@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from typing import Any
 
 # Deeper arguments are refused at enqueue; deeper values read from Redis are shown as text.
@@ -27,17 +28,21 @@ class JsonTooDeep(ValueError):
     """JSON text nested deeper than allowed."""
 
 
-def depth(value: Any) -> int:
-    """Return how deeply `value` nests lists and dicts (a scalar is 0), without recursion."""
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 0)]
+def _containers(value: Any, kinds: tuple[type, ...]) -> Iterator[tuple[Any, int]]:
+    """Yield `value` and each container of `kinds` in it with its nesting level (`value`: 1), without recursion."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, level = stack.pop()
-        if isinstance(item, (list, dict)):
-            level += 1
-            deepest = max(deepest, level)
-            stack.extend((child, level) for child in (item.values() if isinstance(item, dict) else item))
-    return deepest
+        yield item, level
+        children = item.values() if isinstance(item, dict) else item
+        stack += [(child, level + 1) for child in children if isinstance(child, kinds)]
+
+
+def depth(value: Any) -> int:
+    """Return how deeply parsed JSON `value` nests lists and dicts (a scalar is 0)."""
+    if not isinstance(value, (list, dict)):
+        return 0
+    return max(level for _, level in _containers(value, (list, dict)))
 
 
 def argument_problem(value: list[Any] | dict[str, Any], text: str = "", max_depth: int = MAX_JSON_DEPTH) -> str | None:
@@ -51,19 +56,12 @@ def argument_problem(value: list[Any] | dict[str, Any], text: str = "", max_dept
     if text and text.count("{") <= isinstance(value, dict) and text.count("[") + text.count("{") <= max_depth:
         return None
     # JSON writes the keys 1 and True as "1" and "true": the handler would get other keys, or lose a value.
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, level = stack.pop()
+    for item, level in _containers(value, (list, tuple, dict)):
         if level > max_depth:
             return f"arguments may nest at most {max_depth} levels"
-        if isinstance(item, dict):
-            for key in item:
-                if not isinstance(key, str):
-                    return f"object keys must be strings, got {key!r}"
-            item = item.values()
-        children = [child for child in item if isinstance(child, (list, tuple, dict))]
-        if children:
-            stack += [(child, level + 1) for child in children]
+        for key in item if isinstance(item, dict) else ():
+            if not isinstance(key, str):
+                return f"object keys must be strings, got {key!r}"
     return None
 
 
