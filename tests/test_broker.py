@@ -194,8 +194,8 @@ def test_dead_letters_can_be_listed_requeued_and_deleted(broker):
     broker.dead_letter("q", "c1", first, first)
     broker.dead_letter("q", "c1", second, second)
     assert {raw for raw, _ in broker.list_dead("q")} == {first, second}
-    assert broker.requeue_dead("q", [(first, 0, first)]) == 1
-    assert broker.requeue_dead("q", [(first, 0, first)]) == 0
+    assert broker.requeue_dead("q", [(first, 0, first, "t1")]) == [True]
+    assert broker.requeue_dead("q", [(first, 0, first, "t1")]) == [False]
     assert broker.delete_dead("q", [second]) == 1
     assert broker.list_dead("q") == []
     assert broker.client.lrange(broker.keys.pending("q"), 0, -1) == [first]

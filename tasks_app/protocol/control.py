@@ -208,11 +208,3 @@ class ControlOps(ScriptClient):
             else CancelMark.NONE
             for asked, by_force in zip(requested, forced, strict=True)
         ]
-
-    def forget_cancel_requests(self, queue: str, task_ids: Sequence[str]) -> None:
-        """Drop the cancel requests of these tasks of `queue` (a requeue from the dead letters starts afresh)."""
-        if task_ids:
-            pipe = self.client.pipeline(transaction=False)
-            pipe.zrem(self.keys.cancel_requests(queue), *task_ids)
-            pipe.zrem(self.keys.cancel_forced(queue), *task_ids)
-            pipe.execute()

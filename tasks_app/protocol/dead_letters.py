@@ -107,22 +107,25 @@ def fresh_copy(task: Task, queue: str) -> Task:
 
 
 def requeue(queue: str, dead: Sequence[DeadTask], broker: Broker | None = None) -> list[DeadTask]:
-    """Move requeueable dead tasks back, with their priority and a READY record; return those moved."""
+    """Move requeueable dead tasks back, with their priority and a READY record; return those moved.
+
+    A task no longer dead when the move runs (another operator requeued or deleted it, the trim
+    dropped it) is skipped and nothing is written for it: its record may belong to a newer run.
+    """
     broker = broker or get_broker()
-    movable = [item for item in dead if item.requeueable and item.task is not None]
+    movable = [(item, fresh_copy(item.task, queue)) for item in dead if item.requeueable and item.task is not None]
     if not movable:
         return []
-    fresh = [fresh_copy(item.task, queue) for item in movable if item.task is not None]
     # Taken before the push: above every earlier run's token (their late writes are ignored),
     # below the next run's (whose writes this READY record must not override).
     fence = broker.issue_fence(queue)
-    broker.forget_cancel_requests(queue, [task.id for task in fresh])  # before the push: no new run sees them
-    broker.requeue_dead(
-        queue, [(item.member, task.priority, encode_task(task)) for item, task in zip(movable, fresh, strict=True)]
+    moved = broker.requeue_dead(
+        queue, [(item.member, task.priority, encode_task(task), task.id) for item, task in movable]
     )
-    for task in fresh:
+    requeued = [pair for pair, flag in zip(movable, moved, strict=True) if flag]
+    for _, task in requeued:
         broker.record_result(_ready_again(task, fence))
-    return movable
+    return [item for item, _ in requeued]
 
 
 def _ready_again(task: Task, fence: int) -> ResultUpdate:

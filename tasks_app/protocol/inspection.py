@@ -116,15 +116,24 @@ class InspectionOps(ScriptClient):
         entries = self.client.zrange(self.keys.dead(queue), offset, offset + limit - 1, desc=True, withscores=True)
         return [(member, int(score)) for member, score in entries]
 
-    def requeue_dead(self, queue: str, entries: Sequence[tuple[bytes, int, bytes]]) -> int:
-        """Move dead tasks (stored member, priority, task to push) back to pending or prioritized."""
+    def requeue_dead(self, queue: str, entries: Sequence[tuple[bytes, int, bytes, str]]) -> list[bool]:
+        """Move dead tasks (stored member, priority, task to push, its id) back; flags say which were still dead.
+
+        A requeued task's cancel requests are dropped in the same script: its new run starts afresh.
+        """
         if not entries:
-            return 0
+            return []
         args: list[Any] = [WAKE_TOKEN]
-        for member, priority, fresh in entries:
-            args.extend([member, priority, fresh])
-        keys = [self.keys.dead(queue), self.keys.pending(queue), self.keys.prioritized(queue)]
-        return int(self._script("requeue_dead", keys, args))
+        for member, priority, fresh, task_id in entries:
+            args.extend([member, priority, fresh, task_id])
+        keys = [
+            self.keys.dead(queue),
+            self.keys.pending(queue),
+            self.keys.prioritized(queue),
+            self.keys.cancel_requests(queue),
+            self.keys.cancel_forced(queue),
+        ]
+        return [bool(flag) for flag in self._script("requeue_dead", keys, args)]
 
     def trim_dead(self, queue: str, max_count: int, max_age_s: int) -> int:
         """Drop the oldest dead letters beyond `max_count` and those older than `max_age_s`."""

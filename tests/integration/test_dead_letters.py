@@ -6,6 +6,7 @@ from tasks_app.consumer.loops import SchedulerLoop
 from tasks_app.protocol import dead_letters
 from tasks_app.protocol.codec import Task, decode_task, encode_task
 from tasks_app.protocol.keys import WAKE_TOKEN
+from tasks_app.protocol.replies import ResultUpdate
 
 pytestmark = pytest.mark.django_db
 
@@ -86,3 +87,22 @@ def test_requeueing_a_prioritized_dead_letter_alone_leaves_a_wake_token(broker):
     dead_letters.requeue("q", dead_letters.list_dead_tasks("q", broker=broker), broker=broker)
     assert broker.client.lrange(broker.keys.pending("q"), 0, -1) == [WAKE_TOKEN]
     assert broker.client.zcard(broker.keys.prioritized("q")) == 1
+
+
+def test_a_second_operator_requeueing_the_same_page_changes_nothing(broker):
+    """Two tabs (or operators) showing the same dead letter: the later click finds it gone and writes nothing."""
+    bury(broker, 1, broker.server_time_ms())
+    seen_by_both = dead_letters.list_dead_tasks("q", broker=broker)
+    assert [dead.task_id for dead in dead_letters.requeue("q", seen_by_both, broker=broker)] == ["dead-1"]
+    broker.heartbeat(["q"], "c1", 10_000, {"lease_ms": 10_000})
+    claim = broker.claim_with_suspect("q", "c1", 1, allow_suspect=False)
+    [raw] = claim.tasks
+    done = ResultUpdate("dead-1", {"status": "SUCCESSFUL", "attempts": "1"}, 60, fence=claim.first_fence)
+    assert broker.ack("q", "c1", [raw], [done]) == [True]
+    broker.client.zadd(broker.keys.cancel_requests("q"), {"dead-1": 1})  # as if asked of a run meanwhile
+
+    assert dead_letters.requeue("q", seen_by_both, broker=broker) == []
+    assert broker.get_result("dead-1")["status"] == "SUCCESSFUL"
+    assert broker.client.zscore(broker.keys.cancel_requests("q"), "dead-1") == 1
+    stats = broker.queue_stats("q")
+    assert (stats.pending, stats.dead) == (0, 0)

@@ -79,7 +79,7 @@ def test_a_foreign_infinite_score_does_not_make_the_scheduler_spin(broker):
         ("promote_due", 6, ["nan", "\x00wake", "q", "t"]),
         ("promote_due", 6, []),
         ("enqueue_prioritized", 2, ["\x00wake", "high", b"task", "1e400", b"task2", "7"]),
-        ("requeue_dead", 3, ["\x00wake", b"member", "-inf", b"task", b"odd"]),
+        ("requeue_dead", 5, ["\x00wake", b"member", "-inf", b"task", b"id", b"odd"]),
         ("trim_dead", 1, ["many", "old"]),
         ("enqueue_one", 2, ["soon", b"task", "field"]),
         ("enqueue_batch", 4, ["\x00wake", "x", "y", "1", "3", "q", "9", b"t", "5", "", "p", "d"]),
