@@ -19,3 +19,10 @@ def test_backoff_is_capped():
 
 def test_zero_base_retries_at_once():
     assert backoff_delay_s(3, 0.0) == 0.0
+
+
+def test_huge_attempt_counts_wait_the_cap_instead_of_overflowing():
+    """A foreign envelope may allow millions of attempts: retry 2000 waits an hour, like retry 40."""
+    for attempt in (1100, 2000, 2**31 - 1):
+        assert MAX_BACKOFF_S / 2 <= backoff_delay_s(attempt, 2.0) <= MAX_BACKOFF_S
+    assert backoff_delay_s(2**31 - 1, 0.0) == 0.0
