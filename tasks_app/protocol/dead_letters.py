@@ -109,23 +109,26 @@ def fresh_copy(task: Task, queue: str) -> Task:
 def requeue(queue: str, dead: Sequence[DeadTask], broker: Broker | None = None) -> list[DeadTask]:
     """Move requeueable dead tasks back, with their priority and a READY record; return those moved.
 
-    A task no longer dead when the move runs (another operator requeued or deleted it, the trim
-    dropped it) is skipped and nothing is written for it: its record may belong to a newer run.
+    A task no longer dead (another operator requeued or deleted it, the trim dropped it) is
+    skipped, and its record left alone: it may belong to a newer run.
     """
     broker = broker or get_broker()
     movable = [(item, fresh_copy(item.task, queue)) for item in dead if item.requeueable and item.task is not None]
     if not movable:
         return []
-    # Taken before the push: above every earlier run's token (their late writes are ignored),
-    # below the next run's (whose writes this READY record must not override).
+    # Taken before the members are checked, so above every earlier run's token (their late
+    # writes are ignored) and below the token of any claim of a push made after the check.
     fence = broker.issue_fence(queue)
+    still_dead = broker.still_dead(queue, [item.member for item, _ in movable])
+    movable = [pair for pair, present in zip(movable, still_dead, strict=True) if present]
+    # The READY record goes first: a consumer may claim the task the moment it is pushed, and
+    # its receipt must not meet the record of the dead run (a cancel asked of it, say).
+    for _, task in movable:
+        broker.record_result(_ready_again(task, fence))
     moved = broker.requeue_dead(
         queue, [(item.member, task.priority, encode_task(task), task.id) for item, task in movable]
     )
-    requeued = [pair for pair, flag in zip(movable, moved, strict=True) if flag]
-    for _, task in requeued:
-        broker.record_result(_ready_again(task, fence))
-    return [item for item, _ in requeued]
+    return [item for (item, _), flag in zip(movable, moved, strict=True) if flag]
 
 
 def _ready_again(task: Task, fence: int) -> ResultUpdate:

@@ -135,6 +135,10 @@ class InspectionOps(ScriptClient):
         ]
         return [bool(flag) for flag in self._script("requeue_dead", keys, args)]
 
+    def still_dead(self, queue: str, members: Sequence[bytes]) -> list[bool]:
+        """Say which of these members the queue's dead-letter set still holds."""
+        return [score is not None for score in self.client.zmscore(self.keys.dead(queue), list(members))]
+
     def trim_dead(self, queue: str, max_count: int, max_age_s: int) -> int:
         """Drop the oldest dead letters beyond `max_count` and those older than `max_age_s`."""
         return int(self._script("trim_dead", [self.keys.dead(queue)], [max_count, max_age_s * 1000]))

@@ -106,3 +106,23 @@ def test_a_second_operator_requeueing_the_same_page_changes_nothing(broker):
     assert broker.client.zscore(broker.keys.cancel_requests("q"), "dead-1") == 1
     stats = broker.queue_stats("q")
     assert (stats.pending, stats.dead) == (0, 0)
+
+
+def test_a_requeued_dead_letter_whose_last_run_was_asked_to_cancel_runs_when_claimed_at_once(broker, monkeypatch):
+    """An idle consumer blocked on pending takes the task as it is pushed: its receipt must not see the old cancel."""
+    bury(broker, 1, broker.server_time_ms())
+    broker.record_result(ResultUpdate("dead-1", {"status": "FAILED", "cancel_requested_at_ms": "1"}, 60, fence=1))
+    broker.heartbeat(["q"], "c1", 10_000, {"lease_ms": 10_000})
+    receipts: list[int] = []
+    push = broker.requeue_dead
+
+    def push_and_claim_at_once(queue, entries):
+        moved = push(queue, entries)
+        claim = broker.claim_with_suspect("q", "c1", 1, allow_suspect=False)
+        receipts.extend(broker.claim_receipts([("dead-1", claim.first_fence)], 60))
+        return moved
+
+    monkeypatch.setattr(broker, "requeue_dead", push_and_claim_at_once)
+    assert len(dead_letters.requeue("q", dead_letters.list_dead_tasks("q", broker=broker), broker=broker)) == 1
+    assert receipts == [1]
+    assert broker.get_result("dead-1")["status"] == "READY"
