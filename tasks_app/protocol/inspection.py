@@ -15,6 +15,8 @@ from tasks_app.protocol.scripts import ScriptClient
 
 # Width of the buckets counting acknowledged tasks, for the dashboard's throughput.
 THROUGHPUT_BUCKET_S = 10
+# Most dead letters one trim_dead call drops (about 5 ms of Redis time): see `trim_dead`.
+TRIM_BATCH = 10_000
 
 
 def _json_object(raw: bytes) -> dict[str, Any]:
@@ -140,8 +142,18 @@ class InspectionOps(ScriptClient):
         return [score is not None for score in self.client.zmscore(self.keys.dead(queue), list(members))]
 
     def trim_dead(self, queue: str, max_count: int, max_age_s: int) -> int:
-        """Drop the oldest dead letters beyond `max_count` and those older than `max_age_s`."""
-        return int(self._script("trim_dead", [self.keys.dead(queue)], [max_count, max_age_s * 1000]))
+        """Drop the oldest dead letters beyond `max_count` and those older than `max_age_s`; return how many.
+
+        One script per TRIM_BATCH members: a set far over its caps (a cap just lowered) is trimmed
+        in short calls, with other clients served in between.
+        """
+        dropped = 0
+        while True:
+            batch = TRIM_BATCH
+            step = int(self._script("trim_dead", [self.keys.dead(queue)], [max_count, max_age_s * 1000, batch]))
+            dropped += step
+            if step < batch:
+                return dropped
 
     def delete_dead(self, queue: str, members: Sequence[bytes]) -> int:
         """Delete dead-lettered tasks for good; return how many were deleted."""

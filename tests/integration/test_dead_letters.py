@@ -1,9 +1,11 @@
 """Dead letters against real Redis: capped by count and age, requeued with their priority."""
 
+from unittest.mock import patch
+
 import pytest
 
 from tasks_app.consumer.loops import SchedulerLoop
-from tasks_app.protocol import dead_letters
+from tasks_app.protocol import dead_letters, inspection
 from tasks_app.protocol.codec import Task, decode_task, encode_task
 from tasks_app.protocol.keys import WAKE_TOKEN
 from tasks_app.protocol.replies import ResultUpdate
@@ -126,3 +128,16 @@ def test_a_requeued_dead_letter_whose_last_run_was_asked_to_cancel_runs_when_cla
     assert len(dead_letters.requeue("q", dead_letters.list_dead_tasks("q", broker=broker), broker=broker)) == 1
     assert receipts == [1]
     assert broker.get_result("dead-1")["status"] == "READY"
+
+
+def test_a_set_far_over_its_caps_is_trimmed_in_bounded_calls(broker):
+    """Lowering the cap under a huge set must not run one script that holds Redis for seconds."""
+    now_ms = broker.server_time_ms()
+    for n in range(25):
+        bury(broker, n, now_ms - (40 - n) * DAY_MS)  # the first 5 are older than 35 days
+    one_call = broker.scripts.run(broker.client, "trim_dead", [broker.keys.dead("q")], [5, 35 * 86400_000, 10])
+    assert one_call == 10
+    assert sorted(dead_ids(broker)) == sorted(f"dead-{n}" for n in range(10, 25))
+    with patch.object(inspection, "TRIM_BATCH", 4):
+        assert broker.trim_dead("q", 5, 35 * 86400) == 10
+    assert sorted(dead_ids(broker)) == sorted(f"dead-{n}" for n in range(20, 25))
