@@ -10,6 +10,8 @@
 -- ARGV[6] GCRA tolerance in microseconds: how long before its theoretical arrival time a start
 --         is admitted (gcra only)
 -- Returns: 0 when the task may start now, else the microseconds until its reserved slot.
+-- An argument that is not a number falls back to a default (limit 1, period 1 s, emission one
+-- period, tolerance 0); a stored field that is not a finite number counts as absent.
 --
 -- A denied task is given the next free slot of a queue spaced by the emission interval, so
 -- denied tasks wake one by one instead of all at once. While that queue is not empty, only
@@ -19,15 +21,23 @@ local now = server_now_us()
 local key = KEYS[1]
 local algorithm = ARGV[1]
 local reservation = 'r:' .. ARGV[2]
-local limit = tonumber(ARGV[3])
-local period = tonumber(ARGV[4])
-local emission = tonumber(ARGV[5])
-local tolerance = tonumber(ARGV[6])
+local limit = int_arg(ARGV[3], 1, 1, 2 ^ 53)
+local period = int_arg(ARGV[4], 1000000, 1, 2 ^ 53)
+local emission = int_arg(ARGV[5], period, 1, 2 ^ 53)
+local tolerance = int_arg(ARGV[6], 0, 0, 2 ^ 53)
+
+-- A stored field that is not a finite number (a foreign write: "x", "nan", "inf") counts as absent.
+local function stored(value)
+  local n = tonumber(value)
+  if n and n > -math.huge and n < math.huge then return n end
+  return nil
+end
 
 local state = redis.call('HMGET', key, 'tat', 'window', 'count', 'cursor', reservation)
-local cursor = tonumber(state[4]) or 0
+local cursor = stored(state[4]) or 0
 local reserved = state[5] ~= false
 
+-- Numbers go to Redis as integer text: Lua's own conversion writes 1e+14 past 14 digits.
 local function num(value)
   return string.format('%.0f', value)
 end
@@ -35,15 +45,15 @@ end
 -- The earliest time the algorithm admits a start, and the fields an admission now would write.
 local earliest, admitted, horizon
 if algorithm == 'gcra' then
-  local tat = tonumber(state[1]) or now
+  local tat = stored(state[1]) or now
   earliest = tat - tolerance
   horizon = math.max(tat, now) + emission
   admitted = {'tat', num(horizon)}
 elseif algorithm == 'fixed_window' then
   local window = math.floor(now / period)
   local count = 0
-  if tonumber(state[2]) == window then
-    count = tonumber(state[3])
+  if stored(state[2]) == window then
+    count = stored(state[3]) or 0
   end
   horizon = (window + 1) * period
   earliest = count < limit and now or horizon
@@ -53,7 +63,7 @@ else
 end
 
 local function keep_until(until_us)
-  redis.call('PEXPIRE', key, math.ceil((until_us - now + period) / 1000))
+  redis.call('PEXPIRE', key, num(math.min(math.ceil((until_us - now + period) / 1000), 2 ^ 53)))
 end
 
 if now >= earliest and (reserved or cursor <= now) then

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 LIMITED = "test.record"
 DECISIONS = "taskqueue_rate_limit_decisions_total"
+YEAR_S = 365 * 86400
 
 
 def redis_now_ms(broker: Broker) -> float:
@@ -149,3 +150,23 @@ def test_throttled_type_does_not_block_an_unthrottled_one_behind_it(broker, cons
         5,
         message="the other throttled tasks to wait in the delayed set",
     )
+
+
+def test_a_long_backlog_of_a_slow_type_keeps_getting_slots(broker):
+    """1 a year with thousands waiting: slots reach millennia out, and the key's expiry follows them."""
+    policy = RatePolicy.for_config(TaskTypeConfig(name="slow", handler="slow", rate_limit=1, rate_period_s=YEAR_S))
+    args = (policy.algorithm, policy.limit, policy.period_us, policy.emission_us, policy.tolerance_us)
+    waits = [broker.rate_limit("slow", args[0], f"t{n}", *args[1:]) for n in range(4000)]
+    assert waits[0] == 0 and waits == sorted(waits) and waits[-1] > 3500 * YEAR_S * 1_000_000
+    assert broker.client.pttl(broker.keys.rate("slow")) > waits[-1] // 1000
+
+
+@pytest.mark.parametrize("stored", [{"tat": "nan"}, {"tat": "inf", "cursor": "-inf"}, {"window": "x", "count": "y"}])
+@pytest.mark.parametrize("algorithm", ["gcra", "fixed_window"])
+def test_a_rate_hash_holding_foreign_values_decides_as_if_they_were_absent(broker, stored, algorithm):
+    policy = RatePolicy.for_config(TaskTypeConfig(name="t", handler="t", rate_limit=2, rate_algorithm=algorithm))
+    broker.client.hset(broker.keys.rate("t"), mapping=stored)
+    if algorithm == "fixed_window":  # this window's count, unreadable
+        broker.client.hset(broker.keys.rate("t"), "window", broker.server_time_ms() // 1000)
+    args = (policy.limit, policy.period_us, policy.emission_us, policy.tolerance_us)
+    assert broker.rate_limit("t", policy.algorithm, "a", *args) == 0
