@@ -1,22 +1,34 @@
--- ack: finish tasks this consumer ran, if they are still in its processing list.
+-- ack: finish tasks this consumer ran, if they are still in its processing list, and free the
+-- uniqueness keys their ends free (unique_until = finished) only for those.
 -- KEYS[1] processing list of this consumer   KEYS[2] recoveries hash
--- KEYS[3] (optional) this 10-second bucket's completed counter, incremented by the tasks acked
--- ARGV[1..n] serialized tasks
--- Returns: one flag per task: 1 acknowledged, 0 lost (reaped or finished elsewhere).
+-- KEYS[3] this 10-second bucket's completed counter, incremented by the tasks acked
+-- KEYS[4..3+u] uniqueness keys to free
+-- ARGV[1] n, the number of tasks   ARGV[2..1+n] serialized tasks; then per uniqueness key
+-- KEYS[3+j] three arguments: the position (1..n) of the task whose ack frees it, that task's id,
+-- ms from now to free it in (0: now; see include/unique.lua)
+-- Returns: one flag per task: 1 acknowledged, 0 lost (reaped or finished elsewhere: a key it
+-- held is left alone, it may be a later run's now).
 -- Errors (before writing anything) if a key holds the wrong type.
 -- Cost: O(this consumer's in-flight) per task, independent of other consumers.
 
+-- include: args
 -- include: key_types
 -- include: settle
+-- include: unique
 local refused = wrong_key_type({'list', 'hash', 'string'})
 if refused then return refused end
+local n = int_arg(ARGV[1], 0, 0, #ARGV - 1)
 local flags = {}
 local acked = 0
-for i, task in ipairs(ARGV) do
-  flags[i] = settle_claimed(task, KEYS[2], false)
+for i = 1, n do
+  flags[i] = settle_claimed(ARGV[1 + i], KEYS[2], false)
   acked = acked + flags[i]
 end
-if KEYS[3] and acked > 0 then
+for j = 4, #KEYS do
+  local at = 2 + n + 3 * (j - 4)
+  if flags[tonumber(ARGV[at]) or 0] == 1 and ARGV[at + 1] then free_unique(KEYS[j], ARGV[at + 1], ARGV[at + 2]) end
+end
+if acked > 0 then
   redis.call('INCRBY', KEYS[3], acked)
   redis.call('EXPIRE', KEYS[3], 120)
 end

@@ -106,11 +106,11 @@ class FlakyBroker(Broker):
         self.failures = failures
         self.calls = 0
 
-    def ack_many_reporting(self, results, raws_by_owner):
+    def ack_many_reporting(self, results, raws_by_owner, releases=None):
         self.calls += 1
         if self.calls <= self.failures:
             raise redis.exceptions.ConnectionError("connection reset by peer")
-        return super().ack_many_reporting(results, raws_by_owner)
+        return super().ack_many_reporting(results, raws_by_owner, releases)
 
 
 def _ack_all(
@@ -175,9 +175,9 @@ class LosesFirstReply(Broker):
         super().__init__(broker.client, broker.keys.prefix, broker.scripts)
         self.calls = 0
 
-    def ack_many_reporting(self, results, raws_by_owner):
+    def ack_many_reporting(self, results, raws_by_owner, releases=None):
         self.calls += 1
-        report = super().ack_many_reporting(results, raws_by_owner)
+        report = super().ack_many_reporting(results, raws_by_owner, releases)
         if self.calls == 1:
             raise redis.exceptions.ConnectionError("connection reset by peer")
         return report
@@ -216,10 +216,10 @@ class RefusesBatches(Broker):
     """A real broker that drops the connection on any write of more than one ack, as Redis does
     for a batch holding a value over its proto-max-bulk-len."""
 
-    def ack_many_reporting(self, results, raws_by_owner):
+    def ack_many_reporting(self, results, raws_by_owner, releases=None):
         if sum(len(raws) for raws in raws_by_owner.values()) > 1:
             raise redis.exceptions.ConnectionError("connection reset by peer")
-        return super().ack_many_reporting(results, raws_by_owner)
+        return super().ack_many_reporting(results, raws_by_owner, releases)
 
     ack_many = ack_many_reporting
 
@@ -244,7 +244,7 @@ def test_every_done_callback_is_called_even_when_writing_fails_unexpectedly(brok
     ids, raws = _claimed(broker, "c7", 2)
 
     class Broken(Broker):
-        def ack_many_reporting(self, results, raws_by_owner):
+        def ack_many_reporting(self, results, raws_by_owner, releases=None):
             raise TypeError("a bug")
 
     batcher = AckBatcher(Broken(broker.client, broker.keys.prefix, broker.scripts), threading.Event())
@@ -267,11 +267,11 @@ class FailingOver(Broker):
     def serves_every_slot(self) -> bool:
         return self.failures <= 0
 
-    def ack_many_reporting(self, results, raws_by_owner):
+    def ack_many_reporting(self, results, raws_by_owner, releases=None):
         self.failures -= 1
         if self.failures >= 0:
             raise redis.exceptions.ClusterDownError("CLUSTERDOWN The cluster is down")
-        return super().ack_many_reporting(results, raws_by_owner)
+        return super().ack_many_reporting(results, raws_by_owner, releases)
 
 
 def test_a_cluster_failing_over_is_waited_out_not_taken_as_refusing_the_batch(broker):

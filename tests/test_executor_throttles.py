@@ -9,11 +9,13 @@ from typing import Any
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.async_lane import AsyncLane
 from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.concurrency import ConcurrencyGate
 from tasks_app.consumer.executor import Executor
 from tasks_app.consumer.limits import RateLimiter
+from tasks_app.exceptions import TaskCancelled
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import decode_task, encode_payload
 from tasks_app.protocol.slots import SlotSet, Waiter
@@ -23,7 +25,15 @@ from tests.support.claims import claim, push, register, task_bytes
 from tests.support.counters import sample
 from tests.support.processes import wait_until
 from tests.test_async_lane import Slots
-from tests.test_executor import CONSUMER, claimed, dead_tasks, delayed_tasks, registry, task_type  # noqa: F401 (fixture)
+from tests.test_executor import (  # noqa: F401 (fixtures)
+    CONSUMER,
+    claimed,
+    dead_tasks,
+    delayed_tasks,
+    executor,
+    registry,
+    task_type,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -112,6 +122,53 @@ def test_a_waiter_without_an_enqueue_time_queues_behind_those_waiting_before_it(
     gated.execute(claimed(broker, "foreign", "x.add", 1, 2))  # as a foreign producer pushes it: no enqueue time
     [woken] = broker.release_slot(slots, "elsewhere", 60_000, 3_000)
     assert decode_task(woken.member[4:]).id == "dated"  # first come, first served
+
+
+def held_unique_task(broker: Broker, task_type_name: str) -> tuple[Claimed, str]:
+    """A claimed task holding the uniqueness key that its end frees (as enqueue_unique left it); the key."""
+    unique_key = broker.keys.unique("q", "d1")
+    broker.client.set(unique_key, "t1", px=600_000)
+    return claimed(broker, "t1", task_type_name, raw=task_bytes("t1", task_type_name, unique_digest="d1")), unique_key
+
+
+@pytest.mark.parametrize("batched", [False, True])
+@pytest.mark.parametrize("ending", ["succeeded", "failed", "cancelled"])
+def test_the_late_end_of_a_run_whose_consumer_was_presumed_dead_keeps_the_key_of_its_rerun(
+    broker,
+    executor,  # noqa: F811 (the fixture)
+    ending,
+    batched,
+):
+    # While the handler runs, its consumer is presumed dead: its list is reaped, the task waits
+    # to run again. The late run's end must leave the key to that re-run: a duplicate is refused.
+    def presumed_dead_meanwhile() -> None:
+        assert broker.reap("q", CONSUMER, 30_000, own_earlier_run=True).requeued == 1
+        if ending == "failed":
+            raise ValueError("late failure")
+        if ending == "cancelled":
+            raise TaskCancelled("late cancel")
+
+    executor.registry.add(Handler("x.late", presumed_dead_meanwhile))
+    task_type(executor, "x.late", max_attempts=1, unique_for_s=600, unique_until="finished")
+    if batched:
+        executor.acks = AckBatcher(broker, executor.give_up)
+    held, unique_key = held_unique_task(broker, "x.late")
+    executor.execute(held)
+    if executor.acks is not None:
+        executor.acks.close()
+    assert broker.queue_stats("q").pending == 1 and broker.held_by("q", CONSUMER) == []  # the re-run waits
+    assert broker.client.get(unique_key) == b"t1"
+
+
+def test_a_unique_task_dead_lettered_as_a_last_resort_frees_its_key(broker, executor):  # noqa: F811 (the fixture)
+    task_type(executor, "x.boom", max_attempts=3, unique_for_s=600, unique_until="finished")
+    held, unique_key = held_unique_task(broker, "x.boom")
+    broker.client.set(broker.keys.delayed("q"), "not a sorted set")  # its retry: WRONGTYPE, so settling fails
+    executor.execute(held)
+    broker.client.delete(broker.keys.delayed("q"))
+    [dead] = dead_tasks(broker)
+    assert dead.id == "t1" and "settling the task failed" in dead.dead_reason
+    assert not broker.client.exists(unique_key)  # it failed for good: a new one may be enqueued
 
 
 class LosesFirstReply:

@@ -30,7 +30,7 @@ from tasks_app.consumer.retrying import GaveUp, until_done
 from tasks_app.protocol import results
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.jsontext import is_utf8_encodable
-from tasks_app.protocol.replies import AckReport, ResultUpdate
+from tasks_app.protocol.replies import AckReport, ResultUpdate, UniqueRelease
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +55,7 @@ class _Ack:
     update: ResultUpdate | None
     done: AckDone
     log: Callable[[], None] | None = None  # called after every `done` of its batch
+    release: UniqueRelease | None = None  # the uniqueness key its ack frees, if the task is still held
 
 
 @dataclass(frozen=True)
@@ -172,11 +173,13 @@ class AckBatcher:
         update: ResultUpdate | None,
         done: AckDone,
         log: Callable[[], None] | None = None,
+        release: UniqueRelease | None = None,
     ) -> None:
-        """Write `update`, then ack the task, with the next flush; `done` is called afterwards, then `log`."""
+        """Write `update`, then ack the task (freeing `release` if it is still held), with the next flush;
+        `done` is called afterwards, then `log`."""
         if update is not None and not storable(update):
             update = unstored_result(update, "it holds text that is not valid Unicode (a lone surrogate)")
-        self._entries.put(_Ack(queue, consumer_id, raw, update, done, log))
+        self._entries.put(_Ack(queue, consumer_id, raw, update, done, log, release))
 
     def record_start(self, update: ResultUpdate) -> Any:
         """Write a run's first update with the next flush and wait: Redis's reply (2: cancelled), None if unwritten."""
@@ -345,13 +348,14 @@ class AckBatcher:
         for item in acks:
             by_owner.setdefault((item.queue, item.consumer_id), []).append(item)
         raws = {owner: [item.raw for item in items] for owner, items in by_owner.items()}
+        releases = {owner: [item.release for item in items] for owner, items in by_owner.items()}
         merged = merge_updates(updates)
         sends = 0
 
         def send() -> AckReport:
             nonlocal sends
             sends += 1
-            return self.broker.ack_many_reporting(merged, raws)
+            return self.broker.ack_many_reporting(merged, raws, releases=releases)
 
         flags, refused, unreplicated, written = until_done(
             send, what="ack", give_up=self.give_up, refused_after=REFUSED_AFTER, redis_answers=self._redis_answers

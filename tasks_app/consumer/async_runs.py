@@ -57,7 +57,6 @@ class AsyncRuns(Settling):
         handler: Handler,
         context: TaskContext,
         arguments: Arguments,
-        max_attempts: int,
         on_settled: Callable[[], None] | None,
     ) -> bool:
         """Hand the run to the lane, watched; it calls `on_settled` once the task is settled (always True)."""
@@ -65,8 +64,8 @@ class AsyncRuns(Settling):
         assert lane is not None
         timeout_s = config.timeout_s or None
         coroutine = self.invoke_async(handler, context, arguments, timeout_s)
-        settle = partial(self._settle_safely, context.control, claimed, task, config, max_attempts)
-        flight = Flight(settle, timeout_s, partial(self._succeed_now, context.control, claimed, task))
+        settle = partial(self._settle_safely, context.control, claimed, task, config)
+        flight = Flight(settle, timeout_s, partial(self._succeed_now, context.control, claimed, task, config))
         run = Running(task, RunClock(None), context, claimed.fence, claimed, config, partial(lane.cancel, flight))
         with self._running_lock:
             self.running[context.control] = run
@@ -115,12 +114,13 @@ class AsyncRuns(Settling):
         control: RunControl,
         claimed: Claimed,
         task: Task,
+        config: TaskTypeConfig,
         value: Any,
         duration: float,
         on_settled: Callable[[], None],
     ) -> bool | None:
         """Settle a success through the ack batcher without waiting; None if that cannot be done."""
-        if self.acks is None or task.unique_digest:  # freeing a unique key is a round trip
+        if self.acks is None:
             return None
         try:
             return_json = results.result_json(value, self.max_result_bytes)
@@ -128,7 +128,7 @@ class AsyncRuns(Settling):
             return None  # a failure: settled on a settling thread
         self._unwatch(control)  # the batcher only queues its progress write, before the ack
         metrics.of_run(task.type, task.queue).duration.observe(duration)
-        return self._succeed(claimed, task, return_json, duration, on_settled)
+        return self._succeed(claimed, task, return_json, duration, on_settled, self._release_of(task, config))
 
     def _settle_safely(
         self, control: RunControl, claimed: Claimed, task: Task, config: TaskTypeConfig, *outcome: Any

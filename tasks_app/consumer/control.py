@@ -13,7 +13,6 @@ PROGRESS_EVERY_S per task, and once more when the run ends.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,7 +22,6 @@ from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.settling import Settling
 from tasks_app.consumer.timeouts import RunClock
 from tasks_app.context import TaskContext
-from tasks_app.models import TaskType
 from tasks_app.protocol import results
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task
@@ -115,23 +113,32 @@ class RunWatch:
 
 
 class ControlSettling(Settling):
-    """How an executor ends cancelled runs and frees the uniqueness keys of finished unique tasks."""
+    """How an executor ends cancelled runs: dropped unrun, stopped by their handler, or given up on."""
 
     watch: RunWatch
 
-    def _drop_cancelled(self, claimed: Claimed, task: Task, on_settled: Callable[[], None] | None) -> bool:
+    def _drop_cancelled(
+        self, claimed: Claimed, task: Task, config: TaskTypeConfig | None, on_settled: Callable[[], None] | None
+    ) -> bool:
         """Ack a task whose record says it was cancelled before it started, without running it."""
         metrics.TASKS_CANCELLED.labels(self._type_label(task.type), task.queue).inc()  # its type may be gone
         update = results.dropped_cancelled(task, self.result_ttl_s, claimed.fence)
-        return self._ack_settled(claimed, task, update, "cancelled_before_start", None, on_settled)
+        release = self._release_of(task, config)
+        return self._ack_settled(claimed, task, update, "cancelled_before_start", None, on_settled, release)
 
     def _end_cancelled(
-        self, claimed: Claimed, task: Task, duration_s: float, on_settled: Callable[[], None] | None
+        self,
+        claimed: Claimed,
+        task: Task,
+        config: TaskTypeConfig,
+        duration_s: float,
+        on_settled: Callable[[], None] | None,
     ) -> bool:
         """Settle a run whose handler raised TaskCancelled: CANCELLED, not retried."""
         metrics.TASKS_CANCELLED.labels(task.type, task.queue).inc()
         update = results.cancelled(task, int(time.time() * 1000), self.result_ttl_s, claimed.fence)
-        return self._ack_settled(claimed, task, update, "cancelled", duration_s, on_settled)
+        release = self._release_of(task, config)
+        return self._ack_settled(claimed, task, update, "cancelled", duration_s, on_settled, release)
 
     def _end_forced_run(self, run: Running, grace_s: float, now: float) -> None:
         """Settle a run still going `grace_s` after its forced cancel: CANCELLED; its process is then replaced."""
@@ -145,20 +152,4 @@ class ControlSettling(Settling):
         last_progress = progress_update(run, self.result_ttl_s)
         if last_progress is not None:
             self.watch.record(last_progress)
-        self._release_unique(run.task, run.config)
-        self._end_cancelled(run.claimed, run.task, now - run.clock.started_monotonic, None)
-
-    def _release_unique(self, task: Task, config: TaskTypeConfig) -> None:
-        """Free the task's uniqueness key now that it finished, if its type holds keys until then."""
-        if holds_unique_until_finished(task, config):
-            # Once this process gave up on a hung run, such a run may still go on until the process is
-            # gone: the key is freed only then, as no retry is due sooner.
-            after_ms = math.ceil(self.retry_floor_s * 1000)
-            self._redis(
-                lambda: self.broker.release_unique(task.queue, task.unique_digest, task.id, after_ms), "release_unique"
-            )
-
-
-def holds_unique_until_finished(task: Task, config: TaskTypeConfig | None) -> bool:
-    """Whether `task` holds a uniqueness key that its end (not the window's) frees."""
-    return bool(task.unique_digest) and config is not None and config.unique_until == TaskType.UniqueUntil.FINISHED
+        self._end_cancelled(run.claimed, run.task, run.config, now - run.clock.started_monotonic, None)

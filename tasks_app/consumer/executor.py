@@ -126,9 +126,7 @@ class Executor(AsyncRuns, RunLimits):
             task.queue = claimed.queue
         config, problem = self._resolve(task)
         if claimed.receipt == results.START_REFUSED:  # cancelled before its claim: dropped, whatever its type
-            if config is not None:
-                self._release_unique(task, config)
-            return self._drop_cancelled(claimed, task, on_settled)
+            return self._drop_cancelled(claimed, task, config, on_settled)
         if not self.task_types.loaded:
             return self._defer_unknown_settings(claimed, task)
         if config is None:
@@ -178,8 +176,7 @@ class Executor(AsyncRuns, RunLimits):
         self, claimed: Claimed, task: Task, config: TaskTypeConfig, error_name: str, reason: str
     ) -> None:
         """Dead-letter a task of a known type that cannot run: it failed for good, so its unique key is freed."""
-        self._dead_letter(claimed, task, error_name, reason)
-        self._release_unique(task, config)
+        self._dead_letter(claimed, task, error_name, reason, self._release_of(task, config))
 
     def _admit(self, claimed: Claimed, task: Task, config: TaskTypeConfig, arguments: Arguments) -> str | None:
         """Pass the rate limit, then take a concurrency slot; None: deferred, else the slot's holder ("": uncapped)."""
@@ -232,15 +229,14 @@ class Executor(AsyncRuns, RunLimits):
             return False  # its lease was lost while it passed the gates: the reaper owns it now
         max_attempts = self._record_start(claimed, task, config, handler, arguments)
         if max_attempts is NotStarted.CANCELLED:  # cancelled before it started
-            self._release_unique(task, config)
-            return self._drop_cancelled(claimed, task, on_settled)
+            return self._drop_cancelled(claimed, task, config, on_settled)
         if max_attempts is NotStarted.SUPERSEDED:  # a later claim holds the task: it runs there, never here as well
             return self._ack_settled(claimed, task, None, "superseded", None, on_settled)
         context = TaskContext(
             task.id, task.type, task.queue, task.attempt, max_attempts, dict(task.headers), claimed.consumer_id
         )
         if handler.is_async and self.async_lane is not None:
-            return self._run_async(claimed, task, config, handler, context, arguments, max_attempts, on_settled)
+            return self._run_async(claimed, task, config, handler, context, arguments, on_settled)
         clock = RunClock(config.timeout_s or None)
         run = Running(task, clock, context, claimed.fence, claimed, config)
         value, raised = self._call(handler, context, arguments, run)
@@ -248,14 +244,13 @@ class Executor(AsyncRuns, RunLimits):
             return False  # settled by fail_hung when it outlived its hard limit
         duration = time.monotonic() - clock.started_monotonic
         error = clock.timeout_error or raised  # the timeout wins over whatever the handler did after it
-        return self._settle_outcome(claimed, task, config, max_attempts, value, error, raised, duration, on_settled)
+        return self._settle_outcome(claimed, task, config, value, error, raised, duration, on_settled)
 
     def _settle_outcome(
         self,
         claimed: Claimed,
         task: Task,
         config: TaskTypeConfig,
-        max_attempts: int,
         value: Any,
         error: BaseException | None,
         raised: BaseException | None,
@@ -270,14 +265,10 @@ class Executor(AsyncRuns, RunLimits):
             except (ResultNotJson, ResultTooLarge) as exc:
                 error = exc
             else:
-                self._release_unique(task, config)
-                return self._succeed(claimed, task, return_json, duration, on_settled)
+                return self._succeed(claimed, task, return_json, duration, on_settled, self._release_of(task, config))
         if isinstance(error, TaskCancelled):
-            self._release_unique(task, config)
-            return self._end_cancelled(claimed, task, duration, on_settled)
+            return self._end_cancelled(claimed, task, config, duration, on_settled)
         self._fail(claimed, task, config, error, failure_traceback(error, raised), duration)
-        if task.attempt >= max_attempts:
-            self._release_unique(task, config)
         return False
 
     def _record_start(

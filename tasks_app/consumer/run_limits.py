@@ -99,8 +99,6 @@ class RunLimits(ControlSettling):
         error = run.clock.timeout_error
         duration_s = now - run.clock.started_monotonic
         self._fail(run.claimed, run.task, run.config, error, failure_traceback(error, None), duration_s)
-        if run.task.attempt >= (run.task.max_attempts or run.config.max_attempts):
-            self._release_unique(run.task, run.config)
 
     def hung(self) -> int:
         """How many runs were given up by `fail_hung` and have not returned."""

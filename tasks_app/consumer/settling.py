@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import uuid
@@ -14,11 +15,12 @@ from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.retry_policy import backoff_delay_s
 from tasks_app.consumer.retrying import GaveUp, until_done
+from tasks_app.models import TaskType
 from tasks_app.protocol import results
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, decode_task, encode_task
 from tasks_app.protocol.keys import UNDECODABLE_TYPE
-from tasks_app.protocol.replies import ResultUpdate
+from tasks_app.protocol.replies import ResultUpdate, UniqueRelease
 from tasks_app.protocol.results import clean_text
 from tasks_app.protocol.timestamps import now_ms
 from tasks_app.registry import Registry
@@ -57,10 +59,11 @@ class Settling:
         return_json: str,
         duration_s: float,
         on_settled: Callable[[], None] | None = None,
+        release: UniqueRelease | None = None,
     ) -> bool:
         update = results.succeeded(task, return_json, now_ms(), self.result_ttl_s, claimed.fence, run_s=duration_s)
         metrics.of_run(task.type, task.queue).succeeded.inc()
-        return self._ack_settled(claimed, task, update, "succeeded", duration_s, on_settled)
+        return self._ack_settled(claimed, task, update, "succeeded", duration_s, on_settled, release)
 
     def _ack_settled(
         self,
@@ -70,8 +73,10 @@ class Settling:
         outcome: str,
         duration_s: float | None,
         on_settled: Callable[[], None] | None,
+        release: UniqueRelease | None = None,
     ) -> bool:
-        """Write `update` and ack the task; True if the ack batcher does it (and then calls `on_settled`)."""
+        """Write `update` and ack the task (freeing `release` if it was still held); True if the ack batcher
+        does it (and then calls `on_settled`)."""
         if self.acks is not None:
             # Logged by the batcher's one thread once recorded (eight workers contending for the
             # log handler's lock cost more than the line itself), after every slot of its batch
@@ -85,11 +90,11 @@ class Settling:
             def log() -> None:
                 self._log_event(task, outcome, duration_s)
 
-            self.acks.ack(claimed.queue, claimed.consumer_id, claimed.raw, update, acked, log)
+            self.acks.ack(claimed.queue, claimed.consumer_id, claimed.raw, update, acked, log, release)
             return True
         updates = [update] if update is not None else []
         held = self._redis(
-            lambda: self.broker.ack(claimed.queue, claimed.consumer_id, [claimed.raw], updates)[0], "ack"
+            lambda: self.broker.ack(claimed.queue, claimed.consumer_id, [claimed.raw], updates, [release])[0], "ack"
         )
         self._log_event(task, outcome, duration_s)
         if not held:
@@ -129,7 +134,7 @@ class Settling:
                 fence=claimed.fence,
                 run_s=duration_s,
             )
-            held = self._dead_letter_raw(claimed, encode_task(task), update)
+            held = self._dead_letter_raw(claimed, encode_task(task), update, self._release_of(task, config))
             metrics.TASKS_DEAD_LETTERED.labels(task.type, task.queue).inc()
             self._log_event(task, "dead_lettered", duration_s, error=task.last_error)
         if not held:
@@ -167,7 +172,9 @@ class Settling:
         self._log_event(task, "retried", duration_s, error=task.last_error, retry_in_s=delay_ms / 1000)
         return held
 
-    def _dead_letter(self, claimed: Claimed, task: Task, error_name: str, reason: str) -> None:
+    def _dead_letter(
+        self, claimed: Claimed, task: Task, error_name: str, reason: str, release: UniqueRelease | None = None
+    ) -> None:
         """Dead-letter a task that cannot run at all (no attempt is used)."""
         reason = clean_text(reason, MAX_ERROR_MESSAGE_BYTES)
         task.last_error = f"{error_name}: {reason}"
@@ -181,7 +188,7 @@ class Settling:
             dead_reason=reason,
             fence=claimed.fence,
         )
-        held = self._dead_letter_raw(claimed, encode_task(task), update)
+        held = self._dead_letter_raw(claimed, encode_task(task), update, release)
         metrics.TASKS_DEAD_LETTERED.labels(self._type_label(task.type), task.queue).inc()
         logger.warning(
             "task %s dead-lettered: %s",
@@ -204,12 +211,12 @@ class Settling:
             f"settling the task failed: {type(error).__name__}: {results.describe_error(error)}",
             MAX_ERROR_MESSAGE_BYTES,
         )
-        new_raw, update, label = self._last_resort_entry(claimed, reason)
+        new_raw, update, label, release = self._last_resort_entry(claimed, reason)
         try:
             if self.acks is not None:
                 self.acks.barrier()  # a RUNNING write this run queued goes first
             # The move alone first: it must not depend on a record write, which may be what failed.
-            held = self._dead_letter_raw(claimed, new_raw, None)
+            held = self._dead_letter_raw(claimed, new_raw, None, release)
             if held and update is not None:
                 self._redis(lambda: self.broker.record_result(update), "record_result")
         except GaveUp:
@@ -223,8 +230,10 @@ class Settling:
             return
         metrics.TASKS_DEAD_LETTERED.labels(label, claimed.queue).inc()
 
-    def _last_resort_entry(self, claimed: Claimed, reason: str) -> tuple[bytes, ResultUpdate | None, str]:
-        """The dead-letter entry, record update and metric label for a task whose settling failed."""
+    def _last_resort_entry(
+        self, claimed: Claimed, reason: str
+    ) -> tuple[bytes, ResultUpdate | None, str, UniqueRelease | None]:
+        """The dead-letter entry, record update, metric label and key to free for a task whose settling failed."""
         try:
             task = decode_task(claimed.raw)
             task.last_error = task.dead_reason = reason
@@ -237,7 +246,8 @@ class Settling:
                 dead_reason=reason,
                 fence=claimed.fence,
             )
-            return encode_task(task), update, self._type_label(task.type)
+            release = self._release_of(task, self.task_types.get(task.type))
+            return encode_task(task), update, self._type_label(task.type), release
         except Exception:  # keep the bytes as they are, wrapped like undecodable ones
             wrapped = Task(
                 id=str(uuid.uuid4()),
@@ -247,7 +257,15 @@ class Settling:
                 last_error=reason,
                 dead_reason=reason,
             )
-            return encode_task(wrapped), None, UNDECODABLE_TYPE
+            return encode_task(wrapped), None, UNDECODABLE_TYPE, None
+
+    def _release_of(self, task: Task, config: TaskTypeConfig | None) -> UniqueRelease | None:
+        """The uniqueness key that settling `task` for good frees, if its type holds keys until then."""
+        if not holds_unique_until_finished(task, config):
+            return None
+        # Once this process gave up on a hung run, such a run may still go on until the process is
+        # gone: the key is freed only then, as no retry is due sooner.
+        return UniqueRelease(task.unique_digest, task.id, math.ceil(self.retry_floor_s * 1000))
 
     def _type_label(self, type_name: str) -> str:
         """The metric label of a task type: its name only if it is a TaskType row or a handler."""
@@ -299,9 +317,11 @@ class Settling:
     def _redis[T](self, call: Callable[[], T], what: str) -> T:
         return until_done(call, what=what, give_up=self.give_up)
 
-    def _dead_letter_raw(self, claimed: Claimed, new_raw: bytes, update: ResultUpdate | None) -> bool:
+    def _dead_letter_raw(
+        self, claimed: Claimed, new_raw: bytes, update: ResultUpdate | None, release: UniqueRelease | None = None
+    ) -> bool:
         return self._redis(
-            lambda: self.broker.dead_letter(claimed.queue, claimed.consumer_id, claimed.raw, new_raw, update),
+            lambda: self.broker.dead_letter(claimed.queue, claimed.consumer_id, claimed.raw, new_raw, update, release),
             "dead_letter",
         )
 
@@ -329,3 +349,8 @@ class Settling:
             **extra,
         }
         logger.log(level, "task %s %s %s (attempt %d)", task.id, task.type, outcome, task.attempt, extra=fields)
+
+
+def holds_unique_until_finished(task: Task, config: TaskTypeConfig | None) -> bool:
+    """Whether `task` holds a uniqueness key that its end (not the window's) frees."""
+    return bool(task.unique_digest) and config is not None and config.unique_until == TaskType.UniqueUntil.FINISHED

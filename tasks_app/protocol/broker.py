@@ -28,7 +28,7 @@ from tasks_app.protocol.pausing import PauseOps
 from tasks_app.protocol.periodic import PeriodicOps
 from tasks_app.protocol.producing import ProducingOps
 from tasks_app.protocol.replication import CLUSTER_WAIT_MS, Place, ReplicatedWrites
-from tasks_app.protocol.replies import AckReport, Claim, Promotion, ResultUpdate
+from tasks_app.protocol.replies import AckReport, Claim, Promotion, ResultUpdate, UniqueRelease
 from tasks_app.protocol.scripts import Scripts, connect
 from tasks_app.protocol.slots import SlotOps
 
@@ -144,24 +144,39 @@ class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ProducingOps, SlotOps, P
 
     # --- finishing -------------------------------------------------------------------------
     def ack(
-        self, queue: str, consumer_id: str, raws: Sequence[bytes], results: Sequence[ResultUpdate] = ()
+        self,
+        queue: str,
+        consumer_id: str,
+        raws: Sequence[bytes],
+        results: Sequence[ResultUpdate] = (),
+        releases: Sequence[UniqueRelease | None] = (),
     ) -> list[bool]:
         """Record results, then acknowledge tasks, in one round trip; flags say which were still held."""
-        return self.ack_many(results, {(queue, consumer_id): raws})[(queue, consumer_id)]
+        owner = (queue, consumer_id)
+        return self.ack_many(results, {owner: raws}, releases={owner: releases})[owner]
 
     def ack_many(
-        self, results: Sequence[ResultUpdate], raws_by_owner: Mapping[tuple[str, str], Sequence[bytes]]
+        self,
+        results: Sequence[ResultUpdate],
+        raws_by_owner: Mapping[tuple[str, str], Sequence[bytes]],
+        releases: Mapping[tuple[str, str], Sequence[UniqueRelease | None]] | None = None,
     ) -> dict[tuple[str, str], list[bool]]:
         """Record results, then acknowledge the tasks of each (queue, consumer) list, in one round trip."""
-        report = self.ack_many_reporting(results, raws_by_owner)
+        report = self.ack_many_reporting(results, raws_by_owner, releases=releases)
         if report.refused:
             raise next(iter(report.refused.values()))
         return report.flags
 
     def ack_many_reporting(
-        self, results: Sequence[ResultUpdate], raws_by_owner: Mapping[tuple[str, str], Sequence[bytes]]
+        self,
+        results: Sequence[ResultUpdate],
+        raws_by_owner: Mapping[tuple[str, str], Sequence[bytes]],
+        releases: Mapping[tuple[str, str], Sequence[UniqueRelease | None]] | None = None,
     ) -> AckReport:
         """Like `ack_many`, but a result write Redis refuses stops nothing: its index and error are reported.
+
+        `releases`, per owner, lists beside its tasks the uniqueness key each one's end frees (or
+        None): the ack frees it in the same script, only if that task was still held.
 
         On Redis Cluster the results and the acks live on different nodes, where one pipeline
         gives no order: the results are written first, each master that took some WAITs (on the
@@ -177,10 +192,8 @@ class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ProducingOps, SlotOps, P
         else:
             places = self._queue_results(pipe, results)
         calls = len(pipe)
-        bucket = int(time.time()) // THROUGHPUT_BUCKET_S
-        for (queue, consumer_id), raws in raws_by_owner.items():
-            keys = [self.keys.processing(queue, consumer_id), self.keys.recoveries(queue)]
-            self.scripts.queue(pipe, "ack", [*keys, self.keys.completed(queue, bucket)], list(raws))
+        for owner, raws in raws_by_owner.items():
+            self._queue_ack(pipe, owner, raws, (releases or {}).get(owner, ()))
         sent, written = self._execute_with_results(pipe, results, places, written)
         refused = {index: outcome for index, outcome in enumerate(written) if isinstance(outcome, Exception)}
         outcomes = sent[calls : calls + len(raws_by_owner)]
@@ -189,6 +202,24 @@ class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ProducingOps, SlotOps, P
                 raise outcome
         flags = {owner: [bool(flag) for flag in flags] for owner, flags in zip(raws_by_owner, outcomes, strict=True)}
         return AckReport(flags, refused, unreplicated, tuple(written))
+
+    def _queue_ack(
+        self, pipe: Any, owner: tuple[str, str], raws: Sequence[bytes], releases: Sequence[UniqueRelease | None]
+    ) -> None:
+        """Queue the ack of one processing list's tasks, with the uniqueness keys their ends free."""
+        queue, consumer_id = owner
+        bucket = int(time.time()) // THROUGHPUT_BUCKET_S
+        keys = [
+            self.keys.processing(queue, consumer_id),
+            self.keys.recoveries(queue),
+            self.keys.completed(queue, bucket),
+        ]
+        args: list[Any] = [len(raws), *raws]
+        for position, release in enumerate(releases, start=1):
+            if release is not None:
+                keys.append(self.keys.unique(queue, release.digest))
+                args += (position, release.task_id, release.after_ms)
+        self.scripts.queue(pipe, "ack", keys, args)
 
     def retry_later(
         self,
@@ -206,11 +237,21 @@ class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ProducingOps, SlotOps, P
         return self._with_result("retry_later", keys, args, result)
 
     def dead_letter(
-        self, queue: str, consumer_id: str, raw: bytes, new_raw: bytes, result: ResultUpdate | None = None
+        self,
+        queue: str,
+        consumer_id: str,
+        raw: bytes,
+        new_raw: bytes,
+        result: ResultUpdate | None = None,
+        release: UniqueRelease | None = None,
     ) -> bool:
-        """Move a claimed task to the dead-letter set; False if it was lost."""
+        """Move a claimed task to the dead-letter set (freeing `release` with it); False if it was lost."""
         keys = [self.keys.processing(queue, consumer_id), self.keys.dead(queue), self.keys.recoveries(queue)]
-        return self._with_result("dead_letter", keys, [raw, new_raw], result)
+        args: list[Any] = [raw, new_raw]
+        if release is not None:
+            keys.append(self.keys.unique(queue, release.digest))
+            args += (release.task_id, release.after_ms)
+        return self._with_result("dead_letter", keys, args, result)
 
     def _with_result(self, script: str, keys: list[str], args: list[Any], result: ResultUpdate | None) -> bool:
         if result is None:

@@ -1,4 +1,4 @@
-"""What broker operations take and return: result updates, claims, promotions, reaps, ack reports, queue stats."""
+"""What broker operations take and return: result updates, claims, reaps, keys to free, ack reports, stats."""
 
 from __future__ import annotations
 
@@ -56,6 +56,14 @@ class ReapOutcome:
     requeued: int
     remaining: int
     dead_lettered: list[bytes]
+
+
+class UniqueRelease(NamedTuple):
+    """A uniqueness key that settling a claimed task frees (unique_until = finished), if the task is still held."""
+
+    digest: str
+    task_id: str
+    after_ms: int = 0  # 0: now; else in that many ms (a process that gave up on a hung run frees it once gone)
 
 
 class AckReport(NamedTuple):
