@@ -1,12 +1,16 @@
 -- record_result: update the result records of one or more tasks of one queue, appending to their
--- JSON lists, fenced by run, and move each task between the status indexes of the queue's history.
--- ARGV[1] s, the number of status indexes (0: no history index)   ARGV[2] to ARGV[1 + s] the
--- status names of those indexes; then one group per record: time to live (s), worker id to
--- append or "", error JSON object to append or "", fencing token of the run the update belongs
--- to (issued at claim) or "" (unconditional: not a run's write), the task id, p, then p
--- field/value pairs to set (values are stored as given).
+-- JSON lists, fenced by run, move each task between the status indexes of the queue's history and
+-- count the writes the records take in the queue's chart counters.
+-- ARGV[1] s, the number of status indexes (0: no history index, no chart counters)   ARGV[2] to
+-- ARGV[1 + s] the status names of those indexes; if s > 0, ARGV[2 + s] the chart counters' time
+-- to live (s); then one group per record: time to live (s), worker id to append or "", error JSON
+-- object to append or "", fencing token of the run the update belongs to (issued at claim) or ""
+-- (unconditional: not a run's write), the task id, if s > 0 c and c chart counter fields (each
+-- incremented by 1 if this write is taken: answered 1), p, then p field/value pairs to set
+-- (values are stored as given).
 -- KEYS: if s > 0, KEYS[1] history zset, KEYS[2] history ids zset, KEYS[3] to KEYS[2 + s] the
--- status indexes; then the records' hashes, one per group, in the groups' order.
+-- status indexes, KEYS[3 + s] this minute's chart counters hash of the queue; then the records'
+-- hashes, one per group, in the groups' order.
 -- The record keeps the highest token that wrote to it in its field "fence". A write with a
 -- lower token is ignored (its run lost the claim: its consumer was presumed dead and the task
 -- re-run or requeued); a write with a higher token takes the record over.
@@ -21,8 +25,8 @@
 -- refused receipt's CANCELLED, filed by the consumer's next write).
 -- A write of a run that the record already holds (the same token, the status the record has,
 -- and the same time it was attempted, finished or is due again) was sent again after its reply
--- was lost: its fields are set again, but it appends nothing, and it answers 4, so its chart
--- counts are taken back like an unwritten write's.
+-- was lost: its fields are set again, but it appends nothing, and it answers 4, so it is not
+-- counted again.
 -- Returns: per group, 1 written, 0 ignored, 2 refused (the task was cancelled), 4 written
 -- again (a re-sent write), or an error (a record of a foreign type): one group's error stops no
 -- other group.
@@ -30,9 +34,25 @@
 -- include: args
 -- include: history
 -- include: start_gate
-local indexes = int_arg(ARGV[1], 0, 0, math.min(#KEYS - 2, #ARGV - 1))
+local indexes = int_arg(ARGV[1], 0, 0, math.min(#KEYS - 3, #ARGV - 2))
 local h = nil
-if indexes > 0 then h = history_keys(KEYS[1], KEYS[2], {unpack(ARGV, 2, 1 + indexes)}, 3) end
+local counters = nil  -- the chart counters hash, and the increments of its fields
+if indexes > 0 then
+  h = history_keys(KEYS[1], KEYS[2], {unpack(ARGV, 2, 1 + indexes)}, 3)
+  counters = {key = KEYS[3 + indexes], ttl_s = int_arg(ARGV[2 + indexes], 7200, 1, 2 ^ 31), add = {}, names = {}}
+end
+
+-- Count the fields ARGV[first .. first + n - 1] once more (their write was taken).
+local function tally(first, n)
+  for i = first, first + n - 1 do
+    local name = ARGV[i]
+    if not counters.add[name] then
+      counters.add[name] = 0
+      counters.names[#counters.names + 1] = name
+    end
+    counters.add[name] = counters.add[name] + 1
+  end
+end
 
 -- File the task of record `key` under `status` (from `old`; nil: from every other status).
 local function file_under(key, task_id, old, status, ttl_s)
@@ -110,26 +130,35 @@ local function write_record(key, u)
 end
 
 local replies = {}
-local at = 2 + indexes
-local first_record = indexes > 0 and 3 + indexes or 1
+local at = indexes > 0 and 3 + indexes or 2
+local first_record = indexes > 0 and 4 + indexes or 1
 for key_index = first_record, #KEYS do
-  if at + 5 > #ARGV then break end
-  local count = int_arg(ARGV[at + 5], 0, 0, math.floor((#ARGV - at - 5) / 2))
+  local counted = 0
+  if counters then counted = int_arg(ARGV[at + 5], 0, 0, #ARGV - at - 6) end
+  local count_at = at + 5 + (counters and 1 + counted or 0)  -- where p is
+  if count_at > #ARGV then break end
+  local count = int_arg(ARGV[count_at], 0, 0, math.floor((#ARGV - count_at) / 2))
   local first = at
   local function this_group()  -- inside the pcall: even a group too large to unpack fails alone
     local u = {
       ttl_s = tonumber(ARGV[first]) or 604800, worker = ARGV[first + 1], error = ARGV[first + 2],
       token = tonumber(ARGV[first + 3]), fence_arg = ARGV[first + 3], id = ARGV[first + 4],
-      pairs = count > 0 and {unpack(ARGV, first + 6, first + 5 + 2 * count)} or {},
+      pairs = count > 0 and {unpack(ARGV, count_at + 1, count_at + 2 * count)} or {},
     }
     return write_record(KEYS[key_index], u)
   end
-  at = at + 6 + 2 * count
+  at = count_at + 1 + 2 * count
   local ok, reply = pcall(this_group)
   if ok then
     replies[#replies + 1] = reply
+    if reply == 1 and counted > 0 then tally(first + 6, counted) end
   else
     replies[#replies + 1] = {err = type(reply) == 'table' and reply.err or tostring(reply)}
   end
+end
+-- One increment per field; a counters key of a foreign type only loses the counts.
+if counters and #counters.names > 0 then
+  for _, name in ipairs(counters.names) do redis.pcall('HINCRBY', counters.key, name, counters.add[name]) end
+  redis.pcall('EXPIRE', counters.key, counters.ttl_s)
 end
 return replies

@@ -1,5 +1,6 @@
 """The history index behind the task browser, and the per-minute chart counters, on real Redis."""
 
+import contextlib
 import threading
 import time
 
@@ -14,6 +15,7 @@ from tasks_app.periodic.config import PeriodicConfig
 from tasks_app.periodic.firing import fire_slot, run_id
 from tasks_app.periodic.schedule import Schedule
 from tasks_app.protocol import history, results
+from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.periodic import SlotFiring
 from tasks_app.protocol.replication import RECORDS_PER_CALL
 from tasks_app.protocol.replies import ResultUpdate
@@ -21,6 +23,7 @@ from tasks_app.protocol.results import ResultRecord
 from tasks_app.registry import Handler, Registry
 from tasks_app.task_types import TaskTypeCache
 from tests.support.claims import claim, push, register, task_bytes
+from tests.support.midway import MovesMidway
 from tests.support.periodic import current_slot_ms
 
 pytestmark = pytest.mark.django_db
@@ -285,6 +288,25 @@ def test_an_outcome_the_record_turned_away_is_not_charted(broker):
     batcher = AckBatcher(broker, threading.Event())
     batcher.record(ResultUpdate("t1", {"status": "SUCCESSFUL"}, 60, fence=5, queue="h", task_type="x", run_s=0.1))
     batcher.flush_once(block_s=0.1)
+    assert broker.get_result("t1")["fence"] == "10"
+    assert _minute_total(broker, "h", "ok") == before
+
+
+class Killed(BaseException):
+    """The consumer process dies here (kill -9): nothing after this runs."""
+
+
+def test_a_consumer_killed_right_after_a_flush_leaves_no_count_of_an_outcome_the_record_turned_away(broker):
+    broker.record_result(ResultUpdate("t1", {"status": "SUCCESSFUL"}, 60, fence=10, queue="h", task_type="x"))
+    before = _minute_total(broker, "h", "ok")
+
+    def die() -> None:
+        raise Killed
+
+    dying = Broker(MovesMidway(broker.client, die, before=1), broker.keys.prefix, broker.scripts)  # after the flush
+    late = ResultUpdate("t1", {"status": "SUCCESSFUL"}, 60, fence=5, queue="h", task_type="x", run_s=0.1)
+    with contextlib.suppress(Killed):  # it dies before any round trip after the flush's own
+        dying.ack_many_reporting([late], {})
     assert broker.get_result("t1")["fence"] == "10"
     assert _minute_total(broker, "h", "ok") == before
 

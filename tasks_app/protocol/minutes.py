@@ -3,8 +3,10 @@
 One hash per queue and minute (``minute:<epoch s // 60>``, in the queue's hash tag) with fields
 ``ok``, ``failed`` and ``retried`` (all types), the same with ``|<type>`` (type names cannot hold
 ``|``), ``d|<type>|<bucket>`` (runs whose duration fell in DURATION_BUCKETS_MS[bucket]) and
-``backlog`` (tasks waiting, sampled by the consumers' schedulers). Written in the round trip of
-the result writes, aggregated per flush; each hash expires after KEEP_MINUTES.
+``backlog`` (tasks waiting, sampled by the consumers' schedulers). Written with the result writes:
+on one server by record_result itself, for the writes the records take; on Redis Cluster (the
+record in a slot of its own) in the round trip of the writes, aggregated per flush, and taken back
+for those the records did not take (see replication.py). Each hash expires after KEEP_MINUTES.
 """
 
 from __future__ import annotations
@@ -52,18 +54,24 @@ def bucket_of(duration_ms: float) -> int:
     return bisect.bisect_left(DURATION_BUCKETS_MS, duration_ms)
 
 
+def counter_fields(update: ResultUpdate) -> list[str]:
+    """The fields of its queue's minute hash that a result write adds 1 to, if the record takes it."""
+    outcome = outcome_of(update)
+    if outcome is None:
+        return []
+    fields = [outcome, f"{outcome}|{update.task_type}"]
+    if update.run_s is not None:
+        fields.append(f"d|{update.task_type}|{bucket_of(update.run_s * 1000)}")
+    return fields
+
+
 def count_updates(updates: Iterable[ResultUpdate], minute: int) -> dict[tuple[str, int], Counter[str]]:
     """The increments of each (queue, minute) hash that `updates` add up to."""
     counts: dict[tuple[str, int], Counter[str]] = {}
     for update in updates:
-        outcome = outcome_of(update)
-        if outcome is None:
-            continue
-        fields = counts.setdefault((update.queue, minute), Counter())
-        fields[outcome] += 1
-        fields[f"{outcome}|{update.task_type}"] += 1
-        if update.run_s is not None:
-            fields[f"d|{update.task_type}|{bucket_of(update.run_s * 1000)}"] += 1
+        fields = counter_fields(update)
+        if fields:
+            counts.setdefault((update.queue, minute), Counter()).update(fields)
     return counts
 
 

@@ -22,7 +22,7 @@ from redis.exceptions import (
 )
 
 from tasks_app.protocol import history
-from tasks_app.protocol.minutes import MinuteOps
+from tasks_app.protocol.minutes import KEEP_MINUTES, MinuteOps, counter_fields
 from tasks_app.protocol.replies import ResultUpdate
 
 # Redis Cluster: how long a master's WAIT for one replica to have a flush's results may take
@@ -164,8 +164,12 @@ class ReplicatedWrites(MinuteOps):
         return list(groups.items())
 
     def _queue_record_call(self, pipe: Any, queue: str, updates: Sequence[ResultUpdate], by_source: bool) -> None:
-        keys: list[str] = list(history.index_keys(self.keys, queue)) if queue else []
-        args: list[Any] = [len(history.STATUSES), *history.STATUSES] if queue else [0]
+        """Queue one record_result call; given a queue (one server), it files and counts the writes it takes."""
+        keys: list[str] = []
+        args: list[Any] = [0]
+        if queue:
+            keys = [*history.index_keys(self.keys, queue), self.keys.minute(queue, int(time.time()) // 60)]
+            args = [len(history.STATUSES), *history.STATUSES, KEEP_MINUTES * 60]
         for update in updates:
             keys.append(self.keys.result(update.task_id))
             args += (
@@ -174,8 +178,11 @@ class ReplicatedWrites(MinuteOps):
                 json.dumps(update.append_error) if update.append_error else "",
                 update.fence or "",
                 update.task_id,
-                len(update.fields),
             )
+            if queue:
+                counted = counter_fields(update)
+                args += (len(counted), *counted)
+            args.append(len(update.fields))
             for name, value in update.fields.items():
                 args += (name, value)
         self.scripts.queue(pipe, "record_result", keys, args, by_source=by_source)
@@ -195,21 +202,28 @@ class ReplicatedWrites(MinuteOps):
     def _execute_with_results(
         self, pipe: Any, updates: Sequence[ResultUpdate], places: Sequence[Place], earlier: Sequence[Any] = ()
     ) -> tuple[list[Any], list[Any]]:
-        """Queue the side writes of `updates` and execute `pipe`; take back the counts of writes the
-        records did not take. Returns every reply of `pipe`, and each update's (`earlier` first)."""
+        """Queue the Redis Cluster side writes of `updates` and execute `pipe`. Returns every reply of
+        `pipe`, and each update's (`earlier`: the replies of updates written before, all of them)."""
+        cluster = isinstance(self.client, redis.RedisCluster)
         minute = int(time.time()) // 60
-        self._queue_side_writes(pipe, updates, minute)
+        if cluster:
+            self._queue_cluster_side_writes(pipe, updates, earlier, minute)
         sent = self.scripts.execute(pipe, self.client, raise_on_error=False)
         written = [*earlier, *replies_at(sent, places)]
-        self._uncount_unwritten(updates, written, minute)
+        if cluster and not earlier:
+            self._uncount_unwritten(updates, written, minute)
         return sent, written
 
-    def _queue_side_writes(self, pipe: Any, updates: Sequence[ResultUpdate], minute: int) -> None:
-        """Queue what goes with result writes, last in a pipeline: chart counters, and on Redis Cluster the
-        history moves (the record and the index lie in different slots there)."""
-        if isinstance(self.client, redis.RedisCluster):
-            for update in updates:
-                if history.indexed(update):
-                    keys = history.index_keys(self.keys, update.queue)
-                    self.scripts.queue(pipe, "history_move", keys, history.move_args(update))
+    def _queue_cluster_side_writes(
+        self, pipe: Any, updates: Sequence[ResultUpdate], earlier: Sequence[Any], minute: int
+    ) -> None:
+        """Queue, last in a pipeline, what a Redis Cluster record write cannot do itself (the record lies in a
+        slot of its own): the history moves, and the chart counts (of the writes the records took, when their
+        replies are in; else of all of them, and those of writes not taken are taken back after)."""
+        for update in updates:
+            if history.indexed(update):
+                keys = history.index_keys(self.keys, update.queue)
+                self.scripts.queue(pipe, "history_move", keys, history.move_args(update))
+        if earlier:
+            updates = [update for update, reply in zip(updates, earlier, strict=True) if reply == 1]
         self._queue_minute_counts(pipe, updates, minute)
