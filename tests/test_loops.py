@@ -193,12 +193,15 @@ def test_reaper_dead_letters_a_task_that_keeps_killing_its_consumers(broker):
 
 
 @pytest.mark.django_db
-def test_a_unique_task_the_reaper_dead_letters_frees_its_key(broker):
+@pytest.mark.parametrize("foreign_record", [False, True])
+def test_a_unique_task_the_reaper_dead_letters_frees_its_key(broker, foreign_record):
     TaskType.objects.create(name="x.once", handler="x.once", queue="q", unique_for_s=600, unique_until="finished")
     task_types = TaskTypeCache()
     task_types.refresh()
     unique_key = broker.keys.unique("q", "d1")
     broker.client.set(unique_key, "poison", px=600_000)  # as enqueue_unique left it
+    if foreign_record:  # a foreign writer's string where its record goes: the record cannot be written
+        broker.client.set(broker.keys.result("poison"), "not a hash")
     push(broker, task_bytes("poison", "x.once", unique_digest="d1"))
     loop = ReaperLoop(broker, ["q"], 0.1, partial(record_reaped, broker, task_types, give_up=threading.Event()))
     for victim in range(MAX_RECOVERIES + 1):

@@ -49,11 +49,15 @@ def record_reaped(
         )
         try:
             until_done(partial(broker.record_result, update), what="record_result", give_up=give_up)
-            if holds_unique_until_finished(task, task_types.get(task.type)):
+        except Exception as exc:
+            logger.error("could not record dead-lettered task %s as failed: %s", task.id, exc)
+        # Whether or not its record could be written: the task is dead either way.
+        if holds_unique_until_finished(task, task_types.get(task.type)):
+            try:
                 until_done(
                     partial(broker.release_unique, queue, task.unique_digest, task.id),
                     what="release_unique",
                     give_up=give_up,
                 )
-        except Exception as exc:
-            logger.error("could not record dead-lettered task %s as failed: %s", task.id, exc)
+            except Exception as exc:
+                logger.error("could not free the uniqueness key of dead-lettered task %s: %s", task.id, exc)
