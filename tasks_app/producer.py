@@ -123,6 +123,9 @@ class PreparedBatch:
     result_ttl_s: int
     # Tasks of unique types, by their position in `enqueued` (not in `items`): pushed one script each.
     uniques: list[tuple[int, UniqueEnqueueable]] = field(default_factory=list)
+    # Ids of the tasks due at an absolute `run_after`: their delays shrink by the time until the push.
+    fixed_due: set[str] = field(default_factory=set)
+    prepared_at_s: float = field(default_factory=time.monotonic)
 
 
 def prepare(requests: Sequence[TaskRequest], *, registry: Registry = default_registry) -> PreparedBatch:
@@ -139,6 +142,8 @@ def prepare(requests: Sequence[TaskRequest], *, registry: Registry = default_reg
             entry = prepared[id(request)] = (request, _prepare(request, configs, registry, now_ms))
         task, queue, priority, delay_ms, run_after_ms, record, window_ms = entry[1]
         task_id = task.id = request.task_id or new_task_id()
+        if request.run_after is not None:
+            batch.fixed_due.add(task_id)
         item = Enqueueable(queue, encode_task(task), priority, delay_ms, record, task_id, bool(request.task_id))
         if window_ms:
             batch.uniques.append((len(batch.enqueued), UniqueEnqueueable(item, task.unique_digest, window_ms)))
@@ -155,9 +160,10 @@ def push(batch: PreparedBatch, *, broker: Broker | None = None) -> list[Enqueued
     does not take them.
     """
     enqueued = list(batch.enqueued)
+    items, uniques = _due_from_now(batch)
     try:
-        if batch.items or batch.uniques:
-            holders = (broker or get_broker()).enqueue(batch.items, batch.result_ttl_s, [u for _, u in batch.uniques])
+        if items or uniques:
+            holders = (broker or get_broker()).enqueue(items, batch.result_ttl_s, uniques)
             for (position, _), holder in zip(batch.uniques, holders, strict=True):
                 if holder is not None:
                     enqueued[position] = replace(enqueued[position], id=holder, duplicate=True)
@@ -166,6 +172,21 @@ def push(batch: PreparedBatch, *, broker: Broker | None = None) -> list[Enqueued
         partly = "; some may be enqueued: retry with the same task ids" if settings.REDIS_CLUSTER else ""
         raise QueueUnavailable(f"cannot enqueue: Redis did not take the tasks ({exc}){partly}") from exc
     return enqueued
+
+
+def _due_from_now(batch: PreparedBatch) -> tuple[list[Enqueueable], list[UniqueEnqueueable]]:
+    """The batch's tasks, those due at an absolute time with their delays counted from now, not from `prepare`."""
+    uniques = [unique for _, unique in batch.uniques]
+    late_ms = int((time.monotonic() - batch.prepared_at_s) * 1000)
+    if late_ms <= 0 or not batch.fixed_due:
+        return batch.items, uniques
+
+    def due(item: Enqueueable) -> Enqueueable:
+        if item.task_id not in batch.fixed_due:
+            return item
+        return item._replace(delay_ms=max(0, item.delay_ms - late_ms))
+
+    return [due(item) for item in batch.items], [unique._replace(item=due(unique.item)) for unique in uniques]
 
 
 def new_task_id() -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -17,10 +18,11 @@ from django.tasks.signals import task_enqueued, task_finished, task_started
 from tasks_app import producer
 from tasks_app.django_tasks.backend import RedisBackend
 from tasks_app.models import TaskType
-from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.codec import decode_task
 from tests.support import django_tasks as tasks
 from tests.support.processes import wait_until
+from tests.support.proxy import RedisProxy
 
 REDIS_BACKEND = {"BACKEND": "tasks_app.backends.RedisBackend", "QUEUES": []}
 IMMEDIATE_BACKEND = {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"}
@@ -183,6 +185,52 @@ class TestEnqueue:
             tasks.add.enqueue(1, 1)
             transaction.set_rollback(True)
         assert pending_count(broker) == 1
+
+    def test_a_failed_push_after_commit_fails_that_task_loudly_and_later_hooks_still_run(
+        self, redis_tasks, settings, signals, caplog
+    ):
+        redis_url = settings.REDIS_URL
+        proxy = RedisProxy(get_broker().client.connection_pool.connection_kwargs["port"])
+        settings.REDIS_URL = proxy.url
+        hooks_run: list[str] = []
+        try:
+            with transaction.atomic():
+                transaction.on_commit(proxy.cut)  # Redis goes away for the first task's push only
+                lost = tasks.add.enqueue(1, 1)
+                transaction.on_commit(proxy.restore)
+                kept = tasks.add.enqueue(2, 2)
+                transaction.on_commit(lambda: hooks_run.append("the user's hook"))
+        finally:
+            proxy.close()
+            settings.REDIS_URL = redis_url
+
+        assert hooks_run == ["the user's hook"]
+        assert (lost.status, lost.enqueued_at, lost.is_finished) == (TaskResultStatus.FAILED, None, True)
+        assert [error.exception_class_path for error in lost.errors] == ["tasks_app.producer.QueueUnavailable"]
+        assert kept.status == TaskResultStatus.READY and kept.enqueued_at is not None
+        assert tasks.add.get_result(kept.id).args == [2, 2]
+        with pytest.raises(TaskResultDoesNotExist):
+            tasks.add.get_result(lost.id)
+        [logged] = [
+            r for r in caplog.records if r.name == "tasks_app.django_tasks.backend" and lost.id in r.getMessage()
+        ]
+        assert logged.levelname == "ERROR"
+        assert logged.exc_info is not None
+        assert [(name, status) for name, _, _, status in signals] == [("finished", "FAILED"), ("enqueued", "READY")]
+
+    def test_a_failed_push_outside_a_transaction_raises_to_the_caller(self, redis_tasks, settings, signals):
+        settings.REDIS_URL = "redis://127.0.0.1:1/0"
+        with pytest.raises(producer.QueueUnavailable):
+            tasks.add.enqueue(1, 1)
+        assert signals == []
+
+    def test_run_after_stays_absolute_when_the_commit_comes_later(self, redis_tasks, broker):
+        run_after = datetime.now(tz=UTC) + timedelta(minutes=5)
+        with transaction.atomic():
+            tasks.add.using(run_after=run_after).enqueue(1, 2)
+            time.sleep(0.5)  # a transaction that takes a while to commit
+        [(_, due_ms)] = broker.client.zrange(broker.keys.delayed("default"), 0, -1, withscores=True)
+        assert abs(due_ms - run_after.timestamp() * 1000) < 200
 
     def test_priority_orders_work_and_queue_name_picks_the_queue(self, redis_tasks, broker):
         low = tasks.add.using(priority=-5).enqueue(0, 1)

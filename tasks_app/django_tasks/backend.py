@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any
 
@@ -10,11 +11,11 @@ from django.db import transaction
 from django.tasks import Task, TaskResult, TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
-from django.tasks.signals import task_enqueued
+from django.tasks.signals import task_enqueued, task_finished
 from django.utils import timezone
 
-from tasks_app.django_tasks.results import find_handler, task_result_from_record
-from tasks_app.producer import EnqueueError, TaskRequest, prepare, push as push_batch
+from tasks_app.django_tasks.results import find_handler, task_error, task_result_from_record
+from tasks_app.producer import EnqueueError, PreparedBatch, QueueUnavailable, TaskRequest, prepare, push as push_batch
 from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.names import NAME_PATTERN, InvalidName, validate_name
 from tasks_app.protocol.results import ResultRecord
@@ -22,6 +23,8 @@ from tasks_app.protocol.timestamps import datetime_of_ms
 from tasks_app.registry import registry
 
 KNOWN_OPTIONS = {"ENQUEUE_ON_COMMIT"}
+
+logger = logging.getLogger(__name__)
 
 
 class RedisBackend(BaseTaskBackend):
@@ -70,19 +73,35 @@ class RedisBackend(BaseTaskBackend):
         except EnqueueError as exc:
             raise InvalidTask(str(exc)) from None
         broker = get_broker()
-
-        def push() -> None:
-            [enqueued] = push_batch(batch, broker=broker)
-            if enqueued.duplicate:  # a unique task's duplicate: the result is the first task's
-                object.__setattr__(result, "id", enqueued.id)
-            object.__setattr__(result, "enqueued_at", datetime_of_ms(enqueued.enqueued_at_ms))
-            task_enqueued.send(type(self), task_result=result)
-
-        if self.enqueue_on_commit:
-            transaction.on_commit(push)  # at once when no transaction is open
+        if self.enqueue_on_commit and transaction.get_connection().in_atomic_block:
+            transaction.on_commit(lambda: self._push_after_commit(batch, broker, result))
         else:
-            push()
+            self._push(batch, broker, result)  # a QueueUnavailable reaches the caller
         return result
+
+    def _push(self, batch: PreparedBatch, broker: Broker, result: TaskResult[Any, Any]) -> None:
+        [enqueued] = push_batch(batch, broker=broker)
+        if enqueued.duplicate:  # a unique task's duplicate: the result is the first task's
+            object.__setattr__(result, "id", enqueued.id)
+        object.__setattr__(result, "enqueued_at", datetime_of_ms(enqueued.enqueued_at_ms))
+        task_enqueued.send(type(self), task_result=result)
+
+    def _push_after_commit(self, batch: PreparedBatch, broker: Broker, result: TaskResult[Any, Any]) -> None:
+        """Push once the transaction committed; a failure fails this task only, loudly, and the later hooks run."""
+        try:
+            self._push(batch, broker, result)
+        except QueueUnavailable as exc:
+            logger.error(
+                "Task %s (%s) was not enqueued after its transaction committed: %s",
+                result.id,
+                result.task.module_path,
+                exc,
+                exc_info=exc,
+            )
+            result.errors.append(task_error(exc))
+            object.__setattr__(result, "status", TaskResultStatus.FAILED)
+            object.__setattr__(result, "finished_at", timezone.now())
+            task_finished.send(type(self), task_result=result)
 
     def get_result(self, result_id: str) -> TaskResult:
         """Read a task's result record; raise TaskResultDoesNotExist if there is none."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from traceback import format_exception
+
 from django.tasks import Task, TaskResult, TaskResultStatus
 from django.tasks.base import TaskError
 from django.tasks.exceptions import InvalidTask
@@ -52,6 +54,15 @@ def task_result_from_record(record: ResultRecord, task: Task, alias: str) -> Tas
 
 
 CANCELLED_ERROR_PATH = "tasks_app.exceptions.TaskCancelled"
+
+
+def task_error(exc: BaseException) -> TaskError:
+    """Django's record of an exception: its class path and its formatted traceback."""
+    exception_type = type(exc)
+    return TaskError(
+        exception_class_path=f"{exception_type.__module__}.{exception_type.__qualname__}",
+        traceback="".join(format_exception(exc)),
+    )
 
 
 def _cancelled_text(record: ResultRecord) -> str:

@@ -10,18 +10,16 @@ import json
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from traceback import format_exception
 from typing import Any, Protocol
 
 from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
-from django.tasks.base import TaskError
 from django.tasks.signals import task_finished, task_started
 from django.utils.json import normalize_json
 
 from tasks_app.consumer.timeouts import within_timeout
 from tasks_app.context import TaskContext as RunContext
 from tasks_app.django_tasks.backend import RedisBackend
-from tasks_app.django_tasks.results import task_result_from_record
+from tasks_app.django_tasks.results import task_error, task_result_from_record
 from tasks_app.protocol.codec import Arguments
 from tasks_app.protocol.results import RUNNING, ResultRecord
 
@@ -131,13 +129,7 @@ def _record_success(task_result: TaskResult, return_value: Any) -> Any:
 
 def _record_failure(task_result: TaskResult, exc: BaseException, context: RunContext) -> None:
     """Add the run's error to `task_result` and send task_finished with the status get_result() shows next."""
-    exception_type = type(exc)
-    task_result.errors.append(
-        TaskError(
-            exception_class_path=f"{exception_type.__module__}.{exception_type.__qualname__}",
-            traceback="".join(format_exception(exc)),
-        )
-    )
+    task_result.errors.append(task_error(exc))
     # What get_result() shows after this run: READY again while attempts remain.
     if context.attempt < context.max_attempts:
         object.__setattr__(task_result, "status", TaskResultStatus.READY)
