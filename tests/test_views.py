@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from urllib.parse import urlencode
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -31,8 +32,11 @@ def form_errors(html: str, field: str) -> str:
     return match.group(1) if match else ""
 
 
-def post_enqueue(client: Client, **fields: object) -> object:
+def post_enqueue(client: Client, *, url_encoded: bool = False, **fields: object) -> object:
+    """Post the enqueue form: as multipart (the test client's default), or URL-encoded as a browser sends it."""
     data = {"type": "web.echo", "args": "[]", "kwargs": "{}", "queue": "", "priority": "0", "delay": "0", **fields}
+    if url_encoded:
+        return client.post(ENQUEUE_URL, urlencode(data), content_type="application/x-www-form-urlencoded")
     return client.post(ENQUEUE_URL, data)
 
 
@@ -105,6 +109,31 @@ def test_form_reports_an_oversize_payload_next_to_args(staff, broker, echo_type,
     settings.TASKS_MAX_PAYLOAD_BYTES = 100
     response = post_enqueue(staff, args='["' + "x" * 200 + '"]')
     assert "over the limit of 100" in form_errors(response.content.decode(), "args")
+    assert enqueued_keys(broker) == []
+
+
+def test_the_form_takes_what_the_payload_limit_takes_not_djangos_upload_limit(staff, broker, echo_type, settings):
+    settings.TASKS_MAX_PAYLOAD_BYTES = 40_000
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 10_000
+    accepted = post_enqueue(staff, url_encoded=True, args='["' + "é" * 15_000 + '"]')  # 30,000 bytes, 90,000 sent
+    assert accepted.status_code == 302, errors_shown(accepted)
+    task_id = accepted["Location"].rstrip("/").rsplit("/", 1)[-1]
+    assert ResultRecord.from_fields(broker.get_result(task_id)).args == ["é" * 15_000]
+
+    over = post_enqueue(staff, url_encoded=True, args='["' + "x" * 50_000 + '"]')
+    assert over.status_code == 200
+    assert "over the limit of 40000" in form_errors(over.content.decode(), "args")
+    far_over = post_enqueue(staff, url_encoded=True, args='["' + "x" * 400_000 + '"]')
+    assert far_over.status_code == 413
+    assert "up to 40000 bytes of JSON (TASKS_MAX_PAYLOAD_BYTES)" in far_over.content.decode()
+    assert broker.queue_stats("web").pending == 1
+
+
+def test_a_multipart_form_over_djangos_upload_limit_is_a_form_error(staff, broker, echo_type, settings):
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 10_000
+    response = post_enqueue(staff, args='["' + "x" * 20_000 + '"]')
+    assert response.status_code == 413
+    assert "over DATA_UPLOAD_MAX_MEMORY_SIZE (send it URL-encoded)" in response.content.decode()
     assert enqueued_keys(broker) == []
 
 

@@ -18,14 +18,12 @@ from tasks_app.models import CANCEL_PERMISSION, ENQUEUE_PERMISSION
 from tasks_app.protocol.jsontext import MAX_JSON_DEPTH, JsonTooDeep, loads_bounded
 from tasks_app.protocol.timestamps import datetime_of_ms
 from tasks_app.web.api_auth import AuthenticationFailed, authenticate
-from tasks_app.web.common import load_record
+from tasks_app.web.common import ENVELOPE_ALLOWANCE_BYTES, body_within, csrf_rejection, load_record
 
 REQUEST_FIELDS = {"type", "args", "kwargs", "queue", "priority", "delay", "unique_key"}
 # A cancel's optional body: {"force": true}.
 MAX_CANCEL_BODY_BYTES = 1024
 FORCE_WORDS = {"1", "true", "on"}
-# Room for the JSON around the arguments before a body counts as oversize.
-ENVELOPE_ALLOWANCE_BYTES = 64 * 1024
 
 View = Callable[..., HttpResponse]
 
@@ -43,12 +41,6 @@ class _CsrfCheck(CsrfViewMiddleware):
 
     def _reject(self, request: HttpRequest, reason: str) -> str:
         return reason
-
-
-def _csrf_failure(request: HttpRequest) -> str | None:
-    check = _CsrfCheck(lambda _request: HttpResponse())
-    check.process_request(request)
-    return check.process_view(request, None, (), {})  # type: ignore[arg-type, return-value]
 
 
 def api_view(methods: set[str], permission: str | None = None) -> Callable[[View], View]:
@@ -80,7 +72,7 @@ def api_view(methods: set[str], permission: str | None = None) -> Callable[[View
             if credentials.by_token:
                 request.user = credentials.user  # the view sees who called, as with a session
             elif request.method not in {"GET", "HEAD", "OPTIONS"}:
-                reason = _csrf_failure(request)
+                reason = csrf_rejection(request, _CsrfCheck)
                 if reason:
                     return error(403, f"CSRF check failed: {reason}")
             request.user = credentials.user  # a token acts as its user, in the view too
@@ -91,22 +83,9 @@ def api_view(methods: set[str], permission: str | None = None) -> Callable[[View
     return decorate
 
 
-def _body_within(request: HttpRequest, limit: int) -> bytes | None:
-    """The request's body, None if it is over `limit` bytes.
-
-    Read from the stream, not `request.body`, which refuses more than DATA_UPLOAD_MAX_MEMORY_SIZE
-    (2.5 MiB by default): TASKS_MAX_PAYLOAD_BYTES, not that, bounds what the API takes.
-    """
-    declared = request.headers.get("Content-Length") or "0"
-    if declared.isdigit() and int(declared) > limit:
-        return None
-    data = request.read(limit + 1)
-    return data if len(data) <= limit else None
-
-
 def _read_body(request: HttpRequest) -> dict[str, Any] | JsonResponse:
     limit = settings.TASKS_MAX_PAYLOAD_BYTES + ENVELOPE_ALLOWANCE_BYTES
-    data = _body_within(request, limit)
+    data = body_within(request, limit)
     if data is None:
         return error(
             413,

@@ -8,7 +8,8 @@ from typing import Any
 from django.contrib import admin
 from django.contrib.admin.models import LogEntry
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.middleware.csrf import CsrfViewMiddleware
 
 from tasks_app.protocol.broker import get_broker
 from tasks_app.protocol.results import ResultRecord
@@ -17,6 +18,31 @@ from tasks_app.protocol.results import ResultRecord
 def admin_context(request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
     """Return the admin site's template context (header, user links) plus a title and `extra`."""
     return {**admin.site.each_context(request), "title": title, **extra}
+
+
+# Room for what surrounds the arguments (the JSON of an API call, a form's other fields) before a
+# body counts as oversize.
+ENVELOPE_ALLOWANCE_BYTES = 64 * 1024
+
+
+def body_within(request: HttpRequest, limit: int) -> bytes | None:
+    """The request's body, None if it is over `limit` bytes.
+
+    Read from the stream, not `request.body`, which refuses more than DATA_UPLOAD_MAX_MEMORY_SIZE
+    (2.5 MiB by default): TASKS_MAX_PAYLOAD_BYTES, not that, bounds what a task may carry.
+    """
+    declared = request.headers.get("Content-Length") or "0"
+    if declared.isdigit() and int(declared) > limit:
+        return None
+    data = request.read(limit + 1)
+    return data if len(data) <= limit else None
+
+
+def csrf_rejection(request: HttpRequest, check: type[CsrfViewMiddleware] = CsrfViewMiddleware) -> Any:
+    """Run Django's CSRF check for a view exempt from the middleware's; None if it passes, else `check`'s rejection."""
+    middleware = check(lambda _request: HttpResponse())
+    middleware.process_request(request)
+    return middleware.process_view(request, None, (), {})  # type: ignore[arg-type]
 
 
 def load_record(task_id: str) -> ResultRecord | None:

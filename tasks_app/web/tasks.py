@@ -5,27 +5,36 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
 from django.contrib.auth.decorators import permission_required
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
 
 from tasks_app import control, producer
 from tasks_app.models import CANCEL_PERMISSION, ENQUEUE_PERMISSION
-from tasks_app.web.common import admin_context, load_record
+from tasks_app.web.common import ENVELOPE_ALLOWANCE_BYTES, admin_context, body_within, csrf_rejection, load_record
 from tasks_app.web.forms import EnqueueForm, error_field
 from tasks_app.web.origins import task_origins
 
 REFRESH_S = 2
+# URL encoding writes a byte as up to three, and the JSON typed in may hold whitespace its payload drops.
+FORM_BODY_FACTOR = 4
 
 
+@csrf_exempt  # checked in the view, once the body is read within the payload limit
 @staff_member_required
 @permission_required(ENQUEUE_PERMISSION, raise_exception=True)
 @require_http_methods(["GET", "POST"])
 def enqueue_task(request: HttpRequest) -> HttpResponse:
     """Show the enqueue form; on a valid POST enqueue one task and go to its page."""
+    refused = _read_form(request) if request.method == "POST" else None
+    if refused is not None:
+        return refused
     form = EnqueueForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
@@ -50,6 +59,33 @@ def enqueue_task(request: HttpRequest) -> HttpResponse:
                 messages.success(request, f"Task {task.id} enqueued on queue {task.queue}.")
             return redirect("tasks_app:task", task_id=task.id)
     return render(request, "tasks_app/enqueue.html", admin_context(request, "Enqueue a task", form=form))
+
+
+def _read_form(request: HttpRequest) -> HttpResponse | None:
+    """Read the form's body within the payload limit (not DATA_UPLOAD_MAX_MEMORY_SIZE), then check CSRF.
+
+    None: go on. Else the page to answer with: the form shown again with the reason (413), or the CSRF failure.
+    """
+    limit = FORM_BODY_FACTOR * settings.TASKS_MAX_PAYLOAD_BYTES + ENVELOPE_ALLOWANCE_BYTES
+    data = body_within(request, limit)
+    if data is None:
+        return _oversize(request, f"The form is over the limit of {limit} bytes")
+    request._body = data  # as `request.body` keeps what it read: POST is parsed from it
+    try:
+        request.POST  # noqa: B018 (parsed here, where its errors are answered)
+    except RequestDataTooBig:  # multipart/form-data: Django caps its fields at DATA_UPLOAD_MAX_MEMORY_SIZE
+        return _oversize(request, "The form's fields are over DATA_UPLOAD_MAX_MEMORY_SIZE (send it URL-encoded)")
+    rejection: HttpResponse | None = csrf_rejection(request)
+    return rejection
+
+
+def _oversize(request: HttpRequest, reason: str) -> HttpResponse:
+    message = (
+        f"{reason}: its arguments may take up to {settings.TASKS_MAX_PAYLOAD_BYTES} bytes of JSON "
+        "(TASKS_MAX_PAYLOAD_BYTES). Nothing was enqueued."
+    )
+    context = admin_context(request, "Enqueue a task", form=EnqueueForm(), refused=message)
+    return render(request, "tasks_app/enqueue.html", context, status=413)
 
 
 @staff_member_required

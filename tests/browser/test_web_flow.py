@@ -170,3 +170,25 @@ def test_two_enqueues_from_the_form_with_the_same_unique_key_give_one_task(page,
     assert task_ids[0] == task_ids[1]
     assert broker.queue_stats("browser").pending == 1
     assert ResultRecord.from_fields(broker.get_result(task_ids[0])).args == [1]
+
+
+def test_the_form_takes_arguments_over_djangos_upload_limit_up_to_the_payload_limit(
+    page, live_server, broker, settings
+):
+    from playwright.sync_api import expect
+
+    settings.TASKS_MAX_PAYLOAD_BYTES = 40_000
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 10_000
+    TaskType.objects.create(name="browser.big", handler="demo.echo", queue="browser")
+    log_in(page, live_server.url)
+    for args, refused in (('["' + "y" * 400_000 + '"]', True), ('["' + "é" * 15_000 + '"]', False)):
+        page.goto(f"{live_server.url}/tasks/enqueue/")
+        page.select_option("#id_type", "browser.big")
+        page.fill("#id_args", args)
+        page.click("input[type=submit]")
+        if refused:
+            expect(page.locator("#enqueue-refused")).to_contain_text("TASKS_MAX_PAYLOAD_BYTES")
+            assert enqueued_keys(broker) == []
+    page.wait_for_url(re.compile(r"/tasks/[0-9a-f-]{36}/$"))
+    task_id = page.url.rstrip("/").rsplit("/", 1)[-1]
+    assert ResultRecord.from_fields(broker.get_result(task_id)).args == ["é" * 15_000]
