@@ -26,23 +26,12 @@
 -- include: priority
 -- include: key_types
 -- include: history
+-- include: periodic_slot
 -- A result key of another type only loses its record (written with pcall): not checked.
 local bad = wrong_key_type({'hash', 'list', 'zset'})
 if bad then return bad end
-local now_ms = server_now_ms()
-local slot_ms = int_arg(ARGV[1], -1, -1, 2 ^ 53)
-if slot_ms < 0 then return redis.error_reply('ERR fire_periodic: the slot must be a number of ms') end
-
--- A field of the state that is not a time in ms (written by someone else) counts as absent.
-local function ms_field(name)
-  local n = tonumber(redis.call('HGET', KEYS[1], name))
-  if n and n == n and n >= 0 and n <= 2 ^ 53 then return math.floor(n) end
-  return nil
-end
-local last = ms_field('slot_ms')
-local fired = ms_field('fired_slot_ms') or -1
-if now_ms < slot_ms then return {'early', now_ms, last or -1, fired} end
-if last and slot_ms <= last then return {'done', now_ms, last, fired} end
+local slot_ms, now_ms, last, fired, refused = periodic_slot('fire_periodic')
+if refused then return refused end
 
 local prev_ms = int_arg(ARGV[2], 0, 0, 2 ^ 53)
 local on_time = now_ms - slot_ms <= int_arg(ARGV[3], 0, 0, 2 ^ 53)

@@ -33,6 +33,14 @@ class EnqueueError(ValueError):
     """A request to enqueue that was rejected before anything reached Redis."""
 
 
+class TaskTypeDisabled(EnqueueError):
+    """The task type is disabled: nothing of it may be enqueued until it is enabled again."""
+
+    def __init__(self, message: str, queue: str) -> None:
+        super().__init__(message)
+        self.queue = queue  # the type's queue, where its tasks would have gone
+
+
 class QueueUnavailable(RuntimeError):
     """Redis could not take the tasks (unreachable, or refusing writes).
 
@@ -264,7 +272,7 @@ def _task_type(name: str, registry: Registry) -> TaskTypeConfig:
     except (InvalidName, UnknownTaskType) as exc:
         raise EnqueueError(str(exc)) from None
     if not config.enabled:
-        raise EnqueueError(f"task type {name!r} is disabled")
+        raise TaskTypeDisabled(f"task type {name!r} is disabled", config.queue)
     if registry.get(config.handler) is None:
         raise EnqueueError(f"task type {name!r} uses handler {config.handler!r}, which is not registered")
     return config

@@ -1,6 +1,7 @@
 """The consumer's periodic loop (`run_once`) on a real Redis: what it fires, how long it sleeps, what it reports."""
 
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -10,6 +11,7 @@ from tasks_app.consumer.periodic_loop import CodeScheduleSync, PeriodicLoop, sch
 from tasks_app.models import PeriodicTask, TaskType
 from tasks_app.periodic.config import PeriodicConfig
 from tasks_app.periodic.schedule import Schedule
+from tasks_app.task_types import recent_task_types
 from tests.support.periodic import pushed_runs
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -63,6 +65,32 @@ def test_a_disabled_task_type_fires_nothing_and_the_loop_goes_on(broker, echo, c
     assert "is disabled" in caplog.text
 
 
+def test_slots_refused_while_the_task_type_was_disabled_are_not_caught_up_once_it_is_enabled(broker, echo):
+    now_ms = broker.server_time_ms() // 60_000 * 60_000
+    # Four minutely slots, the last on time: one late (recorded), two while the type is disabled.
+    clock = iter([now_ms - 180_000, now_ms - 120_000, now_ms - 60_000, now_ms + 1])
+    loop = loop_of(broker, replace(config(interval_s=60), catch_up="once"), clock_ms=lambda: next(clock))
+    loop.run_once()
+    TaskType.objects.filter(pk=echo.pk).update(enabled=False)
+    recent_task_types.forget()
+    loop.run_once()
+    loop.run_once()
+    assert pushed_runs(broker, OUT) == []
+    TaskType.objects.filter(pk=echo.pk).update(enabled=True)
+    recent_task_types.forget()
+    loop.run_once()
+    assert [(run.slot_ms, run.catch_up) for run in pushed_runs(broker, OUT)] == [(now_ms, False)]
+
+
+def test_a_slot_the_schedule_missed_while_its_type_was_enabled_is_still_caught_up(broker, echo):
+    now_ms = broker.server_time_ms() // 60_000 * 60_000
+    clock = iter([now_ms - 180_000, now_ms + 1])  # the slots between were never handled: missed
+    loop = loop_of(broker, replace(config(interval_s=60), catch_up="once"), clock_ms=lambda: next(clock))
+    loop.run_once()
+    loop.run_once()
+    assert [run.catch_up for run in pushed_runs(broker, OUT)] == [True, False]
+
+
 def test_a_schedule_whose_state_key_redis_refuses_does_not_stop_the_others(broker, echo, caplog):
     broker.client.set(broker.keys.periodic(OUT, "a.foreign"), "not a hash")  # WRONGTYPE for the script
     loop = loop_of(broker, config("a.foreign"), config("b.tick"))
@@ -72,7 +100,7 @@ def test_a_schedule_whose_state_key_redis_refuses_does_not_stop_the_others(broke
 
 
 def test_a_schedule_that_cannot_fire_reads_late_on_a_consumer_that_never_saw_it_fire(broker, echo):
-    TaskType.objects.filter(pk=echo.pk).update(enabled=False)
+    TaskType.objects.filter(pk=echo.pk).update(handler="not.registered")
     now_ms = broker.server_time_ms()
     clock = iter([now_ms, now_ms + 150_000])
     loop = loop_of(broker, config("broken.minutely", interval_s=60), clock_ms=lambda: next(clock))

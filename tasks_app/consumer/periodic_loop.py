@@ -17,7 +17,7 @@ from tasks_app.consumer.retrying import is_transient
 from tasks_app.periodic.code import sync_code_schedules
 from tasks_app.periodic.config import PeriodicConfig, load_configs
 from tasks_app.periodic.firing import fire_slot
-from tasks_app.producer import EnqueueError
+from tasks_app.producer import EnqueueError, TaskTypeDisabled
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.periodic import FireReply, SlotFiring
 from tasks_app.registry import Registry, registry as default_registry
@@ -116,7 +116,7 @@ class PeriodicLoop:
         on_time_ms = min(self.grace_ms, period_ms)
         firing = SlotFiring(slot_ms, previous_ms or 0, on_time_ms, config.catch_up, config.saved_ms)
         try:
-            reply = fire_slot(config, firing, self.broker, registry=self._registry)
+            reply = self._fire_or_skip(config, firing)
         except EnqueueError as exc:
             self._not_fired(config.name, slot_ms, exc)
             return None
@@ -132,6 +132,14 @@ class PeriodicLoop:
             return now_ms + max(EARLY_RETRY_MS, slot_ms - reply.now_ms)
         self._remember(config.name, reply)
         return None
+
+    def _fire_or_skip(self, config: PeriodicConfig, firing: SlotFiring) -> FireReply:
+        """Fire the slot; if its task type is disabled, record it as skipped: refused, so never caught up."""
+        try:
+            return fire_slot(config, firing, self.broker, registry=self._registry)
+        except TaskTypeDisabled as exc:
+            logger.info("periodic task %s: slot %d skipped: %s", config.name, firing.slot_ms, exc)
+            return self.broker.skip_periodic(config.queue or exc.queue, config.name, firing.slot_ms)
 
     def _not_fired(self, name: str, slot_ms: int, error: Exception) -> None:
         logger.error("periodic task %s: slot %d not fired: %s", name, slot_ms, error)

@@ -95,6 +95,13 @@ class PeriodicOps(ScriptClient):
                 self._write_ready_records(_pushed(reply.outcome, regular, catch_up), result_ttl_s)
         return reply
 
+    def skip_periodic(self, queue: str, schedule: str, slot_ms: int) -> FireReply:
+        """Record one slot of `schedule` (firing into `queue`) as handled without pushing a run: refused, not missed."""
+        reply = self._script("skip_periodic", [self.keys.periodic(queue, schedule)], [slot_ms])
+        outcome, now_ms, handled_ms, fired_ms = reply
+        text = outcome.decode() if isinstance(outcome, bytes) else str(outcome)
+        return FireReply(text, int(now_ms), int(handled_ms), int(fired_ms))
+
     def periodic_states(self, schedules: Sequence[tuple[str, str]]) -> list[PeriodicState]:
         """The state of each (queue, schedule) in one round trip."""
         pipe = self.client.pipeline(transaction=False)
