@@ -1,6 +1,6 @@
 """Admin for task types (the handler is a choice among registered handlers), API tokens and periodic tasks."""
 
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 from django import forms
 from django.contrib import admin
@@ -12,6 +12,14 @@ from tasks_app.models import ApiToken, PeriodicTask, TaskType
 from tasks_app.periodic.admin import PeriodicTaskAdmin
 from tasks_app.registry import registry
 from tasks_app.web.api_auth import fill_new_token
+
+# Tasks carry their type's name (queued, delayed, dead, in results) and producers enqueue by it:
+# a renamed row would leave them all behind, so a name is fixed once saved.
+NAME_HELP = (
+    "The type name producers enqueue, e.g. billing.send_invoice. It cannot be changed once saved: "
+    "tasks waiting under a name would be left without their settings. To rename a type, add a new "
+    "one, move producers (and periodic tasks) to it, and delete this one once none of its tasks is left."
+)
 
 
 class TaskTypeForm(forms.ModelForm):
@@ -39,6 +47,7 @@ class TaskTypeForm(forms.ModelForm):
             "unique_for_s",
             "unique_until",
         )
+        help_texts: ClassVar = {"name": NAME_HELP}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -90,6 +99,10 @@ class TaskTypeAdmin(admin.ModelAdmin):
         ("Retries and timeout", {"fields": ("max_attempts", "retry_backoff", "timeout")}),
         ("Unique tasks", {"fields": ("unique_for_s", "unique_until")}),
     )
+
+    def get_readonly_fields(self, request: HttpRequest, obj: TaskType | None = None) -> tuple[str, ...]:
+        """The name once the type exists (see NAME_HELP)."""
+        return ("name",) if obj is not None else ()
 
 
 # The admin index links to the queue dashboard and the enqueue form.

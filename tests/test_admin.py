@@ -66,3 +66,23 @@ def test_admin_add_page_renders_for_staff(admin_client):
     response = admin_client.get("/admin/tasks_app/tasktype/add/")
     assert response.status_code == 200
     assert b"demo.flaky" in response.content
+
+
+def test_a_saved_types_name_is_read_only_and_a_post_cannot_rename_it(admin_client):
+    row = TaskType.objects.create(name="billing.invoice", handler="demo.echo")
+    url = f"/admin/tasks_app/tasktype/{row.pk}/change/"
+    page = admin_client.get(url).content.decode()
+    assert 'name="name"' not in page and "billing.invoice" in page
+    assert "It cannot be changed once saved" in page and "add a new one" in page
+    response = admin_client.post(url, form_data(name="billing.renamed", queue="billing", unique_until="window"))
+    assert response.status_code == 302
+    row.refresh_from_db()
+    assert (row.name, row.queue) == ("billing.invoice", "billing")  # the rest of the form still saves
+
+
+def test_a_new_type_is_named_on_the_add_page(admin_client):
+    page = admin_client.get("/admin/tasks_app/tasktype/add/").content.decode()
+    assert 'name="name"' in page and "It cannot be changed once saved" in page
+    added = admin_client.post("/admin/tasks_app/tasktype/add/", form_data(name="billing.new", unique_until="window"))
+    assert added.status_code == 302
+    assert TaskType.objects.filter(name="billing.new").exists()

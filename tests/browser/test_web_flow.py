@@ -192,3 +192,19 @@ def test_the_form_takes_arguments_over_djangos_upload_limit_up_to_the_payload_li
     page.wait_for_url(re.compile(r"/tasks/[0-9a-f-]{36}/$"))
     task_id = page.url.rstrip("/").rsplit("/", 1)[-1]
     assert ResultRecord.from_fields(broker.get_result(task_id)).args == ["é" * 15_000]
+
+
+def test_a_saved_task_types_name_shows_read_only_with_how_to_rename(page, live_server, broker):
+    from playwright.sync_api import expect
+
+    row = TaskType.objects.create(name="browser.named", handler="demo.echo", queue="browser")
+    log_in(page, live_server.url)
+    page.goto(f"{live_server.url}/admin/tasks_app/tasktype/{row.pk}/change/")
+    expect(page.locator(".field-name .readonly")).to_have_text("browser.named")
+    assert page.locator("input[name=name]").count() == 0
+    expect(page.locator(".field-name")).to_contain_text("It cannot be changed once saved")
+    page.fill("#id_queue", "elsewhere")
+    page.click("input[name=_save]")
+    expect(page.locator("ul.messagelist")).to_contain_text("browser.named")
+    row.refresh_from_db()
+    assert (row.name, row.queue) == ("browser.named", "elsewhere")
