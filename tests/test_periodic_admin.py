@@ -81,6 +81,18 @@ def test_the_admin_list_shows_the_next_run_and_links_the_last_fired_run(staff, b
     assert "Periodic schedule" in task_page and f'href="/admin/tasks_app/periodictask/{row.pk}/change/"' in task_page
 
 
+@pytest.mark.parametrize("task_id", ["a/b", "x" * 5000])
+def test_a_state_naming_a_last_run_no_url_can_hold_still_shows_the_list_and_the_dashboard(staff, broker, echo, task_id):
+    assert staff.post(ADD_URL, form(echo, cron="", interval_s="60", timezone="UTC")).status_code == 302
+    now_ms = broker.server_time_ms() // 60_000 * 60_000
+    state = {"slot_ms": now_ms, "fired_slot_ms": now_ms, "task_id": task_id}  # a foreign writer's
+    broker.client.hset(broker.keys.periodic("periodic-out", "reports.nightly"), mapping=state)
+    for url in (LIST_URL, "/tasks/dashboard/"):
+        response = staff.get(url)
+        assert response.status_code == 200, url
+        assert "reports.nightly" in response.content.decode()
+
+
 def test_rows_from_code_are_marked_and_only_their_enabled_flag_is_editable(staff, broker, echo):
     row = PeriodicTask.objects.create(name="code.job", task_type=echo, interval_s=5, source=PeriodicTask.Source.CODE)
     page = staff.get(f"{LIST_URL}{row.pk}/change/").content.decode()

@@ -10,12 +10,12 @@ from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.db import models
 from django.forms.fields import InvalidJSONInput
 from django.http import HttpRequest
-from django.urls import reverse
 from django.utils.html import format_html
 
 from tasks_app.models import PeriodicTask
 from tasks_app.periodic.status import ScheduleStatus, schedule_statuses
 from tasks_app.protocol.broker import get_broker
+from tasks_app.templatetags.tasks_display import url_or_empty
 
 # Fields that rows from code take from TASKS_PERIODIC: read-only in the admin (only `enabled` may change).
 CODE_OWNED_FIELDS = (
@@ -136,5 +136,6 @@ class PeriodicTaskAdmin(admin.ModelAdmin):
         status = self._status(obj)
         if status is None or not status.last_task_id or status.last_slot is None:
             return status.error if status and status.error == "Redis unavailable" else "-"
-        url = reverse("tasks_app:task", args=[status.last_task_id])
-        return format_html('<a href="{}">{}</a>', url, f"{status.last_slot:%Y-%m-%d %H:%M:%S} UTC")
+        when = f"{status.last_slot:%Y-%m-%d %H:%M:%S} UTC"
+        url = url_or_empty("tasks_app:task", status.last_task_id)  # "": an id no URL can hold (a foreign writer's)
+        return format_html('<a href="{}">{}</a>', url, when) if url else when

@@ -208,3 +208,20 @@ def test_a_saved_task_types_name_shows_read_only_with_how_to_rename(page, live_s
     expect(page.locator("ul.messagelist")).to_contain_text("browser.named")
     row.refresh_from_db()
     assert (row.name, row.queue) == ("browser.named", "elsewhere")
+
+
+def test_a_schedules_last_run_under_an_id_no_url_can_hold_shows_unlinked(page, live_server, broker):
+    from playwright.sync_api import expect
+
+    from tasks_app.models import PeriodicTask
+
+    echo = TaskType.objects.create(name="browser.tick", handler="demo.echo", queue="browser")
+    PeriodicTask.objects.create(name="browser.tick", task_type=echo, interval_s=60)
+    now_ms = broker.server_time_ms() // 60_000 * 60_000
+    state = {"slot_ms": now_ms, "fired_slot_ms": now_ms, "task_id": "<b>a/b</b>"}  # a foreign writer's
+    broker.client.hset(broker.keys.periodic("browser", "browser.tick"), mapping=state)
+    log_in(page, live_server.url)
+    for url in ("/tasks/dashboard/", "/admin/tasks_app/periodictask/"):
+        page.goto(f"{live_server.url}{url}")
+        expect(page.locator("body")).to_contain_text(" UTC")
+        assert page.locator("a[href*='a/b']").count() == 0 and page.locator("b", has_text="a/b").count() == 0
