@@ -281,7 +281,7 @@ def _task_type(name: str, registry: Registry) -> TaskTypeConfig:
 def _build_task(request: TaskRequest, config: TaskTypeConfig, now_ms: int, delay_ms: int) -> tuple[Task, str, str]:
     """The task without an id, and the JSON texts of its args and kwargs ("" when empty)."""
     args_json, kwargs_json, payload = _encoded_arguments(request)
-    queue = request.queue or config.queue
+    queue = config.queue if request.queue is None or request.queue == "" else request.queue  # not `or`: 0 is refused
     try:
         validate_name(queue, "queue")
     except InvalidName as exc:

@@ -118,8 +118,8 @@ def create_task(request: HttpRequest) -> HttpResponse:
         task = producer.enqueue(
             body["type"],
             body.get("args", []),
-            body.get("kwargs") or {},
-            queue=body.get("queue") or None,
+            {} if body.get("kwargs") is None else body["kwargs"],  # null: none; [] or false is refused
+            queue=body.get("queue"),
             priority=body.get("priority", 0),
             delay_s=body.get("delay", 0),
             unique_key=body.get("unique_key"),
