@@ -10,6 +10,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
+from time import monotonic  # not time.monotonic: tests replace this module's `time` to skew its clock
 from typing import Any, NamedTuple
 
 from django.conf import settings
@@ -133,7 +134,7 @@ class PreparedBatch:
     uniques: list[tuple[int, UniqueEnqueueable]] = field(default_factory=list)
     # Ids of the tasks due at an absolute `run_after`: their delays shrink by the time until the push.
     fixed_due: set[str] = field(default_factory=set)
-    prepared_at_s: float = field(default_factory=time.monotonic)
+    prepared_at_s: float = field(default_factory=monotonic)
 
 
 def prepare(requests: Sequence[TaskRequest], *, registry: Registry = default_registry) -> PreparedBatch:
@@ -185,7 +186,7 @@ def push(batch: PreparedBatch, *, broker: Broker | None = None) -> list[Enqueued
 def _due_from_now(batch: PreparedBatch) -> tuple[list[Enqueueable], list[UniqueEnqueueable]]:
     """The batch's tasks, those due at an absolute time with their delays counted from now, not from `prepare`."""
     uniques = [unique for _, unique in batch.uniques]
-    late_ms = int((time.monotonic() - batch.prepared_at_s) * 1000)
+    late_ms = int((monotonic() - batch.prepared_at_s) * 1000)
     if late_ms <= 0 or not batch.fixed_due:
         return batch.items, uniques
 
