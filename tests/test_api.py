@@ -7,6 +7,7 @@ import json
 import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
+from django.db import OperationalError, connection
 from django.test import Client
 from django.utils import timezone
 
@@ -226,6 +227,22 @@ def test_redis_away_is_503_with_a_json_error(client, broker, token, echo_type, s
     response = post(client, {"type": "api.echo"}, token)
     assert response.status_code == 503
     assert "cannot enqueue" in response.json()["error"]
+
+
+def _database_down(execute, sql, params, many, context):
+    raise OperationalError("connection refused")
+
+
+@pytest.mark.parametrize("method", ["post", "get"])
+def test_the_database_away_is_503_with_a_json_error(client, broker, token, echo_type, method):
+    with connection.execute_wrapper(_database_down):
+        if method == "post":
+            response = post(client, {"type": "api.echo"}, token)
+        else:
+            response = client.get(f"{TASKS_URL}some-id/", HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert response.status_code == 503 and response["Retry-After"] == "5"
+    assert "database is unavailable" in response.json()["error"]
+    assert enqueued_keys(broker) == []
 
 
 def test_a_payload_limit_above_djangos_upload_limit_is_the_one_that_holds(client, broker, token, echo_type, settings):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from functools import wraps
 from typing import Any
 
 from django.conf import settings
+from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.multipartparser import MultiPartParserError
 from django.middleware.csrf import CsrfViewMiddleware
@@ -27,6 +29,8 @@ FORCE_WORDS = {"1", "true", "on"}
 
 View = Callable[..., HttpResponse]
 
+logger = logging.getLogger(__name__)
+
 
 def error(status: int, message: str, **headers: str) -> JsonResponse:
     """Return `{"error": message}` with an HTTP status."""
@@ -46,7 +50,8 @@ class _CsrfCheck(CsrfViewMiddleware):
 def api_view(methods: set[str], permission: str | None = None) -> Callable[[View], View]:
     """Allow `methods`; require a staff user (with `permission`) by bearer token, or by session with CSRF on writes.
 
-    A token acts as its user, with that user's permissions.
+    A token acts as its user, with that user's permissions. With the database away (tokens, users
+    and task types live there) the answer is a JSON 503, as with Redis away.
     """
 
     def decorate(view: View) -> View:
@@ -56,31 +61,38 @@ def api_view(methods: set[str], permission: str | None = None) -> Callable[[View
             if request.method not in methods:
                 return error(405, f"method {request.method} not allowed", Allow=", ".join(sorted(methods)))
             try:
-                credentials = authenticate(request)
-            except AuthenticationFailed as exc:
-                return error(401, str(exc), **{"WWW-Authenticate": 'Bearer error="invalid_token"'})
-            if credentials is None:
-                return error(
-                    401,
-                    "authentication required: send 'Authorization: Bearer <token>' or log in",
-                    **{"WWW-Authenticate": "Bearer"},
-                )
-            if not credentials.user.is_staff:
-                return error(403, "only staff users may use the task API")
-            if permission is not None and not credentials.user.has_perm(permission):
-                return error(403, f"permission {permission} is required")
-            if credentials.by_token:
-                request.user = credentials.user  # the view sees who called, as with a session
-            elif request.method not in {"GET", "HEAD", "OPTIONS"}:
-                reason = csrf_rejection(request, _CsrfCheck)
-                if reason:
-                    return error(403, f"CSRF check failed: {reason}")
-            request.user = credentials.user  # a token acts as its user, in the view too
-            return view(request, *args, **kwargs)
+                return _denial(request, permission) or view(request, *args, **kwargs)
+            except DatabaseError as exc:
+                logger.error("task API: the database is unavailable: %s", exc)
+                return error(503, "the database is unavailable; try again shortly", **{"Retry-After": "5"})
 
         return wrapper
 
     return decorate
+
+
+def _denial(request: HttpRequest, permission: str | None) -> JsonResponse | None:
+    """Why the caller may not use this view (401/403), or None; sets `request.user` to the caller."""
+    try:
+        credentials = authenticate(request)
+    except AuthenticationFailed as exc:
+        return error(401, str(exc), **{"WWW-Authenticate": 'Bearer error="invalid_token"'})
+    if credentials is None:
+        return error(
+            401,
+            "authentication required: send 'Authorization: Bearer <token>' or log in",
+            **{"WWW-Authenticate": "Bearer"},
+        )
+    if not credentials.user.is_staff:
+        return error(403, "only staff users may use the task API")
+    if permission is not None and not credentials.user.has_perm(permission):
+        return error(403, f"permission {permission} is required")
+    if not credentials.by_token and request.method not in {"GET", "HEAD", "OPTIONS"}:
+        reason = csrf_rejection(request, _CsrfCheck)
+        if reason:
+            return error(403, f"CSRF check failed: {reason}")
+    request.user = credentials.user  # a token acts as its user, in the view too
+    return None
 
 
 def _read_body(request: HttpRequest) -> dict[str, Any] | JsonResponse:
