@@ -19,6 +19,7 @@ from django.db import close_old_connections
 from tasks_app import metrics
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.async_lane import AsyncLane
+from tasks_app.consumer.burst import nothing_to_claim
 from tasks_app.consumer.capacity import Capacity
 from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.claimer import ClaimerLoop
@@ -315,7 +316,7 @@ class Consumer:
             return self.exit_code
         while not self.stop_requested.wait(0.2):
             if self.options.burst and self._idle():
-                logger.info("burst: queues %s are empty; stopping", ",".join(self.options.queues))
+                logger.info("burst: nothing left to claim on queues %s; stopping", ",".join(self.options.queues))
                 break
         return self.shutdown()
 
@@ -325,7 +326,7 @@ class Consumer:
         if busy or not self.work.empty():
             return False
         try:
-            return self.broker.is_idle(self.options.queues)
+            return nothing_to_claim(self.broker, self.options.queues)
         except Exception as exc:
             logger.warning("burst: cannot check the queues: %s", exc)
             return False

@@ -183,3 +183,17 @@ def test_a_run_completes_the_record_whether_the_producer_wrote_one_or_not(broker
     for finished, args, kwargs in ((foreign, [1], {"note": "foreign"}), (record, [2], {"note": "ours"})):
         assert (finished.status, finished.attempts, finished.args, finished.kwargs) == ("SUCCESSFUL", 1, args, kwargs)
         assert finished.type == "test.record" and finished.queue == "default" and finished.started_at
+
+
+@pytest.mark.parametrize("mode", [[], ["--processes", "1"]], ids=["threads", "processes"])
+def test_burst_exits_leaving_a_paused_queues_tasks_and_says_so(broker, consumer_process, mode):
+    assert broker.pause("paused", by="test")
+    waiting = producer.enqueue("test.record", queue="paused", count=2)
+    done = producer.enqueue("test.record", count=3)
+    later = producer.enqueue("test.record", queue="paused", delay_s=60)
+    consumer = consumer_process("--burst", "--queue", "default", "--queue", "paused", "--lease", "2", *mode)
+    assert consumer.wait(60) == 0, consumer.log()
+    assert {task.id for task in done} == {run["task_id"] for run in recorded_runs(broker)}
+    stats = broker.queue_stats("paused")
+    assert (stats.pending, stats.processing, stats.delayed) == (len(waiting), 0, len(later))
+    assert "queue paused is paused with 2 task(s) pending and 1 delayed" in consumer.log()

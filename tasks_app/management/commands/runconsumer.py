@@ -49,7 +49,9 @@ class Command(BaseCommand):
         _add_process_arguments(parser)
         _add_observability_arguments(parser)
         parser.add_argument(
-            "--burst", action="store_true", help="Exit 0 once the queues have nothing pending, in flight or delayed."
+            "--burst",
+            action="store_true",
+            help="Exit 0 once the queues have nothing pending, in flight or delayed (paused queues count as idle).",
         )
         parser.add_argument(
             "--no-scheduler", action="store_true", help="Do not fire periodic tasks from this consumer."
