@@ -26,6 +26,7 @@ from tasks_app.consumer.claimer import ClaimerLoop
 from tasks_app.consumer.concurrency import ConcurrencyGate
 from tasks_app.consumer.executor import Executor, RateGate
 from tasks_app.consumer.health import HealthLoop, Liveness
+from tasks_app.consumer.identity import process_info, wait_until_free
 from tasks_app.consumer.limits import RateLimiter
 from tasks_app.consumer.loops import (
     HEARTBEAT_TIMEOUT_SHARE,
@@ -137,15 +138,7 @@ class Consumer:
                     queue,
                 )
         sent_at = time.monotonic()
-        info = {
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "started_at_ms": int(time.time() * 1000),
-            "lease_ms": int(self.options.lease_s * 1000),
-            "concurrency": self.options.concurrency,
-            "prefetch": self.capacity.prefetch_max,
-            "queues": self.options.queues,
-        }
+        info = process_info(self.options, self.capacity.prefetch_max)
         self.broker.heartbeat(self.options.queues, consumer_id, int(self.options.lease_s * 1000), info)
         self.lease.renewed(consumer_id, sent_at)
 
@@ -273,7 +266,8 @@ class Consumer:
         """Register and start every thread."""
         self.task_types.refresh()
         self.guard.start()  # beating already: a child waiting for Redis is not wedged
-        # A stop asked for while Redis is away ends the wait: nothing is claimed or held yet.
+        # A stop asked for while Redis is away, or the id is another live process's, ends the wait.
+        wait_until_free(self.broker, self.options.queues, self.consumer_id, self.stop_requested)
         until_done(self.register, what="register", give_up=self.stop_requested)
         opts = self.options
         loops: list[Loop] = [
@@ -311,7 +305,7 @@ class Consumer:
         try:
             self.start()
         except GaveUp:
-            logger.warning("consumer %s stopped before it could register: Redis was unreachable", self.consumer_id)
+            logger.warning("consumer %s stopped before it could register", self.consumer_id)
             self.guard.stop()
             return self.exit_code
         while not self.stop_requested.wait(0.2):

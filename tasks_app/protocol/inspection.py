@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from typing import Any, cast
@@ -10,7 +9,7 @@ from typing import Any, cast
 import redis
 
 from tasks_app.protocol.keys import WAKE_TOKEN, consumer_id_of
-from tasks_app.protocol.replies import QueueStats
+from tasks_app.protocol.replies import QueueStats, json_object
 from tasks_app.protocol.scripts import ScriptClient
 
 # Width of the buckets counting acknowledged tasks, for the dashboard's throughput.
@@ -19,20 +18,11 @@ THROUGHPUT_BUCKET_S = 10
 TRIM_BATCH = 10_000
 
 
-def _json_object(raw: bytes) -> dict[str, Any]:
-    """Parse a consumer's info; anything but a JSON object (written by something else) reads as empty."""
-    try:
-        value = json.loads(raw)
-    except (ValueError, RecursionError):
-        return {}
-    return value if isinstance(value, dict) else {}
-
-
 def _consumer_rows(
     entries: list[tuple[bytes, float]], info_raw: dict[bytes, bytes], in_flight: list[int]
 ) -> list[dict[str, Any]]:
     """One row per lease entry: the consumer's info, id, lease deadline and in-flight count."""
-    infos = {key.decode(errors="backslashreplace"): _json_object(value) for key, value in info_raw.items()}
+    infos = {key.decode(errors="backslashreplace"): json_object(value) for key, value in info_raw.items()}
     consumers = []
     for (member, deadline_ms), count in zip(entries, in_flight, strict=True):
         consumer_id = member.decode(errors="backslashreplace")

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tasks_app.protocol.keys import WAKE_TOKEN, consumer_id_of
-from tasks_app.protocol.replies import ReapOutcome
+from tasks_app.protocol.replies import LeaseHolder, ReapOutcome, json_object
 from tasks_app.protocol.scripts import ScriptClient
 
 # Each recovery of a task from a dead consumer is counted; past this it is dead-lettered.
@@ -41,6 +41,19 @@ class LeaseOps(ScriptClient):
                 pipe.sadd(self.keys.queues(), queue)
         results = self.scripts.execute(pipe, self.client)
         return all(bool(flag) for flag in results[:: 2 if register_info is not None else 1])
+
+    def lease_holders(self, queues: Sequence[str], consumer_id: str) -> list[LeaseHolder]:
+        """The lease entries `consumer_id` holds on `queues` (none where it holds no entry)."""
+        pipe = self.client.pipeline(transaction=False)
+        for queue in queues:
+            self.scripts.queue(
+                pipe, "lease_holder", [self.keys.consumers(queue), self.keys.consumer_info(queue)], [consumer_id]
+            )
+        holders = []
+        for queue, (held, ms_left, info) in zip(queues, self.scripts.execute(pipe, self.client), strict=True):
+            if int(held):
+                holders.append(LeaseHolder(queue, int(ms_left), json_object(info)))
+        return holders
 
     def abandon(self, queues: Sequence[str], consumer_id: str) -> None:
         """Tombstone an id whose lease was lost, so reapers sweep its lists even if its lease entry is gone.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -10,6 +11,15 @@ import redis
 # The fields a READY record may leave out, and the value each then has; the id is the key's suffix.
 # The producer stores only what differs (see results.ready_fields); get_result fills these back in.
 READY_RECORD_DEFAULTS = {"status": "READY", "priority": "0", "args": "[]", "kwargs": "{}", "attempts": "0"}
+
+
+def json_object(raw: bytes) -> dict[str, Any]:
+    """Parse a consumer's info; anything but a JSON object (written by something else) reads as empty."""
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def record_text_fields(task_id: str, record: dict[bytes, bytes] | Exception) -> dict[str, str] | None:
@@ -46,6 +56,15 @@ class Promotion(NamedTuple):
     next_due_ms: int  # -1: nothing delayed
     now_ms: int  # the server's clock
     malformed: int  # due members that were not "<priority><task>", dead-lettered
+
+
+@dataclass(frozen=True)
+class LeaseHolder:
+    """A consumer id's lease entry on one queue: how long it holds yet, and what its holder registered."""
+
+    queue: str
+    ms_left: int  # 0 or less once the lease lapsed (the holder is presumed dead)
+    info: dict[str, Any]
 
 
 @dataclass(frozen=True)

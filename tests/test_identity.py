@@ -1,0 +1,63 @@
+"""A consumer never runs beside another live holder of its id; a holder known dead is no reason to wait."""
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tasks_app.consumer.identity import holder_is_gone, live_holders, pid_namespace
+from tests.support.processes import wait_until
+
+
+def holder(pid: object, **fields: object) -> dict[str, object]:
+    return {"host": socket.gethostname(), "pid": pid, "pid_ns": pid_namespace(), **fields}
+
+
+def dead_pid() -> int:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def test_a_holder_of_this_host_whose_process_is_gone_is_dead():
+    assert holder_is_gone(holder(dead_pid()))
+    assert holder_is_gone(holder(os.getpid())), "an earlier process that had this pid is not running now"
+
+
+@pytest.mark.parametrize(
+    "info",
+    [
+        holder(os.getppid()),
+        holder(0),
+        holder("1"),
+        holder(True),
+        {"pid": 1},
+        holder(-5, host="elsewhere"),
+        holder(os.getpid(), pid_ns="pid:[1]"),
+        {},
+    ],
+    ids=["alive", "zero", "text", "bool", "no-host", "other-host", "other-pid-namespace", "empty"],
+)
+def test_a_holder_that_may_be_alive_is_not_presumed_dead(info):
+    assert not holder_is_gone(info)
+
+
+def test_only_fresh_entries_of_live_holders_count(broker):
+    broker.heartbeat(["a"], "x", 60_000, holder(os.getppid()))
+    broker.heartbeat(["b"], "x", 60_000, holder(dead_pid()))
+    broker.heartbeat(["c"], "x", 1, holder(os.getppid(), host="elsewhere"))
+    time.sleep(0.01)
+    assert [entry.queue for entry in live_holders(broker, ["a", "b", "c", "d"], "x")] == ["a"]
+
+
+@pytest.mark.django_db
+def test_a_consumer_waits_while_a_live_process_holds_its_id_and_starts_once_it_left(broker, consumer_in_thread, caplog):
+    broker.heartbeat(["default"], "fixed", 60_000, holder(os.getppid()))
+    with consumer_in_thread(consumer_id="fixed"):
+        wait_until(lambda: "is held by a live process" in caplog.text, 10, message="the consumer to wait")
+        assert [c["pid"] for c in broker.live_consumers("default")] == [os.getppid()], "it took nothing over"
+        broker.deregister("default", "fixed")
+        wait_until(lambda: [c["pid"] for c in broker.live_consumers("default")] == [os.getpid()], 10, message="start")
