@@ -116,17 +116,20 @@ def test_heartbeat_renews_a_held_lease_every_third_of_it(broker):
     assert lost == []
 
 
-def test_heartbeat_reports_a_lost_lease_with_the_id_that_lost_it(broker):
-    lost: list[str] = []
-    loop = HeartbeatLoop(broker, ["q"], lambda: "reaped-one", LeaseClock(9.0), lost.append)  # never registered: reaped
+def test_heartbeat_reports_a_lost_lease_with_the_id_that_lost_it_and_where(broker):
+    lost: list[tuple[str, list[str]]] = []
+    broker.heartbeat(["p"], "reaped-one", 9000, {})  # held on p; never registered on q: reaped there
+    loop = HeartbeatLoop(broker, ["p", "q"], lambda: "reaped-one", LeaseClock(9.0), lambda *loss: lost.append(loss))
     loop.run_once()
-    assert lost == ["reaped-one"]
+    assert lost == [("reaped-one", ["q"])]
     assert broker.client.zscore(broker.keys.consumers("q"), "reaped-one") is None, "a lost lease is not retaken"
 
 
 def test_heartbeat_retries_sooner_than_its_pace_when_redis_is_away(key_prefix):
-    lost: list[str] = []
-    loop = HeartbeatLoop(unreachable_broker(key_prefix), ["q"], lambda: "c1", LeaseClock(9.0), lost.append)
+    lost: list[tuple[str, list[str]]] = []
+    loop = HeartbeatLoop(
+        unreachable_broker(key_prefix), ["q"], lambda: "c1", LeaseClock(9.0), lambda *loss: lost.append(loss)
+    )
     sleep_s = loop.run_once()
     assert 0 < sleep_s < 3.0
     assert lost == [], "an unreachable Redis is not a lost lease"

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tasks_app.consumer.loops import ReaperLoop
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.consumer.retrying import GaveUp, until_done
 from tasks_app.protocol.broker import Broker
@@ -50,6 +51,19 @@ def process_info(options: ConsumerOptions, prefetch_max: int) -> dict[str, Any]:
         "prefetch": prefetch_max,
         "queues": options.queues,
     }
+
+
+def recover_earlier_run(reaper: ReaperLoop, queues: Sequence[str], consumer_id: str) -> None:
+    """Recover what an earlier run under `consumer_id` left on `queues` (it did not exit cleanly)."""
+    for queue in queues:
+        recovered = reaper.reap(queue, consumer_id, own_earlier_run=True)
+        if recovered:
+            logger.warning(
+                "recovered %d task(s) left by an earlier run of %s on %s, which did not exit cleanly",
+                recovered,
+                consumer_id,
+                queue,
+            )
 
 
 def holder_is_gone(info: dict[str, Any]) -> bool:

@@ -26,7 +26,7 @@ from tasks_app.consumer.claimer import ClaimerLoop
 from tasks_app.consumer.concurrency import ConcurrencyGate
 from tasks_app.consumer.executor import Executor, RateGate
 from tasks_app.consumer.health import HealthLoop, Liveness
-from tasks_app.consumer.identity import process_info, wait_until_free
+from tasks_app.consumer.identity import process_info, recover_earlier_run, wait_until_free
 from tasks_app.consumer.limits import RateLimiter
 from tasks_app.consumer.loops import (
     HEARTBEAT_TIMEOUT_SHARE,
@@ -44,6 +44,7 @@ from tasks_app.consumer.periodic_loop import scheduler_loops
 from tasks_app.consumer.process_mode import ProcessGuard
 from tasks_app.consumer.reaped import record_reaped
 from tasks_app.consumer.receipts import withdrawals
+from tasks_app.consumer.retiring import RetiringIds
 from tasks_app.consumer.retrying import GaveUp, until_done
 from tasks_app.consumer.stop_signals import install_stop_signals
 from tasks_app.protocol.broker import Broker
@@ -100,6 +101,7 @@ class Consumer:
         self.liveness = Liveness(options.health_file, stale_after_s=max(3 * HEALTH_CHECK_S, options.lease_s))
         recorder = partial(record_reaped, self.broker, self.task_types, give_up=self.stop_requested)
         self.reaper = ReaperLoop(self.broker, options.queues, options.lease_s, recorder)
+        self.retiring = RetiringIds(self.heartbeat_broker, options.lease_s, lambda q, c: bool(self.held_raws(q, c)))
 
     def _init_thread_state(self) -> None:
         """Create what the consumer's threads share: the stop events, the threads, the tasks held, the suspect slot."""
@@ -128,25 +130,21 @@ class Consumer:
         that died, so it is recovered as a dead consumer's tasks are: counted, via suspects.
         """
         consumer_id = consumer_id or self.consumer_id
-        for queue in self.options.queues:
-            recovered = self.reaper.reap(queue, consumer_id, own_earlier_run=True)
-            if recovered:
-                logger.warning(
-                    "recovered %d task(s) left by an earlier run of %s on %s, which did not exit cleanly",
-                    recovered,
-                    consumer_id,
-                    queue,
-                )
+        recover_earlier_run(self.reaper, self.options.queues, consumer_id)
         sent_at = time.monotonic()
         info = process_info(self.options, self.capacity.prefetch_max)
         self.broker.heartbeat(self.options.queues, consumer_id, int(self.options.lease_s * 1000), info)
         self.lease.renewed(consumer_id, sent_at)
 
-    def lease_lost(self, lost_id: str) -> None:
-        """Our lease expired (or we were reaped): never use that id again; tombstone it, register a new one."""
+    def lease_lost(self, lost_id: str, queues: Sequence[str] | None = None) -> None:
+        """Our lease expired (or we were reaped) on `queues` (None: all): tombstone that id, register a new one.
+
+        Where the old id's lease still holds, it retires once its tasks there are settled (retiring.py).
+        """
         with self._identity_lock:
             if lost_id != self.consumer_id:
                 return  # another thread already moved on
+            self.retiring.retire(lost_id, [queue for queue in self.options.queues if queues and queue not in queues])
             self._generation += 1
             new_id = f"{self.base_id}.{self._generation}"
             message = "consumer %s lost its lease (it was presumed dead and its tasks recovered); continuing as %s"
@@ -274,6 +272,7 @@ class Consumer:
             HeartbeatLoop(self.heartbeat_broker, opts.queues, lambda: self.consumer_id, self.lease, self.lease_lost),
             SchedulerLoop(self.broker, opts.queues),
             self.reaper,
+            self.retiring,
             HousekeepingLoop(self._refresh_task_types, settings.TASKS_CONFIG_REFRESH_S, self.executor.watch_running),
             TimeLimitLoop(self.guard.watching(self.executor.expire_overdue)),  # then hard limits, in process mode
             HealthLoop(self.broker, self.liveness, HEALTH_CHECK_S),
@@ -358,6 +357,10 @@ class Consumer:
                 self.broker.deregister(queue, self.consumer_id)
             except Exception as exc:
                 logger.error("could not deregister from %s (the lease will expire): %s", queue, exc)
+        try:
+            self.retiring.renew(leaving=True)
+        except Exception as exc:
+            logger.error("could not deregister the ids left after a lost lease (their leases will expire): %s", exc)
         self.guard.stop()
         self.executor.close()
         logger.info("consumer %s stopped", self.consumer_id)

@@ -101,7 +101,7 @@ class HeartbeatLoop:
         queues: Sequence[str],
         identity: Callable[[], str],
         lease: LeaseClock,
-        on_lost: Callable[[str], None],
+        on_lost: Callable[[str, list[str]], None],
     ) -> None:
         self.broker = broker
         self.queues = list(queues)
@@ -114,7 +114,7 @@ class HeartbeatLoop:
         consumer_id = self.identity()
         sent_at = time.monotonic()
         try:
-            held = self.broker.heartbeat(self.queues, consumer_id, self.lease_ms)
+            lost = self.broker.lost_leases(self.queues, consumer_id, self.lease_ms)
         except RedisError as exc:
             # Retry at twice the renewal pace instead of run_forever's backoff (up to 5 s):
             # after a Redis restart reapers wait only one lease of uptime, and a heartbeat
@@ -122,12 +122,12 @@ class HeartbeatLoop:
             metrics.REDIS_ERRORS.labels(self.name).inc()
             logger.warning("%s: redis error: %s; retrying in %.1f s", self.name, exc, self.lease_ms / 6000)
             return self.lease_ms / 6000
-        if held:
+        if not lost:
             self.lease.renewed(consumer_id, sent_at)
             metrics.LEASE_RENEWALS.inc()
         else:
             metrics.LEASES_LOST.inc()
-            self.on_lost(consumer_id)
+            self.on_lost(consumer_id, lost)
         return self.lease_ms / 3000
 
 

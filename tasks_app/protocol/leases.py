@@ -32,6 +32,12 @@ class LeaseOps(ScriptClient):
         self, queues: Sequence[str], consumer_id: str, lease_ms: int, register_info: dict[str, Any] | None = None
     ) -> bool:
         """Register or renew this consumer's lease on every queue; False if any was lost or had lapsed."""
+        return not self.lost_leases(queues, consumer_id, lease_ms, register_info)
+
+    def lost_leases(
+        self, queues: Sequence[str], consumer_id: str, lease_ms: int, register_info: dict[str, Any] | None = None
+    ) -> list[str]:
+        """Register or renew this consumer's lease on every queue; return those where it was lost or had lapsed."""
         info = json.dumps(register_info) if register_info is not None else ""
         pipe = self.client.pipeline(transaction=False)
         for queue in queues:
@@ -39,8 +45,8 @@ class LeaseOps(ScriptClient):
             self.scripts.queue(pipe, "heartbeat", keys, [consumer_id, lease_ms, info])
             if register_info is not None:
                 pipe.sadd(self.keys.queues(), queue)
-        results = self.scripts.execute(pipe, self.client)
-        return all(bool(flag) for flag in results[:: 2 if register_info is not None else 1])
+        flags = self.scripts.execute(pipe, self.client)[:: 2 if register_info is not None else 1]
+        return [queue for queue, held in zip(queues, flags, strict=True) if not held]
 
     def lease_holders(self, queues: Sequence[str], consumer_id: str) -> list[LeaseHolder]:
         """The lease entries `consumer_id` holds on `queues` (none where it holds no entry)."""

@@ -130,3 +130,21 @@ def test_a_task_moved_into_a_lost_identitys_list_runs_even_when_its_lease_entry_
         broker.client.lpush(broker.keys.processing("default", first_id), late)  # a blocking claim in flight
         wait_until(lambda: recorded_runs(broker), 10, message="the late task to run")
     assert [run["task_id"] for run in recorded_runs(broker)] == ["late-1"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lease_lost_on_one_queue_only_leaves_the_runs_on_the_others_alone(broker, consumer_in_thread):
+    # Redis Cluster: a failover of one queue's node lost the lease entry there. Before, the old id
+    # was no longer renewed anywhere, so the runs under it on the other queue were reaped and run
+    # again while they still went on.
+    [long] = producer.enqueue("test.record", queue="a", kwargs={"sleep_s": 4})
+    with consumer_in_thread(queues=["a", "b"], lease_s=1.0) as consumer:
+        wait_until(lambda: recorded_runs(broker), 10, message="the long task to start")
+        first_id = consumer.consumer_id
+        broker.client.zrem(broker.keys.consumers("b"), first_id)
+        wait_until(lambda: consumer.consumer_id != first_id, 10, message="the consumer to take a new id")
+        wait_until(lambda: broker.get_result(long.id)["status"] == "SUCCESSFUL", 20, message="the long task")
+        assert [run["task_id"] for run in recorded_runs(broker)] == [long.id], "it ran once"
+        wait_until(lambda: first_id not in [c["id"] for c in broker.live_consumers("a")], 10, message="retired")
+        stats = broker.queue_stats("a")
+        assert (stats.pending, stats.processing, [c["id"] for c in stats.consumers]) == (0, 0, [consumer.consumer_id])
