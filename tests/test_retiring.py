@@ -8,7 +8,7 @@ def test_a_retiring_id_is_renewed_while_it_holds_tasks_then_deregistered_giving_
     register(broker, "old", lease_ms=1000, queues=("a", "b"))
     broker.client.lpush(broker.keys.processing("a", "old"), make_task(1, queue="a"))
     held = {("a", "old")}
-    retiring = RetiringIds(broker, 60.0, lambda queue, consumer_id: (queue, consumer_id) in held)
+    retiring = RetiringIds(broker, 60.0, lambda queue, consumer_id: {(queue, consumer_id)} & held)
     retiring.retire("old", ["a", "b"])
     retiring.renew()
     assert broker.client.zscore(broker.keys.consumers("a"), "old") > broker.client.time()[0] * 1000 + 30_000

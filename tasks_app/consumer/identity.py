@@ -103,7 +103,7 @@ def live_holders(broker: Broker, queues: Sequence[str], consumer_id: str) -> lis
 def wait_until_free(broker: Broker, queues: Sequence[str], consumer_id: str, stop: threading.Event) -> None:
     """Wait while another live process holds `consumer_id` on any of `queues`; raise GaveUp if `stop` is set."""
     waited = False
-    while held := until_done(lambda: live_holders(broker, queues, consumer_id), what="lease_holders", give_up=stop):
+    while held := until_done(lambda: live_holders(broker, queues, consumer_id), what="register", give_up=stop):
         if not waited:
             holder = held[0]
             logger.warning(

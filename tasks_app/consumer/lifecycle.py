@@ -101,7 +101,6 @@ class Consumer:
         self.liveness = Liveness(options.health_file, stale_after_s=max(3 * HEALTH_CHECK_S, options.lease_s))
         recorder = partial(record_reaped, self.broker, self.task_types, give_up=self.stop_requested)
         self.reaper = ReaperLoop(self.broker, options.queues, options.lease_s, recorder)
-        self.retiring = RetiringIds(self.heartbeat_broker, options.lease_s, lambda q, c: bool(self.held_raws(q, c)))
 
     def _init_thread_state(self) -> None:
         """Create what the consumer's threads share: the stop events, the threads, the tasks held, the suspect slot."""
@@ -116,6 +115,8 @@ class Consumer:
         # (queue, consumer id, task) handed to workers and not settled, counted (twins can be claimed at once).
         self._held: Counter[tuple[str, str, bytes]] = Counter()
         self._held_lock = threading.Lock()
+        # Ids left after a lease lost on some queues only, kept there while they hold tasks.
+        self.retiring = RetiringIds(self.heartbeat_broker, self.options.lease_s, self.held_raws)
         # At most one suspect (a task recovered from a consumer that died) is held at a time.
         self._suspect_reserved = False
         self._suspect_slot = threading.Lock()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Sized
 
 from redis.exceptions import RedisError
 
@@ -27,10 +27,10 @@ class RetiringIds:
 
     name = "retiring"
 
-    def __init__(self, broker: Broker, lease_s: float, holds: Callable[[str, str], bool]) -> None:
+    def __init__(self, broker: Broker, lease_s: float, held: Callable[[str, str], Sized]) -> None:
         self.broker = broker
         self.lease_s = lease_s
-        self.holds = holds  # (queue, consumer id) -> whether this consumer holds a task claimed under it
+        self.held = held  # (queue, consumer id) -> the tasks this consumer holds, claimed under it there
         self._queues: dict[str, list[str]] = {}
         self._lock = threading.Lock()
 
@@ -54,7 +54,7 @@ class RetiringIds:
         with self._lock:
             retiring = {consumer_id: list(queues) for consumer_id, queues in self._queues.items()}
         for consumer_id, queues in retiring.items():
-            held = [queue for queue in queues if not leaving and self.holds(queue, consumer_id)]
+            held = [queue for queue in queues if not leaving and len(self.held(queue, consumer_id))]
             for queue in queues:
                 if queue not in held:
                     self.broker.deregister(queue, consumer_id)
