@@ -95,14 +95,6 @@ class InspectionOps(ScriptClient):
         holders = [member.decode(errors="backslashreplace") for member, _ in entries]
         return entries, holders + [cid for cid in map(consumer_id_of, reaped) if cid]
 
-    def is_idle(self, queues: Sequence[str]) -> bool:
-        """True when none of `queues` has anything pending, in flight or delayed."""
-        for queue in queues:
-            stats = self.queue_stats(queue)
-            if stats.pending or stats.processing or stats.delayed:
-                return False
-        return True
-
     def list_dead(self, queue: str, offset: int = 0, limit: int = 100) -> list[tuple[bytes, int]]:
         """Return dead-lettered tasks of a queue, newest first, with the time (ms) they died."""
         entries = self.client.zrange(self.keys.dead(queue), offset, offset + limit - 1, desc=True, withscores=True)

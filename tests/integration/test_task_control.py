@@ -12,6 +12,7 @@ from tasks_app import producer
 from tasks_app.control import CANCELLED, REQUESTED
 from tasks_app.models import TaskType
 from tasks_app.protocol.results import ResultRecord
+from tests.support.enqueued import is_idle
 from tests.support.handlers import CANCEL_NOTICED_SUFFIX
 from tests.support.processes import wait_until
 from tests.support.recording import runs_per_task
@@ -84,7 +85,7 @@ def test_cancelled_pending_and_delayed_tasks_never_run_and_the_others_do(broker,
     assert set(statuses(broker, pending[3:] + delayed[3:]).values()) == {"SUCCESSFUL"}
     record = record_of(broker, cancelled[0])
     assert record.cancelled_by == "tester" and record.cancelled_at is not None and record.attempts == 0
-    assert broker.is_idle(["default"])  # the cancelled ones were dropped, not left behind
+    assert is_idle(broker, ["default"])  # the cancelled ones were dropped, not left behind
 
 
 def test_a_cancelled_task_whose_type_or_handler_is_gone_is_dropped_not_dead_lettered(broker, consumer_process):
@@ -102,7 +103,7 @@ def test_a_cancelled_task_whose_type_or_handler_is_gone_is_dropped_not_dead_lett
     assert consumer.wait(60) == 0, consumer.log()
     assert set(statuses(broker, [t.id for t in (*unknown, *no_handler)]).values()) == {"CANCELLED"}
     assert broker.list_dead("default") == []
-    assert broker.is_idle(["default"])
+    assert is_idle(broker, ["default"])
 
 
 def test_a_running_cooperative_task_sees_the_cancel_within_a_second_and_ends_cancelled(broker, consumer_process):
@@ -145,7 +146,7 @@ def test_a_cancel_racing_the_claim_either_prevents_the_run_or_is_reported_too_la
         else:  # too late: it had started (a plain handler ignores the request and succeeds)
             assert ran[task_id] == 1 and final[task_id] == "SUCCESSFUL"
     assert CANCELLED in replies.values() and set(replies.values()) - {CANCELLED}  # both sides of the race
-    assert max(ran.values()) == 1 and broker.is_idle(["default"])
+    assert max(ran.values()) == 1 and is_idle(broker, ["default"])
 
 
 def test_progress_reported_by_a_handler_is_read_increasing_through_the_api(broker, staff, consumer_in_thread):
