@@ -3,8 +3,11 @@
 -- KEYS[3] primary marker hash of this queue's slot (replid -> of the node that last served it,
 -- since_ms -> when that node began to), read by reap to hold reaping after a failover
 -- ARGV[1] consumer id   ARGV[2] lease ms   ARGV[3] info JSON to register with, or "" to renew
--- Returns: 1 lease held, 0 lease lost (the consumer was reaped, or its lease expired: it must
--- not use this id again). While reapers hold off (Redis up or primary for less than a lease)
+-- ARGV[4] (renewals) the renewing process's instance token, or "": a renewal is refused when the
+-- registered info names another instance (a process frozen past its lease whose id another
+-- process has registered since must not renew it beside that process)
+-- Returns: 1 lease held, 0 lease lost (the consumer was reaped, its lease expired, or another
+-- instance registered its id: it must not use this id again). While reapers hold off (Redis up or primary for less than a lease)
 -- an expired lease is still renewed: the outage, not the consumer, let it lapse.
 -- include: args
 local now_ms = server_now_ms()
@@ -27,6 +30,13 @@ else
   local deadline = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
   if not deadline or (deadline <= now_ms and not holding) then
     return 0
+  end
+  if ARGV[4] and ARGV[4] ~= '' then
+    local ok, info = pcall(cjson.decode, redis.call('HGET', KEYS[2], ARGV[1]) or '')
+    local registered = ok and type(info) == 'table' and info['instance']
+    if type(registered) == 'string' and registered ~= ARGV[4] then
+      return 0
+    end
   end
 end
 redis.call('ZADD', KEYS[1], now_ms + lease_ms, ARGV[1])

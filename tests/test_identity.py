@@ -61,3 +61,28 @@ def test_a_consumer_waits_while_a_live_process_holds_its_id_and_starts_once_it_l
         assert [c["pid"] for c in broker.live_consumers("default")] == [os.getppid()], "it took nothing over"
         broker.deregister("default", "fixed")
         wait_until(lambda: [c["pid"] for c in broker.live_consumers("default")] == [os.getpid()], 10, message="start")
+
+
+def test_a_renewal_or_a_leave_by_another_instance_of_the_id_is_refused(broker):
+    broker.heartbeat(["q"], "x", 60_000, holder(os.getppid(), instance="theirs"))
+    broker.client.lpush(broker.keys.processing("q", "x"), b"their task")
+    assert broker.lost_leases(["q"], "x", 60_000, instance="ours") == ["q"], "another process registered it"
+    assert broker.lost_leases(["q"], "x", 60_000, instance="theirs") == []
+    assert broker.lost_leases(["q"], "x", 60_000) == [], "a renewal naming no instance is not checked"
+    assert broker.deregister("q", "x", "ours") == -1
+    assert broker.client.lrange(broker.keys.processing("q", "x"), 0, -1) == [b"their task"], "left to them"
+    assert broker.deregister("q", "x", "theirs") == 1
+
+
+@pytest.mark.django_db
+def test_a_consumer_whose_id_another_process_registered_moves_on_and_leaves_that_process_alone(
+    broker, consumer_in_thread, caplog
+):
+    # Say this process froze past its lease while a restart elsewhere took over its fixed id.
+    with consumer_in_thread(consumer_id="fixed") as consumer:
+        wait_until(lambda: broker.live_consumers("default"), 10, message="the consumer to register")
+        broker.heartbeat(["default"], "fixed", 60_000, holder(os.getppid(), instance="the restart"))
+        wait_until(lambda: consumer.consumer_id == "fixed.1", 5, message="the consumer to take a new id")
+    assert "lost its lease" in caplog.text
+    [other] = broker.live_consumers("default")
+    assert (other["id"], other["pid"]) == ("fixed", os.getppid()), "its lease was neither renewed nor dropped by us"

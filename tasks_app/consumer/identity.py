@@ -39,9 +39,10 @@ def pid_namespace() -> str:
         return ""
 
 
-def process_info(options: ConsumerOptions, prefetch_max: int) -> dict[str, Any]:
-    """What a consumer registers beside its lease: who it is, and how it runs."""
+def process_info(options: ConsumerOptions, prefetch_max: int, instance: str) -> dict[str, Any]:
+    """What a consumer registers beside its lease: who it is (`instance`: its renewals' token), and how it runs."""
     return {
+        "instance": instance,
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "pid_ns": pid_namespace(),

@@ -106,6 +106,8 @@ class Consumer:
         """Create what the consumer's threads share: the stop events, the threads, the tasks held, the suspect slot."""
         self.work: queue_module.SimpleQueue[Claimed] = queue_module.SimpleQueue()
         self._generation, self._identity_lock = 0, threading.Lock()  # of the ids taken after a lost lease
+        # Registered with the lease and sent with each renewal: another process registering this id refuses ours.
+        self.instance = uuid.uuid4().hex
         self.stop_requested, self.claiming_stopped = threading.Event(), threading.Event()
         self.loops_stopped, self.workers_stop, self.give_up = threading.Event(), threading.Event(), threading.Event()
         self._threads: list[threading.Thread] = []
@@ -116,7 +118,7 @@ class Consumer:
         self._held: Counter[tuple[str, str, bytes]] = Counter()
         self._held_lock = threading.Lock()
         # Ids left after a lease lost on some queues only, kept there while they hold tasks.
-        self.retiring = RetiringIds(self.heartbeat_broker, self.options.lease_s, self.held_raws)
+        self.retiring = RetiringIds(self.heartbeat_broker, self.options.lease_s, self.held_raws, self.instance)
         # At most one suspect (a task recovered from a consumer that died) is held at a time.
         self._suspect_reserved = False
         self._suspect_slot = threading.Lock()
@@ -133,7 +135,7 @@ class Consumer:
         consumer_id = consumer_id or self.consumer_id
         recover_earlier_run(self.reaper, self.options.queues, consumer_id)
         sent_at = time.monotonic()
-        info = process_info(self.options, self.capacity.prefetch_max)
+        info = process_info(self.options, self.capacity.prefetch_max, self.instance)
         self.broker.heartbeat(self.options.queues, consumer_id, int(self.options.lease_s * 1000), info)
         self.lease.renewed(consumer_id, sent_at)
 
@@ -270,7 +272,9 @@ class Consumer:
         until_done(self.register, what="register", give_up=self.stop_requested)
         opts = self.options
         loops: list[Loop] = [
-            HeartbeatLoop(self.heartbeat_broker, opts.queues, lambda: self.consumer_id, self.lease, self.lease_lost),
+            HeartbeatLoop(
+                self.heartbeat_broker, opts.queues, lambda: self.consumer_id, self.lease, self.lease_lost, self.instance
+            ),
             SchedulerLoop(self.broker, opts.queues),
             self.reaper,
             self.retiring,
@@ -355,7 +359,8 @@ class Consumer:
         self.give_up.set()
         for queue in self.options.queues:
             try:
-                self.broker.deregister(queue, self.consumer_id)
+                if self.broker.deregister(queue, self.consumer_id, self.instance) < 0:
+                    logger.warning("consumer id %s on %s is another process's now: left to it", self.consumer_id, queue)
             except Exception as exc:
                 logger.error("could not deregister from %s (the lease will expire): %s", queue, exc)
         try:

@@ -102,10 +102,12 @@ class HeartbeatLoop:
         identity: Callable[[], str],
         lease: LeaseClock,
         on_lost: Callable[[str, list[str]], None],
+        instance: str = "",
     ) -> None:
         self.broker = broker
         self.queues = list(queues)
         self.identity = identity
+        self.instance = instance  # the token registered in the consumer's info (see heartbeat.lua)
         self.lease = lease
         self.lease_ms = int(lease.lease_s * 1000)
         self.on_lost = on_lost
@@ -114,7 +116,7 @@ class HeartbeatLoop:
         consumer_id = self.identity()
         sent_at = time.monotonic()
         try:
-            lost = self.broker.lost_leases(self.queues, consumer_id, self.lease_ms)
+            lost = self.broker.lost_leases(self.queues, consumer_id, self.lease_ms, instance=self.instance)
         except RedisError as exc:
             # Retry at twice the renewal pace instead of run_forever's backoff (up to 5 s):
             # after a Redis restart reapers wait only one lease of uptime, and a heartbeat

@@ -27,9 +27,10 @@ class RetiringIds:
 
     name = "retiring"
 
-    def __init__(self, broker: Broker, lease_s: float, held: Callable[[str, str], Sized]) -> None:
+    def __init__(self, broker: Broker, lease_s: float, held: Callable[[str, str], Sized], instance: str = "") -> None:
         self.broker = broker
         self.lease_s = lease_s
+        self.instance = instance  # the consumer's renewal token (see heartbeat.lua)
         self.held = held  # (queue, consumer id) -> the tasks this consumer holds, claimed under it there
         self._queues: dict[str, list[str]] = {}
         self._lock = threading.Lock()
@@ -57,8 +58,9 @@ class RetiringIds:
             held = [queue for queue in queues if not leaving and len(self.held(queue, consumer_id))]
             for queue in queues:
                 if queue not in held:
-                    self.broker.deregister(queue, consumer_id)
-            lost = self.broker.lost_leases(held, consumer_id, int(self.lease_s * 1000)) if held else []
+                    self.broker.deregister(queue, consumer_id, self.instance)
+            lease_ms = int(self.lease_s * 1000)
+            lost = self.broker.lost_leases(held, consumer_id, lease_ms, instance=self.instance) if held else []
             if lost:
                 logger.error("retiring id %s lost its lease on %s too: its runs there may run again", consumer_id, lost)
             with self._lock:

@@ -35,14 +35,23 @@ class LeaseOps(ScriptClient):
         return not self.lost_leases(queues, consumer_id, lease_ms, register_info)
 
     def lost_leases(
-        self, queues: Sequence[str], consumer_id: str, lease_ms: int, register_info: dict[str, Any] | None = None
+        self,
+        queues: Sequence[str],
+        consumer_id: str,
+        lease_ms: int,
+        register_info: dict[str, Any] | None = None,
+        instance: str = "",
     ) -> list[str]:
-        """Register or renew this consumer's lease on every queue; return those where it was lost or had lapsed."""
+        """Register or renew this consumer's lease on every queue; return those where it was lost or had lapsed.
+
+        Given `instance` (the renewing process's token, registered in its info), a renewal is also
+        lost where another instance has registered the id since.
+        """
         info = json.dumps(register_info) if register_info is not None else ""
         pipe = self.client.pipeline(transaction=False)
         for queue in queues:
             keys = [self.keys.consumers(queue), self.keys.consumer_info(queue), self.keys.primary(queue)]
-            self.scripts.queue(pipe, "heartbeat", keys, [consumer_id, lease_ms, info])
+            self.scripts.queue(pipe, "heartbeat", keys, [consumer_id, lease_ms, info, instance])
             if register_info is not None:
                 pipe.sadd(self.keys.queues(), queue)
         flags = self.scripts.execute(pipe, self.client)[:: 2 if register_info is not None else 1]
@@ -73,8 +82,11 @@ class LeaseOps(ScriptClient):
             pipe.zadd(self.keys.reaped(queue), {consumer_id: now_ms}, nx=True)
         pipe.execute()
 
-    def deregister(self, queue: str, consumer_id: str) -> int:
-        """Leave cleanly: return anything still held to pending uncounted, and drop the lease."""
+    def deregister(self, queue: str, consumer_id: str, instance: str = "") -> int:
+        """Leave cleanly: return anything still held to pending uncounted, and drop the lease.
+
+        Given `instance`, nothing is done (-1) where another instance has registered the id since.
+        """
         keys = [
             self.keys.consumers(queue),
             self.keys.consumer_info(queue),
@@ -83,7 +95,7 @@ class LeaseOps(ScriptClient):
             self.keys.recoveries(queue),
             self.keys.suspects(queue),
         ]
-        return int(self._script("deregister", keys, [consumer_id]))
+        return int(self._script("deregister", keys, [consumer_id, instance]))
 
     def reap_candidates(self, queue: str) -> tuple[list[str], list[str]]:
         """Return consumers whose lease expired, and the newest reaped ids whose lists are not empty."""
