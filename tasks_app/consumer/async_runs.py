@@ -11,7 +11,7 @@ import logging
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
-from typing import Any
+from typing import Any, NoReturn
 
 from tasks_app import metrics
 from tasks_app.consumer.async_lane import AsyncLane, Flight
@@ -35,6 +35,10 @@ async def as_current[T](context: TaskContext, awaitable: Awaitable[T]) -> T:
     """Await `awaitable` with `context` as what `tasks_app.context.current()` returns in it."""
     with running(context):
         return await awaitable
+
+
+async def _raising(error: BaseException) -> NoReturn:
+    raise error
 
 
 class AsyncRuns(Settling):
@@ -147,13 +151,21 @@ class AsyncRuns(Settling):
     def invoke_async(
         self, handler: Handler, context: TaskContext, arguments: Arguments, timeout_s: float | None
     ) -> Coroutine[Any, Any, Any]:
-        """The coroutine of an `async def` handler's run, cancelled with TaskTimeout at `timeout_s`."""
-        if handler.django_task is not None:
-            with running(context):  # task_started, sent now, sees the run as current
-                coroutine = runner.start_async(handler.django_task, context, arguments, self.broker, timeout_s)
-        else:
-            args = (context, *arguments.args) if handler.takes_context else arguments.args
-            coroutine = within_timeout(handler.func(*args, **arguments.kwargs), timeout_s)
+        """The coroutine of an `async def` handler's run, cancelled with TaskTimeout at `timeout_s`.
+
+        What the call raises before any coroutine exists (arguments its signature does not take, a
+        task_started receiver's error) is raised by the coroutine instead: the run fails as one
+        that raised, and is retried like any other, never dead-lettered as a settling failure.
+        """
+        try:
+            if handler.django_task is not None:
+                with running(context):  # task_started, sent now, sees the run as current
+                    coroutine = runner.start_async(handler.django_task, context, arguments, self.broker, timeout_s)
+            else:
+                args = (context, *arguments.args) if handler.takes_context else arguments.args
+                coroutine = within_timeout(handler.func(*args, **arguments.kwargs), timeout_s)
+        except BaseException as exc:  # as call_with_clock catches a sync handler's
+            coroutine = _raising(exc)
         return as_current(context, coroutine)
 
     def async_running(self) -> int:

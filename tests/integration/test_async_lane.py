@@ -53,3 +53,14 @@ def test_a_failing_async_task_is_retried_through_the_same_path(broker, consumer_
     assert (record.status, record.attempts) == ("FAILED", 2)
     assert [e["exception_class_path"] for e in record.errors] == ["builtins.ValueError"] * 2
     assert broker.queue_stats("default").processing == 0
+
+
+def test_an_async_task_called_with_arguments_its_handler_does_not_take_fails_and_is_retried(broker, consumer_in_thread):
+    TaskType.objects.create(name="async.misfit", handler="test.async_sleep", max_attempts=2, retry_backoff=0.1)
+    with consumer_in_thread():
+        [task] = producer.enqueue("async.misfit", kwargs={"no_such_argument": 1})
+        wait_until(lambda: record_of(broker, task).is_finished, 10, message="the task to fail twice")
+    record = record_of(broker, task)
+    assert (record.status, record.attempts) == ("FAILED", 2), "a failure of the handler, not of settling"
+    assert [e["exception_class_path"] for e in record.errors] == ["builtins.TypeError"] * 2
+    assert "no_such_argument" in record.errors[0]["traceback"]
