@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -56,6 +57,8 @@ def registry() -> Registry:
     registry.add(Handler("x.current", lambda *args: with_context(current(), *args)))
     registry.add(Handler("x.exit", lambda: exec("raise SystemExit(3)")))
     registry.add(Handler("x.not_json", lambda: object()))
+    registry.add(Handler("x.too_deep", lambda: functools.reduce(lambda inner, _: [inner], range(100_000), [])))
+    registry.add(Handler("x.unlistable", lambda: Unlistable(a=1)))
     registry.add(Handler("x.sleep", lambda seconds: time.sleep(seconds) or "late"))
     return registry
 
@@ -246,7 +249,22 @@ def test_the_task_s_own_max_attempts_wins_over_its_type(broker, executor):
     assert [task.id for task in dead_tasks(broker)] == ["t1"] and delayed_tasks(broker) == []
 
 
-@pytest.mark.parametrize(("handler", "error"), [("x.exit", "builtins.SystemExit: 3"), ("x.not_json", "ResultNotJson")])
+class Unlistable(dict):
+    """A mapping whose items cannot be read (its JSON encoding raises neither TypeError nor ValueError)."""
+
+    def items(self) -> Any:
+        raise RuntimeError("items unavailable")
+
+
+@pytest.mark.parametrize(
+    ("handler", "error"),
+    [
+        ("x.exit", "builtins.SystemExit: 3"),
+        ("x.not_json", "ResultNotJson"),
+        ("x.too_deep", "ResultNotJson"),
+        ("x.unlistable", "ResultNotJson: return value is not JSON-serializable: items unavailable"),
+    ],
+)
 def test_a_handler_that_exits_or_returns_non_json_fails_its_task(broker, executor, handler, error):
     task_type(executor, handler, max_attempts=1)
     executor.execute(claimed(broker, "t1", handler))

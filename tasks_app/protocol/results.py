@@ -49,8 +49,8 @@ def result_json(value: Any, max_bytes: int) -> str:
     """Serialize a handler's return value for its record, failing the run if it cannot be stored."""
     try:
         text = compact_json(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise ResultNotJson(f"return value is not JSON-serializable: {exc}") from None
+    except Exception as exc:  # the value's own code may raise anything (a RecursionError if nested too deep)
+        raise ResultNotJson(f"return value is not JSON-serializable: {describe_error(exc)}") from None
     try:
         size = len(text.encode("utf-8"))
     except UnicodeEncodeError as exc:
