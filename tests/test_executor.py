@@ -135,8 +135,9 @@ def test_a_row_whose_handler_is_not_registered_is_dead_lettered_with_the_import_
     assert dead.last_error.startswith("HandlerNotRegistered:")
 
 
-def test_a_payload_that_is_not_json_is_dead_lettered(broker, executor):
-    assert executor.execute(claimed(broker, "t1", "x.add", raw=task_bytes("t1", "x.add", payload=b"{nope"))) is False
+@pytest.mark.parametrize("payload", [b"{nope", b'{"args":' + b"[" * 100_000 + b"]" * 100_000 + b"}"])
+def test_a_payload_that_is_not_json_is_dead_lettered(broker, executor, payload):
+    assert executor.execute(claimed(broker, "t1", "x.add", raw=task_bytes("t1", "x.add", payload=payload))) is False
     assert_let_go(broker)
     [dead] = dead_tasks(broker)
     assert dead.last_error.startswith("InvalidPayload:") and dead.attempt == 0

@@ -64,6 +64,8 @@ def decode_payload(payload: bytes) -> Arguments:
         body = json.loads(payload.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise UndecodableTask(f"payload is not UTF-8 JSON: {exc}") from None
+    except RecursionError:
+        raise UndecodableTask("payload is nested too deeply to be parsed") from None
     if not isinstance(body, dict):
         raise UndecodableTask('payload must be a JSON object {"args": [...], "kwargs": {...}}')
     args = body.get("args", [])
