@@ -250,6 +250,14 @@ def test_the_task_s_own_max_attempts_wins_over_its_type(broker, executor):
     assert [task.id for task in dead_tasks(broker)] == ["t1"] and delayed_tasks(broker) == []
 
 
+@pytest.mark.parametrize(("attempt", "counted"), [(-5, 1), (2**31 - 1, 2**31 - 1)])
+def test_a_foreign_attempt_count_out_of_range_still_counts_the_run(broker, executor, attempt, counted):
+    task_type(executor, "x.boom", max_attempts=1)
+    executor.execute(claimed(broker, "t1", "x.boom", raw=task_bytes("t1", "x.boom", attempt=attempt)))
+    [dead] = dead_tasks(broker)
+    assert dead.attempt == counted and dead.dead_reason.startswith(f"failed {counted} of 1 attempts")
+
+
 class Unlistable(dict):
     """A mapping whose items cannot be read (its JSON encoding raises neither TypeError nor ValueError)."""
 

@@ -40,12 +40,18 @@ from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
 logger = logging.getLogger("tasks_app.tasks")
 
 DISABLED_RECHECK_MS = 5000
+INT32_MAX = 2**31 - 1  # the envelope's attempt field
 
 
 def _max_result_bytes() -> int:
     from django.conf import settings
 
     return int(settings.TASKS_MAX_RESULT_BYTES)
+
+
+def _count_run(attempt: int) -> int:
+    """The run count of a task starting a run: a foreign count below 0 reads as 0, one at int32's end stays there."""
+    return min(max(attempt, 0) + 1, INT32_MAX)
 
 
 class NotStarted(enum.Enum):
@@ -281,7 +287,7 @@ class Executor(AsyncRuns, RunLimits):
         if claimed.suspect:
             # Durable before the handler starts: if this process dies now, the task is to blame.
             self._redis(lambda: self.broker.mark_started(claimed.queue, claimed.raw), "mark_started")
-        task.attempt += 1
+        task.attempt = _count_run(task.attempt)
         max_attempts = task.max_attempts or config.max_attempts
         started_ms = now_ms()
         started_update = results.started(
