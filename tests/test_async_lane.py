@@ -133,3 +133,24 @@ def test_a_forced_run_blocking_the_loop_past_the_grace_is_settled_cancelled_once
     time.sleep(1.0)
     assert len(outcomes) == 1, "its late end is not settled again"
     lane.close()
+
+
+def test_a_system_exit_in_a_handler_s_own_asyncio_task_fails_that_run_and_the_lane_goes_on():
+    lane = AsyncLane(10, Slots())
+
+    async def exits() -> None:
+        raise SystemExit(2)  # argparse's way out, in a task the handler spawned: asyncio re-raises it from the loop
+
+    async def gathers() -> None:
+        await asyncio.gather(exits())
+
+    async def work() -> int:
+        return 7
+
+    outcomes, finished = settled_runs(lane, gathers())
+    assert finished.wait(5)
+    [(value, error)] = outcomes
+    assert value is None and isinstance(error, SystemExit)
+    outcomes, finished = settled_runs(lane, work())
+    assert finished.wait(5) and outcomes == [(7, None)], "the loop still runs later tasks"
+    lane.close()

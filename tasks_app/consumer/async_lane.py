@@ -159,10 +159,20 @@ class AsyncLane:
 
     def _start(self) -> asyncio.AbstractEventLoop:
         loop = asyncio.new_event_loop()
-        threading.Thread(target=loop.run_forever, name="async-lane", daemon=True).start()
+        threading.Thread(target=self._serve, args=(loop,), name="async-lane", daemon=True).start()
         self._settlers = ThreadPoolExecutor(SETTLE_THREADS, thread_name_prefix="async-settle")
         self._loop = loop
         return loop
+
+    @staticmethod
+    def _serve(loop: asyncio.AbstractEventLoop) -> None:
+        """Run the loop until `close` stops it, whatever a handler's own asyncio tasks raise out of it."""
+        while True:
+            try:
+                loop.run_forever()
+                return
+            except BaseException:  # SystemExit or KeyboardInterrupt in a task a handler spawned: asyncio re-raises it
+                logger.exception("an asyncio task of a handler raised out of the event loop; the loop goes on")
 
     def _begin(self, coroutine: Coroutine[Any, Any, Any], flight: Flight) -> None:
         """On the loop: start the run as an asyncio task, held here (the loop keeps only weak references)."""
