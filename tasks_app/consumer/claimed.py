@@ -1,5 +1,6 @@
 """A claimed task as the consumer holds it: the exact bytes in its processing list, with its claim's token."""
 
+import time
 from dataclasses import dataclass, field
 
 from tasks_app.protocol.codec import Task
@@ -21,3 +22,5 @@ class Claimed:
     # What the task's record answered the receipt (see receipts.py): None if none was written,
     # START_REFUSED if the task was cancelled (it must not run), else it may start at once.
     receipt: int | None = field(default=None, compare=False)
+    # When it was claimed (monotonic s): a task that waited here unstarted asks for cancels before it starts.
+    claimed_at_s: float = field(default_factory=time.monotonic, compare=False)

@@ -118,13 +118,29 @@ class ControlSettling(Settling):
     watch: RunWatch
 
     def _drop_cancelled(
-        self, claimed: Claimed, task: Task, config: TaskTypeConfig | None, on_settled: Callable[[], None] | None
+        self,
+        claimed: Claimed,
+        task: Task,
+        config: TaskTypeConfig | None,
+        on_settled: Callable[[], None] | None,
+        update: ResultUpdate | None = None,
     ) -> bool:
-        """Ack a task whose record says it was cancelled before it started, without running it."""
+        """Ack a task cancelled before it started, unrun (`update`: its record's write, if it is not CANCELLED yet)."""
         metrics.TASKS_CANCELLED.labels(self._type_label(task.type), task.queue).inc()  # its type may be gone
-        update = results.dropped_cancelled(task, self.result_ttl_s, claimed.fence)
+        update = update or results.dropped_cancelled(task, self.result_ttl_s, claimed.fence)
         release = self._release_of(task, config)
         return self._ack_settled(claimed, task, update, "cancelled_before_start", None, on_settled, release)
+
+    def _cancel_requested_while_held(self, claimed: Claimed, task: Task) -> bool:
+        """Whether a cancel was asked of a receipted task that waited here unstarted for CANCEL_CHECK_S or more.
+
+        Its receipt made a cancel since then a request to this consumer, which runs no watch over
+        waiting tasks: one round trip, only for tasks that waited (a prefetch behind slow runs).
+        """
+        if claimed.receipt is None or time.monotonic() - claimed.claimed_at_s < CANCEL_CHECK_S:
+            return False
+        [mark] = self._redis(lambda: self.broker.cancel_marks(task.queue, [task.id]), "cancel_marks")
+        return mark != CancelMark.NONE
 
     def _end_cancelled(
         self,

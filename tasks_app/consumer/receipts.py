@@ -4,15 +4,17 @@ A cancel is decided on the task's record (`cancel.lua`), and so is the start of 
 after a claim, the claimer writes a receipt to the record of each task it moved, all in one
 round trip (`claim_receipts.lua`): Redis refuses the receipt of a task already cancelled (the
 worker drops it unrun), and a cancel that comes after an accepted receipt is a request to this
-consumer, which its handler sees as `context.cancelled` once it runs. The RUNNING write that
-follows carries the receipt's token, so it is never refused: it goes out with the next flush,
-usually merged with the run's outcome into one write.
+consumer: a task that waited here unstarted for CANCEL_CHECK_S or more asks for one just before
+it starts (and is dropped unrun if it was cancelled), and a running handler sees it as
+`context.cancelled`. The RUNNING write that follows carries the receipt's token, so it is never
+refused: it goes out with the next flush, usually merged with the run's outcome into one write.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 
 from redis.exceptions import RedisError
 
@@ -44,15 +46,7 @@ def with_receipts(broker: Broker, claimed: Sequence[Claimed], result_ttl_s: int)
         )
         replies = iter([NOT_A_RECORD] * len(claims))
     return [
-        Claimed(
-            item.queue,
-            item.consumer_id,
-            item.raw,
-            item.suspect,
-            item.fence,
-            task,
-            _receipt(next(replies)) if task is not None else None,
-        )
+        replace(item, task=task, receipt=_receipt(next(replies)) if task is not None else None)
         for item, task in zip(claimed, tasks, strict=True)
     ]
 

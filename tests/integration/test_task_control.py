@@ -188,3 +188,17 @@ def test_an_async_handler_reports_progress_and_sees_the_cancel_within_a_second(b
     assert record.attempts == 1 and record.errors == []
     assert record.progress is not None and record.progress["current"] >= seen[-1], "its last progress, then its end"
     assert consumer.terminate() == 0, consumer.log()
+
+
+def test_a_task_cancelled_while_it_waits_prefetched_behind_a_slow_one_never_starts(broker, consumer_in_thread):
+    with consumer_in_thread(concurrency=1, prefetch=1):
+        [slow] = producer.enqueue("test.record", kwargs={"sleep_s": 1.0})
+        wait_until(lambda: slow.id in runs_per_task(broker), 10, message="the slow task to start")
+        [waiting] = producer.enqueue("test.record")
+        wait_until(lambda: broker.get_result(waiting.id).get("claimed_fence"), 10, message="it to be prefetched")
+        assert tasks_app.cancel(waiting.id).outcome == REQUESTED  # claimed: the consumer holding it decides
+        wait_until(lambda: record_of(broker, waiting.id).is_finished, 10, message="the waiting task to end")
+    assert waiting.id not in runs_per_task(broker), "it had not started when it was cancelled"
+    record = record_of(broker, waiting.id)
+    assert (record.status, record.attempts) == ("CANCELLED", 0)
+    assert record_of(broker, slow.id).status == "SUCCESSFUL" and broker.is_idle(["default"])
