@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import replace
 
 from redis.exceptions import RedisError
 
@@ -46,7 +45,16 @@ def with_receipts(broker: Broker, claimed: Sequence[Claimed], result_ttl_s: int)
         )
         replies = iter([NOT_A_RECORD] * len(claims))
     return [
-        replace(item, task=task, receipt=_receipt(next(replies)) if task is not None else None)
+        Claimed(  # not dataclasses.replace: this is per task, and replace costs twice as much
+            item.queue,
+            item.consumer_id,
+            item.raw,
+            item.suspect,
+            item.fence,
+            task,
+            _receipt(next(replies)) if task is not None else None,
+            item.claimed_at_s,
+        )
         for item, task in zip(claimed, tasks, strict=True)
     ]
 
