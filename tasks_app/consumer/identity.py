@@ -67,6 +67,16 @@ def recover_earlier_run(reaper: ReaperLoop, queues: Sequence[str], consumer_id: 
             )
 
 
+def deregister_everywhere(broker: Broker, queues: Sequence[str], consumer_id: str, instance: str) -> None:
+    """Leave every queue cleanly, where this run (`instance`) still holds `consumer_id`; elsewhere the lease expires."""
+    for queue in queues:
+        try:
+            if broker.deregister(queue, consumer_id, instance) < 0:
+                logger.warning("consumer id %s on %s is another process's now: left to it", consumer_id, queue)
+        except Exception as exc:
+            logger.error("could not deregister from %s (the lease will expire): %s", queue, exc)
+
+
 def holder_is_gone(info: dict[str, Any]) -> bool:
     """True if the holder registered from this host and pid namespace and its process no longer runs."""
     pid = info.get("pid")

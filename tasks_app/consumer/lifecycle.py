@@ -26,7 +26,7 @@ from tasks_app.consumer.claimer import ClaimerLoop
 from tasks_app.consumer.concurrency import ConcurrencyGate
 from tasks_app.consumer.executor import Executor, RateGate
 from tasks_app.consumer.health import HealthLoop, Liveness
-from tasks_app.consumer.identity import process_info, recover_earlier_run, wait_until_free
+from tasks_app.consumer.identity import deregister_everywhere, process_info, recover_earlier_run, wait_until_free
 from tasks_app.consumer.limits import RateLimiter
 from tasks_app.consumer.loops import (
     HEARTBEAT_TIMEOUT_SHARE,
@@ -357,12 +357,7 @@ class Consumer:
         if still_running:
             logger.warning("grace period over with %d task(s) still running; returning them to pending", still_running)
         self.give_up.set()
-        for queue in self.options.queues:
-            try:
-                if self.broker.deregister(queue, self.consumer_id, self.instance) < 0:
-                    logger.warning("consumer id %s on %s is another process's now: left to it", self.consumer_id, queue)
-            except Exception as exc:
-                logger.error("could not deregister from %s (the lease will expire): %s", queue, exc)
+        deregister_everywhere(self.broker, self.options.queues, self.consumer_id, self.instance)
         try:
             self.retiring.renew(leaving=True)
         except Exception as exc:

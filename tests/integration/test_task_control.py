@@ -201,4 +201,4 @@ def test_a_task_cancelled_while_it_waits_prefetched_behind_a_slow_one_never_star
     assert waiting.id not in runs_per_task(broker), "it had not started when it was cancelled"
     record = record_of(broker, waiting.id)
     assert (record.status, record.attempts) == ("CANCELLED", 0)
-    assert record_of(broker, slow.id).status == "SUCCESSFUL" and broker.is_idle(["default"])
+    assert record_of(broker, slow.id).status == "SUCCESSFUL" and is_idle(broker, ["default"])
