@@ -30,8 +30,10 @@ class Handler:
 
     @cached_property
     def is_async(self) -> bool:
-        """True for an `async def` function: it runs on the consumer's event loop."""
-        return inspect.iscoroutinefunction(self.func)
+        """True for an `async def` function (or an object with an `async def __call__`): it runs on the event loop."""
+        if inspect.iscoroutinefunction(self.func):
+            return True
+        return not inspect.isroutine(self.func) and inspect.iscoroutinefunction(type(self.func).__call__)
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import threading
@@ -60,7 +61,17 @@ def registry() -> Registry:
     registry.add(Handler("x.too_deep", lambda: functools.reduce(lambda inner, _: [inner], range(100_000), [])))
     registry.add(Handler("x.unlistable", lambda: Unlistable(a=1)))
     registry.add(Handler("x.sleep", lambda seconds: time.sleep(seconds) or "late"))
+    registry.add(Handler("x.async_callable", AsyncAdder()))
+    registry.add(Handler("x.wraps_async", lambda a, b: AsyncAdder()(a, b)))
     return registry
+
+
+class AsyncAdder:
+    """A handler object whose `__call__` is a coroutine function."""
+
+    async def __call__(self, a: int, b: int) -> int:
+        await asyncio.sleep(0)
+        return a + b
 
 
 @pytest.fixture
@@ -187,6 +198,14 @@ def test_a_successful_run_is_acked_with_its_return_value(broker, executor):
     assert record["attempts"] == "1" and json.loads(record["worker_ids"]) == [CONSUMER]
     assert dead_tasks(broker) == [] and delayed_tasks(broker) == []
     assert sample("taskqueue_tasks_succeeded_total", type="x.add", queue="q") == before + 1
+
+
+@pytest.mark.parametrize("handler", ["x.async_callable", "x.wraps_async"])
+def test_a_coroutine_from_an_async_callable_object_or_a_plain_wrapper_is_run_to_its_value(broker, executor, handler):
+    assert executor.registry.get("x.async_callable").is_async
+    assert executor.execute(claimed(broker, "t1", handler, 2, 3)) is False
+    record = broker.get_result("t1")
+    assert record["status"] == "SUCCESSFUL" and json.loads(record["return_value"]) == 5
 
 
 def test_a_task_whose_lease_was_lost_at_the_gates_is_left_to_the_reaper_unstarted(broker, executor):

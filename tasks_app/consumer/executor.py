@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import inspect
 import logging
 import threading
 import time
@@ -362,6 +363,8 @@ class Executor(AsyncRuns, RunLimits):
                 return runner.run(handler.django_task, context, arguments, self.broker, timed_out)
             if handler.is_async:  # without an asyncio lane, on this thread
                 return asyncio.run(self.invoke_async(handler, context, arguments, None))
-            if handler.takes_context:
-                return handler.func(context, *arguments.args, **arguments.kwargs)
-            return handler.func(*arguments.args, **arguments.kwargs)
+            args = (context, *arguments.args) if handler.takes_context else arguments.args
+            value = handler.func(*args, **arguments.kwargs)
+            if inspect.iscoroutine(value):  # a plain function wrapping an async one: run it here, to its end
+                return asyncio.run(value)
+            return value
