@@ -61,6 +61,8 @@ def registry() -> Registry:
     registry.add(Handler("x.too_deep", lambda: functools.reduce(lambda inner, _: [inner], range(100_000), [])))
     registry.add(Handler("x.unlistable", lambda: Unlistable(a=1)))
     registry.add(Handler("x.sleep", lambda seconds: time.sleep(seconds) or "late"))
+    registry.add(Handler("x.exits_when_listed", lambda: ExitsWhenListed(a=1)))
+    registry.add(Handler("x.exits_when_shown", raises_an_error_that_exits_when_shown))
     registry.add(Handler("x.async_callable", AsyncAdder()))
     registry.add(Handler("x.wraps_async", lambda a, b: AsyncAdder()(a, b)))
     return registry
@@ -277,6 +279,24 @@ def test_a_foreign_attempt_count_out_of_range_still_counts_the_run(broker, execu
     assert dead.attempt == counted and dead.dead_reason.startswith(f"failed {counted} of 1 attempts")
 
 
+class ExitsWhenShown(Exception):
+    """An error whose message raises SystemExit: traceback's own shield stops only Exceptions."""
+
+    def __str__(self) -> str:
+        raise SystemExit(5)
+
+
+def raises_an_error_that_exits_when_shown() -> None:
+    raise ExitsWhenShown
+
+
+class ExitsWhenListed(dict):
+    """A mapping whose items raise SystemExit when its JSON encoding reads them."""
+
+    def items(self) -> Any:
+        raise SystemExit(4)
+
+
 class Unlistable(dict):
     """A mapping whose items cannot be read (its JSON encoding raises neither TypeError nor ValueError)."""
 
@@ -291,6 +311,8 @@ class Unlistable(dict):
         ("x.not_json", "ResultNotJson"),
         ("x.too_deep", "ResultNotJson"),
         ("x.unlistable", "ResultNotJson: return value is not JSON-serializable: items unavailable"),
+        ("x.exits_when_listed", "ResultNotJson: return value is not JSON-serializable: 4"),
+        ("x.exits_when_shown", "ExitsWhenShown: <ExitsWhenShown whose message cannot be shown>"),
     ],
 )
 def test_a_handler_that_exits_or_returns_non_json_fails_its_task(broker, executor, handler, error):

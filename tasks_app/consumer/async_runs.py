@@ -143,7 +143,7 @@ class AsyncRuns(Settling):
             return self._settle_outcome(claimed, task, config, *outcome)
         except GaveUp:
             raise
-        except Exception as exc:
+        except BaseException as exc:  # as in `execute`
             logger.exception("unexpected error settling a task of queue %s; dead-lettering it", claimed.queue)
             self._dead_letter_after_error(claimed, exc)
             return False

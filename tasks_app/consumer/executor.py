@@ -119,7 +119,7 @@ class Executor(AsyncRuns, RunLimits):
             return self._execute(claimed, on_settled)
         except GaveUp:
             raise
-        except Exception as exc:  # a bug or a write Redis refuses: settle the task, never leave it held
+        except BaseException as exc:  # a bug, a write Redis refuses, a handler's odd object: never leave it held
             logger.exception("unexpected error settling a task of queue %s; dead-lettering it", claimed.queue)
             self._dead_letter_after_error(claimed, exc)
             return False

@@ -191,7 +191,7 @@ class Consumer:
                 left_to_batcher = self.executor.execute(claimed, on_settled=partial(self._finished, [claimed]))
             except GaveUp:
                 logger.error("gave up settling a task while stopping; its lease will recover it")
-            except Exception:  # a bug must not kill the worker: the task stays held until reaped
+            except BaseException:  # a bug must not kill the worker: the task stays held until reaped
                 logger.exception("unexpected error running a task")
             finally:
                 with self._busy_lock:

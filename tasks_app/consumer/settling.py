@@ -205,7 +205,7 @@ class Settling:
         if not held:
             self._ack_lost(claimed, task)
 
-    def _dead_letter_after_error(self, claimed: Claimed, error: Exception) -> None:
+    def _dead_letter_after_error(self, claimed: Claimed, error: BaseException) -> None:
         """The last resort: dead-letter a task whose settling failed, with the error as its reason."""
         reason = clean_text(
             f"settling the task failed: {type(error).__name__}: {results.describe_error(error)}",

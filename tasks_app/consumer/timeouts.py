@@ -152,7 +152,15 @@ async def within_timeout[T](awaitable: Awaitable[T], timeout_s: float | None) ->
 
 def failure_traceback(error: BaseException, raised: BaseException | None) -> str:
     """The traceback of a failed run: of `error`, and of what the handler raised if that differs (a timeout)."""
-    text = "".join(traceback.format_exception(error))
+    text = _formatted(error)
     if raised is not None and raised is not error:
-        text += "\nThe handler, interrupted at its timeout, raised:\n" + "".join(traceback.format_exception(raised))
+        text += "\nThe handler, interrupted at its timeout, raised:\n" + _formatted(raised)
     return text
+
+
+def _formatted(error: BaseException) -> str:
+    """`error`'s traceback as text, or a line saying it cannot be shown (its own code raised while formatted)."""
+    try:
+        return "".join(traceback.format_exception(error))
+    except BaseException:  # traceback shields from an Exception in __str__, not from SystemExit and its kin
+        return f"{type(error).__qualname__} (its traceback cannot be shown: formatting it raised)\n"

@@ -49,7 +49,7 @@ def result_json(value: Any, max_bytes: int) -> str:
     """Serialize a handler's return value for its record, failing the run if it cannot be stored."""
     try:
         text = compact_json(value, allow_nan=False)
-    except Exception as exc:  # the value's own code may raise anything (a RecursionError if nested too deep)
+    except BaseException as exc:  # the value's own code may raise anything (RecursionError, SystemExit)
         raise ResultNotJson(f"return value is not JSON-serializable: {describe_error(exc)}") from None
     try:
         size = len(text.encode("utf-8"))
@@ -67,7 +67,7 @@ def describe_error(error: BaseException) -> str:
     """The message of an exception, even one whose __str__ fails."""
     try:
         return str(error)
-    except Exception:
+    except BaseException:  # its __str__ is the failing code's own: it may raise anything, SystemExit too
         return f"<{type(error).__name__} whose message cannot be shown>"
 
 
