@@ -54,11 +54,17 @@ def test_only_fresh_entries_of_live_holders_count(broker):
 
 
 @pytest.mark.django_db
-def test_a_consumer_waits_while_a_live_process_holds_its_id_and_starts_once_it_left(broker, consumer_in_thread, caplog):
+def test_a_consumer_waits_while_a_live_process_holds_its_id_and_starts_once_it_left(
+    broker, consumer_in_thread, caplog, tmp_path
+):
     broker.heartbeat(["default"], "fixed", 60_000, holder(os.getppid()))
-    with consumer_in_thread(consumer_id="fixed"):
+    health_file = tmp_path / "healthy"
+    with consumer_in_thread(consumer_id="fixed", health_file=str(health_file)):
         wait_until(lambda: "is held by a live process" in caplog.text, 10, message="the consumer to wait")
         assert [c["pid"] for c in broker.live_consumers("default")] == [os.getppid()], "it took nothing over"
+        wait_until(health_file.exists, 5, message="the waiting consumer to show it is alive")
+        beaten_at = health_file.stat().st_mtime_ns
+        wait_until(lambda: health_file.stat().st_mtime_ns > beaten_at, 5, message="its health file to stay fresh")
         broker.deregister("default", "fixed")
         wait_until(lambda: [c["pid"] for c in broker.live_consumers("default")] == [os.getpid()], 10, message="start")
 

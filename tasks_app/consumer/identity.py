@@ -15,7 +15,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -111,10 +111,16 @@ def live_holders(broker: Broker, queues: Sequence[str], consumer_id: str) -> lis
     ]
 
 
-def wait_until_free(broker: Broker, queues: Sequence[str], consumer_id: str, stop: threading.Event) -> None:
-    """Wait while another live process holds `consumer_id` on any of `queues`; raise GaveUp if `stop` is set."""
+def wait_until_free(
+    broker: Broker, queues: Sequence[str], consumer_id: str, stop: threading.Event, reached: Callable[[], None]
+) -> None:
+    """Wait while another live process holds `consumer_id` on any of `queues`; raise GaveUp if `stop` is set.
+
+    `reached` is called at each answer from Redis: a consumer waiting for its id is alive (its health file stays fresh).
+    """
     waited = False
     while held := until_done(lambda: live_holders(broker, queues, consumer_id), what="register", give_up=stop):
+        reached()
         if not waited:
             holder = held[0]
             logger.warning(

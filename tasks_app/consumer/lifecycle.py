@@ -268,7 +268,7 @@ class Consumer:
         self.task_types.refresh()
         self.guard.start()  # beating already: a child waiting for Redis is not wedged
         # A stop asked for while Redis is away, or the id is another live process's, ends the wait.
-        wait_until_free(self.broker, self.options.queues, self.consumer_id, self.stop_requested)
+        wait_until_free(self.broker, self.options.queues, self.consumer_id, self.stop_requested, self.liveness.beat)
         until_done(self.register, what="register", give_up=self.stop_requested)
         opts = self.options
         loops: list[Loop] = [
