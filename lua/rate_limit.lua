@@ -9,13 +9,21 @@
 -- ARGV[5] emission interval in microseconds: GCRA's increment, and the spacing of reserved slots
 -- ARGV[6] GCRA tolerance in microseconds: how long before its theoretical arrival time a start
 --         is admitted (gcra only)
--- Returns: 0 when the task may start now, else the microseconds until its reserved slot.
+-- Returns: {wait, rescaled}: wait 0 when the task may start now, else the microseconds until its
+-- reserved slot; rescaled 1 when this call found the hash written under another emission interval
+-- (the type's limit was changed) and moved its future times to the new spacing, else 0.
 -- An argument that is not a number falls back to a default (limit 1, period 1 s, emission one
 -- period, tolerance 0); a stored field that is not a finite number counts as absent.
 --
 -- A denied task is given the next free slot of a queue spaced by the emission interval, so
 -- denied tasks wake one by one instead of all at once. While that queue is not empty, only
--- tasks holding a reservation may start; a newcomer joins the end of the queue.
+-- tasks holding a reservation may start; a newcomer joins the end of the queue. A reserved task
+-- that comes back before its slot (a stricter limit moved the slot later) keeps it.
+--
+-- The hash remembers the emission interval it was written under (field emission). A call under
+-- another one (the limit, period, burst or algorithm changed) first moves every future time it
+-- holds (tat, cursor, the reservations) to the new spacing, counted from now: a raised limit
+-- brings waiting tasks' slots closer, a lowered one spreads them out, and their order is kept.
 -- include: args
 local now = server_now_us()
 local key = KEYS[1]
@@ -33,14 +41,34 @@ local function stored(value)
   return nil
 end
 
-local state = redis.call('HMGET', key, 'tat', 'window', 'count', 'cursor', reservation)
-local cursor = stored(state[4]) or 0
-local reserved = state[5] ~= false
-
 -- Numbers go to Redis as integer text: Lua's own conversion writes 1e+14 past 14 digits.
 local function num(value)
   return string.format('%.0f', value)
 end
+
+-- Move the hash's future times from the spacing `old` to `emission`, counted from now.
+local function rescale(old)
+  local fields = redis.call('HGETALL', key)
+  for i = 1, #fields, 2 do
+    local name, value = fields[i], stored(fields[i + 1])
+    if value and value > now and (name == 'tat' or name == 'cursor' or string.sub(name, 1, 2) == 'r:') then
+      redis.call('HSET', key, name, num(now + math.floor((value - now) * emission / old)))
+    end
+  end
+end
+
+local rescaled = 0
+local written_under = stored(redis.call('HGET', key, 'emission'))
+if written_under and written_under > 0 and written_under ~= emission then
+  rescale(written_under)
+  rescaled = 1
+end
+redis.call('HSET', key, 'emission', num(emission))
+
+local state = redis.call('HMGET', key, 'tat', 'window', 'count', 'cursor', reservation)
+local cursor = stored(state[4]) or 0
+local reserved = state[5] ~= false
+local reserved_slot = stored(state[5])
 
 -- The earliest time the algorithm admits a start, and the fields an admission now would write.
 local earliest, admitted, horizon
@@ -66,6 +94,11 @@ local function keep_until(until_us)
   redis.call('PEXPIRE', key, num(math.min(math.ceil((until_us - now + period) / 1000), 2 ^ 53)))
 end
 
+if reserved_slot and reserved_slot - tolerance > now then
+  keep_until(math.max(horizon, cursor))
+  return {reserved_slot - now, rescaled}  -- back before its slot: it keeps its place
+end
+
 if now >= earliest and (reserved or cursor <= now) then
   redis.call('HSET', key, unpack(admitted))
   if reserved then
@@ -83,10 +116,10 @@ if now >= earliest and (reserved or cursor <= now) then
     cursor = 0
   end
   keep_until(math.max(horizon, cursor))
-  return 0
+  return {0, rescaled}
 end
 
 local slot = math.max(cursor, earliest, now)
 redis.call('HSET', key, 'cursor', num(slot + emission), reservation, num(slot))
 keep_until(math.max(horizon, slot + emission))
-return slot - now
+return {slot - now, rescaled}

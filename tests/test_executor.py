@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import threading
@@ -26,6 +25,12 @@ from tasks_app.registry import Handler, Registry
 from tasks_app.task_types import TaskTypeCache
 from tests.support.claims import claim, push, register, task_bytes
 from tests.support.counters import sample
+from tests.support.odd_values import (
+    AsyncAdder,
+    ExitsWhenListed,
+    Unlistable,
+    raises_an_error_that_exits_when_shown,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -66,14 +71,6 @@ def registry() -> Registry:
     registry.add(Handler("x.async_callable", AsyncAdder()))
     registry.add(Handler("x.wraps_async", lambda a, b: AsyncAdder()(a, b)))
     return registry
-
-
-class AsyncAdder:
-    """A handler object whose `__call__` is a coroutine function."""
-
-    async def __call__(self, a: int, b: int) -> int:
-        await asyncio.sleep(0)
-        return a + b
 
 
 @pytest.fixture
@@ -277,31 +274,6 @@ def test_a_foreign_attempt_count_out_of_range_still_counts_the_run(broker, execu
     executor.execute(claimed(broker, "t1", "x.boom", raw=task_bytes("t1", "x.boom", attempt=attempt)))
     [dead] = dead_tasks(broker)
     assert dead.attempt == counted and dead.dead_reason.startswith(f"failed {counted} of 1 attempts")
-
-
-class ExitsWhenShown(Exception):
-    """An error whose message raises SystemExit: traceback's own shield stops only Exceptions."""
-
-    def __str__(self) -> str:
-        raise SystemExit(5)
-
-
-def raises_an_error_that_exits_when_shown() -> None:
-    raise ExitsWhenShown
-
-
-class ExitsWhenListed(dict):
-    """A mapping whose items raise SystemExit when its JSON encoding reads them."""
-
-    def items(self) -> Any:
-        raise SystemExit(4)
-
-
-class Unlistable(dict):
-    """A mapping whose items cannot be read (its JSON encoding raises neither TypeError nor ValueError)."""
-
-    def items(self) -> Any:
-        raise RuntimeError("items unavailable")
 
 
 @pytest.mark.parametrize(

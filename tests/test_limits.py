@@ -18,6 +18,7 @@ from tasks_app.consumer.limits import RateLimiter, RatePolicy
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task
+from tasks_app.protocol.rates import RateDecision
 from tasks_app.task_types import TaskTypeConfig
 from tests.support.recording import most_starts_in_any_window
 
@@ -54,11 +55,16 @@ def config(limit: int, period_s: float = 1.0, burst: int = 1, algorithm: str = "
     )
 
 
-def decide(broker: Broker, policy: RatePolicy, task_id: str) -> int:
-    """One decision on the fake clock: 0 allowed, else microseconds to wait."""
+def decision(broker: Broker, policy: RatePolicy, task_id: str) -> RateDecision:
+    """One decision on the fake clock."""
     return broker.rate_limit(
         "t", policy.algorithm, task_id, policy.limit, policy.period_us, policy.emission_us, policy.tolerance_us
     )
+
+
+def decide(broker: Broker, policy: RatePolicy, task_id: str) -> int:
+    """One decision on the fake clock: 0 allowed, else microseconds to wait."""
+    return decision(broker, policy, task_id).wait_us
 
 
 # --- policy ---------------------------------------------------------------------------------
@@ -205,7 +211,39 @@ def test_drained_queue_drops_forgotten_reservations(broker, clock):
     clock.now_us += waits[-1] + policy.emission_us
     assert decide(broker, policy, "late") == 0
 
-    assert broker.client.hkeys(broker.keys.rate("t")) == [b"tat"]
+    assert sorted(broker.client.hkeys(broker.keys.rate("t"))) == [b"emission", b"tat"]
+
+
+def test_a_raised_limit_brings_reserved_slots_closer_in_their_order(broker, clock):
+    slow, fast = RatePolicy.for_config(config(1)), RatePolicy.for_config(config(10))
+    decide(broker, slow, "first")
+    waits = [decide(broker, slow, f"t{i}") for i in range(3)]
+    assert waits[2] > 2 * SECOND_US
+
+    newcomer = decision(broker, fast, "new")
+    assert newcomer.rescaled, "the first decision under the new limit moves the slots"
+    slots = [int(broker.client.hget(broker.keys.rate("t"), f"r:t{i}")) - clock.now_us for i in range(3)]
+    assert slots == sorted(slots) and slots[2] < SECOND_US // 2, "the same order, at the new spacing"
+    assert 0 < newcomer.wait_us - slots[2] <= fast.emission_us, "a newcomer still queues behind them"
+    assert not decision(broker, fast, "next").rescaled, "moved once"
+
+
+def test_a_task_back_before_its_slot_under_a_lowered_limit_keeps_its_place(broker, clock):
+    fast, slow = RatePolicy.for_config(config(10)), RatePolicy.for_config(config(1))
+    decide(broker, fast, "first")
+    waits = [decide(broker, fast, f"t{i}") for i in range(3)]
+    cursor = broker.client.hget(broker.keys.rate("t"), "cursor")
+
+    clock.now_us += waits[0]  # t0 wakes at its old slot: under 1 per second its slot is later now
+    wait_us = decide(broker, slow, "t0")
+    assert wait_us > waits[0], "it waits for its moved slot"
+    slot_us = int(broker.client.hget(broker.keys.rate("t"), "r:t0"))
+    assert wait_us == slot_us - clock.now_us
+    assert broker.client.hget(broker.keys.rate("t"), "cursor") > cursor, "the queue was spread out, once"
+    cursor = broker.client.hget(broker.keys.rate("t"), "cursor")
+    assert decide(broker, slow, "t0") == wait_us and broker.client.hget(broker.keys.rate("t"), "cursor") == cursor
+    clock.now_us += wait_us
+    assert decide(broker, slow, "t0") == 0
 
 
 # --- the gate -------------------------------------------------------------------------------
@@ -230,7 +268,7 @@ class FlakyBroker:
         self.broker = broker
         self.calls = 0
 
-    def rate_limit(self, *args: object) -> int:
+    def rate_limit(self, *args: object) -> RateDecision:
         self.calls += 1
         if self.calls == 1:
             raise RedisConnectionError("connection refused")

@@ -6,6 +6,7 @@ holds across every consumer. docs/PROTOCOL.md ("Rate limits") proves the bound.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from dataclasses import dataclass
@@ -15,7 +16,10 @@ from tasks_app.consumer.retrying import until_done
 from tasks_app.models import RATE_PERIOD_MAX_S, RATE_PERIOD_MIN_S, TaskType
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task
+from tasks_app.protocol.rate_deferrals import reschedule_deferred
 from tasks_app.task_types import TaskTypeConfig
+
+logger = logging.getLogger(__name__)
 
 # Slack sigma: GCRA's emission interval is widened by sigma / (limit - burst + 1), which costs
 # at most 5% of the rate. Half of sigma lets a woken task start up to sigma/2 early (so the
@@ -76,7 +80,7 @@ class RateLimiter:
     def __call__(self, task: Task, config: TaskTypeConfig, key_token: str | None = None) -> int:
         """Take one decision for `task` (on its key value's own limiter if keyed); > 0: how many ms it must wait."""
         policy = RatePolicy.for_config(config)
-        wait_us = until_done(
+        decision = until_done(
             lambda: self.broker.rate_limit(
                 task.type,
                 policy.algorithm,
@@ -90,5 +94,19 @@ class RateLimiter:
             what="rate_limit",
             give_up=self.give_up,
         )
-        metrics.RATE_LIMIT_DECISIONS.labels(task.type, "denied" if wait_us > 0 else "allowed").inc()
-        return math.ceil(wait_us / 1000)
+        if decision.rescaled:  # the limit changed: the tasks waiting for slots go to their new ones
+            queues = sorted({task.queue, config.queue} - {""})
+            threading.Thread(
+                target=self._reschedule, args=(queues, task.type, key_token), name="rate-reschedule", daemon=True
+            ).start()
+        metrics.RATE_LIMIT_DECISIONS.labels(task.type, "denied" if decision.wait_us > 0 else "allowed").inc()
+        return math.ceil(decision.wait_us / 1000)
+
+    def _reschedule(self, queues: list[str], task_type: str, key_token: str | None) -> None:
+        """Bring the deferred tasks of a type whose limit changed to their new slots (once: the first to see it)."""
+        try:
+            moved = reschedule_deferred(self.broker, queues, task_type, key_token)
+        except Exception as exc:  # they still wake at their old slots, where they take their new ones
+            logger.warning("could not move the waiting tasks of %s to its new rate limit: %s", task_type, exc)
+            return
+        logger.info("rate limit of %s changed: %d waiting task(s) moved to their new slots", task_type, moved)

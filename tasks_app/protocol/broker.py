@@ -27,13 +27,16 @@ from tasks_app.protocol.leases import LeaseOps
 from tasks_app.protocol.pausing import PauseOps
 from tasks_app.protocol.periodic import PeriodicOps
 from tasks_app.protocol.producing import ProducingOps
+from tasks_app.protocol.rates import RateOps
 from tasks_app.protocol.replication import CLUSTER_WAIT_MS, Place, ReplicatedWrites
 from tasks_app.protocol.replies import AckReport, Claim, Promotion, ResultUpdate, UniqueRelease
 from tasks_app.protocol.scripts import Scripts, connect
 from tasks_app.protocol.slots import SlotOps
 
 
-class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ProducingOps, SlotOps, PauseOps, HistoryOps, PeriodicOps):
+class Broker(
+    ReplicatedWrites, LeaseOps, InspectionOps, ProducingOps, SlotOps, RateOps, PauseOps, HistoryOps, PeriodicOps
+):
     """Queue operations on Redis, each one round trip or one script."""
 
     def __init__(
@@ -313,22 +316,6 @@ class Broker(ReplicatedWrites, LeaseOps, InspectionOps, ProducingOps, SlotOps, P
             "promote_due", keys, [limit, WAKE_TOKEN, queue, UNDECODABLE_TYPE]
         )
         return Promotion(int(moved), int(next_due_ms), int(now_ms), int(malformed))
-
-    # --- rate limits -----------------------------------------------------------------------
-    def rate_limit(
-        self,
-        task_type: str,
-        algorithm: str,
-        task_id: str,
-        limit: int,
-        period_us: int,
-        emission_us: int,
-        tolerance_us: int,
-        key_token: str | None = None,
-    ) -> int:
-        """Decide whether a task of `task_type` (of one key value, if keyed) may start now: 0, else µs to wait."""
-        args = [algorithm, task_id, limit, period_us, emission_us, tolerance_us]
-        return int(self._script("rate_limit", [self.keys.rate(task_type, key_token)], args))
 
 
 _brokers: dict[tuple[str, bool, str], Broker] = {}

@@ -68,7 +68,7 @@ def decisions(broker, policy: RatePolicy, type_name: str, count: int) -> list[in
             policy.period_us,
             policy.emission_us,
             policy.tolerance_us,
-        )
+        ).wait_us
         for i in range(count)
     ]
 
@@ -156,7 +156,7 @@ def test_a_long_backlog_of_a_slow_type_keeps_getting_slots(broker):
     """1 a year with thousands waiting: slots reach millennia out, and the key's expiry follows them."""
     policy = RatePolicy.for_config(TaskTypeConfig(name="slow", handler="slow", rate_limit=1, rate_period_s=YEAR_S))
     args = (policy.algorithm, policy.limit, policy.period_us, policy.emission_us, policy.tolerance_us)
-    waits = [broker.rate_limit("slow", args[0], f"t{n}", *args[1:]) for n in range(4000)]
+    waits = [broker.rate_limit("slow", args[0], f"t{n}", *args[1:]).wait_us for n in range(4000)]
     assert waits[0] == 0 and waits == sorted(waits) and waits[-1] > 3500 * YEAR_S * 1_000_000
     assert broker.client.pttl(broker.keys.rate("slow")) > waits[-1] // 1000
 
@@ -169,4 +169,22 @@ def test_a_rate_hash_holding_foreign_values_decides_as_if_they_were_absent(broke
     if algorithm == "fixed_window":  # this window's count, unreadable
         broker.client.hset(broker.keys.rate("t"), "window", broker.server_time_ms() // 1000)
     args = (policy.limit, policy.period_us, policy.emission_us, policy.tolerance_us)
-    assert broker.rate_limit("t", policy.algorithm, "a", *args) == 0
+    assert broker.rate_limit("t", policy.algorithm, "a", *args).wait_us == 0
+
+
+def test_raising_a_limit_brings_the_tasks_already_waiting_to_their_new_slots(broker, consumer_process):
+    # A limit set far too low by mistake: 1 per minute, with tasks already waiting minutes for slots.
+    row = TaskType.objects.create(name=LIMITED, handler=LIMITED, rate_limit=1, rate_period=60)
+    consumer_process("--concurrency", "2", "--lease", "2")
+    waiting = producer.enqueue(LIMITED, count=5)
+    wait_until(lambda: broker.queue_stats("default").delayed == 4, 15, message="four tasks to wait for slots")
+
+    row.rate_limit, row.rate_period = 100, 1.0
+    row.save(update_fields=["rate_limit", "rate_period"])
+    time.sleep(2.5)  # the consumer reads the change at its next refresh (TASKS_CONFIG_REFRESH_S = 2)
+    newcomer = producer.enqueue(LIMITED)  # the first decision under the new limit moves the waiting slots
+    wait_until(
+        lambda: {run["task_id"] for run in recorded_runs(broker)} >= {t.id for t in [*waiting, *newcomer]},
+        10,
+        message="every task to run at the new limit, not minutes apart",
+    )
