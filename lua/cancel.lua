@@ -6,11 +6,12 @@
 -- would start it, so the consumer that claims it drops it unrun. A task a consumer claimed
 -- (its receipt left claimed_fence) or runs gets cancel_requested_at_ms: that consumer tells its
 -- handler (context.cancelled) once it runs, and no later run of it starts.
--- Returns: {outcome, queue, status, server ms, unique digest}: outcome "cancelled" (it will never
--- run), "requested" (claimed or running: asked to stop), "finished" (SUCCESSFUL, FAILED or
--- CANCELLED: nothing done), "unknown" (no record, or a key of another type: nothing done); the
--- record's unique_digest for a task cancelled outright (its uniqueness key is freed: it ended),
--- else "".
+-- Returns: {outcome, queue, status, server ms[, unique digest]}: outcome "cancelled" (it will
+-- never run), "requested" (claimed or running: asked to stop; ms of the first request),
+-- "finished" (SUCCESSFUL, FAILED, CANCELLED or any other status: nothing done), "unknown" (no
+-- record, or a key of another type: nothing done; queue and status "", ms 0); only "cancelled"
+-- has the fifth element, the record's unique_digest ("" if none: the caller frees that
+-- uniqueness key, as the task ended).
 
 -- include: args
 local kind = redis.call('TYPE', KEYS[1]).ok

@@ -1,5 +1,6 @@
--- history_move: file a task under its new status in its queue's history index (Redis Cluster,
--- where the result record lies in another slot than the index, so record_result cannot).
+-- history_move: file a task under its new status in its queue's history index where the write of
+-- its record cannot: on Redis Cluster (the record lies in another slot than the index, so
+-- record_result cannot), and after cancel.lua cancelled a task outright (on any server).
 -- KEYS[1] history zset   KEYS[2] history ids zset   KEYS[3...] the status indexes, one per
 -- status named in ARGV[5...]
 -- ARGV[1] task id   ARGV[2] its new status   ARGV[3] enqueue time (ms), the score if the index

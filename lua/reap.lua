@@ -58,7 +58,7 @@ end
 local result = {1, 0, 0}
 local max_recoveries = tonumber(ARGV[2])
 for _ = 1, tonumber(ARGV[3]) do
-  -- Newest first onto the head of pending, so the oldest claimed runs first.
+  -- Newest first onto the head of suspects, so the oldest claimed runs first.
   local task = redis.call('LPOP', KEYS[4])
   if not task then break end
   if task ~= ARGV[4] then
