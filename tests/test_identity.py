@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from tasks_app.consumer.identity import holder_is_gone, live_holders, pid_namespace
+from tasks_app.consumer.identity import default_consumer_id, holder_is_gone, live_holders, pid_namespace
+from tasks_app.protocol.keys import consumer_id_of
 from tests.support.processes import wait_until
 
 
@@ -92,3 +93,10 @@ def test_a_consumer_whose_id_another_process_registered_moves_on_and_leaves_that
     assert "lost its lease" in caplog.text
     [other] = broker.live_consumers("default")
     assert (other["id"], other["pid"]) == ("fixed", os.getppid()), "its lease was neither renewed nor dropped by us"
+
+
+def test_the_default_id_holds_only_characters_an_id_may_hold(monkeypatch):
+    monkeypatch.setattr(socket, "gethostname", lambda: "büro server/1")
+    consumer_id = default_consumer_id()
+    assert consumer_id.startswith(f"b-ro-server-1-{os.getpid()}-")
+    assert consumer_id_of(consumer_id.encode()) == consumer_id, "a reaper can read it back"

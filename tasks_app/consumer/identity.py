@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,12 @@ def pid_namespace() -> str:
         return os.readlink("/proc/self/ns/pid")
     except OSError:
         return ""
+
+
+def default_consumer_id() -> str:
+    """`<host>-<pid>-<6 hex>`, the host's name cut to the characters an id may hold (reapers skip any other id)."""
+    host = re.sub(r"[^A-Za-z0-9_.:-]", "-", socket.gethostname())[:120] or "host"
+    return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 def process_info(options: ConsumerOptions, prefetch_max: int, instance: str) -> dict[str, Any]:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import logging
-import os
 import queue as queue_module
-import socket
 import threading
 import time
 import uuid
@@ -17,6 +15,7 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from tasks_app import metrics
+from tasks_app.consumer import identity
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.async_lane import AsyncLane
 from tasks_app.consumer.burst import nothing_to_claim
@@ -26,7 +25,6 @@ from tasks_app.consumer.claimer import ClaimerLoop
 from tasks_app.consumer.concurrency import ConcurrencyGate
 from tasks_app.consumer.executor import Executor, RateGate
 from tasks_app.consumer.health import HealthLoop, Liveness
-from tasks_app.consumer.identity import deregister_everywhere, process_info, recover_earlier_run, wait_until_free
 from tasks_app.consumer.limits import RateLimiter
 from tasks_app.consumer.loops import (
     HEARTBEAT_TIMEOUT_SHARE,
@@ -79,7 +77,7 @@ class Consumer:
             prefix=self.broker.keys.prefix, timeout_s=options.lease_s * HEARTBEAT_TIMEOUT_SHARE, resend=False
         )
         self.lease = LeaseClock(options.lease_s)
-        self.base_id = options.consumer_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.base_id = options.consumer_id or identity.default_consumer_id()
         self.consumer_id = self.base_id
         self.capacity = Capacity(options.concurrency, options.prefetch)
         self.task_types = TaskTypeCache()
@@ -133,9 +131,9 @@ class Consumer:
         that died, so it is recovered as a dead consumer's tasks are: counted, via suspects.
         """
         consumer_id = consumer_id or self.consumer_id
-        recover_earlier_run(self.reaper, self.options.queues, consumer_id)
+        identity.recover_earlier_run(self.reaper, self.options.queues, consumer_id)
         sent_at = time.monotonic()
-        info = process_info(self.options, self.capacity.prefetch_max, self.instance)
+        info = identity.process_info(self.options, self.capacity.prefetch_max, self.instance)
         self.broker.heartbeat(self.options.queues, consumer_id, int(self.options.lease_s * 1000), info)
         self.lease.renewed(consumer_id, sent_at)
 
@@ -268,7 +266,9 @@ class Consumer:
         self.task_types.refresh()
         self.guard.start()  # beating already: a child waiting for Redis is not wedged
         # A stop asked for while Redis is away, or the id is another live process's, ends the wait.
-        wait_until_free(self.broker, self.options.queues, self.consumer_id, self.stop_requested, self.liveness.beat)
+        identity.wait_until_free(
+            self.broker, self.options.queues, self.consumer_id, self.stop_requested, self.liveness.beat
+        )
         until_done(self.register, what="register", give_up=self.stop_requested)
         opts = self.options
         loops: list[Loop] = [
@@ -357,7 +357,7 @@ class Consumer:
         if still_running:
             logger.warning("grace period over with %d task(s) still running; returning them to pending", still_running)
         self.give_up.set()
-        deregister_everywhere(self.broker, self.options.queues, self.consumer_id, self.instance)
+        identity.deregister_everywhere(self.broker, self.options.queues, self.consumer_id, self.instance)
         try:
             self.retiring.renew(leaving=True)
         except Exception as exc:

@@ -160,7 +160,8 @@ class ControlOps(ScriptClient):
 
     def claim_receipts(self, claims: Sequence[tuple[str, int]], result_ttl_s: int) -> list[int]:
         """Write the receipts of claimed tasks, (id, fencing token) each: per task 1 held by that claim,
-        0 a later claim holds it, 2 cancelled (it must not run), -1 its record is not a hash.
+        3 held, its record created by the receipt, 0 a later claim holds it, 2 cancelled (it must not
+        run), -1 its record is not a hash.
 
         One script for them all on one server; on Redis Cluster, where the records lie in many
         slots, one script per task in one pipeline.
