@@ -3,7 +3,7 @@
 --         (fixed window), cursor (end of the queue of reserved slots), r:<task id> (a slot
 --         reserved for a task that was denied). All times are microseconds of the server clock.
 -- ARGV[1] algorithm: "gcra" or "fixed_window"
--- ARGV[2] task id
+-- ARGV[2] task id, or "" to only bring the hash to this spacing (no decision: replies {0, rescaled})
 -- ARGV[3] limit: starts per period (fixed_window)
 -- ARGV[4] period in microseconds
 -- ARGV[5] emission interval in microseconds: GCRA's increment, and the spacing of reserved slots
@@ -62,6 +62,10 @@ local written_under = stored(redis.call('HGET', key, 'emission'))
 if written_under and written_under > 0 and written_under ~= emission then
   rescale(written_under)
   rescaled = 1
+end
+if ARGV[2] == '' then
+  if redis.call('EXISTS', key) == 1 then redis.call('HSET', key, 'emission', num(emission)) end
+  return {0, rescaled}
 end
 redis.call('HSET', key, 'emission', num(emission))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from django.db import IntegrityError, transaction
@@ -95,6 +96,8 @@ class TaskTypeCache:
         self._configs: dict[str, TaskTypeConfig] = {}
         # False until the rows were read once: before that no type's settings are known.
         self.loaded = False
+        # Called with each type whose settings a refresh found changed (not on the first read).
+        self.on_change: list[Callable[[TaskTypeConfig], None]] = []
 
     def get(self, name: str) -> TaskTypeConfig | None:
         """Return the cached settings of type `name` (None if it has no row)."""
@@ -103,10 +106,15 @@ class TaskTypeCache:
     def refresh(self) -> None:
         """Reload every row; on a database error keep serving the last snapshot."""
         try:
-            self._configs = {row.name: TaskTypeConfig.from_model(row) for row in TaskType.objects.all()}
-            self.loaded = True
+            configs = {row.name: TaskTypeConfig.from_model(row) for row in TaskType.objects.all()}
         except Exception as exc:  # the database may be briefly away; stale settings beat none
             logger.warning("cannot reload task types, keeping the last ones: %s", exc)
+            return
+        before, self._configs, self.loaded = self._configs, configs, True
+        for name, config in configs.items():
+            if name in before and before[name] != config:
+                for listener in self.on_change:
+                    listener(config)
 
 
 class RecentTaskTypes:

@@ -246,6 +246,15 @@ def test_a_task_back_before_its_slot_under_a_lowered_limit_keeps_its_place(broke
     assert decide(broker, slow, "t0") == 0
 
 
+def test_bringing_a_hash_to_new_settings_decides_nothing_and_creates_no_hash(broker, clock):
+    slow, fast = RatePolicy.for_config(config(1)), RatePolicy.for_config(config(10))
+    assert decision(broker, fast, "") == (0, False) and not broker.client.exists(broker.keys.rate("t"))
+    decide(broker, slow, "first")
+    wait_us = decide(broker, slow, "t0")
+    assert decision(broker, fast, "") == (0, True)
+    assert decide(broker, fast, "t0") < wait_us and decision(broker, fast, "").rescaled is False
+
+
 # --- the gate -------------------------------------------------------------------------------
 def test_limiter_counts_decisions_and_rounds_the_wait_up_to_ms(broker, clock):
     limiter = RateLimiter(broker)

@@ -91,7 +91,7 @@ class Consumer:
             settings.TASKS_RESULT_TTL,
             give_up=self.give_up,
             acks=self.acks,
-            rate_gate=rate_gate or RateLimiter(self.broker, self.give_up),
+            rate_gate=rate_gate or RateLimiter(self.broker, self.give_up, follows=self.task_types),
             concurrency=ConcurrencyGate.for_consumer(self),
             async_lane=AsyncLane(options.async_concurrency, self.capacity),
             lease_check=self._lease_holds,  # again after the gates, just before the start

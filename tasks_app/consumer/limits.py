@@ -17,7 +17,7 @@ from tasks_app.models import RATE_PERIOD_MAX_S, RATE_PERIOD_MIN_S, TaskType
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task
 from tasks_app.protocol.rate_deferrals import reschedule_deferred
-from tasks_app.task_types import TaskTypeConfig
+from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +71,12 @@ def _bounded_period_s(period_s: float) -> float:
 class RateLimiter:
     """The consumer's rate gate: 0 lets a task start now, else the ms until its reserved slot."""
 
-    def __init__(self, broker: Broker, give_up: threading.Event | None = None) -> None:
+    def __init__(
+        self, broker: Broker, give_up: threading.Event | None = None, follows: TaskTypeCache | None = None
+    ) -> None:
         self.broker = broker
+        if follows is not None:  # a limit changed in the admin moves the tasks waiting for it at once
+            follows.on_change.append(self.follow)
         # Set when the consumer stops: a gate waiting out a Redis outage then raises GaveUp and
         # the task stays in the processing list, where the lease recovers it. Never lost.
         self.give_up = give_up or threading.Event()
@@ -95,12 +99,28 @@ class RateLimiter:
             give_up=self.give_up,
         )
         if decision.rescaled:  # the limit changed: the tasks waiting for slots go to their new ones
-            queues = sorted({task.queue, config.queue} - {""})
-            threading.Thread(
-                target=self._reschedule, args=(queues, task.type, key_token), name="rate-reschedule", daemon=True
-            ).start()
+            self._start_rescheduling(sorted({task.queue, config.queue} - {""}), task.type, key_token)
         metrics.RATE_LIMIT_DECISIONS.labels(task.type, "denied" if decision.wait_us > 0 else "allowed").inc()
         return math.ceil(decision.wait_us / 1000)
+
+    def follow(self, config: TaskTypeConfig) -> None:
+        """Bring a type's limiter to its changed settings now, not at its next decision (one hash: unkeyed only)."""
+        if not config.rate_limit or config.rate_limit_key:  # a keyed limit's hashes follow at their own decisions
+            return
+        policy = RatePolicy.for_config(config)
+        args = (policy.algorithm, "", policy.limit, policy.period_us, policy.emission_us, policy.tolerance_us)
+        try:
+            rescaled = self.broker.rate_limit(config.name, *args).rescaled
+        except Exception as exc:  # its next decision does it
+            logger.warning("could not bring the rate limiter of %s to its new settings: %s", config.name, exc)
+            return
+        if rescaled:
+            self._start_rescheduling([config.queue], config.name, None)
+
+    def _start_rescheduling(self, queues: list[str], task_type: str, key_token: str | None) -> None:
+        threading.Thread(
+            target=self._reschedule, args=(queues, task_type, key_token), name="rate-reschedule", daemon=True
+        ).start()
 
     def _reschedule(self, queues: list[str], task_type: str, key_token: str | None) -> None:
         """Bring the deferred tasks of a type whose limit changed to their new slots (once: the first to see it)."""
