@@ -105,7 +105,10 @@ class RateLimiter:
 
     def follow(self, config: TaskTypeConfig) -> None:
         """Bring a type's limiter to its changed settings now, not at its next decision (one hash: unkeyed only)."""
-        if not config.rate_limit or config.rate_limit_key:  # a keyed limit's hashes follow at their own decisions
+        if config.rate_limit_key:  # a keyed limit's hashes follow at their own decisions
+            return
+        if not config.rate_limit:  # none (or removed): what still waits for its slots is due now
+            self._start_rescheduling([config.queue], config.name, None, now=True)
             return
         policy = RatePolicy.for_config(config)
         args = (policy.algorithm, "", policy.limit, policy.period_us, policy.emission_us, policy.tolerance_us)
@@ -117,16 +120,17 @@ class RateLimiter:
         if rescaled:
             self._start_rescheduling([config.queue], config.name, None)
 
-    def _start_rescheduling(self, queues: list[str], task_type: str, key_token: str | None) -> None:
+    def _start_rescheduling(self, queues: list[str], task_type: str, key_token: str | None, now: bool = False) -> None:
         threading.Thread(
-            target=self._reschedule, args=(queues, task_type, key_token), name="rate-reschedule", daemon=True
+            target=self._reschedule, args=(queues, task_type, key_token, now), name="rate-reschedule", daemon=True
         ).start()
 
-    def _reschedule(self, queues: list[str], task_type: str, key_token: str | None) -> None:
+    def _reschedule(self, queues: list[str], task_type: str, key_token: str | None, now: bool) -> None:
         """Bring the deferred tasks of a type whose limit changed to their new slots (once: the first to see it)."""
         try:
-            moved = reschedule_deferred(self.broker, queues, task_type, key_token)
+            moved = reschedule_deferred(self.broker, queues, task_type, key_token, now=now)
         except Exception as exc:  # they still wake at their old slots, where they take their new ones
             logger.warning("could not move the waiting tasks of %s to its new rate limit: %s", task_type, exc)
             return
-        logger.info("rate limit of %s changed: %d waiting task(s) moved to their new slots", task_type, moved)
+        if moved:
+            logger.info("rate limit of %s changed: %d waiting task(s) moved to their new slots", task_type, moved)

@@ -20,9 +20,17 @@ from tasks_app.protocol.keys import split_delayed_member
 RESCHEDULE_BATCH = 1000
 
 
-def reschedule_deferred(broker: Broker, queues: Sequence[str], task_type: str, key_token: str | None = None) -> int:
-    """Bring the delayed tasks of `task_type` holding a slot of its limiter forward to that slot; how many moved."""
+def reschedule_deferred(
+    broker: Broker, queues: Sequence[str], task_type: str, key_token: str | None = None, *, now: bool = False
+) -> int:
+    """Bring the delayed tasks of `task_type` holding a slot of its limiter forward to that slot; how many moved.
+
+    With `now` (the type's limit was removed), they are all due at once instead.
+    """
     rate_key = broker.keys.rate(task_type, key_token)
+    if not broker.client.exists(rate_key):  # no limiter: no task holds a slot of it
+        return 0
+    now_ms = broker.server_time_ms() if now else None
     moved = 0
     for queue in queues:
         delayed = broker.keys.delayed(queue)
@@ -32,7 +40,7 @@ def reschedule_deferred(broker: Broker, queues: Sequence[str], task_type: str, k
                 continue
             slots_us = broker.client.hmget(rate_key, [f"r:{task_id}" for task_id in ids.values()])
             due_ms = {
-                member: math.ceil(int(slot_us) / 1000)
+                member: now_ms if now_ms is not None else math.ceil(int(slot_us) / 1000)
                 for member, slot_us in zip(ids, slots_us, strict=True)
                 if slot_us is not None and slot_us.isdigit()
             }
