@@ -96,6 +96,8 @@ class TaskTypeCache:
         self._configs: dict[str, TaskTypeConfig] = {}
         # False until the rows were read once: before that no type's settings are known.
         self.loaded = False
+        # When the last refresh began (monotonic s): its rows include every row created before then.
+        self.read_at = float("-inf")
         # Called with each type whose settings a refresh found changed (not on the first read).
         self.on_change: list[Callable[[TaskTypeConfig], None]] = []
 
@@ -105,6 +107,7 @@ class TaskTypeCache:
 
     def refresh(self) -> None:
         """Reload every row; on a database error keep serving the last snapshot."""
+        self.read_at = time.monotonic()
         try:
             configs = {row.name: TaskTypeConfig.from_model(row) for row in TaskType.objects.all()}
         except Exception as exc:  # the database may be briefly away; stale settings beat none

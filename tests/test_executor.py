@@ -134,6 +134,18 @@ def test_an_unknown_type_is_dead_lettered_without_an_attempt(broker, executor):
     assert sample("taskqueue_tasks_dead_lettered_total", queue="q") == before + 1
 
 
+def test_unknown_tasks_claimed_together_read_the_task_types_once_not_once_each(broker, executor, monkeypatch):
+    for i in range(5):
+        push(broker, task_bytes(f"t{i}", "nobody.knows"))
+    batch = [Claimed("q", CONSUMER, raw) for raw in claim(broker, CONSUMER, 5)]
+    reads: list[float] = []
+    refresh = executor.task_types.refresh
+    monkeypatch.setattr(executor.task_types, "refresh", lambda: reads.append(time.monotonic()) or refresh())
+    for item in batch:
+        executor.execute(item)
+    assert len(dead_tasks(broker)) == 5 and len(reads) == 1, "a flood of them costs a query per claim"
+
+
 def test_a_row_whose_handler_is_not_registered_is_dead_lettered_with_the_import_errors(broker, executor, registry):
     task_type(executor, "x.orphan", handler="gone.module.handler")
     registry.import_modules(["tests.support.broken_handlers"])

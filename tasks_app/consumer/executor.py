@@ -132,7 +132,7 @@ class Executor(AsyncRuns, RunLimits):
             return False
         if task.queue != claimed.queue:  # a foreign envelope's empty or other queue: where it was claimed wins
             task.queue = claimed.queue
-        config, problem = self._resolve(task)
+        config, problem = self._resolve(task, claimed.claimed_at_s)
         if claimed.receipt == results.START_REFUSED:  # cancelled before its claim: dropped, whatever its type
             return self._drop_cancelled(claimed, task, config, on_settled)
         if not self.task_types.loaded:
@@ -210,12 +210,14 @@ class Executor(AsyncRuns, RunLimits):
         self.watch.tick(runs)
 
     # --- the run ---------------------------------------------------------------------------
-    def _resolve(self, task: Task) -> tuple[TaskTypeConfig | None, str]:
+    def _resolve(self, task: Task, claimed_at_s: float) -> tuple[TaskTypeConfig | None, str]:
         config = self.task_types.get(task.type)
-        if config is None and (self.registry.get(task.type) is None or not self.task_types.loaded):
+        needs_rows = config is None and (self.registry.get(task.type) is None or not self.task_types.loaded)
+        if needs_rows and self.task_types.read_at < claimed_at_s:
             # A row created since the last refresh (say, a new `@task`'s first enqueue) must not be
-            # missed: reload before calling the type unknown (rare: such tasks are dead-lettered),
-            # or before trusting a handler's defaults while no row was ever read.
+            # missed: reload before calling the type unknown, or before trusting a handler's
+            # defaults while no row was ever read. Once per claim, not per task: a read begun
+            # after the claim holds every row its tasks' producers created.
             self.task_types.refresh()
             config = self.task_types.get(task.type)
         if config is not None:
