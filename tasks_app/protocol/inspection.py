@@ -9,6 +9,7 @@ from typing import Any, cast
 import redis
 
 from tasks_app.protocol.keys import WAKE_TOKEN, consumer_id_of
+from tasks_app.protocol.names import NAME_PATTERN
 from tasks_app.protocol.replies import QueueStats, json_object
 from tasks_app.protocol.scripts import ScriptClient
 
@@ -39,7 +40,10 @@ class InspectionOps(ScriptClient):
         """Count the tasks of `queue` acknowledged in the last minute (whole buckets: 50-60 s)."""
         current = int(time.time()) // THROUGHPUT_BUCKET_S
         buckets = range(current - 60 // THROUGHPUT_BUCKET_S + 1, current + 1)
-        counts = self.client.mget([self.keys.completed(queue, bucket) for bucket in buckets])
+        keys = [self.keys.completed(queue, bucket) for bucket in buckets]
+        # A foreign name in the queue set ("", "}x") spreads its keys over a cluster's slots.
+        cluster = isinstance(self.client, redis.RedisCluster)
+        counts = self.client.mget_nonatomic(keys) if cluster else self.client.mget(keys)
         return sum(int(count) for count in counts if count is not None)
 
     def known_queues(self) -> list[str]:
@@ -64,10 +68,11 @@ class InspectionOps(ScriptClient):
 
         The consumers and the reaped ones are listed first; then one MULTI/EXEC reads every count
         (a queue's keys share its hash tag), so a task that a claim, a retry or a promotion moves
-        meanwhile is counted once, wherever it is.
+        meanwhile is counted once, wherever it is. A foreign name in the queue set that is not a
+        valid queue name is read without MULTI: its keys may lie in many Redis Cluster slots.
         """
         entries, holders = self._holders(queue)
-        pipe = self.client.pipeline(transaction=True)
+        pipe = self.client.pipeline(transaction=NAME_PATTERN.fullmatch(queue) is not None)
         pipe.hgetall(self.keys.consumer_info(queue))
         for consumer_id in holders:
             pipe.llen(self.keys.processing(queue, consumer_id))
