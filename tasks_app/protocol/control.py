@@ -20,6 +20,7 @@ import redis
 from tasks_app.protocol import history
 from tasks_app.protocol.batch_args import Enqueueable
 from tasks_app.protocol.keys import WAKE_TOKEN
+from tasks_app.protocol.names import NAME_PATTERN
 from tasks_app.protocol.scripts import ScriptClient
 
 # Cancel requests of running tasks are kept this long (a run outliving it is not told again).
@@ -143,11 +144,14 @@ class ControlOps(ScriptClient):
             CancelReply(task_id, _text(outcome), _text(queue), _text(status), int(at_ms))
             for task_id, (outcome, queue, status, at_ms, *_) in zip(task_ids, answers, strict=True)
         ]
-        running = [reply for reply in replies if reply.outcome == REQUESTED and reply.queue]
+        # Only a record naming a queue ours could serve has its queue told: a foreign writer's name
+        # ("", "}x") may spread that queue's keys over a cluster's slots, failing every cancel's writes.
+        ours = [NAME_PATTERN.fullmatch(reply.queue) is not None for reply in replies]
+        running = [reply for reply, known in zip(replies, ours, strict=True) if known and reply.outcome == REQUESTED]
         filed = [
             (reply, _text(answer[4]) if len(answer) > 4 else "")
-            for reply, answer in zip(replies, answers, strict=True)
-            if reply.outcome == CANCELLED and reply.queue
+            for reply, answer, known in zip(replies, answers, ours, strict=True)
+            if known and reply.outcome == CANCELLED
         ]
         if running or filed:
             pipe = self.client.pipeline(transaction=False)

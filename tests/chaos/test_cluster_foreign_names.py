@@ -30,3 +30,16 @@ def test_queue_counts_of_foreign_queue_names_are_read_on_a_cluster(cluster_broke
     out = StringIO()
     call_command("queuestats", "--json", stdout=out)
     assert sorted(row["queue"] for row in json.loads(out.getvalue())["queues"]) == sorted(["default", *SPLIT_NAMES])
+
+
+@pytest.mark.timeout(60)
+def test_a_record_naming_a_foreign_queue_spoils_no_other_cancel_on_a_cluster(cluster_broker):
+    broker = cluster_broker
+    broker.client.hset(broker.keys.result("waiting"), mapping={"status": "READY", "queue": "}x", "unique_digest": "d"})
+    broker.client.hset(broker.keys.result("foreign"), mapping={"status": "RUNNING", "queue": "}x"})
+    broker.client.hset(broker.keys.result("ours"), mapping={"status": "RUNNING", "queue": "default"})
+
+    replies = broker.cancel_many(["waiting", "foreign", "ours"], force=True)
+
+    assert [reply.outcome for reply in replies] == ["cancelled", "requested", "requested"]
+    assert broker.cancel_marks("default", ["ours"]) == [2]  # its consumer is told, and stops it
