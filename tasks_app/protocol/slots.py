@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from tasks_app.protocol.keys import UNDECODABLE_TYPE, WAKE_TOKEN, delayed_member
+from tasks_app.protocol.names import NAME_PATTERN
 from tasks_app.protocol.scripts import ScriptClient
 
 # How long a slot handed to a woken waiter is kept for it before anyone may take it.
@@ -47,12 +48,11 @@ class Waiter(NamedTuple):
 
     @classmethod
     def parse(cls, entry: bytes) -> Waiter | None:
-        """Read a woken waiter; None for one no consumer of ours wrote."""
+        """Read a woken waiter; None for one no consumer of ours wrote (its queue is not a valid name)."""
         queue, sep, member = entry.partition(b"\n")
-        try:
-            return cls(queue.decode(), member) if sep and member else None
-        except UnicodeDecodeError:
-            return None
+        name = queue.decode(errors="replace")
+        # A foreign name ("}x") may spread the queue's keys over a cluster's slots: no wake could move it.
+        return cls(name, member) if sep and member and NAME_PATTERN.fullmatch(name) else None
 
 
 class SlotOps(ScriptClient):
