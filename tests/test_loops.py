@@ -214,6 +214,18 @@ def test_a_unique_task_the_reaper_dead_letters_frees_its_key(broker, foreign_rec
     assert not broker.client.exists(unique_key)  # it failed for good: a new one may be enqueued
 
 
+@pytest.mark.django_db
+def test_a_foreign_envelope_the_reaper_dead_letters_is_filed_under_the_queue_it_died_in(broker):
+    push(broker, task_bytes("poison", "x.foreign", queue="elsewhere"))  # its envelope names another queue
+    loop = ReaperLoop(broker, ["q"], 0.1, partial(record_reaped, broker, TaskTypeCache(), give_up=threading.Event()))
+    for victim in range(MAX_RECOVERIES + 1):
+        die_running(broker, f"victim-{victim}", SHORT_LEASE_MS)
+        loop.reap("q", f"victim-{victim}")
+    assert broker.get_result("poison")["status"] == "FAILED"
+    assert broker.client.zrange(broker.keys.history_status("q", "FAILED"), 0, -1) == [b"poison"]
+    assert not broker.client.exists(broker.keys.history("elsewhere"))
+
+
 def test_reaping_a_live_or_unknown_consumer_moves_nothing(broker):
     push(broker, task_bytes("t"))
     register(broker, "alive", 30_000)

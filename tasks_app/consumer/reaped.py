@@ -36,6 +36,7 @@ def record_reaped(
             task = decode_task(raw)
         except UndecodableTask:
             continue
+        task.queue = queue  # a foreign envelope's empty or other queue: where it died wins, as for a run
         metrics.TASKS_DEAD_LETTERED.labels(task.type, queue).inc()
         logger.error(
             "task %s dead-lettered: %s",
