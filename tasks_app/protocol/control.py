@@ -76,7 +76,7 @@ class ControlOps(ScriptClient):
         One script per task, in one pipeline, in order: a later task of the same key is a
         duplicate of an earlier one. A task pushed is filed READY in its queue's history by the
         same script. On Redis Cluster the READY records (another slot) are written in the same
-        pipeline and those of duplicates deleted afterwards.
+        pipeline and those of duplicates deleted afterwards (but for one under its holder's own id).
         """
         pipe = self.client.pipeline(transaction=False)
         new_queues = self.queue_uniques(pipe, uniques, result_ttl_s)
@@ -121,7 +121,13 @@ class ControlOps(ScriptClient):
         """Per task of `uniques` None (pushed) or its holder's id, read from the replies of `queue_uniques`'s calls."""
         scripts = [reply for reply in replies if isinstance(reply, list)]  # only they reply with a list: {pushed, id}
         holders = [None if int(pushed) else _text(holder) for pushed, holder in scripts]
-        duplicates = [unique.item.task_id for unique, holder in zip(uniques, holders, strict=True) if holder]
+        # A duplicate enqueued again under the id of the task holding its key (a retry of the same
+        # request) shares that task's record: it must stay.
+        duplicates = [
+            unique.item.task_id
+            for unique, holder in zip(uniques, holders, strict=True)
+            if holder and holder != unique.item.task_id
+        ]
         if isinstance(self.client, redis.RedisCluster) and duplicates:
             self.client.delete(*(self.keys.result(task_id) for task_id in duplicates))
         return holders

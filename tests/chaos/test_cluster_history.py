@@ -65,3 +65,19 @@ def test_results_acks_unique_keys_and_chart_counts_on_a_cluster(cluster_broker):
     assert not broker.client.exists(broker.keys.unique("u", "d1"))
     after = sum(counts.get("ok|x", 0) for counts in broker.minute_counts("u", [minute, minute + 1]))
     assert after == before + 1
+
+
+@pytest.mark.timeout(60)
+def test_a_unique_task_enqueued_again_under_its_own_id_keeps_its_record_on_a_cluster(cluster_broker):
+    # A retry of the same request with the same id (what "give the ids" recommends) is a
+    # duplicate held by itself: the record it shares with the task that holds the key stays.
+    broker = cluster_broker
+    TaskType.objects.create(name="demo.echo", handler="demo.echo", queue="once", unique_for_s=600)
+    request = producer.TaskRequest(type="demo.echo", args=[1], task_id="given-id")
+    [first] = producer.enqueue_many([request])
+    [again] = producer.enqueue_many([request])
+
+    assert not first.duplicate and again.duplicate and again.id == "given-id"
+    assert broker.get_result("given-id")["status"] == "READY"
+    assert broker.get_result("given-id")["type"] == "demo.echo"
+    assert broker.queue_stats("once").pending == 1
