@@ -55,10 +55,7 @@ def record_reaped(
         # Whether or not its record could be written: the task is dead either way.
         if holds_unique_until_finished(task, task_types.get(task.type)):
             try:
-                until_done(
-                    partial(broker.release_unique, queue, task.unique_digest, task.id),
-                    what="release_unique",
-                    give_up=give_up,
-                )
+                release = partial(broker.release_unique, queue, task.unique_digest, task.id)
+                until_done(release, what="release_unique", give_up=give_up)
             except Exception as exc:
                 logger.error("could not free the uniqueness key of dead-lettered task %s: %s", task.id, exc)
