@@ -72,8 +72,6 @@ class ProcessGuard:
     def ran_one(self) -> None:
         """Count one finished run; recycle once `max_tasks` have run."""
         limit = self.options.max_tasks
-        if limit is None:
-            return
         with self._ran_lock:
             self._ran += 1
             spent = self._ran == limit
@@ -121,6 +119,8 @@ class ProcessGuard:
             logger.error("cannot touch the beat file %s: %s", beat, exc)
 
     def _check_memory(self) -> None:
+        # Only after a run (as Celery does): a process over the limit from its start still runs a
+        # task, so a group whose every fresh process is over it goes on instead of only restarting.
         limit = self.options.max_memory_mb
-        if limit is not None and (used := rss_mb()) > limit:
+        if limit is not None and self._ran and (used := rss_mb()) > limit:
             self.leave(EXIT_RECYCLE, f"uses {used:.0f} MB, over --max-memory-per-child {limit} MB: recycling")

@@ -172,3 +172,15 @@ def test_a_supervisor_restarted_at_once_waits_for_the_orphans_still_running_unde
     wait_until(lambda: not alive(orphan), 30, message="the orphan to exit")
     assert f"is held by a live process (pid {orphan}" in second.log()
     assert second.terminate(timeout_s=60) == 0, second.log()
+
+
+def test_children_over_the_memory_limit_from_the_start_still_each_run_a_task(broker, consumer_process):
+    # Before: a child already above --max-memory-per-child left at its first beat, before
+    # claiming anything, so its replacement did too: a storm of restarts that never ran a task.
+    tasks = producer.enqueue("test.record", count=3)
+    group = consumer_process(
+        "--processes", "1", "--max-memory-per-child", "1", "--burst", "--concurrency", "1", "--prefetch", "0"
+    )
+    assert group.wait(60) == 0, group.log()
+    assert runs_per_task(broker) == {task.id: 1 for task in tasks}
+    assert statuses(broker, tasks) == ["SUCCESSFUL"] * len(tasks)
