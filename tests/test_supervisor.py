@@ -29,6 +29,7 @@ def test_a_child_gets_the_supervisors_flags_and_its_own_identity_port_and_beat()
     joined = " ".join(argv)
     assert "--consumer-id grp-1" in joined and "--metrics-port 9101" in joined
     assert "--supervisor-beat /tmp/beat-1" in joined and "--skip-checks" in joined
+    assert f"--supervisor-pid {os.getpid()}" in joined, "a child orphaned as it starts knows its parent is gone"
     assert "--queue a --queue b" in joined and "--concurrency 3" in joined and "--burst" in argv
     assert "--max-tasks-per-child 50" in joined
     assert "--processes" not in argv and "--prefetch" not in argv, "defaults are not repeated"

@@ -27,6 +27,7 @@ class ConsumerOptions:
     max_memory_mb: int | None = None
     hard_limit_grace_s: float | None = None
     supervisor_beat: str | None = None
+    supervisor_pid: int | None = None  # the process that started this one (its parent once it is gone: init)
     # Coroutine handlers running at once on the consumer's event loop (async_lane.py).
     async_concurrency: int = 100
 

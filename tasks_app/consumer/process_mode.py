@@ -57,7 +57,8 @@ class ProcessGuard:
         self.leave = leave
         self._ran = 0
         self._ran_lock = threading.Lock()
-        self._parent = os.getppid()
+        # Told by the supervisor: a child orphaned while it started up has init for a parent already.
+        self._parent = options.supervisor_pid or os.getppid()
         self._stop = threading.Event()
 
     def start(self) -> None:

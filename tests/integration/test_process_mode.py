@@ -1,5 +1,6 @@
 """Process mode: `runconsumer --processes N` replaces dead children, stops cleanly, recycles, enforces hard limits."""
 
+import contextlib
 import os
 import shutil
 import signal
@@ -184,3 +185,19 @@ def test_children_over_the_memory_limit_from_the_start_still_each_run_a_task(bro
     assert group.wait(60) == 0, group.log()
     assert runs_per_task(broker) == {task.id: 1 for task in tasks}
     assert statuses(broker, tasks) == ["SUCCESSFUL"] * len(tasks)
+
+
+def test_a_child_whose_supervisor_was_killed_while_it_started_stops_by_itself(broker, consumer_process):
+    # Before: a child took its supervisor to be whatever parent it had once it was up, so one
+    # orphaned during its start-up (kill -9 of the supervisor then) took init for it and ran on.
+    group = consumer_process("--processes", "1", "--consumer-id", "grp", "--lease", "2")
+    [child] = wait_until(lambda: children_of(group.pid), 60, interval_s=0.01, message="the child to start")
+    os.kill(group.pid, signal.SIGKILL)
+    group.wait(10)
+    try:
+        wait_until(lambda: broker.live_consumers("default") or not alive(child), 60, message="the child to be up")
+        wait_until(lambda: not alive(child), 30, message="the orphan to stop")
+        assert broker.live_consumers("default") == [], "it left cleanly"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group.pid, signal.SIGKILL)

@@ -99,13 +99,15 @@ def _consumer_options(options: dict[str, Any]) -> ConsumerOptions:
         max_memory_mb=options["max_memory_per_child"],
         hard_limit_grace_s=options["timeout_grace"] if supervised else None,
         supervisor_beat=options["supervisor_beat"],
+        supervisor_pid=options["supervisor_pid"],
         async_concurrency=options["async_concurrency"],
         scheduler=not options["no_scheduler"],
     )
 
 
 # Flags a supervisor sets per child instead of passing its own on.
-PER_CHILD_DESTS = {"help", "processes", "consumer_id", "metrics_port", "health_file", "supervisor_beat", "skip_checks"}
+PER_CHILD_DESTS = {"help", "processes", "consumer_id", "metrics_port", "health_file", "skip_checks"}
+PER_CHILD_DESTS |= {"supervisor_beat", "supervisor_pid"}
 
 
 def child_command(
@@ -115,7 +117,8 @@ def child_command(
     base_id = options["consumer_id"] or f"{socket.gethostname()}-{os.getpid()}"
     argv = [sys.executable, "-m", "django", "runconsumer", "--consumer-id", f"{base_id}-{index}"]
     # The supervisor ran the system checks already.
-    argv += ["--supervisor-beat", str(beat), "--settings", settings.SETTINGS_MODULE, "--skip-checks"]
+    argv += ["--supervisor-beat", str(beat), "--supervisor-pid", str(os.getpid())]
+    argv += ["--settings", settings.SETTINGS_MODULE, "--skip-checks"]
     if metrics_port is not None:
         argv += ["--metrics-port", str(metrics_port + index)]
     if options["health_file"]:
@@ -204,6 +207,7 @@ def _add_process_arguments(parser: CommandParser) -> None:
         help="async def handlers running at once on the consumer's event loop (default 100).",
     )
     parser.add_argument("--supervisor-beat", help=argparse.SUPPRESS)
+    parser.add_argument("--supervisor-pid", type=positive_int, help=argparse.SUPPRESS)
 
 
 def _add_observability_arguments(parser: CommandParser) -> None:
