@@ -90,6 +90,9 @@ def test_queuestats_table(broker):
         ["--grace", "inf"],
         ["--grace", "1e300"],
         ["--timeout-grace", "nan"],
+        # Before: a traceback from bind(), in the consumer or in every child of the group, forever.
+        ["--metrics-port", "65536"],
+        ["--processes", "3", "--metrics-port", "65534"],
     ],
 )
 @pytest.mark.django_db

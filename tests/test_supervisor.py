@@ -35,6 +35,12 @@ def test_a_child_gets_the_supervisors_flags_and_its_own_identity_port_and_beat()
     assert "--processes" not in argv and "--prefetch" not in argv, "defaults are not repeated"
 
 
+def test_children_of_a_group_asked_for_any_free_metrics_port_each_take_one():
+    # Before: child n was given port 0 + n, a privileged port it could not bind (or, as root, took).
+    argv = child_argv("--processes", "2", "--metrics-port", "0")
+    assert argv[argv.index("--metrics-port") + 1] == "0"
+
+
 def test_exits_are_described_by_status_or_signal():
     assert describe_exit(3) == "exited with status 3"
     assert describe_exit(-signal.SIGKILL) == "was killed by signal 9 (SIGKILL)"

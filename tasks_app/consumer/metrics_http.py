@@ -62,5 +62,6 @@ def serve(
 
 def serve_consumer_metrics(consumer: Consumer, port: int, addr: str = METRICS_HOST) -> WSGIServer:
     """Export the queue depths of `consumer`'s Redis and serve metrics and its liveness on `port`."""
+    server = serve(port, consumer.liveness, addr)  # first: a port it cannot bind leaves nothing registered
     REGISTRY.register(QueueCollector(lambda: consumer.broker, consumer.options.queues))
-    return serve(port, consumer.liveness, addr)
+    return server

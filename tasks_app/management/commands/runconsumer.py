@@ -15,6 +15,8 @@ from tasks_app.consumer.lifecycle import Consumer
 from tasks_app.consumer.metrics_http import METRICS_HOST
 from tasks_app.consumer.options import MAX_DURATION_S, ConsumerOptions
 
+MAX_PORT = 65535
+
 
 def positive_int(text: str) -> int:
     value = int(text)
@@ -27,6 +29,13 @@ def non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"cannot be negative, got {value}")
+    return value
+
+
+def port_arg(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= MAX_PORT:
+        raise argparse.ArgumentTypeError(f"must be a port from 0 to {MAX_PORT} (0: any free one), got {value}")
     return value
 
 
@@ -69,10 +78,7 @@ class Command(BaseCommand):
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         if processes is not None:
-            from tasks_app.consumer.supervisor import Supervisor
-
-            command = partial(child_command, self.parser, options, metrics_port)
-            exit_code = Supervisor(command, processes, burst=options["burst"], health_file=options["health_file"]).run()
+            exit_code = _run_group(self.parser, processes, metrics_port, options)
         else:
             consumer = Consumer(consumer_options)
             if metrics_port is not None:
@@ -81,6 +87,18 @@ class Command(BaseCommand):
             exit_code = consumer.run()
         if exit_code:
             raise SystemExit(exit_code)
+
+
+def _run_group(parser: CommandParser, processes: int, metrics_port: int | None, options: dict[str, Any]) -> int:
+    """Run `processes` consumer processes under a supervisor; return its exit code."""
+    from tasks_app.consumer.supervisor import Supervisor
+
+    if metrics_port and metrics_port + processes - 1 > MAX_PORT:
+        raise CommandError(
+            f"--metrics-port {metrics_port} leaves no port for child {processes - 1} (P + n > {MAX_PORT})"
+        )
+    command = partial(child_command, parser, options, metrics_port)
+    return Supervisor(command, processes, burst=options["burst"], health_file=options["health_file"]).run()
 
 
 def _consumer_options(options: dict[str, Any]) -> ConsumerOptions:
@@ -119,8 +137,8 @@ def child_command(
     # The supervisor ran the system checks already.
     argv += ["--supervisor-beat", str(beat), "--supervisor-pid", str(os.getpid())]
     argv += ["--settings", settings.SETTINGS_MODULE, "--skip-checks"]
-    if metrics_port is not None:
-        argv += ["--metrics-port", str(metrics_port + index)]
+    if metrics_port is not None:  # 0: each takes any free port
+        argv += ["--metrics-port", str(metrics_port + index if metrics_port else 0)]
     if options["health_file"]:
         argv += ["--health-file", f"{options['health_file']}.{index}"]
     for action in parser._actions:
@@ -213,9 +231,9 @@ def _add_process_arguments(parser: CommandParser) -> None:
 def _add_observability_arguments(parser: CommandParser) -> None:
     parser.add_argument(
         "--metrics-port",
-        type=non_negative_int,
+        type=port_arg,
         metavar="P",
-        help="Serve Prometheus metrics (/metrics) and liveness (/healthz) on this port.",
+        help="Serve Prometheus metrics (/metrics) and liveness (/healthz) on this port (0: any free one).",
     )
     parser.add_argument(
         "--metrics-host",
