@@ -2,14 +2,16 @@
 
 import os
 import signal
+import sys
 import time
 from pathlib import Path
 
 from django.core.management import load_command_class
 
+from tasks_app.consumer import supervisor as supervisor_module
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.consumer.process_mode import EXIT_HARD_LIMIT, EXIT_MARGIN_S, EXIT_RECYCLE, ProcessGuard
-from tasks_app.consumer.supervisor import STALL_S, Supervisor, describe_exit
+from tasks_app.consumer.supervisor import Supervisor, describe_exit
 from tasks_app.consumer.timeouts import RunClock
 from tasks_app.management.commands.runconsumer import child_command
 
@@ -97,17 +99,41 @@ def tend_until(supervisor: Supervisor, done, timeout_s: float = 10) -> None:
         time.sleep(0.02)
 
 
-def test_a_child_that_stops_beating_is_killed_and_replaced_after_a_backoff(caplog):
+def test_a_child_that_stops_beating_is_killed_and_replaced_after_a_backoff(caplog, monkeypatch):
+    monkeypatch.setattr(supervisor_module, "STALL_S", 0.3)
     supervisor = Supervisor(lambda index, beat: ["sleep", "30"], 1)
     [child] = supervisor.children
     supervisor._tend(child)
     first = child.process
-    child.beat.touch()
-    os.utime(child.beat, (time.time() - STALL_S - 1,) * 2)
+    child.beat.touch()  # one beat, then none
     tend_until(supervisor, lambda: child.process is None)
     assert first.returncode == -signal.SIGKILL
     assert child.start_at > time.monotonic(), "a crash is replaced after a backoff"
     assert "stopped beating" in caplog.text and "was killed by signal 9 (SIGKILL)" in caplog.text
+
+
+# A child that beats every 0.1 s, its clock a minute behind the supervisor's (as after a clock step).
+BEHIND_BY_A_MINUTE = """import os, sys, time
+while True:
+    open(sys.argv[1], "a").close()
+    os.utime(sys.argv[1], (time.time() - 60,) * 2)
+    time.sleep(0.1)"""
+
+
+def test_a_child_that_beats_is_never_taken_for_wedged_whatever_the_wall_clock_says():
+    # Before: the beat's age was its mtime against the wall clock, so a clock stepped forward
+    # (NTP, a VM resumed) made every beating child look wedged, and all were SIGKILLed at once.
+    supervisor = Supervisor(lambda index, beat: [sys.executable, "-c", BEHIND_BY_A_MINUTE, str(beat)], 1)
+    [child] = supervisor.children
+    supervisor._tend(child)
+    running = child.process
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        supervisor._tend(child)
+        time.sleep(0.05)
+    assert child.process is running and running.poll() is None, "not killed"
+    running.kill()
+    running.wait()
 
 
 def test_a_recycled_child_is_replaced_at_once_and_a_burst_child_done_is_not():

@@ -57,6 +57,9 @@ class Child:
     start_at: float = 0.0
     # Sent SIGTERM since the group began stopping.
     told: bool = False
+    # The beat file's last mtime seen, and when (monotonic): a wall-clock step never looks like a stall.
+    beat_mtime: float | None = None
+    beat_seen_at: float = 0.0
 
 
 def describe_exit(returncode: int) -> str:
@@ -158,6 +161,7 @@ class Supervisor:
 
     def _start(self, child: Child) -> None:
         child.beat.unlink(missing_ok=True)
+        child.beat_mtime = None
         try:
             child.process = subprocess.Popen(list(self.command(child.index, child.beat)), env=child_env())
         except OSError as exc:  # fork refused (a process limit, memory): a crash at start, not the group's end
@@ -170,11 +174,15 @@ class Supervisor:
         logger.info("consumer process %d started (pid %d)", child.index, child.process.pid)
 
     def _stalled(self, child: Child) -> bool:
+        """True once the beat file has not changed for STALL_S (or not appeared for STARTUP_S)."""
+        now = time.monotonic()
         try:
-            age_s = time.time() - child.beat.stat().st_mtime
+            mtime = child.beat.stat().st_mtime
         except FileNotFoundError:
-            return time.monotonic() - child.started_at > STARTUP_S
-        return age_s > STALL_S
+            return now - child.started_at > STARTUP_S
+        if mtime != child.beat_mtime:
+            child.beat_mtime, child.beat_seen_at = mtime, now
+        return now - child.beat_seen_at > STALL_S
 
     def _exited(self, child: Child, returncode: int) -> None:
         assert child.process is not None
