@@ -93,6 +93,8 @@ def test_queuestats_table(broker):
         # Before: a traceback from bind(), in the consumer or in every child of the group, forever.
         ["--metrics-port", "65536"],
         ["--processes", "3", "--metrics-port", "65534"],
+        # Before: valid as given, but each child's `<id>-<n>` was too long: every child failed, forever.
+        ["--processes", "2", "--consumer-id", "c" * 100],
     ],
 )
 @pytest.mark.django_db

@@ -14,6 +14,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tasks_app.consumer.lifecycle import Consumer
 from tasks_app.consumer.metrics_http import METRICS_HOST
 from tasks_app.consumer.options import MAX_DURATION_S, ConsumerOptions
+from tasks_app.protocol.names import validate_name
 
 MAX_PORT = 65535
 
@@ -93,10 +94,13 @@ def _run_group(parser: CommandParser, processes: int, metrics_port: int | None, 
     """Run `processes` consumer processes under a supervisor; return its exit code."""
     from tasks_app.consumer.supervisor import Supervisor
 
-    if metrics_port and metrics_port + processes - 1 > MAX_PORT:
-        raise CommandError(
-            f"--metrics-port {metrics_port} leaves no port for child {processes - 1} (P + n > {MAX_PORT})"
-        )
+    last = processes - 1
+    if metrics_port and metrics_port + last > MAX_PORT:
+        raise CommandError(f"--metrics-port {metrics_port} leaves no port for child {last} (P + n > {MAX_PORT})")
+    try:  # the group's id was valid; its children's are longer
+        validate_name(f"{group_id(options)}-{last}", "consumer id of a child")
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
     command = partial(child_command, parser, options, metrics_port)
     return Supervisor(command, processes, burst=options["burst"], health_file=options["health_file"]).run()
 
@@ -128,12 +132,16 @@ PER_CHILD_DESTS = {"help", "processes", "consumer_id", "metrics_port", "health_f
 PER_CHILD_DESTS |= {"supervisor_beat", "supervisor_pid"}
 
 
+def group_id(options: dict[str, Any]) -> str:
+    """The id a supervisor's children are named after, `<id>-<n>`."""
+    return options["consumer_id"] or f"{socket.gethostname()}-{os.getpid()}"
+
+
 def child_command(
     parser: CommandParser, options: dict[str, Any], metrics_port: int | None, index: int, beat: Path
 ) -> list[str]:
     """The argv of consumer process `index` of a supervisor started with `options`."""
-    base_id = options["consumer_id"] or f"{socket.gethostname()}-{os.getpid()}"
-    argv = [sys.executable, "-m", "django", "runconsumer", "--consumer-id", f"{base_id}-{index}"]
+    argv = [sys.executable, "-m", "django", "runconsumer", "--consumer-id", f"{group_id(options)}-{index}"]
     # The supervisor ran the system checks already.
     argv += ["--supervisor-beat", str(beat), "--supervisor-pid", str(os.getpid())]
     argv += ["--settings", settings.SETTINGS_MODULE, "--skip-checks"]
