@@ -393,5 +393,7 @@ class Consumer:
         timer.cancel()
 
     def install_signal_handlers(self) -> None:
-        """SIGTERM/SIGINT: stop gracefully; a second signal exits at once."""
-        install_stop_signals(self.request_stop, self.options.grace_s)
+        """SIGTERM/SIGINT: stop gracefully; a second signal exits at once (in process mode: its supervisor kills it)."""
+        install_stop_signals(
+            self.request_stop, self.options.grace_s, supervised=self.options.supervisor_beat is not None
+        )

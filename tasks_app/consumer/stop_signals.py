@@ -1,4 +1,10 @@
-"""SIGTERM and SIGINT for a consumer: the first asks for a graceful stop, a second one exits at once."""
+"""SIGTERM and SIGINT for a consumer: the first asks for a graceful stop, a second one exits at once.
+
+A child of `runconsumer --processes` gets the same request twice, by two routes: Ctrl-C (or
+systemd) signals every process of the group, and its supervisor passes the signal on, as late as
+its load makes it. So a supervised child never exits at once on a later signal: only its
+supervisor, on a second signal to itself, decides that (and kills it).
+"""
 
 from __future__ import annotations
 
@@ -16,17 +22,18 @@ logger = logging.getLogger("tasks_app.consumer.lifecycle")
 SIGNAL_ECHO_S = 1.0
 
 
-def install_stop_signals(request_stop: Callable[[], None], grace_s: float) -> None:
-    """SIGTERM/SIGINT: call `request_stop` once; a signal SIGNAL_ECHO_S or more after the first exits at once."""
+def install_stop_signals(request_stop: Callable[[], None], grace_s: float, *, supervised: bool = False) -> None:
+    """SIGTERM/SIGINT: call `request_stop` once; a signal SIGNAL_ECHO_S later exits now, unless `supervised`."""
     first_signal_at: list[float] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         now = time.monotonic()
         if not first_signal_at:
             first_signal_at.append(now)
-            logger.info("signal %d: finishing in-flight tasks (grace %gs); send again to exit now", signum, grace_s)
+            again = "a second signal to the supervisor kills it" if supervised else "send again to exit now"
+            logger.info("signal %d: finishing in-flight tasks (grace %gs); %s", signum, grace_s, again)
             request_stop()
-        elif now - first_signal_at[0] >= SIGNAL_ECHO_S:
+        elif not supervised and now - first_signal_at[0] >= SIGNAL_ECHO_S:
             logger.warning("second signal: exiting now; the lease will recover what was held")
             os._exit(1)
 

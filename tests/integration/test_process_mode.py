@@ -201,3 +201,19 @@ def test_a_child_whose_supervisor_was_killed_while_it_started_stops_by_itself(br
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(group.pid, signal.SIGKILL)
+
+
+def test_ctrl_c_to_the_group_stops_each_child_once_however_late_the_supervisor_passes_it_on(broker, consumer_process):
+    # Ctrl-C reaches every process of the group; the supervisor then passes it on as SIGTERM.
+    # Before: a child took that SIGTERM, when it came a second or more after its own SIGINT (a
+    # loaded machine), for a second signal and exited at once, cutting its running tasks short.
+    [task] = producer.enqueue("test.record", kwargs={"sleep_s": 3.0})
+    group = consumer_process("--processes", "1", "--grace", "20", "--lease", "2")
+    wait_until(lambda: recorded_runs(broker), 60, message="the slow task to start")
+    os.kill(group.pid, signal.SIGSTOP)  # a supervisor slow to act on the signal
+    os.killpg(group.pid, signal.SIGINT)
+    time.sleep(1.5)
+    os.kill(group.pid, signal.SIGCONT)
+    assert group.wait(60) == 0, group.log()
+    assert statuses(broker, [task]) == ["SUCCESSFUL"], group.log()
+    assert runs_per_task(broker) == {task.id: 1}
