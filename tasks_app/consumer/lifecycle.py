@@ -178,11 +178,12 @@ class Consumer:
                 # Claimed under an identity whose lease was lost: the reaper owns it now.
                 self._finished([claimed])
                 continue
-            if self.claiming_stopped.is_set():
+            with self._busy_lock:  # read where the stop counts the running: it waits for this run, or we see it
+                stopping = self.claiming_stopped.is_set()
+                self._busy += not stopping
+            if stopping:
                 self._return_unstarted([claimed])
                 continue
-            with self._busy_lock:
-                self._busy += 1
             # A task whose ack the batcher writes keeps its slot until then (see ack_batcher).
             left_to_batcher = False
             try:

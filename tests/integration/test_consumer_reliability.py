@@ -1,18 +1,22 @@
 """Crash recovery, long tasks, graceful shutdown and backpressure with real consumer processes."""
 
 import signal
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from tasks_app import producer
+from tasks_app.consumer.lifecycle import Consumer
+from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.protocol.broker import Broker, Enqueueable
 from tasks_app.protocol.codec import decode_task, encode_payload
 from tasks_app.protocol.results import ResultRecord
 from tasks_app.protocol.scripts import connect
 from tests.chaos.servers import RedisServer
 from tests.support.claims import task_bytes
+from tests.support.consumers import running
 from tests.support.ports import free_port
 from tests.support.processes import wait_until
 from tests.support.recording import recorded_runs, runs_per_task
@@ -168,3 +172,31 @@ def test_a_signal_echo_is_not_a_second_signal_but_a_later_one_exits_at_once(brok
     impatient.signal(signal.SIGTERM)
     assert impatient.wait(10) == 1
     assert "second signal" in impatient.log()
+
+
+class PreemptedAfterReading(threading.Event):
+    """A stop event whose first read by a worker thread that finds it clear is preempted: it sleeps before returning."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.preempted = threading.Event()
+
+    def is_set(self) -> bool:
+        value = super().is_set()
+        if not value and threading.current_thread().name.startswith("worker-") and not self.preempted.is_set():
+            self.preempted.set()
+            time.sleep(1.0)
+        return value
+
+
+def test_a_task_a_worker_starts_as_the_stop_begins_is_waited_for_and_not_returned(broker):
+    # Before: a worker that found the stop not begun, then lost the CPU before counting itself
+    # busy, was not waited for: the stop went on, returned its task to pending and it ran twice.
+    [task] = producer.enqueue("test.record", kwargs={"sleep_s": 0.2})
+    consumer = Consumer(ConsumerOptions(concurrency=1, prefetch=0, lease_s=2, block_s=0.5), broker=broker)
+    consumer.claiming_stopped = stop = PreemptedAfterReading()
+    with running(consumer):
+        wait_until(stop.preempted.is_set, 30, message="the worker to take the task")
+    assert statuses(broker, [task]) == ["SUCCESSFUL"]
+    stats = broker.queue_stats("default")
+    assert (stats.pending, stats.processing) == (0, 0), "not returned: it ran, once"
