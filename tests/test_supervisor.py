@@ -1,6 +1,7 @@
 """Process mode's pure parts: a child's command line, exit descriptions, recycling and hard-limit decisions."""
 
 import os
+import shutil
 import signal
 import sys
 import time
@@ -14,6 +15,7 @@ from tasks_app.consumer.process_mode import EXIT_HARD_LIMIT, EXIT_MARGIN_S, EXIT
 from tasks_app.consumer.supervisor import Supervisor, describe_exit
 from tasks_app.consumer.timeouts import RunClock
 from tasks_app.management.commands.runconsumer import child_command
+from tests.support.processes import wait_until
 
 
 def child_argv(*argv: str) -> list[str]:
@@ -113,27 +115,52 @@ def test_a_child_that_stops_beating_is_killed_and_replaced_after_a_backoff(caplo
 
 
 # A child that beats every 0.1 s, its clock a minute behind the supervisor's (as after a clock step).
-BEHIND_BY_A_MINUTE = """import os, sys, time
+# A child that beats every 0.1 s, its beat's mtime `argv[2]` seconds off the supervisor's clock.
+BEATING = """import os, sys, time
 while True:
-    open(sys.argv[1], "a").close()
-    os.utime(sys.argv[1], (time.time() - 60,) * 2)
+    try:
+        open(sys.argv[1], "a").close()
+        os.utime(sys.argv[1], (time.time() + float(sys.argv[2]),) * 2)
+    except OSError:
+        pass
     time.sleep(0.1)"""
+
+
+def beating_child(offset_s: float) -> Supervisor:
+    supervisor = Supervisor(lambda index, beat: [sys.executable, "-c", BEATING, str(beat), str(offset_s)], 1)
+    supervisor._tend(supervisor.children[0])
+    return supervisor
+
+
+def still_running_after(supervisor: Supervisor, seconds: float) -> bool:
+    [child] = supervisor.children
+    running = child.process
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        supervisor._tend(child)
+        time.sleep(0.05)
+    alive = child.process is running and running.poll() is None
+    running.kill()
+    running.wait()
+    return alive
 
 
 def test_a_child_that_beats_is_never_taken_for_wedged_whatever_the_wall_clock_says():
     # Before: the beat's age was its mtime against the wall clock, so a clock stepped forward
     # (NTP, a VM resumed) made every beating child look wedged, and all were SIGKILLed at once.
-    supervisor = Supervisor(lambda index, beat: [sys.executable, "-c", BEHIND_BY_A_MINUTE, str(beat)], 1)
-    [child] = supervisor.children
-    supervisor._tend(child)
-    running = child.process
-    deadline = time.monotonic() + 1.5
-    while time.monotonic() < deadline:
-        supervisor._tend(child)
-        time.sleep(0.05)
-    assert child.process is running and running.poll() is None, "not killed"
-    running.kill()
-    running.wait()
+    assert still_running_after(beating_child(-60), 1.5), "not killed"
+
+
+def test_a_child_whose_beat_file_was_cleaned_away_is_not_killed(monkeypatch):
+    # Before: once a /tmp cleaner (or an rm -rf /tmp/*) removed the beat directory, every child
+    # older than its start-up allowance was SIGKILLed at once, and each replacement a minute later.
+    monkeypatch.setattr(supervisor_module, "STARTUP_S", 0.5)
+    supervisor = beating_child(0)
+    wait_until(supervisor.children[0].beat.exists, 10, message="the first beat")
+    time.sleep(0.6)
+    supervisor._tend(supervisor.children[0])
+    shutil.rmtree(supervisor.children[0].beat.parent)
+    assert still_running_after(supervisor, 1.5), "not killed"
 
 
 def test_a_recycled_child_is_replaced_at_once_and_a_burst_child_done_is_not():

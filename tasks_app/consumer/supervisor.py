@@ -177,9 +177,13 @@ class Supervisor:
         """True once the beat file has not changed for STALL_S (or not appeared for STARTUP_S)."""
         now = time.monotonic()
         try:
-            mtime = child.beat.stat().st_mtime
+            mtime: float | None = child.beat.stat().st_mtime
         except FileNotFoundError:
-            return now - child.started_at > STARTUP_S
+            # Cleaned away under us (a /tmp cleaner)? Then a live child's next beat writes it again.
+            self._dir.mkdir(mode=0o700, exist_ok=True)
+            mtime = child.beat_mtime
+            if mtime is None:
+                return now - child.started_at > STARTUP_S
         if mtime != child.beat_mtime:
             child.beat_mtime, child.beat_seen_at = mtime, now
         return now - child.beat_seen_at > STALL_S
