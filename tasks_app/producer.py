@@ -96,8 +96,8 @@ def enqueue(
     broker: Broker | None = None,
 ) -> list[EnqueuedTask]:
     """Validate and enqueue `count` tasks of one type in one round trip; return what was pushed."""
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise EnqueueError(f"count must be a positive integer, got {count!r}")
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_BATCH:
+        raise EnqueueError(f"count must be an integer from 1 to {MAX_BATCH}, got {count!r}")
     request = TaskRequest(
         type=type_name,
         args=args,
@@ -115,11 +115,13 @@ def enqueue(
 def enqueue_many(
     requests: Sequence[TaskRequest], *, broker: Broker | None = None, registry: Registry = default_registry
 ) -> list[EnqueuedTask]:
-    """Validate every request, then enqueue them all in one round trip.
+    """Validate every request (at most MAX_BATCH), then enqueue them all in one round trip.
 
     All or nothing on a single Redis server; on Redis Cluster a QueueUnavailable may follow a
     partial enqueue, and a retry with the same task ids does not push any of them twice.
     """
+    if len(requests) > MAX_BATCH:
+        raise EnqueueError(f"at most {MAX_BATCH} tasks per call, got {len(requests)}: split the batch")
     return push(prepare(requests, registry=registry), broker=broker)
 
 
@@ -233,6 +235,9 @@ def _prepare(request: TaskRequest, configs: dict[str, TaskTypeConfig], registry:
     return _Prepared(task, task.queue, task.priority, delay_ms, task.run_after_ms, record, window_ms)
 
 
+# Tasks one call enqueues at most: its script holds Redis meanwhile (about 0.2-0.4 s for this many),
+# and a larger batch would stall every client of the server; split larger batches into calls.
+MAX_BATCH = 10_000
 MAX_UNIQUE_KEY_CHARS = 1000
 MAX_TASK_ID_CHARS = 200
 

@@ -113,14 +113,22 @@ def test_arguments_nested_64_levels_deep_reach_the_record_whole(broker):
         ({"type_name": "demo.echo", "kwargs": []}, "kwargs must be a JSON object"),
         ({"type_name": "demo.echo", "kwargs": 0}, "kwargs must be a JSON object"),
         ({"type_name": "demo.echo", "headers": {"trace": "\ud800"}}, "headers must map names to UTF-8 text"),
-        ({"type_name": "demo.echo", "count": 0}, "count must be a positive integer"),
-        ({"type_name": "demo.echo", "count": True}, "count must be a positive integer"),
+        ({"type_name": "demo.echo", "count": 0}, "count must be an integer from 1 to 10000"),
+        ({"type_name": "demo.echo", "count": True}, "count must be an integer from 1 to 10000"),
+        ({"type_name": "demo.echo", "count": 10**7}, "count must be an integer from 1 to 10000"),
     ],
 )
 def test_invalid_requests_are_rejected_before_anything_is_pushed(broker, kwargs, message):
     type_name = kwargs.pop("type_name")
     with pytest.raises(EnqueueError, match=message):
         enqueue(type_name, **kwargs)
+    assert enqueued_keys(broker) == []
+
+
+def test_a_batch_larger_than_one_call_may_hold_is_refused_whole(broker):
+    # One script holds Redis while it runs: ten million tasks in one would stall every client for minutes.
+    with pytest.raises(EnqueueError, match="at most 10000 tasks per call, got 10001: split the batch"):
+        enqueue_many([TaskRequest("demo.echo")] * 10_001)
     assert enqueued_keys(broker) == []
 
 
