@@ -34,11 +34,13 @@ local slot_ms, now_ms, last, fired, refused = periodic_slot('fire_periodic')
 if refused then return refused end
 
 local prev_ms = int_arg(ARGV[2], 0, 0, 2 ^ 53)
-local on_time = now_ms - slot_ms <= int_arg(ARGV[3], 0, 0, 2 ^ 53)
+local saved_ms = int_arg(ARGV[12], 0, 0, 2 ^ 53)
+-- Without a history, a slot at or before the schedule's last save does not run either: a new
+-- schedule has no past, and one just moved to this queue may have fired that slot in the old one.
+local on_time = now_ms - slot_ms <= int_arg(ARGV[3], 0, 0, 2 ^ 53) and (last ~= nil or slot_ms > saved_ms)
 -- Missed: a slot after the last handled one and after the schedule's last save (before it, it may
 -- have been disabled) was never handled: the one before this, or this one, too late to run as
 -- itself. Without a history (a new schedule) nothing counts as missed.
-local saved_ms = int_arg(ARGV[12], 0, 0, 2 ^ 53)
 local missed = last ~= nil and (prev_ms > math.max(last, saved_ms) or (not on_time and slot_ms > saved_ms))
 local catch_up = missed and ARGV[4] == 'once' and ARGV[10] ~= ''
 local priority = int_arg(ARGV[6], 0, -100, 100)

@@ -107,6 +107,16 @@ def test_a_new_schedule_first_seen_late_fires_nothing_for_its_past(broker, confi
     assert pushed_runs(broker, QUEUE) == []
 
 
+def test_a_schedule_without_history_does_not_run_a_slot_from_before_its_last_save(broker, config):
+    # Moved to this queue (a save) just after its slot fired in the old one, or created after it.
+    slot_ms = server_ms(broker) // 1000 * 1000 - 1000
+    moved = SlotFiring(slot_ms, slot_ms - 1000, 60_000, "once", saved_ms=slot_ms + 500)
+    assert fire_slot(config, moved, broker).outcome == "skipped"
+    following = SlotFiring(slot_ms + 1000, slot_ms, 60_000, "once", saved_ms=slot_ms + 500)
+    assert fire_slot(config, following, broker).outcome == "fired"  # the first slot after the save runs
+    assert [run.slot_ms for run in pushed_runs(broker, QUEUE)] == [slot_ms + 1000]
+
+
 @pytest.mark.parametrize("garbage", [b"nan", b"inf", b"1e400", b"-5", "caf\u00e9".encode()])
 def test_a_garbage_state_counts_as_no_history(broker, config, garbage):
     broker.client.hset(broker.keys.periodic(QUEUE, config.name), "slot_ms", garbage)
