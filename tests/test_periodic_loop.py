@@ -57,6 +57,19 @@ def test_slots_are_computed_on_the_redis_clock_whatever_this_host_says(broker, e
     assert abs(run.slot_ms - broker.server_time_ms()) < 5_000
 
 
+def test_a_pass_computes_slots_only_for_the_schedules_due(broker, echo, monkeypatch):
+    hourly = [config(f"hourly.{n}", interval_s=3600) for n in range(50)]
+    loop = loop_of(broker, *hourly, config("tick"))
+    loop.run_once()
+    computed = []
+    for method in ("latest_at_or_before", "next_after", "previous_before"):
+        real = getattr(Schedule, method)
+        monkeypatch.setattr(Schedule, method, lambda self, ms, real=real: computed.append(ms) or real(self, ms))
+    time.sleep(1.0)
+    loop.run_once()  # the next second: only "tick" is due
+    assert 0 < len(computed) <= 6
+
+
 def test_a_disabled_task_type_fires_nothing_and_the_loop_goes_on(broker, echo, caplog):
     TaskType.objects.filter(pk=echo.pk).update(enabled=False)
     loop = loop_of(broker, config())

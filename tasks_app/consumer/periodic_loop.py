@@ -17,6 +17,7 @@ from tasks_app.consumer.retrying import is_transient
 from tasks_app.periodic.code import sync_code_schedules
 from tasks_app.periodic.config import PeriodicConfig, load_configs
 from tasks_app.periodic.firing import fire_slot
+from tasks_app.periodic.schedule import Schedule
 from tasks_app.producer import EnqueueError, TaskTypeDisabled
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.periodic import FireReply, SlotFiring
@@ -65,6 +66,11 @@ class PeriodicLoop:
         # Per schedule this loop could not fire (EnqueueError, a refused script), the first slot it
         # failed since its last reply: what lateness counts from when no fired run is known.
         self._failing_since: dict[str, int] = {}
+        # Per schedule, when to look at it again (and for which schedule that was computed): a pass
+        # computes slots only for the schedules due, however many there are.
+        self._next_look: dict[str, tuple[Schedule, int]] = {}
+        # Per schedule, the slot after the lateness gauges' reference slot, keyed by schedule and reference.
+        self._following: dict[str, tuple[tuple[Schedule, int], int | None]] = {}
 
     def run_once(self) -> float:
         """Fire what is due; return the seconds until the nearest next slot, at most the refresh period."""
@@ -74,7 +80,7 @@ class PeriodicLoop:
         wake_ms = now_ms + int(self.refresh_s * 1000)
         for config in self._configs:
             try:
-                wake_ms = min(wake_ms, self._tend(config, now_ms))
+                wake_ms = min(wake_ms, self._look(config, now_ms))
             except RedisError:
                 raise  # the loop's runner backs off
             except Exception:  # one schedule's bug must not starve the others
@@ -92,8 +98,17 @@ class PeriodicLoop:
         self._next_load = time.monotonic() + self.refresh_s
         for gone in {c.name for c in self._configs} - {c.name for c in configs}:
             _forget_metrics(gone)
-            self._failing_since.pop(gone, None)
+            for remembered in (self._failing_since, self._next_look, self._following):
+                remembered.pop(gone, None)
         self._configs = configs
+
+    def _look(self, config: PeriodicConfig, now_ms: int) -> int:
+        """Tend `config` if the time to look at it again has come (or its schedule changed); return that time."""
+        look = self._next_look.get(config.name)
+        if look is None or look[0] != config.schedule or look[1] <= now_ms:
+            look = self._next_look[config.name] = (config.schedule, self._tend(config, now_ms))
+        self._report_lateness(config, now_ms)
+        return look[1]
 
     def _tend(self, config: PeriodicConfig, now_ms: int) -> int:
         """Fire `config`'s due slot if this loop has not seen it handled; return when to look at it again."""
@@ -103,7 +118,6 @@ class PeriodicLoop:
             retry_at_ms = self._fire(config, due_ms, now_ms)
             if retry_at_ms is not None:
                 return retry_at_ms
-        self._report_lateness(config, now_ms)
         next_ms = schedule.next_after(now_ms)
         return next_ms if next_ms is not None else now_ms + int(self.refresh_s * 1000)
 
@@ -161,7 +175,12 @@ class PeriodicLoop:
             # A consumer started since the schedule last fired, if it cannot fire it either, knows no
             # fired run: count from its first failed slot, not the last (which would read on time).
             reference_ms = self._failing_since.get(config.name, self._handled.get(config.name, -1))
-        following_ms = config.schedule.next_after(reference_ms) if reference_ms >= 0 else None
+        key = (config.schedule, reference_ms)
+        cached = self._following.get(config.name)
+        if cached is None or cached[0] != key:
+            following = config.schedule.next_after(reference_ms) if reference_ms >= 0 else None
+            cached = self._following[config.name] = (key, following)
+        following_ms = cached[1]
         if following_ms is None:
             metrics.PERIODIC_LATE.labels(config.name).set(0)
             return
