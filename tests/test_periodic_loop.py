@@ -70,6 +70,23 @@ def test_a_pass_computes_slots_only_for_the_schedules_due(broker, echo, monkeypa
     assert 0 < len(computed) <= 6
 
 
+def test_a_long_pass_fires_the_slot_due_when_it_comes_to_a_schedule_not_the_one_due_at_its_start(broker, echo):
+    class SlowToCompute(Schedule):
+        def latest_at_or_before(self, now_ms: int) -> int | None:
+            time.sleep(2.2)  # a long pass, or this process paused in the middle of it
+            return None
+
+    once = replace(config("z.once"), catch_up="once")
+    loop_of(broker, once, clock_ms=lambda: broker.server_time_ms() - 1000).run_once()  # a slot handled
+    slow = replace(config("a.slow"), schedule=SlowToCompute(interval_s=3600))
+    start_ms = broker.server_time_ms() // 1000 * 1000
+    loop_of(broker, slow, once).run_once()
+    runs = [run for run in pushed_runs(broker, OUT) if run.schedule == "z.once"]
+    # One catch-up run for the seconds the pass took, then the slot due when it came to the schedule.
+    assert [run.catch_up for run in runs] == [True, False]
+    assert runs[1].slot_ms >= start_ms + 2000
+
+
 def test_a_disabled_task_type_fires_nothing_and_the_loop_goes_on(broker, echo, caplog):
     TaskType.objects.filter(pk=echo.pk).update(enabled=False)
     loop = loop_of(broker, config())

@@ -79,8 +79,11 @@ class PeriodicLoop:
         now_ms, read_at = self._clock_ms(), time.monotonic()
         wake_ms = now_ms + int(self.refresh_s * 1000)
         for config in self._configs:
+            # The server's now as the pass goes on: a long pass (or a pause of this process in it)
+            # must not fire a slot that newer ones have already followed.
+            at_ms = now_ms + int((time.monotonic() - read_at) * 1000)
             try:
-                wake_ms = min(wake_ms, self._look(config, now_ms))
+                wake_ms = min(wake_ms, self._look(config, at_ms))
             except RedisError:
                 raise  # the loop's runner backs off
             except Exception:  # one schedule's bug must not starve the others
