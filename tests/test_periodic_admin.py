@@ -204,3 +204,19 @@ def test_a_code_schedule_with_dates_without_an_offset_is_stored_once_and_not_sav
     call_command("periodic", "sync", stdout=(again := StringIO()))
     assert "unchanged: nightly" in again.getvalue()
     assert PeriodicTask.objects.get(name="nightly").updated_at == nightly.updated_at
+
+
+def test_a_code_schedule_with_tuples_or_nones_is_stored_and_not_saved_again_at_each_sync(broker, echo, settings):
+    settings.TASKS_PERIODIC = {
+        "tuples": {"task": "demo.echo", "interval_s": 60, "args": (16, 16), "kwargs": {"sizes": (1, 2)}},
+        "nones": {"task": "demo.echo", "cron": "0 3 * * *", "interval_s": None, "queue": None, "timezone": None},
+        "queue.none": {"task": "demo.echo", "interval_s": 60, "queue": None},  # was a crash of the whole sync
+    }
+    call_command("periodic", "sync", stdout=(first := StringIO()))
+    assert "created: tuples, nones, queue.none" in first.getvalue()
+    tuples, nones = PeriodicTask.objects.get(name="tuples"), PeriodicTask.objects.get(name="nones")
+    assert (tuples.args, tuples.kwargs) == ([16, 16], {"sizes": [1, 2]})
+    assert (nones.queue, nones.timezone) == ("", "UTC")  # not given: the defaults
+    call_command("periodic", "sync", stdout=(again := StringIO()))
+    assert "unchanged: tuples, nones, queue.none" in again.getvalue()  # catch-up still counts from the last real edit
+    assert PeriodicTask.objects.get(name="tuples").updated_at == tuples.updated_at

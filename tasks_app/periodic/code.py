@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -90,7 +91,8 @@ def _write_row(name: str, entry: Mapping[str, Any], task_type: str) -> str:
     before = _owned_values(row)
     defaults = PeriodicTask()
     for attr in ENTRY_FIELDS:
-        setattr(row, attr, entry.get(attr, getattr(defaults, attr)))
+        value = entry.get(attr)  # None: not given (no column of these takes None for anything else)
+        setattr(row, attr, getattr(defaults, attr) if value is None else _as_stored(attr, value))
     _read_dates(row)
     row.task_type = TaskType.objects.get(name=task_type)
     row.source = PeriodicTask.Source.CODE
@@ -104,6 +106,16 @@ def _write_row(name: str, entry: Mapping[str, Any], task_type: str) -> str:
         return "unchanged"
     row.save()
     return "created" if created else "updated"
+
+
+def _as_stored(attr: str, value: Any) -> Any:
+    """Arguments as the database gives them back (a tuple as a list): an unchanged entry then equals its row."""
+    if attr not in ("args", "kwargs"):
+        return value
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError, RecursionError):
+        return value  # not JSON: full_clean says what is wrong
 
 
 def _read_dates(row: PeriodicTask) -> None:
