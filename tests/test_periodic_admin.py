@@ -127,6 +127,16 @@ def test_periodic_list_shows_each_schedule_and_flags_an_invalid_one(broker, echo
     assert any(line.startswith("bad.job") and "INVALID: unknown time zone" in line for line in lines)
 
 
+def test_the_list_shows_a_schedule_parked_at_the_end_of_the_calendar_without_a_next_run(broker, echo):
+    PeriodicTask.objects.create(
+        name="parked", task_type=echo, cron="0 3 * * *", start_at=datetime(9999, 12, 31, 4, tzinfo=UTC)
+    )
+    out = StringIO()
+    call_command("periodic", "list", stdout=out)
+    [line] = [line for line in out.getvalue().splitlines() if line.startswith("parked")]
+    assert line.split()[1:6] == ["cron", "0", "3", "*", "*"] and " - " in line
+
+
 def test_a_row_whose_arguments_are_of_the_wrong_shape_is_flagged_and_never_fired_with_other_arguments(broker, echo):
     # Saved past the admin's validation (a shell, a data migration).
     PeriodicTask.objects.create(name="bad.args", task_type=echo, interval_s=1, args={"days": 7})

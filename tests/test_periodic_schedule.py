@@ -115,3 +115,9 @@ def test_no_slot_after_end_at():
 def test_invalid_schedules_say_why(fields, message):
     with pytest.raises(InvalidSchedule, match=message):
         Schedule(**fields)
+
+
+def test_a_start_parked_at_the_end_of_the_calendar_has_no_next_slot():
+    parked = Schedule(cron="0 3 * * *", start_at=datetime(9999, 12, 31, 4, tzinfo=UTC))  # the next 03:00 is in 10000
+    now_ms = ms(datetime(2026, 1, 1, tzinfo=UTC))
+    assert (parked.latest_at_or_before(now_ms), parked.next_after(now_ms)) == (None, None)

@@ -85,7 +85,7 @@ class Schedule:
         return slot_ms if self.start_at is None or slot_ms >= _ms(self.start_at) else None
 
     def next_after(self, now_ms: int) -> int | None:
-        """The first slot strictly after `now_ms` (not before start_at); None once end_at has passed."""
+        """The first slot strictly after `now_ms` (not before start_at); None once end_at has passed or past 9999."""
         if self.interval_s is not None:
             interval_ms, anchor_ms = self.interval_s * 1000, self._anchor_ms()
             slot_ms = (
@@ -93,7 +93,10 @@ class Schedule:
             )
         else:
             start_ms = max(now_ms, _ms(self.start_at) - 1) if self.start_at else now_ms
-            slot_ms = _ms(next(CronSim(self.cron, self._local(start_ms))))
+            try:
+                slot_ms = _ms(next(CronSim(self.cron, self._local(start_ms))))
+            except OverflowError:  # the next match is after the year 9999 (a start parked at its end)
+                return None
         if self.end_at is not None and slot_ms > _ms(self.end_at):
             return None
         return slot_ms
