@@ -159,19 +159,21 @@ def test_a_supervisor_restarted_at_once_waits_for_the_orphans_still_running_unde
     # Before: the new child took id grp-0 while the orphan of the killed supervisor still ran a
     # task under it, recovered that task as its own earlier run's and ran it a second time.
     flags = ["--processes", "1", "--consumer-id", "grp", "--concurrency", "1", "--prefetch", "0", "--lease", "5"]
-    [long] = producer.enqueue("test.record", kwargs={"sleep_s": 6})
+    [long] = producer.enqueue("test.record", kwargs={"hold_until": "orphan-may-finish"})
     short = producer.enqueue("test.record", count=3)
     first = consumer_process(*flags)
     wait_until(lambda: recorded_runs(broker), 60, message="the long task to start")
     [orphan] = children_of(first.pid)
     os.kill(first.pid, signal.SIGKILL)
     second = consumer_process(*flags)
+    # The orphan's run goes on until the new group's child is seen waiting for it, however slow its start.
+    wait_until(lambda: f"is held by a live process (pid {orphan}" in second.log(), 60, message="the new child to wait")
+    broker.client.set(f"{broker.keys.prefix}:orphan-may-finish", 1)
 
     wait_until(lambda: statuses(broker, [long, *short]) == ["SUCCESSFUL"] * 4, 60, message="every task to succeed")
     assert runs_per_task(broker) == {task.id: 1 for task in [long, *short]}, second.log()
     assert orphan not in {run["pid"] for run in recorded_runs(broker)[1:]}, "the new child ran the rest"
     wait_until(lambda: not alive(orphan), 30, message="the orphan to exit")
-    assert f"is held by a live process (pid {orphan}" in second.log()
     assert second.terminate(timeout_s=60) == 0, second.log()
 
 

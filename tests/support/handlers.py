@@ -19,8 +19,11 @@ def runs_key() -> str:
 
 
 @handler("test.record", takes_context=True)
-def record(context: Any, sleep_s: float = 0.0, fail_until_attempt: int = 0, **extra: Any) -> int:
-    """Record this run (task id, attempt, consumer, start time on the Redis clock), then work."""
+def record(context: Any, sleep_s: float = 0.0, fail_until_attempt: int = 0, hold_until: str = "", **extra: Any) -> int:
+    """Record this run (task id, attempt, consumer, start time on the Redis clock), then work.
+
+    With `hold_until` (a key of this test's prefix), the run goes on until the test creates that key (60 s at most).
+    """
     broker = get_broker()
     seconds, micros = broker.client.time()
     broker.client.rpush(
@@ -39,6 +42,11 @@ def record(context: Any, sleep_s: float = 0.0, fail_until_attempt: int = 0, **ex
     )
     if sleep_s:
         time.sleep(float(sleep_s))
+    held_until = time.monotonic() + 60
+    while (
+        hold_until and not broker.client.exists(f"{broker.keys.prefix}:{hold_until}") and time.monotonic() < held_until
+    ):
+        time.sleep(0.05)
     if context.attempt <= int(fail_until_attempt):
         raise RuntimeError(f"planned failure on attempt {context.attempt}")
     return context.attempt
