@@ -22,15 +22,6 @@ def test_enqueue_prints_one_id_per_line(broker):
 
 
 @pytest.mark.django_db
-def test_enqueue_sends_a_large_count_in_batches_one_call_may_hold(broker, monkeypatch):
-    monkeypatch.setattr("tasks_app.management.commands.enqueue.MAX_BATCH", 4)
-    out = StringIO()
-    call_command("enqueue", "demo.echo", "--count", "10", stdout=out)
-    lines = out.getvalue().split()
-    assert len(set(lines)) == 10 and broker.queue_stats("default").pending == 10
-
-
-@pytest.mark.django_db
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
