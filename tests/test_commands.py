@@ -126,3 +126,28 @@ def test_enqueue_with_redis_away_fails_with_one_line(settings):
     settings.REDIS_URL = "redis://127.0.0.1:1/0"
     with pytest.raises(CommandError, match="cannot enqueue"):
         call_command("enqueue", "demo.echo", stdout=StringIO())
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "argv", [["queuestats"], ["queuestats", "--json"], ["queue", "pause", "mail"], ["cancel", "some-id"]]
+)
+def test_commands_with_redis_away_fail_with_one_line(settings, argv):
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # before: a redis ConnectionError traceback
+    with pytest.raises(CommandError, match=r"^Redis unavailable: .*refused"):
+        call_command(*argv, stdout=StringIO())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_with_the_database_away_fails_with_one_line_on_stderr(broker, key_prefix):
+    result = subprocess.run(
+        [sys.executable, str(PROJECT_DIR / "manage.py"), "enqueue", "demo.echo", "--skip-checks"],
+        env=consumer_env(key_prefix, DATABASE_URL="postgres://u:p@127.0.0.1:1/db"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    [line] = result.stderr.strip().splitlines()  # before: a psycopg traceback
+    assert line.startswith("CommandError: database unavailable:")
+    assert enqueued_keys(broker) == []

@@ -4,9 +4,10 @@ import getpass
 import os
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from tasks_app.control import CANCELLED, FINISHED, REQUESTED, cancel_many
+from tasks_app.management.outages import QueueCommand
 
 DONE = {CANCELLED: "cancelled (it will not run)", REQUESTED: "running: asked to stop"}
 FORCED = "running: stopped by force"
@@ -20,7 +21,7 @@ def cli_user() -> str:
         return f"uid:{os.getuid()}"
 
 
-class Command(BaseCommand):
+class Command(QueueCommand):
     help = "Cancel tasks by id: queued ones never run, running ones are asked to stop (with --force, stopped)."
 
     def add_arguments(self, parser: CommandParser) -> None:

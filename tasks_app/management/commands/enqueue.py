@@ -3,8 +3,9 @@
 import argparse
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from tasks_app.management.outages import QueueCommand
 from tasks_app.producer import EnqueueError, QueueUnavailable, enqueue
 from tasks_app.protocol.jsontext import loads_bounded
 
@@ -16,7 +17,7 @@ def json_value(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"invalid JSON: {exc}") from None
 
 
-class Command(BaseCommand):
+class Command(QueueCommand):
     help = "Enqueue tasks of a registered type; prints one task id per line."
 
     def add_arguments(self, parser: CommandParser) -> None:

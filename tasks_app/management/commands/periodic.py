@@ -4,8 +4,9 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
+from tasks_app.management.outages import QueueCommand
 from tasks_app.models import PeriodicTask
 from tasks_app.periodic.code import sync_code_schedules
 from tasks_app.periodic.config import PeriodicConfig
@@ -16,7 +17,7 @@ from tasks_app.protocol.broker import get_broker
 from tasks_app.registry import registry
 
 
-class Command(BaseCommand):
+class Command(QueueCommand):
     help = "List periodic tasks, fire one now (outside its schedule), or sync the TASKS_PERIODIC schedules."
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -2,13 +2,14 @@
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from tasks_app.control import set_queue_paused
+from tasks_app.management.outages import QueueCommand
 from tasks_app.protocol.names import InvalidName, validate_name
 
 
-class Command(BaseCommand):
+class Command(QueueCommand):
     help = "Pause a queue (consumers stop claiming it within a second; enqueues are accepted) or resume it."
 
     def add_arguments(self, parser: CommandParser) -> None:

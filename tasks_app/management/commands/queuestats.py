@@ -3,12 +3,13 @@
 import json
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import CommandParser
 
+from tasks_app.management.outages import QueueCommand
 from tasks_app.protocol.broker import get_broker
 
 
-class Command(BaseCommand):
+class Command(QueueCommand):
     help = "Show per-queue counts (pending, processing, delayed, dead) and live consumers."
 
     def add_arguments(self, parser: CommandParser) -> None:
