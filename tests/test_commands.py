@@ -7,7 +7,10 @@ from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command
+from redis.exceptions import ConnectionError as RedisConnectionError
 
+from tasks_app.management.commands.enqueue import CHUNK_TASKS
+from tasks_app.protocol.broker import Broker
 from tests.support.enqueued import enqueued_keys
 from tests.support.processes import PROJECT_DIR, consumer_env
 
@@ -151,3 +154,38 @@ def test_enqueue_with_the_database_away_fails_with_one_line_on_stderr(broker, ke
     [line] = result.stderr.strip().splitlines()  # before: a psycopg traceback
     assert line.startswith("CommandError: database unavailable:")
     assert enqueued_keys(broker) == []
+
+
+def _spy_on_pushes(monkeypatch, fail_on_call: int = 0) -> list[int]:
+    """Record how many tasks each enqueue script call carries; the call numbered `fail_on_call` fails."""
+    sizes: list[int] = []
+    real = Broker.enqueue
+
+    def enqueue(self, items, *args, **kwargs):
+        sizes.append(len(items))
+        if len(sizes) == fail_on_call:
+            raise RedisConnectionError("simulated outage")
+        return real(self, items, *args, **kwargs)
+
+    monkeypatch.setattr(Broker, "enqueue", enqueue)
+    return sizes
+
+
+@pytest.mark.django_db
+def test_enqueue_a_large_count_pushes_it_in_chunks(broker, monkeypatch):
+    sizes = _spy_on_pushes(monkeypatch)
+    out = StringIO()
+    call_command("enqueue", "demo.echo", "--count", str(2 * CHUNK_TASKS + 5), stdout=out)
+    # Before: one script of every task, which held Redis (every client) for minutes at ten million.
+    assert sizes == [CHUNK_TASKS, CHUNK_TASKS, 5]
+    assert len(set(out.getvalue().split())) == 2 * CHUNK_TASKS + 5
+    assert broker.queue_stats("default").pending == 2 * CHUNK_TASKS + 5
+
+
+@pytest.mark.django_db
+def test_enqueue_failing_midway_says_how_many_were_enqueued(broker, monkeypatch):
+    _spy_on_pushes(monkeypatch, fail_on_call=2)
+    out = StringIO()
+    with pytest.raises(CommandError, match=f"simulated outage.*\\({CHUNK_TASKS} of {3 * CHUNK_TASKS} enqueued"):
+        call_command("enqueue", "demo.echo", "--count", str(3 * CHUNK_TASKS), stdout=out)
+    assert len(out.getvalue().split()) == broker.queue_stats("default").pending == CHUNK_TASKS

@@ -9,6 +9,9 @@ from tasks_app.management.outages import QueueCommand
 from tasks_app.producer import EnqueueError, QueueUnavailable, enqueue
 from tasks_app.protocol.jsontext import loads_bounded
 
+# Tasks pushed per round trip (Sidekiq's push_bulk batch): each chunk is all or nothing.
+CHUNK_TASKS = 1000
+
 
 def json_value(text: str) -> Any:
     try:
@@ -36,7 +39,13 @@ class Command(QueueCommand):
         parser.add_argument("--queue", help="Queue (default: the task type's queue).")
         parser.add_argument("--priority", type=int, default=0, help="-100..100; higher runs first.")
         parser.add_argument("--delay", type=float, default=0.0, metavar="SECONDS", help="Run no sooner than this.")
-        parser.add_argument("--count", type=int, default=1, metavar="N", help="Enqueue N identical tasks.")
+        parser.add_argument(
+            "--count",
+            type=int,
+            default=1,
+            metavar="N",
+            help=f"Enqueue N identical tasks ({CHUNK_TASKS} per round trip).",
+        )
         parser.add_argument(
             "--unique-key",
             metavar="KEY",
@@ -56,21 +65,27 @@ class Command(QueueCommand):
         unique_key: str | None,
         **options: Any,
     ) -> None:
-        try:
-            enqueued = enqueue(
-                type,
-                task_args,
-                kwargs,
-                queue=queue,
-                priority=priority,
-                delay_s=delay,
-                count=count,
-                unique_key=unique_key,
-            )
-        except (EnqueueError, QueueUnavailable) as exc:
-            raise CommandError(str(exc)) from None
-        self.stdout.write("\n".join(task.id for task in enqueued))
-        duplicates = sum(task.duplicate for task in enqueued)
+        duplicates = 0
+        # One script per chunk: one script of millions of tasks would block Redis for minutes.
+        for done in range(0, max(count, 1), CHUNK_TASKS):
+            try:
+                enqueued = enqueue(
+                    type,
+                    task_args,
+                    kwargs,
+                    queue=queue,
+                    priority=priority,
+                    delay_s=delay,
+                    count=min(CHUNK_TASKS, count - done),
+                    unique_key=unique_key,
+                )
+            except (EnqueueError, QueueUnavailable) as exc:
+                raise CommandError(
+                    f"{exc}{f' ({done} of {count} enqueued, their ids printed)' if done else ''}"
+                ) from None
+            self.stdout.write("\n".join(task.id for task in enqueued))
+            self.stdout.flush()  # a reader of a pipe sees each chunk's ids as it lands
+            duplicates += sum(task.duplicate for task in enqueued)
         if duplicates:
             self.stderr.write(
                 f"{duplicates} duplicate(s) of a unique task already enqueued: its id printed, nothing pushed"
