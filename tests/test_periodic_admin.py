@@ -170,6 +170,13 @@ def test_periodic_run_refuses_an_invalid_row_and_enqueues_nothing(broker, echo, 
     assert pushed_runs(broker, "periodic-out") == []
 
 
+@pytest.mark.parametrize("name", ["\udcff", "has space", "x" * 101])
+def test_periodic_run_refuses_a_name_no_row_can_have_in_one_line(broker, name):
+    # Before: "\udcff" (a non-UTF-8 byte of argv) ended in a UnicodeEncodeError traceback from the query.
+    with pytest.raises(CommandError, match="invalid periodic task name"):
+        call_command("periodic", "run", name, stdout=StringIO())
+
+
 def test_periodic_sync_writes_code_schedules_and_refuses_invalid_ones(broker, echo, settings):
     PeriodicTask.objects.create(name="old.code", task_type=echo, interval_s=5, source=PeriodicTask.Source.CODE)
     PeriodicTask.objects.create(name="admin.job", task_type=echo, interval_s=5)

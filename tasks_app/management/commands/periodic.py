@@ -14,6 +14,7 @@ from tasks_app.periodic.firing import run_now
 from tasks_app.periodic.status import ScheduleStatus, schedule_statuses
 from tasks_app.producer import EnqueueError, QueueUnavailable
 from tasks_app.protocol.broker import get_broker
+from tasks_app.protocol.names import InvalidName, validate_name
 from tasks_app.registry import registry
 
 
@@ -43,6 +44,10 @@ class Command(QueueCommand):
 
 
 def _run(name: str) -> str:
+    try:
+        validate_name(name, "periodic task name")  # no row has another; one not UTF-8 would fail the query
+    except InvalidName as exc:
+        raise CommandError(str(exc)) from None
     row = PeriodicTask.objects.select_related("task_type").filter(name=name).first()
     if row is None:
         raise CommandError(f"no periodic task named {name!r}")
