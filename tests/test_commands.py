@@ -189,3 +189,19 @@ def test_enqueue_failing_midway_says_how_many_were_enqueued(broker, monkeypatch)
     with pytest.raises(CommandError, match=f"simulated outage.*\\({CHUNK_TASKS} of {3 * CHUNK_TASKS} enqueued"):
         call_command("enqueue", "demo.echo", "--count", str(3 * CHUNK_TASKS), stdout=out)
     assert len(out.getvalue().split()) == broker.queue_stats("default").pending == CHUNK_TASKS
+
+
+@pytest.mark.django_db
+def test_queuestats_shows_the_other_queues_beside_one_holding_a_foreign_key(broker):
+    call_command("enqueue", "demo.echo", stdout=StringIO())
+    broker.client.sadd(broker.keys.queues(), "foreign")
+    broker.client.set(broker.keys.pending("foreign"), "not a list")  # before: a WRONGTYPE traceback, no stats
+    table, as_json = StringIO(), StringIO()
+    call_command("queuestats", stdout=table)
+    call_command("queuestats", "--json", stdout=as_json)
+    rows = table.getvalue().splitlines()
+    assert rows[1].split()[:2] == ["default", "1"]
+    assert rows[2].startswith("foreign") and "unreadable: " in rows[2] and "WRONGTYPE" in rows[2]
+    stats = json.loads(as_json.getvalue())
+    assert [queue["queue"] for queue in stats["queues"]] == ["default"]
+    assert "WRONGTYPE" in stats["unreadable"]["foreign"]

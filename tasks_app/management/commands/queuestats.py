@@ -4,9 +4,11 @@ import json
 from typing import Any
 
 from django.core.management.base import CommandParser
+from redis.exceptions import ResponseError
 
 from tasks_app.management.outages import QueueCommand
-from tasks_app.protocol.broker import get_broker
+from tasks_app.protocol.broker import Broker, get_broker
+from tasks_app.protocol.replies import QueueStats
 
 
 class Command(QueueCommand):
@@ -16,10 +18,9 @@ class Command(QueueCommand):
         parser.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
 
     def handle(self, *args: Any, json: bool, **options: Any) -> None:
-        broker = get_broker()
-        stats = [broker.queue_stats(queue) for queue in broker.known_queues()]
+        stats, unreadable = _read_stats(get_broker())
         if json:
-            self.stdout.write(_dumps({"queues": [s.as_dict() for s in stats]}))
+            self.stdout.write(_dumps({"queues": [s.as_dict() for s in stats], "unreadable": unreadable}))
             return
         header = f"{'queue':<24}{'pending':>10}{'processing':>12}{'delayed':>10}{'dead':>8}{'consumers':>11}  state"
         self.stdout.write(header)
@@ -28,9 +29,23 @@ class Command(QueueCommand):
                 f"{s.queue:<24}{s.pending:>10}{s.processing:>12}{s.delayed:>10}{s.dead:>8}{len(s.consumers):>11}"
                 f"  {'paused' if s.paused else 'running'}"
             )
+        for queue, error in unreadable.items():
+            self.stdout.write(f"{queue:<24}unreadable: {error}")
         for s in stats:
             for consumer in s.consumers:
                 self.stdout.write(f"  {s.queue}: consumer {consumer['id']} in flight {consumer['in_flight']}")
+
+
+def _read_stats(broker: Broker) -> tuple[list[QueueStats], dict[str, str]]:
+    """Every queue's stats, and the error of each queue whose keys Redis refused to count (a foreign key's type)."""
+    stats: list[QueueStats] = []
+    unreadable: dict[str, str] = {}
+    for queue in broker.known_queues():
+        try:
+            stats.append(broker.queue_stats(queue))
+        except ResponseError as exc:
+            unreadable[queue] = str(exc)
+    return stats, unreadable
 
 
 def _dumps(value: Any) -> str:
