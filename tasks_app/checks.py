@@ -1,5 +1,6 @@
 """System checks for the task queue's settings."""
 
+import math
 from typing import Any
 
 from django.conf import settings
@@ -72,13 +73,14 @@ def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
     from tasks_app.registry import registry
 
     problems: list[CheckMessage] = []
-    if not NAME_PATTERN.fullmatch(settings.TASKS_KEY_PREFIX or ""):
+    prefix, url = settings.TASKS_KEY_PREFIX, settings.REDIS_URL
+    if not (isinstance(prefix, str) and NAME_PATTERN.fullmatch(prefix)):
         problems.append(Error("TASKS_KEY_PREFIX must be 1-100 characters of A-Z a-z 0-9 _ . : -", id="tasks_app.E001"))
-    if not settings.REDIS_URL.startswith(("redis://", "rediss://", "unix://")):
+    if not (isinstance(url, str) and url.startswith(("redis://", "rediss://", "unix://"))):
         problems.append(Error("REDIS_URL must start with redis://, rediss:// or unix://", id="tasks_app.E002"))
-    if settings.TASKS_RESULT_TTL <= 0:
+    if not _within(settings.TASKS_RESULT_TTL, 1):
         problems.append(Error("TASKS_RESULT_TTL must be a positive number of seconds", id="tasks_app.E003"))
-    if settings.TASKS_MAX_PAYLOAD_BYTES <= 0:
+    if not _within(settings.TASKS_MAX_PAYLOAD_BYTES, 1):
         problems.append(Error("TASKS_MAX_PAYLOAD_BYTES must be positive", id="tasks_app.E004"))
     problems += _delay_and_dead_letter_problems()
     periodic: object = settings.TASKS_PERIODIC  # a project's settings.py may hold anything
@@ -87,7 +89,7 @@ def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
     problems += [
         Error(f"{name} must be between {low} and {high}{unit}", hint=hint, id=check_id)
         for name, low, high, unit, hint, check_id in _BOUNDED_SETTINGS
-        if not low <= getattr(settings, name) <= high
+        if not _within(getattr(settings, name), low, high)
     ]
     for module, error in registry.import_errors.items():
         problems.append(
@@ -102,10 +104,17 @@ def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
 
 def _delay_and_dead_letter_problems() -> list[CheckMessage]:
     problems: list[CheckMessage] = []
-    if settings.TASKS_MAX_DELAY_S <= 0:
+    if not _within(settings.TASKS_MAX_DELAY_S, 1):
         problems.append(Error("TASKS_MAX_DELAY_S must be a positive number of seconds", id="tasks_app.E020"))
-    if settings.TASKS_DEAD_LETTER_MAX < 0:
+    if not _within(settings.TASKS_DEAD_LETTER_MAX, 0):
         problems.append(Error("TASKS_DEAD_LETTER_MAX must be 0 or more", id="tasks_app.E021"))
-    if settings.TASKS_DEAD_LETTER_MAX_AGE_S <= 0:
+    if not _within(settings.TASKS_DEAD_LETTER_MAX_AGE_S, 1):
         problems.append(Error("TASKS_DEAD_LETTER_MAX_AGE_S must be a positive number of seconds", id="tasks_app.E022"))
     return problems
+
+
+def _within(value: object, low: float, high: float = math.inf) -> bool:
+    """Whether `value` is a number from `low` to `high`: not a bool, a string, None, NaN or an infinity."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return not (isinstance(value, float) and math.isinf(value)) and low <= value <= high  # NaN fails both

@@ -106,3 +106,24 @@ def test_a_throttle_recheck_out_of_range_is_an_error(settings, fresh_registry, r
 def test_a_config_refresh_period_out_of_range_is_an_error(settings, fresh_registry, refresh_s):
     settings.TASKS_CONFIG_REFRESH_S = refresh_s  # NaN: consumers would never see an admin edit
     assert ids(checks.check_task_settings()) == ["tasks_app.E005"]
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "check_id"),
+    [
+        ("TASKS_KEY_PREFIX", 5, "tasks_app.E001"),
+        ("REDIS_URL", None, "tasks_app.E002"),
+        ("TASKS_RESULT_TTL", "3600", "tasks_app.E003"),
+        ("TASKS_RESULT_TTL", math.nan, "tasks_app.E003"),
+        ("TASKS_MAX_PAYLOAD_BYTES", math.inf, "tasks_app.E004"),
+        ("TASKS_MAX_DELAY_S", math.nan, "tasks_app.E020"),
+        ("TASKS_DEAD_LETTER_MAX", None, "tasks_app.E021"),
+        ("TASKS_DEAD_LETTER_MAX_AGE_S", True, "tasks_app.E022"),
+        ("TASKS_HISTORY_MAX", "100", "tasks_app.E060"),
+        ("TASKS_CLUSTER_WAIT_MS", 10**400, "tasks_app.E031"),
+    ],
+)
+def test_a_setting_of_the_wrong_type_or_nan_is_its_error_not_a_crash(settings, fresh_registry, name, value, check_id):
+    # Before: a string or None raised a TypeError from the check itself; NaN passed, to fail at first use.
+    setattr(settings, name, value)
+    assert ids(checks.check_task_settings()) == [check_id]
