@@ -8,6 +8,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
+from tasks_app.admin_forms import ShownFieldsForm
 from tasks_app.models import ApiToken, PeriodicTask, TaskType
 from tasks_app.periodic.admin import PeriodicTaskAdmin
 from tasks_app.registry import registry
@@ -99,6 +100,10 @@ class TaskTypeAdmin(admin.ModelAdmin):
         ("Retries and timeout", {"fields": ("max_attempts", "retry_backoff", "timeout")}),
         ("Unique tasks", {"fields": ("unique_for_s", "unique_until")}),
     )
+
+    def get_changelist_form(self, request: HttpRequest, **kwargs: Any) -> Any:
+        """A list row saves `enabled` even when the row breaks a rule on fields the list does not show."""
+        return super().get_changelist_form(request, **{"form": ShownFieldsForm, **kwargs})
 
     def get_readonly_fields(self, request: HttpRequest, obj: TaskType | None = None) -> tuple[str, ...]:
         """The name once the type exists (see NAME_HELP)."""

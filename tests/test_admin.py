@@ -86,3 +86,16 @@ def test_a_new_type_is_named_on_the_add_page(admin_client):
     added = admin_client.post("/admin/tasks_app/tasktype/add/", form_data(name="billing.new", unique_until="window"))
     assert added.status_code == 302
     assert TaskType.objects.filter(name="billing.new").exists()
+
+
+def test_the_list_saves_enabled_beside_a_row_saved_past_the_admin_breaking_a_rule(admin_client):
+    # Saved from code, or before the rule existed: a burst over its limit.
+    bad = TaskType.objects.create(name="bad.row", handler="demo.echo", rate_limit=1, rate_burst=5)
+    other = TaskType.objects.create(name="other.row", handler="demo.echo")
+    rows = {"form-TOTAL_FORMS": "2", "form-INITIAL_FORMS": "2", "form-0-id": str(bad.pk), "form-1-id": str(other.pk)}
+    # Before: a ValueError (the list's form has no field rate_burst), a server error on every save of the page.
+    response = admin_client.post("/admin/tasks_app/tasktype/", {**rows, "form-1-enabled": "on", "_save": "Save"})
+    assert response.status_code == 302
+    bad.refresh_from_db()
+    other.refresh_from_db()
+    assert (bad.enabled, other.enabled) == (False, True)

@@ -6,12 +6,13 @@ from typing import Any, ClassVar
 
 from django import forms
 from django.contrib import admin
-from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.forms.fields import InvalidJSONInput
 from django.http import HttpRequest
 from django.utils.html import format_html
 
+from tasks_app.admin_forms import ShownFieldsForm
 from tasks_app.models import PeriodicTask
 from tasks_app.periodic.status import ScheduleStatus, schedule_statuses
 from tasks_app.protocol.broker import get_broker
@@ -58,27 +59,11 @@ class ArgumentsField(forms.JSONField):
         return text.encode("utf-8", "backslashreplace").decode() if isinstance(text, str) else text
 
 
-class PeriodicTaskForm(forms.ModelForm):
-    """A periodic task's form that answers only for the fields it shows.
+class PeriodicTaskForm(ShownFieldsForm):
+    """A periodic task's form: a list row or a row from code saves what it shows, whatever the rest holds."""
 
-    A row of the list (only `enabled`) or from code (its schedule read-only) cannot fix the rest: an
-    error there (a row saved past the admin, flagged in the list) must not stop pausing it or saving
-    the rows beside it.
-    """
-
-    def add_error(self, field: str | None, error: Any) -> None:
-        """Add `error`, leaving out the row's errors on fields this form does not show."""
-        if field is None and isinstance(error, ValidationError) and hasattr(error, "error_dict"):
-            # The row's own errors ("__all__") are about cron and interval together.
-            shown = {
-                name: errors
-                for name, errors in error.error_dict.items()
-                if name in self.fields or (name == NON_FIELD_ERRORS and "cron" in self.fields)
-            }
-            if not shown:
-                return
-            error = shown
-        super().add_error(field, error)
+    # The row's own errors are about cron and interval together.
+    non_field_errors_with = "cron"
 
 
 class PeriodicTaskAdmin(admin.ModelAdmin):
