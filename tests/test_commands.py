@@ -205,3 +205,35 @@ def test_queuestats_shows_the_other_queues_beside_one_holding_a_foreign_key(brok
     stats = json.loads(as_json.getvalue())
     assert [queue["queue"] for queue in stats["queues"]] == ["default"]
     assert "WRONGTYPE" in stats["unreadable"]["foreign"]
+
+
+def _run_into_a_closed_pipe(key_prefix: str, *argv: str) -> tuple[int, str]:
+    """Run manage.py with its stdout a pipe whose reader has already left (as `| head` leaves)."""
+    process = subprocess.Popen(
+        [sys.executable, str(PROJECT_DIR / "manage.py"), *argv],
+        env=consumer_env(key_prefix, TASK_HANDLER_MODULES="examples.handlers"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()
+    stderr = process.stderr.read()
+    return process.wait(timeout=60), stderr
+
+
+@pytest.mark.django_db(transaction=True)
+def test_enqueue_into_a_closed_pipe_stops_saying_how_many_were_enqueued(broker, key_prefix):
+    returncode, stderr = _run_into_a_closed_pipe(key_prefix, "enqueue", "demo.echo", "--count", str(3 * CHUNK_TASKS))
+    assert returncode == 1  # before: a BrokenPipeError traceback
+    assert stderr.strip() == (
+        f"CommandError: stdout closed by its reader after {CHUNK_TASKS} of {3 * CHUNK_TASKS} tasks were enqueued; "
+        "the rest were not"
+    )
+    assert broker.queue_stats("default").pending == CHUNK_TASKS
+
+
+@pytest.mark.django_db(transaction=True)
+def test_queuestats_into_a_closed_pipe_exits_without_a_traceback(broker, key_prefix):
+    returncode, stderr = _run_into_a_closed_pipe(key_prefix, "queuestats")
+    assert (returncode, stderr) == (1, "")

@@ -83,6 +83,7 @@ class Command(QueueCommand):
                 raise CommandError(
                     f"{exc}{f' ({done} of {count} enqueued, their ids printed)' if done else ''}"
                 ) from None
+            self.progress_note = f" after {done + len(enqueued)} of {count} tasks were enqueued; the rest were not"
             self.stdout.write("\n".join(task.id for task in enqueued))
             self.stdout.flush()  # a reader of a pipe sees each chunk's ids as it lands
             duplicates += sum(task.duplicate for task in enqueued)
