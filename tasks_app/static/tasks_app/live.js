@@ -79,12 +79,12 @@
       });
       toggle.textContent = paused ? "Resume live updates" : "Pause live updates";
     }
-    var all = document.getElementById("tasks-select-all");
-    if (all) {
-      all.addEventListener("change", function () {
-        document.querySelectorAll("input[name=task]").forEach(function (box) { box.checked = all.checked; });
-      });
-    }
+    // Listened for on the document: a refresh replaces the select-all box with a fresh one.
+    document.addEventListener("change", function (event) {
+      var all = event.target;
+      if (all.id !== "tasks-select-all") return;
+      document.querySelectorAll("input[name=task]").forEach(function (box) { box.checked = all.checked; });
+    });
     window.setInterval(refresh, intervalS * 1000);
     window.setInterval(tickAges, 1000);
   });

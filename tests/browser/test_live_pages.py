@@ -1,0 +1,41 @@
+"""A staff user in headless Chromium on the pages that update themselves (live.js): what a refresh keeps and tells."""
+
+from __future__ import annotations
+
+import pytest
+
+from tasks_app import producer
+from tests.browser.test_web_flow import log_in
+
+# One worker runs the browser tests one after another: two Chromiums at once only slow each other.
+pytestmark = [pytest.mark.browser, pytest.mark.xdist_group("browser"), pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def fast_refresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The task browser refreshes every second (the live server runs in this process)."""
+    monkeypatch.setattr("tasks_app.web.browser.REFRESH_S", 1)
+
+
+def _held_back(count: int) -> list[str]:
+    """Enqueue tasks due in an hour: their records are what the browser lists."""
+    return [t.id for t in producer.enqueue("demo.echo", queue="ops", count=count, delay_s=3600)]
+
+
+def _next_refresh(page) -> None:
+    """Wait until the page has swapped in its next refresh."""
+    page.evaluate("() => new Promise(done => document.addEventListener('tasks:refreshed', done, {once: true}))")
+
+
+def test_select_all_still_selects_every_row_after_a_refresh(page, live_server, broker, fast_refresh):
+    from playwright.sync_api import expect
+
+    _held_back(3)
+    log_in(page, live_server.url)
+    page.goto(f"{live_server.url}/tasks/")
+    expect(page.locator("tr.task-row")).to_have_count(3)
+    _next_refresh(page)
+    page.check("#tasks-select-all")
+    expect(page.locator("input[name=task]:checked")).to_have_count(3)
+    page.uncheck("#tasks-select-all")
+    expect(page.locator("input[name=task]:checked")).to_have_count(0)
