@@ -39,3 +39,23 @@ def test_select_all_still_selects_every_row_after_a_refresh(page, live_server, b
     expect(page.locator("input[name=task]:checked")).to_have_count(3)
     page.uncheck("#tasks-select-all")
     expect(page.locator("input[name=task]:checked")).to_have_count(0)
+
+
+def test_a_selection_holds_the_rows_until_the_bulk_action_even_when_newer_tasks_arrive(
+    page, live_server, broker, fast_refresh
+):
+    from playwright.sync_api import expect
+
+    [chosen] = _held_back(1)
+    log_in(page, live_server.url)
+    page.goto(f"{live_server.url}/tasks/?size=25")
+    page.check(f'input[name=task][value="{chosen}"]')
+    page.select_option("#bulk-action", "cancel")  # the focus leaves the rows
+    _held_back(25)  # a refresh would now show 25 newer rows, and the chosen one on the next page
+    expect(page.locator("#tasks-live-note")).to_contain_text("held while tasks are selected")
+    expect(page.locator(f'input[name=task][value="{chosen}"]')).to_be_checked()
+    page.click("#bulk-go")
+    expect(page.locator("ul.messagelist")).to_contain_text("Cancelled 1 task(s)")
+    assert broker.get_result(chosen)["status"] == "CANCELLED"
+    expect(page.locator("#tasks-live-note")).to_have_text("")
+    expect(page.locator("tr.task-row")).to_have_count(25)

@@ -1,7 +1,9 @@
 // Live pages: every few seconds fetch this same URL (filters included) and swap in the fresh
 // content of each element marked data-live (matched by id). The rest of the page (filter
-// inputs, scroll position, the selection of checkboxes) stays as it is. Pauses while the tab
-// is hidden, while an element inside a region has focus, and when the user switches it off.
+// inputs, scroll position) stays as it is. Pauses while the tab is hidden, while an element
+// inside a region has focus, while a box in one is checked (a refresh would drop the selected
+// rows that newer ones pushed off the page, and a bulk action would then miss them), and when
+// the user switches it off.
 // Relative ages ("12 s ago") of <time data-age> elements tick every second in between.
 (function () {
   "use strict";
@@ -28,14 +30,6 @@
     });
   }
 
-  function checkedValues(region) {
-    var values = {};
-    region.querySelectorAll("input[type=checkbox]:checked").forEach(function (box) {
-      values[box.name + "=" + box.value] = true;
-    });
-    return values;
-  }
-
   function swap(fresh) {
     if (fresh.querySelector("[data-live-done]") && !document.querySelector("[data-live-done]")) {
       window.location.reload();  // finished: the whole page has more to show (the error, the result)
@@ -44,18 +38,22 @@
     document.querySelectorAll("[data-live]").forEach(function (region) {
       var replacement = fresh.getElementById(region.id);
       if (!replacement || region.contains(document.activeElement) && document.activeElement !== document.body) return;
-      var checked = checkedValues(region);
       region.innerHTML = replacement.innerHTML;
-      region.querySelectorAll("input[type=checkbox]").forEach(function (box) {
-        if (checked[box.name + "=" + box.value]) box.checked = true;
-      });
     });
     if (fresh.querySelector("[data-live-done]")) paused = true;  // e.g. the task finished
     document.dispatchEvent(new CustomEvent("tasks:refreshed"));
   }
 
+  function note(text) {
+    var element = document.getElementById("tasks-live-note");
+    if (element) element.textContent = text;
+  }
+
   function refresh() {
     if (paused || busy || document.hidden) return;
+    var selected = document.querySelector("[data-live] input[type=checkbox]:checked") !== null;
+    note(selected ? " · held while tasks are selected" : "");
+    if (selected) return;
     busy = true;
     fetch(window.location.href, {credentials: "same-origin", headers: {"X-Requested-With": "live"}})
       .then(function (response) { return response.ok ? response.text() : null; })
