@@ -14,20 +14,26 @@ from django.http.multipartparser import MultiPartParserError
 from django.middleware.csrf import CsrfViewMiddleware
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
+from redis.exceptions import RedisError
 
 from tasks_app import control, producer
 from tasks_app.models import CANCEL_PERMISSION, ENQUEUE_PERMISSION
 from tasks_app.protocol.jsontext import MAX_JSON_DEPTH, JsonTooDeep, loads_bounded
 from tasks_app.protocol.timestamps import datetime_of_ms
 from tasks_app.web.api_auth import AuthenticationFailed, authenticate
-from tasks_app.web.common import ENVELOPE_ALLOWANCE_BYTES, body_within, csrf_rejection, load_record
+from tasks_app.web.common import (
+    ENVELOPE_ALLOWANCE_BYTES,
+    View,
+    body_within,
+    csrf_rejection,
+    load_record,
+    redis_away_json,
+)
 
 REQUEST_FIELDS = {"type", "args", "kwargs", "queue", "priority", "delay", "unique_key"}
 # A cancel's optional body: {"force": true}.
 MAX_CANCEL_BODY_BYTES = 1024
 FORCE_WORDS = {"1", "true", "on"}
-
-View = Callable[..., HttpResponse]
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +71,9 @@ def api_view(methods: set[str], permission: str | None = None) -> Callable[[View
             except DatabaseError as exc:
                 logger.error("task API: the database is unavailable: %s", exc)
                 return error(503, "the database is unavailable; try again shortly", **{"Retry-After": "5"})
+            except RedisError as exc:
+                logger.error("task API: Redis is unavailable: %s", exc)
+                return redis_away_json(exc)
 
         return wrapper
 

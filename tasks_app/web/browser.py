@@ -16,12 +16,13 @@ from tasks_app.protocol.broker import get_broker
 from tasks_app.protocol.results import ResultRecord
 from tasks_app.web import bulk
 from tasks_app.web.browser_query import PAGE_SIZES, RANGES, Filters, find_page, query_without, row_json
-from tasks_app.web.common import admin_context
+from tasks_app.web.common import admin_context, redis_required
 
 REFRESH_S = 5
 
 
 @staff_member_required
+@redis_required
 @require_http_methods(["GET", "POST"])
 def task_browser(request: HttpRequest) -> HttpResponse:
     """List recent tasks newest first (`?format=json` as JSON); POST runs a bulk action on the selected ones."""

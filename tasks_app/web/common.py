@@ -1,18 +1,28 @@
-"""What the staff pages share: the admin's context, and reading a task's result record."""
+"""What the staff pages share: the admin context, the answer when Redis is away, reading a task's result record."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import logging
+from collections.abc import Callable, Iterable
+from functools import wraps
 from typing import Any
 
 from django.contrib import admin
 from django.contrib.admin.models import LogEntry
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
+from django.shortcuts import render
+from redis.exceptions import RedisError
 
 from tasks_app.protocol.broker import get_broker
 from tasks_app.protocol.results import ResultRecord
+
+View = Callable[..., HttpResponse]
+
+logger = logging.getLogger(__name__)
+# How soon a page answered 503 for Redis away asks to be tried again.
+REDIS_RETRY_AFTER_S = 5
 
 
 def admin_context(request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
@@ -68,3 +78,37 @@ def log_task_actions(request: HttpRequest, entries: Iterable[tuple[str, str, int
             for task_id, task_type, flag, message in entries
         ]
     )
+
+
+def redis_required(view: View) -> View:
+    """Answer 503 saying Redis is unreachable (as JSON for `.json` and `?format=json`), not a server error."""
+
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        try:
+            return view(request, *args, **kwargs)
+        except RedisError as exc:
+            logger.error("staff page %s: Redis is unavailable: %s", request.path, exc)
+            return _redis_away(request, exc)
+
+    return wrapper
+
+
+def _redis_away(request: HttpRequest, exc: RedisError) -> HttpResponse:
+    if request.path.endswith(".json") or request.GET.get("format") == "json":
+        return redis_away_json(exc)
+    context = admin_context(request, "Redis is unreachable", message=_away(exc), retry_s=REDIS_RETRY_AFTER_S)
+    response = render(request, "tasks_app/redis_away.html", context, status=503)
+    response["Retry-After"] = str(REDIS_RETRY_AFTER_S)
+    return response
+
+
+def redis_away_json(exc: RedisError) -> JsonResponse:
+    """The JSON 503 (`{"error": ...}`, with Retry-After) of a view that could not reach Redis."""
+    response = JsonResponse({"error": _away(exc)}, status=503)
+    response["Retry-After"] = str(REDIS_RETRY_AFTER_S)
+    return response
+
+
+def _away(exc: RedisError) -> str:
+    return f"Redis is unreachable ({exc}); try again shortly."

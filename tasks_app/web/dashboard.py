@@ -24,7 +24,7 @@ from tasks_app.protocol.names import NAME_PATTERN, InvalidName, validate_name
 from tasks_app.protocol.replies import QueueStats
 from tasks_app.protocol.timestamps import datetime_of_ms
 from tasks_app.web.charts import chart_data, dashboard_charts
-from tasks_app.web.common import admin_context, log_task_actions
+from tasks_app.web.common import admin_context, log_task_actions, redis_required
 
 PAGE_SIZE = 50
 
@@ -82,6 +82,7 @@ def _int_or_none(value: Any) -> int | None:
 
 
 @staff_member_required
+@redis_required
 def queue_dashboard(request: HttpRequest) -> HttpResponse:
     """Show every queue's pending / processing / delayed / dead counts, consumers and throughput, and the schedules."""
     broker = get_broker()
@@ -104,6 +105,7 @@ def queue_dashboard(request: HttpRequest) -> HttpResponse:
 
 
 @staff_member_required
+@redis_required
 def chart_series(request: HttpRequest) -> JsonResponse:
     """The dashboard's chart data as JSON: per-minute series of the last hour, per queue and per type."""
     broker = get_broker()
@@ -111,6 +113,7 @@ def chart_series(request: HttpRequest) -> JsonResponse:
 
 
 @staff_member_required
+@redis_required
 @require_http_methods(["GET", "POST"])
 def dead_letter_page(request: HttpRequest, queue: str) -> HttpResponse:
     """List a queue's dead-lettered tasks; POST (permission manage_dead_letters) requeues or deletes some."""

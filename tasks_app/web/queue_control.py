@@ -17,6 +17,7 @@ from tasks_app.protocol.broker import get_broker
 from tasks_app.protocol.names import InvalidName, validate_name
 from tasks_app.protocol.timestamps import datetime_of_ms
 from tasks_app.web.api import api_view, error
+from tasks_app.web.common import redis_required
 
 
 def queue_state(queue: str) -> dict[str, Any]:
@@ -30,6 +31,7 @@ def queue_state(queue: str) -> dict[str, Any]:
 
 
 @staff_member_required
+@redis_required
 @require_POST
 def pause_page(request: HttpRequest, queue: str) -> HttpResponse:
     """The dashboard's pause / resume buttons (POST action=pause|resume, with CSRF)."""

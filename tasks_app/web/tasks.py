@@ -17,7 +17,14 @@ from django.views.decorators.http import require_http_methods
 
 from tasks_app import control, producer
 from tasks_app.models import CANCEL_PERMISSION, ENQUEUE_PERMISSION
-from tasks_app.web.common import ENVELOPE_ALLOWANCE_BYTES, admin_context, body_within, csrf_rejection, load_record
+from tasks_app.web.common import (
+    ENVELOPE_ALLOWANCE_BYTES,
+    admin_context,
+    body_within,
+    csrf_rejection,
+    load_record,
+    redis_required,
+)
 from tasks_app.web.forms import EnqueueForm, error_field
 from tasks_app.web.origins import task_origins
 
@@ -89,6 +96,7 @@ def _oversize(request: HttpRequest, reason: str) -> HttpResponse:
 
 
 @staff_member_required
+@redis_required
 def task_detail(request: HttpRequest, task_id: str) -> HttpResponse:
     """Show a task's status, arguments and outcome; the page reloads itself until it finishes."""
     record = load_record(task_id)
@@ -114,6 +122,7 @@ def task_detail(request: HttpRequest, task_id: str) -> HttpResponse:
 
 
 @staff_member_required
+@redis_required
 @permission_required(CANCEL_PERMISSION, raise_exception=True)
 @require_http_methods(["POST"])
 def cancel_task(request: HttpRequest, task_id: str) -> HttpResponse:
