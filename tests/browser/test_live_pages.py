@@ -59,3 +59,22 @@ def test_a_selection_holds_the_rows_until_the_bulk_action_even_when_newer_tasks_
     assert broker.get_result(chosen)["status"] == "CANCELLED"
     expect(page.locator("#tasks-live-note")).to_have_text("")
     expect(page.locator("tr.task-row")).to_have_count(25)
+
+
+def test_a_refresh_that_fails_leaves_the_stamp_and_says_why(page, live_server, broker, fast_refresh, settings):
+    from playwright.sync_api import expect
+
+    _held_back(1)
+    log_in(page, live_server.url)
+    page.goto(f"{live_server.url}/tasks/")
+    _next_refresh(page)
+    stamp = page.locator("#tasks-live-stamp").text_content()
+    redis_url, settings.REDIS_URL = settings.REDIS_URL, "redis://127.0.0.1:1/0"  # nothing listens there
+    expect(page.locator("#tasks-live-note")).to_contain_text("not updated since: the server answered 503")
+    expect(page.locator("#tasks-live-stamp")).to_have_text(stamp)
+    expect(page.locator("tr.task-row")).to_have_count(1)  # the rows last seen stay
+    settings.REDIS_URL = redis_url
+    expect(page.locator("#tasks-live-note")).to_have_text("")
+    page.context.clear_cookies()  # the session ends: a refresh would be sent to the login page
+    expect(page.locator("#tasks-live-note")).to_contain_text("signed out: reload the page to sign in again")
+    expect(page.locator("tr.task-row")).to_have_count(1)

@@ -51,18 +51,26 @@
 
   function refresh() {
     if (paused || busy || document.hidden) return;
-    var selected = document.querySelector("[data-live] input[type=checkbox]:checked") !== null;
-    note(selected ? " · held while tasks are selected" : "");
-    if (selected) return;
+    if (document.querySelector("[data-live] input[type=checkbox]:checked")) {
+      note(" · held while tasks are selected");
+      return;
+    }
     busy = true;
     fetch(window.location.href, {credentials: "same-origin", headers: {"X-Requested-With": "live"}})
-      .then(function (response) { return response.ok ? response.text() : null; })
+      .then(function (response) {
+        // The stamp says when the page last showed fresh data: a failed refresh leaves it and says why.
+        if (response.redirected) throw new Error("signed out: reload the page to sign in again");
+        if (!response.ok) throw new Error("the server answered " + response.status + "; trying again");
+        return response.text();
+      })
       .then(function (html) {
-        if (html) swap(new DOMParser().parseFromString(html, "text/html"));
+        swap(new DOMParser().parseFromString(html, "text/html"));
         var stamp = document.getElementById("tasks-live-stamp");
         if (stamp) stamp.textContent = new Date().toLocaleTimeString();
+        note("");
+      }, function (error) {
+        note(" · not updated since: " + (error instanceof TypeError ? "the server did not answer; trying again" : error.message));
       })
-      .catch(function () {})
       .finally(function () { busy = false; });
   }
 
