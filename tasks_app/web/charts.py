@@ -146,9 +146,8 @@ def svg_chart(title: str, series: Series, unit: str = "") -> SafeString:
     for name, points in series.items():
         step = plot_w / max(1, len(points) - 1)
         for run in _runs(points):
-            coords = " ".join(f"{LEFT + i * step:.1f},{TOP + plot_h - (value / top) * plot_h:.1f}" for i, value in run)
-            colour = COLOURS.get(name, "#555")
-            parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{coords}"/>')
+            xy = [(LEFT + i * step, TOP + plot_h - (value / top) * plot_h) for i, value in run]
+            parts.append(_mark(COLOURS.get(name, "#555"), xy))
     parts.append("</svg>")
     legend = "".join(
         f'<span class="tasks-legend" style="border-color: {COLOURS.get(name, "#555")}">'
@@ -170,7 +169,16 @@ def _runs(points: Sequence[float | None]) -> list[list[tuple[int, float]]]:
                 runs.append([])
         else:
             runs[-1].append((index, value))
-    return [run if len(run) > 1 else run * 2 for run in runs if run]
+    return [run for run in runs if run]
+
+
+def _mark(colour: str, xy: list[tuple[float, float]]) -> str:
+    """A run of points as a line; a lone one (a minute between gaps) as a dot, as a line of one point shows nothing."""
+    if len(xy) == 1:
+        [(x, y)] = xy
+        return f'<circle class="tasks-point" cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{colour}"/>'
+    coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
+    return f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{coords}"/>'
 
 
 def dashboard_charts(data: dict[str, Any]) -> dict[str, Any]:

@@ -120,3 +120,35 @@ def test_a_bulk_retry_reaches_successful_on_a_real_consumer(page, snap, live_ser
     expect(page.locator("tr.task-origin")).to_contain_text(original)
     snap("retried-task")
     assert consumer.process.poll() is None
+
+
+# Draw an inline SVG on a canvas and count its pixels of one colour (within a small tolerance).
+COUNT_PIXELS_JS = """async ([svg, rgb]) => {
+  const image = new Image();
+  image.src = "data:image/svg+xml;charset=utf-8," + encodeURIComponent(new XMLSerializer().serializeToString(svg));
+  await image.decode();
+  const canvas = document.createElement("canvas");
+  canvas.width = svg.width.baseVal.value;
+  canvas.height = svg.height.baseVal.value;
+  const context = canvas.getContext("2d");
+  context.drawImage(image, 0, 0);
+  const data = context.getImageData(0, 0, canvas.width, canvas.height).data;
+  let count = 0;
+  for (let i = 0; i < data.length; i += 4) {
+    if (data[i + 3] > 128 && [0, 1, 2].every(c => Math.abs(data[i + c] - rgb[c]) < 40)) count++;
+  }
+  return count;
+}"""
+
+
+def test_a_chart_with_one_minute_of_data_shows_it(page, live_server, broker):
+    from playwright.sync_api import expect
+
+    _held_back("demo.echo", 3)
+    broker.sample_backlog("ops")  # the backlog of this minute only: one point, no line to draw
+    log_in(page, live_server.url)
+    page.goto(f"{live_server.url}/tasks/dashboard/")
+    backlog = page.locator('.queue-charts[data-queue="ops"] svg.tasks-chart').nth(1)
+    expect(backlog.locator("title")).to_have_text("ops: backlog")
+    backlog_blue = [0x15, 0x65, 0xC0]
+    assert backlog.evaluate(f"svg => ({COUNT_PIXELS_JS})([svg, {backlog_blue}])") > 0
