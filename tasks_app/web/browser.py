@@ -39,6 +39,7 @@ def task_browser(request: HttpRequest) -> HttpResponse:
                 "older": page.older,
                 "older_seen": page.older_seen,
                 "total": page.total,
+                "cut": page.cut,
             }
         )
     base_query = query_without(request.GET, "before", "seen", "format")

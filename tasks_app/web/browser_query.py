@@ -129,14 +129,15 @@ class Page:
     total: int | None
     exhausted_budget: bool = False
     older_seen: int = 0  # of the entries scored `older`, how many this page and the earlier ones showed
+    cut: bool = False  # a prefix search that read as many ids as a page holds: more may match
 
 
 def find_page(broker: Broker, filters: Filters, now: datetime | None = None) -> Page:
     """The tasks the filters select, newest first, one page of them."""
     queues = [filters.queue] if filters.queue else broker.known_queues()
-    if filters.q:
-        return _search(broker, filters, queues)
     lower, upper = filters.bounds_ms(now or datetime.now(UTC))
+    if filters.q:
+        return _search(broker, filters, queues, (lower, upper))
     seen = filters.seen if upper is not None and upper == filters.before else 0
     found: list[tuple[ResultRecord, float]] = []
     examined = 0
@@ -168,18 +169,27 @@ def _total(broker: Broker, filters: Filters, queues: list[str], lower: float | N
     return broker.history_count(queues, filters.status or None, lower)
 
 
-def _search(broker: Broker, filters: Filters, queues: list[str]) -> Page:
-    """`q` as an exact id (any task with a record, indexed or not), else as a prefix of ids in the index."""
+def _search(broker: Broker, filters: Filters, queues: list[str], bounds: tuple[float | None, float | None]) -> Page:
+    """`q` as an exact id (any task with a record, indexed or not), else as a prefix of ids in the index.
+
+    Prefix matches are read in id order, as many as a page holds, then filtered (time range too).
+    """
     exact = broker.get_result(filters.q)
     if exact is not None:
         record = ResultRecord.from_fields(exact)
         keep = filters.matches(record) and (not filters.queue or record.queue == filters.queue)
         return Page([(record, 0.0)] if keep else [], None, None)
     entries = broker.history_by_prefix(queues, filters.q, filters.size)
+    lower, upper = bounds
     rows = [
-        (r, e.score_ms) for e, r in zip(entries, _records(broker, entries), strict=True) if r and filters.matches(r)
+        (record, entry.score_ms)
+        for entry, record in zip(entries, _records(broker, entries), strict=True)
+        if record
+        and filters.matches(record)
+        and (lower is None or entry.score_ms >= lower)
+        and (upper is None or entry.score_ms <= upper)
     ]
-    return Page(rows, None, None)
+    return Page(rows, None, None, cut=len(entries) == filters.size)
 
 
 def query_without(query: QueryDict, *names: str) -> str:

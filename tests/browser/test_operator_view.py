@@ -152,3 +152,22 @@ def test_a_chart_with_one_minute_of_data_shows_it(page, live_server, broker):
     expect(backlog.locator("title")).to_have_text("ops: backlog")
     backlog_blue = [0x15, 0x65, 0xC0]
     assert backlog.evaluate(f"svg => ({COUNT_PIXELS_JS})([svg, {backlog_blue}])") > 0
+
+
+def test_an_id_prefix_search_says_when_more_ids_match_and_keeps_the_time_range(page, live_server, broker):
+    from playwright.sync_api import expect
+
+    ids = [f"batch-{n:03d}" for n in range(30)]
+    producer.enqueue_many([producer.TaskRequest("demo.echo", queue="ops", delay_s=3600, task_id=i) for i in ids])
+    two_hours_ago_ms = (time.time() - 7200) * 1000
+    broker.client.zadd(broker.keys.history("ops"), {ids[1]: two_hours_ago_ms}, xx=True)
+    log_in(page, live_server.url)
+    page.goto(f"{live_server.url}/tasks/?size=25&q=batch-")
+    expect(page.locator("tr.task-row")).to_have_count(25)
+    expect(page.locator("#search-cut")).to_contain_text("more may match, type more of the id")
+    expect(page.locator("p.paginator")).not_to_contain_text("end of the history")
+
+    page.goto(f"{live_server.url}/tasks/?size=25&q=batch-00&range=1h")
+    listed = page.locator("tr.task-row").evaluate_all("rows => rows.map(r => r.dataset.task)")
+    assert sorted(listed) == [i for i in ids[:10] if i != ids[1]]
+    expect(page.locator("p.paginator")).to_contain_text("end of the history")
