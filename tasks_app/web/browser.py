@@ -15,7 +15,7 @@ from tasks_app.protocol import history
 from tasks_app.protocol.broker import get_broker
 from tasks_app.protocol.results import ResultRecord
 from tasks_app.web import bulk
-from tasks_app.web.browser_query import PAGE_SIZES, RANGES, Filters, find_page, query_without, row_json
+from tasks_app.web.browser_query import PAGE_SIZES, RANGES, Filters, find_page, page_json, query_without, row_json
 from tasks_app.web.common import admin_context, redis_required
 
 REFRESH_S = 5
@@ -33,15 +33,7 @@ def task_browser(request: HttpRequest) -> HttpResponse:
     broker = get_broker()
     page = find_page(broker, filters)
     if request.GET.get("format") == "json":
-        return JsonResponse(
-            {
-                "tasks": [row_json(record, score) for record, score in page.records],
-                "older": page.older,
-                "older_seen": page.older_seen,
-                "total": page.total,
-                "cut": page.cut,
-            }
-        )
+        return JsonResponse(page_json(page))
     base_query = query_without(request.GET, "before", "seen", "format")
     return render(
         request,
@@ -60,6 +52,7 @@ def task_browser(request: HttpRequest) -> HttpResponse:
             ranges=list(RANGES),
             page_sizes=PAGE_SIZES,
             base_query=base_query,
+            page_query=query_without(request.GET, "format"),
             actions=bulk.allowed_actions(request),
             refresh_s=REFRESH_S,
         ),

@@ -200,6 +200,17 @@ def query_without(query: QueryDict, *names: str) -> str:
     return kept.urlencode()
 
 
+def page_json(page: Page) -> dict[str, Any]:
+    """A page of the browser as JSON (`?format=json`): its rows, the next cursor, what is known of the rest."""
+    return {
+        "tasks": [row_json(record, score) for record, score in page.records],
+        "older": page.older,
+        "older_seen": page.older_seen,
+        "total": page.total,
+        "cut": page.cut,
+    }
+
+
 def row_json(record: ResultRecord, score_ms: float) -> dict[str, Any]:
     """A row of the browser as JSON: the record's fields, the duration, the first line of the last error."""
     return {**record.as_json(), "duration_s": duration_s(record), "error_line": error_line(record), "cursor": score_ms}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -171,3 +172,14 @@ def test_an_id_prefix_search_says_when_more_ids_match_and_keeps_the_time_range(p
     listed = page.locator("tr.task-row").evaluate_all("rows => rows.map(r => r.dataset.task)")
     assert sorted(listed) == [i for i in ids[:10] if i != ids[1]]
     expect(page.locator("p.paginator")).to_contain_text("end of the history")
+
+
+def test_the_json_link_of_an_older_page_gives_that_page(page, live_server, broker):
+    ids = _held_back("demo.echo", 30)[::-1]
+    log_in(page, live_server.url)
+    page.goto(f"{live_server.url}/tasks/?size=25")
+    page.click("#page-older")
+    page.wait_for_url("**before=**")
+    page.click("#page-json")
+    shown = json.loads(page.locator("body").inner_text())
+    assert [row["id"] for row in shown["tasks"]] == ids[25:]
