@@ -144,6 +144,7 @@ def test_the_dead_letter_page_renders_hostile_ids_and_their_tasks_can_be_handled
     dead_member(broker, "web", b"\xff\xfe not protobuf \x00")
     dead_member(broker, "web", foreign_task("t-type", type="<b>bold</b>\n"))
     dead_member(broker, "web", foreign_task("t-nanoseconds"), died_ms=1_700_000_000_000_000_000)
+    broker.record_result(ResultUpdate("line\nbreak", {"status": "FAILED"}, 60, queue="web"))  # a page to link
 
     response = staff.get(dead_url())
     assert response.status_code == 200

@@ -131,6 +131,7 @@ def dead_letter_page(request: HttpRequest, queue: str) -> HttpResponse:
     page = Paginator(range(total), PAGE_SIZE).get_page(request.GET.get("page"))
     offset = (page.number - 1) * PAGE_SIZE
     tasks = dead_letters.list_dead_tasks(queue, offset, PAGE_SIZE)
+    records = get_broker().get_results(task.task_id for task in tasks)
     return render(
         request,
         "tasks_app/dead_letters.html",
@@ -139,6 +140,8 @@ def dead_letter_page(request: HttpRequest, queue: str) -> HttpResponse:
             f"Dead letters of queue {queue}",
             queue=queue,
             dead_tasks=tasks,
+            # Dead letters outlive result records (TASKS_DEAD_LETTER_MAX_AGE_S): link the tasks that still have one.
+            recorded_ids={task.task_id for task, fields in zip(tasks, records, strict=True) if fields},
             page=page,
             total=total,
             can_manage=can_manage,

@@ -225,3 +225,19 @@ def test_a_schedules_last_run_under_an_id_no_url_can_hold_shows_unlinked(page, l
         page.goto(f"{live_server.url}{url}")
         expect(page.locator("body")).to_contain_text(" UTC")
         assert page.locator("a[href*='a/b']").count() == 0 and page.locator("b", has_text="a/b").count() == 0
+
+
+def test_a_dead_letter_links_its_task_page_only_while_its_record_is_kept(page, live_server, broker, echo_type):
+    from playwright.sync_api import expect
+
+    from tests.test_dead_letter_views import make_dead
+
+    kept, expired = make_dead(broker), make_dead(broker)
+    broker.client.delete(broker.keys.result(expired.id))  # results expire long before dead letters do
+    log_in(page, live_server.url)
+    page.goto(f"{live_server.url}/tasks/dashboard/web/dead/")
+    expect(page.locator("tr.dead-row")).to_have_count(2)
+    expect(page.locator(f'tr.dead-row[data-task-id="{expired.id}"] a')).to_have_count(0)
+    expect(page.locator(f'tr.dead-row[data-task-id="{expired.id}"]')).to_contain_text("its record has expired")
+    page.click(f'tr.dead-row[data-task-id="{kept.id}"] a.task-link')
+    expect(page.locator("#task-status")).to_have_text("FAILED")
