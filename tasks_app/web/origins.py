@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tasks_app.models import PeriodicTask
+from tasks_app.protocol.broker import get_broker
 from tasks_app.protocol.results import ResultRecord
 from tasks_app.templatetags.tasks_display import url_or_empty
 
@@ -17,10 +18,16 @@ class Origin:
     label: str
     text: str
     url: str
+    note: str = ""  # why it is not linked, when that is not plain
 
 
 def _task_link(label: str, task_id: str) -> Origin | None:
-    return Origin(label, task_id, url_or_empty("tasks_app:task", task_id)) if task_id else None
+    """Another task, linked while it has a record (a bulk delete or the result TTL may have removed it)."""
+    if not task_id:
+        return None
+    if get_broker().get_result(task_id) is None:
+        return Origin(label, task_id, "", "its record has expired or was deleted")
+    return Origin(label, task_id, url_or_empty("tasks_app:task", task_id))
 
 
 def _schedule_link(name: str) -> Origin | None:

@@ -183,3 +183,23 @@ def test_the_json_link_of_an_older_page_gives_that_page(page, live_server, broke
     page.click("#page-json")
     shown = json.loads(page.locator("body").inner_text())
     assert [row["id"] for row in shown["tasks"]] == ids[25:]
+
+
+def test_a_retrys_page_does_not_link_an_original_whose_record_was_deleted(page, live_server, broker):
+    from playwright.sync_api import expect
+
+    [original] = _held_back("demo.echo")
+    _finished(broker, original, "FAILED", error="flaky upstream")
+    log_in(page, live_server.url)
+    page.goto(f"{live_server.url}/tasks/?status=FAILED")
+    for action, said in (("retry", "Enqueued 1 retry task(s)."), ("delete", "Deleted 1 record(s).")):
+        page.check(f'input[name=task][value="{original}"]')
+        page.select_option("#bulk-action", action)
+        page.click("#bulk-go")
+        expect(page.locator("ul.messagelist")).to_contain_text(said)
+    page.goto(f"{live_server.url}/tasks/?status=READY")
+    page.click("tr.task-row a.task-link")
+    origin = page.locator("tr.task-origin", has_text="Retry of")
+    expect(origin).to_contain_text(original)
+    expect(origin).to_contain_text("its record has expired or was deleted")
+    expect(origin.locator("a")).to_have_count(0)
