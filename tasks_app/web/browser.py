@@ -78,4 +78,7 @@ def _run_action(request: HttpRequest) -> None:
         messages.error(request, f"{action.label}: {exc}")
         return
     bulk.log(request, outcome.logged)
-    messages.success(request, outcome.message)
+    gone = len(ids) - len(records)  # deleted or expired since the page was shown
+    messages.success(
+        request, outcome.message + (f" {gone} selected task(s) no longer had a record, left." if gone else "")
+    )

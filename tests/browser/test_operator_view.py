@@ -203,3 +203,20 @@ def test_a_retrys_page_does_not_link_an_original_whose_record_was_deleted(page, 
     expect(origin).to_contain_text(original)
     expect(origin).to_contain_text("its record has expired or was deleted")
     expect(origin.locator("a")).to_have_count(0)
+
+
+def test_a_bulk_action_says_how_many_selected_tasks_were_gone_meanwhile(page, live_server, broker):
+    from playwright.sync_api import expect
+
+    first, second = _held_back("demo.echo", 2)
+    for task_id in (first, second):
+        _finished(broker, task_id, "FAILED", error="flaky upstream")
+    log_in(page, live_server.url)
+    page.goto(f"{live_server.url}/tasks/?status=FAILED")
+    page.check("#tasks-select-all")
+    broker.delete_tasks([("ops", second)])  # from another tab, while this one shows it selected
+    page.select_option("#bulk-action", "retry")
+    page.click("#bulk-go")
+    expect(page.locator("ul.messagelist")).to_have_text(
+        "Enqueued 1 retry task(s). 1 selected task(s) no longer had a record, left."
+    )
