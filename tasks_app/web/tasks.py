@@ -17,6 +17,7 @@ from django.views.decorators.http import require_http_methods
 
 from tasks_app import control, producer
 from tasks_app.models import CANCEL_PERMISSION, ENQUEUE_PERMISSION
+from tasks_app.protocol.broker import get_broker
 from tasks_app.web.common import (
     ENVELOPE_ALLOWANCE_BYTES,
     admin_context,
@@ -116,6 +117,8 @@ def task_detail(request: HttpRequest, task_id: str) -> HttpResponse:
             kwargs_json=_pretty(record.kwargs),
             return_json=_pretty(record.return_value),
             can_cancel=not record.is_finished and request.user.has_perm(CANCEL_PERMISSION),
+            queue_paused=record.status == "READY"
+            and get_broker().pause_states([record.queue])[record.queue] is not None,
             progress_percent=_percent(record.progress),
         ),
     )

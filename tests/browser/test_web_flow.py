@@ -151,6 +151,21 @@ def test_pause_and_resume_a_queue_from_the_dashboard(page, snap, live_server, br
     assert not broker.is_paused("default")
 
 
+def test_a_waiting_tasks_page_says_its_queue_is_paused_until_it_is_resumed(page, live_server, broker):
+    from playwright.sync_api import expect
+
+    from tasks_app.control import set_queue_paused
+
+    [task] = producer.enqueue("demo.echo", [1])
+    set_queue_paused("default", True, by="ops")
+    log_in(page, live_server.url)
+    page.goto(f"{live_server.url}/tasks/{task.id}/")
+    expect(page.locator("#task-status")).to_have_text("READY")
+    expect(page.locator("#task-queue-paused")).to_have_text("paused")
+    set_queue_paused("default", False, by="ops")
+    expect(page.locator("#task-queue-paused")).to_have_count(0)  # the page updates itself
+
+
 def test_two_enqueues_from_the_form_with_the_same_unique_key_give_one_task(page, snap, live_server, broker):
     from playwright.sync_api import expect
 
