@@ -172,7 +172,6 @@ def test_a_supervisor_restarted_at_once_waits_for_the_orphans_still_running_unde
 
     wait_until(lambda: statuses(broker, [long, *short]) == ["SUCCESSFUL"] * 4, 60, message="every task to succeed")
     assert runs_per_task(broker) == {task.id: 1 for task in [long, *short]}, second.log()
-    assert orphan not in {run["pid"] for run in recorded_runs(broker)[1:]}, "the new child ran the rest"
     wait_until(lambda: not alive(orphan), 30, message="the orphan to exit")
     assert second.terminate(timeout_s=60) == 0, second.log()
 
