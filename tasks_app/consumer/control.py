@@ -131,16 +131,22 @@ class ControlSettling(Settling):
         release = self._release_of(task, config)
         return self._ack_settled(claimed, task, update, "cancelled_before_start", None, on_settled, release)
 
-    def _cancel_requested_while_held(self, claimed: Claimed, task: Task) -> bool:
-        """Whether a cancel was asked of a receipted task that waited here unstarted for CANCEL_CHECK_S or more.
+    def _drop_if_cancelled_while_held(
+        self, claimed: Claimed, task: Task, config: TaskTypeConfig, on_settled: Callable[[], None] | None
+    ) -> bool | None:
+        """Drop a receipted task that waited here unstarted for CANCEL_CHECK_S or more if it was cancelled meanwhile.
 
-        Its receipt made a cancel since then a request to this consumer, which runs no watch over
-        waiting tasks: one round trip, only for tasks that waited (a prefetch behind slow runs).
+        None if it was not (it goes on), else what `_drop_cancelled` returned. Its receipt made a
+        cancel since then a request to this consumer, which runs no watch over waiting tasks: one
+        round trip, only for tasks that waited (a prefetch behind slow runs).
         """
         if claimed.receipt is None or time.monotonic() - claimed.claimed_at_s < CANCEL_CHECK_S:
-            return False
+            return None
         [mark] = self._redis(lambda: self.broker.cancel_marks(task.queue, [task.id]), "cancel_marks")
-        return mark != CancelMark.NONE
+        if mark == CancelMark.NONE:
+            return None
+        cancelled = results.cancelled(task, int(time.time() * 1000), self.result_ttl_s, claimed.fence)
+        return self._drop_cancelled(claimed, task, config, on_settled, cancelled)
 
     def _end_cancelled(
         self,

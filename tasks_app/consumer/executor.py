@@ -60,7 +60,6 @@ class NotStarted(enum.Enum):
 
     CANCELLED = "cancelled"  # cancelled before it started
     SUPERSEDED = "superseded"  # a later claim's token is on the record: that claim runs it
-    CANCEL_REQUESTED = "cancel_requested"  # cancelled while it waited here, claimed and unstarted
 
 
 RateGate = Callable[[Task, TaskTypeConfig, str | None], int]
@@ -151,6 +150,8 @@ class Executor(AsyncRuns, RunLimits):
         except UndecodableTask as exc:
             self._dead_letter_unrunnable(claimed, task, config, "InvalidPayload", str(exc))
             return False
+        if (dropped := self._drop_if_cancelled_while_held(claimed, task, config, on_settled)) is not None:
+            return dropped  # before its gates: a task cancelled while it waited takes no rate or slot
         holder = self._admit(claimed, task, config, arguments)
         if holder is None:
             return False
@@ -240,9 +241,6 @@ class Executor(AsyncRuns, RunLimits):
         max_attempts = self._record_start(claimed, task, config, handler, arguments)
         if max_attempts is NotStarted.CANCELLED:  # cancelled before it started
             return self._drop_cancelled(claimed, task, config, on_settled)
-        if max_attempts is NotStarted.CANCEL_REQUESTED:  # cancelled while it waited here unstarted
-            cancelled = results.cancelled(task, int(now_ms()), self.result_ttl_s, claimed.fence)
-            return self._drop_cancelled(claimed, task, config, on_settled, cancelled)
         if max_attempts is NotStarted.SUPERSEDED:  # a later claim holds the task: it runs there, never here as well
             return self._ack_settled(claimed, task, None, "superseded", None, on_settled)
         context = TaskContext(
@@ -291,8 +289,6 @@ class Executor(AsyncRuns, RunLimits):
         or why it must not start."""
         if claimed.receipt == results.SUPERSEDED:
             return NotStarted.SUPERSEDED
-        if self._cancel_requested_while_held(claimed, task):
-            return NotStarted.CANCEL_REQUESTED
         if claimed.suspect:
             # Durable before the handler starts: if this process dies now, the task is to blame.
             self._redis(lambda: self.broker.mark_started(claimed.queue, claimed.raw), "mark_started")
