@@ -7,12 +7,9 @@
 -- its list and lease are left alone). A returned suspect loses its start mark: it did not die
 -- here, and counts only if it dies running again. Only a clean exit calls this; a new run
 -- recovers an unclean one's list with reap.
-if ARGV[2] and ARGV[2] ~= '' then
-  local ok, info = pcall(cjson.decode, redis.call('HGET', KEYS[2], ARGV[1]) or '')
-  local registered = ok and type(info) == 'table' and info['instance']
-  if type(registered) == 'string' and registered ~= ARGV[2] then
-    return -1
-  end
+-- include: instance
+if other_instance(KEYS[2], ARGV[1], ARGV[2]) then
+  return -1
 end
 local returned = 0
 while true do

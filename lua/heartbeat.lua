@@ -7,12 +7,14 @@
 -- registered info names another instance (a process frozen past its lease whose id another
 -- process has registered since must not renew it beside that process)
 -- Returns: 1 lease held, 0 lease lost (the consumer was reaped, its lease expired, or another
--- instance registered its id: it must not use this id again). While reapers hold off (Redis up or primary for less than a lease)
--- an expired lease is still renewed: the outage, not the consumer, let it lapse.
+-- instance registered its id: it must not use this id again). While reapers hold off (Redis up
+-- or primary for less than a lease) an expired lease is still renewed: the outage, not the
+-- consumer, let it lapse.
 -- include: args
 local now_ms = server_now_ms()
 local lease_ms = tonumber(ARGV[2]) or 0
 -- include: node
+-- include: instance
 local uptime_ms = node_uptime_ms()
 local replid = node_replid()
 local marked = redis.call('HGET', KEYS[3], 'replid')
@@ -31,12 +33,8 @@ else
   if not deadline or (deadline <= now_ms and not holding) then
     return 0
   end
-  if ARGV[4] and ARGV[4] ~= '' then
-    local ok, info = pcall(cjson.decode, redis.call('HGET', KEYS[2], ARGV[1]) or '')
-    local registered = ok and type(info) == 'table' and info['instance']
-    if type(registered) == 'string' and registered ~= ARGV[4] then
-      return 0
-    end
+  if other_instance(KEYS[2], ARGV[1], ARGV[4]) then
+    return 0
   end
 end
 redis.call('ZADD', KEYS[1], now_ms + lease_ms, ARGV[1])
