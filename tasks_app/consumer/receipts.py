@@ -4,8 +4,8 @@ A cancel is decided on the task's record (`cancel.lua`), and so is the start of 
 after a claim, the claimer writes a receipt to the record of each task it moved, all in one
 round trip (`claim_receipts.lua`): Redis refuses the receipt of a task already cancelled (the
 worker drops it unrun), and a cancel that comes after an accepted receipt is a request to this
-consumer: a task that waited here unstarted for CANCEL_CHECK_S or more asks for one just before
-it starts (and is dropped unrun if it was cancelled), and a running handler sees it as
+consumer: a task that waited here unstarted for CANCEL_CHECK_S or more asks for one before its
+gates and its start (and is dropped unrun if it was cancelled), and a running handler sees it as
 `context.cancelled`. The RUNNING write that follows carries the receipt's token, so it is never
 refused: it goes out with the next flush, usually merged with the run's outcome into one write.
 """
