@@ -177,3 +177,50 @@ def test_system_checks_refuse_bad_periodic_settings(settings, name, value, check
 
     setattr(settings, name, value)
     assert f"tasks_app.{check_id}" in {problem.id for problem in check_task_settings()}
+
+
+def _lines(caplog, text):
+    return [record for record in caplog.records if text in record.getMessage()]
+
+
+def test_a_row_that_cannot_be_scheduled_is_logged_once_until_it_is_saved_again_then_its_recovery(broker, echo, caplog):
+    row = PeriodicTask.objects.create(name="bad.cron", task_type=echo, interval_s=60)
+    PeriodicTask.objects.filter(pk=row.pk).update(interval_s=None, cron="61 * * * *")  # past the admin
+    loop = PeriodicLoop(broker, 0.0, 60.0)  # refresh 0: every pass reloads the rows
+    for _ in range(3):
+        loop.run_once()
+    assert len(_lines(caplog, "bad.cron is not scheduled")) == 1
+    row.refresh_from_db()
+    row.save()  # saved again, still invalid: said again
+    loop.run_once()
+    loop.run_once()
+    assert len(_lines(caplog, "bad.cron is not scheduled")) == 2
+    PeriodicTask.objects.filter(pk=row.pk).update(cron="0 * * * *")
+    loop.run_once()
+    loop.run_once()
+    assert len(_lines(caplog, "bad.cron is scheduled again")) == 1
+
+
+def test_a_schedule_whose_slots_cannot_be_fired_is_logged_once_until_it_fires_again(broker, echo, caplog):
+    TaskType.objects.filter(pk=echo.pk).update(handler="not.registered")
+    now_ms = broker.server_time_ms() // 1000 * 1000
+    clock = iter(range(now_ms, now_ms + 10_000, 1000))
+    loop = loop_of(broker, config("unfired"), clock_ms=lambda: next(clock))
+    for _ in range(3):  # three slots refused
+        loop.run_once()
+    assert len(_lines(caplog, "periodic task unfired: slot")) == 1
+    TaskType.objects.filter(pk=echo.pk).update(handler="demo.echo")
+    recent_task_types.forget()
+    loop.run_once()
+    loop.run_once()
+    assert len(_lines(caplog, "periodic task unfired fires again")) == 1
+
+
+def test_slots_skipped_while_the_task_type_is_disabled_are_logged_once(broker, echo, caplog):
+    TaskType.objects.filter(pk=echo.pk).update(enabled=False)
+    now_ms = broker.server_time_ms() // 1000 * 1000
+    clock = iter(range(now_ms, now_ms + 10_000, 1000))
+    loop = loop_of(broker, config("skipping"), clock_ms=lambda: next(clock))
+    for _ in range(3):
+        loop.run_once()
+    assert len(_lines(caplog, "is disabled")) == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -17,6 +18,7 @@ from tasks_app.consumer.retrying import is_transient
 from tasks_app.periodic.code import sync_code_schedules
 from tasks_app.periodic.config import PeriodicConfig, load_configs
 from tasks_app.periodic.firing import fire_slot
+from tasks_app.periodic.problems import ProblemLog
 from tasks_app.periodic.schedule import Schedule
 from tasks_app.producer import EnqueueError, TaskTypeDisabled
 from tasks_app.protocol.broker import Broker
@@ -46,14 +48,16 @@ class PeriodicLoop:
         refresh_s: float,
         grace_s: float,
         *,
-        load: Callable[[], Sequence[PeriodicConfig]] = load_configs,
+        load: Callable[[], Sequence[PeriodicConfig]] | None = None,
         clock_ms: Callable[[], int] | None = None,
         registry: Registry = default_registry,
     ) -> None:
         self.broker = broker
         self.refresh_s = refresh_s
         self.grace_ms = int(grace_s * 1000)
-        self._load = load
+        # What is wrong with each schedule, logged once until it changes (not at every reload and slot).
+        self._problems = ProblemLog(logger)
+        self._load = load or functools.partial(load_configs, problems=self._problems)
         # Slots are computed on the Redis server's clock (the one the fire script decides on), so a
         # consumer whose own clock is off neither fires early nor finds every slot late.
         self._clock_ms = clock_ms or broker.server_time_ms
@@ -135,13 +139,13 @@ class PeriodicLoop:
         try:
             reply = self._fire_or_skip(config, firing)
         except EnqueueError as exc:
-            self._not_fired(config.name, slot_ms, exc)
+            self._not_fired(config, slot_ms, exc)
             return None
         except RedisError as exc:
             if is_transient(exc):
                 raise  # Redis away or busy: the loop's runner backs off
             # This schedule's own key or arguments (a foreign key of another type): the others go on.
-            self._not_fired(config.name, slot_ms, exc)
+            self._not_fired(config, slot_ms, exc)
             return None
         finally:
             close_old_connections()
@@ -153,15 +157,26 @@ class PeriodicLoop:
     def _fire_or_skip(self, config: PeriodicConfig, firing: SlotFiring) -> FireReply:
         """Fire the slot; if its task type is disabled, record it as skipped: refused, so never caught up."""
         try:
-            return fire_slot(config, firing, self.broker, registry=self._registry)
+            reply = fire_slot(config, firing, self.broker, registry=self._registry)
         except TaskTypeDisabled as exc:
-            logger.info("periodic task %s: slot %d skipped: %s", config.name, firing.slot_ms, exc)
+            if self._problems.is_new(config.name, "firing", config.saved_ms, str(exc)):
+                logger.info(
+                    "periodic task %s: slot %d skipped (said again only if this changes): %s",
+                    config.name,
+                    firing.slot_ms,
+                    exc,
+                )
             return self.broker.skip_periodic(config.queue or exc.queue, config.name, firing.slot_ms)
+        self._problems.resolved(config.name, "firing")
+        return reply
 
-    def _not_fired(self, name: str, slot_ms: int, error: Exception) -> None:
-        logger.error("periodic task %s: slot %d not fired: %s", name, slot_ms, error)
-        self._handled[name] = slot_ms  # not retried by this consumer; the next slot tries again
-        self._failing_since.setdefault(name, slot_ms)
+    def _not_fired(self, config: PeriodicConfig, slot_ms: int, error: Exception) -> None:
+        if self._problems.is_new(config.name, "firing", config.saved_ms, str(error)):
+            logger.error(
+                "periodic task %s: slot %d not fired (said again only if this changes): %s", config.name, slot_ms, error
+            )
+        self._handled[config.name] = slot_ms  # not retried by this consumer; the next slot tries again
+        self._failing_since.setdefault(config.name, slot_ms)
 
     def _remember(self, name: str, reply: FireReply) -> None:
         self._handled[name] = reply.handled_slot_ms

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tasks_app.models import PeriodicTask
+from tasks_app.periodic.problems import ProblemLog
 from tasks_app.periodic.schedule import InvalidSchedule, Schedule
 from tasks_app.periodic.validation import argument_errors
 from tasks_app.protocol.timestamps import ms_of_datetime
@@ -53,17 +54,32 @@ class PeriodicConfig:
             priority=row.priority,
             catch_up=row.catch_up,
             enabled=row.enabled,
-            saved_ms=ms_of_datetime(row.updated_at) if row.updated_at else 0,
+            saved_ms=saved_ms_of(row),
         )
 
 
-def load_configs(*, enabled_only: bool = True) -> list[PeriodicConfig]:
-    """Snapshot the rows in one query; a row whose schedule is invalid (saved past the admin) is logged and left out."""
+def saved_ms_of(row: PeriodicTask) -> int:
+    """When the row was last saved (epoch ms; 0 if never)."""
+    return ms_of_datetime(row.updated_at) if row.updated_at else 0
+
+
+def load_configs(*, enabled_only: bool = True, problems: ProblemLog | None = None) -> list[PeriodicConfig]:
+    """Snapshot the rows in one query; a row whose schedule is invalid (saved past the admin) is left out.
+
+    Its problem is logged once per `problems` until the row is saved again or the problem changes.
+    """
+    problems = problems or ProblemLog(logger)
     rows = PeriodicTask.objects.select_related("task_type").order_by("name")
     configs = []
+    names = set()
     for row in rows.filter(enabled=True) if enabled_only else rows:
+        names.add(row.name)
         try:
             configs.append(PeriodicConfig.from_model(row))
         except InvalidSchedule as exc:
-            logger.error("periodic task %s is not scheduled: %s", row.name, exc)
+            if problems.is_new(row.name, "schedule", saved_ms_of(row), str(exc)):
+                logger.error("periodic task %s is not scheduled (said once until it changes): %s", row.name, exc)
+        else:
+            problems.resolved(row.name, "schedule")
+    problems.keep_only(names)
     return configs
