@@ -1,9 +1,12 @@
 """Database models: task types (tuned in the admin, carrying the queue's permissions), API tokens, periodic tasks."""
 
+from typing import Any
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
-from django.db import models
+from django.db import models, transaction
+from django.utils import timezone
 
 from tasks_app.periodic.validation import schedule_errors
 from tasks_app.protocol.names import NAME_PATTERN, NAME_RULE
@@ -157,6 +160,18 @@ class TaskType(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Save; a move to another queue also saves the periodic tasks that follow the type's queue.
+
+        Their state in Redis lies in the queue's hash tag, so in the new queue they start without a
+        history: their last save then keeps a slot that may have fired in the old queue from running again.
+        """
+        with transaction.atomic():
+            moved = self.pk is not None and TaskType.objects.filter(pk=self.pk).exclude(queue=self.queue).exists()
+            super().save(*args, **kwargs)
+            if moved:
+                self.periodic_tasks.filter(queue="").update(updated_at=timezone.now())
 
     def clean(self) -> None:
         """Reject settings that do not fit together: a burst over its limit, a key without its limit, and

@@ -11,6 +11,7 @@ from tasks_app.consumer.periodic_loop import CodeScheduleSync, PeriodicLoop, sch
 from tasks_app.models import PeriodicTask, TaskType
 from tasks_app.periodic.config import PeriodicConfig
 from tasks_app.periodic.schedule import Schedule
+from tasks_app.protocol.timestamps import datetime_of_ms
 from tasks_app.task_types import recent_task_types
 from tests.support.periodic import pushed_runs
 
@@ -224,3 +225,21 @@ def test_slots_skipped_while_the_task_type_is_disabled_are_logged_once(broker, e
     for _ in range(3):
         loop.run_once()
     assert len(_lines(caplog, "is disabled")) == 1
+
+
+def test_a_schedule_following_its_types_queue_moves_with_it_and_fires_no_slot_in_both(broker, echo):
+    moved = "periodic-moved"
+    row = PeriodicTask.objects.create(name="follows", task_type=echo, interval_s=1)
+    PeriodicTask.objects.filter(pk=row.pk).update(updated_at=datetime_of_ms(broker.server_time_ms() - 60_000))
+    PeriodicLoop(broker, 0.0, 60.0).run_once()
+    [fired] = pushed_runs(broker, OUT)
+    echo.queue = moved
+    echo.save()  # as the admin does
+    recent_task_types.forget()
+    # Another consumer, which has not handled that slot yet, sees the type in its new queue.
+    other = PeriodicLoop(broker, 0.0, 60.0)
+    deadline = time.monotonic() + 10
+    while not pushed_runs(broker, moved) and time.monotonic() < deadline:
+        time.sleep(other.run_once())
+    runs = pushed_runs(broker, moved)
+    assert runs and all(run.slot_ms > fired.slot_ms for run in runs)  # the slot fired in the old queue ran once

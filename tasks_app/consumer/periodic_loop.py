@@ -166,7 +166,7 @@ class PeriodicLoop:
                     firing.slot_ms,
                     exc,
                 )
-            return self.broker.skip_periodic(config.queue or exc.queue, config.name, firing.slot_ms)
+            return self.broker.skip_periodic(config.target_queue or exc.queue, config.name, firing.slot_ms)
         self._problems.resolved(config.name, "firing")
         return reply
 

@@ -25,6 +25,9 @@ class PeriodicConfig:
     args: list[Any] = field(default_factory=list)
     kwargs: dict[str, Any] = field(default_factory=dict)
     queue: str = ""  # empty: the task type's queue
+    # The task type's queue as read with the row, so a move of the type reaches the scheduler in
+    # the same snapshot as the save it makes to the rows that follow it (see TaskType.save).
+    type_queue: str = ""
     priority: int = 0
     catch_up: str = PeriodicTask.CatchUp.SKIP
     enabled: bool = True
@@ -51,11 +54,17 @@ class PeriodicConfig:
             args=list(row.args),
             kwargs=dict(row.kwargs),
             queue=row.queue,
+            type_queue=row.task_type.queue,
             priority=row.priority,
             catch_up=row.catch_up,
             enabled=row.enabled,
             saved_ms=saved_ms_of(row),
         )
+
+    @property
+    def target_queue(self) -> str | None:
+        """The runs' queue: the row's own, else its type's as read with the row (None: as the producer reads it)."""
+        return self.queue or self.type_queue or None
 
 
 def saved_ms_of(row: PeriodicTask) -> int:

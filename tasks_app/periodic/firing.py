@@ -56,7 +56,7 @@ def run_now(
         type=config.task_type,
         args=config.args,
         kwargs=config.kwargs,
-        queue=config.queue or None,
+        queue=config.target_queue,
         priority=config.priority,
         headers={SCHEDULE_HEADER: config.name, MANUAL_HEADER: "1"},
     )
@@ -79,7 +79,7 @@ def _request(config: PeriodicConfig, slot_ms: int, kind: str, extra: dict[str, s
         type=config.task_type,
         args=config.args,
         kwargs=config.kwargs,
-        queue=config.queue or None,
+        queue=config.target_queue,
         priority=config.priority,
         headers={SCHEDULE_HEADER: config.name, SLOT_HEADER: str(slot_ms), **(extra or {})},
         task_id=run_id(config.name, slot_ms, kind),
