@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -15,6 +16,8 @@ from tasks_app.protocol.codec import Task, UndecodableTask, decode_payload, deco
 from tasks_app.protocol.keys import UNDECODABLE_TYPE
 from tasks_app.protocol.replies import ResultUpdate
 from tasks_app.protocol.timestamps import datetime_of_ms
+
+logger = logging.getLogger(__name__)
 
 SCAN_PAGE = 500
 
@@ -122,9 +125,11 @@ def requeue(queue: str, dead: Sequence[DeadTask], broker: Broker | None = None) 
     still_dead = broker.still_dead(queue, [item.member for item, _ in movable])
     movable = [pair for pair, present in zip(movable, still_dead, strict=True) if present]
     # The READY record goes first: a consumer may claim the task the moment it is pushed, and
-    # its receipt must not meet the record of the dead run (a cancel asked of it, say).
-    for _, task in movable:
-        broker.record_result(_ready_again(task, fence))
+    # its receipt must not meet the record of the dead run (a cancel asked of it, say). On Redis
+    # Cluster the record lies on another master than the queue: a replica has it before the push,
+    # or a failover there would bring that dead run's record back under the new run.
+    if broker.record_results_replicated([_ready_again(task, fence) for _, task in movable]):
+        logger.warning("a replica did not confirm requeued tasks' READY records within the wait; requeued anyway")
     moved = broker.requeue_dead(
         queue, [(item.member, task.priority, encode_task(task), task.id) for item, task in movable]
     )

@@ -43,6 +43,14 @@ class Place(NamedTuple):
     offset: int
 
 
+def _raising_the_first_failure(replies: list[Any]) -> list[Any]:
+    """The replies, unless one is an error: then raise it."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
+
+
 def replies_at(sent: Sequence[Any], places: Sequence[Place]) -> list[Any]:
     """Each result write's reply: 1, 0, 2 or its error (the error of its whole call, if that failed)."""
     return [
@@ -193,11 +201,22 @@ class ReplicatedWrites(MinuteOps):
         first(pipe)
         firsts = len(pipe)
         sent, written = self._execute_with_results(pipe, updates, self._queue_results(pipe, updates))
-        replies = [*sent[:firsts], *written]
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply
-        return replies
+        return _raising_the_first_failure([*sent[:firsts], *written])
+
+    def record_results_replicated(self, updates: Sequence[ResultUpdate]) -> int:
+        """Write records that a push about to follow relies on; return how many masters' replica WAITs timed out.
+
+        On one server this is one round trip. On Redis Cluster each master that takes some WAITs for a
+        replica to have them, as before acks: a failover after the push cannot bring back the records
+        they replace. Raises the first write that failed.
+        """
+        if not isinstance(self.client, redis.RedisCluster):
+            self._with_results(lambda pipe: None, updates)
+            return 0
+        written, unreplicated = self._write_results_replicated(updates)
+        _, written = self._execute_with_results(self.client.pipeline(transaction=False), updates, [], written)
+        _raising_the_first_failure(written)
+        return unreplicated
 
     def _execute_with_results(
         self, pipe: Any, updates: Sequence[ResultUpdate], places: Sequence[Place], earlier: Sequence[Any] = ()

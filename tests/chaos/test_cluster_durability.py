@@ -15,7 +15,9 @@ from prometheus_client import REGISTRY
 
 from tasks_app import producer
 from tasks_app.consumer.ack_batcher import AckBatcher
+from tasks_app.protocol import dead_letters
 from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.codec import Task, encode_task
 from tasks_app.protocol.replies import ResultUpdate
 from tests.chaos.servers import RedisClusterServers, RedisServer
 
@@ -107,6 +109,31 @@ def test_a_lagging_replica_delays_acks_by_the_wait_at_most_and_is_counted(replic
     assert broker.client.llen(broker.keys.processing("default", "d2")) == 0
     assert 0.3 <= took_s < 3.0
     assert _timeouts() == before + 1
+
+
+@pytest.mark.timeout(120)
+def test_a_requeued_dead_letter_is_pushed_only_once_a_replica_has_its_ready_record(replicated_cluster):
+    cluster, shared = replicated_cluster
+    broker = Broker(shared.client, shared.keys.prefix, shared.scripts, cluster_wait_ms=5000)
+    task = Task(id="dead-1", type="demo.echo", queue="default", attempt=3, dead_reason="failed 3 of 3 attempts")
+    broker.client.zadd(broker.keys.dead("default"), {encode_task(task): broker.server_time_ms()})
+    broker.record_result(ResultUpdate(task.id, {"status": "FAILED", "dead_reason": task.dead_reason}, 60))
+    record_key, pending = broker.keys.result(task.id), broker.keys.pending("default")
+    replica = cluster.replica_of(_master_of(cluster, broker, record_key))
+    dead = dead_letters.list_dead_tasks("default", broker=broker)
+    moved: list[dead_letters.DeadTask] = []
+
+    with _stopped(replica):
+        requeuer = threading.Thread(target=lambda: moved.extend(dead_letters.requeue("default", dead, broker)))
+        requeuer.start()
+        time.sleep(1.0)
+        # A failover of the record's master now would bring the dead run's record back under a new run.
+        assert broker.client.llen(pending) == 0
+        assert broker.get_result(task.id)["status"] == "READY"  # written on its master
+    requeuer.join(timeout=10)
+
+    assert [item.task_id for item in moved] == [task.id] and broker.client.llen(pending) == 1
+    assert _status_on_replica(replica, record_key) == b"READY"
 
 
 @pytest.mark.timeout(120)
