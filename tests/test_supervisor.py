@@ -1,15 +1,15 @@
 """Process mode's pure parts: a child's command line, exit descriptions, recycling and hard-limit decisions."""
 
 import os
-import shutil
 import signal
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 from django.core.management import load_command_class
 
-from tasks_app.consumer import supervisor as supervisor_module
+from tasks_app.consumer import process_mode, supervisor as supervisor_module
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.consumer.process_mode import EXIT_HARD_LIMIT, EXIT_MARGIN_S, EXIT_RECYCLE, ProcessGuard
 from tasks_app.consumer.supervisor import Supervisor, describe_exit
@@ -22,7 +22,7 @@ def child_argv(*argv: str) -> list[str]:
     command = load_command_class("tasks_app", "runconsumer")
     parser = command.create_parser("manage.py", "runconsumer")
     options = vars(parser.parse_args(list(argv)))
-    return child_command(parser, options, options["metrics_port"], 1, Path("/tmp/beat-1"))
+    return child_command(parser, options, options["metrics_port"], 1, Path("/tmp/beat-1"), 7)
 
 
 def test_a_child_gets_the_supervisors_flags_and_its_own_identity_port_and_beat():
@@ -33,6 +33,7 @@ def test_a_child_gets_the_supervisors_flags_and_its_own_identity_port_and_beat()
     joined = " ".join(argv)
     assert "--consumer-id grp-1" in joined and "--metrics-port 9101" in joined
     assert "--supervisor-beat /tmp/beat-1" in joined and "--skip-checks" in joined
+    assert "--supervisor-lifeline 7" in joined
     assert f"--supervisor-pid {os.getpid()}" in joined, "a child orphaned as it starts knows its parent is gone"
     assert "--queue a --queue b" in joined and "--concurrency 3" in joined and "--burst" in argv
     assert "--max-tasks-per-child 50" in joined
@@ -103,7 +104,7 @@ def tend_until(supervisor: Supervisor, done, timeout_s: float = 10) -> None:
 
 def test_a_child_that_stops_beating_is_killed_and_replaced_after_a_backoff(caplog, monkeypatch):
     monkeypatch.setattr(supervisor_module, "STALL_S", 0.3)
-    supervisor = Supervisor(lambda index, beat: ["sleep", "30"], 1)
+    supervisor = Supervisor(lambda index, beat, lifeline: ["sleep", "30"], 1)
     [child] = supervisor.children
     supervisor._tend(child)
     first = child.process
@@ -127,7 +128,7 @@ while True:
 
 
 def beating_child(offset_s: float) -> Supervisor:
-    supervisor = Supervisor(lambda index, beat: [sys.executable, "-c", BEATING, str(beat), str(offset_s)], 1)
+    supervisor = Supervisor(lambda index, beat, lifeline: [sys.executable, "-c", BEATING, str(beat), str(offset_s)], 1)
     supervisor._tend(supervisor.children[0])
     return supervisor
 
@@ -151,25 +152,24 @@ def test_a_child_that_beats_is_never_taken_for_wedged_whatever_the_wall_clock_sa
     assert still_running_after(beating_child(-60), 1.5), "not killed"
 
 
-def test_a_child_whose_beat_file_was_cleaned_away_is_not_killed(monkeypatch):
-    # Before: once a /tmp cleaner (or an rm -rf /tmp/*) removed the beat directory, every child
-    # older than its start-up allowance was SIGKILLed at once, and each replacement a minute later.
-    monkeypatch.setattr(supervisor_module, "STARTUP_S", 0.5)
+def test_a_beating_child_is_watched_through_a_file_with_no_name_a_killed_supervisor_cannot_leave(monkeypatch, tmp_path):
+    # Before: the beat files lived in a directory of their own, left in /tmp by a supervisor
+    # killed with SIGKILL (and SIGKILLed every child once a /tmp cleaner had removed it).
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     supervisor = beating_child(0)
-    wait_until(supervisor.children[0].beat.exists, 10, message="the first beat")
-    time.sleep(0.6)
-    supervisor._tend(supervisor.children[0])
-    shutil.rmtree(supervisor.children[0].beat.parent)
-    assert still_running_after(supervisor, 1.5), "not killed"
+    [child] = supervisor.children
+    wait_until(lambda: child.beat.stat().st_mtime > 0, 10, message="the first beat")
+    assert list(tmp_path.iterdir()) == []
+    assert still_running_after(supervisor, 1.5), "its beats are seen"
 
 
 def test_a_recycled_child_is_replaced_at_once_and_a_burst_child_done_is_not():
-    recycled = Supervisor(lambda index, beat: ["sh", "-c", f"exit {EXIT_RECYCLE}"], 1)
+    recycled = Supervisor(lambda index, beat, lifeline: ["sh", "-c", f"exit {EXIT_RECYCLE}"], 1)
     [child] = recycled.children
     recycled._tend(child)
     tend_until(recycled, lambda: child.process is None)
     assert child.start_at <= time.monotonic()
-    burst = Supervisor(lambda index, beat: ["true"], 1, burst=True)
+    burst = Supervisor(lambda index, beat, lifeline: ["true"], 1, burst=True)
     [done] = burst.children
     burst._tend(done)
     tend_until(burst, lambda: done.process is None)
@@ -179,7 +179,7 @@ def test_a_recycled_child_is_replaced_at_once_and_a_burst_child_done_is_not():
 def test_a_child_that_cannot_be_started_is_tried_again_after_a_backoff(caplog, tmp_path):
     # Before: the fork's OSError (a process limit reached, say) ended the supervisor and its group.
     command = tmp_path / "consumer"
-    supervisor = Supervisor(lambda index, beat: [str(command)], 1)
+    supervisor = Supervisor(lambda index, beat, lifeline: [str(command)], 1)
     [child] = supervisor.children
     supervisor._tend(child)
     assert child.process is None and child.backoff_s > 0 and child.start_at > time.monotonic()
@@ -191,3 +191,21 @@ def test_a_child_that_cannot_be_started_is_tried_again_after_a_backoff(caplog, t
     assert child.process is not None and child.process.poll() is None, "started once it can be"
     child.process.kill()
     child.process.wait()
+
+
+def test_a_child_leaves_as_soon_as_its_supervisors_end_of_the_lifeline_closes(monkeypatch, tmp_path):
+    # Before: an orphan noticed its supervisor gone only at a beat (its parent pid checked once a
+    # second, later on a loaded machine); now at the lifeline's EOF, whenever the beat comes.
+    monkeypatch.setattr(process_mode, "BEAT_EVERY_S", 3600.0)
+    read_end, write_end = os.pipe()
+    left: list[tuple[int, str]] = []
+    options = ConsumerOptions(supervisor_beat=str(tmp_path / "beat"), supervisor_lifeline=read_end)
+    guard = ProcessGuard(options, lambda *limits: 0, lambda code, reason: left.append((code, reason)))
+    guard.start()
+    wait_until((tmp_path / "beat").exists, 10, message="the first beat")
+    assert left == []
+    os.close(write_end)
+    wait_until(lambda: left, 10, message="the guard to see the supervisor gone")
+    assert left == [(0, "its supervisor is gone: stopping")]
+    guard.stop()
+    os.close(read_end)

@@ -28,6 +28,7 @@ class ConsumerOptions:
     hard_limit_grace_s: float | None = None
     supervisor_beat: str | None = None
     supervisor_pid: int | None = None  # the process that started this one (its parent once it is gone: init)
+    supervisor_lifeline: int | None = None  # a pipe's read end: at its EOF the supervisor is gone
     # Coroutine handlers running at once on the consumer's event loop (async_lane.py).
     async_concurrency: int = 100
 

@@ -62,9 +62,11 @@ class ProcessGuard:
         self._stop = threading.Event()
 
     def start(self) -> None:
-        """Start the beat thread when supervised or recycling by memory."""
+        """Start the beat thread when supervised or recycling by memory, and the lifeline's watch."""
         if self.options.supervisor_beat or self.options.max_memory_mb:
             threading.Thread(target=self._beat_forever, name="process-guard", daemon=True).start()
+        if self.options.supervisor_lifeline is not None:
+            threading.Thread(target=self._watch_lifeline, name="supervisor-lifeline", daemon=True).start()
 
     def stop(self) -> None:
         """Stop the beat thread (the process is about to exit)."""
@@ -110,6 +112,19 @@ class ProcessGuard:
                     self.leave(0, "its supervisor is gone: stopping")
                 self._touch(beat)
             self._check_memory()
+
+    def _watch_lifeline(self) -> None:
+        """Leave once the supervisor's end of the lifeline pipe is closed: it exited, or was killed."""
+        fd = self.options.supervisor_lifeline
+        assert fd is not None
+        try:
+            os.set_inheritable(fd, False)  # a handler's subprocess does not hold it
+            while os.read(fd, 1):
+                pass
+        except OSError as exc:  # not a pipe after all: the beat's parent check still stands
+            logger.error("cannot watch the supervisor's lifeline (fd %d): %s", fd, exc)
+            return
+        self.leave(0, "its supervisor is gone: stopping")
 
     def _touch(self, beat: Path) -> None:
         # A supervisor that crashed removed its beat files on its way out: this thread must live

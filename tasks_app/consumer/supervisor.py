@@ -2,7 +2,11 @@
 
 Each child is a fresh `runconsumer` (no fork: Django and Redis connections are never shared)
 with an id of its own, `<id>-<n>`; a replacement reuses it, so it recovers at once what a dead
-predecessor held. A child that exits with `EXIT_RECYCLE` or `EXIT_HARD_LIMIT` is replaced at
+predecessor held. Each child beats on a file of its own that has no name (an unlinked temporary
+file passed as `/dev/fd/N`), so a supervisor killed with SIGKILL leaves nothing on disk, and
+holds the read end of a pipe whose write end only the supervisor has: at its EOF (the
+supervisor gone, however it died) the child stops claiming and stops gracefully. A child that
+exits with `EXIT_RECYCLE` or `EXIT_HARD_LIMIT` is replaced at
 once; one that crashes, after a backoff. A child whose beat file stops advancing (wedged in C
 with the GIL held) is killed with SIGKILL and replaced. SIGTERM or SIGINT stops every child
 gracefully, then the supervisor exits 0; a second signal kills them and exits 1 at once.
@@ -13,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import IO
 
 from tasks_app.consumer.process_mode import EXIT_HARD_LIMIT, EXIT_RECYCLE
 from tasks_app.consumer.stop_signals import SIGNAL_ECHO_S  # a signal this soon after the first is the same request
@@ -41,8 +45,8 @@ TICK_S = 0.1
 # How often the group's health file is refreshed from its children's.
 HEALTH_EVERY_S = 1.0
 
-ChildCommand = Callable[[int, Path], Sequence[str]]
-"""The argv of child `n`, which touches the given beat file."""
+ChildCommand = Callable[[int, Path, int], Sequence[str]]
+"""The argv of child `n`, which touches the given beat file and watches the lifeline fd for EOF."""
 
 
 @dataclass
@@ -50,16 +54,21 @@ class Child:
     """One slot of the group: its process, if running, and when it may start again."""
 
     index: int
-    beat: Path
+    beat_file: IO[bytes]
     process: subprocess.Popen[bytes] | None = None
     started_at: float = 0.0
     backoff_s: float = 0.0
     start_at: float = 0.0
     # Sent SIGTERM since the group began stopping.
     told: bool = False
-    # The beat file's last mtime seen, and when (monotonic): a wall-clock step never looks like a stall.
-    beat_mtime: float | None = None
+    # The beat file's last mtime seen (ns), and when (monotonic): a wall-clock step never looks like a stall.
+    beat_mtime: int | None = None
     beat_seen_at: float = 0.0
+
+    @property
+    def beat(self) -> Path:
+        """The beat file as the child (which gets the same fd) and this process name it."""
+        return Path(f"/dev/fd/{self.beat_file.fileno()}")
 
 
 def describe_exit(returncode: int) -> str:
@@ -88,8 +97,9 @@ class Supervisor:
         self.burst = burst
         self.health_file = Path(health_file) if health_file else None
         self.health_stale_s = 3 * HEALTH_EVERY_S + 15.0
-        self._dir = Path(tempfile.mkdtemp(prefix="runconsumer-"))
-        self.children = [Child(n, self._dir / f"beat-{n}") for n in range(processes)]
+        # Nameless (O_TMPFILE where it can): the OS frees each once no process holds it. Closed by run().
+        self.children = [Child(n, tempfile.TemporaryFile()) for n in range(processes)]  # noqa: SIM115
+        self._lifeline, self._lifeline_end = os.pipe()  # the children's read end; the write end only here
         self._signals: list[float] = []
         self._stopping = False
         self._health_at = 0.0
@@ -102,7 +112,10 @@ class Supervisor:
         try:
             return self._watch()
         finally:
-            shutil.rmtree(self._dir, ignore_errors=True)
+            for child in self.children:
+                child.beat_file.close()
+            os.close(self._lifeline)
+            os.close(self._lifeline_end)
 
     def _watch(self) -> int:
         while True:
@@ -160,10 +173,11 @@ class Supervisor:
             child.process.kill()
 
     def _start(self, child: Child) -> None:
-        child.beat.unlink(missing_ok=True)
+        os.utime(child.beat_file.fileno(), ns=(0, 0))  # not beating yet
         child.beat_mtime = None
+        argv = list(self.command(child.index, child.beat, self._lifeline))
         try:
-            child.process = subprocess.Popen(list(self.command(child.index, child.beat)), env=child_env())
+            child.process = subprocess.Popen(argv, env=child_env(), pass_fds=(child.beat_file.fileno(), self._lifeline))
         except OSError as exc:  # fork refused (a process limit, memory): a crash at start, not the group's end
             self._back_off(child, lived_s=0.0)
             logger.error(
@@ -176,14 +190,9 @@ class Supervisor:
     def _stalled(self, child: Child) -> bool:
         """True once the beat file has not changed for STALL_S (or not appeared for STARTUP_S)."""
         now = time.monotonic()
-        try:
-            mtime: float | None = child.beat.stat().st_mtime
-        except FileNotFoundError:
-            # Cleaned away under us (a /tmp cleaner)? Then a live child's next beat writes it again.
-            self._dir.mkdir(mode=0o700, exist_ok=True)
-            mtime = child.beat_mtime
-            if mtime is None:
-                return now - child.started_at > STARTUP_S
+        mtime = os.fstat(child.beat_file.fileno()).st_mtime_ns
+        if not mtime:
+            return now - child.started_at > STARTUP_S
         if mtime != child.beat_mtime:
             child.beat_mtime, child.beat_seen_at = mtime, now
         return now - child.beat_seen_at > STALL_S

@@ -218,3 +218,36 @@ def test_ctrl_c_to_the_group_stops_each_child_once_however_late_the_supervisor_p
     assert group.wait(60) == 0, group.log()
     assert statuses(broker, [task]) == ["SUCCESSFUL"], group.log()
     assert runs_per_task(broker) == {task.id: 1}
+
+
+def test_children_of_a_killed_supervisor_return_what_they_hold_finish_their_runs_and_leave_no_files(
+    broker, consumer_process, tmp_path
+):
+    # The orphans see their supervisor gone at once (their lifeline's EOF), not at a later beat;
+    # before, a supervisor killed with SIGKILL also left its directory of beat files in TMPDIR.
+    temp_dir = tmp_path / "tmp"
+    temp_dir.mkdir()
+    tasks = producer.enqueue("test.record", kwargs={"hold_until": "orphans-may-finish"}, count=6)
+    flags = ["--processes", "2", "--consumer-id", "grp", "--concurrency", "1", "--prefetch", "2", "--lease", "60"]
+    group = consumer_process(*flags, "--grace", "30", TMPDIR=str(temp_dir))
+    wait_until(lambda: len(recorded_runs(broker)) == 2, 60, message="one run in each child")
+    wait_until(lambda: broker.queue_stats("default").processing == 6, 30, message="each child to prefetch two")
+    orphans = children_of(group.pid)
+    os.kill(group.pid, signal.SIGKILL)
+    group.wait(10)
+    try:
+        # Long before the lease (60 s) could recover them: the orphans gave them back themselves.
+        wait_until(lambda: broker.queue_stats("default").pending == 4, 30, message="the unstarted four returned")
+        assert all(alive(pid) for pid in orphans), "their runs go on"
+        broker.client.set(f"{broker.keys.prefix}:orphans-may-finish", 1)
+        wait_until(lambda: not any(alive(pid) for pid in orphans), 30, message="the orphans to exit")
+        stats = broker.queue_stats("default")
+        assert (stats.pending, stats.processing, stats.consumers) == (4, 0, [])
+        started = runs_per_task(broker)
+        assert all(count == 1 for count in started.values()) and len(started) == 2
+        assert {t.id for t in tasks if record_of(broker, t).status == "SUCCESSFUL"} == set(started)
+        assert list(temp_dir.iterdir()) == [], "nothing left on disk"
+    finally:
+        for pid in orphans:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

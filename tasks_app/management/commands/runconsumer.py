@@ -122,6 +122,7 @@ def _consumer_options(options: dict[str, Any]) -> ConsumerOptions:
         hard_limit_grace_s=options["timeout_grace"] if supervised else None,
         supervisor_beat=options["supervisor_beat"],
         supervisor_pid=options["supervisor_pid"],
+        supervisor_lifeline=options["supervisor_lifeline"],
         async_concurrency=options["async_concurrency"],
         scheduler=not options["no_scheduler"],
     )
@@ -129,7 +130,7 @@ def _consumer_options(options: dict[str, Any]) -> ConsumerOptions:
 
 # Flags a supervisor sets per child instead of passing its own on.
 PER_CHILD_DESTS = {"help", "processes", "consumer_id", "metrics_port", "health_file", "skip_checks"}
-PER_CHILD_DESTS |= {"supervisor_beat", "supervisor_pid"}
+PER_CHILD_DESTS |= {"supervisor_beat", "supervisor_pid", "supervisor_lifeline"}
 
 
 def group_id(options: dict[str, Any]) -> str:
@@ -138,12 +139,13 @@ def group_id(options: dict[str, Any]) -> str:
 
 
 def child_command(
-    parser: CommandParser, options: dict[str, Any], metrics_port: int | None, index: int, beat: Path
+    parser: CommandParser, options: dict[str, Any], metrics_port: int | None, index: int, beat: Path, lifeline: int
 ) -> list[str]:
     """The argv of consumer process `index` of a supervisor started with `options`."""
     argv = [sys.executable, "-m", "django", "runconsumer", "--consumer-id", f"{group_id(options)}-{index}"]
     # The supervisor ran the system checks already.
     argv += ["--supervisor-beat", str(beat), "--supervisor-pid", str(os.getpid())]
+    argv += ["--supervisor-lifeline", str(lifeline)]
     argv += ["--settings", settings.SETTINGS_MODULE, "--skip-checks"]
     if metrics_port is not None:  # 0: each takes any free port
         argv += ["--metrics-port", str(metrics_port + index if metrics_port else 0)]
@@ -234,6 +236,7 @@ def _add_process_arguments(parser: CommandParser) -> None:
     )
     parser.add_argument("--supervisor-beat", help=argparse.SUPPRESS)
     parser.add_argument("--supervisor-pid", type=positive_int, help=argparse.SUPPRESS)
+    parser.add_argument("--supervisor-lifeline", type=non_negative_int, help=argparse.SUPPRESS)
 
 
 def _add_observability_arguments(parser: CommandParser) -> None:
