@@ -358,7 +358,8 @@ def signalled(broker, monkeypatch) -> Iterator[tuple[Consumer, list[int]]]:
     exits: list[int] = []
     monkeypatch.setattr(os, "_exit", exits.append)
     monkeypatch.setattr(stop_signals, "SIGNAL_ECHO_S", 0.2)
-    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    stop_signums = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+    previous = {signum: signal.getsignal(signum) for signum in stop_signums}
     consumer.install_signal_handlers()
     yield consumer, exits
     for signum, handler in previous.items():

@@ -12,6 +12,7 @@ from django.core.management import load_command_class
 from tasks_app.consumer import process_mode, supervisor as supervisor_module
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.consumer.process_mode import EXIT_HARD_LIMIT, EXIT_MARGIN_S, EXIT_RECYCLE, ProcessGuard
+from tasks_app.consumer.stop_signals import graceful_signals
 from tasks_app.consumer.supervisor import Supervisor, describe_exit
 from tasks_app.consumer.timeouts import RunClock
 from tasks_app.management.commands.runconsumer import child_command
@@ -209,3 +210,13 @@ def test_a_child_leaves_as_soon_as_its_supervisors_end_of_the_lifeline_closes(mo
     assert left == [(0, "its supervisor is gone: stopping")]
     guard.stop()
     os.close(read_end)
+
+
+def test_sighup_stops_gracefully_unless_ignored_from_the_start_as_under_nohup():
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        assert signal.SIGHUP not in graceful_signals(), "nohup: it stays ignored"
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        assert graceful_signals() == [signal.SIGTERM, signal.SIGINT, signal.SIGHUP]
+    finally:
+        signal.signal(signal.SIGHUP, previous)

@@ -8,8 +8,9 @@ holds the read end of a pipe whose write end only the supervisor has: at its EOF
 supervisor gone, however it died) the child stops claiming and stops gracefully. A child that
 exits with `EXIT_RECYCLE` or `EXIT_HARD_LIMIT` is replaced at
 once; one that crashes, after a backoff. A child whose beat file stops advancing (wedged in C
-with the GIL held) is killed with SIGKILL and replaced. SIGTERM or SIGINT stops every child
-gracefully, then the supervisor exits 0; a second signal kills them and exits 1 at once.
+with the GIL held) is killed with SIGKILL and replaced. SIGTERM, SIGINT or SIGHUP (see
+stop_signals.py) stops every child gracefully, then the supervisor exits 0; a second signal, or
+SIGQUIT, kills them and exits 1 at once.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from types import FrameType
 from typing import IO
 
 from tasks_app.consumer.process_mode import EXIT_HARD_LIMIT, EXIT_RECYCLE
-from tasks_app.consumer.stop_signals import SIGNAL_ECHO_S  # a signal this soon after the first is the same request
+from tasks_app.consumer.stop_signals import SIGNAL_ECHO_S, graceful_signals  # a signal this soon: the same request
 
 logger = logging.getLogger(__name__)
 
@@ -101,13 +102,15 @@ class Supervisor:
         self.children = [Child(n, tempfile.TemporaryFile()) for n in range(processes)]  # noqa: SIM115
         self._lifeline, self._lifeline_end = os.pipe()  # the children's read end; the write end only here
         self._signals: list[float] = []
+        self._quit = False
         self._stopping = False
         self._health_at = 0.0
 
     def run(self) -> int:
         """Start the children and watch them; return the exit code."""
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
+        for signum in graceful_signals():
+            signal.signal(signum, self._on_signal)
+        signal.signal(signal.SIGQUIT, self._on_quit)
         logger.info("supervisor %d starting %d consumer process(es)", os.getpid(), len(self.children))
         try:
             return self._watch()
@@ -119,7 +122,7 @@ class Supervisor:
 
     def _watch(self) -> int:
         while True:
-            if self._second_signal():
+            if self._quit or self._second_signal():
                 return self._kill_all()
             for child in self.children:
                 self._tend(child)
@@ -135,11 +138,15 @@ class Supervisor:
             self._stopping = True
             logger.info("signal %d: stopping every consumer process gracefully; send again to kill them", signum)
 
+    def _on_quit(self, signum: int, frame: FrameType | None) -> None:
+        self._quit = True
+
     def _second_signal(self) -> bool:
         return any(at - self._signals[0] >= SIGNAL_ECHO_S for at in self._signals[1:])
 
     def _kill_all(self) -> int:
-        logger.warning("second signal: killing every consumer process; their leases will recover what they held")
+        reason = "SIGQUIT" if self._quit else "second signal"
+        logger.warning("%s: killing every consumer process; their leases will recover what they held", reason)
         for child in self.children:
             self._send(child, signal.SIGKILL)
             if child.process is not None:

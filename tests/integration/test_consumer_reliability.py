@@ -174,6 +174,23 @@ def test_a_signal_echo_is_not_a_second_signal_but_a_later_one_exits_at_once(brok
     assert "second signal" in impatient.log()
 
 
+def test_sighup_stops_a_consumer_gracefully_and_sigquit_at_once(broker, consumer_process):
+    # Before: both had their default action, so a closed terminal or Ctrl-\ killed the consumer mid-run.
+    [task] = producer.enqueue("test.record", kwargs={"sleep_s": 2.0})
+    consumer = consumer_process("--grace", "20")
+    wait_until(lambda: recorded_runs(broker), 30, message="the slow task to start")
+    consumer.signal(signal.SIGHUP)
+    assert consumer.wait(30) == 0, consumer.log()
+    assert statuses(broker, [task]) == ["SUCCESSFUL"]
+
+    [held] = producer.enqueue("test.record", kwargs={"hold_until": "never"})
+    quitting = consumer_process("--grace", "60", "--consumer-id", "quitting", "--lease", "1")
+    wait_until(lambda: held.id in runs_per_task(broker), 30, message="the held task to start")
+    quitting.signal(signal.SIGQUIT)
+    assert quitting.wait(10) == 1, quitting.log()
+    assert "SIGQUIT" in quitting.log() and statuses(broker, [held]) != ["SUCCESSFUL"]
+
+
 class PreemptedAfterReading(threading.Event):
     """A stop event whose first read by a worker thread that finds it clear is preempted: it sleeps before returning."""
 

@@ -251,3 +251,23 @@ def test_children_of_a_killed_supervisor_return_what_they_hold_finish_their_runs
         for pid in orphans:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_sighup_stops_the_group_gracefully_and_sigquit_kills_it_at_once(broker, consumer_process):
+    # Before: both had their default action: the supervisor died at once and left its children running.
+    [task] = producer.enqueue("test.record", kwargs={"sleep_s": 2.0})
+    group = consumer_process("--processes", "1", "--grace", "20", "--lease", "2")
+    wait_until(lambda: recorded_runs(broker), 60, message="the slow task to start")
+    children = children_of(group.pid)
+    group.signal(signal.SIGHUP)
+    assert group.wait(60) == 0, group.log()
+    assert statuses(broker, [task]) == ["SUCCESSFUL"] and not any(alive(pid) for pid in children)
+
+    [held] = producer.enqueue("test.record", kwargs={"hold_until": "never"})
+    quitting = consumer_process("--processes", "1", "--consumer-id", "quitting", "--lease", "2")
+    wait_until(lambda: held.id in runs_per_task(broker), 60, message="the held task to start")
+    children = children_of(quitting.pid)
+    quitting.signal(signal.SIGQUIT)
+    assert quitting.wait(30) == 1, quitting.log()
+    assert "SIGQUIT: killing every consumer process" in quitting.log()
+    assert not any(alive(pid) for pid in children), "no child left"

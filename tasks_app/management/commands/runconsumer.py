@@ -52,7 +52,7 @@ def duration_arg(text: str) -> float:
 
 
 class Command(BaseCommand):
-    help = "Claim and run tasks from the given queues until SIGTERM/SIGINT (or, with --burst, until idle)."
+    help = "Claim and run tasks from the given queues until SIGTERM/SIGINT/SIGHUP (or, with --burst, until idle)."
 
     def add_arguments(self, parser: CommandParser) -> None:
         _add_run_arguments(parser)
