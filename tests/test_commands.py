@@ -6,9 +6,10 @@ import sys
 from io import StringIO
 
 import pytest
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError, call_command, load_command_class
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.management.commands.enqueue import CHUNK_TASKS
 from tasks_app.protocol.broker import Broker
 from tests.support.enqueued import enqueued_keys
@@ -104,6 +105,23 @@ def test_queuestats_table(broker):
 def test_runconsumer_rejects_bad_options(broker, argv):
     with pytest.raises(CommandError):
         call_command("runconsumer", *argv, "--burst")
+
+
+@pytest.mark.parametrize("value", ["0", "257", "100000"])
+def test_runconsumer_bounds_its_number_of_processes(value):
+    # Before: any number was taken, and --processes 100000 forked until the machine gave out.
+    parser = load_command_class("tasks_app", "runconsumer").create_parser("manage.py", "runconsumer")
+    with pytest.raises(CommandError, match=r"--processes: must be from 1 to 256, got"):
+        parser.parse_args(["--processes", value])
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("concurrency", 1025), ("prefetch", 1001), ("async_concurrency", 100_001)]
+)
+def test_a_consumer_bounds_its_threads_prefetch_and_coroutines(field, value):
+    # Before: --concurrency 100000 started threads until it could not, after registering.
+    with pytest.raises(ValueError, match=f"{field.replace('_', ' ')} must be from"):
+        ConsumerOptions(**{field: value}).validate()
 
 
 @pytest.mark.django_db

@@ -6,6 +6,11 @@ from tasks_app.protocol.names import validate_name
 
 # Longest lease or grace period (s): beyond it a thread's join or wait overflows the platform's time_t.
 MAX_DURATION_S = 7 * 86400
+# Bounds of the counts: a thread each (concurrency), tasks held ahead, coroutines, processes of a group.
+MAX_CONCURRENCY = 1024
+MAX_PREFETCH = 1000
+MAX_ASYNC_CONCURRENCY = 100_000
+MAX_PROCESSES = 256
 
 
 @dataclass
@@ -38,16 +43,17 @@ class ConsumerOptions:
             raise ValueError("at least one queue is needed")
         for name in self.queues:
             validate_name(name, "queue")
-        if self.concurrency < 1:
-            raise ValueError("concurrency must be at least 1")
-        if self.prefetch is not None and self.prefetch < 0:
-            raise ValueError("prefetch cannot be negative")
+        bounded = [("concurrency", self.concurrency, 1, MAX_CONCURRENCY)]
+        bounded += [("async concurrency", self.async_concurrency, 1, MAX_ASYNC_CONCURRENCY)]
+        if self.prefetch is not None:
+            bounded.append(("prefetch", self.prefetch, 0, MAX_PREFETCH))
+        for name, count, low, high in bounded:
+            if not low <= count <= high:
+                raise ValueError(f"{name} must be from {low} to {high}, got {count}")
         if not 0.5 <= self.lease_s <= MAX_DURATION_S:
             raise ValueError(f"lease must be between 0.5 and {MAX_DURATION_S} s")
         for name, value in (("grace", self.grace_s), ("timeout grace", self.hard_limit_grace_s)):
             if value is not None and not 0 <= value <= MAX_DURATION_S:
                 raise ValueError(f"{name} must be between 0 and {MAX_DURATION_S} s")
-        if self.async_concurrency < 1:
-            raise ValueError("async concurrency must be at least 1")
         if self.consumer_id is not None:
             validate_name(self.consumer_id, "consumer id")

@@ -13,7 +13,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from tasks_app.consumer.lifecycle import Consumer
 from tasks_app.consumer.metrics_http import METRICS_HOST
-from tasks_app.consumer.options import MAX_DURATION_S, ConsumerOptions
+from tasks_app.consumer.options import MAX_DURATION_S, MAX_PROCESSES, ConsumerOptions
 from tasks_app.protocol.names import validate_name
 
 MAX_PORT = 65535
@@ -30,6 +30,13 @@ def non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"cannot be negative, got {value}")
+    return value
+
+
+def processes_arg(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= MAX_PROCESSES:
+        raise argparse.ArgumentTypeError(f"must be from 1 to {MAX_PROCESSES}, got {value}")
     return value
 
 
@@ -207,7 +214,7 @@ def _add_run_arguments(parser: CommandParser) -> None:
 def _add_process_arguments(parser: CommandParser) -> None:
     parser.add_argument(
         "--processes",
-        type=positive_int,
+        type=processes_arg,
         metavar="N",
         help="Process mode: run N consumer processes under a supervisor, with hard time limits (see README).",
     )
