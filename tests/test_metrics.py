@@ -148,3 +148,13 @@ def test_run_metrics_are_the_labelled_children_and_count_in_the_registry():
     before = REGISTRY.get_sample_value("taskqueue_tasks_succeeded_total", labels) or 0
     run.succeeded.inc()
     assert REGISTRY.get_sample_value("taskqueue_tasks_succeeded_total", labels) == before + 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_consumer_metrics_bind_an_ipv6_address_and_every_address_on_the_ipv6_wildcard(consumer_process):
+    # Before: the server was IPv4 only, so --metrics-host :: (or ::1) could not even start.
+    port = free_port()
+    consumer = consumer_process("--lease", "2", "--metrics-port", str(port), "--metrics-host", "::")
+    wait_until(lambda: http_get(f"http://[::1]:{port}/healthz")[0], 30, message="the metrics port to answer")
+    assert http_get(f"http://127.0.0.1:{port}/healthz")[0], "IPv4 too"
+    assert consumer.terminate(timeout_s=30) == 0, consumer.log()

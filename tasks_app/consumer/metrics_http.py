@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 from collections.abc import Callable, Iterable
 from socketserver import ThreadingMixIn
@@ -26,6 +28,18 @@ class _ThreadingServer(ThreadingMixIn, WSGIServer):
     """One thread per request, so a slow scrape never blocks a health check."""
 
     daemon_threads = True
+
+
+class _ThreadingServer6(_ThreadingServer):
+    """The same on IPv6; bound to `::`, it takes IPv4 connections too (whatever the system's default)."""
+
+    address_family = socket.AF_INET6
+
+    def server_bind(self) -> None:
+        """Bind, accepting IPv4 as well where the system allows it."""
+        with contextlib.suppress(OSError):
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -54,8 +68,10 @@ def make_app(liveness: Liveness | None, registry: CollectorRegistry = REGISTRY) 
 def serve(
     port: int, liveness: Liveness | None, addr: str = METRICS_HOST, registry: CollectorRegistry = REGISTRY
 ) -> WSGIServer:
-    """Serve metrics and health on `addr:port` from a daemon thread; return the server."""
-    server = make_server(addr, port, make_app(liveness, registry), _ThreadingServer, handler_class=_QuietHandler)
+    """Serve metrics and health on `addr:port` (an IPv4 or IPv6 address, or a host name) from a daemon thread."""
+    addr = addr.removeprefix("[").removesuffix("]")  # [::1] as in a URL
+    server_class = _ThreadingServer6 if ":" in addr else _ThreadingServer
+    server = make_server(addr, port, make_app(liveness, registry), server_class, handler_class=_QuietHandler)
     threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
     return server
 

@@ -258,7 +258,7 @@ def _add_observability_arguments(parser: CommandParser) -> None:
         default=METRICS_HOST,
         metavar="ADDR",
         help=f"Address the metrics port binds (default {METRICS_HOST}: this host only; "
-        "0.0.0.0 when the scraper runs in another container or host).",
+        "0.0.0.0 when the scraper runs in another container or host; IPv6 too: ::1, or :: for every address).",
     )
     parser.add_argument(
         "--health-file",
