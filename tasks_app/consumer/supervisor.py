@@ -45,6 +45,8 @@ STABLE_AFTER_S = 30.0
 TICK_S = 0.1
 # How often the group's health file is refreshed from its children's.
 HEALTH_EVERY_S = 1.0
+# Where a process names its own open files (a container's /dev may lack the fd link; /proc then has it).
+FD_DIR = Path("/dev/fd") if Path("/dev/fd").is_dir() else Path("/proc/self/fd")
 
 ChildCommand = Callable[[int, Path, int], Sequence[str]]
 """The argv of child `n`, which touches the given beat file and watches the lifeline fd for EOF."""
@@ -69,7 +71,7 @@ class Child:
     @property
     def beat(self) -> Path:
         """The beat file as the child (which gets the same fd) and this process name it."""
-        return Path(f"/dev/fd/{self.beat_file.fileno()}")
+        return FD_DIR / str(self.beat_file.fileno())
 
 
 def describe_exit(returncode: int) -> str:
