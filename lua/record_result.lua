@@ -3,14 +3,19 @@
 -- count the writes the records take in the queue's chart counters.
 -- ARGV[1] s, the number of status indexes (0: no history index, no chart counters)   ARGV[2] to
 -- ARGV[1 + s] the status names of those indexes; if s > 0, ARGV[2 + s] the chart counters' time
--- to live (s); then one group per record: time to live (s), worker id to append or "", error JSON
+-- to live (s); then g, "1" when the call is held (then the next argument is a task as claimed)
+-- or "0"; then one group per record: time to live (s), worker id to append or "", error JSON
 -- object to append or "", fencing token of the run the update belongs to (issued at claim) or ""
 -- (unconditional: not a run's write), the task id, if s > 0 c and c chart counter fields (each
 -- incremented by 1 if this write is taken: answered 1), p, then p field/value pairs to set
 -- (values are stored as given).
 -- KEYS: if s > 0, KEYS[1] history zset, KEYS[2] history ids zset, KEYS[3] to KEYS[2 + s] the
--- status indexes, KEYS[3 + s] this minute's chart counters hash of the queue; then the records'
--- hashes, one per group, in the groups' order.
+-- status indexes, KEYS[3 + s] this minute's chart counters hash of the queue; if held, the
+-- processing list of the consumer settling the task; then the records' hashes, one per group, in
+-- the groups' order.
+-- A held call writes nothing, answering 0 for every group, unless that list still holds the task:
+-- a settling run whose task was reaped leaves the record to the run that holds the task now (on
+-- one server only: the list lies in the record's slot there).
 -- The record keeps the highest token that wrote to it in its field "fence". A write with a
 -- lower token is ignored (its run lost the claim: its consumer was presumed dead and the task
 -- re-run or requeued); a write with a higher token takes the record over.
@@ -130,8 +135,15 @@ local function write_record(key, u)
 end
 
 local replies = {}
-local at = indexes > 0 and 3 + indexes or 2
-local first_record = indexes > 0 and 4 + indexes or 1
+local held_at = indexes > 0 and 3 + indexes or 2
+local held = ARGV[held_at] == '1'
+local at = held_at + (held and 2 or 1)
+local first_record = (indexes > 0 and 4 + indexes or 1) + (held and 1 or 0)
+-- Not a list (or none given): not held either.
+if held and type(redis.pcall('LPOS', KEYS[first_record - 1] or '', ARGV[held_at + 1] or '')) ~= 'number' then
+  for _ = first_record, #KEYS do replies[#replies + 1] = 0 end
+  return replies
+end
 for key_index = first_record, #KEYS do
   local counted = 0
   if counters then counted = int_arg(ARGV[at + 5], 0, 0, #ARGV - at - 6) end

@@ -248,9 +248,10 @@ def test_a_refused_record_in_a_call_stops_none_of_the_others(broker):
     "argv",
     [
         ["999", "READY"],  # more status indexes than keys and arguments
-        ["0", "60", "", "", "", "id"],  # a group cut short before its pair count
-        ["0", "60", "", "", "", "id", "99999", "status"],  # more pairs than given
-        ["0", "x", "w", "{not json", "nan", "id", "1", "status", "SUCCESSFUL"],
+        ["0", "0", "60", "", "", "", "id"],  # a group cut short before its pair count
+        ["0", "0", "60", "", "", "", "id", "99999", "status"],  # more pairs than given
+        ["0", "0", "x", "w", "{not json", "nan", "id", "1", "status", "SUCCESSFUL"],
+        ["0", "1"],  # held, without the task or the list
         ["-3"],
         [],
     ],
@@ -331,6 +332,6 @@ def test_a_group_too_large_to_unpack_fails_alone(broker):
     keys = [broker.keys.result("huge"), broker.keys.result("fine")]
     huge = ["60", "", "", "", "huge", "5000", *(["f", "v"] * 5000)]
     fine = ["60", "", "", "", "fine", "1", "status", "SUCCESSFUL"]
-    replies = broker.scripts.run(broker.client, "record_result", keys, ["0", *huge, *fine])
+    replies = broker.scripts.run(broker.client, "record_result", keys, ["0", "0", *huge, *fine])
     assert isinstance(replies[0], Exception) and replies[1] == 1
     assert broker.get_result("fine")["status"] == "SUCCESSFUL"

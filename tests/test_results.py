@@ -107,3 +107,29 @@ def test_arguments_with_lone_surrogates_are_escaped_in_records():
     fields = results.enqueued_fields(task, Arguments(["\ud800"], {}))
     assert fields["args"] == r'["\ud800"]'
     fields["args"].encode("utf-8")
+
+
+@pytest.mark.parametrize("final", [False, True], ids=["retry", "dead-letter"])
+def test_a_run_that_lost_its_task_writes_no_record_when_it_retries_or_dead_letters(broker, final):
+    task = Task(id="lost-1", type="demo.echo", queue="q", attempt=1)
+    raw = encode_task(task)
+    broker.enqueue([Enqueueable(queue="q", raw=raw)], result_ttl_s=60)
+    broker.heartbeat(["q"], "c1", 10_000, {"lease_ms": 10_000})
+    fence = broker.claim_with_suspect("q", "c1", 1).first_fence
+    assert broker.record_result(results.started(task, ARGS, "c1", 1, 3, 60, fence)) == 1
+    broker.client.zadd(broker.keys.consumers("q"), {"c1": 0})  # c1 froze: its lease lapses
+    assert broker.reap("q", "c1", 10_000).requeued == 1  # the task waits as a suspect, unclaimed yet
+
+    # c1 wakes and settles its failure; no other claim has written to the record yet.
+    error = results.error_record("builtins.RuntimeError", "late")
+    failure = results.attempt_failed(task, error, 5, 60, final=final, retry_at_ms=9, dead_reason="x", fence=fence)
+    if final:
+        assert broker.dead_letter("q", "c1", raw, raw, failure) is False
+    else:
+        assert broker.retry_later("q", "c1", raw, raw, 0, 1000, failure) is False
+
+    record = broker.get_result(task.id)
+    assert (record["status"], record["last_attempted_at_ms"], record["fence"]) == ("RUNNING", "1", str(fence))
+    assert "errors" not in record and "dead_reason" not in record and "run_after_ms" not in record
+    assert broker.client.zcard(broker.keys.delayed("q")) == broker.client.zcard(broker.keys.dead("q")) == 0
+    assert broker.client.zscore(broker.keys.history_status("q", "RUNNING"), task.id) is not None

@@ -28,7 +28,7 @@ from tasks_app.protocol.pausing import PauseOps
 from tasks_app.protocol.periodic import PeriodicOps
 from tasks_app.protocol.producing import ProducingOps
 from tasks_app.protocol.rates import RateOps
-from tasks_app.protocol.replication import CLUSTER_WAIT_MS, Place, ReplicatedWrites
+from tasks_app.protocol.replication import CLUSTER_WAIT_MS, Held, Place, ReplicatedWrites, replies_at
 from tasks_app.protocol.replies import AckReport, Claim, Promotion, ResultUpdate, UniqueRelease
 from tasks_app.protocol.scripts import Scripts, connect
 from tasks_app.protocol.slots import SlotOps
@@ -257,9 +257,26 @@ class Broker(
         return self._with_result("dead_letter", keys, args, result)
 
     def _with_result(self, script: str, keys: list[str], args: list[Any], result: ResultUpdate | None) -> bool:
+        """Run settle script `script` (KEYS[1] the processing list, ARGV[1] the task) and write its run's record.
+
+        On one server both go in one transaction, the record first, written only if the list still
+        holds the task: a run whose task was reaped leaves the record to the run holding it now,
+        also before that run's claim wrote its token there. By source: a NOSCRIPT re-run would
+        come after the settle script, which took the task out of the list. On Redis Cluster the
+        list and the record lie in different slots: the record's fence alone keeps a later run's.
+        """
         if result is None:
             return bool(self._script(script, keys, args))
-        return bool(self._with_results(lambda pipe: self.scripts.queue(pipe, script, keys, args), [result])[0])
+        if isinstance(self.client, redis.RedisCluster):
+            return bool(self._with_results(lambda pipe: self.scripts.queue(pipe, script, keys, args), [result])[0])
+        pipe = self.client.pipeline(transaction=True)
+        places = self._queue_results(pipe, [result], by_source=True, held=Held(keys[0], args[0]))
+        self.scripts.queue(pipe, script, keys, args, by_source=True)
+        sent = self.scripts.execute(pipe, self.client, raise_on_error=False)
+        for reply in [sent[-1], *replies_at(sent, places)]:
+            if isinstance(reply, Exception):
+                raise reply
+        return bool(sent[-1])
 
     def held_by(self, queue: str, consumer_id: str) -> list[bytes]:
         """Return the tasks in a consumer's processing list."""

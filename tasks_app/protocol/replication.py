@@ -36,6 +36,13 @@ REPLICA_CHECK_S = 10.0
 RECORDS_PER_CALL = 128
 
 
+class Held(NamedTuple):
+    """The condition of a record write (one server only): the settling consumer's processing list holds the task."""
+
+    processing: str
+    raw: bytes
+
+
 class Place(NamedTuple):
     """Where a result write's reply is: the position of its call in a pipeline, its index in that call's reply."""
 
@@ -144,11 +151,14 @@ class ReplicatedWrites(MinuteOps):
             self._replica_checks[name] = checked
         return checked[0]
 
-    def _queue_results(self, pipe: Any, updates: Sequence[ResultUpdate], *, by_source: bool = False) -> list[Place]:
+    def _queue_results(
+        self, pipe: Any, updates: Sequence[ResultUpdate], *, by_source: bool = False, held: Held | None = None
+    ) -> list[Place]:
         """Queue the record_result calls of `updates`; return where each one's reply will be.
 
         On one server a call writes up to RECORDS_PER_CALL records of one queue and files their
-        tasks in its history (see history.py); on Redis Cluster a call writes one record.
+        tasks in its history (see history.py), only while `held` holds, if given; on Redis Cluster
+        a call writes one record.
         """
         places: list[Place] = [Place(0, 0)] * len(updates)
         for queue, indexes in self._result_groups(updates):
@@ -156,7 +166,7 @@ class ReplicatedWrites(MinuteOps):
                 chunk = indexes[start : start + RECORDS_PER_CALL]
                 for offset, index in enumerate(chunk):
                     places[index] = Place(len(pipe), offset)
-                self._queue_record_call(pipe, queue, [updates[index] for index in chunk], by_source)
+                self._queue_record_call(pipe, queue, [updates[index] for index in chunk], by_source, held)
         return places
 
     def _result_groups(self, updates: Sequence[ResultUpdate]) -> list[tuple[str, list[int]]]:
@@ -171,13 +181,20 @@ class ReplicatedWrites(MinuteOps):
             groups.setdefault(update.queue, []).append(index)
         return list(groups.items())
 
-    def _queue_record_call(self, pipe: Any, queue: str, updates: Sequence[ResultUpdate], by_source: bool) -> None:
+    def _queue_record_call(
+        self, pipe: Any, queue: str, updates: Sequence[ResultUpdate], by_source: bool, held: Held | None
+    ) -> None:
         """Queue one record_result call; given a queue (one server), it files and counts the writes it takes."""
         keys: list[str] = []
         args: list[Any] = [0]
         if queue:
             keys = [*history.index_keys(self.keys, queue), self.keys.minute(queue, int(time.time()) // 60)]
             args = [len(history.STATUSES), *history.STATUSES, KEEP_MINUTES * 60]
+        if held is None:
+            args.append(0)
+        else:
+            keys.append(held.processing)
+            args += (1, held.raw)
         for update in updates:
             keys.append(self.keys.result(update.task_id))
             args += (
