@@ -3,19 +3,21 @@
 -- count the writes the records take in the queue's chart counters.
 -- ARGV[1] s, the number of status indexes (0: no history index, no chart counters)   ARGV[2] to
 -- ARGV[1 + s] the status names of those indexes; if s > 0, ARGV[2 + s] the chart counters' time
--- to live (s); then g, "1" when the call is held (then the next argument is a task as claimed)
--- or "0"; then one group per record: time to live (s), worker id to append or "", error JSON
--- object to append or "", fencing token of the run the update belongs to (issued at claim) or ""
+-- to live (s); then g, "1" when the call is held (then three arguments: a task as claimed, the
+-- settling consumer's id and its process's instance token, "": unchecked) or "0"; then one group
+-- per record: time to live (s), worker id to append or "", error JSON object to append or "",
+-- fencing token of the run the update belongs to (issued at claim) or ""
 -- (unconditional: not a run's write), the task id, if s > 0 c and c chart counter fields (each
 -- incremented by 1 if this write is taken: answered 1), p, then p field/value pairs to set
 -- (values are stored as given).
 -- KEYS: if s > 0, KEYS[1] history zset, KEYS[2] history ids zset, KEYS[3] to KEYS[2 + s] the
 -- status indexes, KEYS[3 + s] this minute's chart counters hash of the queue; if held, the
--- processing list of the consumer settling the task; then the records' hashes, one per group, in
--- the groups' order.
--- A held call writes nothing, answering 0 for every group, unless that list still holds the task:
--- a settling run whose task was reaped leaves the record to the run that holds the task now (on
--- one server only: the list lies in the record's slot there).
+-- processing list of the consumer settling the task and its queue's consumer info hash; then the
+-- records' hashes, one per group, in the groups' order.
+-- A held call writes nothing, answering 0 for every group, unless the settle script it comes
+-- before will find the task (see include/settle.lua): the list holds it and no other instance
+-- registered the consumer id. A settling run whose task was reaped leaves the record to the run
+-- that holds it now (one server only: there the list lies in another slot than the record).
 -- The record keeps the highest token that wrote to it in its field "fence". A write with a
 -- lower token is ignored (its run lost the claim: its consumer was presumed dead and the task
 -- re-run or requeued); a write with a higher token takes the record over.
@@ -39,6 +41,7 @@
 -- include: args
 -- include: history
 -- include: start_gate
+-- include: instance
 local indexes = int_arg(ARGV[1], 0, 0, math.min(#KEYS - 3, #ARGV - 2))
 local h = nil
 local counters = nil  -- the chart counters hash, and the increments of its fields
@@ -137,10 +140,19 @@ end
 local replies = {}
 local held_at = indexes > 0 and 3 + indexes or 2
 local held = ARGV[held_at] == '1'
-local at = held_at + (held and 2 or 1)
-local first_record = (indexes > 0 and 4 + indexes or 1) + (held and 1 or 0)
--- Not a list (or none given): not held either.
-if held and type(redis.pcall('LPOS', KEYS[first_record - 1] or '', ARGV[held_at + 1] or '')) ~= 'number' then
+local at = held_at + (held and 4 or 1)
+local first_record = (indexes > 0 and 4 + indexes or 1) + (held and 2 or 0)
+
+-- Whether the held call's list holds its task for its instance (keys or arguments missing, or of
+-- another type: no).
+local function still_held()
+  local list, info = KEYS[first_record - 2], KEYS[first_record - 1]
+  if not info or type(redis.pcall('LPOS', list, ARGV[held_at + 1] or '')) ~= 'number' then return false end
+  local ok, elsewhere = pcall(other_instance, info, ARGV[held_at + 2] or '', ARGV[held_at + 3])
+  return ok and not elsewhere
+end
+
+if held and not still_held() then
   for _ = first_record, #KEYS do replies[#replies + 1] = 0 end
   return replies
 end

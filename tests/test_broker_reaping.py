@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, decode_task, encode_task
 from tasks_app.protocol.keys import WAKE_TOKEN
 from tasks_app.protocol.leases import MAX_RECOVERIES
@@ -226,3 +227,34 @@ def test_a_consumer_id_no_consumer_could_have_written_does_not_stop_the_reaper(b
     expire(broker, "c1")
     expired, _ = broker.reap_candidates("q")
     assert expired == ["c1"]
+
+
+@pytest.mark.parametrize("settle", ["ack", "retry", "dead-letter"])
+def test_a_frozen_run_settles_nothing_in_the_list_of_a_restart_that_took_its_id(broker, settle):
+    # Instance "old" froze past its lease; a restart ("new") took the fixed id "x", recovered the
+    # task and claimed it again: the same bytes now sit in the same list, as the restart's run.
+    old = Broker(broker.client, broker.keys.prefix, broker.scripts)
+    old.instance = "old"
+    old.heartbeat(["q"], "x", LEASE_MS, {"lease_ms": LEASE_MS, "instance": "old"})
+    push(broker, make_task(1))
+    [raw] = old.claim("q", "x", 1)
+    broker.instance = "new"
+    assert broker.reap("q", "x", LEASE_MS, own_earlier_run=True).requeued == 1
+    broker.heartbeat(["q"], "x", LEASE_MS, {"lease_ms": LEASE_MS, "instance": "new"})
+    claim = broker.claim_with_suspect("q", "x", 1)
+    assert claim.took_suspect and claim.tasks == [raw]
+    broker.mark_started("q", raw)
+    marks = broker.client.hgetall(broker.keys.recoveries("q"))
+
+    # The old run thaws and settles its copy: it is not its own any more.
+    if settle == "ack":
+        assert old.ack("q", "x", [raw]) == [False]
+    elif settle == "retry":
+        assert old.retry_later("q", "x", raw, raw + b"\x58\x01", 0, 1000) is False
+    else:
+        assert old.dead_letter("q", "x", raw, raw) is False
+
+    assert broker.client.lrange(broker.keys.processing("q", "x"), 0, -1) == [raw], "the restart's run is left alone"
+    assert broker.client.hgetall(broker.keys.recoveries("q")) == marks, "and so are its marks"
+    assert broker.client.zcard(broker.keys.delayed("q")) == broker.client.zcard(broker.keys.dead("q")) == 0
+    assert broker.ack("q", "x", [raw]) == [True]

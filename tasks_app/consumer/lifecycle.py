@@ -104,8 +104,8 @@ class Consumer:
         """Create what the consumer's threads share: the stop events, the threads, the tasks held, the suspect slot."""
         self.work: queue_module.SimpleQueue[Claimed] = queue_module.SimpleQueue()
         self._generation, self._identity_lock = 0, threading.Lock()  # of the ids taken after a lost lease
-        # Registered with the lease and sent with each renewal: another process registering this id refuses ours.
-        self.instance = uuid.uuid4().hex
+        # Sent with the lease, each renewal and each settle: another process registering this id refuses ours.
+        self.instance = self.broker.instance = uuid.uuid4().hex
         self.stop_requested, self.claiming_stopped = threading.Event(), threading.Event()
         self.loops_stopped, self.workers_stop, self.give_up = threading.Event(), threading.Event(), threading.Event()
         self._threads: list[threading.Thread] = []

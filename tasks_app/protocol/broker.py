@@ -59,6 +59,9 @@ class Broker(
         self._masters_with_scripts: set[str] = set()
         # Queues this process already added to the queue set: one SADD per queue, not per enqueue.
         self._announced_queues: set[str] = set()
+        # The token the consumer using this broker registers its ids with ("": none, unchecked): settling
+        # a task of an id another instance registered since settles nothing (see lua/include/settle.lua).
+        self.instance = ""
 
     @classmethod
     def from_settings(cls, *, prefix: str | None = None, timeout_s: float = 15.0, resend: bool = True) -> Broker:
@@ -216,8 +219,9 @@ class Broker(
             self.keys.processing(queue, consumer_id),
             self.keys.recoveries(queue),
             self.keys.completed(queue, bucket),
+            self.keys.consumer_info(queue),
         ]
-        args: list[Any] = [len(raws), *raws]
+        args: list[Any] = [len(raws), consumer_id, self.instance, *raws]
         for position, release in enumerate(releases, start=1):
             if release is not None:
                 keys.append(self.keys.unique(queue, release.digest))
@@ -235,9 +239,10 @@ class Broker(
         result: ResultUpdate | None = None,
     ) -> bool:
         """Move a claimed task to the delayed set, due `delay_ms` from now; False if it was lost."""
-        keys = [self.keys.processing(queue, consumer_id), self.keys.delayed(queue), self.keys.recoveries(queue)]
-        args = [raw, delayed_member(priority, new_raw), max(0, int(delay_ms))]
-        return self._with_result("retry_later", keys, args, result)
+        held = self._held(queue, consumer_id, raw)
+        keys = [held.processing, self.keys.delayed(queue), self.keys.recoveries(queue), held.consumer_info]
+        args = [raw, delayed_member(priority, new_raw), max(0, int(delay_ms)), consumer_id, held.instance]
+        return self._with_result("retry_later", held, keys, args, result)
 
     def dead_letter(
         self,
@@ -249,28 +254,36 @@ class Broker(
         release: UniqueRelease | None = None,
     ) -> bool:
         """Move a claimed task to the dead-letter set (freeing `release` with it); False if it was lost."""
-        keys = [self.keys.processing(queue, consumer_id), self.keys.dead(queue), self.keys.recoveries(queue)]
-        args: list[Any] = [raw, new_raw]
+        held = self._held(queue, consumer_id, raw)
+        keys = [held.processing, self.keys.dead(queue), self.keys.recoveries(queue), held.consumer_info]
+        args: list[Any] = [raw, new_raw, consumer_id, held.instance]
         if release is not None:
             keys.append(self.keys.unique(queue, release.digest))
             args += (release.task_id, release.after_ms)
-        return self._with_result("dead_letter", keys, args, result)
+        return self._with_result("dead_letter", held, keys, args, result)
 
-    def _with_result(self, script: str, keys: list[str], args: list[Any], result: ResultUpdate | None) -> bool:
-        """Run settle script `script` (KEYS[1] the processing list, ARGV[1] the task) and write its run's record.
+    def _held(self, queue: str, consumer_id: str, raw: bytes) -> Held:
+        keys = self.keys
+        return Held(keys.processing(queue, consumer_id), keys.consumer_info(queue), raw, consumer_id, self.instance)
 
-        On one server both go in one transaction, the record first, written only if the list still
-        holds the task: a run whose task was reaped leaves the record to the run holding it now,
-        also before that run's claim wrote its token there. By source: a NOSCRIPT re-run would
-        come after the settle script, which took the task out of the list. On Redis Cluster the
-        list and the record lie in different slots: the record's fence alone keeps a later run's.
+    def _with_result(
+        self, script: str, held: Held, keys: list[str], args: list[Any], result: ResultUpdate | None
+    ) -> bool:
+        """Run settle script `script` (settling the task `held` names) and write its run's record.
+
+        On one server both go in one transaction, the record first, written only if the consumer
+        still holds the task: a run whose task was reaped (or whose id another instance took) leaves
+        the record to the run holding it now, also before that run's claim wrote its token there.
+        By source: a NOSCRIPT re-run would come after the settle script, which took the task out of
+        the list. On Redis Cluster the list and the record lie in different slots: the record's
+        fence alone keeps a later run's.
         """
         if result is None:
             return bool(self._script(script, keys, args))
         if isinstance(self.client, redis.RedisCluster):
             return bool(self._with_results(lambda pipe: self.scripts.queue(pipe, script, keys, args), [result])[0])
         pipe = self.client.pipeline(transaction=True)
-        places = self._queue_results(pipe, [result], by_source=True, held=Held(keys[0], args[0]))
+        places = self._queue_results(pipe, [result], by_source=True, held=held)
         self.scripts.queue(pipe, script, keys, args, by_source=True)
         sent = self.scripts.execute(pipe, self.client, raise_on_error=False)
         for reply in [sent[-1], *replies_at(sent, places)]:

@@ -37,10 +37,13 @@ RECORDS_PER_CALL = 128
 
 
 class Held(NamedTuple):
-    """The condition of a record write (one server only): the settling consumer's processing list holds the task."""
+    """The condition of a record write (one server only): the settling consumer still holds the task."""
 
-    processing: str
+    processing: str  # its processing list
+    consumer_info: str  # its queue's consumer info hash, where no other instance may have registered it
     raw: bytes
+    consumer_id: str
+    instance: str
 
 
 class Place(NamedTuple):
@@ -193,8 +196,8 @@ class ReplicatedWrites(MinuteOps):
         if held is None:
             args.append(0)
         else:
-            keys.append(held.processing)
-            args += (1, held.raw)
+            keys += (held.processing, held.consumer_info)
+            args += (1, held.raw, held.consumer_id, held.instance)
         for update in updates:
             keys.append(self.keys.result(update.task_id))
             args += (
