@@ -5,8 +5,10 @@
 -- status named in ARGV[5...]
 -- ARGV[1] task id   ARGV[2] its new status   ARGV[3] enqueue time (ms), the score if the index
 -- lacks the task   ARGV[4] time to live of the index keys (ms)   ARGV[5...] the status names.
--- Not fenced like the record's write: a late write of a run that lost its claim can file the
--- task under a stale status until the next change; the browser shows the record's own status.
+-- Not fenced like the record's write: sent where the record's reply is not known yet (a RUNNING
+-- write alone), a late write of a run that lost its claim can file the task under a stale status
+-- until the next change; the browser shows the record's own status. Where the reply is known (an
+-- ack's, retry's or dead letter's write, written first) only a write the record took is moved.
 -- Returns: 1.
 
 -- include: args

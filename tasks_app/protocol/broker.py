@@ -28,7 +28,7 @@ from tasks_app.protocol.pausing import PauseOps
 from tasks_app.protocol.periodic import PeriodicOps
 from tasks_app.protocol.producing import ProducingOps
 from tasks_app.protocol.rates import RateOps
-from tasks_app.protocol.replication import CLUSTER_WAIT_MS, Held, Place, ReplicatedWrites, replies_at
+from tasks_app.protocol.replication import CLUSTER_WAIT_MS, Held, Place, ReplicatedWrites
 from tasks_app.protocol.replies import AckReport, Claim, Promotion, ResultUpdate, UniqueRelease
 from tasks_app.protocol.scripts import Scripts, connect
 from tasks_app.protocol.slots import SlotOps
@@ -275,21 +275,27 @@ class Broker(
         still holds the task: a run whose task was reaped (or whose id another instance took) leaves
         the record to the run holding it now, also before that run's claim wrote its token there.
         By source: a NOSCRIPT re-run would come after the settle script, which took the task out of
-        the list. On Redis Cluster the list and the record lie in different slots: the record's
-        fence alone keeps a later run's.
+        the list. On Redis Cluster the list and the record lie in different slots: the record is
+        written first, as an ack's (see `ack_many_reporting`), its fence alone keeping a later
+        run's record, and the script follows with the history move of a write the record took.
         """
         if result is None:
             return bool(self._script(script, keys, args))
-        if isinstance(self.client, redis.RedisCluster):
-            return bool(self._with_results(lambda pipe: self.scripts.queue(pipe, script, keys, args), [result])[0])
-        pipe = self.client.pipeline(transaction=True)
-        places = self._queue_results(pipe, [result], by_source=True, held=held)
-        self.scripts.queue(pipe, script, keys, args, by_source=True)
-        sent = self.scripts.execute(pipe, self.client, raise_on_error=False)
-        for reply in [sent[-1], *replies_at(sent, places)]:
+        cluster = isinstance(self.client, redis.RedisCluster)
+        pipe = self.client.pipeline(transaction=not cluster)
+        written: list[Any] = []
+        places: list[Place] = []
+        if cluster:
+            written, _ = self._write_results_replicated([result])
+        else:
+            places = self._queue_results(pipe, [result], by_source=True, held=held)
+        settle_at = len(pipe)
+        self.scripts.queue(pipe, script, keys, args, by_source=not cluster)
+        sent, written = self._execute_with_results(pipe, [result], places, written)
+        for reply in [sent[settle_at], *written]:
             if isinstance(reply, Exception):
                 raise reply
-        return bool(sent[-1])
+        return bool(sent[settle_at])
 
     def held_by(self, queue: str, consumer_id: str) -> list[bytes]:
         """Return the tasks in a consumer's processing list."""

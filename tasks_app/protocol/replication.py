@@ -69,6 +69,9 @@ def replies_at(sent: Sequence[Any], places: Sequence[Place]) -> list[Any]:
     ]
 
 
+# What record_result answers for a write the record already holds (sent again after a lost reply).
+WRITTEN_AGAIN = 4
+
 # Replies of a master that is failing over, moved a slot or was demoted: write the results again.
 _NODE_STATE_REPLIES = (AskError, ClusterDownError, TryAgainError, ReadOnlyError, BusyLoadingError)
 
@@ -257,12 +260,15 @@ class ReplicatedWrites(MinuteOps):
         self, pipe: Any, updates: Sequence[ResultUpdate], earlier: Sequence[Any], minute: int
     ) -> None:
         """Queue, last in a pipeline, what a Redis Cluster record write cannot do itself (the record lies in a
-        slot of its own): the history moves, and the chart counts (of the writes the records took, when their
-        replies are in; else of all of them, and those of writes not taken are taken back after)."""
-        for update in updates:
+        slot of its own): the history moves and the chart counts, of the writes the records took when their
+        replies are in (a move also of a write sent again); else of all of them, and the counts of writes
+        not taken are taken back after."""
+        moved = updates
+        if earlier:
+            moved = [update for update, reply in zip(updates, earlier, strict=True) if reply in (1, WRITTEN_AGAIN)]
+            updates = [update for update, reply in zip(updates, earlier, strict=True) if reply == 1]
+        for update in moved:
             if history.indexed(update):
                 keys = history.index_keys(self.keys, update.queue)
                 self.scripts.queue(pipe, "history_move", keys, history.move_args(update))
-        if earlier:
-            updates = [update for update, reply in zip(updates, earlier, strict=True) if reply == 1]
         self._queue_minute_counts(pipe, updates, minute)
