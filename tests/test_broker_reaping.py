@@ -229,7 +229,7 @@ def test_a_consumer_id_no_consumer_could_have_written_does_not_stop_the_reaper(b
     assert expired == ["c1"]
 
 
-@pytest.mark.parametrize("settle", ["ack", "retry", "dead-letter"])
+@pytest.mark.parametrize("settle", ["ack", "retry", "dead-letter", "return"])
 def test_a_frozen_run_settles_nothing_in_the_list_of_a_restart_that_took_its_id(broker, settle):
     # Instance "old" froze past its lease; a restart ("new") took the fixed id "x", recovered the
     # task and claimed it again: the same bytes now sit in the same list, as the restart's run.
@@ -251,10 +251,15 @@ def test_a_frozen_run_settles_nothing_in_the_list_of_a_restart_that_took_its_id(
         assert old.ack("q", "x", [raw]) == [False]
     elif settle == "retry":
         assert old.retry_later("q", "x", raw, raw + b"\x58\x01", 0, 1000) is False
-    else:
+    elif settle == "dead-letter":
         assert old.dead_letter("q", "x", raw, raw) is False
+    else:  # it stops before the task started there
+        assert old.return_unstarted("q", "x", [raw]) == 0
 
     assert broker.client.lrange(broker.keys.processing("q", "x"), 0, -1) == [raw], "the restart's run is left alone"
     assert broker.client.hgetall(broker.keys.recoveries("q")) == marks, "and so are its marks"
     assert broker.client.zcard(broker.keys.delayed("q")) == broker.client.zcard(broker.keys.dead("q")) == 0
+    waiting = broker.client.lrange(broker.keys.pending("q"), 0, -1)
+    waiting += broker.client.lrange(broker.keys.suspects("q"), 0, -1)
+    assert raw not in waiting, "nor is it queued again"
     assert broker.ack("q", "x", [raw]) == [True]

@@ -317,11 +317,13 @@ class Broker(
             self.keys.pending(queue),
             self.keys.recoveries(queue),
             self.keys.suspects(queue),
+            self.keys.consumer_info(queue),
         ]
+        args = [consumer_id, self.instance, *raws]
         if not withdrawn:
-            return int(self._script("return_unstarted", keys, list(raws)))
+            return int(self._script("return_unstarted", keys, args))
         pipe = self.client.pipeline(transaction=False)
-        self.scripts.queue(pipe, "return_unstarted", keys, list(raws))
+        self.scripts.queue(pipe, "return_unstarted", keys, args)
         # A withdrawal Redis refuses (a foreign key at the record) only leaves that receipt standing.
         sent, _ = self._execute_with_results(pipe, withdrawn, self._queue_results(pipe, withdrawn))
         if isinstance(sent[0], Exception):
