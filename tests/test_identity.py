@@ -9,8 +9,11 @@ import time
 import pytest
 
 from tasks_app.consumer.identity import default_consumer_id, holder_is_gone, live_holders, pid_namespace
+from tasks_app.protocol.codec import encode_payload
 from tasks_app.protocol.keys import consumer_id_of
+from tests.support.claims import push, task_bytes
 from tests.support.processes import wait_until
+from tests.support.recording import recorded_runs
 
 
 def holder(pid: object, **fields: object) -> dict[str, object]:
@@ -100,3 +103,23 @@ def test_the_default_id_holds_only_characters_an_id_may_hold(monkeypatch):
     consumer_id = default_consumer_id()
     assert consumer_id.startswith(f"b-ro-server-1-{os.getpid()}-")
     assert consumer_id_of(consumer_id.encode()) == consumer_id, "a reaper can read it back"
+
+
+@pytest.mark.django_db
+def test_a_run_whose_fixed_id_a_restart_took_meanwhile_leaves_the_restarts_claim_alone(
+    broker, consumer_in_thread, caplog
+):
+    raw = task_bytes("t", queue="default", payload=encode_payload([], {"hold_until": "go", "fail_until_attempt": 1}))
+    with consumer_in_thread(consumer_id="fixed", concurrency=1, prefetch=0):
+        wait_until(lambda: broker.live_consumers("default"), 10, message="the consumer to register")
+        push(broker, raw, queue="default")
+        wait_until(lambda: recorded_runs(broker), 10, message="the run to start")
+        # The consumer froze past its lease: a restart took its fixed id, recovered its list and
+        # claimed the task again (the same bytes in the same list).
+        assert broker.reap("default", "fixed", 60_000, own_earlier_run=True).requeued == 1
+        broker.heartbeat(["default"], "fixed", 60_000, holder(os.getppid(), instance="the restart"))
+        assert broker.claim_with_suspect("default", "fixed", 1).tasks == [raw]
+        broker.client.set(f"{broker.keys.prefix}:go", 1)  # the frozen run thaws and fails
+        wait_until(lambda: "its outcome here was not applied" in caplog.text, 10, message="the retry to be lost")
+    assert broker.held_by("default", "fixed") == [raw], "the restart's claim is left to it"
+    assert broker.client.zcard(broker.keys.delayed("default")) == 0, "and no retry runs beside it"
