@@ -2,12 +2,14 @@
 -- processing list, KEYS[1], and clear its marks in the recoveries hash: the start mark
 -- ("s:<sha1>") and, unless keep_count, its recovery count ("<sha1>"). Returns 1, or 0 when the
 -- list does not hold the task (reaped or finished elsewhere), having written nothing.
--- The list is found by the task's bytes: a twin of the same bytes in it is the same task (pushed
--- twice; the earlier claim's run is superseded and acks its copy unrun, which clears the marks
--- they share, as they are one task's), so removing either copy is right. A run of a process frozen
--- past its lease whose fixed id a restart has registered since would find the restart's claim of
--- the same task here: so the scripts first check that no other instance registered the id
--- (other_instance, include/instance.lua), and settle nothing if one did.
+-- The task is found by its bytes. A twin of the same bytes in this list is the same task pushed
+-- twice, each copy a claim of its own: removing either copy leaves one for the other claim. The
+-- marks are the bytes' too, so settling one twin clears them for both: a twin running as a
+-- suspect that then kills its consumer counts as a first recovery again (its dead-lettering
+-- comes later; nothing is lost or run twice by it). A run of a process frozen past its lease
+-- whose fixed id a restart registered since would find the restart's claim of the same task
+-- here: the scripts first check that no other instance registered the id (other_instance,
+-- include/instance.lua) and settle nothing if one did.
 local function settle_claimed(task, recoveries, keep_count)
   if redis.call('LREM', KEYS[1], -1, task) == 0 then return 0 end
   local digest = redis.sha1hex(task)
