@@ -2,6 +2,8 @@
 -- KEYS[1] the type's rate hash. Fields: tat (GCRA theoretical arrival time), window + count
 --         (fixed window), cursor (end of the queue of reserved slots), r:<task id> (a slot
 --         reserved for a task that was denied). All times are microseconds of the server clock.
+-- KEYS[2] the queues whose delayed sets hold tasks with such slots (set)
+-- KEYS[3] the queues whose tasks have yet to follow a changed limit (hash: queue -> "slots")
 -- ARGV[1] algorithm: "gcra" or "fixed_window"
 -- ARGV[2] task id, or "" to only bring the hash to this spacing (no decision: replies {0, rescaled})
 -- ARGV[3] limit: starts per period (fixed_window)
@@ -9,6 +11,7 @@
 -- ARGV[5] emission interval in microseconds: GCRA's increment, and the spacing of reserved slots
 -- ARGV[6] GCRA tolerance in microseconds: how long before its theoretical arrival time a start
 --         is admitted (gcra only)
+-- ARGV[7] the task's queue (where a denied task waits; "" with no task id)
 -- Returns: {wait, rescaled}: wait 0 when the task may start now, else the microseconds until its
 -- reserved slot; rescaled 1 when this call found the hash written under another emission interval
 -- (the type's limit was changed) and moved its future times to the new spacing, else 0.
@@ -24,9 +27,13 @@
 -- another one (the limit, period, burst or algorithm changed) first moves every future time it
 -- holds (tat, cursor, the reservations) to the new spacing, counted from now: a raised limit
 -- brings waiting tasks' slots closer, a lowered one spreads them out, and their order is kept.
+-- Every queue holding such tasks is then listed in KEYS[3], for a consumer to bring them there.
 -- include: args
+-- include: key_types
+local refused = wrong_key_type({'hash', 'set', 'hash'})
+if refused then return refused end
 local now = server_now_us()
-local key = KEYS[1]
+local key, queues, follow_ups = KEYS[1], KEYS[2], KEYS[3]
 local algorithm = ARGV[1]
 local reservation = 'r:' .. ARGV[2]
 local limit = int_arg(ARGV[3], 1, 1, 2 ^ 53)
@@ -54,6 +61,9 @@ local function rescale(old)
     if value and value > now and (name == 'tat' or name == 'cursor' or string.sub(name, 1, 2) == 'r:') then
       redis.call('HSET', key, name, num(now + math.floor((value - now) * emission / old)))
     end
+  end
+  for _, queue in ipairs(redis.call('SMEMBERS', queues)) do
+    redis.call('HSET', follow_ups, queue, 'slots')
   end
 end
 
@@ -95,7 +105,8 @@ else
 end
 
 local function keep_until(until_us)
-  redis.call('PEXPIRE', key, num(math.min(math.ceil((until_us - now + period) / 1000), 2 ^ 53)))
+  local ms = num(math.min(math.ceil((until_us - now + period) / 1000), 2 ^ 53))
+  for _, name in ipairs({key, queues, follow_ups}) do redis.call('PEXPIRE', name, ms) end
 end
 
 if reserved_slot and reserved_slot - tolerance > now then
@@ -117,6 +128,7 @@ if now >= earliest and (reserved or cursor <= now) then
       end
     end
     redis.call('HDEL', key, 'cursor')
+    redis.call('DEL', queues, follow_ups)
     cursor = 0
   end
   keep_until(math.max(horizon, cursor))
@@ -125,5 +137,6 @@ end
 
 local slot = math.max(cursor, earliest, now)
 redis.call('HSET', key, 'cursor', num(slot + emission), reservation, num(slot))
+if ARGV[7] ~= '' then redis.call('SADD', queues, ARGV[7]) end
 keep_until(math.max(horizon, slot + emission))
 return {slot - now, rescaled}

@@ -6,6 +6,7 @@ import itertools
 import random
 import threading
 import types
+from typing import Any
 
 import fakeredis
 import pytest
@@ -277,11 +278,11 @@ class FlakyBroker:
         self.broker = broker
         self.calls = 0
 
-    def rate_limit(self, *args: object) -> RateDecision:
+    def rate_limit(self, *args: Any, **kwargs: Any) -> RateDecision:
         self.calls += 1
         if self.calls == 1:
             raise RedisConnectionError("connection refused")
-        return self.broker.rate_limit(*args)
+        return self.broker.rate_limit(*args, **kwargs)
 
 
 def test_limiter_retries_through_a_redis_error(broker, clock, monkeypatch):

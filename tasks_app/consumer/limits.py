@@ -16,7 +16,8 @@ from tasks_app.consumer.retrying import until_done
 from tasks_app.models import RATE_PERIOD_MAX_S, RATE_PERIOD_MIN_S, TaskType
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task
-from tasks_app.protocol.rate_deferrals import reschedule_deferred
+from tasks_app.protocol.rate_deferrals import follow_up
+from tasks_app.protocol.rates import RateDecision
 from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
 
 logger = logging.getLogger(__name__)
@@ -83,52 +84,44 @@ class RateLimiter:
 
     def __call__(self, task: Task, config: TaskTypeConfig, key_token: str | None = None) -> int:
         """Take one decision for `task` (on its key value's own limiter if keyed); > 0: how many ms it must wait."""
-        policy = RatePolicy.for_config(config)
         decision = until_done(
-            lambda: self.broker.rate_limit(
-                task.type,
-                policy.algorithm,
-                task.id,
-                policy.limit,
-                policy.period_us,
-                policy.emission_us,
-                policy.tolerance_us,
-                key_token,
-            ),
-            what="rate_limit",
-            give_up=self.give_up,
+            lambda: self._decide(config, task.id, task.queue, key_token), what="rate_limit", give_up=self.give_up
         )
         if decision.rescaled:  # the limit changed: the tasks waiting for slots go to their new ones
-            self._start_rescheduling(sorted({task.queue, config.queue} - {""}), task.type, key_token)
-        metrics.RATE_LIMIT_DECISIONS.labels(task.type, "denied" if decision.wait_us > 0 else "allowed").inc()
+            self._start_following(config.name, key_token)
+        metrics.RATE_LIMIT_DECISIONS.labels(config.name, "denied" if decision.wait_us > 0 else "allowed").inc()
         return math.ceil(decision.wait_us / 1000)
 
     def follow(self, config: TaskTypeConfig) -> None:
         """Bring a type's limiter to its changed settings now, not at its next decision (one hash: unkeyed only)."""
         if config.rate_limit_key:  # a keyed limit's hashes follow at their own decisions
             return
-        if not config.rate_limit:  # none (or removed): what still waits for its slots is due now
-            self._start_rescheduling([config.queue], config.name, None, now=True)
-            return
-        policy = RatePolicy.for_config(config)
-        args = (policy.algorithm, "", policy.limit, policy.period_us, policy.emission_us, policy.tolerance_us)
         try:
-            rescaled = self.broker.rate_limit(config.name, *args).rescaled
-        except Exception as exc:  # its next decision does it
+            if config.rate_limit:  # only brings the hash to the new spacing: no task, no decision
+                self._decide(config, "", "", None)
+            else:  # none (or removed): what still waits for its slots is due now
+                self.broker.rate_removed(config.name)
+        except Exception as exc:  # its next decision does it (a removed one: its tasks run at their slots)
             logger.warning("could not bring the rate limiter of %s to its new settings: %s", config.name, exc)
             return
-        if rescaled:
-            self._start_rescheduling([config.queue], config.name, None)
+        # Whichever consumer the change listed queues for, every one that noticed it follows them
+        # up (one at a time, see follow_up): if that one dies, another finishes.
+        self._start_following(config.name, None)
 
-    def _start_rescheduling(self, queues: list[str], task_type: str, key_token: str | None, now: bool = False) -> None:
+    def _decide(self, config: TaskTypeConfig, task_id: str, queue: str, key_token: str | None) -> RateDecision:
+        policy = RatePolicy.for_config(config)
+        args = (policy.algorithm, task_id, policy.limit, policy.period_us, policy.emission_us, policy.tolerance_us)
+        return self.broker.rate_limit(config.name, *args, key_token, queue=queue)
+
+    def _start_following(self, task_type: str, key_token: str | None) -> None:
         threading.Thread(
-            target=self._reschedule, args=(queues, task_type, key_token, now), name="rate-reschedule", daemon=True
+            target=self._follow_up, args=(task_type, key_token), name="rate-follow-up", daemon=True
         ).start()
 
-    def _reschedule(self, queues: list[str], task_type: str, key_token: str | None, now: bool) -> None:
-        """Bring the deferred tasks of a type whose limit changed to their new slots (once: the first to see it)."""
+    def _follow_up(self, task_type: str, key_token: str | None) -> None:
+        """Bring the deferred tasks of a type whose limit changed to their new slots, on every queue holding them."""
         try:
-            moved = reschedule_deferred(self.broker, queues, task_type, key_token, now=now)
+            moved = follow_up(self.broker, task_type, key_token, self.give_up)
         except Exception as exc:  # they still wake at their old slots, where they take their new ones
             logger.warning("could not move the waiting tasks of %s to its new rate limit: %s", task_type, exc)
             return

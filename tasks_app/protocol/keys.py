@@ -132,6 +132,18 @@ class Keys:
         """The GCRA state of a type, or of one value of its `rate_limit_key` (see `limit_key_token`)."""
         return f"{self.prefix}:rate:{{{_limit_tag(task_type, key_token)}}}"
 
+    def rate_queues(self, task_type: str, key_token: str | None = None) -> str:
+        """The queues whose delayed sets hold tasks with slots of that limiter."""
+        return f"{self.rate(task_type, key_token)}:queues"
+
+    def rate_follow_ups(self, task_type: str, key_token: str | None = None) -> str:
+        """The queues whose tasks have yet to follow a changed limit: queue -> "slots" or "now"."""
+        return f"{self.rate(task_type, key_token)}:follow_ups"
+
+    def rate_follower(self, task_type: str, key_token: str | None = None) -> str:
+        """The lease of the one consumer bringing those tasks to the changed limit (its token)."""
+        return f"{self.rate(task_type, key_token)}:follower"
+
     def paused(self, queue: str) -> str:
         """Present while `queue` is paused (JSON: since_ms, by); claims of it are refused."""
         return self.queue_key(queue, "paused")

@@ -1,15 +1,20 @@
-"""Bringing the tasks a rate limit deferred to their new slots once the limit changed.
+"""Bringing the tasks a rate limit deferred to their new slots once the limit changed or was removed.
 
 The decision that finds a type's limiter written under another spacing (`Broker.rate_limit`
-answers `rescaled`) has moved the reserved slots in the limiter's hash; the tasks holding them
-wait in their queues' delayed sets, due at their old slots. `reschedule_deferred` brings each
-one forward to its slot (never later: under a stricter limit a task back early keeps its place).
+answers `rescaled`) has moved the reserved slots in the limiter's hash, and listed every queue
+whose delayed set holds tasks with such slots (`P:rate:{T}:follow_ups`; a denial records its
+task's queue, whichever it is). A removed limit lists them too (`Broker.rate_removed`), to be due
+now. `follow_up` goes through that list once: one consumer at a time holds the lease, the others
+wait while queues are listed and take over where a holder that died left off.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Sequence
+import threading
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from functools import partial
 from itertools import islice
 
 from tasks_app.protocol.broker import Broker
@@ -18,34 +23,55 @@ from tasks_app.protocol.keys import split_delayed_member
 
 # Delayed members read, decoded and moved per round trip while rescheduling.
 RESCHEDULE_BATCH = 1000
+# How long a follower holds its lease without renewing it (it renews at every batch).
+FOLLOWER_LEASE_MS = 30_000
 
 
-def reschedule_deferred(
-    broker: Broker, queues: Sequence[str], task_type: str, key_token: str | None = None, *, now: bool = False
+def follow_up(
+    broker: Broker, task_type: str, key_token: str | None, give_up: threading.Event, lease_ms: int = FOLLOWER_LEASE_MS
 ) -> int:
-    """Bring the delayed tasks of `task_type` holding a slot of its limiter forward to that slot; how many moved.
+    """Bring the deferred tasks of every queue listed to the limiter's change; how many this call moved."""
+    token, moved = uuid.uuid4().hex, 0
+    keep = partial(broker.rate_follower, task_type, key_token, token, lease_ms)
+    while listed := broker.rate_follow_ups(task_type, key_token):
+        if not keep():
+            if give_up.wait(lease_ms / 10_000):  # another follows: wait for it to finish, or to die
+                break
+            continue
+        try:
+            for queue, mode in listed.items():
+                moved += _reschedule(broker, queue, task_type, key_token, now=mode == "now", keep=keep)
+                broker.rate_followed(task_type, key_token, queue, mode)
+        finally:
+            broker.rate_follower(task_type, key_token, token, 0)
+    return moved
 
-    With `now` (the type's limit was removed), they are all due at once instead.
+
+def _reschedule(
+    broker: Broker, queue: str, task_type: str, key_token: str | None, *, now: bool, keep: Callable[[], object]
+) -> int:
+    """Bring the delayed tasks of `task_type` on `queue` holding slots of its limiter to them (`now`: due now).
+
+    `keep` is called at every batch: the follower's lease is renewed there.
     """
     rate_key = broker.keys.rate(task_type, key_token)
     if not broker.client.exists(rate_key):  # no limiter: no task holds a slot of it
         return 0
     now_ms = broker.server_time_ms() if now else None
-    moved = 0
-    for queue in queues:
-        delayed = broker.keys.delayed(queue)
-        for members in _batches(broker.client.zscan_iter(delayed, count=RESCHEDULE_BATCH)):
-            ids = _ids_of_type(members, task_type)
-            if not ids:
-                continue
-            slots_us = broker.client.hmget(rate_key, [f"r:{task_id}" for task_id in ids.values()])
-            due_ms = {
-                member: now_ms if now_ms is not None else math.ceil(int(slot_us) / 1000)
-                for member, slot_us in zip(ids, slots_us, strict=True)
-                if slot_us is not None and slot_us.isdigit()
-            }
-            if due_ms:  # XX: a task promoted or claimed meanwhile is not added back; LT: never later
-                moved += int(broker.client.zadd(delayed, due_ms, xx=True, lt=True, ch=True))
+    delayed, moved = broker.keys.delayed(queue), 0
+    for members in _batches(broker.client.zscan_iter(delayed, count=RESCHEDULE_BATCH)):
+        keep()
+        ids = _ids_of_type(members, task_type)
+        if not ids:
+            continue
+        slots_us = broker.client.hmget(rate_key, [f"r:{task_id}" for task_id in ids.values()])
+        due_ms = {
+            member: now_ms if now_ms is not None else math.ceil(int(slot_us) / 1000)
+            for member, slot_us in zip(ids, slots_us, strict=True)
+            if slot_us is not None and slot_us.isdigit()
+        }
+        if due_ms:  # XX: a task promoted or claimed meanwhile is not added back; LT: never later
+            moved += int(broker.client.zadd(delayed, due_ms, xx=True, lt=True, ch=True))
     return moved
 
 

@@ -2,8 +2,9 @@
 
 docs/PROTOCOL.md ("Rate limits") describes the hash `P:rate:{T}` and the algorithms. When a
 decision finds the hash written under another emission interval (the type's limit was changed
-in the admin), the script moves the reserved slots to the new spacing and says so; the tasks
-holding them are then brought to their new slots by `rate_deferrals.reschedule_deferred`.
+in the admin), the script moves the reserved slots to the new spacing and lists the queues whose
+deferred tasks hold them (`P:rate:{T}:follow_ups`); `rate_deferrals.follow_up` then brings those
+tasks to their new slots, once, whichever consumer gets to it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ class RateDecision(NamedTuple):
 
 
 class RateOps(ScriptClient):
-    """Rate-limit decisions."""
+    """Rate-limit decisions, and the list of queues whose deferred tasks follow a changed limit."""
 
     def rate_limit(
         self,
@@ -33,8 +34,36 @@ class RateOps(ScriptClient):
         emission_us: int,
         tolerance_us: int,
         key_token: str | None = None,
+        *,
+        queue: str = "",
     ) -> RateDecision:
-        """Decide whether a task of `task_type` (of one key value, if keyed) may start now."""
-        args = [algorithm, task_id, limit, period_us, emission_us, tolerance_us]
-        wait_us, rescaled = self._script("rate_limit", [self.keys.rate(task_type, key_token)], args)
+        """Decide whether a task of `task_type` (of one key value, if keyed) on `queue` may start now."""
+        args = [algorithm, task_id, limit, period_us, emission_us, tolerance_us, queue]
+        wait_us, rescaled = self._script("rate_limit", self._limiter_keys(task_type, key_token), args)
         return RateDecision(int(wait_us), bool(rescaled))
+
+    def rate_removed(self, task_type: str) -> int:
+        """List every queue holding deferred tasks of an unkeyed limit just removed as due now; how many are listed."""
+        return int(self._script("rate_removed", self._limiter_keys(task_type, None)[1:], []))
+
+    def rate_follow_ups(self, task_type: str, key_token: str | None) -> dict[str, str]:
+        """The queues whose deferred tasks have yet to follow a changed limit, each with "slots" or "now"."""
+        listed = self.client.hgetall(self.keys.rate_follow_ups(task_type, key_token))
+        return {queue.decode(): mode.decode() for queue, mode in listed.items()}
+
+    def rate_followed(self, task_type: str, key_token: str | None, queue: str, mode: str) -> bool:
+        """Take `queue` off the list once its tasks followed in `mode`; False if it was listed again meanwhile."""
+        keys = self._limiter_keys(task_type, key_token)[1:]
+        return bool(self._script("rate_followed", keys, [queue, mode]))
+
+    def rate_follower(self, task_type: str, key_token: str | None, token: str, hold_ms: int) -> bool:
+        """Take or keep (`hold_ms` > 0) or give back (0) the lease of following a limiter's change."""
+        return bool(self._script("rate_follower", [self.keys.rate_follower(task_type, key_token)], [token, hold_ms]))
+
+    def _limiter_keys(self, task_type: str, key_token: str | None) -> list[str]:
+        keys = self.keys
+        return [
+            keys.rate(task_type, key_token),
+            keys.rate_queues(task_type, key_token),
+            keys.rate_follow_ups(task_type, key_token),
+        ]

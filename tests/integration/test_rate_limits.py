@@ -172,13 +172,17 @@ def test_a_rate_hash_holding_foreign_values_decides_as_if_they_were_absent(broke
     assert broker.rate_limit("t", policy.algorithm, "a", *args).wait_us == 0
 
 
+@pytest.mark.parametrize("queue", ["default", "elsewhere"], ids=["own_queue", "another_queue"])
 @pytest.mark.parametrize("new_limit", [100, None], ids=["raised", "removed"])
-def test_raising_a_limit_brings_the_tasks_already_waiting_to_their_new_slots(broker, consumer_process, new_limit):
-    # A limit set far too low by mistake: 1 per minute, with tasks already waiting minutes for slots.
+def test_raising_a_limit_brings_the_tasks_already_waiting_to_their_new_slots(
+    broker, consumer_process, new_limit, queue
+):
+    # A limit set far too low by mistake: 1 per minute, with tasks already waiting minutes for slots,
+    # on the type's own queue or on one the producer chose for them.
     row = TaskType.objects.create(name=LIMITED, handler=LIMITED, rate_limit=1, rate_period=60)
-    consumer_process("--concurrency", "2", "--lease", "2")
-    waiting = producer.enqueue(LIMITED, count=5)
-    wait_until(lambda: broker.queue_stats("default").delayed == 4, 15, message="four tasks to wait for slots")
+    consumer_process("--concurrency", "2", "--lease", "2", "--queue", queue)
+    waiting = producer.enqueue(LIMITED, count=5, queue=queue)
+    wait_until(lambda: broker.queue_stats(queue).delayed == 4, 15, message="four tasks to wait for slots")
 
     row.rate_limit, row.rate_period = new_limit, 1.0
     row.save(update_fields=["rate_limit", "rate_period"])

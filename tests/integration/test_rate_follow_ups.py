@@ -1,0 +1,97 @@
+"""Deferred tasks following a changed or removed rate limit, once, on real Redis."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+from tasks_app.consumer.limits import RateLimiter, RatePolicy
+from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.codec import Task, encode_task
+from tasks_app.protocol.keys import delayed_member
+from tasks_app.protocol.rate_deferrals import follow_up
+from tasks_app.task_types import TaskTypeConfig
+from tests.support.processes import wait_until
+
+TYPE = "test.limited"
+LIMITED = TaskTypeConfig(name=TYPE, handler=TYPE, rate_limit=1, rate_period_s=60.0)
+REMOVED = TaskTypeConfig(name=TYPE, handler=TYPE)
+
+
+class ScanCountingClient:
+    """A Redis client that counts the scans of each key and passes everything on."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.scans: Counter[str] = Counter()
+
+    def zscan_iter(self, name: str, **options: Any) -> Any:
+        self.scans[name] += 1
+        return self.client.zscan_iter(name, **options)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.client, name)
+
+
+def defer(broker: Broker, queue: str, count: int) -> list[bytes]:
+    """Deny `count` tasks of TYPE on `queue` (after one admitted) and put them in its delayed set, as consumers do."""
+    limiter, deferred = RateLimiter(broker), []
+    limiter(Task(id=f"{queue}-first", type=TYPE, queue=queue), LIMITED)
+    for n in range(count):
+        task = Task(id=f"{queue}-{n}", type=TYPE, queue=queue)
+        wait_ms = limiter(task, LIMITED)
+        member = delayed_member(0, encode_task(task))
+        broker.client.zadd(broker.keys.delayed(queue), {member: broker.server_time_ms() + wait_ms})
+        deferred.append(member)
+    return deferred
+
+
+def due_now(broker: Broker, queue: str, members: list[bytes]) -> bool:
+    scores = broker.client.zmscore(broker.keys.delayed(queue), members)
+    return all(score is not None and score <= broker.server_time_ms() for score in scores)
+
+
+def following() -> bool:
+    return any(thread.name == "rate-follow-up" for thread in threading.enumerate())
+
+
+def test_a_removed_limit_is_followed_up_once_however_many_consumers_notice_it(broker):
+    deferred = defer(broker, "default", 20)
+    counting = ScanCountingClient(broker.client)
+    consumers = [RateLimiter(Broker(counting, broker.keys.prefix, broker.scripts)) for _ in range(3)]
+
+    for limiter in consumers:  # each one's refresh finds the limit gone
+        limiter.follow(REMOVED)
+
+    wait_until(lambda: due_now(broker, "default", deferred), 10, message="the deferred tasks to be due now")
+    wait_until(lambda: not following(), 10, message="every consumer to be done following the removal")
+    assert counting.scans == {broker.keys.delayed("default"): 1}
+    assert broker.rate_follow_ups(TYPE, None) == {}
+
+
+def test_a_follower_that_dies_leaves_the_rest_to_another(broker):
+    deferred = {queue: defer(broker, queue, 5) for queue in ("default", "elsewhere")}
+    assert broker.rate_removed(TYPE) == 2
+    # A consumer took the lease and was killed before it moved anything: it never gives it back.
+    assert broker.rate_follower(TYPE, None, "killed", 300)
+
+    moved = follow_up(broker, TYPE, None, threading.Event(), lease_ms=300)
+
+    assert moved == 10
+    assert all(due_now(broker, queue, members) for queue, members in deferred.items())
+    assert broker.rate_follow_ups(TYPE, None) == {}
+    assert broker.client.smembers(broker.keys.rate_queues(TYPE)) == set()
+
+
+def test_a_limit_removed_while_its_slots_are_moved_still_makes_them_due_now(broker):
+    defer(broker, "elsewhere", 2)
+    faster = RatePolicy.for_config(TaskTypeConfig(name=TYPE, handler=TYPE, rate_limit=2, rate_period_s=60.0))
+    args = (faster.limit, faster.period_us, faster.emission_us, faster.tolerance_us)
+    assert broker.rate_limit(TYPE, faster.algorithm, "", *args).rescaled  # "elsewhere" listed
+    assert broker.rate_follow_ups(TYPE, None) == {"elsewhere": "slots"}
+
+    broker.rate_removed(TYPE)  # meanwhile, before the slots were moved
+
+    assert not broker.rate_followed(TYPE, None, "elsewhere", "slots")
+    assert broker.rate_follow_ups(TYPE, None) == {"elsewhere": "now"}
