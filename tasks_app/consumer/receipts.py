@@ -62,10 +62,13 @@ def with_receipts(broker: Broker, claimed: Sequence[Claimed], result_ttl_s: int)
 def withdrawals(claimed: Sequence[Claimed], result_ttl_s: int) -> list[ResultUpdate]:
     """The writes that withdraw the receipts of claimed tasks going back to wait unstarted."""
     return [
-        results.receipt_withdrawn(item.task, item.fence, result_ttl_s)
-        for item in claimed
-        if item.task is not None and item.receipt is not None
+        update for item in claimed if item.task is not None and (update := withdrawal(item, item.task, result_ttl_s))
     ]
+
+
+def withdrawal(claimed: Claimed, task: Task, ttl_s: int) -> ResultUpdate | None:
+    """The write that withdraws the receipt of one claimed task (`task`, decoded) going back unstarted; None if none."""
+    return results.receipt_withdrawn(task, claimed.fence, ttl_s) if claimed.receipt is not None else None
 
 
 def _receipt(reply: int) -> int | None:

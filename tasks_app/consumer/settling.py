@@ -13,6 +13,7 @@ from typing import Any
 from tasks_app import metrics
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.claimed import Claimed
+from tasks_app.consumer.receipts import withdrawal
 from tasks_app.consumer.retry_policy import backoff_delay_s
 from tasks_app.consumer.retrying import GaveUp, until_done
 from tasks_app.models import TaskType
@@ -299,11 +300,7 @@ class Settling:
     def _defer(self, claimed: Claimed, task: Task, wait_ms: int, reason: str) -> None:
         """Put a task back in the delayed set without using an attempt."""
         # Unstarted again: its receipt is withdrawn, so that a cancel while it waits cancels it outright.
-        withdrawn = (
-            results.receipt_withdrawn(task, claimed.fence, self.result_ttl_s + wait_ms // 1000 + 1)
-            if claimed.receipt is not None
-            else None
-        )
+        withdrawn = withdrawal(claimed, task, self.result_ttl_s + wait_ms // 1000 + 1)
         held = self._redis(
             lambda: self.broker.retry_later(
                 claimed.queue, claimed.consumer_id, claimed.raw, claimed.raw, task.priority, wait_ms, withdrawn
