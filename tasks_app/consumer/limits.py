@@ -99,8 +99,8 @@ class RateLimiter:
         try:
             if config.rate_limit:  # only brings the hash to the new spacing: no task, no decision
                 self._decide(config, "", "", None)
-            else:  # none (or removed): what still waits for its slots is due now
-                self.broker.rate_removed(config.name)
+            elif not self.broker.rate_removed(config.name):  # none (or removed): what waits for slots is due now
+                return  # no deferral of it waits anywhere: nothing to follow
         except Exception as exc:  # its next decision does it (a removed one: its tasks run at their slots)
             logger.warning("could not bring the rate limiter of %s to its new settings: %s", config.name, exc)
             return
