@@ -65,6 +65,8 @@ local function rescale(old)
   for _, queue in ipairs(redis.call('SMEMBERS', queues)) do
     redis.call('HSET', follow_ups, queue, 'slots')
   end
+  local ttl = redis.call('PTTL', key)  -- the list expires with the hash, even if nobody follows it up
+  if ttl > 0 then redis.call('PEXPIRE', follow_ups, ttl) end
 end
 
 local rescaled = 0

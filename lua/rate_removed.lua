@@ -11,4 +11,6 @@ local queues = redis.call('SMEMBERS', KEYS[1])
 for _, queue in ipairs(queues) do
   redis.call('HSET', KEYS[2], queue, 'now')
 end
+local ttl = redis.call('PTTL', KEYS[1])  -- the list expires with the limiter, even if nobody follows it up
+if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
 return redis.call('HLEN', KEYS[2])

@@ -95,3 +95,12 @@ def test_a_limit_removed_while_its_slots_are_moved_still_makes_them_due_now(brok
 
     assert not broker.rate_followed(TYPE, None, "elsewhere", "slots")
     assert broker.rate_follow_ups(TYPE, None) == {"elsewhere": "now"}
+
+
+def test_the_list_of_queues_to_follow_expires_with_the_limiter(broker):
+    defer(broker, "elsewhere", 1)
+    broker.rate_removed(TYPE)
+    lives_ms = broker.client.pttl(broker.keys.rate(TYPE))
+
+    assert 0 < broker.client.pttl(broker.keys.rate_follow_ups(TYPE)) <= lives_ms
+    assert 0 < broker.client.pttl(broker.keys.rate_queues(TYPE)) <= lives_ms
