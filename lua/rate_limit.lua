@@ -2,7 +2,7 @@
 -- KEYS[1] the type's rate hash. Fields: tat (GCRA theoretical arrival time), window + count
 --         (fixed window), cursor (end of the queue of reserved slots), r:<task id> (a slot
 --         reserved for a task that was denied). All times are microseconds of the server clock.
--- KEYS[2] the queues whose delayed sets hold tasks with such slots (set)
+-- KEYS[2] the queues whose delayed sets hold tasks with such slots (hash: queue -> µs of its latest denial)
 -- KEYS[3] the queues whose tasks have yet to follow a changed limit (hash: queue -> "slots")
 -- ARGV[1] algorithm: "gcra" or "fixed_window"
 -- ARGV[2] task id, or "" to only bring the hash to this spacing (no decision: replies {0, rescaled})
@@ -30,7 +30,7 @@
 -- Every queue holding such tasks is then listed in KEYS[3], for a consumer to bring them there.
 -- include: args
 -- include: key_types
-local refused = wrong_key_type({'hash', 'set', 'hash'})
+local refused = wrong_key_type({'hash', 'hash', 'hash'})
 if refused then return refused end
 local now = server_now_us()
 local key, queues, follow_ups = KEYS[1], KEYS[2], KEYS[3]
@@ -62,7 +62,7 @@ local function rescale(old)
       redis.call('HSET', key, name, num(now + math.floor((value - now) * emission / old)))
     end
   end
-  for _, queue in ipairs(redis.call('SMEMBERS', queues)) do
+  for _, queue in ipairs(redis.call('HKEYS', queues)) do
     redis.call('HSET', follow_ups, queue, 'slots')
   end
   local ttl = redis.call('PTTL', key)  -- the list expires with the hash, even if nobody follows it up
@@ -111,9 +111,16 @@ local function keep_until(until_us)
   for _, name in ipairs({key, queues, follow_ups}) do redis.call('PEXPIRE', name, ms) end
 end
 
+-- A denied task waits in its queue's delayed set: the queue is noted (and when), so that a change
+-- of the limit reaches it there.
+local function deny(slot, until_us)
+  if ARGV[7] ~= '' then redis.call('HSET', queues, ARGV[7], num(now)) end
+  keep_until(until_us)
+  return {slot - now, rescaled}
+end
+
 if reserved_slot and reserved_slot - tolerance > now then
-  keep_until(math.max(horizon, cursor))
-  return {reserved_slot - now, rescaled}  -- back before its slot: it keeps its place
+  return deny(reserved_slot, math.max(horizon, cursor))  -- back before its slot: it keeps its place
 end
 
 if now >= earliest and (reserved or cursor <= now) then
@@ -139,6 +146,4 @@ end
 
 local slot = math.max(cursor, earliest, now)
 redis.call('HSET', key, 'cursor', num(slot + emission), reservation, num(slot))
-if ARGV[7] ~= '' then redis.call('SADD', queues, ARGV[7]) end
-keep_until(math.max(horizon, slot + emission))
-return {slot - now, rescaled}
+return deny(slot, math.max(horizon, slot + emission))

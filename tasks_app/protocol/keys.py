@@ -133,7 +133,7 @@ class Keys:
         return f"{self.prefix}:rate:{{{_limit_tag(task_type, key_token)}}}"
 
     def rate_queues(self, task_type: str, key_token: str | None = None) -> str:
-        """The queues whose delayed sets hold tasks with slots of that limiter."""
+        """The queues whose delayed sets hold tasks with slots of that limiter: queue -> µs of its latest denial."""
         return f"{self.rate(task_type, key_token)}:queues"
 
     def rate_follow_ups(self, task_type: str, key_token: str | None = None) -> str:

@@ -40,8 +40,9 @@ def follow_up(
             continue
         try:
             for queue, mode in listed.items():
+                since_us = broker.server_time_ms() * 1000
                 moved += _reschedule(broker, queue, task_type, key_token, now=mode == "now", keep=keep)
-                broker.rate_followed(task_type, key_token, queue, mode)
+                broker.rate_followed(task_type, key_token, queue, mode, since_us)
         finally:
             broker.rate_follower(task_type, key_token, token, 0)
     return moved

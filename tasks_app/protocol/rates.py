@@ -51,10 +51,13 @@ class RateOps(ScriptClient):
         listed = self.client.hgetall(self.keys.rate_follow_ups(task_type, key_token))
         return {queue.decode(): mode.decode() for queue, mode in listed.items()}
 
-    def rate_followed(self, task_type: str, key_token: str | None, queue: str, mode: str) -> bool:
-        """Take `queue` off the list once its tasks followed in `mode`; False if it was listed again meanwhile."""
+    def rate_followed(self, task_type: str, key_token: str | None, queue: str, mode: str, since_us: int) -> bool:
+        """Take `queue` off the list once its tasks followed in `mode` by a scan begun at `since_us` (server clock).
+
+        False if it was listed again meanwhile.
+        """
         keys = self._limiter_keys(task_type, key_token)[1:]
-        return bool(self._script("rate_followed", keys, [queue, mode]))
+        return bool(self._script("rate_followed", keys, [queue, mode, since_us]))
 
     def rate_follower(self, task_type: str, key_token: str | None, token: str, hold_ms: int) -> bool:
         """Take or keep (`hold_ms` > 0) or give back (0) the lease of following a limiter's change."""

@@ -6,17 +6,23 @@ import threading
 from collections import Counter
 from typing import Any
 
+import pytest
+
+from tasks_app import producer
 from tasks_app.consumer.limits import RateLimiter, RatePolicy
+from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, encode_task
 from tasks_app.protocol.keys import delayed_member
 from tasks_app.protocol.rate_deferrals import follow_up
 from tasks_app.task_types import TaskTypeConfig
 from tests.support.processes import wait_until
+from tests.support.recording import recorded_runs
 
 TYPE = "test.limited"
 LIMITED = TaskTypeConfig(name=TYPE, handler=TYPE, rate_limit=1, rate_period_s=60.0)
 REMOVED = TaskTypeConfig(name=TYPE, handler=TYPE)
+RECORDED = "test.record"
 
 
 class ScanCountingClient:
@@ -81,7 +87,7 @@ def test_a_follower_that_dies_leaves_the_rest_to_another(broker):
     assert moved == 10
     assert all(due_now(broker, queue, members) for queue, members in deferred.items())
     assert broker.rate_follow_ups(TYPE, None) == {}
-    assert broker.client.smembers(broker.keys.rate_queues(TYPE)) == set()
+    assert broker.client.hgetall(broker.keys.rate_queues(TYPE)) == {}
 
 
 def test_a_limit_removed_while_its_slots_are_moved_still_makes_them_due_now(broker):
@@ -93,7 +99,23 @@ def test_a_limit_removed_while_its_slots_are_moved_still_makes_them_due_now(brok
 
     broker.rate_removed(TYPE)  # meanwhile, before the slots were moved
 
-    assert not broker.rate_followed(TYPE, None, "elsewhere", "slots")
+    assert not broker.rate_followed(TYPE, None, "elsewhere", "slots", broker.server_time_ms() * 1000)
+    assert broker.rate_follow_ups(TYPE, None) == {"elsewhere": "now"}
+
+
+@pytest.mark.parametrize("late_id", ["late", "elsewhere-1"], ids=["new_task", "task_holding_a_slot"])
+def test_a_task_denied_while_a_removal_is_followed_up_is_listed_again_at_the_next_notice(broker, late_id):
+    defer(broker, "elsewhere", 2)
+    broker.rate_removed(TYPE)
+    scan_began_us = broker.server_time_ms() * 1000
+    # Meanwhile a consumer that has not noticed the removal yet denies a task there under the old
+    # limit: a new one, or one the scan made due now that comes back before its slot.
+    late = Task(id=late_id, type=TYPE, queue="elsewhere")
+    assert RateLimiter(broker)(late, LIMITED) > 0
+
+    assert broker.rate_followed(TYPE, None, "elsewhere", "now", scan_began_us)
+
+    assert broker.rate_removed(TYPE) == 1  # that consumer's own notice of the removal
     assert broker.rate_follow_ups(TYPE, None) == {"elsewhere": "now"}
 
 
@@ -104,3 +126,24 @@ def test_the_list_of_queues_to_follow_expires_with_the_limiter(broker):
 
     assert 0 < broker.client.pttl(broker.keys.rate_follow_ups(TYPE)) <= lives_ms
     assert 0 < broker.client.pttl(broker.keys.rate_queues(TYPE)) <= lives_ms
+
+
+@pytest.mark.django_db(transaction=True)
+def test_three_consumers_noticing_a_removed_limit_run_its_deferrals_on_another_queue_at_once(broker, consumer_process):
+    # Each delayed set is scanned once per change (counted above); here, real consumers racing:
+    # one that has not noticed the removal yet may deny a task made due again, and its own notice
+    # then lists the queue again.
+    row = TaskType.objects.create(name=RECORDED, handler=RECORDED, rate_limit=1, rate_period=60)
+    for _ in range(3):
+        consumer_process("--concurrency", "2", "--lease", "2", "--queue", "elsewhere")
+    waiting = producer.enqueue(RECORDED, count=6, queue="elsewhere")
+    wait_until(lambda: broker.queue_stats("elsewhere").delayed == 5, 15, message="five tasks to wait for slots")
+
+    row.rate_limit = None
+    row.save(update_fields=["rate_limit"])
+
+    wait_until(
+        lambda: {run["task_id"] for run in recorded_runs(broker)} >= {t.id for t in waiting},
+        15,
+        message="every waiting task to run once the limit is gone, not minutes apart",
+    )
