@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from django.db import IntegrityError, transaction
 
 from tasks_app.models import TaskType
+from tasks_app.problem_log import ProblemLog
 from tasks_app.registry import Registry
 
 logger = logging.getLogger(__name__)
@@ -100,6 +101,7 @@ class TaskTypeCache:
         self.read_at = float("-inf")
         # Called with each type whose settings a refresh found changed (not on the first read).
         self.on_change: list[Callable[[TaskTypeConfig], None]] = []
+        self._problem: ProblemLog[str] = ProblemLog(logger)  # the database away at every refresh
 
     def get(self, name: str) -> TaskTypeConfig | None:
         """Return the cached settings of type `name` (None if it has no row)."""
@@ -111,8 +113,9 @@ class TaskTypeCache:
         try:
             configs = {row.name: TaskTypeConfig.from_model(row) for row in TaskType.objects.all()}
         except Exception as exc:  # the database may be briefly away; stale settings beat none
-            logger.warning("cannot reload task types, keeping the last ones: %s", exc)
+            self._problem.failed("refresh", repr(exc), "cannot reload task types, keeping the last ones: %s", exc)
             return
+        self._problem.recovered("refresh", "task types reloaded again")
         before, self._configs, self.loaded = self._configs, configs, True
         for name, config in configs.items():
             if name in before and before[name] != config:

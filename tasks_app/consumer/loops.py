@@ -11,7 +11,8 @@ from typing import Protocol
 from redis.exceptions import RedisError
 
 from tasks_app import metrics
-from tasks_app.consumer.retrying import next_backoff_s
+from tasks_app.consumer.retrying import next_backoff_s, redis_away
+from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.keys import UNDECODABLE_TYPE
 
@@ -29,17 +30,17 @@ class Loop(Protocol):
 def run_forever(loop: Loop, stop: threading.Event) -> None:
     """Call `loop.run_once()` until `stop` is set, backing off through Redis errors."""
     backoff_s = 0.0
+    problems: ProblemLog[str] = ProblemLog(logger)  # an outage or a bug is met at every pass: said once
     while not stop.is_set():
         try:
             sleep_s = loop.run_once()
             backoff_s = 0.0
+            problems.recovered(loop.name, "%s: works again", loop.name)
         except RedisError as exc:
-            metrics.REDIS_ERRORS.labels(loop.name).inc()
-            backoff_s = next_backoff_s(backoff_s)
-            logger.warning("%s: redis error: %s; retrying in %.1f s", loop.name, exc, backoff_s)
-            sleep_s = backoff_s
-        except Exception:  # a bug in one loop must not silently end it
-            logger.exception("%s: unexpected error", loop.name)
+            sleep_s = backoff_s = redis_away(problems, loop.name, exc, next_backoff_s(backoff_s))
+        except Exception as exc:  # a bug in one loop must not silently end it
+            problem = f"{type(exc).__name__}: {exc}"
+            problems.failed(loop.name, problem, "%s: unexpected error", loop.name, level=logging.ERROR, exc_info=True)
             sleep_s = 1.0
         if sleep_s > 0:
             stop.wait(sleep_s)
@@ -111,6 +112,7 @@ class HeartbeatLoop:
         self.lease = lease
         self.lease_ms = int(lease.lease_s * 1000)
         self.on_lost = on_lost
+        self._problems: ProblemLog[str] = ProblemLog(logger)
 
     def run_once(self) -> float:
         consumer_id = self.identity()
@@ -121,9 +123,8 @@ class HeartbeatLoop:
             # Retry at twice the renewal pace instead of run_forever's backoff (up to 5 s):
             # after a Redis restart reapers wait only one lease of uptime, and a heartbeat
             # still backing off past that would get this live consumer reaped.
-            metrics.REDIS_ERRORS.labels(self.name).inc()
-            logger.warning("%s: redis error: %s; retrying in %.1f s", self.name, exc, self.lease_ms / 6000)
-            return self.lease_ms / 6000
+            return redis_away(self._problems, self.name, exc, self.lease_ms / 6000)
+        self._problems.recovered(self.name, "%s: works again", self.name)
         if not lost:
             self.lease.renewed(consumer_id, sent_at)
             metrics.LEASE_RENEWALS.inc()

@@ -18,8 +18,9 @@ from tasks_app.consumer.retrying import is_transient
 from tasks_app.periodic.code import sync_code_schedules
 from tasks_app.periodic.config import PeriodicConfig, load_configs
 from tasks_app.periodic.firing import fire_slot
-from tasks_app.periodic.problems import ProblemLog
+from tasks_app.periodic.problems import ScheduleProblems
 from tasks_app.periodic.schedule import Schedule
+from tasks_app.problem_log import ProblemLog
 from tasks_app.producer import EnqueueError, TaskTypeDisabled
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.periodic import FireReply, SlotFiring
@@ -56,7 +57,8 @@ class PeriodicLoop:
         self.refresh_s = refresh_s
         self.grace_ms = int(grace_s * 1000)
         # What is wrong with each schedule, logged once until it changes (not at every reload and slot).
-        self._problems = ProblemLog(logger)
+        self._problems = ScheduleProblems(logger)
+        self._reload_problem: ProblemLog[str] = ProblemLog(logger)  # the database away at every refresh
         self._load = load or functools.partial(load_configs, problems=self._problems)
         # Slots are computed on the Redis server's clock (the one the fire script decides on), so a
         # consumer whose own clock is off neither fires early nor finds every slot late.
@@ -90,16 +92,24 @@ class PeriodicLoop:
                 wake_ms = min(wake_ms, self._look(config, at_ms))
             except RedisError:
                 raise  # the loop's runner backs off
-            except Exception:  # one schedule's bug must not starve the others
-                logger.exception("periodic task %s: unexpected error", config.name)
+            except Exception as exc:  # one schedule's bug must not starve the others
+                message = "periodic task %s: unexpected error (said again only if this changes)"
+                self._problems.failed(
+                    config.name, "error", config.saved_ms, repr(exc), message, config.name, exc_info=True
+                )
+            else:
+                self._problems.resolved(config.name, "error")
         return max(MIN_SLEEP_S, (wake_ms - now_ms) / 1000 - (time.monotonic() - read_at))
 
     def _reload(self) -> None:
         try:
             configs = self._load()
         except Exception as exc:  # the database may be briefly away: keep firing the last schedules
-            logger.warning("cannot reload periodic tasks, keeping the last ones: %s", exc)
+            message = "cannot reload periodic tasks, keeping the last ones: %s"
+            self._reload_problem.failed("reload", repr(exc), message, exc)
             configs = self._configs
+        else:
+            self._reload_problem.recovered("reload", "periodic tasks reloaded again")
         finally:
             close_old_connections()
         self._next_load = time.monotonic() + self.refresh_s
@@ -159,22 +169,25 @@ class PeriodicLoop:
         try:
             reply = fire_slot(config, firing, self.broker, registry=self._registry)
         except TaskTypeDisabled as exc:
-            if self._problems.is_new(config.name, "firing", config.saved_ms, str(exc)):
-                logger.info(
-                    "periodic task %s: slot %d skipped (said again only if this changes): %s",
-                    config.name,
-                    firing.slot_ms,
-                    exc,
-                )
+            message = "periodic task %s: slot %d skipped (said again only if this changes): %s"
+            self._problems.failed(
+                config.name,
+                "firing",
+                config.saved_ms,
+                str(exc),
+                message,
+                config.name,
+                firing.slot_ms,
+                exc,
+                level=logging.INFO,
+            )
             return self.broker.skip_periodic(config.target_queue or exc.queue, config.name, firing.slot_ms)
         self._problems.resolved(config.name, "firing")
         return reply
 
     def _not_fired(self, config: PeriodicConfig, slot_ms: int, error: Exception) -> None:
-        if self._problems.is_new(config.name, "firing", config.saved_ms, str(error)):
-            logger.error(
-                "periodic task %s: slot %d not fired (said again only if this changes): %s", config.name, slot_ms, error
-            )
+        message = "periodic task %s: slot %d not fired (said again only if this changes): %s"
+        self._problems.failed(config.name, "firing", config.saved_ms, str(error), message, config.name, slot_ms, error)
         self._handled[config.name] = slot_ms  # not retried by this consumer; the next slot tries again
         self._failing_since.setdefault(config.name, slot_ms)
 
@@ -214,6 +227,7 @@ class CodeScheduleSync:
         self.name = loop.name
         self._registry = registry
         self._synced = False
+        self._sync_problem: ProblemLog[str] = ProblemLog(logger)
 
     def run_once(self) -> float:
         """Sync the code schedules (until it succeeds once), then run the scheduler's pass."""
@@ -221,8 +235,9 @@ class CodeScheduleSync:
             try:
                 sync_code_schedules(settings.TASKS_PERIODIC, self._registry)
                 self._synced = True
+                self._sync_problem.recovered("sync", "TASKS_PERIODIC synced to the database")
             except Exception as exc:  # the database may be away: fire the schedules it has, sync later
-                logger.warning("cannot sync TASKS_PERIODIC to the database yet: %s", exc)
+                self._sync_problem.failed("sync", repr(exc), "cannot sync TASKS_PERIODIC to the database yet: %s", exc)
             finally:
                 close_old_connections()
         return self.loop.run_once()

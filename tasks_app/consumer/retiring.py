@@ -16,7 +16,8 @@ from collections.abc import Callable, Sequence, Sized
 
 from redis.exceptions import RedisError
 
-from tasks_app import metrics
+from tasks_app.consumer.retrying import redis_away
+from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import Broker
 
 logger = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ class RetiringIds:
         self.held = held  # (queue, consumer id) -> the tasks this consumer holds, claimed under it there
         self._queues: dict[str, list[str]] = {}
         self._lock = threading.Lock()
+        self._problems: ProblemLog[str] = ProblemLog(logger)
 
     def retire(self, consumer_id: str, queues: Sequence[str]) -> None:
         """Keep `consumer_id`'s lease on `queues` (where it was not lost) until its tasks there are settled."""
@@ -45,9 +47,8 @@ class RetiringIds:
         try:
             self.renew()
         except RedisError as exc:  # retried at twice the renewal pace, as the heartbeat is
-            metrics.REDIS_ERRORS.labels(self.name).inc()
-            logger.warning("%s: redis error: %s; retrying in %.1f s", self.name, exc, self.lease_s / 6)
-            return self.lease_s / 6
+            return redis_away(self._problems, self.name, exc, self.lease_s / 6)
+        self._problems.recovered(self.name, "%s: works again", self.name)
         return self.lease_s / 3
 
     def renew(self, *, leaving: bool = False) -> None:

@@ -19,6 +19,7 @@ from redis.exceptions import (
 )
 
 from tasks_app import metrics
+from tasks_app.problem_log import ProblemLog
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +62,13 @@ def is_transient(exc: BaseException) -> bool:
 def next_backoff_s(previous_s: float) -> float:
     """Double the previous wait, with jitter, capped at MAX_BACKOFF_S."""
     return min(MAX_BACKOFF_S, max(FIRST_BACKOFF_S, previous_s * 2)) * random.uniform(0.8, 1.2)
+
+
+def redis_away(problems: ProblemLog[str], name: str, exc: BaseException, retry_s: float) -> float:
+    """Count a Redis error of loop `name`, said once per outage (and as a reminder); return `retry_s`."""
+    metrics.REDIS_ERRORS.labels(name).inc()
+    problems.failed(name, "redis", "%s: redis error: %s; retrying in %.1f s", name, exc, retry_s)
+    return retry_s
 
 
 def until_done[T](

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tasks_app.models import PeriodicTask
-from tasks_app.periodic.problems import ProblemLog
+from tasks_app.periodic.problems import ScheduleProblems
 from tasks_app.periodic.schedule import InvalidSchedule, Schedule
 from tasks_app.periodic.validation import argument_errors
 from tasks_app.protocol.timestamps import ms_of_datetime
@@ -72,12 +72,12 @@ def saved_ms_of(row: PeriodicTask) -> int:
     return ms_of_datetime(row.updated_at) if row.updated_at else 0
 
 
-def load_configs(*, enabled_only: bool = True, problems: ProblemLog | None = None) -> list[PeriodicConfig]:
+def load_configs(*, enabled_only: bool = True, problems: ScheduleProblems | None = None) -> list[PeriodicConfig]:
     """Snapshot the rows in one query; a row whose schedule is invalid (saved past the admin) is left out.
 
     Its problem is logged once per `problems` until the row is saved again or the problem changes.
     """
-    problems = problems or ProblemLog(logger)
+    problems = problems or ScheduleProblems(logger)
     rows = PeriodicTask.objects.select_related("task_type").order_by("name")
     configs = []
     names = set()
@@ -86,8 +86,8 @@ def load_configs(*, enabled_only: bool = True, problems: ProblemLog | None = Non
         try:
             configs.append(PeriodicConfig.from_model(row))
         except InvalidSchedule as exc:
-            if problems.is_new(row.name, "schedule", saved_ms_of(row), str(exc)):
-                logger.error("periodic task %s is not scheduled (said once until it changes): %s", row.name, exc)
+            message = "periodic task %s is not scheduled (said once until it changes): %s"
+            problems.failed(row.name, "schedule", saved_ms_of(row), str(exc), message, row.name, exc)
         else:
             problems.resolved(row.name, "schedule")
     problems.keep_only(names)

@@ -5,36 +5,42 @@ from __future__ import annotations
 import logging
 from collections.abc import Collection
 
+from tasks_app.problem_log import ProblemLog
+
 # What a schedule is once a problem of each kind has gone away, for the line that says so.
-RECOVERY = {"schedule": "is scheduled again", "firing": "fires again"}
+RECOVERY = {"schedule": "is scheduled again", "firing": "fires again", "error": "is tended without error again"}
 
 
-class ProblemLog:
+class ScheduleProblems:
     """Per schedule and kind of problem, the one last logged.
 
-    Kinds: "schedule" (the row cannot be read as a schedule) and "firing" (its slots cannot be
-    fired). The scheduler meets the same problem at every reload and every slot: only a new problem,
-    or the same one after the row was saved again, is worth a line, and so is its end.
+    Kinds: "schedule" (the row cannot be read as a schedule), "firing" (its slots cannot be fired)
+    and "error" (a bug met tending it). The scheduler meets the same problem at every reload and
+    every slot: only a new problem, or the same one after the row was saved again, is worth a line,
+    and so is its end.
     """
 
     def __init__(self, logger: logging.Logger) -> None:
-        self._logger = logger
-        self._open: dict[tuple[str, str], tuple[int, str]] = {}
+        self._log: ProblemLog[tuple[str, str]] = ProblemLog(logger, remind_every_s=None)
 
-    def is_new(self, name: str, kind: str, saved_ms: int, problem: str) -> bool:
-        """Remember `problem` of schedule `name` (its row saved at `saved_ms`); True unless it was the last one said."""
-        said = (saved_ms, problem)
-        if self._open.get((name, kind)) == said:
-            return False
-        self._open[(name, kind)] = said
-        return True
+    def failed(
+        self,
+        name: str,
+        kind: str,
+        saved_ms: int,
+        problem: str,
+        message: str,
+        *args: object,
+        level: int = logging.ERROR,
+        exc_info: bool = False,
+    ) -> None:
+        """Log `message` unless `problem` of schedule `name` (its row saved at `saved_ms`) was the last one said."""
+        self._log.failed((name, kind), (saved_ms, problem), message, *args, level=level, exc_info=exc_info)
 
     def resolved(self, name: str, kind: str) -> None:
         """Log that schedule `name` has no problem of `kind` any more, if it had one."""
-        if self._open.pop((name, kind), None) is not None:
-            self._logger.info("periodic task %s %s", name, RECOVERY[kind])
+        self._log.recovered((name, kind), "periodic task %s %s", name, RECOVERY[kind])
 
     def keep_only(self, names: Collection[str]) -> None:
         """Forget the problems of schedules not among `names` (deleted or disabled): nothing to recover from."""
-        for key in [key for key in self._open if key[0] not in names]:
-            del self._open[key]
+        self._log.keep_only(key for key in self._log.open_keys() if key[0] in names)

@@ -1,0 +1,91 @@
+"""Problems that persist (Redis away, the database away, a bad row): said once, recalled now and then, and their end."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable, Iterable
+from dataclasses import dataclass
+
+# While the same problem persists, a short reminder (with how often it recurred) is logged this often.
+REMIND_EVERY_S = 60.0
+
+
+@dataclass
+class _Open:
+    problem: Hashable
+    since: float
+    said_at: float
+    repeats: int = 0  # since it was last said
+
+
+class ProblemLog[K: Hashable]:
+    """Per key (a loop, a schedule), the problem last logged.
+
+    A loop meets a persisting problem at every pass: only its first occurrence (or a different
+    problem) is logged in full, the same one again only as a reminder every `remind_every_s`
+    (never, if None), and its end in one line. Metrics and health are the caller's, as before.
+    """
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        *,
+        remind_every_s: float | None = REMIND_EVERY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._logger = logger
+        self._remind_every_s = remind_every_s
+        self._clock = clock
+        self._open: dict[K, _Open] = {}
+        self._lock = threading.Lock()
+
+    def failed(
+        self,
+        key: K,
+        problem: Hashable,
+        message: str,
+        *args: object,
+        level: int = logging.WARNING,
+        exc_info: bool = False,
+    ) -> bool:
+        """Log `message` if `problem` is new for `key`, else a reminder when one is due; True if a line was logged."""
+        now = self._clock()
+        with self._lock:
+            seen = self._open.get(key)
+            if seen is None or seen.problem != problem:
+                self._open[key] = _Open(problem, now, now)
+                reminder = None
+            elif self._remind_every_s is None or now - seen.said_at < self._remind_every_s:
+                seen.repeats += 1
+                return False
+            else:
+                reminder = (seen.repeats + 1, now - seen.said_at)
+                seen.said_at, seen.repeats = now, 0
+        if reminder is None:
+            self._logger.log(level, message, *args, exc_info=exc_info)
+        else:
+            self._logger.log(level, message + " (still so: %d time(s) in the last %.0f s)", *args, *reminder)
+        return True
+
+    def recovered(self, key: K, message: str, *args: object) -> bool:
+        """Log `message` (at INFO) if `key` had a problem, which it no longer has; True if it had."""
+        with self._lock:
+            seen = self._open.pop(key, None)
+        if seen is None:
+            return False
+        self._logger.info(message + " (after %.0f s)", *args, self._clock() - seen.since)
+        return True
+
+    def keep_only(self, keys: Iterable[K]) -> None:
+        """Forget the problems of keys not among `keys` (gone): there is no recovery to log for them."""
+        kept = set(keys)
+        with self._lock:
+            for key in [key for key in self._open if key not in kept]:
+                del self._open[key]
+
+    def open_keys(self) -> list[K]:
+        """The keys with a problem now."""
+        with self._lock:
+            return list(self._open)
