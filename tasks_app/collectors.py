@@ -12,6 +12,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from tasks_app import metrics
+from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.names import NAME_PATTERN
 from tasks_app.protocol.replies import QueueStats
@@ -38,6 +39,7 @@ class QueueCollector(Collector):
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="queue-collector")
         self._pending: Future[tuple[list[QueueStats], int]] | None = None
         self._lock = threading.Lock()
+        self._problem: ProblemLog[str] = ProblemLog(logger)  # Redis away at every scrape: said once
 
     def describe(self) -> list[GaugeMetricFamily]:
         """Name the families without touching Redis (registration must not do I/O)."""
@@ -65,13 +67,16 @@ class QueueCollector(Collector):
                 self._pending = self._pool.submit(self._read_all)
             pending = self._pending
         try:
-            return pending.result(timeout=self.timeout_s)
+            read = pending.result(timeout=self.timeout_s)
         except FutureTimeout:
             metrics.QUEUE_STATS_ERRORS.inc()
-            logger.warning("queue stats: Redis did not answer within %.1f s", self.timeout_s)
+            self._problem.failed("read", "timeout", "queue stats: Redis did not answer within %.1f s", self.timeout_s)
         except Exception as exc:  # a scrape must never fail because Redis did
             metrics.QUEUE_STATS_ERRORS.inc()
-            logger.warning("queue stats: cannot read Redis: %s", exc)
+            self._problem.failed("read", "error", "queue stats: cannot read Redis: %s", exc)
+        else:
+            self._problem.recovered("read", "queue stats read again")
+            return read
         return None
 
     def _read_all(self) -> tuple[list[QueueStats], int]:

@@ -47,10 +47,14 @@ class ProblemLog[K: Hashable]:
         problem: Hashable,
         message: str,
         *args: object,
-        level: int = logging.WARNING,
+        level: int | None = None,
         exc_info: bool = False,
     ) -> bool:
-        """Log `message` if `problem` is new for `key`, else a reminder when one is due; True if a line was logged."""
+        """Log `message` if `problem` is new for `key`, else a reminder when one is due; True if a line was logged.
+
+        At `level`: by default WARNING, or ERROR with the traceback (`exc_info`, as `logger.exception`).
+        """
+        level = level if level is not None else logging.ERROR if exc_info else logging.WARNING
         now = self._clock()
         with self._lock:
             seen = self._open.get(key)

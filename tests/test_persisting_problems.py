@@ -1,20 +1,29 @@
 """A problem that persists across a loop's passes is logged once (then a reminder now and then), and its end once."""
 
 import logging
+from functools import partial
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from tasks_app.consumer import periodic_loop
+from tasks_app.collectors import QueueCollector
+from tasks_app.consumer import burst, periodic_loop
+from tasks_app.consumer.ack_batcher import AckBatcher
+from tasks_app.consumer.concurrency import ConcurrencyGate
 from tasks_app.consumer.loops import HeartbeatLoop, LeaseClock, run_forever
+from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.consumer.periodic_loop import CodeScheduleSync, PeriodicLoop
+from tasks_app.consumer.process_mode import ProcessGuard
 from tasks_app.consumer.retiring import RetiringIds
+from tasks_app.consumer.retrying import until_done
 from tasks_app.models import TaskType
 from tasks_app.periodic.config import PeriodicConfig
 from tasks_app.periodic.schedule import Schedule
 from tasks_app.problem_log import ProblemLog
+from tasks_app.protocol.slots import SlotSet
 from tasks_app.task_types import TaskTypeCache
 from tests.support.counters import sample
+from tests.test_consumer import make_consumer
 from tests.test_loops import RecordingStop, ScriptedLoop, unreachable_broker
 
 logger = logging.getLogger("tests.persisting")
@@ -23,6 +32,22 @@ logger = logging.getLogger("tests.persisting")
 def lines(caplog, text):
     """The records whose message holds `text`."""
     return [record for record in caplog.records if text in record.getMessage()]
+
+
+def said_once_then_its_end(caplog, attempt, problem, heal, recovery):
+    """Attempt three times with a problem, heal it, attempt twice: the problem and its recovery are each said once."""
+    for _ in range(3):
+        attempt()
+    assert len(lines(caplog, problem)) == 1
+    heal()
+    attempt()
+    attempt()
+    assert len(lines(caplog, recovery)) == 1
+
+
+def list_of(items):
+    """Exhaust an iterator (a scrape)."""
+    return list(items())
 
 
 class Clock:
@@ -87,24 +112,15 @@ def test_run_forever_logs_a_persisting_bug_once_with_its_traceback(caplog):
 # --- heartbeat and retiring ids ------------------------------------------------------------
 def test_the_heartbeat_logs_redis_away_once_and_its_renewal_after_it(key_prefix, broker, caplog):
     loop = HeartbeatLoop(unreachable_broker(key_prefix), ["q"], lambda: "c1", LeaseClock(9.0), lambda *loss: None)
-    for _ in range(3):
-        loop.run_once()
-    assert len(lines(caplog, "heartbeat: redis error")) == 1
-    loop.broker = broker
-    loop.run_once()
-    loop.run_once()
-    assert len(lines(caplog, "heartbeat: works again")) == 1
+    heal = partial(setattr, loop, "broker", broker)
+    said_once_then_its_end(caplog, loop.run_once, "heartbeat: redis error", heal, "heartbeat: works again")
 
 
 def test_retiring_ids_log_redis_away_once(key_prefix, broker, caplog):
     retiring = RetiringIds(unreachable_broker(key_prefix), 60.0, lambda queue, consumer_id: [])
     retiring.retire("old", ["a"])
-    for _ in range(3):
-        retiring.run_once()
-    assert len(lines(caplog, "redis error")) == 1
-    retiring.broker = broker
-    retiring.run_once()
-    assert len(lines(caplog, "works again")) == 1
+    heal = partial(setattr, retiring, "broker", broker)
+    said_once_then_its_end(caplog, retiring.run_once, "retiring: redis error", heal, "retiring: works again")
 
 
 # --- the periodic scheduler ------------------------------------------------------------------
@@ -139,13 +155,8 @@ def test_periodic_rows_that_cannot_be_reloaded_are_logged_once_until_they_can(br
         return ()
 
     loop = PeriodicLoop(broker, 0.0, 60.0, load=load)  # refresh 0: every pass reloads
-    for _ in range(3):
-        loop.run_once()
-    assert len(lines(caplog, "cannot reload periodic tasks")) == 1
-    away[0] = False
-    loop.run_once()
-    loop.run_once()
-    assert len(lines(caplog, "periodic tasks reloaded again")) == 1
+    heal = partial(away.__setitem__, 0, False)
+    said_once_then_its_end(caplog, loop.run_once, "cannot reload periodic tasks", heal, "periodic tasks reloaded again")
 
 
 @pytest.mark.django_db(transaction=True)
@@ -155,12 +166,9 @@ def test_code_schedules_that_cannot_be_synced_yet_are_logged_once(broker, caplog
 
     monkeypatch.setattr(periodic_loop, "sync_code_schedules", sync)
     loop = CodeScheduleSync(PeriodicLoop(broker, 2.0, 60.0, load=tuple))
-    for _ in range(3):
-        loop.run_once()
-    assert len(lines(caplog, "cannot sync TASKS_PERIODIC")) == 1
-    monkeypatch.undo()
-    loop.run_once()
-    assert len(lines(caplog, "TASKS_PERIODIC synced")) == 1
+    said_once_then_its_end(
+        caplog, loop.run_once, "cannot sync TASKS_PERIODIC", monkeypatch.undo, "TASKS_PERIODIC synced"
+    )
 
 
 # --- task types --------------------------------------------------------------------------
@@ -172,10 +180,79 @@ def test_task_types_that_cannot_be_reloaded_are_logged_once_until_they_can(caplo
         raise RuntimeError("the database is away")
 
     monkeypatch.setattr(TaskType.objects, "all", away)
-    for _ in range(3):
-        cache.refresh()
-    assert len(lines(caplog, "cannot reload task types")) == 1
-    monkeypatch.undo()
-    cache.refresh()
-    cache.refresh()
-    assert len(lines(caplog, "task types reloaded again")) == 1
+    said_once_then_its_end(
+        caplog, cache.refresh, "cannot reload task types", monkeypatch.undo, "task types reloaded again"
+    )
+
+
+# --- retried calls, slot renewals, beats, scrapes ------------------------------------------
+class Outage:
+    """A call that fails with a lost connection `times` times, then answers."""
+
+    def __init__(self, times: int) -> None:
+        self.left = times
+
+    def __call__(self) -> str:
+        if self.left:
+            self.left -= 1
+            raise RedisConnectionError("down")
+        return "done"
+
+
+def test_a_call_retried_through_an_outage_logs_it_once_and_its_end_once(caplog):
+    before = sample("taskqueue_redis_errors_total", loop="persisting.call")
+    assert until_done(Outage(4), what="persisting.call", give_up=RecordingStop()) == "done"
+    assert len(lines(caplog, "redis error during persisting.call")) == 1
+    assert len(lines(caplog, "persisting.call works again")) == 1
+    assert sample("taskqueue_redis_errors_total", loop="persisting.call") == before + 4
+
+
+def test_concurrency_slots_that_cannot_be_renewed_are_logged_once(key_prefix, broker, caplog):
+    gate = ConcurrencyGate(broker, unreachable_broker(key_prefix), lease_s=3, recheck_s=5, give_up=RecordingStop())
+    gate._held["a-run"] = SlotSet("capped", None, 1)
+    heal = partial(setattr, gate, "renew_broker", broker)
+    said_once_then_its_end(caplog, gate.renew, "could not renew", heal, "concurrency slots renewed again")
+
+
+def test_a_beat_file_that_cannot_be_touched_is_logged_once(tmp_path, caplog):
+    guard = ProcessGuard(ConsumerOptions(), lambda *limits: 0, lambda code, reason: None)
+    beat = tmp_path / "gone" / "beat"
+    attempt = partial(guard._touch, beat)
+    said_once_then_its_end(caplog, attempt, "cannot touch the beat file", beat.parent.mkdir, "touched again")
+
+
+def test_queue_stats_that_cannot_be_read_are_logged_once_per_outage_and_still_counted(key_prefix, broker, caplog):
+    dead = unreachable_broker(key_prefix)
+    source = [dead]
+    collector = QueueCollector(lambda: source[0], ["q"], timeout_s=5.0)
+    before = sample("taskqueue_queue_stats_errors_total")
+    attempt, heal = partial(list_of, collector.collect), partial(source.__setitem__, 0, broker)
+    said_once_then_its_end(caplog, attempt, "queue stats: cannot read Redis", heal, "queue stats read again")
+    assert sample("taskqueue_queue_stats_errors_total") == before + 3
+
+
+def test_a_burst_consumer_that_cannot_check_its_queues_says_so_once(broker, caplog, monkeypatch):
+    consumer = make_consumer(broker, burst=True)
+    monkeypatch.setattr(burst, "nothing_to_claim", lambda broker, queues: Outage(9)())
+    assert not consumer._idle(), "not idle while the queues cannot be checked"
+    recovery = "burst: the queues can be checked again"
+    said_once_then_its_end(caplog, consumer._idle, "burst: cannot check the queues", monkeypatch.undo, recovery)
+    assert consumer._idle()
+    consumer.give_up.set()
+
+
+def test_a_flusher_that_keeps_hitting_a_bug_logs_it_once_with_its_traceback(broker, caplog, monkeypatch):
+    batcher = AckBatcher(broker, RecordingStop())
+    steps = iter([ValueError("a bug"), ValueError("a bug"), 0, ValueError("a bug"), 2, None])
+
+    def flush_once(block_s):
+        step = next(steps)
+        if isinstance(step, Exception):
+            raise step
+        return step
+
+    monkeypatch.setattr(batcher, "flush_once", flush_once)
+    batcher._run()
+    [error] = lines(caplog, "unexpected error flushing results and acks")
+    assert error.exc_info is not None
+    assert len(lines(caplog, "results and acks flushed again")) == 1

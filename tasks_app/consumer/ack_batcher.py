@@ -27,6 +27,7 @@ from typing import Any
 
 from tasks_app import metrics
 from tasks_app.consumer.retrying import GaveUp, until_done
+from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol import results
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.jsontext import is_utf8_encodable
@@ -226,12 +227,17 @@ class AckBatcher:
         self._thread.join(timeout_s)
 
     def _run(self) -> None:
+        bugs: ProblemLog[str] = ProblemLog(logger)  # a bug met at every flush is said once
         while True:
             try:
-                if self.flush_once(block_s=1.0) is None:
-                    return
-            except Exception:  # a bug must not stop acknowledging; the entries' leases stay safe
-                logger.exception("unexpected error flushing results and acks")
+                flushed = self.flush_once(block_s=1.0)
+            except Exception as exc:  # a bug must not stop acknowledging; the entries' leases stay safe
+                bugs.failed("flush", repr(exc), "unexpected error flushing results and acks", exc_info=True)
+                continue
+            if flushed is None:
+                return
+            if flushed:
+                bugs.recovered("flush", "results and acks flushed again")
 
     def flush_once(self, block_s: float) -> int | None:
         """Write one batch; return how many entries it held, or None once asked to stop."""

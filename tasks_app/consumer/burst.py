@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import Broker
 
 logger = logging.getLogger(__name__)
@@ -29,3 +30,22 @@ def nothing_to_claim(broker: Broker, queues: Sequence[str]) -> bool:
                 queue.delayed,
             )
     return True
+
+
+class IdleCheck:
+    """`nothing_to_claim` as a burst consumer asks it at every tick: False while Redis is away, which is said once."""
+
+    def __init__(self, broker: Broker, queues: Sequence[str]) -> None:
+        self.broker = broker
+        self.queues = list(queues)
+        self._problem: ProblemLog[str] = ProblemLog(logger)
+
+    def __call__(self) -> bool:
+        """True once the queues are idle (see `nothing_to_claim`); False if they cannot be checked."""
+        try:
+            idle = nothing_to_claim(self.broker, self.queues)
+        except Exception as exc:
+            self._problem.failed("check", repr(exc), "burst: cannot check the queues: %s", exc)
+            return False
+        self._problem.recovered("check", "burst: the queues can be checked again")
+        return idle

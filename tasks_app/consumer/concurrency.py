@@ -25,6 +25,7 @@ from tasks_app import metrics
 from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.loops import LeaseClock
 from tasks_app.consumer.retrying import GaveUp, until_done
+from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Arguments, Task
 from tasks_app.protocol.keys import limit_key_token
@@ -77,6 +78,7 @@ class ConcurrencyGate:
         self.give_up = give_up
         self._held: dict[str, SlotSet] = {}
         self._lock = threading.Lock()
+        self._renewal_problem: ProblemLog[str] = ProblemLog(logger)  # Redis away at every heartbeat
 
     @classmethod
     def for_consumer(cls, consumer: GateOwner) -> ConcurrencyGate:
@@ -156,7 +158,10 @@ class ConcurrencyGate:
             self.renew_broker.renew_slots(held, self.lease_ms, self.idle_ms)
         except RedisError as exc:  # the next heartbeat tries again, well within the lease
             metrics.REDIS_ERRORS.labels("renew_slots").inc()
-            logger.warning("could not renew %d concurrency slot(s): %s", sum(map(len, held.values())), exc)
+            message = "could not renew %d concurrency slot(s): %s"
+            self._renewal_problem.failed("renew", "redis", message, sum(map(len, held.values())), exc)
+            return
+        self._renewal_problem.recovered("renew", "concurrency slots renewed again")
 
     def recheck_ms(self) -> int:
         """The fallback delay of a task waiting for a slot, spread so waiters do not all return at once."""

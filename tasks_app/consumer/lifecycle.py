@@ -18,7 +18,7 @@ from tasks_app import metrics
 from tasks_app.consumer import identity
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.async_lane import AsyncLane
-from tasks_app.consumer.burst import nothing_to_claim
+from tasks_app.consumer.burst import IdleCheck
 from tasks_app.consumer.capacity import Capacity
 from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.claimer import ClaimerLoop
@@ -117,6 +117,7 @@ class Consumer:
         self._held_lock = threading.Lock()
         # Ids left after a lease lost on some queues only, kept there while they hold tasks.
         self.retiring = RetiringIds(self.heartbeat_broker, self.options.lease_s, self.held_raws, self.instance)
+        self._queues_idle = IdleCheck(self.broker, self.options.queues)  # burst mode's question
         # At most one suspect (a task recovered from a consumer that died) is held at a time.
         self._suspect_reserved = False
         self._suspect_slot = threading.Lock()
@@ -324,11 +325,7 @@ class Consumer:
             busy = self._busy
         if busy or not self.work.empty():
             return False
-        try:
-            return nothing_to_claim(self.broker, self.options.queues)
-        except Exception as exc:
-            logger.warning("burst: cannot check the queues: %s", exc)
-            return False
+        return self._queues_idle()
 
     def request_stop(self) -> None:
         """Ask for a graceful stop (what SIGTERM and SIGINT do)."""

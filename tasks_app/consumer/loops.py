@@ -40,7 +40,7 @@ def run_forever(loop: Loop, stop: threading.Event) -> None:
             sleep_s = backoff_s = redis_away(problems, loop.name, exc, next_backoff_s(backoff_s))
         except Exception as exc:  # a bug in one loop must not silently end it
             problem = f"{type(exc).__name__}: {exc}"
-            problems.failed(loop.name, problem, "%s: unexpected error", loop.name, level=logging.ERROR, exc_info=True)
+            problems.failed(loop.name, problem, "%s: unexpected error", loop.name, exc_info=True)
             sleep_s = 1.0
         if sleep_s > 0:
             stop.wait(sleep_s)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tasks_app.consumer.options import ConsumerOptions
+from tasks_app.problem_log import ProblemLog
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ class ProcessGuard:
         # Told by the supervisor: a child orphaned while it started up has init for a parent already.
         self._parent = options.supervisor_pid or os.getppid()
         self._stop = threading.Event()
+        self._beat_problem: ProblemLog[str] = ProblemLog(logger)  # met at every beat while it lasts
 
     def start(self) -> None:
         """Start the beat thread when supervised or recycling by memory, and the lifeline's watch."""
@@ -132,7 +134,10 @@ class ProcessGuard:
         try:
             beat.touch()
         except OSError as exc:
-            logger.error("cannot touch the beat file %s: %s", beat, exc)
+            message = "cannot touch the beat file %s: %s"
+            self._beat_problem.failed("beat", repr(exc), message, beat, exc, level=logging.ERROR)
+            return
+        self._beat_problem.recovered("beat", "beat file %s touched again", beat)
 
     def _check_memory(self) -> None:
         # Only after a run (as Celery does): a process over the limit from its start still runs a

@@ -37,6 +37,8 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     OutOfMemoryError,
     SlotNotCoveredError,
 )
+# Per `what`, the outage a retried call met, said by the first call to meet it and ended by the first one through.
+_OUTAGES: ProblemLog[str] = ProblemLog(logger)
 TRANSIENT_REPLY_PREFIXES = ("LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "OOM", "NOREPLICAS")
 
 
@@ -90,7 +92,7 @@ def until_done[T](
     failures = 0
     while True:
         try:
-            return call()
+            result = call()
         except Exception as exc:
             if not is_transient(exc):
                 raise
@@ -99,6 +101,10 @@ def until_done[T](
                 raise WriteRefused(f"{what} failed {failures} times while Redis answered: {exc}") from exc
             metrics.REDIS_ERRORS.labels(what).inc()
             backoff_s = next_backoff_s(backoff_s)
-            logger.warning("redis error during %s: %s; retrying in %.1f s", what, exc, backoff_s)
+            _OUTAGES.failed(what, "redis", "redis error during %s: %s; retrying in %.1f s", what, exc, backoff_s)
             if give_up.wait(backoff_s):
                 raise GaveUp(what) from exc
+        else:
+            if failures:
+                _OUTAGES.recovered(what, "%s works again", what)
+            return result
