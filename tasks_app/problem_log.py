@@ -15,6 +15,7 @@ REMIND_EVERY_S = 60.0
 @dataclass
 class _Open:
     problem: Hashable
+    level: int
     since: float
     said_at: float
     repeats: int = 0  # since it was last said
@@ -59,7 +60,7 @@ class ProblemLog[K: Hashable]:
         with self._lock:
             seen = self._open.get(key)
             if seen is None or seen.problem != problem:
-                self._open[key] = _Open(problem, now, now)
+                self._open[key] = _Open(problem, level, now, now)
                 reminder = None
             elif self._remind_every_s is None or now - seen.said_at < self._remind_every_s:
                 seen.repeats += 1
@@ -74,12 +75,19 @@ class ProblemLog[K: Hashable]:
         return True
 
     def recovered(self, key: K, message: str, *args: object) -> bool:
-        """Log `message` (at INFO) if `key` had a problem, which it no longer has; True if it had."""
+        """Log `message` if `key` had a problem, which it no longer has; True if it had.
+
+        At the problem's level, WARNING at most: a log kept to the problems (LOG_LEVEL=WARNING) shows their end too.
+        """
+        if key not in self._open:  # the common case, on every pass of a loop: no lock taken
+            return False
         with self._lock:
             seen = self._open.pop(key, None)
         if seen is None:
             return False
-        self._logger.info(message + " (after %.0f s)", *args, self._clock() - seen.since)
+        self._logger.log(
+            min(seen.level, logging.WARNING), message + " (after %.0f s)", *args, self._clock() - seen.since
+        )
         return True
 
     def keep_only(self, keys: Iterable[K]) -> None:

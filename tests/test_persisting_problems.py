@@ -75,7 +75,8 @@ def test_the_same_problem_is_logged_once_then_a_reminder_with_its_count_then_its
     problems.recovered("loop", "loop: working again")
     problems.recovered("loop", "loop: working again")
     [recovery] = lines(caplog, "working again")
-    assert recovery.levelno == logging.INFO and recovery.getMessage() == "loop: working again (after 60 s)"
+    assert recovery.levelno == logging.WARNING, "seen where only problems are logged, as the problem was"
+    assert recovery.getMessage() == "loop: working again (after 60 s)"
 
 
 def test_a_different_problem_is_logged_at_once_and_keys_are_apart(caplog):
