@@ -12,7 +12,17 @@ import pytest
 from tasks_app import producer
 from tasks_app.producer import TaskRequest
 from tasks_app.protocol.broker import Broker
-from tests.chaos.harness import LEASE_S, Fleet, Summary, scaled, seeded_rng, settled_leftovers, tally, wait_finished
+from tests.chaos.harness import (
+    LEASE_S,
+    Fleet,
+    Summary,
+    scaled,
+    seeded_rng,
+    settled_leftovers,
+    statuses,
+    tally,
+    wait_finished,
+)
 from tests.support.handlers import runs_key
 from tests.support.processes import ConsumerProcess, wait_until
 
@@ -78,7 +88,10 @@ def assert_all_done(broker: Broker, fleet: Fleet, ids: list[str], label: str, al
         extra={"queues": len(fleet.queues), "left_in_redis": left},
     )
     summary.report()
-    assert result.lost == [], f"{label}: lost tasks: {result.lost[:10]}"
+    lost = result.lost[:10]
+    assert not lost, (
+        f"{label}: lost tasks (status, runs): {[(statuses(broker, lost)[t], result.runs[t]) for t in lost]}"
+    )
     assert all(result.runs[task_id] >= 1 for task_id in ids), f"{label}: a task never ran"
     assert left == {}, f"{label}: left in Redis after every task finished: {left}\n{fleet.logs()}"
     if allowed is not None:
