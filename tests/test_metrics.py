@@ -158,3 +158,17 @@ def test_consumer_metrics_bind_an_ipv6_address_and_every_address_on_the_ipv6_wil
     wait_until(lambda: http_get(f"http://[::1]:{port}/healthz")[0], 30, message="the metrics port to answer")
     assert http_get(f"http://127.0.0.1:{port}/healthz")[0], "IPv4 too"
     assert consumer.terminate(timeout_s=30) == 0, consumer.log()
+
+
+@pytest.mark.django_db
+def test_web_healthz_logs_an_outage_once_and_its_end(client, key_prefix, caplog):
+    client.get("/healthz")  # healthy: whatever an earlier test left open has ended
+    caplog.clear()
+    with override_settings(REDIS_URL="redis://127.0.0.1:1/0"):
+        for _ in range(5):  # a load balancer probing every few seconds
+            assert client.get("/healthz").status_code == 503
+    assert client.get("/healthz").status_code == 200
+    lines = [record.getMessage() for record in caplog.records if record.getMessage().startswith("health check:")]
+    assert len([line for line in lines if line.startswith("health check: redis error")]) == 1
+    assert [line for line in lines if "ok again" in line] == [lines[-1]]
+    assert lines[-1].startswith("health check: redis ok again")

@@ -7,13 +7,16 @@ import logging
 from django.db import connections
 from django.http import HttpRequest, JsonResponse
 
+from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import get_broker
 
 logger = logging.getLogger(__name__)
+# A load balancer probes every few seconds: an outage is logged once (and recalled now and then), and its end.
+_problems: ProblemLog[str] = ProblemLog(logger)
 
 
 def check_web() -> dict[str, str]:
-    """Check the database and Redis; map each to "ok" or the error met (which is also logged)."""
+    """Check the database and Redis; map each to "ok" or the error met (logged once while it persists)."""
     checks: dict[str, str] = {}
     try:
         with connections["default"].cursor() as cursor:
@@ -27,8 +30,10 @@ def check_web() -> dict[str, str]:
     except Exception as exc:
         checks["redis"] = f"error: {exc}"
     for name, state in checks.items():
-        if state != "ok":
-            logger.warning("health check: %s %s", name, state)
+        if state == "ok":
+            _problems.recovered(name, "health check: %s ok again", name)
+        else:
+            _problems.failed(name, state, "health check: %s %s", name, state)
     return checks
 
 
