@@ -3,21 +3,23 @@
 -- count the writes the records take in the queue's chart counters.
 -- ARGV[1] s, the number of status indexes (0: no history index, no chart counters)   ARGV[2] to
 -- ARGV[1 + s] the status names of those indexes; if s > 0, ARGV[2 + s] the chart counters' time
--- to live (s); then g, "1" when the call is held (then three arguments: a task as claimed, the
--- settling consumer's id and its process's instance token, "": unchecked) or "0"; then one group
--- per record: time to live (s), worker id to append or "", error JSON object to append or "",
--- fencing token of the run the update belongs to (issued at claim) or ""
--- (unconditional: not a run's write), the task id, if s > 0 c and c chart counter fields (each
--- incremented by 1 if this write is taken: answered 1), p, then p field/value pairs to set
--- (values are stored as given).
+-- to live (s); then g, the number of processing lists that hold writes of the call (0: none),
+-- and per list two arguments: the id of the consumer settling its tasks and its process's
+-- instance token ("": unchecked); then one group per record: if g > 0, first j (0: not held,
+-- else the list 1..g holding it) and its task as claimed ("" if not held), then its time to live
+-- (s), worker id to append or "", error JSON object to append or "", fencing token of the run the
+-- update belongs to (issued at claim) or "" (unconditional: not a run's write), the task id, if
+-- s > 0 c and c chart counter fields (each incremented by 1 if this write is taken: answered 1),
+-- p, then p field/value pairs to set (values are stored as given).
 -- KEYS: if s > 0, KEYS[1] history zset, KEYS[2] history ids zset, KEYS[3] to KEYS[2 + s] the
--- status indexes, KEYS[3 + s] this minute's chart counters hash of the queue; if held, the
--- processing list of the consumer settling the task and its queue's consumer info hash; then the
--- records' hashes, one per group, in the groups' order.
--- A held call writes nothing, answering 0 for every group, unless the settle script it comes
--- before will find the task (see include/settle.lua): the list holds it and no other instance
--- registered the consumer id. A settling run whose task was reaped leaves the record to the run
--- that holds it now (one server only: there the list lies in another slot than the record).
+-- status indexes, KEYS[3 + s] this minute's chart counters hash of the queue; then per list that
+-- list and its queue's consumer info hash; then the records' hashes, one per group, in the
+-- groups' order.
+-- A held write is not written, and answers 3, unless the script settling its task (ack,
+-- retry_later or dead_letter), which the caller runs after this call, will find the task (see
+-- include/settle.lua): its list holds it and no other instance registered the consumer id. A
+-- settling run whose task was reaped leaves the record to the run that holds the task now (one
+-- server only: on Redis Cluster the list lies in another slot than the record).
 -- The record keeps the highest token that wrote to it in its field "fence". A write with a
 -- lower token is ignored (its run lost the claim: its consumer was presumed dead and the task
 -- re-run or requeued); a write with a higher token takes the record over.
@@ -34,9 +36,9 @@
 -- and the same time it was attempted, finished or is due again) was sent again after its reply
 -- was lost: its fields are set again, but it appends nothing, and it answers 4, so it is not
 -- counted again.
--- Returns: per group, 1 written, 0 ignored, 2 refused (the task was cancelled), 4 written
--- again (a re-sent write), or an error (a record of a foreign type): one group's error stops no
--- other group.
+-- Returns: per group, 1 written, 0 ignored, 2 refused (the task was cancelled), 3 not held,
+-- 4 written again (a re-sent write), or an error (a record of a foreign type): one group's error
+-- stops no other group.
 
 -- include: args
 -- include: history
@@ -138,25 +140,31 @@ local function write_record(key, u)
 end
 
 local replies = {}
-local held_at = indexes > 0 and 3 + indexes or 2
-local held = ARGV[held_at] == '1'
-local at = held_at + (held and 4 or 1)
-local first_record = (indexes > 0 and 4 + indexes or 1) + (held and 2 or 0)
+local lists_at = indexes > 0 and 3 + indexes or 2
+local first_list = indexes > 0 and 4 + indexes or 1
+local lists = int_arg(ARGV[lists_at], 0, 0,
+  math.min(math.floor((#ARGV - lists_at) / 2), math.floor((#KEYS - first_list + 1) / 2)))
+local first_record = first_list + 2 * lists
+local at = lists_at + 1 + 2 * lists
 
--- Whether the held call's list holds its task for its instance (keys or arguments missing, or of
--- another type: no).
-local function still_held()
-  local list, info = KEYS[first_record - 2], KEYS[first_record - 1]
-  if not info or type(redis.pcall('LPOS', list, ARGV[held_at + 1] or '')) ~= 'number' then return false end
-  local ok, elsewhere = pcall(other_instance, info, ARGV[held_at + 2] or '', ARGV[held_at + 3])
-  return ok and not elsewhere
+-- Per list, whether another instance registered its consumer id (read once a call).
+local elsewhere = {}
+-- Whether list `j` holds `task` for its instance (keys of another type: no).
+local function held_by(j, task)
+  local list, info = KEYS[first_list + 2 * j - 2], KEYS[first_list + 2 * j - 1]
+  if elsewhere[j] == nil then
+    local ok, other = pcall(other_instance, info, ARGV[lists_at + 2 * j - 1], ARGV[lists_at + 2 * j])
+    elsewhere[j] = not ok or other
+  end
+  return not elsewhere[j] and type(redis.pcall('LPOS', list, task or '')) == 'number'
 end
 
-if held and not still_held() then
-  for _ = first_record, #KEYS do replies[#replies + 1] = 0 end
-  return replies
-end
 for key_index = first_record, #KEYS do
+  local holder, task = 0, nil
+  if lists > 0 then
+    holder, task = int_arg(ARGV[at], 0, 0, lists), ARGV[at + 1]
+    at = at + 2
+  end
   local counted = 0
   if counters then counted = int_arg(ARGV[at + 5], 0, 0, #ARGV - at - 6) end
   local count_at = at + 5 + (counters and 1 + counted or 0)  -- where p is
@@ -172,12 +180,16 @@ for key_index = first_record, #KEYS do
     return write_record(KEYS[key_index], u)
   end
   at = count_at + 1 + 2 * count
-  local ok, reply = pcall(this_group)
-  if ok then
-    replies[#replies + 1] = reply
-    if reply == 1 and counted > 0 then tally(first + 6, counted) end
+  if holder > 0 and not held_by(holder, task) then
+    replies[#replies + 1] = 3
   else
-    replies[#replies + 1] = {err = type(reply) == 'table' and reply.err or tostring(reply)}
+    local ok, reply = pcall(this_group)
+    if ok then
+      replies[#replies + 1] = reply
+      if reply == 1 and counted > 0 then tally(first + 6, counted) end
+    else
+      replies[#replies + 1] = {err = type(reply) == 'table' and reply.err or tostring(reply)}
+    end
   end
 end
 -- One increment per field; a counters key of a foreign type only loses the counts.

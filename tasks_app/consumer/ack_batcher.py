@@ -3,10 +3,11 @@
 Workers hand their writes to one flusher thread and move on to the next task. The flusher takes
 whatever has queued up while its previous round trip was in flight (no deliberate wait, so an
 idle consumer adds no latency), writes every result record first and then acks the tasks, one
-script per processing list. On Redis Cluster the acks wait until a replica of each master that
-took results has them, or TASKS_CLUSTER_WAIT_MS passed (counted, then acked anyway). A task keeps
-its consumer slot until its ack is written, so a crash can only re-run tasks this consumer held:
-never more than concurrency + prefetch.
+script per processing list (on one server a run whose task was reaped writes no record). On
+Redis Cluster the acks wait until a replica of each master that took results has them, or
+TASKS_CLUSTER_WAIT_MS passed (counted, then acked anyway). A task keeps its consumer slot until
+its ack is written, so a crash can only re-run tasks this consumer held: never more than
+concurrency + prefetch.
 
 One entry never holds up the others: an update that cannot be encoded is replaced before it
 joins a batch, and a batch that Redis refuses (a deterministic error, or a write that keeps
@@ -95,6 +96,7 @@ def merge_updates(updates: Sequence[ResultUpdate]) -> list[ResultUpdate]:
                     queue=earlier.queue or update.queue,  # where the history and the charts file it
                     task_type=earlier.task_type or update.task_type,
                     run_s=update.run_s if update.run_s is not None else earlier.run_s,
+                    held_by=earlier.held_by or update.held_by,
                 )
                 continue
         last_of[update.task_id] = len(merged)
@@ -126,6 +128,7 @@ def unstored_result(update: ResultUpdate, problem: str) -> ResultUpdate:
         queue=update.queue,
         task_type=update.task_type,
         run_s=update.run_s,
+        held_by=update.held_by,
     )
 
 
@@ -178,6 +181,8 @@ class AckBatcher:
     ) -> None:
         """Write `update`, then ack the task (freeing `release` if it is still held), with the next flush;
         `done` is called afterwards, then `log`."""
+        if update is not None:  # written with the ack, held by its task
+            update = replace(update, held_by=((queue, consumer_id), raw))
         if update is not None and not storable(update):
             update = unstored_result(update, "it holds text that is not valid Unicode (a lone surrogate)")
         self._entries.put(_Ack(queue, consumer_id, raw, update, done, log, release))
@@ -385,7 +390,8 @@ class AckBatcher:
     def _record_unstored(self, update: ResultUpdate, problem: Exception) -> None:
         logger.error("the result of task %a could not be stored (%s); recording it as failed", update.task_id, problem)
         refused = until_done(
-            lambda: self.broker.ack_many_reporting([unstored_result(update, str(problem))], {}),
+            # After the ack: held by nothing, as the task left the list.
+            lambda: self.broker.ack_many_reporting([replace(unstored_result(update, str(problem)), held_by=None)], {}),
             what="record_result",
             give_up=self.give_up,
         ).refused

@@ -14,6 +14,7 @@ import hashlib
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import redis
@@ -157,8 +158,13 @@ class Broker(
         results: Sequence[ResultUpdate] = (),
         releases: Sequence[UniqueRelease | None] = (),
     ) -> list[bool]:
-        """Record results, then acknowledge tasks, in one round trip; flags say which were still held."""
+        """Record results, then acknowledge tasks, in one round trip; flags say which were still held.
+
+        The results of one task's ack are its run's, held by it (see `ack_many_reporting`).
+        """
         owner = (queue, consumer_id)
+        if len(raws) == 1:
+            results = [replace(result, held_by=result.held_by or (owner, raws[0])) for result in results]
         return self.ack_many(results, {owner: raws}, releases={owner: releases})[owner]
 
     def ack_many(
@@ -184,29 +190,34 @@ class Broker(
         `releases`, per owner, lists beside its tasks the uniqueness key each one's end frees (or
         None): the ack frees it in the same script, only if that task was still held.
 
-        On Redis Cluster the results and the acks live on different nodes, where one pipeline
-        gives no order: the results are written first, each master that took some WAITs (on the
-        same connection, all masters at once) until a replica has them or `cluster_wait_ms`
-        passed, and only then are the tasks acked.
+        On one server all goes in one MULTI, results first, each one `held_by` a task written only
+        if its ack will find the task (see `_write_again_settled`). On Redis Cluster the results and
+        the acks live on different nodes, where one pipeline gives no order: the results are
+        written first (fenced only), each master that took some WAITs (on the same connection, all
+        masters at once) until a replica has them or `cluster_wait_ms` passed, then the acks.
         """
-        pipe = self.client.pipeline(transaction=False)
+        cluster = isinstance(self.client, redis.RedisCluster)
+        pipe = self.client.pipeline(transaction=not cluster)
         written: list[Any] = []
         places: list[Place] = []
         unreplicated = 0
-        if isinstance(self.client, redis.RedisCluster) and results and raws_by_owner:
+        holds = [] if cluster else [update.held_by and self._held(*update.held_by) for update in results]
+        if cluster and results and raws_by_owner:
             written, unreplicated = self._write_results_replicated(results)
         else:
-            places = self._queue_results(pipe, results)
+            places = self._queue_results(pipe, results, holds=holds)
         calls = len(pipe)
         for owner, raws in raws_by_owner.items():
             self._queue_ack(pipe, owner, raws, (releases or {}).get(owner, ()))
         sent, written = self._execute_with_results(pipe, results, places, written)
-        refused = {index: outcome for index, outcome in enumerate(written) if isinstance(outcome, Exception)}
         outcomes = sent[calls : calls + len(raws_by_owner)]
         for outcome in outcomes:
             if isinstance(outcome, Exception):
                 raise outcome
         flags = {owner: [bool(flag) for flag in flags] for owner, flags in zip(raws_by_owner, outcomes, strict=True)}
+        if any(holds):
+            self._write_again_settled(results, holds, written, self._acked(raws_by_owner, flags))
+        refused = {index: outcome for index, outcome in enumerate(written) if isinstance(outcome, Exception)}
         return AckReport(flags, refused, unreplicated, tuple(written))
 
     def _queue_ack(
@@ -239,7 +250,7 @@ class Broker(
         result: ResultUpdate | None = None,
     ) -> bool:
         """Move a claimed task to the delayed set, due `delay_ms` from now; False if it was lost."""
-        held = self._held(queue, consumer_id, raw)
+        held = self._held((queue, consumer_id), raw)
         keys = [held.processing, self.keys.delayed(queue), self.keys.recoveries(queue), held.consumer_info]
         args = [raw, delayed_member(priority, new_raw), max(0, int(delay_ms)), consumer_id, held.instance]
         return self._with_result("retry_later", held, keys, args, result)
@@ -254,17 +265,13 @@ class Broker(
         release: UniqueRelease | None = None,
     ) -> bool:
         """Move a claimed task to the dead-letter set (freeing `release` with it); False if it was lost."""
-        held = self._held(queue, consumer_id, raw)
+        held = self._held((queue, consumer_id), raw)
         keys = [held.processing, self.keys.dead(queue), self.keys.recoveries(queue), held.consumer_info]
         args: list[Any] = [raw, new_raw, consumer_id, held.instance]
         if release is not None:
             keys.append(self.keys.unique(queue, release.digest))
             args += (release.task_id, release.after_ms)
         return self._with_result("dead_letter", held, keys, args, result)
-
-    def _held(self, queue: str, consumer_id: str, raw: bytes) -> Held:
-        keys = self.keys
-        return Held(keys.processing(queue, consumer_id), keys.consumer_info(queue), raw, consumer_id, self.instance)
 
     def _with_result(
         self, script: str, held: Held, keys: list[str], args: list[Any], result: ResultUpdate | None
@@ -288,7 +295,7 @@ class Broker(
         if cluster:
             written, _ = self._write_results_replicated([result])
         else:
-            places = self._queue_results(pipe, [result], by_source=True, held=held)
+            places = self._queue_results(pipe, [result], by_source=True, holds=[held])
         settle_at = len(pipe)
         self.scripts.queue(pipe, script, keys, args, by_source=not cluster)
         sent, written = self._execute_with_results(pipe, [result], places, written)

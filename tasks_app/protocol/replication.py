@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait as wait_for
 from typing import Any, NamedTuple
 
@@ -37,13 +37,18 @@ RECORDS_PER_CALL = 128
 
 
 class Held(NamedTuple):
-    """The condition of a record write (one server only): the settling consumer still holds the task."""
+    """The condition of a run's record write (one server only): the settling consumer still holds its task."""
 
     processing: str  # its processing list
     consumer_info: str  # its queue's consumer info hash, where no other instance may have registered it
     raw: bytes
     consumer_id: str
     instance: str
+
+    @property
+    def settler(self) -> tuple[str, str, str, str]:
+        """What the check reads besides the task: the list, the consumer info hash, the id and the instance."""
+        return self.processing, self.consumer_info, self.consumer_id, self.instance
 
 
 class Place(NamedTuple):
@@ -69,6 +74,8 @@ def replies_at(sent: Sequence[Any], places: Sequence[Place]) -> list[Any]:
     ]
 
 
+# What record_result answers for a held write whose task the consumer no longer holds (not written).
+NOT_HELD = 3
 # What record_result answers for a write the record already holds (sent again after a lost reply).
 WRITTEN_AGAIN = 4
 
@@ -83,6 +90,7 @@ class ReplicatedWrites(MinuteOps):
     _replica_checks: dict[str, tuple[bool, float]]
     _masters_pool: ThreadPoolExecutor | None
     _masters_with_scripts: set[str]
+    instance: str
 
     def _write_results_replicated(self, results: Sequence[ResultUpdate]) -> tuple[list[Any], int]:
         """Write results on a cluster, every master at once; return each write's reply and how many WAITs timed out."""
@@ -158,13 +166,13 @@ class ReplicatedWrites(MinuteOps):
         return checked[0]
 
     def _queue_results(
-        self, pipe: Any, updates: Sequence[ResultUpdate], *, by_source: bool = False, held: Held | None = None
+        self, pipe: Any, updates: Sequence[ResultUpdate], *, by_source: bool = False, holds: Sequence[Held | None] = ()
     ) -> list[Place]:
         """Queue the record_result calls of `updates`; return where each one's reply will be.
 
         On one server a call writes up to RECORDS_PER_CALL records of one queue and files their
-        tasks in its history (see history.py), only while `held` holds, if given; on Redis Cluster
-        a call writes one record.
+        tasks in its history (see history.py), each only while its hold (beside it in `holds`, if
+        given) holds; on Redis Cluster a call writes one record.
         """
         places: list[Place] = [Place(0, 0)] * len(updates)
         for queue, indexes in self._result_groups(updates):
@@ -172,7 +180,8 @@ class ReplicatedWrites(MinuteOps):
                 chunk = indexes[start : start + RECORDS_PER_CALL]
                 for offset, index in enumerate(chunk):
                     places[index] = Place(len(pipe), offset)
-                self._queue_record_call(pipe, queue, [updates[index] for index in chunk], by_source, held)
+                chunk_holds = [holds[index] for index in chunk] if holds else []
+                self._queue_record_call(pipe, queue, [updates[index] for index in chunk], by_source, chunk_holds)
         return places
 
     def _result_groups(self, updates: Sequence[ResultUpdate]) -> list[tuple[str, list[int]]]:
@@ -188,7 +197,7 @@ class ReplicatedWrites(MinuteOps):
         return list(groups.items())
 
     def _queue_record_call(
-        self, pipe: Any, queue: str, updates: Sequence[ResultUpdate], by_source: bool, held: Held | None
+        self, pipe: Any, queue: str, updates: Sequence[ResultUpdate], by_source: bool, holds: Sequence[Held | None]
     ) -> None:
         """Queue one record_result call; given a queue (one server), it files and counts the writes it takes."""
         keys: list[str] = []
@@ -196,12 +205,15 @@ class ReplicatedWrites(MinuteOps):
         if queue:
             keys = [*history.index_keys(self.keys, queue), self.keys.minute(queue, int(time.time()) // 60)]
             args = [len(history.STATUSES), *history.STATUSES, KEEP_MINUTES * 60]
-        if held is None:
-            args.append(0)
-        else:
-            keys += (held.processing, held.consumer_info)
-            args += (1, held.raw, held.consumer_id, held.instance)
-        for update in updates:
+        lists = {hold.settler: 0 for hold in holds if hold is not None}
+        args.append(len(lists))
+        for number, (processing, consumer_info, consumer_id, instance) in enumerate(lists, start=1):
+            lists[processing, consumer_info, consumer_id, instance] = number
+            keys += (processing, consumer_info)
+            args += (consumer_id, instance)
+        for update, hold in zip(updates, holds or [None] * len(updates), strict=True):
+            if lists:
+                args += (0, "") if hold is None else (lists[hold.settler], hold.raw)
             keys.append(self.keys.result(update.task_id))
             args += (
                 update.ttl_s,
@@ -217,6 +229,44 @@ class ReplicatedWrites(MinuteOps):
             for name, value in update.fields.items():
                 args += (name, value)
         self.scripts.queue(pipe, "record_result", keys, args, by_source=by_source)
+
+    def _held(self, owner: tuple[str, str], raw: bytes) -> Held:
+        """The hold of a write of the run that settles `raw` from the processing list of `owner`."""
+        queue, consumer_id = owner
+        keys = self.keys
+        return Held(keys.processing(queue, consumer_id), keys.consumer_info(queue), raw, consumer_id, self.instance)
+
+    def _acked(
+        self, raws_by_owner: Mapping[tuple[str, str], Sequence[bytes]], flags: dict[Any, list[bool]]
+    ) -> set[Held]:
+        """The tasks an ack found, as the holds of their runs' writes."""
+        return {
+            self._held(owner, raw)
+            for owner, raws in raws_by_owner.items()
+            for raw, flag in zip(raws, flags[owner], strict=True)
+            if flag
+        }
+
+    def _write_again_settled(
+        self, updates: Sequence[ResultUpdate], holds: Sequence[Held | None], written: list[Any], settled: set[Held]
+    ) -> None:
+        """Write again, unheld, each held write answered NOT_HELD whose task the script after it settled.
+
+        A held write goes before its task's settle script in one MULTI: one whose task was reaped
+        (or whose consumer id another instance took) writes nothing, answered NOT_HELD, and the
+        script finds nothing either. A write answered so while the script settled its task ran
+        after it, re-run by source after a NOSCRIPT (an ack batch runs by SHA, not to send the
+        source every flush): the script found the task, so the run held it. Only then does this
+        take a round trip. Fills in the new replies in `written`.
+        """
+        again = [i for i, hold in enumerate(holds) if hold in settled and written[i] == NOT_HELD]
+        if not again:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        places = self._queue_results(pipe, [updates[index] for index in again])
+        sent = self.scripts.execute(pipe, self.client, raise_on_error=False)
+        for index, reply in zip(again, replies_at(sent, places), strict=True):
+            written[index] = reply
 
     def _with_results(self, first: Any, updates: Sequence[ResultUpdate]) -> list[Any]:
         """One round trip: what `first` queues, the result writes, then their side writes; raises the first failure."""

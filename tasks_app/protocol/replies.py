@@ -85,13 +85,17 @@ class UniqueRelease(NamedTuple):
     after_ms: int = 0  # 0: now; else in that many ms (a process that gave up on a hung run frees it once gone)
 
 
+Holder = tuple[tuple[str, str], bytes]
+"""The task whose run wrote a result: its (queue, consumer) processing list and its bytes as claimed."""
+
+
 class AckReport(NamedTuple):
     """What a batch of result writes and acks did."""
 
     flags: dict[tuple[str, str], list[bool]]  # per (queue, consumer): whether each task was still held
     refused: dict[int, Exception]  # result writes Redis refused, by index
     unreplicated_masters: int = 0  # Redis Cluster: masters whose replica did not confirm the results in time
-    written: tuple[Any, ...] = ()  # each result write's reply (1 written, 0 ignored, 2 refused: cancelled)
+    written: tuple[Any, ...] = ()  # each result write's reply (1 written, 0 ignored, 2 refused: cancelled, 3 not held)
 
 
 @dataclass(frozen=True)
@@ -134,3 +138,6 @@ class ResultUpdate:
     queue: str = ""
     task_type: str = ""
     run_s: float | None = None  # how long the run took, for the duration charts
+    # Nor this: the task whose ack this write goes with, on one server written only while its
+    # consumer holds it (see Broker.ack_many_reporting).
+    held_by: Holder | None = None
