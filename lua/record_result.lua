@@ -13,13 +13,16 @@
 -- p, then p field/value pairs to set (values are stored as given).
 -- KEYS: if s > 0, KEYS[1] history zset, KEYS[2] history ids zset, KEYS[3] to KEYS[2 + s] the
 -- status indexes, KEYS[3 + s] this minute's chart counters hash of the queue; then per list that
--- list and its queue's consumer info hash; then the records' hashes, one per group, in the
--- groups' order.
+-- list, its queue's consumer info hash and its queue's consumers zset; then the records' hashes,
+-- one per group, in the groups' order.
 -- A held write is not written, and answers 3, unless the script settling its task (ack,
 -- retry_later or dead_letter), which the caller runs after this call, will find the task (see
 -- include/settle.lua): its list holds it and no other instance registered the consumer id. A
 -- settling run whose task was reaped leaves the record to the run that holds the task now (one
--- server only: on Redis Cluster the list lies in another slot than the record).
+-- server only: on Redis Cluster the list lies in another slot than the record). While the
+-- consumer id is in the consumers zset it was not reaped (reap and a restart's recovery take it
+-- out first, and it never comes back under the same instance), so its list still holds every
+-- task it claimed and has not settled: the list is searched only once the id is gone.
 -- The record keeps the highest token that wrote to it in its field "fence". A write with a
 -- lower token is ignored (its run lost the claim: its consumer was presumed dead and the task
 -- re-run or requeued); a write with a higher token takes the record over.
@@ -143,20 +146,26 @@ local replies = {}
 local lists_at = indexes > 0 and 3 + indexes or 2
 local first_list = indexes > 0 and 4 + indexes or 1
 local lists = int_arg(ARGV[lists_at], 0, 0,
-  math.min(math.floor((#ARGV - lists_at) / 2), math.floor((#KEYS - first_list + 1) / 2)))
-local first_record = first_list + 2 * lists
+  math.min(math.floor((#ARGV - lists_at) / 2), math.floor((#KEYS - first_list + 1) / 3)))
+local first_record = first_list + 3 * lists
 local at = lists_at + 1 + 2 * lists
 
--- Per list, whether another instance registered its consumer id (read once a call).
-local elsewhere = {}
+-- Per list (read once a call): 'other' (another instance registered its consumer id), 'live'
+-- (the id is still a consumer of the queue: never reaped) or 'reaped' (search the list).
+local standing = {}
+local function standing_of(j)
+  local list_keys = first_list + 3 * j - 3
+  local id = ARGV[lists_at + 2 * j - 1]
+  local ok, other = pcall(other_instance, KEYS[list_keys + 1], id, ARGV[lists_at + 2 * j])
+  if not ok or other then return 'other' end
+  local live = redis.pcall('ZSCORE', KEYS[list_keys + 2], id)
+  return (live and type(live) ~= 'table') and 'live' or 'reaped'
+end
 -- Whether list `j` holds `task` for its instance (keys of another type: no).
 local function held_by(j, task)
-  local list, info = KEYS[first_list + 2 * j - 2], KEYS[first_list + 2 * j - 1]
-  if elsewhere[j] == nil then
-    local ok, other = pcall(other_instance, info, ARGV[lists_at + 2 * j - 1], ARGV[lists_at + 2 * j])
-    elsewhere[j] = not ok or other
-  end
-  return not elsewhere[j] and type(redis.pcall('LPOS', list, task or '')) == 'number'
+  standing[j] = standing[j] or standing_of(j)
+  if standing[j] ~= 'reaped' then return standing[j] == 'live' end
+  return type(redis.pcall('LPOS', KEYS[first_list + 3 * j - 3], task or '')) == 'number'
 end
 
 for key_index = first_record, #KEYS do

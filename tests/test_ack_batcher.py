@@ -57,7 +57,9 @@ def test_one_flush_records_results_then_acks_and_reports_each_task(broker):
     for task_id, raw in zip(ids, raws, strict=True):
         batcher.record(ResultUpdate(task_id, {"status": "RUNNING"}, 60, append_worker_id="c1"))
         batcher.ack("default", "c1", raw, ResultUpdate(task_id, {"status": "SUCCESSFUL"}, 60), outcomes.append)
-    broker.client.lrem(broker.keys.processing("default", "c1"), 1, raws[1])  # as if it was reaped
+    # As if c1 was reaped (its id out of the consumers, as reap takes it first) and raws[1] recovered.
+    broker.client.zrem(broker.keys.consumers("default"), "c1")
+    broker.client.lrem(broker.keys.processing("default", "c1"), 1, raws[1])
 
     assert batcher.flush_once(block_s=0.1) == 6
 

@@ -44,11 +44,12 @@ class Held(NamedTuple):
     raw: bytes
     consumer_id: str
     instance: str
+    consumers: str = ""  # its queue's consumers zset: while the id is there, it was not reaped
 
     @property
-    def settler(self) -> tuple[str, str, str, str]:
-        """What the check reads besides the task: the list, the consumer info hash, the id and the instance."""
-        return self.processing, self.consumer_info, self.consumer_id, self.instance
+    def settler(self) -> tuple[str, str, str, str, str]:
+        """What the check reads besides the task: its three keys (list, consumer info, consumers), id and instance."""
+        return self.processing, self.consumer_info, self.consumers, self.consumer_id, self.instance
 
 
 class Place(NamedTuple):
@@ -207,10 +208,10 @@ class ReplicatedWrites(MinuteOps):
             args = [len(history.STATUSES), *history.STATUSES, KEEP_MINUTES * 60]
         lists = {hold.settler: 0 for hold in holds if hold is not None}
         args.append(len(lists))
-        for number, (processing, consumer_info, consumer_id, instance) in enumerate(lists, start=1):
-            lists[processing, consumer_info, consumer_id, instance] = number
-            keys += (processing, consumer_info)
-            args += (consumer_id, instance)
+        for number, settler in enumerate(lists, start=1):
+            lists[settler] = number
+            keys += settler[:3]
+            args += settler[3:]
         for update, hold in zip(updates, holds or [None] * len(updates), strict=True):
             if lists:
                 args += (0, "") if hold is None else (lists[hold.settler], hold.raw)
@@ -234,7 +235,14 @@ class ReplicatedWrites(MinuteOps):
         """The hold of a write of the run that settles `raw` from the processing list of `owner`."""
         queue, consumer_id = owner
         keys = self.keys
-        return Held(keys.processing(queue, consumer_id), keys.consumer_info(queue), raw, consumer_id, self.instance)
+        return Held(
+            keys.processing(queue, consumer_id),
+            keys.consumer_info(queue),
+            raw,
+            consumer_id,
+            self.instance,
+            keys.consumers(queue),
+        )
 
     def _acked(
         self, raws_by_owner: Mapping[tuple[str, str], Sequence[bytes]], flags: dict[Any, list[bool]]
