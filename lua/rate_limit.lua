@@ -12,6 +12,7 @@
 -- ARGV[6] GCRA tolerance in microseconds: how long before its theoretical arrival time a start
 --         is admitted (gcra only)
 -- ARGV[7] the task's queue (where a denied task waits; "" with no task id)
+-- ARGV[8] the type's own queue, listed with the queues of KEYS[2] when the slots are rescaled
 -- Returns: {wait, rescaled}: wait 0 when the task may start now, else the microseconds until its
 -- reserved slot; rescaled 1 when this call found the hash written under another emission interval
 -- (the type's limit was changed) and moved its future times to the new spacing, else 0.
@@ -30,6 +31,7 @@
 -- Every queue holding such tasks is then listed in KEYS[3], for a consumer to bring them there.
 -- include: args
 -- include: key_types
+-- include: rate_follow_ups
 local refused = wrong_key_type({'hash', 'hash', 'hash'})
 if refused then return refused end
 local now = server_now_us()
@@ -62,11 +64,7 @@ local function rescale(old)
       redis.call('HSET', key, name, num(now + math.floor((value - now) * emission / old)))
     end
   end
-  for _, queue in ipairs(redis.call('HKEYS', queues)) do
-    redis.call('HSET', follow_ups, queue, 'slots')
-  end
-  local ttl = redis.call('PTTL', key)  -- the list expires with the hash, even if nobody follows it up
-  if ttl > 0 then redis.call('PEXPIRE', follow_ups, ttl) end
+  list_follow_ups(key, queues, follow_ups, ARGV[8], 'slots')
 end
 
 local rescaled = 0

@@ -99,7 +99,7 @@ class RateLimiter:
         try:
             if config.rate_limit:  # only brings the hash to the new spacing: no task, no decision
                 self._decide(config, "", "", None)
-            elif not self.broker.rate_removed(config.name):  # none (or removed): what waits for slots is due now
+            elif not self.broker.rate_removed(config.name, config.queue):  # what waits for slots is due now
                 return  # no deferral of it waits anywhere: nothing to follow
         except Exception as exc:  # its next decision does it (a removed one: its tasks run at their slots)
             logger.warning("could not bring the rate limiter of %s to its new settings: %s", config.name, exc)
@@ -111,7 +111,7 @@ class RateLimiter:
     def _decide(self, config: TaskTypeConfig, task_id: str, queue: str, key_token: str | None) -> RateDecision:
         policy = RatePolicy.for_config(config)
         args = (policy.algorithm, task_id, policy.limit, policy.period_us, policy.emission_us, policy.tolerance_us)
-        return self.broker.rate_limit(config.name, *args, key_token, queue=queue)
+        return self.broker.rate_limit(config.name, *args, key_token, queue=queue, type_queue=config.queue)
 
     def _start_following(self, task_type: str, key_token: str | None) -> None:
         threading.Thread(

@@ -36,15 +36,23 @@ class RateOps(ScriptClient):
         key_token: str | None = None,
         *,
         queue: str = "",
+        type_queue: str = "",
     ) -> RateDecision:
-        """Decide whether a task of `task_type` (of one key value, if keyed) on `queue` may start now."""
-        args = [algorithm, task_id, limit, period_us, emission_us, tolerance_us, queue]
+        """Decide whether a task of `task_type` (of one key value, if keyed) on `queue` may start now.
+
+        `type_queue`, the type's own queue, is listed for a follow-up beside the recorded ones if
+        this call rescales the slots.
+        """
+        args = [algorithm, task_id, limit, period_us, emission_us, tolerance_us, queue, type_queue]
         wait_us, rescaled = self._script("rate_limit", self._limiter_keys(task_type, key_token), args)
         return RateDecision(int(wait_us), bool(rescaled))
 
-    def rate_removed(self, task_type: str) -> int:
-        """List every queue holding deferred tasks of an unkeyed limit just removed as due now; how many are listed."""
-        return int(self._script("rate_removed", self._limiter_keys(task_type, None)[1:], []))
+    def rate_removed(self, task_type: str, type_queue: str) -> int:
+        """List every queue holding deferred tasks of an unkeyed limit just removed as due now; how many are listed.
+
+        The type's own queue `type_queue` is listed while slots are reserved, recorded or not.
+        """
+        return int(self._script("rate_removed", self._limiter_keys(task_type, None), [type_queue]))
 
     def rate_follow_ups(self, task_type: str, key_token: str | None) -> dict[str, str]:
         """The queues whose deferred tasks have yet to follow a changed limit, each with "slots" or "now"."""
@@ -56,7 +64,7 @@ class RateOps(ScriptClient):
 
         False if it was listed again meanwhile.
         """
-        keys = self._limiter_keys(task_type, key_token)[1:]
+        keys = self._limiter_keys(task_type, key_token)
         return bool(self._script("rate_followed", keys, [queue, mode, since_us]))
 
     def rate_follower(self, task_type: str, key_token: str | None, token: str, hold_ms: int) -> bool:

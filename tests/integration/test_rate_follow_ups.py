@@ -22,6 +22,7 @@ from tests.support.recording import recorded_runs
 TYPE = "test.limited"
 LIMITED = TaskTypeConfig(name=TYPE, handler=TYPE, rate_limit=1, rate_period_s=60.0)
 REMOVED = TaskTypeConfig(name=TYPE, handler=TYPE)
+FASTER = TaskTypeConfig(name=TYPE, handler=TYPE, rate_limit=2, rate_period_s=60.0)
 RECORDED = "test.record"
 
 
@@ -78,7 +79,7 @@ def test_a_removed_limit_is_followed_up_once_however_many_consumers_notice_it(br
 
 def test_a_follower_that_dies_leaves_the_rest_to_another(broker):
     deferred = {queue: defer(broker, queue, 5) for queue in ("default", "elsewhere")}
-    assert broker.rate_removed(TYPE) == 2
+    assert broker.rate_removed(TYPE, LIMITED.queue) == 2
     # A consumer took the lease and was killed before it moved anything: it never gives it back.
     assert broker.rate_follower(TYPE, None, "killed", 300)
 
@@ -92,21 +93,21 @@ def test_a_follower_that_dies_leaves_the_rest_to_another(broker):
 
 def test_a_limit_removed_while_its_slots_are_moved_still_makes_them_due_now(broker):
     defer(broker, "elsewhere", 2)
-    faster = RatePolicy.for_config(TaskTypeConfig(name=TYPE, handler=TYPE, rate_limit=2, rate_period_s=60.0))
+    faster = RatePolicy.for_config(FASTER)
     args = (faster.limit, faster.period_us, faster.emission_us, faster.tolerance_us)
     assert broker.rate_limit(TYPE, faster.algorithm, "", *args).rescaled  # "elsewhere" listed
     assert broker.rate_follow_ups(TYPE, None) == {"elsewhere": "slots"}
 
-    broker.rate_removed(TYPE)  # meanwhile, before the slots were moved
+    broker.rate_removed(TYPE, LIMITED.queue)  # meanwhile, before the slots were moved
 
     assert not broker.rate_followed(TYPE, None, "elsewhere", "slots", broker.server_time_ms() * 1000)
-    assert broker.rate_follow_ups(TYPE, None) == {"elsewhere": "now"}
+    assert broker.rate_follow_ups(TYPE, None) == {"elsewhere": "now", LIMITED.queue: "now"}
 
 
 @pytest.mark.parametrize("late_id", ["late", "elsewhere-1"], ids=["new_task", "task_holding_a_slot"])
 def test_a_task_denied_while_a_removal_is_followed_up_is_listed_again_at_the_next_notice(broker, late_id):
     defer(broker, "elsewhere", 2)
-    broker.rate_removed(TYPE)
+    broker.rate_removed(TYPE, LIMITED.queue)
     scan_began_us = broker.server_time_ms() * 1000
     # Meanwhile a consumer that has not noticed the removal yet denies a task there under the old
     # limit: a new one, or one the scan made due now that comes back before its slot.
@@ -115,13 +116,13 @@ def test_a_task_denied_while_a_removal_is_followed_up_is_listed_again_at_the_nex
 
     assert broker.rate_followed(TYPE, None, "elsewhere", "now", scan_began_us)
 
-    assert broker.rate_removed(TYPE) == 1  # that consumer's own notice of the removal
-    assert broker.rate_follow_ups(TYPE, None) == {"elsewhere": "now"}
+    broker.rate_removed(TYPE, LIMITED.queue)  # that consumer's own notice of the removal
+    assert broker.rate_follow_ups(TYPE, None)["elsewhere"] == "now"
 
 
 def test_the_list_of_queues_to_follow_expires_with_the_limiter(broker):
     defer(broker, "elsewhere", 1)
-    broker.rate_removed(TYPE)
+    broker.rate_removed(TYPE, LIMITED.queue)
     lives_ms = broker.client.pttl(broker.keys.rate(TYPE))
 
     assert 0 < broker.client.pttl(broker.keys.rate_follow_ups(TYPE)) <= lives_ms
@@ -147,3 +148,30 @@ def test_three_consumers_noticing_a_removed_limit_run_its_deferrals_on_another_q
         15,
         message="every waiting task to run once the limit is gone, not minutes apart",
     )
+
+
+@pytest.mark.parametrize("changed", [REMOVED, FASTER], ids=["removed", "rescaled"])
+def test_deferrals_made_before_queues_were_recorded_follow_on_the_types_own_queue(broker, changed):
+    deferred = defer(broker, "default", 3)
+    old_slots = broker.client.zmscore(broker.keys.delayed("default"), deferred)
+    broker.client.delete(broker.keys.rate_queues(TYPE))  # denied before the hash of queues existed
+
+    RateLimiter(broker).follow(changed)
+
+    wait_until(lambda: not following(), 10, message="the follow-up to be done")
+    new_slots = broker.client.zmscore(broker.keys.delayed("default"), deferred)
+    assert all(new < old for new, old in zip(new_slots, old_slots, strict=True))
+    assert changed.rate_limit or due_now(broker, "default", deferred)
+
+
+def test_a_removal_followed_up_leaves_no_reservation_to_queue_new_tasks_behind(broker):
+    defer(broker, "elsewhere", 3)
+    RateLimiter(broker).follow(REMOVED)
+    wait_until(lambda: not following(), 10, message="the follow-up to be done")
+
+    fields = {name.decode() for name in broker.client.hkeys(broker.keys.rate(TYPE))}
+    assert "cursor" not in fields and not any(name.startswith("r:") for name in fields)
+    # Set again, the limit admits a newcomer by its own state, not after the slots of tasks long gone.
+    policy = RatePolicy.for_config(FASTER)
+    args = (policy.limit, policy.period_us, policy.emission_us, policy.tolerance_us)
+    assert broker.rate_limit(TYPE, policy.algorithm, "newcomer", *args).wait_us <= policy.emission_us
