@@ -16,11 +16,13 @@ from tasks_app.consumer.concurrency import ConcurrencyGate
 from tasks_app.consumer.executor import Executor
 from tasks_app.consumer.limits import RateLimiter
 from tasks_app.exceptions import TaskCancelled
+from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
-from tasks_app.protocol.codec import decode_task, encode_payload
+from tasks_app.protocol.codec import Task, decode_task, encode_payload
 from tasks_app.protocol.slots import SlotSet, Waiter
 from tasks_app.registry import Handler
-from tasks_app.task_types import TaskTypeCache
+from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
+from tests.integration.test_rate_follow_ups import following
 from tests.support.claims import claim, push, register, task_bytes
 from tests.support.counters import sample
 from tests.support.processes import wait_until
@@ -232,3 +234,26 @@ def test_the_slot_of_an_async_run_given_up_on_while_it_hangs_is_held_until_its_p
     wait_until(lambda: broker.get_result("t1")["status"] == "FAILED", 5, message="the run to be failed")
     assert broker.slots_in_use(slots) == 1  # still running: its slot lapses with the lease once the process is gone
     gated.close()
+
+
+def test_a_task_denied_under_a_limit_removed_since_its_settings_were_read_is_due_now(broker, registry):  # noqa: F811
+    register(broker, CONSUMER, lease_ms=30_000)
+    types = TaskTypeCache()
+    limiter = RateLimiter(broker, follows=types)
+
+    def stale_gate(task: Task, config: TaskTypeConfig, key_token: str | None) -> int:
+        # The refresh that finds the limit gone, and follows its removal up, runs between the
+        # worker's read of the settings and its decision under them.
+        TaskType.objects.filter(name="x.add").update(rate_limit=None)
+        types.refresh()
+        wait_until(lambda: not following(), 10, message="the removal to be followed up")
+        return limiter(task, config, key_token)
+
+    stale = Executor(broker, registry, types, CONSUMER, result_ttl_s=60, rate_gate=stale_gate)
+    task_type(stale, "x.add", rate_limit=1, rate_period=60)
+    assert limiter(Task(id="first", type="x.add", queue="q"), types.get("x.add")) == 0
+
+    assert stale.execute(claimed(broker, "t1", "x.add", 1, 2)) is False
+
+    [(task, due_in_ms)] = delayed_tasks(broker)
+    assert task.id == "t1" and due_in_ms <= 0  # not at the slot the removed limit gave it

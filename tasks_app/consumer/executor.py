@@ -33,6 +33,7 @@ from tasks_app.exceptions import ResultNotJson, ResultTooLarge, TaskCancelled
 from tasks_app.protocol import results
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Arguments, Task, UndecodableTask, decode_payload, decode_task
+from tasks_app.protocol.keys import delayed_member
 from tasks_app.protocol.replies import ResultUpdate
 from tasks_app.protocol.timestamps import now_ms
 from tasks_app.registry import Handler, Registry
@@ -193,6 +194,7 @@ class Executor(AsyncRuns, RunLimits):
             wait_ms = self.rate_gate(task, config, key_token_of(config.rate_limit_key, arguments))
             if wait_ms > 0:
                 self._defer(claimed, task, wait_ms, "rate_limited")
+                self._due_if_unlimited_since(claimed, task)
                 return None
         gate = self.concurrency
         if not config.max_running or gate is None:
@@ -203,6 +205,16 @@ class Executor(AsyncRuns, RunLimits):
             self._defer(claimed, task, gate.recheck_ms(), "max_running")
             gate.wait(claimed, task, slots)
         return holder
+
+    def _due_if_unlimited_since(self, claimed: Claimed, task: Task) -> None:
+        """Make a task deferred by a limit that is gone now due at once, not at the slot the limit gave it."""
+        # Its settings were read before the refresh that found the limit removed: that refresh's
+        # follow-up may have scanned the delayed set before this deferral landed in it.
+        current = self.task_types.get(task.type)
+        if current is not None and current.rate_limit:
+            return
+        member = delayed_member(task.priority, claimed.raw)
+        self._redis(lambda: self.broker.bring_forward(claimed.queue, {member: self.broker.server_time_ms()}), "defer")
 
     def watch_running(self) -> None:
         """Tell handlers of cancels and write their progress (the housekeeping tick; time limits: TimeLimitLoop)."""

@@ -59,8 +59,8 @@ def _reschedule(
     if not broker.client.exists(rate_key):  # no limiter: no task holds a slot of it
         return 0
     now_ms = broker.server_time_ms() if now else None
-    delayed, moved = broker.keys.delayed(queue), 0
-    for members in _batches(broker.client.zscan_iter(delayed, count=RESCHEDULE_BATCH)):
+    moved = 0
+    for members in _batches(broker.client.zscan_iter(broker.keys.delayed(queue), count=RESCHEDULE_BATCH)):
         keep()
         ids = _ids_of_type(members, task_type)
         if not ids:
@@ -71,8 +71,7 @@ def _reschedule(
             for member, slot_us in zip(ids, slots_us, strict=True)
             if slot_us is not None and slot_us.isdigit()
         }
-        if due_ms:  # XX: a task promoted or claimed meanwhile is not added back; LT: never later
-            moved += int(broker.client.zadd(delayed, due_ms, xx=True, lt=True, ch=True))
+        moved += broker.bring_forward(queue, due_ms)
     return moved
 
 

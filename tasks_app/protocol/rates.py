@@ -9,6 +9,7 @@ tasks to their new slots, once, whichever consumer gets to it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import NamedTuple
 
 from tasks_app.protocol.scripts import ScriptClient
@@ -70,6 +71,15 @@ class RateOps(ScriptClient):
     def rate_follower(self, task_type: str, key_token: str | None, token: str, hold_ms: int) -> bool:
         """Take or keep (`hold_ms` > 0) or give back (0) the lease of following a limiter's change."""
         return bool(self._script("rate_follower", [self.keys.rate_follower(task_type, key_token)], [token, hold_ms]))
+
+    def bring_forward(self, queue: str, due_ms: Mapping[bytes, int]) -> int:
+        """Make delayed members of `queue` due at the given ms, never later; how many moved.
+
+        XX: a task promoted or claimed meanwhile is not added back.
+        """
+        if not due_ms:
+            return 0
+        return int(self.client.zadd(self.keys.delayed(queue), dict(due_ms), xx=True, lt=True, ch=True))
 
     def _limiter_keys(self, task_type: str, key_token: str | None) -> list[str]:
         keys = self.keys
