@@ -29,6 +29,10 @@ logger = logging.getLogger(__name__)
 # decision and the handler's first line.
 SLACK_FRACTION = 0.05
 MAX_SLACK_US = 50_000
+# How many values of a keyed limit holding slots a type notes at once: a change of the limit
+# follows up the deferred tasks of each (scanning the queues they wait in); those of further
+# values wait out their slots.
+MAX_FOLLOWED_KEY_VALUES = 100
 
 
 @dataclass(frozen=True)
@@ -88,40 +92,56 @@ class RateLimiter:
             lambda: self._decide(config, task.id, task.queue, key_token), what="rate_limit", give_up=self.give_up
         )
         if decision.rescaled:  # the limit changed: the tasks waiting for slots go to their new ones
-            self._start_following(config.name, key_token)
+            self._start_following(config.name, [key_token])
+        if decision.wait_us > 0 and key_token is not None:
+            self._note_value(config, key_token, decision.wait_us)
         metrics.RATE_LIMIT_DECISIONS.labels(config.name, "denied" if decision.wait_us > 0 else "allowed").inc()
         return math.ceil(decision.wait_us / 1000)
 
     def follow(self, config: TaskTypeConfig) -> None:
-        """Bring a type's limiter to its changed settings now, not at its next decision (one hash: unkeyed only)."""
-        if config.rate_limit_key:  # a keyed limit's hashes follow at their own decisions
-            return
+        """Bring a type's limiters (unkeyed, and each value noted of a keyed limit) to its changed settings now."""
         try:
-            if config.rate_limit:  # only brings the hash to the new spacing: no task, no decision
-                self._decide(config, "", "", None)
-            elif not self.broker.rate_removed(config.name, config.queue):  # what waits for slots is due now
-                return  # no deferral of it waits anywhere: nothing to follow
-        except Exception as exc:  # its next decision does it (a removed one: its tasks run at their slots)
-            logger.warning("could not bring the rate limiter of %s to its new settings: %s", config.name, exc)
+            limiters = [None, *self.broker.rate_keyed_values(config.name)]
+            changed = [key_token for key_token in limiters if self._notice(config, key_token)]
+        except Exception as exc:  # their next decisions do it (a removed one's tasks run at their slots)
+            logger.warning("could not bring the rate limiters of %s to its new settings: %s", config.name, exc)
             return
         # Whichever consumer the change listed queues for, every one that noticed it follows them
         # up (one at a time, see follow_up): if that one dies, another finishes.
-        self._start_following(config.name, None)
+        if changed:
+            self._start_following(config.name, changed)
+
+    def _notice(self, config: TaskTypeConfig, key_token: str | None) -> bool:
+        """Tell one limiter of the type that its settings changed; False if it has nothing to follow up."""
+        if config.rate_limit and bool(config.rate_limit_key) == (key_token is not None):
+            self._decide(config, "", "", key_token)  # only brings the hash to the new spacing: no decision
+            return True
+        # Removed, or no longer the type's kind of limiter (keyed or not): what waits for its slots is due now.
+        return self.broker.rate_removed(config.name, key_token, config.queue) > 0
+
+    def _note_value(self, config: TaskTypeConfig, key_token: str, wait_us: int) -> None:
+        """Note a value of a keyed limit holding slots, so that a change of the limit reaches its deferred tasks."""
+        policy = RatePolicy.for_config(config)
+        holds_us = wait_us + policy.emission_us + policy.period_us  # as long as its limiter's hash lives
+        try:
+            self.broker.rate_keyed(config.name, key_token, holds_us, MAX_FOLLOWED_KEY_VALUES)
+        except Exception as exc:  # after a change, that value's tasks then wait out their slots
+            logger.warning("could not note the rate-limited value %s of %s: %s", key_token, config.name, exc)
 
     def _decide(self, config: TaskTypeConfig, task_id: str, queue: str, key_token: str | None) -> RateDecision:
         policy = RatePolicy.for_config(config)
         args = (policy.algorithm, task_id, policy.limit, policy.period_us, policy.emission_us, policy.tolerance_us)
         return self.broker.rate_limit(config.name, *args, key_token, queue=queue, type_queue=config.queue)
 
-    def _start_following(self, task_type: str, key_token: str | None) -> None:
+    def _start_following(self, task_type: str, key_tokens: list[str | None]) -> None:
         threading.Thread(
-            target=self._follow_up, args=(task_type, key_token), name="rate-follow-up", daemon=True
+            target=self._follow_up, args=(task_type, key_tokens), name="rate-follow-up", daemon=True
         ).start()
 
-    def _follow_up(self, task_type: str, key_token: str | None) -> None:
+    def _follow_up(self, task_type: str, key_tokens: list[str | None]) -> None:
         """Bring the deferred tasks of a type whose limit changed to their new slots, on every queue holding them."""
         try:
-            moved = follow_up(self.broker, task_type, key_token, self.give_up)
+            moved = sum(follow_up(self.broker, task_type, key_token, self.give_up) for key_token in key_tokens)
         except Exception as exc:  # they still wake at their old slots, where they take their new ones
             logger.warning("could not move the waiting tasks of %s to its new rate limit: %s", task_type, exc)
             return

@@ -140,6 +140,10 @@ class Keys:
         """The queues whose tasks have yet to follow a changed limit: queue -> "slots" or "now"."""
         return f"{self.rate(task_type, key_token)}:follow_ups"
 
+    def rate_keyed(self, task_type: str) -> str:
+        """The values of a type's keyed limit whose limiters hold slots: key token -> µs until which they may."""
+        return f"{self.rate(task_type)}:keyed"
+
     def rate_follower(self, task_type: str, key_token: str | None = None) -> str:
         """The lease of the one consumer bringing those tasks to the changed limit (its token)."""
         return f"{self.rate(task_type, key_token)}:follower"

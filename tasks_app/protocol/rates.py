@@ -48,12 +48,20 @@ class RateOps(ScriptClient):
         wait_us, rescaled = self._script("rate_limit", self._limiter_keys(task_type, key_token), args)
         return RateDecision(int(wait_us), bool(rescaled))
 
-    def rate_removed(self, task_type: str, type_queue: str) -> int:
-        """List every queue holding deferred tasks of an unkeyed limit just removed as due now; how many are listed.
+    def rate_removed(self, task_type: str, key_token: str | None, type_queue: str) -> int:
+        """List every queue holding deferred tasks of a limiter just removed as due now; how many are listed.
 
         The type's own queue `type_queue` is listed while slots are reserved, recorded or not.
         """
-        return int(self._script("rate_removed", self._limiter_keys(task_type, None), [type_queue]))
+        return int(self._script("rate_removed", self._limiter_keys(task_type, key_token), [type_queue]))
+
+    def rate_keyed(self, task_type: str, key_token: str, holds_us: int, most: int) -> bool:
+        """Note a value of a keyed limit whose limiter holds slots for `holds_us` from now; False if `most` are."""
+        return bool(self._script("rate_keyed", [self.keys.rate_keyed(task_type)], [key_token, holds_us, most]))
+
+    def rate_keyed_values(self, task_type: str) -> list[str]:
+        """The key tokens of the values noted by `rate_keyed` (some may have expired since)."""
+        return [token.decode() for token in self.client.zrange(self.keys.rate_keyed(task_type), 0, -1)]
 
     def rate_follow_ups(self, task_type: str, key_token: str | None) -> dict[str, str]:
         """The queues whose deferred tasks have yet to follow a changed limit, each with "slots" or "now"."""

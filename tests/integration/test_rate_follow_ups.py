@@ -23,6 +23,8 @@ TYPE = "test.limited"
 LIMITED = TaskTypeConfig(name=TYPE, handler=TYPE, rate_limit=1, rate_period_s=60.0)
 REMOVED = TaskTypeConfig(name=TYPE, handler=TYPE)
 FASTER = TaskTypeConfig(name=TYPE, handler=TYPE, rate_limit=2, rate_period_s=60.0)
+KEYED = TaskTypeConfig(name=TYPE, handler=TYPE, rate_limit=1, rate_period_s=60.0, rate_limit_key="tenant")
+KEYED_FASTER = TaskTypeConfig(name=TYPE, handler=TYPE, rate_limit=2, rate_period_s=60.0, rate_limit_key="tenant")
 RECORDED = "test.record"
 
 
@@ -41,13 +43,16 @@ class ScanCountingClient:
         return getattr(self.client, name)
 
 
-def defer(broker: Broker, queue: str, count: int) -> list[bytes]:
+def defer(
+    broker: Broker, queue: str, count: int, config: TaskTypeConfig = LIMITED, key_token: str | None = None
+) -> list[bytes]:
     """Deny `count` tasks of TYPE on `queue` (after one admitted) and put them in its delayed set, as consumers do."""
     limiter, deferred = RateLimiter(broker), []
-    limiter(Task(id=f"{queue}-first", type=TYPE, queue=queue), LIMITED)
+    named = queue if key_token is None else f"{queue}-{key_token}"
+    limiter(Task(id=f"{named}-first", type=TYPE, queue=queue), config, key_token)
     for n in range(count):
-        task = Task(id=f"{queue}-{n}", type=TYPE, queue=queue)
-        wait_ms = limiter(task, LIMITED)
+        task = Task(id=f"{named}-{n}", type=TYPE, queue=queue)
+        wait_ms = limiter(task, config, key_token)
         member = delayed_member(0, encode_task(task))
         broker.client.zadd(broker.keys.delayed(queue), {member: broker.server_time_ms() + wait_ms})
         deferred.append(member)
@@ -79,7 +84,7 @@ def test_a_removed_limit_is_followed_up_once_however_many_consumers_notice_it(br
 
 def test_a_follower_that_dies_leaves_the_rest_to_another(broker):
     deferred = {queue: defer(broker, queue, 5) for queue in ("default", "elsewhere")}
-    assert broker.rate_removed(TYPE, LIMITED.queue) == 2
+    assert broker.rate_removed(TYPE, None, LIMITED.queue) == 2
     # A consumer took the lease and was killed before it moved anything: it never gives it back.
     assert broker.rate_follower(TYPE, None, "killed", 300)
 
@@ -98,7 +103,7 @@ def test_a_limit_removed_while_its_slots_are_moved_still_makes_them_due_now(brok
     assert broker.rate_limit(TYPE, faster.algorithm, "", *args).rescaled  # "elsewhere" listed
     assert broker.rate_follow_ups(TYPE, None) == {"elsewhere": "slots"}
 
-    broker.rate_removed(TYPE, LIMITED.queue)  # meanwhile, before the slots were moved
+    broker.rate_removed(TYPE, None, LIMITED.queue)  # meanwhile, before the slots were moved
 
     assert not broker.rate_followed(TYPE, None, "elsewhere", "slots", broker.server_time_ms() * 1000)
     assert broker.rate_follow_ups(TYPE, None) == {"elsewhere": "now", LIMITED.queue: "now"}
@@ -107,7 +112,7 @@ def test_a_limit_removed_while_its_slots_are_moved_still_makes_them_due_now(brok
 @pytest.mark.parametrize("late_id", ["late", "elsewhere-1"], ids=["new_task", "task_holding_a_slot"])
 def test_a_task_denied_while_a_removal_is_followed_up_is_listed_again_at_the_next_notice(broker, late_id):
     defer(broker, "elsewhere", 2)
-    broker.rate_removed(TYPE, LIMITED.queue)
+    broker.rate_removed(TYPE, None, LIMITED.queue)
     scan_began_us = broker.server_time_ms() * 1000
     # Meanwhile a consumer that has not noticed the removal yet denies a task there under the old
     # limit: a new one, or one the scan made due now that comes back before its slot.
@@ -116,13 +121,13 @@ def test_a_task_denied_while_a_removal_is_followed_up_is_listed_again_at_the_nex
 
     assert broker.rate_followed(TYPE, None, "elsewhere", "now", scan_began_us)
 
-    broker.rate_removed(TYPE, LIMITED.queue)  # that consumer's own notice of the removal
+    broker.rate_removed(TYPE, None, LIMITED.queue)  # that consumer's own notice of the removal
     assert broker.rate_follow_ups(TYPE, None)["elsewhere"] == "now"
 
 
 def test_the_list_of_queues_to_follow_expires_with_the_limiter(broker):
     defer(broker, "elsewhere", 1)
-    broker.rate_removed(TYPE, LIMITED.queue)
+    broker.rate_removed(TYPE, None, LIMITED.queue)
     lives_ms = broker.client.pttl(broker.keys.rate(TYPE))
 
     assert 0 < broker.client.pttl(broker.keys.rate_follow_ups(TYPE)) <= lives_ms
@@ -175,3 +180,29 @@ def test_a_removal_followed_up_leaves_no_reservation_to_queue_new_tasks_behind(b
     policy = RatePolicy.for_config(FASTER)
     args = (policy.limit, policy.period_us, policy.emission_us, policy.tolerance_us)
     assert broker.rate_limit(TYPE, policy.algorithm, "newcomer", *args).wait_us <= policy.emission_us
+
+
+@pytest.mark.parametrize("changed", [REMOVED, KEYED_FASTER], ids=["removed", "rescaled"])
+def test_the_deferrals_of_each_value_of_a_keyed_limit_follow_its_change(broker, changed):
+    deferred = [*defer(broker, "default", 2, KEYED, "a"), *defer(broker, "elsewhere", 2, KEYED, "b")]
+    delayed = [broker.keys.delayed(queue) for queue in ("default", "default", "elsewhere", "elsewhere")]
+    old_slots = [broker.client.zscore(key, member) for key, member in zip(delayed, deferred, strict=True)]
+
+    RateLimiter(broker).follow(changed)
+
+    wait_until(lambda: not following(), 10, message="the follow-up to be done")
+    new_slots = [broker.client.zscore(key, member) for key, member in zip(delayed, deferred, strict=True)]
+    assert all(new < old for new, old in zip(new_slots, old_slots, strict=True))
+    if not changed.rate_limit:
+        assert due_now(broker, "default", deferred[:2]) and due_now(broker, "elsewhere", deferred[2:])
+
+
+def test_the_values_of_a_keyed_limit_noted_are_bounded_and_leave_when_their_slots_have_passed(broker):
+    minute_us = 60_000_000
+    assert broker.rate_keyed(TYPE, "gone", 0, 2)  # its slots have passed by the next note
+    assert broker.rate_keyed(TYPE, "a", minute_us, 2) and broker.rate_keyed(TYPE, "b", minute_us, 2)
+
+    assert not broker.rate_keyed(TYPE, "c", minute_us, 2)  # full
+    assert broker.rate_keyed(TYPE, "a", minute_us, 2)  # one noted already is kept up to date
+    assert sorted(broker.rate_keyed_values(TYPE)) == ["a", "b"]
+    assert 0 < broker.client.pttl(broker.keys.rate_keyed(TYPE)) <= minute_us // 1000
