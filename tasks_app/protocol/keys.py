@@ -172,6 +172,8 @@ def _limit_tag(task_type: str, key_token: str | None) -> str:
 # A key value used as it is in a key when it looks like this; any other is hashed.
 _PLAIN_KEY_VALUE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 MISSING_KEY_TOKEN = "#missing"
+# Every token `limit_key_token` returns, and nothing else.
+_KEY_TOKEN = re.compile(r"[A-Za-z0-9_.:-]{1,64}|#[0-9a-f]{32}|#missing")
 
 
 def limit_key_token(kwargs: Mapping[str, Any], name: str) -> str:
@@ -189,14 +191,23 @@ def limit_key_token(kwargs: Mapping[str, Any], name: str) -> str:
     return "#" + hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
+def stored_key_token(member: bytes) -> str | None:
+    """The key token a stored member names, or None if `limit_key_token` could not have made it (a foreign write)."""
+    return _matching_text(member, _KEY_TOKEN)
+
+
 def consumer_id_of(member: bytes) -> str:
     # A member no consumer of ours could have written (not UTF-8, or not a valid name) is skipped:
     # no key can be built from it, and reaping it must not stop the reaper.
+    return _matching_text(member, _VALID_ID) or ""
+
+
+def _matching_text(member: bytes, pattern: re.Pattern[str]) -> str | None:
     try:
-        consumer_id = member.decode()
+        text = member.decode()
     except UnicodeDecodeError:
-        return ""
-    return consumer_id if _VALID_ID.fullmatch(consumer_id) else ""
+        return None
+    return text if pattern.fullmatch(text) else None
 
 
 _VALID_ID = re.compile(r"[A-Za-z0-9_.:-]{1,200}")

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
+from tasks_app.protocol.keys import stored_key_token
 from tasks_app.protocol.scripts import ScriptClient
 
 
@@ -60,8 +61,9 @@ class RateOps(ScriptClient):
         return bool(self._script("rate_keyed", [self.keys.rate_keyed(task_type)], [key_token, holds_us, most]))
 
     def rate_keyed_values(self, task_type: str) -> list[str]:
-        """The key tokens of the values noted by `rate_keyed` (some may have expired since)."""
-        return [token.decode() for token in self.client.zrange(self.keys.rate_keyed(task_type), 0, -1)]
+        """The key tokens of the values noted by `rate_keyed` (some may have expired since; foreign members skipped)."""
+        members = self.client.zrange(self.keys.rate_keyed(task_type), 0, -1)
+        return [token for token in map(stored_key_token, members) if token is not None]
 
     def rate_follow_ups(self, task_type: str, key_token: str | None) -> dict[str, str]:
         """The queues whose deferred tasks have yet to follow a changed limit, each with "slots" or "now"."""

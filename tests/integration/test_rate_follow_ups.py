@@ -206,3 +206,13 @@ def test_the_values_of_a_keyed_limit_noted_are_bounded_and_leave_when_their_slot
     assert broker.rate_keyed(TYPE, "a", minute_us, 2)  # one noted already is kept up to date
     assert sorted(broker.rate_keyed_values(TYPE)) == ["a", "b"]
     assert 0 < broker.client.pttl(broker.keys.rate_keyed(TYPE)) <= minute_us // 1000
+
+
+def test_a_foreign_member_among_the_values_noted_stops_no_follow_up(broker):
+    deferred = defer(broker, "default", 2, KEYED, "a")
+    broker.client.zadd(broker.keys.rate_keyed(TYPE), {b"x}{y": 1e18, b"\xff": 1e18})  # no key token of ours
+
+    RateLimiter(broker).follow(REMOVED)
+
+    wait_until(lambda: not following(), 10, message="the follow-up to be done")
+    assert due_now(broker, "default", deferred)
