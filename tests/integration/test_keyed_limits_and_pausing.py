@@ -38,6 +38,23 @@ def test_keyed_rate_limit_runs_tenants_side_by_side(broker, consumer_process):
     assert max(max(t) for t in starts.values()) - min(min(t) for t in starts.values()) <= 5000  # not ~6 s
 
 
+def test_a_removed_keyed_limit_runs_the_deferred_tasks_of_every_value_at_once(broker, consumer_process):
+    row = TaskType.objects.create(name=RECORD, handler=RECORD, rate_limit=1, rate_period=60, rate_limit_key="tenant")
+    consumer_process("--concurrency", "2", "--lease", "2")
+    waiting = [*producer.enqueue(RECORD, kwargs={"tenant": "a"}, count=3)]
+    waiting += producer.enqueue(RECORD, kwargs={"tenant": "b"}, count=3)
+    wait_until(lambda: broker.queue_stats("default").delayed == 4, 15, message="two tasks of each tenant to wait")
+
+    row.rate_limit = None
+    row.save(update_fields=["rate_limit"])
+
+    wait_until(
+        lambda: {run["task_id"] for run in recorded_runs(broker)} >= {task.id for task in waiting},
+        15,
+        message="every waiting task to run once the limit is gone, not a minute apart",
+    )
+
+
 def test_paused_queue_starts_nothing_and_resuming_starts_at_once(broker, consumer_process):
     TaskType.objects.create(name=RECORD, handler=RECORD)
     consumer_process("--concurrency", "4", "--lease", "2")
