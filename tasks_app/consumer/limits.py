@@ -101,23 +101,26 @@ class RateLimiter:
     def follow(self, config: TaskTypeConfig) -> None:
         """Bring a type's limiters (unkeyed, and each value noted of a keyed limit) to its changed settings now."""
         try:
-            limiters = [None, *self.broker.rate_keyed_values(config.name)]
-            changed = [key_token for key_token in limiters if self._notice(config, key_token)]
-        except Exception as exc:  # their next decisions do it (a removed one's tasks run at their slots)
-            logger.warning("could not bring the rate limiters of %s to its new settings: %s", config.name, exc)
-            return
+            values = self.broker.rate_keyed_values(config.name)
+        except Exception as exc:  # those values follow at their next decisions (removed: run at their slots)
+            logger.warning("could not read the rate-limited values of %s: %s", config.name, exc)
+            values = []
         # Whichever consumer the change listed queues for, every one that noticed it follows them
         # up (one at a time, see follow_up): if that one dies, another finishes.
-        if changed:
+        if changed := [key_token for key_token in [None, *values] if self._notice(config, key_token)]:
             self._start_following(config.name, changed)
 
     def _notice(self, config: TaskTypeConfig, key_token: str | None) -> bool:
         """Tell one limiter of the type that its settings changed; False if it has nothing to follow up."""
-        if config.rate_limit and bool(config.rate_limit_key) == (key_token is not None):
-            self._decide(config, "", "", key_token)  # only brings the hash to the new spacing: no decision
-            return True
-        # Removed, or no longer the type's kind of limiter (keyed or not): what waits for its slots is due now.
-        return self.broker.rate_removed(config.name, key_token, config.queue) > 0
+        try:
+            if config.rate_limit and bool(config.rate_limit_key) == (key_token is not None):
+                self._decide(config, "", "", key_token)  # only brings the hash to the new spacing: no decision
+                return True
+            # Removed, or no longer the type's kind of limiter (keyed or not): what waits for its slots is due now.
+            return self.broker.rate_removed(config.name, key_token, config.queue) > 0
+        except Exception as exc:  # its next decision does it (a removed one's tasks run at their slots)
+            logger.warning("could not bring a rate limiter of %s to its new settings: %s", config.name, exc)
+            return False
 
     def _note_value(self, config: TaskTypeConfig, key_token: str, wait_us: int) -> None:
         """Note a value of a keyed limit holding slots, so that a change of the limit reaches its deferred tasks."""
