@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from dataclasses import dataclass
 
 from tasks_app import metrics
@@ -85,6 +86,9 @@ class RateLimiter:
         # Set when the consumer stops: a gate waiting out a Redis outage then raises GaveUp and
         # the task stays in the processing list, where the lease recovers it. Never lost.
         self.give_up = give_up or threading.Event()
+        # Until when (monotonic s) each (type, key token) of a keyed limit is known noted by `rate_keyed`.
+        self._noted_until: dict[tuple[str, str], float] = {}
+        self._notes_lock = threading.Lock()
 
     def __call__(self, task: Task, config: TaskTypeConfig, key_token: str | None = None) -> int:
         """Take one decision for `task` (on its key value's own limiter if keyed); > 0: how many ms it must wait."""
@@ -125,11 +129,24 @@ class RateLimiter:
     def _note_value(self, config: TaskTypeConfig, key_token: str, wait_us: int) -> None:
         """Note a value of a keyed limit holding slots, so that a change of the limit reaches its deferred tasks."""
         policy = RatePolicy.for_config(config)
-        holds_us = wait_us + policy.emission_us + policy.period_us  # as long as its limiter's hash lives
+        lives_us = wait_us + policy.emission_us + policy.period_us  # as long as its limiter's hash lives
+        noted, now_s = (config.name, key_token), time.monotonic()
+        if self._noted_until.get(noted, 0.0) >= now_s + lives_us / 1e6:
+            return  # an earlier note still covers this denial's slot
+        # One period of headroom: a note covers the denials of half a period (the other half is the
+        # margin by which this clock may run ahead of the server's).
         try:
-            self.broker.rate_keyed(config.name, key_token, holds_us, MAX_FOLLOWED_KEY_VALUES)
+            if self.broker.rate_keyed(config.name, key_token, lives_us + policy.period_us, MAX_FOLLOWED_KEY_VALUES):
+                self._remember_note(noted, now_s + (lives_us + policy.period_us // 2) / 1e6)
         except Exception as exc:  # after a change, that value's tasks then wait out their slots
             logger.warning("could not note the rate-limited value %s of %s: %s", key_token, config.name, exc)
+
+    def _remember_note(self, noted: tuple[str, str], until_s: float) -> None:
+        with self._notes_lock:
+            if len(self._noted_until) >= 4 * MAX_FOLLOWED_KEY_VALUES:  # drop the notes whose time has passed
+                now_s = time.monotonic()
+                self._noted_until = {key: until for key, until in self._noted_until.items() if until > now_s}
+            self._noted_until[noted] = until_s
 
     def _decide(self, config: TaskTypeConfig, task_id: str, queue: str, key_token: str | None) -> RateDecision:
         policy = RatePolicy.for_config(config)

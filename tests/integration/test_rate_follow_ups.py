@@ -226,3 +226,13 @@ def test_a_foreign_key_in_place_of_the_values_noted_stops_no_follow_up_of_the_un
 
     wait_until(lambda: not following(), 10, message="the follow-up to be done")
     assert due_now(broker, "default", deferred)
+
+
+def test_one_note_of_a_keyed_value_covers_the_denials_of_half_a_period(broker, monkeypatch):
+    notes = []
+    monkeypatch.setattr(broker, "rate_keyed", lambda *args: notes.append(args) or True)
+    ten_a_minute = TaskTypeConfig(name=TYPE, handler=TYPE, rate_limit=10, rate_period_s=60.0, rate_limit_key="tenant")
+
+    defer(broker, "default", 10, ten_a_minute, "a")  # slots about 6 s apart, up to a minute away
+
+    assert 2 <= len(notes) <= 3
