@@ -1,5 +1,5 @@
 -- rate_followed: one queue's tasks have followed a changed limit: take it off the list.
--- KEYS[1] the type's rate hash (its reservations: `cursor` and `r:<task id>`)
+-- KEYS[1] the limiter's rate hash (its reservations: `cursor` and `r:<task id>`)
 -- KEYS[2] the queues whose delayed sets hold tasks with slots of the limiter (hash: queue -> µs of its latest denial)
 -- KEYS[3] the queues whose tasks have yet to follow a changed limit (hash: queue -> mode)
 -- ARGV[1] the queue   ARGV[2] the mode it was followed in ("slots" or "now")

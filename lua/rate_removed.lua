@@ -1,6 +1,6 @@
--- rate_removed: a type's (unkeyed) limit was removed: list every queue holding tasks with slots
--- of its limiter as one whose tasks are due now.
--- KEYS[1] the type's rate hash (its `cursor`: the end of the queue of reserved slots)
+-- rate_removed: a limiter of a type (its unkeyed one, or one key value's) was removed: list every
+-- queue holding tasks with slots of it as one whose tasks are due now.
+-- KEYS[1] the limiter's rate hash (its `cursor`: the end of the queue of reserved slots)
 -- KEYS[2] the queues whose delayed sets hold tasks with slots of the limiter (hash: queue -> µs of its latest denial)
 -- KEYS[3] the queues whose tasks have yet to follow a changed limit (hash: queue -> mode)
 -- ARGV[1] the type's own queue: listed too while slots are reserved, for tasks denied before
