@@ -110,3 +110,38 @@ def test_an_ack_of_a_consumer_id_another_instance_registered_writes_no_record(br
     assert _ack(frozen, "c1", raw, task, fence) == [False]
     assert broker.get_result(task.id)["status"] == "RUNNING"
     assert broker.client.lrange(broker.keys.processing("q", "c1"), 0, -1) == [raw]  # the restart's claim
+
+
+@pytest.mark.parametrize("script", ["by SHA", "NOSCRIPT"])
+@pytest.mark.parametrize("consumers", ["reaped", "foreign"])
+def test_a_run_whose_id_left_the_consumers_but_whose_task_is_still_listed_writes_its_record(broker, script, consumers):
+    # A reap moves at most REAP_BATCH tasks a call: the id is gone, the rest still wait in its list.
+    task = _enqueued(broker, f"listed-{consumers}")
+    raw, fence = _run(broker, task, "c1")
+    broker.client.delete(broker.keys.consumers("q"))
+    if consumers == "foreign":  # a foreign writer's key of another type: the list is searched
+        broker.client.set(broker.keys.consumers("q"), "not a zset")
+    acking = broker
+    if script == "NOSCRIPT":  # the record write re-run by source after the ack took the task
+        scripts = Scripts()
+        scripts.shas = {**scripts.shas, "record_result": "0" * 40}
+        acking = Broker(broker.client, broker.keys.prefix, scripts)
+
+    assert _ack(acking, "c1", raw, task, fence) == [True]
+    record = broker.get_result(task.id)
+    assert (record["status"], record["return_value"]) == (results.SUCCESSFUL, '"c1"')
+    assert broker.client.zscore(broker.keys.history_status("q", results.SUCCESSFUL), task.id) is not None
+    assert _succeeded_this_minute(broker) == 1
+    assert broker.client.llen(broker.keys.processing("q", "c1")) == 0
+
+
+def test_an_ack_whose_consumer_info_is_not_json_writes_its_record_once(broker):
+    task = _enqueued(broker, "odd-info-1")
+    raw, fence = _run(broker, task, "c1")
+    broker.client.hset(broker.keys.consumer_info("q"), "c1", b"\xff\xfe not json")
+    broker.instance = "mine"
+
+    assert _ack(broker, "c1", raw, task, fence) == [True]
+    assert _ack(broker, "c1", raw, task, fence) == [False]  # sent again: nothing held, nothing counted
+    assert broker.get_result(task.id)["status"] == results.SUCCESSFUL
+    assert _succeeded_this_minute(broker) == 1
