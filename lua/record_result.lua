@@ -22,7 +22,8 @@
 -- server only: on Redis Cluster the list lies in another slot than the record). While the
 -- consumer id is in the consumers zset it was not reaped (reap and a restart's recovery take it
 -- out first, and it never comes back under the same instance), so its list still holds every
--- task it claimed and has not settled: the list is searched only once the id is gone.
+-- task it claimed and has not settled: the list is searched only once the id is gone. (A claim
+-- undone by a Redis machine crash that lost its last second is the exception: see PROTOCOL.md.)
 -- The record keeps the highest token that wrote to it in its field "fence". A write with a
 -- lower token is ignored (its run lost the claim: its consumer was presumed dead and the task
 -- re-run or requeued); a write with a higher token takes the record over.
