@@ -12,8 +12,9 @@ concurrency + prefetch.
 One entry never holds up the others: an update that cannot be encoded is replaced before it
 joins a batch, and a batch that Redis refuses (a deterministic error, or a write that keeps
 failing while Redis answers) is written again entry by entry, where the refused entry's task
-is acked with a record saying why its result could not be stored. Connection errors are
-retried with backoff. Every ack's `done` is called, whatever happened.
+is acked with a record saying why its result could not be stored (a task Redis takes only acked
+alone, as a large one near maxmemory, gets its result written after the ack, the ack having found
+it). Connection errors are retried with backoff. Every ack's `done` is called, whatever happened.
 """
 
 from __future__ import annotations
@@ -270,8 +271,34 @@ class AckBatcher:
         for updates in plans:  # the failed batch may have been applied: a task gone is not known lost
             flags = self._try_send(updates, [entry], resent=True)
             if flags is not None:
+                if entry.update is not None and not updates and flags.get(id(entry)) is True:
+                    self._record_acked_alone(entry.update)
                 return flags
         return {}
+
+    def _record_acked_alone(self, update: ResultUpdate) -> None:
+        """Write the result of a task acked without it (Redis refused the two together, a large task's twice).
+
+        The ack found the task, so the run held it: written unheld, as is, else as a failure saying why.
+        """
+        if (problem := self._write_unheld(update)) is not None:
+            self._record_unstored(update, problem)
+
+    def _write_unheld(self, update: ResultUpdate) -> Exception | None:
+        """Write one result held by nothing, retried through outages; the error it was refused with, or None."""
+        try:
+            refused = until_done(
+                lambda: self.broker.ack_many_reporting([replace(update, held_by=None)], {}).refused,
+                what="record_result",
+                give_up=self.give_up,
+                refused_after=REFUSED_AFTER,
+                redis_answers=self._redis_answers,
+            )
+        except GaveUp:
+            return None  # stopping: nothing more can be written
+        except Exception as exc:
+            return exc
+        return refused.get(0)
 
     def _try_send(
         self, updates: list[ResultUpdate], acks: list[_Ack], starts: Sequence[_Start] = (), *, resent: bool = False
@@ -326,14 +353,9 @@ class AckBatcher:
 
     def _record_unstored(self, update: ResultUpdate, problem: Exception) -> None:
         logger.error("the result of task %a could not be stored (%s); recording it as failed", update.task_id, problem)
-        refused = until_done(
-            # After the ack: held by nothing, as the task left the list.
-            lambda: self.broker.ack_many_reporting([replace(unstored_result(update, str(problem)), held_by=None)], {}),
-            what="record_result",
-            give_up=self.give_up,
-        ).refused
-        if refused:
-            logger.error("could not record the failure of task %a either: %s", update.task_id, refused[0])
+        # After the ack: held by nothing, as the task left the list.
+        if (again := self._write_unheld(unstored_result(update, str(problem)))) is not None:
+            logger.error("could not record the failure of task %a either: %s", update.task_id, again)
 
     def _redis_answers(self) -> bool:
         # A cluster failing over answers PING yet refuses writes for seconds: not the write's fault.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -27,14 +28,20 @@ def test_an_ack_refused_for_memory_leaves_its_task_listed_and_its_record_as_it_w
         server.remove()
 
 
-def _refused_for_memory(client: redis.Redis) -> None:
-    broker = Broker(client, "P")
-    task = Task(id="full-1", type="demo.echo", queue="q", attempt=1)
+def _running(broker: Broker, task: Task) -> tuple[Task, bytes, int]:
+    """Enqueue `task`, claim it as c1 and write its start: the task, its bytes as claimed and its token."""
     broker.enqueue([Enqueueable(queue="q", raw=encode_task(task))], result_ttl_s=60)
     broker.heartbeat(["q"], "c1", 10_000, {"lease_ms": 10_000})
     claim = broker.claim_with_suspect("q", "c1", 1)
     [raw], fence = claim.tasks, claim.first_fence
+    task.attempt = 1
     assert broker.record_result(results.started(task, Arguments([], {}), "c1", 1, 3, 60, fence)) == 1
+    return task, raw, fence
+
+
+def _refused_for_memory(client: redis.Redis) -> None:
+    broker = Broker(client, "P")
+    task, raw, fence = _running(broker, Task(id="full-1", type="demo.echo", queue="q"))
     client.config_set("maxmemory-policy", "noeviction")
     client.config_set("maxmemory", 1)
 
@@ -49,3 +56,28 @@ def _refused_for_memory(client: redis.Redis) -> None:
     record = broker.get_result(task.id)
     assert record["status"] == "RUNNING" and "return_value" not in record
     assert broker.ack("q", "c1", [raw]) == [True]  # what is listed can still be settled
+
+
+def test_a_task_acked_alone_for_memory_still_gets_its_record(tmp_path: Path):
+    # A large task sits twice in its flush (its held record write and its ack): Redis, near its
+    # maxmemory, refuses that MULTI each time, then the one with the FAILED record, yet takes the
+    # ack alone. The ack found the task, so the run held it: its result is written after the ack.
+    server = RedisServer(tmp_path).start()
+    try:
+        client = redis.Redis.from_url(server.url)
+        broker = Broker(client, "P")
+        task, raw, fence = _running(broker, Task(id="big-1", type="demo.echo", queue="q", payload=b"x" * 1_000_000))
+        client.config_set("maxmemory-policy", "noeviction")
+        client.config_set("maxmemory", int(client.info("memory")["used_memory"]) + 1_500_000)
+        batcher = AckBatcher(broker, threading.Event())
+        outcome: list[bool | None] = []
+        batcher.ack("q", "c1", raw, results.succeeded(task, '"done"', 5, 60, fence, 0.1), outcome.append)
+        assert batcher.flush_once(block_s=0.1) == 1
+        client.config_set("maxmemory", 0)
+
+        assert outcome == [True] and client.llen(broker.keys.processing("q", "c1")) == 0
+        record = broker.get_result(task.id)
+        assert (record["status"], record["return_value"]) == (results.SUCCESSFUL, '"done"')
+        assert int(client.hget(broker.keys.minute("q", int(time.time()) // 60), "ok") or 0) == 1
+    finally:
+        server.remove()
