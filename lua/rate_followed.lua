@@ -20,7 +20,7 @@ if redis.call('HGET', follow_ups, ARGV[1]) ~= ARGV[2] then return 0 end
 redis.call('HDEL', follow_ups, ARGV[1])
 if ARGV[2] ~= 'now' then return 1 end
 local denied_at = tonumber(redis.call('HGET', queues, ARGV[1]))
-if denied_at and denied_at < int_arg(ARGV[3], 0, 0, 2 ^ 53) then
+if not denied_at or denied_at < int_arg(ARGV[3], 0, 0, 2 ^ 53) then  -- not a time: a foreign write
   redis.call('HDEL', queues, ARGV[1])
 end
 if redis.call('HLEN', follow_ups) == 0 and redis.call('HLEN', queues) == 0 then

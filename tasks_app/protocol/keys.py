@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tasks_app.protocol.names import NAME_PATTERN
+
 # Pushed onto an empty pending list to wake a consumer blocked on it; never a valid Task
 # (field number 0 does not exist in protobuf), dropped wherever it is met.
 WAKE_TOKEN = b"\x00wake"
@@ -194,6 +196,11 @@ def limit_key_token(kwargs: Mapping[str, Any], name: str) -> str:
 def stored_key_token(member: bytes) -> str | None:
     """The key token a stored member names, or None if `limit_key_token` could not have made it (a foreign write)."""
     return _matching_text(member, _KEY_TOKEN)
+
+
+def stored_name(member: bytes) -> str | None:
+    """The queue or type name a stored member names, or None if it breaks the naming rule (a foreign write)."""
+    return _matching_text(member, NAME_PATTERN)
 
 
 def consumer_id_of(member: bytes) -> str:

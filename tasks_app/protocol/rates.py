@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from tasks_app.protocol.keys import stored_key_token
+from tasks_app.protocol.keys import stored_key_token, stored_name
 from tasks_app.protocol.scripts import ScriptClient
 
 
@@ -66,9 +66,21 @@ class RateOps(ScriptClient):
         return [token for token in map(stored_key_token, members) if token is not None]
 
     def rate_follow_ups(self, task_type: str, key_token: str | None) -> dict[str, str]:
-        """The queues whose deferred tasks have yet to follow a changed limit, each with "slots" or "now"."""
-        listed = self.client.hgetall(self.keys.rate_follow_ups(task_type, key_token))
-        return {queue.decode(): mode.decode() for queue, mode in listed.items()}
+        """The queues whose deferred tasks have yet to follow a changed limit, each with "slots" or "now".
+
+        A field that names no queue, or no mode, is a foreign write: it is taken off (a name off
+        the queues recorded too, which would list it again), so it stops no follow-up.
+        """
+        keys, listed = self._limiter_keys(task_type, key_token), {}
+        for queue, mode in self.client.hgetall(keys[2]).items():
+            name = stored_name(queue)
+            if name is not None and mode in (b"slots", b"now"):
+                listed[name] = mode.decode()
+                continue
+            if name is None:
+                self.client.hdel(keys[1], queue)
+            self._script("rate_followed", keys, [queue, mode, 0])  # unless listed again meanwhile
+        return listed
 
     def rate_followed(self, task_type: str, key_token: str | None, queue: str, mode: str, since_us: int) -> bool:
         """Take `queue` off the list once its tasks followed in `mode` by a scan begun at `since_us` (server clock).

@@ -236,3 +236,27 @@ def test_one_note_of_a_keyed_value_covers_the_denials_of_half_a_period(broker, m
     defer(broker, "default", 10, ten_a_minute, "a")  # slots about 6 s apart, up to a minute away
 
     assert 2 <= len(notes) <= 3
+
+
+FOREIGN_FIELDS = [
+    ("queues", b"\xff", b"1"),
+    ("queues", b"other", b"\xff"),
+    ("queues", b"x" * 10_000, b"now"),
+    ("follow_ups", b"\xff", b"now"),
+    ("follow_ups", b"other", b"\xff"),
+]
+
+
+@pytest.mark.parametrize("foreign", FOREIGN_FIELDS, ids=lambda field: f"{field[0]}-{field[1][:4]!r}-{field[2]!r}")
+def test_a_foreign_field_among_the_queues_listed_stops_no_follow_up(broker, foreign):
+    deferred = defer(broker, "default", 2)
+    kind, *field = foreign  # no queue, denial time or mode of ours
+    broker.client.hset(f"{broker.keys.rate(TYPE)}:{kind}", *field)
+
+    RateLimiter(broker).follow(REMOVED)
+
+    wait_until(lambda: not following(), 10, message="the follow-up to be done")
+    assert due_now(broker, "default", deferred)
+    assert broker.rate_follow_ups(TYPE, None) == {}
+    fields = {name.decode() for name in broker.client.hkeys(broker.keys.rate(TYPE))}
+    assert "cursor" not in fields and not any(name.startswith("r:") for name in fields)
