@@ -257,3 +257,51 @@ def test_a_task_denied_under_a_limit_removed_since_its_settings_were_read_is_due
 
     [(task, due_in_ms)] = delayed_tasks(broker)
     assert task.id == "t1" and due_in_ms <= 0  # not at the slot the removed limit gave it
+
+
+@pytest.mark.parametrize("changed", [{"rate_limit": None}, {"rate_limit": 2}], ids=["removed", "rescaled"])
+def test_a_task_denied_just_before_another_consumer_follows_a_change_up_takes_its_new_slot(broker, registry, changed):  # noqa: F811
+    register(broker, CONSUMER, lease_ms=30_000)
+    types = TaskTypeCache()
+    limiter = RateLimiter(broker, follows=types)
+
+    def racing_gate(task: Task, config: TaskTypeConfig, key_token: str | None) -> int:
+        # Another consumer follows the change up between this denial and its deferral's landing:
+        # its scan of the delayed set cannot see the task yet.
+        wait_ms = limiter(task, config, key_token)
+        RateLimiter(broker).follow(TaskTypeConfig(**{**vars(config), **changed}))
+        wait_until(lambda: not following(), 10, message="the change to be followed up")
+        return wait_ms
+
+    racing = Executor(broker, registry, types, CONSUMER, result_ttl_s=60, rate_gate=racing_gate)
+    task_type(racing, "x.add", rate_limit=1, rate_period=60)
+    assert limiter(Task(id="first", type="x.add", queue="q"), types.get("x.add")) == 0
+
+    assert racing.execute(claimed(broker, "t1", "x.add", 1, 2)) is False
+    TaskType.objects.filter(name="x.add").update(**changed)
+    types.refresh()  # this consumer notices the change only now
+    wait_until(lambda: not following(), 10, message="the change to be followed up")
+
+    [(task, due_in_ms)] = delayed_tasks(broker)
+    assert task.id == "t1" and due_in_ms <= (0 if changed["rate_limit"] is None else 31_000)
+
+
+def test_a_foreign_key_in_place_of_the_queues_recorded_once_a_task_is_denied_leaves_it_deferred(broker, registry):  # noqa: F811
+    register(broker, CONSUMER, lease_ms=30_000)
+    limiter = RateLimiter(broker)
+
+    def gate(task: Task, config: TaskTypeConfig, key_token: str | None) -> int:
+        wait_ms = limiter(task, config, key_token)
+        broker.client.delete(broker.keys.rate_queues("x.add"))
+        broker.client.set(broker.keys.rate_queues("x.add"), "foreign")
+        return wait_ms
+
+    foreign = Executor(broker, registry, TaskTypeCache(), CONSUMER, result_ttl_s=60, rate_gate=gate)
+    task_type(foreign, "x.add", rate_limit=1, rate_period=60)
+    assert limiter(Task(id="first", type="x.add", queue="q"), foreign.task_types.get("x.add")) == 0
+
+    assert foreign.execute(claimed(broker, "t1", "x.add", 1, 2)) is False
+
+    [(task, due_in_ms)] = delayed_tasks(broker)
+    assert task.id == "t1" and due_in_ms > 0
+    assert dead_tasks(broker) == []

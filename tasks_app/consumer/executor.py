@@ -10,11 +10,14 @@ import asyncio
 import enum
 import inspect
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
+
+from redis.exceptions import ResponseError
 
 from tasks_app import metrics
 from tasks_app.consumer.ack_batcher import AckBatcher
@@ -191,10 +194,11 @@ class Executor(AsyncRuns, RunLimits):
     def _admit(self, claimed: Claimed, task: Task, config: TaskTypeConfig, arguments: Arguments) -> str | None:
         """Pass the rate limit, then take a concurrency slot; None: deferred, else the slot's holder ("": uncapped)."""
         if config.rate_limit and self.rate_gate is not None:
-            wait_ms = self.rate_gate(task, config, key_token_of(config.rate_limit_key, arguments))
+            key_token = key_token_of(config.rate_limit_key, arguments)
+            wait_ms = self.rate_gate(task, config, key_token)
             if wait_ms > 0:
                 self._defer(claimed, task, wait_ms, "rate_limited")
-                self._due_if_unlimited_since(claimed, task)
+                self._due_at_its_slot(claimed, task, key_token)
                 return None
         gate = self.concurrency
         if not config.max_running or gate is None:
@@ -206,15 +210,22 @@ class Executor(AsyncRuns, RunLimits):
             gate.wait(claimed, task, slots)
         return holder
 
-    def _due_if_unlimited_since(self, claimed: Claimed, task: Task) -> None:
-        """Make a task deferred by a limit that is gone now due at once, not at the slot the limit gave it."""
-        # Its settings were read before the refresh that found the limit removed: that refresh's
-        # follow-up may have scanned the delayed set before this deferral landed in it.
-        current = self.task_types.get(task.type)
-        if current is not None and current.rate_limit:
+    def _due_at_its_slot(self, claimed: Claimed, task: Task, key_token: str | None) -> None:
+        """Bring a task the rate limit just deferred to its slot as its limiter holds it now (gone: due now)."""
+        # A follow-up of a change made since the denial (by another consumer, or by this one's
+        # refresh after its settings were read) may have scanned the delayed set before this landed.
+        try:
+            due_us, now_us = self._redis(
+                lambda: self.broker.rate_deferred(task.type, key_token, task.id, claimed.queue), "defer"
+            )
+        except ResponseError as exc:  # a foreign key in the limiter's place: the task keeps the slot it was given
+            logger.warning("could not check the rate limit slot of deferred task %s: %s", task.id, exc)
             return
+        current = self.task_types.get(task.type)  # read after: a refresh before that call is seen here
+        gone = current is None or not current.rate_limit or due_us <= now_us
+        due_ms = now_us // 1000 if gone else math.ceil(due_us / 1000)
         member = delayed_member(task.priority, claimed.raw)
-        self._redis(lambda: self.broker.bring_forward(claimed.queue, {member: self.broker.server_time_ms()}), "defer")
+        self._redis(lambda: self.broker.bring_forward(claimed.queue, {member: due_ms}), "defer")
 
     def watch_running(self) -> None:
         """Tell handlers of cancels and write their progress (the housekeeping tick; time limits: TimeLimitLoop)."""

@@ -56,6 +56,16 @@ class RateOps(ScriptClient):
         """
         return int(self._script("rate_removed", self._limiter_keys(task_type, key_token), [type_queue]))
 
+    def rate_deferred(self, task_type: str, key_token: str | None, task_id: str, queue: str) -> tuple[int, int]:
+        """A task the limiter denied has landed in `queue`'s delayed set: when it is due, and the server's now (µs).
+
+        Due at its slot as the limiter holds it (moved if the limit changed since the denial), or
+        now if the limiter holds it no more; its queue stays listed for the next follow-up.
+        """
+        keys = self._limiter_keys(task_type, key_token)[:2]
+        due_us, now_us = self._script("rate_deferred", keys, [task_id, queue])
+        return int(due_us), int(now_us)
+
     def rate_keyed(self, task_type: str, key_token: str, holds_us: int, most: int) -> bool:
         """Note a value of a keyed limit whose limiter holds slots for `holds_us` from now; False if `most` are."""
         return bool(self._script("rate_keyed", [self.keys.rate_keyed(task_type)], [key_token, holds_us, most]))

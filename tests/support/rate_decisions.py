@@ -20,6 +20,7 @@ def rate_decisions(broker: Broker, task_type: str) -> Iterator[list[tuple[float,
     """
     decided: list[tuple[float, str]] = []
     rate_key, last = broker.keys.rate(task_type), f"ECHO {uuid.uuid4().hex}"
+    sha = broker.scripts.shas["rate_limit"]
     monitor = broker.client.monitor()
     monitor.__enter__()  # MONITOR is on before the first decision
 
@@ -32,7 +33,9 @@ def rate_decisions(broker: Broker, task_type: str) -> Iterator[list[tuple[float,
             if command["command"] == last:  # every command before it has been read
                 return
             words = command["command"].split(" ")
-            if command["client_type"] != "lua" and words[0].upper() in ("EVALSHA", "EVAL") and rate_key in words:
+            # By its sha: the limiter's other scripts (rate_deferred, rate_followed...) take its key too.
+            ours = command["client_type"] != "lua" and words[0].upper() == "EVALSHA" and words[1] == sha
+            if ours and rate_key in words:
                 task_id = words[words.index(rate_key) + 4]  # after the three keys and the algorithm
                 if task_id:  # "" only brings the hash to new settings
                     decided.append((command["time"] * 1000, task_id))
