@@ -106,7 +106,9 @@ end
 
 local function keep_until(until_us)
   local ms = num(math.min(math.ceil((until_us - now + period) / 1000), 2 ^ 53))
-  for _, name in ipairs({key, queues, follow_ups}) do redis.call('PEXPIRE', name, ms) end
+  -- Not the list of queues to follow: one nobody follows up (every consumer that noticed the
+  -- change died) expires as listed, and then stops holding the reservations (see below).
+  for _, name in ipairs({key, queues}) do redis.call('PEXPIRE', name, ms) end
 end
 
 -- A denied task waits in its queue's delayed set: the queue is noted (and when), so that a change
@@ -126,8 +128,10 @@ if now >= earliest and (reserved or cursor <= now) then
   if reserved then
     redis.call('HDEL', key, reservation)
   end
-  if cursor ~= 0 and cursor <= now then
-    -- The queue has drained: reservations left by tasks that never came back are dropped.
+  if cursor ~= 0 and cursor <= now and redis.call('HLEN', follow_ups) == 0 then
+    -- The queue has drained: reservations left by tasks that never came back are dropped. Not
+    -- while queues are listed for a follow-up: their tasks may wait past slots a raised limit
+    -- moved closer, and the follow-up finds them by their reservations.
     local fields = redis.call('HKEYS', key)
     for _, field in ipairs(fields) do
       if string.sub(field, 1, 2) == 'r:' then

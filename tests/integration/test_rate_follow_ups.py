@@ -260,3 +260,27 @@ def test_a_foreign_field_among_the_queues_listed_stops_no_follow_up(broker, fore
     assert broker.rate_follow_ups(TYPE, None) == {}
     fields = {name.decode() for name in broker.client.hkeys(broker.keys.rate(TYPE))}
     assert "cursor" not in fields and not any(name.startswith("r:") for name in fields)
+
+
+def test_a_queue_of_slots_drained_before_the_follow_up_of_a_raised_limit_leaves_its_tasks_due(broker):
+    deferred = defer(broker, "elsewhere", 3)  # slots a minute apart
+    much_faster = RatePolicy.for_config(TaskTypeConfig(name=TYPE, handler=TYPE, rate_limit=100_000, rate_period_s=60))
+    args = (much_faster.limit, much_faster.period_us, much_faster.emission_us, much_faster.tolerance_us)
+    assert broker.rate_limit(TYPE, much_faster.algorithm, "", *args).rescaled  # slots now ms away
+    wait_until(lambda: broker.rate_limit(TYPE, much_faster.algorithm, "newcomer", *args).wait_us == 0, 5)
+    # That admission found every slot passed before the follow-up had moved a task to its slot.
+
+    follow_up(broker, TYPE, None, threading.Event())
+
+    assert due_now(broker, "elsewhere", deferred)
+
+
+def test_a_list_of_queues_nobody_follows_up_expires_as_listed_however_many_decisions_come(broker):
+    defer(broker, "elsewhere", 2)
+    broker.rate_removed(TYPE, None, LIMITED.queue)  # every consumer that noticed it dies
+    listed_for_ms = broker.client.pttl(broker.keys.rate_follow_ups(TYPE))
+
+    defer(broker, "default", 2)  # denials under the limit set again, slots further away
+
+    assert broker.client.pttl(broker.keys.rate(TYPE)) > listed_for_ms
+    assert 0 < broker.client.pttl(broker.keys.rate_follow_ups(TYPE)) <= listed_for_ms
