@@ -148,8 +148,12 @@ class InspectionOps(ScriptClient):
 
     def server_time_ms(self) -> int:
         """Return the Redis server's clock in milliseconds."""
+        return self.server_time_us() // 1000
+
+    def server_time_us(self) -> int:
+        """Return the Redis server's clock in microseconds (as the scripts' `server_now_us`)."""
         seconds, micros = self.client.time()
-        return int(seconds) * 1000 + int(micros) // 1000
+        return int(seconds) * 1_000_000 + int(micros)
 
     def ping(self) -> bool:
         """Return True if Redis answers."""

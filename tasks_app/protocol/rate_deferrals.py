@@ -40,7 +40,7 @@ def follow_up(
             continue
         try:
             for queue, mode in listed.items():
-                since_us = broker.server_time_ms() * 1000
+                since_us = broker.server_time_us()
                 moved += _reschedule(broker, queue, task_type, key_token, now=mode == "now", keep=keep)
                 broker.rate_followed(task_type, key_token, queue, mode, since_us)
         finally:

@@ -284,3 +284,15 @@ def test_a_list_of_queues_nobody_follows_up_expires_as_listed_however_many_decis
 
     assert broker.client.pttl(broker.keys.rate(TYPE)) > listed_for_ms
     assert 0 < broker.client.pttl(broker.keys.rate_follow_ups(TYPE)) <= listed_for_ms
+
+
+def test_a_denial_in_the_millisecond_before_a_removal_is_scanned_is_forgotten_with_its_queue(broker, monkeypatch):
+    deferred = defer(broker, "elsewhere", 2)
+    broker.rate_removed(TYPE, None, LIMITED.queue)
+    denied_us = int(broker.client.hget(broker.keys.rate_queues(TYPE), "elsewhere"))
+    monkeypatch.setattr(broker.client, "time", lambda: (denied_us // 1_000_000, denied_us % 1_000_000 + 1))
+
+    follow_up(broker, TYPE, None, threading.Event())  # its scan begins 1 µs after the last denial
+
+    assert due_now(broker, "elsewhere", deferred)
+    assert broker.client.hgetall(broker.keys.rate_queues(TYPE)) == {}  # not listed again at the next notice
