@@ -11,6 +11,7 @@ wait while queues are listed and take over where a holder that died left off.
 from __future__ import annotations
 
 import math
+import re
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -23,6 +24,8 @@ from tasks_app.protocol.keys import split_delayed_member
 
 # Delayed members read, decoded and moved per round trip while rescheduling.
 RESCHEDULE_BATCH = 1000
+# A slot as rate_limit.lua writes it: µs of the server clock, below 2^53 (anything else is a foreign write).
+_SLOT_US = re.compile(rb"[0-9]{1,16}")
 # How long a follower holds its lease without renewing it (it renews at every batch).
 FOLLOWER_LEASE_MS = 30_000
 
@@ -69,7 +72,7 @@ def _reschedule(
         due_ms = {
             member: now_ms if now_ms is not None else math.ceil(int(slot_us) / 1000)
             for member, slot_us in zip(ids, slots_us, strict=True)
-            if slot_us is not None and slot_us.isdigit()
+            if slot_us is not None and _SLOT_US.fullmatch(slot_us)
         }
         moved += broker.bring_forward(queue, due_ms)
     return moved

@@ -296,3 +296,18 @@ def test_a_denial_in_the_millisecond_before_a_removal_is_scanned_is_forgotten_wi
 
     assert due_now(broker, "elsewhere", deferred)
     assert broker.client.hgetall(broker.keys.rate_queues(TYPE)) == {}  # not listed again at the next notice
+
+
+def test_a_foreign_reservation_stops_no_follow_up_of_the_others(broker):
+    deferred = defer(broker, "default", 3)
+    old_slots = broker.client.zmscore(broker.keys.delayed("default"), deferred)
+    broker.client.hset(broker.keys.rate(TYPE), "r:default-0", "9" * 400)  # no slot of ours
+    faster = RatePolicy.for_config(FASTER)
+    args = (faster.limit, faster.period_us, faster.emission_us, faster.tolerance_us)
+    assert broker.rate_limit(TYPE, faster.algorithm, "", *args).rescaled
+
+    follow_up(broker, TYPE, None, threading.Event())
+
+    new_slots = broker.client.zmscore(broker.keys.delayed("default"), deferred)
+    assert new_slots[0] == old_slots[0]
+    assert all(new < old for new, old in zip(new_slots[1:], old_slots[1:], strict=True))
