@@ -6,7 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from django.db import IntegrityError, transaction
 
@@ -99,7 +99,8 @@ class TaskTypeCache:
         self.loaded = False
         # When the last refresh began (monotonic s): its rows include every row created before then.
         self.read_at = float("-inf")
-        # Called with each type whose settings a refresh found changed (not on the first read).
+        # Called with each type whose settings a refresh found changed (not on the first read);
+        # a type whose row was deleted, with its last settings less the rate limit.
         self.on_change: list[Callable[[TaskTypeConfig], None]] = []
         self._problem: ProblemLog[str] = ProblemLog(logger)  # the database away at every refresh
 
@@ -117,10 +118,12 @@ class TaskTypeCache:
             return
         self._problem.recovered("refresh", "task types reloaded again")
         before, self._configs, self.loaded = self._configs, configs, True
-        for name, config in configs.items():
-            if name in before and before[name] != config:
-                for listener in self.on_change:
-                    listener(config)
+        changed = [config for name, config in configs.items() if name in before and before[name] != config]
+        # A row deleted: its tasks run unlimited or are dead-lettered, so none may wait for its limit's slots.
+        changed += [replace(config, rate_limit=None) for name, config in before.items() if name not in configs]
+        for config in changed:
+            for listener in self.on_change:
+                listener(config)
 
 
 class RecentTaskTypes:

@@ -15,7 +15,7 @@ from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, encode_task
 from tasks_app.protocol.keys import delayed_member
 from tasks_app.protocol.rate_deferrals import follow_up
-from tasks_app.task_types import TaskTypeConfig
+from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
 from tests.support.processes import wait_until
 from tests.support.recording import recorded_runs
 
@@ -153,6 +153,24 @@ def test_three_consumers_noticing_a_removed_limit_run_its_deferrals_on_another_q
         15,
         message="every waiting task to run once the limit is gone, not minutes apart",
     )
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("config", [LIMITED, KEYED], ids=["unkeyed", "keyed"])
+def test_the_deferrals_of_a_type_whose_row_is_deleted_are_due_at_the_next_refresh(broker, config):
+    # With no row, its tasks run unlimited (a handler of its name) or are dead-lettered: none waits out a slot.
+    row = TaskType.objects.create(
+        name=TYPE, handler=TYPE, rate_limit=1, rate_period=60, rate_limit_key=config.rate_limit_key
+    )
+    types = TaskTypeCache()
+    types.refresh()
+    RateLimiter(broker, follows=types)
+    deferred = defer(broker, "elsewhere", 3, config, "a" if config.rate_limit_key else None)
+
+    row.delete()
+    types.refresh()
+
+    wait_until(lambda: due_now(broker, "elsewhere", deferred), 10, message="the deferred tasks to be due now")
 
 
 @pytest.mark.parametrize("changed", [REMOVED, FASTER], ids=["removed", "rescaled"])
