@@ -10,6 +10,7 @@ from tasks_app.collectors import QueueCollector
 from tasks_app.consumer import burst, periodic_loop
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.concurrency import ConcurrencyGate
+from tasks_app.consumer.limits import RateLimiter
 from tasks_app.consumer.loops import HeartbeatLoop, LeaseClock, run_forever
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.consumer.periodic_loop import CodeScheduleSync, PeriodicLoop
@@ -20,8 +21,9 @@ from tasks_app.models import TaskType
 from tasks_app.periodic.config import PeriodicConfig
 from tasks_app.periodic.schedule import Schedule
 from tasks_app.problem_log import ProblemLog
+from tasks_app.protocol.codec import Task
 from tasks_app.protocol.slots import SlotSet
-from tasks_app.task_types import TaskTypeCache
+from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
 from tests.support.counters import sample
 from tests.test_consumer import make_consumer
 from tests.test_loops import RecordingStop, ScriptedLoop, unreachable_broker
@@ -184,6 +186,19 @@ def test_task_types_that_cannot_be_reloaded_are_logged_once_until_they_can(caplo
     said_once_then_its_end(
         caplog, cache.refresh, "cannot reload task types", monkeypatch.undo, "task types reloaded again"
     )
+
+
+def test_values_of_a_keyed_limit_that_cannot_be_noted_are_logged_once_until_they_can(broker, caplog):
+    keyed = TaskTypeConfig(name="keyed", handler="keyed", rate_limit=1, rate_period_s=60.0, rate_limit_key="tenant")
+    limiter, denials = RateLimiter(broker), iter(range(10))
+    broker.client.set(broker.keys.rate_keyed("keyed"), "foreign")  # a key of the wrong type in its place
+
+    def deny():
+        assert limiter(Task(id=f"task-{next(denials)}", type="keyed"), keyed, "a") > 0
+
+    limiter(Task(id="first", type="keyed"), keyed, "a")  # admitted: every later one is denied
+    heal = partial(broker.client.delete, broker.keys.rate_keyed("keyed"))
+    said_once_then_its_end(caplog, deny, "could not note the rate-limited value", heal, "noted again")
 
 
 # --- retried calls, slot renewals, beats, scrapes ------------------------------------------

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from tasks_app import metrics
 from tasks_app.consumer.retrying import until_done
 from tasks_app.models import RATE_PERIOD_MAX_S, RATE_PERIOD_MIN_S, TaskType
+from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task
 from tasks_app.protocol.rate_deferrals import follow_up
@@ -89,6 +90,8 @@ class RateLimiter:
         # Until when (monotonic s) each (type, key token) of a keyed limit is known noted by `rate_keyed`.
         self._noted_until: dict[tuple[str, str], float] = {}
         self._notes_lock = threading.Lock()
+        # Per type, a failure to note its values (Redis away, a foreign key in place) met at every denial.
+        self._note_problem: ProblemLog[str] = ProblemLog(logger)
 
     def __call__(self, task: Task, config: TaskTypeConfig, key_token: str | None = None) -> int:
         """Take one decision for `task` (on its key value's own limiter if keyed); > 0: how many ms it must wait."""
@@ -139,7 +142,10 @@ class RateLimiter:
             if self.broker.rate_keyed(config.name, key_token, lives_us + policy.period_us, MAX_FOLLOWED_KEY_VALUES):
                 self._remember_note(noted, now_s + (lives_us + policy.period_us // 2) / 1e6)
         except Exception as exc:  # after a change, that value's tasks then wait out their slots
-            logger.warning("could not note the rate-limited value %s of %s: %s", key_token, config.name, exc)
+            message = "could not note the rate-limited value %s of %s: %s"
+            self._note_problem.failed(config.name, str(exc), message, key_token, config.name, exc)
+            return
+        self._note_problem.recovered(config.name, "the rate-limited values of %s are noted again", config.name)
 
     def _remember_note(self, noted: tuple[str, str], until_s: float) -> None:
         with self._notes_lock:
