@@ -14,7 +14,6 @@ from redis.exceptions import RedisError
 
 from tasks_app import metrics
 from tasks_app.consumer.options import ConsumerOptions
-from tasks_app.consumer.retrying import is_transient
 from tasks_app.periodic.code import sync_code_schedules
 from tasks_app.periodic.config import PeriodicConfig, load_configs
 from tasks_app.periodic.firing import fire_slot
@@ -24,6 +23,7 @@ from tasks_app.problem_log import ProblemLog
 from tasks_app.producer import EnqueueError, TaskTypeDisabled
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.periodic import FireReply, SlotFiring
+from tasks_app.protocol.scripts import is_transient
 from tasks_app.registry import Registry, registry as default_registry
 
 logger = logging.getLogger(__name__)

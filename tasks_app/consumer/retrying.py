@@ -7,39 +7,16 @@ import random
 import threading
 from collections.abc import Callable
 
-from redis.exceptions import (
-    ClusterError,
-    ConnectionError as RedisConnectionError,
-    OutOfMemoryError,
-    ReadOnlyError,
-    ResponseError,
-    SlotNotCoveredError,
-    TimeoutError as RedisTimeoutError,
-    TryAgainError,
-)
-
 from tasks_app import metrics
 from tasks_app.problem_log import ProblemLog
+from tasks_app.protocol.scripts import is_transient
 
 logger = logging.getLogger(__name__)
 
 FIRST_BACKOFF_S = 0.1
 MAX_BACKOFF_S = 5.0
-# Errors of a server (or cluster) state that passes: a lost connection, a node loading its data,
-# a failover under way, memory freed by eviction or expiry. Anything else a command or script
-# answers (a wrong argument, a value over the server's limits) fails the same way every time.
-TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
-    RedisConnectionError,
-    RedisTimeoutError,
-    ClusterError,
-    TryAgainError,
-    ReadOnlyError,
-    OutOfMemoryError,
-    SlotNotCoveredError,
-)
 # Per `what`, the outage a retried call met, said by the first call to meet it and ended by the first one through.
 _OUTAGES: ProblemLog[str] = ProblemLog(logger)
-TRANSIENT_REPLY_PREFIXES = ("LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "OOM", "NOREPLICAS")
 
 
 class GaveUp(Exception):
@@ -52,13 +29,6 @@ class WriteRefused(Exception):
     Redis drops the connection of a command over its limits (a value over proto-max-bulk-len),
     which looks like an outage; retrying such a write would never end.
     """
-
-
-def is_transient(exc: BaseException) -> bool:
-    """True for errors that trying again later can cure (Redis away or busy), False for the rest."""
-    if isinstance(exc, TRANSIENT_ERRORS):
-        return True
-    return isinstance(exc, ResponseError) and str(exc).startswith(TRANSIENT_REPLY_PREFIXES)
 
 
 def next_backoff_s(previous_s: float) -> float:

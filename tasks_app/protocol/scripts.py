@@ -11,8 +11,15 @@ from typing import Any
 import redis
 from redis.backoff import NoBackoff
 from redis.exceptions import (
+    ClusterError,
     ConnectionError as RedisConnectionError,
     NoScriptError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    ResponseError,
+    SlotNotCoveredError,
+    TimeoutError as RedisTimeoutError,
+    TryAgainError,
 )
 from redis.retry import Retry
 
@@ -23,6 +30,28 @@ LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
 
 # A line "-- include: NAME" in a script is replaced by lua/include/NAME.lua (helpers shared by scripts).
 _INCLUDE = re.compile(rb"^-- include: ([a-z_]+)$", re.MULTILINE)
+
+
+# Errors of a server (or cluster) state that passes: a lost connection, a node loading its data,
+# a failover under way, memory freed by eviction or expiry. Anything else a command or script
+# answers (a wrong argument, a value over the server's limits) fails the same way every time.
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    ClusterError,
+    TryAgainError,
+    ReadOnlyError,
+    OutOfMemoryError,
+    SlotNotCoveredError,
+)
+TRANSIENT_REPLY_PREFIXES = ("LOADING", "BUSY", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "READONLY", "OOM", "NOREPLICAS")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for errors that trying again later can cure (Redis away or busy), False for the rest."""
+    if isinstance(exc, TRANSIENT_ERRORS):
+        return True
+    return isinstance(exc, ResponseError) and str(exc).startswith(TRANSIENT_REPLY_PREFIXES)
 
 
 def _expand_includes(source: bytes, directory: Path) -> bytes:
@@ -48,6 +77,15 @@ class Scripts:
             _replace_dead_default_node(client)
             raise
 
+    def _run_again(self, client: Any, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Run script `name` by source; a deterministic error is its reply (the runs before it are not undone)."""
+        try:
+            return client.eval(self.sources[name], len(keys), *keys, *args)
+        except ResponseError as exc:
+            if is_transient(exc):
+                raise
+            return exc
+
     def queue(self, pipe: Any, name: str, keys: Sequence[str], args: Sequence[Any], *, by_source: bool = False) -> None:
         """Add a run of script `name` to a pipeline (see `execute`); `by_source` sends EVAL, not EVALSHA."""
         # Remember the call by its position, so `execute` can re-run it without reading
@@ -63,21 +101,20 @@ class Scripts:
     def execute(self, pipe: Any, client: Any, raise_on_error: bool = True) -> list[Any]:
         """Execute a pipeline; re-run by source just those scripts the server did not have.
 
-        With `raise_on_error` False, a command's error is returned in its place instead.
+        With `raise_on_error` False, a command's error is returned in its place instead. A re-run
+        meeting a passing server state (BUSY, LOADING, a lost connection) raises it whatever
+        `raise_on_error` says, as a MULTI meeting it aborts, for the caller to send the pipeline
+        again; the re-runs after it are not sent, as each may count on the ones before it.
         """
         queued: dict[int, tuple[str, tuple[str, ...], tuple[Any, ...]]] = vars(pipe).pop(_QUEUED_SCRIPTS, {})
         try:
             results: list[Any] = pipe.execute(raise_on_error=False)
+            for index, outcome in enumerate(results):
+                if isinstance(outcome, NoScriptError):
+                    results[index] = self._run_again(client, *queued[index])
         except RedisConnectionError:
             _replace_dead_default_node(client)
             raise
-        for index, outcome in enumerate(results):
-            if isinstance(outcome, NoScriptError):
-                name, keys, args = queued[index]
-                try:
-                    results[index] = client.eval(self.sources[name], len(keys), *keys, *args)
-                except redis.ResponseError as exc:  # run every re-run before raising: the others are not undone
-                    results[index] = exc
         if raise_on_error:
             for outcome in results:
                 if isinstance(outcome, Exception):

@@ -11,9 +11,10 @@ import redis
 
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.protocol import results
-from tasks_app.protocol.broker import Broker, Enqueueable
-from tasks_app.protocol.codec import Arguments, Task, encode_task
+from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.codec import Task
 from tests.chaos.servers import RedisServer
+from tests.support.claims import running
 
 pytestmark = pytest.mark.django_db
 
@@ -28,20 +29,9 @@ def test_an_ack_refused_for_memory_leaves_its_task_listed_and_its_record_as_it_w
         server.remove()
 
 
-def _running(broker: Broker, task: Task) -> tuple[Task, bytes, int]:
-    """Enqueue `task`, claim it as c1 and write its start: the task, its bytes as claimed and its token."""
-    broker.enqueue([Enqueueable(queue="q", raw=encode_task(task))], result_ttl_s=60)
-    broker.heartbeat(["q"], "c1", 10_000, {"lease_ms": 10_000})
-    claim = broker.claim_with_suspect("q", "c1", 1)
-    [raw], fence = claim.tasks, claim.first_fence
-    task.attempt = 1
-    assert broker.record_result(results.started(task, Arguments([], {}), "c1", 1, 3, 60, fence)) == 1
-    return task, raw, fence
-
-
 def _refused_for_memory(client: redis.Redis) -> None:
     broker = Broker(client, "P")
-    task, raw, fence = _running(broker, Task(id="full-1", type="demo.echo", queue="q"))
+    task, raw, fence = running(broker, Task(id="full-1", type="demo.echo", queue="q"))
     client.config_set("maxmemory-policy", "noeviction")
     client.config_set("maxmemory", 1)
 
@@ -66,7 +56,7 @@ def test_a_task_acked_alone_for_memory_still_gets_its_record(tmp_path: Path):
     try:
         client = redis.Redis.from_url(server.url)
         broker = Broker(client, "P")
-        task, raw, fence = _running(broker, Task(id="big-1", type="demo.echo", queue="q", payload=b"x" * 1_000_000))
+        task, raw, fence = running(broker, Task(id="big-1", type="demo.echo", queue="q", payload=b"x" * 1_000_000))
         client.config_set("maxmemory-policy", "noeviction")
         client.config_set("maxmemory", int(client.info("memory")["used_memory"]) + 1_500_000)
         batcher = AckBatcher(broker, threading.Event())

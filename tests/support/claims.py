@@ -5,8 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from tasks_app.protocol import results
 from tasks_app.protocol.broker import Broker, Enqueueable
-from tasks_app.protocol.codec import Task, encode_task
+from tasks_app.protocol.codec import Arguments, Task, encode_task
 
 
 def task_bytes(task_id: str, task_type: str = "test.record", queue: str = "q", **fields: Any) -> bytes:
@@ -40,3 +41,14 @@ def die_running(broker: Broker, consumer_id: str, lease_ms: int, queue: str = "q
         broker.mark_started(queue, taken.tasks[0])  # it was running when its consumer died
     time.sleep(lease_ms / 1000 + 0.02)
     return taken.tasks[0]
+
+
+def running(broker: Broker, task: Task) -> tuple[Task, bytes, int]:
+    """Enqueue `task`, claim it as c1 and write its start: the task, its bytes as claimed and its token."""
+    broker.enqueue([Enqueueable(queue=task.queue, raw=encode_task(task))], result_ttl_s=60)
+    broker.heartbeat([task.queue], "c1", 10_000, {"lease_ms": 10_000})
+    claimed = broker.claim_with_suspect(task.queue, "c1", 1)
+    [raw], fence = claimed.tasks, claimed.first_fence
+    task.attempt = 1
+    assert broker.record_result(results.started(task, Arguments([], {}), "c1", 1, 3, 60, fence)) == 1
+    return task, raw, fence
