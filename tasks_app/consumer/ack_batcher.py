@@ -29,7 +29,7 @@ from typing import Any
 
 from tasks_app import metrics
 from tasks_app.consumer.result_writes import merge_updates, storable, unstored_result
-from tasks_app.consumer.retrying import GaveUp, until_done
+from tasks_app.consumer.retrying import REFUSED_AFTER, GaveUp, until_done
 from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.replies import AckReport, ResultUpdate, UniqueRelease
@@ -37,8 +37,6 @@ from tasks_app.protocol.replies import AckReport, ResultUpdate, UniqueRelease
 logger = logging.getLogger(__name__)
 
 MAX_BATCH = 512
-# Failures in a row, with Redis answering PING, after which a write is taken as refused.
-REFUSED_AFTER = 3
 
 AckDone = Callable[[bool | None], None]
 """Called once an ack was written: True if the task was still held, False if it was lost,
@@ -292,7 +290,7 @@ class AckBatcher:
                 what="record_result",
                 give_up=self.give_up,
                 refused_after=REFUSED_AFTER,
-                redis_answers=self._redis_answers,
+                redis_answers=self.broker.answers,
             )
         except GaveUp:
             return None  # stopping: nothing more can be written
@@ -333,7 +331,7 @@ class AckBatcher:
             return self.broker.ack_many_reporting(merged, raws, releases=releases)
 
         flags, refused, unreplicated, written = until_done(
-            send, what="ack", give_up=self.give_up, refused_after=REFUSED_AFTER, redis_answers=self._redis_answers
+            send, what="ack", give_up=self.give_up, refused_after=REFUSED_AFTER, redis_answers=self.broker.answers
         )
         if unreplicated:  # acked anyway: a lagging replica must not hold acks back
             metrics.RESULT_REPLICATION_TIMEOUTS.inc(unreplicated)
@@ -356,10 +354,3 @@ class AckBatcher:
         # After the ack: held by nothing, as the task left the list.
         if (again := self._write_unheld(unstored_result(update, str(problem)))) is not None:
             logger.error("could not record the failure of task %a either: %s", update.task_id, again)
-
-    def _redis_answers(self) -> bool:
-        # A cluster failing over answers PING yet refuses writes for seconds: not the write's fault.
-        try:
-            return self.broker.ping() and self.broker.serves_every_slot()
-        except Exception:
-            return False

@@ -10,12 +10,14 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from tasks_app import metrics
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.receipts import withdrawal
 from tasks_app.consumer.retry_policy import backoff_delay_s
-from tasks_app.consumer.retrying import GaveUp, until_done
+from tasks_app.consumer.retrying import REFUSED_AFTER, GaveUp, WriteRefused, until_done
 from tasks_app.models import TaskType
 from tasks_app.protocol import results
 from tasks_app.protocol.broker import Broker
@@ -163,11 +165,12 @@ class Settling:
             run_s=duration_s,
         )
         new_raw = encode_task(task)
-        held = self._redis(
-            lambda: self.broker.retry_later(
-                claimed.queue, claimed.consumer_id, claimed.raw, new_raw, task.priority, delay_ms, update
-            ),
+        held = self._settle(
             "retry",
+            lambda result: self.broker.retry_later(
+                claimed.queue, claimed.consumer_id, claimed.raw, new_raw, task.priority, delay_ms, result
+            ),
+            update,
         )
         metrics.TASKS_RETRIED.labels(task.type, task.queue).inc()
         self._log_event(task, "retried", duration_s, error=task.last_error, retry_in_s=delay_ms / 1000)
@@ -301,25 +304,56 @@ class Settling:
         """Put a task back in the delayed set without using an attempt."""
         # Unstarted again: its receipt is withdrawn, so that a cancel while it waits cancels it outright.
         withdrawn = withdrawal(claimed, task, self.result_ttl_s + wait_ms // 1000 + 1)
-        held = self._redis(
-            lambda: self.broker.retry_later(
-                claimed.queue, claimed.consumer_id, claimed.raw, claimed.raw, task.priority, wait_ms, withdrawn
-            ),
+        held = self._settle(
             "defer",
+            lambda result: self.broker.retry_later(
+                claimed.queue, claimed.consumer_id, claimed.raw, claimed.raw, task.priority, wait_ms, result
+            ),
+            withdrawn,
         )
         metrics.TASKS_DEFERRED.labels(task.type, task.queue, reason).inc()
         if not held:
             self._ack_lost(claimed, task)
 
     def _redis[T](self, call: Callable[[], T], what: str) -> T:
-        return until_done(call, what=what, give_up=self.give_up)
+        """Run a settling write through outages; WriteRefused once Redis keeps refusing it while answering."""
+        return until_done(
+            call, what=what, give_up=self.give_up, refused_after=REFUSED_AFTER, redis_answers=self.broker.answers
+        )
+
+    def _settle(self, what: str, move: Callable[[ResultUpdate | None], bool], update: ResultUpdate | None) -> bool:
+        """Move a task on with its run's record `update` in one call; False if the task was lost.
+
+        If Redis keeps refusing the two (over maxmemory, where a script's first write may not be
+        a record's), the move alone, which takes the task out of the list first; then the record,
+        fenced by the run (a later run's claim keeps its own). Refused too, the move raises, and
+        the last resort (see `_dead_letter_after_error`) leaves the task listed at worst.
+        """
+        try:
+            return self._redis(lambda: move(update), what)
+        except WriteRefused as exc:
+            if update is None:
+                raise
+            logger.warning(
+                "Redis refused a %s of task %a with its record (%s); moving it alone", what, update.task_id, exc
+            )
+        held = self._redis(lambda: move(None), what)
+        if held:
+            try:
+                self._redis(lambda: self.broker.record_result(update), "record_result")
+            except (WriteRefused, ResponseError) as exc:
+                logger.error("the record of task %a was not written after its %s: %s", update.task_id, what, exc)
+        return held
 
     def _dead_letter_raw(
         self, claimed: Claimed, new_raw: bytes, update: ResultUpdate | None, release: UniqueRelease | None = None
     ) -> bool:
-        return self._redis(
-            lambda: self.broker.dead_letter(claimed.queue, claimed.consumer_id, claimed.raw, new_raw, update, release),
+        return self._settle(
             "dead_letter",
+            lambda result: self.broker.dead_letter(
+                claimed.queue, claimed.consumer_id, claimed.raw, new_raw, result, release
+            ),
+            update,
         )
 
     def _ack_lost(self, claimed: Claimed, task: Task) -> None:

@@ -159,6 +159,13 @@ class InspectionOps(ScriptClient):
         """Return True if Redis answers."""
         return bool(self.client.ping())
 
+    def answers(self) -> bool:
+        """Whether Redis answers PING and serves every slot (no failover under way); False, not an error, if not."""
+        try:
+            return self.ping() and self.serves_every_slot()
+        except Exception:
+            return False
+
     def serves_every_slot(self) -> bool:
         """False while a Redis Cluster reports a slot unserved (a failover under way); True on a single server."""
         if not isinstance(self.client, redis.RedisCluster):

@@ -1,4 +1,4 @@
-"""An ack flush that Redis refuses for memory (maxmemory, noeviction) writes nothing at all, not half of it."""
+"""Writes Redis refuses for memory (maxmemory, noeviction): no half of an ack flush lands, a retry is moved alone."""
 
 from __future__ import annotations
 
@@ -10,9 +10,15 @@ import pytest
 import redis
 
 from tasks_app.consumer.ack_batcher import AckBatcher
+from tasks_app.consumer.claimed import Claimed
+from tasks_app.consumer.executor import Executor
+from tasks_app.models import TaskType
 from tasks_app.protocol import results
 from tasks_app.protocol.broker import Broker
-from tasks_app.protocol.codec import Task
+from tasks_app.protocol.codec import Task, decode_task
+from tasks_app.protocol.keys import split_delayed_member
+from tasks_app.registry import Handler, Registry
+from tasks_app.task_types import TaskTypeCache
 from tests.chaos.servers import RedisServer
 from tests.support.claims import running
 
@@ -71,3 +77,41 @@ def test_a_task_acked_alone_for_memory_still_gets_its_record(tmp_path: Path):
         assert int(client.hget(broker.keys.minute("q", int(time.time()) // 60), "ok") or 0) == 1
     finally:
         server.remove()
+
+
+def test_a_retry_refused_for_memory_with_its_record_is_moved_alone_and_the_worker_goes_on(tmp_path: Path):
+    # Redis stays over maxmemory after a run failed: its retry (record and move in one MULTI) is
+    # refused every time. Bounded like an ack: after a few refusals with Redis answering, the move
+    # goes alone (a script whose first write takes the task out of the list is let through), the
+    # record after it; the task waits for its retry as planned, and the worker goes on.
+    server = RedisServer(tmp_path).start()
+    try:
+        client = redis.Redis.from_url(server.url)
+        broker = Broker(client, "P")
+        registry = Registry()
+        registry.add(Handler("x.fills", lambda: _fill_then_fail(client)))
+        TaskType.objects.create(name="x.fills", handler="x.fills", queue="q", max_attempts=3)
+        executor = Executor(broker, registry, TaskTypeCache(), "c1", result_ttl_s=60)
+        _, raw, fence = running(broker, Task(id="retry-1", type="x.fills", queue="q"))
+        settled: list[bool] = []
+        worker = threading.Thread(target=lambda: settled.append(executor.execute(Claimed("q", "c1", raw, fence=fence))))
+        worker.start()
+        worker.join(timeout=30)
+        executor.give_up.set()
+        worker.join()
+        client.config_set("maxmemory", 0)
+
+        assert settled == [False], "the worker retried the refused retry until told to stop"
+        assert client.llen(broker.keys.processing("q", "c1")) == 0 and client.zcard(broker.keys.dead("q")) == 0
+        [member] = client.zrange(broker.keys.delayed("q"), 0, -1)
+        retried = decode_task(split_delayed_member(member)[1])
+        assert (retried.id, retried.attempt) == ("retry-1", 1)
+        assert retried.last_error == "builtins.ValueError: failed with Redis full"
+    finally:
+        server.remove()
+
+
+def _fill_then_fail(client: redis.Redis) -> None:
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", 1)
+    raise ValueError("failed with Redis full")
