@@ -95,9 +95,12 @@ class Settling:
 
             self.acks.ack(claimed.queue, claimed.consumer_id, claimed.raw, update, acked, log, release)
             return True
-        updates = [update] if update is not None else []
-        held = self._redis(
-            lambda: self.broker.ack(claimed.queue, claimed.consumer_id, [claimed.raw], updates, [release])[0], "ack"
+        held = self._settle(
+            "ack",
+            lambda result: self.broker.ack(
+                claimed.queue, claimed.consumer_id, [claimed.raw], [result] if result else [], [release]
+            )[0],
+            update,
         )
         self._log_event(task, outcome, duration_s)
         if not held:
@@ -222,7 +225,7 @@ class Settling:
             # The move alone first: it must not depend on a record write, which may be what failed.
             held = self._dead_letter_raw(claimed, new_raw, None, release)
             if held and update is not None:
-                self._redis(lambda: self.broker.record_result(update), "record_result")
+                self._record_after("dead letter", update)
         except GaveUp:
             raise
         except Exception:
@@ -322,7 +325,7 @@ class Settling:
         )
 
     def _settle(self, what: str, move: Callable[[ResultUpdate | None], bool], update: ResultUpdate | None) -> bool:
-        """Move a task on with its run's record `update` in one call; False if the task was lost.
+        """Move a task on (ack, retry, defer, dead letter) with its run's record `update` in one call; False if lost.
 
         If Redis keeps refusing the two (over maxmemory, where a script's first write may not be
         a record's), the move alone, which takes the task out of the list first; then the record,
@@ -339,11 +342,15 @@ class Settling:
             )
         held = self._redis(lambda: move(None), what)
         if held:
-            try:
-                self._redis(lambda: self.broker.record_result(update), "record_result")
-            except (WriteRefused, ResponseError) as exc:
-                logger.error("the record of task %a was not written after its %s: %s", update.task_id, what, exc)
+            self._record_after(what, update)
         return held
+
+    def _record_after(self, what: str, update: ResultUpdate) -> None:
+        """Write the record of a run whose task was moved on without it; a refusal is only logged."""
+        try:
+            self._redis(lambda: self.broker.record_result(update), "record_result")
+        except (WriteRefused, ResponseError) as exc:
+            logger.error("the record of task %a was not written after its %s: %s", update.task_id, what, exc)
 
     def _dead_letter_raw(
         self, claimed: Claimed, new_raw: bytes, update: ResultUpdate | None, release: UniqueRelease | None = None

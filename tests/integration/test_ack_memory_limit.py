@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -84,15 +86,37 @@ def test_a_retry_refused_for_memory_with_its_record_is_moved_alone_and_the_worke
     # refused every time. Bounded like an ack: after a few refusals with Redis answering, the move
     # goes alone (a script whose first write takes the task out of the list is let through), the
     # record after it; the task waits for its retry as planned, and the worker goes on.
+    with _filled_by_a_run(tmp_path, "fail") as client:
+        keys = Broker(client, "P").keys
+        assert client.llen(keys.processing("q", "c1")) == 0 and client.zcard(keys.dead("q")) == 0
+        [member] = client.zrange(keys.delayed("q"), 0, -1)
+        retried = decode_task(split_delayed_member(member)[1])
+        assert (retried.id, retried.attempt) == ("filled-1", 1)
+        assert retried.last_error == "builtins.ValueError: failed with Redis full"
+
+
+def test_an_ack_without_the_batcher_refused_for_memory_ends_in_the_last_resort_not_retried_forever(tmp_path: Path):
+    # Settled in place (no ack batcher), a success's ack is refused with its record and alone (its
+    # script's first write is no removal): bounded, the last resort keeps the task as a dead letter.
+    with _filled_by_a_run(tmp_path, "succeed") as client:
+        keys = Broker(client, "P").keys
+        assert client.llen(keys.processing("q", "c1")) == 0 and client.zcard(keys.delayed("q")) == 0
+        [dead] = [decode_task(member) for member in client.zrange(keys.dead("q"), 0, -1)]
+        assert dead.id == "filled-1" and "WriteRefused" in dead.dead_reason
+
+
+@contextlib.contextmanager
+def _filled_by_a_run(tmp_path: Path, ending: str) -> Iterator[redis.Redis]:
+    """Run a task whose handler puts its private Redis over maxmemory, then fails or succeeds; yield the client."""
     server = RedisServer(tmp_path).start()
     try:
         client = redis.Redis.from_url(server.url)
         broker = Broker(client, "P")
         registry = Registry()
-        registry.add(Handler("x.fills", lambda: _fill_then_fail(client)))
+        registry.add(Handler("x.fills", lambda: _fill(client, ending)))
         TaskType.objects.create(name="x.fills", handler="x.fills", queue="q", max_attempts=3)
         executor = Executor(broker, registry, TaskTypeCache(), "c1", result_ttl_s=60)
-        _, raw, fence = running(broker, Task(id="retry-1", type="x.fills", queue="q"))
+        _, raw, fence = running(broker, Task(id="filled-1", type="x.fills", queue="q"))
         settled: list[bool] = []
         worker = threading.Thread(target=lambda: settled.append(executor.execute(Claimed("q", "c1", raw, fence=fence))))
         worker.start()
@@ -100,18 +124,15 @@ def test_a_retry_refused_for_memory_with_its_record_is_moved_alone_and_the_worke
         executor.give_up.set()
         worker.join()
         client.config_set("maxmemory", 0)
-
-        assert settled == [False], "the worker retried the refused retry until told to stop"
-        assert client.llen(broker.keys.processing("q", "c1")) == 0 and client.zcard(broker.keys.dead("q")) == 0
-        [member] = client.zrange(broker.keys.delayed("q"), 0, -1)
-        retried = decode_task(split_delayed_member(member)[1])
-        assert (retried.id, retried.attempt) == ("retry-1", 1)
-        assert retried.last_error == "builtins.ValueError: failed with Redis full"
+        assert settled == [False], "the worker retried the refused write until told to stop"
+        yield client
     finally:
         server.remove()
 
 
-def _fill_then_fail(client: redis.Redis) -> None:
+def _fill(client: redis.Redis, ending: str) -> str:
     client.config_set("maxmemory-policy", "noeviction")
     client.config_set("maxmemory", 1)
-    raise ValueError("failed with Redis full")
+    if ending == "fail":
+        raise ValueError("failed with Redis full")
+    return "done"
