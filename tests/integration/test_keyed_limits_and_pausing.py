@@ -11,7 +11,7 @@ from tasks_app import producer
 from tasks_app.control import CANCELLED
 from tasks_app.models import TaskType
 from tests.support.processes import wait_until
-from tests.support.recording import most_starts_in_any_window, recorded_runs
+from tests.support.recording import most_starts_in_any_window, recorded_runs, remove_limit_and_wait_for_runs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -45,13 +45,8 @@ def test_a_removed_keyed_limit_runs_the_deferred_tasks_of_every_value_at_once(br
     waiting += producer.enqueue(RECORD, kwargs={"tenant": "b"}, count=3)
     wait_until(lambda: broker.queue_stats("default").delayed == 4, 15, message="two tasks of each tenant to wait")
 
-    row.rate_limit = None
-    row.save(update_fields=["rate_limit"])
-
-    wait_until(
-        lambda: {run["task_id"] for run in recorded_runs(broker)} >= {task.id for task in waiting},
-        15,
-        message="every waiting task to run once the limit is gone, not a minute apart",
+    remove_limit_and_wait_for_runs(
+        broker, row, waiting, "every waiting task to run once the limit is gone, not a minute apart"
     )
 
 

@@ -17,7 +17,7 @@ from tasks_app.protocol.keys import delayed_member
 from tasks_app.protocol.rate_deferrals import follow_up
 from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
 from tests.support.processes import wait_until
-from tests.support.recording import recorded_runs
+from tests.support.recording import remove_limit_and_wait_for_runs
 
 TYPE = "test.limited"
 LIMITED = TaskTypeConfig(name=TYPE, handler=TYPE, rate_limit=1, rate_period_s=60.0)
@@ -156,13 +156,8 @@ def test_three_consumers_noticing_a_removed_limit_run_its_deferrals_on_another_q
     waiting = producer.enqueue(RECORDED, count=6, queue="elsewhere")
     wait_until(lambda: broker.queue_stats("elsewhere").delayed == 5, 15, message="five tasks to wait for slots")
 
-    row.rate_limit = None
-    row.save(update_fields=["rate_limit"])
-
-    wait_until(
-        lambda: {run["task_id"] for run in recorded_runs(broker)} >= {t.id for t in waiting},
-        15,
-        message="every waiting task to run once the limit is gone, not minutes apart",
+    remove_limit_and_wait_for_runs(
+        broker, row, waiting, "every waiting task to run once the limit is gone, not minutes apart"
     )
 
 

@@ -2,11 +2,13 @@
 
 import json
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 from tasks_app.protocol.broker import Broker
 
 from .handlers import MARKS_KEY_SUFFIX, RUNS_KEY_SUFFIX
+from .processes import wait_until
 
 
 def recorded_runs(broker: Broker) -> list[dict[str, Any]]:
@@ -35,3 +37,11 @@ def marks(broker: Broker) -> list[dict[str, Any]]:
     """Every mark `test.hang` (and the async test handlers) left, in order."""
     raw = broker.client.lrange(f"{broker.keys.prefix}:{MARKS_KEY_SUFFIX}", 0, -1)
     return [json.loads(item) for item in raw]
+
+
+def remove_limit_and_wait_for_runs(broker: Broker, row: Any, tasks: Iterable[Any], message: str) -> None:
+    """Remove the rate limit of TaskType `row` in the admin's way (a save) and wait until every task has run."""
+    row.rate_limit = None
+    row.save(update_fields=["rate_limit"])
+    wanted = {task.id for task in tasks}
+    wait_until(lambda: {run["task_id"] for run in recorded_runs(broker)} >= wanted, 15, message=message)
