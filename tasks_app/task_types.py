@@ -15,6 +15,8 @@ from tasks_app.problem_log import ProblemLog
 from tasks_app.registry import Registry
 
 logger = logging.getLogger(__name__)
+# After a failed read of the rows, how long claims that need them wait before asking again (s).
+RETRY_FAILED_READ_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -97,8 +99,9 @@ class TaskTypeCache:
         self._configs: dict[str, TaskTypeConfig] = {}
         # False until the rows were read once: before that no type's settings are known.
         self.loaded = False
-        # When the last refresh began (monotonic s): its rows include every row created before then.
+        # When the last successful refresh began (monotonic s): its rows include every row created before then.
         self.read_at = float("-inf")
+        self._failed_at = float("-inf")  # when the last failed refresh began
         # Called with each type whose settings a refresh found changed (not on the first read);
         # a type whose row was deleted, with its last settings less the rate limit.
         self.on_change: list[Callable[[TaskTypeConfig], None]] = []
@@ -108,22 +111,36 @@ class TaskTypeCache:
         """Return the cached settings of type `name` (None if it has no row)."""
         return self._configs.get(name)
 
-    def refresh(self) -> None:
-        """Reload every row; on a database error keep serving the last snapshot."""
-        self.read_at = time.monotonic()
+    def holds_rows_since(self, since_s: float) -> bool:
+        """True if the cache holds every row created before `since_s` (monotonic), reading them if need be.
+
+        False while the database cannot be read. A failed read is not retried for
+        RETRY_FAILED_READ_S, so an outage costs a query a second, not one per claim.
+        """
+        if self.read_at >= since_s:
+            return True
+        if time.monotonic() - self._failed_at < RETRY_FAILED_READ_S:
+            return False
+        return self.refresh()
+
+    def refresh(self) -> bool:
+        """Reload every row; on a database error keep serving the last snapshot and return False."""
+        began = time.monotonic()
         try:
             configs = {row.name: TaskTypeConfig.from_model(row) for row in TaskType.objects.all()}
         except Exception as exc:  # the database may be briefly away; stale settings beat none
+            self._failed_at = began
             self._problem.failed("refresh", repr(exc), "cannot reload task types, keeping the last ones: %s", exc)
-            return
+            return False
         self._problem.recovered("refresh", "task types reloaded again")
-        before, self._configs, self.loaded = self._configs, configs, True
+        before, self._configs, self.loaded, self.read_at = self._configs, configs, True, began
         changed = [config for name, config in configs.items() if name in before and before[name] != config]
         # A row deleted: its tasks run unlimited or are dead-lettered, so none may wait for its limit's slots.
         changed += [replace(config, rate_limit=None) for name, config in before.items() if name not in configs]
         for config in changed:
             for listener in self.on_change:
                 listener(config)
+        return True
 
 
 class RecentTaskTypes:

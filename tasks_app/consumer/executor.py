@@ -45,6 +45,7 @@ from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
 logger = logging.getLogger("tasks_app.tasks")
 
 DISABLED_RECHECK_MS = 5000
+SETTINGS_UNREADABLE = "the task types cannot be read"
 INT32_MAX = 2**31 - 1  # the envelope's attempt field
 
 
@@ -138,7 +139,7 @@ class Executor(AsyncRuns, RunLimits):
         config, problem = self._resolve(task, claimed.claimed_at_s)
         if claimed.receipt == results.START_REFUSED:  # cancelled before its claim: dropped, whatever its type
             return self._drop_cancelled(claimed, task, config, on_settled)
-        if not self.task_types.loaded:
+        if problem == SETTINGS_UNREADABLE:
             return self._defer_unknown_settings(claimed, task)
         if config is None:
             self._dead_letter(claimed, task, "UnknownTaskType", problem)
@@ -169,8 +170,9 @@ class Executor(AsyncRuns, RunLimits):
                 release()
 
     def _defer_unknown_settings(self, claimed: Claimed, task: Task) -> bool:
-        """Defer a task while no TaskType row was ever read (the database down since this consumer started)."""
-        # Its row may set limits, a timeout or another handler: running it with defaults would ignore them.
+        """Defer a task whose TaskType row could not be read (the database away): it may have one."""
+        # Its row may set limits, a timeout or another handler: running it with defaults would
+        # ignore them, and calling its type unknown would dead-letter it.
         self._defer(claimed, task, DISABLED_RECHECK_MS, "settings_unknown")
         return False
 
@@ -235,14 +237,16 @@ class Executor(AsyncRuns, RunLimits):
 
     # --- the run ---------------------------------------------------------------------------
     def _resolve(self, task: Task, claimed_at_s: float) -> tuple[TaskTypeConfig | None, str]:
+        """The task's settings; else None and why (SETTINGS_UNREADABLE: ask again later)."""
         config = self.task_types.get(task.type)
         needs_rows = config is None and (self.registry.get(task.type) is None or not self.task_types.loaded)
-        if needs_rows and self.task_types.read_at < claimed_at_s:
+        if needs_rows:
             # A row created since the last refresh (say, a new `@task`'s first enqueue) must not be
             # missed: reload before calling the type unknown, or before trusting a handler's
             # defaults while no row was ever read. Once per claim, not per task: a read begun
             # after the claim holds every row its tasks' producers created.
-            self.task_types.refresh()
+            if not self.task_types.holds_rows_since(claimed_at_s):
+                return None, SETTINGS_UNREADABLE
             config = self.task_types.get(task.type)
         if config is not None:
             return config, ""

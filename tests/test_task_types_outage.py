@@ -1,0 +1,82 @@
+"""A consumer whose database goes away: tasks wait for their settings, and the database is not hammered."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import OperationalError
+
+from tasks_app.consumer.claimed import Claimed
+from tasks_app.consumer.executor import Executor
+from tasks_app.models import TaskType
+from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.codec import decode_task, encode_payload
+from tasks_app.protocol.keys import split_delayed_member
+from tasks_app.registry import Handler, Registry
+from tasks_app.task_types import TaskTypeCache
+from tests.support.claims import claim, push, register, task_bytes
+
+pytestmark = pytest.mark.django_db
+
+CONSUMER = "worker-a"
+
+
+@pytest.fixture
+def executor(broker: Broker) -> Executor:
+    registry = Registry()
+    registry.add(Handler("x.add", lambda a, b: a + b))
+    register(broker, CONSUMER, lease_ms=30_000)
+    return Executor(broker, registry, TaskTypeCache(), CONSUMER, result_ttl_s=60)
+
+
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The database away from the start; the list counts the reads of the TaskType rows."""
+    return break_the_database(monkeypatch)
+
+
+def break_the_database(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every read of the TaskType rows from now on fails, as with the database away; the list counts them."""
+    attempts: list[str] = []
+
+    def database_down() -> None:
+        attempts.append("read")
+        raise OperationalError("the database is restarting")
+
+    monkeypatch.setattr(TaskType.objects, "all", database_down)
+    return attempts
+
+
+def claimed_one(broker: Broker, task_id: str, type_name: str) -> Claimed:
+    push(broker, task_bytes(task_id, type_name, payload=encode_payload([1, 2], {})))
+    [raw] = claim(broker, CONSUMER, 1)
+    return Claimed("q", CONSUMER, raw)
+
+
+def delayed_ids(broker: Broker) -> list[str]:
+    members = broker.client.zrange(broker.keys.delayed("q"), 0, -1)
+    return [decode_task(split_delayed_member(member)[1]).id for member in members]
+
+
+def test_a_type_created_after_the_last_read_waits_while_the_database_is_away(broker, executor, monkeypatch):
+    executor.task_types.refresh()  # read once, while the database was up: no row yet
+    TaskType.objects.create(name="x.new", handler="x.add", queue="q")  # then its row, then the outage
+    failed_reads = break_the_database(monkeypatch)
+    assert executor.execute(claimed_one(broker, "t1", "x.new")) is False
+    assert failed_reads, "the rows were asked for before calling the type unknown"
+    assert broker.list_dead("q") == [], "a type the database could not be asked about is not unknown"
+    assert delayed_ids(broker) == ["t1"] and broker.held_by("q", CONSUMER) == []
+
+
+def test_claims_during_an_outage_do_not_each_ask_the_database(broker, executor, reads):
+    for number in range(20):  # twenty claims in a row, each its own batch
+        assert executor.execute(claimed_one(broker, f"t{number}", "x.add")) is False
+    assert len(delayed_ids(broker)) == 20 and broker.list_dead("q") == []
+    assert len(reads) == 1, "a failed read is not repeated for every claim that follows within a second"
+
+
+def test_the_database_back_lets_the_next_claim_read_the_rows(broker, executor, reads, monkeypatch):
+    assert executor.execute(claimed_one(broker, "t1", "x.add")) is False
+    monkeypatch.undo()
+    executor.task_types.refresh()  # the housekeeping refresh, a few seconds on
+    executor.execute(claimed_one(broker, "t2", "x.add"))
+    assert broker.get_result("t2")["status"] == "SUCCESSFUL"
