@@ -12,9 +12,17 @@ from support import ROOT
 PREFIX = "bench"
 
 
+_db_dirs: dict[str, Path] = {}  # one migrated DB per process: Django, once set up, keeps its first DATABASES
+
+
 def setup(redis_url: str) -> Path:
-    """Set the environment, start Django, migrate a fresh SQLite DB; return its directory."""
-    db_dir = Path(tempfile.mkdtemp(prefix="bench-db-"))
+    """Set the environment, start Django, migrate a fresh SQLite DB (once per process); return its directory."""
+    if _db_dirs:
+        [(first_url, db_dir)] = _db_dirs.items()
+        if first_url != redis_url:
+            raise RuntimeError(f"Django is already set up for {first_url}, not {redis_url}: one Redis per process")
+        return db_dir
+    db_dir = _db_dirs[redis_url] = Path(tempfile.mkdtemp(prefix="bench-db-"))
     os.environ.update(
         {
             "DJANGO_SETTINGS_MODULE": "scheduler_site.settings",
