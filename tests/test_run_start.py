@@ -94,6 +94,20 @@ def test_a_run_whose_start_a_later_claim_turned_away_does_not_start(broker, rece
     assert broker.held_by("q", "me") == []  # acked unrun: the later claim runs it
 
 
+def test_a_lease_lost_while_the_start_was_written_leaves_the_task_to_the_reaper_unrun(broker):
+    register(broker, "me", lease_ms=30_000)
+    push(broker, task_bytes("t7"))
+    [raw] = claim(broker, "me", 1)
+    # Held at the gates; lapsed while the RUNNING write waited for Redis (or the process was stopped).
+    answers = iter([True, False])
+    executor = Executor(
+        broker, default_registry, TaskTypeCache(), "me", result_ttl_s=60, lease_check=lambda item: next(answers)
+    )
+    assert executor.execute(Claimed("q", "me", raw, fence=1)) is False
+    assert recorded_runs(broker) == [], "started after its lease was lost"
+    assert broker.held_by("q", "me") == [raw]  # the reaper hands it on
+
+
 def test_a_forced_cancel_that_lands_as_the_run_registers_ends_it_cancelled_not_dead(broker, monkeypatch):
     registry = Registry()
     registry.add(Handler("x.ok", lambda: "done"))

@@ -7,7 +7,6 @@ reason as a last resort): a task this consumer holds never stays in its processi
 from __future__ import annotations
 
 import asyncio
-import enum
 import inspect
 import logging
 import math
@@ -29,6 +28,7 @@ from tasks_app.consumer.control import Running, RunWatch, progress_update
 from tasks_app.consumer.pause_watch import PauseWatch
 from tasks_app.consumer.retrying import GaveUp
 from tasks_app.consumer.run_limits import RunLimits
+from tasks_app.consumer.run_start import NotStarted, RunStart
 from tasks_app.consumer.timeouts import RunClock, call_with_clock, failure_traceback
 from tasks_app.context import TaskContext, running
 from tasks_app.django_tasks import runner
@@ -37,8 +37,6 @@ from tasks_app.protocol import results
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Arguments, Task, UndecodableTask, decode_payload, decode_task
 from tasks_app.protocol.keys import delayed_member
-from tasks_app.protocol.replies import ResultUpdate
-from tasks_app.protocol.timestamps import now_ms
 from tasks_app.registry import Handler, Registry
 from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
 
@@ -46,7 +44,6 @@ logger = logging.getLogger("tasks_app.tasks")
 
 DISABLED_RECHECK_MS = 5000
 SETTINGS_UNREADABLE = "the task types cannot be read"
-INT32_MAX = 2**31 - 1  # the envelope's attempt field
 
 
 def _max_result_bytes() -> int:
@@ -55,24 +52,12 @@ def _max_result_bytes() -> int:
     return int(settings.TASKS_MAX_RESULT_BYTES)
 
 
-def _count_run(attempt: int) -> int:
-    """The run count of a task starting a run: a foreign count below 0 reads as 0, one at int32's end stays there."""
-    return min(max(attempt, 0) + 1, INT32_MAX)
-
-
-class NotStarted(enum.Enum):
-    """Why a claimed task's run must not start: its record says so."""
-
-    CANCELLED = "cancelled"  # cancelled before it started
-    SUPERSEDED = "superseded"  # a later claim's token is on the record: that claim runs it
-
-
 RateGate = Callable[[Task, TaskTypeConfig, str | None], int]
 """Returns 0 to let a task start now, else how many ms to wait before it may (the third
 argument: the token of the task's `rate_limit_key` value, None when the limit is not keyed)."""
 
 
-class Executor(AsyncRuns, RunLimits):
+class Executor(AsyncRuns, RunLimits, RunStart):
     """Runs claimed tasks on worker threads and settles them in Redis."""
 
     def __init__(
@@ -270,6 +255,8 @@ class Executor(AsyncRuns, RunLimits):
             return self._drop_cancelled(claimed, task, config, on_settled)
         if max_attempts is NotStarted.SUPERSEDED:  # a later claim holds the task: it runs there, never here as well
             return self._ack_settled(claimed, task, None, "superseded", None, on_settled)
+        if max_attempts is NotStarted.LEASE_LOST:
+            return False
         context = TaskContext(
             task.id, task.type, task.queue, task.attempt, max_attempts, dict(task.headers), claimed.consumer_id
         )
@@ -308,51 +295,6 @@ class Executor(AsyncRuns, RunLimits):
             return self._end_cancelled(claimed, task, config, duration, on_settled)
         self._fail(claimed, task, config, error, failure_traceback(error, raised), duration)
         return False
-
-    def _record_start(
-        self, claimed: Claimed, task: Task, config: TaskTypeConfig, handler: Handler, arguments: Arguments
-    ) -> int | NotStarted:
-        """Count the attempt and record its start (RUNNING record, metrics); return the task's attempt limit,
-        or why it must not start."""
-        if claimed.receipt == results.SUPERSEDED:
-            return NotStarted.SUPERSEDED
-        if claimed.suspect:
-            # Durable before the handler starts: if this process dies now, the task is to blame.
-            self._redis(lambda: self.broker.mark_started(claimed.queue, claimed.raw), "mark_started")
-        task.attempt = _count_run(task.attempt)
-        max_attempts = task.max_attempts or config.max_attempts
-        started_ms = now_ms()
-        started_update = results.started(
-            task,
-            arguments,
-            self.worker_id,
-            started_ms,
-            max_attempts,
-            self.result_ttl_s,
-            claimed.fence,
-            record_exists=claimed.receipt == results.RECEIPT_OF_RECORD,
-        )
-        reply = self._write_start(claimed, handler, started_update)
-        if reply == results.START_REFUSED:
-            return NotStarted.CANCELLED
-        if reply == results.SUPERSEDED:
-            return NotStarted.SUPERSEDED
-        run_metrics = metrics.of_run(task.type, task.queue)
-        run_metrics.started.inc()
-        waited_since_ms = task.run_after_ms or task.enqueued_at_ms
-        if waited_since_ms and task.attempt == 1:
-            run_metrics.wait.observe(max(0.0, (started_ms - waited_since_ms) / 1000))
-        return max_attempts
-
-    def _write_start(self, claimed: Claimed, handler: Handler, started_update: ResultUpdate) -> Any:
-        """Write a run's RUNNING update; Redis's reply (None: not waited for, the receipt decided)."""
-        if self.acks is not None and handler.django_task is None and claimed.receipt is not None:
-            self.acks.record(started_update)  # goes out with the next flush
-            return None
-        if self.acks is not None and handler.django_task is None:
-            return self.acks.record_start(started_update)  # shares a flush with other workers' writes
-        # A @task function reads its own record when it starts.
-        return self._redis(lambda: self.broker.record_result(started_update), "record_result")
 
     def _call(
         self, handler: Handler, context: TaskContext, arguments: Arguments, run: Running
