@@ -33,7 +33,7 @@ def recorded_flight(timeout_s=None) -> tuple[Flight, list]:
 def submitted(lane: AsyncLane, coroutine, flight: Flight) -> threading.Event:
     """Submit the run; the event is set once it is settled."""
     finished = threading.Event()
-    lane.submit(coroutine, flight, finished.set)
+    lane.submit(coroutine, flight, finished.set, lane.reserve())
     return finished
 
 

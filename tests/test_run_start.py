@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
@@ -9,6 +10,7 @@ import pytest
 
 from tasks_app import metrics
 from tasks_app.consumer.ack_batcher import AckBatcher
+from tasks_app.consumer.async_lane import AsyncLane
 from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.claimer import ClaimerLoop
 from tasks_app.consumer.executor import Executor
@@ -19,6 +21,7 @@ from tasks_app.protocol.broker import Broker
 from tasks_app.registry import Handler, Registry, registry as default_registry
 from tasks_app.task_types import TaskTypeCache
 from tests.support.claims import claim, push, register, task_bytes
+from tests.support.processes import wait_until
 from tests.support.recording import recorded_runs
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -106,6 +109,42 @@ def test_a_lease_lost_while_the_start_was_written_leaves_the_task_to_the_reaper_
     assert executor.execute(Claimed("q", "me", raw, fence=1)) is False
     assert recorded_runs(broker) == [], "started after its lease was lost"
     assert broker.held_by("q", "me") == [raw]  # the reaper hands it on
+
+
+class NoWorkerSlots:
+    def hand_off(self) -> None: ...
+    def take_back(self) -> None: ...
+
+
+def test_an_async_run_waiting_for_a_full_lane_does_not_start_once_its_lease_is_lost(broker):
+    started, lane_free, lease = [], threading.Event(), {"held": True}
+
+    async def holds_the_lane(name: str) -> None:
+        started.append(name)
+        while not lane_free.is_set():
+            await asyncio.sleep(0.01)
+
+    registry = Registry()
+    registry.add(Handler("x.async", holds_the_lane))
+    register(broker, "me", lease_ms=30_000)
+    lane = AsyncLane(1, NoWorkerSlots())
+    executor = Executor(
+        broker, registry, TaskTypeCache(), "me", result_ttl_s=60, async_lane=lane, lease_check=lambda _: lease["held"]
+    )
+    for name in ("t1", "t2"):
+        push(broker, task_bytes(name, "x.async", payload=f'{{"args": ["{name}"]}}'.encode()))
+    first, second = (Claimed("q", "me", raw, fence=n) for n, raw in enumerate(claim(broker, "me", 2), 1))
+    assert executor.execute(first) is True  # on the lane, which it fills
+    waiting = threading.Thread(target=executor.execute, args=(second,))
+    waiting.start()
+    time.sleep(0.2)
+    lease["held"] = False  # lost while the second waited for room on the lane
+    lane_free.set()
+    waiting.join(5)
+    wait_until(lambda: executor.async_running() == 0, 5, message="the lane to empty")
+    assert started == ["t1"], "started on the lane after its lease was lost"
+    assert broker.get_result("t2") is None and second.raw in broker.held_by("q", "me")  # the reaper's
+    executor.close()
 
 
 def test_a_forced_cancel_that_lands_as_the_run_registers_ends_it_cancelled_not_dead(broker, monkeypatch):

@@ -1,8 +1,9 @@
 """The asyncio lane: `async def` handlers of a consumer run on one event loop, not a thread each.
 
-A worker thread decodes the task and records its start as for any task, then hands the
-coroutine here and moves on: the task gives back its worker slot and takes one of the lane's
-`--async-concurrency` slots instead (the worker waits while the lane is full). The outcome is
+A worker thread takes one of the lane's `--async-concurrency` slots (waiting while the lane is
+full), then checks the lease and records the start as for any task, so a run begins as soon as
+its start is written; it hands the coroutine here and moves on, the task giving back its worker
+slot. The outcome is
 settled through the same path as a sync run (results, retries, acks and fences): a success is
 handed to the ack batcher from the loop (that only queues it), anything else is settled on a
 small pool of threads, so the loop never waits on Redis. A task keeps its lane slot until its ack is
@@ -66,6 +67,23 @@ class Flight:
             return first
 
 
+class LaneSlot:
+    """A slot of the lane taken before a run's start is written; given back unless a run took it."""
+
+    def __init__(self, slots: threading.BoundedSemaphore) -> None:
+        self._slots: threading.BoundedSemaphore | None = slots
+
+    def hand_to_run(self) -> None:
+        """The run submitted with it gives the slot back once it is settled."""
+        self._slots = None
+
+    def give_back(self) -> None:
+        """Give the slot back if no run took it (its task did not start)."""
+        slots, self._slots = self._slots, None
+        if slots is not None:
+            slots.release()
+
+
 # A run given up on at its hard limit, with the error it is settled with.
 HungFlight = tuple[Flight, TaskCancelled | TaskTimeout]
 
@@ -90,10 +108,17 @@ class AsyncLane:
         with self._lock:
             return self._running
 
-    def submit(self, coroutine: Coroutine[Any, Any, Any], flight: Flight, on_settled: Callable[[], None]) -> None:
-        """Run `coroutine` on the loop and settle its outcome as `flight` says; waits while the lane is full."""
+    def reserve(self) -> LaneSlot:
+        """Take a slot for a run, waiting while the lane is full; `submit` hands it to the run."""
         self._slots.acquire()
-        flight.started = time.monotonic()  # its timeout counts from here, not while it waited for a slot
+        return LaneSlot(self._slots)
+
+    def submit(
+        self, coroutine: Coroutine[Any, Any, Any], flight: Flight, on_settled: Callable[[], None], slot: LaneSlot
+    ) -> None:
+        """Run `coroutine` on the loop in `slot` and settle its outcome as `flight` says."""
+        slot.hand_to_run()
+        flight.started = time.monotonic()
         flight.done = self._done_callback(on_settled, flight)
         with self._lock:
             self._running += 1

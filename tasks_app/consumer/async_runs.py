@@ -14,7 +14,7 @@ from functools import partial
 from typing import Any, NoReturn
 
 from tasks_app import metrics
-from tasks_app.consumer.async_lane import AsyncLane, Flight
+from tasks_app.consumer.async_lane import AsyncLane, Flight, LaneSlot
 from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.control import Running, RunWatch, progress_update
 from tasks_app.consumer.retrying import GaveUp
@@ -62,8 +62,9 @@ class AsyncRuns(Settling):
         context: TaskContext,
         arguments: Arguments,
         on_settled: Callable[[], None] | None,
+        slot: LaneSlot,
     ) -> bool:
-        """Hand the run to the lane, watched; it calls `on_settled` once the task is settled (always True)."""
+        """Hand the run to the lane in `slot`, watched; it calls `on_settled` once the task is settled (always True)."""
         lane = self.async_lane
         assert lane is not None
         timeout_s = config.timeout_s or None
@@ -73,7 +74,7 @@ class AsyncRuns(Settling):
         run = Running(task, RunClock(None), context, claimed.fence, claimed, config, partial(lane.cancel, flight))
         with self._running_lock:
             self.running[context.control] = run
-        lane.submit(coroutine, flight, on_settled or (lambda: None))
+        lane.submit(coroutine, flight, on_settled or (lambda: None), slot)
         return True
 
     def _unwatch(self, control: RunControl) -> None:

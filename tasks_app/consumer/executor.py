@@ -248,20 +248,26 @@ class Executor(AsyncRuns, RunLimits, RunStart):
         arguments: Arguments,
         on_settled: Callable[[], None] | None = None,
     ) -> bool:
-        if self.lease_check is not None and not self.lease_check(claimed):
-            return False  # its lease was lost while it passed the gates: the reaper owns it now
-        max_attempts = self._record_start(claimed, task, config, handler, arguments)
-        if max_attempts is NotStarted.CANCELLED:  # cancelled before it started
-            return self._drop_cancelled(claimed, task, config, on_settled)
-        if max_attempts is NotStarted.SUPERSEDED:  # a later claim holds the task: it runs there, never here as well
-            return self._ack_settled(claimed, task, None, "superseded", None, on_settled)
-        if max_attempts is NotStarted.LEASE_LOST:
-            return False
-        context = TaskContext(
-            task.id, task.type, task.queue, task.attempt, max_attempts, dict(task.headers), claimed.consumer_id
-        )
-        if handler.is_async and self.async_lane is not None:
-            return self._run_async(claimed, task, config, handler, context, arguments, on_settled)
+        # An async run takes its lane slot before the lease check: once its start is written, it begins.
+        lane_slot = self.async_lane.reserve() if handler.is_async and self.async_lane is not None else None
+        try:
+            if self.lease_check is not None and not self.lease_check(claimed):
+                return False  # its lease was lost while it passed the gates: the reaper owns it now
+            max_attempts = self._record_start(claimed, task, config, handler, arguments)
+            if max_attempts is NotStarted.CANCELLED:  # cancelled before it started
+                return self._drop_cancelled(claimed, task, config, on_settled)
+            if max_attempts is NotStarted.SUPERSEDED:  # a later claim holds it: it runs there, never here as well
+                return self._ack_settled(claimed, task, None, "superseded", None, on_settled)
+            if max_attempts is NotStarted.LEASE_LOST:
+                return False
+            context = TaskContext(
+                task.id, task.type, task.queue, task.attempt, max_attempts, dict(task.headers), claimed.consumer_id
+            )
+            if lane_slot is not None:
+                return self._run_async(claimed, task, config, handler, context, arguments, on_settled, lane_slot)
+        finally:
+            if lane_slot is not None:
+                lane_slot.give_back()  # unless the run took it
         clock = RunClock(config.timeout_s or None)
         run = Running(task, clock, context, claimed.fence, claimed, config)
         value, raised = self._call(handler, context, arguments, run)
