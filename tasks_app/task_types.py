@@ -117,8 +117,14 @@ class TaskTypeCache:
         False while the database cannot be read. A failed read is not retried for
         RETRY_FAILED_READ_S, so an outage costs a query a second, not one per claim.
         """
-        if self.read_at >= since_s:
-            return True
+        return self.read_at >= since_s or self._read_again()
+
+    def ensure_loaded(self) -> bool:
+        """True once the rows were read; until then read them (as `holds_rows_since`, not retried within a second)."""
+        return self.loaded or self._read_again()
+
+    def _read_again(self) -> bool:
+        """Refresh, unless the last read failed less than RETRY_FAILED_READ_S ago; True if the rows were read."""
         if time.monotonic() - self._failed_at < RETRY_FAILED_READ_S:
             return False
         return self.refresh()
@@ -130,7 +136,12 @@ class TaskTypeCache:
             configs = {row.name: TaskTypeConfig.from_model(row) for row in TaskType.objects.all()}
         except Exception as exc:  # the database may be briefly away; stale settings beat none
             self._failed_at = began
-            self._problem.failed("refresh", repr(exc), "cannot reload task types, keeping the last ones: %s", exc)
+            if self.loaded:
+                self._problem.failed("refresh", repr(exc), "cannot reload task types, keeping the last ones: %s", exc)
+            else:
+                self._problem.failed(
+                    "refresh", repr(exc), "cannot read the task types, claiming nothing until then: %s", exc
+                )
             return False
         self._problem.recovered("refresh", "task types reloaded again")
         before, self._configs, self.loaded, self.read_at = self._configs, configs, True, began

@@ -6,7 +6,10 @@ import pytest
 from django.db import OperationalError
 
 from tasks_app.consumer.claimed import Claimed
+from tasks_app.consumer.claimer import ClaimerLoop
 from tasks_app.consumer.executor import Executor
+from tasks_app.consumer.lifecycle import Consumer
+from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import decode_task, encode_payload
@@ -80,3 +83,23 @@ def test_the_database_back_lets_the_next_claim_read_the_rows(broker, executor, r
     executor.task_types.refresh()  # the housekeeping refresh, a few seconds on
     executor.execute(claimed_one(broker, "t2", "x.add"))
     assert broker.get_result("t2")["status"] == "SUCCESSFUL"
+
+
+def test_a_consumer_that_never_read_its_task_types_claims_nothing_until_it_can(broker, monkeypatch):
+    # Claiming them would only defer them, again every few seconds, while consumers that can run them wait.
+    options = ConsumerOptions(queues=["q"], concurrency=1, prefetch=0, lease_s=2.0, block_s=0.1, consumer_id="me")
+    consumer = Consumer(options, broker=broker)
+    consumer.register()
+    claimer = ClaimerLoop(consumer, "q")
+    try:
+        push(broker, task_bytes("t1", "x.add", payload=encode_payload([1, 2], {})))
+        reads = break_the_database(monkeypatch)
+        assert claimer.run_once() > 0 and claimer.run_once() > 0  # waits, asking the database once a second at most
+        assert len(reads) == 1 and broker.client.llen(broker.keys.pending("q")) == 1
+        assert broker.held_by("q", "me") == [] and delayed_ids(broker) == []
+        monkeypatch.undo()
+        consumer.task_types.refresh()  # the housekeeping refresh, a few seconds on
+        claimer.run_once()
+        assert [decode_task(raw).id for raw in broker.held_by("q", "me")] == ["t1"]
+    finally:
+        consumer.give_up.set()

@@ -18,6 +18,7 @@ from tasks_app.consumer.receipts import with_receipts
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.keys import WAKE_TOKEN
 from tasks_app.protocol.replies import Claim
+from tasks_app.task_types import TaskTypeCache
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +28,8 @@ SUSPECT_RECHECK_S = 0.1
 LEASE_RECHECK_S = 0.1
 # How soon a claimer of a paused queue looks again whether it was resumed.
 PAUSED_RECHECK_S = 0.25
+# How soon a claimer whose consumer never read the task types (the database away) asks again.
+SETTINGS_RECHECK_S = 0.25
 
 
 class ClaimTimings(Protocol):
@@ -51,6 +54,8 @@ class Claiming(Protocol):
     def capacity(self) -> Capacity: ...
     @property
     def lease(self) -> LeaseClock: ...
+    @property
+    def task_types(self) -> TaskTypeCache: ...
     def reserve_suspect_slot(self) -> bool: ...
     def release_suspect_slot(self) -> None: ...
     def lease_lost(self, lost_id: str, queues: Sequence[str] | None = None) -> None: ...
@@ -81,6 +86,9 @@ class ClaimerLoop:
         consumer = self.consumer
         if self._uncertain or time.monotonic() >= self._audit_at:
             self.reconcile()
+        if not consumer.task_types.ensure_loaded():
+            # Its tasks could only be deferred until their settings are known: others may run them.
+            return SETTINGS_RECHECK_S
         if not consumer.capacity.acquire(timeout_s=0.5):
             return 0.0
         self._slots = 1 + consumer.capacity.acquire_up_to(consumer.capacity.limit - 1)
