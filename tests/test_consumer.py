@@ -111,11 +111,11 @@ def test_the_claimer_takes_at_most_concurrency_plus_prefetch(broker, consumer):
     claimed = handed_to_workers(consumer)
     assert [item.raw for item in claimed] == [task_bytes(f"t{n}") for n in range(3)]
     assert consumer.capacity.in_use == 3
-    assert set(broker.held_by("q", "me")) == set(consumer.held_raws("q", "me")) == {item.raw for item in claimed}
+    assert set(broker.held_by("q", "me")) == set(consumer.held.raws("q", "me")) == {item.raw for item in claimed}
     loop.run_once()  # full: waits for a slot, claims nothing
     assert len(broker.held_by("q", "me")) == 3 and handed_to_workers(consumer) == []
     assert broker.queue_stats("q").pending == 7
-    assert consumer.reserve_suspect_slot(), "no suspect was taken, so the slot is free"
+    assert consumer.held.reserve_suspect_slot(), "no suspect was taken, so the slot is free"
 
 
 def test_a_claim_of_fewer_tasks_than_room_keeps_only_their_slots(broker, consumer):
@@ -128,7 +128,7 @@ def test_a_claim_that_finds_nothing_gives_every_slot_back(broker, consumer):
     loop = ClaimerLoop(consumer, "q")
     assert loop.run_once() == 0.0
     assert consumer.capacity.in_use == 0 and handed_to_workers(consumer) == []
-    assert consumer.reserve_suspect_slot(), "the suspect slot was released"
+    assert consumer.held.reserve_suspect_slot(), "the suspect slot was released"
 
 
 def test_a_blocking_claim_returns_the_task_pushed_while_it_waits(broker):
@@ -159,7 +159,7 @@ def test_a_lost_lease_releases_the_slots_and_moves_to_a_new_identity(broker, con
     assert consumer.capacity.in_use == 0 and handed_to_workers(consumer) == []
     assert consumer.consumer_id == "me.1" and consumer.executor.worker_id == "me.1"
     assert [c["id"] for c in broker.live_consumers("q")] == ["me.1"]
-    assert consumer.reserve_suspect_slot()
+    assert consumer.held.reserve_suspect_slot()
     ClaimerLoop(consumer, "q").run_once()
     assert broker.held_by("q", "me.1") == [task_bytes("t")]
 
@@ -183,12 +183,12 @@ def test_one_suspect_at_a_time_and_its_slot_is_held_until_it_leaves(broker, cons
     loop.run_once()
     [suspect, other] = handed_to_workers(consumer)
     assert suspect.suspect and not other.suspect and other.raw == fresh
-    assert not consumer.reserve_suspect_slot(), "the slot is held while the suspect is"
+    assert not consumer.held.reserve_suspect_slot(), "the slot is held while the suspect is"
     loop.run_once()  # the other suspect waits: this consumer already holds one
     assert handed_to_workers(consumer) == [] and consumer.capacity.in_use == 2
     consumer.claiming_stopped.set()
     consumer.dispatch([suspect])  # stopping: straight back to the suspects list
-    assert consumer.reserve_suspect_slot(), "a suspect that left gives its slot back"
+    assert consumer.held.reserve_suspect_slot(), "a suspect that left gives its slot back"
     assert broker.client.llen(broker.keys.suspects("q")) == 2
 
 
@@ -199,14 +199,14 @@ def test_a_redis_error_mid_claim_releases_everything_then_reconciles_the_lost_re
     loop = ClaimerLoop(consumer, "q")
     with pytest.raises(RedisError):
         loop.run_once()
-    assert consumer.capacity.in_use == 0 and consumer.reserve_suspect_slot()
-    consumer.release_suspect_slot()
+    assert consumer.capacity.in_use == 0 and consumer.held.reserve_suspect_slot()
+    consumer.held.release_suspect_slot()
     stray = task_bytes("moved-but-never-heard-of")
     push(broker, stray)
     claim(broker, "me", 1)  # what a claim whose reply was lost leaves behind
     loop.run_once()
     assert [item.raw for item in handed_to_workers(consumer)] == [stray], "returned, then claimed knowingly"
-    assert broker.held_by("q", "me") == [stray] and set(consumer.held_raws("q", "me")) == {stray}
+    assert broker.held_by("q", "me") == [stray] and set(consumer.held.raws("q", "me")) == {stray}
 
 
 # --- dispatch and shutdown ----------------------------------------------------------------
@@ -217,7 +217,7 @@ def test_dispatch_while_stopping_returns_the_tasks_at_once(broker, consumer):
     consumer.claiming_stopped.set()
     consumer.dispatch([Claimed("q", "me", raw) for raw in raws])
     assert handed_to_workers(consumer) == []
-    assert broker.held_by("q", "me") == [] and not consumer.held_raws("q", "me")
+    assert broker.held_by("q", "me") == [] and not consumer.held.raws("q", "me")
     assert consumer.capacity.in_use == 0
     assert broker.queue_stats("q").pending == 2
 
@@ -301,7 +301,7 @@ def test_a_task_claimed_under_a_lost_identity_is_left_to_the_reaper(broker, cons
         broker.client.lpush(broker.keys.processing("q", old_id), raw)  # claimed just before the loss
         running.capacity.acquire_up_to(1)
         running.dispatch([Claimed("q", old_id, raw)])
-        wait_until(lambda: not running.held_raws("q", old_id), 5, interval_s=0.01, message="a worker to let go of it")
+        wait_until(lambda: not running.held.raws("q", old_id), 5, interval_s=0.01, message="a worker to let go of it")
         assert recorded_runs(broker) == [], "it did not run under the lost identity"
         assert broker.held_by("q", old_id) == [raw], "the reaper recovers it from the old list"
 

@@ -65,7 +65,7 @@ def test_a_foreign_task_claimed_a_second_time_still_gets_a_full_record(broker):
         assert first.receipt == 3  # the receipt created the record: {claimed_fence, fence} only
         # It goes back unstarted (its queue was paused, its consumer stopped, a rate limit deferred it...).
         broker.return_unstarted("q", "me", [first.raw])
-        consumer._finished([first])
+        consumer.held.finished([first])
         second = _claim_through_the_claimer(consumer)
         assert second.receipt == 3  # the record still holds none of the task's fields
         consumer.executor.execute(second)

@@ -13,6 +13,7 @@ from redis.exceptions import RedisError
 
 from tasks_app.consumer.capacity import Capacity
 from tasks_app.consumer.claimed import Claimed
+from tasks_app.consumer.held import HeldTasks
 from tasks_app.consumer.loops import LeaseClock
 from tasks_app.consumer.receipts import with_receipts
 from tasks_app.protocol.broker import Broker
@@ -56,11 +57,10 @@ class Claiming(Protocol):
     def lease(self) -> LeaseClock: ...
     @property
     def task_types(self) -> TaskTypeCache: ...
-    def reserve_suspect_slot(self) -> bool: ...
-    def release_suspect_slot(self) -> None: ...
+    @property
+    def held(self) -> HeldTasks: ...
     def lease_lost(self, lost_id: str, queues: Sequence[str] | None = None) -> None: ...
     def dispatch(self, claimed: Sequence[Claimed]) -> None: ...
-    def held_raws(self, queue: str, consumer_id: str) -> Counter[bytes]: ...
 
 
 class ClaimerLoop:
@@ -106,7 +106,7 @@ class ClaimerLoop:
         # The consumer's one suspect slot is held for the claim script only, unless it took a
         # suspect: held through a blocking claim, it kept every other queue's suspects waiting.
         consumer = self.consumer
-        may_take_suspect = consumer.reserve_suspect_slot()
+        may_take_suspect = consumer.held.reserve_suspect_slot()
         outcome: Claim | None = None
         try:
             outcome = consumer.broker.claim_with_suspect(
@@ -116,7 +116,7 @@ class ClaimerLoop:
             return outcome
         finally:
             if may_take_suspect and not (outcome is not None and outcome.took_suspect):
-                consumer.release_suspect_slot()
+                consumer.held.release_suspect_slot()
 
     def _take(self, outcome: Claim | None, consumer_id: str) -> float:
         # Dispatch what the claim moved; with nothing moved, block on pending for one task.
@@ -176,7 +176,7 @@ class ClaimerLoop:
         """
         consumer = self.consumer
         consumer_id = consumer.consumer_id
-        held = consumer.held_raws(self.queue, consumer_id)
+        held = consumer.held.raws(self.queue, consumer_id)
         listed = consumer.broker.held_by(self.queue, consumer_id)
         strays = list((Counter(raw for raw in listed if raw != WAKE_TOKEN) - held).elements())
         self._drop_wake = self._drop_wake or WAKE_TOKEN in listed

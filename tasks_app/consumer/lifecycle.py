@@ -7,14 +7,12 @@ import queue as queue_module
 import threading
 import time
 import uuid
-from collections import Counter
 from collections.abc import Sequence
 from functools import partial
 
 from django.conf import settings
 from django.db import close_old_connections
 
-from tasks_app import metrics
 from tasks_app.consumer import identity
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.async_lane import AsyncLane
@@ -25,6 +23,7 @@ from tasks_app.consumer.claimer import ClaimerLoop
 from tasks_app.consumer.concurrency import ConcurrencyGate
 from tasks_app.consumer.executor import Executor, RateGate
 from tasks_app.consumer.health import HealthLoop, Liveness
+from tasks_app.consumer.held import HeldTasks
 from tasks_app.consumer.limits import RateLimiter
 from tasks_app.consumer.loops import (
     HEARTBEAT_TIMEOUT_SHARE,
@@ -112,15 +111,10 @@ class Consumer:
         self._claimers: list[threading.Thread] = []
         self._workers: list[threading.Thread] = []
         self._busy, self._busy_lock = 0, threading.Lock()
-        # (queue, consumer id, task) handed to workers and not settled, counted (twins can be claimed at once).
-        self._held: Counter[tuple[str, str, bytes]] = Counter()
-        self._held_lock = threading.Lock()
+        self.held = HeldTasks(self.capacity)  # handed to workers and not let go of, and the suspect slot
         # Ids left after a lease lost on some queues only, kept there while they hold tasks.
-        self.retiring = RetiringIds(self.heartbeat_broker, self.options.lease_s, self.held_raws, self.instance)
+        self.retiring = RetiringIds(self.heartbeat_broker, self.options.lease_s, self.held.raws, self.instance)
         self._queues_idle = IdleCheck(self.broker, self.options.queues)  # burst mode's question
-        # At most one suspect (a task recovered from a consumer that died) is held at a time.
-        self._suspect_reserved = False
-        self._suspect_slot = threading.Lock()
         self.exit_code = 0  # what `leave` asks for (process mode)
         self.guard = ProcessGuard(self.options, lambda *limits: self.executor.fail_hung(*limits), self.leave)
 
@@ -160,9 +154,7 @@ class Consumer:
     # --- running ---------------------------------------------------------------------------
     def dispatch(self, claimed: Sequence[Claimed]) -> None:
         """Hand claimed tasks to the workers (or straight back, if we are stopping)."""
-        metrics.IN_FLIGHT.inc(len(claimed))
-        with self._held_lock:
-            self._held.update((item.queue, item.consumer_id, item.raw) for item in claimed)
+        self.held.took(claimed)
         if self.claiming_stopped.is_set():
             self._return_unstarted(list(claimed))
             return
@@ -177,7 +169,7 @@ class Consumer:
                 continue
             if not self._lease_holds(claimed):
                 # Claimed under an identity whose lease was lost: the reaper owns it now.
-                self._finished([claimed])
+                self.held.finished([claimed])
                 continue
             with self._busy_lock:  # read where the stop counts the running: it waits for this run, or we see it
                 stopping = self.claiming_stopped.is_set()
@@ -188,7 +180,7 @@ class Consumer:
             # A task whose ack the batcher writes keeps its slot until then (see ack_batcher).
             left_to_batcher = False
             try:
-                left_to_batcher = self.executor.execute(claimed, on_settled=partial(self._finished, [claimed]))
+                left_to_batcher = self.executor.execute(claimed, on_settled=partial(self.held.finished, [claimed]))
             except GaveUp:
                 logger.error("gave up settling a task while stopping; its lease will recover it")
             except BaseException:  # a bug must not kill the worker: the task stays held until reaped
@@ -197,7 +189,7 @@ class Consumer:
                 with self._busy_lock:
                     self._busy -= 1
                 if not left_to_batcher:
-                    self._finished([claimed])
+                    self.held.finished([claimed])
                 close_old_connections()
                 self.guard.ran_one()
 
@@ -216,37 +208,6 @@ class Consumer:
             self.workers_stop.wait(LEASE_WAIT_S)
         return claimed.consumer_id == self.consumer_id and self.lease.fresh(claimed.consumer_id)
 
-    def reserve_suspect_slot(self) -> bool:
-        """Take the right to hold a suspect: one at a time, so a death can be pinned on it."""
-        with self._suspect_slot:
-            if self._suspect_reserved:
-                return False
-            self._suspect_reserved = True
-            return True
-
-    def release_suspect_slot(self) -> None:
-        """Give up the right to hold a suspect."""
-        with self._suspect_slot:
-            self._suspect_reserved = False
-
-    def _finished(self, claimed: Sequence[Claimed]) -> None:
-        """Give back the slots of tasks that left this consumer's hands."""
-        if any(item.suspect for item in claimed):
-            self.release_suspect_slot()
-        with self._held_lock:
-            for item in claimed:
-                key = (item.queue, item.consumer_id, item.raw)
-                self._held[key] -= 1
-                if self._held[key] <= 0:
-                    del self._held[key]
-        metrics.IN_FLIGHT.dec(len(claimed))
-        self.capacity.release(len(claimed))
-
-    def held_raws(self, queue: str, consumer_id: str) -> Counter[bytes]:
-        """The tasks of one processing list this consumer knows it holds, each with how many times."""
-        with self._held_lock:
-            return Counter({raw: n for (q, c, raw), n in self._held.items() if q == queue and c == consumer_id})
-
     def _return_unstarted(self, claimed: list[Claimed], give_up: threading.Event | None = None) -> None:
         by_owner: dict[tuple[str, str], list[Claimed]] = {}
         for item in claimed:
@@ -261,7 +222,7 @@ class Consumer:
                 )
             except GaveUp:
                 logger.error("could not return %d unstarted task(s); the lease will recover them", len(raws))
-        self._finished(claimed)
+        self.held.finished(claimed)
 
     def start(self) -> None:
         """Register and start every thread."""

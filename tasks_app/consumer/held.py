@@ -1,0 +1,64 @@
+"""What a consumer holds: the tasks it claimed and has not let go of, and its one suspect slot."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Sequence
+
+from tasks_app import metrics
+from tasks_app.consumer.capacity import Capacity
+from tasks_app.consumer.claimed import Claimed
+
+
+class HeldTasks:
+    """Claimed tasks not yet let go of, counted per processing list (twins can be claimed at once).
+
+    A task leaves through `finished`, which gives back its consumer slot (and the suspect slot, if
+    it was the suspect). At most one suspect (a task recovered from a consumer that died) is held
+    at a time, so a death can be pinned on it.
+    """
+
+    def __init__(self, capacity: Capacity) -> None:
+        self.capacity = capacity
+        self._counts: Counter[tuple[str, str, bytes]] = Counter()  # (queue, consumer id, task)
+        self._lock = threading.Lock()
+        self._suspect_reserved = False
+        self._suspect_lock = threading.Lock()
+
+    def took(self, claimed: Sequence[Claimed]) -> None:
+        """Count tasks just claimed (their consumer slots were taken by the claim)."""
+        metrics.IN_FLIGHT.inc(len(claimed))
+        with self._lock:
+            self._counts.update((item.queue, item.consumer_id, item.raw) for item in claimed)
+
+    def finished(self, claimed: Sequence[Claimed]) -> None:
+        """Give back the slots of tasks that left this consumer's hands."""
+        if any(item.suspect for item in claimed):
+            self.release_suspect_slot()
+        with self._lock:
+            for item in claimed:
+                key = (item.queue, item.consumer_id, item.raw)
+                self._counts[key] -= 1
+                if self._counts[key] <= 0:
+                    del self._counts[key]
+        metrics.IN_FLIGHT.dec(len(claimed))
+        self.capacity.release(len(claimed))
+
+    def raws(self, queue: str, consumer_id: str) -> Counter[bytes]:
+        """The tasks of one processing list held, each with how many times."""
+        with self._lock:
+            return Counter({raw: n for (q, c, raw), n in self._counts.items() if q == queue and c == consumer_id})
+
+    def reserve_suspect_slot(self) -> bool:
+        """Take the right to hold a suspect; False if it is taken."""
+        with self._suspect_lock:
+            if self._suspect_reserved:
+                return False
+            self._suspect_reserved = True
+            return True
+
+    def release_suspect_slot(self) -> None:
+        """Give up the right to hold a suspect."""
+        with self._suspect_lock:
+            self._suspect_reserved = False
