@@ -85,7 +85,7 @@ def test_the_database_back_lets_the_next_claim_read_the_rows(broker, executor, r
     assert broker.get_result("t2")["status"] == "SUCCESSFUL"
 
 
-def test_a_consumer_that_never_read_its_task_types_claims_nothing_until_it_can(broker, monkeypatch):
+def test_a_consumer_that_never_read_its_task_types_claims_nothing_until_it_can(broker, monkeypatch, caplog):
     # Claiming them would only defer them, again every few seconds, while consumers that can run them wait.
     options = ConsumerOptions(queues=["q"], concurrency=1, prefetch=0, lease_s=2.0, block_s=0.1, consumer_id="me")
     consumer = Consumer(options, broker=broker)
@@ -96,6 +96,7 @@ def test_a_consumer_that_never_read_its_task_types_claims_nothing_until_it_can(b
         reads = break_the_database(monkeypatch)
         assert claimer.run_once() > 0 and claimer.run_once() > 0  # waits, asking the database once a second at most
         assert len(reads) == 1 and broker.client.llen(broker.keys.pending("q")) == 1
+        assert "cannot read the task types, claiming nothing until then" in caplog.text
         assert broker.held_by("q", "me") == [] and delayed_ids(broker) == []
         monkeypatch.undo()
         consumer.task_types.refresh()  # the housekeeping refresh, a few seconds on
