@@ -38,6 +38,10 @@ PREFETCH = Gauge(
     f"{PREFIX}_consumer_prefetch",
     "Tasks this consumer may claim beyond its running ones now (automatic: follows its pace).",
 )
+TASK_TYPES_AGE = Gauge(
+    f"{PREFIX}_consumer_task_types_age_seconds",
+    "Seconds since this consumer last read the task types from the database (+Inf before its first read).",
+)
 LEASE_RENEWALS = Counter(f"{PREFIX}_lease_renewals", "Successful lease renewals.")
 LEASES_LOST = Counter(f"{PREFIX}_leases_lost", "Times this consumer found its lease gone and re-registered.")
 REDIS_ERRORS = Counter(f"{PREFIX}_redis_errors", "Redis errors met by consumer loops.", ["loop"])

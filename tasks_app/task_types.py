@@ -111,6 +111,10 @@ class TaskTypeCache:
         """Return the cached settings of type `name` (None if it has no row)."""
         return self._configs.get(name)
 
+    def age_s(self) -> float:
+        """Seconds since the rows were last read (infinite before the first read)."""
+        return time.monotonic() - self.read_at
+
     def holds_rows_since(self, since_s: float) -> bool:
         """True if the cache holds every row created before `since_s` (monotonic), reading them if need be.
 

@@ -165,6 +165,7 @@ def test_alert_rules_have_the_expected_shape():
         "taskqueue_leases_lost_total",
         "taskqueue_redis_errors_total",
         "taskqueue_periodic_late_seconds",
+        "taskqueue_consumer_task_types_age_seconds",
     ):
         assert metric in expressions
 

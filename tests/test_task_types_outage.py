@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from django.db import OperationalError
 
@@ -17,6 +19,7 @@ from tasks_app.protocol.keys import split_delayed_member
 from tasks_app.registry import Handler, Registry
 from tasks_app.task_types import TaskTypeCache
 from tests.support.claims import claim, push, register, task_bytes
+from tests.support.counters import sample
 
 pytestmark = pytest.mark.django_db
 
@@ -97,10 +100,12 @@ def test_a_consumer_that_never_read_its_task_types_claims_nothing_until_it_can(b
         assert claimer.run_once() > 0 and claimer.run_once() > 0  # waits, asking the database once a second at most
         assert len(reads) == 1 and broker.client.llen(broker.keys.pending("q")) == 1
         assert "cannot read the task types, claiming nothing until then" in caplog.text
+        assert sample("taskqueue_consumer_task_types_age_seconds") == math.inf  # what the alert watches
         assert broker.held_by("q", "me") == [] and delayed_ids(broker) == []
         monkeypatch.undo()
         consumer.task_types.refresh()  # the housekeeping refresh, a few seconds on
         claimer.run_once()
         assert [decode_task(raw).id for raw in broker.held_by("q", "me")] == ["t1"]
+        assert sample("taskqueue_consumer_task_types_age_seconds") < 5
     finally:
         consumer.give_up.set()

@@ -13,6 +13,7 @@ from functools import partial
 from django.conf import settings
 from django.db import close_old_connections
 
+from tasks_app import metrics
 from tasks_app.consumer import identity
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.async_lane import AsyncLane
@@ -80,6 +81,7 @@ class Consumer:
         self.consumer_id = self.base_id
         self.capacity = Capacity(options.concurrency, options.prefetch)
         self.task_types = TaskTypeCache()
+        metrics.TASK_TYPES_AGE.set_function(self.task_types.age_s)
         self._init_thread_state()
         self.acks = AckBatcher(self.broker, self.give_up)
         self.executor = Executor(
