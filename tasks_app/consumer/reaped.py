@@ -11,7 +11,7 @@ from django.conf import settings
 
 from tasks_app import metrics
 from tasks_app.consumer.retrying import until_done
-from tasks_app.consumer.settling import holds_unique_until_finished
+from tasks_app.consumer.settle_writes import holds_unique_until_finished
 from tasks_app.protocol import results
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import UndecodableTask, decode_task
