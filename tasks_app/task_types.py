@@ -121,14 +121,8 @@ class TaskTypeCache:
         False while the database cannot be read. A failed read is not retried for
         RETRY_FAILED_READ_S, so an outage costs a query a second, not one per claim.
         """
-        return self.read_at >= since_s or self._read_again()
-
-    def ensure_loaded(self) -> bool:
-        """True once the rows were read; until then read them (as `holds_rows_since`, not retried within a second)."""
-        return self.loaded or self._read_again()
-
-    def _read_again(self) -> bool:
-        """Refresh, unless the last read failed less than RETRY_FAILED_READ_S ago; True if the rows were read."""
+        if self.read_at >= since_s:
+            return True
         if time.monotonic() - self._failed_at < RETRY_FAILED_READ_S:
             return False
         return self.refresh()

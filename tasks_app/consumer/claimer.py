@@ -29,7 +29,7 @@ SUSPECT_RECHECK_S = 0.1
 LEASE_RECHECK_S = 0.1
 # How soon a claimer of a paused queue looks again whether it was resumed.
 PAUSED_RECHECK_S = 0.25
-# How soon a claimer whose consumer never read the task types (the database away) asks again.
+# How soon a claimer whose consumer never read the task types (the database away) looks again.
 SETTINGS_RECHECK_S = 0.25
 
 
@@ -86,8 +86,9 @@ class ClaimerLoop:
         consumer = self.consumer
         if self._uncertain or time.monotonic() >= self._audit_at:
             self.reconcile()
-        if not consumer.task_types.ensure_loaded():
+        if not consumer.task_types.loaded:
             # Its tasks could only be deferred until their settings are known: others may run them.
+            # The housekeeping loop reads them again every TASKS_CONFIG_REFRESH_S.
             return SETTINGS_RECHECK_S
         if not consumer.capacity.acquire(timeout_s=0.5):
             return 0.0

@@ -1,0 +1,44 @@
+"""A real consumer whose database cannot give it the task types: it claims nothing, then runs once it can."""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tasks_app import producer
+from tasks_app.protocol.results import ResultRecord
+from tests.support.ports import free_port
+from tests.support.processes import PROJECT_DIR, consumer_env, wait_until
+from tests.support.scrape import scrape
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_consumer_on_a_database_without_tables_claims_nothing_until_it_is_migrated(
+    broker, consumer_process, key_prefix, tmp_path: Path
+):
+    # What `make bench` met: consumers pointed at a fresh SQLite file nobody had migrated.
+    [task] = producer.enqueue("test.record")
+    empty_db = f"sqlite:///{tmp_path / 'empty.sqlite3'}"
+    port = free_port()
+    consumer = consumer_process(
+        "--consumer-id", "c1", "--metrics-port", str(port), DATABASE_URL=empty_db, TASKS_CONFIG_REFRESH_S="0.5"
+    )
+    wait_until(lambda: "claiming nothing until then" in consumer.log(), 60, message="the consumer to say it waits")
+    wait_until(lambda: broker.live_consumers("default"), 30, message="the consumer to register")
+    time.sleep(1.0)  # a few refreshes and claim loops later
+    assert broker.client.llen(broker.keys.pending("default")) == 1, "claimed although nothing could run"
+    assert broker.held_by("default", "c1") == [] and broker.client.zcard(broker.keys.delayed("default")) == 0
+    scraped = scrape(f"http://127.0.0.1:{port}/metrics")
+    assert scraped and scraped.value("taskqueue_consumer_task_types_age_seconds") == float("inf")
+
+    migrate = [sys.executable, str(PROJECT_DIR / "manage.py"), "migrate", "--noinput", "-v", "0"]
+    subprocess.run(migrate, env=consumer_env(key_prefix, DATABASE_URL=empty_db), check=True, timeout=120)
+    wait_until(
+        lambda: ResultRecord.from_fields(broker.get_result(task.id) or {}).status == "SUCCESSFUL",
+        30,
+        message="the task to run once the task types can be read",
+    )
+    assert consumer.terminate() == 0
