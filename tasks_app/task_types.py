@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from django.db import IntegrityError, transaction
+from prometheus_client import Gauge
 
 from tasks_app.models import TaskType
 from tasks_app.problem_log import ProblemLog
@@ -95,8 +96,11 @@ class TaskTypeCache:
     read settings without touching the database and admin edits arrive without a restart.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, age_gauge: Gauge | None = None) -> None:
+        """`age_gauge`, if given, reports `age_s()` at each scrape."""
         self._configs: dict[str, TaskTypeConfig] = {}
+        if age_gauge is not None:
+            age_gauge.set_function(self.age_s)
         # False until the rows were read once: before that no type's settings are known.
         self.loaded = False
         # When the last successful refresh began (monotonic s): its rows include every row created before then.

@@ -47,6 +47,7 @@ def make_consumer(broker: Broker, **options: object) -> Consumer:
     }
     consumer = Consumer(ConsumerOptions(**opts), broker=broker)  # type: ignore[arg-type]
     consumer.register()
+    consumer.task_types.refresh()  # as start() does: claimers wait until the task types were read
     return consumer
 
 

@@ -33,6 +33,7 @@ def _consumer(broker: Broker) -> Consumer:
     )
     consumer = Consumer(options, broker=broker)
     consumer.register()
+    consumer.task_types.refresh()  # as start() does: claimers wait until the task types were read
     return consumer
 
 

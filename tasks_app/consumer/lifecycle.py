@@ -80,8 +80,7 @@ class Consumer:
         self.base_id = options.consumer_id or identity.default_consumer_id()
         self.consumer_id = self.base_id
         self.capacity = Capacity(options.concurrency, options.prefetch)
-        self.task_types = TaskTypeCache()
-        metrics.TASK_TYPES_AGE.set_function(self.task_types.age_s)
+        self.task_types = TaskTypeCache(age_gauge=metrics.TASK_TYPES_AGE)
         self._init_thread_state()
         self.acks = AckBatcher(self.broker, self.give_up)
         self.executor = Executor(
