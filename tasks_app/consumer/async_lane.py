@@ -3,12 +3,12 @@
 A worker thread takes one of the lane's `--async-concurrency` slots (waiting while the lane is
 full), then checks the lease and records the start as for any task, so a run begins as soon as
 its start is written; it hands the coroutine here and moves on, the task giving back its worker
-slot. The outcome is
-settled through the same path as a sync run (results, retries, acks and fences): a success is
-handed to the ack batcher from the loop (that only queues it), anything else is settled on a
-small pool of threads, so the loop never waits on Redis. A task keeps its lane slot until its ack is
-written: a crash can re-run at most concurrency + prefetch + async concurrency tasks. A forced
-cancel (`cancel`) cancels the run's asyncio task: TaskCancelled where its coroutine awaits.
+slot. The outcome is settled through the same path as a sync run (results, retries, acks and
+fences): a success is handed to the ack batcher from the loop (that only queues it), anything
+else is settled on a small pool of threads, so the loop never waits on Redis. A task keeps its
+lane slot until its ack is written: a crash can re-run at most concurrency + prefetch + async
+concurrency tasks. A forced cancel (`cancel`) cancels the run's asyncio task: TaskCancelled
+where its coroutine awaits.
 """
 
 from __future__ import annotations
