@@ -12,17 +12,20 @@ from support import ROOT
 PREFIX = "bench"
 
 
-_db_dirs: dict[str, Path] = {}  # one migrated DB per process: Django, once set up, keeps its first DATABASES
+# The Redis URL and DB directory of this process's set-up: Django, once set up, keeps its first DATABASES.
+_set_up: tuple[str, Path] | None = None
 
 
 def setup(redis_url: str) -> Path:
     """Set the environment, start Django, migrate a fresh SQLite DB (once per process); return its directory."""
-    if _db_dirs:
-        [(first_url, db_dir)] = _db_dirs.items()
+    global _set_up
+    if _set_up is not None:
+        first_url, db_dir = _set_up
         if first_url != redis_url:
             raise RuntimeError(f"Django is already set up for {first_url}, not {redis_url}: one Redis per process")
         return db_dir
-    db_dir = _db_dirs[redis_url] = Path(tempfile.mkdtemp(prefix="bench-db-"))
+    db_dir = Path(tempfile.mkdtemp(prefix="bench-db-"))
+    _set_up = (redis_url, db_dir)
     os.environ.update(
         {
             "DJANGO_SETTINGS_MODULE": "scheduler_site.settings",
