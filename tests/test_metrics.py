@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import time
+from unittest.mock import ANY
 
 import pytest
 from django.test import override_settings
@@ -103,6 +105,20 @@ def test_consumer_healthz_follows_liveness(tmp_path):
     assert health_file.exists() and time.time() - health_file.stat().st_mtime < 60
     status, body = call(app, "/healthz")
     assert status.startswith("200") and b'"ok"' in body
+
+
+def test_consumer_readyz_waits_for_the_task_types_too():
+    types_age_s = [float("inf")]
+    liveness = Liveness(None, stale_after_s=60, task_types_age_s=lambda: types_age_s[0])
+    app = make_app(liveness, CollectorRegistry())
+    liveness.beat()
+    assert call(app, "/healthz")[0].startswith("200")
+    status, body = call(app, "/readyz")
+    assert status.startswith("503")
+    assert json.loads(body) == {"status": "ok", "last_ok_age_s": ANY, "ready": False, "task_types_age_s": None}
+    types_age_s[0] = 2.5
+    status, body = call(app, "/readyz")
+    assert status.startswith("200") and json.loads(body)["task_types_age_s"] == 2.5
 
 
 @pytest.mark.django_db

@@ -1,21 +1,26 @@
-"""A consumer's liveness: when it last reached Redis, shown by a file's mtime and `/healthz` on its metrics port."""
+"""A consumer's liveness (when it last reached Redis: a file's mtime, `/healthz`) and readiness (`/readyz`)."""
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tasks_app.protocol.broker import Broker
 
 
 class Liveness:
-    """When a consumer last showed it can reach Redis; mirrored to a file's mtime if asked."""
+    """When a consumer last reached Redis (mirrored to a file's mtime if asked), and whether it may claim."""
 
-    def __init__(self, path: str | None, stale_after_s: float) -> None:
+    def __init__(
+        self, path: str | None, stale_after_s: float, task_types_age_s: Callable[[], float] | None = None
+    ) -> None:
+        """`task_types_age_s`: seconds since the task types were read (infinite before: nothing is claimed then)."""
         self.path = Path(path) if path else None
         self.stale_after_s = stale_after_s
         self._last_ok = float("-inf")
+        self._task_types_age_s = task_types_age_s or (lambda: 0.0)
 
     def beat(self) -> None:
         """Record a successful check now (and touch the health file)."""
@@ -31,15 +36,25 @@ class Liveness:
         """True while the last successful check is recent enough."""
         return self.age_s() <= self.stale_after_s
 
+    def ready(self) -> bool:
+        """True while healthy and able to claim: the task types were read at least once."""
+        return self.healthy() and self._task_types_age_s() != float("inf")
+
     def report(self) -> bytes:
-        """A JSON body describing the state, for `/healthz` on the metrics port."""
-        age = self.age_s()
+        """A JSON body describing the state, for `/healthz` and `/readyz` on the metrics port."""
         return json.dumps(
             {
                 "status": "ok" if self.healthy() else "unavailable",
-                "last_ok_age_s": round(age, 3) if age != float("inf") else None,
+                "last_ok_age_s": _finite_or_none(self.age_s()),
+                "ready": self.ready(),
+                "task_types_age_s": _finite_or_none(self._task_types_age_s()),
             }
         ).encode()
+
+
+def _finite_or_none(age_s: float) -> float | None:
+    """`age_s` rounded to the millisecond, None when infinite (JSON has no infinity)."""
+    return round(age_s, 3) if age_s != float("inf") else None
 
 
 class HealthLoop:

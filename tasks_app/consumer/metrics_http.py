@@ -1,4 +1,4 @@
-"""A consumer's HTTP endpoint: `/metrics` for Prometheus and `/healthz` for container liveness."""
+"""A consumer's HTTP endpoint: `/metrics` for Prometheus, `/healthz` for liveness and `/readyz` for readiness."""
 
 from __future__ import annotations
 
@@ -48,12 +48,14 @@ class _QuietHandler(WSGIRequestHandler):
 
 
 def make_app(liveness: Liveness | None, registry: CollectorRegistry = REGISTRY) -> Callable[..., Iterable[bytes]]:
-    """Return a WSGI app serving `/healthz` from `liveness` and metrics on every other path."""
+    """Return a WSGI app serving `/healthz` and `/readyz` from `liveness` and metrics on every other path."""
     metrics_app: Callable[..., Iterable[bytes]] = make_wsgi_app(registry)
+    checks: dict[str, Callable[[Liveness], bool]] = {"/healthz": Liveness.healthy, "/readyz": Liveness.ready}
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        if environ.get("PATH_INFO") == "/healthz":
-            healthy = liveness is None or liveness.healthy()
+        check = checks.get(environ.get("PATH_INFO", ""))
+        if check is not None:
+            healthy = liveness is None or check(liveness)
             body = liveness.report() if liveness is not None else b'{"status": "ok"}'
             start_response(
                 "200 OK" if healthy else "503 Service Unavailable",

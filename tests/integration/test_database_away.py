@@ -1,8 +1,11 @@
 """A real consumer whose database cannot give it the task types: it claims nothing, then runs once it can."""
 
+import json
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -33,6 +36,8 @@ def test_a_consumer_on_a_database_without_tables_claims_nothing_until_it_is_migr
     assert broker.held_by("default", "c1") == [] and broker.client.zcard(broker.keys.delayed("default")) == 0
     scraped = scrape(f"http://127.0.0.1:{port}/metrics")
     assert scraped and scraped.value("taskqueue_consumer_task_types_age_seconds") == float("inf")
+    assert probe(port, "/healthz") == (200, False), "Redis answers: alive, not to be restarted"
+    assert probe(port, "/readyz") == (503, False), "ready although it claims nothing"
 
     migrate = [sys.executable, str(PROJECT_DIR / "manage.py"), "migrate", "--noinput", "-v", "0"]
     subprocess.run(migrate, env=consumer_env(key_prefix, DATABASE_URL=empty_db), check=True, timeout=120)
@@ -41,4 +46,15 @@ def test_a_consumer_on_a_database_without_tables_claims_nothing_until_it_is_migr
         30,
         message="the task to run once the task types can be read",
     )
+    assert probe(port, "/readyz") == (200, True)
     assert consumer.terminate() == 0
+
+
+def probe(port: int, path: str) -> tuple[int, bool]:
+    """The status of the consumer's `path` and the `ready` of its JSON body."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            status, body = response.status, response.read()
+    except urllib.error.HTTPError as error:
+        status, body = error.code, error.read()
+    return status, json.loads(body)["ready"]

@@ -251,7 +251,7 @@ def _add_observability_arguments(parser: CommandParser) -> None:
         "--metrics-port",
         type=port_arg,
         metavar="P",
-        help="Serve Prometheus metrics (/metrics) and liveness (/healthz) on this port (0: any free one).",
+        help="Serve /metrics, /healthz (liveness) and /readyz (readiness) on this port (0: any free one).",
     )
     parser.add_argument(
         "--metrics-host",
