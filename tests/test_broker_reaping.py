@@ -72,7 +72,7 @@ def kill_while_holding(broker, consumer_id: str, *, take_suspect: bool, start_su
         claim = broker.claim_with_suspect("q", consumer_id, 10)
         assert claim.took_suspect
         if start_suspect:
-            broker.mark_started("q", claim.tasks[0])
+            broker.mark_started("q", consumer_id, claim.tasks[0])
     else:
         broker.claim("q", consumer_id, 10)
     expire(broker, consumer_id)
@@ -105,6 +105,31 @@ def test_only_a_suspect_running_when_its_consumer_dies_is_blamed(broker):
     assert broker.client.zcard(broker.keys.dead("q")) == 0
 
 
+def test_a_suspect_whose_lease_lapsed_before_its_start_is_not_marked_nor_blamed(broker):
+    push(broker, make_task(1))
+    kill_while_holding(broker, "c0", take_suspect=False, start_suspect=False)
+    register(broker, "c1")
+    [raw] = broker.claim_with_suspect("q", "c1", 1).tasks
+    expire(broker, "c1")
+    assert broker.mark_started("q", "c1", raw) is False
+    assert broker.client.hlen(broker.keys.recoveries("q")) == 1  # its recovery count, no start mark
+    assert broker.reap("q", "c1", LEASE_MS).dead_lettered == []
+    digest = __import__("hashlib").sha1(raw).hexdigest()
+    assert broker.client.hget(broker.keys.recoveries("q"), digest) == b"1", "blamed for a run that never began"
+
+
+def test_a_suspects_start_is_not_marked_for_another_instance_of_its_consumer_id(broker):
+    push(broker, make_task(1))
+    kill_while_holding(broker, "c0", take_suspect=False, start_suspect=False)
+    register(broker, "c1")
+    [raw] = broker.claim_with_suspect("q", "c1", 1).tasks
+    broker.heartbeat(["q"], "c1", LEASE_MS, {"lease_ms": LEASE_MS, "instance": "restarted"})
+    broker.instance = "frozen"
+    assert broker.mark_started("q", "c1", raw) is False
+    broker.instance = "restarted"
+    assert broker.mark_started("q", "c1", raw) is True
+
+
 def test_a_consumer_takes_at_most_one_suspect_and_finishing_it_clears_its_record(broker):
     push(broker, make_task(1), make_task(2))
     kill_while_holding(broker, "c0", take_suspect=False, start_suspect=False)
@@ -113,7 +138,7 @@ def test_a_consumer_takes_at_most_one_suspect_and_finishing_it_clears_its_record
     claim = broker.claim_with_suspect("q", "c1", 10)
     assert claim.took_suspect and ids(claim.tasks) == ["task-1", "task-3"]
     assert claim.suspects_waiting == 1
-    broker.mark_started("q", claim.tasks[0])
+    broker.mark_started("q", "c1", claim.tasks[0])
     assert broker.ack("q", "c1", claim.tasks) == [True, True]
     assert broker.client.hlen(broker.keys.recoveries("q")) == 1  # the other suspect's count only
 
@@ -194,7 +219,7 @@ def test_a_clean_exit_clears_the_start_mark_of_the_suspect_it_returns(broker):
     broker.reap("q", "c0", LEASE_MS)
     register(broker, "c1")
     [raw] = broker.claim_with_suspect("q", "c1", 1).tasks
-    broker.mark_started("q", raw)
+    broker.mark_started("q", "c1", raw)
     assert broker.deregister("q", "c1") == 1
     digest = __import__("hashlib").sha1(raw).hexdigest()
     assert broker.client.hget(broker.keys.recoveries("q"), f"s:{digest}") is None
@@ -243,7 +268,7 @@ def test_a_frozen_run_settles_nothing_in_the_list_of_a_restart_that_took_its_id(
     broker.heartbeat(["q"], "x", LEASE_MS, {"lease_ms": LEASE_MS, "instance": "new"})
     claim = broker.claim_with_suspect("q", "x", 1)
     assert claim.took_suspect and claim.tasks == [raw]
-    broker.mark_started("q", raw)
+    assert broker.mark_started("q", "x", raw)
     marks = broker.client.hgetall(broker.keys.recoveries("q"))
 
     # The old run thaws and settles its copy: it is not its own any more.

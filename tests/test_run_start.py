@@ -112,6 +112,20 @@ def test_a_lease_lost_while_the_start_was_written_leaves_the_task_to_the_reaper_
     assert broker.held_by("q", "me") == [raw]  # the reaper hands it on
 
 
+def test_a_suspect_whose_lease_lapsed_during_its_start_is_neither_run_nor_blamed(broker):
+    register(broker, "me", lease_ms=30_000)
+    push(broker, task_bytes("t8"))
+    [raw] = claim(broker, "me", 1)
+    # The consumer's own clock still says held; on Redis's clock the lease has lapsed (the reaper's test).
+    broker.client.zadd(broker.keys.consumers("q"), {"me": 0})
+    executor = Executor(broker, default_registry, TaskTypeCache(), "me", result_ttl_s=60, lease_check=lambda _: True)
+    assert executor.execute(Claimed("q", "me", raw, suspect=True, fence=1)) is False
+    assert recorded_runs(broker) == [], "started after its lease lapsed"
+    marks = broker.client.hkeys(broker.keys.recoveries("q"))
+    assert not [mark for mark in marks if mark.startswith(b"s:")], "marked as started: the reaper would blame it"
+    assert broker.held_by("q", "me") == [raw]
+
+
 class NoWorkerSlots:
     def hand_off(self) -> None: ...
     def take_back(self) -> None: ...

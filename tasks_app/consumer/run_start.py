@@ -45,9 +45,6 @@ class RunStart(Settling):
         or why it must not start."""
         if claimed.receipt == results.SUPERSEDED:
             return NotStarted.SUPERSEDED
-        if claimed.suspect:
-            # Durable before the handler starts: if this process dies now, the task is to blame.
-            self._redis(lambda: self.broker.mark_started(claimed.queue, claimed.raw), "mark_started")
         task.attempt = count_run(task.attempt)
         max_attempts = task.max_attempts or config.max_attempts
         started_ms = now_ms()
@@ -70,8 +67,17 @@ class RunStart(Settling):
         # lost since is the reaper's to hand on, and this run's record is fenced off by then.
         if self.lease_check is not None and not self.lease_check(claimed):
             return NotStarted.LEASE_LOST
+        if claimed.suspect and not self._mark_suspect_started(claimed):
+            return NotStarted.LEASE_LOST
         self._count_start(task, started_ms)
         return max_attempts
+
+    def _mark_suspect_started(self, claimed: Claimed) -> bool:
+        """Make a suspect's start durable before its handler runs (a death from now on is the task's
+        fault); False if the lease lapsed first: the run must not start, and the task is not blamed."""
+        return self._redis(
+            lambda: self.broker.mark_started(claimed.queue, claimed.consumer_id, claimed.raw), "mark_started"
+        )
 
     def _count_start(self, task: Task, started_ms: float) -> None:
         """The metrics of a run that starts now: one more start, and how long a first run waited."""

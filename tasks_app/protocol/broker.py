@@ -118,9 +118,11 @@ class Broker(
             return Claim([], False, 0, paused=True)
         return Claim(tasks, bool(took_suspect), int(suspects_waiting), int(first_fence))
 
-    def mark_started(self, queue: str, raw: bytes) -> None:
-        """Record that a suspect task is starting, so a death while it runs counts against it."""
-        self.client.hset(self.keys.recoveries(queue), f"s:{hashlib.sha1(raw).hexdigest()}", 1)
+    def mark_started(self, queue: str, consumer_id: str, raw: bytes) -> bool:
+        """Record that a suspect task starts, so a death while it runs counts against it; False (nothing
+        written) once `consumer_id`'s lease has lapsed or another instance holds the id."""
+        keys = [self.keys.consumers(queue), self.keys.consumer_info(queue), self.keys.recoveries(queue)]
+        return bool(self._script("mark_started", keys, [consumer_id, self.instance, hashlib.sha1(raw).hexdigest()]))
 
     def claim_blocking(self, queue: str, consumer_id: str, timeout_s: float) -> tuple[bytes | None, int]:
         """Block until a task can move from pending into this consumer's list (BLMOVE).

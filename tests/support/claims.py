@@ -38,7 +38,7 @@ def die_running(broker: Broker, consumer_id: str, lease_ms: int, queue: str = "q
     taken = broker.claim_with_suspect(queue, consumer_id, 1)
     assert taken is not None and len(taken.tasks) == 1, f"{consumer_id} found nothing to claim"
     if taken.took_suspect:
-        broker.mark_started(queue, taken.tasks[0])  # it was running when its consumer died
+        broker.mark_started(queue, consumer_id, taken.tasks[0])  # it was running when its consumer died
     time.sleep(lease_ms / 1000 + 0.02)
     return taken.tasks[0]
 
