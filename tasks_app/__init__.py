@@ -1,7 +1,24 @@
 """A reliable, rate-limited task queue for Django on Redis."""
 
 from tasks_app.control import cancel, cancel_many
-from tasks_app.exceptions import TaskAlreadyFinished, TaskCancelled, TaskNotFound, TaskTimeout
+from tasks_app.exceptions import (
+    PermanentError,
+    Retry,
+    TaskAlreadyFinished,
+    TaskCancelled,
+    TaskNotFound,
+    TaskTimeout,
+)
 from tasks_app.registry import handler
 
-__all__ = ["TaskAlreadyFinished", "TaskCancelled", "TaskNotFound", "TaskTimeout", "cancel", "cancel_many", "handler"]
+__all__ = [
+    "PermanentError",
+    "Retry",
+    "TaskAlreadyFinished",
+    "TaskCancelled",
+    "TaskNotFound",
+    "TaskTimeout",
+    "cancel",
+    "cancel_many",
+    "handler",
+]

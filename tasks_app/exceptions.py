@@ -2,12 +2,36 @@
 
 from __future__ import annotations
 
+import math
+
 
 class TaskTimeout(Exception):
     """The handler ran longer than its task type's timeout (raised inside it: a soft limit)."""
 
     def __init__(self, message: str = "the task exceeded its timeout") -> None:
         super().__init__(message)
+
+
+class Retry(Exception):
+    """Raised by a handler to run its task again `in_s` seconds from now instead of after its backoff.
+
+    The run counts as a failed attempt: once the attempts are used up the task is dead-lettered as
+    for any error. `raise Retry(in_s=30, reason="rate limited upstream") from exc` keeps the cause
+    in the traceback. A delay beyond TASKS_MAX_DELAY_S waits that long.
+    """
+
+    def __init__(self, reason: str = "the handler asked to be retried", in_s: float | None = None) -> None:
+        valid = in_s is None or (
+            isinstance(in_s, int | float) and not isinstance(in_s, bool) and math.isfinite(in_s) and in_s >= 0
+        )
+        if not valid:
+            raise ValueError(f"Retry(in_s=...) takes a finite number of seconds >= 0 or None, got {in_s!r}")
+        super().__init__(reason)
+        self.in_s = in_s
+
+
+class PermanentError(Exception):
+    """Raised by a handler whose task can never succeed: dead-lettered at once, its other attempts unused."""
 
 
 class ResultNotJson(TypeError):

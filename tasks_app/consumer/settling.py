@@ -10,9 +10,10 @@ from collections.abc import Callable
 from tasks_app import metrics
 from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.receipts import withdrawal
-from tasks_app.consumer.retry_policy import backoff_delay_s
+from tasks_app.consumer.retry_policy import retries_left, retry_delay_s
 from tasks_app.consumer.retrying import GaveUp
 from tasks_app.consumer.settle_writes import MAX_ERROR_MESSAGE_BYTES, SettlingWrites
+from tasks_app.exceptions import PermanentError
 from tasks_app.protocol import results
 from tasks_app.protocol.codec import Task, decode_task, encode_task
 from tasks_app.protocol.keys import UNDECODABLE_TYPE
@@ -98,28 +99,19 @@ class Settling(SettlingWrites):
         task.last_traceback = clean_text(traceback_text, self.max_result_bytes)
         error_entry = results.error_record(error_path, task.last_traceback)
         failed_at_ms = now_ms()
-        if task.attempt < max_attempts:
-            held = self._retry(claimed, task, config, error_entry, failed_at_ms, duration_s)
+        if retries_left(error, task.attempt, max_attempts):
+            delay_s = retry_delay_s(error, task.attempt, config.retry_backoff_s)
+            held = self._retry(claimed, task, delay_s, error_entry, failed_at_ms, duration_s)
         else:
-            reason = f"failed {task.attempt} of {max_attempts} attempts; last error: {task.last_error}"
-            task.dead_reason = reason
-            update = results.attempt_failed(
-                task,
-                error_entry,
-                failed_at_ms,
-                self.result_ttl_s,
-                final=True,
-                dead_reason=reason,
-                fence=claimed.fence,
-                run_s=duration_s,
-            )
-            held = self._dead_letter_raw(claimed, encode_task(task), update, self._release_of(task, config))
-            metrics.TASKS_DEAD_LETTERED.labels(task.type, task.queue).inc()
-            self._log_event(task, "dead_lettered", duration_s, error=task.last_error)
+            if isinstance(error, PermanentError):
+                task.dead_reason = f"permanent error on attempt {task.attempt}: {task.last_error}"
+            else:
+                task.dead_reason = f"failed {task.attempt} of {max_attempts} attempts; last error: {task.last_error}"
+            held = self._dead_letter_failed(claimed, task, config, error_entry, failed_at_ms, duration_s)
         if not held:
             self._ack_lost(claimed, task)
 
-    def _retry(
+    def _dead_letter_failed(
         self,
         claimed: Claimed,
         task: Task,
@@ -128,8 +120,33 @@ class Settling(SettlingWrites):
         failed_at_ms: float,
         duration_s: float | None,
     ) -> bool:
-        """Put a failed task back in the delayed set, due after its backoff; False if it was lost."""
-        delay_ms = int(max(backoff_delay_s(task.attempt, config.retry_backoff_s), self.retry_floor_s) * 1000)
+        """Dead-letter a task whose run failed for the last time (its `dead_reason` set); False if it was lost."""
+        update = results.attempt_failed(
+            task,
+            error_entry,
+            failed_at_ms,
+            self.result_ttl_s,
+            final=True,
+            dead_reason=task.dead_reason,
+            fence=claimed.fence,
+            run_s=duration_s,
+        )
+        held = self._dead_letter_raw(claimed, encode_task(task), update, self._release_of(task, config))
+        metrics.TASKS_DEAD_LETTERED.labels(task.type, task.queue).inc()
+        self._log_event(task, "dead_lettered", duration_s, error=task.last_error)
+        return held
+
+    def _retry(
+        self,
+        claimed: Claimed,
+        task: Task,
+        delay_s: float,
+        error_entry: dict[str, str],
+        failed_at_ms: float,
+        duration_s: float | None,
+    ) -> bool:
+        """Put a failed task back in the delayed set, due in `delay_s`; False if it was lost."""
+        delay_ms = int(max(delay_s, self.retry_floor_s) * 1000)
         update = results.attempt_failed(
             task,
             error_entry,

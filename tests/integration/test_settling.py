@@ -4,6 +4,7 @@ Return values and exception texts that Redis cannot store, values over the size 
 their timeout: each fails its own task with a reason, never its batch-mates, never the consumer.
 """
 
+import itertools
 import json
 
 import pytest
@@ -225,4 +226,32 @@ def test_a_retry_that_redis_refuses_dead_letters_the_task_instead_of_holding_it(
     assert broker.queue_stats("default").processing == 0
     later = [t.id for t in producer.enqueue("demo.echo", [1], count=3)]
     assert [r.status for r in wait_all_finished(broker, later)] == ["SUCCESSFUL"] * 3
+    assert consumer.terminate() == 0
+
+
+@pytest.mark.parametrize("handler", ["settle.asks_retry", "settle.async_asks_retry"])
+def test_a_handler_asking_for_retries_runs_again_when_it_asked_and_succeeds(broker, consumer_process, handler):
+    # The type's backoff is an hour: only the delay the handler asks for brings the runs back.
+    TaskType.objects.create(name=handler, handler=handler, max_attempts=5, retry_backoff=3600)
+    [task] = producer.enqueue(handler, [0.5, 3])
+    consumer = consumer_process(TASK_HANDLER_MODULES=HANDLERS)
+
+    [record] = wait_all_finished(broker, [task.id], 30)
+    assert record.status == "SUCCESSFUL" and record.attempts == 3, consumer.log()
+    starts = [span["at_s"] for span in spans(broker) if span["task_id"] == task.id]
+    assert len(starts) == 3
+    assert all(later - earlier >= 0.45 for earlier, later in itertools.pairwise(starts)), starts
+    assert consumer.terminate() == 0
+
+
+def test_a_permanent_error_is_dead_lettered_after_one_run(broker, consumer_process):
+    TaskType.objects.create(name="settle.permanent", handler="settle.permanent", max_attempts=5, retry_backoff=0.1)
+    [task] = producer.enqueue("settle.permanent")
+    consumer = consumer_process(TASK_HANDLER_MODULES=HANDLERS)
+
+    [record] = wait_all_finished(broker, [task.id], 30)
+    assert record.status == "FAILED" and record.attempts == 1, consumer.log()
+    assert record.dead_reason.startswith("permanent error on attempt 1: tasks_app.exceptions.PermanentError")
+    assert [decode_task(raw).id for raw, _ in broker.list_dead("default")] == [task.id]
+    assert len([span for span in spans(broker) if span["task_id"] == task.id]) == 1
     assert consumer.terminate() == 0

@@ -4,6 +4,7 @@ import json
 import time
 from typing import Any
 
+from tasks_app import PermanentError, Retry
 from tasks_app.protocol.broker import get_broker
 from tasks_app.registry import handler
 
@@ -72,3 +73,25 @@ def busy(context: Any, run_s: float) -> int:
     finally:
         _note(context, "finally")
     return spins
+
+
+@handler("settle.asks_retry", takes_context=True)
+def asks_retry(context: Any, in_s: float, until_attempt: int) -> int:
+    """Note this run, then ask to run again in `in_s` until attempt `until_attempt`, which returns its attempt."""
+    _note(context, "start")
+    if context.attempt < int(until_attempt):
+        raise Retry(f"not yet on attempt {context.attempt}", in_s=float(in_s))
+    return int(context.attempt)
+
+
+@handler("settle.async_asks_retry", takes_context=True)
+async def async_asks_retry(context: Any, in_s: float, until_attempt: int) -> int:
+    """`settle.asks_retry` on the asyncio lane."""
+    return asks_retry(context, in_s, until_attempt)
+
+
+@handler("settle.permanent", takes_context=True)
+def permanent(context: Any) -> None:
+    """Note this run and fail for good."""
+    _note(context, "start")
+    raise PermanentError("the account is closed")
