@@ -45,6 +45,21 @@ def test_the_api_answers_a_duplicate_with_200_and_the_first_id(staff, broker, ec
         producer.enqueue("demo.echo", unique_key="k")
 
 
+@pytest.mark.parametrize("key_gone", ["freed by its end", "window over"])
+def test_a_unique_task_enqueued_again_under_its_own_id_is_not_pushed_twice(broker, echo_type, key_gone):
+    # A caller whose reply was lost retries the same request: its id was enqueued, so nothing is pushed.
+    TaskType.objects.filter(pk=echo_type.pk).update(unique_for_s=3600)
+    request = producer.TaskRequest("web.echo", [1], task_id="order-42")
+    [first] = producer.enqueue_many([request])
+    assert not first.duplicate
+    broker.client.delete(*broker.client.keys(f"{broker.keys.prefix}:*unique*"))  # as its end or its window does
+    [again] = producer.enqueue_many([request])
+    assert again.duplicate and again.id == "order-42"
+    assert broker.queue_stats("web").pending == 1, "pushed twice under one id"
+    [other] = producer.enqueue_many([producer.TaskRequest("web.echo", [1], task_id="order-43")])
+    assert not other.duplicate and broker.queue_stats("web").pending == 2
+
+
 @pytest.mark.parametrize(("unique_until", "freed"), [("finished", True), ("window", False)])
 def test_cancelling_a_waiting_unique_task_frees_its_key_if_its_end_does(broker, echo_type, unique_until, freed):
     TaskType.objects.filter(pk=echo_type.pk).update(unique_for_s=3600, unique_until=unique_until)

@@ -27,6 +27,12 @@ class Enqueueable(NamedTuple):
         return not (self.priority or self.delay_ms > 0 or self.idempotent)
 
 
+# Ids given by callers are remembered per queue this long and up to this many, so a retry of a
+# partly enqueued batch (Redis Cluster) or of one whose reply was lost does not push them twice.
+ENQUEUED_IDS_KEEP_MS = 24 * 3600 * 1000
+ENQUEUED_IDS_MAX = 100_000
+
+
 @dataclass
 class Section:
     """One queue's tasks: plain ones (pushed as they are), the others as (id, priority, delay ms, task),

@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import redis
 
 from tasks_app.protocol import history
-from tasks_app.protocol.batch_args import Enqueueable
+from tasks_app.protocol.batch_args import ENQUEUED_IDS_KEEP_MS, ENQUEUED_IDS_MAX, Enqueueable
 from tasks_app.protocol.keys import WAKE_TOKEN
 from tasks_app.protocol.names import NAME_PATTERN
 from tasks_app.protocol.scripts import ScriptClient
@@ -101,6 +101,7 @@ class ControlOps(ScriptClient):
                 self.keys.pending(item.queue),
                 self.keys.prioritized(item.queue),
                 self.keys.delayed(item.queue),
+                self.keys.enqueued(item.queue),
                 *history.index_keys(self.keys, item.queue),
             ]
             record = [pair for field in item.result_key_fields.items() for pair in field]
@@ -110,7 +111,8 @@ class ControlOps(ScriptClient):
             elif record:
                 keys.append(self.keys.result(item.task_id))
             args = [item.task_id, unique.window_ms, WAKE_TOKEN, item.priority, item.delay_ms, item.raw]
-            args += [result_ttl_s + item.delay_ms // 1000 + 1, *index, *record]
+            args += [result_ttl_s + item.delay_ms // 1000 + 1, "1" if item.idempotent else "0"]
+            args += [ENQUEUED_IDS_KEEP_MS, ENQUEUED_IDS_MAX, *index, *record]
             self.scripts.queue(pipe, "enqueue_unique", keys, args, by_source=first_by_source and position == 0)
         new_queues = {unique.item.queue for unique in uniques} - self._announced_queues
         if new_queues:

@@ -12,14 +12,9 @@ from typing import Any
 import redis
 
 from tasks_app.protocol import batch_args, history
-from tasks_app.protocol.batch_args import Enqueueable
+from tasks_app.protocol.batch_args import ENQUEUED_IDS_KEEP_MS, ENQUEUED_IDS_MAX, Enqueueable
 from tasks_app.protocol.control import ControlOps, UniqueEnqueueable
 from tasks_app.protocol.keys import WAKE_TOKEN
-
-# Ids given by callers are remembered per queue this long and up to this many, so a retry of a
-# partly enqueued batch (Redis Cluster) or of one whose reply was lost does not push them twice.
-ENQUEUED_IDS_KEEP_MS = 24 * 3600 * 1000
-ENQUEUED_IDS_MAX = 100_000
 
 
 class ProducingOps(ControlOps):
