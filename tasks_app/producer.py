@@ -243,13 +243,15 @@ MAX_TASK_ID_CHARS = 200
 
 
 def _check_task_id(task_id: str) -> None:
-    """Refuse a caller's task id that is not 1 to MAX_TASK_ID_CHARS characters of UTF-8 text."""
+    """Refuse a caller's task id that is not 1 to MAX_TASK_ID_CHARS characters of UTF-8 text without "/"."""
     try:
         valid = isinstance(task_id, str) and 1 <= len(task_id) <= MAX_TASK_ID_CHARS and bool(task_id.encode())
     except UnicodeEncodeError:  # a lone surrogate
         valid = False
     if not valid:
         raise EnqueueError(f"task_id must be 1 to {MAX_TASK_ID_CHARS} characters of UTF-8 text, got {task_id!r:.120}")
+    if "/" in task_id:  # its task page and API URL could not name it
+        raise EnqueueError(f"task_id cannot contain '/', got {task_id!r:.120}")
 
 
 def unique_digest(request: TaskRequest, config: TaskTypeConfig) -> str:

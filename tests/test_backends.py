@@ -266,6 +266,9 @@ class TestEnqueue:
         [plain] = producer.enqueue("demo.echo", [1])
         with pytest.raises(TaskResultDoesNotExist):
             task_backends["default"].get_result(plain.id)
+        for hostile in ("\ud800", "a{b}", "\x00", "x" * 100_000):  # a lone surrogate cannot even be a key
+            with pytest.raises(TaskResultDoesNotExist):
+                task_backends["default"].get_result(hostile)
 
     def test_aenqueue_and_aget_result(self, redis_tasks, broker):
         result = async_to_sync(tasks.add.aenqueue)(4, 5)

@@ -139,6 +139,12 @@ def test_caller_task_ids_that_are_not_short_utf8_text_are_rejected(broker, task_
     assert enqueued_keys(broker) == []
 
 
+def test_a_caller_task_id_with_a_slash_is_rejected_as_it_could_have_no_url(broker):
+    with pytest.raises(EnqueueError, match="task_id cannot contain '/'"):
+        enqueue_many([TaskRequest("demo.echo", task_id="report/7")])
+    assert enqueued_keys(broker) == []
+
+
 def test_disabled_types_and_unregistered_handlers_are_rejected(broker):
     TaskType.objects.create(name="off", handler="demo.echo", enabled=False)
     TaskType.objects.create(name="orphan", handler="gone.handler")

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 from django.tasks import TaskResultStatus
 
+from tasks_app.protocol.jsontext import is_utf8_encodable
 from tasks_app.protocol.keys import Keys
 from tasks_app.protocol.replies import ResultUpdate, record_text_fields
 from tasks_app.protocol.scripts import ScriptClient
@@ -139,11 +140,14 @@ class HistoryOps(ScriptClient):
     def get_results(self, task_ids: Iterable[str]) -> list[dict[str, str] | None]:
         """The result records of several tasks in one round trip, as `get_result` returns each."""
         ids = list(task_ids)
+        # An id that is not valid Unicode (a lone surrogate) cannot be a key: it names no task.
+        storable = [task_id for task_id in ids if is_utf8_encodable(task_id)]
         pipe = self.client.pipeline(transaction=False)
-        for task_id in ids:
+        for task_id in storable:
             pipe.hgetall(self.keys.result(task_id))
-        replies = pipe.execute(raise_on_error=False)  # one foreign key of another type spoils no other record
-        return [record_text_fields(task_id, raw) for task_id, raw in zip(ids, replies, strict=True)]
+        replies = pipe.execute(raise_on_error=False) if storable else []  # a foreign key's type spoils no other
+        found = dict(zip(storable, replies, strict=True))
+        return [record_text_fields(task_id, found[task_id]) if task_id in found else None for task_id in ids]
 
     def delete_tasks(self, tasks: Iterable[tuple[str, str]]) -> int:
         """Delete the result records of (queue, task id) pairs and their history entries; return how many existed."""

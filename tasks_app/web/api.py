@@ -12,7 +12,6 @@ from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.multipartparser import MultiPartParserError
 from django.middleware.csrf import CsrfViewMiddleware
-from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 from redis.exceptions import RedisError
 
@@ -20,6 +19,7 @@ from tasks_app import control, producer
 from tasks_app.models import CANCEL_PERMISSION, ENQUEUE_PERMISSION
 from tasks_app.protocol.jsontext import MAX_JSON_DEPTH, JsonTooDeep, loads_bounded
 from tasks_app.protocol.timestamps import datetime_of_ms
+from tasks_app.templatetags.tasks_display import url_or_empty
 from tasks_app.web.api_auth import AuthenticationFailed, authenticate
 from tasks_app.web.common import (
     ENVELOPE_ALLOWANCE_BYTES,
@@ -149,7 +149,9 @@ def create_task(request: HttpRequest) -> HttpResponse:
         return error(400, str(exc))
     except producer.QueueUnavailable as exc:
         return error(503, str(exc))
-    location = request.build_absolute_uri(reverse("tasks_app:api-task", kwargs={"task_id": task.id}))
+    # The holder of a duplicate may have an id no URL can name (a "/", from before ids were checked).
+    path = url_or_empty("tasks_app:api-task", task.id)
+    location = request.build_absolute_uri(path) if path else None
     response = JsonResponse(
         {
             "id": task.id,
@@ -164,7 +166,8 @@ def create_task(request: HttpRequest) -> HttpResponse:
         },
         status=200 if task.duplicate else 201,
     )
-    response["Location"] = location
+    if location:
+        response["Location"] = location
     return response
 
 

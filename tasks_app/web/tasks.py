@@ -18,6 +18,7 @@ from django.views.decorators.http import require_http_methods
 from tasks_app import control, producer
 from tasks_app.models import CANCEL_PERMISSION, ENQUEUE_PERMISSION
 from tasks_app.protocol.broker import get_broker
+from tasks_app.templatetags.tasks_display import url_or_empty
 from tasks_app.web.common import (
     ENVELOPE_ALLOWANCE_BYTES,
     admin_context,
@@ -65,7 +66,7 @@ def enqueue_task(request: HttpRequest) -> HttpResponse:
                 messages.info(request, f"Task {task.id} was enqueued already, within its unique window: nothing added.")
             else:
                 messages.success(request, f"Task {task.id} enqueued on queue {task.queue}.")
-            return redirect("tasks_app:task", task_id=task.id)
+            return redirect(url_or_empty("tasks_app:task", task.id) or "tasks_app:enqueue")
     return render(request, "tasks_app/enqueue.html", admin_context(request, "Enqueue a task", form=form))
 
 
