@@ -252,7 +252,20 @@ def test_a_payload_limit_above_djangos_upload_limit_is_the_one_that_holds(client
     assert response.status_code == 201, response.content[:200]
     assert len(ResultRecord.from_fields(broker.get_result(response.json()["id"])).args[0]) == 3 * 1024 * 1024
     too_big = post(client, {"type": "api.echo", "args": ["x" * (5 * 1024 * 1024)]}, token)
-    assert too_big.status_code == 413
+    assert too_big.status_code == 400 and "over the limit" in too_big.json()["error"]
+    far_too_big = post(client, {"type": "api.echo", "args": ["x" * (17 * 1024 * 1024)]}, token)
+    assert far_too_big.status_code == 413
+
+
+@pytest.mark.parametrize("args", [["é" * 300_000], [0] * 400_000], ids=["escaped", "spaced"])
+def test_arguments_under_the_payload_limit_are_taken_however_a_client_encodes_them(
+    client, broker, token, echo_type, settings, args
+):
+    # json.dumps writes "é" as \u00e9 (6 bytes for 2) and ", " between items: 3 and 1.5 times the payload.
+    settings.TASKS_MAX_PAYLOAD_BYTES = 1024 * 1024
+    response = post(client, {"type": "api.echo", "args": args}, token)
+    assert response.status_code == 201, response.content[:200]
+    assert ResultRecord.from_fields(broker.get_result(response.json()["id"])).args == args
 
 
 def test_a_foreign_payloads_nan_reads_as_null_in_strict_json(client, broker, token, echo_type):

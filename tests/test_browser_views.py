@@ -202,6 +202,17 @@ def test_bulk_retry_enqueues_linked_copies_and_logs_them(staff, broker):
     assert f'href="/tasks/{retry_id}/"' in staff.get(f"/tasks/{original}/").content.decode()
 
 
+def test_bulk_retry_of_a_unique_task_whose_key_is_held_links_nothing_and_says_so(staff, broker):
+    TaskType.objects.create(name="u.echo", handler="demo.echo", queue="b", unique_for_s=3600)
+    original = _enqueue("u.echo", args=[1])[0]  # it holds its own key for the hour
+    _set_status(broker, original, "FAILED")
+    response = staff.post("/tasks/?status=FAILED", {"action": "retry", "task": [original]}, follow=True)
+    shown = [str(message) for message in response.context["messages"]]
+    assert shown == ["Enqueued 0 retry task(s). 1 not retried: a task of the same unique type and key is enqueued already."]
+    assert "retried_as" not in broker.get_result(original), "linked to itself as its own retry"
+    assert not LogEntry.objects.exists() and broker.queue_stats("b").pending == 1
+
+
 def test_bulk_delete_removes_finished_records_only(staff, broker):
     done, waiting = _enqueue(count=2)
     _set_status(broker, done, "SUCCESSFUL")

@@ -54,13 +54,16 @@ def retry(records: Sequence[ResultRecord], actor: str) -> Outcome:
         )
         for r in records
     ]
-    enqueued = producer.enqueue_many(requests)
+    pairs = list(zip(records, producer.enqueue_many(requests), strict=True))
+    # A unique type's copy is not enqueued while a task holds its key (the original itself, often).
+    retried = [(record, task) for record, task in pairs if not task.duplicate]
     broker = get_broker()
-    ttl_s = settings.TASKS_RESULT_TTL
-    for record, task in zip(records, enqueued, strict=True):
-        broker.record_result(ResultUpdate(record.id, {"retried_as": task.id}, ttl_s))
-    logged = [(r, ADDITION, f"Retried as task {t.id}") for r, t in zip(records, enqueued, strict=True)]
-    return Outcome(logged, f"Enqueued {len(enqueued)} retry task(s).")
+    for record, task in retried:
+        broker.record_result(ResultUpdate(record.id, {"retried_as": task.id}, settings.TASKS_RESULT_TTL))
+    logged = [(record, ADDITION, f"Retried as task {task.id}") for record, task in retried]
+    held = len(pairs) - len(retried)
+    note = f" {held} not retried: a task of the same unique type and key is enqueued already." if held else ""
+    return Outcome(logged, f"Enqueued {len(retried)} retry task(s).{note}")
 
 
 def delete(records: Sequence[ResultRecord], actor: str) -> Outcome:

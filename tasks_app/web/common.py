@@ -33,6 +33,10 @@ def admin_context(request: HttpRequest, title: str, **extra: Any) -> dict[str, A
 # Room for what surrounds the arguments (the JSON of an API call, a form's other fields) before a
 # body counts as oversize.
 ENVELOPE_ALLOWANCE_BYTES = 64 * 1024
+# A body may hold this many bytes per byte of its arguments' compact UTF-8 JSON (the payload the
+# producer measures): URL encoding writes a byte as up to three, JSON's \uXXXX escapes (json.dumps'
+# default) six for a two-byte character, and what a client types or sends may hold whitespace.
+BODY_ENCODING_FACTOR = 4
 
 
 def body_within(request: HttpRequest, limit: int) -> bytes | None:

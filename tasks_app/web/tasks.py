@@ -20,6 +20,7 @@ from tasks_app.models import CANCEL_PERMISSION, ENQUEUE_PERMISSION
 from tasks_app.protocol.broker import get_broker
 from tasks_app.templatetags.tasks_display import url_or_empty
 from tasks_app.web.common import (
+    BODY_ENCODING_FACTOR,
     ENVELOPE_ALLOWANCE_BYTES,
     admin_context,
     body_within,
@@ -31,8 +32,6 @@ from tasks_app.web.forms import EnqueueForm, error_field
 from tasks_app.web.origins import task_origins
 
 REFRESH_S = 2
-# URL encoding writes a byte as up to three, and the JSON typed in may hold whitespace its payload drops.
-FORM_BODY_FACTOR = 4
 
 
 @csrf_exempt  # checked in the view, once the body is read within the payload limit
@@ -75,7 +74,7 @@ def _read_form(request: HttpRequest) -> HttpResponse | None:
 
     None: go on. Else the page to answer with: the form shown again with the reason (413), or the CSRF failure.
     """
-    limit = FORM_BODY_FACTOR * settings.TASKS_MAX_PAYLOAD_BYTES + ENVELOPE_ALLOWANCE_BYTES
+    limit = BODY_ENCODING_FACTOR * settings.TASKS_MAX_PAYLOAD_BYTES + ENVELOPE_ALLOWANCE_BYTES
     data = body_within(request, limit)
     if data is None:
         return _oversize(request, f"The form is over the limit of {limit} bytes")
