@@ -208,7 +208,9 @@ def test_bulk_retry_of_a_unique_task_whose_key_is_held_links_nothing_and_says_so
     _set_status(broker, original, "FAILED")
     response = staff.post("/tasks/?status=FAILED", {"action": "retry", "task": [original]}, follow=True)
     shown = [str(message) for message in response.context["messages"]]
-    assert shown == ["Enqueued 0 retry task(s). 1 not retried: a task of the same unique type and key is enqueued already."]
+    assert shown == [
+        "Enqueued 0 retry task(s). 1 not retried: a task of the same unique type and key is enqueued already."
+    ]
     assert "retried_as" not in broker.get_result(original), "linked to itself as its own retry"
     assert not LogEntry.objects.exists() and broker.queue_stats("b").pending == 1
 
