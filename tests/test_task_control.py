@@ -41,6 +41,9 @@ def test_the_api_answers_a_duplicate_with_200_and_the_first_id(staff, broker, ec
     again = staff.post("/api/tasks/", {**body, "args": [2]}, content_type="application/json")
     assert (first.status_code, first.json()["duplicate"]) == (201, False)
     assert (again.status_code, again.json()["duplicate"], again.json()["id"]) == (200, True, first.json()["id"])
+    broker.record_result(ResultUpdate(first.json()["id"], {"status": results.SUCCESSFUL}, 60))
+    later = staff.post("/api/tasks/", {**body, "priority": 5}, content_type="application/json").json()
+    assert (later["status"], later["priority"], later["enqueued_at"]) == ("SUCCESSFUL", 0, first.json()["enqueued_at"])
     with pytest.raises(producer.EnqueueError, match="not unique"):
         producer.enqueue("demo.echo", unique_key="k")
 

@@ -150,22 +150,29 @@ def create_task(request: HttpRequest) -> HttpResponse:
         return error(400, str(exc))
     except producer.QueueUnavailable as exc:
         return error(503, str(exc))
+    return _enqueued_answer(request, task)
+
+
+def _enqueued_answer(request: HttpRequest, task: producer.EnqueuedTask) -> HttpResponse:
+    """201 with the task just enqueued; for a duplicate, 200 with the task holding its key, as its record says now."""
     # The holder of a duplicate may have an id no URL can name (a "/", from before ids were checked).
     path = url_or_empty("tasks_app:api-task", task.id)
     location = request.build_absolute_uri(path) if path else None
+    answer = {
+        "id": task.id,
+        "type": task.type,
+        "queue": task.queue,
+        "priority": task.priority,
+        "status": "READY",
+        "enqueued_at": _iso(task.enqueued_at_ms),
+        "run_after": _iso(task.run_after_ms) if task.run_after_ms else None,
+    }
+    holder = load_record(task.id) if task.duplicate else None
+    if holder is not None:
+        held = holder.as_json()
+        answer.update({name: held[name] for name in ("priority", "status", "enqueued_at", "run_after")})
     response = JsonResponse(
-        {
-            "id": task.id,
-            "type": task.type,
-            "queue": task.queue,
-            "priority": task.priority,
-            "status": "READY",
-            "enqueued_at": _iso(task.enqueued_at_ms),
-            "run_after": _iso(task.run_after_ms) if task.run_after_ms else None,
-            "url": location,
-            "duplicate": task.duplicate,
-        },
-        status=200 if task.duplicate else 201,
+        {**answer, "url": location, "duplicate": task.duplicate}, status=200 if task.duplicate else 201
     )
     if location:
         response["Location"] = location
