@@ -130,6 +130,7 @@ def test_token_of_a_non_staff_user_is_403(client, broker, echo_type):
         (b'{"type": "api.echo", "queue": false}', "invalid queue"),
         (b'{"type": "api.echo", "queue": 0}', "invalid queue"),
         (b'{"type": "api.echo", "queue": "no spaces"}', "invalid queue"),
+        (b'{"type": "api.echo", "queue": ""}', "invalid queue"),
         (b'{"type": "api.echo", "priority": 1000}', "priority must be an integer from -100 to 100"),
         (b'{"type": "api.echo", "priority": "1"}', "priority must be an integer"),
         (b'{"type": "api.echo", "delay": -1}', "delay must be a non-negative number"),

@@ -127,6 +127,8 @@ def _read_body(request: HttpRequest) -> dict[str, Any] | JsonResponse:
         return error(400, f"unknown field(s): {', '.join(unknown)}; allowed: {', '.join(sorted(REQUEST_FIELDS))}")
     if not isinstance(body.get("type"), str) or not body["type"]:
         return error(400, "field 'type' is required and must be a string")
+    if body.get("queue") == "":  # the producer reads "" as none, for the form's empty field
+        return error(400, "invalid queue '': leave it out or send null for the type's queue")
     return body
 
 
