@@ -48,7 +48,14 @@ def test_enqueue_rejects_bad_input_with_a_command_error(broker, argv, message):
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(
     "argv",
-    [["no.such.type"], ["demo.echo", "--args", "[1"], ["demo.echo", "--args", "{}"], ["demo.echo", "--delay", "-5"]],
+    [
+        ["no.such.type"],
+        ["demo.echo", "--args", "[1"],
+        ["demo.echo", "--args", "{}"],
+        ["demo.echo", "--delay", "-5"],
+        ["demo.echo", "--priority", "1.5"],  # refused by argparse: no usage text around it
+        [],
+    ],
 )
 def test_enqueue_cli_fails_with_one_line_on_stderr_and_enqueues_nothing(broker, key_prefix, argv):
     result = subprocess.run(
@@ -60,8 +67,33 @@ def test_enqueue_cli_fails_with_one_line_on_stderr_and_enqueues_nothing(broker, 
     )
     assert result.returncode != 0
     assert result.stdout == ""
-    assert result.stderr.strip().splitlines()[-1].startswith(("CommandError:", "manage.py enqueue: error:"))
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(("CommandError:", "manage.py enqueue: error:"))
     assert enqueued_keys(broker) == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["queue", "pause"], "manage.py queue: error: the following arguments are required: queue (see --help)"),
+        (["periodic", "run"], "manage.py periodic run: error: the following arguments are required: name (see --help)"),
+        (
+            ["runconsumer", "--concurrency", "0"],
+            "manage.py runconsumer: error: argument --concurrency: must be at least",
+        ),
+    ],
+)
+def test_every_command_and_subcommand_refuses_bad_arguments_in_one_line(key_prefix, argv, expected):
+    result = subprocess.run(
+        [sys.executable, str(PROJECT_DIR / "manage.py"), *argv],
+        env=consumer_env(key_prefix),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith(expected)
 
 
 @pytest.mark.django_db

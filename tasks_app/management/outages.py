@@ -4,9 +4,11 @@ import os
 import sys
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import InterfaceError, OperationalError
 from redis.exceptions import RedisError
+
+from tasks_app.management.parsing import with_one_line_errors
 
 
 class QueueCommand(BaseCommand):
@@ -14,6 +16,10 @@ class QueueCommand(BaseCommand):
 
     # What had been done when stdout closed, for its error: set by a command whose output follows its work.
     progress_note = ""
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        """Django's parser, its argument errors printed as one line."""
+        return with_one_line_errors(super().create_parser(prog_name, subcommand, **kwargs))
 
     def execute(self, *args: Any, **options: Any) -> Any:
         """Run the command, turning a failed Redis or database call into a one-line CommandError."""

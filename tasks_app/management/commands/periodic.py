@@ -7,6 +7,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import CommandError, CommandParser
 
 from tasks_app.management.outages import QueueCommand
+from tasks_app.management.parsing import OneLineParser
 from tasks_app.models import PeriodicTask
 from tasks_app.periodic.code import sync_code_schedules
 from tasks_app.periodic.config import PeriodicConfig
@@ -22,7 +23,9 @@ class Command(QueueCommand):
     help = "List periodic tasks, fire one now (outside its schedule), or sync the TASKS_PERIODIC schedules."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        actions = parser.add_subparsers(dest="action", required=True, metavar="{list,run,sync}")
+        actions = parser.add_subparsers(
+            dest="action", required=True, metavar="{list,run,sync}", parser_class=OneLineParser
+        )
         actions.add_parser("list", help="Name, schedule, next run, last run and enabled of every periodic task.")
         run = actions.add_parser("run", help="Enqueue one run of a periodic task now; prints its task id.")
         run.add_argument("name", help="The periodic task's name.")

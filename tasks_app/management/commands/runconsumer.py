@@ -14,6 +14,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tasks_app.consumer.lifecycle import Consumer
 from tasks_app.consumer.metrics_http import METRICS_HOST
 from tasks_app.consumer.options import MAX_DURATION_S, MAX_PROCESSES, ConsumerOptions
+from tasks_app.management.parsing import with_one_line_errors
 from tasks_app.protocol.names import validate_name
 
 MAX_PORT = 65535
@@ -76,7 +77,7 @@ class Command(BaseCommand):
 
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
         """Keep the parser: process mode passes the same flags on to its children."""
-        self.parser = super().create_parser(prog_name, subcommand, **kwargs)
+        self.parser = with_one_line_errors(super().create_parser(prog_name, subcommand, **kwargs))
         return self.parser
 
     def handle(self, *args: Any, processes: int | None, metrics_port: int | None, **options: Any) -> None:
