@@ -224,6 +224,15 @@ def test_bulk_delete_removes_finished_records_only(staff, broker):
     assert list(LogEntry.objects.values_list("object_id", "action_flag")) == [(done, DELETION)]
 
 
+def test_bulk_delete_counts_every_record_it_deleted(staff, broker):
+    finished = _enqueue(count=4)
+    for task_id in finished:
+        _set_status(broker, task_id, "FAILED")
+    response = staff.post("/tasks/", {"action": "delete", "task": finished[:3]}, follow=True)
+    assert [str(message) for message in response.context["messages"]] == ["Deleted 3 record(s)."]
+    assert [broker.get_result(task_id) is None for task_id in finished] == [True, True, True, False]
+
+
 def test_bulk_actions_need_their_permission_and_csrf(broker):
     task_id = _enqueue()[0]
     user = get_user_model().objects.create_user("staffer", password="x", is_staff=True)

@@ -12,6 +12,7 @@ from tasks_app.protocol.keys import WAKE_TOKEN, consumer_id_of
 from tasks_app.protocol.names import NAME_PATTERN
 from tasks_app.protocol.replies import QueueStats, json_object
 from tasks_app.protocol.scripts import ScriptClient
+from tasks_app.protocol.timestamps import ms_of_score
 
 # Width of the buckets counting acknowledged tasks, for the dashboard's throughput.
 THROUGHPUT_BUCKET_S = 10
@@ -28,7 +29,7 @@ def _consumer_rows(
     for (member, deadline_ms), count in zip(entries, in_flight, strict=True):
         consumer_id = member.decode(errors="backslashreplace")
         info = infos.get(consumer_id, {})
-        consumers.append({**info, "id": consumer_id, "lease_deadline_ms": int(deadline_ms), "in_flight": count})
+        consumers.append({**info, "id": consumer_id, "lease_deadline_ms": ms_of_score(deadline_ms), "in_flight": count})
     return consumers
 
 
@@ -103,7 +104,7 @@ class InspectionOps(ScriptClient):
     def list_dead(self, queue: str, offset: int = 0, limit: int = 100) -> list[tuple[bytes, int]]:
         """Return dead-lettered tasks of a queue, newest first, with the time (ms) they died."""
         entries = self.client.zrange(self.keys.dead(queue), offset, offset + limit - 1, desc=True, withscores=True)
-        return [(member, int(score)) for member, score in entries]
+        return [(member, ms_of_score(score)) for member, score in entries]
 
     def requeue_dead(self, queue: str, entries: Sequence[tuple[bytes, int, bytes, str]]) -> list[bool]:
         """Move dead tasks (stored member, priority, task to push, its id) back; flags say which were still dead.

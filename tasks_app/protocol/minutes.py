@@ -23,6 +23,8 @@ from tasks_app.protocol.replies import ResultUpdate
 from tasks_app.protocol.scripts import ScriptClient
 
 KEEP_MINUTES = 120
+# The range of a Redis integer (HINCRBY): a count outside it was written by no counter.
+MAX_COUNT = 2**63 - 1
 
 # Upper bounds of the duration buckets (ms); the last bucket holds everything slower.
 DURATION_BUCKETS_MS: tuple[float, ...] = (
@@ -121,7 +123,9 @@ def _ints(raw: dict[bytes, bytes]) -> dict[str, int]:
     counts = {}
     for key, value in raw.items():
         try:  # a foreign writer's garbage reads as not counted
-            counts[key.decode(errors="backslashreplace")] = int(value)
+            count = int(value)
         except ValueError:
             continue
+        if -MAX_COUNT <= count <= MAX_COUNT:  # HINCRBY's range: a larger one no counter wrote
+            counts[key.decode(errors="backslashreplace")] = count
     return counts

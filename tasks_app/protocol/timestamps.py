@@ -15,6 +15,17 @@ def datetime_of_ms(ms: float) -> datetime | None:
         return None
 
 
+# The largest whole ms a score is read as: a foreign writer's +inf (Redis takes it) must not overflow int().
+MAX_SCORE_MS = 2**63 - 1
+
+
+def ms_of_score(score: float) -> int:
+    """A sorted-set score read as whole epoch ms, an infinite one as the end of the range (never an error)."""
+    if math.isfinite(score):
+        return int(score)
+    return MAX_SCORE_MS if score > 0 else -MAX_SCORE_MS
+
+
 def ms_of_datetime(moment: datetime) -> int:
     """Return a timezone-aware datetime as epoch milliseconds."""
     return int(moment.timestamp() * 1000)

@@ -18,6 +18,7 @@ from django.utils.dateparse import parse_datetime
 from tasks_app.protocol import history
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.history import Entry
+from tasks_app.protocol.jsontext import finite
 from tasks_app.protocol.results import ResultRecord
 from tasks_app.protocol.timestamps import ms_of_datetime
 
@@ -204,7 +205,7 @@ def page_json(page: Page) -> dict[str, Any]:
     """A page of the browser as JSON (`?format=json`): its rows, the next cursor, what is known of the rest."""
     return {
         "tasks": [row_json(record, score) for record, score in page.records],
-        "older": page.older,
+        "older": finite(page.older),  # a foreign score of +inf: strict JSON has no Infinity
         "older_seen": page.older_seen,
         "total": page.total,
         "cut": page.cut,
@@ -213,7 +214,12 @@ def page_json(page: Page) -> dict[str, Any]:
 
 def row_json(record: ResultRecord, score_ms: float) -> dict[str, Any]:
     """A row of the browser as JSON: the record's fields, the duration, the first line of the last error."""
-    return {**record.as_json(), "duration_s": duration_s(record), "error_line": error_line(record), "cursor": score_ms}
+    return {
+        **record.as_json(),
+        "duration_s": duration_s(record),
+        "error_line": error_line(record),
+        "cursor": finite(score_ms),
+    }
 
 
 def duration_s(record: ResultRecord) -> float | None:

@@ -23,6 +23,7 @@ Series = dict[str, list[float | None]]
 
 def percentile_ms(buckets: Mapping[int, int], share: float) -> float | None:
     """The duration under which `share` of the runs fell, interpolated within its bucket; None without runs."""
+    buckets = {index: count for index, count in buckets.items() if count > 0}  # a foreign writer's 0 or less: none
     total = sum(buckets.values())
     if not total:
         return None
@@ -30,9 +31,9 @@ def percentile_ms(buckets: Mapping[int, int], share: float) -> float | None:
     for index in sorted(buckets):
         count = buckets[index]
         if seen + count >= wanted:
+            if index >= len(DURATION_BUCKETS_MS):  # the open-ended last bucket (or one a newer version added)
+                return DURATION_BUCKETS_MS[-1]
             lower = DURATION_BUCKETS_MS[index - 1] if index > 0 else 0.0
-            if index >= len(DURATION_BUCKETS_MS):  # the open-ended last bucket: at least its lower bound
-                return lower
             return lower + (DURATION_BUCKETS_MS[index] - lower) * (wanted - seen) / count
         seen += count
     return None
@@ -69,7 +70,7 @@ def _type_totals(types: dict[str, TypeTotals], minute_index: int, counts: Mappin
             continue
         if kind == "d":
             task_type, _, bucket = rest.rpartition("|")
-            if bucket.isdigit():
+            if bucket.isdecimal() and len(bucket) <= 3:  # a bucket index (int() takes no "²", nor 5,000 digits)
                 buckets = types.setdefault(task_type, _new_type()).minute_buckets[minute_index]
                 buckets[int(bucket)] = buckets.get(int(bucket), 0) + amount  # the type may run in other queues
             continue

@@ -1,0 +1,69 @@
+"""Pages and commands over state no version of ours writes: infinite scores, counters from a newer version or none."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+
+import pytest
+from django.core.management import call_command
+
+from tasks_app import producer
+from tasks_app.models import TaskType
+from tasks_app.protocol.codec import Task, encode_task
+from tasks_app.protocol.minutes import DURATION_BUCKETS_MS
+from tasks_app.web.charts import percentile_ms
+
+pytestmark = pytest.mark.django_db
+
+
+def test_a_dead_letter_scored_infinite_is_listed_requeued_and_deleted(staff, broker):
+    task = Task(id="t1", type="web.echo", payload=b'{"args": [1]}', queue="web", attempt=3)
+    broker.client.zadd(broker.keys.dead("web"), {encode_task(task): float("inf")})
+    page = staff.get("/tasks/dashboard/web/dead/")
+    assert page.status_code == 200 and "t1" in page.content.decode()
+
+
+def test_a_lease_scored_infinite_shows_on_the_dashboard_the_api_and_queuestats(staff, broker):
+    broker.client.sadd(broker.keys.queues(), "web")
+    broker.client.zadd(broker.keys.consumers("web"), {"c1": float("inf")})
+    assert staff.get("/tasks/dashboard/").status_code == 200
+    assert staff.get("/api/queues/web/").status_code == 200
+    out = io.StringIO()
+    call_command("queuestats", "--json", stdout=out)
+    [queue] = [q for q in json.loads(out.getvalue())["queues"] if q["queue"] == "web"]
+    assert [c["id"] for c in queue["consumers"]] == ["c1"]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {f"d|web.echo|{len(DURATION_BUCKETS_MS) + 1}": "1"},  # a bucket a newer version added
+        {"d|web.echo|²": "1", "d|web.echo|" + "1" * 5000: "1"},
+        {"ok|web.echo": "1" + "0" * 400},
+        {"backlog": "1" + "0" * 400},
+        {"d|web.echo|0": "0", "d|web.echo|1": "-4"},
+    ],
+)
+def test_the_dashboard_draws_whatever_counters_a_minute_holds(staff, broker, fields):
+    TaskType.objects.create(name="web.echo", handler="demo.echo", queue="web")
+    producer.enqueue("web.echo", [1])
+    broker.client.hset(broker.keys.minute("web", int(time.time()) // 60), mapping=fields)
+    assert staff.get("/tasks/dashboard/").status_code == 200
+    assert staff.get("/tasks/dashboard/series.json").status_code == 200
+
+
+def test_a_percentile_in_a_bucket_past_the_table_is_at_least_its_last_bound():
+    assert percentile_ms({len(DURATION_BUCKETS_MS) + 5: 3}, 0.5) == DURATION_BUCKETS_MS[-1]
+    assert percentile_ms({0: 0, 1: -2}, 0.5) is None
+
+
+def test_the_browsers_json_stays_strict_json_over_an_infinite_score(staff, broker):
+    TaskType.objects.create(name="web.echo", handler="demo.echo", queue="web")
+    [task] = producer.enqueue("web.echo", [1])
+    broker.client.zadd(broker.keys.history("web"), {task.id: float("inf")})
+    response = staff.get("/tasks/?format=json")
+    assert response.status_code == 200
+    data = json.loads(response.content, parse_constant=lambda name: pytest.fail(f"{name} in strict JSON"))
+    assert [row["id"] for row in data["tasks"]] == [task.id] and data["tasks"][0]["cursor"] is None
