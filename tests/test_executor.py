@@ -12,20 +12,26 @@ from typing import Any
 import pytest
 from django.db import OperationalError
 
-from tasks_app import PermanentError, Retry
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.executor import Executor
-from tasks_app.consumer.limits import RateLimiter
 from tasks_app.context import TaskContext, current
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
-from tasks_app.protocol.codec import Task, decode_task, encode_payload
-from tasks_app.protocol.keys import UNDECODABLE_TYPE, split_delayed_member
+from tasks_app.protocol.keys import UNDECODABLE_TYPE
 from tasks_app.registry import Handler, Registry
 from tasks_app.task_types import TaskTypeCache
 from tests.support.claims import claim, push, register, task_bytes
 from tests.support.counters import sample
+from tests.support.executing import (
+    CONSUMER,
+    assert_let_go,
+    claimed,
+    dead_tasks,
+    delayed_tasks,
+    make_executor,
+    task_type,
+)
 from tests.support.odd_values import (
     AsyncAdder,
     ExitsWhenListed,
@@ -35,22 +41,9 @@ from tests.support.odd_values import (
 
 pytestmark = pytest.mark.django_db
 
-CONSUMER = "worker-a"
-
 
 def boom() -> None:
     raise ValueError("boom")
-
-
-def retry_in(seconds: float) -> None:
-    try:
-        raise ConnectionError("upstream says 429")
-    except ConnectionError as exc:
-        raise Retry(f"upstream busy, back in {seconds} s", in_s=seconds) from exc
-
-
-def permanent() -> None:
-    raise PermanentError("card 4242 was declined for good")
 
 
 def with_context(context: TaskContext, *args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -71,8 +64,6 @@ def registry() -> Registry:
     registry = Registry()
     registry.add(Handler("x.add", lambda a, b: a + b))
     registry.add(Handler("x.boom", boom))
-    registry.add(Handler("x.retry_in", retry_in))
-    registry.add(Handler("x.permanent", permanent))
     registry.add(Handler("x.context", with_context, takes_context=True))
     registry.add(Handler("x.current", lambda *args: with_context(current(), *args)))
     registry.add(Handler("x.exit", lambda: exec("raise SystemExit(3)")))
@@ -89,40 +80,7 @@ def registry() -> Registry:
 
 @pytest.fixture
 def executor(broker: Broker, registry: Registry) -> Executor:
-    register(broker, CONSUMER, lease_ms=30_000)
-    return Executor(broker, registry, TaskTypeCache(), CONSUMER, result_ttl_s=60, rate_gate=RateLimiter(broker))
-
-
-def task_type(executor: Executor, name: str, **options: Any) -> None:
-    """Create a TaskType row and let the executor see it."""
-    TaskType.objects.create(name=name, handler=options.pop("handler", name), queue="q", **options)
-    executor.task_types.refresh()
-
-
-def claimed(
-    broker: Broker, task_id: str, task_type_name: str, *args: Any, raw: bytes | None = None, **fields: Any
-) -> Claimed:
-    """Push one task and claim it for CONSUMER."""
-    if raw is None:
-        raw = task_bytes(task_id, task_type_name, payload=encode_payload(list(args), {}), **fields)
-    push(broker, raw)
-    [taken] = claim(broker, CONSUMER, 1)
-    return Claimed("q", CONSUMER, taken)
-
-
-def dead_tasks(broker: Broker) -> list[Task]:
-    return [decode_task(member) for member, _ in broker.list_dead("q")]
-
-
-def delayed_tasks(broker: Broker) -> list[tuple[Task, int]]:
-    """Tasks in the delayed set with how many ms from now each is due."""
-    now_ms = broker.server_time_ms()
-    members = broker.client.zrange(broker.keys.delayed("q"), 0, -1, withscores=True)
-    return [(decode_task(split_delayed_member(member)[1]), int(score) - now_ms) for member, score in members]
-
-
-def assert_let_go(broker: Broker) -> None:
-    assert broker.held_by("q", CONSUMER) == [], "the task left the processing list"
+    return make_executor(broker, registry)
 
 
 # --- tasks that cannot run ----------------------------------------------------------------
@@ -284,41 +242,6 @@ def test_the_last_failure_dead_letters_with_the_reason(broker, executor):
     [dead] = dead_tasks(broker)
     assert dead.attempt == 2
     assert dead.dead_reason == "failed 2 of 2 attempts; last error: builtins.ValueError: boom"
-    record = broker.get_result("t1")
-    assert record["status"] == "FAILED" and record["dead_reason"] == dead.dead_reason
-
-
-def test_a_handler_asking_for_a_retry_runs_again_when_it_asked_with_an_attempt_used(broker, executor):
-    task_type(executor, "x.retry_in", max_attempts=3, retry_backoff=3600)
-    assert executor.execute(claimed(broker, "t1", "x.retry_in", 30)) is False
-    assert_let_go(broker)
-    [(task, due_in_ms)] = delayed_tasks(broker)
-    assert 29_000 <= due_in_ms <= 30_000, "waited its backoff, not the 30 s it asked for"
-    assert task.attempt == 1 and task.last_error == "tasks_app.exceptions.Retry: upstream busy, back in 30 s"
-    assert "ConnectionError: upstream says 429" in task.last_traceback, "the cause is kept"
-    record = broker.get_result("t1")
-    assert record["status"] == "READY"
-    assert 29_000 <= int(record["run_after_ms"]) - time.time() * 1000 <= 30_000, "the record says when it runs again"
-
-
-def test_a_handler_asking_for_a_retry_on_its_last_attempt_is_dead_lettered(broker, executor):
-    task_type(executor, "x.retry_in", max_attempts=2)
-    raw = task_bytes("t1", "x.retry_in", payload=encode_payload([5], {}), attempt=1)
-    executor.execute(claimed(broker, "t1", "x.retry_in", raw=raw))
-    [dead] = dead_tasks(broker)
-    assert dead.dead_reason.startswith("failed 2 of 2 attempts; last error: tasks_app.exceptions.Retry")
-    assert delayed_tasks(broker) == []
-
-
-def test_a_permanent_error_is_dead_lettered_at_once_with_its_attempts_unused(broker, executor):
-    task_type(executor, "x.permanent", max_attempts=5)
-    assert executor.execute(claimed(broker, "t1", "x.permanent")) is False
-    assert_let_go(broker)
-    [dead] = dead_tasks(broker)
-    assert dead.attempt == 1 and delayed_tasks(broker) == []
-    assert dead.dead_reason == (
-        "permanent error on attempt 1: tasks_app.exceptions.PermanentError: card 4242 was declined for good"
-    )
     record = broker.get_result("t1")
     assert record["status"] == "FAILED" and record["dead_reason"] == dead.dead_reason
 

@@ -96,9 +96,7 @@ class Consumer:
             async_lane=AsyncLane(options.async_concurrency, self.capacity),
             lease_check=self._lease_holds,  # again after the gates, just before the start
         )
-        self.liveness = Liveness(
-            options.health_file, max(3 * HEALTH_CHECK_S, options.lease_s), task_types_age_s=self.task_types.age_s
-        )
+        self.liveness = Liveness(options.health_file, max(3 * HEALTH_CHECK_S, options.lease_s), self.task_types.age_s)
         recorder = partial(record_reaped, self.broker, self.task_types, give_up=self.stop_requested)
         self.reaper = ReaperLoop(self.broker, options.queues, options.lease_s, recorder)
 

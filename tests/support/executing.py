@@ -1,0 +1,56 @@
+"""Running one claimed task through a real Executor on a real Redis: the executor, its tasks, where they end."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tasks_app.consumer.claimed import Claimed
+from tasks_app.consumer.executor import Executor
+from tasks_app.consumer.limits import RateLimiter
+from tasks_app.models import TaskType
+from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.codec import Task, decode_task, encode_payload
+from tasks_app.protocol.keys import split_delayed_member
+from tasks_app.registry import Registry
+from tasks_app.task_types import TaskTypeCache
+from tests.support.claims import claim, push, register, task_bytes
+
+CONSUMER = "worker-a"
+
+
+def make_executor(broker: Broker, registry: Registry) -> Executor:
+    """An executor of `registry`'s handlers for CONSUMER, registered with a 30 s lease on queue q."""
+    register(broker, CONSUMER, lease_ms=30_000)
+    return Executor(broker, registry, TaskTypeCache(), CONSUMER, result_ttl_s=60, rate_gate=RateLimiter(broker))
+
+
+def task_type(executor: Executor, name: str, **options: Any) -> None:
+    """Create a TaskType row and let the executor see it."""
+    TaskType.objects.create(name=name, handler=options.pop("handler", name), queue="q", **options)
+    executor.task_types.refresh()
+
+
+def claimed(
+    broker: Broker, task_id: str, task_type_name: str, *args: Any, raw: bytes | None = None, **fields: Any
+) -> Claimed:
+    """Push one task and claim it for CONSUMER."""
+    if raw is None:
+        raw = task_bytes(task_id, task_type_name, payload=encode_payload(list(args), {}), **fields)
+    push(broker, raw)
+    [taken] = claim(broker, CONSUMER, 1)
+    return Claimed("q", CONSUMER, taken)
+
+
+def dead_tasks(broker: Broker) -> list[Task]:
+    return [decode_task(member) for member, _ in broker.list_dead("q")]
+
+
+def delayed_tasks(broker: Broker) -> list[tuple[Task, int]]:
+    """Tasks in the delayed set with how many ms from now each is due."""
+    now_ms = broker.server_time_ms()
+    members = broker.client.zrange(broker.keys.delayed("q"), 0, -1, withscores=True)
+    return [(decode_task(split_delayed_member(member)[1]), int(score) - now_ms) for member, score in members]
+
+
+def assert_let_go(broker: Broker) -> None:
+    assert broker.held_by("q", CONSUMER) == [], "the task left the processing list"
