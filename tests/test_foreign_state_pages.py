@@ -12,6 +12,7 @@ from django.core.management import call_command
 from tasks_app import producer
 from tasks_app.models import TaskType
 from tasks_app.protocol.codec import Task, encode_task
+from tasks_app.protocol.inspection import THROUGHPUT_BUCKET_S
 from tasks_app.protocol.minutes import DURATION_BUCKETS_MS
 from tasks_app.web.charts import percentile_ms
 
@@ -67,3 +68,22 @@ def test_the_browsers_json_stays_strict_json_over_an_infinite_score(staff, broke
     assert response.status_code == 200
     data = json.loads(response.content, parse_constant=lambda name: pytest.fail(f"{name} in strict JSON"))
     assert [row["id"] for row in data["tasks"]] == [task.id] and data["tasks"][0]["cursor"] is None
+
+
+@pytest.mark.parametrize("query", ["size=%C2%B2", "seen=%C2%B2", "seen=" + "1" * 4301, "size=" + "9" * 30])
+def test_the_browser_reads_counts_in_its_query_that_are_not_plain_digits_as_not_given(staff, broker, query):
+    assert staff.get(f"/tasks/?{query}").status_code == 200
+
+
+def test_a_progress_report_past_a_floats_range_shows_no_bar(staff, broker):
+    TaskType.objects.create(name="web.echo", handler="demo.echo", queue="web")
+    [task] = producer.enqueue("web.echo", [1])
+    broker.client.hset(broker.keys.result(task.id), "progress", json.dumps({"current": 10**400, "total": 1}))
+    assert staff.get(f"/tasks/{task.id}/").status_code == 200
+
+
+def test_a_completed_counter_that_is_not_an_integer_counts_nothing(staff, broker):
+    broker.client.sadd(broker.keys.queues(), "web")
+    broker.client.set(broker.keys.completed("web", int(time.time()) // THROUGHPUT_BUCKET_S), "1.5")
+    assert staff.get("/tasks/dashboard/").status_code == 200
+    assert broker.completed_last_minute("web") == 0

@@ -33,6 +33,14 @@ def _consumer_rows(
     return consumers
 
 
+def _count(raw: bytes | None) -> int:
+    """A counter as INCRBY keeps it; anything else (a foreign writer's "1.5") counts nothing."""
+    try:
+        return int(raw) if raw is not None else 0
+    except ValueError:
+        return 0
+
+
 class InspectionOps(ScriptClient):
     """Queue stats and dead-letter operations for the dashboard, the commands and the consumer's housekeeping."""
 
@@ -45,7 +53,7 @@ class InspectionOps(ScriptClient):
         # A foreign name in the queue set ("", "}x") spreads its keys over a cluster's slots.
         cluster = isinstance(self.client, redis.RedisCluster)
         counts = self.client.mget_nonatomic(keys) if cluster else self.client.mget(keys)
-        return sum(int(count) for count in counts if count is not None)
+        return sum(_count(count) for count in counts)
 
     def known_queues(self) -> list[str]:
         """Return every queue that has seen a task or a consumer."""

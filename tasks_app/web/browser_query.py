@@ -113,12 +113,19 @@ def _number(text: str) -> float | None:
     return value if value == value and abs(value) < 1e16 else None
 
 
+def _digits(text: str) -> int | None:
+    """A count typed in a query: ASCII digits only (int() takes no "²", nor thousands of digits), else None."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
+
+
 def _count(text: str) -> int:
-    return min(int(text), history.HISTORY_MAX) if text.isdigit() else 0
+    count = _digits(text)
+    return min(count, history.HISTORY_MAX) if count is not None else 0
 
 
 def _size(text: str) -> int:
-    return int(text) if text.isdigit() and int(text) in PAGE_SIZES else DEFAULT_PAGE_SIZE
+    size = _digits(text)
+    return size if size in PAGE_SIZES else DEFAULT_PAGE_SIZE
 
 
 @dataclass(frozen=True)

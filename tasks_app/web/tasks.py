@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from django.conf import settings
@@ -154,7 +155,11 @@ def _percent(progress: dict[str, Any] | None) -> float | None:
     current, total = progress.get("current"), progress.get("total")
     if not isinstance(current, int | float) or not isinstance(total, int | float) or total <= 0:
         return None
-    return max(0.0, min(100.0, 100.0 * current / total))
+    try:
+        share = 100.0 * current / total
+    except OverflowError:  # a foreign writer's integer past a float's range
+        return None
+    return max(0.0, min(100.0, share)) if math.isfinite(share) else None
 
 
 def _pretty(value: Any) -> str:
