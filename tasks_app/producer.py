@@ -250,8 +250,11 @@ def _check_task_id(task_id: str) -> None:
         valid = False
     if not valid:
         raise EnqueueError(f"task_id must be 1 to {MAX_TASK_ID_CHARS} characters of UTF-8 text, got {task_id!r:.120}")
-    if "/" in task_id:  # its task page and API URL could not name it
-        raise EnqueueError(f"task_id cannot contain '/', got {task_id!r:.120}")
+    # Its task page and API URL could not name it; a control character (NUL) no PostgreSQL text holds.
+    if "/" in task_id or task_id in {".", ".."} or any(ord(char) < 32 or 127 <= ord(char) < 160 for char in task_id):
+        raise EnqueueError(
+            f"task_id cannot contain '/' or control characters, nor be '.' or '..', got {task_id!r:.120}"
+        )
 
 
 def unique_digest(request: TaskRequest, config: TaskTypeConfig) -> str:

@@ -7,6 +7,7 @@ import json
 import time
 
 import pytest
+from django.contrib.admin.models import LogEntry
 from django.core.management import call_command
 
 from tasks_app import producer
@@ -14,6 +15,7 @@ from tasks_app.models import TaskType
 from tasks_app.protocol.codec import Task, encode_task
 from tasks_app.protocol.inspection import THROUGHPUT_BUCKET_S
 from tasks_app.protocol.minutes import DURATION_BUCKETS_MS
+from tasks_app.templatetags.tasks_display import url_or_empty
 from tasks_app.web.charts import percentile_ms
 
 pytestmark = pytest.mark.django_db
@@ -87,3 +89,22 @@ def test_a_completed_counter_that_is_not_an_integer_counts_nothing(staff, broker
     broker.client.set(broker.keys.completed("web", int(time.time()) // THROUGHPUT_BUCKET_S), "1.5")
     assert staff.get("/tasks/dashboard/").status_code == 200
     assert broker.completed_last_minute("web") == 0
+
+
+@pytest.mark.parametrize("task_id", ["dashboard", "enqueue"])
+def test_a_task_whose_id_names_another_page_is_listed_unlinked(staff, broker, task_id):
+    TaskType.objects.create(name="web.echo", handler="demo.echo", queue="web")
+    producer.enqueue_many([producer.TaskRequest("web.echo", [1], task_id=task_id)])
+    assert url_or_empty("tasks_app:task", task_id) == ""
+    page = staff.get("/tasks/").content.decode()
+    assert f">{task_id}</" in page and f'href="/tasks/{task_id}/">{task_id}</a>' not in page
+
+
+def test_an_action_on_a_task_whose_id_holds_a_nul_is_logged_with_it_escaped(staff, broker):
+    # A foreign producer's envelope: PostgreSQL's text refuses NUL, so the log entry must not hold one.
+    broker.client.hset(broker.keys.result("a\x00b"), mapping={"status": "FAILED", "type": "web.echo", "queue": "web"})
+    broker.client.zadd(broker.keys.history("web"), {"a\x00b": time.time() * 1000})
+    response = staff.post("/tasks/", {"action": "delete", "task": ["a\x00b"]})
+    assert response.status_code == 302 and broker.get_result("a\x00b") is None
+    [entry] = LogEntry.objects.all()
+    assert "\x00" not in entry.object_id + entry.object_repr + entry.change_message

@@ -139,9 +139,10 @@ def test_caller_task_ids_that_are_not_short_utf8_text_are_rejected(broker, task_
     assert enqueued_keys(broker) == []
 
 
-def test_a_caller_task_id_with_a_slash_is_rejected_as_it_could_have_no_url(broker):
-    with pytest.raises(EnqueueError, match="task_id cannot contain '/'"):
-        enqueue_many([TaskRequest("demo.echo", task_id="report/7")])
+@pytest.mark.parametrize("task_id", ["report/7", ".", "..", "a\x00b", "tab\there", "\x85"])
+def test_a_caller_task_id_no_url_or_database_text_can_hold_is_rejected(broker, task_id):
+    with pytest.raises(EnqueueError, match="task_id cannot contain '/' or control characters"):
+        enqueue_many([TaskRequest("demo.echo", task_id=task_id)])
     assert enqueued_keys(broker) == []
 
 

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django import template
-from django.urls import NoReverseMatch, reverse
+from django.urls import NoReverseMatch, Resolver404, resolve, reverse
 from django.utils.html import format_html
 
 from tasks_app.logging import escape_control
@@ -32,9 +32,14 @@ def url_or_empty(view_name: str, *args: Any) -> str:
     if any(not isinstance(arg, str) or len(arg) > MAX_LINKED_CHARS for arg in args):
         return ""
     try:
-        return reverse(view_name, args=args)
+        url = reverse(view_name, args=args)
     except NoReverseMatch:
         return ""
+    try:  # an id such as "dashboard" or ".." makes a URL of another page
+        names_it = resolve(url).view_name == view_name
+    except Resolver404:
+        names_it = False
+    return url if names_it else ""
 
 
 @register.filter

@@ -15,6 +15,7 @@ from django.middleware.csrf import CsrfViewMiddleware
 from django.shortcuts import render
 from redis.exceptions import RedisError
 
+from tasks_app.logging import escape_control
 from tasks_app.protocol.broker import get_broker
 from tasks_app.protocol.results import ResultRecord
 
@@ -74,10 +75,11 @@ def log_task_actions(request: HttpRequest, entries: Iterable[tuple[str, str, int
             LogEntry(
                 user_id=request.user.pk,
                 content_type=None,
-                object_id=task_id[:200],
-                object_repr=f"{task_type} {task_id}"[:200],
+                # PostgreSQL's text holds no NUL, which a foreign envelope's id or type may.
+                object_id=escape_control(task_id)[:200],
+                object_repr=escape_control(f"{task_type} {task_id}")[:200],
                 action_flag=flag,
-                change_message=message,
+                change_message=escape_control(message),
             )
             for task_id, task_type, flag, message in entries
         ]
