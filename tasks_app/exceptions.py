@@ -21,9 +21,12 @@ class Retry(Exception):
     """
 
     def __init__(self, reason: str = "the handler asked to be retried", in_s: float | None = None) -> None:
-        valid = in_s is None or (
-            isinstance(in_s, int | float) and not isinstance(in_s, bool) and math.isfinite(in_s) and in_s >= 0
-        )
+        try:
+            valid = in_s is None or (
+                isinstance(in_s, int | float) and not isinstance(in_s, bool) and math.isfinite(in_s) and in_s >= 0
+            )
+        except OverflowError:  # an int past a float's range (10**400)
+            valid = False
         if not valid:
             raise ValueError(f"Retry(in_s=...) takes a finite number of seconds >= 0 or None, got {in_s!r}")
         super().__init__(reason)

@@ -43,7 +43,7 @@ def test_a_retry_asked_for_past_the_longest_delay_waits_the_longest_delay():
     assert retry_delay_s(Retry(in_s=10**12), attempt=1, base_s=2.0) == 3600
 
 
-@pytest.mark.parametrize("in_s", [-1, float("nan"), float("inf"), True, "5", [5]])
+@pytest.mark.parametrize("in_s", [-1, float("nan"), float("inf"), 10**400, True, "5", [5]])
 def test_a_retry_delay_that_is_not_a_finite_number_of_seconds_is_refused_where_it_is_raised(in_s):
     with pytest.raises(ValueError, match="finite number of seconds"):
         Retry(in_s=in_s)

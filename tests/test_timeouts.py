@@ -1,11 +1,12 @@
 """Soft limits and forced cancels: TaskTimeout or TaskCancelled raised in a handler's thread, never once it returned."""
 
+import asyncio
 import threading
 import time
 
 import pytest
 
-from tasks_app.consumer.timeouts import RunClock, call_with_clock
+from tasks_app.consumer.timeouts import RunClock, call_with_clock, within_timeout
 from tasks_app.exceptions import TaskCancelled, TaskTimeout
 
 
@@ -140,3 +141,30 @@ def test_a_cancel_or_timeout_coming_after_the_handler_returned_leaves_its_value(
     # Neither reported cancelled nor retried as timed out: the handler's work was all done.
     assert call_with_clock(clock, lambda: 42) == (42, None)
     assert clock.timeout_error is None and clock.cancel_error is None
+
+
+@pytest.mark.parametrize("how", ["swallows the cancellation", "blocks the loop"])
+def test_an_async_run_past_its_timeout_fails_for_it_even_if_it_returns(how):
+    async def swallows() -> str:
+        try:
+            await asyncio.sleep(5)
+        except asyncio.CancelledError:
+            return "swallowed"
+        return "slept"
+
+    async def blocks() -> str:
+        time.sleep(0.3)  # the point: the loop cannot cancel it
+        return "blocked"
+
+    handler = swallows if how == "swallows the cancellation" else blocks
+    with pytest.raises(TaskTimeout):
+        asyncio.run(within_timeout(handler(), 0.1))
+
+
+def test_an_async_run_within_its_timeout_returns_its_value():
+    async def quick() -> int:
+        await asyncio.sleep(0.01)
+        return 7
+
+    assert asyncio.run(within_timeout(quick(), 5)) == 7
+    assert asyncio.run(within_timeout(quick(), None)) == 7

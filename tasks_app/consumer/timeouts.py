@@ -140,14 +140,22 @@ def call_with_clock(clock: RunClock, call: Callable[[], object]) -> tuple[object
 
 
 async def within_timeout[T](awaitable: Awaitable[T], timeout_s: float | None) -> T:
-    """Await `awaitable`, cancelling it at `timeout_s` with TaskTimeout (its `finally` blocks run)."""
+    """Await `awaitable`, cancelling it at `timeout_s` with TaskTimeout (its `finally` blocks run).
+
+    A run that swallowed the cancellation, or blocked the loop past its deadline, still fails for
+    its timeout, as a sync handler that catches TaskTimeout does.
+    """
     async with asyncio.timeout(timeout_s) as scope:
         try:
-            return await awaitable
+            value = await awaitable
         except asyncio.CancelledError:
             if scope.expired():
                 raise TaskTimeout(f"task exceeded its timeout of {timeout_s:g} s") from None
             raise
+    deadline = scope.when()
+    if scope.expired() or (deadline is not None and asyncio.get_running_loop().time() >= deadline):
+        raise TaskTimeout(f"task exceeded its timeout of {timeout_s:g} s")
+    return value
 
 
 def failure_traceback(error: BaseException, raised: BaseException | None) -> str:
