@@ -217,3 +217,17 @@ def test_a_task_a_worker_starts_as_the_stop_begins_is_waited_for_and_not_returne
     assert statuses(broker, [task]) == ["SUCCESSFUL"]
     stats = broker.queue_stats("default")
     assert (stats.pending, stats.processing) == (0, 0), "not returned: it ran, once"
+
+
+def test_a_stopped_consumer_exits_although_a_handler_left_a_thread_running(broker, consumer_process):
+    # Interpreter shutdown would join that thread: a consumer that said "stopped" would live on for a minute.
+    [task] = producer.enqueue("test.leaves_thread", [60])
+    consumer = consumer_process("--grace", "2")
+    wait_until(
+        lambda: ResultRecord.from_fields(broker.get_result(task.id) or {}).status == "SUCCESSFUL",
+        30,
+        message="the task to run",
+    )
+    began = time.monotonic()
+    assert consumer.terminate(timeout_s=20) == 0
+    assert time.monotonic() - began < 15, "lived on with the thread its handler left"

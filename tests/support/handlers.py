@@ -4,6 +4,7 @@ import asyncio
 import json
 import os
 import signal
+import threading
 import time
 from typing import Any
 
@@ -200,3 +201,10 @@ async def async_cooperative(context: Any, step_s: float = 0.2, max_s: float = 30
         context.set_progress(step, None, f"step {step}")
         await asyncio.sleep(float(step_s))
     return "not cancelled"
+
+
+@handler("test.leaves_thread")
+def leaves_thread(sleep_s: float = 60.0) -> str:
+    """Start a non-daemon thread that outlives the run (as a library's worker pool may), and return."""
+    threading.Thread(target=time.sleep, args=(float(sleep_s),), name="left-running", daemon=False).start()
+    return "left a thread"

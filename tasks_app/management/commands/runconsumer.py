@@ -1,12 +1,13 @@
 """`manage.py runconsumer`: run a consumer until stopped."""
 
 import argparse
+import logging
 import os
 import socket
 import sys
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -94,8 +95,22 @@ class Command(BaseCommand):
                 _serve_metrics(consumer, metrics_port, options["metrics_host"])
             consumer.install_signal_handlers()
             exit_code = consumer.run()
+        if getattr(self, "_called_from_command_line", False):  # set by run_from_argv: not under call_command
+            _exit_now(exit_code)
         if exit_code:
             raise SystemExit(exit_code)
+
+
+def _exit_now(exit_code: int) -> NoReturn:
+    """End the process once the consumer has stopped, without joining threads its handlers left running.
+
+    What a run left going (a non-daemon thread, a thread pool) would keep the process alive after
+    its tasks went back to pending, and so run beside their next run elsewhere.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)
 
 
 def _run_group(parser: CommandParser, processes: int, metrics_port: int | None, options: dict[str, Any]) -> int:
