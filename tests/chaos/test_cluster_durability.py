@@ -108,7 +108,8 @@ def test_a_lagging_replica_delays_acks_by_the_wait_at_most_and_is_counted(replic
     assert outcomes == [True, True, True]  # acked anyway: availability over a replica that lags
     assert broker.client.llen(broker.keys.processing("default", "d2")) == 0
     assert 0.3 <= took_s < 3.0
-    assert _timeouts() == before + 1
+    # At least the stopped replica's wait; on a loaded host a healthy replica may miss 300 ms too.
+    assert _timeouts() >= before + 1
 
 
 @pytest.mark.timeout(120)
