@@ -237,3 +237,10 @@ def test_a_code_schedule_with_tuples_or_nones_is_stored_and_not_saved_again_at_e
     call_command("periodic", "sync", stdout=(again := StringIO()))
     assert "unchanged: tuples, nones, queue.none" in again.getvalue()  # catch-up still counts from the last real edit
     assert PeriodicTask.objects.get(name="tuples").updated_at == tuples.updated_at
+
+
+def test_the_admin_refuses_a_cron_that_never_matches(staff, broker, echo):
+    # Saved, it took down the periodic list, the queue dashboard and `periodic list` (cronsim's StopIteration).
+    response = staff.post(ADD_URL, form(echo, cron="0 0 */32 * 1#5"))
+    assert response.status_code == 200 and "never matches" in response.content.decode()
+    assert not PeriodicTask.objects.exists()

@@ -104,6 +104,8 @@ def test_no_slot_after_end_at():
     [
         ({"cron": "61 * * * *"}, "Bad minute"),
         ({"cron": "* * *"}, "5 fields"),
+        ({"cron": "0 0 */32 * 1#5"}, "never matches"),  # day 1 and the fifth Monday: cronsim gives up
+        ({"cron": "1 1 */60 1,2,3 0L"}, "never matches"),
         ({}, "either a cron expression or an interval"),
         ({"cron": "* * * * *", "interval_s": 5}, "either a cron expression or an interval"),
         ({"cron": "* * * * *", "timezone": "Mars/Olympus"}, "unknown time zone"),
@@ -121,3 +123,11 @@ def test_a_start_parked_at_the_end_of_the_calendar_has_no_next_slot():
     parked = Schedule(cron="0 3 * * *", start_at=datetime(9999, 12, 31, 4, tzinfo=UTC))  # the next 03:00 is in 10000
     now_ms = ms(datetime(2026, 1, 1, tzinfo=UTC))
     assert (parked.latest_at_or_before(now_ms), parked.next_after(now_ms)) == (None, None)
+
+
+def test_a_never_matching_cron_saved_before_it_was_refused_has_no_slots():
+    from tasks_app.periodic.schedule import _cron_next
+
+    never = "0 0 */32 * 1#5"
+    assert _cron_next(never, datetime.now(UTC)) is None
+    assert _cron_next(never, datetime.now(UTC), reverse=True) is None

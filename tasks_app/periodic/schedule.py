@@ -28,9 +28,11 @@ def cron_error(expression: str) -> str | None:
     if fields not in (5, 6):
         return f"a cron expression has 5 fields (minute hour day month weekday), or 6 with seconds first; got {fields}"
     try:
-        CronSim(expression, datetime.now(UTC))
+        next(CronSim(expression, datetime.now(UTC)))
     except CronSimError as exc:
         return f"invalid cron expression {expression!r}: {exc}"
+    except StopIteration:  # cronsim looks 50 years ahead: "day 1 and the fifth Monday" is never
+        return f"cron expression {expression!r} never matches"
     return None
 
 
@@ -80,7 +82,9 @@ class Schedule:
                 return None
             return anchor_ms + (now_ms - anchor_ms) // interval_ms * interval_ms
         # Slots strictly before the next whole second are those at or before now (slots are whole seconds).
-        slot = next(CronSim(self.cron, self._local(now_ms // 1000 * 1000 + 1000), reverse=True))
+        slot = _cron_next(self.cron, self._local(now_ms // 1000 * 1000 + 1000), reverse=True)
+        if slot is None:
+            return None
         slot_ms = _ms(slot)
         return slot_ms if self.start_at is None or slot_ms >= _ms(self.start_at) else None
 
@@ -94,9 +98,12 @@ class Schedule:
         else:
             start_ms = max(now_ms, _ms(self.start_at) - 1) if self.start_at else now_ms
             try:
-                slot_ms = _ms(next(CronSim(self.cron, self._local(start_ms))))
+                slot = _cron_next(self.cron, self._local(start_ms))
             except OverflowError:  # the next match is after the year 9999 (a start parked at its end)
                 return None
+            if slot is None:
+                return None
+            slot_ms = _ms(slot)
         if self.end_at is not None and slot_ms > _ms(self.end_at):
             return None
         return slot_ms
@@ -107,7 +114,10 @@ class Schedule:
             before_ms = slot_ms - self.interval_s * 1000
         else:
             # The slot strictly before: from the last millisecond of the previous second backwards.
-            before_ms = _ms(next(CronSim(self.cron, self._local(slot_ms - 1), reverse=True)))
+            before = _cron_next(self.cron, self._local(slot_ms - 1), reverse=True)
+            if before is None:
+                return None
+            before_ms = _ms(before)
         return before_ms if before_ms >= self._anchor_ms() else None
 
     def _anchor_ms(self) -> int:
@@ -115,6 +125,14 @@ class Schedule:
 
     def _local(self, epoch_ms: int) -> datetime:
         return datetime.fromtimestamp(epoch_ms / 1000, UTC).astimezone(zone(self.timezone))
+
+
+def _cron_next(cron: str, start: datetime, reverse: bool = False) -> datetime | None:
+    """The match of `cron` after (or before) `start`; None if there is none within cronsim's 50 years."""
+    try:
+        return next(CronSim(cron, start, reverse=reverse))
+    except StopIteration:  # a row saved before never-matching crons were refused
+        return None
 
 
 def _ms(moment: datetime) -> int:
