@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.jsontext import finite
 
 
 class Liveness:
@@ -45,16 +46,11 @@ class Liveness:
         return json.dumps(
             {
                 "status": "ok" if self.healthy() else "unavailable",
-                "last_ok_age_s": _finite_or_none(self.age_s()),
+                "last_ok_age_s": finite(round(self.age_s(), 3)),  # JSON has no infinity: None before the first
                 "ready": self.ready(),
-                "task_types_age_s": _finite_or_none(self._task_types_age_s()),
+                "task_types_age_s": finite(round(self._task_types_age_s(), 3)),
             }
         ).encode()
-
-
-def _finite_or_none(age_s: float) -> float | None:
-    """`age_s` rounded to the millisecond, None when infinite (JSON has no infinity)."""
-    return round(age_s, 3) if age_s != float("inf") else None
 
 
 class HealthLoop:
