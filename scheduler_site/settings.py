@@ -153,7 +153,7 @@ LOGGING = {
     },
     "handlers": {
         "console": {
-            "class": "logging.StreamHandler",
+            "class": "tasks_app.logging.ConsoleHandler",
             "formatter": "json" if LOG_FORMAT == "json" else "text",
         }
     },

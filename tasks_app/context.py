@@ -23,28 +23,29 @@ class RunControl:
     """The mutable side of a run, shared by its handler and its consumer: cancel flag and latest progress."""
 
     def __init__(self) -> None:
-        self._cancelled = threading.Event()
-        self._forced = threading.Event()
+        # Plain flags (a bool's write is atomic; nobody waits on them): one is built per run.
+        self._cancelled = False
+        self._forced = False
         self._lock = threading.Lock()
         self._progress: dict[str, Any] | None = None
         self._dirty = False
 
     @property
     def cancelled(self) -> bool:
-        return self._cancelled.is_set()
+        return self._cancelled
 
     @property
     def forced(self) -> bool:
-        return self._forced.is_set()
+        return self._forced
 
     def cancel(self) -> None:
         """Mark the run as asked to stop (its consumer read a cancel request)."""
-        self._cancelled.set()
+        self._cancelled = True
 
     def force(self) -> None:
         """Mark the run as cancelled by force (its consumer is stopping it)."""
-        self._cancelled.set()
-        self._forced.set()
+        self._cancelled = True
+        self._forced = True
 
     def set_progress(self, progress: dict[str, Any]) -> None:
         """Keep the latest progress; the consumer writes it out, coalesced."""

@@ -1,9 +1,14 @@
 """Log formatting: text lines with control characters escaped, or one JSON object per line (LOG_FORMAT=json)."""
 
+import contextlib
 import json
 import logging
 import re
+import threading
+import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
+from typing import Any
 
 # Attributes every LogRecord has; anything else was passed in `extra` and is emitted as a field.
 _STANDARD_ATTRIBUTES = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
@@ -22,7 +27,9 @@ def _escape(match: re.Match[str]) -> str:
 
 def escape_control(text: str) -> str:
     """Return `text` with every control character written as a backslash escape (one line)."""
-    return _CONTROL.sub(_escape, text)
+    # Every character the pattern matches is one str.isprintable() refuses: a line without them
+    # (nearly all) is checked in C and returned as it is.
+    return text if text.isprintable() else _CONTROL.sub(_escape, text)
 
 
 class TextFormatter(logging.Formatter):
@@ -31,6 +38,22 @@ class TextFormatter(logging.Formatter):
     A traceback or stack follows on lines of its own, indented and escaped, so no line of it
     can pass for a record.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._second: tuple[int, str | None, str] | None = None  # the last second formatted, as (second, datefmt, text)
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        """The record's time as logging.Formatter writes it; the text of a second is made once."""
+        second = int(record.created)
+        cached = self._second
+        if cached is None or cached[0] != second or cached[1] != datefmt:
+            moment = self.converter(record.created)
+            cached = (second, datefmt, time.strftime(datefmt or self.default_time_format, moment))
+            self._second = cached
+        if datefmt or not self.default_msec_format:
+            return cached[2]
+        return self.default_msec_format % (cached[2], record.msecs)
 
     def format(self, record: logging.LogRecord) -> str:
         record.message = record.getMessage()
@@ -66,3 +89,47 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, default=str)
+
+
+_held = threading.local()  # the lines a thread holds back (held_lines), by handler
+
+
+class ConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """A StreamHandler whose lines, while their thread holds them (`held_lines`), go out in one write."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        held: dict[ConsoleHandler, list[str]] | None = getattr(_held, "lines", None)
+        if held is None:
+            super().emit(record)
+            return
+        try:
+            held.setdefault(self, []).append(self.format(record) + self.terminator)
+        except Exception:
+            self.handleError(record)
+
+    def write_lines(self, lines: list[str]) -> None:
+        """Write `lines` (each ending with the terminator) with one write and one flush."""
+        with self.lock or contextlib.nullcontext():
+            try:
+                self.stream.write("".join(lines))
+                self.flush()
+            except Exception:
+                logging.Handler.handleError(self, logging.makeLogRecord({"msg": f"{len(lines)} log lines"}))
+
+
+@contextlib.contextmanager
+def held_lines() -> Iterator[None]:
+    """Hold back the lines this thread logs to console handlers until the block ends, then write them at once.
+
+    The ack batcher logs a line per task it settled: thousands a second, one write each otherwise.
+    """
+    if getattr(_held, "lines", None) is not None:  # nested: the outer block writes them
+        yield
+        return
+    _held.lines = {}
+    try:
+        yield
+    finally:
+        held, _held.lines = _held.lines, None
+        for handler, lines in held.items():
+            handler.write_lines(lines)

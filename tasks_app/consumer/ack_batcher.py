@@ -24,12 +24,12 @@ import queue as queue_module
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from functools import partial
 from typing import Any
 
 from tasks_app import metrics
 from tasks_app.consumer.result_writes import merge_updates, storable, unstored_result
 from tasks_app.consumer.retrying import REFUSED_AFTER, GaveUp, until_done
+from tasks_app.logging import held_lines
 from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.replies import AckReport, ResultUpdate, UniqueRelease
@@ -45,7 +45,7 @@ None if the consumer stopped before Redis could be reached (the lease recovers t
 Owner = tuple[str, str]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: one per task, and frozen costs four times as much to build
 class _Ack:
     queue: str
     consumer_id: str
@@ -117,8 +117,8 @@ class AckBatcher:
     ) -> None:
         """Write `update`, then ack the task (freeing `release` if it is still held), with the next flush;
         `done` is called afterwards, then `log`."""
-        if update is not None:  # written with the ack, held by its task
-            update = replace(update, held_by=((queue, consumer_id), raw))
+        if update is not None:  # written with the ack, held by its task (the update is this ack's alone)
+            update.held_by = ((queue, consumer_id), raw)
         if update is not None and not storable(update):
             update = unstored_result(update, "it holds text that is not valid Unicode (a lone surrogate)")
         self._entries.put(_Ack(queue, consumer_id, raw, update, done, log, release))
@@ -221,20 +221,21 @@ class AckBatcher:
                 flags = self._write_batch(entries)
         finally:  # whatever happened, every task's slot comes back and every barrier opens
             for ack in acks:
-                self._call_safely(partial(ack.done, flags.get(id(ack))))
+                self._call_safely(ack.done, flags.get(id(ack)))
             for item in batch:
                 if isinstance(item, threading.Event):
                     item.set()
                 elif isinstance(item, _Start):
                     item.written.set()
-            for ack in acks:
-                if ack.log is not None:
-                    self._call_safely(ack.log)
+            with held_lines():  # a line per task: written at once
+                for ack in acks:
+                    if ack.log is not None:
+                        self._call_safely(ack.log)
 
     @staticmethod
-    def _call_safely(callback: Callable[[], None]) -> None:
+    def _call_safely[*Args](callback: Callable[[*Args], None], *args: *Args) -> None:
         try:
-            callback()
+            callback(*args)
         except Exception:
             logger.exception("unexpected error after acknowledging a task")
 

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from tasks_app.protocol.codec import Task
 
 
-@dataclass(frozen=True)
+# Not frozen: two are built per task, and a frozen dataclass costs four times as much to build.
+@dataclass(slots=True)
 class Claimed:
     """A task as claimed: the exact bytes in `consumer_id`'s processing list of `queue`."""
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 from tasks_app.protocol import results
 from tasks_app.protocol.jsontext import is_utf8_encodable
@@ -27,17 +26,17 @@ def merge_updates(updates: Sequence[ResultUpdate]) -> list[ResultUpdate]:
                 and not (earlier.append_error and update.append_error)
                 and (earlier.fence or update.fence) == (update.fence or earlier.fence)
             ):
-                merged[index] = replace(
-                    earlier,
-                    fields={**earlier.fields, **update.fields},
-                    ttl_s=update.ttl_s,
-                    append_worker_id=earlier.append_worker_id or update.append_worker_id,
-                    append_error=earlier.append_error or update.append_error,
-                    fence=earlier.fence or update.fence,
-                    queue=earlier.queue or update.queue,  # where the history and the charts file it
-                    task_type=earlier.task_type or update.task_type,
-                    run_s=update.run_s if update.run_s is not None else earlier.run_s,
-                    held_by=earlier.held_by or update.held_by,
+                merged[index] = ResultUpdate(  # not dataclasses.replace: per task, and replace costs twice as much
+                    earlier.task_id,
+                    {**earlier.fields, **update.fields},
+                    update.ttl_s,
+                    earlier.append_worker_id or update.append_worker_id,
+                    earlier.append_error or update.append_error,
+                    earlier.fence or update.fence,
+                    earlier.queue or update.queue,  # where the history and the charts file it
+                    earlier.task_type or update.task_type,
+                    update.run_s if update.run_s is not None else earlier.run_s,
+                    earlier.held_by or update.held_by,
                 )
                 continue
         last_of[update.task_id] = len(merged)

@@ -27,6 +27,9 @@ logger = logging.getLogger("tasks_app.tasks")
 # name read from Redis must not create a label set of its own.
 UNKNOWN_TYPE_LABEL = "_unknown"
 
+# The message of a task's outcome line: its id, type, outcome and attempt.
+LOG_EVENT_FORMAT = "task %s %s %s (attempt %d)"
+
 # Cap of error messages and dead reasons (tracebacks are capped at max_result_bytes).
 MAX_ERROR_MESSAGE_BYTES = 16 * 1024
 
@@ -128,7 +131,10 @@ class SettlingWrites:
             "outcome": outcome,
             **extra,
         }
-        logger.log(level, "task %s %s %s (attempt %d)", task.id, task.type, outcome, task.attempt, extra=fields)
+        # makeRecord + handle is what logger.log does, less its search of the stack for the caller's
+        # file and line (no format of ours shows them): a line per task, thousands a second.
+        args = (task.id, task.type, outcome, task.attempt)
+        logger.handle(logger.makeRecord(logger.name, level, "", 0, LOG_EVENT_FORMAT, args, None, extra=fields))
 
 
 def holds_unique_until_finished(task: Task, config: TaskTypeConfig | None) -> bool:

@@ -29,7 +29,7 @@ from tasks_app.protocol.pausing import PauseOps
 from tasks_app.protocol.periodic import PeriodicOps
 from tasks_app.protocol.producing import ProducingOps
 from tasks_app.protocol.rates import RateOps
-from tasks_app.protocol.replication import CLUSTER_WAIT_MS, Held, Place, ReplicatedWrites
+from tasks_app.protocol.replication import CLUSTER_WAIT_MS, NOT_HELD, Held, Place, ReplicatedWrites
 from tasks_app.protocol.replies import AckReport, Claim, Promotion, ResultUpdate, UniqueRelease
 from tasks_app.protocol.scripts import Scripts, connect
 from tasks_app.protocol.slots import SlotOps
@@ -203,7 +203,7 @@ class Broker(
         written: list[Any] = []
         places: list[Place] = []
         unreplicated = 0
-        holds = [] if cluster else [update.held_by and self._held(*update.held_by) for update in results]
+        holds = [] if cluster else self._holds(results)
         if cluster and results and raws_by_owner:
             written, unreplicated = self._write_results_replicated(results)
         else:
@@ -217,7 +217,7 @@ class Broker(
             if isinstance(outcome, Exception):
                 raise outcome
         flags = {owner: [bool(flag) for flag in flags] for owner, flags in zip(raws_by_owner, outcomes, strict=True)}
-        if any(holds):
+        if any(holds) and NOT_HELD in written:
             self._write_again_settled(results, holds, written, self._acked(raws_by_owner, flags))
         refused = {index: outcome for index, outcome in enumerate(written) if isinstance(outcome, Exception)}
         return AckReport(flags, refused, unreplicated, tuple(written))
