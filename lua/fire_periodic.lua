@@ -9,11 +9,12 @@
 -- late (ms) the slot may be and still run as itself   ARGV[4] catch-up policy: "skip" or "once"
 -- ARGV[5] wake token   ARGV[6] priority (-100..100)   ARGV[7] regular task id   ARGV[8] regular
 -- task   ARGV[9] catch-up task id   ARGV[10] catch-up task ("" for none)   ARGV[11] record time to
--- live (s)   ARGV[12] when the schedule was last saved (ms; slots up to then are never caught up:
--- it may have been disabled)   ARGV[13] s, the number of status indexes (0: no history index)
--- ARGV[14] at most how many tasks the history keeps   ARGV[15] its time to live (ms)   ARGV[16] to
--- ARGV[15 + s] the status names; then the READY record's field/value pairs (the same for both
--- runs). Each run pushed is added to the history index as READY (the catch-up run first).
+-- live (s)   ARGV[12] when the schedule was last saved (ms; slots up to then never run, on time
+-- or caught up: it may have been disabled, or have run them in another queue)   ARGV[13] s, the
+-- number of status indexes (0: no history index)   ARGV[14] at most how many tasks the history
+-- keeps   ARGV[15] its time to live (ms)   ARGV[16] to ARGV[15 + s] the status names; then the
+-- READY record's field/value pairs (the same for both runs). Each run pushed is added to the
+-- history index as READY (the catch-up run first).
 -- Returns: {outcome, server now ms, last slot handled ms, last fired slot ms} where outcome is
 -- "early" (the slot is after the server's now: nothing done), "done" (this slot or a later one
 -- was handled already), "fired", "caught_up" (one run for the missed slots, this one among
@@ -35,9 +36,10 @@ if refused then return refused end
 
 local prev_ms = int_arg(ARGV[2], 0, 0, 2 ^ 53)
 local saved_ms = int_arg(ARGV[12], 0, 0, 2 ^ 53)
--- Without a history, a slot at or before the schedule's last save does not run either: a new
--- schedule has no past, and one just moved to this queue may have fired that slot in the old one.
-local on_time = now_ms - slot_ms <= int_arg(ARGV[3], 0, 0, 2 ^ 53) and (last ~= nil or slot_ms > saved_ms)
+-- A slot at or before the schedule's last save never runs: a new schedule has no past (nor one
+-- re-created under a deleted one's name), and one just moved to this queue, back to it too, may
+-- have fired that slot in the queue it left.
+local on_time = now_ms - slot_ms <= int_arg(ARGV[3], 0, 0, 2 ^ 53) and slot_ms > saved_ms
 -- Missed: a slot after the last handled one and after the schedule's last save (before it, it may
 -- have been disabled) was never handled: the one before this, or this one, too late to run as
 -- itself. Without a history (a new schedule) nothing counts as missed.

@@ -243,3 +243,31 @@ def test_a_schedule_following_its_types_queue_moves_with_it_and_fires_no_slot_in
         time.sleep(other.run_once())
     runs = pushed_runs(broker, moved)
     assert runs and all(run.slot_ms > fired.slot_ms for run in runs)  # the slot fired in the old queue ran once
+
+
+@pytest.mark.parametrize("comes_back", ["moved back", "re-created"])
+def test_a_schedule_back_in_a_queue_where_it_had_run_does_not_run_a_slot_from_before_its_return(
+    broker, echo, comes_back
+):
+    away = "periodic-away"
+    slot_ms = broker.server_time_ms() // 1000 * 1000 - 1000
+    fields = {"name": "roams", "task_type": echo, "interval_s": 60, "start_at": datetime_of_ms(slot_ms - 60_000)}
+    row = PeriodicTask.objects.create(queue=OUT, **fields)
+    rows = PeriodicTask.objects.filter(pk=row.pk)
+    rows.update(updated_at=datetime_of_ms(slot_ms - 90_000))
+    # The slot before, handled in OUT (by now too late to run: recorded as skipped, as a run would be).
+    PeriodicLoop(broker, 0.0, 60.0, clock_ms=lambda: slot_ms - 30_000).run_once()
+    rows.update(queue=away, updated_at=datetime_of_ms(slot_ms - 10_000))  # moved away before the slot
+    PeriodicLoop(broker, 0.0, 60.0).run_once()
+    assert [run.slot_ms for run in pushed_runs(broker, away)] == [slot_ms]
+    if comes_back == "moved back":
+        row.refresh_from_db()
+        row.queue = OUT
+        row.save()  # as the admin does, within the grace of the slot
+    else:
+        row.delete()
+        PeriodicTask.objects.create(queue=OUT, **fields)
+    # A consumer that has not handled the slot itself.
+    PeriodicLoop(broker, 0.0, 60.0).run_once()
+    assert pushed_runs(broker, OUT) == []
+    assert broker.get_result(pushed_runs(broker, away)[0].task_id)["queue"] == away

@@ -107,9 +107,13 @@ def test_a_new_schedule_first_seen_late_fires_nothing_for_its_past(broker, confi
     assert pushed_runs(broker, QUEUE) == []
 
 
-def test_a_schedule_without_history_does_not_run_a_slot_from_before_its_last_save(broker, config):
-    # Moved to this queue (a save) just after its slot fired in the old one, or created after it.
+@pytest.mark.parametrize("history", [False, True])
+def test_a_schedule_does_not_run_a_slot_from_before_its_last_save(broker, config, history):
+    # Moved to this queue (a save) just after its slot fired in the old one, or created after it;
+    # with a history: moved back to a queue it ran in before, or re-created under a deleted one's name.
     slot_ms = server_ms(broker) // 1000 * 1000 - 1000
+    if history:
+        assert fire_slot(config, firing(slot_ms - 120_000), broker).outcome == "skipped"
     moved = SlotFiring(slot_ms, slot_ms - 1000, 60_000, "once", saved_ms=slot_ms + 500)
     assert fire_slot(config, moved, broker).outcome == "skipped"
     following = SlotFiring(slot_ms + 1000, slot_ms, 60_000, "once", saved_ms=slot_ms + 500)
