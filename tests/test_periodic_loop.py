@@ -2,6 +2,8 @@
 
 import time
 from dataclasses import replace
+from datetime import datetime
+from zoneinfo import ZoneInfo
 
 import pytest
 
@@ -271,3 +273,11 @@ def test_a_schedule_back_in_a_queue_where_it_had_run_does_not_run_a_slot_from_be
     PeriodicLoop(broker, 0.0, 60.0).run_once()
     assert pushed_runs(broker, OUT) == []
     assert broker.get_result(pushed_runs(broker, away)[0].task_id)["queue"] == away
+
+
+def test_after_clocks_go_back_a_daily_job_that_ran_sleeps_until_the_refresh_not_in_a_busy_loop(broker, echo):
+    # 02:15 shown the second time (CET): the 02:30 of this night ran at its first showing (CEST).
+    second_showing = datetime(2026, 10, 25, 2, 15, tzinfo=ZoneInfo("Europe/Berlin"), fold=1)
+    daily = config("daily", cron="30 2 * * *", timezone="Europe/Berlin")
+    loop = loop_of(broker, daily, clock_ms=lambda: int(second_showing.timestamp() * 1000))
+    assert loop.run_once() > 1.0  # the refresh (2 s), not a pass every 5 ms for up to an hour

@@ -41,6 +41,45 @@ def test_a_daily_berlin_job_runs_once_when_clocks_go_back_and_once_when_they_go_
     ]
 
 
+@pytest.mark.parametrize(("cron", "second"), [("30 2 * * *", "00"), ("0 30 2 * * *", "00"), ("45 30 2 * * *", "45")])
+def test_a_job_at_a_fixed_local_time_runs_once_on_both_change_days_with_5_fields_or_6(cron, second):
+    daily = Schedule(cron=cron, timezone="Europe/Berlin")
+    # Skipped when clocks go forward: it runs as they do; shown twice when they go back: at the first.
+    assert following(daily, datetime(2026, 3, 28, 12, tzinfo=BERLIN), 2) == [
+        "2026-03-29T03:00:00+02:00",
+        f"2026-03-30T02:30:{second}+02:00",
+    ]
+    assert following(daily, datetime(2026, 10, 24, 12, tzinfo=BERLIN), 2) == [
+        f"2026-10-25T02:30:{second}+02:00",
+        f"2026-10-26T02:30:{second}+01:00",
+    ]
+
+
+@pytest.mark.parametrize(
+    "cron", ["30 2 * * *", "45 1 * * *", "0 30 2 * * *", "*/20 30 2 * * *", "0 0,30 1-3 * * *", "0 * * * *"]
+)
+@pytest.mark.parametrize(
+    ("zone_name", "night"),
+    [
+        ("Europe/Berlin", datetime(2026, 3, 29)),
+        ("Europe/Berlin", datetime(2026, 10, 25)),
+        ("Australia/Lord_Howe", datetime(2026, 4, 5)),  # clocks go back 30 minutes
+        ("Australia/Lord_Howe", datetime(2026, 10, 4)),
+    ],
+)
+def test_around_a_dst_change_the_latest_slot_is_not_ahead_and_the_next_is_ahead_with_none_between(
+    cron, zone_name, night
+):
+    schedule = Schedule(cron=cron, timezone=zone_name)
+    start_ms = ms(night.replace(tzinfo=ZoneInfo(zone_name)))
+    for at_ms in range(start_ms, start_ms + 5 * 3_600_000, 97_000):
+        latest_ms, next_ms = schedule.latest_at_or_before(at_ms), schedule.next_after(at_ms)
+        assert latest_ms is not None and next_ms is not None
+        assert latest_ms <= at_ms < next_ms, (local(at_ms), local(latest_ms), local(next_ms))
+        assert schedule.next_after(latest_ms) == next_ms
+        assert schedule.previous_before(next_ms) == latest_ms
+
+
 def test_an_hourly_berlin_job_runs_every_real_hour_across_both_changes():
     hourly = Schedule(cron="0 * * * *", timezone="Europe/Berlin")
     back = following(hourly, datetime(2026, 10, 25, 0, 30, tzinfo=BERLIN), 4)

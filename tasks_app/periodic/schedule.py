@@ -3,14 +3,16 @@
 A slot is named by its time in milliseconds since the epoch. Interval slots are
 `anchor + k * interval` (anchor: `start_at`, else the epoch), so every consumer computes the same
 slots whenever it starts. Cron slots are evaluated by cronsim in the schedule's time zone, with
-Debian cron's DST rules: a job at a fixed local time runs once when clocks go back, and a time
-skipped when they go forward runs at the first minute after the jump.
+Debian cron's DST rules for 5 fields and 6 alike: a job at a fixed local time (minute and hour not
+starting with `*`) runs once when clocks go back, and one at a time skipped when they go forward
+runs as they jump.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
@@ -128,11 +130,51 @@ class Schedule:
 
 
 def _cron_next(cron: str, start: datetime, reverse: bool = False) -> datetime | None:
-    """The match of `cron` after (or before) `start`; None if there is none within cronsim's 50 years."""
+    """The match of `cron` after (or before) `start`; None if there is none within cronsim's 50 years.
+
+    A job at a fixed local time (minute and hour not starting with `*`) is matched on the wall clock
+    as Debian cron does, with 5 fields or 6 (cronsim itself does so for 5 only); others run at every
+    real instant that matches.
+    """
+    fields = cron.split()
+    at_local_time = not fields[-5].startswith("*") and not fields[-4].startswith("*")
     try:
-        return next(CronSim(cron, start, reverse=reverse))
+        match = next(CronSim(cron, _wall_clock(start) if at_local_time else start, reverse=reverse))
     except StopIteration:  # a row saved before never-matching crons were refused
         return None
+    return _first_shown(match, start.tzinfo) if at_local_time else match
+
+
+def _wall_clock(moment: datetime) -> datetime:
+    """The wall time (naive) cron reads at `moment`: one shown again since clocks went back reads as the last before."""
+    if moment.fold:
+        back_s = _offset_change_s(moment.tzinfo, moment.replace(fold=0).timestamp(), moment.timestamp())
+        moment = (datetime.fromtimestamp(back_s, UTC) - timedelta(microseconds=1)).astimezone(moment.tzinfo)
+    return moment.replace(tzinfo=None)
+
+
+def _first_shown(wall: datetime, tz: tzinfo | None) -> datetime:
+    """When the clock in `tz` first shows `wall`; for a time skipped as clocks went forward, when they did."""
+    moment = wall.replace(tzinfo=tz, fold=0)
+    if moment.astimezone(UTC).astimezone(tz).replace(tzinfo=None) == wall:
+        return moment
+    # Skipped: read with the offset from after the change (fold=1) it falls before the change, with
+    # the one from before it (fold=0) after the change (PEP 495).
+    forward_s = _offset_change_s(tz, moment.replace(fold=1).timestamp(), moment.timestamp())
+    return datetime.fromtimestamp(forward_s, UTC).astimezone(tz)
+
+
+def _offset_change_s(tz: tzinfo | None, before_s: float, after_s: float) -> int:
+    """The first whole second after `before_s` at which `tz` has the UTC offset it has at `after_s`."""
+    offset = datetime.fromtimestamp(after_s, tz).utcoffset()
+    low, high = math.floor(before_s), math.ceil(after_s)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if datetime.fromtimestamp(middle, tz).utcoffset() == offset:
+            high = middle
+        else:
+            low = middle
+    return high
 
 
 def _ms(moment: datetime) -> int:
