@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -160,7 +161,8 @@ class RecentTaskTypes:
     """Producer-side settings per type, re-read from the database at most every `max_age_s`.
 
     Saves a query per enqueue; edits made in this process apply at once (see `forget`), edits
-    made elsewhere within `max_age_s` (the consumers' refresh period, a few seconds).
+    made elsewhere within `max_age_s` (the consumers' refresh period, a few seconds). Settings read
+    inside a transaction are kept only once it commits.
     """
 
     def __init__(self) -> None:
@@ -172,10 +174,19 @@ class RecentTaskTypes:
         entry = self._entries.get(name)
         if entry is not None and time.monotonic() - entry[1] < max_age_s:
             return entry[0]
+        read_at = time.monotonic()
         config = ensure_task_type(name, registry)
-        with self._lock:
-            self._entries[name] = (config, time.monotonic())
+        if transaction.get_connection().in_atomic_block:
+            # Read (or created) inside the caller's transaction: kept once it commits, so a row its
+            # rollback removes (or settings it undoes) is not taken for the database's.
+            transaction.on_commit(functools.partial(self._keep, name, config, read_at))
+        else:
+            self._keep(name, config, read_at)
         return config
+
+    def _keep(self, name: str, config: TaskTypeConfig, read_at: float) -> None:
+        with self._lock:
+            self._entries[name] = (config, read_at)
 
     def forget(self, name: str | None = None) -> None:
         """Drop one type (or all) so the next enqueue reads the database."""

@@ -4,6 +4,7 @@ import uuid
 from datetime import UTC, datetime, timedelta, tzinfo
 
 import pytest
+from django.db import transaction
 
 from tasks_app.models import TaskType
 from tasks_app.producer import EnqueueError, TaskRequest, enqueue, enqueue_many
@@ -161,6 +162,7 @@ def test_oversize_payloads_are_rejected(broker, settings):
         enqueue("demo.echo", ["x" * 200])
 
 
+@pytest.mark.django_db(transaction=True)  # outside a transaction: what is read is kept at once
 def test_type_settings_are_cached_between_enqueues_and_local_edits_apply_at_once(broker, django_assert_num_queries):
     row = TaskType.objects.create(name="cached.type", handler="demo.echo", queue="first")
     assert enqueue("cached.type")[0].queue == "first"
@@ -169,6 +171,21 @@ def test_type_settings_are_cached_between_enqueues_and_local_edits_apply_at_once
     row.queue = "second"
     row.save()
     assert enqueue("cached.type")[0].queue == "second"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_type_read_in_a_transaction_is_kept_once_it_commits_never_after_a_rollback(broker, django_assert_num_queries):
+    for _ in range(2):  # the second read sees the row the first one created
+        with transaction.atomic():
+            enqueue("demo.echo")
+            enqueue("demo.echo")
+            transaction.set_rollback(True)
+        assert not TaskType.objects.filter(name="demo.echo").exists()
+    with transaction.atomic():
+        enqueue("demo.echo")
+    with django_assert_num_queries(0):
+        enqueue("demo.echo")
+    assert TaskType.objects.filter(name="demo.echo").exists()
 
 
 def test_a_ready_record_stores_only_fields_off_their_default_and_reads_back_whole(broker, settings):

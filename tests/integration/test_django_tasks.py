@@ -4,6 +4,7 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.db import transaction
 from django.tasks import TaskResultStatus
 
 from tasks_app.models import TaskType
@@ -110,6 +111,24 @@ def test_consumer_loads_a_task_named_by_its_task_type_row(broker, consumer_proce
     consumer = consumer_process("--burst", "--lease", "2", TASK_HANDLER_MODULES="tests.support.handlers")
     assert consumer.wait(timeout_s=60) == 0, consumer.log()
 
+    result.refresh()
+    assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 7)
+
+
+def test_a_task_type_row_a_rollback_removed_is_created_again_by_the_next_enqueue(broker, consumer_process, settings):
+    settings.TASKS_CONFIG_REFRESH_S = 600  # how long the producer keeps a type's row without reading it
+    with transaction.atomic():
+        tasks.add.enqueue(1, 2)  # creates the row; the push waits for a commit that never comes
+        tasks.add.enqueue(2, 3)  # reads the row the first one created
+        transaction.set_rollback(True)
+    assert not TaskType.objects.filter(name=tasks.add.module_path).exists()
+
+    result = tasks.add.enqueue(3, 4)
+
+    assert TaskType.objects.filter(name=tasks.add.module_path).exists()
+    # A consumer that finds the function only through its row runs it.
+    consumer = consumer_process("--burst", "--lease", "2", TASK_HANDLER_MODULES="tests.support.handlers")
+    assert consumer.wait(timeout_s=60) == 0, consumer.log()
     result.refresh()
     assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, 7)
 
