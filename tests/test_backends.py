@@ -132,6 +132,17 @@ class TestValidation:
             tasks.echo.enqueue(counts={1: "one"})
         assert redis_keys(broker) == []
 
+    def test_arguments_nested_past_pythons_recursion_limit_are_rejected_as_too_deep(self, redis_tasks, broker):
+        deep: list = [0]
+        for _ in range(5000):  # Django's normalisation of the arguments recurses once per level
+            deep = [deep]
+        endless: list = []
+        endless.append(endless)
+        for args, kwargs in (((deep,), {}), ((), {"value": {"deep": deep}}), ((endless,), {})):
+            with pytest.raises(InvalidTask, match="nest at most 64 levels"):
+                tasks.echo.enqueue(*args, **kwargs)
+        assert redis_keys(broker) == []
+
     def test_arguments_that_are_not_json_fail_as_in_django(self, redis_tasks, broker):
         with pytest.raises(TypeError):
             tasks.add.enqueue(object(), 1)

@@ -17,6 +17,7 @@ from django.utils import timezone
 from tasks_app.django_tasks.results import find_handler, task_error, task_result_from_record
 from tasks_app.producer import EnqueueError, PreparedBatch, QueueUnavailable, TaskRequest, prepare, push as push_batch
 from tasks_app.protocol.broker import Broker, get_broker
+from tasks_app.protocol.jsontext import MAX_JSON_DEPTH
 from tasks_app.protocol.names import NAME_PATTERN, InvalidName, validate_name
 from tasks_app.protocol.results import ResultRecord
 from tasks_app.protocol.timestamps import datetime_of_ms
@@ -53,20 +54,7 @@ class RedisBackend(BaseTaskBackend):
     def enqueue(self, task: Task, args: Any, kwargs: Any) -> TaskResult:
         """Validate, then push the task now, or when the current transaction commits."""
         self.validate_task(task)
-        result: TaskResult[Any, Any] = TaskResult(
-            task=task,
-            id=str(uuid.uuid4()),
-            status=TaskResultStatus.READY,
-            enqueued_at=None,
-            started_at=None,
-            finished_at=None,
-            last_attempted_at=None,
-            args=args,
-            kwargs=kwargs,
-            backend=self.alias,
-            errors=[],
-            worker_ids=[],
-        )
+        result = self._ready_result(task, args, kwargs)
         try:
             # Everything is checked here, inside the caller's transaction; only the push waits.
             batch = prepare([_request(task, result)], registry=registry)
@@ -78,6 +66,26 @@ class RedisBackend(BaseTaskBackend):
         else:
             self._push(batch, broker, result)  # a QueueUnavailable reaches the caller
         return result
+
+    def _ready_result(self, task: Task, args: Any, kwargs: Any) -> TaskResult[Any, Any]:
+        """The READY result of a new task; InvalidTask if its arguments nest too deeply for Django to normalise."""
+        try:
+            return TaskResult(
+                task=task,
+                id=str(uuid.uuid4()),
+                status=TaskResultStatus.READY,
+                enqueued_at=None,
+                started_at=None,
+                finished_at=None,
+                last_attempted_at=None,
+                args=args,
+                kwargs=kwargs,
+                backend=self.alias,
+                errors=[],
+                worker_ids=[],
+            )
+        except RecursionError:  # Django's normalize_json recurses once per level (or forever, on a cycle)
+            raise InvalidTask(f"arguments may nest at most {MAX_JSON_DEPTH} levels") from None
 
     def _push(self, batch: PreparedBatch, broker: Broker, result: TaskResult[Any, Any]) -> None:
         [enqueued] = push_batch(batch, broker=broker)
