@@ -45,10 +45,19 @@ def test_enqueue_rejects_bad_input_with_a_command_error(broker, argv, message):
     assert enqueued_keys(broker) == []
 
 
+@pytest.mark.parametrize("value", ["0", "-1", "1000001", str(10**15)])
+def test_enqueue_bounds_its_count(value):
+    # Before: any count was taken, and --count 10**15 pushed chunk after chunk until Redis ran out of memory.
+    parser = load_command_class("tasks_app", "enqueue").create_parser("manage.py", "enqueue")
+    with pytest.raises(CommandError, match=r"--count: must be from 1 to 1000000, got"):
+        parser.parse_args(["demo.echo", "--count", value])
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(
     "argv",
     [
+        ["demo.echo", "--count", "1000001"],
         ["no.such.type"],
         ["demo.echo", "--args", "[1"],
         ["demo.echo", "--args", "{}"],

@@ -11,6 +11,8 @@ from tasks_app.protocol.jsontext import loads_bounded
 
 # Tasks pushed per round trip (Sidekiq's push_bulk batch): each chunk is all or nothing.
 CHUNK_TASKS = 1000
+# The most tasks one run enqueues (a typo of a few zeros must not fill Redis's memory); more take several runs.
+MAX_COUNT = 1_000_000
 
 
 def json_value(text: str) -> Any:
@@ -18,6 +20,13 @@ def json_value(text: str) -> Any:
         return loads_bounded(text)
     except ValueError as exc:  # JsonTooDeep too: deeper arguments would be refused anyway
         raise argparse.ArgumentTypeError(f"invalid JSON: {exc}") from None
+
+
+def task_count(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"must be from 1 to {MAX_COUNT}, got {value}")
+    return value
 
 
 class Command(QueueCommand):
@@ -41,10 +50,10 @@ class Command(QueueCommand):
         parser.add_argument("--delay", type=float, default=0.0, metavar="SECONDS", help="Run no sooner than this.")
         parser.add_argument(
             "--count",
-            type=int,
+            type=task_count,
             default=1,
             metavar="N",
-            help=f"Enqueue N identical tasks ({CHUNK_TASKS} per round trip).",
+            help=f"Enqueue N identical tasks, 1 to {MAX_COUNT} ({CHUNK_TASKS} per round trip).",
         )
         parser.add_argument(
             "--unique-key",
