@@ -14,6 +14,7 @@ from prometheus_client.registry import Collector
 from tasks_app import metrics
 from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.inspection import read_each
 from tasks_app.protocol.names import NAME_PATTERN
 from tasks_app.protocol.replies import QueueStats
 
@@ -23,13 +24,18 @@ STATES = ("pending", "processing", "delayed", "dead")
 # More queues than this are not exported: cardinality stays bounded whatever producers do.
 MAX_QUEUES = 200
 
+# What one read gives: the stats of each queue read, the error of each queue Redis refused to read, the server's ms.
+Read = tuple[list[QueueStats], dict[str, str], int]
+
 
 class QueueCollector(Collector):
     """Export per-queue task counts by state and live consumers, read at scrape time.
 
     The read runs on a helper thread and the scrape waits at most `timeout_s` for it: a slow or
     absent Redis makes the scrape report `taskqueue_queue_stats_up 0` and count an error, never
-    hang or raise. A read still running from an earlier scrape is waited on, not duplicated.
+    hang or raise. A read still running from an earlier scrape is waited on, not duplicated. A
+    queue whose keys Redis refuses to read (a foreign key of another type) is exported as
+    `taskqueue_queue_unreadable{queue, reason}` instead of its counts; the others as usual.
     """
 
     def __init__(self, broker: Callable[[], Broker], queues: Sequence[str] = (), timeout_s: float = 2.0) -> None:
@@ -37,7 +43,7 @@ class QueueCollector(Collector):
         self.queues = list(queues)
         self.timeout_s = timeout_s
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="queue-collector")
-        self._pending: Future[tuple[list[QueueStats], int]] | None = None
+        self._pending: Future[Read] | None = None
         self._lock = threading.Lock()
         self._problem: ProblemLog[str] = ProblemLog(logger)  # Redis away at every scrape: said once
 
@@ -48,9 +54,11 @@ class QueueCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         """Read every known queue from Redis, within the time budget."""
         started = time.monotonic()
-        depth, live, paused, up, duration = self._families()
+        depth, live, paused, unreadable, up, duration = self._families()
         read = self._read()
-        stats, now_ms = read if read is not None else ([], 0)
+        stats, refused, now_ms = read if read is not None else ([], {}, 0)
+        for queue, reason in refused.items():
+            unreadable.add_metric([queue, reason], 1)
         for item in stats:
             for state in STATES:
                 depth.add_metric([item.queue, state], getattr(item, state))
@@ -59,9 +67,9 @@ class QueueCollector(Collector):
             paused.add_metric([item.queue], 1 if item.paused else 0)
         up.add_metric([], 0 if read is None else 1)
         duration.add_metric([], time.monotonic() - started)
-        yield from (depth, live, paused, up, duration)
+        yield from (depth, live, paused, unreadable, up, duration)
 
-    def _read(self) -> tuple[list[QueueStats], int] | None:
+    def _read(self) -> Read | None:
         with self._lock:
             if self._pending is None or self._pending.done():
                 self._pending = self._pool.submit(self._read_all)
@@ -79,11 +87,22 @@ class QueueCollector(Collector):
             return read
         return None
 
-    def _read_all(self) -> tuple[list[QueueStats], int]:
+    def _read_all(self) -> Read:
         broker = self.broker()
         # A name that breaks the naming rule (a foreign producer's) is no label: no consumer serves it.
         queues = sorted(set(self.queues) | {name for name in broker.known_queues() if NAME_PATTERN.fullmatch(name)})
-        return [broker.queue_stats(queue) for queue in queues[:MAX_QUEUES]], broker.server_time_ms()
+        stats, unreadable = read_each(queues[:MAX_QUEUES], broker.queue_stats)
+        self._say_unreadable(queues[:MAX_QUEUES], unreadable)
+        return list(stats.values()), unreadable, broker.server_time_ms()
+
+    def _say_unreadable(self, queues: list[str], unreadable: dict[str, str]) -> None:
+        """Log once that a queue is unreadable (reminders while it stays so), and when it is read again."""
+        for queue in queues:
+            if queue in unreadable:
+                reason = unreadable[queue]
+                self._problem.failed(f"queue {queue}", reason, "queue stats: queue %s is unreadable: %s", queue, reason)
+            else:
+                self._problem.recovered(f"queue {queue}", "queue stats: queue %s is read again", queue)
 
     @staticmethod
     def _families() -> tuple[GaugeMetricFamily, ...]:
@@ -99,6 +118,11 @@ class QueueCollector(Collector):
             ),
             GaugeMetricFamily(
                 f"{prefix}_queue_paused", "1 while a queue is paused (nothing is claimed from it).", labels=["queue"]
+            ),
+            GaugeMetricFamily(
+                f"{prefix}_queue_unreadable",
+                "1 for a queue whose keys Redis refuses to read (a foreign key of another type), with the error.",
+                labels=["queue", "reason"],
             ),
             GaugeMetricFamily(f"{prefix}_queue_stats_up", "1 if this scrape read the queue depths from Redis."),
             GaugeMetricFamily(f"{prefix}_queue_stats_duration_seconds", "Time this scrape spent reading Redis."),

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 from django.tasks import TaskResultStatus
 
+from tasks_app.protocol.inspection import KeyRefused, as_refusal, naming
 from tasks_app.protocol.jsontext import is_utf8_encodable
 from tasks_app.protocol.keys import Keys
 from tasks_app.protocol.replies import ResultUpdate, record_text_fields
@@ -79,22 +80,25 @@ class HistoryOps(ScriptClient):
         min_ms: float | None,
         limit: int,
         seen: int = 0,
+        unreadable: dict[str, str] | None = None,
     ) -> list[Entry]:
         """The newest `limit` entries of `queues` (of one status if given), scores in [min_ms, max_ms).
 
         With `seen`, scores in [min_ms, max_ms] but for the first `seen` of those scored max_ms:
         a page resumes inside a run of equal scores (a foreign producer's tasks of one
-        millisecond), which are ordered by id, as Redis orders them within each key.
+        millisecond), which are ordered by id, as Redis orders them within each key. A queue
+        whose index Redis refuses to read (a foreign key's type) is noted in `unreadable` and
+        left out; without it, that refusal is raised.
         """
         upper = "+inf" if max_ms is None else repr(max_ms) if seen else f"({max_ms!r}"
         lower = repr(min_ms) if min_ms is not None else "-inf"
+        keys = [self._index_key(queue, status) for queue in queues]
         pipe = self.client.pipeline(transaction=False)
-        for queue in queues:
-            key = self.keys.history_status(queue, status) if status else self.keys.history(queue)
+        for key in keys:
             pipe.zrevrangebyscore(key, upper, lower, start=0, num=limit + seen, withscores=True)
         rows = [
             (float(score), member, queue)
-            for queue, replies in zip(queues, pipe.execute(), strict=True)
+            for queue, replies in _readable(queues, keys, pipe.execute(raise_on_error=False), unreadable)
             for member, score in replies
         ]
         rows.sort(reverse=True)
@@ -104,31 +108,50 @@ class HistoryOps(ScriptClient):
             for score, member, queue in rows[shown : shown + limit]
         ]
 
-    def history_count(self, queues: Sequence[str], status: str | None, min_ms: float | None) -> int:
-        """How many entries of `queues` (of one status if given) are at least as new as `min_ms` (O(log n))."""
-        pipe = self.client.pipeline(transaction=False)
-        for queue in queues:
-            key = self.keys.history_status(queue, status) if status else self.keys.history(queue)
-            pipe.zcount(key, repr(min_ms) if min_ms is not None else "-inf", "+inf")
-        return sum(pipe.execute())
+    def history_count(
+        self, queues: Sequence[str], status: str | None, min_ms: float | None, unreadable: dict[str, str] | None = None
+    ) -> int:
+        """How many entries of `queues` (of one status if given) are at least as new as `min_ms` (O(log n)).
 
-    def history_by_prefix(self, queues: Sequence[str], prefix: str, limit: int) -> list[Entry]:
-        """Up to `limit` tasks of `queues` whose id starts with `prefix` (lexical range, O(log n))."""
+        A queue whose index Redis refuses to read is noted in `unreadable` (raised without it) and counts nothing.
+        """
+        keys = [self._index_key(queue, status) for queue in queues]
         pipe = self.client.pipeline(transaction=False)
-        for queue in queues:
-            lower = f"[{prefix}".encode()
+        for key in keys:
+            pipe.zcount(key, repr(min_ms) if min_ms is not None else "-inf", "+inf")
+        return sum(count for _, count in _readable(queues, keys, pipe.execute(raise_on_error=False), unreadable))
+
+    def history_by_prefix(
+        self, queues: Sequence[str], prefix: str, limit: int, unreadable: dict[str, str] | None = None
+    ) -> list[Entry]:
+        """Up to `limit` tasks of `queues` whose id starts with `prefix` (lexical range, O(log n)).
+
+        A queue whose index Redis refuses to read is noted in `unreadable` (raised without it) and left out.
+        """
+        lower = f"[{prefix}".encode()
+        keys = [self.keys.history_ids(queue) for queue in queues]
+        pipe = self.client.pipeline(transaction=False)
+        for key in keys:
             # The byte FF, not the text "\xff" (sent as UTF-8 C3 BF, below the bytes of "€" or any emoji).
-            pipe.zrangebylex(self.keys.history_ids(queue), lower, lower + b"\xff", start=0, num=limit)
-        found = [
-            (queue, member.decode(errors="backslashreplace"))
-            for queue, members in zip(queues, pipe.execute(), strict=True)
-            for member in members
-        ]
+            pipe.zrangebylex(key, lower, lower + b"\xff", start=0, num=limit)
+        found = {
+            queue: [member.decode(errors="backslashreplace") for member in members]
+            for queue, members in _readable(queues, keys, pipe.execute(raise_on_error=False), unreadable)
+            if members
+        }
+        keys = [self.keys.history(queue) for queue in found]
         pipe = self.client.pipeline(transaction=False)
-        for queue, task_id in found:
-            pipe.zscore(self.keys.history(queue), task_id)
-        scored = [Entry(q, i, float(s or 0)) for (q, i), s in zip(found, pipe.execute(), strict=True)]
+        for key, ids in zip(keys, found.values(), strict=True):
+            pipe.zmscore(key, ids)
+        scored = [
+            Entry(queue, task_id, float(score or 0))
+            for queue, scores in _readable(list(found), keys, pipe.execute(raise_on_error=False), unreadable)
+            for task_id, score in zip(found[queue], scores, strict=True)
+        ]
         return sorted(scored, key=lambda entry: entry.score_ms, reverse=True)[:limit]
+
+    def _index_key(self, queue: str, status: str | None) -> str:
+        return self.keys.history_status(queue, status) if status else self.keys.history(queue)
 
     def refresh_history_ttl(self, queue: str, ttl_s: int) -> None:
         """Give `queue`'s index keys the result time to live again (a status index made by a result write has none)."""
@@ -149,6 +172,18 @@ class HistoryOps(ScriptClient):
         found = dict(zip(storable, replies, strict=True))
         return [record_text_fields(task_id, found[task_id]) if task_id in found else None for task_id in ids]
 
+    def read_result(self, task_id: str) -> dict[str, str] | None:
+        """A task's result record as `get_result` reads it, but a key Redis refuses to read raises KeyRefused naming it.
+
+        `get_result` reads a key of another type (a foreign writer's) as no record, as `cancel.lua` does.
+        """
+        if not is_utf8_encodable(task_id):
+            return None
+        key = self.keys.result(task_id)
+        with naming(key):
+            fields = self.client.hgetall(key)
+        return record_text_fields(task_id, fields)
+
     def delete_tasks(self, tasks: Iterable[tuple[str, str]]) -> int:
         """Delete the result records of (queue, task id) pairs and their history entries; return how many existed."""
         pipe = self.client.pipeline(transaction=False)
@@ -160,3 +195,19 @@ class HistoryOps(ScriptClient):
                 pipe.zrem(key, task_id)
         replies = pipe.execute(raise_on_error=False)  # an index key of a foreign type keeps no record alive
         return sum(replies[at] for at in deletes if isinstance(replies[at], int))
+
+
+def _readable(
+    queues: Sequence[str], keys: Sequence[str], replies: Sequence[Any], unreadable: dict[str, str] | None
+) -> list[tuple[str, Any]]:
+    """Each queue with its key's reply, but for keys Redis refused to read: noted in `unreadable` (else raised)."""
+    found = []
+    for queue, key, reply in zip(queues, keys, replies, strict=True):
+        error = as_refusal(key, reply) if isinstance(reply, Exception) else None
+        if error is None:
+            found.append((queue, reply))
+        elif unreadable is None or not isinstance(error, KeyRefused):
+            raise error
+        else:
+            unreadable.setdefault(queue, str(error))
+    return found

@@ -17,6 +17,7 @@ from redis.exceptions import RedisError
 
 from tasks_app import control, producer
 from tasks_app.models import CANCEL_PERMISSION, ENQUEUE_PERMISSION
+from tasks_app.protocol.inspection import KeyRefused
 from tasks_app.protocol.jsontext import MAX_JSON_DEPTH, JsonTooDeep, loads_bounded
 from tasks_app.protocol.timestamps import datetime_of_ms
 from tasks_app.templatetags.tasks_display import url_or_empty
@@ -28,7 +29,7 @@ from tasks_app.web.common import (
     body_within,
     csrf_rejection,
     load_record,
-    redis_away_json,
+    redis_error_json,
 )
 
 REQUEST_FIELDS = {"type", "args", "kwargs", "queue", "priority", "delay", "unique_key"}
@@ -73,8 +74,8 @@ def api_view(methods: set[str], permission: str | None = None) -> Callable[[View
                 logger.error("task API: the database is unavailable: %s", exc)
                 return error(503, "the database is unavailable; try again shortly", **{"Retry-After": "5"})
             except RedisError as exc:
-                logger.error("task API: Redis is unavailable: %s", exc)
-                return redis_away_json(exc)
+                logger.error("task API: Redis failed: %s", exc)
+                return redis_error_json(exc)
 
         return wrapper
 
@@ -188,8 +189,11 @@ def _iso(ms: int) -> str | None:
 
 @api_view({"GET"})
 def task_record(request: HttpRequest, task_id: str) -> HttpResponse:
-    """Return a task's result record as JSON; 404 if it is unknown or expired."""
-    record = load_record(task_id)
+    """Return a task's result record as JSON; 404 if it is unknown, expired, or a key of another type (saying so)."""
+    try:
+        record = load_record(task_id, strict=True)
+    except KeyRefused as exc:
+        return error(404, f"task {task_id!r} has no readable record: {exc}")
     if record is None:
         return error(404, f"no task {task_id!r} (unknown, or its record has expired)")
     return JsonResponse(record.as_json())

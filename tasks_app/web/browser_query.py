@@ -138,31 +138,38 @@ class Page:
     exhausted_budget: bool = False
     older_seen: int = 0  # of the entries scored `older`, how many this page and the earlier ones showed
     cut: bool = False  # a prefix search that read as many ids as a page holds: more may match
+    unreadable: dict[str, str] = field(default_factory=dict)  # queue -> why Redis refused to read its index
 
 
 def find_page(broker: Broker, filters: Filters, now: datetime | None = None) -> Page:
-    """The tasks the filters select, newest first, one page of them."""
+    """The tasks the filters select, newest first, one page of them.
+
+    A queue whose index Redis refuses to read (a foreign key of another type) is left out and named in `unreadable`.
+    """
     queues = [filters.queue] if filters.queue else broker.known_queues()
     lower, upper = filters.bounds_ms(now or datetime.now(UTC))
+    unreadable: dict[str, str] = {}
     if filters.q:
-        return _search(broker, filters, queues, (lower, upper))
+        return _search(broker, filters, queues, (lower, upper), unreadable)
     seen = filters.seen if upper is not None and upper == filters.before else 0
     found: list[tuple[ResultRecord, float]] = []
     examined = 0
     chunk = CHUNK if filters.type else filters.size  # without a type nearly every entry is a row
     while examined < SCAN_BUDGET:
-        window = broker.history_window(queues, filters.status or None, upper, lower, chunk, seen)
+        window = broker.history_window(queues, filters.status or None, upper, lower, chunk, seen, unreadable)
         for entry, record in zip(window, _records(broker, window), strict=True):
             seen = seen + 1 if entry.score_ms == upper else 1
             upper = entry.score_ms
             if record is not None and filters.matches(record):
                 found.append((record, entry.score_ms))
                 if len(found) == filters.size:
-                    return Page(found, upper, _total(broker, filters, queues, lower), older_seen=seen)
+                    total = _total(broker, filters, queues, lower, unreadable)
+                    return Page(found, upper, total, older_seen=seen, unreadable=unreadable)
         examined += len(window)
         if len(window) < chunk:
-            return Page(found, None, _total(broker, filters, queues, lower))
-    return Page(found, upper, _total(broker, filters, queues, lower), exhausted_budget=True, older_seen=seen)
+            return Page(found, None, _total(broker, filters, queues, lower, unreadable), unreadable=unreadable)
+    total = _total(broker, filters, queues, lower, unreadable)
+    return Page(found, upper, total, exhausted_budget=True, older_seen=seen, unreadable=unreadable)
 
 
 def _records(broker: Broker, window: list[Entry]) -> list[ResultRecord | None]:
@@ -170,14 +177,22 @@ def _records(broker: Broker, window: list[Entry]) -> list[ResultRecord | None]:
     return [ResultRecord.from_fields(item) if item else None for item in fields]
 
 
-def _total(broker: Broker, filters: Filters, queues: list[str], lower: float | None) -> int | None:
+def _total(
+    broker: Broker, filters: Filters, queues: list[str], lower: float | None, unreadable: dict[str, str]
+) -> int | None:
     """How many entries the index holds for these filters; None when a type or an end time narrows it."""
     if filters.type or filters.until or filters.before is not None:
         return None
-    return broker.history_count(queues, filters.status or None, lower)
+    return broker.history_count(queues, filters.status or None, lower, unreadable)
 
 
-def _search(broker: Broker, filters: Filters, queues: list[str], bounds: tuple[float | None, float | None]) -> Page:
+def _search(
+    broker: Broker,
+    filters: Filters,
+    queues: list[str],
+    bounds: tuple[float | None, float | None],
+    unreadable: dict[str, str],
+) -> Page:
     """`q` as an exact id (any task with a record, indexed or not), else as a prefix of ids in the index.
 
     Prefix matches are read in id order, as many as a page holds, then filtered (time range too).
@@ -187,7 +202,7 @@ def _search(broker: Broker, filters: Filters, queues: list[str], bounds: tuple[f
         record = ResultRecord.from_fields(exact)
         keep = filters.matches(record) and (not filters.queue or record.queue == filters.queue)
         return Page([(record, 0.0)] if keep else [], None, None)
-    entries = broker.history_by_prefix(queues, filters.q, filters.size)
+    entries = broker.history_by_prefix(queues, filters.q, filters.size, unreadable)
     lower, upper = bounds
     rows = [
         (record, entry.score_ms)
@@ -197,7 +212,7 @@ def _search(broker: Broker, filters: Filters, queues: list[str], bounds: tuple[f
         and (lower is None or entry.score_ms >= lower)
         and (upper is None or entry.score_ms <= upper)
     ]
-    return Page(rows, None, None, cut=len(entries) == filters.size)
+    return Page(rows, None, None, cut=len(entries) == filters.size, unreadable=unreadable)
 
 
 def query_without(query: QueryDict, *names: str) -> str:
@@ -216,6 +231,7 @@ def page_json(page: Page) -> dict[str, Any]:
         "older_seen": page.older_seen,
         "total": page.total,
         "cut": page.cut,
+        "unreadable": page.unreadable,
     }
 
 

@@ -1,4 +1,4 @@
-"""What the staff pages share: the admin context, the answer when Redis is away, reading a task's result record."""
+"""What the staff pages share: the admin context, the answers when Redis is away or refuses, reading a task's record."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from redis.exceptions import RedisError
 
 from tasks_app.logging import escape_control
 from tasks_app.protocol.broker import get_broker
+from tasks_app.protocol.inspection import refused
 from tasks_app.protocol.results import ResultRecord
 
 View = Callable[..., HttpResponse]
@@ -60,9 +61,14 @@ def csrf_rejection(request: HttpRequest, check: type[CsrfViewMiddleware] = CsrfV
     return middleware.process_view(request, None, (), {})  # type: ignore[arg-type]
 
 
-def load_record(task_id: str) -> ResultRecord | None:
-    """Return a task's result record, or None if it is unknown or expired."""
-    fields = get_broker().get_result(task_id)
+def load_record(task_id: str, *, strict: bool = False) -> ResultRecord | None:
+    """Return a task's result record, or None if it is unknown or expired.
+
+    `strict`: a record Redis refuses to read (a foreign key of another type) raises that refusal, naming the key, where
+    it is otherwise read as no record.
+    """
+    broker = get_broker()
+    fields = broker.read_result(task_id) if strict else broker.get_result(task_id)
     return ResultRecord.from_fields(fields) if fields else None
 
 
@@ -87,34 +93,44 @@ def log_task_actions(request: HttpRequest, entries: Iterable[tuple[str, str, int
 
 
 def redis_required(view: View) -> View:
-    """Answer 503 saying Redis is unreachable (as JSON for `.json` and `?format=json`), not a server error."""
+    """Answer Redis away with a 503 saying so, and a read Redis refuses (a foreign key's type) with a 500 saying why.
+
+    As JSON for `.json` and `?format=json`; never Django's server error page.
+    """
 
     @wraps(view)
     def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
         try:
             return view(request, *args, **kwargs)
         except RedisError as exc:
-            logger.error("staff page %s: Redis is unavailable: %s", request.path, exc)
-            return _redis_away(request, exc)
+            logger.error("staff page %s: %s", request.path, _problem(exc))
+            if request.path.endswith(".json") or request.GET.get("format") == "json":
+                return redis_error_json(exc)
+            return _redis_error_page(request, exc)
 
     return wrapper
 
 
-def _redis_away(request: HttpRequest, exc: RedisError) -> HttpResponse:
-    if request.path.endswith(".json") or request.GET.get("format") == "json":
-        return redis_away_json(exc)
-    context = admin_context(request, "Redis is unreachable", message=_away(exc), retry_s=REDIS_RETRY_AFTER_S)
+def _redis_error_page(request: HttpRequest, exc: RedisError) -> HttpResponse:
+    if refused(exc):
+        context = admin_context(request, "Redis refused a read", message=_problem(exc))
+        return render(request, "tasks_app/redis_refused.html", context, status=500)
+    context = admin_context(request, "Redis is unreachable", message=_problem(exc), retry_s=REDIS_RETRY_AFTER_S)
     response = render(request, "tasks_app/redis_away.html", context, status=503)
     response["Retry-After"] = str(REDIS_RETRY_AFTER_S)
     return response
 
 
-def redis_away_json(exc: RedisError) -> JsonResponse:
-    """The JSON 503 (`{"error": ...}`, with Retry-After) of a view that could not reach Redis."""
-    response = JsonResponse({"error": _away(exc)}, status=503)
+def redis_error_json(exc: RedisError) -> JsonResponse:
+    """The JSON answer (`{"error": ...}`) of a view Redis failed: 500 for a refusal, else 503 with Retry-After."""
+    if refused(exc):
+        return JsonResponse({"error": _problem(exc)}, status=500)
+    response = JsonResponse({"error": _problem(exc)}, status=503)
     response["Retry-After"] = str(REDIS_RETRY_AFTER_S)
     return response
 
 
-def _away(exc: RedisError) -> str:
+def _problem(exc: RedisError) -> str:
+    if refused(exc):  # a foreign writer's key of another type, say: waiting does not cure it
+        return f"Redis refused the read: {exc}"
     return f"Redis is unreachable ({exc}); try again shortly."

@@ -19,7 +19,8 @@ from django.views.decorators.http import require_http_methods
 from tasks_app.models import MANAGE_DEAD_LETTERS_PERMISSION
 from tasks_app.periodic.status import schedule_statuses
 from tasks_app.protocol import dead_letters
-from tasks_app.protocol.broker import get_broker
+from tasks_app.protocol.broker import Broker, get_broker
+from tasks_app.protocol.inspection import read_each
 from tasks_app.protocol.names import NAME_PATTERN, InvalidName, validate_name
 from tasks_app.protocol.replies import QueueStats
 from tasks_app.protocol.timestamps import datetime_of_ms
@@ -84,24 +85,35 @@ def _int_or_none(value: Any) -> int | None:
 @staff_member_required
 @redis_required
 def queue_dashboard(request: HttpRequest) -> HttpResponse:
-    """Show every queue's pending / processing / delayed / dead counts, consumers and throughput, and the schedules."""
+    """Show every queue's pending / processing / delayed / dead counts, consumers and throughput, and the schedules.
+
+    A queue whose keys Redis refuses to read (a foreign key of another type) is shown as unreadable, with the error.
+    """
     broker = get_broker()
     now_ms = broker.server_time_ms()  # leases are on the Redis clock
-    rows = []
-    for queue in broker.known_queues():
-        stats = broker.queue_stats(queue)
-        rows.append(
-            QueueRow(
-                stats,
-                [ConsumerRow.from_info(c, now_ms) for c in stats.consumers],
-                broker.completed_last_minute(queue),
-                NAME_PATTERN.fullmatch(queue) is not None,
-                str((broker.pause_states([queue])[queue] or {}).get("by") or ""),
-            )
-        )
-    charts = dashboard_charts(chart_data(broker, [row.stats.queue for row in rows]))
-    context = admin_context(request, "Queue dashboard", queues=rows, schedules=schedule_statuses(broker), **charts)
+    queues = broker.known_queues()
+    rows, unreadable = read_each(queues, lambda queue: _queue_row(broker, queue, now_ms))
+    charts = dashboard_charts(chart_data(broker, queues))
+    context = admin_context(
+        request,
+        "Queue dashboard",
+        queues=list(rows.values()),
+        unreadable_queues=unreadable,
+        schedules=schedule_statuses(broker),
+        **charts,
+    )
     return render(request, "tasks_app/dashboard.html", context)
+
+
+def _queue_row(broker: Broker, queue: str, now_ms: int) -> QueueRow:
+    stats = broker.queue_stats(queue)
+    return QueueRow(
+        stats,
+        [ConsumerRow.from_info(c, now_ms) for c in stats.consumers],
+        broker.completed_last_minute(queue),
+        NAME_PATTERN.fullmatch(queue) is not None,
+        str((broker.pause_states([queue])[queue] or {}).get("by") or ""),
+    )
 
 
 @staff_member_required
@@ -127,11 +139,7 @@ def dead_letter_page(request: HttpRequest, queue: str) -> HttpResponse:
             raise PermissionDenied(f"permission {MANAGE_DEAD_LETTERS_PERMISSION} is required")
         _act(request, queue)
         return redirect(request.get_full_path())
-    total = get_broker().queue_stats(queue).dead
-    page = Paginator(range(total), PAGE_SIZE).get_page(request.GET.get("page"))
-    offset = (page.number - 1) * PAGE_SIZE
-    tasks = dead_letters.list_dead_tasks(queue, offset, PAGE_SIZE)
-    records = get_broker().get_results(task.task_id for task in tasks)
+    listed, unreadable = read_each([queue], lambda name: _dead_listing(name, request.GET.get("page")))
     return render(
         request,
         "tasks_app/dead_letters.html",
@@ -139,14 +147,27 @@ def dead_letter_page(request: HttpRequest, queue: str) -> HttpResponse:
             request,
             f"Dead letters of queue {queue}",
             queue=queue,
-            dead_tasks=tasks,
-            # Dead letters outlive result records (TASKS_DEAD_LETTER_MAX_AGE_S): link the tasks that still have one.
-            recorded_ids={task.task_id for task, fields in zip(tasks, records, strict=True) if fields},
-            page=page,
-            total=total,
             can_manage=can_manage,
+            unreadable=unreadable.get(queue, ""),
+            **listed.get(queue, {"dead_tasks": [], "total": 0}),
         ),
     )
+
+
+def _dead_listing(queue: str, page_number: str | None) -> dict[str, Any]:
+    """One page of a queue's dead letters, their total, and which of them still have a result record."""
+    broker = get_broker()
+    total = broker.dead_count(queue)
+    page = Paginator(range(total), PAGE_SIZE).get_page(page_number)
+    tasks = dead_letters.list_dead_tasks(queue, (page.number - 1) * PAGE_SIZE, PAGE_SIZE)
+    records = broker.get_results(task.task_id for task in tasks)
+    return {
+        "dead_tasks": tasks,
+        # Dead letters outlive result records (TASKS_DEAD_LETTER_MAX_AGE_S): link the tasks that still have one.
+        "recorded_ids": {task.task_id for task, fields in zip(tasks, records, strict=True) if fields},
+        "page": page,
+        "total": total,
+    }
 
 
 def _act(request: HttpRequest, queue: str) -> None:

@@ -19,6 +19,8 @@ from django.views.decorators.http import require_http_methods
 from tasks_app import control, producer
 from tasks_app.models import CANCEL_PERMISSION, ENQUEUE_PERMISSION
 from tasks_app.protocol.broker import get_broker
+from tasks_app.protocol.inspection import KeyRefused, read_each
+from tasks_app.protocol.results import ResultRecord
 from tasks_app.templatetags.tasks_display import url_or_empty
 from tasks_app.web.common import (
     BODY_ENCODING_FACTOR,
@@ -101,7 +103,11 @@ def _oversize(request: HttpRequest, reason: str) -> HttpResponse:
 @redis_required
 def task_detail(request: HttpRequest, task_id: str) -> HttpResponse:
     """Show a task's status, arguments and outcome; the page reloads itself until it finishes."""
-    record = load_record(task_id)
+    try:
+        record = load_record(task_id, strict=True)
+    except KeyRefused as exc:  # a foreign key of another type where the record belongs: no record, and why
+        context = admin_context(request, f"Task {task_id}", message=f"This task's record cannot be read: {exc}")
+        return render(request, "tasks_app/redis_refused.html", context, status=404)
     if record is None:
         raise Http404("No task with this id (or its record has expired).")
     return render(
@@ -118,8 +124,7 @@ def task_detail(request: HttpRequest, task_id: str) -> HttpResponse:
             kwargs_json=_pretty(record.kwargs),
             return_json=_pretty(record.return_value),
             can_cancel=not record.is_finished and request.user.has_perm(CANCEL_PERMISSION),
-            queue_paused=record.status == "READY"
-            and get_broker().pause_states([record.queue])[record.queue] is not None,
+            **_queue_pause(record),
             progress_percent=_percent(record.progress),
         ),
     )
@@ -146,6 +151,14 @@ def cancel_task(request: HttpRequest, task_id: str) -> HttpResponse:
         else:
             messages.warning(request, f"Task {task_id} is running: it was asked to stop.")
     return redirect("tasks_app:task", task_id=task_id)
+
+
+def _queue_pause(record: ResultRecord) -> dict[str, Any]:
+    """Whether a task that waits waits on a paused queue, or why that cannot be read (a foreign key of another type)."""
+    if record.status != "READY":
+        return {"queue_paused": False, "queue_unreadable": ""}
+    states, unreadable = read_each([record.queue], lambda queue: get_broker().pause_states([queue])[queue])
+    return {"queue_paused": states.get(record.queue) is not None, "queue_unreadable": unreadable.get(record.queue, "")}
 
 
 def _percent(progress: dict[str, Any] | None) -> float | None:

@@ -1,0 +1,215 @@
+"""Pages, API and metrics beside a queue whose key a foreign writer made another type: it alone is unreadable."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tasks_app import producer
+from tasks_app.collectors import QueueCollector
+from tasks_app.consumer.metrics_http import make_app
+from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.codec import Task, encode_task
+from tests.support.scrape import Scrape
+
+pytestmark = pytest.mark.django_db
+
+UNREACHABLE = "Redis is unreachable"
+
+
+def _minute(broker: Broker) -> str:
+    return broker.keys.minute("bad", int(time.time()) // 60)
+
+
+# Every key of a queue that the dashboard, the queue API or the collector reads, each written as a type it is not.
+QUEUE_KEYS: dict[str, Callable[[Broker], str]] = {
+    "pending": lambda broker: broker.keys.pending("bad"),
+    "prioritized": lambda broker: broker.keys.prioritized("bad"),
+    "delayed": lambda broker: broker.keys.delayed("bad"),
+    "dead": lambda broker: broker.keys.dead("bad"),
+    "suspects": lambda broker: broker.keys.suspects("bad"),
+    "consumers": lambda broker: broker.keys.consumers("bad"),
+    "consumer_info": lambda broker: broker.keys.consumer_info("bad"),
+    "reaped": lambda broker: broker.keys.reaped("bad"),
+    "processing": lambda broker: broker.keys.processing("bad", "c1"),
+    "paused": lambda broker: broker.keys.paused("bad"),
+}
+
+
+def spoil(broker: Broker, key: str) -> None:
+    """Make `key` a type no reader of it expects: a list where a hash is read, else a hash."""
+    broker.client.delete(key)
+    if key.endswith(":consumer_info") or ":minute:" in key or key.startswith(broker.keys.result("")):
+        broker.client.rpush(key, "foreign")
+    else:
+        broker.client.hset(key, "foreign", "1")
+
+
+@pytest.fixture
+def two_queues(broker, echo_type) -> tuple[str, str]:
+    """A task on the good queue `web` and one on `bad` (with a live consumer c1 there); their ids."""
+    [good] = producer.enqueue("web.echo", [1])
+    [bad] = producer.enqueue("web.echo", [2], queue="bad")
+    broker.client.zadd(broker.keys.consumers("bad"), {"c1": time.time() * 1000 + 60_000})
+    return good.id, bad.id
+
+
+@pytest.mark.parametrize("name", list(QUEUE_KEYS))
+def test_the_dashboard_shows_a_queue_with_a_foreign_key_as_unreadable_and_the_others_as_usual(
+    staff, broker, two_queues, name
+):
+    key = QUEUE_KEYS[name](broker)
+    spoil(broker, key)
+    response = staff.get("/tasks/dashboard/")
+    page = response.content.decode()
+    assert response.status_code == 200 and UNREACHABLE not in page  # before: 503 for every queue
+    assert '<tr class="queue-row" data-queue="web">\n        <td><strong>web</strong></td>\n        <td>1</td>' in page
+    row = page[page.index('data-queue="bad"') :]
+    assert 'class="queue-unreadable"' in row[: row.index("</tr>")] and "WRONGTYPE" in row and key in row
+
+
+def test_the_dashboards_charts_show_a_queue_whose_minute_is_foreign_as_unreadable(staff, broker, two_queues):
+    broker.client.hset(broker.keys.minute("web", int(time.time()) // 60), "ok", "3")
+    spoil(broker, _minute(broker))
+    response = staff.get("/tasks/dashboard/")
+    page = response.content.decode()
+    assert response.status_code == 200 and UNREACHABLE not in page  # before: 503
+    assert '<div class="queue-charts" data-queue="web"><figure' in page
+    chart = page[page.index('class="queue-charts queue-unreadable" data-queue="bad"') :]
+    assert "WRONGTYPE" in chart[: chart.index("</div>")]
+    series = staff.get("/tasks/dashboard/series.json")
+    assert series.status_code == 200  # before: 503
+    data = series.json()
+    assert list(data["queues"]) == ["web"] and data["queues"]["web"]["ok"][-1] == 3
+    assert "WRONGTYPE" in data["unreadable"]["bad"] and _minute(broker) in data["unreadable"]["bad"]
+
+
+@pytest.mark.parametrize(
+    ("index", "query"),
+    [
+        ("history", ""),
+        ("history", "type=web.echo"),
+        ("history", "range=1h"),
+        ("history:READY", "status=READY"),
+        ("history:ids", "q=pre-"),
+    ],
+)
+def test_the_task_browser_lists_the_other_queues_beside_one_whose_index_is_foreign(
+    staff, broker, echo_type, index, query
+):
+    producer.enqueue_many([producer.TaskRequest("web.echo", [1], task_id="pre-good")])
+    producer.enqueue_many([producer.TaskRequest("web.echo", [2], queue="bad", task_id="pre-bad")])
+    key = f"{broker.keys.history('bad')}{index.removeprefix('history')}"
+    spoil(broker, key)
+    response = staff.get(f"/tasks/?{query}")
+    page = response.content.decode()
+    assert response.status_code == 200 and UNREACHABLE not in page  # before: 503 for every queue
+    assert 'data-task="pre-good"' in page
+    note = page[page.index('class="errornote queue-unreadable"') :]
+    assert "bad" in note[: note.index("</p>")] and "WRONGTYPE" in note and key in note
+    listed = staff.get(f"/tasks/?{query}&format=json")
+    assert listed.status_code == 200
+    data = listed.json()
+    assert "pre-good" in [row["id"] for row in data["tasks"]] and key in data["unreadable"]["bad"]
+
+
+def test_the_task_browser_filtered_to_a_queue_with_a_foreign_index_says_so(staff, broker, two_queues):
+    spoil(broker, broker.keys.history("bad"))
+    response = staff.get("/tasks/?queue=bad")
+    page = response.content.decode()
+    assert response.status_code == 200 and UNREACHABLE not in page  # before: 503
+    assert 'class="task-row"' not in page and "WRONGTYPE" in page
+    assert staff.get("/tasks/?queue=web").status_code == 200
+
+
+def test_the_page_of_a_task_whose_record_is_foreign_says_why_it_cannot_be_read(staff, broker, two_queues):
+    good, _ = two_queues
+    key = broker.keys.result(good)
+    spoil(broker, key)
+    response = staff.get(f"/tasks/{good}/")
+    page = response.content.decode()
+    assert response.status_code == 404 and UNREACHABLE not in page  # before: "Not Found", without the reason
+    assert 'id="redis-refused"' in page and key in page and "WRONGTYPE" in page
+    api = staff.get(f"/api/tasks/{good}/")
+    assert api.status_code == 404 and key in api.json()["error"] and "WRONGTYPE" in api.json()["error"]
+
+
+def test_the_page_of_a_task_whose_queues_pause_state_is_foreign_shows_the_task(staff, broker, two_queues):
+    _, bad = two_queues
+    spoil(broker, broker.keys.paused("bad"))
+    response = staff.get(f"/tasks/{bad}/")
+    page = response.content.decode()
+    assert response.status_code == 200  # before: 503, Redis is unreachable
+    assert 'id="task-queue-unreadable"' in page and "WRONGTYPE" in page
+
+
+def test_a_queues_dead_letters_are_listed_whatever_its_other_keys_hold(staff, broker, two_queues):
+    task = Task(id="gone", type="web.echo", payload=b"{}", queue="bad", attempt=3)
+    broker.client.zadd(broker.keys.dead("bad"), {encode_task(task): time.time() * 1000})
+    spoil(broker, broker.keys.pending("bad"))
+    response = staff.get("/tasks/dashboard/bad/dead/")
+    assert response.status_code == 200 and 'data-task-id="gone"' in response.content.decode()  # before: 503
+    spoil(broker, broker.keys.dead("bad"))
+    response = staff.get("/tasks/dashboard/bad/dead/")
+    page = response.content.decode()
+    assert response.status_code == 200 and UNREACHABLE not in page
+    assert 'id="dead-unreadable"' in page and broker.keys.dead("bad") in page
+
+
+def test_the_queue_api_answers_a_queue_with_a_foreign_key_as_unreadable(staff, broker, two_queues):
+    spoil(broker, broker.keys.pending("bad"))
+    response = staff.get("/api/queues/bad/")
+    assert response.status_code == 200  # before: 503, Redis is unreachable
+    state = response.json()
+    assert state["queue"] == "bad" and "WRONGTYPE" in state["unreadable"] and "pending" not in state
+    assert state["paused"] is False and state["paused_by"] is None
+    assert staff.get("/api/queues/web/").json()["pending"] == 1
+    paused = staff.post("/api/queues/bad/pause/")
+    assert paused.status_code == 200 and paused.json()["changed"] is True and paused.json()["paused"] is True
+
+
+def test_a_foreign_queue_set_is_reported_as_refused_not_as_redis_away(staff, broker):
+    broker.client.set(broker.keys.queues(), "not a set")
+    response = staff.get("/tasks/dashboard/")
+    page = response.content.decode()
+    assert response.status_code == 500 and UNREACHABLE not in page and "WRONGTYPE" in page  # before: 503
+    assert "Retry-After" not in response
+    series = staff.get("/tasks/dashboard/series.json")
+    assert series.status_code == 500 and "WRONGTYPE" in series.json()["error"]
+
+
+@pytest.mark.parametrize("name", [name for name in QUEUE_KEYS if name != "paused"])  # paused: only EXISTS
+def test_the_collector_exports_every_other_queue_and_the_unreadable_one_with_its_reason(broker, two_queues, name):
+    key = QUEUE_KEYS[name](broker)
+    spoil(broker, key)
+    registry = CollectorRegistry()
+    registry.register(QueueCollector(lambda: broker))
+    status, body = _get(make_app(None, registry), "/metrics")  # a consumer's /metrics
+    scrape = Scrape(body.decode())
+    assert status.startswith("200")
+    assert scrape.value("taskqueue_queue_stats_up") == 1  # before: 0, and no queue's depth at all
+    assert scrape.value("taskqueue_queue_tasks", queue="web", state="pending") == 1
+    assert not scrape.has("taskqueue_queue_tasks", queue="bad")
+    [sample] = [s for s in scrape.samples if s.name == "taskqueue_queue_unreadable"]
+    assert sample.labels["queue"] == "bad" and sample.value == 1
+    assert "WRONGTYPE" in sample.labels["reason"] and key in sample.labels["reason"]
+
+
+def _get(app, path: str) -> tuple[str, bytes]:
+    status: list[str] = []
+    body = b"".join(app({"PATH_INFO": path, "REQUEST_METHOD": "GET"}, lambda s, headers: status.append(s)))
+    return status[0], body
+
+
+def test_a_consumers_log_says_once_that_a_queue_is_unreadable_and_when_it_is_read_again(broker, two_queues, caplog):
+    collector = QueueCollector(lambda: broker)
+    spoil(broker, broker.keys.pending("bad"))
+    for _ in range(3):
+        list(collector.collect())
+    broker.client.delete(broker.keys.pending("bad"))
+    list(collector.collect())
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("queue stats: queue bad")]
+    assert len(lines) == 2 and "WRONGTYPE" in lines[0] and "read again" in lines[1], lines
