@@ -108,3 +108,14 @@ def test_an_action_on_a_task_whose_id_holds_a_nul_is_logged_with_it_escaped(staf
     assert response.status_code == 302 and broker.get_result("a\x00b") is None
     [entry] = LogEntry.objects.all()
     assert "\x00" not in entry.object_id + entry.object_repr + entry.change_message
+
+
+def test_a_consumer_whose_lease_is_past_any_integer_redis_holds_shows_no_heartbeat(staff, broker):
+    broker.client.sadd(broker.keys.queues(), "web")
+    broker.client.zadd(broker.keys.consumers("web"), {"c1": time.time() * 1000 + 60_000})
+    info = json.dumps({"lease_ms": 10**400, "in_flight": -(10**30)})
+    broker.client.hset(broker.keys.consumer_info("web"), "c1", info)
+    response = staff.get("/tasks/dashboard/")
+    assert response.status_code == 200  # before: a server error (OverflowError dividing the heartbeat's age)
+    assert '<tr class="consumer-row">' in response.content.decode()
+

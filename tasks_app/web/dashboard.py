@@ -23,7 +23,7 @@ from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.inspection import read_each
 from tasks_app.protocol.names import NAME_PATTERN, InvalidName, validate_name
 from tasks_app.protocol.replies import QueueStats
-from tasks_app.protocol.timestamps import datetime_of_ms
+from tasks_app.protocol.timestamps import MAX_SCORE_MS, datetime_of_ms
 from tasks_app.web.charts import chart_data, dashboard_charts
 from tasks_app.web.common import admin_context, log_task_actions, redis_required
 
@@ -76,10 +76,12 @@ class QueueRow:
 
 
 def _int_or_none(value: Any) -> int | None:
+    """An integer as Redis could hold it (a foreign writer's 10**400 is none: no time or count is that large)."""
     try:
-        return int(value)
+        number = int(value)
     except (TypeError, ValueError, OverflowError):
         return None
+    return number if -MAX_SCORE_MS <= number <= MAX_SCORE_MS else None
 
 
 @staff_member_required
