@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import time
 
 import pytest
@@ -119,3 +120,15 @@ def test_a_consumer_whose_lease_is_past_any_integer_redis_holds_shows_no_heartbe
     assert response.status_code == 200  # before: a server error (OverflowError dividing the heartbeat's age)
     assert '<tr class="consumer-row">' in response.content.decode()
 
+
+@pytest.mark.parametrize("score", [float("inf"), 1e300, float("-inf")])
+def test_the_browser_pages_through_tasks_scored_past_any_time(staff, broker, score):
+    TaskType.objects.create(name="web.echo", handler="demo.echo", queue="web")
+    ids = [task.id for task in producer.enqueue("web.echo", [1], count=30)]
+    broker.client.zadd(broker.keys.history("web"), dict.fromkeys(ids, score))
+    first = staff.get("/tasks/?size=25").content.decode()
+    older = re.search(r'href="\?([^"]*)" id="page-older"', first)
+    assert older, "an Older link"
+    second = staff.get("/tasks/?" + older.group(1).replace("&amp;", "&")).content.decode()
+    listed = re.findall(r'data-task="([^"]+)"', first) + re.findall(r'data-task="([^"]+)"', second)
+    assert sorted(listed) == sorted(ids)  # before: Older showed the first page again, and again

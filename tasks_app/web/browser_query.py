@@ -106,11 +106,12 @@ def _utc_moment(text: str) -> datetime | None:
 
 
 def _number(text: str) -> float | None:
+    """A cursor: any score but NaN, as an index holds them (a foreign writer's 1e300 or inf too, or "Older" loops)."""
     try:
         value = float(text)
     except ValueError:
         return None
-    return value if value == value and abs(value) < 1e16 else None
+    return value if value == value else None
 
 
 def _digits(text: str) -> int | None:
