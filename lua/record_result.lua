@@ -68,22 +68,29 @@ local function tally(first, n)
   end
 end
 
--- File the task of record `key` under `status` (from `old`; nil: from every other status).
-local function file_under(key, task_id, old, status, ttl_s)
+-- File the task of record `key` under `status` (from `old`; nil: from every other status);
+-- `enqueued_ms` is the record's enqueue time, if it was read (false: read it if it is needed).
+local function file_under(key, task_id, old, status, ttl_s, enqueued_ms)
   if h == nil then return end
   if status == old then old = nil end  -- no change: make sure the index agrees (every other index)
-  local function enqueued_ms()
-    return tonumber(redis.call('HGET', key, 'enqueued_at_ms'))
+  local function enqueued()
+    if enqueued_ms == false then enqueued_ms = redis.call('HGET', key, 'enqueued_at_ms') end
+    return tonumber(enqueued_ms)
   end
-  history_move(h, task_id, old, status, enqueued_ms, ttl_s * 1000)
+  history_move(h, task_id, old, status, enqueued, ttl_s * 1000)
 end
 
--- A list field a foreign writer left malformed is started afresh rather than failing the write.
-local function append(key, field, item)
-  local ok, list = pcall(cjson.decode, redis.call('HGET', key, field) or '[]')
+-- The JSON list `text` with `item` appended; a list a foreign writer left malformed is started afresh.
+local function appended(text, item)
+  if not text then return '[' .. cjson.encode(item) .. ']' end  -- the first item (a task's first run)
+  local ok, list = pcall(cjson.decode, text)
   if not ok or type(list) ~= 'table' then list = {} end
   list[#list + 1] = item
-  redis.call('HSET', key, field, cjson.encode(list))
+  return cjson.encode(list)
+end
+
+local function append(key, field, item)
+  redis.call('HSET', key, field, appended(redis.call('HGET', key, field), item))
 end
 
 -- The time fields that tell one write of a run from another of the same status.
@@ -102,13 +109,20 @@ end
 -- One group: `u` holds its arguments (ttl_s, worker, error, token, fence_arg, id, pairs).
 local function write_record(key, u)
   local new = nil
+  local sets = {}  -- what the write sets of the fields read below
   for i = 1, #u.pairs - 1, 2 do
-    if u.pairs[i] == 'status' then new = u.pairs[i + 1] end
+    local name = u.pairs[i]
+    if name == 'status' then new = u.pairs[i + 1] end
+    if name == 'worker_ids' or name == 'enqueued_at_ms' then sets[name] = u.pairs[i + 1] end
   end
   local old = false
   local again = false
+  -- Read with the fence, when it is read: the list the worker id joins, and the enqueue time a
+  -- move in the history index may need (false: not read).
+  local workers, enqueued_ms = false, false
   if u.token or new then
-    local current = redis.call('HMGET', key, 'fence', 'status', 'cancel_requested_at_ms')
+    local current = redis.call('HMGET', key, 'fence', 'status', 'cancel_requested_at_ms', 'worker_ids', 'enqueued_at_ms')
+    workers, enqueued_ms = sets.worker_ids or current[4], sets.enqueued_at_ms or current[5]
     local fence = tonumber(current[1]) or 0
     old = current[2] or 'READY'
     if u.token and u.token < fence then
@@ -130,16 +144,22 @@ local function write_record(key, u)
     pairs_to_set[#pairs_to_set + 1] = 'claimed_fence'
     pairs_to_set[#pairs_to_set + 1] = ''
   end
+  local appends_worker = u.worker ~= '' and not again
+  if appends_worker and workers ~= false then  -- the list was read: one HSET sets it with the fields
+    pairs_to_set[#pairs_to_set + 1] = 'worker_ids'
+    pairs_to_set[#pairs_to_set + 1] = appended(workers, u.worker)
+    appends_worker = false
+  end
   if #pairs_to_set > 0 then
     redis.call('HSET', key, unpack(pairs_to_set))
   end
-  if u.worker ~= '' and not again then append(key, 'worker_ids', u.worker) end
+  if appends_worker then append(key, 'worker_ids', u.worker) end
   if u.error ~= '' and not again then
     local ok, item = pcall(cjson.decode, u.error)
     if ok then append(key, 'errors', item) end
   end
   redis.call('EXPIRE', key, u.ttl_s)
-  if new then file_under(key, u.id, old, new, u.ttl_s) end
+  if new then file_under(key, u.id, old, new, u.ttl_s, enqueued_ms) end
   return again and 4 or 1
 end
 

@@ -19,10 +19,12 @@ it). Connection errors are retried with backoff. Every ack's `done` is called, w
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue as queue_module
 import threading
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -89,10 +91,17 @@ def _flags_by_ack(
 class AckBatcher:
     """A flusher thread that batches result writes and acks; `record`, `ack` and `barrier` feed it."""
 
-    def __init__(self, broker: Broker, give_up: threading.Event, max_batch: int = MAX_BATCH) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        give_up: threading.Event,
+        max_batch: int = MAX_BATCH,
+        together: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext,
+    ) -> None:
         self.broker = broker
         self.give_up = give_up
         self.max_batch = max_batch
+        self._together = together  # the block the `done`s of a flush are called in (their slots freed at once)
         self._entries: queue_module.SimpleQueue[Entry | threading.Event | None] = queue_module.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._in_place = threading.Lock()  # one thread at a time writes batches when no flusher runs
@@ -220,8 +229,9 @@ class AckBatcher:
             if entries:
                 flags = self._write_batch(entries)
         finally:  # whatever happened, every task's slot comes back and every barrier opens
-            for ack in acks:
-                self._call_safely(ack.done, flags.get(id(ack)))
+            with self._together():
+                for ack in acks:
+                    self._call_safely(ack.done, flags.get(id(ack)))
             for item in batch:
                 if isinstance(item, threading.Event):
                     item.set()

@@ -82,7 +82,7 @@ class Consumer:
         self.capacity = Capacity(options.concurrency, options.prefetch)
         self.task_types = TaskTypeCache(age_gauge=metrics.TASK_TYPES_AGE)
         self._init_thread_state()
-        self.acks = AckBatcher(self.broker, self.give_up)
+        self.acks = AckBatcher(self.broker, self.give_up, together=self.held.together)
         self.executor = Executor(
             self.broker,
             registry,
