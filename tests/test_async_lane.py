@@ -1,6 +1,7 @@
 """The asyncio lane on its own: slots handed over and back, outcomes settled once, blocked loops given up on."""
 
 import asyncio
+import logging
 import threading
 import time
 
@@ -153,4 +154,100 @@ def test_a_system_exit_in_a_handler_s_own_asyncio_task_fails_that_run_and_the_la
     assert value is None and isinstance(error, SystemExit)
     outcomes, finished = settled_runs(lane, work())
     assert finished.wait(5) and outcomes == [(7, None)], "the loop still runs later tasks"
+    lane.close()
+
+
+def test_a_handler_that_stops_the_loop_still_ends_and_the_loop_runs_later_tasks(caplog):
+    # Before: run_forever() returned to the lane's thread for good; no run ever began again.
+    lane = AsyncLane(10, Slots())
+
+    async def stops_the_loop() -> str:
+        asyncio.get_running_loop().stop()
+        await asyncio.sleep(0.01)
+        return "went on"
+
+    async def work() -> int:
+        return 7
+
+    outcomes, finished = settled_runs(lane, stops_the_loop())
+    assert finished.wait(5) and outcomes == [("went on", None)]
+    outcomes, finished = settled_runs(lane, work())
+    assert finished.wait(5) and outcomes == [(7, None)], "the loop still runs later tasks"
+    assert "stopped the asyncio lane's event loop" in caplog.text
+    lane.close()
+
+
+class ClosesTheLoopWhenStopped(logging.Handler):
+    """On the lane's line about a stopped loop (logged from its thread, the loop not running): close that loop."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.loop is not None and "stopped the asyncio lane's event loop" in record.getMessage():
+            self.loop.close()  # what another thread of a handler could do just then
+
+
+def test_a_loop_closed_by_a_handler_fails_the_runs_it_held_and_a_new_loop_runs_the_next():
+    lane = AsyncLane(10, Slots())
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    async def stops_the_loop() -> str:
+        loops.append(asyncio.get_running_loop())
+        closer.loop = loops[0]
+        asyncio.get_running_loop().stop()
+        await asyncio.sleep(0.01)
+        return "went on"
+
+    async def work() -> int:
+        loops.append(asyncio.get_running_loop())
+        return 7
+
+    closer = ClosesTheLoopWhenStopped()
+    logger = logging.getLogger("tasks_app.consumer.async_lane")
+    logger.addHandler(closer)
+    try:
+        outcomes, finished = settled_runs(lane, stops_the_loop())
+        assert finished.wait(5) and lane.running == 0, "settled: it can never go on"
+    finally:
+        logger.removeHandler(closer)
+    [(value, error)] = outcomes
+    assert value is None and isinstance(error, RuntimeError) and "closed" in str(error)
+    outcomes, finished = settled_runs(lane, work())
+    assert finished.wait(5) and outcomes == [(7, None)]
+    assert loops[1] is not loops[0] and loops[0].is_closed()
+    lane.close()
+
+
+def test_whatever_else_a_handler_does_to_the_loop_fails_at_most_its_own_run():
+    lane = AsyncLane(10, Slots())
+
+    async def closes_the_running_loop() -> None:
+        asyncio.get_running_loop().close()  # refused: the loop runs
+
+    async def sets_another_loop() -> str:
+        asyncio.set_event_loop(asyncio.new_event_loop())
+        await asyncio.sleep(0.01)
+        return "went on"
+
+    async def sets_a_failing_task_factory() -> str:
+        def fails(loop, coroutine, **kwargs):
+            raise ValueError("no tasks here")
+
+        asyncio.get_running_loop().set_task_factory(fails)
+        return "set"
+
+    async def work() -> int:
+        return 7
+
+    for hostile, expected in ((closes_the_running_loop, RuntimeError), (sets_another_loop, None)):
+        outcomes, finished = settled_runs(lane, hostile())
+        assert finished.wait(5)
+        assert (type(outcomes[0][1]) if expected else outcomes[0][1]) == expected
+    outcomes, finished = settled_runs(lane, sets_a_failing_task_factory())
+    assert finished.wait(5) and outcomes == [("set", None)]
+    outcomes, finished = settled_runs(lane, work())
+    assert finished.wait(5), "a run the loop cannot start is settled"
+    assert isinstance(outcomes[0][1], ValueError) and lane.running == 0
     lane.close()

@@ -9,6 +9,10 @@ else is settled on a small pool of threads, so the loop never waits on Redis. A 
 lane slot until its ack is written: a crash can re-run at most concurrency + prefetch + async
 concurrency tasks. A forced cancel (`cancel`) cancels the run's asyncio task: TaskCancelled
 where its coroutine awaits.
+
+Whatever a handler does to the loop, the lane goes on: a `loop.stop()` is logged and the loop run
+again (its runs go on); a loop closed by a handler (it can only be closed while stopped) fails the
+runs it held, and the next runs start on a new loop.
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ class Flight:
     force_requested_at: float | None = None
     forced: bool = False
     task: asyncio.Task[None] | None = None
+    loop: asyncio.AbstractEventLoop | None = None  # the loop it was handed to
 
     def take_settling(self) -> bool:
         """True for the one caller that settles this run (its end, or a hard limit)."""
@@ -123,17 +128,18 @@ class AsyncLane:
         with self._lock:
             self._running += 1
             self._flights.add(flight)
-            loop = self._loop or self._start()
+            loop = flight.loop = self._loop or self._start()
         self.worker_slots.hand_off()
-        loop.call_soon_threadsafe(self._begin, coroutine, flight)
+        if not self._call_soon(loop, self._begin, coroutine, flight):
+            coroutine.close()  # a handler closed the loop: the lane fails the runs handed to it (`_replace`)
 
     def cancel(self, flight: Flight) -> None:
         """Cancel a run for a forced cancel: TaskCancelled where its coroutine awaits (at once if it has not begun)."""
         flight.force_requested_at = time.monotonic()
         with self._lock:
-            loop = self._loop if flight in self._flights else None
+            loop = flight.loop if flight in self._flights else None
         if loop is not None:
-            loop.call_soon_threadsafe(self._cancel_on_loop, flight)
+            self._call_soon(loop, self._cancel_on_loop, flight)
 
     def take_hung(self, grace_s: float) -> list[HungFlight]:
         """Take every run still going `grace_s` past its timeout or forced cancel (its loop is blocked), once each.
@@ -178,32 +184,74 @@ class AsyncLane:
             loop, self._loop = self._loop, None
             settlers, self._settlers = self._settlers, None
         if loop is not None:
-            loop.call_soon_threadsafe(loop.stop)
+            self._call_soon(loop, loop.stop)
         if settlers is not None:
             settlers.shutdown(wait=False)
+
+    @staticmethod
+    def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: Any) -> bool:
+        """Schedule `callback` on `loop` from any thread; False if a handler closed the loop."""
+        try:
+            loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:  # "Event loop is closed"
+            return False
+        return True
 
     def _start(self) -> asyncio.AbstractEventLoop:
         loop = asyncio.new_event_loop()
         threading.Thread(target=self._serve, args=(loop,), name="async-lane", daemon=True).start()
-        self._settlers = ThreadPoolExecutor(SETTLE_THREADS, thread_name_prefix="async-settle")
+        if self._settlers is None:
+            self._settlers = ThreadPoolExecutor(SETTLE_THREADS, thread_name_prefix="async-settle")
         self._loop = loop
         return loop
 
-    @staticmethod
-    def _serve(loop: asyncio.AbstractEventLoop) -> None:
-        """Run the loop until `close` stops it, whatever a handler's own asyncio tasks raise out of it."""
+    def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Run the loop until `close` stops it, whatever a handler does to it (see the module's docstring)."""
+        stop_logged = False
         while True:
+            stopped = False
             try:
                 loop.run_forever()
-                return
+                stopped = True
             except BaseException:  # SystemExit or KeyboardInterrupt in a task a handler spawned: asyncio re-raises it
-                logger.exception("an asyncio task of a handler raised out of the event loop; the loop goes on")
+                if not loop.is_closed():
+                    logger.exception("an asyncio task of a handler raised out of the event loop; the loop goes on")
+            with self._lock:
+                if self._loop is not loop:  # `close` stopped it
+                    return
+            if loop.is_closed():
+                self._replace(loop)
+                return
+            if stopped and not stop_logged:
+                logger.error("a handler stopped the asyncio lane's event loop (loop.stop()): it is run again")
+                stop_logged = True
+
+    def _replace(self, closed: asyncio.AbstractEventLoop) -> None:
+        """Fail the runs of a loop a handler closed (they can never go on); the next run starts a new loop."""
+        logger.error("a handler closed the asyncio lane's event loop: its runs fail, and a new loop runs the next ones")
+        with self._lock:
+            if self._loop is closed:
+                self._loop = None
+            lost = [flight for flight in self._flights if flight.loop is closed]
+        error = RuntimeError("the asyncio lane's event loop was closed (by a handler) while the task ran")
+        now = time.monotonic()
+        for flight in lost:
+            if flight.take_settling():
+                self._settle(flight, None, error, now - flight.started)
 
     def _begin(self, coroutine: Coroutine[Any, Any, Any], flight: Flight) -> None:
         """On the loop: start the run as an asyncio task, held here (the loop keeps only weak references)."""
-        task = asyncio.get_running_loop().create_task(self._run(coroutine, flight))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        run = self._run(coroutine, flight)
+        try:  # a handler may have set a task factory that fails
+            task = asyncio.get_running_loop().create_task(run)
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        except Exception as exc:
+            logger.exception("an async task could not be started on its event loop")
+            run.close()
+            coroutine.close()
+            if flight.take_settling():
+                self._settle_later(flight, None, exc, time.monotonic() - flight.started)
 
     async def _run(self, coroutine: Coroutine[Any, Any, Any], flight: Flight) -> None:
         value, raised = await self._outcome(coroutine, flight)
@@ -215,14 +263,11 @@ class AsyncLane:
                     later = flight.succeed_now(value, duration_s, flight.done)  # a success is only queued
                 except Exception:  # a bug: settled the slow way, which dead-letters as a last resort
                     logger.exception("unexpected error settling an async task on the loop")
-            settlers = self._settlers
             if later is not None:
                 if not later:
                     flight.done()
-            elif settlers is not None:
-                settlers.submit(self._settle, flight, value, raised, duration_s)
-            else:  # closed while it ran (past the grace period)
-                self._settle(flight, value, raised, duration_s)
+            else:
+                self._settle_later(flight, value, raised, duration_s)
 
     @staticmethod
     async def _outcome(coroutine: Coroutine[Any, Any, Any], flight: Flight) -> tuple[Any, BaseException | None]:
@@ -246,6 +291,14 @@ class AsyncLane:
         if flight.task is not None and not flight.task.done():
             flight.forced = True
             flight.task.cancel()
+
+    def _settle_later(self, flight: Flight, value: Any, raised: BaseException | None, duration_s: float) -> None:
+        """Settle a run on a settling thread, not on the loop (which must not wait on Redis)."""
+        settlers = self._settlers
+        if settlers is not None:
+            settlers.submit(self._settle, flight, value, raised, duration_s)
+        else:  # closed while it ran (past the grace period)
+            self._settle(flight, value, raised, duration_s)
 
     def _settle(self, flight: Flight, value: Any, raised: BaseException | None, duration_s: float) -> None:
         try:

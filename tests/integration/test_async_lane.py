@@ -64,3 +64,16 @@ def test_an_async_task_called_with_arguments_its_handler_does_not_take_fails_and
     assert (record.status, record.attempts) == ("FAILED", 2), "a failure of the handler, not of settling"
     assert [e["exception_class_path"] for e in record.errors] == ["builtins.TypeError"] * 2
     assert "no_such_argument" in record.errors[0]["traceback"]
+
+
+def test_a_handler_stopping_the_event_loop_ends_and_every_later_task_still_runs(broker, consumer_in_thread):
+    # Before: the lane's loop stayed stopped; its slot never came back, the workers waited for it
+    # for good and sync tasks stopped too, while the lease stayed alive.
+    with consumer_in_thread(concurrency=1, prefetch=1, async_concurrency=1):
+        [stopper] = producer.enqueue("test.async_stops_loop")
+        later = producer.enqueue("test.async_sleep", kwargs={"sleep_s": 0}, count=3)
+        later += producer.enqueue("test.record")
+        tasks = [stopper, *later]
+        wait_until(lambda: all(record_of(broker, t).is_finished for t in tasks), 15, message="every task to end")
+    assert [record_of(broker, t).status for t in tasks] == ["SUCCESSFUL"] * len(tasks)
+    assert record_of(broker, stopper).return_value == "went on"

@@ -186,6 +186,14 @@ async def async_hang(context: Any, sleep_s: float) -> str:
     return "woke up"
 
 
+@handler("test.async_stops_loop")
+async def async_stops_loop() -> str:
+    """Stop the event loop it runs on (as a handler written for a loop of its own might), then go on."""
+    asyncio.get_running_loop().stop()
+    await asyncio.sleep(0.01)
+    return "went on"
+
+
 @handler("test.async_cooperative", takes_context=True)
 async def async_cooperative(context: Any, step_s: float = 0.2, max_s: float = 30.0) -> str:
     """Report progress every `step_s` until cancelled (then record when, as test.cooperative does) or `max_s` passed."""
