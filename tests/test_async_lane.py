@@ -251,3 +251,22 @@ def test_whatever_else_a_handler_does_to_the_loop_fails_at_most_its_own_run():
     assert finished.wait(5), "a run the loop cannot start is settled"
     assert isinstance(outcomes[0][1], ValueError) and lane.running == 0
     lane.close()
+
+
+def test_a_worker_waiting_for_a_slot_gives_up_once_the_consumer_stops():
+    stopping = threading.Event()
+    lane = AsyncLane(1, Slots(), stopping.is_set)
+    taken = lane.reserve()
+    assert taken is not None
+    reserved: list = []
+    waiter = threading.Thread(target=lambda: reserved.append(lane.reserve()))
+    waiter.start()
+    time.sleep(0.2)
+    assert not reserved, "waits while the lane is full"
+    stopping.set()
+    waiter.join(5)
+    assert reserved == [None], "no slot: its run must not start"
+    taken.give_back()
+    assert lane.reserve() is None, "nor does one that finds a slot once the stop began"
+    stopping.clear()
+    assert lane.reserve() is not None, "the slot was given back"

@@ -1,14 +1,14 @@
 """The asyncio lane: `async def` handlers of a consumer run on one event loop, not a thread each.
 
 A worker thread takes one of the lane's `--async-concurrency` slots (waiting while the lane is
-full), then checks the lease and records the start as for any task, so a run begins as soon as
-its start is written; it hands the coroutine here and moves on, the task giving back its worker
-slot. The outcome is settled through the same path as a sync run (results, retries, acks and
-fences): a success is handed to the ack batcher from the loop (that only queues it), anything
-else is settled on a small pool of threads, so the loop never waits on Redis. A task keeps its
-lane slot until its ack is written: a crash can re-run at most concurrency + prefetch + async
-concurrency tasks. A forced cancel (`cancel`) cancels the run's asyncio task: TaskCancelled
-where its coroutine awaits.
+full; if the consumer begins to stop meanwhile, the task goes back unstarted), then checks the
+lease and records the start as for any task, so a run begins as soon as its start is written; it
+hands the coroutine here and moves on, the task giving back its worker slot. The outcome is settled
+through the same path as a sync run (results, retries, acks and fences): a success is handed to the
+ack batcher from the loop (that only queues it), anything else is settled on a small pool of
+threads, so the loop never waits on Redis. A task keeps its lane slot until its ack is written: a
+crash can re-run at most concurrency + prefetch + async concurrency tasks. A forced cancel
+(`cancel`) cancels the run's asyncio task: TaskCancelled where its coroutine awaits.
 
 Whatever a handler does to the loop, the lane goes on: a `loop.stop()` is logged and the loop run
 again (its runs go on); a loop closed by a handler (it can only be closed while stopped) fails the
@@ -32,6 +32,8 @@ logger = logging.getLogger(__name__)
 
 # Threads settling the runs that cannot be settled on the loop (failures make round trips).
 SETTLE_THREADS = 4
+# How often a worker waiting for a slot looks whether the consumer began to stop.
+SLOT_WAIT_S = 0.05
 
 Settle = Callable[[Any, BaseException | None, BaseException | None, float, Callable[[], None]], bool]
 """Settles a run: (value, error, raised, duration, on_settled) -> True if `on_settled` is called later."""
@@ -96,9 +98,12 @@ HungFlight = tuple[Flight, TaskCancelled | TaskTimeout]
 class AsyncLane:
     """One event loop in a thread of its own, running up to `concurrency` coroutine handlers at once."""
 
-    def __init__(self, concurrency: int, worker_slots: WorkerSlots) -> None:
+    def __init__(
+        self, concurrency: int, worker_slots: WorkerSlots, stopping: Callable[[], bool] = lambda: False
+    ) -> None:
         self.concurrency = concurrency
         self.worker_slots = worker_slots
+        self.stopping = stopping  # True once the consumer began to stop: a run waiting for a slot does not start
         self._slots = threading.BoundedSemaphore(concurrency)
         self._running = 0
         self._lock = threading.Lock()
@@ -113,9 +118,17 @@ class AsyncLane:
         with self._lock:
             return self._running
 
-    def reserve(self) -> LaneSlot:
-        """Take a slot for a run, waiting while the lane is full; `submit` hands it to the run."""
-        self._slots.acquire()
+    def reserve(self) -> LaneSlot | None:
+        """Take a slot for a run, waiting while the lane is full; `submit` hands it to the run.
+
+        None if the consumer began to stop before a slot was free: the run must not start.
+        """
+        while not self._slots.acquire(timeout=SLOT_WAIT_S):
+            if self.stopping():
+                return None
+        if self.stopping():  # the stop may have come while the last wait ended
+            self._slots.release()
+            return None
         return LaneSlot(self._slots)
 
     def submit(

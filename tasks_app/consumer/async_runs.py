@@ -17,6 +17,7 @@ from tasks_app import metrics
 from tasks_app.consumer.async_lane import AsyncLane, Flight, LaneSlot
 from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.control import Running, RunWatch, progress_update
+from tasks_app.consumer.pause_watch import PauseWatch
 from tasks_app.consumer.retrying import GaveUp
 from tasks_app.consumer.settling import Settling
 from tasks_app.consumer.timeouts import RunClock, within_timeout
@@ -52,6 +53,7 @@ class AsyncRuns(Settling):
     # The executor's: settles a run's outcome (see Executor._settle_outcome).
     _settle_outcome: Callable[..., bool]
     _run: Callable[..., bool]
+    pauses: PauseWatch  # the executor's: it puts claimed tasks back unstarted
 
     def _run_async(
         self,
@@ -76,6 +78,12 @@ class AsyncRuns(Settling):
             self.running[context.control] = run
         lane.submit(coroutine, flight, on_settled or (lambda: None), slot)
         return True
+
+    def _return_stopping(self, claimed: Claimed) -> bool:
+        """Put back unstarted a task that waited for room on the lane until the consumer began to stop."""
+        self.pauses.return_unstarted(claimed)
+        logger.info("stopping: a task waiting for room on the asyncio lane went back to pending unstarted")
+        return False
 
     def _unwatch(self, control: RunControl) -> None:
         """Stop watching an async run that ended; write the progress it set since the last tick (before its outcome)."""

@@ -249,7 +249,10 @@ class Executor(AsyncRuns, RunLimits, RunStart):
         on_settled: Callable[[], None] | None = None,
     ) -> bool:
         # An async run takes its lane slot before the lease check: once its start is written, it begins.
-        lane_slot = self.async_lane.reserve() if handler.is_async and self.async_lane is not None else None
+        lane = self.async_lane if handler.is_async else None
+        lane_slot = lane.reserve() if lane is not None else None
+        if lane is not None and lane_slot is None:
+            return self._return_stopping(claimed)
         try:
             if self.lease_check is not None and not self.lease_check(claimed):
                 return False  # its lease was lost while it passed the gates: the reaper owns it now

@@ -93,7 +93,7 @@ class Consumer:
             acks=self.acks,
             rate_gate=rate_gate or RateLimiter(self.broker, self.give_up, follows=self.task_types),
             concurrency=ConcurrencyGate.for_consumer(self),
-            async_lane=AsyncLane(options.async_concurrency, self.capacity),
+            async_lane=AsyncLane(options.async_concurrency, self.capacity, lambda: self.claiming_stopped.is_set()),
             lease_check=self._lease_holds,  # again after the gates, just before the start
         )
         self.liveness = Liveness(options.health_file, max(3 * HEALTH_CHECK_S, options.lease_s), self.task_types.age_s)

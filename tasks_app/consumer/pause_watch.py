@@ -53,11 +53,15 @@ class PauseWatch:
         """Put a claimed task of a paused queue back at the head of pending, unstarted; False if it runs."""
         if not self.paused(claimed.queue):
             return False
+        self.return_unstarted(claimed)
+        logger.info("queue %s is paused: a claimed task went back to pending unstarted", claimed.queue)
+        return True
+
+    def return_unstarted(self, claimed: Claimed) -> None:
+        """Put a claimed task back at the head of pending, unstarted, its receipt withdrawn."""
         withdrawn = withdrawals([claimed], self.result_ttl_s)
         until_done(
             lambda: self.broker.return_unstarted(claimed.queue, claimed.consumer_id, [claimed.raw], withdrawn),
             what="return_unstarted",
             give_up=self.give_up,
         )
-        logger.info("queue %s is paused: a claimed task went back to pending unstarted", claimed.queue)
-        return True

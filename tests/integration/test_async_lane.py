@@ -77,3 +77,21 @@ def test_a_handler_stopping_the_event_loop_ends_and_every_later_task_still_runs(
         wait_until(lambda: all(record_of(broker, t).is_finished for t in tasks), 15, message="every task to end")
     assert [record_of(broker, t).status for t in tasks] == ["SUCCESSFUL"] * len(tasks)
     assert record_of(broker, stopper).return_value == "went on"
+
+
+def test_a_stop_returns_unstarted_the_tasks_waiting_for_room_on_the_lane(broker, consumer_process):
+    # Before: a worker waiting for a lane slot when the stop came started its task once the slot
+    # was free, after the stop: claimed-but-unstarted tasks must go back to pending instead.
+    tasks = producer.enqueue("test.async_hang", kwargs={"sleep_s": 2}, count=5)
+    args = ("--consumer-id", "waiting", "--concurrency", "2", "--prefetch", "2", "--async-concurrency", "1")
+    consumer = consumer_process(*args, "--grace", "20")
+    processing = broker.keys.processing("default", "waiting")
+    wait_until(lambda: marks(broker) and broker.client.llen(processing) == 5, 30, message="one run and a full hand")
+    assert consumer.terminate(timeout_s=30) == 0, consumer.log()
+
+    started = [m["task_id"] for m in marks(broker) if m["mark"] == "start"]
+    assert len(started) == 1, f"only the run begun before the stop: {marks(broker)}"
+    statuses = {t.id: record_of(broker, t).status for t in tasks}
+    assert statuses == {t.id: "SUCCESSFUL" if t.id in started else "READY" for t in tasks}
+    stats = broker.queue_stats("default")
+    assert (stats.pending, stats.processing, stats.consumers) == (4, 0, [])
