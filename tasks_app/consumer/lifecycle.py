@@ -303,19 +303,21 @@ class Consumer:
         logger.warning("consumer %s stopping (exit code %d): %s", self.consumer_id, exit_code, reason)
 
     def shutdown(self) -> int:
-        """Stop claiming, return unstarted tasks, let running ones finish within the grace period."""
+        """Stop claiming, return unstarted tasks, let running ones finish within the grace period (from now)."""
+        grace_over = threading.Event()
+        timer = threading.Timer(self.options.grace_s, grace_over.set)
+        timer.daemon = True
+        timer.start()
         self.claiming_stopped.set()
-        for thread in self._claimers:
+        self._finish_within_grace(grace_over)
+        for thread in self._claimers:  # a claim landing meanwhile is returned by `dispatch`
             thread.join(timeout=self.options.block_s + 1)
-        self._finish_within_grace()
+        self._return_queued(grace_over)  # dispatched as the stop began
+        timer.cancel()
         self.executor.wait_hung_settled(timeout_s=self.options.grace_s + 5)  # their failures go before deregistering
-        with self._busy_lock:
-            still_running = self._busy
         self.workers_stop.set()
         self.acks.close(timeout_s=self.options.grace_s + 5)  # finished tasks are acked, not returned
         self.loops_stopped.set()
-        if still_running:
-            logger.warning("grace period over with %d task(s) still running; returning them to pending", still_running)
         self.give_up.set()
         identity.deregister_everywhere(self.broker, self.options.queues, self.consumer_id, self.instance)
         try:
@@ -327,16 +329,25 @@ class Consumer:
         logger.info("consumer %s stopped", self.consumer_id)
         return self.exit_code
 
-    def _finish_within_grace(self) -> None:
-        """Return the tasks that never started and let the running ones finish, in one grace period.
+    def _finish_within_grace(self, grace_over: threading.Event) -> None:
+        """Return the tasks that never started and let the running ones finish, until `grace_over`.
 
         With Redis away the return is given up once the grace period is over (the lease then
         recovers those tasks) instead of holding the stop until Redis is back.
         """
-        grace_over = threading.Event()
-        timer = threading.Timer(self.options.grace_s, grace_over.set)
-        timer.daemon = True
-        timer.start()
+        self._return_queued(grace_over)
+        while not grace_over.is_set():
+            with self._busy_lock:
+                if self._busy + self.executor.async_running() <= self.executor.hung():  # not for hung ones
+                    return
+            grace_over.wait(0.05)
+        with self._busy_lock:
+            still_running = self._busy
+        if still_running:
+            logger.warning("grace period over with %d task(s) still running; returning them to pending", still_running)
+
+    def _return_queued(self, grace_over: threading.Event) -> None:
+        """Return the tasks handed to the workers that none has taken yet."""
         unstarted: list[Claimed] = []
         while True:
             try:
@@ -345,12 +356,6 @@ class Consumer:
                 break
         if unstarted:
             self._return_unstarted(unstarted, give_up=grace_over)
-        while not grace_over.is_set():
-            with self._busy_lock:
-                if self._busy + self.executor.async_running() <= self.executor.hung():  # not for hung ones
-                    break
-            grace_over.wait(0.05)
-        timer.cancel()
 
     def install_signal_handlers(self) -> None:
         """SIGTERM/SIGINT: stop gracefully; a second signal exits at once (in process mode: its supervisor kills it)."""
