@@ -33,6 +33,15 @@ class Retry(Exception):
         self.in_s = in_s
 
 
+class TaskInterrupted(Exception):
+    """The consumer stopped while the task ran, and its run was still going when the grace period ended.
+
+    Never raised in a handler: it names that failure in the task's record. The run counts as a
+    failed attempt (retried, or dead-lettered once the attempts are used up), so a task that
+    always outlives the grace period cannot go back to pending at every stop for good.
+    """
+
+
 class PermanentError(Exception):
     """Raised by a handler whose task can never succeed: dead-lettered at once, its other attempts unused."""
 

@@ -234,13 +234,13 @@ def test_shutdown_returns_unstarted_tasks_in_order_and_deregisters(broker, consu
     assert next_up == [task_bytes(f"t{n}") for n in range(5)], "the returned ones run first, in order"
 
 
-def test_a_task_still_running_when_the_grace_period_ends_goes_back_to_pending(broker, consumer_in_thread, caplog):
+def test_a_task_still_running_when_the_grace_period_ends_is_given_up_on_and_retried(broker, consumer_in_thread, caplog):
     with consumer_in_thread(queues=["q"], concurrency=1, grace_s=0.2):
         push(broker, task_bytes("slow", payload=encode_payload([], {"sleep_s": 1.5})))
         wait_until(lambda: recorded_runs(broker), 5, message="the slow task to start")
     stats = broker.queue_stats("q")
-    assert (stats.pending, stats.processing, stats.consumers) == (1, 0, [])
-    assert "grace period over with 1 task(s) still running" in caplog.text
+    assert (stats.pending, stats.processing, stats.delayed, stats.consumers) == (0, 0, 1, [])
+    assert "grace period over with 1 task(s) still running: 1 run(s) given up on" in caplog.text
 
 
 def test_a_poison_pill_dead_lettered_by_the_reaper_gets_a_failed_record(broker, consumer_in_thread):

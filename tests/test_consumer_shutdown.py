@@ -6,7 +6,11 @@ import threading
 
 import pytest
 
+from tasks_app import producer
+from tasks_app.models import TaskType
+from tasks_app.protocol.results import ResultRecord
 from tests.support.processes import wait_until
+from tests.support.recording import marks, recorded_runs
 from tests.test_consumer import make_consumer
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -30,3 +34,51 @@ def test_the_grace_period_counts_from_the_stop_even_while_a_claimer_is_slow_to_s
         claimer_may_stop.set()
     stopping.join(10)
     assert not stopping.is_alive() and broker.live_consumers("q") == []
+
+
+def record_of(broker, task) -> ResultRecord:
+    return ResultRecord.from_fields(broker.get_result(task.id) or {})
+
+
+def due_now(broker, queue: str = "default") -> None:
+    """Make every delayed task of `queue` due now (a retry of an interrupted run waits for its process to be gone)."""
+    members = broker.client.zrange(broker.keys.delayed(queue), 0, -1)
+    assert members, "nothing waits in delayed"
+    broker.bring_forward(queue, dict.fromkeys(members, 0))
+
+
+def test_a_run_outliving_every_grace_period_uses_an_attempt_at_each_stop_until_dead_lettered(
+    broker, consumer_in_thread
+):
+    # Before: it went back to pending at each stop with its attempt unused, to run and be cut
+    # off again at the next one: over restarts it looped for good.
+    TaskType.objects.create(name="outlives.grace", handler="test.record", max_attempts=2)
+    [task] = producer.enqueue("outlives.grace", kwargs={"hold_until": "release"})
+    try:
+        for run in (1, 2):
+            with consumer_in_thread(grace_s=0.2):
+                wait_until(lambda run=run: len(recorded_runs(broker)) == run, 15, message=f"run {run} to start")
+            stats = broker.queue_stats("default")
+            assert (stats.pending, stats.processing) == (0, 0)
+            if run == 1:
+                assert (stats.delayed, record_of(broker, task).status) == (1, "READY"), "retried"
+                due_now(broker)
+    finally:
+        broker.client.set(f"{broker.keys.prefix}:release", 1)  # the runs given up on end here
+    record = record_of(broker, task)
+    assert (record.status, record.attempts) == ("FAILED", 2)
+    assert [e["exception_class_path"] for e in record.errors] == ["tasks_app.exceptions.TaskInterrupted"] * 2
+    assert "0.2 s after the stop" in record.errors[0]["traceback"]
+    assert broker.queue_stats("default").dead == 1
+
+
+def test_an_async_run_outliving_the_grace_period_is_interrupted_too(broker, consumer_in_thread):
+    TaskType.objects.create(name="async.outlives", handler="test.async_hang", max_attempts=1)
+    [task] = producer.enqueue("async.outlives", kwargs={"sleep_s": 60})
+    with consumer_in_thread(grace_s=0.2):
+        wait_until(lambda: marks(broker), 15, message="the run to start")
+    record = record_of(broker, task)
+    assert (record.status, record.attempts) == ("FAILED", 1)
+    assert record.errors[0]["exception_class_path"] == "tasks_app.exceptions.TaskInterrupted"
+    stats = broker.queue_stats("default")
+    assert (stats.pending, stats.processing, stats.dead) == (0, 0, 1)

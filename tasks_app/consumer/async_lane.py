@@ -173,6 +173,18 @@ class AsyncLane:
             )
             self._settle(flight, None, error, now - flight.started)
 
+    def take_unsettled(self) -> list[Flight]:
+        """Take every run not settled yet, once each (its consumer leaves): `fail_taken` settles them."""
+        with self._lock:
+            flights = list(self._flights)
+        return [flight for flight in flights if flight.take_settling()]
+
+    def fail_taken(self, flights: list[Flight], error: BaseException) -> None:
+        """Settle runs taken from their own ends with `error` (or with the forced cancel or timeout due in them)."""
+        now = time.monotonic()
+        for flight in flights:
+            self._settle(flight, None, self._hung_error(flight, 0.0, now) or error, now - flight.started)
+
     def _hung(self, grace_s: float, now: float) -> list[HungFlight]:
         """The unsettled runs that outlived their forced cancel or timeout by `grace_s`, each with its error."""
         with self._lock:
@@ -247,10 +259,7 @@ class AsyncLane:
                 self._loop = None
             lost = [flight for flight in self._flights if flight.loop is closed]
         error = RuntimeError("the asyncio lane's event loop was closed (by a handler) while the task ran")
-        now = time.monotonic()
-        for flight in lost:
-            if flight.take_settling():
-                self._settle(flight, None, error, now - flight.started)
+        self.fail_taken([flight for flight in lost if flight.take_settling()], error)
 
     def _begin(self, coroutine: Coroutine[Any, Any, Any], flight: Flight) -> None:
         """On the loop: start the run as an asyncio task, held here (the loop keeps only weak references)."""

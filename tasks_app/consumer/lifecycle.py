@@ -39,7 +39,7 @@ from tasks_app.consumer.loops import (
 )
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.consumer.periodic_loop import scheduler_loops
-from tasks_app.consumer.process_mode import ProcessGuard
+from tasks_app.consumer.process_mode import ProcessGuard, exit_within_s
 from tasks_app.consumer.reaped import record_reaped
 from tasks_app.consumer.receipts import withdrawals
 from tasks_app.consumer.retiring import RetiringIds
@@ -314,9 +314,11 @@ class Consumer:
             thread.join(timeout=self.options.block_s + 1)
         self._return_queued(grace_over)  # dispatched as the stop began
         timer.cancel()
+        # The runs given up on are settled, then finished tasks acked (not returned), within one wait for Redis.
+        writes_by = time.monotonic() + self.options.grace_s + 5
         self.executor.wait_hung_settled(timeout_s=self.options.grace_s + 5)  # their failures go before deregistering
         self.workers_stop.set()
-        self.acks.close(timeout_s=self.options.grace_s + 5)  # finished tasks are acked, not returned
+        self.acks.close(timeout_s=max(0.0, writes_by - time.monotonic()))
         self.loops_stopped.set()
         self.give_up.set()
         identity.deregister_everywhere(self.broker, self.options.queues, self.consumer_id, self.instance)
@@ -330,7 +332,8 @@ class Consumer:
         return self.exit_code
 
     def _finish_within_grace(self, grace_over: threading.Event) -> None:
-        """Return the tasks that never started and let the running ones finish, until `grace_over`.
+        """Return the tasks that never started and let the running ones finish, until `grace_over`; then give
+        up on those still running (each uses an attempt: a task outliving every grace period is not run for good).
 
         With Redis away the return is given up once the grace period is over (the lease then
         recovers those tasks) instead of holding the stop until Redis is back.
@@ -342,9 +345,15 @@ class Consumer:
                     return
             grace_over.wait(0.05)
         with self._busy_lock:
-            still_running = self._busy
-        if still_running:
-            logger.warning("grace period over with %d task(s) still running; returning them to pending", still_running)
+            still_running = self._busy + self.executor.async_running() - self.executor.hung()
+        # No retry of theirs is due before this process is surely gone (as after a hard limit).
+        interrupted = self.executor.interrupt_running(self.options.grace_s, exit_within_s(self.options))
+        logger.warning(
+            "grace period over with %d task(s) still running: %d run(s) given up on, each failed with "
+            "TaskInterrupted (an attempt used)",
+            still_running,
+            interrupted,
+        )
 
     def _return_queued(self, grace_over: threading.Event) -> None:
         """Return the tasks handed to the workers that none has taken yet."""

@@ -42,7 +42,7 @@ class RunClock:
     # When the timeout or the forced cancel was raised in the thread (monotonic).
     interrupted_monotonic: float = 0.0
     returned: bool = False
-    # Settled while its handler still ran (a hard limit or a forced cancel, in process mode).
+    # Settled while its handler still ran (a hard limit or a forced cancel in process mode, or a stop).
     abandoned: bool = False
     # Set by call_with_clock once an exception raised in the thread is sure to be caught there.
     armed: bool = False
@@ -90,6 +90,14 @@ class RunClock:
             elif self.timeout_error is not None and self.timeout_s is not None:
                 self.abandoned = now_monotonic - self.started_monotonic >= self.timeout_s + grace_s
             return self.abandoned
+
+    def give_up(self) -> bool:
+        """Give up on a run still going as its consumer leaves (past the grace period); True once, if it did."""
+        with self.lock:
+            if self.returned or self.abandoned:
+                return False
+            self.abandoned = True
+            return True
 
     def finish(self) -> None:
         """Mark the handler returned (called by its own thread): no interrupt may arrive after this."""
