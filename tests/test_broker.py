@@ -123,6 +123,92 @@ def test_return_unstarted_puts_tasks_back_at_the_head_in_order(broker):
     assert ids(broker.claim("q", "c1", 3)) == ["task-2", "task-3", "task-99"]
 
 
+@pytest.mark.parametrize("leave", ["return_unstarted", "deregister"])
+def test_returned_tasks_go_back_where_their_priority_puts_them(broker, leave):
+    """A priority -50 task returned must not run before newer priority-0 ones, nor a +50 one after newer +1 ones."""
+    register(broker, "c1", lease_ms=60_000)
+    low, high, same = make_task(1, priority=-50), make_task(2, priority=50), make_task(3, priority=50)
+    push(broker, low, priority=-50)
+    push(broker, high, priority=50)
+    held = broker.claim("q", "c1", 2)
+    push(broker, make_task(4), make_task(5))
+    push(broker, make_task(6, priority=1), priority=1)
+    push(broker, same, priority=50)  # enqueued after `high`: it stays behind it
+    if leave == "return_unstarted":
+        assert broker.return_unstarted("q", "c1", held) == 2
+    else:
+        assert broker.deregister("q", "c1") == 2
+        register(broker, "c1", lease_ms=60_000)
+    order = ids(broker.claim("q", "c1", 10))
+    assert order == ["task-2", "task-3", "task-6", "task-4", "task-5", "task-1"]
+
+
+def test_a_returned_task_goes_first_among_its_priority_in_the_order_given(broker):
+    register(broker, "c1", lease_ms=60_000)
+    push(broker, *[make_task(n, priority=5) for n in range(3)], priority=5)
+    claimed = broker.claim("q", "c1", 3)
+    push(broker, make_task(7, priority=5), priority=5)
+    assert broker.return_unstarted("q", "c1", claimed) == 3
+    assert ids(broker.claim("q", "c1", 10)) == ["task-0", "task-1", "task-2", "task-7"]
+
+
+@pytest.mark.parametrize("leave", ["return_unstarted", "deregister"])
+def test_a_prioritized_task_returned_to_an_empty_queue_wakes_a_blocked_claim(broker, leave):
+    register(broker, "c1", lease_ms=60_000)
+    push(broker, make_task(1, priority=3), priority=3)
+    held = broker.claim("q", "c1", 1)
+    assert broker.client.rpop(broker.keys.pending("q")) == WAKE_TOKEN  # the enqueue's, taken by a claim
+    if leave == "return_unstarted":
+        broker.return_unstarted("q", "c1", held)
+    else:
+        broker.deregister("q", "c1")
+    assert broker.client.lrange(broker.keys.pending("q"), 0, -1) == [WAKE_TOKEN]
+    assert broker.client.zrange(broker.keys.prioritized("q"), 0, -1) == held
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"not a task",  # field 13, wire type 6: not protobuf
+        b"\x28\x32\x0a\x05ab",  # priority 50, then a string field cut short
+        b"\x28\x32\x08",  # priority 50, then a varint that never ends
+        b"\x28\x32\x0b\x08\x01",  # priority 50, then a group that never ends
+        b"\x28\x32\x0b\x0c\x0c",  # priority 50, then a group ended twice
+        b"\x00wake",
+    ],
+)
+def test_returned_bytes_that_are_not_a_task_go_back_to_the_head_of_pending(broker, raw):
+    register(broker, "c1", lease_ms=60_000)
+    broker.client.rpush(broker.keys.processing("q", "c1"), raw)
+    push(broker, make_task(1))
+    assert broker.return_unstarted("q", "c1", [raw]) == 1
+    assert broker.client.lrange(broker.keys.pending("q"), 0, -1) == [make_task(1), raw]
+    assert broker.client.zcard(broker.keys.prioritized("q")) == 0
+
+
+@pytest.mark.parametrize(
+    ("priority", "encoded"),
+    [
+        (-7, Task(id="t", priority=-7).SerializeToString()),  # a ten-byte varint
+        (100, Task(id="t", priority=250).SerializeToString()),  # clamped, as the producer's range
+        (-3, Task(id="t", priority=9).SerializeToString() + b"\x28\xfd\xff\xff\xff\x0f"),  # the last one wins
+        (0, Task(id="t").SerializeToString() + b"\x2a\x01\x05"),  # field 5 with another wire type is not it
+        (50, b"\x28\x32\x0b\x08\x01\x13\x14\x0c"),  # groups (nested) are unknown fields
+        (9, Task(id="t", priority=9, payload=b"x" * 300, headers={"a": "b"}).SerializeToString() + b"\x6d1234"),
+    ],
+)
+def test_a_returned_task_s_priority_is_read_from_its_envelope(broker, priority, encoded):
+    register(broker, "c1", lease_ms=60_000)
+    broker.client.rpush(broker.keys.processing("q", "c1"), encoded)
+    assert broker.return_unstarted("q", "c1", [encoded]) == 1
+    scores = broker.client.zrange(broker.keys.prioritized("q"), 0, -1, withscores=True)
+    if priority == 0:
+        assert scores == [] and broker.client.lrange(broker.keys.pending("q"), 0, -1) == [encoded]
+    else:
+        [(member, score)] = scores
+        assert member == encoded and int(score) >> 42 == 100 - priority
+
+
 def test_deregister_returns_what_is_held_and_drops_the_lease(broker):
     register(broker, "c1")
     push(broker, make_task(1))

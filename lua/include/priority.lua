@@ -3,9 +3,10 @@ local function clamp_priority(priority)
   return math.max(-100, math.min(100, priority))
 end
 -- Score in the prioritized zset: (100 - priority) * 2^42 + server ms, so higher priority comes
--- first, then first come first served.
+-- first, then first come first served. The scores of one priority lie in [band, band + 2^42).
+local PRIORITY_BAND = 4398046511104
 local function priority_score(priority, now_ms)
-  return (100 - clamp_priority(priority)) * 4398046511104 + now_ms
+  return (100 - clamp_priority(priority)) * PRIORITY_BAND + now_ms
 end
 -- Split a delayed-set member "<priority as %+04d><task>": priority, task; or nil and the reason
 -- when the member is not one (no sign and 3 digits, a priority outside -100..100, no task).

@@ -313,7 +313,7 @@ class Broker(
     def return_unstarted(
         self, queue: str, consumer_id: str, raws: Sequence[bytes], withdrawn: Sequence[ResultUpdate] = ()
     ) -> int:
-        """Put claimed, never-started tasks back at the head of pending, first one first; how many were held.
+        """Put claimed, never-started tasks back first among their priority, first one first; how many were held.
 
         `withdrawn`: the receipts of their claims to withdraw in the same round trip, so that a cancel
         while they wait cancels them outright (each fenced by its claim's token: one that another
@@ -327,8 +327,9 @@ class Broker(
             self.keys.recoveries(queue),
             self.keys.suspects(queue),
             self.keys.consumer_info(queue),
+            self.keys.prioritized(queue),
         ]
-        args = [consumer_id, self.instance, *raws]
+        args = [consumer_id, self.instance, WAKE_TOKEN, *raws]
         if not withdrawn:
             return int(self._script("return_unstarted", keys, args))
         pipe = self.client.pipeline(transaction=False)

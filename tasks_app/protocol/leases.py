@@ -83,7 +83,7 @@ class LeaseOps(ScriptClient):
         pipe.execute()
 
     def deregister(self, queue: str, consumer_id: str, instance: str = "") -> int:
-        """Leave cleanly: return anything still held to pending uncounted, and drop the lease.
+        """Leave cleanly: return anything still held uncounted, first among its priority, and drop the lease.
 
         Given `instance`, nothing is done (-1) where another instance has registered the id since.
         """
@@ -94,8 +94,9 @@ class LeaseOps(ScriptClient):
             self.keys.pending(queue),
             self.keys.recoveries(queue),
             self.keys.suspects(queue),
+            self.keys.prioritized(queue),
         ]
-        return int(self._script("deregister", keys, [consumer_id, instance]))
+        return int(self._script("deregister", keys, [consumer_id, instance, WAKE_TOKEN]))
 
     def reap_candidates(self, queue: str) -> tuple[list[str], list[str]]:
         """Return consumers whose lease expired, and the newest reaped ids whose lists are not empty."""
