@@ -13,8 +13,16 @@
 -- then each section: queue name, n, n tasks with priority 0, due now and no id to check; m,
 -- then m groups of 4: id to check ("" none), priority (-100..100), delay ms (0 = due now),
 -- task; h, then h task ids to add to the history as READY. Then the records: groups of
--- (number of keys, time to live s, p, then p field/value pairs) until the end.
--- Returns: the number of tasks pushed (a task whose id was enqueued before is skipped).
+-- (number of keys, time to live s, p, then p field/value pairs) until the end, their keys in the
+-- order of the sections' history ids (the record of the j-th id of them all is the j-th key).
+-- Returns: {tasks pushed, records written, then the position of each task not pushed, counted
+-- from 1 over the id-checked groups of all sections}. A task whose id was enqueued to its queue
+-- before, or earlier in this call, is not pushed, and neither its record nor its history entry
+-- is written: one id given to several tasks of a call keeps the first one's (a record beyond the
+-- history ids is written whatever was pushed). A call without queue sections (Redis Cluster,
+-- where a record lies in another slot than its queue and is written beside its push) writes a
+-- record only where no run or cancel touched it (no `fence`, status READY or none), so a retried
+-- request whose task was pushed before never rewrites its record.
 -- Atomic: the only write that can fail is the first (Redis out of memory, so nothing is written)
 -- and nothing after it raises: key types are checked first, records are written with pcall.
 -- Keys of different slots (queues, result hashes) are passed on a single Redis server only;
@@ -40,12 +48,29 @@ for s = 1, sections do
   end
 end
 
--- Add section s's h task ids from ARGV[from...] to its history, then trim it.
+local not_pushed = {}  -- positions, over the call's id-checked groups, of the tasks not pushed
+local pushes = {}  -- id checked -> how many of its tasks the call pushed and did not file yet
+local filed = {}  -- per history id of the call, in order: whether its record and entry are written
+
+-- Whether the next task of `id` listed with a record is filed: one whose id was not checked
+-- always; else one of those the call pushed (the first tasks of the id, in order).
+local function file_next(id)
+  local left = pushes[id]
+  if left == nil then return true end
+  if left == 0 then return false end
+  pushes[id] = left - 1
+  return true
+end
+
+-- Add section s's h task ids from ARGV[from...] (those to file) to its history, then trim it.
 local function add_history(s, from, h_count)
-  if indexes == 0 or h_count == 0 then return end
-  local base = stride * (s - 1)
   local ids = {}
-  for i = from, from + h_count - 1 do ids[#ids + 1] = ARGV[i] end
+  for i = from, from + h_count - 1 do
+    filed[#filed + 1] = file_next(ARGV[i])
+    if filed[#filed] then ids[#ids + 1] = ARGV[i] end
+  end
+  if indexes == 0 or #ids == 0 then return end
+  local base = stride * (s - 1)
   history_enqueued(history_keys(KEYS[base + 5], KEYS[base + 6], index.names, base + 7), ids, index.max, index.ttl_ms)
 end
 
@@ -60,8 +85,10 @@ end
 
 local function seen_before(ids_key, id)
   if id == '' then return false end
+  pushes[id] = pushes[id] or 0
   if redis.call('ZSCORE', ids_key, id) then return true end
   redis.call('ZADD', ids_key, now_ms, id)
+  pushes[id] = pushes[id] + 1
   return false
 end
 
@@ -80,19 +107,22 @@ local function push_other(s, id, priority, delay_ms, task)
 end
 
 local at = after_index
+local checked = 0  -- id-checked groups of the sections before this one
 for s = 1, sections do
   local name, plain = ARGV[at], int_arg(ARGV[at + 1], 0, 0, #ARGV - at - 1)
   push_plain(KEYS[stride * (s - 1) + 1], at + 2, at + 1 + plain)
   at = at + 2 + plain
   local others = int_arg(ARGV[at], 0, 0, math.floor((#ARGV - at) / 4))
   local woke = false
-  for i = at + 1, at + 4 * others, 4 do
+  for g = 1, others do
+    local i = at + 4 * g - 3
     local added, prioritized = push_other(s, ARGV[i], int_arg(ARGV[i + 1], 0, -100, 100),
                                           int_arg(ARGV[i + 2], 0, 0, 2 ^ 53), ARGV[i + 3])
-    if added then pushed = pushed + 1 end
+    if added then pushed = pushed + 1 else not_pushed[#not_pushed + 1] = checked + g end
     woke = woke or prioritized
   end
   at = at + 1 + 4 * others
+  checked = checked + others
   local h_count = int_arg(ARGV[at], 0, 0, #ARGV - at)
   add_history(s, at + 1, h_count)
   at = at + 1 + h_count
@@ -109,25 +139,36 @@ for s = 1, sections do
   end
 end
 
+-- Whether a run or a cancel has written to record `key` (a foreign type counts as untouched: its
+-- write fails anyway).
+local function touched(key)
+  local found = redis.pcall('HMGET', key, 'fence', 'status')
+  if type(found) ~= 'table' or found.err then return false end
+  return (found[1] or '') ~= '' or (found[2] or 'READY') ~= 'READY'
+end
+
 -- READY records: a result key of a foreign type only loses its record, the tasks stay pushed;
 -- out of memory before anything was written (a call with records only) is the caller's error.
-local wrote = pushed > 0
-local key = stride * sections + (ARGV[4] == '1' and 2 or 1)
+local written = 0
+local first_record = stride * sections + (ARGV[4] == '1' and 2 or 1)
+local key = first_record
 while at + 2 <= #ARGV and key <= #KEYS do
   local count = int_arg(ARGV[at], 0, 0, #KEYS - key + 1)
   local ttl_s = int_arg(ARGV[at + 1], 1, 1, 2 ^ 53)
   local last = at + 2 + 2 * int_arg(ARGV[at + 2], 0, 0, math.floor((#ARGV - at - 2) / 2))
   for i = key, key + count - 1 do
-    if last > at + 2 then
+    if last > at + 2 and filed[i - first_record + 1] ~= false and not (sections == 0 and touched(KEYS[i])) then
       local outcome = redis.pcall('HSET', KEYS[i], unpack(ARGV, at + 3, last))
       if type(outcome) == 'table' and outcome.err then
-        if not wrote and string.find(outcome.err, 'OOM', 1, true) then return outcome end
+        if pushed + written == 0 and string.find(outcome.err, 'OOM', 1, true) then return outcome end
       else
-        wrote = true
+        written = written + 1
         redis.pcall('EXPIRE', KEYS[i], ttl_s)
       end
     end
   end
   key, at = key + count, last + 1
 end
-return pushed
+local reply = {pushed, written}
+for _, position in ipairs(not_pushed) do reply[#reply + 1] = position end
+return reply

@@ -77,7 +77,8 @@ class EnqueuedTask:
     priority: int
     enqueued_at_ms: int
     run_after_ms: int
-    # A unique type's task was already enqueued within its window: `id` is that task's, nothing was pushed.
+    # Nothing was pushed: a unique type's task was already enqueued within its window, or a task with
+    # the caller's id was enqueued to its queue lately (or earlier in the same call). `id` is that task's.
     duplicate: bool = False
 
 
@@ -165,20 +166,24 @@ def prepare(requests: Sequence[TaskRequest], *, registry: Registry = default_reg
 
 
 def push(batch: PreparedBatch, *, broker: Broker | None = None) -> list[EnqueuedTask]:
-    """Push a prepared batch; return what was enqueued (duplicates of unique tasks carry the first one's id).
+    """Push a prepared batch; return what was enqueued (duplicates carry the id of the task enqueued before).
 
     One round trip (tasks of unique types cost a script each). Raise QueueUnavailable if Redis
     does not take them.
     """
     enqueued = list(batch.enqueued)
     items, uniques = _due_from_now(batch)
+    unique_at = [position for position, _ in batch.uniques]
+    of_uniques = set(unique_at)
     try:
         if items or uniques:
             holders = (broker or get_broker()).enqueue(items, batch.result_ttl_s, uniques)
-            for (position, _), holder in zip(batch.uniques, holders, strict=True):
+            positions = [*(at for at in range(len(enqueued)) if at not in of_uniques), *unique_at]
+            for position, holder in zip(positions, holders, strict=True):
                 if holder is not None:
                     enqueued[position] = replace(enqueued[position], id=holder, duplicate=True)
-                    metrics.DUPLICATES_REFUSED.labels(enqueued[position].type).inc()
+                    if position in of_uniques:
+                        metrics.DUPLICATES_REFUSED.labels(enqueued[position].type).inc()
     except RedisError as exc:
         partly = "; some may be enqueued: retry with the same task ids" if settings.REDIS_CLUSTER else ""
         raise QueueUnavailable(f"cannot enqueue: Redis did not take the tasks ({exc}){partly}") from exc

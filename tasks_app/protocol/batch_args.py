@@ -41,6 +41,8 @@ class Section:
     plain: list[bytes] = field(default_factory=list)
     others: list[Any] = field(default_factory=list)
     history: list[str] = field(default_factory=list)
+    # The positions in the batch of the tasks in `others`, in order: the script names by them those it did not push.
+    others_at: list[int] = field(default_factory=list)
 
     def args(self, queue: str, with_plain: bool = True) -> list[Any]:
         """The section's ARGV: queue name, plain tasks (if `with_plain`, else none), the others, the history ids."""
@@ -51,17 +53,41 @@ class Section:
 def sections(items: Sequence[Enqueueable]) -> dict[str, Section]:
     """Split tasks into one section per queue, keeping their order."""
     by_queue: dict[str, Section] = {}
-    for item in items:
+    for position, item in enumerate(items):
         section = by_queue.get(item.queue)
         if section is None:
             section = by_queue[item.queue] = Section()
         if item.priority or item.delay_ms > 0 or item.idempotent:  # not item.plain, inlined: runs per task
             section.others += (item.task_id if item.idempotent else "", item.priority, item.delay_ms, item.raw)
+            section.others_at.append(position)
         else:
             section.plain.append(item.raw)
         if item.result_key_fields:
             section.history.append(item.task_id)
     return by_queue
+
+
+def not_pushed(reply: Sequence[Any], others_at: Sequence[int]) -> list[int]:
+    """The positions in the batch of the tasks an enqueue_batch call did not push, from its reply and `others_at`."""
+    return [others_at[int(number) - 1] for number in reply[2:]]
+
+
+def in_section_order(items: Sequence[Enqueueable], by_queue: Mapping[str, Section]) -> list[Enqueueable]:
+    """The tasks with a READY record, by section and then in order: the order of the sections' history ids."""
+    order = {queue: number for number, queue in enumerate(by_queue)}
+    return sorted((item for item in items if item.result_key_fields), key=lambda item: order[item.queue])
+
+
+def first_of_each_id(items: Sequence[Enqueueable]) -> list[Enqueueable]:
+    """The tasks with a READY record, but for a repeat of a caller's id: one record per id, the first task's."""
+    seen: set[str] = set()
+    kept: list[Enqueueable] = []
+    for item in items:
+        if item.result_key_fields and not (item.idempotent and item.task_id in seen):
+            kept.append(item)
+            if item.idempotent:
+                seen.add(item.task_id)
+    return kept
 
 
 def record_groups(items: Sequence[Enqueueable], result_ttl_s: int) -> list[Any]:

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 
 import redis
 
-from tasks_app.protocol import history
+from tasks_app.protocol import batch_args, history
 from tasks_app.protocol.batch_args import ENQUEUED_IDS_KEEP_MS, ENQUEUED_IDS_MAX, Enqueueable
 from tasks_app.protocol.keys import WAKE_TOKEN
 from tasks_app.protocol.names import NAME_PATTERN
@@ -49,6 +49,14 @@ class UniqueEnqueueable(NamedTuple):
     window_ms: int
 
 
+class UniqueCalls(NamedTuple):
+    """Where `queue_uniques` put its calls in a pipeline: per task its script and its record's write (-1: none)."""
+
+    scripts: list[int]
+    records: list[int]
+    new_queues: set[str]  # the queues it announces
+
+
 @dataclass(frozen=True)
 class CancelReply:
     """What a cancel did to one task."""
@@ -76,24 +84,28 @@ class ControlOps(ScriptClient):
         One script per task, in one pipeline, in order: a later task of the same key is a
         duplicate of an earlier one. A task pushed is filed READY in its queue's history by the
         same script. On Redis Cluster the READY records (another slot) are written in the same
-        pipeline and those of duplicates deleted afterwards (but for one under its holder's own id).
+        pipeline, where no run or cancel touched them, and those of duplicates deleted afterwards
+        (but for one under its holder's own id).
         """
         pipe = self.client.pipeline(transaction=False)
-        new_queues = self.queue_uniques(pipe, uniques, result_ttl_s)
-        holders = self.unique_holders(uniques, self.scripts.execute(pipe, self.client))
-        self._announced_queues |= new_queues
+        calls = self.queue_uniques(pipe, uniques, result_ttl_s)
+        holders = self.unique_holders(uniques, self.scripts.execute(pipe, self.client), calls)
+        self._announced_queues |= calls.new_queues
         return holders
 
     def queue_uniques(
         self, pipe: Any, uniques: Sequence[UniqueEnqueueable], result_ttl_s: int, *, first_by_source: bool = False
-    ) -> set[str]:
-        """Add the calls of `enqueue_unique` to a pipeline; return the queues it announces (see `unique_holders`).
+    ) -> UniqueCalls:
+        """Add the calls of `enqueue_unique` to a pipeline; return where they are (see `unique_holders`).
 
         `first_by_source`: the first script call is sent as EVAL, which loads it for the others
-        in a MULTI/EXEC (where a NOSCRIPT would fail them alone, after the rest has run).
+        in a MULTI/EXEC (where a NOSCRIPT would fail them alone, after the rest has run). On Redis
+        Cluster each record is written before its script by `enqueue_batch` (once per caller's id).
         """
         cluster = isinstance(self.client, redis.RedisCluster)
         index = history.header_args(self.history_max, result_ttl_s * 1000)
+        calls = UniqueCalls([], [], set())
+        recorded: set[str] = set()
         for position, unique in enumerate(uniques):
             item = unique.item
             keys = [
@@ -104,33 +116,51 @@ class ControlOps(ScriptClient):
                 self.keys.enqueued(item.queue),
                 *history.index_keys(self.keys, item.queue),
             ]
-            record = [pair for field in item.result_key_fields.items() for pair in field]
-            if cluster and record:
-                pipe.hset(self.keys.result(item.task_id), mapping=dict(item.result_key_fields))
-                pipe.expire(self.keys.result(item.task_id), result_ttl_s + max(0, item.delay_ms) // 1000 + 1)
-            elif record:
-                keys.append(self.keys.result(item.task_id))
+            record: list[str] = []
+            if cluster:
+                calls.records.append(self._queue_record_beside(pipe, item, result_ttl_s, recorded))
+            else:
+                calls.records.append(-1)
+                record = [pair for field in item.result_key_fields.items() for pair in field]
+                keys += [self.keys.result(item.task_id)] if record else []
             args = [item.task_id, unique.window_ms, WAKE_TOKEN, item.priority, item.delay_ms, item.raw]
             args += [result_ttl_s + item.delay_ms // 1000 + 1, "1" if item.idempotent else "0"]
             args += [ENQUEUED_IDS_KEEP_MS, ENQUEUED_IDS_MAX, *index, *record]
+            calls.scripts.append(len(pipe))
             self.scripts.queue(pipe, "enqueue_unique", keys, args, by_source=first_by_source and position == 0)
-        new_queues = {unique.item.queue for unique in uniques} - self._announced_queues
-        if new_queues:
-            pipe.sadd(self.keys.queues(), *new_queues)
-        return new_queues
+        calls.new_queues.update({unique.item.queue for unique in uniques} - self._announced_queues)
+        if calls.new_queues:
+            pipe.sadd(self.keys.queues(), *calls.new_queues)
+        return calls
 
-    def unique_holders(self, uniques: Sequence[UniqueEnqueueable], replies: Sequence[Any]) -> list[str | None]:
+    def _queue_record_beside(self, pipe: Any, item: Enqueueable, result_ttl_s: int, recorded: set[str]) -> int:
+        """Queue a unique task's READY record on Redis Cluster (once per id); return its place in `pipe` (-1: none)."""
+        if not item.result_key_fields or item.task_id in recorded:
+            return -1
+        recorded.add(item.task_id)
+        args = batch_args.record_only_args(item, result_ttl_s)
+        self.scripts.queue(pipe, "enqueue_batch", [self.keys.result(item.task_id)], args)
+        return len(pipe) - 1
+
+    def unique_holders(
+        self, uniques: Sequence[UniqueEnqueueable], replies: Sequence[Any], calls: UniqueCalls
+    ) -> list[str | None]:
         """Per task of `uniques` None (pushed) or its holder's id, read from the replies of `queue_uniques`'s calls."""
-        scripts = [reply for reply in replies if isinstance(reply, list)]  # only they reply with a list: {pushed, id}
-        holders = [None if int(pushed) else _text(holder) for pushed, holder in scripts]
-        # A duplicate enqueued again under the id of the task holding its key (a retry of the same
-        # request) shares that task's record: it must stay.
+        holders = [None if int(replies[at][0]) else _text(replies[at][1]) for at in calls.scripts]
+        # On Redis Cluster a duplicate's record, written beside it, goes: not one left as it was (a
+        # run or a cancel touched it), nor one under the id of the task holding its key (a retry of
+        # the same request shares that task's record), nor one of an id a task of the call pushed.
+        pushed = {unique.item.task_id for unique, holder in zip(uniques, holders, strict=True) if holder is None}
         duplicates = [
             unique.item.task_id
-            for unique, holder in zip(uniques, holders, strict=True)
-            if holder and holder != unique.item.task_id
+            for unique, holder, at in zip(uniques, holders, calls.records, strict=True)
+            if holder
+            and holder != unique.item.task_id
+            and at >= 0
+            and int(replies[at][1])
+            and unique.item.task_id not in pushed
         ]
-        if isinstance(self.client, redis.RedisCluster) and duplicates:
+        if duplicates:
             self.client.delete(*(self.keys.result(task_id) for task_id in duplicates))
         return holders
 

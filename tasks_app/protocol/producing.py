@@ -24,22 +24,24 @@ class ProducingOps(ControlOps):
         self, items: Sequence[Enqueueable], result_ttl_s: int, uniques: Sequence[UniqueEnqueueable] = ()
     ) -> list[str | None]:
         """Write each task's READY record (kept result_ttl_s past its due time) and push the tasks,
-        and the `uniques` as `enqueue_unique` does; return its holders (None: pushed).
+        and the `uniques` as `enqueue_unique` does. Per task of `items`, then of `uniques`: None
+        (pushed), or the id of the task enqueued in its place, nothing pushed nor written for it:
+        its own, for a caller's id enqueued to its queue lately or earlier in the call; the holder
+        of its key, for a unique one.
 
         On a single Redis server all or nothing (see `_enqueue_on_server`). On Redis Cluster one
         call per queue and per record in one round trip: some may be pushed when an error is raised.
         """
         if not uniques and len(items) == 1 and self._enqueue_one(items[0], result_ttl_s):
-            return []
+            return [None]
         new_queues = {item.queue for item in items} - self._announced_queues
         if isinstance(self.client, redis.RedisCluster):
-            if items:
-                self._enqueue_on_cluster(items, result_ttl_s, new_queues)
+            missed = self._enqueue_on_cluster(items, result_ttl_s, new_queues) if items else []
             self._announced_queues |= new_queues
-            return self.enqueue_unique(uniques, result_ttl_s) if uniques else []
-        holders = self._enqueue_on_server(items, result_ttl_s, new_queues, uniques)
+            return [*_in_place(items, missed), *(self.enqueue_unique(uniques, result_ttl_s) if uniques else [])]
+        outcomes = self._enqueue_on_server(items, result_ttl_s, new_queues, uniques)
         self._announced_queues |= new_queues
-        return holders
+        return outcomes
 
     def _enqueue_on_server(
         self,
@@ -53,26 +55,30 @@ class ProducingOps(ControlOps):
         # scripts (the first of each by source, so NOSCRIPT cannot split them) run in
         # MULTI/EXEC, which Redis refuses whole when it is out of memory.
         sections, keys, args = self._batch_call(items, result_ttl_s, new_queues)
+        others_at = [position for section in sections.values() for position in section.others_at]
         if not uniques and not any(section.plain for section in sections.values()):
-            self._script("enqueue_batch", keys, args)
-            return []
+            missed = batch_args.not_pushed(self._script("enqueue_batch", keys, args), others_at)
+            return _in_place(items, missed)
         pipe = self.client.pipeline(transaction=True)
         for queue, section in sections.items():
             if section.plain:
                 pipe.lpush(self.keys.pending(queue), *section.plain)
+        batch_at = len(pipe)
         if items:
             pipe.eval(self.scripts.sources["enqueue_batch"], len(keys), *keys, *args)
-        unique_queues = self.queue_uniques(pipe, uniques, result_ttl_s, first_by_source=True)
-        holders = self.unique_holders(uniques, pipe.execute())
-        self._announced_queues |= unique_queues
-        return holders
+        calls = self.queue_uniques(pipe, uniques, result_ttl_s, first_by_source=True)
+        replies = pipe.execute()
+        missed = batch_args.not_pushed(replies[batch_at], others_at) if items else []
+        holders = self.unique_holders(uniques, replies, calls)
+        self._announced_queues |= calls.new_queues
+        return [*_in_place(items, missed), *holders]
 
     def _batch_call(
         self, items: Sequence[Enqueueable], result_ttl_s: int, new_queues: set[str]
     ) -> tuple[dict[str, batch_args.Section], list[str], list[Any]]:
         """The sections of `items`, and the KEYS and ARGV of one enqueue_batch call (plain tasks left out)."""
         sections = batch_args.sections(items)
-        records = [item for item in items if item.result_key_fields]
+        records = batch_args.in_section_order(items, sections)
         keys = [key for queue in sections for key in self._queue_section_keys(queue)]
         keys += [self.keys.queues()] if new_queues else []
         keys += [self.keys.result(item.task_id) for item in records]
@@ -89,21 +95,32 @@ class ProducingOps(ControlOps):
         args += batch_args.record_groups(records, result_ttl_s)
         return sections, keys, args
 
-    def _enqueue_on_cluster(self, items: Sequence[Enqueueable], result_ttl_s: int, new_queues: set[str]) -> None:
-        # Result keys and queues lie in different slots: one call per record, then one per queue.
+    def _enqueue_on_cluster(self, items: Sequence[Enqueueable], result_ttl_s: int, new_queues: set[str]) -> list[int]:
+        """Enqueue on Redis Cluster; return the positions of the tasks not pushed (their id was enqueued before).
+
+        Result keys and queues lie in different slots: one call per record, then one per queue.
+        A record is written beside its push, only where no run or cancel touched it (a retried
+        request's task may be running or done), and once for a caller's id given to several tasks.
+        """
         pipe = self.client.pipeline(transaction=False)
         head = [WAKE_TOKEN, ENQUEUED_IDS_KEEP_MS, ENQUEUED_IDS_MAX, "0"]
         shape = history.header_args(self.history_max, result_ttl_s * 1000)
-        for item in items:
-            if item.result_key_fields:
-                keys = [self.keys.result(item.task_id)]
-                self.scripts.queue(pipe, "enqueue_batch", keys, batch_args.record_only_args(item, result_ttl_s))
-        for queue, section in batch_args.sections(items).items():
+        for item in batch_args.first_of_each_id(items):
+            keys = [self.keys.result(item.task_id)]
+            self.scripts.queue(pipe, "enqueue_batch", keys, batch_args.record_only_args(item, result_ttl_s))
+        sections = batch_args.sections(items)
+        first_section = len(pipe)
+        for queue, section in sections.items():
             keys = self._queue_section_keys(queue)
             self.scripts.queue(pipe, "enqueue_batch", keys, [*head, 1, *shape, *section.args(queue)])
         if new_queues:
             pipe.sadd(self.keys.queues(), *new_queues)
-        self.scripts.execute(pipe, self.client)
+        replies = self.scripts.execute(pipe, self.client)
+        return [
+            position
+            for section, reply in zip(sections.values(), replies[first_section:], strict=False)
+            for position in batch_args.not_pushed(reply, section.others_at)
+        ]
 
     def _queue_section_keys(self, queue: str) -> list[str]:
         return [
@@ -136,3 +153,9 @@ class ProducingOps(ControlOps):
             args += (name, value)
         self._script("enqueue_one", keys, args)
         return True
+
+
+def _in_place(items: Sequence[Enqueueable], missed: Sequence[int]) -> list[str | None]:
+    """Per task of `items`: None (pushed), or its own id for one at a position in `missed` (enqueued before)."""
+    skipped = set(missed)
+    return [item.task_id if position in skipped else None for position, item in enumerate(items)]

@@ -9,6 +9,7 @@ import redis
 from tasks_app.models import TaskType
 from tasks_app.producer import QueueUnavailable, TaskRequest, enqueue_many
 from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.replies import ResultUpdate
 from tests.chaos.servers import RedisClusterServers, RedisServer
 from tests.support.midway import MovesMidway
 from tests.support.proxy import RedisProxy
@@ -143,3 +144,57 @@ def test_a_batch_with_unique_tasks_is_enqueued_whole_or_not_at_all_when_redis_go
     direct = Broker(redis.Redis.from_url(server.url), PREFIX)
     pushed = (queued(direct, "default"), records(direct.client))
     assert (outcome, pushed) in {("enqueued", (3, 3)), ("refused", (0, 0))}
+
+
+def echo(n: int, task_id: str, type_name: str = "demo.echo", **options: object) -> TaskRequest:
+    return TaskRequest(type_name, [n], queue="A", task_id=task_id, **options)  # type: ignore[arg-type]
+
+
+def started(broker: Broker, task_id: str) -> dict[str, str]:
+    """Write a run's start to a task's record, as its consumer would; return the record as it then reads."""
+    broker.record_result(
+        ResultUpdate(task_id, {"status": "RUNNING", "attempts": "1"}, 60, fence=broker.issue_fence("A"))
+    )
+    return broker.get_result(task_id)
+
+
+@pytest.mark.parametrize("options", [{}, {"priority": 5}, {"delay_s": 60}])
+def test_one_caller_id_given_to_two_requests_of_a_call_pushes_and_records_the_first(broker, options):
+    first, second, other = enqueue_many(
+        [echo(1, "twice", **options), echo(2, "twice", **options), TaskRequest("demo.echo", [3], queue="A")],
+        broker=broker,
+    )
+    assert (first.duplicate, second.duplicate, second.id, other.duplicate) == (False, True, "twice", False)
+    assert queued(broker, "A") == 2
+    assert broker.get_result("twice")["args"] == "[1]"
+    assert broker.history_count(["A"], "READY", None) == 2
+
+
+def test_a_retried_request_leaves_the_record_of_its_task_alone(broker):
+    [task] = enqueue_many([echo(1, "again")], broker=broker)
+    running = started(broker, "again")
+    [retry] = enqueue_many([echo(2, "again"), TaskRequest("demo.echo", queue="A")], broker=broker)[:1]
+    assert (retry.duplicate, retry.id) == (True, task.id)
+    assert broker.get_result("again") == running
+    assert queued(broker, "A") == 2
+
+
+def test_on_a_cluster_a_retried_request_leaves_the_record_of_its_task_alone(tmp_path, settings):
+    """A record lies in another slot than its queue: it is written beside the push, before the id check."""
+    settings.REDIS_CLUSTER = True
+    TaskType.objects.create(name="unique.echo", handler="demo.echo", unique_for_s=600)
+    cluster = RedisClusterServers(tmp_path).start()
+    try:
+        broker = Broker(redis.RedisCluster.from_url(cluster.url), PREFIX)
+        for type_name in ("demo.echo", "unique.echo"):
+            task_id = f"{type_name}-1"
+            first, second = enqueue_many([echo(1, task_id, type_name), echo(2, task_id, type_name)], broker=broker)
+            assert (first.duplicate, second.duplicate, second.id) == (False, True, task_id)
+            assert broker.get_result(task_id)["args"] == "[1]"
+            running = started(broker, task_id)
+            [retry] = enqueue_many([echo(3, task_id, type_name)], broker=broker)
+            assert (retry.duplicate, retry.id) == (True, task_id)
+            assert broker.get_result(task_id) == running
+        assert queued(broker, "A") == 2
+    finally:
+        cluster.remove()
