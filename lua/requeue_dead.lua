@@ -1,31 +1,84 @@
--- requeue_dead: move dead-lettered tasks back to pending (priority 0) or prioritized (other).
--- KEYS[1] dead zset   KEYS[2] pending list   KEYS[3] prioritized zset   KEYS[4] cancel requests
--- zset   KEYS[5] forced cancels zset
--- ARGV[1] wake token; then quadruples: ARGV[4k-2] dead member as stored, ARGV[4k-1] priority
--- (-100..100; anything else is clamped, a non-number is 0), ARGV[4k] task to push (re-encoded
--- for a fresh start), ARGV[4k+1] its id (its cancel requests are dropped: the new run starts afresh)
--- Returns: one flag per quadruple, 1 requeued, 0 skipped (no longer dead: requeued by someone
--- else, deleted or trimmed meanwhile; nothing is written for it).
+-- requeue_dead: move dead-lettered tasks back to pending (priority 0) or prioritized (other), the
+-- READY record of each written in the same step, only for a task the move took; or park them in
+-- delayed (Redis Cluster, where the records lie in other slots: the caller then writes the records
+-- of the tasks parked, and moves them on with a second call that takes them from delayed).
+-- KEYS[1] the zset the tasks come from: the dead zset (the delayed zset for that second call)
+-- KEYS[2] pending list   KEYS[3] prioritized zset   KEYS[4] cancel requests zset   KEYS[5] forced
+-- cancels zset   KEYS[6] delayed zset; if ARGV[4] = s > 0, KEYS[7] history zset, KEYS[8] history
+-- ids zset and KEYS[9] to KEYS[8 + s] the status indexes of the statuses named in ARGV[5...];
+-- then (single server) the tasks' result hashes, one per task, in order
+-- ARGV[1] wake token   ARGV[2] park ms: 0 pushes the tasks; more parks them in delayed, due that
+-- long after the server's now, as "<priority as %+04d><task>" (promoted then, should the caller
+-- never move them on)   ARGV[3] the records' fencing token (a record holding a higher one is left
+-- alone)   ARGV[4] s, the number of status indexes (0: no history index)   ARGV[5] to ARGV[4 + s]
+-- their status names; then per task: its member as stored in KEYS[1], its priority (-100..100; anything
+-- else is clamped, a non-number is 0), the task to push (re-encoded for a fresh start), its id (its
+-- cancel requests are dropped: the new run starts afresh), its record's time to live (s), p, then p
+-- field/value pairs of its READY record (written with `fence` and an empty `claimed_fence`, and
+-- filed READY in the history index; p = 0 or no result hash: no record)
+-- Returns: one flag per task, 1 moved, 2 moved without the record given for it (its write failed,
+-- as on a key of a foreign type, which stops no other task; or a later run's token is on it), 0
+-- skipped (no longer in KEYS[1]: requeued by someone else, deleted, trimmed, or promoted once
+-- parked; nothing is written for it). Errors before any write if a queue key holds another type.
 
 -- include: args
 -- include: priority
+-- include: key_types
+-- include: history
+local refused = wrong_key_type({'zset', 'list', 'zset', 'zset', 'zset', 'zset'})
+if refused then return refused end
 local now_ms = server_now_ms()
+local park_ms = int_arg(ARGV[2], 0, 0, 2 ^ 53)
+local fence = int_arg(ARGV[3], 0, 0, 2 ^ 53)
+local indexes = int_arg(ARGV[4], 0, 0, math.max(0, math.min(#KEYS - 8, #ARGV - 4)))
+local h = history_keys(KEYS[7], KEYS[8], {unpack(ARGV, 5, 4 + indexes)}, 9)
+local record_key = indexes > 0 and 9 + indexes or 7
+local at = 5 + indexes
+
+-- Write a READY record (field/value pairs ARGV[from..to]) unless a later run's token is on it;
+-- 1 written, 2 not.
+local function write_record(key, id, ttl_s, from, to)
+  local current = redis.pcall('HGET', key, 'fence')
+  if type(current) == 'table' or (tonumber(current) or 0) > fence then return 2 end
+  local fields = {unpack(ARGV, from, to)}
+  fields[#fields + 1] = 'fence'
+  fields[#fields + 1] = fence
+  fields[#fields + 1] = 'claimed_fence'
+  fields[#fields + 1] = ''
+  if type(redis.pcall('HSET', key, unpack(fields))) ~= 'number' then return 2 end
+  redis.pcall('EXPIRE', key, ttl_s)
+  if indexes > 0 then
+    local function enqueued_ms() return tonumber(redis.call('HGET', key, 'enqueued_at_ms')) end
+    history_move(h, id, nil, 'READY', enqueued_ms, ttl_s * 1000)
+  end
+  return 1
+end
+
 local requeued = {}
 local woke = false
-for i = 2, #ARGV - 3, 4 do
-  local moved = redis.call('ZREM', KEYS[1], ARGV[i])
+while at + 5 <= #ARGV do
+  local priority = int_arg(ARGV[at + 1], 0, -100, 100)
+  local task, id = ARGV[at + 2], ARGV[at + 3]
+  local pairs_count = int_arg(ARGV[at + 5], 0, 0, math.floor((#ARGV - at - 5) / 2))
+  local moved = redis.call('ZREM', KEYS[1], ARGV[at])
   if moved > 0 then
-    redis.call('ZREM', KEYS[4], ARGV[i + 3])
-    redis.call('ZREM', KEYS[5], ARGV[i + 3])
-    local priority = int_arg(ARGV[i + 1], 0, -100, 100)
-    if priority == 0 then
-      redis.call('LPUSH', KEYS[2], ARGV[i + 2])
+    redis.call('ZREM', KEYS[4], id)
+    redis.call('ZREM', KEYS[5], id)
+    if KEYS[record_key] and pairs_count > 0 then
+      moved = write_record(KEYS[record_key], id, int_arg(ARGV[at + 4], 1, 1, 2 ^ 53), at + 6, at + 5 + 2 * pairs_count)
+    end
+    if park_ms > 0 then
+      redis.call('ZADD', KEYS[6], now_ms + park_ms, string.format('%+04d', priority) .. task)
+    elseif priority == 0 then
+      redis.call('LPUSH', KEYS[2], task)
     else
-      redis.call('ZADD', KEYS[3], priority_score(priority, now_ms), ARGV[i + 2])
+      redis.call('ZADD', KEYS[3], priority_score(priority, now_ms), task)
       woke = true
     end
   end
   requeued[#requeued + 1] = moved
+  record_key = record_key + 1
+  at = at + 6 + 2 * pairs_count
 end
 -- A consumer with nothing to do blocks on the pending list only: a token there wakes it.
 if woke and redis.call('LLEN', KEYS[2]) == 0 then

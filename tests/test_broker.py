@@ -7,7 +7,9 @@ import pytest
 
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task
+from tasks_app.protocol.inspection import MOVED, NOT_MOVED, DeadRequeue
 from tasks_app.protocol.keys import WAKE_TOKEN, delayed_member, split_delayed_member
+from tasks_app.protocol.replies import ResultUpdate
 from tasks_app.protocol.scripts import LUA_DIR
 from tests.support.broker_calls import ids, make_task, push, register
 from tests.support.enqueued import is_idle
@@ -281,8 +283,9 @@ def test_dead_letters_can_be_listed_requeued_and_deleted(broker):
     broker.dead_letter("q", "c1", first, first)
     broker.dead_letter("q", "c1", second, second)
     assert {raw for raw, _ in broker.list_dead("q")} == {first, second}
-    assert broker.requeue_dead("q", [(first, 0, first, "t1")]) == [True]
-    assert broker.requeue_dead("q", [(first, 0, first, "t1")]) == [False]
+    entry = DeadRequeue(first, 0, first, "t1", ResultUpdate("t1", {"status": "READY"}, 60))
+    assert broker.requeue_dead("q", [entry], broker.issue_fence("q")) == [MOVED]
+    assert broker.requeue_dead("q", [entry], broker.issue_fence("q")) == [NOT_MOVED]
     assert broker.delete_dead("q", [second]) == 1
     assert broker.list_dead("q") == []
     assert broker.client.lrange(broker.keys.pending("q"), 0, -1) == [first]

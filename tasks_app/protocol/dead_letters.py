@@ -8,11 +8,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+import redis
 from django.conf import settings
 
 from tasks_app.protocol import results
 from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.codec import Task, UndecodableTask, decode_payload, decode_task, encode_task
+from tasks_app.protocol.inspection import MOVED_WITHOUT_RECORD, NOT_MOVED, DeadRequeue
 from tasks_app.protocol.keys import UNDECODABLE_TYPE
 from tasks_app.protocol.replies import ResultUpdate
 from tasks_app.protocol.timestamps import datetime_of_ms
@@ -113,27 +115,47 @@ def requeue(queue: str, dead: Sequence[DeadTask], broker: Broker | None = None) 
     """Move requeueable dead tasks back, with their priority and a READY record; return those moved.
 
     A task no longer dead (another operator requeued or deleted it, the trim dropped it) is
-    skipped, and its record left alone: it may belong to a newer run.
+    skipped, and its record left alone: it may belong to a newer run. A record Redis refuses (a
+    key of a foreign type) is logged; its task and the others are requeued all the same.
     """
     broker = broker or get_broker()
     movable = [(item, fresh_copy(item.task, queue)) for item in dead if item.requeueable and item.task is not None]
     if not movable:
         return []
-    # Taken before the members are checked, so above every earlier run's token (their late
-    # writes are ignored) and below the token of any claim of a push made after the check.
+    # Taken before the moves, so above every earlier run's token (their late writes are ignored)
+    # and below the token of any claim of a task they push.
     fence = broker.issue_fence(queue)
-    still_dead = broker.still_dead(queue, [item.member for item, _ in movable])
-    movable = [pair for pair, present in zip(movable, still_dead, strict=True) if present]
-    # The READY record goes first: a consumer may claim the task the moment it is pushed, and
-    # its receipt must not meet the record of the dead run (a cancel asked of it, say). On Redis
-    # Cluster the record lies on another master than the queue: a replica has it before the push,
-    # or a failover there would bring that dead run's record back under the new run.
-    if broker.record_results_replicated([_ready_again(task, fence) for _, task in movable]):
+    entries = [
+        DeadRequeue(item.member, task.priority, encode_task(task), task.id, _ready_again(task, fence))
+        for item, task in movable
+    ]
+    # The READY record is written with the move, never for a task the move did not take. It must
+    # be there before the push: a consumer may claim the task the moment it is pushed, and its
+    # receipt must not meet the record of the dead run (a cancel asked of it, say).
+    moved = broker.requeue_dead(queue, entries, fence)
+    for entry, flag in zip(entries, moved, strict=True):
+        if flag == MOVED_WITHOUT_RECORD:
+            logger.warning("requeued task %s without its READY record: Redis refused it", entry.task_id)
+    if isinstance(broker.client, redis.RedisCluster):
+        _push_parked(broker, queue, [entry for entry, flag in zip(entries, moved, strict=True) if flag != NOT_MOVED])
+    return [item for (item, _), flag in zip(movable, moved, strict=True) if flag != NOT_MOVED]
+
+
+def _push_parked(broker: Broker, queue: str, parked: Sequence[DeadRequeue]) -> None:
+    """Redis Cluster: write the READY records of the tasks `requeue_dead` parked in delayed, then push them.
+
+    A record lies on another master than the queue: a replica has it before the push, or a
+    failover there would bring the dead run's record back under the new run.
+    """
+    if not parked:
+        return
+    written, unreplicated = broker.record_results_replicated([entry.record for entry in parked])
+    if unreplicated:
         logger.warning("a replica did not confirm requeued tasks' READY records within the wait; requeued anyway")
-    moved = broker.requeue_dead(
-        queue, [(item.member, task.priority, encode_task(task), task.id) for item, task in movable]
-    )
-    return [item for (item, _), flag in zip(movable, moved, strict=True) if flag]
+    for entry, reply in zip(parked, written, strict=True):
+        if isinstance(reply, Exception):
+            logger.warning("requeued task %s without its READY record: Redis refused it (%s)", entry.task_id, reply)
+    broker.push_parked(queue, parked)
 
 
 def _ready_again(task: Task, fence: int) -> ResultUpdate:

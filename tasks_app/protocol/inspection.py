@@ -5,14 +5,15 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import redis
 from redis.exceptions import ResponseError
 
-from tasks_app.protocol.keys import WAKE_TOKEN, consumer_id_of
+from tasks_app.protocol import history
+from tasks_app.protocol.keys import WAKE_TOKEN, consumer_id_of, delayed_member
 from tasks_app.protocol.names import NAME_PATTERN
-from tasks_app.protocol.replies import QueueStats, json_object
+from tasks_app.protocol.replies import QueueStats, ResultUpdate, json_object
 from tasks_app.protocol.scripts import ScriptClient, is_transient
 from tasks_app.protocol.timestamps import ms_of_score
 
@@ -20,6 +21,25 @@ from tasks_app.protocol.timestamps import ms_of_score
 THROUGHPUT_BUCKET_S = 10
 # Most dead letters one trim_dead call drops (about 5 ms of Redis time): see `trim_dead`.
 TRIM_BATCH = 10_000
+# Redis Cluster: how long a requeue parks its tasks in delayed while their READY records are written
+# on other masters (a requeuer that dies meanwhile leaves them to be promoted then).
+REQUEUE_PARK_MS = 60_000
+# What requeue_dead answers per task: not moved (no longer dead), moved, moved without its READY record.
+NOT_MOVED, MOVED, MOVED_WITHOUT_RECORD = 0, 1, 2
+
+
+class DeadRequeue(NamedTuple):
+    """A dead task to move back: its member as stored, its priority, the task to push, its id and READY record."""
+
+    member: bytes
+    priority: int
+    raw: bytes
+    task_id: str
+    record: ResultUpdate
+
+    def parked(self) -> DeadRequeue:
+        """The same task as `requeue_dead` parks it in delayed on Redis Cluster."""
+        return self._replace(member=delayed_member(self.priority, self.raw))
 
 
 def _consumer_rows(
@@ -166,28 +186,45 @@ class InspectionOps(ScriptClient):
             entries = self.client.zrange(key, offset, offset + limit - 1, desc=True, withscores=True)
         return [(member, ms_of_score(score)) for member, score in entries]
 
-    def requeue_dead(self, queue: str, entries: Sequence[tuple[bytes, int, bytes, str]]) -> list[bool]:
-        """Move dead tasks (stored member, priority, task to push, its id) back; flags say which were still dead.
+    def requeue_dead(self, queue: str, entries: Sequence[DeadRequeue], fence: int) -> list[int]:
+        """Move dead tasks back with their priority, each with its READY record (fenced by `fence`) only if
+        the move took it; per task NOT_MOVED (no longer dead), MOVED, or MOVED_WITHOUT_RECORD (Redis
+        refused the record, which stops no other write, or a later run's token was on it).
 
-        A requeued task's cancel requests are dropped in the same script: its new run starts afresh.
+        On Redis Cluster the records lie in other slots: the tasks are parked in delayed instead (for
+        REQUEUE_PARK_MS), for the caller to write their records and then `push_parked` them. A
+        requeued task's cancel requests are dropped in the same script: its new run starts afresh.
         """
+        park_ms = REQUEUE_PARK_MS if isinstance(self.client, redis.RedisCluster) else 0
+        return self._requeue_call(self.keys.dead(queue), queue, entries, fence, park_ms)
+
+    def push_parked(self, queue: str, entries: Sequence[DeadRequeue]) -> list[int]:
+        """Redis Cluster: push the tasks `requeue_dead` parked, those still parked (MOVED, else NOT_MOVED)."""
+        return self._requeue_call(self.keys.delayed(queue), queue, [entry.parked() for entry in entries], 0, 0)
+
+    def _requeue_call(
+        self, source: str, queue: str, entries: Sequence[DeadRequeue], fence: int, park_ms: int
+    ) -> list[int]:
+        """Run requeue_dead on `entries` taken from `source`, with their records on a single server."""
         if not entries:
             return []
-        args: list[Any] = [WAKE_TOKEN]
-        for member, priority, fresh, task_id in entries:
-            args.extend([member, priority, fresh, task_id])
+        with_records = not isinstance(self.client, redis.RedisCluster)
+        args: list[Any] = [WAKE_TOKEN, park_ms, fence, len(history.STATUSES), *history.STATUSES]
+        for entry in entries:
+            fields = [part for pair in entry.record.fields.items() for part in pair] if with_records else []
+            args += (entry.member, entry.priority, entry.raw, entry.task_id, entry.record.ttl_s, len(fields) // 2)
+            args += fields
         keys = [
-            self.keys.dead(queue),
+            source,
             self.keys.pending(queue),
             self.keys.prioritized(queue),
             self.keys.cancel_requests(queue),
             self.keys.cancel_forced(queue),
+            self.keys.delayed(queue),
+            *history.index_keys(self.keys, queue),
         ]
-        return [bool(flag) for flag in self._script("requeue_dead", keys, args)]
-
-    def still_dead(self, queue: str, members: Sequence[bytes]) -> list[bool]:
-        """Say which of these members the queue's dead-letter set still holds."""
-        return [score is not None for score in self.client.zmscore(self.keys.dead(queue), list(members))]
+        keys += [self.keys.result(entry.task_id) for entry in entries] if with_records else []
+        return [int(flag) for flag in self._script("requeue_dead", keys, args)]
 
     def trim_dead(self, queue: str, max_count: int, max_age_s: int) -> int:
         """Drop the oldest dead letters beyond `max_count` and those older than `max_age_s`; return how many.

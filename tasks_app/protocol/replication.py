@@ -298,20 +298,16 @@ class ReplicatedWrites(MinuteOps):
         sent, written = self._execute_with_results(pipe, updates, self._queue_results(pipe, updates))
         return _raising_the_first_failure([*sent[:firsts], *written])
 
-    def record_results_replicated(self, updates: Sequence[ResultUpdate]) -> int:
-        """Write records that a push about to follow relies on; return how many masters' replica WAITs timed out.
+    def record_results_replicated(self, updates: Sequence[ResultUpdate]) -> tuple[list[Any], int]:
+        """Redis Cluster: write records that a push about to follow relies on; return each write's reply
+        (its error, if Redis refused it: it stops no other) and how many masters' replica WAITs timed out.
 
-        On one server this is one round trip. On Redis Cluster each master that takes some WAITs for a
-        replica to have them, as before acks: a failover after the push cannot bring back the records
-        they replace. Raises the first write that failed.
+        Each master that takes some WAITs for a replica to have them, as before acks: a failover after
+        the push cannot bring back the records they replace.
         """
-        if not isinstance(self.client, redis.RedisCluster):
-            self._with_results(lambda pipe: None, updates)
-            return 0
         written, unreplicated = self._write_results_replicated(updates)
         _, written = self._execute_with_results(self.client.pipeline(transaction=False), updates, [], written)
-        _raising_the_first_failure(written)
-        return unreplicated
+        return written, unreplicated
 
     def _execute_with_results(
         self, pipe: Any, updates: Sequence[ResultUpdate], places: Sequence[Place], earlier: Sequence[Any] = ()

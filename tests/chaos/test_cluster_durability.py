@@ -17,9 +17,10 @@ from tasks_app import producer
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.protocol import dead_letters
 from tasks_app.protocol.broker import Broker
-from tasks_app.protocol.codec import Task, encode_task
+from tasks_app.protocol.codec import Task, decode_task, encode_task
 from tasks_app.protocol.replies import ResultUpdate
 from tests.chaos.servers import RedisClusterServers, RedisServer
+from tests.support.broker_calls import deleted_before_the_move
 
 pytestmark = [pytest.mark.chaos, pytest.mark.django_db(transaction=True)]
 
@@ -130,11 +131,34 @@ def test_a_requeued_dead_letter_is_pushed_only_once_a_replica_has_its_ready_reco
         time.sleep(1.0)
         # A failover of the record's master now would bring the dead run's record back under a new run.
         assert broker.client.llen(pending) == 0
+        assert broker.client.zcard(broker.keys.delayed("default")) == 1  # parked, out of the dead letters
         assert broker.get_result(task.id)["status"] == "READY"  # written on its master
     requeuer.join(timeout=10)
 
     assert [item.task_id for item in moved] == [task.id] and broker.client.llen(pending) == 1
     assert _status_on_replica(replica, record_key) == b"READY"
+
+
+@pytest.mark.timeout(120)
+def test_a_requeue_on_a_cluster_writes_records_only_for_the_tasks_it_moved(cluster_broker, monkeypatch):
+    """A record Redis refuses stops no other requeue; a task no longer dead when the move runs keeps its record."""
+    broker = cluster_broker
+    for n in (1, 2, 3):
+        task = Task(id=f"dead-{n}", type="demo.echo", queue="default", attempt=3, dead_reason="failed")
+        broker.client.zadd(broker.keys.dead("default"), {encode_task(task): broker.server_time_ms()})
+        broker.record_result(ResultUpdate(task.id, {"status": "FAILED"}, 60, fence=1))
+    broker.client.delete(broker.keys.result("dead-2"))
+    broker.client.set(broker.keys.result("dead-2"), "a foreign writer's")
+    shown = dead_letters.list_dead_tasks("default", broker=broker)
+    deleted_before_the_move(monkeypatch, broker, "default", "dead-3", shown)
+    moved = dead_letters.requeue("default", shown, broker=broker)
+
+    assert sorted(dead.task_id for dead in moved) == ["dead-1", "dead-2"]
+    pending = broker.client.lrange(broker.keys.pending("default"), 0, -1)
+    assert sorted(decode_task(raw).id for raw in pending) == ["dead-1", "dead-2"]
+    assert broker.client.zcard(broker.keys.delayed("default")) == 0  # none left parked
+    assert broker.get_result("dead-1")["status"] == "READY"
+    assert broker.get_result("dead-3")["status"] == "FAILED"
 
 
 @pytest.mark.timeout(120)

@@ -9,6 +9,7 @@ from tasks_app.protocol import dead_letters, inspection
 from tasks_app.protocol.codec import Task, decode_task, encode_task
 from tasks_app.protocol.keys import WAKE_TOKEN
 from tasks_app.protocol.replies import ResultUpdate
+from tests.support.broker_calls import deleted_before_the_move
 
 pytestmark = pytest.mark.django_db
 
@@ -118,8 +119,8 @@ def test_a_requeued_dead_letter_whose_last_run_was_asked_to_cancel_runs_when_cla
     receipts: list[int] = []
     push = broker.requeue_dead
 
-    def push_and_claim_at_once(queue, entries):
-        moved = push(queue, entries)
+    def push_and_claim_at_once(queue, entries, fence):
+        moved = push(queue, entries, fence)
         claim = broker.claim_with_suspect("q", "c1", 1, allow_suspect=False)
         receipts.extend(broker.claim_receipts([("dead-1", claim.first_fence)], 60))
         return moved
@@ -128,6 +129,40 @@ def test_a_requeued_dead_letter_whose_last_run_was_asked_to_cancel_runs_when_cla
     assert len(dead_letters.requeue("q", dead_letters.list_dead_tasks("q", broker=broker), broker=broker)) == 1
     assert receipts == [1]
     assert broker.get_result("dead-1")["status"] == "READY"
+
+
+def test_a_record_redis_refuses_stops_no_other_requeue(broker, caplog):
+    """One task's record key of a foreign type: the others are requeued with their READY records, and it too."""
+    for n in (1, 2, 3):
+        bury(broker, n, broker.server_time_ms())
+        broker.record_result(ResultUpdate(f"dead-{n}", {"status": "FAILED"}, 60, fence=1))
+    broker.client.delete(broker.keys.result("dead-2"))
+    broker.client.set(broker.keys.result("dead-2"), "a foreign writer's")
+    moved = dead_letters.requeue("q", dead_letters.list_dead_tasks("q", broker=broker), broker=broker)
+    assert sorted(dead.task_id for dead in moved) == ["dead-1", "dead-2", "dead-3"]
+    assert broker.queue_stats("q").dead == 0
+    assert sorted(decode_task(raw).id for raw in broker.client.lrange(broker.keys.pending("q"), 0, -1)) == [
+        "dead-1",
+        "dead-2",
+        "dead-3",
+    ]
+    assert [broker.get_result(f"dead-{n}")["status"] for n in (1, 3)] == ["READY", "READY"]
+    assert broker.history_count(["q"], "READY", None) == 2
+    assert "dead-2 without its READY record" in caplog.text
+
+
+def test_a_task_no_longer_dead_when_the_requeue_moves_keeps_its_record(broker, monkeypatch):
+    """Another operator deletes one dead letter while this requeue is under way: its record stays as it was."""
+    for n in (1, 2):
+        bury(broker, n, broker.server_time_ms())
+        broker.record_result(ResultUpdate(f"dead-{n}", {"status": "FAILED"}, 60, fence=1))
+    shown = dead_letters.list_dead_tasks("q", broker=broker)
+    deleted_before_the_move(monkeypatch, broker, "q", "dead-2", shown)
+    assert [dead.task_id for dead in dead_letters.requeue("q", shown, broker=broker)] == ["dead-1"]
+    assert broker.get_result("dead-1")["status"] == "READY"
+    record = broker.get_result("dead-2")
+    assert (record["status"], record["fence"]) == ("FAILED", "1")
+    assert [decode_task(raw).id for raw in broker.client.lrange(broker.keys.pending("q"), 0, -1)] == ["dead-1"]
 
 
 def test_a_set_far_over_its_caps_is_trimmed_in_bounded_calls(broker):

@@ -27,3 +27,17 @@ def push(broker, *raws, queue="q", priority=0, delay_ms=0):
 def expire(broker, consumer_id: str, queue: str = "q") -> None:
     """Let a lease lapse without waiting for it."""
     broker.client.zadd(broker.keys.consumers(queue), {consumer_id: 0})
+
+
+def deleted_before_the_move(monkeypatch, broker, queue: str, task_id: str, shown) -> None:
+    """Make another operator delete the dead letter `task_id` of `shown` just before the next requeue moves."""
+    from tasks_app.protocol import dead_letters
+
+    [deleted] = [dead for dead in shown if dead.task_id == task_id]
+    move = broker.requeue_dead
+
+    def deleted_first(*args):
+        dead_letters.delete(queue, [deleted], broker=broker)
+        return move(*args)
+
+    monkeypatch.setattr(broker, "requeue_dead", deleted_first)
