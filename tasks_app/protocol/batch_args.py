@@ -74,8 +74,11 @@ def not_pushed(reply: Sequence[Any], others_at: Sequence[int]) -> list[int]:
 
 def in_section_order(items: Sequence[Enqueueable], by_queue: Mapping[str, Section]) -> list[Enqueueable]:
     """The tasks with a READY record, by section and then in order: the order of the sections' history ids."""
+    recorded = [item for item in items if item.result_key_fields]
+    if len(by_queue) == 1:
+        return recorded
     order = {queue: number for number, queue in enumerate(by_queue)}
-    return sorted((item for item in items if item.result_key_fields), key=lambda item: order[item.queue])
+    return sorted(recorded, key=lambda item: order[item.queue])
 
 
 def first_of_each_id(items: Sequence[Enqueueable]) -> list[Enqueueable]:

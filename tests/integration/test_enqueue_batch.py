@@ -147,7 +147,7 @@ def test_a_batch_with_unique_tasks_is_enqueued_whole_or_not_at_all_when_redis_go
 
 
 def echo(n: int, task_id: str, type_name: str = "demo.echo", **options: object) -> TaskRequest:
-    return TaskRequest(type_name, [n], queue="A", task_id=task_id, **options)  # type: ignore[arg-type]
+    return TaskRequest(type_name, [n], task_id=task_id, **{"queue": "A", **options})  # type: ignore[arg-type]
 
 
 def started(broker: Broker, task_id: str) -> dict[str, str]:
@@ -168,6 +168,18 @@ def test_one_caller_id_given_to_two_requests_of_a_call_pushes_and_records_the_fi
     assert queued(broker, "A") == 2
     assert broker.get_result("twice")["args"] == "[1]"
     assert broker.history_count(["A"], "READY", None) == 2
+
+
+def test_repeated_ids_of_interleaved_queues_keep_the_first_records(broker):
+    """The records follow the sections' order, which is not the call's when its queues interleave."""
+    in_b = {"queue": "B", "priority": 3}
+    enqueued = enqueue_many(
+        [echo(1, "x"), echo(1, "y", **in_b), echo(9, "z"), echo(2, "y", **in_b), echo(2, "x"), echo(1, "w", **in_b)],
+        broker=broker,
+    )
+    assert [task.duplicate for task in enqueued] == [False, False, False, True, True, False]
+    assert [broker.get_result(task_id)["args"] for task_id in "xyzw"] == ["[1]", "[1]", "[9]", "[1]"]
+    assert (queued(broker, "A"), queued(broker, "B")) == (2, 2)
 
 
 def test_a_retried_request_leaves_the_record_of_its_task_alone(broker):
