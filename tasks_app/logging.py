@@ -94,7 +94,7 @@ class JsonFormatter(logging.Formatter):
 _held = threading.local()  # the lines a thread holds back (held_lines), by handler
 
 
-class ConsoleHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class ConsoleHandler(logging.StreamHandler):
     """A StreamHandler whose lines, while their thread holds them (`held_lines`), go out in one write."""
 
     def emit(self, record: logging.LogRecord) -> None:
