@@ -6,15 +6,18 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Protocol
 
 from redis.exceptions import RedisError
 
 from tasks_app import metrics
+from tasks_app.consumer.queue_steps import QueueSteps
 from tasks_app.consumer.retrying import next_backoff_s, redis_away
 from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.keys import UNDECODABLE_TYPE
+from tasks_app.protocol.replies import Promotion
 
 logger = logging.getLogger(__name__)
 
@@ -161,32 +164,36 @@ class SchedulerLoop:
         )
         self._trimmed_at = float("-inf")
         self.result_ttl_s = int(settings.TASKS_RESULT_TTL)
+        self._steps = QueueSteps(self.name)
 
     def run_once(self) -> float:
         sleep_s = self.MAX_SLEEP_S
-        for queue in self.queues:
-            promotion = self.broker.promote_due(queue, self.BATCH)
-            if promotion.malformed:
-                metrics.TASKS_DEAD_LETTERED.labels(UNDECODABLE_TYPE, queue).inc(promotion.malformed)
-                logger.warning("%d malformed delayed member(s) of queue %s dead-lettered", promotion.malformed, queue)
+        promotions = self._steps.each("promoting due tasks", self.queues, self._promote)
+        for promotion in promotions.values():
             if promotion.moved + promotion.malformed >= self.BATCH:
                 sleep_s = 0.0
             elif promotion.next_due_ms >= 0:
                 sleep_s = min(sleep_s, max(0.0, (promotion.next_due_ms - promotion.now_ms) / 1000))
         if time.monotonic() - self._trimmed_at >= self.TRIM_EVERY_S:
             self.trim_dead_letters()
-            for queue in self.queues:  # the backlog chart's samples; the history index's time to live
-                self.broker.sample_backlog(queue)
-                self.broker.refresh_history_ttl(queue, self.result_ttl_s)
+            # The backlog chart's samples; the history index's time to live.
+            self._steps.each("sampling the backlog", self.queues, self.broker.sample_backlog)
+            refresh = partial(self.broker.refresh_history_ttl, ttl_s=self.result_ttl_s)
+            self._steps.each("refreshing the history's time to live", self.queues, refresh)
         return sleep_s
+
+    def _promote(self, queue: str) -> Promotion:
+        promotion = self.broker.promote_due(queue, self.BATCH)
+        if promotion.malformed:
+            metrics.TASKS_DEAD_LETTERED.labels(UNDECODABLE_TYPE, queue).inc(promotion.malformed)
+            logger.warning("%d malformed delayed member(s) of queue %s dead-lettered", promotion.malformed, queue)
+        return promotion
 
     def trim_dead_letters(self) -> int:
         """Apply the dead-letter caps (count and age) to every queue; return how many were dropped."""
         self._trimmed_at = time.monotonic()
-        dropped = 0
-        for queue in self.queues:
-            dropped += self.broker.trim_dead(queue, self.dead_letter_max, self.dead_letter_max_age_s)
-        return dropped
+        trim = partial(self.broker.trim_dead, max_count=self.dead_letter_max, max_age_s=self.dead_letter_max_age_s)
+        return sum(self._steps.each("trimming dead letters", self.queues, trim).values())
 
 
 class ReaperLoop:

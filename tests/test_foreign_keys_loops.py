@@ -1,0 +1,63 @@
+"""A consumer's loops beside a queue whose key a foreign writer made another type: only that queue is left undone."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+
+from tasks_app import producer
+from tasks_app.consumer.loops import SchedulerLoop
+from tasks_app.protocol.broker import Broker
+from tests.support.counters import sample
+from tests.test_foreign_key_types import spoil
+
+pytestmark = pytest.mark.django_db
+
+REFUSED = "taskqueue_queue_refused_total"
+
+
+def _due(broker: Broker, queue: str) -> None:
+    """A task of `queue` in its delayed set, due already."""
+    producer.enqueue("demo.echo", queue=queue, delay_s=0.01)
+    time.sleep(0.02)
+
+
+def _refusals(caplog: pytest.LogCaptureFixture, queue: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if f"queue {queue}" in r.getMessage()]
+
+
+def test_a_foreign_delayed_set_stops_no_other_queues_promotions_and_is_said_once(broker, caplog):
+    _due(broker, "a")
+    _due(broker, "b")
+    spoil(broker, broker.keys.delayed("a"))
+    loop = SchedulerLoop(broker, ["a", "b"])
+    refused_before = sample(REFUSED, loop="scheduler", queue="a")
+    caplog.set_level(logging.INFO)
+    for _ in range(3):
+        loop.run_once()  # before: WRONGTYPE raised at queue a, b's task never promoted
+    assert broker.queue_stats("b").pending == 1 and broker.queue_stats("b").delayed == 0
+    # Each pass counts its refused promotion (and the first its refused backlog sample); the log says each once.
+    assert sample(REFUSED, loop="scheduler", queue="a") - refused_before == 3 + 1
+    [said] = [line for line in _refusals(caplog, "a") if "promoting due tasks" in line]
+    assert "WRONGTYPE" in said and "the other queues go on" in said
+    broker.client.delete(broker.keys.delayed("a"))
+    loop.run_once()
+    assert "promoting due tasks of queue a works again" in _refusals(caplog, "a")[-1]
+
+
+@pytest.mark.parametrize("name", ["pending", "dead"])
+def test_a_foreign_pending_list_or_dead_set_stops_no_other_queues_trimming_and_sampling(broker, name):
+    for queue in ("a", "b"):
+        for n in range(3):
+            broker.client.zadd(broker.keys.dead(queue), {f"gone-{n}": time.time() * 1000 - n})
+    producer.enqueue("demo.echo", queue="b")
+    spoil(broker, getattr(broker.keys, name)("a"))
+    history = broker.keys.history("b")
+    broker.client.persist(history)
+    SchedulerLoop(broker, ["a", "b"], dead_letter_max=1).run_once()  # before: WRONGTYPE at queue a
+    assert broker.client.zcard(broker.keys.dead("b")) == 1
+    minute = broker.keys.minute("b", int(time.time()) // 60)
+    assert broker.client.hget(minute, "backlog") == b"1"
+    assert broker.client.ttl(history) > 0
