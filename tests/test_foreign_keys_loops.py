@@ -8,14 +8,16 @@ import time
 import pytest
 
 from tasks_app import producer
-from tasks_app.consumer.loops import SchedulerLoop
+from tasks_app.consumer.loops import ReaperLoop, SchedulerLoop
 from tasks_app.protocol.broker import Broker
+from tests.support.claims import claim, push, register, task_bytes
 from tests.support.counters import sample
 from tests.test_foreign_key_types import spoil
 
 pytestmark = pytest.mark.django_db
 
 REFUSED = "taskqueue_queue_refused_total"
+SHORT_LEASE_MS = 100
 
 
 def _due(broker: Broker, queue: str) -> None:
@@ -25,7 +27,7 @@ def _due(broker: Broker, queue: str) -> None:
 
 
 def _refusals(caplog: pytest.LogCaptureFixture, queue: str) -> list[str]:
-    return [r.getMessage() for r in caplog.records if f"queue {queue}" in r.getMessage()]
+    return [r.getMessage() for r in caplog.records if f"of queue {queue}" in r.getMessage()]
 
 
 def test_a_foreign_delayed_set_stops_no_other_queues_promotions_and_is_said_once(broker, caplog):
@@ -41,7 +43,7 @@ def test_a_foreign_delayed_set_stops_no_other_queues_promotions_and_is_said_once
     # Each pass counts its refused promotion (and the first its refused backlog sample); the log says each once.
     assert sample(REFUSED, loop="scheduler", queue="a") - refused_before == 3 + 1
     [said] = [line for line in _refusals(caplog, "a") if "promoting due tasks" in line]
-    assert "WRONGTYPE" in said and "the other queues go on" in said
+    assert "WRONGTYPE" in said and "the others go on" in said
     broker.client.delete(broker.keys.delayed("a"))
     loop.run_once()
     assert "promoting due tasks of queue a works again" in _refusals(caplog, "a")[-1]
@@ -61,3 +63,41 @@ def test_a_foreign_pending_list_or_dead_set_stops_no_other_queues_trimming_and_s
     minute = broker.keys.minute("b", int(time.time()) // 60)
     assert broker.client.hget(minute, "backlog") == b"1"
     assert broker.client.ttl(history) > 0
+
+
+# --- reaper -------------------------------------------------------------------------------
+def _dies_holding(broker: Broker, consumer_id: str, task_id: str, queue: str = "q") -> None:
+    """A consumer of `queue` that claimed one task and whose lease then lapsed."""
+    push(broker, task_bytes(task_id, queue=queue), queue=queue)
+    register(broker, consumer_id, SHORT_LEASE_MS, queue)
+    claim(broker, consumer_id, 1, queue)
+
+
+def _reaper(broker: Broker, queues: list[str]) -> ReaperLoop:
+    return ReaperLoop(broker, queues, SHORT_LEASE_MS / 1000, lambda queue, dead: None)
+
+
+@pytest.mark.parametrize("name", ["consumers", "reaped"])
+def test_a_queue_whose_leases_are_foreign_keeps_no_other_queues_dead_consumers_unreaped(broker, name):
+    _dies_holding(broker, "dead", "t1", queue="b")
+    spoil(broker, getattr(broker.keys, name)("a"))
+    time.sleep(SHORT_LEASE_MS / 1000 + 0.02)
+    _reaper(broker, ["a", "b"]).run_once()  # before: WRONGTYPE at queue a, b's dead consumer kept its task
+    assert broker.held_by("b", "dead") == [] and broker.queue_stats("b").pending == 1
+
+
+def test_a_dead_consumers_foreign_list_keeps_no_other_dead_consumer_of_its_queue_unreaped(broker, caplog):
+    _dies_holding(broker, "spoilt", "t1")
+    spoil(broker, broker.keys.processing("q", "spoilt"))
+    _dies_holding(broker, "dead", "t2")  # its lease lapses after the spoilt one's: it is listed after it
+    time.sleep(SHORT_LEASE_MS / 1000 + 0.02)
+    loop = _reaper(broker, ["q"])
+    loop.run_once()  # before: WRONGTYPE at the spoilt one, the other never reaped
+    suspects = broker.keys.suspects("q")  # where recovered tasks go
+    assert broker.held_by("q", "dead") == [] and broker.client.llen(suspects) == 1
+    _dies_holding(broker, "later", "t3")
+    time.sleep(SHORT_LEASE_MS / 1000 + 0.02)
+    loop.run_once()  # before: the spoilt one's tombstone refused every later reaping of the queue, for a day
+    assert broker.held_by("q", "later") == [] and broker.client.llen(suspects) == 2
+    [said] = _refusals(caplog, "q")
+    assert "reaping consumer spoilt" in said and "WRONGTYPE" in said

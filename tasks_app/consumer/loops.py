@@ -214,15 +214,19 @@ class ReaperLoop:
         self.on_dead_lettered = on_dead_lettered
         # Per queue, the page of tombstones to examine next (besides the newest, every time).
         self._tombstone_offsets = dict.fromkeys(self.queues, 0)
+        self._steps = QueueSteps(self.name)
 
     def run_once(self) -> float:
-        for queue in self.queues:
-            expired, tombstones, self._tombstone_offsets[queue] = self.broker.reap_candidate_page(
-                queue, self._tombstone_offsets[queue]
-            )
-            for consumer_id in [*expired, *tombstones]:
-                self.reap(queue, consumer_id)
+        self._steps.each("listing dead consumers", self.queues, self._reap_queue)
         return max(0.05, self.lease_s / 4)
+
+    def _reap_queue(self, queue: str) -> None:
+        """Reap the dead consumers of `queue` on this page; one whose keys Redis refuses holds up no other."""
+        expired, tombstones, self._tombstone_offsets[queue] = self.broker.reap_candidate_page(
+            queue, self._tombstone_offsets[queue]
+        )
+        for consumer_id in [*expired, *tombstones]:
+            self._steps.each(f"reaping consumer {consumer_id}", [queue], partial(self.reap, consumer_id=consumer_id))
 
     def reap(self, queue: str, consumer_id: str, *, own_earlier_run: bool = False) -> int:
         """Reap one consumer's list on one queue completely; return how many tasks moved.

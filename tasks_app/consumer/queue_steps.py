@@ -27,7 +27,7 @@ class QueueSteps:
         done, refused = read_each(queues, do)
         for queue, error in refused.items():
             metrics.QUEUE_REFUSED.labels(self.loop, queue).inc()
-            message = "%s: %s of queue %s refused by Redis (the other queues go on): %s"
+            message = "%s: %s of queue %s refused by Redis (the others go on): %s"
             self._problems.failed((step, queue), error, message, self.loop, step, queue, error)
         for queue in done:
             self._problems.recovered((step, queue), "%s: %s of queue %s works again", self.loop, step, queue)

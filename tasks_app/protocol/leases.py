@@ -7,6 +7,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from tasks_app.protocol.inspection import refused
 from tasks_app.protocol.keys import WAKE_TOKEN, consumer_id_of
 from tasks_app.protocol.replies import LeaseHolder, ReapOutcome, json_object
 from tasks_app.protocol.scripts import ScriptClient
@@ -122,7 +123,11 @@ class LeaseOps(ScriptClient):
             pipe = self.client.pipeline(transaction=False)
             for consumer_id in tombstones:
                 pipe.llen(self.keys.processing(queue, consumer_id))
-            lengths = pipe.execute()
+            lengths = pipe.execute(raise_on_error=False)
+            for length in lengths:
+                if isinstance(length, Exception) and not refused(length):
+                    raise length
+            # A list Redis refuses to read (a foreign key's type) stays a candidate: its reaping says why.
             tombstones = [cid for cid, length in zip(tombstones, lengths, strict=True) if length]
         next_offset = tombstone_offset + TOMBSTONE_PAGE
         return expired, tombstones, next_offset if next_offset < count else 0
