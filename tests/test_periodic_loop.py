@@ -132,6 +132,16 @@ def test_a_schedule_whose_state_key_redis_refuses_does_not_stop_the_others(broke
     assert "periodic task a.foreign: slot" in caplog.text and "WRONGTYPE" in caplog.text
 
 
+@pytest.mark.parametrize("name", ["pending", "prioritized"])  # a foreign history or record: it fires all the same
+def test_a_schedule_whose_queue_redis_refuses_does_not_stop_the_others(broker, echo, caplog, name):
+    foreign = replace(config("a.foreign"), queue="elsewhere")
+    broker.client.set(getattr(broker.keys, name)("elsewhere"), "not what the fire script writes")
+    loop = loop_of(broker, foreign, config("b.tick"))
+    assert loop.run_once() > 0
+    assert [run.schedule for run in pushed_runs(broker, OUT)] == ["b.tick"]
+    assert "periodic task a.foreign: slot" in caplog.text and "WRONGTYPE" in caplog.text
+
+
 def test_a_schedule_that_cannot_fire_reads_late_on_a_consumer_that_never_saw_it_fire(broker, echo):
     TaskType.objects.filter(pk=echo.pk).update(handler="not.registered")
     now_ms = broker.server_time_ms()

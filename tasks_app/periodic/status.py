@@ -31,7 +31,8 @@ class ScheduleStatus:
     last_slot: datetime | None
     last_task_id: str
     last_fired_at: datetime | None
-    error: str  # why the row is not scheduled ("" when it is); "Redis unavailable" if its state could not be read
+    error: str  # why the row is not scheduled ("" when it is)
+    state_error: str  # why its state (last run) is unknown: "Redis unavailable", or "unreadable: " and Redis's error
 
 
 def schedule_statuses(broker: Broker, rows: list[PeriodicTask] | None = None) -> list[ScheduleStatus]:
@@ -45,32 +46,27 @@ def schedule_statuses(broker: Broker, rows: list[PeriodicTask] | None = None) ->
         except InvalidSchedule as exc:
             configs.append(exc)
     queues = [row.queue or row.task_type.queue for row in rows]
+    states: list[PeriodicState | None]
     try:
-        states: list[PeriodicState | None] = list(
-            broker.periodic_states([(queue, row.name) for queue, row in zip(queues, rows, strict=True)])
-        )
-        unavailable = ""
+        states = list(broker.periodic_states([(queue, row.name) for queue, row in zip(queues, rows, strict=True)]))
     except RedisError:
-        states, unavailable = [None] * len(rows), "Redis unavailable"
+        states = [None] * len(rows)  # Redis away
     now_ms = int(time.time() * 1000)
     return [
-        _status(row, queue, config, state, now_ms, unavailable)
+        _status(row, queue, config, state, now_ms)
         for row, queue, config, state in zip(rows, queues, configs, states, strict=True)
     ]
 
 
 def _status(
-    row: PeriodicTask,
-    queue: str,
-    config: PeriodicConfig | InvalidSchedule,
-    state: PeriodicState | None,
-    now_ms: int,
-    unavailable: str,
+    row: PeriodicTask, queue: str, config: PeriodicConfig | InvalidSchedule, state: PeriodicState | None, now_ms: int
 ) -> ScheduleStatus:
-    valid = isinstance(config, PeriodicConfig)
     next_ms = config.schedule.next_after(now_ms) if isinstance(config, PeriodicConfig) and row.enabled else None
-    fired_ms = state.fired_slot_ms if state else None
-    fired_at_ms = state.fired_at_ms if state else None
+    if state is None:
+        state_error, state = "Redis unavailable", PeriodicState(None, None, "", None)
+    else:
+        state_error = f"unreadable: {state.unreadable}" if state.unreadable else ""
+    fired_ms, fired_at_ms = state.fired_slot_ms, state.fired_at_ms
     return ScheduleStatus(
         name=row.name,
         task_type=row.task_type.name,
@@ -83,7 +79,8 @@ def _status(
         catch_up=row.catch_up,
         next_run=datetime_of_ms(next_ms) if next_ms is not None else None,
         last_slot=datetime_of_ms(fired_ms) if fired_ms is not None else None,
-        last_task_id=state.task_id if state else "",
+        last_task_id=state.task_id,
         last_fired_at=datetime_of_ms(fired_at_ms) if fired_at_ms is not None else None,
-        error=(str(config) if not valid else unavailable),
+        error="" if isinstance(config, PeriodicConfig) else str(config),
+        state_error=state_error,
     )

@@ -9,6 +9,7 @@ import redis
 
 from tasks_app.protocol import batch_args, history
 from tasks_app.protocol.batch_args import Enqueueable
+from tasks_app.protocol.inspection import as_refusal, refused
 from tasks_app.protocol.keys import WAKE_TOKEN
 from tasks_app.protocol.scripts import ScriptClient
 
@@ -41,12 +42,16 @@ class FireReply(NamedTuple):
 
 
 class PeriodicState(NamedTuple):
-    """A schedule's state in Redis: the last slot handled and the last run pushed (ms; None if none)."""
+    """A schedule's state in Redis: the last slot handled and the last run pushed (ms; None if none).
+
+    `unreadable`: Redis's refusal to read the state (a foreign key's type), naming the key; "" when read.
+    """
 
     handled_slot_ms: int | None
     fired_slot_ms: int | None
     task_id: str
     fired_at_ms: int | None
+    unreadable: str = ""
 
 
 class PeriodicOps(ScriptClient):
@@ -103,11 +108,23 @@ class PeriodicOps(ScriptClient):
         return FireReply(text, int(now_ms), int(handled_ms), int(fired_ms))
 
     def periodic_states(self, schedules: Sequence[tuple[str, str]]) -> list[PeriodicState]:
-        """The state of each (queue, schedule) in one round trip."""
+        """The state of each (queue, schedule) in one round trip; one Redis refuses to read is marked `unreadable`.
+
+        An error that passes (Redis away, loading, failing over) is raised: it is no one schedule's.
+        """
+        keys = [self.keys.periodic(queue, schedule) for queue, schedule in schedules]
         pipe = self.client.pipeline(transaction=False)
-        for queue, schedule in schedules:
-            pipe.hgetall(self.keys.periodic(queue, schedule))
-        return [_state(fields) for fields in pipe.execute()]
+        for key in keys:
+            pipe.hgetall(key)
+        states = []
+        for key, fields in zip(keys, pipe.execute(raise_on_error=False), strict=True):
+            if not isinstance(fields, Exception):
+                states.append(_state(fields))
+            elif refused(fields):
+                states.append(PeriodicState(None, None, "", None, str(as_refusal(key, fields))))
+            else:
+                raise fields
+        return states
 
     def _announce_queue(self, queue: str) -> None:
         if queue not in self._announced_queues:

@@ -70,5 +70,6 @@ def _table(statuses: list[ScheduleStatus]) -> list[str]:
         next_run = f"{s.next_run:%Y-%m-%d %H:%M:%S}" if s.next_run else "-"
         last_run = f"{s.last_slot:%Y-%m-%d %H:%M:%S}" if s.last_slot else "-"
         line = f"{s.name:<28}{s.schedule:<36}{next_run:<22}{last_run:<22}{'yes' if s.enabled else 'no':<8}"
-        lines.append(line + (f"  INVALID: {s.error}" if s.error and s.error != "Redis unavailable" else s.error))
+        notes = [f"INVALID: {s.error}"] if s.error else []
+        lines.append("  ".join([line, *notes, *([s.state_error] if s.state_error else [])]))
     return lines
