@@ -7,7 +7,7 @@ from io import StringIO
 
 import pytest
 from django.core.management import CommandError, call_command, load_command_class
-from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ConnectionError as RedisConnectionError, ResponseError
 
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.management.commands.enqueue import CHUNK_TASKS
@@ -264,6 +264,25 @@ def test_queuestats_shows_the_other_queues_beside_one_holding_a_foreign_key(brok
     stats = json.loads(as_json.getvalue())
     assert [queue["queue"] for queue in stats["queues"]] == ["default"]
     assert "WRONGTYPE" in stats["unreadable"]["foreign"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("reply", ["MASTERDOWN Link with MASTER is down", "LOADING Redis is loading", "TRYAGAIN"])
+def test_queuestats_with_redis_passing_through_a_state_fails_as_unavailable_not_one_queue_unreadable(
+    broker, monkeypatch, reply
+):
+    call_command("enqueue", "demo.echo", stdout=StringIO())
+    broker.client.sadd(broker.keys.queues(), "busy")
+    real = Broker.queue_stats
+
+    def answer(self: Broker, queue: str):  # Redis answering one queue's read so, as a replica or a loading node does
+        if queue == "busy":
+            raise ResponseError(reply)
+        return real(self, queue)
+
+    monkeypatch.setattr(Broker, "queue_stats", answer)
+    with pytest.raises(CommandError, match=f"^Redis unavailable: {reply}"):  # before: 'busy' listed as unreadable
+        call_command("queuestats", stdout=StringIO())
 
 
 def _run_into_a_closed_pipe(key_prefix: str, *argv: str) -> tuple[int, str]:

@@ -4,11 +4,10 @@ import json
 from typing import Any
 
 from django.core.management.base import CommandParser
-from redis.exceptions import ResponseError
 
 from tasks_app.management.outages import QueueCommand
-from tasks_app.protocol.broker import Broker, get_broker
-from tasks_app.protocol.replies import QueueStats
+from tasks_app.protocol.broker import get_broker
+from tasks_app.protocol.inspection import read_each
 
 
 class Command(QueueCommand):
@@ -18,7 +17,10 @@ class Command(QueueCommand):
         parser.add_argument("--json", action="store_true", help="Print JSON instead of a table.")
 
     def handle(self, *args: Any, json: bool, **options: Any) -> None:
-        stats, unreadable = _read_stats(get_broker())
+        broker = get_broker()
+        # A queue whose keys Redis refuses to count (a foreign key's type) is listed with the error.
+        by_queue, unreadable = read_each(broker.known_queues(), broker.queue_stats)
+        stats = list(by_queue.values())
         if json:
             self.stdout.write(_dumps({"queues": [s.as_dict() for s in stats], "unreadable": unreadable}))
             return
@@ -34,18 +36,6 @@ class Command(QueueCommand):
         for s in stats:
             for consumer in s.consumers:
                 self.stdout.write(f"  {s.queue}: consumer {consumer['id']} in flight {consumer['in_flight']}")
-
-
-def _read_stats(broker: Broker) -> tuple[list[QueueStats], dict[str, str]]:
-    """Every queue's stats, and the error of each queue whose keys Redis refused to count (a foreign key's type)."""
-    stats: list[QueueStats] = []
-    unreadable: dict[str, str] = {}
-    for queue in broker.known_queues():
-        try:
-            stats.append(broker.queue_stats(queue))
-        except ResponseError as exc:
-            unreadable[queue] = str(exc)
-    return stats, unreadable
 
 
 def _dumps(value: Any) -> str:
