@@ -8,7 +8,7 @@ import time
 import pytest
 
 from tasks_app import producer
-from tasks_app.consumer.loops import ReaperLoop, SchedulerLoop
+from tasks_app.consumer.loops import HeartbeatLoop, LeaseClock, ReaperLoop, SchedulerLoop
 from tasks_app.protocol.broker import Broker
 from tests.support.claims import claim, push, register, task_bytes
 from tests.support.counters import sample
@@ -101,3 +101,23 @@ def test_a_dead_consumers_foreign_list_keeps_no_other_dead_consumer_of_its_queue
     assert broker.held_by("q", "later") == [] and broker.client.llen(suspects) == 2
     [said] = _refusals(caplog, "q")
     assert "reaping consumer spoilt" in said and "WRONGTYPE" in said
+
+
+# --- heartbeat ----------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["consumers", "consumer_info", "primary"])
+def test_a_queue_whose_lease_keys_are_foreign_keeps_the_lease_renewed_on_every_other_queue(broker, caplog, name):
+    lost: list[tuple[str, list[str]]] = []
+    broker.heartbeat(["a", "b"], "c1", 9000, {"lease_ms": 9000, "instance": "i1"})
+    key = getattr(broker.keys, name)("a")
+    broker.client.delete(key)
+    broker.client.rpush(key, "foreign")  # a list where a hash or a sorted set is kept
+    lease = LeaseClock(9.0)
+    loop = HeartbeatLoop(broker, ["a", "b"], lambda: "c1", lease, lambda *loss: lost.append(loss), instance="i1")
+    deadline_before = broker.client.zscore(broker.keys.consumers("b"), "c1")
+    time.sleep(0.01)
+    for _ in range(2):
+        assert loop.run_once() == pytest.approx(3.0)  # before: retried as an outage, the lease never renewed
+    assert lease.fresh("c1") and lost == []  # before: no task of any queue started once the lease aged
+    assert broker.client.zscore(broker.keys.consumers("b"), "c1") > deadline_before
+    [said] = _refusals(caplog, "a")
+    assert "renewing the lease of queue a refused by Redis" in said and "WRONGTYPE" in said

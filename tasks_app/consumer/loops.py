@@ -116,18 +116,21 @@ class HeartbeatLoop:
         self.lease_ms = int(lease.lease_s * 1000)
         self.on_lost = on_lost
         self._problems: ProblemLog[str] = ProblemLog(logger)
+        self._steps = QueueSteps(self.name)
 
     def run_once(self) -> float:
         consumer_id = self.identity()
         sent_at = time.monotonic()
         try:
-            lost = self.broker.lost_leases(self.queues, consumer_id, self.lease_ms, instance=self.instance)
+            lost, refused = self.broker.renew_leases(self.queues, consumer_id, self.lease_ms, instance=self.instance)
         except RedisError as exc:
             # Retry at twice the renewal pace instead of run_forever's backoff (up to 5 s):
             # after a Redis restart reapers wait only one lease of uptime, and a heartbeat
             # still backing off past that would get this live consumer reaped.
             return redis_away(self._problems, self.name, exc, self.lease_ms / 6000)
         self._problems.recovered(self.name, "%s: works again", self.name)
+        # A queue whose lease keys Redis refuses holds up no other: no reaper can read them either.
+        self._steps.note("renewing the lease", self.queues, refused)
         if not lost:
             self.lease.renewed(consumer_id, sent_at)
             metrics.LEASE_RENEWALS.inc()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from tasks_app import metrics
 from tasks_app.problem_log import ProblemLog
@@ -24,11 +24,17 @@ class QueueSteps:
 
     def each[T](self, step: str, queues: Iterable[str], do: Callable[[str], T]) -> dict[str, T]:
         """`do(queue)` of each queue, by queue; the queues whose step Redis refused are left out."""
+        queues = list(queues)
         done, refused = read_each(queues, do)
-        for queue, error in refused.items():
-            metrics.QUEUE_REFUSED.labels(self.loop, queue).inc()
-            message = "%s: %s of queue %s refused by Redis (the others go on): %s"
-            self._problems.failed((step, queue), error, message, self.loop, step, queue, error)
-        for queue in done:
-            self._problems.recovered((step, queue), "%s: %s of queue %s works again", self.loop, step, queue)
+        self.note(step, queues, refused)
         return done
+
+    def note(self, step: str, queues: Iterable[str], refused: Mapping[str, str]) -> None:
+        """Count and say (once) each queue whose `step` Redis refused, with the error; say when one works again."""
+        for queue in queues:
+            if queue in refused:
+                metrics.QUEUE_REFUSED.labels(self.loop, queue).inc()
+                message = "%s: %s of queue %s refused by Redis (the others go on): %s"
+                self._problems.failed((step, queue), refused[queue], message, self.loop, step, queue, refused[queue])
+            else:
+                self._problems.recovered((step, queue), "%s: %s of queue %s works again", self.loop, step, queue)

@@ -48,6 +48,40 @@ class LeaseOps(ScriptClient):
         Given `instance` (the renewing process's token, registered in its info), a renewal is also
         lost where another instance has registered the id since.
         """
+        pipe = self._heartbeats(queues, consumer_id, lease_ms, register_info, instance)
+        flags = self.scripts.execute(pipe, self.client)[:: 2 if register_info is not None else 1]
+        return [queue for queue, held in zip(queues, flags, strict=True) if not held]
+
+    def renew_leases(
+        self, queues: Sequence[str], consumer_id: str, lease_ms: int, instance: str = ""
+    ) -> tuple[list[str], dict[str, str]]:
+        """Renew as `lost_leases` does; return the queues where the lease was lost, and Redis's refusal by queue.
+
+        A queue whose lease keys Redis refuses (a foreign key's type) is neither renewed nor lost:
+        no reaper can read them either. An error that passes (Redis away, loading) is raised.
+        """
+        replies = self.scripts.execute(
+            self._heartbeats(queues, consumer_id, lease_ms, None, instance), self.client, raise_on_error=False
+        )
+        lost, refusals = [], {}
+        for queue, reply in zip(queues, replies, strict=True):
+            if isinstance(reply, Exception):
+                if not refused(reply):
+                    raise reply
+                refusals[queue] = str(reply)
+            elif not reply:
+                lost.append(queue)
+        return lost, refusals
+
+    def _heartbeats(
+        self,
+        queues: Sequence[str],
+        consumer_id: str,
+        lease_ms: int,
+        register_info: dict[str, Any] | None,
+        instance: str,
+    ) -> Any:
+        """A pipeline of one heartbeat per queue (each followed, when registering, by its entry in the queue set)."""
         info = json.dumps(register_info) if register_info is not None else ""
         pipe = self.client.pipeline(transaction=False)
         for queue in queues:
@@ -55,8 +89,7 @@ class LeaseOps(ScriptClient):
             self.scripts.queue(pipe, "heartbeat", keys, [consumer_id, lease_ms, info, instance])
             if register_info is not None:
                 pipe.sadd(self.keys.queues(), queue)
-        flags = self.scripts.execute(pipe, self.client)[:: 2 if register_info is not None else 1]
-        return [queue for queue, held in zip(queues, flags, strict=True) if not held]
+        return pipe
 
     def lease_holders(self, queues: Sequence[str], consumer_id: str) -> list[LeaseHolder]:
         """The lease entries `consumer_id` holds on `queues` (none where it holds no entry)."""
