@@ -8,8 +8,12 @@ import time
 import pytest
 
 from tasks_app import producer
+from tasks_app.consumer.control import Running, RunWatch
 from tasks_app.consumer.loops import HeartbeatLoop, LeaseClock, ReaperLoop, SchedulerLoop
+from tasks_app.consumer.timeouts import RunClock
+from tasks_app.context import TaskContext
 from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.codec import Task
 from tests.support.claims import claim, push, register, task_bytes
 from tests.support.counters import sample
 from tests.test_foreign_key_types import spoil
@@ -121,3 +125,17 @@ def test_a_queue_whose_lease_keys_are_foreign_keeps_the_lease_renewed_on_every_o
     assert broker.client.zscore(broker.keys.consumers("b"), "c1") > deadline_before
     [said] = _refusals(caplog, "a")
     assert "renewing the lease of queue a refused by Redis" in said and "WRONGTYPE" in said
+
+
+# --- housekeeping: cancel requests of running tasks -----------------------------------------
+def _running(task_id: str, queue: str) -> Running:
+    context = TaskContext(task_id, "test.record", queue, 1, 3, {}, "c1")
+    return Running(Task(id=task_id, type="test.record", queue=queue), RunClock(None), context)
+
+
+def test_a_queue_whose_cancel_requests_are_foreign_keeps_no_other_queues_runs_from_their_cancels(broker):
+    runs = [_running("t-a", "a"), _running("t-b", "b")]
+    spoil(broker, broker.keys.cancel_requests("a"))
+    broker.client.zadd(broker.keys.cancel_requests("b"), {"t-b": time.time() * 1000})
+    RunWatch(broker, lambda update: None, 60).tick(runs)  # before: WRONGTYPE at queue a, b's run never told
+    assert runs[1].context.cancelled and not runs[0].context.cancelled

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from tasks_app import metrics
 from tasks_app.consumer.claimed import Claimed
+from tasks_app.consumer.queue_steps import QueueSteps
 from tasks_app.consumer.settling import Settling
 from tasks_app.consumer.timeouts import RunClock
 from tasks_app.context import TaskContext
@@ -75,6 +76,7 @@ class RunWatch:
         self.record = record
         self.result_ttl_s = result_ttl_s
         self._checked_at = self._progress_at = float("-inf")
+        self._steps = QueueSteps("housekeeping")
 
     def tick(self, runs: Sequence[Running]) -> None:
         """Write due progress, and every CANCEL_CHECK_S mark the runs whose task someone cancelled."""
@@ -92,10 +94,15 @@ class RunWatch:
         for run in runs:
             if run.context is not None and not run.context.control.forced:
                 by_queue.setdefault(run.task.queue, []).append(run)
-        for queue, queued in by_queue.items():
-            marks = self.broker.cancel_marks(queue, [run.task.id for run in queued])
-            for run, mark in zip(queued, marks, strict=True):
+        # A queue whose cancel requests Redis refuses (a foreign key's type) keeps no other's from its runs.
+        read = self._steps.each("reading cancel requests", by_queue, lambda queue: self._marks(by_queue[queue]))
+        for marks in read.values():
+            for run, mark in marks:
                 self._tell(run, mark)
+
+    def _marks(self, runs: list[Running]) -> list[tuple[Running, CancelMark]]:
+        """What was asked of each of these runs of one queue."""
+        return list(zip(runs, self.broker.cancel_marks(runs[0].task.queue, [run.task.id for run in runs]), strict=True))
 
     @staticmethod
     def _tell(run: Running, mark: CancelMark) -> None:
