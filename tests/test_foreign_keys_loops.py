@@ -9,11 +9,13 @@ import pytest
 
 from tasks_app import producer
 from tasks_app.consumer.control import Running, RunWatch
+from tasks_app.consumer.limits import RateLimiter
 from tasks_app.consumer.loops import HeartbeatLoop, LeaseClock, ReaperLoop, SchedulerLoop
 from tasks_app.consumer.timeouts import RunClock
 from tasks_app.context import TaskContext
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task
+from tests.integration.test_rate_follow_ups import LIMITED, TYPE, defer, due_now
 from tests.support.claims import claim, push, register, task_bytes
 from tests.support.counters import sample
 from tests.test_foreign_key_types import spoil
@@ -139,3 +141,18 @@ def test_a_queue_whose_cancel_requests_are_foreign_keeps_no_other_queues_runs_fr
     broker.client.zadd(broker.keys.cancel_requests("b"), {"t-b": time.time() * 1000})
     RunWatch(broker, lambda update: None, 60).tick(runs)  # before: WRONGTYPE at queue a, b's run never told
     assert runs[1].context.cancelled and not runs[0].context.cancelled
+
+
+# --- rate-limit follow-ups ------------------------------------------------------------------
+def test_a_queue_whose_delayed_set_is_foreign_keeps_no_other_queues_deferrals_from_a_removed_limit(broker, caplog):
+    defer(broker, "a", 1)  # listed first
+    deferred = defer(broker, "b", 3)
+    spoil(broker, broker.keys.delayed("a"))
+    assert broker.rate_removed(TYPE, None, LIMITED.queue)  # lists a, b and the type's own queue
+    refused_before = sample(REFUSED, loop="rate-follow-up", queue="a")
+    RateLimiter(broker)._follow_up(TYPE, [None])  # before: WRONGTYPE at queue a, b's tasks left at their slots
+    assert due_now(broker, "b", deferred)
+    assert broker.rate_follow_ups(TYPE, None) == {}  # queue a too: its tasks take their new slots when they wake
+    assert sample(REFUSED, loop="rate-follow-up", queue="a") - refused_before == 1
+    [said] = _refusals(caplog, "a")
+    assert "WRONGTYPE" in said

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 
 from tasks_app import metrics
+from tasks_app.consumer.queue_steps import QueueSteps
 from tasks_app.consumer.retrying import until_done
 from tasks_app.models import RATE_PERIOD_MAX_S, RATE_PERIOD_MIN_S, TaskType
 from tasks_app.problem_log import ProblemLog
@@ -90,6 +91,8 @@ class RateLimiter:
         # Until when (monotonic s) each (type, key token) of a keyed limit is known noted by `rate_keyed`.
         self._noted_until: dict[tuple[str, str], float] = {}
         self._notes_lock = threading.Lock()
+        # A queue whose delayed set Redis refuses to scan for a follow-up: said once, counted.
+        self._follow_ups = QueueSteps("rate-follow-up")
         # Per type, a failure to note its values (Redis away, a foreign key in place) met at every denial.
         self._note_problem: ProblemLog[str] = ProblemLog(logger)
 
@@ -166,8 +169,12 @@ class RateLimiter:
 
     def _follow_up(self, task_type: str, key_tokens: list[str | None]) -> None:
         """Bring the deferred tasks of a type whose limit changed to their new slots, on every queue holding them."""
+        moved = 0
         try:
-            moved = sum(follow_up(self.broker, task_type, key_token, self.give_up) for key_token in key_tokens)
+            for key_token in key_tokens:
+                followed = follow_up(self.broker, task_type, key_token, self.give_up)
+                moved += followed.moved
+                self._follow_ups.note(f"moving waiting tasks of {task_type}", followed.refused, followed.refused)
         except Exception as exc:  # they still wake at their old slots, where they take their new ones
             logger.warning("could not move the waiting tasks of %s to its new rate limit: %s", task_type, exc)
             return

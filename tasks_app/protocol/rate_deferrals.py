@@ -17,9 +17,11 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from itertools import islice
+from typing import NamedTuple
 
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import UndecodableTask, decode_task
+from tasks_app.protocol.inspection import read_each
 from tasks_app.protocol.keys import split_delayed_member
 
 # Delayed members read, decoded and moved per round trip while rescheduling.
@@ -30,11 +32,22 @@ _SLOT_US = re.compile(rb"[0-9]{1,16}")
 FOLLOWER_LEASE_MS = 30_000
 
 
+class FollowedUp(NamedTuple):
+    """What a follow-up did: how many tasks it moved, and Redis's error for each queue it could not scan."""
+
+    moved: int
+    refused: dict[str, str]
+
+
 def follow_up(
     broker: Broker, task_type: str, key_token: str | None, give_up: threading.Event, lease_ms: int = FOLLOWER_LEASE_MS
-) -> int:
-    """Bring the deferred tasks of every queue listed to the limiter's change; how many this call moved."""
-    token, moved = uuid.uuid4().hex, 0
+) -> FollowedUp:
+    """Bring the deferred tasks of every queue listed to the limiter's change.
+
+    A queue whose delayed set Redis refuses to read (a foreign key's type) is taken off the list
+    with the others: its tasks take their new slots when they wake at their old ones.
+    """
+    token, followed = uuid.uuid4().hex, FollowedUp(0, {})
     keep = partial(broker.rate_follower, task_type, key_token, token, lease_ms)
     while listed := broker.rate_follow_ups(task_type, key_token):
         if not keep():
@@ -44,11 +57,13 @@ def follow_up(
         try:
             for queue, mode in listed.items():
                 since_us = broker.server_time_us()
-                moved += _reschedule(broker, queue, task_type, key_token, now=mode == "now", keep=keep)
+                reschedule = partial(_reschedule, broker, task_type=task_type, key_token=key_token, now=mode == "now")
+                moved, refused = read_each([queue], partial(reschedule, keep=keep))
+                followed = FollowedUp(followed.moved + sum(moved.values()), followed.refused | refused)
                 broker.rate_followed(task_type, key_token, queue, mode, since_us)
         finally:
             broker.rate_follower(task_type, key_token, token, 0)
-    return moved
+    return followed
 
 
 def _reschedule(

@@ -99,7 +99,7 @@ def test_a_follower_that_dies_leaves_the_rest_to_another(broker):
     # A consumer took the lease and was killed before it moved anything: it never gives it back.
     assert broker.rate_follower(TYPE, None, "killed", 300)
 
-    moved = follow_up(broker, TYPE, None, threading.Event(), lease_ms=300)
+    moved = follow_up(broker, TYPE, None, threading.Event(), lease_ms=300).moved
 
     assert moved == 10
     assert all(due_now(broker, queue, members) for queue, members in deferred.items())
