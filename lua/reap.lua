@@ -10,8 +10,12 @@
 -- Returns: {status, requeued, still in the list, dead-lettered tasks...}; status 1 reaped,
 -- -1 lease still alive (nothing touched), -2 Redis restarted, or this node became the slot's
 -- primary, less than a lease ago (live consumers have not had the chance to renew yet),
--- -3 not a consumer this queue knows.
+-- -3 not a consumer this queue knows. A key of another type than these (a foreign writer's) is a
+-- WRONGTYPE error before any write: nothing leaves the list to be lost halfway.
 -- include: args
+-- include: key_types
+local refused = wrong_key_type({'zset', 'hash', 'zset', 'list', 'list', 'zset', 'hash', 'list', 'hash'})
+if refused then return refused end
 local now_ms = server_now_ms()
 
 -- The consumer's own lease length; whatever a foreign process wrote there, never an error.

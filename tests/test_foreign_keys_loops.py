@@ -109,6 +109,21 @@ def test_a_dead_consumers_foreign_list_keeps_no_other_dead_consumer_of_its_queue
     assert "reaping consumer spoilt" in said and "WRONGTYPE" in said
 
 
+@pytest.mark.parametrize("name", ["suspects", "recoveries"])
+def test_a_dead_consumers_tasks_stay_in_its_list_while_where_they_go_is_foreign(broker, name):
+    _dies_holding(broker, "dead", "t1")
+    key = getattr(broker.keys, name)("q")
+    broker.client.set(key, "foreign")  # a string where a list, a hash or a sorted set is kept
+    time.sleep(SHORT_LEASE_MS / 1000 + 0.02)
+    loop = _reaper(broker, ["q"])
+    for _ in range(3):
+        loop.run_once()
+    assert len(broker.held_by("q", "dead")) == 1  # before: popped by the first pass, then lost in the error
+    broker.client.delete(key)
+    loop.run_once()
+    assert broker.held_by("q", "dead") == [] and broker.client.llen(broker.keys.suspects("q")) == 1
+
+
 # --- heartbeat ----------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["consumers", "consumer_info", "primary"])
 def test_a_queue_whose_lease_keys_are_foreign_keeps_the_lease_renewed_on_every_other_queue(broker, caplog, name):
