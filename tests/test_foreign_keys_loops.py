@@ -101,12 +101,14 @@ def test_a_dead_consumers_foreign_list_keeps_no_other_dead_consumer_of_its_queue
     loop.run_once()  # before: WRONGTYPE at the spoilt one, the other never reaped
     suspects = broker.keys.suspects("q")  # where recovered tasks go
     assert broker.held_by("q", "dead") == [] and broker.client.llen(suspects) == 1
+    spoil(broker, broker.keys.processing("q", "dead"))  # a foreign write to a reaped one's list, its tombstone kept
     _dies_holding(broker, "later", "t3")
     time.sleep(SHORT_LEASE_MS / 1000 + 0.02)
-    loop.run_once()  # before: the spoilt one's tombstone refused every later reaping of the queue, for a day
+    loop.run_once()  # before: that tombstone's list refused every later reaping of the queue, for a day
     assert broker.held_by("q", "later") == [] and broker.client.llen(suspects) == 2
-    [said] = _refusals(caplog, "q")
-    assert "reaping consumer spoilt" in said and "WRONGTYPE" in said
+    said = _refusals(caplog, "q")
+    assert len(said) == 2 and "reaping consumer spoilt" in said[0] and "reaping consumer dead" in said[1]
+    assert all("WRONGTYPE" in line for line in said)
 
 
 @pytest.mark.parametrize("name", ["suspects", "recoveries"])
