@@ -14,8 +14,8 @@ from prometheus_client.registry import Collector
 from tasks_app import metrics
 from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import Broker
-from tasks_app.protocol.inspection import read_each
 from tasks_app.protocol.names import NAME_PATTERN
+from tasks_app.protocol.refusals import read_each
 from tasks_app.protocol.replies import QueueStats
 
 logger = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 from tasks_app import metrics
 from tasks_app.problem_log import ProblemLog
-from tasks_app.protocol.inspection import read_each
+from tasks_app.protocol.refusals import read_each
 
 logger = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from typing import Any, NamedTuple
 
 from django.tasks import TaskResultStatus
 
-from tasks_app.protocol.inspection import KeyRefused, as_refusal, naming
 from tasks_app.protocol.jsontext import is_utf8_encodable
 from tasks_app.protocol.keys import Keys
+from tasks_app.protocol.refusals import KeyRefused, as_refusal, naming
 from tasks_app.protocol.replies import ResultUpdate, record_text_fields
 from tasks_app.protocol.scripts import ScriptClient
 

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple, cast
 
 import redis
-from redis.exceptions import ResponseError
 
 from tasks_app.protocol import history
 from tasks_app.protocol.keys import WAKE_TOKEN, consumer_id_of, delayed_member
 from tasks_app.protocol.names import NAME_PATTERN
+from tasks_app.protocol.refusals import naming
 from tasks_app.protocol.replies import QueueStats, ResultUpdate, json_object
-from tasks_app.protocol.scripts import ScriptClient, is_transient
+from tasks_app.protocol.scripts import ScriptClient
 from tasks_app.protocol.timestamps import ms_of_score
 
 # Width of the buckets counting acknowledged tasks, for the dashboard's throughput.
@@ -61,48 +60,6 @@ def _count(raw: bytes | None) -> int:
         return int(raw) if raw is not None else 0
     except ValueError:
         return 0
-
-
-class KeyRefused(ResponseError):
-    """Redis refused to read a key for what it holds (a foreign writer's key of another type): retrying cannot help."""
-
-
-def refused(exc: BaseException) -> bool:
-    """Whether Redis refused a request for what it asked (a key of another type), not for being away or busy."""
-    return isinstance(exc, ResponseError) and not is_transient(exc)
-
-
-def as_refusal(key: str, exc: Exception) -> Exception:
-    """`exc` as KeyRefused naming `key` if Redis refused to read that key for what it holds; any other error as is."""
-    return KeyRefused(f"{key}: {exc}") if refused(exc) else exc
-
-
-@contextlib.contextmanager
-def naming(key: str) -> Iterator[None]:
-    """Raise Redis's refusal to read `key` for what it holds as KeyRefused naming the key; other errors as they are."""
-    try:
-        yield
-    except ResponseError as exc:
-        if refused(exc):
-            raise as_refusal(key, exc) from exc
-        raise
-
-
-def read_each[T](queues: Iterable[str], read: Callable[[str], T]) -> tuple[dict[str, T], dict[str, str]]:
-    """`read` of each queue, and the error of each queue whose keys Redis refused to read (a foreign key's type).
-
-    An error that passes (Redis away, loading, failing over) is raised: it is no one queue's.
-    """
-    found: dict[str, T] = {}
-    unreadable: dict[str, str] = {}
-    for queue in queues:
-        try:
-            found[queue] = read(queue)
-        except ResponseError as exc:
-            if not refused(exc):
-                raise
-            unreadable[queue] = str(exc)
-    return found, unreadable
 
 
 class InspectionOps(ScriptClient):

@@ -7,8 +7,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from tasks_app.protocol.inspection import refused
 from tasks_app.protocol.keys import WAKE_TOKEN, consumer_id_of
+from tasks_app.protocol.refusals import refused
 from tasks_app.protocol.replies import LeaseHolder, ReapOutcome, json_object
 from tasks_app.protocol.scripts import ScriptClient
 

@@ -9,8 +9,8 @@ import redis
 
 from tasks_app.protocol import batch_args, history
 from tasks_app.protocol.batch_args import Enqueueable
-from tasks_app.protocol.inspection import as_refusal, refused
 from tasks_app.protocol.keys import WAKE_TOKEN
+from tasks_app.protocol.refusals import as_refusal, refused
 from tasks_app.protocol.scripts import ScriptClient
 
 # What fire_periodic.lua says it did with a slot.

@@ -21,8 +21,8 @@ from typing import NamedTuple
 
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import UndecodableTask, decode_task
-from tasks_app.protocol.inspection import read_each
 from tasks_app.protocol.keys import split_delayed_member
+from tasks_app.protocol.refusals import read_each
 
 # Delayed members read, decoded and moved per round trip while rescheduling.
 RESCHEDULE_BATCH = 1000

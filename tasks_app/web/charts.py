@@ -11,8 +11,8 @@ from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
 from tasks_app.protocol.broker import Broker
-from tasks_app.protocol.inspection import read_each
 from tasks_app.protocol.minutes import DURATION_BUCKETS_MS, OUTCOMES
+from tasks_app.protocol.refusals import read_each
 from tasks_app.templatetags.tasks_display import printable
 
 WINDOW_MINUTES = 60

@@ -17,7 +17,7 @@ from redis.exceptions import RedisError
 
 from tasks_app.logging import escape_control
 from tasks_app.protocol.broker import get_broker
-from tasks_app.protocol.inspection import refused
+from tasks_app.protocol.refusals import refused
 from tasks_app.protocol.results import ResultRecord
 
 View = Callable[..., HttpResponse]

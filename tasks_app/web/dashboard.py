@@ -20,8 +20,8 @@ from tasks_app.models import MANAGE_DEAD_LETTERS_PERMISSION
 from tasks_app.periodic.status import schedule_statuses
 from tasks_app.protocol import dead_letters
 from tasks_app.protocol.broker import Broker, get_broker
-from tasks_app.protocol.inspection import read_each
 from tasks_app.protocol.names import NAME_PATTERN, InvalidName, validate_name
+from tasks_app.protocol.refusals import read_each
 from tasks_app.protocol.replies import QueueStats
 from tasks_app.protocol.timestamps import MAX_SCORE_MS, datetime_of_ms
 from tasks_app.web.charts import chart_data, dashboard_charts

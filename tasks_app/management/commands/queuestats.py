@@ -7,7 +7,7 @@ from django.core.management.base import CommandParser
 
 from tasks_app.management.outages import QueueCommand
 from tasks_app.protocol.broker import get_broker
-from tasks_app.protocol.inspection import read_each
+from tasks_app.protocol.refusals import read_each
 
 
 class Command(QueueCommand):
