@@ -47,5 +47,6 @@ def setup(redis_url: str) -> Path:
 
 
 def runconsumer_argv(*args: str) -> list[str]:
-    """The command line of one `manage.py runconsumer` with this Python."""
-    return [sys.executable, str(ROOT / "manage.py"), "runconsumer", *args]
+    """The command line of one `manage.py runconsumer` with this Python (and BENCH_CONSUMER_ARGS, split on spaces)."""
+    extra = os.environ.get("BENCH_CONSUMER_ARGS", "").split()  # e.g. "--concurrency 2 --prefetch 128"
+    return [sys.executable, str(ROOT / "manage.py"), "runconsumer", *args, *extra]
