@@ -48,7 +48,7 @@ def test_a_task_does_not_start_under_a_stale_lease_while_the_consumer_stops(brok
         push(broker, task_bytes("t1"))
         [raw] = claim(broker, "me", 1)
         # The last renewal is older than lease - lease/6: this consumer may be presumed dead.
-        consumer.lease._renewed_at = time.monotonic() - 10
+        consumer.lease._renewal = ("me", time.monotonic() - 10)
         consumer.claiming_stopped.set()  # SIGTERM arrived while the task passed its gates
         consumer.executor.execute(Claimed("q", "me", raw, fence=1))
         assert recorded_runs(broker) == [], "started although its lease may have lapsed"

@@ -68,9 +68,11 @@ class LeaseClock:
 
     def __init__(self, lease_s: float) -> None:
         self.lease_s = lease_s
-        self._consumer_id = ""
-        self._renewed_at = float("-inf")
-        self._lock = threading.Lock()
+        # (consumer id, when its lease was last renewed), replaced whole: `fresh`, asked several
+        # times per task by every worker, reads it without a lock (a lock held by a thread the
+        # interpreter switches away from stalls every worker until that thread runs again).
+        self._renewal: tuple[str, float] = ("", float("-inf"))
+        self._lock = threading.Lock()  # one renewal at a time
         self._on_renewal: list[Callable[[], None]] = []
 
     def on_renewal(self, renew: Callable[[], None]) -> None:
@@ -80,18 +82,15 @@ class LeaseClock:
     def renewed(self, consumer_id: str, sent_at: float) -> None:
         """Record a successful renewal whose request left at `sent_at` (the lease runs from then, or later)."""
         with self._lock:
-            if consumer_id != self._consumer_id:
-                self._consumer_id, self._renewed_at = consumer_id, sent_at
-            self._renewed_at = max(self._renewed_at, sent_at)
+            current_id, renewed_at = self._renewal
+            self._renewal = (consumer_id, sent_at if consumer_id != current_id else max(renewed_at, sent_at))
         for renew in self._on_renewal:
             renew()
 
     def fresh(self, consumer_id: str) -> bool:
         """True while the lease of `consumer_id` surely holds: renewed less than lease - margin ago."""
-        with self._lock:
-            return consumer_id == self._consumer_id and time.monotonic() - self._renewed_at < self.lease_s * (
-                1 - LEASE_MARGIN_SHARE
-            )
+        current_id, renewed_at = self._renewal
+        return consumer_id == current_id and time.monotonic() - renewed_at < self.lease_s * (1 - LEASE_MARGIN_SHARE)
 
 
 class HeartbeatLoop:
