@@ -1,6 +1,7 @@
 """`manage.py runconsumer`: run a consumer until stopped."""
 
 import argparse
+import gc
 import logging
 import os
 import socket
@@ -94,11 +95,19 @@ class Command(BaseCommand):
             if metrics_port is not None:
                 _serve_metrics(consumer, metrics_port, options["metrics_host"])
             consumer.install_signal_handlers()
+            if self._own_process():
+                # What start-up built (Django, the handlers, the consumer) lives as long as the process:
+                # kept out of the collector, a full collection takes milliseconds instead of tens of them.
+                gc.freeze()
             exit_code = consumer.run()
-        if getattr(self, "_called_from_command_line", False):  # set by run_from_argv: not under call_command
+        if self._own_process():
             _exit_now(exit_code)
         if exit_code:
             raise SystemExit(exit_code)
+
+    def _own_process(self) -> bool:
+        """True when run from a command line (run_from_argv sets it): the process is the consumer's own."""
+        return bool(getattr(self, "_called_from_command_line", False))
 
 
 def _exit_now(exit_code: int) -> NoReturn:
