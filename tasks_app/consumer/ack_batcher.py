@@ -23,15 +23,16 @@ import contextlib
 import logging
 import queue as queue_module
 import threading
+import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tasks_app import metrics
+from tasks_app.consumer.outcome_lines import OutcomeLines
 from tasks_app.consumer.result_writes import merge_updates, storable, unstored_result
 from tasks_app.consumer.retrying import REFUSED_AFTER, GaveUp, until_done
-from tasks_app.logging import held_lines
 from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.replies import AckReport, ResultUpdate, UniqueRelease
@@ -102,6 +103,7 @@ class AckBatcher:
         self.give_up = give_up
         self.max_batch = max_batch
         self._together = together  # the block the `done`s of a flush are called in (their slots freed at once)
+        self.lines = OutcomeLines()  # each ack's `log`, called after its flush by a thread of its own
         self._entries: queue_module.SimpleQueue[Entry | threading.Event | None] = queue_module.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._in_place = threading.Lock()  # one thread at a time writes batches when no flusher runs
@@ -164,17 +166,21 @@ class AckBatcher:
 
     # --- the flusher -----------------------------------------------------------------------
     def start(self) -> None:
-        """Start the flusher thread."""
+        """Start the flusher thread (and the one writing the acks' log lines)."""
+        self.lines.start()
         self._thread = threading.Thread(target=self._run, name="ack-batcher", daemon=True)
         self._thread.start()
 
     def close(self, timeout_s: float | None = None) -> None:
-        """Flush everything submitted so far and stop the flusher thread."""
+        """Flush everything submitted so far, write its log lines and stop the threads."""
         if self._thread is None:
             self.flush_once(block_s=0)
-            return
-        self._entries.put(None)
-        self._thread.join(timeout_s)
+        else:
+            deadline = None if timeout_s is None else time.monotonic() + timeout_s
+            self._entries.put(None)
+            self._thread.join(timeout_s)
+            timeout_s = None if deadline is None else max(0.0, deadline - time.monotonic())
+        self.lines.close(timeout_s)
 
     def _run(self) -> None:
         bugs: ProblemLog[str] = ProblemLog(logger)  # a bug met at every flush is said once
@@ -237,10 +243,7 @@ class AckBatcher:
                     item.set()
                 elif isinstance(item, _Start):
                     item.written.set()
-            with held_lines():  # a line per task: written at once
-                for ack in acks:
-                    if ack.log is not None:
-                        self._call_safely(ack.log)
+            self.lines.add([ack.log for ack in acks if ack.log is not None])
 
     @staticmethod
     def _call_safely[*Args](callback: Callable[[*Args], None], *args: *Args) -> None:
