@@ -164,7 +164,7 @@ class CommandPacker(HiredisRespSerializer):
 
     def pack(self, *args: Any) -> list[bytes]:
         first = args[0]
-        if (b" " if isinstance(first, bytes) else " ") in first:  # "SCRIPT LOAD": redis-py splits it
+        if not isinstance(first, str) or " " in first:  # "SCRIPT LOAD": redis-py splits it
             return list(super().pack(*args))
         try:
             return [hiredis.pack_command(args)]
