@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tasks_app import producer
-from tasks_app.logging import CONTINUATION_INDENT, JsonFormatter, TextFormatter
+from tasks_app.logging import CONTINUATION_INDENT, ConsoleHandler, JsonFormatter, TextFormatter, held_lines
 from tasks_app.models import TaskType
 from tasks_app.protocol.codec import Task, encode_payload, encode_task
 
@@ -96,3 +96,40 @@ def test_text_formatter_indents_tracebacks_and_escapes_their_lines():
     assert head == "ERROR task t\\u20281 failed"
     assert rest and all(line.startswith(CONTINUATION_INDENT) for line in rest)
     assert rest[-1] == CONTINUATION_INDENT + "INFO forged record"
+
+
+def test_the_text_formatters_time_is_what_logging_writes_for_every_second_and_millisecond():
+    ours, standard = TextFormatter("%(asctime)s %(message)s"), logging.Formatter("%(asctime)s %(message)s")
+    for created in (1_765_000_000.0, 1_765_000_000.999, 1_765_000_001.5, 1_765_000_000.25, 1_765_003_600.0):
+        record = logging.LogRecord("x", logging.INFO, "", 0, "m", (), None)
+        record.created, record.msecs = created, (created - int(created)) * 1000
+        assert ours.formatTime(record) == standard.formatTime(record)
+        assert ours.formatTime(record, "%H:%M") == standard.formatTime(record, "%H:%M")
+
+
+def test_lines_a_thread_holds_go_out_in_one_write_after_the_block():
+    class Stream:
+        def __init__(self) -> None:
+            self.writes: list[str] = []
+
+        def write(self, text: str) -> None:
+            self.writes.append(text)
+
+        def flush(self) -> None:
+            pass
+
+    stream = Stream()
+    handler = ConsoleHandler(stream)
+    handler.setFormatter(TextFormatter("%(message)s"))
+    log = logging.getLogger("tests.held_lines")
+    log.addHandler(handler)
+    log.propagate = False
+    try:
+        with held_lines():
+            log.warning("one\nline")
+            log.warning("two")
+            assert stream.writes == []
+        log.warning("three")
+    finally:
+        log.removeHandler(handler)
+    assert stream.writes == ["one\\nline\ntwo\n", "three\n"]
