@@ -135,7 +135,7 @@ def test_a_queue_whose_lease_keys_are_foreign_keeps_the_lease_renewed_on_every_o
     broker.client.delete(key)
     broker.client.rpush(key, "foreign")  # a list where a hash or a sorted set is kept
     lease = LeaseClock(9.0)
-    loop = HeartbeatLoop(broker, ["a", "b"], lambda: "c1", lease, lambda *loss: lost.append(loss), instance="i1")
+    loop = HeartbeatLoop(broker, lambda: ("c1", ["a", "b"]), lease, lambda *loss: lost.append(loss), instance="i1")
     deadline_before = broker.client.zscore(broker.keys.consumers("b"), "c1")
     time.sleep(0.01)
     for _ in range(2):

@@ -108,7 +108,7 @@ def test_start_thread_runs_the_loop_until_stopped():
 def test_heartbeat_renews_a_held_lease_every_third_of_it(broker):
     register(broker, "c1", lease_ms=1000)
     lost: list[str] = []
-    loop = HeartbeatLoop(broker, ["q"], lambda: "c1", LeaseClock(9.0), lost.append)
+    loop = HeartbeatLoop(broker, lambda: ("c1", ["q"]), LeaseClock(9.0), lost.append)
     deadline_before = broker.client.zscore(broker.keys.consumers("q"), "c1")
     time.sleep(0.01)
     assert loop.run_once() == pytest.approx(3.0)
@@ -119,7 +119,7 @@ def test_heartbeat_renews_a_held_lease_every_third_of_it(broker):
 def test_heartbeat_reports_a_lost_lease_with_the_id_that_lost_it_and_where(broker):
     lost: list[tuple[str, list[str]]] = []
     broker.heartbeat(["p"], "reaped-one", 9000, {})  # held on p; never registered on q: reaped there
-    loop = HeartbeatLoop(broker, ["p", "q"], lambda: "reaped-one", LeaseClock(9.0), lambda *loss: lost.append(loss))
+    loop = HeartbeatLoop(broker, lambda: ("reaped-one", ["p", "q"]), LeaseClock(9.0), lambda *loss: lost.append(loss))
     loop.run_once()
     assert lost == [("reaped-one", ["q"])]
     assert broker.client.zscore(broker.keys.consumers("q"), "reaped-one") is None, "a lost lease is not retaken"
@@ -128,7 +128,7 @@ def test_heartbeat_reports_a_lost_lease_with_the_id_that_lost_it_and_where(broke
 def test_heartbeat_retries_sooner_than_its_pace_when_redis_is_away(key_prefix):
     lost: list[tuple[str, list[str]]] = []
     loop = HeartbeatLoop(
-        unreachable_broker(key_prefix), ["q"], lambda: "c1", LeaseClock(9.0), lambda *loss: lost.append(loss)
+        unreachable_broker(key_prefix), lambda: ("c1", ["q"]), LeaseClock(9.0), lambda *loss: lost.append(loss)
     )
     sleep_s = loop.run_once()
     assert 0 < sleep_s < 3.0

@@ -114,7 +114,7 @@ def test_run_forever_logs_a_persisting_bug_once_with_its_traceback(caplog):
 
 # --- heartbeat and retiring ids ------------------------------------------------------------
 def test_the_heartbeat_logs_redis_away_once_and_its_renewal_after_it(key_prefix, broker, caplog):
-    loop = HeartbeatLoop(unreachable_broker(key_prefix), ["q"], lambda: "c1", LeaseClock(9.0), lambda *loss: None)
+    loop = HeartbeatLoop(unreachable_broker(key_prefix), lambda: ("c1", ["q"]), LeaseClock(9.0), lambda *loss: None)
     heal = partial(setattr, loop, "broker", broker)
     said_once_then_its_end(caplog, loop.run_once, "heartbeat: redis error", heal, "heartbeat: works again")
 

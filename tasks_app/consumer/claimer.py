@@ -31,6 +31,8 @@ LEASE_RECHECK_S = 0.1
 PAUSED_RECHECK_S = 0.25
 # How soon a claimer whose consumer never read the task types (the database away) looks again.
 SETTINGS_RECHECK_S = 0.25
+# How soon a claimer of a queue its consumer is not registered on (Redis refused its keys) looks again.
+REGISTERED_RECHECK_S = 0.25
 
 
 class ClaimTimings(Protocol):
@@ -60,6 +62,7 @@ class Claiming(Protocol):
     @property
     def held(self) -> HeldTasks: ...
     def lease_lost(self, lost_id: str, queues: Sequence[str] | None = None) -> None: ...
+    def registered_on(self, queue: str) -> bool: ...
     def dispatch(self, claimed: Sequence[Claimed]) -> None: ...
 
 
@@ -84,6 +87,8 @@ class ClaimerLoop:
 
     def run_once(self) -> float:
         consumer = self.consumer
+        if not consumer.registered_on(self.queue):
+            return REGISTERED_RECHECK_S  # no lease here to claim under: what it claimed could not be recovered
         if self._uncertain or time.monotonic() >= self._audit_at:
             self.reconcile()
         if not consumer.task_types.loaded:

@@ -62,17 +62,16 @@ def process_info(options: ConsumerOptions, prefetch_max: int, instance: str) -> 
     }
 
 
-def recover_earlier_run(reaper: ReaperLoop, queues: Sequence[str], consumer_id: str) -> None:
-    """Recover what an earlier run under `consumer_id` left on `queues` (it did not exit cleanly)."""
-    for queue in queues:
-        recovered = reaper.reap(queue, consumer_id, own_earlier_run=True)
-        if recovered:
-            logger.warning(
-                "recovered %d task(s) left by an earlier run of %s on %s, which did not exit cleanly",
-                recovered,
-                consumer_id,
-                queue,
-            )
+def recover_earlier_run(reaper: ReaperLoop, queue: str, consumer_id: str) -> None:
+    """Recover what an earlier run under `consumer_id` left on `queue` (it did not exit cleanly)."""
+    recovered = reaper.reap(queue, consumer_id, own_earlier_run=True)
+    if recovered:
+        logger.warning(
+            "recovered %d task(s) left by an earlier run of %s on %s, which did not exit cleanly",
+            recovered,
+            consumer_id,
+            queue,
+        )
 
 
 def deregister_everywhere(broker: Broker, queues: Sequence[str], consumer_id: str, instance: str) -> None:
@@ -111,12 +110,13 @@ def _is_zombie(pid: int) -> bool:
 
 
 def live_holders(broker: Broker, queues: Sequence[str], consumer_id: str) -> list[LeaseHolder]:
-    """The lease entries of `consumer_id` that another process may still hold: fresh, and not known dead."""
-    return [
-        holder
-        for holder in broker.lease_holders(queues, consumer_id)
-        if holder.ms_left > 0 and not holder_is_gone(holder.info)
-    ]
+    """The lease entries of `consumer_id` that another process may still hold: fresh, and not known dead.
+
+    A queue whose lease keys Redis refuses (a foreign key's type) shows none: registering there meets
+    the same refusal, and says so.
+    """
+    holders, _ = broker.lease_holders(queues, consumer_id)
+    return [holder for holder in holders if holder.ms_left > 0 and not holder_is_gone(holder.info)]
 
 
 def wait_until_free(

@@ -42,6 +42,7 @@ from tasks_app.consumer.periodic_loop import scheduler_loops
 from tasks_app.consumer.process_mode import ProcessGuard, exit_within_s
 from tasks_app.consumer.reaped import record_reaped
 from tasks_app.consumer.receipts import withdrawals
+from tasks_app.consumer.registration import Registration
 from tasks_app.consumer.retiring import RetiringIds
 from tasks_app.consumer.retrying import GaveUp, until_done
 from tasks_app.consumer.stop_signals import install_stop_signals
@@ -97,13 +98,20 @@ class Consumer:
             lease_check=self._lease_holds,  # again after the gates, just before the start
         )
         self.liveness = Liveness(options.health_file, max(3 * HEALTH_CHECK_S, options.lease_s), self.task_types.age_s)
+        self._init_registration()
+
+    def _init_registration(self) -> None:
+        """Create the reaper (it recovers an earlier run's tasks too) and what registers the consumer on its queues."""
+        options = self.options
         recorder = partial(record_reaped, self.broker, self.task_types, give_up=self.stop_requested)
         self.reaper = ReaperLoop(self.broker, options.queues, options.lease_s, recorder)
+        info = partial(identity.process_info, options, self.capacity.prefetch_max, self.instance)
+        self.registration = Registration(self.broker, options.queues, self.reaper, self.lease, info)
 
     def _init_thread_state(self) -> None:
         """Create what the consumer's threads share: the stop events, the threads, the tasks held, the suspect slot."""
         self.work: queue_module.SimpleQueue[Claimed] = queue_module.SimpleQueue()
-        self._generation, self._identity_lock = 0, threading.Lock()  # of the ids taken after a lost lease
+        self._generation = 0  # of the ids taken after a lost lease
         # Sent with the lease, each renewal and each settle: another process registering this id refuses ours.
         self.instance = self.broker.instance = uuid.uuid4().hex
         self.stop_requested, self.claiming_stopped = threading.Event(), threading.Event()
@@ -121,32 +129,34 @@ class Consumer:
 
     # --- identity --------------------------------------------------------------------------
     def register(self, consumer_id: str | None = None) -> None:
-        """Recover what an earlier run under this id left behind, then take a lease.
+        """Recover what an earlier run under this id left behind, then take a lease (see registration.py).
 
         A run that exited cleanly left nothing (it deregistered); anything left belongs to a run
         that died, so it is recovered as a dead consumer's tasks are: counted, via suspects.
         """
-        consumer_id = consumer_id or self.consumer_id
-        identity.recover_earlier_run(self.reaper, self.options.queues, consumer_id)
-        sent_at = time.monotonic()
-        info = identity.process_info(self.options, self.capacity.prefetch_max, self.instance)
-        self.broker.heartbeat(self.options.queues, consumer_id, int(self.options.lease_s * 1000), info)
-        self.lease.renewed(consumer_id, sent_at)
+        self.registration.register(consumer_id or self.consumer_id)
+
+    def registered_on(self, queue: str) -> bool:
+        """Whether the consumer holds a lease on `queue` under its id: claims there are recoverable."""
+        consumer_id, queues = self.registration.current()
+        return consumer_id == self.consumer_id and queue in queues
 
     def lease_lost(self, lost_id: str, queues: Sequence[str] | None = None) -> None:
         """Our lease expired (or we were reaped) on `queues` (None: all): tombstone that id, register a new one.
 
         Where the old id's lease still holds, it retires once its tasks there are settled (retiring.py).
         """
-        with self._identity_lock:
-            if lost_id != self.consumer_id:
-                return  # another thread already moved on
-            self.retiring.retire(lost_id, [queue for queue in self.options.queues if queues and queue not in queues])
+        with self.registration.lock:
+            registered_id, registered = self.registration.current()
+            lost_on = [queue for queue in registered if queues is None or queue in queues]
+            if lost_id != self.consumer_id or lost_id != registered_id or not lost_on:
+                return  # another thread already moved on, or a claim raced its registration there
+            self.retiring.retire(lost_id, [queue for queue in registered if queues and queue not in lost_on])
             self._generation += 1
             new_id = f"{self.base_id}.{self._generation}"
             message = "consumer %s lost its lease (it was presumed dead and its tasks recovered); continuing as %s"
             logger.error(message, lost_id, new_id)
-            until_done(lambda: self.broker.abandon(self.options.queues, lost_id), what="abandon", give_up=self.give_up)
+            until_done(lambda: self.registration.abandon(lost_id, registered), what="abandon", give_up=self.give_up)
             # Register before publishing the new id: a claim under it unregistered would be refused (and the id lost).
             until_done(lambda: self.register(new_id), what="register", give_up=self.give_up)
             self.consumer_id = new_id
@@ -236,9 +246,8 @@ class Consumer:
         until_done(self.register, what="register", give_up=self.stop_requested)
         opts = self.options
         loops: list[Loop] = [
-            HeartbeatLoop(
-                self.heartbeat_broker, opts.queues, lambda: self.consumer_id, self.lease, self.lease_lost, self.instance
-            ),
+            HeartbeatLoop(self.heartbeat_broker, self.registration.current, self.lease, self.lease_lost, self.instance),
+            self.registration,  # registers on the queues whose keys Redis refused, once mended
             SchedulerLoop(self.broker, opts.queues),
             self.reaper,
             self.retiring,
@@ -321,7 +330,8 @@ class Consumer:
         self.acks.close(timeout_s=max(0.0, writes_by - time.monotonic()))
         self.loops_stopped.set()
         self.give_up.set()
-        identity.deregister_everywhere(self.broker, self.options.queues, self.consumer_id, self.instance)
+        registered_id, registered = self.registration.current()
+        identity.deregister_everywhere(self.broker, registered, registered_id, self.instance)
         try:
             self.retiring.renew(leaving=True)
         except Exception as exc:

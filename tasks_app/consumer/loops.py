@@ -101,15 +101,13 @@ class HeartbeatLoop:
     def __init__(
         self,
         broker: Broker,
-        queues: Sequence[str],
-        identity: Callable[[], str],
+        registered: Callable[[], tuple[str, list[str]]],
         lease: LeaseClock,
         on_lost: Callable[[str, list[str]], None],
         instance: str = "",
     ) -> None:
         self.broker = broker
-        self.queues = list(queues)
-        self.identity = identity
+        self.registered = registered  # the consumer's id, and the queues it is registered on under it
         self.instance = instance  # the token registered in the consumer's info (see heartbeat.lua)
         self.lease = lease
         self.lease_ms = int(lease.lease_s * 1000)
@@ -118,10 +116,10 @@ class HeartbeatLoop:
         self._steps = QueueSteps(self.name)
 
     def run_once(self) -> float:
-        consumer_id = self.identity()
+        consumer_id, queues = self.registered()
         sent_at = time.monotonic()
         try:
-            lost, refused = self.broker.renew_leases(self.queues, consumer_id, self.lease_ms, instance=self.instance)
+            lost, refused = self.broker.renew_leases(queues, consumer_id, self.lease_ms, instance=self.instance)
         except RedisError as exc:
             # Retry at twice the renewal pace instead of run_forever's backoff (up to 5 s):
             # after a Redis restart reapers wait only one lease of uptime, and a heartbeat
@@ -129,7 +127,7 @@ class HeartbeatLoop:
             return redis_away(self._problems, self.name, exc, self.lease_ms / 6000)
         self._problems.recovered(self.name, "%s: works again", self.name)
         # A queue whose lease keys Redis refuses holds up no other: no reaper can read them either.
-        self._steps.note("renewing the lease", self.queues, refused)
+        self._steps.note("renewing the lease", queues, refused)
         if not lost:
             self.lease.renewed(consumer_id, sent_at)
             metrics.LEASE_RENEWALS.inc()

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tasks_app.protocol.keys import WAKE_TOKEN, consumer_id_of
-from tasks_app.protocol.refusals import refused
+from tasks_app.protocol.refusals import refused, replies_by_queue
 from tasks_app.protocol.replies import LeaseHolder, ReapOutcome, json_object
 from tasks_app.protocol.scripts import ScriptClient
 
@@ -63,15 +63,24 @@ class LeaseOps(ScriptClient):
         replies = self.scripts.execute(
             self._heartbeats(queues, consumer_id, lease_ms, None, instance), self.client, raise_on_error=False
         )
-        lost, refusals = [], {}
-        for queue, reply in zip(queues, replies, strict=True):
-            if isinstance(reply, Exception):
-                if not refused(reply):
-                    raise reply
-                refusals[queue] = str(reply)
-            elif not reply:
-                lost.append(queue)
-        return lost, refusals
+        held, refusals = replies_by_queue(queues, replies)
+        return [queue for queue, flag in held.items() if not flag], refusals
+
+    def register_leases(
+        self, queues: Sequence[str], consumer_id: str, lease_ms: int, register_info: dict[str, Any]
+    ) -> dict[str, str]:
+        """Register this consumer's lease on every queue; return Redis's refusal by queue (not registered there).
+
+        A queue whose lease keys Redis refuses (a foreign key's type) is left as it was; an error
+        that passes (Redis away, loading) is raised.
+        """
+        replies = self.scripts.execute(
+            self._heartbeats(queues, consumer_id, lease_ms, register_info, ""), self.client, raise_on_error=False
+        )
+        for added in replies[1::2]:  # to the set of every queue: no one queue's
+            if isinstance(added, Exception):
+                raise added
+        return replies_by_queue(queues, replies[::2])[1]
 
     def _heartbeats(
         self,
@@ -91,30 +100,34 @@ class LeaseOps(ScriptClient):
                 pipe.sadd(self.keys.queues(), queue)
         return pipe
 
-    def lease_holders(self, queues: Sequence[str], consumer_id: str) -> list[LeaseHolder]:
-        """The lease entries `consumer_id` holds on `queues` (none where it holds no entry)."""
+    def lease_holders(self, queues: Sequence[str], consumer_id: str) -> tuple[list[LeaseHolder], dict[str, str]]:
+        """The lease entries `consumer_id` holds on `queues` (none where it holds no entry), and Redis's refusal
+        by queue where its lease keys are of a foreign type (none can be seen there)."""
         pipe = self.client.pipeline(transaction=False)
         for queue in queues:
             self.scripts.queue(
                 pipe, "lease_holder", [self.keys.consumers(queue), self.keys.consumer_info(queue)], [consumer_id]
             )
-        holders = []
-        for queue, (held, ms_left, info) in zip(queues, self.scripts.execute(pipe, self.client), strict=True):
-            if int(held):
-                holders.append(LeaseHolder(queue, int(ms_left), json_object(info)))
-        return holders
+        entries, refusals = replies_by_queue(queues, self.scripts.execute(pipe, self.client, raise_on_error=False))
+        holders = [
+            LeaseHolder(queue, int(ms_left), json_object(info))
+            for queue, (held, ms_left, info) in entries.items()
+            if int(held)
+        ]
+        return holders, refusals
 
-    def abandon(self, queues: Sequence[str], consumer_id: str) -> None:
+    def abandon(self, queues: Sequence[str], consumer_id: str) -> dict[str, str]:
         """Tombstone an id whose lease was lost, so reapers sweep its lists even if its lease entry is gone.
 
         A blocking claim in flight can still move a task into such a list, and after a failover
-        that lost the lease entry no reaper would otherwise look there.
+        that lost the lease entry no reaper would otherwise look there. Returns Redis's refusal by
+        queue whose tombstones are of a foreign type (no reaper reads them either).
         """
         now_ms = int(time.time() * 1000)
         pipe = self.client.pipeline(transaction=False)
         for queue in queues:
             pipe.zadd(self.keys.reaped(queue), {consumer_id: now_ms}, nx=True)
-        pipe.execute()
+        return replies_by_queue(queues, pipe.execute(raise_on_error=False))[1]
 
     def deregister(self, queue: str, consumer_id: str, instance: str = "") -> int:
         """Leave cleanly: return anything still held uncounted, first among its priority, and drop the lease.

@@ -4,7 +4,8 @@ error, and reading queue by queue past such refusals, so that one queue's bad ke
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from redis.exceptions import ResponseError
 
@@ -50,4 +51,21 @@ def read_each[T](queues: Iterable[str], read: Callable[[str], T]) -> tuple[dict[
             if not refused(exc):
                 raise
             unreadable[queue] = str(exc)
+    return found, unreadable
+
+
+def replies_by_queue(queues: Sequence[str], replies: Sequence[Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Each queue's reply (one per queue, in order), and the error of each queue whose keys Redis refused.
+
+    An error that passes (Redis away, loading, failing over) is raised: it is no one queue's.
+    """
+    found: dict[str, Any] = {}
+    unreadable: dict[str, str] = {}
+    for queue, reply in zip(queues, replies, strict=True):
+        if not isinstance(reply, Exception):
+            found[queue] = reply
+        elif refused(reply):
+            unreadable[queue] = str(reply)
+        else:
+            raise reply
     return found, unreadable

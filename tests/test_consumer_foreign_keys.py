@@ -1,0 +1,86 @@
+"""A consumer one of whose queues holds a key a foreign writer made another type: it starts and serves the
+others, claims nothing from that queue, and joins it once the key is mended, without a restart."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from tasks_app import producer
+from tasks_app.protocol.broker import Broker
+from tests.support.counters import sample
+from tests.support.processes import wait_until
+from tests.support.recording import recorded_runs
+from tests.test_consumer import make_consumer
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+REFUSED = "taskqueue_queue_refused_total"
+
+# The keys of queue "bad" that registering there, or recovering what an earlier run of id "fixed" left, reads.
+START_KEYS: dict[str, Callable[[Broker], str]] = {
+    "consumers": lambda broker: broker.keys.consumers("bad"),
+    "consumer_info": lambda broker: broker.keys.consumer_info("bad"),
+    "primary": lambda broker: broker.keys.primary("bad"),
+    "processing": lambda broker: broker.keys.processing("bad", "fixed"),
+    "recoveries": lambda broker: broker.keys.recoveries("bad"),
+    "suspects": lambda broker: broker.keys.suspects("bad"),
+    "reaped": lambda broker: broker.keys.reaped("bad"),
+    "dead": lambda broker: broker.keys.dead("bad"),
+}
+
+
+def foreign(broker: Broker, key: str) -> None:
+    """Make `key` a string: no reader of a list, hash or sorted set takes it."""
+    broker.client.delete(key)
+    broker.client.set(key, "foreign")
+
+
+def left_by_an_earlier_run(broker: Broker) -> str:
+    """A task of queue "bad" that an earlier run of id "fixed" claimed and never settled (it was killed); its id."""
+    [task] = producer.enqueue("test.record", queue="bad")
+    broker.client.lmove(broker.keys.pending("bad"), broker.keys.processing("bad", "fixed"), "RIGHT", "LEFT")
+    return task.id
+
+
+def ran(broker: Broker, task_id: str) -> bool:
+    return any(run["task_id"] == task_id for run in recorded_runs(broker))
+
+
+@pytest.mark.parametrize("name", list(START_KEYS))
+def test_a_consumer_starts_beside_a_queue_whose_start_keys_are_foreign_and_joins_it_once_mended(
+    broker, consumer_in_thread, caplog, name
+):
+    left = None if name == "processing" else left_by_an_earlier_run(broker)
+    key = START_KEYS[name](broker)
+    foreign(broker, key)
+    [good] = producer.enqueue("test.record", queue="good")
+    refused_before = sample(REFUSED, loop="registering", queue="bad")
+    # Before: the refusal was a start-up error, and the consumer served none of its queues.
+    with consumer_in_thread(queues=["bad", "good"], consumer_id="fixed") as consumer:
+        wait_until(lambda: ran(broker, good.id), 15, message="the good queue's task to run")
+        wait_until(lambda: sample(REFUSED, loop="registering", queue="bad") > refused_before + 1, 10, message="retries")
+        said = [m for m in caplog.messages if m.startswith("registering:") and "of queue bad refused by Redis" in m]
+        assert len(said) == 1 and "WRONGTYPE" in said[0] and key in said[0], said
+        # Never claimed from, never a lease lost for it: no claim there is under a lease.
+        assert consumer.consumer_id == "fixed" and len(recorded_runs(broker)) == 1
+        if left is not None:
+            assert broker.client.lrange(broker.keys.processing("bad", "fixed"), 0, -1), "left where it was"
+        broker.client.delete(key)
+        [later] = producer.enqueue("test.record", queue="bad")
+        wait_until(lambda: ran(broker, later.id), 15, message="the mended queue's task to run, without a restart")
+        if left is not None:
+            wait_until(lambda: ran(broker, left), 15, message="the earlier run's task to be recovered and run")
+        assert [c["id"] for c in broker.live_consumers("bad")] == ["fixed"] and consumer.consumer_id == "fixed"
+    assert any(m.startswith("registering:") and "of queue bad works again" in m for m in caplog.messages)
+    assert broker.live_consumers("bad") == [] and broker.live_consumers("good") == []
+
+
+def test_a_consumer_that_lost_its_lease_moves_on_past_a_queue_whose_tombstones_are_foreign(broker):
+    consumer = make_consumer(broker, queues=["a", "b"])
+    foreign(broker, broker.keys.reaped("a"))
+    consumer.lease_lost("me")  # before: the refused tombstone raised, and the consumer kept its lost id for good
+    assert consumer.consumer_id == "me.1" and consumer.registration.current() == ("me.1", ["b"])
+    assert consumer.registered_on("b") and not consumer.registered_on("a"), "claims nothing where it holds no lease"
+    assert broker.client.zscore(broker.keys.reaped("b"), "me") is not None
