@@ -9,9 +9,14 @@
 -- when the registered info names another instance (another process registered this id since:
 -- its list and lease are left alone). A returned suspect goes to the head of suspects and loses
 -- its start mark: it did not die here, and counts only if it dies running again. Only a clean
--- exit calls this; a new run recovers an unclean one's list with reap.
+-- exit calls this; a new run recovers an unclean one's list with reap. A key of another type than
+-- these (a foreign writer's) is a WRONGTYPE error naming it before any write: no task leaves the
+-- list to be lost halfway.
 -- include: instance
 -- include: args
+-- include: key_types
+local refused = wrong_key_type({'zset', 'hash', 'list', 'list', 'hash', 'list', 'zset'})
+if refused then return refused end
 -- include: priority
 -- include: protobuf
 -- include: put_back
