@@ -84,3 +84,23 @@ def test_a_consumer_that_lost_its_lease_moves_on_past_a_queue_whose_tombstones_a
     assert consumer.consumer_id == "me.1" and consumer.registration.current() == ("me.1", ["b"])
     assert consumer.registered_on("b") and not consumer.registered_on("a"), "claims nothing where it holds no lease"
     assert broker.client.zscore(broker.keys.reaped("b"), "me") is not None
+
+
+@pytest.mark.parametrize("name", ["delayed", "consumer_info", "processing"])
+def test_a_burst_consumer_exits_once_all_it_may_claim_is_done_beside_a_queue_it_cannot_read(
+    broker, consumer_in_thread, caplog, name
+):
+    [good] = producer.enqueue("test.record", queue="good")
+    [bad] = producer.enqueue("test.record", queue="bad")
+    foreign(broker, START_KEYS[name](broker) if name in START_KEYS else broker.keys.delayed("bad"))
+    # Before: the refused read of queue bad's stats kept the consumer from ever finding its queues idle.
+    with consumer_in_thread(queues=["bad", "good"], consumer_id="fixed", burst=True):
+        wait_until(lambda: "burst: nothing left to claim" in caplog.text, 20, message="the burst consumer to stop")
+    assert ran(broker, good.id)
+    left = [m for m in caplog.messages if m.startswith("burst: queue bad")]
+    if name == "delayed":  # registered there, so it ran what it could claim before it stopped
+        assert ran(broker, bad.id)
+        assert len(left) == 1 and "cannot be read" in left[0] and broker.keys.delayed("bad") in left[0]
+    else:  # not registered there: what waits there is left
+        assert not ran(broker, bad.id) and broker.client.llen(broker.keys.pending("bad")) == 1
+        assert len(left) == 1 and "1 task(s)" in left[0], left

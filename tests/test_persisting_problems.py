@@ -250,7 +250,7 @@ def test_queue_stats_that_cannot_be_read_are_logged_once_per_outage_and_still_co
 
 def test_a_burst_consumer_that_cannot_check_its_queues_says_so_once(broker, caplog, monkeypatch):
     consumer = make_consumer(broker, burst=True)
-    monkeypatch.setattr(burst, "nothing_to_claim", lambda broker, queues: Outage(9)())
+    monkeypatch.setattr(burst, "nothing_to_claim", lambda broker, queues, registered: Outage(9)())
     assert not consumer._idle(), "not idle while the queues cannot be checked"
     recovery = "burst: the queues can be checked again"
     said_once_then_its_end(caplog, consumer._idle, "burst: cannot check the queues", monkeypatch.undo, recovery)

@@ -1,49 +1,83 @@
 """Burst mode: whether a consumer started with `--burst` has nothing left it may claim, so it exits.
 
 A paused queue counts as idle: its pending and delayed tasks wait for a resume that a burst run
-cannot wait for (as RQ's burst workers leave when suspended). Tasks in flight anywhere still keep
-it running, and so do the pending and delayed tasks of every queue that is not paused.
+cannot wait for (as RQ's burst workers leave when suspended). So does a queue the consumer is not
+registered on (Redis refused its keys: it claims nothing there), and a queue whose counts Redis
+refuses to read (a foreign key's type), except for the tasks waiting there that it may claim, if
+those can be counted. Tasks in flight on a queue that can be read still keep it running, and so do
+the pending and delayed tasks of every other queue.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.refusals import read_each
+from tasks_app.protocol.replies import QueueStats
 
 logger = logging.getLogger(__name__)
 
 
-def nothing_to_claim(broker: Broker, queues: Sequence[str]) -> bool:
-    """True once no queue has tasks in flight and only paused ones have tasks waiting (logged)."""
-    stats = [broker.queue_stats(queue) for queue in queues]
-    if any(queue.processing or (not queue.paused and (queue.pending or queue.delayed)) for queue in stats):
+def nothing_to_claim(broker: Broker, queues: Sequence[str], registered: Collection[str] | None = None) -> bool:
+    """True once no queue has tasks in flight and only those it may not claim from have tasks waiting (logged).
+
+    `registered`: the queues the consumer is registered on (None: all of them).
+    """
+    claimable = [queue for queue in queues if registered is None or queue in registered]
+    stats, unreadable = read_each(queues, broker.queue_stats)
+    if any(s.processing or (q in claimable and not s.paused and (s.pending or s.delayed)) for q, s in stats.items()):
         return False
-    for queue in stats:
+    # A queue that could not be read whole: what waits there to be claimed, counted on its own (refused: unknown).
+    waiting, _ = read_each(unreadable, broker.waiting_count)
+    if any(count and queue in claimable and not broker.is_paused(queue) for queue, count in waiting.items()):
+        return False
+    for queue in stats.values():
         if queue.pending or queue.delayed:
-            logger.warning(
-                "burst: queue %s is paused with %d task(s) pending and %d delayed; leaving them for a resume",
-                queue.queue,
-                queue.pending,
-                queue.delayed,
-            )
+            _say_left(queue, claimable)
+    for name, error in unreadable.items():
+        known = f"{waiting[name]} task(s) waiting to be claimed" if name in waiting else "what it holds is unknown"
+        logger.warning("burst: queue %s cannot be read (%s; %s): leaving what it holds", name, error, known)
     return True
+
+
+def _say_left(queue: QueueStats, claimable: Collection[str]) -> None:
+    """Say that `queue`'s waiting tasks are left: it is paused, or this consumer cannot claim from it."""
+    if queue.paused:
+        logger.warning(
+            "burst: queue %s is paused with %d task(s) pending and %d delayed; leaving them for a resume",
+            queue.queue,
+            queue.pending,
+            queue.delayed,
+        )
+    else:
+        logger.warning(
+            "burst: queue %s has %d task(s) pending and %d delayed that this consumer cannot claim "
+            "(it could not register there: Redis refused the queue's keys); leaving them",
+            queue.queue,
+            queue.pending,
+            queue.delayed,
+        )
 
 
 class IdleCheck:
     """`nothing_to_claim` as a burst consumer asks it at every tick: False while Redis is away, which is said once."""
 
-    def __init__(self, broker: Broker, queues: Sequence[str]) -> None:
+    def __init__(
+        self, broker: Broker, queues: Sequence[str], registered: Callable[[], Collection[str]] | None = None
+    ) -> None:
         self.broker = broker
         self.queues = list(queues)
+        self.registered = registered  # the queues the consumer is registered on now (None: all)
         self._problem: ProblemLog[str] = ProblemLog(logger)
 
     def __call__(self) -> bool:
         """True once the queues are idle (see `nothing_to_claim`); False if they cannot be checked."""
         try:
-            idle = nothing_to_claim(self.broker, self.queues)
+            registered = self.registered() if self.registered is not None else None
+            idle = nothing_to_claim(self.broker, self.queues, registered)
         except Exception as exc:
             self._problem.failed("check", repr(exc), "burst: cannot check the queues: %s", exc)
             return False

@@ -123,7 +123,8 @@ class Consumer:
         self.held = HeldTasks(self.capacity)  # handed to workers and not let go of, and the suspect slot
         # Ids left after a lease lost on some queues only, kept there while they hold tasks.
         self.retiring = RetiringIds(self.heartbeat_broker, self.options.lease_s, self.held.raws, self.instance)
-        self._queues_idle = IdleCheck(self.broker, self.options.queues)  # burst mode's question
+        # Burst mode's question; a queue the consumer is not registered on is one it cannot claim from.
+        self._queues_idle = IdleCheck(self.broker, self.options.queues, lambda: self.registration.current()[1])
         self.exit_code = 0  # what `leave` asks for (process mode)
         self.guard = ProcessGuard(self.options, lambda *limits: self.executor.fail_hung(*limits), self.leave)
 

@@ -54,6 +54,11 @@ def _consumer_rows(
     return consumers
 
 
+def _waiting(pending: int, wake_token_at: int | None, prioritized: int, suspects: int) -> int:
+    """The tasks waiting to be claimed, from the replies of `_count_waiting`'s reads."""
+    return pending - (wake_token_at is not None) + prioritized + suspects
+
+
 def _count(raw: bytes | None) -> int:
     """A counter as INCRBY keeps it; anything else (a foreign writer's "1.5") counts nothing."""
     try:
@@ -106,20 +111,32 @@ class InspectionOps(ScriptClient):
         pipe.hgetall(self.keys.consumer_info(queue))
         for consumer_id in holders:
             pipe.llen(self.keys.processing(queue, consumer_id))
+        self._count_waiting(pipe, queue)
+        pipe.zcard(self.keys.delayed(queue))
+        pipe.zcard(self.keys.dead(queue))
+        pipe.exists(self.keys.paused(queue))
+        info_raw, *lengths = pipe.execute()
+        *waiting, delayed, dead, paused = lengths[len(holders) :]
+        processing = sum(lengths[: len(holders)])
+        consumers = _consumer_rows(entries, info_raw, lengths[: len(entries)])
+        return QueueStats(queue, _waiting(*waiting), processing, delayed, dead, consumers, bool(paused))
+
+    def waiting_count(self, queue: str) -> int:
+        """How many tasks of `queue` wait to be claimed (pending, prioritized, suspects), as `queue_stats` counts them.
+
+        It reads only those keys: a queue whose other keys Redis refuses (a foreign key's type) still says.
+        """
+        pipe = self.client.pipeline(transaction=NAME_PATTERN.fullmatch(queue) is not None)
+        self._count_waiting(pipe, queue)
+        return _waiting(*pipe.execute())
+
+    def _count_waiting(self, pipe: Any, queue: str) -> None:
+        """Queue the reads of what waits to be claimed on `pipe`: their replies are `_waiting`'s arguments."""
         pipe.llen(self.keys.pending(queue))
         # A wake token is not a task; there is at most one, near the head of pending.
         pipe.lpos(self.keys.pending(queue), WAKE_TOKEN, rank=-1, maxlen=16)
         pipe.zcard(self.keys.prioritized(queue))
         pipe.llen(self.keys.suspects(queue))
-        pipe.zcard(self.keys.delayed(queue))
-        pipe.zcard(self.keys.dead(queue))
-        pipe.exists(self.keys.paused(queue))
-        info_raw, *lengths = pipe.execute()
-        pending, wake_token_at, prioritized, suspects, delayed, dead, paused = lengths[len(holders) :]
-        pending -= wake_token_at is not None
-        processing = sum(lengths[: len(holders)])
-        consumers = _consumer_rows(entries, info_raw, lengths[: len(entries)])
-        return QueueStats(queue, pending + prioritized + suspects, processing, delayed, dead, consumers, bool(paused))
 
     def _holders(self, queue: str) -> tuple[list[tuple[bytes, float]], list[str]]:
         """The lease entries of `queue`, and every id whose processing list may hold its tasks (reaped ones too)."""
