@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from tasks_app import producer
+from tasks_app.consumer.lifecycle import Consumer
+from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.models import TaskType
 from tasks_app.protocol.results import ResultRecord
+from tests.support.consumers import running
 from tests.support.processes import wait_until
 from tests.support.recording import marks, recorded_runs
 from tests.test_consumer import make_consumer
@@ -82,3 +87,43 @@ def test_an_async_run_outliving_the_grace_period_is_interrupted_too(broker, cons
     assert record.errors[0]["exception_class_path"] == "tasks_app.exceptions.TaskInterrupted"
     stats = broker.queue_stats("default")
     assert (stats.pending, stats.processing, stats.dead) == (0, 0, 1)
+
+
+def _late(answer: Callable[..., Any], asked: threading.Event, may_answer: threading.Event) -> Callable[..., Any]:
+    """`answer`, whose reply comes only once the test lets it (a round trip that outlasts the grace period)."""
+
+    def late(*args: Any) -> Any:
+        asked.set()
+        may_answer.wait(30)
+        return answer(*args)
+
+    return late
+
+
+@pytest.mark.parametrize("gate", ["rate_limit", "max_running", "lease_check"])
+def test_a_task_whose_gate_answers_after_the_grace_period_never_starts_and_goes_back_unstarted(broker, caplog, gate):
+    TaskType.objects.create(name="gated", handler="test.record", rate_limit=100, max_running=5)
+    [task] = producer.enqueue("gated")
+    asked, may_answer = threading.Event(), threading.Event()
+    consumer = Consumer(ConsumerOptions(lease_s=2.0, grace_s=0.2, block_s=0.5), broker=broker)
+    if gate == "rate_limit":
+        consumer.executor.rate_gate = _late(consumer.executor.rate_gate, asked, may_answer)
+    elif gate == "max_running":
+        slots = consumer.executor.concurrency
+        slots.acquire = _late(slots.acquire, asked, may_answer)  # type: ignore[method-assign]
+    else:  # the last check before its start is written: it passed the first look at the grace period
+        consumer.executor.lease_check = _late(consumer._lease_holds, asked, may_answer)
+    try:
+        with running(consumer):
+            wait_until(asked.is_set, 15, message="the worker to wait for its gate's answer")
+            consumer.request_stop()
+            wait_until(lambda: "grace period over" in caplog.text, 10, message="the grace period to end")
+            may_answer.set()  # before: the run started now, past the grace period, in a process about to exit
+            wait_until(lambda: consumer._busy == 0, 10, message="the worker to be done with the task")
+    finally:
+        may_answer.set()
+    assert recorded_runs(broker) == [], "it never started"
+    stats = broker.queue_stats("default")
+    assert (stats.pending, stats.processing, stats.delayed) == (1, 0, 0), "back unstarted"
+    if gate != "lease_check":  # met before its start was written (after, its record may say RUNNING until rerun)
+        assert record_of(broker, task).status == "READY"

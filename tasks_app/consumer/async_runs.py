@@ -31,6 +31,10 @@ from tasks_app.task_types import TaskTypeConfig
 
 logger = logging.getLogger("tasks_app.tasks")
 
+# Why a task whose worker was still passing its gates (rate limit, max_running, its start) when a stop's
+# grace period ended goes back unstarted: a run starting then would be abandoned by the exiting process.
+AFTER_GRACE = "passed its gates only after the grace period of the stop ended"
+
 
 async def as_current[T](context: TaskContext, awaitable: Awaitable[T]) -> T:
     """Await `awaitable` with `context` as what `tasks_app.context.current()` returns in it."""
@@ -53,6 +57,7 @@ class AsyncRuns(Settling):
     # The executor's: settles a run's outcome (see Executor._settle_outcome).
     _settle_outcome: Callable[..., bool]
     _run: Callable[..., bool]
+    _watch: Callable[[object, Running], bool]  # the executor's: False once no run may start (see run_limits)
     pauses: PauseWatch  # the executor's: it puts claimed tasks back unstarted
 
     def _run_async(
@@ -74,15 +79,15 @@ class AsyncRuns(Settling):
         settle = partial(self._settle_safely, context.control, claimed, task, config)
         flight = Flight(settle, timeout_s, partial(self._succeed_now, context.control, claimed, task, config))
         run = Running(task, RunClock(None), context, claimed.fence, claimed, config, partial(lane.cancel, flight))
-        with self._running_lock:
-            self.running[context.control] = run
+        if not self._watch(context.control, run):
+            return self._return_stopping(claimed, AFTER_GRACE)
         lane.submit(coroutine, flight, on_settled or (lambda: None), slot)
         return True
 
-    def _return_stopping(self, claimed: Claimed) -> bool:
-        """Put back unstarted a task that waited for room on the lane until the consumer began to stop."""
+    def _return_stopping(self, claimed: Claimed, waited: str) -> bool:
+        """Put back unstarted a task that `waited` until the consumer stopped: it must not start now (False)."""
         self.pauses.return_unstarted(claimed)
-        logger.info("stopping: a task waiting for room on the asyncio lane went back to pending unstarted")
+        logger.info("stopping: a task that %s went back to pending unstarted", waited)
         return False
 
     def _unwatch(self, control: RunControl) -> None:

@@ -21,7 +21,7 @@ from redis.exceptions import ResponseError
 from tasks_app import metrics
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.async_lane import AsyncLane
-from tasks_app.consumer.async_runs import AsyncRuns
+from tasks_app.consumer.async_runs import AFTER_GRACE, AsyncRuns
 from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.concurrency import ConcurrencyGate, key_token_of
 from tasks_app.consumer.control import Running, RunWatch, progress_update
@@ -252,17 +252,15 @@ class Executor(AsyncRuns, RunLimits, RunStart):
         lane = self.async_lane if handler.is_async else None
         lane_slot = lane.reserve() if lane is not None else None
         if lane is not None and lane_slot is None:
-            return self._return_stopping(claimed)
+            return self._return_stopping(claimed, "waited for room on the asyncio lane")
         try:
+            if self._starts_closed:  # most such tasks are met here, before their start is written
+                return self._return_stopping(claimed, AFTER_GRACE)
             if self.lease_check is not None and not self.lease_check(claimed):
                 return False  # its lease was lost while it passed the gates: the reaper owns it now
             max_attempts = self._record_start(claimed, task, config, handler, arguments)
-            if max_attempts is NotStarted.CANCELLED:  # cancelled before it started
-                return self._drop_cancelled(claimed, task, config, on_settled)
-            if max_attempts is NotStarted.SUPERSEDED:  # a later claim holds it: it runs there, never here as well
-                return self._ack_settled(claimed, task, None, "superseded", None, on_settled)
-            if max_attempts is NotStarted.LEASE_LOST:
-                return False
+            if isinstance(max_attempts, NotStarted):
+                return self._not_started(max_attempts, claimed, task, config, on_settled)
             context = TaskContext(
                 task.id, task.type, task.queue, task.attempt, max_attempts, dict(task.headers), claimed.consumer_id
             )
@@ -273,12 +271,29 @@ class Executor(AsyncRuns, RunLimits, RunStart):
                 lane_slot.give_back()  # unless the run took it
         clock = RunClock(config.timeout_s or None)
         run = Running(task, clock, context, claimed.fence, claimed, config)
+        if not self._watch(threading.get_ident(), run):
+            return self._return_stopping(claimed, AFTER_GRACE)
         value, raised = self._call(handler, context, arguments, run)
         if clock.abandoned:
             return False  # settled by fail_hung when it outlived its hard limit
         duration = time.monotonic() - clock.started_monotonic
         error = clock.timeout_error or raised  # the timeout wins over whatever the handler did after it
         return self._settle_outcome(claimed, task, config, value, error, raised, duration, on_settled)
+
+    def _not_started(
+        self,
+        why: NotStarted,
+        claimed: Claimed,
+        task: Task,
+        config: TaskTypeConfig,
+        on_settled: Callable[[], None] | None,
+    ) -> bool:
+        """Settle a task whose run must not start; True if the ack batcher settles it (and calls `on_settled`)."""
+        if why is NotStarted.CANCELLED:  # cancelled before it started
+            return self._drop_cancelled(claimed, task, config, on_settled)
+        if why is NotStarted.SUPERSEDED:  # a later claim holds it: it runs there, never here as well
+            return self._ack_settled(claimed, task, None, "superseded", None, on_settled)
+        return False  # its lease lapsed while the start was written: the reaper owns it now
 
     def _settle_outcome(
         self,
@@ -308,10 +323,8 @@ class Executor(AsyncRuns, RunLimits, RunStart):
     def _call(
         self, handler: Handler, context: TaskContext, arguments: Arguments, run: Running
     ) -> tuple[Any, BaseException | None]:
-        """Call the handler under its run's clock; return its value and what it raised."""
+        """Call the handler under its run's clock (watched since `_watch`); return its value and what it raised."""
         key, clock = threading.get_ident(), run.clock
-        with self._running_lock:
-            self.running[key] = run
         metrics.BUSY_WORKERS.inc()
         try:
             value, raised = call_with_clock(

@@ -24,6 +24,8 @@ class RunLimits(ControlSettling):
     # The executor's: the runs it watches, and its asyncio lane.
     running: dict[object, Running]
     _running_lock: threading.Lock
+    # Set (under _running_lock) when a stop's grace period ends: no run starts after it.
+    _starts_closed = False
     async_lane: AsyncLane | None
     _hung_settlers: list[threading.Thread]  # threads settling the runs `fail_hung` gave up on
     _settle_outcome: Callable[..., bool]  # the executor's: settles a run's outcome
@@ -78,6 +80,7 @@ class RunLimits(ControlSettling):
         `exit_within_s`): no retry is due before. Settled on a thread of its own, as `fail_hung` does.
         """
         with self._running_lock:  # thread runs (an async one is stopped through its asyncio task)
+            self._starts_closed = True  # a worker still passing its gates must not start its run after this
             runs = [run for run in self.running.values() if run.stop is None and run.clock.give_up()]
         flights = self.async_lane.take_unsettled() if self.async_lane is not None else []
         if not runs and not flights:
@@ -85,6 +88,14 @@ class RunLimits(ControlSettling):
         error = TaskInterrupted(f"the consumer stopped, and the run still went on {grace_s:g} s after the stop")
         self._settle_apart(self._settle_interrupted, (runs, flights, error), exit_within_s)
         return len(runs) + len(flights)
+
+    def _watch(self, key: object, run: Running) -> bool:
+        """Watch `run` as it starts; False if it must not start: a stop's grace period ended (see interrupt_running)."""
+        with self._running_lock:
+            if self._starts_closed:
+                return False
+            self.running[key] = run
+            return True
 
     def _settle_apart(self, settle: Callable[..., None], args: tuple[Any, ...], exit_within_s: float) -> None:
         """Call `settle(*args)` on a thread of its own; no retry is due before this process is gone."""
