@@ -8,9 +8,13 @@
 -- ARGV[4..] serialized tasks, in the order they should run
 -- Returns: how many were returned (tasks no longer in the processing list are skipped; none if
 -- another instance registered the consumer id since: the list is that instance's, see
--- include/settle.lua).
+-- include/settle.lua). A key of another type than these (a foreign writer's) is a WRONGTYPE error
+-- naming it before any write: no task leaves the list to be lost halfway.
 -- include: instance
 -- include: args
+-- include: key_types
+local refused = wrong_key_type({'list', 'list', 'hash', 'list', 'hash', 'zset'})
+if refused then return refused end
 -- include: priority
 -- include: protobuf
 -- include: put_back

@@ -13,6 +13,7 @@ from tests.support.counters import sample
 from tests.support.processes import wait_until
 from tests.support.recording import recorded_runs
 from tests.test_consumer import make_consumer
+from tests.test_foreign_key_types import spoil_as_string
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -29,12 +30,6 @@ START_KEYS: dict[str, Callable[[Broker], str]] = {
     "reaped": lambda broker: broker.keys.reaped("bad"),
     "dead": lambda broker: broker.keys.dead("bad"),
 }
-
-
-def foreign(broker: Broker, key: str) -> None:
-    """Make `key` a string: no reader of a list, hash or sorted set takes it."""
-    broker.client.delete(key)
-    broker.client.set(key, "foreign")
 
 
 def left_by_an_earlier_run(broker: Broker) -> str:
@@ -54,7 +49,7 @@ def test_a_consumer_starts_beside_a_queue_whose_start_keys_are_foreign_and_joins
 ):
     left = None if name == "processing" else left_by_an_earlier_run(broker)
     key = START_KEYS[name](broker)
-    foreign(broker, key)
+    spoil_as_string(broker, key)
     [good] = producer.enqueue("test.record", queue="good")
     refused_before = sample(REFUSED, loop="registering", queue="bad")
     # Before: the refusal was a start-up error, and the consumer served none of its queues.
@@ -79,7 +74,7 @@ def test_a_consumer_starts_beside_a_queue_whose_start_keys_are_foreign_and_joins
 
 def test_a_consumer_that_lost_its_lease_moves_on_past_a_queue_whose_tombstones_are_foreign(broker):
     consumer = make_consumer(broker, queues=["a", "b"])
-    foreign(broker, broker.keys.reaped("a"))
+    spoil_as_string(broker, broker.keys.reaped("a"))
     consumer.lease_lost("me")  # before: the refused tombstone raised, and the consumer kept its lost id for good
     assert consumer.consumer_id == "me.1" and consumer.registration.current() == ("me.1", ["b"])
     assert consumer.registered_on("b") and not consumer.registered_on("a"), "claims nothing where it holds no lease"
@@ -92,7 +87,7 @@ def test_a_burst_consumer_exits_once_all_it_may_claim_is_done_beside_a_queue_it_
 ):
     [good] = producer.enqueue("test.record", queue="good")
     [bad] = producer.enqueue("test.record", queue="bad")
-    foreign(broker, START_KEYS[name](broker) if name in START_KEYS else broker.keys.delayed("bad"))
+    spoil_as_string(broker, START_KEYS[name](broker) if name in START_KEYS else broker.keys.delayed("bad"))
     # Before: the refused read of queue bad's stats kept the consumer from ever finding its queues idle.
     with consumer_in_thread(queues=["bad", "good"], consumer_id="fixed", burst=True):
         wait_until(lambda: "burst: nothing left to claim" in caplog.text, 20, message="the burst consumer to stop")

@@ -48,6 +48,12 @@ def spoil(broker: Broker, key: str) -> None:
         broker.client.hset(key, "foreign", "1")
 
 
+def spoil_as_string(broker: Broker, key: str) -> None:
+    """Make `key` a string: no reader of a list, a hash or a sorted set takes it."""
+    broker.client.delete(key)
+    broker.client.set(key, "foreign")
+
+
 @pytest.fixture
 def two_queues(broker, echo_type) -> tuple[str, str]:
     """A task on the good queue `web` and one on `bad` (with a live consumer c1 there); their ids."""

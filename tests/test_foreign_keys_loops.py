@@ -6,6 +6,7 @@ import logging
 import time
 
 import pytest
+from redis.exceptions import ResponseError
 
 from tasks_app import producer
 from tasks_app.consumer.control import Running, RunWatch
@@ -18,7 +19,7 @@ from tasks_app.protocol.codec import Task
 from tests.integration.test_rate_follow_ups import LIMITED, TYPE, defer, due_now
 from tests.support.claims import claim, push, register, task_bytes
 from tests.support.counters import sample
-from tests.test_foreign_key_types import spoil
+from tests.test_foreign_key_types import spoil, spoil_as_string
 
 pytestmark = pytest.mark.django_db
 
@@ -173,3 +174,23 @@ def test_a_queue_whose_delayed_set_is_foreign_keeps_no_other_queues_deferrals_fr
     assert sample(REFUSED, loop="rate-follow-up", queue="a") - refused_before == 1
     [said] = _refusals(caplog, "a")
     assert "WRONGTYPE" in said
+
+
+# --- giving back what a consumer holds (a stop, a pause, a retiring id) ------------------------
+def test_a_leave_refused_at_a_foreign_pending_list_loses_none_of_the_tasks_it_held(broker):
+    register(broker, "old", 60_000, "a")
+    broker.client.lpush(broker.keys.processing("a", "old"), task_bytes("t1", queue="a"))
+    spoil_as_string(broker, broker.keys.pending("a"))
+    with pytest.raises(ResponseError, match=broker.keys.pending("a")):
+        broker.deregister("a", "old")  # before: it took the task off the list, then failed putting it back
+    assert broker.client.llen(broker.keys.processing("a", "old")) == 1
+
+
+def test_a_return_refused_at_a_foreign_pending_list_loses_none_of_the_tasks_it_returns(broker):
+    register(broker, "c1", 60_000, "a")
+    task = task_bytes("t1", queue="a")
+    broker.client.lpush(broker.keys.processing("a", "c1"), task)
+    spoil_as_string(broker, broker.keys.pending("a"))
+    with pytest.raises(ResponseError, match=broker.keys.pending("a")):
+        broker.return_unstarted("a", "c1", [task])  # before: it took the task off the list, then failed putting it back
+    assert broker.held_by("a", "c1") == [task]

@@ -1,11 +1,9 @@
 """An id whose lease was lost on some queues only is renewed where it holds tasks, deregistered where it holds none."""
 
-import pytest
-from redis.exceptions import ResponseError
-
 from tasks_app.consumer.retiring import RetiringIds
 from tests.support.broker_calls import make_task, register
 from tests.support.counters import sample
+from tests.test_foreign_key_types import spoil_as_string
 
 REFUSED = "taskqueue_queue_refused_total"
 
@@ -26,11 +24,6 @@ def test_a_retiring_id_is_renewed_while_it_holds_tasks_then_deregistered_giving_
     retiring.renew()  # nothing left to retire
 
 
-def foreign(broker, key: str) -> None:
-    broker.client.delete(key)
-    broker.client.set(key, "foreign")
-
-
 def _retiring(broker, held: set[tuple[str, str]]) -> RetiringIds:
     register(broker, "old", lease_ms=1000, queues=("a", "b"))
     retiring = RetiringIds(broker, 60.0, lambda queue, consumer_id: {(queue, consumer_id)} & held)
@@ -40,7 +33,7 @@ def _retiring(broker, held: set[tuple[str, str]]) -> RetiringIds:
 
 def test_a_queue_refusing_a_retiring_ids_leave_keeps_no_other_queue_from_it(broker, caplog):
     retiring = _retiring(broker, set())
-    foreign(broker, broker.keys.consumers("a"))
+    spoil_as_string(broker, broker.keys.consumers("a"))
     refused_before = sample(REFUSED, loop="retiring", queue="a")
     retiring.renew()  # before: the refusal at queue a stopped the pass, and b was never left
     assert broker.client.zscore(broker.keys.consumers("b"), "old") is None
@@ -54,16 +47,7 @@ def test_a_queue_refusing_a_retiring_ids_leave_keeps_no_other_queue_from_it(brok
 
 def test_a_queue_refusing_a_retiring_ids_renewal_keeps_no_other_queue_from_it(broker):
     retiring = _retiring(broker, {("a", "old"), ("b", "old")})
-    foreign(broker, broker.keys.consumer_info("a"))
+    spoil_as_string(broker, broker.keys.consumer_info("a"))
     retiring.renew()  # before: the refused renewal at queue a failed the pass, and b's lease lapsed
     assert broker.client.zscore(broker.keys.consumers("b"), "old") > broker.client.time()[0] * 1000 + 30_000
     assert retiring._queues == {"old": ["a", "b"]}, "neither renewed nor lost at a: tried again"
-
-
-def test_a_leave_refused_at_a_foreign_pending_list_loses_none_of_the_tasks_it_held(broker):
-    register(broker, "old", lease_ms=60_000, queues=("a",))
-    broker.client.lpush(broker.keys.processing("a", "old"), make_task(1, queue="a"))
-    foreign(broker, broker.keys.pending("a"))
-    with pytest.raises(ResponseError, match=broker.keys.pending("a")):
-        broker.deregister("a", "old")  # before: it took the task off the list, then failed putting it back
-    assert broker.client.llen(broker.keys.processing("a", "old")) == 1
