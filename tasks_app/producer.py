@@ -147,12 +147,15 @@ def prepare(requests: Sequence[TaskRequest], *, registry: Registry = default_reg
     # A request object repeated in `requests` (as `enqueue(count=N)` does) is validated and
     # encoded once; each of its tasks then costs a fresh id and one serialization.
     prepared: dict[int, tuple[TaskRequest, _Prepared]] = {}
+    queue_of_id: dict[str, str] = {}  # the queue of each caller's id in the call
     batch = PreparedBatch([], [], settings.TASKS_RESULT_TTL)
     for request in requests:
         entry = prepared.get(id(request))
         if entry is None or entry[0] is not request:
             entry = prepared[id(request)] = (request, _prepare(request, configs, registry, now_ms))
         task, queue, priority, delay_ms, run_after_ms, record, window_ms = entry[1]
+        if request.task_id:
+            _check_one_queue(request.task_id, queue, queue_of_id)
         task_id = task.id = request.task_id or new_task_id()
         if request.run_after is not None:
             batch.fixed_due.add(task_id)
@@ -259,6 +262,16 @@ def _check_task_id(task_id: str) -> None:
     if "/" in task_id or task_id in {".", ".."} or any(ord(char) < 32 or 127 <= ord(char) < 160 for char in task_id):
         raise EnqueueError(
             f"task_id cannot contain '/' or control characters, nor be '.' or '..', got {task_id!r:.120}"
+        )
+
+
+def _check_one_queue(task_id: str, queue: str, queue_of_id: dict[str, str]) -> None:
+    """Refuse a caller's id given to tasks of two queues in one call: one id names one task, and one record."""
+    first = queue_of_id.setdefault(task_id, queue)
+    if first != queue:
+        raise EnqueueError(
+            f"task id {task_id!r:.120} is given to tasks of two queues, {first!r} and {queue!r}, in one call:"
+            " a task id names one task"
         )
 
 

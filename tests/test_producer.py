@@ -147,6 +147,19 @@ def test_a_caller_task_id_no_url_or_database_text_can_hold_is_rejected(broker, t
     assert enqueued_keys(broker) == []
 
 
+def test_one_caller_id_given_to_tasks_of_two_queues_in_one_call_is_refused_naming_it(broker):
+    # Its record is one key for both: the second task would take the first one's record over.
+    TaskType.objects.create(name="unique.echo", handler="demo.echo", unique_for_s=60)
+    for second in ("demo.echo", "unique.echo"):
+        batch = [
+            TaskRequest("demo.echo", [1], queue="A", task_id="shared"),
+            TaskRequest(second, [2], queue="B", task_id="shared"),
+        ]
+        with pytest.raises(EnqueueError, match="task id 'shared' is given to tasks of two queues, 'A' and 'B'"):
+            enqueue_many(batch)
+    assert enqueued_keys(broker) == []
+
+
 def test_disabled_types_and_unregistered_handlers_are_rejected(broker):
     TaskType.objects.create(name="off", handler="demo.echo", enabled=False)
     TaskType.objects.create(name="orphan", handler="gone.handler")
