@@ -17,9 +17,10 @@
 -- order of the sections' history ids (the record of the j-th id of them all is the j-th key).
 -- Returns: {tasks pushed, records written, then the position of each task not pushed, counted
 -- from 1 over the id-checked groups of all sections}. A task whose id was enqueued to its queue
--- before, or earlier in this call, is not pushed, and neither its record nor its history entry
--- is written: one id given to several tasks of a call keeps the first one's (a record beyond the
--- history ids is written whatever was pushed). A call without queue sections (Redis Cluster,
+-- before, or earlier in this call (to a task of any section), or whose record (the key of its id
+-- among the history ids) names another queue, is not pushed, and neither its record nor its
+-- history entry is written: one id given to several tasks of a call keeps the first one's (a
+-- record beyond the history ids is written whatever was pushed). A call without queue sections (Redis Cluster,
 -- where a record lies in another slot than its queue and is written beside its push) writes a
 -- record only where no run or cancel touched it (no `fence`, status READY or none), so a retried
 -- request whose task was pushed before never rewrites its record.
@@ -31,6 +32,7 @@
 -- include: args
 -- include: priority
 -- include: history
+-- include: task_ids
 local now_ms = server_now_ms()
 local keep_ms = int_arg(ARGV[2], 86400000, 0, 2 ^ 53)
 local keep_max = int_arg(ARGV[3], 100000, 1, 2 ^ 53)
@@ -50,7 +52,10 @@ end
 
 local not_pushed = {}  -- positions, over the call's id-checked groups, of the tasks not pushed
 local pushes = {}  -- id checked -> how many of its tasks the call pushed and did not file yet
+local section_of = {}  -- id checked -> the section of its first task in the call
 local filed = {}  -- per history id of the call, in order: whether its record and entry are written
+local first_record = stride * sections + (ARGV[4] == '1' and 2 or 1)
+local recorded = 0  -- history ids (so record keys) of the sections before this one
 
 -- Whether the next task of `id` listed with a record is filed: one whose id was not checked
 -- always; else one of those the call pushed (the first tasks of the id, in order).
@@ -83,18 +88,39 @@ local function push_plain(pending, first, last)
   end
 end
 
-local function seen_before(ids_key, id)
+-- The record key of each id checked among m groups from ARGV[from...], from the section's h
+-- history ids at ARGV[h_at + 1...] (the j-th history id of the call has the j-th record key).
+local function records_of(from, m, h_at, h_count)
+  local keys = {}
+  for g = 1, m do
+    if ARGV[from + 4 * g - 4] ~= '' then keys[ARGV[from + 4 * g - 4]] = false end
+  end
+  if next(keys) == nil then return keys end
+  for i = 1, h_count do
+    local id = ARGV[h_at + i]
+    if keys[id] == false then keys[id] = KEYS[first_record + recorded + i - 1] or false end
+  end
+  return keys
+end
+
+-- Whether id (chosen by the caller) is taken for a task of section s (queue `name`): given to a
+-- task of another section before, enqueued to this queue lately, or its record names another queue.
+local function seen_before(s, name, id, record_key)
   if id == '' then return false end
   pushes[id] = pushes[id] or 0
-  if redis.call('ZSCORE', ids_key, id) then return true end
+  section_of[id] = section_of[id] or s
+  local ids_key = KEYS[stride * (s - 1) + 4]
+  if section_of[id] ~= s or redis.call('ZSCORE', ids_key, id) or names_another_queue(record_key, name) then
+    return true
+  end
   redis.call('ZADD', ids_key, now_ms, id)
   pushes[id] = pushes[id] + 1
   return false
 end
 
 -- Push one task of section s; returns whether it was pushed and whether it went to prioritized.
-local function push_other(s, id, priority, delay_ms, task)
-  if seen_before(KEYS[stride * (s - 1) + 4], id) then return false, false end
+local function push_other(s, name, record_key, id, priority, delay_ms, task)
+  if seen_before(s, name, id, record_key) then return false, false end
   if delay_ms > 0 then
     redis.call('ZADD', KEYS[stride * (s - 1) + 3], now_ms + delay_ms, string.format('%+04d', priority) .. task)
   elseif priority ~= 0 then
@@ -113,19 +139,21 @@ for s = 1, sections do
   push_plain(KEYS[stride * (s - 1) + 1], at + 2, at + 1 + plain)
   at = at + 2 + plain
   local others = int_arg(ARGV[at], 0, 0, math.floor((#ARGV - at) / 4))
+  local h_at = at + 1 + 4 * others
+  local h_count = int_arg(ARGV[h_at], 0, 0, #ARGV - h_at)
+  local record_of = records_of(at + 1, others, h_at, h_count)
   local woke = false
   for g = 1, others do
     local i = at + 4 * g - 3
-    local added, prioritized = push_other(s, ARGV[i], int_arg(ARGV[i + 1], 0, -100, 100),
+    local added, prioritized = push_other(s, name, record_of[ARGV[i]], ARGV[i], int_arg(ARGV[i + 1], 0, -100, 100),
                                           int_arg(ARGV[i + 2], 0, 0, 2 ^ 53), ARGV[i + 3])
     if added then pushed = pushed + 1 else not_pushed[#not_pushed + 1] = checked + g end
     woke = woke or prioritized
   end
-  at = at + 1 + 4 * others
   checked = checked + others
-  local h_count = int_arg(ARGV[at], 0, 0, #ARGV - at)
-  add_history(s, at + 1, h_count)
-  at = at + 1 + h_count
+  add_history(s, h_at + 1, h_count)
+  recorded = recorded + h_count
+  at = h_at + 1 + h_count
   if woke and redis.call('LLEN', KEYS[stride * (s - 1) + 1]) == 0 then
     redis.call('LPUSH', KEYS[stride * (s - 1) + 1], ARGV[1])
   end
@@ -150,7 +178,6 @@ end
 -- READY records: a result key of a foreign type only loses its record, the tasks stay pushed;
 -- out of memory before anything was written (a call with records only) is the caller's error.
 local written = 0
-local first_record = stride * sections + (ARGV[4] == '1' and 2 or 1)
 local key = first_record
 while at + 2 <= #ARGV and key <= #KEYS do
   local count = int_arg(ARGV[at], 0, 0, #KEYS - key + 1)

@@ -1,6 +1,7 @@
--- enqueue_unique: push one task unless a task of the same type and uniqueness key was enqueued
--- to this queue within the key's window, or (for an id the caller chose) a task with its id was
--- enqueued to this queue lately; the checks, the push and the task's history entry are one step.
+-- enqueue_unique: push one task unless (for an id the caller chose) a task with its id was
+-- enqueued to this queue lately or its record names another queue, or a task of the same type and
+-- uniqueness key was enqueued to this queue within the key's window; the checks, the push and the
+-- task's history entry are one step.
 -- KEYS[1] uniqueness key (string: the id of the task that holds it)   KEYS[2] pending list
 -- KEYS[3] prioritized zset   KEYS[4] delayed zset   KEYS[5] enqueued ids zset (task id -> server
 -- ms); if ARGV[11] = s > 0, KEYS[6] history zset, KEYS[7] history ids zset and KEYS[8] to
@@ -13,8 +14,10 @@
 -- ARGV[11] s, the number of status indexes (0: no history index)   ARGV[12] at most how many
 -- tasks the history keeps   ARGV[13] its time to live (ms)   ARGV[14] to ARGV[13 + s] the status
 -- names; then the record's field/value pairs
--- Returns: {1, task id} pushed; {0, id of the task holding the key} a duplicate, or {0, task id}
--- when that id was enqueued lately (a retry of the same request): nothing written.
+-- Returns: {1, task id} pushed; {0, task id} when the caller chose that id and it is taken (enqueued
+-- to this queue lately, a retry of the same request; or its record, when given, names another
+-- queue than the record to write); else {0, id of the task holding the key} a duplicate: nothing
+-- written.
 -- Errors (before writing anything) if a key holds the wrong type. Atomic: the push is the first
 -- write (out of memory fails it and nothing is written); the record and the index are written
 -- with pcall (a key of a foreign type only loses its part).
@@ -23,13 +26,21 @@
 -- include: priority
 -- include: key_types
 -- include: history
+-- include: task_ids
 local refused = wrong_key_type({'string', 'list', 'zset', 'zset', 'zset'})
 if refused then return refused end
+local index, first = history_args(11, #KEYS - 7)
+local record_key = KEYS[index.count > 0 and 8 + index.count or 6]
+local last = #ARGV - ((#ARGV - first + 1) % 2)
+-- A caller's id names one task: the one enqueued with it lately, or the one its record names.
+if ARGV[8] == '1' and (redis.call('ZSCORE', KEYS[5], ARGV[1])
+                       or names_another_queue(record_key, pair_value(first, last, 'queue') or '')) then
+  return {0, ARGV[1]}
+end
 local holder = redis.call('GET', KEYS[1])
 if holder then return {0, holder} end
 local now_ms = server_now_ms()
 if ARGV[8] == '1' then
-  if redis.call('ZSCORE', KEYS[5], ARGV[1]) then return {0, ARGV[1]} end
   redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', '(' .. (now_ms - int_arg(ARGV[9], 86400000, 0, 2 ^ 53)))
   local excess = redis.call('ZCARD', KEYS[5]) - int_arg(ARGV[10], 100000, 1, 2 ^ 53)
   if excess > 0 then redis.call('ZREMRANGEBYRANK', KEYS[5], 0, excess - 1) end
@@ -46,13 +57,9 @@ else
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', int_arg(ARGV[2], 1000, 1, 2 ^ 53))
 if ARGV[8] == '1' then redis.call('ZADD', KEYS[5], now_ms, ARGV[1]) end
-local index, first = history_args(11, #KEYS - 7)
-local record_key = KEYS[6]
 if index.count > 0 then
   history_enqueued(history_keys(KEYS[6], KEYS[7], index.names, 8), {ARGV[1]}, index.max, index.ttl_ms)
-  record_key = KEYS[8 + index.count]
 end
-local last = #ARGV - ((#ARGV - first + 1) % 2)
 if record_key and last > first and type(redis.pcall('HSET', record_key, unpack(ARGV, first, last))) == 'number' then
   redis.pcall('EXPIRE', record_key, int_arg(ARGV[7], 1, 1, 2 ^ 53))
 end

@@ -77,8 +77,9 @@ class EnqueuedTask:
     priority: int
     enqueued_at_ms: int
     run_after_ms: int
-    # Nothing was pushed: a unique type's task was already enqueued within its window, or a task with
-    # the caller's id was enqueued to its queue lately (or earlier in the same call). `id` is that task's.
+    # Nothing was pushed: a unique type's task was already enqueued within its window, or the caller's
+    # id is taken: a task with it was enqueued to its queue lately (or earlier in the same call), or
+    # its record names another queue. `id` is that task's.
     duplicate: bool = False
 
 

@@ -26,8 +26,8 @@ class ProducingOps(ControlOps):
         """Write each task's READY record (kept result_ttl_s past its due time) and push the tasks,
         and the `uniques` as `enqueue_unique` does. Per task of `items`, then of `uniques`: None
         (pushed), or the id of the task enqueued in its place, nothing pushed nor written for it:
-        its own, for a caller's id enqueued to its queue lately or earlier in the call; the holder
-        of its key, for a unique one.
+        its own, for a caller's id enqueued to its queue lately or earlier in the call, or whose
+        record names another queue; the holder of its key, for a unique one.
 
         On a single Redis server all or nothing (see `_enqueue_on_server`). On Redis Cluster one
         call per queue and per record in one round trip: some may be pushed when an error is raised.

@@ -210,3 +210,26 @@ def test_on_a_cluster_a_retried_request_leaves_the_record_of_its_task_alone(tmp_
         assert queued(broker, "A") == 2
     finally:
         cluster.remove()
+
+
+@pytest.mark.parametrize("options", [{}, {"priority": 5}, {"delay_s": 60}])
+@pytest.mark.parametrize("type_name", ["demo.echo", "unique.echo"])
+@pytest.mark.parametrize("beside", [False, True])
+def test_a_caller_id_whose_record_names_another_queue_is_taken(broker, type_name, options, beside):
+    """A task's record is global by id: an id in use in one queue is a duplicate in any other, nothing written."""
+    TaskType.objects.create(name="unique.echo", handler="demo.echo", unique_for_s=600)
+    enqueue_many([echo(1, "mine")], broker=broker)
+    record = started(broker, "mine")
+    batch = [echo(2, "mine", type_name, queue="B", **options)]
+    batch += [TaskRequest("demo.echo", [3], queue="B")] if beside else []
+    again = enqueue_many(batch, broker=broker)[0]
+    assert (again.duplicate, again.id) == (True, "mine")
+    assert broker.get_result("mine") == record
+    assert (queued(broker, "A"), queued(broker, "B")) == (1, 1 if beside else 0)
+    assert broker.history_count(["B"], None, None) == (1 if beside else 0)
+
+
+def test_a_caller_id_whose_record_key_holds_another_type_is_still_pushed(broker):
+    broker.client.set(broker.keys.result("odd"), "not a hash")
+    [task] = enqueue_many([echo(1, "odd", queue="B")], broker=broker)
+    assert not task.duplicate and queued(broker, "B") == 1
