@@ -16,14 +16,16 @@
 -- (number of keys, time to live s, p, then p field/value pairs) until the end, their keys in the
 -- order of the sections' history ids (the record of the j-th id of them all is the j-th key).
 -- Returns: {tasks pushed, records written, then the position of each task not pushed, counted
--- from 1 over the id-checked groups of all sections}. A task whose id was enqueued to its queue
+-- from 1 over the id-checked groups of all sections; for a call of records alone, the number of
+-- each record key left alone because its record names another queue than the one its fields name}. A task whose id was enqueued to its queue
 -- before, or earlier in this call (to a task of any section), or whose record (the key of its id
 -- among the history ids) names another queue, is not pushed, and neither its record nor its
 -- history entry is written: one id given to several tasks of a call keeps the first one's (a
 -- record beyond the history ids is written whatever was pushed). A call without queue sections (Redis Cluster,
--- where a record lies in another slot than its queue and is written beside its push) writes a
--- record only where no run or cancel touched it (no `fence`, status READY or none), so a retried
--- request whose task was pushed before never rewrites its record.
+-- where a record lies in another slot than its queue and is written beside or before its push)
+-- writes a record only where no run or cancel touched it (no `fence`, status READY or none), so a
+-- retried request whose task was pushed before never rewrites its record, and never over a
+-- record naming another queue (the id is another task's: the caller pushes nothing for it).
 -- Atomic: the only write that can fail is the first (Redis out of memory, so nothing is written)
 -- and nothing after it raises: key types are checked first, records are written with pcall.
 -- Keys of different slots (queues, result hashes) are passed on a single Redis server only;
@@ -178,13 +180,17 @@ end
 -- READY records: a result key of a foreign type only loses its record, the tasks stay pushed;
 -- out of memory before anything was written (a call with records only) is the caller's error.
 local written = 0
+local taken = {}  -- a call of records alone: the records left alone as they name another queue
 local key = first_record
 while at + 2 <= #ARGV and key <= #KEYS do
   local count = int_arg(ARGV[at], 0, 0, #KEYS - key + 1)
   local ttl_s = int_arg(ARGV[at + 1], 1, 1, 2 ^ 53)
   local last = at + 2 + 2 * int_arg(ARGV[at + 2], 0, 0, math.floor((#ARGV - at - 2) / 2))
+  local queue = sections == 0 and pair_value(at + 3, last, 'queue')
   for i = key, key + count - 1 do
-    if last > at + 2 and filed[i - first_record + 1] ~= false and not (sections == 0 and touched(KEYS[i])) then
+    if names_another_queue(KEYS[i], queue) then
+      taken[#taken + 1] = i - first_record + 1
+    elseif last > at + 2 and filed[i - first_record + 1] ~= false and not (sections == 0 and touched(KEYS[i])) then
       local outcome = redis.pcall('HSET', KEYS[i], unpack(ARGV, at + 3, last))
       if type(outcome) == 'table' and outcome.err then
         if pushed + written == 0 and string.find(outcome.err, 'OOM', 1, true) then return outcome end
@@ -197,5 +203,5 @@ while at + 2 <= #ARGV and key <= #KEYS do
   key, at = key + count, last + 1
 end
 local reply = {pushed, written}
-for _, position in ipairs(not_pushed) do reply[#reply + 1] = position end
+for _, position in ipairs(sections > 0 and not_pushed or taken) do reply[#reply + 1] = position end
 return reply

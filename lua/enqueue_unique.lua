@@ -34,7 +34,7 @@ local record_key = KEYS[index.count > 0 and 8 + index.count or 6]
 local last = #ARGV - ((#ARGV - first + 1) % 2)
 -- A caller's id names one task: the one enqueued with it lately, or the one its record names.
 if ARGV[8] == '1' and (redis.call('ZSCORE', KEYS[5], ARGV[1])
-                       or names_another_queue(record_key, pair_value(first, last, 'queue') or '')) then
+                       or names_another_queue(record_key, pair_value(first, last, 'queue'))) then
   return {0, ARGV[1]}
 end
 local holder = redis.call('GET', KEYS[1])

@@ -81,16 +81,28 @@ def in_section_order(items: Sequence[Enqueueable], by_queue: Mapping[str, Sectio
     return sorted(recorded, key=lambda item: order[item.queue])
 
 
-def first_of_each_id(items: Sequence[Enqueueable]) -> list[Enqueueable]:
-    """The tasks with a READY record, but for a repeat of a caller's id: one record per id, the first task's."""
-    seen: set[str] = set()
-    kept: list[Enqueueable] = []
+def id_claims(items: Sequence[Enqueueable], uniques: Sequence[Enqueueable]) -> tuple[list[Enqueueable], set[str]]:
+    """Redis Cluster: per caller's id of a call, the READY record that claims it for its queue before any push.
+
+    The record of the id's first task of `items` (those are pushed before `uniques`), else of its
+    one task of `uniques`. An id given to several tasks of `uniques` alone gets a record naming
+    only its queue, as which of them is pushed is known only after the push: those ids are
+    returned too, for the record of the one pushed to be written whole then.
+    """
+    claims: dict[str, Enqueueable] = {}
     for item in items:
-        if item.result_key_fields and not (item.idempotent and item.task_id in seen):
-            kept.append(item)
-            if item.idempotent:
-                seen.add(item.task_id)
-    return kept
+        if item.idempotent and item.result_key_fields and item.task_id not in claims:
+            claims[item.task_id] = item
+    of_items, repeated = set(claims), set()
+    for item in uniques:
+        if not (item.idempotent and item.result_key_fields) or item.task_id in of_items:
+            continue
+        if item.task_id in claims:
+            claims[item.task_id] = item._replace(result_key_fields={"queue": item.queue})
+            repeated.add(item.task_id)
+        else:
+            claims[item.task_id] = item
+    return list(claims.values()), repeated
 
 
 def record_groups(items: Sequence[Enqueueable], result_ttl_s: int) -> list[Any]:

@@ -10,7 +10,7 @@ one round trip per queue, see `cancel_marks`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, NamedTuple
@@ -78,44 +78,29 @@ class ControlOps(ScriptClient):
     _announced_queues: set[str]
     history_max: int  # the cap of each queue's history index (the broker's)
 
-    def enqueue_unique(self, uniques: Sequence[UniqueEnqueueable], result_ttl_s: int) -> list[str | None]:
-        """Push each task unless it is a duplicate; per task None (pushed) or the id of the task holding its key.
-
-        One script per task, in one pipeline, in order: a later task of the same key is a
-        duplicate of an earlier one. A task pushed is filed READY in its queue's history by the
-        same script. On Redis Cluster the READY records (another slot) are written in the same
-        pipeline, where no run or cancel touched them, and those of duplicates deleted afterwards
-        (but for one under its holder's own id).
-        """
-        pipe = self.client.pipeline(transaction=False)
-        calls = self.queue_uniques(pipe, uniques, result_ttl_s)
-        holders = self.unique_holders(uniques, self.scripts.execute(pipe, self.client), calls)
-        self._announced_queues |= calls.new_queues
-        return holders
-
     def queue_uniques(
-        self, pipe: Any, uniques: Sequence[UniqueEnqueueable], result_ttl_s: int, *, first_by_source: bool = False
+        self,
+        pipe: Any,
+        uniques: Sequence[UniqueEnqueueable],
+        result_ttl_s: int,
+        *,
+        first_by_source: bool = False,
+        recorded: Set[str] = frozenset(),
     ) -> UniqueCalls:
-        """Add the calls of `enqueue_unique` to a pipeline; return where they are (see `unique_holders`).
+        """Add the calls of `enqueue_unique` to a pipeline, in order; return where they are (see `unique_holders`).
 
         `first_by_source`: the first script call is sent as EVAL, which loads it for the others
         in a MULTI/EXEC (where a NOSCRIPT would fail them alone, after the rest has run). On Redis
-        Cluster each record is written before its script by `enqueue_batch` (once per caller's id).
+        Cluster each record is written before its script by `enqueue_batch` (once per id), but for
+        the ids in `recorded` (claimed before this pipeline).
         """
         cluster = isinstance(self.client, redis.RedisCluster)
         index = history.header_args(self.history_max, result_ttl_s * 1000)
         calls = UniqueCalls([], [], set())
-        recorded: set[str] = set()
+        recorded = set(recorded)
         for position, unique in enumerate(uniques):
             item = unique.item
-            keys = [
-                self.keys.unique(item.queue, unique.digest),
-                self.keys.pending(item.queue),
-                self.keys.prioritized(item.queue),
-                self.keys.delayed(item.queue),
-                self.keys.enqueued(item.queue),
-                *history.index_keys(self.keys, item.queue),
-            ]
+            keys = self._unique_keys(unique)
             record: list[str] = []
             if cluster:
                 calls.records.append(self._queue_record_beside(pipe, item, result_ttl_s, recorded))
@@ -133,36 +118,34 @@ class ControlOps(ScriptClient):
             pipe.sadd(self.keys.queues(), *calls.new_queues)
         return calls
 
+    def _unique_keys(self, unique: UniqueEnqueueable) -> list[str]:
+        """The KEYS of `unique`'s enqueue_unique call, but for its record."""
+        queue = unique.item.queue
+        return [
+            self.keys.unique(queue, unique.digest),
+            self.keys.pending(queue),
+            self.keys.prioritized(queue),
+            self.keys.delayed(queue),
+            self.keys.enqueued(queue),
+            *history.index_keys(self.keys, queue),
+        ]
+
     def _queue_record_beside(self, pipe: Any, item: Enqueueable, result_ttl_s: int, recorded: set[str]) -> int:
         """Queue a unique task's READY record on Redis Cluster (once per id); return its place in `pipe` (-1: none)."""
         if not item.result_key_fields or item.task_id in recorded:
             return -1
         recorded.add(item.task_id)
-        args = batch_args.record_only_args(item, result_ttl_s)
-        self.scripts.queue(pipe, "enqueue_batch", [self.keys.result(item.task_id)], args)
+        self._queue_record(pipe, item, result_ttl_s)
         return len(pipe) - 1
 
-    def unique_holders(
-        self, uniques: Sequence[UniqueEnqueueable], replies: Sequence[Any], calls: UniqueCalls
-    ) -> list[str | None]:
-        """Per task of `uniques` None (pushed) or its holder's id, read from the replies of `queue_uniques`'s calls."""
-        holders = [None if int(replies[at][0]) else _text(replies[at][1]) for at in calls.scripts]
-        # On Redis Cluster a duplicate's record, written beside it, goes: not one left as it was (a
-        # run or a cancel touched it), nor one under the id of the task holding its key (a retry of
-        # the same request shares that task's record), nor one of an id a task of the call pushed.
-        pushed = {unique.item.task_id for unique, holder in zip(uniques, holders, strict=True) if holder is None}
-        duplicates = [
-            unique.item.task_id
-            for unique, holder, at in zip(uniques, holders, calls.records, strict=True)
-            if holder
-            and holder != unique.item.task_id
-            and at >= 0
-            and int(replies[at][1])
-            and unique.item.task_id not in pushed
-        ]
-        if duplicates:
-            self.client.delete(*(self.keys.result(task_id) for task_id in duplicates))
-        return holders
+    def _queue_record(self, pipe: Any, item: Enqueueable, result_ttl_s: int) -> None:
+        """Queue an enqueue_batch call writing `item`'s READY record alone (in its own slot on Redis Cluster)."""
+        args = batch_args.record_only_args(item, result_ttl_s)
+        self.scripts.queue(pipe, "enqueue_batch", [self.keys.result(item.task_id)], args)
+
+    def unique_holders(self, replies: Sequence[Any], calls: UniqueCalls) -> list[str | None]:
+        """Per task None (pushed) or the id enqueued in its place, from the replies of `queue_uniques`'s calls."""
+        return [None if int(replies[at][0]) else _text(replies[at][1]) for at in calls.scripts]
 
     def release_unique(self, queue: str, digest: str, task_id: str, after_ms: int = 0) -> bool:
         """Free a uniqueness key if task `task_id` holds it (in `after_ms`, if its window ends later); True if so."""

@@ -13,11 +13,12 @@ import redis
 
 from tasks_app.protocol import batch_args, history
 from tasks_app.protocol.batch_args import ENQUEUED_IDS_KEEP_MS, ENQUEUED_IDS_MAX, Enqueueable
-from tasks_app.protocol.control import ControlOps, UniqueEnqueueable
+from tasks_app.protocol.cluster_enqueue import ClusterEnqueueOps
+from tasks_app.protocol.control import UniqueEnqueueable
 from tasks_app.protocol.keys import WAKE_TOKEN
 
 
-class ProducingOps(ControlOps):
+class ProducingOps(ClusterEnqueueOps):
     """Enqueueing, all or nothing on a single Redis server."""
 
     def enqueue(
@@ -30,16 +31,15 @@ class ProducingOps(ControlOps):
         record names another queue; the holder of its key, for a unique one.
 
         On a single Redis server all or nothing (see `_enqueue_on_server`). On Redis Cluster one
-        call per queue and per record in one round trip: some may be pushed when an error is raised.
+        call per queue and per record (see `ClusterEnqueueOps`): some may be pushed when an error is raised.
         """
         if not uniques and len(items) == 1 and self._enqueue_one(items[0], result_ttl_s):
             return [None]
         new_queues = {item.queue for item in items} - self._announced_queues
         if isinstance(self.client, redis.RedisCluster):
-            missed = self._enqueue_on_cluster(items, result_ttl_s, new_queues) if items else []
-            self._announced_queues |= new_queues
-            return [*_in_place(items, missed), *(self.enqueue_unique(uniques, result_ttl_s) if uniques else [])]
-        outcomes = self._enqueue_on_server(items, result_ttl_s, new_queues, uniques)
+            outcomes = self._enqueue_on_cluster(items, uniques, result_ttl_s, new_queues)
+        else:
+            outcomes = self._enqueue_on_server(items, result_ttl_s, new_queues, uniques)
         self._announced_queues |= new_queues
         return outcomes
 
@@ -69,7 +69,7 @@ class ProducingOps(ControlOps):
         calls = self.queue_uniques(pipe, uniques, result_ttl_s, first_by_source=True)
         replies = pipe.execute()
         missed = batch_args.not_pushed(replies[batch_at], others_at) if items else []
-        holders = self.unique_holders(uniques, replies, calls)
+        holders = self.unique_holders(replies, calls)
         self._announced_queues |= calls.new_queues
         return [*_in_place(items, missed), *holders]
 
@@ -94,42 +94,6 @@ class ProducingOps(ControlOps):
             args += section.args(queue, with_plain=False)
         args += batch_args.record_groups(records, result_ttl_s)
         return sections, keys, args
-
-    def _enqueue_on_cluster(self, items: Sequence[Enqueueable], result_ttl_s: int, new_queues: set[str]) -> list[int]:
-        """Enqueue on Redis Cluster; return the positions of the tasks not pushed (their id was enqueued before).
-
-        Result keys and queues lie in different slots: one call per record, then one per queue.
-        A record is written beside its push, only where no run or cancel touched it (a retried
-        request's task may be running or done), and once for a caller's id given to several tasks.
-        """
-        pipe = self.client.pipeline(transaction=False)
-        head = [WAKE_TOKEN, ENQUEUED_IDS_KEEP_MS, ENQUEUED_IDS_MAX, "0"]
-        shape = history.header_args(self.history_max, result_ttl_s * 1000)
-        for item in batch_args.first_of_each_id(items):
-            keys = [self.keys.result(item.task_id)]
-            self.scripts.queue(pipe, "enqueue_batch", keys, batch_args.record_only_args(item, result_ttl_s))
-        sections = batch_args.sections(items)
-        first_section = len(pipe)
-        for queue, section in sections.items():
-            keys = self._queue_section_keys(queue)
-            self.scripts.queue(pipe, "enqueue_batch", keys, [*head, 1, *shape, *section.args(queue)])
-        if new_queues:
-            pipe.sadd(self.keys.queues(), *new_queues)
-        replies = self.scripts.execute(pipe, self.client)
-        return [
-            position
-            for section, reply in zip(sections.values(), replies[first_section:], strict=False)
-            for position in batch_args.not_pushed(reply, section.others_at)
-        ]
-
-    def _queue_section_keys(self, queue: str) -> list[str]:
-        return [
-            self.keys.pending(queue),
-            self.keys.prioritized(queue),
-            self.keys.delayed(queue),
-            self.keys.enqueued(queue),
-            *history.index_keys(self.keys, queue),
-        ]
 
     def _enqueue_one(self, item: Enqueueable, result_ttl_s: int) -> bool:
         # The common single enqueue as a script call without the batch's sections (~15 % more

@@ -1,5 +1,6 @@
 """Bulk enqueue against private Redis servers: all or nothing on one server, no duplicates on retry."""
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -117,7 +118,8 @@ def test_on_a_cluster_a_partial_enqueue_is_completed_by_a_retry_without_duplicat
         b_server.config_set("maxmemory", 1)  # B's node refuses every write
         with pytest.raises(QueueUnavailable, match="some may be enqueued"):
             enqueue_many(batch, broker=broker)
-        assert (queued(broker, "A"), queued(broker, b_queue)) == (1000, 0)
+        # A's tasks are pushed but those whose id's record lies on B's node: an id not claimed is not pushed.
+        assert 0 < queued(broker, "A") < 1000 and queued(broker, b_queue) == 0
         b_server.config_set("maxmemory", 0)
         enqueue_many(batch, broker=broker)
         assert (queued(broker, "A"), queued(broker, b_queue)) == (1000, 1000)
@@ -212,21 +214,60 @@ def test_on_a_cluster_a_retried_request_leaves_the_record_of_its_task_alone(tmp_
         cluster.remove()
 
 
-@pytest.mark.parametrize("options", [{}, {"priority": 5}, {"delay_s": 60}])
-@pytest.mark.parametrize("type_name", ["demo.echo", "unique.echo"])
-@pytest.mark.parametrize("beside", [False, True])
-def test_a_caller_id_whose_record_names_another_queue_is_taken(broker, type_name, options, beside):
+@pytest.fixture(params=["server", "cluster"])
+def any_broker(request, broker, tmp_path, settings) -> Iterator[Broker]:
+    """A broker on the shared Redis server, or on a private 3-master Redis Cluster."""
+    if request.param == "server":
+        yield broker
+        return
+    settings.REDIS_CLUSTER = True
+    cluster = RedisClusterServers(tmp_path).start()
+    try:
+        yield Broker(redis.RedisCluster.from_url(cluster.url), PREFIX)
+    finally:
+        cluster.remove()
+
+
+def test_a_caller_id_whose_record_names_another_queue_is_taken(any_broker):
     """A task's record is global by id: an id in use in one queue is a duplicate in any other, nothing written."""
+    broker = any_broker
     TaskType.objects.create(name="unique.echo", handler="demo.echo", unique_for_s=600)
-    enqueue_many([echo(1, "mine")], broker=broker)
-    record = started(broker, "mine")
-    batch = [echo(2, "mine", type_name, queue="B", **options)]
-    batch += [TaskRequest("demo.echo", [3], queue="B")] if beside else []
-    again = enqueue_many(batch, broker=broker)[0]
-    assert (again.duplicate, again.id) == (True, "mine")
-    assert broker.get_result("mine") == record
-    assert (queued(broker, "A"), queued(broker, "B")) == (1, 1 if beside else 0)
-    assert broker.history_count(["B"], None, None) == (1 if beside else 0)
+    in_b = 0
+    for type_name, options, beside in itertools.product(
+        ["demo.echo", "unique.echo"], [{}, {"priority": 5}, {"delay_s": 60}], [False, True]
+    ):
+        task_id = f"mine-{type_name}-{len(options) and next(iter(options))}-{beside}"
+        enqueue_many([echo(1, task_id)], broker=broker)
+        record = started(broker, task_id)
+        batch = [echo(2, task_id, type_name, queue="B", **options)]
+        batch += [TaskRequest("demo.echo", [3], queue="B")] if beside else []
+        again = enqueue_many(batch, broker=broker)[0]
+        in_b += beside
+        assert (again.duplicate, again.id) == (True, task_id)
+        assert broker.get_result(task_id) == record
+        assert queued(broker, "B") == broker.history_count(["B"], None, None) == in_b
+
+
+def test_one_caller_id_given_to_two_unique_requests_records_the_task_pushed(any_broker):
+    broker = any_broker
+    TaskType.objects.create(name="unique.echo", handler="demo.echo", unique_for_s=600)
+    enqueue_many([echo(1, "holder", "unique.echo")], broker=broker)
+    # The first is a duplicate of the holder, the second is pushed: the record is the second's.
+    first, second = enqueue_many(
+        [echo(1, "twice", "unique.echo"), echo(2, "twice", "unique.echo", priority=5)], broker=broker
+    )
+    assert (first.duplicate, first.id, second.duplicate) == (True, "holder", False)
+    assert {k: v for k, v in broker.get_result("twice").items() if k in ("args", "priority")} == {
+        "args": "[2]",
+        "priority": "5",
+    }
+    # Both duplicates of the holder: no record; the first pushed: its record, the second a duplicate of it.
+    assert [t.id for t in enqueue_many([echo(1, "none", "unique.echo")] * 2, broker=broker)] == ["holder"] * 2
+    assert broker.get_result("none") is None
+    first, second = enqueue_many([echo(3, "first", "unique.echo"), echo(1, "first", "unique.echo")], broker=broker)
+    assert (first.duplicate, second.duplicate, second.id) == (False, True, "first")
+    assert broker.get_result("first")["args"] == "[3]"
+    assert queued(broker, "A") == 3
 
 
 def test_a_caller_id_whose_record_key_holds_another_type_is_still_pushed(broker):
