@@ -1,25 +1,29 @@
 -- fire_periodic: claim one slot of a periodic schedule and push its task, in one call, so any
 -- number of consumers fire each slot once and a consumer dying mid-way loses or doubles nothing.
--- KEYS[1] the schedule's state hash   KEYS[2] pending list   KEYS[3] prioritized zset; if
--- ARGV[13] = s > 0, KEYS[4] history zset, KEYS[5] history ids zset and KEYS[6] to KEYS[5 + s] the
--- status indexes of the statuses named in ARGV[16...]; then the regular run's result hash and
--- the catch-up run's (both optional: a single Redis server only, as they lie in other slots; on
--- Redis Cluster the caller writes the records)
+-- KEYS[1] the schedule's state hash in this queue   KEYS[2] pending list   KEYS[3] prioritized
+-- zset; if ARGV[15] = s > 0, KEYS[4] history zset, KEYS[5] history ids zset and KEYS[6] to
+-- KEYS[5 + s] the status indexes of the statuses named in ARGV[18...]; then the regular run's
+-- result hash, the catch-up run's and the schedule's slot claim (all three optional: a single
+-- Redis server only, as they lie in other slots; on Redis Cluster the caller writes the records
+-- and claims the slot first, with claim_periodic)
 -- ARGV[1] slot (ms since the epoch)   ARGV[2] the slot before it (ms; 0 = none)   ARGV[3] how
 -- late (ms) the slot may be and still run as itself   ARGV[4] catch-up policy: "skip" or "once"
 -- ARGV[5] wake token   ARGV[6] priority (-100..100)   ARGV[7] regular task id   ARGV[8] regular
 -- task   ARGV[9] catch-up task id   ARGV[10] catch-up task ("" for none)   ARGV[11] record time to
 -- live (s)   ARGV[12] when the schedule was last saved (ms; slots up to then never run, on time
--- or caught up: it may have been disabled, or have run them in another queue)   ARGV[13] s, the
--- number of status indexes (0: no history index)   ARGV[14] at most how many tasks the history
--- keeps   ARGV[15] its time to live (ms)   ARGV[16] to ARGV[15 + s] the status names; then the
+-- or caught up: it may have been disabled, or have run them in another queue)   ARGV[13] this
+-- queue's name   ARGV[14] the slot claimed before this one for another queue (ms; 0 none: read
+-- from the claim when it is among the KEYS), whose runs are not caught up here   ARGV[15] s, the
+-- number of status indexes (0: no history index)   ARGV[16] at most how many tasks the history
+-- keeps   ARGV[17] its time to live (ms)   ARGV[18] to ARGV[17 + s] the status names; then the
 -- READY record's field/value pairs (the same for both runs). Each run pushed is added to the
 -- history index as READY (the catch-up run first).
 -- Returns: {outcome, server now ms, last slot handled ms, last fired slot ms} where outcome is
 -- "early" (the slot is after the server's now: nothing done), "done" (this slot or a later one
--- was handled already), "fired", "caught_up" (one run for the missed slots, this one among
--- them), "fired_and_caught_up" (a catch-up run, then this slot's) or "skipped" (late: recorded,
--- nothing pushed).
+-- was handled already, or a later one claimed), "fired", "caught_up" (one run for the missed
+-- slots, this one among them), "fired_and_caught_up" (a catch-up run, then this slot's) or
+-- "skipped" (late: recorded, nothing pushed); or {"elsewhere", now, last handled, last fired,
+-- queue}: the claim names another queue for this slot (nothing written), fire it there.
 -- The state hash: slot_ms (last slot handled), fired_slot_ms, task_id and fired_at_ms (server
 -- ms) of the last run pushed. A slot at or before slot_ms is never pushed again.
 
@@ -28,11 +32,21 @@
 -- include: key_types
 -- include: history
 -- include: periodic_slot
+-- include: periodic_claim
 -- A result key of another type only loses its record (written with pcall): not checked.
 local bad = wrong_key_type({'hash', 'list', 'zset'})
 if bad then return bad end
 local slot_ms, now_ms, last, fired, refused = periodic_slot('fire_periodic')
 if refused then return refused end
+local index, first_field = history_args(15, #KEYS - 5)
+local result_keys = index.count > 0 and 6 + index.count or 4
+local elsewhere_ms = int_arg(ARGV[14], 0, 0, 2 ^ 53)
+if KEYS[result_keys + 2] then
+  local queue
+  queue, elsewhere_ms = claim_periodic_slot(KEYS[result_keys + 2], slot_ms, ARGV[13] or '')
+  if not queue then return {'done', now_ms, slot_ms, fired} end
+  if queue ~= ARGV[13] then return {'elsewhere', now_ms, last or -1, fired, queue} end
+end
 
 local prev_ms = int_arg(ARGV[2], 0, 0, 2 ^ 53)
 local saved_ms = int_arg(ARGV[12], 0, 0, 2 ^ 53)
@@ -43,12 +57,11 @@ local on_time = now_ms - slot_ms <= int_arg(ARGV[3], 0, 0, 2 ^ 53) and slot_ms >
 -- Missed: a slot after the last handled one and after the schedule's last save (before it, it may
 -- have been disabled) was never handled: the one before this, or this one, too late to run as
 -- itself. Without a history (a new schedule) nothing counts as missed.
-local missed = last ~= nil and (prev_ms > math.max(last, saved_ms) or (not on_time and slot_ms > saved_ms))
+-- Nor a slot up to one fired in another queue (claimed for it): that queue handled it.
+local missed = last ~= nil and (prev_ms > math.max(last, saved_ms, elsewhere_ms) or (not on_time and slot_ms > saved_ms))
 local catch_up = missed and ARGV[4] == 'once' and ARGV[10] ~= ''
 local priority = int_arg(ARGV[6], 0, -100, 100)
 local ttl_s = int_arg(ARGV[11], 1, 1, 2 ^ 53)
-local index, first_field = history_args(13, #KEYS - 5)
-local result_keys = index.count > 0 and 6 + index.count or 4
 local pushed_ids = {}
 
 local function push(task, id, record_key, offset_ms)

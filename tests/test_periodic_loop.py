@@ -291,3 +291,20 @@ def test_after_clocks_go_back_a_daily_job_that_ran_sleeps_until_the_refresh_not_
     daily = config("daily", cron="30 2 * * *", timezone="Europe/Berlin")
     loop = loop_of(broker, daily, clock_ms=lambda: int(second_showing.timestamp() * 1000))
     assert loop.run_once() > 1.0  # the refresh (2 s), not a pass every 5 ms for up to an hour
+
+
+MOVED = "periodic-moved"
+
+
+@pytest.mark.parametrize("first", ["old", "new"])
+def test_two_consumers_on_snapshots_before_and_after_a_queue_move_fire_its_slot_once(broker, echo, first):
+    hour_ms = broker.server_time_ms() // 3_600_000 * 3_600_000
+    old = replace(config("roams", interval_s=3600), queue=OUT, saved_ms=hour_ms - 7_200_000)
+    new = replace(old, queue=MOVED, saved_ms=hour_ms - 60_000)  # moved a minute before the slot
+    # Two consumers' schedulers, one still on the rows read before the move: the hour's slot is on time for both.
+    loops = [PeriodicLoop(broker, 2.0, 3600.0, load=lambda snapshot=snapshot: [snapshot]) for snapshot in (old, new)]
+    for loop in loops if first == "old" else reversed(loops):
+        loop.run_once()
+    runs = [(queue, run.slot_ms) for queue in (OUT, MOVED) for run in pushed_runs(broker, queue)]
+    assert runs == [(OUT if first == "old" else MOVED, hour_ms)]  # where the first fired it, once
+    assert [loop._handled["roams"] for loop in loops] == [hour_ms, hour_ms]

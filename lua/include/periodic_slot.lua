@@ -1,9 +1,12 @@
 -- A periodic schedule's state hash (KEYS[1]) against one slot: shared by fire_periodic and skip_periodic.
--- A field of the state that is not a time in ms (written by someone else) counts as absent.
-local function state_ms(name)
-  local n = tonumber(redis.call('HGET', KEYS[1], name))
+-- A number of ms read from a state (0..2^53), or nil for anything else (written by someone else).
+local function ms_value(value)
+  local n = tonumber(value)
   if n and n == n and n >= 0 and n <= 2 ^ 53 then return math.floor(n) end
   return nil
+end
+local function state_ms(name)
+  return ms_value(redis.call('HGET', KEYS[1], name))
 end
 -- The slot of ARGV[1] and the server's now (ms), the last slot handled (nil: none), the last one
 -- fired (-1: none), and the reply when the slot is not to be handled: an error (not a number of ms),

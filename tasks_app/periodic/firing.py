@@ -8,7 +8,7 @@ from tasks_app.periodic.config import PeriodicConfig
 from tasks_app.producer import EnqueuedTask, PreparedBatch, TaskRequest, enqueue_many, prepare
 from tasks_app.protocol.batch_args import Enqueueable
 from tasks_app.protocol.broker import Broker
-from tasks_app.protocol.periodic import FireReply, SlotFiring
+from tasks_app.protocol.periodic import ELSEWHERE, FireReply, SlotFiring
 from tasks_app.protocol.results import PERIODIC_HEADER
 from tasks_app.registry import Registry, registry as default_registry
 
@@ -39,10 +39,21 @@ def fire_slot(
     """Fire one slot of a schedule (and one catch-up run when its policy says so); raise EnqueueError if invalid.
 
     Both runs are encoded; the script decides on the server's clock which of them to push, if any.
+    A slot claimed for another queue than the rows' (by a consumer that read them before or after
+    a move) is fired in that queue: each slot is decided in one queue only.
     """
-    requests = [_request(config, firing.slot_ms, "run")]
+    reply = _fire_into(config.target_queue, config, firing, broker, registry)
+    if reply.outcome == ELSEWHERE:
+        reply = _fire_into(reply.queue, config, firing, broker, registry)
+    return reply
+
+
+def _fire_into(
+    queue: str | None, config: PeriodicConfig, firing: SlotFiring, broker: Broker, registry: Registry
+) -> FireReply:
+    requests = [_request(config, queue, firing.slot_ms, "run")]
     if config.catch_up == "once":
-        requests.append(_request(config, firing.slot_ms, "catch_up", {CATCH_UP_HEADER: "1"}))
+        requests.append(_request(config, queue, firing.slot_ms, "catch_up", {CATCH_UP_HEADER: "1"}))
     batch = prepare(requests, registry=registry)
     runs = _in_request_order(batch)
     return broker.fire_periodic(config.name, firing, runs[0], runs[1] if len(runs) > 1 else None, batch.result_ttl_s)
@@ -74,12 +85,14 @@ def _in_request_order(batch: PreparedBatch) -> list[Enqueueable]:
     return [uniques[position] if position in uniques else next(ordinary) for position in range(len(batch.enqueued))]
 
 
-def _request(config: PeriodicConfig, slot_ms: int, kind: str, extra: dict[str, str] | None = None) -> TaskRequest:
+def _request(
+    config: PeriodicConfig, queue: str | None, slot_ms: int, kind: str, extra: dict[str, str] | None = None
+) -> TaskRequest:
     return TaskRequest(
         type=config.task_type,
         args=config.args,
         kwargs=config.kwargs,
-        queue=config.target_queue,
+        queue=queue,
         priority=config.priority,
         headers={SCHEDULE_HEADER: config.name, SLOT_HEADER: str(slot_ms), **(extra or {})},
         task_id=run_id(config.name, slot_ms, kind),

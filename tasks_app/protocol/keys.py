@@ -124,6 +124,10 @@ class Keys:
         """State of periodic schedule `schedule` firing into `queue`: last slot handled, last task fired."""
         return self.queue_key(queue, f"periodic:{schedule}")
 
+    def periodic_claim(self, schedule: str) -> str:
+        """Slot claim of periodic schedule `schedule` (own hash tag): its latest slot claimed, the queue firing it."""
+        return f"{self.prefix}:periodic:{{{schedule}}}"
+
     def queues(self) -> str:
         return f"{self.prefix}:queues"
 

@@ -15,6 +15,8 @@ from tasks_app.protocol.scripts import ScriptClient
 
 # What fire_periodic.lua says it did with a slot.
 PUSHED_OUTCOMES = frozenset({"fired", "caught_up", "fired_and_caught_up"})
+# The slot is claimed for another queue (`FireReply.queue`): fire it there.
+ELSEWHERE = "elsewhere"
 
 
 class SlotFiring(NamedTuple):
@@ -34,11 +36,27 @@ class FireReply(NamedTuple):
     now_ms: int
     handled_slot_ms: int  # the last slot handled (fired or skipped); -1 if none
     fired_slot_ms: int  # the last slot a run was pushed for; -1 if none
+    queue: str = ""  # ELSEWHERE: the queue the slot is claimed for
 
     @property
     def pushed(self) -> bool:
         """True if this call pushed a run (regular or catch-up)."""
         return self.outcome in PUSHED_OUTCOMES
+
+
+class SlotClaim(NamedTuple):
+    """What claim_periodic.lua answered (Redis Cluster): which queue fires a slot, and the slot claimed before."""
+
+    outcome: str  # "early", "done" (a later slot was claimed) or "claimed"
+    queue: str  # "claimed": the queue that fires the slot
+    before_ms: int  # the slot claimed before it for another queue (0: none)
+    now_ms: int
+
+    def reply(self, slot_ms: int) -> FireReply:
+        """What fire_periodic answers for a slot this claim keeps from the caller's queue."""
+        if self.outcome == "claimed":
+            return FireReply(ELSEWHERE, self.now_ms, -1, -1, self.queue)
+        return FireReply(self.outcome, self.now_ms, slot_ms if self.outcome == "done" else -1, -1)
 
 
 class PeriodicState(NamedTuple):
@@ -66,46 +84,44 @@ class PeriodicOps(ScriptClient):
         """Claim one slot of `schedule` and push its run (and a catch-up run, if due) in one script call.
 
         Both tasks are encoded for `regular.queue`; a slot at or before the last one handled pushes
-        nothing. The script files each run it pushes READY in the queue's history index.
+        nothing, and one claimed for another queue (by a consumer on other rows) answers ELSEWHERE
+        with that queue. The script files each run it pushes READY in the queue's history index.
+        On Redis Cluster the slot is claimed first, in a call of its own (another slot).
         """
         queue = regular.queue
         keys = [self.keys.periodic(queue, schedule), self.keys.pending(queue), self.keys.prioritized(queue)]
         keys += history.index_keys(self.keys, queue)
         on_cluster = isinstance(self.client, redis.RedisCluster)
-        if not on_cluster:
+        elsewhere_ms = 0
+        if on_cluster:
+            claim = self._claim_slot(schedule, firing.slot_ms, queue)
+            if claim.outcome != "claimed" or claim.queue != queue:
+                return claim.reply(firing.slot_ms)
+            elsewhere_ms = claim.before_ms
+        else:
             keys += [self.keys.result(regular.task_id), self.keys.result(catch_up.task_id if catch_up else "-")]
-        args: list[Any] = [
-            firing.slot_ms,
-            firing.previous_ms,
-            firing.on_time_ms,
-            firing.catch_up,
-            WAKE_TOKEN,
-            regular.priority,
-            regular.task_id,
-            regular.raw,
-            catch_up.task_id if catch_up else "",
-            catch_up.raw if catch_up else "",
-            result_ttl_s,
-            firing.saved_ms,
-            *history.header_args(self.history_max, result_ttl_s * 1000),
-        ]
+            keys.append(self.keys.periodic_claim(schedule))
+        args = _fire_args(firing, regular, catch_up, result_ttl_s, elsewhere_ms)
+        args += history.header_args(self.history_max, result_ttl_s * 1000)
         for name, value in regular.result_key_fields.items():
             args += (name, value)
-        outcome, now_ms, handled_ms, fired_ms = self._script("fire_periodic", keys, args)
-        text = outcome.decode() if isinstance(outcome, bytes) else str(outcome)
-        reply = FireReply(text, int(now_ms), int(handled_ms), int(fired_ms))
+        reply = _reply(self._script("fire_periodic", keys, args))
         if reply.pushed:
             self._announce_queue(queue)
             if on_cluster:
                 self._write_ready_records(_pushed(reply.outcome, regular, catch_up), result_ttl_s)
         return reply
 
+    def _claim_slot(self, schedule: str, slot_ms: int, queue: str) -> SlotClaim:
+        """Redis Cluster: claim one slot of `schedule` for `queue`, unless claimed already (see claim_periodic.lua)."""
+        outcome, claimed, before_ms, now_ms = self._script(
+            "claim_periodic", [self.keys.periodic_claim(schedule)], [slot_ms, queue]
+        )
+        return SlotClaim(_text(outcome), _text(claimed), int(before_ms), int(now_ms))
+
     def skip_periodic(self, queue: str, schedule: str, slot_ms: int) -> FireReply:
         """Record one slot of `schedule` (firing into `queue`) as handled without pushing a run: refused, not missed."""
-        reply = self._script("skip_periodic", [self.keys.periodic(queue, schedule)], [slot_ms])
-        outcome, now_ms, handled_ms, fired_ms = reply
-        text = outcome.decode() if isinstance(outcome, bytes) else str(outcome)
-        return FireReply(text, int(now_ms), int(handled_ms), int(fired_ms))
+        return _reply(self._script("skip_periodic", [self.keys.periodic(queue, schedule)], [slot_ms]))
 
     def periodic_states(self, schedules: Sequence[tuple[str, str]]) -> list[PeriodicState]:
         """The state of each (queue, schedule) in one round trip; one Redis refuses to read is marked `unreadable`.
@@ -136,6 +152,38 @@ class PeriodicOps(ScriptClient):
         for item in items:
             args = batch_args.record_only_args(item, result_ttl_s)
             self._script("enqueue_batch", [self.keys.result(item.task_id)], args)
+
+
+def _fire_args(
+    firing: SlotFiring, regular: Enqueueable, catch_up: Enqueueable | None, result_ttl_s: int, elsewhere_ms: int
+) -> list[Any]:
+    """The ARGV of fire_periodic up to its history block."""
+    return [
+        firing.slot_ms,
+        firing.previous_ms,
+        firing.on_time_ms,
+        firing.catch_up,
+        WAKE_TOKEN,
+        regular.priority,
+        regular.task_id,
+        regular.raw,
+        catch_up.task_id if catch_up else "",
+        catch_up.raw if catch_up else "",
+        result_ttl_s,
+        firing.saved_ms,
+        regular.queue,
+        elsewhere_ms,
+    ]
+
+
+def _reply(reply: Sequence[Any]) -> FireReply:
+    """A FireReply from what fire_periodic or skip_periodic answered."""
+    outcome, now_ms, handled_ms, fired_ms, *claimed = reply
+    return FireReply(_text(outcome), int(now_ms), int(handled_ms), int(fired_ms), _text(claimed[0]) if claimed else "")
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="backslashreplace") if isinstance(value, bytes) else str(value)
 
 
 def _pushed(outcome: str, regular: Enqueueable, catch_up: Enqueueable | None) -> list[Enqueueable]:

@@ -11,7 +11,7 @@ from tasks_app.periodic.firing import fire_slot, run_id
 from tasks_app.periodic.schedule import Schedule
 from tasks_app.protocol.periodic import SlotFiring
 from tasks_app.protocol.timestamps import datetime_of_ms
-from tests.support.periodic import pushed_runs
+from tests.support.periodic import fire_around_a_queue_move, pushed_runs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -128,8 +128,10 @@ def test_a_garbage_state_counts_as_no_history(broker, config, garbage):
     assert fire_slot(config, firing(slot_ms), broker).outcome == "fired"
 
 
-def test_a_state_key_of_another_type_is_an_error_and_pushes_nothing(broker, config):
-    broker.client.set(broker.keys.periodic(QUEUE, config.name), "x")
+@pytest.mark.parametrize("key", ["state", "claim"])
+def test_a_state_key_of_another_type_is_an_error_and_pushes_nothing(broker, config, key):
+    keys = {"state": broker.keys.periodic(QUEUE, config.name), "claim": broker.keys.periodic_claim(config.name)}
+    broker.client.set(keys[key], "x")
     with pytest.raises(Exception, match="WRONGTYPE"):
         fire_slot(config, firing(server_ms(broker) // 1000 * 1000), broker)
     assert pushed_runs(broker, QUEUE) == []
@@ -158,3 +160,9 @@ def test_a_unique_type_fires_once_per_slot_by_the_script_alone(broker, config):
     assert fire_slot(config, firing(now_ms - 1000), broker).outcome == "fired"
     assert fire_slot(config, firing(now_ms), broker).outcome == "fired"  # same args, next slot: runs
     assert len(pushed_runs(broker, QUEUE)) == 2
+
+
+def test_slots_fired_in_either_queue_around_a_move_are_not_caught_up_in_the_other(broker, config):
+    # Consumers re-read the rows at their own times: for a while some fire into the old queue.
+    fired, runs = fire_around_a_queue_move(broker, config, QUEUE, "periodic-moved")
+    assert runs == fired  # each slot once, where it was fired, and no catch-up run for a slot run elsewhere
