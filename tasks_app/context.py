@@ -128,4 +128,7 @@ def running(context: TaskContext) -> Iterator[TaskContext]:
     try:
         yield context
     finally:
-        _current.reset(token)
+        # A run's coroutine dropped unfinished is closed wherever the collector finds it: in another
+        # context, where there is nothing of its own to restore.
+        with contextlib.suppress(ValueError):
+            _current.reset(token)
