@@ -69,13 +69,13 @@ local function tally(first, n)
 end
 
 -- File the task of record `key` under `status` (from `old`; nil: from every other status);
--- `enqueued_ms` is the record's enqueue time, if it was read (false: read it if it is needed).
-local function file_under(key, task_id, old, status, ttl_s, enqueued_ms)
+-- `read` holds the record's fields read with its fence (nil: none were: read them if needed).
+local function file_under(key, task_id, old, status, ttl_s, read)
   if h == nil then return end
   if status == old then old = nil end  -- no change: make sure the index agrees (every other index)
   local function enqueued()
-    if enqueued_ms == false then enqueued_ms = redis.call('HGET', key, 'enqueued_at_ms') end
-    return tonumber(enqueued_ms)
+    if read then return tonumber(read.enqueued_at_ms) end
+    return tonumber(redis.call('HGET', key, 'enqueued_at_ms'))
   end
   history_move(h, task_id, old, status, enqueued, ttl_s * 1000)
 end
@@ -118,11 +118,12 @@ local function write_record(key, u)
   local old = false
   local again = false
   -- Read with the fence, when it is read: the list the worker id joins, and the enqueue time a
-  -- move in the history index may need (false: not read).
-  local workers, enqueued_ms = false, false
+  -- move in the history index may need, each as this write leaves it (false: the record has none).
+  local read = nil
   if u.token or new then
-    local current = redis.call('HMGET', key, 'fence', 'status', 'cancel_requested_at_ms', 'worker_ids', 'enqueued_at_ms')
-    workers, enqueued_ms = sets.worker_ids or current[4], sets.enqueued_at_ms or current[5]
+    local current = redis.call('HMGET', key, 'fence', 'status', 'cancel_requested_at_ms', 'worker_ids',
+                               'enqueued_at_ms')
+    read = {worker_ids = sets.worker_ids or current[4], enqueued_at_ms = sets.enqueued_at_ms or current[5]}
     local fence = tonumber(current[1]) or 0
     old = current[2] or 'READY'
     if u.token and u.token < fence then
@@ -145,9 +146,9 @@ local function write_record(key, u)
     pairs_to_set[#pairs_to_set + 1] = ''
   end
   local appends_worker = u.worker ~= '' and not again
-  if appends_worker and workers ~= false then  -- the list was read: one HSET sets it with the fields
+  if appends_worker and read then  -- the list was read: one HSET sets it with the fields
     pairs_to_set[#pairs_to_set + 1] = 'worker_ids'
-    pairs_to_set[#pairs_to_set + 1] = appended(workers, u.worker)
+    pairs_to_set[#pairs_to_set + 1] = appended(read.worker_ids, u.worker)
     appends_worker = false
   end
   if #pairs_to_set > 0 then
@@ -159,7 +160,7 @@ local function write_record(key, u)
     if ok then append(key, 'errors', item) end
   end
   redis.call('EXPIRE', key, u.ttl_s)
-  if new then file_under(key, u.id, old, new, u.ttl_s, enqueued_ms) end
+  if new then file_under(key, u.id, old, new, u.ttl_s, read) end
   return again and 4 or 1
 end
 
