@@ -8,12 +8,13 @@ from collections.abc import Callable
 import pytest
 
 from tasks_app import producer
+from tasks_app.consumer.claimer import ClaimerLoop
 from tasks_app.protocol.broker import Broker
 from tests.support.counters import sample
 from tests.support.processes import wait_until
 from tests.support.recording import recorded_runs
 from tests.test_consumer import make_consumer
-from tests.test_foreign_key_types import spoil_as_string
+from tests.test_foreign_key_types import spoil, spoil_as_string
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -99,3 +100,46 @@ def test_a_burst_consumer_exits_once_all_it_may_claim_is_done_beside_a_queue_it_
     else:  # not registered there: what waits there is left
         assert not ran(broker, bad.id) and broker.client.llen(broker.keys.pending("bad")) == 1
         assert len(left) == 1 and "1 task(s)" in left[0], left
+
+
+def test_a_queue_whose_claims_are_refused_is_said_once_backed_off_and_claimed_from_once_mended(
+    broker, consumer_in_thread, caplog
+):
+    key = broker.keys.fence("bad")  # read by claims only: the queue's counts read as usual
+    spoil(broker, key)
+    [bad] = producer.enqueue("test.record", queue="bad")
+    [good] = producer.enqueue("test.record", queue="good")
+    refused_before = sample(REFUSED, loop="claimer", queue="bad")
+    with consumer_in_thread(queues=["bad", "good"], consumer_id="fixed"):
+        wait_until(lambda: ran(broker, good.id), 15, message="the good queue's task to run")
+        wait_until(lambda: sample(REFUSED, loop="claimer", queue="bad") > refused_before + 1, 10, message="retries")
+        said = [m for m in caplog.messages if m.startswith("claimer:") and "of queue bad refused by Redis" in m]
+        assert len(said) == 1 and "WRONGTYPE" in said[0] and key in said[0], said
+        assert not any("redis error" in m for m in caplog.messages), "not taken for Redis away"
+        assert broker.client.llen(broker.keys.pending("bad")) == 1, "before: claimed, then returned at every pass"
+        broker.client.delete(key)
+        wait_until(lambda: ran(broker, bad.id), 15, message="the mended queue's task to run, without a restart")
+    assert any(m.startswith("claimer:") and "of queue bad works again" in m for m in caplog.messages)
+
+
+def test_a_claimer_whose_claims_are_refused_tries_again_every_third_of_a_lease(broker):
+    consumer = make_consumer(broker, queues=["bad"])
+    spoil(broker, broker.keys.prioritized("bad"))
+    loop = ClaimerLoop(consumer, "bad")
+    for _ in range(2):
+        assert loop.run_once() == pytest.approx(consumer.options.lease_s / 3)  # before: raised, retried as an outage
+    broker.client.delete(broker.keys.prioritized("bad"))
+    assert loop.run_once() == 0.0
+
+
+def test_a_burst_consumer_exits_beside_a_queue_whose_claims_are_refused(broker, consumer_in_thread, caplog):
+    [good] = producer.enqueue("test.record", queue="good")
+    [bad] = producer.enqueue("test.record", queue="bad")
+    spoil(broker, broker.keys.fence("bad"))
+    # Before: its pending task, never claimed, kept the burst consumer running for good.
+    with consumer_in_thread(queues=["bad", "good"], consumer_id="fixed", burst=True):
+        wait_until(lambda: "burst: nothing left to claim" in caplog.text, 20, message="the burst consumer to stop")
+    assert ran(broker, good.id) and not ran(broker, bad.id)
+    assert broker.client.llen(broker.keys.pending("bad")) == 1
+    [left] = [m for m in caplog.messages if m.startswith("burst: queue bad")]
+    assert "1 task(s) pending" in left and "cannot claim" in left

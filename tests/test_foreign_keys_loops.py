@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 
 import pytest
@@ -194,3 +195,18 @@ def test_a_return_refused_at_a_foreign_pending_list_loses_none_of_the_tasks_it_r
     with pytest.raises(ResponseError, match=broker.keys.pending("a")):
         broker.return_unstarted("a", "c1", [task])  # before: it took the task off the list, then failed putting it back
     assert broker.held_by("a", "c1") == [task]
+
+
+@pytest.mark.parametrize("name", ["prioritized", "suspects", "fence", "processing"])
+def test_a_claim_refused_at_a_foreign_key_names_it_and_moves_nothing(broker, name):
+    register(broker, "c1", 60_000, "a")
+    push(broker, task_bytes("t1", queue="a"), queue="a")
+    suspect = task_bytes("s1", queue="a")
+    broker.client.rpush(broker.keys.suspects("a"), suspect)
+    key = broker.keys.processing("a", "c1") if name == "processing" else getattr(broker.keys, name)("a")
+    spoil(broker, key)
+    with pytest.raises(ResponseError, match=re.escape(key)):
+        broker.claim_with_suspect("a", "c1", 10)  # before: the suspect or the tasks moved, then WRONGTYPE
+    assert broker.client.llen(broker.keys.pending("a")) == 1
+    if name != "suspects":
+        assert broker.client.lrange(broker.keys.suspects("a"), 0, -1) == [suspect]

@@ -2,10 +2,10 @@
 
 A paused queue counts as idle: its pending and delayed tasks wait for a resume that a burst run
 cannot wait for (as RQ's burst workers leave when suspended). So does a queue the consumer is not
-registered on (Redis refused its keys: it claims nothing there), and a queue whose counts Redis
-refuses to read (a foreign key's type), except for the tasks waiting there that it may claim, if
-those can be counted. Tasks in flight on a queue that can be read still keep it running, and so do
-the pending and delayed tasks of every other queue.
+registered on or whose claims Redis refuses (a foreign key's type: it claims nothing there), and
+a queue whose counts Redis refuses to read (a foreign key's type), except for the tasks waiting
+there that it may claim, if those can be counted. Tasks in flight on a queue that can be read still
+keep it running, and so do the pending and delayed tasks of every other queue.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 def nothing_to_claim(broker: Broker, queues: Sequence[str], registered: Collection[str] | None = None) -> bool:
     """True once no queue has tasks in flight and only those it may not claim from have tasks waiting (logged).
 
-    `registered`: the queues the consumer is registered on (None: all of them).
+    `registered`: the queues the consumer may claim from (None: all of them).
     """
     claimable = [queue for queue in queues if registered is None or queue in registered]
     stats, unreadable = read_each(queues, broker.queue_stats)
@@ -55,7 +55,7 @@ def _say_left(queue: QueueStats, claimable: Collection[str]) -> None:
     else:
         logger.warning(
             "burst: queue %s has %d task(s) pending and %d delayed that this consumer cannot claim "
-            "(it could not register there: Redis refused the queue's keys); leaving them",
+            "(Redis refused the queue's keys when it registered or claimed there); leaving them",
             queue.queue,
             queue.pending,
             queue.delayed,
@@ -70,7 +70,7 @@ class IdleCheck:
     ) -> None:
         self.broker = broker
         self.queues = list(queues)
-        self.registered = registered  # the queues the consumer is registered on now (None: all)
+        self.registered = registered  # the queues the consumer may claim from now (None: all)
         self._problem: ProblemLog[str] = ProblemLog(logger)
 
     def __call__(self) -> bool:

@@ -38,3 +38,7 @@ class QueueSteps:
                 self._problems.failed((step, queue), refused[queue], message, self.loop, step, queue, refused[queue])
             else:
                 self._problems.recovered((step, queue), "%s: %s of queue %s works again", self.loop, step, queue)
+
+    def refused_queues(self) -> set[str]:
+        """The queues one of whose steps Redis refused last time, until it works again."""
+        return {queue for _, queue in self._problems.open_keys()}

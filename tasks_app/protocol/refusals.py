@@ -22,13 +22,18 @@ def refused(exc: BaseException) -> bool:
 
 
 def as_refusal(key: str, exc: Exception) -> Exception:
-    """`exc` as KeyRefused naming `key` if Redis refused to read that key for what it holds; any other error as is."""
-    return KeyRefused(f"{key}: {exc}") if refused(exc) else exc
+    """`exc` as KeyRefused naming `key` (none: a script's error names it) if Redis refused that key for what it holds.
+
+    Any other error as is.
+    """
+    if not refused(exc):
+        return exc
+    return KeyRefused(f"{key}: {exc}" if key else str(exc))
 
 
 @contextlib.contextmanager
-def naming(key: str) -> Iterator[None]:
-    """Raise Redis's refusal to read `key` for what it holds as KeyRefused naming the key; other errors as they are."""
+def naming(key: str = "") -> Iterator[None]:
+    """Raise Redis's refusal of `key` for what it holds as KeyRefused naming it (see `as_refusal`); others as is."""
     try:
         yield
     except ResponseError as exc:
