@@ -94,6 +94,17 @@ def test_a_queue_whose_leases_are_foreign_keeps_no_other_queues_dead_consumers_u
     assert broker.held_by("b", "dead") == [] and broker.queue_stats("b").pending == 1
 
 
+@pytest.mark.parametrize("name", ["consumers", "reaped"])
+def test_the_reapers_refused_look_for_dead_consumers_names_the_key(broker, caplog, name):
+    key = getattr(broker.keys, name)("a")
+    spoil(broker, key)
+    with pytest.raises(ResponseError, match=re.escape(key)):  # before: Redis's error alone, naming no key
+        broker.reap_candidates("a")
+    _reaper(broker, ["a"]).run_once()
+    [said] = _refusals(caplog, "a")
+    assert "WRONGTYPE" in said and key in said
+
+
 def test_a_dead_consumers_foreign_list_keeps_no_other_dead_consumer_of_its_queue_unreaped(broker, caplog):
     _dies_holding(broker, "spoilt", "t1")
     spoil(broker, broker.keys.processing("q", "spoilt"))
