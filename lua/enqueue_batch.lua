@@ -3,8 +3,8 @@
 -- KEYS[1] to KEYS[k] for the first queue section, k more for each further one: pending list,
 -- prioritized zset, delayed zset, enqueued ids zset (task id -> server ms, for ids given by the
 -- caller), and if ARGV[6] = s > 0 the history zset, the history ids zset and s status indexes
--- (k = 4, or 6 + s); then, if ARGV[4] is "1", the queue set; then the result hashes of the
--- READY records.
+-- (k = 4, or 6 + s); then, if ARGV[4] is "1", the queue set (left alone if of another type than
+-- a set); then the result hashes of the READY records.
 -- ARGV[1] wake token   ARGV[2] how long enqueued ids are remembered (ms)   ARGV[3] at most how
 -- many are remembered per queue   ARGV[4] "1" to add the queue names to the queue set
 -- ARGV[5] q, the number of queue sections   ARGV[6] s, the number of status indexes of each
@@ -57,6 +57,10 @@ local pushes = {}  -- id checked -> how many of its tasks the call pushed and di
 local section_of = {}  -- id checked -> the section of its first task in the call
 local filed = {}  -- per history id of the call, in order: whether its record and entry are written
 local first_record = stride * sections + (ARGV[4] == '1' and 2 or 1)
+-- The queue set only lists queues for the dashboard: one of another type (a foreign writer's) is
+-- left alone, and fails no enqueue (see announce_queues.lua).
+local queue_set = ARGV[4] == '1' and KEYS[stride * sections + 1]
+if queue_set and not ({none = true, set = true})[redis.call('TYPE', queue_set)['ok']] then queue_set = nil end
 local recorded = 0  -- history ids (so record keys) of the sections before this one
 
 -- Whether the next task of `id` listed with a record is filed: one whose id was not checked
@@ -164,8 +168,8 @@ for s = 1, sections do
     local excess = redis.call('ZCARD', KEYS[stride * (s - 1) + 4]) - keep_max
     if excess > 0 then redis.call('ZREMRANGEBYRANK', KEYS[stride * (s - 1) + 4], 0, excess - 1) end
   end
-  if ARGV[4] == '1' and name and KEYS[stride * sections + 1] then
-    redis.call('SADD', KEYS[stride * sections + 1], name)
+  if queue_set and name then
+    redis.call('SADD', queue_set, name)
   end
 end
 

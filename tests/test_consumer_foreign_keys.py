@@ -143,3 +143,16 @@ def test_a_burst_consumer_exits_beside_a_queue_whose_claims_are_refused(broker, 
     assert broker.client.llen(broker.keys.pending("bad")) == 1
     [left] = [m for m in caplog.messages if m.startswith("burst: queue bad")]
     assert "1 task(s) pending" in left and "cannot claim" in left
+
+
+def test_a_consumer_starts_and_serves_its_queues_beside_a_foreign_queue_set(broker, consumer_in_thread, caplog):
+    [task] = producer.enqueue("test.record", queue="good")
+    key = broker.keys.queues()  # lists queues for the dashboard only
+    spoil_as_string(broker, key)
+    # Before: registering failed at the set on every queue, and the consumer never started.
+    with consumer_in_thread(queues=["good", "other"], consumer_id="fixed"):
+        wait_until(lambda: ran(broker, task.id), 15, message="the task to run")
+        assert {c["id"] for c in broker.live_consumers("good")} == {"fixed"}
+    said = [m for m in caplog.messages if "queue set" in m]
+    assert len(said) == 1 and "WRONGTYPE" in said[0] and key in said[0], said
+    assert broker.client.get(key) == b"foreign"

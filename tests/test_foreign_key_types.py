@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry
 from tasks_app import producer
 from tasks_app.collectors import QueueCollector
 from tasks_app.consumer.metrics_http import make_app
+from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, encode_task
 from tests.support.scrape import Scrape
@@ -177,14 +178,44 @@ def test_the_queue_api_answers_a_queue_with_a_foreign_key_as_unreadable(staff, b
     assert paused.status_code == 200 and paused.json()["changed"] is True and paused.json()["paused"] is True
 
 
-def test_a_foreign_queue_set_is_reported_as_refused_not_as_redis_away(staff, broker):
-    broker.client.set(broker.keys.queues(), "not a set")
+def test_the_pages_beside_a_foreign_queue_set_list_the_queues_of_task_types_and_say_why(staff, broker, two_queues):
+    good, _ = two_queues
+    key = broker.keys.queues()
+    spoil_as_string(broker, key)
     response = staff.get("/tasks/dashboard/")
     page = response.content.decode()
-    assert response.status_code == 500 and UNREACHABLE not in page and "WRONGTYPE" in page  # before: 503
-    assert "Retry-After" not in response
+    assert response.status_code == 200 and UNREACHABLE not in page  # before: 500, Redis refused a read
+    assert 'data-queue="web"' in page and 'data-queue="bad"' not in page  # web: the task type's queue
+    note = page[page.index('id="queue-set-unreadable"') :]
+    assert "WRONGTYPE" in note[: note.index("</p>")] and key in note[: note.index("</p>")]
     series = staff.get("/tasks/dashboard/series.json")
-    assert series.status_code == 500 and "WRONGTYPE" in series.json()["error"]
+    assert series.status_code == 200 and list(series.json()["queues"]) == ["web"]  # before: 500
+    assert key in series.json()["queue_set_unreadable"]
+    browser = staff.get("/tasks/")
+    assert browser.status_code == 200 and f'data-task="{good}"' in browser.content.decode()  # before: 500
+    assert 'id="queue-set-unreadable"' in browser.content.decode()
+    listed = staff.get("/tasks/?format=json")
+    assert listed.status_code == 200 and good in [row["id"] for row in listed.json()["tasks"]]
+    assert key in listed.json()["queue_set_unreadable"]
+
+
+def test_enqueues_and_pauses_beside_a_foreign_queue_set_are_done_and_answered_so(staff, broker, echo_type):
+    key = broker.keys.queues()
+    spoil_as_string(broker, key)
+    created = staff.post("/api/tasks/", data='{"type": "web.echo", "args": [1]}', content_type="application/json")
+    assert created.status_code == 201  # before: 503, yet the task was pushed (without its record)
+    assert broker.client.llen(broker.keys.pending("web")) == 1 and broker.get_result(created.json()["id"])
+    TaskType.objects.create(name="web.once", handler="demo.echo", queue="once", unique_for_s=60)
+    for request in (
+        producer.TaskRequest("web.echo", [2], queue="later", delay_s=60),
+        producer.TaskRequest("web.once", [3]),
+    ):
+        [task] = producer.enqueue_many([request])  # before: EnqueueError or QueueUnavailable
+        assert broker.get_result(task.id)["status"] == "READY"
+    assert broker.client.zcard(broker.keys.delayed("later")) == 1 and broker.client.llen(broker.keys.pending("once"))
+    paused = staff.post("/api/queues/web/pause/")
+    assert paused.status_code == 200 and paused.json()["changed"] is True  # before: 500, yet paused
+    assert broker.client.get(key) == b"foreign"
 
 
 @pytest.mark.parametrize("name", [name for name in QUEUE_KEYS if name != "paused"])  # paused: only EXISTS

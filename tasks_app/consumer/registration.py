@@ -49,6 +49,7 @@ class Registration:
         self._current: tuple[str, tuple[str, ...]] = ("", ())  # replaced whole: read without the lock
         self._steps = QueueSteps(self.name)
         self._held_elsewhere: ProblemLog[str] = ProblemLog(logger)
+        self._unlisted: ProblemLog[str] = ProblemLog(logger)  # the queue set Redis refused to add to
 
     def current(self) -> tuple[str, list[str]]:
         """The id registered last, and the queues it is registered on."""
@@ -87,9 +88,16 @@ class Registration:
 
     def _take_leases(self, consumer_id: str, queues: Sequence[str]) -> list[str]:
         """Register `consumer_id`'s lease on `queues`; return those where Redis let it."""
+        if not queues:
+            return []
         lease_ms = int(self.lease.lease_s * 1000)
-        refused = self.broker.register_leases(queues, consumer_id, lease_ms, self.info()) if queues else {}
+        refused, unlisted = self.broker.register_leases(queues, consumer_id, lease_ms, self.info())
         self._steps.note("registering", queues, refused)
+        if unlisted:  # the set only lists queues for the dashboard: the consumer runs all the same
+            message = "registering: listing queues %s in the queue set refused by Redis (the dashboard omits them): %s"
+            self._unlisted.failed("queue set", unlisted, message, ",".join(queues), unlisted)
+        else:
+            self._unlisted.recovered("queue set", "registering: listing queues in the queue set works again")
         return [queue for queue in queues if queue not in refused]
 
     def _free(self, consumer_id: str, queues: Sequence[str]) -> list[str]:

@@ -94,7 +94,7 @@ class ClusterEnqueueOps(ControlOps):
         claimed_ids = claimed.written.keys() | claimed.taken
         calls = self.queue_uniques(pipe, [uniques[at] for at in free_uniques], result_ttl_s, recorded=claimed_ids)
         if new_queues:
-            pipe.sadd(self.keys.queues(), *new_queues)
+            self.queue_announce(pipe, new_queues)
         replies = self.scripts.execute(pipe, self.client)
         self._announced_queues |= calls.new_queues
         for section, reply in zip(sections, replies[first_section:], strict=False):

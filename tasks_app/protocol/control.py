@@ -115,7 +115,7 @@ class ControlOps(ScriptClient):
             self.scripts.queue(pipe, "enqueue_unique", keys, args, by_source=first_by_source and position == 0)
         calls.new_queues.update({unique.item.queue for unique in uniques} - self._announced_queues)
         if calls.new_queues:
-            pipe.sadd(self.keys.queues(), *calls.new_queues)
+            self.queue_announce(pipe, calls.new_queues, by_source=first_by_source)
         return calls
 
     def _unique_keys(self, unique: UniqueEnqueueable) -> list[str]:

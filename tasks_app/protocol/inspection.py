@@ -82,8 +82,10 @@ class InspectionOps(ScriptClient):
         return sum(_count(count) for count in counts)
 
     def known_queues(self) -> list[str]:
-        """Return every queue that has seen a task or a consumer."""
-        members = self.client.smembers(self.keys.queues())
+        """Return every queue that has seen a task or a consumer; KeyRefused naming the queue set if of another type."""
+        key = self.keys.queues()
+        with naming(key):
+            members = self.client.smembers(key)
         return sorted(member.decode(errors="backslashreplace") for member in members)  # may hold any bytes
 
     def live_consumers(self, queue: str) -> list[dict[str, Any]]:

@@ -49,7 +49,7 @@ class LeaseOps(ScriptClient):
         lost where another instance has registered the id since.
         """
         pipe = self._heartbeats(queues, consumer_id, lease_ms, register_info, instance)
-        flags = self.scripts.execute(pipe, self.client)[:: 2 if register_info is not None else 1]
+        flags = self.scripts.execute(pipe, self.client)[: len(queues)]
         return [queue for queue, held in zip(queues, flags, strict=True) if not held]
 
     def renew_leases(
@@ -68,19 +68,21 @@ class LeaseOps(ScriptClient):
 
     def register_leases(
         self, queues: Sequence[str], consumer_id: str, lease_ms: int, register_info: dict[str, Any]
-    ) -> dict[str, str]:
-        """Register this consumer's lease on every queue; return Redis's refusal by queue (not registered there).
+    ) -> tuple[dict[str, str], str]:
+        """Register this consumer's lease on every queue; return Redis's refusal by queue (not registered there),
+        and its refusal to list them in the queue set ("" if none: see announce_queues.lua).
 
         A queue whose lease keys Redis refuses (a foreign key's type) is left as it was; an error
         that passes (Redis away, loading) is raised.
         """
-        replies = self.scripts.execute(
+        *replies, listed = self.scripts.execute(
             self._heartbeats(queues, consumer_id, lease_ms, register_info, ""), self.client, raise_on_error=False
         )
-        for added in replies[1::2]:  # to the set of every queue: no one queue's
-            if isinstance(added, Exception):
-                raise added
-        return replies_by_queue(queues, replies[::2])[1]
+        if isinstance(listed, Exception):  # the set of every queue: no one queue's
+            raise listed
+        return replies_by_queue(queues, replies)[1], listed.decode(errors="replace") if isinstance(
+            listed, bytes
+        ) else ""
 
     def _heartbeats(
         self,
@@ -90,14 +92,14 @@ class LeaseOps(ScriptClient):
         register_info: dict[str, Any] | None,
         instance: str,
     ) -> Any:
-        """A pipeline of one heartbeat per queue (each followed, when registering, by its entry in the queue set)."""
+        """A pipeline of one heartbeat per queue (followed, when registering, by their entries in the queue set)."""
         info = json.dumps(register_info) if register_info is not None else ""
         pipe = self.client.pipeline(transaction=False)
         for queue in queues:
             keys = [self.keys.consumers(queue), self.keys.consumer_info(queue), self.keys.primary(queue)]
             self.scripts.queue(pipe, "heartbeat", keys, [consumer_id, lease_ms, info, instance])
-            if register_info is not None:
-                pipe.sadd(self.keys.queues(), queue)
+        if register_info is not None:
+            self.queue_announce(pipe, queues)
         return pipe
 
     def lease_holders(self, queues: Sequence[str], consumer_id: str) -> tuple[list[LeaseHolder], dict[str, str]]:

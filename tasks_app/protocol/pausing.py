@@ -18,8 +18,8 @@ class PauseOps(ScriptClient):
         state = json.dumps({"since_ms": int(seconds) * 1000 + int(micros) // 1000, "by": by})
         pipe = self.client.pipeline(transaction=False)
         pipe.set(self.keys.paused(queue), state, nx=True)
-        pipe.sadd(self.keys.queues(), queue)
-        created, _ = pipe.execute()
+        self.queue_announce(pipe, [queue])
+        created, _ = self.scripts.execute(pipe, self.client)
         return bool(created)
 
     def resume(self, queue: str) -> bool:

@@ -144,7 +144,7 @@ class PeriodicOps(ScriptClient):
 
     def _announce_queue(self, queue: str) -> None:
         if queue not in self._announced_queues:
-            self.client.sadd(self.keys.queues(), queue)
+            self._script("announce_queues", [self.keys.queues()], [queue])
             self._announced_queues.add(queue)
 
     def _write_ready_records(self, items: Sequence[Enqueueable], result_ttl_s: int) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -181,3 +181,7 @@ class ScriptClient:
 
     def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         return self.scripts.run(self.client, name, keys, args)
+
+    def queue_announce(self, pipe: Any, queues: Iterable[str], *, by_source: bool = False) -> None:
+        """Add `queues` to the queue set on `pipe` (`announce_queues`: a set of a foreign type fails nothing)."""
+        self.scripts.queue(pipe, "announce_queues", [self.keys.queues()], sorted(queues), by_source=by_source)

@@ -16,7 +16,7 @@ from tasks_app.protocol.broker import get_broker
 from tasks_app.protocol.results import ResultRecord
 from tasks_app.web import bulk
 from tasks_app.web.browser_query import PAGE_SIZES, RANGES, Filters, find_page, page_json, query_without, row_json
-from tasks_app.web.common import admin_context, redis_required
+from tasks_app.web.common import admin_context, known_queues, redis_required, refused_set
 
 REFRESH_S = 5
 
@@ -31,9 +31,10 @@ def task_browser(request: HttpRequest) -> HttpResponse:
         return redirect(request.get_full_path())
     filters = Filters.from_query(request.GET)
     broker = get_broker()
-    page = find_page(broker, filters)
+    queues, queue_set_refused = known_queues(broker)
+    page = find_page(broker, filters, queues)
     if request.GET.get("format") == "json":
-        return JsonResponse(page_json(page))
+        return JsonResponse({**page_json(page), **refused_set(queue_set_refused)})
     base_query = query_without(request.GET, "before", "seen", "format")
     return render(
         request,
@@ -47,7 +48,8 @@ def task_browser(request: HttpRequest) -> HttpResponse:
             history_max=broker.history_max,
             older_cursor=repr(page.older) if page.older is not None else "",
             statuses=history.STATUSES,
-            queues=broker.known_queues(),
+            queues=queues,
+            queue_set_refused=queue_set_refused,
             types=TaskType.objects.values_list("name", flat=True),
             ranges=list(RANGES),
             page_sizes=PAGE_SIZES,

@@ -8,6 +8,7 @@ entries and says where to go on ("older") when it stopped before the index ended
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -142,12 +143,12 @@ class Page:
     unreadable: dict[str, str] = field(default_factory=dict)  # queue -> why Redis refused to read its index
 
 
-def find_page(broker: Broker, filters: Filters, now: datetime | None = None) -> Page:
-    """The tasks the filters select, newest first, one page of them.
+def find_page(broker: Broker, filters: Filters, known: Sequence[str], now: datetime | None = None) -> Page:
+    """The tasks the filters select among the `known` queues, newest first, one page of them.
 
     A queue whose index Redis refuses to read (a foreign key of another type) is left out and named in `unreadable`.
     """
-    queues = [filters.queue] if filters.queue else broker.known_queues()
+    queues = [filters.queue] if filters.queue else list(known)
     lower, upper = filters.bounds_ms(now or datetime.now(UTC))
     unreadable: dict[str, str] = {}
     if filters.q:

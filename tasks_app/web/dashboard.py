@@ -25,7 +25,7 @@ from tasks_app.protocol.refusals import read_each
 from tasks_app.protocol.replies import QueueStats
 from tasks_app.protocol.timestamps import MAX_SCORE_MS, datetime_of_ms
 from tasks_app.web.charts import chart_data, dashboard_charts
-from tasks_app.web.common import admin_context, log_task_actions, redis_required
+from tasks_app.web.common import admin_context, known_queues, log_task_actions, redis_required, refused_set
 
 PAGE_SIZE = 50
 
@@ -89,11 +89,12 @@ def _int_or_none(value: Any) -> int | None:
 def queue_dashboard(request: HttpRequest) -> HttpResponse:
     """Show every queue's pending / processing / delayed / dead counts, consumers and throughput, and the schedules.
 
-    A queue whose keys Redis refuses to read (a foreign key of another type) is shown as unreadable, with the error.
+    A queue whose keys Redis refuses to read (a foreign key of another type) is shown as unreadable, with the error;
+    so is the queue set (then the task types' queues are shown).
     """
     broker = get_broker()
     now_ms = broker.server_time_ms()  # leases are on the Redis clock
-    queues = broker.known_queues()
+    queues, queue_set_refused = known_queues(broker)
     rows, unreadable = read_each(queues, lambda queue: _queue_row(broker, queue, now_ms))
     charts = dashboard_charts(chart_data(broker, queues))
     context = admin_context(
@@ -101,6 +102,7 @@ def queue_dashboard(request: HttpRequest) -> HttpResponse:
         "Queue dashboard",
         queues=list(rows.values()),
         unreadable_queues=unreadable,
+        queue_set_refused=queue_set_refused,
         schedules=schedule_statuses(broker),
         **charts,
     )
@@ -123,7 +125,8 @@ def _queue_row(broker: Broker, queue: str, now_ms: int) -> QueueRow:
 def chart_series(request: HttpRequest) -> JsonResponse:
     """The dashboard's chart data as JSON: per-minute series of the last hour, per queue and per type."""
     broker = get_broker()
-    return JsonResponse(chart_data(broker, broker.known_queues()))
+    queues, queue_set_refused = known_queues(broker)
+    return JsonResponse({**chart_data(broker, queues), **refused_set(queue_set_refused)})
 
 
 @staff_member_required
