@@ -63,6 +63,10 @@ class TaskRequest:
     run_after: datetime | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     task_id: str | None = None
+    # True when `task_id` was just made for this task (a fresh random id, as a backend issuing ids does): not a
+    # key to know a retried request by, so it is pushed unchecked, as a generated id is (no read of its record,
+    # no entry in the queue's enqueued ids). False: the caller's id, a retry of which is a duplicate.
+    fresh_id: bool = False
     # Unique task types: what makes two tasks the same (default: the type, args and kwargs).
     unique_key: str | None = None
 
@@ -160,7 +164,8 @@ def prepare(requests: Sequence[TaskRequest], *, registry: Registry = default_reg
         task_id = task.id = request.task_id or new_task_id()
         if request.run_after is not None:
             batch.fixed_due.add(task_id)
-        item = Enqueueable(queue, encode_task(task), priority, delay_ms, record, task_id, bool(request.task_id))
+        checked = bool(request.task_id) and not request.fresh_id  # a caller's id: a retry is a duplicate
+        item = Enqueueable(queue, encode_task(task), priority, delay_ms, record, task_id, checked)
         if window_ms:
             batch.uniques.append((len(batch.enqueued), UniqueEnqueueable(item, task.unique_digest, window_ms)))
         else:

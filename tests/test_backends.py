@@ -166,6 +166,20 @@ class TestEnqueue:
         row = TaskType.objects.get(name=tasks.add.module_path)
         assert row.handler == tasks.add.module_path
 
+    def test_its_fresh_ids_are_pushed_unchecked_under_the_results_id(self, redis_tasks, broker):
+        later = datetime.now(UTC) + timedelta(minutes=5)
+        results = [tasks.add.enqueue(1, 2), tasks.add.using(priority=5).enqueue(3, 4)]
+        results.append(tasks.add.using(run_after=later).enqueue(5, 6))
+        # Before: each was checked as a caller's retry key, and remembered for 24 h in the enqueued ids.
+        assert not broker.client.exists(broker.keys.enqueued("default"))
+        for result in results:
+            assert tasks.add.get_result(result.id).id == result.id
+        queued = [*broker.client.lrange(broker.keys.pending("default"), 0, -1)]
+        queued += [
+            member for member, _ in broker.client.zrange(broker.keys.prioritized("default"), 0, -1, withscores=True)
+        ]
+        assert {decode_task(raw).id for raw in queued} == {results[0].id, results[1].id}
+
     def test_rolled_back_transaction_enqueues_nothing(self, redis_tasks, broker, signals):
         with transaction.atomic():
             result = tasks.add.enqueue(1, 1)

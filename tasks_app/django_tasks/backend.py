@@ -165,7 +165,7 @@ def _check_redis(broker: Broker, where: str) -> list[CheckMessage]:
 
 
 def _request(task: Task, result: TaskResult[Any, Any]) -> TaskRequest:
-    """The producer's request for a django.tasks task, under the id of its result."""
+    """The producer's request for a django.tasks task, under the (fresh) id of its result."""
     run_after = task.run_after
     if run_after is not None and timezone.is_naive(run_after):  # allowed only with USE_TZ = False
         run_after = timezone.make_aware(run_after)
@@ -177,4 +177,5 @@ def _request(task: Task, result: TaskResult[Any, Any]) -> TaskRequest:
         priority=int(task.priority),  # Django allows a whole float (5.0); validate_task checked it
         run_after=run_after,
         task_id=result.id,
+        fresh_id=True,  # a new uuid4: no retry of an earlier request to check
     )
