@@ -48,6 +48,16 @@ def test_the_api_answers_a_duplicate_with_200_and_the_first_id(staff, broker, ec
         producer.enqueue("demo.echo", unique_key="k")
 
 
+def test_the_api_answers_a_duplicate_with_the_queue_its_holders_record_names(staff, broker, echo_type):
+    TaskType.objects.filter(pk=echo_type.pk).update(unique_for_s=60)
+    body = {"type": "web.echo", "args": [1], "unique_key": "order-7"}
+    first = staff.post("/api/tasks/", body, content_type="application/json").json()
+    broker.client.hset(broker.keys.result(first["id"]), "queue", "elsewhere")  # what its record says now
+    again = staff.post("/api/tasks/", body, content_type="application/json").json()
+    assert (again["duplicate"], again["id"], again["queue"]) == (True, first["id"], "elsewhere")  # before: "web"
+    assert again["type"] == "web.echo"
+
+
 @pytest.mark.parametrize("via", ["api", "form"])
 def test_a_duplicate_of_a_task_whose_id_no_url_can_name_is_answered_not_a_500(staff, broker, echo_type, via):
     # Ids with "/" are refused now; a key taken before that (or by a foreign writer) may still name one.

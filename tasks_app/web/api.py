@@ -174,6 +174,7 @@ def _enqueued_answer(request: HttpRequest, task: producer.EnqueuedTask) -> HttpR
     if holder is not None:
         held = holder.as_json()
         answer.update({name: held[name] for name in ("priority", "status", "enqueued_at", "run_after")})
+        answer.update({name: held[name] for name in ("type", "queue") if held[name]})  # else the request's
     response = JsonResponse(
         {**answer, "url": location, "duplicate": task.duplicate}, status=200 if task.duplicate else 201
     )
