@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import pytest
+from django.tasks.signals import task_started
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tasks_app.consumer.ack_batcher import AckBatcher
@@ -14,7 +15,7 @@ from tasks_app.consumer.async_lane import AsyncLane
 from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.concurrency import ConcurrencyGate
 from tasks_app.consumer.executor import Executor
-from tasks_app.consumer.limits import RateLimiter
+from tasks_app.consumer.limits import Admission, RateLimiter, RatePolicy
 from tasks_app.exceptions import TaskCancelled
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
@@ -241,7 +242,7 @@ def test_a_task_denied_under_a_limit_removed_since_its_settings_were_read_is_due
     types = TaskTypeCache()
     limiter = RateLimiter(broker, follows=types)
 
-    def stale_gate(task: Task, config: TaskTypeConfig, key_token: str | None) -> int:
+    def stale_gate(task: Task, config: TaskTypeConfig, key_token: str | None) -> Admission:
         # The refresh that finds the limit gone, and follows its removal up, runs between the
         # worker's read of the settings and its decision under them.
         TaskType.objects.filter(name="x.add").update(rate_limit=None)
@@ -251,7 +252,7 @@ def test_a_task_denied_under_a_limit_removed_since_its_settings_were_read_is_due
 
     stale = Executor(broker, registry, types, CONSUMER, result_ttl_s=60, rate_gate=stale_gate)
     task_type(stale, "x.add", rate_limit=1, rate_period=60)
-    assert limiter(Task(id="first", type="x.add", queue="q"), types.get("x.add")) == 0
+    assert limiter(Task(id="first", type="x.add", queue="q"), types.get("x.add")).wait_ms == 0
 
     assert stale.execute(claimed(broker, "t1", "x.add", 1, 2)) is False
 
@@ -265,17 +266,17 @@ def test_a_task_denied_just_before_another_consumer_follows_a_change_up_takes_it
     types = TaskTypeCache()
     limiter = RateLimiter(broker, follows=types)
 
-    def racing_gate(task: Task, config: TaskTypeConfig, key_token: str | None) -> int:
+    def racing_gate(task: Task, config: TaskTypeConfig, key_token: str | None) -> Admission:
         # Another consumer follows the change up between this denial and its deferral's landing:
         # its scan of the delayed set cannot see the task yet.
-        wait_ms = limiter(task, config, key_token)
+        admission = limiter(task, config, key_token)
         RateLimiter(broker).follow(TaskTypeConfig(**{**vars(config), **changed}))
         wait_until(lambda: not following(), 10, message="the change to be followed up")
-        return wait_ms
+        return admission
 
     racing = Executor(broker, registry, types, CONSUMER, result_ttl_s=60, rate_gate=racing_gate)
     task_type(racing, "x.add", rate_limit=1, rate_period=60)
-    assert limiter(Task(id="first", type="x.add", queue="q"), types.get("x.add")) == 0
+    assert limiter(Task(id="first", type="x.add", queue="q"), types.get("x.add")).wait_ms == 0
 
     assert racing.execute(claimed(broker, "t1", "x.add", 1, 2)) is False
     TaskType.objects.filter(name="x.add").update(**changed)
@@ -290,18 +291,93 @@ def test_a_foreign_key_in_place_of_the_queues_recorded_once_a_task_is_denied_lea
     register(broker, CONSUMER, lease_ms=30_000)
     limiter = RateLimiter(broker)
 
-    def gate(task: Task, config: TaskTypeConfig, key_token: str | None) -> int:
-        wait_ms = limiter(task, config, key_token)
+    def gate(task: Task, config: TaskTypeConfig, key_token: str | None) -> Admission:
+        admission = limiter(task, config, key_token)
         broker.client.delete(broker.keys.rate_queues("x.add"))
         broker.client.set(broker.keys.rate_queues("x.add"), "foreign")
-        return wait_ms
+        return admission
 
     foreign = Executor(broker, registry, TaskTypeCache(), CONSUMER, result_ttl_s=60, rate_gate=gate)
     task_type(foreign, "x.add", rate_limit=1, rate_period=60)
-    assert limiter(Task(id="first", type="x.add", queue="q"), foreign.task_types.get("x.add")) == 0
+    assert limiter(Task(id="first", type="x.add", queue="q"), foreign.task_types.get("x.add")).wait_ms == 0
 
     assert foreign.execute(claimed(broker, "t1", "x.add", 1, 2)) is False
 
     [(task, due_in_ms)] = delayed_tasks(broker)
     assert task.id == "t1" and due_in_ms > 0
     assert dead_tasks(broker) == []
+
+
+# --- a handler that cannot begin within its rate admission's start margin ---------------------
+def start_margin_s(gated: Executor, type_name: str) -> float:
+    return RatePolicy.for_config(gated.task_types.get(type_name)).start_margin_us / 1_000_000
+
+
+def assert_waits_again_unstarted(broker: Broker, gated: Executor, task_id: str, deferred_before: float) -> None:
+    """The task waits in delayed, due at once, no attempt used, its record READY as before its start."""
+    [(task, due_in_ms)] = delayed_tasks(broker)
+    assert task.id == task_id and task.attempt == 0 and due_in_ms <= 0  # its gate asks the limiter again
+    record = broker.get_result(task_id)
+    assert (record["status"], record["attempts"], record.get("started_at_ms", "")) == ("READY", "0", "")
+    assert sample(DEFERRED, type=task.type, queue="q", reason="rate_start_missed") == deferred_before + 1
+    # The admission it missed stays spent: its window starts nothing else.
+    config = gated.task_types.get(task.type)
+    assert RateLimiter(broker)(Task(id="next", type=task.type, queue="q"), config).wait_ms > 0
+
+
+DEFERRED = "taskqueue_tasks_deferred_total"
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["direct", "batched"])
+def test_a_handler_held_up_past_its_start_margin_waits_again_unstarted(broker, gated, batched):
+    task_type(gated, "x.add", rate_limit=1, rate_period=1)
+    if batched:
+        gated.acks = AckBatcher(broker, gated.give_up)
+    held_up = iter([2 * start_margin_s(gated, "x.add")])
+    # The worker is held up after its admission (descheduled, a slow write), the first time it checks its lease.
+    gated.lease_check = lambda item: time.sleep(next(held_up, 0)) is None
+    deferred_before = sample(DEFERRED, type="x.add", queue="q", reason="rate_start_missed")
+
+    assert gated.execute(claimed(broker, "t1", "x.add", 1, 2)) is False
+    if gated.acks is not None:
+        gated.acks.close()
+    assert_waits_again_unstarted(broker, gated, "t1", deferred_before)
+
+
+async def async_add(a: int, b: int) -> int:
+    return a + b
+
+
+def test_an_async_handler_its_loop_lets_begin_only_past_its_start_margin_waits_again_unstarted(broker, gated):
+    gated.registry.add(Handler("x.blocks", blocks_the_loop))
+    gated.registry.add(Handler("x.async_add", async_add))
+    gated.async_lane = AsyncLane(4, Slots())
+    task_type(gated, "x.blocks")
+    task_type(gated, "x.async_add", rate_limit=1, rate_period=1)
+    deferred_before = sample(DEFERRED, type="x.async_add", queue="q", reason="rate_start_missed")
+
+    assert gated.execute(claimed(broker, "b1", "x.blocks", 4 * start_margin_s(gated, "x.async_add"))) is True
+    assert gated.execute(claimed(broker, "t1", "x.async_add", 1, 2)) is True  # admitted, its coroutine behind b1's
+    wait_until(lambda: delayed_tasks(broker), 5, message="the task to wait again")
+    wait_until(lambda: broker.get_result("b1")["status"] == "SUCCESSFUL", 5, message="the blocking run to end")
+    assert_waits_again_unstarted(broker, gated, "t1", deferred_before)
+
+
+def test_a_task_function_held_up_past_its_start_margin_waits_again_without_task_started(broker, gated):
+    path = "tests.support.django_tasks.add"
+    task_type(gated, "x.task_add", handler=path, rate_limit=1, rate_period=1)
+    held_up = iter([2 * start_margin_s(gated, "x.task_add")])
+    gated.lease_check = lambda item: time.sleep(next(held_up, 0)) is None
+    started: list[str] = []
+
+    def on_started(sender: type, task_result: Any, **kwargs: Any) -> None:
+        started.append(task_result.id)
+
+    deferred_before = sample(DEFERRED, type="x.task_add", queue="q", reason="rate_start_missed")
+    task_started.connect(on_started)
+    try:
+        assert gated.execute(claimed(broker, "t1", "x.task_add", 1, 2)) is False
+    finally:
+        task_started.disconnect(on_started)
+    assert started == []  # nothing of the run began, not even its signal
+    assert_waits_again_unstarted(broker, gated, "t1", deferred_before)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import random
 import threading
+import time
 import types
 from typing import Any
 
@@ -15,7 +16,7 @@ from fakeredis.commands_mixins import server_mixin
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tasks_app import metrics
-from tasks_app.consumer.limits import RateLimiter, RatePolicy
+from tasks_app.consumer.limits import MIN_START_MARGIN_US, RateLimiter, RatePolicy
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task
@@ -71,15 +72,21 @@ def decide(broker: Broker, policy: RatePolicy, task_id: str) -> int:
 # --- policy ---------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("limit", "period_s", "burst"),
-    [(1, 1.0, 1), (10, 1.0, 1), (10, 1.0, 10), (7, 0.3, 3), (1, YEAR_S, 1), (1000, 60.0, 250)],
+    [(1, 1.0, 1), (10, 1.0, 1), (10, 1.0, 10), (7, 0.3, 3), (1, YEAR_S, 1), (1000, 60.0, 250), (10, 0.1, 1)],
 )
-def test_policy_keeps_every_window_within_the_limit(limit, period_s, burst):
+def test_policy_keeps_every_window_within_the_limit_at_the_handlers_starts(limit, period_s, burst):
     policy = RatePolicy.for_config(config(limit, period_s, burst))
 
-    assert limit * policy.emission_us - policy.tolerance_us >= policy.period_us
-    # ... while losing at most 5% of the rate when there is no burst.
-    if burst == 1:
+    # L + 1 admissions span W + the start margin: handlers that begin within it keep every window.
+    assert limit * policy.emission_us - policy.tolerance_us >= policy.period_us + policy.start_margin_us
+    assert policy.start_margin_us >= MIN_START_MARGIN_US
+    assert 0 < policy.start_within_s * 1_000_000 < policy.start_margin_us
+    # ... while losing at most 5% of the rate when there is no burst, unless the period is so short
+    # that the shortest margin weighs more.
+    if burst == 1 and period_s >= 0.2:
         assert policy.emission_us <= policy.period_us / limit * 1.05 + 1
+    if burst == 1:
+        assert policy.emission_us <= (policy.period_us * 1.05 + MIN_START_MARGIN_US) / limit + 1
 
 
 def test_policy_refuses_a_type_without_a_limit():
@@ -263,10 +270,13 @@ def test_limiter_counts_decisions_and_rounds_the_wait_up_to_ms(broker, clock):
     labels = {"type": "t", "decision": "denied"}
     denied_before = metrics.RATE_LIMIT_DECISIONS.labels(**labels)._value.get()
 
-    assert limiter(Task(id="a", type="t"), cfg) == 0
-    wait_ms = limiter(Task(id="b", type="t"), cfg)
+    admitted_at = time.monotonic()
+    admission = limiter(Task(id="a", type="t"), cfg)
+    wait_ms = limiter(Task(id="b", type="t"), cfg).wait_ms
 
     policy = RatePolicy.for_config(cfg)
+    assert admission.wait_ms == 0  # its handler must begin within the start margin of the decision
+    assert admitted_at < admission.start_by - policy.start_within_s < time.monotonic()
     assert wait_ms == -(-(policy.emission_us - policy.tolerance_us) // 1000)
     assert metrics.RATE_LIMIT_DECISIONS.labels(**labels)._value.get() == denied_before + 1
 
@@ -290,7 +300,7 @@ def test_limiter_retries_through_a_redis_error(broker, clock, monkeypatch):
     flaky = FlakyBroker(broker)
     limiter = RateLimiter(flaky, threading.Event())  # type: ignore[arg-type]
 
-    assert limiter(Task(id="a", type="t"), config(1)) == 0
+    assert limiter(Task(id="a", type="t"), config(1)).wait_ms == 0
     assert flaky.calls == 2
 
 

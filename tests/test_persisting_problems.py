@@ -195,7 +195,7 @@ def test_values_of_a_keyed_limit_that_cannot_be_noted_are_logged_once_until_they
     broker.client.set(broker.keys.rate_keyed("keyed"), "foreign")  # a key of the wrong type in its place
 
     def deny():
-        assert limiter(Task(id=f"task-{next(denials)}", type="keyed"), keyed, "a") > 0
+        assert limiter(Task(id=f"task-{next(denials)}", type="keyed"), keyed, "a").wait_ms > 0
 
     limiter(Task(id="first", type="keyed"), keyed, "a")  # admitted: every later one is denied
     heal = partial(broker.client.delete, broker.keys.rate_keyed("keyed"))

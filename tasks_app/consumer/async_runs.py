@@ -8,6 +8,7 @@ asyncio task. It leaves the watch when it ends, its last progress written just b
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
@@ -17,6 +18,7 @@ from tasks_app import metrics
 from tasks_app.consumer.async_lane import AsyncLane, Flight, LaneSlot
 from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.control import Running, RunWatch, progress_update
+from tasks_app.consumer.limits import StartMissed, check_start
 from tasks_app.consumer.pause_watch import PauseWatch
 from tasks_app.consumer.retrying import GaveUp
 from tasks_app.consumer.settling import Settling
@@ -40,6 +42,18 @@ async def as_current[T](context: TaskContext, awaitable: Awaitable[T]) -> T:
     """Await `awaitable` with `context` as what `tasks_app.context.current()` returns in it."""
     with running(context):
         return await awaitable
+
+
+async def begun[T](awaitable: Awaitable[T], start_by: float) -> T:
+    """Await a handler's coroutine once `check_start` let it begin; else close it unstarted and raise StartMissed."""
+    try:
+        check_start(start_by)
+    except StartMissed:
+        close = getattr(awaitable, "close", None)
+        if close is not None:
+            close()
+        raise
+    return await awaitable
 
 
 async def _raising(error: BaseException) -> NoReturn:
@@ -75,7 +89,7 @@ class AsyncRuns(Settling):
         lane = self.async_lane
         assert lane is not None
         timeout_s = config.timeout_s or None
-        coroutine = self.invoke_async(handler, context, arguments, timeout_s)
+        coroutine = self.invoke_async(handler, context, arguments, timeout_s, claimed.start_by)
         settle = partial(self._settle_safely, context.control, claimed, task, config)
         flight = Flight(settle, timeout_s, partial(self._succeed_now, context.control, claimed, task, config))
         run = Running(task, RunClock(None), context, claimed.fence, claimed, config, partial(lane.cancel, flight))
@@ -163,9 +177,16 @@ class AsyncRuns(Settling):
             return False
 
     def invoke_async(
-        self, handler: Handler, context: TaskContext, arguments: Arguments, timeout_s: float | None
+        self,
+        handler: Handler,
+        context: TaskContext,
+        arguments: Arguments,
+        timeout_s: float | None,
+        start_by: float = math.inf,
     ) -> Coroutine[Any, Any, Any]:
         """The coroutine of an `async def` handler's run, cancelled with TaskTimeout at `timeout_s`.
+
+        It raises StartMissed instead if the loop lets it begin only after `start_by` (monotonic s).
 
         What the call raises before any coroutine exists (arguments its signature does not take, a
         task_started receiver's error) is raised by the coroutine instead: the run fails as one
@@ -174,10 +195,13 @@ class AsyncRuns(Settling):
         try:
             if handler.django_task is not None:
                 with running(context):  # task_started, sent now, sees the run as current
-                    coroutine = runner.start_async(handler.django_task, context, arguments, self.broker, timeout_s)
+                    begin = partial(check_start, start_by)
+                    coroutine = runner.start_async(
+                        handler.django_task, context, arguments, self.broker, timeout_s, begin
+                    )
             else:
                 args = (context, *arguments.args) if handler.takes_context else arguments.args
-                coroutine = within_timeout(handler.func(*args, **arguments.kwargs), timeout_s)
+                coroutine = within_timeout(begun(handler.func(*args, **arguments.kwargs), start_by), timeout_s)
         except BaseException as exc:  # as call_with_clock catches a sync handler's
             coroutine = _raising(exc)
         return as_current(context, coroutine)

@@ -1,5 +1,6 @@
 """A claimed task as the consumer holds it: the exact bytes in its processing list, with its claim's token."""
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -25,3 +26,5 @@ class Claimed:
     receipt: int | None = field(default=None, compare=False)
     # When it was claimed (monotonic s): a task that waited here unstarted asks for cancels before it starts.
     claimed_at_s: float = field(default_factory=time.monotonic, compare=False)
+    # By when (monotonic s) its handler must begin, set when its rate limit admits it (inf: no limit).
+    start_by: float = field(default=math.inf, compare=False)

@@ -25,6 +25,7 @@ from tasks_app.consumer.async_runs import AFTER_GRACE, AsyncRuns
 from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.concurrency import ConcurrencyGate, key_token_of
 from tasks_app.consumer.control import Running, RunWatch, progress_update
+from tasks_app.consumer.limits import Admission, StartMissed, check_start
 from tasks_app.consumer.pause_watch import PauseWatch
 from tasks_app.consumer.retrying import GaveUp
 from tasks_app.consumer.run_limits import RunLimits
@@ -52,9 +53,10 @@ def _max_result_bytes() -> int:
     return int(settings.TASKS_MAX_RESULT_BYTES)
 
 
-RateGate = Callable[[Task, TaskTypeConfig, str | None], int]
-"""Returns 0 to let a task start now, else how many ms to wait before it may (the third
-argument: the token of the task's `rate_limit_key` value, None when the limit is not keyed)."""
+RateGate = Callable[[Task, TaskTypeConfig, str | None], Admission]
+"""Admits a task (its handler to begin by the admission's `start_by`), else says how many ms to
+wait before it may (the third argument: the token of the task's `rate_limit_key` value, None when
+the limit is not keyed)."""
 
 
 class Executor(AsyncRuns, RunLimits, RunStart):
@@ -182,11 +184,12 @@ class Executor(AsyncRuns, RunLimits, RunStart):
         """Pass the rate limit, then take a concurrency slot; None: deferred, else the slot's holder ("": uncapped)."""
         if config.rate_limit and self.rate_gate is not None:
             key_token = key_token_of(config.rate_limit_key, arguments)
-            wait_ms = self.rate_gate(task, config, key_token)
-            if wait_ms > 0:
-                self._defer(claimed, task, wait_ms, "rate_limited")
+            admission = self.rate_gate(task, config, key_token)
+            if admission.wait_ms > 0:
+                self._defer(claimed, task, admission.wait_ms, "rate_limited")
                 self._due_at_its_slot(claimed, task, key_token)
                 return None
+            claimed.start_by = admission.start_by  # its handler begins by then, or it waits again
         gate = self.concurrency
         if not config.max_running or gate is None:
             return ""
@@ -273,7 +276,7 @@ class Executor(AsyncRuns, RunLimits, RunStart):
         run = Running(task, clock, context, claimed.fence, claimed, config)
         if not self._watch(threading.get_ident(), run):
             return self._return_stopping(claimed, AFTER_GRACE)
-        value, raised = self._call(handler, context, arguments, run)
+        value, raised = self._call(handler, context, arguments, run, claimed.start_by)
         if clock.abandoned:
             return False  # settled by fail_hung when it outlived its hard limit
         duration = time.monotonic() - clock.started_monotonic
@@ -307,6 +310,8 @@ class Executor(AsyncRuns, RunLimits, RunStart):
         on_settled: Callable[[], None] | None,
     ) -> bool:
         """Settle a run that returned `value` or failed with `error`; True if the ack batcher calls `on_settled`."""
+        if isinstance(error, StartMissed):  # its handler never began
+            return self._start_again(claimed, task)
         metrics.of_run(task.type, task.queue).duration.observe(duration)
         if error is None:
             try:
@@ -321,14 +326,14 @@ class Executor(AsyncRuns, RunLimits, RunStart):
         return False
 
     def _call(
-        self, handler: Handler, context: TaskContext, arguments: Arguments, run: Running
+        self, handler: Handler, context: TaskContext, arguments: Arguments, run: Running, start_by: float
     ) -> tuple[Any, BaseException | None]:
         """Call the handler under its run's clock (watched since `_watch`); return its value and what it raised."""
         key, clock = threading.get_ident(), run.clock
         metrics.BUSY_WORKERS.inc()
         try:
             value, raised = call_with_clock(
-                clock, lambda: self.invoke(handler, context, arguments, lambda: clock.timeout_error)
+                clock, lambda: self.invoke(handler, context, arguments, lambda: clock.timeout_error, start_by)
             )
         finally:
             metrics.BUSY_WORKERS.dec()
@@ -345,13 +350,19 @@ class Executor(AsyncRuns, RunLimits, RunStart):
         context: TaskContext,
         arguments: Arguments,
         timed_out: Callable[[], BaseException | None] = lambda: None,
+        start_by: float = math.inf,
     ) -> Any:
-        """Call a handler with the task's arguments (and its context if it takes one, and as `context.current()`)."""
+        """Call a handler with the task's arguments (and its context if it takes one, and as `context.current()`).
+
+        StartMissed instead if it cannot begin by `start_by` (monotonic s, its rate limit's admission).
+        """
         with running(context):
             if handler.django_task is not None:
-                return runner.run(handler.django_task, context, arguments, self.broker, timed_out)
+                begin = partial(check_start, start_by)
+                return runner.run(handler.django_task, context, arguments, self.broker, timed_out, begin)
             if handler.is_async:  # without an asyncio lane, on this thread
-                return asyncio.run(self.invoke_async(handler, context, arguments, None))
+                return asyncio.run(self.invoke_async(handler, context, arguments, None, start_by))
+            check_start(start_by)
             args = (context, *arguments.args) if handler.takes_context else arguments.args
             value = handler.func(*args, **arguments.kwargs)
             if inspect.iscoroutine(value):  # a plain function wrapping an async one: run it here, to its end

@@ -11,6 +11,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from tasks_app import metrics
 from tasks_app.consumer.queue_steps import QueueSteps
@@ -27,11 +28,17 @@ logger = logging.getLogger(__name__)
 
 # Slack sigma: GCRA's emission interval is widened by sigma / (limit - burst + 1), which costs
 # at most 5% of the rate. Half of sigma lets a woken task start up to sigma/2 early (so the
-# normal lateness of a wake-up does not bounce it back to the queue); the other half keeps every
-# window of `rate_period` sigma/2 clear of an extra start, covering the moment between the
-# decision and the handler's first line.
+# normal lateness of a wake-up does not bounce it back to the queue); the other half, the start
+# margin (at least MIN_START_MARGIN_US), keeps every window of `rate_period` that much clear of an
+# extra start: an admitted task's handler must begin within it, or the task waits again unstarted
+# (StartMissed), so the limit holds at the handlers' starts, not only at the decisions.
 SLACK_FRACTION = 0.05
 MAX_SLACK_US = 50_000
+# CPython's thread switch interval (5 ms): a shorter margin would send back every task whose
+# worker waited once for the GIL. Periods under 0.2 s pay for it with a slower steady rate.
+MIN_START_MARGIN_US = 5_000
+# Of the start margin, what calling the handler may take once its worker checked the time.
+CALL_ALLOWANCE_US = 1_000
 # How many values of a keyed limit holding slots a type notes at once: a change of the limit
 # follows up the deferred tasks of each (scanning the queues they wait in); those of further
 # values wait out their slots.
@@ -47,14 +54,17 @@ class RatePolicy:
     period_us: int
     emission_us: int
     tolerance_us: int
+    # How long after its admission a task's handler may begin (see SLACK_FRACTION).
+    start_margin_us: int
 
     @classmethod
     def for_config(cls, config: TaskTypeConfig) -> RatePolicy:
         """Derive the limiter parameters of a rate-limited type.
 
         GCRA with emission interval T and tolerance tau admits at most L starts in any window of
-        length W whenever L*T - tau >= W. With burst b, tau = (b-1)*T + sigma/2 and
-        T = (W + sigma) / (L - b + 1) give L*T - tau = W + sigma/2.
+        length W whenever L*T - tau >= W. With burst b, tau = (b-1)*T + e (e = sigma/2, early
+        wake-ups) and T = (W + e + m) / (L - b + 1) give L*T - tau = W + m: handlers that begin
+        within the start margin m of their admissions start at most L times in any window W.
         """
         limit = int(config.rate_limit or 0)
         if limit < 1:
@@ -62,11 +72,35 @@ class RatePolicy:
         burst = min(max(1, config.rate_burst), limit)
         period_us = round(_bounded_period_s(config.rate_period_s) * 1_000_000)
         slack_us = min(MAX_SLACK_US, int(period_us * SLACK_FRACTION))
+        early_us = slack_us // 2
+        margin_us = max(slack_us - early_us, MIN_START_MARGIN_US)
         if config.rate_algorithm == TaskType.RateAlgorithm.FIXED_WINDOW:
-            return cls(config.rate_algorithm, limit, period_us, math.ceil(period_us / limit), 0)
-        emission_us = math.ceil((period_us + slack_us) / (limit - burst + 1))
-        tolerance_us = (burst - 1) * emission_us + slack_us // 2
-        return cls(TaskType.RateAlgorithm.GCRA, limit, period_us, emission_us, tolerance_us)
+            return cls(config.rate_algorithm, limit, period_us, math.ceil(period_us / limit), 0, margin_us)
+        emission_us = math.ceil((period_us + early_us + margin_us) / (limit - burst + 1))
+        tolerance_us = (burst - 1) * emission_us + early_us
+        return cls(TaskType.RateAlgorithm.GCRA, limit, period_us, emission_us, tolerance_us, margin_us)
+
+    @property
+    def start_within_s(self) -> float:
+        """How long after asking the limiter an admitted task's worker may call its handler (seconds)."""
+        return (self.start_margin_us - CALL_ALLOWANCE_US) / 1_000_000
+
+
+class Admission(NamedTuple):
+    """The rate gate's answer: > 0 ms to wait (deferred), or 0 and by when (monotonic s) the handler must begin."""
+
+    wait_ms: int
+    start_by: float = math.inf
+
+
+class StartMissed(Exception):
+    """An admitted task's handler could not begin within its start margin: it must wait again, unstarted."""
+
+
+def check_start(start_by: float) -> None:
+    """Raise StartMissed once past `start_by` (monotonic s): a later start could crowd a window of the limit."""
+    if start_by != math.inf and time.monotonic() > start_by:
+        raise StartMissed("the handler could not begin within the rate limit's start margin of its admission")
 
 
 def _bounded_period_s(period_s: float) -> float:
@@ -96,17 +130,23 @@ class RateLimiter:
         # Per type, a failure to note its values (Redis away, a foreign key in place) met at every denial.
         self._note_problem: ProblemLog[str] = ProblemLog(logger)
 
-    def __call__(self, task: Task, config: TaskTypeConfig, key_token: str | None = None) -> int:
-        """Take one decision for `task` (on its key value's own limiter if keyed); > 0: how many ms it must wait."""
-        decision = until_done(
-            lambda: self._decide(config, task.id, task.queue, key_token), what="rate_limit", give_up=self.give_up
-        )
+    def __call__(self, task: Task, config: TaskTypeConfig, key_token: str | None = None) -> Admission:
+        """Take one decision for `task` (on its key value's own limiter if keyed): a wait, or an admission."""
+        policy, asked_at = RatePolicy.for_config(config), [0.0]
+
+        def decide() -> RateDecision:
+            asked_at[0] = time.monotonic()  # the decision comes after: the start margin counts from here
+            return self._decide(config, task.id, task.queue, key_token, policy)
+
+        decision = until_done(decide, what="rate_limit", give_up=self.give_up)
         if decision.rescaled:  # the limit changed: the tasks waiting for slots go to their new ones
             self._start_following(config.name, [key_token])
         if decision.wait_us > 0 and key_token is not None:
             self._note_value(config, key_token, decision.wait_us)
         metrics.RATE_LIMIT_DECISIONS.labels(config.name, "denied" if decision.wait_us > 0 else "allowed").inc()
-        return math.ceil(decision.wait_us / 1000)
+        if decision.wait_us > 0:
+            return Admission(math.ceil(decision.wait_us / 1000))
+        return Admission(0, asked_at[0] + policy.start_within_s)
 
     def follow(self, config: TaskTypeConfig) -> None:
         """Bring a type's limiters (unkeyed, and each value noted of a keyed limit) to its changed settings now."""
@@ -157,8 +197,10 @@ class RateLimiter:
                 self._noted_until = {key: until for key, until in self._noted_until.items() if until > now_s}
             self._noted_until[noted] = until_s
 
-    def _decide(self, config: TaskTypeConfig, task_id: str, queue: str, key_token: str | None) -> RateDecision:
-        policy = RatePolicy.for_config(config)
+    def _decide(
+        self, config: TaskTypeConfig, task_id: str, queue: str, key_token: str | None, policy: RatePolicy | None = None
+    ) -> RateDecision:
+        policy = policy or RatePolicy.for_config(config)
         args = (policy.algorithm, task_id, policy.limit, policy.period_us, policy.emission_us, policy.tolerance_us)
         return self.broker.rate_limit(config.name, *args, key_token, queue=queue, type_queue=config.queue)
 

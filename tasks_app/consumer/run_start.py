@@ -72,6 +72,17 @@ class RunStart(Settling):
         self._count_start(task, started_ms)
         return max_attempts
 
+    def _start_again(self, claimed: Claimed, task: Task) -> bool:
+        """Send back a task whose handler could not begin within its rate admission's start margin (False).
+
+        Due at once, no attempt used, its record READY again: its gate asks the limiter anew, and the
+        admission it missed stays spent, so no window of the limit gains a start.
+        """
+        if self.acks is not None:
+            self.acks.barrier()  # its RUNNING record goes first
+        self._defer(claimed, task, 0, "rate_start_missed", results.start_undone(task, claimed.fence, self.result_ttl_s))
+        return False
+
     def _mark_suspect_started(self, claimed: Claimed) -> bool:
         """Make a suspect's start durable before its handler runs (a death from now on is the task's
         fault); False if the lease lapsed first: the run must not start, and the task is not blamed."""

@@ -279,10 +279,12 @@ class Settling(SettlingWrites):
         if not held:
             metrics.ACKS_LOST.labels(claimed.queue).inc()
 
-    def _defer(self, claimed: Claimed, task: Task, wait_ms: int, reason: str) -> None:
-        """Put a task back in the delayed set without using an attempt."""
+    def _defer(
+        self, claimed: Claimed, task: Task, wait_ms: int, reason: str, record: ResultUpdate | None = None
+    ) -> None:
+        """Put a task back in the delayed set without using an attempt (writing `record`, if given, with the move)."""
         # Unstarted again: its receipt is withdrawn, so that a cancel while it waits cancels it outright.
-        withdrawn = withdrawal(claimed, task, self.result_ttl_s + wait_ms // 1000 + 1)
+        withdrawn = record or withdrawal(claimed, task, self.result_ttl_s + wait_ms // 1000 + 1)
         held = self._settle(
             "defer",
             lambda result: self.broker.retry_later(

@@ -53,13 +53,15 @@ def run(
     arguments: Arguments,
     results: ResultReader,
     timed_out: Callable[[], BaseException | None] = lambda: None,
+    begin: Callable[[], None] = lambda: None,
 ) -> Any:
     """Call a `@task` function as ImmediateBackend does; return its JSON-normalized value.
 
     `timed_out` says whether the consumer already failed this run for its timeout: then the
     late outcome of the function is not what happened, and task_finished reports the timeout.
+    `begin` is called just before task_started is sent: what it raises stops the run unstarted.
     """
-    task_result = _started(task, context, arguments, results)
+    task_result = _started(task, context, arguments, results, begin)
     try:
         if task.takes_context:
             django_context = RunTaskContext(task_result=task_result, run=context)
@@ -77,16 +79,30 @@ def run(
 
 
 def start_async(
-    task: Task, context: RunContext, arguments: Arguments, results: ResultReader, timeout_s: float | None
+    task: Task,
+    context: RunContext,
+    arguments: Arguments,
+    results: ResultReader,
+    timeout_s: float | None,
+    begin: Callable[[], None] = lambda: None,
 ) -> Coroutine[Any, Any, Any]:
-    """Send task_started for a run of an `async def` `@task` function; return the coroutine that runs it."""
+    """Send task_started for a run of an `async def` `@task` function; return the coroutine that runs it.
+
+    The coroutine calls `begin` first, on its loop: what it raises stops the run before the function is called.
+    """
     task_result = _started(task, context, arguments, results)
-    return _run_async(task, task_result, context, arguments, timeout_s)
+    return _run_async(task, task_result, context, arguments, timeout_s, begin)
 
 
 async def _run_async(
-    task: Task, task_result: TaskResult, context: RunContext, arguments: Arguments, timeout_s: float | None
+    task: Task,
+    task_result: TaskResult,
+    context: RunContext,
+    arguments: Arguments,
+    timeout_s: float | None,
+    begin: Callable[[], None],
 ) -> Any:
+    begin()
     django_context = RunTaskContext(task_result=task_result, run=context)
     args = (django_context, *arguments.args) if task.takes_context else arguments.args
     try:
@@ -99,8 +115,14 @@ async def _run_async(
     return _record_success(task_result, return_value)
 
 
-def _started(task: Task, context: RunContext, arguments: Arguments, results: ResultReader) -> TaskResult:
-    """The run's TaskResult, read from its RUNNING record; task_started is sent."""
+def _started(
+    task: Task,
+    context: RunContext,
+    arguments: Arguments,
+    results: ResultReader,
+    begin: Callable[[], None] = lambda: None,
+) -> TaskResult:
+    """The run's TaskResult, read from its RUNNING record; task_started is sent once `begin()` returned."""
     fields = results.get_result(context.task_id) or {}
     record = ResultRecord.from_fields(
         {"id": context.task_id, "type": context.type, "queue": context.queue, **fields, "status": RUNNING}
@@ -108,6 +130,7 @@ def _started(task: Task, context: RunContext, arguments: Arguments, results: Res
     task_result = task_result_from_record(record, task, task.backend)
     object.__setattr__(task_result, "args", arguments.args)
     object.__setattr__(task_result, "kwargs", arguments.kwargs)
+    begin()
     task_started.send(sender=RedisBackend, task_result=task_result)
     return task_result
 

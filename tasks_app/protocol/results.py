@@ -194,6 +194,14 @@ def receipt_withdrawn(task: Task, fence: int, ttl_s: int) -> ResultUpdate:
     return ResultUpdate(task.id, {CLAIMED_FENCE: ""}, ttl_s, fence=fence, queue=task.queue)
 
 
+def start_undone(task: Task, fence: int, ttl_s: int) -> ResultUpdate:
+    """Written when a run whose start was recorded goes back to wait before its handler began (READY, no attempt)."""
+    fields = {"status": READY, "attempts": str(max(task.attempt - 1, 0)), CLAIMED_FENCE: ""}
+    if task.attempt <= 1:  # it has never run: no start to show
+        fields.update({"started_at_ms": "", "last_attempted_at_ms": ""})
+    return ResultUpdate(task.id, fields, ttl_s, fence=fence, queue=task.queue, task_type=task.type)
+
+
 def dropped_cancelled(task: Task, ttl_s: int, fence: int) -> ResultUpdate:
     """Written when a consumer drops a cancelled task unrun: its record already reads CANCELLED, its index too now."""
     return ResultUpdate(task.id, {"status": CANCELLED}, ttl_s, fence=fence, queue=task.queue, task_type=task.type)

@@ -52,7 +52,7 @@ def defer(
     limiter(Task(id=f"{named}-first", type=TYPE, queue=queue), config, key_token)
     for n in range(count):
         task = Task(id=f"{named}-{n}", type=TYPE, queue=queue)
-        wait_ms = limiter(task, config, key_token)
+        wait_ms = limiter(task, config, key_token).wait_ms
         member = delayed_member(0, encode_task(task))
         broker.client.zadd(broker.keys.delayed(queue), {member: broker.server_time_ms() + wait_ms})
         deferred.append(member)
@@ -128,7 +128,7 @@ def test_a_task_denied_while_a_removal_is_followed_up_is_listed_again_at_the_nex
     # Meanwhile a consumer that has not noticed the removal yet denies a task there under the old
     # limit: a new one, or one the scan made due now that comes back before its slot.
     late = Task(id=late_id, type=TYPE, queue="elsewhere")
-    assert RateLimiter(broker)(late, LIMITED) > 0
+    assert RateLimiter(broker)(late, LIMITED).wait_ms > 0
 
     assert broker.rate_followed(TYPE, None, "elsewhere", "now", scan_began_us)
 

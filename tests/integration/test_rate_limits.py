@@ -14,12 +14,13 @@ from tasks_app.task_types import TaskTypeConfig
 from tests.support.ports import free_port
 from tests.support.processes import wait_until
 from tests.support.rate_decisions import admissions_ms, rate_decisions
-from tests.support.recording import most_starts_in_any_window, recorded_runs
+from tests.support.recording import handler_starts, most_starts_in_any_window, recorded_runs
 from tests.support.scrape import scrape
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 LIMITED = "test.record"
+SYNC_START, ASYNC_START, BLOCK_LOOP = "test.handler_start", "test.async_handler_start", "test.block_loop"
 DECISIONS = "taskqueue_rate_limit_decisions_total"
 YEAR_S = 365 * 86400
 
@@ -69,6 +70,36 @@ def test_limit_holds_in_every_window_across_three_consumers(broker, consumer_pro
     assert allowed == 200
     assert allowed + denied == len(decided)
     assert (allowed + denied) / 200 <= 3
+
+
+@pytest.mark.alone  # its start times are read at the handlers' first lines: load elsewhere would shift them
+def test_handlers_start_within_every_limit_across_three_consumers_with_their_loops_blocked(broker, consumer_process):
+    # A keyed limit on a sync handler, an unkeyed one on an async handler, and async handlers that
+    # block the lanes' loops (a sync call inside `async def`): each admitted coroutine waits for
+    # its loop, so its handler would begin long after its admission.
+    TaskType.objects.create(name=SYNC_START, handler=SYNC_START, rate_limit=3, rate_period=1.0, rate_limit_key="tenant")
+    TaskType.objects.create(name=ASYNC_START, handler=ASYNC_START, rate_limit=5, rate_period=1.0)
+    TaskType.objects.create(name=BLOCK_LOOP, handler=BLOCK_LOOP)
+    for _ in range(3):
+        consumer_process("--concurrency", "4", "--lease", "2")
+    wait_until(lambda: len(broker.live_consumers("default")) == 3, 30, message="three consumers to register")
+
+    limited = [*producer.enqueue(SYNC_START, kwargs={"tenant": "a"}, count=12)]
+    limited += producer.enqueue(SYNC_START, kwargs={"tenant": "b"}, count=12)
+    limited += producer.enqueue(ASYNC_START, count=25)
+    producer.enqueue(BLOCK_LOOP, kwargs={"sleep_s": 0.04}, count=150)
+    wait_until(lambda: len(handler_starts(broker)) >= 49, 60, interval_s=0.5, message="every limited task to start")
+
+    starts = handler_starts(broker)
+    assert sorted(start["task_id"] for start in starts) == sorted(task.id for task in limited)  # each once
+    assert {start["attempt"] for start in starts} == {1}  # a task sent back to wait used no attempt
+    for limit, chosen in [
+        (3, [start for start in starts if start.get("tenant") == "a"]),
+        (3, [start for start in starts if start.get("tenant") == "b"]),
+        (5, [start for start in starts if start["type"] == ASYNC_START]),
+    ]:
+        times = [start["start_ms"] for start in chosen]
+        assert most_starts_in_any_window(times, 1000) <= limit, sorted(times)
 
 
 def decisions(broker, policy: RatePolicy, type_name: str, count: int) -> list[int]:

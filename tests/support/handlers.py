@@ -53,6 +53,37 @@ def record(context: Any, sleep_s: float = 0.0, fail_until_attempt: int = 0, hold
     return context.attempt
 
 
+# --- rate limits at the handler (tests/integration/test_rate_limits.py) ---
+HANDLER_STARTS_KEY_SUFFIX = "test:handler_starts"
+
+
+def note_handler_start(context: Any, started_s: float, extra: dict[str, Any]) -> None:
+    """Append when (this machine's clock, in ms) a run's handler began, with its task id, type and `extra`."""
+    broker = get_broker()
+    entry = {"task_id": context.task_id, "type": context.type, "attempt": context.attempt, "start_ms": started_s * 1000}
+    broker.client.rpush(f"{broker.keys.prefix}:{HANDLER_STARTS_KEY_SUFFIX}", json.dumps({**entry, **extra}))
+
+
+@handler("test.handler_start", takes_context=True)
+def handler_start(context: Any, **extra: Any) -> None:
+    """Note this run's start, read as the handler's first line."""
+    started_s = time.time()
+    note_handler_start(context, started_s, extra)
+
+
+@handler("test.async_handler_start", takes_context=True)
+async def async_handler_start(context: Any, **extra: Any) -> None:
+    """Note this run's start, read as the coroutine's first line on the asyncio lane."""
+    started_s = time.time()
+    note_handler_start(context, started_s, extra)
+
+
+@handler("test.block_loop")
+async def block_loop(sleep_s: float) -> None:
+    """Block the asyncio lane's loop for `sleep_s` (a sync call inside `async def`)."""
+    time.sleep(float(sleep_s))
+
+
 @handler("test.kill_self")
 def kill_self() -> None:
     """Kill the consumer process running it: a poison pill."""

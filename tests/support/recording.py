@@ -7,13 +7,19 @@ from typing import Any
 
 from tasks_app.protocol.broker import Broker
 
-from .handlers import MARKS_KEY_SUFFIX, RUNS_KEY_SUFFIX
+from .handlers import HANDLER_STARTS_KEY_SUFFIX, MARKS_KEY_SUFFIX, RUNS_KEY_SUFFIX
 from .processes import wait_until
 
 
 def recorded_runs(broker: Broker) -> list[dict[str, Any]]:
     """Every run recorded so far, in the order they started."""
     raw = broker.client.lrange(f"{broker.keys.prefix}:{RUNS_KEY_SUFFIX}", 0, -1)
+    return [json.loads(item) for item in raw]
+
+
+def handler_starts(broker: Broker) -> list[dict[str, Any]]:
+    """Every start `test.handler_start` and `test.async_handler_start` noted so far, in order."""
+    raw = broker.client.lrange(f"{broker.keys.prefix}:{HANDLER_STARTS_KEY_SUFFIX}", 0, -1)
     return [json.loads(item) for item in raw]
 
 
