@@ -14,6 +14,8 @@ from prometheus_client import Gauge
 
 from tasks_app.models import TaskType
 from tasks_app.problem_log import ProblemLog
+from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.refusals import KeyRefused
 from tasks_app.registry import Registry
 
 logger = logging.getLogger(__name__)
@@ -68,6 +70,17 @@ class TaskTypeConfig:
     def default_for(cls, handler_name: str) -> TaskTypeConfig:
         """The settings a type gets when its row is created on first use."""
         return cls(name=handler_name, handler=handler_name)
+
+
+def listed_queues(broker: Broker) -> tuple[list[str], str]:
+    """The queues the queue set lists, and ""; where Redis refuses that set (a foreign key's type), the task
+    types' queues, and a note saying why (naming the key), for the pages and commands that list queues."""
+    try:
+        return broker.known_queues(), ""
+    except KeyRefused as exc:
+        queues = sorted(set(TaskType.objects.values_list("queue", flat=True)))
+        note = f"Redis refused to read the set of known queues, so only the task types' queues are listed: {exc}"
+        return queues, note
 
 
 class UnknownTaskType(LookupError):

@@ -11,6 +11,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError, ResponseEr
 
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.management.commands.enqueue import CHUNK_TASKS
+from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
 from tests.support.enqueued import enqueued_keys
 from tests.support.processes import PROJECT_DIR, consumer_env
@@ -315,3 +316,22 @@ def test_enqueue_into_a_closed_pipe_stops_saying_how_many_were_enqueued(broker, 
 def test_queuestats_into_a_closed_pipe_exits_without_a_traceback(broker, key_prefix):
     returncode, stderr = _run_into_a_closed_pipe(key_prefix, "queuestats")
     assert (returncode, stderr) == (1, "")
+
+
+@pytest.mark.django_db
+def test_queuestats_beside_a_foreign_queue_set_lists_the_task_types_queues_and_says_why_once(broker):
+    TaskType.objects.create(name="web.echo", handler="demo.echo", queue="web")
+    call_command("enqueue", "web.echo", "--count", "2", stdout=StringIO())
+    key = broker.keys.queues()  # lists queues for the dashboard only
+    broker.client.delete(key)
+    broker.client.set(key, "foreign")
+    table, table_errors, as_json, json_errors = StringIO(), StringIO(), StringIO(), StringIO()
+    call_command("queuestats", stdout=table, stderr=table_errors)  # before: "Redis unavailable: ...", no stats
+    call_command("queuestats", "--json", stdout=as_json, stderr=json_errors)
+    assert [row.split()[:2] for row in table.getvalue().splitlines()[1:]] == [["web", "2"]]
+    [said] = table_errors.getvalue().splitlines()
+    assert said == json_errors.getvalue().strip() and "task types' queues" in said
+    assert key in said and "WRONGTYPE" in said and "unavailable" not in said
+    stats = json.loads(as_json.getvalue())
+    assert [queue["queue"] for queue in stats["queues"]] == ["web"] and key in stats["queue_set_unreadable"]
+    assert broker.client.get(key) == b"foreign"

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 
 import pytest
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
 from tasks_app import producer
 from tasks_app.collectors import QueueCollector
@@ -250,3 +250,29 @@ def test_a_consumers_log_says_once_that_a_queue_is_unreadable_and_when_it_is_rea
     list(collector.collect())
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("queue stats: queue bad")]
     assert len(lines) == 2 and "WRONGTYPE" in lines[0] and "read again" in lines[1], lines
+
+
+def test_the_collector_beside_a_foreign_queue_set_exports_its_consumers_queues_and_says_why_once(
+    broker, echo_type, caplog
+):
+    producer.enqueue("web.echo", [1], queue="mine")
+    producer.enqueue("web.echo", [2], queue="elsewhere")
+    key = broker.keys.queues()  # lists queues for the dashboard only
+    spoil_as_string(broker, key)
+    registry = CollectorRegistry()
+    registry.register(QueueCollector(lambda: broker, ["mine"]))  # a consumer of queue "mine"
+    for _ in range(2):
+        scrape = Scrape(generate_latest(registry).decode())
+        assert scrape.value("taskqueue_queue_stats_up") == 1  # before: 0, and no queue's depth at all
+        assert scrape.value("taskqueue_queue_tasks", queue="mine", state="pending") == 1
+        assert not scrape.has("taskqueue_queue_tasks", queue="elsewhere")
+        [sample] = [s for s in scrape.samples if s.name == "taskqueue_queue_set_unreadable"]
+        assert sample.value == 1 and "WRONGTYPE" in sample.labels["reason"] and key in sample.labels["reason"]
+    said = [r.getMessage() for r in caplog.records if "queue set" in r.getMessage()]
+    assert len(said) == 1 and key in said[0] and "WRONGTYPE" in said[0], said
+    broker.client.delete(key)
+    broker.client.sadd(key, "elsewhere")
+    mended = Scrape(generate_latest(registry).decode())
+    assert mended.value("taskqueue_queue_tasks", queue="elsewhere", state="pending") == 1
+    assert not mended.has("taskqueue_queue_set_unreadable")
+    assert any(m.startswith("queue stats: the queue set is read again") for m in caplog.messages)

@@ -16,9 +16,8 @@ from django.shortcuts import render
 from redis.exceptions import RedisError
 
 from tasks_app.logging import escape_control
-from tasks_app.models import TaskType
-from tasks_app.protocol.broker import Broker, get_broker
-from tasks_app.protocol.refusals import KeyRefused, refused
+from tasks_app.protocol.broker import get_broker
+from tasks_app.protocol.refusals import refused
 from tasks_app.protocol.results import ResultRecord
 
 View = Callable[..., HttpResponse]
@@ -73,21 +72,8 @@ def load_record(task_id: str, *, strict: bool = False) -> ResultRecord | None:
     return ResultRecord.from_fields(fields) if fields else None
 
 
-def known_queues(broker: Broker) -> tuple[list[str], str]:
-    """The queues the pages list: the queue set's, and ""; where Redis refuses that set (a foreign key's type),
-    the task types' queues, and a note saying why."""
-    try:
-        return broker.known_queues(), ""
-    except KeyRefused as exc:
-        queues = sorted(set(TaskType.objects.values_list("queue", flat=True)))
-        return (
-            queues,
-            f"Redis refused to read the set of known queues, so only the task types' queues are listed: {exc}",
-        )
-
-
 def refused_set(note: str) -> dict[str, str]:
-    """What a JSON answer adds for the queue set Redis refused (`known_queues`' note): `queue_set_unreadable`."""
+    """What a JSON answer adds for the queue set Redis refused (`listed_queues`' note): `queue_set_unreadable`."""
     return {"queue_set_unreadable": note} if note else {}
 
 

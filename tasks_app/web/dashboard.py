@@ -24,8 +24,9 @@ from tasks_app.protocol.names import NAME_PATTERN, InvalidName, validate_name
 from tasks_app.protocol.refusals import read_each
 from tasks_app.protocol.replies import QueueStats
 from tasks_app.protocol.timestamps import MAX_SCORE_MS, datetime_of_ms
+from tasks_app.task_types import listed_queues
 from tasks_app.web.charts import chart_data, dashboard_charts
-from tasks_app.web.common import admin_context, known_queues, log_task_actions, redis_required, refused_set
+from tasks_app.web.common import admin_context, log_task_actions, redis_required, refused_set
 
 PAGE_SIZE = 50
 
@@ -94,7 +95,7 @@ def queue_dashboard(request: HttpRequest) -> HttpResponse:
     """
     broker = get_broker()
     now_ms = broker.server_time_ms()  # leases are on the Redis clock
-    queues, queue_set_refused = known_queues(broker)
+    queues, queue_set_refused = listed_queues(broker)
     rows, unreadable = read_each(queues, lambda queue: _queue_row(broker, queue, now_ms))
     charts = dashboard_charts(chart_data(broker, queues))
     context = admin_context(
@@ -125,7 +126,7 @@ def _queue_row(broker: Broker, queue: str, now_ms: int) -> QueueRow:
 def chart_series(request: HttpRequest) -> JsonResponse:
     """The dashboard's chart data as JSON: per-minute series of the last hour, per queue and per type."""
     broker = get_broker()
-    queues, queue_set_refused = known_queues(broker)
+    queues, queue_set_refused = listed_queues(broker)
     return JsonResponse({**chart_data(broker, queues), **refused_set(queue_set_refused)})
 
 

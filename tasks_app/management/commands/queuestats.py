@@ -8,6 +8,7 @@ from django.core.management.base import CommandParser
 from tasks_app.management.outages import QueueCommand
 from tasks_app.protocol.broker import get_broker
 from tasks_app.protocol.refusals import read_each
+from tasks_app.task_types import listed_queues
 
 
 class Command(QueueCommand):
@@ -18,11 +19,16 @@ class Command(QueueCommand):
 
     def handle(self, *args: Any, json: bool, **options: Any) -> None:
         broker = get_broker()
+        # Where Redis refuses the queue set (a foreign key's type), the task types' queues, and one line saying why.
+        queues, queue_set_refused = listed_queues(broker)
+        if queue_set_refused:
+            self.stderr.write(queue_set_refused)
         # A queue whose keys Redis refuses to count (a foreign key's type) is listed with the error.
-        by_queue, unreadable = read_each(broker.known_queues(), broker.queue_stats)
+        by_queue, unreadable = read_each(queues, broker.queue_stats)
         stats = list(by_queue.values())
         if json:
-            self.stdout.write(_dumps({"queues": [s.as_dict() for s in stats], "unreadable": unreadable}))
+            refusal = {"queue_set_unreadable": queue_set_refused} if queue_set_refused else {}
+            self.stdout.write(_dumps({"queues": [s.as_dict() for s in stats], "unreadable": unreadable, **refusal}))
             return
         header = f"{'queue':<24}{'pending':>10}{'processing':>12}{'delayed':>10}{'dead':>8}{'consumers':>11}  state"
         self.stdout.write(header)
