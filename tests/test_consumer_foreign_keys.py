@@ -156,3 +156,23 @@ def test_a_consumer_starts_and_serves_its_queues_beside_a_foreign_queue_set(brok
     said = [m for m in caplog.messages if "queue set" in m]
     assert len(said) == 1 and "WRONGTYPE" in said[0] and key in said[0], said
     assert broker.client.get(key) == b"foreign"
+
+
+@pytest.mark.parametrize("foreign_at_start", [True, False])
+def test_a_running_consumer_lists_its_queues_again_once_the_queue_set_is_mended(
+    broker, consumer_in_thread, caplog, foreign_at_start
+):
+    key = broker.keys.queues()  # lists queues for the dashboard only
+    if foreign_at_start:
+        spoil_as_string(broker, key)
+    with consumer_in_thread(queues=["good", "other"], consumer_id="fixed") as consumer:
+        wait_until(lambda: broker.live_consumers("good"), 10, message="the consumer to register")
+        spoil_as_string(broker, key)  # a foreign writer's, then mended by deleting it
+        broker.client.delete(key)
+        lease_s = consumer.options.lease_s
+        # Before: listed again only when the consumer registered again (a restart or a lost lease).
+        listed = lambda: broker.client.smembers(key) == {b"good", b"other"}  # noqa: E731
+        wait_until(listed, 2 * lease_s, message="the queues to be listed again within a lease")
+        assert consumer.consumer_id == "fixed"
+    mended = [m for m in caplog.messages if "queue set works again" in m]
+    assert len(mended) == (1 if foreign_at_start else 0), caplog.messages

@@ -6,6 +6,10 @@ consumer starts all the same and serves its other queues: that queue is logged o
 (`taskqueue_queue_refused_total{loop="registering"}`), its heartbeat renews nothing there, its
 claimer claims nothing there (a claim under no lease could not be recovered), and registering there
 is tried again every third of a lease, so the consumer joins it once the key is mended.
+
+The queues it is registered on are listed in the queue set (what the dashboard finds queues by)
+again once a lease, and every third of a lease while Redis refuses that set: a set deleted, or of
+a foreign type and mended, lists them again without a restart.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ class Registration:
         self._steps = QueueSteps(self.name)
         self._held_elsewhere: ProblemLog[str] = ProblemLog(logger)
         self._unlisted: ProblemLog[str] = ProblemLog(logger)  # the queue set Redis refused to add to
+        self._listed_at = float("-inf")  # when the queues were last added to the queue set (monotonic s)
 
     def current(self) -> tuple[str, list[str]]:
         """The id registered last, and the queues it is registered on."""
@@ -75,6 +80,7 @@ class Registration:
                 joined = self._take_leases(consumer_id, self._recover(consumer_id, self._free(consumer_id, missing)))
                 if joined:
                     self._current = (consumer_id, tuple(q for q in self.queues if q in registered or q in joined))
+            self._list_again()
         return self.lease.lease_s / 3
 
     def abandon(self, consumer_id: str, queues: Sequence[str]) -> None:
@@ -93,12 +99,23 @@ class Registration:
         lease_ms = int(self.lease.lease_s * 1000)
         refused, unlisted = self.broker.register_leases(queues, consumer_id, lease_ms, self.info())
         self._steps.note("registering", queues, refused)
+        self._listed(queues, unlisted)
+        return [queue for queue in queues if queue not in refused]
+
+    def _list_again(self) -> None:
+        """List the registered queues in the queue set again: once a lease, or at each pass while Redis refuses it."""
+        registered = self._current[1]
+        if registered and (self._unlisted.open_keys() or time.monotonic() - self._listed_at >= self.lease.lease_s):
+            self._listed(registered, self.broker.list_queues(registered))
+
+    def _listed(self, queues: Sequence[str], unlisted: str) -> None:
+        """Note that `queues` were added to the queue set, or that Redis refused it (`unlisted`): said once."""
+        self._listed_at = time.monotonic()
         if unlisted:  # the set only lists queues for the dashboard: the consumer runs all the same
             message = "registering: listing queues %s in the queue set refused by Redis (the dashboard omits them): %s"
             self._unlisted.failed("queue set", unlisted, message, ",".join(queues), unlisted)
         else:
             self._unlisted.recovered("queue set", "registering: listing queues in the queue set works again")
-        return [queue for queue in queues if queue not in refused]
 
     def _free(self, consumer_id: str, queues: Sequence[str]) -> list[str]:
         """Those of `queues` where no other live process holds `consumer_id` (unseen while their keys were refused)."""

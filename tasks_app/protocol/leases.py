@@ -25,6 +25,11 @@ TOMBSTONE_PAGE = 100
 TOMBSTONE_KEEP_MS = 24 * 3600 * 1000
 
 
+def _listing_refused(reply: Any) -> str:
+    """Redis's refusal that announce_queues answers (its error's text, a reply: see the script), "" for none."""
+    return reply.decode(errors="replace") if isinstance(reply, bytes) else ""
+
+
 class LeaseOps(ScriptClient):
     """Heartbeats and reaping."""
 
@@ -80,9 +85,14 @@ class LeaseOps(ScriptClient):
         )
         if isinstance(listed, Exception):  # the set of every queue: no one queue's
             raise listed
-        return replies_by_queue(queues, replies)[1], listed.decode(errors="replace") if isinstance(
-            listed, bytes
-        ) else ""
+        return replies_by_queue(queues, replies)[1], _listing_refused(listed)
+
+    def list_queues(self, queues: Sequence[str]) -> str:
+        """Add `queues` to the queue set again; return Redis's refusal of a set of a foreign type ("" if none).
+
+        Registering lists them too: this is for a set deleted, or mended, since (see announce_queues.lua).
+        """
+        return _listing_refused(self._script("announce_queues", [self.keys.queues()], sorted(queues)))
 
     def _heartbeats(
         self,
