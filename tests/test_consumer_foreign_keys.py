@@ -176,3 +176,25 @@ def test_a_running_consumer_lists_its_queues_again_once_the_queue_set_is_mended(
         assert consumer.consumer_id == "fixed"
     mended = [m for m in caplog.messages if "queue set works again" in m]
     assert len(mended) == (1 if foreign_at_start else 0), caplog.messages
+
+
+def test_a_queue_whose_lease_renewal_is_refused_starts_none_of_the_tasks_held_there_and_each_runs_once(
+    broker, consumer_in_thread
+):
+    [blocker] = producer.enqueue("test.record", queue="good", kwargs={"hold_until": "release"})
+    with consumer_in_thread(queues=["good", "bad"], consumer_id="fixed", concurrency=1, prefetch=1) as consumer:
+        wait_until(lambda: ran(broker, blocker.id), 10, message="its one worker to be busy")
+        [held] = producer.enqueue("test.record", queue="bad")
+        wait_until(lambda: broker.held_by("bad", "fixed"), 10, message="a task of queue bad to be claimed ahead")
+        key = broker.keys.consumer_info("bad")
+        spoil(broker, key)  # read by every renewal there: refused from now on, the lease there lapses
+        lapsed = lambda: broker.client.zscore(broker.keys.consumers("bad"), "fixed") < broker.server_time_ms()  # noqa: E731
+        wait_until(lapsed, 10, message="the lease on queue bad to lapse")
+        broker.client.set(f"{broker.keys.prefix}:release", 1)  # the worker is free for the task held
+        wait_until(lambda: broker.get_result(blocker.id)["status"] == "SUCCESSFUL", 10, message="the blocker's end")
+        broker.client.delete(key)  # mended: a reaper now recovers what the lapsed lease held there
+        wait_until(lambda: ran(broker, held.id), 15, message="the task held there to run")
+        wait_until(lambda: broker.get_result(held.id)["status"] == "SUCCESSFUL", 10, message="its end")
+        # Before: started under the lapsed lease (renewed on queue good only), and again once recovered.
+        assert [run["consumer"] for run in recorded_runs(broker) if run["task_id"] == held.id] == ["fixed.1"]
+        assert consumer.consumer_id == "fixed.1"

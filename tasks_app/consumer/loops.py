@@ -94,7 +94,8 @@ class LeaseClock:
 
 
 class HeartbeatLoop:
-    """Renews this consumer's lease every third of the lease, on its own connection."""
+    """Renews this consumer's lease every third of the lease, on its own connection; a queue where Redis refuses
+    the renewal (a foreign key's type) counts as lost there, as one where the lease lapsed."""
 
     name = "heartbeat"
 
@@ -126,8 +127,11 @@ class HeartbeatLoop:
             # still backing off past that would get this live consumer reaped.
             return redis_away(self._problems, self.name, exc, self.lease_ms / 6000)
         self._problems.recovered(self.name, "%s: works again", self.name)
-        # A queue whose lease keys Redis refuses holds up no other: no reaper can read them either.
+        # A queue whose lease keys Redis refuses holds up no other; but the lease there is not renewed, and
+        # once the key is mended a reaper may recover what it held there before a renewal sees it lapsed: it
+        # is lost there now, so none of the tasks held under it there starts any more.
         self._steps.note("renewing the lease", queues, refused)
+        lost += [queue for queue in queues if queue in refused]
         if not lost:
             self.lease.renewed(consumer_id, sent_at)
             metrics.LEASE_RENEWALS.inc()
