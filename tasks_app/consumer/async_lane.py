@@ -1,9 +1,11 @@
 """The asyncio lane: `async def` handlers of a consumer run on one event loop, not a thread each.
 
-A worker thread takes one of the lane's `--async-concurrency` slots (waiting while the lane is
-full; if the consumer begins to stop meanwhile, the task goes back unstarted), then checks the
-lease and records the start as for any task, so a run begins as soon as its start is written; it
-hands the coroutine here and moves on, the task giving back its worker slot. The outcome is settled
+A worker thread takes one of the lane's `--async-concurrency` slots before the task's gates
+(waiting while the lane is full; if the consumer begins to stop meanwhile, the task goes back
+unstarted), so that a rate admission is taken only when its run can begin at once (a task
+deferred at a gate gives the slot back); then it checks the lease and records the start as for
+any task, so a run begins as soon as its start is written; it hands the coroutine here and moves
+on, the task giving back its worker slot. The outcome is settled
 through the same path as a sync run (results, retries, acks and fences): a success is handed to the
 ack batcher from the loop (that only queues it), anything else is settled on a small pool of
 threads, so the loop never waits on Redis. A task keeps its lane slot until its ack is written: a

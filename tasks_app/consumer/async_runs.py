@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 from tasks_app import metrics
 from tasks_app.consumer.async_lane import AsyncLane, Flight, LaneSlot
 from tasks_app.consumer.claimed import Claimed
+from tasks_app.consumer.concurrency import ConcurrencyGate
 from tasks_app.consumer.control import Running, RunWatch, progress_update
 from tasks_app.consumer.limits import StartMissed, check_start
 from tasks_app.consumer.pause_watch import PauseWatch
@@ -71,6 +72,9 @@ class AsyncRuns(Settling):
     # The executor's: settles a run's outcome (see Executor._settle_outcome).
     _settle_outcome: Callable[..., bool]
     _run: Callable[..., bool]
+    # The executor's: a task's rate limit and max_running slot ("" uncapped, None deferred), and its cap.
+    _admit: Callable[[Claimed, Task, TaskTypeConfig, Arguments], str | None]
+    concurrency: ConcurrencyGate | None
     _watch: Callable[[object, Running], bool]  # the executor's: False once no run may start (see run_limits)
     pauses: PauseWatch  # the executor's: it puts claimed tasks back unstarted
 
@@ -112,6 +116,36 @@ class AsyncRuns(Settling):
         if last_progress is not None:
             self.watch.record(last_progress)
 
+    def _execute_async(
+        self,
+        claimed: Claimed,
+        task: Task,
+        config: TaskTypeConfig,
+        handler: Handler,
+        arguments: Arguments,
+        on_settled: Callable[[], None] | None,
+    ) -> bool:
+        """Pass an async task's gates and start it on the lane; True if the lane settles it (and calls `on_settled`).
+
+        Its lane slot comes first: a rate admission is taken only once its run can begin at once, not
+        spent while it waits for room on a full lane (past its start margin).
+        """
+        lane = self.async_lane
+        assert lane is not None
+        slot = lane.reserve()
+        if slot is None:
+            return self._return_stopping(claimed, "waited for room on the asyncio lane")
+        try:
+            holder = self._admit(claimed, task, config, arguments)
+            if holder is None:
+                return False
+            if holder and self.concurrency is not None:
+                release = partial(self.concurrency.release, holder)
+                return self._run_releasing(claimed, task, config, handler, arguments, on_settled, slot, release)
+            return self._run(claimed, task, config, handler, arguments, on_settled, slot)
+        finally:
+            slot.give_back()  # unless its run took it
+
     def _run_releasing(
         self,
         claimed: Claimed,
@@ -120,6 +154,7 @@ class AsyncRuns(Settling):
         handler: Handler,
         arguments: Arguments,
         on_settled: Callable[[], None] | None,
+        slot: LaneSlot,
         release: Callable[[], None],
     ) -> bool:
         """`_run` of an async task holding a max_running slot: the slot is released once it is settled."""
@@ -135,7 +170,7 @@ class AsyncRuns(Settling):
 
         later = False
         try:
-            later = self._run(claimed, task, config, handler, arguments, settled)
+            later = self._run(claimed, task, config, handler, arguments, settled, slot)
         finally:
             if not later:
                 release()

@@ -20,7 +20,7 @@ from redis.exceptions import ResponseError
 
 from tasks_app import metrics
 from tasks_app.consumer.ack_batcher import AckBatcher
-from tasks_app.consumer.async_lane import AsyncLane
+from tasks_app.consumer.async_lane import AsyncLane, LaneSlot
 from tasks_app.consumer.async_runs import AFTER_GRACE, AsyncRuns
 from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.concurrency import ConcurrencyGate, key_token_of
@@ -144,17 +144,16 @@ class Executor(AsyncRuns, RunLimits, RunStart):
             return False
         if (dropped := self._drop_if_cancelled_while_held(claimed, task, config, on_settled)) is not None:
             return dropped  # before its gates: a task cancelled while it waited takes no rate or slot
+        if handler.is_async and self.async_lane is not None:
+            return self._execute_async(claimed, task, config, handler, arguments, on_settled)
         holder = self._admit(claimed, task, config, arguments)
         if holder is None:
             return False
-        release = partial(self.concurrency.release, holder) if holder and self.concurrency is not None else None
-        if release is not None and handler.is_async and self.async_lane is not None:
-            return self._run_releasing(claimed, task, config, handler, arguments, on_settled, release)
         try:
             return self._run(claimed, task, config, handler, arguments, on_settled)
         finally:
-            if release is not None:
-                release()
+            if holder and self.concurrency is not None:
+                self.concurrency.release(holder)
 
     def _defer_unknown_settings(self, claimed: Claimed, task: Task) -> bool:
         """Defer a task whose TaskType row could not be read (the database away): it may have one."""
@@ -250,28 +249,21 @@ class Executor(AsyncRuns, RunLimits, RunStart):
         handler: Handler,
         arguments: Arguments,
         on_settled: Callable[[], None] | None = None,
+        lane_slot: LaneSlot | None = None,
     ) -> bool:
-        # An async run takes its lane slot before the lease check: once its start is written, it begins.
-        lane = self.async_lane if handler.is_async else None
-        lane_slot = lane.reserve() if lane is not None else None
-        if lane is not None and lane_slot is None:
-            return self._return_stopping(claimed, "waited for room on the asyncio lane")
-        try:
-            if self._starts_closed:  # most such tasks are met here, before their start is written
-                return self._return_stopping(claimed, AFTER_GRACE)
-            if self.lease_check is not None and not self.lease_check(claimed):
-                return False  # its lease was lost while it passed the gates: the reaper owns it now
-            max_attempts = self._record_start(claimed, task, config, handler, arguments)
-            if isinstance(max_attempts, NotStarted):
-                return self._not_started(max_attempts, claimed, task, config, on_settled)
-            context = TaskContext(
-                task.id, task.type, task.queue, task.attempt, max_attempts, dict(task.headers), claimed.consumer_id
-            )
-            if lane_slot is not None:
-                return self._run_async(claimed, task, config, handler, context, arguments, on_settled, lane_slot)
-        finally:
-            if lane_slot is not None:
-                lane_slot.give_back()  # unless the run took it
+        """Start a task that passed its gates: on the asyncio lane in `lane_slot` if given, else on this thread."""
+        if self._starts_closed:  # most such tasks are met here, before their start is written
+            return self._return_stopping(claimed, AFTER_GRACE)
+        if self.lease_check is not None and not self.lease_check(claimed):
+            return False  # its lease was lost while it passed the gates: the reaper owns it now
+        max_attempts = self._record_start(claimed, task, config, handler, arguments)
+        if isinstance(max_attempts, NotStarted):
+            return self._not_started(max_attempts, claimed, task, config, on_settled)
+        context = TaskContext(
+            task.id, task.type, task.queue, task.attempt, max_attempts, dict(task.headers), claimed.consumer_id
+        )
+        if lane_slot is not None:
+            return self._run_async(claimed, task, config, handler, context, arguments, on_settled, lane_slot)
         clock = RunClock(config.timeout_s or None)
         run = Running(task, clock, context, claimed.fence, claimed, config)
         if not self._watch(threading.get_ident(), run):
