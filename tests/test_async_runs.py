@@ -1,10 +1,13 @@
-"""An executor's async runs: a lane slot before the rate gate."""
+"""An executor's async runs: a lane slot before the rate gate; a run dropped before it begins leaves nothing behind."""
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
+import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -21,15 +24,16 @@ from tests.test_async_lane import Slots
 
 pytestmark = pytest.mark.django_db
 
+TASK_FUNCTION = "tests.support.django_tasks.async_add"
 MISSED = "taskqueue_tasks_deferred_total"
 
 
 class Lane:
-    """A lane of one slot and the handlers to fill it: `x.holds` holds the loop until `free` is set."""
+    """A lane of `slots` slots and handlers to run there: `x.holds` blocks the loop until `free` is set."""
 
-    def __init__(self) -> None:
+    def __init__(self, slots: int) -> None:
         self.free, self.waiting, self.began = threading.Event(), threading.Event(), threading.Event()
-        self.lane = AsyncLane(1, Slots())
+        self.lane = AsyncLane(slots, Slots())
         reserve = self.lane.reserve
 
         def noted_reserve() -> LaneSlot | None:
@@ -53,8 +57,8 @@ class Lane:
 
 
 @pytest.fixture
-def lane() -> Iterator[Lane]:
-    filled = Lane()
+def lane(request: pytest.FixtureRequest) -> Iterator[Lane]:
+    filled = Lane(getattr(request, "param", 1))  # one slot unless parametrized
     yield filled
     filled.free.set()
     filled.lane.close()
@@ -106,3 +110,56 @@ def test_a_rate_limited_async_task_deferred_gives_its_lane_slot_back(broker, lan
     deadline = time.monotonic() + 5
     lane.lane.stopping = lambda: time.monotonic() > deadline  # a slot not given back: None after 5 s
     assert lane.lane.reserve() is not None
+
+
+def never_awaited(caught: list[warnings.WarningMessage]) -> list[str]:
+    """The "coroutine ... was never awaited" warnings caught so far, once every dropped coroutine is collected."""
+    gc.collect()
+    return [str(found.message) for found in caught if "never awaited" in str(found.message)]
+
+
+@pytest.fixture
+def caught() -> Iterator[list[warnings.WarningMessage]]:
+    with warnings.catch_warnings(record=True) as found:  # the whole process's: the lane's thread's too
+        warnings.simplefilter("always")
+        yield found
+
+
+def run_on_the_lane(broker: Any, laned: Executor, task_id: str) -> None:
+    """Run a task to its end on the lane: whatever the loop did before is done."""
+    assert laned.execute(claimed(broker, task_id, "x.async_add", 1, 2)) is True
+    wait_until(lambda: (broker.get_result(task_id) or {}).get("status") == "SUCCESSFUL", 5, message=task_id)
+
+
+@pytest.mark.parametrize("lane", [2], indirect=True)
+@pytest.mark.parametrize("handler", ["x.async_add", TASK_FUNCTION], ids=["handler", "task_function"])
+def test_a_run_cancelled_with_force_before_it_begins_leaves_no_coroutine_unawaited(
+    broker, lane, laned, caught, handler
+):
+    task_type(laned, "x.holds")
+    task_type(laned, "x.async_add")
+    task_type(laned, "x.cancelled", handler=handler)
+    assert laned.execute(claimed(broker, "h1", "x.holds")) is True
+    assert laned.execute(claimed(broker, "t1", "x.cancelled", 1, 2)) is True  # behind h1: it has not begun
+    [run] = [run for run in laned.running.values() if run.task.id == "t1"]
+    run.context.control.force()  # what RunWatch does on a forced cancel
+    run.force_stop()
+    lane.free.set()
+    wait_until(lambda: broker.get_result("t1")["status"] == "CANCELLED", 5, message="t1 to be cancelled")
+    run_on_the_lane(broker, laned, "t2")
+    assert never_awaited(caught) == []
+
+
+def test_a_run_stopped_after_its_start_was_written_leaves_no_coroutine_unawaited(broker, lane, laned, caught):
+    task_type(laned, "x.async_add")
+    checks = iter([True])
+
+    def grace_ends_while_its_start_is_written(item: Any) -> bool:
+        if next(checks, False) is False:
+            laned._starts_closed = True  # what interrupt_running sets as a stop's grace period ends
+        return True
+
+    laned.lease_check = grace_ends_while_its_start_is_written
+    assert laned.execute(claimed(broker, "t1", "x.async_add", 1, 2)) is False
+    assert broker.queue_stats("q").pending == 1  # back unstarted
+    assert not lane.began.is_set() and never_awaited(caught) == []

@@ -27,7 +27,7 @@ def test_a_coroutine_run_closed_from_another_context_ends_quietly():
         def __await__(self) -> Generator[None]:
             yield  # suspended here, as a run waiting on I/O
 
-    coroutine = as_current(_context(), Pending())
+    coroutine = as_current(_context(), Pending)
     contextvars.copy_context().run(coroutine.send, None)
     coroutine.close()  # in this context, not the one it ran in: nothing raised
     with pytest.raises(LookupError):

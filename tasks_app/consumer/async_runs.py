@@ -19,7 +19,7 @@ from tasks_app.consumer.async_lane import AsyncLane, Flight, LaneSlot
 from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.concurrency import ConcurrencyGate
 from tasks_app.consumer.control import Running, RunWatch, progress_update
-from tasks_app.consumer.limits import StartMissed, check_start
+from tasks_app.consumer.limits import check_start
 from tasks_app.consumer.pause_watch import PauseWatch
 from tasks_app.consumer.retrying import GaveUp
 from tasks_app.consumer.settling import Settling
@@ -39,22 +39,22 @@ logger = logging.getLogger("tasks_app.tasks")
 AFTER_GRACE = "passed its gates only after the grace period of the stop ended"
 
 
-async def as_current[T](context: TaskContext, awaitable: Awaitable[T]) -> T:
-    """Await `awaitable` with `context` as what `tasks_app.context.current()` returns in it."""
+async def as_current[T](context: TaskContext, start: Callable[[], Awaitable[T]]) -> T:
+    """Await what `start()` returns, with `context` as what `tasks_app.context.current()` returns in it.
+
+    Nothing is made before this coroutine begins: closed unstarted, it leaves no coroutine unawaited.
+    """
     with running(context):
-        return await awaitable
+        return await start()
 
 
-async def begun[T](awaitable: Awaitable[T], start_by: float) -> T:
-    """Await a handler's coroutine once `check_start` let it begin; else close it unstarted and raise StartMissed."""
-    try:
-        check_start(start_by)
-    except StartMissed:
-        close = getattr(awaitable, "close", None)
-        if close is not None:
-            close()
-        raise
-    return await awaitable
+async def _handler_run(
+    handler: Handler, context: TaskContext, arguments: Arguments, timeout_s: float | None, start_by: float
+) -> Any:
+    """Call an `async def` handler once `check_start` let it begin, and await it under its timeout."""
+    check_start(start_by)
+    args = (context, *arguments.args) if handler.takes_context else arguments.args
+    return await within_timeout(handler.func(*args, **arguments.kwargs), timeout_s)
 
 
 async def _raising(error: BaseException) -> NoReturn:
@@ -93,12 +93,12 @@ class AsyncRuns(Settling):
         lane = self.async_lane
         assert lane is not None
         timeout_s = config.timeout_s or None
-        coroutine = self.invoke_async(handler, context, arguments, timeout_s, claimed.start_by)
         settle = partial(self._settle_safely, context.control, claimed, task, config)
         flight = Flight(settle, timeout_s, partial(self._succeed_now, context.control, claimed, task, config))
         run = Running(task, RunClock(None), context, claimed.fence, claimed, config, partial(lane.cancel, flight))
         if not self._watch(context.control, run):
             return self._return_stopping(claimed, AFTER_GRACE)
+        coroutine = self.invoke_async(handler, context, arguments, timeout_s, claimed.start_by)
         lane.submit(coroutine, flight, on_settled or (lambda: None), slot)
         return True
 
@@ -222,24 +222,22 @@ class AsyncRuns(Settling):
         """The coroutine of an `async def` handler's run, cancelled with TaskTimeout at `timeout_s`.
 
         It raises StartMissed instead if the loop lets it begin only after `start_by` (monotonic s).
+        The handler's own coroutine is made only as it begins: one closed before then (a forced
+        cancel, a loop that cannot take it) leaves no coroutine unawaited.
 
-        What the call raises before any coroutine exists (arguments its signature does not take, a
-        task_started receiver's error) is raised by the coroutine instead: the run fails as one
-        that raised, and is retried like any other, never dead-lettered as a settling failure.
+        What calling the handler raises (arguments its signature does not take), or sending a
+        task_started receiver's error, is raised by the coroutine: the run fails as one that
+        raised, and is retried like any other, never dead-lettered as a settling failure.
         """
+        if handler.django_task is None:
+            return as_current(context, partial(_handler_run, handler, context, arguments, timeout_s, start_by))
+        begin = partial(check_start, start_by)
         try:
-            if handler.django_task is not None:
-                with running(context):  # task_started, sent now, sees the run as current
-                    begin = partial(check_start, start_by)
-                    coroutine = runner.start_async(
-                        handler.django_task, context, arguments, self.broker, timeout_s, begin
-                    )
-            else:
-                args = (context, *arguments.args) if handler.takes_context else arguments.args
-                coroutine = within_timeout(begun(handler.func(*args, **arguments.kwargs), start_by), timeout_s)
+            with running(context):  # task_started, sent now, sees the run as current
+                start = runner.start_async(handler.django_task, context, arguments, self.broker, timeout_s, begin)
         except BaseException as exc:  # as call_with_clock catches a sync handler's
-            coroutine = _raising(exc)
-        return as_current(context, coroutine)
+            start = partial(_raising, exc)
+        return as_current(context, start)
 
     def async_running(self) -> int:
         """Tasks on the asyncio lane, not yet settled."""

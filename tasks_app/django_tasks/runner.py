@@ -10,6 +10,7 @@ import json
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, Protocol
 
 from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
@@ -85,13 +86,14 @@ def start_async(
     results: ResultReader,
     timeout_s: float | None,
     begin: Callable[[], None] = lambda: None,
-) -> Coroutine[Any, Any, Any]:
-    """Send task_started for a run of an `async def` `@task` function; return the coroutine that runs it.
+) -> Callable[[], Coroutine[Any, Any, Any]]:
+    """Send task_started for a run of an `async def` `@task` function; return what makes the coroutine that runs it.
 
-    The coroutine calls `begin` first, on its loop: what it raises stops the run before the function is called.
+    Made when the run begins, on its loop (a run dropped before then leaves no coroutine unawaited),
+    the coroutine calls `begin` first: what it raises stops the run before the function is called.
     """
     task_result = _started(task, context, arguments, results)
-    return _run_async(task, task_result, context, arguments, timeout_s, begin)
+    return partial(_run_async, task, task_result, context, arguments, timeout_s, begin)
 
 
 async def _run_async(
