@@ -56,7 +56,7 @@ def pending_ids(broker) -> list[str]:
 
 def test_a_run_holds_a_slot_and_gives_it_back(broker, gated):
     task_type(gated, "x.add", max_running=1)
-    assert gated.execute(claimed(broker, "t1", "x.add", 1, 2)) is False
+    assert gated.execute(enqueued(broker, "t1", "x.add", 1, 2)) is False
     assert broker.get_result("t1")["status"] == "SUCCESSFUL"
     assert broker.slots_in_use(SlotSet("x.add", None, 1)) == 0
 
@@ -65,7 +65,7 @@ def test_no_free_slot_defers_without_an_attempt_and_a_freed_slot_wakes_the_task(
     task_type(gated, "x.add", max_running=1)
     slots = SlotSet("x.add", None, 1)
     assert broker.acquire_slot(slots, "elsewhere", Waiter("q", b"+000other"), 3_000, 60_000)[0]
-    assert gated.execute(claimed(broker, "t1", "x.add", 1, 2)) is False
+    assert gated.execute(enqueued(broker, "t1", "x.add", 1, 2)) is False
     [(task, due_in_ms)] = delayed_tasks(broker)
     assert task.id == "t1" and task.attempt == 0 and 2000 <= due_in_ms <= 5100  # only the fallback
     assert sample("taskqueue_tasks_deferred_total", type="x.add", queue="q", reason="max_running") >= 1
@@ -313,19 +313,36 @@ def start_margin_s(gated: Executor, type_name: str) -> float:
     return RatePolicy.for_config(gated.task_types.get(type_name)).start_margin_us / 1_000_000
 
 
-def assert_waits_again_unstarted(broker: Broker, gated: Executor, task_id: str, deferred_before: float) -> None:
-    """The task waits in delayed, due at once, no attempt used, its record READY as before its start."""
+def start_counts(type_name: str) -> list[float]:
+    """The type's missed starts, starts and waits measured so far (in this process)."""
+    labels = {"type": type_name, "queue": "q"}
+    return [sample(DEFERRED, **labels, reason="rate_start_missed"), sample(STARTED, **labels), sample(WAITS, **labels)]
+
+
+def enqueued(broker: Broker, task_id: str, type_name: str, *args: Any) -> Claimed:
+    """A claimed task with an enqueue time: its start measures how long it waited."""
+    return claimed(broker, task_id, type_name, *args, enqueued_at_ms=broker.server_time_ms())
+
+
+def assert_waits_again_unstarted(broker: Broker, gated: Executor, task_id: str, before: list[float]) -> None:
+    """The task waits in delayed, due at once, no attempt used, its record READY as before its start, unstarted."""
     [(task, due_in_ms)] = delayed_tasks(broker)
     assert task.id == task_id and task.attempt == 0 and due_in_ms <= 0  # its gate asks the limiter again
     record = broker.get_result(task_id)
     assert (record["status"], record["attempts"], record.get("started_at_ms", "")) == ("READY", "0", "")
-    assert sample(DEFERRED, type=task.type, queue="q", reason="rate_start_missed") == deferred_before + 1
+    missed, started, waits = before
+    assert start_counts(task.type) == [missed + 1, started, waits]
+    minute = int(time.time()) // 60
+    charted = [name for counts in broker.minute_counts("q", [minute - 1, minute]) for name in counts]
+    assert [name for name in charted if task.type in name.split("|")] == []
     # The admission it missed stays spent: its window starts nothing else.
     config = gated.task_types.get(task.type)
     assert RateLimiter(broker)(Task(id="next", type=task.type, queue="q"), config).wait_ms > 0
 
 
 DEFERRED = "taskqueue_tasks_deferred_total"
+STARTED = "taskqueue_tasks_started_total"
+WAITS = "taskqueue_task_wait_seconds_count"
 
 
 @pytest.mark.parametrize("batched", [False, True], ids=["direct", "batched"])
@@ -336,12 +353,12 @@ def test_a_handler_held_up_past_its_start_margin_waits_again_unstarted(broker, g
     held_up = iter([2 * start_margin_s(gated, "x.add")])
     # The worker is held up after its admission (descheduled, a slow write), the first time it checks its lease.
     gated.lease_check = lambda item: time.sleep(next(held_up, 0)) is None
-    deferred_before = sample(DEFERRED, type="x.add", queue="q", reason="rate_start_missed")
+    before = start_counts("x.add")
 
-    assert gated.execute(claimed(broker, "t1", "x.add", 1, 2)) is False
+    assert gated.execute(enqueued(broker, "t1", "x.add", 1, 2)) is False
     if gated.acks is not None:
         gated.acks.close()
-    assert_waits_again_unstarted(broker, gated, "t1", deferred_before)
+    assert_waits_again_unstarted(broker, gated, "t1", before)
 
 
 async def async_add(a: int, b: int) -> int:
@@ -354,13 +371,13 @@ def test_an_async_handler_its_loop_lets_begin_only_past_its_start_margin_waits_a
     gated.async_lane = AsyncLane(4, Slots())
     task_type(gated, "x.blocks")
     task_type(gated, "x.async_add", rate_limit=1, rate_period=1)
-    deferred_before = sample(DEFERRED, type="x.async_add", queue="q", reason="rate_start_missed")
+    before = start_counts("x.async_add")
 
     assert gated.execute(claimed(broker, "b1", "x.blocks", 4 * start_margin_s(gated, "x.async_add"))) is True
-    assert gated.execute(claimed(broker, "t1", "x.async_add", 1, 2)) is True  # admitted, its coroutine behind b1's
+    assert gated.execute(enqueued(broker, "t1", "x.async_add", 1, 2)) is True  # admitted, its coroutine behind b1's
     wait_until(lambda: delayed_tasks(broker), 5, message="the task to wait again")
     wait_until(lambda: broker.get_result("b1")["status"] == "SUCCESSFUL", 5, message="the blocking run to end")
-    assert_waits_again_unstarted(broker, gated, "t1", deferred_before)
+    assert_waits_again_unstarted(broker, gated, "t1", before)
 
 
 def test_a_task_function_held_up_past_its_start_margin_waits_again_without_task_started(broker, gated):
@@ -373,11 +390,11 @@ def test_a_task_function_held_up_past_its_start_margin_waits_again_without_task_
     def on_started(sender: type, task_result: Any, **kwargs: Any) -> None:
         started.append(task_result.id)
 
-    deferred_before = sample(DEFERRED, type="x.task_add", queue="q", reason="rate_start_missed")
+    before = start_counts("x.task_add")
     task_started.connect(on_started)
     try:
-        assert gated.execute(claimed(broker, "t1", "x.task_add", 1, 2)) is False
+        assert gated.execute(enqueued(broker, "t1", "x.task_add", 1, 2)) is False
     finally:
         task_started.disconnect(on_started)
     assert started == []  # nothing of the run began, not even its signal
-    assert_waits_again_unstarted(broker, gated, "t1", deferred_before)
+    assert_waits_again_unstarted(broker, gated, "t1", before)

@@ -8,7 +8,6 @@ asyncio task. It leaves the watch when it ends, its last progress written just b
 from __future__ import annotations
 
 import logging
-import math
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
@@ -19,9 +18,9 @@ from tasks_app.consumer.async_lane import AsyncLane, Flight, LaneSlot
 from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.concurrency import ConcurrencyGate
 from tasks_app.consumer.control import Running, RunWatch, progress_update
-from tasks_app.consumer.limits import check_start
 from tasks_app.consumer.pause_watch import PauseWatch
 from tasks_app.consumer.retrying import GaveUp
+from tasks_app.consumer.run_start import no_start_check
 from tasks_app.consumer.settling import Settling
 from tasks_app.consumer.timeouts import RunClock, within_timeout
 from tasks_app.context import RunControl, TaskContext, running
@@ -49,10 +48,10 @@ async def as_current[T](context: TaskContext, start: Callable[[], Awaitable[T]])
 
 
 async def _handler_run(
-    handler: Handler, context: TaskContext, arguments: Arguments, timeout_s: float | None, start_by: float
+    handler: Handler, context: TaskContext, arguments: Arguments, timeout_s: float | None, begin: Callable[[], None]
 ) -> Any:
-    """Call an `async def` handler once `check_start` let it begin, and await it under its timeout."""
-    check_start(start_by)
+    """Call an `async def` handler once `begin()` let it begin, and await it under its timeout."""
+    begin()
     args = (context, *arguments.args) if handler.takes_context else arguments.args
     return await within_timeout(handler.func(*args, **arguments.kwargs), timeout_s)
 
@@ -88,8 +87,12 @@ class AsyncRuns(Settling):
         arguments: Arguments,
         on_settled: Callable[[], None] | None,
         slot: LaneSlot,
+        begin: Callable[[], None],
     ) -> bool:
-        """Hand the run to the lane in `slot`, watched; it calls `on_settled` once the task is settled (always True)."""
+        """Hand the run to the lane in `slot`, watched; it calls `on_settled` once the task is settled (always True).
+
+        `begin` is called on the loop as the run begins (see `invoke_async`).
+        """
         lane = self.async_lane
         assert lane is not None
         timeout_s = config.timeout_s or None
@@ -98,7 +101,7 @@ class AsyncRuns(Settling):
         run = Running(task, RunClock(None), context, claimed.fence, claimed, config, partial(lane.cancel, flight))
         if not self._watch(context.control, run):
             return self._return_stopping(claimed, AFTER_GRACE)
-        coroutine = self.invoke_async(handler, context, arguments, timeout_s, claimed.start_by)
+        coroutine = self.invoke_async(handler, context, arguments, timeout_s, begin)
         lane.submit(coroutine, flight, on_settled or (lambda: None), slot)
         return True
 
@@ -217,11 +220,12 @@ class AsyncRuns(Settling):
         context: TaskContext,
         arguments: Arguments,
         timeout_s: float | None,
-        start_by: float = math.inf,
+        begin: Callable[[], None] = no_start_check,
     ) -> Coroutine[Any, Any, Any]:
         """The coroutine of an `async def` handler's run, cancelled with TaskTimeout at `timeout_s`.
 
-        It raises StartMissed instead if the loop lets it begin only after `start_by` (monotonic s).
+        It calls `begin` first, on its loop: what that raises (StartMissed, if the loop lets it begin
+        only past its rate admission's start margin) ends it before the handler is called.
         The handler's own coroutine is made only as it begins: one closed before then (a forced
         cancel, a loop that cannot take it) leaves no coroutine unawaited.
 
@@ -230,8 +234,7 @@ class AsyncRuns(Settling):
         raised, and is retried like any other, never dead-lettered as a settling failure.
         """
         if handler.django_task is None:
-            return as_current(context, partial(_handler_run, handler, context, arguments, timeout_s, start_by))
-        begin = partial(check_start, start_by)
+            return as_current(context, partial(_handler_run, handler, context, arguments, timeout_s, begin))
         try:
             with running(context):  # task_started, sent now, sees the run as current
                 start = runner.start_async(handler.django_task, context, arguments, self.broker, timeout_s, begin)

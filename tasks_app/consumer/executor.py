@@ -25,11 +25,11 @@ from tasks_app.consumer.async_runs import AFTER_GRACE, AsyncRuns
 from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.concurrency import ConcurrencyGate, key_token_of
 from tasks_app.consumer.control import Running, RunWatch, progress_update
-from tasks_app.consumer.limits import Admission, StartMissed, check_start
+from tasks_app.consumer.limits import Admission, StartMissed
 from tasks_app.consumer.pause_watch import PauseWatch
 from tasks_app.consumer.retrying import GaveUp
 from tasks_app.consumer.run_limits import RunLimits
-from tasks_app.consumer.run_start import NotStarted, RunStart
+from tasks_app.consumer.run_start import NotStarted, RunStart, no_start_check
 from tasks_app.consumer.timeouts import RunClock, call_with_clock, failure_traceback
 from tasks_app.context import TaskContext, running
 from tasks_app.django_tasks import runner
@@ -262,13 +262,16 @@ class Executor(AsyncRuns, RunLimits, RunStart):
         context = TaskContext(
             task.id, task.type, task.queue, task.attempt, max_attempts, dict(task.headers), claimed.consumer_id
         )
+        # A rate admission's start is checked, and counted, as its handler begins (see _record_start).
+        admitted = claimed.start_by != math.inf
+        begin = partial(self._begin_admitted, task, claimed.start_by) if admitted else no_start_check
         if lane_slot is not None:
-            return self._run_async(claimed, task, config, handler, context, arguments, on_settled, lane_slot)
+            return self._run_async(claimed, task, config, handler, context, arguments, on_settled, lane_slot, begin)
         clock = RunClock(config.timeout_s or None)
         run = Running(task, clock, context, claimed.fence, claimed, config)
         if not self._watch(threading.get_ident(), run):
             return self._return_stopping(claimed, AFTER_GRACE)
-        value, raised = self._call(handler, context, arguments, run, claimed.start_by)
+        value, raised = self._call(handler, context, arguments, run, begin)
         if clock.abandoned:
             return False  # settled by fail_hung when it outlived its hard limit
         duration = time.monotonic() - clock.started_monotonic
@@ -318,14 +321,14 @@ class Executor(AsyncRuns, RunLimits, RunStart):
         return False
 
     def _call(
-        self, handler: Handler, context: TaskContext, arguments: Arguments, run: Running, start_by: float
+        self, handler: Handler, context: TaskContext, arguments: Arguments, run: Running, begin: Callable[[], None]
     ) -> tuple[Any, BaseException | None]:
         """Call the handler under its run's clock (watched since `_watch`); return its value and what it raised."""
         key, clock = threading.get_ident(), run.clock
         metrics.BUSY_WORKERS.inc()
         try:
             value, raised = call_with_clock(
-                clock, lambda: self.invoke(handler, context, arguments, lambda: clock.timeout_error, start_by)
+                clock, lambda: self.invoke(handler, context, arguments, lambda: clock.timeout_error, begin)
             )
         finally:
             metrics.BUSY_WORKERS.dec()
@@ -342,19 +345,19 @@ class Executor(AsyncRuns, RunLimits, RunStart):
         context: TaskContext,
         arguments: Arguments,
         timed_out: Callable[[], BaseException | None] = lambda: None,
-        start_by: float = math.inf,
+        begin: Callable[[], None] = no_start_check,
     ) -> Any:
         """Call a handler with the task's arguments (and its context if it takes one, and as `context.current()`).
 
-        StartMissed instead if it cannot begin by `start_by` (monotonic s, its rate limit's admission).
+        `begin` is called just before: what it raises (StartMissed, past its rate admission's start margin)
+        stops the run unstarted.
         """
         with running(context):
             if handler.django_task is not None:
-                begin = partial(check_start, start_by)
                 return runner.run(handler.django_task, context, arguments, self.broker, timed_out, begin)
             if handler.is_async:  # without an asyncio lane, on this thread
-                return asyncio.run(self.invoke_async(handler, context, arguments, None, start_by))
-            check_start(start_by)
+                return asyncio.run(self.invoke_async(handler, context, arguments, None, begin))
+            begin()
             args = (context, *arguments.args) if handler.takes_context else arguments.args
             value = handler.func(*args, **arguments.kwargs)
             if inspect.iscoroutine(value):  # a plain function wrapping an async one: run it here, to its end

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Callable
 from typing import Any
 
 from tasks_app import metrics
 from tasks_app.consumer.claimed import Claimed
+from tasks_app.consumer.limits import check_start
 from tasks_app.consumer.settling import Settling
 from tasks_app.protocol import results
 from tasks_app.protocol.codec import Arguments, Task
@@ -22,6 +24,10 @@ INT32_MAX = 2**31 - 1  # the envelope's attempt field
 def count_run(attempt: int) -> int:
     """The run count of a task starting a run: a foreign count below 0 reads as 0, one at int32's end stays there."""
     return min(max(attempt, 0) + 1, INT32_MAX)
+
+
+def no_start_check() -> None:
+    """The start check of a run that no rate limit admitted: it may begin whenever its worker gets to it."""
 
 
 class NotStarted(enum.Enum):
@@ -41,8 +47,8 @@ class RunStart(Settling):
     def _record_start(
         self, claimed: Claimed, task: Task, config: TaskTypeConfig, handler: Handler, arguments: Arguments
     ) -> int | NotStarted:
-        """Count the attempt and record its start (RUNNING record, metrics); return the task's attempt limit,
-        or why it must not start."""
+        """Count the attempt and record its start (RUNNING record, metrics: a rate admission's once its handler
+        begins); return the task's attempt limit, or why it must not start."""
         if claimed.receipt == results.SUPERSEDED:
             return NotStarted.SUPERSEDED
         task.attempt = count_run(task.attempt)
@@ -69,8 +75,14 @@ class RunStart(Settling):
             return NotStarted.LEASE_LOST
         if claimed.suspect and not self._mark_suspect_started(claimed):
             return NotStarted.LEASE_LOST
-        self._count_start(task, started_ms)
+        if claimed.start_by == math.inf:  # else counted as its handler begins (`_begin_admitted`), if it does
+            self._count_start(task, started_ms)
         return max_attempts
+
+    def _begin_admitted(self, task: Task, start_by: float) -> None:
+        """Let the handler of a task its rate limit admitted begin, counting its start; StartMissed past `start_by`."""
+        check_start(start_by)
+        self._count_start(task, now_ms())
 
     def _start_again(self, claimed: Claimed, task: Task) -> bool:
         """Send back a task whose handler could not begin within its rate admission's start margin (False).
