@@ -161,8 +161,8 @@ class Consumer(Stopping):
             self.retiring.retire(lost_id, [queue for queue in registered if queues and queue not in lost_on])
             self._generation += 1
             new_id = f"{self.base_id}.{self._generation}"
-            message = "consumer %s lost its lease (it was presumed dead and its tasks recovered); continuing as %s"
-            logger.error(message, lost_id, new_id)
+            message = "consumer %s lost its lease on %s (presumed dead there, or its renewal refused); continuing as %s"
+            logger.error(message, lost_id, ",".join(lost_on), new_id)
             until_done(lambda: self.registration.abandon(lost_id, registered), what="abandon", give_up=self.give_up)
             # Register before publishing the new id: a claim under it unregistered would be refused (and the id lost).
             until_done(lambda: self.register(new_id), what="register", give_up=self.give_up)
