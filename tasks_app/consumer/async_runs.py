@@ -142,25 +142,21 @@ class AsyncRuns(Settling):
             holder = self._admit(claimed, task, config, arguments)
             if holder is None:
                 return False
+            run = partial(self._run, claimed, task, config, handler, arguments, lane_slot=slot)
             if holder and self.concurrency is not None:
-                release = partial(self.concurrency.release, holder)
-                return self._run_releasing(claimed, task, config, handler, arguments, on_settled, slot, release)
-            return self._run(claimed, task, config, handler, arguments, on_settled, slot)
+                return self._run_releasing(run, on_settled, partial(self.concurrency.release, holder))
+            return run(on_settled)
         finally:
             slot.give_back()  # unless its run took it
 
     def _run_releasing(
         self,
-        claimed: Claimed,
-        task: Task,
-        config: TaskTypeConfig,
-        handler: Handler,
-        arguments: Arguments,
+        run: Callable[[Callable[[], None] | None], bool],
         on_settled: Callable[[], None] | None,
-        slot: LaneSlot,
         release: Callable[[], None],
     ) -> bool:
-        """`_run` of an async task holding a max_running slot: the slot is released once it is settled."""
+        """`run` (its `_run` given what to call once settled) of an async task holding a max_running slot:
+        the slot is released once the task is settled."""
 
         def settled() -> None:
             # Once this process gave up on a hung run (which it cannot tell from the others here),
@@ -173,7 +169,7 @@ class AsyncRuns(Settling):
 
         later = False
         try:
-            later = self._run(claimed, task, config, handler, arguments, settled, slot)
+            later = run(settled)
         finally:
             if not later:
                 release()
