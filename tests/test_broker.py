@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from tasks_app.protocol.announced import AnnouncedQueues
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task
 from tasks_app.protocol.inspection import MOVED, NOT_MOVED, DeadRequeue
@@ -311,3 +312,18 @@ def test_a_late_outcome_of_an_earlier_run_cannot_overwrite_a_later_run(broker):
     broker.record_result(results.succeeded(task, '"from c2"', 4, 60, second))
     record = broker.get_result("rerun-1")
     assert (record["status"], record["return_value"]) == ("SUCCESSFUL", '"from c2"')
+
+
+@pytest.mark.parametrize("tasks_per_call", [1, 3])
+def test_a_producer_lists_its_queue_again_a_while_after_the_queue_set_was_deleted(broker, tasks_per_call):
+    now = [1000.0]
+    broker._announced_queues = AnnouncedQueues(again_s=60.0, clock=lambda: now[0])
+    push(broker, make_task(1))
+    assert broker.known_queues() == ["q"]
+    broker.client.delete(broker.keys.queues())
+    push(broker, *[make_task(n) for n in range(2, 2 + tasks_per_call)])
+    assert broker.known_queues() == []  # trusted for a while: one SADD per queue a minute, not per enqueue
+    now[0] += 61.0
+    push(broker, *[make_task(n) for n in range(10, 10 + tasks_per_call)])
+    assert broker.known_queues() == ["q"]
+    assert broker.client.llen(broker.keys.pending("q")) == 1 + 2 * tasks_per_call

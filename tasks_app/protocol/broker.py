@@ -20,6 +20,7 @@ from typing import Any
 import redis
 
 # Enqueueable: re-exported, the type callers of `Broker.enqueue` build.
+from tasks_app.protocol.announced import AnnouncedQueues
 from tasks_app.protocol.batch_args import Enqueueable as Enqueueable
 from tasks_app.protocol.history import HISTORY_MAX, HistoryOps
 from tasks_app.protocol.inspection import THROUGHPUT_BUCKET_S, InspectionOps
@@ -59,8 +60,8 @@ class Broker(
         self._replica_checks: dict[str, tuple[bool, float]] = {}
         self._masters_pool: ThreadPoolExecutor | None = None
         self._masters_with_scripts: set[str] = set()
-        # Queues this process already added to the queue set: one SADD per queue, not per enqueue.
-        self._announced_queues: set[str] = set()
+        # Queues this process added to the queue set lately: one SADD per queue a minute, not per enqueue.
+        self._announced_queues = AnnouncedQueues()
         # The token the consumer using this broker registers its ids with ("": none, unchecked): settling
         # a task of an id another instance registered since settles nothing (see lua/include/settle.lua).
         self.instance = ""

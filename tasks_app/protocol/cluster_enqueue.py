@@ -96,7 +96,7 @@ class ClusterEnqueueOps(ControlOps):
         if new_queues:
             self.queue_announce(pipe, new_queues)
         replies = self.scripts.execute(pipe, self.client)
-        self._announced_queues |= calls.new_queues
+        self._announced_queues.add(calls.new_queues)
         for section, reply in zip(sections, replies[first_section:], strict=False):
             for position in batch_args.not_pushed(reply, section.others_at):
                 outcomes[free[position]] = items[free[position]].task_id

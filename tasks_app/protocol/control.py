@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import redis
 
 from tasks_app.protocol import batch_args, history
+from tasks_app.protocol.announced import AnnouncedQueues
 from tasks_app.protocol.batch_args import ENQUEUED_IDS_KEEP_MS, ENQUEUED_IDS_MAX, Enqueueable
 from tasks_app.protocol.keys import WAKE_TOKEN
 from tasks_app.protocol.names import NAME_PATTERN
@@ -75,7 +76,7 @@ def _text(value: Any) -> str:
 class ControlOps(ScriptClient):
     """Unique enqueues, cancels and cancel requests, one round trip each (two for a running task's cancel)."""
 
-    _announced_queues: set[str]
+    _announced_queues: AnnouncedQueues
     history_max: int  # the cap of each queue's history index (the broker's)
 
     def queue_uniques(
@@ -113,7 +114,7 @@ class ControlOps(ScriptClient):
             args += [ENQUEUED_IDS_KEEP_MS, ENQUEUED_IDS_MAX, *index, *record]
             calls.scripts.append(len(pipe))
             self.scripts.queue(pipe, "enqueue_unique", keys, args, by_source=first_by_source and position == 0)
-        calls.new_queues.update({unique.item.queue for unique in uniques} - self._announced_queues)
+        calls.new_queues.update(self._announced_queues.missing(unique.item.queue for unique in uniques))
         if calls.new_queues:
             self.queue_announce(pipe, calls.new_queues, by_source=first_by_source)
         return calls

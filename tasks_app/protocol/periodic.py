@@ -8,6 +8,7 @@ from typing import Any, NamedTuple
 import redis
 
 from tasks_app.protocol import batch_args, history
+from tasks_app.protocol.announced import AnnouncedQueues
 from tasks_app.protocol.batch_args import Enqueueable
 from tasks_app.protocol.keys import WAKE_TOKEN
 from tasks_app.protocol.refusals import as_refusal, refused
@@ -75,7 +76,7 @@ class PeriodicState(NamedTuple):
 class PeriodicOps(ScriptClient):
     """Firing periodic slots and reading their state."""
 
-    _announced_queues: set[str]  # queues this process added to the queue set (the broker's)
+    _announced_queues: AnnouncedQueues  # queues this process added to the queue set lately (the broker's)
     history_max: int  # the cap of each queue's history index (the broker's)
 
     def fire_periodic(
@@ -145,7 +146,7 @@ class PeriodicOps(ScriptClient):
     def _announce_queue(self, queue: str) -> None:
         if queue not in self._announced_queues:
             self._script("announce_queues", [self.keys.queues()], [queue])
-            self._announced_queues.add(queue)
+            self._announced_queues.add([queue])
 
     def _write_ready_records(self, items: Sequence[Enqueueable], result_ttl_s: int) -> None:
         # Redis Cluster: the records lie in other slots than the queue, written after the push.

@@ -35,12 +35,12 @@ class ProducingOps(ClusterEnqueueOps):
         """
         if not uniques and len(items) == 1 and self._enqueue_one(items[0], result_ttl_s):
             return [None]
-        new_queues = {item.queue for item in items} - self._announced_queues
+        new_queues = self._announced_queues.missing(item.queue for item in items)
         if isinstance(self.client, redis.RedisCluster):
             outcomes = self._enqueue_on_cluster(items, uniques, result_ttl_s, new_queues)
         else:
             outcomes = self._enqueue_on_server(items, result_ttl_s, new_queues, uniques)
-        self._announced_queues |= new_queues
+        self._announced_queues.add(new_queues)
         return outcomes
 
     def _enqueue_on_server(
@@ -70,7 +70,7 @@ class ProducingOps(ClusterEnqueueOps):
         replies = pipe.execute()
         missed = batch_args.not_pushed(replies[batch_at], others_at) if items else []
         holders = self.unique_holders(replies, calls)
-        self._announced_queues |= calls.new_queues
+        self._announced_queues.add(calls.new_queues)
         return [*_in_place(items, missed), *holders]
 
     def _batch_call(

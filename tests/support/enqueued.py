@@ -10,8 +10,8 @@ from tasks_app.protocol.broker import Broker
 def enqueued_keys(broker: Broker) -> list[bytes]:
     """Every key of this test's prefix that an enqueue writes, on any queue: none after a refusal.
 
-    The queue set alone is not enough: a producer that announced a queue once does not add it
-    again, and a READY record or a delayed member can be written without it.
+    The queue set alone is not enough: a producer that announced a queue lately does not add it
+    again for a minute, and a READY record or a delayed member can be written without it.
     """
     keys = broker.keys
     patterns = [keys.queues(), keys.pending("*"), keys.prioritized("*"), keys.delayed("*"), keys.result("*")]
