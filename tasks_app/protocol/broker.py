@@ -22,6 +22,7 @@ import redis
 # Enqueueable: re-exported, the type callers of `Broker.enqueue` build.
 from tasks_app.protocol.announced import AnnouncedQueues
 from tasks_app.protocol.batch_args import Enqueueable as Enqueueable
+from tasks_app.protocol.direct_calls import DirectCalls
 from tasks_app.protocol.history import HISTORY_MAX, HistoryOps
 from tasks_app.protocol.inspection import THROUGHPUT_BUCKET_S, InspectionOps
 from tasks_app.protocol.keys import UNDECODABLE_TYPE, WAKE_TOKEN, Keys, delayed_member
@@ -55,6 +56,7 @@ class Broker(
         self.history_max = history_max
         self.keys = Keys(prefix)
         self.scripts = scripts or Scripts()
+        self.direct = DirectCalls.of(client)
         self.cluster_wait_ms = cluster_wait_ms
         # Redis Cluster: per master name, whether it had a replica and when that was read.
         self._replica_checks: dict[str, tuple[bool, float]] = {}

@@ -115,7 +115,7 @@ class ProducingOps(ClusterEnqueueOps):
         args += history.STATUSES
         for name, value in item.result_key_fields.items():
             args += (name, value)
-        self._script("enqueue_one", keys, args)
+        self._script_direct("enqueue_one", keys, args)
         return True
 
 

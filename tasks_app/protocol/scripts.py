@@ -25,6 +25,7 @@ from redis.exceptions import (
 )
 from redis.retry import Retry
 
+from tasks_app.protocol.direct_calls import DirectCalls
 from tasks_app.protocol.keys import Keys
 
 # tasks_app/lua links to the top-level lua/ in the repository; the wheel holds the files themselves.
@@ -78,6 +79,13 @@ class Scripts:
         except RedisConnectionError:
             _replace_dead_default_node(client)
             raise
+
+    def run_direct(self, direct: DirectCalls, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """`run` through `direct` (see `DirectCalls`)."""
+        try:
+            return direct.call("EVALSHA", self.shas[name], len(keys), *keys, *args)
+        except NoScriptError:
+            return direct.call("EVAL", self.sources[name], len(keys), *keys, *args)
 
     def _run_again(self, client: Any, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run script `name` by source; a deterministic error is its reply (the runs before it are not undone)."""
@@ -179,8 +187,16 @@ class ScriptClient:
     keys: Keys
     scripts: Scripts
 
+    direct: DirectCalls | None
+
     def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         return self.scripts.run(self.client, name, keys, args)
+
+    def _script_direct(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """`_script` past redis-py's pool and retry layers (see `DirectCalls`), for the hottest calls of a producer."""
+        if self.direct is None:
+            return self._script(name, keys, args)
+        return self.scripts.run_direct(self.direct, name, keys, args)
 
     def queue_announce(self, pipe: Any, queues: Iterable[str], *, by_source: bool = False) -> None:
         """Add `queues` to the queue set on `pipe` (`announce_queues`: a set of a foreign type fails nothing)."""
