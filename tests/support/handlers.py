@@ -58,17 +58,25 @@ HANDLER_STARTS_KEY_SUFFIX = "test:handler_starts"
 
 
 def note_handler_start(context: Any, started_s: float, extra: dict[str, Any]) -> None:
-    """Append when (this machine's clock, in ms) a run's handler began, with its task id, type and `extra`."""
+    """Append when (this machine's clock, in ms) a run's handler began, with its task id, type, consumer and `extra`."""
     broker = get_broker()
-    entry = {"task_id": context.task_id, "type": context.type, "attempt": context.attempt, "start_ms": started_s * 1000}
+    entry = {
+        "task_id": context.task_id,
+        "type": context.type,
+        "attempt": context.attempt,
+        "consumer": context.consumer_id,
+        "start_ms": started_s * 1000,
+    }
     broker.client.rpush(f"{broker.keys.prefix}:{HANDLER_STARTS_KEY_SUFFIX}", json.dumps({**entry, **extra}))
 
 
 @handler("test.handler_start", takes_context=True)
-def handler_start(context: Any, **extra: Any) -> None:
-    """Note this run's start, read as the handler's first line."""
+def handler_start(context: Any, sleep_s: float = 0.0, **extra: Any) -> None:
+    """Note this run's start, read as the handler's first line; then work for `sleep_s`."""
     started_s = time.time()
     note_handler_start(context, started_s, extra)
+    if sleep_s:
+        time.sleep(float(sleep_s))
 
 
 @handler("test.async_handler_start", takes_context=True)
