@@ -9,8 +9,9 @@ from typing import Any
 import redis
 from redis.exceptions import ConnectionError as RedisConnectionError, ResponseError, TimeoutError as RedisTimeoutError
 
-# Idle connections kept for the next calls; more are closed when given back.
-SPARE_MAX = 8
+# Idle connections kept for the next calls (one per thread enqueueing at once, up to this); more are closed
+# when given back, so a burst of threads leaves no more open than this.
+SPARE_MAX = 64
 
 
 class DirectCalls:
