@@ -132,3 +132,19 @@ def test_the_browser_pages_through_tasks_scored_past_any_time(staff, broker, sco
     second = staff.get("/tasks/?" + older.group(1).replace("&amp;", "&")).content.decode()
     listed = re.findall(r'data-task="([^"]+)"', first) + re.findall(r'data-task="([^"]+)"', second)
     assert sorted(listed) == sorted(ids)  # before: Older showed the first page again, and again
+
+
+def test_a_record_whose_id_field_names_another_task_is_shown_and_acted_on_under_its_own_key(staff, broker):
+    # Before: the `id` field won over the key, so cancelling this row (or deleting it) hit the other task.
+    TaskType.objects.create(name="web.echo", handler="demo.echo", queue="web")
+    [other] = producer.enqueue("web.echo", [1])
+    fields = {"id": other.id, "type": "web.echo", "queue": "web", "status": "READY"}
+    broker.client.hset(broker.keys.result("foreign"), mapping=fields)
+    broker.client.zadd(broker.keys.history("web"), {"foreign": time.time() * 1000 + 1000})
+    assert staff.get("/api/tasks/foreign/").json()["id"] == "foreign"
+    assert 'action="/tasks/foreign/cancel/"' in staff.get("/tasks/foreign/").content.decode()
+    listed = re.findall(r'name="task" value="([^"]+)"', staff.get("/tasks/").content.decode())
+    assert listed == ["foreign", other.id]
+    staff.post("/tasks/", {"action": "cancel", "task": ["foreign"]})
+    assert (broker.get_result("foreign")["status"], broker.get_result(other.id)["status"]) == ("CANCELLED", "READY")
+

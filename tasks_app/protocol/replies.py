@@ -34,7 +34,8 @@ def record_text_fields(task_id: str, record: dict[bytes, bytes] | Exception) -> 
     fields = {
         key.decode(errors="backslashreplace"): value.decode(errors="backslashreplace") for key, value in record.items()
     }
-    return {**READY_RECORD_DEFAULTS, "id": task_id, **fields}
+    # The key names the task: an `id` field naming another (a foreign writer's) must not send a cancel there.
+    return {**READY_RECORD_DEFAULTS, **fields, "id": task_id}
 
 
 @dataclass(frozen=True)
