@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync
-from django.db import transaction
+from django.db import connection, transaction
 from django.tasks import TaskResultStatus, task, task_backends
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued, task_finished, task_started
+from django.test.utils import CaptureQueriesContext
 
 from tasks_app import producer
 from tasks_app.django_tasks.backend import RedisBackend
@@ -294,6 +295,13 @@ class TestEnqueue:
         for hostile in ("\ud800", "a{b}", "\x00", "x" * 100_000):  # a lone surrogate cannot even be a key
             with pytest.raises(TaskResultDoesNotExist):
                 task_backends["default"].get_result(hostile)
+
+    def test_a_record_of_a_type_no_task_can_have_reads_as_none_without_a_query(self, redis_tasks, broker):
+        # A NUL in a query is an error on PostgreSQL (its text holds none): before, get_result raised DataError there.
+        broker.client.hset(broker.keys.result("t1"), mapping={"type": "shop.tasks.add\x00", "status": "READY"})
+        with CaptureQueriesContext(connection) as queries, pytest.raises(TaskResultDoesNotExist):
+            task_backends["default"].get_result("t1")
+        assert queries.captured_queries == []
 
     def test_aenqueue_and_aget_result(self, redis_tasks, broker):
         result = async_to_sync(tasks.add.aenqueue)(4, 5)

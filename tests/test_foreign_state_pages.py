@@ -10,6 +10,8 @@ import time
 import pytest
 from django.contrib.admin.models import LogEntry
 from django.core.management import call_command
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from tasks_app import producer
 from tasks_app.models import TaskType
@@ -148,3 +150,12 @@ def test_a_record_whose_id_field_names_another_task_is_shown_and_acted_on_under_
     staff.post("/tasks/", {"action": "cancel", "task": ["foreign"]})
     assert (broker.get_result("foreign")["status"], broker.get_result(other.id)["status"]) == ("CANCELLED", "READY")
 
+
+def test_a_records_schedule_name_that_no_row_can_have_is_shown_unlinked_without_a_query(staff, broker):
+    # A NUL in a query is an error on PostgreSQL (its text holds none): before, this page answered 500 there.
+    fields = {"type": "web.echo", "queue": "web", "periodic": "nightly\x00"}
+    broker.client.hset(broker.keys.result("t1"), mapping=fields)
+    with CaptureQueriesContext(connection) as queries:
+        page = staff.get("/tasks/t1/")
+    assert page.status_code == 200 and "nightly\\x00" in page.content.decode()
+    assert not [query for query in queries.captured_queries if "tasks_app_periodictask" in query["sql"]]

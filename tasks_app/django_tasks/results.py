@@ -9,6 +9,7 @@ from django.tasks.base import TaskError
 from django.tasks.exceptions import InvalidTask
 
 from tasks_app.models import TaskType
+from tasks_app.protocol.names import NAME_PATTERN
 from tasks_app.protocol.results import CANCELLED, ResultRecord
 from tasks_app.registry import Handler, Registry
 
@@ -18,8 +19,9 @@ def find_handler(name: str, registry: Registry) -> Handler | None:
     handler = registry.get(name)
     if handler is not None:
         return handler if handler.django_task is not None else None
-    # A type name read from Redis is imported only when the database vouches for it.
-    if not TaskType.objects.filter(handler=name).exists():
+    # A type name read from Redis is imported only when the database vouches for it; one that breaks the
+    # naming rule no row has (and a NUL in it PostgreSQL refuses in a query).
+    if not NAME_PATTERN.fullmatch(name) or not TaskType.objects.filter(handler=name).exists():
         return None
     return registry.load_django_task(name)
 

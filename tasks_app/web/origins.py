@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from tasks_app.models import PeriodicTask
 from tasks_app.protocol.broker import get_broker
+from tasks_app.protocol.names import NAME_PATTERN
 from tasks_app.protocol.results import ResultRecord
 from tasks_app.templatetags.tasks_display import url_or_empty
 
@@ -34,6 +35,9 @@ def _schedule_link(name: str) -> Origin | None:
     """The periodic schedule that fired a task, linked to its admin page while the row exists."""
     if not name:
         return None
+    # A foreign record's name may break the naming rule (a NUL, which PostgreSQL refuses in a query): no row has it.
+    if not NAME_PATTERN.fullmatch(name):
+        return Origin("Periodic schedule", name, "", "not a valid schedule name")
     row = PeriodicTask.objects.filter(name=name).only("pk").first()
     url = url_or_empty("admin:tasks_app_periodictask_change", str(row.pk)) if row else ""
     return Origin("Periodic schedule", name, url)
