@@ -36,6 +36,8 @@ def test_enqueue_prints_one_id_per_line(broker):
         (["demo.echo", "--priority", "500"], "priority"),
         (["demo.echo", "--count", "0"], "count"),
         (["demo.echo", "--kwargs", "[]"], "kwargs must be a JSON object"),
+        (["demo.echo", "--queue", ""], "invalid queue ''"),  # `--queue "$UNSET"`: not the type's queue
+        (["demo.echo", "--queue", "a b"], "invalid queue 'a b'"),
         (["demo.echo", "--args", "[" * 65 + "]" * 65], "nested too deeply"),
         (["demo.echo", "--args", "[" * 100_000 + "]" * 100_000], "nested too deeply"),
     ],

@@ -8,6 +8,7 @@ from django.core.management.base import CommandError, CommandParser
 from tasks_app.management.outages import QueueCommand
 from tasks_app.producer import EnqueueError, QueueUnavailable, enqueue
 from tasks_app.protocol.jsontext import loads_bounded
+from tasks_app.protocol.names import InvalidName, validate_name
 
 # Tasks pushed per round trip (Sidekiq's push_bulk batch): each chunk is all or nothing.
 CHUNK_TASKS = 1000
@@ -20,6 +21,14 @@ def json_value(text: str) -> Any:
         return loads_bounded(text)
     except ValueError as exc:  # JsonTooDeep too: deeper arguments would be refused anyway
         raise argparse.ArgumentTypeError(f"invalid JSON: {exc}") from None
+
+
+def queue_name(text: str) -> str:
+    # Checked here: the producer reads "" as no queue (the form's empty field), and `--queue "$UNSET"` is a mistake.
+    try:
+        return validate_name(text, "queue")
+    except InvalidName as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def task_count(text: str) -> int:
@@ -45,7 +54,7 @@ class Command(QueueCommand):
         parser.add_argument(
             "--kwargs", type=json_value, default={}, metavar="JSON_OBJECT", help="Keyword arguments as a JSON object."
         )
-        parser.add_argument("--queue", help="Queue (default: the task type's queue).")
+        parser.add_argument("--queue", type=queue_name, help="Queue (default: the task type's queue).")
         parser.add_argument("--priority", type=int, default=0, help="-100..100; higher runs first.")
         parser.add_argument("--delay", type=float, default=0.0, metavar="SECONDS", help="Run no sooner than this.")
         parser.add_argument(
