@@ -8,6 +8,7 @@ from functools import wraps
 from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
 from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.multipartparser import MultiPartParserError
@@ -99,7 +100,11 @@ def _denial(request: HttpRequest, permission: str | None) -> JsonResponse | None
     if permission is not None and not credentials.user.has_perm(permission):
         return error(403, f"permission {permission} is required")
     if not credentials.by_token and request.method not in {"GET", "HEAD", "OPTIONS"}:
-        reason = csrf_rejection(request, _CsrfCheck)
+        try:
+            reason = csrf_rejection(request, _CsrfCheck)
+        except (RequestDataTooBig, TooManyFieldsSent) as exc:  # it reads a form-typed body as a form
+            message = f"{exc} (the body was read as form data, as its Content-Type says): send it as application/json"
+            return error(413 if isinstance(exc, RequestDataTooBig) else 400, message)
         if reason:
             return error(403, f"CSRF check failed: {reason}")
     request.user = credentials.user  # a token acts as its user, in the view too
