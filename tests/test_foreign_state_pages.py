@@ -159,3 +159,11 @@ def test_a_records_schedule_name_that_no_row_can_have_is_shown_unlinked_without_
         page = staff.get("/tasks/t1/")
     assert page.status_code == 200 and "nightly\\x00" in page.content.decode()
     assert not [query for query in queries.captured_queries if "tasks_app_periodictask" in query["sql"]]
+
+
+@pytest.mark.parametrize("state", [b'{"since_ms": NaN, "by": NaN}', b'{"since_ms": true, "by": {"a": Infinity}}'])
+def test_a_pause_state_holding_nan_reads_in_strict_json(staff, broker, state):
+    # Before: the API passed a foreign writer's NaN on as is, which strict JSON readers refuse.
+    broker.client.set(broker.keys.paused("web"), state)
+    answer = json.loads(staff.get("/api/queues/web/").content, parse_constant=lambda name: 1 / 0)
+    assert (answer["paused"], answer["paused_since"], answer["paused_by"]) == (True, None, "")

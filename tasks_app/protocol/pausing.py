@@ -41,10 +41,16 @@ class PauseOps(ScriptClient):
 
 
 def _state(raw: bytes | None) -> dict[str, Any] | None:
+    """A paused key's state as we write it: `since_ms` an integer or None, `by` text (a foreign writer's NaN: "")."""
     if raw is None:
         return None
     try:
         value = json.loads(raw)
     except (ValueError, RecursionError):
         value = None
-    return value if isinstance(value, dict) else {"since_ms": None, "by": ""}
+    state = value if isinstance(value, dict) else {}
+    since_ms, by = state.get("since_ms"), state.get("by")
+    return {
+        "since_ms": since_ms if isinstance(since_ms, int) and not isinstance(since_ms, bool) else None,
+        "by": by if isinstance(by, str) else "",
+    }
