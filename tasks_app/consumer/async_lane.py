@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from tasks_app.consumer.loop_inbox import LoopInbox
 from tasks_app.exceptions import TaskCancelled, TaskTimeout
 
 logger = logging.getLogger(__name__)
@@ -110,6 +111,7 @@ class AsyncLane:
         self._running = 0
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._inbox: LoopInbox | None = None  # the runs handed to `_loop`, begun one batch per wake-up
         self._settlers: ThreadPoolExecutor | None = None
         self._flights: set[Flight] = set()
         self._tasks: set[asyncio.Task[None]] = set()  # touched on the loop only
@@ -143,9 +145,10 @@ class AsyncLane:
         with self._lock:
             self._running += 1
             self._flights.add(flight)
-            loop = flight.loop = self._loop or self._start()
+            flight.loop = self._loop or self._start()
+            inbox = self._inbox
         self.worker_slots.hand_off()
-        if not self._call_soon(loop, self._begin, coroutine, flight):
+        if inbox is None or not inbox.put(self._begin, coroutine, flight):
             coroutine.close()  # a handler closed the loop: the lane fails the runs handed to it (`_replace`)
 
     def cancel(self, flight: Flight) -> None:
@@ -208,7 +211,7 @@ class AsyncLane:
     def close(self) -> None:
         """Stop the loop and the settling threads (after the consumer waited for the running tasks)."""
         with self._lock:
-            loop, self._loop = self._loop, None
+            loop, self._loop, self._inbox = self._loop, None, None
             settlers, self._settlers = self._settlers, None
         if loop is not None:
             self._call_soon(loop, loop.stop)
@@ -229,7 +232,7 @@ class AsyncLane:
         threading.Thread(target=self._serve, args=(loop,), name="async-lane", daemon=True).start()
         if self._settlers is None:
             self._settlers = ThreadPoolExecutor(SETTLE_THREADS, thread_name_prefix="async-settle")
-        self._loop = loop
+        self._loop, self._inbox = loop, LoopInbox(loop)
         return loop
 
     def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -258,7 +261,7 @@ class AsyncLane:
         logger.error("a handler closed the asyncio lane's event loop: its runs fail, and a new loop runs the next ones")
         with self._lock:
             if self._loop is closed:
-                self._loop = None
+                self._loop, self._inbox = None, None
             lost = [flight for flight in self._flights if flight.loop is closed]
         error = RuntimeError("the asyncio lane's event loop was closed (by a handler) while the task ran")
         self.fail_taken([flight for flight in lost if flight.take_settling()], error)
