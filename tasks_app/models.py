@@ -24,6 +24,8 @@ DELETE_TASK_RECORDS_PERMISSION = "tasks_app.delete_task_records"
 # The rate period's bounds (s): the admin refuses others, and a row written around it is read as the nearest.
 RATE_PERIOD_MIN_S = 0.001
 RATE_PERIOD_MAX_S = 86400 * 365
+# The longest unique window (s): the admin refuses more, and a row written past it (1e300, infinite) is read as it.
+UNIQUE_FOR_MAX_S = 86400 * 365
 
 # A limit key names a keyword argument of the handler.
 kwarg_validator = RegexValidator(r"^[A-Za-z_][A-Za-z0-9_]*$", "Use the name of a keyword argument, e.g. tenant_id.")
@@ -122,7 +124,7 @@ class TaskType(models.Model):
     unique_for_s = models.FloatField(
         null=True,
         blank=True,
-        validators=[MinValueValidator(0.001), MaxValueValidator(86400 * 365)],
+        validators=[MinValueValidator(0.001), MaxValueValidator(UNIQUE_FOR_MAX_S)],
         help_text="Unique tasks: while a task of this type with the same uniqueness key (by default "
         "its arguments) was enqueued less than this many seconds ago, another enqueue returns that "
         "task's id and enqueues nothing. Empty means off.",

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from django.db import IntegrityError, transaction
 from prometheus_client import Gauge
 
-from tasks_app.models import TaskType
+from tasks_app.models import UNIQUE_FOR_MAX_S, TaskType
 from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.refusals import KeyRefused
@@ -46,22 +46,22 @@ class TaskTypeConfig:
 
     @classmethod
     def from_model(cls, row: TaskType) -> TaskTypeConfig:
-        """Snapshot a TaskType row."""
+        """Snapshot a TaskType row, a limit or window written past the admin's bounds read as the nearest bound."""
         return cls(
             name=row.name,
             handler=row.handler,
             queue=row.queue,
             enabled=row.enabled,
-            rate_limit=row.rate_limit,
+            rate_limit=_at_least_one(row.rate_limit),
             rate_period_s=row.rate_period,
             rate_burst=row.rate_burst,
             rate_algorithm=row.rate_algorithm,
             max_attempts=row.max_attempts,
             retry_backoff_s=row.retry_backoff,
             timeout_s=row.timeout,
-            unique_for_s=row.unique_for_s,
+            unique_for_s=_within_unique_bound(row.unique_for_s),
             unique_until=row.unique_until,
-            max_running=row.max_running,
+            max_running=_at_least_one(row.max_running),
             rate_limit_key=row.rate_limit_key,
             max_running_key=row.max_running_key,
         )
@@ -70,6 +70,19 @@ class TaskTypeConfig:
     def default_for(cls, handler_name: str) -> TaskTypeConfig:
         """The settings a type gets when its row is created on first use."""
         return cls(name=handler_name, handler=handler_name)
+
+
+def _at_least_one(limit: int | None) -> int | None:
+    """A rate limit or cap as the admin bounds it: empty is none, 0 (written past the admin) the strictest, 1."""
+    # Read as none, a 0 meant to stop a type would let it run unthrottled.
+    return None if limit is None else max(1, limit)
+
+
+def _within_unique_bound(window_s: float | None) -> float | None:
+    """A unique window at most the admin's longest: one written past it (1e300, infinite, NaN) is read as that."""
+    if window_s is not None and not window_s <= UNIQUE_FOR_MAX_S:  # NaN too
+        return float(UNIQUE_FOR_MAX_S)
+    return window_s
 
 
 def listed_queues(broker: Broker) -> tuple[list[str], str]:
