@@ -50,6 +50,7 @@ def form(echo, **overrides):
         ({"cron": "0 3 * *"}, "5 fields"),
         ({"timezone": "Europe/Atlantis"}, "Unknown time zone"),
         ({"timezone": "Europe"}, "Unknown time zone"),
+        ({"timezone": "localtime"}, "names each host&#x27;s own setting"),
         ({"interval_s": "60"}, "exactly one of the two"),
         ({"cron": ""}, "exactly one of the two"),
         ({"args": '{"a": 1}'}, "JSON array"),

@@ -150,6 +150,9 @@ def test_no_slot_after_end_at():
         ({"cron": "* * * * *", "timezone": "Mars/Olympus"}, "unknown time zone"),
         ({"cron": "* * * * *", "timezone": "America"}, "unknown time zone"),  # a folder of the zone database
         ({"cron": "* * * * *", "timezone": "x" * 300}, "unknown time zone"),  # too long for a file name
+        # Links to each host's own setting: consumers on hosts set otherwise would fire other slots.
+        ({"cron": "0 3 * * *", "timezone": "localtime"}, "names each host's own setting"),
+        ({"cron": "0 3 * * *", "timezone": "posixrules"}, "names each host's own setting"),
         ({"interval_s": 0}, "at least 1 second"),
     ],
 )

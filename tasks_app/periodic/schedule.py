@@ -18,6 +18,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cronsim import CronSim, CronSimError
 
 MIN_INTERVAL_S = 1
+# Names in the zone database that link to a host's own setting (/etc/localtime, zic's -p rules), not
+# to a place: consumers on hosts set otherwise would compute other slots, each firing its own.
+HOST_ZONES = frozenset({"localtime", "posixrules"})
 
 
 class InvalidSchedule(ValueError):
@@ -39,7 +42,12 @@ def cron_error(expression: str) -> str | None:
 
 
 def zone(name: str) -> ZoneInfo:
-    """Return the IANA time zone `name`; raise InvalidSchedule for an unknown one."""
+    """Return the IANA time zone `name`; raise InvalidSchedule for an unknown one or a host's own setting."""
+    if name in HOST_ZONES:
+        raise InvalidSchedule(
+            f"time zone {name!r} names each host's own setting, not a place, so consumers on other hosts "
+            "could fire other slots: use an IANA name such as UTC or Europe/Berlin"
+        )
     try:
         return ZoneInfo(name)
     # OSError: a name that is a folder of the zone database ("America") or too long for a file name.
