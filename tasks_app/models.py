@@ -11,7 +11,8 @@ from django.utils import timezone
 from tasks_app.periodic.validation import schedule_errors
 from tasks_app.protocol.names import NAME_PATTERN, NAME_RULE
 
-name_validator = RegexValidator(f"^{NAME_PATTERN.pattern}$", f"Use {NAME_RULE}.")
+# \Z, not $: "$" also matches before a final line end, which no key may hold (the producer refuses it).
+name_validator = RegexValidator(rf"^{NAME_PATTERN.pattern}\Z", f"Use {NAME_RULE}.")
 
 # Permissions (declared on TaskType): enqueue, requeue or delete dead letters, cancel, pause queues,
 # delete task records.
@@ -28,7 +29,7 @@ RATE_PERIOD_MAX_S = 86400 * 365
 UNIQUE_FOR_MAX_S = 86400 * 365
 
 # A limit key names a keyword argument of the handler.
-kwarg_validator = RegexValidator(r"^[A-Za-z_][A-Za-z0-9_]*$", "Use the name of a keyword argument, e.g. tenant_id.")
+kwarg_validator = RegexValidator(r"^[A-Za-z_][A-Za-z0-9_]*\Z", "Use the name of a keyword argument, e.g. tenant_id.")
 
 
 def optional_limit_field(help_text: str) -> models.PositiveIntegerField:

@@ -214,6 +214,20 @@ def test_periodic_sync_writes_code_schedules_and_refuses_invalid_ones(broker, ec
     assert not PeriodicTask.objects.filter(name="broken").exists()
 
 
+@pytest.mark.parametrize(
+    ("name", "entry", "field"),
+    [
+        ("nightly", {"queue": "reports\n"}, "queue"),  # a value read from a file, its line end kept
+        ("nightly\n", {}, "name"),
+    ],
+)
+def test_periodic_sync_refuses_a_name_or_queue_with_a_trailing_line_end(broker, echo, settings, name, entry, field):
+    settings.TASKS_PERIODIC = {name: {"task": "demo.echo", "interval_s": 60, **entry}}
+    with pytest.raises(CommandError, match=f"{field}: Use 1-100 characters"):
+        call_command("periodic", "sync", stdout=StringIO())
+    assert not PeriodicTask.objects.exists()
+
+
 def test_a_code_schedule_with_dates_without_an_offset_is_stored_once_and_not_saved_again_at_each_sync(
     broker, echo, settings
 ):
