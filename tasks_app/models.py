@@ -26,6 +26,7 @@ DELETE_TASK_RECORDS_PERMISSION = "tasks_app.delete_task_records"
 RATE_PERIOD_MIN_S = 0.001
 RATE_PERIOD_MAX_S = 86400 * 365
 # The longest unique window (s): the admin refuses more, and a row written past it (1e300, infinite) is read as it.
+TIMEOUT_MIN_S = 0.001  # the least timeout the admin takes
 UNIQUE_FOR_MAX_S = 86400 * 365
 
 # A limit key names a keyword argument of the handler.
@@ -119,7 +120,7 @@ class TaskType(models.Model):
     timeout = models.FloatField(
         null=True,
         blank=True,
-        validators=[MinValueValidator(0.001)],
+        validators=[MinValueValidator(TIMEOUT_MIN_S)],
         help_text="Seconds a run may take before it is failed (and retried). Empty means no limit.",
     )
     unique_for_s = models.FloatField(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -12,7 +13,7 @@ from dataclasses import dataclass, replace
 from django.db import IntegrityError, transaction
 from prometheus_client import Gauge
 
-from tasks_app.models import UNIQUE_FOR_MAX_S, TaskType
+from tasks_app.models import TIMEOUT_MIN_S, UNIQUE_FOR_MAX_S, TaskType
 from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.refusals import KeyRefused
@@ -58,7 +59,7 @@ class TaskTypeConfig:
             rate_algorithm=row.rate_algorithm,
             max_attempts=row.max_attempts,
             retry_backoff_s=row.retry_backoff,
-            timeout_s=row.timeout,
+            timeout_s=_a_timeout(row.timeout),
             unique_for_s=_within_unique_bound(row.unique_for_s),
             unique_until=row.unique_until,
             max_running=_at_least_one(row.max_running),
@@ -76,6 +77,14 @@ def _at_least_one(limit: int | None) -> int | None:
     """A rate limit or cap as the admin bounds it: empty is none, 0 (written past the admin) the strictest, 1."""
     # Read as none, a 0 meant to stop a type would let it run unthrottled.
     return None if limit is None else max(1, limit)
+
+
+def _a_timeout(timeout_s: float | None) -> float | None:
+    """A run's timeout as the admin bounds it: none for empty, 0, NaN or infinite, and one below it its least."""
+    # NaN timed an async run out at once and a thread run never: both now run without a limit.
+    if not timeout_s or not math.isfinite(timeout_s):
+        return None
+    return max(timeout_s, TIMEOUT_MIN_S)
 
 
 def _within_unique_bound(window_s: float | None) -> float | None:

@@ -61,6 +61,11 @@ def test_a_unique_window_past_the_admin_s_bound_is_read_as_the_bound(broker, sta
         ({"rate_limit": None, "max_running": None}, {"rate_limit": None, "max_running": None}),
         ({"unique_for_s": math.nan}, {"unique_for_s": UNIQUE_FOR_MAX_S}),  # PostgreSQL stores NaN
         ({"unique_for_s": 60.0}, {"unique_for_s": 60.0}),
+        ({"timeout": math.nan}, {"timeout_s": None}),  # an async run timed out at once, a thread run never
+        ({"timeout": math.inf}, {"timeout_s": None}),
+        ({"timeout": 0.0}, {"timeout_s": None}),
+        ({"timeout": -5.0}, {"timeout_s": 0.001}),
+        ({"timeout": 2.5}, {"timeout_s": 2.5}),
     ],
 )
 def test_the_settings_read_from_a_row_keep_within_the_admin_s_bounds(written, read):
