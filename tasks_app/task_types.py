@@ -171,7 +171,10 @@ class TaskTypeCache:
         """Reload every row; on a database error keep serving the last snapshot and return False."""
         began = time.monotonic()
         try:
-            configs = {row.name: TaskTypeConfig.from_model(row) for row in TaskType.objects.all()}
+            # Without the time stamps, which no setting needs: a malformed one (SQLite takes any text
+            # a raw UPDATE writes) would fail the read of every row, and the consumer would claim nothing.
+            rows = TaskType.objects.all().defer("created_at", "updated_at")
+            configs = {row.name: TaskTypeConfig.from_model(row) for row in rows}
         except Exception as exc:  # the database may be briefly away; stale settings beat none
             self._failed_at = began
             if self.loaded:

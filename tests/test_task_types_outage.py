@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from django.db import OperationalError
+from django.db import OperationalError, connection
 
 from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.claimer import ClaimerLoop
@@ -110,3 +110,15 @@ def test_a_consumer_that_never_read_its_task_types_claims_nothing_until_it_can(b
         assert sample("taskqueue_consumer_task_types_age_seconds") < 5
     finally:
         consumer.give_up.set()
+
+
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="only SQLite stores any text in a date column")
+def test_a_row_whose_time_stamp_is_malformed_fails_no_refresh():
+    TaskType.objects.create(name="x.add", handler="x.add", rate_limit=5)
+    TaskType.objects.create(name="x.other", handler="x.add")
+    with connection.cursor() as cursor:  # what a raw UPDATE leaves, past the ORM
+        cursor.execute("UPDATE tasks_app_tasktype SET updated_at = '2026-13-45 99:99:99' WHERE name = 'x.other'")
+    cache = TaskTypeCache()
+    assert cache.refresh()
+    assert cache.get("x.add").rate_limit == 5
+    assert cache.get("x.other").handler == "x.add"
