@@ -37,6 +37,11 @@ class ConsumerOptions:
     # Coroutine handlers running at once on the consumer's event loop (async_lane.py).
     async_concurrency: int = 100
 
+    def __post_init__(self) -> None:
+        # A queue named twice (`--queue a --queue a`) is one queue: two claimers of one queue under one id
+        # would each take the other's fresh claims for strays of a lost reply and return them, to run twice.
+        self.queues = list(dict.fromkeys(self.queues))
+
     def validate(self) -> None:
         """Raise ValueError for options that cannot work."""
         if not self.queues:

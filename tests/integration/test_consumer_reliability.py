@@ -231,3 +231,15 @@ def test_a_stopped_consumer_exits_although_a_handler_left_a_thread_running(broke
     began = time.monotonic()
     assert consumer.terminate(timeout_s=20) == 0
     assert time.monotonic() - began < 15, "lived on with the thread its handler left"
+
+
+def test_a_queue_named_twice_is_consumed_once_and_runs_nothing_twice(broker, consumer_process):
+    # Before: a claimer thread per `--queue`, two on one processing list: each audit (every lease)
+    # took the other's fresh claims for strays of a lost reply and returned them, to run again.
+    assert ConsumerOptions(queues=["q", "q", "r", "q"]).queues == ["q", "r"]
+    tasks = producer.enqueue("test.record", kwargs={"sleep_s": 0.002}, queue="q", count=3000)
+    flags = ["--queue", "q", "--queue", "q", "--lease", "0.5", "--concurrency", "8", "--prefetch", "4"]
+    consumer = consumer_process(*flags, "--burst")
+    assert consumer.wait(300) == 0, consumer.log()
+    assert runs_per_task(broker) == {task.id: 1 for task in tasks}
+    assert "claim reply was lost" not in consumer.log()
