@@ -271,3 +271,12 @@ def test_sighup_stops_the_group_gracefully_and_sigquit_kills_it_at_once(broker, 
     assert quitting.wait(30) == 1, quitting.log()
     assert "SIGQUIT: killing every consumer process" in quitting.log()
     assert not any(alive(pid) for pid in children), "no child left"
+
+
+def test_a_group_serves_a_queue_whose_name_starts_with_a_dash(broker, consumer_process):
+    # Before: each child was handed `--queue -urgent` as two words, refused them and was replaced, forever.
+    [task] = producer.enqueue("test.record", queue="-urgent")
+    group = consumer_process("--processes", "1", "--queue=-urgent", "--consumer-id=-grp", "--burst")
+    assert group.wait(60) == 0, group.log()
+    assert statuses(broker, [task]) == ["SUCCESSFUL"]
+    assert [run["consumer"] for run in recorded_runs(broker)] == ["-grp-0"]

@@ -174,15 +174,15 @@ def child_command(
     parser: CommandParser, options: dict[str, Any], metrics_port: int | None, index: int, beat: Path, lifeline: int
 ) -> list[str]:
     """The argv of consumer process `index` of a supervisor started with `options`."""
-    argv = [sys.executable, "-m", "django", "runconsumer", "--consumer-id", f"{group_id(options)}-{index}"]
+    argv = [sys.executable, "-m", "django", "runconsumer", _flag("--consumer-id", f"{group_id(options)}-{index}")]
     # The supervisor ran the system checks already.
-    argv += ["--supervisor-beat", str(beat), "--supervisor-pid", str(os.getpid())]
-    argv += ["--supervisor-lifeline", str(lifeline)]
-    argv += ["--settings", settings.SETTINGS_MODULE, "--skip-checks"]
+    argv += [_flag("--supervisor-beat", beat), _flag("--supervisor-pid", os.getpid())]
+    argv += [_flag("--supervisor-lifeline", lifeline)]
+    argv += [_flag("--settings", settings.SETTINGS_MODULE), "--skip-checks"]
     if metrics_port is not None:  # 0: each takes any free port
-        argv += ["--metrics-port", str(metrics_port + index if metrics_port else 0)]
+        argv += [_flag("--metrics-port", metrics_port + index if metrics_port else 0)]
     if options["health_file"]:
-        argv += ["--health-file", f"{options['health_file']}.{index}"]
+        argv += [_flag("--health-file", f"{options['health_file']}.{index}")]
     for action in parser._actions:
         if action.dest in PER_CHILD_DESTS or action.dest == "settings" or not action.option_strings:
             continue
@@ -198,8 +198,13 @@ def _as_flags(action: argparse.Action, value: Any) -> list[str]:
     if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
         return [flag]
     if isinstance(action, argparse._AppendAction):
-        return [item for element in value for item in (flag, str(element))]
-    return [flag, str(value)]
+        return [_flag(flag, element) for element in value]
+    return [_flag(flag, value)]
+
+
+def _flag(flag: str, value: object) -> str:
+    """`--flag=value` in one word: a value that starts with a dash (`--queue=-urgent`) is not taken for a flag."""
+    return f"{flag}={value}"
 
 
 def _add_run_arguments(parser: CommandParser) -> None:
