@@ -1,6 +1,7 @@
 """The thin management commands: enqueue, queuestats, runconsumer's argument checks."""
 
 import json
+import os
 import subprocess
 import sys
 from io import StringIO
@@ -93,6 +94,11 @@ def test_enqueue_cli_fails_with_one_line_on_stderr_and_enqueues_nothing(broker, 
             ["runconsumer", "--concurrency", "0"],
             "manage.py runconsumer: error: argument --concurrency: must be at least",
         ),
+        # Before: a traceback ("encoding of hostname failed") from bind(), in every child of a group, forever.
+        (
+            ["runconsumer", "--metrics-port", "0", "--metrics-host", os.fsdecode(b"\xff")],
+            "manage.py runconsumer: error: argument --metrics-host: is not a host name or address",
+        ),
     ],
 )
 def test_every_command_and_subcommand_refuses_bad_arguments_in_one_line(key_prefix, argv, expected):
@@ -143,6 +149,9 @@ def test_queuestats_table(broker):
         ["--processes", "3", "--metrics-port", "65534"],
         # Before: valid as given, but each child's `<id>-<n>` was too long: every child failed, forever.
         ["--processes", "2", "--consumer-id", "c" * 100],
+        # Before: `--metrics-host "$UNSET"` served metrics on every address instead of this host only.
+        ["--metrics-port", "0", "--metrics-host", ""],
+        ["--metrics-port", "0", "--metrics-host", "[]"],
     ],
 )
 @pytest.mark.django_db

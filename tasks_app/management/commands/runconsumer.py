@@ -50,6 +50,17 @@ def port_arg(text: str) -> int:
     return value
 
 
+def host_arg(text: str) -> str:
+    """An address to bind: never empty (`--metrics-host "$UNSET"` would bind every address), one a socket takes."""
+    if not text.removeprefix("[").removesuffix("]").strip():
+        raise argparse.ArgumentTypeError("cannot be empty (0.0.0.0 or :: binds every address)")
+    try:
+        text.encode("ascii" if text.isascii() else "idna")  # as the socket module encodes a host name
+    except UnicodeError:
+        raise argparse.ArgumentTypeError(f"is not a host name or address: {text!r}") from None
+    return text
+
+
 def prefetch_arg(text: str) -> int | None:
     return None if text == "auto" else non_negative_int(text)
 
@@ -285,6 +296,7 @@ def _add_observability_arguments(parser: CommandParser) -> None:
     )
     parser.add_argument(
         "--metrics-host",
+        type=host_arg,
         default=METRICS_HOST,
         metavar="ADDR",
         help=f"Address the metrics port binds (default {METRICS_HOST}: this host only; "
