@@ -107,6 +107,21 @@ def test_consumer_healthz_follows_liveness(tmp_path):
     assert status.startswith("200") and b'"ok"' in body
 
 
+def test_a_health_file_that_cannot_be_written_is_said_once_and_fails_nothing_else(tmp_path, caplog):
+    # Before: the OSError escaped: a traceback as a bug of the health loop and, in a consumer waiting
+    # for its id to be free (a supervisor restarted at once), the end of its start-up.
+    health_file = tmp_path / "no-such-dir" / "alive"
+    liveness = Liveness(str(health_file), stale_after_s=60)
+    liveness.beat()
+    liveness.beat()
+    assert liveness.healthy()
+    [line] = [r.getMessage() for r in caplog.records if "health file" in r.getMessage()]
+    assert line.startswith(f"cannot touch the health file {health_file}: [Errno 2]")
+    health_file.parent.mkdir()
+    liveness.beat()
+    assert health_file.exists() and "touched again" in caplog.records[-1].getMessage()
+
+
 def test_consumer_readyz_waits_for_the_task_types_too():
     types_age_s = [float("inf")]
     liveness = Liveness(None, stale_after_s=60, task_types_age_s=lambda: types_age_s[0])

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.jsontext import finite
+
+logger = logging.getLogger(__name__)
 
 
 class Liveness:
@@ -22,12 +26,22 @@ class Liveness:
         self.stale_after_s = stale_after_s
         self._last_ok = float("-inf")
         self._task_types_age_s = task_types_age_s or (lambda: 0.0)
+        self._file_problem: ProblemLog[str] = ProblemLog(logger)  # met at every beat while it lasts
 
     def beat(self) -> None:
-        """Record a successful check now (and touch the health file)."""
+        """Record a successful check now (and touch the health file, saying once if it cannot be)."""
         self._last_ok = time.monotonic()
-        if self.path is not None:
+        if self.path is None:
+            return
+        # Not the consumer's failure: one that cannot write it (no such directory, no permission) runs
+        # on, and `/healthz` still answers; its liveness probe sees the stale file.
+        try:
             self.path.touch()  # an existing file gets a fresh mtime
+        except OSError as exc:
+            message = "cannot touch the health file %s: %s"
+            self._file_problem.failed("health file", repr(exc), message, self.path, exc, level=logging.ERROR)
+            return
+        self._file_problem.recovered("health file", "health file %s touched again", self.path)
 
     def age_s(self) -> float:
         """Seconds since the last successful check (infinite before the first)."""
