@@ -231,3 +231,16 @@ def test_sighup_stops_gracefully_unless_ignored_from_the_start_as_under_nohup():
         assert graceful_signals() == [signal.SIGTERM, signal.SIGINT, signal.SIGHUP]
     finally:
         signal.signal(signal.SIGHUP, previous)
+
+
+def test_a_group_health_file_that_cannot_be_written_is_said_once_and_never_ends_the_supervisor(tmp_path, caplog):
+    # Before: the OSError ended the supervisor's loop with a traceback, and so the whole group.
+    group_file = tmp_path / "alive"
+    group_file.symlink_to(tmp_path / "no-such-dir" / "alive")
+    (tmp_path / "alive.0").touch()  # its one child's file is fresh
+    group = Supervisor(lambda index, beat, lifeline: ["true"], 1, health_file=str(group_file))
+    for _ in range(2):
+        group._health_at = 0.0  # due again
+        group._refresh_health()
+    [line] = [r.getMessage() for r in caplog.records if "health file" in r.getMessage()]
+    assert line.startswith(f"cannot touch the group's health file {group_file}: [Errno 2]")

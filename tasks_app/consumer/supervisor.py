@@ -31,6 +31,7 @@ from typing import IO
 
 from tasks_app.consumer.process_mode import EXIT_HARD_LIMIT, EXIT_RECYCLE
 from tasks_app.consumer.stop_signals import SIGNAL_ECHO_S, graceful_signals  # a signal this soon: the same request
+from tasks_app.problem_log import ProblemLog
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +108,7 @@ class Supervisor:
         self._quit = False
         self._stopping = False
         self._health_at = 0.0
+        self._health_problem: ProblemLog[str] = ProblemLog(logger)  # met at every refresh while it lasts
 
     def run(self) -> int:
         """Start the children and watch them; return the exit code."""
@@ -249,4 +251,10 @@ class Supervisor:
                     return
             except FileNotFoundError:
                 return
-        self.health_file.touch()
+        try:  # a file it cannot write leaves the group's probe a stale file, never the group without its supervisor
+            self.health_file.touch()
+        except OSError as exc:
+            message = "cannot touch the group's health file %s: %s"
+            self._health_problem.failed("health file", repr(exc), message, self.health_file, exc, level=logging.ERROR)
+            return
+        self._health_problem.recovered("health file", "group's health file %s touched again", self.health_file)
