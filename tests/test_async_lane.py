@@ -1,6 +1,7 @@
 """The asyncio lane on its own: slots handed over and back, outcomes settled once, blocked loops given up on."""
 
 import asyncio
+import gc
 import logging
 import threading
 import time
@@ -270,3 +271,27 @@ def test_a_worker_waiting_for_a_slot_gives_up_once_the_consumer_stops():
     assert lane.reserve() is None, "nor does one that finds a slot once the stop began"
     stopping.clear()
     assert lane.reserve() is not None, "the slot was given back"
+
+
+def test_closing_the_lane_cancels_the_runs_left_on_it_their_finally_blocks_run_and_none_is_left_pending(caplog):
+    lane = AsyncLane(10, Slots())
+    began, cleaned_up = threading.Event(), threading.Event()
+
+    async def outlives_the_stop() -> None:
+        began.set()
+        try:
+            await asyncio.sleep(60)
+        finally:
+            cleaned_up.set()
+
+    flight, outcomes = recorded_flight()
+    submitted(lane, outlives_the_stop(), flight)
+    assert began.wait(5)
+    lane.fail_taken(lane.take_unsettled(), RuntimeError("given up on at the end of the grace"))
+    lane.close()
+    assert cleaned_up.wait(5)
+    assert [type(error) for _, error in outcomes] == [RuntimeError]  # settled once, by the stop
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        del lane, flight
+        gc.collect()
+    assert "Task was destroyed but it is pending" not in caplog.text

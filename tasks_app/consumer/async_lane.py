@@ -214,9 +214,16 @@ class AsyncLane:
             loop, self._loop, self._inbox = self._loop, None, None
             settlers, self._settlers = self._settlers, None
         if loop is not None:
-            self._call_soon(loop, loop.stop)
+            self._call_soon(loop, self._cancel_then_stop, loop)
         if settlers is not None:
             settlers.shutdown(wait=False)
+
+    def _cancel_then_stop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On the loop: cancel the runs still on it (given up on, settled already: their `finally` blocks
+        run), then stop it once they had that turn, so none is left pending when the loop is dropped."""
+        for task in list(self._tasks):
+            task.cancel()
+        loop.call_soon(loop.stop)
 
     @staticmethod
     def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: Any) -> bool:
