@@ -2,7 +2,8 @@
 -- of them starts, and learn which were cancelled (see cancel.lua).
 -- KEYS[1] to KEYS[n] the result hashes of the tasks
 -- ARGV[1] time to live of the records (s)   ARGV[2..n+1] the fencing token of each task's claim
--- Per task: a record whose fence is above the token belongs to a later claim (nothing written);
+-- Per task: a record whose fence is above the token belongs to a later claim (nothing written;
+-- a fence that is not a whole number up to 2^53, another writer's "inf" say, counts as none);
 -- a cancelled task's receipt is refused (include/start_gate.lua: nothing written, or the record
 -- made CANCELLED); else claimed_fence and fence are set to the token, which the run's RUNNING
 -- write then carries (never refused). A missing record is created with those two fields (the
@@ -20,7 +21,7 @@ for i, key in ipairs(KEYS) do
   local current = redis.pcall('HMGET', key, 'fence', 'status', 'cancel_requested_at_ms', 'type')
   if type(current) ~= 'table' or current.err then
     replies[i] = -1
-  elseif token < (tonumber(current[1]) or 0) then
+  elseif token < (stored_int(current[1]) or 0) then
     replies[i] = 0
   elseif cancelled_before_start(key, current[2] or 'READY', current[3]) then
     replies[i] = 2

@@ -24,8 +24,8 @@
 -- out first, and it never comes back under the same instance), so its list still holds every
 -- task it claimed and has not settled: the list is searched only once the id is gone. (A claim
 -- undone by a Redis machine crash that lost its last second is the exception: see PROTOCOL.md.)
--- The record keeps the highest token that wrote to it in its field "fence". A write with a
--- lower token is ignored (its run lost the claim: its consumer was presumed dead and the task
+-- The record keeps the highest token that wrote to it in its field "fence" (one that is not a
+-- whole number up to 2^53, another writer's, counts as none). A write with a lower token is ignored (its run lost the claim: its consumer was presumed dead and the task
 -- re-run or requeued); a write with a higher token takes the record over.
 -- A write with a higher token that sets status RUNNING starts a run: it is refused, and nothing
 -- is written, if the task was cancelled (see include/start_gate.lua): the consumer drops the task
@@ -124,7 +124,7 @@ local function write_record(key, u)
     local current = redis.call('HMGET', key, 'fence', 'status', 'cancel_requested_at_ms', 'worker_ids',
                                'enqueued_at_ms')
     read = {worker_ids = sets.worker_ids or current[4], enqueued_at_ms = sets.enqueued_at_ms or current[5]}
-    local fence = tonumber(current[1]) or 0
+    local fence = stored_int(current[1]) or 0
     old = current[2] or 'READY'
     if u.token and u.token < fence then
       return 0

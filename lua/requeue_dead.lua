@@ -10,7 +10,7 @@
 -- ARGV[1] wake token   ARGV[2] park ms: 0 pushes the tasks; more parks them in delayed, due that
 -- long after the server's now, as "<priority as %+04d><task>" (promoted then, should the caller
 -- never move them on)   ARGV[3] the records' fencing token (a record holding a higher one is left
--- alone)   ARGV[4] s, the number of status indexes (0: no history index)   ARGV[5] to ARGV[4 + s]
+-- alone; a fence that is not a whole number up to 2^53, another writer's, counts as none)   ARGV[4] s, the number of status indexes (0: no history index)   ARGV[5] to ARGV[4 + s]
 -- their status names; then per task: its member as stored in KEYS[1], its priority (-100..100; anything
 -- else is clamped, a non-number is 0), the task to push (re-encoded for a fresh start), its id (its
 -- cancel requests are dropped: the new run starts afresh), its record's time to live (s), p, then p
@@ -39,7 +39,7 @@ local at = 5 + indexes
 -- 1 written, 2 not.
 local function write_record(key, id, ttl_s, from, to)
   local current = redis.pcall('HGET', key, 'fence')
-  if type(current) == 'table' or (tonumber(current) or 0) > fence then return 2 end
+  if type(current) == 'table' or (stored_int(current) or 0) > fence then return 2 end
   local fields = {unpack(ARGV, from, to)}
   fields[#fields + 1] = 'fence'
   fields[#fields + 1] = fence

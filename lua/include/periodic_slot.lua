@@ -1,12 +1,7 @@
 -- A periodic schedule's state hash (KEYS[1]) against one slot: shared by fire_periodic and skip_periodic.
--- A number of ms read from a state (0..2^53), or nil for anything else (written by someone else).
-local function ms_value(value)
-  local n = tonumber(value)
-  if n and n == n and n >= 0 and n <= 2 ^ 53 then return math.floor(n) end
-  return nil
-end
+-- A number of ms read from the state (stored_int: nil for anything else, written by someone else).
 local function state_ms(name)
-  return ms_value(redis.call('HGET', KEYS[1], name))
+  return stored_int(redis.call('HGET', KEYS[1], name))
 end
 -- The slot of ARGV[1] and the server's now (ms), the last slot handled (nil: none), the last one
 -- fired (-1: none), and the reply when the slot is not to be handled: an error (not a number of ms),

@@ -1,0 +1,44 @@
+"""A consumer over keys of the right type holding values no version of ours writes ("nan", "inf", 1e400, 2^64):
+each is read as documented or as absent, and no task is lost, held for ever or let past its limit."""
+
+from __future__ import annotations
+
+import pytest
+
+from tasks_app import producer
+from tasks_app.protocol.broker import Broker
+from tests.support.processes import wait_until
+from tests.support.recording import runs_per_task
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# Numbers no token, time or lease of ours can be: not a number at all, or past 2^53, where doubles skip integers.
+NOT_WHOLE = ["nan", "inf", "1e400", "1e30", "18446744073709551616"]
+
+
+def _succeeded(broker: Broker, task_ids: list[str]) -> bool:
+    return all(broker.client.hget(broker.keys.result(task_id), "status") == b"SUCCESSFUL" for task_id in task_ids)
+
+
+@pytest.mark.parametrize("value", NOT_WHOLE)
+def test_a_fence_counter_that_is_no_whole_number_counts_as_lost_and_every_task_runs_once(
+    broker, consumer_in_thread, value
+):
+    broker.client.set(broker.keys.fence("q"), value)
+    ids = [producer.enqueue("test.record", queue="q")[0].id for _ in range(3)]
+    with consumer_in_thread(queues=["q"]):
+        # Before: the claim's tokens came back as -2^63 (or all one number), every receipt was refused as a
+        # later claim's, and the tasks were acked unrun: lost.
+        wait_until(lambda: _succeeded(broker, ids), 15, message="the tasks to succeed")
+    assert runs_per_task(broker) == dict.fromkeys(ids, 1)
+    assert int(broker.client.get(broker.keys.fence("q"))) > broker.server_time_ms() * 1000 - 60_000_000
+
+
+@pytest.mark.parametrize("value", ["inf", "1e400", "18446744073709551616"])
+def test_a_records_fence_that_is_no_whole_number_holds_back_no_run(broker, consumer_in_thread, value):
+    [task] = producer.enqueue("test.record", queue="q")
+    broker.client.hset(broker.keys.result(task.id), "fence", value)
+    with consumer_in_thread(queues=["q"]):
+        # Before: every token was below it, so the receipt said a later claim held the task: acked unrun.
+        wait_until(lambda: _succeeded(broker, [task.id]), 15, message="the task to succeed")
+    assert runs_per_task(broker) == {task.id: 1}
