@@ -4,7 +4,8 @@
 -- KEYS[7] recoveries hash (sha1 of task -> times recovered; "s:" .. sha1 -> started as a suspect)
 -- KEYS[8] suspects list   KEYS[9] primary marker hash (replid, since_ms: see heartbeat)
 -- ARGV[1] consumer id   ARGV[2] max recoveries before dead-lettering   ARGV[3] max tasks moved
--- ARGV[4] wake token (dropped)   ARGV[5] default lease ms (when the consumer left no info)
+-- ARGV[4] wake token (dropped)   ARGV[5] default lease ms (when the consumer left no info, or
+-- none that is a lease: see lease_of)
 -- ARGV[6] "1" when a consumer registering under this id recovers what its own earlier run left:
 -- that run is dead whatever its lease says; no tombstone (the id is about to be live again)
 -- Returns: {status, requeued, still in the list, dead-lettered tasks...}; status 1 reaped,
@@ -18,12 +19,16 @@ local refused = wrong_key_type({'zset', 'hash', 'zset', 'list', 'list', 'zset', 
 if refused then return refused end
 local now_ms = server_now_ms()
 
--- The consumer's own lease length; whatever a foreign process wrote there, never an error.
+-- The consumer's own lease length, a whole number of ms up to the longest lease a consumer takes
+-- (7 days); whatever else a foreign process wrote there ("abc", "inf", 1e400, 1e15: it would hold
+-- the reaping off for ever, or for years) counts as absent: the default. Never an error.
+local MAX_LEASE_MS = 7 * 86400 * 1000
 local function lease_of(id)
   local info = redis.call('HGET', KEYS[2], id)
   local ok, decoded = pcall(cjson.decode, info or '')
-  local lease_ms = ok and type(decoded) == 'table' and tonumber(decoded['lease_ms'])
-  return lease_ms or tonumber(ARGV[5]) or 0
+  local lease_ms = ok and type(decoded) == 'table' and stored_int(decoded['lease_ms'])
+  if lease_ms and lease_ms <= MAX_LEASE_MS then return lease_ms end
+  return int_arg(ARGV[5], 0, 0, MAX_LEASE_MS)
 end
 
 -- include: node

@@ -3,12 +3,15 @@ each is read as documented or as absent, and no task is lost, held for ever or l
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tasks_app import producer
 from tasks_app.protocol.broker import Broker
 from tests.support.processes import wait_until
 from tests.support.recording import runs_per_task
+from tests.test_foreign_keys_loops import SHORT_LEASE_MS, _dies_holding, _reaper
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -42,3 +45,13 @@ def test_a_records_fence_that_is_no_whole_number_holds_back_no_run(broker, consu
         # Before: every token was below it, so the receipt said a later claim held the task: acked unrun.
         wait_until(lambda: _succeeded(broker, [task.id]), 15, message="the task to succeed")
     assert runs_per_task(broker) == {task.id: 1}
+
+
+@pytest.mark.parametrize("lease", ["1e400", '"inf"', "1e15"])
+def test_a_dead_consumers_lease_that_is_no_lease_holds_off_no_reaping(broker, lease):
+    _dies_holding(broker, "dead", "t1")
+    broker.client.hset(broker.keys.consumer_info("q"), "dead", f'{{"lease_ms": {lease}}}')
+    time.sleep(SHORT_LEASE_MS / 1000 + 0.02)
+    # Before: the reaper held off until Redis had been up for that "lease" (for ever, or 31 years).
+    _reaper(broker, ["q"]).run_once()
+    assert broker.held_by("q", "dead") == [] and broker.client.llen(broker.keys.suspects("q")) == 1
