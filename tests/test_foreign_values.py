@@ -3,11 +3,14 @@ each is read as documented or as absent, and no task is lost, held for ever or l
 
 from __future__ import annotations
 
+import json
+import socket
 import time
 
 import pytest
 
 from tasks_app import producer
+from tasks_app.consumer.identity import pid_namespace
 from tasks_app.protocol.broker import Broker
 from tests.support.processes import wait_until
 from tests.support.recording import runs_per_task
@@ -55,3 +58,14 @@ def test_a_dead_consumers_lease_that_is_no_lease_holds_off_no_reaping(broker, le
     # Before: the reaper held off until Redis had been up for that "lease" (for ever, or 31 years).
     _reaper(broker, ["q"]).run_once()
     assert broker.held_by("q", "dead") == [] and broker.client.llen(broker.keys.suspects("q")) == 1
+
+
+@pytest.mark.parametrize("pid", [2**31, 2**70])
+def test_a_holder_of_this_host_whose_pid_no_process_can_have_is_gone(broker, consumer_in_thread, pid):
+    info = {"host": socket.gethostname(), "pid_ns": pid_namespace(), "pid": pid, "lease_ms": 60_000}
+    broker.client.zadd(broker.keys.consumers("q"), {"fixed": broker.server_time_ms() + 60_000})
+    broker.client.hset(broker.keys.consumer_info("q"), "fixed", json.dumps(info))
+    [task] = producer.enqueue("test.record", queue="q")
+    # Before: os.kill raised OverflowError and the consumer crashed as it started.
+    with consumer_in_thread(queues=["q"], consumer_id="fixed"):
+        wait_until(lambda: _succeeded(broker, [task.id]), 15, message="the task to succeed")

@@ -95,7 +95,7 @@ def holder_is_gone(info: dict[str, Any]) -> bool:
         return True  # an earlier process that had this pid (a restarted container): it is not running now
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # OverflowError: past the platform's pids, no process has it
         return True
     except OSError:  # another user's process: alive
         return False
