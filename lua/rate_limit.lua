@@ -17,7 +17,9 @@
 -- reserved slot; rescaled 1 when this call found the hash written under another emission interval
 -- (the type's limit was changed) and moved its future times to the new spacing, else 0.
 -- An argument that is not a number falls back to a default (limit 1, period 1 s, emission one
--- period, tolerance 0); a stored field that is not a finite number counts as absent.
+-- period, tolerance 0); a stored field that is not a whole number up to 2^53 (a foreign write:
+-- "x", "nan", "inf", -5, 1e300, whose wait would overflow the reply and read as admitted) counts
+-- as absent.
 --
 -- A denied task is given the next free slot of a queue spaced by the emission interval, so
 -- denied tasks wake one by one instead of all at once. While that queue is not empty, only
@@ -43,13 +45,6 @@ local period = int_arg(ARGV[4], 1000000, 1, 2 ^ 53)
 local emission = int_arg(ARGV[5], period, 1, 2 ^ 53)
 local tolerance = int_arg(ARGV[6], 0, 0, 2 ^ 53)
 
--- A stored field that is not a finite number (a foreign write: "x", "nan", "inf") counts as absent.
-local function stored(value)
-  local n = tonumber(value)
-  if n and n > -math.huge and n < math.huge then return n end
-  return nil
-end
-
 -- Numbers go to Redis as integer text: Lua's own conversion writes 1e+14 past 14 digits.
 local function num(value)
   return string.format('%.0f', value)
@@ -59,7 +54,7 @@ end
 local function rescale(old)
   local fields = redis.call('HGETALL', key)
   for i = 1, #fields, 2 do
-    local name, value = fields[i], stored(fields[i + 1])
+    local name, value = fields[i], stored_int(fields[i + 1])
     if value and value > now and (name == 'tat' or name == 'cursor' or string.sub(name, 1, 2) == 'r:') then
       redis.call('HSET', key, name, num(now + math.floor((value - now) * emission / old)))
     end
@@ -68,7 +63,7 @@ local function rescale(old)
 end
 
 local rescaled = 0
-local written_under = stored(redis.call('HGET', key, 'emission'))
+local written_under = stored_int(redis.call('HGET', key, 'emission'))
 if written_under and written_under > 0 and written_under ~= emission then
   rescale(written_under)
   rescaled = 1
@@ -80,22 +75,22 @@ end
 redis.call('HSET', key, 'emission', num(emission))
 
 local state = redis.call('HMGET', key, 'tat', 'window', 'count', 'cursor', reservation)
-local cursor = stored(state[4]) or 0
+local cursor = stored_int(state[4]) or 0
 local reserved = state[5] ~= false
-local reserved_slot = stored(state[5])
+local reserved_slot = stored_int(state[5])
 
 -- The earliest time the algorithm admits a start, and the fields an admission now would write.
 local earliest, admitted, horizon
 if algorithm == 'gcra' then
-  local tat = stored(state[1]) or now
+  local tat = stored_int(state[1]) or now
   earliest = tat - tolerance
   horizon = math.max(tat, now) + emission
   admitted = {'tat', num(horizon)}
 elseif algorithm == 'fixed_window' then
   local window = math.floor(now / period)
   local count = 0
-  if stored(state[2]) == window then
-    count = stored(state[3]) or 0
+  if stored_int(state[2]) == window then
+    count = stored_int(state[3]) or 0
   end
   horizon = (window + 1) * period
   earliest = count < limit and now or horizon

@@ -11,7 +11,10 @@ import pytest
 
 from tasks_app import producer
 from tasks_app.consumer.identity import pid_namespace
+from tasks_app.consumer.limits import RateLimiter
 from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.codec import Task
+from tests.integration.test_rate_follow_ups import LIMITED, TYPE
 from tests.support.processes import wait_until
 from tests.support.recording import runs_per_task
 from tests.test_foreign_keys_loops import SHORT_LEASE_MS, _dies_holding, _reaper
@@ -69,3 +72,23 @@ def test_a_holder_of_this_host_whose_pid_no_process_can_have_is_gone(broker, con
     # Before: os.kill raised OverflowError and the consumer crashed as it started.
     with consumer_in_thread(queues=["q"], consumer_id="fixed"):
         wait_until(lambda: _succeeded(broker, [task.id]), 15, message="the task to succeed")
+
+
+@pytest.mark.parametrize("field", ["tat", "cursor", "r:t2"])
+@pytest.mark.parametrize("value", ["1e300", "18446744073709551616"])
+def test_a_rate_limiters_time_past_any_clock_counts_as_absent_and_the_limit_holds(broker, field, value):
+    broker.client.hset(broker.keys.rate(TYPE), field, value)
+    limiter = RateLimiter(broker)
+    first = limiter(Task(id="t1", type=TYPE, queue="q"), LIMITED, None)
+    second = limiter(Task(id="t2", type=TYPE, queue="q"), LIMITED, None)
+    # Before: the wait overflowed the reply to -2^63, which reads as admitted: every task started at once.
+    assert first.wait_ms == 0
+    assert 0 < second.wait_ms <= LIMITED.rate_period_s * 1000 * 1.1
+
+
+@pytest.mark.parametrize("score", [float("inf"), 1e300])
+def test_a_keyed_limits_value_noted_for_ever_keeps_no_other_value_from_being_noted(broker, score):
+    broker.client.zadd(broker.keys.rate_keyed(TYPE), {"foreign": score})
+    # Before: its expiry was no integer to Redis, and every note failed: no change reached those values' tasks.
+    assert broker.rate_keyed(TYPE, "k1", 1_000_000, 100) == 1
+    assert broker.client.zscore(broker.keys.rate_keyed(TYPE), "k1") is not None
