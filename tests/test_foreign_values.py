@@ -15,8 +15,10 @@ from tasks_app.consumer.limits import RateLimiter
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task
 from tests.integration.test_rate_follow_ups import LIMITED, TYPE
+from tests.support import django_tasks
 from tests.support.processes import wait_until
 from tests.support.recording import runs_per_task
+from tests.test_backends import redis_tasks  # noqa: F401  (a fixture)
 from tests.test_foreign_keys_loops import SHORT_LEASE_MS, _dies_holding, _reaper
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -92,3 +94,12 @@ def test_a_keyed_limits_value_noted_for_ever_keeps_no_other_value_from_being_not
     # Before: its expiry was no integer to Redis, and every note failed: no change reached those values' tasks.
     assert broker.rate_keyed(TYPE, "k1", 1_000_000, 100) == 1
     assert broker.client.zscore(broker.keys.rate_keyed(TYPE), "k1") is not None
+
+
+@pytest.mark.usefixtures("redis_tasks")
+@pytest.mark.parametrize("errors", ['[{"exception_class_path": "x.Error"}]', '[{"traceback": "t"}]', "[{}]"])
+def test_a_django_task_records_error_missing_a_field_reads_with_that_field_empty(broker, errors):
+    result = django_tasks.add.enqueue(1, 2)
+    broker.client.hset(broker.keys.result(result.id), mapping={"status": "FAILED", "errors": errors})
+    [error] = django_tasks.add.get_result(result.id).errors  # before: KeyError
+    assert {error.exception_class_path, error.traceback} <= {"x.Error", "t", ""}
