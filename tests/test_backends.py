@@ -303,6 +303,12 @@ class TestEnqueue:
             task_backends["default"].get_result("t1")
         assert queries.captured_queries == []
 
+    def test_a_record_whose_status_is_none_we_write_reads_as_none(self, redis_tasks, broker):
+        result = tasks.add.enqueue(1, 2)
+        broker.client.hset(broker.keys.result(result.id), "status", "BOGUS")  # a foreign writer's
+        with pytest.raises(TaskResultDoesNotExist):  # not a ValueError from TaskResultStatus
+            task_backends["default"].get_result(result.id)
+
     def test_aenqueue_and_aget_result(self, redis_tasks, broker):
         result = async_to_sync(tasks.add.aenqueue)(4, 5)
         stored = async_to_sync(tasks.add.aget_result)(result.id)

@@ -17,6 +17,7 @@ from django.utils import timezone
 from tasks_app.django_tasks.results import find_handler, task_error, task_result_from_record
 from tasks_app.producer import EnqueueError, PreparedBatch, QueueUnavailable, TaskRequest, prepare, push as push_batch
 from tasks_app.protocol.broker import Broker, get_broker
+from tasks_app.protocol.history import STATUSES
 from tasks_app.protocol.jsontext import MAX_JSON_DEPTH
 from tasks_app.protocol.names import NAME_PATTERN, InvalidName, validate_name
 from tasks_app.protocol.results import ResultRecord
@@ -119,6 +120,8 @@ class RedisBackend(BaseTaskBackend):
         record = ResultRecord.from_fields(fields)
         handler = find_handler(record.type, registry)
         if handler is None:  # a record of a plain handler's task, not of a `@task` function
+            raise TaskResultDoesNotExist(result_id)
+        if record.status not in STATUSES:  # a foreign writer's, no status of a run: no result Django can read
             raise TaskResultDoesNotExist(result_id)
         return task_result_from_record(record, handler.django_task, self.alias)
 
