@@ -174,7 +174,9 @@ def test_window_prefix_and_delete(broker):
     assert [entry.task_id for entry in older] == [ids[1], ids[0]]
     assert broker.history_count(["h", "h2"], None, None) == 5
     assert [entry.task_id for entry in broker.history_by_prefix(["h", "h2"], ids[2][:8], 5)] == [ids[2]]
-    assert broker.delete_tasks([("h", ids[0])]) == 1
+    assert broker.delete_finished([("h", ids[0])]) == [history.KEPT]  # READY: it waits, it keeps its record
+    broker.record_result(ResultUpdate(ids[0], {"status": "SUCCESSFUL"}, 60, queue="h"))
+    assert broker.delete_finished([("h", ids[0]), ("h", "no-such-task")]) == [history.DELETED, history.GONE]
     assert broker.get_result(ids[0]) is None
     assert ids[0] not in _ids(broker, broker.keys.history("h"))
     assert ids[0] not in _ids(broker, broker.keys.history_ids("h"))

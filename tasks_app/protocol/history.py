@@ -14,6 +14,7 @@ import functools
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
+import redis
 from django.tasks import TaskResultStatus
 
 from tasks_app.protocol.jsontext import is_utf8_encodable
@@ -31,6 +32,8 @@ HISTORY_MAX = 100_000
 # Time to live given to index keys where the result TTL is not at hand (a cancel); the consumers'
 # schedulers set the result TTL again every few seconds.
 INDEX_TTL_S = 7 * 24 * 3600
+# What delete_finished answers per task: no record, deleted, kept (see lua/delete_finished.lua).
+GONE, DELETED, KEPT = 0, 1, 2
 
 
 class Entry(NamedTuple):
@@ -184,17 +187,30 @@ class HistoryOps(ScriptClient):
             fields = self.client.hgetall(key)
         return record_text_fields(task_id, fields)
 
-    def delete_tasks(self, tasks: Iterable[tuple[str, str]]) -> int:
-        """Delete the result records of (queue, task id) pairs and their history entries; return how many existed."""
+    def delete_finished(self, tasks: Sequence[tuple[str, str]]) -> list[int]:
+        """Delete the records of finished tasks ((queue, task id) pairs) and their history entries, as each reads now.
+
+        Per task DELETED, GONE (no record), KEPT (not finished, as a dead task requeued since the
+        caller read it; or cancelled where it waits, until a consumer drops it: see
+        lua/delete_finished.lua) or -1 (a key of another type, left alone). One script on one
+        server, one per record on Redis Cluster (the records lie in many slots); then the history.
+        """
+        if not tasks:
+            return []
+        keys = [self.keys.result(task_id) for _, task_id in tasks]
+        if isinstance(self.client, redis.RedisCluster):
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                self.scripts.queue(pipe, "delete_finished", [key], [])
+            replies = [int(reply[0]) for reply in self.scripts.execute(pipe, self.client)]
+        else:
+            replies = [int(reply) for reply in self._script("delete_finished", keys, [])]
         pipe = self.client.pipeline(transaction=False)
-        deletes: list[int] = []  # where each record's DEL is among the replies
-        for queue, task_id in tasks:
-            deletes.append(len(pipe))
-            pipe.delete(self.keys.result(task_id))
-            for key in index_keys(self.keys, queue):
+        for (queue, task_id), reply in zip(tasks, replies, strict=True):
+            for key in index_keys(self.keys, queue) if reply in (DELETED, GONE) else ():
                 pipe.zrem(key, task_id)
-        replies = pipe.execute(raise_on_error=False)  # an index key of a foreign type keeps no record alive
-        return sum(replies[at] for at in deletes if isinstance(replies[at], int))
+        pipe.execute(raise_on_error=False)  # an index key of a foreign type keeps no record alive
+        return replies
 
 
 def _readable(

@@ -203,8 +203,12 @@ def start_undone(task: Task, fence: int, ttl_s: int) -> ResultUpdate:
 
 
 def dropped_cancelled(task: Task, ttl_s: int, fence: int) -> ResultUpdate:
-    """Written when a consumer drops a cancelled task unrun: its record already reads CANCELLED, its index too now."""
-    return ResultUpdate(task.id, {"status": CANCELLED}, ttl_s, fence=fence, queue=task.queue, task_type=task.type)
+    """Written when a consumer drops a cancelled task unrun: its record already reads CANCELLED, its index too now.
+
+    It empties `cancelled_waiting` (see lua/cancel.lua): the task has left its queue, its record may be deleted.
+    """
+    fields = {"status": CANCELLED, "cancelled_waiting": ""}
+    return ResultUpdate(task.id, fields, ttl_s, fence=fence, queue=task.queue, task_type=task.type)
 
 
 def cancelled(task: Task, now_ms: int, ttl_s: int, fence: int) -> ResultUpdate:

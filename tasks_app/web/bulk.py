@@ -13,6 +13,7 @@ from django.http import HttpRequest
 import tasks_app
 from tasks_app import producer
 from tasks_app.models import CANCEL_PERMISSION, DELETE_TASK_RECORDS_PERMISSION, ENQUEUE_PERMISSION
+from tasks_app.protocol import history
 from tasks_app.protocol.broker import get_broker
 from tasks_app.protocol.control import CANCELLED, REQUESTED
 from tasks_app.protocol.replies import ResultUpdate
@@ -67,13 +68,18 @@ def retry(records: Sequence[ResultRecord], actor: str) -> Outcome:
 
 
 def delete(records: Sequence[ResultRecord], actor: str) -> Outcome:
-    """Delete the records of finished tasks and their history entries (a queued or running task keeps its record)."""
+    """Delete the records of finished tasks and their history entries (a queued or running task keeps its record).
+
+    Each record is judged as it is when deleted, not as the page read it: a dead task requeued since keeps it,
+    and so does a task cancelled where it waits, until a consumer has dropped it (without it, it would run).
+    """
     finished = [r for r in records if r.status in FINISHED]
-    deleted = get_broker().delete_tasks((r.queue, r.id) for r in finished)
-    skipped = len(records) - len(finished)
-    note = f" {skipped} not finished, kept." if skipped else ""
+    replies = get_broker().delete_finished([(r.queue, r.id) for r in finished])
+    deleted = [r for r, reply in zip(finished, replies, strict=True) if reply == history.DELETED]
+    kept = len(records) - len(finished) + replies.count(history.KEPT)
+    note = f" {kept} not finished (or cancelled, still in their queue), kept." if kept else ""
     return Outcome(
-        [(r, DELETION, "Deleted the task's record") for r in finished], f"Deleted {deleted} record(s).{note}"
+        [(r, DELETION, "Deleted the task's record") for r in deleted], f"Deleted {len(deleted)} record(s).{note}"
     )
 
 

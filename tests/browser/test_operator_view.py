@@ -214,7 +214,7 @@ def test_a_bulk_action_says_how_many_selected_tasks_were_gone_meanwhile(page, li
     log_in(page, live_server.url)
     page.goto(f"{live_server.url}/tasks/?status=FAILED")
     page.check("#tasks-select-all")
-    broker.delete_tasks([("ops", second)])  # from another tab, while this one shows it selected
+    broker.delete_finished([("ops", second)])  # from another tab, while this one shows it selected
     page.select_option("#bulk-action", "retry")
     page.click("#bulk-go")
     expect(page.locator("ul.messagelist")).to_have_text(

@@ -1,0 +1,64 @@
+"""Operator actions racing consumers and each other (record deletes, retries, requeues), against real Redis."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.contrib.admin.models import LogEntry
+
+import tasks_app
+from tasks_app import producer
+from tasks_app.control import CANCELLED
+from tasks_app.models import TaskType
+from tasks_app.protocol import dead_letters
+from tasks_app.protocol.results import ResultRecord
+from tasks_app.web import bulk
+from tests.support.enqueued import is_idle
+from tests.support.processes import wait_until
+from tests.support.recording import runs_per_task
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def record_of(broker, task_id: str) -> ResultRecord:
+    return ResultRecord.from_fields(broker.get_result(task_id) or {})
+
+
+def told(response) -> list[str]:
+    return [str(message) for message in response.context["messages"]]
+
+
+def test_deleting_the_record_of_a_task_cancelled_in_its_queue_keeps_it_so_it_never_runs(
+    broker, staff, consumer_in_thread
+):
+    waiting = producer.enqueue("test.record")[0].id
+    delayed = producer.enqueue("test.record", delay_s=0.5)[0].id
+    for task_id in (waiting, delayed):
+        assert tasks_app.cancel(task_id).outcome == CANCELLED
+    response = staff.post("/tasks/", {"action": "delete", "task": [waiting, delayed]}, follow=True)
+    assert told(response) == ["Deleted 0 record(s). 2 not finished (or cancelled, still in their queue), kept."]
+    assert not LogEntry.objects.exists()
+    with consumer_in_thread():
+        wait_until(lambda: is_idle(broker, ["default"]), 15, message="both tasks to be dropped")
+        time.sleep(0.3)
+    assert runs_per_task(broker) == {}, "a cancelled task ran once its record was deleted"
+    assert {record_of(broker, task_id).status for task_id in (waiting, delayed)} == {"CANCELLED"}
+    # Dropped by the consumer, out of every queue: now their records go.
+    response = staff.post("/tasks/", {"action": "delete", "task": [waiting, delayed]}, follow=True)
+    assert told(response) == ["Deleted 2 record(s)."]
+    assert broker.get_result(waiting) is None and broker.get_result(delayed) is None
+
+
+def test_a_delete_racing_a_requeue_of_the_dead_task_keeps_the_record_of_the_task_requeued(broker, consumer_in_thread):
+    TaskType.objects.create(name="test.record", handler="test.record", max_attempts=1)
+    task_id = producer.enqueue("test.record", kwargs={"fail_until_attempt": 1})[0].id
+    with consumer_in_thread():
+        wait_until(lambda: broker.dead_count("default") == 1, 15, message="the task to be dead-lettered")
+    seen = ResultRecord.from_fields(broker.get_result(task_id))  # the browser's page: FAILED
+    assert seen.status == "FAILED"
+    assert len(dead_letters.requeue("default", dead_letters.list_dead_tasks("default"))) == 1  # another operator
+    outcome = bulk.delete([seen], "user:late")
+    assert outcome.message == "Deleted 0 record(s). 1 not finished (or cancelled, still in their queue), kept."
+    assert record_of(broker, task_id).status == "READY", "the requeued task lost its record"
+    assert task_id in {entry.task_id for entry in broker.history_window(["default"], "READY", None, None, 10)}
