@@ -8,7 +8,7 @@ import pytest
 from django.contrib.admin.models import LogEntry
 
 import tasks_app
-from tasks_app import producer
+from tasks_app import control, producer
 from tasks_app.control import CANCELLED
 from tasks_app.models import TaskType
 from tasks_app.protocol import dead_letters
@@ -16,7 +16,7 @@ from tasks_app.protocol.results import ResultRecord
 from tasks_app.web import bulk
 from tests.support.enqueued import is_idle
 from tests.support.processes import wait_until
-from tests.support.recording import runs_per_task
+from tests.support.recording import recorded_runs, runs_per_task
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -62,3 +62,21 @@ def test_a_delete_racing_a_requeue_of_the_dead_task_keeps_the_record_of_the_task
     assert outcome.message == "Deleted 0 record(s). 1 not finished (or cancelled, still in their queue), kept."
     assert record_of(broker, task_id).status == "READY", "the requeued task lost its record"
     assert task_id in {entry.task_id for entry in broker.history_window(["default"], "READY", None, None, 10)}
+
+
+def test_pause_and_resume_flapping_while_three_consumers_drain_runs_each_task_once(broker, consumer_process):
+    TaskType.objects.create(name="test.record", handler="test.record")
+    consumers = [consumer_process("--concurrency", "4", "--lease", "2") for _ in range(3)]
+    wait_until(lambda: len(broker.live_consumers("default")) == 3, 30, message="the consumers to register")
+    ids = [task.id for task in producer.enqueue("test.record", kwargs={"sleep_s": 0.05}, count=300)]
+    flapping_ms = broker.server_time_ms()
+    for flip in range(100):
+        assert control.set_queue_paused("default", flip % 2 == 0, by="flapper")
+        time.sleep(0.01 if flip % 2 == 0 else 0.05)  # paused briefly: tasks claimed before it go back unstarted
+    flapped_ms = broker.server_time_ms()
+    assert not broker.is_paused("default")
+    wait_until(lambda: is_idle(broker, ["default"]), 30, message="every task to end")
+    assert runs_per_task(broker) == dict.fromkeys(ids, 1)
+    assert {record_of(broker, task_id).status for task_id in ids} == {"SUCCESSFUL"}
+    assert any(flapping_ms <= run["start_ms"] <= flapped_ms for run in recorded_runs(broker)), "no run met the flapping"
+    assert all(consumer.terminate() == 0 for consumer in consumers)
