@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import queue as queue_module
 import threading
@@ -74,6 +75,8 @@ class Consumer(Stopping):
         self.options = options
         self.registry = registry
         self.broker = broker or Broker.from_settings(resend=False)  # a lost claim reply is ours to reconcile
+        if self.broker.instance:  # another consumer's: its settles carry that one's token (see `instance` below)
+            self.broker = copy.copy(self.broker)
         # Its own connection, so busy workers never delay it; a hung renewal fails well within the lease.
         self.heartbeat_broker = heartbeat_broker or Broker.from_settings(
             prefix=self.broker.keys.prefix, timeout_s=options.lease_s * HEARTBEAT_TIMEOUT_SHARE, resend=False
