@@ -18,7 +18,6 @@ import redis
 from django.conf import settings
 from redis.exceptions import ConnectionError as RedisConnectionError, RedisError
 
-from tasks_app import producer
 from tasks_app.consumer import stop_signals
 from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.lifecycle import ClaimerLoop, Consumer
@@ -28,7 +27,6 @@ from tasks_app.protocol.codec import encode_payload
 from tasks_app.protocol.keys import WAKE_TOKEN
 from tasks_app.protocol.leases import MAX_RECOVERIES
 from tests.support.claims import claim, die_running, push, register, task_bytes
-from tests.support.handlers import runs_key
 from tests.support.processes import wait_until
 from tests.support.recording import recorded_runs
 
@@ -391,21 +389,3 @@ def test_a_second_signal_after_the_echo_window_exits_at_once(signalled):
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(0.01)
     assert exits == [1]
-
-
-def test_consumers_given_one_broker_each_settle_under_their_own_token(broker, consumer_in_thread, caplog):
-    # Each consumer registers a token of its own with its settles; one broker shared by two carried
-    # only the last one's, so the other's settles found their tasks "no longer held" and they ran again.
-    count = 120
-    with (
-        consumer_in_thread(queues=["q"], consumer_id="a", concurrency=4),
-        consumer_in_thread(queues=["q"], consumer_id="b", concurrency=4),
-    ):
-        producer.enqueue("test.record", kwargs={"sleep_s": 0.01}, queue="q", count=count, broker=broker)
-        deadline = time.monotonic() + 30
-        while broker.client.llen(runs_key()) < count and time.monotonic() < deadline:
-            time.sleep(0.05)
-        time.sleep(0.5)  # a run a lost settle would bring back
-    runs = [json.loads(line)["task_id"] for line in broker.client.lrange(runs_key(), 0, -1)]
-    assert len(runs) == len(set(runs)) == count
-    assert not [m for m in caplog.messages if "no longer held" in m]

@@ -59,6 +59,17 @@ HEALTH_CHECK_S = 5.0
 LEASE_WAIT_S = 0.05
 
 
+def _own_broker(broker: Broker | None) -> Broker:
+    """The broker a consumer settles through: a new one, or a copy of one given that another consumer uses.
+
+    A broker carries its consumer's instance token, sent with every settle: one shared by two consumers
+    would carry the last one's only, and the other's settles would find their tasks no longer held.
+    """
+    if broker is None:
+        return Broker.from_settings(resend=False)  # a lost claim reply is ours to reconcile
+    return copy.copy(broker) if broker.instance else broker
+
+
 class Consumer(Stopping):
     """One consumer process: claims, runs, acknowledges, heartbeats, reaps and schedules."""
 
@@ -74,9 +85,7 @@ class Consumer(Stopping):
         options.validate()
         self.options = options
         self.registry = registry
-        self.broker = broker or Broker.from_settings(resend=False)  # a lost claim reply is ours to reconcile
-        if self.broker.instance:  # another consumer's: its settles carry that one's token (see `instance` below)
-            self.broker = copy.copy(self.broker)
+        self.broker = _own_broker(broker)
         # Its own connection, so busy workers never delay it; a hung renewal fails well within the lease.
         self.heartbeat_broker = heartbeat_broker or Broker.from_settings(
             prefix=self.broker.keys.prefix, timeout_s=options.lease_s * HEARTBEAT_TIMEOUT_SHARE, resend=False
