@@ -151,6 +151,11 @@ class TaskTypeCache:
         """Return the cached settings of type `name` (None if it has no row)."""
         return self._configs.get(name)
 
+    def disabled(self, name: str) -> bool:
+        """True while type `name` is disabled, or while no row was read yet (its state is unknown)."""
+        config = self._configs.get(name)
+        return not self.loaded or (config is not None and not config.enabled)
+
     def age_s(self) -> float:
         """Seconds since the rows were last read (infinite before the first read)."""
         return time.monotonic() - self.read_at

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from tasks_app import metrics
 from tasks_app.consumer.ack_batcher import AckBatcher
@@ -43,7 +43,14 @@ from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
 
 logger = logging.getLogger("tasks_app.tasks")
 
-DISABLED_RECHECK_MS = 5000
+# A task of a disabled type waits this long before its type is looked at again; enabling the type
+# wakes it at once (see protocol/disabled.py), so a long wait costs nothing but keeps a big backlog
+# from being claimed and deferred again every few seconds.
+DISABLED_RECHECK_MS = 300_000
+# A task whose type's settings could not be read (the database away) is looked at again this soon.
+SETTINGS_RECHECK_MS = 5000
+# How long the note of a task deferred for its disabled type outlives the last such deferral.
+DISABLED_NOTE_TTL_MS = 2 * DISABLED_RECHECK_MS
 SETTINGS_UNREADABLE = "the task types cannot be read"
 
 
@@ -136,6 +143,7 @@ class Executor(AsyncRuns, RunLimits, RunStart):
             return False
         if not config.enabled:
             self._defer(claimed, task, DISABLED_RECHECK_MS, "disabled")
+            self._note_disabled(claimed, task)
             return False
         try:
             arguments = decode_payload(task.payload)
@@ -159,8 +167,15 @@ class Executor(AsyncRuns, RunLimits, RunStart):
         """Defer a task whose TaskType row could not be read (the database away): it may have one."""
         # Its row may set limits, a timeout or another handler: running it with defaults would
         # ignore them, and calling its type unknown would dead-letter it.
-        self._defer(claimed, task, DISABLED_RECHECK_MS, "settings_unknown")
+        self._defer(claimed, task, SETTINGS_RECHECK_MS, "settings_unknown")
         return False
+
+    def _note_disabled(self, claimed: Claimed, task: Task) -> None:
+        """Note a task just deferred for its disabled type, to be woken when the type is enabled."""
+        try:
+            self.broker.note_disabled(claimed.queue, task.type, task.priority, claimed.raw, DISABLED_NOTE_TTL_MS)
+        except RedisError as exc:  # it comes back at its recheck instead
+            logger.warning("could not note a task of disabled type %s for its wake-up: %s", task.type, exc)
 
     def _handler_of(self, claimed: Claimed, task: Task, config: TaskTypeConfig) -> Handler | None:
         """The task's handler; None if none is registered under its name (the task is dead-lettered)."""

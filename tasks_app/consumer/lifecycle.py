@@ -267,7 +267,7 @@ class Consumer(Stopping):
         loops: list[Loop] = [
             HeartbeatLoop(self.heartbeat_broker, self.registration.current, self.lease, self.lease_lost, self.instance),
             self.registration,  # registers on the queues whose keys Redis refused, once mended
-            SchedulerLoop(self.broker, opts.queues),
+            SchedulerLoop(self.broker, opts.queues, disabled=self.task_types.disabled),
             self.reaper,
             self.retiring,
             HousekeepingLoop(self._refresh_task_types, settings.TASKS_CONFIG_REFRESH_S, self.executor.watch_running),

@@ -157,11 +157,13 @@ class SchedulerLoop:
         *,
         dead_letter_max: int | None = None,
         dead_letter_max_age_s: int | None = None,
+        disabled: Callable[[str], bool] = lambda task_type: True,
     ) -> None:
         from django.conf import settings
 
         self.broker = broker
         self.queues = list(queues)
+        self.disabled = disabled  # whether a task type is disabled (its deferred tasks wait)
         self.dead_letter_max = settings.TASKS_DEAD_LETTER_MAX if dead_letter_max is None else dead_letter_max
         self.dead_letter_max_age_s = (
             settings.TASKS_DEAD_LETTER_MAX_AGE_S if dead_letter_max_age_s is None else dead_letter_max_age_s
@@ -184,6 +186,8 @@ class SchedulerLoop:
             self._steps.each("sampling the backlog", self.queues, self.broker.sample_backlog)
             refresh = partial(self.broker.refresh_history_ttl, ttl_s=self.result_ttl_s)
             self._steps.each("refreshing the history's time to live", self.queues, refresh)
+            wake = partial(self.broker.wake_enabled, disabled=self.disabled)
+            self._steps.each("waking the tasks of types enabled again", self.queues, wake)
         return sleep_s
 
     def _promote(self, queue: str) -> Promotion:

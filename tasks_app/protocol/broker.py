@@ -23,6 +23,7 @@ import redis
 from tasks_app.protocol.announced import AnnouncedQueues
 from tasks_app.protocol.batch_args import Enqueueable as Enqueueable
 from tasks_app.protocol.direct_calls import DirectCalls
+from tasks_app.protocol.disabled import DisabledOps
 from tasks_app.protocol.history import HISTORY_MAX, HistoryOps
 from tasks_app.protocol.inspection import THROUGHPUT_BUCKET_S, InspectionOps
 from tasks_app.protocol.keys import UNDECODABLE_TYPE, WAKE_TOKEN, Keys, delayed_member
@@ -39,7 +40,16 @@ from tasks_app.protocol.slots import SlotOps
 
 
 class Broker(
-    ReplicatedWrites, LeaseOps, InspectionOps, ProducingOps, SlotOps, RateOps, PauseOps, HistoryOps, PeriodicOps
+    ReplicatedWrites,
+    LeaseOps,
+    InspectionOps,
+    ProducingOps,
+    SlotOps,
+    RateOps,
+    PauseOps,
+    HistoryOps,
+    PeriodicOps,
+    DisabledOps,
 ):
     """Queue operations on Redis, each one round trip or one script."""
 

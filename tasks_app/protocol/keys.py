@@ -154,6 +154,14 @@ class Keys:
         """The lease of the one consumer bringing those tasks to the changed limit (its token)."""
         return f"{self.rate(task_type, key_token)}:follower"
 
+    def disabled_types(self, queue: str) -> str:
+        """The types of `queue` some of whose tasks wait deferred while the type is disabled."""
+        return self.queue_key(queue, "disabled_types")
+
+    def disabled(self, queue: str, task_type: str) -> str:
+        """The delayed members of `queue` deferred while `task_type` was disabled (made due once it is enabled)."""
+        return self.queue_key(queue, f"disabled:{task_type}")
+
     def paused(self, queue: str) -> str:
         """Present while `queue` is paused (JSON: since_ms, by); claims of it are refused."""
         return self.queue_key(queue, "paused")
