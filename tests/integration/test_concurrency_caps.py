@@ -126,3 +126,40 @@ def test_a_run_denied_a_slot_just_after_a_restart_leaves_no_holder_behind(tmp_pa
         assert broker.slots_in_use(slots) == 0  # its renewal did not put back a slot it never took
     finally:
         server.remove()
+
+
+def test_a_keyed_cap_holds_per_value_across_consumers_while_values_run_side_by_side(broker, consumer_process):
+    TaskType.objects.create(name=CAPPED, handler=CAPPED, max_running=1, max_running_key="tenant")
+    env = {"TASK_HANDLER_MODULES": MODULES, "TASKS_THROTTLE_RECHECK_S": "1"}
+    for _ in range(2):
+        consumer_process("--concurrency", "6", "--lease", "2", **env)
+    wait_until(lambda: len(broker.live_consumers("default")) == 2, 30, message="two consumers to register")
+    tenants = [*range(8), "a b", {"nested": [1]}]  # plain values, and values that are hashed into their key
+    for tenant in tenants:
+        producer.enqueue(CAPPED, kwargs={"sleep_s": 0.1, "tenant": tenant}, count=4)
+    wait_until(lambda: len(ended(broker)) >= 4 * len(tenants), 40, interval_s=0.2, message="every task to end")
+
+    events = spans(broker)
+    for tenant in tenants:
+        assert most_at_once([e for e in events if e["tenant"] == tenant]) == 1, tenant
+    assert most_at_once(events) > 1  # one value's cap holds back no other value
+
+
+def test_a_cap_lowered_while_its_slots_are_held_starts_nothing_until_runs_end_below_it(broker, consumer_process):
+    TaskType.objects.create(name=CAPPED, handler=CAPPED, max_running=3)
+    hold = f"{broker.keys.prefix}:{HOLD_KEY_SUFFIX}"
+    broker.client.set(hold, 1)
+    env = {"TASK_HANDLER_MODULES": MODULES, "TASKS_THROTTLE_RECHECK_S": "1", "TASKS_CONFIG_REFRESH_S": "0.5"}
+    consumer_process("--concurrency", "8", "--lease", "2", **env)
+    held = producer.enqueue(CAPPED, kwargs={"hold": True}, count=3)
+    wait_until(lambda: len(spans(broker)) == 3, 30, message="three held runs")
+    TaskType.objects.filter(name=CAPPED).update(max_running=1)
+    time.sleep(1.5)  # past the consumer's refresh of its settings
+    rest = producer.enqueue(CAPPED, kwargs={"sleep_s": 0.05}, count=4)
+    time.sleep(2.5)  # the waiters' fallback looks again meanwhile
+    assert len(spans(broker)) == 3, "a task started while three runs held slots of a cap of one"
+    broker.client.delete(hold)
+    wait_until(lambda: len(ended(broker)) == 7, 30, message="every task to end")
+    events = spans(broker)
+    assert most_at_once([e for e in events if e["task_id"] in {t.id for t in rest}]) == 1
+    assert sorted(e["task_id"] for e in events if e["event"] == "start") == sorted(t.id for t in (*held, *rest))

@@ -1,9 +1,12 @@
 """Handlers of the throttle tests: runs that record their start and end on the Redis clock."""
 
+import asyncio
 import json
 import os
 import time
 from typing import Any
+
+from redis.exceptions import RedisError
 
 from tasks_app.protocol.broker import get_broker
 from tasks_app.registry import handler
@@ -31,10 +34,26 @@ def span(context: Any, sleep_s: float = 0.0, hold: bool = False, **extra: Any) -
     if hold:
         hold_key = f"{get_broker().keys.prefix}:{HOLD_KEY_SUFFIX}"
         deadline = time.monotonic() + 60
-        while get_broker().client.exists(hold_key) and time.monotonic() < deadline:
+        while _held(hold_key) and time.monotonic() < deadline:
             time.sleep(0.05)
     time.sleep(float(sleep_s))
     _event(context, "end", **extra)
+
+
+@handler("test.async_span", takes_context=True)
+async def async_span(context: Any, sleep_s: float = 0.0, **extra: Any) -> None:
+    """`test.span` on the asyncio lane: record a start, await `sleep_s`, record an end."""
+    _event(context, "start", **extra)
+    await asyncio.sleep(float(sleep_s))
+    _event(context, "end", **extra)
+
+
+def _held(hold_key: str) -> bool:
+    """Whether the test still holds runs; while Redis is away (a restart), yes."""
+    try:
+        return bool(get_broker().client.exists(hold_key))
+    except RedisError:
+        return True
 
 
 def spans(broker: Any) -> list[dict[str, Any]]:
