@@ -75,8 +75,9 @@ def _run_action(request: HttpRequest) -> None:
     if not records:
         messages.warning(request, "Select at least one task (that still has a record).")
         return
+    shown = {r.id: request.POST.get(f"retried_as:{r.id}", "") for r in records}  # each row's, as the page showed it
     try:
-        outcome = action.run(records, f"user:{request.user.get_username()}")
+        outcome = action.run(bulk.Selection(records, f"user:{request.user.get_username()}", shown))
     except (producer.EnqueueError, producer.QueueUnavailable) as exc:
         messages.error(request, f"{action.label}: {exc}")
         return

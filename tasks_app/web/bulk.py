@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import json
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import partial
 
 from django.conf import settings
@@ -22,6 +24,20 @@ from tasks_app.web.common import log_task_actions
 
 # At most this many tasks are acted on at once (a page holds at most 200).
 MAX_SELECTED = 500
+# The namespace of retry ids (uuid5): fixed, or a request repeated across a change would enqueue a second copy.
+RETRY_ID_NAMESPACE = uuid.UUID("5f0c0b52-8e0a-4c51-9a7e-3d1b2f64a9c1")
+# A repeated request's copies named in its answer; more are counted.
+NAMED_REPEATS = 3
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The selected tasks (their records as they are now), who acts, and what the page showed of each."""
+
+    records: Sequence[ResultRecord]
+    actor: str  # "user:<name>"
+    # Each task's `retried_as` as the page showed it, by task id (missing: none shown).
+    shown_retried_as: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -39,11 +55,43 @@ class BulkAction:
     name: str
     label: str
     permission: str
-    run: Callable[[Sequence[ResultRecord], str], Outcome]  # the tasks, and who acts ("user:<name>")
+    run: Callable[[Selection], Outcome]
 
 
-def retry(records: Sequence[ResultRecord], actor: str) -> Outcome:
-    """Enqueue a copy of each task (type, args, kwargs, queue, priority), its record linking to the original."""
+def retry_task_id(task_id: str, shown_retried_as: str) -> str:
+    """The id of the copy that retrying a task makes from a page showing it retried as `shown_retried_as` (or "")."""
+    return str(uuid.uuid5(RETRY_ID_NAMESPACE, json.dumps([task_id, shown_retried_as]).encode()))
+
+
+def retry(selection: Selection) -> Outcome:
+    """Enqueue a copy of each task (type, args, kwargs, queue, priority), its record linking to the original.
+
+    The copy's id derives from the task and the retry the page showed: a repeat of one request (a double click,
+    a re-submit, a stale page) names a copy made already and enqueues nothing; a retry from a page showing that
+    copy is a new decision, a new copy.
+    """
+    records = selection.records
+    copy_ids = [retry_task_id(r.id, selection.shown_retried_as.get(r.id, "")) for r in records]
+    tasks = _enqueue_copies(records, copy_ids)
+    retried = [(r, task) for r, task in zip(records, tasks, strict=True) if task is not None and not task.duplicate]
+    broker = get_broker()
+    for record, task in retried:
+        broker.record_result(ResultUpdate(record.id, {"retried_as": task.id}, settings.TASKS_RESULT_TTL))
+    # A duplicate holding the copy's own id is a repeat; one holding another id, a unique type's key holder.
+    repeats = [i for i, task in zip(copy_ids, tasks, strict=True) if task is None or (task.duplicate and task.id == i)]
+    held = len(records) - len(retried) - len(repeats)
+    note = f" {held} not retried: a task of the same unique type and key is enqueued already." if held else ""
+    logged = [(record, ADDITION, f"Retried as task {task.id}") for record, task in retried]
+    return Outcome(logged, f"Enqueued {len(retried)} retry task(s).{note}{_repeats_note(repeats)}")
+
+
+def _enqueue_copies(records: Sequence[ResultRecord], copy_ids: Sequence[str]) -> list[producer.EnqueuedTask | None]:
+    """Enqueue each task's copy under its id; None for a copy already made (its record exists), pushing nothing.
+
+    The producer refuses a repeated id for 24 h (the queue's enqueued ids), two racing requests included; the
+    copy's record, read first, tells a repeat for as long as it is kept.
+    """
+    made = [fields is not None for fields in get_broker().get_results(copy_ids)]
     requests = [
         producer.TaskRequest(
             type=r.type,
@@ -52,27 +100,32 @@ def retry(records: Sequence[ResultRecord], actor: str) -> Outcome:
             queue=r.queue,
             priority=r.priority,
             headers={RETRY_OF_HEADER: r.id},
+            task_id=copy_id,
+            fresh_id=False,  # the caller's id: a repeat of it is a duplicate
         )
-        for r in records
+        for r, copy_id, found in zip(records, copy_ids, made, strict=True)
+        if not found
     ]
-    pairs = list(zip(records, producer.enqueue_many(requests), strict=True))
-    # A unique type's copy is not enqueued while a task holds its key (the original itself, often).
-    retried = [(record, task) for record, task in pairs if not task.duplicate]
-    broker = get_broker()
-    for record, task in retried:
-        broker.record_result(ResultUpdate(record.id, {"retried_as": task.id}, settings.TASKS_RESULT_TTL))
-    logged = [(record, ADDITION, f"Retried as task {task.id}") for record, task in retried]
-    held = len(pairs) - len(retried)
-    note = f" {held} not retried: a task of the same unique type and key is enqueued already." if held else ""
-    return Outcome(logged, f"Enqueued {len(retried)} retry task(s).{note}")
+    pushed = iter(producer.enqueue_many(requests))
+    return [None if found else next(pushed) for found in made]
 
 
-def delete(records: Sequence[ResultRecord], actor: str) -> Outcome:
+def _repeats_note(repeats: Sequence[str]) -> str:
+    """What the answer says of the tasks a repeated request retried already ("" when none)."""
+    if not repeats:
+        return ""
+    more = len(repeats) - NAMED_REPEATS
+    named = ", ".join(repeats[:NAMED_REPEATS]) + (f" and {more} more" if more > 0 else "")
+    return f" {len(repeats)} already retried as {named} (a repeated request), not enqueued again."
+
+
+def delete(selection: Selection) -> Outcome:
     """Delete the records of finished tasks and their history entries (a queued or running task keeps its record).
 
     Each record is judged as it is when deleted, not as the page read it: a dead task requeued since keeps it,
     and so does a task cancelled where it waits, until a consumer has dropped it (without it, it would run).
     """
+    records = selection.records
     finished = [r for r in records if r.status in FINISHED]
     replies = get_broker().delete_finished([(r.queue, r.id) for r in finished])
     deleted = [r for r, reply in zip(finished, replies, strict=True) if reply == history.DELETED]
@@ -83,9 +136,10 @@ def delete(records: Sequence[ResultRecord], actor: str) -> Outcome:
     )
 
 
-def cancel(records: Sequence[ResultRecord], actor: str, *, force: bool = False) -> Outcome:
+def cancel(selection: Selection, *, force: bool = False) -> Outcome:
     """Cancel each task: one not started never runs, a running one is asked to stop (or stopped, `force`)."""
-    replies = tasks_app.cancel_many([r.id for r in records], cancelled_by=actor, force=force)
+    records = selection.records
+    replies = tasks_app.cancel_many([r.id for r in records], cancelled_by=selection.actor, force=force)
     acted = {reply.task_id: reply.outcome for reply in replies if reply.outcome in (CANCELLED, REQUESTED)}
     what = "Cancel by force" if force else "Cancel"
     logged = [(r, CHANGE, f"{what}: {acted[r.id]}") for r in records if r.id in acted]

@@ -220,3 +220,46 @@ def test_a_bulk_action_says_how_many_selected_tasks_were_gone_meanwhile(page, li
     expect(page.locator("ul.messagelist")).to_have_text(
         "Enqueued 1 retry task(s). 1 selected task(s) no longer had a record, left."
     )
+
+
+def _copies_of(broker, original: str) -> list[str]:
+    """The ids of the tasks of queue ops that retry `original`, oldest first."""
+    ids = [entry.task_id for entry in broker.history_window(["ops"], None, None, None, 100)][::-1]
+    return [i for i in ids if results.ResultRecord.from_fields(broker.get_result(i)).retry_of == original]
+
+
+def test_the_retry_form_sent_twice_enqueues_one_copy_and_a_retry_of_it_another(page, snap, live_server, broker):
+    from playwright.sync_api import expect
+
+    [original] = _held_back("demo.echo")
+    _finished(broker, original, "FAILED", error="flaky upstream")
+    log_in(page, live_server.url)
+    page.goto(f"{live_server.url}/tasks/?status=FAILED")
+    page.check(f'input[name=task][value="{original}"]')
+    page.select_option("#bulk-action", "retry")
+    sent = page.eval_on_selector("#changelist-form", "form => new URLSearchParams(new FormData(form)).toString()")
+    page.click("#bulk-go")
+    expect(page.locator("ul.messagelist")).to_have_text("Enqueued 1 retry task(s).")
+    [copy] = _copies_of(broker, original)
+    # The same form once more, as a re-submit or a second click would send it (its answer shows on the next page).
+    page.evaluate(
+        """async ([url, body]) => await fetch(url, {method: "POST", body, redirect: "manual",
+            headers: {"Content-Type": "application/x-www-form-urlencoded"}})""",
+        [page.url, sent],
+    )
+    page.reload()
+    expect(page.locator("ul.messagelist")).to_have_text(
+        f"Enqueued 0 retry task(s). 1 already retried as {copy} (a repeated request), not enqueued again."
+    )
+    assert _copies_of(broker, original) == [copy]
+    row = page.locator(f'tr.task-row[data-task="{original}"]')
+    expect(row.locator(".tasks-retried-as code")).to_have_attribute("title", copy)
+    snap("retried-once")
+
+    row.locator("input[name=task]").check()  # a new decision, from the page showing the first copy
+    page.select_option("#bulk-action", "retry")
+    page.click("#bulk-go")
+    expect(page.locator("ul.messagelist")).to_have_text("Enqueued 1 retry task(s).")
+    [first, second] = _copies_of(broker, original)
+    assert first == copy != second and broker.get_result(original)["retried_as"] == second
+    expect(row.locator(".tasks-retried-as code")).to_have_attribute("title", second)

@@ -58,7 +58,7 @@ def test_a_delete_racing_a_requeue_of_the_dead_task_keeps_the_record_of_the_task
     seen = ResultRecord.from_fields(broker.get_result(task_id))  # the browser's page: FAILED
     assert seen.status == "FAILED"
     assert len(dead_letters.requeue("default", dead_letters.list_dead_tasks("default"))) == 1  # another operator
-    outcome = bulk.delete([seen], "user:late")
+    outcome = bulk.delete(bulk.Selection([seen], "user:late"))
     assert outcome.message == "Deleted 0 record(s). 1 not finished (or cancelled, still in their queue), kept."
     assert record_of(broker, task_id).status == "READY", "the requeued task lost its record"
     assert task_id in {entry.task_id for entry in broker.history_window(["default"], "READY", None, None, 10)}
