@@ -174,8 +174,8 @@ class Executor(AsyncRuns, RunLimits, RunStart):
         """Note a task just deferred for its disabled type, to be woken when the type is enabled."""
         try:
             self.broker.note_disabled(claimed.queue, task.type, task.priority, claimed.raw, DISABLED_NOTE_TTL_MS)
-        except RedisError as exc:  # it comes back at its recheck instead
-            logger.warning("could not note a task of disabled type %s for its wake-up: %s", task.type, exc)
+        except RedisError as exc:  # it comes back at its recheck instead; a refused key is the scheduler's to say once
+            logger.debug("could not note a task of disabled type %s for its wake-up: %s", task.type, exc)
 
     def _handler_of(self, claimed: Claimed, task: Task, config: TaskTypeConfig) -> Handler | None:
         """The task's handler; None if none is registered under its name (the task is dead-lettered)."""
