@@ -49,13 +49,14 @@ def follow_up(
     """
     token, followed = uuid.uuid4().hex, FollowedUp(0, {})
     keep = partial(broker.rate_follower, task_type, key_token, token, lease_ms)
-    while listed := broker.rate_follow_ups(task_type, key_token):
+    while broker.rate_follow_ups(task_type, key_token):
         if not keep():
             if give_up.wait(lease_ms / 10_000):  # another follows: wait for it to finish, or to die
                 break
             continue
         try:
-            for queue, mode in listed.items():
+            # Read again under the lease: the follower that held it last may have done them all meanwhile.
+            for queue, mode in broker.rate_follow_ups(task_type, key_token).items():
                 since_us = broker.server_time_us()
                 reschedule = partial(_reschedule, broker, task_type=task_type, key_token=key_token, now=mode == "now")
                 moved, refused = read_each([queue], partial(reschedule, keep=keep))
