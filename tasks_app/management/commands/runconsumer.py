@@ -1,6 +1,7 @@
 """`manage.py runconsumer`: run a consumer until stopped."""
 
 import argparse
+import contextlib
 import gc
 import logging
 import os
@@ -128,8 +129,9 @@ def _exit_now(exit_code: int) -> NoReturn:
     its tasks went back to pending, and so run beside their next run elsewhere.
     """
     logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a handler may have closed or replaced it: exit all the same
+            stream.flush()
     os._exit(exit_code)
 
 
