@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Coroutine
@@ -28,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from tasks_app.consumer.forks import exit_if_forked, guard_loop, unguard_loop
 from tasks_app.consumer.loop_inbox import LoopInbox
 from tasks_app.exceptions import TaskCancelled, TaskTimeout
 
@@ -244,19 +246,24 @@ class AsyncLane:
 
     def _serve(self, loop: asyncio.AbstractEventLoop) -> None:
         """Run the loop until `close` stops it, whatever a handler does to it (see the module's docstring)."""
-        stop_logged = False
+        stop_logged, pid = False, os.getpid()
+        guard_loop(loop)  # a child a handler forks here exits once the loop gets control back
         while True:
             stopped = False
             try:
                 loop.run_forever()
                 stopped = True
             except BaseException:  # SystemExit or KeyboardInterrupt in a task a handler spawned: asyncio re-raises it
+                exit_if_forked(pid)
                 if not loop.is_closed():
                     logger.exception("an asyncio task of a handler raised out of the event loop; the loop goes on")
+            exit_if_forked(pid)
             with self._lock:
                 if self._loop is not loop:  # `close` stopped it
+                    unguard_loop()
                     return
             if loop.is_closed():
+                unguard_loop()
                 self._replace(loop)
                 return
             if stopped and not stop_logged:
@@ -288,7 +295,9 @@ class AsyncLane:
                 self._settle_later(flight, None, exc, time.monotonic() - flight.started)
 
     async def _run(self, coroutine: Coroutine[Any, Any, Any], flight: Flight) -> None:
+        pid = os.getpid()
         value, raised = await self._outcome(coroutine, flight)
+        exit_if_forked(pid)  # a child its handler forked: the run is its parent's to settle
         if flight.take_settling():
             duration_s = time.monotonic() - flight.started
             later = None

@@ -25,6 +25,7 @@ from tasks_app.consumer.async_runs import AFTER_GRACE, AsyncRuns
 from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.concurrency import ConcurrencyGate, key_token_of
 from tasks_app.consumer.control import Running, RunWatch, progress_update
+from tasks_app.consumer.forks import call_unforked
 from tasks_app.consumer.limits import Admission, StartMissed
 from tasks_app.consumer.pause_watch import PauseWatch
 from tasks_app.consumer.retrying import GaveUp
@@ -342,8 +343,12 @@ class Executor(AsyncRuns, RunLimits, RunStart):
         key, clock = threading.get_ident(), run.clock
         metrics.BUSY_WORKERS.inc()
         try:
+            # A child the handler forked exits as the handler returns: it must not settle the task too.
             value, raised = call_with_clock(
-                clock, lambda: self.invoke(handler, context, arguments, lambda: clock.timeout_error, begin)
+                clock,
+                lambda: call_unforked(
+                    lambda: self.invoke(handler, context, arguments, lambda: clock.timeout_error, begin)
+                ),
             )
         finally:
             metrics.BUSY_WORKERS.dec()

@@ -7,6 +7,7 @@ and `set_progress()` as on a handler's context (`tasks_app.context.current()` wo
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -17,6 +18,7 @@ from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
 from django.tasks.signals import task_finished, task_started
 from django.utils.json import normalize_json
 
+from tasks_app.consumer.forks import call_unforked, exit_if_forked
 from tasks_app.consumer.timeouts import within_timeout
 from tasks_app.context import TaskContext as RunContext
 from tasks_app.django_tasks.backend import RedisBackend
@@ -64,11 +66,13 @@ def run(
     """
     task_result = _started(task, context, arguments, results, begin)
     try:
-        if task.takes_context:
-            django_context = RunTaskContext(task_result=task_result, run=context)
-            raw_return_value = task.call(django_context, *arguments.args, **arguments.kwargs)
-        else:
-            raw_return_value = task.call(*arguments.args, **arguments.kwargs)
+        args = (
+            (RunTaskContext(task_result=task_result, run=context), *arguments.args)
+            if task.takes_context
+            else arguments.args
+        )
+        # A child the function forked exits as it returns: task_finished is not its to send.
+        raw_return_value = call_unforked(lambda: task.call(*args, **arguments.kwargs))
         return_value = _json_value(raw_return_value)
         _raise_if_timed_out(timed_out)
     except KeyboardInterrupt:
@@ -107,11 +111,15 @@ async def _run_async(
     begin()
     django_context = RunTaskContext(task_result=task_result, run=context)
     args = (django_context, *arguments.args) if task.takes_context else arguments.args
+    pid = os.getpid()
     try:
-        return_value = _json_value(await within_timeout(task.func(*args, **arguments.kwargs), timeout_s))
+        raw_return_value = await within_timeout(task.func(*args, **arguments.kwargs), timeout_s)
+        exit_if_forked(pid)  # a child the function forked: task_finished is not its to send
+        return_value = _json_value(raw_return_value)
     except KeyboardInterrupt:
         raise
     except BaseException as raised:
+        exit_if_forked(pid)
         _record_failure(task_result, raised, context)
         raise
     return _record_success(task_result, return_value)

@@ -14,7 +14,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from django.dispatch import receiver
 from django.tasks import task
+from django.tasks.signals import task_finished
 
 from tasks_app import Retry
 from tasks_app.protocol.broker import get_broker
@@ -184,3 +186,43 @@ def odd_close_std() -> str:
     sys.stderr.close()
     threading.Thread(target=time.sleep, args=(60,), daemon=False).start()
     return "closed"
+
+
+@handler("odd.fork")
+def odd_fork(child_s: float = 0.0) -> str:
+    """Fork; the child, after `child_s`, returns from the handler as the parent does."""
+    if os.fork() == 0:
+        time.sleep(float(child_s))
+        note("child returns")
+        return "child"
+    return "parent"
+
+
+@handler("odd.async_fork")
+async def odd_async_fork(child_s: float = 0.0) -> str:
+    """Fork on the lane; the child's coroutine goes on awaiting `child_s`, then returns."""
+    child = os.fork() == 0
+    if child:
+        note("child forked")
+    await asyncio.sleep(float(child_s))
+    note("child returns" if child else "parent returns")
+    return "child" if child else "parent"
+
+
+@task
+def task_fork(child_s: float = 0.0) -> str:
+    """`odd.fork` as a `@task` function."""
+    return odd_fork(child_s)
+
+
+@task
+async def task_async_fork(child_s: float = 0.0) -> str:
+    """`odd.async_fork` as an `async def` `@task` function."""
+    return await odd_async_fork(child_s)
+
+
+@receiver(task_finished)
+def note_fork_finished(sender: Any, task_result: Any, **kwargs: Any) -> None:
+    """Note where task_finished is sent for a run of a forking `@task` function."""
+    if task_result.task.name in ("task_fork", "task_async_fork"):
+        note("finished")
