@@ -1,25 +1,32 @@
 -- requeue_dead: move dead-lettered tasks back to pending (priority 0) or prioritized (other), the
 -- READY record of each written in the same step, only for a task the move took; or park them in
 -- delayed (Redis Cluster, where the records lie in other slots: the caller then writes the records
--- of the tasks parked, and moves them on with a second call that takes them from delayed).
+-- of the tasks parked, and moves them on with a second call that takes them from delayed). A task
+-- of a unique type takes its uniqueness key as enqueue_unique does, in the same step: a key held by
+-- another task leaves it dead.
 -- KEYS[1] the zset the tasks come from: the dead zset (the delayed zset for that second call)
 -- KEYS[2] pending list   KEYS[3] prioritized zset   KEYS[4] cancel requests zset   KEYS[5] forced
 -- cancels zset   KEYS[6] delayed zset; if ARGV[4] = s > 0, KEYS[7] history zset, KEYS[8] history
 -- ids zset and KEYS[9] to KEYS[8 + s] the status indexes of the statuses named in ARGV[5...];
--- then (single server) the tasks' result hashes, one per task, in order
+-- then u uniqueness keys (strings: the id of the task holding each), one per task with a window,
+-- in order; then (single server) the tasks' result hashes, one per task, in order
 -- ARGV[1] wake token   ARGV[2] park ms: 0 pushes the tasks; more parks them in delayed, due that
 -- long after the server's now, as "<priority as %+04d><task>" (promoted then, should the caller
 -- never move them on)   ARGV[3] the records' fencing token (a record holding a higher one is left
 -- alone; a fence that is not a whole number up to 2^53, another writer's, counts as none)   ARGV[4] s, the number of status indexes (0: no history index)   ARGV[5] to ARGV[4 + s]
--- their status names; then per task: its member as stored in KEYS[1], its priority (-100..100; anything
--- else is clamped, a non-number is 0), the task to push (re-encoded for a fresh start), its id (its
--- cancel requests are dropped: the new run starts afresh), its record's time to live (s), p, then p
--- field/value pairs of its READY record (written with `fence` and an empty `claimed_fence`, and
--- filed READY in the history index; p = 0 or no result hash: no record)
--- Returns: one flag per task, 1 moved, 2 moved without the record given for it (its write failed,
+-- their status names   ARGV[5 + s] u, the number of uniqueness keys; then per task: its member as
+-- stored in KEYS[1], its priority (-100..100; anything else is clamped, a non-number is 0), the task
+-- to push (re-encoded for a fresh start), its id (its cancel requests are dropped: the new run starts
+-- afresh), its record's time to live (s), its uniqueness window (ms; 0: none, no key touched; more:
+-- the next of the u keys is set to its id with that window as PX, unless another id holds it), p,
+-- then p field/value pairs of its READY record (written with `fence` and an empty `claimed_fence`,
+-- and filed READY in the history index; p = 0 or no result hash: no record)
+-- Returns: one reply per task, 1 moved, 2 moved without the record given for it (its write failed,
 -- as on a key of a foreign type, which stops no other task; or a later run's token is on it), 0
 -- skipped (no longer in KEYS[1]: requeued by someone else, deleted, trimmed, or promoted once
--- parked; nothing is written for it). Errors before any write if a queue key holds another type.
+-- parked; nothing is written for it), or the id of the task holding its uniqueness key (a string:
+-- it stays dead, nothing is written for it). Errors before any write if a queue key or a
+-- uniqueness key holds another type.
 
 -- include: args
 -- include: priority
@@ -32,8 +39,15 @@ local park_ms = int_arg(ARGV[2], 0, 0, 2 ^ 53)
 local fence = int_arg(ARGV[3], 0, 0, 2 ^ 53)
 local indexes = int_arg(ARGV[4], 0, 0, math.max(0, math.min(#KEYS - 8, #ARGV - 4)))
 local h = history_keys(KEYS[7], KEYS[8], {unpack(ARGV, 5, 4 + indexes)}, 9)
-local record_key = indexes > 0 and 9 + indexes or 7
-local at = 5 + indexes
+local unique_key = indexes > 0 and 9 + indexes or 7
+local uniques = int_arg(ARGV[5 + indexes], 0, 0, math.max(0, #KEYS - unique_key + 1))
+local strings = {}
+for i = 1, uniques do strings[i] = 'string' end
+refused = wrong_key_type(strings, unique_key)
+if refused then return refused end
+local last_unique_key = unique_key + uniques - 1
+local record_key = unique_key + uniques
+local at = 6 + indexes
 
 -- Write a READY record (field/value pairs ARGV[from..to]) unless a later run's token is on it;
 -- 1 written, 2 not.
@@ -54,18 +68,34 @@ local function write_record(key, id, ttl_s, from, to)
   return 1
 end
 
+-- The id of another task than `id` holding uniqueness key `key`; nil if none holds it, or no key.
+local function other_holder(key, id)
+  local holder = key and redis.call('GET', key)
+  if holder and holder ~= id then return holder end
+  return nil
+end
+
 local requeued = {}
 local woke = false
-while at + 5 <= #ARGV do
+while at + 6 <= #ARGV do
   local priority = int_arg(ARGV[at + 1], 0, -100, 100)
   local task, id = ARGV[at + 2], ARGV[at + 3]
-  local pairs_count = int_arg(ARGV[at + 5], 0, 0, math.floor((#ARGV - at - 5) / 2))
-  local moved = redis.call('ZREM', KEYS[1], ARGV[at])
+  local window_ms = int_arg(ARGV[at + 5], 0, 0, 2 ^ 53)
+  local pairs_count = int_arg(ARGV[at + 6], 0, 0, math.floor((#ARGV - at - 6) / 2))
+  local key = nil
+  if window_ms > 0 and unique_key <= last_unique_key then
+    key = KEYS[unique_key]
+    unique_key = unique_key + 1
+  end
+  local holder = other_holder(key, id)
+  if holder and not redis.call('ZSCORE', KEYS[1], ARGV[at]) then holder = nil end  -- no longer dead: skipped
+  local moved = holder and 0 or redis.call('ZREM', KEYS[1], ARGV[at])
   if moved > 0 then
+    if key then redis.call('SET', key, id, 'PX', window_ms) end
     redis.call('ZREM', KEYS[4], id)
     redis.call('ZREM', KEYS[5], id)
     if KEYS[record_key] and pairs_count > 0 then
-      moved = write_record(KEYS[record_key], id, int_arg(ARGV[at + 4], 1, 1, 2 ^ 53), at + 6, at + 5 + 2 * pairs_count)
+      moved = write_record(KEYS[record_key], id, int_arg(ARGV[at + 4], 1, 1, 2 ^ 53), at + 7, at + 6 + 2 * pairs_count)
     end
     if park_ms > 0 then
       redis.call('ZADD', KEYS[6], now_ms + park_ms, string.format('%+04d', priority) .. task)
@@ -76,9 +106,9 @@ while at + 5 <= #ARGV do
       woke = true
     end
   end
-  requeued[#requeued + 1] = moved
+  requeued[#requeued + 1] = holder or moved
   record_key = record_key + 1
-  at = at + 6 + 2 * pairs_count
+  at = at + 7 + 2 * pairs_count
 end
 -- A consumer with nothing to do blocks on the pending list only: a token there wakes it.
 if woke and redis.call('LLEN', KEYS[2]) == 0 then

@@ -243,7 +243,7 @@ def _prepare(request: TaskRequest, configs: dict[str, TaskTypeConfig], registry:
     task, args_json, kwargs_json = _build_task(request, config, now_ms, delay_ms)
     task.unique_digest = unique_digest(request, config)
     record = results.ready_fields_of_json(task, args_json, kwargs_json)
-    window_ms = max(1, int(config.unique_for_s * 1000)) if task.unique_digest and config.unique_for_s else 0
+    window_ms = config.unique_window_ms if task.unique_digest else 0
     if window_ms and config.unique_until == TaskType.UniqueUntil.FINISHED:
         record["unique_digest"] = task.unique_digest  # a cancel before it starts frees its key (it ended)
     return _Prepared(task, task.queue, task.priority, delay_ms, task.run_after_ms, record, window_ms)

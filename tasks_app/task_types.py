@@ -7,7 +7,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from django.db import IntegrityError, transaction
@@ -16,6 +16,7 @@ from prometheus_client import Gauge
 from tasks_app.models import TIMEOUT_MIN_S, UNIQUE_FOR_MAX_S, TaskType
 from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.dead_letters import UniqueWindow
 from tasks_app.protocol.refusals import KeyRefused
 from tasks_app.registry import Registry
 
@@ -66,6 +67,11 @@ class TaskTypeConfig:
             rate_limit_key=row.rate_limit_key,
             max_running_key=row.max_running_key,
         )
+
+    @property
+    def unique_window_ms(self) -> int:
+        """The uniqueness window in ms (at least 1), or 0 for a type that is not unique."""
+        return max(1, int(self.unique_for_s * 1000)) if self.unique_for_s else 0
 
     @classmethod
     def default_for(cls, handler_name: str) -> TaskTypeConfig:
@@ -198,6 +204,18 @@ class TaskTypeCache:
             for listener in self.on_change:
                 listener(config)
         return True
+
+
+def unique_windows(names: Iterable[str]) -> dict[str, UniqueWindow]:
+    """The uniqueness windows of the named types that are unique, as the database has them now."""
+    rows = TaskType.objects.filter(name__in=set(names)).defer("created_at", "updated_at")
+    configs = [TaskTypeConfig.from_model(row) for row in rows]
+    until_finished = TaskType.UniqueUntil.FINISHED
+    return {
+        config.name: UniqueWindow(config.unique_window_ms, config.unique_until == until_finished)
+        for config in configs
+        if config.unique_window_ms
+    }
 
 
 class RecentTaskTypes:

@@ -10,6 +10,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from tasks_app import producer
+from tasks_app.models import TaskType
 from tasks_app.protocol.codec import Task, decode_task, encode_task
 from tasks_app.protocol.dead_letters import list_dead_tasks
 from tasks_app.protocol.keys import UNDECODABLE_TYPE
@@ -175,3 +176,39 @@ def test_a_requeued_envelope_naming_no_or_another_queue_is_filed_under_the_queue
     assert ResultRecord.from_fields(broker.get_result("t-foreign")).queue == "web"
     listed = staff.get("/tasks/?status=READY&queue=web").content.decode()
     assert 'data-task="t-foreign"' in listed
+
+
+@pytest.fixture
+def unique_type() -> TaskType:
+    """A unique task type on the web queue whose key its end frees."""
+    return TaskType.objects.create(
+        name="web.unique", handler="demo.echo", queue="web", unique_for_s=600, unique_until="finished"
+    )
+
+
+def test_a_unique_types_dead_letter_stays_dead_while_another_task_holds_its_key(staff, broker, unique_type):
+    task = make_dead(broker, "web.unique")
+    assert broker.release_unique("web", task.unique_digest, task.id)  # as its dead letter does (until finished)
+    [holder] = producer.enqueue("web.unique", [1])
+    assert not holder.duplicate
+    [dead] = list_dead_tasks("web")
+    page = staff.post(dead_url(), {"requeue_one": dead.ref}, follow=True).content.decode()
+    assert "Requeued 0 task(s)." in page
+    held = f"Task {task.id} not requeued: a task with the same uniqueness key is enqueued already ({holder.id})."
+    assert held in page
+    stats = broker.queue_stats("web")
+    assert (stats.dead, stats.pending) == (1, 1)  # the holder alone waits
+    assert broker.get_result(task.id)["status"] == "FAILED" and not LogEntry.objects.exists()
+
+
+def test_a_requeued_dead_letter_of_a_unique_type_holds_its_key_against_new_enqueues(staff, broker, unique_type):
+    task = make_dead(broker, "web.unique")
+    assert broker.release_unique("web", task.unique_digest, task.id)
+    [dead] = list_dead_tasks("web")
+    page = staff.post(dead_url(), {"requeue_one": dead.ref}, follow=True).content.decode()
+    assert "Requeued 1 task(s)." in page and "not requeued" not in page
+    [again] = producer.enqueue("web.unique", [1])
+    assert (again.id, again.duplicate) == (task.id, True)
+    assert broker.queue_stats("web").pending == 1
+    # A cancel before it starts frees the key it took, as for an enqueued task of the type.
+    assert broker.get_result(task.id)["unique_digest"] == task.unique_digest

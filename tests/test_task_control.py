@@ -326,5 +326,5 @@ def test_a_requeue_from_the_dead_letters_forgets_the_cancel_requests_of_the_earl
     for key in (broker.keys.cancel_requests("web"), broker.keys.cancel_forced("web")):
         broker.client.zadd(key, {task.id: 1})
     assert broker.cancel_marks("web", [task.id]) == [CancelMark.FORCED]
-    assert [dead.task.id for dead in requeue("web", list_dead_tasks("web"), broker) if dead.task] == [task.id]
+    assert [dead.task.id for dead in requeue("web", list_dead_tasks("web"), broker).moved if dead.task] == [task.id]
     assert broker.cancel_marks("web", [task.id]) == [CancelMark.NONE]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 
 import redis
 from django.conf import settings
@@ -14,7 +15,7 @@ from django.conf import settings
 from tasks_app.protocol import results
 from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.codec import Task, UndecodableTask, decode_payload, decode_task, encode_task
-from tasks_app.protocol.inspection import MOVED_WITHOUT_RECORD, NOT_MOVED, DeadRequeue
+from tasks_app.protocol.inspection import MOVED, MOVED_WITHOUT_RECORD, DeadRequeue
 from tasks_app.protocol.keys import UNDECODABLE_TYPE
 from tasks_app.protocol.replies import ResultUpdate
 from tasks_app.protocol.timestamps import datetime_of_ms
@@ -22,6 +23,20 @@ from tasks_app.protocol.timestamps import datetime_of_ms
 logger = logging.getLogger(__name__)
 
 SCAN_PAGE = 500
+
+
+class UniqueWindow(NamedTuple):
+    """A unique task type's uniqueness window (ms, more than 0), and whether a task's end frees its key."""
+
+    window_ms: int
+    until_finished: bool
+
+
+class Requeued(NamedTuple):
+    """What a requeue did: the dead tasks moved back, and those left dead, each with the id holding its key."""
+
+    moved: list[DeadTask]
+    held: list[tuple[DeadTask, str]]
 
 
 @dataclass(frozen=True)
@@ -111,34 +126,50 @@ def fresh_copy(task: Task, queue: str) -> Task:
     return fresh
 
 
-def requeue(queue: str, dead: Sequence[DeadTask], broker: Broker | None = None) -> list[DeadTask]:
-    """Move requeueable dead tasks back, with their priority and a READY record; return those moved.
+def requeue(
+    queue: str,
+    dead: Sequence[DeadTask],
+    broker: Broker | None = None,
+    unique_windows: Mapping[str, UniqueWindow] | None = None,
+) -> Requeued:
+    """Move requeueable dead tasks back, with their priority and a READY record; say which moved, which not.
 
     A task no longer dead (another operator requeued or deleted it, the trim dropped it) is
     skipped, and its record left alone: it may belong to a newer run. A record Redis refuses (a
-    key of a foreign type) is logged; its task and the others are requeued all the same.
+    key of a foreign type) is logged; its task and the others are requeued all the same. A task of
+    a type in `unique_windows` (by type name: those unique) takes its uniqueness key in the move,
+    as an enqueue would; while another task holds the key it stays dead, reported in `held`.
     """
     broker = broker or get_broker()
     movable = [(item, fresh_copy(item.task, queue)) for item in dead if item.requeueable and item.task is not None]
     if not movable:
-        return []
+        return Requeued([], [])
     # Taken before the moves, so above every earlier run's token (their late writes are ignored)
     # and below the token of any claim of a task they push.
     fence = broker.issue_fence(queue)
-    entries = [
-        DeadRequeue(item.member, task.priority, encode_task(task), task.id, _ready_again(task, fence))
-        for item, task in movable
-    ]
+    entries = [_entry(item, task, fence, unique_windows or {}) for item, task in movable]
     # The READY record is written with the move, never for a task the move did not take. It must
     # be there before the push: a consumer may claim the task the moment it is pushed, and its
     # receipt must not meet the record of the dead run (a cancel asked of it, say).
-    moved = broker.requeue_dead(queue, entries, fence)
-    for entry, flag in zip(entries, moved, strict=True):
-        if flag == MOVED_WITHOUT_RECORD:
+    replies = broker.requeue_dead(queue, entries, fence)
+    for entry, reply in zip(entries, replies, strict=True):
+        if reply == MOVED_WITHOUT_RECORD:
             logger.warning("requeued task %s without its READY record: Redis refused it", entry.task_id)
+    moved = [reply in (MOVED, MOVED_WITHOUT_RECORD) for reply in replies]
     if isinstance(broker.client, redis.RedisCluster):
-        _push_parked(broker, queue, [entry for entry, flag in zip(entries, moved, strict=True) if flag != NOT_MOVED])
-    return [item for (item, _), flag in zip(movable, moved, strict=True) if flag != NOT_MOVED]
+        _push_parked(broker, queue, [entry for entry, took in zip(entries, moved, strict=True) if took])
+    return Requeued(
+        [item for (item, _), took in zip(movable, moved, strict=True) if took],
+        [(item, reply) for (item, _), reply in zip(movable, replies, strict=True) if isinstance(reply, str)],
+    )
+
+
+def _entry(item: DeadTask, task: Task, fence: int, unique_windows: Mapping[str, UniqueWindow]) -> DeadRequeue:
+    """The requeue of `item` as `task`, taking its uniqueness key if its type is unique and its envelope names one."""
+    unique = unique_windows.get(task.type) if task.unique_digest else None
+    record = _ready_again(task, fence, unique)
+    window_ms = unique.window_ms if unique is not None else 0
+    return DeadRequeue(item.member, task.priority, encode_task(task), task.id, record, task.unique_digest, window_ms)
 
 
 def _push_parked(broker: Broker, queue: str, parked: Sequence[DeadRequeue]) -> None:
@@ -158,7 +189,7 @@ def _push_parked(broker: Broker, queue: str, parked: Sequence[DeadRequeue]) -> N
     broker.push_parked(queue, parked)
 
 
-def _ready_again(task: Task, fence: int) -> ResultUpdate:
+def _ready_again(task: Task, fence: int, unique: UniqueWindow | None) -> ResultUpdate:
     try:
         arguments = decode_payload(task.payload)
     except UndecodableTask:
@@ -167,6 +198,8 @@ def _ready_again(task: Task, fence: int) -> ResultUpdate:
     # record_result cannot delete fields; empty ones read back as "not set".
     # A requeue starts afresh: a cancel requested of an earlier run no longer applies.
     fields.update({"finished_at_ms": "", "run_after_ms": "", "dead_reason": "", "cancel_requested_at_ms": ""})
+    if unique is not None:  # a cancel before it starts frees the key it takes if its end does (see cancel.lua)
+        fields["unique_digest"] = task.unique_digest if unique.until_finished else ""
     return ResultUpdate(task.id, fields, settings.TASKS_RESULT_TTL, fence=fence, queue=task.queue, task_type=task.type)
 
 

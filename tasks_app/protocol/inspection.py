@@ -23,22 +23,26 @@ TRIM_BATCH = 10_000
 # Redis Cluster: how long a requeue parks its tasks in delayed while their READY records are written
 # on other masters (a requeuer that dies meanwhile leaves them to be promoted then).
 REQUEUE_PARK_MS = 60_000
-# What requeue_dead answers per task: not moved (no longer dead), moved, moved without its READY record.
+# What requeue_dead answers per task: not moved (no longer dead), moved, moved without its READY record
+# (else the id of the task holding its uniqueness key: it stays dead).
 NOT_MOVED, MOVED, MOVED_WITHOUT_RECORD = 0, 1, 2
 
 
 class DeadRequeue(NamedTuple):
-    """A dead task to move back: its member as stored, its priority, the task to push, its id and READY record."""
+    """A dead task to move back: its member as stored, its priority, the task to push, its id and READY record,
+    and the uniqueness key it takes (its digest and window; a window of 0: none, as for a type not unique)."""
 
     member: bytes
     priority: int
     raw: bytes
     task_id: str
     record: ResultUpdate
+    unique_digest: str = ""
+    unique_window_ms: int = 0
 
     def parked(self) -> DeadRequeue:
-        """The same task as `requeue_dead` parks it in delayed on Redis Cluster."""
-        return self._replace(member=delayed_member(self.priority, self.raw))
+        """The same task as `requeue_dead` parks it in delayed on Redis Cluster (its key taken by then)."""
+        return self._replace(member=delayed_member(self.priority, self.raw), unique_window_ms=0)
 
 
 def _consumer_rows(
@@ -162,10 +166,11 @@ class InspectionOps(ScriptClient):
             entries = self.client.zrange(key, offset, offset + limit - 1, desc=True, withscores=True)
         return [(member, ms_of_score(score)) for member, score in entries]
 
-    def requeue_dead(self, queue: str, entries: Sequence[DeadRequeue], fence: int) -> list[int]:
+    def requeue_dead(self, queue: str, entries: Sequence[DeadRequeue], fence: int) -> list[int | str]:
         """Move dead tasks back with their priority, each with its READY record (fenced by `fence`) only if
-        the move took it; per task NOT_MOVED (no longer dead), MOVED, or MOVED_WITHOUT_RECORD (Redis
-        refused the record, which stops no other write, or a later run's token was on it).
+        the move took it; per task NOT_MOVED (no longer dead), MOVED, MOVED_WITHOUT_RECORD (Redis
+        refused the record, which stops no other write, or a later run's token was on it), or the id
+        of another task holding its uniqueness key (it stays dead; a free key is taken in the move).
 
         On Redis Cluster the records lie in other slots: the tasks are parked in delayed instead (for
         REQUEUE_PARK_MS), for the caller to write their records and then `push_parked` them. A
@@ -174,22 +179,23 @@ class InspectionOps(ScriptClient):
         park_ms = REQUEUE_PARK_MS if isinstance(self.client, redis.RedisCluster) else 0
         return self._requeue_call(self.keys.dead(queue), queue, entries, fence, park_ms)
 
-    def push_parked(self, queue: str, entries: Sequence[DeadRequeue]) -> list[int]:
+    def push_parked(self, queue: str, entries: Sequence[DeadRequeue]) -> list[int | str]:
         """Redis Cluster: push the tasks `requeue_dead` parked, those still parked (MOVED, else NOT_MOVED)."""
         return self._requeue_call(self.keys.delayed(queue), queue, [entry.parked() for entry in entries], 0, 0)
 
     def _requeue_call(
         self, source: str, queue: str, entries: Sequence[DeadRequeue], fence: int, park_ms: int
-    ) -> list[int]:
+    ) -> list[int | str]:
         """Run requeue_dead on `entries` taken from `source`, with their records on a single server."""
         if not entries:
             return []
         with_records = not isinstance(self.client, redis.RedisCluster)
-        args: list[Any] = [WAKE_TOKEN, park_ms, fence, len(history.STATUSES), *history.STATUSES]
+        uniques = [self.keys.unique(queue, e.unique_digest) for e in entries if e.unique_window_ms > 0]
+        args: list[Any] = [WAKE_TOKEN, park_ms, fence, len(history.STATUSES), *history.STATUSES, len(uniques)]
         for entry in entries:
             fields = [part for pair in entry.record.fields.items() for part in pair] if with_records else []
-            args += (entry.member, entry.priority, entry.raw, entry.task_id, entry.record.ttl_s, len(fields) // 2)
-            args += fields
+            args += (entry.member, entry.priority, entry.raw, entry.task_id, entry.record.ttl_s)
+            args += (entry.unique_window_ms, len(fields) // 2, *fields)
         keys = [
             source,
             self.keys.pending(queue),
@@ -198,9 +204,11 @@ class InspectionOps(ScriptClient):
             self.keys.cancel_forced(queue),
             self.keys.delayed(queue),
             *history.index_keys(self.keys, queue),
+            *uniques,
         ]
         keys += [self.keys.result(entry.task_id) for entry in entries] if with_records else []
-        return [int(flag) for flag in self._script("requeue_dead", keys, args)]
+        replies = self._script("requeue_dead", keys, args)
+        return [reply if isinstance(reply, int) else reply.decode(errors="backslashreplace") for reply in replies]
 
     def trim_dead(self, queue: str, max_count: int, max_age_s: int) -> int:
         """Drop the oldest dead letters beyond `max_count` and those older than `max_age_s`; return how many.

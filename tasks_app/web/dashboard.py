@@ -24,11 +24,13 @@ from tasks_app.protocol.names import NAME_PATTERN, InvalidName, validate_name
 from tasks_app.protocol.refusals import read_each
 from tasks_app.protocol.replies import QueueStats
 from tasks_app.protocol.timestamps import MAX_SCORE_MS, datetime_of_ms
-from tasks_app.task_types import listed_queues
+from tasks_app.task_types import listed_queues, unique_windows
 from tasks_app.web.charts import chart_data, dashboard_charts
 from tasks_app.web.common import admin_context, log_task_actions, redis_required, refused_set
 
 PAGE_SIZE = 50
+# Why a dead letter of a unique type was not requeued (the holder's id follows).
+HELD_KEY = "a task with the same uniqueness key is enqueued already"
 
 
 @dataclass(frozen=True)
@@ -190,18 +192,26 @@ def _act(request: HttpRequest, queue: str) -> None:
         return
     found = dead_letters.find_dead_tasks(queue, refs)
     if action == "requeue":
-        done = dead_letters.requeue(queue, found)
-        _log(request, done, CHANGE, f"Requeued dead-lettered task on queue {queue}")
-        skipped = len(refs) - len(done)
-        messages.success(
-            request,
-            f"Requeued {len(done)} task(s)."
-            + (f" {skipped} could not be requeued (no longer dead, or undecodable)." if skipped else ""),
-        )
+        _requeue(request, queue, found, len(refs))
     else:
         deleted = dead_letters.delete(queue, found)
         _log(request, found, DELETION, f"Deleted dead-lettered task from queue {queue}")
         messages.success(request, f"Deleted {deleted} task(s).")
+
+
+def _requeue(request: HttpRequest, queue: str, found: Sequence[dead_letters.DeadTask], asked: int) -> None:
+    """Requeue `found` (of `asked` selected), a unique type's task taking its key; say what was done."""
+    done = dead_letters.requeue(queue, found, unique_windows=unique_windows(task.type for task in found))
+    _log(request, done.moved, CHANGE, f"Requeued dead-lettered task on queue {queue}")
+    skipped = asked - len(done.moved) - len(done.held)
+    held = "".join(f" Task {task.task_id:.200} not requeued: {HELD_KEY} ({holder:.200})." for task, holder in done.held)
+    report = messages.warning if held else messages.success
+    report(
+        request,
+        f"Requeued {len(done.moved)} task(s)."
+        + held
+        + (f" {skipped} could not be requeued (no longer dead, or undecodable)." if skipped else ""),
+    )
 
 
 def _log(request: HttpRequest, tasks: Sequence[dead_letters.DeadTask], flag: int, message: str) -> None:

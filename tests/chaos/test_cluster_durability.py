@@ -126,7 +126,7 @@ def test_a_requeued_dead_letter_is_pushed_only_once_a_replica_has_its_ready_reco
     moved: list[dead_letters.DeadTask] = []
 
     with _stopped(replica):
-        requeuer = threading.Thread(target=lambda: moved.extend(dead_letters.requeue("default", dead, broker)))
+        requeuer = threading.Thread(target=lambda: moved.extend(dead_letters.requeue("default", dead, broker).moved))
         requeuer.start()
         time.sleep(1.0)
         # A failover of the record's master now would bring the dead run's record back under a new run.
@@ -151,7 +151,7 @@ def test_a_requeue_on_a_cluster_writes_records_only_for_the_tasks_it_moved(clust
     broker.client.set(broker.keys.result("dead-2"), "a foreign writer's")
     shown = dead_letters.list_dead_tasks("default", broker=broker)
     deleted_before_the_move(monkeypatch, broker, "default", "dead-3", shown)
-    moved = dead_letters.requeue("default", shown, broker=broker)
+    moved = dead_letters.requeue("default", shown, broker=broker).moved
 
     assert sorted(dead.task_id for dead in moved) == ["dead-1", "dead-2"]
     pending = broker.client.lrange(broker.keys.pending("default"), 0, -1)
@@ -202,3 +202,22 @@ def test_scripts_work_again_after_the_client_default_node_failed_over(replicated
             time.sleep(0.3)
     assert error is None, f"heartbeats still fail long after the failover: {error}"
     assert broker.client.get_node_from_key(broker.keys.consumers("q0")).port == replica.port
+
+
+@pytest.mark.timeout(120)
+def test_a_requeue_on_a_cluster_takes_a_unique_tasks_key_with_the_move(cluster_broker):
+    """The key shares the queue's slot: a held one leaves its task dead, a free one is taken as the task is parked."""
+    broker = cluster_broker
+    for n, digest in ((1, "held"), (2, "free")):
+        task = Task(id=f"dead-{n}", type="uniq.echo", queue="default", attempt=3, unique_digest=digest)
+        broker.client.zadd(broker.keys.dead("default"), {encode_task(task): broker.server_time_ms()})
+    broker.client.set(broker.keys.unique("default", "held"), "other", px=60_000)
+    windows = {"uniq.echo": dead_letters.UniqueWindow(60_000, until_finished=True)}
+    outcome = dead_letters.requeue("default", dead_letters.list_dead_tasks("default", broker=broker), broker, windows)
+
+    assert [dead.task_id for dead in outcome.moved] == ["dead-2"]
+    assert [(dead.task_id, holder) for dead, holder in outcome.held] == [("dead-1", "other")]
+    assert [decode_task(raw).id for raw in broker.client.lrange(broker.keys.pending("default"), 0, -1)] == ["dead-2"]
+    assert broker.client.get(broker.keys.unique("default", "free")) == b"dead-2"
+    assert broker.get_result("dead-2")["unique_digest"] == "free" and broker.get_result("dead-1") is None
+    assert broker.client.zcard(broker.keys.dead("default")) == 1

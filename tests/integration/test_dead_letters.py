@@ -3,6 +3,7 @@
 from unittest.mock import patch
 
 import pytest
+import redis
 
 from tasks_app.consumer.loops import SchedulerLoop
 from tasks_app.protocol import dead_letters, inspection
@@ -16,15 +17,16 @@ pytestmark = pytest.mark.django_db
 DAY_MS = 86400 * 1000
 
 
-def bury(broker, n: int, died_ms: int, priority: int = 0, queue: str = "q") -> bytes:
+def bury(broker, n: int, died_ms: int, priority: int = 0, queue: str = "q", **fields: str) -> bytes:
     raw = encode_task(
         Task(
             id=f"dead-{n}",
-            type="demo.echo",
+            type=fields.pop("type", "demo.echo"),
             queue=queue,
             priority=priority,
             attempt=3,
             dead_reason="failed 3 of 3 attempts",
+            **fields,
         )
     )
     broker.client.zadd(broker.keys.dead(queue), {raw: died_ms})
@@ -73,7 +75,7 @@ def test_trimming_nothing_leaves_every_dead_letter(broker):
 def test_a_requeued_dead_letter_keeps_its_priority_and_wakes_a_consumer(broker):
     bury(broker, 1, broker.server_time_ms(), priority=7)
     bury(broker, 2, broker.server_time_ms(), priority=0)
-    moved = dead_letters.requeue("q", dead_letters.list_dead_tasks("q", broker=broker), broker=broker)
+    moved = dead_letters.requeue("q", dead_letters.list_dead_tasks("q", broker=broker), broker=broker).moved
     assert len(moved) == 2
     [prioritized] = broker.client.zrange(broker.keys.prioritized("q"), 0, -1)
     fresh = decode_task(prioritized)
@@ -96,7 +98,7 @@ def test_a_second_operator_requeueing_the_same_page_changes_nothing(broker):
     """Two tabs (or operators) showing the same dead letter: the later click finds it gone and writes nothing."""
     bury(broker, 1, broker.server_time_ms())
     seen_by_both = dead_letters.list_dead_tasks("q", broker=broker)
-    assert [dead.task_id for dead in dead_letters.requeue("q", seen_by_both, broker=broker)] == ["dead-1"]
+    assert [dead.task_id for dead in dead_letters.requeue("q", seen_by_both, broker=broker).moved] == ["dead-1"]
     broker.heartbeat(["q"], "c1", 10_000, {"lease_ms": 10_000})
     claim = broker.claim_with_suspect("q", "c1", 1, allow_suspect=False)
     [raw] = claim.tasks
@@ -104,7 +106,7 @@ def test_a_second_operator_requeueing_the_same_page_changes_nothing(broker):
     assert broker.ack("q", "c1", [raw], [done]) == [True]
     broker.client.zadd(broker.keys.cancel_requests("q"), {"dead-1": 1})  # as if asked of a run meanwhile
 
-    assert dead_letters.requeue("q", seen_by_both, broker=broker) == []
+    assert dead_letters.requeue("q", seen_by_both, broker=broker) == ([], [])
     assert broker.get_result("dead-1")["status"] == "SUCCESSFUL"
     assert broker.client.zscore(broker.keys.cancel_requests("q"), "dead-1") == 1
     stats = broker.queue_stats("q")
@@ -126,7 +128,7 @@ def test_a_requeued_dead_letter_whose_last_run_was_asked_to_cancel_runs_when_cla
         return moved
 
     monkeypatch.setattr(broker, "requeue_dead", push_and_claim_at_once)
-    assert len(dead_letters.requeue("q", dead_letters.list_dead_tasks("q", broker=broker), broker=broker)) == 1
+    assert len(dead_letters.requeue("q", dead_letters.list_dead_tasks("q", broker=broker), broker=broker).moved) == 1
     assert receipts == [1]
     assert broker.get_result("dead-1")["status"] == "READY"
 
@@ -138,7 +140,7 @@ def test_a_record_redis_refuses_stops_no_other_requeue(broker, caplog):
         broker.record_result(ResultUpdate(f"dead-{n}", {"status": "FAILED"}, 60, fence=1))
     broker.client.delete(broker.keys.result("dead-2"))
     broker.client.set(broker.keys.result("dead-2"), "a foreign writer's")
-    moved = dead_letters.requeue("q", dead_letters.list_dead_tasks("q", broker=broker), broker=broker)
+    moved = dead_letters.requeue("q", dead_letters.list_dead_tasks("q", broker=broker), broker=broker).moved
     assert sorted(dead.task_id for dead in moved) == ["dead-1", "dead-2", "dead-3"]
     assert broker.queue_stats("q").dead == 0
     assert sorted(decode_task(raw).id for raw in broker.client.lrange(broker.keys.pending("q"), 0, -1)) == [
@@ -158,11 +160,55 @@ def test_a_task_no_longer_dead_when_the_requeue_moves_keeps_its_record(broker, m
         broker.record_result(ResultUpdate(f"dead-{n}", {"status": "FAILED"}, 60, fence=1))
     shown = dead_letters.list_dead_tasks("q", broker=broker)
     deleted_before_the_move(monkeypatch, broker, "q", "dead-2", shown)
-    assert [dead.task_id for dead in dead_letters.requeue("q", shown, broker=broker)] == ["dead-1"]
+    assert [dead.task_id for dead in dead_letters.requeue("q", shown, broker=broker).moved] == ["dead-1"]
     assert broker.get_result("dead-1")["status"] == "READY"
     record = broker.get_result("dead-2")
     assert (record["status"], record["fence"]) == ("FAILED", "1")
     assert [decode_task(raw).id for raw in broker.client.lrange(broker.keys.pending("q"), 0, -1)] == ["dead-1"]
+
+
+# The uniqueness windows a caller that reads the task types passes: uniq.echo is unique, demo.echo not.
+WINDOWS = {"uniq.echo": dead_letters.UniqueWindow(600_000, until_finished=True)}
+
+
+def requeue_all(broker, windows=WINDOWS) -> dead_letters.Requeued:
+    return dead_letters.requeue("q", dead_letters.list_dead_tasks("q", broker=broker), broker, windows)
+
+
+def test_a_unique_types_dead_letter_stays_dead_while_another_task_holds_its_key(broker):
+    """Beside it a free key's task and one of a type not unique (its envelope naming a held key) are requeued."""
+    now_ms = broker.server_time_ms()
+    bury(broker, 1, now_ms - 2, type="uniq.echo", unique_digest="held")
+    bury(broker, 2, now_ms - 1, type="uniq.echo", unique_digest="free")
+    bury(broker, 3, now_ms, unique_digest="held")
+    broker.client.set(broker.keys.unique("q", "held"), "other", px=60_000)
+    outcome = requeue_all(broker)
+    assert sorted(dead.task_id for dead in outcome.moved) == ["dead-2", "dead-3"]
+    assert [(dead.task_id, holder) for dead, holder in outcome.held] == [("dead-1", "other")]
+    assert dead_ids(broker) == ["dead-1"] and broker.get_result("dead-1") is None  # nothing written for it
+    assert broker.client.get(broker.keys.unique("q", "held")) == b"other"
+    assert broker.client.get(broker.keys.unique("q", "free")) == b"dead-2"
+    assert 590_000 < broker.client.pttl(broker.keys.unique("q", "free")) <= 600_000
+    assert broker.get_result("dead-2")["unique_digest"] == "free"
+
+
+def test_a_requeue_takes_a_key_its_own_task_still_holds_for_a_new_window(broker):
+    """unique_until = window: the dead task's key lives on; requeued, its new run holds it for a whole window."""
+    bury(broker, 1, broker.server_time_ms(), type="uniq.echo", unique_digest="d")
+    broker.client.set(broker.keys.unique("q", "d"), "dead-1", px=5_000)
+    outcome = requeue_all(broker, {"uniq.echo": dead_letters.UniqueWindow(600_000, until_finished=False)})
+    assert [dead.task_id for dead in outcome.moved] == ["dead-1"] and outcome.held == []
+    assert broker.client.pttl(broker.keys.unique("q", "d")) > 590_000
+    assert broker.get_result("dead-1")["unique_digest"] == ""  # its window, not its end, frees it
+
+
+def test_a_uniqueness_key_of_another_type_stops_the_requeue_before_any_write(broker):
+    bury(broker, 1, broker.server_time_ms())
+    bury(broker, 2, broker.server_time_ms(), type="uniq.echo", unique_digest="d")
+    broker.client.rpush(broker.keys.unique("q", "d"), "a foreign writer's")
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        requeue_all(broker)
+    assert sorted(dead_ids(broker)) == ["dead-1", "dead-2"] and broker.queue_stats("q").pending == 0
 
 
 def test_a_set_far_over_its_caps_is_trimmed_in_bounded_calls(broker):
