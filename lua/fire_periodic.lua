@@ -42,10 +42,13 @@ local index, first_field = history_args(15, #KEYS - 5)
 local result_keys = index.count > 0 and 6 + index.count or 4
 local elsewhere_ms = int_arg(ARGV[14], 0, 0, 2 ^ 53)
 if KEYS[result_keys + 2] then
-  local queue
-  queue, elsewhere_ms = claim_periodic_slot(KEYS[result_keys + 2], slot_ms, ARGV[13] or '')
+  local queue, again
+  queue, elsewhere_ms, again = claim_periodic_slot(KEYS[result_keys + 2], slot_ms, ARGV[13] or '')
   if not queue then return {'done', now_ms, slot_ms, fired} end
   if queue ~= ARGV[13] then return {'elsewhere', now_ms, last or -1, fired, queue} end
+  -- Claimed in an earlier call of this script, which handled it in this queue: its state, which
+  -- does not say so, was lost (deleted, evicted), and the claim alone keeps the slot single.
+  if again then return {'done', now_ms, slot_ms, fired} end
 end
 
 local prev_ms = int_arg(ARGV[2], 0, 0, 2 ^ 53)

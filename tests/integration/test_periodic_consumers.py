@@ -84,6 +84,22 @@ def test_three_consumers_fire_each_slot_once_through_a_kill_and_catch_up_after_a
         assert gap_s >= 5  # the outage's slots did not come back as a burst
 
 
+def test_a_slot_whose_state_is_lost_after_its_consumer_fired_it_and_was_killed_is_not_fired_again(
+    broker, consumer_process, record_type
+):
+    schedule(record_type, "tick.alive")  # shows the replacement's scheduler at work
+    start_at = datetime.now(UTC) + timedelta(seconds=3)
+    PeriodicTask.objects.create(name="hourly", task_type=record_type, interval_s=3600, start_at=start_at)
+    first = consumer_process(*CONSUMER)
+    wait_until(lambda: len(runs_of(broker, "hourly")) == 1, 60, message="the hourly slot to fire")
+    first.kill()
+    broker.client.delete(broker.keys.periodic(OUT, "hourly"))  # evicted, or deleted by hand
+    last_tick = max(regular_slots(broker, "tick.alive"))
+    consumer_process(*CONSUMER)  # a replacement, well within the slot's 60 s grace
+    wait_until(lambda: max(regular_slots(broker, "tick.alive")) > last_tick + 1000, 60, message="the replacement")
+    assert len(runs_of(broker, "hourly")) == 1
+
+
 def test_disabling_a_row_or_its_end_at_passing_stops_runs_within_the_refresh(broker, consumer_process, record_type):
     ending_at = datetime.now(UTC) + timedelta(seconds=4)
     stopped = schedule(record_type, "tick.disabled")

@@ -166,3 +166,18 @@ def test_slots_fired_in_either_queue_around_a_move_are_not_caught_up_in_the_othe
     # Consumers re-read the rows at their own times: for a while some fire into the old queue.
     fired, runs = fire_around_a_queue_move(broker, config, QUEUE, "periodic-moved")
     assert runs == fired  # each slot once, where it was fired, and no catch-up run for a slot run elsewhere
+
+
+@pytest.mark.parametrize("catch_up", ["skip", "once"])
+def test_a_slot_fired_before_its_state_was_lost_does_not_fire_again(broker, config, catch_up):
+    # The state hash deleted or evicted while its slot claim stays: the claim says the slot was handled.
+    schedule = PeriodicConfig(**{**config.__dict__, "catch_up": catch_up})
+    slot_ms = server_ms(broker) // 1000 * 1000 - 1000
+    assert fire_slot(schedule, firing(slot_ms, catch_up), broker).outcome == "fired"
+    broker.client.delete(broker.keys.periodic(QUEUE, config.name))
+    assert fire_slot(schedule, firing(slot_ms, catch_up), broker).outcome == "done"
+    assert fire_slot(schedule, firing(slot_ms + 1000, catch_up), broker).outcome == "fired"  # no catch-up run
+    assert [(run.slot_ms, run.catch_up) for run in pushed_runs(broker, QUEUE)] == [
+        (slot_ms, False),
+        (slot_ms + 1000, False),
+    ]
