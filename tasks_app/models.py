@@ -1,5 +1,6 @@
 """Database models: task types (tuned in the admin, carrying the queue's permissions), API tokens, periodic tasks."""
 
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -8,6 +9,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models, transaction
 from django.utils import timezone
 
+from tasks_app.periodic.clock import saved_now
 from tasks_app.periodic.validation import schedule_errors
 from tasks_app.protocol.names import NAME_PATTERN, NAME_RULE
 
@@ -175,7 +177,7 @@ class TaskType(models.Model):
             moved = self.pk is not None and TaskType.objects.filter(pk=self.pk).exclude(queue=self.queue).exists()
             super().save(*args, **kwargs)
             if moved:
-                self.periodic_tasks.filter(queue="").update(updated_at=timezone.now())
+                self.periodic_tasks.filter(queue="").update(updated_at=saved_now())
 
     def clean(self) -> None:
         """Reject settings that do not fit together: a burst over its limit, a key without its limit, and
@@ -228,6 +230,11 @@ class ApiToken(models.Model):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None
+
+
+def _local_now() -> datetime:
+    """This host's now: a new row's stamp until it is saved (the Redis server's now, see PeriodicTask.save)."""
+    return timezone.now()
 
 
 class PeriodicTask(models.Model):
@@ -294,13 +301,21 @@ class PeriodicTask(models.Model):
         help_text="Rows from code are rewritten from TASKS_PERIODIC whenever consumers start.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
+    # On the Redis server's clock (see save): the fire script compares slots with it.
+    updated_at = models.DateTimeField(default=_local_now, editable=False, blank=True)
 
     class Meta:
         ordering = ["name"]
 
     def __str__(self) -> str:
         return self.name
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Save, stamped with the Redis server's now: no slot up to a save runs, whatever this host's clock says."""
+        self.updated_at = saved_now()
+        if kwargs.get("update_fields") is not None:
+            kwargs["update_fields"] = {*kwargs["update_fields"], "updated_at"}
+        super().save(*args, **kwargs)
 
     def clean(self) -> None:
         """Reject a bad cron or time zone, both or neither of cron and interval, odd arguments or dates."""
