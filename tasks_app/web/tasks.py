@@ -35,6 +35,9 @@ from tasks_app.web.forms import EnqueueForm, error_field
 from tasks_app.web.origins import task_origins
 
 REFRESH_S = 2
+# A task page shows at most this many characters of each value (args, kwargs, return value, traceback): the page
+# reloads every REFRESH_S while the task runs, and a value may be megabytes. The JSON API has them whole.
+SHOWN_CHARS = 20_000
 
 
 @csrf_exempt  # checked in the view, once the body is read within the payload limit
@@ -120,9 +123,10 @@ def task_detail(request: HttpRequest, task_id: str) -> HttpResponse:
             refresh_s=None if record.is_finished else REFRESH_S,
             origins=task_origins(record),
             last_error=record.errors[-1] if record.errors else None,
-            args_json=_pretty(record.args),
-            kwargs_json=_pretty(record.kwargs),
-            return_json=_pretty(record.return_value),
+            traceback=_shown(record.errors[-1].get("traceback", "") if record.errors else "", tail=True),
+            args_json=_shown(_pretty(record.args)),
+            kwargs_json=_shown(_pretty(record.kwargs)),
+            return_json=_shown(_pretty(record.return_value)),
             can_cancel=not record.is_finished and request.user.has_perm(CANCEL_PERMISSION),
             **_queue_pause(record),
             progress_percent=_percent(record.progress),
@@ -177,3 +181,10 @@ def _percent(progress: dict[str, Any] | None) -> float | None:
 
 def _pretty(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False)
+
+
+def _shown(text: str, *, tail: bool = False) -> dict[str, Any]:
+    """`text` as a page shows it: its first (`tail`: last) SHOWN_CHARS characters, and its length when cut."""
+    if len(text) <= SHOWN_CHARS:
+        return {"text": text, "cut_of": None}
+    return {"text": text[-SHOWN_CHARS:] if tail else text[:SHOWN_CHARS], "cut_of": len(text)}
