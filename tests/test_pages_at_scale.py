@@ -1,9 +1,14 @@
 """Staff pages over big Redis state: what one request reads and answers stays bounded."""
 
 import json
+import re
 
 import pytest
+import redis.connection
 from django.urls import reverse
+
+from tasks_app.protocol.codec import Task, encode_task
+from tasks_app.protocol.dead_letters import list_dead_tasks
 
 pytestmark = pytest.mark.django_db
 
@@ -34,3 +39,46 @@ def test_a_task_page_of_huge_values_is_cut_with_a_note(staff, broker):
     assert html.count("Shown cut:") == 4  # args, kwargs, return value, traceback
     assert "10000 failed attempts in all" in html
     assert "ValueError: last" in html  # a traceback's end, where the exception is, is kept
+
+
+@pytest.fixture
+def replies_read(monkeypatch) -> dict[str, int]:
+    """How many bytes of replies this process reads from Redis (the count can be reset between requests)."""
+    count = {"bytes": 0}
+    read = redis.connection.AbstractConnection.read_response
+
+    def counted(self, *args, **kwargs):
+        reply = read(self, *args, **kwargs)
+        count["bytes"] += _size(reply)
+        return reply
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "read_response", counted)
+    return count
+
+
+def _size(reply) -> int:
+    if isinstance(reply, list | tuple):
+        return sum(map(_size, reply)) + 1
+    return len(reply) if isinstance(reply, bytes | str) else 8
+
+
+def _fill_dead(broker, queue: str, count: int, traceback: str) -> None:
+    pipe = broker.client.pipeline(transaction=False)
+    for i in range(count):
+        task = Task(id=f"d{i:06d}", type="demo.echo", queue=queue, last_error="boom", last_traceback=traceback)
+        pipe.zadd(broker.keys.dead(queue), {encode_task(task): 1_700_000_000_000 + i})
+        if i % 5000 == 4999:
+            pipe.execute()
+    pipe.execute()
+
+
+def test_acting_on_dead_letters_reads_only_the_selected_ones_not_the_whole_set(staff, broker, replies_read):
+    _fill_dead(broker, "big", 20_000, "tb " * 300)
+    url = reverse("tasks_app:dead-letters", args=["big"])
+    last_page = staff.get(url + "?page=400").content.decode()
+    oldest = re.findall(r'name="requeue_one" value="([^"]+)"', last_page)[-1]
+    replies_read["bytes"] = 0
+    staff.post(url, {"action": "delete", "ref": [oldest, "1700000000005:" + "0" * 40]})
+    assert replies_read["bytes"] < 100_000  # the set holds some 18 MB
+    assert broker.dead_count("big") == 19_999
+    assert [dead.task_id for dead in list_dead_tasks("big", 19_990, 10)][-3:] == ["d000003", "d000002", "d000001"]

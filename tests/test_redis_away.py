@@ -13,7 +13,7 @@ POSTS = [
     ("/tasks/", {"action": "cancel", "task": "abc"}),
     ("/tasks/dashboard/q/pause/", {"action": "pause"}),
     ("/tasks/abc/cancel/", {}),
-    ("/tasks/dashboard/q/dead/", {"action": "delete", "ref": "x"}),
+    ("/tasks/dashboard/q/dead/", {"action": "delete", "ref": "1:" + "0" * 40}),
 ]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -22,7 +23,10 @@ from tasks_app.protocol.timestamps import datetime_of_ms
 
 logger = logging.getLogger(__name__)
 
+# At most how many dead letters of one time (ms) an action finds: a foreign writer may give thousands one score.
 SCAN_PAGE = 500
+# A dead letter's ref: the ms it died at (list_dead's reading of its score), then the SHA-1 of the member.
+_REF = re.compile(r"-?[0-9]{1,19}:[0-9a-f]{40}")
 
 
 class UniqueWindow(NamedTuple):
@@ -46,11 +50,12 @@ class DeadTask:
     member: bytes
     died_at: datetime | None
     task: Task | None
+    died_ms: int = 0  # its score, as list_dead reads it
 
     @property
     def ref(self) -> str:
-        """A stable handle for the member in forms (its SHA-1)."""
-        return hashlib.sha1(self.member).hexdigest()
+        """A stable handle for the member in forms: when it died (to find it there) and its SHA-1."""
+        return f"{self.died_ms}:{hashlib.sha1(self.member).hexdigest()}"
 
     @property
     def task_id(self) -> str:
@@ -87,7 +92,7 @@ def _decode(member: bytes, died_at_ms: int) -> DeadTask:
         task: Task | None = decode_task(member)
     except UndecodableTask:
         task = None
-    return DeadTask(member, datetime_of_ms(died_at_ms), task)  # None for a foreign score past the calendar
+    return DeadTask(member, datetime_of_ms(died_at_ms), task, died_at_ms)  # None for a foreign score past the calendar
 
 
 def list_dead_tasks(queue: str, offset: int = 0, limit: int = 50, broker: Broker | None = None) -> list[DeadTask]:
@@ -96,20 +101,15 @@ def list_dead_tasks(queue: str, offset: int = 0, limit: int = 50, broker: Broker
 
 
 def find_dead_tasks(queue: str, refs: Iterable[str], broker: Broker | None = None) -> list[DeadTask]:
-    """Return the dead tasks of `queue` whose refs are given (those no longer dead are left out)."""
+    """Return the dead tasks of `queue` whose refs are given (those no longer dead are left out).
+
+    Each ref names when its task died, so only the tasks that died then are read, never the whole set.
+    """
     wanted = set(refs)
-    found: list[DeadTask] = []
-    offset = 0
-    while wanted:
-        page = list_dead_tasks(queue, offset, SCAN_PAGE, broker)
-        for dead in page:
-            if dead.ref in wanted:
-                wanted.discard(dead.ref)
-                found.append(dead)
-        if len(page) < SCAN_PAGE:
-            break
-        offset += SCAN_PAGE
-    return found
+    died_ms = sorted({int(ref.partition(":")[0]) for ref in wanted if _REF.fullmatch(ref)})
+    scored = (broker or get_broker()).dead_scored(queue, died_ms, SCAN_PAGE) if died_ms else []
+    found = [dead for dead in (_decode(member, ms) for member, ms in scored) if dead.ref in wanted]
+    return list({dead.ref: dead for dead in found}.values())
 
 
 def fresh_copy(task: Task, queue: str) -> Task:

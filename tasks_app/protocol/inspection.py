@@ -14,7 +14,7 @@ from tasks_app.protocol.names import NAME_PATTERN
 from tasks_app.protocol.refusals import naming
 from tasks_app.protocol.replies import QueueStats, ResultUpdate, json_object
 from tasks_app.protocol.scripts import ScriptClient
-from tasks_app.protocol.timestamps import ms_of_score
+from tasks_app.protocol.timestamps import MAX_SCORE_MS, ms_of_score
 
 # Width of the buckets counting acknowledged tasks, for the dashboard's throughput.
 THROUGHPUT_BUCKET_S = 10
@@ -165,6 +165,22 @@ class InspectionOps(ScriptClient):
         with naming(key):
             entries = self.client.zrange(key, offset, offset + limit - 1, desc=True, withscores=True)
         return [(member, ms_of_score(score)) for member, score in entries]
+
+    def dead_scored(self, queue: str, died_ms: Sequence[int], limit: int) -> list[tuple[bytes, int]]:
+        """The dead-lettered tasks of a queue that died at each of `died_ms` (as `list_dead` reads it), `limit` each.
+
+        One round trip whatever the set holds: a page acts on what it showed without reading the rest.
+        """
+        key = self.keys.dead(queue)
+        pipe = self.client.pipeline(transaction=False)
+        for ms in died_ms:
+            # list_dead truncates a fractional score towards 0 and reads an infinite one as ±MAX_SCORE_MS.
+            low = "-inf" if ms <= -MAX_SCORE_MS else f"({ms - 1}"
+            high = "+inf" if ms >= MAX_SCORE_MS else f"({ms + 1}"
+            pipe.zrangebyscore(key, low, high, start=0, num=limit, withscores=True)
+        with naming(key):
+            replies = pipe.execute()
+        return [(member, ms_of_score(score)) for entries in replies for member, score in entries]
 
     def requeue_dead(self, queue: str, entries: Sequence[DeadRequeue], fence: int) -> list[int | str]:
         """Move dead tasks back with their priority, each with its READY record (fenced by `fence`) only if
