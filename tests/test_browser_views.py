@@ -178,7 +178,8 @@ def test_the_json_format(staff, broker):
     task_id = _enqueue(args=[1])[0]
     data = staff.get("/tasks/?format=json").json()
     assert [row["id"] for row in data["tasks"]] == [task_id]
-    assert data["tasks"][0]["args"] == [1] and data["total"] == 1
+    assert data["tasks"][0]["type"] == "demo.echo" and data["total"] == 1
+    assert "args" not in data["tasks"][0]  # a row leaves out what may be megabytes: the task's own JSON has it
 
 
 def test_bulk_retry_enqueues_linked_copies_and_logs_them(staff, broker):

@@ -7,6 +7,7 @@ import pytest
 import redis.connection
 from django.urls import reverse
 
+from tasks_app import producer
 from tasks_app.protocol.codec import Task, encode_task
 from tasks_app.protocol.dead_letters import list_dead_tasks
 
@@ -57,6 +58,8 @@ def replies_read(monkeypatch) -> dict[str, int]:
 
 
 def _size(reply) -> int:
+    if isinstance(reply, dict):
+        return sum(_size(key) + _size(value) for key, value in reply.items()) + 1
     if isinstance(reply, list | tuple):
         return sum(map(_size, reply)) + 1
     return len(reply) if isinstance(reply, bytes | str) else 8
@@ -82,3 +85,26 @@ def test_acting_on_dead_letters_reads_only_the_selected_ones_not_the_whole_set(s
     assert replies_read["bytes"] < 100_000  # the set holds some 18 MB
     assert broker.dead_count("big") == 19_999
     assert [dead.task_id for dead in list_dead_tasks("big", 19_990, 10)][-3:] == ["d000003", "d000002", "d000001"]
+
+
+def test_lists_of_tasks_read_no_arguments_or_return_values(staff, broker, replies_read):
+    arg = "x" * (MB - 100)  # within TASKS_MAX_PAYLOAD_BYTES
+    tasks = [producer.enqueue("demo.echo", args=[arg], kwargs={"k": 1}, queue="q")[0] for _ in range(20)]
+    broker.client.hset(broker.keys.result(tasks[0].id), "return_value", json.dumps(arg))
+    _fill_dead(broker, "q", 20, "tb")
+    for dead in list_dead_tasks("q"):  # dead letters of tasks whose records are kept
+        broker.client.hset(broker.keys.result(dead.task_id), mapping={"status": "FAILED", "args": json.dumps([arg])})
+    for url in [
+        "/tasks/",
+        "/tasks/?format=json",
+        "/tasks/?q=" + tasks[0].id[:4],
+        reverse("tasks_app:dead-letters", args=["q"]),
+    ]:
+        replies_read["bytes"] = 0
+        response = staff.get(url)
+        assert response.status_code == 200
+        assert replies_read["bytes"] < 200_000 and len(response.content) < 200_000, url
+    rows = staff.get("/tasks/?format=json").json()["tasks"]
+    assert len(rows) == 20 and not {"args", "kwargs", "return_value"} & set(rows[0])
+    assert staff.get(f"/api/tasks/{tasks[0].id}/").json()["args"] == [arg]  # the task's own JSON has them
+    assert "task-link" in staff.get(reverse("tasks_app:dead-letters", args=["q"])).content.decode()

@@ -33,6 +33,16 @@ CLAIMED_FENCE = "claimed_fence"
 RECEIPT_OF_RECORD = 1
 
 
+# The fields a record may hold that only its own page and the API show: megabytes each, at most.
+WHOLE_RECORD_FIELDS = ("args", "kwargs", "return_value")
+# The fields of a record that a list of tasks reads and shows (all but WHOLE_RECORD_FIELDS).
+LISTED_FIELDS = (
+    *("id", "type", "queue", "status", "priority", "attempts", "max_attempts", "worker_ids", "errors"),
+    *("enqueued_at_ms", "run_after_ms", "started_at_ms", "last_attempted_at_ms", "finished_at_ms"),
+    *("dead_reason", "cancelled_by", "cancelled_at_ms", "cancel_requested_at_ms", "progress"),
+    *("retry_of", "periodic", "retried_as"),
+)
+
 # What a cut text ends with, so that a reader sees it was cut.
 TRUNCATED_MARK = "... [truncated]"
 

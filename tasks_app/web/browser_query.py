@@ -20,7 +20,7 @@ from tasks_app.protocol import history
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.history import Entry
 from tasks_app.protocol.jsontext import finite
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.results import LISTED_FIELDS, WHOLE_RECORD_FIELDS, ResultRecord
 from tasks_app.protocol.timestamps import ms_of_datetime
 
 PAGE_SIZES = (25, 50, 100, 200)
@@ -175,7 +175,7 @@ def find_page(broker: Broker, filters: Filters, known: Sequence[str], now: datet
 
 
 def _records(broker: Broker, window: list[Entry]) -> list[ResultRecord | None]:
-    fields = broker.get_results(entry.task_id for entry in window)
+    fields = broker.get_results((entry.task_id for entry in window), LISTED_FIELDS)
     return [ResultRecord.from_fields(item) if item else None for item in fields]
 
 
@@ -238,9 +238,10 @@ def page_json(page: Page) -> dict[str, Any]:
 
 
 def row_json(record: ResultRecord, score_ms: float) -> dict[str, Any]:
-    """A row of the browser as JSON: the record's fields, the duration, the first line of the last error."""
+    """A row of the browser as JSON: the record but its args, kwargs and return value; the run time; the last error."""
+    listed = {name: value for name, value in record.as_json().items() if name not in WHOLE_RECORD_FIELDS}
     return {
-        **record.as_json(),
+        **listed,
         "duration_s": duration_s(record),
         "error_line": error_line(record),
         "cursor": finite(score_ms),

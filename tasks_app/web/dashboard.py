@@ -23,6 +23,7 @@ from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.names import NAME_PATTERN, InvalidName, validate_name
 from tasks_app.protocol.refusals import read_each
 from tasks_app.protocol.replies import QueueStats
+from tasks_app.protocol.results import LISTED_FIELDS
 from tasks_app.protocol.timestamps import MAX_SCORE_MS, datetime_of_ms
 from tasks_app.task_types import listed_queues, unique_windows
 from tasks_app.web.charts import chart_data, dashboard_charts
@@ -168,7 +169,7 @@ def _dead_listing(queue: str, page_number: str | None) -> dict[str, Any]:
     total = broker.dead_count(queue)
     page = Paginator(range(total), PAGE_SIZE).get_page(page_number)
     tasks = dead_letters.list_dead_tasks(queue, (page.number - 1) * PAGE_SIZE, PAGE_SIZE)
-    records = broker.get_results(task.task_id for task in tasks)
+    records = broker.get_results((task.task_id for task in tasks), LISTED_FIELDS)
     return {
         "dead_tasks": tasks,
         # Dead letters outlive result records (TASKS_DEAD_LETTER_MAX_AGE_S): link the tasks that still have one.
