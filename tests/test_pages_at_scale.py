@@ -10,6 +10,7 @@ from django.urls import reverse
 from tasks_app import producer
 from tasks_app.protocol.codec import Task, encode_task
 from tasks_app.protocol.dead_letters import list_dead_tasks
+from tasks_app.protocol.replies import ResultUpdate
 
 pytestmark = pytest.mark.django_db
 
@@ -108,3 +109,24 @@ def test_lists_of_tasks_read_no_arguments_or_return_values(staff, broker, replie
     assert len(rows) == 20 and not {"args", "kwargs", "return_value"} & set(rows[0])
     assert staff.get(f"/api/tasks/{tasks[0].id}/").json()["args"] == [arg]  # the task's own JSON has them
     assert "task-link" in staff.get(reverse("tasks_app:dead-letters", args=["q"])).content.decode()
+
+
+def test_a_status_filter_pages_through_ties_while_shown_tasks_move_on(staff, broker):
+    """A foreign producer's tasks of one millisecond, READY; a consumer takes some of those page 1 showed."""
+    ids = [f"t{i:04d}" for i in range(300)]
+    pipe = broker.client.pipeline(transaction=False)
+    pipe.sadd(broker.keys.queues(), "q")
+    for task_id in ids:
+        for key in (broker.keys.history("q"), broker.keys.history_status("q", "READY")):
+            pipe.zadd(key, {task_id: 1_800_000_000_000})
+        pipe.hset(broker.keys.result(task_id), mapping={"type": "demo.echo", "queue": "q", "status": "READY"})
+    pipe.execute()
+    page = staff.get("/tasks/?status=READY&format=json").json()
+    listed = [row["id"] for row in page["tasks"]]
+    for task_id in listed[:30]:
+        broker.record_result(ResultUpdate(task_id, {"status": "RUNNING"}, 60, queue="q"))
+    while page["older"] is not None:
+        cursor = f"before={page['older']}&seen={page['older_seen']}&after={page.get('older_after', '')}"
+        page = staff.get(f"/tasks/?status=READY&format=json&{cursor}").json()
+        listed += [row["id"] for row in page["tasks"]]
+    assert sorted(listed) == ids  # each once: none that stayed READY skipped

@@ -84,12 +84,15 @@ class HistoryOps(ScriptClient):
         limit: int,
         seen: int = 0,
         unreadable: dict[str, str] | None = None,
+        after: str = "",
     ) -> list[Entry]:
         """The newest `limit` entries of `queues` (of one status if given), scores in [min_ms, max_ms).
 
         With `seen`, scores in [min_ms, max_ms] but for the first `seen` of those scored max_ms:
         a page resumes inside a run of equal scores (a foreign producer's tasks of one
-        millisecond), which are ordered by id, as Redis orders them within each key. A queue
+        millisecond), which are ordered by id, as Redis orders them within each key; with `after`
+        (the last id shown), those still there from it on, so that ties that left the index (a
+        status filter's tasks moving on) leave none of the others unshown. A queue
         whose index Redis refuses to read (a foreign key's type) is noted in `unreadable` and
         left out; without it, that refusal is raised.
         """
@@ -105,7 +108,11 @@ class HistoryOps(ScriptClient):
             for member, score in replies
         ]
         rows.sort(reverse=True)
-        shown = sum(1 for score, _, _ in rows[:seen] if score == max_ms)  # those ties come first
+        shown = sum(  # those ties come first
+            1
+            for score, member, _ in rows[:seen]
+            if score == max_ms and (not after or member.decode(errors="backslashreplace") >= after)
+        )
         return [
             Entry(queue, member.decode(errors="backslashreplace"), score)
             for score, member, queue in rows[shown : shown + limit]

@@ -36,7 +36,7 @@ def task_browser(request: HttpRequest) -> HttpResponse:
     page = find_page(broker, filters, queues)
     if request.GET.get("format") == "json":
         return JsonResponse({**page_json(page), **refused_set(queue_set_refused)})
-    base_query = query_without(request.GET, "before", "seen", "format")
+    base_query = query_without(request.GET, "before", "seen", "after", "format")
     return render(
         request,
         "tasks_app/browser.html",

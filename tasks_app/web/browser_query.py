@@ -28,6 +28,8 @@ DEFAULT_PAGE_SIZE = 50
 # Entries one page may read while looking for tasks of the wanted type (records read in chunks).
 SCAN_BUDGET = 5000
 CHUNK = 250
+# The longest id a cursor carries (`after`): longer ids are cut by no producer but a foreign one.
+MAX_ID_CHARS = 10_000
 # Relative time ranges offered as presets.
 RANGES = {"15m": timedelta(minutes=15), "1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
 
@@ -44,7 +46,8 @@ class Filters:
     since: datetime | None = None
     until: datetime | None = None
     before: float | None = None  # the cursor: entries enqueued strictly before this score (ms)...
-    seen: int = 0  # ...or at it too, but for the first `seen` of those (earlier pages showed them)
+    seen: int = 0  # ...or at it too, but for the first `seen` of those (earlier pages showed them)...
+    after: str = ""  # ...those from this id on (in the index's order) of them, when given
     size: int = DEFAULT_PAGE_SIZE
     errors: list[str] = field(default_factory=list)
 
@@ -70,6 +73,7 @@ class Filters:
             until=_moment(query.get("until", ""), "until", errors),
             before=_number(query.get("before", "")),
             seen=_count(query.get("seen", "")),
+            after=query.get("after", "")[:MAX_ID_CHARS],
             size=_size(query.get("size", "")),
             errors=errors,
         )
@@ -139,6 +143,7 @@ class Page:
     total: int | None
     exhausted_budget: bool = False
     older_seen: int = 0  # of the entries scored `older`, how many this page and the earlier ones showed
+    older_after: str = ""  # the id of the last of them
     cut: bool = False  # a prefix search that read as many ids as a page holds: more may match
     unreadable: dict[str, str] = field(default_factory=dict)  # queue -> why Redis refused to read its index
 
@@ -153,25 +158,25 @@ def find_page(broker: Broker, filters: Filters, known: Sequence[str], now: datet
     unreadable: dict[str, str] = {}
     if filters.q:
         return _search(broker, filters, queues, (lower, upper), unreadable)
-    seen = filters.seen if upper is not None and upper == filters.before else 0
+    resumed = upper is not None and upper == filters.before
+    seen, after = (filters.seen, filters.after) if resumed else (0, "")
     found: list[tuple[ResultRecord, float]] = []
     examined = 0
     chunk = CHUNK if filters.type else filters.size  # without a type nearly every entry is a row
     while examined < SCAN_BUDGET:
-        window = broker.history_window(queues, filters.status or None, upper, lower, chunk, seen, unreadable)
+        window = broker.history_window(queues, filters.status or None, upper, lower, chunk, seen, unreadable, after)
         for entry, record in zip(window, _records(broker, window), strict=True):
-            seen = seen + 1 if entry.score_ms == upper else 1
-            upper = entry.score_ms
+            seen, after, upper = seen + 1 if entry.score_ms == upper else 1, entry.task_id, entry.score_ms
             if record is not None and filters.matches(record):
                 found.append((record, entry.score_ms))
                 if len(found) == filters.size:
                     total = _total(broker, filters, queues, lower, unreadable)
-                    return Page(found, upper, total, older_seen=seen, unreadable=unreadable)
+                    return Page(found, upper, total, older_seen=seen, older_after=after, unreadable=unreadable)
         examined += len(window)
         if len(window) < chunk:
             return Page(found, None, _total(broker, filters, queues, lower, unreadable), unreadable=unreadable)
     total = _total(broker, filters, queues, lower, unreadable)
-    return Page(found, upper, total, exhausted_budget=True, older_seen=seen, unreadable=unreadable)
+    return Page(found, upper, total, exhausted_budget=True, older_seen=seen, older_after=after, unreadable=unreadable)
 
 
 def _records(broker: Broker, window: list[Entry]) -> list[ResultRecord | None]:
@@ -231,6 +236,7 @@ def page_json(page: Page) -> dict[str, Any]:
         "tasks": [row_json(record, score) for record, score in page.records],
         "older": finite(page.older),  # a foreign score of +inf: strict JSON has no Infinity
         "older_seen": page.older_seen,
+        "older_after": page.older_after,
         "total": page.total,
         "cut": page.cut,
         "unreadable": page.unreadable,
