@@ -108,11 +108,7 @@ class HistoryOps(ScriptClient):
             for member, score in replies
         ]
         rows.sort(reverse=True)
-        shown = sum(  # those ties come first
-            1
-            for score, member, _ in rows[:seen]
-            if score == max_ms and (not after or member.decode(errors="backslashreplace") >= after)
-        )
+        shown = _shown_ties(rows[:seen], max_ms, after)
         return [
             Entry(queue, member.decode(errors="backslashreplace"), score)
             for score, member, queue in rows[shown : shown + limit]
@@ -246,3 +242,12 @@ def _named(fields: Sequence[str], reply: list[bytes | None] | Exception) -> dict
     if isinstance(reply, Exception):
         return reply
     return {name.encode(): value for name, value in zip(fields, reply, strict=True) if value is not None}
+
+
+def _shown_ties(first: list[tuple[float, bytes, str]], max_ms: float | None, after: str) -> int:
+    """How many of a window's `first` rows earlier pages showed: ties scored `max_ms` (from `after` on, if given)."""
+    return sum(
+        1
+        for score, member, _ in first
+        if score == max_ms and (not after or member.decode(errors="backslashreplace") >= after)
+    )
