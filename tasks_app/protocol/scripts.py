@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -73,19 +74,28 @@ class Scripts:
     def run(self, client: Any, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run script `name` on `client`, loading it first if the server does not have it."""
         try:
-            return client.evalsha(self.shas[name], len(keys), *keys, *args)
-        except NoScriptError:
-            return client.eval(self.sources[name], len(keys), *keys, *args)
+            return self._by_sha_first(client.evalsha, client.eval, name, keys, args)
         except RedisConnectionError:
             _replace_dead_default_node(client)
             raise
 
     def run_direct(self, direct: DirectCalls, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """`run` through `direct` (see `DirectCalls`)."""
+        return self._by_sha_first(partial(direct.call, "EVALSHA"), partial(direct.call, "EVAL"), name, keys, args)
+
+    def _by_sha_first(
+        self,
+        by_sha: Callable[..., Any],
+        by_source: Callable[..., Any],
+        name: str,
+        keys: Sequence[str],
+        args: Sequence[Any],
+    ) -> Any:
+        """Script `name` sent by its SHA, and by its source if the server does not have it."""
         try:
-            return direct.call("EVALSHA", self.shas[name], len(keys), *keys, *args)
+            return by_sha(self.shas[name], len(keys), *keys, *args)
         except NoScriptError:
-            return direct.call("EVAL", self.sources[name], len(keys), *keys, *args)
+            return by_source(self.sources[name], len(keys), *keys, *args)
 
     def _run_again(self, client: Any, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run script `name` by source; a deterministic error is its reply (the runs before it are not undone)."""
