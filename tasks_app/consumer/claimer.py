@@ -1,4 +1,8 @@
-"""Claiming for a consumer: one claimer thread per queue fills a bounded set of slots."""
+"""Claiming for a consumer: one claimer thread per queue fills a bounded set of slots.
+
+A claimer takes slots for a batch claim only; its blocking wait on an empty queue holds none, so a
+consumer on more queues than slots still starts a task on any of them as soon as it is pushed.
+"""
 
 from __future__ import annotations
 
@@ -166,21 +170,28 @@ class ClaimerLoop:
             return PAUSED_RECHECK_S
         if outcome.lease_expired or not consumer.lease.fresh(consumer_id):
             return LEASE_RECHECK_S  # no claim under a lapsed lease: the heartbeat renews it or gives it up
-        consumer.capacity.release(self._slots - 1)
-        self._slots = 1
+        # A blocking claim holds no slot while it waits: with more queues than slots, a claimer
+        # holding one kept every other queue's tasks waiting until its wait timed out.
+        consumer.capacity.release(self._slots)
+        self._slots = 0
         return self._claim_blocking(consumer_id, outcome.suspects_waiting)
 
     def _claim_blocking(self, consumer_id: str, suspects_waiting: int) -> float:
-        """Block on pending for one task, which takes the one slot left in self._slots."""
+        """Block on pending for one task; it takes a free slot, or goes back first in its queue if none is left."""
         consumer = self.consumer
         # Suspects waiting for this consumer's one suspect slot are claimed soon after it
         # frees; new pending tasks still wake the blocking claim at once.
         block_s = min(consumer.options.block_s, SUSPECT_RECHECK_S) if suspects_waiting else consumer.options.block_s
         raw, fence = consumer.broker.claim_blocking(self.queue, consumer_id, block_s)
-        if raw is not None and raw != WAKE_TOKEN:
-            self._slots = 0
-            self._dispatch([Claimed(self.queue, consumer_id, raw, fence=fence)])
         self._drop_wake = raw == WAKE_TOKEN
+        if raw is None or raw == WAKE_TOKEN:
+            return 0.0
+        if consumer.capacity.acquire_up_to(1):
+            self._dispatch([Claimed(self.queue, consumer_id, raw, fence=fence)])
+        else:
+            # Other queues' claims filled the slots while this one waited: the task never started
+            # here, so it waits first in its queue for this consumer's next claim or another's.
+            consumer.broker.return_unstarted(self.queue, consumer_id, [raw])
         return 0.0
 
     def _dispatch(self, claimed: list[Claimed]) -> None:
