@@ -1,13 +1,17 @@
-"""Modules stay under 400 lines and functions under 40, so each can be read in one sitting."""
+"""Modules over 800 lines and functions over 80 are reported, as a smell to look at, not a failure.
+
+A module holds one concept and is split when it holds two, never to meet a line count.
+"""
 
 import ast
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECKED_DIRS = ("tasks_app", "scheduler_site", "examples", "tests", "bench")
-MAX_MODULE_LINES = 400
-MAX_FUNCTION_LINES = 40
+MAX_MODULE_LINES = 800
+MAX_FUNCTION_LINES = 80
 
 
 def checked_modules() -> list[Path]:
@@ -59,9 +63,19 @@ def test_function_lengths_count_from_def_to_the_last_line():
     assert dict(functions(tree)) == {"A.f": 5, "A.f.g": 2}
 
 
-def test_modules_stay_under_the_line_limit():
-    assert long_modules() == {}, f"modules over {MAX_MODULE_LINES} lines"
+class LongCode(UserWarning):
+    """A module or a function past the size worth a second look."""
 
 
-def test_functions_stay_under_the_line_limit():
-    assert long_functions() == {}, f"functions over {MAX_FUNCTION_LINES} lines"
+def test_modules_over_the_line_threshold_are_reported():
+    for name, lines in long_modules().items():
+        warnings.warn(
+            f"{name} has {lines} lines (over {MAX_MODULE_LINES}): does it hold two concepts?", LongCode, stacklevel=1
+        )
+
+
+def test_functions_over_the_line_threshold_are_reported():
+    for name, lines in long_functions().items():
+        warnings.warn(
+            f"{name} has {lines} lines (over {MAX_FUNCTION_LINES}): can its steps be named?", LongCode, stacklevel=1
+        )
