@@ -1,7 +1,8 @@
 # Build / run / CI entry points for the Redis task queue.
 #
 #   make venv    create .venv (Python >= 3.12) and install requirements.txt
-#   make test    make lint, then the full test suite (incl. short chaos tests) in parallel against a private Redis
+#   make test    make lint, make docs, then the full test suite (incl. short chaos tests) in parallel against a private Redis
+#   make docs    build the guide (docs/, mkdocs.yml) into site/; any warning fails it
 #   make lint    ruff check, ruff format --check, mypy on tasks_app and scheduler_site
 #   make chaos   long chaos run (CHAOS_SCALE=long) of tests/chaos
 #   make bench   run bench/bench_*.py, one JSON line each
@@ -32,7 +33,7 @@ TEST_WORKERS ?= 6
 PORT        ?= 8000
 
 .DEFAULT_GOAL := help
-.PHONY: help venv .venv test lint chaos bench run proto clean
+.PHONY: help venv .venv test lint docs chaos bench run proto clean
 
 help:
 	@sed -n 's/^#   /  /p' $(firstword $(MAKEFILE_LIST))
@@ -74,6 +75,7 @@ $(STAMP): requirements.txt | $(PY)
 test: $(STAMP)
 	@scripts/ensure-test-tools
 	$(MAKE) lint
+	$(MAKE) docs
 	$(redis_setup)
 	$(dev_secret_key)
 	$(PY) manage.py migrate --noinput -v 0
@@ -86,6 +88,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check . || failed=1
 	$(VENV)/bin/mypy tasks_app scheduler_site || failed=1
 	exit $$failed
+
+# Strict: a warning (a broken internal link or anchor, a page left out of the nav) fails the build.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --quiet --site-dir site
 
 chaos: $(STAMP)
 	@scripts/ensure-test-tools
