@@ -166,4 +166,4 @@ proto: $(STAMP)
 
 clean:
 	@scripts/ensure-redis prune || true
-	rm -rf $(VENV) .run test-artifacts
+	rm -rf $(VENV) .run test-artifacts site
