@@ -29,13 +29,9 @@
 
 -- include: args
 -- include: priority
--- include: key_types
 -- include: history
 -- include: periodic_slot
 -- include: periodic_claim
--- A result key of another type only loses its record (written with pcall): not checked.
-local bad = wrong_key_type({'hash', 'list', 'zset'})
-if bad then return bad end
 local slot_ms, now_ms, last, fired, refused = periodic_slot('fire_periodic')
 if refused then return refused end
 local index, first_field = history_args(15, #KEYS - 5)
