@@ -242,16 +242,6 @@ def test_a_foreign_member_among_the_values_noted_stops_no_follow_up(broker):
     assert due_now(broker, "default", deferred)
 
 
-def test_a_foreign_key_in_place_of_the_values_noted_stops_no_follow_up_of_the_unkeyed_limit(broker):
-    deferred = defer(broker, "default", 2)
-    broker.client.set(broker.keys.rate_keyed(TYPE), "foreign")
-
-    RateLimiter(broker).follow(REMOVED)
-
-    wait_until(lambda: not following(), 10, message="the follow-up to be done")
-    assert due_now(broker, "default", deferred)
-
-
 def test_one_note_of_a_keyed_value_covers_the_denials_of_half_a_period(broker, monkeypatch):
     notes = []
     monkeypatch.setattr(broker, "rate_keyed", lambda *args: notes.append(args) or True)
