@@ -344,7 +344,7 @@ class Broker(
             return int(self._script("return_unstarted", keys, args))
         pipe = self.client.pipeline(transaction=False)
         self.scripts.queue(pipe, "return_unstarted", keys, args)
-        # A withdrawal Redis refuses (a foreign key at the record) only leaves that receipt standing.
+        # A withdrawal Redis refuses (a producer's record of another type) only leaves that receipt standing.
         sent, _ = self._execute_with_results(pipe, withdrawn, self._queue_results(pipe, withdrawn))
         if isinstance(sent[0], Exception):
             raise sent[0]

@@ -123,10 +123,7 @@ class InspectionOps(ScriptClient):
         return QueueStats(queue, _waiting(*waiting), processing, delayed, dead, consumers, bool(paused))
 
     def waiting_count(self, queue: str) -> int:
-        """How many tasks of `queue` wait to be claimed (pending, prioritized, suspects), as `queue_stats` counts them.
-
-        It reads only those keys: a queue whose other keys Redis refuses (a foreign key's type) still says.
-        """
+        """How many tasks of `queue` wait to be claimed (pending, prioritized, suspects), as `queue_stats` counts."""
         pipe = self.client.pipeline(transaction=NAME_PATTERN.fullmatch(queue) is not None)
         self._count_waiting(pipe, queue)
         return _waiting(*pipe.execute())

@@ -59,7 +59,7 @@ def is_transient(exc: BaseException) -> bool:
 
 
 class MisconfiguredKey(ResponseError):
-    """A script failed for what a key of ours holds (WRONGTYPE and the like): a misconfiguration, not input.
+    """A script failed for what a key of ours holds (a wrong type and the like): a misconfiguration, not input.
 
     The message names the script and each of its keys with the type it holds now.
     """

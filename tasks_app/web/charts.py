@@ -23,7 +23,7 @@ Series = dict[str, list[float | None]]
 
 def percentile_ms(buckets: Mapping[int, int], share: float) -> float | None:
     """The duration under which `share` of the runs fell, interpolated within its bucket; None without runs."""
-    buckets = {index: count for index, count in buckets.items() if count > 0}  # a foreign writer's 0 or less: none
+    buckets = {index: count for index, count in buckets.items() if count > 0}  # a count taken back to 0: none
     total = sum(buckets.values())
     if not total:
         return None
