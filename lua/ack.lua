@@ -10,16 +10,12 @@
 -- Returns: one flag per task: 1 acknowledged, 0 lost (reaped or finished elsewhere: a key it
 -- held is left alone, it may be a later run's now; all 0 if another instance registered the
 -- consumer id since: the list is that instance's, see include/settle.lua).
--- Errors (before writing anything) if a key holds the wrong type.
 -- Cost: O(this consumer's in-flight) per task, independent of other consumers.
 
 -- include: args
--- include: key_types
 -- include: settle
 -- include: unique
 -- include: instance
-local refused = wrong_key_type({'list', 'hash', 'string', 'hash'})
-if refused then return refused end
 local n = int_arg(ARGV[1], 0, 0, #ARGV - 3)
 local elsewhere = other_instance(KEYS[4], ARGV[2], ARGV[3])
 local flags = {}

@@ -9,9 +9,6 @@
 -- holder token that already holds a slot gets it again ({1, ...}): calling twice takes one slot.
 -- Redis up for less than the lease: no new slot is given out (see evict_expired).
 -- woken: "<queue>\n<delayed member>" of waiters handed a slot left free (a raised limit).
--- include: key_types
-local refused = wrong_key_type({'zset', 'zset', 'hash'})
-if refused then return refused end
 -- include: args
 -- include: node
 -- include: slots

@@ -12,11 +12,8 @@
 -- s = 1 when the first task is a suspect (at most one), w = suspects still waiting, f = the
 -- fencing token of the first task (task i holds f + i - 1; 0 if none was claimed; issued as in
 -- issue_fence.lua). Order: the suspect, priority > 0, the pending list (priority 0),
--- priority < 0; oldest first within each. A key of KEYS[1..6] of another type than these (a
--- foreign writer's) is a WRONGTYPE error naming it before any write: no task moves, none is lost.
--- include: key_types
-local refused = wrong_key_type({'list', 'zset', 'list', 'zset', 'list', 'string'})
-if refused then return refused end
+-- priority < 0; oldest first within each. Tasks are popped before they are pushed: the processing
+-- list's type is checked first, so a key of the wrong type stops the script before a task moved.
 local deadline = redis.call('ZSCORE', KEYS[4], ARGV[1])
 if not deadline then
   return false
@@ -28,6 +25,7 @@ end
 if KEYS[7] and redis.call('EXISTS', KEYS[7]) == 1 then
   return {-2, 0, 0}
 end
+redis.call('LLEN', KEYS[3])  -- its type, checked before the first pop
 if ARGV[4] == '1' then
   redis.call('LREM', KEYS[3], 1, ARGV[3])
 end

@@ -9,11 +9,8 @@
 -- first caller for this slot named: the caller's own, or another).
 
 -- include: args
--- include: key_types
 -- include: periodic_slot
 -- include: periodic_claim
-local bad = wrong_key_type({'hash'})
-if bad then return bad end
 local now_ms = server_now_ms()
 local slot_ms = int_arg(ARGV[1], -1, -1, 2 ^ 53)
 if slot_ms < 0 then return redis.error_reply('ERR claim_periodic: the slot must be a number of ms') end

@@ -2,15 +2,14 @@
 -- of them starts, and learn which were cancelled (see cancel.lua).
 -- KEYS[1] to KEYS[n] the result hashes of the tasks
 -- ARGV[1] time to live of the records (s)   ARGV[2..n+1] the fencing token of each task's claim
--- Per task: a record whose fence is above the token belongs to a later claim (nothing written;
--- a fence that is not a whole number up to 2^53, another writer's "inf" say, counts as none);
+-- Per task: a record whose fence is above the token belongs to a later claim (nothing written);
 -- a cancelled task's receipt is refused (include/start_gate.lua: nothing written, or the record
 -- made CANCELLED); else claimed_fence and fence are set to the token, which the run's RUNNING
 -- write then carries (never refused). A missing record is created with those two fields (the
 -- RUNNING write then fills in the task's own).
 -- Returns: one reply per task: 1 held by this claim, 3 held, its record created here, 0 a later
--- claim holds it, 2 refused (the task was cancelled: it must not run), -1 not a record (a key
--- of another type: nothing done).
+-- claim holds it, 2 refused (the task was cancelled: it must not run), -1 not a record (a key a
+-- producer wrote as another type: nothing done).
 
 -- include: args
 -- include: start_gate

@@ -9,16 +9,13 @@
 -- Returns: 1 moved, 0 lost (no longer in this consumer's list: it was reaped, or another
 -- instance registered the consumer id since, see include/settle.lua; a key it held is left
 -- alone, it may be a later run's now).
--- Errors (before writing anything) if a key holds the wrong type.
 -- Dead members are scored by the time (ms) they died.
 
 -- include: args
--- include: key_types
 -- include: settle
 -- include: unique
 -- include: instance
-local refused = wrong_key_type({'list', 'zset', 'hash', 'hash'})
-if refused then return refused end
+redis.call('HLEN', KEYS[3]); redis.call('ZCARD', KEYS[2])  -- types checked before the task leaves
 if other_instance(KEYS[4], ARGV[3], ARGV[4]) or settle_claimed(ARGV[1], KEYS[3], false) == 0 then return 0 end
 redis.call('ZADD', KEYS[2], server_now_ms(), ARGV[2])
 if KEYS[5] and ARGV[5] then free_unique(KEYS[5], ARGV[5], ARGV[6]) end

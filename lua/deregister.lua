@@ -9,20 +9,17 @@
 -- when the registered info names another instance (another process registered this id since:
 -- its list and lease are left alone). A returned suspect goes to the head of suspects and loses
 -- its start mark: it did not die here, and counts only if it dies running again. Only a clean
--- exit calls this; a new run recovers an unclean one's list with reap. A key of another type than
--- these (a foreign writer's) is a WRONGTYPE error naming it before any write: no task leaves the
--- list to be lost halfway.
+-- exit calls this; a new run recovers an unclean one's list with reap. The destinations' types
+-- are checked before the first task leaves the list, so a key of the wrong type moves nothing.
 -- include: instance
 -- include: args
--- include: key_types
-local refused = wrong_key_type({'zset', 'hash', 'list', 'list', 'hash', 'list', 'zset'})
-if refused then return refused end
 -- include: priority
 -- include: protobuf
 -- include: put_back
 if other_instance(KEYS[2], ARGV[1], ARGV[2]) then
   return -1
 end
+redis.call('HLEN', KEYS[5]); redis.call('LLEN', KEYS[4]); redis.call('LLEN', KEYS[6]); redis.call('ZCARD', KEYS[7])
 local returned = 0
 local prioritized = false
 while true do

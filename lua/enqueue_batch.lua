@@ -3,8 +3,7 @@
 -- KEYS[1] to KEYS[k] for the first queue section, k more for each further one: pending list,
 -- prioritized zset, delayed zset, enqueued ids zset (task id -> server ms, for ids given by the
 -- caller), and if ARGV[6] = s > 0 the history zset, the history ids zset and s status indexes
--- (k = 4, or 6 + s); then, if ARGV[4] is "1", the queue set (left alone if of another type than
--- a set); then the result hashes of the READY records.
+-- (k = 4, or 6 + s); then, if ARGV[4] is "1", the queue set; then the result hashes of the READY records.
 -- ARGV[1] wake token   ARGV[2] how long enqueued ids are remembered (ms)   ARGV[3] at most how
 -- many are remembered per queue   ARGV[4] "1" to add the queue names to the queue set
 -- ARGV[5] q, the number of queue sections   ARGV[6] s, the number of status indexes of each
@@ -42,14 +41,11 @@ local index, after_index = history_args(6)
 local indexes = index.count
 local stride = indexes > 0 and 6 + indexes or 4
 local sections = int_arg(ARGV[5], 0, 0, #KEYS / stride)
-local wanted = {'list', 'zset', 'zset', 'zset'}
+-- The queue keys' types, checked before the first push (all or nothing).
 for s = 1, sections do
-  for k = 1, 4 do
-    local found = redis.call('TYPE', KEYS[stride * (s - 1) + k])['ok']
-    if found ~= 'none' and found ~= wanted[k] then
-      return redis.error_reply('WRONGTYPE ' .. KEYS[stride * (s - 1) + k] .. ' is a ' .. found .. ', not a ' .. wanted[k])
-    end
-  end
+  local base = stride * (s - 1)
+  redis.call('LLEN', KEYS[base + 1])
+  for k = 2, 4 do redis.call('ZCARD', KEYS[base + k]) end
 end
 
 local not_pushed = {}  -- positions, over the call's id-checked groups, of the tasks not pushed
@@ -57,10 +53,8 @@ local pushes = {}  -- id checked -> how many of its tasks the call pushed and di
 local section_of = {}  -- id checked -> the section of its first task in the call
 local filed = {}  -- per history id of the call, in order: whether its record and entry are written
 local first_record = stride * sections + (ARGV[4] == '1' and 2 or 1)
--- The queue set only lists queues for the dashboard: one of another type (a foreign writer's) is
--- left alone, and fails no enqueue (see announce_queues.lua).
 local queue_set = ARGV[4] == '1' and KEYS[stride * sections + 1]
-if queue_set and not ({none = true, set = true})[redis.call('TYPE', queue_set)['ok']] then queue_set = nil end
+if queue_set then redis.call('SCARD', queue_set) end  -- its type, checked before the first push
 local recorded = 0  -- history ids (so record keys) of the sections before this one
 
 -- Whether the next task of `id` listed with a record is filed: one whose id was not checked
@@ -173,15 +167,15 @@ for s = 1, sections do
   end
 end
 
--- Whether a run or a cancel has written to record `key` (a foreign type counts as untouched: its
--- write fails anyway).
+-- Whether a run or a cancel has written to record `key` (a key a producer wrote as another type
+-- counts as untouched: its write fails anyway).
 local function touched(key)
   local found = redis.pcall('HMGET', key, 'fence', 'status')
   if type(found) ~= 'table' or found.err then return false end
   return (found[1] or '') ~= '' or (found[2] or 'READY') ~= 'READY'
 end
 
--- READY records: a result key of a foreign type only loses its record, the tasks stay pushed;
+-- READY records: a record a producer wrote as another type only loses it, the tasks stay pushed;
 -- out of memory before anything was written (a call with records only) is the caller's error.
 local written = 0
 local taken = {}  -- a call of records alone: the records left alone as they name another queue

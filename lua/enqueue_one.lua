@@ -10,7 +10,8 @@
 -- Returns: the length of pending after the push.
 -- The keys lie in different Redis Cluster slots: used on a single Redis server only.
 -- Atomic: the push comes first (if Redis is out of memory it fails and nothing is written);
--- the record and the index are written with pcall (a key of a foreign type only loses its part).
+-- the record and the index are written with pcall (a record a producer wrote as another
+-- type only loses it).
 
 -- include: args
 -- include: history

@@ -18,17 +18,13 @@
 -- to this queue lately, a retry of the same request; or its record, when given, names another
 -- queue than the record to write); else {0, id of the task holding the key} a duplicate: nothing
 -- written.
--- Errors (before writing anything) if a key holds the wrong type. Atomic: the push is the first
--- write (out of memory fails it and nothing is written); the record and the index are written
--- with pcall (a key of a foreign type only loses its part).
+-- Atomic: the push is the first write (out of memory fails it and nothing is written); the record
+-- and the index are written with pcall (a record a producer wrote as another type only loses it).
 
 -- include: args
 -- include: priority
--- include: key_types
 -- include: history
 -- include: task_ids
-local refused = wrong_key_type({'string', 'list', 'zset', 'zset', 'zset'})
-if refused then return refused end
 local index, first = history_args(11, #KEYS - 7)
 local record_key = KEYS[index.count > 0 and 8 + index.count or 6]
 local last = #ARGV - ((#ARGV - first + 1) % 2)

@@ -29,18 +29,15 @@
 
 -- include: args
 -- include: priority
--- include: key_types
 -- include: history
 -- include: periodic_slot
 -- include: periodic_claim
--- A result key of another type only loses its record (written with pcall): not checked.
-local bad = wrong_key_type({'hash', 'list', 'zset'})
-if bad then return bad end
 local slot_ms, now_ms, last, fired, refused = periodic_slot('fire_periodic')
 if refused then return refused end
 local index, first_field = history_args(15, #KEYS - 5)
 local result_keys = index.count > 0 and 6 + index.count or 4
 local elsewhere_ms = int_arg(ARGV[14], 0, 0, 2 ^ 53)
+redis.call('LLEN', KEYS[2]); redis.call('ZCARD', KEYS[3])  -- types checked before the slot is claimed
 if KEYS[result_keys + 2] then
   local queue, again
   queue, elsewhere_ms, again = claim_periodic_slot(KEYS[result_keys + 2], slot_ms, ARGV[13] or '')

@@ -9,12 +9,8 @@
 -- Returns: 1 lease held, 0 lease lost (the consumer was reaped, its lease expired, or another
 -- instance registered its id: it must not use this id again). While reapers hold off (Redis up
 -- or primary for less than a lease) an expired lease is still renewed: the outage, not the
--- consumer, let it lapse. A key of another type than these (a foreign writer's) is a WRONGTYPE
--- error naming it, before any write.
+-- consumer, let it lapse.
 -- include: args
--- include: key_types
-local refused = wrong_key_type({'zset', 'hash', 'hash'})
-if refused then return refused end
 local now_ms = server_now_ms()
 local lease_ms = tonumber(ARGV[2]) or 0
 -- include: node

@@ -2,12 +2,8 @@
 -- KEYS[1] consumers zset (id -> lease deadline ms)   KEYS[2] consumer info hash (id -> JSON)
 -- ARGV[1] consumer id
 -- Returns: {1, ms left on its lease (0 or less once it lapsed), info JSON ("" if none)}, or
--- {0, 0, ""} when the id holds no lease entry on this queue; a WRONGTYPE error naming a key of
--- another type than these (a foreign writer's).
+-- {0, 0, ""} when the id holds no lease entry on this queue.
 -- include: args
--- include: key_types
-local refused = wrong_key_type({'zset', 'hash'})
-if refused then return refused end
 local deadline = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
 if not deadline then
   return {0, 0, ''}

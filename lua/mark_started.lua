@@ -7,13 +7,9 @@
 -- ARGV[3] sha1 of the serialized task (hex)
 -- Returns: 1 marked; 0 nothing written: the lease lapsed (or was reaped), or another instance
 -- registered the consumer id since.
--- Errors (before writing anything) if a key holds the wrong type.
 
 -- include: args
--- include: key_types
 -- include: instance
-local refused = wrong_key_type({'zset', 'hash', 'hash'})
-if refused then return refused end
 local deadline = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
 if not deadline or deadline <= server_now_ms() or other_instance(KEYS[2], ARGV[1], ARGV[2]) then
   return 0

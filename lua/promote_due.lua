@@ -44,7 +44,7 @@ end
 if woke and redis.call('LLEN', KEYS[2]) == 0 then
   redis.call('LPUSH', KEYS[2], ARGV[2])
 end
--- A foreign score may be +inf: keep the reply an integer Redis can send (2^53 - 1 at most).
+-- A producer's score may be +inf: keep the reply an integer Redis can send (2^53 - 1 at most).
 local next_due = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
 local next_due_ms = next_due[2] and math.min(tonumber(next_due[2]), 9007199254740991) or -1
 return {#due - malformed, next_due_ms, now_ms, malformed}

@@ -11,12 +11,9 @@
 -- notice of a removal lists it again; a follow-up that took it off before this call has dropped
 -- the reservation, or still holds other queues (and the same next notice lists this one).
 -- include: args
--- include: key_types
-local refused = wrong_key_type({'hash', 'hash'})
-if refused then return refused end
 local now = server_now_us()
 local slot = tonumber(redis.call('HGET', KEYS[1], 'r:' .. ARGV[1]))
-if not slot or not (slot > now and slot < 2 ^ 53) then return {now, now} end  -- gone, passed or foreign
+if not slot or slot <= now then return {now, now} end  -- gone or passed
 redis.call('HSET', KEYS[2], ARGV[2], string.format('%.0f', now))
 local ttl = redis.call('PTTL', KEYS[1])
 if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end

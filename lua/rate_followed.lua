@@ -12,15 +12,12 @@
 -- for a slot: the reservations are dropped, so that the limit, set again, queues no newcomer
 -- behind slots nobody comes back for (the algorithm's own state, tat or window, stays).
 -- include: args
--- include: key_types
-local refused = wrong_key_type({'hash', 'hash', 'hash'})
-if refused then return refused end
 local limiter, queues, follow_ups = KEYS[1], KEYS[2], KEYS[3]
 if redis.call('HGET', follow_ups, ARGV[1]) ~= ARGV[2] then return 0 end
 redis.call('HDEL', follow_ups, ARGV[1])
 if ARGV[2] ~= 'now' then return 1 end
 local denied_at = tonumber(redis.call('HGET', queues, ARGV[1]))
-if not denied_at or denied_at < int_arg(ARGV[3], 0, 0, 2 ^ 53) then  -- not a time: a foreign write
+if not denied_at or denied_at < int_arg(ARGV[3], 0, 0, 2 ^ 53) then
   redis.call('HDEL', queues, ARGV[1])
 end
 if redis.call('HLEN', follow_ups) == 0 and redis.call('HLEN', queues) == 0 then

@@ -5,11 +5,8 @@
 -- ARGV[3] how many values may be noted at once
 -- Returns: 1 noted, 0 not (as many values still holding slots are noted already: the tasks of
 -- this one wait out their slots after a change). Values whose time has passed are dropped, and the
--- set expires with the last of them (at most 2^53 ms on: a foreign score may be +inf).
+-- set expires with the last of them.
 -- include: args
--- include: key_types
-local refused = wrong_key_type({'zset'})
-if refused then return refused end
 local now = server_now_us()
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 local most = int_arg(ARGV[3], 0, 0, 2 ^ 53)
@@ -18,7 +15,6 @@ if not redis.call('ZSCORE', KEYS[1], ARGV[1]) and redis.call('ZCARD', KEYS[1]) >
 end
 redis.call('ZADD', KEYS[1], 'GT', now + int_arg(ARGV[2], 0, 0, 2 ^ 53), ARGV[1])
 local last = redis.call('ZRANGE', KEYS[1], -1, -1, 'WITHSCORES')
--- A foreign member's score may be +inf or 1e300: the expiry stays a whole number Redis takes.
-local ttl_ms = math.min(math.max(1, math.ceil((tonumber(last[2]) - now) / 1000)), 2 ^ 53)
+local ttl_ms = math.max(1, math.ceil((tonumber(last[2]) - now) / 1000))
 redis.call('PEXPIRE', KEYS[1], string.format('%.0f', ttl_ms))
 return 1

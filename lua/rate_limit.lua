@@ -17,10 +17,8 @@
 -- reserved slot; rescaled 1 when this call found the hash written under another emission interval
 -- (the type's limit was changed) and moved its future times to the new spacing, else 0.
 -- An argument that is not a number falls back to a default (limit 1, period 1 s, emission one
--- period, tolerance 0); a stored field that is not a whole number from 0 up to 2^62 (a foreign
--- write: "x", "nan", "inf", -5, 1e300, whose wait would overflow the reply and read as admitted)
--- counts as absent. Times past 2^53 µs are legitimate: a slow type's long backlog reserves slots
--- centuries out.
+-- period, tolerance 0). Times past 2^53 µs are legitimate: a slow type's long backlog reserves
+-- slots centuries out.
 --
 -- A denied task is given the next free slot of a queue spaced by the emission interval, so
 -- denied tasks wake one by one instead of all at once. While that queue is not empty, only
@@ -33,10 +31,7 @@
 -- brings waiting tasks' slots closer, a lowered one spreads them out, and their order is kept.
 -- Every queue holding such tasks is then listed in KEYS[3], for a consumer to bring them there.
 -- include: args
--- include: key_types
 -- include: rate_follow_ups
-local refused = wrong_key_type({'hash', 'hash', 'hash'})
-if refused then return refused end
 local now = server_now_us()
 local key, queues, follow_ups = KEYS[1], KEYS[2], KEYS[3]
 local algorithm = ARGV[1]
@@ -45,14 +40,6 @@ local limit = int_arg(ARGV[3], 1, 1, 2 ^ 53)
 local period = int_arg(ARGV[4], 1000000, 1, 2 ^ 53)
 local emission = int_arg(ARGV[5], period, 1, 2 ^ 53)
 local tolerance = int_arg(ARGV[6], 0, 0, 2 ^ 53)
-
--- A stored time (µs), count or window: a whole number from 0 up to 2^62, so that a wait computed
--- from it fits the integer reply; nil for anything else (see the header).
-local function stored_us(value)
-  local n = tonumber(value)
-  if n and n >= 0 and n < 2 ^ 62 then return math.floor(n) end
-  return nil
-end
 
 -- Numbers go to Redis as integer text: Lua's own conversion writes 1e+14 past 14 digits.
 local function num(value)
@@ -63,7 +50,7 @@ end
 local function rescale(old)
   local fields = redis.call('HGETALL', key)
   for i = 1, #fields, 2 do
-    local name, value = fields[i], stored_us(fields[i + 1])
+    local name, value = fields[i], stored_int(fields[i + 1])
     if value and value > now and (name == 'tat' or name == 'cursor' or string.sub(name, 1, 2) == 'r:') then
       redis.call('HSET', key, name, num(now + math.floor((value - now) * emission / old)))
     end
@@ -72,7 +59,7 @@ local function rescale(old)
 end
 
 local rescaled = 0
-local written_under = stored_us(redis.call('HGET', key, 'emission'))
+local written_under = stored_int(redis.call('HGET', key, 'emission'))
 if written_under and written_under > 0 and written_under ~= emission then
   rescale(written_under)
   rescaled = 1
@@ -84,22 +71,22 @@ end
 redis.call('HSET', key, 'emission', num(emission))
 
 local state = redis.call('HMGET', key, 'tat', 'window', 'count', 'cursor', reservation)
-local cursor = stored_us(state[4]) or 0
+local cursor = stored_int(state[4]) or 0
 local reserved = state[5] ~= false
-local reserved_slot = stored_us(state[5])
+local reserved_slot = stored_int(state[5])
 
 -- The earliest time the algorithm admits a start, and the fields an admission now would write.
 local earliest, admitted, horizon
 if algorithm == 'gcra' then
-  local tat = stored_us(state[1]) or now
+  local tat = stored_int(state[1]) or now
   earliest = tat - tolerance
   horizon = math.max(tat, now) + emission
   admitted = {'tat', num(horizon)}
 elseif algorithm == 'fixed_window' then
   local window = math.floor(now / period)
   local count = 0
-  if stored_us(state[2]) == window then
-    count = stored_us(state[3]) or 0
+  if stored_int(state[2]) == window then
+    count = stored_int(state[3]) or 0
   end
   horizon = (window + 1) * period
   earliest = count < limit and now or horizon

@@ -9,9 +9,6 @@
 -- removal) lists only the queues not yet done: a queue done is gone from KEYS[2], and once none
 -- is left the reservations are gone from KEYS[1] (rate_followed).
 -- include: args
--- include: key_types
 -- include: rate_follow_ups
-local refused = wrong_key_type({'hash', 'hash', 'hash'})
-if refused then return refused end
 list_follow_ups(KEYS[1], KEYS[2], KEYS[3], ARGV[1], 'now')
 return redis.call('HLEN', KEYS[3])

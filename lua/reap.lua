@@ -11,24 +11,15 @@
 -- Returns: {status, requeued, still in the list, dead-lettered tasks...}; status 1 reaped,
 -- -1 lease still alive (nothing touched), -2 Redis restarted, or this node became the slot's
 -- primary, less than a lease ago (live consumers have not had the chance to renew yet),
--- -3 not a consumer this queue knows. A key of another type than these (a foreign writer's) is a
--- WRONGTYPE error before any write: nothing leaves the list to be lost halfway.
+-- -3 not a consumer this queue knows. The destinations' types are checked before the first
+-- write, so a key of the wrong type moves nothing.
 -- include: args
--- include: key_types
-local refused = wrong_key_type({'zset', 'hash', 'zset', 'list', 'list', 'zset', 'hash', 'list', 'hash'})
-if refused then return refused end
 local now_ms = server_now_ms()
 
--- The consumer's own lease length, a whole number of ms up to the longest lease a consumer takes
--- (7 days); whatever else a foreign process wrote there ("abc", "inf", 1e400, 1e15: it would hold
--- the reaping off for ever, or for years) counts as absent: the default. Never an error.
-local MAX_LEASE_MS = 7 * 86400 * 1000
+-- The consumer's own lease length (ms), or the default when it left no info.
 local function lease_of(id)
   local info = redis.call('HGET', KEYS[2], id)
-  local ok, decoded = pcall(cjson.decode, info or '')
-  local lease_ms = ok and type(decoded) == 'table' and stored_int(decoded['lease_ms'])
-  if lease_ms and lease_ms <= MAX_LEASE_MS then return lease_ms end
-  return int_arg(ARGV[5], 0, 0, MAX_LEASE_MS)
+  return info and stored_int(cjson.decode(info)['lease_ms']) or int_arg(ARGV[5], 0, 0, 2 ^ 53)
 end
 
 -- include: node
@@ -41,6 +32,8 @@ local function holding(lease_ms)
   return redis.call('HGET', KEYS[9], 'replid') ~= replid or not since_ms or now_ms - since_ms < lease_ms
 end
 
+redis.call('ZCARD', KEYS[3]); redis.call('LLEN', KEYS[4]); redis.call('LLEN', KEYS[5])
+redis.call('ZCARD', KEYS[6]); redis.call('HLEN', KEYS[7]); redis.call('LLEN', KEYS[8])
 local deadline = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
 if ARGV[6] == '1' then
   redis.call('ZREM', KEYS[1], ARGV[1])

@@ -3,12 +3,8 @@
 -- ARGV[1] max ids (page size)   ARGV[2] how long tombstones are kept (ms)
 -- ARGV[3] offset of a further page of tombstones, newest first (0: none; a multiple of the page size)
 -- Returns: {expired ids..., "", tombstone ids..., "", number of tombstones}: the tombstones are
--- the newest page (where late claims of a reaped consumer land) and the page at the offset. A key
--- of another type than these (a foreign writer's) is a WRONGTYPE error naming it, before any write.
+-- the newest page (where late claims of a reaped consumer land) and the page at the offset.
 -- include: args
--- include: key_types
-local refused = wrong_key_type({'zset', 'zset'})
-if refused then return refused end
 local now_ms = server_now_ms()
 local page = tonumber(ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now_ms - tonumber(ARGV[2]))

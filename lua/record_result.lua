@@ -24,8 +24,7 @@
 -- out first, and it never comes back under the same instance), so its list still holds every
 -- task it claimed and has not settled: the list is searched only once the id is gone. (A claim
 -- undone by a Redis machine crash that lost its last second is the exception: see PROTOCOL.md.)
--- The record keeps the highest token that wrote to it in its field "fence" (one that is not a
--- whole number up to 2^53, another writer's, counts as none). A write with a lower token is ignored (its run lost the claim: its consumer was presumed dead and the task
+-- The record keeps the highest token that wrote to it in its field "fence". A write with a lower token is ignored (its run lost the claim: its consumer was presumed dead and the task
 -- re-run or requeued); a write with a higher token takes the record over.
 -- A write with a higher token that sets status RUNNING starts a run: it is refused, and nothing
 -- is written, if the task was cancelled (see include/start_gate.lua): the consumer drops the task
@@ -41,7 +40,7 @@
 -- was lost: its fields are set again, but it appends nothing, and it answers 4, so it is not
 -- counted again.
 -- Returns: per group, 1 written, 0 ignored, 2 refused (the task was cancelled), 3 not held,
--- 4 written again (a re-sent write), or an error (a record of a foreign type): one group's error
+-- 4 written again (a re-sent write), or an error (a record a producer wrote as another type): one group's error
 -- stops no other group.
 
 -- include: args
@@ -80,7 +79,7 @@ local function file_under(key, task_id, old, status, ttl_s, read)
   history_move(h, task_id, old, status, enqueued, ttl_s * 1000)
 end
 
--- The JSON list `text` with `item` appended; a list a foreign writer left malformed is started afresh.
+-- The JSON list `text` with `item` appended; a list that is not JSON (a producer's) is started afresh.
 local function appended(text, item)
   if not text then return '[' .. cjson.encode(item) .. ']' end  -- the first item (a task's first run)
   local ok, list = pcall(cjson.decode, text)
@@ -183,7 +182,7 @@ local function standing_of(j)
   local live = redis.pcall('ZSCORE', KEYS[list_keys + 2], id)
   return (live and type(live) ~= 'table') and 'live' or 'reaped'
 end
--- Whether list `j` holds `task` for its instance (keys of another type: no).
+-- Whether list `j` holds `task` for its instance.
 local function held_by(j, task)
   standing[j] = standing[j] or standing_of(j)
   if standing[j] ~= 'reaped' then return standing[j] == 'live' end
@@ -223,7 +222,7 @@ for key_index = first_record, #KEYS do
     end
   end
 end
--- One increment per field; a counters key of a foreign type only loses the counts.
+-- One increment per field.
 if counters and #counters.names > 0 then
   for _, name in ipairs(counters.names) do redis.pcall('HINCRBY', counters.key, name, counters.add[name]) end
   redis.pcall('EXPIRE', counters.key, counters.ttl_s)

@@ -4,9 +4,6 @@
 -- (see acquire_slot)
 -- Returns: the waiters woken ("<queue>\n<delayed member>"), one per free slot: the caller moves
 -- each one's task from delayed to pending. None while Redis has been up for less than the lease.
--- include: key_types
-local refused = wrong_key_type({'zset', 'zset', 'hash'})
-if refused then return refused end
 -- include: args
 -- include: node
 -- include: slots

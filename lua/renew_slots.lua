@@ -5,9 +5,6 @@
 -- not brought back: its slot may be someone else's now. While Redis has been up for less than
 -- the lease, a missing holder is put back: Redis lost it, and no slot was given out meanwhile
 -- (see include/slots.lua).
--- include: key_types
-local refused = wrong_key_type({'zset'})
-if refused then return refused end
 -- include: args
 -- include: node
 local lease_ms = int_arg(ARGV[1], 30000, 1, 86400000)

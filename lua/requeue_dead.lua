@@ -13,7 +13,7 @@
 -- ARGV[1] wake token   ARGV[2] park ms: 0 pushes the tasks; more parks them in delayed, due that
 -- long after the server's now, as "<priority as %+04d><task>" (promoted then, should the caller
 -- never move them on)   ARGV[3] the records' fencing token (a record holding a higher one is left
--- alone; a fence that is not a whole number up to 2^53, another writer's, counts as none)   ARGV[4] s, the number of status indexes (0: no history index)   ARGV[5] to ARGV[4 + s]
+-- alone)   ARGV[4] s, the number of status indexes (0: no history index)   ARGV[5] to ARGV[4 + s]
 -- their status names   ARGV[5 + s] u, the number of uniqueness keys; then per task: its member as
 -- stored in KEYS[1], its priority (-100..100; anything else is clamped, a non-number is 0), the task
 -- to push (re-encoded for a fresh start), its id (its cancel requests are dropped: the new run starts
@@ -22,18 +22,15 @@
 -- then p field/value pairs of its READY record (written with `fence` and an empty `claimed_fence`,
 -- and filed READY in the history index; p = 0 or no result hash: no record)
 -- Returns: one reply per task, 1 moved, 2 moved without the record given for it (its write failed,
--- as on a key of a foreign type, which stops no other task; or a later run's token is on it), 0
+-- as on a record a producer wrote as another type, which stops no other task; or a later run's token is on it), 0
 -- skipped (no longer in KEYS[1]: requeued by someone else, deleted, trimmed, or promoted once
 -- parked; nothing is written for it), or the id of the task holding its uniqueness key (a string:
--- it stays dead, nothing is written for it). Errors before any write if a queue key or a
--- uniqueness key holds another type.
+-- it stays dead, nothing is written for it). The destinations' types are checked before the
+-- first task leaves KEYS[1], so a key of the wrong type moves nothing.
 
 -- include: args
 -- include: priority
--- include: key_types
 -- include: history
-local refused = wrong_key_type({'zset', 'list', 'zset', 'zset', 'zset', 'zset'})
-if refused then return refused end
 local now_ms = server_now_ms()
 local park_ms = int_arg(ARGV[2], 0, 0, 2 ^ 53)
 local fence = int_arg(ARGV[3], 0, 0, 2 ^ 53)
@@ -41,10 +38,7 @@ local indexes = int_arg(ARGV[4], 0, 0, math.max(0, math.min(#KEYS - 8, #ARGV - 4
 local h = history_keys(KEYS[7], KEYS[8], {unpack(ARGV, 5, 4 + indexes)}, 9)
 local unique_key = indexes > 0 and 9 + indexes or 7
 local uniques = int_arg(ARGV[5 + indexes], 0, 0, math.max(0, #KEYS - unique_key + 1))
-local strings = {}
-for i = 1, uniques do strings[i] = 'string' end
-refused = wrong_key_type(strings, unique_key)
-if refused then return refused end
+redis.call('LLEN', KEYS[2]); redis.call('ZCARD', KEYS[3]); redis.call('ZCARD', KEYS[6])
 local last_unique_key = unique_key + uniques - 1
 local record_key = unique_key + uniques
 local at = 6 + indexes

@@ -6,14 +6,11 @@
 -- ARGV[5] the settling process's instance token ("": unchecked)
 -- Returns: 1 moved, 0 lost (no longer in this consumer's list: it was reaped; or another
 -- instance registered the consumer id since: see include/settle.lua).
--- Errors (before writing anything) if a key holds the wrong type.
 
 -- include: args
--- include: key_types
 -- include: settle
 -- include: instance
-local refused = wrong_key_type({'list', 'zset', 'hash', 'hash'})
-if refused then return refused end
+redis.call('HLEN', KEYS[3]); redis.call('ZCARD', KEYS[2])  -- types checked before the task leaves
 if other_instance(KEYS[4], ARGV[4], ARGV[5]) then return 0 end
 -- A deferral (same bytes: rate-limited or disabled, it never ran) keeps the task's recovery
 -- count, so a poison pill that is also rate-limited still reaches the dead letters.

@@ -8,17 +8,15 @@
 -- ARGV[4..] serialized tasks, in the order they should run
 -- Returns: how many were returned (tasks no longer in the processing list are skipped; none if
 -- another instance registered the consumer id since: the list is that instance's, see
--- include/settle.lua). A key of another type than these (a foreign writer's) is a WRONGTYPE error
--- naming it before any write: no task leaves the list to be lost halfway.
+-- include/settle.lua). The destinations' types are checked before the first task leaves the
+-- list, so a key of the wrong type stops the script before a task moved.
 -- include: instance
 -- include: args
--- include: key_types
-local refused = wrong_key_type({'list', 'list', 'hash', 'list', 'hash', 'zset'})
-if refused then return refused end
 -- include: priority
 -- include: protobuf
 -- include: put_back
 if other_instance(KEYS[5], ARGV[1], ARGV[2]) then return 0 end
+redis.call('HLEN', KEYS[3]); redis.call('LLEN', KEYS[2]); redis.call('LLEN', KEYS[4]); redis.call('ZCARD', KEYS[6])
 local returned = 0
 local prioritized = false
 for i = #ARGV, 4, -1 do

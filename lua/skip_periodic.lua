@@ -7,10 +7,7 @@
 -- slot or a later one was handled already) or "skipped" (the slot is recorded as handled).
 
 -- include: args
--- include: key_types
 -- include: periodic_slot
-local bad = wrong_key_type({'hash'})
-if bad then return bad end
 local slot_ms, now_ms, _, fired, refused = periodic_slot('skip_periodic')
 if refused then return refused end
 redis.call('HSET', KEYS[1], 'slot_ms', slot_ms)

@@ -7,9 +7,6 @@
 -- Returns: the waiters handed a slot that is free now ("<queue>\n<delayed member>"), possibly
 -- this one: a slot that freed between the denial and this call is not missed. None while Redis
 -- has been up for less than the lease.
--- include: key_types
-local refused = wrong_key_type({'zset', 'zset', 'hash'})
-if refused then return refused end
 -- include: args
 -- include: node
 -- include: slots

@@ -5,13 +5,10 @@
 -- ARGV[1] the task type   ARGV[2] at most how many members to take
 -- A member taken that is no longer delayed (promoted at its recheck, claimed, cancelled) is not
 -- added back (ZADD XX). Once the type's set is empty its name leaves the disabled types set.
--- Returns: {members taken, tasks made due}; a WRONGTYPE error naming a key of another type (a
--- foreign writer's), nothing moved.
+-- Returns: {members taken, tasks made due}. The delayed set's type is checked before the pop.
 
 -- include: args
--- include: key_types
-local refused = wrong_key_type({'set', 'set', 'zset'})
-if refused then return refused end
+redis.call('ZCARD', KEYS[3])
 local taken = redis.call('SPOP', KEYS[2], int_arg(ARGV[2], 1000, 1, 100000))
 local now_ms = server_now_ms()
 local due = 0

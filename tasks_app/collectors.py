@@ -15,7 +15,6 @@ from tasks_app import metrics
 from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.names import NAME_PATTERN
-from tasks_app.protocol.refusals import KeyRefused, read_each
 from tasks_app.protocol.replies import QueueStats
 
 logger = logging.getLogger(__name__)
@@ -24,9 +23,8 @@ STATES = ("pending", "processing", "delayed", "dead")
 # More queues than this are not exported: cardinality stays bounded whatever producers do.
 MAX_QUEUES = 200
 
-# What one read gives: the stats of each queue read, the error of each queue Redis refused to read, the server's ms,
-# and Redis's refusal of the queue set ("" if none).
-Read = tuple[list[QueueStats], dict[str, str], int, str]
+# What one read gives: the stats of each queue, and the server's ms.
+Read = tuple[list[QueueStats], int]
 
 
 class QueueCollector(Collector):
@@ -34,11 +32,7 @@ class QueueCollector(Collector):
 
     The read runs on a helper thread and the scrape waits at most `timeout_s` for it: a slow or
     absent Redis makes the scrape report `taskqueue_queue_stats_up 0` and count an error, never
-    hang or raise. A read still running from an earlier scrape is waited on, not duplicated. A
-    queue whose keys Redis refuses to read (a foreign key of another type) is exported as
-    `taskqueue_queue_unreadable{queue, reason}` instead of its counts; the others as usual. Where
-    Redis refuses the queue set itself, the collector's own queues are read (a consumer's), and
-    the refusal is `taskqueue_queue_set_unreadable{reason}`.
+    hang or raise. A read still running from an earlier scrape is waited on, not duplicated.
     """
 
     def __init__(self, broker: Callable[[], Broker], queues: Sequence[str] = (), timeout_s: float = 2.0) -> None:
@@ -57,13 +51,9 @@ class QueueCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         """Read every known queue from Redis, within the time budget."""
         started = time.monotonic()
-        depth, live, paused, unreadable, set_unreadable, up, duration = self._families()
+        depth, live, paused, up, duration = self._families()
         read = self._read()
-        stats, refused, now_ms, set_refused = read if read is not None else ([], {}, 0, "")
-        for queue, reason in refused.items():
-            unreadable.add_metric([queue, reason], 1)
-        if set_refused:
-            set_unreadable.add_metric([set_refused], 1)
+        stats, now_ms = read if read is not None else ([], 0)
         for item in stats:
             for state in STATES:
                 depth.add_metric([item.queue, state], getattr(item, state))
@@ -72,7 +62,7 @@ class QueueCollector(Collector):
             paused.add_metric([item.queue], 1 if item.paused else 0)
         up.add_metric([], 0 if read is None else 1)
         duration.add_metric([], time.monotonic() - started)
-        yield from (depth, live, paused, unreadable, set_unreadable, up, duration)
+        yield from (depth, live, paused, up, duration)
 
     def _read(self) -> Read | None:
         with self._lock:
@@ -94,33 +84,9 @@ class QueueCollector(Collector):
 
     def _read_all(self) -> Read:
         broker = self.broker()
-        listed, set_refused = self._listed(broker)
         # A name that breaks the naming rule (a foreign producer's) is no label: no consumer serves it.
-        queues = sorted(set(self.queues) | {name for name in listed if NAME_PATTERN.fullmatch(name)})
-        stats, unreadable = read_each(queues[:MAX_QUEUES], broker.queue_stats)
-        self._say_unreadable(queues[:MAX_QUEUES], unreadable)
-        return list(stats.values()), unreadable, broker.server_time_ms(), set_refused
-
-    def _listed(self, broker: Broker) -> tuple[list[str], str]:
-        """The queue set's queues, and ""; none and Redis's refusal where it refuses that set (a foreign key's type),
-        said once (reminders while it stays so) and when it is read again."""
-        try:
-            listed = broker.known_queues()
-        except KeyRefused as exc:
-            message = "queue stats: the queue set is unreadable, only this process's queues are exported: %s"
-            self._problem.failed("queue set", str(exc), message, exc)
-            return [], str(exc)
-        self._problem.recovered("queue set", "queue stats: the queue set is read again")
-        return listed, ""
-
-    def _say_unreadable(self, queues: list[str], unreadable: dict[str, str]) -> None:
-        """Log once that a queue is unreadable (reminders while it stays so), and when it is read again."""
-        for queue in queues:
-            if queue in unreadable:
-                reason = unreadable[queue]
-                self._problem.failed(f"queue {queue}", reason, "queue stats: queue %s is unreadable: %s", queue, reason)
-            else:
-                self._problem.recovered(f"queue {queue}", "queue stats: queue %s is read again", queue)
+        queues = sorted(set(self.queues) | {name for name in broker.known_queues() if NAME_PATTERN.fullmatch(name)})
+        return [broker.queue_stats(queue) for queue in queues[:MAX_QUEUES]], broker.server_time_ms()
 
     @staticmethod
     def _families() -> tuple[GaugeMetricFamily, ...]:
@@ -136,17 +102,6 @@ class QueueCollector(Collector):
             ),
             GaugeMetricFamily(
                 f"{prefix}_queue_paused", "1 while a queue is paused (nothing is claimed from it).", labels=["queue"]
-            ),
-            GaugeMetricFamily(
-                f"{prefix}_queue_unreadable",
-                "1 for a queue whose keys Redis refuses to read (a foreign key of another type), with the error.",
-                labels=["queue", "reason"],
-            ),
-            GaugeMetricFamily(
-                f"{prefix}_queue_set_unreadable",
-                "1 while Redis refuses to read the set of known queues (a foreign key of another type), with the"
-                " error: only this process's own queues are exported.",
-                labels=["reason"],
             ),
             GaugeMetricFamily(f"{prefix}_queue_stats_up", "1 if this scrape read the queue depths from Redis."),
             GaugeMetricFamily(f"{prefix}_queue_stats_duration_seconds", "Time this scrape spent reading Redis."),

@@ -45,12 +45,6 @@ TASK_TYPES_AGE = Gauge(
 LEASE_RENEWALS = Counter(f"{PREFIX}_lease_renewals", "Successful lease renewals.")
 LEASES_LOST = Counter(f"{PREFIX}_leases_lost", "Times this consumer found its lease gone and re-registered.")
 REDIS_ERRORS = Counter(f"{PREFIX}_redis_errors", "Redis errors met by consumer loops.", ["loop"])
-QUEUE_REFUSED = Counter(
-    f"{PREFIX}_queue_refused",
-    "Steps of consumer loops that Redis refused for one queue (a key of another type, a foreign writer's): "
-    "skipped for that queue, the others go on.",
-    ["loop", "queue"],
-)
 QUEUE_STATS_ERRORS = Counter(f"{PREFIX}_queue_stats_errors", "Scrapes whose queue depths could not be read in time.")
 RESULT_REPLICATION_TIMEOUTS = Counter(
     f"{PREFIX}_result_replication_timeouts",

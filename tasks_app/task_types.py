@@ -15,9 +15,7 @@ from prometheus_client import Gauge
 
 from tasks_app.models import TIMEOUT_MIN_S, UNIQUE_FOR_MAX_S, TaskType
 from tasks_app.problem_log import ProblemLog
-from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.dead_letters import UniqueWindow
-from tasks_app.protocol.refusals import KeyRefused
 from tasks_app.registry import Registry
 
 logger = logging.getLogger(__name__)
@@ -98,17 +96,6 @@ def _within_unique_bound(window_s: float | None) -> float | None:
     if window_s is not None and not window_s <= UNIQUE_FOR_MAX_S:  # NaN too
         return float(UNIQUE_FOR_MAX_S)
     return window_s
-
-
-def listed_queues(broker: Broker) -> tuple[list[str], str]:
-    """The queues the queue set lists, and ""; where Redis refuses that set (a foreign key's type), the task
-    types' queues, and a note saying why (naming the key), for the pages and commands that list queues."""
-    try:
-        return broker.known_queues(), ""
-    except KeyRefused as exc:
-        queues = sorted(set(TaskType.objects.values_list("queue", flat=True)))
-        note = f"Redis refused to read the set of known queues, so only the task types' queues are listed: {exc}"
-        return queues, note
 
 
 class UnknownTaskType(LookupError):

@@ -133,15 +133,3 @@ def test_a_run_whose_id_left_the_consumers_but_whose_task_is_still_listed_writes
     assert broker.client.zscore(broker.keys.history_status("q", results.SUCCESSFUL), task.id) is not None
     assert _succeeded_this_minute(broker) == 1
     assert broker.client.llen(broker.keys.processing("q", "c1")) == 0
-
-
-def test_an_ack_whose_consumer_info_is_not_json_writes_its_record_once(broker):
-    task = _enqueued(broker, "odd-info-1")
-    raw, fence = _run(broker, task, "c1")
-    broker.client.hset(broker.keys.consumer_info("q"), "c1", b"\xff\xfe not json")
-    broker.instance = "mine"
-
-    assert _ack(broker, "c1", raw, task, fence) == [True]
-    assert _ack(broker, "c1", raw, task, fence) == [False]  # sent again: nothing held, nothing counted
-    assert broker.get_result(task.id)["status"] == results.SUCCESSFUL
-    assert _succeeded_this_minute(broker) == 1

@@ -388,3 +388,13 @@ def by_task(sent: list[tuple[str, str, str]]) -> dict[str, list[tuple[str, str]]
     for name, path, status in sent:
         grouped.setdefault(path, []).append((name, status))
     return grouped
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("redis_tasks")
+@pytest.mark.parametrize("errors", ['[{"exception_class_path": "x.Error"}]', '[{"traceback": "t"}]', "[{}]"])
+def test_a_producers_record_whose_error_misses_a_field_reads_with_that_field_empty(broker, errors):
+    result = tasks.add.enqueue(1, 2)
+    broker.client.hset(broker.keys.result(result.id), mapping={"status": "FAILED", "errors": errors})
+    [error] = tasks.add.get_result(result.id).errors  # before: KeyError
+    assert {error.exception_class_path, error.traceback} <= {"x.Error", "t", ""}

@@ -11,7 +11,7 @@ from tasks_app.protocol.codec import Task
 from tasks_app.protocol.inspection import MOVED, NOT_MOVED, DeadRequeue
 from tasks_app.protocol.keys import WAKE_TOKEN, delayed_member, split_delayed_member
 from tasks_app.protocol.replies import ResultUpdate
-from tasks_app.protocol.scripts import LUA_DIR
+from tasks_app.protocol.scripts import LUA_DIR, MisconfiguredKey
 from tests.support.broker_calls import ids, make_task, push, register
 from tests.support.enqueued import is_idle
 from tests.support.midway import MovesMidway
@@ -53,6 +53,21 @@ def test_claim_takes_no_more_than_asked(broker):
     push(broker, *[make_task(n) for n in range(10)])
     assert len(broker.claim("q", "c1", 3)) == 3
     assert broker.client.llen(broker.keys.pending("q")) == 7
+
+
+@pytest.mark.parametrize("priority", [0, 5])
+def test_a_claim_meeting_a_processing_list_of_the_wrong_type_names_it_and_moves_nothing(broker, priority):
+    register(broker, "c1")
+    task = make_task(1, priority=priority)
+    push(broker, task, priority=priority)
+    processing = broker.keys.processing("q", "c1")
+    broker.client.hset(processing, "not", "a list")
+    with pytest.raises(MisconfiguredKey, match=rf"script claim .*{processing} \(hash\)") as raised:
+        broker.claim("q", "c1", 5)
+    assert f"{broker.keys.pending('q')} (" in str(raised.value)  # every key is named with its type
+    pending, prioritized = broker.keys.pending("q"), broker.keys.prioritized("q")
+    waits = task in broker.client.lrange(pending, 0, -1) or broker.client.zscore(prioritized, task) is not None
+    assert waits, "the task still waits where it was"
 
 
 def test_claim_without_a_lease_takes_nothing(broker):

@@ -200,17 +200,6 @@ def test_a_deferral_keeps_the_recovery_count_but_a_retry_clears_it(broker):
     assert broker.client.hget(broker.keys.recoveries("q"), digest) is None
 
 
-@pytest.mark.parametrize("info", [b"not json", b"5", b"[1, 2]", b'{"lease_ms": "soon"}', b'{"lease_ms": {}}', b"\xff"])
-def test_reaping_never_fails_on_consumer_info_a_foreign_process_wrote(broker, info):
-    register(broker, "c1")
-    push(broker, make_task(1))
-    broker.claim("q", "c1", 1)
-    broker.client.hset(broker.keys.consumer_info("q"), "c1", info)
-    expire(broker, "c1")
-    outcome = broker.reap("q", "c1", LEASE_MS)
-    assert (outcome.status, outcome.requeued) == (1, 1)
-
-
 def test_a_clean_exit_clears_the_start_mark_of_the_suspect_it_returns(broker):
     register(broker, "c0")
     push(broker, make_task(1))

@@ -7,7 +7,7 @@ import pytest
 from tasks_app import producer
 from tasks_app.models import TaskType
 from tasks_app.protocol.keys import delayed_member
-from tasks_app.protocol.refusals import KeyRefused
+from tasks_app.protocol.scripts import MisconfiguredKey
 from tests.support.broker_calls import make_task
 from tests.support.processes import wait_until
 
@@ -42,13 +42,13 @@ def test_a_noted_task_no_longer_delayed_is_not_put_back(broker):
     assert broker.client.zcard(broker.keys.delayed("q")) == 0
 
 
-def test_a_set_of_a_foreign_type_is_refused_naming_it_and_nothing_moves(broker):
+def test_a_set_of_the_wrong_type_is_a_misconfigured_key_named_with_its_type_and_nothing_moves(broker):
     member = deferred(broker, 1)
     broker.client.delete(broker.keys.disabled("q", "x.slow"))
-    broker.client.set(broker.keys.disabled("q", "x.slow"), "foreign")
-    with pytest.raises(KeyRefused, match=r"disabled:x\.slow"):
+    broker.client.set(broker.keys.disabled("q", "x.slow"), "not a set")
+    with pytest.raises(MisconfiguredKey, match=r"wake_enabled.*disabled:x\.slow \(string\)"):
         broker.wake_enabled("q", disabled=lambda task_type: False)
-    with pytest.raises(KeyRefused, match=r"disabled:x\.slow"):
+    with pytest.raises(MisconfiguredKey, match=r"note_disabled.*disabled:x\.slow \(string\)"):
         broker.note_disabled("q", "x.slow", 0, make_task(2), 60_000)
     assert broker.client.zscore(broker.keys.delayed("q"), member) == FAR_MS
 

@@ -287,27 +287,6 @@ def test_a_task_denied_just_before_another_consumer_follows_a_change_up_takes_it
     assert task.id == "t1" and due_in_ms <= (0 if changed["rate_limit"] is None else 31_000)
 
 
-def test_a_foreign_key_in_place_of_the_queues_recorded_once_a_task_is_denied_leaves_it_deferred(broker, registry):  # noqa: F811
-    register(broker, CONSUMER, lease_ms=30_000)
-    limiter = RateLimiter(broker)
-
-    def gate(task: Task, config: TaskTypeConfig, key_token: str | None) -> Admission:
-        admission = limiter(task, config, key_token)
-        broker.client.delete(broker.keys.rate_queues("x.add"))
-        broker.client.set(broker.keys.rate_queues("x.add"), "foreign")
-        return admission
-
-    foreign = Executor(broker, registry, TaskTypeCache(), CONSUMER, result_ttl_s=60, rate_gate=gate)
-    task_type(foreign, "x.add", rate_limit=1, rate_period=60)
-    assert limiter(Task(id="first", type="x.add", queue="q"), foreign.task_types.get("x.add")).wait_ms == 0
-
-    assert foreign.execute(claimed(broker, "t1", "x.add", 1, 2)) is False
-
-    [(task, due_in_ms)] = delayed_tasks(broker)
-    assert task.id == "t1" and due_in_ms > 0
-    assert dead_tasks(broker) == []
-
-
 # --- a handler that cannot begin within its rate admission's start margin ---------------------
 def start_margin_s(gated: Executor, type_name: str) -> float:
     return RatePolicy.for_config(gated.task_types.get(type_name)).start_margin_us / 1_000_000

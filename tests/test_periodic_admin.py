@@ -264,27 +264,6 @@ def test_the_admin_refuses_a_cron_that_never_matches(staff, broker, echo):
     assert not PeriodicTask.objects.exists()
 
 
-def test_a_schedule_whose_state_is_foreign_is_unreadable_and_the_others_show_as_usual(staff, broker, echo):
-    spoilt = PeriodicTask.objects.create(name="a.spoilt", task_type=echo, interval_s=60)
-    fine = PeriodicTask.objects.create(name="b.fine", task_type=echo, interval_s=60)
-    now_ms = broker.server_time_ms() // 60_000 * 60_000
-    fire_slot(PeriodicConfig.from_model(fine), SlotFiring(now_ms, now_ms - 60_000, 60_000, "skip"), broker)
-    [run] = pushed_runs(broker, "periodic-out")
-    key = broker.keys.periodic("periodic-out", spoilt.name)
-    broker.client.rpush(key, "foreign")  # a list where the schedule's state hash goes
-    for url in (LIST_URL, "/tasks/dashboard/"):
-        response = staff.get(url)
-        page = response.content.decode()
-        assert response.status_code == 200 and "Redis unavailable" not in page, url  # before: on every row
-        assert f'href="/tasks/{run.task_id}/"' in page, url
-        assert "unreadable" in page and key in page and "WRONGTYPE" in page, url
-    out = StringIO()
-    call_command("periodic", "list", stdout=out)
-    [line] = [line for line in out.getvalue().splitlines() if line.startswith("a.spoilt")]
-    assert "unreadable" in line and "WRONGTYPE" in line and "INVALID" not in line
-    assert "Redis unavailable" not in out.getvalue()
-
-
 def test_every_schedule_says_redis_unavailable_while_redis_is_away(key_prefix, echo):
     PeriodicTask.objects.create(name="ok.job", task_type=echo, interval_s=30)
     [status] = schedule_statuses(Broker(connect("redis://127.0.0.1:1/0"), key_prefix))

@@ -132,7 +132,7 @@ def test_a_schedule_whose_state_key_redis_refuses_does_not_stop_the_others(broke
     assert "periodic task a.foreign: slot" in caplog.text and "WRONGTYPE" in caplog.text
 
 
-@pytest.mark.parametrize("name", ["pending", "prioritized"])  # a foreign history or record: it fires all the same
+@pytest.mark.parametrize("name", ["pending", "prioritized"])
 def test_a_schedule_whose_queue_redis_refuses_does_not_stop_the_others(broker, echo, caplog, name):
     foreign = replace(config("a.foreign"), queue="elsewhere")
     broker.client.set(getattr(broker.keys, name)("elsewhere"), "not what the fire script writes")

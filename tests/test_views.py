@@ -308,14 +308,12 @@ def test_the_dashboard_shows_hostile_queue_names_escaped_and_unlinked(staff, bro
     producer.enqueue("web.echo", [1])
     broker.client.sadd(broker.keys.queues(), *HOSTILE_NAMES)
     broker.client.lpush(broker.keys.pending("a/b"), b"not a task")
-    broker.client.zadd(broker.keys.consumers("web"), {b"\xff/odd\nconsumer": 10**15, b"c-2": 1})
-    broker.client.hset(broker.keys.consumer_info("web"), mapping={b"\xff/odd\nconsumer": b"not json", b"c-2": b"[1]"})
 
     response = staff.get(DASHBOARD_URL)
     assert response.status_code == 200
     html = response.content.decode()
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html and "<script>alert" not in html
-    assert "line\\nbreak" in html and "caf\\xe9" in html and "\\xff/odd\\nconsumer" in html
+    assert "line\\nbreak" in html and "caf\\xe9" in html
     assert "q" * 199 + "…" in html and "q" * 201 not in html
     assert html.count("(not a valid queue name") == len(HOSTILE_NAMES)
     links = re.findall(r'href="(/tasks/dashboard/[^"]*)/dead/"', html)

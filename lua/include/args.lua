@@ -5,12 +5,10 @@ local function int_arg(value, default, min, max)
   if not n or n ~= n then return default end
   return math.max(min, math.min(max, math.floor(n)))
 end
--- A whole number read from a key that another writer may have set (an operator's "abc", "nan",
--- "inf", 1e400, a negative, or one past 2^53, where doubles skip integers): the number, or nil.
+-- A number our scripts stored (as text or in JSON), or nil for an absent key or field.
 local function stored_int(value)
-  local n = tonumber(value)
-  if n and n >= 0 and n <= 2 ^ 53 then return math.floor(n) end
-  return nil
+  if not value then return nil end
+  return tonumber(value)
 end
 -- The server's clock in microseconds, and in milliseconds: the one place scripts read TIME.
 local function server_now_us()

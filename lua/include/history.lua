@@ -1,7 +1,7 @@
 -- The history index of one queue (docs/PROTOCOL.md, "History index"): `h` holds its keys,
 -- h.all (id -> enqueue ms), h.ids (ids scored 0, for prefix search) and h.status (status name
--- -> key of that status's index; h.status_keys lists them). Every write is a pcall: an index
--- key of a foreign type only loses index entries, never the record or the task.
+-- -> key of that status's index; h.status_keys lists them). Every write is a pcall: the index
+-- is a view for the pages, written after the task moved, so its failure never undoes a move.
 local function history_keys(all, ids, names, first_key)
   local h = {all = all, ids = ids, status = {}, status_keys = {}}
   for i, name in ipairs(names) do
@@ -77,7 +77,7 @@ end
 -- Move a task from the index of status `old` (nil: unknown, so from every other) to that of
 -- `new`, keeping its score (the status indexes' time to live is refreshed by the consumers'
 -- schedulers and each enqueue, not here: this runs for every result write);
--- a task the index lacks (a foreign producer's) is added with the score `fallback_score()`, its
+-- a task the index lacks (an outside producer's) is added with the score `fallback_score()`, its
 -- enqueue time: or now, when that is unknown (nil) or 0 (protobuf's "not set"; at the epoch the
 -- next trim would drop it at once).
 local function history_move(h, id, old, new, fallback_score, ttl_ms)

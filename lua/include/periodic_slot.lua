@@ -1,5 +1,5 @@
 -- A periodic schedule's state hash (KEYS[1]) against one slot: shared by fire_periodic and skip_periodic.
--- A number of ms read from the state (stored_int: nil for anything else, written by someone else).
+-- A number of ms read from the state (nil: not set).
 local function state_ms(name)
   return stored_int(redis.call('HGET', KEYS[1], name))
 end

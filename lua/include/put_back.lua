@@ -1,7 +1,7 @@
 -- Putting back a claimed task that never started (return_unstarted, deregister) where its priority
 -- (field 5 of its envelope) puts it, ahead of every task of that priority waiting, so it keeps its
 -- place before those enqueued after it: priority 0 at the head of pending, any other first in its
--- band of prioritized. Bytes that are not a protobuf message (a foreign producer's) go to pending.
+-- band of prioritized. Bytes that are not a protobuf message (an outside producer's) go to pending.
 -- Needs the args, priority and protobuf includes before it.
 local function put_back(pending, prioritized, task)
   local priority = clamp_priority(int32_field(task, 5) or 0)

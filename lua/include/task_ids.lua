@@ -1,7 +1,7 @@
 -- A caller's task id is taken in every queue but the one its task's record names: the record
 -- (P:result:<id>) is one key for the id, so a second task under it would write the first one's.
--- Whether result hash `key` exists naming a queue other than `queue` (a key of another type, or a
--- record without a queue, names none; no `queue` given: false).
+-- Whether result hash `key` exists naming a queue other than `queue` (a key a producer wrote as
+-- another type, or a record without a queue, names none; no `queue` given: false).
 local function names_another_queue(key, queue)
   if not key or not queue then return false end
   local owner = redis.pcall('HGET', key, 'queue')

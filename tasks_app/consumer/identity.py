@@ -110,12 +110,8 @@ def _is_zombie(pid: int) -> bool:
 
 
 def live_holders(broker: Broker, queues: Sequence[str], consumer_id: str) -> list[LeaseHolder]:
-    """The lease entries of `consumer_id` that another process may still hold: fresh, and not known dead.
-
-    A queue whose lease keys Redis refuses (a foreign key's type) shows none: registering there meets
-    the same refusal, and says so.
-    """
-    holders, _ = broker.lease_holders(queues, consumer_id)
+    """The lease entries of `consumer_id` that another process may still hold: fresh, and not known dead."""
+    holders = broker.lease_holders(queues, consumer_id)
     return [holder for holder in holders if holder.ms_left > 0 and not holder_is_gone(holder.info)]
 
 

@@ -40,7 +40,6 @@ from tasks_app.consumer.loops import (
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.consumer.periodic_loop import scheduler_loops
 from tasks_app.consumer.process_mode import ProcessGuard
-from tasks_app.consumer.queue_steps import QueueSteps
 from tasks_app.consumer.reaped import record_reaped
 from tasks_app.consumer.receipts import withdrawals
 from tasks_app.consumer.registration import Registration
@@ -136,7 +135,6 @@ class Consumer(Stopping):
         self.held = HeldTasks(self.capacity)  # handed to workers and not let go of, and the suspect slot
         # Ids left after a lease lost on some queues only, kept there while they hold tasks.
         self.retiring = RetiringIds(self.heartbeat_broker, self.options.lease_s, self.held.raws, self.instance)
-        self.claim_steps = QueueSteps("claimer")  # the claims Redis refused, by queue (a foreign key's type)
         self._queues_idle = IdleCheck(self.broker, self.options.queues, self._claimable)  # burst mode's question
         self.exit_code = 0  # what `leave` asks for (process mode)
         self.guard = ProcessGuard(self.options, lambda *limits: self.executor.fail_hung(*limits), self.leave)
@@ -156,9 +154,8 @@ class Consumer(Stopping):
         return consumer_id == self.consumer_id and queue in queues
 
     def _claimable(self) -> list[str]:
-        """The queues it may claim from: registered there, its claims not refused (a burst counts the others idle)."""
-        refused = self.claim_steps.refused_queues()
-        return [queue for queue in self.registration.current()[1] if queue not in refused]
+        """The queues it may claim from: registered there (a burst counts the others idle)."""
+        return self.registration.current()[1]
 
     def lease_lost(self, lost_id: str, queues: Sequence[str] | None = None) -> None:
         """Our lease expired (or we were reaped) on `queues` (None: all): tombstone that id, register a new one.

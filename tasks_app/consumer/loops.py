@@ -12,7 +12,6 @@ from typing import Protocol
 from redis.exceptions import RedisError
 
 from tasks_app import metrics
-from tasks_app.consumer.queue_steps import QueueSteps
 from tasks_app.consumer.retrying import next_backoff_s, redis_away
 from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import Broker
@@ -94,8 +93,7 @@ class LeaseClock:
 
 
 class HeartbeatLoop:
-    """Renews this consumer's lease every third of the lease, on its own connection; a queue where Redis refuses
-    the renewal (a foreign key's type) counts as lost there, as one where the lease lapsed."""
+    """Renews this consumer's lease every third of the lease, on its own connection."""
 
     name = "heartbeat"
 
@@ -114,24 +112,18 @@ class HeartbeatLoop:
         self.lease_ms = int(lease.lease_s * 1000)
         self.on_lost = on_lost
         self._problems: ProblemLog[str] = ProblemLog(logger)
-        self._steps = QueueSteps(self.name)
 
     def run_once(self) -> float:
         consumer_id, queues = self.registered()
         sent_at = time.monotonic()
         try:
-            lost, refused = self.broker.renew_leases(queues, consumer_id, self.lease_ms, instance=self.instance)
+            lost = self.broker.renew_leases(queues, consumer_id, self.lease_ms, instance=self.instance)
         except RedisError as exc:
             # Retry at twice the renewal pace instead of run_forever's backoff (up to 5 s):
             # after a Redis restart reapers wait only one lease of uptime, and a heartbeat
             # still backing off past that would get this live consumer reaped.
             return redis_away(self._problems, self.name, exc, self.lease_ms / 6000)
         self._problems.recovered(self.name, "%s: works again", self.name)
-        # A queue whose lease keys Redis refuses holds up no other; but the lease there is not renewed, and
-        # once the key is mended a reaper may recover what it held there before a renewal sees it lapsed: it
-        # is lost there now, so none of the tasks held under it there starts any more.
-        self._steps.note("renewing the lease", queues, refused)
-        lost += [queue for queue in queues if queue in refused]
         if not lost:
             self.lease.renewed(consumer_id, sent_at)
             metrics.LEASE_RENEWALS.inc()
@@ -170,12 +162,11 @@ class SchedulerLoop:
         )
         self._trimmed_at = float("-inf")
         self.result_ttl_s = int(settings.TASKS_RESULT_TTL)
-        self._steps = QueueSteps(self.name)
 
     def run_once(self) -> float:
         sleep_s = self.MAX_SLEEP_S
-        promotions = self._steps.each("promoting due tasks", self.queues, self._promote)
-        for promotion in promotions.values():
+        for queue in self.queues:
+            promotion = self._promote(queue)
             if promotion.moved + promotion.malformed >= self.BATCH:
                 sleep_s = 0.0
             elif promotion.next_due_ms >= 0:
@@ -183,11 +174,10 @@ class SchedulerLoop:
         if time.monotonic() - self._trimmed_at >= self.TRIM_EVERY_S:
             self.trim_dead_letters()
             # The backlog chart's samples; the history index's time to live.
-            self._steps.each("sampling the backlog", self.queues, self.broker.sample_backlog)
-            refresh = partial(self.broker.refresh_history_ttl, ttl_s=self.result_ttl_s)
-            self._steps.each("refreshing the history's time to live", self.queues, refresh)
-            wake = partial(self.broker.wake_enabled, disabled=self.disabled)
-            self._steps.each("waking the tasks of types enabled again", self.queues, wake)
+            for queue in self.queues:
+                self.broker.sample_backlog(queue)
+                self.broker.refresh_history_ttl(queue, ttl_s=self.result_ttl_s)
+                self.broker.wake_enabled(queue, disabled=self.disabled)
         return sleep_s
 
     def _promote(self, queue: str) -> Promotion:
@@ -201,7 +191,7 @@ class SchedulerLoop:
         """Apply the dead-letter caps (count and age) to every queue; return how many were dropped."""
         self._trimmed_at = time.monotonic()
         trim = partial(self.broker.trim_dead, max_count=self.dead_letter_max, max_age_s=self.dead_letter_max_age_s)
-        return sum(self._steps.each("trimming dead letters", self.queues, trim).values())
+        return sum(trim(queue) for queue in self.queues)
 
 
 class ReaperLoop:
@@ -222,19 +212,19 @@ class ReaperLoop:
         self.on_dead_lettered = on_dead_lettered
         # Per queue, the page of tombstones to examine next (besides the newest, every time).
         self._tombstone_offsets = dict.fromkeys(self.queues, 0)
-        self._steps = QueueSteps(self.name)
 
     def run_once(self) -> float:
-        self._steps.each("listing dead consumers", self.queues, self._reap_queue)
+        for queue in self.queues:
+            self._reap_queue(queue)
         return max(0.05, self.lease_s / 4)
 
     def _reap_queue(self, queue: str) -> None:
-        """Reap the dead consumers of `queue` on this page; one whose keys Redis refuses holds up no other."""
+        """Reap the dead consumers of `queue` on this page."""
         expired, tombstones, self._tombstone_offsets[queue] = self.broker.reap_candidate_page(
             queue, self._tombstone_offsets[queue]
         )
         for consumer_id in [*expired, *tombstones]:
-            self._steps.each(f"reaping consumer {consumer_id}", [queue], partial(self.reap, consumer_id=consumer_id))
+            self.reap(queue, consumer_id=consumer_id)
 
     def reap(self, queue: str, consumer_id: str, *, own_earlier_run: bool = False) -> int:
         """Reap one consumer's list on one queue completely; return how many tasks moved.

@@ -1,15 +1,10 @@
-"""The queues a consumer holds a lease on under its id: a queue whose keys Redis refuses is left out until mended.
+"""The queues a consumer holds a lease on under its id.
 
 Registering on a queue recovers what an earlier run under the id left there, then takes the lease.
-Where Redis refuses either (a foreign writer made one of the queue's keys another type), the
-consumer starts all the same and serves its other queues: that queue is logged once and counted
-(`taskqueue_queue_refused_total{loop="registering"}`), its heartbeat renews nothing there, its
-claimer claims nothing there (a claim under no lease could not be recovered), and registering there
-is tried again every third of a lease, so the consumer joins it once the key is mended.
+A queue held by another live process under the same id is joined once that process leaves.
 
 The queues it is registered on are listed in the queue set (what the dashboard finds queues by)
-again once a lease, and every third of a lease while Redis refuses that set: a set deleted, or of
-a foreign type and mended, lists them again without a restart.
+again once a lease: a set deleted lists them again without a restart.
 """
 
 from __future__ import annotations
@@ -23,7 +18,6 @@ from typing import Any
 
 from tasks_app.consumer import identity
 from tasks_app.consumer.loops import LeaseClock, ReaperLoop
-from tasks_app.consumer.queue_steps import QueueSteps
 from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import Broker
 
@@ -51,9 +45,7 @@ class Registration:
         # Held while the id, or the queues registered under it, change (the consumer's moving to a new id too).
         self.lock = threading.RLock()
         self._current: tuple[str, tuple[str, ...]] = ("", ())  # replaced whole: read without the lock
-        self._steps = QueueSteps(self.name)
         self._held_elsewhere: ProblemLog[str] = ProblemLog(logger)
-        self._unlisted: ProblemLog[str] = ProblemLog(logger)  # the queue set Redis refused to add to
         self._listed_at = float("-inf")  # when the queues were last added to the queue set (monotonic s)
 
     def current(self) -> tuple[str, list[str]]:
@@ -62,7 +54,7 @@ class Registration:
         return consumer_id, list(queues)
 
     def register(self, consumer_id: str) -> list[str]:
-        """Register `consumer_id` on every queue whose keys Redis reads (it is the current id now); return those."""
+        """Register `consumer_id` on every queue (it is the current id now); return those."""
         with self.lock:
             recovered = self._recover(consumer_id, self.queues)
             sent_at = time.monotonic()
@@ -84,41 +76,34 @@ class Registration:
         return self.lease.lease_s / 3
 
     def abandon(self, consumer_id: str, queues: Sequence[str]) -> None:
-        """Tombstone a lost id on `queues`, so reapers sweep what it held (not where Redis refuses its tombstones)."""
-        self._steps.note("tombstoning a lost id", queues, self.broker.abandon(queues, consumer_id))
+        """Tombstone a lost id on `queues`, so reapers sweep what it held."""
+        self.broker.abandon(queues, consumer_id)
 
     def _recover(self, consumer_id: str, queues: Sequence[str]) -> list[str]:
-        """Recover what an earlier run under `consumer_id` left on `queues`; return those where Redis let it."""
+        """Recover what an earlier run under `consumer_id` left on `queues`; return them."""
         recover = partial(identity.recover_earlier_run, self.reaper, consumer_id=consumer_id)
-        return list(self._steps.each("recovering an earlier run", queues, recover))
+        for queue in queues:
+            recover(queue)
+        return list(queues)
 
     def _take_leases(self, consumer_id: str, queues: Sequence[str]) -> list[str]:
-        """Register `consumer_id`'s lease on `queues`; return those where Redis let it."""
+        """Register `consumer_id`'s lease on `queues`; return them."""
         if not queues:
             return []
         lease_ms = int(self.lease.lease_s * 1000)
-        refused, unlisted = self.broker.register_leases(queues, consumer_id, lease_ms, self.info())
-        self._steps.note("registering", queues, refused)
-        self._listed(queues, unlisted)
-        return [queue for queue in queues if queue not in refused]
+        self.broker.register_leases(queues, consumer_id, lease_ms, self.info())
+        self._listed_at = time.monotonic()
+        return list(queues)
 
     def _list_again(self) -> None:
-        """List the registered queues in the queue set again: once a lease, or at each pass while Redis refuses it."""
+        """List the registered queues in the queue set again, once a lease."""
         registered = self._current[1]
-        if registered and (self._unlisted.open_keys() or time.monotonic() - self._listed_at >= self.lease.lease_s):
-            self._listed(registered, self.broker.list_queues(registered))
-
-    def _listed(self, queues: Sequence[str], unlisted: str) -> None:
-        """Note that `queues` were added to the queue set, or that Redis refused it (`unlisted`): said once."""
-        self._listed_at = time.monotonic()
-        if unlisted:  # the set only lists queues for the dashboard: the consumer runs all the same
-            message = "registering: listing queues %s in the queue set refused by Redis (the dashboard omits them): %s"
-            self._unlisted.failed("queue set", unlisted, message, ",".join(queues), unlisted)
-        else:
-            self._unlisted.recovered("queue set", "registering: listing queues in the queue set works again")
+        if registered and time.monotonic() - self._listed_at >= self.lease.lease_s:
+            self.broker.list_queues(registered)
+            self._listed_at = time.monotonic()
 
     def _free(self, consumer_id: str, queues: Sequence[str]) -> list[str]:
-        """Those of `queues` where no other live process holds `consumer_id` (unseen while their keys were refused)."""
+        """Those of `queues` where no other live process holds `consumer_id` ."""
         held = {holder.queue: holder for holder in identity.live_holders(self.broker, queues, consumer_id)}
         for queue in queues:
             if queue in held:

@@ -121,7 +121,7 @@ class RedisBackend(BaseTaskBackend):
         handler = find_handler(record.type, registry)
         if handler is None:  # a record of a plain handler's task, not of a `@task` function
             raise TaskResultDoesNotExist(result_id)
-        if record.status not in STATUSES:  # a foreign writer's, no status of a run: no result Django can read
+        if record.status not in STATUSES:  # a producer's, no status of a run: no result Django can read
             raise TaskResultDoesNotExist(result_id)
         return task_result_from_record(record, handler.django_task, self.alias)
 

@@ -28,7 +28,7 @@ def find_handler(name: str, registry: Registry) -> Handler | None:
 
 def task_result_from_record(record: ResultRecord, task: Task, alias: str) -> TaskResult:
     """Build Django's TaskResult from a result record (CANCELLED reads as FAILED with a TaskCancelled error)."""
-    errors = [  # a foreign writer's entry may lack either field
+    errors = [  # a producer's entry may lack either field
         TaskError(exception_class_path=error.get("exception_class_path", ""), traceback=error.get("traceback", ""))
         for error in record.errors
     ]

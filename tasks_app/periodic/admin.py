@@ -122,5 +122,5 @@ class PeriodicTaskAdmin(admin.ModelAdmin):
         if status is None or not status.last_task_id or status.last_slot is None:
             return status.state_error if status and status.state_error else "-"
         when = f"{status.last_slot:%Y-%m-%d %H:%M:%S} UTC"
-        url = url_or_empty("tasks_app:task", status.last_task_id)  # "": an id no URL can hold (a foreign writer's)
+        url = url_or_empty("tasks_app:task", status.last_task_id)  # "": an id no URL can hold
         return format_html('<a href="{}">{}</a>', url, when) if url else when

@@ -13,6 +13,7 @@ from tasks_app.periodic.config import PeriodicConfig
 from tasks_app.periodic.schedule import InvalidSchedule
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.periodic import PeriodicState
+from tasks_app.protocol.scripts import is_transient
 from tasks_app.protocol.timestamps import datetime_of_ms
 
 
@@ -32,7 +33,7 @@ class ScheduleStatus:
     last_task_id: str
     last_fired_at: datetime | None
     error: str  # why the row is not scheduled ("" when it is)
-    state_error: str  # why its state (last run) is unknown: "Redis unavailable", or "unreadable: " and Redis's error
+    state_error: str  # why its state (last run) is unknown: "Redis unavailable" ("" when known)
 
 
 def schedule_statuses(broker: Broker, rows: list[PeriodicTask] | None = None) -> list[ScheduleStatus]:
@@ -49,7 +50,9 @@ def schedule_statuses(broker: Broker, rows: list[PeriodicTask] | None = None) ->
     states: list[PeriodicState | None]
     try:
         states = list(broker.periodic_states([(queue, row.name) for queue, row in zip(queues, rows, strict=True)]))
-    except RedisError:
+    except RedisError as exc:
+        if not is_transient(exc):
+            raise
         states = [None] * len(rows)  # Redis away
     now_ms = int(time.time() * 1000)
     return [
@@ -62,10 +65,8 @@ def _status(
     row: PeriodicTask, queue: str, config: PeriodicConfig | InvalidSchedule, state: PeriodicState | None, now_ms: int
 ) -> ScheduleStatus:
     next_ms = config.schedule.next_after(now_ms) if isinstance(config, PeriodicConfig) and row.enabled else None
-    if state is None:
-        state_error, state = "Redis unavailable", PeriodicState(None, None, "", None)
-    else:
-        state_error = f"unreadable: {state.unreadable}" if state.unreadable else ""
+    state_error = "Redis unavailable" if state is None else ""
+    state = state or PeriodicState(None, None, "", None)
     fired_ms, fired_at_ms = state.fired_slot_ms, state.fired_at_ms
     return ScheduleStatus(
         name=row.name,

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable, Iterable
 
 # How long a producer trusts its last SADD of a queue. The set can be deleted or rewritten behind
-# it (an operator, a restore, a foreign-type repair); a queue is then listed again within this time.
+# it (an operator, a restore); a queue is then listed again within this time.
 ANNOUNCE_AGAIN_S = 60.0
 
 

@@ -32,7 +32,6 @@ from tasks_app.protocol.pausing import PauseOps
 from tasks_app.protocol.periodic import PeriodicOps
 from tasks_app.protocol.producing import ProducingOps
 from tasks_app.protocol.rates import RateOps
-from tasks_app.protocol.refusals import naming
 from tasks_app.protocol.replication import CLUSTER_WAIT_MS, NOT_HELD, Held, Place, ReplicatedWrites
 from tasks_app.protocol.replies import AckReport, Claim, Promotion, ResultUpdate, UniqueRelease
 from tasks_app.protocol.scripts import Scripts, connect
@@ -107,7 +106,7 @@ class Broker(
 
         Claims only under a live lease: one that lapsed (deadline passed, not yet reaped) claims
         nothing and says so (`lease_expired`) until a renewal succeeds; a paused queue claims
-        nothing either (`paused`). A key of the queue of a foreign type raises KeyRefused naming it: nothing moved.
+        nothing either (`paused`). A key of the wrong type raises MisconfiguredKey: nothing moved.
         """
         keys = [
             self.keys.pending(queue),
@@ -119,8 +118,7 @@ class Broker(
             self.keys.paused(queue),
         ]
         args = [consumer_id, max_tasks, WAKE_TOKEN, "1" if drop_wake else "0", "1" if allow_suspect else "0"]
-        with naming():
-            claimed = self._script("claim", keys, args)
+        claimed = self._script("claim", keys, args)
         if claimed is None:
             return None
         took_suspect, suspects_waiting, first_fence, *tasks = claimed
@@ -346,7 +344,7 @@ class Broker(
             return int(self._script("return_unstarted", keys, args))
         pipe = self.client.pipeline(transaction=False)
         self.scripts.queue(pipe, "return_unstarted", keys, args)
-        # A withdrawal Redis refuses (a foreign key at the record) only leaves that receipt standing.
+        # A withdrawal Redis refuses (a producer's record of another type) only leaves that receipt standing.
         sent, _ = self._execute_with_results(pipe, withdrawn, self._queue_results(pipe, withdrawn))
         if isinstance(sent[0], Exception):
             raise sent[0]

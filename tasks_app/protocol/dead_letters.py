@@ -23,7 +23,7 @@ from tasks_app.protocol.timestamps import datetime_of_ms
 
 logger = logging.getLogger(__name__)
 
-# At most how many dead letters of one time (ms) an action finds: a foreign writer may give thousands one score.
+# At most how many dead letters of one time (ms) an action finds: one promotion may dead-letter thousands.
 SCAN_PAGE = 500
 # A dead letter's ref: the ms it died at (list_dead's reading of its score), then the SHA-1 of the member.
 _REF = re.compile(r"-?[0-9]{1,19}:[0-9a-f]{40}")
@@ -92,7 +92,7 @@ def _decode(member: bytes, died_at_ms: int) -> DeadTask:
         task: Task | None = decode_task(member)
     except UndecodableTask:
         task = None
-    return DeadTask(member, datetime_of_ms(died_at_ms), task, died_at_ms)  # None for a foreign score past the calendar
+    return DeadTask(member, datetime_of_ms(died_at_ms), task, died_at_ms)  # None past the calendar
 
 
 def list_dead_tasks(queue: str, offset: int = 0, limit: int = 50, broker: Broker | None = None) -> list[DeadTask]:
@@ -136,7 +136,7 @@ def requeue(
 
     A task no longer dead (another operator requeued or deleted it, the trim dropped it) is
     skipped, and its record left alone: it may belong to a newer run. A record Redis refuses (a
-    key of a foreign type) is logged; its task and the others are requeued all the same. A task of
+    producer's record of another type) is logged; its task and the others are requeued all the same. A task of
     a type in `unique_windows` (by type name: those unique) takes its uniqueness key in the move,
     as an enqueue would; while another task holds the key it stays dead, reported in `held`.
     """

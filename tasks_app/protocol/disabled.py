@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tasks_app.protocol.keys import delayed_member
-from tasks_app.protocol.refusals import naming
 from tasks_app.protocol.scripts import ScriptClient
 
 # Members taken from a type's set per call of wake_enabled.
@@ -21,19 +20,17 @@ class DisabledOps(ScriptClient):
     """Noting the tasks a disabled type deferred, and waking them once it is enabled."""
 
     def note_disabled(self, queue: str, task_type: str, priority: int, raw: bytes, ttl_ms: int) -> None:
-        """Note `raw`, just deferred on `queue` because `task_type` is disabled; KeyRefused for a foreign key."""
+        """Note `raw`, just deferred on `queue` because `task_type` is disabled."""
         keys = [self.keys.disabled_types(queue), self.keys.disabled(queue, task_type)]
-        with naming():  # the script's error names the key
-            self._script("note_disabled", keys, [task_type, delayed_member(priority, raw), ttl_ms])
+        self._script("note_disabled", keys, [task_type, delayed_member(priority, raw), ttl_ms])
 
     def wake_enabled(self, queue: str, disabled: Callable[[str], bool]) -> int:
         """Make due now the noted tasks of `queue` whose types are no longer `disabled`; how many were still delayed.
 
-        A name in the set that is not UTF-8 (a foreign writer's) names no type: its tasks are woken too.
+        A name in the set that is not UTF-8 names no type: its tasks are woken too.
         """
         woken, types_key = 0, self.keys.disabled_types(queue)
-        with naming(types_key):
-            names = self.client.smembers(types_key)
+        names = self.client.smembers(types_key)
         for name in names:
             task_type = name.decode(errors="replace")
             if disabled(task_type):
@@ -41,7 +38,6 @@ class DisabledOps(ScriptClient):
             keys = [types_key, self.keys.disabled(queue, task_type), self.keys.delayed(queue)]
             taken = WAKE_BATCH
             while taken == WAKE_BATCH:
-                with naming():  # the script's error names the key
-                    taken, due = self._script("wake_enabled", keys, [name, WAKE_BATCH])
+                taken, due = self._script("wake_enabled", keys, [name, WAKE_BATCH])
                 woken += due
         return woken

@@ -19,7 +19,6 @@ from django.tasks import TaskResultStatus
 
 from tasks_app.protocol.jsontext import is_utf8_encodable
 from tasks_app.protocol.keys import Keys
-from tasks_app.protocol.refusals import KeyRefused, as_refusal, naming
 from tasks_app.protocol.replies import ResultUpdate, record_text_fields
 from tasks_app.protocol.scripts import ScriptClient
 
@@ -83,18 +82,15 @@ class HistoryOps(ScriptClient):
         min_ms: float | None,
         limit: int,
         seen: int = 0,
-        unreadable: dict[str, str] | None = None,
         after: str = "",
     ) -> list[Entry]:
         """The newest `limit` entries of `queues` (of one status if given), scores in [min_ms, max_ms).
 
         With `seen`, scores in [min_ms, max_ms] but for the first `seen` of those scored max_ms:
-        a page resumes inside a run of equal scores (a foreign producer's tasks of one
+        a page resumes inside a run of equal scores (an outside producer's tasks of one
         millisecond), which are ordered by id, as Redis orders them within each key; with `after`
         (the last id shown), those still there from it on, so that ties that left the index (a
-        status filter's tasks moving on) leave none of the others unshown. A queue
-        whose index Redis refuses to read (a foreign key's type) is noted in `unreadable` and
-        left out; without it, that refusal is raised.
+        status filter's tasks moving on) leave none of the others unshown.
         """
         upper = "+inf" if max_ms is None else repr(max_ms) if seen else f"({max_ms!r}"
         lower = repr(min_ms) if min_ms is not None else "-inf"
@@ -104,7 +100,7 @@ class HistoryOps(ScriptClient):
             pipe.zrevrangebyscore(key, upper, lower, start=0, num=limit + seen, withscores=True)
         rows = [
             (float(score), member, queue)
-            for queue, replies in _readable(queues, keys, pipe.execute(raise_on_error=False), unreadable)
+            for queue, replies in zip(queues, pipe.execute(), strict=True)
             for member, score in replies
         ]
         rows.sort(reverse=True)
@@ -114,26 +110,16 @@ class HistoryOps(ScriptClient):
             for score, member, queue in rows[shown : shown + limit]
         ]
 
-    def history_count(
-        self, queues: Sequence[str], status: str | None, min_ms: float | None, unreadable: dict[str, str] | None = None
-    ) -> int:
-        """How many entries of `queues` (of one status if given) are at least as new as `min_ms` (O(log n)).
-
-        A queue whose index Redis refuses to read is noted in `unreadable` (raised without it) and counts nothing.
-        """
+    def history_count(self, queues: Sequence[str], status: str | None, min_ms: float | None) -> int:
+        """How many entries of `queues` (of one status if given) are at least as new as `min_ms` (O(log n))."""
         keys = [self._index_key(queue, status) for queue in queues]
         pipe = self.client.pipeline(transaction=False)
         for key in keys:
             pipe.zcount(key, repr(min_ms) if min_ms is not None else "-inf", "+inf")
-        return sum(count for _, count in _readable(queues, keys, pipe.execute(raise_on_error=False), unreadable))
+        return sum(pipe.execute())
 
-    def history_by_prefix(
-        self, queues: Sequence[str], prefix: str, limit: int, unreadable: dict[str, str] | None = None
-    ) -> list[Entry]:
-        """Up to `limit` tasks of `queues` whose id starts with `prefix` (lexical range, O(log n)).
-
-        A queue whose index Redis refuses to read is noted in `unreadable` (raised without it) and left out.
-        """
+    def history_by_prefix(self, queues: Sequence[str], prefix: str, limit: int) -> list[Entry]:
+        """Up to `limit` tasks of `queues` whose id starts with `prefix` (lexical range, O(log n))."""
         lower = f"[{prefix}".encode()
         keys = [self.keys.history_ids(queue) for queue in queues]
         pipe = self.client.pipeline(transaction=False)
@@ -142,7 +128,7 @@ class HistoryOps(ScriptClient):
             pipe.zrangebylex(key, lower, lower + b"\xff", start=0, num=limit)
         found = {
             queue: [member.decode(errors="backslashreplace") for member in members]
-            for queue, members in _readable(queues, keys, pipe.execute(raise_on_error=False), unreadable)
+            for queue, members in zip(queues, pipe.execute(), strict=True)
             if members
         }
         keys = [self.keys.history(queue) for queue in found]
@@ -151,7 +137,7 @@ class HistoryOps(ScriptClient):
             pipe.zmscore(key, ids)
         scored = [
             Entry(queue, task_id, float(score or 0))
-            for queue, scores in _readable(list(found), keys, pipe.execute(raise_on_error=False), unreadable)
+            for queue, scores in zip(found, pipe.execute(), strict=True)
             for task_id, score in zip(found[queue], scores, strict=True)
         ]
         return sorted(scored, key=lambda entry: entry.score_ms, reverse=True)[:limit]
@@ -177,23 +163,11 @@ class HistoryOps(ScriptClient):
         pipe = self.client.pipeline(transaction=False)
         for task_id in storable:
             pipe.hmget(self.keys.result(task_id), fields) if fields else pipe.hgetall(self.keys.result(task_id))
-        replies = pipe.execute(raise_on_error=False) if storable else []  # a foreign key's type spoils no other
+        replies = pipe.execute(raise_on_error=False) if storable else []  # a producer's record of another type: none
         if fields:
             replies = [_named(fields, reply) for reply in replies]
         found = dict(zip(storable, replies, strict=True))
         return [record_text_fields(task_id, found[task_id]) if task_id in found else None for task_id in ids]
-
-    def read_result(self, task_id: str) -> dict[str, str] | None:
-        """A task's result record as `get_result` reads it, but a key Redis refuses to read raises KeyRefused naming it.
-
-        `get_result` reads a key of another type (a foreign writer's) as no record, as `cancel.lua` does.
-        """
-        if not is_utf8_encodable(task_id):
-            return None
-        key = self.keys.result(task_id)
-        with naming(key):
-            fields = self.client.hgetall(key)
-        return record_text_fields(task_id, fields)
 
     def delete_finished(self, tasks: Sequence[tuple[str, str]]) -> list[int]:
         """Delete the records of finished tasks ((queue, task id) pairs) and their history entries, as each reads now.
@@ -217,24 +191,8 @@ class HistoryOps(ScriptClient):
         for (queue, task_id), reply in zip(tasks, replies, strict=True):
             for key in index_keys(self.keys, queue) if reply in (DELETED, GONE) else ():
                 pipe.zrem(key, task_id)
-        pipe.execute(raise_on_error=False)  # an index key of a foreign type keeps no record alive
+        pipe.execute()
         return replies
-
-
-def _readable(
-    queues: Sequence[str], keys: Sequence[str], replies: Sequence[Any], unreadable: dict[str, str] | None
-) -> list[tuple[str, Any]]:
-    """Each queue with its key's reply, but for keys Redis refused to read: noted in `unreadable` (else raised)."""
-    found = []
-    for queue, key, reply in zip(queues, keys, replies, strict=True):
-        error = as_refusal(key, reply) if isinstance(reply, Exception) else None
-        if error is None:
-            found.append((queue, reply))
-        elif unreadable is None or not isinstance(error, KeyRefused):
-            raise error
-        else:
-            unreadable.setdefault(queue, str(error))
-    return found
 
 
 def _named(fields: Sequence[str], reply: list[bytes | None] | Exception) -> dict[bytes, bytes] | Exception:

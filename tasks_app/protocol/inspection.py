@@ -11,8 +11,7 @@ import redis
 from tasks_app.protocol import history
 from tasks_app.protocol.keys import WAKE_TOKEN, consumer_id_of, delayed_member
 from tasks_app.protocol.names import NAME_PATTERN
-from tasks_app.protocol.refusals import naming
-from tasks_app.protocol.replies import QueueStats, ResultUpdate, json_object
+from tasks_app.protocol.replies import QueueStats, ResultUpdate, json_object, stored_int
 from tasks_app.protocol.scripts import ScriptClient
 from tasks_app.protocol.timestamps import MAX_SCORE_MS, ms_of_score
 
@@ -64,11 +63,8 @@ def _waiting(pending: int, wake_token_at: int | None, prioritized: int, suspects
 
 
 def _count(raw: bytes | None) -> int:
-    """A counter as INCRBY keeps it; anything else (a foreign writer's "1.5") counts nothing."""
-    try:
-        return int(raw) if raw is not None else 0
-    except ValueError:
-        return 0
+    """A counter as INCRBY keeps it (0 if absent)."""
+    return stored_int(raw) or 0
 
 
 class InspectionOps(ScriptClient):
@@ -86,10 +82,9 @@ class InspectionOps(ScriptClient):
         return sum(_count(count) for count in counts)
 
     def known_queues(self) -> list[str]:
-        """Return every queue that has seen a task or a consumer; KeyRefused naming the queue set if of another type."""
+        """Return every queue that has seen a task or a consumer."""
         key = self.keys.queues()
-        with naming(key):
-            members = self.client.smembers(key)
+        members = self.client.smembers(key)
         return sorted(member.decode(errors="backslashreplace") for member in members)  # may hold any bytes
 
     def live_consumers(self, queue: str) -> list[dict[str, Any]]:
@@ -128,10 +123,7 @@ class InspectionOps(ScriptClient):
         return QueueStats(queue, _waiting(*waiting), processing, delayed, dead, consumers, bool(paused))
 
     def waiting_count(self, queue: str) -> int:
-        """How many tasks of `queue` wait to be claimed (pending, prioritized, suspects), as `queue_stats` counts them.
-
-        It reads only those keys: a queue whose other keys Redis refuses (a foreign key's type) still says.
-        """
+        """How many tasks of `queue` wait to be claimed (pending, prioritized, suspects), as `queue_stats` counts."""
         pipe = self.client.pipeline(transaction=NAME_PATTERN.fullmatch(queue) is not None)
         self._count_waiting(pipe, queue)
         return _waiting(*pipe.execute())
@@ -156,14 +148,12 @@ class InspectionOps(ScriptClient):
     def dead_count(self, queue: str) -> int:
         """How many tasks of `queue` are dead-lettered."""
         key = self.keys.dead(queue)
-        with naming(key):
-            return int(self.client.zcard(key))
+        return int(self.client.zcard(key))
 
     def list_dead(self, queue: str, offset: int = 0, limit: int = 100) -> list[tuple[bytes, int]]:
         """Return dead-lettered tasks of a queue, newest first, with the time (ms) they died."""
         key = self.keys.dead(queue)
-        with naming(key):
-            entries = self.client.zrange(key, offset, offset + limit - 1, desc=True, withscores=True)
+        entries = self.client.zrange(key, offset, offset + limit - 1, desc=True, withscores=True)
         return [(member, ms_of_score(score)) for member, score in entries]
 
     def dead_scored(self, queue: str, died_ms: Sequence[int], limit: int) -> list[tuple[bytes, int]]:
@@ -178,8 +168,7 @@ class InspectionOps(ScriptClient):
             low = "-inf" if ms <= -MAX_SCORE_MS else f"({ms - 1}"
             high = "+inf" if ms >= MAX_SCORE_MS else f"({ms + 1}"
             pipe.zrangebyscore(key, low, high, start=0, num=limit, withscores=True)
-        with naming(key):
-            replies = pipe.execute()
+        replies = pipe.execute()
         return [(member, ms_of_score(score)) for entries in replies for member, score in entries]
 
     def requeue_dead(self, queue: str, entries: Sequence[DeadRequeue], fence: int) -> list[int | str]:

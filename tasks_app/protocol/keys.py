@@ -9,8 +9,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tasks_app.protocol.names import NAME_PATTERN
-
 # Pushed onto an empty pending list to wake a consumer blocked on it; never a valid Task
 # (field number 0 does not exist in protobuf), dropped wherever it is met.
 WAKE_TOKEN = b"\x00wake"
@@ -187,7 +185,6 @@ def _limit_tag(task_type: str, key_token: str | None) -> str:
 _PLAIN_KEY_VALUE = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 MISSING_KEY_TOKEN = "#missing"
 # Every token `limit_key_token` returns, and nothing else.
-_KEY_TOKEN = re.compile(r"[A-Za-z0-9_.:-]{1,64}|#[0-9a-f]{32}|#missing")
 
 
 def limit_key_token(kwargs: Mapping[str, Any], name: str) -> str:
@@ -203,16 +200,6 @@ def limit_key_token(kwargs: Mapping[str, Any], name: str) -> str:
         return str(value)
     canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=repr)
     return "#" + hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-
-
-def stored_key_token(member: bytes) -> str | None:
-    """The key token a stored member names, or None if `limit_key_token` could not have made it (a foreign write)."""
-    return _matching_text(member, _KEY_TOKEN)
-
-
-def stored_name(member: bytes) -> str | None:
-    """The queue or type name a stored member names, or None if it breaks the naming rule (a foreign write)."""
-    return _matching_text(member, NAME_PATTERN)
 
 
 def consumer_id_of(member: bytes) -> str:

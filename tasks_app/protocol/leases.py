@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from tasks_app.protocol.keys import WAKE_TOKEN, consumer_id_of
-from tasks_app.protocol.refusals import refused, replies_by_queue
 from tasks_app.protocol.replies import LeaseHolder, ReapOutcome, json_object
 from tasks_app.protocol.scripts import ScriptClient
 
@@ -23,11 +22,6 @@ TOMBSTONE_PAGE = 100
 
 
 TOMBSTONE_KEEP_MS = 24 * 3600 * 1000
-
-
-def _listing_refused(reply: Any) -> str:
-    """Redis's refusal that announce_queues answers (its error's text, a reply: see the script), "" for none."""
-    return reply.decode(errors="replace") if isinstance(reply, bytes) else ""
 
 
 class LeaseOps(ScriptClient):
@@ -57,42 +51,19 @@ class LeaseOps(ScriptClient):
         flags = self.scripts.execute(pipe, self.client)[: len(queues)]
         return [queue for queue, held in zip(queues, flags, strict=True) if not held]
 
-    def renew_leases(
-        self, queues: Sequence[str], consumer_id: str, lease_ms: int, instance: str = ""
-    ) -> tuple[list[str], dict[str, str]]:
-        """Renew as `lost_leases` does; return the queues where the lease was lost, and Redis's refusal by queue.
-
-        A queue whose lease keys Redis refuses (a foreign key's type) is neither renewed nor lost:
-        no reaper can read them either. An error that passes (Redis away, loading) is raised.
-        """
-        replies = self.scripts.execute(
-            self._heartbeats(queues, consumer_id, lease_ms, None, instance), self.client, raise_on_error=False
-        )
-        held, refusals = replies_by_queue(queues, replies)
-        return [queue for queue, flag in held.items() if not flag], refusals
+    def renew_leases(self, queues: Sequence[str], consumer_id: str, lease_ms: int, instance: str = "") -> list[str]:
+        """Renew as `lost_leases` does; return the queues where the lease was lost."""
+        return self.lost_leases(queues, consumer_id, lease_ms, None, instance)
 
     def register_leases(
         self, queues: Sequence[str], consumer_id: str, lease_ms: int, register_info: dict[str, Any]
-    ) -> tuple[dict[str, str], str]:
-        """Register this consumer's lease on every queue; return Redis's refusal by queue (not registered there),
-        and its refusal to list them in the queue set ("" if none: see announce_queues.lua).
+    ) -> None:
+        """Register this consumer's lease on every queue, and list them in the queue set."""
+        self.scripts.execute(self._heartbeats(queues, consumer_id, lease_ms, register_info, ""), self.client)
 
-        A queue whose lease keys Redis refuses (a foreign key's type) is left as it was; an error
-        that passes (Redis away, loading) is raised.
-        """
-        *replies, listed = self.scripts.execute(
-            self._heartbeats(queues, consumer_id, lease_ms, register_info, ""), self.client, raise_on_error=False
-        )
-        if isinstance(listed, Exception):  # the set of every queue: no one queue's
-            raise listed
-        return replies_by_queue(queues, replies)[1], _listing_refused(listed)
-
-    def list_queues(self, queues: Sequence[str]) -> str:
-        """Add `queues` to the queue set again; return Redis's refusal of a set of a foreign type ("" if none).
-
-        Registering lists them too: this is for a set deleted, or mended, since (see announce_queues.lua).
-        """
-        return _listing_refused(self._script("announce_queues", [self.keys.queues()], sorted(queues)))
+    def list_queues(self, queues: Sequence[str]) -> None:
+        """Add `queues` to the queue set again (registering lists them too: this is for a set deleted since)."""
+        self._script("announce_queues", [self.keys.queues()], sorted(queues))
 
     def _heartbeats(
         self,
@@ -112,34 +83,31 @@ class LeaseOps(ScriptClient):
             self.queue_announce(pipe, queues)
         return pipe
 
-    def lease_holders(self, queues: Sequence[str], consumer_id: str) -> tuple[list[LeaseHolder], dict[str, str]]:
-        """The lease entries `consumer_id` holds on `queues` (none where it holds no entry), and Redis's refusal
-        by queue where its lease keys are of a foreign type (none can be seen there)."""
+    def lease_holders(self, queues: Sequence[str], consumer_id: str) -> list[LeaseHolder]:
+        """The lease entries `consumer_id` holds on `queues` (none where it holds no entry)."""
         pipe = self.client.pipeline(transaction=False)
         for queue in queues:
             self.scripts.queue(
                 pipe, "lease_holder", [self.keys.consumers(queue), self.keys.consumer_info(queue)], [consumer_id]
             )
-        entries, refusals = replies_by_queue(queues, self.scripts.execute(pipe, self.client, raise_on_error=False))
-        holders = [
+        entries = self.scripts.execute(pipe, self.client)
+        return [
             LeaseHolder(queue, int(ms_left), json_object(info))
-            for queue, (held, ms_left, info) in entries.items()
+            for queue, (held, ms_left, info) in zip(queues, entries, strict=True)
             if int(held)
         ]
-        return holders, refusals
 
-    def abandon(self, queues: Sequence[str], consumer_id: str) -> dict[str, str]:
+    def abandon(self, queues: Sequence[str], consumer_id: str) -> None:
         """Tombstone an id whose lease was lost, so reapers sweep its lists even if its lease entry is gone.
 
         A blocking claim in flight can still move a task into such a list, and after a failover
-        that lost the lease entry no reaper would otherwise look there. Returns Redis's refusal by
-        queue whose tombstones are of a foreign type (no reaper reads them either).
+        that lost the lease entry no reaper would otherwise look there.
         """
         now_ms = int(time.time() * 1000)
         pipe = self.client.pipeline(transaction=False)
         for queue in queues:
             pipe.zadd(self.keys.reaped(queue), {consumer_id: now_ms}, nx=True)
-        return replies_by_queue(queues, pipe.execute(raise_on_error=False))[1]
+        pipe.execute()
 
     def deregister(self, queue: str, consumer_id: str, instance: str = "") -> int:
         """Leave cleanly: return anything still held uncounted, first among its priority, and drop the lease.
@@ -181,11 +149,7 @@ class LeaseOps(ScriptClient):
             pipe = self.client.pipeline(transaction=False)
             for consumer_id in tombstones:
                 pipe.llen(self.keys.processing(queue, consumer_id))
-            lengths = pipe.execute(raise_on_error=False)
-            for length in lengths:
-                if isinstance(length, Exception) and not refused(length):
-                    raise length
-            # A list Redis refuses to read (a foreign key's type) stays a candidate: its reaping says why.
+            lengths = pipe.execute()
             tombstones = [cid for cid, length in zip(tombstones, lengths, strict=True) if length]
         next_offset = tombstone_offset + TOMBSTONE_PAGE
         return expired, tombstones, next_offset if next_offset < count else 0

@@ -19,7 +19,7 @@ from typing import Any
 
 from django.tasks import TaskResultStatus
 
-from tasks_app.protocol.replies import ResultUpdate
+from tasks_app.protocol.replies import ResultUpdate, stored_int
 from tasks_app.protocol.scripts import ScriptClient
 
 KEEP_MINUTES = 120
@@ -120,12 +120,4 @@ class MinuteOps(ScriptClient):
 
 
 def _ints(raw: dict[bytes, bytes]) -> dict[str, int]:
-    counts = {}
-    for key, value in raw.items():
-        try:  # a foreign writer's garbage reads as not counted
-            count = int(value)
-        except ValueError:
-            continue
-        if -MAX_COUNT <= count <= MAX_COUNT:  # HINCRBY's range: a larger one no counter wrote
-            counts[key.decode(errors="backslashreplace")] = count
-    return counts
+    return {key.decode(errors="backslashreplace"): stored_int(value) or 0 for key, value in raw.items()}

@@ -6,6 +6,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from tasks_app.protocol.replies import stored_int
 from tasks_app.protocol.scripts import ScriptClient
 
 
@@ -41,16 +42,8 @@ class PauseOps(ScriptClient):
 
 
 def _state(raw: bytes | None) -> dict[str, Any] | None:
-    """A paused key's state as we write it: `since_ms` an integer or None, `by` text (a foreign writer's NaN: "")."""
+    """A paused key's state as we write it: `since_ms` an integer or None, `by` text."""
     if raw is None:
         return None
-    try:
-        value = json.loads(raw)
-    except (ValueError, RecursionError):
-        value = None
-    state = value if isinstance(value, dict) else {}
-    since_ms, by = state.get("since_ms"), state.get("by")
-    return {
-        "since_ms": since_ms if isinstance(since_ms, int) and not isinstance(since_ms, bool) else None,
-        "by": by if isinstance(by, str) else "",
-    }
+    state = json.loads(raw) if raw else {}
+    return {"since_ms": stored_int(state.get("since_ms")), "by": state.get("by") or ""}

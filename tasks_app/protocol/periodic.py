@@ -11,7 +11,7 @@ from tasks_app.protocol import batch_args, history
 from tasks_app.protocol.announced import AnnouncedQueues
 from tasks_app.protocol.batch_args import Enqueueable
 from tasks_app.protocol.keys import WAKE_TOKEN
-from tasks_app.protocol.refusals import as_refusal, refused
+from tasks_app.protocol.replies import stored_int
 from tasks_app.protocol.scripts import ScriptClient
 
 # What fire_periodic.lua says it did with a slot.
@@ -61,16 +61,12 @@ class SlotClaim(NamedTuple):
 
 
 class PeriodicState(NamedTuple):
-    """A schedule's state in Redis: the last slot handled and the last run pushed (ms; None if none).
-
-    `unreadable`: Redis's refusal to read the state (a foreign key's type), naming the key; "" when read.
-    """
+    """A schedule's state in Redis: the last slot handled and the last run pushed (ms; None if none)."""
 
     handled_slot_ms: int | None
     fired_slot_ms: int | None
     task_id: str
     fired_at_ms: int | None
-    unreadable: str = ""
 
 
 class PeriodicOps(ScriptClient):
@@ -125,23 +121,12 @@ class PeriodicOps(ScriptClient):
         return _reply(self._script("skip_periodic", [self.keys.periodic(queue, schedule)], [slot_ms]))
 
     def periodic_states(self, schedules: Sequence[tuple[str, str]]) -> list[PeriodicState]:
-        """The state of each (queue, schedule) in one round trip; one Redis refuses to read is marked `unreadable`.
-
-        An error that passes (Redis away, loading, failing over) is raised: it is no one schedule's.
-        """
+        """The state of each (queue, schedule) in one round trip."""
         keys = [self.keys.periodic(queue, schedule) for queue, schedule in schedules]
         pipe = self.client.pipeline(transaction=False)
         for key in keys:
             pipe.hgetall(key)
-        states = []
-        for key, fields in zip(keys, pipe.execute(raise_on_error=False), strict=True):
-            if not isinstance(fields, Exception):
-                states.append(_state(fields))
-            elif refused(fields):
-                states.append(PeriodicState(None, None, "", None, str(as_refusal(key, fields))))
-            else:
-                raise fields
-        return states
+        return [_state(fields) for fields in pipe.execute()]
 
     def _announce_queue(self, queue: str) -> None:
         if queue not in self._announced_queues:
@@ -195,10 +180,7 @@ def _pushed(outcome: str, regular: Enqueueable, catch_up: Enqueueable | None) ->
 
 def _state(fields: Mapping[bytes, bytes]) -> PeriodicState:
     def ms(name: bytes) -> int | None:
-        try:
-            return int(fields[name])
-        except (KeyError, ValueError):
-            return None
+        return stored_int(fields.get(name))
 
     task_id = fields.get(b"task_id", b"").decode(errors="backslashreplace")
     return PeriodicState(ms(b"slot_ms"), ms(b"fired_slot_ms"), task_id, ms(b"fired_at_ms"))

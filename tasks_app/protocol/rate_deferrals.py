@@ -11,43 +11,27 @@ wait while queues are listed and take over where a holder that died left off.
 from __future__ import annotations
 
 import math
-import re
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from itertools import islice
-from typing import NamedTuple
 
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import UndecodableTask, decode_task
 from tasks_app.protocol.keys import split_delayed_member
-from tasks_app.protocol.refusals import read_each
 
 # Delayed members read, decoded and moved per round trip while rescheduling.
 RESCHEDULE_BATCH = 1000
-# A slot as rate_limit.lua writes it: µs of the server clock, below 2^53 (anything else is a foreign write).
-_SLOT_US = re.compile(rb"[0-9]{1,16}")
 # How long a follower holds its lease without renewing it (it renews at every batch).
 FOLLOWER_LEASE_MS = 30_000
 
 
-class FollowedUp(NamedTuple):
-    """What a follow-up did: how many tasks it moved, and Redis's error for each queue it could not scan."""
-
-    moved: int
-    refused: dict[str, str]
-
-
 def follow_up(
     broker: Broker, task_type: str, key_token: str | None, give_up: threading.Event, lease_ms: int = FOLLOWER_LEASE_MS
-) -> FollowedUp:
-    """Bring the deferred tasks of every queue listed to the limiter's change.
-
-    A queue whose delayed set Redis refuses to read (a foreign key's type) is taken off the list
-    with the others: its tasks take their new slots when they wake at their old ones.
-    """
-    token, followed = uuid.uuid4().hex, FollowedUp(0, {})
+) -> int:
+    """Bring the deferred tasks of every queue listed to the limiter's change; how many moved."""
+    token, followed = uuid.uuid4().hex, 0
     keep = partial(broker.rate_follower, task_type, key_token, token, lease_ms)
     while broker.rate_follow_ups(task_type, key_token):
         if not keep():
@@ -59,8 +43,7 @@ def follow_up(
             for queue, mode in broker.rate_follow_ups(task_type, key_token).items():
                 since_us = broker.server_time_us()
                 reschedule = partial(_reschedule, broker, task_type=task_type, key_token=key_token, now=mode == "now")
-                moved, refused = read_each([queue], partial(reschedule, keep=keep))
-                followed = FollowedUp(followed.moved + sum(moved.values()), followed.refused | refused)
+                followed += reschedule(queue, keep=keep)
                 broker.rate_followed(task_type, key_token, queue, mode, since_us)
         finally:
             broker.rate_follower(task_type, key_token, token, 0)
@@ -88,7 +71,7 @@ def _reschedule(
         due_ms = {
             member: now_ms if now_ms is not None else math.ceil(int(slot_us) / 1000)
             for member, slot_us in zip(ids, slots_us, strict=True)
-            if slot_us is not None and _SLOT_US.fullmatch(slot_us)
+            if slot_us is not None
         }
         moved += broker.bring_forward(queue, due_ms)
     return moved

@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from tasks_app.protocol.keys import stored_key_token, stored_name
 from tasks_app.protocol.scripts import ScriptClient
 
 
@@ -71,26 +70,13 @@ class RateOps(ScriptClient):
         return bool(self._script("rate_keyed", [self.keys.rate_keyed(task_type)], [key_token, holds_us, most]))
 
     def rate_keyed_values(self, task_type: str) -> list[str]:
-        """The key tokens of the values noted by `rate_keyed` (some may have expired since; foreign members skipped)."""
-        members = self.client.zrange(self.keys.rate_keyed(task_type), 0, -1)
-        return [token for token in map(stored_key_token, members) if token is not None]
+        """The key tokens of the values noted by `rate_keyed` (some may have expired since)."""
+        return [member.decode() for member in self.client.zrange(self.keys.rate_keyed(task_type), 0, -1)]
 
     def rate_follow_ups(self, task_type: str, key_token: str | None) -> dict[str, str]:
-        """The queues whose deferred tasks have yet to follow a changed limit, each with "slots" or "now".
-
-        A field that names no queue, or no mode, is a foreign write: it is taken off (a name off
-        the queues recorded too, which would list it again), so it stops no follow-up.
-        """
-        keys, listed = self._limiter_keys(task_type, key_token), {}
-        for queue, mode in self.client.hgetall(keys[2]).items():
-            name = stored_name(queue)
-            if name is not None and mode in (b"slots", b"now"):
-                listed[name] = mode.decode()
-                continue
-            if name is None:
-                self.client.hdel(keys[1], queue)
-            self._script("rate_followed", keys, [queue, mode, 0])  # unless listed again meanwhile
-        return listed
+        """The queues whose deferred tasks have yet to follow a changed limit, each with "slots" or "now"."""
+        follow_ups = self.client.hgetall(self.keys.rate_follow_ups(task_type, key_token))
+        return {queue.decode(): mode.decode() for queue, mode in follow_ups.items()}
 
     def rate_followed(self, task_type: str, key_token: str | None, queue: str, mode: str, since_us: int) -> bool:
         """Take `queue` off the list once its tasks followed in `mode` by a scan begun at `since_us` (server clock).

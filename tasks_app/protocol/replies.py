@@ -13,19 +13,20 @@ import redis
 READY_RECORD_DEFAULTS = {"status": "READY", "priority": "0", "args": "[]", "kwargs": "{}", "attempts": "0"}
 
 
+def stored_int(raw: bytes | str | int | None) -> int | None:
+    """A whole number our own scripts or commands stored (INCRBY, HSET, JSON); None for an absent key or field."""
+    return None if raw is None else int(raw)
+
+
 def json_object(raw: bytes) -> dict[str, Any]:
-    """Parse a consumer's info; anything but a JSON object (written by something else) reads as empty."""
-    try:
-        value = json.loads(raw)
-    except (ValueError, RecursionError):
-        return {}
-    return value if isinstance(value, dict) else {}
+    """Parse a consumer's info as it registered it ("": none)."""
+    return json.loads(raw) if raw else {}
 
 
 def record_text_fields(task_id: str, record: dict[bytes, bytes] | Exception) -> dict[str, str] | None:
     """A result hash (HGETALL's reply) as text fields with the defaults filled in; None if there is none."""
     if isinstance(record, redis.ResponseError) and str(record).startswith("WRONGTYPE"):
-        return None  # a foreign key of another type under the record's name is no record (as cancel.lua reads it)
+        return None  # a key a producer wrote as another type under the record's name is no record (as cancel.lua)
     if isinstance(record, Exception):
         raise record
     if not record:

@@ -58,6 +58,27 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, ResponseError) and str(exc).startswith(TRANSIENT_REPLY_PREFIXES)
 
 
+class MisconfiguredKey(ResponseError):
+    """A script failed for what a key of ours holds (a wrong type and the like): a misconfiguration, not input.
+
+    The message names the script and each of its keys with the type it holds now.
+    """
+
+
+def _misconfigured(read_type: Callable[[str], Any], name: str, keys: Sequence[str], exc: ResponseError) -> Exception:
+    """`exc` as MisconfiguredKey naming script `name` and the type of each of `keys`; a transient error as is."""
+    if is_transient(exc) or isinstance(exc, MisconfiguredKey):
+        return exc
+    types = []
+    for key in keys:
+        try:
+            kind = read_type(key)
+        except Exception as type_exc:  # the report must not hide the error it reports
+            kind = f"unknown ({type_exc})"
+        types.append(f"{key} ({kind.decode() if isinstance(kind, bytes) else kind})")
+    return MisconfiguredKey(f"script {name} failed: {exc}; its keys: {', '.join(types) or 'none'}")
+
+
 def _expand_includes(source: bytes, directory: Path) -> bytes:
     return _INCLUDE.sub(lambda match: (directory / "include" / f"{match[1].decode()}.lua").read_bytes(), source)
 
@@ -78,10 +99,15 @@ class Scripts:
         except RedisConnectionError:
             _replace_dead_default_node(client)
             raise
+        except ResponseError as exc:
+            raise _misconfigured(client.type, name, keys, exc) from exc
 
     def run_direct(self, direct: DirectCalls, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """`run` through `direct` (see `DirectCalls`)."""
-        return self._by_sha_first(partial(direct.call, "EVALSHA"), partial(direct.call, "EVAL"), name, keys, args)
+        try:
+            return self._by_sha_first(partial(direct.call, "EVALSHA"), partial(direct.call, "EVAL"), name, keys, args)
+        except ResponseError as exc:
+            raise _misconfigured(partial(direct.call, "TYPE"), name, keys, exc) from exc
 
     def _by_sha_first(
         self,
@@ -131,7 +157,9 @@ class Scripts:
             results: list[Any] = pipe.execute(raise_on_error=False)
             for index, outcome in enumerate(results):
                 if isinstance(outcome, NoScriptError):
-                    results[index] = self._run_again(client, *queued[index])
+                    results[index] = outcome = self._run_again(client, *queued[index])
+                if isinstance(outcome, ResponseError) and index in queued:
+                    results[index] = _misconfigured(client.type, *queued[index][:2], outcome)
         except RedisConnectionError:
             _replace_dead_default_node(client)
             raise
@@ -209,5 +237,5 @@ class ScriptClient:
         return self.scripts.run_direct(self.direct, name, keys, args)
 
     def queue_announce(self, pipe: Any, queues: Iterable[str], *, by_source: bool = False) -> None:
-        """Add `queues` to the queue set on `pipe` (`announce_queues`: a set of a foreign type fails nothing)."""
+        """Add `queues` to the queue set on `pipe` (`announce_queues`)."""
         self.scripts.queue(pipe, "announce_queues", [self.keys.queues()], sorted(queues), by_source=by_source)

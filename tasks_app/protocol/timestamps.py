@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 
 def datetime_of_ms(ms: float) -> datetime | None:
-    """Return epoch ms as a UTC datetime to the µs; None beyond the calendar (e.g. a foreign nanosecond score)."""
+    """Return epoch ms as a UTC datetime to the µs; None beyond the calendar (a producer's nanosecond score)."""
     try:
         whole_ms = math.floor(ms)
         moment = datetime.fromtimestamp(whole_ms // 1000, tz=UTC)
@@ -15,7 +15,7 @@ def datetime_of_ms(ms: float) -> datetime | None:
         return None
 
 
-# The largest whole ms a score is read as: a foreign writer's +inf (Redis takes it) must not overflow int().
+# The largest whole ms a score is read as: +inf from a producer's record must not overflow int().
 MAX_SCORE_MS = 2**63 - 1
 
 

@@ -14,10 +14,9 @@ from tasks_app.models import TaskType
 from tasks_app.protocol import history
 from tasks_app.protocol.broker import get_broker
 from tasks_app.protocol.results import ResultRecord
-from tasks_app.task_types import listed_queues
 from tasks_app.web import bulk
 from tasks_app.web.browser_query import PAGE_SIZES, RANGES, Filters, find_page, page_json, query_without, row_json
-from tasks_app.web.common import admin_context, redis_required, refused_set
+from tasks_app.web.common import admin_context, redis_required
 
 REFRESH_S = 5
 
@@ -32,10 +31,10 @@ def task_browser(request: HttpRequest) -> HttpResponse:
         return redirect(request.get_full_path())
     filters = Filters.from_query(request.GET)
     broker = get_broker()
-    queues, queue_set_refused = listed_queues(broker)
+    queues = broker.known_queues()
     page = find_page(broker, filters, queues)
     if request.GET.get("format") == "json":
-        return JsonResponse({**page_json(page), **refused_set(queue_set_refused)})
+        return JsonResponse(page_json(page))
     base_query = query_without(request.GET, "before", "seen", "after", "format")
     return render(
         request,
@@ -50,7 +49,6 @@ def task_browser(request: HttpRequest) -> HttpResponse:
             older_cursor=repr(page.older) if page.older is not None else "",
             statuses=history.STATUSES,
             queues=queues,
-            queue_set_refused=queue_set_refused,
             types=TaskType.objects.values_list("name", flat=True),
             ranges=list(RANGES),
             page_sizes=PAGE_SIZES,

@@ -28,7 +28,7 @@ DEFAULT_PAGE_SIZE = 50
 # Entries one page may read while looking for tasks of the wanted type (records read in chunks).
 SCAN_BUDGET = 5000
 CHUNK = 250
-# The longest id a cursor carries (`after`): longer ids are cut by no producer but a foreign one.
+# The longest id a cursor carries (`after`): longer ids are cut by no producer but an outside one.
 MAX_ID_CHARS = 10_000
 # Relative time ranges offered as presets.
 RANGES = {"15m": timedelta(minutes=15), "1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
@@ -111,7 +111,7 @@ def _utc_moment(text: str) -> datetime | None:
 
 
 def _number(text: str) -> float | None:
-    """A cursor: any score but NaN, as an index holds them (a foreign writer's 1e300 or inf too, or "Older" loops)."""
+    """A cursor: any score but NaN, as an index holds them (a producer's record's 1e300 or inf too)."""
     try:
         value = float(text)
     except ValueError:
@@ -145,38 +145,33 @@ class Page:
     older_seen: int = 0  # of the entries scored `older`, how many this page and the earlier ones showed
     older_after: str = ""  # the id of the last of them
     cut: bool = False  # a prefix search that read as many ids as a page holds: more may match
-    unreadable: dict[str, str] = field(default_factory=dict)  # queue -> why Redis refused to read its index
 
 
 def find_page(broker: Broker, filters: Filters, known: Sequence[str], now: datetime | None = None) -> Page:
-    """The tasks the filters select among the `known` queues, newest first, one page of them.
-
-    A queue whose index Redis refuses to read (a foreign key of another type) is left out and named in `unreadable`.
-    """
+    """The tasks the filters select among the `known` queues, newest first, one page of them."""
     queues = [filters.queue] if filters.queue else list(known)
     lower, upper = filters.bounds_ms(now or datetime.now(UTC))
-    unreadable: dict[str, str] = {}
     if filters.q:
-        return _search(broker, filters, queues, (lower, upper), unreadable)
+        return _search(broker, filters, queues, (lower, upper))
     resumed = upper is not None and upper == filters.before
     seen, after = (filters.seen, filters.after) if resumed else (0, "")
     found: list[tuple[ResultRecord, float]] = []
     examined = 0
     chunk = CHUNK if filters.type else filters.size  # without a type nearly every entry is a row
     while examined < SCAN_BUDGET:
-        window = broker.history_window(queues, filters.status or None, upper, lower, chunk, seen, unreadable, after)
+        window = broker.history_window(queues, filters.status or None, upper, lower, chunk, seen, after)
         for entry, record in zip(window, _records(broker, window), strict=True):
             seen, after, upper = seen + 1 if entry.score_ms == upper else 1, entry.task_id, entry.score_ms
             if record is not None and filters.matches(record):
                 found.append((record, entry.score_ms))
                 if len(found) == filters.size:
-                    total = _total(broker, filters, queues, lower, unreadable)
-                    return Page(found, upper, total, older_seen=seen, older_after=after, unreadable=unreadable)
+                    total = _total(broker, filters, queues, lower)
+                    return Page(found, upper, total, older_seen=seen, older_after=after)
         examined += len(window)
         if len(window) < chunk:
-            return Page(found, None, _total(broker, filters, queues, lower, unreadable), unreadable=unreadable)
-    total = _total(broker, filters, queues, lower, unreadable)
-    return Page(found, upper, total, exhausted_budget=True, older_seen=seen, older_after=after, unreadable=unreadable)
+            return Page(found, None, _total(broker, filters, queues, lower))
+    total = _total(broker, filters, queues, lower)
+    return Page(found, upper, total, exhausted_budget=True, older_seen=seen, older_after=after)
 
 
 def _records(broker: Broker, window: list[Entry]) -> list[ResultRecord | None]:
@@ -184,13 +179,11 @@ def _records(broker: Broker, window: list[Entry]) -> list[ResultRecord | None]:
     return [ResultRecord.from_fields(item) if item else None for item in fields]
 
 
-def _total(
-    broker: Broker, filters: Filters, queues: list[str], lower: float | None, unreadable: dict[str, str]
-) -> int | None:
+def _total(broker: Broker, filters: Filters, queues: list[str], lower: float | None) -> int | None:
     """How many entries the index holds for these filters; None when a type or an end time narrows it."""
     if filters.type or filters.until or filters.before is not None:
         return None
-    return broker.history_count(queues, filters.status or None, lower, unreadable)
+    return broker.history_count(queues, filters.status or None, lower)
 
 
 def _search(
@@ -198,7 +191,6 @@ def _search(
     filters: Filters,
     queues: list[str],
     bounds: tuple[float | None, float | None],
-    unreadable: dict[str, str],
 ) -> Page:
     """`q` as an exact id (any task with a record, indexed or not), else as a prefix of ids in the index.
 
@@ -209,7 +201,7 @@ def _search(
         record = ResultRecord.from_fields(exact)
         keep = filters.matches(record) and (not filters.queue or record.queue == filters.queue)
         return Page([(record, 0.0)] if keep else [], None, None)
-    entries = broker.history_by_prefix(queues, filters.q, filters.size, unreadable)
+    entries = broker.history_by_prefix(queues, filters.q, filters.size)
     lower, upper = bounds
     rows = [
         (record, entry.score_ms)
@@ -219,7 +211,7 @@ def _search(
         and (lower is None or entry.score_ms >= lower)
         and (upper is None or entry.score_ms <= upper)
     ]
-    return Page(rows, None, None, cut=len(entries) == filters.size, unreadable=unreadable)
+    return Page(rows, None, None, cut=len(entries) == filters.size)
 
 
 def query_without(query: QueryDict, *names: str) -> str:
@@ -234,12 +226,11 @@ def page_json(page: Page) -> dict[str, Any]:
     """A page of the browser as JSON (`?format=json`): its rows, the next cursor, what is known of the rest."""
     return {
         "tasks": [row_json(record, score) for record, score in page.records],
-        "older": finite(page.older),  # a foreign score of +inf: strict JSON has no Infinity
+        "older": finite(page.older),  # a producer's score of +inf: strict JSON has no Infinity
         "older_seen": page.older_seen,
         "older_after": page.older_after,
         "total": page.total,
         "cut": page.cut,
-        "unreadable": page.unreadable,
     }
 
 

@@ -12,7 +12,6 @@ from django.utils.safestring import SafeString, mark_safe
 
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.minutes import DURATION_BUCKETS_MS, OUTCOMES
-from tasks_app.protocol.refusals import read_each
 from tasks_app.templatetags.tasks_display import printable
 
 WINDOW_MINUTES = 60
@@ -24,7 +23,7 @@ Series = dict[str, list[float | None]]
 
 def percentile_ms(buckets: Mapping[int, int], share: float) -> float | None:
     """The duration under which `share` of the runs fell, interpolated within its bucket; None without runs."""
-    buckets = {index: count for index, count in buckets.items() if count > 0}  # a foreign writer's 0 or less: none
+    buckets = {index: count for index, count in buckets.items() if count > 0}  # a count taken back to 0: none
     total = sum(buckets.values())
     if not total:
         return None
@@ -85,13 +84,10 @@ def _new_type() -> TypeTotals:
 
 
 def chart_data(broker: Broker, queues: Sequence[str], now_s: float | None = None) -> dict[str, Any]:
-    """The last hour per minute: per queue outcomes and backlog, per type outcomes and p50/p95 durations.
-
-    A queue whose counters Redis refuses to read (a foreign key of another type) is under `unreadable`, with the error.
-    """
+    """The last hour per minute: per queue outcomes and backlog, per type outcomes and p50/p95 durations."""
     current = int(now_s if now_s is not None else time.time()) // 60
     minutes = list(range(current - WINDOW_MINUTES + 1, current + 1))
-    counted, unreadable = read_each(queues, lambda queue: broker.minute_counts(queue, minutes))
+    counted = {queue: broker.minute_counts(queue, minutes) for queue in queues}
     by_queue: dict[str, Series] = {}
     types: dict[str, TypeTotals] = {}
     for queue, rows in counted.items():
@@ -103,7 +99,6 @@ def chart_data(broker: Broker, queues: Sequence[str], now_s: float | None = None
         "minutes": [minute * 60 for minute in minutes],
         "queues": by_queue,
         "types": {name: totals.as_json() for name, totals in sorted(types.items())},
-        "unreadable": unreadable,
     }
 
 
@@ -199,7 +194,7 @@ def dashboard_charts(data: dict[str, Any]) -> dict[str, Any]:
     ]
     busiest = sorted(data["types"].items(), key=lambda item: -item[1]["hour_total"])
     types = [_type_charts(name, series, drawn=rank < MAX_TYPE_CHARTS) for rank, (name, series) in enumerate(busiest)]
-    return {"queue_charts": queues, "unreadable_charts": data["unreadable"], "type_charts": types}
+    return {"queue_charts": queues, "type_charts": types}
 
 
 def _type_charts(name: str, series: dict[str, Any], *, drawn: bool) -> dict[str, Any]:

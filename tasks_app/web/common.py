@@ -13,12 +13,12 @@ from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.shortcuts import render
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from tasks_app.logging import escape_control
 from tasks_app.protocol.broker import get_broker
-from tasks_app.protocol.refusals import refused
 from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.scripts import is_transient
 
 View = Callable[..., HttpResponse]
 
@@ -61,20 +61,10 @@ def csrf_rejection(request: HttpRequest, check: type[CsrfViewMiddleware] = CsrfV
     return middleware.process_view(request, None, (), {})  # type: ignore[arg-type]
 
 
-def load_record(task_id: str, *, strict: bool = False) -> ResultRecord | None:
-    """Return a task's result record, or None if it is unknown or expired.
-
-    `strict`: a record Redis refuses to read (a foreign key of another type) raises that refusal, naming the key, where
-    it is otherwise read as no record.
-    """
-    broker = get_broker()
-    fields = broker.read_result(task_id) if strict else broker.get_result(task_id)
+def load_record(task_id: str) -> ResultRecord | None:
+    """Return a task's result record, or None if it is unknown or expired."""
+    fields = get_broker().get_result(task_id)
     return ResultRecord.from_fields(fields) if fields else None
-
-
-def refused_set(note: str) -> dict[str, str]:
-    """What a JSON answer adds for the queue set Redis refused (`listed_queues`' note): `queue_set_unreadable`."""
-    return {"queue_set_unreadable": note} if note else {}
 
 
 def log_task_actions(request: HttpRequest, entries: Iterable[tuple[str, str, int, str]]) -> None:
@@ -98,7 +88,7 @@ def log_task_actions(request: HttpRequest, entries: Iterable[tuple[str, str, int
 
 
 def redis_required(view: View) -> View:
-    """Answer Redis away with a 503 saying so, and a read Redis refuses (a foreign key's type) with a 500 saying why.
+    """Answer Redis away with a 503 saying so, and any other Redis error (a misconfigured key) with a 500 saying why.
 
     As JSON for `.json` and `?format=json`; never Django's server error page.
     """
@@ -117,8 +107,8 @@ def redis_required(view: View) -> View:
 
 
 def _redis_error_page(request: HttpRequest, exc: RedisError) -> HttpResponse:
-    if refused(exc):
-        context = admin_context(request, "Redis refused a read", message=_problem(exc))
+    if _misconfigured(exc):
+        context = admin_context(request, "Redis answered with an error", message=_problem(exc))
         return render(request, "tasks_app/redis_refused.html", context, status=500)
     context = admin_context(request, "Redis is unreachable", message=_problem(exc), retry_s=REDIS_RETRY_AFTER_S)
     response = render(request, "tasks_app/redis_away.html", context, status=503)
@@ -128,7 +118,7 @@ def _redis_error_page(request: HttpRequest, exc: RedisError) -> HttpResponse:
 
 def redis_error_json(exc: RedisError) -> JsonResponse:
     """The JSON answer (`{"error": ...}`) of a view Redis failed: 500 for a refusal, else 503 with Retry-After."""
-    if refused(exc):
+    if _misconfigured(exc):
         return JsonResponse({"error": _problem(exc)}, status=500)
     response = JsonResponse({"error": _problem(exc)}, status=503)
     response["Retry-After"] = str(REDIS_RETRY_AFTER_S)
@@ -136,6 +126,11 @@ def redis_error_json(exc: RedisError) -> JsonResponse:
 
 
 def _problem(exc: RedisError) -> str:
-    if refused(exc):  # a foreign writer's key of another type, say: waiting does not cure it
-        return f"Redis refused the read: {exc}"
+    if _misconfigured(exc):  # a key of ours of the wrong type, say: waiting does not cure it
+        return f"Redis answered with an error: {exc}"
     return f"Redis is unreachable ({exc}); try again shortly."
+
+
+def _misconfigured(exc: RedisError) -> bool:
+    """Whether Redis answered with an error that waiting does not cure (see `is_transient`)."""
+    return isinstance(exc, ResponseError) and not is_transient(exc)

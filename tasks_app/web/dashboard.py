@@ -21,13 +21,12 @@ from tasks_app.periodic.status import schedule_statuses
 from tasks_app.protocol import dead_letters
 from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.names import NAME_PATTERN, InvalidName, validate_name
-from tasks_app.protocol.refusals import read_each
-from tasks_app.protocol.replies import QueueStats
+from tasks_app.protocol.replies import QueueStats, stored_int
 from tasks_app.protocol.results import LISTED_FIELDS
-from tasks_app.protocol.timestamps import MAX_SCORE_MS, datetime_of_ms
-from tasks_app.task_types import listed_queues, unique_windows
+from tasks_app.protocol.timestamps import datetime_of_ms
+from tasks_app.task_types import unique_windows
 from tasks_app.web.charts import chart_data, dashboard_charts
-from tasks_app.web.common import admin_context, log_task_actions, redis_required, refused_set
+from tasks_app.web.common import admin_context, log_task_actions, redis_required
 
 PAGE_SIZE = 50
 # Why a dead letter of a unique type was not requeued (the holder's id follows).
@@ -49,18 +48,15 @@ class ConsumerRow:
 
     @classmethod
     def from_info(cls, info: dict[str, Any], now_ms: int) -> ConsumerRow:
-        """Build a row from `Broker.live_consumers`; the last heartbeat is the deadline minus the lease.
-
-        The info is whatever the consumer (or anything else) wrote: fields that are not numbers show as blanks.
-        """
-        deadline_ms = _int_or_none(info.get("lease_deadline_ms")) or 0
-        lease_ms = _int_or_none(info.get("lease_ms"))
+        """Build a row from `Broker.live_consumers`; the last heartbeat is the deadline minus the lease."""
+        deadline_ms = stored_int(info.get("lease_deadline_ms")) or 0
+        lease_ms = stored_int(info.get("lease_ms"))
         beat_ms = deadline_ms - lease_ms if lease_ms else None
         return cls(
             id=str(info.get("id", "")),
             host=str(info.get("host", "")),
             pid=info.get("pid", ""),
-            in_flight=_int_or_none(info.get("in_flight")) or 0,
+            in_flight=stored_int(info.get("in_flight")) or 0,
             concurrency=info.get("concurrency", ""),
             last_heartbeat=datetime_of_ms(beat_ms) if beat_ms is not None else None,
             heartbeat_age_s=max(0.0, (now_ms - beat_ms) / 1000) if beat_ms is not None else None,
@@ -79,34 +75,19 @@ class QueueRow:
     paused_by: str = ""
 
 
-def _int_or_none(value: Any) -> int | None:
-    """An integer as Redis could hold it (a foreign writer's 10**400 is none: no time or count is that large)."""
-    try:
-        number = int(value)
-    except (TypeError, ValueError, OverflowError):
-        return None
-    return number if -MAX_SCORE_MS <= number <= MAX_SCORE_MS else None
-
-
 @staff_member_required
 @redis_required
 def queue_dashboard(request: HttpRequest) -> HttpResponse:
-    """Show every queue's pending / processing / delayed / dead counts, consumers and throughput, and the schedules.
-
-    A queue whose keys Redis refuses to read (a foreign key of another type) is shown as unreadable, with the error;
-    so is the queue set (then the task types' queues are shown).
-    """
+    """Show every queue's pending / processing / delayed / dead counts, consumers and throughput, and the schedules."""
     broker = get_broker()
     now_ms = broker.server_time_ms()  # leases are on the Redis clock
-    queues, queue_set_refused = listed_queues(broker)
-    rows, unreadable = read_each(queues, lambda queue: _queue_row(broker, queue, now_ms))
+    queues = broker.known_queues()
+    rows = [_queue_row(broker, queue, now_ms) for queue in queues]
     charts = dashboard_charts(chart_data(broker, queues))
     context = admin_context(
         request,
         "Queue dashboard",
-        queues=list(rows.values()),
-        unreadable_queues=unreadable,
-        queue_set_refused=queue_set_refused,
+        queues=rows,
         schedules=schedule_statuses(broker),
         **charts,
     )
@@ -129,8 +110,7 @@ def _queue_row(broker: Broker, queue: str, now_ms: int) -> QueueRow:
 def chart_series(request: HttpRequest) -> JsonResponse:
     """The dashboard's chart data as JSON: per-minute series of the last hour, per queue and per type."""
     broker = get_broker()
-    queues, queue_set_refused = listed_queues(broker)
-    return JsonResponse({**chart_data(broker, queues), **refused_set(queue_set_refused)})
+    return JsonResponse(chart_data(broker, broker.known_queues()))
 
 
 @staff_member_required
@@ -148,7 +128,7 @@ def dead_letter_page(request: HttpRequest, queue: str) -> HttpResponse:
             raise PermissionDenied(f"permission {MANAGE_DEAD_LETTERS_PERMISSION} is required")
         _act(request, queue)
         return redirect(request.get_full_path())
-    listed, unreadable = read_each([queue], lambda name: _dead_listing(name, request.GET.get("page")))
+    listed = _dead_listing(queue, request.GET.get("page"))
     return render(
         request,
         "tasks_app/dead_letters.html",
@@ -157,8 +137,7 @@ def dead_letter_page(request: HttpRequest, queue: str) -> HttpResponse:
             f"Dead letters of queue {queue}",
             queue=queue,
             can_manage=can_manage,
-            unreadable=unreadable.get(queue, ""),
-            **listed.get(queue, {"dead_tasks": [], "total": 0}),
+            **listed,
         ),
     )
 

@@ -15,30 +15,22 @@ from tasks_app.control import set_queue_paused
 from tasks_app.models import PAUSE_QUEUE_PERMISSION
 from tasks_app.protocol.broker import get_broker
 from tasks_app.protocol.names import InvalidName, validate_name
-from tasks_app.protocol.refusals import read_each
 from tasks_app.protocol.timestamps import datetime_of_ms
 from tasks_app.web.api import api_view, error
 from tasks_app.web.common import redis_required
 
 
 def queue_state(queue: str) -> dict[str, Any]:
-    """A queue's counts and whether (since when, by whom) it is paused, as JSON.
-
-    What Redis refuses to read (a foreign key of another type) is left out, and `unreadable` says why.
-    """
+    """A queue's counts and whether (since when, by whom) it is paused, as JSON."""
     broker = get_broker()
-    counted, unreadable = read_each([queue], broker.queue_stats)
-    states, refusals = read_each([queue], lambda name: broker.pause_states([name])[name] or {})
-    counts = counted[queue].as_dict() if queue in counted else {"queue": queue, "paused": broker.is_paused(queue)}
+    counts = broker.queue_stats(queue).as_dict()
     counts.pop("consumers", None)
-    state = states.get(queue, {})
+    state = broker.pause_states([queue])[queue] or {}
     since = datetime_of_ms(state["since_ms"]) if isinstance(state.get("since_ms"), int) else None
-    reasons = [*unreadable.values(), *refusals.values()]
     return {
         **counts,
         "paused_since": since.isoformat() if since else None,
         "paused_by": state.get("by"),
-        **({"unreadable": "; ".join(reasons)} if reasons else {}),
     }
 
 

@@ -19,7 +19,6 @@ from django.views.decorators.http import require_http_methods
 from tasks_app import control, producer
 from tasks_app.models import CANCEL_PERMISSION, ENQUEUE_PERMISSION
 from tasks_app.protocol.broker import get_broker
-from tasks_app.protocol.refusals import KeyRefused, read_each
 from tasks_app.protocol.results import ResultRecord
 from tasks_app.templatetags.tasks_display import url_or_empty
 from tasks_app.web.common import (
@@ -106,11 +105,7 @@ def _oversize(request: HttpRequest, reason: str) -> HttpResponse:
 @redis_required
 def task_detail(request: HttpRequest, task_id: str) -> HttpResponse:
     """Show a task's status, arguments and outcome; the page reloads itself until it finishes."""
-    try:
-        record = load_record(task_id, strict=True)
-    except KeyRefused as exc:  # a foreign key of another type where the record belongs: no record, and why
-        context = admin_context(request, f"Task {task_id}", message=f"This task's record cannot be read: {exc}")
-        return render(request, "tasks_app/redis_refused.html", context, status=404)
+    record = load_record(task_id)
     if record is None:
         raise Http404("No task with this id (or its record has expired).")
     return render(
@@ -158,11 +153,10 @@ def cancel_task(request: HttpRequest, task_id: str) -> HttpResponse:
 
 
 def _queue_pause(record: ResultRecord) -> dict[str, Any]:
-    """Whether a task that waits waits on a paused queue, or why that cannot be read (a foreign key of another type)."""
+    """Whether a task that waits waits on a paused queue."""
     if record.status != "READY":
-        return {"queue_paused": False, "queue_unreadable": ""}
-    states, unreadable = read_each([record.queue], lambda queue: get_broker().pause_states([queue])[queue])
-    return {"queue_paused": states.get(record.queue) is not None, "queue_unreadable": unreadable.get(record.queue, "")}
+        return {"queue_paused": False}
+    return {"queue_paused": get_broker().pause_states([record.queue])[record.queue] is not None}
 
 
 def _percent(progress: dict[str, Any] | None) -> float | None:
@@ -174,7 +168,7 @@ def _percent(progress: dict[str, Any] | None) -> float | None:
         return None
     try:
         share = 100.0 * current / total
-    except OverflowError:  # a foreign writer's integer past a float's range
+    except OverflowError:  # a handler's integer past a float's range
         return None
     return max(0.0, min(100.0, share)) if math.isfinite(share) else None
 

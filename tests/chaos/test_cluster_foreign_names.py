@@ -61,19 +61,3 @@ def test_a_woken_waiter_naming_a_foreign_queue_is_dropped_on_a_cluster(cluster_b
     assert [broker.wake(waiter) for waiter in woken] == [True]
     assert woken == [ours]
     assert broker.queue_stats("default").pending == 1
-
-
-@pytest.mark.timeout(60)
-def test_enqueues_and_pauses_beside_a_foreign_queue_set_are_done_on_a_cluster(cluster_broker):
-    from tasks_app import producer
-    from tasks_app.models import TaskType
-
-    broker = cluster_broker
-    broker.client.set(broker.keys.queues(), "foreign")  # lists queues for the dashboard only
-    TaskType.objects.create(name="web.once", handler="demo.echo", queue="once", unique_for_s=60)
-    tasks = producer.enqueue_many(
-        [producer.TaskRequest("demo.echo", [1], queue="plain"), producer.TaskRequest("web.once", [2])]
-    )  # before: refused at the set, after the pushes
-    assert [broker.get_result(task.id)["status"] for task in tasks] == ["READY", "READY"]
-    assert broker.client.llen(broker.keys.pending("plain")) == 1 and broker.client.llen(broker.keys.pending("once"))
-    assert broker.pause("plain") and broker.client.get(broker.keys.queues()) == b"foreign"

@@ -206,17 +206,6 @@ def test_a_long_backlog_of_a_slow_type_keeps_getting_slots(broker):
     assert broker.client.pttl(broker.keys.rate("slow")) > waits[-1] // 1000
 
 
-@pytest.mark.parametrize("stored", [{"tat": "nan"}, {"tat": "inf", "cursor": "-inf"}, {"window": "x", "count": "y"}])
-@pytest.mark.parametrize("algorithm", ["gcra", "fixed_window"])
-def test_a_rate_hash_holding_foreign_values_decides_as_if_they_were_absent(broker, stored, algorithm):
-    policy = RatePolicy.for_config(TaskTypeConfig(name="t", handler="t", rate_limit=2, rate_algorithm=algorithm))
-    broker.client.hset(broker.keys.rate("t"), mapping=stored)
-    if algorithm == "fixed_window":  # this window's count, unreadable
-        broker.client.hset(broker.keys.rate("t"), "window", broker.server_time_ms() // 1000)
-    args = (policy.limit, policy.period_us, policy.emission_us, policy.tolerance_us)
-    assert broker.rate_limit("t", policy.algorithm, "a", *args).wait_us == 0
-
-
 @pytest.mark.parametrize("queue", ["default", "elsewhere"], ids=["own_queue", "another_queue"])
 @pytest.mark.parametrize("new_limit", [100, None], ids=["raised", "removed"])
 def test_raising_a_limit_brings_the_tasks_already_waiting_to_their_new_slots(
