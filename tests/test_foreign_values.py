@@ -12,19 +12,32 @@ import pytest
 from tasks_app import producer
 from tasks_app.consumer.identity import pid_namespace
 from tasks_app.consumer.limits import RateLimiter
+from tasks_app.consumer.loops import ReaperLoop
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task
 from tests.integration.test_rate_follow_ups import LIMITED, TYPE
 from tests.support import django_tasks
+from tests.support.claims import claim, push, register, task_bytes
 from tests.support.processes import wait_until
 from tests.support.recording import runs_per_task
 from tests.test_backends import redis_tasks  # noqa: F401  (a fixture)
-from tests.test_foreign_keys_loops import SHORT_LEASE_MS, _dies_holding, _reaper
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 # Numbers no token, time or lease of ours can be: not a number at all, or past 2^53, where doubles skip integers.
 NOT_WHOLE = ["nan", "inf", "1e400", "1e30", "18446744073709551616"]
+SHORT_LEASE_MS = 100
+
+
+def _dies_holding(broker: Broker, consumer_id: str, task_id: str, queue: str = "q") -> None:
+    """A consumer of `queue` that claimed one task and whose lease then lapsed."""
+    push(broker, task_bytes(task_id, queue=queue), queue=queue)
+    register(broker, consumer_id, SHORT_LEASE_MS, queue)
+    claim(broker, consumer_id, 1, queue)
+
+
+def _reaper(broker: Broker, queues: list[str]) -> ReaperLoop:
+    return ReaperLoop(broker, queues, SHORT_LEASE_MS / 1000, lambda queue, dead: None)
 
 
 def _succeeded(broker: Broker, task_ids: list[str]) -> bool:

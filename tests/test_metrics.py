@@ -130,7 +130,13 @@ def test_consumer_readyz_waits_for_the_task_types_too():
     assert call(app, "/healthz")[0].startswith("200")
     status, body = call(app, "/readyz")
     assert status.startswith("503")
-    assert json.loads(body) == {"status": "ok", "last_ok_age_s": ANY, "ready": False, "task_types_age_s": None}
+    assert json.loads(body) == {
+        "status": "ok",
+        "last_ok_age_s": ANY,
+        "ready": False,
+        "task_types_age_s": None,
+        "misconfigured": [],
+    }
     types_age_s[0] = 2.5
     status, body = call(app, "/readyz")
     assert status.startswith("200") and json.loads(body)["task_types_age_s"] == 2.5

@@ -2,10 +2,6 @@
 
 from tasks_app.consumer.retiring import RetiringIds
 from tests.support.broker_calls import make_task, register
-from tests.support.counters import sample
-from tests.test_foreign_key_types import spoil_as_string
-
-REFUSED = "taskqueue_queue_refused_total"
 
 
 def test_a_retiring_id_is_renewed_while_it_holds_tasks_then_deregistered_giving_back_the_rest(broker):
@@ -29,25 +25,3 @@ def _retiring(broker, held: set[tuple[str, str]]) -> RetiringIds:
     retiring = RetiringIds(broker, 60.0, lambda queue, consumer_id: {(queue, consumer_id)} & held)
     retiring.retire("old", ["a", "b"])
     return retiring
-
-
-def test_a_queue_refusing_a_retiring_ids_leave_keeps_no_other_queue_from_it(broker, caplog):
-    retiring = _retiring(broker, set())
-    spoil_as_string(broker, broker.keys.consumers("a"))
-    refused_before = sample(REFUSED, loop="retiring", queue="a")
-    retiring.renew()  # before: the refusal at queue a stopped the pass, and b was never left
-    assert broker.client.zscore(broker.keys.consumers("b"), "old") is None
-    assert sample(REFUSED, loop="retiring", queue="a") - refused_before == 1
-    [said] = [m for m in caplog.messages if "of queue a refused by Redis" in m]
-    assert "WRONGTYPE" in said and broker.keys.consumers("a") in said
-    broker.client.delete(broker.keys.consumers("a"))
-    retiring.renew()  # tried again at the next pass
-    assert retiring._queues == {}
-
-
-def test_a_queue_refusing_a_retiring_ids_renewal_keeps_no_other_queue_from_it(broker):
-    retiring = _retiring(broker, {("a", "old"), ("b", "old")})
-    spoil_as_string(broker, broker.keys.consumer_info("a"))
-    retiring.renew()  # before: the refused renewal at queue a failed the pass, and b's lease lapsed
-    assert broker.client.zscore(broker.keys.consumers("b"), "old") > broker.client.time()[0] * 1000 + 30_000
-    assert retiring._queues == {"old": ["a", "b"]}, "neither renewed nor lost at a: tried again"

@@ -2,10 +2,8 @@
 
 A paused queue counts as idle: its pending and delayed tasks wait for a resume that a burst run
 cannot wait for (as RQ's burst workers leave when suspended). So does a queue the consumer is not
-registered on or whose claims Redis refuses (a foreign key's type: it claims nothing there), and
-a queue whose counts Redis refuses to read (a foreign key's type), except for the tasks waiting
-there that it may claim, if those can be counted. Tasks in flight on a queue that can be read still
-keep it running, and so do the pending and delayed tasks of every other queue.
+registered on. Tasks in flight on any queue still keep it running, and so do the pending and
+delayed tasks of every other queue.
 """
 
 from __future__ import annotations
@@ -15,7 +13,6 @@ from collections.abc import Callable, Collection, Sequence
 
 from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import Broker
-from tasks_app.protocol.refusals import read_each
 from tasks_app.protocol.replies import QueueStats
 
 logger = logging.getLogger(__name__)
@@ -27,23 +24,16 @@ def nothing_to_claim(broker: Broker, queues: Sequence[str], registered: Collecti
     `registered`: the queues the consumer may claim from (None: all of them).
     """
     claimable = [queue for queue in queues if registered is None or queue in registered]
-    stats, unreadable = read_each(queues, broker.queue_stats)
-    if any(s.processing or (q in claimable and not s.paused and (s.pending or s.delayed)) for q, s in stats.items()):
+    stats = [broker.queue_stats(queue) for queue in queues]
+    if any(s.processing or (s.queue in claimable and not s.paused and (s.pending or s.delayed)) for s in stats):
         return False
-    # A queue that could not be read whole: what waits there to be claimed, counted on its own (refused: unknown).
-    waiting, _ = read_each(unreadable, broker.waiting_count)
-    if any(count and queue in claimable and not broker.is_paused(queue) for queue, count in waiting.items()):
-        return False
-    for queue in stats.values():
+    for queue in stats:
         if queue.pending or queue.delayed:
-            _say_left(queue, claimable)
-    for name, error in unreadable.items():
-        known = f"{waiting[name]} task(s) waiting to be claimed" if name in waiting else "what it holds is unknown"
-        logger.warning("burst: queue %s cannot be read (%s; %s): leaving what it holds", name, error, known)
+            _say_left(queue)
     return True
 
 
-def _say_left(queue: QueueStats, claimable: Collection[str]) -> None:
+def _say_left(queue: QueueStats) -> None:
     """Say that `queue`'s waiting tasks are left: it is paused, or this consumer cannot claim from it."""
     if queue.paused:
         logger.warning(
@@ -55,7 +45,7 @@ def _say_left(queue: QueueStats, claimable: Collection[str]) -> None:
     else:
         logger.warning(
             "burst: queue %s has %d task(s) pending and %d delayed that this consumer cannot claim "
-            "(Redis refused the queue's keys when it registered or claimed there); leaving them",
+            "(it is not registered there); leaving them",
             queue.queue,
             queue.pending,
             queue.delayed,

@@ -19,11 +19,9 @@ from tasks_app.consumer.capacity import Capacity
 from tasks_app.consumer.claimed import Claimed
 from tasks_app.consumer.held import HeldTasks
 from tasks_app.consumer.loops import LeaseClock
-from tasks_app.consumer.queue_steps import QueueSteps
 from tasks_app.consumer.receipts import with_receipts
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.keys import WAKE_TOKEN
-from tasks_app.protocol.refusals import KeyRefused
 from tasks_app.protocol.replies import Claim
 from tasks_app.task_types import TaskTypeCache
 
@@ -37,10 +35,8 @@ LEASE_RECHECK_S = 0.1
 PAUSED_RECHECK_S = 0.25
 # How soon a claimer whose consumer never read the task types (the database away) looks again.
 SETTINGS_RECHECK_S = 0.25
-# How soon a claimer of a queue its consumer is not registered on (Redis refused its keys) looks again.
+# How soon a claimer of a queue its consumer is not registered on (yet) looks again.
 REGISTERED_RECHECK_S = 0.25
-# A claim Redis refused (a foreign key's type) is tried again every this share of the lease, until the key is mended.
-REFUSED_RECHECK_SHARE = 1 / 3
 
 
 class ClaimTimings(Protocol):
@@ -69,8 +65,6 @@ class Claiming(Protocol):
     def task_types(self) -> TaskTypeCache: ...
     @property
     def held(self) -> HeldTasks: ...
-    @property
-    def claim_steps(self) -> QueueSteps: ...
     def lease_lost(self, lost_id: str, queues: Sequence[str] | None = None) -> None: ...
     def registered_on(self, queue: str) -> bool: ...
     def dispatch(self, claimed: Sequence[Claimed]) -> None: ...
@@ -81,8 +75,6 @@ class ClaimerLoop:
 
     Every lease (and at once after a claim failed on the wire) it audits its processing list
     against what the consumer holds, returning strays: tasks a claim moved whose reply was lost.
-    A claim Redis refuses for a key of the queue (a foreign writer's type) moved nothing: it is that
-    queue's problem, said once and counted (`consumer.claim_steps`), and tried again at a slow pace.
     """
 
     def __init__(self, consumer: Claiming, queue: str) -> None:
@@ -96,7 +88,6 @@ class ClaimerLoop:
         # Slots taken for the claim in progress and not yet handed to a dispatched task.
         self._slots = 0
         self._result_ttl_s = int(settings.TASKS_RESULT_TTL)
-        self._refused = False  # its last claim was refused by Redis
 
     def run_once(self) -> float:
         consumer = self.consumer
@@ -114,10 +105,6 @@ class ClaimerLoop:
         consumer_id = consumer.consumer_id
         try:
             return self._take(self._claim(consumer_id), consumer_id)
-        except KeyRefused as exc:  # by the claim script, before it moved anything
-            self._refused = True
-            consumer.claim_steps.note("claiming", [self.queue], {self.queue: str(exc)})
-            return consumer.options.lease_s * REFUSED_RECHECK_SHARE
         except BaseException as exc:
             self._uncertain = isinstance(exc, RedisError)
             raise
@@ -136,9 +123,6 @@ class ClaimerLoop:
                 self.queue, consumer_id, self._slots, drop_wake=self._drop_wake, allow_suspect=may_take_suspect
             )
             self._drop_wake = False
-            if self._refused:
-                self._refused = False
-                consumer.claim_steps.note("claiming", [self.queue], {})  # said to work again
             return outcome
         finally:
             if may_take_suspect and not (outcome is not None and outcome.took_suspect):

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 from tasks_app import metrics
 from tasks_app.consumer.claimed import Claimed
-from tasks_app.consumer.queue_steps import QueueSteps
 from tasks_app.consumer.settling import Settling
 from tasks_app.consumer.timeouts import RunClock
 from tasks_app.context import TaskContext
@@ -76,7 +75,6 @@ class RunWatch:
         self.record = record
         self.result_ttl_s = result_ttl_s
         self._checked_at = self._progress_at = float("-inf")
-        self._steps = QueueSteps("housekeeping")
 
     def tick(self, runs: Sequence[Running]) -> None:
         """Write due progress, and every CANCEL_CHECK_S mark the runs whose task someone cancelled."""
@@ -94,10 +92,8 @@ class RunWatch:
         for run in runs:
             if run.context is not None and not run.context.control.forced:
                 by_queue.setdefault(run.task.queue, []).append(run)
-        # A queue whose cancel requests Redis refuses (a foreign key's type) keeps no other's from its runs.
-        read = self._steps.each("reading cancel requests", by_queue, lambda queue: self._marks(by_queue[queue]))
-        for marks in read.values():
-            for run, mark in marks:
+        for queue_runs in by_queue.values():
+            for run, mark in self._marks(queue_runs):
                 self._tell(run, mark)
 
     def _marks(self, runs: list[Running]) -> list[tuple[Running, CancelMark]]:

@@ -175,7 +175,7 @@ class Executor(AsyncRuns, RunLimits, RunStart):
         """Note a task just deferred for its disabled type, to be woken when the type is enabled."""
         try:
             self.broker.note_disabled(claimed.queue, task.type, task.priority, claimed.raw, DISABLED_NOTE_TTL_MS)
-        except RedisError as exc:  # it comes back at its recheck instead; a refused key is the scheduler's to say once
+        except RedisError as exc:  # it comes back at its recheck instead
             logger.debug("could not note a task of disabled type %s for its wake-up: %s", task.type, exc)
 
     def _handler_of(self, claimed: Claimed, task: Task, config: TaskTypeConfig) -> Handler | None:
@@ -223,7 +223,7 @@ class Executor(AsyncRuns, RunLimits, RunStart):
             due_us, now_us = self._redis(
                 lambda: self.broker.rate_deferred(task.type, key_token, task.id, claimed.queue), "defer"
             )
-        except ResponseError as exc:  # a foreign key in the limiter's place: the task keeps the slot it was given
+        except ResponseError as exc:  # a misconfigured limiter key: the task keeps the slot it was given
             logger.warning("could not check the rate limit slot of deferred task %s: %s", task.id, exc)
             return
         current = self.task_types.get(task.type)  # read after: a refresh before that call is seen here

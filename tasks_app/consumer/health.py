@@ -19,13 +19,19 @@ class Liveness:
     """When a consumer last reached Redis (mirrored to a file's mtime if asked), and whether it may claim."""
 
     def __init__(
-        self, path: str | None, stale_after_s: float, task_types_age_s: Callable[[], float] | None = None
+        self,
+        path: str | None,
+        stale_after_s: float,
+        task_types_age_s: Callable[[], float] | None = None,
+        misconfigured: Callable[[], list[str]] | None = None,
     ) -> None:
-        """`task_types_age_s`: seconds since the task types were read (infinite before: nothing is claimed then)."""
+        """`task_types_age_s`: seconds since the task types were read (infinite before: nothing is claimed then);
+        `misconfigured`: the loops whose last pass failed on a key of ours of another type (see loops.py)."""
         self.path = Path(path) if path else None
         self.stale_after_s = stale_after_s
         self._last_ok = float("-inf")
         self._task_types_age_s = task_types_age_s or (lambda: 0.0)
+        self._misconfigured = misconfigured or list
         self._file_problem: ProblemLog[str] = ProblemLog(logger)  # met at every beat while it lasts
 
     def beat(self) -> None:
@@ -52,8 +58,8 @@ class Liveness:
         return self.age_s() <= self.stale_after_s
 
     def ready(self) -> bool:
-        """True while healthy and able to claim: the task types were read at least once."""
-        return self.healthy() and self._task_types_age_s() != float("inf")
+        """True while healthy and able to claim: the task types were read at least once, no loop is misconfigured."""
+        return self.healthy() and self._task_types_age_s() != float("inf") and not self._misconfigured()
 
     def report(self) -> bytes:
         """A JSON body describing the state, for `/healthz` and `/readyz` on the metrics port."""
@@ -63,6 +69,7 @@ class Liveness:
                 "last_ok_age_s": finite(round(self.age_s(), 3)),  # JSON has no infinity: None before the first
                 "ready": self.ready(),
                 "task_types_age_s": finite(round(self._task_types_age_s(), 3)),
+                "misconfigured": self._misconfigured(),
             }
         ).encode()
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tasks_app.consumer.loops import ReaperLoop
+from tasks_app.consumer.loops import ReaperLoop, raise_key_errors
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.consumer.retrying import GaveUp, until_done
 from tasks_app.protocol.broker import Broker
@@ -110,12 +110,9 @@ def _is_zombie(pid: int) -> bool:
 
 
 def live_holders(broker: Broker, queues: Sequence[str], consumer_id: str) -> list[LeaseHolder]:
-    """The lease entries of `consumer_id` that another process may still hold: fresh, and not known dead.
-
-    A queue whose lease keys Redis refuses (a foreign key's type) shows none: registering there meets
-    the same refusal, and says so.
-    """
-    holders, _ = broker.lease_holders(queues, consumer_id)
+    """The lease entries of `consumer_id` that another process may still hold: fresh, and not known dead."""
+    holders, errors = broker.lease_holders(queues, consumer_id)
+    raise_key_errors(errors, "reading the lease entries")
     return [holder for holder in holders if holder.ms_left > 0 and not holder_is_gone(holder.info)]
 
 

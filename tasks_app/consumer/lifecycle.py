@@ -32,6 +32,7 @@ from tasks_app.consumer.loops import (
     HousekeepingLoop,
     LeaseClock,
     Loop,
+    Misconfigured,
     ReaperLoop,
     SchedulerLoop,
     TimeLimitLoop,
@@ -40,7 +41,6 @@ from tasks_app.consumer.loops import (
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.consumer.periodic_loop import scheduler_loops
 from tasks_app.consumer.process_mode import ProcessGuard
-from tasks_app.consumer.queue_steps import QueueSteps
 from tasks_app.consumer.reaped import record_reaped
 from tasks_app.consumer.receipts import withdrawals
 from tasks_app.consumer.registration import Registration
@@ -110,7 +110,12 @@ class Consumer(Stopping):
             async_lane=AsyncLane(options.async_concurrency, self.capacity, lambda: self.claiming_stopped.is_set()),
             lease_check=self._lease_holds,  # again after the gates, just before the start
         )
-        self.liveness = Liveness(options.health_file, max(3 * HEALTH_CHECK_S, options.lease_s), self.task_types.age_s)
+        self.liveness = Liveness(
+            options.health_file,
+            max(3 * HEALTH_CHECK_S, options.lease_s),
+            self.task_types.age_s,
+            self.misconfigured.loops,
+        )
         self._init_registration()
 
     def _init_registration(self) -> None:
@@ -136,7 +141,7 @@ class Consumer(Stopping):
         self.held = HeldTasks(self.capacity)  # handed to workers and not let go of, and the suspect slot
         # Ids left after a lease lost on some queues only, kept there while they hold tasks.
         self.retiring = RetiringIds(self.heartbeat_broker, self.options.lease_s, self.held.raws, self.instance)
-        self.claim_steps = QueueSteps("claimer")  # the claims Redis refused, by queue (a foreign key's type)
+        self.misconfigured = Misconfigured()  # the loops whose last pass met a key of ours of another type
         self._queues_idle = IdleCheck(self.broker, self.options.queues, self._claimable)  # burst mode's question
         self.exit_code = 0  # what `leave` asks for (process mode)
         self.guard = ProcessGuard(self.options, lambda *limits: self.executor.fail_hung(*limits), self.leave)
@@ -156,9 +161,8 @@ class Consumer(Stopping):
         return consumer_id == self.consumer_id and queue in queues
 
     def _claimable(self) -> list[str]:
-        """The queues it may claim from: registered there, its claims not refused (a burst counts the others idle)."""
-        refused = self.claim_steps.refused_queues()
-        return [queue for queue in self.registration.current()[1] if queue not in refused]
+        """The queues it may claim from: registered there (a burst counts the others idle)."""
+        return self.registration.current()[1]
 
     def lease_lost(self, lost_id: str, queues: Sequence[str] | None = None) -> None:
         """Our lease expired (or we were reaped) on `queues` (None: all): tombstone that id, register a new one.
@@ -266,7 +270,7 @@ class Consumer(Stopping):
         opts = self.options
         loops: list[Loop] = [
             HeartbeatLoop(self.heartbeat_broker, self.registration.current, self.lease, self.lease_lost, self.instance),
-            self.registration,  # registers on the queues whose keys Redis refused, once mended
+            self.registration,  # lists its queues in the queue set again
             SchedulerLoop(self.broker, opts.queues, disabled=self.task_types.disabled),
             self.reaper,
             self.retiring,
@@ -275,9 +279,10 @@ class Consumer(Stopping):
             HealthLoop(self.broker, self.liveness, HEALTH_CHECK_S),
             *scheduler_loops(self.broker, opts),
         ]
-        self._threads = [start_thread(loop, self.loops_stopped) for loop in loops]
+        self._threads = [start_thread(loop, self.loops_stopped, self.misconfigured) for loop in loops]
         self.acks.start()
-        self._claimers = [start_thread(ClaimerLoop(self, q), self.claiming_stopped) for q in opts.queues]
+        claimers = [ClaimerLoop(self, queue) for queue in opts.queues]
+        self._claimers = [start_thread(claimer, self.claiming_stopped, self.misconfigured) for claimer in claimers]
         self._workers = [
             threading.Thread(target=self._work, name=f"worker-{i}", daemon=True) for i in range(opts.concurrency)
         ]

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from tasks_app import metrics
-from tasks_app.consumer.queue_steps import QueueSteps
 from tasks_app.consumer.retrying import until_done
 from tasks_app.models import RATE_PERIOD_MAX_S, RATE_PERIOD_MIN_S, TaskType
 from tasks_app.problem_log import ProblemLog
@@ -125,9 +124,7 @@ class RateLimiter:
         # Until when (monotonic s) each (type, key token) of a keyed limit is known noted by `rate_keyed`.
         self._noted_until: dict[tuple[str, str], float] = {}
         self._notes_lock = threading.Lock()
-        # A queue whose delayed set Redis refuses to scan for a follow-up: said once, counted.
-        self._follow_ups = QueueSteps("rate-follow-up")
-        # Per type, a failure to note its values (Redis away, a foreign key in place) met at every denial.
+        # Per type, a failure to note its values (Redis away, a misconfigured key) met at every denial.
         self._note_problem: ProblemLog[str] = ProblemLog(logger)
 
     def __call__(self, task: Task, config: TaskTypeConfig, key_token: str | None = None) -> Admission:
@@ -216,7 +213,8 @@ class RateLimiter:
             for key_token in key_tokens:
                 followed = follow_up(self.broker, task_type, key_token, self.give_up)
                 moved += followed.moved
-                self._follow_ups.note(f"moving waiting tasks of {task_type}", followed.refused, followed.refused)
+                if followed.refused:  # a misconfigured delayed set: its tasks wake at their old slots
+                    logger.error("could not move the waiting tasks of %s on %s", task_type, followed.refused)
         except Exception as exc:  # they still wake at their old slots, where they take their new ones
             logger.warning("could not move the waiting tasks of %s to its new rate limit: %s", task_type, exc)
             return

@@ -5,19 +5,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Protocol
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from tasks_app import metrics
-from tasks_app.consumer.queue_steps import QueueSteps
 from tasks_app.consumer.retrying import next_backoff_s, redis_away
 from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.keys import UNDECODABLE_TYPE
 from tasks_app.protocol.replies import Promotion
+from tasks_app.protocol.scripts import is_transient
 
 logger = logging.getLogger(__name__)
 
@@ -30,17 +30,73 @@ class Loop(Protocol):
     def run_once(self) -> float: ...
 
 
-def run_forever(loop: Loop, stop: threading.Event) -> None:
-    """Call `loop.run_once()` until `stop` is set, backing off through Redis errors."""
-    backoff_s = 0.0
+class Misconfigured:
+    """The loops whose last pass failed on a key of ours that Redis refuses (another type): readiness is red meanwhile.
+
+    Only this system writes those keys, so such an error is a misconfiguration (another program writing
+    under our prefix), not a state to work around: the loop says it once and goes on at its pace.
+    """
+
+    def __init__(self) -> None:
+        self._loops: set[str] = set()
+        self._lock = threading.Lock()
+
+    def failed(self, loop: str) -> None:
+        """Note that `loop`'s last pass failed on a misconfigured key."""
+        with self._lock:
+            self._loops.add(loop)
+
+    def passed(self, loop: str) -> None:
+        """Note that `loop`'s last pass went through."""
+        if loop in self._loops:
+            with self._lock:
+                self._loops.discard(loop)
+
+    def loops(self) -> list[str]:
+        """The loops whose last pass failed on a misconfigured key."""
+        with self._lock:
+            return sorted(self._loops)
+
+
+def misconfiguration(exc: BaseException) -> bool:
+    """Whether `exc` is Redis refusing a command for what a key holds: retrying cannot help, fixing the key does."""
+    return isinstance(exc, ResponseError) and not is_transient(exc)
+
+
+def raise_key_errors(errors: Mapping[str, str], what: str) -> None:
+    """Raise Redis's errors of a call made queue by queue (`errors`, by queue) as one ResponseError."""
+    if errors:
+        said = "; ".join(f"queue {queue}: {error}" for queue, error in errors.items())
+        raise ResponseError(f"{what}: {said}")
+
+
+# A loop whose pass failed on a misconfigured key, and whose last pass asked for no sleep, waits this long.
+MISCONFIGURED_PACE_S = 1.0
+
+
+def run_forever(loop: Loop, stop: threading.Event, misconfigured: Misconfigured | None = None) -> None:
+    """Call `loop.run_once()` until `stop` is set, backing off through Redis outages.
+
+    A misconfigured key (see `Misconfigured`) is said once per distinct error, and the loop goes on at the
+    pace its last pass asked for; a bug is said once, and the loop goes on each second.
+    """
+    backoff_s, pace_s = 0.0, MISCONFIGURED_PACE_S
     problems: ProblemLog[str] = ProblemLog(logger)  # an outage or a bug is met at every pass: said once
+    misconfigured = misconfigured or Misconfigured()
     while not stop.is_set():
         try:
             sleep_s = loop.run_once()
-            backoff_s = 0.0
+            backoff_s, pace_s = 0.0, sleep_s or MISCONFIGURED_PACE_S
             problems.recovered(loop.name, "%s: works again", loop.name)
+            misconfigured.passed(loop.name)
         except RedisError as exc:
-            sleep_s = backoff_s = redis_away(problems, loop.name, exc, next_backoff_s(backoff_s))
+            if misconfiguration(exc):
+                message = "%s: a key of ours holds what Redis refuses (misconfigured): %s"
+                problems.failed(loop.name, str(exc), message, loop.name, exc, level=logging.ERROR)
+                misconfigured.failed(loop.name)
+                sleep_s = pace_s
+            else:
+                sleep_s = backoff_s = redis_away(problems, loop.name, exc, next_backoff_s(backoff_s))
         except Exception as exc:  # a bug in one loop must not silently end it
             problem = f"{type(exc).__name__}: {exc}"
             problems.failed(loop.name, problem, "%s: unexpected error", loop.name, exc_info=True)
@@ -49,9 +105,9 @@ def run_forever(loop: Loop, stop: threading.Event) -> None:
             stop.wait(sleep_s)
 
 
-def start_thread(loop: Loop, stop: threading.Event) -> threading.Thread:
+def start_thread(loop: Loop, stop: threading.Event, misconfigured: Misconfigured | None = None) -> threading.Thread:
     """Run a loop in a daemon thread named after it."""
-    thread = threading.Thread(target=run_forever, args=(loop, stop), name=loop.name, daemon=True)
+    thread = threading.Thread(target=run_forever, args=(loop, stop, misconfigured), name=loop.name, daemon=True)
     thread.start()
     return thread
 
@@ -94,8 +150,7 @@ class LeaseClock:
 
 
 class HeartbeatLoop:
-    """Renews this consumer's lease every third of the lease, on its own connection; a queue where Redis refuses
-    the renewal (a foreign key's type) counts as lost there, as one where the lease lapsed."""
+    """Renews this consumer's lease every third of the lease, on its own connection."""
 
     name = "heartbeat"
 
@@ -114,30 +169,29 @@ class HeartbeatLoop:
         self.lease_ms = int(lease.lease_s * 1000)
         self.on_lost = on_lost
         self._problems: ProblemLog[str] = ProblemLog(logger)
-        self._steps = QueueSteps(self.name)
 
     def run_once(self) -> float:
         consumer_id, queues = self.registered()
         sent_at = time.monotonic()
         try:
-            lost, refused = self.broker.renew_leases(queues, consumer_id, self.lease_ms, instance=self.instance)
+            lost, errors = self.broker.renew_leases(queues, consumer_id, self.lease_ms, instance=self.instance)
         except RedisError as exc:
+            if misconfiguration(exc):
+                raise
             # Retry at twice the renewal pace instead of run_forever's backoff (up to 5 s):
             # after a Redis restart reapers wait only one lease of uptime, and a heartbeat
             # still backing off past that would get this live consumer reaped.
             return redis_away(self._problems, self.name, exc, self.lease_ms / 6000)
         self._problems.recovered(self.name, "%s: works again", self.name)
-        # A queue whose lease keys Redis refuses holds up no other; but the lease there is not renewed, and
-        # once the key is mended a reaper may recover what it held there before a renewal sees it lapsed: it
-        # is lost there now, so none of the tasks held under it there starts any more.
-        self._steps.note("renewing the lease", queues, refused)
-        lost += [queue for queue in queues if queue in refused]
+        # Not renewed where a key of ours is misconfigured: lost there, so none of the tasks held there starts.
+        lost += [queue for queue in queues if queue in errors]
         if not lost:
             self.lease.renewed(consumer_id, sent_at)
             metrics.LEASE_RENEWALS.inc()
         else:
             metrics.LEASES_LOST.inc()
             self.on_lost(consumer_id, lost)
+        raise_key_errors(errors, "renewing the lease")
         return self.lease_ms / 3000
 
 
@@ -170,24 +224,20 @@ class SchedulerLoop:
         )
         self._trimmed_at = float("-inf")
         self.result_ttl_s = int(settings.TASKS_RESULT_TTL)
-        self._steps = QueueSteps(self.name)
 
     def run_once(self) -> float:
         sleep_s = self.MAX_SLEEP_S
-        promotions = self._steps.each("promoting due tasks", self.queues, self._promote)
-        for promotion in promotions.values():
+        for promotion in map(self._promote, self.queues):
             if promotion.moved + promotion.malformed >= self.BATCH:
                 sleep_s = 0.0
             elif promotion.next_due_ms >= 0:
                 sleep_s = min(sleep_s, max(0.0, (promotion.next_due_ms - promotion.now_ms) / 1000))
         if time.monotonic() - self._trimmed_at >= self.TRIM_EVERY_S:
             self.trim_dead_letters()
-            # The backlog chart's samples; the history index's time to live.
-            self._steps.each("sampling the backlog", self.queues, self.broker.sample_backlog)
-            refresh = partial(self.broker.refresh_history_ttl, ttl_s=self.result_ttl_s)
-            self._steps.each("refreshing the history's time to live", self.queues, refresh)
-            wake = partial(self.broker.wake_enabled, disabled=self.disabled)
-            self._steps.each("waking the tasks of types enabled again", self.queues, wake)
+            for queue in self.queues:
+                self.broker.sample_backlog(queue)  # the backlog chart's samples
+                self.broker.refresh_history_ttl(queue, ttl_s=self.result_ttl_s)
+                self.broker.wake_enabled(queue, disabled=self.disabled)
         return sleep_s
 
     def _promote(self, queue: str) -> Promotion:
@@ -201,7 +251,7 @@ class SchedulerLoop:
         """Apply the dead-letter caps (count and age) to every queue; return how many were dropped."""
         self._trimmed_at = time.monotonic()
         trim = partial(self.broker.trim_dead, max_count=self.dead_letter_max, max_age_s=self.dead_letter_max_age_s)
-        return sum(self._steps.each("trimming dead letters", self.queues, trim).values())
+        return sum(map(trim, self.queues))
 
 
 class ReaperLoop:
@@ -222,19 +272,19 @@ class ReaperLoop:
         self.on_dead_lettered = on_dead_lettered
         # Per queue, the page of tombstones to examine next (besides the newest, every time).
         self._tombstone_offsets = dict.fromkeys(self.queues, 0)
-        self._steps = QueueSteps(self.name)
 
     def run_once(self) -> float:
-        self._steps.each("listing dead consumers", self.queues, self._reap_queue)
+        for queue in self.queues:
+            self._reap_queue(queue)
         return max(0.05, self.lease_s / 4)
 
     def _reap_queue(self, queue: str) -> None:
-        """Reap the dead consumers of `queue` on this page; one whose keys Redis refuses holds up no other."""
+        """Reap the dead consumers of `queue` on this page."""
         expired, tombstones, self._tombstone_offsets[queue] = self.broker.reap_candidate_page(
             queue, self._tombstone_offsets[queue]
         )
         for consumer_id in [*expired, *tombstones]:
-            self._steps.each(f"reaping consumer {consumer_id}", [queue], partial(self.reap, consumer_id=consumer_id))
+            self.reap(queue, consumer_id)
 
     def reap(self, queue: str, consumer_id: str, *, own_earlier_run: bool = False) -> int:
         """Reap one consumer's list on one queue completely; return how many tasks moved.

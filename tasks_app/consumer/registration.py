@@ -1,15 +1,8 @@
-"""The queues a consumer holds a lease on under its id: a queue whose keys Redis refuses is left out until mended.
+"""The queues a consumer holds a lease on under its id, and their listing in the queue set.
 
 Registering on a queue recovers what an earlier run under the id left there, then takes the lease.
-Where Redis refuses either (a foreign writer made one of the queue's keys another type), the
-consumer starts all the same and serves its other queues: that queue is logged once and counted
-(`taskqueue_queue_refused_total{loop="registering"}`), its heartbeat renews nothing there, its
-claimer claims nothing there (a claim under no lease could not be recovered), and registering there
-is tried again every third of a lease, so the consumer joins it once the key is mended.
-
 The queues it is registered on are listed in the queue set (what the dashboard finds queues by)
-again once a lease, and every third of a lease while Redis refuses that set: a set deleted, or of
-a foreign type and mended, lists them again without a restart.
+again once a lease, so a set deleted lists them again without a restart.
 """
 
 from __future__ import annotations
@@ -18,20 +11,19 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from functools import partial
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from tasks_app.consumer import identity
-from tasks_app.consumer.loops import LeaseClock, ReaperLoop
-from tasks_app.consumer.queue_steps import QueueSteps
-from tasks_app.problem_log import ProblemLog
+from tasks_app.consumer.loops import LeaseClock, ReaperLoop, raise_key_errors
 from tasks_app.protocol.broker import Broker
 
 logger = logging.getLogger(__name__)
 
 
 class Registration:
-    """A consumer's id and the queues it is registered on under it; `run_once` registers it on the others."""
+    """A consumer's id and the queues it is registered on under it; `run_once` lists them in the queue set again."""
 
     name = "registering"
 
@@ -51,9 +43,6 @@ class Registration:
         # Held while the id, or the queues registered under it, change (the consumer's moving to a new id too).
         self.lock = threading.RLock()
         self._current: tuple[str, tuple[str, ...]] = ("", ())  # replaced whole: read without the lock
-        self._steps = QueueSteps(self.name)
-        self._held_elsewhere: ProblemLog[str] = ProblemLog(logger)
-        self._unlisted: ProblemLog[str] = ProblemLog(logger)  # the queue set Redis refused to add to
         self._listed_at = float("-inf")  # when the queues were last added to the queue set (monotonic s)
 
     def current(self) -> tuple[str, list[str]]:
@@ -62,70 +51,35 @@ class Registration:
         return consumer_id, list(queues)
 
     def register(self, consumer_id: str) -> list[str]:
-        """Register `consumer_id` on every queue whose keys Redis reads (it is the current id now); return those."""
+        """Register `consumer_id` on every queue (it is the current id now); return them.
+
+        A key of ours that Redis refuses here (another type) fails the registration: a misconfiguration.
+        """
         with self.lock:
-            recovered = self._recover(consumer_id, self.queues)
+            for queue in self.queues:
+                identity.recover_earlier_run(self.reaper, queue, consumer_id)
             sent_at = time.monotonic()
-            registered = self._take_leases(consumer_id, recovered)
-            self._current = (consumer_id, tuple(registered))
+            lease_ms = int(self.lease.lease_s * 1000)
+            errors, unlisted = self.broker.register_leases(self.queues, consumer_id, lease_ms, self.info())
+            raise_key_errors(errors, "registering")
+            self._current = (consumer_id, tuple(self.queues))
             self.lease.renewed(consumer_id, sent_at)
-            return registered
+            # Only the dashboard reads the queue set: a refusal there is said by the next pass.
+            self._listed_at = float("-inf") if unlisted else time.monotonic()
+            return list(self.queues)
 
     def run_once(self) -> float:
-        """Register the current id on the queues it is not registered on yet, where nothing holds it meanwhile."""
-        with self.lock:
-            consumer_id, registered = self._current
-            missing = [queue for queue in self.queues if queue not in registered]
-            if consumer_id and missing:
-                joined = self._take_leases(consumer_id, self._recover(consumer_id, self._free(consumer_id, missing)))
-                if joined:
-                    self._current = (consumer_id, tuple(q for q in self.queues if q in registered or q in joined))
-            self._list_again()
+        """List the registered queues in the queue set again, once a lease."""
+        registered = self._current[1]
+        if registered and time.monotonic() - self._listed_at >= self.lease.lease_s:
+            unlisted = self.broker.list_queues(registered)
+            if unlisted:
+                raise ResponseError(f"listing queues in the queue set: {unlisted}")
+            self._listed_at = time.monotonic()
         return self.lease.lease_s / 3
 
     def abandon(self, consumer_id: str, queues: Sequence[str]) -> None:
-        """Tombstone a lost id on `queues`, so reapers sweep what it held (not where Redis refuses its tombstones)."""
-        self._steps.note("tombstoning a lost id", queues, self.broker.abandon(queues, consumer_id))
-
-    def _recover(self, consumer_id: str, queues: Sequence[str]) -> list[str]:
-        """Recover what an earlier run under `consumer_id` left on `queues`; return those where Redis let it."""
-        recover = partial(identity.recover_earlier_run, self.reaper, consumer_id=consumer_id)
-        return list(self._steps.each("recovering an earlier run", queues, recover))
-
-    def _take_leases(self, consumer_id: str, queues: Sequence[str]) -> list[str]:
-        """Register `consumer_id`'s lease on `queues`; return those where Redis let it."""
-        if not queues:
-            return []
-        lease_ms = int(self.lease.lease_s * 1000)
-        refused, unlisted = self.broker.register_leases(queues, consumer_id, lease_ms, self.info())
-        self._steps.note("registering", queues, refused)
-        self._listed(queues, unlisted)
-        return [queue for queue in queues if queue not in refused]
-
-    def _list_again(self) -> None:
-        """List the registered queues in the queue set again: once a lease, or at each pass while Redis refuses it."""
-        registered = self._current[1]
-        if registered and (self._unlisted.open_keys() or time.monotonic() - self._listed_at >= self.lease.lease_s):
-            self._listed(registered, self.broker.list_queues(registered))
-
-    def _listed(self, queues: Sequence[str], unlisted: str) -> None:
-        """Note that `queues` were added to the queue set, or that Redis refused it (`unlisted`): said once."""
-        self._listed_at = time.monotonic()
-        if unlisted:  # the set only lists queues for the dashboard: the consumer runs all the same
-            message = "registering: listing queues %s in the queue set refused by Redis (the dashboard omits them): %s"
-            self._unlisted.failed("queue set", unlisted, message, ",".join(queues), unlisted)
-        else:
-            self._unlisted.recovered("queue set", "registering: listing queues in the queue set works again")
-
-    def _free(self, consumer_id: str, queues: Sequence[str]) -> list[str]:
-        """Those of `queues` where no other live process holds `consumer_id` (unseen while their keys were refused)."""
-        held = {holder.queue: holder for holder in identity.live_holders(self.broker, queues, consumer_id)}
-        for queue in queues:
-            if queue in held:
-                message = "consumer id %s is held by a live process (pid %s) on queue %s: joining it once that leaves"
-                self._held_elsewhere.failed(
-                    queue, "held", message, consumer_id, held[queue].info.get("pid", "?"), queue
-                )
-            else:
-                self._held_elsewhere.recovered(queue, "consumer id %s on queue %s is free", consumer_id, queue)
-        return [queue for queue in queues if queue not in held]
+        """Tombstone a lost id on `queues`, so reapers sweep what it held."""
+        errors = self.broker.abandon(queues, consumer_id)
+        if errors:  # the move to a new id goes on: what the old one held is recovered when its lease lapses
+            logger.error("could not tombstone lost id %s (misconfigured keys): %s", consumer_id, errors)

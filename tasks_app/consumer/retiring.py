@@ -13,11 +13,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence, Sized
-from functools import partial
 
 from redis.exceptions import RedisError
 
-from tasks_app.consumer.queue_steps import QueueSteps
+from tasks_app.consumer.loops import misconfiguration, raise_key_errors
 from tasks_app.consumer.retrying import redis_away
 from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import Broker
@@ -38,7 +37,6 @@ class RetiringIds:
         self._queues: dict[str, list[str]] = {}
         self._lock = threading.Lock()
         self._problems: ProblemLog[str] = ProblemLog(logger)
-        self._steps = QueueSteps(self.name)
 
     def retire(self, consumer_id: str, queues: Sequence[str]) -> None:
         """Keep `consumer_id`'s lease on `queues` (where it was not lost) until its tasks there are settled."""
@@ -50,28 +48,27 @@ class RetiringIds:
         try:
             self.renew()
         except RedisError as exc:  # retried at twice the renewal pace, as the heartbeat is
+            if misconfiguration(exc):
+                raise
             return redis_away(self._problems, self.name, exc, self.lease_s / 6)
         self._problems.recovered(self.name, "%s: works again", self.name)
         return self.lease_s / 3
 
     def renew(self, *, leaving: bool = False) -> None:
-        """Deregister each retiring id where it holds nothing (everywhere, if `leaving`); renew it elsewhere.
-
-        A queue whose keys Redis refuses (a foreign key's type) holds up no other: it is counted,
-        logged once, and tried again at the next pass.
-        """
+        """Deregister each retiring id where it holds nothing (everywhere, if `leaving`); renew it elsewhere."""
         with self._lock:
             retiring = {consumer_id: list(queues) for consumer_id, queues in self._queues.items()}
         for consumer_id, queues in retiring.items():
             held = [queue for queue in queues if not leaving and len(self.held(queue, consumer_id))]
-            leave = partial(self.broker.deregister, consumer_id=consumer_id, instance=self.instance)
-            left = self._steps.each("leaving under a retiring id", [q for q in queues if q not in held], leave)
+            left = [queue for queue in queues if queue not in held]
+            for queue in left:
+                self.broker.deregister(queue, consumer_id, self.instance)
             lease_ms = int(self.lease_s * 1000)
-            lost, refused = self.broker.renew_leases(held, consumer_id, lease_ms, self.instance) if held else ([], {})
-            self._steps.note("renewing a retiring id", held, refused)
+            lost, errors = self.broker.renew_leases(held, consumer_id, lease_ms, self.instance) if held else ([], {})
             if lost:
                 logger.error("retiring id %s lost its lease on %s too: its runs there may run again", consumer_id, lost)
             with self._lock:
                 self._queues[consumer_id] = [queue for queue in queues if queue not in left and queue not in lost]
                 if not self._queues[consumer_id]:
                     del self._queues[consumer_id]
+            raise_key_errors(errors, f"renewing retiring id {consumer_id}")
