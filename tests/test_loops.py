@@ -19,8 +19,8 @@ from tasks_app.consumer.loops import (
     run_forever,
     start_thread,
 )
-from tasks_app.consumer.reaped import record_reaped
 from tasks_app.consumer.retrying import FIRST_BACKOFF_S
+from tasks_app.consumer.settling import record_reaped
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.leases import MAX_RECOVERIES

@@ -29,8 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from tasks_app.consumer.forks import exit_if_forked, guard_loop, unguard_loop
 from tasks_app.consumer.loop_inbox import LoopInbox
+from tasks_app.consumer.time_limits import exit_if_forked, guard_loop, unguard_loop
 from tasks_app.exceptions import TaskCancelled, TaskTimeout
 
 logger = logging.getLogger(__name__)

@@ -17,13 +17,11 @@ import threading
 import uuid
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import Protocol
 
 from redis.exceptions import RedisError
 
 from tasks_app import metrics
 from tasks_app.consumer.claimed import Claimed
-from tasks_app.consumer.loops import LeaseClock
 from tasks_app.consumer.retrying import GaveUp, until_done
 from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import Broker
@@ -36,26 +34,6 @@ logger = logging.getLogger(__name__)
 
 # Idle slot sets and waiter lists expire after this long (at least), counted from their last write.
 MIN_IDLE_KEEP_MS = 60_000
-
-
-class _LeaseOptions(Protocol):
-    @property
-    def lease_s(self) -> float: ...
-
-
-class GateOwner(Protocol):
-    """What a consumer lends its gate: brokers, lease, options, stop event."""
-
-    @property
-    def broker(self) -> Broker: ...
-    @property
-    def heartbeat_broker(self) -> Broker: ...
-    @property
-    def lease(self) -> LeaseClock: ...
-    @property
-    def options(self) -> _LeaseOptions: ...
-    @property
-    def give_up(self) -> threading.Event: ...
 
 
 def key_token_of(kwarg: str, arguments: Arguments) -> str | None:
@@ -80,24 +58,9 @@ class ConcurrencyGate:
         self._lock = threading.Lock()
         self._renewal_problem: ProblemLog[str] = ProblemLog(logger)  # Redis away at every heartbeat
 
-    @classmethod
-    def for_consumer(cls, consumer: GateOwner) -> ConcurrencyGate:
-        """The gate of a consumer: renewed with its lease, on its heartbeat's connection."""
-        from django.conf import settings
-
-        gate = cls(
-            consumer.broker,
-            consumer.heartbeat_broker,
-            consumer.options.lease_s,
-            settings.TASKS_THROTTLE_RECHECK_S,
-            consumer.give_up,
-        )
-        consumer.lease.on_renewal(gate.renew)
-        return gate
-
     @staticmethod
-    def slots_of(config: TaskTypeConfig, arguments: Arguments) -> SlotSet:
-        """The slot set a task of a capped type needs one slot of."""
+    def permits_of(config: TaskTypeConfig, arguments: Arguments) -> SlotSet:
+        """The set of permits (a slot set, in Redis) a task of a capped type needs one of."""
         return SlotSet(config.name, key_token_of(config.max_running_key, arguments), int(config.max_running or 0))
 
     def acquire(self, claimed: Claimed, task: Task, slots: SlotSet) -> str | None:
