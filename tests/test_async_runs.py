@@ -13,7 +13,7 @@ import pytest
 
 from tasks_app.consumer.async_lane import AsyncLane, LaneSlot
 from tasks_app.consumer.executor import Executor
-from tasks_app.consumer.limits import Admission
+from tasks_app.consumer.gates import Admission
 from tasks_app.protocol.codec import Task
 from tasks_app.registry import Handler, Registry
 from tasks_app.task_types import TaskTypeConfig

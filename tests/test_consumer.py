@@ -18,8 +18,8 @@ import redis
 from django.conf import settings
 from redis.exceptions import ConnectionError as RedisConnectionError, RedisError
 
-from tasks_app.consumer import stop_signals
-from tasks_app.consumer.claimed import Claimed
+from tasks_app.consumer import supervisor as stop_signals
+from tasks_app.consumer.claiming import Claimed
 from tasks_app.consumer.lifecycle import Consumer
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.protocol.broker import Broker, Enqueueable

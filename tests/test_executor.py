@@ -13,7 +13,7 @@ import pytest
 from django.db import OperationalError
 
 from tasks_app.consumer.ack_batcher import AckBatcher
-from tasks_app.consumer.claimed import Claimed
+from tasks_app.consumer.claiming import Claimed
 from tasks_app.consumer.executor import Executor, build_executor
 from tasks_app.context import TaskContext, current
 from tasks_app.models import TaskType

@@ -12,10 +12,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.async_lane import AsyncLane
-from tasks_app.consumer.claimed import Claimed
-from tasks_app.consumer.concurrency import ConcurrencyGate
+from tasks_app.consumer.claiming import Claimed
 from tasks_app.consumer.executor import Executor, build_executor
-from tasks_app.consumer.limits import Admission, RateLimiter, RatePolicy
+from tasks_app.consumer.gates import Admission, ConcurrencyGate, RateLimiter, RatePolicy
 from tasks_app.exceptions import TaskCancelled
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from tasks_app import producer
 from tasks_app.collectors import QueueCollector
-from tasks_app.consumer.metrics_http import make_app
+from tasks_app.consumer.loops import make_app
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, encode_task

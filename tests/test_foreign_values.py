@@ -10,9 +10,8 @@ import time
 import pytest
 
 from tasks_app import producer
-from tasks_app.consumer.identity import pid_namespace
-from tasks_app.consumer.limits import RateLimiter
-from tasks_app.consumer.loops import ReaperLoop
+from tasks_app.consumer.gates import RateLimiter
+from tasks_app.consumer.membership import ReaperLoop, pid_namespace
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task
 from tests.integration.test_rate_follow_ups import LIMITED, TYPE

@@ -8,7 +8,7 @@ import pytest
 
 from tasks_app import producer
 from tasks_app.consumer.ack_batcher import AckBatcher
-from tasks_app.consumer.claimed import Claimed
+from tasks_app.consumer.claiming import Claimed
 from tasks_app.consumer.executor import build_executor
 from tasks_app.models import TaskType
 from tasks_app.periodic.config import PeriodicConfig

@@ -14,8 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tasks_app import metrics, producer
 from tasks_app.collectors import QueueCollector
-from tasks_app.consumer.health import Liveness
-from tasks_app.consumer.metrics_http import make_app
+from tasks_app.consumer.loops import Liveness, make_app
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.scripts import connect
 from tests.support.ports import free_port

@@ -5,8 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from tasks_app.consumer.health import Liveness
-from tasks_app.consumer.loops import Misconfigured, SchedulerLoop, start_thread
+from tasks_app.consumer.loops import Liveness, Misconfigured, SchedulerLoop, start_thread
 from tests.support.processes import wait_until
 
 

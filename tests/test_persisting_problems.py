@@ -7,16 +7,14 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tasks_app.collectors import QueueCollector
-from tasks_app.consumer import burst, periodic_loop
+from tasks_app.consumer import loops as burst, periodic_loop
 from tasks_app.consumer.ack_batcher import AckBatcher
-from tasks_app.consumer.concurrency import ConcurrencyGate
-from tasks_app.consumer.limits import RateLimiter
-from tasks_app.consumer.loops import HeartbeatLoop, LeaseClock, run_forever
+from tasks_app.consumer.gates import ConcurrencyGate, RateLimiter
+from tasks_app.consumer.loops import run_forever, until_done
+from tasks_app.consumer.membership import HeartbeatLoop, LeaseClock, RetiringIds
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.consumer.periodic_loop import CodeScheduleSync, PeriodicLoop
-from tasks_app.consumer.process_mode import ProcessGuard
-from tasks_app.consumer.retiring import RetiringIds
-from tasks_app.consumer.retrying import until_done
+from tasks_app.consumer.supervisor import ProcessGuard
 from tasks_app.models import TaskType
 from tasks_app.periodic.config import PeriodicConfig
 from tasks_app.periodic.schedule import Schedule

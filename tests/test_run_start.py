@@ -11,7 +11,7 @@ import pytest
 from tasks_app import metrics
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.async_lane import AsyncLane
-from tasks_app.consumer.claimed import Claimed
+from tasks_app.consumer.claiming import Claimed
 from tasks_app.consumer.executor import build_executor
 from tasks_app.consumer.lifecycle import Consumer
 from tasks_app.consumer.options import ConsumerOptions

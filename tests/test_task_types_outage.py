@@ -7,7 +7,7 @@ import math
 import pytest
 from django.db import OperationalError, connection
 
-from tasks_app.consumer.claimed import Claimed
+from tasks_app.consumer.claiming import Claimed
 from tasks_app.consumer.executor import Executor, build_executor
 from tasks_app.consumer.lifecycle import Consumer
 from tasks_app.consumer.options import ConsumerOptions

@@ -39,11 +39,9 @@ from redis.exceptions import RedisError, ResponseError
 from tasks_app import metrics
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.async_lane import AsyncLane, Flight, LaneSlot
-from tasks_app.consumer.claimed import Claimed
-from tasks_app.consumer.concurrency import ConcurrencyGate, key_token_of
-from tasks_app.consumer.limits import Admission, check_start
-from tasks_app.consumer.pause_watch import PauseWatch
-from tasks_app.consumer.retrying import GaveUp
+from tasks_app.consumer.claiming import Claimed, PauseWatch
+from tasks_app.consumer.gates import Admission, ConcurrencyGate, check_start, key_token_of
+from tasks_app.consumer.loops import GaveUp
 from tasks_app.consumer.settling import Settler
 from tasks_app.consumer.time_limits import (
     RunClock,

@@ -15,40 +15,40 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from tasks_app import metrics
-from tasks_app.consumer import identity
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.async_lane import AsyncLane
-from tasks_app.consumer.burst import IdleCheck
-from tasks_app.consumer.capacity import Capacity
-from tasks_app.consumer.claimed import Claimed
-from tasks_app.consumer.claimer import ClaimerLoop
-from tasks_app.consumer.concurrency import ConcurrencyGate
+from tasks_app.consumer.claiming import Capacity, Claimed, ClaimerLoop, HeldTasks, PauseWatch, withdrawals
 from tasks_app.consumer.executor import Executor, RateGate
-from tasks_app.consumer.health import HealthLoop, Liveness
-from tasks_app.consumer.held import HeldTasks
-from tasks_app.consumer.limits import RateLimiter
+from tasks_app.consumer.gates import ConcurrencyGate, RateLimiter
 from tasks_app.consumer.loops import (
-    HEARTBEAT_TIMEOUT_SHARE,
-    HeartbeatLoop,
+    GaveUp,
+    HealthLoop,
     HousekeepingLoop,
-    LeaseClock,
+    IdleCheck,
+    Liveness,
     Loop,
     Misconfigured,
-    ReaperLoop,
     SchedulerLoop,
     TimeLimitLoop,
     start_thread,
+    until_done,
+)
+from tasks_app.consumer.membership import (
+    HEARTBEAT_TIMEOUT_SHARE,
+    HeartbeatLoop,
+    LeaseClock,
+    ReaperLoop,
+    Registration,
+    RetiringIds,
+    default_consumer_id,
+    deregister_everywhere,
+    process_info,
+    wait_until_free,
 )
 from tasks_app.consumer.options import ConsumerOptions
-from tasks_app.consumer.pause_watch import PauseWatch
 from tasks_app.consumer.periodic_loop import scheduler_loops
-from tasks_app.consumer.process_mode import ProcessGuard, exit_within_s
-from tasks_app.consumer.receipts import withdrawals
-from tasks_app.consumer.registration import Registration
-from tasks_app.consumer.retiring import RetiringIds
-from tasks_app.consumer.retrying import GaveUp, until_done
 from tasks_app.consumer.settling import Settler, record_reaped
-from tasks_app.consumer.stop_signals import install_stop_signals
+from tasks_app.consumer.supervisor import ProcessGuard, exit_within_s, install_stop_signals
 from tasks_app.consumer.time_limits import RunWatch, TimeLimits
 from tasks_app.protocol.broker import Broker
 from tasks_app.registry import Registry, registry as default_registry
@@ -93,7 +93,7 @@ class Consumer:
             prefix=self.broker.keys.prefix, timeout_s=options.lease_s * HEARTBEAT_TIMEOUT_SHARE, resend=False
         )
         self.lease = LeaseClock(options.lease_s)
-        self.base_id = options.consumer_id or identity.default_consumer_id()
+        self.base_id = options.consumer_id or default_consumer_id()
         self.consumer_id = self.base_id
         self.capacity = Capacity(options.concurrency, options.prefetch)
         self.task_types = TaskTypeCache(age_gauge=metrics.TASK_TYPES_AGE)
@@ -156,7 +156,7 @@ class Consumer:
         options = self.options
         recorder = partial(record_reaped, self.broker, self.task_types, give_up=self.stop_requested)
         self.reaper = ReaperLoop(self.broker, options.queues, options.lease_s, recorder)
-        info = partial(identity.process_info, options, self.capacity.prefetch_max, self.instance)
+        info = partial(process_info, options, self.capacity.prefetch_max, self.instance)
         self.registration = Registration(self.broker, options.queues, self.reaper, self.lease, info)
 
     def _init_thread_state(self) -> None:
@@ -296,9 +296,7 @@ class Consumer:
         self.task_types.refresh()
         self.guard.start()  # beating already: a child waiting for Redis is not wedged
         # A stop asked for while Redis is away, or the id is another live process's, ends the wait.
-        identity.wait_until_free(
-            self.broker, self.options.queues, self.consumer_id, self.stop_requested, self.liveness.beat
-        )
+        wait_until_free(self.broker, self.options.queues, self.consumer_id, self.stop_requested, self.liveness.beat)
         until_done(self.register, what="register", give_up=self.stop_requested)
         opts = self.options
         loops: list[Loop] = [
@@ -395,7 +393,7 @@ class Consumer:
         self.loops_stopped.set()
         self.give_up.set()
         registered_id, registered = self.registration.current()
-        identity.deregister_everywhere(self.broker, registered, registered_id, self.instance)
+        deregister_everywhere(self.broker, registered, registered_id, self.instance)
         try:
             self.retiring.renew(leaving=True)
         except Exception as exc:

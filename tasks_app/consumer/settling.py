@@ -23,10 +23,9 @@ from redis.exceptions import ResponseError
 
 from tasks_app import metrics
 from tasks_app.consumer.ack_batcher import AckBatcher
-from tasks_app.consumer.claimed import Claimed
-from tasks_app.consumer.limits import StartMissed
-from tasks_app.consumer.receipts import withdrawal
-from tasks_app.consumer.retrying import REFUSED_AFTER, GaveUp, WriteRefused, until_done
+from tasks_app.consumer.claiming import Claimed, withdrawal
+from tasks_app.consumer.gates import StartMissed
+from tasks_app.consumer.loops import REFUSED_AFTER, GaveUp, WriteRefused, until_done
 from tasks_app.exceptions import PermanentError, ResultNotJson, ResultTooLarge, Retry, TaskCancelled
 from tasks_app.models import TaskType
 from tasks_app.protocol import results

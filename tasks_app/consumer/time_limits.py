@@ -37,7 +37,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol
 
-from tasks_app.consumer.claimed import Claimed
+from tasks_app.consumer.claiming import Claimed
 from tasks_app.consumer.settling import CANCEL_CHECK_S, Settler, failure_traceback
 from tasks_app.context import TaskContext
 from tasks_app.exceptions import TaskCancelled, TaskInterrupted, TaskTimeout
@@ -460,7 +460,7 @@ class TimeLimits:
         self.settler.end_cancelled(run.claimed, run.task, run.config, duration_s, None)
 
 
-# --- forks -----------------------------------------------------------------------------------
+# --- forks -----------------------------------------------------------------------------------------
 # EX_SOFTWARE: the handler that forked returned into the consumer, a bug of the handler.
 FORKED_CHILD_EXIT = 70
 

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from tasks_app.consumer.ack_batcher import AckBatcher
-from tasks_app.consumer.claimed import Claimed
+from tasks_app.consumer.claiming import Claimed
 from tasks_app.consumer.executor import build_executor
 from tasks_app.models import TaskType
 from tasks_app.protocol import results

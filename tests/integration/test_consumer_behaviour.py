@@ -124,7 +124,7 @@ def test_disabled_types_wait_without_using_attempts(broker, consumer_in_thread):
 
 
 def test_settings_are_read_from_memory_not_the_database_per_task(broker, django_assert_num_queries):
-    from tasks_app.consumer.claimed import Claimed
+    from tasks_app.consumer.claiming import Claimed
     from tasks_app.consumer.executor import build_executor
     from tasks_app.registry import registry
     from tasks_app.task_types import TaskTypeCache
@@ -143,7 +143,7 @@ def test_settings_are_read_from_memory_not_the_database_per_task(broker, django_
 
 
 def test_tasks_moved_by_a_claim_whose_reply_was_lost_go_back_to_pending(broker):
-    from tasks_app.consumer.claimed import Claimed
+    from tasks_app.consumer.claiming import Claimed
     from tasks_app.consumer.lifecycle import Consumer
     from tasks_app.consumer.options import ConsumerOptions
 

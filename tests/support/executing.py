@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from tasks_app.consumer.async_lane import AsyncLane
-from tasks_app.consumer.claimed import Claimed
+from tasks_app.consumer.claiming import Claimed
 from tasks_app.consumer.executor import Executor, build_executor
-from tasks_app.consumer.limits import RateLimiter
+from tasks_app.consumer.gates import RateLimiter
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, decode_task, encode_payload
