@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tasks_app.consumer.async_lane import AsyncLane, LaneSlot
+from tasks_app.consumer.async_lane import AsyncLane, LaneSeat
 from tasks_app.consumer.executor import Executor
 from tasks_app.consumer.gates import Admission
 from tasks_app.protocol.codec import Task
@@ -36,7 +36,7 @@ class Lane:
         self.lane = AsyncLane(slots, Slots())
         reserve = self.lane.reserve
 
-        def noted_reserve() -> LaneSlot | None:
+        def noted_reserve() -> LaneSeat | None:
             self.waiting.set()  # a worker asks for a slot (it waits while the lane is full)
             return reserve()
 

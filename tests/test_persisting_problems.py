@@ -226,7 +226,7 @@ def test_concurrency_slots_that_cannot_be_renewed_are_logged_once(key_prefix, br
     gate = ConcurrencyGate(broker, unreachable_broker(key_prefix), lease_s=3, recheck_s=5, give_up=RecordingStop())
     gate._held["a-run"] = SlotSet("capped", None, 1)
     heal = partial(setattr, gate, "renew_broker", broker)
-    said_once_then_its_end(caplog, gate.renew, "could not renew", heal, "concurrency slots renewed again")
+    said_once_then_its_end(caplog, gate.renew, "could not renew", heal, "concurrency permits renewed again")
 
 
 def test_a_beat_file_that_cannot_be_touched_is_logged_once(tmp_path, caplog):

@@ -5,7 +5,7 @@ whatever has queued up while its previous round trip was in flight (no deliberat
 idle consumer adds no latency), writes every result record first and then acks the tasks, one
 script per processing list (on one server a run whose task was reaped writes no record). On
 Redis Cluster the acks wait until a replica of each master that took results has them, or
-TASKS_CLUSTER_WAIT_MS passed (counted, then acked anyway). A task keeps its consumer slot until
+TASKS_CLUSTER_WAIT_MS passed (counted, then acked anyway). A task keeps its room in the consumer until
 its ack is written, so a crash can only re-run tasks this consumer held: never more than
 concurrency + prefetch.
 
@@ -104,7 +104,7 @@ class AckBatcher:
         self.broker = broker
         self.give_up = give_up
         self.max_batch = max_batch
-        self._together = together  # the block the `done`s of a flush are called in (their slots freed at once)
+        self._together = together  # the block the `done`s of a flush are called in (their room freed at once)
         self.lines = OutcomeLines()  # each ack's `log`, called after its flush by a thread of its own
         self._entries: queue_module.SimpleQueue[Entry | threading.Event | None] = queue_module.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -236,7 +236,7 @@ class AckBatcher:
         try:
             if entries:
                 flags = self._write_batch(entries)
-        finally:  # whatever happened, every task's slot comes back and every barrier opens
+        finally:  # whatever happened, every task's room comes back and every barrier opens
             with self._together():
                 for ack in acks:
                     self._call_safely(ack.done, flags.get(id(ack)))

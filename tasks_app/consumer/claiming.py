@@ -183,7 +183,7 @@ class Capacity:
         self._cond = threading.Condition()
 
     def acquire(self, timeout_s: float) -> bool:
-        """Take one slot, waiting up to `timeout_s` for one to free up."""
+        """Take room for one task, waiting up to `timeout_s` for it to free up."""
         with self._cond:
             if not self._cond.wait_for(lambda: self.in_use < self.limit, timeout_s):
                 return False
@@ -191,7 +191,7 @@ class Capacity:
             return True
 
     def acquire_up_to(self, count: int) -> int:
-        """Take as many free slots as there are, up to `count`, without waiting."""
+        """Take room for as many tasks as there is, up to `count`, without waiting."""
         with self._cond:
             self._follow_pace()
             taken = max(0, min(count, self.limit - self.in_use))
@@ -199,22 +199,22 @@ class Capacity:
             return taken
 
     def claimed(self, count: int) -> None:
-        """Count tasks just claimed into the slots taken for them (the pace of an automatic prefetch)."""
+        """Count tasks just claimed into the room taken for them (the pace of an automatic prefetch)."""
         if self._pace is not None:
             with self._cond:
                 self._pace.note(count)
 
     def hand_off(self) -> None:
-        """Give back the slot of a task that moved to the asyncio lane (which has slots of its own)."""
+        """Give back the room of a task that moved to the asyncio lane (which has seats of its own)."""
         self.release(1)
 
     def take_back(self) -> None:
-        """Count such a task again, at once, just before its slot is released as it leaves the consumer."""
+        """Count such a task again, at once, just before its room is given back as it leaves the consumer."""
         with self._cond:
             self.in_use += 1
 
     def release(self, count: int = 1) -> None:
-        """Give slots back."""
+        """Give room back."""
         if count <= 0:
             return
         with self._cond:
@@ -251,7 +251,7 @@ class HeldTasks:
     def together(self) -> Iterator[None]:
         """Give back the room of the tasks this thread finishes in the block at once, when it ends.
 
-        The ack batcher finishes a flush's tasks in one: its claimer then takes their slots in one
+        The ack batcher finishes a flush's tasks in one: its claimer then takes their room in one
         claim, instead of a claim for each task as its room frees.
         """
         if getattr(self._together, "room", None) is not None:  # nested: the outer block gives them back

@@ -38,7 +38,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from tasks_app import metrics
 from tasks_app.consumer.ack_batcher import AckBatcher
-from tasks_app.consumer.async_lane import AsyncLane, Flight, LaneSlot
+from tasks_app.consumer.async_lane import AsyncLane, Flight, LaneSeat
 from tasks_app.consumer.claiming import Claimed, PauseWatch
 from tasks_app.consumer.gates import Admission, ConcurrencyGate, check_start, key_token_of
 from tasks_app.consumer.loops import GaveUp
@@ -377,9 +377,9 @@ class Executor:
         handler: Handler,
         arguments: Arguments,
         on_settled: Callable[[], None] | None = None,
-        lane_slot: LaneSlot | None = None,
+        lane_seat: LaneSeat | None = None,
     ) -> bool:
-        """Start a task that passed its gates: on the asyncio lane in `lane_slot` if given, else on this thread."""
+        """Start a task that passed its gates: on the asyncio lane in `lane_seat` if given, else on this thread."""
         if self.time_limits.starts_closed:  # most such tasks are met here, before their start is written
             return self._return_stopping(claimed, AFTER_GRACE)
         if self.lease_check is not None and not self.lease_check(claimed):
@@ -392,8 +392,8 @@ class Executor:
         )
         # A rate admission's start is checked, and counted, as its handler begins (see _record_start).
         begin = partial(_begin_admitted, task, claimed.start_by) if claimed.start_by != math.inf else no_start_check
-        if lane_slot is not None:
-            return self._run_async(claimed, task, config, handler, context, arguments, on_settled, lane_slot, begin)
+        if lane_seat is not None:
+            return self._run_async(claimed, task, config, handler, context, arguments, on_settled, lane_seat, begin)
         clock = RunClock(config.timeout_s or None)
         run = Running(task, clock, context, claimed.fence, claimed, config)
         key = threading.get_ident()
@@ -467,24 +467,24 @@ class Executor:
     ) -> bool:
         """Pass an async task's gates and start it on the lane; True if the lane settles it (and calls `on_settled`).
 
-        Its lane slot comes first: a rate admission is taken only once its run can begin at once, not
+        Its lane seat comes first: a rate admission is taken only once its run can begin at once, not
         spent while it waits for room on a full lane (past its start margin).
         """
         lane = self.async_lane
         assert lane is not None
-        slot = lane.reserve()
-        if slot is None:
+        seat = lane.reserve()
+        if seat is None:
             return self._return_stopping(claimed, "waited for room on the asyncio lane")
         try:
             holder = self._admit(claimed, task, config, arguments)
             if holder is None:
                 return False
-            run = partial(self._run, claimed, task, config, handler, arguments, lane_slot=slot)
+            run = partial(self._run, claimed, task, config, handler, arguments, lane_seat=seat)
             if holder and self.concurrency is not None:
                 return self._run_releasing(run, on_settled, partial(self.concurrency.release, holder))
             return run(on_settled)
         finally:
-            slot.give_back()  # unless its run took it
+            seat.give_back()  # unless its run took it
 
     def _run_releasing(
         self,
@@ -521,10 +521,10 @@ class Executor:
         context: TaskContext,
         arguments: Arguments,
         on_settled: Callable[[], None] | None,
-        slot: LaneSlot,
+        seat: LaneSeat,
         begin: Callable[[], None],
     ) -> bool:
-        """Hand the run to the lane in `slot`, watched; it calls `on_settled` once the task is settled (always True).
+        """Hand the run to the lane in `seat`, watched; it calls `on_settled` once the task is settled (always True).
 
         An async run is watched like a thread run (keyed by its RunControl): the housekeeping tick
         tells it of cancels and writes its progress, and a forced cancel cancels its asyncio task.
@@ -541,7 +541,7 @@ class Executor:
         if not self.time_limits.begin(control, run):
             return self._return_stopping(claimed, AFTER_GRACE)
         coroutine = self.invoke_async(handler, context, arguments, timeout_s, begin)
-        lane.submit(coroutine, flight, on_settled or (lambda: None), slot)
+        lane.submit(coroutine, flight, on_settled or (lambda: None), seat)
         return True
 
     def _succeed_now(

@@ -58,9 +58,9 @@ MAX_SLACK_US = 50_000
 MIN_START_MARGIN_US = 5_000
 # Of the start margin, what calling the handler may take once its worker checked the time.
 CALL_ALLOWANCE_US = 1_000
-# How many values of a keyed limit holding slots a type notes at once: a change of the limit
+# How many values of a keyed limit holding turns a type notes at once: a change of the limit
 # follows up the deferred tasks of each (scanning the queues they wait in); those of further
-# values wait out their slots.
+# values wait out their turns.
 MAX_FOLLOWED_KEY_VALUES = 100
 
 
@@ -130,7 +130,7 @@ def _bounded_period_s(period_s: float) -> float:
 
 
 class RateLimiter:
-    """The consumer's rate gate: 0 lets a task start now, else the ms until its reserved slot."""
+    """The consumer's rate gate: 0 lets a task start now, else the ms until its reserved turn."""
 
     def __init__(
         self, broker: Broker, give_up: threading.Event | None = None, follows: TaskTypeCache | None = None
@@ -156,7 +156,7 @@ class RateLimiter:
             return self._decide(config, task.id, task.queue, key_token, policy)
 
         decision = until_done(decide, what="rate_limit", give_up=self.give_up)
-        if decision.rescaled:  # the limit changed: the tasks waiting for slots go to their new ones
+        if decision.rescaled:  # the limit changed: the tasks waiting for turns go to their new ones
             self._start_following(config.name, [key_token])
         if decision.wait_us > 0 and key_token is not None:
             self._note_value(config, key_token, decision.wait_us)
@@ -169,7 +169,7 @@ class RateLimiter:
         """Bring a type's limiters (unkeyed, and each value noted of a keyed limit) to its changed settings now."""
         try:
             values = self.broker.rate_keyed_values(config.name)
-        except Exception as exc:  # those values follow at their next decisions (removed: run at their slots)
+        except Exception as exc:  # those values follow at their next decisions (removed: run at their turns)
             logger.warning("could not read the rate-limited values of %s: %s", config.name, exc)
             values = []
         # Whichever consumer the change listed queues for, every one that noticed it follows them
@@ -183,25 +183,25 @@ class RateLimiter:
             if config.rate_limit and bool(config.rate_limit_key) == (key_token is not None):
                 self._decide(config, "", "", key_token)  # only brings the hash to the new spacing: no decision
                 return True
-            # Removed, or no longer the type's kind of limiter (keyed or not): what waits for its slots is due now.
+            # Removed, or no longer the type's kind of limiter (keyed or not): what waits for its turns is due now.
             return self.broker.rate_removed(config.name, key_token, config.queue) > 0
-        except Exception as exc:  # its next decision does it (a removed one's tasks run at their slots)
+        except Exception as exc:  # its next decision does it (a removed one's tasks run at their turns)
             logger.warning("could not bring a rate limiter of %s to its new settings: %s", config.name, exc)
             return False
 
     def _note_value(self, config: TaskTypeConfig, key_token: str, wait_us: int) -> None:
-        """Note a value of a keyed limit holding slots, so that a change of the limit reaches its deferred tasks."""
+        """Note a value of a keyed limit holding turns, so that a change of the limit reaches its deferred tasks."""
         policy = RatePolicy.for_config(config)
         lives_us = wait_us + policy.emission_us + policy.period_us  # as long as its limiter's hash lives
         noted, now_s = (config.name, key_token), time.monotonic()
         if self._noted_until.get(noted, 0.0) >= now_s + lives_us / 1e6:
-            return  # an earlier note still covers this denial's slot
+            return  # an earlier note still covers this denial's turn
         # One period of headroom: a note covers the denials of half a period (the other half is the
         # margin by which this clock may run ahead of the server's).
         try:
             if self.broker.rate_keyed(config.name, key_token, lives_us + policy.period_us, MAX_FOLLOWED_KEY_VALUES):
                 self._remember_note(noted, now_s + (lives_us + policy.period_us // 2) / 1e6)
-        except Exception as exc:  # after a change, that value's tasks then wait out their slots
+        except Exception as exc:  # after a change, that value's tasks then wait out their turns
             message = "could not note the rate-limited value %s of %s: %s"
             self._note_problem.failed(config.name, str(exc), message, key_token, config.name, exc)
             return
@@ -227,23 +227,23 @@ class RateLimiter:
         ).start()
 
     def _follow_up(self, task_type: str, key_tokens: list[str | None]) -> None:
-        """Bring the deferred tasks of a type whose limit changed to their new slots, on every queue holding them."""
+        """Bring the deferred tasks of a type whose limit changed to their new turns, on every queue holding them."""
         moved = 0
         try:
             for key_token in key_tokens:
                 followed = follow_up(self.broker, task_type, key_token, self.give_up)
                 moved += followed.moved
-                if followed.refused:  # a misconfigured delayed set: its tasks wake at their old slots
+                if followed.refused:  # a misconfigured delayed set: its tasks wake at their old turns
                     logger.error("could not move the waiting tasks of %s on %s", task_type, followed.refused)
-        except Exception as exc:  # they still wake at their old slots, where they take their new ones
+        except Exception as exc:  # they still wake at their old turns, where they take their new ones
             logger.warning("could not move the waiting tasks of %s to its new rate limit: %s", task_type, exc)
             return
         if moved:
-            logger.info("rate limit of %s changed: %d waiting task(s) moved to their new slots", task_type, moved)
+            logger.info("rate limit of %s changed: %d waiting task(s) moved to their new turns", task_type, moved)
 
 
 # --- concurrency caps ------------------------------------------------------------------------------
-# Idle slot sets and waiter lists expire after this long (at least), counted from their last write.
+# Idle permit sets and waiter lists expire after this long (at least), counted from their last write.
 MIN_IDLE_KEEP_MS = 60_000
 
 
@@ -253,7 +253,7 @@ def key_token_of(kwarg: str, arguments: Arguments) -> str | None:
 
 
 class ConcurrencyGate:
-    """Takes, renews and gives back the slots of this consumer's runs of capped types."""
+    """Takes, renews and gives back the permits of this consumer's runs of capped types."""
 
     def __init__(
         self, broker: Broker, renew_broker: Broker, lease_s: float, recheck_s: float, give_up: threading.Event
@@ -274,12 +274,12 @@ class ConcurrencyGate:
         """The set of permits (a slot set, in Redis) a task of a capped type needs one of."""
         return SlotSet(config.name, key_token_of(config.max_running_key, arguments), int(config.max_running or 0))
 
-    def acquire(self, claimed: Claimed, task: Task, slots: SlotSet) -> str | None:
-        """Take a slot for `task`; its holder token, or None when none is free."""
+    def acquire(self, claimed: Claimed, task: Task, permits: SlotSet) -> str | None:
+        """Take a permit for `task`; its holder token, or None when none is free."""
         holder = uuid.uuid4().hex
         waiter = Waiter.of(claimed.queue, task.priority, claimed.raw)
         taken, woken = until_done(
-            lambda: self.broker.acquire_slot(slots, holder, waiter, self.lease_ms, self.idle_ms),
+            lambda: self.broker.acquire_slot(permits, holder, waiter, self.lease_ms, self.idle_ms),
             what="acquire_slot",
             give_up=self.give_up,
         )
@@ -287,58 +287,58 @@ class ConcurrencyGate:
         self._wake(woken)
         if taken:
             # Renewed from now on, not before: just after a Redis restart a renewal puts back the
-            # holders it is sent, and must not create one whose slot was refused. A renewal that
-            # misses it meanwhile is harmless: the slot is good for a lease from its taking.
+            # holders it is sent, and must not create one whose permit was refused. A renewal that
+            # misses it meanwhile is harmless: the permit is good for a lease from its taking.
             with self._lock:
-                self._held[holder] = slots
+                self._held[holder] = permits
         return holder if taken else None
 
-    def wait(self, claimed: Claimed, task: Task, slots: SlotSet) -> None:
-        """Queue a deferred task for the next free slot of `slots` (wakes it at once if one is free)."""
+    def wait(self, claimed: Claimed, task: Task, permits: SlotSet) -> None:
+        """Queue a deferred task for the next free permit of `permits` (wakes it at once if one is free)."""
         waiter = Waiter.of(claimed.queue, task.priority, claimed.raw)
         order_ms = task.enqueued_at_ms or 0
         woken = until_done(
-            lambda: self.broker.wait_for_slot(slots, waiter, order_ms, self.idle_ms, self.lease_ms),
+            lambda: self.broker.wait_for_slot(permits, waiter, order_ms, self.idle_ms, self.lease_ms),
             what="wait_for_slot",
             give_up=self.give_up,
         )
         self._wake(woken)
 
     def release(self, holder: str) -> None:
-        """Give a run's slot back and wake one waiter per free slot; if Redis is away, the slot lapses."""
-        slots = self._forget(holder)
-        if slots is None:
+        """Give a run's permit back and wake one waiter per free permit; if Redis is away, the permit lapses."""
+        permits = self._forget(holder)
+        if permits is None:
             return
         try:
             woken = until_done(
-                lambda: self.broker.release_slot(slots, holder, self.idle_ms, self.lease_ms),
+                lambda: self.broker.release_slot(permits, holder, self.idle_ms, self.lease_ms),
                 what="release_slot",
                 give_up=self.give_up,
             )
-        except GaveUp:  # stopping without Redis: no longer renewed, the slot lapses with the lease
+        except GaveUp:  # stopping without Redis: no longer renewed, the permit lapses with the lease
             logger.warning(
-                "could not release a slot of %s; it frees when this consumer's lease lapses", slots.task_type
+                "could not release a permit of %s; it frees when this consumer's lease lapses", permits.task_type
             )
             return
         self._wake(woken)
 
     def renew(self) -> None:
-        """Extend every slot held by this consumer's runs (called after each lease renewal)."""
+        """Extend every permit held by this consumer's runs (called after each lease renewal)."""
         with self._lock:
             held: dict[tuple[str, str | None], list[str]] = defaultdict(list)
-            for holder, slots in self._held.items():
-                held[(slots.task_type, slots.key_token)].append(holder)
+            for holder, permits in self._held.items():
+                held[(permits.task_type, permits.key_token)].append(holder)
         try:
             self.renew_broker.renew_slots(held, self.lease_ms, self.idle_ms)
         except RedisError as exc:  # the next heartbeat tries again, well within the lease
             metrics.REDIS_ERRORS.labels("renew_slots").inc()
-            message = "could not renew %d concurrency slot(s): %s"
+            message = "could not renew %d concurrency permit(s): %s"
             self._renewal_problem.failed("renew", "redis", message, sum(map(len, held.values())), exc)
             return
-        self._renewal_problem.recovered("renew", "concurrency slots renewed again")
+        self._renewal_problem.recovered("renew", "concurrency permits renewed again")
 
     def recheck_ms(self) -> int:
-        """The fallback delay of a task waiting for a slot, spread so waiters do not all return at once."""
+        """The fallback delay of a task waiting for a permit, spread so waiters do not all return at once."""
         return int(self.recheck_s * 1000 * random.uniform(0.5, 1.0))
 
     def _forget(self, holder: str) -> SlotSet | None:
@@ -350,4 +350,4 @@ class ConcurrencyGate:
             try:
                 self.broker.wake(waiter)
             except RedisError as exc:  # the waiter's fallback due time brings it back anyway
-                logger.warning("could not wake a task waiting for a slot on queue %s: %s", waiter.queue, exc)
+                logger.warning("could not wake a task waiting for a permit on queue %s: %s", waiter.queue, exc)

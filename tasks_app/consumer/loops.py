@@ -234,7 +234,7 @@ class TimeLimitLoop:
 # --- Redis outages ---------------------------------------------------------------------------------
 FIRST_BACKOFF_S = 0.1
 MAX_BACKOFF_S = 5.0
-# Failures in a row, with Redis answering PING (a cluster serving every slot), after which a write
+# Failures in a row, with Redis answering PING (a cluster serving all its keys), after which a write
 # is taken as refused: a cluster failing over answers PING yet refuses writes for seconds.
 REFUSED_AFTER = 3
 # Per `what`, the outage a retried call met, said by the first call to meet it and ended by the first one through.

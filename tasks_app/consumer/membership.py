@@ -66,7 +66,7 @@ class LeaseClock:
         self._on_renewal: list[Callable[[], None]] = []
 
     def on_renewal(self, renew: Callable[[], None]) -> None:
-        """Call `renew` after each renewal: what else lives under the lease (concurrency slots) is renewed with it."""
+        """Call `renew` after each renewal: what else lives under the lease (concurrency permits) is renewed with it."""
         self._on_renewal.append(renew)
 
     def renewed(self, consumer_id: str, sent_at: float) -> None:

@@ -211,8 +211,8 @@ class Settler:
         does it (and then calls `on_settled`)."""
         if self.acks is not None:
             # Logged by the batcher's one thread once recorded (eight workers contending for the
-            # log handler's lock cost more than the line itself), after every slot of its batch
-            # came back: the claimer refills them while the lines are written.
+            # log handler's lock cost more than the line itself), after every task of its batch
+            # gave its room back: the claimer refills them while the lines are written.
             def acked(held: bool | None) -> None:
                 if on_settled is not None:
                     on_settled()

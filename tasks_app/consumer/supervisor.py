@@ -68,7 +68,7 @@ ChildCommand = Callable[[int, Path, int], Sequence[str]]
 
 @dataclass
 class Child:
-    """One slot of the group: its process, if running, and when it may start again."""
+    """One place in the group: its process, if running, and when it may start again."""
 
     index: int
     beat_file: IO[bytes]
