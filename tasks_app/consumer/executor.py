@@ -1,21 +1,22 @@
 """Running one claimed task: decode, gate, call its handler, then ack, retry or dead-letter.
 
-The path of one successful task, from its claim to its ack:
+The path of one successful task, from its claim to its ack (eight modules):
 
-1. A claimer (claiming.py) moves it into this consumer's processing list, writes its claim
-   receipt and hands it to the workers' queue (lifecycle.py).
-2. A worker takes it once this consumer's lease surely holds (membership.py) and calls `execute`.
-3. `execute` returns it unstarted if its queue was paused since the claim (claiming.py), decodes it
-   and resolves its type's settings and handler; a task that cannot run is settled (settling.py).
-4. Its gates: a rate limit admits it and a concurrency cap gives it a permit (gates.py), or it is
-   deferred, no attempt used.
-5. `_record_start` counts the attempt and writes its RUNNING record (with the next flush of the
-   ack batcher, ack_batcher.py, when a receipt let it start at once).
-6. `_call` runs the handler under its clock, watched for timeouts and cancels (time_limits.py);
-   an `async def` handler runs on the asyncio lane instead (async_lane.py).
-7. The settler records its result and hands the ack to the ack batcher (settling.py), which writes
-   both in one round trip with the other workers' (ack_batcher.py), retrying through Redis outages
-   (loops.py); the task's room in the consumer is given back once its ack is written.
+1. claiming: a claimer moves it into this consumer's processing list, taking room for it, writes
+   its claim receipt and hands it to the workers (`Consumer.dispatch`, lifecycle).
+2. lifecycle: a worker takes it once this consumer's lease surely holds (membership's
+   `LeaseClock`) and calls `Executor.execute`.
+3. executor: it goes back unstarted if its queue was paused since its claim (claiming's
+   `PauseWatch`); else it is decoded and its type's settings and handler are resolved.
+4. executor: its gates, only for a type with a rate limit or a concurrency cap (gates); a task
+   they turn away is deferred, no attempt used.
+5. executor: `_record_start` counts the attempt and writes its RUNNING record (with the ack
+   batcher's next flush, when its receipt let it start at once).
+6. time_limits: `_call` runs the handler under its clock, watched for timeouts, cancels and
+   progress (an `async def` handler runs on the asyncio lane instead, async_lane).
+7. settling: the settler records its result and hands the ack to the ack batcher.
+8. ack_batcher: the flusher writes the result and the ack in one round trip with the other
+   workers' (riding out Redis outages, loops), then gives the task's room back (claiming).
 
 Whatever goes wrong while doing so, the task is settled (`execute` dead-letters it with the reason
 as a last resort): a task this consumer holds never stays in its processing list unsettled.
