@@ -109,7 +109,8 @@ class Consumer:
         self._init_registration()
 
     def _executor(self, rate_gate: RateGate) -> Executor:
-        """The executor, and what it calls: its settler, its gates, its time limits, the asyncio lane."""
+        """The executor, and what it calls: its settler, its gates, its time limits (kept: the loops and the stop
+        drive them), the asyncio lane."""
         ttl_s = settings.TASKS_RESULT_TTL
         settler = Settler(self.broker, self.registry, self.task_types, ttl_s, acks=self.acks, give_up=self.give_up)
         lane = AsyncLane(self.options.async_concurrency, self.capacity, self.claiming_stopped.is_set)
