@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import threading
 
+from tasks_app.consumer.lifecycle import EXIT_MISCONFIGURED, Consumer
 from tasks_app.consumer.loops import Liveness, Misconfigured, SchedulerLoop, start_thread
+from tasks_app.consumer.options import ConsumerOptions
 from tests.support.processes import wait_until
 
 
@@ -30,3 +32,13 @@ def test_a_wrong_typed_key_of_ours_is_said_once_and_keeps_readiness_red_until_it
     finally:
         stop.set()
         thread.join(5)
+
+
+def test_a_consumer_whose_lease_key_is_misconfigured_exits_at_start_saying_so(broker, caplog):
+    broker.client.set(broker.keys.consumers("q"), "not a sorted set")
+    consumer = Consumer(
+        ConsumerOptions(queues=["q"], lease_s=2.0, grace_s=0.2, block_s=0.1, consumer_id="me"), broker=broker
+    )
+    assert consumer.run() == EXIT_MISCONFIGURED
+    [said] = [r.getMessage() for r in caplog.records if "cannot start" in r.getMessage()]
+    assert "misconfigured" in said and "WRONGTYPE" in said

@@ -13,6 +13,7 @@ from functools import partial
 
 from django.conf import settings
 from django.db import close_old_connections
+from redis.exceptions import RedisError
 
 from tasks_app import metrics
 from tasks_app.consumer.ack_batcher import AckBatcher
@@ -30,6 +31,7 @@ from tasks_app.consumer.loops import (
     Misconfigured,
     SchedulerLoop,
     TimeLimitLoop,
+    misconfiguration,
     start_thread,
     until_done,
 )
@@ -57,6 +59,8 @@ from tasks_app.task_types import TaskTypeCache
 logger = logging.getLogger(__name__)
 
 HEALTH_CHECK_S = 5.0
+# What a consumer exits with when a key of ours that it starts with is misconfigured (EX_CONFIG).
+EXIT_MISCONFIGURED = 78
 # How often a worker holding a task looks again whether the lease was renewed.
 LEASE_WAIT_S = 0.05
 
@@ -341,6 +345,16 @@ class Consumer:
             logger.warning("consumer %s stopped before it could register", self.consumer_id)
             self.guard.stop()
             return self.exit_code
+        except RedisError as exc:
+            if not misconfiguration(exc):
+                raise
+            logger.error(
+                "consumer %s cannot start: a key of ours holds what Redis refuses (misconfigured): %s",
+                self.consumer_id,
+                exc,
+            )
+            self.guard.stop()
+            return EXIT_MISCONFIGURED
         while not self.stop_requested.wait(0.2):
             if self.options.burst and self._idle():
                 logger.info("burst: nothing left to claim on queues %s; stopping", ",".join(self.options.queues))
