@@ -10,8 +10,7 @@ import pytest
 import redis
 
 from tasks_app import producer
-from tasks_app.consumer.ack_batcher import AckBatcher
-from tasks_app.consumer.result_writes import merge_updates, storable
+from tasks_app.consumer.ack_batcher import AckBatcher, merge_updates, storable
 from tasks_app.protocol import results
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import decode_task

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from tasks_app.consumer.async_lane import AsyncLane, LaneSlot
+from tasks_app.consumer.async_lane import AsyncLane, LaneSeat
 from tasks_app.consumer.executor import Executor
-from tasks_app.consumer.limits import Admission
+from tasks_app.consumer.gates import Admission
 from tasks_app.protocol.codec import Task
 from tasks_app.registry import Handler, Registry
 from tasks_app.task_types import TaskTypeConfig
@@ -36,7 +36,7 @@ class Lane:
         self.lane = AsyncLane(slots, Slots())
         reserve = self.lane.reserve
 
-        def noted_reserve() -> LaneSlot | None:
+        def noted_reserve() -> LaneSeat | None:
             self.waiting.set()  # a worker asks for a slot (it waits while the lane is full)
             return reserve()
 
@@ -66,9 +66,7 @@ def lane(request: pytest.FixtureRequest) -> Iterator[Lane]:
 
 @pytest.fixture
 def laned(broker, lane: Lane) -> Executor:
-    executor = make_executor(broker, lane.handlers())
-    executor.async_lane = lane.lane
-    return executor
+    return make_executor(broker, lane.handlers(), async_lane=lane.lane)
 
 
 def test_a_rate_limited_async_task_waiting_for_a_full_lane_is_admitted_only_once_it_can_begin(broker, lane, laned):
@@ -141,7 +139,7 @@ def test_a_run_cancelled_with_force_before_it_begins_leaves_no_coroutine_unawait
     task_type(laned, "x.cancelled", handler=handler)
     assert laned.execute(claimed(broker, "h1", "x.holds")) is True
     assert laned.execute(claimed(broker, "t1", "x.cancelled", 1, 2)) is True  # behind h1: it has not begun
-    [run] = [run for run in laned.running.values() if run.task.id == "t1"]
+    [run] = [run for run in laned.time_limits.running.values() if run.task.id == "t1"]
     run.context.control.force()  # what RunWatch does on a forced cancel
     run.force_stop()
     lane.free.set()
@@ -156,7 +154,7 @@ def test_a_run_stopped_after_its_start_was_written_leaves_no_coroutine_unawaited
 
     def grace_ends_while_its_start_is_written(item: Any) -> bool:
         if next(checks, False) is False:
-            laned._starts_closed = True  # what interrupt_running sets as a stop's grace period ends
+            laned.time_limits._starts_closed = True  # what interrupt_running sets as a stop's grace period ends
         return True
 
     laned.lease_check = grace_ends_while_its_start_is_written

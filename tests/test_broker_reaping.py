@@ -217,7 +217,7 @@ def test_a_clean_exit_clears_the_start_mark_of_the_suspect_it_returns(broker):
 
 
 def test_every_tombstone_is_examined_in_turn_not_only_the_first_page(broker):
-    from tasks_app.consumer.loops import ReaperLoop
+    from tasks_app.consumer.membership import ReaperLoop
     from tasks_app.protocol.leases import TOMBSTONE_PAGE
 
     now_ms = broker.server_time_ms()

@@ -5,7 +5,7 @@ import time
 
 from prometheus_client import REGISTRY
 
-from tasks_app.consumer.capacity import AUTO_PREFETCH_MAX, PREFETCH_HORIZON_S, Capacity
+from tasks_app.consumer.claiming import AUTO_PREFETCH_MAX, PREFETCH_HORIZON_S, Capacity
 
 
 def test_capacity_counts_slots_up_to_its_limit():

@@ -18,9 +18,9 @@ import redis
 from django.conf import settings
 from redis.exceptions import ConnectionError as RedisConnectionError, RedisError
 
-from tasks_app.consumer import stop_signals
-from tasks_app.consumer.claimed import Claimed
-from tasks_app.consumer.lifecycle import ClaimerLoop, Consumer
+from tasks_app.consumer import supervisor as stop_signals
+from tasks_app.consumer.claiming import Claimed
+from tasks_app.consumer.lifecycle import Consumer
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.protocol.broker import Broker, Enqueueable
 from tasks_app.protocol.codec import encode_payload
@@ -107,7 +107,7 @@ def test_options_that_cannot_work_are_refused(broker, options, message):
 # --- claiming -----------------------------------------------------------------------------
 def test_the_claimer_takes_at_most_concurrency_plus_prefetch(broker, consumer):
     push(broker, *(task_bytes(f"t{n}") for n in range(10)))
-    loop = ClaimerLoop(consumer, "q")
+    loop = consumer.claimer("q")
     assert loop.run_once() == 0.0
     claimed = handed_to_workers(consumer)
     assert [item.raw for item in claimed] == [task_bytes(f"t{n}") for n in range(3)]
@@ -116,26 +116,26 @@ def test_the_claimer_takes_at_most_concurrency_plus_prefetch(broker, consumer):
     loop.run_once()  # full: waits for a slot, claims nothing
     assert len(broker.held_by("q", "me")) == 3 and handed_to_workers(consumer) == []
     assert broker.queue_stats("q").pending == 7
-    assert consumer.held.reserve_suspect_slot(), "no suspect was taken, so the slot is free"
+    assert consumer.held.take_suspect_turn(), "no suspect was taken, so the turn is free"
 
 
 def test_a_claim_of_fewer_tasks_than_room_keeps_only_their_slots(broker, consumer):
     push(broker, task_bytes("a"), task_bytes("b"))
-    ClaimerLoop(consumer, "q").run_once()
+    consumer.claimer("q").run_once()
     assert len(handed_to_workers(consumer)) == 2 and consumer.capacity.in_use == 2
 
 
 def test_a_claim_that_finds_nothing_gives_every_slot_back(broker, consumer):
-    loop = ClaimerLoop(consumer, "q")
+    loop = consumer.claimer("q")
     assert loop.run_once() == 0.0
     assert consumer.capacity.in_use == 0 and handed_to_workers(consumer) == []
-    assert consumer.held.reserve_suspect_slot(), "the suspect slot was released"
+    assert consumer.held.take_suspect_turn(), "the suspect turn was given back"
 
 
 def test_a_blocking_claim_returns_the_task_pushed_while_it_waits(broker):
     consumer = make_consumer(broker, block_s=2.0)
     threading.Timer(0.1, push, args=(broker, task_bytes("late"))).start()
-    ClaimerLoop(consumer, "q").run_once()
+    consumer.claimer("q").run_once()
     assert [item.raw for item in handed_to_workers(consumer)] == [task_bytes("late")]
     assert consumer.capacity.in_use == 1 and broker.held_by("q", "me") == [task_bytes("late")]
 
@@ -144,7 +144,7 @@ def test_a_wake_token_is_dropped_and_the_prioritized_task_claimed_next(broker):
     consumer = make_consumer(broker, block_s=2.0)
     urgent = task_bytes("urgent", priority=5)
     threading.Timer(0.1, broker.enqueue, args=([Enqueueable(queue="q", raw=urgent, priority=5)], 60)).start()
-    loop = ClaimerLoop(consumer, "q")
+    loop = consumer.claimer("q")
     loop.run_once()  # woken by the token, which is not a task
     assert handed_to_workers(consumer) == [] and consumer.capacity.in_use == 0
     loop.run_once()
@@ -156,12 +156,12 @@ def test_a_wake_token_is_dropped_and_the_prioritized_task_claimed_next(broker):
 def test_a_lost_lease_releases_the_slots_and_moves_to_a_new_identity(broker, consumer):
     push(broker, task_bytes("t"))
     broker.client.zrem(broker.keys.consumers("q"), "me")  # reaped while we were away
-    ClaimerLoop(consumer, "q").run_once()
+    consumer.claimer("q").run_once()
     assert consumer.capacity.in_use == 0 and handed_to_workers(consumer) == []
     assert consumer.consumer_id == "me.1" and consumer.executor.worker_id == "me.1"
     assert [c["id"] for c in broker.live_consumers("q")] == ["me.1"]
-    assert consumer.held.reserve_suspect_slot()
-    ClaimerLoop(consumer, "q").run_once()
+    assert consumer.held.take_suspect_turn()
+    consumer.claimer("q").run_once()
     assert broker.held_by("q", "me.1") == [task_bytes("t")]
 
 
@@ -180,16 +180,16 @@ def test_one_suspect_at_a_time_and_its_slot_is_held_until_it_leaves(broker, cons
     make_suspect(broker, "died-1")
     make_suspect(broker, "died-2")
     push(broker, fresh)
-    loop = ClaimerLoop(consumer, "q")
+    loop = consumer.claimer("q")
     loop.run_once()
     [suspect, other] = handed_to_workers(consumer)
     assert suspect.suspect and not other.suspect and other.raw == fresh
-    assert not consumer.held.reserve_suspect_slot(), "the slot is held while the suspect is"
+    assert not consumer.held.take_suspect_turn(), "the turn is held while the suspect is"
     loop.run_once()  # the other suspect waits: this consumer already holds one
     assert handed_to_workers(consumer) == [] and consumer.capacity.in_use == 2
     consumer.claiming_stopped.set()
     consumer.dispatch([suspect])  # stopping: straight back to the suspects list
-    assert consumer.held.reserve_suspect_slot(), "a suspect that left gives its slot back"
+    assert consumer.held.take_suspect_turn(), "a suspect that left gives its turn back"
     assert broker.client.llen(broker.keys.suspects("q")) == 2
 
 
@@ -197,11 +197,11 @@ def test_a_redis_error_mid_claim_releases_everything_then_reconciles_the_lost_re
     # A client that gives up on a blocking claim before it ends: a real error on the wire.
     impatient = Broker(redis.Redis.from_url(settings.REDIS_URL, socket_timeout=0.1), broker.keys.prefix)
     consumer = make_consumer(impatient, block_s=1.0)
-    loop = ClaimerLoop(consumer, "q")
+    loop = consumer.claimer("q")
     with pytest.raises(RedisError):
         loop.run_once()
-    assert consumer.capacity.in_use == 0 and consumer.held.reserve_suspect_slot()
-    consumer.held.release_suspect_slot()
+    assert consumer.capacity.in_use == 0 and consumer.held.take_suspect_turn()
+    consumer.held.give_suspect_turn_back()
     stray = task_bytes("moved-but-never-heard-of")
     push(broker, stray)
     claim(broker, "me", 1)  # what a claim whose reply was lost leaves behind
@@ -225,7 +225,7 @@ def test_dispatch_while_stopping_returns_the_tasks_at_once(broker, consumer):
 
 def test_shutdown_returns_unstarted_tasks_in_order_and_deregisters(broker, consumer):
     push(broker, *(task_bytes(f"t{n}") for n in range(5)))
-    ClaimerLoop(consumer, "q").run_once()
+    consumer.claimer("q").run_once()
     assert consumer.capacity.in_use == 3
     assert consumer.shutdown() == 0
     assert consumer.capacity.in_use == 0 and broker.held_by("q", "me") == []
@@ -314,7 +314,7 @@ def test_reconciling_never_returns_a_byte_identical_twin_that_is_still_held(brok
         push(broker, twin, twin)
         wait_until(lambda: len(recorded_runs(broker)) == 2, 5, message="the second twin to start")
         assert broker.held_by("q", running.consumer_id) == [twin], "the second twin is held while it runs"
-        ClaimerLoop(running, "q").reconcile()  # what a claim error now would do
+        running.claimer("q").reconcile()  # what a claim error now would do
         time.sleep(0.6)
     assert len(recorded_runs(broker)) == 2, "the running twin was returned to pending and ran again"
 

@@ -5,7 +5,7 @@ from collections.abc import Generator
 
 import pytest
 
-from tasks_app.consumer.async_runs import as_current
+from tasks_app.consumer.executor import as_current
 from tasks_app.context import TaskContext, current, running
 
 

@@ -13,8 +13,8 @@ import pytest
 from django.db import OperationalError
 
 from tasks_app.consumer.ack_batcher import AckBatcher
-from tasks_app.consumer.claimed import Claimed
-from tasks_app.consumer.executor import Executor
+from tasks_app.consumer.claiming import Claimed
+from tasks_app.consumer.executor import Executor, build_executor
 from tasks_app.context import TaskContext, current
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
@@ -292,7 +292,7 @@ def test_an_outcome_for_a_task_no_longer_held_counts_an_ack_lost(broker, executo
 def test_a_suspect_has_its_start_recorded_before_its_handler_runs(broker, registry):
     seen: list[bool] = []
     register(broker, CONSUMER, lease_ms=30_000)
-    executor = Executor(broker, registry, TaskTypeCache(), CONSUMER, result_ttl_s=60)
+    executor = build_executor(broker, registry, TaskTypeCache(), CONSUMER, result_ttl_s=60)
     item = claimed(broker, "t1", "x.probe")
 
     def probe() -> None:
@@ -310,7 +310,7 @@ def batched(broker: Broker, registry: Registry) -> Iterator[Executor]:
     register(broker, CONSUMER, lease_ms=30_000)
     acks = AckBatcher(broker, threading.Event())
     acks.start()
-    yield Executor(broker, registry, TaskTypeCache(), CONSUMER, result_ttl_s=60, acks=acks)
+    yield build_executor(broker, registry, TaskTypeCache(), CONSUMER, result_ttl_s=60, acks=acks)
     acks.close(timeout_s=5)
 
 
@@ -338,10 +338,10 @@ def test_expire_overdue_fails_a_run_past_its_timeout_and_ignores_its_late_return
     item = claimed(broker, "t1", "x.sleep", 0.4)
     worker = threading.Thread(target=executor.execute, args=(item,))
     worker.start()
-    assert executor.expire_overdue() == 0, "not overdue yet"
+    assert executor.time_limits.expire_overdue() == 0, "not overdue yet"
     time.sleep(0.2)
-    assert executor.expire_overdue() == 1
-    assert executor.expire_overdue() == 0, "failed once"
+    assert executor.time_limits.expire_overdue() == 1
+    assert executor.time_limits.expire_overdue() == 0, "failed once"
     worker.join(timeout=5)
     assert_let_go(broker)
     [dead] = dead_tasks(broker)

@@ -12,10 +12,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.async_lane import AsyncLane
-from tasks_app.consumer.claimed import Claimed
-from tasks_app.consumer.concurrency import ConcurrencyGate
-from tasks_app.consumer.executor import Executor
-from tasks_app.consumer.limits import Admission, RateLimiter, RatePolicy
+from tasks_app.consumer.claiming import Claimed
+from tasks_app.consumer.executor import Executor, build_executor
+from tasks_app.consumer.gates import Admission, ConcurrencyGate, RateLimiter, RatePolicy
 from tasks_app.exceptions import TaskCancelled
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
@@ -45,8 +44,22 @@ pytestmark = pytest.mark.django_db
 def gated(broker, registry) -> Executor:  # noqa: F811 (the fixture above)
     register(broker, CONSUMER, lease_ms=30_000)
     gate = ConcurrencyGate(broker, broker, lease_s=3, recheck_s=5, give_up=threading.Event())
-    return Executor(
+    return build_executor(
         broker, registry, TaskTypeCache(), CONSUMER, result_ttl_s=60, rate_gate=RateLimiter(broker), concurrency=gate
+    )
+
+
+def with_lane(broker: Broker, gated: Executor, lane: AsyncLane) -> Executor:
+    """`gated`'s gates on a new executor that runs `async def` handlers on `lane`."""
+    return build_executor(
+        broker,
+        gated.registry,
+        gated.task_types,
+        CONSUMER,
+        60,
+        rate_gate=gated.rate_gate,
+        concurrency=gated.concurrency,
+        async_lane=lane,
     )
 
 
@@ -154,7 +167,15 @@ def test_the_late_end_of_a_run_whose_consumer_was_presumed_dead_keeps_the_key_of
     executor.registry.add(Handler("x.late", presumed_dead_meanwhile))
     task_type(executor, "x.late", max_attempts=1, unique_for_s=600, unique_until="finished")
     if batched:
-        executor.acks = AckBatcher(broker, executor.give_up)
+        executor = build_executor(
+            broker,
+            executor.registry,
+            executor.task_types,
+            CONSUMER,
+            60,
+            rate_gate=executor.rate_gate,
+            acks=AckBatcher(broker, threading.Event()),
+        )
     held, unique_key = held_unique_task(broker, "x.late")
     executor.execute(held)
     if executor.acks is not None:
@@ -210,9 +231,11 @@ def test_the_unique_key_of_a_run_given_up_on_while_it_hangs_outlives_its_process
     )
     run = threading.Thread(target=gated.execute, args=(held,))
     run.start()
-    wait_until(lambda: gated.expire_overdue() == 1, 5, interval_s=0.02, message="the timeout")
-    wait_until(lambda: gated.fail_hung(0.1, 5.0) == 1, 5, interval_s=0.02, message="the run to be given up on")
-    gated.wait_hung_settled(timeout_s=10)  # settled on a thread of its own
+    wait_until(lambda: gated.time_limits.expire_overdue() == 1, 5, interval_s=0.02, message="the timeout")
+    wait_until(
+        lambda: gated.time_limits.fail_hung(0.1, 5.0) == 1, 5, interval_s=0.02, message="the run to be given up on"
+    )
+    gated.time_limits.wait_hung_settled(timeout_s=10)  # settled on a thread of its own
     assert broker.get_result("t1")["status"] == "FAILED" and run.is_alive()
     assert 0 < broker.client.pttl(unique_key) <= 5000  # freed once its process is surely gone, not while it runs
     run.join()
@@ -226,12 +249,14 @@ async def blocks_the_loop(seconds: float) -> str:
 def test_the_slot_of_an_async_run_given_up_on_while_it_hangs_is_held_until_its_process_is_gone(broker, gated):
     # Process mode: a run blocking its event loop past its timeout and grace is failed while it still runs.
     gated.registry.add(Handler("x.blocks", blocks_the_loop))
-    gated.async_lane = AsyncLane(4, Slots())
+    gated = with_lane(broker, gated, AsyncLane(4, Slots()))
     task_type(gated, "x.hangs", handler="x.blocks", timeout=0.1, max_attempts=1, max_running=1)
     slots = SlotSet("x.hangs", None, 1)
     assert gated.execute(claimed(broker, "t1", "x.hangs", 1.5)) is True  # handed to the lane
-    wait_until(lambda: gated.fail_hung(0.1, 5.0) == 1, 5, interval_s=0.02, message="the run to be given up on")
-    assert gated.fail_hung(0.1, 5.0) == 0, "taken by one settling thread, not again at the next tick"
+    wait_until(
+        lambda: gated.time_limits.fail_hung(0.1, 5.0) == 1, 5, interval_s=0.02, message="the run to be given up on"
+    )
+    assert gated.time_limits.fail_hung(0.1, 5.0) == 0, "taken by one settling thread, not again at the next tick"
     wait_until(lambda: broker.get_result("t1")["status"] == "FAILED", 5, message="the run to be failed")
     assert broker.slots_in_use(slots) == 1  # still running: its slot lapses with the lease once the process is gone
     gated.close()
@@ -250,7 +275,7 @@ def test_a_task_denied_under_a_limit_removed_since_its_settings_were_read_is_due
         wait_until(lambda: not following(), 10, message="the removal to be followed up")
         return limiter(task, config, key_token)
 
-    stale = Executor(broker, registry, types, CONSUMER, result_ttl_s=60, rate_gate=stale_gate)
+    stale = build_executor(broker, registry, types, CONSUMER, result_ttl_s=60, rate_gate=stale_gate)
     task_type(stale, "x.add", rate_limit=1, rate_period=60)
     assert limiter(Task(id="first", type="x.add", queue="q"), types.get("x.add")).wait_ms == 0
 
@@ -274,7 +299,7 @@ def test_a_task_denied_just_before_another_consumer_follows_a_change_up_takes_it
         wait_until(lambda: not following(), 10, message="the change to be followed up")
         return admission
 
-    racing = Executor(broker, registry, types, CONSUMER, result_ttl_s=60, rate_gate=racing_gate)
+    racing = build_executor(broker, registry, types, CONSUMER, result_ttl_s=60, rate_gate=racing_gate)
     task_type(racing, "x.add", rate_limit=1, rate_period=60)
     assert limiter(Task(id="first", type="x.add", queue="q"), types.get("x.add")).wait_ms == 0
 
@@ -328,7 +353,16 @@ WAITS = "taskqueue_task_wait_seconds_count"
 def test_a_handler_held_up_past_its_start_margin_waits_again_unstarted(broker, gated, batched):
     task_type(gated, "x.add", rate_limit=1, rate_period=1)
     if batched:
-        gated.acks = AckBatcher(broker, gated.give_up)
+        gated = build_executor(
+            broker,
+            gated.registry,
+            gated.task_types,
+            CONSUMER,
+            60,
+            rate_gate=gated.rate_gate,
+            concurrency=gated.concurrency,
+            acks=AckBatcher(broker, threading.Event()),
+        )
     held_up = iter([2 * start_margin_s(gated, "x.add")])
     # The worker is held up after its admission (descheduled, a slow write), the first time it checks its lease.
     gated.lease_check = lambda item: time.sleep(next(held_up, 0)) is None
@@ -347,7 +381,7 @@ async def async_add(a: int, b: int) -> int:
 def test_an_async_handler_its_loop_lets_begin_only_past_its_start_margin_waits_again_unstarted(broker, gated):
     gated.registry.add(Handler("x.blocks", blocks_the_loop))
     gated.registry.add(Handler("x.async_add", async_add))
-    gated.async_lane = AsyncLane(4, Slots())
+    gated = with_lane(broker, gated, AsyncLane(4, Slots()))
     task_type(gated, "x.blocks")
     task_type(gated, "x.async_add", rate_limit=1, rate_period=1)
     before = start_counts("x.async_add")

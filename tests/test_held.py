@@ -2,9 +2,7 @@
 
 import threading
 
-from tasks_app.consumer.capacity import Capacity
-from tasks_app.consumer.claimed import Claimed
-from tasks_app.consumer.held import HeldTasks
+from tasks_app.consumer.claiming import Capacity, Claimed, HeldTasks
 
 
 def _held(count: int) -> tuple[HeldTasks, Capacity, list[Claimed]]:

@@ -8,8 +8,8 @@ import pytest
 
 from tasks_app import producer
 from tasks_app.consumer.ack_batcher import AckBatcher
-from tasks_app.consumer.claimed import Claimed
-from tasks_app.consumer.executor import Executor
+from tasks_app.consumer.claiming import Claimed
+from tasks_app.consumer.executor import build_executor
 from tasks_app.models import TaskType
 from tasks_app.periodic.config import PeriodicConfig
 from tasks_app.periodic.firing import fire_slot, run_id
@@ -269,7 +269,7 @@ def test_a_foreign_task_without_an_enqueue_time_stays_in_the_history_index(broke
     registry = Registry()
     registry.add(Handler("demo.echo", lambda *a: list(a)))
     register(broker, "w", lease_ms=30_000)
-    executor = Executor(broker, registry, TaskTypeCache(), "w", result_ttl_s=60)
+    executor = build_executor(broker, registry, TaskTypeCache(), "w", result_ttl_s=60)
     push(broker, task_bytes("t5", "demo.echo"))  # a plain LPUSH; enqueued_at_ms left at 0 (protobuf's default)
     [raw] = claim(broker, "w", 1)
     executor.execute(Claimed("q", "w", raw, fence=1))

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tasks_app.consumer.identity import default_consumer_id, holder_is_gone, live_holders, pid_namespace
+from tasks_app.consumer.membership import default_consumer_id, holder_is_gone, live_holders, pid_namespace
 from tasks_app.protocol.codec import encode_payload
 from tasks_app.protocol.keys import consumer_id_of
 from tests.support.claims import push, task_bytes

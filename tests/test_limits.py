@@ -16,7 +16,7 @@ from fakeredis.commands_mixins import server_mixin
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tasks_app import metrics
-from tasks_app.consumer.limits import MIN_START_MARGIN_US, RateLimiter, RatePolicy
+from tasks_app.consumer.gates import MIN_START_MARGIN_US, RateLimiter, RatePolicy
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task
@@ -296,7 +296,7 @@ class FlakyBroker:
 
 
 def test_limiter_retries_through_a_redis_error(broker, clock, monkeypatch):
-    monkeypatch.setattr("tasks_app.consumer.retrying.FIRST_BACKOFF_S", 0.001)
+    monkeypatch.setattr("tasks_app.consumer.loops.FIRST_BACKOFF_S", 0.001)
     flaky = FlakyBroker(broker)
     limiter = RateLimiter(flaky, threading.Event())  # type: ignore[arg-type]
 

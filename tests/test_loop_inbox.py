@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tasks_app.consumer.loop_inbox import LoopInbox
+from tasks_app.consumer.async_lane import LoopInbox
 
 
 @pytest.fixture
@@ -69,7 +69,7 @@ def test_a_raising_call_is_logged_and_the_calls_after_it_are_still_made(loop, ca
     inbox.put(made.append, 1)
     inbox.put(lambda: 1 / 0)
     inbox.put(made.append, 2)
-    with caplog.at_level(logging.ERROR, logger="tasks_app.consumer.loop_inbox"):
+    with caplog.at_level(logging.ERROR, logger="tasks_app.consumer.async_lane"):
         release.set()
         on_loop(loop, lambda: None)
     assert made == [1, 2]

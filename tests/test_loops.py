@@ -10,17 +10,9 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tasks_app import producer
-from tasks_app.consumer.loops import (
-    HeartbeatLoop,
-    HousekeepingLoop,
-    LeaseClock,
-    ReaperLoop,
-    SchedulerLoop,
-    run_forever,
-    start_thread,
-)
-from tasks_app.consumer.reaped import record_reaped
-from tasks_app.consumer.retrying import FIRST_BACKOFF_S
+from tasks_app.consumer.loops import FIRST_BACKOFF_S, HousekeepingLoop, SchedulerLoop, run_forever, start_thread
+from tasks_app.consumer.membership import HeartbeatLoop, LeaseClock, ReaperLoop
+from tasks_app.consumer.settling import record_reaped
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.leases import MAX_RECOVERIES

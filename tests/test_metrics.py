@@ -14,8 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tasks_app import metrics, producer
 from tasks_app.collectors import QueueCollector
-from tasks_app.consumer.health import Liveness
-from tasks_app.consumer.metrics_http import make_app
+from tasks_app.consumer.loops import Liveness, make_app
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.scripts import connect
 from tests.support.ports import free_port
@@ -130,7 +129,13 @@ def test_consumer_readyz_waits_for_the_task_types_too():
     assert call(app, "/healthz")[0].startswith("200")
     status, body = call(app, "/readyz")
     assert status.startswith("503")
-    assert json.loads(body) == {"status": "ok", "last_ok_age_s": ANY, "ready": False, "task_types_age_s": None}
+    assert json.loads(body) == {
+        "status": "ok",
+        "last_ok_age_s": ANY,
+        "ready": False,
+        "task_types_age_s": None,
+        "misconfigured": [],
+    }
     types_age_s[0] = 2.5
     status, body = call(app, "/readyz")
     assert status.startswith("200") and json.loads(body)["task_types_age_s"] == 2.5

@@ -3,7 +3,7 @@
 import logging
 import threading
 
-from tasks_app.consumer.outcome_lines import OutcomeLines
+from tasks_app.consumer.ack_batcher import OutcomeLines
 
 
 def test_lines_are_written_in_the_order_given_and_all_of_them_by_close():
@@ -34,7 +34,7 @@ def test_a_line_that_raises_stops_no_other(caplog):
 
     lines = OutcomeLines()
     lines.start()
-    with caplog.at_level(logging.ERROR, logger="tasks_app.consumer.outcome_lines"):
+    with caplog.at_level(logging.ERROR, logger="tasks_app.consumer.ack_batcher"):
         lines.add([lambda: written.append("a"), broken, lambda: written.append("b")])
         lines.add([lambda: written.append("c")])
         lines.close(timeout_s=10)

@@ -7,16 +7,14 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tasks_app.collectors import QueueCollector
-from tasks_app.consumer import burst, periodic_loop
+from tasks_app.consumer import loops as burst, periodic_loop
 from tasks_app.consumer.ack_batcher import AckBatcher
-from tasks_app.consumer.concurrency import ConcurrencyGate
-from tasks_app.consumer.limits import RateLimiter
-from tasks_app.consumer.loops import HeartbeatLoop, LeaseClock, run_forever
+from tasks_app.consumer.gates import ConcurrencyGate, RateLimiter
+from tasks_app.consumer.loops import run_forever, until_done
+from tasks_app.consumer.membership import HeartbeatLoop, LeaseClock, RetiringIds
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.consumer.periodic_loop import CodeScheduleSync, PeriodicLoop
-from tasks_app.consumer.process_mode import ProcessGuard
-from tasks_app.consumer.retiring import RetiringIds
-from tasks_app.consumer.retrying import until_done
+from tasks_app.consumer.supervisor import ProcessGuard
 from tasks_app.models import TaskType
 from tasks_app.periodic.config import PeriodicConfig
 from tasks_app.periodic.schedule import Schedule
@@ -228,7 +226,7 @@ def test_concurrency_slots_that_cannot_be_renewed_are_logged_once(key_prefix, br
     gate = ConcurrencyGate(broker, unreachable_broker(key_prefix), lease_s=3, recheck_s=5, give_up=RecordingStop())
     gate._held["a-run"] = SlotSet("capped", None, 1)
     heal = partial(setattr, gate, "renew_broker", broker)
-    said_once_then_its_end(caplog, gate.renew, "could not renew", heal, "concurrency slots renewed again")
+    said_once_then_its_end(caplog, gate.renew, "could not renew", heal, "concurrency permits renewed again")
 
 
 def test_a_beat_file_that_cannot_be_touched_is_logged_once(tmp_path, caplog):

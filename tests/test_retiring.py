@@ -1,6 +1,6 @@
 """An id whose lease was lost on some queues only is renewed where it holds tasks, deregistered where it holds none."""
 
-from tasks_app.consumer.retiring import RetiringIds
+from tasks_app.consumer.membership import RetiringIds
 from tests.support.broker_calls import make_task, register
 
 

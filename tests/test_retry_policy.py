@@ -6,7 +6,7 @@ import pytest
 from django.test import override_settings
 
 from tasks_app import PermanentError, Retry
-from tasks_app.consumer.retry_policy import MAX_BACKOFF_S, backoff_delay_s, retries_left, retry_delay_s
+from tasks_app.consumer.settling import MAX_BACKOFF_S, backoff_delay_s, retries_left, retry_delay_s
 
 
 def test_backoff_doubles_and_stays_in_the_upper_half():

@@ -11,9 +11,8 @@ import pytest
 from tasks_app import metrics
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.async_lane import AsyncLane
-from tasks_app.consumer.claimed import Claimed
-from tasks_app.consumer.claimer import ClaimerLoop
-from tasks_app.consumer.executor import Executor
+from tasks_app.consumer.claiming import Claimed
+from tasks_app.consumer.executor import build_executor
 from tasks_app.consumer.lifecycle import Consumer
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.models import TaskType
@@ -38,7 +37,7 @@ def _consumer(broker: Broker) -> Consumer:
 
 
 def _claim_through_the_claimer(consumer: Consumer) -> Claimed:
-    ClaimerLoop(consumer, "q").run_once()
+    consumer.claimer("q").run_once()
     return consumer.work.get_nowait()
 
 
@@ -89,7 +88,7 @@ def test_a_run_whose_start_a_later_claim_turned_away_does_not_start(broker, rece
     later = broker.issue_fence("q") + 1000  # meanwhile the task was claimed again (pushed twice, or reaped)
     assert broker.claim_receipts([("t6", later)], 60) == [3]
     batcher = AckBatcher(broker, threading.Event())
-    executor = Executor(broker, default_registry, TaskTypeCache(), "me", result_ttl_s=60, acks=batcher)
+    executor = build_executor(broker, default_registry, TaskTypeCache(), "me", result_ttl_s=60, acks=batcher)
     executor.execute(Claimed("q", "me", raw, fence=later - 1000, receipt=receipt))
     while batcher.flush_once(block_s=0):
         pass
@@ -104,7 +103,7 @@ def test_a_lease_lost_while_the_start_was_written_leaves_the_task_to_the_reaper_
     [raw] = claim(broker, "me", 1)
     # Held at the gates; lapsed while the RUNNING write waited for Redis (or the process was stopped).
     answers = iter([True, False])
-    executor = Executor(
+    executor = build_executor(
         broker, default_registry, TaskTypeCache(), "me", result_ttl_s=60, lease_check=lambda item: next(answers)
     )
     assert executor.execute(Claimed("q", "me", raw, fence=1)) is False
@@ -118,7 +117,9 @@ def test_a_suspect_whose_lease_lapsed_during_its_start_is_neither_run_nor_blamed
     [raw] = claim(broker, "me", 1)
     # The consumer's own clock still says held; on Redis's clock the lease has lapsed (the reaper's test).
     broker.client.zadd(broker.keys.consumers("q"), {"me": 0})
-    executor = Executor(broker, default_registry, TaskTypeCache(), "me", result_ttl_s=60, lease_check=lambda _: True)
+    executor = build_executor(
+        broker, default_registry, TaskTypeCache(), "me", result_ttl_s=60, lease_check=lambda _: True
+    )
     assert executor.execute(Claimed("q", "me", raw, suspect=True, fence=1)) is False
     assert recorded_runs(broker) == [], "started after its lease lapsed"
     marks = broker.client.hkeys(broker.keys.recoveries("q"))
@@ -143,7 +144,7 @@ def test_an_async_run_waiting_for_a_full_lane_does_not_start_once_its_lease_is_l
     registry.add(Handler("x.async", holds_the_lane))
     register(broker, "me", lease_ms=30_000)
     lane = AsyncLane(1, NoWorkerSlots())
-    executor = Executor(
+    executor = build_executor(
         broker, registry, TaskTypeCache(), "me", result_ttl_s=60, async_lane=lane, lease_check=lambda _: lease["held"]
     )
     for name in ("t1", "t2"):
@@ -166,7 +167,7 @@ def test_a_forced_cancel_that_lands_as_the_run_registers_ends_it_cancelled_not_d
     registry = Registry()
     registry.add(Handler("x.ok", lambda: "done"))
     register(broker, "w", lease_ms=30_000)
-    executor = Executor(broker, registry, TaskTypeCache(), "w", result_ttl_s=60)
+    executor = build_executor(broker, registry, TaskTypeCache(), "w", result_ttl_s=60)
     push(broker, task_bytes("t4", "x.ok"))
     [raw] = claim(broker, "w", 1)
     registered = threading.Event()
@@ -184,14 +185,14 @@ def test_a_forced_cancel_that_lands_as_the_run_registers_ends_it_cancelled_not_d
     worker = threading.Thread(target=executor.execute, args=(Claimed("q", "w", raw, fence=1),))
     worker.start()
     assert registered.wait(5)
-    [run] = list(executor.running.values())
+    [run] = list(executor.time_limits.running.values())
     run.context.control.force()  # what RunWatch does on a forced cancel
     run.force_stop()
     worker.join(5)
 
     assert broker.list_dead("q") == [], "a cancelled task was dead-lettered as a settling failure"
     assert broker.get_result("t4")["status"] == "CANCELLED"
-    assert executor.running == {}
+    assert executor.time_limits.running == {}
 
 
 @pytest.mark.parametrize("envelope_queue", ["", "elsewhere"])
@@ -201,7 +202,7 @@ def test_a_task_belongs_to_the_queue_it_was_claimed_from(broker, envelope_queue)
     registry = Registry()
     registry.add(Handler("x.ok", lambda: "done"))
     register(broker, "w", lease_ms=30_000)
-    executor = Executor(broker, registry, TaskTypeCache(), "w", result_ttl_s=60)
+    executor = build_executor(broker, registry, TaskTypeCache(), "w", result_ttl_s=60)
     push(broker, task_bytes("t7", "x.ok", queue=envelope_queue))
     [raw] = claim(broker, "w", 1)
     executor.execute(Claimed("q", "w", raw, fence=1))
@@ -217,5 +218,7 @@ def test_a_type_whose_row_allows_no_attempts_still_runs_its_tasks(broker):
     register(broker, "me", lease_ms=30_000)
     push(broker, task_bytes("t8"))
     [raw] = claim(broker, "me", 1)
-    Executor(broker, default_registry, task_types, "me", result_ttl_s=60).execute(Claimed("q", "me", raw, fence=1))
+    build_executor(broker, default_registry, task_types, "me", result_ttl_s=60).execute(
+        Claimed("q", "me", raw, fence=1)
+    )
     assert [run["task_id"] for run in recorded_runs(broker)] == ["t8"]

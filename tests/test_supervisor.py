@@ -9,12 +9,18 @@ from pathlib import Path
 
 from django.core.management import load_command_class
 
-from tasks_app.consumer import process_mode, supervisor as supervisor_module
+from tasks_app.consumer import supervisor as process_mode, supervisor as supervisor_module
 from tasks_app.consumer.options import ConsumerOptions
-from tasks_app.consumer.process_mode import EXIT_HARD_LIMIT, EXIT_MARGIN_S, EXIT_RECYCLE, ProcessGuard
-from tasks_app.consumer.stop_signals import graceful_signals
-from tasks_app.consumer.supervisor import Supervisor, describe_exit
-from tasks_app.consumer.timeouts import RunClock
+from tasks_app.consumer.supervisor import (
+    EXIT_HARD_LIMIT,
+    EXIT_MARGIN_S,
+    EXIT_RECYCLE,
+    ProcessGuard,
+    Supervisor,
+    describe_exit,
+    graceful_signals,
+)
+from tasks_app.consumer.time_limits import RunClock
 from tasks_app.management.commands.runconsumer import child_command
 from tests.support.processes import wait_until
 

@@ -7,9 +7,8 @@ import math
 import pytest
 from django.db import OperationalError, connection
 
-from tasks_app.consumer.claimed import Claimed
-from tasks_app.consumer.claimer import ClaimerLoop
-from tasks_app.consumer.executor import Executor
+from tasks_app.consumer.claiming import Claimed
+from tasks_app.consumer.executor import Executor, build_executor
 from tasks_app.consumer.lifecycle import Consumer
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.models import TaskType
@@ -31,7 +30,7 @@ def executor(broker: Broker) -> Executor:
     registry = Registry()
     registry.add(Handler("x.add", lambda a, b: a + b))
     register(broker, CONSUMER, lease_ms=30_000)
-    return Executor(broker, registry, TaskTypeCache(), CONSUMER, result_ttl_s=60)
+    return build_executor(broker, registry, TaskTypeCache(), CONSUMER, result_ttl_s=60)
 
 
 @pytest.fixture
@@ -93,7 +92,7 @@ def test_a_consumer_that_never_read_its_task_types_claims_nothing_until_it_can(b
     options = ConsumerOptions(queues=["q"], concurrency=1, prefetch=0, lease_s=2.0, block_s=0.1, consumer_id="me")
     consumer = Consumer(options, broker=broker)
     consumer.register()
-    claimer = ClaimerLoop(consumer, "q")
+    claimer = consumer.claimer("q")
     try:
         push(broker, task_bytes("t1", "x.add", payload=encode_payload([1, 2], {})))
         reads = break_the_database(monkeypatch)

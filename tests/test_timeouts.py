@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tasks_app.consumer.timeouts import RunClock, call_with_clock, within_timeout
+from tasks_app.consumer.time_limits import RunClock, call_with_clock, within_timeout
 from tasks_app.exceptions import TaskCancelled, TaskTimeout
 
 

@@ -5,7 +5,7 @@ whatever has queued up while its previous round trip was in flight (no deliberat
 idle consumer adds no latency), writes every result record first and then acks the tasks, one
 script per processing list (on one server a run whose task was reaped writes no record). On
 Redis Cluster the acks wait until a replica of each master that took results has them, or
-TASKS_CLUSTER_WAIT_MS passed (counted, then acked anyway). A task keeps its consumer slot until
+TASKS_CLUSTER_WAIT_MS passed (counted, then acked anyway). A task keeps its room in the consumer until
 its ack is written, so a crash can only re-run tasks this consumer held: never more than
 concurrency + prefetch.
 
@@ -30,15 +30,17 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tasks_app import metrics
-from tasks_app.consumer.outcome_lines import OutcomeLines
-from tasks_app.consumer.result_writes import merge_updates, storable, unstored_result
-from tasks_app.consumer.retrying import REFUSED_AFTER, GaveUp, until_done
+from tasks_app.consumer.loops import REFUSED_AFTER, GaveUp, until_done
+from tasks_app.logging import held_lines
 from tasks_app.problem_log import ProblemLog
+from tasks_app.protocol import results
 from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.jsontext import is_utf8_encodable
 from tasks_app.protocol.replies import AckReport, ResultUpdate, UniqueRelease
 
 logger = logging.getLogger(__name__)
 
+# --- the flusher -----------------------------------------------------------------------------------
 MAX_BATCH = 512
 
 AckDone = Callable[[bool | None], None]
@@ -102,7 +104,7 @@ class AckBatcher:
         self.broker = broker
         self.give_up = give_up
         self.max_batch = max_batch
-        self._together = together  # the block the `done`s of a flush are called in (their slots freed at once)
+        self._together = together  # the block the `done`s of a flush are called in (their room freed at once)
         self.lines = OutcomeLines()  # each ack's `log`, called after its flush by a thread of its own
         self._entries: queue_module.SimpleQueue[Entry | threading.Event | None] = queue_module.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -234,7 +236,7 @@ class AckBatcher:
         try:
             if entries:
                 flags = self._write_batch(entries)
-        finally:  # whatever happened, every task's slot comes back and every barrier opens
+        finally:  # whatever happened, every task's room comes back and every barrier opens
             with self._together():
                 for ack in acks:
                     self._call_safely(ack.done, flags.get(id(ack)))
@@ -368,3 +370,123 @@ class AckBatcher:
         # After the ack: held by nothing, as the task left the list.
         if (again := self._write_unheld(unstored_result(update, str(problem)))) is not None:
             logger.error("could not record the failure of task %a either: %s", update.task_id, again)
+
+
+# --- result updates before they are written --------------------------------------------------------
+# Cap of the reason stored when a result could not be written.
+MAX_REASON_BYTES = 4096
+
+
+def merge_updates(updates: Sequence[ResultUpdate]) -> list[ResultUpdate]:
+    """Fold successive updates of one task into one write where that changes nothing; keep order."""
+    merged: list[ResultUpdate] = []
+    last_of: dict[str, int] = {}
+    for update in updates:
+        index = last_of.get(update.task_id)
+        if index is not None:
+            earlier = merged[index]
+            # One write can append one worker id and one error, and belongs to one run.
+            if (
+                not (earlier.append_worker_id and update.append_worker_id)
+                and not (earlier.append_error and update.append_error)
+                and (earlier.fence or update.fence) == (update.fence or earlier.fence)
+            ):
+                merged[index] = ResultUpdate(  # not dataclasses.replace: per task, and replace costs twice as much
+                    earlier.task_id,
+                    {**earlier.fields, **update.fields},
+                    update.ttl_s,
+                    earlier.append_worker_id or update.append_worker_id,
+                    earlier.append_error or update.append_error,
+                    earlier.fence or update.fence,
+                    earlier.queue or update.queue,  # where the history and the charts file it
+                    earlier.task_type or update.task_type,
+                    update.run_s if update.run_s is not None else earlier.run_s,
+                    earlier.held_by or update.held_by,
+                )
+                continue
+        last_of[update.task_id] = len(merged)
+        merged.append(update)
+    return merged
+
+
+def storable(update: ResultUpdate) -> bool:
+    """True if every text of `update` can be sent to Redis as UTF-8."""
+    texts = [update.task_id, update.append_worker_id or "", *update.fields, *update.fields.values()]
+    if update.append_error:
+        texts += update.append_error.values()
+    return is_utf8_encodable("".join(texts))  # one lone surrogate fails the whole text
+
+
+def unstored_result(update: ResultUpdate, problem: str) -> ResultUpdate:
+    """What to record instead of an outcome that could not be written: the task FAILED, and why."""
+    reason = results.clean_text(f"the result of this run could not be stored: {problem}", MAX_REASON_BYTES)
+    fields = {"status": results.FAILED, "dead_reason": reason}
+    if "finished_at_ms" in update.fields:
+        fields["finished_at_ms"] = update.fields["finished_at_ms"]
+    error = results.error_record("tasks_app.ResultNotStored", reason)
+    return ResultUpdate(
+        results.clean_text(update.task_id, MAX_REASON_BYTES),
+        fields,
+        update.ttl_s,
+        append_error=error,
+        fence=update.fence,
+        queue=update.queue,
+        task_type=update.task_type,
+        run_s=update.run_s,
+        held_by=update.held_by,
+    )
+
+
+# --- outcome lines, written off the flusher thread -------------------------------------------------
+Line = Callable[[], None]
+
+
+class OutcomeLines:
+    """A thread that runs the line-logging callables it is given, in order; inline until it is started."""
+
+    def __init__(self) -> None:
+        self._batches: queue_module.SimpleQueue[Sequence[Line] | None] = queue_module.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Write the lines added from now on from a thread of their own."""
+        self._thread = threading.Thread(target=self._run, name="outcome-lines", daemon=True)
+        self._thread.start()
+
+    def add(self, lines: Sequence[Line]) -> None:
+        """Log `lines` after every batch added before them (at once, if no thread writes them)."""
+        if not lines:
+            return
+        if self._thread is None or not self._thread.is_alive():
+            self._write(lines)
+        else:
+            self._batches.put(lines)
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Write every line added so far and stop the thread."""
+        if self._thread is not None:
+            self._batches.put(None)
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while (lines := self._batches.get()) is not None:
+            batch = list(lines)
+            while True:  # whatever queued up meanwhile goes out in the same write
+                try:
+                    more = self._batches.get_nowait()
+                except queue_module.Empty:
+                    break
+                if more is None:
+                    self._write(batch)
+                    return
+                batch.extend(more)
+            self._write(batch)
+
+    @staticmethod
+    def _write(lines: Sequence[Line]) -> None:
+        with held_lines():
+            for line in lines:
+                try:
+                    line()
+                except Exception:
+                    logger.exception("unexpected error logging a task's outcome")

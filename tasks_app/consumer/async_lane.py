@@ -1,14 +1,14 @@
 """The asyncio lane: `async def` handlers of a consumer run on one event loop, not a thread each.
 
-A worker thread takes one of the lane's `--async-concurrency` slots before the task's gates
+A worker thread takes one of the lane's `--async-concurrency` seats before the task's gates
 (waiting while the lane is full; if the consumer begins to stop meanwhile, the task goes back
 unstarted), so that a rate admission is taken only when its run can begin at once (a task
-deferred at a gate gives the slot back); then it checks the lease and records the start as for
+deferred at a gate gives the seat back); then it checks the lease and records the start as for
 any task, so a run begins as soon as its start is written; it hands the coroutine here and moves
-on, the task giving back its worker slot. The outcome is settled
+on, the task giving back its room in the consumer. The outcome is settled
 through the same path as a sync run (results, retries, acks and fences): a success is handed to the
 ack batcher from the loop (that only queues it), anything else is settled on a small pool of
-threads, so the loop never waits on Redis. A task keeps its lane slot until its ack is written: a
+threads, so the loop never waits on Redis. A task keeps its lane seat until its ack is written: a
 crash can re-run at most concurrency + prefetch + async concurrency tasks. A forced cancel
 (`cancel`) cancels the run's asyncio task: TaskCancelled where its coroutine awaits.
 
@@ -24,21 +24,22 @@ import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from tasks_app.consumer.forks import exit_if_forked, guard_loop, unguard_loop
-from tasks_app.consumer.loop_inbox import LoopInbox
+from tasks_app.consumer.time_limits import exit_if_forked, guard_loop, unguard_loop
 from tasks_app.exceptions import TaskCancelled, TaskTimeout
 
 logger = logging.getLogger(__name__)
 
+# --- the lane --------------------------------------------------------------------------------------
 # Threads settling the runs that cannot be settled on the loop (failures make round trips).
 SETTLE_THREADS = 4
-# How often a worker waiting for a slot looks whether the consumer began to stop.
-SLOT_WAIT_S = 0.05
+# How often a worker waiting for a seat looks whether the consumer began to stop.
+SEAT_WAIT_S = 0.05
 
 Settle = Callable[[Any, BaseException | None, BaseException | None, float, Callable[[], None]], bool]
 """Settles a run: (value, error, raised, duration, on_settled) -> True if `on_settled` is called later."""
@@ -48,8 +49,8 @@ SucceedNow = Callable[[Any, float, Callable[[], None]], bool | None]
 `Settle`, or None when it cannot (then the run is settled by `Settle` on a settling thread)."""
 
 
-class WorkerSlots(Protocol):
-    """The consumer's capacity, of which a task handed to the lane gives back its slot."""
+class WorkerRoom(Protocol):
+    """The consumer's room for tasks, of which a task handed to the lane gives back its share."""
 
     def hand_off(self) -> None: ...
     def take_back(self) -> None: ...
@@ -79,21 +80,21 @@ class Flight:
             return first
 
 
-class LaneSlot:
-    """A slot of the lane taken before a run's start is written; given back unless a run took it."""
+class LaneSeat:
+    """A seat on the lane taken before a run's start is written; given back unless a run took it."""
 
-    def __init__(self, slots: threading.BoundedSemaphore) -> None:
-        self._slots: threading.BoundedSemaphore | None = slots
+    def __init__(self, seats: threading.BoundedSemaphore) -> None:
+        self._seats: threading.BoundedSemaphore | None = seats
 
     def hand_to_run(self) -> None:
-        """The run submitted with it gives the slot back once it is settled."""
-        self._slots = None
+        """The run submitted with it gives the seat back once it is settled."""
+        self._seats = None
 
     def give_back(self) -> None:
-        """Give the slot back if no run took it (its task did not start)."""
-        slots, self._slots = self._slots, None
-        if slots is not None:
-            slots.release()
+        """Give the seat back if no run took it (its task did not start)."""
+        seats, self._seats = self._seats, None
+        if seats is not None:
+            seats.release()
 
 
 # A run given up on at its hard limit, with the error it is settled with.
@@ -103,13 +104,11 @@ HungFlight = tuple[Flight, TaskCancelled | TaskTimeout]
 class AsyncLane:
     """One event loop in a thread of its own, running up to `concurrency` coroutine handlers at once."""
 
-    def __init__(
-        self, concurrency: int, worker_slots: WorkerSlots, stopping: Callable[[], bool] = lambda: False
-    ) -> None:
+    def __init__(self, concurrency: int, worker_room: WorkerRoom, stopping: Callable[[], bool] = lambda: False) -> None:
         self.concurrency = concurrency
-        self.worker_slots = worker_slots
-        self.stopping = stopping  # True once the consumer began to stop: a run waiting for a slot does not start
-        self._slots = threading.BoundedSemaphore(concurrency)
+        self.worker_room = worker_room
+        self.stopping = stopping  # True once the consumer began to stop: a run waiting for a seat does not start
+        self._seats = threading.BoundedSemaphore(concurrency)
         self._running = 0
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -124,24 +123,24 @@ class AsyncLane:
         with self._lock:
             return self._running
 
-    def reserve(self) -> LaneSlot | None:
-        """Take a slot for a run, waiting while the lane is full; `submit` hands it to the run.
+    def reserve(self) -> LaneSeat | None:
+        """Take a seat for a run, waiting while the lane is full; `submit` hands it to the run.
 
-        None if the consumer began to stop before a slot was free: the run must not start.
+        None if the consumer began to stop before a seat was free: the run must not start.
         """
-        while not self._slots.acquire(timeout=SLOT_WAIT_S):
+        while not self._seats.acquire(timeout=SEAT_WAIT_S):
             if self.stopping():
                 return None
         if self.stopping():  # the stop may have come while the last wait ended
-            self._slots.release()
+            self._seats.release()
             return None
-        return LaneSlot(self._slots)
+        return LaneSeat(self._seats)
 
     def submit(
-        self, coroutine: Coroutine[Any, Any, Any], flight: Flight, on_settled: Callable[[], None], slot: LaneSlot
+        self, coroutine: Coroutine[Any, Any, Any], flight: Flight, on_settled: Callable[[], None], seat: LaneSeat
     ) -> None:
-        """Run `coroutine` on the loop in `slot` and settle its outcome as `flight` says."""
-        slot.hand_to_run()
+        """Run `coroutine` on the loop in `seat` and settle its outcome as `flight` says."""
+        seat.hand_to_run()
         flight.started = time.monotonic()
         flight.done = self._done_callback(on_settled, flight)
         with self._lock:
@@ -149,7 +148,7 @@ class AsyncLane:
             self._flights.add(flight)
             flight.loop = self._loop or self._start()
             inbox = self._inbox
-        self.worker_slots.hand_off()
+        self.worker_room.hand_off()
         if inbox is None or not inbox.put(self._begin, coroutine, flight):
             coroutine.close()  # a handler closed the loop: the lane fails the runs handed to it (`_replace`)
 
@@ -353,14 +352,57 @@ class AsyncLane:
             flight.done()
 
     def _done_callback(self, on_settled: Callable[[], None], flight: Flight) -> Callable[[], None]:
-        """What runs once the task left the consumer's hands: its slots are given back."""
+        """What runs once the task left the consumer's hands: its room and its seat are given back."""
 
         def done() -> None:
-            self.worker_slots.take_back()  # on_settled releases a worker slot: the one handed off
+            self.worker_room.take_back()  # on_settled gives back room in the consumer: the room handed off
             on_settled()
             with self._lock:
                 self._running -= 1
                 self._flights.discard(flight)
-            self._slots.release()
+            self._seats.release()
 
         return done
+
+
+# --- calls handed to the loop in batches -----------------------------------------------------------
+class LoopInbox:
+    """Callbacks handed to one event loop from any thread, called on it in the order given.
+
+    `call_soon_threadsafe` for each makes a handle and writes to the loop's wake-up socket every
+    time; while the loop is busy, callbacks come faster than it wakes, and one scheduled drain
+    takes them all. A callback is queued before the flag is read, and the drain clears the flag
+    before it takes callbacks: one that found the flag set is taken by the drain that is due, one
+    that found it clear schedules a drain of its own, so none is left waiting.
+    """
+
+    __slots__ = ("_calls", "_loop", "_scheduled")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._calls: deque[tuple[Callable[..., None], tuple[Any, ...]]] = deque()
+        self._scheduled = False
+
+    def put(self, callback: Callable[..., None], *args: Any) -> bool:
+        """Have `callback(*args)` called on the loop soon; False if the loop is closed (it never will be)."""
+        self._calls.append((callback, args))
+        if self._scheduled:
+            return True
+        self._scheduled = True
+        try:
+            self._loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # "Event loop is closed"
+            self._scheduled = False
+            return False
+        return True
+
+    def _drain(self) -> None:
+        """On the loop: make the calls queued until now (later ones wait for the next turn of the loop)."""
+        self._scheduled = False
+        calls = self._calls
+        for _ in range(len(calls)):
+            callback, args = calls.popleft()
+            try:
+                callback(*args)
+            except Exception:  # as the loop would log a failing callback; the others are still made
+                logger.exception("a callback handed to the asyncio lane's event loop raised")

@@ -1,44 +1,67 @@
 """Running one claimed task: decode, gate, call its handler, then ack, retry or dead-letter.
 
-Whatever goes wrong while doing so, the task is settled here (`execute` dead-letters it with the
-reason as a last resort): a task this consumer holds never stays in its processing list unsettled.
+The path of one successful task, from its claim to its ack (eight modules):
+
+1. claiming: a claimer moves it into this consumer's processing list, taking room for it, writes
+   its claim receipt and hands it to the workers (`Consumer.dispatch`, lifecycle).
+2. lifecycle: a worker takes it once this consumer's lease surely holds (membership's
+   `LeaseClock`) and calls `Executor.execute`.
+3. executor: it goes back unstarted if its queue was paused since its claim (claiming's
+   `PauseWatch`); else it is decoded and its type's settings and handler are resolved.
+4. executor: its gates, only for a type with a rate limit or a concurrency cap (gates); a task
+   they turn away is deferred, no attempt used.
+5. executor: `_record_start` counts the attempt and writes its RUNNING record (with the ack
+   batcher's next flush, when its receipt let it start at once).
+6. time_limits: `_call` runs the handler under its clock, watched for timeouts, cancels and
+   progress (an `async def` handler runs on the asyncio lane instead, async_lane).
+7. settling: the settler records its result and hands the ack to the ack batcher.
+8. ack_batcher: the flusher writes the result and the ack in one round trip with the other
+   workers' (riding out Redis outages, loops), then gives the task's room back (claiming).
+
+Whatever goes wrong while doing so, the task is settled (`execute` dead-letters it with the reason
+as a last resort): a task this consumer holds never stays in its processing list unsettled.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 import inspect
 import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
-from typing import Any
+from typing import Any, NoReturn
 
 from redis.exceptions import RedisError, ResponseError
 
 from tasks_app import metrics
 from tasks_app.consumer.ack_batcher import AckBatcher
-from tasks_app.consumer.async_lane import AsyncLane, LaneSlot
-from tasks_app.consumer.async_runs import AFTER_GRACE, AsyncRuns
-from tasks_app.consumer.claimed import Claimed
-from tasks_app.consumer.concurrency import ConcurrencyGate, key_token_of
-from tasks_app.consumer.control import Running, RunWatch, progress_update
-from tasks_app.consumer.forks import call_unforked
-from tasks_app.consumer.limits import Admission, StartMissed
-from tasks_app.consumer.pause_watch import PauseWatch
-from tasks_app.consumer.retrying import GaveUp
-from tasks_app.consumer.run_limits import RunLimits
-from tasks_app.consumer.run_start import NotStarted, RunStart, no_start_check
-from tasks_app.consumer.timeouts import RunClock, call_with_clock, failure_traceback
-from tasks_app.context import TaskContext, running
+from tasks_app.consumer.async_lane import AsyncLane, Flight, LaneSeat
+from tasks_app.consumer.claiming import Claimed, PauseWatch
+from tasks_app.consumer.gates import Admission, ConcurrencyGate, check_start, key_token_of
+from tasks_app.consumer.loops import GaveUp
+from tasks_app.consumer.settling import Settler
+from tasks_app.consumer.time_limits import (
+    RunClock,
+    Running,
+    RunWatch,
+    TimeLimits,
+    call_unforked,
+    call_with_clock,
+    within_timeout,
+)
+from tasks_app.context import RunControl, TaskContext, running
 from tasks_app.django_tasks import runner
-from tasks_app.exceptions import ResultNotJson, ResultTooLarge, TaskCancelled
+from tasks_app.exceptions import ResultNotJson, ResultTooLarge
 from tasks_app.protocol import results
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Arguments, Task, UndecodableTask, decode_payload, decode_task
 from tasks_app.protocol.keys import delayed_member
+from tasks_app.protocol.replies import ResultUpdate
+from tasks_app.protocol.timestamps import now_ms
 from tasks_app.registry import Handler, Registry
 from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
 
@@ -52,14 +75,11 @@ DISABLED_RECHECK_MS = 300_000
 SETTINGS_RECHECK_MS = 5000
 # How long the note of a task deferred for its disabled type outlives the last such deferral.
 DISABLED_NOTE_TTL_MS = 2 * DISABLED_RECHECK_MS
-SETTINGS_UNREADABLE = "the task types cannot be read"
-
-
-def _max_result_bytes() -> int:
-    from django.conf import settings
-
-    return int(settings.TASKS_MAX_RESULT_BYTES)
-
+SETTINGS_UNKNOWN = "the task types cannot be read"
+# Why a task whose worker was still passing its gates (rate limit, max_running, its start) when a stop's
+# grace period ended goes back unstarted: a run starting then would be abandoned by the exiting process.
+AFTER_GRACE = "passed its gates only after the grace period of the stop ended"
+INT32_MAX = 2**31 - 1  # the envelope's attempt field
 
 RateGate = Callable[[Task, TaskTypeConfig, str | None], Admission]
 """Admits a task (its handler to begin by the admission's `start_by`), else says how many ms to
@@ -67,8 +87,47 @@ wait before it may (the third argument: the token of the task's `rate_limit_key`
 the limit is not keyed)."""
 
 
-class Executor(AsyncRuns, RunLimits, RunStart):
-    """Runs claimed tasks on worker threads and settles them in Redis."""
+def count_run(attempt: int) -> int:
+    """The run count of a task starting a run: a count below 0 reads as 0, one at int32's end stays there."""
+    return min(max(attempt, 0) + 1, INT32_MAX)
+
+
+def no_start_check() -> None:
+    """The start check of a run that no rate limit admitted: it may begin whenever its worker gets to it."""
+
+
+class NotStarted(enum.Enum):
+    """Why a claimed task's run must not start."""
+
+    CANCELLED = "cancelled"  # its record says it was cancelled before it started
+    SUPERSEDED = "superseded"  # a later claim's token is on the record: that claim runs it
+    LEASE_LOST = "lease lost"  # the lease lapsed while the start was written: the reaper owns it
+
+
+async def as_current[T](context: TaskContext, start: Callable[[], Awaitable[T]]) -> T:
+    """Await what `start()` returns, with `context` as what `tasks_app.context.current()` returns in it.
+
+    Nothing is made before this coroutine begins: closed unstarted, it leaves no coroutine unawaited.
+    """
+    with running(context):
+        return await start()
+
+
+async def _handler_run(
+    handler: Handler, context: TaskContext, arguments: Arguments, timeout_s: float | None, begin: Callable[[], None]
+) -> Any:
+    """Call an `async def` handler once `begin()` let it begin, and await it under its timeout."""
+    begin()
+    args = (context, *arguments.args) if handler.takes_context else arguments.args
+    return await within_timeout(handler.func(*args, **arguments.kwargs), timeout_s)
+
+
+async def _raising(error: BaseException) -> NoReturn:
+    raise error
+
+
+class Executor:
+    """Runs claimed tasks on worker threads and has them settled in Redis."""
 
     def __init__(
         self,
@@ -77,37 +136,31 @@ class Executor(AsyncRuns, RunLimits, RunStart):
         task_types: TaskTypeCache,
         worker_id: str,
         result_ttl_s: int,
-        rate_gate: RateGate | None = None,
-        give_up: threading.Event | None = None,
+        *,
+        settler: Settler,
+        time_limits: TimeLimits,
+        pauses: PauseWatch,
         acks: AckBatcher | None = None,
-        max_result_bytes: int | None = None,
+        rate_gate: RateGate | None = None,
         concurrency: ConcurrencyGate | None = None,
         async_lane: AsyncLane | None = None,
         lease_check: Callable[[Claimed], bool] | None = None,
     ) -> None:
         self.broker = broker
-        self.lease_check = lease_check  # waits while the claim's lease may have lapsed; False once lost
-        # With a batcher, RUNNING records and acks of successful runs go out in shared round
-        # trips and the worker moves on at once; without one, each is written before returning.
-        self.acks = acks
         self.registry = registry
         self.task_types = task_types
         self.worker_id = worker_id
         self.result_ttl_s = result_ttl_s
+        self.settler = settler  # every write that moves a task on
+        self.time_limits = time_limits  # the runs watched for timeouts, cancels and progress
+        self.pauses = pauses  # puts back unstarted the tasks of a queue paused since their claim
+        # With a batcher, a run's RUNNING record goes out with the next flush; without one, at once.
+        self.acks = acks
         self.rate_gate = rate_gate
         self.concurrency = concurrency
         # Where `async def` handlers run (without one, on the worker thread, to completion).
         self.async_lane = async_lane
-        # Set when the consumer stops: settling then gives up on an absent Redis (the lease
-        # recovers the task); until then a finished task is never left in limbo.
-        self.give_up = give_up or threading.Event()
-        self.pauses = PauseWatch(broker, self.give_up, result_ttl_s)
-        # Runs being watched: thread runs by thread id, async runs by their RunControl.
-        self.running: dict[object, Running] = {}
-        self._running_lock = threading.Lock()
-        self._hung_settlers: list[threading.Thread] = []
-        self.max_result_bytes = max_result_bytes if max_result_bytes is not None else _max_result_bytes()
-        self.watch = RunWatch(broker, acks.record if acks is not None else broker.record_result, result_ttl_s)
+        self.lease_check = lease_check  # waits while the claim's lease may have lapsed; False once lost
 
     # --- entry points ----------------------------------------------------------------------
     def execute(self, claimed: Claimed, on_settled: Callable[[], None] | None = None) -> bool:
@@ -120,39 +173,43 @@ class Executor(AsyncRuns, RunLimits, RunStart):
             raise
         except BaseException as exc:  # a bug, a write Redis refuses, a handler's odd object: never leave it held
             logger.exception("unexpected error settling a task of queue %s; dead-lettering it", claimed.queue)
-            self._dead_letter_after_error(claimed, exc)
+            self.settler.dead_letter_after_error(claimed, exc)
             return False
 
     def _execute(self, claimed: Claimed, on_settled: Callable[[], None] | None) -> bool:
+        settler = self.settler
         try:
             task = claimed.task if claimed.task is not None else decode_task(claimed.raw)
         except UndecodableTask as exc:
-            self._dead_letter_undecodable(claimed, str(exc))
+            settler.dead_letter_undecodable(claimed, str(exc))
             return False
-        if task.queue != claimed.queue:  # a foreign envelope's empty or other queue: where it was claimed wins
+        if task.queue != claimed.queue:  # an envelope's empty or other queue: where it was claimed wins
             task.queue = claimed.queue
         config, problem = self._resolve(task, claimed.claimed_at_s)
         if claimed.receipt == results.START_REFUSED:  # cancelled before its claim: dropped, whatever its type
-            return self._drop_cancelled(claimed, task, config, on_settled)
-        if problem == SETTINGS_UNREADABLE:
-            return self._defer_unknown_settings(claimed, task)
+            return settler.drop_cancelled(claimed, task, config, on_settled)
+        if problem == SETTINGS_UNKNOWN:
+            # Its row may set limits, a timeout or another handler: running it with defaults would
+            # ignore them, and calling its type unknown would dead-letter it.
+            settler.defer(claimed, task, SETTINGS_RECHECK_MS, "settings_unknown")
+            return False
         if config is None:
-            self._dead_letter(claimed, task, "UnknownTaskType", problem)
+            settler.dead_letter(claimed, task, "UnknownTaskType", problem)
             return False
         handler = self._handler_of(claimed, task, config)
         if handler is None:
             return False
         if not config.enabled:
-            self._defer(claimed, task, DISABLED_RECHECK_MS, "disabled")
+            settler.defer(claimed, task, DISABLED_RECHECK_MS, "disabled")
             self._note_disabled(claimed, task)
             return False
         try:
             arguments = decode_payload(task.payload)
         except UndecodableTask as exc:
-            self._dead_letter_unrunnable(claimed, task, config, "InvalidPayload", str(exc))
+            settler.dead_letter_unrunnable(claimed, task, config, "InvalidPayload", str(exc))
             return False
-        if (dropped := self._drop_if_cancelled_while_held(claimed, task, config, on_settled)) is not None:
-            return dropped  # before its gates: a task cancelled while it waited takes no rate or slot
+        if (dropped := settler.drop_if_cancelled_while_held(claimed, task, config, on_settled)) is not None:
+            return dropped  # before its gates: a task cancelled while it waited takes no rate or permit
         if handler.is_async and self.async_lane is not None:
             return self._execute_async(claimed, task, config, handler, arguments, on_settled)
         holder = self._admit(claimed, task, config, arguments)
@@ -164,18 +221,11 @@ class Executor(AsyncRuns, RunLimits, RunStart):
             if holder and self.concurrency is not None:
                 self.concurrency.release(holder)
 
-    def _defer_unknown_settings(self, claimed: Claimed, task: Task) -> bool:
-        """Defer a task whose TaskType row could not be read (the database away): it may have one."""
-        # Its row may set limits, a timeout or another handler: running it with defaults would
-        # ignore them, and calling its type unknown would dead-letter it.
-        self._defer(claimed, task, SETTINGS_RECHECK_MS, "settings_unknown")
-        return False
-
     def _note_disabled(self, claimed: Claimed, task: Task) -> None:
         """Note a task just deferred for its disabled type, to be woken when the type is enabled."""
         try:
             self.broker.note_disabled(claimed.queue, task.type, task.priority, claimed.raw, DISABLED_NOTE_TTL_MS)
-        except RedisError as exc:  # it comes back at its recheck instead; a refused key is the scheduler's to say once
+        except RedisError as exc:  # it comes back at its recheck instead
             logger.debug("could not note a task of disabled type %s for its wake-up: %s", task.type, exc)
 
     def _handler_of(self, claimed: Claimed, task: Task, config: TaskTypeConfig) -> Handler | None:
@@ -186,61 +236,11 @@ class Executor(AsyncRuns, RunLimits, RunStart):
             reason = f"handler {config.handler!r} of task type {task.type!r} is not registered"
             if self.registry.import_errors:
                 reason += f" (handler modules that failed to import: {self.registry.import_errors})"
-            self._dead_letter_unrunnable(claimed, task, config, "HandlerNotRegistered", reason)
+            self.settler.dead_letter_unrunnable(claimed, task, config, "HandlerNotRegistered", reason)
         return handler
 
-    def _dead_letter_unrunnable(
-        self, claimed: Claimed, task: Task, config: TaskTypeConfig, error_name: str, reason: str
-    ) -> None:
-        """Dead-letter a task of a known type that cannot run: it failed for good, so its unique key is freed."""
-        self._dead_letter(claimed, task, error_name, reason, self._release_of(task, config))
-
-    def _admit(self, claimed: Claimed, task: Task, config: TaskTypeConfig, arguments: Arguments) -> str | None:
-        """Pass the rate limit, then take a concurrency slot; None: deferred, else the slot's holder ("": uncapped)."""
-        if config.rate_limit and self.rate_gate is not None:
-            key_token = key_token_of(config.rate_limit_key, arguments)
-            admission = self.rate_gate(task, config, key_token)
-            if admission.wait_ms > 0:
-                self._defer(claimed, task, admission.wait_ms, "rate_limited")
-                self._due_at_its_slot(claimed, task, key_token)
-                return None
-            claimed.start_by = admission.start_by  # its handler begins by then, or it waits again
-        gate = self.concurrency
-        if not config.max_running or gate is None:
-            return ""
-        slots = gate.slots_of(config, arguments)
-        holder = gate.acquire(claimed, task, slots)
-        if holder is None:
-            self._defer(claimed, task, gate.recheck_ms(), "max_running")
-            gate.wait(claimed, task, slots)
-        return holder
-
-    def _due_at_its_slot(self, claimed: Claimed, task: Task, key_token: str | None) -> None:
-        """Bring a task the rate limit just deferred to its slot as its limiter holds it now (gone: due now)."""
-        # A follow-up of a change made since the denial (by another consumer, or by this one's
-        # refresh after its settings were read) may have scanned the delayed set before this landed.
-        try:
-            due_us, now_us = self._redis(
-                lambda: self.broker.rate_deferred(task.type, key_token, task.id, claimed.queue), "defer"
-            )
-        except ResponseError as exc:  # a foreign key in the limiter's place: the task keeps the slot it was given
-            logger.warning("could not check the rate limit slot of deferred task %s: %s", task.id, exc)
-            return
-        current = self.task_types.get(task.type)  # read after: a refresh before that call is seen here
-        gone = current is None or not current.rate_limit or due_us <= now_us
-        due_ms = now_us // 1000 if gone else math.ceil(due_us / 1000)
-        member = delayed_member(task.priority, claimed.raw)
-        self._redis(lambda: self.broker.bring_forward(claimed.queue, {member: due_ms}), "defer")
-
-    def watch_running(self) -> None:
-        """Tell handlers of cancels and write their progress (the housekeeping tick; time limits: TimeLimitLoop)."""
-        with self._running_lock:
-            runs = list(self.running.values())
-        self.watch.tick(runs)
-
-    # --- the run ---------------------------------------------------------------------------
     def _resolve(self, task: Task, claimed_at_s: float) -> tuple[TaskTypeConfig | None, str]:
-        """The task's settings; else None and why (SETTINGS_UNREADABLE: ask again later)."""
+        """The task's settings; else None and why (SETTINGS_UNKNOWN: ask again later)."""
         config = self.task_types.get(task.type)
         needs_rows = config is None and (self.registry.get(task.type) is None or not self.task_types.loaded)
         if needs_rows:
@@ -249,7 +249,7 @@ class Executor(AsyncRuns, RunLimits, RunStart):
             # defaults while no row was ever read. Once per claim, not per task: a read begun
             # after the claim holds every row its tasks' producers created.
             if not self.task_types.holds_rows_since(claimed_at_s):
-                return None, SETTINGS_UNREADABLE
+                return None, SETTINGS_UNKNOWN
             config = self.task_types.get(task.type)
         if config is not None:
             return config, ""
@@ -257,42 +257,96 @@ class Executor(AsyncRuns, RunLimits, RunStart):
             return TaskTypeConfig.default_for(task.type), ""
         return None, f"unknown task type {task.type!r}: no TaskType row and no handler of that name"
 
-    def _run(
-        self,
-        claimed: Claimed,
-        task: Task,
-        config: TaskTypeConfig,
-        handler: Handler,
-        arguments: Arguments,
-        on_settled: Callable[[], None] | None = None,
-        lane_slot: LaneSlot | None = None,
-    ) -> bool:
-        """Start a task that passed its gates: on the asyncio lane in `lane_slot` if given, else on this thread."""
-        if self._starts_closed:  # most such tasks are met here, before their start is written
-            return self._return_stopping(claimed, AFTER_GRACE)
-        if self.lease_check is not None and not self.lease_check(claimed):
-            return False  # its lease was lost while it passed the gates: the reaper owns it now
-        max_attempts = self._record_start(claimed, task, config, handler, arguments)
-        if isinstance(max_attempts, NotStarted):
-            return self._not_started(max_attempts, claimed, task, config, on_settled)
-        context = TaskContext(
-            task.id, task.type, task.queue, task.attempt, max_attempts, dict(task.headers), claimed.consumer_id
+    # --- the gates -------------------------------------------------------------------------
+    def _admit(self, claimed: Claimed, task: Task, config: TaskTypeConfig, arguments: Arguments) -> str | None:
+        """Pass the rate limit, then take a concurrency permit; None: deferred, else its holder ("": uncapped)."""
+        if config.rate_limit and self.rate_gate is not None:
+            key_token = key_token_of(config.rate_limit_key, arguments)
+            admission = self.rate_gate(task, config, key_token)
+            if admission.wait_ms > 0:
+                self.settler.defer(claimed, task, admission.wait_ms, "rate_limited")
+                self._due_at_its_turn(claimed, task, key_token)
+                return None
+            claimed.start_by = admission.start_by  # its handler begins by then, or it waits again
+        gate = self.concurrency
+        if not config.max_running or gate is None:
+            return ""
+        permits = gate.permits_of(config, arguments)
+        holder = gate.acquire(claimed, task, permits)
+        if holder is None:
+            self.settler.defer(claimed, task, gate.recheck_ms(), "max_running")
+            gate.wait(claimed, task, permits)
+        return holder
+
+    def _due_at_its_turn(self, claimed: Claimed, task: Task, key_token: str | None) -> None:
+        """Bring a task the rate limit just deferred to its turn as its limiter holds it now (gone: due now)."""
+        # A follow-up of a change made since the denial (by another consumer, or by this one's
+        # refresh after its settings were read) may have scanned the delayed set before this landed.
+        try:
+            due_us, now_us = self.settler.redis(
+                lambda: self.broker.rate_deferred(task.type, key_token, task.id, claimed.queue), "defer"
+            )
+        except ResponseError as exc:  # a misconfigured limiter key: the task keeps the turn it was given
+            logger.warning("could not check the rate limit turn of deferred task %s: %s", task.id, exc)
+            return
+        current = self.task_types.get(task.type)  # read after: a refresh before that call is seen here
+        gone = current is None or not current.rate_limit or due_us <= now_us
+        due_ms = now_us // 1000 if gone else math.ceil(due_us / 1000)
+        member = delayed_member(task.priority, claimed.raw)
+        self.settler.redis(lambda: self.broker.bring_forward(claimed.queue, {member: due_ms}), "defer")
+
+    # --- the start -------------------------------------------------------------------------
+    def _record_start(
+        self, claimed: Claimed, task: Task, config: TaskTypeConfig, handler: Handler, arguments: Arguments
+    ) -> int | NotStarted:
+        """Count the attempt and record its start (RUNNING record, metrics: a rate admission's once its handler
+        begins); return the task's attempt limit, or why it must not start."""
+        if claimed.receipt == results.SUPERSEDED:
+            return NotStarted.SUPERSEDED
+        task.attempt = count_run(task.attempt)
+        max_attempts = task.max_attempts or config.max_attempts
+        started_ms = now_ms()
+        started_update = results.started(
+            task,
+            arguments,
+            self.worker_id,
+            started_ms,
+            max_attempts,
+            self.result_ttl_s,
+            claimed.fence,
+            record_exists=claimed.receipt == results.RECEIPT_OF_RECORD,
         )
-        # A rate admission's start is checked, and counted, as its handler begins (see _record_start).
-        admitted = claimed.start_by != math.inf
-        begin = partial(self._begin_admitted, task, claimed.start_by) if admitted else no_start_check
-        if lane_slot is not None:
-            return self._run_async(claimed, task, config, handler, context, arguments, on_settled, lane_slot, begin)
-        clock = RunClock(config.timeout_s or None)
-        run = Running(task, clock, context, claimed.fence, claimed, config)
-        if not self._watch(threading.get_ident(), run):
-            return self._return_stopping(claimed, AFTER_GRACE)
-        value, raised = self._call(handler, context, arguments, run, begin)
-        if clock.abandoned:
-            return False  # settled by fail_hung when it outlived its hard limit
-        duration = time.monotonic() - clock.started_monotonic
-        error = clock.timeout_error or raised  # the timeout wins over whatever the handler did after it
-        return self._settle_outcome(claimed, task, config, value, error, raised, duration, on_settled)
+        reply = self._write_start(claimed, handler, started_update)
+        if reply == results.START_REFUSED:
+            return NotStarted.CANCELLED
+        if reply == results.SUPERSEDED:
+            return NotStarted.SUPERSEDED
+        # The write may have waited for Redis (or this process been stopped meanwhile): a lease
+        # lost since is the reaper's to hand on, and this run's record is fenced off by then.
+        if self.lease_check is not None and not self.lease_check(claimed):
+            return NotStarted.LEASE_LOST
+        if claimed.suspect and not self._mark_suspect_started(claimed):
+            return NotStarted.LEASE_LOST
+        if claimed.start_by == math.inf:  # else counted as its handler begins (`_begin_admitted`), if it does
+            _count_start(task, started_ms)
+        return max_attempts
+
+    def _write_start(self, claimed: Claimed, handler: Handler, started_update: ResultUpdate) -> Any:
+        """Write a run's RUNNING update; Redis's reply (None: not waited for, the receipt decided)."""
+        if self.acks is not None and handler.django_task is None and claimed.receipt is not None:
+            self.acks.record(started_update)  # goes out with the next flush
+            return None
+        if self.acks is not None and handler.django_task is None:
+            return self.acks.record_start(started_update)  # shares a flush with other workers' writes
+        # A @task function reads its own record when it starts.
+        return self.settler.redis(lambda: self.broker.record_result(started_update), "record_result")
+
+    def _mark_suspect_started(self, claimed: Claimed) -> bool:
+        """Make a suspect's start durable before its handler runs (a death from now on is the task's
+        fault); False if the lease lapsed first: the run must not start, and the task is not blamed."""
+        return self.settler.redis(
+            lambda: self.broker.mark_started(claimed.queue, claimed.consumer_id, claimed.raw), "mark_started"
+        )
 
     def _not_started(
         self,
@@ -304,43 +358,65 @@ class Executor(AsyncRuns, RunLimits, RunStart):
     ) -> bool:
         """Settle a task whose run must not start; True if the ack batcher settles it (and calls `on_settled`)."""
         if why is NotStarted.CANCELLED:  # cancelled before it started
-            return self._drop_cancelled(claimed, task, config, on_settled)
+            return self.settler.drop_cancelled(claimed, task, config, on_settled)
         if why is NotStarted.SUPERSEDED:  # a later claim holds it: it runs there, never here as well
-            return self._ack_settled(claimed, task, None, "superseded", None, on_settled)
+            return self.settler.ack_settled(claimed, task, None, "superseded", None, on_settled)
         return False  # its lease lapsed while the start was written: the reaper owns it now
 
-    def _settle_outcome(
+    def _return_stopping(self, claimed: Claimed, waited: str) -> bool:
+        """Put back unstarted a task that `waited` until the consumer stopped: it must not start now (False)."""
+        self.pauses.return_unstarted(claimed)
+        logger.info("stopping: a task that %s went back to pending unstarted", waited)
+        return False
+
+    # --- the run ---------------------------------------------------------------------------
+    def _run(
         self,
         claimed: Claimed,
         task: Task,
         config: TaskTypeConfig,
-        value: Any,
-        error: BaseException | None,
-        raised: BaseException | None,
-        duration: float,
-        on_settled: Callable[[], None] | None,
+        handler: Handler,
+        arguments: Arguments,
+        on_settled: Callable[[], None] | None = None,
+        lane_seat: LaneSeat | None = None,
     ) -> bool:
-        """Settle a run that returned `value` or failed with `error`; True if the ack batcher calls `on_settled`."""
-        if isinstance(error, StartMissed):  # its handler never began
-            return self._start_again(claimed, task)
-        metrics.of_run(task.type, task.queue).duration.observe(duration)
-        if error is None:
-            try:
-                return_json = results.result_json(value, self.max_result_bytes)
-            except (ResultNotJson, ResultTooLarge) as exc:
-                error = exc
-            else:
-                return self._succeed(claimed, task, return_json, duration, on_settled, self._release_of(task, config))
-        if isinstance(error, TaskCancelled):
-            return self._end_cancelled(claimed, task, config, duration, on_settled)
-        self._fail(claimed, task, config, error, failure_traceback(error, raised), duration)
-        return False
+        """Start a task that passed its gates: on the asyncio lane in `lane_seat` if given, else on this thread."""
+        if self.time_limits.starts_closed:  # most such tasks are met here, before their start is written
+            return self._return_stopping(claimed, AFTER_GRACE)
+        if self.lease_check is not None and not self.lease_check(claimed):
+            return False  # its lease was lost while it passed the gates: the reaper owns it now
+        max_attempts = self._record_start(claimed, task, config, handler, arguments)
+        if isinstance(max_attempts, NotStarted):
+            return self._not_started(max_attempts, claimed, task, config, on_settled)
+        context = TaskContext(
+            task.id, task.type, task.queue, task.attempt, max_attempts, dict(task.headers), claimed.consumer_id
+        )
+        # A rate admission's start is checked, and counted, as its handler begins (see _record_start).
+        begin = partial(_begin_admitted, task, claimed.start_by) if claimed.start_by != math.inf else no_start_check
+        if lane_seat is not None:
+            return self._run_async(claimed, task, config, handler, context, arguments, on_settled, lane_seat, begin)
+        clock = RunClock(config.timeout_s or None)
+        run = Running(task, clock, context, claimed.fence, claimed, config)
+        key = threading.get_ident()
+        if not self.time_limits.begin(key, run):
+            return self._return_stopping(claimed, AFTER_GRACE)
+        value, raised = self._call(handler, context, arguments, key, clock, begin)
+        if clock.abandoned:
+            return False  # settled by the time limits when it outlived its hard limit
+        duration = time.monotonic() - clock.started_monotonic
+        error = clock.timeout_error or raised  # the timeout wins over whatever the handler did after it
+        return self.settler.settle_outcome(claimed, task, config, value, error, raised, duration, on_settled)
 
     def _call(
-        self, handler: Handler, context: TaskContext, arguments: Arguments, run: Running, begin: Callable[[], None]
+        self,
+        handler: Handler,
+        context: TaskContext,
+        arguments: Arguments,
+        key: object,
+        clock: RunClock,
+        begin: Callable[[], None],
     ) -> tuple[Any, BaseException | None]:
-        """Call the handler under its run's clock (watched since `_watch`); return its value and what it raised."""
-        key, clock = threading.get_ident(), run.clock
+        """Call the handler under its run's clock (watched under `key`); return its value and what it raised."""
         metrics.BUSY_WORKERS.inc()
         try:
             # A child the handler forked exits as the handler returns: it must not settle the task too.
@@ -352,11 +428,7 @@ class Executor(AsyncRuns, RunLimits, RunStart):
             )
         finally:
             metrics.BUSY_WORKERS.dec()
-            with self._running_lock:
-                self.running.pop(key, None)
-            last_progress = progress_update(run, self.result_ttl_s)
-            if last_progress is not None:  # before the outcome: the batcher keeps the order
-                self.watch.record(last_progress)
+            self.time_limits.end(key)  # its last progress goes before the outcome: the batcher keeps the order
         return value, raised
 
     def invoke(
@@ -383,3 +455,216 @@ class Executor(AsyncRuns, RunLimits, RunStart):
             if inspect.iscoroutine(value):  # a plain function wrapping an async one: run it here, to its end
                 return asyncio.run(value)
             return value
+
+    # --- async runs ------------------------------------------------------------------------
+    def _execute_async(
+        self,
+        claimed: Claimed,
+        task: Task,
+        config: TaskTypeConfig,
+        handler: Handler,
+        arguments: Arguments,
+        on_settled: Callable[[], None] | None,
+    ) -> bool:
+        """Pass an async task's gates and start it on the lane; True if the lane settles it (and calls `on_settled`).
+
+        Its lane seat comes first: a rate admission is taken only once its run can begin at once, not
+        spent while it waits for room on a full lane (past its start margin).
+        """
+        lane = self.async_lane
+        assert lane is not None
+        seat = lane.reserve()
+        if seat is None:
+            return self._return_stopping(claimed, "waited for room on the asyncio lane")
+        try:
+            holder = self._admit(claimed, task, config, arguments)
+            if holder is None:
+                return False
+            run = partial(self._run, claimed, task, config, handler, arguments, lane_seat=seat)
+            if holder and self.concurrency is not None:
+                return self._run_releasing(run, on_settled, partial(self.concurrency.release, holder))
+            return run(on_settled)
+        finally:
+            seat.give_back()  # unless its run took it
+
+    def _run_releasing(
+        self,
+        run: Callable[[Callable[[], None] | None], bool],
+        on_settled: Callable[[], None] | None,
+        release: Callable[[], None],
+    ) -> bool:
+        """`run` (its `_run` given what to call once settled) of an async task holding a concurrency permit:
+        the permit is released once the task is settled."""
+
+        def settled() -> None:
+            # Once this process gave up on a hung run (which it cannot tell from the others here),
+            # that run may still go on until the process is gone: the permit stays held, renewed
+            # until then, and lapses with the lease after.
+            if not self.settler.retry_floor_s:
+                release()
+            if on_settled is not None:
+                on_settled()
+
+        later = False
+        try:
+            later = run(settled)
+        finally:
+            if not later:
+                release()
+        return later
+
+    def _run_async(
+        self,
+        claimed: Claimed,
+        task: Task,
+        config: TaskTypeConfig,
+        handler: Handler,
+        context: TaskContext,
+        arguments: Arguments,
+        on_settled: Callable[[], None] | None,
+        seat: LaneSeat,
+        begin: Callable[[], None],
+    ) -> bool:
+        """Hand the run to the lane in `seat`, watched; it calls `on_settled` once the task is settled (always True).
+
+        An async run is watched like a thread run (keyed by its RunControl): the housekeeping tick
+        tells it of cancels and writes its progress, and a forced cancel cancels its asyncio task.
+        It leaves the watch when it ends, its last progress written just before its outcome.
+        `begin` is called on the loop as the run begins (see `invoke_async`).
+        """
+        lane = self.async_lane
+        assert lane is not None
+        timeout_s = config.timeout_s or None
+        control = context.control
+        settle = partial(self._settle_async, control, claimed, task, config)
+        flight = Flight(settle, timeout_s, partial(self._succeed_now, control, claimed, task, config))
+        run = Running(task, RunClock(None), context, claimed.fence, claimed, config, partial(lane.cancel, flight))
+        if not self.time_limits.begin(control, run):
+            return self._return_stopping(claimed, AFTER_GRACE)
+        coroutine = self.invoke_async(handler, context, arguments, timeout_s, begin)
+        lane.submit(coroutine, flight, on_settled or (lambda: None), seat)
+        return True
+
+    def _succeed_now(
+        self,
+        control: RunControl,
+        claimed: Claimed,
+        task: Task,
+        config: TaskTypeConfig,
+        value: Any,
+        duration: float,
+        on_settled: Callable[[], None],
+    ) -> bool | None:
+        """Settle a success through the ack batcher without waiting; None if that cannot be done."""
+        if self.acks is None:
+            return None
+        try:
+            return_json = results.result_json(value, self.settler.max_result_bytes)
+        except (ResultNotJson, ResultTooLarge):
+            return None  # a failure: settled on a settling thread
+        self.time_limits.end(control)  # the batcher only queues its progress write, before the ack
+        metrics.of_run(task.type, task.queue).duration.observe(duration)
+        release = self.settler.release_of(task, config)
+        return self.settler.succeed(claimed, task, return_json, duration, on_settled, release)
+
+    def _settle_async(
+        self, control: RunControl, claimed: Claimed, task: Task, config: TaskTypeConfig, *outcome: Any
+    ) -> bool:
+        """Settle an async run's outcome, once it left the watch (see `Settler.settle_safely`)."""
+        try:
+            self.time_limits.end(control)
+        except Exception as exc:  # as `execute` does with a bug: the task is settled all the same
+            logger.exception("unexpected error ending the watch of an async task of queue %s", claimed.queue)
+            self.settler.dead_letter_after_error(claimed, exc)
+            return False
+        return self.settler.settle_safely(claimed, task, config, *outcome)
+
+    def invoke_async(
+        self,
+        handler: Handler,
+        context: TaskContext,
+        arguments: Arguments,
+        timeout_s: float | None,
+        begin: Callable[[], None] = no_start_check,
+    ) -> Coroutine[Any, Any, Any]:
+        """The coroutine of an `async def` handler's run, cancelled with TaskTimeout at `timeout_s`.
+
+        It calls `begin` first, on its loop: what that raises (StartMissed, if the loop lets it begin
+        only past its rate admission's start margin) ends it before the handler is called.
+        The handler's own coroutine is made only as it begins: one closed before then (a forced
+        cancel, a loop that cannot take it) leaves no coroutine unawaited.
+
+        What calling the handler raises (arguments its signature does not take), or sending a
+        task_started receiver's error, is raised by the coroutine: the run fails as one that
+        raised, and is retried like any other, never dead-lettered as a settling failure.
+        """
+        if handler.django_task is None:
+            return as_current(context, partial(_handler_run, handler, context, arguments, timeout_s, begin))
+        try:
+            with running(context):  # task_started, sent now, sees the run as current
+                start = runner.start_async(handler.django_task, context, arguments, self.broker, timeout_s, begin)
+        except BaseException as exc:  # as call_with_clock catches a sync handler's
+            start = partial(_raising, exc)
+        return as_current(context, start)
+
+    def async_running(self) -> int:
+        """Tasks on the asyncio lane, not yet settled."""
+        return self.async_lane.running if self.async_lane is not None else 0
+
+    def close(self) -> None:
+        """Stop the asyncio lane's loop (once nothing runs on it)."""
+        if self.async_lane is not None:
+            self.async_lane.close()
+
+
+def _begin_admitted(task: Task, start_by: float) -> None:
+    """Let the handler of a task its rate limit admitted begin, counting its start; StartMissed past `start_by`."""
+    check_start(start_by)
+    _count_start(task, now_ms())
+
+
+def _count_start(task: Task, started_ms: float) -> None:
+    """The metrics of a run that starts now: one more start, and how long a first run waited."""
+    run_metrics = metrics.of_run(task.type, task.queue)
+    run_metrics.started.inc()
+    waited_since_ms = task.run_after_ms or task.enqueued_at_ms
+    if waited_since_ms and task.attempt == 1:
+        run_metrics.wait.observe(max(0.0, (started_ms - waited_since_ms) / 1000))
+
+
+def build_executor(
+    broker: Broker,
+    registry: Registry,
+    task_types: TaskTypeCache,
+    worker_id: str,
+    result_ttl_s: int,
+    *,
+    rate_gate: RateGate | None = None,
+    give_up: threading.Event | None = None,
+    acks: AckBatcher | None = None,
+    max_result_bytes: int | None = None,
+    concurrency: ConcurrencyGate | None = None,
+    async_lane: AsyncLane | None = None,
+    lease_check: Callable[[Claimed], bool] | None = None,
+) -> Executor:
+    """An executor with the settler, time limits and pause watch it needs, made from these."""
+    give_up = give_up or threading.Event()
+    settler = Settler(
+        broker, registry, task_types, result_ttl_s, acks=acks, give_up=give_up, max_result_bytes=max_result_bytes
+    )
+    time_limits = TimeLimits(settler, RunWatch(broker, settler.record, result_ttl_s), async_lane)
+    return Executor(
+        broker,
+        registry,
+        task_types,
+        worker_id,
+        result_ttl_s,
+        settler=settler,
+        time_limits=time_limits,
+        pauses=PauseWatch(broker, give_up, result_ttl_s),
+        acks=acks,
+        rate_gate=rate_gate,
+        concurrency=concurrency,
+        async_lane=async_lane,
+        lease_check=lease_check,
+    )

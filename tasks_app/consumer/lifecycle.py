@@ -1,4 +1,4 @@
-"""A consumer process: claimer threads feed a bounded pool of workers; lifecycle and signals."""
+"""A consumer process: claimer threads feed a bounded pool of workers; its start, its graceful stop, its signals."""
 
 from __future__ import annotations
 
@@ -6,47 +6,52 @@ import copy
 import logging
 import queue as queue_module
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from functools import partial
 
 from django.conf import settings
 from django.db import close_old_connections
+from redis.exceptions import RedisError
 
 from tasks_app import metrics
-from tasks_app.consumer import identity
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.async_lane import AsyncLane
-from tasks_app.consumer.burst import IdleCheck
-from tasks_app.consumer.capacity import Capacity
-from tasks_app.consumer.claimed import Claimed
-from tasks_app.consumer.claimer import ClaimerLoop
-from tasks_app.consumer.concurrency import ConcurrencyGate
+from tasks_app.consumer.claiming import Capacity, Claimed, ClaimerLoop, HeldTasks, PauseWatch, withdrawals
 from tasks_app.consumer.executor import Executor, RateGate
-from tasks_app.consumer.health import HealthLoop, Liveness
-from tasks_app.consumer.held import HeldTasks
-from tasks_app.consumer.limits import RateLimiter
+from tasks_app.consumer.gates import ConcurrencyGate, RateLimiter
 from tasks_app.consumer.loops import (
-    HEARTBEAT_TIMEOUT_SHARE,
-    HeartbeatLoop,
+    GaveUp,
+    HealthLoop,
     HousekeepingLoop,
-    LeaseClock,
+    IdleCheck,
+    Liveness,
     Loop,
-    ReaperLoop,
+    Misconfigured,
     SchedulerLoop,
     TimeLimitLoop,
+    misconfiguration,
     start_thread,
+    until_done,
+)
+from tasks_app.consumer.membership import (
+    HEARTBEAT_TIMEOUT_SHARE,
+    HeartbeatLoop,
+    LeaseClock,
+    ReaperLoop,
+    Registration,
+    RetiringIds,
+    default_consumer_id,
+    deregister_everywhere,
+    process_info,
+    wait_until_free,
 )
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.consumer.periodic_loop import scheduler_loops
-from tasks_app.consumer.process_mode import ProcessGuard
-from tasks_app.consumer.reaped import record_reaped
-from tasks_app.consumer.receipts import withdrawals
-from tasks_app.consumer.registration import Registration
-from tasks_app.consumer.retiring import RetiringIds
-from tasks_app.consumer.retrying import GaveUp, until_done
-from tasks_app.consumer.stop_signals import install_stop_signals
-from tasks_app.consumer.stopping import Stopping
+from tasks_app.consumer.settling import Settler, record_reaped
+from tasks_app.consumer.supervisor import ProcessGuard, exit_within_s, install_stop_signals
+from tasks_app.consumer.time_limits import RunWatch, TimeLimits
 from tasks_app.protocol.broker import Broker
 from tasks_app.registry import Registry, registry as default_registry
 from tasks_app.task_types import TaskTypeCache
@@ -54,6 +59,8 @@ from tasks_app.task_types import TaskTypeCache
 logger = logging.getLogger(__name__)
 
 HEALTH_CHECK_S = 5.0
+# What a consumer exits with when a key of ours that it starts with is misconfigured (EX_CONFIG).
+EXIT_MISCONFIGURED = 78
 # How often a worker holding a task looks again whether the lease was renewed.
 LEASE_WAIT_S = 0.05
 
@@ -69,7 +76,7 @@ def _own_broker(broker: Broker | None) -> Broker:
     return copy.copy(broker) if broker.instance else broker
 
 
-class Consumer(Stopping):
+class Consumer:
     """One consumer process: claims, runs, acknowledges, heartbeats, reaps and schedules."""
 
     def __init__(
@@ -90,38 +97,75 @@ class Consumer(Stopping):
             prefix=self.broker.keys.prefix, timeout_s=options.lease_s * HEARTBEAT_TIMEOUT_SHARE, resend=False
         )
         self.lease = LeaseClock(options.lease_s)
-        self.base_id = options.consumer_id or identity.default_consumer_id()
+        self.base_id = options.consumer_id or default_consumer_id()
         self.consumer_id = self.base_id
         self.capacity = Capacity(options.concurrency, options.prefetch)
         self.task_types = TaskTypeCache(age_gauge=metrics.TASK_TYPES_AGE)
         self._init_thread_state()
         self.acks = AckBatcher(self.broker, self.give_up, together=self.held.together)
-        self.executor = Executor(
+        self.executor = self._executor(rate_gate or RateLimiter(self.broker, self.give_up, follows=self.task_types))
+        self.liveness = Liveness(
+            options.health_file,
+            max(3 * HEALTH_CHECK_S, options.lease_s),
+            self.task_types.age_s,
+            self.misconfigured.loops,
+        )
+        self._init_registration()
+
+    def _executor(self, rate_gate: RateGate) -> Executor:
+        """The executor, and what it calls: its settler, its gates, its time limits (kept: the loops and the stop
+        drive them), the asyncio lane."""
+        ttl_s = settings.TASKS_RESULT_TTL
+        settler = Settler(self.broker, self.registry, self.task_types, ttl_s, acks=self.acks, give_up=self.give_up)
+        lane = AsyncLane(self.options.async_concurrency, self.capacity, self.claiming_stopped.is_set)
+        self.time_limits = TimeLimits(settler, RunWatch(self.broker, settler.record, ttl_s), lane)
+        # Its permits are renewed with the lease, on the heartbeat's connection.
+        concurrency = ConcurrencyGate(
+            self.broker, self.heartbeat_broker, self.options.lease_s, settings.TASKS_THROTTLE_RECHECK_S, self.give_up
+        )
+        self.lease.on_renewal(concurrency.renew)
+        return Executor(
             self.broker,
-            registry,
+            self.registry,
             self.task_types,
             self.consumer_id,
-            settings.TASKS_RESULT_TTL,
-            give_up=self.give_up,
+            ttl_s,
+            settler=settler,
+            time_limits=self.time_limits,
+            pauses=PauseWatch(self.broker, self.give_up, ttl_s),
             acks=self.acks,
-            rate_gate=rate_gate or RateLimiter(self.broker, self.give_up, follows=self.task_types),
-            concurrency=ConcurrencyGate.for_consumer(self),
-            async_lane=AsyncLane(options.async_concurrency, self.capacity, lambda: self.claiming_stopped.is_set()),
+            rate_gate=rate_gate,
+            concurrency=concurrency,
+            async_lane=lane,
             lease_check=self._lease_holds,  # again after the gates, just before the start
         )
-        self.liveness = Liveness(options.health_file, max(3 * HEALTH_CHECK_S, options.lease_s), self.task_types.age_s)
-        self._init_registration()
+
+    def claimer(self, queue: str) -> ClaimerLoop:
+        """The claimer of one of its queues."""
+        return ClaimerLoop(
+            queue,
+            self.broker,
+            room=self.capacity,
+            held=self.held,
+            lease=self.lease,
+            consumer_id=lambda: self.consumer_id,
+            registered_on=self.registered_on,
+            lease_lost=self.lease_lost,
+            types_loaded=lambda: self.task_types.loaded,
+            dispatch=self.dispatch,
+            block_s=self.options.block_s,
+        )
 
     def _init_registration(self) -> None:
         """Create the reaper (it recovers an earlier run's tasks too) and what registers the consumer on its queues."""
         options = self.options
         recorder = partial(record_reaped, self.broker, self.task_types, give_up=self.stop_requested)
         self.reaper = ReaperLoop(self.broker, options.queues, options.lease_s, recorder)
-        info = partial(identity.process_info, options, self.capacity.prefetch_max, self.instance)
+        info = partial(process_info, options, self.capacity.prefetch_max, self.instance)
         self.registration = Registration(self.broker, options.queues, self.reaper, self.lease, info)
 
     def _init_thread_state(self) -> None:
-        """Create what the consumer's threads share: the stop events, the threads, the tasks held, the suspect slot."""
+        """Create what the consumer's threads share: the stop events, the threads, the tasks held, the suspect turn."""
         self.work: queue_module.SimpleQueue[Claimed] = queue_module.SimpleQueue()
         self._generation = 0  # of the ids taken after a lost lease
         # Sent with the lease, each renewal and each settle: another process registering this id refuses ours.
@@ -132,12 +176,13 @@ class Consumer(Stopping):
         self._claimers: list[threading.Thread] = []
         self._workers: list[threading.Thread] = []
         self._busy, self._busy_lock = 0, threading.Lock()
-        self.held = HeldTasks(self.capacity)  # handed to workers and not let go of, and the suspect slot
+        self.held = HeldTasks(self.capacity)  # handed to workers and not let go of, and the suspect turn
         # Ids left after a lease lost on some queues only, kept there while they hold tasks.
         self.retiring = RetiringIds(self.heartbeat_broker, self.options.lease_s, self.held.raws, self.instance)
+        self.misconfigured = Misconfigured()  # the loops whose last pass met a key of ours of another type
         self._queues_idle = IdleCheck(self.broker, self.options.queues, self._claimable)  # burst mode's question
         self.exit_code = 0  # what `leave` asks for (process mode)
-        self.guard = ProcessGuard(self.options, lambda *limits: self.executor.fail_hung(*limits), self.leave)
+        self.guard = ProcessGuard(self.options, lambda *limits: self.time_limits.fail_hung(*limits), self.leave)
 
     # --- identity --------------------------------------------------------------------------
     def register(self, consumer_id: str | None = None) -> None:
@@ -204,7 +249,7 @@ class Consumer(Stopping):
             if stopping:
                 self._return_unstarted([claimed])
                 continue
-            # A task whose ack the batcher writes keeps its slot until then (see ack_batcher).
+            # A task whose ack the batcher writes keeps its room until then (see ack_batcher).
             left_to_batcher = False
             try:
                 left_to_batcher = self.executor.execute(claimed, on_settled=partial(self.held.finished, [claimed]))
@@ -256,25 +301,24 @@ class Consumer(Stopping):
         self.task_types.refresh()
         self.guard.start()  # beating already: a child waiting for Redis is not wedged
         # A stop asked for while Redis is away, or the id is another live process's, ends the wait.
-        identity.wait_until_free(
-            self.broker, self.options.queues, self.consumer_id, self.stop_requested, self.liveness.beat
-        )
+        wait_until_free(self.broker, self.options.queues, self.consumer_id, self.stop_requested, self.liveness.beat)
         until_done(self.register, what="register", give_up=self.stop_requested)
         opts = self.options
         loops: list[Loop] = [
             HeartbeatLoop(self.heartbeat_broker, self.registration.current, self.lease, self.lease_lost, self.instance),
-            self.registration,  # registers on the queues whose keys Redis refused, once mended
+            self.registration,  # lists its queues in the queue set again
             SchedulerLoop(self.broker, opts.queues, disabled=self.task_types.disabled),
             self.reaper,
             self.retiring,
-            HousekeepingLoop(self._refresh_task_types, settings.TASKS_CONFIG_REFRESH_S, self.executor.watch_running),
-            TimeLimitLoop(self.guard.watching(self.executor.expire_overdue)),  # then hard limits, in process mode
+            HousekeepingLoop(self._refresh_task_types, settings.TASKS_CONFIG_REFRESH_S, self.time_limits.tick),
+            TimeLimitLoop(self.guard.watching(self.time_limits.expire_overdue)),  # then hard limits, in process mode
             HealthLoop(self.broker, self.liveness, HEALTH_CHECK_S),
             *scheduler_loops(self.broker, opts),
         ]
-        self._threads = [start_thread(loop, self.loops_stopped) for loop in loops]
+        self._threads = [start_thread(loop, self.loops_stopped, self.misconfigured) for loop in loops]
         self.acks.start()
-        self._claimers = [start_thread(ClaimerLoop(self, q), self.claiming_stopped) for q in opts.queues]
+        claimers = [self.claimer(queue) for queue in opts.queues]
+        self._claimers = [start_thread(claimer, self.claiming_stopped, self.misconfigured) for claimer in claimers]
         self._workers = [
             threading.Thread(target=self._work, name=f"worker-{i}", daemon=True) for i in range(opts.concurrency)
         ]
@@ -301,6 +345,16 @@ class Consumer(Stopping):
             logger.warning("consumer %s stopped before it could register", self.consumer_id)
             self.guard.stop()
             return self.exit_code
+        except RedisError as exc:
+            if not misconfiguration(exc):
+                raise
+            logger.error(
+                "consumer %s cannot start: a key of ours holds what Redis refuses (misconfigured): %s",
+                self.consumer_id,
+                exc,
+            )
+            self.guard.stop()
+            return EXIT_MISCONFIGURED
         while not self.stop_requested.wait(0.2):
             if self.options.burst and self._idle():
                 logger.info("burst: nothing left to claim on queues %s; stopping", ",".join(self.options.queues))
@@ -332,3 +386,69 @@ class Consumer(Stopping):
         install_stop_signals(
             self.request_stop, self.options.grace_s, supervised=self.options.supervisor_beat is not None
         )
+
+    # --- stopping --------------------------------------------------------------------------
+    def shutdown(self) -> int:
+        """Stop claiming, return unstarted tasks, let running ones finish within the grace period (from now)."""
+        grace_over = threading.Event()
+        timer = threading.Timer(self.options.grace_s, grace_over.set)
+        timer.daemon = True
+        timer.start()
+        self.claiming_stopped.set()
+        self._finish_within_grace(grace_over)
+        for thread in self._claimers:  # a claim landing meanwhile is returned by `dispatch`
+            thread.join(timeout=self.options.block_s + 1)
+        self._return_queued(grace_over)  # dispatched as the stop began
+        timer.cancel()
+        # The runs given up on are settled, then finished tasks acked (not returned), within one wait for Redis.
+        writes_by = time.monotonic() + self.options.grace_s + 5
+        self.time_limits.wait_hung_settled(timeout_s=self.options.grace_s + 5)  # their failures go before deregistering
+        self.workers_stop.set()
+        self.acks.close(timeout_s=max(0.0, writes_by - time.monotonic()))
+        self.loops_stopped.set()
+        self.give_up.set()
+        registered_id, registered = self.registration.current()
+        deregister_everywhere(self.broker, registered, registered_id, self.instance)
+        try:
+            self.retiring.renew(leaving=True)
+        except Exception as exc:
+            logger.error("could not deregister the ids left after a lost lease (their leases will expire): %s", exc)
+        self.guard.stop()
+        self.executor.close()
+        logger.info("consumer %s stopped", self.consumer_id)
+        return self.exit_code
+
+    def _finish_within_grace(self, grace_over: threading.Event) -> None:
+        """Return the tasks that never started and let the running ones finish, until `grace_over`; then give
+        up on those still running (each uses an attempt: a task outliving every grace period is not run for good).
+
+        With Redis away the return is given up once the grace period is over (the lease then
+        recovers those tasks) instead of holding the stop until Redis is back.
+        """
+        self._return_queued(grace_over)
+        while not grace_over.is_set():
+            with self._busy_lock:
+                if self._busy + self.executor.async_running() <= self.time_limits.hung():  # not for hung ones
+                    return
+            grace_over.wait(0.05)
+        with self._busy_lock:
+            still_running = self._busy + self.executor.async_running() - self.time_limits.hung()
+        # No retry of theirs is due before this process is surely gone (as after a hard limit).
+        interrupted = self.time_limits.interrupt_running(self.options.grace_s, exit_within_s(self.options))
+        logger.warning(
+            "grace period over with %d task(s) still running: %d run(s) given up on, each failed with "
+            "TaskInterrupted (an attempt used)",
+            still_running,
+            interrupted,
+        )
+
+    def _return_queued(self, grace_over: threading.Event) -> None:
+        """Return the tasks handed to the workers that none has taken yet."""
+        unstarted: list[Claimed] = []
+        while True:
+            try:
+                unstarted.append(self.work.get_nowait())
+            except queue_module.Empty:
+                break
+        if unstarted:
+            self._return_unstarted(unstarted, grace_over)

@@ -1,26 +1,52 @@
-"""Background loops of a consumer; each has a `run_once()` that tests can call directly."""
+"""Background loops of a consumer, each with a `run_once()` that tests can call directly; how they ride out
+Redis outages; its liveness and readiness, and the HTTP endpoint serving them and its metrics.
+
+Redis outages: a call is retried with backoff until Redis takes it (`until_done`); a deterministic
+error surfaces at once. A loop's pass that fails on a misconfigured key (see `Misconfigured`) is
+said once and makes the consumer unready until a pass goes through.
+
+Liveness is when the consumer last reached Redis (a file's mtime, `/healthz`); readiness
+(`/readyz`) adds that it read the task types and that no loop is misconfigured.
+
+Burst mode: a consumer started with `--burst` exits once it has nothing left it may claim. A
+paused queue counts as idle: its pending and delayed tasks wait for a resume that a burst run
+cannot wait for (as RQ's burst workers leave when suspended). So does a queue the consumer is not
+registered on. Tasks in flight on any queue still keep it running.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import random
+import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from functools import partial
-from typing import Protocol
+from pathlib import Path
+from socketserver import ThreadingMixIn
+from typing import Any, Protocol
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from redis.exceptions import RedisError
+from prometheus_client import REGISTRY, make_wsgi_app
+from prometheus_client.registry import CollectorRegistry
+from redis.exceptions import RedisError, ResponseError
 
 from tasks_app import metrics
-from tasks_app.consumer.retrying import next_backoff_s, redis_away
+from tasks_app.collectors import QueueCollector
 from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.jsontext import finite
 from tasks_app.protocol.keys import UNDECODABLE_TYPE
-from tasks_app.protocol.replies import Promotion
+from tasks_app.protocol.replies import Promotion, QueueStats
+from tasks_app.protocol.scripts import is_transient
 
 logger = logging.getLogger(__name__)
 
 
+# --- the loops -------------------------------------------------------------------------------------
 class Loop(Protocol):
     """One duty of a consumer: `run_once()` does a bit of it and says how long to sleep."""
 
@@ -29,17 +55,66 @@ class Loop(Protocol):
     def run_once(self) -> float: ...
 
 
-def run_forever(loop: Loop, stop: threading.Event) -> None:
-    """Call `loop.run_once()` until `stop` is set, backing off through Redis errors."""
-    backoff_s = 0.0
+class Misconfigured:
+    """The loops whose last pass failed on a key of ours that Redis refuses (another type): readiness is red meanwhile.
+
+    Only this system writes those keys, so such an error is a misconfiguration (another program writing
+    under our prefix), not a state to work around: the loop says it once and goes on at its pace.
+    """
+
+    def __init__(self) -> None:
+        self._loops: set[str] = set()
+        self._lock = threading.Lock()
+
+    def failed(self, loop: str) -> None:
+        """Note that `loop`'s last pass failed on a misconfigured key."""
+        with self._lock:
+            self._loops.add(loop)
+
+    def passed(self, loop: str) -> None:
+        """Note that `loop`'s last pass went through."""
+        if loop in self._loops:
+            with self._lock:
+                self._loops.discard(loop)
+
+    def loops(self) -> list[str]:
+        """The loops whose last pass failed on a misconfigured key."""
+        with self._lock:
+            return sorted(self._loops)
+
+
+def misconfiguration(exc: BaseException) -> bool:
+    """Whether `exc` is Redis refusing a command for what a key holds: retrying cannot help, fixing the key does."""
+    return isinstance(exc, ResponseError) and not is_transient(exc)
+
+
+# A loop whose pass failed on a misconfigured key, and whose last pass asked for no sleep, waits this long.
+MISCONFIGURED_PACE_S = 1.0
+
+
+def run_forever(loop: Loop, stop: threading.Event, misconfigured: Misconfigured | None = None) -> None:
+    """Call `loop.run_once()` until `stop` is set, backing off through Redis outages.
+
+    A misconfigured key (see `Misconfigured`) is said once per distinct error, and the loop goes on at the
+    pace its last pass asked for; a bug is said once, and the loop goes on each second.
+    """
+    backoff_s, pace_s = 0.0, MISCONFIGURED_PACE_S
     problems: ProblemLog[str] = ProblemLog(logger)  # an outage or a bug is met at every pass: said once
+    misconfigured = misconfigured or Misconfigured()
     while not stop.is_set():
         try:
             sleep_s = loop.run_once()
-            backoff_s = 0.0
+            backoff_s, pace_s = 0.0, sleep_s or MISCONFIGURED_PACE_S
             problems.recovered(loop.name, "%s: works again", loop.name)
+            misconfigured.passed(loop.name)
         except RedisError as exc:
-            sleep_s = backoff_s = redis_away(problems, loop.name, exc, next_backoff_s(backoff_s))
+            if misconfiguration(exc):
+                message = "%s: a key of ours holds what Redis refuses (misconfigured): %s"
+                problems.failed(loop.name, str(exc), message, loop.name, exc, level=logging.ERROR)
+                misconfigured.failed(loop.name)
+                sleep_s = pace_s
+            else:
+                sleep_s = backoff_s = redis_away(problems, loop.name, exc, next_backoff_s(backoff_s))
         except Exception as exc:  # a bug in one loop must not silently end it
             problem = f"{type(exc).__name__}: {exc}"
             problems.failed(loop.name, problem, "%s: unexpected error", loop.name, exc_info=True)
@@ -48,89 +123,11 @@ def run_forever(loop: Loop, stop: threading.Event) -> None:
             stop.wait(sleep_s)
 
 
-def start_thread(loop: Loop, stop: threading.Event) -> threading.Thread:
+def start_thread(loop: Loop, stop: threading.Event, misconfigured: Misconfigured | None = None) -> threading.Thread:
     """Run a loop in a daemon thread named after it."""
-    thread = threading.Thread(target=run_forever, args=(loop, stop), name=loop.name, daemon=True)
+    thread = threading.Thread(target=run_forever, args=(loop, stop, misconfigured), name=loop.name, daemon=True)
     thread.start()
     return thread
-
-
-# A renewal's socket and connect timeouts, as a share of the lease: a hung renewal fails fast
-# and is retried (at the same pace) well before the lease runs out.
-HEARTBEAT_TIMEOUT_SHARE = 1 / 6
-# Tasks start only while the last renewal is younger than the lease less this share of it.
-LEASE_MARGIN_SHARE = 1 / 6
-
-
-class LeaseClock:
-    """When this consumer's lease was last renewed, and under which id, on the monotonic clock."""
-
-    def __init__(self, lease_s: float) -> None:
-        self.lease_s = lease_s
-        # (consumer id, when its lease was last renewed), replaced whole: `fresh`, asked several
-        # times per task by every worker, reads it without a lock (a lock held by a thread the
-        # interpreter switches away from stalls every worker until that thread runs again).
-        self._renewal: tuple[str, float] = ("", float("-inf"))
-        self._lock = threading.Lock()  # one renewal at a time
-        self._on_renewal: list[Callable[[], None]] = []
-
-    def on_renewal(self, renew: Callable[[], None]) -> None:
-        """Call `renew` after each renewal: what else lives under the lease (concurrency slots) is renewed with it."""
-        self._on_renewal.append(renew)
-
-    def renewed(self, consumer_id: str, sent_at: float) -> None:
-        """Record a successful renewal whose request left at `sent_at` (the lease runs from then, or later)."""
-        with self._lock:
-            current_id, renewed_at = self._renewal
-            self._renewal = (consumer_id, sent_at if consumer_id != current_id else max(renewed_at, sent_at))
-        for renew in self._on_renewal:
-            renew()
-
-    def fresh(self, consumer_id: str) -> bool:
-        """True while the lease of `consumer_id` surely holds: renewed less than lease - margin ago."""
-        current_id, renewed_at = self._renewal
-        return consumer_id == current_id and time.monotonic() - renewed_at < self.lease_s * (1 - LEASE_MARGIN_SHARE)
-
-
-class HeartbeatLoop:
-    """Renews this consumer's lease every third of the lease, on its own connection."""
-
-    name = "heartbeat"
-
-    def __init__(
-        self,
-        broker: Broker,
-        registered: Callable[[], tuple[str, list[str]]],
-        lease: LeaseClock,
-        on_lost: Callable[[str, list[str]], None],
-        instance: str = "",
-    ) -> None:
-        self.broker = broker
-        self.registered = registered  # the consumer's id, and the queues it is registered on under it
-        self.instance = instance  # the token registered in the consumer's info (see heartbeat.lua)
-        self.lease = lease
-        self.lease_ms = int(lease.lease_s * 1000)
-        self.on_lost = on_lost
-        self._problems: ProblemLog[str] = ProblemLog(logger)
-
-    def run_once(self) -> float:
-        consumer_id, queues = self.registered()
-        sent_at = time.monotonic()
-        try:
-            lost = self.broker.renew_leases(queues, consumer_id, self.lease_ms, instance=self.instance)
-        except RedisError as exc:
-            # Retry at twice the renewal pace instead of run_forever's backoff (up to 5 s):
-            # after a Redis restart reapers wait only one lease of uptime, and a heartbeat
-            # still backing off past that would get this live consumer reaped.
-            return redis_away(self._problems, self.name, exc, self.lease_ms / 6000)
-        self._problems.recovered(self.name, "%s: works again", self.name)
-        if not lost:
-            self.lease.renewed(consumer_id, sent_at)
-            metrics.LEASE_RENEWALS.inc()
-        else:
-            metrics.LEASES_LOST.inc()
-            self.on_lost(consumer_id, lost)
-        return self.lease_ms / 3000
 
 
 class SchedulerLoop:
@@ -165,17 +162,15 @@ class SchedulerLoop:
 
     def run_once(self) -> float:
         sleep_s = self.MAX_SLEEP_S
-        for queue in self.queues:
-            promotion = self._promote(queue)
+        for promotion in map(self._promote, self.queues):
             if promotion.moved + promotion.malformed >= self.BATCH:
                 sleep_s = 0.0
             elif promotion.next_due_ms >= 0:
                 sleep_s = min(sleep_s, max(0.0, (promotion.next_due_ms - promotion.now_ms) / 1000))
         if time.monotonic() - self._trimmed_at >= self.TRIM_EVERY_S:
             self.trim_dead_letters()
-            # The backlog chart's samples; the history index's time to live.
             for queue in self.queues:
-                self.broker.sample_backlog(queue)
+                self.broker.sample_backlog(queue)  # the backlog chart's samples
                 self.broker.refresh_history_ttl(queue, ttl_s=self.result_ttl_s)
                 self.broker.wake_enabled(queue, disabled=self.disabled)
         return sleep_s
@@ -191,61 +186,7 @@ class SchedulerLoop:
         """Apply the dead-letter caps (count and age) to every queue; return how many were dropped."""
         self._trimmed_at = time.monotonic()
         trim = partial(self.broker.trim_dead, max_count=self.dead_letter_max, max_age_s=self.dead_letter_max_age_s)
-        return sum(trim(queue) for queue in self.queues)
-
-
-class ReaperLoop:
-    """Moves the tasks of consumers whose lease expired to their queue's suspects; never a live one's."""
-
-    name = "reaper"
-
-    def __init__(
-        self,
-        broker: Broker,
-        queues: Sequence[str],
-        lease_s: float,
-        on_dead_lettered: Callable[[str, list[bytes]], None],
-    ) -> None:
-        self.broker = broker
-        self.queues = list(queues)
-        self.lease_s = lease_s
-        self.on_dead_lettered = on_dead_lettered
-        # Per queue, the page of tombstones to examine next (besides the newest, every time).
-        self._tombstone_offsets = dict.fromkeys(self.queues, 0)
-
-    def run_once(self) -> float:
-        for queue in self.queues:
-            self._reap_queue(queue)
-        return max(0.05, self.lease_s / 4)
-
-    def _reap_queue(self, queue: str) -> None:
-        """Reap the dead consumers of `queue` on this page."""
-        expired, tombstones, self._tombstone_offsets[queue] = self.broker.reap_candidate_page(
-            queue, self._tombstone_offsets[queue]
-        )
-        for consumer_id in [*expired, *tombstones]:
-            self.reap(queue, consumer_id=consumer_id)
-
-    def reap(self, queue: str, consumer_id: str, *, own_earlier_run: bool = False) -> int:
-        """Reap one consumer's list on one queue completely; return how many tasks moved.
-
-        With `own_earlier_run`, recover what an earlier run of this process's id left behind.
-        """
-        moved = 0
-        while True:
-            outcome = self.broker.reap(queue, consumer_id, int(self.lease_s * 1000), own_earlier_run=own_earlier_run)
-            if outcome.status != 1:
-                return moved
-            moved += outcome.requeued + len(outcome.dead_lettered)
-            if outcome.requeued:
-                metrics.TASKS_RECOVERED.labels(queue).inc(outcome.requeued)
-                logger.warning(
-                    "recovered %d task(s) of dead consumer %s on queue %s", outcome.requeued, consumer_id, queue
-                )
-            if outcome.dead_lettered:
-                self.on_dead_lettered(queue, outcome.dead_lettered)
-            if not outcome.remaining:
-                return moved
+        return sum(map(trim, self.queues))
 
 
 class HousekeepingLoop:
@@ -281,3 +222,277 @@ class TimeLimitLoop:
     def run_once(self) -> float:
         self.enforce()
         return self.TICK_S
+
+
+# --- Redis outages ---------------------------------------------------------------------------------
+FIRST_BACKOFF_S = 0.1
+MAX_BACKOFF_S = 5.0
+# Failures in a row, with Redis answering PING (a cluster serving all its keys), after which a write
+# is taken as refused: a cluster failing over answers PING yet refuses writes for seconds.
+REFUSED_AFTER = 3
+# Per `what`, the outage a retried call met, said by the first call to meet it and ended by the first one through.
+_OUTAGES: ProblemLog[str] = ProblemLog(logger)
+
+
+class GaveUp(Exception):
+    """Redis stayed away until the caller was told to stop."""
+
+
+class WriteRefused(Exception):
+    """A write kept failing on the wire while Redis answered other commands: it is the write.
+
+    Redis drops the connection of a command over its limits (a value over proto-max-bulk-len),
+    which looks like an outage; retrying such a write would never end.
+    """
+
+
+def next_backoff_s(previous_s: float) -> float:
+    """Double the previous wait, with jitter, capped at MAX_BACKOFF_S."""
+    return min(MAX_BACKOFF_S, max(FIRST_BACKOFF_S, previous_s * 2)) * random.uniform(0.8, 1.2)
+
+
+def redis_away(problems: ProblemLog[str], name: str, exc: BaseException, retry_s: float) -> float:
+    """Count a Redis error of loop `name`, said once per outage (and as a reminder); return `retry_s`."""
+    metrics.REDIS_ERRORS.labels(name).inc()
+    problems.failed(name, "redis", "%s: redis error: %s; retrying in %.1f s", name, exc, retry_s)
+    return retry_s
+
+
+def until_done[T](
+    call: Callable[[], T],
+    *,
+    what: str,
+    give_up: threading.Event,
+    refused_after: int = 0,
+    redis_answers: Callable[[], bool] = lambda: False,
+) -> T:
+    """Run `call` until Redis accepts it; raise GaveUp once `give_up` is set.
+
+    Only transient errors are retried: any other error (a ResponseError, an encoding error)
+    would fail again the same way, so it is raised for the caller to settle. With
+    `refused_after`, a call failing that many times in a row while `redis_answers()` raises
+    WriteRefused.
+    """
+    backoff_s = 0.0
+    failures = 0
+    while True:
+        try:
+            result = call()
+        except Exception as exc:
+            if not is_transient(exc):
+                raise
+            failures += 1
+            if refused_after and failures >= refused_after and redis_answers():
+                raise WriteRefused(f"{what} failed {failures} times while Redis answered: {exc}") from exc
+            metrics.REDIS_ERRORS.labels(what).inc()
+            backoff_s = next_backoff_s(backoff_s)
+            _OUTAGES.failed(what, "redis", "redis error during %s: %s; retrying in %.1f s", what, exc, backoff_s)
+            if give_up.wait(backoff_s):
+                raise GaveUp(what) from exc
+        else:
+            if failures:
+                _OUTAGES.recovered(what, "%s works again", what)
+            return result
+
+
+# --- liveness and readiness ------------------------------------------------------------------------
+class Liveness:
+    """When a consumer last reached Redis (mirrored to a file's mtime if asked), and whether it may claim."""
+
+    def __init__(
+        self,
+        path: str | None,
+        stale_after_s: float,
+        task_types_age_s: Callable[[], float] | None = None,
+        misconfigured: Callable[[], list[str]] | None = None,
+    ) -> None:
+        """`task_types_age_s`: seconds since the task types were read (infinite before: nothing is claimed then);
+        `misconfigured`: the loops whose last pass failed on a key of ours of another type (see loops.py)."""
+        self.path = Path(path) if path else None
+        self.stale_after_s = stale_after_s
+        self._last_ok = float("-inf")
+        self._task_types_age_s = task_types_age_s or (lambda: 0.0)
+        self._misconfigured = misconfigured or list
+        self._file_problem: ProblemLog[str] = ProblemLog(logger)  # met at every beat while it lasts
+
+    def beat(self) -> None:
+        """Record a successful check now (and touch the health file, saying once if it cannot be)."""
+        self._last_ok = time.monotonic()
+        if self.path is None:
+            return
+        # Not the consumer's failure: one that cannot write it (no such directory, no permission) runs
+        # on, and `/healthz` still answers; its liveness probe sees the stale file.
+        try:
+            self.path.touch()  # an existing file gets a fresh mtime
+        except OSError as exc:
+            message = "cannot touch the health file %s: %s"
+            self._file_problem.failed("health file", repr(exc), message, self.path, exc, level=logging.ERROR)
+            return
+        self._file_problem.recovered("health file", "health file %s touched again", self.path)
+
+    def age_s(self) -> float:
+        """Seconds since the last successful check (infinite before the first)."""
+        return time.monotonic() - self._last_ok
+
+    def healthy(self) -> bool:
+        """True while the last successful check is recent enough."""
+        return self.age_s() <= self.stale_after_s
+
+    def ready(self) -> bool:
+        """True while healthy and able to claim: the task types were read at least once, no loop is misconfigured."""
+        return self.healthy() and self._task_types_age_s() != float("inf") and not self._misconfigured()
+
+    def report(self) -> bytes:
+        """A JSON body describing the state, for `/healthz` and `/readyz` on the metrics port."""
+        return json.dumps(
+            {
+                "status": "ok" if self.healthy() else "unavailable",
+                "last_ok_age_s": finite(round(self.age_s(), 3)),  # JSON has no infinity: None before the first
+                "ready": self.ready(),
+                "task_types_age_s": finite(round(self._task_types_age_s(), 3)),
+                "misconfigured": self._misconfigured(),
+            }
+        ).encode()
+
+
+class HealthLoop:
+    """Pings Redis every few seconds and, when it answers, records the consumer as alive."""
+
+    name = "health"
+
+    def __init__(self, broker: Broker, liveness: Liveness, interval_s: float) -> None:
+        self.broker = broker
+        self.liveness = liveness
+        self.interval_s = interval_s
+
+    def run_once(self) -> float:
+        self.broker.ping()
+        self.liveness.beat()
+        return self.interval_s
+
+
+# --- burst mode ------------------------------------------------------------------------------------
+def nothing_to_claim(broker: Broker, queues: Sequence[str], registered: Collection[str] | None = None) -> bool:
+    """True once no queue has tasks in flight and only those it may not claim from have tasks waiting (logged).
+
+    `registered`: the queues the consumer may claim from (None: all of them).
+    """
+    claimable = [queue for queue in queues if registered is None or queue in registered]
+    stats = [broker.queue_stats(queue) for queue in queues]
+    if any(s.processing or (s.queue in claimable and not s.paused and (s.pending or s.delayed)) for s in stats):
+        return False
+    for queue in stats:
+        if queue.pending or queue.delayed:
+            _say_left(queue)
+    return True
+
+
+def _say_left(queue: QueueStats) -> None:
+    """Say that `queue`'s waiting tasks are left: it is paused, or this consumer cannot claim from it."""
+    if queue.paused:
+        logger.warning(
+            "burst: queue %s is paused with %d task(s) pending and %d delayed; leaving them for a resume",
+            queue.queue,
+            queue.pending,
+            queue.delayed,
+        )
+    else:
+        logger.warning(
+            "burst: queue %s has %d task(s) pending and %d delayed that this consumer cannot claim "
+            "(it is not registered there); leaving them",
+            queue.queue,
+            queue.pending,
+            queue.delayed,
+        )
+
+
+class IdleCheck:
+    """`nothing_to_claim` as a burst consumer asks it at every tick: False while Redis is away, which is said once."""
+
+    def __init__(
+        self, broker: Broker, queues: Sequence[str], registered: Callable[[], Collection[str]] | None = None
+    ) -> None:
+        self.broker = broker
+        self.queues = list(queues)
+        self.registered = registered  # the queues the consumer may claim from now (None: all)
+        self._problem: ProblemLog[str] = ProblemLog(logger)
+
+    def __call__(self) -> bool:
+        """True once the queues are idle (see `nothing_to_claim`); False if they cannot be checked."""
+        try:
+            registered = self.registered() if self.registered is not None else None
+            idle = nothing_to_claim(self.broker, self.queues, registered)
+        except Exception as exc:
+            self._problem.failed("check", repr(exc), "burst: cannot check the queues: %s", exc)
+            return False
+        self._problem.recovered("check", "burst: the queues can be checked again")
+        return idle
+
+
+# --- the HTTP endpoint -----------------------------------------------------------------------------
+StartResponse = Callable[..., Any]
+# Metrics and health are served to this host only unless an address is given.
+METRICS_HOST = "127.0.0.1"
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    """One thread per request, so a slow scrape never blocks a health check."""
+
+    daemon_threads = True
+
+
+class _ThreadingServer6(_ThreadingServer):
+    """The same on IPv6; bound to `::`, it takes IPv4 connections too (whatever the system's default)."""
+
+    address_family = socket.AF_INET6
+
+    def server_bind(self) -> None:
+        """Bind, accepting IPv4 as well where the system allows it."""
+        with contextlib.suppress(OSError):
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Do not log every scrape."""
+
+
+def make_app(liveness: Liveness | None, registry: CollectorRegistry = REGISTRY) -> Callable[..., Iterable[bytes]]:
+    """Return a WSGI app serving `/healthz` and `/readyz` from `liveness` and metrics on every other path."""
+    metrics_app: Callable[..., Iterable[bytes]] = make_wsgi_app(registry)
+    checks: dict[str, Callable[[Liveness], bool]] = {"/healthz": Liveness.healthy, "/readyz": Liveness.ready}
+
+    def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        check = checks.get(environ.get("PATH_INFO", ""))
+        if check is not None:
+            healthy = liveness is None or check(liveness)
+            body = liveness.report() if liveness is not None else b'{"status": "ok"}'
+            start_response(
+                "200 OK" if healthy else "503 Service Unavailable",
+                [("Content-Type", "application/json"), ("Content-Length", str(len(body)))],
+            )
+            return [body]
+        return metrics_app(environ, start_response)
+
+    return app
+
+
+def serve(
+    port: int, liveness: Liveness | None, addr: str = METRICS_HOST, registry: CollectorRegistry = REGISTRY
+) -> WSGIServer:
+    """Serve metrics and health on `addr:port` (an IPv4 or IPv6 address, or a host name) from a daemon thread."""
+    addr = addr.removeprefix("[").removesuffix("]")  # [::1] as in a URL
+    server_class = _ThreadingServer6 if ":" in addr else _ThreadingServer
+    server = make_server(addr, port, make_app(liveness, registry), server_class, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+    return server
+
+
+def serve_consumer_metrics(
+    liveness: Liveness, broker: Broker, queues: Sequence[str], port: int, addr: str = METRICS_HOST
+) -> WSGIServer:
+    """Export the depths of a consumer's `queues` and serve metrics and its liveness on `port`."""
+    server = serve(port, liveness, addr)  # first: a port it cannot bind leaves nothing registered
+    REGISTRY.register(QueueCollector(lambda: broker, list(queues)))
+    return server

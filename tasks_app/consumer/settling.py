@@ -1,35 +1,189 @@
-"""Settling a run in Redis: ack, retry later, defer or dead-letter, with the metrics and log line of each."""
+"""Settling a run in Redis: ack, retry later, defer, dead-letter or cancel, with the metrics and log line of each.
+
+Whatever goes wrong while settling, the task is settled here at last (`dead_letter_after_error`):
+a task this consumer holds never stays in its processing list unsettled. When a failed task runs
+again is the retry policy below (exponential backoff with jitter, or the delay its handler asked for).
+"""
 
 from __future__ import annotations
 
 import logging
+import math
+import random
+import threading
 import time
+import traceback
 import uuid
 from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from django.conf import settings
+from redis.exceptions import ResponseError
 
 from tasks_app import metrics
-from tasks_app.consumer.claimed import Claimed
-from tasks_app.consumer.receipts import withdrawal
-from tasks_app.consumer.retry_policy import retries_left, retry_delay_s
-from tasks_app.consumer.retrying import GaveUp
-from tasks_app.consumer.settle_writes import MAX_ERROR_MESSAGE_BYTES, SettlingWrites
-from tasks_app.exceptions import PermanentError
+from tasks_app.consumer.ack_batcher import AckBatcher
+from tasks_app.consumer.claiming import Claimed, withdrawal
+from tasks_app.consumer.gates import StartMissed
+from tasks_app.consumer.loops import REFUSED_AFTER, GaveUp, WriteRefused, until_done
+from tasks_app.exceptions import PermanentError, ResultNotJson, ResultTooLarge, Retry, TaskCancelled
+from tasks_app.models import TaskType
 from tasks_app.protocol import results
-from tasks_app.protocol.codec import Task, decode_task, encode_task
+from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.codec import Task, UndecodableTask, decode_task, encode_task
+from tasks_app.protocol.control import CancelMark
 from tasks_app.protocol.keys import UNDECODABLE_TYPE
 from tasks_app.protocol.replies import ResultUpdate, UniqueRelease
 from tasks_app.protocol.results import clean_text
 from tasks_app.protocol.timestamps import now_ms
-from tasks_app.task_types import TaskTypeConfig
+from tasks_app.registry import Registry
+from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
 
 logger = logging.getLogger("tasks_app.tasks")
 
+# Metric label of task types that are neither a TaskType row nor a registered handler: a type
+# name read from Redis must not create a label set of its own.
+UNKNOWN_TYPE_LABEL = "_unknown"
+# The message of a task's outcome line: its id, type, outcome and attempt.
+LOG_EVENT_FORMAT = "task %s %s %s (attempt %d)"
+# Cap of error messages and dead reasons (tracebacks are capped at max_result_bytes).
+MAX_ERROR_MESSAGE_BYTES = 16 * 1024
+# A task that waited here unstarted this long asks for cancels before it starts (see claim receipts).
+CANCEL_CHECK_S = 0.25
 
-class Settling(SettlingWrites):
-    """How an executor settles the tasks it ran; never leaves one unsettled in its processing list."""
+# --- the retry policy ----------------------------------------------------------------------
+MAX_BACKOFF_S = 3600.0
+# The largest power of two a float holds: an envelope may allow far more attempts than that.
+MAX_DOUBLINGS = 1023
 
-    # --- outcomes --------------------------------------------------------------------------
-    def _succeed(
+
+def backoff_delay_s(attempt: int, base_s: float, rng: random.Random | None = None) -> float:
+    """Return the wait before the run after failed run `attempt` (1-based).
+
+    The ceiling doubles each attempt (base * 2^(attempt-1), capped at an hour); the wait is
+    drawn uniformly from its upper half, so failures that happened together spread out.
+    """
+    ceiling = min(MAX_BACKOFF_S, base_s * 2.0 ** min(max(0, attempt - 1), MAX_DOUBLINGS))
+    return (rng or random).uniform(ceiling / 2, ceiling)
+
+
+def retries_left(error: BaseException, attempt: int, max_attempts: int) -> bool:
+    """True if a run that failed with `error` on `attempt` runs again: attempts left, and the error not permanent."""
+    return attempt < max_attempts and not isinstance(error, PermanentError)
+
+
+def retry_delay_s(error: BaseException, attempt: int, base_s: float) -> float:
+    """The wait before the next run: what a `Retry` asked for (at most TASKS_MAX_DELAY_S), else the backoff."""
+    if isinstance(error, Retry) and error.in_s is not None:
+        return min(error.in_s, float(settings.TASKS_MAX_DELAY_S))
+    return backoff_delay_s(attempt, base_s)
+
+
+def holds_unique_until_finished(task: Task, config: TaskTypeConfig | None) -> bool:
+    """Whether `task` holds a uniqueness key that its end (not the window's) frees."""
+    return bool(task.unique_digest) and config is not None and config.unique_until == TaskType.UniqueUntil.FINISHED
+
+
+def failure_traceback(error: BaseException, raised: BaseException | None) -> str:
+    """The traceback of a failed run: of `error`, and of what the handler raised if that differs (a timeout)."""
+    text = _formatted(error)
+    if raised is not None and raised is not error:
+        text += "\nThe handler, interrupted at its timeout, raised:\n" + _formatted(raised)
+    return text
+
+
+def _formatted(error: BaseException) -> str:
+    """`error`'s traceback as text, or a line saying it cannot be shown (its own code raised while formatted)."""
+    try:
+        return "".join(traceback.format_exception(error))
+    except BaseException:  # traceback shields from an Exception in __str__, not from SystemExit and its kin
+        return f"{type(error).__qualname__} (its traceback cannot be shown: formatting it raised)\n"
+
+
+def _max_result_bytes() -> int:
+    return int(settings.TASKS_MAX_RESULT_BYTES)
+
+
+class Settler:
+    """Moves a task on once its run ended, or once it must not run: each write through outages, with its record."""
+
+    def __init__(
+        self,
+        broker: Broker,
+        registry: Registry,
+        task_types: TaskTypeCache,
+        result_ttl_s: int,
+        *,
+        acks: AckBatcher | None = None,
+        give_up: threading.Event | None = None,
+        max_result_bytes: int | None = None,
+    ) -> None:
+        self.broker = broker
+        self.registry = registry
+        self.task_types = task_types
+        self.result_ttl_s = result_ttl_s
+        # With a batcher, RUNNING records and acks of successful runs go out in shared round
+        # trips and the worker moves on at once; without one, each is written before returning.
+        self.acks = acks
+        # Set when the consumer stops: settling then gives up on an absent Redis (the lease
+        # recovers the task); until then a finished task is never left in limbo.
+        self.give_up = give_up or threading.Event()
+        self.max_result_bytes = max_result_bytes if max_result_bytes is not None else _max_result_bytes()
+        # No retry is due sooner (s): set once this process gave up on a hung run and is leaving,
+        # so that no copy of a task starts elsewhere while its hung handler still runs here.
+        self.retry_floor_s = 0.0
+
+    def hold_retries(self, exit_within_s: float) -> None:
+        """Make no retry due before `exit_within_s` from now: this process gave up on a run and is leaving."""
+        self.retry_floor_s = max(self.retry_floor_s, exit_within_s)
+
+    def record(self, update: ResultUpdate) -> None:
+        """Write a record update (progress): with the batcher's next flush, else now."""
+        if self.acks is not None:
+            self.acks.record(update)
+        else:
+            self.broker.record_result(update)
+
+    # --- a run's outcome -------------------------------------------------------------------
+    def settle_outcome(
+        self,
+        claimed: Claimed,
+        task: Task,
+        config: TaskTypeConfig,
+        value: Any,
+        error: BaseException | None,
+        raised: BaseException | None,
+        duration: float,
+        on_settled: Callable[[], None] | None,
+    ) -> bool:
+        """Settle a run that returned `value` or failed with `error`; True if the ack batcher calls `on_settled`."""
+        if isinstance(error, StartMissed):  # its handler never began
+            return self.start_again(claimed, task)
+        metrics.of_run(task.type, task.queue).duration.observe(duration)
+        if error is None:
+            try:
+                return_json = results.result_json(value, self.max_result_bytes)
+            except (ResultNotJson, ResultTooLarge) as exc:
+                error = exc
+            else:
+                return self.succeed(claimed, task, return_json, duration, on_settled, self.release_of(task, config))
+        if isinstance(error, TaskCancelled):
+            return self.end_cancelled(claimed, task, config, duration, on_settled)
+        self.fail(claimed, task, config, error, failure_traceback(error, raised), duration)
+        return False
+
+    def settle_safely(self, claimed: Claimed, task: Task, config: TaskTypeConfig, *outcome: Any) -> bool:
+        """`settle_outcome`, dead-letting the task as a last resort if settling fails."""
+        try:
+            return self.settle_outcome(claimed, task, config, *outcome)
+        except GaveUp:
+            raise
+        except BaseException as exc:  # a bug, a write Redis refuses, a handler's odd object: never leave it held
+            logger.exception("unexpected error settling a task of queue %s; dead-lettering it", claimed.queue)
+            self.dead_letter_after_error(claimed, exc)
+            return False
+
+    def succeed(
         self,
         claimed: Claimed,
         task: Task,
@@ -38,11 +192,12 @@ class Settling(SettlingWrites):
         on_settled: Callable[[], None] | None = None,
         release: UniqueRelease | None = None,
     ) -> bool:
+        """Record a success and ack the task; True if the ack batcher does it (and then calls `on_settled`)."""
         update = results.succeeded(task, return_json, now_ms(), self.result_ttl_s, claimed.fence, run_s=duration_s)
         metrics.of_run(task.type, task.queue).succeeded.inc()
-        return self._ack_settled(claimed, task, update, "succeeded", duration_s, on_settled, release)
+        return self.ack_settled(claimed, task, update, "succeeded", duration_s, on_settled, release)
 
-    def _ack_settled(
+    def ack_settled(
         self,
         claimed: Claimed,
         task: Task,
@@ -56,17 +211,15 @@ class Settling(SettlingWrites):
         does it (and then calls `on_settled`)."""
         if self.acks is not None:
             # Logged by the batcher's one thread once recorded (eight workers contending for the
-            # log handler's lock cost more than the line itself), after every slot of its batch
-            # came back: the claimer refills them while the lines are written.
+            # log handler's lock cost more than the line itself), after every task of its batch
+            # gave its room back: the claimer refills them while the lines are written.
             def acked(held: bool | None) -> None:
                 if on_settled is not None:
                     on_settled()
                 if held is False:
                     self._ack_lost(claimed, task)
 
-            def log() -> None:
-                self._log_event(task, outcome, duration_s)
-
+            log = partial(self._log_event, task, outcome, duration_s)
             self.acks.ack(claimed.queue, claimed.consumer_id, claimed.raw, update, acked, log, release)
             return True
         held = self._settle(
@@ -81,7 +234,7 @@ class Settling(SettlingWrites):
             self._ack_lost(claimed, task)
         return False
 
-    def _fail(
+    def fail(
         self,
         claimed: Claimed,
         task: Task,
@@ -90,6 +243,7 @@ class Settling(SettlingWrites):
         traceback_text: str,
         duration_s: float | None = None,
     ) -> None:
+        """Retry a run that failed, or dead-letter it if it has no attempt left (or failed for good)."""
         if self.acks is not None:
             self.acks.barrier()  # this run's RUNNING record goes first
         max_attempts = task.max_attempts or config.max_attempts
@@ -131,7 +285,7 @@ class Settling(SettlingWrites):
             fence=claimed.fence,
             run_s=duration_s,
         )
-        held = self._dead_letter_raw(claimed, encode_task(task), update, self._release_of(task, config))
+        held = self._dead_letter_raw(claimed, encode_task(task), update, self.release_of(task, config))
         metrics.TASKS_DEAD_LETTERED.labels(task.type, task.queue).inc()
         self._log_event(task, "dead_lettered", duration_s, error=task.last_error)
         return held
@@ -169,7 +323,8 @@ class Settling(SettlingWrites):
         self._log_event(task, "retried", duration_s, error=task.last_error, retry_in_s=delay_ms / 1000)
         return held
 
-    def _dead_letter(
+    # --- tasks that do not run -------------------------------------------------------------
+    def dead_letter(
         self, claimed: Claimed, task: Task, error_name: str, reason: str, release: UniqueRelease | None = None
     ) -> None:
         """Dead-letter a task that cannot run at all (no attempt is used)."""
@@ -186,7 +341,7 @@ class Settling(SettlingWrites):
             fence=claimed.fence,
         )
         held = self._dead_letter_raw(claimed, encode_task(task), update, release)
-        metrics.TASKS_DEAD_LETTERED.labels(self._type_label(task.type), task.queue).inc()
+        metrics.TASKS_DEAD_LETTERED.labels(self.type_label(task.type), task.queue).inc()
         logger.warning(
             "task %s dead-lettered: %s",
             task.id,
@@ -202,7 +357,13 @@ class Settling(SettlingWrites):
         if not held:
             self._ack_lost(claimed, task)
 
-    def _dead_letter_after_error(self, claimed: Claimed, error: BaseException) -> None:
+    def dead_letter_unrunnable(
+        self, claimed: Claimed, task: Task, config: TaskTypeConfig, error_name: str, reason: str
+    ) -> None:
+        """Dead-letter a task of a known type that cannot run: it failed for good, so its unique key is freed."""
+        self.dead_letter(claimed, task, error_name, reason, self.release_of(task, config))
+
+    def dead_letter_after_error(self, claimed: Claimed, error: BaseException) -> None:
         """The last resort: dead-letter a task whose settling failed, with the error as its reason."""
         reason = clean_text(
             f"settling the task failed: {type(error).__name__}: {results.describe_error(error)}",
@@ -243,8 +404,8 @@ class Settling(SettlingWrites):
                 dead_reason=reason,
                 fence=claimed.fence,
             )
-            release = self._release_of(task, self.task_types.get(task.type))
-            return encode_task(task), update, self._type_label(task.type), release
+            release = self.release_of(task, self.task_types.get(task.type))
+            return encode_task(task), update, self.type_label(task.type), release
         except Exception:  # keep the bytes as they are, wrapped like undecodable ones
             wrapped = Task(
                 id=str(uuid.uuid4()),
@@ -256,7 +417,7 @@ class Settling(SettlingWrites):
             )
             return encode_task(wrapped), None, UNDECODABLE_TYPE, None
 
-    def _dead_letter_undecodable(self, claimed: Claimed, problem: str) -> None:
+    def dead_letter_undecodable(self, claimed: Claimed, problem: str) -> None:
         """Keep bytes that are not a task, wrapped in one, with the reason."""
         reason = f"undecodable task: {problem}"
         wrapper = Task(
@@ -279,7 +440,7 @@ class Settling(SettlingWrites):
         if not held:
             metrics.ACKS_LOST.labels(claimed.queue).inc()
 
-    def _defer(
+    def defer(
         self, claimed: Claimed, task: Task, wait_ms: int, reason: str, record: ResultUpdate | None = None
     ) -> None:
         """Put a task back in the delayed set without using an attempt (writing `record`, if given, with the move)."""
@@ -295,3 +456,189 @@ class Settling(SettlingWrites):
         metrics.TASKS_DEFERRED.labels(task.type, task.queue, reason).inc()
         if not held:
             self._ack_lost(claimed, task)
+
+    def start_again(self, claimed: Claimed, task: Task) -> bool:
+        """Send back a task whose handler could not begin within its rate admission's start margin (False).
+
+        Due at once, no attempt used, its record READY again: its gate asks the limiter anew, and the
+        admission it missed stays spent, so no window of the limit gains a start.
+        """
+        if self.acks is not None:
+            self.acks.barrier()  # its RUNNING record goes first
+        self.defer(claimed, task, 0, "rate_start_missed", results.start_undone(task, claimed.fence, self.result_ttl_s))
+        return False
+
+    # --- cancels ---------------------------------------------------------------------------
+    def drop_cancelled(
+        self,
+        claimed: Claimed,
+        task: Task,
+        config: TaskTypeConfig | None,
+        on_settled: Callable[[], None] | None,
+        update: ResultUpdate | None = None,
+    ) -> bool:
+        """Ack a task cancelled before it started, unrun (`update`: its record's write, if it is not CANCELLED yet)."""
+        metrics.TASKS_CANCELLED.labels(self.type_label(task.type), task.queue).inc()  # its type may be gone
+        update = update or results.dropped_cancelled(task, self.result_ttl_s, claimed.fence)
+        release = self.release_of(task, config)
+        return self.ack_settled(claimed, task, update, "cancelled_before_start", None, on_settled, release)
+
+    def drop_if_cancelled_while_held(
+        self, claimed: Claimed, task: Task, config: TaskTypeConfig, on_settled: Callable[[], None] | None
+    ) -> bool | None:
+        """Drop a receipted task that waited here unstarted for CANCEL_CHECK_S or more if it was cancelled meanwhile.
+
+        None if it was not (it goes on), else what `drop_cancelled` returned. Its receipt made a
+        cancel since then a request to this consumer, which runs no watch over waiting tasks: one
+        round trip, only for tasks that waited (a prefetch behind slow runs).
+        """
+        if claimed.receipt is None or time.monotonic() - claimed.claimed_at_s < CANCEL_CHECK_S:
+            return None
+        [mark] = self.redis(lambda: self.broker.cancel_marks(task.queue, [task.id]), "cancel_marks")
+        if mark == CancelMark.NONE:
+            return None
+        cancelled = results.cancelled(task, int(time.time() * 1000), self.result_ttl_s, claimed.fence)
+        return self.drop_cancelled(claimed, task, config, on_settled, cancelled)
+
+    def end_cancelled(
+        self,
+        claimed: Claimed,
+        task: Task,
+        config: TaskTypeConfig,
+        duration_s: float,
+        on_settled: Callable[[], None] | None,
+    ) -> bool:
+        """Settle a run whose handler raised TaskCancelled: CANCELLED, not retried."""
+        metrics.TASKS_CANCELLED.labels(task.type, task.queue).inc()
+        update = results.cancelled(task, int(time.time() * 1000), self.result_ttl_s, claimed.fence)
+        release = self.release_of(task, config)
+        return self.ack_settled(claimed, task, update, "cancelled", duration_s, on_settled, release)
+
+    # --- writes ----------------------------------------------------------------------------
+    def release_of(self, task: Task, config: TaskTypeConfig | None) -> UniqueRelease | None:
+        """The uniqueness key that settling `task` for good frees, if its type holds keys until then."""
+        if not holds_unique_until_finished(task, config):
+            return None
+        # Once this process gave up on a hung run, such a run may still go on until the process is
+        # gone: the key is freed only then, as no retry is due sooner.
+        return UniqueRelease(task.unique_digest, task.id, math.ceil(self.retry_floor_s * 1000))
+
+    def type_label(self, type_name: str) -> str:
+        """The metric label of a task type: its name only if it is a TaskType row or a handler."""
+        if self.task_types.get(type_name) is not None or self.registry.get(type_name) is not None:
+            return type_name
+        return UNKNOWN_TYPE_LABEL
+
+    def redis[T](self, call: Callable[[], T], what: str) -> T:
+        """Run a settling write through outages; WriteRefused once Redis keeps refusing it while answering."""
+        return until_done(
+            call, what=what, give_up=self.give_up, refused_after=REFUSED_AFTER, redis_answers=self.broker.answers
+        )
+
+    def _settle(self, what: str, move: Callable[[ResultUpdate | None], bool], update: ResultUpdate | None) -> bool:
+        """Move a task on (ack, retry, defer, dead letter) with its run's record `update` in one call; False if lost.
+
+        If Redis keeps refusing the two (over maxmemory, where a script's first write may not be
+        a record's), the move alone, which takes the task out of the list first; then the record,
+        fenced by the run (a later run's claim keeps its own). Refused too, the move raises, and
+        the last resort (see `dead_letter_after_error`) leaves the task listed at worst.
+        """
+        try:
+            return self.redis(lambda: move(update), what)
+        except WriteRefused as exc:
+            if update is None:
+                raise
+            logger.warning(
+                "Redis refused a %s of task %a with its record (%s); moving it alone", what, update.task_id, exc
+            )
+        held = self.redis(lambda: move(None), what)
+        if held:
+            self._record_after(what, update)
+        return held
+
+    def _record_after(self, what: str, update: ResultUpdate) -> None:
+        """Write the record of a run whose task was moved on without it; a refusal is only logged."""
+        try:
+            self.redis(lambda: self.broker.record_result(update), "record_result")
+        except (WriteRefused, ResponseError) as exc:
+            logger.error("the record of task %a was not written after its %s: %s", update.task_id, what, exc)
+
+    def _dead_letter_raw(
+        self, claimed: Claimed, new_raw: bytes, update: ResultUpdate | None, release: UniqueRelease | None = None
+    ) -> bool:
+        return self._settle(
+            "dead_letter",
+            lambda result: self.broker.dead_letter(
+                claimed.queue, claimed.consumer_id, claimed.raw, new_raw, result, release
+            ),
+            update,
+        )
+
+    def _ack_lost(self, claimed: Claimed, task: Task) -> None:
+        metrics.ACKS_LOST.labels(claimed.queue).inc()
+        logger.warning(
+            "task %s was no longer held by consumer %s (its lease expired and it was recovered); "
+            "its outcome here was not applied",
+            task.id,
+            claimed.consumer_id,
+            extra={"task_id": task.id, "type": task.type, "queue": task.queue, "outcome": "ack_lost"},
+        )
+
+    def _log_event(self, task: Task, outcome: str, duration_s: float | None, **extra: Any) -> None:
+        level = logging.INFO if outcome == "succeeded" else logging.WARNING
+        if not logger.isEnabledFor(level):
+            return
+        fields = {
+            "task_id": task.id,
+            "type": task.type,
+            "queue": task.queue,
+            "attempt": task.attempt,
+            "duration_s": round(duration_s, 6) if duration_s is not None else None,
+            "outcome": outcome,
+            **extra,
+        }
+        # makeRecord + handle is what logger.log does, less its search of the stack for the caller's
+        # file and line (no format of ours shows them): a line per task, thousands a second.
+        args = (task.id, task.type, outcome, task.attempt)
+        logger.handle(logger.makeRecord(logger.name, level, "", 0, LOG_EVENT_FORMAT, args, None, extra=fields))
+
+
+def record_reaped(
+    broker: Broker, task_types: TaskTypeCache, queue: str, dead: list[bytes], *, give_up: threading.Event
+) -> None:
+    """Count, log and record as failed the tasks of a dead consumer that the reaper dead-lettered.
+
+    The tasks are already dead letters, so no later pass records them: a write is retried
+    through an outage (until `give_up`), and one Redis refuses is logged without stopping the rest.
+    They failed for good, so a unique one frees its key (unique_until = finished).
+    """
+    reaped_logger = logging.getLogger("tasks_app.consumer.lifecycle")  # these lines were always the consumer's
+    at_ms = int(time.time() * 1000)
+    for raw in dead:
+        try:
+            task = decode_task(raw)
+        except UndecodableTask:
+            continue
+        task.queue = queue  # an envelope's empty or other queue: where it died wins, as for a run
+        metrics.TASKS_DEAD_LETTERED.labels(task.type, queue).inc()
+        reaped_logger.error(
+            "task %s dead-lettered: %s",
+            task.id,
+            task.dead_reason,
+            extra={"task_id": task.id, "type": task.type, "queue": queue, "outcome": "dead_lettered"},
+        )
+        error = results.error_record("ConsumerDied", task.dead_reason)
+        update = results.attempt_failed(
+            task, error, at_ms, settings.TASKS_RESULT_TTL, final=True, dead_reason=task.dead_reason
+        )
+        try:
+            until_done(partial(broker.record_result, update), what="record_result", give_up=give_up)
+        except Exception as exc:
+            reaped_logger.error("could not record dead-lettered task %s as failed: %s", task.id, exc)
+        # Whether or not its record could be written: the task is dead either way.
+        if holds_unique_until_finished(task, task_types.get(task.type)):
+            try:
+                release = partial(broker.release_unique, queue, task.unique_digest, task.id)
+                until_done(release, what="release_unique", give_up=give_up)
+            except Exception as exc:
+                reaped_logger.error("could not free the uniqueness key of dead-lettered task %s: %s", task.id, exc)

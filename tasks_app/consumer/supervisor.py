@@ -1,16 +1,27 @@
-"""Process mode: `runconsumer --processes N` starts N consumer processes and keeps them running.
+r"""Process mode and stop signals: `runconsumer --processes N` starts N consumer processes and keeps them running.
 
 Each child is a fresh `runconsumer` (no fork: Django and Redis connections are never shared)
 with an id of its own, `<id>-<n>`; a replacement reuses it, so it recovers at once what a dead
 predecessor held. Each child beats on a file of its own that has no name (an unlinked temporary
 file passed as `/dev/fd/N`), so a supervisor killed with SIGKILL leaves nothing on disk, and
 holds the read end of a pipe whose write end only the supervisor has: at its EOF (the
-supervisor gone, however it died) the child stops claiming and stops gracefully. A child that
-exits with `EXIT_RECYCLE` or `EXIT_HARD_LIMIT` is replaced at
-once; one that crashes, after a backoff. A child whose beat file stops advancing (wedged in C
-with the GIL held) is killed with SIGKILL and replaced. SIGTERM, SIGINT or SIGHUP (see
-stop_signals.py) stops every child gracefully, then the supervisor exits 0; a second signal, or
-SIGQUIT, kills them and exits 1 at once.
+supervisor gone, however it died) the child stops claiming and stops gracefully. A child whose
+beat file stops advancing (wedged in C with the GIL held) is killed with SIGKILL and replaced.
+
+A child leaves with a documented exit code, and its supervisor starts a replacement at once
+(`ProcessGuard`): `EXIT_RECYCLE` after `--max-tasks-per-child` runs or above
+`--max-memory-per-child` MB, `EXIT_HARD_LIMIT` after a handler outlived its timeout, or a forced
+cancel, by the grace period (`--timeout-grace`). Either way it stops claiming, returns what it had
+not started and lets its other running tasks finish. One that crashes is replaced after a backoff.
+
+Stop signals, as in Celery and gunicorn: SIGTERM (and Ctrl-C's SIGINT) is a graceful stop and a
+second one exits at once; SIGQUIT (Ctrl-\) is that second signal at once. SIGHUP (its terminal
+closed) stops gracefully too, unless it was ignored when the process started (`nohup`). A child of
+a supervisor gets the same request twice, by two routes: Ctrl-C (or systemd) signals every process
+of the group, and its supervisor passes the signal on, as late as its load makes it. So a
+supervised child never exits at once on a later signal: only its supervisor, on a second signal to
+itself, decides that (and kills it). SIGTERM, SIGINT or SIGHUP to the supervisor stops every child
+gracefully, then it exits 0; a second signal, or SIGQUIT, kills them and exits 1 at once.
 """
 
 from __future__ import annotations
@@ -18,10 +29,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import resource
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -29,12 +42,12 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-from tasks_app.consumer.process_mode import EXIT_HARD_LIMIT, EXIT_RECYCLE
-from tasks_app.consumer.stop_signals import SIGNAL_ECHO_S, graceful_signals  # a signal this soon: the same request
+from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.problem_log import ProblemLog
 
 logger = logging.getLogger(__name__)
 
+# --- the supervisor --------------------------------------------------------------------------------
 # A child whose beat is older than this is wedged: killed and replaced.
 STALL_S = 10.0
 # How long a child may take to start beating (Django's start-up on a loaded machine).
@@ -55,7 +68,7 @@ ChildCommand = Callable[[int, Path, int], Sequence[str]]
 
 @dataclass
 class Child:
-    """One slot of the group: its process, if running, and when it may start again."""
+    """One place in the group: its process, if running, and when it may start again."""
 
     index: int
     beat_file: IO[bytes]
@@ -258,3 +271,168 @@ class Supervisor:
             self._health_problem.failed("health file", repr(exc), message, self.health_file, exc, level=logging.ERROR)
             return
         self._health_problem.recovered("health file", "group's health file %s touched again", self.health_file)
+
+
+# --- a child of the supervisor ---------------------------------------------------------------------
+EXIT_RECYCLE = 75
+EXIT_HARD_LIMIT = 76
+# Beyond the waits of a leaving consumer's shutdown, what its exit may take at most (s).
+EXIT_MARGIN_S = 5.0
+# How often a child touches its beat file (its supervisor kills a child whose beat stops).
+BEAT_EVERY_S = 1.0
+
+Leave = Callable[[int, str], None]
+"""Asks the consumer to stop gracefully and exit with this code, logging the reason."""
+
+
+def rss_mb() -> float:
+    """This process's resident memory in MB (its peak where /proc is absent)."""
+    try:
+        resident_pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
+    return resident_pages * os.sysconf("SC_PAGE_SIZE") / (1024 * 1024)
+
+
+def exit_within_s(options: ConsumerOptions) -> float:
+    """How long a consumer that leaves may still take to exit: Consumer.shutdown waits for its
+    claimers (block_s + 1), its running tasks (grace_s) and its last acks (grace_s + 5)."""
+    return options.block_s + 1 + options.grace_s + options.grace_s + 5 + EXIT_MARGIN_S
+
+
+class ProcessGuard:
+    """Watches a consumer for process mode: beats for its supervisor, recycles it, enforces hard limits."""
+
+    def __init__(self, options: ConsumerOptions, fail_hung: Callable[[float, float], int], leave: Leave) -> None:
+        self.options = options
+        self.fail_hung = fail_hung
+        self.leave = leave
+        self._ran = 0
+        self._ran_lock = threading.Lock()
+        # Told by the supervisor: a child orphaned while it started up has init for a parent already.
+        self._parent = options.supervisor_pid or os.getppid()
+        self._stop = threading.Event()
+        self._beat_problem: ProblemLog[str] = ProblemLog(logger)  # met at every beat while it lasts
+
+    def start(self) -> None:
+        """Start the beat thread when supervised or recycling by memory, and the lifeline's watch."""
+        if self.options.supervisor_beat or self.options.max_memory_mb:
+            threading.Thread(target=self._beat_forever, name="process-guard", daemon=True).start()
+        if self.options.supervisor_lifeline is not None:
+            threading.Thread(target=self._watch_lifeline, name="supervisor-lifeline", daemon=True).start()
+
+    def stop(self) -> None:
+        """Stop the beat thread (the process is about to exit)."""
+        self._stop.set()
+
+    def ran_one(self) -> None:
+        """Count one finished run; recycle once `max_tasks` have run."""
+        limit = self.options.max_tasks
+        with self._ran_lock:
+            self._ran += 1
+            spent = self._ran == limit
+        if spent:
+            self.leave(EXIT_RECYCLE, f"ran {limit} task(s) (--max-tasks-per-child): recycling")
+
+    def watching(self, watch: Callable[[], object]) -> Callable[[], int]:
+        """`watch` (the soft time limits of the running tasks), then `enforce_hard_limits`."""
+
+        def tick() -> int:
+            watch()
+            return self.enforce_hard_limits()
+
+        return tick
+
+    def enforce_hard_limits(self) -> int:
+        """Settle runs past their timeout or forced cancel plus grace, and leave; return how many (0 in thread mode)."""
+        grace_s = self.options.hard_limit_grace_s
+        if grace_s is None:
+            return 0
+        failed = self.fail_hung(grace_s, exit_within_s(self.options))
+        if failed:
+            self.leave(
+                EXIT_HARD_LIMIT, f"{failed} handler(s) still running {grace_s:g} s past their timeout or forced cancel"
+            )
+        return failed
+
+    def _beat_forever(self) -> None:
+        beat = Path(self.options.supervisor_beat) if self.options.supervisor_beat else None
+        wait_s = 0.0  # the first beat at once: the supervisor waits for it
+        while not self._stop.wait(wait_s):
+            wait_s = BEAT_EVERY_S
+            if beat is not None:
+                if os.getppid() != self._parent:
+                    self.leave(0, "its supervisor is gone: stopping")
+                self._touch(beat)
+            self._check_memory()
+
+    def _watch_lifeline(self) -> None:
+        """Leave once the supervisor's end of the lifeline pipe is closed: it exited, or was killed."""
+        fd = self.options.supervisor_lifeline
+        assert fd is not None
+        try:
+            os.set_inheritable(fd, False)  # a handler's subprocess does not hold it
+            while os.read(fd, 1):
+                pass
+        except OSError as exc:  # not a pipe after all: the beat's parent check still stands
+            logger.error("cannot watch the supervisor's lifeline (fd %d): %s", fd, exc)
+            return
+        self.leave(0, "its supervisor is gone: stopping")
+
+    def _touch(self, beat: Path) -> None:
+        # A supervisor that crashed removed its beat files on its way out: this thread must live
+        # on to see it gone (one that is still there kills a child whose beat stops).
+        try:
+            beat.touch()
+        except OSError as exc:
+            message = "cannot touch the beat file %s: %s"
+            self._beat_problem.failed("beat", repr(exc), message, beat, exc, level=logging.ERROR)
+            return
+        self._beat_problem.recovered("beat", "beat file %s touched again", beat)
+
+    def _check_memory(self) -> None:
+        # Only after a run (as Celery does): a process over the limit from its start still runs a
+        # task, so a group whose every fresh process is over it goes on instead of only restarting.
+        limit = self.options.max_memory_mb
+        if limit is not None and self._ran and (used := rss_mb()) > limit:
+            self.leave(EXIT_RECYCLE, f"uses {used:.0f} MB, over --max-memory-per-child {limit} MB: recycling")
+
+
+# --- stop signals ----------------------------------------------------------------------------------
+# The consumer's own logger: these lines were always the consumer's.
+stop_logger = logging.getLogger("tasks_app.consumer.lifecycle")
+
+# Ctrl-C reaches the whole process group, and supervisors pass it on too: a signal this soon is the same request.
+SIGNAL_ECHO_S = 1.0
+
+
+def graceful_signals() -> list[signal.Signals]:
+    """The signals that ask for a graceful stop: SIGTERM, SIGINT, and SIGHUP unless ignored from the start."""
+    hangup = [] if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN else [signal.SIGHUP]
+    return [signal.SIGTERM, signal.SIGINT, *hangup]
+
+
+def install_stop_signals(request_stop: Callable[[], None], grace_s: float, *, supervised: bool = False) -> None:
+    """Graceful signals call `request_stop` once; one SIGNAL_ECHO_S later exits now, unless `supervised`; SIGQUIT
+    exits now (its supervisor passes on SIGTERM only, so a child's SIGQUIT is always meant)."""
+    first_signal_at: list[float] = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        now = time.monotonic()
+        if not first_signal_at:
+            first_signal_at.append(now)
+            again = "a second signal to the supervisor kills it" if supervised else "send again to exit now"
+            stop_logger.info("signal %d: finishing in-flight tasks (grace %gs); %s", signum, grace_s, again)
+            request_stop()
+        elif not supervised and now - first_signal_at[0] >= SIGNAL_ECHO_S:
+            stop_logger.warning("second signal: exiting now; the lease will recover what was held")
+            os._exit(1)
+
+    def on_quit(signum: int, frame: FrameType | None) -> None:
+        stop_logger.warning("signal %d (SIGQUIT): exiting now; the lease will recover what was held", signum)
+        os._exit(1)
+
+    for signum in graceful_signals():
+        signal.signal(signum, on_signal)
+    signal.signal(signal.SIGQUIT, on_quit)

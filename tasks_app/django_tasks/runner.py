@@ -18,8 +18,7 @@ from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
 from django.tasks.signals import task_finished, task_started
 from django.utils.json import normalize_json
 
-from tasks_app.consumer.forks import call_unforked, exit_if_forked
-from tasks_app.consumer.timeouts import within_timeout
+from tasks_app.consumer.time_limits import call_unforked, exit_if_forked, within_timeout
 from tasks_app.context import TaskContext as RunContext
 from tasks_app.django_tasks.backend import RedisBackend
 from tasks_app.django_tasks.results import task_error, task_result_from_record

@@ -12,8 +12,8 @@ import pytest
 import redis
 
 from tasks_app.consumer.ack_batcher import AckBatcher
-from tasks_app.consumer.claimed import Claimed
-from tasks_app.consumer.executor import Executor
+from tasks_app.consumer.claiming import Claimed
+from tasks_app.consumer.executor import build_executor
 from tasks_app.models import TaskType
 from tasks_app.protocol import results
 from tasks_app.protocol.broker import Broker
@@ -115,13 +115,14 @@ def _filled_by_a_run(tmp_path: Path, ending: str) -> Iterator[redis.Redis]:
         registry = Registry()
         registry.add(Handler("x.fills", lambda: _fill(client, ending)))
         TaskType.objects.create(name="x.fills", handler="x.fills", queue="q", max_attempts=3)
-        executor = Executor(broker, registry, TaskTypeCache(), "c1", result_ttl_s=60)
+        give_up = threading.Event()
+        executor = build_executor(broker, registry, TaskTypeCache(), "c1", result_ttl_s=60, give_up=give_up)
         _, raw, fence = running(broker, Task(id="filled-1", type="x.fills", queue="q"))
         settled: list[bool] = []
         worker = threading.Thread(target=lambda: settled.append(executor.execute(Claimed("q", "c1", raw, fence=fence))))
         worker.start()
         worker.join(timeout=30)
-        executor.give_up.set()
+        give_up.set()
         worker.join()
         client.config_set("maxmemory", 0)
         assert settled == [False], "the worker retried the refused write until told to stop"

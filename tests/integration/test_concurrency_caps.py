@@ -9,8 +9,8 @@ from collections import Counter
 import pytest
 
 from tasks_app import producer
-from tasks_app.consumer.claimed import Claimed
-from tasks_app.consumer.concurrency import ConcurrencyGate
+from tasks_app.consumer.claiming import Claimed
+from tasks_app.consumer.gates import ConcurrencyGate
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, encode_task

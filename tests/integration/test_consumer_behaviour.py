@@ -124,8 +124,8 @@ def test_disabled_types_wait_without_using_attempts(broker, consumer_in_thread):
 
 
 def test_settings_are_read_from_memory_not_the_database_per_task(broker, django_assert_num_queries):
-    from tasks_app.consumer.claimed import Claimed
-    from tasks_app.consumer.executor import Executor
+    from tasks_app.consumer.claiming import Claimed
+    from tasks_app.consumer.executor import build_executor
     from tasks_app.registry import registry
     from tasks_app.task_types import TaskTypeCache
 
@@ -135,7 +135,7 @@ def test_settings_are_read_from_memory_not_the_database_per_task(broker, django_
     broker.heartbeat(["default"], "inline", 10_000, {"lease_ms": 10_000})
     tasks = producer.enqueue("cached", count=5)
     claimed = broker.claim("default", "inline", 5)
-    executor = Executor(broker, registry, cache, "inline", 60)
+    executor = build_executor(broker, registry, cache, "inline", 60)
     with django_assert_num_queries(0):
         for raw in claimed:
             executor.execute(Claimed("default", "inline", raw))
@@ -143,8 +143,8 @@ def test_settings_are_read_from_memory_not_the_database_per_task(broker, django_
 
 
 def test_tasks_moved_by_a_claim_whose_reply_was_lost_go_back_to_pending(broker):
-    from tasks_app.consumer.claimed import Claimed
-    from tasks_app.consumer.lifecycle import ClaimerLoop, Consumer
+    from tasks_app.consumer.claiming import Claimed
+    from tasks_app.consumer.lifecycle import Consumer
     from tasks_app.consumer.options import ConsumerOptions
 
     consumer = Consumer(ConsumerOptions(consumer_id="unlucky", lease_s=10), broker=broker)
@@ -153,7 +153,7 @@ def test_tasks_moved_by_a_claim_whose_reply_was_lost_go_back_to_pending(broker):
     held_raw, lost_raw = broker.claim("default", "unlucky", 2)
     consumer.dispatch([Claimed("default", "unlucky", held_raw)])  # the one whose reply arrived
 
-    ClaimerLoop(consumer, "default").reconcile()
+    consumer.claimer("default").reconcile()
 
     assert broker.held_by("default", "unlucky") == [held_raw]
     assert broker.client.lrange(broker.keys.pending("default"), 0, -1) == [lost_raw]

@@ -9,7 +9,7 @@ import pytest
 
 from tasks_app import producer
 from tasks_app.consumer.lifecycle import Consumer
-from tasks_app.consumer.loops import LEASE_MARGIN_SHARE, LeaseClock
+from tasks_app.consumer.membership import LEASE_MARGIN_SHARE, LeaseClock
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, encode_task

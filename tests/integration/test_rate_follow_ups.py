@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tasks_app import producer
-from tasks_app.consumer.limits import RateLimiter, RatePolicy
+from tasks_app.consumer.gates import RateLimiter, RatePolicy
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, encode_task

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from tasks_app import producer
-from tasks_app.consumer.limits import RatePolicy
+from tasks_app.consumer.gates import RatePolicy
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
 from tasks_app.task_types import TaskTypeConfig

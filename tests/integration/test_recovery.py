@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tasks_app import producer
-from tasks_app.consumer.lifecycle import ClaimerLoop, Consumer
+from tasks_app.consumer.lifecycle import Consumer
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.codec import Task, encode_task
@@ -104,7 +104,7 @@ def test_byte_identical_tasks_held_at_once_are_counted_apart(broker, consumer_in
             lambda: len(broker.held_by("default", consumer.consumer_id)) == 1, 10, message="the first twin's ack"
         )
         time.sleep(0.1)  # the ack's callback lets go of the first twin
-        ClaimerLoop(consumer, "default").reconcile()  # the second twin still runs: not a stray
+        consumer.claimer("default").reconcile()  # the second twin still runs: not a stray
         assert broker.held_by("default", consumer.consumer_id) == [twin]
         assert broker.client.llen(broker.keys.pending("default")) == 0
         wait_until(lambda: not broker.held_by("default", consumer.consumer_id), 10, message="the twin to finish")

@@ -10,7 +10,7 @@ import pytest
 from tasks_app import producer
 from tasks_app.consumer.lifecycle import Consumer
 from tasks_app.consumer.options import ConsumerOptions
-from tasks_app.consumer.process_mode import EXIT_HARD_LIMIT
+from tasks_app.consumer.supervisor import EXIT_HARD_LIMIT
 from tasks_app.exceptions import TaskTimeout
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks_app.consumer.claimed import Claimed
-from tasks_app.consumer.executor import Executor
-from tasks_app.consumer.limits import RateLimiter
+from tasks_app.consumer.async_lane import AsyncLane
+from tasks_app.consumer.claiming import Claimed
+from tasks_app.consumer.executor import Executor, build_executor
+from tasks_app.consumer.gates import RateLimiter
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, decode_task, encode_payload
@@ -18,10 +19,18 @@ from tests.support.claims import claim, push, register, task_bytes
 CONSUMER = "worker-a"
 
 
-def make_executor(broker: Broker, registry: Registry) -> Executor:
+def make_executor(broker: Broker, registry: Registry, async_lane: AsyncLane | None = None) -> Executor:
     """An executor of `registry`'s handlers for CONSUMER, registered with a 30 s lease on queue q."""
     register(broker, CONSUMER, lease_ms=30_000)
-    return Executor(broker, registry, TaskTypeCache(), CONSUMER, result_ttl_s=60, rate_gate=RateLimiter(broker))
+    return build_executor(
+        broker,
+        registry,
+        TaskTypeCache(),
+        CONSUMER,
+        result_ttl_s=60,
+        rate_gate=RateLimiter(broker),
+        async_lane=async_lane,
+    )
 
 
 def task_type(executor: Executor, name: str, **options: Any) -> None:

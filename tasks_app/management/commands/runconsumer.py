@@ -15,7 +15,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from tasks_app.consumer.lifecycle import Consumer
-from tasks_app.consumer.metrics_http import METRICS_HOST
+from tasks_app.consumer.loops import METRICS_HOST
 from tasks_app.consumer.options import MAX_DURATION_S, MAX_PROCESSES, ConsumerOptions
 from tasks_app.management.parsing import with_one_line_errors
 from tasks_app.protocol.names import validate_name
@@ -312,9 +312,9 @@ def _add_observability_arguments(parser: CommandParser) -> None:
 
 
 def _serve_metrics(consumer: Consumer, port: int, host: str) -> None:
-    from tasks_app.consumer.metrics_http import serve_consumer_metrics
+    from tasks_app.consumer.loops import serve_consumer_metrics
 
     try:
-        serve_consumer_metrics(consumer, port, host)
+        serve_consumer_metrics(consumer.liveness, consumer.broker, consumer.options.queues, port, host)
     except OSError as exc:
         raise CommandError(f"cannot serve metrics on port {port} of {host}: {exc.strerror or exc}") from None

@@ -1,30 +1,50 @@
-"""Rate-limit policy: turn a type's limit into GCRA parameters and ask Redis for one decision per task.
+"""The gates a task passes before it starts: its type's rate limit, then its concurrency cap.
 
-The decision itself is one atomic script on the server clock (lua/rate_limit.lua), so the limit
-holds across every consumer. docs/PROTOCOL.md ("Rate limits") proves the bound.
+Rate limits: a type's limit becomes GCRA parameters, and Redis takes one decision per task in
+one atomic script on the server clock (lua/rate_limit.lua), so the limit holds across every
+consumer. docs/PROTOCOL.md ("Rate limits") proves the bound.
+
+Concurrency caps (`max_running`): a capped type's task runs only while it holds one of the type's
+permits (a slot set, in Redis). A permit is held under this consumer's lease: taken with the
+lease's length, renewed by every heartbeat, released when the run ends. A consumer that dies stops
+renewing, so its permits lapse with its lease and the next script on that set evicts them. A task
+that finds no free permit is deferred into delayed (no attempt used) and queued as a waiter; each
+freed permit is handed to the oldest waiter, whose task is moved to pending at once. The
+deferral's due time (about TASKS_THROTTLE_RECHECK_S) is only the fallback for a wake that was
+lost. docs/PROTOCOL.md ("Concurrency caps") has the scripts.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import random
 import threading
 import time
+import uuid
+from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from redis.exceptions import RedisError
+
 from tasks_app import metrics
-from tasks_app.consumer.retrying import until_done
+from tasks_app.consumer.claiming import Claimed
+from tasks_app.consumer.loops import GaveUp, until_done
 from tasks_app.models import RATE_PERIOD_MAX_S, RATE_PERIOD_MIN_S, TaskType
 from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import Broker
-from tasks_app.protocol.codec import Task
+from tasks_app.protocol.codec import Arguments, Task
+from tasks_app.protocol.keys import limit_key_token
 from tasks_app.protocol.rate_deferrals import follow_up
 from tasks_app.protocol.rates import RateDecision
+from tasks_app.protocol.slots import SlotSet, Waiter
 from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
 
 logger = logging.getLogger(__name__)
 
+# --- rate limits -----------------------------------------------------------------------------------
 # Slack sigma: GCRA's emission interval is widened by sigma / (limit - burst + 1), which costs
 # at most 5% of the rate. Half of sigma lets a woken task start up to sigma/2 early (so the
 # normal lateness of a wake-up does not bounce it back to the queue); the other half, the start
@@ -38,9 +58,9 @@ MAX_SLACK_US = 50_000
 MIN_START_MARGIN_US = 5_000
 # Of the start margin, what calling the handler may take once its worker checked the time.
 CALL_ALLOWANCE_US = 1_000
-# How many values of a keyed limit holding slots a type notes at once: a change of the limit
+# How many values of a keyed limit holding turns a type notes at once: a change of the limit
 # follows up the deferred tasks of each (scanning the queues they wait in); those of further
-# values wait out their slots.
+# values wait out their turns.
 MAX_FOLLOWED_KEY_VALUES = 100
 
 
@@ -110,7 +130,7 @@ def _bounded_period_s(period_s: float) -> float:
 
 
 class RateLimiter:
-    """The consumer's rate gate: 0 lets a task start now, else the ms until its reserved slot."""
+    """The consumer's rate gate: 0 lets a task start now, else the ms until its reserved turn."""
 
     def __init__(
         self, broker: Broker, give_up: threading.Event | None = None, follows: TaskTypeCache | None = None
@@ -136,7 +156,7 @@ class RateLimiter:
             return self._decide(config, task.id, task.queue, key_token, policy)
 
         decision = until_done(decide, what="rate_limit", give_up=self.give_up)
-        if decision.rescaled:  # the limit changed: the tasks waiting for slots go to their new ones
+        if decision.rescaled:  # the limit changed: the tasks waiting for turns go to their new ones
             self._start_following(config.name, [key_token])
         if decision.wait_us > 0 and key_token is not None:
             self._note_value(config, key_token, decision.wait_us)
@@ -149,7 +169,7 @@ class RateLimiter:
         """Bring a type's limiters (unkeyed, and each value noted of a keyed limit) to its changed settings now."""
         try:
             values = self.broker.rate_keyed_values(config.name)
-        except Exception as exc:  # those values follow at their next decisions (removed: run at their slots)
+        except Exception as exc:  # those values follow at their next decisions (removed: run at their turns)
             logger.warning("could not read the rate-limited values of %s: %s", config.name, exc)
             values = []
         # Whichever consumer the change listed queues for, every one that noticed it follows them
@@ -163,25 +183,25 @@ class RateLimiter:
             if config.rate_limit and bool(config.rate_limit_key) == (key_token is not None):
                 self._decide(config, "", "", key_token)  # only brings the hash to the new spacing: no decision
                 return True
-            # Removed, or no longer the type's kind of limiter (keyed or not): what waits for its slots is due now.
+            # Removed, or no longer the type's kind of limiter (keyed or not): what waits for its turns is due now.
             return self.broker.rate_removed(config.name, key_token, config.queue) > 0
-        except Exception as exc:  # its next decision does it (a removed one's tasks run at their slots)
+        except Exception as exc:  # its next decision does it (a removed one's tasks run at their turns)
             logger.warning("could not bring a rate limiter of %s to its new settings: %s", config.name, exc)
             return False
 
     def _note_value(self, config: TaskTypeConfig, key_token: str, wait_us: int) -> None:
-        """Note a value of a keyed limit holding slots, so that a change of the limit reaches its deferred tasks."""
+        """Note a value of a keyed limit holding turns, so that a change of the limit reaches its deferred tasks."""
         policy = RatePolicy.for_config(config)
         lives_us = wait_us + policy.emission_us + policy.period_us  # as long as its limiter's hash lives
         noted, now_s = (config.name, key_token), time.monotonic()
         if self._noted_until.get(noted, 0.0) >= now_s + lives_us / 1e6:
-            return  # an earlier note still covers this denial's slot
+            return  # an earlier note still covers this denial's turn
         # One period of headroom: a note covers the denials of half a period (the other half is the
         # margin by which this clock may run ahead of the server's).
         try:
             if self.broker.rate_keyed(config.name, key_token, lives_us + policy.period_us, MAX_FOLLOWED_KEY_VALUES):
                 self._remember_note(noted, now_s + (lives_us + policy.period_us // 2) / 1e6)
-        except Exception as exc:  # after a change, that value's tasks then wait out their slots
+        except Exception as exc:  # after a change, that value's tasks then wait out their turns
             message = "could not note the rate-limited value %s of %s: %s"
             self._note_problem.failed(config.name, str(exc), message, key_token, config.name, exc)
             return
@@ -207,14 +227,124 @@ class RateLimiter:
         ).start()
 
     def _follow_up(self, task_type: str, key_tokens: list[str | None]) -> None:
-        """Bring the deferred tasks of a type whose limit changed to their new slots, on every queue holding them."""
+        """Bring the deferred tasks of a type whose limit changed to their new turns, on every queue holding them."""
         moved = 0
         try:
             for key_token in key_tokens:
-                followed = follow_up(self.broker, task_type, key_token, self.give_up)
-                moved += followed
-        except Exception as exc:  # they still wake at their old slots, where they take their new ones
+                moved += follow_up(self.broker, task_type, key_token, self.give_up)
+        except Exception as exc:  # they still wake at their old turns, where they take their new ones
             logger.warning("could not move the waiting tasks of %s to its new rate limit: %s", task_type, exc)
             return
         if moved:
-            logger.info("rate limit of %s changed: %d waiting task(s) moved to their new slots", task_type, moved)
+            logger.info("rate limit of %s changed: %d waiting task(s) moved to their new turns", task_type, moved)
+
+
+# --- concurrency caps ------------------------------------------------------------------------------
+# Idle permit sets and waiter lists expire after this long (at least), counted from their last write.
+MIN_IDLE_KEEP_MS = 60_000
+
+
+def key_token_of(kwarg: str, arguments: Arguments) -> str | None:
+    """The key value token of a keyed limit (None when the limit is not keyed)."""
+    return limit_key_token(arguments.kwargs, kwarg) if kwarg else None
+
+
+class ConcurrencyGate:
+    """Takes, renews and gives back the permits of this consumer's runs of capped types."""
+
+    def __init__(
+        self, broker: Broker, renew_broker: Broker, lease_s: float, recheck_s: float, give_up: threading.Event
+    ) -> None:
+        self.broker = broker
+        # The heartbeat's own connection: renewals go out right after the lease's, never behind a busy worker.
+        self.renew_broker = renew_broker
+        self.lease_ms = int(lease_s * 1000)
+        self.recheck_s = recheck_s
+        self.idle_ms = max(MIN_IDLE_KEEP_MS, 4 * self.lease_ms, int(4000 * recheck_s))
+        self.give_up = give_up
+        self._held: dict[str, SlotSet] = {}
+        self._lock = threading.Lock()
+        self._renewal_problem: ProblemLog[str] = ProblemLog(logger)  # Redis away at every heartbeat
+
+    @staticmethod
+    def permits_of(config: TaskTypeConfig, arguments: Arguments) -> SlotSet:
+        """The set of permits (a slot set, in Redis) a task of a capped type needs one of."""
+        return SlotSet(config.name, key_token_of(config.max_running_key, arguments), int(config.max_running or 0))
+
+    def acquire(self, claimed: Claimed, task: Task, permits: SlotSet) -> str | None:
+        """Take a permit for `task`; its holder token, or None when none is free."""
+        holder = uuid.uuid4().hex
+        waiter = Waiter.of(claimed.queue, task.priority, claimed.raw)
+        taken, woken = until_done(
+            lambda: self.broker.acquire_slot(permits, holder, waiter, self.lease_ms, self.idle_ms),
+            what="acquire_slot",
+            give_up=self.give_up,
+        )
+        metrics.CONCURRENCY_DECISIONS.labels(task.type, "allowed" if taken else "denied").inc()
+        self._wake(woken)
+        if taken:
+            # Renewed from now on, not before: just after a Redis restart a renewal puts back the
+            # holders it is sent, and must not create one whose permit was refused. A renewal that
+            # misses it meanwhile is harmless: the permit is good for a lease from its taking.
+            with self._lock:
+                self._held[holder] = permits
+        return holder if taken else None
+
+    def wait(self, claimed: Claimed, task: Task, permits: SlotSet) -> None:
+        """Queue a deferred task for the next free permit of `permits` (wakes it at once if one is free)."""
+        waiter = Waiter.of(claimed.queue, task.priority, claimed.raw)
+        order_ms = task.enqueued_at_ms or 0
+        woken = until_done(
+            lambda: self.broker.wait_for_slot(permits, waiter, order_ms, self.idle_ms, self.lease_ms),
+            what="wait_for_slot",
+            give_up=self.give_up,
+        )
+        self._wake(woken)
+
+    def release(self, holder: str) -> None:
+        """Give a run's permit back and wake one waiter per free permit; if Redis is away, the permit lapses."""
+        permits = self._forget(holder)
+        if permits is None:
+            return
+        try:
+            woken = until_done(
+                lambda: self.broker.release_slot(permits, holder, self.idle_ms, self.lease_ms),
+                what="release_slot",
+                give_up=self.give_up,
+            )
+        except GaveUp:  # stopping without Redis: no longer renewed, the permit lapses with the lease
+            logger.warning(
+                "could not release a permit of %s; it frees when this consumer's lease lapses", permits.task_type
+            )
+            return
+        self._wake(woken)
+
+    def renew(self) -> None:
+        """Extend every permit held by this consumer's runs (called after each lease renewal)."""
+        with self._lock:
+            held: dict[tuple[str, str | None], list[str]] = defaultdict(list)
+            for holder, permits in self._held.items():
+                held[(permits.task_type, permits.key_token)].append(holder)
+        try:
+            self.renew_broker.renew_slots(held, self.lease_ms, self.idle_ms)
+        except RedisError as exc:  # the next heartbeat tries again, well within the lease
+            metrics.REDIS_ERRORS.labels("renew_slots").inc()
+            message = "could not renew %d concurrency permit(s): %s"
+            self._renewal_problem.failed("renew", "redis", message, sum(map(len, held.values())), exc)
+            return
+        self._renewal_problem.recovered("renew", "concurrency permits renewed again")
+
+    def recheck_ms(self) -> int:
+        """The fallback delay of a task waiting for a permit, spread so waiters do not all return at once."""
+        return int(self.recheck_s * 1000 * random.uniform(0.5, 1.0))
+
+    def _forget(self, holder: str) -> SlotSet | None:
+        with self._lock:
+            return self._held.pop(holder, None)
+
+    def _wake(self, woken: Sequence[Waiter]) -> None:
+        for waiter in woken:
+            try:
+                self.broker.wake(waiter)
+            except RedisError as exc:  # the waiter's fallback due time brings it back anyway
+                logger.warning("could not wake a task waiting for a permit on queue %s: %s", waiter.queue, exc)

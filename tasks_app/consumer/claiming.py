@@ -1,0 +1,528 @@
+"""Claiming for a consumer: one claimer thread per queue fills the consumer's bounded room for tasks.
+
+A claimer takes room for a batch claim only; its blocking wait on an empty queue holds none, so a
+consumer on more queues than room for tasks still starts a task on any of them as soon as it is
+pushed. What it claims is a `Claimed` task: the exact bytes in its processing list, with its
+claim's token, held (`HeldTasks`) until it is settled.
+
+Room (backpressure): a consumer holds at most concurrency + prefetch tasks. With a fixed prefetch
+it always claims that far ahead. With the automatic prefetch (`runconsumer` default) the room
+beyond the running tasks follows the consumer's pace: it holds only what it would start within
+PREFETCH_HORIZON_S at its recent claim rate, at most AUTO_PREFETCH_MAX. A consumer draining a
+backlog of short tasks claims in large batches (fewer round trips per task); one running slow
+tasks prefetches nothing and leaves the queue to idle peers.
+
+Claim receipts let a worker start a claimed task without waiting for its RUNNING write. A cancel
+is decided on the task's record (`cancel.lua`), and so is the start of a run. Right after a claim,
+the claimer writes a receipt to the record of each task it moved, all in one round trip
+(`claim_receipts.lua`): Redis turns down the receipt of a task already cancelled (the worker drops
+it unrun), and a cancel that comes after an accepted receipt is a request to this consumer: a task
+that waited here unstarted for CANCEL_CHECK_S or more asks for one before its gates and its start,
+and a running handler sees it as `context.cancelled`. The RUNNING write that follows carries the
+receipt's token: it goes out with the next flush, usually merged with the run's outcome.
+
+Tasks of a queue paused after they were claimed go back unstarted (claims of it stop in
+lua/claim.lua), their receipts withdrawn: a cancel while the queue stays paused cancels them
+outright.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from redis.exceptions import RedisError
+
+from tasks_app import metrics
+from tasks_app.consumer.loops import until_done
+from tasks_app.consumer.membership import LeaseClock
+from tasks_app.protocol import results
+from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.codec import Task, UndecodableTask, decode_task
+from tasks_app.protocol.keys import WAKE_TOKEN
+from tasks_app.protocol.replies import Claim, ResultUpdate
+
+logger = logging.getLogger(__name__)
+
+
+# --- a claimed task --------------------------------------------------------------------------------
+# Not frozen: two are built per task, and a frozen dataclass costs four times as much to build.
+@dataclass(slots=True)
+class Claimed:
+    """A task as claimed: the exact bytes in `consumer_id`'s processing list of `queue`."""
+
+    queue: str
+    consumer_id: str
+    raw: bytes
+    # Recovered from a consumer that died holding it: its start is recorded before it runs.
+    suspect: bool = False
+    # Fencing token issued with this claim: result writes of older runs of the task are ignored.
+    fence: int = 0
+    # The task decoded from `raw` when its claim's receipt was written (None: not decoded yet).
+    task: Task | None = field(default=None, compare=False)
+    # What the task's record answered the receipt (see receipts.py): None if none was written,
+    # START_REFUSED if the task was cancelled (it must not run), else it may start at once.
+    receipt: int | None = field(default=None, compare=False)
+    # When it was claimed (monotonic s): a task that waited here unstarted asks for cancels before it starts.
+    claimed_at_s: float = field(default_factory=time.monotonic, compare=False)
+    # By when (monotonic s) its handler must begin, set when its rate limit admits it (inf: no limit).
+    start_by: float = field(default=math.inf, compare=False)
+
+
+# --- claim receipts --------------------------------------------------------------------------------
+# What claim_receipts answers for a record that is not a hash: no receipt (the RUNNING write decides).
+NOT_A_RECORD = -1
+
+
+def with_receipts(broker: Broker, claimed: Sequence[Claimed], result_ttl_s: int) -> list[Claimed]:
+    """Write the receipts of freshly claimed tasks; return them decoded, each with its record's answer.
+
+    A task that cannot be decoded gets no receipt (its worker dead-letters it). If Redis cannot
+    be reached, no task has one: their workers then wait for their RUNNING writes instead.
+    """
+    tasks = [_decoded(item.raw) for item in claimed]
+    claims = [(task.id, item.fence) for item, task in zip(claimed, tasks, strict=True) if task is not None]
+    try:
+        replies = iter(broker.claim_receipts(claims, result_ttl_s) if claims else ())
+    except RedisError as exc:
+        logger.warning(
+            "could not write the claim receipts of %d task(s) (%s); they start unreceipted", len(claims), exc
+        )
+        replies = iter([NOT_A_RECORD] * len(claims))
+    return [
+        Claimed(  # not dataclasses.replace: this is per task, and replace costs twice as much
+            item.queue,
+            item.consumer_id,
+            item.raw,
+            item.suspect,
+            item.fence,
+            task,
+            _receipt(next(replies)) if task is not None else None,
+            item.claimed_at_s,
+        )
+        for item, task in zip(claimed, tasks, strict=True)
+    ]
+
+
+def withdrawals(claimed: Sequence[Claimed], result_ttl_s: int) -> list[ResultUpdate]:
+    """The writes that withdraw the receipts of claimed tasks going back to wait unstarted."""
+    return [
+        update for item in claimed if item.task is not None and (update := withdrawal(item, item.task, result_ttl_s))
+    ]
+
+
+def withdrawal(claimed: Claimed, task: Task, ttl_s: int) -> ResultUpdate | None:
+    """The write that withdraws the receipt of one claimed task (`task`, decoded) going back unstarted; None if none."""
+    return results.receipt_withdrawn(task, claimed.fence, ttl_s) if claimed.receipt is not None else None
+
+
+def _receipt(reply: int) -> int | None:
+    return None if reply == NOT_A_RECORD else reply
+
+
+def _decoded(raw: bytes) -> Task | None:
+    try:
+        return decode_task(raw)
+    except UndecodableTask:
+        return None
+
+
+# --- room: how many tasks the consumer may hold ----------------------------------------------------
+# An automatic prefetch holds what the consumer starts in about this long at its recent pace...
+PREFETCH_HORIZON_S = 0.02
+# ...and never more than this many tasks beyond the running ones.
+AUTO_PREFETCH_MAX = 64
+# The pace is measured over windows at least this long, smoothed with this time constant.
+PACE_WINDOW_S = 0.1
+PACE_SMOOTHING_S = 0.3
+
+
+class Pace:
+    """Claims per second, measured over short windows and smoothed: slow to trust a burst, quick to see a lull."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._window_start = clock()
+        self._count = 0
+        self.per_s = 0.0
+
+    def note(self, count: int) -> None:
+        """Count `count` claimed tasks."""
+        self._count += count
+
+    def update(self) -> bool:
+        """Close the current window if it is long enough; True if the pace was updated."""
+        now = self._clock()
+        elapsed = now - self._window_start
+        if elapsed < PACE_WINDOW_S:
+            return False
+        weight = min(1.0, elapsed / PACE_SMOOTHING_S)
+        self.per_s += weight * (self._count / elapsed - self.per_s)
+        self._window_start, self._count = now, 0
+        return True
+
+
+class Capacity:
+    """Counts the tasks this consumer holds; claiming waits while it is full (backpressure)."""
+
+    def __init__(self, concurrency: int, prefetch: int | None, clock: Callable[[], float] = time.monotonic) -> None:
+        """`prefetch` None: automatic, following the pace, up to AUTO_PREFETCH_MAX."""
+        self.concurrency = concurrency
+        self.prefetch_max = AUTO_PREFETCH_MAX if prefetch is None else prefetch
+        self._pace = Pace(clock) if prefetch is None else None
+        self.limit = concurrency + (0 if self._pace is not None else self.prefetch_max)
+        metrics.PREFETCH.set(self.limit - concurrency)
+        self.in_use = 0
+        self._cond = threading.Condition()
+
+    def acquire(self, timeout_s: float) -> bool:
+        """Take room for one task, waiting up to `timeout_s` for it to free up."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self.in_use < self.limit, timeout_s):
+                return False
+            self.in_use += 1
+            return True
+
+    def acquire_up_to(self, count: int) -> int:
+        """Take room for as many tasks as there is, up to `count`, without waiting."""
+        with self._cond:
+            self._follow_pace()
+            taken = max(0, min(count, self.limit - self.in_use))
+            self.in_use += taken
+            return taken
+
+    def claimed(self, count: int) -> None:
+        """Count tasks just claimed into the room taken for them (the pace of an automatic prefetch)."""
+        if self._pace is not None:
+            with self._cond:
+                self._pace.note(count)
+
+    def hand_off(self) -> None:
+        """Give back the room of a task that moved to the asyncio lane (which has seats of its own)."""
+        self.release(1)
+
+    def take_back(self) -> None:
+        """Count such a task again, at once, just before its room is given back as it leaves the consumer."""
+        with self._cond:
+            self.in_use += 1
+
+    def release(self, count: int = 1) -> None:
+        """Give room back."""
+        if count <= 0:
+            return
+        with self._cond:
+            self.in_use -= count
+            self._cond.notify_all()
+
+    def _follow_pace(self) -> None:
+        if self._pace is None or not self._pace.update():
+            return
+        prefetch = min(self.prefetch_max, int(self._pace.per_s * PREFETCH_HORIZON_S))
+        self.limit = self.concurrency + prefetch
+        metrics.PREFETCH.set(prefetch)
+        self._cond.notify_all()
+
+
+# --- the tasks held, and the suspect turn ----------------------------------------------------------
+class HeldTasks:
+    """Claimed tasks not yet let go of, counted per processing list (twins can be claimed at once).
+
+    A task leaves through `finished`, which gives back its room in the consumer (and the suspect turn,
+    if it was the suspect). At most one suspect (a task recovered from a consumer that died) is held
+    at a time, so a death can be pinned on it.
+    """
+
+    def __init__(self, capacity: Capacity) -> None:
+        self.capacity = capacity
+        self._counts: Counter[tuple[str, str, bytes]] = Counter()  # (queue, consumer id, task)
+        self._lock = threading.Lock()
+        self._suspect_reserved = False
+        self._suspect_lock = threading.Lock()
+        self._together = threading.local()  # room of tasks a thread finishes in a `together` block
+
+    @contextlib.contextmanager
+    def together(self) -> Iterator[None]:
+        """Give back the room of the tasks this thread finishes in the block at once, when it ends.
+
+        The ack batcher finishes a flush's tasks in one: its claimer then takes their room in one
+        claim, instead of a claim for each task as its room frees.
+        """
+        if getattr(self._together, "room", None) is not None:  # nested: the outer block gives them back
+            yield
+            return
+        self._together.room = 0
+        try:
+            yield
+        finally:
+            room, self._together.room = self._together.room, None
+            self._give_back(room)
+
+    def took(self, claimed: Sequence[Claimed]) -> None:
+        """Count tasks just claimed (their room in the consumer was taken by the claim)."""
+        metrics.IN_FLIGHT.inc(len(claimed))
+        with self._lock:
+            self._counts.update((item.queue, item.consumer_id, item.raw) for item in claimed)
+
+    def finished(self, claimed: Sequence[Claimed]) -> None:
+        """Give back the room of tasks that left this consumer's hands."""
+        if any(item.suspect for item in claimed):
+            self.give_suspect_turn_back()
+        with self._lock:
+            for item in claimed:
+                key = (item.queue, item.consumer_id, item.raw)
+                self._counts[key] -= 1
+                if self._counts[key] <= 0:
+                    del self._counts[key]
+        together = getattr(self._together, "room", None)
+        if together is not None:
+            self._together.room = together + len(claimed)
+        else:
+            self._give_back(len(claimed))
+
+    def _give_back(self, tasks: int) -> None:
+        if tasks:
+            metrics.IN_FLIGHT.dec(tasks)
+            self.capacity.release(tasks)
+
+    def raws(self, queue: str, consumer_id: str) -> Counter[bytes]:
+        """The tasks of one processing list held, each with how many times."""
+        with self._lock:
+            return Counter({raw: n for (q, c, raw), n in self._counts.items() if q == queue and c == consumer_id})
+
+    def take_suspect_turn(self) -> bool:
+        """Take the turn to hold a suspect; False if it is taken."""
+        with self._suspect_lock:
+            if self._suspect_reserved:
+                return False
+            self._suspect_reserved = True
+            return True
+
+    def give_suspect_turn_back(self) -> None:
+        """Give the turn to hold a suspect back."""
+        with self._suspect_lock:
+            self._suspect_reserved = False
+
+
+# --- tasks of a queue paused since their claim -----------------------------------------------------
+# How old the pause state of a queue a worker acts on may be.
+PAUSE_STATE_MAX_AGE_S = 0.25
+
+
+class PauseWatch:
+    """Whether a claimed task's queue was paused since, read from Redis at most every PAUSE_STATE_MAX_AGE_S."""
+
+    def __init__(
+        self, broker: Broker, give_up: threading.Event, result_ttl_s: int, max_age_s: float = PAUSE_STATE_MAX_AGE_S
+    ) -> None:
+        self.broker = broker
+        self.give_up = give_up
+        self.result_ttl_s = result_ttl_s
+        self.max_age_s = max_age_s
+        self._seen: dict[str, tuple[bool, float]] = {}
+
+    def paused(self, queue: str) -> bool:
+        """True if `queue` is paused (as of at most max_age_s ago; the last answer while Redis is away)."""
+        now = time.monotonic()
+        seen = self._seen.get(queue)
+        if seen is not None and now - seen[1] < self.max_age_s:
+            return seen[0]
+        try:
+            paused = self.broker.is_paused(queue)
+        except RedisError:
+            paused = seen[0] if seen is not None else False
+        self._seen[queue] = (paused, now)
+        return paused
+
+    def return_if_paused(self, claimed: Claimed) -> bool:
+        """Put a claimed task of a paused queue back at the head of pending, unstarted; False if it runs."""
+        if not self.paused(claimed.queue):
+            return False
+        self.return_unstarted(claimed)
+        logger.info("queue %s is paused: a claimed task went back to pending unstarted", claimed.queue)
+        return True
+
+    def return_unstarted(self, claimed: Claimed) -> None:
+        """Put a claimed task back at the head of pending, unstarted, its receipt withdrawn."""
+        withdrawn = withdrawals([claimed], self.result_ttl_s)
+        until_done(
+            lambda: self.broker.return_unstarted(claimed.queue, claimed.consumer_id, [claimed.raw], withdrawn),
+            what="return_unstarted",
+            give_up=self.give_up,
+        )
+
+
+# --- the claimer -----------------------------------------------------------------------------------
+# How soon a claimer waiting on pending looks again for suspects it could not take yet.
+SUSPECT_RECHECK_S = 0.1
+# How soon a claimer whose lease lapsed tries again (the heartbeat renews it or gives it up).
+LEASE_RECHECK_S = 0.1
+# How soon a claimer of a paused queue looks again whether it was resumed.
+PAUSED_RECHECK_S = 0.25
+# How soon a claimer whose consumer never read the task types (the database away) looks again.
+SETTINGS_RECHECK_S = 0.25
+# How soon a claimer of a queue its consumer is not registered on (yet) looks again.
+REGISTERED_RECHECK_S = 0.25
+
+
+class ClaimerLoop:
+    """Claims tasks of one queue while there is room: a batch at once, else one blocking move.
+
+    Every lease (and at once after a claim failed on the wire) it audits its processing list
+    against what the consumer holds, returning strays: tasks a claim moved whose reply was lost.
+    """
+
+    def __init__(
+        self,
+        queue: str,
+        broker: Broker,
+        *,
+        room: Capacity,
+        held: HeldTasks,
+        lease: LeaseClock,
+        consumer_id: Callable[[], str],
+        registered_on: Callable[[str], bool],
+        lease_lost: Callable[[str, list[str]], None],
+        types_loaded: Callable[[], bool],
+        dispatch: Callable[[Sequence[Claimed]], None],
+        block_s: float,
+    ) -> None:
+        """`consumer_id`: the consumer's current id; `registered_on`: whether it holds a lease on a queue under
+        it; `lease_lost`: what to do when a claim finds the lease lapsed; `types_loaded`: whether the task types
+        were read once; `dispatch`: hands claimed tasks to the workers."""
+        self.queue = queue
+        self.broker = broker
+        self.room = room
+        self.held = held
+        self.lease = lease
+        self.consumer_id = consumer_id
+        self.registered_on = registered_on
+        self.lease_lost = lease_lost
+        self.types_loaded = types_loaded
+        self.dispatch = dispatch
+        self.block_s = block_s
+        self.name = f"claimer:{queue}"
+        self._drop_wake = False
+        # Set when a claim failed on the wire: Redis may have moved tasks we never heard of.
+        self._uncertain = False
+        self._audit_at = time.monotonic() + lease.lease_s
+        # Room taken for the claim in progress and not yet handed to a dispatched task.
+        self._room_taken = 0
+        self._result_ttl_s = int(settings.TASKS_RESULT_TTL)
+
+    def run_once(self) -> float:
+        if not self.registered_on(self.queue):
+            return REGISTERED_RECHECK_S  # no lease here to claim under: what it claimed could not be recovered
+        if self._uncertain or time.monotonic() >= self._audit_at:
+            self.reconcile()
+        if not self.types_loaded():
+            # Its tasks could only be deferred until their settings are known: others may run them.
+            # The housekeeping loop reads them again every TASKS_CONFIG_REFRESH_S.
+            return SETTINGS_RECHECK_S
+        if not self.room.acquire(timeout_s=0.5):
+            return 0.0
+        self._room_taken = 1 + self.room.acquire_up_to(self.room.limit - 1)
+        consumer_id = self.consumer_id()
+        try:
+            return self._take(self._claim(consumer_id), consumer_id)
+        except BaseException as exc:
+            self._uncertain = isinstance(exc, RedisError)
+            raise
+        finally:
+            self.room.release(self._room_taken)
+            self._room_taken = 0
+
+    def _claim(self, consumer_id: str) -> Claim | None:
+        # The consumer's one suspect turn is held for the claim script only, unless it took a
+        # suspect: held through a blocking claim, it kept every other queue's suspects waiting.
+        may_take_suspect = self.held.take_suspect_turn()
+        outcome: Claim | None = None
+        try:
+            outcome = self.broker.claim_with_suspect(
+                self.queue, consumer_id, self._room_taken, drop_wake=self._drop_wake, allow_suspect=may_take_suspect
+            )
+            self._drop_wake = False
+            return outcome
+        finally:
+            if may_take_suspect and not (outcome is not None and outcome.took_suspect):
+                self.held.give_suspect_turn_back()
+
+    def _take(self, outcome: Claim | None, consumer_id: str) -> float:
+        # Dispatch what the claim moved; with nothing moved, block on pending for one task.
+        # Room not used by a dispatched task is left in self._room_taken for the caller to give back.
+        if outcome is None:
+            self.lease_lost(consumer_id, [self.queue])
+            return 0.0
+        if outcome.tasks:
+            self._room_taken -= len(outcome.tasks)
+            self._dispatch(
+                [
+                    Claimed(
+                        self.queue,
+                        consumer_id,
+                        raw,
+                        suspect=outcome.took_suspect and index == 0,
+                        fence=outcome.first_fence + index,
+                    )
+                    for index, raw in enumerate(outcome.tasks)
+                ]
+            )
+            return 0.0
+        if outcome.paused:
+            return PAUSED_RECHECK_S
+        if outcome.lease_expired or not self.lease.fresh(consumer_id):
+            return LEASE_RECHECK_S  # no claim under a lapsed lease: the heartbeat renews it or gives it up
+        # A blocking claim holds no room while it waits: with more queues than room for tasks, a claimer
+        # holding some kept every other queue's tasks waiting until its wait timed out.
+        self.room.release(self._room_taken)
+        self._room_taken = 0
+        return self._claim_blocking(consumer_id, outcome.suspects_waiting)
+
+    def _claim_blocking(self, consumer_id: str, suspects_waiting: int) -> float:
+        """Block on pending for one task; it takes free room, or goes back first in its queue if none is left."""
+        # Suspects waiting for this consumer's one suspect turn are claimed soon after it
+        # frees; new pending tasks still wake the blocking claim at once.
+        block_s = min(self.block_s, SUSPECT_RECHECK_S) if suspects_waiting else self.block_s
+        raw, fence = self.broker.claim_blocking(self.queue, consumer_id, block_s)
+        self._drop_wake = raw == WAKE_TOKEN
+        if raw is None or raw == WAKE_TOKEN:
+            return 0.0
+        if self.room.acquire_up_to(1):
+            self._dispatch([Claimed(self.queue, consumer_id, raw, fence=fence)])
+        else:
+            # Other queues' claims took the room while this one waited: the task never started
+            # here, so it waits first in its queue for this consumer's next claim or another's.
+            self.broker.return_unstarted(self.queue, consumer_id, [raw])
+        return 0.0
+
+    def _dispatch(self, claimed: list[Claimed]) -> None:
+        """Write the claims' receipts to the tasks' records, then hand the tasks to the workers."""
+        self.room.claimed(len(claimed))
+        self.dispatch(with_receipts(self.broker, claimed, self._result_ttl_s))
+
+    def reconcile(self) -> None:
+        """Return tasks that sit in our processing list unbeknown to us (a claim's lost reply).
+
+        Only this thread adds to this queue's processing list and to what the consumer holds of
+        it, so taking the held tasks first and listing second can only make us see fewer strays,
+        never a held task as one. Left alone a stray would wait, unstarted, until this consumer
+        stops.
+        """
+        consumer_id = self.consumer_id()
+        held = self.held.raws(self.queue, consumer_id)
+        listed = self.broker.held_by(self.queue, consumer_id)
+        strays = list((Counter(raw for raw in listed if raw != WAKE_TOKEN) - held).elements())
+        self._drop_wake = self._drop_wake or WAKE_TOKEN in listed
+        if strays:
+            returned = self.broker.return_unstarted(self.queue, consumer_id, strays)
+            logger.warning(
+                "returned %d claimed task(s) whose claim reply was lost to the head of %s", returned, self.queue
+            )
+        self._uncertain = False
+        self._audit_at = time.monotonic() + self.lease.lease_s

@@ -1,0 +1,403 @@
+"""A consumer's membership of its queues: its identity, its lease and heartbeat, its registration, the
+ids it retires, and the reaper that recovers what dead members held.
+
+Identity: a fixed `--consumer-id` restarted at once, or child `<id>-<n>` of a supervisor restarted
+while an orphan of the previous one still finishes its runs under that id, must not run beside
+that live holder (one could reap, return or ack the other's tasks). The lease entry names its
+holder (host, pid, pid namespace): a holder of this host whose process is gone (killed, crashed)
+is dead now, and the new run recovers its list at once; one still running, or on another host
+(which cannot be asked), is waited for until it deregisters or its lease lapses (then it is
+presumed dead).
+
+Registration: registering on a queue recovers what an earlier run under the id left there, then
+takes the lease. The queues it is registered on are listed in the queue set (what the dashboard
+finds queues by) again once a lease, so a set deleted lists them again without a restart.
+
+Retiring: on Redis Cluster a consumer can lose its lease entry on one queue (a failover lost the
+write, its node was cut off for a lease) while it still holds the others. It then takes a new id
+on every queue, but what it started under the old id on the other queues still runs: there the
+old id's lease is renewed (each lease/3, like the heartbeat) until none of its tasks is held any
+more, then deregistered (what it had claimed but not started goes back to pending, uncounted). So
+no reaper recovers and re-runs those runs while they go on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence, Sized
+from pathlib import Path
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from tasks_app import metrics
+from tasks_app.consumer.loops import GaveUp, misconfiguration, redis_away, until_done
+from tasks_app.consumer.options import ConsumerOptions
+from tasks_app.problem_log import ProblemLog
+from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.replies import LeaseHolder
+
+logger = logging.getLogger(__name__)
+
+# --- the lease ----------------------------------------------------------------------------
+# A renewal's socket and connect timeouts, as a share of the lease: a hung renewal fails fast
+# and is retried (at the same pace) well before the lease runs out.
+HEARTBEAT_TIMEOUT_SHARE = 1 / 6
+# Tasks start only while the last renewal is younger than the lease less this share of it.
+LEASE_MARGIN_SHARE = 1 / 6
+
+
+class LeaseClock:
+    """When this consumer's lease was last renewed, and under which id, on the monotonic clock."""
+
+    def __init__(self, lease_s: float) -> None:
+        self.lease_s = lease_s
+        # (consumer id, when its lease was last renewed), replaced whole: `fresh`, asked several
+        # times per task by every worker, reads it without a lock (a lock held by a thread the
+        # interpreter switches away from stalls every worker until that thread runs again).
+        self._renewal: tuple[str, float] = ("", float("-inf"))
+        self._lock = threading.Lock()  # one renewal at a time
+        self._on_renewal: list[Callable[[], None]] = []
+
+    def on_renewal(self, renew: Callable[[], None]) -> None:
+        """Call `renew` after each renewal: what else lives under the lease (concurrency permits) is renewed with it."""
+        self._on_renewal.append(renew)
+
+    def renewed(self, consumer_id: str, sent_at: float) -> None:
+        """Record a successful renewal whose request left at `sent_at` (the lease runs from then, or later)."""
+        with self._lock:
+            current_id, renewed_at = self._renewal
+            self._renewal = (consumer_id, sent_at if consumer_id != current_id else max(renewed_at, sent_at))
+        for renew in self._on_renewal:
+            renew()
+
+    def fresh(self, consumer_id: str) -> bool:
+        """True while the lease of `consumer_id` surely holds: renewed less than lease - margin ago."""
+        current_id, renewed_at = self._renewal
+        return consumer_id == current_id and time.monotonic() - renewed_at < self.lease_s * (1 - LEASE_MARGIN_SHARE)
+
+
+class HeartbeatLoop:
+    """Renews this consumer's lease every third of the lease, on its own connection."""
+
+    name = "heartbeat"
+
+    def __init__(
+        self,
+        broker: Broker,
+        registered: Callable[[], tuple[str, list[str]]],
+        lease: LeaseClock,
+        on_lost: Callable[[str, list[str]], None],
+        instance: str = "",
+    ) -> None:
+        self.broker = broker
+        self.registered = registered  # the consumer's id, and the queues it is registered on under it
+        self.instance = instance  # the token registered in the consumer's info (see heartbeat.lua)
+        self.lease = lease
+        self.lease_ms = int(lease.lease_s * 1000)
+        self.on_lost = on_lost
+        self._problems: ProblemLog[str] = ProblemLog(logger)
+
+    def run_once(self) -> float:
+        consumer_id, queues = self.registered()
+        sent_at = time.monotonic()
+        try:
+            lost = self.broker.renew_leases(queues, consumer_id, self.lease_ms, instance=self.instance)
+        except RedisError as exc:
+            if misconfiguration(exc):
+                raise
+            # Retry at twice the renewal pace instead of run_forever's backoff (up to 5 s):
+            # after a Redis restart reapers wait only one lease of uptime, and a heartbeat
+            # still backing off past that would get this live consumer reaped.
+            return redis_away(self._problems, self.name, exc, self.lease_ms / 6000)
+        self._problems.recovered(self.name, "%s: works again", self.name)
+        if not lost:
+            self.lease.renewed(consumer_id, sent_at)
+            metrics.LEASE_RENEWALS.inc()
+        else:
+            metrics.LEASES_LOST.inc()
+            self.on_lost(consumer_id, lost)
+        return self.lease_ms / 3000
+
+
+class ReaperLoop:
+    """Moves the tasks of consumers whose lease expired to their queue's suspects; never a live one's."""
+
+    name = "reaper"
+
+    def __init__(
+        self,
+        broker: Broker,
+        queues: Sequence[str],
+        lease_s: float,
+        on_dead_lettered: Callable[[str, list[bytes]], None],
+    ) -> None:
+        self.broker = broker
+        self.queues = list(queues)
+        self.lease_s = lease_s
+        self.on_dead_lettered = on_dead_lettered
+        # Per queue, the page of tombstones to examine next (besides the newest, every time).
+        self._tombstone_offsets = dict.fromkeys(self.queues, 0)
+
+    def run_once(self) -> float:
+        for queue in self.queues:
+            self._reap_queue(queue)
+        return max(0.05, self.lease_s / 4)
+
+    def _reap_queue(self, queue: str) -> None:
+        """Reap the dead consumers of `queue` on this page."""
+        expired, tombstones, self._tombstone_offsets[queue] = self.broker.reap_candidate_page(
+            queue, self._tombstone_offsets[queue]
+        )
+        for consumer_id in [*expired, *tombstones]:
+            self.reap(queue, consumer_id)
+
+    def reap(self, queue: str, consumer_id: str, *, own_earlier_run: bool = False) -> int:
+        """Reap one consumer's list on one queue completely; return how many tasks moved.
+
+        With `own_earlier_run`, recover what an earlier run of this process's id left behind.
+        """
+        moved = 0
+        while True:
+            outcome = self.broker.reap(queue, consumer_id, int(self.lease_s * 1000), own_earlier_run=own_earlier_run)
+            if outcome.status != 1:
+                return moved
+            moved += outcome.requeued + len(outcome.dead_lettered)
+            if outcome.requeued:
+                metrics.TASKS_RECOVERED.labels(queue).inc(outcome.requeued)
+                logger.warning(
+                    "recovered %d task(s) of dead consumer %s on queue %s", outcome.requeued, consumer_id, queue
+                )
+            if outcome.dead_lettered:
+                self.on_dead_lettered(queue, outcome.dead_lettered)
+            if not outcome.remaining:
+                return moved
+
+
+# --- identity --------------------------------------------------------------------------------------
+# How often a consumer waiting for its id looks again whether the holder let go.
+HOLDER_RECHECK_S = 0.25
+
+
+def pid_namespace() -> str:
+    """This process's pid namespace ("" where /proc does not say): pids compare only within one."""
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return ""
+
+
+def default_consumer_id() -> str:
+    """`<host>-<pid>-<6 hex>`, the host's name cut to the characters an id may hold (reapers skip any other id)."""
+    host = re.sub(r"[^A-Za-z0-9_.:-]", "-", socket.gethostname())[:120] or "host"
+    return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def process_info(options: ConsumerOptions, prefetch_max: int, instance: str) -> dict[str, Any]:
+    """What a consumer registers beside its lease: who it is (`instance`: its renewals' token), and how it runs."""
+    return {
+        "instance": instance,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "pid_ns": pid_namespace(),
+        "started_at_ms": int(time.time() * 1000),
+        "lease_ms": int(options.lease_s * 1000),
+        "concurrency": options.concurrency,
+        "prefetch": prefetch_max,
+        "queues": options.queues,
+    }
+
+
+def recover_earlier_run(reaper: ReaperLoop, queue: str, consumer_id: str) -> None:
+    """Recover what an earlier run under `consumer_id` left on `queue` (it did not exit cleanly)."""
+    recovered = reaper.reap(queue, consumer_id, own_earlier_run=True)
+    if recovered:
+        logger.warning(
+            "recovered %d task(s) left by an earlier run of %s on %s, which did not exit cleanly",
+            recovered,
+            consumer_id,
+            queue,
+        )
+
+
+def deregister_everywhere(broker: Broker, queues: Sequence[str], consumer_id: str, instance: str) -> None:
+    """Leave every queue cleanly, where this run (`instance`) still holds `consumer_id`; elsewhere the lease expires."""
+    for queue in queues:
+        try:
+            if broker.deregister(queue, consumer_id, instance) < 0:
+                logger.warning("consumer id %s on %s is another process's now: left to it", consumer_id, queue)
+        except Exception as exc:
+            logger.error("could not deregister from %s (the lease will expire): %s", queue, exc)
+
+
+def holder_is_gone(info: dict[str, Any]) -> bool:
+    """True if the holder registered from this host and pid namespace and its process no longer runs."""
+    pid = info.get("pid")
+    if info.get("host") != socket.gethostname() or info.get("pid_ns", "") != pid_namespace():
+        return False
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    if pid == os.getpid():
+        return True  # an earlier process that had this pid (a restarted container): it is not running now
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):  # OverflowError: past the platform's pids, no process has it
+        return True
+    except OSError:  # another user's process: alive
+        return False
+    return _is_zombie(pid)  # killed, but not yet reaped by its parent
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def live_holders(broker: Broker, queues: Sequence[str], consumer_id: str) -> list[LeaseHolder]:
+    """The lease entries of `consumer_id` that another process may still hold: fresh, and not known dead."""
+    holders = broker.lease_holders(queues, consumer_id)
+    return [holder for holder in holders if holder.ms_left > 0 and not holder_is_gone(holder.info)]
+
+
+def wait_until_free(
+    broker: Broker, queues: Sequence[str], consumer_id: str, stop: threading.Event, reached: Callable[[], None]
+) -> None:
+    """Wait while another live process holds `consumer_id` on any of `queues`; raise GaveUp if `stop` is set.
+
+    `reached` is called at each answer from Redis: a consumer waiting for its id is alive (its health file stays fresh).
+    """
+    waited = False
+    while held := until_done(lambda: live_holders(broker, queues, consumer_id), what="register", give_up=stop):
+        reached()
+        if not waited:
+            holder = held[0]
+            logger.warning(
+                "consumer id %s is held by a live process (pid %s on %s) with %.1f s of lease left on queue %s: "
+                "waiting until it exits or its lease lapses",
+                consumer_id,
+                holder.info.get("pid", "?"),
+                holder.info.get("host", "?"),
+                holder.ms_left / 1000,
+                holder.queue,
+            )
+            waited = True
+        if stop.wait(HOLDER_RECHECK_S):
+            raise GaveUp
+    if waited:
+        logger.warning("consumer id %s is free: starting", consumer_id)
+
+
+# --- registration ----------------------------------------------------------------------------------
+class Registration:
+    """A consumer's id and the queues it is registered on under it; `run_once` lists them in the queue set again."""
+
+    name = "registering"
+
+    def __init__(
+        self,
+        broker: Broker,
+        queues: Sequence[str],
+        reaper: ReaperLoop,
+        lease: LeaseClock,
+        info: Callable[[], dict[str, Any]],
+    ) -> None:
+        self.broker = broker
+        self.queues = list(queues)
+        self.reaper = reaper
+        self.lease = lease
+        self.info = info  # what the consumer registers beside its lease
+        # Held while the id, or the queues registered under it, change (the consumer's moving to a new id too).
+        self.lock = threading.RLock()
+        self._current: tuple[str, tuple[str, ...]] = ("", ())  # replaced whole: read without the lock
+        self._listed_at = float("-inf")  # when the queues were last added to the queue set (monotonic s)
+
+    def current(self) -> tuple[str, list[str]]:
+        """The id registered last, and the queues it is registered on."""
+        consumer_id, queues = self._current
+        return consumer_id, list(queues)
+
+    def register(self, consumer_id: str) -> list[str]:
+        """Register `consumer_id` on every queue (it is the current id now); return them.
+
+        A key of ours that Redis refuses here (another type) fails the registration: a misconfiguration.
+        """
+        with self.lock:
+            for queue in self.queues:
+                recover_earlier_run(self.reaper, queue, consumer_id)
+            sent_at = time.monotonic()
+            lease_ms = int(self.lease.lease_s * 1000)
+            self.broker.register_leases(self.queues, consumer_id, lease_ms, self.info())
+            self._current = (consumer_id, tuple(self.queues))
+            self.lease.renewed(consumer_id, sent_at)
+            self._listed_at = time.monotonic()
+            return list(self.queues)
+
+    def run_once(self) -> float:
+        """List the registered queues in the queue set again, once a lease."""
+        registered = self._current[1]
+        if registered and time.monotonic() - self._listed_at >= self.lease.lease_s:
+            self.broker.list_queues(registered)
+            self._listed_at = time.monotonic()
+        return self.lease.lease_s / 3
+
+    def abandon(self, consumer_id: str, queues: Sequence[str]) -> None:
+        """Tombstone a lost id on `queues`, so reapers sweep what it held."""
+        self.broker.abandon(queues, consumer_id)
+
+
+# --- retiring ids ----------------------------------------------------------------------------------
+class RetiringIds:
+    """Renews a lost id's leases on the queues where it still holds tasks, and deregisters it once it holds none."""
+
+    name = "retiring"
+
+    def __init__(self, broker: Broker, lease_s: float, held: Callable[[str, str], Sized], instance: str = "") -> None:
+        self.broker = broker
+        self.lease_s = lease_s
+        self.instance = instance  # the consumer's renewal token (see heartbeat.lua)
+        self.held = held  # (queue, consumer id) -> the tasks this consumer holds, claimed under it there
+        self._queues: dict[str, list[str]] = {}
+        self._lock = threading.Lock()
+        self._problems: ProblemLog[str] = ProblemLog(logger)
+
+    def retire(self, consumer_id: str, queues: Sequence[str]) -> None:
+        """Keep `consumer_id`'s lease on `queues` (where it was not lost) until its tasks there are settled."""
+        if queues:
+            with self._lock:
+                self._queues[consumer_id] = list(queues)
+
+    def run_once(self) -> float:
+        try:
+            self.renew()
+        except RedisError as exc:  # retried at twice the renewal pace, as the heartbeat is
+            if misconfiguration(exc):
+                raise
+            return redis_away(self._problems, self.name, exc, self.lease_s / 6)
+        self._problems.recovered(self.name, "%s: works again", self.name)
+        return self.lease_s / 3
+
+    def renew(self, *, leaving: bool = False) -> None:
+        """Deregister each retiring id where it holds nothing (everywhere, if `leaving`); renew it elsewhere."""
+        with self._lock:
+            retiring = {consumer_id: list(queues) for consumer_id, queues in self._queues.items()}
+        for consumer_id, queues in retiring.items():
+            held = [queue for queue in queues if not leaving and len(self.held(queue, consumer_id))]
+            left = [queue for queue in queues if queue not in held]
+            for queue in left:
+                self.broker.deregister(queue, consumer_id, self.instance)
+            lease_ms = int(self.lease_s * 1000)
+            lost = self.broker.renew_leases(held, consumer_id, lease_ms, self.instance) if held else []
+            if lost:
+                logger.error("retiring id %s lost its lease on %s too: its runs there may run again", consumer_id, lost)
+            with self._lock:
+                self._queues[consumer_id] = [queue for queue in queues if queue not in left and queue not in lost]
+                if not self._queues[consumer_id]:
+                    del self._queues[consumer_id]

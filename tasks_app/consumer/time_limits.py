@@ -1,0 +1,515 @@
+"""What bounds a running handler, and what watches it: its time limits, cancels, progress, and forks it made.
+
+Soft time limits and forced cancels are TaskTimeout or TaskCancelled raised inside the run's own
+thread. CPython delivers such an exception between two bytecodes of the target thread: pure-Python
+code stops at once (its `finally` blocks and context managers run), a C call (time.sleep, a socket
+read) finishes first. The run stays held by its worker until the handler returns; only then is it
+settled, so a retry never overlaps it. In process mode a run that outlives the exception by a grace
+period is abandoned (`RunClock.abandon`), and its process replaced; a run still going when a stop's
+grace period ends is given up on too (`TimeLimits.interrupt_running`).
+
+Running handlers learn of a cancel from `RunWatch`, which the housekeeping loop ticks: one round
+trip per queue with running tasks every CANCEL_CHECK_S (the ids' scores in `cancel_requests` and
+`cancel_forced`), no polling per task. The start of a run is its RUNNING write, which Redis turns
+down for a task cancelled before: the worker then acks it unrun (see settling.py). Progress set by
+handlers is written by the same tick, at most every PROGRESS_EVERY_S per task, and once more when
+the run ends.
+
+A handler may fork (a bare `os.fork()`, `multiprocessing` with the fork start method). A child
+that execs or exits on its own never comes back. One that returns from the handler would go on
+as a copy of the consumer that kept only the forking thread: a worker's waited for work forever;
+the asyncio lane's ran its loop, shared with its parent (the same selector and wake-up socket),
+and settled runs its parent settles too (as failures: retried, they ran twice). It exits at once
+instead, with FORKED_CHILD_EXIT, having written nothing: a worker's as the handler returns (or
+raises), the lane's as its loop gets control back after the step that forked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NoReturn, Protocol
+
+from tasks_app.consumer.claiming import Claimed
+from tasks_app.consumer.settling import CANCEL_CHECK_S, Settler, failure_traceback
+from tasks_app.context import TaskContext
+from tasks_app.exceptions import TaskCancelled, TaskInterrupted, TaskTimeout
+from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.codec import Task
+from tasks_app.protocol.control import CancelMark
+from tasks_app.protocol.jsontext import compact_json
+from tasks_app.protocol.replies import ResultUpdate
+from tasks_app.task_types import TaskTypeConfig
+
+logger = logging.getLogger("tasks_app.tasks")
+
+PROGRESS_EVERY_S = 0.25
+
+
+def _set_async_exc(thread_id: int, exc_type: type[BaseException] | None) -> None:
+    # None clears an exception not yet delivered (the run returned in the meantime).
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(
+        ctypes.c_ulong(thread_id), ctypes.py_object(exc_type) if exc_type is not None else ctypes.c_void_p(0)
+    )
+
+
+@dataclass
+class RunClock:
+    """One run's deadline, and the right to interrupt its thread until it has returned."""
+
+    timeout_s: float | None
+    thread_id: int = field(default_factory=threading.get_ident)
+    started_monotonic: float = field(default_factory=time.monotonic)
+    # The timeout, once the watchdog raised it in the handler's thread.
+    timeout_error: TaskTimeout | None = None
+    # A forced cancel, once raised in the handler's thread, and when (monotonic).
+    cancel_error: TaskCancelled | None = None
+    forced_monotonic: float = 0.0
+    # When the timeout or the forced cancel was raised in the thread (monotonic).
+    interrupted_monotonic: float = 0.0
+    returned: bool = False
+    # Settled while its handler still ran (a hard limit or a forced cancel in process mode, or a stop).
+    abandoned: bool = False
+    # Set by call_with_clock once an exception raised in the thread is sure to be caught there.
+    armed: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def overdue(self, now_monotonic: float) -> bool:
+        """True if the run is past its deadline and has not been interrupted or returned."""
+        return (
+            self.timeout_s is not None
+            and now_monotonic - self.started_monotonic >= self.timeout_s
+            and self.timeout_error is None
+            and self.cancel_error is None
+            and not self.returned
+        )
+
+    def interrupt(self) -> bool:
+        """Raise TaskTimeout in the run's thread, once, unless the handler already returned (or was cancelled)."""
+        with self.lock:
+            if self.returned or self.timeout_error is not None or self.cancel_error is not None:
+                return False
+            self.timeout_error = TaskTimeout(f"task exceeded its timeout of {self.timeout_s:g} s")
+            self.interrupted_monotonic = time.monotonic()
+            if self.armed:
+                _set_async_exc(self.thread_id, TaskTimeout)
+            return True
+
+    def force_cancel(self) -> bool:
+        """Raise TaskCancelled in the run's thread, once, unless the handler already returned (or timed out)."""
+        with self.lock:
+            if self.returned or self.timeout_error is not None or self.cancel_error is not None:
+                return False
+            self.cancel_error = TaskCancelled("the task was cancelled with force")
+            self.forced_monotonic = self.interrupted_monotonic = time.monotonic()
+            if self.armed:
+                _set_async_exc(self.thread_id, TaskCancelled)
+            return True
+
+    def abandon(self, grace_s: float, now_monotonic: float) -> bool:
+        """Give up on a run still going `grace_s` after its timeout or forced cancel; True once, if it did."""
+        with self.lock:
+            if self.returned or self.abandoned:
+                return False
+            if self.cancel_error is not None:
+                self.abandoned = now_monotonic - self.forced_monotonic >= grace_s
+            elif self.timeout_error is not None and self.timeout_s is not None:
+                self.abandoned = now_monotonic - self.started_monotonic >= self.timeout_s + grace_s
+            return self.abandoned
+
+    def give_up(self) -> bool:
+        """Give up on a run still going as its consumer leaves (past the grace period); True once, if it did."""
+        with self.lock:
+            if self.returned or self.abandoned:
+                return False
+            self.abandoned = True
+            return True
+
+    def finish(self) -> None:
+        """Mark the handler returned (called by its own thread): no interrupt may arrive after this."""
+        with self.lock:
+            if self.returned:
+                return
+            self.returned = True
+            if self.armed and (self.timeout_error is not None or self.cancel_error is not None):
+                _set_async_exc(self.thread_id, None)
+
+    def pardon(self) -> None:
+        """Forget a timeout or forced cancel that came after the handler had returned (its value stands)."""
+        with self.lock:
+            self.timeout_error = self.cancel_error = None
+
+
+def call_with_clock(clock: RunClock, call: Callable[[], object]) -> tuple[object, BaseException | None]:
+    """Run `call` under `clock`; return its value and what it raised.
+
+    A forced cancel wins over whatever the handler did after it (a return, another exception); one
+    (or a timeout) that comes only once the handler has returned, before `finish`, changes nothing.
+    """
+    value: object = None
+    raised: BaseException | None = None
+    returned_at: float | None = None
+    try:
+        try:
+            with clock.lock:
+                clock.armed = True
+                early = clock.timeout_error or clock.cancel_error  # raised before the run could catch it
+            if early is not None:
+                raise early
+            value = call()
+            returned_at = time.monotonic()
+        except BaseException as exc:  # a handler's sys.exit() must not kill the worker thread
+            raised = exc
+        finally:
+            clock.finish()
+    except (TaskTimeout, TaskCancelled) as late:  # delivered after the call ended, before finish() took the lock
+        raised = raised or late
+        clock.finish()
+    if returned_at is not None and clock.interrupted_monotonic > returned_at:
+        clock.pardon()  # the run had ended: reporting it cancelled (or retrying it) would be wrong
+        return value, None
+    if clock.cancel_error is not None:
+        return None, clock.cancel_error
+    return value, raised
+
+
+async def within_timeout[T](awaitable: Awaitable[T], timeout_s: float | None) -> T:
+    """Await `awaitable`, cancelling it at `timeout_s` with TaskTimeout (its `finally` blocks run).
+
+    A run that swallowed the cancellation, or blocked the loop past its deadline, still fails for
+    its timeout, as a sync handler that catches TaskTimeout does.
+    """
+    async with asyncio.timeout(timeout_s) as scope:
+        try:
+            value = await awaitable
+        except asyncio.CancelledError:
+            if scope.expired():
+                raise TaskTimeout(f"task exceeded its timeout of {timeout_s:g} s") from None
+            raise
+    deadline = scope.when()
+    if scope.expired() or (deadline is not None and asyncio.get_running_loop().time() >= deadline):
+        raise TaskTimeout(f"task exceeded its timeout of {timeout_s:g} s")
+    return value
+
+
+@dataclass(slots=True)  # not frozen: one per run, and frozen costs four times as much to build
+class Running:
+    """A task whose handler is running, watched for its timeout, cancel requests and progress."""
+
+    task: Task
+    clock: RunClock
+    context: TaskContext | None = None
+    fence: int = 0
+    # What a hard limit needs to settle the run from another thread (process mode).
+    claimed: Claimed | None = None
+    config: TaskTypeConfig | None = None
+    # How a forced cancel stops it (None: TaskCancelled raised in its thread, through its clock).
+    stop: Callable[[], object] | None = None
+
+    def force_stop(self) -> None:
+        """Stop the run for a forced cancel: TaskCancelled raised where it runs."""
+        if self.stop is not None:
+            self.stop()
+        else:
+            self.clock.force_cancel()
+
+
+def progress_update(run: Running, ttl_s: int) -> ResultUpdate | None:
+    """The record update carrying the progress the handler set since the last one (None if it set none)."""
+    progress = run.context.control.take_progress() if run.context is not None else None
+    if progress is None:
+        return None
+    fields = {"progress": compact_json(progress)}
+    return ResultUpdate(run.task.id, fields, ttl_s, fence=run.fence, queue=run.task.queue, task_type=run.task.type)
+
+
+class RunWatch:
+    """Tells running handlers of cancel requests and writes their progress; ticked by the housekeeping loop."""
+
+    def __init__(self, broker: Broker, record: Callable[[ResultUpdate], object], result_ttl_s: int) -> None:
+        self.broker = broker
+        self.record = record
+        self.result_ttl_s = result_ttl_s
+        self._checked_at = self._progress_at = float("-inf")
+
+    def tick(self, runs: Sequence[Running]) -> None:
+        """Write due progress, and every CANCEL_CHECK_S mark the runs whose task someone cancelled."""
+        now = time.monotonic()
+        if now - self._progress_at >= PROGRESS_EVERY_S:
+            self._progress_at = now
+            for run in runs:
+                update = progress_update(run, self.result_ttl_s)
+                if update is not None:
+                    self.record(update)
+        if not runs or now - self._checked_at < CANCEL_CHECK_S:
+            return
+        self._checked_at = now
+        by_queue: dict[str, list[Running]] = {}
+        for run in runs:
+            if run.context is not None and not run.context.control.forced:
+                by_queue.setdefault(run.task.queue, []).append(run)
+        for queue_runs in by_queue.values():
+            for run, mark in self._marks(queue_runs):
+                self._tell(run, mark)
+
+    def _marks(self, runs: list[Running]) -> list[tuple[Running, CancelMark]]:
+        """What was asked of each of these runs of one queue."""
+        return list(zip(runs, self.broker.cancel_marks(runs[0].task.queue, [run.task.id for run in runs]), strict=True))
+
+    @staticmethod
+    def _tell(run: Running, mark: CancelMark) -> None:
+        """Pass a cancel request on to its run: the flag it polls, and for a forced one, TaskCancelled."""
+        if run.context is None:
+            return
+        control = run.context.control
+        if mark == CancelMark.FORCED:
+            control.force()
+            run.force_stop()
+            logger.warning("task %s was cancelled with force while running: TaskCancelled raised in it", run.task.id)
+        elif mark == CancelMark.REQUESTED and not control.cancelled:
+            control.cancel()
+            logger.info("task %s was cancelled while running; its handler is told", run.task.id)
+
+
+class LaneRuns(Protocol):
+    """The asyncio lane's runs, as time limits give up on them (see async_lane.py)."""
+
+    def take_hung(self, grace_s: float) -> list[Any]: ...
+    def settle_hung(self, hung: list[Any], grace_s: float) -> None: ...
+    def take_unsettled(self) -> list[Any]: ...
+    def fail_taken(self, flights: list[Any], error: BaseException) -> None: ...
+
+
+class TimeLimits:
+    """The runs of an executor being watched: their time limits, forced cancels, cancel requests and progress.
+
+    Thread runs are keyed by their thread id, async runs by their RunControl.
+    """
+
+    def __init__(self, settler: Settler, watch: RunWatch, lane: LaneRuns | None = None) -> None:
+        self.settler = settler
+        self.watch = watch
+        self.lane = lane
+        self.running: dict[object, Running] = {}
+        self._lock = threading.Lock()
+        self._starts_closed = False  # set (under the lock) when a stop's grace period ends: no run starts after
+        self._hung_settlers: list[threading.Thread] = []  # threads settling the runs given up on
+
+    @property
+    def starts_closed(self) -> bool:
+        """True once a stop's grace period ended: no run may start."""
+        return self._starts_closed
+
+    def begin(self, key: object, run: Running) -> bool:
+        """Watch `run` as it starts; False if it must not start: a stop's grace period ended (see interrupt_running)."""
+        with self._lock:
+            if self._starts_closed:
+                return False
+            self.running[key] = run
+            return True
+
+    def end(self, key: object) -> None:
+        """Stop watching a run that ended; write the progress it set since the last tick (before its outcome)."""
+        with self._lock:
+            run = self.running.pop(key, None)
+        last_progress = progress_update(run, self.settler.result_ttl_s) if run is not None else None
+        if last_progress is not None:
+            self.watch.record(last_progress)
+
+    def tick(self) -> None:
+        """Tell handlers of cancels and write their progress (the housekeeping tick)."""
+        with self._lock:
+            runs = list(self.running.values())
+        self.watch.tick(runs)
+
+    def expire_overdue(self) -> int:
+        """Raise TaskTimeout in every run past its timeout; each is settled once its handler returns."""
+        now = time.monotonic()
+        with self._lock:
+            overdue = [run for run in self.running.values() if run.clock.overdue(now)]
+        interrupted = 0
+        for run in overdue:
+            if run.clock.interrupt():
+                interrupted += 1
+                logger.warning(
+                    "task %s exceeded its timeout of %g s: TaskTimeout raised in its handler; "
+                    "it stays held until the handler returns",
+                    run.task.id,
+                    run.clock.timeout_s,
+                    extra={
+                        "task_id": run.task.id,
+                        "type": run.task.type,
+                        "queue": run.task.queue,
+                        "attempt": run.task.attempt,
+                        "outcome": "timed_out",
+                    },
+                )
+        return interrupted
+
+    def fail_hung(self, grace_s: float, exit_within_s: float) -> int:
+        """Give up on every run still going `grace_s` after its TaskTimeout (failed) or forced cancel (cancelled).
+
+        For process mode only, where the process then exits (within `exit_within_s`): the
+        handler's thread is left to it, and its late outcome is never settled (the claim's fence
+        makes it harmless anyway). No retry is due before the process is gone. The runs are
+        settled on a thread of their own: Redis may be away, and the caller's other time limits
+        must not wait for it.
+        """
+        now = time.monotonic()
+        with self._lock:
+            hung = [run for run in self.running.values() if run.clock.abandon(grace_s, now)]
+        hung_async = self.lane.take_hung(grace_s) if self.lane is not None else []
+        if not hung and not hung_async:
+            return 0
+        self._settle_apart(self._settle_hung, (hung, hung_async, grace_s, now), exit_within_s)
+        return len(hung) + len(hung_async)
+
+    def interrupt_running(self, grace_s: float, exit_within_s: float) -> int:
+        """Give up on every run still going at the end of a stop's grace period (`grace_s`); how many.
+
+        Each is failed with TaskInterrupted (or the timeout or forced cancel due in it), so it uses
+        an attempt, and its late end is never settled. The process then exits (within
+        `exit_within_s`): no retry is due before. Settled on a thread of its own, as `fail_hung` does.
+        """
+        with self._lock:  # thread runs (an async one is stopped through its asyncio task)
+            self._starts_closed = True  # a worker still passing its gates must not start its run after this
+            runs = [run for run in self.running.values() if run.stop is None and run.clock.give_up()]
+        flights = self.lane.take_unsettled() if self.lane is not None else []
+        if not runs and not flights:
+            return 0
+        error = TaskInterrupted(f"the consumer stopped, and the run still went on {grace_s:g} s after the stop")
+        self._settle_apart(self._settle_interrupted, (runs, flights, error), exit_within_s)
+        return len(runs) + len(flights)
+
+    def wait_hung_settled(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for the runs given up on to be settled (before their tasks could be returned)."""
+        deadline = time.monotonic() + timeout_s
+        for settler in self._hung_settlers:
+            settler.join(max(0.0, deadline - time.monotonic()))
+
+    def hung(self) -> int:
+        """How many runs were given up by `fail_hung` and have not returned."""
+        with self._lock:
+            return sum(1 for run in self.running.values() if run.clock.abandoned)
+
+    def _settle_apart(self, settle: Callable[..., None], args: tuple[Any, ...], exit_within_s: float) -> None:
+        """Call `settle(*args)` on a thread of its own; no retry is due before this process is gone."""
+        self.settler.hold_retries(exit_within_s)
+        settler = threading.Thread(target=settle, args=args, name="hard-limits", daemon=True)
+        self._hung_settlers.append(settler)
+        settler.start()
+
+    def _settle_hung(self, hung: list[Running], hung_async: list[Any], grace_s: float, now: float) -> None:
+        for run in hung:
+            try:
+                if run.clock.cancel_error is not None:
+                    self._end_forced_run(run, grace_s, now)
+                else:
+                    self._fail_hung_run(run, grace_s, now)
+            except Exception:  # its lease recovers it once the process is gone
+                logger.exception("could not settle hung task %s", run.task.id)
+        if self.lane is not None:
+            self.lane.settle_hung(hung_async, grace_s)
+
+    def _settle_interrupted(self, runs: list[Running], flights: list[Any], error: TaskInterrupted) -> None:
+        now = time.monotonic()
+        for run in runs:
+            assert run.claimed is not None and run.config is not None
+            clock = run.clock
+            due = clock.cancel_error or clock.timeout_error or error
+            try:
+                duration_s = now - clock.started_monotonic
+                self.settler.settle_outcome(run.claimed, run.task, run.config, None, due, None, duration_s, None)
+            except Exception:  # its lease recovers it once the process is gone
+                logger.exception("could not settle interrupted task %s", run.task.id)
+        if self.lane is not None:
+            self.lane.fail_taken(flights, error)
+
+    def _fail_hung_run(self, run: Running, grace_s: float, now: float) -> None:
+        assert run.claimed is not None and run.config is not None and run.clock.timeout_error is not None
+        logger.error(
+            "task %s still running %g s past its timeout: failed, and its process will be replaced",
+            run.task.id,
+            grace_s,
+            extra={"task_id": run.task.id, "type": run.task.type, "queue": run.task.queue, "outcome": "hung"},
+        )
+        error = run.clock.timeout_error
+        duration_s = now - run.clock.started_monotonic
+        self.settler.fail(run.claimed, run.task, run.config, error, failure_traceback(error, None), duration_s)
+
+    def _end_forced_run(self, run: Running, grace_s: float, now: float) -> None:
+        """Settle a run still going `grace_s` after its forced cancel: CANCELLED; its process is then replaced."""
+        assert run.claimed is not None and run.config is not None
+        logger.error(
+            "task %s still running %g s after a forced cancel: cancelled, and its process will be replaced",
+            run.task.id,
+            grace_s,
+            extra={"task_id": run.task.id, "type": run.task.type, "queue": run.task.queue, "outcome": "cancelled"},
+        )
+        last_progress = progress_update(run, self.settler.result_ttl_s)
+        if last_progress is not None:
+            self.watch.record(last_progress)
+        duration_s = now - run.clock.started_monotonic
+        self.settler.end_cancelled(run.claimed, run.task, run.config, duration_s, None)
+
+
+# --- forks -----------------------------------------------------------------------------------------
+# EX_SOFTWARE: the handler that forked returned into the consumer, a bug of the handler.
+FORKED_CHILD_EXIT = 70
+
+# The lanes' loops by the thread running them, for the hook a child runs right after its fork.
+_loops: dict[int, asyncio.AbstractEventLoop] = {}
+_lock = threading.Lock()
+_hooked = False
+
+
+def call_unforked[T](call: Callable[[], T]) -> T:
+    """Return `call()`; a child forked inside it exits there instead of returning (or raising)."""
+    pid = os.getpid()
+    try:
+        return call()
+    finally:
+        exit_if_forked(pid)
+
+
+def exit_if_forked(pid: int) -> None:
+    """End this process at once unless it is `pid`: it is a child a handler forked, back in the consumer."""
+    if os.getpid() != pid:
+        _exit()
+
+
+def guard_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """Make a child forked on this thread (which runs `loop`) exit once `loop` gets control back."""
+    global _hooked
+    with _lock:
+        if not _hooked:
+            os.register_at_fork(after_in_child=_forked)
+            _hooked = True
+        _loops[threading.get_ident()] = loop
+
+
+def unguard_loop() -> None:
+    """Forget this thread's loop (the thread is about to end)."""
+    with _lock:
+        _loops.pop(threading.get_ident(), None)
+
+
+def _forked() -> None:
+    """In a child, right after its fork: if it was forked on a lane's loop, end it at the loop's next turn."""
+    loop = _loops.get(threading.get_ident())  # no lock: another thread may have held it, and is gone here
+    if loop is not None:
+        with contextlib.suppress(RuntimeError):  # a closed loop runs nothing: its handler returns into the lane
+            loop.call_soon(_exit)
+
+
+def _exit() -> NoReturn:
+    with contextlib.suppress(OSError):  # stderr may be closed: the exit matters, not the line
+        os.write(2, f"process {os.getpid()}, forked by a handler, returned into the consumer: it exits\n".encode())
+    os._exit(FORKED_CHILD_EXIT)
