@@ -19,10 +19,9 @@ from redis.exceptions import RedisError
 from tasks_app import metrics
 from tasks_app.models import TaskType
 from tasks_app.protocol import results
-from tasks_app.protocol.batch_args import Enqueueable
 from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.codec import PRIORITY_MAX, PRIORITY_MIN, Task, encode_arguments, encode_task, payload_of
-from tasks_app.protocol.control import UniqueEnqueueable
+from tasks_app.protocol.enqueue import Enqueueable, UniqueEnqueueable
 from tasks_app.protocol.jsontext import MAX_JSON_DEPTH, argument_problem
 from tasks_app.protocol.names import InvalidName, validate_name
 from tasks_app.protocol.timestamps import ms_of_datetime
@@ -186,7 +185,7 @@ def push(batch: PreparedBatch, *, broker: Broker | None = None) -> list[Enqueued
     of_uniques = set(unique_at)
     try:
         if items or uniques:
-            holders = (broker or get_broker()).enqueue(items, batch.result_ttl_s, uniques)
+            holders = (broker or get_broker()).enqueuer.enqueue(items, batch.result_ttl_s, uniques)
             positions = [*(at for at in range(len(enqueued)) if at not in of_uniques), *unique_at]
             for position, holder in zip(positions, holders, strict=True):
                 if holder is not None:

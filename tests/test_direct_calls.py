@@ -82,8 +82,9 @@ def test_a_forked_child_opens_connections_of_its_own(direct):
 
 def test_a_single_enqueue_survives_a_closed_connection_and_a_flushed_script_cache(broker):
     push(broker, make_task(1))  # announces the queue: the next ones take the one-script path
-    assert broker.direct is not None
-    broker.client.client_kill_filter(_id=broker.direct.call("CLIENT", "ID"))
+    direct = broker.enqueuer.redis.direct
+    assert direct is not None
+    broker.client.client_kill_filter(_id=direct.call("CLIENT", "ID"))
     push(broker, make_task(2))
     broker.client.script_flush()
     push(broker, make_task(3))  # loaded by source

@@ -84,7 +84,7 @@ def test_acting_on_dead_letters_reads_only_the_selected_ones_not_the_whole_set(s
     replies_read["bytes"] = 0
     staff.post(url, {"action": "delete", "ref": [oldest, "1700000000005:" + "0" * 40]})
     assert replies_read["bytes"] < 100_000  # the set holds some 18 MB
-    assert broker.dead_count("big") == 19_999
+    assert broker.inspect.dead_count("big") == 19_999
     assert [dead.task_id for dead in list_dead_tasks("big", 19_990, 10)][-3:] == ["d000003", "d000002", "d000001"]
 
 
@@ -124,7 +124,7 @@ def test_a_status_filter_pages_through_ties_while_shown_tasks_move_on(staff, bro
     page = staff.get("/tasks/?status=READY&format=json").json()
     listed = [row["id"] for row in page["tasks"]]
     for task_id in listed[:30]:
-        broker.record_result(ResultUpdate(task_id, {"status": "RUNNING"}, 60, queue="q"))
+        broker.records.record_result(ResultUpdate(task_id, {"status": "RUNNING"}, 60, queue="q"))
     while page["older"] is not None:
         cursor = f"before={page['older']}&seen={page['older_seen']}&after={page.get('older_after', '')}"
         page = staff.get(f"/tasks/?status=READY&format=json&{cursor}").json()

@@ -125,7 +125,7 @@ def test_manage_dead_letters_allows_requeue_and_delete(broker, echo_type):
     assert "requeue-one" in client.get(dead_url()).content.decode()
     assert client.post(dead_url(), {"requeue_one": first.ref}).status_code == 302
     assert client.post(dead_url(), {"action": "delete", "ref": [second.ref]}).status_code == 302
-    stats = broker.queue_stats("web")
+    stats = broker.inspect.queue_stats("web")
     assert (stats.dead, stats.pending) == (0, 1)
 
 

@@ -36,7 +36,8 @@ from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol import results
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.jsontext import is_utf8_encodable
-from tasks_app.protocol.replies import AckReport, ResultUpdate, UniqueRelease
+from tasks_app.protocol.queue import AckReport, UniqueRelease
+from tasks_app.protocol.replies import ResultUpdate
 
 logger = logging.getLogger(__name__)
 
@@ -302,11 +303,11 @@ class AckBatcher:
         """Write one result held by nothing, retried through outages; the error it was refused with, or None."""
         try:
             refused = until_done(
-                lambda: self.broker.ack_many_reporting([replace(update, held_by=None)], {}).refused,
+                lambda: self.broker.queue.ack_many_reporting([replace(update, held_by=None)], {}).refused,
                 what="record_result",
                 give_up=self.give_up,
                 refused_after=REFUSED_AFTER,
-                redis_answers=self.broker.answers,
+                redis_answers=self.broker.inspect.answers,
             )
         except GaveUp:
             return None  # stopping: nothing more can be written
@@ -344,10 +345,14 @@ class AckBatcher:
         def send() -> AckReport:
             nonlocal sends
             sends += 1
-            return self.broker.ack_many_reporting(merged, raws, releases=releases)
+            return self.broker.queue.ack_many_reporting(merged, raws, releases=releases)
 
         flags, refused, unreplicated, written = until_done(
-            send, what="ack", give_up=self.give_up, refused_after=REFUSED_AFTER, redis_answers=self.broker.answers
+            send,
+            what="ack",
+            give_up=self.give_up,
+            refused_after=REFUSED_AFTER,
+            redis_answers=self.broker.inspect.answers,
         )
         if unreplicated:  # acked anyway: a lagging replica must not hold acks back
             metrics.RESULT_REPLICATION_TIMEOUTS.inc(unreplicated)

@@ -224,7 +224,7 @@ class Executor:
     def _note_disabled(self, claimed: Claimed, task: Task) -> None:
         """Note a task just deferred for its disabled type, to be woken when the type is enabled."""
         try:
-            self.broker.note_disabled(claimed.queue, task.type, task.priority, claimed.raw, DISABLED_NOTE_TTL_MS)
+            self.broker.limits.note_disabled(claimed.queue, task.type, task.priority, claimed.raw, DISABLED_NOTE_TTL_MS)
         except RedisError as exc:  # it comes back at its recheck instead
             logger.debug("could not note a task of disabled type %s for its wake-up: %s", task.type, exc)
 
@@ -284,7 +284,7 @@ class Executor:
         # refresh after its settings were read) may have scanned the delayed set before this landed.
         try:
             due_us, now_us = self.settler.redis(
-                lambda: self.broker.rate_deferred(task.type, key_token, task.id, claimed.queue), "defer"
+                lambda: self.broker.limits.rate_deferred(task.type, key_token, task.id, claimed.queue), "defer"
             )
         except ResponseError as exc:  # a misconfigured limiter key: the task keeps the turn it was given
             logger.warning("could not check the rate limit turn of deferred task %s: %s", task.id, exc)
@@ -293,7 +293,7 @@ class Executor:
         gone = current is None or not current.rate_limit or due_us <= now_us
         due_ms = now_us // 1000 if gone else math.ceil(due_us / 1000)
         member = delayed_member(task.priority, claimed.raw)
-        self.settler.redis(lambda: self.broker.bring_forward(claimed.queue, {member: due_ms}), "defer")
+        self.settler.redis(lambda: self.broker.limits.bring_forward(claimed.queue, {member: due_ms}), "defer")
 
     # --- the start -------------------------------------------------------------------------
     def _record_start(
@@ -339,13 +339,13 @@ class Executor:
         if self.acks is not None and handler.django_task is None:
             return self.acks.record_start(started_update)  # shares a flush with other workers' writes
         # A @task function reads its own record when it starts.
-        return self.settler.redis(lambda: self.broker.record_result(started_update), "record_result")
+        return self.settler.redis(lambda: self.broker.records.record_result(started_update), "record_result")
 
     def _mark_suspect_started(self, claimed: Claimed) -> bool:
         """Make a suspect's start durable before its handler runs (a death from now on is the task's
         fault); False if the lease lapsed first: the run must not start, and the task is not blamed."""
         return self.settler.redis(
-            lambda: self.broker.mark_started(claimed.queue, claimed.consumer_id, claimed.raw), "mark_started"
+            lambda: self.broker.queue.mark_started(claimed.queue, claimed.consumer_id, claimed.raw), "mark_started"
         )
 
     def _not_started(
@@ -446,7 +446,7 @@ class Executor:
         """
         with running(context):
             if handler.django_task is not None:
-                return runner.run(handler.django_task, context, arguments, self.broker, timed_out, begin)
+                return runner.run(handler.django_task, context, arguments, self.broker.records, timed_out, begin)
             if handler.is_async:  # without an asyncio lane, on this thread
                 return asyncio.run(self.invoke_async(handler, context, arguments, None, begin))
             begin()
@@ -602,7 +602,9 @@ class Executor:
             return as_current(context, partial(_handler_run, handler, context, arguments, timeout_s, begin))
         try:
             with running(context):  # task_started, sent now, sees the run as current
-                start = runner.start_async(handler.django_task, context, arguments, self.broker, timeout_s, begin)
+                start = runner.start_async(
+                    handler.django_task, context, arguments, self.broker.records, timeout_s, begin
+                )
         except BaseException as exc:  # as call_with_clock catches a sync handler's
             start = partial(_raising, exc)
         return as_current(context, start)

@@ -33,7 +33,8 @@ from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, UndecodableTask, decode_task, encode_task
 from tasks_app.protocol.control import CancelMark
 from tasks_app.protocol.keys import UNDECODABLE_TYPE
-from tasks_app.protocol.replies import ResultUpdate, UniqueRelease
+from tasks_app.protocol.queue import UniqueRelease
+from tasks_app.protocol.replies import ResultUpdate
 from tasks_app.protocol.results import clean_text
 from tasks_app.protocol.timestamps import now_ms
 from tasks_app.registry import Registry
@@ -142,7 +143,7 @@ class Settler:
         if self.acks is not None:
             self.acks.record(update)
         else:
-            self.broker.record_result(update)
+            self.broker.records.record_result(update)
 
     # --- a run's outcome -------------------------------------------------------------------
     def settle_outcome(
@@ -224,7 +225,7 @@ class Settler:
             return True
         held = self._settle(
             "ack",
-            lambda result: self.broker.ack(
+            lambda result: self.broker.queue.ack(
                 claimed.queue, claimed.consumer_id, [claimed.raw], [result] if result else [], [release]
             )[0],
             update,
@@ -314,7 +315,7 @@ class Settler:
         new_raw = encode_task(task)
         held = self._settle(
             "retry",
-            lambda result: self.broker.retry_later(
+            lambda result: self.broker.queue.retry_later(
                 claimed.queue, claimed.consumer_id, claimed.raw, new_raw, task.priority, delay_ms, result
             ),
             update,
@@ -448,7 +449,7 @@ class Settler:
         withdrawn = record or withdrawal(claimed, task, self.result_ttl_s + wait_ms // 1000 + 1)
         held = self._settle(
             "defer",
-            lambda result: self.broker.retry_later(
+            lambda result: self.broker.queue.retry_later(
                 claimed.queue, claimed.consumer_id, claimed.raw, claimed.raw, task.priority, wait_ms, result
             ),
             withdrawn,
@@ -494,7 +495,7 @@ class Settler:
         """
         if claimed.receipt is None or time.monotonic() - claimed.claimed_at_s < CANCEL_CHECK_S:
             return None
-        [mark] = self.redis(lambda: self.broker.cancel_marks(task.queue, [task.id]), "cancel_marks")
+        [mark] = self.redis(lambda: self.broker.control.cancel_marks(task.queue, [task.id]), "cancel_marks")
         if mark == CancelMark.NONE:
             return None
         cancelled = results.cancelled(task, int(time.time() * 1000), self.result_ttl_s, claimed.fence)
@@ -532,7 +533,11 @@ class Settler:
     def redis[T](self, call: Callable[[], T], what: str) -> T:
         """Run a settling write through outages; WriteRefused once Redis keeps refusing it while answering."""
         return until_done(
-            call, what=what, give_up=self.give_up, refused_after=REFUSED_AFTER, redis_answers=self.broker.answers
+            call,
+            what=what,
+            give_up=self.give_up,
+            refused_after=REFUSED_AFTER,
+            redis_answers=self.broker.inspect.answers,
         )
 
     def _settle(self, what: str, move: Callable[[ResultUpdate | None], bool], update: ResultUpdate | None) -> bool:
@@ -559,7 +564,7 @@ class Settler:
     def _record_after(self, what: str, update: ResultUpdate) -> None:
         """Write the record of a run whose task was moved on without it; a refusal is only logged."""
         try:
-            self.redis(lambda: self.broker.record_result(update), "record_result")
+            self.redis(lambda: self.broker.records.record_result(update), "record_result")
         except (WriteRefused, ResponseError) as exc:
             logger.error("the record of task %a was not written after its %s: %s", update.task_id, what, exc)
 
@@ -568,7 +573,7 @@ class Settler:
     ) -> bool:
         return self._settle(
             "dead_letter",
-            lambda result: self.broker.dead_letter(
+            lambda result: self.broker.queue.dead_letter(
                 claimed.queue, claimed.consumer_id, claimed.raw, new_raw, result, release
             ),
             update,
@@ -632,13 +637,13 @@ def record_reaped(
             task, error, at_ms, settings.TASKS_RESULT_TTL, final=True, dead_reason=task.dead_reason
         )
         try:
-            until_done(partial(broker.record_result, update), what="record_result", give_up=give_up)
+            until_done(partial(broker.records.record_result, update), what="record_result", give_up=give_up)
         except Exception as exc:
             reaped_logger.error("could not record dead-lettered task %s as failed: %s", task.id, exc)
         # Whether or not its record could be written: the task is dead either way.
         if holds_unique_until_finished(task, task_types.get(task.type)):
             try:
-                release = partial(broker.release_unique, queue, task.unique_digest, task.id)
+                release = partial(broker.control.release_unique, queue, task.unique_digest, task.id)
                 until_done(release, what="release_unique", give_up=give_up)
             except Exception as exc:
                 reaped_logger.error("could not free the uniqueness key of dead-lettered task %s: %s", task.id, exc)

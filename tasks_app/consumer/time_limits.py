@@ -261,7 +261,9 @@ class RunWatch:
 
     def _marks(self, runs: list[Running]) -> list[tuple[Running, CancelMark]]:
         """What was asked of each of these runs of one queue."""
-        return list(zip(runs, self.broker.cancel_marks(runs[0].task.queue, [run.task.id for run in runs]), strict=True))
+        return list(
+            zip(runs, self.broker.control.cancel_marks(runs[0].task.queue, [run.task.id for run in runs]), strict=True)
+        )
 
     @staticmethod
     def _tell(run: Running, mark: CancelMark) -> None:

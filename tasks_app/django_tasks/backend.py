@@ -114,7 +114,7 @@ class RedisBackend(BaseTaskBackend):
 
     def get_result(self, result_id: str) -> TaskResult:
         """Read a task's result record; raise TaskResultDoesNotExist if there is none."""
-        fields = get_broker().get_result(str(result_id))
+        fields = get_broker().records.get_result(str(result_id))
         if not fields:
             raise TaskResultDoesNotExist(result_id)
         record = ResultRecord.from_fields(fields)
@@ -155,7 +155,7 @@ class RedisBackend(BaseTaskBackend):
 def _check_redis(broker: Broker, where: str) -> list[CheckMessage]:
     # A warning, not an error: consumers start before Redis and reconnect with backoff.
     try:
-        broker.ping()
+        broker.inspect.ping()
     except Exception as exc:  # any connection error means the same thing here
         return [
             Warning(

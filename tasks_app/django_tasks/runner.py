@@ -44,7 +44,7 @@ class RunTaskContext(TaskContext):  # type: ignore[misc]
 
 
 class ResultReader(Protocol):
-    """Reads a result record's text fields (the broker)."""
+    """Reads a result record's text fields (the broker's records)."""
 
     def get_result(self, task_id: str) -> dict[str, str] | None: ...
 

@@ -9,10 +9,8 @@ from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from tasks_app import task_pb2
 from tasks_app.protocol.jsontext import compact_json
-
-Task = task_pb2.Task
+from tasks_app.task_pb2 import Task as Task
 
 PRIORITY_MIN = -100
 PRIORITY_MAX = 100

@@ -97,7 +97,9 @@ def _decode(member: bytes, died_at_ms: int) -> DeadTask:
 
 def list_dead_tasks(queue: str, offset: int = 0, limit: int = 50, broker: Broker | None = None) -> list[DeadTask]:
     """Return a page of a queue's dead-lettered tasks, newest first."""
-    return [_decode(member, died_ms) for member, died_ms in (broker or get_broker()).list_dead(queue, offset, limit)]
+    return [
+        _decode(member, died_ms) for member, died_ms in (broker or get_broker()).inspect.list_dead(queue, offset, limit)
+    ]
 
 
 def find_dead_tasks(queue: str, refs: Iterable[str], broker: Broker | None = None) -> list[DeadTask]:
@@ -107,7 +109,7 @@ def find_dead_tasks(queue: str, refs: Iterable[str], broker: Broker | None = Non
     """
     wanted = set(refs)
     died_ms = sorted({int(ref.partition(":")[0]) for ref in wanted if _REF.fullmatch(ref)})
-    scored = (broker or get_broker()).dead_scored(queue, died_ms, SCAN_PAGE) if died_ms else []
+    scored = (broker or get_broker()).inspect.dead_scored(queue, died_ms, SCAN_PAGE) if died_ms else []
     found = [dead for dead in (_decode(member, ms) for member, ms in scored) if dead.ref in wanted]
     return list({dead.ref: dead for dead in found}.values())
 
@@ -146,12 +148,12 @@ def requeue(
         return Requeued([], [])
     # Taken before the moves, so above every earlier run's token (their late writes are ignored)
     # and below the token of any claim of a task they push.
-    fence = broker.issue_fence(queue)
+    fence = broker.queue.issue_fence(queue)
     entries = [_entry(item, task, fence, unique_windows or {}) for item, task in movable]
     # The READY record is written with the move, never for a task the move did not take. It must
     # be there before the push: a consumer may claim the task the moment it is pushed, and its
     # receipt must not meet the record of the dead run (a cancel asked of it, say).
-    replies = broker.requeue_dead(queue, entries, fence)
+    replies = broker.inspect.requeue_dead(queue, entries, fence)
     for entry, reply in zip(entries, replies, strict=True):
         if reply == MOVED_WITHOUT_RECORD:
             logger.warning("requeued task %s without its READY record: Redis refused it", entry.task_id)
@@ -180,13 +182,13 @@ def _push_parked(broker: Broker, queue: str, parked: Sequence[DeadRequeue]) -> N
     """
     if not parked:
         return
-    written, unreplicated = broker.record_results_replicated([entry.record for entry in parked])
+    written, unreplicated = broker.records.record_results_replicated([entry.record for entry in parked])
     if unreplicated:
         logger.warning("a replica did not confirm requeued tasks' READY records within the wait; requeued anyway")
     for entry, reply in zip(parked, written, strict=True):
         if isinstance(reply, Exception):
             logger.warning("requeued task %s without its READY record: Redis refused it (%s)", entry.task_id, reply)
-    broker.push_parked(queue, parked)
+    broker.inspect.push_parked(queue, parked)
 
 
 def _ready_again(task: Task, fence: int, unique: UniqueWindow | None) -> ResultUpdate:
@@ -205,4 +207,4 @@ def _ready_again(task: Task, fence: int, unique: UniqueWindow | None) -> ResultU
 
 def delete(queue: str, dead: Sequence[DeadTask], broker: Broker | None = None) -> int:
     """Delete dead tasks for good; return how many were deleted."""
-    return (broker or get_broker()).delete_dead(queue, [item.member for item in dead])
+    return (broker or get_broker()).inspect.delete_dead(queue, [item.member for item in dead])

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
 import redis
 
 from tasks_app.protocol import history
+from tasks_app.protocol.history import KEEP_MINUTES
 from tasks_app.protocol.keys import WAKE_TOKEN, consumer_id_of, delayed_member
 from tasks_app.protocol.names import NAME_PATTERN
-from tasks_app.protocol.replies import QueueStats, ResultUpdate, json_object, stored_int
+from tasks_app.protocol.replies import ResultUpdate, json_object, stored_int
 from tasks_app.protocol.scripts import ScriptClient
 from tasks_app.protocol.timestamps import MAX_SCORE_MS, ms_of_score
 
@@ -25,6 +27,30 @@ REQUEUE_PARK_MS = 60_000
 # What requeue_dead answers per task: not moved (no longer dead), moved, moved without its READY record
 # (else the id of the task holding its uniqueness key: it stays dead).
 NOT_MOVED, MOVED, MOVED_WITHOUT_RECORD = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """Sizes of one queue's parts and its live consumers."""
+
+    queue: str
+    pending: int
+    processing: int
+    delayed: int
+    dead: int
+    consumers: list[dict[str, Any]]
+    paused: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "paused": self.paused,
+            "queue": self.queue,
+            "pending": self.pending,
+            "processing": self.processing,
+            "delayed": self.delayed,
+            "dead": self.dead,
+            "consumers": self.consumers,
+        }
 
 
 class DeadRequeue(NamedTuple):
@@ -67,10 +93,13 @@ def _count(raw: bytes | None) -> int:
     return stored_int(raw) or 0
 
 
-class InspectionOps(ScriptClient):
-    """Queue stats and dead-letter operations for the dashboard, the commands and the consumer's housekeeping."""
+class Inspection:
+    """Queue stats, chart counters and dead-letter operations for the dashboard, the commands and housekeeping."""
 
-    # --- inspection and admin --------------------------------------------------------------
+    def __init__(self, redis: ScriptClient) -> None:
+        self.redis = redis
+        self.client, self.keys, self.scripts = redis.client, redis.keys, redis.scripts
+
     def completed_last_minute(self, queue: str) -> int:
         """Count the tasks of `queue` acknowledged in the last minute (whole buckets: 50-60 s)."""
         current = int(time.time()) // THROUGHPUT_BUCKET_S
@@ -145,6 +174,27 @@ class InspectionOps(ScriptClient):
         holders = [member.decode(errors="backslashreplace") for member, _ in entries]
         return entries, holders + [cid for cid in map(consumer_id_of, reaped) if cid]
 
+    def sample_backlog(self, queue: str) -> int:
+        """Store how many tasks of `queue` wait (pending, prioritized, suspects, delayed) in this minute's hash."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.llen(self.keys.pending(queue))
+        pipe.zcard(self.keys.prioritized(queue))
+        pipe.llen(self.keys.suspects(queue))
+        pipe.zcard(self.keys.delayed(queue))
+        backlog = int(sum(pipe.execute()))
+        key = self.keys.minute(queue, int(time.time()) // 60)
+        pipe.hset(key, "backlog", backlog)
+        pipe.expire(key, KEEP_MINUTES * 60)
+        pipe.execute()
+        return backlog
+
+    def minute_counts(self, queue: str, minutes: Sequence[int]) -> list[dict[str, int]]:
+        """The counters of `queue` for each of `minutes` (empty where nothing was counted)."""
+        pipe = self.client.pipeline(transaction=False)
+        for minute in minutes:
+            pipe.hgetall(self.keys.minute(queue, minute))
+        return [_ints(raw) for raw in pipe.execute()]
+
     def dead_count(self, queue: str) -> int:
         """How many tasks of `queue` are dead-lettered."""
         key = self.keys.dead(queue)
@@ -212,7 +262,7 @@ class InspectionOps(ScriptClient):
             *uniques,
         ]
         keys += [self.keys.result(entry.task_id) for entry in entries] if with_records else []
-        replies = self._script("requeue_dead", keys, args)
+        replies = self.redis.run("requeue_dead", keys, args)
         return [reply if isinstance(reply, int) else reply.decode(errors="backslashreplace") for reply in replies]
 
     def trim_dead(self, queue: str, max_count: int, max_age_s: int) -> int:
@@ -224,7 +274,7 @@ class InspectionOps(ScriptClient):
         dropped = 0
         while True:
             batch = TRIM_BATCH
-            step = int(self._script("trim_dead", [self.keys.dead(queue)], [max_count, max_age_s * 1000, batch]))
+            step = int(self.redis.run("trim_dead", [self.keys.dead(queue)], [max_count, max_age_s * 1000, batch]))
             dropped += step
             if step < batch:
                 return dropped
@@ -235,12 +285,7 @@ class InspectionOps(ScriptClient):
 
     def server_time_ms(self) -> int:
         """Return the Redis server's clock in milliseconds."""
-        return self.server_time_us() // 1000
-
-    def server_time_us(self) -> int:
-        """Return the Redis server's clock in microseconds (as the scripts' `server_now_us`)."""
-        seconds, micros = self.client.time()
-        return int(seconds) * 1_000_000 + int(micros)
+        return self.redis.server_time_us() // 1000
 
     def ping(self) -> bool:
         """Return True if Redis answers."""
@@ -260,3 +305,7 @@ class InspectionOps(ScriptClient):
         # With several target nodes redis-py answers one parsed CLUSTER INFO per node.
         replies = cast(dict[Any, dict[str, Any]], self.client.cluster_info(target_nodes=redis.RedisCluster.PRIMARIES))
         return all(info.get("cluster_state") == "ok" for info in replies.values())
+
+
+def _ints(raw: dict[bytes, bytes]) -> dict[str, int]:
+    return {key.decode(errors="backslashreplace"): stored_int(value) or 0 for key, value in raw.items()}

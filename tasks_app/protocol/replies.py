@@ -1,10 +1,10 @@
-"""What broker operations take and return: result updates, claims, reaps, keys to free, ack reports, stats."""
+"""What result writes take and record reads return: result updates, record fields as text, stored numbers."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import redis
 
@@ -39,89 +39,8 @@ def record_text_fields(task_id: str, record: dict[bytes, bytes] | Exception) -> 
     return {**READY_RECORD_DEFAULTS, **fields, "id": task_id}
 
 
-@dataclass(frozen=True)
-class Claim:
-    """What one claim moved into a consumer's processing list."""
-
-    tasks: list[bytes]
-    took_suspect: bool  # the first task is a suspect: recovered from a consumer that died holding it
-    suspects_waiting: int  # suspects still in the queue's suspects list
-    first_fence: int = 0  # fencing token of tasks[0]; tasks[i] holds first_fence + i
-    lease_expired: bool = False  # nothing was claimed: the lease lapsed and has not been renewed
-    paused: bool = False  # nothing was claimed: the queue is paused
-
-
-class Promotion(NamedTuple):
-    """What one promote_due call did."""
-
-    moved: int
-    next_due_ms: int  # -1: nothing delayed
-    now_ms: int  # the server's clock
-    malformed: int  # due members that were not "<priority><task>", dead-lettered
-
-
-@dataclass(frozen=True)
-class LeaseHolder:
-    """A consumer id's lease entry on one queue: how long it holds yet, and what its holder registered."""
-
-    queue: str
-    ms_left: int  # 0 or less once the lease lapsed (the holder is presumed dead)
-    info: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class ReapOutcome:
-    """What one reap call did to one consumer's processing list."""
-
-    status: int  # 1 reaped, -1 lease alive, -2 Redis restarted or failed over recently, -3 unknown consumer
-    requeued: int
-    remaining: int
-    dead_lettered: list[bytes]
-
-
-class UniqueRelease(NamedTuple):
-    """A uniqueness key that settling a claimed task frees (unique_until = finished), if the task is still held."""
-
-    digest: str
-    task_id: str
-    after_ms: int = 0  # 0: now; else in that many ms (a process that gave up on a hung run frees it once gone)
-
-
 Holder = tuple[tuple[str, str], bytes]
 """The task whose run wrote a result: its (queue, consumer) processing list and its bytes as claimed."""
-
-
-class AckReport(NamedTuple):
-    """What a batch of result writes and acks did."""
-
-    flags: dict[tuple[str, str], list[bool]]  # per (queue, consumer): whether each task was still held
-    refused: dict[int, Exception]  # result writes Redis refused, by index
-    unreplicated_masters: int = 0  # Redis Cluster: masters whose replica did not confirm the results in time
-    written: tuple[Any, ...] = ()  # each result write's reply (1 written, 0 ignored, 2 refused: cancelled, 3 not held)
-
-
-@dataclass(frozen=True)
-class QueueStats:
-    """Sizes of one queue's parts and its live consumers."""
-
-    queue: str
-    pending: int
-    processing: int
-    delayed: int
-    dead: int
-    consumers: list[dict[str, Any]]
-    paused: bool = False
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "paused": self.paused,
-            "queue": self.queue,
-            "pending": self.pending,
-            "processing": self.processing,
-            "delayed": self.delayed,
-            "dead": self.dead,
-            "consumers": self.consumers,
-        }
 
 
 # Not frozen: several are built per run, and a frozen dataclass costs four times as much to build.

@@ -219,23 +219,29 @@ class CommandPacker(HiredisRespSerializer):
 
 
 class ScriptClient:
-    """What the broker's operations share: the client, the keys and the scripts."""
+    """What every role of the broker shares: the client, the keys and the scripts, and the calls on them."""
 
-    client: Any
-    keys: Keys
-    scripts: Scripts
+    def __init__(self, client: Any, keys: Keys, scripts: Scripts) -> None:
+        self.client = client
+        self.keys = keys
+        self.scripts = scripts
+        self.direct = DirectCalls.of(client)
 
-    direct: DirectCalls | None
-
-    def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    def run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Run script `name` (see `Scripts.run`)."""
         return self.scripts.run(self.client, name, keys, args)
 
-    def _script_direct(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """`_script` past redis-py's pool and retry layers (see `DirectCalls`), for the hottest calls of a producer."""
+    def run_direct(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """`run` past redis-py's pool and retry layers (see `DirectCalls`), for the hottest calls of a producer."""
         if self.direct is None:
-            return self._script(name, keys, args)
+            return self.run(name, keys, args)
         return self.scripts.run_direct(self.direct, name, keys, args)
 
-    def queue_announce(self, pipe: Any, queues: Iterable[str], *, by_source: bool = False) -> None:
+    def announce(self, pipe: Any, queues: Iterable[str], *, by_source: bool = False) -> None:
         """Add `queues` to the queue set on `pipe` (`announce_queues`)."""
         self.scripts.queue(pipe, "announce_queues", [self.keys.queues()], sorted(queues), by_source=by_source)
+
+    def server_time_us(self) -> int:
+        """Return the Redis server's clock in microseconds (as the scripts' `server_now_us`)."""
+        seconds, micros = self.client.time()
+        return int(seconds) * 1_000_000 + int(micros)

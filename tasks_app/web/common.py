@@ -63,7 +63,7 @@ def csrf_rejection(request: HttpRequest, check: type[CsrfViewMiddleware] = CsrfV
 
 def load_record(task_id: str) -> ResultRecord | None:
     """Return a task's result record, or None if it is unknown or expired."""
-    fields = get_broker().get_result(task_id)
+    fields = get_broker().records.get_result(task_id)
     return ResultRecord.from_fields(fields) if fields else None
 
 

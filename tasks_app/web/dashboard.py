@@ -20,8 +20,9 @@ from tasks_app.models import MANAGE_DEAD_LETTERS_PERMISSION
 from tasks_app.periodic.status import schedule_statuses
 from tasks_app.protocol import dead_letters
 from tasks_app.protocol.broker import Broker, get_broker
+from tasks_app.protocol.inspection import QueueStats
 from tasks_app.protocol.names import NAME_PATTERN, InvalidName, validate_name
-from tasks_app.protocol.replies import QueueStats, stored_int
+from tasks_app.protocol.replies import stored_int
 from tasks_app.protocol.results import LISTED_FIELDS
 from tasks_app.protocol.timestamps import datetime_of_ms
 from tasks_app.task_types import unique_windows
@@ -80,8 +81,8 @@ class QueueRow:
 def queue_dashboard(request: HttpRequest) -> HttpResponse:
     """Show every queue's pending / processing / delayed / dead counts, consumers and throughput, and the schedules."""
     broker = get_broker()
-    now_ms = broker.server_time_ms()  # leases are on the Redis clock
-    queues = broker.known_queues()
+    now_ms = broker.inspect.server_time_ms()  # leases are on the Redis clock
+    queues = broker.inspect.known_queues()
     rows = [_queue_row(broker, queue, now_ms) for queue in queues]
     charts = dashboard_charts(chart_data(broker, queues))
     context = admin_context(
@@ -95,13 +96,13 @@ def queue_dashboard(request: HttpRequest) -> HttpResponse:
 
 
 def _queue_row(broker: Broker, queue: str, now_ms: int) -> QueueRow:
-    stats = broker.queue_stats(queue)
+    stats = broker.inspect.queue_stats(queue)
     return QueueRow(
         stats,
         [ConsumerRow.from_info(c, now_ms) for c in stats.consumers],
-        broker.completed_last_minute(queue),
+        broker.inspect.completed_last_minute(queue),
         NAME_PATTERN.fullmatch(queue) is not None,
-        str((broker.pause_states([queue])[queue] or {}).get("by") or ""),
+        str((broker.control.pause_states([queue])[queue] or {}).get("by") or ""),
     )
 
 
@@ -110,7 +111,7 @@ def _queue_row(broker: Broker, queue: str, now_ms: int) -> QueueRow:
 def chart_series(request: HttpRequest) -> JsonResponse:
     """The dashboard's chart data as JSON: per-minute series of the last hour, per queue and per type."""
     broker = get_broker()
-    return JsonResponse(chart_data(broker, broker.known_queues()))
+    return JsonResponse(chart_data(broker, broker.inspect.known_queues()))
 
 
 @staff_member_required
@@ -145,10 +146,10 @@ def dead_letter_page(request: HttpRequest, queue: str) -> HttpResponse:
 def _dead_listing(queue: str, page_number: str | None) -> dict[str, Any]:
     """One page of a queue's dead letters, their total, and which of them still have a result record."""
     broker = get_broker()
-    total = broker.dead_count(queue)
+    total = broker.inspect.dead_count(queue)
     page = Paginator(range(total), PAGE_SIZE).get_page(page_number)
     tasks = dead_letters.list_dead_tasks(queue, (page.number - 1) * PAGE_SIZE, PAGE_SIZE)
-    records = broker.get_results((task.task_id for task in tasks), LISTED_FIELDS)
+    records = broker.records.get_results((task.task_id for task in tasks), LISTED_FIELDS)
     return {
         "dead_tasks": tasks,
         # Dead letters outlive result records (TASKS_DEAD_LETTER_MAX_AGE_S): link the tasks that still have one.

@@ -23,9 +23,9 @@ from tasks_app.web.common import redis_required
 def queue_state(queue: str) -> dict[str, Any]:
     """A queue's counts and whether (since when, by whom) it is paused, as JSON."""
     broker = get_broker()
-    counts = broker.queue_stats(queue).as_dict()
+    counts = broker.inspect.queue_stats(queue).as_dict()
     counts.pop("consumers", None)
-    state = broker.pause_states([queue])[queue] or {}
+    state = broker.control.pause_states([queue])[queue] or {}
     since = datetime_of_ms(state["since_ms"]) if isinstance(state.get("since_ms"), int) else None
     return {
         **counts,

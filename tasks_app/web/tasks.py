@@ -156,7 +156,7 @@ def _queue_pause(record: ResultRecord) -> dict[str, Any]:
     """Whether a task that waits waits on a paused queue."""
     if record.status != "READY":
         return {"queue_paused": False}
-    return {"queue_paused": get_broker().pause_states([record.queue])[record.queue] is not None}
+    return {"queue_paused": get_broker().control.pause_states([record.queue])[record.queue] is not None}
 
 
 def _percent(progress: dict[str, Any] | None) -> float | None:

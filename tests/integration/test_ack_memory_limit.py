@@ -51,9 +51,9 @@ def _refused_for_memory(client: redis.Redis) -> None:
 
     assert outcome == [None]  # unknown to the consumer: the list still holds the task
     assert client.lrange(broker.keys.processing("q", "c1"), 0, -1) == [raw]
-    record = broker.get_result(task.id)
+    record = broker.records.get_result(task.id)
     assert record["status"] == "RUNNING" and "return_value" not in record
-    assert broker.ack("q", "c1", [raw]) == [True]  # what is listed can still be settled
+    assert broker.queue.ack("q", "c1", [raw]) == [True]  # what is listed can still be settled
 
 
 def test_a_task_acked_alone_for_memory_still_gets_its_record(tmp_path: Path):
@@ -74,7 +74,7 @@ def test_a_task_acked_alone_for_memory_still_gets_its_record(tmp_path: Path):
         client.config_set("maxmemory", 0)
 
         assert outcome == [True] and client.llen(broker.keys.processing("q", "c1")) == 0
-        record = broker.get_result(task.id)
+        record = broker.records.get_result(task.id)
         assert (record["status"], record["return_value"]) == (results.SUCCESSFUL, '"done"')
         assert int(client.hget(broker.keys.minute("q", int(time.time()) // 60), "ok") or 0) == 1
     finally:

@@ -75,7 +75,7 @@ def test_a_run_whose_record_rerun_meets_a_busy_server_is_recorded_as_it_ended(tm
 
         assert not client.armed
         assert outcome == [True] and client.llen(broker.keys.processing("q", "c1")) == 0
-        record = broker.get_result(task.id)
+        record = broker.records.get_result(task.id)
         assert (record["status"], record["return_value"]) == (results.SUCCESSFUL, '"done"')
     finally:
         server.remove()
