@@ -46,13 +46,13 @@ def claim_fenced(system, queue: str, count: int) -> list[tuple[bytes, int]]:
 
 def ack_one(system, queue: str, held: list[tuple[bytes, int]]) -> float:
     """Ack our oldest held task of `queue` with its result write, claim a new one; return the ack's seconds."""
-    from tasks_app.protocol import results
+    from tasks_app.protocol import records
     from tasks_app.protocol.codec import decode_task
 
     raw, fence = held.pop(0)
     task = decode_task(raw)
     task.attempt = 1
-    update = results.succeeded(task, "true", int(time.time() * 1000), 3600, fence)
+    update = records.succeeded(task, "true", int(time.time() * 1000), 3600, fence)
     started = time.perf_counter()
     system.broker.queue.ack(queue, ME, [raw], [update])
     elapsed = time.perf_counter() - started

@@ -15,7 +15,7 @@ from tasks_app import metrics
 from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.inspection import QueueStats
-from tasks_app.protocol.names import NAME_PATTERN
+from tasks_app.protocol.keys import NAME_PATTERN
 
 logger = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 from tasks_app.exceptions import TaskAlreadyFinished, TaskNotFound
 from tasks_app.protocol.broker import Broker, get_broker
+from tasks_app.protocol.codec import is_utf8_encodable
 from tasks_app.protocol.control import CANCELLED, FINISHED, REQUESTED, UNKNOWN, CancelReply
-from tasks_app.protocol.jsontext import is_utf8_encodable
 
 __all__ = [
     "CANCELLED",

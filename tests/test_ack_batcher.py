@@ -12,10 +12,10 @@ import redis
 
 from tasks_app import producer
 from tasks_app.consumer.ack_batcher import AckBatcher, merge_updates, storable
-from tasks_app.protocol import results
+from tasks_app.protocol import records
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import decode_task
-from tasks_app.protocol.replies import ResultUpdate
+from tasks_app.protocol.records import ResultUpdate
 
 pytestmark = pytest.mark.django_db
 
@@ -202,11 +202,11 @@ def test_a_batch_sent_again_after_its_reply_was_lost_appends_counts_and_reports_
         task = decode_task(raw)
         task.attempt = 1
         fence = 10 + index
-        batcher.record(results.started(task, None, "c7", 1000.5, 3, 60, fence, record_exists=True))  # type: ignore[arg-type]
+        batcher.record(records.started(task, None, "c7", 1000.5, 3, 60, fence, record_exists=True))  # type: ignore[arg-type]
         ending = (
-            results.succeeded(task, "null", 2000.5, 60, fence, run_s=0.1)
+            records.succeeded(task, "null", 2000.5, 60, fence, run_s=0.1)
             if index == 0
-            else results.attempt_failed(task, {"exception_class_path": "E"}, 2000.5, 60, final=True, fence=fence)
+            else records.attempt_failed(task, {"exception_class_path": "E"}, 2000.5, 60, final=True, fence=fence)
         )
         batcher.ack("default", "c7", raw, ending, outcomes.append)
 

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from tasks_app.consumer.ack_batcher import AckBatcher
-from tasks_app.protocol import results
+from tasks_app.protocol import records
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Arguments, Task, encode_task
 from tasks_app.protocol.enqueue import Enqueueable
@@ -27,7 +27,7 @@ def _run(broker: Broker, task: Task, consumer_id: str) -> tuple[bytes, int]:
     assert claim is not None and len(claim.tasks) == 1
     task.attempt += 1
     assert (
-        broker.records.record_result(results.started(task, ARGS, consumer_id, task.attempt, 3, 60, claim.first_fence))
+        broker.records.record_result(records.started(task, ARGS, consumer_id, task.attempt, 3, 60, claim.first_fence))
         == 1
     )
     return claim.tasks[0], claim.first_fence
@@ -43,7 +43,7 @@ def _ack(broker: Broker, consumer_id: str, raw: bytes, task: Task, fence: int) -
     """Ack a run's success through a batcher, in one flush: the ack's flag."""
     batcher = AckBatcher(broker, threading.Event())
     outcome: list[bool | None] = []
-    batcher.ack("q", consumer_id, raw, results.succeeded(task, f'"{consumer_id}"', 5, 60, fence, 0.1), outcome.append)
+    batcher.ack("q", consumer_id, raw, records.succeeded(task, f'"{consumer_id}"', 5, 60, fence, 0.1), outcome.append)
     assert batcher.flush_once(block_s=0.1) == 1
     return outcome
 
@@ -69,7 +69,7 @@ def test_a_run_reaped_before_its_ack_lands_leaves_the_record_and_its_task_runs_o
     assert "return_value" not in record and "finished_at_ms" not in record
     assert broker.client.lrange(broker.keys.suspects("q"), 0, -1) == [raw]
     assert broker.client.zscore(broker.keys.history_status("q", "RUNNING"), task.id) is not None
-    assert broker.client.zscore(broker.keys.history_status("q", results.SUCCESSFUL), task.id) is None
+    assert broker.client.zscore(broker.keys.history_status("q", records.SUCCESSFUL), task.id) is None
     assert _succeeded_this_minute(broker) == 0
 
     again, later = _run(broker, task, "c2")  # the rerun, exactly once more
@@ -77,7 +77,7 @@ def test_a_run_reaped_before_its_ack_lands_leaves_the_record_and_its_task_runs_o
     assert _ack(broker, "c2", again, task, later) == [True]
     record = broker.records.get_result(task.id)
     assert (record["status"], record["return_value"], record["worker_ids"]) == ("SUCCESSFUL", '"c2"', '["c1","c2"]')
-    assert broker.client.zscore(broker.keys.history_status("q", results.SUCCESSFUL), task.id) is not None
+    assert broker.client.zscore(broker.keys.history_status("q", records.SUCCESSFUL), task.id) is not None
     assert _succeeded_this_minute(broker) == 1
     assert broker.client.llen(broker.keys.suspects("q")) == broker.client.llen(broker.keys.processing("q", "c2")) == 0
     assert set(broker.client.lrange(broker.keys.pending("q"), 0, -1)) <= {WAKE_TOKEN}  # a reap's wake-up at most
@@ -93,7 +93,7 @@ def test_a_record_write_run_again_after_its_ack_is_written_only_if_the_ack_found
 
     assert _ack(late, "c1", raw, task, fence) == [True]
     record = broker.records.get_result(task.id)
-    assert (record["status"], record["return_value"]) == (results.SUCCESSFUL, '"c1"')
+    assert (record["status"], record["return_value"]) == (records.SUCCESSFUL, '"c1"')
     assert _succeeded_this_minute(broker) == 1
 
     reaped = _enqueued(broker, "rerun-2")
@@ -133,7 +133,7 @@ def test_a_run_whose_id_left_the_consumers_but_whose_task_is_still_listed_writes
 
     assert _ack(acking, "c1", raw, task, fence) == [True]
     record = broker.records.get_result(task.id)
-    assert (record["status"], record["return_value"]) == (results.SUCCESSFUL, '"c1"')
-    assert broker.client.zscore(broker.keys.history_status("q", results.SUCCESSFUL), task.id) is not None
+    assert (record["status"], record["return_value"]) == (records.SUCCESSFUL, '"c1"')
+    assert broker.client.zscore(broker.keys.history_status("q", records.SUCCESSFUL), task.id) is not None
     assert _succeeded_this_minute(broker) == 1
     assert broker.client.llen(broker.keys.processing("q", "c1")) == 0

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from tasks_app import producer
 from tasks_app.models import ApiToken, TaskType
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tasks_app.web.api_auth import issue_token
 from tests.support.enqueued import enqueued_keys
 

@@ -10,7 +10,7 @@ from tasks_app.protocol.codec import Task
 from tasks_app.protocol.enqueue import AnnouncedQueues
 from tasks_app.protocol.inspection import MOVED, NOT_MOVED, DeadRequeue
 from tasks_app.protocol.keys import WAKE_TOKEN, delayed_member, split_delayed_member
-from tasks_app.protocol.replies import ResultUpdate
+from tasks_app.protocol.records import ResultUpdate
 from tasks_app.protocol.scripts import LUA_DIR, MisconfiguredKey
 from tests.support.broker_calls import ids, make_task, push, register
 from tests.support.enqueued import is_idle
@@ -314,17 +314,17 @@ def test_non_zero_priority_tasks_count_as_pending(broker, priority):
 
 
 def test_a_late_outcome_of_an_earlier_run_cannot_overwrite_a_later_run(broker):
-    from tasks_app.protocol import results
+    from tasks_app.protocol import records
     from tasks_app.protocol.codec import Arguments
 
     task = Task(id="rerun-1", type="demo.echo", queue="q", attempt=1)
     args = Arguments([], {})
     first, second = broker.queue.issue_fence("q"), broker.queue.issue_fence("q")
-    broker.records.record_result(results.started(task, args, "c1", 1, 3, 60, first))
-    broker.records.record_result(results.started(task, args, "c2", 2, 3, 60, second))  # c1 was presumed dead
-    broker.records.record_result(results.succeeded(task, '"from c1"', 3, 60, first))
+    broker.records.record_result(records.started(task, args, "c1", 1, 3, 60, first))
+    broker.records.record_result(records.started(task, args, "c2", 2, 3, 60, second))  # c1 was presumed dead
+    broker.records.record_result(records.succeeded(task, '"from c1"', 3, 60, first))
     assert broker.records.get_result("rerun-1")["status"] == "RUNNING"
-    broker.records.record_result(results.succeeded(task, '"from c2"', 4, 60, second))
+    broker.records.record_result(records.succeeded(task, '"from c2"', 4, 60, second))
     record = broker.records.get_result("rerun-1")
     assert (record["status"], record["return_value"]) == ("SUCCESSFUL", '"from c2"')
 

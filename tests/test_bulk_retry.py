@@ -7,8 +7,8 @@ import pytest
 from django.contrib.admin.models import ADDITION, LogEntry
 
 from tasks_app import producer
-from tasks_app.protocol import results
-from tasks_app.protocol.replies import ResultUpdate
+from tasks_app.protocol import records
+from tasks_app.protocol.records import ResultUpdate
 from tasks_app.web import bulk
 
 pytestmark = pytest.mark.django_db
@@ -39,7 +39,7 @@ def _told(response) -> list[str]:
 def _copies(broker, original: str) -> list[str]:
     """The ids of the tasks of queue b that retry `original`."""
     ids = [entry.task_id for entry in broker.records.history_window(["b"], None, None, None, 100)]
-    return [i for i in ids if results.ResultRecord.from_fields(broker.records.get_result(i)).retry_of == original]
+    return [i for i in ids if records.ResultRecord.from_fields(broker.records.get_result(i)).retry_of == original]
 
 
 def test_the_same_retry_posted_twice_enqueues_one_copy_and_the_second_answer_says_so(staff, broker, failed):

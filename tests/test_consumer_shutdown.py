@@ -12,7 +12,7 @@ from tasks_app import producer
 from tasks_app.consumer.lifecycle import Consumer
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.models import TaskType
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tests.support.consumers import running
 from tests.support.processes import wait_until
 from tests.support.recording import marks, recorded_runs

@@ -14,8 +14,7 @@ from tasks_app.models import TaskType
 from tasks_app.protocol.codec import Task, decode_task, encode_task
 from tasks_app.protocol.dead_letters import list_dead_tasks
 from tasks_app.protocol.keys import UNDECODABLE_TYPE
-from tasks_app.protocol.replies import ResultUpdate
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord, ResultUpdate
 
 pytestmark = pytest.mark.django_db
 

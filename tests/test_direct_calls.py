@@ -13,8 +13,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError, ResponseEr
 from redis.retry import Retry
 
 from bench.private_redis import free_port
-from tasks_app.protocol.direct_calls import SPARE_MAX, DirectCalls
-from tasks_app.protocol.scripts import connect
+from tasks_app.protocol.scripts import SPARE_MAX, DirectCalls, connect
 from tests.support.broker_calls import ids, make_task, push
 
 

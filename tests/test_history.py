@@ -14,12 +14,11 @@ from tasks_app.models import TaskType
 from tasks_app.periodic.config import PeriodicConfig
 from tasks_app.periodic.firing import fire_slot, run_id
 from tasks_app.periodic.schedule import Schedule
-from tasks_app.protocol import history, results
+from tasks_app.protocol import history, records
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.history import RECORDS_PER_CALL
 from tasks_app.protocol.periodic import SlotFiring
-from tasks_app.protocol.replies import ResultUpdate
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord, ResultUpdate
 from tasks_app.registry import Handler, Registry
 from tasks_app.task_types import TaskTypeCache
 from tests.support.claims import claim, push, register, task_bytes
@@ -210,7 +209,7 @@ def test_runs_are_counted_per_minute(broker, consumer_in_thread):
 
 
 def test_every_status_a_record_can_have_has_an_index():
-    assert set(history.STATUSES) == {results.READY, results.RUNNING, *results.FINISHED}
+    assert set(history.STATUSES) == {records.READY, records.RUNNING, *records.FINISHED}
 
 
 def test_one_flush_files_the_tasks_of_several_queues_in_calls_of_bounded_size(broker):

@@ -10,7 +10,7 @@ from django.urls import reverse
 from tasks_app import producer
 from tasks_app.protocol.codec import Task, encode_task
 from tasks_app.protocol.dead_letters import list_dead_tasks
-from tasks_app.protocol.replies import ResultUpdate
+from tasks_app.protocol.records import ResultUpdate
 
 pytestmark = pytest.mark.django_db
 

@@ -13,7 +13,7 @@ from tasks_app.consumer.periodic_loop import CodeScheduleSync, PeriodicLoop, sch
 from tasks_app.models import PeriodicTask, TaskType
 from tasks_app.periodic.config import PeriodicConfig
 from tasks_app.periodic.schedule import Schedule
-from tasks_app.protocol.timestamps import datetime_of_ms
+from tasks_app.protocol.records import datetime_of_ms
 from tasks_app.task_types import recent_task_types
 from tests.support.periodic import pushed_runs
 

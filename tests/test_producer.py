@@ -9,7 +9,7 @@ from django.db import transaction
 from tasks_app.models import TaskType
 from tasks_app.producer import EnqueueError, TaskRequest, enqueue, enqueue_many
 from tasks_app.protocol.codec import decode_payload, decode_task
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tests.support.enqueued import enqueued_keys
 
 pytestmark = pytest.mark.django_db

@@ -17,9 +17,9 @@ import tasks_app
 from tasks_app import control, producer
 from tasks_app.context import MAX_PROGRESS_MESSAGE_CHARS, progress_value
 from tasks_app.models import TaskType
-from tasks_app.protocol import results
+from tasks_app.protocol import records
 from tasks_app.protocol.control import CancelMark
-from tasks_app.protocol.replies import ResultUpdate
+from tasks_app.protocol.records import ResultUpdate
 from tests.support import django_tasks as tasks
 
 pytestmark = pytest.mark.django_db
@@ -31,7 +31,7 @@ def cancel_url(task_id: str) -> str:
 
 def start_run(broker: Any, task_id: str, fence: int) -> int:
     """What a consumer's first write of a run does; returns record_result's reply."""
-    return broker.records.record_result(ResultUpdate(task_id, {"status": results.RUNNING}, 60, fence=fence))
+    return broker.records.record_result(ResultUpdate(task_id, {"status": records.RUNNING}, 60, fence=fence))
 
 
 def test_the_api_answers_a_duplicate_with_200_and_the_first_id(staff, broker, echo_type):
@@ -41,7 +41,7 @@ def test_the_api_answers_a_duplicate_with_200_and_the_first_id(staff, broker, ec
     again = staff.post("/api/tasks/", {**body, "args": [2]}, content_type="application/json")
     assert (first.status_code, first.json()["duplicate"]) == (201, False)
     assert (again.status_code, again.json()["duplicate"], again.json()["id"]) == (200, True, first.json()["id"])
-    broker.records.record_result(ResultUpdate(first.json()["id"], {"status": results.SUCCESSFUL}, 60))
+    broker.records.record_result(ResultUpdate(first.json()["id"], {"status": records.SUCCESSFUL}, 60))
     later = staff.post("/api/tasks/", {**body, "priority": 5}, content_type="application/json").json()
     assert (later["status"], later["priority"], later["enqueued_at"]) == ("SUCCESSFUL", 0, first.json()["enqueued_at"])
     with pytest.raises(producer.EnqueueError, match="not unique"):
@@ -132,13 +132,13 @@ def test_cancelling_needs_the_cancel_permission(client, broker, echo_type):
 def test_the_start_gate_refuses_cancelled_tasks_and_later_runs_of_cancel_requested_ones(broker, echo_type):
     cancelled, requested = (task.id for task in producer.enqueue("web.echo", count=2))
     tasks_app.cancel(cancelled)
-    assert start_run(broker, cancelled, 5) == results.START_REFUSED
+    assert start_run(broker, cancelled, 5) == records.START_REFUSED
     assert start_run(broker, requested, 5) == 1
     assert tasks_app.cancel(requested).outcome == tasks_app.control.REQUESTED
     assert broker.control.cancel_marks("web", [requested, cancelled]) == [CancelMark.REQUESTED, CancelMark.NONE]
     assert start_run(broker, requested, 5) == 1  # the same run goes on writing
     assert broker.records.get_result(requested)["status"] == "RUNNING"
-    assert start_run(broker, requested, 6) == results.START_REFUSED  # a retry never starts
+    assert start_run(broker, requested, 6) == records.START_REFUSED  # a retry never starts
     assert broker.records.get_result(requested)["status"] == "CANCELLED"
     other_write = ResultUpdate(cancelled, {"dead_reason": "requeued"}, 60, fence=9)
     assert broker.records.record_result(other_write) == 1  # only a run's start is refused
@@ -153,7 +153,7 @@ def test_claim_receipts_make_a_later_cancel_a_request_to_the_consumer_that_holds
     assert broker.records.get_result(held)["status"] == "READY" and broker.control.cancel_marks("web", [held]) == [True]
     assert start_run(broker, held, 6) == 1 and broker.records.get_result(held)["status"] == "RUNNING"
     # Deferred: the consumer withdrew its receipt, so the cancel cancels it outright.
-    broker.records.record_result(ResultUpdate(deferred, {results.CLAIMED_FENCE: ""}, 60, fence=7))
+    broker.records.record_result(ResultUpdate(deferred, {records.CLAIMED_FENCE: ""}, 60, fence=7))
     assert tasks_app.cancel(deferred).outcome == tasks_app.control.CANCELLED
     assert broker.queue.claim_receipts([(deferred, 9)], 60) == [2]
     # Cancel requested while claimed, then the task went back to wait: its next claim is refused.
@@ -167,8 +167,8 @@ def test_a_dropped_task_is_filed_cancelled_and_a_foreign_key_gets_no_receipt(bro
     assert broker.queue.claim_receipts([(task.id, 5)], 60) == [1]
     tasks_app.cancel(task.id)
     assert broker.queue.claim_receipts([(task.id, 6)], 60) == [2]  # the record reads CANCELLED, its index not yet
-    broker.records.record_result(results.dropped_cancelled(task, 60, 6))  # what the consumer writes as it drops it
-    index = broker.client.zrange(broker.keys.history_status("web", results.CANCELLED), 0, -1)
+    broker.records.record_result(records.dropped_cancelled(task, 60, 6))  # what the consumer writes as it drops it
+    index = broker.client.zrange(broker.keys.history_status("web", records.CANCELLED), 0, -1)
     assert index == [task.id.encode()] and not broker.client.zscore(broker.keys.history_status("web", "READY"), task.id)
     broker.client.set(broker.keys.result("foreign"), "not a hash")
     assert broker.queue.claim_receipts([("foreign", 1), ("no-record", 2)], 60) == [-1, 3]  # 3: the record is new

@@ -15,8 +15,7 @@ from django.utils import timezone
 
 from tasks_app import producer
 from tasks_app.models import ApiToken, TaskType
-from tasks_app.protocol.replies import ResultUpdate
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord, ResultUpdate
 from tasks_app.web.api_auth import hash_token
 from tests.support.enqueued import enqueued_keys
 

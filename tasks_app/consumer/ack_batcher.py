@@ -33,11 +33,11 @@ from tasks_app import metrics
 from tasks_app.consumer.loops import REFUSED_AFTER, GaveUp, until_done
 from tasks_app.logging import held_lines
 from tasks_app.problem_log import ProblemLog
-from tasks_app.protocol import results
+from tasks_app.protocol import records
 from tasks_app.protocol.broker import Broker
-from tasks_app.protocol.jsontext import is_utf8_encodable
+from tasks_app.protocol.codec import is_utf8_encodable
 from tasks_app.protocol.queue import AckReport, UniqueRelease
-from tasks_app.protocol.replies import ResultUpdate
+from tasks_app.protocol.records import ResultUpdate
 
 logger = logging.getLogger(__name__)
 
@@ -424,13 +424,13 @@ def storable(update: ResultUpdate) -> bool:
 
 def unstored_result(update: ResultUpdate, problem: str) -> ResultUpdate:
     """What to record instead of an outcome that could not be written: the task FAILED, and why."""
-    reason = results.clean_text(f"the result of this run could not be stored: {problem}", MAX_REASON_BYTES)
-    fields = {"status": results.FAILED, "dead_reason": reason}
+    reason = records.clean_text(f"the result of this run could not be stored: {problem}", MAX_REASON_BYTES)
+    fields = {"status": records.FAILED, "dead_reason": reason}
     if "finished_at_ms" in update.fields:
         fields["finished_at_ms"] = update.fields["finished_at_ms"]
-    error = results.error_record("tasks_app.ResultNotStored", reason)
+    error = records.error_record("tasks_app.ResultNotStored", reason)
     return ResultUpdate(
-        results.clean_text(update.task_id, MAX_REASON_BYTES),
+        records.clean_text(update.task_id, MAX_REASON_BYTES),
         fields,
         update.ttl_s,
         append_error=error,

@@ -43,12 +43,12 @@ from redis.exceptions import RedisError
 from tasks_app import metrics
 from tasks_app.consumer.loops import until_done
 from tasks_app.consumer.membership import LeaseClock
-from tasks_app.protocol import results
+from tasks_app.protocol import records
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, UndecodableTask, decode_task
 from tasks_app.protocol.keys import WAKE_TOKEN
 from tasks_app.protocol.queue import Claim
-from tasks_app.protocol.replies import ResultUpdate
+from tasks_app.protocol.records import ResultUpdate
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ def withdrawals(claimed: Sequence[Claimed], result_ttl_s: int) -> list[ResultUpd
 
 def withdrawal(claimed: Claimed, task: Task, ttl_s: int) -> ResultUpdate | None:
     """The write that withdraws the receipt of one claimed task (`task`, decoded) going back unstarted; None if none."""
-    return results.receipt_withdrawn(task, claimed.fence, ttl_s) if claimed.receipt is not None else None
+    return records.receipt_withdrawn(task, claimed.fence, ttl_s) if claimed.receipt is not None else None
 
 
 def _receipt(reply: int) -> int | None:

@@ -56,12 +56,11 @@ from tasks_app.consumer.time_limits import (
 from tasks_app.context import RunControl, TaskContext, running
 from tasks_app.django_tasks import runner
 from tasks_app.exceptions import ResultNotJson, ResultTooLarge
-from tasks_app.protocol import results
+from tasks_app.protocol import records
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Arguments, Task, UndecodableTask, decode_payload, decode_task
 from tasks_app.protocol.keys import delayed_member
-from tasks_app.protocol.replies import ResultUpdate
-from tasks_app.protocol.timestamps import now_ms
+from tasks_app.protocol.records import ResultUpdate, now_ms
 from tasks_app.registry import Handler, Registry
 from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
 
@@ -186,7 +185,7 @@ class Executor:
         if task.queue != claimed.queue:  # an envelope's empty or other queue: where it was claimed wins
             task.queue = claimed.queue
         config, problem = self._resolve(task, claimed.claimed_at_s)
-        if claimed.receipt == results.START_REFUSED:  # cancelled before its claim: dropped, whatever its type
+        if claimed.receipt == records.START_REFUSED:  # cancelled before its claim: dropped, whatever its type
             return settler.drop_cancelled(claimed, task, config, on_settled)
         if problem == SETTINGS_UNKNOWN:
             # Its row may set limits, a timeout or another handler: running it with defaults would
@@ -301,12 +300,12 @@ class Executor:
     ) -> int | NotStarted:
         """Count the attempt and record its start (RUNNING record, metrics: a rate admission's once its handler
         begins); return the task's attempt limit, or why it must not start."""
-        if claimed.receipt == results.SUPERSEDED:
+        if claimed.receipt == records.SUPERSEDED:
             return NotStarted.SUPERSEDED
         task.attempt = count_run(task.attempt)
         max_attempts = task.max_attempts or config.max_attempts
         started_ms = now_ms()
-        started_update = results.started(
+        started_update = records.started(
             task,
             arguments,
             self.worker_id,
@@ -314,12 +313,12 @@ class Executor:
             max_attempts,
             self.result_ttl_s,
             claimed.fence,
-            record_exists=claimed.receipt == results.RECEIPT_OF_RECORD,
+            record_exists=claimed.receipt == records.RECEIPT_OF_RECORD,
         )
         reply = self._write_start(claimed, handler, started_update)
-        if reply == results.START_REFUSED:
+        if reply == records.START_REFUSED:
             return NotStarted.CANCELLED
-        if reply == results.SUPERSEDED:
+        if reply == records.SUPERSEDED:
             return NotStarted.SUPERSEDED
         # The write may have waited for Redis (or this process been stopped meanwhile): a lease
         # lost since is the reaper's to hand on, and this run's record is fenced off by then.
@@ -559,7 +558,7 @@ class Executor:
         if self.acks is None:
             return None
         try:
-            return_json = results.result_json(value, self.settler.max_result_bytes)
+            return_json = records.result_json(value, self.settler.max_result_bytes)
         except (ResultNotJson, ResultTooLarge):
             return None  # a failure: settled on a settling thread
         self.time_limits.end(control)  # the batcher only queues its progress write, before the ack

@@ -38,8 +38,8 @@ from tasks_app import metrics
 from tasks_app.collectors import QueueCollector
 from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.codec import finite
 from tasks_app.protocol.inspection import QueueStats
-from tasks_app.protocol.jsontext import finite
 from tasks_app.protocol.keys import UNDECODABLE_TYPE
 from tasks_app.protocol.queue import Promotion
 from tasks_app.protocol.scripts import is_transient

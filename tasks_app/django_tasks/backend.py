@@ -17,11 +17,10 @@ from django.utils import timezone
 from tasks_app.django_tasks.results import find_handler, task_error, task_result_from_record
 from tasks_app.producer import EnqueueError, PreparedBatch, QueueUnavailable, TaskRequest, prepare, push as push_batch
 from tasks_app.protocol.broker import Broker, get_broker
+from tasks_app.protocol.codec import MAX_JSON_DEPTH
 from tasks_app.protocol.history import STATUSES
-from tasks_app.protocol.jsontext import MAX_JSON_DEPTH
-from tasks_app.protocol.names import NAME_PATTERN, InvalidName, validate_name
-from tasks_app.protocol.results import ResultRecord
-from tasks_app.protocol.timestamps import datetime_of_ms
+from tasks_app.protocol.keys import NAME_PATTERN, InvalidName, validate_name
+from tasks_app.protocol.records import ResultRecord, datetime_of_ms
 from tasks_app.registry import registry
 
 KNOWN_OPTIONS = {"ENQUEUE_ON_COMMIT"}

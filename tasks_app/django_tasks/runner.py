@@ -23,7 +23,7 @@ from tasks_app.context import TaskContext as RunContext
 from tasks_app.django_tasks.backend import RedisBackend
 from tasks_app.django_tasks.results import task_error, task_result_from_record
 from tasks_app.protocol.codec import Arguments
-from tasks_app.protocol.results import RUNNING, ResultRecord
+from tasks_app.protocol.records import RUNNING, ResultRecord
 
 
 # Frozen as Django's own TaskContext is (its stubs leave that out).

@@ -7,7 +7,7 @@ from datetime import datetime
 
 from django.utils import timezone
 
-from tasks_app.protocol.timestamps import datetime_of_ms
+from tasks_app.protocol.records import datetime_of_ms
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from tasks_app.producer import EnqueuedTask, PreparedBatch, TaskRequest, enqueue
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.enqueue import Enqueueable
 from tasks_app.protocol.periodic import ELSEWHERE, FireReply, SlotFiring
-from tasks_app.protocol.results import PERIODIC_HEADER
+from tasks_app.protocol.records import PERIODIC_HEADER
 from tasks_app.registry import Registry, registry as default_registry
 
 # Headers every periodic run carries: the schedule and its slot (ms); a catch-up run (standing

@@ -13,8 +13,8 @@ from tasks_app.periodic.config import PeriodicConfig
 from tasks_app.periodic.schedule import InvalidSchedule
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.periodic import PeriodicState
+from tasks_app.protocol.records import datetime_of_ms
 from tasks_app.protocol.scripts import is_transient
-from tasks_app.protocol.timestamps import datetime_of_ms
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ from enum import IntEnum
 from typing import Any
 
 from tasks_app.protocol import history
-from tasks_app.protocol.names import NAME_PATTERN
-from tasks_app.protocol.replies import stored_int
+from tasks_app.protocol.keys import NAME_PATTERN
+from tasks_app.protocol.records import stored_int
 from tasks_app.protocol.scripts import ScriptClient
 
 # Cancel requests of running tasks are kept this long (a run outliving it is not told again).

@@ -13,13 +13,12 @@ from typing import NamedTuple
 import redis
 from django.conf import settings
 
-from tasks_app.protocol import results
+from tasks_app.protocol import records
 from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.codec import Task, UndecodableTask, decode_payload, decode_task, encode_task
 from tasks_app.protocol.inspection import MOVED, MOVED_WITHOUT_RECORD, DeadRequeue
 from tasks_app.protocol.keys import UNDECODABLE_TYPE
-from tasks_app.protocol.replies import ResultUpdate
-from tasks_app.protocol.timestamps import datetime_of_ms
+from tasks_app.protocol.records import ResultUpdate, datetime_of_ms
 
 logger = logging.getLogger(__name__)
 
@@ -196,7 +195,7 @@ def _ready_again(task: Task, fence: int, unique: UniqueWindow | None) -> ResultU
         arguments = decode_payload(task.payload)
     except UndecodableTask:
         arguments = None
-    fields = results.enqueued_fields(task, arguments) if arguments else {"status": results.READY, "attempts": "0"}
+    fields = records.enqueued_fields(task, arguments) if arguments else {"status": records.READY, "attempts": "0"}
     # record_result cannot delete fields; empty ones read back as "not set".
     # A requeue starts afresh: a cancel requested of an earlier run no longer applies.
     fields.update({"finished_at_ms": "", "run_after_ms": "", "dead_reason": "", "cancel_requested_at_ms": ""})

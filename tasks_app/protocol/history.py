@@ -45,9 +45,9 @@ from redis.exceptions import (
     TryAgainError,
 )
 
-from tasks_app.protocol.jsontext import is_utf8_encodable
+from tasks_app.protocol.codec import is_utf8_encodable
 from tasks_app.protocol.keys import Keys
-from tasks_app.protocol.replies import ResultUpdate, record_text_fields
+from tasks_app.protocol.records import ResultUpdate, record_text_fields
 from tasks_app.protocol.scripts import ScriptClient
 
 # Every status a record can have (as results.py names them; not imported from there, which would

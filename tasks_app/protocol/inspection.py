@@ -11,11 +11,9 @@ import redis
 
 from tasks_app.protocol import history
 from tasks_app.protocol.history import KEEP_MINUTES
-from tasks_app.protocol.keys import WAKE_TOKEN, consumer_id_of, delayed_member
-from tasks_app.protocol.names import NAME_PATTERN
-from tasks_app.protocol.replies import ResultUpdate, json_object, stored_int
+from tasks_app.protocol.keys import NAME_PATTERN, WAKE_TOKEN, consumer_id_of, delayed_member
+from tasks_app.protocol.records import MAX_SCORE_MS, ResultUpdate, json_object, ms_of_score, stored_int
 from tasks_app.protocol.scripts import ScriptClient
-from tasks_app.protocol.timestamps import MAX_SCORE_MS, ms_of_score
 
 # Width of the buckets counting acknowledged tasks, for the dashboard's throughput.
 THROUGHPUT_BUCKET_S = 10

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks_app.protocol.keys import WAKE_TOKEN, consumer_id_of
-from tasks_app.protocol.replies import json_object
+from tasks_app.protocol.records import json_object
 from tasks_app.protocol.scripts import ScriptClient
 
 # Each recovery of a task from a dead consumer is counted; past this it is dead-lettered.

@@ -32,8 +32,7 @@ from itertools import islice
 from typing import Any, NamedTuple
 
 from tasks_app.protocol.codec import UndecodableTask, decode_task
-from tasks_app.protocol.keys import UNDECODABLE_TYPE, WAKE_TOKEN, delayed_member, split_delayed_member
-from tasks_app.protocol.names import NAME_PATTERN
+from tasks_app.protocol.keys import NAME_PATTERN, UNDECODABLE_TYPE, WAKE_TOKEN, delayed_member, split_delayed_member
 from tasks_app.protocol.scripts import ScriptClient
 
 # How long a slot handed to a woken waiter is kept for it before anyone may take it.

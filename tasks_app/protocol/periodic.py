@@ -10,7 +10,7 @@ import redis
 from tasks_app.protocol import history
 from tasks_app.protocol.enqueue import Enqueueable, Enqueuer, record_only_args
 from tasks_app.protocol.keys import WAKE_TOKEN
-from tasks_app.protocol.replies import stored_int
+from tasks_app.protocol.records import stored_int
 from tasks_app.protocol.scripts import ScriptClient
 
 # What fire_periodic.lua says it did with a slot.

@@ -19,7 +19,7 @@ import redis
 from tasks_app.protocol.history import NOT_HELD, Held, Place, Records, replies_at
 from tasks_app.protocol.inspection import THROUGHPUT_BUCKET_S
 from tasks_app.protocol.keys import UNDECODABLE_TYPE, WAKE_TOKEN, delayed_member
-from tasks_app.protocol.replies import ResultUpdate
+from tasks_app.protocol.records import ResultUpdate
 from tasks_app.protocol.scripts import ScriptClient
 
 

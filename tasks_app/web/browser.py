@@ -13,7 +13,7 @@ from tasks_app import producer
 from tasks_app.models import TaskType
 from tasks_app.protocol import history
 from tasks_app.protocol.broker import get_broker
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tasks_app.web import bulk
 from tasks_app.web.browser_query import PAGE_SIZES, RANGES, Filters, find_page, page_json, query_without, row_json
 from tasks_app.web.common import admin_context, redis_required

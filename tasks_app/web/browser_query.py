@@ -18,10 +18,9 @@ from django.utils.dateparse import parse_datetime
 
 from tasks_app.protocol import history
 from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.codec import finite
 from tasks_app.protocol.history import Entry
-from tasks_app.protocol.jsontext import finite
-from tasks_app.protocol.results import LISTED_FIELDS, WHOLE_RECORD_FIELDS, ResultRecord
-from tasks_app.protocol.timestamps import ms_of_datetime
+from tasks_app.protocol.records import LISTED_FIELDS, WHOLE_RECORD_FIELDS, ResultRecord, ms_of_datetime
 
 PAGE_SIZES = (25, 50, 100, 200)
 DEFAULT_PAGE_SIZE = 50

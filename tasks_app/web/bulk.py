@@ -18,8 +18,7 @@ from tasks_app.models import CANCEL_PERMISSION, DELETE_TASK_RECORDS_PERMISSION, 
 from tasks_app.protocol import history
 from tasks_app.protocol.broker import get_broker
 from tasks_app.protocol.control import CANCELLED, REQUESTED
-from tasks_app.protocol.replies import ResultUpdate
-from tasks_app.protocol.results import FINISHED, RETRY_OF_HEADER, ResultRecord
+from tasks_app.protocol.records import FINISHED, RETRY_OF_HEADER, ResultRecord, ResultUpdate
 from tasks_app.web.common import log_task_actions
 
 # At most this many tasks are acted on at once (a page holds at most 200).

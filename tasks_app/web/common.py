@@ -17,7 +17,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from tasks_app.logging import escape_control
 from tasks_app.protocol.broker import get_broker
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tasks_app.protocol.scripts import is_transient
 
 View = Callable[..., HttpResponse]

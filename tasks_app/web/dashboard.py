@@ -21,10 +21,8 @@ from tasks_app.periodic.status import schedule_statuses
 from tasks_app.protocol import dead_letters
 from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.inspection import QueueStats
-from tasks_app.protocol.names import NAME_PATTERN, InvalidName, validate_name
-from tasks_app.protocol.replies import stored_int
-from tasks_app.protocol.results import LISTED_FIELDS
-from tasks_app.protocol.timestamps import datetime_of_ms
+from tasks_app.protocol.keys import NAME_PATTERN, InvalidName, validate_name
+from tasks_app.protocol.records import LISTED_FIELDS, datetime_of_ms, stored_int
 from tasks_app.task_types import unique_windows
 from tasks_app.web.charts import chart_data, dashboard_charts
 from tasks_app.web.common import admin_context, log_task_actions, redis_required

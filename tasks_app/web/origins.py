@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from tasks_app.models import PeriodicTask
 from tasks_app.protocol.broker import get_broker
-from tasks_app.protocol.names import NAME_PATTERN
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.keys import NAME_PATTERN
+from tasks_app.protocol.records import ResultRecord
 from tasks_app.templatetags.tasks_display import url_or_empty
 
 

@@ -14,8 +14,8 @@ from django.views.decorators.http import require_POST
 from tasks_app.control import set_queue_paused
 from tasks_app.models import PAUSE_QUEUE_PERMISSION
 from tasks_app.protocol.broker import get_broker
-from tasks_app.protocol.names import InvalidName, validate_name
-from tasks_app.protocol.timestamps import datetime_of_ms
+from tasks_app.protocol.keys import InvalidName, validate_name
+from tasks_app.protocol.records import datetime_of_ms
 from tasks_app.web.api import api_view, error
 from tasks_app.web.common import redis_required
 

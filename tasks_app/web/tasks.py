@@ -19,7 +19,7 @@ from django.views.decorators.http import require_http_methods
 from tasks_app import control, producer
 from tasks_app.models import CANCEL_PERMISSION, ENQUEUE_PERMISSION
 from tasks_app.protocol.broker import get_broker
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tasks_app.templatetags.tasks_display import url_or_empty
 from tasks_app.web.common import (
     BODY_ENCODING_FACTOR,

@@ -9,8 +9,8 @@ import pytest
 
 from tasks_app import producer
 from tasks_app.models import TaskType
-from tasks_app.protocol import results
-from tasks_app.protocol.replies import ResultUpdate
+from tasks_app.protocol import records
+from tasks_app.protocol.records import ResultUpdate
 from tests.browser.test_web_flow import log_in
 from tests.support.processes import wait_until
 
@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.xdist_group("browser"), pytest.ma
 
 def _finished(broker, task_id: str, status: str, error: str = "") -> None:
     """Record a task as finished (its task waits delayed, so nothing runs it)."""
-    entry = results.error_record("demo.Boom", f"Traceback\nRuntimeError: {error}") if error else None
+    entry = records.error_record("demo.Boom", f"Traceback\nRuntimeError: {error}") if error else None
     now_ms = time.time() * 1000
     fields = {
         "status": status,
@@ -118,7 +118,7 @@ def test_a_bulk_retry_reaches_successful_on_a_real_consumer(page, snap, live_ser
     expect(page.locator("tr.task-row")).to_have_count(1, timeout=30_000)
     retry_id = page.locator("tr.task-row").get_attribute("data-task")
     assert retry_id != original
-    record = results.ResultRecord.from_fields(broker.records.get_result(retry_id))
+    record = records.ResultRecord.from_fields(broker.records.get_result(retry_id))
     assert (record.status, record.args, record.retry_of) == ("SUCCESSFUL", ["again"], original)
     page.click("tr.task-row a.task-link")
     expect(page.locator("#task-status")).to_have_text("SUCCESSFUL")
@@ -229,7 +229,7 @@ def test_a_bulk_action_says_how_many_selected_tasks_were_gone_meanwhile(page, li
 def _copies_of(broker, original: str) -> list[str]:
     """The ids of the tasks of queue ops that retry `original`, oldest first."""
     ids = [entry.task_id for entry in broker.records.history_window(["ops"], None, None, None, 100)][::-1]
-    return [i for i in ids if results.ResultRecord.from_fields(broker.records.get_result(i)).retry_of == original]
+    return [i for i in ids if records.ResultRecord.from_fields(broker.records.get_result(i)).retry_of == original]
 
 
 def test_the_retry_form_sent_twice_enqueues_one_copy_and_a_retry_of_it_another(page, snap, live_server, broker):

@@ -10,7 +10,7 @@ from django.contrib.auth import get_user_model
 
 from tasks_app import producer
 from tasks_app.models import TaskType
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tests.support.enqueued import enqueued_keys
 from tests.support.processes import wait_until
 

@@ -8,7 +8,7 @@ import pytest
 
 from tasks_app import producer
 from tasks_app.protocol.broker import Broker
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tests.chaos.harness import scaled
 
 pytestmark = [pytest.mark.chaos, pytest.mark.django_db(transaction=True)]

@@ -18,7 +18,7 @@ from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.protocol import dead_letters
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, decode_task, encode_task
-from tasks_app.protocol.replies import ResultUpdate
+from tasks_app.protocol.records import ResultUpdate
 from tests.chaos.servers import RedisClusterServers, RedisServer
 from tests.support.broker_calls import deleted_before_the_move
 

@@ -15,7 +15,7 @@ from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, encode_task
 from tasks_app.protocol.periodic import SlotFiring
 from tasks_app.protocol.queue import UniqueRelease
-from tasks_app.protocol.replies import ResultUpdate
+from tasks_app.protocol.records import ResultUpdate
 from tests.support.periodic import current_slot_ms
 
 pytestmark = [pytest.mark.chaos, pytest.mark.django_db(transaction=True)]

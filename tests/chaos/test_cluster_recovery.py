@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from tasks_app.protocol import results
+from tasks_app.protocol import records
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Arguments, Task, encode_task
 from tasks_app.protocol.enqueue import Enqueueable
@@ -90,13 +90,13 @@ def test_a_late_retry_or_dead_letter_of_a_reaped_run_leaves_the_reruns_state(clu
     for consumer_id in ("c1", "c2"):  # c1 freezes past its lease and is reaped; c2 runs the task again
         broker.leases.heartbeat(["q"], consumer_id, 10_000, {"lease_ms": 10_000})
         fences.append(broker.queue.claim_with_suspect("q", consumer_id, 1).first_fence)
-        assert broker.records.record_result(results.started(task, ARGS, consumer_id, 1, 3, 60, fences[-1])) == 1
+        assert broker.records.record_result(records.started(task, ARGS, consumer_id, 1, 3, 60, fences[-1])) == 1
         if consumer_id == "c1":  # reaped at once: the fresh cluster holds reaping for a lease otherwise
             assert broker.leases.reap("q", consumer_id, 10_000, own_earlier_run=True).requeued == 1
-    assert broker.queue.ack("q", "c2", [raw], [results.succeeded(task, '"c2"', 2, 60, fences[1])]) == [True]
+    assert broker.queue.ack("q", "c2", [raw], [records.succeeded(task, '"c2"', 2, 60, fences[1])]) == [True]
 
-    error = results.error_record("builtins.RuntimeError", "late")
-    failure = results.attempt_failed(task, error, 3, 60, final=final, retry_at_ms=9, dead_reason="x", fence=fences[0])
+    error = records.error_record("builtins.RuntimeError", "late")
+    failure = records.attempt_failed(task, error, 3, 60, final=final, retry_at_ms=9, dead_reason="x", fence=fences[0])
     if final:
         assert broker.queue.dead_letter("q", "c1", raw, raw, failure) is False
     else:

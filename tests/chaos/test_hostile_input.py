@@ -16,7 +16,7 @@ from tasks_app import producer
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.codec import Task, UndecodableTask, decode_task, encode_task
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tests.chaos.harness import Fleet, Summary, scaled, settled_leftovers, tally, wait_finished
 from tests.support.processes import wait_until
 from tests.support.recording import recorded_runs

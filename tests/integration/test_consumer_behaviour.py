@@ -5,7 +5,7 @@ import pytest
 from tasks_app import producer
 from tasks_app.models import TaskType
 from tasks_app.protocol.codec import decode_task
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tests.support.processes import wait_until
 from tests.support.recording import marks, recorded_runs
 

@@ -13,7 +13,7 @@ from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import decode_task, encode_payload
 from tasks_app.protocol.enqueue import Enqueueable
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tasks_app.protocol.scripts import connect
 from tests.chaos.servers import RedisServer
 from tests.support.claims import task_bytes

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tasks_app import producer
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tests.support.ports import free_port
 from tests.support.processes import PROJECT_DIR, consumer_env, wait_until
 from tests.support.scrape import scrape

@@ -9,7 +9,7 @@ from tasks_app.consumer.loops import SchedulerLoop
 from tasks_app.protocol import dead_letters, inspection
 from tasks_app.protocol.codec import Task, decode_task, encode_task
 from tasks_app.protocol.keys import WAKE_TOKEN
-from tasks_app.protocol.replies import ResultUpdate
+from tasks_app.protocol.records import ResultUpdate
 from tests.support.broker_calls import deleted_before_the_move
 
 pytestmark = pytest.mark.django_db

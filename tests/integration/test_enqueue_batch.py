@@ -10,7 +10,7 @@ import redis
 from tasks_app.models import TaskType
 from tasks_app.producer import QueueUnavailable, TaskRequest, enqueue_many
 from tasks_app.protocol.broker import Broker
-from tasks_app.protocol.replies import ResultUpdate
+from tasks_app.protocol.records import ResultUpdate
 from tests.chaos.servers import RedisClusterServers, RedisServer
 from tests.support.midway import MovesMidway
 from tests.support.proxy import RedisProxy

@@ -13,7 +13,7 @@ import pytest
 import tasks_app
 from tasks_app import producer
 from tasks_app.control import REQUESTED
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tests.support.process_tree import alive, children_of
 from tests.support.processes import wait_until
 from tests.support.recording import marks, recorded_runs, runs_per_task

@@ -10,7 +10,7 @@ import pytest
 from tasks_app import producer
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tests.support import odd_handlers as odd
 from tests.support.processes import wait_until
 

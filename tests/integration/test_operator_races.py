@@ -12,7 +12,7 @@ from tasks_app import control, producer
 from tasks_app.control import CANCELLED
 from tasks_app.models import TaskType
 from tasks_app.protocol import dead_letters
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tasks_app.web import bulk
 from tests.support.enqueued import is_idle
 from tests.support.processes import wait_until

@@ -10,7 +10,7 @@ from tasks_app.periodic.config import PeriodicConfig
 from tasks_app.periodic.firing import fire_slot, run_id
 from tasks_app.periodic.schedule import Schedule
 from tasks_app.protocol.periodic import SlotFiring
-from tasks_app.protocol.timestamps import datetime_of_ms
+from tasks_app.protocol.records import datetime_of_ms
 from tests.support.periodic import fire_around_a_queue_move, pushed_runs
 
 pytestmark = pytest.mark.django_db(transaction=True)

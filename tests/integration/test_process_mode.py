@@ -12,7 +12,7 @@ import pytest
 
 from tasks_app import producer
 from tasks_app.models import TaskType
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tests.support.ports import free_port
 from tests.support.process_tree import alive, children_of
 from tests.support.processes import PROJECT_DIR, consumer_env, wait_until

@@ -3,7 +3,7 @@
 import pytest
 
 from tasks_app import producer
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tests.support.processes import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)

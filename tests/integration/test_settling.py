@@ -15,7 +15,7 @@ from tasks_app import producer
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, decode_task, encode_task
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tests.chaos.servers import RedisServer
 from tests.support.processes import wait_until
 from tests.support.settle_handlers import SPANS_KEY_SUFFIX

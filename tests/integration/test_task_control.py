@@ -11,7 +11,7 @@ import tasks_app
 from tasks_app import producer
 from tasks_app.control import CANCELLED, REQUESTED
 from tasks_app.models import TaskType
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tests.support.enqueued import is_idle
 from tests.support.handlers import CANCEL_NOTICED_SUFFIX
 from tests.support.processes import wait_until

@@ -14,7 +14,7 @@ from tasks_app.consumer.supervisor import EXIT_HARD_LIMIT
 from tasks_app.exceptions import TaskTimeout
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tasks_app.protocol.scripts import connect
 from tasks_app.registry import Handler, Registry
 from tests.support.consumers import running

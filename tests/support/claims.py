@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tasks_app.protocol import results
+from tasks_app.protocol import records
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Arguments, Task, encode_task
 from tasks_app.protocol.enqueue import Enqueueable
@@ -51,5 +51,5 @@ def running(broker: Broker, task: Task) -> tuple[Task, bytes, int]:
     claimed = broker.queue.claim_with_suspect(task.queue, "c1", 1)
     [raw], fence = claimed.tasks, claimed.first_fence
     task.attempt = 1
-    assert broker.records.record_result(results.started(task, Arguments([], {}), "c1", 1, 3, 60, fence)) == 1
+    assert broker.records.record_result(records.started(task, Arguments([], {}), "c1", 1, 3, 60, fence)) == 1
     return task, raw, fence
