@@ -11,8 +11,8 @@ from django.test import Client
 
 from tasks_app import producer
 from tasks_app.models import TaskType
+from tasks_app.protocol.broker import get_broker
 from tasks_app.protocol.codec import Task, decode_task, encode_task
-from tasks_app.protocol.dead_letters import list_dead_tasks
 from tasks_app.protocol.keys import UNDECODABLE_TYPE
 from tasks_app.protocol.records import ResultRecord, ResultUpdate
 
@@ -71,7 +71,7 @@ def test_dead_letters_of_an_invalid_queue_name_are_404(staff, broker):
 
 def test_requeue_one_resets_the_task_writes_a_ready_record_and_logs(staff, broker, echo_type):
     task = make_dead(broker)
-    [dead] = list_dead_tasks("web")
+    [dead] = get_broker().inspect.list_dead_tasks("web")
     response = staff.post(dead_url(), {"requeue_one": dead.ref})
     assert response.status_code == 302
     stats = broker.inspect.queue_stats("web")
@@ -94,7 +94,7 @@ def test_requeue_one_resets_the_task_writes_a_ready_record_and_logs(staff, broke
 def test_requeue_selected_and_delete_selected(staff, broker, echo_type):
     tasks = [make_dead(broker) for _ in range(3)]
     make_undecodable(broker)
-    refs = {d.task_id: d.ref for d in list_dead_tasks("web")}
+    refs = {d.task_id: d.ref for d in get_broker().inspect.list_dead_tasks("web")}
     staff.post(dead_url(), {"action": "requeue", "ref": [refs[tasks[0].id], refs[tasks[1].id], refs["wrap-1"]]})
     stats = broker.inspect.queue_stats("web")
     assert (stats.dead, stats.pending) == (2, 2)  # the undecodable one stays
@@ -110,7 +110,7 @@ def test_dead_letter_actions_need_a_selection_and_a_known_action(staff, broker, 
     make_dead(broker)
     page = staff.post(dead_url(), {"action": "requeue"}, follow=True).content.decode()
     assert "Select at least one task." in page
-    [dead] = list_dead_tasks("web")
+    [dead] = get_broker().inspect.list_dead_tasks("web")
     page = staff.post(dead_url(), {"action": "explode", "ref": [dead.ref]}, follow=True).content.decode()
     assert "Unknown action." in page
     assert broker.inspect.queue_stats("web").dead == 1 and not LogEntry.objects.exists()
@@ -118,7 +118,7 @@ def test_dead_letter_actions_need_a_selection_and_a_known_action(staff, broker, 
 
 def test_dead_letter_actions_require_csrf_and_staff(client, broker, echo_type):
     make_dead(broker)
-    [dead] = list_dead_tasks("web")
+    [dead] = get_broker().inspect.list_dead_tasks("web")
     csrf_client = Client(enforce_csrf_checks=True)
     csrf_client.force_login(get_user_model().objects.create_superuser("boss", "b@example.com", None))
     assert csrf_client.post(dead_url(), {"requeue_one": dead.ref}).status_code == 403
@@ -155,7 +155,7 @@ def test_the_dead_letter_page_renders_hostile_ids_and_their_tasks_can_be_handled
     assert 'href="/tasks/a/b/"' not in html and "x" * 201 not in html
     assert 'href="/tasks/line%0Abreak/"' in html  # an id that makes a URL is still linked
 
-    refs = {dead.task_id: dead.ref for dead in list_dead_tasks("web")}
+    refs = {dead.task_id: dead.ref for dead in get_broker().inspect.list_dead_tasks("web")}
     assert staff.post(dead_url(), {"requeue_one": refs["a/b"]}).status_code == 302
     assert staff.post(dead_url(), {"action": "delete", "ref": [refs["x" * 100_000]]}).status_code == 302
     assert broker.inspect.queue_stats("web").dead == 6
@@ -169,7 +169,7 @@ def test_a_requeued_envelope_naming_no_or_another_queue_is_filed_under_the_queue
     """As a reaper leaves a foreign producer's task it recovered too often: its envelope as pushed."""
     task = Task(id="t-foreign", type="web.echo", queue=envelope_queue, payload=b'{"args": [1]}', attempt=4)
     dead_member(broker, "web", encode_task(task))
-    [dead] = list_dead_tasks("web")
+    [dead] = get_broker().inspect.list_dead_tasks("web")
     assert staff.post(dead_url(), {"requeue_one": dead.ref}).status_code == 302
     assert decode_task(broker.client.lindex(broker.keys.pending("web"), 0)).queue == "web"
     assert ResultRecord.from_fields(broker.records.get_result("t-foreign")).queue == "web"
@@ -190,7 +190,7 @@ def test_a_unique_types_dead_letter_stays_dead_while_another_task_holds_its_key(
     assert broker.control.release_unique("web", task.unique_digest, task.id)  # as its dead letter does (until finished)
     [holder] = producer.enqueue("web.unique", [1])
     assert not holder.duplicate
-    [dead] = list_dead_tasks("web")
+    [dead] = get_broker().inspect.list_dead_tasks("web")
     page = staff.post(dead_url(), {"requeue_one": dead.ref}, follow=True).content.decode()
     assert "Requeued 0 task(s)." in page
     held = f"Task {task.id} not requeued: a task with the same uniqueness key is enqueued already ({holder.id})."
@@ -203,7 +203,7 @@ def test_a_unique_types_dead_letter_stays_dead_while_another_task_holds_its_key(
 def test_a_requeued_dead_letter_of_a_unique_type_holds_its_key_against_new_enqueues(staff, broker, unique_type):
     task = make_dead(broker, "web.unique")
     assert broker.control.release_unique("web", task.unique_digest, task.id)
-    [dead] = list_dead_tasks("web")
+    [dead] = get_broker().inspect.list_dead_tasks("web")
     page = staff.post(dead_url(), {"requeue_one": dead.ref}, follow=True).content.decode()
     assert "Requeued 1 task(s)." in page and "not requeued" not in page
     [again] = producer.enqueue("web.unique", [1])

@@ -319,12 +319,16 @@ def test_the_task_page_offers_a_forced_stop_while_the_task_runs(staff, broker, e
 
 
 def test_a_requeue_from_the_dead_letters_forgets_the_cancel_requests_of_the_earlier_run(staff, broker, echo_type):
-    from tasks_app.protocol.dead_letters import list_dead_tasks, requeue
+    from tasks_app.protocol.broker import get_broker
     from tests.test_dead_letter_views import make_dead
 
     task = make_dead(broker)  # as if its last run had been cancelled with force (and timed out)
     for key in (broker.keys.cancel_requests("web"), broker.keys.cancel_forced("web")):
         broker.client.zadd(key, {task.id: 1})
     assert broker.control.cancel_marks("web", [task.id]) == [CancelMark.FORCED]
-    assert [dead.task.id for dead in requeue("web", list_dead_tasks("web"), broker).moved if dead.task] == [task.id]
+    assert [
+        dead.task.id
+        for dead in broker.inspect.requeue_dead_tasks("web", get_broker().inspect.list_dead_tasks("web")).moved
+        if dead.task
+    ] == [task.id]
     assert broker.control.cancel_marks("web", [task.id]) == [CancelMark.NONE]

@@ -46,7 +46,7 @@ class Broker:
         self.limits = Limits(redis)
         self.control = Control(redis)
         self.periodic = Periodic(redis, self.enqueuer)
-        self.inspect = Inspection(redis)
+        self.inspect = Inspection(redis, self.queue, self.records)
 
     def __copy__(self) -> Broker:
         """A broker on the same client and scripts with roles of its own (another consumer's instance token)."""

@@ -17,10 +17,12 @@ from typing import Any, NamedTuple
 import redis
 
 from tasks_app.protocol.history import NOT_HELD, Held, Place, Records, replies_at
-from tasks_app.protocol.inspection import THROUGHPUT_BUCKET_S
 from tasks_app.protocol.keys import UNDECODABLE_TYPE, WAKE_TOKEN, delayed_member
 from tasks_app.protocol.records import ResultUpdate
 from tasks_app.protocol.scripts import ScriptClient
+
+# Width of the buckets counting acknowledged tasks, for the dashboard's throughput.
+THROUGHPUT_BUCKET_S = 10
 
 
 @dataclass(frozen=True)

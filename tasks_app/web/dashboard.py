@@ -18,9 +18,8 @@ from django.views.decorators.http import require_http_methods
 
 from tasks_app.models import MANAGE_DEAD_LETTERS_PERMISSION
 from tasks_app.periodic.status import schedule_statuses
-from tasks_app.protocol import dead_letters
 from tasks_app.protocol.broker import Broker, get_broker
-from tasks_app.protocol.inspection import QueueStats
+from tasks_app.protocol.inspection import DeadTask, QueueStats
 from tasks_app.protocol.keys import NAME_PATTERN, InvalidName, validate_name
 from tasks_app.protocol.records import LISTED_FIELDS, datetime_of_ms, stored_int
 from tasks_app.task_types import unique_windows
@@ -146,7 +145,7 @@ def _dead_listing(queue: str, page_number: str | None) -> dict[str, Any]:
     broker = get_broker()
     total = broker.inspect.dead_count(queue)
     page = Paginator(range(total), PAGE_SIZE).get_page(page_number)
-    tasks = dead_letters.list_dead_tasks(queue, (page.number - 1) * PAGE_SIZE, PAGE_SIZE)
+    tasks = broker.inspect.list_dead_tasks(queue, (page.number - 1) * PAGE_SIZE, PAGE_SIZE)
     records = broker.records.get_results((task.task_id for task in tasks), LISTED_FIELDS)
     return {
         "dead_tasks": tasks,
@@ -169,18 +168,20 @@ def _act(request: HttpRequest, queue: str) -> None:
     if not refs:
         messages.warning(request, "Select at least one task.")
         return
-    found = dead_letters.find_dead_tasks(queue, refs)
+    found = get_broker().inspect.find_dead_tasks(queue, refs)
     if action == "requeue":
         _requeue(request, queue, found, len(refs))
     else:
-        deleted = dead_letters.delete(queue, found)
+        deleted = get_broker().inspect.delete_dead_tasks(queue, found)
         _log(request, found, DELETION, f"Deleted dead-lettered task from queue {queue}")
         messages.success(request, f"Deleted {deleted} task(s).")
 
 
-def _requeue(request: HttpRequest, queue: str, found: Sequence[dead_letters.DeadTask], asked: int) -> None:
+def _requeue(request: HttpRequest, queue: str, found: Sequence[DeadTask], asked: int) -> None:
     """Requeue `found` (of `asked` selected), a unique type's task taking its key; say what was done."""
-    done = dead_letters.requeue(queue, found, unique_windows=unique_windows(task.type for task in found))
+    done = get_broker().inspect.requeue_dead_tasks(
+        queue, found, unique_windows=unique_windows(task.type for task in found)
+    )
     _log(request, done.moved, CHANGE, f"Requeued dead-lettered task on queue {queue}")
     skipped = asked - len(done.moved) - len(done.held)
     held = "".join(f" Task {task.task_id:.200} not requeued: {HELD_KEY} ({holder:.200})." for task, holder in done.held)
@@ -193,6 +194,6 @@ def _requeue(request: HttpRequest, queue: str, found: Sequence[dead_letters.Dead
     )
 
 
-def _log(request: HttpRequest, tasks: Sequence[dead_letters.DeadTask], flag: int, message: str) -> None:
+def _log(request: HttpRequest, tasks: Sequence[DeadTask], flag: int, message: str) -> None:
     """Record one admin log entry per dead-lettered task acted on."""
     log_task_actions(request, ((task.task_id or task.ref, task.type, flag, message) for task in tasks))

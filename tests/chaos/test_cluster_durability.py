@@ -15,9 +15,9 @@ from prometheus_client import REGISTRY
 
 from tasks_app import producer
 from tasks_app.consumer.ack_batcher import AckBatcher
-from tasks_app.protocol import dead_letters
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, decode_task, encode_task
+from tasks_app.protocol.inspection import DeadTask, UniqueWindow
 from tasks_app.protocol.records import ResultUpdate
 from tests.chaos.servers import RedisClusterServers, RedisServer
 from tests.support.broker_calls import deleted_before_the_move
@@ -122,11 +122,13 @@ def test_a_requeued_dead_letter_is_pushed_only_once_a_replica_has_its_ready_reco
     broker.records.record_result(ResultUpdate(task.id, {"status": "FAILED", "dead_reason": task.dead_reason}, 60))
     record_key, pending = broker.keys.result(task.id), broker.keys.pending("default")
     replica = cluster.replica_of(_master_of(cluster, broker, record_key))
-    dead = dead_letters.list_dead_tasks("default", broker=broker)
-    moved: list[dead_letters.DeadTask] = []
+    dead = broker.inspect.list_dead_tasks("default")
+    moved: list[DeadTask] = []
 
     with _stopped(replica):
-        requeuer = threading.Thread(target=lambda: moved.extend(dead_letters.requeue("default", dead, broker).moved))
+        requeuer = threading.Thread(
+            target=lambda: moved.extend(broker.inspect.requeue_dead_tasks("default", dead).moved)
+        )
         requeuer.start()
         time.sleep(1.0)
         # A failover of the record's master now would bring the dead run's record back under a new run.
@@ -149,9 +151,9 @@ def test_a_requeue_on_a_cluster_writes_records_only_for_the_tasks_it_moved(clust
         broker.records.record_result(ResultUpdate(task.id, {"status": "FAILED"}, 60, fence=1))
     broker.client.delete(broker.keys.result("dead-2"))
     broker.client.set(broker.keys.result("dead-2"), "a foreign writer's")
-    shown = dead_letters.list_dead_tasks("default", broker=broker)
+    shown = broker.inspect.list_dead_tasks("default")
     deleted_before_the_move(monkeypatch, broker, "default", "dead-3", shown)
-    moved = dead_letters.requeue("default", shown, broker=broker).moved
+    moved = broker.inspect.requeue_dead_tasks("default", shown).moved
 
     assert sorted(dead.task_id for dead in moved) == ["dead-1", "dead-2"]
     pending = broker.client.lrange(broker.keys.pending("default"), 0, -1)
@@ -212,8 +214,8 @@ def test_a_requeue_on_a_cluster_takes_a_unique_tasks_key_with_the_move(cluster_b
         task = Task(id=f"dead-{n}", type="uniq.echo", queue="default", attempt=3, unique_digest=digest)
         broker.client.zadd(broker.keys.dead("default"), {encode_task(task): broker.inspect.server_time_ms()})
     broker.client.set(broker.keys.unique("default", "held"), "other", px=60_000)
-    windows = {"uniq.echo": dead_letters.UniqueWindow(60_000, until_finished=True)}
-    outcome = dead_letters.requeue("default", dead_letters.list_dead_tasks("default", broker=broker), broker, windows)
+    windows = {"uniq.echo": UniqueWindow(60_000, until_finished=True)}
+    outcome = broker.inspect.requeue_dead_tasks("default", broker.inspect.list_dead_tasks("default"), windows)
 
     assert [dead.task_id for dead in outcome.moved] == ["dead-2"]
     assert [(dead.task_id, holder) for dead, holder in outcome.held] == [("dead-1", "other")]

@@ -6,8 +6,9 @@ import pytest
 import redis
 
 from tasks_app.consumer.loops import SchedulerLoop
-from tasks_app.protocol import dead_letters, inspection
+from tasks_app.protocol import inspection
 from tasks_app.protocol.codec import Task, decode_task, encode_task
+from tasks_app.protocol.inspection import Requeued, UniqueWindow
 from tasks_app.protocol.keys import WAKE_TOKEN
 from tasks_app.protocol.records import ResultUpdate
 from tests.support.broker_calls import deleted_before_the_move
@@ -75,7 +76,7 @@ def test_trimming_nothing_leaves_every_dead_letter(broker):
 def test_a_requeued_dead_letter_keeps_its_priority_and_wakes_a_consumer(broker):
     bury(broker, 1, broker.inspect.server_time_ms(), priority=7)
     bury(broker, 2, broker.inspect.server_time_ms(), priority=0)
-    moved = dead_letters.requeue("q", dead_letters.list_dead_tasks("q", broker=broker), broker=broker).moved
+    moved = broker.inspect.requeue_dead_tasks("q", broker.inspect.list_dead_tasks("q")).moved
     assert len(moved) == 2
     [prioritized] = broker.client.zrange(broker.keys.prioritized("q"), 0, -1)
     fresh = decode_task(prioritized)
@@ -89,7 +90,7 @@ def test_a_requeued_dead_letter_keeps_its_priority_and_wakes_a_consumer(broker):
 
 def test_requeueing_a_prioritized_dead_letter_alone_leaves_a_wake_token(broker):
     bury(broker, 1, broker.inspect.server_time_ms(), priority=-20)
-    dead_letters.requeue("q", dead_letters.list_dead_tasks("q", broker=broker), broker=broker)
+    broker.inspect.requeue_dead_tasks("q", broker.inspect.list_dead_tasks("q"))
     assert broker.client.lrange(broker.keys.pending("q"), 0, -1) == [WAKE_TOKEN]
     assert broker.client.zcard(broker.keys.prioritized("q")) == 1
 
@@ -97,8 +98,8 @@ def test_requeueing_a_prioritized_dead_letter_alone_leaves_a_wake_token(broker):
 def test_a_second_operator_requeueing_the_same_page_changes_nothing(broker):
     """Two tabs (or operators) showing the same dead letter: the later click finds it gone and writes nothing."""
     bury(broker, 1, broker.inspect.server_time_ms())
-    seen_by_both = dead_letters.list_dead_tasks("q", broker=broker)
-    assert [dead.task_id for dead in dead_letters.requeue("q", seen_by_both, broker=broker).moved] == ["dead-1"]
+    seen_by_both = broker.inspect.list_dead_tasks("q")
+    assert [dead.task_id for dead in broker.inspect.requeue_dead_tasks("q", seen_by_both).moved] == ["dead-1"]
     broker.leases.heartbeat(["q"], "c1", 10_000, {"lease_ms": 10_000})
     claim = broker.queue.claim_with_suspect("q", "c1", 1, allow_suspect=False)
     [raw] = claim.tasks
@@ -106,7 +107,7 @@ def test_a_second_operator_requeueing_the_same_page_changes_nothing(broker):
     assert broker.queue.ack("q", "c1", [raw], [done]) == [True]
     broker.client.zadd(broker.keys.cancel_requests("q"), {"dead-1": 1})  # as if asked of a run meanwhile
 
-    assert dead_letters.requeue("q", seen_by_both, broker=broker) == ([], [])
+    assert broker.inspect.requeue_dead_tasks("q", seen_by_both) == ([], [])
     assert broker.records.get_result("dead-1")["status"] == "SUCCESSFUL"
     assert broker.client.zscore(broker.keys.cancel_requests("q"), "dead-1") == 1
     stats = broker.inspect.queue_stats("q")
@@ -130,7 +131,7 @@ def test_a_requeued_dead_letter_whose_last_run_was_asked_to_cancel_runs_when_cla
         return moved
 
     monkeypatch.setattr(broker.inspect, "requeue_dead", push_and_claim_at_once)
-    assert len(dead_letters.requeue("q", dead_letters.list_dead_tasks("q", broker=broker), broker=broker).moved) == 1
+    assert len(broker.inspect.requeue_dead_tasks("q", broker.inspect.list_dead_tasks("q")).moved) == 1
     assert receipts == [1]
     assert broker.records.get_result("dead-1")["status"] == "READY"
 
@@ -142,7 +143,7 @@ def test_a_record_redis_refuses_stops_no_other_requeue(broker, caplog):
         broker.records.record_result(ResultUpdate(f"dead-{n}", {"status": "FAILED"}, 60, fence=1))
     broker.client.delete(broker.keys.result("dead-2"))
     broker.client.set(broker.keys.result("dead-2"), "a foreign writer's")
-    moved = dead_letters.requeue("q", dead_letters.list_dead_tasks("q", broker=broker), broker=broker).moved
+    moved = broker.inspect.requeue_dead_tasks("q", broker.inspect.list_dead_tasks("q")).moved
     assert sorted(dead.task_id for dead in moved) == ["dead-1", "dead-2", "dead-3"]
     assert broker.inspect.queue_stats("q").dead == 0
     assert sorted(decode_task(raw).id for raw in broker.client.lrange(broker.keys.pending("q"), 0, -1)) == [
@@ -160,9 +161,9 @@ def test_a_task_no_longer_dead_when_the_requeue_moves_keeps_its_record(broker, m
     for n in (1, 2):
         bury(broker, n, broker.inspect.server_time_ms())
         broker.records.record_result(ResultUpdate(f"dead-{n}", {"status": "FAILED"}, 60, fence=1))
-    shown = dead_letters.list_dead_tasks("q", broker=broker)
+    shown = broker.inspect.list_dead_tasks("q")
     deleted_before_the_move(monkeypatch, broker, "q", "dead-2", shown)
-    assert [dead.task_id for dead in dead_letters.requeue("q", shown, broker=broker).moved] == ["dead-1"]
+    assert [dead.task_id for dead in broker.inspect.requeue_dead_tasks("q", shown).moved] == ["dead-1"]
     assert broker.records.get_result("dead-1")["status"] == "READY"
     record = broker.records.get_result("dead-2")
     assert (record["status"], record["fence"]) == ("FAILED", "1")
@@ -170,11 +171,11 @@ def test_a_task_no_longer_dead_when_the_requeue_moves_keeps_its_record(broker, m
 
 
 # The uniqueness windows a caller that reads the task types passes: uniq.echo is unique, demo.echo not.
-WINDOWS = {"uniq.echo": dead_letters.UniqueWindow(600_000, until_finished=True)}
+WINDOWS = {"uniq.echo": UniqueWindow(600_000, until_finished=True)}
 
 
-def requeue_all(broker, windows=WINDOWS) -> dead_letters.Requeued:
-    return dead_letters.requeue("q", dead_letters.list_dead_tasks("q", broker=broker), broker, windows)
+def requeue_all(broker, windows=WINDOWS) -> Requeued:
+    return broker.inspect.requeue_dead_tasks("q", broker.inspect.list_dead_tasks("q"), windows)
 
 
 def test_a_unique_types_dead_letter_stays_dead_while_another_task_holds_its_key(broker):
@@ -198,7 +199,7 @@ def test_a_requeue_takes_a_key_its_own_task_still_holds_for_a_new_window(broker)
     """unique_until = window: the dead task's key lives on; requeued, its new run holds it for a whole window."""
     bury(broker, 1, broker.inspect.server_time_ms(), type="uniq.echo", unique_digest="d")
     broker.client.set(broker.keys.unique("q", "d"), "dead-1", px=5_000)
-    outcome = requeue_all(broker, {"uniq.echo": dead_letters.UniqueWindow(600_000, until_finished=False)})
+    outcome = requeue_all(broker, {"uniq.echo": UniqueWindow(600_000, until_finished=False)})
     assert [dead.task_id for dead in outcome.moved] == ["dead-1"] and outcome.held == []
     assert broker.client.pttl(broker.keys.unique("q", "d")) > 590_000
     assert broker.records.get_result("dead-1")["unique_digest"] == ""  # its window, not its end, frees it

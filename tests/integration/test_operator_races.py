@@ -11,7 +11,6 @@ import tasks_app
 from tasks_app import control, producer
 from tasks_app.control import CANCELLED
 from tasks_app.models import TaskType
-from tasks_app.protocol import dead_letters
 from tasks_app.protocol.records import ResultRecord
 from tasks_app.web import bulk
 from tests.support.enqueued import is_idle
@@ -57,7 +56,9 @@ def test_a_delete_racing_a_requeue_of_the_dead_task_keeps_the_record_of_the_task
         wait_until(lambda: broker.inspect.dead_count("default") == 1, 15, message="the task to be dead-lettered")
     seen = ResultRecord.from_fields(broker.records.get_result(task_id))  # the browser's page: FAILED
     assert seen.status == "FAILED"
-    assert len(dead_letters.requeue("default", dead_letters.list_dead_tasks("default")).moved) == 1  # another operator
+    assert (
+        len(broker.inspect.requeue_dead_tasks("default", broker.inspect.list_dead_tasks("default")).moved) == 1
+    )  # another operator
     outcome = bulk.delete(bulk.Selection([seen], "user:late"))
     assert outcome.message == "Deleted 0 record(s). 1 not finished (or cancelled, still in their queue), kept."
     assert record_of(broker, task_id).status == "READY", "the requeued task lost its record"

@@ -173,7 +173,7 @@ def test_reaping_waits_a_lease_after_a_replica_is_promoted(tmp_path: Path, key_p
         old.client.wait(1, 2000)
         new.client.replicaof("NO", "ONE")  # the failover: a replica with a long uptime takes over
         assert reap_status(new, "c1", 1000) == -2
-        new.heartbeat(["q"], "live", 1000, {"lease_ms": 1000})  # live consumers renew on the new primary
+        new.leases.heartbeat(["q"], "live", 1000, {"lease_ms": 1000})  # live consumers renew on the new primary
         assert reap_status(new, "c1", 1000) == -2
         time.sleep(1.1)
         assert reap_status(new, "c1", 1000) == 1

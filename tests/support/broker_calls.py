@@ -31,13 +31,12 @@ def expire(broker, consumer_id: str, queue: str = "q") -> None:
 
 def deleted_before_the_move(monkeypatch, broker, queue: str, task_id: str, shown) -> None:
     """Make another operator delete the dead letter `task_id` of `shown` just before the next requeue moves."""
-    from tasks_app.protocol import dead_letters
 
     [deleted] = [dead for dead in shown if dead.task_id == task_id]
     move = broker.inspect.requeue_dead
 
     def deleted_first(*args):
-        dead_letters.delete(queue, [deleted], broker=broker)
+        broker.inspect.delete_dead_tasks(queue, [deleted])
         return move(*args)
 
     monkeypatch.setattr(broker.inspect, "requeue_dead", deleted_first)
