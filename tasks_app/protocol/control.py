@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
-from tasks_app.protocol import history
+from tasks_app.protocol import history, records
 from tasks_app.protocol.keys import NAME_PATTERN
 from tasks_app.protocol.records import stored_int
-from tasks_app.protocol.scripts import ScriptClient
+from tasks_app.protocol.scripts import ScriptClient, reply_text
 
 # Cancel requests of running tasks are kept this long (a run outliving it is not told again).
 CANCEL_REQUESTS_KEEP_MS = 24 * 3600 * 1000
@@ -51,10 +51,6 @@ class CancelReply:
     at_ms: int  # server time of the cancel (of the first request, for a running task)
 
 
-def _text(value: Any) -> str:
-    return value.decode(errors="backslashreplace") if isinstance(value, bytes) else str(value)
-
-
 class Control:
     """Cancels and cancel requests (one round trip each, two for a running task's), pausing queues."""
 
@@ -73,7 +69,7 @@ class Control:
             self.scripts.queue(pipe, "cancel", [self.keys.result(task_id)], [cancelled_by])
         answers = self.scripts.execute(pipe, self.client)
         replies = [
-            CancelReply(task_id, _text(outcome), _text(queue), _text(status), int(at_ms))
+            CancelReply(task_id, reply_text(outcome), reply_text(queue), reply_text(status), int(at_ms))
             for task_id, (outcome, queue, status, at_ms, *_) in zip(task_ids, answers, strict=True)
         ]
         # Only a record naming a queue ours could serve has its queue told: a foreign writer's name
@@ -81,7 +77,7 @@ class Control:
         ours = [NAME_PATTERN.fullmatch(reply.queue) is not None for reply in replies]
         running = [reply for reply, known in zip(replies, ours, strict=True) if known and reply.outcome == REQUESTED]
         filed = [
-            (reply, _text(answer[4]) if len(answer) > 4 else "")
+            (reply, reply_text(answer[4]) if len(answer) > 4 else "")
             for reply, answer, known in zip(replies, answers, ours, strict=True)
             if known and reply.outcome == CANCELLED
         ]
@@ -97,7 +93,7 @@ class Control:
     def _file_cancelled(self, pipe: Any, reply: CancelReply, unique_digest: str) -> None:
         """Queue the writes of a task cancelled outright: its move in the history, and freeing its uniqueness key."""
         # The task browser's history: READY to CANCELLED (another slot than the record).
-        args = history.status_move_args(reply.task_id, history.CANCELLED, "", history.INDEX_TTL_S)
+        args = history.status_move_args(reply.task_id, records.CANCELLED, "", history.INDEX_TTL_S)
         self.scripts.queue(pipe, "history_move", history.index_keys(self.keys, reply.queue), args)
         if unique_digest:  # a key its end frees (unique_until = finished): it ended, it will never run
             self.scripts.queue(pipe, "release_unique", [self.keys.unique(reply.queue, unique_digest)], [reply.task_id])

@@ -24,7 +24,7 @@ import redis
 
 from tasks_app.protocol import history
 from tasks_app.protocol.keys import WAKE_TOKEN
-from tasks_app.protocol.scripts import ScriptClient
+from tasks_app.protocol.scripts import ScriptClient, reply_text
 
 # How long a producer trusts its last SADD of a queue. The set can be deleted or rewritten behind
 # it (an operator, a restore); a queue is then listed again within this time.
@@ -500,14 +500,10 @@ class Enqueuer:
 
     def _unique_holders(self, replies: Sequence[Any], calls: UniqueCalls) -> list[str | None]:
         """Per task None (pushed) or the id enqueued in its place, from the replies of `_queue_uniques`'s calls."""
-        return [None if int(replies[at][0]) else _text(replies[at][1]) for at in calls.scripts]
+        return [None if int(replies[at][0]) else reply_text(replies[at][1]) for at in calls.scripts]
 
 
 def _in_place(items: Sequence[Enqueueable], missed: Sequence[int]) -> list[str | None]:
     """Per task of `items`: None (pushed), or its own id for one at a position in `missed` (enqueued before)."""
     skipped = set(missed)
     return [item.task_id if position in skipped else None for position, item in enumerate(items)]
-
-
-def _text(value: Any) -> str:
-    return value.decode(errors="backslashreplace") if isinstance(value, bytes) else str(value)

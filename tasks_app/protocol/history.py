@@ -47,12 +47,10 @@ from redis.exceptions import (
 
 from tasks_app.protocol.codec import is_utf8_encodable
 from tasks_app.protocol.keys import Keys
-from tasks_app.protocol.records import ResultUpdate, record_text_fields
+from tasks_app.protocol.records import CANCELLED, FAILED, READY, SUCCESSFUL, ResultUpdate, record_text_fields
 from tasks_app.protocol.scripts import ScriptClient
 
-# Every status a record can have (as results.py names them; not imported from there, which would
-# make an import cycle through tasks_app.exceptions), each with an index of its own.
-CANCELLED = "CANCELLED"
+# Every status a record can have, each with an index of its own.
 STATUSES: tuple[str, ...] = (*(status.value for status in TaskResultStatus), CANCELLED)
 HISTORY_MAX = 100_000
 # Time to live given to index keys where the result TTL is not at hand (a cancel); the consumers'
@@ -62,16 +60,11 @@ INDEX_TTL_S = 7 * 24 * 3600
 GONE, DELETED, KEPT = 0, 1, 2
 
 KEEP_MINUTES = 120
-# The range of a Redis integer (HINCRBY): a count outside it was written by no counter.
-MAX_COUNT = 2**63 - 1
 # Upper bounds of the duration buckets (ms); the last bucket holds everything slower.
 DURATION_BUCKETS_MS: tuple[float, ...] = (
     1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000,
 )  # fmt: skip
 OUTCOMES = ("ok", "failed", "retried")
-READY, SUCCESSFUL, FAILED = (
-    s.value for s in (TaskResultStatus.READY, TaskResultStatus.SUCCESSFUL, TaskResultStatus.FAILED)
-)
 
 # Redis Cluster: how long a master's WAIT for one replica to have a flush's results may take
 # (TASKS_CLUSTER_WAIT_MS), and how often each master's replica count is read again.
@@ -220,7 +213,9 @@ class Records:
 
     def record_result(self, update: ResultUpdate) -> int:
         """Write one result update: 1 written, 0 ignored (a later run owns it), 2 refused, 4 written again."""
-        return int(self._with_results(lambda pipe: None, [update])[0])
+        pipe = self.client.pipeline(transaction=False)
+        _, written = self.execute_with_writes(pipe, [update], self.queue_writes(pipe, [update]))
+        return int(_raising_the_first_failure(written)[0])
 
     def record_results_replicated(self, updates: Sequence[ResultUpdate]) -> tuple[list[Any], int]:
         """Redis Cluster: write records that a push about to follow relies on; return each write's reply
@@ -509,14 +504,6 @@ class Records:
             for name, value in update.fields.items():
                 args += (name, value)
         self.scripts.queue(pipe, "record_result", keys, args, by_source=by_source)
-
-    def _with_results(self, first: Any, updates: Sequence[ResultUpdate]) -> list[Any]:
-        """One round trip: what `first` queues, the result writes, then their side writes; raises the first failure."""
-        pipe = self.client.pipeline(transaction=False)
-        first(pipe)
-        firsts = len(pipe)
-        sent, written = self.execute_with_writes(pipe, updates, self.queue_writes(pipe, updates))
-        return _raising_the_first_failure([*sent[:firsts], *written])
 
     def _queue_cluster_side_writes(
         self, pipe: Any, updates: Sequence[ResultUpdate], earlier: Sequence[Any], minute: int

@@ -222,12 +222,6 @@ class Inspection:
         consumers = _consumer_rows(entries, info_raw, lengths[: len(entries)])
         return QueueStats(queue, _waiting(*waiting), processing, delayed, dead, consumers, bool(paused))
 
-    def waiting_count(self, queue: str) -> int:
-        """How many tasks of `queue` wait to be claimed (pending, prioritized, suspects), as `queue_stats` counts."""
-        pipe = self.client.pipeline(transaction=NAME_PATTERN.fullmatch(queue) is not None)
-        self._count_waiting(pipe, queue)
-        return _waiting(*pipe.execute())
-
     def _count_waiting(self, pipe: Any, queue: str) -> None:
         """Queue the reads of what waits to be claimed on `pipe`: their replies are `_waiting`'s arguments."""
         pipe.llen(self.keys.pending(queue))
@@ -277,7 +271,7 @@ class Inspection:
         entries = self.client.zrange(key, offset, offset + limit - 1, desc=True, withscores=True)
         return [(member, ms_of_score(score)) for member, score in entries]
 
-    def dead_scored(self, queue: str, died_ms: Sequence[int], limit: int) -> list[tuple[bytes, int]]:
+    def _dead_scored(self, queue: str, died_ms: Sequence[int], limit: int) -> list[tuple[bytes, int]]:
         """The dead-lettered tasks of a queue that died at each of `died_ms` (as `list_dead` reads it), `limit` each.
 
         One round trip whatever the set holds: a page acts on what it showed without reading the rest.
@@ -299,13 +293,13 @@ class Inspection:
         of another task holding its uniqueness key (it stays dead; a free key is taken in the move).
 
         On Redis Cluster the records lie in other slots: the tasks are parked in delayed instead (for
-        REQUEUE_PARK_MS), for the caller to write their records and then `push_parked` them. A
+        REQUEUE_PARK_MS), for the caller to write their records and then `_push_parked` them. A
         requeued task's cancel requests are dropped in the same script: its new run starts afresh.
         """
         park_ms = REQUEUE_PARK_MS if isinstance(self.client, redis.RedisCluster) else 0
         return self._requeue_call(self.keys.dead(queue), queue, entries, fence, park_ms)
 
-    def push_parked(self, queue: str, entries: Sequence[DeadRequeue]) -> list[int | str]:
+    def _push_parked(self, queue: str, entries: Sequence[DeadRequeue]) -> list[int | str]:
         """Redis Cluster: push the tasks `requeue_dead` parked, those still parked (MOVED, else NOT_MOVED)."""
         return self._requeue_call(self.keys.delayed(queue), queue, [entry.parked() for entry in entries], 0, 0)
 
@@ -347,7 +341,7 @@ class Inspection:
         """
         wanted = set(refs)
         died_ms = sorted({int(ref.partition(":")[0]) for ref in wanted if _REF.fullmatch(ref)})
-        scored = self.dead_scored(queue, died_ms, SCAN_PAGE) if died_ms else []
+        scored = self._dead_scored(queue, died_ms, SCAN_PAGE) if died_ms else []
         found = [dead for dead in (_decode(member, ms) for member, ms in scored) if dead.ref in wanted]
         return list({dead.ref: dead for dead in found}.values())
 
@@ -378,13 +372,13 @@ class Inspection:
                 logger.warning("requeued task %s without its READY record: Redis refused it", entry.task_id)
         moved = [reply in (MOVED, MOVED_WITHOUT_RECORD) for reply in replies]
         if isinstance(self.client, redis.RedisCluster):
-            self._push_parked(queue, [entry for entry, took in zip(entries, moved, strict=True) if took])
+            self._write_records_and_push(queue, [entry for entry, took in zip(entries, moved, strict=True) if took])
         return Requeued(
             [item for (item, _), took in zip(movable, moved, strict=True) if took],
             [(item, reply) for (item, _), reply in zip(movable, replies, strict=True) if isinstance(reply, str)],
         )
 
-    def _push_parked(self, queue: str, parked: Sequence[DeadRequeue]) -> None:
+    def _write_records_and_push(self, queue: str, parked: Sequence[DeadRequeue]) -> None:
         """Redis Cluster: write the READY records of the tasks `requeue_dead` parked in delayed, then push them.
 
         A record lies on another master than the queue: a replica has it before the push, or a
@@ -398,7 +392,7 @@ class Inspection:
         for entry, reply in zip(parked, written, strict=True):
             if isinstance(reply, Exception):
                 logger.warning("requeued task %s without its READY record: Redis refused it (%s)", entry.task_id, reply)
-        self.push_parked(queue, parked)
+        self._push_parked(queue, parked)
 
     def delete_dead_tasks(self, queue: str, dead: Sequence[DeadTask]) -> int:
         """Delete dead tasks for good; return how many were deleted."""

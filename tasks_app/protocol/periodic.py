@@ -11,7 +11,7 @@ from tasks_app.protocol import history
 from tasks_app.protocol.enqueue import Enqueueable, Enqueuer, record_only_args
 from tasks_app.protocol.keys import WAKE_TOKEN
 from tasks_app.protocol.records import stored_int
-from tasks_app.protocol.scripts import ScriptClient
+from tasks_app.protocol.scripts import ScriptClient, reply_text
 
 # What fire_periodic.lua says it did with a slot.
 PUSHED_OUTCOMES = frozenset({"fired", "caught_up", "fired_and_caught_up"})
@@ -115,7 +115,7 @@ class Periodic:
         outcome, claimed, before_ms, now_ms = self.redis.run(
             "claim_periodic", [self.keys.periodic_claim(schedule)], [slot_ms, queue]
         )
-        return SlotClaim(_text(outcome), _text(claimed), int(before_ms), int(now_ms))
+        return SlotClaim(reply_text(outcome), reply_text(claimed), int(before_ms), int(now_ms))
 
     def skip_periodic(self, queue: str, schedule: str, slot_ms: int) -> FireReply:
         """Record one slot of `schedule` (firing into `queue`) as handled without pushing a run: refused, not missed."""
@@ -166,11 +166,9 @@ def _fire_args(
 def _reply(reply: Sequence[Any]) -> FireReply:
     """A FireReply from what fire_periodic or skip_periodic answered."""
     outcome, now_ms, handled_ms, fired_ms, *claimed = reply
-    return FireReply(_text(outcome), int(now_ms), int(handled_ms), int(fired_ms), _text(claimed[0]) if claimed else "")
-
-
-def _text(value: Any) -> str:
-    return value.decode(errors="backslashreplace") if isinstance(value, bytes) else str(value)
+    return FireReply(
+        reply_text(outcome), int(now_ms), int(handled_ms), int(fired_ms), reply_text(claimed[0]) if claimed else ""
+    )
 
 
 def _pushed(outcome: str, regular: Enqueueable, catch_up: Enqueueable | None) -> list[Enqueueable]:

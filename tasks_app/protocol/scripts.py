@@ -157,6 +157,11 @@ def _misconfigured(read_type: Callable[[str], Any], name: str, keys: Sequence[st
     return MisconfiguredKey(f"script {name} failed: {exc}; its keys: {', '.join(types) or 'none'}")
 
 
+def reply_text(value: Any) -> str:
+    """A script's reply as text: bytes decoded (undecodable ones escaped), anything else as `str` has it."""
+    return value.decode(errors="backslashreplace") if isinstance(value, bytes) else str(value)
+
+
 def _expand_includes(source: bytes, directory: Path) -> bytes:
     return _INCLUDE.sub(lambda match: (directory / "include" / f"{match[1].decode()}.lua").read_bytes(), source)
 
