@@ -32,29 +32,29 @@ def fill_others(system, queue: str, in_flight: int) -> None:
     enqueue(system, queue, in_flight)
     for index in range(OTHER_CONSUMERS):
         consumer_id = f"other-{index}"
-        broker.heartbeat([queue], consumer_id, LEASE_MS, {})
+        broker.leases.heartbeat([queue], consumer_id, LEASE_MS, {})
         share = in_flight // OTHER_CONSUMERS + (1 if index < in_flight % OTHER_CONSUMERS else 0)
         while share > 0:
-            share -= len(broker.claim(queue, consumer_id, min(share, 10000)) or [])
+            share -= len(broker.queue.claim(queue, consumer_id, min(share, 10000)) or [])
 
 
 def claim_fenced(system, queue: str, count: int) -> list[tuple[bytes, int]]:
     """Claim up to `count` tasks of `queue` as ME: each with its claim's fencing token."""
-    claim = system.broker.claim_with_suspect(queue, ME, count, allow_suspect=False)
+    claim = system.broker.queue.claim_with_suspect(queue, ME, count, allow_suspect=False)
     return [] if claim is None else [(raw, claim.first_fence + index) for index, raw in enumerate(claim.tasks)]
 
 
 def ack_one(system, queue: str, held: list[tuple[bytes, int]]) -> float:
     """Ack our oldest held task of `queue` with its result write, claim a new one; return the ack's seconds."""
-    from tasks_app.protocol import results
+    from tasks_app.protocol import records
     from tasks_app.protocol.codec import decode_task
 
     raw, fence = held.pop(0)
     task = decode_task(raw)
     task.attempt = 1
-    update = results.succeeded(task, "true", int(time.time() * 1000), 3600, fence)
+    update = records.succeeded(task, "true", int(time.time() * 1000), 3600, fence)
     started = time.perf_counter()
-    system.broker.ack(queue, ME, [raw], [update])
+    system.broker.queue.ack(queue, ME, [raw], [update])
     elapsed = time.perf_counter() - started
     held.extend(claim_fenced(system, queue, 1))
     return elapsed
@@ -67,7 +67,7 @@ if __name__ == "__main__":
         for level, queue in queues.items():
             fill_others(system, queue, level)
             enqueue(system, queue, ACKS + OWN_IN_FLIGHT)
-            system.broker.heartbeat([queue], ME, LEASE_MS, {})
+            system.broker.leases.heartbeat([queue], ME, LEASE_MS, {})
             held[level] = claim_fenced(system, queue, OWN_IN_FLIGHT)
         timings: dict[int, list[float]] = {level: [] for level in LEVELS}
         for _ in range(ACKS):

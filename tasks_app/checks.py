@@ -6,7 +6,7 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
 
-from tasks_app.protocol.names import NAME_PATTERN
+from tasks_app.protocol.keys import NAME_PATTERN
 
 # Well under Redis's default proto-max-bulk-len (512 MiB): a record holds a value and a traceback.
 MAX_RESULT_BYTES_LIMIT = 64 * 1024 * 1024

@@ -14,8 +14,8 @@ from prometheus_client.registry import Collector
 from tasks_app import metrics
 from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import Broker
-from tasks_app.protocol.names import NAME_PATTERN
-from tasks_app.protocol.replies import QueueStats
+from tasks_app.protocol.inspection import QueueStats
+from tasks_app.protocol.keys import NAME_PATTERN
 
 logger = logging.getLogger(__name__)
 
@@ -85,8 +85,10 @@ class QueueCollector(Collector):
     def _read_all(self) -> Read:
         broker = self.broker()
         # A name that breaks the naming rule (a foreign producer's) is no label: no consumer serves it.
-        queues = sorted(set(self.queues) | {name for name in broker.known_queues() if NAME_PATTERN.fullmatch(name)})
-        return [broker.queue_stats(queue) for queue in queues[:MAX_QUEUES]], broker.server_time_ms()
+        queues = sorted(
+            set(self.queues) | {name for name in broker.inspect.known_queues() if NAME_PATTERN.fullmatch(name)}
+        )
+        return [broker.inspect.queue_stats(queue) for queue in queues[:MAX_QUEUES]], broker.inspect.server_time_ms()
 
     @staticmethod
     def _families() -> tuple[GaugeMetricFamily, ...]:

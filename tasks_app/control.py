@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 from tasks_app.exceptions import TaskAlreadyFinished, TaskNotFound
 from tasks_app.protocol.broker import Broker, get_broker
+from tasks_app.protocol.codec import is_utf8_encodable
 from tasks_app.protocol.control import CANCELLED, FINISHED, REQUESTED, UNKNOWN, CancelReply
-from tasks_app.protocol.jsontext import is_utf8_encodable
 
 __all__ = [
     "CANCELLED",
@@ -50,7 +50,7 @@ def cancel_many(
     by = cancelled_by[:MAX_CANCELLED_BY_CHARS].encode("utf-8", "backslashreplace").decode("utf-8")
     # An id that is not valid Unicode (a lone surrogate: non-UTF-8 bytes on a command line) names no task.
     storable = [task_id for task_id in dict.fromkeys(ids) if is_utf8_encodable(task_id)]
-    replies = (broker or get_broker()).cancel_many(storable, by, force) if storable else []
+    replies = (broker or get_broker()).control.cancel_many(storable, by, force) if storable else []
     by_id = {reply.task_id: reply for reply in replies}
     return [by_id.get(task_id) or CancelReply(task_id, UNKNOWN, "", "", 0) for task_id in ids]
 
@@ -68,7 +68,7 @@ def cancel(task_id: str, *, cancelled_by: str = "", force: bool = False, broker:
 def set_queue_paused(queue: str, paused: bool, *, by: str = "", broker: Broker | None = None) -> bool:
     """Pause or resume `queue`, logging a warning when that changes it; False if it already was so."""
     broker = broker or get_broker()
-    changed = broker.pause(queue, by=by) if paused else broker.resume(queue)
+    changed = broker.control.pause(queue, by=by) if paused else broker.control.resume(queue)
     if changed:
         logger.warning("queue %s %s by %s", queue, "paused" if paused else "resumed", by or "an operator")
     return changed

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from tasks_app.periodic.clock import saved_now
 from tasks_app.periodic.validation import schedule_errors
-from tasks_app.protocol.names import NAME_PATTERN, NAME_RULE
+from tasks_app.protocol.keys import NAME_PATTERN, NAME_RULE
 
 # \Z, not $: "$" also matches before a final line end, which no key may hold (the producer refuses it).
 name_validator = RegexValidator(rf"^{NAME_PATTERN.pattern}\Z", f"Use {NAME_RULE}.")

@@ -18,14 +18,21 @@ from redis.exceptions import RedisError
 
 from tasks_app import metrics
 from tasks_app.models import TaskType
-from tasks_app.protocol import results
-from tasks_app.protocol.batch_args import Enqueueable
+from tasks_app.protocol import records
 from tasks_app.protocol.broker import Broker, get_broker
-from tasks_app.protocol.codec import PRIORITY_MAX, PRIORITY_MIN, Task, encode_arguments, encode_task, payload_of
-from tasks_app.protocol.control import UniqueEnqueueable
-from tasks_app.protocol.jsontext import MAX_JSON_DEPTH, argument_problem
-from tasks_app.protocol.names import InvalidName, validate_name
-from tasks_app.protocol.timestamps import ms_of_datetime
+from tasks_app.protocol.codec import (
+    MAX_JSON_DEPTH,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    Task,
+    argument_problem,
+    encode_arguments,
+    encode_task,
+    payload_of,
+)
+from tasks_app.protocol.enqueue import Enqueueable, UniqueEnqueueable
+from tasks_app.protocol.keys import InvalidName, validate_name
+from tasks_app.protocol.records import ms_of_datetime
 from tasks_app.registry import Registry, registry as default_registry
 from tasks_app.task_types import TaskTypeConfig, UnknownTaskType, recent_task_types
 
@@ -186,7 +193,7 @@ def push(batch: PreparedBatch, *, broker: Broker | None = None) -> list[Enqueued
     of_uniques = set(unique_at)
     try:
         if items or uniques:
-            holders = (broker or get_broker()).enqueue(items, batch.result_ttl_s, uniques)
+            holders = (broker or get_broker()).enqueuer.enqueue(items, batch.result_ttl_s, uniques)
             positions = [*(at for at in range(len(enqueued)) if at not in of_uniques), *unique_at]
             for position, holder in zip(positions, holders, strict=True):
                 if holder is not None:
@@ -242,7 +249,7 @@ def _prepare(request: TaskRequest, configs: dict[str, TaskTypeConfig], registry:
     delay_ms = _delay_ms(request, now_ms)
     task, args_json, kwargs_json = _build_task(request, config, now_ms, delay_ms)
     task.unique_digest = unique_digest(request, config)
-    record = results.ready_fields_of_json(task, args_json, kwargs_json)
+    record = records.ready_fields_of_json(task, args_json, kwargs_json)
     window_ms = config.unique_window_ms if task.unique_digest else 0
     if window_ms and config.unique_until == TaskType.UniqueUntil.FINISHED:
         record["unique_digest"] = task.unique_digest  # a cancel before it starts frees its key (it ended)

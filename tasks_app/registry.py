@@ -13,7 +13,7 @@ from typing import Any
 
 from django.tasks import Task  # also registers Django's system checks of the TASKS backends
 
-from tasks_app.protocol.names import validate_name
+from tasks_app.protocol.keys import validate_name
 
 logger = logging.getLogger(__name__)
 

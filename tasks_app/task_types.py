@@ -15,7 +15,7 @@ from prometheus_client import Gauge
 
 from tasks_app.models import TIMEOUT_MIN_S, UNIQUE_FOR_MAX_S, TaskType
 from tasks_app.problem_log import ProblemLog
-from tasks_app.protocol.dead_letters import UniqueWindow
+from tasks_app.protocol.inspection import UniqueWindow
 from tasks_app.registry import Registry
 
 logger = logging.getLogger(__name__)

@@ -5,16 +5,17 @@ from __future__ import annotations
 import json
 import threading
 import time
+from typing import Any
 
 import pytest
 import redis
 
 from tasks_app import producer
 from tasks_app.consumer.ack_batcher import AckBatcher, merge_updates, storable
-from tasks_app.protocol import results
+from tasks_app.protocol import records
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import decode_task
-from tasks_app.protocol.replies import ResultUpdate
+from tasks_app.protocol.records import ResultUpdate
 
 pytestmark = pytest.mark.django_db
 
@@ -45,8 +46,8 @@ def test_an_outcome_merged_into_an_earlier_write_keeps_its_queue_and_type():
 
 def _claimed(broker: Broker, consumer_id: str, count: int) -> tuple[list[str], list[bytes]]:
     tasks = producer.enqueue("demo.echo", count=count)
-    broker.heartbeat(["default"], consumer_id, 10_000, {})
-    return [t.id for t in tasks], broker.claim("default", consumer_id, count)
+    broker.leases.heartbeat(["default"], consumer_id, 10_000, {})
+    return [t.id for t in tasks], broker.queue.claim("default", consumer_id, count)
 
 
 def test_one_flush_records_results_then_acks_and_reports_each_task(broker):
@@ -66,9 +67,9 @@ def test_one_flush_records_results_then_acks_and_reports_each_task(broker):
     assert outcomes == [True, False, True]
     assert broker.client.llen(broker.keys.processing("default", "c1")) == 0
     for task_id in (ids[0], ids[2]):
-        record = broker.get_result(task_id)
+        record = broker.records.get_result(task_id)
         assert record["status"] == "SUCCESSFUL" and record["worker_ids"] == '["c1"]'
-    assert broker.get_result(ids[1])["status"] == "READY"  # the writes of a run that lost its task are held
+    assert broker.records.get_result(ids[1])["status"] == "READY"  # the writes of a run that lost its task are held
 
 
 def test_barrier_returns_after_earlier_writes_and_close_flushes_the_rest(broker):
@@ -77,7 +78,7 @@ def test_barrier_returns_after_earlier_writes_and_close_flushes_the_rest(broker)
     batcher.start()
     batcher.record(ResultUpdate(ids[0], {"status": "RUNNING"}, 60))
     batcher.barrier()
-    assert broker.get_result(ids[0])["status"] == "RUNNING"
+    assert broker.records.get_result(ids[0])["status"] == "RUNNING"
 
     acked: list[bool | None] = []
     batcher.ack("default", "c2", raws[0], None, acked.append)
@@ -108,12 +109,15 @@ class FlakyBroker(Broker):
         super().__init__(broker.client, broker.keys.prefix, broker.scripts)
         self.failures = failures
         self.calls = 0
+        real = self.queue.ack_many_reporting
 
-    def ack_many_reporting(self, results, raws_by_owner, releases=None):
-        self.calls += 1
-        if self.calls <= self.failures:
-            raise redis.exceptions.ConnectionError("connection reset by peer")
-        return super().ack_many_reporting(results, raws_by_owner, releases)
+        def ack_many_reporting(results, raws_by_owner, releases=None):
+            self.calls += 1
+            if self.calls <= self.failures:
+                raise redis.exceptions.ConnectionError("connection reset by peer")
+            return real(results, raws_by_owner, releases)
+
+        self.queue.ack_many_reporting = ack_many_reporting
 
 
 def _ack_all(
@@ -141,7 +145,7 @@ def test_a_result_that_redis_refuses_fails_only_its_own_task(broker, caplog):
 
     assert outcomes == [True, True, True]  # all acked: the refused record held up nothing
     assert broker.client.llen(broker.keys.processing("default", "c3")) == 0
-    assert [broker.get_result(i)["status"] for i in (ids[0], ids[2])] == ["SUCCESSFUL", "SUCCESSFUL"]
+    assert [broker.records.get_result(i)["status"] for i in (ids[0], ids[2])] == ["SUCCESSFUL", "SUCCESSFUL"]
     assert "could not be stored" in caplog.text
 
 
@@ -154,7 +158,7 @@ def test_a_result_with_a_lone_surrogate_is_recorded_as_failed_and_its_batch_mate
     batcher.flush_once(block_s=0.1)
 
     assert outcomes == [True, True, True]
-    records = [broker.get_result(i) for i in ids]
+    records = [broker.records.get_result(i) for i in ids]
     assert [r["status"] for r in records] == ["SUCCESSFUL", "FAILED", "SUCCESSFUL"]
     assert "lone surrogate" in records[1]["dead_reason"] and "return_value" not in records[1]
 
@@ -168,7 +172,7 @@ def test_connection_errors_are_retried_until_the_batch_is_written(broker):
     batcher.flush_once(block_s=0.1)
 
     assert flaky.calls == 3 and outcomes == [True, True]
-    assert [broker.get_result(i)["status"] for i in ids] == ["SUCCESSFUL", "SUCCESSFUL"]
+    assert [broker.records.get_result(i)["status"] for i in ids] == ["SUCCESSFUL", "SUCCESSFUL"]
 
 
 class LosesFirstReply(Broker):
@@ -177,13 +181,16 @@ class LosesFirstReply(Broker):
     def __init__(self, broker: Broker) -> None:
         super().__init__(broker.client, broker.keys.prefix, broker.scripts)
         self.calls = 0
+        real = self.queue.ack_many_reporting
 
-    def ack_many_reporting(self, results, raws_by_owner, releases=None):
-        self.calls += 1
-        report = super().ack_many_reporting(results, raws_by_owner, releases)
-        if self.calls == 1:
-            raise redis.exceptions.ConnectionError("connection reset by peer")
-        return report
+        def ack_many_reporting(results, raws_by_owner, releases=None):
+            self.calls += 1
+            report = real(results, raws_by_owner, releases)
+            if self.calls == 1:
+                raise redis.exceptions.ConnectionError("connection reset by peer")
+            return report
+
+        self.queue.ack_many_reporting = ack_many_reporting
 
 
 def test_a_batch_sent_again_after_its_reply_was_lost_appends_counts_and_reports_nothing_twice(broker):
@@ -195,11 +202,11 @@ def test_a_batch_sent_again_after_its_reply_was_lost_appends_counts_and_reports_
         task = decode_task(raw)
         task.attempt = 1
         fence = 10 + index
-        batcher.record(results.started(task, None, "c7", 1000.5, 3, 60, fence, record_exists=True))  # type: ignore[arg-type]
+        batcher.record(records.started(task, None, "c7", 1000.5, 3, 60, fence, record_exists=True))  # type: ignore[arg-type]
         ending = (
-            results.succeeded(task, "null", 2000.5, 60, fence, run_s=0.1)
+            records.succeeded(task, "null", 2000.5, 60, fence, run_s=0.1)
             if index == 0
-            else results.attempt_failed(task, {"exception_class_path": "E"}, 2000.5, 60, final=True, fence=fence)
+            else records.attempt_failed(task, {"exception_class_path": "E"}, 2000.5, 60, final=True, fence=fence)
         )
         batcher.ack("default", "c7", raw, ending, outcomes.append)
 
@@ -207,11 +214,11 @@ def test_a_batch_sent_again_after_its_reply_was_lost_appends_counts_and_reports_
 
     assert outcomes == [None, None]  # acked by the lost send: not taken for tasks recovered elsewhere
     assert broker.client.llen(broker.keys.processing("default", "c7")) == 0
-    ok, failed = (broker.get_result(task_id) for task_id in ids)
+    ok, failed = (broker.records.get_result(task_id) for task_id in ids)
     assert ok["status"] == "SUCCESSFUL" and ok["worker_ids"] == '["c7"]'
     assert failed["status"] == "FAILED" and failed["worker_ids"] == '["c7"]'
     assert len(json.loads(failed["errors"])) == 1
-    counts = broker.minute_counts("default", [minute, minute + 1])  # the flush may fall in the next minute
+    counts = broker.inspect.minute_counts("default", [minute, minute + 1])  # the flush may fall in the next minute
     assert [sum(c.get(name, 0) for c in counts) for name in ("ok", "failed")] == [1, 1]
 
 
@@ -219,12 +226,16 @@ class RefusesBatches(Broker):
     """A real broker that drops the connection on any write of more than one ack, as Redis does
     for a batch holding a value over its proto-max-bulk-len."""
 
-    def ack_many_reporting(self, results, raws_by_owner, releases=None):
-        if sum(len(raws) for raws in raws_by_owner.values()) > 1:
-            raise redis.exceptions.ConnectionError("connection reset by peer")
-        return super().ack_many_reporting(results, raws_by_owner, releases)
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        real = self.queue.ack_many_reporting
 
-    ack_many = ack_many_reporting
+        def ack_many_reporting(results, raws_by_owner, releases=None):
+            if sum(len(raws) for raws in raws_by_owner.values()) > 1:
+                raise redis.exceptions.ConnectionError("connection reset by peer")
+            return real(results, raws_by_owner, releases)
+
+        self.queue.ack_many_reporting = self.queue.ack_many = ack_many_reporting
 
 
 def test_a_write_failing_on_the_wire_while_redis_answers_is_isolated_not_retried_forever(broker):
@@ -240,17 +251,18 @@ def test_a_write_failing_on_the_wire_while_redis_answers_is_isolated_not_retried
 
     assert not flusher.is_alive(), "the flusher retried the refused batch forever"
     assert outcomes == [True, True]  # written one by one
-    assert [broker.get_result(i)["status"] for i in ids] == ["SUCCESSFUL", "SUCCESSFUL"]
+    assert [broker.records.get_result(i)["status"] for i in ids] == ["SUCCESSFUL", "SUCCESSFUL"]
 
 
 def test_every_done_callback_is_called_even_when_writing_fails_unexpectedly(broker):
     ids, raws = _claimed(broker, "c7", 2)
 
-    class Broken(Broker):
-        def ack_many_reporting(self, results, raws_by_owner, releases=None):
-            raise TypeError("a bug")
+    def broken(results, raws_by_owner, releases=None):
+        raise TypeError("a bug")
 
-    batcher = AckBatcher(Broken(broker.client, broker.keys.prefix, broker.scripts), threading.Event())
+    with_bug = Broker(broker.client, broker.keys.prefix, broker.scripts)
+    with_bug.queue.ack_many_reporting = broken
+    batcher = AckBatcher(with_bug, threading.Event())
     outcomes = _ack_all(batcher, ids, raws, "c7")
     written = threading.Event()
     batcher._entries.put(written)
@@ -266,15 +278,16 @@ class FailingOver(Broker):
     def __init__(self, broker: Broker, failures: int) -> None:
         super().__init__(broker.client, broker.keys.prefix, broker.scripts)
         self.failures = failures
+        real = self.queue.ack_many_reporting
 
-    def serves_every_slot(self) -> bool:
-        return self.failures <= 0
+        def ack_many_reporting(results, raws_by_owner, releases=None):
+            self.failures -= 1
+            if self.failures >= 0:
+                raise redis.exceptions.ClusterDownError("CLUSTERDOWN The cluster is down")
+            return real(results, raws_by_owner, releases)
 
-    def ack_many_reporting(self, results, raws_by_owner, releases=None):
-        self.failures -= 1
-        if self.failures >= 0:
-            raise redis.exceptions.ClusterDownError("CLUSTERDOWN The cluster is down")
-        return super().ack_many_reporting(results, raws_by_owner, releases)
+        self.queue.ack_many_reporting = ack_many_reporting
+        self.inspect.serves_every_slot = lambda: self.failures <= 0
 
 
 def test_a_cluster_failing_over_is_waited_out_not_taken_as_refusing_the_batch(broker):
@@ -285,7 +298,7 @@ def test_a_cluster_failing_over_is_waited_out_not_taken_as_refusing_the_batch(br
     batcher.flush_once(block_s=0.1)
 
     assert outcomes == [True]
-    assert broker.get_result(ids[0])["status"] == "SUCCESSFUL"  # not FAILED "could not be stored"
+    assert broker.records.get_result(ids[0])["status"] == "SUCCESSFUL"  # not FAILED "could not be stored"
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from tasks_app import producer
 from tasks_app.models import ApiToken, TaskType
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tasks_app.web.api_auth import issue_token
 from tests.support.enqueued import enqueued_keys
 
@@ -70,7 +70,7 @@ def test_token_enqueues_and_the_record_is_readable(client, broker, token, echo_t
 def test_queue_and_delay_are_honoured(client, broker, token, echo_type):
     response = post(client, {"type": "api.echo", "queue": "elsewhere", "delay": 60}, token)
     assert response.status_code == 201 and response.json()["run_after"]
-    assert broker.queue_stats("elsewhere").delayed == 1
+    assert broker.inspect.queue_stats("elsewhere").delayed == 1
 
 
 @pytest.mark.parametrize(
@@ -151,7 +151,7 @@ def test_bad_requests_are_400_with_a_json_error(client, broker, token, echo_type
     assert response.status_code == 400
     assert response["Content-Type"] == "application/json"
     assert message in response.json()["error"]
-    assert broker.known_queues() == []
+    assert broker.inspect.known_queues() == []
     assert list(broker.client.scan_iter(match=f"{broker.keys.prefix}:*")) == []  # no READY record either
 
 
@@ -267,7 +267,7 @@ def test_a_payload_limit_above_djangos_upload_limit_is_the_one_that_holds(client
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024
     response = post(client, {"type": "api.echo", "args": ["x" * (3 * 1024 * 1024)]}, token)
     assert response.status_code == 201, response.content[:200]
-    assert len(ResultRecord.from_fields(broker.get_result(response.json()["id"])).args[0]) == 3 * 1024 * 1024
+    assert len(ResultRecord.from_fields(broker.records.get_result(response.json()["id"])).args[0]) == 3 * 1024 * 1024
     too_big = post(client, {"type": "api.echo", "args": ["x" * (5 * 1024 * 1024)]}, token)
     assert too_big.status_code == 400 and "over the limit" in too_big.json()["error"]
     far_too_big = post(client, {"type": "api.echo", "args": ["x" * (17 * 1024 * 1024)]}, token)
@@ -282,7 +282,7 @@ def test_arguments_under_the_payload_limit_are_taken_however_a_client_encodes_th
     settings.TASKS_MAX_PAYLOAD_BYTES = 1024 * 1024
     response = post(client, {"type": "api.echo", "args": args}, token)
     assert response.status_code == 201, response.content[:200]
-    assert ResultRecord.from_fields(broker.get_result(response.json()["id"])).args == args
+    assert ResultRecord.from_fields(broker.records.get_result(response.json()["id"])).args == args
 
 
 def test_a_foreign_payloads_nan_reads_as_null_in_strict_json(client, broker, token, echo_type):

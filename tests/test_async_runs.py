@@ -95,7 +95,7 @@ def test_a_rate_limited_async_task_waiting_for_a_full_lane_is_admitted_only_once
     worker.join(5)
     wait_until(lambda: lane.began.is_set() or delayed_tasks(broker), 5, message="t1 to begin or wait again")
     assert admitted == ["t1"] and lane.began.is_set(), "its admission was spent while it waited for the lane"
-    wait_until(lambda: broker.get_result("t1")["status"] == "SUCCESSFUL", 5, message="t1 to succeed")
+    wait_until(lambda: broker.records.get_result("t1")["status"] == "SUCCESSFUL", 5, message="t1 to succeed")
     assert sample(MISSED, type="x.async_add", reason="rate_start_missed") == missed_before
 
 
@@ -126,7 +126,7 @@ def caught() -> Iterator[list[warnings.WarningMessage]]:
 def run_on_the_lane(broker: Any, laned: Executor, task_id: str) -> None:
     """Run a task to its end on the lane: whatever the loop did before is done."""
     assert laned.execute(claimed(broker, task_id, "x.async_add", 1, 2)) is True
-    wait_until(lambda: (broker.get_result(task_id) or {}).get("status") == "SUCCESSFUL", 5, message=task_id)
+    wait_until(lambda: (broker.records.get_result(task_id) or {}).get("status") == "SUCCESSFUL", 5, message=task_id)
 
 
 @pytest.mark.parametrize("lane", [2], indirect=True)
@@ -143,7 +143,7 @@ def test_a_run_cancelled_with_force_before_it_begins_leaves_no_coroutine_unawait
     run.context.control.force()  # what RunWatch does on a forced cancel
     run.force_stop()
     lane.free.set()
-    wait_until(lambda: broker.get_result("t1")["status"] == "CANCELLED", 5, message="t1 to be cancelled")
+    wait_until(lambda: broker.records.get_result("t1")["status"] == "CANCELLED", 5, message="t1 to be cancelled")
     run_on_the_lane(broker, laned, "t2")
     assert never_awaited(caught) == []
 
@@ -159,5 +159,5 @@ def test_a_run_stopped_after_its_start_was_written_leaves_no_coroutine_unawaited
 
     laned.lease_check = grace_ends_while_its_start_is_written
     assert laned.execute(claimed(broker, "t1", "x.async_add", 1, 2)) is False
-    assert broker.queue_stats("q").pending == 1  # back unstarted
+    assert broker.inspect.queue_stats("q").pending == 1  # back unstarted
     assert not lane.began.is_set() and never_awaited(caught) == []

@@ -67,7 +67,7 @@ def redis_keys(broker: Broker) -> list[bytes]:
 
 
 def pending_count(broker: Broker, queue: str = "default") -> int:
-    stats = broker.queue_stats(queue)
+    stats = broker.inspect.queue_stats(queue)
     return stats.pending + stats.delayed
 
 
@@ -264,8 +264,8 @@ class TestEnqueue:
         high = tasks.add.using(priority=50).enqueue(0, 3)
         other = tasks.add.using(queue_name="other").enqueue(0, 4)
 
-        assert broker.heartbeat(["default"], "claimer", 5000, register_info={})
-        claimed = broker.claim("default", "claimer", 10) or []
+        assert broker.leases.heartbeat(["default"], "claimer", 5000, register_info={})
+        claimed = broker.queue.claim("default", "claimer", 10) or []
         assert [decode_task(raw).id for raw in claimed] == [high.id, normal.id, low.id]
         assert pending_count(broker, "other") == 1
         assert tasks.add.get_result(high.id).task.priority == 50
@@ -281,7 +281,7 @@ class TestEnqueue:
         run_after = datetime.now(tz=UTC) + timedelta(minutes=5)
         result = tasks.add.using(run_after=run_after).enqueue(1, 2)
 
-        stats = broker.queue_stats("default")
+        stats = broker.inspect.queue_stats("default")
         assert (stats.pending, stats.delayed) == (0, 1)
         stored = tasks.add.get_result(result.id).task.run_after
         assert abs((stored - run_after).total_seconds()) < 0.01

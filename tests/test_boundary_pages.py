@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 
 from tasks_app import producer
 from tasks_app.models import TaskType
-from tasks_app.protocol.minutes import DURATION_BUCKETS_MS
+from tasks_app.protocol.history import DURATION_BUCKETS_MS
 from tasks_app.templatetags.tasks_display import url_or_empty
 from tasks_app.web.charts import percentile_ms
 
@@ -61,7 +61,7 @@ def test_an_action_on_a_task_whose_id_holds_a_nul_is_logged_with_it_escaped(staf
     broker.client.hset(broker.keys.result("a\x00b"), mapping={"status": "FAILED", "type": "web.echo", "queue": "web"})
     broker.client.zadd(broker.keys.history("web"), {"a\x00b": time.time() * 1000})
     response = staff.post("/tasks/", {"action": "delete", "task": ["a\x00b"]})
-    assert response.status_code == 302 and broker.get_result("a\x00b") is None
+    assert response.status_code == 302 and broker.records.get_result("a\x00b") is None
     [entry] = LogEntry.objects.all()
     assert "\x00" not in entry.object_id + entry.object_repr + entry.change_message
 
@@ -91,7 +91,10 @@ def test_a_record_whose_id_field_names_another_task_is_shown_and_acted_on_under_
     listed = re.findall(r'name="task" value="([^"]+)"', staff.get("/tasks/").content.decode())
     assert listed == ["foreign", other.id]
     staff.post("/tasks/", {"action": "cancel", "task": ["foreign"]})
-    assert (broker.get_result("foreign")["status"], broker.get_result(other.id)["status"]) == ("CANCELLED", "READY")
+    assert (broker.records.get_result("foreign")["status"], broker.records.get_result(other.id)["status"]) == (
+        "CANCELLED",
+        "READY",
+    )
 
 
 def test_a_records_schedule_name_that_no_row_can_have_is_shown_unlinked_without_a_query(staff, broker):

@@ -15,8 +15,8 @@ from tests.support.broker_calls import LEASE_MS, expire, ids, make_task, push, r
 def test_reaper_never_touches_a_live_lease(broker):
     register(broker, "c1", lease_ms=60_000)
     push(broker, make_task(1))
-    broker.claim("q", "c1", 1)
-    outcome = broker.reap("q", "c1", 60_000)
+    broker.queue.claim("q", "c1", 1)
+    outcome = broker.leases.reap("q", "c1", 60_000)
     assert outcome.status == -1
     assert broker.client.llen(broker.keys.processing("q", "c1")) == 1
 
@@ -24,28 +24,28 @@ def test_reaper_never_touches_a_live_lease(broker):
 def test_reaping_returns_tasks_oldest_first_and_tombstones_the_consumer(broker):
     register(broker, "c1")
     push(broker, *[make_task(n) for n in range(3)])
-    broker.claim("q", "c1", 3)
+    broker.queue.claim("q", "c1", 3)
     expire(broker, "c1")
-    expired, _ = broker.reap_candidates("q")
+    expired, _ = broker.leases.reap_candidates("q")
     assert expired == ["c1"]
-    outcome = broker.reap("q", "c1", LEASE_MS)
+    outcome = broker.leases.reap("q", "c1", LEASE_MS)
     assert (outcome.status, outcome.requeued, outcome.remaining) == (1, 3, 0)
     # They wait as suspects, oldest at the head (each runs apart, so a death can be pinned on it).
     assert ids(reversed(broker.client.lrange(broker.keys.suspects("q"), 0, -1))) == ["task-0", "task-1", "task-2"]
     # The reaped consumer's renewals and claims now fail: it must take a new identity.
-    assert broker.heartbeat(["q"], "c1", LEASE_MS) is False
-    assert broker.claim("q", "c1", 1) is None
+    assert broker.leases.heartbeat(["q"], "c1", LEASE_MS) is False
+    assert broker.queue.claim("q", "c1", 1) is None
 
 
 def test_a_reaped_consumer_cannot_also_retry_or_ack_its_task(broker):
     register(broker, "c1")
     push(broker, make_task(1))
-    [raw] = broker.claim("q", "c1", 1)
+    [raw] = broker.queue.claim("q", "c1", 1)
     expire(broker, "c1")
-    broker.reap("q", "c1", LEASE_MS)
-    assert broker.retry_later("q", "c1", raw, raw, 0, 1000) is False
-    assert broker.dead_letter("q", "c1", raw, raw) is False
-    assert broker.ack("q", "c1", [raw]) == [False]
+    broker.leases.reap("q", "c1", LEASE_MS)
+    assert broker.queue.retry_later("q", "c1", raw, raw, 0, 1000) is False
+    assert broker.queue.dead_letter("q", "c1", raw, raw) is False
+    assert broker.queue.ack("q", "c1", [raw]) == [False]
     assert broker.client.zcard(broker.keys.delayed("q")) == 0
     assert broker.client.zcard(broker.keys.dead("q")) == 0
     assert broker.client.llen(broker.keys.suspects("q")) == 1
@@ -54,13 +54,13 @@ def test_a_reaped_consumer_cannot_also_retry_or_ack_its_task(broker):
 def test_tasks_moved_into_a_tombstoned_list_are_swept_back(broker):
     register(broker, "c1")
     expire(broker, "c1")
-    broker.reap("q", "c1", LEASE_MS)
+    broker.leases.reap("q", "c1", LEASE_MS)
     # A blocking claim that was in flight when the consumer froze lands in its old list.
     push(broker, make_task(9))
-    broker.claim_blocking("q", "c1", 1)
-    _, tombstones = broker.reap_candidates("q")
+    broker.queue.claim_blocking("q", "c1", 1)
+    _, tombstones = broker.leases.reap_candidates("q")
     assert tombstones == ["c1"]
-    assert broker.reap("q", "c1", LEASE_MS).requeued == 1
+    assert broker.leases.reap("q", "c1", LEASE_MS).requeued == 1
     assert broker.client.llen(broker.keys.suspects("q")) == 1
     assert broker.client.lrange(broker.keys.pending("q"), 0, -1) == [WAKE_TOKEN]  # wakes blocked claims
 
@@ -69,21 +69,21 @@ def kill_while_holding(broker, consumer_id: str, *, take_suspect: bool, start_su
     """A consumer claims, maybe starts its suspect, dies, and is reaped; return the dead letters."""
     register(broker, consumer_id)
     if take_suspect:
-        claim = broker.claim_with_suspect("q", consumer_id, 10)
+        claim = broker.queue.claim_with_suspect("q", consumer_id, 10)
         assert claim.took_suspect
         if start_suspect:
-            broker.mark_started("q", consumer_id, claim.tasks[0])
+            broker.queue.mark_started("q", consumer_id, claim.tasks[0])
     else:
-        broker.claim("q", consumer_id, 10)
+        broker.queue.claim("q", consumer_id, 10)
     expire(broker, consumer_id)
-    return broker.reap("q", consumer_id, LEASE_MS).dead_lettered
+    return broker.leases.reap("q", consumer_id, LEASE_MS).dead_lettered
 
 
 def test_a_task_that_keeps_killing_its_consumer_is_dead_lettered_with_a_reason(broker):
     push(broker, make_task(1))
     assert kill_while_holding(broker, "c0", take_suspect=False, start_suspect=False) == []
     assert broker.client.llen(broker.keys.suspects("q")) == 1
-    assert broker.queue_stats("q").pending == 1
+    assert broker.inspect.queue_stats("q").pending == 1
     for round_number in range(1, MAX_RECOVERIES):
         assert kill_while_holding(broker, f"c{round_number}", take_suspect=True, start_suspect=True) == []
     [raw] = kill_while_holding(broker, "last", take_suspect=True, start_suspect=True)
@@ -92,7 +92,7 @@ def test_a_task_that_keeps_killing_its_consumer_is_dead_lettered_with_a_reason(b
     assert "recovered 4 times" in dead.dead_reason
     assert dead.last_error.startswith("ConsumerDied")
     assert broker.client.zcard(broker.keys.dead("q")) == 1
-    assert broker.queue_stats("q").pending == 0
+    assert broker.inspect.queue_stats("q").pending == 0
 
 
 def test_only_a_suspect_running_when_its_consumer_dies_is_blamed(broker):
@@ -109,11 +109,11 @@ def test_a_suspect_whose_lease_lapsed_before_its_start_is_not_marked_nor_blamed(
     push(broker, make_task(1))
     kill_while_holding(broker, "c0", take_suspect=False, start_suspect=False)
     register(broker, "c1")
-    [raw] = broker.claim_with_suspect("q", "c1", 1).tasks
+    [raw] = broker.queue.claim_with_suspect("q", "c1", 1).tasks
     expire(broker, "c1")
-    assert broker.mark_started("q", "c1", raw) is False
+    assert broker.queue.mark_started("q", "c1", raw) is False
     assert broker.client.hlen(broker.keys.recoveries("q")) == 1  # its recovery count, no start mark
-    assert broker.reap("q", "c1", LEASE_MS).dead_lettered == []
+    assert broker.leases.reap("q", "c1", LEASE_MS).dead_lettered == []
     digest = __import__("hashlib").sha1(raw).hexdigest()
     assert broker.client.hget(broker.keys.recoveries("q"), digest) == b"1", "blamed for a run that never began"
 
@@ -122,12 +122,12 @@ def test_a_suspects_start_is_not_marked_for_another_instance_of_its_consumer_id(
     push(broker, make_task(1))
     kill_while_holding(broker, "c0", take_suspect=False, start_suspect=False)
     register(broker, "c1")
-    [raw] = broker.claim_with_suspect("q", "c1", 1).tasks
-    broker.heartbeat(["q"], "c1", LEASE_MS, {"lease_ms": LEASE_MS, "instance": "restarted"})
-    broker.instance = "frozen"
-    assert broker.mark_started("q", "c1", raw) is False
-    broker.instance = "restarted"
-    assert broker.mark_started("q", "c1", raw) is True
+    [raw] = broker.queue.claim_with_suspect("q", "c1", 1).tasks
+    broker.leases.heartbeat(["q"], "c1", LEASE_MS, {"lease_ms": LEASE_MS, "instance": "restarted"})
+    broker.queue.instance = "frozen"
+    assert broker.queue.mark_started("q", "c1", raw) is False
+    broker.queue.instance = "restarted"
+    assert broker.queue.mark_started("q", "c1", raw) is True
 
 
 def test_a_consumer_takes_at_most_one_suspect_and_finishing_it_clears_its_record(broker):
@@ -135,11 +135,11 @@ def test_a_consumer_takes_at_most_one_suspect_and_finishing_it_clears_its_record
     kill_while_holding(broker, "c0", take_suspect=False, start_suspect=False)
     push(broker, make_task(3))
     register(broker, "c1")
-    claim = broker.claim_with_suspect("q", "c1", 10)
+    claim = broker.queue.claim_with_suspect("q", "c1", 10)
     assert claim.took_suspect and ids(claim.tasks) == ["task-1", "task-3"]
     assert claim.suspects_waiting == 1
-    broker.mark_started("q", "c1", claim.tasks[0])
-    assert broker.ack("q", "c1", claim.tasks) == [True, True]
+    broker.queue.mark_started("q", "c1", claim.tasks[0])
+    assert broker.queue.ack("q", "c1", claim.tasks) == [True, True]
     assert broker.client.hlen(broker.keys.recoveries("q")) == 1  # the other suspect's count only
 
 
@@ -147,28 +147,28 @@ def test_returned_and_deferred_suspects_stay_suspects(broker):
     push(broker, make_task(1))
     kill_while_holding(broker, "c0", take_suspect=False, start_suspect=False)
     register(broker, "c1")
-    [raw] = broker.claim_with_suspect("q", "c1", 1).tasks
-    assert broker.return_unstarted("q", "c1", [raw]) == 1
+    [raw] = broker.queue.claim_with_suspect("q", "c1", 1).tasks
+    assert broker.queue.return_unstarted("q", "c1", [raw]) == 1
     assert broker.client.llen(broker.keys.suspects("q")) == 1
-    [raw] = broker.claim_with_suspect("q", "c1", 1).tasks
-    broker.retry_later("q", "c1", raw, raw, 0, 0)  # rate-limited
+    [raw] = broker.queue.claim_with_suspect("q", "c1", 1).tasks
+    broker.queue.retry_later("q", "c1", raw, raw, 0, 0)  # rate-limited
     time.sleep(0.01)
-    broker.promote_due("q")
+    broker.queue.promote_due("q")
     assert broker.client.lrange(broker.keys.suspects("q"), 0, -1) == [raw]
-    assert broker.deregister("q", "c1") == 0
+    assert broker.leases.deregister("q", "c1") == 0
 
 
 def test_racing_reapers_requeue_each_task_exactly_once(broker):
     push(broker, *[make_task(n) for n in range(200)])
     register(broker, "victim")  # after the push: its short lease must still hold for the claim
-    broker.claim("q", "victim", 200)
+    broker.queue.claim("q", "victim", 200)
     expire(broker, "victim")
     moved = []
     barrier = threading.Barrier(8)
 
     def reap() -> None:
         barrier.wait()
-        outcome = broker.reap("q", "victim", LEASE_MS)
+        outcome = broker.leases.reap("q", "victim", LEASE_MS)
         moved.append(outcome.requeued if outcome.status == 1 else 0)
 
     threads = [threading.Thread(target=reap) for _ in range(8)]
@@ -184,32 +184,32 @@ def test_racing_reapers_requeue_each_task_exactly_once(broker):
 def test_a_deferral_keeps_the_recovery_count_but_a_retry_clears_it(broker):
     push(broker, make_task(1))
     register(broker, "c0")
-    [raw] = broker.claim("q", "c0", 1)
+    [raw] = broker.queue.claim("q", "c0", 1)
     expire(broker, "c0")
-    broker.reap("q", "c0", LEASE_MS)
+    broker.leases.reap("q", "c0", LEASE_MS)
     digest = __import__("hashlib").sha1(raw).hexdigest()
     assert broker.client.hget(broker.keys.recoveries("q"), digest) == b"1"
     register(broker, "c1")
-    [raw] = broker.claim_with_suspect("q", "c1", 1).tasks
-    broker.retry_later("q", "c1", raw, raw, 0, 0)  # rate-limited: it never ran
+    [raw] = broker.queue.claim_with_suspect("q", "c1", 1).tasks
+    broker.queue.retry_later("q", "c1", raw, raw, 0, 0)  # rate-limited: it never ran
     assert broker.client.hget(broker.keys.recoveries("q"), digest) == b"1"
-    broker.promote_due("q")
-    [raw] = broker.claim_with_suspect("q", "c1", 1).tasks
+    broker.queue.promote_due("q")
+    [raw] = broker.queue.claim_with_suspect("q", "c1", 1).tasks
     retried = encode_task(Task(id="task-1", type="demo.echo", queue="q", attempt=1))
-    broker.retry_later("q", "c1", raw, retried, 0, 0)  # it ran and failed: a fresh start
+    broker.queue.retry_later("q", "c1", raw, retried, 0, 0)  # it ran and failed: a fresh start
     assert broker.client.hget(broker.keys.recoveries("q"), digest) is None
 
 
 def test_a_clean_exit_clears_the_start_mark_of_the_suspect_it_returns(broker):
     register(broker, "c0")
     push(broker, make_task(1))
-    [raw] = broker.claim("q", "c0", 1)
+    [raw] = broker.queue.claim("q", "c0", 1)
     expire(broker, "c0")
-    broker.reap("q", "c0", LEASE_MS)
+    broker.leases.reap("q", "c0", LEASE_MS)
     register(broker, "c1")
-    [raw] = broker.claim_with_suspect("q", "c1", 1).tasks
-    broker.mark_started("q", "c1", raw)
-    assert broker.deregister("q", "c1") == 1
+    [raw] = broker.queue.claim_with_suspect("q", "c1", 1).tasks
+    broker.queue.mark_started("q", "c1", raw)
+    assert broker.leases.deregister("q", "c1") == 1
     digest = __import__("hashlib").sha1(raw).hexdigest()
     assert broker.client.hget(broker.keys.recoveries("q"), f"s:{digest}") is None
     assert broker.client.hget(broker.keys.recoveries("q"), digest) == b"1"
@@ -220,7 +220,7 @@ def test_every_tombstone_is_examined_in_turn_not_only_the_first_page(broker):
     from tasks_app.consumer.membership import ReaperLoop
     from tasks_app.protocol.leases import TOMBSTONE_PAGE
 
-    now_ms = broker.server_time_ms()
+    now_ms = broker.inspect.server_time_ms()
     count = 2 * TOMBSTONE_PAGE + 50
     broker.client.zadd(broker.keys.reaped("q"), {f"gone-{n}": now_ms - count + n for n in range(count)})
     for n in (0, TOMBSTONE_PAGE + 10, count - 1):  # the oldest, a middle one, the newest
@@ -237,9 +237,9 @@ def test_a_consumer_id_no_consumer_could_have_written_does_not_stop_the_reaper(b
     broker.client.zadd(broker.keys.consumers("q"), {b"\xff\xfe": 1, "bad id{}": 1})
     register(broker, "c1")
     push(broker, make_task(1))
-    broker.claim("q", "c1", 1)
+    broker.queue.claim("q", "c1", 1)
     expire(broker, "c1")
-    expired, _ = broker.reap_candidates("q")
+    expired, _ = broker.leases.reap_candidates("q")
     assert expired == ["c1"]
 
 
@@ -248,27 +248,27 @@ def test_a_frozen_run_settles_nothing_in_the_list_of_a_restart_that_took_its_id(
     # Instance "old" froze past its lease; a restart ("new") took the fixed id "x", recovered the
     # task and claimed it again: the same bytes now sit in the same list, as the restart's run.
     old = Broker(broker.client, broker.keys.prefix, broker.scripts)
-    old.instance = "old"
-    old.heartbeat(["q"], "x", LEASE_MS, {"lease_ms": LEASE_MS, "instance": "old"})
+    old.queue.instance = "old"
+    old.leases.heartbeat(["q"], "x", LEASE_MS, {"lease_ms": LEASE_MS, "instance": "old"})
     push(broker, make_task(1))
-    [raw] = old.claim("q", "x", 1)
-    broker.instance = "new"
-    assert broker.reap("q", "x", LEASE_MS, own_earlier_run=True).requeued == 1
-    broker.heartbeat(["q"], "x", LEASE_MS, {"lease_ms": LEASE_MS, "instance": "new"})
-    claim = broker.claim_with_suspect("q", "x", 1)
+    [raw] = old.queue.claim("q", "x", 1)
+    broker.queue.instance = "new"
+    assert broker.leases.reap("q", "x", LEASE_MS, own_earlier_run=True).requeued == 1
+    broker.leases.heartbeat(["q"], "x", LEASE_MS, {"lease_ms": LEASE_MS, "instance": "new"})
+    claim = broker.queue.claim_with_suspect("q", "x", 1)
     assert claim.took_suspect and claim.tasks == [raw]
-    assert broker.mark_started("q", "x", raw)
+    assert broker.queue.mark_started("q", "x", raw)
     marks = broker.client.hgetall(broker.keys.recoveries("q"))
 
     # The old run thaws and settles its copy: it is not its own any more.
     if settle == "ack":
-        assert old.ack("q", "x", [raw]) == [False]
+        assert old.queue.ack("q", "x", [raw]) == [False]
     elif settle == "retry":
-        assert old.retry_later("q", "x", raw, raw + b"\x58\x01", 0, 1000) is False
+        assert old.queue.retry_later("q", "x", raw, raw + b"\x58\x01", 0, 1000) is False
     elif settle == "dead-letter":
-        assert old.dead_letter("q", "x", raw, raw) is False
+        assert old.queue.dead_letter("q", "x", raw, raw) is False
     else:  # it stops before the task started there
-        assert old.return_unstarted("q", "x", [raw]) == 0
+        assert old.queue.return_unstarted("q", "x", [raw]) == 0
 
     assert broker.client.lrange(broker.keys.processing("q", "x"), 0, -1) == [raw], "the restart's run is left alone"
     assert broker.client.hgetall(broker.keys.recoveries("q")) == marks, "and so are its marks"
@@ -276,4 +276,4 @@ def test_a_frozen_run_settles_nothing_in_the_list_of_a_restart_that_took_its_id(
     waiting = broker.client.lrange(broker.keys.pending("q"), 0, -1)
     waiting += broker.client.lrange(broker.keys.suspects("q"), 0, -1)
     assert raw not in waiting, "nor is it queued again"
-    assert broker.ack("q", "x", [raw]) == [True]
+    assert broker.queue.ack("q", "x", [raw]) == [True]

@@ -15,10 +15,11 @@ from tasks_app.models import TaskType
 from tasks_app.periodic.config import PeriodicConfig
 from tasks_app.periodic.firing import fire_slot, run_id
 from tasks_app.periodic.schedule import Schedule
-from tasks_app.protocol import results
-from tasks_app.protocol.minutes import bucket_of
+from tasks_app.protocol import records
+from tasks_app.protocol.codec import Arguments, Task
+from tasks_app.protocol.history import bucket_of
 from tasks_app.protocol.periodic import SlotFiring
-from tasks_app.protocol.replies import ResultUpdate
+from tasks_app.protocol.records import ResultUpdate
 from tasks_app.templatetags.tasks_display import age, when
 from tasks_app.web.charts import chart_data
 from tests.support.periodic import current_slot_ms
@@ -31,8 +32,8 @@ def _enqueue(type_name="demo.echo", queue="b", count=1, **kwargs):
 
 
 def _set_status(broker, task_id, status, queue="b", **fields):
-    extra = {"finished_at_ms": str(int(time.time() * 1000))} if status in results.FINISHED else {}
-    broker.record_result(ResultUpdate(task_id, {"status": status, **extra, **fields}, 60, queue=queue))
+    extra = {"finished_at_ms": str(int(time.time() * 1000))} if status in records.FINISHED else {}
+    broker.records.record_result(ResultUpdate(task_id, {"status": status, **extra, **fields}, 60, queue=queue))
 
 
 def _listed(response):
@@ -188,7 +189,7 @@ def test_bulk_retry_enqueues_linked_copies_and_logs_them(staff, broker):
     response = staff.post("/tasks/?status=FAILED", {"action": "retry", "task": [original]})
     assert response.status_code == 302 and response["Location"] == "/tasks/?status=FAILED"
     retry_id = next(i for i in _listed(staff.get("/tasks/?status=READY")) if i != original)
-    retry = results.ResultRecord.from_fields(broker.get_result(retry_id))
+    retry = records.ResultRecord.from_fields(broker.records.get_result(retry_id))
     assert (retry.type, retry.args, retry.kwargs, retry.queue, retry.retry_of) == (
         "demo.echo",
         ["x"],
@@ -212,15 +213,15 @@ def test_bulk_retry_of_a_unique_task_whose_key_is_held_links_nothing_and_says_so
     assert shown == [
         "Enqueued 0 retry task(s). 1 not retried: a task of the same unique type and key is enqueued already."
     ]
-    assert "retried_as" not in broker.get_result(original), "linked to itself as its own retry"
-    assert not LogEntry.objects.exists() and broker.queue_stats("b").pending == 1
+    assert "retried_as" not in broker.records.get_result(original), "linked to itself as its own retry"
+    assert not LogEntry.objects.exists() and broker.inspect.queue_stats("b").pending == 1
 
 
 def test_bulk_delete_removes_finished_records_only(staff, broker):
     done, waiting = _enqueue(count=2)
     _set_status(broker, done, "SUCCESSFUL")
     staff.post("/tasks/", {"action": "delete", "task": [done, waiting]})
-    assert broker.get_result(done) is None and broker.get_result(waiting) is not None
+    assert broker.records.get_result(done) is None and broker.records.get_result(waiting) is not None
     assert _listed(staff.get("/tasks/")) == [waiting]
     assert list(LogEntry.objects.values_list("object_id", "action_flag")) == [(done, DELETION)]
 
@@ -231,7 +232,7 @@ def test_bulk_delete_counts_every_record_it_deleted(staff, broker):
         _set_status(broker, task_id, "FAILED")
     response = staff.post("/tasks/", {"action": "delete", "task": finished[:3]}, follow=True)
     assert [str(message) for message in response.context["messages"]] == ["Deleted 3 record(s)."]
-    assert [broker.get_result(task_id) is None for task_id in finished] == [True, True, True, False]
+    assert [broker.records.get_result(task_id) is None for task_id in finished] == [True, True, True, False]
 
 
 def test_bulk_actions_need_their_permission_and_csrf(broker):
@@ -252,15 +253,15 @@ def test_bulk_actions_need_their_permission_and_csrf(broker):
 
 def test_user_data_is_escaped(staff, broker):
     task_id = _enqueue(args=["<script>alert(1)</script>"])[0]
-    error = results.error_record("x.Boom", "Traceback\nValueError: <img src=x onerror=alert(1)>")
-    broker.record_result(ResultUpdate(task_id, {"status": "FAILED"}, 60, append_error=error, queue="b"))
+    error = records.error_record("x.Boom", "Traceback\nValueError: <img src=x onerror=alert(1)>")
+    broker.records.record_result(ResultUpdate(task_id, {"status": "FAILED"}, 60, append_error=error, queue="b"))
     page = staff.get("/tasks/").content.decode()
     assert "<img src=x" not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
     assert "<script>alert" not in staff.get(f"/tasks/{task_id}/").content.decode()
 
 
 def test_the_cap_of_the_index_drops_the_oldest_from_the_browser(staff, broker):
-    broker.history_max = 3
+    broker.enqueuer.history_max = 3
     ids = [_enqueue()[0] for _ in range(5)]
     assert _listed(staff.get("/tasks/")) == ids[:1:-1]
 
@@ -308,17 +309,13 @@ def test_times_show_seconds_age_and_microseconds_on_hover():
 
 def test_records_keep_microseconds_and_read_milliseconds_too(broker):
     task_id = _enqueue()[0]
-    broker.record_result(ResultUpdate(task_id, {"started_at_ms": "1764590405123.456"}, 60))
-    record = results.ResultRecord.from_fields(broker.get_result(task_id))
+    broker.records.record_result(ResultUpdate(task_id, {"started_at_ms": "1764590405123.456"}, 60))
+    record = records.ResultRecord.from_fields(broker.records.get_result(task_id))
     assert record.started_at == datetime(2025, 12, 1, 12, 0, 5, 123456, tzinfo=UTC)
-    broker.record_result(ResultUpdate(task_id, {"started_at_ms": "1764590405123"}, 60))
-    assert results.ResultRecord.from_fields(broker.get_result(task_id)).started_at.microsecond == 123000
-    first = results.started(
-        results.Task(id="a", attempt=1), results.Arguments([], {}), "w", 1764590405123.001, 1, 60, 1
-    )
-    second = results.started(
-        results.Task(id="b", attempt=1), results.Arguments([], {}), "w", 1764590405123.002, 1, 60, 1
-    )
+    broker.records.record_result(ResultUpdate(task_id, {"started_at_ms": "1764590405123"}, 60))
+    assert records.ResultRecord.from_fields(broker.records.get_result(task_id)).started_at.microsecond == 123000
+    first = records.started(Task(id="a", attempt=1), Arguments([], {}), "w", 1764590405123.001, 1, 60, 1)
+    second = records.started(Task(id="b", attempt=1), Arguments([], {}), "w", 1764590405123.002, 1, 60, 1)
     assert first.fields["started_at_ms"] < second.fields["started_at_ms"]
 
 
@@ -327,7 +324,7 @@ def test_bulk_cancel_by_force_lists_running_tasks_for_their_consumers_to_stop(st
     _set_status(broker, running, "RUNNING")
     response = staff.post("/tasks/", {"action": "cancel_force", "task": [waiting, running]}, follow=True)
     assert "1 running one(s) stopped by force" in response.content.decode()
-    assert results.ResultRecord.from_fields(broker.get_result(waiting)).status == "CANCELLED"
+    assert records.ResultRecord.from_fields(broker.records.get_result(waiting)).status == "CANCELLED"
     assert broker.client.zscore(broker.keys.cancel_forced("b"), running) is not None
     assert sorted(LogEntry.objects.values_list("change_message", flat=True)) == [
         "Cancel by force: cancelled",
@@ -339,7 +336,7 @@ def test_bulk_cancel_files_the_tasks_under_cancelled_and_logs_them(staff, broker
     waiting, done = _enqueue(count=2)
     _set_status(broker, done, "SUCCESSFUL")
     staff.post("/tasks/", {"action": "cancel", "task": [waiting, done]})
-    assert results.ResultRecord.from_fields(broker.get_result(waiting)).status == "CANCELLED"
+    assert records.ResultRecord.from_fields(broker.records.get_result(waiting)).status == "CANCELLED"
     assert _listed(staff.get("/tasks/?status=CANCELLED")) == [waiting]
     assert _listed(staff.get("/tasks/?status=READY")) == []
     assert list(LogEntry.objects.values_list("object_id", flat=True)) == [waiting]

@@ -7,8 +7,8 @@ import pytest
 from django.contrib.admin.models import ADDITION, LogEntry
 
 from tasks_app import producer
-from tasks_app.protocol import results
-from tasks_app.protocol.replies import ResultUpdate
+from tasks_app.protocol import records
+from tasks_app.protocol.records import ResultUpdate
 from tasks_app.web import bulk
 
 pytestmark = pytest.mark.django_db
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.django_db
 def failed(broker) -> str:
     """A failed task of queue b (still pending: nothing runs it), whose copies the tests count."""
     task_id = producer.enqueue("demo.echo", args=["x"], queue="b")[0].id
-    broker.record_result(
+    broker.records.record_result(
         ResultUpdate(task_id, {"status": "FAILED", "finished_at_ms": str(int(time.time() * 1000))}, 60, queue="b")
     )
     return task_id
@@ -38,8 +38,8 @@ def _told(response) -> list[str]:
 
 def _copies(broker, original: str) -> list[str]:
     """The ids of the tasks of queue b that retry `original`."""
-    ids = [entry.task_id for entry in broker.history_window(["b"], None, None, None, 100)]
-    return [i for i in ids if results.ResultRecord.from_fields(broker.get_result(i)).retry_of == original]
+    ids = [entry.task_id for entry in broker.records.history_window(["b"], None, None, None, 100)]
+    return [i for i in ids if records.ResultRecord.from_fields(broker.records.get_result(i)).retry_of == original]
 
 
 def test_the_same_retry_posted_twice_enqueues_one_copy_and_the_second_answer_says_so(staff, broker, failed):
@@ -49,8 +49,8 @@ def test_the_same_retry_posted_twice_enqueues_one_copy_and_the_second_answer_say
     assert _told(staff.post("/tasks/?status=FAILED", form, follow=True)) == [
         f"Enqueued 0 retry task(s). 1 already retried as {copy} (a repeated request), not enqueued again."
     ]
-    assert _copies(broker, failed) == [copy] and broker.queue_stats("b").pending == 2
-    assert broker.get_result(failed)["retried_as"] == copy
+    assert _copies(broker, failed) == [copy] and broker.inspect.queue_stats("b").pending == 2
+    assert broker.records.get_result(failed)["retried_as"] == copy
     assert list(LogEntry.objects.values_list("object_id", "action_flag")) == [(failed, ADDITION)]
 
 
@@ -63,12 +63,12 @@ def test_a_retry_from_the_page_showing_the_first_one_is_a_new_decision(staff, br
     assert second_form[f"retried_as:{failed}"] == first
     assert _told(staff.post("/tasks/?status=FAILED", second_form, follow=True)) == ["Enqueued 1 retry task(s)."]
     [second] = set(_copies(broker, failed)) - {first}
-    assert broker.get_result(failed)["retried_as"] == second
+    assert broker.records.get_result(failed)["retried_as"] == second
     # Each page repeats its own decision, answered with the copy it made: a stale page makes none.
     for form, made in ((first_form, first), (second_form, second)):
         assert f"1 already retried as {made} (a repeated request)" in _told(staff.post("/tasks/", form, follow=True))[0]
     assert sorted(_copies(broker, failed)) == sorted([first, second]) and LogEntry.objects.count() == 2
-    assert broker.get_result(failed)["retried_as"] == second
+    assert broker.records.get_result(failed)["retried_as"] == second
 
 
 def test_a_repeat_is_known_by_the_copys_record_past_the_enqueued_ids_window(staff, broker, failed):
@@ -86,7 +86,7 @@ def test_a_repeat_is_known_by_the_enqueued_ids_once_the_copys_record_is_deleted(
     [copy] = _copies(broker, failed)
     broker.client.delete(broker.keys.result(copy))
     assert f"1 already retried as {copy}" in _told(staff.post("/tasks/", form, follow=True))[0]
-    assert broker.queue_stats("b").pending == 2
+    assert broker.inspect.queue_stats("b").pending == 2
 
 
 def test_the_copys_id_is_a_uuid_derived_from_the_task_and_the_retry_the_page_showed():

@@ -12,7 +12,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError, ResponseEr
 
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.management.commands.enqueue import CHUNK_TASKS
-from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.enqueue import Enqueuer
+from tasks_app.protocol.inspection import Inspection
 from tests.support.enqueued import enqueued_keys
 from tests.support.processes import PROJECT_DIR, consumer_env
 
@@ -23,7 +24,7 @@ def test_enqueue_prints_one_id_per_line(broker):
     call_command("enqueue", "demo.echo", "--args", "[1]", "--count", "3", stdout=out)
     lines = out.getvalue().split()
     assert len(lines) == 3
-    assert all(broker.get_result(task_id)["status"] == "READY" for task_id in lines)
+    assert all(broker.records.get_result(task_id)["status"] == "READY" for task_id in lines)
 
 
 @pytest.mark.django_db
@@ -229,7 +230,7 @@ def test_enqueue_with_the_database_away_fails_with_one_line_on_stderr(broker, ke
 def _spy_on_pushes(monkeypatch, fail_on_call: int = 0) -> list[int]:
     """Record how many tasks each enqueue script call carries; the call numbered `fail_on_call` fails."""
     sizes: list[int] = []
-    real = Broker.enqueue
+    real = Enqueuer.enqueue
 
     def enqueue(self, items, *args, **kwargs):
         sizes.append(len(items))
@@ -237,7 +238,7 @@ def _spy_on_pushes(monkeypatch, fail_on_call: int = 0) -> list[int]:
             raise RedisConnectionError("simulated outage")
         return real(self, items, *args, **kwargs)
 
-    monkeypatch.setattr(Broker, "enqueue", enqueue)
+    monkeypatch.setattr(Enqueuer, "enqueue", enqueue)
     return sizes
 
 
@@ -249,7 +250,7 @@ def test_enqueue_a_large_count_pushes_it_in_chunks(broker, monkeypatch):
     # Before: one script of every task, which held Redis (every client) for minutes at ten million.
     assert sizes == [CHUNK_TASKS, CHUNK_TASKS, 5]
     assert len(set(out.getvalue().split())) == 2 * CHUNK_TASKS + 5
-    assert broker.queue_stats("default").pending == 2 * CHUNK_TASKS + 5
+    assert broker.inspect.queue_stats("default").pending == 2 * CHUNK_TASKS + 5
 
 
 @pytest.mark.django_db
@@ -258,7 +259,7 @@ def test_enqueue_failing_midway_says_how_many_were_enqueued(broker, monkeypatch)
     out = StringIO()
     with pytest.raises(CommandError, match=f"simulated outage.*\\({CHUNK_TASKS} of {3 * CHUNK_TASKS} enqueued"):
         call_command("enqueue", "demo.echo", "--count", str(3 * CHUNK_TASKS), stdout=out)
-    assert len(out.getvalue().split()) == broker.queue_stats("default").pending == CHUNK_TASKS
+    assert len(out.getvalue().split()) == broker.inspect.queue_stats("default").pending == CHUNK_TASKS
 
 
 @pytest.mark.django_db
@@ -266,14 +267,16 @@ def test_enqueue_failing_midway_says_how_many_were_enqueued(broker, monkeypatch)
 def test_queuestats_with_redis_passing_through_a_state_fails_as_unavailable(broker, monkeypatch, reply):
     call_command("enqueue", "demo.echo", stdout=StringIO())
     broker.client.sadd(broker.keys.queues(), "busy")
-    real = Broker.queue_stats
+    real = Inspection.queue_stats
 
-    def answer(self: Broker, queue: str):  # Redis answering one queue's read so, as a replica or a loading node does
+    def answer(
+        self: Inspection, queue: str
+    ):  # Redis answering one queue's read so, as a replica or a loading node does
         if queue == "busy":
             raise ResponseError(reply)
         return real(self, queue)
 
-    monkeypatch.setattr(Broker, "queue_stats", answer)
+    monkeypatch.setattr(Inspection, "queue_stats", answer)
     with pytest.raises(CommandError, match=f"^Redis unavailable: {reply}"):
         call_command("queuestats", stdout=StringIO())
 
@@ -301,7 +304,7 @@ def test_enqueue_into_a_closed_pipe_stops_saying_how_many_were_enqueued(broker, 
         f"CommandError: stdout closed by its reader after {CHUNK_TASKS} of {3 * CHUNK_TASKS} tasks were enqueued; "
         "the rest were not"
     )
-    assert broker.queue_stats("default").pending == CHUNK_TASKS
+    assert broker.inspect.queue_stats("default").pending == CHUNK_TASKS
 
 
 @pytest.mark.django_db(transaction=True)

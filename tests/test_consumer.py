@@ -22,8 +22,9 @@ from tasks_app.consumer import supervisor as stop_signals
 from tasks_app.consumer.claiming import Claimed
 from tasks_app.consumer.lifecycle import Consumer
 from tasks_app.consumer.options import ConsumerOptions
-from tasks_app.protocol.broker import Broker, Enqueueable
+from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import encode_payload
+from tasks_app.protocol.enqueue import Enqueueable
 from tasks_app.protocol.keys import WAKE_TOKEN
 from tasks_app.protocol.leases import MAX_RECOVERIES
 from tests.support.claims import claim, die_running, push, register, task_bytes
@@ -73,7 +74,7 @@ def make_suspect(broker: Broker, died_id: str) -> None:
     register(broker, died_id, lease_ms=50)
     claim(broker, died_id, 1)
     time.sleep(0.06)
-    assert broker.reap("q", died_id, 50).requeued == 1
+    assert broker.leases.reap("q", died_id, 50).requeued == 1
 
 
 def claim_all(broker: Broker) -> list[bytes]:
@@ -112,10 +113,10 @@ def test_the_claimer_takes_at_most_concurrency_plus_prefetch(broker, consumer):
     claimed = handed_to_workers(consumer)
     assert [item.raw for item in claimed] == [task_bytes(f"t{n}") for n in range(3)]
     assert consumer.capacity.in_use == 3
-    assert set(broker.held_by("q", "me")) == set(consumer.held.raws("q", "me")) == {item.raw for item in claimed}
+    assert set(broker.queue.held_by("q", "me")) == set(consumer.held.raws("q", "me")) == {item.raw for item in claimed}
     loop.run_once()  # full: waits for a slot, claims nothing
-    assert len(broker.held_by("q", "me")) == 3 and handed_to_workers(consumer) == []
-    assert broker.queue_stats("q").pending == 7
+    assert len(broker.queue.held_by("q", "me")) == 3 and handed_to_workers(consumer) == []
+    assert broker.inspect.queue_stats("q").pending == 7
     assert consumer.held.take_suspect_turn(), "no suspect was taken, so the turn is free"
 
 
@@ -137,19 +138,19 @@ def test_a_blocking_claim_returns_the_task_pushed_while_it_waits(broker):
     threading.Timer(0.1, push, args=(broker, task_bytes("late"))).start()
     consumer.claimer("q").run_once()
     assert [item.raw for item in handed_to_workers(consumer)] == [task_bytes("late")]
-    assert consumer.capacity.in_use == 1 and broker.held_by("q", "me") == [task_bytes("late")]
+    assert consumer.capacity.in_use == 1 and broker.queue.held_by("q", "me") == [task_bytes("late")]
 
 
 def test_a_wake_token_is_dropped_and_the_prioritized_task_claimed_next(broker):
     consumer = make_consumer(broker, block_s=2.0)
     urgent = task_bytes("urgent", priority=5)
-    threading.Timer(0.1, broker.enqueue, args=([Enqueueable(queue="q", raw=urgent, priority=5)], 60)).start()
+    threading.Timer(0.1, broker.enqueuer.enqueue, args=([Enqueueable(queue="q", raw=urgent, priority=5)], 60)).start()
     loop = consumer.claimer("q")
     loop.run_once()  # woken by the token, which is not a task
     assert handed_to_workers(consumer) == [] and consumer.capacity.in_use == 0
     loop.run_once()
     assert [item.raw for item in handed_to_workers(consumer)] == [urgent]
-    assert broker.held_by("q", "me") == [urgent], "the wake token left the processing list"
+    assert broker.queue.held_by("q", "me") == [urgent], "the wake token left the processing list"
     assert WAKE_TOKEN not in broker.client.lrange(broker.keys.pending("q"), 0, -1)
 
 
@@ -159,10 +160,10 @@ def test_a_lost_lease_releases_the_slots_and_moves_to_a_new_identity(broker, con
     consumer.claimer("q").run_once()
     assert consumer.capacity.in_use == 0 and handed_to_workers(consumer) == []
     assert consumer.consumer_id == "me.1" and consumer.executor.worker_id == "me.1"
-    assert [c["id"] for c in broker.live_consumers("q")] == ["me.1"]
+    assert [c["id"] for c in broker.inspect.live_consumers("q")] == ["me.1"]
     assert consumer.held.take_suspect_turn()
     consumer.claimer("q").run_once()
-    assert broker.held_by("q", "me.1") == [task_bytes("t")]
+    assert broker.queue.held_by("q", "me.1") == [task_bytes("t")]
 
 
 def test_lease_lost_for_an_old_identity_changes_nothing(broker, consumer):
@@ -171,7 +172,7 @@ def test_lease_lost_for_an_old_identity_changes_nothing(broker, consumer):
     assert consumer.consumer_id == "me.1"
     consumer.lease_lost("me.1")
     assert consumer.consumer_id == "me.2"
-    assert sorted(c["id"] for c in broker.live_consumers("q")) == ["me", "me.1", "me.2"]
+    assert sorted(c["id"] for c in broker.inspect.live_consumers("q")) == ["me", "me.1", "me.2"]
 
 
 def test_one_suspect_at_a_time_and_its_slot_is_held_until_it_leaves(broker, consumer):
@@ -207,7 +208,7 @@ def test_a_redis_error_mid_claim_releases_everything_then_reconciles_the_lost_re
     claim(broker, "me", 1)  # what a claim whose reply was lost leaves behind
     loop.run_once()
     assert [item.raw for item in handed_to_workers(consumer)] == [stray], "returned, then claimed knowingly"
-    assert broker.held_by("q", "me") == [stray] and set(consumer.held.raws("q", "me")) == {stray}
+    assert broker.queue.held_by("q", "me") == [stray] and set(consumer.held.raws("q", "me")) == {stray}
 
 
 # --- dispatch and shutdown ----------------------------------------------------------------
@@ -218,9 +219,9 @@ def test_dispatch_while_stopping_returns_the_tasks_at_once(broker, consumer):
     consumer.claiming_stopped.set()
     consumer.dispatch([Claimed("q", "me", raw) for raw in raws])
     assert handed_to_workers(consumer) == []
-    assert broker.held_by("q", "me") == [] and not consumer.held.raws("q", "me")
+    assert broker.queue.held_by("q", "me") == [] and not consumer.held.raws("q", "me")
     assert consumer.capacity.in_use == 0
-    assert broker.queue_stats("q").pending == 2
+    assert broker.inspect.queue_stats("q").pending == 2
 
 
 def test_shutdown_returns_unstarted_tasks_in_order_and_deregisters(broker, consumer):
@@ -228,8 +229,8 @@ def test_shutdown_returns_unstarted_tasks_in_order_and_deregisters(broker, consu
     consumer.claimer("q").run_once()
     assert consumer.capacity.in_use == 3
     assert consumer.shutdown() == 0
-    assert consumer.capacity.in_use == 0 and broker.held_by("q", "me") == []
-    assert broker.live_consumers("q") == []
+    assert consumer.capacity.in_use == 0 and broker.queue.held_by("q", "me") == []
+    assert broker.inspect.live_consumers("q") == []
     next_up = claim_all(broker)
     assert next_up == [task_bytes(f"t{n}") for n in range(5)], "the returned ones run first, in order"
 
@@ -238,7 +239,7 @@ def test_a_task_still_running_when_the_grace_period_ends_is_given_up_on_and_retr
     with consumer_in_thread(queues=["q"], concurrency=1, grace_s=0.2):
         push(broker, task_bytes("slow", payload=encode_payload([], {"sleep_s": 1.5})))
         wait_until(lambda: recorded_runs(broker), 5, message="the slow task to start")
-    stats = broker.queue_stats("q")
+    stats = broker.inspect.queue_stats("q")
     assert (stats.pending, stats.processing, stats.delayed, stats.consumers) == (0, 0, 1, [])
     assert "grace period over with 1 task(s) still running: 1 run(s) given up on" in caplog.text
 
@@ -247,18 +248,18 @@ def test_a_poison_pill_dead_lettered_by_the_reaper_gets_a_failed_record(broker, 
     push(broker, task_bytes("poison"))
     for victim in range(MAX_RECOVERIES):
         die_running(broker, f"victim-{victim}", 50)
-        broker.reap("q", f"victim-{victim}", 50)
+        broker.leases.reap("q", f"victim-{victim}", 50)
     die_running(broker, "last-victim", 50)  # the consumer's own reaper finds this one
     with consumer_in_thread(queues=["q"]):
         wait_until(
-            lambda: (broker.get_result("poison") or {}).get("status") == "FAILED",
+            lambda: (broker.records.get_result("poison") or {}).get("status") == "FAILED",
             5,
             message="the poison pill's record to say FAILED",
         )
-    record = broker.get_result("poison")
+    record = broker.records.get_result("poison")
     assert "recovered 4 times from consumers that died running it" in record["dead_reason"]
     assert json.loads(record["errors"])[-1]["exception_class_path"] == "ConsumerDied"
-    assert broker.queue_stats("q").dead == 1 and recorded_runs(broker) == []
+    assert broker.inspect.queue_stats("q").dead == 1 and recorded_runs(broker) == []
 
 
 def test_the_reapers_failed_records_ride_out_an_outage_and_one_refused_stops_none_of_the_others(
@@ -273,7 +274,7 @@ def test_the_reapers_failed_records_ride_out_an_outage_and_one_refused_stops_non
         digest = hashlib.sha1(raw).hexdigest()
         broker.client.hset(broker.keys.recoveries("q"), mapping={digest: MAX_RECOVERIES, f"s:{digest}": 1})
     broker.client.set(broker.keys.result("refused"), "a foreign writer's string")
-    record_result, failed_once = broker.record_result, []
+    record_result, failed_once = broker.records.record_result, []
 
     def flaky_record_result(update):
         if update.task_id == "flaky" and not failed_once:
@@ -281,22 +282,24 @@ def test_the_reapers_failed_records_ride_out_an_outage_and_one_refused_stops_non
             raise RedisConnectionError("the connection dropped")
         return record_result(update)
 
-    monkeypatch.setattr(broker, "record_result", flaky_record_result)
+    monkeypatch.setattr(broker.records, "record_result", flaky_record_result)
     time.sleep(0.06)
     with consumer_in_thread(queues=["q"]):
         wait_until(
-            lambda: [(broker.get_result(name) or {}).get("status") for name in ("flaky", "plain")] == ["FAILED"] * 2,
+            lambda: (
+                [(broker.records.get_result(name) or {}).get("status") for name in ("flaky", "plain")] == ["FAILED"] * 2
+            ),
             10,
             message="the pills' records to say FAILED",
         )
-    assert failed_once and broker.queue_stats("q").dead == 3
+    assert failed_once and broker.inspect.queue_stats("q").dead == 3
     assert "could not record dead-lettered task refused as failed" in caplog.text
 
 
 def test_a_task_claimed_under_a_lost_identity_is_left_to_the_reaper(broker, consumer_in_thread):
     with consumer_in_thread(queues=["q"], concurrency=1) as running:
         old_id = running.consumer_id
-        wait_until(lambda: broker.live_consumers("q"), 5, message="the consumer to register")
+        wait_until(lambda: broker.inspect.live_consumers("q"), 5, message="the consumer to register")
         running.lease_lost(old_id)  # as if the heartbeat found the lease gone
         raw = task_bytes("t")
         broker.client.lpush(broker.keys.processing("q", old_id), raw)  # claimed just before the loss
@@ -304,7 +307,7 @@ def test_a_task_claimed_under_a_lost_identity_is_left_to_the_reaper(broker, cons
         running.dispatch([Claimed("q", old_id, raw)])
         wait_until(lambda: not running.held.raws("q", old_id), 5, interval_s=0.01, message="a worker to let go of it")
         assert recorded_runs(broker) == [], "it did not run under the lost identity"
-        assert broker.held_by("q", old_id) == [raw], "the reaper recovers it from the old list"
+        assert broker.queue.held_by("q", old_id) == [raw], "the reaper recovers it from the old list"
 
 
 def test_reconciling_never_returns_a_byte_identical_twin_that_is_still_held(broker, consumer_in_thread):
@@ -313,7 +316,7 @@ def test_reconciling_never_returns_a_byte_identical_twin_that_is_still_held(brok
     with consumer_in_thread(queues=["q"], concurrency=1, prefetch=1) as running:
         push(broker, twin, twin)
         wait_until(lambda: len(recorded_runs(broker)) == 2, 5, message="the second twin to start")
-        assert broker.held_by("q", running.consumer_id) == [twin], "the second twin is held while it runs"
+        assert broker.queue.held_by("q", running.consumer_id) == [twin], "the second twin is held while it runs"
         running.claimer("q").reconcile()  # what a claim error now would do
         time.sleep(0.6)
     assert len(recorded_runs(broker)) == 2, "the running twin was returned to pending and ran again"

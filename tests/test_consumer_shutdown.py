@@ -12,7 +12,7 @@ from tasks_app import producer
 from tasks_app.consumer.lifecycle import Consumer
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.models import TaskType
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tests.support.consumers import running
 from tests.support.processes import wait_until
 from tests.support.recording import marks, recorded_runs
@@ -38,18 +38,18 @@ def test_the_grace_period_counts_from_the_stop_even_while_a_claimer_is_slow_to_s
     finally:
         claimer_may_stop.set()
     stopping.join(10)
-    assert not stopping.is_alive() and broker.live_consumers("q") == []
+    assert not stopping.is_alive() and broker.inspect.live_consumers("q") == []
 
 
 def record_of(broker, task) -> ResultRecord:
-    return ResultRecord.from_fields(broker.get_result(task.id) or {})
+    return ResultRecord.from_fields(broker.records.get_result(task.id) or {})
 
 
 def due_now(broker, queue: str = "default") -> None:
     """Make every delayed task of `queue` due now (a retry of an interrupted run waits for its process to be gone)."""
     members = broker.client.zrange(broker.keys.delayed(queue), 0, -1)
     assert members, "nothing waits in delayed"
-    broker.bring_forward(queue, dict.fromkeys(members, 0))
+    broker.limits.bring_forward(queue, dict.fromkeys(members, 0))
 
 
 def test_a_run_outliving_every_grace_period_uses_an_attempt_at_each_stop_until_dead_lettered(
@@ -63,7 +63,7 @@ def test_a_run_outliving_every_grace_period_uses_an_attempt_at_each_stop_until_d
         for run in (1, 2):
             with consumer_in_thread(grace_s=0.2):
                 wait_until(lambda run=run: len(recorded_runs(broker)) == run, 15, message=f"run {run} to start")
-            stats = broker.queue_stats("default")
+            stats = broker.inspect.queue_stats("default")
             assert (stats.pending, stats.processing) == (0, 0)
             if run == 1:
                 assert (stats.delayed, record_of(broker, task).status) == (1, "READY"), "retried"
@@ -74,7 +74,7 @@ def test_a_run_outliving_every_grace_period_uses_an_attempt_at_each_stop_until_d
     assert (record.status, record.attempts) == ("FAILED", 2)
     assert [e["exception_class_path"] for e in record.errors] == ["tasks_app.exceptions.TaskInterrupted"] * 2
     assert "0.2 s after the stop" in record.errors[0]["traceback"]
-    assert broker.queue_stats("default").dead == 1
+    assert broker.inspect.queue_stats("default").dead == 1
 
 
 def test_an_async_run_outliving_the_grace_period_is_interrupted_too(broker, consumer_in_thread):
@@ -85,7 +85,7 @@ def test_an_async_run_outliving_the_grace_period_is_interrupted_too(broker, cons
     record = record_of(broker, task)
     assert (record.status, record.attempts) == ("FAILED", 1)
     assert record.errors[0]["exception_class_path"] == "tasks_app.exceptions.TaskInterrupted"
-    stats = broker.queue_stats("default")
+    stats = broker.inspect.queue_stats("default")
     assert (stats.pending, stats.processing, stats.dead) == (0, 0, 1)
 
 
@@ -123,7 +123,7 @@ def test_a_task_whose_gate_answers_after_the_grace_period_never_starts_and_goes_
     finally:
         may_answer.set()
     assert recorded_runs(broker) == [], "it never started"
-    stats = broker.queue_stats("default")
+    stats = broker.inspect.queue_stats("default")
     assert (stats.pending, stats.processing, stats.delayed) == (1, 0, 0), "back unstarted"
     if gate != "lease_check":  # met before its start was written (after, its record may say RUNNING until rerun)
         assert record_of(broker, task).status == "READY"

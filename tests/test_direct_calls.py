@@ -13,8 +13,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError, ResponseEr
 from redis.retry import Retry
 
 from bench.private_redis import free_port
-from tasks_app.protocol.direct_calls import SPARE_MAX, DirectCalls
-from tasks_app.protocol.scripts import connect
+from tasks_app.protocol.scripts import SPARE_MAX, DirectCalls, connect
 from tests.support.broker_calls import ids, make_task, push
 
 
@@ -82,8 +81,9 @@ def test_a_forked_child_opens_connections_of_its_own(direct):
 
 def test_a_single_enqueue_survives_a_closed_connection_and_a_flushed_script_cache(broker):
     push(broker, make_task(1))  # announces the queue: the next ones take the one-script path
-    assert broker.direct is not None
-    broker.client.client_kill_filter(_id=broker.direct.call("CLIENT", "ID"))
+    direct = broker.enqueuer.redis.direct
+    assert direct is not None
+    broker.client.client_kill_filter(_id=direct.call("CLIENT", "ID"))
     push(broker, make_task(2))
     broker.client.script_flush()
     push(broker, make_task(3))  # loaded by source

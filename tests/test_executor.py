@@ -101,7 +101,7 @@ def test_an_unknown_type_is_dead_lettered_without_an_attempt(broker, executor):
     [dead] = dead_tasks(broker)
     assert dead.id == "t1" and dead.attempt == 0 and "unknown task type 'nobody.knows'" in dead.dead_reason
     assert dead.last_error.startswith("UnknownTaskType:")
-    record = broker.get_result("t1")
+    record = broker.records.get_result("t1")
     assert record["status"] == "FAILED" and "unknown task type" in record["dead_reason"]
     assert sample("taskqueue_tasks_dead_lettered_total", queue="q") == before + 1
 
@@ -150,14 +150,14 @@ def test_a_disabled_type_waits_in_delayed_without_using_an_attempt(broker, execu
     [member] = broker.client.zrange(broker.keys.delayed("q"), 0, -1)
     assert broker.client.smembers(broker.keys.disabled("q", "x.add")) == {member}  # noted for its wake-up
     assert broker.client.smembers(broker.keys.disabled_types("q")) == {b"x.add"}
-    assert broker.get_result("t1") is None, "nothing ran, nothing was recorded"
+    assert broker.records.get_result("t1") is None, "nothing ran, nothing was recorded"
     assert sample("taskqueue_tasks_deferred_total", type="x.add", queue="q", reason="disabled") == before + 1
 
 
 def test_a_rate_limited_type_runs_one_then_defers_the_next_to_its_slot(broker, executor):
     task_type(executor, "x.add", rate_limit=1, rate_period=10)
     assert executor.execute(claimed(broker, "t1", "x.add", 1, 2)) is False
-    assert broker.get_result("t1")["status"] == "SUCCESSFUL"
+    assert broker.records.get_result("t1")["status"] == "SUCCESSFUL"
     assert executor.execute(claimed(broker, "t2", "x.add", 3, 4)) is False
     assert_let_go(broker)
     [(task, due_in_ms)] = delayed_tasks(broker)
@@ -169,7 +169,7 @@ def test_a_rate_limited_type_runs_one_then_defers_the_next_to_its_slot(broker, e
 # --- runs ---------------------------------------------------------------------------------
 def test_a_handler_without_context_reads_its_run_from_current_which_is_unset_outside_runs(broker, executor):
     executor.execute(claimed(broker, "t1", "x.current", "a"))
-    value = json.loads(broker.get_result("t1")["return_value"])
+    value = json.loads(broker.records.get_result("t1")["return_value"])
     assert (value["task_id"], value["attempt"], value["args"]) == ("t1", 1, ["a"])
     with pytest.raises(LookupError, match="only available while a consumer runs a task"):
         current()
@@ -179,7 +179,7 @@ def test_a_successful_run_is_acked_with_its_return_value(broker, executor):
     before = sample("taskqueue_tasks_succeeded_total", type="x.add", queue="q")
     assert executor.execute(claimed(broker, "t1", "x.add", 2, 3)) is False
     assert_let_go(broker)
-    record = broker.get_result("t1")
+    record = broker.records.get_result("t1")
     assert record["status"] == "SUCCESSFUL" and json.loads(record["return_value"]) == 5
     assert record["attempts"] == "1" and json.loads(record["worker_ids"]) == [CONSUMER]
     assert dead_tasks(broker) == [] and delayed_tasks(broker) == []
@@ -190,7 +190,7 @@ def test_a_successful_run_is_acked_with_its_return_value(broker, executor):
 def test_a_coroutine_from_an_async_callable_object_or_a_plain_wrapper_is_run_to_its_value(broker, executor, handler):
     assert executor.registry.get("x.async_callable").is_async
     assert executor.execute(claimed(broker, "t1", handler, 2, 3)) is False
-    record = broker.get_result("t1")
+    record = broker.records.get_result("t1")
     assert record["status"] == "SUCCESSFUL" and json.loads(record["return_value"]) == 5
 
 
@@ -199,14 +199,14 @@ def test_a_task_whose_lease_was_lost_at_the_gates_is_left_to_the_reaper_unstarte
     executor.lease_check = lambda item: bool(asked.append(item))  # the lease was lost meanwhile
     item = claimed(broker, "t1", "x.add", 2, 3)
     assert executor.execute(item) is False and asked == [item]
-    assert broker.held_by("q", CONSUMER) == [item.raw]  # the reaper recovers it
-    assert broker.get_result("t1") is None  # no start was recorded
+    assert broker.queue.held_by("q", CONSUMER) == [item.raw]  # the reaper recovers it
+    assert broker.records.get_result("t1") is None  # no start was recorded
 
 
 def test_a_handler_with_context_sees_this_run(broker, executor):
     task_type(executor, "x.context", max_attempts=4)
     executor.execute(claimed(broker, "t1", "x.context", "a"))
-    value = json.loads(broker.get_result("t1")["return_value"])
+    value = json.loads(broker.records.get_result("t1")["return_value"])
     assert value == {
         "task_id": "t1",
         "attempt": 1,
@@ -226,7 +226,7 @@ def test_a_failure_is_retried_later_with_backoff_and_the_error(broker, executor)
     assert task.attempt == 1 and task.last_error == "builtins.ValueError: boom"
     assert "ValueError: boom" in task.last_traceback
     assert 4500 <= due_in_ms <= 10_000  # the upper half of base * 2^0
-    record = broker.get_result("t1")
+    record = broker.records.get_result("t1")
     assert record["status"] == "READY" and record["attempts"] == "1"
     assert json.loads(record["errors"])[0]["exception_class_path"] == "builtins.ValueError"
 
@@ -245,7 +245,7 @@ def test_the_last_failure_dead_letters_with_the_reason(broker, executor):
     [dead] = dead_tasks(broker)
     assert dead.attempt == 2
     assert dead.dead_reason == "failed 2 of 2 attempts; last error: builtins.ValueError: boom"
-    record = broker.get_result("t1")
+    record = broker.records.get_result("t1")
     assert record["status"] == "FAILED" and record["dead_reason"] == dead.dead_reason
 
 
@@ -318,7 +318,7 @@ def test_with_the_batcher_a_success_is_settled_later_and_reported(broker, batche
     settled = threading.Event()
     assert batched.execute(claimed(broker, "t1", "x.add", 1, 2), on_settled=settled.set) is True
     assert settled.wait(5), "on_settled was called once the ack was written"
-    assert broker.get_result("t1")["status"] == "SUCCESSFUL"
+    assert broker.records.get_result("t1")["status"] == "SUCCESSFUL"
     assert_let_go(broker)
 
 
@@ -328,7 +328,7 @@ def test_with_the_batcher_a_failure_is_settled_at_once(broker, batched):
     assert_let_go(broker)
     [(task, _)] = delayed_tasks(broker)
     assert task.attempt == 1
-    record = broker.get_result("t1")
+    record = broker.records.get_result("t1")
     assert record["status"] == "READY" and record["attempts"] == "1"
 
 
@@ -346,7 +346,7 @@ def test_expire_overdue_fails_a_run_past_its_timeout_and_ignores_its_late_return
     assert_let_go(broker)
     [dead] = dead_tasks(broker)
     assert "TaskTimeout" in dead.last_error and "timeout of 0.1 s" in dead.last_error
-    record = broker.get_result("t1")
+    record = broker.records.get_result("t1")
     assert record["status"] == "FAILED" and "return_value" not in record, "the late return was not applied"
 
 
@@ -362,11 +362,11 @@ def test_a_task_waits_while_the_task_types_were_never_read(broker, executor, mon
     assert_let_go(broker)
     [(task, due_in_ms)] = delayed_tasks(broker)  # not run with the defaults, which have no rate limit
     assert task.id == "t1" and task.attempt == 0 and 4000 <= due_in_ms <= 5000
-    assert broker.get_result("t1") is None and dead_tasks(broker) == []
+    assert broker.records.get_result("t1") is None and dead_tasks(broker) == []
 
     monkeypatch.setattr(TaskType.objects, "all", rows)  # back: the row's limit holds
     executor.task_types.refresh()  # the housekeeping refresh (claims wait a second after a failed read)
     executor.execute(claimed(broker, "t2", "x.add", 1, 2))
     executor.execute(claimed(broker, "t3", "x.add", 3, 4))
-    assert broker.get_result("t2")["status"] == "SUCCESSFUL"
-    assert broker.get_result("t3") is None, "the second start within the hour waits for its slot"
+    assert broker.records.get_result("t2")["status"] == "SUCCESSFUL"
+    assert broker.records.get_result("t3") is None, "the second start within the hour waits for its slot"

@@ -19,7 +19,7 @@ from tasks_app.exceptions import TaskCancelled
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, decode_task, encode_payload
-from tasks_app.protocol.slots import SlotSet, Waiter
+from tasks_app.protocol.limits import SlotSet, Waiter
 from tasks_app.registry import Handler
 from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
 from tests.integration.test_rate_follow_ups import following
@@ -70,30 +70,30 @@ def pending_ids(broker) -> list[str]:
 def test_a_run_holds_a_slot_and_gives_it_back(broker, gated):
     task_type(gated, "x.add", max_running=1)
     assert gated.execute(enqueued(broker, "t1", "x.add", 1, 2)) is False
-    assert broker.get_result("t1")["status"] == "SUCCESSFUL"
-    assert broker.slots_in_use(SlotSet("x.add", None, 1)) == 0
+    assert broker.records.get_result("t1")["status"] == "SUCCESSFUL"
+    assert broker.limits.slots_in_use(SlotSet("x.add", None, 1)) == 0
 
 
 def test_no_free_slot_defers_without_an_attempt_and_a_freed_slot_wakes_the_task(broker, gated):
     task_type(gated, "x.add", max_running=1)
     slots = SlotSet("x.add", None, 1)
-    assert broker.acquire_slot(slots, "elsewhere", Waiter("q", b"+000other"), 3_000, 60_000)[0]
+    assert broker.limits.acquire_slot(slots, "elsewhere", Waiter("q", b"+000other"), 3_000, 60_000)[0]
     assert gated.execute(enqueued(broker, "t1", "x.add", 1, 2)) is False
     [(task, due_in_ms)] = delayed_tasks(broker)
     assert task.id == "t1" and task.attempt == 0 and 2000 <= due_in_ms <= 5100  # only the fallback
     assert sample("taskqueue_tasks_deferred_total", type="x.add", queue="q", reason="max_running") >= 1
 
-    woken = broker.release_slot(slots, "elsewhere", 60_000, 3_000)
+    woken = broker.limits.release_slot(slots, "elsewhere", 60_000, 3_000)
     assert [waiter.queue for waiter in woken] == ["q"]
-    assert broker.wake(woken[0]) and pending_ids(broker) == ["t1"] and delayed_tasks(broker) == []
+    assert broker.limits.wake(woken[0]) and pending_ids(broker) == ["t1"] and delayed_tasks(broker) == []
     [raw] = claim(broker, CONSUMER, 1)
     assert gated.execute(Claimed("q", CONSUMER, raw)) is False
-    assert broker.get_result("t1")["status"] == "SUCCESSFUL"  # the slot kept for it was its to take
+    assert broker.records.get_result("t1")["status"] == "SUCCESSFUL"  # the slot kept for it was its to take
 
 
 def test_each_key_value_has_a_cap_of_its_own(broker, gated):
     task_type(gated, "x.kw", handler="x.context", max_running=1, max_running_key="tenant")
-    assert broker.acquire_slot(SlotSet("x.kw", "a", 1), "busy", Waiter("q", b"+000other"), 3_000, 60_000)[0]
+    assert broker.limits.acquire_slot(SlotSet("x.kw", "a", 1), "busy", Waiter("q", b"+000other"), 3_000, 60_000)[0]
 
     def run(task_id: str, tenant: str) -> None:
         raw = task_bytes(task_id, "x.kw", payload=encode_payload([1, 2], {"tenant": tenant}))
@@ -103,17 +103,17 @@ def test_each_key_value_has_a_cap_of_its_own(broker, gated):
 
     run("b1", "b")
     run("a1", "a")
-    assert broker.get_result("b1")["status"] == "SUCCESSFUL"
+    assert broker.records.get_result("b1")["status"] == "SUCCESSFUL"
     assert [task.id for task, _ in delayed_tasks(broker)] == ["a1"]
 
 
 def test_a_task_of_a_queue_paused_after_its_claim_goes_back_unstarted(broker, gated):
     task_type(gated, "x.add")
     held = claimed(broker, "t1", "x.add", 1, 2)
-    broker.pause("q")
+    broker.control.pause("q")
     assert gated.execute(held) is False
-    assert pending_ids(broker) == ["t1"] and broker.held_by("q", CONSUMER) == []
-    assert broker.get_result("t1") is None  # it never started
+    assert pending_ids(broker) == ["t1"] and broker.queue.held_by("q", CONSUMER) == []
+    assert broker.records.get_result("t1") is None  # it never started
 
 
 @pytest.mark.parametrize(
@@ -133,10 +133,10 @@ def test_a_unique_task_dead_lettered_unrun_frees_its_key(broker, gated, handler,
 def test_a_waiter_without_an_enqueue_time_queues_behind_those_waiting_before_it(broker, gated):
     task_type(gated, "x.add", max_running=1)
     slots = SlotSet("x.add", None, 1)
-    assert broker.acquire_slot(slots, "elsewhere", Waiter("q", b"+000other"), 3_000, 60_000)[0]
-    gated.execute(claimed(broker, "dated", "x.add", 1, 2, enqueued_at_ms=broker.server_time_ms() - 1000))
+    assert broker.limits.acquire_slot(slots, "elsewhere", Waiter("q", b"+000other"), 3_000, 60_000)[0]
+    gated.execute(claimed(broker, "dated", "x.add", 1, 2, enqueued_at_ms=broker.inspect.server_time_ms() - 1000))
     gated.execute(claimed(broker, "foreign", "x.add", 1, 2))  # as a foreign producer pushes it: no enqueue time
-    [woken] = broker.release_slot(slots, "elsewhere", 60_000, 3_000)
+    [woken] = broker.limits.release_slot(slots, "elsewhere", 60_000, 3_000)
     assert decode_task(woken.member[4:]).id == "dated"  # first come, first served
 
 
@@ -158,7 +158,7 @@ def test_the_late_end_of_a_run_whose_consumer_was_presumed_dead_keeps_the_key_of
     # While the handler runs, its consumer is presumed dead: its list is reaped, the task waits
     # to run again. The late run's end must leave the key to that re-run: a duplicate is refused.
     def presumed_dead_meanwhile() -> None:
-        assert broker.reap("q", CONSUMER, 30_000, own_earlier_run=True).requeued == 1
+        assert broker.leases.reap("q", CONSUMER, 30_000, own_earlier_run=True).requeued == 1
         if ending == "failed":
             raise ValueError("late failure")
         if ending == "cancelled":
@@ -180,7 +180,8 @@ def test_the_late_end_of_a_run_whose_consumer_was_presumed_dead_keeps_the_key_of
     executor.execute(held)
     if executor.acks is not None:
         executor.acks.close()
-    assert broker.queue_stats("q").pending == 1 and broker.held_by("q", CONSUMER) == []  # the re-run waits
+    # the re-run waits
+    assert broker.inspect.queue_stats("q").pending == 1 and broker.queue.held_by("q", CONSUMER) == []
     assert broker.client.get(unique_key) == b"t1"
 
 
@@ -200,9 +201,10 @@ class LosesFirstReply:
 
     def __init__(self, broker: Broker) -> None:
         self.broker, self.lost = broker, False
+        self.limits = self  # the only role the gate asks of it
 
     def acquire_slot(self, *args: Any) -> tuple[bool, list[Waiter]]:
-        reply = self.broker.acquire_slot(*args)
+        reply = self.broker.limits.acquire_slot(*args)
         if not self.lost:
             self.lost = True
             raise RedisConnectionError("reply lost")
@@ -215,8 +217,8 @@ def test_a_slot_taken_by_a_call_whose_reply_was_lost_goes_to_its_retry(broker):
     task = decode_task(task_bytes("t1", "x.add"))
     holder = gate.acquire(Claimed("q", CONSUMER, task_bytes("t1", "x.add")), task, slots)
     assert holder is not None  # the slot its first try took is its own, not a stranger's for a lease
-    broker.release_slot(slots, holder, 60_000, 3_000)
-    assert broker.slots_in_use(slots) == 0
+    broker.limits.release_slot(slots, holder, 60_000, 3_000)
+    assert broker.limits.slots_in_use(slots) == 0
 
 
 def test_the_unique_key_of_a_run_given_up_on_while_it_hangs_outlives_its_process(broker, gated):
@@ -236,7 +238,7 @@ def test_the_unique_key_of_a_run_given_up_on_while_it_hangs_outlives_its_process
         lambda: gated.time_limits.fail_hung(0.1, 5.0) == 1, 5, interval_s=0.02, message="the run to be given up on"
     )
     gated.time_limits.wait_hung_settled(timeout_s=10)  # settled on a thread of its own
-    assert broker.get_result("t1")["status"] == "FAILED" and run.is_alive()
+    assert broker.records.get_result("t1")["status"] == "FAILED" and run.is_alive()
     assert 0 < broker.client.pttl(unique_key) <= 5000  # freed once its process is surely gone, not while it runs
     run.join()
 
@@ -257,8 +259,9 @@ def test_the_slot_of_an_async_run_given_up_on_while_it_hangs_is_held_until_its_p
         lambda: gated.time_limits.fail_hung(0.1, 5.0) == 1, 5, interval_s=0.02, message="the run to be given up on"
     )
     assert gated.time_limits.fail_hung(0.1, 5.0) == 0, "taken by one settling thread, not again at the next tick"
-    wait_until(lambda: broker.get_result("t1")["status"] == "FAILED", 5, message="the run to be failed")
-    assert broker.slots_in_use(slots) == 1  # still running: its slot lapses with the lease once the process is gone
+    wait_until(lambda: broker.records.get_result("t1")["status"] == "FAILED", 5, message="the run to be failed")
+    # still running: its slot lapses with the lease once the process is gone
+    assert broker.limits.slots_in_use(slots) == 1
     gated.close()
 
 
@@ -325,19 +328,19 @@ def start_counts(type_name: str) -> list[float]:
 
 def enqueued(broker: Broker, task_id: str, type_name: str, *args: Any) -> Claimed:
     """A claimed task with an enqueue time: its start measures how long it waited."""
-    return claimed(broker, task_id, type_name, *args, enqueued_at_ms=broker.server_time_ms())
+    return claimed(broker, task_id, type_name, *args, enqueued_at_ms=broker.inspect.server_time_ms())
 
 
 def assert_waits_again_unstarted(broker: Broker, gated: Executor, task_id: str, before: list[float]) -> None:
     """The task waits in delayed, due at once, no attempt used, its record READY as before its start, unstarted."""
     [(task, due_in_ms)] = delayed_tasks(broker)
     assert task.id == task_id and task.attempt == 0 and due_in_ms <= 0  # its gate asks the limiter again
-    record = broker.get_result(task_id)
+    record = broker.records.get_result(task_id)
     assert (record["status"], record["attempts"], record.get("started_at_ms", "")) == ("READY", "0", "")
     missed, started, waits = before
     assert start_counts(task.type) == [missed + 1, started, waits]
     minute = int(time.time()) // 60
-    charted = [name for counts in broker.minute_counts("q", [minute - 1, minute]) for name in counts]
+    charted = [name for counts in broker.inspect.minute_counts("q", [minute - 1, minute]) for name in counts]
     assert [name for name in charted if task.type in name.split("|")] == []
     # The admission it missed stays spent: its window starts nothing else.
     config = gated.task_types.get(task.type)
@@ -389,7 +392,7 @@ def test_an_async_handler_its_loop_lets_begin_only_past_its_start_margin_waits_a
     assert gated.execute(claimed(broker, "b1", "x.blocks", 4 * start_margin_s(gated, "x.async_add"))) is True
     assert gated.execute(enqueued(broker, "t1", "x.async_add", 1, 2)) is True  # admitted, its coroutine behind b1's
     wait_until(lambda: delayed_tasks(broker), 5, message="the task to wait again")
-    wait_until(lambda: broker.get_result("b1")["status"] == "SUCCESSFUL", 5, message="the blocking run to end")
+    wait_until(lambda: broker.records.get_result("b1")["status"] == "SUCCESSFUL", 5, message="the blocking run to end")
     assert_waits_again_unstarted(broker, gated, "t1", before)
 
 

@@ -44,7 +44,7 @@ def test_a_handler_asking_for_a_retry_runs_again_when_it_asked_with_an_attempt_u
     assert 29_000 <= due_in_ms <= 30_000, "waited its backoff, not the 30 s it asked for"
     assert task.attempt == 1 and task.last_error == "tasks_app.exceptions.Retry: upstream busy, back in 30 s"
     assert "ConnectionError: upstream says 429" in task.last_traceback, "the cause is kept"
-    record = broker.get_result("t1")
+    record = broker.records.get_result("t1")
     assert record["status"] == "READY"
     assert 29_000 <= int(record["run_after_ms"]) - time.time() * 1000 <= 30_000, "the record says when it runs again"
 
@@ -67,5 +67,5 @@ def test_a_permanent_error_is_dead_lettered_at_once_with_its_attempts_unused(bro
     assert dead.dead_reason == (
         "permanent error on attempt 1: tasks_app.exceptions.PermanentError: card 4242 was declined for good"
     )
-    record = broker.get_result("t1")
+    record = broker.records.get_result("t1")
     assert record["status"] == "FAILED" and record["dead_reason"] == dead.dead_reason

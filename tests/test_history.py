@@ -14,12 +14,11 @@ from tasks_app.models import TaskType
 from tasks_app.periodic.config import PeriodicConfig
 from tasks_app.periodic.firing import fire_slot, run_id
 from tasks_app.periodic.schedule import Schedule
-from tasks_app.protocol import history, results
+from tasks_app.protocol import history, records
 from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.history import RECORDS_PER_CALL
 from tasks_app.protocol.periodic import SlotFiring
-from tasks_app.protocol.replication import RECORDS_PER_CALL
-from tasks_app.protocol.replies import ResultUpdate
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord, ResultUpdate
 from tasks_app.registry import Handler, Registry
 from tasks_app.task_types import TaskTypeCache
 from tests.support.claims import claim, push, register, task_bytes
@@ -38,7 +37,7 @@ def _ids(broker, key):
 def _wait_status(broker, task_ids, status, timeout_s=20.0):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        records = [ResultRecord.from_fields(fields or {}) for fields in broker.get_results(task_ids)]
+        records = [ResultRecord.from_fields(fields or {}) for fields in broker.records.get_results(task_ids)]
         if all(record.status == status for record in records):
             return
         time.sleep(0.05)
@@ -98,13 +97,13 @@ def test_a_run_that_reports_progress_and_ends_at_once_is_filed_and_counted(broke
         _wait_status(broker, ids, "SUCCESSFUL")
     assert sorted(_ids(broker, broker.keys.history_status("h", "SUCCESSFUL"))) == sorted(ids)
     assert _ids(broker, broker.keys.history_status("h", "RUNNING")) == []
-    assert all(broker.get_result(task_id)["progress"] for task_id in ids)
-    minute = broker.minute_counts("h", [int(time.time()) // 60 + offset for offset in (-1, 0)])
+    assert all(broker.records.get_result(task_id)["progress"] for task_id in ids)
+    minute = broker.inspect.minute_counts("h", [int(time.time()) // 60 + offset for offset in (-1, 0)])
     assert sum(counts.get("ok|test.progress", 0) for counts in minute) == 5, minute
 
 
 def test_the_cap_drops_the_oldest_entries(broker):
-    broker.history_max = 3
+    broker.enqueuer.history_max = 3
     ids = [producer.enqueue("demo.echo", queue="h")[0].id for _ in range(5)]
     assert _ids(broker, broker.keys.history("h")) == ids[2:]
     assert _ids(broker, broker.keys.history_status("h", "READY")) == ids[2:]
@@ -154,7 +153,7 @@ def test_unique_tasks_are_indexed_ready_when_pushed_and_duplicates_are_not(broke
 
 def test_periodic_and_unique_enqueues_keep_the_cap_and_drop_aged_entries(broker, settings):
     _unique_echo_on_h()
-    broker.history_max = 3
+    broker.enqueuer.history_max = 3
     old = producer.enqueue("demo.echo", [0])[0].id
     broker.client.zadd(broker.keys.history("h"), {old: (time.time() - settings.TASKS_RESULT_TTL - 60) * 1000})
     ids = [producer.enqueue("demo.echo", [n])[0].id for n in range(1, 4)]
@@ -168,16 +167,16 @@ def test_periodic_and_unique_enqueues_keep_the_cap_and_drop_aged_entries(broker,
 def test_window_prefix_and_delete(broker):
     ids = [task.id for task in producer.enqueue("demo.echo", queue="h", count=4)]
     other = producer.enqueue("demo.echo", queue="h2")[0].id
-    window = broker.history_window(["h", "h2"], None, None, None, 3)
+    window = broker.records.history_window(["h", "h2"], None, None, None, 3)
     assert [entry.task_id for entry in window] == [other, ids[3], ids[2]]
-    older = broker.history_window(["h", "h2"], "READY", window[-1].score_ms, None, 10)
+    older = broker.records.history_window(["h", "h2"], "READY", window[-1].score_ms, None, 10)
     assert [entry.task_id for entry in older] == [ids[1], ids[0]]
-    assert broker.history_count(["h", "h2"], None, None) == 5
-    assert [entry.task_id for entry in broker.history_by_prefix(["h", "h2"], ids[2][:8], 5)] == [ids[2]]
-    assert broker.delete_finished([("h", ids[0])]) == [history.KEPT]  # READY: it waits, it keeps its record
-    broker.record_result(ResultUpdate(ids[0], {"status": "SUCCESSFUL"}, 60, queue="h"))
-    assert broker.delete_finished([("h", ids[0]), ("h", "no-such-task")]) == [history.DELETED, history.GONE]
-    assert broker.get_result(ids[0]) is None
+    assert broker.records.history_count(["h", "h2"], None, None) == 5
+    assert [entry.task_id for entry in broker.records.history_by_prefix(["h", "h2"], ids[2][:8], 5)] == [ids[2]]
+    assert broker.records.delete_finished([("h", ids[0])]) == [history.KEPT]  # READY: it waits, it keeps its record
+    broker.records.record_result(ResultUpdate(ids[0], {"status": "SUCCESSFUL"}, 60, queue="h"))
+    assert broker.records.delete_finished([("h", ids[0]), ("h", "no-such-task")]) == [history.DELETED, history.GONE]
+    assert broker.records.get_result(ids[0]) is None
     assert ids[0] not in _ids(broker, broker.keys.history("h"))
     assert ids[0] not in _ids(broker, broker.keys.history_ids("h"))
 
@@ -185,7 +184,7 @@ def test_window_prefix_and_delete(broker):
 def test_a_prefix_finds_ids_that_go_on_with_any_character(broker):
     ids = ["tâche-a", "tâche-€", "tâche-\U0001f600", "tâchf"]
     producer.enqueue_many([producer.TaskRequest("demo.echo", queue="h", task_id=task_id) for task_id in ids])
-    assert sorted(entry.task_id for entry in broker.history_by_prefix(["h"], "tâche-", 10)) == sorted(ids[:3])
+    assert sorted(entry.task_id for entry in broker.records.history_by_prefix(["h"], "tâche-", 10)) == sorted(ids[:3])
 
 
 def test_a_foreign_index_key_loses_only_index_entries(broker):
@@ -193,7 +192,7 @@ def test_a_foreign_index_key_loses_only_index_entries(broker):
     broker.client.delete(broker.keys.history_status("h", "READY"))
     broker.client.set(broker.keys.history_status("h", "READY"), "not a zset")
     task = producer.enqueue("demo.echo", queue="h")[0]
-    assert broker.get_result(task.id)["type"] == "demo.echo"
+    assert broker.records.get_result(task.id)["type"] == "demo.echo"
     assert task.id in _ids(broker, broker.keys.history("h"))
 
 
@@ -202,15 +201,15 @@ def test_runs_are_counted_per_minute(broker, consumer_in_thread):
     with consumer_in_thread(queues=["h"], concurrency=2):
         _wait_status(broker, ids, "SUCCESSFUL")
     minute = int(time.time()) // 60
-    counts = broker.minute_counts("h", [minute - 1, minute])
+    counts = broker.inspect.minute_counts("h", [minute - 1, minute])
     total = {key: sum(c.get(key, 0) for c in counts) for key in ("ok", "ok|demo.echo")}
     assert total == {"ok": 3, "ok|demo.echo": 3}
     assert sum(v for c in counts for k, v in c.items() if k.startswith("d|demo.echo|")) == 3
-    assert broker.sample_backlog("h") == 0
+    assert broker.inspect.sample_backlog("h") == 0
 
 
 def test_every_status_a_record_can_have_has_an_index():
-    assert set(history.STATUSES) == {results.READY, results.RUNNING, *results.FINISHED}
+    assert set(history.STATUSES) == {records.READY, records.RUNNING, *records.FINISHED}
 
 
 def test_one_flush_files_the_tasks_of_several_queues_in_calls_of_bounded_size(broker):
@@ -225,21 +224,23 @@ def test_one_flush_files_the_tasks_of_several_queues_in_calls_of_bounded_size(br
     ]
     unfiled = ResultUpdate(per_queue["h"][0], {"progress": "1"}, 60)  # no status, no queue: no index
     updates.insert(5, unfiled)
-    report = broker.ack_many_reporting(updates, {})
+    report = broker.queue.ack_many_reporting(updates, {})
 
     assert report.written == (1,) * len(updates) and not report.refused
     for queue, ids in per_queue.items():
         assert set(_ids(broker, broker.keys.history_status(queue, "SUCCESSFUL"))) == set(ids[1::2])
         assert set(_ids(broker, broker.keys.history_status(queue, "FAILED"))) == set(ids[0::2])
         assert _ids(broker, broker.keys.history_status(queue, "READY")) == []
-    assert broker.get_result(per_queue["h"][0])["progress"] == "1"
+    assert broker.records.get_result(per_queue["h"][0])["progress"] == "1"
 
 
 def test_a_refused_record_in_a_call_stops_none_of_the_others(broker):
     ids = [task.id for task in producer.enqueue("demo.echo", queue="h", count=3)]
     broker.client.delete(broker.keys.result(ids[1]))
     broker.client.rpush(broker.keys.result(ids[1]), "not a hash")
-    report = broker.ack_many_reporting([ResultUpdate(i, {"status": "SUCCESSFUL"}, 60, queue="h") for i in ids], {})
+    report = broker.queue.ack_many_reporting(
+        [ResultUpdate(i, {"status": "SUCCESSFUL"}, 60, queue="h") for i in ids], {}
+    )
 
     assert list(report.refused) == [1] and "WRONGTYPE" in str(report.refused[1])
     assert [report.written[0], report.written[2]] == [1, 1]
@@ -273,25 +274,25 @@ def test_a_foreign_task_without_an_enqueue_time_stays_in_the_history_index(broke
     push(broker, task_bytes("t5", "demo.echo"))  # a plain LPUSH; enqueued_at_ms left at 0 (protobuf's default)
     [raw] = claim(broker, "w", 1)
     executor.execute(Claimed("q", "w", raw, fence=1))
-    assert broker.get_result("t5")["status"] == "SUCCESSFUL"
+    assert broker.records.get_result("t5")["status"] == "SUCCESSFUL"
     producer.enqueue("demo.echo", queue="q")  # any enqueue trims the queue's index of aged entries
     assert "t5" in _ids(broker, broker.keys.history_status("q", "SUCCESSFUL"))
 
 
 def _minute_total(broker, queue, field):
     minute = int(time.time()) // 60
-    return sum(counts.get(field, 0) for counts in broker.minute_counts(queue, [minute - 1, minute]))
+    return sum(counts.get(field, 0) for counts in broker.inspect.minute_counts(queue, [minute - 1, minute]))
 
 
 def test_an_outcome_the_record_turned_away_is_not_charted(broker):
     # A later run (token 10) owns the record: the late outcome of the run that lost its claim
     # (token 5) is ignored by record_result, so the chart does not count it either.
-    broker.record_result(ResultUpdate("t1", {"status": "SUCCESSFUL"}, 60, fence=10, queue="h", task_type="x"))
+    broker.records.record_result(ResultUpdate("t1", {"status": "SUCCESSFUL"}, 60, fence=10, queue="h", task_type="x"))
     before = _minute_total(broker, "h", "ok")
     batcher = AckBatcher(broker, threading.Event())
     batcher.record(ResultUpdate("t1", {"status": "SUCCESSFUL"}, 60, fence=5, queue="h", task_type="x", run_s=0.1))
     batcher.flush_once(block_s=0.1)
-    assert broker.get_result("t1")["fence"] == "10"
+    assert broker.records.get_result("t1")["fence"] == "10"
     assert _minute_total(broker, "h", "ok") == before
 
 
@@ -300,7 +301,7 @@ class Killed(BaseException):
 
 
 def test_a_consumer_killed_right_after_a_flush_leaves_no_count_of_an_outcome_the_record_turned_away(broker):
-    broker.record_result(ResultUpdate("t1", {"status": "SUCCESSFUL"}, 60, fence=10, queue="h", task_type="x"))
+    broker.records.record_result(ResultUpdate("t1", {"status": "SUCCESSFUL"}, 60, fence=10, queue="h", task_type="x"))
     before = _minute_total(broker, "h", "ok")
 
     def die() -> None:
@@ -309,8 +310,8 @@ def test_a_consumer_killed_right_after_a_flush_leaves_no_count_of_an_outcome_the
     dying = Broker(MovesMidway(broker.client, die, before=1), broker.keys.prefix, broker.scripts)  # after the flush
     late = ResultUpdate("t1", {"status": "SUCCESSFUL"}, 60, fence=5, queue="h", task_type="x", run_s=0.1)
     with contextlib.suppress(Killed):  # it dies before any round trip after the flush's own
-        dying.ack_many_reporting([late], {})
-    assert broker.get_result("t1")["fence"] == "10"
+        dying.queue.ack_many_reporting([late], {})
+    assert broker.records.get_result("t1")["fence"] == "10"
     assert _minute_total(broker, "h", "ok") == before
 
 
@@ -319,7 +320,7 @@ def test_an_outcome_redis_refused_is_not_charted(broker):
     # tried instead. Nothing is recorded, so nothing is charted.
     broker.client.set(broker.keys.result("t2"), "not a hash")
     push(broker, task_bytes("t2", queue="h"), queue="h")
-    broker.heartbeat(["h"], "c", 10_000, {})
+    broker.leases.heartbeat(["h"], "c", 10_000, {})
     [raw] = claim(broker, "c", 1, queue="h")
     batcher = AckBatcher(broker, threading.Event())
     done: list[bool | None] = []
@@ -336,4 +337,4 @@ def test_a_group_too_large_to_unpack_fails_alone(broker):
     fine = ["60", "", "", "", "fine", "1", "status", "SUCCESSFUL"]
     replies = broker.scripts.run(broker.client, "record_result", keys, ["0", "0", *huge, *fine])
     assert isinstance(replies[0], Exception) and replies[1] == 1
-    assert broker.get_result("fine")["status"] == "SUCCESSFUL"
+    assert broker.records.get_result("fine")["status"] == "SUCCESSFUL"

@@ -58,8 +58,8 @@ def test_log_level_warning_hides_successes(broker, consumer_process):
     [flaky] = producer.enqueue("log.flaky", kwargs={"fail_until_attempt": 1})
     consumer = consumer_process("--burst", "--lease", "2", LOG_FORMAT="json", LOG_LEVEL="WARNING")
     assert consumer.wait(timeout_s=60) == 0, consumer.log()
-    assert broker.get_result(ok.id)["status"] == "SUCCESSFUL"
-    assert broker.get_result(flaky.id)["status"] == "SUCCESSFUL"
+    assert broker.records.get_result(ok.id)["status"] == "SUCCESSFUL"
+    assert broker.records.get_result(flaky.id)["status"] == "SUCCESSFUL"
     entries = [json.loads(line) for line in consumer.log().splitlines() if line.strip()]
     # The retry is logged at WARNING, so the consumer did log at this level; its successes are not.
     events = [(entry["task_id"], entry["outcome"]) for entry in entries if entry.get("outcome")]

@@ -110,7 +110,7 @@ def test_heartbeat_renews_a_held_lease_every_third_of_it(broker):
 
 def test_heartbeat_reports_a_lost_lease_with_the_id_that_lost_it_and_where(broker):
     lost: list[tuple[str, list[str]]] = []
-    broker.heartbeat(["p"], "reaped-one", 9000, {})  # held on p; never registered on q: reaped there
+    broker.leases.heartbeat(["p"], "reaped-one", 9000, {})  # held on p; never registered on q: reaped there
     loop = HeartbeatLoop(broker, lambda: ("reaped-one", ["p", "q"]), LeaseClock(9.0), lambda *loss: lost.append(loss))
     loop.run_once()
     assert lost == [("reaped-one", ["q"])]
@@ -138,11 +138,11 @@ def test_scheduler_wakes_when_the_next_task_is_due(broker):
     producer.enqueue("demo.echo", queue="other", delay_s=60)
     loop = SchedulerLoop(broker, ["other", "q"])
     assert 0.0 <= loop.run_once() <= 0.2 < SchedulerLoop.MAX_SLEEP_S
-    assert broker.queue_stats("q").delayed == 1
+    assert broker.inspect.queue_stats("q").delayed == 1
     time.sleep(0.21)
     assert loop.run_once() == SchedulerLoop.MAX_SLEEP_S  # the first moved; the other is far off
-    assert (broker.queue_stats("q").pending, broker.queue_stats("q").delayed) == (1, 0)
-    assert broker.queue_stats("other").delayed == 1
+    assert (broker.inspect.queue_stats("q").pending, broker.inspect.queue_stats("q").delayed) == (1, 0)
+    assert broker.inspect.queue_stats("other").delayed == 1
 
 
 @pytest.mark.django_db
@@ -153,7 +153,7 @@ def test_scheduler_goes_again_at_once_while_a_full_batch_moved(broker):
     loop.BATCH = 2
     assert loop.run_once() == 0.0
     assert loop.run_once() == SchedulerLoop.MAX_SLEEP_S
-    assert broker.queue_stats("q").pending == 3
+    assert broker.inspect.queue_stats("q").pending == 3
 
 
 # --- reaper -------------------------------------------------------------------------------
@@ -167,11 +167,11 @@ def test_reaper_recovers_only_consumers_whose_lease_expired(broker):
     recovered_before = sample("taskqueue_tasks_recovered_total", queue="q")
     loop = ReaperLoop(broker, ["q"], 0.1, lambda queue, dead: pytest.fail("nothing is dead-lettered"))
     assert loop.run_once() == 0.05  # a quarter lease, at least 50 ms
-    assert broker.held_by("q", "dead") == []
-    assert broker.held_by("q", "alive") == alive_holds
-    assert broker.queue_stats("q").pending == 3  # the recovered ones wait as suspects
+    assert broker.queue.held_by("q", "dead") == []
+    assert broker.queue.held_by("q", "alive") == alive_holds
+    assert broker.inspect.queue_stats("q").pending == 3  # the recovered ones wait as suspects
     assert sample("taskqueue_tasks_recovered_total", queue="q") == recovered_before + 3
-    assert [c["id"] for c in broker.live_consumers("q")] == ["alive"]
+    assert [c["id"] for c in broker.inspect.live_consumers("q")] == ["alive"]
     assert ReaperLoop(broker, ["q"], 8.0, lambda q, d: None).run_once() == 2.0
 
 
@@ -184,7 +184,7 @@ def test_reaper_dead_letters_a_task_that_keeps_killing_its_consumers(broker):
         assert loop.reap("q", f"victim-{victim}") == 1
     [(queue, [raw])] = dead_lettered
     assert queue == "q" and b"recovered 4 times" in raw
-    assert broker.queue_stats("q").dead == 1 and broker.queue_stats("q").pending == 0
+    assert broker.inspect.queue_stats("q").dead == 1 and broker.inspect.queue_stats("q").pending == 0
 
 
 @pytest.mark.django_db
@@ -202,7 +202,7 @@ def test_a_unique_task_the_reaper_dead_letters_frees_its_key(broker, foreign_rec
     for victim in range(MAX_RECOVERIES + 1):
         die_running(broker, f"victim-{victim}", SHORT_LEASE_MS)
         loop.reap("q", f"victim-{victim}")
-    assert broker.queue_stats("q").dead == 1
+    assert broker.inspect.queue_stats("q").dead == 1
     assert not broker.client.exists(unique_key)  # it failed for good: a new one may be enqueued
 
 
@@ -213,7 +213,7 @@ def test_a_foreign_envelope_the_reaper_dead_letters_is_filed_under_the_queue_it_
     for victim in range(MAX_RECOVERIES + 1):
         die_running(broker, f"victim-{victim}", SHORT_LEASE_MS)
         loop.reap("q", f"victim-{victim}")
-    assert broker.get_result("poison")["status"] == "FAILED"
+    assert broker.records.get_result("poison")["status"] == "FAILED"
     assert broker.client.zrange(broker.keys.history_status("q", "FAILED"), 0, -1) == [b"poison"]
     assert not broker.client.exists(broker.keys.history("elsewhere"))
 
@@ -224,7 +224,7 @@ def test_reaping_a_live_or_unknown_consumer_moves_nothing(broker):
     held = claim(broker, "alive", 1)
     loop = ReaperLoop(broker, ["q"], 0.1, lambda q, d: None)
     assert loop.reap("q", "alive") == 0 and loop.reap("q", "nobody") == 0
-    assert broker.held_by("q", "alive") == held
+    assert broker.queue.held_by("q", "alive") == held
 
 
 # --- housekeeping -------------------------------------------------------------------------

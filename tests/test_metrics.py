@@ -48,7 +48,7 @@ def test_collector_reads_depths_and_live_consumers_at_scrape_time(broker):
     collector = QueueCollector(lambda: broker, ["idle"])
     producer.enqueue("demo.echo", count=3)
     producer.enqueue("demo.echo", delay_s=600)
-    broker.heartbeat(["default"], "c1", 60_000, {"host": "h"})
+    broker.leases.heartbeat(["default"], "c1", 60_000, {"host": "h"})
     first = scrape_collector(collector)
     assert first.value("taskqueue_queue_tasks", queue="default", state="pending") == 3
     assert first.value("taskqueue_queue_tasks", queue="default", state="delayed") == 1

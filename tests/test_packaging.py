@@ -156,6 +156,6 @@ def test_a_startproject_site_enqueues_and_runs_a_task_with_the_installed_app(
     assert where.split()[2] == "/tasks/dashboard/"
     (task_id,) = _run(*manage, "enqueue", "shop.add", "--args", "[2, 3]", cwd=site, env=env).split()
     _run(*manage, "runconsumer", "--burst", cwd=site, env=env)
-    record = broker.get_result(task_id)
+    record = broker.records.get_result(task_id)
     assert record is not None and record["status"] == "SUCCESSFUL", record
     assert record["return_value"] == "5"

@@ -8,9 +8,9 @@ import redis.connection
 from django.urls import reverse
 
 from tasks_app import producer
+from tasks_app.protocol.broker import get_broker
 from tasks_app.protocol.codec import Task, encode_task
-from tasks_app.protocol.dead_letters import list_dead_tasks
-from tasks_app.protocol.replies import ResultUpdate
+from tasks_app.protocol.records import ResultUpdate
 
 pytestmark = pytest.mark.django_db
 
@@ -84,8 +84,12 @@ def test_acting_on_dead_letters_reads_only_the_selected_ones_not_the_whole_set(s
     replies_read["bytes"] = 0
     staff.post(url, {"action": "delete", "ref": [oldest, "1700000000005:" + "0" * 40]})
     assert replies_read["bytes"] < 100_000  # the set holds some 18 MB
-    assert broker.dead_count("big") == 19_999
-    assert [dead.task_id for dead in list_dead_tasks("big", 19_990, 10)][-3:] == ["d000003", "d000002", "d000001"]
+    assert broker.inspect.dead_count("big") == 19_999
+    assert [dead.task_id for dead in get_broker().inspect.list_dead_tasks("big", 19_990, 10)][-3:] == [
+        "d000003",
+        "d000002",
+        "d000001",
+    ]
 
 
 def test_lists_of_tasks_read_no_arguments_or_return_values(staff, broker, replies_read):
@@ -93,7 +97,7 @@ def test_lists_of_tasks_read_no_arguments_or_return_values(staff, broker, replie
     tasks = [producer.enqueue("demo.echo", args=[arg], kwargs={"k": 1}, queue="q")[0] for _ in range(20)]
     broker.client.hset(broker.keys.result(tasks[0].id), "return_value", json.dumps(arg))
     _fill_dead(broker, "q", 20, "tb")
-    for dead in list_dead_tasks("q"):  # dead letters of tasks whose records are kept
+    for dead in get_broker().inspect.list_dead_tasks("q"):  # dead letters of tasks whose records are kept
         broker.client.hset(broker.keys.result(dead.task_id), mapping={"status": "FAILED", "args": json.dumps([arg])})
     for url in [
         "/tasks/",
@@ -124,7 +128,7 @@ def test_a_status_filter_pages_through_ties_while_shown_tasks_move_on(staff, bro
     page = staff.get("/tasks/?status=READY&format=json").json()
     listed = [row["id"] for row in page["tasks"]]
     for task_id in listed[:30]:
-        broker.record_result(ResultUpdate(task_id, {"status": "RUNNING"}, 60, queue="q"))
+        broker.records.record_result(ResultUpdate(task_id, {"status": "RUNNING"}, 60, queue="q"))
     while page["older"] is not None:
         cursor = f"before={page['older']}&seen={page['older_seen']}&after={page.get('older_after', '')}"
         page = staff.get(f"/tasks/?status=READY&format=json&{cursor}").json()

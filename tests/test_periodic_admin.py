@@ -71,7 +71,7 @@ def test_the_admin_refuses_invalid_schedules_with_a_clear_error(staff, broker, e
 def test_the_admin_list_shows_the_next_run_and_links_the_last_fired_run(staff, broker, echo):
     assert staff.post(ADD_URL, form(echo, cron="", interval_s="60", timezone="UTC")).status_code == 302
     row = PeriodicTask.objects.select_related("task_type").get()
-    now_ms = broker.server_time_ms() // 60_000 * 60_000
+    now_ms = broker.inspect.server_time_ms() // 60_000 * 60_000
     fire_slot(PeriodicConfig.from_model(row), SlotFiring(now_ms, now_ms - 60_000, 60_000, "skip"), broker)
     [run] = pushed_runs(broker, "periodic-out")
     page = staff.get(LIST_URL).content.decode()
@@ -80,7 +80,7 @@ def test_the_admin_list_shows_the_next_run_and_links_the_last_fired_run(staff, b
     dashboard = staff.get("/tasks/dashboard/").content.decode()
     assert f'href="/tasks/{run.task_id}/"' in dashboard and "reports.nightly" in dashboard
     # The run's own page and record name the schedule that fired it.
-    assert broker.get_result(run.task_id)["periodic"] == "reports.nightly"
+    assert broker.records.get_result(run.task_id)["periodic"] == "reports.nightly"
     task_page = staff.get(f"/tasks/{run.task_id}/").content.decode()
     assert "Periodic schedule" in task_page and f'href="/admin/tasks_app/periodictask/{row.pk}/change/"' in task_page
 
@@ -88,7 +88,7 @@ def test_the_admin_list_shows_the_next_run_and_links_the_last_fired_run(staff, b
 @pytest.mark.parametrize("task_id", ["a/b", "x" * 5000])
 def test_a_state_naming_a_last_run_no_url_can_hold_still_shows_the_list_and_the_dashboard(staff, broker, echo, task_id):
     assert staff.post(ADD_URL, form(echo, cron="", interval_s="60", timezone="UTC")).status_code == 302
-    now_ms = broker.server_time_ms() // 60_000 * 60_000
+    now_ms = broker.inspect.server_time_ms() // 60_000 * 60_000
     state = {"slot_ms": now_ms, "fired_slot_ms": now_ms, "task_id": task_id}  # a foreign writer's
     broker.client.hset(broker.keys.periodic("periodic-out", "reports.nightly"), mapping=state)
     for url in (LIST_URL, "/tasks/dashboard/"):
@@ -157,8 +157,9 @@ def test_periodic_run_enqueues_one_ordinary_task_now(broker, echo):
     out = StringIO()
     call_command("periodic", "run", "ok.job", stdout=out)
     task_id = out.getvalue().strip()
-    assert broker.get_result(task_id)["args"] == "[7]"
-    assert broker.periodic_states([("periodic-out", "ok.job")])[0].fired_slot_ms is None  # outside the schedule
+    assert broker.records.get_result(task_id)["args"] == "[7]"
+    # outside the schedule
+    assert broker.periodic.periodic_states([("periodic-out", "ok.job")])[0].fired_slot_ms is None
 
 
 @pytest.mark.parametrize(

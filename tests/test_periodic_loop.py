@@ -13,7 +13,7 @@ from tasks_app.consumer.periodic_loop import CodeScheduleSync, PeriodicLoop, sch
 from tasks_app.models import PeriodicTask, TaskType
 from tasks_app.periodic.config import PeriodicConfig
 from tasks_app.periodic.schedule import Schedule
-from tasks_app.protocol.timestamps import datetime_of_ms
+from tasks_app.protocol.records import datetime_of_ms
 from tasks_app.task_types import recent_task_types
 from tests.support.periodic import pushed_runs
 
@@ -47,7 +47,9 @@ def test_it_fires_a_due_slot_once_and_sleeps_until_the_next_slot_at_most_the_ref
 
 
 def test_a_slot_still_ahead_on_the_redis_clock_is_not_fired(broker, echo):
-    ahead = loop_of(broker, config("hourly", interval_s=3600), clock_ms=lambda: broker.server_time_ms() + 3_600_000)
+    ahead = loop_of(
+        broker, config("hourly", interval_s=3600), clock_ms=lambda: broker.inspect.server_time_ms() + 3_600_000
+    )
     assert 0 < ahead.run_once() <= 2.0  # the script refused the early slot: looked at again soon
     assert pushed_runs(broker, OUT) == []
     assert "hourly" not in ahead._handled
@@ -57,7 +59,7 @@ def test_slots_are_computed_on_the_redis_clock_whatever_this_host_says(broker, e
     monkeypatch.setattr(time, "time", lambda: 0.0)  # a host clock stuck in 1970
     loop_of(broker, config()).run_once()
     [run] = pushed_runs(broker, OUT)
-    assert abs(run.slot_ms - broker.server_time_ms()) < 5_000
+    assert abs(run.slot_ms - broker.inspect.server_time_ms()) < 5_000
 
 
 def test_a_pass_computes_slots_only_for_the_schedules_due(broker, echo, monkeypatch):
@@ -80,9 +82,9 @@ def test_a_long_pass_fires_the_slot_due_when_it_comes_to_a_schedule_not_the_one_
             return None
 
     once = replace(config("z.once"), catch_up="once")
-    loop_of(broker, once, clock_ms=lambda: broker.server_time_ms() - 1000).run_once()  # a slot handled
+    loop_of(broker, once, clock_ms=lambda: broker.inspect.server_time_ms() - 1000).run_once()  # a slot handled
     slow = replace(config("a.slow"), schedule=SlowToCompute(interval_s=3600))
-    start_ms = broker.server_time_ms() // 1000 * 1000
+    start_ms = broker.inspect.server_time_ms() // 1000 * 1000
     loop_of(broker, slow, once).run_once()
     runs = [run for run in pushed_runs(broker, OUT) if run.schedule == "z.once"]
     # One catch-up run for the seconds the pass took, then the slot due when it came to the schedule.
@@ -99,7 +101,7 @@ def test_a_disabled_task_type_fires_nothing_and_the_loop_goes_on(broker, echo, c
 
 
 def test_slots_refused_while_the_task_type_was_disabled_are_not_caught_up_once_it_is_enabled(broker, echo):
-    now_ms = broker.server_time_ms() // 60_000 * 60_000
+    now_ms = broker.inspect.server_time_ms() // 60_000 * 60_000
     # Four minutely slots, the last on time: one late (recorded), two while the type is disabled.
     clock = iter([now_ms - 180_000, now_ms - 120_000, now_ms - 60_000, now_ms + 1])
     loop = loop_of(broker, replace(config(interval_s=60), catch_up="once"), clock_ms=lambda: next(clock))
@@ -116,7 +118,7 @@ def test_slots_refused_while_the_task_type_was_disabled_are_not_caught_up_once_i
 
 
 def test_a_slot_the_schedule_missed_while_its_type_was_enabled_is_still_caught_up(broker, echo):
-    now_ms = broker.server_time_ms() // 60_000 * 60_000
+    now_ms = broker.inspect.server_time_ms() // 60_000 * 60_000
     clock = iter([now_ms - 180_000, now_ms + 1])  # the slots between were never handled: missed
     loop = loop_of(broker, replace(config(interval_s=60), catch_up="once"), clock_ms=lambda: next(clock))
     loop.run_once()
@@ -144,7 +146,7 @@ def test_a_schedule_whose_queue_redis_refuses_does_not_stop_the_others(broker, e
 
 def test_a_schedule_that_cannot_fire_reads_late_on_a_consumer_that_never_saw_it_fire(broker, echo):
     TaskType.objects.filter(pk=echo.pk).update(handler="not.registered")
-    now_ms = broker.server_time_ms()
+    now_ms = broker.inspect.server_time_ms()
     clock = iter([now_ms, now_ms + 150_000])
     loop = loop_of(broker, config("broken.minutely", interval_s=60), clock_ms=lambda: next(clock))
     loop.run_once()
@@ -159,7 +161,7 @@ def test_lateness_grows_when_slots_pass_without_a_run(broker, echo):
     later = loop_of(broker, config("minutely", interval_s=60))
     later._handled = dict(loop._handled)
     later._fired = dict(loop._handled)
-    later._report_lateness(config("minutely", interval_s=60), broker.server_time_ms() + 150_000)
+    later._report_lateness(config("minutely", interval_s=60), broker.inspect.server_time_ms() + 150_000)
     assert metrics.PERIODIC_LATE.labels("minutely")._value.get() > 60
     assert metrics.PERIODIC_PERIOD.labels("minutely")._value.get() == 60
 
@@ -216,7 +218,7 @@ def test_a_row_that_cannot_be_scheduled_is_logged_once_until_it_is_saved_again_t
 
 def test_a_schedule_whose_slots_cannot_be_fired_is_logged_once_until_it_fires_again(broker, echo, caplog):
     TaskType.objects.filter(pk=echo.pk).update(handler="not.registered")
-    now_ms = broker.server_time_ms() // 1000 * 1000
+    now_ms = broker.inspect.server_time_ms() // 1000 * 1000
     clock = iter(range(now_ms, now_ms + 10_000, 1000))
     loop = loop_of(broker, config("unfired"), clock_ms=lambda: next(clock))
     for _ in range(3):  # three slots refused
@@ -231,7 +233,7 @@ def test_a_schedule_whose_slots_cannot_be_fired_is_logged_once_until_it_fires_ag
 
 def test_slots_skipped_while_the_task_type_is_disabled_are_logged_once(broker, echo, caplog):
     TaskType.objects.filter(pk=echo.pk).update(enabled=False)
-    now_ms = broker.server_time_ms() // 1000 * 1000
+    now_ms = broker.inspect.server_time_ms() // 1000 * 1000
     clock = iter(range(now_ms, now_ms + 10_000, 1000))
     loop = loop_of(broker, config("skipping"), clock_ms=lambda: next(clock))
     for _ in range(3):
@@ -242,7 +244,7 @@ def test_slots_skipped_while_the_task_type_is_disabled_are_logged_once(broker, e
 def test_a_schedule_following_its_types_queue_moves_with_it_and_fires_no_slot_in_both(broker, echo):
     moved = "periodic-moved"
     row = PeriodicTask.objects.create(name="follows", task_type=echo, interval_s=1)
-    PeriodicTask.objects.filter(pk=row.pk).update(updated_at=datetime_of_ms(broker.server_time_ms() - 60_000))
+    PeriodicTask.objects.filter(pk=row.pk).update(updated_at=datetime_of_ms(broker.inspect.server_time_ms() - 60_000))
     PeriodicLoop(broker, 0.0, 60.0).run_once()
     [fired] = pushed_runs(broker, OUT)
     echo.queue = moved
@@ -262,7 +264,7 @@ def test_a_schedule_back_in_a_queue_where_it_had_run_does_not_run_a_slot_from_be
     broker, echo, comes_back
 ):
     away = "periodic-away"
-    slot_ms = broker.server_time_ms() // 1000 * 1000 - 1000
+    slot_ms = broker.inspect.server_time_ms() // 1000 * 1000 - 1000
     fields = {"name": "roams", "task_type": echo, "interval_s": 60, "start_at": datetime_of_ms(slot_ms - 60_000)}
     row = PeriodicTask.objects.create(queue=OUT, **fields)
     rows = PeriodicTask.objects.filter(pk=row.pk)
@@ -282,7 +284,7 @@ def test_a_schedule_back_in_a_queue_where_it_had_run_does_not_run_a_slot_from_be
     # A consumer that has not handled the slot itself.
     PeriodicLoop(broker, 0.0, 60.0).run_once()
     assert pushed_runs(broker, OUT) == []
-    assert broker.get_result(pushed_runs(broker, away)[0].task_id)["queue"] == away
+    assert broker.records.get_result(pushed_runs(broker, away)[0].task_id)["queue"] == away
 
 
 def test_after_clocks_go_back_a_daily_job_that_ran_sleeps_until_the_refresh_not_in_a_busy_loop(broker, echo):
@@ -298,7 +300,7 @@ MOVED = "periodic-moved"
 
 @pytest.mark.parametrize("first", ["old", "new"])
 def test_two_consumers_on_snapshots_before_and_after_a_queue_move_fire_its_slot_once(broker, echo, first):
-    hour_ms = broker.server_time_ms() // 3_600_000 * 3_600_000
+    hour_ms = broker.inspect.server_time_ms() // 3_600_000 * 3_600_000
     old = replace(config("roams", interval_s=3600), queue=OUT, saved_ms=hour_ms - 7_200_000)
     new = replace(old, queue=MOVED, saved_ms=hour_ms - 60_000)  # moved a minute before the slot
     # Two consumers' schedulers, one still on the rows read before the move: the hour's slot is on time for both.

@@ -11,7 +11,7 @@ from django.contrib.auth.models import Group, Permission
 from django.test import Client
 
 from tasks_app.models import ApiToken
-from tasks_app.protocol.dead_letters import list_dead_tasks
+from tasks_app.protocol.broker import get_broker
 from tasks_app.web.api_auth import issue_token
 from tests.test_dead_letter_views import dead_url, make_dead
 from tests.test_views import errors_shown, post_enqueue
@@ -98,7 +98,7 @@ def test_a_session_without_enqueue_task_gets_403_from_the_api(broker, echo_type)
 
 def test_staff_without_manage_dead_letters_can_look_but_not_requeue_or_delete(broker, echo_type):
     make_dead(broker)
-    [dead] = list_dead_tasks("web")
+    [dead] = get_broker().inspect.list_dead_tasks("web")
     before = broker.client.zrange(broker.keys.dead("web"), 0, -1, withscores=True)
     client = logged_in(staff_user("viewer"))
 
@@ -120,12 +120,12 @@ def test_staff_without_manage_dead_letters_can_look_but_not_requeue_or_delete(br
 def test_manage_dead_letters_allows_requeue_and_delete(broker, echo_type):
     make_dead(broker)
     make_dead(broker)
-    first, second = list_dead_tasks("web")
+    first, second = get_broker().inspect.list_dead_tasks("web")
     client = logged_in(staff_user("operator", "manage_dead_letters"))
     assert "requeue-one" in client.get(dead_url()).content.decode()
     assert client.post(dead_url(), {"requeue_one": first.ref}).status_code == 302
     assert client.post(dead_url(), {"action": "delete", "ref": [second.ref]}).status_code == 302
-    stats = broker.queue_stats("web")
+    stats = broker.inspect.queue_stats("web")
     assert (stats.dead, stats.pending) == (0, 1)
 
 

@@ -20,7 +20,7 @@ from tasks_app.periodic.config import PeriodicConfig
 from tasks_app.periodic.schedule import Schedule
 from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.codec import Task
-from tasks_app.protocol.slots import SlotSet
+from tasks_app.protocol.limits import SlotSet
 from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
 from tests.support.counters import sample
 from tests.test_consumer import make_consumer

@@ -9,7 +9,7 @@ from django.db import transaction
 from tasks_app.models import TaskType
 from tasks_app.producer import EnqueueError, TaskRequest, enqueue, enqueue_many
 from tasks_app.protocol.codec import decode_payload, decode_task
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tests.support.enqueued import enqueued_keys
 
 pytestmark = pytest.mark.django_db
@@ -40,7 +40,7 @@ def test_enqueue_pushes_a_task_and_a_ready_record(broker):
     assert (decoded.id, decoded.type, decoded.queue, decoded.attempt) == (task.id, "demo.echo", "default", 0)
     assert decode_payload(decoded.payload).args == [1, 2]
     assert dict(decoded.headers) == {"trace": "abc"}
-    record = ResultRecord.from_fields(broker.get_result(task.id))
+    record = ResultRecord.from_fields(broker.records.get_result(task.id))
     assert (record.status, record.args, record.kwargs) == ("READY", [1, 2], {"k": "v"})
 
 
@@ -83,7 +83,7 @@ def test_priority_goes_to_the_prioritized_set(broker):
 
 def test_arguments_nested_64_levels_deep_reach_the_record_whole(broker):
     [task] = enqueue("demo.echo", nested(64), {"k": nested(63)})  # the args array and the kwargs object count
-    record = ResultRecord.from_fields(broker.get_result(task.id))
+    record = ResultRecord.from_fields(broker.records.get_result(task.id))
     assert (record.args, record.kwargs) == (nested(64), {"k": nested(63)})
 
 
@@ -212,7 +212,7 @@ def test_a_ready_record_stores_only_fields_off_their_default_and_reads_back_whol
         plain.id,
         first.id,
     ]
-    record = ResultRecord.from_fields(broker.get_result(plain.id))
+    record = ResultRecord.from_fields(broker.records.get_result(plain.id))
     assert (
         record.id,
         record.type,
@@ -225,7 +225,7 @@ def test_a_ready_record_stores_only_fields_off_their_default_and_reads_back_whol
         record.run_after,
     ) == (plain.id, "demo.echo", "default", "READY", 0, [], {}, 0, None)
     assert record.enqueued_at == datetime.fromtimestamp(plain.enqueued_at_ms / 1000, tz=UTC)
-    record = ResultRecord.from_fields(broker.get_result(full.id))
+    record = ResultRecord.from_fields(broker.records.get_result(full.id))
     assert (record.id, record.status, record.priority, record.args, record.kwargs) == (
         full.id,
         "READY",
@@ -251,7 +251,7 @@ def test_a_ready_record_with_every_field_written_by_an_older_producer_reads_back
             "attempts": "0",
         },
     )
-    record = ResultRecord.from_fields(broker.get_result("old-1"))
+    record = ResultRecord.from_fields(broker.records.get_result("old-1"))
     assert (record.id, record.type, record.queue, record.status, record.priority, record.args, record.attempts) == (
         "old-1",
         "demo.echo",

@@ -16,7 +16,7 @@ def test_a_retiring_id_is_renewed_while_it_holds_tasks_then_deregistered_giving_
     held.clear()  # its run settled; an unstarted task is still in its list
     retiring.renew()
     assert broker.client.zscore(broker.keys.consumers("a"), "old") is None
-    assert broker.queue_stats("a").pending == 1, "what it held unstarted went back uncounted"
+    assert broker.inspect.queue_stats("a").pending == 1, "what it held unstarted went back uncounted"
     retiring.renew()  # nothing left to retire
 
 

@@ -51,7 +51,7 @@ def test_a_task_does_not_start_under_a_stale_lease_while_the_consumer_stops(brok
         consumer.claiming_stopped.set()  # SIGTERM arrived while the task passed its gates
         consumer.executor.execute(Claimed("q", "me", raw, fence=1))
         assert recorded_runs(broker) == [], "started although its lease may have lapsed"
-        assert broker.held_by("q", "me") == [raw]  # still held: deregistering (or the reaper) returns it
+        assert broker.queue.held_by("q", "me") == [raw]  # still held: deregistering (or the reaper) returns it
     finally:
         consumer.give_up.set()
 
@@ -64,14 +64,14 @@ def test_a_foreign_task_claimed_a_second_time_still_gets_a_full_record(broker):
         first = _claim_through_the_claimer(consumer)
         assert first.receipt == 3  # the receipt created the record: {claimed_fence, fence} only
         # It goes back unstarted (its queue was paused, its consumer stopped, a rate limit deferred it...).
-        broker.return_unstarted("q", "me", [first.raw])
+        broker.queue.return_unstarted("q", "me", [first.raw])
         consumer.held.finished([first])
         second = _claim_through_the_claimer(consumer)
         assert second.receipt == 3  # the record still holds none of the task's fields
         consumer.executor.execute(second)
         while consumer.acks.flush_once(block_s=0):
             pass
-        record = broker.get_result("t3")
+        record = broker.records.get_result("t3")
         assert record["status"] == "SUCCESSFUL"
         assert (record["type"], record["queue"], record["kwargs"]) == ("test.record", "q", '{"tag":"x"}')
     finally:
@@ -85,16 +85,16 @@ def test_a_run_whose_start_a_later_claim_turned_away_does_not_start(broker, rece
     register(broker, "me", lease_ms=30_000)
     push(broker, task_bytes("t6"))
     [raw] = claim(broker, "me", 1)
-    later = broker.issue_fence("q") + 1000  # meanwhile the task was claimed again (pushed twice, or reaped)
-    assert broker.claim_receipts([("t6", later)], 60) == [3]
+    later = broker.queue.issue_fence("q") + 1000  # meanwhile the task was claimed again (pushed twice, or reaped)
+    assert broker.queue.claim_receipts([("t6", later)], 60) == [3]
     batcher = AckBatcher(broker, threading.Event())
     executor = build_executor(broker, default_registry, TaskTypeCache(), "me", result_ttl_s=60, acks=batcher)
     executor.execute(Claimed("q", "me", raw, fence=later - 1000, receipt=receipt))
     while batcher.flush_once(block_s=0):
         pass
     assert recorded_runs(broker) == [], "ran although a later claim holds the task"
-    assert broker.get_result("t6")["fence"] == str(later)
-    assert broker.held_by("q", "me") == []  # acked unrun: the later claim runs it
+    assert broker.records.get_result("t6")["fence"] == str(later)
+    assert broker.queue.held_by("q", "me") == []  # acked unrun: the later claim runs it
 
 
 def test_a_lease_lost_while_the_start_was_written_leaves_the_task_to_the_reaper_unrun(broker):
@@ -108,7 +108,7 @@ def test_a_lease_lost_while_the_start_was_written_leaves_the_task_to_the_reaper_
     )
     assert executor.execute(Claimed("q", "me", raw, fence=1)) is False
     assert recorded_runs(broker) == [], "started after its lease was lost"
-    assert broker.held_by("q", "me") == [raw]  # the reaper hands it on
+    assert broker.queue.held_by("q", "me") == [raw]  # the reaper hands it on
 
 
 def test_a_suspect_whose_lease_lapsed_during_its_start_is_neither_run_nor_blamed(broker):
@@ -124,7 +124,7 @@ def test_a_suspect_whose_lease_lapsed_during_its_start_is_neither_run_nor_blamed
     assert recorded_runs(broker) == [], "started after its lease lapsed"
     marks = broker.client.hkeys(broker.keys.recoveries("q"))
     assert not [mark for mark in marks if mark.startswith(b"s:")], "marked as started: the reaper would blame it"
-    assert broker.held_by("q", "me") == [raw]
+    assert broker.queue.held_by("q", "me") == [raw]
 
 
 class NoWorkerSlots:
@@ -159,7 +159,7 @@ def test_an_async_run_waiting_for_a_full_lane_does_not_start_once_its_lease_is_l
     waiting.join(5)
     wait_until(lambda: executor.async_running() == 0, 5, message="the lane to empty")
     assert started == ["t1"], "started on the lane after its lease was lost"
-    assert broker.get_result("t2") is None and second.raw in broker.held_by("q", "me")  # the reaper's
+    assert broker.records.get_result("t2") is None and second.raw in broker.queue.held_by("q", "me")  # the reaper's
     executor.close()
 
 
@@ -190,8 +190,8 @@ def test_a_forced_cancel_that_lands_as_the_run_registers_ends_it_cancelled_not_d
     run.force_stop()
     worker.join(5)
 
-    assert broker.list_dead("q") == [], "a cancelled task was dead-lettered as a settling failure"
-    assert broker.get_result("t4")["status"] == "CANCELLED"
+    assert broker.inspect.list_dead("q") == [], "a cancelled task was dead-lettered as a settling failure"
+    assert broker.records.get_result("t4")["status"] == "CANCELLED"
     assert executor.time_limits.running == {}
 
 
@@ -206,7 +206,7 @@ def test_a_task_belongs_to_the_queue_it_was_claimed_from(broker, envelope_queue)
     push(broker, task_bytes("t7", "x.ok", queue=envelope_queue))
     [raw] = claim(broker, "w", 1)
     executor.execute(Claimed("q", "w", raw, fence=1))
-    assert broker.get_result("t7")["queue"] == "q"
+    assert broker.records.get_result("t7")["queue"] == "q"
     assert broker.client.zscore(broker.keys.history_status("q", "SUCCESSFUL"), "t7") is not None
 
 

@@ -17,9 +17,9 @@ import tasks_app
 from tasks_app import control, producer
 from tasks_app.context import MAX_PROGRESS_MESSAGE_CHARS, progress_value
 from tasks_app.models import TaskType
-from tasks_app.protocol import results
+from tasks_app.protocol import records
 from tasks_app.protocol.control import CancelMark
-from tasks_app.protocol.replies import ResultUpdate
+from tasks_app.protocol.records import ResultUpdate
 from tests.support import django_tasks as tasks
 
 pytestmark = pytest.mark.django_db
@@ -31,7 +31,7 @@ def cancel_url(task_id: str) -> str:
 
 def start_run(broker: Any, task_id: str, fence: int) -> int:
     """What a consumer's first write of a run does; returns record_result's reply."""
-    return broker.record_result(ResultUpdate(task_id, {"status": results.RUNNING}, 60, fence=fence))
+    return broker.records.record_result(ResultUpdate(task_id, {"status": records.RUNNING}, 60, fence=fence))
 
 
 def test_the_api_answers_a_duplicate_with_200_and_the_first_id(staff, broker, echo_type):
@@ -41,7 +41,7 @@ def test_the_api_answers_a_duplicate_with_200_and_the_first_id(staff, broker, ec
     again = staff.post("/api/tasks/", {**body, "args": [2]}, content_type="application/json")
     assert (first.status_code, first.json()["duplicate"]) == (201, False)
     assert (again.status_code, again.json()["duplicate"], again.json()["id"]) == (200, True, first.json()["id"])
-    broker.record_result(ResultUpdate(first.json()["id"], {"status": results.SUCCESSFUL}, 60))
+    broker.records.record_result(ResultUpdate(first.json()["id"], {"status": records.SUCCESSFUL}, 60))
     later = staff.post("/api/tasks/", {**body, "priority": 5}, content_type="application/json").json()
     assert (later["status"], later["priority"], later["enqueued_at"]) == ("SUCCESSFUL", 0, first.json()["enqueued_at"])
     with pytest.raises(producer.EnqueueError, match="not unique"):
@@ -75,7 +75,7 @@ def test_a_duplicate_of_a_task_whose_id_no_url_can_name_is_answered_not_a_500(st
         form = {"type": "web.echo", "args": "[7]", "kwargs": "", "queue": "", "priority": "0", "delay": "0"}
         response = staff.post("/tasks/enqueue/", {**form, "unique_key": "order-7"})
         assert response.status_code == 302 and response["Location"] == "/tasks/enqueue/"
-    assert broker.queue_stats("web").pending == 1 and first.id != "report/7"
+    assert broker.inspect.queue_stats("web").pending == 1 and first.id != "report/7"
 
 
 @pytest.mark.parametrize("key_gone", ["freed by its end", "window over"])
@@ -88,9 +88,9 @@ def test_a_unique_task_enqueued_again_under_its_own_id_is_not_pushed_twice(broke
     broker.client.delete(*broker.client.keys(f"{broker.keys.prefix}:*unique*"))  # as its end or its window does
     [again] = producer.enqueue_many([request])
     assert again.duplicate and again.id == "order-42"
-    assert broker.queue_stats("web").pending == 1, "pushed twice under one id"
+    assert broker.inspect.queue_stats("web").pending == 1, "pushed twice under one id"
     [other] = producer.enqueue_many([producer.TaskRequest("web.echo", [1], task_id="order-43")])
-    assert not other.duplicate and broker.queue_stats("web").pending == 2
+    assert not other.duplicate and broker.inspect.queue_stats("web").pending == 2
 
 
 @pytest.mark.parametrize(("unique_until", "freed"), [("finished", True), ("window", False)])
@@ -126,52 +126,52 @@ def test_cancelling_needs_the_cancel_permission(client, broker, echo_type):
     task_id = producer.enqueue("web.echo")[0].id
     assert client.post(cancel_url(task_id)).status_code == 403
     assert client.post(f"/tasks/{task_id}/cancel/").status_code == 403
-    assert broker.get_result(task_id)["status"] == "READY"
+    assert broker.records.get_result(task_id)["status"] == "READY"
 
 
 def test_the_start_gate_refuses_cancelled_tasks_and_later_runs_of_cancel_requested_ones(broker, echo_type):
     cancelled, requested = (task.id for task in producer.enqueue("web.echo", count=2))
     tasks_app.cancel(cancelled)
-    assert start_run(broker, cancelled, 5) == results.START_REFUSED
+    assert start_run(broker, cancelled, 5) == records.START_REFUSED
     assert start_run(broker, requested, 5) == 1
     assert tasks_app.cancel(requested).outcome == tasks_app.control.REQUESTED
-    assert broker.cancel_marks("web", [requested, cancelled]) == [CancelMark.REQUESTED, CancelMark.NONE]
+    assert broker.control.cancel_marks("web", [requested, cancelled]) == [CancelMark.REQUESTED, CancelMark.NONE]
     assert start_run(broker, requested, 5) == 1  # the same run goes on writing
-    assert broker.get_result(requested)["status"] == "RUNNING"
-    assert start_run(broker, requested, 6) == results.START_REFUSED  # a retry never starts
-    assert broker.get_result(requested)["status"] == "CANCELLED"
+    assert broker.records.get_result(requested)["status"] == "RUNNING"
+    assert start_run(broker, requested, 6) == records.START_REFUSED  # a retry never starts
+    assert broker.records.get_result(requested)["status"] == "CANCELLED"
     other_write = ResultUpdate(cancelled, {"dead_reason": "requeued"}, 60, fence=9)
-    assert broker.record_result(other_write) == 1  # only a run's start is refused
+    assert broker.records.record_result(other_write) == 1  # only a run's start is refused
 
 
 def test_claim_receipts_make_a_later_cancel_a_request_to_the_consumer_that_holds_the_task(broker, echo_type):
     cancelled, held, deferred, retried = (task.id for task in producer.enqueue("web.echo", count=4))
     tasks_app.cancel(cancelled)
-    assert broker.claim_receipts([(cancelled, 5), (held, 6), (deferred, 7), (retried, 8)], 60) == [2, 1, 1, 1]
+    assert broker.queue.claim_receipts([(cancelled, 5), (held, 6), (deferred, 7), (retried, 8)], 60) == [2, 1, 1, 1]
     # Claimed, not started: the cancel asks the consumer, whose start then goes through.
     assert tasks_app.cancel(held).outcome == tasks_app.control.REQUESTED
-    assert broker.get_result(held)["status"] == "READY" and broker.cancel_marks("web", [held]) == [True]
-    assert start_run(broker, held, 6) == 1 and broker.get_result(held)["status"] == "RUNNING"
+    assert broker.records.get_result(held)["status"] == "READY" and broker.control.cancel_marks("web", [held]) == [True]
+    assert start_run(broker, held, 6) == 1 and broker.records.get_result(held)["status"] == "RUNNING"
     # Deferred: the consumer withdrew its receipt, so the cancel cancels it outright.
-    broker.record_result(ResultUpdate(deferred, {results.CLAIMED_FENCE: ""}, 60, fence=7))
+    broker.records.record_result(ResultUpdate(deferred, {records.CLAIMED_FENCE: ""}, 60, fence=7))
     assert tasks_app.cancel(deferred).outcome == tasks_app.control.CANCELLED
-    assert broker.claim_receipts([(deferred, 9)], 60) == [2]
+    assert broker.queue.claim_receipts([(deferred, 9)], 60) == [2]
     # Cancel requested while claimed, then the task went back to wait: its next claim is refused.
     assert tasks_app.cancel(retried).outcome == tasks_app.control.REQUESTED
-    assert broker.claim_receipts([(retried, 10), (retried, 1)], 60) == [2, 0]
-    assert broker.get_result(retried)["status"] == "CANCELLED"
+    assert broker.queue.claim_receipts([(retried, 10), (retried, 1)], 60) == [2, 0]
+    assert broker.records.get_result(retried)["status"] == "CANCELLED"
 
 
 def test_a_dropped_task_is_filed_cancelled_and_a_foreign_key_gets_no_receipt(broker, echo_type):
     task = producer.enqueue("web.echo")[0]
-    assert broker.claim_receipts([(task.id, 5)], 60) == [1]
+    assert broker.queue.claim_receipts([(task.id, 5)], 60) == [1]
     tasks_app.cancel(task.id)
-    assert broker.claim_receipts([(task.id, 6)], 60) == [2]  # the record reads CANCELLED, its index not yet
-    broker.record_result(results.dropped_cancelled(task, 60, 6))  # what the consumer writes as it drops it
-    index = broker.client.zrange(broker.keys.history_status("web", results.CANCELLED), 0, -1)
+    assert broker.queue.claim_receipts([(task.id, 6)], 60) == [2]  # the record reads CANCELLED, its index not yet
+    broker.records.record_result(records.dropped_cancelled(task, 60, 6))  # what the consumer writes as it drops it
+    index = broker.client.zrange(broker.keys.history_status("web", records.CANCELLED), 0, -1)
     assert index == [task.id.encode()] and not broker.client.zscore(broker.keys.history_status("web", "READY"), task.id)
     broker.client.set(broker.keys.result("foreign"), "not a hash")
-    assert broker.claim_receipts([("foreign", 1), ("no-record", 2)], 60) == [-1, 3]  # 3: the record is new
+    assert broker.queue.claim_receipts([("foreign", 1), ("no-record", 2)], 60) == [-1, 3]  # 3: the record is new
     assert broker.client.hgetall(broker.keys.result("no-record")) == {b"claimed_fence": b"2", b"fence": b"2"}
 
 
@@ -223,7 +223,7 @@ def test_the_task_page_cancels_with_its_button_and_shows_progress(staff, broker,
     assert "cancelled: it will not run" in page and 'id="task-cancel"' not in page and "by user:boss" in page
     other = producer.enqueue("web.echo")[0].id
     progress = json.dumps(progress_value(3, 4, "three <b>of</b> four"))
-    broker.record_result(ResultUpdate(other, {"status": "RUNNING", "progress": progress}, 60))
+    broker.records.record_result(ResultUpdate(other, {"status": "RUNNING", "progress": progress}, 60))
     page = staff.get(f"/tasks/{other}/").content.decode()
     assert '<progress max="100" value="75.0">' in page and "three &lt;b&gt;of&lt;/b&gt; four" in page
 
@@ -282,7 +282,7 @@ def test_manage_py_cancel_force_stops_running_tasks_and_cancels_queued_ones_as_u
     out = StringIO()
     call_command("cancel", "--force", queued, running, stdout=out)
     assert out.getvalue() == f"{queued} cancelled (it will not run)\n{running} running: stopped by force\n"
-    assert broker.cancel_marks("web", [running, queued]) == [CancelMark.FORCED, CancelMark.NONE]
+    assert broker.control.cancel_marks("web", [running, queued]) == [CancelMark.FORCED, CancelMark.NONE]
 
 
 def test_the_api_force_field_forces_the_cancel_of_a_running_task(staff, broker, echo_type):
@@ -296,7 +296,7 @@ def test_the_api_force_field_forces_the_cancel_of_a_running_task(staff, broker, 
     assert staff.post(cancel_url(by_form), {"force": "true"}).json()["forced"] is True
     curl_body = '{"force": true}'  # what `curl -d` sends, as a form
     assert staff.post(cancel_url(by_curl), curl_body, "application/x-www-form-urlencoded").json()["forced"] is True
-    marks = broker.cancel_marks("web", [plain, forced, by_form, by_curl])
+    marks = broker.control.cancel_marks("web", [plain, forced, by_form, by_curl])
     assert marks == [CancelMark.REQUESTED, CancelMark.FORCED, CancelMark.FORCED, CancelMark.FORCED]
 
 
@@ -305,7 +305,7 @@ def test_the_api_refuses_a_bad_cancel_body_and_cancels_nothing(staff, broker, ec
     task_id = producer.enqueue("web.echo")[0].id
     response = staff.post(cancel_url(task_id), body, content_type="application/json")
     assert response.status_code == 400 and response.json()["error"]
-    assert broker.get_result(task_id)["status"] == "READY"
+    assert broker.records.get_result(task_id)["status"] == "READY"
 
 
 def test_the_task_page_offers_a_forced_stop_while_the_task_runs(staff, broker, echo_type):
@@ -315,16 +315,20 @@ def test_the_task_page_offers_a_forced_stop_while_the_task_runs(staff, broker, e
     assert 'id="task-cancel-force"' in staff.get(f"/tasks/{running}/").content.decode()
     page = staff.post(f"/tasks/{running}/cancel/", {"force": "1"}, follow=True).content.decode()
     assert "it is being stopped by force" in page
-    assert broker.cancel_marks("web", [running]) == [CancelMark.FORCED]
+    assert broker.control.cancel_marks("web", [running]) == [CancelMark.FORCED]
 
 
 def test_a_requeue_from_the_dead_letters_forgets_the_cancel_requests_of_the_earlier_run(staff, broker, echo_type):
-    from tasks_app.protocol.dead_letters import list_dead_tasks, requeue
+    from tasks_app.protocol.broker import get_broker
     from tests.test_dead_letter_views import make_dead
 
     task = make_dead(broker)  # as if its last run had been cancelled with force (and timed out)
     for key in (broker.keys.cancel_requests("web"), broker.keys.cancel_forced("web")):
         broker.client.zadd(key, {task.id: 1})
-    assert broker.cancel_marks("web", [task.id]) == [CancelMark.FORCED]
-    assert [dead.task.id for dead in requeue("web", list_dead_tasks("web"), broker).moved if dead.task] == [task.id]
-    assert broker.cancel_marks("web", [task.id]) == [CancelMark.NONE]
+    assert broker.control.cancel_marks("web", [task.id]) == [CancelMark.FORCED]
+    assert [
+        dead.task.id
+        for dead in broker.inspect.requeue_dead_tasks("web", get_broker().inspect.list_dead_tasks("web")).moved
+        if dead.task
+    ] == [task.id]
+    assert broker.control.cancel_marks("web", [task.id]) == [CancelMark.NONE]

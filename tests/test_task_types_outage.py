@@ -68,14 +68,14 @@ def test_a_type_created_after_the_last_read_waits_while_the_database_is_away(bro
     failed_reads = break_the_database(monkeypatch)
     assert executor.execute(claimed_one(broker, "t1", "x.new")) is False
     assert failed_reads, "the rows were asked for before calling the type unknown"
-    assert broker.list_dead("q") == [], "a type the database could not be asked about is not unknown"
-    assert delayed_ids(broker) == ["t1"] and broker.held_by("q", CONSUMER) == []
+    assert broker.inspect.list_dead("q") == [], "a type the database could not be asked about is not unknown"
+    assert delayed_ids(broker) == ["t1"] and broker.queue.held_by("q", CONSUMER) == []
 
 
 def test_claims_during_an_outage_do_not_each_ask_the_database(broker, executor, reads):
     for number in range(20):  # twenty claims in a row, each its own batch
         assert executor.execute(claimed_one(broker, f"t{number}", "x.add")) is False
-    assert len(delayed_ids(broker)) == 20 and broker.list_dead("q") == []
+    assert len(delayed_ids(broker)) == 20 and broker.inspect.list_dead("q") == []
     assert len(reads) == 1, "a failed read is not repeated for every claim that follows within a second"
 
 
@@ -84,7 +84,7 @@ def test_the_database_back_lets_the_next_claim_read_the_rows(broker, executor, r
     monkeypatch.undo()
     executor.task_types.refresh()  # the housekeeping refresh, a few seconds on
     executor.execute(claimed_one(broker, "t2", "x.add"))
-    assert broker.get_result("t2")["status"] == "SUCCESSFUL"
+    assert broker.records.get_result("t2")["status"] == "SUCCESSFUL"
 
 
 def test_a_consumer_that_never_read_its_task_types_claims_nothing_until_it_can(broker, monkeypatch, caplog):
@@ -101,11 +101,11 @@ def test_a_consumer_that_never_read_its_task_types_claims_nothing_until_it_can(b
         assert len(reads) == 1 and broker.client.llen(broker.keys.pending("q")) == 1
         assert "cannot read the task types, claiming nothing until then" in caplog.text
         assert sample("taskqueue_consumer_task_types_age_seconds") == math.inf  # what the alert watches
-        assert broker.held_by("q", "me") == [] and delayed_ids(broker) == []
+        assert broker.queue.held_by("q", "me") == [] and delayed_ids(broker) == []
         monkeypatch.undo()
         consumer.task_types.refresh()  # the housekeeping refresh, a few seconds on
         claimer.run_once()
-        assert [decode_task(raw).id for raw in broker.held_by("q", "me")] == ["t1"]
+        assert [decode_task(raw).id for raw in broker.queue.held_by("q", "me")] == ["t1"]
         assert sample("taskqueue_consumer_task_types_age_seconds") < 5
     finally:
         consumer.give_up.set()

@@ -17,7 +17,7 @@ from tasks_app.admin import TaskTypeForm
 from tasks_app.collectors import QueueCollector
 from tasks_app.protocol.codec import decode_task
 from tasks_app.protocol.keys import MISSING_KEY_TOKEN, limit_key_token
-from tasks_app.protocol.slots import SlotSet, Waiter
+from tasks_app.protocol.limits import SlotSet, Waiter
 from tasks_app.web.api_auth import issue_token
 from tests.support.scrape import Scrape
 from tests.test_admin import form_data
@@ -45,71 +45,73 @@ def test_key_tokens_keep_short_names_and_hash_the_rest():
 
 # --- slot scripts ----------------------------------------------------------------------------
 def test_slots_cap_holders_and_free_ones_go_to_the_oldest_waiter(broker):
-    assert broker.acquire_slot(SLOTS, "h1", waiter(1), LEASE_MS, IDLE_MS) == (True, [])
-    assert broker.acquire_slot(SLOTS, "h2", waiter(2), LEASE_MS, IDLE_MS) == (True, [])
-    assert broker.acquire_slot(SLOTS, "h3", waiter(3), LEASE_MS, IDLE_MS) == (False, [])
-    assert broker.wait_for_slot(SLOTS, waiter(4), 200, IDLE_MS, LEASE_MS) == []
-    assert broker.wait_for_slot(SLOTS, waiter(3), 100, IDLE_MS, LEASE_MS) == []  # enqueued earlier: first in line
-    assert broker.wait_for_slot(SLOTS, waiter(4), 50, IDLE_MS, LEASE_MS) == []  # waiting already: keeps its place
+    assert broker.limits.acquire_slot(SLOTS, "h1", waiter(1), LEASE_MS, IDLE_MS) == (True, [])
+    assert broker.limits.acquire_slot(SLOTS, "h2", waiter(2), LEASE_MS, IDLE_MS) == (True, [])
+    assert broker.limits.acquire_slot(SLOTS, "h3", waiter(3), LEASE_MS, IDLE_MS) == (False, [])
+    assert broker.limits.wait_for_slot(SLOTS, waiter(4), 200, IDLE_MS, LEASE_MS) == []
+    # enqueued earlier: first in line
+    assert broker.limits.wait_for_slot(SLOTS, waiter(3), 100, IDLE_MS, LEASE_MS) == []
+    # waiting already: keeps its place
+    assert broker.limits.wait_for_slot(SLOTS, waiter(4), 50, IDLE_MS, LEASE_MS) == []
 
-    assert broker.release_slot(SLOTS, "h1", IDLE_MS, LEASE_MS) == [waiter(3)]  # one waiter per freed slot
+    assert broker.limits.release_slot(SLOTS, "h1", IDLE_MS, LEASE_MS) == [waiter(3)]  # one waiter per freed slot
     # The freed slot is kept for the woken task: a newcomer cannot take it, the woken task can.
-    assert broker.acquire_slot(SLOTS, "h5", waiter(5), LEASE_MS, IDLE_MS) == (False, [])
-    assert broker.acquire_slot(SLOTS, "h3", waiter(3), LEASE_MS, IDLE_MS) == (True, [])
-    assert broker.release_slot(SLOTS, "h2", IDLE_MS, LEASE_MS) == [waiter(4)]
-    assert broker.slots_in_use(SLOTS) == 2
+    assert broker.limits.acquire_slot(SLOTS, "h5", waiter(5), LEASE_MS, IDLE_MS) == (False, [])
+    assert broker.limits.acquire_slot(SLOTS, "h3", waiter(3), LEASE_MS, IDLE_MS) == (True, [])
+    assert broker.limits.release_slot(SLOTS, "h2", IDLE_MS, LEASE_MS) == [waiter(4)]
+    assert broker.limits.slots_in_use(SLOTS) == 2
     assert 0 < broker.client.pttl(broker.keys.running(SLOTS.task_type)) <= IDLE_MS  # idle keys expire
 
 
 def test_a_holder_that_stops_renewing_lapses_and_a_renewed_one_does_not(broker):
-    broker.acquire_slot(SLOTS, "dead", waiter(1), 300, IDLE_MS)
-    broker.acquire_slot(SLOTS, "live", waiter(2), 300, IDLE_MS)
-    broker.wait_for_slot(SLOTS, waiter(3), 1, IDLE_MS, 300)
+    broker.limits.acquire_slot(SLOTS, "dead", waiter(1), 300, IDLE_MS)
+    broker.limits.acquire_slot(SLOTS, "live", waiter(2), 300, IDLE_MS)
+    broker.limits.wait_for_slot(SLOTS, waiter(3), 1, IDLE_MS, 300)
     for _ in range(3):
         time.sleep(0.15)
-        assert broker.renew_slots({(SLOTS.task_type, None): ["live"]}, 300, IDLE_MS) == 1
+        assert broker.limits.renew_slots({(SLOTS.task_type, None): ["live"]}, 300, IDLE_MS) == 1
     # The dead holder's slot went to the waiter as soon as a script saw it lapsed.
-    assert broker.wait_for_slot(SLOTS, waiter(4), 2, IDLE_MS, 300) == [waiter(3)]
-    assert broker.renew_slots({(SLOTS.task_type, None): ["dead"]}, 300, IDLE_MS) == 0  # never brought back
+    assert broker.limits.wait_for_slot(SLOTS, waiter(4), 2, IDLE_MS, 300) == [waiter(3)]
+    assert broker.limits.renew_slots({(SLOTS.task_type, None): ["dead"]}, 300, IDLE_MS) == 0  # never brought back
 
 
 def test_key_values_have_slot_sets_of_their_own(broker):
     for tenant in ("a", "b"):
         slots = SlotSet("cap.type", tenant, 1)
-        assert broker.acquire_slot(slots, f"{tenant}1", waiter(1), LEASE_MS, IDLE_MS)[0]
-        assert not broker.acquire_slot(slots, f"{tenant}2", waiter(2), LEASE_MS, IDLE_MS)[0]
+        assert broker.limits.acquire_slot(slots, f"{tenant}1", waiter(1), LEASE_MS, IDLE_MS)[0]
+        assert not broker.limits.acquire_slot(slots, f"{tenant}2", waiter(2), LEASE_MS, IDLE_MS)[0]
     assert broker.keys.running("cap.type", "a") == f"{broker.keys.prefix}:running:{{cap.type|a}}"
 
 
 def test_slot_scripts_refuse_a_key_of_the_wrong_type_before_writing(broker):
     broker.client.set(broker.keys.running_waiting(SLOTS.task_type), "not a hash")
     with pytest.raises(Exception, match="WRONGTYPE"):
-        broker.acquire_slot(SLOTS, "h1", waiter(1), LEASE_MS, IDLE_MS)
-    assert broker.slots_in_use(SLOTS) == 0
+        broker.limits.acquire_slot(SLOTS, "h1", waiter(1), LEASE_MS, IDLE_MS)
+    assert broker.limits.slots_in_use(SLOTS) == 0
 
 
 def test_waking_moves_a_waiting_task_from_delayed_to_pending(broker):
     task = producer.enqueue("demo.echo", delay_s=600)[0]
     raw = broker.client.zrange(broker.keys.delayed("default"), 0, 0)[0]
     woken = Waiter("default", raw)
-    assert broker.wake(woken)
-    assert broker.queue_stats("default").delayed == 0
+    assert broker.limits.wake(woken)
+    assert broker.inspect.queue_stats("default").delayed == 0
     assert decode_task(broker.client.lrange(broker.keys.pending("default"), 0, -1)[-1]).id == task.id
-    assert not broker.wake(woken)  # no longer delayed: nothing to do
+    assert not broker.limits.wake(woken)  # no longer delayed: nothing to do
 
 
 # --- pausing ---------------------------------------------------------------------------------
 def test_a_paused_queue_claims_nothing_and_accepts_enqueues(broker):
-    broker.heartbeat(["default"], "c1", 60_000, {})
-    assert broker.pause("default", by="ops")
-    assert not broker.pause("default")
+    broker.leases.heartbeat(["default"], "c1", 60_000, {})
+    assert broker.control.pause("default", by="ops")
+    assert not broker.control.pause("default")
     producer.enqueue("demo.echo", count=2)
-    assert broker.claim_with_suspect("default", "c1", 10).paused
-    stats = broker.queue_stats("default")
+    assert broker.queue.claim_with_suspect("default", "c1", 10).paused
+    stats = broker.inspect.queue_stats("default")
     assert (stats.paused, stats.pending, stats.as_dict()["paused"]) == (True, 2, True)
-    assert broker.pause_states(["default", "other"])["default"]["by"] == "ops"
-    assert broker.resume("default") and not broker.resume("default")
-    assert len(broker.claim("default", "c1", 10)) == 2
+    assert broker.control.pause_states(["default", "other"])["default"]["by"] == "ops"
+    assert broker.control.resume("default") and not broker.control.resume("default")
+    assert len(broker.queue.claim("default", "c1", 10)) == 2
 
 
 def _pause_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -122,13 +124,13 @@ def test_queue_command_pauses_and_resumes(broker, caplog):
     call_command("queue", "pause", "default", stdout=out)
     call_command("queue", "pause", "default", stdout=out)
     assert _pause_warnings(caplog) == ["queue default paused by manage.py queue"]  # a change only
-    assert broker.is_paused("default")
+    assert broker.control.is_paused("default")
     call_command("queuestats", stdout=out)
     call_command("queue", "resume", "default", stdout=out)
     lines = out.getvalue().splitlines()
     assert lines[:2] == ["queue default paused", "queue default was already paused"]
     assert lines[3].split()[-1] == "paused" and lines[-1] == "queue default resumed"
-    assert not broker.is_paused("default")
+    assert not broker.control.is_paused("default")
     call_command("queue", "pause", "default", "--by", "night shift", stdout=out)
     assert _pause_warnings(caplog)[1:] == [
         "queue default resumed by manage.py queue",
@@ -139,7 +141,7 @@ def test_queue_command_pauses_and_resumes(broker, caplog):
 
 
 def test_collector_exports_whether_each_queue_is_paused(broker):
-    broker.pause("held")
+    broker.control.pause("held")
     producer.enqueue("demo.echo")
     registry = CollectorRegistry()
     registry.register(QueueCollector(lambda: broker))
@@ -167,7 +169,7 @@ def test_api_pauses_and_resumes_with_the_permission_only(client, broker, operato
     assert client.post("/api/queues/bad%20name/pause/", **auth).status_code == 400
     plain = get_user_model().objects.create_user("plain", password=None, is_staff=True)
     refused = client.post("/api/queues/default/pause/", HTTP_AUTHORIZATION=f"Bearer {issue_token(plain, 'x')[1]}")
-    assert refused.status_code == 403 and not broker.is_paused("default")
+    assert refused.status_code == 403 and not broker.control.is_paused("default")
 
 
 def test_dashboard_shows_paused_queues_and_pauses_with_a_button(staff, broker, caplog):
@@ -176,11 +178,11 @@ def test_dashboard_shows_paused_queues_and_pauses_with_a_button(staff, broker, c
     page = staff.get("/tasks/dashboard/").content.decode()
     assert 'value="pause"' in page and "Running" in page
     assert staff.post("/tasks/dashboard/default/pause/", {"action": "pause"}).status_code == 302
-    assert broker.pause_states(["default"])["default"]["by"] == "boss"
+    assert broker.control.pause_states(["default"])["default"]["by"] == "boss"
     page = staff.get("/tasks/dashboard/").content.decode()
     assert "Paused" in page and 'value="resume"' in page
     staff.post("/tasks/dashboard/default/pause/", {"action": "resume"})
-    assert not broker.is_paused("default")
+    assert not broker.control.is_paused("default")
     assert _pause_warnings(caplog) == ["queue default paused by boss", "queue default resumed by boss"]
 
 
@@ -189,7 +191,7 @@ def test_dashboard_pause_needs_the_permission_and_a_post(client, broker):
     client.force_login(user)
     assert client.post("/tasks/dashboard/default/pause/", {"action": "pause"}).status_code == 403
     assert client.get("/tasks/dashboard/default/pause/").status_code == 405
-    assert not broker.is_paused("default")
+    assert not broker.control.is_paused("default")
 
 
 # --- the admin form --------------------------------------------------------------------------

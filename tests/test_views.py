@@ -15,8 +15,7 @@ from django.utils import timezone
 
 from tasks_app import producer
 from tasks_app.models import ApiToken, TaskType
-from tasks_app.protocol.replies import ResultUpdate
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord, ResultUpdate
 from tasks_app.web.api_auth import hash_token
 from tests.support.enqueued import enqueued_keys
 
@@ -118,7 +117,7 @@ def test_the_form_takes_what_the_payload_limit_takes_not_djangos_upload_limit(st
     accepted = post_enqueue(staff, url_encoded=True, args='["' + "é" * 15_000 + '"]')  # 30,000 bytes, 90,000 sent
     assert accepted.status_code == 302, errors_shown(accepted)
     task_id = accepted["Location"].rstrip("/").rsplit("/", 1)[-1]
-    assert ResultRecord.from_fields(broker.get_result(task_id)).args == ["é" * 15_000]
+    assert ResultRecord.from_fields(broker.records.get_result(task_id)).args == ["é" * 15_000]
 
     over = post_enqueue(staff, url_encoded=True, args='["' + "x" * 50_000 + '"]')
     assert over.status_code == 200
@@ -126,7 +125,7 @@ def test_the_form_takes_what_the_payload_limit_takes_not_djangos_upload_limit(st
     far_over = post_enqueue(staff, url_encoded=True, args='["' + "x" * 400_000 + '"]')
     assert far_over.status_code == 413
     assert "up to 40000 bytes of JSON (TASKS_MAX_PAYLOAD_BYTES)" in far_over.content.decode()
-    assert broker.queue_stats("web").pending == 1
+    assert broker.inspect.queue_stats("web").pending == 1
 
 
 def test_a_multipart_form_over_djangos_upload_limit_is_a_form_error(staff, broker, echo_type, settings):
@@ -150,7 +149,7 @@ def test_valid_form_enqueues_and_redirects_to_the_task_page(staff, broker, echo_
     assert response.status_code == 302, errors_shown(response)
     task_id = response["Location"].rstrip("/").rsplit("/", 1)[-1]
     assert response["Location"] == reverse("tasks_app:task", args=[task_id])
-    record = ResultRecord.from_fields(broker.get_result(task_id))
+    record = ResultRecord.from_fields(broker.records.get_result(task_id))
     assert (record.type, record.queue, record.priority, record.args, record.kwargs, record.status) == (
         "web.echo",
         "other",
@@ -159,7 +158,7 @@ def test_valid_form_enqueues_and_redirects_to_the_task_page(staff, broker, echo_
         {"k": True},
         "READY",
     )
-    assert broker.queue_stats("other").pending == 1
+    assert broker.inspect.queue_stats("other").pending == 1
 
 
 def test_the_same_unique_key_twice_gives_the_first_task_and_enqueues_nothing_more(staff, broker, echo_type):
@@ -168,14 +167,14 @@ def test_the_same_unique_key_twice_gives_the_first_task_and_enqueues_nothing_mor
     again = post_enqueue(staff, args="[2]", unique_key="order-7")
     other = post_enqueue(staff, args="[2]", unique_key="order-8")
     assert first["Location"] == again["Location"] != other["Location"]
-    assert broker.queue_stats("web").pending == 2
+    assert broker.inspect.queue_stats("web").pending == 2
     page = staff.get(again["Location"]).content.decode()
     assert "was enqueued already, within its unique window: nothing added" in page
 
 
 def test_a_delay_puts_the_task_in_delayed(staff, broker, echo_type):
     post_enqueue(staff, delay="30")
-    stats = broker.queue_stats("web")
+    stats = broker.inspect.queue_stats("web")
     assert (stats.pending, stats.delayed) == (0, 1)
 
 
@@ -202,7 +201,7 @@ def test_unfinished_task_page_refreshes_itself_and_escapes_arguments(staff, brok
 
 def test_finished_task_page_shows_the_return_value_and_stops_refreshing(staff, broker, echo_type):
     [task] = producer.enqueue("web.echo", [1])
-    broker.record_result(
+    broker.records.record_result(
         ResultUpdate(
             task.id,
             {
@@ -221,7 +220,7 @@ def test_finished_task_page_shows_the_return_value_and_stops_refreshing(staff, b
 
 def test_failed_task_page_shows_the_error_and_traceback(staff, broker, echo_type):
     [task] = producer.enqueue("web.echo")
-    broker.record_result(
+    broker.records.record_result(
         ResultUpdate(
             task.id,
             {"status": "FAILED", "attempts": "3", "dead_reason": "gave up"},
@@ -241,9 +240,9 @@ def test_failed_task_page_shows_the_error_and_traceback(staff, broker, echo_type
 def test_dashboard_shows_counts_consumers_and_throughput(staff, broker, echo_type):
     tasks = producer.enqueue("web.echo", count=3)
     producer.enqueue("web.echo", delay_s=60)
-    broker.heartbeat(["web"], "c-1", 2000, {"host": "box-1", "pid": 42, "lease_ms": 2000, "concurrency": 4})
-    claimed = broker.claim("web", "c-1", 2)
-    assert broker.ack("web", "c-1", claimed[:1]) == [True]
+    broker.leases.heartbeat(["web"], "c-1", 2000, {"host": "box-1", "pid": 42, "lease_ms": 2000, "concurrency": 4})
+    claimed = broker.queue.claim("web", "c-1", 2)
+    assert broker.queue.ack("web", "c-1", claimed[:1]) == [True]
     html = staff.get(DASHBOARD_URL).content.decode()
     row = re.search(r'<tr class="queue-row" data-queue="web">(.*?)</tr>', html, re.S).group(1)
     numbers = [int(n) for n in re.findall(r"<td>(?:<a [^>]*>)?(\d+)", row)]

@@ -33,10 +33,11 @@ from tasks_app import metrics
 from tasks_app.consumer.loops import REFUSED_AFTER, GaveUp, until_done
 from tasks_app.logging import held_lines
 from tasks_app.problem_log import ProblemLog
-from tasks_app.protocol import results
+from tasks_app.protocol import records
 from tasks_app.protocol.broker import Broker
-from tasks_app.protocol.jsontext import is_utf8_encodable
-from tasks_app.protocol.replies import AckReport, ResultUpdate, UniqueRelease
+from tasks_app.protocol.codec import is_utf8_encodable
+from tasks_app.protocol.queue import AckReport, UniqueRelease
+from tasks_app.protocol.records import ResultUpdate
 
 logger = logging.getLogger(__name__)
 
@@ -302,11 +303,11 @@ class AckBatcher:
         """Write one result held by nothing, retried through outages; the error it was refused with, or None."""
         try:
             refused = until_done(
-                lambda: self.broker.ack_many_reporting([replace(update, held_by=None)], {}).refused,
+                lambda: self.broker.queue.ack_many_reporting([replace(update, held_by=None)], {}).refused,
                 what="record_result",
                 give_up=self.give_up,
                 refused_after=REFUSED_AFTER,
-                redis_answers=self.broker.answers,
+                redis_answers=self.broker.inspect.answers,
             )
         except GaveUp:
             return None  # stopping: nothing more can be written
@@ -344,10 +345,14 @@ class AckBatcher:
         def send() -> AckReport:
             nonlocal sends
             sends += 1
-            return self.broker.ack_many_reporting(merged, raws, releases=releases)
+            return self.broker.queue.ack_many_reporting(merged, raws, releases=releases)
 
         flags, refused, unreplicated, written = until_done(
-            send, what="ack", give_up=self.give_up, refused_after=REFUSED_AFTER, redis_answers=self.broker.answers
+            send,
+            what="ack",
+            give_up=self.give_up,
+            refused_after=REFUSED_AFTER,
+            redis_answers=self.broker.inspect.answers,
         )
         if unreplicated:  # acked anyway: a lagging replica must not hold acks back
             metrics.RESULT_REPLICATION_TIMEOUTS.inc(unreplicated)
@@ -419,13 +424,13 @@ def storable(update: ResultUpdate) -> bool:
 
 def unstored_result(update: ResultUpdate, problem: str) -> ResultUpdate:
     """What to record instead of an outcome that could not be written: the task FAILED, and why."""
-    reason = results.clean_text(f"the result of this run could not be stored: {problem}", MAX_REASON_BYTES)
-    fields = {"status": results.FAILED, "dead_reason": reason}
+    reason = records.clean_text(f"the result of this run could not be stored: {problem}", MAX_REASON_BYTES)
+    fields = {"status": records.FAILED, "dead_reason": reason}
     if "finished_at_ms" in update.fields:
         fields["finished_at_ms"] = update.fields["finished_at_ms"]
-    error = results.error_record("tasks_app.ResultNotStored", reason)
+    error = records.error_record("tasks_app.ResultNotStored", reason)
     return ResultUpdate(
-        results.clean_text(update.task_id, MAX_REASON_BYTES),
+        records.clean_text(update.task_id, MAX_REASON_BYTES),
         fields,
         update.ttl_s,
         append_error=error,

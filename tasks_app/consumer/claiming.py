@@ -43,11 +43,12 @@ from redis.exceptions import RedisError
 from tasks_app import metrics
 from tasks_app.consumer.loops import until_done
 from tasks_app.consumer.membership import LeaseClock
-from tasks_app.protocol import results
+from tasks_app.protocol import records
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, UndecodableTask, decode_task
 from tasks_app.protocol.keys import WAKE_TOKEN
-from tasks_app.protocol.replies import Claim, ResultUpdate
+from tasks_app.protocol.queue import Claim
+from tasks_app.protocol.records import ResultUpdate
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +91,7 @@ def with_receipts(broker: Broker, claimed: Sequence[Claimed], result_ttl_s: int)
     tasks = [_decoded(item.raw) for item in claimed]
     claims = [(task.id, item.fence) for item, task in zip(claimed, tasks, strict=True) if task is not None]
     try:
-        replies = iter(broker.claim_receipts(claims, result_ttl_s) if claims else ())
+        replies = iter(broker.queue.claim_receipts(claims, result_ttl_s) if claims else ())
     except RedisError as exc:
         logger.warning(
             "could not write the claim receipts of %d task(s) (%s); they start unreceipted", len(claims), exc
@@ -120,7 +121,7 @@ def withdrawals(claimed: Sequence[Claimed], result_ttl_s: int) -> list[ResultUpd
 
 def withdrawal(claimed: Claimed, task: Task, ttl_s: int) -> ResultUpdate | None:
     """The write that withdraws the receipt of one claimed task (`task`, decoded) going back unstarted; None if none."""
-    return results.receipt_withdrawn(task, claimed.fence, ttl_s) if claimed.receipt is not None else None
+    return records.receipt_withdrawn(task, claimed.fence, ttl_s) if claimed.receipt is not None else None
 
 
 def _receipt(reply: int) -> int | None:
@@ -334,7 +335,7 @@ class PauseWatch:
         if seen is not None and now - seen[1] < self.max_age_s:
             return seen[0]
         try:
-            paused = self.broker.is_paused(queue)
+            paused = self.broker.control.is_paused(queue)
         except RedisError:
             paused = seen[0] if seen is not None else False
         self._seen[queue] = (paused, now)
@@ -352,7 +353,7 @@ class PauseWatch:
         """Put a claimed task back at the head of pending, unstarted, its receipt withdrawn."""
         withdrawn = withdrawals([claimed], self.result_ttl_s)
         until_done(
-            lambda: self.broker.return_unstarted(claimed.queue, claimed.consumer_id, [claimed.raw], withdrawn),
+            lambda: self.broker.queue.return_unstarted(claimed.queue, claimed.consumer_id, [claimed.raw], withdrawn),
             what="return_unstarted",
             give_up=self.give_up,
         )
@@ -444,7 +445,7 @@ class ClaimerLoop:
         may_take_suspect = self.held.take_suspect_turn()
         outcome: Claim | None = None
         try:
-            outcome = self.broker.claim_with_suspect(
+            outcome = self.broker.queue.claim_with_suspect(
                 self.queue, consumer_id, self._room_taken, drop_wake=self._drop_wake, allow_suspect=may_take_suspect
             )
             self._drop_wake = False
@@ -489,7 +490,7 @@ class ClaimerLoop:
         # Suspects waiting for this consumer's one suspect turn are claimed soon after it
         # frees; new pending tasks still wake the blocking claim at once.
         block_s = min(self.block_s, SUSPECT_RECHECK_S) if suspects_waiting else self.block_s
-        raw, fence = self.broker.claim_blocking(self.queue, consumer_id, block_s)
+        raw, fence = self.broker.queue.claim_blocking(self.queue, consumer_id, block_s)
         self._drop_wake = raw == WAKE_TOKEN
         if raw is None or raw == WAKE_TOKEN:
             return 0.0
@@ -498,7 +499,7 @@ class ClaimerLoop:
         else:
             # Other queues' claims took the room while this one waited: the task never started
             # here, so it waits first in its queue for this consumer's next claim or another's.
-            self.broker.return_unstarted(self.queue, consumer_id, [raw])
+            self.broker.queue.return_unstarted(self.queue, consumer_id, [raw])
         return 0.0
 
     def _dispatch(self, claimed: list[Claimed]) -> None:
@@ -516,11 +517,11 @@ class ClaimerLoop:
         """
         consumer_id = self.consumer_id()
         held = self.held.raws(self.queue, consumer_id)
-        listed = self.broker.held_by(self.queue, consumer_id)
+        listed = self.broker.queue.held_by(self.queue, consumer_id)
         strays = list((Counter(raw for raw in listed if raw != WAKE_TOKEN) - held).elements())
         self._drop_wake = self._drop_wake or WAKE_TOKEN in listed
         if strays:
-            returned = self.broker.return_unstarted(self.queue, consumer_id, strays)
+            returned = self.broker.queue.return_unstarted(self.queue, consumer_id, strays)
             logger.warning(
                 "returned %d claimed task(s) whose claim reply was lost to the head of %s", returned, self.queue
             )

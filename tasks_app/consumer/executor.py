@@ -56,12 +56,11 @@ from tasks_app.consumer.time_limits import (
 from tasks_app.context import RunControl, TaskContext, running
 from tasks_app.django_tasks import runner
 from tasks_app.exceptions import ResultNotJson, ResultTooLarge
-from tasks_app.protocol import results
+from tasks_app.protocol import records
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Arguments, Task, UndecodableTask, decode_payload, decode_task
 from tasks_app.protocol.keys import delayed_member
-from tasks_app.protocol.replies import ResultUpdate
-from tasks_app.protocol.timestamps import now_ms
+from tasks_app.protocol.records import ResultUpdate, now_ms
 from tasks_app.registry import Handler, Registry
 from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
 
@@ -186,7 +185,7 @@ class Executor:
         if task.queue != claimed.queue:  # an envelope's empty or other queue: where it was claimed wins
             task.queue = claimed.queue
         config, problem = self._resolve(task, claimed.claimed_at_s)
-        if claimed.receipt == results.START_REFUSED:  # cancelled before its claim: dropped, whatever its type
+        if claimed.receipt == records.START_REFUSED:  # cancelled before its claim: dropped, whatever its type
             return settler.drop_cancelled(claimed, task, config, on_settled)
         if problem == SETTINGS_UNKNOWN:
             # Its row may set limits, a timeout or another handler: running it with defaults would
@@ -224,7 +223,7 @@ class Executor:
     def _note_disabled(self, claimed: Claimed, task: Task) -> None:
         """Note a task just deferred for its disabled type, to be woken when the type is enabled."""
         try:
-            self.broker.note_disabled(claimed.queue, task.type, task.priority, claimed.raw, DISABLED_NOTE_TTL_MS)
+            self.broker.limits.note_disabled(claimed.queue, task.type, task.priority, claimed.raw, DISABLED_NOTE_TTL_MS)
         except RedisError as exc:  # it comes back at its recheck instead
             logger.debug("could not note a task of disabled type %s for its wake-up: %s", task.type, exc)
 
@@ -284,7 +283,7 @@ class Executor:
         # refresh after its settings were read) may have scanned the delayed set before this landed.
         try:
             due_us, now_us = self.settler.redis(
-                lambda: self.broker.rate_deferred(task.type, key_token, task.id, claimed.queue), "defer"
+                lambda: self.broker.limits.rate_deferred(task.type, key_token, task.id, claimed.queue), "defer"
             )
         except ResponseError as exc:  # a misconfigured limiter key: the task keeps the turn it was given
             logger.warning("could not check the rate limit turn of deferred task %s: %s", task.id, exc)
@@ -293,7 +292,7 @@ class Executor:
         gone = current is None or not current.rate_limit or due_us <= now_us
         due_ms = now_us // 1000 if gone else math.ceil(due_us / 1000)
         member = delayed_member(task.priority, claimed.raw)
-        self.settler.redis(lambda: self.broker.bring_forward(claimed.queue, {member: due_ms}), "defer")
+        self.settler.redis(lambda: self.broker.limits.bring_forward(claimed.queue, {member: due_ms}), "defer")
 
     # --- the start -------------------------------------------------------------------------
     def _record_start(
@@ -301,12 +300,12 @@ class Executor:
     ) -> int | NotStarted:
         """Count the attempt and record its start (RUNNING record, metrics: a rate admission's once its handler
         begins); return the task's attempt limit, or why it must not start."""
-        if claimed.receipt == results.SUPERSEDED:
+        if claimed.receipt == records.SUPERSEDED:
             return NotStarted.SUPERSEDED
         task.attempt = count_run(task.attempt)
         max_attempts = task.max_attempts or config.max_attempts
         started_ms = now_ms()
-        started_update = results.started(
+        started_update = records.started(
             task,
             arguments,
             self.worker_id,
@@ -314,12 +313,12 @@ class Executor:
             max_attempts,
             self.result_ttl_s,
             claimed.fence,
-            record_exists=claimed.receipt == results.RECEIPT_OF_RECORD,
+            record_exists=claimed.receipt == records.RECEIPT_OF_RECORD,
         )
         reply = self._write_start(claimed, handler, started_update)
-        if reply == results.START_REFUSED:
+        if reply == records.START_REFUSED:
             return NotStarted.CANCELLED
-        if reply == results.SUPERSEDED:
+        if reply == records.SUPERSEDED:
             return NotStarted.SUPERSEDED
         # The write may have waited for Redis (or this process been stopped meanwhile): a lease
         # lost since is the reaper's to hand on, and this run's record is fenced off by then.
@@ -339,13 +338,13 @@ class Executor:
         if self.acks is not None and handler.django_task is None:
             return self.acks.record_start(started_update)  # shares a flush with other workers' writes
         # A @task function reads its own record when it starts.
-        return self.settler.redis(lambda: self.broker.record_result(started_update), "record_result")
+        return self.settler.redis(lambda: self.broker.records.record_result(started_update), "record_result")
 
     def _mark_suspect_started(self, claimed: Claimed) -> bool:
         """Make a suspect's start durable before its handler runs (a death from now on is the task's
         fault); False if the lease lapsed first: the run must not start, and the task is not blamed."""
         return self.settler.redis(
-            lambda: self.broker.mark_started(claimed.queue, claimed.consumer_id, claimed.raw), "mark_started"
+            lambda: self.broker.queue.mark_started(claimed.queue, claimed.consumer_id, claimed.raw), "mark_started"
         )
 
     def _not_started(
@@ -446,7 +445,7 @@ class Executor:
         """
         with running(context):
             if handler.django_task is not None:
-                return runner.run(handler.django_task, context, arguments, self.broker, timed_out, begin)
+                return runner.run(handler.django_task, context, arguments, self.broker.records, timed_out, begin)
             if handler.is_async:  # without an asyncio lane, on this thread
                 return asyncio.run(self.invoke_async(handler, context, arguments, None, begin))
             begin()
@@ -559,7 +558,7 @@ class Executor:
         if self.acks is None:
             return None
         try:
-            return_json = results.result_json(value, self.settler.max_result_bytes)
+            return_json = records.result_json(value, self.settler.max_result_bytes)
         except (ResultNotJson, ResultTooLarge):
             return None  # a failure: settled on a settling thread
         self.time_limits.end(control)  # the batcher only queues its progress write, before the ack
@@ -602,7 +601,9 @@ class Executor:
             return as_current(context, partial(_handler_run, handler, context, arguments, timeout_s, begin))
         try:
             with running(context):  # task_started, sent now, sees the run as current
-                start = runner.start_async(handler.django_task, context, arguments, self.broker, timeout_s, begin)
+                start = runner.start_async(
+                    handler.django_task, context, arguments, self.broker.records, timeout_s, begin
+                )
         except BaseException as exc:  # as call_with_clock catches a sync handler's
             start = partial(_raising, exc)
         return as_current(context, start)

@@ -37,9 +37,7 @@ from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Arguments, Task
 from tasks_app.protocol.keys import limit_key_token
-from tasks_app.protocol.rate_deferrals import follow_up
-from tasks_app.protocol.rates import RateDecision
-from tasks_app.protocol.slots import SlotSet, Waiter
+from tasks_app.protocol.limits import RateDecision, SlotSet, Waiter
 from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
 
 logger = logging.getLogger(__name__)
@@ -168,7 +166,7 @@ class RateLimiter:
     def follow(self, config: TaskTypeConfig) -> None:
         """Bring a type's limiters (unkeyed, and each value noted of a keyed limit) to its changed settings now."""
         try:
-            values = self.broker.rate_keyed_values(config.name)
+            values = self.broker.limits.rate_keyed_values(config.name)
         except Exception as exc:  # those values follow at their next decisions (removed: run at their turns)
             logger.warning("could not read the rate-limited values of %s: %s", config.name, exc)
             values = []
@@ -184,7 +182,7 @@ class RateLimiter:
                 self._decide(config, "", "", key_token)  # only brings the hash to the new spacing: no decision
                 return True
             # Removed, or no longer the type's kind of limiter (keyed or not): what waits for its turns is due now.
-            return self.broker.rate_removed(config.name, key_token, config.queue) > 0
+            return self.broker.limits.rate_removed(config.name, key_token, config.queue) > 0
         except Exception as exc:  # its next decision does it (a removed one's tasks run at their turns)
             logger.warning("could not bring a rate limiter of %s to its new settings: %s", config.name, exc)
             return False
@@ -199,7 +197,9 @@ class RateLimiter:
         # One period of headroom: a note covers the denials of half a period (the other half is the
         # margin by which this clock may run ahead of the server's).
         try:
-            if self.broker.rate_keyed(config.name, key_token, lives_us + policy.period_us, MAX_FOLLOWED_KEY_VALUES):
+            if self.broker.limits.rate_keyed(
+                config.name, key_token, lives_us + policy.period_us, MAX_FOLLOWED_KEY_VALUES
+            ):
                 self._remember_note(noted, now_s + (lives_us + policy.period_us // 2) / 1e6)
         except Exception as exc:  # after a change, that value's tasks then wait out their turns
             message = "could not note the rate-limited value %s of %s: %s"
@@ -219,7 +219,7 @@ class RateLimiter:
     ) -> RateDecision:
         policy = policy or RatePolicy.for_config(config)
         args = (policy.algorithm, task_id, policy.limit, policy.period_us, policy.emission_us, policy.tolerance_us)
-        return self.broker.rate_limit(config.name, *args, key_token, queue=queue, type_queue=config.queue)
+        return self.broker.limits.rate_limit(config.name, *args, key_token, queue=queue, type_queue=config.queue)
 
     def _start_following(self, task_type: str, key_tokens: list[str | None]) -> None:
         threading.Thread(
@@ -231,7 +231,7 @@ class RateLimiter:
         moved = 0
         try:
             for key_token in key_tokens:
-                moved += follow_up(self.broker, task_type, key_token, self.give_up)
+                moved += self.broker.limits.follow_up(task_type, key_token, self.give_up)
         except Exception as exc:  # they still wake at their old turns, where they take their new ones
             logger.warning("could not move the waiting tasks of %s to its new rate limit: %s", task_type, exc)
             return
@@ -276,7 +276,7 @@ class ConcurrencyGate:
         holder = uuid.uuid4().hex
         waiter = Waiter.of(claimed.queue, task.priority, claimed.raw)
         taken, woken = until_done(
-            lambda: self.broker.acquire_slot(permits, holder, waiter, self.lease_ms, self.idle_ms),
+            lambda: self.broker.limits.acquire_slot(permits, holder, waiter, self.lease_ms, self.idle_ms),
             what="acquire_slot",
             give_up=self.give_up,
         )
@@ -295,7 +295,7 @@ class ConcurrencyGate:
         waiter = Waiter.of(claimed.queue, task.priority, claimed.raw)
         order_ms = task.enqueued_at_ms or 0
         woken = until_done(
-            lambda: self.broker.wait_for_slot(permits, waiter, order_ms, self.idle_ms, self.lease_ms),
+            lambda: self.broker.limits.wait_for_slot(permits, waiter, order_ms, self.idle_ms, self.lease_ms),
             what="wait_for_slot",
             give_up=self.give_up,
         )
@@ -308,7 +308,7 @@ class ConcurrencyGate:
             return
         try:
             woken = until_done(
-                lambda: self.broker.release_slot(permits, holder, self.idle_ms, self.lease_ms),
+                lambda: self.broker.limits.release_slot(permits, holder, self.idle_ms, self.lease_ms),
                 what="release_slot",
                 give_up=self.give_up,
             )
@@ -326,7 +326,7 @@ class ConcurrencyGate:
             for holder, permits in self._held.items():
                 held[(permits.task_type, permits.key_token)].append(holder)
         try:
-            self.renew_broker.renew_slots(held, self.lease_ms, self.idle_ms)
+            self.renew_broker.limits.renew_slots(held, self.lease_ms, self.idle_ms)
         except RedisError as exc:  # the next heartbeat tries again, well within the lease
             metrics.REDIS_ERRORS.labels("renew_slots").inc()
             message = "could not renew %d concurrency permit(s): %s"
@@ -345,6 +345,6 @@ class ConcurrencyGate:
     def _wake(self, woken: Sequence[Waiter]) -> None:
         for waiter in woken:
             try:
-                self.broker.wake(waiter)
+                self.broker.limits.wake(waiter)
             except RedisError as exc:  # the waiter's fallback due time brings it back anyway
                 logger.warning("could not wake a task waiting for a permit on queue %s: %s", waiter.queue, exc)

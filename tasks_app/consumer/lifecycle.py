@@ -73,7 +73,7 @@ def _own_broker(broker: Broker | None) -> Broker:
     """
     if broker is None:
         return Broker.from_settings(resend=False)  # a lost claim reply is ours to reconcile
-    return copy.copy(broker) if broker.instance else broker
+    return copy.copy(broker) if broker.queue.instance else broker
 
 
 class Consumer:
@@ -169,7 +169,7 @@ class Consumer:
         self.work: queue_module.SimpleQueue[Claimed] = queue_module.SimpleQueue()
         self._generation = 0  # of the ids taken after a lost lease
         # Sent with the lease, each renewal and each settle: another process registering this id refuses ours.
-        self.instance = self.broker.instance = uuid.uuid4().hex
+        self.instance = self.broker.queue.instance = uuid.uuid4().hex
         self.stop_requested, self.claiming_stopped = threading.Event(), threading.Event()
         self.loops_stopped, self.workers_stop, self.give_up = threading.Event(), threading.Event(), threading.Event()
         self._threads: list[threading.Thread] = []
@@ -288,7 +288,7 @@ class Consumer:
             raws, withdrawn = [item.raw for item in items], withdrawals(items, settings.TASKS_RESULT_TTL)
             try:
                 until_done(
-                    partial(self.broker.return_unstarted, queue, consumer_id, raws, withdrawn),
+                    partial(self.broker.queue.return_unstarted, queue, consumer_id, raws, withdrawn),
                     what="return_unstarted",
                     give_up=give_up or self.give_up,
                 )

@@ -38,9 +38,10 @@ from tasks_app import metrics
 from tasks_app.collectors import QueueCollector
 from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import Broker
-from tasks_app.protocol.jsontext import finite
+from tasks_app.protocol.codec import finite
+from tasks_app.protocol.inspection import QueueStats
 from tasks_app.protocol.keys import UNDECODABLE_TYPE
-from tasks_app.protocol.replies import Promotion, QueueStats
+from tasks_app.protocol.queue import Promotion
 from tasks_app.protocol.scripts import is_transient
 
 logger = logging.getLogger(__name__)
@@ -170,13 +171,13 @@ class SchedulerLoop:
         if time.monotonic() - self._trimmed_at >= self.TRIM_EVERY_S:
             self.trim_dead_letters()
             for queue in self.queues:
-                self.broker.sample_backlog(queue)  # the backlog chart's samples
-                self.broker.refresh_history_ttl(queue, ttl_s=self.result_ttl_s)
-                self.broker.wake_enabled(queue, disabled=self.disabled)
+                self.broker.inspect.sample_backlog(queue)  # the backlog chart's samples
+                self.broker.records.refresh_history_ttl(queue, ttl_s=self.result_ttl_s)
+                self.broker.limits.wake_enabled(queue, disabled=self.disabled)
         return sleep_s
 
     def _promote(self, queue: str) -> Promotion:
-        promotion = self.broker.promote_due(queue, self.BATCH)
+        promotion = self.broker.queue.promote_due(queue, self.BATCH)
         if promotion.malformed:
             metrics.TASKS_DEAD_LETTERED.labels(UNDECODABLE_TYPE, queue).inc(promotion.malformed)
             logger.warning("%d malformed delayed member(s) of queue %s dead-lettered", promotion.malformed, queue)
@@ -185,7 +186,9 @@ class SchedulerLoop:
     def trim_dead_letters(self) -> int:
         """Apply the dead-letter caps (count and age) to every queue; return how many were dropped."""
         self._trimmed_at = time.monotonic()
-        trim = partial(self.broker.trim_dead, max_count=self.dead_letter_max, max_age_s=self.dead_letter_max_age_s)
+        trim = partial(
+            self.broker.inspect.trim_dead, max_count=self.dead_letter_max, max_age_s=self.dead_letter_max_age_s
+        )
         return sum(map(trim, self.queues))
 
 
@@ -366,7 +369,7 @@ class HealthLoop:
         self.interval_s = interval_s
 
     def run_once(self) -> float:
-        self.broker.ping()
+        self.broker.inspect.ping()
         self.liveness.beat()
         return self.interval_s
 
@@ -378,7 +381,7 @@ def nothing_to_claim(broker: Broker, queues: Sequence[str], registered: Collecti
     `registered`: the queues the consumer may claim from (None: all of them).
     """
     claimable = [queue for queue in queues if registered is None or queue in registered]
-    stats = [broker.queue_stats(queue) for queue in queues]
+    stats = [broker.inspect.queue_stats(queue) for queue in queues]
     if any(s.processing or (s.queue in claimable and not s.paused and (s.pending or s.delayed)) for s in stats):
         return False
     for queue in stats:

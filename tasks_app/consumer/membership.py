@@ -41,7 +41,7 @@ from tasks_app.consumer.loops import GaveUp, misconfiguration, redis_away, until
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import Broker
-from tasks_app.protocol.replies import LeaseHolder
+from tasks_app.protocol.leases import LeaseHolder
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ class HeartbeatLoop:
         consumer_id, queues = self.registered()
         sent_at = time.monotonic()
         try:
-            lost = self.broker.renew_leases(queues, consumer_id, self.lease_ms, instance=self.instance)
+            lost = self.broker.leases.renew_leases(queues, consumer_id, self.lease_ms, instance=self.instance)
         except RedisError as exc:
             if misconfiguration(exc):
                 raise
@@ -152,7 +152,7 @@ class ReaperLoop:
 
     def _reap_queue(self, queue: str) -> None:
         """Reap the dead consumers of `queue` on this page."""
-        expired, tombstones, self._tombstone_offsets[queue] = self.broker.reap_candidate_page(
+        expired, tombstones, self._tombstone_offsets[queue] = self.broker.leases.reap_candidate_page(
             queue, self._tombstone_offsets[queue]
         )
         for consumer_id in [*expired, *tombstones]:
@@ -165,7 +165,9 @@ class ReaperLoop:
         """
         moved = 0
         while True:
-            outcome = self.broker.reap(queue, consumer_id, int(self.lease_s * 1000), own_earlier_run=own_earlier_run)
+            outcome = self.broker.leases.reap(
+                queue, consumer_id, int(self.lease_s * 1000), own_earlier_run=own_earlier_run
+            )
             if outcome.status != 1:
                 return moved
             moved += outcome.requeued + len(outcome.dead_lettered)
@@ -230,7 +232,7 @@ def deregister_everywhere(broker: Broker, queues: Sequence[str], consumer_id: st
     """Leave every queue cleanly, where this run (`instance`) still holds `consumer_id`; elsewhere the lease expires."""
     for queue in queues:
         try:
-            if broker.deregister(queue, consumer_id, instance) < 0:
+            if broker.leases.deregister(queue, consumer_id, instance) < 0:
                 logger.warning("consumer id %s on %s is another process's now: left to it", consumer_id, queue)
         except Exception as exc:
             logger.error("could not deregister from %s (the lease will expire): %s", queue, exc)
@@ -263,7 +265,7 @@ def _is_zombie(pid: int) -> bool:
 
 def live_holders(broker: Broker, queues: Sequence[str], consumer_id: str) -> list[LeaseHolder]:
     """The lease entries of `consumer_id` that another process may still hold: fresh, and not known dead."""
-    holders = broker.lease_holders(queues, consumer_id)
+    holders = broker.leases.lease_holders(queues, consumer_id)
     return [holder for holder in holders if holder.ms_left > 0 and not holder_is_gone(holder.info)]
 
 
@@ -334,7 +336,7 @@ class Registration:
                 recover_earlier_run(self.reaper, queue, consumer_id)
             sent_at = time.monotonic()
             lease_ms = int(self.lease.lease_s * 1000)
-            self.broker.register_leases(self.queues, consumer_id, lease_ms, self.info())
+            self.broker.leases.register_leases(self.queues, consumer_id, lease_ms, self.info())
             self._current = (consumer_id, tuple(self.queues))
             self.lease.renewed(consumer_id, sent_at)
             self._listed_at = time.monotonic()
@@ -344,13 +346,13 @@ class Registration:
         """List the registered queues in the queue set again, once a lease."""
         registered = self._current[1]
         if registered and time.monotonic() - self._listed_at >= self.lease.lease_s:
-            self.broker.list_queues(registered)
+            self.broker.leases.list_queues(registered)
             self._listed_at = time.monotonic()
         return self.lease.lease_s / 3
 
     def abandon(self, consumer_id: str, queues: Sequence[str]) -> None:
         """Tombstone a lost id on `queues`, so reapers sweep what it held."""
-        self.broker.abandon(queues, consumer_id)
+        self.broker.leases.abandon(queues, consumer_id)
 
 
 # --- retiring ids ----------------------------------------------------------------------------------
@@ -392,9 +394,9 @@ class RetiringIds:
             held = [queue for queue in queues if not leaving and len(self.held(queue, consumer_id))]
             left = [queue for queue in queues if queue not in held]
             for queue in left:
-                self.broker.deregister(queue, consumer_id, self.instance)
+                self.broker.leases.deregister(queue, consumer_id, self.instance)
             lease_ms = int(self.lease_s * 1000)
-            lost = self.broker.renew_leases(held, consumer_id, lease_ms, self.instance) if held else []
+            lost = self.broker.leases.renew_leases(held, consumer_id, lease_ms, self.instance) if held else []
             if lost:
                 logger.error("retiring id %s lost its lease on %s too: its runs there may run again", consumer_id, lost)
             with self._lock:

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from tasks_app.protocol.names import validate_name
+from tasks_app.protocol.keys import validate_name
 
 # Longest lease or grace period (s): beyond it a thread's join or wait overflows the platform's time_t.
 MAX_DURATION_S = 7 * 86400

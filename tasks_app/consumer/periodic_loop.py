@@ -62,7 +62,7 @@ class PeriodicLoop:
         self._load = load or functools.partial(load_configs, problems=self._problems)
         # Slots are computed on the Redis server's clock (the one the fire script decides on), so a
         # consumer whose own clock is off neither fires early nor finds every slot late.
-        self._clock_ms = clock_ms or broker.server_time_ms
+        self._clock_ms = clock_ms or broker.inspect.server_time_ms
         self._registry = registry
         self._configs: Sequence[PeriodicConfig] = ()
         self._next_load = float("-inf")
@@ -181,7 +181,7 @@ class PeriodicLoop:
                 exc,
                 level=logging.INFO,
             )
-            return self.broker.skip_periodic(config.target_queue or exc.queue, config.name, firing.slot_ms)
+            return self.broker.periodic.skip_periodic(config.target_queue or exc.queue, config.name, firing.slot_ms)
         self._problems.resolved(config.name, "firing")
         return reply
 

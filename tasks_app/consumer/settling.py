@@ -28,14 +28,13 @@ from tasks_app.consumer.gates import StartMissed
 from tasks_app.consumer.loops import REFUSED_AFTER, GaveUp, WriteRefused, until_done
 from tasks_app.exceptions import PermanentError, ResultNotJson, ResultTooLarge, Retry, TaskCancelled
 from tasks_app.models import TaskType
-from tasks_app.protocol import results
+from tasks_app.protocol import records
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, UndecodableTask, decode_task, encode_task
 from tasks_app.protocol.control import CancelMark
 from tasks_app.protocol.keys import UNDECODABLE_TYPE
-from tasks_app.protocol.replies import ResultUpdate, UniqueRelease
-from tasks_app.protocol.results import clean_text
-from tasks_app.protocol.timestamps import now_ms
+from tasks_app.protocol.queue import UniqueRelease
+from tasks_app.protocol.records import ResultUpdate, clean_text, now_ms
 from tasks_app.registry import Registry
 from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
 
@@ -142,7 +141,7 @@ class Settler:
         if self.acks is not None:
             self.acks.record(update)
         else:
-            self.broker.record_result(update)
+            self.broker.records.record_result(update)
 
     # --- a run's outcome -------------------------------------------------------------------
     def settle_outcome(
@@ -162,7 +161,7 @@ class Settler:
         metrics.of_run(task.type, task.queue).duration.observe(duration)
         if error is None:
             try:
-                return_json = results.result_json(value, self.max_result_bytes)
+                return_json = records.result_json(value, self.max_result_bytes)
             except (ResultNotJson, ResultTooLarge) as exc:
                 error = exc
             else:
@@ -193,7 +192,7 @@ class Settler:
         release: UniqueRelease | None = None,
     ) -> bool:
         """Record a success and ack the task; True if the ack batcher does it (and then calls `on_settled`)."""
-        update = results.succeeded(task, return_json, now_ms(), self.result_ttl_s, claimed.fence, run_s=duration_s)
+        update = records.succeeded(task, return_json, now_ms(), self.result_ttl_s, claimed.fence, run_s=duration_s)
         metrics.of_run(task.type, task.queue).succeeded.inc()
         return self.ack_settled(claimed, task, update, "succeeded", duration_s, on_settled, release)
 
@@ -224,7 +223,7 @@ class Settler:
             return True
         held = self._settle(
             "ack",
-            lambda result: self.broker.ack(
+            lambda result: self.broker.queue.ack(
                 claimed.queue, claimed.consumer_id, [claimed.raw], [result] if result else [], [release]
             )[0],
             update,
@@ -249,9 +248,9 @@ class Settler:
         max_attempts = task.max_attempts or config.max_attempts
         error_path = clean_text(f"{type(error).__module__}.{type(error).__qualname__}", MAX_ERROR_MESSAGE_BYTES)
         metrics.TASKS_FAILED.labels(task.type, task.queue).inc()
-        task.last_error = clean_text(f"{error_path}: {results.describe_error(error)}", MAX_ERROR_MESSAGE_BYTES)
+        task.last_error = clean_text(f"{error_path}: {records.describe_error(error)}", MAX_ERROR_MESSAGE_BYTES)
         task.last_traceback = clean_text(traceback_text, self.max_result_bytes)
-        error_entry = results.error_record(error_path, task.last_traceback)
+        error_entry = records.error_record(error_path, task.last_traceback)
         failed_at_ms = now_ms()
         if retries_left(error, task.attempt, max_attempts):
             delay_s = retry_delay_s(error, task.attempt, config.retry_backoff_s)
@@ -275,7 +274,7 @@ class Settler:
         duration_s: float | None,
     ) -> bool:
         """Dead-letter a task whose run failed for the last time (its `dead_reason` set); False if it was lost."""
-        update = results.attempt_failed(
+        update = records.attempt_failed(
             task,
             error_entry,
             failed_at_ms,
@@ -301,7 +300,7 @@ class Settler:
     ) -> bool:
         """Put a failed task back in the delayed set, due in `delay_s`; False if it was lost."""
         delay_ms = int(max(delay_s, self.retry_floor_s) * 1000)
-        update = results.attempt_failed(
+        update = records.attempt_failed(
             task,
             error_entry,
             failed_at_ms,
@@ -314,7 +313,7 @@ class Settler:
         new_raw = encode_task(task)
         held = self._settle(
             "retry",
-            lambda result: self.broker.retry_later(
+            lambda result: self.broker.queue.retry_later(
                 claimed.queue, claimed.consumer_id, claimed.raw, new_raw, task.priority, delay_ms, result
             ),
             update,
@@ -331,9 +330,9 @@ class Settler:
         reason = clean_text(reason, MAX_ERROR_MESSAGE_BYTES)
         task.last_error = f"{error_name}: {reason}"
         task.dead_reason = reason
-        update = results.attempt_failed(
+        update = records.attempt_failed(
             task,
-            results.error_record(error_name, reason),
+            records.error_record(error_name, reason),
             now_ms(),
             self.result_ttl_s,
             final=True,
@@ -366,7 +365,7 @@ class Settler:
     def dead_letter_after_error(self, claimed: Claimed, error: BaseException) -> None:
         """The last resort: dead-letter a task whose settling failed, with the error as its reason."""
         reason = clean_text(
-            f"settling the task failed: {type(error).__name__}: {results.describe_error(error)}",
+            f"settling the task failed: {type(error).__name__}: {records.describe_error(error)}",
             MAX_ERROR_MESSAGE_BYTES,
         )
         new_raw, update, label, release = self._last_resort_entry(claimed, reason)
@@ -395,9 +394,9 @@ class Settler:
         try:
             task = decode_task(claimed.raw)
             task.last_error = task.dead_reason = reason
-            update = results.attempt_failed(
+            update = records.attempt_failed(
                 task,
-                results.error_record("SettleFailed", reason),
+                records.error_record("SettleFailed", reason),
                 int(time.time() * 1000),
                 self.result_ttl_s,
                 final=True,
@@ -448,7 +447,7 @@ class Settler:
         withdrawn = record or withdrawal(claimed, task, self.result_ttl_s + wait_ms // 1000 + 1)
         held = self._settle(
             "defer",
-            lambda result: self.broker.retry_later(
+            lambda result: self.broker.queue.retry_later(
                 claimed.queue, claimed.consumer_id, claimed.raw, claimed.raw, task.priority, wait_ms, result
             ),
             withdrawn,
@@ -465,7 +464,7 @@ class Settler:
         """
         if self.acks is not None:
             self.acks.barrier()  # its RUNNING record goes first
-        self.defer(claimed, task, 0, "rate_start_missed", results.start_undone(task, claimed.fence, self.result_ttl_s))
+        self.defer(claimed, task, 0, "rate_start_missed", records.start_undone(task, claimed.fence, self.result_ttl_s))
         return False
 
     # --- cancels ---------------------------------------------------------------------------
@@ -479,7 +478,7 @@ class Settler:
     ) -> bool:
         """Ack a task cancelled before it started, unrun (`update`: its record's write, if it is not CANCELLED yet)."""
         metrics.TASKS_CANCELLED.labels(self.type_label(task.type), task.queue).inc()  # its type may be gone
-        update = update or results.dropped_cancelled(task, self.result_ttl_s, claimed.fence)
+        update = update or records.dropped_cancelled(task, self.result_ttl_s, claimed.fence)
         release = self.release_of(task, config)
         return self.ack_settled(claimed, task, update, "cancelled_before_start", None, on_settled, release)
 
@@ -494,10 +493,10 @@ class Settler:
         """
         if claimed.receipt is None or time.monotonic() - claimed.claimed_at_s < CANCEL_CHECK_S:
             return None
-        [mark] = self.redis(lambda: self.broker.cancel_marks(task.queue, [task.id]), "cancel_marks")
+        [mark] = self.redis(lambda: self.broker.control.cancel_marks(task.queue, [task.id]), "cancel_marks")
         if mark == CancelMark.NONE:
             return None
-        cancelled = results.cancelled(task, int(time.time() * 1000), self.result_ttl_s, claimed.fence)
+        cancelled = records.cancelled(task, int(time.time() * 1000), self.result_ttl_s, claimed.fence)
         return self.drop_cancelled(claimed, task, config, on_settled, cancelled)
 
     def end_cancelled(
@@ -510,7 +509,7 @@ class Settler:
     ) -> bool:
         """Settle a run whose handler raised TaskCancelled: CANCELLED, not retried."""
         metrics.TASKS_CANCELLED.labels(task.type, task.queue).inc()
-        update = results.cancelled(task, int(time.time() * 1000), self.result_ttl_s, claimed.fence)
+        update = records.cancelled(task, int(time.time() * 1000), self.result_ttl_s, claimed.fence)
         release = self.release_of(task, config)
         return self.ack_settled(claimed, task, update, "cancelled", duration_s, on_settled, release)
 
@@ -532,7 +531,11 @@ class Settler:
     def redis[T](self, call: Callable[[], T], what: str) -> T:
         """Run a settling write through outages; WriteRefused once Redis keeps refusing it while answering."""
         return until_done(
-            call, what=what, give_up=self.give_up, refused_after=REFUSED_AFTER, redis_answers=self.broker.answers
+            call,
+            what=what,
+            give_up=self.give_up,
+            refused_after=REFUSED_AFTER,
+            redis_answers=self.broker.inspect.answers,
         )
 
     def _settle(self, what: str, move: Callable[[ResultUpdate | None], bool], update: ResultUpdate | None) -> bool:
@@ -559,7 +562,7 @@ class Settler:
     def _record_after(self, what: str, update: ResultUpdate) -> None:
         """Write the record of a run whose task was moved on without it; a refusal is only logged."""
         try:
-            self.redis(lambda: self.broker.record_result(update), "record_result")
+            self.redis(lambda: self.broker.records.record_result(update), "record_result")
         except (WriteRefused, ResponseError) as exc:
             logger.error("the record of task %a was not written after its %s: %s", update.task_id, what, exc)
 
@@ -568,7 +571,7 @@ class Settler:
     ) -> bool:
         return self._settle(
             "dead_letter",
-            lambda result: self.broker.dead_letter(
+            lambda result: self.broker.queue.dead_letter(
                 claimed.queue, claimed.consumer_id, claimed.raw, new_raw, result, release
             ),
             update,
@@ -627,18 +630,18 @@ def record_reaped(
             task.dead_reason,
             extra={"task_id": task.id, "type": task.type, "queue": queue, "outcome": "dead_lettered"},
         )
-        error = results.error_record("ConsumerDied", task.dead_reason)
-        update = results.attempt_failed(
+        error = records.error_record("ConsumerDied", task.dead_reason)
+        update = records.attempt_failed(
             task, error, at_ms, settings.TASKS_RESULT_TTL, final=True, dead_reason=task.dead_reason
         )
         try:
-            until_done(partial(broker.record_result, update), what="record_result", give_up=give_up)
+            until_done(partial(broker.records.record_result, update), what="record_result", give_up=give_up)
         except Exception as exc:
             reaped_logger.error("could not record dead-lettered task %s as failed: %s", task.id, exc)
         # Whether or not its record could be written: the task is dead either way.
         if holds_unique_until_finished(task, task_types.get(task.type)):
             try:
-                release = partial(broker.release_unique, queue, task.unique_digest, task.id)
+                release = partial(broker.control.release_unique, queue, task.unique_digest, task.id)
                 until_done(release, what="release_unique", give_up=give_up)
             except Exception as exc:
                 reaped_logger.error("could not free the uniqueness key of dead-lettered task %s: %s", task.id, exc)

@@ -42,10 +42,9 @@ from tasks_app.consumer.settling import CANCEL_CHECK_S, Settler, failure_traceba
 from tasks_app.context import TaskContext
 from tasks_app.exceptions import TaskCancelled, TaskInterrupted, TaskTimeout
 from tasks_app.protocol.broker import Broker
-from tasks_app.protocol.codec import Task
+from tasks_app.protocol.codec import Task, compact_json
 from tasks_app.protocol.control import CancelMark
-from tasks_app.protocol.jsontext import compact_json
-from tasks_app.protocol.replies import ResultUpdate
+from tasks_app.protocol.records import ResultUpdate
 from tasks_app.task_types import TaskTypeConfig
 
 logger = logging.getLogger("tasks_app.tasks")
@@ -261,7 +260,9 @@ class RunWatch:
 
     def _marks(self, runs: list[Running]) -> list[tuple[Running, CancelMark]]:
         """What was asked of each of these runs of one queue."""
-        return list(zip(runs, self.broker.cancel_marks(runs[0].task.queue, [run.task.id for run in runs]), strict=True))
+        return list(
+            zip(runs, self.broker.control.cancel_marks(runs[0].task.queue, [run.task.id for run in runs]), strict=True)
+        )
 
     @staticmethod
     def _tell(run: Running, mark: CancelMark) -> None:

@@ -17,11 +17,10 @@ from django.utils import timezone
 from tasks_app.django_tasks.results import find_handler, task_error, task_result_from_record
 from tasks_app.producer import EnqueueError, PreparedBatch, QueueUnavailable, TaskRequest, prepare, push as push_batch
 from tasks_app.protocol.broker import Broker, get_broker
+from tasks_app.protocol.codec import MAX_JSON_DEPTH
 from tasks_app.protocol.history import STATUSES
-from tasks_app.protocol.jsontext import MAX_JSON_DEPTH
-from tasks_app.protocol.names import NAME_PATTERN, InvalidName, validate_name
-from tasks_app.protocol.results import ResultRecord
-from tasks_app.protocol.timestamps import datetime_of_ms
+from tasks_app.protocol.keys import NAME_PATTERN, InvalidName, validate_name
+from tasks_app.protocol.records import ResultRecord, datetime_of_ms
 from tasks_app.registry import registry
 
 KNOWN_OPTIONS = {"ENQUEUE_ON_COMMIT"}
@@ -114,7 +113,7 @@ class RedisBackend(BaseTaskBackend):
 
     def get_result(self, result_id: str) -> TaskResult:
         """Read a task's result record; raise TaskResultDoesNotExist if there is none."""
-        fields = get_broker().get_result(str(result_id))
+        fields = get_broker().records.get_result(str(result_id))
         if not fields:
             raise TaskResultDoesNotExist(result_id)
         record = ResultRecord.from_fields(fields)
@@ -155,7 +154,7 @@ class RedisBackend(BaseTaskBackend):
 def _check_redis(broker: Broker, where: str) -> list[CheckMessage]:
     # A warning, not an error: consumers start before Redis and reconnect with backoff.
     try:
-        broker.ping()
+        broker.inspect.ping()
     except Exception as exc:  # any connection error means the same thing here
         return [
             Warning(

@@ -9,8 +9,8 @@ from django.tasks.base import TaskError
 from django.tasks.exceptions import InvalidTask
 
 from tasks_app.models import TaskType
-from tasks_app.protocol.names import NAME_PATTERN
-from tasks_app.protocol.results import CANCELLED, ResultRecord
+from tasks_app.protocol.keys import NAME_PATTERN
+from tasks_app.protocol.records import CANCELLED, ResultRecord
 from tasks_app.registry import Handler, Registry
 
 

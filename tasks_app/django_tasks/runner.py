@@ -23,7 +23,7 @@ from tasks_app.context import TaskContext as RunContext
 from tasks_app.django_tasks.backend import RedisBackend
 from tasks_app.django_tasks.results import task_error, task_result_from_record
 from tasks_app.protocol.codec import Arguments
-from tasks_app.protocol.results import RUNNING, ResultRecord
+from tasks_app.protocol.records import RUNNING, ResultRecord
 
 
 # Frozen as Django's own TaskContext is (its stubs leave that out).
@@ -44,7 +44,7 @@ class RunTaskContext(TaskContext):  # type: ignore[misc]
 
 
 class ResultReader(Protocol):
-    """Reads a result record's text fields (the broker)."""
+    """Reads a result record's text fields (the broker's records)."""
 
     def get_result(self, task_id: str) -> dict[str, str] | None: ...
 

@@ -7,7 +7,7 @@ from datetime import datetime
 
 from django.utils import timezone
 
-from tasks_app.protocol.timestamps import datetime_of_ms
+from tasks_app.protocol.records import datetime_of_ms
 
 logger = logging.getLogger(__name__)
 
@@ -21,7 +21,7 @@ def saved_now() -> datetime:
     from tasks_app.protocol.broker import get_broker  # the broker's settings are read at call time
 
     try:
-        moment = datetime_of_ms(get_broker().server_time_ms())
+        moment = datetime_of_ms(get_broker().inspect.server_time_ms())
     except Exception as exc:  # Redis away: the save goes on, on this host's clock
         logger.warning("periodic task saved on this host's clock, Redis did not answer: %r", exc)
         return timezone.now()

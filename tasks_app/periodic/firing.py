@@ -6,10 +6,10 @@ import uuid
 
 from tasks_app.periodic.config import PeriodicConfig
 from tasks_app.producer import EnqueuedTask, PreparedBatch, TaskRequest, enqueue_many, prepare
-from tasks_app.protocol.batch_args import Enqueueable
 from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.enqueue import Enqueueable
 from tasks_app.protocol.periodic import ELSEWHERE, FireReply, SlotFiring
-from tasks_app.protocol.results import PERIODIC_HEADER
+from tasks_app.protocol.records import PERIODIC_HEADER
 from tasks_app.registry import Registry, registry as default_registry
 
 # Headers every periodic run carries: the schedule and its slot (ms); a catch-up run (standing
@@ -56,7 +56,9 @@ def _fire_into(
         requests.append(_request(config, queue, firing.slot_ms, "catch_up", {CATCH_UP_HEADER: "1"}))
     batch = prepare(requests, registry=registry)
     runs = _in_request_order(batch)
-    return broker.fire_periodic(config.name, firing, runs[0], runs[1] if len(runs) > 1 else None, batch.result_ttl_s)
+    return broker.periodic.fire_periodic(
+        config.name, firing, runs[0], runs[1] if len(runs) > 1 else None, batch.result_ttl_s
+    )
 
 
 def run_now(

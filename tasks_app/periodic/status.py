@@ -13,8 +13,8 @@ from tasks_app.periodic.config import PeriodicConfig
 from tasks_app.periodic.schedule import InvalidSchedule
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.periodic import PeriodicState
+from tasks_app.protocol.records import datetime_of_ms
 from tasks_app.protocol.scripts import is_transient
-from tasks_app.protocol.timestamps import datetime_of_ms
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,9 @@ def schedule_statuses(broker: Broker, rows: list[PeriodicTask] | None = None) ->
     queues = [row.queue or row.task_type.queue for row in rows]
     states: list[PeriodicState | None]
     try:
-        states = list(broker.periodic_states([(queue, row.name) for queue, row in zip(queues, rows, strict=True)]))
+        states = list(
+            broker.periodic.periodic_states([(queue, row.name) for queue, row in zip(queues, rows, strict=True)])
+        )
     except RedisError as exc:
         if not is_transient(exc):
             raise

@@ -8,8 +8,7 @@ from typing import Any
 from django.conf import settings
 
 from tasks_app.periodic.schedule import InvalidSchedule, cron_error, zone
-from tasks_app.protocol.codec import encode_arguments, payload_of
-from tasks_app.protocol.jsontext import MAX_JSON_DEPTH, compact_json, depth
+from tasks_app.protocol.codec import MAX_JSON_DEPTH, compact_json, depth, encode_arguments, payload_of
 
 
 def schedule_errors(row: Any) -> dict[str, str]:

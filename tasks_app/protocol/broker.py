@@ -1,56 +1,30 @@
-"""`Broker`, the only code that talks to Redis: one method per operation, each one round trip or one script.
+"""`Broker`, the only code that talks to Redis: the protocol's roles over one client, keys and scripts.
 
-Claiming and finishing are here; producing, leases, inspection and replicated result writes are
-in the modules whose classes it inherits (producing.py, leases.py, inspection.py, replication.py).
-
-Every key of a queue carries the hash tag ``{queue}``, so each queue script touches one Redis
-Cluster slot; every key a script touches is passed to it in KEYS (the producer's scripts that
-span slots run on a single server only, see producing.py). See docs/PROTOCOL.md.
+A caller takes the role it needs: `queue` (claim, ack, retry, dead letter), `enqueuer` (push,
+unique tasks), `leases`, `records` (result records, the history index), `limits` (rate limits,
+concurrency slots, disabled types), `control` (cancel, pause), `periodic` and `inspect` (stats,
+consumers, charts, dead letters). Each operation is one round trip or one script. See
+docs/PROTOCOL.md.
 """
 
 from __future__ import annotations
 
-import hashlib
-import time
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
 from typing import Any
 
-import redis
-
-# Enqueueable: re-exported, the type callers of `Broker.enqueue` build.
-from tasks_app.protocol.announced import AnnouncedQueues
-from tasks_app.protocol.batch_args import Enqueueable as Enqueueable
-from tasks_app.protocol.direct_calls import DirectCalls
-from tasks_app.protocol.disabled import DisabledOps
-from tasks_app.protocol.history import HISTORY_MAX, HistoryOps
-from tasks_app.protocol.inspection import THROUGHPUT_BUCKET_S, InspectionOps
-from tasks_app.protocol.keys import UNDECODABLE_TYPE, WAKE_TOKEN, Keys, delayed_member
-from tasks_app.protocol.leases import LeaseOps
-from tasks_app.protocol.pausing import PauseOps
-from tasks_app.protocol.periodic import PeriodicOps
-from tasks_app.protocol.producing import ProducingOps
-from tasks_app.protocol.rates import RateOps
-from tasks_app.protocol.replication import CLUSTER_WAIT_MS, NOT_HELD, Held, Place, ReplicatedWrites
-from tasks_app.protocol.replies import AckReport, Claim, Promotion, ResultUpdate, UniqueRelease
-from tasks_app.protocol.scripts import Scripts, connect
-from tasks_app.protocol.slots import SlotOps
+from tasks_app.protocol.control import Control
+from tasks_app.protocol.enqueue import AnnouncedQueues, Enqueuer
+from tasks_app.protocol.history import CLUSTER_WAIT_MS, HISTORY_MAX, Records
+from tasks_app.protocol.inspection import Inspection
+from tasks_app.protocol.keys import Keys
+from tasks_app.protocol.leases import Leases
+from tasks_app.protocol.limits import Limits
+from tasks_app.protocol.periodic import Periodic
+from tasks_app.protocol.queue import Queue
+from tasks_app.protocol.scripts import ScriptClient, Scripts, connect
 
 
-class Broker(
-    ReplicatedWrites,
-    LeaseOps,
-    InspectionOps,
-    ProducingOps,
-    SlotOps,
-    RateOps,
-    PauseOps,
-    HistoryOps,
-    PeriodicOps,
-    DisabledOps,
-):
-    """Queue operations on Redis, each one round trip or one script."""
+class Broker:
+    """The roles of the protocol, sharing one client, its keys and the scripts."""
 
     def __init__(
         self,
@@ -62,20 +36,27 @@ class Broker(
         history_max: int = HISTORY_MAX,
     ) -> None:
         self.client = client
-        self.history_max = history_max
         self.keys = Keys(prefix)
         self.scripts = scripts or Scripts()
-        self.direct = DirectCalls.of(client)
-        self.cluster_wait_ms = cluster_wait_ms
-        # Redis Cluster: per master name, whether it had a replica and when that was read.
-        self._replica_checks: dict[str, tuple[bool, float]] = {}
-        self._masters_pool: ThreadPoolExecutor | None = None
-        self._masters_with_scripts: set[str] = set()
-        # Queues this process added to the queue set lately: one SADD per queue a minute, not per enqueue.
-        self._announced_queues = AnnouncedQueues()
-        # The token the consumer using this broker registers its ids with ("": none, unchecked): settling
-        # a task of an id another instance registered since settles nothing (see lua/include/settle.lua).
-        self.instance = ""
+        redis = ScriptClient(client, self.keys, self.scripts)
+        self.records = Records(redis, cluster_wait_ms)
+        self.queue = Queue(redis, self.records)
+        self.enqueuer = Enqueuer(redis, AnnouncedQueues(), history_max)
+        self.leases = Leases(redis)
+        self.limits = Limits(redis)
+        self.control = Control(redis)
+        self.periodic = Periodic(redis, self.enqueuer)
+        self.inspect = Inspection(redis, self.queue, self.records)
+
+    def __copy__(self) -> Broker:
+        """A broker on the same client and scripts with roles of its own (another consumer's instance token)."""
+        return Broker(
+            self.client,
+            self.keys.prefix,
+            self.scripts,
+            cluster_wait_ms=self.records.cluster_wait_ms,
+            history_max=self.enqueuer.history_max,
+        )
 
     @classmethod
     def from_settings(cls, *, prefix: str | None = None, timeout_s: float = 15.0, resend: bool = True) -> Broker:
@@ -89,291 +70,6 @@ class Broker(
             cluster_wait_ms=settings.TASKS_CLUSTER_WAIT_MS,
             history_max=settings.TASKS_HISTORY_MAX,
         )
-
-    # --- claiming --------------------------------------------------------------------------
-    def claim(self, queue: str, consumer_id: str, max_tasks: int, *, drop_wake: bool = False) -> list[bytes] | None:
-        """Move up to `max_tasks` (no suspect) into this consumer's list; None if its lease was lost."""
-        claimed = self.claim_with_suspect(queue, consumer_id, max_tasks, drop_wake=drop_wake, allow_suspect=False)
-        return None if claimed is None else claimed.tasks
-
-    # The claim methods below must not run on a client that re-sends after a lost reply (see
-    # `connect`): a claim whose outcome is unknown is reconciled by the caller against `held_by`.
-
-    def claim_with_suspect(
-        self, queue: str, consumer_id: str, max_tasks: int, *, drop_wake: bool = False, allow_suspect: bool = True
-    ) -> Claim | None:
-        """Like `claim`, first taking one suspect if allowed; None if this consumer's lease was lost.
-
-        Claims only under a live lease: one that lapsed (deadline passed, not yet reaped) claims
-        nothing and says so (`lease_expired`) until a renewal succeeds; a paused queue claims
-        nothing either (`paused`). A key of the wrong type raises MisconfiguredKey: nothing moved.
-        """
-        keys = [
-            self.keys.pending(queue),
-            self.keys.prioritized(queue),
-            self.keys.processing(queue, consumer_id),
-            self.keys.consumers(queue),
-            self.keys.suspects(queue),
-            self.keys.fence(queue),
-            self.keys.paused(queue),
-        ]
-        args = [consumer_id, max_tasks, WAKE_TOKEN, "1" if drop_wake else "0", "1" if allow_suspect else "0"]
-        claimed = self._script("claim", keys, args)
-        if claimed is None:
-            return None
-        took_suspect, suspects_waiting, first_fence, *tasks = claimed
-        if took_suspect == -1:
-            return Claim([], False, 0, lease_expired=True)
-        if took_suspect == -2:
-            return Claim([], False, 0, paused=True)
-        return Claim(tasks, bool(took_suspect), int(suspects_waiting), int(first_fence))
-
-    def mark_started(self, queue: str, consumer_id: str, raw: bytes) -> bool:
-        """Record that a suspect task starts, so a death while it runs counts against it; False (nothing
-        written) once `consumer_id`'s lease has lapsed or another instance holds the id."""
-        keys = [self.keys.consumers(queue), self.keys.consumer_info(queue), self.keys.recoveries(queue)]
-        return bool(self._script("mark_started", keys, [consumer_id, self.instance, hashlib.sha1(raw).hexdigest()]))
-
-    def claim_blocking(self, queue: str, consumer_id: str, timeout_s: float) -> tuple[bytes | None, int]:
-        """Block until a task can move from pending into this consumer's list (BLMOVE).
-
-        Returns the task and its fencing token; (WAKE_TOKEN, 0) when woken for a prioritized
-        task, (None, 0) on timeout.
-        """
-        pending, processing = self.keys.pending(queue), self.keys.processing(queue, consumer_id)
-        client: Any = self.client
-        if isinstance(self.client, redis.RedisCluster):  # its pipelines retry on their own: two calls
-            raw = client.blmove(pending, processing, timeout_s, "RIGHT", "LEFT")
-            if raw is None or raw == WAKE_TOKEN:
-                return raw, 0
-            return raw, self.issue_fence(queue)
-        # One round trip: Redis runs the fence script on this connection as soon as the move
-        # returns (a token issued after a timeout or a wake is a harmless gap in the sequence).
-        pipe = client.pipeline(transaction=False)
-        pipe.blmove(pending, processing, timeout_s, "RIGHT", "LEFT")
-        self.scripts.queue(pipe, "issue_fence", [self.keys.fence(queue)], [1])
-        moved, fence = self.scripts.execute(pipe, client)
-        if moved is None or moved == WAKE_TOKEN:
-            return moved, 0
-        return moved, int(fence)
-
-    def issue_fence(self, queue: str) -> int:
-        """Issue one fencing token of `queue`: higher than every token issued before it."""
-        return int(self._script("issue_fence", [self.keys.fence(queue)], [1]))
-
-    # --- finishing -------------------------------------------------------------------------
-    def ack(
-        self,
-        queue: str,
-        consumer_id: str,
-        raws: Sequence[bytes],
-        results: Sequence[ResultUpdate] = (),
-        releases: Sequence[UniqueRelease | None] = (),
-    ) -> list[bool]:
-        """Record results, then acknowledge tasks, in one round trip; flags say which were still held.
-
-        The results of one task's ack are its run's, held by it (see `ack_many_reporting`).
-        """
-        owner = (queue, consumer_id)
-        if len(raws) == 1:
-            results = [replace(result, held_by=result.held_by or (owner, raws[0])) for result in results]
-        return self.ack_many(results, {owner: raws}, releases={owner: releases})[owner]
-
-    def ack_many(
-        self,
-        results: Sequence[ResultUpdate],
-        raws_by_owner: Mapping[tuple[str, str], Sequence[bytes]],
-        releases: Mapping[tuple[str, str], Sequence[UniqueRelease | None]] | None = None,
-    ) -> dict[tuple[str, str], list[bool]]:
-        """Record results, then acknowledge the tasks of each (queue, consumer) list, in one round trip."""
-        report = self.ack_many_reporting(results, raws_by_owner, releases=releases)
-        if report.refused:
-            raise next(iter(report.refused.values()))
-        return report.flags
-
-    def ack_many_reporting(
-        self,
-        results: Sequence[ResultUpdate],
-        raws_by_owner: Mapping[tuple[str, str], Sequence[bytes]],
-        releases: Mapping[tuple[str, str], Sequence[UniqueRelease | None]] | None = None,
-    ) -> AckReport:
-        """Like `ack_many`, but a result write Redis refuses stops nothing: its index and error are reported.
-
-        `releases`, per owner, lists beside its tasks the uniqueness key each one's end frees (or
-        None): the ack frees it in the same script, only if that task was still held.
-
-        On one server all goes in one MULTI, results first, each one `held_by` a task written only
-        if its ack will find the task (see `_write_again_settled`). On Redis Cluster the results and
-        the acks live on different nodes, where one pipeline gives no order: the results are
-        written first (fenced only), each master that took some WAITs (on the same connection, all
-        masters at once) until a replica has them or `cluster_wait_ms` passed, then the acks.
-        """
-        cluster = isinstance(self.client, redis.RedisCluster)
-        pipe = self.client.pipeline(transaction=not cluster)
-        written: list[Any] = []
-        places: list[Place] = []
-        unreplicated = 0
-        holds = [] if cluster else self._holds(results)
-        if cluster and results and raws_by_owner:
-            written, unreplicated = self._write_results_replicated(results)
-        else:
-            places = self._queue_results(pipe, results, holds=holds)
-        calls = len(pipe)
-        for owner, raws in raws_by_owner.items():
-            self._queue_ack(pipe, owner, raws, (releases or {}).get(owner, ()))
-        sent, written = self._execute_with_results(pipe, results, places, written)
-        outcomes = sent[calls : calls + len(raws_by_owner)]
-        for outcome in outcomes:
-            if isinstance(outcome, Exception):
-                raise outcome
-        flags = {owner: [bool(flag) for flag in flags] for owner, flags in zip(raws_by_owner, outcomes, strict=True)}
-        if any(holds) and NOT_HELD in written:
-            self._write_again_settled(results, holds, written, self._acked(raws_by_owner, flags))
-        refused = {index: outcome for index, outcome in enumerate(written) if isinstance(outcome, Exception)}
-        return AckReport(flags, refused, unreplicated, tuple(written))
-
-    def _queue_ack(
-        self, pipe: Any, owner: tuple[str, str], raws: Sequence[bytes], releases: Sequence[UniqueRelease | None]
-    ) -> None:
-        """Queue the ack of one processing list's tasks, with the uniqueness keys their ends free."""
-        queue, consumer_id = owner
-        bucket = int(time.time()) // THROUGHPUT_BUCKET_S
-        keys = [
-            self.keys.processing(queue, consumer_id),
-            self.keys.recoveries(queue),
-            self.keys.completed(queue, bucket),
-            self.keys.consumer_info(queue),
-        ]
-        args: list[Any] = [len(raws), consumer_id, self.instance, *raws]
-        for position, release in enumerate(releases, start=1):
-            if release is not None:
-                keys.append(self.keys.unique(queue, release.digest))
-                args += (position, release.task_id, release.after_ms)
-        self.scripts.queue(pipe, "ack", keys, args)
-
-    def retry_later(
-        self,
-        queue: str,
-        consumer_id: str,
-        raw: bytes,
-        new_raw: bytes,
-        priority: int,
-        delay_ms: int,
-        result: ResultUpdate | None = None,
-    ) -> bool:
-        """Move a claimed task to the delayed set, due `delay_ms` from now; False if it was lost."""
-        held = self._held((queue, consumer_id), raw)
-        keys = [held.processing, self.keys.delayed(queue), self.keys.recoveries(queue), held.consumer_info]
-        args = [raw, delayed_member(priority, new_raw), max(0, int(delay_ms)), consumer_id, held.instance]
-        return self._with_result("retry_later", held, keys, args, result)
-
-    def dead_letter(
-        self,
-        queue: str,
-        consumer_id: str,
-        raw: bytes,
-        new_raw: bytes,
-        result: ResultUpdate | None = None,
-        release: UniqueRelease | None = None,
-    ) -> bool:
-        """Move a claimed task to the dead-letter set (freeing `release` with it); False if it was lost."""
-        held = self._held((queue, consumer_id), raw)
-        keys = [held.processing, self.keys.dead(queue), self.keys.recoveries(queue), held.consumer_info]
-        args: list[Any] = [raw, new_raw, consumer_id, held.instance]
-        if release is not None:
-            keys.append(self.keys.unique(queue, release.digest))
-            args += (release.task_id, release.after_ms)
-        return self._with_result("dead_letter", held, keys, args, result)
-
-    def _with_result(
-        self, script: str, held: Held, keys: list[str], args: list[Any], result: ResultUpdate | None
-    ) -> bool:
-        """Run settle script `script` (settling the task `held` names) and write its run's record.
-
-        On one server both go in one transaction, the record first, written only if the consumer
-        still holds the task: a run whose task was reaped (or whose id another instance took) leaves
-        the record to the run holding it now, also before that run's claim wrote its token there.
-        By source: a NOSCRIPT re-run would come after the settle script, which took the task out of
-        the list. On Redis Cluster the list and the record lie in different slots: the record is
-        written first, as an ack's (see `ack_many_reporting`), its fence alone keeping a later
-        run's record, and the script follows with the history move of a write the record took.
-        """
-        if result is None:
-            return bool(self._script(script, keys, args))
-        cluster = isinstance(self.client, redis.RedisCluster)
-        pipe = self.client.pipeline(transaction=not cluster)
-        written: list[Any] = []
-        places: list[Place] = []
-        if cluster:
-            written, _ = self._write_results_replicated([result])
-        else:
-            places = self._queue_results(pipe, [result], by_source=True, holds=[held])
-        settle_at = len(pipe)
-        self.scripts.queue(pipe, script, keys, args, by_source=not cluster)
-        sent, written = self._execute_with_results(pipe, [result], places, written)
-        for reply in [sent[settle_at], *written]:
-            if isinstance(reply, Exception):
-                raise reply
-        return bool(sent[settle_at])
-
-    def held_by(self, queue: str, consumer_id: str) -> list[bytes]:
-        """Return the tasks in a consumer's processing list."""
-        return list(self.client.lrange(self.keys.processing(queue, consumer_id), 0, -1))
-
-    def return_unstarted(
-        self, queue: str, consumer_id: str, raws: Sequence[bytes], withdrawn: Sequence[ResultUpdate] = ()
-    ) -> int:
-        """Put claimed, never-started tasks back first among their priority, first one first; how many were held.
-
-        `withdrawn`: the receipts of their claims to withdraw in the same round trip, so that a cancel
-        while they wait cancels them outright (each fenced by its claim's token: one that another
-        claim has taken since is left alone).
-        """
-        if not raws:
-            return 0
-        keys = [
-            self.keys.processing(queue, consumer_id),
-            self.keys.pending(queue),
-            self.keys.recoveries(queue),
-            self.keys.suspects(queue),
-            self.keys.consumer_info(queue),
-            self.keys.prioritized(queue),
-        ]
-        args = [consumer_id, self.instance, WAKE_TOKEN, *raws]
-        if not withdrawn:
-            return int(self._script("return_unstarted", keys, args))
-        pipe = self.client.pipeline(transaction=False)
-        self.scripts.queue(pipe, "return_unstarted", keys, args)
-        # A withdrawal Redis refuses (a producer's record of another type) only leaves that receipt standing.
-        sent, _ = self._execute_with_results(pipe, withdrawn, self._queue_results(pipe, withdrawn))
-        if isinstance(sent[0], Exception):
-            raise sent[0]
-        return int(sent[0])
-
-    # --- results ---------------------------------------------------------------------------
-    def record_result(self, update: ResultUpdate) -> int:
-        """Write one result update: 1 written, 0 ignored (a later run owns it), 2 refused, 4 written again."""
-        return int(self._with_results(lambda pipe: None, [update])[0])
-
-    def get_result(self, task_id: str) -> dict[str, str] | None:
-        """Return a task's result record as text fields (defaults filled in), or None if there is none."""
-        return self.get_results([task_id])[0]
-
-    # --- delayed ---------------------------------------------------------------------------
-    def promote_due(self, queue: str, limit: int = 1000) -> Promotion:
-        """Move due delayed tasks into pending, and dead-letter due members that are not tasks."""
-        keys = [
-            self.keys.delayed(queue),
-            self.keys.pending(queue),
-            self.keys.prioritized(queue),
-            self.keys.recoveries(queue),
-            self.keys.suspects(queue),
-            self.keys.dead(queue),
-        ]
-        moved, next_due_ms, now_ms, malformed = self._script(
-            "promote_due", keys, [limit, WAKE_TOKEN, queue, UNDECODABLE_TYPE]
-        )
-        return Promotion(int(moved), int(next_due_ms), int(now_ms), int(malformed))
 
 
 _brokers: dict[tuple[str, bool, str], Broker] = {}

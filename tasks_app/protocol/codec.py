@@ -1,18 +1,116 @@
-"""Encoding of the protobuf task envelope and its JSON payload; the only user of task_pb2."""
+"""Encoding of the protobuf task envelope and its JSON payload (the only user of task_pb2), and JSON text."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf.message import DecodeError
 
-from tasks_app import task_pb2
-from tasks_app.protocol.jsontext import compact_json
+from tasks_app.task_pb2 import Task as Task
 
-Task = task_pb2.Task
+# Deeper arguments are refused at enqueue; deeper values read from Redis are shown as text.
+MAX_JSON_DEPTH = 64
+
+
+# One encoder per option pair, built once: `json.dumps` with options builds one per call.
+_COMPACT_ENCODERS = {
+    (ensure_ascii, allow_nan): json.JSONEncoder(separators=(",", ":"), ensure_ascii=ensure_ascii, allow_nan=allow_nan)
+    for ensure_ascii in (False, True)
+    for allow_nan in (False, True)
+}
+
+
+def compact_json(value: Any, *, ensure_ascii: bool = False, allow_nan: bool = True) -> str:
+    """Return `value` as JSON text without spaces, as payloads and result records store it."""
+    return _COMPACT_ENCODERS[ensure_ascii, allow_nan].encode(value)
+
+
+class JsonTooDeep(ValueError):
+    """JSON text nested deeper than allowed."""
+
+
+def _containers(value: Any, kinds: tuple[type, ...]) -> Iterator[tuple[Any, int]]:
+    """Yield `value` and each container of `kinds` in it with its nesting level (`value`: 1), without recursion."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        yield item, level
+        children = item.values() if isinstance(item, dict) else item
+        stack += [(child, level + 1) for child in children if isinstance(child, kinds)]
+
+
+def depth(value: Any) -> int:
+    """Return how deeply parsed JSON `value` nests lists and dicts (a scalar is 0)."""
+    if not isinstance(value, (list, dict)):
+        return 0
+    return max(level for _, level in _containers(value, (list, dict)))
+
+
+def argument_problem(value: list[Any] | dict[str, Any], text: str = "", max_depth: int = MAX_JSON_DEPTH) -> str | None:
+    """Say why JSON-encodable `value` would not reach a handler as given (too deep, a key not a string), or None.
+
+    Given `text`, its JSON, the walk is skipped when the text rules both out: it holds no object
+    but `value` itself, and fewer brackets than the depth allowed.
+    """
+    if not value:
+        return None
+    if text and text.count("{") <= isinstance(value, dict) and text.count("[") + text.count("{") <= max_depth:
+        return None
+    # JSON writes the keys 1 and True as "1" and "true": the handler would get other keys, or lose a value.
+    for item, level in _containers(value, (list, tuple, dict)):
+        if level > max_depth:
+            return f"arguments may nest at most {max_depth} levels"
+        for key in item if isinstance(item, dict) else ():
+            if not isinstance(key, str):
+                return f"object keys must be strings, got {key!r}"
+    return None
+
+
+def loads_bounded(text: str | bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Parse JSON text; raise ValueError if it is invalid, JsonTooDeep if it nests over `max_depth`."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise JsonTooDeep(f"JSON is nested too deeply (at most {max_depth} levels)") from None
+    if depth(value) > max_depth:
+        raise JsonTooDeep(f"JSON is nested too deeply (at most {max_depth} levels)")
+    return value
+
+
+def is_utf8_encodable(text: str) -> bool:
+    """True unless `text` holds a lone surrogate (what "surrogateescape" decoding leaves)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def scrub_text(value: Any) -> Any:
+    """Return a parsed JSON value whose strings carry no lone surrogate (written as escapes instead)."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, list):
+        return [scrub_text(item) for item in value]
+    if isinstance(value, dict):
+        return {scrub_text(key): scrub_text(item) for key, item in value.items()}
+    return value
+
+
+def finite(value: Any) -> Any:
+    """Return a parsed JSON value with NaN and infinities as None: strict JSON has neither (JSON.stringify's way)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, list):
+        return [finite(item) for item in value]
+    if isinstance(value, dict):
+        return {key: finite(item) for key, item in value.items()}
+    return value
+
 
 PRIORITY_MIN = -100
 PRIORITY_MAX = 100

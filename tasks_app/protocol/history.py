@@ -1,38 +1,87 @@
-"""The history index of each queue: recent task ids by enqueue time, per status, and by id for prefix search.
+"""Result records in Redis: `Records` writes them, files each task in its queue's history index and
+counts it in the minute's chart counters, and reads them back.
 
-Per queue, all in its hash tag: ``history`` (id -> enqueue time in server ms, µs in the
+The history index of each queue: ``history`` (id -> enqueue time in server ms, µs in the
 fraction), ``history:ids`` (the same ids scored 0: a lexical range finds an id prefix) and one
-``history:<STATUS>`` per status of STATUSES. The enqueue scripts add a task, `record_result`
-moves it between the status indexes as its record's status changes (on Redis Cluster, where the
-record lies in another slot, `history_move` does in the same round trip). Each call of an
-enqueue script trims the queue's history to `history_max` tasks and to the result time to live.
+``history:<STATUS>`` per status of STATUSES, all in the queue's hash tag. The enqueue scripts add
+a task, `record_result` moves it between the status indexes as its record's status changes (on
+Redis Cluster, where the record lies in another slot, `history_move` does in the same round trip).
+Each call of an enqueue script trims the queue's history to `history_max` tasks and to the result
+time to live.
+
+The minute counters: one hash per queue and minute (``minute:<epoch s // 60>``) with fields
+``ok``, ``failed`` and ``retried`` (all types), the same with ``|<type>`` (type names cannot hold
+``|``), ``d|<type>|<bucket>`` (runs whose duration fell in DURATION_BUCKETS_MS[bucket]) and
+``backlog`` (tasks waiting, sampled by the consumers' schedulers). Written with the result writes:
+on one server by record_result itself, for the writes the records take; on Redis Cluster in the
+round trip of the writes, aggregated per flush, and taken back for those the records did not take.
+Each hash expires after KEEP_MINUTES.
+
+On Redis Cluster each master that took a flush's results WAITs for a replica before the acks.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
+import json
+import time
+from collections import Counter
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait as wait_for
 from typing import Any, NamedTuple
 
 import redis
 from django.tasks import TaskResultStatus
+from redis.exceptions import (
+    AskError,
+    BusyLoadingError,
+    ClusterDownError,
+    ClusterError,
+    ConnectionError as RedisConnectionError,
+    NoScriptError,
+    ReadOnlyError,
+    TimeoutError as RedisTimeoutError,
+    TryAgainError,
+)
 
-from tasks_app.protocol.jsontext import is_utf8_encodable
+from tasks_app.protocol.codec import is_utf8_encodable
 from tasks_app.protocol.keys import Keys
-from tasks_app.protocol.replies import ResultUpdate, record_text_fields
+from tasks_app.protocol.records import CANCELLED, FAILED, READY, SUCCESSFUL, ResultUpdate, record_text_fields
 from tasks_app.protocol.scripts import ScriptClient
 
-# Every status a record can have (as results.py names them; not imported from there, which would
-# make an import cycle through tasks_app.exceptions), each with an index of its own.
-CANCELLED = "CANCELLED"
+# Every status a record can have, each with an index of its own.
 STATUSES: tuple[str, ...] = (*(status.value for status in TaskResultStatus), CANCELLED)
-
 HISTORY_MAX = 100_000
 # Time to live given to index keys where the result TTL is not at hand (a cancel); the consumers'
 # schedulers set the result TTL again every few seconds.
 INDEX_TTL_S = 7 * 24 * 3600
 # What delete_finished answers per task: no record, deleted, kept (see lua/delete_finished.lua).
 GONE, DELETED, KEPT = 0, 1, 2
+
+KEEP_MINUTES = 120
+# Upper bounds of the duration buckets (ms); the last bucket holds everything slower.
+DURATION_BUCKETS_MS: tuple[float, ...] = (
+    1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000, 300000,
+)  # fmt: skip
+OUTCOMES = ("ok", "failed", "retried")
+
+# Redis Cluster: how long a master's WAIT for one replica to have a flush's results may take
+# (TASKS_CLUSTER_WAIT_MS), and how often each master's replica count is read again.
+CLUSTER_WAIT_MS = 100
+
+REPLICA_CHECK_S = 10.0
+
+# At most how many records one record_result call writes (on one server): a call holds Redis
+# for its whole length.
+RECORDS_PER_CALL = 128
+# What record_result answers for a held write whose task the consumer no longer holds (not written).
+NOT_HELD = 3
+# What record_result answers for a write the record already holds (sent again after a lost reply).
+WRITTEN_AGAIN = 4
+
+# Replies of a master that is failing over, moved a slot or was demoted: write the results again.
+_NODE_STATE_REPLIES = (AskError, ClusterDownError, TryAgainError, ReadOnlyError, BusyLoadingError)
 
 
 class Entry(NamedTuple):
@@ -41,6 +90,29 @@ class Entry(NamedTuple):
     queue: str
     task_id: str
     score_ms: float
+
+
+class Held(NamedTuple):
+    """The condition of a run's record write (one server only): the settling consumer still holds its task."""
+
+    processing: str  # its processing list
+    consumer_info: str  # its queue's consumer info hash, where no other instance may have registered it
+    raw: bytes
+    consumer_id: str
+    instance: str
+    consumers: str = ""  # its queue's consumers zset: while the id is there, it was not reaped
+
+    @property
+    def settler(self) -> tuple[str, str, str, str, str]:
+        """What the check reads besides the task: its three keys (list, consumer info, consumers), id and instance."""
+        return self.processing, self.consumer_info, self.consumers, self.consumer_id, self.instance
+
+
+class Place(NamedTuple):
+    """Where a result write's reply is: the position of its call in a pipeline, its index in that call's reply."""
+
+    position: int
+    offset: int
 
 
 @functools.lru_cache(maxsize=4096)  # built for every result write: once per queue instead
@@ -71,8 +143,136 @@ def status_move_args(task_id: str, status: str, enqueued_ms: str, ttl_s: int) ->
     return [task_id, status, enqueued_ms, ttl_s * 1000, *STATUSES]
 
 
-class HistoryOps(ScriptClient):
-    """Reading the history index (pages, prefix search) and deleting tasks from it."""
+def outcome_of(update: ResultUpdate) -> str | None:
+    """Which counter a result write adds to: a success, a final failure, a retry; None for others."""
+    status = update.fields.get("status")
+    if not update.queue or status is None:
+        return None
+    if status == SUCCESSFUL:
+        return "ok"
+    if status == FAILED:
+        return "failed"
+    if status == READY and "run_after_ms" in update.fields and update.run_s is not None:
+        return "retried"
+    return None
+
+
+def bucket_of(duration_ms: float) -> int:
+    """The index of the duration bucket `duration_ms` falls in."""
+    return bisect.bisect_left(DURATION_BUCKETS_MS, duration_ms)
+
+
+def counter_fields(update: ResultUpdate) -> list[str]:
+    """The fields of its queue's minute hash that a result write adds 1 to, if the record takes it."""
+    outcome = outcome_of(update)
+    if outcome is None:
+        return []
+    fields = [outcome, f"{outcome}|{update.task_type}"]
+    if update.run_s is not None:
+        fields.append(f"d|{update.task_type}|{bucket_of(update.run_s * 1000)}")
+    return fields
+
+
+def count_updates(updates: Iterable[ResultUpdate], minute: int) -> dict[tuple[str, int], Counter[str]]:
+    """The increments of each (queue, minute) hash that `updates` add up to."""
+    counts: dict[tuple[str, int], Counter[str]] = {}
+    for update in updates:
+        fields = counter_fields(update)
+        if fields:
+            counts.setdefault((update.queue, minute), Counter()).update(fields)
+    return counts
+
+
+def _raising_the_first_failure(replies: list[Any]) -> list[Any]:
+    """The replies, unless one is an error: then raise it."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
+
+
+def replies_at(sent: Sequence[Any], places: Sequence[Place]) -> list[Any]:
+    """Each result write's reply: 1, 0, 2 or its error (the error of its whole call, if that failed)."""
+    return [
+        sent[place.position] if isinstance(sent[place.position], Exception) else sent[place.position][place.offset]
+        for place in places
+    ]
+
+
+class Records:
+    """Writing result records (each filed in the history and counted in the charts) and reading them back."""
+
+    def __init__(self, redis: ScriptClient, cluster_wait_ms: int = CLUSTER_WAIT_MS) -> None:
+        self.redis = redis
+        self.client, self.keys, self.scripts = redis.client, redis.keys, redis.scripts
+        self.cluster_wait_ms = cluster_wait_ms
+        # Redis Cluster: per master name, whether it had a replica and when that was read.
+        self._replica_checks: dict[str, tuple[bool, float]] = {}
+        self._masters_pool: ThreadPoolExecutor | None = None
+        self._masters_with_scripts: set[str] = set()
+
+    def record_result(self, update: ResultUpdate) -> int:
+        """Write one result update: 1 written, 0 ignored (a later run owns it), 2 refused, 4 written again."""
+        pipe = self.client.pipeline(transaction=False)
+        _, written = self.execute_with_writes(pipe, [update], self.queue_writes(pipe, [update]))
+        return int(_raising_the_first_failure(written)[0])
+
+    def record_results_replicated(self, updates: Sequence[ResultUpdate]) -> tuple[list[Any], int]:
+        """Redis Cluster: write records that a push about to follow relies on; return each write's reply
+        (its error, if Redis refused it: it stops no other) and how many masters' replica WAITs timed out.
+
+        Each master that takes some WAITs for a replica to have them, as before acks: a failover after
+        the push cannot bring back the records they replace.
+        """
+        written, unreplicated = self.write_on_masters(updates)
+        _, written = self.execute_with_writes(self.client.pipeline(transaction=False), updates, [], written)
+        return written, unreplicated
+
+    def get_result(self, task_id: str) -> dict[str, str] | None:
+        """Return a task's result record as text fields (defaults filled in), or None if there is none."""
+        return self.get_results([task_id])[0]
+
+    def get_results(self, task_ids: Iterable[str], fields: Sequence[str] | None = None) -> list[dict[str, str] | None]:
+        """The result records of several tasks in one round trip, as `get_result` returns each.
+
+        With `fields`, only those are read (a list leaves out the arguments and return value, megabytes each).
+        """
+        ids = list(task_ids)
+        # An id that is not valid Unicode (a lone surrogate) cannot be a key: it names no task.
+        storable = [task_id for task_id in ids if is_utf8_encodable(task_id)]
+        pipe = self.client.pipeline(transaction=False)
+        for task_id in storable:
+            pipe.hmget(self.keys.result(task_id), fields) if fields else pipe.hgetall(self.keys.result(task_id))
+        replies = pipe.execute(raise_on_error=False) if storable else []  # a producer's record of another type: none
+        if fields:
+            replies = [_named(fields, reply) for reply in replies]
+        found = dict(zip(storable, replies, strict=True))
+        return [record_text_fields(task_id, found[task_id]) if task_id in found else None for task_id in ids]
+
+    def delete_finished(self, tasks: Sequence[tuple[str, str]]) -> list[int]:
+        """Delete the records of finished tasks ((queue, task id) pairs) and their history entries, as each reads now.
+
+        Per task DELETED, GONE (no record), KEPT (not finished, as a dead task requeued since the
+        caller read it; or cancelled where it waits, until a consumer drops it: see
+        lua/delete_finished.lua) or -1 (a key of another type, left alone). One script on one
+        server, one per record on Redis Cluster (the records lie in many slots); then the history.
+        """
+        if not tasks:
+            return []
+        keys = [self.keys.result(task_id) for _, task_id in tasks]
+        if isinstance(self.client, redis.RedisCluster):
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                self.scripts.queue(pipe, "delete_finished", [key], [])
+            replies = [int(reply[0]) for reply in self.scripts.execute(pipe, self.client)]
+        else:
+            replies = [int(reply) for reply in self.redis.run("delete_finished", keys, [])]
+        pipe = self.client.pipeline(transaction=False)
+        for (queue, task_id), reply in zip(tasks, replies, strict=True):
+            for key in index_keys(self.keys, queue) if reply in (DELETED, GONE) else ():
+                pipe.zrem(key, task_id)
+        pipe.execute()
+        return replies
 
     def history_window(
         self,
@@ -152,47 +352,192 @@ class HistoryOps(ScriptClient):
             pipe.pexpire(key, ttl_s * 1000)
         pipe.execute()
 
-    def get_results(self, task_ids: Iterable[str], fields: Sequence[str] | None = None) -> list[dict[str, str] | None]:
-        """The result records of several tasks in one round trip, as `get_result` returns each.
+    def queue_writes(
+        self, pipe: Any, updates: Sequence[ResultUpdate], *, by_source: bool = False, holds: Sequence[Held | None] = ()
+    ) -> list[Place]:
+        """Queue the record_result calls of `updates`; return where each one's reply will be.
 
-        With `fields`, only those are read (a list leaves out the arguments and return value, megabytes each).
+        On one server a call writes up to RECORDS_PER_CALL records of one queue and files their
+        tasks in its history (see the module docstring), each only while its hold (beside it in `holds`, if
+        given) holds; on Redis Cluster a call writes one record.
         """
-        ids = list(task_ids)
-        # An id that is not valid Unicode (a lone surrogate) cannot be a key: it names no task.
-        storable = [task_id for task_id in ids if is_utf8_encodable(task_id)]
-        pipe = self.client.pipeline(transaction=False)
-        for task_id in storable:
-            pipe.hmget(self.keys.result(task_id), fields) if fields else pipe.hgetall(self.keys.result(task_id))
-        replies = pipe.execute(raise_on_error=False) if storable else []  # a producer's record of another type: none
-        if fields:
-            replies = [_named(fields, reply) for reply in replies]
-        found = dict(zip(storable, replies, strict=True))
-        return [record_text_fields(task_id, found[task_id]) if task_id in found else None for task_id in ids]
+        places: list[Place] = [Place(0, 0)] * len(updates)
+        for queue, indexes in self._result_groups(updates):
+            for start in range(0, len(indexes), RECORDS_PER_CALL):
+                chunk = indexes[start : start + RECORDS_PER_CALL]
+                for offset, index in enumerate(chunk):
+                    places[index] = Place(len(pipe), offset)
+                chunk_holds = [holds[index] for index in chunk] if holds else []
+                self._queue_record_call(pipe, queue, [updates[index] for index in chunk], by_source, chunk_holds)
+        return places
 
-    def delete_finished(self, tasks: Sequence[tuple[str, str]]) -> list[int]:
-        """Delete the records of finished tasks ((queue, task id) pairs) and their history entries, as each reads now.
+    def execute_with_writes(
+        self, pipe: Any, updates: Sequence[ResultUpdate], places: Sequence[Place], earlier: Sequence[Any] = ()
+    ) -> tuple[list[Any], list[Any]]:
+        """Queue the Redis Cluster side writes of `updates` and execute `pipe`. Returns every reply of
+        `pipe`, and each update's (`earlier`: the replies of updates written before, all of them)."""
+        cluster = isinstance(self.client, redis.RedisCluster)
+        minute = int(time.time()) // 60
+        if cluster:
+            self._queue_cluster_side_writes(pipe, updates, earlier, minute)
+        sent = self.scripts.execute(pipe, self.client, raise_on_error=False)
+        written = [*earlier, *replies_at(sent, places)]
+        if cluster and not earlier:
+            self._uncount_unwritten(updates, written, minute)
+        return sent, written
 
-        Per task DELETED, GONE (no record), KEPT (not finished, as a dead task requeued since the
-        caller read it; or cancelled where it waits, until a consumer drops it: see
-        lua/delete_finished.lua) or -1 (a key of another type, left alone). One script on one
-        server, one per record on Redis Cluster (the records lie in many slots); then the history.
-        """
-        if not tasks:
-            return []
-        keys = [self.keys.result(task_id) for _, task_id in tasks]
-        if isinstance(self.client, redis.RedisCluster):
-            pipe = self.client.pipeline(transaction=False)
-            for key in keys:
-                self.scripts.queue(pipe, "delete_finished", [key], [])
-            replies = [int(reply[0]) for reply in self.scripts.execute(pipe, self.client)]
+    def write_on_masters(self, results: Sequence[ResultUpdate]) -> tuple[list[Any], int]:
+        """Write results on a cluster, every master at once; return each write's reply and how many WAITs timed out."""
+        by_master: dict[str, list[int]] = {}
+        nodes: dict[str, Any] = {}
+        for index, update in enumerate(results):
+            node = self.client.get_node_from_key(self.keys.result(update.task_id))
+            nodes[node.name] = node
+            by_master.setdefault(node.name, []).append(index)
+        jobs = [(nodes[name], [results[index] for index in indexes]) for name, indexes in by_master.items()]
+        if len(jobs) == 1:
+            done = [self._write_on_master(*jobs[0])]
         else:
-            replies = [int(reply) for reply in self._script("delete_finished", keys, [])]
-        pipe = self.client.pipeline(transaction=False)
-        for (queue, task_id), reply in zip(tasks, replies, strict=True):
-            for key in index_keys(self.keys, queue) if reply in (DELETED, GONE) else ():
-                pipe.zrem(key, task_id)
-        pipe.execute()
-        return replies
+            if self._masters_pool is None:
+                self._masters_pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="results-on-masters")
+            futures = [self._masters_pool.submit(self._write_on_master, *job) for job in jobs]
+            wait_for(futures)  # every master has answered before an error of one is raised
+            done = [future.result() for future in futures]
+        written: list[Any] = [None] * len(results)
+        for indexes, (replies, _) in zip(by_master.values(), done, strict=True):
+            for index, reply in zip(indexes, replies, strict=True):
+                written[index] = reply
+        return written, sum(timed_out for _, timed_out in done)
+
+    def _write_on_master(self, node: Any, updates: list[ResultUpdate]) -> tuple[list[Any], int]:
+        """Write `updates` on `node` and WAIT there for a replica; return the replies and 1 if the WAIT timed out.
+
+        WAIT counts the writes of its own connection, so it goes in the writes' pipeline: on the
+        node's own client, never re-sent elsewhere. Scripts a just-promoted master lacks are sent
+        again by source with another WAIT. A lost node, a moved slot or a failed WAIT raise
+        ClusterError (the slot map is read again), so the caller writes the results again.
+        """
+        client = self.client.get_redis_connection(node)
+        waits = self._has_replica(node.name, client)
+        replies: list[Any] = [None] * len(updates)
+        todo = list(range(len(updates)))
+        timed_out = 0
+        # By source first on a master not yet written to here, so a WAIT is not spent on NOSCRIPT.
+        for by_source in (False, True) if node.name in self._masters_with_scripts else (True,):
+            pipe = client.pipeline(transaction=False)
+            places = self.queue_writes(pipe, [updates[index] for index in todo], by_source=by_source)
+            if waits:
+                pipe.execute_command("WAIT", 1, self.cluster_wait_ms)
+            sent = self._execute_on_master(node, pipe, waits)
+            timed_out = 1 if waits and int(sent[-1]) < 1 else timed_out
+            for index, reply in zip(todo, replies_at(sent, places), strict=True):
+                replies[index] = reply
+            todo = [index for index in todo if isinstance(replies[index], NoScriptError)]
+            if not todo:
+                self._masters_with_scripts.add(node.name)
+                break
+        return replies, timed_out
+
+    def _execute_on_master(self, node: Any, pipe: Any, waits: bool) -> list[Any]:
+        """Execute a pipeline on one master; ClusterError (after reading the slot map again) if the node failed it."""
+        try:
+            sent = pipe.execute(raise_on_error=False)
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            self.client.nodes_manager.initialize()
+            raise ClusterError(f"lost master {node.name} while writing results: {exc}") from exc
+        if any(isinstance(reply, _NODE_STATE_REPLIES) for reply in sent) or (waits and isinstance(sent[-1], Exception)):
+            self.client.nodes_manager.initialize()
+            raise ClusterError(f"master {node.name} answered as in a failover: {sent}")
+        return list(sent)
+
+    def _has_replica(self, name: str, client: Any) -> bool:
+        """Whether master `name` has a connected replica (read again every REPLICA_CHECK_S)."""
+        checked = self._replica_checks.get(name)
+        now_s = time.monotonic()
+        if checked is None or now_s - checked[1] > REPLICA_CHECK_S:
+            checked = (int(client.info("replication").get("connected_slaves", 0)) > 0, now_s)
+            self._replica_checks[name] = checked
+        return checked[0]
+
+    def _result_groups(self, updates: Sequence[ResultUpdate]) -> list[tuple[str, list[int]]]:
+        """The updates' indexes by the queue whose history their call files them in ("": none).
+
+        Every update of a run carries its queue, so the writes of one task keep their order.
+        """
+        if isinstance(self.client, redis.RedisCluster):
+            return [("", [index]) for index in range(len(updates))]
+        groups: dict[str, list[int]] = {}
+        for index, update in enumerate(updates):
+            groups.setdefault(update.queue, []).append(index)
+        return list(groups.items())
+
+    def _queue_record_call(
+        self, pipe: Any, queue: str, updates: Sequence[ResultUpdate], by_source: bool, holds: Sequence[Held | None]
+    ) -> None:
+        """Queue one record_result call; given a queue (one server), it files and counts the writes it takes."""
+        keys: list[str] = []
+        args: list[Any] = [0]
+        if queue:
+            keys = [*index_keys(self.keys, queue), self.keys.minute(queue, int(time.time()) // 60)]
+            args = [len(STATUSES), *STATUSES, KEEP_MINUTES * 60]
+        lists = {hold.settler: 0 for hold in holds if hold is not None}
+        args.append(len(lists))
+        for number, settler in enumerate(lists, start=1):
+            lists[settler] = number
+            keys += settler[:3]
+            args += settler[3:]
+        for update, hold in zip(updates, holds or [None] * len(updates), strict=True):
+            if lists:
+                args += (0, "") if hold is None else (lists[hold.settler], hold.raw)
+            keys.append(self.keys.result(update.task_id))
+            args += (
+                update.ttl_s,
+                update.append_worker_id or "",
+                json.dumps(update.append_error) if update.append_error else "",
+                update.fence or "",
+                update.task_id,
+            )
+            if queue:
+                counted = counter_fields(update)
+                args += (len(counted), *counted)
+            args.append(len(update.fields))
+            for name, value in update.fields.items():
+                args += (name, value)
+        self.scripts.queue(pipe, "record_result", keys, args, by_source=by_source)
+
+    def _queue_cluster_side_writes(
+        self, pipe: Any, updates: Sequence[ResultUpdate], earlier: Sequence[Any], minute: int
+    ) -> None:
+        """Queue, last in a pipeline, what a Redis Cluster record write cannot do itself (the record lies in a
+        slot of its own): the history moves and the chart counts, of the writes the records took when their
+        replies are in (a move also of a write sent again); else of all of them, and the counts of writes
+        not taken are taken back after."""
+        moved = updates
+        if earlier:
+            moved = [update for update, reply in zip(updates, earlier, strict=True) if reply in (1, WRITTEN_AGAIN)]
+            updates = [update for update, reply in zip(updates, earlier, strict=True) if reply == 1]
+        for update in moved:
+            if indexed(update):
+                keys = index_keys(self.keys, update.queue)
+                self.scripts.queue(pipe, "history_move", keys, move_args(update))
+        self._queue_minute_counts(pipe, updates, minute)
+
+    def _queue_minute_counts(self, pipe: Any, updates: Sequence[ResultUpdate], minute: int, sign: int = 1) -> None:
+        """Add the counters of `updates` to `minute`'s hashes in a pipeline (after its other commands: their
+        replies are not read); `sign` -1 takes them back."""
+        for (queue, minute_of), fields in count_updates(updates, minute).items():
+            key = self.keys.minute(queue, minute_of)
+            for name, amount in fields.items():
+                pipe.hincrby(key, name, sign * amount)
+            pipe.expire(key, KEEP_MINUTES * 60)
+
+    def _uncount_unwritten(self, updates: Sequence[ResultUpdate], replies: Sequence[Any], minute: int) -> None:
+        """Take back the counts of result writes the record did not take (ignored by their fence, or refused)."""
+        unwritten = [update for update, reply in zip(updates, replies, strict=True) if reply != 1]
+        if any(outcome_of(update) for update in unwritten):
+            pipe = self.client.pipeline(transaction=False)
+            self._queue_minute_counts(pipe, unwritten, minute, sign=-1)
+            pipe.execute()
 
 
 def _named(fields: Sequence[str], reply: list[bytes | None] | Exception) -> dict[bytes, bytes] | Exception:

@@ -1,22 +1,27 @@
-"""Reading and tending a queue from outside: stats, live consumers, throughput, idleness and the dead letters."""
+"""Reading and tending a queue from outside: stats, live consumers, throughput, charts and the dead letters."""
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import re
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, NamedTuple, cast
 
 import redis
+from django.conf import settings
 
-from tasks_app.protocol import history
-from tasks_app.protocol.keys import WAKE_TOKEN, consumer_id_of, delayed_member
-from tasks_app.protocol.names import NAME_PATTERN
-from tasks_app.protocol.replies import QueueStats, ResultUpdate, json_object, stored_int
+from tasks_app.protocol import history, records
+from tasks_app.protocol.codec import Task, UndecodableTask, decode_payload, decode_task, encode_task
+from tasks_app.protocol.history import KEEP_MINUTES, Records
+from tasks_app.protocol.keys import NAME_PATTERN, UNDECODABLE_TYPE, WAKE_TOKEN, consumer_id_of, delayed_member
+from tasks_app.protocol.queue import THROUGHPUT_BUCKET_S, Queue
+from tasks_app.protocol.records import MAX_SCORE_MS, ResultUpdate, json_object, ms_of_score, stored_int
 from tasks_app.protocol.scripts import ScriptClient
-from tasks_app.protocol.timestamps import MAX_SCORE_MS, ms_of_score
 
-# Width of the buckets counting acknowledged tasks, for the dashboard's throughput.
-THROUGHPUT_BUCKET_S = 10
 # Most dead letters one trim_dead call drops (about 5 ms of Redis time): see `trim_dead`.
 TRIM_BATCH = 10_000
 # Redis Cluster: how long a requeue parks its tasks in delayed while their READY records are written
@@ -25,6 +30,38 @@ REQUEUE_PARK_MS = 60_000
 # What requeue_dead answers per task: not moved (no longer dead), moved, moved without its READY record
 # (else the id of the task holding its uniqueness key: it stays dead).
 NOT_MOVED, MOVED, MOVED_WITHOUT_RECORD = 0, 1, 2
+
+
+logger = logging.getLogger(__name__)
+
+# At most how many dead letters of one time (ms) an action finds: one promotion may dead-letter thousands.
+SCAN_PAGE = 500
+# A dead letter's ref: the ms it died at (list_dead's reading of its score), then the SHA-1 of the member.
+_REF = re.compile(r"-?[0-9]{1,19}:[0-9a-f]{40}")
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """Sizes of one queue's parts and its live consumers."""
+
+    queue: str
+    pending: int
+    processing: int
+    delayed: int
+    dead: int
+    consumers: list[dict[str, Any]]
+    paused: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "paused": self.paused,
+            "queue": self.queue,
+            "pending": self.pending,
+            "processing": self.processing,
+            "delayed": self.delayed,
+            "dead": self.dead,
+            "consumers": self.consumers,
+        }
 
 
 class DeadRequeue(NamedTuple):
@@ -42,6 +79,64 @@ class DeadRequeue(NamedTuple):
     def parked(self) -> DeadRequeue:
         """The same task as `requeue_dead` parks it in delayed on Redis Cluster (its key taken by then)."""
         return self._replace(member=delayed_member(self.priority, self.raw), unique_window_ms=0)
+
+
+class UniqueWindow(NamedTuple):
+    """A unique task type's uniqueness window (ms, more than 0), and whether a task's end frees its key."""
+
+    window_ms: int
+    until_finished: bool
+
+
+class Requeued(NamedTuple):
+    """What a requeue did: the dead tasks moved back, and those left dead, each with the id holding its key."""
+
+    moved: list[DeadTask]
+    held: list[tuple[DeadTask, str]]
+
+
+@dataclass(frozen=True)
+class DeadTask:
+    """One member of a queue's dead-letter set, decoded for display."""
+
+    member: bytes
+    died_at: datetime | None
+    task: Task | None
+    died_ms: int = 0  # its score, as list_dead reads it
+
+    @property
+    def ref(self) -> str:
+        """A stable handle for the member in forms: when it died (to find it there) and its SHA-1."""
+        return f"{self.died_ms}:{hashlib.sha1(self.member).hexdigest()}"
+
+    @property
+    def task_id(self) -> str:
+        return self.task.id if self.task else ""
+
+    @property
+    def type(self) -> str:
+        return self.task.type if self.task else UNDECODABLE_TYPE
+
+    @property
+    def attempts(self) -> int:
+        return self.task.attempt if self.task else 0
+
+    @property
+    def error(self) -> str:
+        return self.task.last_error if self.task else "not a task envelope"
+
+    @property
+    def reason(self) -> str:
+        return self.task.dead_reason if self.task else ""
+
+    @property
+    def traceback(self) -> str:
+        return self.task.last_traceback if self.task else ""
+
+    @property
+    def requeueable(self) -> bool:
+        """Undecodable bytes kept for inspection can only be deleted."""
+        return self.task is not None and self.task.type != UNDECODABLE_TYPE
 
 
 def _consumer_rows(
@@ -67,10 +162,15 @@ def _count(raw: bytes | None) -> int:
     return stored_int(raw) or 0
 
 
-class InspectionOps(ScriptClient):
-    """Queue stats and dead-letter operations for the dashboard, the commands and the consumer's housekeeping."""
+class Inspection:
+    """Queue stats, chart counters and dead-letter operations for the dashboard, the commands and housekeeping."""
 
-    # --- inspection and admin --------------------------------------------------------------
+    def __init__(self, redis: ScriptClient, queue: Queue, records: Records) -> None:
+        self.redis = redis
+        self.client, self.keys, self.scripts = redis.client, redis.keys, redis.scripts
+        self.queue = queue  # a requeue's fencing token
+        self.records = records  # a requeue's READY records, on Redis Cluster
+
     def completed_last_minute(self, queue: str) -> int:
         """Count the tasks of `queue` acknowledged in the last minute (whole buckets: 50-60 s)."""
         current = int(time.time()) // THROUGHPUT_BUCKET_S
@@ -122,12 +222,6 @@ class InspectionOps(ScriptClient):
         consumers = _consumer_rows(entries, info_raw, lengths[: len(entries)])
         return QueueStats(queue, _waiting(*waiting), processing, delayed, dead, consumers, bool(paused))
 
-    def waiting_count(self, queue: str) -> int:
-        """How many tasks of `queue` wait to be claimed (pending, prioritized, suspects), as `queue_stats` counts."""
-        pipe = self.client.pipeline(transaction=NAME_PATTERN.fullmatch(queue) is not None)
-        self._count_waiting(pipe, queue)
-        return _waiting(*pipe.execute())
-
     def _count_waiting(self, pipe: Any, queue: str) -> None:
         """Queue the reads of what waits to be claimed on `pipe`: their replies are `_waiting`'s arguments."""
         pipe.llen(self.keys.pending(queue))
@@ -145,6 +239,27 @@ class InspectionOps(ScriptClient):
         holders = [member.decode(errors="backslashreplace") for member, _ in entries]
         return entries, holders + [cid for cid in map(consumer_id_of, reaped) if cid]
 
+    def sample_backlog(self, queue: str) -> int:
+        """Store how many tasks of `queue` wait (pending, prioritized, suspects, delayed) in this minute's hash."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.llen(self.keys.pending(queue))
+        pipe.zcard(self.keys.prioritized(queue))
+        pipe.llen(self.keys.suspects(queue))
+        pipe.zcard(self.keys.delayed(queue))
+        backlog = int(sum(pipe.execute()))
+        key = self.keys.minute(queue, int(time.time()) // 60)
+        pipe.hset(key, "backlog", backlog)
+        pipe.expire(key, KEEP_MINUTES * 60)
+        pipe.execute()
+        return backlog
+
+    def minute_counts(self, queue: str, minutes: Sequence[int]) -> list[dict[str, int]]:
+        """The counters of `queue` for each of `minutes` (empty where nothing was counted)."""
+        pipe = self.client.pipeline(transaction=False)
+        for minute in minutes:
+            pipe.hgetall(self.keys.minute(queue, minute))
+        return [_ints(raw) for raw in pipe.execute()]
+
     def dead_count(self, queue: str) -> int:
         """How many tasks of `queue` are dead-lettered."""
         key = self.keys.dead(queue)
@@ -156,7 +271,7 @@ class InspectionOps(ScriptClient):
         entries = self.client.zrange(key, offset, offset + limit - 1, desc=True, withscores=True)
         return [(member, ms_of_score(score)) for member, score in entries]
 
-    def dead_scored(self, queue: str, died_ms: Sequence[int], limit: int) -> list[tuple[bytes, int]]:
+    def _dead_scored(self, queue: str, died_ms: Sequence[int], limit: int) -> list[tuple[bytes, int]]:
         """The dead-lettered tasks of a queue that died at each of `died_ms` (as `list_dead` reads it), `limit` each.
 
         One round trip whatever the set holds: a page acts on what it showed without reading the rest.
@@ -178,13 +293,13 @@ class InspectionOps(ScriptClient):
         of another task holding its uniqueness key (it stays dead; a free key is taken in the move).
 
         On Redis Cluster the records lie in other slots: the tasks are parked in delayed instead (for
-        REQUEUE_PARK_MS), for the caller to write their records and then `push_parked` them. A
+        REQUEUE_PARK_MS), for the caller to write their records and then `_push_parked` them. A
         requeued task's cancel requests are dropped in the same script: its new run starts afresh.
         """
         park_ms = REQUEUE_PARK_MS if isinstance(self.client, redis.RedisCluster) else 0
         return self._requeue_call(self.keys.dead(queue), queue, entries, fence, park_ms)
 
-    def push_parked(self, queue: str, entries: Sequence[DeadRequeue]) -> list[int | str]:
+    def _push_parked(self, queue: str, entries: Sequence[DeadRequeue]) -> list[int | str]:
         """Redis Cluster: push the tasks `requeue_dead` parked, those still parked (MOVED, else NOT_MOVED)."""
         return self._requeue_call(self.keys.delayed(queue), queue, [entry.parked() for entry in entries], 0, 0)
 
@@ -212,8 +327,76 @@ class InspectionOps(ScriptClient):
             *uniques,
         ]
         keys += [self.keys.result(entry.task_id) for entry in entries] if with_records else []
-        replies = self._script("requeue_dead", keys, args)
+        replies = self.redis.run("requeue_dead", keys, args)
         return [reply if isinstance(reply, int) else reply.decode(errors="backslashreplace") for reply in replies]
+
+    def list_dead_tasks(self, queue: str, offset: int = 0, limit: int = 50) -> list[DeadTask]:
+        """Return a page of a queue's dead-lettered tasks, newest first."""
+        return [_decode(member, died_ms) for member, died_ms in self.list_dead(queue, offset, limit)]
+
+    def find_dead_tasks(self, queue: str, refs: Iterable[str]) -> list[DeadTask]:
+        """Return the dead tasks of `queue` whose refs are given (those no longer dead are left out).
+
+        Each ref names when its task died, so only the tasks that died then are read, never the whole set.
+        """
+        wanted = set(refs)
+        died_ms = sorted({int(ref.partition(":")[0]) for ref in wanted if _REF.fullmatch(ref)})
+        scored = self._dead_scored(queue, died_ms, SCAN_PAGE) if died_ms else []
+        found = [dead for dead in (_decode(member, ms) for member, ms in scored) if dead.ref in wanted]
+        return list({dead.ref: dead for dead in found}.values())
+
+    def requeue_dead_tasks(
+        self, queue: str, dead: Sequence[DeadTask], unique_windows: Mapping[str, UniqueWindow] | None = None
+    ) -> Requeued:
+        """Move requeueable dead tasks back, with their priority and a READY record; say which moved, which not.
+
+        A task no longer dead (another operator requeued or deleted it, the trim dropped it) is
+        skipped, and its record left alone: it may belong to a newer run. A record Redis refuses (a
+        producer's record of another type) is logged; its task and the others are requeued all the same. A task of
+        a type in `unique_windows` (by type name: those unique) takes its uniqueness key in the move,
+        as an enqueue would; while another task holds the key it stays dead, reported in `held`.
+        """
+        movable = [(item, fresh_copy(item.task, queue)) for item in dead if item.requeueable and item.task is not None]
+        if not movable:
+            return Requeued([], [])
+        # Taken before the moves, so above every earlier run's token (their late writes are ignored)
+        # and below the token of any claim of a task they push.
+        fence = self.queue.issue_fence(queue)
+        entries = [_entry(item, task, fence, unique_windows or {}) for item, task in movable]
+        # The READY record is written with the move, never for a task the move did not take. It must
+        # be there before the push: a consumer may claim the task the moment it is pushed, and its
+        # receipt must not meet the record of the dead run (a cancel asked of it, say).
+        replies = self.requeue_dead(queue, entries, fence)
+        for entry, reply in zip(entries, replies, strict=True):
+            if reply == MOVED_WITHOUT_RECORD:
+                logger.warning("requeued task %s without its READY record: Redis refused it", entry.task_id)
+        moved = [reply in (MOVED, MOVED_WITHOUT_RECORD) for reply in replies]
+        if isinstance(self.client, redis.RedisCluster):
+            self._write_records_and_push(queue, [entry for entry, took in zip(entries, moved, strict=True) if took])
+        return Requeued(
+            [item for (item, _), took in zip(movable, moved, strict=True) if took],
+            [(item, reply) for (item, _), reply in zip(movable, replies, strict=True) if isinstance(reply, str)],
+        )
+
+    def _write_records_and_push(self, queue: str, parked: Sequence[DeadRequeue]) -> None:
+        """Redis Cluster: write the READY records of the tasks `requeue_dead` parked in delayed, then push them.
+
+        A record lies on another master than the queue: a replica has it before the push, or a
+        failover there would bring the dead run's record back under the new run.
+        """
+        if not parked:
+            return
+        written, unreplicated = self.records.record_results_replicated([entry.record for entry in parked])
+        if unreplicated:
+            logger.warning("a replica did not confirm requeued tasks' READY records within the wait; requeued anyway")
+        for entry, reply in zip(parked, written, strict=True):
+            if isinstance(reply, Exception):
+                logger.warning("requeued task %s without its READY record: Redis refused it (%s)", entry.task_id, reply)
+        self._push_parked(queue, parked)
+
+    def delete_dead_tasks(self, queue: str, dead: Sequence[DeadTask]) -> int:
+        """Delete dead tasks for good; return how many were deleted."""
+        return self.delete_dead(queue, [item.member for item in dead])
 
     def trim_dead(self, queue: str, max_count: int, max_age_s: int) -> int:
         """Drop the oldest dead letters beyond `max_count` and those older than `max_age_s`; return how many.
@@ -224,7 +407,7 @@ class InspectionOps(ScriptClient):
         dropped = 0
         while True:
             batch = TRIM_BATCH
-            step = int(self._script("trim_dead", [self.keys.dead(queue)], [max_count, max_age_s * 1000, batch]))
+            step = int(self.redis.run("trim_dead", [self.keys.dead(queue)], [max_count, max_age_s * 1000, batch]))
             dropped += step
             if step < batch:
                 return dropped
@@ -235,12 +418,7 @@ class InspectionOps(ScriptClient):
 
     def server_time_ms(self) -> int:
         """Return the Redis server's clock in milliseconds."""
-        return self.server_time_us() // 1000
-
-    def server_time_us(self) -> int:
-        """Return the Redis server's clock in microseconds (as the scripts' `server_now_us`)."""
-        seconds, micros = self.client.time()
-        return int(seconds) * 1_000_000 + int(micros)
+        return self.redis.server_time_us() // 1000
 
     def ping(self) -> bool:
         """Return True if Redis answers."""
@@ -260,3 +438,51 @@ class InspectionOps(ScriptClient):
         # With several target nodes redis-py answers one parsed CLUSTER INFO per node.
         replies = cast(dict[Any, dict[str, Any]], self.client.cluster_info(target_nodes=redis.RedisCluster.PRIMARIES))
         return all(info.get("cluster_state") == "ok" for info in replies.values())
+
+
+def _ints(raw: dict[bytes, bytes]) -> dict[str, int]:
+    return {key.decode(errors="backslashreplace"): stored_int(value) or 0 for key, value in raw.items()}
+
+
+def _decode(member: bytes, died_at_ms: int) -> DeadTask:
+    try:
+        task: Task | None = decode_task(member)
+    except UndecodableTask:
+        task = None
+    return DeadTask(member, records.datetime_of_ms(died_at_ms), task, died_at_ms)  # None past the calendar
+
+
+def fresh_copy(task: Task, queue: str) -> Task:
+    """Return the task as it should start again on `queue`: no attempts used, no error, due at once."""
+    fresh = Task()
+    fresh.CopyFrom(task)
+    fresh.attempt = 0
+    # A foreign envelope a reaper dead-lettered as pushed may name no queue, or another: its READY
+    # record and history belong to the queue it goes back to, as a consumer would file it.
+    fresh.queue = queue
+    fresh.run_after_ms = 0
+    for name in ("last_error", "last_traceback", "dead_reason"):
+        fresh.ClearField(name)
+    return fresh
+
+
+def _entry(item: DeadTask, task: Task, fence: int, unique_windows: Mapping[str, UniqueWindow]) -> DeadRequeue:
+    """The requeue of `item` as `task`, taking its uniqueness key if its type is unique and its envelope names one."""
+    unique = unique_windows.get(task.type) if task.unique_digest else None
+    record = _ready_again(task, fence, unique)
+    window_ms = unique.window_ms if unique is not None else 0
+    return DeadRequeue(item.member, task.priority, encode_task(task), task.id, record, task.unique_digest, window_ms)
+
+
+def _ready_again(task: Task, fence: int, unique: UniqueWindow | None) -> ResultUpdate:
+    try:
+        arguments = decode_payload(task.payload)
+    except UndecodableTask:
+        arguments = None
+    fields = records.enqueued_fields(task, arguments) if arguments else {"status": records.READY, "attempts": "0"}
+    # record_result cannot delete fields; empty ones read back as "not set".
+    # A requeue starts afresh: a cancel requested of an earlier run no longer applies.
+    fields.update({"finished_at_ms": "", "run_after_ms": "", "dead_reason": "", "cancel_requested_at_ms": ""})
+    if unique is not None:  # a cancel before it starts frees the key it takes if its end does (see cancel.lua)
+        fields["unique_digest"] = task.unique_digest if unique.until_finished else ""
+    return ResultUpdate(task.id, fields, settings.TASKS_RESULT_TTL, fence=fence, queue=task.queue, task_type=task.type)

@@ -1,4 +1,4 @@
-"""Every Redis key of the protocol, built in `Keys`, and the encodings of members (delayed entries, consumer ids)."""
+"""Every Redis key of the protocol, built in `Keys`, the encodings of members, and the rule for names."""
 
 from __future__ import annotations
 
@@ -217,3 +217,18 @@ def _matching_text(member: bytes, pattern: re.Pattern[str]) -> str | None:
 
 
 _VALID_ID = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
+
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
+NAME_RULE = "1-100 characters from A-Z, a-z, 0-9 and _ . : -"
+
+
+class InvalidName(ValueError):
+    """A queue or task type name that breaks the naming rule."""
+
+
+def validate_name(value: str, what: str = "name") -> str:
+    """Return `value` if it is a valid queue or type name, else raise InvalidName."""
+    if not isinstance(value, str) or not NAME_PATTERN.fullmatch(value):
+        raise InvalidName(f"invalid {what} {value!r}: use {NAME_RULE}")
+    return value

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from tasks_app.protocol.keys import WAKE_TOKEN, consumer_id_of
-from tasks_app.protocol.replies import LeaseHolder, ReapOutcome, json_object
+from tasks_app.protocol.records import json_object
 from tasks_app.protocol.scripts import ScriptClient
 
 # Each recovery of a task from a dead consumer is counted; past this it is dead-lettered.
@@ -24,10 +25,32 @@ TOMBSTONE_PAGE = 100
 TOMBSTONE_KEEP_MS = 24 * 3600 * 1000
 
 
-class LeaseOps(ScriptClient):
-    """Heartbeats and reaping."""
+@dataclass(frozen=True)
+class LeaseHolder:
+    """A consumer id's lease entry on one queue: how long it holds yet, and what its holder registered."""
 
-    # --- leases and recovery ---------------------------------------------------------------
+    queue: str
+    ms_left: int  # 0 or less once the lease lapsed (the holder is presumed dead)
+    info: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ReapOutcome:
+    """What one reap call did to one consumer's processing list."""
+
+    status: int  # 1 reaped, -1 lease alive, -2 Redis restarted or failed over recently, -3 unknown consumer
+    requeued: int
+    remaining: int
+    dead_lettered: list[bytes]
+
+
+class Leases:
+    """Consumer leases: heartbeats, registering, giving a lease up, and reaping dead consumers' tasks."""
+
+    def __init__(self, redis: ScriptClient) -> None:
+        self.redis = redis
+        self.client, self.keys, self.scripts = redis.client, redis.keys, redis.scripts
+
     def heartbeat(
         self, queues: Sequence[str], consumer_id: str, lease_ms: int, register_info: dict[str, Any] | None = None
     ) -> bool:
@@ -63,7 +86,7 @@ class LeaseOps(ScriptClient):
 
     def list_queues(self, queues: Sequence[str]) -> None:
         """Add `queues` to the queue set again (registering lists them too: this is for a set deleted since)."""
-        self._script("announce_queues", [self.keys.queues()], sorted(queues))
+        self.redis.run("announce_queues", [self.keys.queues()], sorted(queues))
 
     def _heartbeats(
         self,
@@ -80,7 +103,7 @@ class LeaseOps(ScriptClient):
             keys = [self.keys.consumers(queue), self.keys.consumer_info(queue), self.keys.primary(queue)]
             self.scripts.queue(pipe, "heartbeat", keys, [consumer_id, lease_ms, info, instance])
         if register_info is not None:
-            self.queue_announce(pipe, queues)
+            self.redis.announce(pipe, queues)
         return pipe
 
     def lease_holders(self, queues: Sequence[str], consumer_id: str) -> list[LeaseHolder]:
@@ -123,7 +146,7 @@ class LeaseOps(ScriptClient):
             self.keys.suspects(queue),
             self.keys.prioritized(queue),
         ]
-        return int(self._script("deregister", keys, [consumer_id, instance, WAKE_TOKEN]))
+        return int(self.redis.run("deregister", keys, [consumer_id, instance, WAKE_TOKEN]))
 
     def reap_candidates(self, queue: str) -> tuple[list[str], list[str]]:
         """Return consumers whose lease expired, and the newest reaped ids whose lists are not empty."""
@@ -136,7 +159,7 @@ class LeaseOps(ScriptClient):
         Tombstones are examined a page at a time: the newest page on every call, and the page at
         `tombstone_offset`; pass the returned offset next time to visit every page in turn.
         """
-        out = self._script(
+        out = self.redis.run(
             "reap_candidates",
             [self.keys.consumers(queue), self.keys.reaped(queue)],
             [TOMBSTONE_PAGE, TOMBSTONE_KEEP_MS, tombstone_offset],
@@ -174,5 +197,5 @@ class LeaseOps(ScriptClient):
             self.keys.primary(queue),
         ]
         args = [consumer_id, MAX_RECOVERIES, REAP_BATCH, WAKE_TOKEN, default_lease_ms, "1" if own_earlier_run else "0"]
-        out = self._script("reap", keys, args)
+        out = self.redis.run("reap", keys, args)
         return ReapOutcome(status=int(out[0]), requeued=int(out[1]), remaining=int(out[2]), dead_lettered=list(out[3:]))

@@ -7,12 +7,11 @@ from typing import Any, NamedTuple
 
 import redis
 
-from tasks_app.protocol import batch_args, history
-from tasks_app.protocol.announced import AnnouncedQueues
-from tasks_app.protocol.batch_args import Enqueueable
+from tasks_app.protocol import history
+from tasks_app.protocol.enqueue import Enqueueable, Enqueuer, record_only_args
 from tasks_app.protocol.keys import WAKE_TOKEN
-from tasks_app.protocol.replies import stored_int
-from tasks_app.protocol.scripts import ScriptClient
+from tasks_app.protocol.records import stored_int
+from tasks_app.protocol.scripts import ScriptClient, reply_text
 
 # What fire_periodic.lua says it did with a slot.
 PUSHED_OUTCOMES = frozenset({"fired", "caught_up", "fired_and_caught_up"})
@@ -69,11 +68,13 @@ class PeriodicState(NamedTuple):
     fired_at_ms: int | None
 
 
-class PeriodicOps(ScriptClient):
+class Periodic:
     """Firing periodic slots and reading their state."""
 
-    _announced_queues: AnnouncedQueues  # queues this process added to the queue set lately (the broker's)
-    history_max: int  # the cap of each queue's history index (the broker's)
+    def __init__(self, redis: ScriptClient, enqueuer: Enqueuer) -> None:
+        self.redis = redis
+        self.client, self.keys, self.scripts = redis.client, redis.keys, redis.scripts
+        self.enqueuer = enqueuer  # whose queue set announcements and history cap a firing shares
 
     def fire_periodic(
         self, schedule: str, firing: SlotFiring, regular: Enqueueable, catch_up: Enqueueable | None, result_ttl_s: int
@@ -99,10 +100,10 @@ class PeriodicOps(ScriptClient):
             keys += [self.keys.result(regular.task_id), self.keys.result(catch_up.task_id if catch_up else "-")]
             keys.append(self.keys.periodic_claim(schedule))
         args = _fire_args(firing, regular, catch_up, result_ttl_s, elsewhere_ms)
-        args += history.header_args(self.history_max, result_ttl_s * 1000)
+        args += history.header_args(self.enqueuer.history_max, result_ttl_s * 1000)
         for name, value in regular.result_key_fields.items():
             args += (name, value)
-        reply = _reply(self._script("fire_periodic", keys, args))
+        reply = _reply(self.redis.run("fire_periodic", keys, args))
         if reply.pushed:
             self._announce_queue(queue)
             if on_cluster:
@@ -111,14 +112,14 @@ class PeriodicOps(ScriptClient):
 
     def _claim_slot(self, schedule: str, slot_ms: int, queue: str) -> SlotClaim:
         """Redis Cluster: claim one slot of `schedule` for `queue`, unless claimed already (see claim_periodic.lua)."""
-        outcome, claimed, before_ms, now_ms = self._script(
+        outcome, claimed, before_ms, now_ms = self.redis.run(
             "claim_periodic", [self.keys.periodic_claim(schedule)], [slot_ms, queue]
         )
-        return SlotClaim(_text(outcome), _text(claimed), int(before_ms), int(now_ms))
+        return SlotClaim(reply_text(outcome), reply_text(claimed), int(before_ms), int(now_ms))
 
     def skip_periodic(self, queue: str, schedule: str, slot_ms: int) -> FireReply:
         """Record one slot of `schedule` (firing into `queue`) as handled without pushing a run: refused, not missed."""
-        return _reply(self._script("skip_periodic", [self.keys.periodic(queue, schedule)], [slot_ms]))
+        return _reply(self.redis.run("skip_periodic", [self.keys.periodic(queue, schedule)], [slot_ms]))
 
     def periodic_states(self, schedules: Sequence[tuple[str, str]]) -> list[PeriodicState]:
         """The state of each (queue, schedule) in one round trip."""
@@ -129,15 +130,15 @@ class PeriodicOps(ScriptClient):
         return [_state(fields) for fields in pipe.execute()]
 
     def _announce_queue(self, queue: str) -> None:
-        if queue not in self._announced_queues:
-            self._script("announce_queues", [self.keys.queues()], [queue])
-            self._announced_queues.add([queue])
+        if queue not in self.enqueuer.announced:
+            self.redis.run("announce_queues", [self.keys.queues()], [queue])
+            self.enqueuer.announced.add([queue])
 
     def _write_ready_records(self, items: Sequence[Enqueueable], result_ttl_s: int) -> None:
         # Redis Cluster: the records lie in other slots than the queue, written after the push.
         for item in items:
-            args = batch_args.record_only_args(item, result_ttl_s)
-            self._script("enqueue_batch", [self.keys.result(item.task_id)], args)
+            args = record_only_args(item, result_ttl_s)
+            self.redis.run("enqueue_batch", [self.keys.result(item.task_id)], args)
 
 
 def _fire_args(
@@ -165,11 +166,9 @@ def _fire_args(
 def _reply(reply: Sequence[Any]) -> FireReply:
     """A FireReply from what fire_periodic or skip_periodic answered."""
     outcome, now_ms, handled_ms, fired_ms, *claimed = reply
-    return FireReply(_text(outcome), int(now_ms), int(handled_ms), int(fired_ms), _text(claimed[0]) if claimed else "")
-
-
-def _text(value: Any) -> str:
-    return value.decode(errors="backslashreplace") if isinstance(value, bytes) else str(value)
+    return FireReply(
+        reply_text(outcome), int(now_ms), int(handled_ms), int(fired_ms), reply_text(claimed[0]) if claimed else ""
+    )
 
 
 def _pushed(outcome: str, regular: Enqueueable, catch_up: Enqueueable | None) -> list[Enqueueable]:

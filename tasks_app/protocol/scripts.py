@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from pathlib import Path
@@ -26,8 +28,84 @@ from redis.exceptions import (
 )
 from redis.retry import Retry
 
-from tasks_app.protocol.direct_calls import DirectCalls
 from tasks_app.protocol.keys import Keys
+
+# Idle connections kept for the next calls (one per thread enqueueing at once, up to this); more are closed
+# when given back, so a burst of threads leaves no more open than this.
+SPARE_MAX = 64
+
+
+class DirectCalls:
+    """Commands sent on connections of a lock-free stack, not through the client's pool and retry layers.
+
+    redis-py's pool takes a lock and updates its connection counters on every get and every
+    release, and its client wraps each call in retry and event hooks: in a single enqueue that was
+    a third of the producer's CPU. A deque's pop and append are atomic, and a connection goes back
+    on the stack only after its reply was read whole (redis-py's connection closes itself on any
+    other error), so nothing is left unread on one. As the pool does, a connection taken from the
+    stack that the server closed meanwhile (idle timeout, restart) is opened again before the call.
+    The client's pool never sees these connections: its `close()` leaves them open until they are
+    collected. Only for clients whose connections never re-send a command (see `of`).
+    """
+
+    __slots__ = ("_connection_class", "_connection_kwargs", "_pid", "_spare")
+
+    def __init__(self, client: redis.Redis) -> None:
+        pool = client.connection_pool
+        self._connection_class = pool.connection_class
+        self._connection_kwargs = dict(pool.connection_kwargs)
+        self._spare: deque[Any] = deque()
+        self._pid = os.getpid()
+
+    @classmethod
+    def of(cls, client: Any) -> DirectCalls | None:
+        """Direct calls on `client`; None for Redis Cluster (commands routed by slot) or a client that re-sends.
+
+        A connection of `connect()`'s clients has no retries: a call whose connection fails raises
+        and is never sent twice. A client configured to re-send keeps its own path.
+        """
+        if not isinstance(client, redis.Redis):
+            return None
+        pool = client.connection_pool
+        sample = pool.connection_class(**pool.connection_kwargs)  # not connected: only its retry policy is read
+        return cls(client) if sample.retry.get_retries() == 0 else None
+
+    def call(self, *args: Any) -> Any:
+        """Send one command and return its reply; error replies, lost connections and timeouts raise as in redis-py."""
+        connection = self._connection()
+        try:
+            connection.send_command(*args)
+            reply = connection.read_response()
+        except ResponseError:
+            self._give_back(connection)  # the error reply was read whole
+            raise
+        except BaseException:
+            connection.disconnect()  # done already for a lost connection or a timeout; not given back
+            raise
+        self._give_back(connection)
+        return reply
+
+    def _connection(self) -> Any:
+        if self._pid != os.getpid():  # a forked child: the parent's sockets are not its own
+            self._spare = deque()
+            self._pid = os.getpid()
+        try:
+            connection = self._spare.pop()
+        except IndexError:
+            return self._connection_class(**self._connection_kwargs)
+        try:
+            if connection.can_read():  # the server closed it (or, never, left a reply): start afresh
+                connection.disconnect()
+        except (RedisConnectionError, RedisTimeoutError, OSError):
+            connection.disconnect()
+        return connection
+
+    def _give_back(self, connection: Any) -> None:
+        if len(self._spare) < SPARE_MAX:
+            self._spare.append(connection)
+        else:
+            connection.disconnect()
+
 
 # tasks_app/lua links to the top-level lua/ in the repository; the wheel holds the files themselves.
 LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
@@ -77,6 +155,11 @@ def _misconfigured(read_type: Callable[[str], Any], name: str, keys: Sequence[st
             kind = f"unknown ({type_exc})"
         types.append(f"{key} ({kind.decode() if isinstance(kind, bytes) else kind})")
     return MisconfiguredKey(f"script {name} failed: {exc}; its keys: {', '.join(types) or 'none'}")
+
+
+def reply_text(value: Any) -> str:
+    """A script's reply as text: bytes decoded (undecodable ones escaped), anything else as `str` has it."""
+    return value.decode(errors="backslashreplace") if isinstance(value, bytes) else str(value)
 
 
 def _expand_includes(source: bytes, directory: Path) -> bytes:
@@ -219,23 +302,29 @@ class CommandPacker(HiredisRespSerializer):
 
 
 class ScriptClient:
-    """What the broker's operations share: the client, the keys and the scripts."""
+    """What every role of the broker shares: the client, the keys and the scripts, and the calls on them."""
 
-    client: Any
-    keys: Keys
-    scripts: Scripts
+    def __init__(self, client: Any, keys: Keys, scripts: Scripts) -> None:
+        self.client = client
+        self.keys = keys
+        self.scripts = scripts
+        self.direct = DirectCalls.of(client)
 
-    direct: DirectCalls | None
-
-    def _script(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    def run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Run script `name` (see `Scripts.run`)."""
         return self.scripts.run(self.client, name, keys, args)
 
-    def _script_direct(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """`_script` past redis-py's pool and retry layers (see `DirectCalls`), for the hottest calls of a producer."""
+    def run_direct(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """`run` past redis-py's pool and retry layers (see `DirectCalls`), for the hottest calls of a producer."""
         if self.direct is None:
-            return self._script(name, keys, args)
+            return self.run(name, keys, args)
         return self.scripts.run_direct(self.direct, name, keys, args)
 
-    def queue_announce(self, pipe: Any, queues: Iterable[str], *, by_source: bool = False) -> None:
+    def announce(self, pipe: Any, queues: Iterable[str], *, by_source: bool = False) -> None:
         """Add `queues` to the queue set on `pipe` (`announce_queues`)."""
         self.scripts.queue(pipe, "announce_queues", [self.keys.queues()], sorted(queues), by_source=by_source)
+
+    def server_time_us(self) -> int:
+        """Return the Redis server's clock in microseconds (as the scripts' `server_now_us`)."""
+        seconds, micros = self.client.time()
+        return int(seconds) * 1_000_000 + int(micros)

@@ -18,8 +18,8 @@ from redis.exceptions import RedisError
 
 from tasks_app import control, producer
 from tasks_app.models import CANCEL_PERMISSION, ENQUEUE_PERMISSION
-from tasks_app.protocol.jsontext import MAX_JSON_DEPTH, JsonTooDeep, loads_bounded
-from tasks_app.protocol.timestamps import datetime_of_ms
+from tasks_app.protocol.codec import MAX_JSON_DEPTH, JsonTooDeep, loads_bounded
+from tasks_app.protocol.records import datetime_of_ms
 from tasks_app.templatetags.tasks_display import url_or_empty
 from tasks_app.web.api_auth import AuthenticationFailed, authenticate
 from tasks_app.web.common import (

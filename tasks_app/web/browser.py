@@ -13,7 +13,7 @@ from tasks_app import producer
 from tasks_app.models import TaskType
 from tasks_app.protocol import history
 from tasks_app.protocol.broker import get_broker
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tasks_app.web import bulk
 from tasks_app.web.browser_query import PAGE_SIZES, RANGES, Filters, find_page, page_json, query_without, row_json
 from tasks_app.web.common import admin_context, redis_required
@@ -31,7 +31,7 @@ def task_browser(request: HttpRequest) -> HttpResponse:
         return redirect(request.get_full_path())
     filters = Filters.from_query(request.GET)
     broker = get_broker()
-    queues = broker.known_queues()
+    queues = broker.inspect.known_queues()
     page = find_page(broker, filters, queues)
     if request.GET.get("format") == "json":
         return JsonResponse(page_json(page))
@@ -45,7 +45,7 @@ def task_browser(request: HttpRequest) -> HttpResponse:
             filters=filters,
             page=page,
             rows=[{**row_json(record, score), "record": record} for record, score in page.records],
-            history_max=broker.history_max,
+            history_max=broker.enqueuer.history_max,
             older_cursor=repr(page.older) if page.older is not None else "",
             statuses=history.STATUSES,
             queues=queues,
@@ -69,7 +69,7 @@ def _run_action(request: HttpRequest) -> None:
     if not request.user.has_perm(action.permission):
         raise PermissionDenied(f"permission {action.permission} is required")
     ids = list(dict.fromkeys(request.POST.getlist("task")))[: bulk.MAX_SELECTED]
-    records = [ResultRecord.from_fields(fields) for fields in get_broker().get_results(ids) if fields]
+    records = [ResultRecord.from_fields(fields) for fields in get_broker().records.get_results(ids) if fields]
     if not records:
         messages.warning(request, "Select at least one task (that still has a record).")
         return

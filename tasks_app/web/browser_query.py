@@ -18,10 +18,9 @@ from django.utils.dateparse import parse_datetime
 
 from tasks_app.protocol import history
 from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.codec import finite
 from tasks_app.protocol.history import Entry
-from tasks_app.protocol.jsontext import finite
-from tasks_app.protocol.results import LISTED_FIELDS, WHOLE_RECORD_FIELDS, ResultRecord
-from tasks_app.protocol.timestamps import ms_of_datetime
+from tasks_app.protocol.records import LISTED_FIELDS, WHOLE_RECORD_FIELDS, ResultRecord, ms_of_datetime
 
 PAGE_SIZES = (25, 50, 100, 200)
 DEFAULT_PAGE_SIZE = 50
@@ -159,7 +158,7 @@ def find_page(broker: Broker, filters: Filters, known: Sequence[str], now: datet
     examined = 0
     chunk = CHUNK if filters.type else filters.size  # without a type nearly every entry is a row
     while examined < SCAN_BUDGET:
-        window = broker.history_window(queues, filters.status or None, upper, lower, chunk, seen, after)
+        window = broker.records.history_window(queues, filters.status or None, upper, lower, chunk, seen, after)
         for entry, record in zip(window, _records(broker, window), strict=True):
             seen, after, upper = seen + 1 if entry.score_ms == upper else 1, entry.task_id, entry.score_ms
             if record is not None and filters.matches(record):
@@ -175,7 +174,7 @@ def find_page(broker: Broker, filters: Filters, known: Sequence[str], now: datet
 
 
 def _records(broker: Broker, window: list[Entry]) -> list[ResultRecord | None]:
-    fields = broker.get_results((entry.task_id for entry in window), LISTED_FIELDS)
+    fields = broker.records.get_results((entry.task_id for entry in window), LISTED_FIELDS)
     return [ResultRecord.from_fields(item) if item else None for item in fields]
 
 
@@ -183,7 +182,7 @@ def _total(broker: Broker, filters: Filters, queues: list[str], lower: float | N
     """How many entries the index holds for these filters; None when a type or an end time narrows it."""
     if filters.type or filters.until or filters.before is not None:
         return None
-    return broker.history_count(queues, filters.status or None, lower)
+    return broker.records.history_count(queues, filters.status or None, lower)
 
 
 def _search(
@@ -196,12 +195,12 @@ def _search(
 
     Prefix matches are read in id order, as many as a page holds, then filtered (time range too).
     """
-    exact = broker.get_result(filters.q)
+    exact = broker.records.get_result(filters.q)
     if exact is not None:
         record = ResultRecord.from_fields(exact)
         keep = filters.matches(record) and (not filters.queue or record.queue == filters.queue)
         return Page([(record, 0.0)] if keep else [], None, None)
-    entries = broker.history_by_prefix(queues, filters.q, filters.size)
+    entries = broker.records.history_by_prefix(queues, filters.q, filters.size)
     lower, upper = bounds
     rows = [
         (record, entry.score_ms)

@@ -18,8 +18,7 @@ from tasks_app.models import CANCEL_PERMISSION, DELETE_TASK_RECORDS_PERMISSION, 
 from tasks_app.protocol import history
 from tasks_app.protocol.broker import get_broker
 from tasks_app.protocol.control import CANCELLED, REQUESTED
-from tasks_app.protocol.replies import ResultUpdate
-from tasks_app.protocol.results import FINISHED, RETRY_OF_HEADER, ResultRecord
+from tasks_app.protocol.records import FINISHED, RETRY_OF_HEADER, ResultRecord, ResultUpdate
 from tasks_app.web.common import log_task_actions
 
 # At most this many tasks are acted on at once (a page holds at most 200).
@@ -76,7 +75,7 @@ def retry(selection: Selection) -> Outcome:
     retried = [(r, task) for r, task in zip(records, tasks, strict=True) if task is not None and not task.duplicate]
     broker = get_broker()
     for record, task in retried:
-        broker.record_result(ResultUpdate(record.id, {"retried_as": task.id}, settings.TASKS_RESULT_TTL))
+        broker.records.record_result(ResultUpdate(record.id, {"retried_as": task.id}, settings.TASKS_RESULT_TTL))
     # A duplicate holding the copy's own id is a repeat; one holding another id, a unique type's key holder.
     repeats = [i for i, task in zip(copy_ids, tasks, strict=True) if task is None or (task.duplicate and task.id == i)]
     held = len(records) - len(retried) - len(repeats)
@@ -91,7 +90,7 @@ def _enqueue_copies(records: Sequence[ResultRecord], copy_ids: Sequence[str]) ->
     The producer refuses a repeated id for 24 h (the queue's enqueued ids), two racing requests included; the
     copy's record, read first, tells a repeat for as long as it is kept.
     """
-    made = [fields is not None for fields in get_broker().get_results(copy_ids)]
+    made = [fields is not None for fields in get_broker().records.get_results(copy_ids)]
     requests = [
         producer.TaskRequest(
             type=r.type,
@@ -127,7 +126,7 @@ def delete(selection: Selection) -> Outcome:
     """
     records = selection.records
     finished = [r for r in records if r.status in FINISHED]
-    replies = get_broker().delete_finished([(r.queue, r.id) for r in finished])
+    replies = get_broker().records.delete_finished([(r.queue, r.id) for r in finished])
     deleted = [r for r, reply in zip(finished, replies, strict=True) if reply == history.DELETED]
     kept = len(records) - len(finished) + replies.count(history.KEPT)
     note = f" {kept} not finished (or cancelled, still in their queue), kept." if kept else ""

@@ -11,7 +11,7 @@ from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
 from tasks_app.protocol.broker import Broker
-from tasks_app.protocol.minutes import DURATION_BUCKETS_MS, OUTCOMES
+from tasks_app.protocol.history import DURATION_BUCKETS_MS, OUTCOMES
 from tasks_app.templatetags.tasks_display import printable
 
 WINDOW_MINUTES = 60
@@ -87,7 +87,7 @@ def chart_data(broker: Broker, queues: Sequence[str], now_s: float | None = None
     """The last hour per minute: per queue outcomes and backlog, per type outcomes and p50/p95 durations."""
     current = int(now_s if now_s is not None else time.time()) // 60
     minutes = list(range(current - WINDOW_MINUTES + 1, current + 1))
-    counted = {queue: broker.minute_counts(queue, minutes) for queue in queues}
+    counted = {queue: broker.inspect.minute_counts(queue, minutes) for queue in queues}
     by_queue: dict[str, Series] = {}
     types: dict[str, TypeTotals] = {}
     for queue, rows in counted.items():

@@ -17,7 +17,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from tasks_app.logging import escape_control
 from tasks_app.protocol.broker import get_broker
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tasks_app.protocol.scripts import is_transient
 
 View = Callable[..., HttpResponse]
@@ -63,7 +63,7 @@ def csrf_rejection(request: HttpRequest, check: type[CsrfViewMiddleware] = CsrfV
 
 def load_record(task_id: str) -> ResultRecord | None:
     """Return a task's result record, or None if it is unknown or expired."""
-    fields = get_broker().get_result(task_id)
+    fields = get_broker().records.get_result(task_id)
     return ResultRecord.from_fields(fields) if fields else None
 
 

@@ -18,12 +18,10 @@ from django.views.decorators.http import require_http_methods
 
 from tasks_app.models import MANAGE_DEAD_LETTERS_PERMISSION
 from tasks_app.periodic.status import schedule_statuses
-from tasks_app.protocol import dead_letters
 from tasks_app.protocol.broker import Broker, get_broker
-from tasks_app.protocol.names import NAME_PATTERN, InvalidName, validate_name
-from tasks_app.protocol.replies import QueueStats, stored_int
-from tasks_app.protocol.results import LISTED_FIELDS
-from tasks_app.protocol.timestamps import datetime_of_ms
+from tasks_app.protocol.inspection import DeadTask, QueueStats
+from tasks_app.protocol.keys import NAME_PATTERN, InvalidName, validate_name
+from tasks_app.protocol.records import LISTED_FIELDS, datetime_of_ms, stored_int
 from tasks_app.task_types import unique_windows
 from tasks_app.web.charts import chart_data, dashboard_charts
 from tasks_app.web.common import admin_context, log_task_actions, redis_required
@@ -80,8 +78,8 @@ class QueueRow:
 def queue_dashboard(request: HttpRequest) -> HttpResponse:
     """Show every queue's pending / processing / delayed / dead counts, consumers and throughput, and the schedules."""
     broker = get_broker()
-    now_ms = broker.server_time_ms()  # leases are on the Redis clock
-    queues = broker.known_queues()
+    now_ms = broker.inspect.server_time_ms()  # leases are on the Redis clock
+    queues = broker.inspect.known_queues()
     rows = [_queue_row(broker, queue, now_ms) for queue in queues]
     charts = dashboard_charts(chart_data(broker, queues))
     context = admin_context(
@@ -95,13 +93,13 @@ def queue_dashboard(request: HttpRequest) -> HttpResponse:
 
 
 def _queue_row(broker: Broker, queue: str, now_ms: int) -> QueueRow:
-    stats = broker.queue_stats(queue)
+    stats = broker.inspect.queue_stats(queue)
     return QueueRow(
         stats,
         [ConsumerRow.from_info(c, now_ms) for c in stats.consumers],
-        broker.completed_last_minute(queue),
+        broker.inspect.completed_last_minute(queue),
         NAME_PATTERN.fullmatch(queue) is not None,
-        str((broker.pause_states([queue])[queue] or {}).get("by") or ""),
+        str((broker.control.pause_states([queue])[queue] or {}).get("by") or ""),
     )
 
 
@@ -110,7 +108,7 @@ def _queue_row(broker: Broker, queue: str, now_ms: int) -> QueueRow:
 def chart_series(request: HttpRequest) -> JsonResponse:
     """The dashboard's chart data as JSON: per-minute series of the last hour, per queue and per type."""
     broker = get_broker()
-    return JsonResponse(chart_data(broker, broker.known_queues()))
+    return JsonResponse(chart_data(broker, broker.inspect.known_queues()))
 
 
 @staff_member_required
@@ -145,10 +143,10 @@ def dead_letter_page(request: HttpRequest, queue: str) -> HttpResponse:
 def _dead_listing(queue: str, page_number: str | None) -> dict[str, Any]:
     """One page of a queue's dead letters, their total, and which of them still have a result record."""
     broker = get_broker()
-    total = broker.dead_count(queue)
+    total = broker.inspect.dead_count(queue)
     page = Paginator(range(total), PAGE_SIZE).get_page(page_number)
-    tasks = dead_letters.list_dead_tasks(queue, (page.number - 1) * PAGE_SIZE, PAGE_SIZE)
-    records = broker.get_results((task.task_id for task in tasks), LISTED_FIELDS)
+    tasks = broker.inspect.list_dead_tasks(queue, (page.number - 1) * PAGE_SIZE, PAGE_SIZE)
+    records = broker.records.get_results((task.task_id for task in tasks), LISTED_FIELDS)
     return {
         "dead_tasks": tasks,
         # Dead letters outlive result records (TASKS_DEAD_LETTER_MAX_AGE_S): link the tasks that still have one.
@@ -170,18 +168,20 @@ def _act(request: HttpRequest, queue: str) -> None:
     if not refs:
         messages.warning(request, "Select at least one task.")
         return
-    found = dead_letters.find_dead_tasks(queue, refs)
+    found = get_broker().inspect.find_dead_tasks(queue, refs)
     if action == "requeue":
         _requeue(request, queue, found, len(refs))
     else:
-        deleted = dead_letters.delete(queue, found)
+        deleted = get_broker().inspect.delete_dead_tasks(queue, found)
         _log(request, found, DELETION, f"Deleted dead-lettered task from queue {queue}")
         messages.success(request, f"Deleted {deleted} task(s).")
 
 
-def _requeue(request: HttpRequest, queue: str, found: Sequence[dead_letters.DeadTask], asked: int) -> None:
+def _requeue(request: HttpRequest, queue: str, found: Sequence[DeadTask], asked: int) -> None:
     """Requeue `found` (of `asked` selected), a unique type's task taking its key; say what was done."""
-    done = dead_letters.requeue(queue, found, unique_windows=unique_windows(task.type for task in found))
+    done = get_broker().inspect.requeue_dead_tasks(
+        queue, found, unique_windows=unique_windows(task.type for task in found)
+    )
     _log(request, done.moved, CHANGE, f"Requeued dead-lettered task on queue {queue}")
     skipped = asked - len(done.moved) - len(done.held)
     held = "".join(f" Task {task.task_id:.200} not requeued: {HELD_KEY} ({holder:.200})." for task, holder in done.held)
@@ -194,6 +194,6 @@ def _requeue(request: HttpRequest, queue: str, found: Sequence[dead_letters.Dead
     )
 
 
-def _log(request: HttpRequest, tasks: Sequence[dead_letters.DeadTask], flag: int, message: str) -> None:
+def _log(request: HttpRequest, tasks: Sequence[DeadTask], flag: int, message: str) -> None:
     """Record one admin log entry per dead-lettered task acted on."""
     log_task_actions(request, ((task.task_id or task.ref, task.type, flag, message) for task in tasks))

@@ -9,8 +9,7 @@ from django.conf import settings
 
 from tasks_app.models import TaskType, name_validator
 from tasks_app.producer import MAX_UNIQUE_KEY_CHARS
-from tasks_app.protocol.codec import PRIORITY_MAX, PRIORITY_MIN
-from tasks_app.protocol.jsontext import JsonTooDeep, loads_bounded
+from tasks_app.protocol.codec import PRIORITY_MAX, PRIORITY_MIN, JsonTooDeep, loads_bounded
 from tasks_app.registry import Registry, registry as default_registry
 
 JSON_TEXTAREA = forms.Textarea(attrs={"rows": 3, "cols": 60, "class": "vLargeTextField", "spellcheck": "false"})

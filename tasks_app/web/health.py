@@ -25,7 +25,7 @@ def check_web() -> dict[str, str]:
     except Exception as exc:
         checks["database"] = f"error: {exc}"
     try:
-        get_broker().ping()
+        get_broker().inspect.ping()
         checks["redis"] = "ok"
     except Exception as exc:
         checks["redis"] = f"error: {exc}"

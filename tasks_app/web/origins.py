@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from tasks_app.models import PeriodicTask
 from tasks_app.protocol.broker import get_broker
-from tasks_app.protocol.names import NAME_PATTERN
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.keys import NAME_PATTERN
+from tasks_app.protocol.records import ResultRecord
 from tasks_app.templatetags.tasks_display import url_or_empty
 
 
@@ -26,7 +26,7 @@ def _task_link(label: str, task_id: str) -> Origin | None:
     """Another task, linked while it has a record (a bulk delete or the result TTL may have removed it)."""
     if not task_id:
         return None
-    if get_broker().get_result(task_id) is None:
+    if get_broker().records.get_result(task_id) is None:
         return Origin(label, task_id, "", "its record has expired or was deleted")
     return Origin(label, task_id, url_or_empty("tasks_app:task", task_id))
 

@@ -14,8 +14,8 @@ from django.views.decorators.http import require_POST
 from tasks_app.control import set_queue_paused
 from tasks_app.models import PAUSE_QUEUE_PERMISSION
 from tasks_app.protocol.broker import get_broker
-from tasks_app.protocol.names import InvalidName, validate_name
-from tasks_app.protocol.timestamps import datetime_of_ms
+from tasks_app.protocol.keys import InvalidName, validate_name
+from tasks_app.protocol.records import datetime_of_ms
 from tasks_app.web.api import api_view, error
 from tasks_app.web.common import redis_required
 
@@ -23,9 +23,9 @@ from tasks_app.web.common import redis_required
 def queue_state(queue: str) -> dict[str, Any]:
     """A queue's counts and whether (since when, by whom) it is paused, as JSON."""
     broker = get_broker()
-    counts = broker.queue_stats(queue).as_dict()
+    counts = broker.inspect.queue_stats(queue).as_dict()
     counts.pop("consumers", None)
-    state = broker.pause_states([queue])[queue] or {}
+    state = broker.control.pause_states([queue])[queue] or {}
     since = datetime_of_ms(state["since_ms"]) if isinstance(state.get("since_ms"), int) else None
     return {
         **counts,

@@ -19,7 +19,7 @@ from django.views.decorators.http import require_http_methods
 from tasks_app import control, producer
 from tasks_app.models import CANCEL_PERMISSION, ENQUEUE_PERMISSION
 from tasks_app.protocol.broker import get_broker
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tasks_app.templatetags.tasks_display import url_or_empty
 from tasks_app.web.common import (
     BODY_ENCODING_FACTOR,
@@ -156,7 +156,7 @@ def _queue_pause(record: ResultRecord) -> dict[str, Any]:
     """Whether a task that waits waits on a paused queue."""
     if record.status != "READY":
         return {"queue_paused": False}
-    return {"queue_paused": get_broker().pause_states([record.queue])[record.queue] is not None}
+    return {"queue_paused": get_broker().control.pause_states([record.queue])[record.queue] is not None}
 
 
 def _percent(progress: dict[str, Any] | None) -> float | None:

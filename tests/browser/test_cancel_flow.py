@@ -24,4 +24,4 @@ def test_cancel_a_queued_task_from_its_page(page, snap, live_server, broker):
     expect(page.locator("#task-cancelled")).to_contain_text("by user:admin")
     expect(page.locator("#task-cancel")).to_have_count(0)
     snap("cancelled")
-    assert broker.get_result(task_id)["status"] == "CANCELLED"
+    assert broker.records.get_result(task_id)["status"] == "CANCELLED"

@@ -56,7 +56,7 @@ def test_a_selection_holds_the_rows_until_the_bulk_action_even_when_newer_tasks_
     expect(page.locator(f'input[name=task][value="{chosen}"]')).to_be_checked()
     page.click("#bulk-go")
     expect(page.locator("ul.messagelist")).to_contain_text("Cancelled 1 task(s)")
-    assert broker.get_result(chosen)["status"] == "CANCELLED"
+    assert broker.records.get_result(chosen)["status"] == "CANCELLED"
     expect(page.locator("#tasks-live-note")).to_have_text("")
     expect(page.locator("tr.task-row")).to_have_count(25)
 

@@ -9,8 +9,8 @@ import pytest
 
 from tasks_app import producer
 from tasks_app.models import TaskType
-from tasks_app.protocol import results
-from tasks_app.protocol.replies import ResultUpdate
+from tasks_app.protocol import records
+from tasks_app.protocol.records import ResultUpdate
 from tests.browser.test_web_flow import log_in
 from tests.support.processes import wait_until
 
@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.xdist_group("browser"), pytest.ma
 
 def _finished(broker, task_id: str, status: str, error: str = "") -> None:
     """Record a task as finished (its task waits delayed, so nothing runs it)."""
-    entry = results.error_record("demo.Boom", f"Traceback\nRuntimeError: {error}") if error else None
+    entry = records.error_record("demo.Boom", f"Traceback\nRuntimeError: {error}") if error else None
     now_ms = time.time() * 1000
     fields = {
         "status": status,
@@ -28,7 +28,7 @@ def _finished(broker, task_id: str, status: str, error: str = "") -> None:
         "started_at_ms": f"{now_ms - 1834.5:.3f}",
         "finished_at_ms": f"{now_ms:.3f}",
     }
-    broker.record_result(ResultUpdate(task_id, fields, 600, append_error=entry, queue="ops"))
+    broker.records.record_result(ResultUpdate(task_id, fields, 600, append_error=entry, queue="ops"))
 
 
 def _held_back(type_name: str, count: int = 1, **kwargs) -> list[str]:
@@ -78,9 +78,13 @@ def test_the_dashboard_draws_its_charts(page, snap, live_server, broker, consume
     with consumer_in_thread(queues=["ops"], concurrency=2):
         producer.enqueue("ops.echo", count=12)
         producer.enqueue("ops.fail", count=2)
-        wait_until(lambda: broker.history_count(["ops"], "SUCCESSFUL", None) == 12, 20, message="the echoes to run")
-        wait_until(lambda: broker.history_count(["ops"], "FAILED", None) == 2, 20, message="the failures to fail")
-        broker.sample_backlog("ops")
+        wait_until(
+            lambda: broker.records.history_count(["ops"], "SUCCESSFUL", None) == 12, 20, message="the echoes to run"
+        )
+        wait_until(
+            lambda: broker.records.history_count(["ops"], "FAILED", None) == 2, 20, message="the failures to fail"
+        )
+        broker.inspect.sample_backlog("ops")
         log_in(page, live_server.url)
         page.goto(f"{live_server.url}/tasks/dashboard/")
         charts = page.locator("#charts-queues svg.tasks-chart")
@@ -114,7 +118,7 @@ def test_a_bulk_retry_reaches_successful_on_a_real_consumer(page, snap, live_ser
     expect(page.locator("tr.task-row")).to_have_count(1, timeout=30_000)
     retry_id = page.locator("tr.task-row").get_attribute("data-task")
     assert retry_id != original
-    record = results.ResultRecord.from_fields(broker.get_result(retry_id))
+    record = records.ResultRecord.from_fields(broker.records.get_result(retry_id))
     assert (record.status, record.args, record.retry_of) == ("SUCCESSFUL", ["again"], original)
     page.click("tr.task-row a.task-link")
     expect(page.locator("#task-status")).to_have_text("SUCCESSFUL")
@@ -146,7 +150,7 @@ def test_a_chart_with_one_minute_of_data_shows_it(page, live_server, broker):
     from playwright.sync_api import expect
 
     _held_back("demo.echo", 3)
-    broker.sample_backlog("ops")  # the backlog of this minute only: one point, no line to draw
+    broker.inspect.sample_backlog("ops")  # the backlog of this minute only: one point, no line to draw
     log_in(page, live_server.url)
     page.goto(f"{live_server.url}/tasks/dashboard/")
     backlog = page.locator('.queue-charts[data-queue="ops"] svg.tasks-chart').nth(1)
@@ -214,7 +218,7 @@ def test_a_bulk_action_says_how_many_selected_tasks_were_gone_meanwhile(page, li
     log_in(page, live_server.url)
     page.goto(f"{live_server.url}/tasks/?status=FAILED")
     page.check("#tasks-select-all")
-    broker.delete_finished([("ops", second)])  # from another tab, while this one shows it selected
+    broker.records.delete_finished([("ops", second)])  # from another tab, while this one shows it selected
     page.select_option("#bulk-action", "retry")
     page.click("#bulk-go")
     expect(page.locator("ul.messagelist")).to_have_text(
@@ -224,8 +228,8 @@ def test_a_bulk_action_says_how_many_selected_tasks_were_gone_meanwhile(page, li
 
 def _copies_of(broker, original: str) -> list[str]:
     """The ids of the tasks of queue ops that retry `original`, oldest first."""
-    ids = [entry.task_id for entry in broker.history_window(["ops"], None, None, None, 100)][::-1]
-    return [i for i in ids if results.ResultRecord.from_fields(broker.get_result(i)).retry_of == original]
+    ids = [entry.task_id for entry in broker.records.history_window(["ops"], None, None, None, 100)][::-1]
+    return [i for i in ids if records.ResultRecord.from_fields(broker.records.get_result(i)).retry_of == original]
 
 
 def test_the_retry_form_sent_twice_enqueues_one_copy_and_a_retry_of_it_another(page, snap, live_server, broker):
@@ -261,5 +265,5 @@ def test_the_retry_form_sent_twice_enqueues_one_copy_and_a_retry_of_it_another(p
     page.click("#bulk-go")
     expect(page.locator("ul.messagelist")).to_have_text("Enqueued 1 retry task(s).")
     [first, second] = _copies_of(broker, original)
-    assert first == copy != second and broker.get_result(original)["retried_as"] == second
+    assert first == copy != second and broker.records.get_result(original)["retried_as"] == second
     expect(row.locator(".tasks-retried-as code")).to_have_attribute("title", second)

@@ -10,7 +10,7 @@ from django.contrib.auth import get_user_model
 
 from tasks_app import producer
 from tasks_app.models import TaskType
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tests.support.enqueued import enqueued_keys
 from tests.support.processes import wait_until
 
@@ -61,7 +61,7 @@ def test_add_a_type_enqueue_from_the_form_and_watch_it_succeed(page, snap, live_
     expect(page.locator("#task-return")).to_contain_text('"greeting": "<b>hi</b>"')  # shown as text, escaped
     snap("task-successful")
     task_id = page.url.rstrip("/").rsplit("/", 1)[-1]
-    record = ResultRecord.from_fields(broker.get_result(task_id))
+    record = ResultRecord.from_fields(broker.records.get_result(task_id))
     assert (record.status, record.attempts, record.return_value) == (
         "SUCCESSFUL",
         1,
@@ -78,8 +78,10 @@ def test_requeue_a_dead_lettered_task_from_the_dashboard(page, snap, live_server
     with consumer_in_thread(queues=["browser"], concurrency=2) as consumer:
         [dead] = producer.enqueue("browser.fail", ["it broke"])
         producer.enqueue("browser.echo", count=3)
-        wait_until(lambda: broker.queue_stats("browser").dead == 1, 15, message="the failing task to be dead-lettered")
-        wait_until(lambda: broker.queue_stats("browser").pending == 0, 15, message="the echo tasks to run")
+        wait_until(
+            lambda: broker.inspect.queue_stats("browser").dead == 1, 15, message="the failing task to be dead-lettered"
+        )
+        wait_until(lambda: broker.inspect.queue_stats("browser").pending == 0, 15, message="the echo tasks to run")
 
         page.goto(f"{live_server.url}/admin/")
         page.click("#task-queue-links >> text=Queue dashboard")
@@ -97,7 +99,7 @@ def test_requeue_a_dead_lettered_task_from_the_dashboard(page, snap, live_server
         expect(page.locator("ul.messagelist")).to_contain_text("Requeued 1 task(s).")
         # The consumer runs it again (a second run, and it fails again: demo.fail always does).
         wait_until(
-            lambda: len(ResultRecord.from_fields(broker.get_result(dead.id)).worker_ids) == 2,
+            lambda: len(ResultRecord.from_fields(broker.records.get_result(dead.id)).worker_ids) == 2,
             15,
             message="the requeued task to run again",
         )
@@ -144,11 +146,11 @@ def test_pause_and_resume_a_queue_from_the_dashboard(page, snap, live_server, br
     expect(page.locator("ul.messagelist")).to_contain_text("Queue default paused.")
     expect(row.locator(".paused-badge")).to_have_text("Paused")
     snap("paused-queue")
-    assert broker.is_paused("default")
+    assert broker.control.is_paused("default")
     row.locator("button.pause-button").click()
     expect(page.locator("ul.messagelist")).to_contain_text("Queue default resumed.")
     expect(row.locator(".queue-state")).to_contain_text("Running")
-    assert not broker.is_paused("default")
+    assert not broker.control.is_paused("default")
 
 
 def test_a_waiting_tasks_page_says_its_queue_is_paused_until_it_is_resumed(page, live_server, broker):
@@ -183,8 +185,8 @@ def test_two_enqueues_from_the_form_with_the_same_unique_key_give_one_task(page,
     expect(page.locator("ul.messagelist")).to_contain_text("was enqueued already")
     snap("duplicate")
     assert task_ids[0] == task_ids[1]
-    assert broker.queue_stats("browser").pending == 1
-    assert ResultRecord.from_fields(broker.get_result(task_ids[0])).args == [1]
+    assert broker.inspect.queue_stats("browser").pending == 1
+    assert ResultRecord.from_fields(broker.records.get_result(task_ids[0])).args == [1]
 
 
 def test_the_form_takes_arguments_over_djangos_upload_limit_up_to_the_payload_limit(
@@ -206,7 +208,7 @@ def test_the_form_takes_arguments_over_djangos_upload_limit_up_to_the_payload_li
             assert enqueued_keys(broker) == []
     page.wait_for_url(re.compile(r"/tasks/[0-9a-f-]{36}/$"))
     task_id = page.url.rstrip("/").rsplit("/", 1)[-1]
-    assert ResultRecord.from_fields(broker.get_result(task_id)).args == ["é" * 15_000]
+    assert ResultRecord.from_fields(broker.records.get_result(task_id)).args == ["é" * 15_000]
 
 
 def test_a_saved_task_types_name_shows_read_only_with_how_to_rename(page, live_server, broker):
@@ -232,7 +234,7 @@ def test_a_schedules_last_run_under_an_id_no_url_can_hold_shows_unlinked(page, l
 
     echo = TaskType.objects.create(name="browser.tick", handler="demo.echo", queue="browser")
     PeriodicTask.objects.create(name="browser.tick", task_type=echo, interval_s=60)
-    now_ms = broker.server_time_ms() // 60_000 * 60_000
+    now_ms = broker.inspect.server_time_ms() // 60_000 * 60_000
     state = {"slot_ms": now_ms, "fired_slot_ms": now_ms, "task_id": "<b>a/b</b>"}  # a foreign writer's
     broker.client.hset(broker.keys.periodic("browser", "browser.tick"), mapping=state)
     log_in(page, live_server.url)

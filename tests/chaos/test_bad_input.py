@@ -10,8 +10,8 @@ import pytest
 from django.conf import settings
 
 from tasks_app import producer
-from tasks_app.protocol.broker import Enqueueable
 from tasks_app.protocol.codec import Task, decode_task, encode_task
+from tasks_app.protocol.enqueue import Enqueueable
 from tests.chaos.harness import Fleet, Summary, scaled, tally, wait_finished
 from tests.support.processes import wait_until
 
@@ -46,7 +46,7 @@ def enqueue_mixed(broker, total: int) -> tuple[list[str], int, int]:
     while len(good) + bad_garbage + bad_unknown < total:
         good += [t.id for t in producer.enqueue("test.record", count=CHUNK - 2)]
         broker.client.lpush(broker.keys.pending("default"), garbage(rng))
-        broker.enqueue([unknown_type("default")], settings.TASKS_RESULT_TTL)
+        broker.enqueuer.enqueue([unknown_type("default")], settings.TASKS_RESULT_TTL)
         bad_garbage += 1
         bad_unknown += 1
     return good, bad_garbage, bad_unknown
@@ -62,10 +62,12 @@ def test_bad_input_is_dead_lettered_and_never_stops_the_consumer(chaos_broker, c
     wait_finished(broker, good, scaled(180, 600), fleet)
     bad = bad_garbage + bad_unknown
 
-    wait_until(lambda: broker.queue_stats("default").dead >= bad, 60, message="every bad entry to be dead-lettered")
+    wait_until(
+        lambda: broker.inspect.queue_stats("default").dead >= bad, 60, message="every bad entry to be dead-lettered"
+    )
 
     result = tally(broker, good)
-    dead = [decode_task(raw) for raw, _ in broker.list_dead("default", limit=bad + 10)]
+    dead = [decode_task(raw) for raw, _ in broker.inspect.list_dead("default", limit=bad + 10)]
     Summary(
         "9-bad-input",
         len(good) + bad,
@@ -82,6 +84,6 @@ def test_bad_input_is_dead_lettered_and_never_stops_the_consumer(chaos_broker, c
     assert sum(task.type == "_undecodable" for task in dead) == bad_garbage
     assert sum("unknown task type" in task.dead_reason for task in dead) == bad_unknown
     assert consumer.process.poll() is None, "the consumer exited"
-    assert [c["id"] for c in broker.live_consumers("default")] == ["steady"]
+    assert [c["id"] for c in broker.inspect.live_consumers("default")] == ["steady"]
     log = consumer.log()
     assert "lost its lease" not in log and "unexpected error" not in log and "Traceback" not in log

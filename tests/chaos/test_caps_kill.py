@@ -61,7 +61,7 @@ def test_a_cap_holds_while_consumers_holding_its_slots_are_killed_and_their_task
         pid = rng.choice(sorted(open_runs(broker, fleet)))
         [victim] = [cid for cid, process in fleet.processes.items() if process.pid == pid]
         fleet.kill(victim)
-        killed_ms[pid] = broker.server_time_ms()
+        killed_ms[pid] = broker.inspect.server_time_ms()
         del fleet.processes[victim]
         fleet.spawn(f"{victim}-{round_}")
 

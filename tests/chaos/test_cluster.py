@@ -8,7 +8,7 @@ import pytest
 
 from tasks_app import producer
 from tasks_app.protocol.broker import Broker
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tests.chaos.harness import scaled
 
 pytestmark = [pytest.mark.chaos, pytest.mark.django_db(transaction=True)]
@@ -40,13 +40,13 @@ def test_round_trip_on_two_queues_on_different_nodes(cluster_broker, consumer_pr
     assert consumer.wait(timeout_s=90) == 0, consumer.log()
 
     for task in tasks:
-        record = ResultRecord.from_fields(broker.get_result(task.id))
+        record = ResultRecord.from_fields(broker.records.get_result(task.id))
         assert record.status == "SUCCESSFUL", (task, consumer.log())
         assert record.return_value == {"args": [task.queue], "kwargs": {}}
     for queue in (east, west):
-        stats = broker.queue_stats(queue)
+        stats = broker.inspect.queue_stats(queue)
         assert (stats.pending, stats.processing, stats.delayed, stats.dead) == (0, 0, 0, 0)
-    assert set(broker.known_queues()) == {east, west}
+    assert set(broker.inspect.known_queues()) == {east, west}
     assert "CROSSSLOT" not in consumer.log()
 
 
@@ -60,7 +60,7 @@ def test_rate_limit_holds_across_consumers_on_a_cluster(cluster_broker, consumer
     broker = cluster_broker
     TaskType.objects.create(name="test.record", handler="test.record", rate_limit=5, rate_period=1.0)
     consumers = [consumer_process("--lease", "2", "--concurrency", "4") for _ in range(2)]
-    wait_until(lambda: len(broker.live_consumers("default")) == 2, 30, message="two consumers to register")
+    wait_until(lambda: len(broker.inspect.live_consumers("default")) == 2, 30, message="two consumers to register")
     # Each consumer's first run of the handler opens its Cluster connections: done by unlimited
     # warm-up runs, so that set-up cannot delay the start a limited run records.
     TaskType.objects.create(name="test.warm_up", handler="test.record")
@@ -96,17 +96,17 @@ def test_pause_and_concurrency_cap_hold_on_a_cluster(cluster_broker, consumer_pr
     broker = cluster_broker
     # Keyed: the two tenants' slot sets hash to slots of their own, apart from the queue's.
     TaskType.objects.create(name="test.span", handler="test.span", max_running=2, max_running_key="tenant")
-    assert broker.pause("default", by="chaos")
+    assert broker.control.pause("default", by="chaos")
     consumers = [consumer_process("--lease", "2", "--concurrency", "4", TASK_HANDLER_MODULES=MODULES) for _ in range(2)]
     enqueued = [
         *producer.enqueue("test.span", kwargs={"sleep_s": 0.2, "tenant": "a"}, count=scaled(8, 40)),
         *producer.enqueue("test.span", kwargs={"sleep_s": 0.2, "tenant": "b"}, count=scaled(8, 40)),
     ]
-    wait_until(lambda: len(broker.live_consumers("default")) == 2, 30, message="two consumers to register")
+    wait_until(lambda: len(broker.inspect.live_consumers("default")) == 2, 30, message="two consumers to register")
     time.sleep(1.5)
-    assert spans(broker) == [] and broker.queue_stats("default").paused
+    assert spans(broker) == [] and broker.inspect.queue_stats("default").paused
 
-    assert broker.resume("default")
+    assert broker.control.resume("default")
 
     def ends() -> list[dict]:
         return [e for e in spans(broker) if e["event"] == "end"]

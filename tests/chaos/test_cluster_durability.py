@@ -15,10 +15,10 @@ from prometheus_client import REGISTRY
 
 from tasks_app import producer
 from tasks_app.consumer.ack_batcher import AckBatcher
-from tasks_app.protocol import dead_letters
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, decode_task, encode_task
-from tasks_app.protocol.replies import ResultUpdate
+from tasks_app.protocol.inspection import DeadTask, UniqueWindow
+from tasks_app.protocol.records import ResultUpdate
 from tests.chaos.servers import RedisClusterServers, RedisServer
 from tests.support.broker_calls import deleted_before_the_move
 
@@ -33,8 +33,8 @@ def _timeouts() -> float:
 
 def _claimed(broker: Broker, consumer_id: str, count: int) -> tuple[list[str], list[bytes]]:
     tasks = producer.enqueue("demo.echo", count=count)
-    broker.heartbeat(["default"], consumer_id, 10_000, {})
-    return [t.id for t in tasks], broker.claim("default", consumer_id, count)
+    broker.leases.heartbeat(["default"], consumer_id, 10_000, {})
+    return [t.id for t in tasks], broker.queue.claim("default", consumer_id, count)
 
 
 def _ack_all(batcher: AckBatcher, ids: list[str], raws: list[bytes], consumer_id: str) -> list[bool | None]:
@@ -80,7 +80,7 @@ def test_acks_wait_until_a_replica_has_the_results(replicated_cluster):
         flusher = threading.Thread(target=batcher.flush_once, args=(0.1,), daemon=True)
         flusher.start()
         time.sleep(1.0)
-        assert broker.get_result(ids[0])["status"] == "SUCCESSFUL"  # written on its master...
+        assert broker.records.get_result(ids[0])["status"] == "SUCCESSFUL"  # written on its master...
         assert broker.client.llen(broker.keys.processing("default", "d1")) == 3  # ...but nothing acked yet
         assert outcomes == []
     flusher.join(timeout=10)
@@ -118,21 +118,23 @@ def test_a_requeued_dead_letter_is_pushed_only_once_a_replica_has_its_ready_reco
     cluster, shared = replicated_cluster
     broker = Broker(shared.client, shared.keys.prefix, shared.scripts, cluster_wait_ms=5000)
     task = Task(id="dead-1", type="demo.echo", queue="default", attempt=3, dead_reason="failed 3 of 3 attempts")
-    broker.client.zadd(broker.keys.dead("default"), {encode_task(task): broker.server_time_ms()})
-    broker.record_result(ResultUpdate(task.id, {"status": "FAILED", "dead_reason": task.dead_reason}, 60))
+    broker.client.zadd(broker.keys.dead("default"), {encode_task(task): broker.inspect.server_time_ms()})
+    broker.records.record_result(ResultUpdate(task.id, {"status": "FAILED", "dead_reason": task.dead_reason}, 60))
     record_key, pending = broker.keys.result(task.id), broker.keys.pending("default")
     replica = cluster.replica_of(_master_of(cluster, broker, record_key))
-    dead = dead_letters.list_dead_tasks("default", broker=broker)
-    moved: list[dead_letters.DeadTask] = []
+    dead = broker.inspect.list_dead_tasks("default")
+    moved: list[DeadTask] = []
 
     with _stopped(replica):
-        requeuer = threading.Thread(target=lambda: moved.extend(dead_letters.requeue("default", dead, broker).moved))
+        requeuer = threading.Thread(
+            target=lambda: moved.extend(broker.inspect.requeue_dead_tasks("default", dead).moved)
+        )
         requeuer.start()
         time.sleep(1.0)
         # A failover of the record's master now would bring the dead run's record back under a new run.
         assert broker.client.llen(pending) == 0
         assert broker.client.zcard(broker.keys.delayed("default")) == 1  # parked, out of the dead letters
-        assert broker.get_result(task.id)["status"] == "READY"  # written on its master
+        assert broker.records.get_result(task.id)["status"] == "READY"  # written on its master
     requeuer.join(timeout=10)
 
     assert [item.task_id for item in moved] == [task.id] and broker.client.llen(pending) == 1
@@ -145,20 +147,20 @@ def test_a_requeue_on_a_cluster_writes_records_only_for_the_tasks_it_moved(clust
     broker = cluster_broker
     for n in (1, 2, 3):
         task = Task(id=f"dead-{n}", type="demo.echo", queue="default", attempt=3, dead_reason="failed")
-        broker.client.zadd(broker.keys.dead("default"), {encode_task(task): broker.server_time_ms()})
-        broker.record_result(ResultUpdate(task.id, {"status": "FAILED"}, 60, fence=1))
+        broker.client.zadd(broker.keys.dead("default"), {encode_task(task): broker.inspect.server_time_ms()})
+        broker.records.record_result(ResultUpdate(task.id, {"status": "FAILED"}, 60, fence=1))
     broker.client.delete(broker.keys.result("dead-2"))
     broker.client.set(broker.keys.result("dead-2"), "a foreign writer's")
-    shown = dead_letters.list_dead_tasks("default", broker=broker)
+    shown = broker.inspect.list_dead_tasks("default")
     deleted_before_the_move(monkeypatch, broker, "default", "dead-3", shown)
-    moved = dead_letters.requeue("default", shown, broker=broker).moved
+    moved = broker.inspect.requeue_dead_tasks("default", shown).moved
 
     assert sorted(dead.task_id for dead in moved) == ["dead-1", "dead-2"]
     pending = broker.client.lrange(broker.keys.pending("default"), 0, -1)
     assert sorted(decode_task(raw).id for raw in pending) == ["dead-1", "dead-2"]
     assert broker.client.zcard(broker.keys.delayed("default")) == 0  # none left parked
-    assert broker.get_result("dead-1")["status"] == "READY"
-    assert broker.get_result("dead-3")["status"] == "FAILED"
+    assert broker.records.get_result("dead-1")["status"] == "READY"
+    assert broker.records.get_result("dead-3")["status"] == "FAILED"
 
 
 @pytest.mark.timeout(120)
@@ -174,14 +176,14 @@ def test_masters_without_replicas_are_not_waited_on(cluster_broker):
 
     assert time.monotonic() - started_s < 2.0  # a WAIT there would block the whole 5 s
     assert outcomes == [True] * 6 and _timeouts() == before
-    assert [broker.get_result(task_id)["status"] for task_id in ids] == ["SUCCESSFUL"] * 6
+    assert [broker.records.get_result(task_id)["status"] for task_id in ids] == ["SUCCESSFUL"] * 6
 
 
 @pytest.mark.timeout(120)
 def test_scripts_work_again_after_the_client_default_node_failed_over(replicated_cluster):
     cluster, broker = replicated_cluster
     queues = ["q0", "q1", "q2", "q3", "q4", "q5"]
-    assert broker.heartbeat(queues, "d4", 10_000, {})
+    assert broker.leases.heartbeat(queues, "d4", 10_000, {})
     victim = broker.client.get_node_from_key(broker.keys.consumers("q0"))
     broker.client.set_default_node(victim)  # redis-py asks this node for every script's keys
     replica = cluster.replica_of(cluster.server_on_port(victim.port))
@@ -194,7 +196,7 @@ def test_scripts_work_again_after_the_client_default_node_failed_over(replicated
     error: redis.RedisError | None = None
     while time.monotonic() < deadline:
         try:
-            broker.heartbeat(queues, "d4", 10_000)
+            broker.leases.heartbeat(queues, "d4", 10_000)
             error = None
             break
         except redis.RedisError as exc:
@@ -210,14 +212,16 @@ def test_a_requeue_on_a_cluster_takes_a_unique_tasks_key_with_the_move(cluster_b
     broker = cluster_broker
     for n, digest in ((1, "held"), (2, "free")):
         task = Task(id=f"dead-{n}", type="uniq.echo", queue="default", attempt=3, unique_digest=digest)
-        broker.client.zadd(broker.keys.dead("default"), {encode_task(task): broker.server_time_ms()})
+        broker.client.zadd(broker.keys.dead("default"), {encode_task(task): broker.inspect.server_time_ms()})
     broker.client.set(broker.keys.unique("default", "held"), "other", px=60_000)
-    windows = {"uniq.echo": dead_letters.UniqueWindow(60_000, until_finished=True)}
-    outcome = dead_letters.requeue("default", dead_letters.list_dead_tasks("default", broker=broker), broker, windows)
+    windows = {"uniq.echo": UniqueWindow(60_000, until_finished=True)}
+    outcome = broker.inspect.requeue_dead_tasks("default", broker.inspect.list_dead_tasks("default"), windows)
 
     assert [dead.task_id for dead in outcome.moved] == ["dead-2"]
     assert [(dead.task_id, holder) for dead, holder in outcome.held] == [("dead-1", "other")]
     assert [decode_task(raw).id for raw in broker.client.lrange(broker.keys.pending("default"), 0, -1)] == ["dead-2"]
     assert broker.client.get(broker.keys.unique("default", "free")) == b"dead-2"
-    assert broker.get_result("dead-2")["unique_digest"] == "free" and broker.get_result("dead-1") is None
+    assert (
+        broker.records.get_result("dead-2")["unique_digest"] == "free" and broker.records.get_result("dead-1") is None
+    )
     assert broker.client.zcard(broker.keys.dead("default")) == 1

@@ -12,7 +12,7 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 
-from tasks_app.protocol.slots import SlotSet, Waiter
+from tasks_app.protocol.limits import SlotSet, Waiter
 
 pytestmark = [pytest.mark.chaos, pytest.mark.django_db(transaction=True)]
 
@@ -26,9 +26,9 @@ def test_queue_counts_of_foreign_queue_names_are_read_on_a_cluster(cluster_broke
     broker.client.lpush(broker.keys.pending("}x"), b"not a task")
     broker.client.zadd(broker.keys.dead("}x"), {b"dead": 1})
 
-    stats = broker.queue_stats("}x")
+    stats = broker.inspect.queue_stats("}x")
     assert (stats.pending, stats.dead) == (1, 1)
-    assert broker.completed_last_minute("}x") == 0
+    assert broker.inspect.completed_last_minute("}x") == 0
     out = StringIO()
     call_command("queuestats", "--json", stdout=out)
     assert sorted(row["queue"] for row in json.loads(out.getvalue())["queues"]) == sorted(["default", *SPLIT_NAMES])
@@ -41,10 +41,10 @@ def test_a_record_naming_a_foreign_queue_spoils_no_other_cancel_on_a_cluster(clu
     broker.client.hset(broker.keys.result("foreign"), mapping={"status": "RUNNING", "queue": "}x"})
     broker.client.hset(broker.keys.result("ours"), mapping={"status": "RUNNING", "queue": "default"})
 
-    replies = broker.cancel_many(["waiting", "foreign", "ours"], force=True)
+    replies = broker.control.cancel_many(["waiting", "foreign", "ours"], force=True)
 
     assert [reply.outcome for reply in replies] == ["cancelled", "requested", "requested"]
-    assert broker.cancel_marks("default", ["ours"]) == [2]  # its consumer is told, and stops it
+    assert broker.control.cancel_marks("default", ["ours"]) == [2]  # its consumer is told, and stops it
 
 
 @pytest.mark.timeout(60)
@@ -56,8 +56,8 @@ def test_a_woken_waiter_naming_a_foreign_queue_is_dropped_on_a_cluster(cluster_b
     broker.client.hset(broker.keys.running_waiting("capped"), mapping={"foreign": b"}x\n+000task", ours.id: ours.entry})
     broker.client.zadd(broker.keys.delayed("default"), {ours.member: 10**15})
 
-    woken = broker.release_slot(slots, "gone", idle_ms=60_000, lease_ms=1)
+    woken = broker.limits.release_slot(slots, "gone", idle_ms=60_000, lease_ms=1)
 
-    assert [broker.wake(waiter) for waiter in woken] == [True]
+    assert [broker.limits.wake(waiter) for waiter in woken] == [True]
     assert woken == [ours]
-    assert broker.queue_stats("default").pending == 1
+    assert broker.inspect.queue_stats("default").pending == 1

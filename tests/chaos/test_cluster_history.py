@@ -14,7 +14,8 @@ from tasks_app.periodic.schedule import Schedule
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, encode_task
 from tasks_app.protocol.periodic import SlotFiring
-from tasks_app.protocol.replies import ResultUpdate, UniqueRelease
+from tasks_app.protocol.queue import UniqueRelease
+from tasks_app.protocol.records import ResultUpdate
 from tests.support.periodic import current_slot_ms
 
 pytestmark = [pytest.mark.chaos, pytest.mark.django_db(transaction=True)]
@@ -39,9 +40,12 @@ def test_periodic_runs_and_unique_tasks_are_indexed_ready_on_a_cluster(cluster_b
     run = run_id(config.name, slot_ms)
     assert duplicate.duplicate and duplicate.id == unique.id
     assert indexed(broker, "tick") == indexed(broker, "tick", "READY") == [run, unique.id]
-    assert broker.get_result(run)["status"] == "READY"
-    assert broker.get_result(unique.id)["status"] == "READY"
-    assert [entry.task_id for entry in broker.history_window(["tick"], "READY", None, None, 10)] == [unique.id, run]
+    assert broker.records.get_result(run)["status"] == "READY"
+    assert broker.records.get_result(unique.id)["status"] == "READY"
+    assert [entry.task_id for entry in broker.records.history_window(["tick"], "READY", None, None, 10)] == [
+        unique.id,
+        run,
+    ]
 
 
 @pytest.mark.timeout(120)
@@ -49,21 +53,21 @@ def test_results_acks_unique_keys_and_chart_counts_on_a_cluster(cluster_broker):
     # The record lies in a slot of its own: chart counts go with the acks, and only for the writes
     # the records took; a unique task's key is freed by its ack, in its queue's slot.
     broker = cluster_broker
-    broker.heartbeat(["u"], "c1", 30_000, {"lease_ms": 30_000})
+    broker.leases.heartbeat(["u"], "c1", 30_000, {"lease_ms": 30_000})
     broker.client.set(broker.keys.unique("u", "d1"), "t1", px=600_000)
     broker.client.lpush(broker.keys.pending("u"), encode_task(Task(id="t1", type="x", queue="u", unique_digest="d1")))
-    [raw] = broker.claim("u", "c1", 1) or []
-    broker.record_result(ResultUpdate("late", {"status": "SUCCESSFUL"}, 60, fence=10, queue="u", task_type="x"))
+    [raw] = broker.queue.claim("u", "c1", 1) or []
+    broker.records.record_result(ResultUpdate("late", {"status": "SUCCESSFUL"}, 60, fence=10, queue="u", task_type="x"))
     minute = int(time.time()) // 60
-    before = sum(counts.get("ok|x", 0) for counts in broker.minute_counts("u", [minute, minute + 1]))
+    before = sum(counts.get("ok|x", 0) for counts in broker.inspect.minute_counts("u", [minute, minute + 1]))
     ok = ResultUpdate("t1", {"status": "SUCCESSFUL"}, 60, fence=1, queue="u", task_type="x", run_s=0.1)
     turned_away = ResultUpdate("late", {"status": "SUCCESSFUL"}, 60, fence=5, queue="u", task_type="x", run_s=0.1)
-    report = broker.ack_many_reporting(
+    report = broker.queue.ack_many_reporting(
         [ok, turned_away], {("u", "c1"): [raw]}, releases={("u", "c1"): [UniqueRelease("d1", "t1")]}
     )
     assert report.flags == {("u", "c1"): [True]} and report.written == (1, 0)
     assert not broker.client.exists(broker.keys.unique("u", "d1"))
-    after = sum(counts.get("ok|x", 0) for counts in broker.minute_counts("u", [minute, minute + 1]))
+    after = sum(counts.get("ok|x", 0) for counts in broker.inspect.minute_counts("u", [minute, minute + 1]))
     assert after == before + 1
 
 
@@ -78,6 +82,6 @@ def test_a_unique_task_enqueued_again_under_its_own_id_keeps_its_record_on_a_clu
     [again] = producer.enqueue_many([request])
 
     assert not first.duplicate and again.duplicate and again.id == "given-id"
-    assert broker.get_result("given-id")["status"] == "READY"
-    assert broker.get_result("given-id")["type"] == "demo.echo"
-    assert broker.queue_stats("once").pending == 1
+    assert broker.records.get_result("given-id")["status"] == "READY"
+    assert broker.records.get_result("given-id")["type"] == "demo.echo"
+    assert broker.inspect.queue_stats("once").pending == 1

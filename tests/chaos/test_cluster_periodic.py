@@ -22,7 +22,7 @@ def test_consumers_on_rows_read_before_and_after_a_queue_move_fire_each_slot_onc
     config = PeriodicConfig(name="roams", task_type="demo.echo", schedule=Schedule(interval_s=3600))
     fired, runs = fire_around_a_queue_move(broker, config, "out", "moved")
     assert runs == fired  # each slot once, where it was fired, and no catch-up run for a slot run elsewhere
-    assert broker.get_result(pushed_runs(broker, "out")[-1].task_id)["queue"] == "out"
+    assert broker.records.get_result(pushed_runs(broker, "out")[-1].task_id)["queue"] == "out"
     # The next hour's slot, asked for by a consumer on the old rows first: it fires in the queue that claimed it.
     hour_ms = fired[-1].slot_ms
     old = replace(config, name="hourly", queue="out", saved_ms=hour_ms - 7_200_000)
@@ -43,8 +43,8 @@ def test_a_slot_claimed_by_a_consumer_that_died_before_firing_it_fires_once_by_a
     broker = cluster_broker
     TaskType.objects.create(name="demo.echo", handler="demo.echo", queue="out")
     config = PeriodicConfig(name="hourly", task_type="demo.echo", schedule=Schedule(interval_s=3600))
-    slot_ms = config.schedule.latest_at_or_before(broker.server_time_ms())
-    assert broker._claim_slot(config.name, slot_ms, "out").outcome == "claimed"  # then killed: no fire
+    slot_ms = config.schedule.latest_at_or_before(broker.inspect.server_time_ms())
+    assert broker.periodic._claim_slot(config.name, slot_ms, "out").outcome == "claimed"  # then killed: no fire
     for _ in range(2):  # the others, one after the other
         PeriodicLoop(broker, 2.0, 3600.0, load=lambda: [config]).run_once()
     assert [run.slot_ms for run in pushed_runs(broker, "out") if run.schedule == "hourly"] == [slot_ms]

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import redis
 
-from tasks_app.protocol import results
-from tasks_app.protocol.broker import Broker, Enqueueable
+from tasks_app.protocol import records
+from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Arguments, Task, encode_task
+from tasks_app.protocol.enqueue import Enqueueable
 from tasks_app.protocol.history import STATUSES
 from tests.chaos.harness import Fleet, scaled
 from tests.chaos.test_kill import assert_all_done, enqueue_everywhere, kill_one_of_two
@@ -84,24 +85,24 @@ def test_a_late_retry_or_dead_letter_of_a_reaped_run_leaves_the_reruns_state(clu
     broker = cluster_broker
     task = Task(id="late-1", type="demo.echo", queue="q", attempt=1)
     raw = encode_task(task)
-    broker.enqueue([Enqueueable(queue="q", raw=raw)], result_ttl_s=60)
+    broker.enqueuer.enqueue([Enqueueable(queue="q", raw=raw)], result_ttl_s=60)
     fences = []
     for consumer_id in ("c1", "c2"):  # c1 freezes past its lease and is reaped; c2 runs the task again
-        broker.heartbeat(["q"], consumer_id, 10_000, {"lease_ms": 10_000})
-        fences.append(broker.claim_with_suspect("q", consumer_id, 1).first_fence)
-        assert broker.record_result(results.started(task, ARGS, consumer_id, 1, 3, 60, fences[-1])) == 1
+        broker.leases.heartbeat(["q"], consumer_id, 10_000, {"lease_ms": 10_000})
+        fences.append(broker.queue.claim_with_suspect("q", consumer_id, 1).first_fence)
+        assert broker.records.record_result(records.started(task, ARGS, consumer_id, 1, 3, 60, fences[-1])) == 1
         if consumer_id == "c1":  # reaped at once: the fresh cluster holds reaping for a lease otherwise
-            assert broker.reap("q", consumer_id, 10_000, own_earlier_run=True).requeued == 1
-    assert broker.ack("q", "c2", [raw], [results.succeeded(task, '"c2"', 2, 60, fences[1])]) == [True]
+            assert broker.leases.reap("q", consumer_id, 10_000, own_earlier_run=True).requeued == 1
+    assert broker.queue.ack("q", "c2", [raw], [records.succeeded(task, '"c2"', 2, 60, fences[1])]) == [True]
 
-    error = results.error_record("builtins.RuntimeError", "late")
-    failure = results.attempt_failed(task, error, 3, 60, final=final, retry_at_ms=9, dead_reason="x", fence=fences[0])
+    error = records.error_record("builtins.RuntimeError", "late")
+    failure = records.attempt_failed(task, error, 3, 60, final=final, retry_at_ms=9, dead_reason="x", fence=fences[0])
     if final:
-        assert broker.dead_letter("q", "c1", raw, raw, failure) is False
+        assert broker.queue.dead_letter("q", "c1", raw, raw, failure) is False
     else:
-        assert broker.retry_later("q", "c1", raw, raw, 0, 1000, failure) is False
+        assert broker.queue.retry_later("q", "c1", raw, raw, 0, 1000, failure) is False
 
-    record = broker.get_result(task.id)
+    record = broker.records.get_result(task.id)
     assert (record["status"], record["return_value"]) == ("SUCCESSFUL", '"c2"') and "errors" not in record
     assert broker.client.zcard(broker.keys.delayed("q")) == broker.client.zcard(broker.keys.dead("q")) == 0
     filed = {status for status in STATUSES if broker.client.zscore(broker.keys.history_status("q", status), task.id)}

@@ -20,7 +20,7 @@ def freeze(fleet: Fleet, consumer_id: str) -> tuple[set[str], float, float]:
     """SIGSTOP a consumer; return the tasks it holds, when it was frozen and its lease deadline (ms, Redis clock)."""
     broker = fleet.broker
     held = fleet.freeze(consumer_id)
-    frozen_ms = broker.server_time_ms()
+    frozen_ms = broker.inspect.server_time_ms()
     lease_deadline_ms = broker.client.zscore(broker.keys.consumers("default"), consumer_id)
     assert lease_deadline_ms is not None, f"{consumer_id} had no lease when frozen"
     return held, frozen_ms, lease_deadline_ms
@@ -113,7 +113,7 @@ def test_frozen_consumer_is_reaped_and_comes_back_under_a_new_id(chaos_broker, c
 
 def check_identities_after_thaw(fleet: Fleet, log: str, others_held: dict[str, set[str]], duplicates: set[str]) -> None:
     """The thawed consumer goes on under a new id; the others were never presumed dead nor ran a task twice."""
-    live = {c["id"] for c in fleet.broker.live_consumers("default")}
+    live = {c["id"] for c in fleet.broker.inspect.live_consumers("default")}
     assert "consumer frozen lost its lease" in log and "continuing as frozen.1" in log
     assert {"frozen.1", "b", "c"} <= live and "frozen" not in live
     for cid in ("b", "c"):

@@ -16,7 +16,7 @@ from tasks_app import producer
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.codec import Task, UndecodableTask, decode_task, encode_task
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tests.chaos.harness import Fleet, Summary, scaled, settled_leftovers, tally, wait_finished
 from tests.support.processes import wait_until
 from tests.support.recording import recorded_runs
@@ -69,7 +69,7 @@ def enqueue_own(hostile: Hostile, kind: str, type_name: str, kwargs: dict[str, o
 def delayed_without_prefix(broker: Broker, hostile: Hostile) -> None:
     """A delayed member that is a bare task, without its 4-character priority prefix, due now."""
     task_id, raw = foreign("demo.echo")
-    broker.client.zadd(broker.keys.delayed(QUEUE), {raw: broker.server_time_ms()})
+    broker.client.zadd(broker.keys.delayed(QUEUE), {raw: broker.inspect.server_time_ms()})
     hostile.add("delayed_no_prefix", task_id)
 
 
@@ -98,7 +98,7 @@ def dead_letters(broker: Broker) -> tuple[dict[str, str], int]:
     """Dead letters of the queue: reason by task id, and how many were undecodable (with a reason)."""
     by_id: dict[str, str] = {}
     undecodable = 0
-    for raw, _ in broker.list_dead(QUEUE, limit=100_000):
+    for raw, _ in broker.inspect.list_dead(QUEUE, limit=100_000):
         try:
             task = decode_task(raw)
         except UndecodableTask:
@@ -127,7 +127,7 @@ def wrong_outcomes(broker: Broker, hostile: Hostile) -> dict[str, Counter[str]]:
     by_id, _ = dead_letters(broker)
     wrong: dict[str, Counter[str]] = {}
     for task_id, kind in hostile.ids.items():
-        ended = outcome(broker.get_result(task_id), by_id.get(task_id))
+        ended = outcome(broker.records.get_result(task_id), by_id.get(task_id))
         allowed = FAILED_WITH_REASON | ({"succeeded"} if kind in MAY_SUCCEED else set())
         if kind == "delayed_no_prefix" and ended == "no record":
             continue  # dead-lettered as undecodable bytes: counted with the garbage below
@@ -175,7 +175,7 @@ def test_hostile_input_fails_only_itself_and_never_stalls_a_consumer(start_redis
     wrong = wrong_outcomes(broker, hostile)
     by_id, undecodable = dead_letters(broker)
     unmatched_prefixless = sum(
-        kind == "delayed_no_prefix" and task_id not in by_id and broker.get_result(task_id) is None
+        kind == "delayed_no_prefix" and task_id not in by_id and broker.records.get_result(task_id) is None
         for task_id, kind in hostile.ids.items()
     )
     result = tally(broker, good)

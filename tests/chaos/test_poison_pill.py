@@ -48,7 +48,7 @@ def test_poison_pill_is_dead_lettered_after_the_recovery_limit(chaos_broker, con
     wait_finished(broker, good, scaled(120, 600), fleet)
 
     result = tally(broker, good)
-    dead = [decode_task(raw) for raw, _ in broker.list_dead("default")]
+    dead = [decode_task(raw) for raw, _ in broker.inspect.list_dead("default")]
     Summary(
         "5-poison-pill",
         len(good) + 1,
@@ -62,5 +62,5 @@ def test_poison_pill_is_dead_lettered_after_the_recovery_limit(chaos_broker, con
     assert [task.id for task in dead] == [pill]
     assert f"recovered {MAX_RECOVERIES + 1} times" in dead[0].dead_reason
     assert deaths == MAX_RECOVERIES + 1
-    assert broker.get_result(pill)["dead_reason"] == dead[0].dead_reason
+    assert broker.records.get_result(pill)["dead_reason"] == dead[0].dead_reason
     assert result.lost == [], f"tasks that were not the pill failed: {result.lost[:5]}"

@@ -32,7 +32,7 @@ def race_reapers(broker: Broker) -> tuple[list[int], float]:
         own = Broker(connect(settings.REDIS_URL), broker.keys.prefix)  # a connection of its own
         barrier.wait()
         moved = 0
-        while (outcome := own.reap("default", "dead", DEAD_LEASE_MS)).status == 1:
+        while (outcome := own.leases.reap("default", "dead", DEAD_LEASE_MS)).status == 1:
             moved += outcome.requeued
             if not outcome.remaining:
                 break
@@ -54,8 +54,8 @@ def test_racing_reapers_requeue_each_task_exactly_once(chaos_broker):
     ids = [t.id for t in producer.enqueue("test.record", count=scaled(1500, 5000))]
     # A consumer that claimed a large batch and died: its lease is never renewed. It registers
     # only now, as enqueueing takes longer than its lease on a loaded machine.
-    assert broker.heartbeat(["default"], "dead", DEAD_LEASE_MS, {"lease_ms": DEAD_LEASE_MS})
-    claimed = broker.claim("default", "dead", len(ids))
+    assert broker.leases.heartbeat(["default"], "dead", DEAD_LEASE_MS, {"lease_ms": DEAD_LEASE_MS})
+    claimed = broker.queue.claim("default", "dead", len(ids))
     assert claimed is not None
     held_by_dead = task_ids(claimed)
     time.sleep(1.1)  # its lease is over, and Redis has been up for longer than it

@@ -35,7 +35,7 @@ def test_redis_restart_loses_nothing_and_runs_nothing_twice(start_redis, consume
     server.kill()
     time.sleep(LEASE_S * 1.5)  # down for longer than a lease: every stored deadline is now past
     server.start()
-    restarted_ms = broker.server_time_ms()
+    restarted_ms = broker.inspect.server_time_ms()
     # Every task finishes with the consumers left running: tasks a claim moved just before Redis
     # died (its reply lost) are found by the claimer's reconciliation and returned, not stranded.
     wait_finished(broker, ids, scaled(120, 600), fleet)

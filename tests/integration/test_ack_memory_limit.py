@@ -15,7 +15,7 @@ from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.claiming import Claimed
 from tasks_app.consumer.executor import build_executor
 from tasks_app.models import TaskType
-from tasks_app.protocol import results
+from tasks_app.protocol import records
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, decode_task
 from tasks_app.protocol.keys import split_delayed_member
@@ -45,15 +45,15 @@ def _refused_for_memory(client: redis.Redis) -> None:
 
     batcher = AckBatcher(broker, threading.Event())
     outcome: list[bool | None] = []
-    batcher.ack("q", "c1", raw, results.succeeded(task, '"done"', 5, 60, fence, 0.1), outcome.append)
+    batcher.ack("q", "c1", raw, records.succeeded(task, '"done"', 5, 60, fence, 0.1), outcome.append)
     assert batcher.flush_once(block_s=0.1) == 1
     client.config_set("maxmemory", 0)
 
     assert outcome == [None]  # unknown to the consumer: the list still holds the task
     assert client.lrange(broker.keys.processing("q", "c1"), 0, -1) == [raw]
-    record = broker.get_result(task.id)
+    record = broker.records.get_result(task.id)
     assert record["status"] == "RUNNING" and "return_value" not in record
-    assert broker.ack("q", "c1", [raw]) == [True]  # what is listed can still be settled
+    assert broker.queue.ack("q", "c1", [raw]) == [True]  # what is listed can still be settled
 
 
 def test_a_task_acked_alone_for_memory_still_gets_its_record(tmp_path: Path):
@@ -69,13 +69,13 @@ def test_a_task_acked_alone_for_memory_still_gets_its_record(tmp_path: Path):
         client.config_set("maxmemory", int(client.info("memory")["used_memory"]) + 1_500_000)
         batcher = AckBatcher(broker, threading.Event())
         outcome: list[bool | None] = []
-        batcher.ack("q", "c1", raw, results.succeeded(task, '"done"', 5, 60, fence, 0.1), outcome.append)
+        batcher.ack("q", "c1", raw, records.succeeded(task, '"done"', 5, 60, fence, 0.1), outcome.append)
         assert batcher.flush_once(block_s=0.1) == 1
         client.config_set("maxmemory", 0)
 
         assert outcome == [True] and client.llen(broker.keys.processing("q", "c1")) == 0
-        record = broker.get_result(task.id)
-        assert (record["status"], record["return_value"]) == (results.SUCCESSFUL, '"done"')
+        record = broker.records.get_result(task.id)
+        assert (record["status"], record["return_value"]) == (records.SUCCESSFUL, '"done"')
         assert int(client.hget(broker.keys.minute("q", int(time.time()) // 60), "ok") or 0) == 1
     finally:
         server.remove()

@@ -4,7 +4,7 @@ import pytest
 
 from tasks_app import producer
 from tasks_app.models import TaskType
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tests.support.processes import wait_until
 from tests.support.recording import marks
 
@@ -12,7 +12,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def record_of(broker, task) -> ResultRecord:
-    return ResultRecord.from_fields(broker.get_result(task.id) or {})
+    return ResultRecord.from_fields(broker.records.get_result(task.id) or {})
 
 
 def test_a_thousand_async_tasks_run_at_once_on_one_process(broker, consumer_process):
@@ -20,7 +20,7 @@ def test_a_thousand_async_tasks_run_at_once_on_one_process(broker, consumer_proc
     consumer = consumer_process("--burst", "--concurrency", "2", "--prefetch", "2", "--async-concurrency", "200")
     assert consumer.wait(120) == 0, consumer.log()
 
-    fields = [broker.get_result(task.id) or {} for task in tasks]
+    fields = [broker.records.get_result(task.id) or {} for task in tasks]
     assert [f.get("status") for f in fields] == ["SUCCESSFUL"] * len(tasks)
     assert max(int(f["return_value"]) for f in fields) > 2, "more at once than there are worker threads"
     first_start = min(float(f["started_at_ms"]) for f in fields)
@@ -52,7 +52,7 @@ def test_a_failing_async_task_is_retried_through_the_same_path(broker, consumer_
     record = record_of(broker, task)
     assert (record.status, record.attempts) == ("FAILED", 2)
     assert [e["exception_class_path"] for e in record.errors] == ["builtins.ValueError"] * 2
-    assert broker.queue_stats("default").processing == 0
+    assert broker.inspect.queue_stats("default").processing == 0
 
 
 def test_an_async_task_called_with_arguments_its_handler_does_not_take_fails_and_is_retried(broker, consumer_in_thread):
@@ -93,5 +93,5 @@ def test_a_stop_returns_unstarted_the_tasks_waiting_for_room_on_the_lane(broker,
     assert len(started) == 1, f"only the run begun before the stop: {marks(broker)}"
     statuses = {t.id: record_of(broker, t).status for t in tasks}
     assert statuses == {t.id: "SUCCESSFUL" if t.id in started else "READY" for t in tasks}
-    stats = broker.queue_stats("default")
+    stats = broker.inspect.queue_stats("default")
     assert (stats.pending, stats.processing, stats.consumers) == (4, 0, [])

@@ -14,8 +14,8 @@ from tasks_app.consumer.gates import ConcurrencyGate
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, encode_task
+from tasks_app.protocol.limits import SlotSet, Waiter
 from tasks_app.protocol.scripts import connect
-from tasks_app.protocol.slots import SlotSet, Waiter
 from tests.chaos.servers import RedisServer
 from tests.support.processes import wait_until
 from tests.support.throttle_handlers import HOLD_KEY_SUFFIX, MODULES, most_at_once, spans
@@ -32,7 +32,7 @@ def ended(broker) -> list[dict]:
 def test_cap_of_two_holds_across_three_consumers_and_keeps_both_slots_busy(broker, consumer_process):
     TaskType.objects.create(name=CAPPED, handler=CAPPED, max_running=2)
     consumers = [consumer_process("--concurrency", "4", "--lease", "2", TASK_HANDLER_MODULES=MODULES) for _ in range(3)]
-    wait_until(lambda: len(broker.live_consumers("default")) == 3, 30, message="three consumers to register")
+    wait_until(lambda: len(broker.inspect.live_consumers("default")) == 3, 30, message="three consumers to register")
 
     enqueued = producer.enqueue(CAPPED, kwargs={"sleep_s": 0.3}, count=24)
     wait_until(lambda: len(ended(broker)) >= 24, 40, interval_s=0.2, message="all 24 tasks to end")
@@ -55,12 +55,16 @@ def test_slots_of_a_killed_consumer_free_when_its_lease_lapses_and_not_before(br
     wait_until(lambda: len(spans(broker)) == 2, 30, message="the holder to start both capped tasks")
     other = consumer_process("--concurrency", "4", "--lease", "2", **env)
     rest = producer.enqueue(CAPPED, kwargs={"sleep_s": 0.1}, count=6)
-    wait_until(lambda: len(broker.live_consumers("default")) == 2, 30, message="the second consumer to register")
+    wait_until(
+        lambda: len(broker.inspect.live_consumers("default")) == 2, 30, message="the second consumer to register"
+    )
 
     time.sleep(3)  # over a lease: the holder's renewals keep its slots
     assert sorted(e["task_id"] for e in spans(broker)) == sorted(task.id for task in held)
-    [lease_deadline_ms] = [c["lease_deadline_ms"] for c in broker.live_consumers("default") if c["pid"] == holder.pid]
-    killed_ms = broker.server_time_ms()
+    [lease_deadline_ms] = [
+        c["lease_deadline_ms"] for c in broker.inspect.live_consumers("default") if c["pid"] == holder.pid
+    ]
+    killed_ms = broker.inspect.server_time_ms()
     holder.kill()
     broker.client.delete(f"{broker.keys.prefix}:{HOLD_KEY_SUFFIX}")
     wait_until(lambda: len(ended(broker)) >= 8, 40, interval_s=0.2, message="every task to finish after the kill")
@@ -86,19 +90,21 @@ def test_a_restarted_redis_counts_the_slots_of_live_runs_until_their_consumers_r
         broker = Broker(connect(server.url), key_prefix)
         slots, newcomer = SlotSet(CAPPED, None, 1), Waiter("q", b"+000b")
         wait_up_for(broker, lease_ms)
-        assert broker.acquire_slot(slots, "live", Waiter("q", b"+000a"), lease_ms, 60_000)[0]
+        assert broker.limits.acquire_slot(slots, "live", Waiter("q", b"+000a"), lease_ms, 60_000)[0]
         server.kill()
         time.sleep(lease_ms / 1000 + 0.3)  # down for longer than a lease: the holder's deadline is past
         server.start()
         if lost:  # not yet fsynced, or expired as idle while Redis was down
             broker.client.delete(broker.keys.running(CAPPED))
-        assert not broker.acquire_slot(slots, "newcomer", newcomer, lease_ms, 60_000)[0]  # the live run still counts
-        assert broker.renew_slots({(CAPPED, None): ["live"]}, lease_ms, 60_000) == 1  # its consumer renews it
+        assert not broker.limits.acquire_slot(slots, "newcomer", newcomer, lease_ms, 60_000)[
+            0
+        ]  # the live run still counts
+        assert broker.limits.renew_slots({(CAPPED, None): ["live"]}, lease_ms, 60_000) == 1  # its consumer renews it
         wait_up_for(broker, lease_ms)
-        broker.renew_slots({(CAPPED, None): ["live"]}, lease_ms, 60_000)  # as every heartbeat does
-        assert not broker.acquire_slot(slots, "newcomer", newcomer, lease_ms, 60_000)[0]
-        broker.release_slot(slots, "live", 60_000, lease_ms)
-        assert broker.acquire_slot(slots, "newcomer", newcomer, lease_ms, 60_000)[0]
+        broker.limits.renew_slots({(CAPPED, None): ["live"]}, lease_ms, 60_000)  # as every heartbeat does
+        assert not broker.limits.acquire_slot(slots, "newcomer", newcomer, lease_ms, 60_000)[0]
+        broker.limits.release_slot(slots, "live", 60_000, lease_ms)
+        assert broker.limits.acquire_slot(slots, "newcomer", newcomer, lease_ms, 60_000)[0]
     finally:
         server.remove()
 
@@ -108,10 +114,11 @@ class RenewsFirst:
 
     def __init__(self, broker: Broker) -> None:
         self.broker, self.gate = broker, None
+        self.limits = self  # the only role the gate asks of it
 
     def acquire_slot(self, *args):
         self.gate.renew()
-        return self.broker.acquire_slot(*args)
+        return self.broker.limits.acquire_slot(*args)
 
 
 def test_a_run_denied_a_slot_just_after_a_restart_leaves_no_holder_behind(tmp_path, key_prefix):
@@ -123,7 +130,7 @@ def test_a_run_denied_a_slot_just_after_a_restart_leaves_no_holder_behind(tmp_pa
         slots = SlotSet(CAPPED, None, 1)
         task = Task(id="t1", type=CAPPED, queue="q")
         assert gate.acquire(Claimed("q", "c1", encode_task(task)), task, slots) is None
-        assert broker.slots_in_use(slots) == 0  # its renewal did not put back a slot it never took
+        assert broker.limits.slots_in_use(slots) == 0  # its renewal did not put back a slot it never took
     finally:
         server.remove()
 
@@ -133,7 +140,7 @@ def test_a_keyed_cap_holds_per_value_across_consumers_while_values_run_side_by_s
     env = {"TASK_HANDLER_MODULES": MODULES, "TASKS_THROTTLE_RECHECK_S": "1"}
     for _ in range(2):
         consumer_process("--concurrency", "6", "--lease", "2", **env)
-    wait_until(lambda: len(broker.live_consumers("default")) == 2, 30, message="two consumers to register")
+    wait_until(lambda: len(broker.inspect.live_consumers("default")) == 2, 30, message="two consumers to register")
     tenants = [*range(8), "a b", {"nested": [1]}]  # plain values, and values that are hashed into their key
     for tenant in tenants:
         producer.enqueue(CAPPED, kwargs={"sleep_s": 0.1, "tenant": tenant}, count=4)

@@ -5,7 +5,7 @@ import pytest
 from tasks_app import producer
 from tasks_app.models import TaskType
 from tasks_app.protocol.codec import decode_task
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tests.support.processes import wait_until
 from tests.support.recording import marks, recorded_runs
 
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def record_of(broker, task) -> ResultRecord:
-    return ResultRecord.from_fields(broker.get_result(task.id) or {})
+    return ResultRecord.from_fields(broker.records.get_result(task.id) or {})
 
 
 def wait_finished(broker, task, timeout_s: float = 20) -> ResultRecord:
@@ -30,7 +30,7 @@ def test_failing_task_is_retried_with_backoff_then_dead_lettered(broker, consume
     assert [e["exception_class_path"] for e in record.errors] == ["builtins.RuntimeError"] * 3
     assert "boom" in record.errors[-1]["traceback"]
     assert len(record.worker_ids) == 3
-    [(raw, _)] = broker.list_dead("default")
+    [(raw, _)] = broker.inspect.list_dead("default")
     dead = decode_task(raw)
     assert dead.id == task.id and dead.attempt == 3
     assert "failed 3 of 3 attempts" in dead.dead_reason and "boom" in dead.last_traceback
@@ -43,7 +43,7 @@ def test_flaky_task_succeeds_after_k_failures_with_k_plus_one_runs(broker, consu
         record = wait_finished(broker, task)
     assert (record.status, record.attempts, len(record.errors)) == ("SUCCESSFUL", 3, 2)
     assert record.return_value == "succeeded on attempt 3"
-    assert broker.list_dead("default") == []
+    assert broker.inspect.list_dead("default") == []
 
 
 def test_a_task_past_its_timeout_fails_and_the_consumer_goes_on(broker, consumer_in_thread):
@@ -116,7 +116,7 @@ def test_disabled_types_wait_without_using_attempts(broker, consumer_in_thread):
     row.enabled = False
     row.save()
     with consumer_in_thread():
-        wait_until(lambda: broker.queue_stats("default").delayed == 1, 10, message="the task to be held back")
+        wait_until(lambda: broker.inspect.queue_stats("default").delayed == 1, 10, message="the task to be held back")
         assert record_of(broker, task).attempts == 0
         row.enabled = True
         row.save()
@@ -132,9 +132,9 @@ def test_settings_are_read_from_memory_not_the_database_per_task(broker, django_
     TaskType.objects.create(name="cached", handler="demo.echo")
     cache = TaskTypeCache()
     cache.refresh()
-    broker.heartbeat(["default"], "inline", 10_000, {"lease_ms": 10_000})
+    broker.leases.heartbeat(["default"], "inline", 10_000, {"lease_ms": 10_000})
     tasks = producer.enqueue("cached", count=5)
-    claimed = broker.claim("default", "inline", 5)
+    claimed = broker.queue.claim("default", "inline", 5)
     executor = build_executor(broker, registry, cache, "inline", 60)
     with django_assert_num_queries(0):
         for raw in claimed:
@@ -150,12 +150,12 @@ def test_tasks_moved_by_a_claim_whose_reply_was_lost_go_back_to_pending(broker):
     consumer = Consumer(ConsumerOptions(consumer_id="unlucky", lease_s=10), broker=broker)
     consumer.register()
     kept, lost = producer.enqueue("demo.echo", count=2)
-    held_raw, lost_raw = broker.claim("default", "unlucky", 2)
+    held_raw, lost_raw = broker.queue.claim("default", "unlucky", 2)
     consumer.dispatch([Claimed("default", "unlucky", held_raw)])  # the one whose reply arrived
 
     consumer.claimer("default").reconcile()
 
-    assert broker.held_by("default", "unlucky") == [held_raw]
+    assert broker.queue.held_by("default", "unlucky") == [held_raw]
     assert broker.client.lrange(broker.keys.pending("default"), 0, -1) == [lost_raw]
     assert {decode_task(held_raw).id, decode_task(lost_raw).id} == {kept.id, lost.id}
 
@@ -170,12 +170,12 @@ def test_the_soft_limit_runs_the_handlers_finally_in_thread_mode(broker, consume
 
 
 def test_a_run_completes_the_record_whether_the_producer_wrote_one_or_not(broker, consumer_in_thread):
-    from tasks_app.protocol.broker import Enqueueable
     from tasks_app.protocol.codec import Task, encode_payload, encode_task
+    from tasks_app.protocol.enqueue import Enqueueable
 
     payload = encode_payload([1], {"note": "foreign"})
     raw = encode_task(Task(id="foreign-1", type="test.record", queue="default", payload=payload))
-    broker.enqueue([Enqueueable(queue="default", raw=raw)], result_ttl_s=60)  # no READY record
+    broker.enqueuer.enqueue([Enqueueable(queue="default", raw=raw)], result_ttl_s=60)  # no READY record
     [ours] = producer.enqueue("test.record", args=[2], kwargs={"note": "ours"})
     with consumer_in_thread():
         foreign = wait_finished(broker, decode_task(raw))
@@ -187,13 +187,13 @@ def test_a_run_completes_the_record_whether_the_producer_wrote_one_or_not(broker
 
 @pytest.mark.parametrize("mode", [[], ["--processes", "1"]], ids=["threads", "processes"])
 def test_burst_exits_leaving_a_paused_queues_tasks_and_says_so(broker, consumer_process, mode):
-    assert broker.pause("paused", by="test")
+    assert broker.control.pause("paused", by="test")
     waiting = producer.enqueue("test.record", queue="paused", count=2)
     done = producer.enqueue("test.record", count=3)
     later = producer.enqueue("test.record", queue="paused", delay_s=60)
     consumer = consumer_process("--burst", "--queue", "default", "--queue", "paused", "--lease", "2", *mode)
     assert consumer.wait(60) == 0, consumer.log()
     assert {task.id for task in done} == {run["task_id"] for run in recorded_runs(broker)}
-    stats = broker.queue_stats("paused")
+    stats = broker.inspect.queue_stats("paused")
     assert (stats.pending, stats.processing, stats.delayed) == (len(waiting), 0, len(later))
     assert "queue paused is paused with 2 task(s) pending and 1 delayed" in consumer.log()

@@ -31,7 +31,7 @@ def task_types() -> None:
 
 
 def is_final(broker, task_id: str) -> bool:
-    record = broker.get_result(task_id) or {}
+    record = broker.records.get_result(task_id) or {}
     return record.get("status") in {"SUCCESSFUL", "FAILED"}
 
 
@@ -97,7 +97,7 @@ def check_rate_limited_tasks_were_deferred(broker, after: Scrape, limited: list)
     assert limited_started == 1, f"{limited_started} of {len(limited)} rate-limited tasks started"
     assert after.value("taskqueue_tasks_started_total", type=LIMITED, queue="default") == 1
     assert after.value("taskqueue_tasks_deferred_total", type=LIMITED, reason="rate_limited") >= 2
-    waiting = [broker.get_result(task.id) for task in limited]
+    waiting = [broker.records.get_result(task.id) for task in limited]
     assert sorted(record["status"] for record in waiting) == ["READY", "READY", "SUCCESSFUL"], waiting
     assert sorted(record["attempts"] for record in waiting) == ["0", "0", "1"], waiting
 

@@ -10,9 +10,10 @@ import pytest
 from tasks_app import producer
 from tasks_app.consumer.lifecycle import Consumer
 from tasks_app.consumer.options import ConsumerOptions
-from tasks_app.protocol.broker import Broker, Enqueueable
+from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import decode_task, encode_payload
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.enqueue import Enqueueable
+from tasks_app.protocol.records import ResultRecord
 from tasks_app.protocol.scripts import connect
 from tests.chaos.servers import RedisServer
 from tests.support.claims import task_bytes
@@ -25,7 +26,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def statuses(broker, tasks) -> list[str]:
-    return [ResultRecord.from_fields(broker.get_result(t.id) or {}).status for t in tasks]
+    return [ResultRecord.from_fields(broker.records.get_result(t.id) or {}).status for t in tasks]
 
 
 def test_kill_9_mid_batch_loses_nothing_and_duplicates_only_what_the_dead_one_held(broker, consumer_process):
@@ -68,7 +69,7 @@ def test_sigterm_finishes_in_flight_tasks_and_returns_unstarted_ones(broker, con
     assert all(count == 1 for count in started.values())
     finished = [t for t in tasks if statuses(broker, [t]) == ["SUCCESSFUL"]]
     assert {t.id for t in finished} == set(started), "every started task finished, once"
-    stats = broker.queue_stats("default")
+    stats = broker.inspect.queue_stats("default")
     assert (stats.pending, stats.processing, stats.consumers) == (len(tasks) - len(started), 0, [])
     # The unstarted tasks went back to the head of pending: the oldest runs first next time.
     next_up = decode_task(broker.client.lindex(broker.keys.pending("default"), -1)).id
@@ -85,7 +86,7 @@ def test_sigterm_while_redis_is_down_exits_within_the_grace_period_leaving_the_t
         private = Broker(connect(server.url), key_prefix)
         slow = encode_payload([], {"sleep_s": 3.0})  # the one running outlasts the grace period
         raws = [task_bytes(f"t{n}", queue="default", payload=slow) for n in range(6)]
-        private.enqueue([Enqueueable(queue="default", raw=raw) for raw in raws], result_ttl_s=60)
+        private.enqueuer.enqueue([Enqueueable(queue="default", raw=raw) for raw in raws], result_ttl_s=60)
         args = ("--consumer-id", "cut-off", "--concurrency", "1", "--prefetch", "4", "--grace", "1")
         consumer = consumer_process(*args, REDIS_URL=server.url)
         processing = private.keys.processing("default", "cut-off")
@@ -123,8 +124,8 @@ def test_a_consumer_never_holds_more_than_concurrency_plus_prefetch(broker, cons
 
 def test_bad_input_is_dead_lettered_and_the_consumer_carries_on(broker, consumer_process):
     from tasks_app.models import TaskType
-    from tasks_app.protocol.broker import Enqueueable
     from tasks_app.protocol.codec import Task, encode_task
+    from tasks_app.protocol.enqueue import Enqueueable
 
     TaskType.objects.create(name="needs.missing.module", handler="broken.handler")
     foreign = [
@@ -133,7 +134,7 @@ def test_bad_input_is_dead_lettered_and_the_consumer_carries_on(broker, consumer
         encode_task(Task(id="broken-1", type="needs.missing.module", queue="default")),
         encode_task(Task(id="badpayload-1", type="test.record", queue="default", payload=b"[not json")),
     ]
-    broker.enqueue([Enqueueable(queue="default", raw=raw) for raw in foreign], result_ttl_s=60)
+    broker.enqueuer.enqueue([Enqueueable(queue="default", raw=raw) for raw in foreign], result_ttl_s=60)
     good = producer.enqueue("test.record", count=20)
     consumer = consumer_process(
         "--burst", "--concurrency", "2", TASK_HANDLER_MODULES="tests.support.handlers,tests.support.broken_handlers"
@@ -142,7 +143,7 @@ def test_bad_input_is_dead_lettered_and_the_consumer_carries_on(broker, consumer
 
     assert statuses(broker, good) == ["SUCCESSFUL"] * 20
     dead = {}
-    for raw, _ in broker.list_dead("default"):
+    for raw, _ in broker.inspect.list_dead("default"):
         task = decode_task(raw)
         dead[task.id if task.type != "_undecodable" else "garbage"] = task
     assert set(dead) == {"garbage", "unknown-1", "broken-1", "badpayload-1"}
@@ -152,7 +153,7 @@ def test_bad_input_is_dead_lettered_and_the_consumer_carries_on(broker, consumer
     assert "broken.handler" in dead["broken-1"].dead_reason
     assert "simulated: a dependency" in dead["broken-1"].dead_reason
     assert "not UTF-8 JSON" in dead["badpayload-1"].dead_reason
-    assert ResultRecord.from_fields(broker.get_result("unknown-1")).status == "FAILED"
+    assert ResultRecord.from_fields(broker.records.get_result("unknown-1")).status == "FAILED"
 
 
 def test_a_signal_echo_is_not_a_second_signal_but_a_later_one_exits_at_once(broker, consumer_process):
@@ -215,7 +216,7 @@ def test_a_task_a_worker_starts_as_the_stop_begins_is_waited_for_and_not_returne
     with running(consumer):
         wait_until(stop.preempted.is_set, 30, message="the worker to take the task")
     assert statuses(broker, [task]) == ["SUCCESSFUL"]
-    stats = broker.queue_stats("default")
+    stats = broker.inspect.queue_stats("default")
     assert (stats.pending, stats.processing) == (0, 0), "not returned: it ran, once"
 
 
@@ -224,7 +225,7 @@ def test_a_stopped_consumer_exits_although_a_handler_left_a_thread_running(broke
     [task] = producer.enqueue("test.leaves_thread", [60])
     consumer = consumer_process("--grace", "2")
     wait_until(
-        lambda: ResultRecord.from_fields(broker.get_result(task.id) or {}).status == "SUCCESSFUL",
+        lambda: ResultRecord.from_fields(broker.records.get_result(task.id) or {}).status == "SUCCESSFUL",
         30,
         message="the task to run",
     )

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tasks_app import producer
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tests.support.ports import free_port
 from tests.support.processes import PROJECT_DIR, consumer_env, wait_until
 from tests.support.scrape import scrape
@@ -30,10 +30,10 @@ def test_a_consumer_on_a_database_without_tables_claims_nothing_until_it_is_migr
         "--consumer-id", "c1", "--metrics-port", str(port), DATABASE_URL=empty_db, TASKS_CONFIG_REFRESH_S="0.5"
     )
     wait_until(lambda: "claiming nothing until then" in consumer.log(), 60, message="the consumer to say it waits")
-    wait_until(lambda: broker.live_consumers("default"), 30, message="the consumer to register")
+    wait_until(lambda: broker.inspect.live_consumers("default"), 30, message="the consumer to register")
     time.sleep(1.0)  # a few refreshes and claim loops later
     assert broker.client.llen(broker.keys.pending("default")) == 1, "claimed although nothing could run"
-    assert broker.held_by("default", "c1") == [] and broker.client.zcard(broker.keys.delayed("default")) == 0
+    assert broker.queue.held_by("default", "c1") == [] and broker.client.zcard(broker.keys.delayed("default")) == 0
     scraped = scrape(f"http://127.0.0.1:{port}/metrics")
     assert scraped and scraped.value("taskqueue_consumer_task_types_age_seconds") == float("inf")
     assert probe(port, "/healthz") == (200, False), "Redis answers: alive, not to be restarted"
@@ -42,7 +42,7 @@ def test_a_consumer_on_a_database_without_tables_claims_nothing_until_it_is_migr
     migrate = [sys.executable, str(PROJECT_DIR / "manage.py"), "migrate", "--noinput", "-v", "0"]
     subprocess.run(migrate, env=consumer_env(key_prefix, DATABASE_URL=empty_db), check=True, timeout=120)
     wait_until(
-        lambda: ResultRecord.from_fields(broker.get_result(task.id) or {}).status == "SUCCESSFUL",
+        lambda: ResultRecord.from_fields(broker.records.get_result(task.id) or {}).status == "SUCCESSFUL",
         30,
         message="the task to run once the task types can be read",
     )

@@ -34,7 +34,7 @@ def malformed_members() -> dict[bytes, str]:
 
 def test_malformed_members_are_dead_lettered_and_the_good_ones_run(broker, consumer_process):
     good = producer.enqueue("test.record", delay_s=0.2, count=20)
-    due_ms = broker.server_time_ms() - 1000
+    due_ms = broker.inspect.server_time_ms() - 1000
     bad = malformed_members()
     foreign_good = {delayed_member(5, foreign_task(1, 5)): due_ms, delayed_member(0, foreign_task(2)): due_ms}
     broker.client.zadd(broker.keys.delayed("default"), {**dict.fromkeys(bad, due_ms), **foreign_good})
@@ -43,7 +43,7 @@ def test_malformed_members_are_dead_lettered_and_the_good_ones_run(broker, consu
     expected = {task.id for task in good} | {"foreign-1", "foreign-2"}
     wait_until(lambda: set(runs_per_task(broker)) >= expected, 30, message="every good delayed task to run")
 
-    dead = [decode_task(member) for member, _ in broker.list_dead("default")]
+    dead = [decode_task(member) for member, _ in broker.inspect.list_dead("default")]
     assert sorted(task.payload for task in dead) == sorted(bad)
     for task in dead:
         assert task.type == UNDECODABLE_TYPE and task.queue == "default"
@@ -54,12 +54,12 @@ def test_malformed_members_are_dead_lettered_and_the_good_ones_run(broker, consu
 
 
 def test_promotion_reports_malformed_members_and_never_raises(broker):
-    due_ms = broker.server_time_ms() - 1000
+    due_ms = broker.inspect.server_time_ms() - 1000
     broker.client.zadd(
         broker.keys.delayed("q"),
         {**dict.fromkeys(malformed_members(), due_ms), delayed_member(-3, foreign_task(1)): due_ms},
     )
-    promotion = broker.promote_due("q")
+    promotion = broker.queue.promote_due("q")
     assert (promotion.moved, promotion.malformed) == (1, len(malformed_members()))
     assert broker.client.zcard(broker.keys.dead("q")) == len(malformed_members())
     assert broker.client.zrange(broker.keys.prioritized("q"), 0, -1) == [foreign_task(1)]
@@ -67,7 +67,7 @@ def test_promotion_reports_malformed_members_and_never_raises(broker):
 
 def test_a_foreign_infinite_score_does_not_make_the_scheduler_spin(broker):
     broker.client.zadd(broker.keys.delayed("q"), {delayed_member(0, foreign_task(1)): float("inf")})
-    promotion = broker.promote_due("q")
+    promotion = broker.queue.promote_due("q")
     assert promotion.moved == 0 and promotion.next_due_ms > promotion.now_ms
     assert SchedulerLoop(broker, ["q"]).run_once() == SchedulerLoop.MAX_SLEEP_S
 
@@ -111,7 +111,7 @@ def test_a_delay_is_scored_on_the_redis_clock_not_the_producers(broker, monkeypa
     monkeypatch.setattr(producer, "time", types.SimpleNamespace(time=lambda: _real_time() - skewed_s))
     producer.enqueue("demo.echo", delay_s=60)
     [(_, score)] = broker.client.zrange(broker.keys.delayed("default"), 0, -1, withscores=True)
-    assert abs(score - (broker.server_time_ms() + 60_000)) < 5_000
+    assert abs(score - (broker.inspect.server_time_ms() + 60_000)) < 5_000
 
 
 def test_a_ready_record_outlives_its_tasks_due_time(broker, settings):

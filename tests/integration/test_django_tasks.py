@@ -8,8 +8,8 @@ from django.db import transaction
 from django.tasks import TaskResultStatus
 
 from tasks_app.models import TaskType
-from tasks_app.protocol.broker import Enqueueable
 from tasks_app.protocol.codec import Task, encode_task
+from tasks_app.protocol.enqueue import Enqueueable
 from tests.support import django_tasks as tasks
 from tests.support.processes import wait_until
 
@@ -55,7 +55,7 @@ def test_failing_task_retries_per_its_task_type_and_records_every_error(broker, 
     assert [error.exception_class_path for error in result.errors] == ["builtins.ValueError"] * 3
     assert all("ValueError: always" in error.traceback for error in result.errors)
     assert result.errors[0].exception_class is ValueError
-    assert broker.queue_stats("default").dead == 1
+    assert broker.inspect.queue_stats("default").dead == 1
 
 
 def test_takes_context_sees_attempts_one_two_three(broker, consumer_process):
@@ -77,7 +77,7 @@ def test_takes_context_sees_attempts_one_two_three(broker, consumer_process):
 def test_run_after_is_honoured(broker, consumer_process):
     # The consumer is up before either task is enqueued, so the one due now never waits for it.
     consumer = consumer_process("--lease", "2", "--concurrency", "2", TASK_HANDLER_MODULES=HANDLER_MODULES)
-    wait_until(lambda: broker.live_consumers("default"), 60, message="the consumer to register")
+    wait_until(lambda: broker.inspect.live_consumers("default"), 60, message="the consumer to register")
     run_after = datetime.now(tz=UTC) + timedelta(seconds=1.5)
     later = tasks.add.using(run_after=run_after).enqueue(1, 1)
     now = tasks.add.enqueue(2, 2)
@@ -137,11 +137,11 @@ def test_a_row_naming_something_that_is_not_a_task_runs_nothing(broker, consumer
     # A plain function (this one kills its process) named by a row is never called as a task.
     TaskType.objects.create(name="test.not_a_task", handler="tests.support.handlers.kill_self", max_attempts=1)
     task = Task(id="not-a-task-1", type="test.not_a_task", queue="default")
-    broker.enqueue([Enqueueable(queue="default", raw=encode_task(task), task_id=task.id)], 60)
+    broker.enqueuer.enqueue([Enqueueable(queue="default", raw=encode_task(task), task_id=task.id)], 60)
 
     run_consumer_until_idle(consumer_process)
 
-    record = broker.get_result(task.id)
+    record = broker.records.get_result(task.id)
     assert record["status"] == "FAILED"
     assert "is not registered" in record["dead_reason"]
 
@@ -150,7 +150,7 @@ def test_a_running_consumer_finds_a_new_task_before_its_next_settings_refresh(br
     consumer = consumer_process(
         "--lease", "2", TASK_HANDLER_MODULES="tests.support.handlers", TASKS_CONFIG_REFRESH_S="600"
     )
-    wait_until(lambda: broker.live_consumers("default"), 30, message="the consumer to start")
+    wait_until(lambda: broker.inspect.live_consumers("default"), 30, message="the consumer to start")
 
     result = tasks.add.enqueue(5, 6)  # creates the TaskType row the consumer has not loaded yet
 
@@ -191,7 +191,7 @@ def test_a_task_with_context_polls_cancelled_and_reports_progress_on_djangos_con
     reads: list[int] = []
 
     def progress_seen() -> bool:
-        progress = (broker.get_result(result.id) or {}).get("progress")
+        progress = (broker.records.get_result(result.id) or {}).get("progress")
         if progress:
             reads.append(json.loads(progress)["current"])
         return len(set(reads)) >= 3
@@ -203,5 +203,5 @@ def test_a_task_with_context_polls_cancelled_and_reports_progress_on_djangos_con
     read = tasks.cooperative.get_result(result.id)
     assert read.status == TaskResultStatus.FAILED and read.attempts == 1
     assert [error.exception_class_path for error in read.errors] == ["tasks_app.exceptions.TaskCancelled"]
-    assert broker.get_result(result.id)["status"] == "CANCELLED"
+    assert broker.records.get_result(result.id)["status"] == "CANCELLED"
     assert consumer.terminate() == 0, consumer.log()

@@ -10,7 +10,7 @@ import redis
 from tasks_app.models import TaskType
 from tasks_app.producer import QueueUnavailable, TaskRequest, enqueue_many
 from tasks_app.protocol.broker import Broker
-from tasks_app.protocol.replies import ResultUpdate
+from tasks_app.protocol.records import ResultUpdate
 from tests.chaos.servers import RedisClusterServers, RedisServer
 from tests.support.midway import MovesMidway
 from tests.support.proxy import RedisProxy
@@ -123,8 +123,8 @@ def test_on_a_cluster_a_partial_enqueue_is_completed_by_a_retry_without_duplicat
         b_server.config_set("maxmemory", 0)
         enqueue_many(batch, broker=broker)
         assert (queued(broker, "A"), queued(broker, b_queue)) == (1000, 1000)
-        assert broker.get_result(f"{b_queue}-7")["status"] == "READY"
-        assert broker.history_count(["A", b_queue], "READY", None) == 2000  # the history, in each queue's slot
+        assert broker.records.get_result(f"{b_queue}-7")["status"] == "READY"
+        assert broker.records.history_count(["A", b_queue], "READY", None) == 2000  # the history, in each queue's slot
     finally:
         cluster.remove()
 
@@ -154,10 +154,10 @@ def echo(n: int, task_id: str, type_name: str = "demo.echo", **options: object) 
 
 def started(broker: Broker, task_id: str) -> dict[str, str]:
     """Write a run's start to a task's record, as its consumer would; return the record as it then reads."""
-    broker.record_result(
-        ResultUpdate(task_id, {"status": "RUNNING", "attempts": "1"}, 60, fence=broker.issue_fence("A"))
+    broker.records.record_result(
+        ResultUpdate(task_id, {"status": "RUNNING", "attempts": "1"}, 60, fence=broker.queue.issue_fence("A"))
     )
-    return broker.get_result(task_id)
+    return broker.records.get_result(task_id)
 
 
 @pytest.mark.parametrize("options", [{}, {"priority": 5}, {"delay_s": 60}])
@@ -168,8 +168,8 @@ def test_one_caller_id_given_to_two_requests_of_a_call_pushes_and_records_the_fi
     )
     assert (first.duplicate, second.duplicate, second.id, other.duplicate) == (False, True, "twice", False)
     assert queued(broker, "A") == 2
-    assert broker.get_result("twice")["args"] == "[1]"
-    assert broker.history_count(["A"], "READY", None) == 2
+    assert broker.records.get_result("twice")["args"] == "[1]"
+    assert broker.records.history_count(["A"], "READY", None) == 2
 
 
 def test_repeated_ids_of_interleaved_queues_keep_the_first_records(broker):
@@ -180,7 +180,7 @@ def test_repeated_ids_of_interleaved_queues_keep_the_first_records(broker):
         broker=broker,
     )
     assert [task.duplicate for task in enqueued] == [False, False, False, True, True, False]
-    assert [broker.get_result(task_id)["args"] for task_id in "xyzw"] == ["[1]", "[1]", "[9]", "[1]"]
+    assert [broker.records.get_result(task_id)["args"] for task_id in "xyzw"] == ["[1]", "[1]", "[9]", "[1]"]
     assert (queued(broker, "A"), queued(broker, "B")) == (2, 2)
 
 
@@ -189,7 +189,7 @@ def test_a_retried_request_leaves_the_record_of_its_task_alone(broker):
     running = started(broker, "again")
     [retry] = enqueue_many([echo(2, "again"), TaskRequest("demo.echo", queue="A")], broker=broker)[:1]
     assert (retry.duplicate, retry.id) == (True, task.id)
-    assert broker.get_result("again") == running
+    assert broker.records.get_result("again") == running
     assert queued(broker, "A") == 2
 
 
@@ -204,11 +204,11 @@ def test_on_a_cluster_a_retried_request_leaves_the_record_of_its_task_alone(tmp_
             task_id = f"{type_name}-1"
             first, second = enqueue_many([echo(1, task_id, type_name), echo(2, task_id, type_name)], broker=broker)
             assert (first.duplicate, second.duplicate, second.id) == (False, True, task_id)
-            assert broker.get_result(task_id)["args"] == "[1]"
+            assert broker.records.get_result(task_id)["args"] == "[1]"
             running = started(broker, task_id)
             [retry] = enqueue_many([echo(3, task_id, type_name)], broker=broker)
             assert (retry.duplicate, retry.id) == (True, task_id)
-            assert broker.get_result(task_id) == running
+            assert broker.records.get_result(task_id) == running
         assert queued(broker, "A") == 2
     finally:
         cluster.remove()
@@ -244,8 +244,8 @@ def test_a_caller_id_whose_record_names_another_queue_is_taken(any_broker):
         again = enqueue_many(batch, broker=broker)[0]
         in_b += beside
         assert (again.duplicate, again.id) == (True, task_id)
-        assert broker.get_result(task_id) == record
-        assert queued(broker, "B") == broker.history_count(["B"], None, None) == in_b
+        assert broker.records.get_result(task_id) == record
+        assert queued(broker, "B") == broker.records.history_count(["B"], None, None) == in_b
 
 
 def test_one_caller_id_given_to_two_unique_requests_records_the_task_pushed(any_broker):
@@ -257,16 +257,16 @@ def test_one_caller_id_given_to_two_unique_requests_records_the_task_pushed(any_
         [echo(1, "twice", "unique.echo"), echo(2, "twice", "unique.echo", priority=5)], broker=broker
     )
     assert (first.duplicate, first.id, second.duplicate) == (True, "holder", False)
-    assert {k: v for k, v in broker.get_result("twice").items() if k in ("args", "priority")} == {
+    assert {k: v for k, v in broker.records.get_result("twice").items() if k in ("args", "priority")} == {
         "args": "[2]",
         "priority": "5",
     }
     # Both duplicates of the holder: no record; the first pushed: its record, the second a duplicate of it.
     assert [t.id for t in enqueue_many([echo(1, "none", "unique.echo")] * 2, broker=broker)] == ["holder"] * 2
-    assert broker.get_result("none") is None
+    assert broker.records.get_result("none") is None
     first, second = enqueue_many([echo(3, "first", "unique.echo"), echo(1, "first", "unique.echo")], broker=broker)
     assert (first.duplicate, second.duplicate, second.id) == (False, True, "first")
-    assert broker.get_result("first")["args"] == "[3]"
+    assert broker.records.get_result("first")["args"] == "[3]"
     assert queued(broker, "A") == 3
 
 

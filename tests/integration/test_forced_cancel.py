@@ -13,7 +13,7 @@ import pytest
 import tasks_app
 from tasks_app import producer
 from tasks_app.control import REQUESTED
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tests.support.process_tree import alive, children_of
 from tests.support.processes import wait_until
 from tests.support.recording import marks, recorded_runs, runs_per_task
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def record_of(broker, task_id: str) -> ResultRecord:
-    return ResultRecord.from_fields(broker.get_result(task_id) or {})
+    return ResultRecord.from_fields(broker.records.get_result(task_id) or {})
 
 
 def test_process_mode_replaces_the_process_of_a_handler_stuck_in_c_and_the_others_run_once(broker, consumer_process):
@@ -84,4 +84,4 @@ def test_a_forced_cancel_of_a_task_not_started_is_a_plain_cancel(broker, consume
     consumer = consumer_process("--burst")
     assert consumer.wait(60) == 0, consumer.log()
     assert record_of(broker, task.id).status == "CANCELLED" and runs_per_task(broker) == {}
-    assert broker.cancel_marks("default", [task.id]) == [0]
+    assert broker.control.cancel_marks("default", [task.id]) == [0]

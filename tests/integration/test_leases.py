@@ -27,20 +27,20 @@ def lapse(broker: Broker, consumer_id: str, queue: str = "q") -> None:
 
 
 def test_a_claim_under_a_lapsed_lease_takes_nothing(broker):
-    broker.heartbeat(["q"], "c1", 10_000, {"lease_ms": 10_000})
+    broker.leases.heartbeat(["q"], "c1", 10_000, {"lease_ms": 10_000})
     broker.client.lpush(broker.keys.pending("q"), encode_task(Task(id="t1", type="demo.echo", queue="q")))
     lapse(broker, "c1")
-    claimed = broker.claim_with_suspect("q", "c1", 5)
+    claimed = broker.queue.claim_with_suspect("q", "c1", 5)
     assert claimed is not None and claimed.lease_expired and claimed.tasks == []
     assert broker.client.llen(broker.keys.pending("q")) == 1
     assert broker.client.llen(broker.keys.processing("q", "c1")) == 0
 
 
 def test_a_lapsed_lease_is_not_renewed(broker):
-    broker.heartbeat(["q"], "c1", 10_000, {"lease_ms": 10_000})
-    assert broker.heartbeat(["q"], "c1", 10_000) is True
+    broker.leases.heartbeat(["q"], "c1", 10_000, {"lease_ms": 10_000})
+    assert broker.leases.heartbeat(["q"], "c1", 10_000) is True
     lapse(broker, "c1")
-    assert broker.heartbeat(["q"], "c1", 10_000) is False
+    assert broker.leases.heartbeat(["q"], "c1", 10_000) is False
 
 
 def test_a_lease_that_lapsed_while_redis_was_away_is_renewed_while_reapers_wait(tmp_path: Path, key_prefix):
@@ -49,10 +49,10 @@ def test_a_lease_that_lapsed_while_redis_was_away_is_renewed_while_reapers_wait(
     server = RedisServer(tmp_path).start()
     try:
         fresh = Broker(connect(server.url), key_prefix)
-        fresh.heartbeat(["q"], "c1", 5_000, {"lease_ms": 5_000})
+        fresh.leases.heartbeat(["q"], "c1", 5_000, {"lease_ms": 5_000})
         lapse(fresh, "c1")
-        assert fresh.heartbeat(["q"], "c1", 5_000) is True
-        assert fresh.reap("q", "c1", 5_000).status == -1
+        assert fresh.leases.heartbeat(["q"], "c1", 5_000) is True
+        assert fresh.leases.reap("q", "c1", 5_000).status == -1
     finally:
         server.remove()
 
@@ -95,7 +95,9 @@ def test_a_consumer_that_cannot_renew_starts_nothing_more_and_its_tasks_run_else
         )
         with running(consumer):
             first_id = wait_until(
-                lambda: next(iter(broker.live_consumers("default")), None), 10, message="the consumer to register"
+                lambda: next(iter(broker.inspect.live_consumers("default")), None),
+                10,
+                message="the consumer to register",
             )["id"]
             registered_ms = broker.client.zscore(broker.keys.consumers("default"), first_id) - lease_s * 1000
             time.sleep(lease_s + 2.0)  # lapsed, then reaped by its own reaper
@@ -122,7 +124,7 @@ def test_a_task_moved_into_a_lost_identitys_list_runs_even_when_its_lease_entry_
     # A failover that lost the lease entry: no lease, no tombstone, so no reaper looked there.
     with consumer_in_thread() as consumer:
         first_id = wait_until(
-            lambda: next(iter(broker.live_consumers("default")), None), 10, message="the consumer to register"
+            lambda: next(iter(broker.inspect.live_consumers("default")), None), 10, message="the consumer to register"
         )["id"]
         broker.client.zrem(broker.keys.consumers("default"), first_id)
         wait_until(lambda: consumer.consumer_id != first_id, 10, message="the consumer to take a new id")
@@ -143,8 +145,8 @@ def test_a_lease_lost_on_one_queue_only_leaves_the_runs_on_the_others_alone(brok
         first_id = consumer.consumer_id
         broker.client.zrem(broker.keys.consumers("b"), first_id)
         wait_until(lambda: consumer.consumer_id != first_id, 10, message="the consumer to take a new id")
-        wait_until(lambda: broker.get_result(long.id)["status"] == "SUCCESSFUL", 20, message="the long task")
+        wait_until(lambda: broker.records.get_result(long.id)["status"] == "SUCCESSFUL", 20, message="the long task")
         assert [run["task_id"] for run in recorded_runs(broker)] == [long.id], "it ran once"
-        wait_until(lambda: first_id not in [c["id"] for c in broker.live_consumers("a")], 10, message="retired")
-        stats = broker.queue_stats("a")
+        wait_until(lambda: first_id not in [c["id"] for c in broker.inspect.live_consumers("a")], 10, message="retired")
+        stats = broker.inspect.queue_stats("a")
         assert (stats.pending, stats.processing, [c["id"] for c in stats.consumers]) == (0, 0, [consumer.consumer_id])

@@ -10,7 +10,7 @@ import pytest
 from tasks_app import producer
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tests.support import odd_handlers as odd
 from tests.support.processes import wait_until
 
@@ -35,7 +35,7 @@ RETURNED = ["generator", "nan", "inf", "huge", "surrogate", "set", "int_huge"]
 
 
 def record_of(broker: Broker, task_id: str) -> ResultRecord:
-    return ResultRecord.from_fields(broker.get_result(task_id) or {})
+    return ResultRecord.from_fields(broker.records.get_result(task_id) or {})
 
 
 def notes(broker: Broker) -> list[str]:
@@ -70,9 +70,9 @@ def test_odd_exceptions_and_return_values_fail_only_their_task_with_a_readable_r
         assert record.errors[0]["exception_class_path"] == RAISED[kind], kind
     for kind, task_id in returned.items():
         assert (record_of(broker, task_id).status, kind) == ("FAILED", kind)
-    fields = [broker.get_result(i) or {} for i in every]
+    fields = [broker.records.get_result(i) or {} for i in every]
     assert all(len(f["dead_reason"].encode()) < 17 * 1024 for f in fields), "a readable reason, cut"
-    stats = broker.queue_stats("default")
+    stats = broker.inspect.queue_stats("default")
     assert (stats.dead, stats.processing, stats.pending, stats.delayed) == (len(every), 0, 0, 0)
 
 
@@ -128,5 +128,5 @@ def test_a_child_forked_by_a_handler_that_returns_into_the_consumer_exits_having
     assert sorted(ran) == sorted(["beside0", "beside1", "beside2", *parent, *finished])
     assert all(n.startswith("child") or n.endswith(f" {consumer.pid}") for n in notes(broker))
     assert consumer.terminate(timeout_s=20) == 0, consumer.log()
-    stats = broker.queue_stats("default")
+    stats = broker.inspect.queue_stats("default")
     assert (stats.processing, stats.pending, stats.delayed, stats.dead) == (0, 0, 0, 0)

@@ -10,7 +10,7 @@ from tasks_app.periodic.config import PeriodicConfig
 from tasks_app.periodic.firing import fire_slot, run_id
 from tasks_app.periodic.schedule import Schedule
 from tasks_app.protocol.periodic import SlotFiring
-from tasks_app.protocol.timestamps import datetime_of_ms
+from tasks_app.protocol.records import datetime_of_ms
 from tests.support.periodic import fire_around_a_queue_move, pushed_runs
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -50,7 +50,7 @@ def test_eight_threads_racing_for_one_slot_push_one_task(broker, config):
     runs = pushed_runs(broker, QUEUE)
     assert sorted(outcomes) == ["done"] * 7 + ["fired"]
     assert [(run.task_id, run.slot_ms) for run in runs] == [(run_id("every.second", slot_ms), slot_ms)]
-    assert broker.get_result(runs[0].task_id)["status"] == "READY"
+    assert broker.records.get_result(runs[0].task_id)["status"] == "READY"
 
 
 def test_a_slot_at_or_before_the_last_one_is_refused_and_a_future_one_waits(broker, config):
@@ -141,7 +141,7 @@ def test_the_state_records_the_last_fired_run(broker, config):
     slot_ms = server_ms(broker) // 1000 * 1000
     before_ms = int(time.time() * 1000) - 5_000
     fire_slot(config, firing(slot_ms), broker)
-    [state] = broker.periodic_states([(QUEUE, config.name)])
+    [state] = broker.periodic.periodic_states([(QUEUE, config.name)])
     assert (state.handled_slot_ms, state.fired_slot_ms) == (slot_ms, slot_ms)
     assert state.task_id == run_id(config.name, slot_ms)
     assert state.fired_at_ms >= before_ms

@@ -12,7 +12,7 @@ import pytest
 
 from tasks_app import producer
 from tasks_app.models import TaskType
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tests.support.ports import free_port
 from tests.support.process_tree import alive, children_of
 from tests.support.processes import PROJECT_DIR, consumer_env, wait_until
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def record_of(broker, task) -> ResultRecord:
-    return ResultRecord.from_fields(broker.get_result(task.id) or {})
+    return ResultRecord.from_fields(broker.records.get_result(task.id) or {})
 
 
 def statuses(broker, tasks) -> list[str]:
@@ -60,7 +60,7 @@ def test_sigterm_stops_every_child_gracefully_and_exits_0(broker, consumer_proce
     started = runs_per_task(broker)
     assert all(count == 1 for count in started.values())
     assert {t.id for t in tasks if record_of(broker, t).status == "SUCCESSFUL"} == set(started)
-    stats = broker.queue_stats("default")
+    stats = broker.inspect.queue_stats("default")
     assert (stats.pending, stats.processing, stats.consumers) == (len(tasks) - len(started), 0, [])
 
 
@@ -139,7 +139,7 @@ def test_a_child_whose_supervisor_died_after_removing_its_beat_files_stops_by_it
         supervisor.kill()
         supervisor.wait(10)
         wait_until(lambda: not alive(child), 30, message="the orphan to stop")
-        assert broker.live_consumers("default") == [], "it left cleanly"
+        assert broker.inspect.live_consumers("default") == [], "it left cleanly"
     finally:
         os.killpg(supervisor.pid, signal.SIGKILL)
 
@@ -196,9 +196,11 @@ def test_a_child_whose_supervisor_was_killed_while_it_started_stops_by_itself(br
     os.kill(group.pid, signal.SIGKILL)
     group.wait(10)
     try:
-        wait_until(lambda: broker.live_consumers("default") or not alive(child), 60, message="the child to be up")
+        wait_until(
+            lambda: broker.inspect.live_consumers("default") or not alive(child), 60, message="the child to be up"
+        )
         wait_until(lambda: not alive(child), 30, message="the orphan to stop")
-        assert broker.live_consumers("default") == [], "it left cleanly"
+        assert broker.inspect.live_consumers("default") == [], "it left cleanly"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(group.pid, signal.SIGKILL)
@@ -231,17 +233,19 @@ def test_children_of_a_killed_supervisor_return_what_they_hold_finish_their_runs
     flags = ["--processes", "2", "--consumer-id", "grp", "--concurrency", "1", "--prefetch", "2", "--lease", "60"]
     group = consumer_process(*flags, "--grace", "30", TMPDIR=str(temp_dir))
     wait_until(lambda: len(recorded_runs(broker)) == 2, 60, message="one run in each child")
-    wait_until(lambda: broker.queue_stats("default").processing == 6, 30, message="each child to prefetch two")
+    wait_until(lambda: broker.inspect.queue_stats("default").processing == 6, 30, message="each child to prefetch two")
     orphans = children_of(group.pid)
     os.kill(group.pid, signal.SIGKILL)
     group.wait(10)
     try:
         # Long before the lease (60 s) could recover them: the orphans gave them back themselves.
-        wait_until(lambda: broker.queue_stats("default").pending == 4, 30, message="the unstarted four returned")
+        wait_until(
+            lambda: broker.inspect.queue_stats("default").pending == 4, 30, message="the unstarted four returned"
+        )
         assert all(alive(pid) for pid in orphans), "their runs go on"
         broker.client.set(f"{broker.keys.prefix}:orphans-may-finish", 1)
         wait_until(lambda: not any(alive(pid) for pid in orphans), 30, message="the orphans to exit")
-        stats = broker.queue_stats("default")
+        stats = broker.inspect.queue_stats("default")
         assert (stats.pending, stats.processing, stats.consumers) == (4, 0, [])
         started = runs_per_task(broker)
         assert all(count == 1 for count in started.values()) and len(started) == 2

@@ -42,7 +42,9 @@ def test_limit_holds_in_every_window_across_three_consumers(broker, consumer_pro
         consumers = [
             consumer_process("--concurrency", "8", "--lease", "2", "--metrics-port", str(port)) for port in ports
         ]
-        wait_until(lambda: len(broker.live_consumers("default")) == 3, 30, message="three consumers to register")
+        wait_until(
+            lambda: len(broker.inspect.live_consumers("default")) == 3, 30, message="three consumers to register"
+        )
 
         enqueued = producer.enqueue(LIMITED, count=200)
         wait_until(lambda: len(recorded_runs(broker)) >= 200, 40, interval_s=0.5, message="all 200 tasks to start")
@@ -82,7 +84,7 @@ def test_handlers_start_within_every_limit_across_three_consumers_with_their_loo
     TaskType.objects.create(name=BLOCK_LOOP, handler=BLOCK_LOOP)
     for _ in range(3):
         consumer_process("--concurrency", "4", "--lease", "2")
-    wait_until(lambda: len(broker.live_consumers("default")) == 3, 30, message="three consumers to register")
+    wait_until(lambda: len(broker.inspect.live_consumers("default")) == 3, 30, message="three consumers to register")
 
     limited = [*producer.enqueue(SYNC_START, kwargs={"tenant": "a"}, count=12)]
     limited += producer.enqueue(SYNC_START, kwargs={"tenant": "b"}, count=12)
@@ -105,7 +107,7 @@ def test_handlers_start_within_every_limit_across_three_consumers_with_their_loo
 def decisions(broker, policy: RatePolicy, type_name: str, count: int) -> list[int]:
     """Ask the rate limiter `count` times for one type; 0 means allowed."""
     return [
-        broker.rate_limit(
+        broker.limits.rate_limit(
             type_name,
             policy.algorithm,
             f"{type_name}-{i}-{time.monotonic_ns()}",
@@ -191,7 +193,7 @@ def test_throttled_type_does_not_block_an_unthrottled_one_behind_it(broker, cons
     assert {run["task_id"] for run in recorded_runs(broker) if run["type"] == "test.free"} == {t.id for t in free}
     assert len(start_times_ms(broker, LIMITED)) == 1
     wait_until(
-        lambda: broker.queue_stats("default").delayed == 29,
+        lambda: broker.inspect.queue_stats("default").delayed == 29,
         5,
         message="the other throttled tasks to wait in the delayed set",
     )
@@ -201,7 +203,7 @@ def test_a_long_backlog_of_a_slow_type_keeps_getting_slots(broker):
     """1 a year with thousands waiting: slots reach millennia out, and the key's expiry follows them."""
     policy = RatePolicy.for_config(TaskTypeConfig(name="slow", handler="slow", rate_limit=1, rate_period_s=YEAR_S))
     args = (policy.algorithm, policy.limit, policy.period_us, policy.emission_us, policy.tolerance_us)
-    waits = [broker.rate_limit("slow", args[0], f"t{n}", *args[1:]).wait_us for n in range(4000)]
+    waits = [broker.limits.rate_limit("slow", args[0], f"t{n}", *args[1:]).wait_us for n in range(4000)]
     assert waits[0] == 0 and waits == sorted(waits) and waits[-1] > 3500 * YEAR_S * 1_000_000
     assert broker.client.pttl(broker.keys.rate("slow")) > waits[-1] // 1000
 
@@ -216,7 +218,7 @@ def test_raising_a_limit_brings_the_tasks_already_waiting_to_their_new_slots(
     row = TaskType.objects.create(name=LIMITED, handler=LIMITED, rate_limit=1, rate_period=60)
     consumer_process("--concurrency", "2", "--lease", "2", "--queue", queue)
     waiting = producer.enqueue(LIMITED, count=5, queue=queue)
-    wait_until(lambda: broker.queue_stats(queue).delayed == 4, 15, message="four tasks to wait for slots")
+    wait_until(lambda: broker.inspect.queue_stats(queue).delayed == 4, 15, message="four tasks to wait for slots")
 
     row.rate_limit, row.rate_period = new_limit, 1.0
     row.save(update_fields=["rate_limit", "rate_period"])

@@ -59,7 +59,7 @@ def test_tasks_moved_by_a_claim_whose_reply_was_lost_still_run(cluster, lost):
         first = producer.enqueue("test.record", count=3) if lost == "claim script" else []
         with running(consumer):
             if lost == "BLMOVE":
-                wait_until(lambda: broker.live_consumers("default"), 10, message="the consumer to register")
+                wait_until(lambda: broker.inspect.live_consumers("default"), 10, message="the consumer to register")
                 time.sleep(0.3)  # the claimer is blocked in BLMOVE now
                 first = producer.enqueue("test.record", count=1)
             wait_until(proxy.dropped.is_set, 10, message=f"a {lost} reply to be dropped")
@@ -71,7 +71,7 @@ def test_tasks_moved_by_a_claim_whose_reply_was_lost_still_run(cluster, lost):
                 message="every task, those of the lost claim included, to run",
             )
         assert all(count == 1 for count in runs_per_task(broker).values())
-        assert not broker.held_by("default", consumer.consumer_id)
+        assert not broker.queue.held_by("default", consumer.consumer_id)
     finally:
         proxy.close()
 
@@ -88,7 +88,7 @@ def test_a_task_in_a_live_consumers_list_that_it_does_not_hold_is_returned_withi
     # The audit: whatever put it there (a lost reply no error told us of), it must not wait
     # until the consumer exits.
     with consumer_in_thread(lease_s=1.0) as consumer:
-        wait_until(lambda: broker.live_consumers("default"), 10, message="the consumer to register")
+        wait_until(lambda: broker.inspect.live_consumers("default"), 10, message="the consumer to register")
         stray = encode_task(Task(id="stray-1", type="test.record", queue="default"))
         broker.client.lpush(broker.keys.processing("default", consumer.consumer_id), stray)
         wait_until(lambda: runs_per_task(broker)["stray-1"] == 1, 10, message="the stray task to run")
@@ -101,13 +101,13 @@ def test_byte_identical_tasks_held_at_once_are_counted_apart(broker, consumer_in
     with consumer_in_thread(concurrency=1, prefetch=1) as consumer:
         wait_until(lambda: runs_per_task(broker)["twin"] == 2, 10, message="the second twin to start")
         wait_until(
-            lambda: len(broker.held_by("default", consumer.consumer_id)) == 1, 10, message="the first twin's ack"
+            lambda: len(broker.queue.held_by("default", consumer.consumer_id)) == 1, 10, message="the first twin's ack"
         )
         time.sleep(0.1)  # the ack's callback lets go of the first twin
         consumer.claimer("default").reconcile()  # the second twin still runs: not a stray
-        assert broker.held_by("default", consumer.consumer_id) == [twin]
+        assert broker.queue.held_by("default", consumer.consumer_id) == [twin]
         assert broker.client.llen(broker.keys.pending("default")) == 0
-        wait_until(lambda: not broker.held_by("default", consumer.consumer_id), 10, message="the twin to finish")
+        wait_until(lambda: not broker.queue.held_by("default", consumer.consumer_id), 10, message="the twin to finish")
         time.sleep(0.3)
     assert runs_per_task(broker)["twin"] == 2
 
@@ -132,17 +132,17 @@ def test_a_fixed_id_restarted_after_each_death_dead_letters_the_task_that_kills_
         if broker.client.zcard(broker.keys.dead("default")):
             break
         deaths += 1
-    [(member, _)] = broker.list_dead("default")
+    [(member, _)] = broker.inspect.list_dead("default")
     assert pill.id.encode() in member and b"recovered 4 times" in member
     assert deaths == MAX_RECOVERIES + 1
 
 
 def reap_status(broker: Broker, consumer_id: str, lease_ms: int) -> int:
-    return broker.reap("q", consumer_id, lease_ms).status
+    return broker.leases.reap("q", consumer_id, lease_ms).status
 
 
 def expired_consumer(broker: Broker, consumer_id: str, lease_ms: int) -> None:
-    broker.heartbeat(["q"], consumer_id, lease_ms, {"lease_ms": lease_ms})
+    broker.leases.heartbeat(["q"], consumer_id, lease_ms, {"lease_ms": lease_ms})
     broker.client.lpush(
         broker.keys.processing("q", consumer_id), encode_task(Task(id="t", type="demo.echo", queue="q"))
     )
@@ -173,7 +173,7 @@ def test_reaping_waits_a_lease_after_a_replica_is_promoted(tmp_path: Path, key_p
         old.client.wait(1, 2000)
         new.client.replicaof("NO", "ONE")  # the failover: a replica with a long uptime takes over
         assert reap_status(new, "c1", 1000) == -2
-        new.heartbeat(["q"], "live", 1000, {"lease_ms": 1000})  # live consumers renew on the new primary
+        new.leases.heartbeat(["q"], "live", 1000, {"lease_ms": 1000})  # live consumers renew on the new primary
         assert reap_status(new, "c1", 1000) == -2
         time.sleep(1.1)
         assert reap_status(new, "c1", 1000) == 1

@@ -3,7 +3,7 @@
 import pytest
 
 from tasks_app import producer
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tests.support.processes import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -16,13 +16,13 @@ def test_burst_consumer_runs_every_task_and_records_results(broker, consumer_pro
     assert consumer.wait(timeout_s=60) == 0, consumer.log()
 
     for task in enqueued:
-        record = ResultRecord.from_fields(broker.get_result(task.id))
+        record = ResultRecord.from_fields(broker.records.get_result(task.id))
         assert record.status == "SUCCESSFUL"
         assert record.return_value == {"args": [1, "two"], "kwargs": {"three": 3}}
         assert record.attempts == 1
         assert record.started_at and record.finished_at and record.enqueued_at
         assert len(record.worker_ids) == 1
-    stats = broker.queue_stats("default")
+    stats = broker.inspect.queue_stats("default")
     assert (stats.pending, stats.processing, stats.delayed, stats.dead) == (0, 0, 0, 0)
 
 
@@ -30,7 +30,7 @@ def test_consumer_in_thread_runs_tasks(broker, consumer_in_thread):
     with consumer_in_thread(concurrency=2):
         enqueued = producer.enqueue("demo.echo", [7])
         wait_until(
-            lambda: (broker.get_result(enqueued[0].id) or {}).get("status") == "SUCCESSFUL",
+            lambda: (broker.records.get_result(enqueued[0].id) or {}).get("status") == "SUCCESSFUL",
             10,
             message="the task to succeed",
         )

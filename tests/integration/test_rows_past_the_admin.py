@@ -29,7 +29,7 @@ def test_a_rate_limit_of_zero_is_read_as_one_per_period_not_as_unlimited(broker,
     with consumer_in_thread(concurrency=4):
         tasks = producer.enqueue("zero.rate", count=3)
         wait_until(lambda: recorded_runs(broker), 10, message="the first task to run")
-        wait_until(lambda: broker.queue_stats("default").delayed == 2, 10, message="the other two to wait")
+        wait_until(lambda: broker.inspect.queue_stats("default").delayed == 2, 10, message="the other two to wait")
         time.sleep(1)  # a limit read as none would have run them by now
     assert [run["task_id"] for run in recorded_runs(broker)] in ([task.id] for task in tasks)
 

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from tasks_app.consumer.ack_batcher import AckBatcher
-from tasks_app.protocol import results
+from tasks_app.protocol import records
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task
 from tests.chaos.servers import RedisServer
@@ -70,12 +70,12 @@ def test_a_run_whose_record_rerun_meets_a_busy_server_is_recorded_as_it_ended(tm
 
         batcher = AckBatcher(broker, threading.Event())
         outcome: list[bool | None] = []
-        batcher.ack("q", "c1", raw, results.succeeded(task, '"done"', 5, 60, fence, 0.1), outcome.append)
+        batcher.ack("q", "c1", raw, records.succeeded(task, '"done"', 5, 60, fence, 0.1), outcome.append)
         assert batcher.flush_once(block_s=0.1) == 1
 
         assert not client.armed
         assert outcome == [True] and client.llen(broker.keys.processing("q", "c1")) == 0
-        record = broker.get_result(task.id)
-        assert (record["status"], record["return_value"]) == (results.SUCCESSFUL, '"done"')
+        record = broker.records.get_result(task.id)
+        assert (record["status"], record["return_value"]) == (records.SUCCESSFUL, '"done"')
     finally:
         server.remove()

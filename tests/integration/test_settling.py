@@ -15,7 +15,7 @@ from tasks_app import producer
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, decode_task, encode_task
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tests.chaos.servers import RedisServer
 from tests.support.processes import wait_until
 from tests.support.settle_handlers import SPANS_KEY_SUFFIX
@@ -26,7 +26,7 @@ HANDLERS = "tests.support.handlers,tests.support.settle_handlers"
 
 
 def record_of(broker: Broker, task_id: str) -> ResultRecord:
-    return ResultRecord.from_fields(broker.get_result(task_id) or {})
+    return ResultRecord.from_fields(broker.records.get_result(task_id) or {})
 
 
 def wait_all_finished(broker: Broker, task_ids: list[str], timeout_s: float = 30) -> list[ResultRecord]:
@@ -82,11 +82,11 @@ def test_an_unstorable_return_value_fails_its_task_only_and_the_consumer_goes_on
         else ("ResultNotJson", "lone surrogate")
     )
     assert all(part in reason for part in expected), reason
-    assert [decode_task(raw).id for raw, _ in broker.list_dead("default")] == [bad_id]
+    assert [decode_task(raw).id for raw, _ in broker.inspect.list_dead("default")] == [bad_id]
 
     later = [t.id for t in producer.enqueue("demo.echo", [3], count=5)]  # the consumer still claims
     assert [r.status for r in wait_all_finished(broker, later)] == ["SUCCESSFUL"] * 5
-    assert broker.queue_stats("default").processing == 0
+    assert broker.inspect.queue_stats("default").processing == 0
     assert consumer.terminate() == 0
 
 
@@ -113,7 +113,7 @@ def test_a_return_value_over_the_servers_bulk_limit_fails_its_task_only(broker, 
         assert record.status == "FAILED" and "could not be stored" in record.dead_reason, record
         later = [t.id for t in producer.enqueue("demo.echo", [3], count=5)]
         assert [r.status for r in wait_all_finished(private, later)] == ["SUCCESSFUL"] * 5
-        assert private.queue_stats("default").processing == 0
+        assert private.inspect.queue_stats("default").processing == 0
         assert consumer.terminate() == 0
     finally:
         server.remove()
@@ -130,10 +130,10 @@ def test_an_exception_message_with_a_lone_surrogate_is_retried_then_dead_lettere
     assert (record.status, record.attempts) == ("FAILED", 2), consumer.log()
     assert "cannot open caf\\udce9" in record.dead_reason  # readable: the byte shown as an escape
     assert [e["exception_class_path"] for e in record.errors] == ["builtins.RuntimeError"] * 2
-    [(raw, _)] = broker.list_dead("default")
+    [(raw, _)] = broker.inspect.list_dead("default")
     dead = decode_task(raw)
     assert dead.id == task.id and "caf\\udce9" in dead.last_error and "raise_latin1" in dead.last_traceback
-    assert broker.queue_stats("default").processing == 0
+    assert broker.inspect.queue_stats("default").processing == 0
     assert consumer.terminate() == 0
 
 
@@ -151,7 +151,7 @@ def test_a_retry_of_a_timed_out_run_never_overlaps_it(broker, consumer_process):
     assert sorted(runs) == [1, 2, 3]
     for attempt in (2, 3):
         assert runs[attempt]["start"] >= runs[attempt - 1]["end"], runs
-    assert broker.queue_stats("default").processing == 0
+    assert broker.inspect.queue_stats("default").processing == 0
     assert consumer.terminate() == 0
 
 
@@ -185,7 +185,7 @@ def test_a_foreign_priority_out_of_range_is_clamped_and_survives_a_retry(broker,
     with consumer_in_thread():
         [record] = wait_all_finished(broker, ["loud-1"])
     assert (record.status, record.attempts, record.priority) == ("SUCCESSFUL", 2, 100)
-    assert broker.list_dead("default") == []
+    assert broker.inspect.list_dead("default") == []
 
 
 def test_a_type_name_from_redis_does_not_become_a_metric_label(broker, consumer_in_thread):
@@ -220,10 +220,10 @@ def test_a_retry_that_redis_refuses_dead_letters_the_task_instead_of_holding_it(
     [record] = wait_all_finished(broker, [task.id])
     assert record.status == "FAILED", consumer.log()
     assert "settling the task failed" in record.dead_reason and "WRONGTYPE" in record.dead_reason
-    [(raw, _)] = broker.list_dead("default")
+    [(raw, _)] = broker.inspect.list_dead("default")
     assert decode_task(raw).id == task.id
     broker.client.delete(broker.keys.delayed("default"))
-    assert broker.queue_stats("default").processing == 0
+    assert broker.inspect.queue_stats("default").processing == 0
     later = [t.id for t in producer.enqueue("demo.echo", [1], count=3)]
     assert [r.status for r in wait_all_finished(broker, later)] == ["SUCCESSFUL"] * 3
     assert consumer.terminate() == 0
@@ -252,6 +252,6 @@ def test_a_permanent_error_is_dead_lettered_after_one_run(broker, consumer_proce
     [record] = wait_all_finished(broker, [task.id], 30)
     assert record.status == "FAILED" and record.attempts == 1, consumer.log()
     assert record.dead_reason.startswith("permanent error on attempt 1: tasks_app.exceptions.PermanentError")
-    assert [decode_task(raw).id for raw, _ in broker.list_dead("default")] == [task.id]
+    assert [decode_task(raw).id for raw, _ in broker.inspect.list_dead("default")] == [task.id]
     assert len([span for span in spans(broker) if span["task_id"] == task.id]) == 1
     assert consumer.terminate() == 0

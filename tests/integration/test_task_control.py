@@ -11,7 +11,7 @@ import tasks_app
 from tasks_app import producer
 from tasks_app.control import CANCELLED, REQUESTED
 from tasks_app.models import TaskType
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tests.support.enqueued import is_idle
 from tests.support.handlers import CANCEL_NOTICED_SUFFIX
 from tests.support.processes import wait_until
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def record_of(broker, task_id: str) -> ResultRecord:
-    return ResultRecord.from_fields(broker.get_result(task_id) or {})
+    return ResultRecord.from_fields(broker.records.get_result(task_id) or {})
 
 
 def statuses(broker, ids) -> dict[str, str]:
@@ -102,7 +102,7 @@ def test_a_cancelled_task_whose_type_or_handler_is_gone_is_dropped_not_dead_lett
     consumer = consumer_process("--burst")
     assert consumer.wait(60) == 0, consumer.log()
     assert set(statuses(broker, [t.id for t in (*unknown, *no_handler)]).values()) == {"CANCELLED"}
-    assert broker.list_dead("default") == []
+    assert broker.inspect.list_dead("default") == []
     assert is_idle(broker, ["default"])
 
 
@@ -195,7 +195,9 @@ def test_a_task_cancelled_while_it_waits_prefetched_behind_a_slow_one_never_star
         [slow] = producer.enqueue("test.record", kwargs={"sleep_s": 1.0})
         wait_until(lambda: slow.id in runs_per_task(broker), 10, message="the slow task to start")
         [waiting] = producer.enqueue("test.record")
-        wait_until(lambda: broker.get_result(waiting.id).get("claimed_fence"), 10, message="it to be prefetched")
+        wait_until(
+            lambda: broker.records.get_result(waiting.id).get("claimed_fence"), 10, message="it to be prefetched"
+        )
         assert tasks_app.cancel(waiting.id).outcome == REQUESTED  # claimed: the consumer holding it decides
         wait_until(lambda: record_of(broker, waiting.id).is_finished, 10, message="the waiting task to end")
     assert waiting.id not in runs_per_task(broker), "it had not started when it was cancelled"

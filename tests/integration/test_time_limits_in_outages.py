@@ -14,7 +14,7 @@ from tasks_app.consumer.supervisor import EXIT_HARD_LIMIT
 from tasks_app.exceptions import TaskTimeout
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
-from tasks_app.protocol.results import ResultRecord
+from tasks_app.protocol.records import ResultRecord
 from tasks_app.protocol.scripts import connect
 from tasks_app.registry import Handler, Registry
 from tests.support.consumers import running
@@ -109,7 +109,7 @@ def test_a_hard_limit_settling_during_a_frozen_redis_delays_no_other_runs_timeou
             late_s = time.monotonic() - started_at - 4
             proxy.thaw()
         assert sleepy.seen and late_s < 0.6, f"TaskTimeout came {late_s:.2f} s late, behind the hard limit's settling"
-        stuck_record = ResultRecord.from_fields(broker.get_result(stuck_id))
+        stuck_record = ResultRecord.from_fields(broker.records.get_result(stuck_id))
         assert stuck_record.status == "FAILED" and "TaskTimeout" in stuck_record.errors[-1]["exception_class_path"]
     finally:
         proxy.close()

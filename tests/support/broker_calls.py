@@ -1,7 +1,7 @@
 """Calls of the broker's scripts shared by the broker contract tests."""
 
-from tasks_app.protocol.broker import Enqueueable
 from tasks_app.protocol.codec import Task, decode_task, encode_task
+from tasks_app.protocol.enqueue import Enqueueable
 
 LEASE_MS = 200
 
@@ -15,11 +15,11 @@ def ids(raws):
 
 
 def register(broker, consumer_id: str, lease_ms: int = LEASE_MS, queues=("q",)) -> None:
-    broker.heartbeat(list(queues), consumer_id, lease_ms, {"lease_ms": lease_ms})
+    broker.leases.heartbeat(list(queues), consumer_id, lease_ms, {"lease_ms": lease_ms})
 
 
 def push(broker, *raws, queue="q", priority=0, delay_ms=0):
-    broker.enqueue(
+    broker.enqueuer.enqueue(
         [Enqueueable(queue=queue, raw=raw, priority=priority, delay_ms=delay_ms) for raw in raws], result_ttl_s=60
     )
 
@@ -31,13 +31,12 @@ def expire(broker, consumer_id: str, queue: str = "q") -> None:
 
 def deleted_before_the_move(monkeypatch, broker, queue: str, task_id: str, shown) -> None:
     """Make another operator delete the dead letter `task_id` of `shown` just before the next requeue moves."""
-    from tasks_app.protocol import dead_letters
 
     [deleted] = [dead for dead in shown if dead.task_id == task_id]
-    move = broker.requeue_dead
+    move = broker.inspect.requeue_dead
 
     def deleted_first(*args):
-        dead_letters.delete(queue, [deleted], broker=broker)
+        broker.inspect.delete_dead_tasks(queue, [deleted])
         return move(*args)
 
-    monkeypatch.setattr(broker, "requeue_dead", deleted_first)
+    monkeypatch.setattr(broker.inspect, "requeue_dead", deleted_first)

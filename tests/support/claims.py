@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tasks_app.protocol import results
-from tasks_app.protocol.broker import Broker, Enqueueable
+from tasks_app.protocol import records
+from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Arguments, Task, encode_task
+from tasks_app.protocol.enqueue import Enqueueable
 
 
 def task_bytes(task_id: str, task_type: str = "test.record", queue: str = "q", **fields: Any) -> bytes:
@@ -17,17 +18,17 @@ def task_bytes(task_id: str, task_type: str = "test.record", queue: str = "q", *
 
 def push(broker: Broker, *raws: bytes, queue: str = "q") -> None:
     """Enqueue serialized tasks to run now (no READY record)."""
-    broker.enqueue([Enqueueable(queue=queue, raw=raw) for raw in raws], result_ttl_s=60)
+    broker.enqueuer.enqueue([Enqueueable(queue=queue, raw=raw) for raw in raws], result_ttl_s=60)
 
 
 def register(broker: Broker, consumer_id: str, lease_ms: int, queue: str = "q") -> None:
     """Give a consumer a lease on one queue, as its start does."""
-    broker.heartbeat([queue], consumer_id, lease_ms, {"lease_ms": lease_ms})
+    broker.leases.heartbeat([queue], consumer_id, lease_ms, {"lease_ms": lease_ms})
 
 
 def claim(broker: Broker, consumer_id: str, count: int, queue: str = "q") -> list[bytes]:
     """Move up to `count` tasks into a registered consumer's processing list."""
-    claimed = broker.claim(queue, consumer_id, count)
+    claimed = broker.queue.claim(queue, consumer_id, count)
     assert claimed is not None, f"{consumer_id} holds no lease on {queue}"
     return claimed
 
@@ -35,20 +36,20 @@ def claim(broker: Broker, consumer_id: str, count: int, queue: str = "q") -> lis
 def die_running(broker: Broker, consumer_id: str, lease_ms: int, queue: str = "q") -> bytes:
     """Be a consumer that claims the next task (a suspect first), starts it and dies: its lease lapses."""
     register(broker, consumer_id, lease_ms, queue)
-    taken = broker.claim_with_suspect(queue, consumer_id, 1)
+    taken = broker.queue.claim_with_suspect(queue, consumer_id, 1)
     assert taken is not None and len(taken.tasks) == 1, f"{consumer_id} found nothing to claim"
     if taken.took_suspect:
-        broker.mark_started(queue, consumer_id, taken.tasks[0])  # it was running when its consumer died
+        broker.queue.mark_started(queue, consumer_id, taken.tasks[0])  # it was running when its consumer died
     time.sleep(lease_ms / 1000 + 0.02)
     return taken.tasks[0]
 
 
 def running(broker: Broker, task: Task) -> tuple[Task, bytes, int]:
     """Enqueue `task`, claim it as c1 and write its start: the task, its bytes as claimed and its token."""
-    broker.enqueue([Enqueueable(queue=task.queue, raw=encode_task(task))], result_ttl_s=60)
-    broker.heartbeat([task.queue], "c1", 10_000, {"lease_ms": 10_000})
-    claimed = broker.claim_with_suspect(task.queue, "c1", 1)
+    broker.enqueuer.enqueue([Enqueueable(queue=task.queue, raw=encode_task(task))], result_ttl_s=60)
+    broker.leases.heartbeat([task.queue], "c1", 10_000, {"lease_ms": 10_000})
+    claimed = broker.queue.claim_with_suspect(task.queue, "c1", 1)
     [raw], fence = claimed.tasks, claimed.first_fence
     task.attempt = 1
-    assert broker.record_result(results.started(task, Arguments([], {}), "c1", 1, 3, 60, fence)) == 1
+    assert broker.records.record_result(records.started(task, Arguments([], {}), "c1", 1, 3, 60, fence)) == 1
     return task, raw, fence

@@ -21,7 +21,7 @@ def enqueued_keys(broker: Broker) -> list[bytes]:
 def is_idle(broker: Broker, queues: Sequence[str]) -> bool:
     """True when none of `queues` has anything pending, in flight or delayed."""
     for queue in queues:
-        stats = broker.queue_stats(queue)
+        stats = broker.inspect.queue_stats(queue)
         if stats.pending or stats.processing or stats.delayed:
             return False
     return True

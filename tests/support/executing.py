@@ -51,15 +51,15 @@ def claimed(
 
 
 def dead_tasks(broker: Broker) -> list[Task]:
-    return [decode_task(member) for member, _ in broker.list_dead("q")]
+    return [decode_task(member) for member, _ in broker.inspect.list_dead("q")]
 
 
 def delayed_tasks(broker: Broker) -> list[tuple[Task, int]]:
     """Tasks in the delayed set with how many ms from now each is due."""
-    now_ms = broker.server_time_ms()
+    now_ms = broker.inspect.server_time_ms()
     members = broker.client.zrange(broker.keys.delayed("q"), 0, -1, withscores=True)
     return [(decode_task(split_delayed_member(member)[1]), int(score) - now_ms) for member, score in members]
 
 
 def assert_let_go(broker: Broker) -> None:
-    assert broker.held_by("q", CONSUMER) == [], "the task left the processing list"
+    assert broker.queue.held_by("q", CONSUMER) == [], "the task left the processing list"

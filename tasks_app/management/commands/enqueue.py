@@ -7,8 +7,8 @@ from django.core.management.base import CommandError, CommandParser
 
 from tasks_app.management.outages import QueueCommand
 from tasks_app.producer import EnqueueError, QueueUnavailable, enqueue
-from tasks_app.protocol.jsontext import loads_bounded
-from tasks_app.protocol.names import InvalidName, validate_name
+from tasks_app.protocol.codec import loads_bounded
+from tasks_app.protocol.keys import InvalidName, validate_name
 
 # Tasks pushed per round trip (Sidekiq's push_bulk batch): each chunk is all or nothing.
 CHUNK_TASKS = 1000

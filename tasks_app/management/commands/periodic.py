@@ -15,7 +15,7 @@ from tasks_app.periodic.firing import run_now
 from tasks_app.periodic.status import ScheduleStatus, schedule_statuses
 from tasks_app.producer import EnqueueError, QueueUnavailable
 from tasks_app.protocol.broker import get_broker
-from tasks_app.protocol.names import InvalidName, validate_name
+from tasks_app.protocol.keys import InvalidName, validate_name
 from tasks_app.registry import registry
 
 

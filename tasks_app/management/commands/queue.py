@@ -6,7 +6,7 @@ from django.core.management.base import CommandError, CommandParser
 
 from tasks_app.control import set_queue_paused
 from tasks_app.management.outages import QueueCommand
-from tasks_app.protocol.names import InvalidName, validate_name
+from tasks_app.protocol.keys import InvalidName, validate_name
 
 
 class Command(QueueCommand):

@@ -17,7 +17,7 @@ class Command(QueueCommand):
 
     def handle(self, *args: Any, json: bool, **options: Any) -> None:
         broker = get_broker()
-        stats = [broker.queue_stats(queue) for queue in broker.known_queues()]
+        stats = [broker.inspect.queue_stats(queue) for queue in broker.inspect.known_queues()]
         if json:
             self.stdout.write(_dumps({"queues": [s.as_dict() for s in stats]}))
             return

@@ -18,7 +18,7 @@ from tasks_app.consumer.lifecycle import Consumer
 from tasks_app.consumer.loops import METRICS_HOST
 from tasks_app.consumer.options import MAX_DURATION_S, MAX_PROCESSES, ConsumerOptions
 from tasks_app.management.parsing import with_one_line_errors
-from tasks_app.protocol.names import validate_name
+from tasks_app.protocol.keys import validate_name
 
 MAX_PORT = 65535
 

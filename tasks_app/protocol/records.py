@@ -2,17 +2,112 @@
 
 from __future__ import annotations
 
+import json
+import math
+import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import redis
 from django.tasks import TaskResultStatus
 
 from tasks_app.exceptions import ResultNotJson, ResultTooLarge
-from tasks_app.protocol.codec import Arguments, Task
-from tasks_app.protocol.jsontext import compact_json, finite, is_utf8_encodable, loads_bounded, scrub_text
-from tasks_app.protocol.replies import READY_RECORD_DEFAULTS, ResultUpdate
-from tasks_app.protocol.timestamps import datetime_of_ms, ms_text
+from tasks_app.protocol.codec import Arguments, Task, compact_json, finite, is_utf8_encodable, loads_bounded, scrub_text
+
+
+def datetime_of_ms(ms: float) -> datetime | None:
+    """Return epoch ms as a UTC datetime to the µs; None beyond the calendar (a producer's nanosecond score)."""
+    try:
+        whole_ms = math.floor(ms)
+        moment = datetime.fromtimestamp(whole_ms // 1000, tz=UTC)
+        return moment + timedelta(milliseconds=whole_ms % 1000, microseconds=round((ms - whole_ms) * 1000))
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
+# The largest whole ms a score is read as: +inf from a producer's record must not overflow int().
+MAX_SCORE_MS = 2**63 - 1
+
+
+def ms_of_score(score: float) -> int:
+    """A sorted-set score read as whole epoch ms, an infinite one as the end of the range (never an error)."""
+    if math.isfinite(score):
+        return int(score)
+    return MAX_SCORE_MS if score > 0 else -MAX_SCORE_MS
+
+
+def ms_of_datetime(moment: datetime) -> int:
+    """Return a timezone-aware datetime as epoch milliseconds."""
+    return int(moment.timestamp() * 1000)
+
+
+def now_ms() -> float:
+    """The clock as epoch milliseconds with microseconds in the fraction."""
+    return time.time_ns() // 1000 / 1000
+
+
+def ms_text(ms: float) -> str:
+    """Epoch ms as a record stores it: a whole number as is, else with its microseconds ("...123.456")."""
+    return str(ms) if isinstance(ms, int) else f"{ms:.3f}"
+
+
+# The fields a READY record may leave out, and the value each then has; the id is the key's suffix.
+# The producer stores only what differs (see results.ready_fields); get_result fills these back in.
+READY_RECORD_DEFAULTS = {"status": "READY", "priority": "0", "args": "[]", "kwargs": "{}", "attempts": "0"}
+
+
+def stored_int(raw: bytes | str | int | None) -> int | None:
+    """A whole number our own scripts or commands stored (INCRBY, HSET, JSON); None for an absent key or field."""
+    return None if raw is None else int(raw)
+
+
+def json_object(raw: bytes) -> dict[str, Any]:
+    """Parse a consumer's info as it registered it ("": none)."""
+    return json.loads(raw) if raw else {}
+
+
+def record_text_fields(task_id: str, record: dict[bytes, bytes] | Exception) -> dict[str, str] | None:
+    """A result hash (HGETALL's reply) as text fields with the defaults filled in; None if there is none."""
+    if isinstance(record, redis.ResponseError) and str(record).startswith("WRONGTYPE"):
+        return None  # a key a producer wrote as another type under the record's name is no record (as cancel.lua)
+    if isinstance(record, Exception):
+        raise record
+    if not record:
+        return None
+    # Bytes a foreign producer wrote need not be UTF-8: shown with escapes, never an error.
+    fields = {
+        key.decode(errors="backslashreplace"): value.decode(errors="backslashreplace") for key, value in record.items()
+    }
+    # The key names the task: an `id` field naming another (a foreign writer's) must not send a cancel there.
+    return {**READY_RECORD_DEFAULTS, **fields, "id": task_id}
+
+
+Holder = tuple[tuple[str, str], bytes]
+"""The task whose run wrote a result: its (queue, consumer) processing list and its bytes as claimed."""
+
+
+# Not frozen: several are built per run, and a frozen dataclass costs four times as much to build.
+@dataclass(slots=True)
+class ResultUpdate:
+    """Fields to set on a task's result record, and items to append to its JSON lists."""
+
+    task_id: str
+    fields: dict[str, str]
+    ttl_s: int
+    append_worker_id: str | None = None
+    append_error: dict[str, str] | None = None
+    # Fencing token of the run this update belongs to (0: not of a run, written unconditionally);
+    # ignored once a run with a higher token wrote to the record.
+    fence: int = 0
+    # Not written to the record: where the history index and the charts file the update.
+    queue: str = ""
+    task_type: str = ""
+    run_s: float | None = None  # how long the run took, for the duration charts
+    # Nor this: the task whose ack this write goes with, on one server written only while its
+    # consumer holds it (see Broker.ack_many_reporting).
+    held_by: Holder | None = None
+
 
 READY = TaskResultStatus.READY.value
 RUNNING = TaskResultStatus.RUNNING.value

@@ -1,0 +1,509 @@
+"""Producing: `Enqueuer` pushes tasks, their READY records and unique tasks, and announces their queues.
+
+On a single Redis server an enqueue is all or nothing. Two of its scripts (`enqueue_batch` with
+many queues or records, `enqueue_one`) span slots there; on a Redis Cluster each call of
+`enqueue_batch` holds one queue or one record. A task's READY record lies in another slot than its
+queue, so no one script holds both: a call with ids chosen by the caller first claims each id on
+its record (`enqueue_batch` with records alone leaves a record naming another queue alone and says
+so), then pushes the tasks whose ids are free: two round trips. A call of generated ids only takes
+one: their records are written beside the pushes. Rarely a third: the records of unique
+duplicates go, and a caller's id given to several tasks of unique types gets the record of the
+one pushed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, NamedTuple
+
+import redis
+
+from tasks_app.protocol import history
+from tasks_app.protocol.keys import WAKE_TOKEN
+from tasks_app.protocol.scripts import ScriptClient, reply_text
+
+# How long a producer trusts its last SADD of a queue. The set can be deleted or rewritten behind
+# it (an operator, a restore); a queue is then listed again within this time.
+ANNOUNCE_AGAIN_S = 60.0
+# Ids given by callers are remembered per queue this long and up to this many, so a retry of a
+# partly enqueued batch (Redis Cluster) or of one whose reply was lost does not push them twice.
+ENQUEUED_IDS_KEEP_MS = 24 * 3600 * 1000
+ENQUEUED_IDS_MAX = 100_000
+
+
+class Enqueueable(NamedTuple):
+    """A serialized task ready to push, with where it goes, when (from Redis's now) and its READY record."""
+
+    queue: str
+    raw: bytes
+    priority: int = 0
+    delay_ms: int = 0
+    result_key_fields: Mapping[str, str] = MappingProxyType({})  # a NamedTuple: built per task, fast
+    task_id: str = ""
+    # The caller chose the id: a task with this id enqueued to this queue recently is not pushed again.
+    idempotent: bool = False
+
+    @property
+    def plain(self) -> bool:
+        """Priority 0, due now, no id to check: pushed as is."""
+        return not (self.priority or self.delay_ms > 0 or self.idempotent)
+
+
+class UniqueEnqueueable(NamedTuple):
+    """A task to push only if no task of its type and uniqueness key was enqueued within its window."""
+
+    item: Enqueueable
+    digest: str  # names the uniqueness key P:{queue}:unique:<digest>
+    window_ms: int
+
+
+class UniqueCalls(NamedTuple):
+    """Where `_queue_uniques` put its calls in a pipeline: per task its script and its record's write (-1: none)."""
+
+    scripts: list[int]
+    records: list[int]
+    new_queues: set[str]  # the queues it announces
+
+
+class IdClaims(NamedTuple):
+    """What claiming a call's caller ids on their records found."""
+
+    written: dict[str, bool]  # per id claimed: whether its record was written (else a run or cancel touched it)
+    taken: set[str]  # ids whose record names another queue: nothing is pushed under them
+    refused: list[Exception]  # errors of the claims Redis refused: their ids are not pushed either
+
+
+class AnnouncedQueues:
+    """The queues added to the queue set within the last `again_s` seconds (by this process's clock)."""
+
+    __slots__ = ("_added_at", "_again_s", "_clock")
+
+    def __init__(self, again_s: float = ANNOUNCE_AGAIN_S, clock: Callable[[], float] = time.monotonic) -> None:
+        self._added_at: dict[str, float] = {}
+        self._again_s = again_s
+        self._clock = clock
+
+    def __contains__(self, queue: object) -> bool:
+        added_at = self._added_at.get(queue) if isinstance(queue, str) else None
+        return added_at is not None and self._clock() - added_at < self._again_s
+
+    def missing(self, queues: Iterable[str]) -> set[str]:
+        """Those of `queues` not added lately: the ones an enqueue adds to the set with its tasks."""
+        return {queue for queue in queues if queue not in self}
+
+    def add(self, queues: Iterable[str]) -> None:
+        """Remember `queues` as added to the set now."""
+        now = self._clock()
+        for queue in queues:
+            self._added_at[queue] = now
+
+
+@dataclass
+class Section:
+    """One queue's tasks: plain ones (pushed as they are), the others as (id, priority, delay ms, task),
+    and the ids of those with a record (added to the queue's history)."""
+
+    plain: list[bytes] = field(default_factory=list)
+    others: list[Any] = field(default_factory=list)
+    history: list[str] = field(default_factory=list)
+    # The positions in the batch of the tasks in `others`, in order: the script names by them those it did not push.
+    others_at: list[int] = field(default_factory=list)
+
+    def args(self, queue: str, with_plain: bool = True) -> list[Any]:
+        """The section's ARGV: queue name, plain tasks (if `with_plain`, else none), the others, the history ids."""
+        plain = self.plain if with_plain else []
+        return [queue, len(plain), *plain, len(self.others) // 4, *self.others, len(self.history), *self.history]
+
+
+def split_by_queue(items: Sequence[Enqueueable]) -> dict[str, Section]:
+    """Split tasks into one section per queue, keeping their order."""
+    by_queue: dict[str, Section] = {}
+    for position, item in enumerate(items):
+        section = by_queue.get(item.queue)
+        if section is None:
+            section = by_queue[item.queue] = Section()
+        if item.priority or item.delay_ms > 0 or item.idempotent:  # not item.plain, inlined: runs per task
+            section.others += (item.task_id if item.idempotent else "", item.priority, item.delay_ms, item.raw)
+            section.others_at.append(position)
+        else:
+            section.plain.append(item.raw)
+        if item.result_key_fields:
+            section.history.append(item.task_id)
+    return by_queue
+
+
+def not_pushed(reply: Sequence[Any], others_at: Sequence[int]) -> list[int]:
+    """The positions in the batch of the tasks an enqueue_batch call did not push, from its reply and `others_at`."""
+    return [others_at[int(number) - 1] for number in reply[2:]]
+
+
+def in_section_order(items: Sequence[Enqueueable], by_queue: Mapping[str, Section]) -> list[Enqueueable]:
+    """The tasks with a READY record, by section and then in order: the order of the sections' history ids."""
+    recorded = [item for item in items if item.result_key_fields]
+    if len(by_queue) == 1:
+        return recorded
+    order = {queue: number for number, queue in enumerate(by_queue)}
+    return sorted(recorded, key=lambda item: order[item.queue])
+
+
+def id_claims(items: Sequence[Enqueueable], uniques: Sequence[Enqueueable]) -> tuple[list[Enqueueable], set[str]]:
+    """Redis Cluster: per caller's id of a call, the READY record that claims it for its queue before any push.
+
+    The record of the id's first task of `items` (those are pushed before `uniques`), else of its
+    one task of `uniques`. An id given to several tasks of `uniques` alone gets a record naming
+    only its queue, as which of them is pushed is known only after the push: those ids are
+    returned too, for the record of the one pushed to be written whole then.
+    """
+    claims: dict[str, Enqueueable] = {}
+    for item in items:
+        if item.idempotent and item.result_key_fields and item.task_id not in claims:
+            claims[item.task_id] = item
+    of_items, repeated = set(claims), set()
+    for item in uniques:
+        if not (item.idempotent and item.result_key_fields) or item.task_id in of_items:
+            continue
+        if item.task_id in claims:
+            claims[item.task_id] = item._replace(result_key_fields={"queue": item.queue})
+            repeated.add(item.task_id)
+        else:
+            claims[item.task_id] = item
+    return list(claims.values()), repeated
+
+
+def record_groups(items: Sequence[Enqueueable], result_ttl_s: int) -> list[Any]:
+    """READY records as groups (keys, ttl s, pairs, pairs...): tasks sharing one fields dict share a group.
+
+    A record outlives its task's due time: its time to live is result_ttl_s plus the delay.
+    """
+    args: list[Any] = []
+    shared: Mapping[str, str] | None = None
+    count_at = 0
+    for item in items:
+        if not item.result_key_fields:
+            continue
+        if item.result_key_fields is shared:  # the producer shares one dict between identical tasks
+            args[count_at] += 1
+            continue
+        shared, count_at = item.result_key_fields, len(args)
+        args += (1, result_ttl_s + math.ceil(max(0, item.delay_ms) / 1000), len(shared))
+        for name, value in shared.items():
+            args += (name, value)
+    return args
+
+
+def record_only_args(item: Enqueueable, result_ttl_s: int) -> list[Any]:
+    """The ARGV of an enqueue_batch call that writes `item`'s READY record alone (its own slot on Redis Cluster)."""
+    # No queue section and no history index: the wake token and the id memory are never read.
+    return ["", 0, 1, "0", 0, 0, 1, 1, *record_groups([item], result_ttl_s)]
+
+
+class Enqueuer:
+    """Enqueueing: all or nothing on a single Redis server; on Redis Cluster one call per queue and per
+    record, so that some may be pushed when an error is raised."""
+
+    def __init__(self, redis: ScriptClient, announced: AnnouncedQueues, history_max: int) -> None:
+        self.redis = redis
+        self.client, self.keys, self.scripts = redis.client, redis.keys, redis.scripts
+        # Queues this process added to the queue set lately: one SADD per queue a minute, not per enqueue.
+        self.announced = announced
+        self.history_max = history_max  # the cap of each queue's history index
+
+    def enqueue(
+        self, items: Sequence[Enqueueable], result_ttl_s: int, uniques: Sequence[UniqueEnqueueable] = ()
+    ) -> list[str | None]:
+        """Write each task's READY record (kept result_ttl_s past its due time) and push the tasks,
+        and the `uniques` as `enqueue_unique` does. Per task of `items`, then of `uniques`: None
+        (pushed), or the id of the task enqueued in its place, nothing pushed nor written for it:
+        its own, for a caller's id enqueued to its queue lately or earlier in the call, or whose
+        record names another queue; the holder of its key, for a unique one.
+
+        On a single Redis server all or nothing (see `_enqueue_on_server`). On Redis Cluster one
+        call per queue and per record (see the module docstring): some may be pushed when an error is raised.
+        """
+        if not uniques and len(items) == 1 and self._enqueue_one(items[0], result_ttl_s):
+            return [None]
+        new_queues = self.announced.missing(item.queue for item in items)
+        if isinstance(self.client, redis.RedisCluster):
+            outcomes = self._enqueue_on_cluster(items, uniques, result_ttl_s, new_queues)
+        else:
+            outcomes = self._enqueue_on_server(items, result_ttl_s, new_queues, uniques)
+        self.announced.add(new_queues)
+        return outcomes
+
+    def _enqueue_on_server(
+        self,
+        items: Sequence[Enqueueable],
+        result_ttl_s: int,
+        new_queues: set[str],
+        uniques: Sequence[UniqueEnqueueable],
+    ) -> list[str | None]:
+        # One enqueue_batch call, atomic on its own. Plain tasks are cheaper as native LPUSHes
+        # (no copy into Lua), and unique tasks need a script each: then the LPUSHes and the
+        # scripts (the first of each by source, so NOSCRIPT cannot split them) run in
+        # MULTI/EXEC, which Redis refuses whole when it is out of memory.
+        sections, keys, args = self._batch_call(items, result_ttl_s, new_queues)
+        others_at = [position for section in sections.values() for position in section.others_at]
+        if not uniques and not any(section.plain for section in sections.values()):
+            missed = not_pushed(self.redis.run("enqueue_batch", keys, args), others_at)
+            return _in_place(items, missed)
+        pipe = self.client.pipeline(transaction=True)
+        for queue, section in sections.items():
+            if section.plain:
+                pipe.lpush(self.keys.pending(queue), *section.plain)
+        batch_at = len(pipe)
+        if items:
+            pipe.eval(self.scripts.sources["enqueue_batch"], len(keys), *keys, *args)
+        calls = self._queue_uniques(pipe, uniques, result_ttl_s, first_by_source=True)
+        replies = pipe.execute()
+        missed = not_pushed(replies[batch_at], others_at) if items else []
+        holders = self._unique_holders(replies, calls)
+        self.announced.add(calls.new_queues)
+        return [*_in_place(items, missed), *holders]
+
+    def _batch_call(
+        self, items: Sequence[Enqueueable], result_ttl_s: int, new_queues: set[str]
+    ) -> tuple[dict[str, Section], list[str], list[Any]]:
+        """The sections of `items`, and the KEYS and ARGV of one enqueue_batch call (plain tasks left out)."""
+        sections = split_by_queue(items)
+        records = in_section_order(items, sections)
+        keys = [key for queue in sections for key in self._queue_section_keys(queue)]
+        keys += [self.keys.queues()] if new_queues else []
+        keys += [self.keys.result(item.task_id) for item in records]
+        args: list[Any] = [
+            WAKE_TOKEN,
+            ENQUEUED_IDS_KEEP_MS,
+            ENQUEUED_IDS_MAX,
+            "1" if new_queues else "0",
+            len(sections),
+            *history.header_args(self.history_max, result_ttl_s * 1000),
+        ]
+        for queue, section in sections.items():
+            args += section.args(queue, with_plain=False)
+        args += record_groups(records, result_ttl_s)
+        return sections, keys, args
+
+    def _enqueue_one(self, item: Enqueueable, result_ttl_s: int) -> bool:
+        # The common single enqueue as a script call without the batch's sections (~15 % more
+        # tasks/s than a pipeline of two commands: the round trip is most of its cost). Its keys
+        # lie in different slots, so not on Redis Cluster. False: not applicable, nothing written.
+        if (
+            not item.plain
+            or not item.result_key_fields
+            or item.queue not in self.announced
+            or isinstance(self.client, redis.RedisCluster)
+        ):
+            return False
+        keys = [
+            self.keys.result(item.task_id),
+            self.keys.pending(item.queue),
+            *history.index_keys(self.keys, item.queue),
+        ]
+        args: list[Any] = [result_ttl_s, item.raw, len(history.STATUSES), item.task_id, self.history_max]
+        args += history.STATUSES
+        for name, value in item.result_key_fields.items():
+            args += (name, value)
+        self.redis.run_direct("enqueue_one", keys, args)
+        return True
+
+    def _enqueue_on_cluster(
+        self,
+        items: Sequence[Enqueueable],
+        uniques: Sequence[UniqueEnqueueable],
+        result_ttl_s: int,
+        new_queues: set[str],
+    ) -> list[str | None]:
+        """Per task of `items`, then of `uniques`: None (pushed) or the id of the task enqueued in its place.
+
+        A claim Redis refuses (its node out of memory, failing over) keeps its id's tasks back; the
+        others are pushed, then its error is raised.
+        """
+        claims, whole_later = id_claims(items, [unique.item for unique in uniques])
+        claimed = self._claim_ids(claims, result_ttl_s) if claims else IdClaims({}, set(), [])
+        blocked = claimed.taken | {item.task_id for item in claims if item.task_id not in claimed.written}
+        outcomes = [item.task_id if item.idempotent and item.task_id in blocked else None for item in items]
+        holders = [item.task_id if item.idempotent and item.task_id in blocked else None for item, *_ in uniques]
+        recorded = self._push(items, uniques, result_ttl_s, new_queues, outcomes, holders, claimed)
+        self._settle_unique_records(uniques, holders, recorded, whole_later, result_ttl_s)
+        if claimed.refused:
+            raise claimed.refused[0]
+        return [*outcomes, *holders]
+
+    def _claim_ids(self, claims: Sequence[Enqueueable], result_ttl_s: int) -> IdClaims:
+        """Write the records claiming caller's ids, one call each, in one round trip.
+
+        A record is written only where no run or cancel touched it; one naming another queue is
+        left alone and its id is taken: another task's, nothing of this call is pushed under it.
+        """
+        pipe = self.client.pipeline(transaction=False)
+        for item in claims:
+            self._queue_record(pipe, item, result_ttl_s)
+        claimed = IdClaims({}, set(), [])
+        for item, reply in zip(claims, self.scripts.execute(pipe, self.client, raise_on_error=False), strict=True):
+            if isinstance(reply, Exception):
+                claimed.refused.append(reply)
+            elif len(reply) > 2:
+                claimed.taken.add(item.task_id)
+            else:
+                claimed.written[item.task_id] = bool(int(reply[1]))
+        return claimed
+
+    def _push(
+        self,
+        items: Sequence[Enqueueable],
+        uniques: Sequence[UniqueEnqueueable],
+        result_ttl_s: int,
+        new_queues: set[str],
+        outcomes: list[str | None],
+        holders: list[str | None],
+        claimed: IdClaims,
+    ) -> list[bool]:
+        """Push the tasks whose `outcomes` and `holders` are None, filling them in; return per unique task
+        whether its record was written (by its claim or beside its push)."""
+        free = [at for at, outcome in enumerate(outcomes) if outcome is None]
+        free_uniques = [at for at, holder in enumerate(holders) if holder is None]
+        pipe = self.client.pipeline(transaction=False)
+        for item in items:
+            if item.result_key_fields and not item.idempotent:  # a generated id: its record beside its push
+                self._queue_record(pipe, item, result_ttl_s)
+        first_section, sections = self._queue_sections(pipe, [items[at] for at in free], result_ttl_s)
+        claimed_ids = claimed.written.keys() | claimed.taken
+        calls = self._queue_uniques(pipe, [uniques[at] for at in free_uniques], result_ttl_s, recorded=claimed_ids)
+        if new_queues:
+            self.redis.announce(pipe, new_queues)
+        replies = self.scripts.execute(pipe, self.client)
+        self.announced.add(calls.new_queues)
+        for section, reply in zip(sections, replies[first_section:], strict=False):
+            for position in not_pushed(reply, section.others_at):
+                outcomes[free[position]] = items[free[position]].task_id
+        recorded = [claimed.written.get(unique.item.task_id, False) for unique in uniques]
+        for at, holder, record_at in zip(
+            free_uniques, self._unique_holders(replies, calls), calls.records, strict=True
+        ):
+            holders[at] = holder
+            recorded[at] = recorded[at] or (record_at >= 0 and bool(int(replies[record_at][1])))
+        return recorded
+
+    def _queue_sections(self, pipe: Any, items: Sequence[Enqueueable], result_ttl_s: int) -> tuple[int, list[Section]]:
+        """Queue an enqueue_batch call per queue of `items` (no records); return the first's place and the sections."""
+        head = [WAKE_TOKEN, ENQUEUED_IDS_KEEP_MS, ENQUEUED_IDS_MAX, "0"]
+        shape = history.header_args(self.history_max, result_ttl_s * 1000)
+        sections = split_by_queue(items)
+        first = len(pipe)
+        for queue, section in sections.items():
+            keys = self._queue_section_keys(queue)
+            self.scripts.queue(pipe, "enqueue_batch", keys, [*head, 1, *shape, *section.args(queue)])
+        return first, list(sections.values())
+
+    def _queue_section_keys(self, queue: str) -> list[str]:
+        return [
+            self.keys.pending(queue),
+            self.keys.prioritized(queue),
+            self.keys.delayed(queue),
+            self.keys.enqueued(queue),
+            *history.index_keys(self.keys, queue),
+        ]
+
+    def _settle_unique_records(
+        self,
+        uniques: Sequence[UniqueEnqueueable],
+        holders: Sequence[str | None],
+        recorded: Sequence[bool],
+        whole_later: set[str],
+        result_ttl_s: int,
+    ) -> None:
+        """Delete the records written for unique tasks not pushed; write whole those that named only a queue.
+
+        A record stays under an id that a task of the call pushed, or that names a task enqueued
+        before (a retried request shares its record; a taken id's is another task's).
+        """
+        pairs = list(zip(uniques, holders, strict=True))
+        kept = {unique.item.task_id for unique, holder in pairs if holder in (None, unique.item.task_id)}
+        doomed = {unique.item.task_id for unique, wrote in zip(uniques, recorded, strict=True) if wrote} - kept
+        whole = [unique.item for unique, holder in pairs if holder is None and unique.item.task_id in whole_later]
+        if not (doomed or whole):
+            return
+        pipe = self.client.pipeline(transaction=False)
+        for task_id in doomed:
+            pipe.delete(self.keys.result(task_id))
+        for item in whole:
+            self._queue_record(pipe, item, result_ttl_s)
+        self.scripts.execute(pipe, self.client)
+
+    def _queue_uniques(
+        self,
+        pipe: Any,
+        uniques: Sequence[UniqueEnqueueable],
+        result_ttl_s: int,
+        *,
+        first_by_source: bool = False,
+        recorded: Set[str] = frozenset(),
+    ) -> UniqueCalls:
+        """Add the calls of `enqueue_unique` to a pipeline, in order; return where they are (see `_unique_holders`).
+
+        `first_by_source`: the first script call is sent as EVAL, which loads it for the others
+        in a MULTI/EXEC (where a NOSCRIPT would fail them alone, after the rest has run). On Redis
+        Cluster each record is written before its script by `enqueue_batch` (once per id), but for
+        the ids in `recorded` (claimed before this pipeline).
+        """
+        cluster = isinstance(self.client, redis.RedisCluster)
+        index = history.header_args(self.history_max, result_ttl_s * 1000)
+        calls = UniqueCalls([], [], set())
+        recorded = set(recorded)
+        for position, unique in enumerate(uniques):
+            item = unique.item
+            keys = self._unique_keys(unique)
+            record: list[str] = []
+            if cluster:
+                calls.records.append(self._queue_record_beside(pipe, item, result_ttl_s, recorded))
+            else:
+                calls.records.append(-1)
+                record = [pair for field in item.result_key_fields.items() for pair in field]
+                keys += [self.keys.result(item.task_id)] if record else []
+            args = [item.task_id, unique.window_ms, WAKE_TOKEN, item.priority, item.delay_ms, item.raw]
+            args += [result_ttl_s + item.delay_ms // 1000 + 1, "1" if item.idempotent else "0"]
+            args += [ENQUEUED_IDS_KEEP_MS, ENQUEUED_IDS_MAX, *index, *record]
+            calls.scripts.append(len(pipe))
+            self.scripts.queue(pipe, "enqueue_unique", keys, args, by_source=first_by_source and position == 0)
+        calls.new_queues.update(self.announced.missing(unique.item.queue for unique in uniques))
+        if calls.new_queues:
+            self.redis.announce(pipe, calls.new_queues, by_source=first_by_source)
+        return calls
+
+    def _unique_keys(self, unique: UniqueEnqueueable) -> list[str]:
+        """The KEYS of `unique`'s enqueue_unique call, but for its record."""
+        queue = unique.item.queue
+        return [
+            self.keys.unique(queue, unique.digest),
+            self.keys.pending(queue),
+            self.keys.prioritized(queue),
+            self.keys.delayed(queue),
+            self.keys.enqueued(queue),
+            *history.index_keys(self.keys, queue),
+        ]
+
+    def _queue_record_beside(self, pipe: Any, item: Enqueueable, result_ttl_s: int, recorded: set[str]) -> int:
+        """Queue a unique task's READY record on Redis Cluster (once per id); return its place in `pipe` (-1: none)."""
+        if not item.result_key_fields or item.task_id in recorded:
+            return -1
+        recorded.add(item.task_id)
+        self._queue_record(pipe, item, result_ttl_s)
+        return len(pipe) - 1
+
+    def _queue_record(self, pipe: Any, item: Enqueueable, result_ttl_s: int) -> None:
+        """Queue an enqueue_batch call writing `item`'s READY record alone (in its own slot on Redis Cluster)."""
+        args = record_only_args(item, result_ttl_s)
+        self.scripts.queue(pipe, "enqueue_batch", [self.keys.result(item.task_id)], args)
+
+    def _unique_holders(self, replies: Sequence[Any], calls: UniqueCalls) -> list[str | None]:
+        """Per task None (pushed) or the id enqueued in its place, from the replies of `_queue_uniques`'s calls."""
+        return [None if int(replies[at][0]) else reply_text(replies[at][1]) for at in calls.scripts]
+
+
+def _in_place(items: Sequence[Enqueueable], missed: Sequence[int]) -> list[str | None]:
+    """Per task of `items`: None (pushed), or its own id for one at a position in `missed` (enqueued before)."""
+    skipped = set(missed)
+    return [item.task_id if position in skipped else None for position, item in enumerate(items)]

@@ -1,0 +1,422 @@
+"""The queue core: claiming tasks, acknowledging them, retrying, dead-lettering, returning unstarted ones,
+and promoting due delayed tasks, each one round trip or one script.
+
+Every key of a queue carries the hash tag ``{queue}``, so each queue script touches one Redis
+Cluster slot; every key a script touches is passed to it in KEYS. A settle's result record lies in
+a slot of its own: `Records` writes it, in the same round trip (see history.py). See docs/PROTOCOL.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple
+
+import redis
+
+from tasks_app.protocol.history import NOT_HELD, Held, Place, Records, replies_at
+from tasks_app.protocol.keys import UNDECODABLE_TYPE, WAKE_TOKEN, delayed_member
+from tasks_app.protocol.records import ResultUpdate
+from tasks_app.protocol.scripts import ScriptClient
+
+# Width of the buckets counting acknowledged tasks, for the dashboard's throughput.
+THROUGHPUT_BUCKET_S = 10
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What one claim moved into a consumer's processing list."""
+
+    tasks: list[bytes]
+    took_suspect: bool  # the first task is a suspect: recovered from a consumer that died holding it
+    suspects_waiting: int  # suspects still in the queue's suspects list
+    first_fence: int = 0  # fencing token of tasks[0]; tasks[i] holds first_fence + i
+    lease_expired: bool = False  # nothing was claimed: the lease lapsed and has not been renewed
+    paused: bool = False  # nothing was claimed: the queue is paused
+
+
+class Promotion(NamedTuple):
+    """What one promote_due call did."""
+
+    moved: int
+    next_due_ms: int  # -1: nothing delayed
+    now_ms: int  # the server's clock
+    malformed: int  # due members that were not "<priority><task>", dead-lettered
+
+
+class UniqueRelease(NamedTuple):
+    """A uniqueness key that settling a claimed task frees (unique_until = finished), if the task is still held."""
+
+    digest: str
+    task_id: str
+    after_ms: int = 0  # 0: now; else in that many ms (a process that gave up on a hung run frees it once gone)
+
+
+class AckReport(NamedTuple):
+    """What a batch of result writes and acks did."""
+
+    flags: dict[tuple[str, str], list[bool]]  # per (queue, consumer): whether each task was still held
+    refused: dict[int, Exception]  # result writes Redis refused, by index
+    unreplicated_masters: int = 0  # Redis Cluster: masters whose replica did not confirm the results in time
+    written: tuple[Any, ...] = ()  # each result write's reply (1 written, 0 ignored, 2 refused: cancelled, 3 not held)
+
+
+class Queue:
+    """Claiming and settling tasks of a queue, each one round trip or one script."""
+
+    def __init__(self, redis: ScriptClient, records: Records) -> None:
+        self.redis = redis
+        self.client, self.keys, self.scripts = redis.client, redis.keys, redis.scripts
+        self.records = records
+        # The token the consumer using this broker registers its ids with ("": none, unchecked): settling
+        # a task of an id another instance registered since settles nothing (see lua/include/settle.lua).
+        self.instance = ""
+
+    def claim(self, queue: str, consumer_id: str, max_tasks: int, *, drop_wake: bool = False) -> list[bytes] | None:
+        """Move up to `max_tasks` (no suspect) into this consumer's list; None if its lease was lost."""
+        claimed = self.claim_with_suspect(queue, consumer_id, max_tasks, drop_wake=drop_wake, allow_suspect=False)
+        return None if claimed is None else claimed.tasks
+
+    def claim_with_suspect(
+        self, queue: str, consumer_id: str, max_tasks: int, *, drop_wake: bool = False, allow_suspect: bool = True
+    ) -> Claim | None:
+        """Like `claim`, first taking one suspect if allowed; None if this consumer's lease was lost.
+
+        Claims only under a live lease: one that lapsed (deadline passed, not yet reaped) claims
+        nothing and says so (`lease_expired`) until a renewal succeeds; a paused queue claims
+        nothing either (`paused`). A key of the wrong type raises MisconfiguredKey: nothing moved.
+        """
+        keys = [
+            self.keys.pending(queue),
+            self.keys.prioritized(queue),
+            self.keys.processing(queue, consumer_id),
+            self.keys.consumers(queue),
+            self.keys.suspects(queue),
+            self.keys.fence(queue),
+            self.keys.paused(queue),
+        ]
+        args = [consumer_id, max_tasks, WAKE_TOKEN, "1" if drop_wake else "0", "1" if allow_suspect else "0"]
+        claimed = self.redis.run("claim", keys, args)
+        if claimed is None:
+            return None
+        took_suspect, suspects_waiting, first_fence, *tasks = claimed
+        if took_suspect == -1:
+            return Claim([], False, 0, lease_expired=True)
+        if took_suspect == -2:
+            return Claim([], False, 0, paused=True)
+        return Claim(tasks, bool(took_suspect), int(suspects_waiting), int(first_fence))
+
+    def mark_started(self, queue: str, consumer_id: str, raw: bytes) -> bool:
+        """Record that a suspect task starts, so a death while it runs counts against it; False (nothing
+        written) once `consumer_id`'s lease has lapsed or another instance holds the id."""
+        keys = [self.keys.consumers(queue), self.keys.consumer_info(queue), self.keys.recoveries(queue)]
+        return bool(self.redis.run("mark_started", keys, [consumer_id, self.instance, hashlib.sha1(raw).hexdigest()]))
+
+    def claim_blocking(self, queue: str, consumer_id: str, timeout_s: float) -> tuple[bytes | None, int]:
+        """Block until a task can move from pending into this consumer's list (BLMOVE).
+
+        Returns the task and its fencing token; (WAKE_TOKEN, 0) when woken for a prioritized
+        task, (None, 0) on timeout.
+        """
+        pending, processing = self.keys.pending(queue), self.keys.processing(queue, consumer_id)
+        client: Any = self.client
+        if isinstance(self.client, redis.RedisCluster):  # its pipelines retry on their own: two calls
+            raw = client.blmove(pending, processing, timeout_s, "RIGHT", "LEFT")
+            if raw is None or raw == WAKE_TOKEN:
+                return raw, 0
+            return raw, self.issue_fence(queue)
+        # One round trip: Redis runs the fence script on this connection as soon as the move
+        # returns (a token issued after a timeout or a wake is a harmless gap in the sequence).
+        pipe = client.pipeline(transaction=False)
+        pipe.blmove(pending, processing, timeout_s, "RIGHT", "LEFT")
+        self.scripts.queue(pipe, "issue_fence", [self.keys.fence(queue)], [1])
+        moved, fence = self.scripts.execute(pipe, client)
+        if moved is None or moved == WAKE_TOKEN:
+            return moved, 0
+        return moved, int(fence)
+
+    def issue_fence(self, queue: str) -> int:
+        """Issue one fencing token of `queue`: higher than every token issued before it."""
+        return int(self.redis.run("issue_fence", [self.keys.fence(queue)], [1]))
+
+    def claim_receipts(self, claims: Sequence[tuple[str, int]], result_ttl_s: int) -> list[int]:
+        """Write the receipts of claimed tasks, (id, fencing token) each: per task 1 held by that claim,
+        3 held, its record created by the receipt, 0 a later claim holds it, 2 cancelled (it must not
+        run), -1 its record is not a hash.
+
+        One script for them all on one server; on Redis Cluster, where the records lie in many
+        slots, one script per task in one pipeline.
+        """
+        keys = [self.keys.result(task_id) for task_id, _ in claims]
+        if not isinstance(self.client, redis.RedisCluster):
+            return [
+                int(reply) for reply in self.redis.run("claim_receipts", keys, [result_ttl_s, *(t for _, t in claims)])
+            ]
+        pipe = self.client.pipeline(transaction=False)
+        for key, (_, token) in zip(keys, claims, strict=True):
+            self.scripts.queue(pipe, "claim_receipts", [key], [result_ttl_s, token])
+        return [int(replies[0]) for replies in self.scripts.execute(pipe, self.client)]
+
+    def ack(
+        self,
+        queue: str,
+        consumer_id: str,
+        raws: Sequence[bytes],
+        results: Sequence[ResultUpdate] = (),
+        releases: Sequence[UniqueRelease | None] = (),
+    ) -> list[bool]:
+        """Record results, then acknowledge tasks, in one round trip; flags say which were still held.
+
+        The results of one task's ack are its run's, held by it (see `ack_many_reporting`).
+        """
+        owner = (queue, consumer_id)
+        if len(raws) == 1:
+            results = [replace(result, held_by=result.held_by or (owner, raws[0])) for result in results]
+        return self.ack_many(results, {owner: raws}, releases={owner: releases})[owner]
+
+    def ack_many(
+        self,
+        results: Sequence[ResultUpdate],
+        raws_by_owner: Mapping[tuple[str, str], Sequence[bytes]],
+        releases: Mapping[tuple[str, str], Sequence[UniqueRelease | None]] | None = None,
+    ) -> dict[tuple[str, str], list[bool]]:
+        """Record results, then acknowledge the tasks of each (queue, consumer) list, in one round trip."""
+        report = self.ack_many_reporting(results, raws_by_owner, releases=releases)
+        if report.refused:
+            raise next(iter(report.refused.values()))
+        return report.flags
+
+    def ack_many_reporting(
+        self,
+        results: Sequence[ResultUpdate],
+        raws_by_owner: Mapping[tuple[str, str], Sequence[bytes]],
+        releases: Mapping[tuple[str, str], Sequence[UniqueRelease | None]] | None = None,
+    ) -> AckReport:
+        """Like `ack_many`, but a result write Redis refuses stops nothing: its index and error are reported.
+
+        `releases`, per owner, lists beside its tasks the uniqueness key each one's end frees (or
+        None): the ack frees it in the same script, only if that task was still held.
+
+        On one server all goes in one MULTI, results first, each one `held_by` a task written only
+        if its ack will find the task (see `_write_again_settled`). On Redis Cluster the results and
+        the acks live on different nodes, where one pipeline gives no order: the results are
+        written first (fenced only), each master that took some WAITs (on the same connection, all
+        masters at once) until a replica has them or `cluster_wait_ms` passed, then the acks.
+        """
+        cluster = isinstance(self.client, redis.RedisCluster)
+        pipe = self.client.pipeline(transaction=not cluster)
+        written: list[Any] = []
+        places: list[Place] = []
+        unreplicated = 0
+        holds = [] if cluster else self._holds(results)
+        if cluster and results and raws_by_owner:
+            written, unreplicated = self.records.write_on_masters(results)
+        else:
+            places = self.records.queue_writes(pipe, results, holds=holds)
+        calls = len(pipe)
+        for owner, raws in raws_by_owner.items():
+            self._queue_ack(pipe, owner, raws, (releases or {}).get(owner, ()))
+        sent, written = self.records.execute_with_writes(pipe, results, places, written)
+        outcomes = sent[calls : calls + len(raws_by_owner)]
+        for outcome in outcomes:
+            if isinstance(outcome, Exception):
+                raise outcome
+        flags = {owner: [bool(flag) for flag in flags] for owner, flags in zip(raws_by_owner, outcomes, strict=True)}
+        if any(holds) and NOT_HELD in written:
+            self._write_again_settled(results, holds, written, self._acked(raws_by_owner, flags))
+        refused = {index: outcome for index, outcome in enumerate(written) if isinstance(outcome, Exception)}
+        return AckReport(flags, refused, unreplicated, tuple(written))
+
+    def _queue_ack(
+        self, pipe: Any, owner: tuple[str, str], raws: Sequence[bytes], releases: Sequence[UniqueRelease | None]
+    ) -> None:
+        """Queue the ack of one processing list's tasks, with the uniqueness keys their ends free."""
+        queue, consumer_id = owner
+        bucket = int(time.time()) // THROUGHPUT_BUCKET_S
+        keys = [
+            self.keys.processing(queue, consumer_id),
+            self.keys.recoveries(queue),
+            self.keys.completed(queue, bucket),
+            self.keys.consumer_info(queue),
+        ]
+        args: list[Any] = [len(raws), consumer_id, self.instance, *raws]
+        for position, release in enumerate(releases, start=1):
+            if release is not None:
+                keys.append(self.keys.unique(queue, release.digest))
+                args += (position, release.task_id, release.after_ms)
+        self.scripts.queue(pipe, "ack", keys, args)
+
+    def retry_later(
+        self,
+        queue: str,
+        consumer_id: str,
+        raw: bytes,
+        new_raw: bytes,
+        priority: int,
+        delay_ms: int,
+        result: ResultUpdate | None = None,
+    ) -> bool:
+        """Move a claimed task to the delayed set, due `delay_ms` from now; False if it was lost."""
+        held = self._held((queue, consumer_id), raw)
+        keys = [held.processing, self.keys.delayed(queue), self.keys.recoveries(queue), held.consumer_info]
+        args = [raw, delayed_member(priority, new_raw), max(0, int(delay_ms)), consumer_id, held.instance]
+        return self._with_result("retry_later", held, keys, args, result)
+
+    def dead_letter(
+        self,
+        queue: str,
+        consumer_id: str,
+        raw: bytes,
+        new_raw: bytes,
+        result: ResultUpdate | None = None,
+        release: UniqueRelease | None = None,
+    ) -> bool:
+        """Move a claimed task to the dead-letter set (freeing `release` with it); False if it was lost."""
+        held = self._held((queue, consumer_id), raw)
+        keys = [held.processing, self.keys.dead(queue), self.keys.recoveries(queue), held.consumer_info]
+        args: list[Any] = [raw, new_raw, consumer_id, held.instance]
+        if release is not None:
+            keys.append(self.keys.unique(queue, release.digest))
+            args += (release.task_id, release.after_ms)
+        return self._with_result("dead_letter", held, keys, args, result)
+
+    def _with_result(
+        self, script: str, held: Held, keys: list[str], args: list[Any], result: ResultUpdate | None
+    ) -> bool:
+        """Run settle script `script` (settling the task `held` names) and write its run's record.
+
+        On one server both go in one transaction, the record first, written only if the consumer
+        still holds the task: a run whose task was reaped (or whose id another instance took) leaves
+        the record to the run holding it now, also before that run's claim wrote its token there.
+        By source: a NOSCRIPT re-run would come after the settle script, which took the task out of
+        the list. On Redis Cluster the list and the record lie in different slots: the record is
+        written first, as an ack's (see `ack_many_reporting`), its fence alone keeping a later
+        run's record, and the script follows with the history move of a write the record took.
+        """
+        if result is None:
+            return bool(self.redis.run(script, keys, args))
+        cluster = isinstance(self.client, redis.RedisCluster)
+        pipe = self.client.pipeline(transaction=not cluster)
+        written: list[Any] = []
+        places: list[Place] = []
+        if cluster:
+            written, _ = self.records.write_on_masters([result])
+        else:
+            places = self.records.queue_writes(pipe, [result], by_source=True, holds=[held])
+        settle_at = len(pipe)
+        self.scripts.queue(pipe, script, keys, args, by_source=not cluster)
+        sent, written = self.records.execute_with_writes(pipe, [result], places, written)
+        for reply in [sent[settle_at], *written]:
+            if isinstance(reply, Exception):
+                raise reply
+        return bool(sent[settle_at])
+
+    def held_by(self, queue: str, consumer_id: str) -> list[bytes]:
+        """Return the tasks in a consumer's processing list."""
+        return list(self.client.lrange(self.keys.processing(queue, consumer_id), 0, -1))
+
+    def return_unstarted(
+        self, queue: str, consumer_id: str, raws: Sequence[bytes], withdrawn: Sequence[ResultUpdate] = ()
+    ) -> int:
+        """Put claimed, never-started tasks back first among their priority, first one first; how many were held.
+
+        `withdrawn`: the receipts of their claims to withdraw in the same round trip, so that a cancel
+        while they wait cancels them outright (each fenced by its claim's token: one that another
+        claim has taken since is left alone).
+        """
+        if not raws:
+            return 0
+        keys = [
+            self.keys.processing(queue, consumer_id),
+            self.keys.pending(queue),
+            self.keys.recoveries(queue),
+            self.keys.suspects(queue),
+            self.keys.consumer_info(queue),
+            self.keys.prioritized(queue),
+        ]
+        args = [consumer_id, self.instance, WAKE_TOKEN, *raws]
+        if not withdrawn:
+            return int(self.redis.run("return_unstarted", keys, args))
+        pipe = self.client.pipeline(transaction=False)
+        self.scripts.queue(pipe, "return_unstarted", keys, args)
+        # A withdrawal Redis refuses (a producer's record of another type) only leaves that receipt standing.
+        sent, _ = self.records.execute_with_writes(pipe, withdrawn, self.records.queue_writes(pipe, withdrawn))
+        if isinstance(sent[0], Exception):
+            raise sent[0]
+        return int(sent[0])
+
+    def promote_due(self, queue: str, limit: int = 1000) -> Promotion:
+        """Move due delayed tasks into pending, and dead-letter due members that are not tasks."""
+        keys = [
+            self.keys.delayed(queue),
+            self.keys.pending(queue),
+            self.keys.prioritized(queue),
+            self.keys.recoveries(queue),
+            self.keys.suspects(queue),
+            self.keys.dead(queue),
+        ]
+        moved, next_due_ms, now_ms, malformed = self.redis.run(
+            "promote_due", keys, [limit, WAKE_TOKEN, queue, UNDECODABLE_TYPE]
+        )
+        return Promotion(int(moved), int(next_due_ms), int(now_ms), int(malformed))
+
+    def _holds(self, updates: Sequence[ResultUpdate]) -> list[Held | None]:
+        """The hold of each update (None: not held), the keys of each processing list built once."""
+        owners: dict[tuple[str, str], Held] = {}
+        holds: list[Held | None] = []
+        for update in updates:
+            if update.held_by is None:
+                holds.append(None)
+                continue
+            owner, raw = update.held_by
+            of_owner = owners.get(owner) or owners.setdefault(owner, self._held(owner, raw))
+            keys = (of_owner.processing, of_owner.consumer_info)
+            holds.append(Held(*keys, raw, of_owner.consumer_id, of_owner.instance, of_owner.consumers))
+        return holds
+
+    def _held(self, owner: tuple[str, str], raw: bytes) -> Held:
+        """The hold of a write of the run that settles `raw` from the processing list of `owner`."""
+        queue, consumer_id = owner
+        keys = self.keys
+        return Held(
+            keys.processing(queue, consumer_id),
+            keys.consumer_info(queue),
+            raw,
+            consumer_id,
+            self.instance,
+            keys.consumers(queue),
+        )
+
+    def _acked(
+        self, raws_by_owner: Mapping[tuple[str, str], Sequence[bytes]], flags: dict[Any, list[bool]]
+    ) -> set[Held]:
+        """The tasks an ack found, as the holds of their runs' writes."""
+        return {
+            self._held(owner, raw)
+            for owner, raws in raws_by_owner.items()
+            for raw, flag in zip(raws, flags[owner], strict=True)
+            if flag
+        }
+
+    def _write_again_settled(
+        self, updates: Sequence[ResultUpdate], holds: Sequence[Held | None], written: list[Any], settled: set[Held]
+    ) -> None:
+        """Write again, unheld, each held write answered NOT_HELD whose task the script after it settled.
+
+        A held write goes before its task's settle script in one MULTI: one whose task was reaped
+        (or whose consumer id another instance took) writes nothing, answered NOT_HELD, and the
+        script finds nothing either. A write answered so while the script settled its task ran
+        after it, re-run by source after a NOSCRIPT (an ack batch runs by SHA, not to send the
+        source every flush): the script found the task, so the run held it. Only then does this
+        take a round trip. Fills in the new replies in `written`.
+        """
+        again = [i for i, hold in enumerate(holds) if hold in settled and written[i] == NOT_HELD]
+        if not again:
+            return
+        pipe = self.client.pipeline(transaction=False)
+        places = self.records.queue_writes(pipe, [updates[index] for index in again])
+        sent = self.scripts.execute(pipe, self.client, raise_on_error=False)
+        for index, reply in zip(again, replies_at(sent, places), strict=True):
+            written[index] = reply
