@@ -168,11 +168,7 @@ class TaskType(models.Model):
         return self.name
 
     def save(self, *args: Any, **kwargs: Any) -> None:
-        """Save; a move to another queue also saves the periodic tasks that follow the type's queue.
-
-        Their state in Redis lies in the queue's hash tag, so in the new queue they start without a
-        history: their last save then keeps a slot that may have fired in the old queue from running again.
-        """
+        """Save; a move to another queue also saves the periodic tasks that follow the type's queue."""
         with transaction.atomic():
             moved = self.pk is not None and TaskType.objects.filter(pk=self.pk).exclude(queue=self.queue).exists()
             super().save(*args, **kwargs)

@@ -36,11 +36,7 @@ CODE_OWNED_FIELDS = (
 
 
 class ArgumentsField(forms.JSONField):
-    """Django's JSON form field, saying so for text nested too deeply and showing a lone surrogate as its escape.
-
-    Django's raises a RecursionError for the first and renders the second into a page that cannot be
-    encoded: both a server error instead of the form with its message.
-    """
+    """Django's JSON form field, saying so for text nested too deeply and showing a lone surrogate as its escape."""
 
     def to_python(self, value: Any) -> Any:
         try:

@@ -13,11 +13,7 @@ logger = logging.getLogger(__name__)
 
 
 def saved_now() -> datetime:
-    """The Redis server's now, to stamp a saved schedule with; this host's clock if Redis does not answer.
-
-    The fire script runs no slot at or before a schedule's last save: stamped by a host whose clock is
-    ahead, the save would drop the slots up to that time; behind, catch up slots from before it.
-    """
+    """The Redis server's now, to stamp a saved schedule with; this host's clock if Redis does not answer."""
     from tasks_app.protocol.broker import get_broker  # the broker's settings are read at call time
 
     try:

@@ -36,12 +36,7 @@ def fire_slot(
     *,
     registry: Registry = default_registry,
 ) -> FireReply:
-    """Fire one slot of a schedule (and one catch-up run when its policy says so); raise EnqueueError if invalid.
-
-    Both runs are encoded; the script decides on the server's clock which of them to push, if any.
-    A slot claimed for another queue than the rows' (by a consumer that read them before or after
-    a move) is fired in that queue: each slot is decided in one queue only.
-    """
+    """Fire one slot of a schedule (and one catch-up run when its policy says so); raise EnqueueError if invalid."""
     reply = _fire_into(config.target_queue, config, firing, broker, registry)
     if reply.outcome == ELSEWHERE:
         reply = _fire_into(reply.queue, config, firing, broker, registry)
@@ -77,11 +72,7 @@ def run_now(
 
 
 def _in_request_order(batch: PreparedBatch) -> list[Enqueueable]:
-    """The batch's tasks in the order of its requests, those of unique types among them.
-
-    The fire script's once-per-slot check is what keeps a periodic run single, so a unique type's
-    lock is not taken for it.
-    """
+    """The batch's tasks in the order of its requests, those of unique types among them."""
     uniques = {position: unique.item for position, unique in batch.uniques}
     ordinary = iter(batch.items)
     return [uniques[position] if position in uniques else next(ordinary) for position in range(len(batch.enqueued))]

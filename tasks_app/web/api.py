@@ -56,11 +56,7 @@ class _CsrfCheck(CsrfViewMiddleware):
 
 
 def api_view(methods: set[str], permission: str | None = None) -> Callable[[View], View]:
-    """Allow `methods`; require a staff user (with `permission`) by bearer token, or by session with CSRF on writes.
-
-    A token acts as its user, with that user's permissions. With the database away (tokens, users
-    and task types live there) the answer is a JSON 503, as with Redis away.
-    """
+    """Allow `methods`; require a staff user (with `permission`) by bearer token, or by session with CSRF on writes."""
 
     def decorate(view: View) -> View:
         @csrf_exempt  # token requests carry no cookie; session requests are checked below

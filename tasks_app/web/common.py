@@ -42,11 +42,7 @@ BODY_ENCODING_FACTOR = 4
 
 
 def body_within(request: HttpRequest, limit: int) -> bytes | None:
-    """The request's body, None if it is over `limit` bytes.
-
-    Read from the stream, not `request.body`, which refuses more than DATA_UPLOAD_MAX_MEMORY_SIZE
-    (2.5 MiB by default): TASKS_MAX_PAYLOAD_BYTES, not that, bounds what a task may carry.
-    """
+    """The request's body, None if it is over `limit` bytes."""
     declared = request.headers.get("Content-Length") or "0"
     if declared.isdigit() and int(declared) > limit:
         return None
@@ -88,10 +84,7 @@ def log_task_actions(request: HttpRequest, entries: Iterable[tuple[str, str, int
 
 
 def redis_required(view: View) -> View:
-    """Answer Redis away with a 503 saying so, and any other Redis error (a misconfigured key) with a 500 saying why.
-
-    As JSON for `.json` and `?format=json`; never Django's server error page.
-    """
+    """Answer Redis away with a 503 saying so, and any other Redis error (a misconfigured key) with a 500 saying why."""
 
     @wraps(view)
     def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:

@@ -75,10 +75,7 @@ def enqueue_task(request: HttpRequest) -> HttpResponse:
 
 
 def _read_form(request: HttpRequest) -> HttpResponse | None:
-    """Read the form's body within the payload limit (not DATA_UPLOAD_MAX_MEMORY_SIZE), then check CSRF.
-
-    None: go on. Else the page to answer with: the form shown again with the reason (413), or the CSRF failure.
-    """
+    """Read the form's body within the payload limit (not DATA_UPLOAD_MAX_MEMORY_SIZE), then check CSRF."""
     limit = BODY_ENCODING_FACTOR * settings.TASKS_MAX_PAYLOAD_BYTES + ENVELOPE_ALLOWANCE_BYTES
     data = body_within(request, limit)
     if data is None:
