@@ -158,13 +158,11 @@ def _queue_pause(record: ResultRecord) -> dict[str, Any]:
 
 def _percent(progress: dict[str, Any] | None) -> float | None:
     """How far a progress report says the run is, 0-100; None without a positive total."""
-    if not progress:
-        return None
-    current, total = progress.get("current"), progress.get("total")
-    if not isinstance(current, int | float) or not isinstance(total, int | float) or total <= 0:
+    total = (progress or {}).get("total")
+    if not total:
         return None
     try:
-        share = 100.0 * current / total
+        share = 100.0 * progress["current"] / total  # type: ignore[index]
     except OverflowError:  # a handler's integer past a float's range
         return None
     return max(0.0, min(100.0, share)) if math.isfinite(share) else None
