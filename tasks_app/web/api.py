@@ -23,9 +23,8 @@ from tasks_app.protocol.records import datetime_of_ms
 from tasks_app.templatetags.tasks_display import url_or_empty
 from tasks_app.web.api_auth import AuthenticationFailed, authenticate
 from tasks_app.web.common import (
-    BODY_ENCODING_FACTOR,
-    ENVELOPE_ALLOWANCE_BYTES,
     View,
+    body_limit,
     body_within,
     csrf_rejection,
     load_record,
@@ -107,7 +106,7 @@ def _denial(request: HttpRequest, permission: str | None) -> JsonResponse | None
 
 
 def _read_body(request: HttpRequest) -> dict[str, Any] | JsonResponse:
-    limit = BODY_ENCODING_FACTOR * settings.TASKS_MAX_PAYLOAD_BYTES + ENVELOPE_ALLOWANCE_BYTES
+    limit = body_limit()
     data = body_within(request, limit)
     if data is None:
         return error(

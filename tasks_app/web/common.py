@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 from functools import wraps
 from typing import Any
 
+from django.conf import settings
 from django.contrib import admin
 from django.contrib.admin.models import LogEntry
 from django.core.exceptions import PermissionDenied
@@ -39,6 +40,11 @@ ENVELOPE_ALLOWANCE_BYTES = 64 * 1024
 # producer measures): URL encoding writes a byte as up to three, JSON's \uXXXX escapes (json.dumps'
 # default) six for a two-byte character, and what a client types or sends may hold whitespace.
 BODY_ENCODING_FACTOR = 4
+
+
+def body_limit() -> int:
+    """The most bytes an enqueue request's body may hold: its arguments as encoded, and room around them."""
+    return BODY_ENCODING_FACTOR * settings.TASKS_MAX_PAYLOAD_BYTES + ENVELOPE_ALLOWANCE_BYTES
 
 
 def body_within(request: HttpRequest, limit: int) -> bytes | None:

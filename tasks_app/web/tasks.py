@@ -22,9 +22,8 @@ from tasks_app.protocol.broker import get_broker
 from tasks_app.protocol.records import ResultRecord
 from tasks_app.templatetags.tasks_display import url_or_empty
 from tasks_app.web.common import (
-    BODY_ENCODING_FACTOR,
-    ENVELOPE_ALLOWANCE_BYTES,
     admin_context,
+    body_limit,
     body_within,
     csrf_rejection,
     load_record,
@@ -76,7 +75,7 @@ def enqueue_task(request: HttpRequest) -> HttpResponse:
 
 def _read_form(request: HttpRequest) -> HttpResponse | None:
     """Read the form's body within the payload limit (not DATA_UPLOAD_MAX_MEMORY_SIZE), then check CSRF."""
-    limit = BODY_ENCODING_FACTOR * settings.TASKS_MAX_PAYLOAD_BYTES + ENVELOPE_ALLOWANCE_BYTES
+    limit = body_limit()
     data = body_within(request, limit)
     if data is None:
         return _oversize(request, f"The form is over the limit of {limit} bytes")
