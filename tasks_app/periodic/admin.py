@@ -14,25 +14,13 @@ from django.utils.html import format_html
 
 from tasks_app.admin_forms import ShownFieldsForm
 from tasks_app.models import PeriodicTask
+from tasks_app.periodic.code import ENTRY_FIELDS
 from tasks_app.periodic.status import ScheduleStatus, schedule_statuses
 from tasks_app.protocol.broker import get_broker
 from tasks_app.templatetags.tasks_display import url_or_empty
 
 # Fields that rows from code take from TASKS_PERIODIC: read-only in the admin (only `enabled` may change).
-CODE_OWNED_FIELDS = (
-    "name",
-    "task_type",
-    "args",
-    "kwargs",
-    "interval_s",
-    "cron",
-    "timezone",
-    "start_at",
-    "end_at",
-    "queue",
-    "priority",
-    "catch_up",
-)
+CODE_OWNED_FIELDS = ("name", "task_type", *sorted(ENTRY_FIELDS))
 
 
 class ArgumentsField(forms.JSONField):
