@@ -23,6 +23,30 @@ NAME_HELP = (
 )
 
 
+FIELDSETS: Any = (
+    (None, {"fields": ("name", "handler", "queue", "enabled")}),
+    (
+        "Rate limit",
+        {
+            "fields": ("rate_limit", "rate_period", "rate_burst", "rate_algorithm", "rate_limit_key"),
+            "description": "How many tasks of this type may start per period, across every consumer; "
+            "with a key, per value of that keyword argument (per tenant, say).",
+        },
+    ),
+    (
+        "Concurrency cap",
+        {
+            "fields": ("max_running", "max_running_key"),
+            "description": "How many tasks of this type may run at the same time, across every consumer; "
+            "with a key, per value of that keyword argument. Both throttles may be set: each holds. To stop "
+            "a whole queue for a while, pause it on the queue dashboard instead.",
+        },
+    ),
+    ("Retries and timeout", {"fields": ("max_attempts", "retry_backoff", "timeout")}),
+    ("Unique tasks", {"fields": ("unique_for_s", "unique_until")}),
+)
+
+
 class TaskTypeForm(forms.ModelForm):
     """TaskType form whose handler field lists the handlers registered in code."""
 
@@ -30,24 +54,7 @@ class TaskTypeForm(forms.ModelForm):
 
     class Meta:
         model = TaskType
-        fields = (
-            "name",
-            "handler",
-            "queue",
-            "enabled",
-            "rate_limit",
-            "rate_period",
-            "rate_burst",
-            "rate_algorithm",
-            "rate_limit_key",
-            "max_running",
-            "max_running_key",
-            "max_attempts",
-            "retry_backoff",
-            "timeout",
-            "unique_for_s",
-            "unique_until",
-        )
+        fields = tuple(name for _, options in FIELDSETS for name in options["fields"])
         help_texts: ClassVar = {"name": NAME_HELP}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -78,28 +85,7 @@ class TaskTypeAdmin(admin.ModelAdmin):
     list_filter = ("enabled", "queue", "rate_algorithm")
     list_editable = ("enabled",)
     search_fields = ("name", "handler", "queue")
-    fieldsets = (
-        (None, {"fields": ("name", "handler", "queue", "enabled")}),
-        (
-            "Rate limit",
-            {
-                "fields": ("rate_limit", "rate_period", "rate_burst", "rate_algorithm", "rate_limit_key"),
-                "description": "How many tasks of this type may start per period, across every consumer; "
-                "with a key, per value of that keyword argument (per tenant, say).",
-            },
-        ),
-        (
-            "Concurrency cap",
-            {
-                "fields": ("max_running", "max_running_key"),
-                "description": "How many tasks of this type may run at the same time, across every consumer; "
-                "with a key, per value of that keyword argument. Both throttles may be set: each holds. To stop "
-                "a whole queue for a while, pause it on the queue dashboard instead.",
-            },
-        ),
-        ("Retries and timeout", {"fields": ("max_attempts", "retry_backoff", "timeout")}),
-        ("Unique tasks", {"fields": ("unique_for_s", "unique_until")}),
-    )
+    fieldsets = FIELDSETS
 
     def get_changelist_form(self, request: HttpRequest, **kwargs: Any) -> Any:
         """A list row saves `enabled` even when the row breaks a rule on fields the list does not show."""

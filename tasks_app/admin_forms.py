@@ -7,12 +7,7 @@ from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 
 
 class ShownFieldsForm(forms.ModelForm):
-    """A model form that leaves out the row's errors on fields it does not show.
-
-    A row saved past the admin (from code, or before a rule existed) that breaks its model's
-    `clean()` cannot be fixed from a form that shows only some of its fields (a list row with only
-    `enabled`): such an error must not stop saving what is shown, nor become a server error.
-    """
+    """A model form that leaves out the row's errors on fields it does not show."""
 
     # The field whose presence makes the row's own errors ("__all__") this form's; None: always.
     non_field_errors_with: str | None = None

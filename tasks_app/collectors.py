@@ -28,12 +28,7 @@ Read = tuple[list[QueueStats], int]
 
 
 class QueueCollector(Collector):
-    """Export per-queue task counts by state and live consumers, read at scrape time.
-
-    The read runs on a helper thread and the scrape waits at most `timeout_s` for it: a slow or
-    absent Redis makes the scrape report `taskqueue_queue_stats_up 0` and count an error, never
-    hang or raise. A read still running from an earlier scrape is waited on, not duplicated.
-    """
+    """Export per-queue task counts by state and live consumers, read at scrape time."""
 
     def __init__(self, broker: Callable[[], Broker], queues: Sequence[str] = (), timeout_s: float = 2.0) -> None:
         self.broker = broker

@@ -1,8 +1,4 @@
-"""What a handler registered with ``takes_context=True`` receives first: the task and its run.
-
-`current()` returns the same object from anywhere inside a run (a `@django.tasks.task` function,
-a handler without `takes_context`, code they call), on its thread or in its coroutine.
-"""
+"""What a handler registered with ``takes_context=True`` receives first: the task and its run."""
 
 from __future__ import annotations
 

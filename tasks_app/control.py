@@ -1,12 +1,4 @@
-"""Task and queue control from Python: `tasks_app.cancel(id)`, `tasks_app.cancel_many(ids)` and `set_queue_paused`.
-
-What the CLI (`manage.py cancel`, `manage.py queue`), the JSON API, the dashboard, the task page
-and the task browser call. A task that has not started never runs and reads CANCELLED at once; a
-running one is asked to stop (its handler sees `context.cancelled` within about a second and may
-raise TaskCancelled), or, with `force=True`, stopped: TaskCancelled raised in it, and in process
-mode its process replaced if it has not ended a grace period later. A paused queue is claimed
-from by no consumer until it is resumed.
-"""
+"""Task and queue control from Python: `tasks_app.cancel(id)`, `tasks_app.cancel_many(ids)` and `set_queue_paused`."""
 
 from __future__ import annotations
 
@@ -40,10 +32,7 @@ MAX_CANCELLED_BY_CHARS = 200
 def cancel_many(
     task_ids: Sequence[str], *, cancelled_by: str = "", force: bool = False, broker: Broker | None = None
 ) -> list[CancelReply]:
-    """Cancel tasks by id in one round trip (two if some run); never raises for an id: read each reply's outcome.
-
-    An id given twice is cancelled once, and both get that cancel's reply (not "finished" for the second).
-    """
+    """Cancel tasks by id in one round trip (two if some run); never raises for an id: read each reply's outcome."""
     ids = [str(task_id) for task_id in task_ids]
     if not ids:
         return []

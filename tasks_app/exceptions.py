@@ -13,12 +13,7 @@ class TaskTimeout(Exception):
 
 
 class Retry(Exception):
-    """Raised by a handler to run its task again `in_s` seconds from now instead of after its backoff.
-
-    The run counts as a failed attempt: once the attempts are used up the task is dead-lettered as
-    for any error. `raise Retry(in_s=30, reason="rate limited upstream") from exc` keeps the cause
-    in the traceback. A delay beyond TASKS_MAX_DELAY_S waits that long.
-    """
+    """Raised by a handler to run its task again `in_s` seconds from now instead of after its backoff."""
 
     def __init__(self, reason: str = "the handler asked to be retried", in_s: float | None = None) -> None:
         try:
@@ -34,12 +29,7 @@ class Retry(Exception):
 
 
 class TaskInterrupted(Exception):
-    """The consumer stopped while the task ran, and its run was still going when the grace period ended.
-
-    Never raised in a handler: it names that failure in the task's record. The run counts as a
-    failed attempt (retried, or dead-lettered once the attempts are used up), so a task that
-    always outlives the grace period cannot go back to pending at every stop for good.
-    """
+    """The consumer stopped while the task ran, and its run was still going when the grace period ended."""
 
 
 class PermanentError(Exception):
@@ -55,11 +45,7 @@ class ResultTooLarge(ValueError):
 
 
 class TaskCancelled(Exception):
-    """Raised by a handler that stops because its task was cancelled (see TaskContext.cancelled).
-
-    The run then ends CANCELLED, without a retry. django.tasks reports a cancelled task as
-    FAILED with one error whose exception_class_path is tasks_app.exceptions.TaskCancelled.
-    """
+    """Raised by a handler that stops because its task was cancelled (see TaskContext.cancelled)."""
 
     def __init__(self, message: str = "the task was cancelled") -> None:
         super().__init__(message)

@@ -33,11 +33,7 @@ def escape_control(text: str) -> str:
 
 
 class TextFormatter(logging.Formatter):
-    """The text format: a record's message (whatever task ids or errors it holds) stays on one line.
-
-    A traceback or stack follows on lines of its own, indented and escaped, so no line of it
-    can pass for a record.
-    """
+    """The text format: a record's message (whatever task ids or errors it holds) stays on one line."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -119,10 +115,7 @@ class ConsoleHandler(logging.StreamHandler):
 
 @contextlib.contextmanager
 def held_lines() -> Iterator[None]:
-    """Hold back the lines this thread logs to console handlers until the block ends, then write them at once.
-
-    The ack batcher logs a line per task it settled: thousands a second, one write each otherwise.
-    """
+    """Hold back the lines this thread logs to console handlers until the block ends, then write them at once."""
     if getattr(_held, "lines", None) is not None:  # nested: the outer block writes them
         yield
         return

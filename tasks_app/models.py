@@ -1,5 +1,6 @@
 """Database models: task types (tuned in the admin, carrying the queue's permissions), API tokens, periodic tasks."""
 
+import logging
 from datetime import datetime
 from typing import Any
 
@@ -9,9 +10,11 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models, transaction
 from django.utils import timezone
 
-from tasks_app.periodic.clock import saved_now
 from tasks_app.periodic.validation import schedule_errors
 from tasks_app.protocol.keys import NAME_PATTERN, NAME_RULE
+from tasks_app.protocol.records import datetime_of_ms
+
+logger = logging.getLogger(__name__)
 
 # \Z, not $: "$" also matches before a final line end, which no key may hold (the producer refuses it).
 name_validator = RegexValidator(rf"^{NAME_PATTERN.pattern}\Z", f"Use {NAME_RULE}.")
@@ -168,11 +171,7 @@ class TaskType(models.Model):
         return self.name
 
     def save(self, *args: Any, **kwargs: Any) -> None:
-        """Save; a move to another queue also saves the periodic tasks that follow the type's queue.
-
-        Their state in Redis lies in the queue's hash tag, so in the new queue they start without a
-        history: their last save then keeps a slot that may have fired in the old queue from running again.
-        """
+        """Save; a move to another queue also saves the periodic tasks that follow the type's queue."""
         with transaction.atomic():
             moved = self.pk is not None and TaskType.objects.filter(pk=self.pk).exclude(queue=self.queue).exists()
             super().save(*args, **kwargs)
@@ -235,6 +234,17 @@ class ApiToken(models.Model):
 def _local_now() -> datetime:
     """This host's now: a new row's stamp until it is saved (the Redis server's now, see PeriodicTask.save)."""
     return timezone.now()
+
+
+def saved_now() -> datetime:
+    """The Redis server's now, to stamp a saved schedule with; this host's clock if Redis does not answer."""
+    from tasks_app.protocol.broker import get_broker  # the broker's settings are read at call time
+
+    try:
+        return datetime_of_ms(get_broker().inspect.server_time_ms()) or timezone.now()
+    except Exception as exc:  # Redis away: the save goes on, on this host's clock
+        logger.warning("periodic task saved on this host's clock, Redis did not answer: %r", exc)
+        return timezone.now()
 
 
 class PeriodicTask(models.Model):

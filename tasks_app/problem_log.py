@@ -22,12 +22,7 @@ class _Open:
 
 
 class ProblemLog[K: Hashable]:
-    """Per key (a loop, a schedule), the problem last logged.
-
-    A loop meets a persisting problem at every pass: only its first occurrence (or a different
-    problem) is logged in full, the same one again only as a reminder every `remind_every_s`
-    (never, if None), and its end in one line. Metrics and health are the caller's, as before.
-    """
+    """Per key (a loop, a schedule), the problem last logged."""
 
     def __init__(
         self,
@@ -51,10 +46,7 @@ class ProblemLog[K: Hashable]:
         level: int | None = None,
         exc_info: bool = False,
     ) -> bool:
-        """Log `message` if `problem` is new for `key`, else a reminder when one is due; True if a line was logged.
-
-        At `level`: by default WARNING, or ERROR with the traceback (`exc_info`, as `logger.exception`).
-        """
+        """Log `message` if `problem` is new for `key`, else a reminder when one is due; True if a line was logged."""
         level = level if level is not None else logging.ERROR if exc_info else logging.WARNING
         now = self._clock()
         with self._lock:
@@ -75,10 +67,7 @@ class ProblemLog[K: Hashable]:
         return True
 
     def recovered(self, key: K, message: str, *args: object) -> bool:
-        """Log `message` if `key` had a problem, which it no longer has; True if it had.
-
-        At the problem's level, WARNING at most: a log kept to the problems (LOG_LEVEL=WARNING) shows their end too.
-        """
+        """Log `message` if `key` had a problem, which it no longer has; True if it had."""
         if key not in self._open:  # the common case, on every pass of a loop: no lock taken
             return False
         with self._lock:

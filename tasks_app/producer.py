@@ -50,11 +50,7 @@ class TaskTypeDisabled(EnqueueError):
 
 
 class QueueUnavailable(RuntimeError):
-    """Redis could not take the tasks (unreachable, or refusing writes).
-
-    On a single Redis server none was enqueued. On Redis Cluster some may have been: retry with
-    the same task ids (`TaskRequest.task_id`), which are then not pushed twice.
-    """
+    """Redis could not take the tasks (unreachable, or refusing writes)."""
 
 
 @dataclass(frozen=True)
@@ -128,11 +124,7 @@ def enqueue(
 def enqueue_many(
     requests: Sequence[TaskRequest], *, broker: Broker | None = None, registry: Registry = default_registry
 ) -> list[EnqueuedTask]:
-    """Validate every request (at most MAX_BATCH), then enqueue them all in one round trip.
-
-    All or nothing on a single Redis server; on Redis Cluster a QueueUnavailable may follow a
-    partial enqueue, and a retry with the same task ids does not push any of them twice.
-    """
+    """Validate every request (at most MAX_BATCH), then enqueue them all in one round trip."""
     if len(requests) > MAX_BATCH:
         raise EnqueueError(f"at most {MAX_BATCH} tasks per call, got {len(requests)}: split the batch")
     return push(prepare(requests, registry=registry), broker=broker)
@@ -182,11 +174,7 @@ def prepare(requests: Sequence[TaskRequest], *, registry: Registry = default_reg
 
 
 def push(batch: PreparedBatch, *, broker: Broker | None = None) -> list[EnqueuedTask]:
-    """Push a prepared batch; return what was enqueued (duplicates carry the id of the task enqueued before).
-
-    One round trip (tasks of unique types cost a script each). Raise QueueUnavailable if Redis
-    does not take them.
-    """
+    """Push a prepared batch; return what was enqueued (duplicates carry the id of the task enqueued before)."""
     enqueued = list(batch.enqueued)
     items, uniques = _due_from_now(batch)
     unique_at = [position for position, _ in batch.uniques]

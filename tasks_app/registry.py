@@ -87,11 +87,7 @@ class Registry:
                 self.add_django_task(candidate)
 
     def load_django_task(self, name: str) -> Handler | None:
-        """Import the module of `name` and register the `django.tasks.Task` it names, if it is one.
-
-        Only for names from a trusted source (a TaskType row, written by a producer that had
-        the task registered or by an admin): a name read from Redis alone is never imported.
-        """
+        """Import the module of `name` and register the `django.tasks.Task` it names, if it is one."""
         module_name, _, attribute = name.rpartition(".")
         if not module_name:
             return None

@@ -119,11 +119,7 @@ def ensure_task_type(name: str, registry: Registry) -> TaskTypeConfig:
 
 
 class TaskTypeCache:
-    """Every TaskType in memory; `refresh()` reloads them all in one query.
-
-    A consumer refreshes from one housekeeping thread every few seconds, so worker threads
-    read settings without touching the database and admin edits arrive without a restart.
-    """
+    """Every TaskType in memory; `refresh()` reloads them all in one query."""
 
     def __init__(self, age_gauge: Gauge | None = None) -> None:
         """`age_gauge`, if given, reports `age_s()` at each scrape."""
@@ -154,11 +150,7 @@ class TaskTypeCache:
         return time.monotonic() - self.read_at
 
     def holds_rows_since(self, since_s: float) -> bool:
-        """True if the cache holds every row created before `since_s` (monotonic), reading them if need be.
-
-        False while the database cannot be read. A failed read is not retried for
-        RETRY_FAILED_READ_S, so an outage costs a query a second, not one per claim.
-        """
+        """True if the cache holds every row created before `since_s` (monotonic), reading them if need be."""
         if self.read_at >= since_s:
             return True
         if time.monotonic() - self._failed_at < RETRY_FAILED_READ_S:
@@ -206,12 +198,7 @@ def unique_windows(names: Iterable[str]) -> dict[str, UniqueWindow]:
 
 
 class RecentTaskTypes:
-    """Producer-side settings per type, re-read from the database at most every `max_age_s`.
-
-    Saves a query per enqueue; edits made in this process apply at once (see `forget`), edits
-    made elsewhere within `max_age_s` (the consumers' refresh period, a few seconds). Settings read
-    inside a transaction are kept only once it commits.
-    """
+    """Producer-side settings per type, re-read from the database at most every `max_age_s`."""
 
     def __init__(self) -> None:
         self._entries: dict[str, tuple[TaskTypeConfig, float]] = {}

@@ -1,8 +1,4 @@
-"""`django.tasks` on a consumer: run `@task` functions as ImmediateBackend does, read results back.
-
-A `takes_context=True` function gets a `RunTaskContext`: Django's TaskContext, plus `cancelled`
-and `set_progress()` as on a handler's context (`tasks_app.context.current()` works there too).
-"""
+"""`django.tasks` on a consumer: run `@task` functions as ImmediateBackend does, read results back."""
 
 from __future__ import annotations
 
@@ -57,12 +53,7 @@ def run(
     timed_out: Callable[[], BaseException | None] = lambda: None,
     begin: Callable[[], None] = lambda: None,
 ) -> Any:
-    """Call a `@task` function as ImmediateBackend does; return its JSON-normalized value.
-
-    `timed_out` says whether the consumer already failed this run for its timeout: then the
-    late outcome of the function is not what happened, and task_finished reports the timeout.
-    `begin` is called just before task_started is sent: what it raises stops the run unstarted.
-    """
+    """Call a `@task` function as ImmediateBackend does; return its JSON-normalized value."""
     task_result = _started(task, context, arguments, results, begin)
     try:
         args = (
@@ -90,11 +81,7 @@ def start_async(
     timeout_s: float | None,
     begin: Callable[[], None] = lambda: None,
 ) -> Callable[[], Coroutine[Any, Any, Any]]:
-    """Send task_started for a run of an `async def` `@task` function; return what makes the coroutine that runs it.
-
-    Made when the run begins, on its loop (a run dropped before then leaves no coroutine unawaited),
-    the coroutine calls `begin` first: what it raises stops the run before the function is called.
-    """
+    """Send task_started for a run of an `async def` `@task` function; return what makes the coroutine that runs it."""
     task_result = _started(task, context, arguments, results)
     return partial(_run_async, task, task_result, context, arguments, timeout_s, begin)
 

@@ -14,33 +14,17 @@ from django.utils.html import format_html
 
 from tasks_app.admin_forms import ShownFieldsForm
 from tasks_app.models import PeriodicTask
+from tasks_app.periodic.code import ENTRY_FIELDS
 from tasks_app.periodic.status import ScheduleStatus, schedule_statuses
 from tasks_app.protocol.broker import get_broker
 from tasks_app.templatetags.tasks_display import url_or_empty
 
 # Fields that rows from code take from TASKS_PERIODIC: read-only in the admin (only `enabled` may change).
-CODE_OWNED_FIELDS = (
-    "name",
-    "task_type",
-    "args",
-    "kwargs",
-    "interval_s",
-    "cron",
-    "timezone",
-    "start_at",
-    "end_at",
-    "queue",
-    "priority",
-    "catch_up",
-)
+CODE_OWNED_FIELDS = ("name", "task_type", *sorted(ENTRY_FIELDS))
 
 
 class ArgumentsField(forms.JSONField):
-    """Django's JSON form field, saying so for text nested too deeply and showing a lone surrogate as its escape.
-
-    Django's raises a RecursionError for the first and renders the second into a page that cannot be
-    encoded: both a server error instead of the form with its message.
-    """
+    """Django's JSON form field, saying so for text nested too deeply and showing a lone surrogate as its escape."""
 
     def to_python(self, value: Any) -> Any:
         try:

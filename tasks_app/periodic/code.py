@@ -41,12 +41,7 @@ class SyncReport:
 
 
 def sync_code_schedules(entries: Mapping[str, Mapping[str, Any]], registry: Registry) -> SyncReport:
-    """Create or update a `source=code` row per entry and delete code rows no entry names any more.
-
-    Code owns every field of its rows but `enabled`, which operators may switch in the admin (a new
-    row starts enabled). A row already as the code says is not saved again (its `updated_at`, from
-    which catch-up counts missed slots, stays). A refused entry is reported and its row left as it was.
-    """
+    """Create or update a `source=code` row per entry and delete code rows no entry names any more."""
     report = SyncReport()
     for name, entry in entries.items():
         try:
@@ -119,11 +114,7 @@ def _as_stored(attr: str, value: Any) -> Any:
 
 
 def _read_dates(row: PeriodicTask) -> None:
-    """Read start_at and end_at as the database stores them: a naive time (no offset) in the default zone.
-
-    Left naive, one would compare unequal to its stored self (the row saved again at every start,
-    moving the save that catch-up counts from) and could not be compared with an aware other.
-    """
+    """Read start_at and end_at as the database stores them: a naive time (no offset) in the default zone."""
     for attr in ("start_at", "end_at"):
         if not isinstance(getattr(row, attr), (str, date, type(None))):  # Django's parser raises TypeError
             raise InvalidCodeSchedule(f"{attr}: give a datetime or an ISO 8601 text such as 2026-01-01T03:00:00Z")

@@ -73,10 +73,7 @@ def saved_ms_of(row: PeriodicTask) -> int:
 
 
 def load_configs(*, enabled_only: bool = True, problems: ScheduleProblems | None = None) -> list[PeriodicConfig]:
-    """Snapshot the rows in one query; a row whose schedule is invalid (saved past the admin) is left out.
-
-    Its problem is logged once per `problems` until the row is saved again or the problem changes.
-    """
+    """Snapshot the rows in one query; a row whose schedule is invalid (saved past the admin) is left out."""
     problems = problems or ScheduleProblems(logger)
     rows = PeriodicTask.objects.select_related("task_type").order_by("name")
     configs = []

@@ -36,12 +36,7 @@ def fire_slot(
     *,
     registry: Registry = default_registry,
 ) -> FireReply:
-    """Fire one slot of a schedule (and one catch-up run when its policy says so); raise EnqueueError if invalid.
-
-    Both runs are encoded; the script decides on the server's clock which of them to push, if any.
-    A slot claimed for another queue than the rows' (by a consumer that read them before or after
-    a move) is fired in that queue: each slot is decided in one queue only.
-    """
+    """Fire one slot of a schedule (and one catch-up run when its policy says so); raise EnqueueError if invalid."""
     reply = _fire_into(config.target_queue, config, firing, broker, registry)
     if reply.outcome == ELSEWHERE:
         reply = _fire_into(reply.queue, config, firing, broker, registry)
@@ -51,9 +46,11 @@ def fire_slot(
 def _fire_into(
     queue: str | None, config: PeriodicConfig, firing: SlotFiring, broker: Broker, registry: Registry
 ) -> FireReply:
-    requests = [_request(config, queue, firing.slot_ms, "run")]
+    slot = {SLOT_HEADER: str(firing.slot_ms)}
+    requests = [_request(config, queue, slot, run_id(config.name, firing.slot_ms, "run"))]
     if config.catch_up == "once":
-        requests.append(_request(config, queue, firing.slot_ms, "catch_up", {CATCH_UP_HEADER: "1"}))
+        catch_up = {**slot, CATCH_UP_HEADER: "1"}
+        requests.append(_request(config, queue, catch_up, run_id(config.name, firing.slot_ms, "catch_up")))
     batch = prepare(requests, registry=registry)
     runs = _in_request_order(batch)
     return broker.periodic.fire_periodic(
@@ -65,30 +62,19 @@ def run_now(
     config: PeriodicConfig, broker: Broker | None = None, registry: Registry = default_registry
 ) -> EnqueuedTask:
     """Enqueue one run of a schedule now, outside its slots (its state in Redis is not touched)."""
-    request = TaskRequest(
-        type=config.task_type,
-        args=config.args,
-        kwargs=config.kwargs,
-        queue=config.target_queue,
-        priority=config.priority,
-        headers={SCHEDULE_HEADER: config.name, MANUAL_HEADER: "1"},
-    )
+    request = _request(config, config.target_queue, {MANUAL_HEADER: "1"})
     return enqueue_many([request], broker=broker, registry=registry)[0]
 
 
 def _in_request_order(batch: PreparedBatch) -> list[Enqueueable]:
-    """The batch's tasks in the order of its requests, those of unique types among them.
-
-    The fire script's once-per-slot check is what keeps a periodic run single, so a unique type's
-    lock is not taken for it.
-    """
+    """The batch's tasks in the order of its requests, those of unique types among them."""
     uniques = {position: unique.item for position, unique in batch.uniques}
     ordinary = iter(batch.items)
     return [uniques[position] if position in uniques else next(ordinary) for position in range(len(batch.enqueued))]
 
 
 def _request(
-    config: PeriodicConfig, queue: str | None, slot_ms: int, kind: str, extra: dict[str, str] | None = None
+    config: PeriodicConfig, queue: str | None, headers: dict[str, str], task_id: str | None = None
 ) -> TaskRequest:
     return TaskRequest(
         type=config.task_type,
@@ -96,6 +82,6 @@ def _request(
         kwargs=config.kwargs,
         queue=queue,
         priority=config.priority,
-        headers={SCHEDULE_HEADER: config.name, SLOT_HEADER: str(slot_ms), **(extra or {})},
-        task_id=run_id(config.name, slot_ms, kind),
+        headers={SCHEDULE_HEADER: config.name, **headers},
+        task_id=task_id,
     )

@@ -12,13 +12,7 @@ RECOVERY = {"schedule": "is scheduled again", "firing": "fires again", "error": 
 
 
 class ScheduleProblems:
-    """Per schedule and kind of problem, the one last logged.
-
-    Kinds: "schedule" (the row cannot be read as a schedule), "firing" (its slots cannot be fired)
-    and "error" (a bug met tending it). The scheduler meets the same problem at every reload and
-    every slot: only a new problem, or the same one after the row was saved again, is worth a line,
-    and so is its end.
-    """
+    """Per schedule and kind of problem, the one last logged."""
 
     def __init__(self, logger: logging.Logger) -> None:
         self._log: ProblemLog[tuple[str, str]] = ProblemLog(logger, remind_every_s=None)

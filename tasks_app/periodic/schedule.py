@@ -1,12 +1,4 @@
-"""Slot arithmetic of a schedule: pure functions of time, the same on every consumer.
-
-A slot is named by its time in milliseconds since the epoch. Interval slots are
-`anchor + k * interval` (anchor: `start_at`, else the epoch), so every consumer computes the same
-slots whenever it starts. Cron slots are evaluated by cronsim in the schedule's time zone, with
-Debian cron's DST rules for 5 fields and 6 alike: a job at a fixed local time (minute and hour not
-starting with `*`) runs once when clocks go back, and one at a time skipped when they go forward
-runs as they jump.
-"""
+"""Slot arithmetic of a schedule: pure functions of time, the same on every consumer."""
 
 from __future__ import annotations
 
@@ -138,12 +130,7 @@ class Schedule:
 
 
 def _cron_next(cron: str, start: datetime, reverse: bool = False) -> datetime | None:
-    """The match of `cron` after (or before) `start`; None if there is none within cronsim's 50 years.
-
-    A job at a fixed local time (minute and hour not starting with `*`) is matched on the wall clock
-    as Debian cron does, with 5 fields or 6 (cronsim itself does so for 5 only); others run at every
-    real instant that matches.
-    """
+    """The match of `cron` after (or before) `start`; None if there is none within cronsim's 50 years."""
     fields = cron.split()
     at_local_time = not fields[-5].startswith("*") and not fields[-4].startswith("*")
     try:

@@ -23,9 +23,8 @@ from tasks_app.protocol.records import datetime_of_ms
 from tasks_app.templatetags.tasks_display import url_or_empty
 from tasks_app.web.api_auth import AuthenticationFailed, authenticate
 from tasks_app.web.common import (
-    BODY_ENCODING_FACTOR,
-    ENVELOPE_ALLOWANCE_BYTES,
     View,
+    body_limit,
     body_within,
     csrf_rejection,
     load_record,
@@ -56,11 +55,7 @@ class _CsrfCheck(CsrfViewMiddleware):
 
 
 def api_view(methods: set[str], permission: str | None = None) -> Callable[[View], View]:
-    """Allow `methods`; require a staff user (with `permission`) by bearer token, or by session with CSRF on writes.
-
-    A token acts as its user, with that user's permissions. With the database away (tokens, users
-    and task types live there) the answer is a JSON 503, as with Redis away.
-    """
+    """Allow `methods`; require a staff user (with `permission`) by bearer token, or by session with CSRF on writes."""
 
     def decorate(view: View) -> View:
         @csrf_exempt  # token requests carry no cookie; session requests are checked below
@@ -111,7 +106,7 @@ def _denial(request: HttpRequest, permission: str | None) -> JsonResponse | None
 
 
 def _read_body(request: HttpRequest) -> dict[str, Any] | JsonResponse:
-    limit = BODY_ENCODING_FACTOR * settings.TASKS_MAX_PAYLOAD_BYTES + ENVELOPE_ALLOWANCE_BYTES
+    limit = body_limit()
     data = body_within(request, limit)
     if data is None:
         return error(

@@ -1,10 +1,4 @@
-"""The task browser's query: filters from the query string, and the page of tasks they select from the history index.
-
-Every filter reads the history index (no SCAN): a status picks that status's index, a queue
-its own, a time range is a score range, `q` is an exact id then a prefix (a lexical range).
-A type is checked on the records of the window read, so a page reads at most SCAN_BUDGET
-entries and says where to go on ("older") when it stopped before the index ended.
-"""
+"""The task browser's query: filters from the query string, and the page of tasks they select from the history index."""
 
 from __future__ import annotations
 
@@ -191,10 +185,7 @@ def _search(
     queues: list[str],
     bounds: tuple[float | None, float | None],
 ) -> Page:
-    """`q` as an exact id (any task with a record, indexed or not), else as a prefix of ids in the index.
-
-    Prefix matches are read in id order, as many as a page holds, then filtered (time range too).
-    """
+    """`q` as an exact id (any task with a record, indexed or not), else as a prefix of ids in the index."""
     exact = broker.records.get_result(filters.q)
     if exact is not None:
         record = ResultRecord.from_fields(exact)

@@ -63,12 +63,7 @@ def retry_task_id(task_id: str, shown_retried_as: str) -> str:
 
 
 def retry(selection: Selection) -> Outcome:
-    """Enqueue a copy of each task (type, args, kwargs, queue, priority), its record linking to the original.
-
-    The copy's id derives from the task and the retry the page showed: a repeat of one request (a double click,
-    a re-submit, a stale page) names a copy made already and enqueues nothing; a retry from a page showing that
-    copy is a new decision, a new copy.
-    """
+    """Enqueue a copy of each task (type, args, kwargs, queue, priority), its record linking to the original."""
     records = selection.records
     copy_ids = [retry_task_id(r.id, selection.shown_retried_as.get(r.id, "")) for r in records]
     tasks = _enqueue_copies(records, copy_ids)
@@ -85,11 +80,7 @@ def retry(selection: Selection) -> Outcome:
 
 
 def _enqueue_copies(records: Sequence[ResultRecord], copy_ids: Sequence[str]) -> list[producer.EnqueuedTask | None]:
-    """Enqueue each task's copy under its id; None for a copy already made (its record exists), pushing nothing.
-
-    The producer refuses a repeated id for 24 h (the queue's enqueued ids), two racing requests included; the
-    copy's record, read first, tells a repeat for as long as it is kept.
-    """
+    """Enqueue each task's copy under its id; None for a copy already made (its record exists), pushing nothing."""
     made = [fields is not None for fields in get_broker().records.get_results(copy_ids)]
     requests = [
         producer.TaskRequest(
@@ -119,11 +110,7 @@ def _repeats_note(repeats: Sequence[str]) -> str:
 
 
 def delete(selection: Selection) -> Outcome:
-    """Delete the records of finished tasks and their history entries (a queued or running task keeps its record).
-
-    Each record is judged as it is when deleted, not as the page read it: a dead task requeued since keeps it,
-    and so does a task cancelled where it waits, until a consumer has dropped it (without it, it would run).
-    """
+    """Delete the records of finished tasks and their history entries (a queued or running task keeps its record)."""
     records = selection.records
     finished = [r for r in records if r.status in FINISHED]
     replies = get_broker().records.delete_finished([(r.queue, r.id) for r in finished])

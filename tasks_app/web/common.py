@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 from functools import wraps
 from typing import Any
 
+from django.conf import settings
 from django.contrib import admin
 from django.contrib.admin.models import LogEntry
 from django.core.exceptions import PermissionDenied
@@ -41,12 +42,13 @@ ENVELOPE_ALLOWANCE_BYTES = 64 * 1024
 BODY_ENCODING_FACTOR = 4
 
 
-def body_within(request: HttpRequest, limit: int) -> bytes | None:
-    """The request's body, None if it is over `limit` bytes.
+def body_limit() -> int:
+    """The most bytes an enqueue request's body may hold: its arguments as encoded, and room around them."""
+    return BODY_ENCODING_FACTOR * settings.TASKS_MAX_PAYLOAD_BYTES + ENVELOPE_ALLOWANCE_BYTES
 
-    Read from the stream, not `request.body`, which refuses more than DATA_UPLOAD_MAX_MEMORY_SIZE
-    (2.5 MiB by default): TASKS_MAX_PAYLOAD_BYTES, not that, bounds what a task may carry.
-    """
+
+def body_within(request: HttpRequest, limit: int) -> bytes | None:
+    """The request's body, None if it is over `limit` bytes."""
     declared = request.headers.get("Content-Length") or "0"
     if declared.isdigit() and int(declared) > limit:
         return None
@@ -88,10 +90,7 @@ def log_task_actions(request: HttpRequest, entries: Iterable[tuple[str, str, int
 
 
 def redis_required(view: View) -> View:
-    """Answer Redis away with a 503 saying so, and any other Redis error (a misconfigured key) with a 500 saying why.
-
-    As JSON for `.json` and `?format=json`; never Django's server error page.
-    """
+    """Answer Redis away with a 503 saying so, and any other Redis error (a misconfigured key) with a 500 saying why."""
 
     @wraps(view)
     def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:

@@ -21,7 +21,7 @@ from tasks_app.periodic.status import schedule_statuses
 from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.inspection import DeadTask, QueueStats
 from tasks_app.protocol.keys import NAME_PATTERN, InvalidName, validate_name
-from tasks_app.protocol.records import LISTED_FIELDS, datetime_of_ms, stored_int
+from tasks_app.protocol.records import LISTED_FIELDS, datetime_of_ms
 from tasks_app.task_types import unique_windows
 from tasks_app.web.charts import chart_data, dashboard_charts
 from tasks_app.web.common import admin_context, log_task_actions, redis_required
@@ -47,14 +47,13 @@ class ConsumerRow:
     @classmethod
     def from_info(cls, info: dict[str, Any], now_ms: int) -> ConsumerRow:
         """Build a row from `Broker.live_consumers`; the last heartbeat is the deadline minus the lease."""
-        deadline_ms = stored_int(info.get("lease_deadline_ms")) or 0
-        lease_ms = stored_int(info.get("lease_ms"))
+        deadline_ms, lease_ms = info["lease_deadline_ms"], info.get("lease_ms")
         beat_ms = deadline_ms - lease_ms if lease_ms else None
         return cls(
             id=str(info.get("id", "")),
             host=str(info.get("host", "")),
             pid=info.get("pid", ""),
-            in_flight=stored_int(info.get("in_flight")) or 0,
+            in_flight=info["in_flight"],
             concurrency=info.get("concurrency", ""),
             last_heartbeat=datetime_of_ms(beat_ms) if beat_ms is not None else None,
             heartbeat_age_s=max(0.0, (now_ms - beat_ms) / 1000) if beat_ms is not None else None,
@@ -99,7 +98,7 @@ def _queue_row(broker: Broker, queue: str, now_ms: int) -> QueueRow:
         [ConsumerRow.from_info(c, now_ms) for c in stats.consumers],
         broker.inspect.completed_last_minute(queue),
         NAME_PATTERN.fullmatch(queue) is not None,
-        str((broker.control.pause_states([queue])[queue] or {}).get("by") or ""),
+        (broker.control.pause_states([queue])[queue] or {}).get("by", ""),
     )
 
 

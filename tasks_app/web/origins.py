@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from tasks_app.models import PeriodicTask
@@ -43,14 +42,11 @@ def _schedule_link(name: str) -> Origin | None:
     return Origin("Periodic schedule", name, url)
 
 
-# Each takes a record and returns its line, or None.
-ORIGINS: list[Callable[[ResultRecord], Origin | None]] = [
-    lambda record: _task_link("Retry of", record.retry_of),
-    lambda record: _task_link("Retried as", record.retried_as),
-    lambda record: _schedule_link(record.periodic),
-]
-
-
 def task_origins(record: ResultRecord) -> list[Origin]:
     """The origin lines of a task's page."""
-    return [origin for origin in (entry(record) for entry in ORIGINS) if origin is not None]
+    origins = [
+        _task_link("Retry of", record.retry_of),
+        _task_link("Retried as", record.retried_as),
+        _schedule_link(record.periodic),
+    ]
+    return [origin for origin in origins if origin is not None]

@@ -26,7 +26,7 @@ def queue_state(queue: str) -> dict[str, Any]:
     counts = broker.inspect.queue_stats(queue).as_dict()
     counts.pop("consumers", None)
     state = broker.control.pause_states([queue])[queue] or {}
-    since = datetime_of_ms(state["since_ms"]) if isinstance(state.get("since_ms"), int) else None
+    since = datetime_of_ms(state["since_ms"]) if state.get("since_ms") is not None else None
     return {
         **counts,
         "paused_since": since.isoformat() if since else None,

@@ -22,9 +22,8 @@ from tasks_app.protocol.broker import get_broker
 from tasks_app.protocol.records import ResultRecord
 from tasks_app.templatetags.tasks_display import url_or_empty
 from tasks_app.web.common import (
-    BODY_ENCODING_FACTOR,
-    ENVELOPE_ALLOWANCE_BYTES,
     admin_context,
+    body_limit,
     body_within,
     csrf_rejection,
     load_record,
@@ -75,11 +74,8 @@ def enqueue_task(request: HttpRequest) -> HttpResponse:
 
 
 def _read_form(request: HttpRequest) -> HttpResponse | None:
-    """Read the form's body within the payload limit (not DATA_UPLOAD_MAX_MEMORY_SIZE), then check CSRF.
-
-    None: go on. Else the page to answer with: the form shown again with the reason (413), or the CSRF failure.
-    """
-    limit = BODY_ENCODING_FACTOR * settings.TASKS_MAX_PAYLOAD_BYTES + ENVELOPE_ALLOWANCE_BYTES
+    """Read the form's body within the payload limit (not DATA_UPLOAD_MAX_MEMORY_SIZE), then check CSRF."""
+    limit = body_limit()
     data = body_within(request, limit)
     if data is None:
         return _oversize(request, f"The form is over the limit of {limit} bytes")
@@ -161,13 +157,11 @@ def _queue_pause(record: ResultRecord) -> dict[str, Any]:
 
 def _percent(progress: dict[str, Any] | None) -> float | None:
     """How far a progress report says the run is, 0-100; None without a positive total."""
-    if not progress:
-        return None
-    current, total = progress.get("current"), progress.get("total")
-    if not isinstance(current, int | float) or not isinstance(total, int | float) or total <= 0:
+    total = (progress or {}).get("total")
+    if not total:
         return None
     try:
-        share = 100.0 * current / total
+        share = 100.0 * progress["current"] / total  # type: ignore[index]
     except OverflowError:  # a handler's integer past a float's range
         return None
     return max(0.0, min(100.0, share)) if math.isfinite(share) else None

@@ -123,11 +123,8 @@ class Command(BaseCommand):
 
 
 def _exit_now(exit_code: int) -> NoReturn:
-    """End the process once the consumer has stopped, without joining threads its handlers left running.
-
-    What a run left going (a non-daemon thread, a thread pool) would keep the process alive after
-    its tasks went back to pending, and so run beside their next run elsewhere.
-    """
+    """End the process once the consumer has stopped, without joining threads its handlers left running."""
+    # A thread a handler left running would keep the process alive beside the task's next run elsewhere.
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a handler may have closed or replaced it: exit all the same
