@@ -183,14 +183,6 @@ def count_updates(updates: Iterable[ResultUpdate], minute: int) -> dict[tuple[st
     return counts
 
 
-def _raising_the_first_failure(replies: list[Any]) -> list[Any]:
-    """The replies, unless one is an error: then raise it."""
-    for reply in replies:
-        if isinstance(reply, Exception):
-            raise reply
-    return replies
-
-
 def replies_at(sent: Sequence[Any], places: Sequence[Place]) -> list[Any]:
     """Each result write's reply: 1, 0, 2 or its error (the error of its whole call, if that failed)."""
     return [
@@ -214,19 +206,10 @@ class Records:
     def record_result(self, update: ResultUpdate) -> int:
         """Write one result update: 1 written, 0 ignored (a later run owns it), 2 refused, 4 written again."""
         pipe = self.client.pipeline(transaction=False)
-        _, written = self.execute_with_writes(pipe, [update], self.queue_writes(pipe, [update]))
-        return int(_raising_the_first_failure(written)[0])
-
-    def record_results_replicated(self, updates: Sequence[ResultUpdate]) -> tuple[list[Any], int]:
-        """Redis Cluster: write records that a push about to follow relies on; return each write's reply
-        (its error, if Redis refused it: it stops no other) and how many masters' replica WAITs timed out.
-
-        Each master that takes some WAITs for a replica to have them, as before acks: a failover after
-        the push cannot bring back the records they replace.
-        """
-        written, unreplicated = self.write_on_masters(updates)
-        _, written = self.execute_with_writes(self.client.pipeline(transaction=False), updates, [], written)
-        return written, unreplicated
+        _, (written,) = self.execute_with_writes(pipe, [update], self.queue_writes(pipe, [update]))
+        if isinstance(written, Exception):
+            raise written
+        return int(written)
 
     def get_result(self, task_id: str) -> dict[str, str] | None:
         """Return a task's result record as text fields (defaults filled in), or None if there is none."""

@@ -386,7 +386,9 @@ class Inspection:
         """
         if not parked:
             return
-        written, unreplicated = self.records.record_results_replicated([entry.record for entry in parked])
+        updates = [entry.record for entry in parked]
+        written, unreplicated = self.records.write_on_masters(updates)
+        _, written = self.records.execute_with_writes(self.client.pipeline(transaction=False), updates, [], written)
         if unreplicated:
             logger.warning("a replica did not confirm requeued tasks' READY records within the wait; requeued anyway")
         for entry, reply in zip(parked, written, strict=True):

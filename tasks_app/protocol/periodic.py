@@ -44,21 +44,6 @@ class FireReply(NamedTuple):
         return self.outcome in PUSHED_OUTCOMES
 
 
-class SlotClaim(NamedTuple):
-    """What claim_periodic.lua answered (Redis Cluster): which queue fires a slot, and the slot claimed before."""
-
-    outcome: str  # "early", "done" (a later slot was claimed) or "claimed"
-    queue: str  # "claimed": the queue that fires the slot
-    before_ms: int  # the slot claimed before it for another queue (0: none)
-    now_ms: int
-
-    def reply(self, slot_ms: int) -> FireReply:
-        """What fire_periodic answers for a slot this claim keeps from the caller's queue."""
-        if self.outcome == "claimed":
-            return FireReply(ELSEWHERE, self.now_ms, -1, -1, self.queue)
-        return FireReply(self.outcome, self.now_ms, slot_ms if self.outcome == "done" else -1, -1)
-
-
 class PeriodicState(NamedTuple):
     """A schedule's state in Redis: the last slot handled and the last run pushed (ms; None if none)."""
 
@@ -79,23 +64,22 @@ class Periodic:
     def fire_periodic(
         self, schedule: str, firing: SlotFiring, regular: Enqueueable, catch_up: Enqueueable | None, result_ttl_s: int
     ) -> FireReply:
-        """Claim one slot of `schedule` and push its run (and a catch-up run, if due) in one script call.
-
-        Both tasks are encoded for `regular.queue`; a slot at or before the last one handled pushes
-        nothing, and one claimed for another queue (by a consumer on other rows) answers ELSEWHERE
-        with that queue. The script files each run it pushes READY in the queue's history index.
-        On Redis Cluster the slot is claimed first, in a call of its own (another slot).
-        """
+        """Claim one slot of `schedule` and push its run (and a due catch-up run) into `regular.queue`."""
         queue = regular.queue
         keys = [self.keys.periodic(queue, schedule), self.keys.pending(queue), self.keys.prioritized(queue)]
         keys += history.index_keys(self.keys, queue)
         on_cluster = isinstance(self.client, redis.RedisCluster)
         elsewhere_ms = 0
-        if on_cluster:
-            claim = self._claim_slot(schedule, firing.slot_ms, queue)
-            if claim.outcome != "claimed" or claim.queue != queue:
-                return claim.reply(firing.slot_ms)
-            elsewhere_ms = claim.before_ms
+        if on_cluster:  # the slot claim lies in a hash slot of its own: claimed first, in its own call
+            outcome, claimed, before_ms, now_ms = self.redis.run(
+                "claim_periodic", [self.keys.periodic_claim(schedule)], [firing.slot_ms, queue]
+            )
+            outcome, claimed = reply_text(outcome), reply_text(claimed)
+            if outcome == "claimed" and claimed != queue:
+                return FireReply(ELSEWHERE, int(now_ms), -1, -1, claimed)
+            if outcome != "claimed":  # "early", or "done": a later slot was claimed
+                return FireReply(outcome, int(now_ms), firing.slot_ms if outcome == "done" else -1, -1)
+            elsewhere_ms = int(before_ms)
         else:
             keys += [self.keys.result(regular.task_id), self.keys.result(catch_up.task_id if catch_up else "-")]
             keys.append(self.keys.periodic_claim(schedule))
@@ -109,13 +93,6 @@ class Periodic:
             if on_cluster:
                 self._write_ready_records(_pushed(reply.outcome, regular, catch_up), result_ttl_s)
         return reply
-
-    def _claim_slot(self, schedule: str, slot_ms: int, queue: str) -> SlotClaim:
-        """Redis Cluster: claim one slot of `schedule` for `queue`, unless claimed already (see claim_periodic.lua)."""
-        outcome, claimed, before_ms, now_ms = self.redis.run(
-            "claim_periodic", [self.keys.periodic_claim(schedule)], [slot_ms, queue]
-        )
-        return SlotClaim(reply_text(outcome), reply_text(claimed), int(before_ms), int(now_ms))
 
     def skip_periodic(self, queue: str, schedule: str, slot_ms: int) -> FireReply:
         """Record one slot of `schedule` (firing into `queue`) as handled without pushing a run: refused, not missed."""

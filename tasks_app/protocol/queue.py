@@ -174,19 +174,10 @@ class Queue:
         owner = (queue, consumer_id)
         if len(raws) == 1:
             results = [replace(result, held_by=result.held_by or (owner, raws[0])) for result in results]
-        return self.ack_many(results, {owner: raws}, releases={owner: releases})[owner]
-
-    def ack_many(
-        self,
-        results: Sequence[ResultUpdate],
-        raws_by_owner: Mapping[tuple[str, str], Sequence[bytes]],
-        releases: Mapping[tuple[str, str], Sequence[UniqueRelease | None]] | None = None,
-    ) -> dict[tuple[str, str], list[bool]]:
-        """Record results, then acknowledge the tasks of each (queue, consumer) list, in one round trip."""
-        report = self.ack_many_reporting(results, raws_by_owner, releases=releases)
+        report = self.ack_many_reporting(results, {owner: raws}, releases={owner: releases})
         if report.refused:
             raise next(iter(report.refused.values()))
-        return report.flags
+        return report.flags[owner]
 
     def ack_many_reporting(
         self,
@@ -194,7 +185,7 @@ class Queue:
         raws_by_owner: Mapping[tuple[str, str], Sequence[bytes]],
         releases: Mapping[tuple[str, str], Sequence[UniqueRelease | None]] | None = None,
     ) -> AckReport:
-        """Like `ack_many`, but a result write Redis refuses stops nothing: its index and error are reported.
+        """Record results, then acknowledge the tasks of each (queue, consumer) list; report what each write did.
 
         `releases`, per owner, lists beside its tasks the uniqueness key each one's end frees (or
         None): the ack frees it in the same script, only if that task was still held.
