@@ -104,8 +104,7 @@ class AnnouncedQueues:
 
 @dataclass
 class Section:
-    """One queue's tasks: plain ones (pushed as they are), the others as (id, priority, delay ms, task),
-    and the ids of those with a record (added to the queue's history)."""
+    """One queue's tasks: plain ones, the others as (id, priority, delay ms, task), the ids to file in its history."""
 
     plain: list[bytes] = field(default_factory=list)
     others: list[Any] = field(default_factory=list)
@@ -151,13 +150,9 @@ def in_section_order(items: Sequence[Enqueueable], by_queue: Mapping[str, Sectio
 
 
 def id_claims(items: Sequence[Enqueueable], uniques: Sequence[Enqueueable]) -> tuple[list[Enqueueable], set[str]]:
-    """Redis Cluster: per caller's id of a call, the READY record that claims it for its queue before any push.
-
-    The record of the id's first task of `items` (those are pushed before `uniques`), else of its
-    one task of `uniques`. An id given to several tasks of `uniques` alone gets a record naming
-    only its queue, as which of them is pushed is known only after the push: those ids are
-    returned too, for the record of the one pushed to be written whole then.
-    """
+    """Redis Cluster: per caller's id, the READY record claiming it before any push; and the ids written whole later."""
+    # An id given only to several unique tasks is claimed by a record naming its queue alone: which of
+    # them is pushed is known only after the push.
     claims: dict[str, Enqueueable] = {}
     for item in items:
         if item.idempotent and item.result_key_fields and item.task_id not in claims:
@@ -175,10 +170,7 @@ def id_claims(items: Sequence[Enqueueable], uniques: Sequence[Enqueueable]) -> t
 
 
 def record_groups(items: Sequence[Enqueueable], result_ttl_s: int) -> list[Any]:
-    """READY records as groups (keys, ttl s, pairs, pairs...): tasks sharing one fields dict share a group.
-
-    A record outlives its task's due time: its time to live is result_ttl_s plus the delay.
-    """
+    """READY records as groups (count, ttl s, pairs...); a record outlives its task's due time by result_ttl_s."""
     args: list[Any] = []
     shared: Mapping[str, str] | None = None
     count_at = 0
@@ -202,8 +194,7 @@ def record_only_args(item: Enqueueable, result_ttl_s: int) -> list[Any]:
 
 
 class Enqueuer:
-    """Enqueueing: all or nothing on a single Redis server; on Redis Cluster one call per queue and per
-    record, so that some may be pushed when an error is raised."""
+    """Enqueueing: all or nothing on one server; on Redis Cluster one call per queue and per record."""
 
     def __init__(self, redis: ScriptClient, announced: AnnouncedQueues, history_max: int) -> None:
         self.redis = redis
@@ -215,15 +206,9 @@ class Enqueuer:
     def enqueue(
         self, items: Sequence[Enqueueable], result_ttl_s: int, uniques: Sequence[UniqueEnqueueable] = ()
     ) -> list[str | None]:
-        """Write each task's READY record (kept result_ttl_s past its due time) and push the tasks,
-        and the `uniques` as `enqueue_unique` does. Per task of `items`, then of `uniques`: None
-        (pushed), or the id of the task enqueued in its place, nothing pushed nor written for it:
-        its own, for a caller's id enqueued to its queue lately or earlier in the call, or whose
-        record names another queue; the holder of its key, for a unique one.
-
-        On a single Redis server all or nothing (see `_enqueue_on_server`). On Redis Cluster one
-        call per queue and per record (see the module docstring): some may be pushed when an error is raised.
-        """
+        """Write each task's READY record and push them and `uniques`: per task None (pushed) or the id in its place."""
+        # The id in a task's place: its own for a caller's id enqueued lately or whose record names another
+        # queue, the key's holder for a unique task. On Redis Cluster some may be pushed when an error is raised.
         if not uniques and len(items) == 1 and self._enqueue_one(items[0], result_ttl_s):
             return [None]
         new_queues = self.announced.missing(item.queue for item in items)
@@ -316,11 +301,8 @@ class Enqueuer:
         result_ttl_s: int,
         new_queues: set[str],
     ) -> list[str | None]:
-        """Per task of `items`, then of `uniques`: None (pushed) or the id of the task enqueued in its place.
-
-        A claim Redis refuses (its node out of memory, failing over) keeps its id's tasks back; the
-        others are pushed, then its error is raised.
-        """
+        """Claim the caller's ids, then push: per task None (pushed) or the id in its place."""
+        # A claim Redis refuses keeps its id's tasks back; the others are pushed, then its error is raised.
         claims, whole_later = id_claims(items, [unique.item for unique in uniques])
         claimed = self._claim_ids(claims, result_ttl_s) if claims else IdClaims({}, set(), [])
         blocked = claimed.taken | {item.task_id for item in claims if item.task_id not in claimed.written}
@@ -333,11 +315,8 @@ class Enqueuer:
         return [*outcomes, *holders]
 
     def _claim_ids(self, claims: Sequence[Enqueueable], result_ttl_s: int) -> IdClaims:
-        """Write the records claiming caller's ids, one call each, in one round trip.
-
-        A record is written only where no run or cancel touched it; one naming another queue is
-        left alone and its id is taken: another task's, nothing of this call is pushed under it.
-        """
+        """Write the records claiming caller's ids (unless a run or cancel touched them) in one round trip."""
+        # A record naming another queue is left alone: its id is another task's, nothing is pushed under it.
         pipe = self.client.pipeline(transaction=False)
         for item in claims:
             self._queue_record(pipe, item, result_ttl_s)
@@ -361,8 +340,7 @@ class Enqueuer:
         holders: list[str | None],
         claimed: IdClaims,
     ) -> list[bool]:
-        """Push the tasks whose `outcomes` and `holders` are None, filling them in; return per unique task
-        whether its record was written (by its claim or beside its push)."""
+        """Push the tasks whose `outcomes` and `holders` are None, filling them in; per unique task: record written?"""
         free = [at for at, outcome in enumerate(outcomes) if outcome is None]
         free_uniques = [at for at, holder in enumerate(holders) if holder is None]
         pipe = self.client.pipeline(transaction=False)
@@ -415,11 +393,7 @@ class Enqueuer:
         whole_later: set[str],
         result_ttl_s: int,
     ) -> None:
-        """Delete the records written for unique tasks not pushed; write whole those that named only a queue.
-
-        A record stays under an id that a task of the call pushed, or that names a task enqueued
-        before (a retried request shares its record; a taken id's is another task's).
-        """
+        """Delete the records written for unique tasks not pushed; write whole those that named only a queue."""
         pairs = list(zip(uniques, holders, strict=True))
         kept = {unique.item.task_id for unique, holder in pairs if holder in (None, unique.item.task_id)}
         doomed = {unique.item.task_id for unique, wrote in zip(uniques, recorded, strict=True) if wrote} - kept
@@ -442,13 +416,9 @@ class Enqueuer:
         first_by_source: bool = False,
         recorded: Set[str] = frozenset(),
     ) -> UniqueCalls:
-        """Add the calls of `enqueue_unique` to a pipeline, in order; return where they are (see `_unique_holders`).
-
-        `first_by_source`: the first script call is sent as EVAL, which loads it for the others
-        in a MULTI/EXEC (where a NOSCRIPT would fail them alone, after the rest has run). On Redis
-        Cluster each record is written before its script by `enqueue_batch` (once per id), but for
-        the ids in `recorded` (claimed before this pipeline).
-        """
+        """Queue the `enqueue_unique` calls of `uniques`; return where they are (see `_unique_holders`)."""
+        # `first_by_source`: the first call goes as EVAL, loading the script for the others in a MULTI/EXEC.
+        # On Redis Cluster each record is written before its script (once per id), but for those in `recorded`.
         cluster = isinstance(self.client, redis.RedisCluster)
         index = history.header_args(self.history_max, result_ttl_s * 1000)
         calls = UniqueCalls([], [], set())

@@ -65,8 +65,7 @@ class QueueStats:
 
 
 class DeadRequeue(NamedTuple):
-    """A dead task to move back: its member as stored, its priority, the task to push, its id and READY record,
-    and the uniqueness key it takes (its digest and window; a window of 0: none, as for a type not unique)."""
+    """A dead task to move back: its member, priority, task, id, READY record and uniqueness key (window 0: none)."""
 
     member: bytes
     priority: int
@@ -200,13 +199,9 @@ class Inspection:
         return _consumer_rows(entries, info_raw, lengths)
 
     def queue_stats(self, queue: str) -> QueueStats:
-        """Count pending, in-flight, delayed and dead tasks of a queue, and list its consumers.
-
-        The consumers and the reaped ones are listed first; then one MULTI/EXEC reads every count
-        (a queue's keys share its hash tag), so a task that a claim, a retry or a promotion moves
-        meanwhile is counted once, wherever it is. A foreign name in the queue set that is not a
-        valid queue name is read without MULTI: its keys may lie in many Redis Cluster slots.
-        """
+        """Count pending, in-flight, delayed and dead tasks of a queue, and list its consumers."""
+        # One MULTI/EXEC reads every count, so a task moved meanwhile is counted once; a foreign name in the
+        # queue set is read without it (its keys may lie in many Redis Cluster slots).
         entries, holders = self._holders(queue)
         pipe = self.client.pipeline(transaction=NAME_PATTERN.fullmatch(queue) is not None)
         pipe.hgetall(self.keys.consumer_info(queue))
@@ -272,10 +267,7 @@ class Inspection:
         return [(member, ms_of_score(score)) for member, score in entries]
 
     def _dead_scored(self, queue: str, died_ms: Sequence[int], limit: int) -> list[tuple[bytes, int]]:
-        """The dead-lettered tasks of a queue that died at each of `died_ms` (as `list_dead` reads it), `limit` each.
-
-        One round trip whatever the set holds: a page acts on what it showed without reading the rest.
-        """
+        """The dead tasks of `queue` that died at each of `died_ms` (as `list_dead` reads it), `limit` each."""
         key = self.keys.dead(queue)
         pipe = self.client.pipeline(transaction=False)
         for ms in died_ms:
@@ -287,15 +279,9 @@ class Inspection:
         return [(member, ms_of_score(score)) for entries in replies for member, score in entries]
 
     def requeue_dead(self, queue: str, entries: Sequence[DeadRequeue], fence: int) -> list[int | str]:
-        """Move dead tasks back with their priority, each with its READY record (fenced by `fence`) only if
-        the move took it; per task NOT_MOVED (no longer dead), MOVED, MOVED_WITHOUT_RECORD (Redis
-        refused the record, which stops no other write, or a later run's token was on it), or the id
-        of another task holding its uniqueness key (it stays dead; a free key is taken in the move).
-
-        On Redis Cluster the records lie in other slots: the tasks are parked in delayed instead (for
-        REQUEUE_PARK_MS), for the caller to write their records and then `_push_parked` them. A
-        requeued task's cancel requests are dropped in the same script: its new run starts afresh.
-        """
+        """Move dead tasks back, with READY records: NOT_MOVED, MOVED, MOVED_WITHOUT_RECORD or the key's holder."""
+        # On Redis Cluster the records lie in other slots: the tasks are parked in delayed instead, for the
+        # caller to write their records and then `_push_parked` them.
         park_ms = REQUEUE_PARK_MS if isinstance(self.client, redis.RedisCluster) else 0
         return self._requeue_call(self.keys.dead(queue), queue, entries, fence, park_ms)
 
@@ -335,10 +321,7 @@ class Inspection:
         return [_decode(member, died_ms) for member, died_ms in self.list_dead(queue, offset, limit)]
 
     def find_dead_tasks(self, queue: str, refs: Iterable[str]) -> list[DeadTask]:
-        """Return the dead tasks of `queue` whose refs are given (those no longer dead are left out).
-
-        Each ref names when its task died, so only the tasks that died then are read, never the whole set.
-        """
+        """Return the dead tasks of `queue` whose refs are given, reading only those that died at the refs' times."""
         wanted = set(refs)
         died_ms = sorted({int(ref.partition(":")[0]) for ref in wanted if _REF.fullmatch(ref)})
         scored = self._dead_scored(queue, died_ms, SCAN_PAGE) if died_ms else []
@@ -348,14 +331,7 @@ class Inspection:
     def requeue_dead_tasks(
         self, queue: str, dead: Sequence[DeadTask], unique_windows: Mapping[str, UniqueWindow] | None = None
     ) -> Requeued:
-        """Move requeueable dead tasks back, with their priority and a READY record; say which moved, which not.
-
-        A task no longer dead (another operator requeued or deleted it, the trim dropped it) is
-        skipped, and its record left alone: it may belong to a newer run. A record Redis refuses (a
-        producer's record of another type) is logged; its task and the others are requeued all the same. A task of
-        a type in `unique_windows` (by type name: those unique) takes its uniqueness key in the move,
-        as an enqueue would; while another task holds the key it stays dead, reported in `held`.
-        """
+        """Move requeueable dead tasks back, with a READY record and their uniqueness key; say which moved."""
         movable = [(item, fresh_copy(item.task, queue)) for item in dead if item.requeueable and item.task is not None]
         if not movable:
             return Requeued([], [])
@@ -379,11 +355,8 @@ class Inspection:
         )
 
     def _write_records_and_push(self, queue: str, parked: Sequence[DeadRequeue]) -> None:
-        """Redis Cluster: write the READY records of the tasks `requeue_dead` parked in delayed, then push them.
-
-        A record lies on another master than the queue: a replica has it before the push, or a
-        failover there would bring the dead run's record back under the new run.
-        """
+        """Redis Cluster: write the parked tasks' READY records, on a replica too, then push them."""
+        # Else a failover there would bring the dead run's record back under the new run.
         if not parked:
             return
         updates = [entry.record for entry in parked]
@@ -401,11 +374,7 @@ class Inspection:
         return self.delete_dead(queue, [item.member for item in dead])
 
     def trim_dead(self, queue: str, max_count: int, max_age_s: int) -> int:
-        """Drop the oldest dead letters beyond `max_count` and those older than `max_age_s`; return how many.
-
-        One script per TRIM_BATCH members: a set far over its caps (a cap just lowered) is trimmed
-        in short calls, with other clients served in between.
-        """
+        """Drop the oldest dead letters beyond `max_count` and those older than `max_age_s`; how many."""
         dropped = 0
         while True:
             batch = TRIM_BATCH

@@ -188,11 +188,7 @@ MISSING_KEY_TOKEN = "#missing"
 
 
 def limit_key_token(kwargs: Mapping[str, Any], name: str) -> str:
-    """The part of a keyed limit's key for the value of kwarg `name`: short names as they are, else a hash.
-
-    42 and "42" are one key; a task without the kwarg shares the bucket "#missing" with others
-    like it. A hashed value starts with "#", which no plain value contains, so none collide.
-    """
+    """The part of a keyed limit's key for kwarg `name`'s value: short ones as they are, else "#" and a hash."""
     if name not in kwargs:
         return MISSING_KEY_TOKEN
     value = kwargs[name]

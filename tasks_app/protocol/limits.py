@@ -109,28 +109,17 @@ class Limits:
         queue: str = "",
         type_queue: str = "",
     ) -> RateDecision:
-        """Decide whether a task of `task_type` (of one key value, if keyed) on `queue` may start now.
-
-        `type_queue`, the type's own queue, is listed for a follow-up beside the recorded ones if
-        this call rescales the slots.
-        """
+        """Decide whether a task of `task_type` (of one key value) on `queue` may start now (`type_queue`: its own)."""
         args = [algorithm, task_id, limit, period_us, emission_us, tolerance_us, queue, type_queue]
         wait_us, rescaled = self.redis.run("rate_limit", self._limiter_keys(task_type, key_token), args)
         return RateDecision(int(wait_us), bool(rescaled))
 
     def rate_removed(self, task_type: str, key_token: str | None, type_queue: str) -> int:
-        """List every queue holding deferred tasks of a limiter just removed as due now; how many are listed.
-
-        The type's own queue `type_queue` is listed while slots are reserved, recorded or not.
-        """
+        """List the queues holding deferred tasks of a limiter just removed, to be due now; how many are listed."""
         return int(self.redis.run("rate_removed", self._limiter_keys(task_type, key_token), [type_queue]))
 
     def rate_deferred(self, task_type: str, key_token: str | None, task_id: str, queue: str) -> tuple[int, int]:
-        """A task the limiter denied has landed in `queue`'s delayed set: when it is due, and the server's now (µs).
-
-        Due at its slot as the limiter holds it (moved if the limit changed since the denial), or
-        now if the limiter holds it no more; its queue stays listed for the next follow-up.
-        """
+        """When a denied task in `queue`'s delayed set is due (its slot, or now if none), and the server's now (µs)."""
         keys = self._limiter_keys(task_type, key_token)[:2]
         due_us, now_us = self.redis.run("rate_deferred", keys, [task_id, queue])
         return int(due_us), int(now_us)
@@ -149,10 +138,7 @@ class Limits:
         return {queue.decode(): mode.decode() for queue, mode in follow_ups.items()}
 
     def rate_followed(self, task_type: str, key_token: str | None, queue: str, mode: str, since_us: int) -> bool:
-        """Take `queue` off the list once its tasks followed in `mode` by a scan begun at `since_us` (server clock).
-
-        False if it was listed again meanwhile.
-        """
+        """Take `queue` off the follow-ups once followed by a scan begun at `since_us`; False if listed again since."""
         keys = self._limiter_keys(task_type, key_token)
         return bool(self.redis.run("rate_followed", keys, [queue, mode, since_us]))
 
@@ -161,10 +147,7 @@ class Limits:
         return bool(self.redis.run("rate_follower", [self.keys.rate_follower(task_type, key_token)], [token, hold_ms]))
 
     def bring_forward(self, queue: str, due_ms: Mapping[bytes, int]) -> int:
-        """Make delayed members of `queue` due at the given ms, never later; how many moved.
-
-        XX: a task promoted or claimed meanwhile is not added back.
-        """
+        """Make delayed members of `queue` due at the given ms, never later, never added back; how many moved."""
         if not due_ms:
             return 0
         return int(self.client.zadd(self.keys.delayed(queue), dict(due_ms), xx=True, lt=True, ch=True))
@@ -194,10 +177,7 @@ class Limits:
     def _reschedule(
         self, queue: str, task_type: str, key_token: str | None, *, now: bool, keep: Callable[[], object]
     ) -> int:
-        """Bring the delayed tasks of `task_type` on `queue` holding slots of its limiter to them (`now`: due now).
-
-        `keep` is called at every batch: the follower's lease is renewed there.
-        """
+        """Bring `task_type`'s delayed tasks on `queue` to their limiter's slots (`now`: due now)."""
         rate_key = self.keys.rate(task_type, key_token)
         if not self.client.exists(rate_key):  # no limiter: no task holds a slot of it
             return 0
@@ -288,10 +268,7 @@ class Limits:
         self.redis.run("note_disabled", keys, [task_type, delayed_member(priority, raw), ttl_ms])
 
     def wake_enabled(self, queue: str, disabled: Callable[[str], bool]) -> int:
-        """Make due now the noted tasks of `queue` whose types are no longer `disabled`; how many were still delayed.
-
-        A name in the set that is not UTF-8 names no type: its tasks are woken too.
-        """
+        """Make due now the noted tasks of `queue` whose types are no longer `disabled`; how many were still delayed."""
         woken, types_key = 0, self.keys.disabled_types(queue)
         names = self.client.smembers(types_key)
         for name in names:

@@ -198,11 +198,7 @@ RECORDED_HEADERS = (RETRY_OF_HEADER, PERIODIC_HEADER)
 
 
 def ready_fields(task: Task, arguments: Arguments) -> dict[str, str]:
-    """The fields the producer stores in a READY record: those not at their default, id not at all.
-
-    `Broker.get_result` fills the rest back in (READY_RECORD_DEFAULTS, the id from the key);
-    leaving them out saves ~115 B of Redis memory per queued task.
-    """
+    """The fields the producer stores in a READY record: those not at their default (~115 B saved per task), no id."""
     args_json = _json(arguments.args) if arguments.args else ""
     return ready_fields_of_json(task, args_json, _json(arguments.kwargs) if arguments.kwargs else "")
 
@@ -235,11 +231,7 @@ def started(
     *,
     record_exists: bool = False,
 ) -> ResultUpdate:
-    """The update written when an attempt starts: it claims the record for the run holding `fence`.
-
-    Unless the record is known to exist, it carries the enqueue fields too, which creates the
-    record for foreign producers (or one that expired while its task waited).
-    """
+    """The update claiming the record for the run holding `fence`, with the enqueue fields unless it exists."""
     fields = {} if record_exists else enqueued_fields(task, arguments)
     fields.update(
         {
@@ -308,10 +300,7 @@ def start_undone(task: Task, fence: int, ttl_s: int) -> ResultUpdate:
 
 
 def dropped_cancelled(task: Task, ttl_s: int, fence: int) -> ResultUpdate:
-    """Written when a consumer drops a cancelled task unrun: its record already reads CANCELLED, its index too now.
-
-    It empties `cancelled_waiting` (see lua/cancel.lua): the task has left its queue, its record may be deleted.
-    """
+    """Written when a consumer drops a cancelled task unrun: it has left its queue, its record may be deleted."""
     fields = {"status": CANCELLED, "cancelled_waiting": ""}
     return ResultUpdate(task.id, fields, ttl_s, fence=fence, queue=task.queue, task_type=task.type)
 
