@@ -425,10 +425,14 @@ class Enqueuer:
         recorded = set(recorded)
         for position, unique in enumerate(uniques):
             item = unique.item
-            keys = self._unique_keys(unique)
+            keys = [self.keys.unique(item.queue, unique.digest), *self._queue_section_keys(item.queue)]
             record: list[str] = []
-            if cluster:
-                calls.records.append(self._queue_record_beside(pipe, item, result_ttl_s, recorded))
+            if cluster and item.result_key_fields and item.task_id not in recorded:
+                recorded.add(item.task_id)
+                self._queue_record(pipe, item, result_ttl_s)
+                calls.records.append(len(pipe) - 1)
+            elif cluster:
+                calls.records.append(-1)
             else:
                 calls.records.append(-1)
                 record = [pair for field in item.result_key_fields.items() for pair in field]
@@ -442,26 +446,6 @@ class Enqueuer:
         if calls.new_queues:
             self.redis.announce(pipe, calls.new_queues, by_source=first_by_source)
         return calls
-
-    def _unique_keys(self, unique: UniqueEnqueueable) -> list[str]:
-        """The KEYS of `unique`'s enqueue_unique call, but for its record."""
-        queue = unique.item.queue
-        return [
-            self.keys.unique(queue, unique.digest),
-            self.keys.pending(queue),
-            self.keys.prioritized(queue),
-            self.keys.delayed(queue),
-            self.keys.enqueued(queue),
-            *history.index_keys(self.keys, queue),
-        ]
-
-    def _queue_record_beside(self, pipe: Any, item: Enqueueable, result_ttl_s: int, recorded: set[str]) -> int:
-        """Queue a unique task's READY record on Redis Cluster (once per id); return its place in `pipe` (-1: none)."""
-        if not item.result_key_fields or item.task_id in recorded:
-            return -1
-        recorded.add(item.task_id)
-        self._queue_record(pipe, item, result_ttl_s)
-        return len(pipe) - 1
 
     def _queue_record(self, pipe: Any, item: Enqueueable, result_ttl_s: int) -> None:
         """Queue an enqueue_batch call writing `item`'s READY record alone (in its own slot on Redis Cluster)."""

@@ -115,13 +115,6 @@ def indexed(update: ResultUpdate) -> bool:
     return bool(update.queue) and "status" in update.fields
 
 
-def move_args(update: ResultUpdate) -> list[Any]:
-    """The ARGV of history_move for an update: id, status, fallback score, ttl (ms), status names."""
-    return status_move_args(
-        update.task_id, update.fields["status"], update.fields.get("enqueued_at_ms", ""), update.ttl_s
-    )
-
-
 def status_move_args(task_id: str, status: str, enqueued_ms: str, ttl_s: int) -> list[Any]:
     """The ARGV of history_move: a task filed under `status` (scored `enqueued_ms` if the index lacks it)."""
     return [task_id, status, enqueued_ms, ttl_s * 1000, *STATUSES]
@@ -155,16 +148,6 @@ def counter_fields(update: ResultUpdate) -> list[str]:
     if update.run_s is not None:
         fields.append(f"d|{update.task_type}|{bucket_of(update.run_s * 1000)}")
     return fields
-
-
-def count_updates(updates: Iterable[ResultUpdate], minute: int) -> dict[tuple[str, int], Counter[str]]:
-    """The increments of each (queue, minute) hash that `updates` add up to."""
-    counts: dict[tuple[str, int], Counter[str]] = {}
-    for update in updates:
-        fields = counter_fields(update)
-        if fields:
-            counts.setdefault((update.queue, minute), Counter()).update(fields)
-    return counts
 
 
 def replies_at(sent: Sequence[Any], places: Sequence[Place]) -> list[Any]:
@@ -466,13 +449,20 @@ class Records:
         for update in moved:
             if indexed(update):
                 keys = index_keys(self.keys, update.queue)
-                self.scripts.queue(pipe, "history_move", keys, move_args(update))
+                args = status_move_args(
+                    update.task_id, update.fields["status"], update.fields.get("enqueued_at_ms", ""), update.ttl_s
+                )
+                self.scripts.queue(pipe, "history_move", keys, args)
         self._queue_minute_counts(pipe, updates, minute)
 
     def _queue_minute_counts(self, pipe: Any, updates: Sequence[ResultUpdate], minute: int, sign: int = 1) -> None:
         """Add (`sign` -1: take back) the counters of `updates` to `minute`'s hashes, last in a pipeline."""
-        for (queue, minute_of), fields in count_updates(updates, minute).items():
-            key = self.keys.minute(queue, minute_of)
+        counts: dict[str, Counter[str]] = {}
+        for update in updates:
+            if counted := counter_fields(update):
+                counts.setdefault(update.queue, Counter()).update(counted)
+        for queue, fields in counts.items():
+            key = self.keys.minute(queue, minute)
             for name, amount in fields.items():
                 pipe.hincrby(key, name, sign * amount)
             pipe.expire(key, KEEP_MINUTES * 60)

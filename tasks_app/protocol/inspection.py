@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import re
@@ -53,15 +54,7 @@ class QueueStats:
     paused: bool = False
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "paused": self.paused,
-            "queue": self.queue,
-            "pending": self.pending,
-            "processing": self.processing,
-            "delayed": self.delayed,
-            "dead": self.dead,
-            "consumers": self.consumers,
-        }
+        return dataclasses.asdict(self)
 
 
 class DeadRequeue(NamedTuple):
@@ -377,10 +370,9 @@ class Inspection:
         """Drop the oldest dead letters beyond `max_count` and those older than `max_age_s`; how many."""
         dropped = 0
         while True:
-            batch = TRIM_BATCH
-            step = int(self.redis.run("trim_dead", [self.keys.dead(queue)], [max_count, max_age_s * 1000, batch]))
+            step = int(self.redis.run("trim_dead", [self.keys.dead(queue)], [max_count, max_age_s * 1000, TRIM_BATCH]))
             dropped += step
-            if step < batch:
+            if step < TRIM_BATCH:
                 return dropped
 
     def delete_dead(self, queue: str, members: Sequence[bytes]) -> int:

@@ -319,18 +319,8 @@ class Queue:
         return Promotion(int(moved), int(next_due_ms), int(now_ms), int(malformed))
 
     def _holds(self, updates: Sequence[ResultUpdate]) -> list[Held | None]:
-        """The hold of each update (None: not held), the keys of each processing list built once."""
-        owners: dict[tuple[str, str], Held] = {}
-        holds: list[Held | None] = []
-        for update in updates:
-            if update.held_by is None:
-                holds.append(None)
-                continue
-            owner, raw = update.held_by
-            of_owner = owners.get(owner) or owners.setdefault(owner, self._held(owner, raw))
-            keys = (of_owner.processing, of_owner.consumer_info)
-            holds.append(Held(*keys, raw, of_owner.consumer_id, of_owner.instance, of_owner.consumers))
-        return holds
+        """The hold of each update (None: not held)."""
+        return [None if update.held_by is None else self._held(*update.held_by) for update in updates]
 
     def _held(self, owner: tuple[str, str], raw: bytes) -> Held:
         """The hold of a write of the run that settles `raw` from the processing list of `owner`."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -428,35 +429,12 @@ class ResultRecord:
 
     def as_json(self) -> dict[str, Any]:
         """A JSON-ready dict, as the API returns it (a foreign payload's NaN as null: strict readers refuse NaN)."""
-
-        def iso(value: datetime | None) -> str | None:
-            return value.isoformat() if value else None
-
-        fields: dict[str, Any] = {
-            "id": self.id,
-            "type": self.type,
-            "queue": self.queue,
-            "status": self.status,
-            "priority": self.priority,
-            "args": self.args,
-            "kwargs": self.kwargs,
-            "attempts": self.attempts,
-            "max_attempts": self.max_attempts,
-            "enqueued_at": iso(self.enqueued_at),
-            "run_after": iso(self.run_after),
-            "started_at": iso(self.started_at),
-            "last_attempted_at": iso(self.last_attempted_at),
-            "finished_at": iso(self.finished_at),
-            "return_value": self.return_value,
-            "worker_ids": self.worker_ids,
-            "errors": self.errors,
-            "dead_reason": self.dead_reason,
-            "cancelled_by": self.cancelled_by,
-            "cancelled_at": iso(self.cancelled_at),
-            "cancel_requested_at": iso(self.cancel_requested_at),
-            "progress": self.progress,
-            "retry_of": self.retry_of or None,
-            "periodic": self.periodic or None,
-            "retried_as": self.retried_as or None,
-        }
+        fields: dict[str, Any] = {}
+        for name in (f.name for f in dataclasses.fields(self) if f.name != "has_return_value"):
+            value = getattr(self, name)
+            if isinstance(value, datetime):
+                value = value.isoformat()
+            elif name in ("retry_of", "periodic", "retried_as"):
+                value = value or None
+            fields[name] = value
         return {name: finite(value) for name, value in fields.items()}
