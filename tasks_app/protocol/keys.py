@@ -199,20 +199,8 @@ def limit_key_token(kwargs: Mapping[str, Any], name: str) -> str:
 
 
 def consumer_id_of(member: bytes) -> str:
-    # A member no consumer of ours could have written (not UTF-8, or not a valid name) is skipped:
-    # no key can be built from it, and reaping it must not stop the reaper.
-    return _matching_text(member, _VALID_ID) or ""
-
-
-def _matching_text(member: bytes, pattern: re.Pattern[str]) -> str | None:
-    try:
-        text = member.decode()
-    except UnicodeDecodeError:
-        return None
-    return text if pattern.fullmatch(text) else None
-
-
-_VALID_ID = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
+    """A consumer id as a lease entry or a tombstone holds it."""
+    return member.decode()
 
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
