@@ -16,7 +16,7 @@ from typing import Any
 from tasks_app.protocol import history, records
 from tasks_app.protocol.keys import NAME_PATTERN
 from tasks_app.protocol.records import stored_int
-from tasks_app.protocol.scripts import ScriptClient, reply_text
+from tasks_app.protocol.scripts import Role, reply_text
 
 # Cancel requests of running tasks are kept this long (a run outliving it is not told again).
 CANCEL_REQUESTS_KEEP_MS = 24 * 3600 * 1000
@@ -47,12 +47,8 @@ class CancelReply:
     at_ms: int  # server time of the cancel (of the first request, for a running task)
 
 
-class Control:
+class Control(Role):
     """Cancels and cancel requests (one round trip each, two for a running task's), pausing queues."""
-
-    def __init__(self, redis: ScriptClient) -> None:
-        self.redis = redis
-        self.client, self.keys, self.scripts = redis.client, redis.keys, redis.scripts
 
     def cancel_many(self, task_ids: Sequence[str], cancelled_by: str = "", force: bool = False) -> list[CancelReply]:
         """Cancel tasks by id in one round trip (two if some run; `force`: stopped by their consumer); never raises."""

@@ -24,7 +24,7 @@ import redis
 
 from tasks_app.protocol import history
 from tasks_app.protocol.keys import WAKE_TOKEN
-from tasks_app.protocol.scripts import ScriptClient, reply_text
+from tasks_app.protocol.scripts import Role, ScriptClient, reply_text
 
 # How long a producer trusts its last SADD of a queue. The set can be deleted or rewritten behind
 # it (an operator, a restore); a queue is then listed again within this time.
@@ -193,12 +193,11 @@ def record_only_args(item: Enqueueable, result_ttl_s: int) -> list[Any]:
     return ["", 0, 1, "0", 0, 0, 1, 1, *record_groups([item], result_ttl_s)]
 
 
-class Enqueuer:
+class Enqueuer(Role):
     """Enqueueing: all or nothing on one server; on Redis Cluster one call per queue and per record."""
 
     def __init__(self, redis: ScriptClient, announced: AnnouncedQueues, history_max: int) -> None:
-        self.redis = redis
-        self.client, self.keys, self.scripts = redis.client, redis.keys, redis.scripts
+        super().__init__(redis)
         # Queues this process added to the queue set lately: one SADD per queue a minute, not per enqueue.
         self.announced = announced
         self.history_max = history_max  # the cap of each queue's history index

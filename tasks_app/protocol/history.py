@@ -35,7 +35,7 @@ from redis.exceptions import (
 from tasks_app.protocol.codec import is_utf8_encodable
 from tasks_app.protocol.keys import Keys
 from tasks_app.protocol.records import CANCELLED, FAILED, READY, SUCCESSFUL, ResultUpdate, record_text_fields
-from tasks_app.protocol.scripts import ScriptClient
+from tasks_app.protocol.scripts import Role, ScriptClient
 
 STATUSES: tuple[str, ...] = (*(status.value for status in TaskResultStatus), CANCELLED)
 HISTORY_MAX = 100_000
@@ -158,12 +158,11 @@ def replies_at(sent: Sequence[Any], places: Sequence[Place]) -> list[Any]:
     ]
 
 
-class Records:
+class Records(Role):
     """Writing result records (each filed in the history and counted in the charts) and reading them back."""
 
     def __init__(self, redis: ScriptClient, cluster_wait_ms: int = CLUSTER_WAIT_MS) -> None:
-        self.redis = redis
-        self.client, self.keys, self.scripts = redis.client, redis.keys, redis.scripts
+        super().__init__(redis)
         self.cluster_wait_ms = cluster_wait_ms
         # Redis Cluster: per master name, whether it had a replica and when that was read.
         self._replica_checks: dict[str, tuple[bool, float]] = {}

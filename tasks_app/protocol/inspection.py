@@ -21,7 +21,7 @@ from tasks_app.protocol.history import KEEP_MINUTES, Records
 from tasks_app.protocol.keys import NAME_PATTERN, UNDECODABLE_TYPE, WAKE_TOKEN, consumer_id_of, delayed_member
 from tasks_app.protocol.queue import THROUGHPUT_BUCKET_S, Queue
 from tasks_app.protocol.records import MAX_SCORE_MS, ResultUpdate, json_object, ms_of_score, stored_int
-from tasks_app.protocol.scripts import ScriptClient
+from tasks_app.protocol.scripts import Role, ScriptClient
 
 # Most dead letters one trim_dead call drops (about 5 ms of Redis time): see `trim_dead`.
 TRIM_BATCH = 10_000
@@ -154,12 +154,11 @@ def _count(raw: bytes | None) -> int:
     return stored_int(raw) or 0
 
 
-class Inspection:
+class Inspection(Role):
     """Queue stats, chart counters and dead-letter operations for the dashboard, the commands and housekeeping."""
 
     def __init__(self, redis: ScriptClient, queue: Queue, records: Records) -> None:
-        self.redis = redis
-        self.client, self.keys, self.scripts = redis.client, redis.keys, redis.scripts
+        super().__init__(redis)
         self.queue = queue  # a requeue's fencing token
         self.records = records  # a requeue's READY records, on Redis Cluster
 

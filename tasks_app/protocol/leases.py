@@ -10,7 +10,7 @@ from typing import Any
 
 from tasks_app.protocol.keys import WAKE_TOKEN, consumer_id_of
 from tasks_app.protocol.records import json_object
-from tasks_app.protocol.scripts import ScriptClient
+from tasks_app.protocol.scripts import Role
 
 # Each recovery of a task from a dead consumer is counted; past this it is dead-lettered.
 MAX_RECOVERIES = 3
@@ -44,12 +44,8 @@ class ReapOutcome:
     dead_lettered: list[bytes]
 
 
-class Leases:
+class Leases(Role):
     """Consumer leases: heartbeats, registering, giving a lease up, and reaping dead consumers' tasks."""
-
-    def __init__(self, redis: ScriptClient) -> None:
-        self.redis = redis
-        self.client, self.keys, self.scripts = redis.client, redis.keys, redis.scripts
 
     def heartbeat(
         self, queues: Sequence[str], consumer_id: str, lease_ms: int, register_info: dict[str, Any] | None = None

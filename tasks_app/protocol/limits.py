@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 
 from tasks_app.protocol.codec import UndecodableTask, decode_task
 from tasks_app.protocol.keys import NAME_PATTERN, UNDECODABLE_TYPE, WAKE_TOKEN, delayed_member, split_delayed_member
-from tasks_app.protocol.scripts import ScriptClient
+from tasks_app.protocol.scripts import Role
 
 # How long a slot handed to a woken waiter is kept for it before anyone may take it.
 WAKE_RESERVE_MS = 5000
@@ -88,12 +88,8 @@ class Waiter(NamedTuple):
         return cls(name, member) if sep and member and NAME_PATTERN.fullmatch(name) else None
 
 
-class Limits:
+class Limits(Role):
     """Rate-limit decisions and their follow-ups, concurrency slots, and the tasks of disabled types."""
-
-    def __init__(self, redis: ScriptClient) -> None:
-        self.redis = redis
-        self.client, self.keys, self.scripts = redis.client, redis.keys, redis.scripts
 
     def rate_limit(
         self,

@@ -11,7 +11,7 @@ from tasks_app.protocol import history
 from tasks_app.protocol.enqueue import Enqueueable, Enqueuer, record_only_args
 from tasks_app.protocol.keys import WAKE_TOKEN
 from tasks_app.protocol.records import stored_int
-from tasks_app.protocol.scripts import ScriptClient, reply_text
+from tasks_app.protocol.scripts import Role, ScriptClient, reply_text
 
 # What fire_periodic.lua says it did with a slot.
 PUSHED_OUTCOMES = frozenset({"fired", "caught_up", "fired_and_caught_up"})
@@ -53,12 +53,11 @@ class PeriodicState(NamedTuple):
     fired_at_ms: int | None
 
 
-class Periodic:
+class Periodic(Role):
     """Firing periodic slots and reading their state."""
 
     def __init__(self, redis: ScriptClient, enqueuer: Enqueuer) -> None:
-        self.redis = redis
-        self.client, self.keys, self.scripts = redis.client, redis.keys, redis.scripts
+        super().__init__(redis)
         self.enqueuer = enqueuer  # whose queue set announcements and history cap a firing shares
 
     def fire_periodic(

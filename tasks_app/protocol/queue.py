@@ -19,7 +19,7 @@ import redis
 from tasks_app.protocol.history import NOT_HELD, Held, Place, Records, replies_at
 from tasks_app.protocol.keys import UNDECODABLE_TYPE, WAKE_TOKEN, delayed_member
 from tasks_app.protocol.records import ResultUpdate
-from tasks_app.protocol.scripts import ScriptClient
+from tasks_app.protocol.scripts import Role, ScriptClient
 
 # Width of the buckets counting acknowledged tasks, for the dashboard's throughput.
 THROUGHPUT_BUCKET_S = 10
@@ -63,12 +63,11 @@ class AckReport(NamedTuple):
     written: tuple[Any, ...] = ()  # each result write's reply (1 written, 0 ignored, 2 refused: cancelled, 3 not held)
 
 
-class Queue:
+class Queue(Role):
     """Claiming and settling tasks of a queue, each one round trip or one script."""
 
     def __init__(self, redis: ScriptClient, records: Records) -> None:
-        self.redis = redis
-        self.client, self.keys, self.scripts = redis.client, redis.keys, redis.scripts
+        super().__init__(redis)
         self.records = records
         # The token the consumer using this broker registers its ids with ("": none, unchecked): settling
         # a task of an id another instance registered since settles nothing (see lua/include/settle.lua).

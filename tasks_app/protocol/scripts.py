@@ -304,3 +304,11 @@ class ScriptClient:
         """Return the Redis server's clock in microseconds (as the scripts' `server_now_us`)."""
         seconds, micros = self.client.time()
         return int(seconds) * 1_000_000 + int(micros)
+
+
+class Role:
+    """A role of the broker: its operations over the shared client, keys and scripts."""
+
+    def __init__(self, redis: ScriptClient) -> None:
+        self.redis = redis
+        self.client, self.keys, self.scripts = redis.client, redis.keys, redis.scripts
