@@ -15,7 +15,6 @@ from tasks_app.task_pb2 import Task as Task
 # Deeper arguments are refused at enqueue; deeper values read from Redis are shown as text.
 MAX_JSON_DEPTH = 64
 
-
 # One encoder per option pair, built once: `json.dumps` with options builds one per call.
 _COMPACT_ENCODERS = {
     (ensure_ascii, allow_nan): json.JSONEncoder(separators=(",", ":"), ensure_ascii=ensure_ascii, allow_nan=allow_nan)

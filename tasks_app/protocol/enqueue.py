@@ -1,14 +1,8 @@
 """Producing: `Enqueuer` pushes tasks, their READY records and unique tasks, and announces their queues.
 
-On a single Redis server an enqueue is all or nothing. Two of its scripts (`enqueue_batch` with
-many queues or records, `enqueue_one`) span slots there; on a Redis Cluster each call of
-`enqueue_batch` holds one queue or one record. A task's READY record lies in another slot than its
-queue, so no one script holds both: a call with ids chosen by the caller first claims each id on
-its record (`enqueue_batch` with records alone leaves a record naming another queue alone and says
-so), then pushes the tasks whose ids are free: two round trips. A call of generated ids only takes
-one: their records are written beside the pushes. Rarely a third: the records of unique
-duplicates go, and a caller's id given to several tasks of unique types gets the record of the
-one pushed.
+On a single Redis server an enqueue is all or nothing. On Redis Cluster a task's READY record lies
+in another slot than its queue: the caller's ids are first claimed on their records, then the tasks
+whose ids are free are pushed (docs/PROTOCOL.md, "Enqueue atomicity").
 """
 
 from __future__ import annotations

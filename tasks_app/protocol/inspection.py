@@ -32,7 +32,6 @@ REQUEUE_PARK_MS = 60_000
 # (else the id of the task holding its uniqueness key: it stays dead).
 NOT_MOVED, MOVED, MOVED_WITHOUT_RECORD = 0, 1, 2
 
-
 logger = logging.getLogger(__name__)
 
 # At most how many dead letters of one time (ms) an action finds: one promotion may dead-letter thousands.

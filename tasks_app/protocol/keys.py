@@ -13,7 +13,6 @@ from typing import Any
 # (field number 0 does not exist in protobuf), dropped wherever it is met.
 WAKE_TOKEN = b"\x00wake"
 
-
 # Type of the envelope that wraps bytes that are not a task in the dead letters (as the executor's).
 UNDECODABLE_TYPE = "_undecodable"
 

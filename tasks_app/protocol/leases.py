@@ -17,10 +17,8 @@ MAX_RECOVERIES = 3
 
 REAP_BATCH = 1000
 
-
 # Tombstones examined per reaper pass: the newest page, and one more page in turn.
 TOMBSTONE_PAGE = 100
-
 
 TOMBSTONE_KEEP_MS = 24 * 3600 * 1000
 

@@ -1,23 +1,9 @@
 """Throttles on Redis: rate limits, the tasks they defer, concurrency caps' slots, and disabled types.
 
-Rate limits: one decision per task (`rate_limit.lua`); docs/PROTOCOL.md ("Rate limits") describes
-the hash `P:rate:{T}` and the algorithms. A decision that finds the hash written under another
-emission interval (the type's limit was changed in the admin) moves the reserved slots to the new
-spacing and lists every queue whose delayed set holds tasks with such slots
-(`P:rate:{T}:follow_ups`; a denial records its task's queue, whichever it is); a removed limit
-lists them too, to be due now. `Limits.follow_up` goes through that list once: one consumer at a
-time holds the lease, the others wait while queues are listed and take over where a holder that
-died left off.
-
-Concurrency slots of capped task types (`max_running`) are held under their consumer's lease. A
-type's (or one key value's) slots live in one hash slot of their own (lua/include/slots.lua): each
-script touches that slot only, and moving a woken waiter's task from delayed to pending is a
-second call, on its queue's slot. docs/PROTOCOL.md ("Concurrency caps") describes the keys.
-
-Tasks deferred while their type is disabled are noted as they are deferred and made due at once
-when it is enabled. Without the note, a disabled type's backlog is claimed and deferred again at
-every recheck, at a cost in proportion to the backlog; with it, the recheck can be long, and
-enabling the type still brings its tasks back at once.
+docs/PROTOCOL.md ("Rate limits", "Concurrency caps") describes the keys. After a limit changes,
+`Limits.follow_up` brings the tasks deferred under it to the new slots, one consumer at a time under
+a lease. Tasks deferred while their type is disabled are noted, so enabling it makes them due at once
+instead of each recheck claiming and deferring the whole backlog again.
 """
 
 from __future__ import annotations
@@ -33,6 +19,7 @@ from typing import Any, NamedTuple
 
 from tasks_app.protocol.codec import UndecodableTask, decode_task
 from tasks_app.protocol.keys import NAME_PATTERN, UNDECODABLE_TYPE, WAKE_TOKEN, delayed_member, split_delayed_member
+from tasks_app.protocol.queue import promote_due_keys
 from tasks_app.protocol.scripts import Role
 
 # How long a slot handed to a woken waiter is kept for it before anyone may take it.
@@ -232,17 +219,9 @@ class Limits(Role):
 
     def wake(self, waiter: Waiter) -> bool:
         """Make a waiter's task due now and move it to pending; False if it was no longer delayed."""
-        delayed = self.keys.delayed(waiter.queue)
-        keys = [
-            delayed,
-            self.keys.pending(waiter.queue),
-            self.keys.prioritized(waiter.queue),
-            self.keys.recoveries(waiter.queue),
-            self.keys.suspects(waiter.queue),
-            self.keys.dead(waiter.queue),
-        ]
+        keys = promote_due_keys(self.keys, waiter.queue)
         pipe = self.client.pipeline(transaction=False)
-        pipe.zadd(delayed, {waiter.member: 0}, xx=True, ch=True)
+        pipe.zadd(keys[0], {waiter.member: 0}, xx=True, ch=True)
         self.scripts.queue(pipe, "promote_due", keys, [100, WAKE_TOKEN, waiter.queue, UNDECODABLE_TYPE])
         changed, _ = self.scripts.execute(pipe, self.client)
         return bool(changed)
@@ -268,7 +247,7 @@ class Limits(Role):
         woken, types_key = 0, self.keys.disabled_types(queue)
         names = self.client.smembers(types_key)
         for name in names:
-            task_type = name.decode(errors="replace")
+            task_type = name.decode()
             if disabled(task_type):
                 continue
             keys = [types_key, self.keys.disabled(queue, task_type), self.keys.delayed(queue)]

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import redis
 
 from tasks_app.protocol.history import NOT_HELD, Held, Place, Records, replies_at
-from tasks_app.protocol.keys import UNDECODABLE_TYPE, WAKE_TOKEN, delayed_member
+from tasks_app.protocol.keys import UNDECODABLE_TYPE, WAKE_TOKEN, Keys, delayed_member
 from tasks_app.protocol.records import ResultUpdate
 from tasks_app.protocol.scripts import Role, ScriptClient
 
@@ -304,14 +304,7 @@ class Queue(Role):
 
     def promote_due(self, queue: str, limit: int = 1000) -> Promotion:
         """Move due delayed tasks into pending, and dead-letter due members that are not tasks."""
-        keys = [
-            self.keys.delayed(queue),
-            self.keys.pending(queue),
-            self.keys.prioritized(queue),
-            self.keys.recoveries(queue),
-            self.keys.suspects(queue),
-            self.keys.dead(queue),
-        ]
+        keys = promote_due_keys(self.keys, queue)
         moved, next_due_ms, now_ms, malformed = self.redis.run(
             "promote_due", keys, [limit, WAKE_TOKEN, queue, UNDECODABLE_TYPE]
         )
@@ -359,3 +352,15 @@ class Queue(Role):
         sent = self.scripts.execute(pipe, self.client, raise_on_error=False)
         for index, reply in zip(again, replies_at(sent, places), strict=True):
             written[index] = reply
+
+
+def promote_due_keys(keys: Keys, queue: str) -> list[str]:
+    """The KEYS of promote_due for `queue`."""
+    return [
+        keys.delayed(queue),
+        keys.pending(queue),
+        keys.prioritized(queue),
+        keys.recoveries(queue),
+        keys.suspects(queue),
+        keys.dead(queue),
+    ]

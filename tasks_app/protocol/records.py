@@ -128,7 +128,6 @@ CLAIMED_FENCE = "claimed_fence"
 # write need not carry the enqueue fields again).
 RECEIPT_OF_RECORD = 1
 
-
 # The fields a record may hold that only its own page and the API show: megabytes each, at most.
 WHOLE_RECORD_FIELDS = ("args", "kwargs", "return_value")
 # The fields of a record that a list of tasks reads and shows (all but WHOLE_RECORD_FIELDS).

@@ -104,7 +104,6 @@ LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
 # A line "-- include: NAME" in a script is replaced by lua/include/NAME.lua (helpers shared by scripts).
 _INCLUDE = re.compile(rb"^-- include: ([a-z_]+)$", re.MULTILINE)
 
-
 # Errors of a server (or cluster) state that passes: a lost connection, a node loading its data,
 # a failover under way, memory freed by eviction or expiry. Anything else a command or script
 # answers (a wrong argument, a value over the server's limits) fails the same way every time.
