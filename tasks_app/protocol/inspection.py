@@ -18,7 +18,7 @@ from django.conf import settings
 from tasks_app.protocol import history, records
 from tasks_app.protocol.codec import Task, UndecodableTask, decode_payload, decode_task, encode_task
 from tasks_app.protocol.history import KEEP_MINUTES, Records
-from tasks_app.protocol.keys import NAME_PATTERN, UNDECODABLE_TYPE, WAKE_TOKEN, consumer_id_of, delayed_member
+from tasks_app.protocol.keys import NAME_PATTERN, UNDECODABLE_TYPE, WAKE_TOKEN, delayed_member
 from tasks_app.protocol.queue import THROUGHPUT_BUCKET_S, Queue
 from tasks_app.protocol.records import MAX_SCORE_MS, ResultUpdate, json_object, ms_of_score, stored_int
 from tasks_app.protocol.scripts import Role, ScriptClient
@@ -143,16 +143,6 @@ def _consumer_rows(
     return consumers
 
 
-def _waiting(pending: int, wake_token_at: int | None, prioritized: int, suspects: int) -> int:
-    """The tasks waiting to be claimed, from the replies of `_count_waiting`'s reads."""
-    return pending - (wake_token_at is not None) + prioritized + suspects
-
-
-def _count(raw: bytes | None) -> int:
-    """A counter as INCRBY keeps it (0 if absent)."""
-    return stored_int(raw) or 0
-
-
 class Inspection(Role):
     """Queue stats, chart counters and dead-letter operations for the dashboard, the commands and housekeeping."""
 
@@ -169,7 +159,7 @@ class Inspection(Role):
         # A foreign name in the queue set ("", "}x") spreads its keys over a cluster's slots.
         cluster = isinstance(self.client, redis.RedisCluster)
         counts = self.client.mget_nonatomic(keys) if cluster else self.client.mget(keys)
-        return sum(_count(count) for count in counts)
+        return sum(stored_int(count) or 0 for count in counts)
 
     def known_queues(self) -> list[str]:
         """Return every queue that has seen a task or a consumer."""
@@ -198,23 +188,20 @@ class Inspection(Role):
         pipe.hgetall(self.keys.consumer_info(queue))
         for consumer_id in holders:
             pipe.llen(self.keys.processing(queue, consumer_id))
-        self._count_waiting(pipe, queue)
-        pipe.zcard(self.keys.delayed(queue))
-        pipe.zcard(self.keys.dead(queue))
-        pipe.exists(self.keys.paused(queue))
-        info_raw, *lengths = pipe.execute()
-        *waiting, delayed, dead, paused = lengths[len(holders) :]
-        processing = sum(lengths[: len(holders)])
-        consumers = _consumer_rows(entries, info_raw, lengths[: len(entries)])
-        return QueueStats(queue, _waiting(*waiting), processing, delayed, dead, consumers, bool(paused))
-
-    def _count_waiting(self, pipe: Any, queue: str) -> None:
-        """Queue the reads of what waits to be claimed on `pipe`: their replies are `_waiting`'s arguments."""
         pipe.llen(self.keys.pending(queue))
         # A wake token is not a task; there is at most one, near the head of pending.
         pipe.lpos(self.keys.pending(queue), WAKE_TOKEN, rank=-1, maxlen=16)
         pipe.zcard(self.keys.prioritized(queue))
         pipe.llen(self.keys.suspects(queue))
+        pipe.zcard(self.keys.delayed(queue))
+        pipe.zcard(self.keys.dead(queue))
+        pipe.exists(self.keys.paused(queue))
+        info_raw, *lengths = pipe.execute()
+        pending, wake_token_at, prioritized, suspects, delayed, dead, paused = lengths[len(holders) :]
+        waiting = pending - (wake_token_at is not None) + prioritized + suspects
+        processing = sum(lengths[: len(holders)])
+        consumers = _consumer_rows(entries, info_raw, lengths[: len(entries)])
+        return QueueStats(queue, waiting, processing, delayed, dead, consumers, bool(paused))
 
     def _holders(self, queue: str) -> tuple[list[tuple[bytes, float]], list[str]]:
         """The lease entries of `queue`, and every id whose processing list may hold its tasks (reaped ones too)."""
@@ -223,7 +210,7 @@ class Inspection(Role):
         listing.zrange(self.keys.reaped(queue), 0, -1)
         entries, reaped = listing.execute()
         holders = [member.decode(errors="backslashreplace") for member, _ in entries]
-        return entries, holders + [cid for cid in map(consumer_id_of, reaped) if cid]
+        return entries, holders + [member.decode() for member in reaped]
 
     def sample_backlog(self, queue: str) -> int:
         """Store how many tasks of `queue` wait (pending, prioritized, suspects, delayed) in this minute's hash."""

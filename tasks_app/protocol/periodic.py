@@ -82,15 +82,32 @@ class Periodic(Role):
         else:
             keys += [self.keys.result(regular.task_id), self.keys.result(catch_up.task_id if catch_up else "-")]
             keys.append(self.keys.periodic_claim(schedule))
-        args = _fire_args(firing, regular, catch_up, result_ttl_s, elsewhere_ms)
+        args: list[Any] = [
+            firing.slot_ms,
+            firing.previous_ms,
+            firing.on_time_ms,
+            firing.catch_up,
+            WAKE_TOKEN,
+            regular.priority,
+            regular.task_id,
+            regular.raw,
+            catch_up.task_id if catch_up else "",
+            catch_up.raw if catch_up else "",
+            result_ttl_s,
+            firing.saved_ms,
+            regular.queue,
+            elsewhere_ms,
+        ]
         args += history.header_args(self.enqueuer.history_max, result_ttl_s * 1000)
         for name, value in regular.result_key_fields.items():
             args += (name, value)
         reply = _reply(self.redis.run("fire_periodic", keys, args))
-        if reply.pushed:
-            self._announce_queue(queue)
-            if on_cluster:
-                self._write_ready_records(_pushed(reply.outcome, regular, catch_up), result_ttl_s)
+        if reply.pushed and queue not in self.enqueuer.announced:
+            self.redis.run("announce_queues", [self.keys.queues()], [queue])
+            self.enqueuer.announced.add([queue])
+        # Redis Cluster: the records lie in other slots than the queue, written after the push.
+        for item in _pushed(reply.outcome, regular, catch_up) if on_cluster else ():
+            self.redis.run("enqueue_batch", [self.keys.result(item.task_id)], record_only_args(item, result_ttl_s))
         return reply
 
     def skip_periodic(self, queue: str, schedule: str, slot_ms: int) -> FireReply:
@@ -104,39 +121,6 @@ class Periodic(Role):
         for key in keys:
             pipe.hgetall(key)
         return [_state(fields) for fields in pipe.execute()]
-
-    def _announce_queue(self, queue: str) -> None:
-        if queue not in self.enqueuer.announced:
-            self.redis.run("announce_queues", [self.keys.queues()], [queue])
-            self.enqueuer.announced.add([queue])
-
-    def _write_ready_records(self, items: Sequence[Enqueueable], result_ttl_s: int) -> None:
-        # Redis Cluster: the records lie in other slots than the queue, written after the push.
-        for item in items:
-            args = record_only_args(item, result_ttl_s)
-            self.redis.run("enqueue_batch", [self.keys.result(item.task_id)], args)
-
-
-def _fire_args(
-    firing: SlotFiring, regular: Enqueueable, catch_up: Enqueueable | None, result_ttl_s: int, elsewhere_ms: int
-) -> list[Any]:
-    """The ARGV of fire_periodic up to its history block."""
-    return [
-        firing.slot_ms,
-        firing.previous_ms,
-        firing.on_time_ms,
-        firing.catch_up,
-        WAKE_TOKEN,
-        regular.priority,
-        regular.task_id,
-        regular.raw,
-        catch_up.task_id if catch_up else "",
-        catch_up.raw if catch_up else "",
-        result_ttl_s,
-        firing.saved_ms,
-        regular.queue,
-        elsewhere_ms,
-    ]
 
 
 def _reply(reply: Sequence[Any]) -> FireReply:

@@ -176,7 +176,7 @@ class Queue(Role):
         written: list[Any] = []
         places: list[Place] = []
         unreplicated = 0
-        holds = [] if cluster else self._holds(results)
+        holds = [] if cluster else [None if r.held_by is None else self._held(*r.held_by) for r in results]
         if cluster and results and raws_by_owner:
             written, unreplicated = self.records.write_on_masters(results)
         else:
@@ -309,10 +309,6 @@ class Queue(Role):
             "promote_due", keys, [limit, WAKE_TOKEN, queue, UNDECODABLE_TYPE]
         )
         return Promotion(int(moved), int(next_due_ms), int(now_ms), int(malformed))
-
-    def _holds(self, updates: Sequence[ResultUpdate]) -> list[Held | None]:
-        """The hold of each update (None: not held)."""
-        return [None if update.held_by is None else self._held(*update.held_by) for update in updates]
 
     def _held(self, owner: tuple[str, str], raw: bytes) -> Held:
         """The hold of a write of the run that settles `raw` from the processing list of `owner`."""
