@@ -233,16 +233,6 @@ def test_every_tombstone_is_examined_in_turn_not_only_the_first_page(broker):
     )
 
 
-def test_a_consumer_id_no_consumer_could_have_written_does_not_stop_the_reaper(broker):
-    broker.client.zadd(broker.keys.consumers("q"), {b"\xff\xfe": 1, "bad id{}": 1})
-    register(broker, "c1")
-    push(broker, make_task(1))
-    broker.queue.claim("q", "c1", 1)
-    expire(broker, "c1")
-    expired, _ = broker.leases.reap_candidates("q")
-    assert expired == ["c1"]
-
-
 @pytest.mark.parametrize("settle", ["ack", "retry", "dead-letter", "return"])
 def test_a_frozen_run_settles_nothing_in_the_list_of_a_restart_that_took_its_id(broker, settle):
     # Instance "old" froze past its lease; a restart ("new") took the fixed id "x", recovered the

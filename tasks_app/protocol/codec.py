@@ -15,7 +15,6 @@ from tasks_app.task_pb2 import Task as Task
 # Deeper arguments are refused at enqueue; deeper values read from Redis are shown as text.
 MAX_JSON_DEPTH = 64
 
-
 # One encoder per option pair, built once: `json.dumps` with options builds one per call.
 _COMPACT_ENCODERS = {
     (ensure_ascii, allow_nan): json.JSONEncoder(separators=(",", ":"), ensure_ascii=ensure_ascii, allow_nan=allow_nan)
@@ -51,11 +50,8 @@ def depth(value: Any) -> int:
 
 
 def argument_problem(value: list[Any] | dict[str, Any], text: str = "", max_depth: int = MAX_JSON_DEPTH) -> str | None:
-    """Say why JSON-encodable `value` would not reach a handler as given (too deep, a key not a string), or None.
-
-    Given `text`, its JSON, the walk is skipped when the text rules both out: it holds no object
-    but `value` itself, and fewer brackets than the depth allowed.
-    """
+    """Say why JSON-encodable `value` would not reach a handler as given (too deep, a key not a string), or None."""
+    # Given `text`, its JSON, the walk is skipped when its brackets rule both out.
     if not value:
         return None
     if text and text.count("{") <= isinstance(value, dict) and text.count("[") + text.count("{") <= max_depth:
@@ -142,10 +138,7 @@ def encode_arguments(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[st
 
 
 def payload_of(args_json: str, kwargs_json: str) -> bytes:
-    """The UTF-8 JSON payload {"args": ..., "kwargs": ...} of texts from `encode_arguments`.
-
-    Raises UnicodeEncodeError for a text holding a lone surrogate.
-    """
+    """The UTF-8 JSON payload of texts from `encode_arguments` (UnicodeEncodeError for a lone surrogate)."""
     members = []
     if args_json:
         members.append(f'"args":{args_json}')

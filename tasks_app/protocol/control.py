@@ -1,12 +1,8 @@
 """Task control in Redis: cancelling through result records, cancel requests of running tasks, pausing queues.
 
-A cancel is decided on the task's result record (its own slot), where the RUNNING write that
-starts a run is decided too (`record_result.lua`), so a cancel and a start are ordered by Redis:
-either the cancel comes first and the task never runs, or the start comes first and the cancel
-becomes a request to the running handler, which its consumer reads from the queue's
-`cancel_requests` (and `cancel_forced`, for a forced cancel: one round trip per queue, see
-`cancel_marks`). While a queue's paused key exists, claims of it are refused (lua/claim.lua);
-enqueues go on.
+A cancel and a run's start are both decided on the task's result record (`record_result.lua`), so
+Redis orders them: either the task never runs, or the cancel becomes a request its consumer reads
+from the queue's `cancel_requests` (and `cancel_forced`).
 """
 
 from __future__ import annotations
@@ -20,7 +16,7 @@ from typing import Any
 from tasks_app.protocol import history, records
 from tasks_app.protocol.keys import NAME_PATTERN
 from tasks_app.protocol.records import stored_int
-from tasks_app.protocol.scripts import ScriptClient, reply_text
+from tasks_app.protocol.scripts import Role, reply_text
 
 # Cancel requests of running tasks are kept this long (a run outliving it is not told again).
 CANCEL_REQUESTS_KEEP_MS = 24 * 3600 * 1000
@@ -51,19 +47,11 @@ class CancelReply:
     at_ms: int  # server time of the cancel (of the first request, for a running task)
 
 
-class Control:
+class Control(Role):
     """Cancels and cancel requests (one round trip each, two for a running task's), pausing queues."""
 
-    def __init__(self, redis: ScriptClient) -> None:
-        self.redis = redis
-        self.client, self.keys, self.scripts = redis.client, redis.keys, redis.scripts
-
     def cancel_many(self, task_ids: Sequence[str], cancelled_by: str = "", force: bool = False) -> list[CancelReply]:
-        """Cancel tasks by id, in one round trip (and one more if some are running); never raises for an id.
-
-        With `force`, running ones are also listed in the queue's `cancel_forced`: their consumer
-        stops them instead of only telling them (see README, "Cancelling").
-        """
+        """Cancel tasks by id in one round trip (two if some run; `force`: stopped by their consumer); never raises."""
         pipe = self.client.pipeline(transaction=False)
         for task_id in task_ids:
             self.scripts.queue(pipe, "cancel", [self.keys.result(task_id)], [cancelled_by])

@@ -1,14 +1,8 @@
 """Producing: `Enqueuer` pushes tasks, their READY records and unique tasks, and announces their queues.
 
-On a single Redis server an enqueue is all or nothing. Two of its scripts (`enqueue_batch` with
-many queues or records, `enqueue_one`) span slots there; on a Redis Cluster each call of
-`enqueue_batch` holds one queue or one record. A task's READY record lies in another slot than its
-queue, so no one script holds both: a call with ids chosen by the caller first claims each id on
-its record (`enqueue_batch` with records alone leaves a record naming another queue alone and says
-so), then pushes the tasks whose ids are free: two round trips. A call of generated ids only takes
-one: their records are written beside the pushes. Rarely a third: the records of unique
-duplicates go, and a caller's id given to several tasks of unique types gets the record of the
-one pushed.
+On a single Redis server an enqueue is all or nothing. On Redis Cluster a task's READY record lies
+in another slot than its queue: the caller's ids are first claimed on their records, then the tasks
+whose ids are free are pushed (docs/PROTOCOL.md, "Enqueue atomicity").
 """
 
 from __future__ import annotations
@@ -24,7 +18,7 @@ import redis
 
 from tasks_app.protocol import history
 from tasks_app.protocol.keys import WAKE_TOKEN
-from tasks_app.protocol.scripts import ScriptClient, reply_text
+from tasks_app.protocol.scripts import Role, ScriptClient, reply_text
 
 # How long a producer trusts its last SADD of a queue. The set can be deleted or rewritten behind
 # it (an operator, a restore); a queue is then listed again within this time.
@@ -104,8 +98,7 @@ class AnnouncedQueues:
 
 @dataclass
 class Section:
-    """One queue's tasks: plain ones (pushed as they are), the others as (id, priority, delay ms, task),
-    and the ids of those with a record (added to the queue's history)."""
+    """One queue's tasks: plain ones, the others as (id, priority, delay ms, task), the ids to file in its history."""
 
     plain: list[bytes] = field(default_factory=list)
     others: list[Any] = field(default_factory=list)
@@ -151,13 +144,9 @@ def in_section_order(items: Sequence[Enqueueable], by_queue: Mapping[str, Sectio
 
 
 def id_claims(items: Sequence[Enqueueable], uniques: Sequence[Enqueueable]) -> tuple[list[Enqueueable], set[str]]:
-    """Redis Cluster: per caller's id of a call, the READY record that claims it for its queue before any push.
-
-    The record of the id's first task of `items` (those are pushed before `uniques`), else of its
-    one task of `uniques`. An id given to several tasks of `uniques` alone gets a record naming
-    only its queue, as which of them is pushed is known only after the push: those ids are
-    returned too, for the record of the one pushed to be written whole then.
-    """
+    """Redis Cluster: per caller's id, the READY record claiming it before any push; and the ids written whole later."""
+    # An id given only to several unique tasks is claimed by a record naming its queue alone: which of
+    # them is pushed is known only after the push.
     claims: dict[str, Enqueueable] = {}
     for item in items:
         if item.idempotent and item.result_key_fields and item.task_id not in claims:
@@ -175,10 +164,7 @@ def id_claims(items: Sequence[Enqueueable], uniques: Sequence[Enqueueable]) -> t
 
 
 def record_groups(items: Sequence[Enqueueable], result_ttl_s: int) -> list[Any]:
-    """READY records as groups (keys, ttl s, pairs, pairs...): tasks sharing one fields dict share a group.
-
-    A record outlives its task's due time: its time to live is result_ttl_s plus the delay.
-    """
+    """READY records as groups (count, ttl s, pairs...); a record outlives its task's due time by result_ttl_s."""
     args: list[Any] = []
     shared: Mapping[str, str] | None = None
     count_at = 0
@@ -201,13 +187,11 @@ def record_only_args(item: Enqueueable, result_ttl_s: int) -> list[Any]:
     return ["", 0, 1, "0", 0, 0, 1, 1, *record_groups([item], result_ttl_s)]
 
 
-class Enqueuer:
-    """Enqueueing: all or nothing on a single Redis server; on Redis Cluster one call per queue and per
-    record, so that some may be pushed when an error is raised."""
+class Enqueuer(Role):
+    """Enqueueing: all or nothing on one server; on Redis Cluster one call per queue and per record."""
 
     def __init__(self, redis: ScriptClient, announced: AnnouncedQueues, history_max: int) -> None:
-        self.redis = redis
-        self.client, self.keys, self.scripts = redis.client, redis.keys, redis.scripts
+        super().__init__(redis)
         # Queues this process added to the queue set lately: one SADD per queue a minute, not per enqueue.
         self.announced = announced
         self.history_max = history_max  # the cap of each queue's history index
@@ -215,15 +199,9 @@ class Enqueuer:
     def enqueue(
         self, items: Sequence[Enqueueable], result_ttl_s: int, uniques: Sequence[UniqueEnqueueable] = ()
     ) -> list[str | None]:
-        """Write each task's READY record (kept result_ttl_s past its due time) and push the tasks,
-        and the `uniques` as `enqueue_unique` does. Per task of `items`, then of `uniques`: None
-        (pushed), or the id of the task enqueued in its place, nothing pushed nor written for it:
-        its own, for a caller's id enqueued to its queue lately or earlier in the call, or whose
-        record names another queue; the holder of its key, for a unique one.
-
-        On a single Redis server all or nothing (see `_enqueue_on_server`). On Redis Cluster one
-        call per queue and per record (see the module docstring): some may be pushed when an error is raised.
-        """
+        """Write each task's READY record and push them and `uniques`: per task None (pushed) or the id in its place."""
+        # The id in a task's place: its own for a caller's id enqueued lately or whose record names another
+        # queue, the key's holder for a unique task. On Redis Cluster some may be pushed when an error is raised.
         if not uniques and len(items) == 1 and self._enqueue_one(items[0], result_ttl_s):
             return [None]
         new_queues = self.announced.missing(item.queue for item in items)
@@ -316,11 +294,8 @@ class Enqueuer:
         result_ttl_s: int,
         new_queues: set[str],
     ) -> list[str | None]:
-        """Per task of `items`, then of `uniques`: None (pushed) or the id of the task enqueued in its place.
-
-        A claim Redis refuses (its node out of memory, failing over) keeps its id's tasks back; the
-        others are pushed, then its error is raised.
-        """
+        """Claim the caller's ids, then push: per task None (pushed) or the id in its place."""
+        # A claim Redis refuses keeps its id's tasks back; the others are pushed, then its error is raised.
         claims, whole_later = id_claims(items, [unique.item for unique in uniques])
         claimed = self._claim_ids(claims, result_ttl_s) if claims else IdClaims({}, set(), [])
         blocked = claimed.taken | {item.task_id for item in claims if item.task_id not in claimed.written}
@@ -333,11 +308,8 @@ class Enqueuer:
         return [*outcomes, *holders]
 
     def _claim_ids(self, claims: Sequence[Enqueueable], result_ttl_s: int) -> IdClaims:
-        """Write the records claiming caller's ids, one call each, in one round trip.
-
-        A record is written only where no run or cancel touched it; one naming another queue is
-        left alone and its id is taken: another task's, nothing of this call is pushed under it.
-        """
+        """Write the records claiming caller's ids (unless a run or cancel touched them) in one round trip."""
+        # A record naming another queue is left alone: its id is another task's, nothing is pushed under it.
         pipe = self.client.pipeline(transaction=False)
         for item in claims:
             self._queue_record(pipe, item, result_ttl_s)
@@ -361,8 +333,7 @@ class Enqueuer:
         holders: list[str | None],
         claimed: IdClaims,
     ) -> list[bool]:
-        """Push the tasks whose `outcomes` and `holders` are None, filling them in; return per unique task
-        whether its record was written (by its claim or beside its push)."""
+        """Push the tasks whose `outcomes` and `holders` are None, filling them in; per unique task: record written?"""
         free = [at for at, outcome in enumerate(outcomes) if outcome is None]
         free_uniques = [at for at, holder in enumerate(holders) if holder is None]
         pipe = self.client.pipeline(transaction=False)
@@ -415,11 +386,7 @@ class Enqueuer:
         whole_later: set[str],
         result_ttl_s: int,
     ) -> None:
-        """Delete the records written for unique tasks not pushed; write whole those that named only a queue.
-
-        A record stays under an id that a task of the call pushed, or that names a task enqueued
-        before (a retried request shares its record; a taken id's is another task's).
-        """
+        """Delete the records written for unique tasks not pushed; write whole those that named only a queue."""
         pairs = list(zip(uniques, holders, strict=True))
         kept = {unique.item.task_id for unique, holder in pairs if holder in (None, unique.item.task_id)}
         doomed = {unique.item.task_id for unique, wrote in zip(uniques, recorded, strict=True) if wrote} - kept
@@ -442,23 +409,23 @@ class Enqueuer:
         first_by_source: bool = False,
         recorded: Set[str] = frozenset(),
     ) -> UniqueCalls:
-        """Add the calls of `enqueue_unique` to a pipeline, in order; return where they are (see `_unique_holders`).
-
-        `first_by_source`: the first script call is sent as EVAL, which loads it for the others
-        in a MULTI/EXEC (where a NOSCRIPT would fail them alone, after the rest has run). On Redis
-        Cluster each record is written before its script by `enqueue_batch` (once per id), but for
-        the ids in `recorded` (claimed before this pipeline).
-        """
+        """Queue the `enqueue_unique` calls of `uniques`; return where they are (see `_unique_holders`)."""
+        # `first_by_source`: the first call goes as EVAL, loading the script for the others in a MULTI/EXEC.
+        # On Redis Cluster each record is written before its script (once per id), but for those in `recorded`.
         cluster = isinstance(self.client, redis.RedisCluster)
         index = history.header_args(self.history_max, result_ttl_s * 1000)
         calls = UniqueCalls([], [], set())
         recorded = set(recorded)
         for position, unique in enumerate(uniques):
             item = unique.item
-            keys = self._unique_keys(unique)
+            keys = [self.keys.unique(item.queue, unique.digest), *self._queue_section_keys(item.queue)]
             record: list[str] = []
-            if cluster:
-                calls.records.append(self._queue_record_beside(pipe, item, result_ttl_s, recorded))
+            if cluster and item.result_key_fields and item.task_id not in recorded:
+                recorded.add(item.task_id)
+                self._queue_record(pipe, item, result_ttl_s)
+                calls.records.append(len(pipe) - 1)
+            elif cluster:
+                calls.records.append(-1)
             else:
                 calls.records.append(-1)
                 record = [pair for field in item.result_key_fields.items() for pair in field]
@@ -472,26 +439,6 @@ class Enqueuer:
         if calls.new_queues:
             self.redis.announce(pipe, calls.new_queues, by_source=first_by_source)
         return calls
-
-    def _unique_keys(self, unique: UniqueEnqueueable) -> list[str]:
-        """The KEYS of `unique`'s enqueue_unique call, but for its record."""
-        queue = unique.item.queue
-        return [
-            self.keys.unique(queue, unique.digest),
-            self.keys.pending(queue),
-            self.keys.prioritized(queue),
-            self.keys.delayed(queue),
-            self.keys.enqueued(queue),
-            *history.index_keys(self.keys, queue),
-        ]
-
-    def _queue_record_beside(self, pipe: Any, item: Enqueueable, result_ttl_s: int, recorded: set[str]) -> int:
-        """Queue a unique task's READY record on Redis Cluster (once per id); return its place in `pipe` (-1: none)."""
-        if not item.result_key_fields or item.task_id in recorded:
-            return -1
-        recorded.add(item.task_id)
-        self._queue_record(pipe, item, result_ttl_s)
-        return len(pipe) - 1
 
     def _queue_record(self, pipe: Any, item: Enqueueable, result_ttl_s: int) -> None:
         """Queue an enqueue_batch call writing `item`'s READY record alone (in its own slot on Redis Cluster)."""

@@ -1,23 +1,10 @@
-"""Result records in Redis: `Records` writes them, files each task in its queue's history index and
+"""Result records in Redis: `Records` writes them, files each task in its queue's history index,
 counts it in the minute's chart counters, and reads them back.
 
-The history index of each queue: ``history`` (id -> enqueue time in server ms, µs in the
-fraction), ``history:ids`` (the same ids scored 0: a lexical range finds an id prefix) and one
-``history:<STATUS>`` per status of STATUSES, all in the queue's hash tag. The enqueue scripts add
-a task, `record_result` moves it between the status indexes as its record's status changes (on
-Redis Cluster, where the record lies in another slot, `history_move` does in the same round trip).
-Each call of an enqueue script trims the queue's history to `history_max` tasks and to the result
-time to live.
-
-The minute counters: one hash per queue and minute (``minute:<epoch s // 60>``) with fields
-``ok``, ``failed`` and ``retried`` (all types), the same with ``|<type>`` (type names cannot hold
-``|``), ``d|<type>|<bucket>`` (runs whose duration fell in DURATION_BUCKETS_MS[bucket]) and
-``backlog`` (tasks waiting, sampled by the consumers' schedulers). Written with the result writes:
-on one server by record_result itself, for the writes the records take; on Redis Cluster in the
-round trip of the writes, aggregated per flush, and taken back for those the records did not take.
-Each hash expires after KEEP_MINUTES.
-
-On Redis Cluster each master that took a flush's results WAITs for a replica before the acks.
+docs/PROTOCOL.md ("History index", "Chart counters") describes the keys. On one server
+record_result files and counts a write itself; on Redis Cluster, where the record lies in another
+slot, `history_move` and the counters go in the same round trip, and each master that took a
+flush's results WAITs for a replica before the acks.
 """
 
 from __future__ import annotations
@@ -48,9 +35,8 @@ from redis.exceptions import (
 from tasks_app.protocol.codec import is_utf8_encodable
 from tasks_app.protocol.keys import Keys
 from tasks_app.protocol.records import CANCELLED, FAILED, READY, SUCCESSFUL, ResultUpdate, record_text_fields
-from tasks_app.protocol.scripts import ScriptClient
+from tasks_app.protocol.scripts import Role, ScriptClient
 
-# Every status a record can have, each with an index of its own.
 STATUSES: tuple[str, ...] = (*(status.value for status in TaskResultStatus), CANCELLED)
 HISTORY_MAX = 100_000
 # Time to live given to index keys where the result TTL is not at hand (a cancel); the consumers'
@@ -69,11 +55,9 @@ OUTCOMES = ("ok", "failed", "retried")
 # Redis Cluster: how long a master's WAIT for one replica to have a flush's results may take
 # (TASKS_CLUSTER_WAIT_MS), and how often each master's replica count is read again.
 CLUSTER_WAIT_MS = 100
-
 REPLICA_CHECK_S = 10.0
 
-# At most how many records one record_result call writes (on one server): a call holds Redis
-# for its whole length.
+# At most how many records one record_result call writes: a call holds Redis for its whole length.
 RECORDS_PER_CALL = 128
 # What record_result answers for a held write whose task the consumer no longer holds (not written).
 NOT_HELD = 3
@@ -104,7 +88,7 @@ class Held(NamedTuple):
 
     @property
     def settler(self) -> tuple[str, str, str, str, str]:
-        """What the check reads besides the task: its three keys (list, consumer info, consumers), id and instance."""
+        """The check's three keys (list, consumer info, consumers), consumer id and instance."""
         return self.processing, self.consumer_info, self.consumers, self.consumer_id, self.instance
 
 
@@ -129,13 +113,6 @@ def header_args(history_max: int, ttl_ms: int) -> list[Any]:
 def indexed(update: ResultUpdate) -> bool:
     """Whether a result write changes where its task is filed (it sets a status, its queue known)."""
     return bool(update.queue) and "status" in update.fields
-
-
-def move_args(update: ResultUpdate) -> list[Any]:
-    """The ARGV of history_move for an update: id, status, fallback score, ttl (ms), status names."""
-    return status_move_args(
-        update.task_id, update.fields["status"], update.fields.get("enqueued_at_ms", ""), update.ttl_s
-    )
 
 
 def status_move_args(task_id: str, status: str, enqueued_ms: str, ttl_s: int) -> list[Any]:
@@ -173,24 +150,6 @@ def counter_fields(update: ResultUpdate) -> list[str]:
     return fields
 
 
-def count_updates(updates: Iterable[ResultUpdate], minute: int) -> dict[tuple[str, int], Counter[str]]:
-    """The increments of each (queue, minute) hash that `updates` add up to."""
-    counts: dict[tuple[str, int], Counter[str]] = {}
-    for update in updates:
-        fields = counter_fields(update)
-        if fields:
-            counts.setdefault((update.queue, minute), Counter()).update(fields)
-    return counts
-
-
-def _raising_the_first_failure(replies: list[Any]) -> list[Any]:
-    """The replies, unless one is an error: then raise it."""
-    for reply in replies:
-        if isinstance(reply, Exception):
-            raise reply
-    return replies
-
-
 def replies_at(sent: Sequence[Any], places: Sequence[Place]) -> list[Any]:
     """Each result write's reply: 1, 0, 2 or its error (the error of its whole call, if that failed)."""
     return [
@@ -199,12 +158,11 @@ def replies_at(sent: Sequence[Any], places: Sequence[Place]) -> list[Any]:
     ]
 
 
-class Records:
+class Records(Role):
     """Writing result records (each filed in the history and counted in the charts) and reading them back."""
 
     def __init__(self, redis: ScriptClient, cluster_wait_ms: int = CLUSTER_WAIT_MS) -> None:
-        self.redis = redis
-        self.client, self.keys, self.scripts = redis.client, redis.keys, redis.scripts
+        super().__init__(redis)
         self.cluster_wait_ms = cluster_wait_ms
         # Redis Cluster: per master name, whether it had a replica and when that was read.
         self._replica_checks: dict[str, tuple[bool, float]] = {}
@@ -214,29 +172,17 @@ class Records:
     def record_result(self, update: ResultUpdate) -> int:
         """Write one result update: 1 written, 0 ignored (a later run owns it), 2 refused, 4 written again."""
         pipe = self.client.pipeline(transaction=False)
-        _, written = self.execute_with_writes(pipe, [update], self.queue_writes(pipe, [update]))
-        return int(_raising_the_first_failure(written)[0])
-
-    def record_results_replicated(self, updates: Sequence[ResultUpdate]) -> tuple[list[Any], int]:
-        """Redis Cluster: write records that a push about to follow relies on; return each write's reply
-        (its error, if Redis refused it: it stops no other) and how many masters' replica WAITs timed out.
-
-        Each master that takes some WAITs for a replica to have them, as before acks: a failover after
-        the push cannot bring back the records they replace.
-        """
-        written, unreplicated = self.write_on_masters(updates)
-        _, written = self.execute_with_writes(self.client.pipeline(transaction=False), updates, [], written)
-        return written, unreplicated
+        _, (written,) = self.execute_with_writes(pipe, [update], self.queue_writes(pipe, [update]))
+        if isinstance(written, Exception):
+            raise written
+        return int(written)
 
     def get_result(self, task_id: str) -> dict[str, str] | None:
         """Return a task's result record as text fields (defaults filled in), or None if there is none."""
         return self.get_results([task_id])[0]
 
     def get_results(self, task_ids: Iterable[str], fields: Sequence[str] | None = None) -> list[dict[str, str] | None]:
-        """The result records of several tasks in one round trip, as `get_result` returns each.
-
-        With `fields`, only those are read (a list leaves out the arguments and return value, megabytes each).
-        """
+        """The result records of several tasks (only `fields`, if given) in one round trip, as `get_result`."""
         ids = list(task_ids)
         # An id that is not valid Unicode (a lone surrogate) cannot be a key: it names no task.
         storable = [task_id for task_id in ids if is_utf8_encodable(task_id)]
@@ -250,13 +196,7 @@ class Records:
         return [record_text_fields(task_id, found[task_id]) if task_id in found else None for task_id in ids]
 
     def delete_finished(self, tasks: Sequence[tuple[str, str]]) -> list[int]:
-        """Delete the records of finished tasks ((queue, task id) pairs) and their history entries, as each reads now.
-
-        Per task DELETED, GONE (no record), KEPT (not finished, as a dead task requeued since the
-        caller read it; or cancelled where it waits, until a consumer drops it: see
-        lua/delete_finished.lua) or -1 (a key of another type, left alone). One script on one
-        server, one per record on Redis Cluster (the records lie in many slots); then the history.
-        """
+        """Delete finished tasks' records and history entries, per (queue, id): DELETED, GONE or KEPT."""
         if not tasks:
             return []
         keys = [self.keys.result(task_id) for _, task_id in tasks]
@@ -286,11 +226,8 @@ class Records:
     ) -> list[Entry]:
         """The newest `limit` entries of `queues` (of one status if given), scores in [min_ms, max_ms).
 
-        With `seen`, scores in [min_ms, max_ms] but for the first `seen` of those scored max_ms:
-        a page resumes inside a run of equal scores (an outside producer's tasks of one
-        millisecond), which are ordered by id, as Redis orders them within each key; with `after`
-        (the last id shown), those still there from it on, so that ties that left the index (a
-        status filter's tasks moving on) leave none of the others unshown.
+        With `seen`, a page resumes inside a run of ties scored max_ms (ordered by id): the first
+        `seen` of them are skipped, counted from `after` (the last id shown) if given.
         """
         upper = "+inf" if max_ms is None else repr(max_ms) if seen else f"({max_ms!r}"
         lower = repr(min_ms) if min_ms is not None else "-inf"
@@ -355,12 +292,7 @@ class Records:
     def queue_writes(
         self, pipe: Any, updates: Sequence[ResultUpdate], *, by_source: bool = False, holds: Sequence[Held | None] = ()
     ) -> list[Place]:
-        """Queue the record_result calls of `updates`; return where each one's reply will be.
-
-        On one server a call writes up to RECORDS_PER_CALL records of one queue and files their
-        tasks in its history (see the module docstring), each only while its hold (beside it in `holds`, if
-        given) holds; on Redis Cluster a call writes one record.
-        """
+        """Queue the record_result calls of `updates` (each only while its hold holds); return their replies' places."""
         places: list[Place] = [Place(0, 0)] * len(updates)
         for queue, indexes in self._result_groups(updates):
             for start in range(0, len(indexes), RECORDS_PER_CALL):
@@ -374,8 +306,10 @@ class Records:
     def execute_with_writes(
         self, pipe: Any, updates: Sequence[ResultUpdate], places: Sequence[Place], earlier: Sequence[Any] = ()
     ) -> tuple[list[Any], list[Any]]:
-        """Queue the Redis Cluster side writes of `updates` and execute `pipe`. Returns every reply of
-        `pipe`, and each update's (`earlier`: the replies of updates written before, all of them)."""
+        """Execute `pipe` with the Redis Cluster side writes of `updates`; return its replies and each update's.
+
+        `earlier`: the replies of updates written before, all of them.
+        """
         cluster = isinstance(self.client, redis.RedisCluster)
         minute = int(time.time()) // 60
         if cluster:
@@ -410,13 +344,10 @@ class Records:
         return written, sum(timed_out for _, timed_out in done)
 
     def _write_on_master(self, node: Any, updates: list[ResultUpdate]) -> tuple[list[Any], int]:
-        """Write `updates` on `node` and WAIT there for a replica; return the replies and 1 if the WAIT timed out.
-
-        WAIT counts the writes of its own connection, so it goes in the writes' pipeline: on the
-        node's own client, never re-sent elsewhere. Scripts a just-promoted master lacks are sent
-        again by source with another WAIT. A lost node, a moved slot or a failed WAIT raise
-        ClusterError (the slot map is read again), so the caller writes the results again.
-        """
+        """Write `updates` on `node` and WAIT there for a replica; return the replies and 1 if the WAIT timed out."""
+        # WAIT counts the writes of its own connection: it goes in the writes' pipeline, on the
+        # node's own client. A lost node, a moved slot or a failed WAIT raise ClusterError, so
+        # the caller writes the results again (on the new master) and waits again.
         client = self.client.get_redis_connection(node)
         waits = self._has_replica(node.name, client)
         replies: list[Any] = [None] * len(updates)
@@ -460,10 +391,8 @@ class Records:
         return checked[0]
 
     def _result_groups(self, updates: Sequence[ResultUpdate]) -> list[tuple[str, list[int]]]:
-        """The updates' indexes by the queue whose history their call files them in ("": none).
-
-        Every update of a run carries its queue, so the writes of one task keep their order.
-        """
+        """The updates' indexes by the queue whose history their call files them in ("": none)."""
+        # Every update of a run carries its queue, so the writes of one task keep their order.
         if isinstance(self.client, redis.RedisCluster):
             return [("", [index]) for index in range(len(updates))]
         groups: dict[str, list[int]] = {}
@@ -508,10 +437,10 @@ class Records:
     def _queue_cluster_side_writes(
         self, pipe: Any, updates: Sequence[ResultUpdate], earlier: Sequence[Any], minute: int
     ) -> None:
-        """Queue, last in a pipeline, what a Redis Cluster record write cannot do itself (the record lies in a
-        slot of its own): the history moves and the chart counts, of the writes the records took when their
-        replies are in (a move also of a write sent again); else of all of them, and the counts of writes
-        not taken are taken back after."""
+        """Queue the history moves and chart counts a Redis Cluster record write cannot do itself (another slot).
+
+        With the writes' replies in (`earlier`), those the records took; else all, taken back after for those not taken.
+        """
         moved = updates
         if earlier:
             moved = [update for update, reply in zip(updates, earlier, strict=True) if reply in (1, WRITTEN_AGAIN)]
@@ -519,14 +448,20 @@ class Records:
         for update in moved:
             if indexed(update):
                 keys = index_keys(self.keys, update.queue)
-                self.scripts.queue(pipe, "history_move", keys, move_args(update))
+                args = status_move_args(
+                    update.task_id, update.fields["status"], update.fields.get("enqueued_at_ms", ""), update.ttl_s
+                )
+                self.scripts.queue(pipe, "history_move", keys, args)
         self._queue_minute_counts(pipe, updates, minute)
 
     def _queue_minute_counts(self, pipe: Any, updates: Sequence[ResultUpdate], minute: int, sign: int = 1) -> None:
-        """Add the counters of `updates` to `minute`'s hashes in a pipeline (after its other commands: their
-        replies are not read); `sign` -1 takes them back."""
-        for (queue, minute_of), fields in count_updates(updates, minute).items():
-            key = self.keys.minute(queue, minute_of)
+        """Add (`sign` -1: take back) the counters of `updates` to `minute`'s hashes, last in a pipeline."""
+        counts: dict[str, Counter[str]] = {}
+        for update in updates:
+            if counted := counter_fields(update):
+                counts.setdefault(update.queue, Counter()).update(counted)
+        for queue, fields in counts.items():
+            key = self.keys.minute(queue, minute)
             for name, amount in fields.items():
                 pipe.hincrby(key, name, sign * amount)
             pipe.expire(key, KEEP_MINUTES * 60)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import re
@@ -17,10 +18,10 @@ from django.conf import settings
 from tasks_app.protocol import history, records
 from tasks_app.protocol.codec import Task, UndecodableTask, decode_payload, decode_task, encode_task
 from tasks_app.protocol.history import KEEP_MINUTES, Records
-from tasks_app.protocol.keys import NAME_PATTERN, UNDECODABLE_TYPE, WAKE_TOKEN, consumer_id_of, delayed_member
+from tasks_app.protocol.keys import NAME_PATTERN, UNDECODABLE_TYPE, WAKE_TOKEN, delayed_member
 from tasks_app.protocol.queue import THROUGHPUT_BUCKET_S, Queue
 from tasks_app.protocol.records import MAX_SCORE_MS, ResultUpdate, json_object, ms_of_score, stored_int
-from tasks_app.protocol.scripts import ScriptClient
+from tasks_app.protocol.scripts import Role, ScriptClient
 
 # Most dead letters one trim_dead call drops (about 5 ms of Redis time): see `trim_dead`.
 TRIM_BATCH = 10_000
@@ -30,7 +31,6 @@ REQUEUE_PARK_MS = 60_000
 # What requeue_dead answers per task: not moved (no longer dead), moved, moved without its READY record
 # (else the id of the task holding its uniqueness key: it stays dead).
 NOT_MOVED, MOVED, MOVED_WITHOUT_RECORD = 0, 1, 2
-
 
 logger = logging.getLogger(__name__)
 
@@ -53,20 +53,11 @@ class QueueStats:
     paused: bool = False
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "paused": self.paused,
-            "queue": self.queue,
-            "pending": self.pending,
-            "processing": self.processing,
-            "delayed": self.delayed,
-            "dead": self.dead,
-            "consumers": self.consumers,
-        }
+        return dataclasses.asdict(self)
 
 
 class DeadRequeue(NamedTuple):
-    """A dead task to move back: its member as stored, its priority, the task to push, its id and READY record,
-    and the uniqueness key it takes (its digest and window; a window of 0: none, as for a type not unique)."""
+    """A dead task to move back: its member, priority, task, id, READY record and uniqueness key (window 0: none)."""
 
     member: bytes
     priority: int
@@ -152,22 +143,11 @@ def _consumer_rows(
     return consumers
 
 
-def _waiting(pending: int, wake_token_at: int | None, prioritized: int, suspects: int) -> int:
-    """The tasks waiting to be claimed, from the replies of `_count_waiting`'s reads."""
-    return pending - (wake_token_at is not None) + prioritized + suspects
-
-
-def _count(raw: bytes | None) -> int:
-    """A counter as INCRBY keeps it (0 if absent)."""
-    return stored_int(raw) or 0
-
-
-class Inspection:
+class Inspection(Role):
     """Queue stats, chart counters and dead-letter operations for the dashboard, the commands and housekeeping."""
 
     def __init__(self, redis: ScriptClient, queue: Queue, records: Records) -> None:
-        self.redis = redis
-        self.client, self.keys, self.scripts = redis.client, redis.keys, redis.scripts
+        super().__init__(redis)
         self.queue = queue  # a requeue's fencing token
         self.records = records  # a requeue's READY records, on Redis Cluster
 
@@ -179,7 +159,7 @@ class Inspection:
         # A foreign name in the queue set ("", "}x") spreads its keys over a cluster's slots.
         cluster = isinstance(self.client, redis.RedisCluster)
         counts = self.client.mget_nonatomic(keys) if cluster else self.client.mget(keys)
-        return sum(_count(count) for count in counts)
+        return sum(stored_int(count) or 0 for count in counts)
 
     def known_queues(self) -> list[str]:
         """Return every queue that has seen a task or a consumer."""
@@ -200,35 +180,28 @@ class Inspection:
         return _consumer_rows(entries, info_raw, lengths)
 
     def queue_stats(self, queue: str) -> QueueStats:
-        """Count pending, in-flight, delayed and dead tasks of a queue, and list its consumers.
-
-        The consumers and the reaped ones are listed first; then one MULTI/EXEC reads every count
-        (a queue's keys share its hash tag), so a task that a claim, a retry or a promotion moves
-        meanwhile is counted once, wherever it is. A foreign name in the queue set that is not a
-        valid queue name is read without MULTI: its keys may lie in many Redis Cluster slots.
-        """
+        """Count pending, in-flight, delayed and dead tasks of a queue, and list its consumers."""
+        # One MULTI/EXEC reads every count, so a task moved meanwhile is counted once; a foreign name in the
+        # queue set is read without it (its keys may lie in many Redis Cluster slots).
         entries, holders = self._holders(queue)
         pipe = self.client.pipeline(transaction=NAME_PATTERN.fullmatch(queue) is not None)
         pipe.hgetall(self.keys.consumer_info(queue))
         for consumer_id in holders:
             pipe.llen(self.keys.processing(queue, consumer_id))
-        self._count_waiting(pipe, queue)
-        pipe.zcard(self.keys.delayed(queue))
-        pipe.zcard(self.keys.dead(queue))
-        pipe.exists(self.keys.paused(queue))
-        info_raw, *lengths = pipe.execute()
-        *waiting, delayed, dead, paused = lengths[len(holders) :]
-        processing = sum(lengths[: len(holders)])
-        consumers = _consumer_rows(entries, info_raw, lengths[: len(entries)])
-        return QueueStats(queue, _waiting(*waiting), processing, delayed, dead, consumers, bool(paused))
-
-    def _count_waiting(self, pipe: Any, queue: str) -> None:
-        """Queue the reads of what waits to be claimed on `pipe`: their replies are `_waiting`'s arguments."""
         pipe.llen(self.keys.pending(queue))
         # A wake token is not a task; there is at most one, near the head of pending.
         pipe.lpos(self.keys.pending(queue), WAKE_TOKEN, rank=-1, maxlen=16)
         pipe.zcard(self.keys.prioritized(queue))
         pipe.llen(self.keys.suspects(queue))
+        pipe.zcard(self.keys.delayed(queue))
+        pipe.zcard(self.keys.dead(queue))
+        pipe.exists(self.keys.paused(queue))
+        info_raw, *lengths = pipe.execute()
+        pending, wake_token_at, prioritized, suspects, delayed, dead, paused = lengths[len(holders) :]
+        waiting = pending - (wake_token_at is not None) + prioritized + suspects
+        processing = sum(lengths[: len(holders)])
+        consumers = _consumer_rows(entries, info_raw, lengths[: len(entries)])
+        return QueueStats(queue, waiting, processing, delayed, dead, consumers, bool(paused))
 
     def _holders(self, queue: str) -> tuple[list[tuple[bytes, float]], list[str]]:
         """The lease entries of `queue`, and every id whose processing list may hold its tasks (reaped ones too)."""
@@ -237,7 +210,7 @@ class Inspection:
         listing.zrange(self.keys.reaped(queue), 0, -1)
         entries, reaped = listing.execute()
         holders = [member.decode(errors="backslashreplace") for member, _ in entries]
-        return entries, holders + [cid for cid in map(consumer_id_of, reaped) if cid]
+        return entries, holders + [member.decode() for member in reaped]
 
     def sample_backlog(self, queue: str) -> int:
         """Store how many tasks of `queue` wait (pending, prioritized, suspects, delayed) in this minute's hash."""
@@ -272,10 +245,7 @@ class Inspection:
         return [(member, ms_of_score(score)) for member, score in entries]
 
     def _dead_scored(self, queue: str, died_ms: Sequence[int], limit: int) -> list[tuple[bytes, int]]:
-        """The dead-lettered tasks of a queue that died at each of `died_ms` (as `list_dead` reads it), `limit` each.
-
-        One round trip whatever the set holds: a page acts on what it showed without reading the rest.
-        """
+        """The dead tasks of `queue` that died at each of `died_ms` (as `list_dead` reads it), `limit` each."""
         key = self.keys.dead(queue)
         pipe = self.client.pipeline(transaction=False)
         for ms in died_ms:
@@ -287,15 +257,9 @@ class Inspection:
         return [(member, ms_of_score(score)) for entries in replies for member, score in entries]
 
     def requeue_dead(self, queue: str, entries: Sequence[DeadRequeue], fence: int) -> list[int | str]:
-        """Move dead tasks back with their priority, each with its READY record (fenced by `fence`) only if
-        the move took it; per task NOT_MOVED (no longer dead), MOVED, MOVED_WITHOUT_RECORD (Redis
-        refused the record, which stops no other write, or a later run's token was on it), or the id
-        of another task holding its uniqueness key (it stays dead; a free key is taken in the move).
-
-        On Redis Cluster the records lie in other slots: the tasks are parked in delayed instead (for
-        REQUEUE_PARK_MS), for the caller to write their records and then `_push_parked` them. A
-        requeued task's cancel requests are dropped in the same script: its new run starts afresh.
-        """
+        """Move dead tasks back, with READY records: NOT_MOVED, MOVED, MOVED_WITHOUT_RECORD or the key's holder."""
+        # On Redis Cluster the records lie in other slots: the tasks are parked in delayed instead, for the
+        # caller to write their records and then `_push_parked` them.
         park_ms = REQUEUE_PARK_MS if isinstance(self.client, redis.RedisCluster) else 0
         return self._requeue_call(self.keys.dead(queue), queue, entries, fence, park_ms)
 
@@ -335,10 +299,7 @@ class Inspection:
         return [_decode(member, died_ms) for member, died_ms in self.list_dead(queue, offset, limit)]
 
     def find_dead_tasks(self, queue: str, refs: Iterable[str]) -> list[DeadTask]:
-        """Return the dead tasks of `queue` whose refs are given (those no longer dead are left out).
-
-        Each ref names when its task died, so only the tasks that died then are read, never the whole set.
-        """
+        """Return the dead tasks of `queue` whose refs are given, reading only those that died at the refs' times."""
         wanted = set(refs)
         died_ms = sorted({int(ref.partition(":")[0]) for ref in wanted if _REF.fullmatch(ref)})
         scored = self._dead_scored(queue, died_ms, SCAN_PAGE) if died_ms else []
@@ -348,14 +309,7 @@ class Inspection:
     def requeue_dead_tasks(
         self, queue: str, dead: Sequence[DeadTask], unique_windows: Mapping[str, UniqueWindow] | None = None
     ) -> Requeued:
-        """Move requeueable dead tasks back, with their priority and a READY record; say which moved, which not.
-
-        A task no longer dead (another operator requeued or deleted it, the trim dropped it) is
-        skipped, and its record left alone: it may belong to a newer run. A record Redis refuses (a
-        producer's record of another type) is logged; its task and the others are requeued all the same. A task of
-        a type in `unique_windows` (by type name: those unique) takes its uniqueness key in the move,
-        as an enqueue would; while another task holds the key it stays dead, reported in `held`.
-        """
+        """Move requeueable dead tasks back, with a READY record and their uniqueness key; say which moved."""
         movable = [(item, fresh_copy(item.task, queue)) for item in dead if item.requeueable and item.task is not None]
         if not movable:
             return Requeued([], [])
@@ -379,14 +333,13 @@ class Inspection:
         )
 
     def _write_records_and_push(self, queue: str, parked: Sequence[DeadRequeue]) -> None:
-        """Redis Cluster: write the READY records of the tasks `requeue_dead` parked in delayed, then push them.
-
-        A record lies on another master than the queue: a replica has it before the push, or a
-        failover there would bring the dead run's record back under the new run.
-        """
+        """Redis Cluster: write the parked tasks' READY records, on a replica too, then push them."""
+        # Else a failover there would bring the dead run's record back under the new run.
         if not parked:
             return
-        written, unreplicated = self.records.record_results_replicated([entry.record for entry in parked])
+        updates = [entry.record for entry in parked]
+        written, unreplicated = self.records.write_on_masters(updates)
+        _, written = self.records.execute_with_writes(self.client.pipeline(transaction=False), updates, [], written)
         if unreplicated:
             logger.warning("a replica did not confirm requeued tasks' READY records within the wait; requeued anyway")
         for entry, reply in zip(parked, written, strict=True):
@@ -399,17 +352,12 @@ class Inspection:
         return self.delete_dead(queue, [item.member for item in dead])
 
     def trim_dead(self, queue: str, max_count: int, max_age_s: int) -> int:
-        """Drop the oldest dead letters beyond `max_count` and those older than `max_age_s`; return how many.
-
-        One script per TRIM_BATCH members: a set far over its caps (a cap just lowered) is trimmed
-        in short calls, with other clients served in between.
-        """
+        """Drop the oldest dead letters beyond `max_count` and those older than `max_age_s`; how many."""
         dropped = 0
         while True:
-            batch = TRIM_BATCH
-            step = int(self.redis.run("trim_dead", [self.keys.dead(queue)], [max_count, max_age_s * 1000, batch]))
+            step = int(self.redis.run("trim_dead", [self.keys.dead(queue)], [max_count, max_age_s * 1000, TRIM_BATCH]))
             dropped += step
-            if step < batch:
+            if step < TRIM_BATCH:
                 return dropped
 
     def delete_dead(self, queue: str, members: Sequence[bytes]) -> int:

@@ -13,7 +13,6 @@ from typing import Any
 # (field number 0 does not exist in protobuf), dropped wherever it is met.
 WAKE_TOKEN = b"\x00wake"
 
-
 # Type of the envelope that wraps bytes that are not a task in the dead letters (as the executor's).
 UNDECODABLE_TYPE = "_undecodable"
 
@@ -188,11 +187,7 @@ MISSING_KEY_TOKEN = "#missing"
 
 
 def limit_key_token(kwargs: Mapping[str, Any], name: str) -> str:
-    """The part of a keyed limit's key for the value of kwarg `name`: short names as they are, else a hash.
-
-    42 and "42" are one key; a task without the kwarg shares the bucket "#missing" with others
-    like it. A hashed value starts with "#", which no plain value contains, so none collide.
-    """
+    """The part of a keyed limit's key for kwarg `name`'s value: short ones as they are, else "#" and a hash."""
     if name not in kwargs:
         return MISSING_KEY_TOKEN
     value = kwargs[name]
@@ -203,20 +198,8 @@ def limit_key_token(kwargs: Mapping[str, Any], name: str) -> str:
 
 
 def consumer_id_of(member: bytes) -> str:
-    # A member no consumer of ours could have written (not UTF-8, or not a valid name) is skipped:
-    # no key can be built from it, and reaping it must not stop the reaper.
-    return _matching_text(member, _VALID_ID) or ""
-
-
-def _matching_text(member: bytes, pattern: re.Pattern[str]) -> str | None:
-    try:
-        text = member.decode()
-    except UnicodeDecodeError:
-        return None
-    return text if pattern.fullmatch(text) else None
-
-
-_VALID_ID = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
+    """A consumer id as a lease entry or a tombstone holds it."""
+    return member.decode()
 
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,100}")

@@ -10,17 +10,15 @@ from typing import Any
 
 from tasks_app.protocol.keys import WAKE_TOKEN, consumer_id_of
 from tasks_app.protocol.records import json_object
-from tasks_app.protocol.scripts import ScriptClient
+from tasks_app.protocol.scripts import Role
 
 # Each recovery of a task from a dead consumer is counted; past this it is dead-lettered.
 MAX_RECOVERIES = 3
 
 REAP_BATCH = 1000
 
-
 # Tombstones examined per reaper pass: the newest page, and one more page in turn.
 TOMBSTONE_PAGE = 100
-
 
 TOMBSTONE_KEEP_MS = 24 * 3600 * 1000
 
@@ -44,12 +42,8 @@ class ReapOutcome:
     dead_lettered: list[bytes]
 
 
-class Leases:
+class Leases(Role):
     """Consumer leases: heartbeats, registering, giving a lease up, and reaping dead consumers' tasks."""
-
-    def __init__(self, redis: ScriptClient) -> None:
-        self.redis = redis
-        self.client, self.keys, self.scripts = redis.client, redis.keys, redis.scripts
 
     def heartbeat(
         self, queues: Sequence[str], consumer_id: str, lease_ms: int, register_info: dict[str, Any] | None = None
@@ -65,11 +59,7 @@ class Leases:
         register_info: dict[str, Any] | None = None,
         instance: str = "",
     ) -> list[str]:
-        """Register or renew this consumer's lease on every queue; return those where it was lost or had lapsed.
-
-        Given `instance` (the renewing process's token, registered in its info), a renewal is also
-        lost where another instance has registered the id since.
-        """
+        """Register or renew this consumer's lease on every queue; return those lost, lapsed or taken by another."""
         pipe = self._heartbeats(queues, consumer_id, lease_ms, register_info, instance)
         flags = self.scripts.execute(pipe, self.client)[: len(queues)]
         return [queue for queue, held in zip(queues, flags, strict=True) if not held]
@@ -121,11 +111,8 @@ class Leases:
         ]
 
     def abandon(self, queues: Sequence[str], consumer_id: str) -> None:
-        """Tombstone an id whose lease was lost, so reapers sweep its lists even if its lease entry is gone.
-
-        A blocking claim in flight can still move a task into such a list, and after a failover
-        that lost the lease entry no reaper would otherwise look there.
-        """
+        """Tombstone an id whose lease was lost, so reapers sweep its lists even if its lease entry is gone."""
+        # A blocking claim in flight can still move a task into such a list.
         now_ms = int(time.time() * 1000)
         pipe = self.client.pipeline(transaction=False)
         for queue in queues:
@@ -133,10 +120,7 @@ class Leases:
         pipe.execute()
 
     def deregister(self, queue: str, consumer_id: str, instance: str = "") -> int:
-        """Leave cleanly: return anything still held uncounted, first among its priority, and drop the lease.
-
-        Given `instance`, nothing is done (-1) where another instance has registered the id since.
-        """
+        """Leave cleanly: put back what is held, uncounted, and drop the lease (-1: another instance has the id)."""
         keys = [
             self.keys.consumers(queue),
             self.keys.consumer_info(queue),
@@ -154,11 +138,7 @@ class Leases:
         return expired, tombstones
 
     def reap_candidate_page(self, queue: str, tombstone_offset: int) -> tuple[list[str], list[str], int]:
-        """Return consumers whose lease expired, reaped ids whose lists are not empty, and the next offset.
-
-        Tombstones are examined a page at a time: the newest page on every call, and the page at
-        `tombstone_offset`; pass the returned offset next time to visit every page in turn.
-        """
+        """Return expired consumers, reaped ids with tasks left (a page of tombstones per call), and the next offset."""
         out = self.redis.run(
             "reap_candidates",
             [self.keys.consumers(queue), self.keys.reaped(queue)],
@@ -180,11 +160,7 @@ class Leases:
     def reap(
         self, queue: str, consumer_id: str, default_lease_ms: int, *, own_earlier_run: bool = False
     ) -> ReapOutcome:
-        """Return a dead consumer's tasks to the suspects list (at most REAP_BATCH per call).
-
-        With `own_earlier_run`, the caller is registering under `consumer_id`: what an earlier
-        run under that id left is recovered like a dead consumer's, whatever its lease says.
-        """
+        """Return a dead consumer's tasks to the suspects list, REAP_BATCH at most (`own_earlier_run`: lease or not)."""
         keys = [
             self.keys.consumers(queue),
             self.keys.consumer_info(queue),

@@ -1,23 +1,9 @@
 """Throttles on Redis: rate limits, the tasks they defer, concurrency caps' slots, and disabled types.
 
-Rate limits: one decision per task (`rate_limit.lua`); docs/PROTOCOL.md ("Rate limits") describes
-the hash `P:rate:{T}` and the algorithms. A decision that finds the hash written under another
-emission interval (the type's limit was changed in the admin) moves the reserved slots to the new
-spacing and lists every queue whose delayed set holds tasks with such slots
-(`P:rate:{T}:follow_ups`; a denial records its task's queue, whichever it is); a removed limit
-lists them too, to be due now. `Limits.follow_up` goes through that list once: one consumer at a
-time holds the lease, the others wait while queues are listed and take over where a holder that
-died left off.
-
-Concurrency slots of capped task types (`max_running`) are held under their consumer's lease. A
-type's (or one key value's) slots live in one hash slot of their own (lua/include/slots.lua): each
-script touches that slot only, and moving a woken waiter's task from delayed to pending is a
-second call, on its queue's slot. docs/PROTOCOL.md ("Concurrency caps") describes the keys.
-
-Tasks deferred while their type is disabled are noted as they are deferred and made due at once
-when it is enabled. Without the note, a disabled type's backlog is claimed and deferred again at
-every recheck, at a cost in proportion to the backlog; with it, the recheck can be long, and
-enabling the type still brings its tasks back at once.
+docs/PROTOCOL.md ("Rate limits", "Concurrency caps") describes the keys. After a limit changes,
+`Limits.follow_up` brings the tasks deferred under it to the new slots, one consumer at a time under
+a lease. Tasks deferred while their type is disabled are noted, so enabling it makes them due at once
+instead of each recheck claiming and deferring the whole backlog again.
 """
 
 from __future__ import annotations
@@ -33,7 +19,8 @@ from typing import Any, NamedTuple
 
 from tasks_app.protocol.codec import UndecodableTask, decode_task
 from tasks_app.protocol.keys import NAME_PATTERN, UNDECODABLE_TYPE, WAKE_TOKEN, delayed_member, split_delayed_member
-from tasks_app.protocol.scripts import ScriptClient
+from tasks_app.protocol.queue import promote_due_keys
+from tasks_app.protocol.scripts import Role
 
 # How long a slot handed to a woken waiter is kept for it before anyone may take it.
 WAKE_RESERVE_MS = 5000
@@ -88,12 +75,8 @@ class Waiter(NamedTuple):
         return cls(name, member) if sep and member and NAME_PATTERN.fullmatch(name) else None
 
 
-class Limits:
+class Limits(Role):
     """Rate-limit decisions and their follow-ups, concurrency slots, and the tasks of disabled types."""
-
-    def __init__(self, redis: ScriptClient) -> None:
-        self.redis = redis
-        self.client, self.keys, self.scripts = redis.client, redis.keys, redis.scripts
 
     def rate_limit(
         self,
@@ -109,28 +92,17 @@ class Limits:
         queue: str = "",
         type_queue: str = "",
     ) -> RateDecision:
-        """Decide whether a task of `task_type` (of one key value, if keyed) on `queue` may start now.
-
-        `type_queue`, the type's own queue, is listed for a follow-up beside the recorded ones if
-        this call rescales the slots.
-        """
+        """Decide whether a task of `task_type` (of one key value) on `queue` may start now (`type_queue`: its own)."""
         args = [algorithm, task_id, limit, period_us, emission_us, tolerance_us, queue, type_queue]
         wait_us, rescaled = self.redis.run("rate_limit", self._limiter_keys(task_type, key_token), args)
         return RateDecision(int(wait_us), bool(rescaled))
 
     def rate_removed(self, task_type: str, key_token: str | None, type_queue: str) -> int:
-        """List every queue holding deferred tasks of a limiter just removed as due now; how many are listed.
-
-        The type's own queue `type_queue` is listed while slots are reserved, recorded or not.
-        """
+        """List the queues holding deferred tasks of a limiter just removed, to be due now; how many are listed."""
         return int(self.redis.run("rate_removed", self._limiter_keys(task_type, key_token), [type_queue]))
 
     def rate_deferred(self, task_type: str, key_token: str | None, task_id: str, queue: str) -> tuple[int, int]:
-        """A task the limiter denied has landed in `queue`'s delayed set: when it is due, and the server's now (µs).
-
-        Due at its slot as the limiter holds it (moved if the limit changed since the denial), or
-        now if the limiter holds it no more; its queue stays listed for the next follow-up.
-        """
+        """When a denied task in `queue`'s delayed set is due (its slot, or now if none), and the server's now (µs)."""
         keys = self._limiter_keys(task_type, key_token)[:2]
         due_us, now_us = self.redis.run("rate_deferred", keys, [task_id, queue])
         return int(due_us), int(now_us)
@@ -149,10 +121,7 @@ class Limits:
         return {queue.decode(): mode.decode() for queue, mode in follow_ups.items()}
 
     def rate_followed(self, task_type: str, key_token: str | None, queue: str, mode: str, since_us: int) -> bool:
-        """Take `queue` off the list once its tasks followed in `mode` by a scan begun at `since_us` (server clock).
-
-        False if it was listed again meanwhile.
-        """
+        """Take `queue` off the follow-ups once followed by a scan begun at `since_us`; False if listed again since."""
         keys = self._limiter_keys(task_type, key_token)
         return bool(self.redis.run("rate_followed", keys, [queue, mode, since_us]))
 
@@ -161,10 +130,7 @@ class Limits:
         return bool(self.redis.run("rate_follower", [self.keys.rate_follower(task_type, key_token)], [token, hold_ms]))
 
     def bring_forward(self, queue: str, due_ms: Mapping[bytes, int]) -> int:
-        """Make delayed members of `queue` due at the given ms, never later; how many moved.
-
-        XX: a task promoted or claimed meanwhile is not added back.
-        """
+        """Make delayed members of `queue` due at the given ms, never later, never added back; how many moved."""
         if not due_ms:
             return 0
         return int(self.client.zadd(self.keys.delayed(queue), dict(due_ms), xx=True, lt=True, ch=True))
@@ -194,10 +160,7 @@ class Limits:
     def _reschedule(
         self, queue: str, task_type: str, key_token: str | None, *, now: bool, keep: Callable[[], object]
     ) -> int:
-        """Bring the delayed tasks of `task_type` on `queue` holding slots of its limiter to them (`now`: due now).
-
-        `keep` is called at every batch: the follower's lease is renewed there.
-        """
+        """Bring `task_type`'s delayed tasks on `queue` to their limiter's slots (`now`: due now)."""
         rate_key = self.keys.rate(task_type, key_token)
         if not self.client.exists(rate_key):  # no limiter: no task holds a slot of it
             return 0
@@ -256,17 +219,9 @@ class Limits:
 
     def wake(self, waiter: Waiter) -> bool:
         """Make a waiter's task due now and move it to pending; False if it was no longer delayed."""
-        delayed = self.keys.delayed(waiter.queue)
-        keys = [
-            delayed,
-            self.keys.pending(waiter.queue),
-            self.keys.prioritized(waiter.queue),
-            self.keys.recoveries(waiter.queue),
-            self.keys.suspects(waiter.queue),
-            self.keys.dead(waiter.queue),
-        ]
+        keys = promote_due_keys(self.keys, waiter.queue)
         pipe = self.client.pipeline(transaction=False)
-        pipe.zadd(delayed, {waiter.member: 0}, xx=True, ch=True)
+        pipe.zadd(keys[0], {waiter.member: 0}, xx=True, ch=True)
         self.scripts.queue(pipe, "promote_due", keys, [100, WAKE_TOKEN, waiter.queue, UNDECODABLE_TYPE])
         changed, _ = self.scripts.execute(pipe, self.client)
         return bool(changed)
@@ -288,14 +243,11 @@ class Limits:
         self.redis.run("note_disabled", keys, [task_type, delayed_member(priority, raw), ttl_ms])
 
     def wake_enabled(self, queue: str, disabled: Callable[[str], bool]) -> int:
-        """Make due now the noted tasks of `queue` whose types are no longer `disabled`; how many were still delayed.
-
-        A name in the set that is not UTF-8 names no type: its tasks are woken too.
-        """
+        """Make due now the noted tasks of `queue` whose types are no longer `disabled`; how many were still delayed."""
         woken, types_key = 0, self.keys.disabled_types(queue)
         names = self.client.smembers(types_key)
         for name in names:
-            task_type = name.decode(errors="replace")
+            task_type = name.decode()
             if disabled(task_type):
                 continue
             keys = [types_key, self.keys.disabled(queue, task_type), self.keys.delayed(queue)]

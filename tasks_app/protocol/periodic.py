@@ -11,7 +11,7 @@ from tasks_app.protocol import history
 from tasks_app.protocol.enqueue import Enqueueable, Enqueuer, record_only_args
 from tasks_app.protocol.keys import WAKE_TOKEN
 from tasks_app.protocol.records import stored_int
-from tasks_app.protocol.scripts import ScriptClient, reply_text
+from tasks_app.protocol.scripts import Role, ScriptClient, reply_text
 
 # What fire_periodic.lua says it did with a slot.
 PUSHED_OUTCOMES = frozenset({"fired", "caught_up", "fired_and_caught_up"})
@@ -44,21 +44,6 @@ class FireReply(NamedTuple):
         return self.outcome in PUSHED_OUTCOMES
 
 
-class SlotClaim(NamedTuple):
-    """What claim_periodic.lua answered (Redis Cluster): which queue fires a slot, and the slot claimed before."""
-
-    outcome: str  # "early", "done" (a later slot was claimed) or "claimed"
-    queue: str  # "claimed": the queue that fires the slot
-    before_ms: int  # the slot claimed before it for another queue (0: none)
-    now_ms: int
-
-    def reply(self, slot_ms: int) -> FireReply:
-        """What fire_periodic answers for a slot this claim keeps from the caller's queue."""
-        if self.outcome == "claimed":
-            return FireReply(ELSEWHERE, self.now_ms, -1, -1, self.queue)
-        return FireReply(self.outcome, self.now_ms, slot_ms if self.outcome == "done" else -1, -1)
-
-
 class PeriodicState(NamedTuple):
     """A schedule's state in Redis: the last slot handled and the last run pushed (ms; None if none)."""
 
@@ -68,54 +53,62 @@ class PeriodicState(NamedTuple):
     fired_at_ms: int | None
 
 
-class Periodic:
+class Periodic(Role):
     """Firing periodic slots and reading their state."""
 
     def __init__(self, redis: ScriptClient, enqueuer: Enqueuer) -> None:
-        self.redis = redis
-        self.client, self.keys, self.scripts = redis.client, redis.keys, redis.scripts
+        super().__init__(redis)
         self.enqueuer = enqueuer  # whose queue set announcements and history cap a firing shares
 
     def fire_periodic(
         self, schedule: str, firing: SlotFiring, regular: Enqueueable, catch_up: Enqueueable | None, result_ttl_s: int
     ) -> FireReply:
-        """Claim one slot of `schedule` and push its run (and a catch-up run, if due) in one script call.
-
-        Both tasks are encoded for `regular.queue`; a slot at or before the last one handled pushes
-        nothing, and one claimed for another queue (by a consumer on other rows) answers ELSEWHERE
-        with that queue. The script files each run it pushes READY in the queue's history index.
-        On Redis Cluster the slot is claimed first, in a call of its own (another slot).
-        """
+        """Claim one slot of `schedule` and push its run (and a due catch-up run) into `regular.queue`."""
         queue = regular.queue
         keys = [self.keys.periodic(queue, schedule), self.keys.pending(queue), self.keys.prioritized(queue)]
         keys += history.index_keys(self.keys, queue)
         on_cluster = isinstance(self.client, redis.RedisCluster)
         elsewhere_ms = 0
-        if on_cluster:
-            claim = self._claim_slot(schedule, firing.slot_ms, queue)
-            if claim.outcome != "claimed" or claim.queue != queue:
-                return claim.reply(firing.slot_ms)
-            elsewhere_ms = claim.before_ms
+        if on_cluster:  # the slot claim lies in a hash slot of its own: claimed first, in its own call
+            outcome, claimed, before_ms, now_ms = self.redis.run(
+                "claim_periodic", [self.keys.periodic_claim(schedule)], [firing.slot_ms, queue]
+            )
+            outcome, claimed = reply_text(outcome), reply_text(claimed)
+            if outcome == "claimed" and claimed != queue:
+                return FireReply(ELSEWHERE, int(now_ms), -1, -1, claimed)
+            if outcome != "claimed":  # "early", or "done": a later slot was claimed
+                return FireReply(outcome, int(now_ms), firing.slot_ms if outcome == "done" else -1, -1)
+            elsewhere_ms = int(before_ms)
         else:
             keys += [self.keys.result(regular.task_id), self.keys.result(catch_up.task_id if catch_up else "-")]
             keys.append(self.keys.periodic_claim(schedule))
-        args = _fire_args(firing, regular, catch_up, result_ttl_s, elsewhere_ms)
+        args: list[Any] = [
+            firing.slot_ms,
+            firing.previous_ms,
+            firing.on_time_ms,
+            firing.catch_up,
+            WAKE_TOKEN,
+            regular.priority,
+            regular.task_id,
+            regular.raw,
+            catch_up.task_id if catch_up else "",
+            catch_up.raw if catch_up else "",
+            result_ttl_s,
+            firing.saved_ms,
+            regular.queue,
+            elsewhere_ms,
+        ]
         args += history.header_args(self.enqueuer.history_max, result_ttl_s * 1000)
         for name, value in regular.result_key_fields.items():
             args += (name, value)
         reply = _reply(self.redis.run("fire_periodic", keys, args))
-        if reply.pushed:
-            self._announce_queue(queue)
-            if on_cluster:
-                self._write_ready_records(_pushed(reply.outcome, regular, catch_up), result_ttl_s)
+        if reply.pushed and queue not in self.enqueuer.announced:
+            self.redis.run("announce_queues", [self.keys.queues()], [queue])
+            self.enqueuer.announced.add([queue])
+        # Redis Cluster: the records lie in other slots than the queue, written after the push.
+        for item in _pushed(reply.outcome, regular, catch_up) if on_cluster else ():
+            self.redis.run("enqueue_batch", [self.keys.result(item.task_id)], record_only_args(item, result_ttl_s))
         return reply
-
-    def _claim_slot(self, schedule: str, slot_ms: int, queue: str) -> SlotClaim:
-        """Redis Cluster: claim one slot of `schedule` for `queue`, unless claimed already (see claim_periodic.lua)."""
-        outcome, claimed, before_ms, now_ms = self.redis.run(
-            "claim_periodic", [self.keys.periodic_claim(schedule)], [slot_ms, queue]
-        )
-        return SlotClaim(reply_text(outcome), reply_text(claimed), int(before_ms), int(now_ms))
 
     def skip_periodic(self, queue: str, schedule: str, slot_ms: int) -> FireReply:
         """Record one slot of `schedule` (firing into `queue`) as handled without pushing a run: refused, not missed."""
@@ -128,39 +121,6 @@ class Periodic:
         for key in keys:
             pipe.hgetall(key)
         return [_state(fields) for fields in pipe.execute()]
-
-    def _announce_queue(self, queue: str) -> None:
-        if queue not in self.enqueuer.announced:
-            self.redis.run("announce_queues", [self.keys.queues()], [queue])
-            self.enqueuer.announced.add([queue])
-
-    def _write_ready_records(self, items: Sequence[Enqueueable], result_ttl_s: int) -> None:
-        # Redis Cluster: the records lie in other slots than the queue, written after the push.
-        for item in items:
-            args = record_only_args(item, result_ttl_s)
-            self.redis.run("enqueue_batch", [self.keys.result(item.task_id)], args)
-
-
-def _fire_args(
-    firing: SlotFiring, regular: Enqueueable, catch_up: Enqueueable | None, result_ttl_s: int, elsewhere_ms: int
-) -> list[Any]:
-    """The ARGV of fire_periodic up to its history block."""
-    return [
-        firing.slot_ms,
-        firing.previous_ms,
-        firing.on_time_ms,
-        firing.catch_up,
-        WAKE_TOKEN,
-        regular.priority,
-        regular.task_id,
-        regular.raw,
-        catch_up.task_id if catch_up else "",
-        catch_up.raw if catch_up else "",
-        result_ttl_s,
-        firing.saved_ms,
-        regular.queue,
-        elsewhere_ms,
-    ]
 
 
 def _reply(reply: Sequence[Any]) -> FireReply:

@@ -17,9 +17,9 @@ from typing import Any, NamedTuple
 import redis
 
 from tasks_app.protocol.history import NOT_HELD, Held, Place, Records, replies_at
-from tasks_app.protocol.keys import UNDECODABLE_TYPE, WAKE_TOKEN, delayed_member
+from tasks_app.protocol.keys import UNDECODABLE_TYPE, WAKE_TOKEN, Keys, delayed_member
 from tasks_app.protocol.records import ResultUpdate
-from tasks_app.protocol.scripts import ScriptClient
+from tasks_app.protocol.scripts import Role, ScriptClient
 
 # Width of the buckets counting acknowledged tasks, for the dashboard's throughput.
 THROUGHPUT_BUCKET_S = 10
@@ -63,12 +63,11 @@ class AckReport(NamedTuple):
     written: tuple[Any, ...] = ()  # each result write's reply (1 written, 0 ignored, 2 refused: cancelled, 3 not held)
 
 
-class Queue:
+class Queue(Role):
     """Claiming and settling tasks of a queue, each one round trip or one script."""
 
     def __init__(self, redis: ScriptClient, records: Records) -> None:
-        self.redis = redis
-        self.client, self.keys, self.scripts = redis.client, redis.keys, redis.scripts
+        super().__init__(redis)
         self.records = records
         # The token the consumer using this broker registers its ids with ("": none, unchecked): settling
         # a task of an id another instance registered since settles nothing (see lua/include/settle.lua).
@@ -82,12 +81,7 @@ class Queue:
     def claim_with_suspect(
         self, queue: str, consumer_id: str, max_tasks: int, *, drop_wake: bool = False, allow_suspect: bool = True
     ) -> Claim | None:
-        """Like `claim`, first taking one suspect if allowed; None if this consumer's lease was lost.
-
-        Claims only under a live lease: one that lapsed (deadline passed, not yet reaped) claims
-        nothing and says so (`lease_expired`) until a renewal succeeds; a paused queue claims
-        nothing either (`paused`). A key of the wrong type raises MisconfiguredKey: nothing moved.
-        """
+        """Like `claim`, first taking one suspect if allowed; nothing claimed, saying why, if lapsed or paused."""
         keys = [
             self.keys.pending(queue),
             self.keys.prioritized(queue),
@@ -109,17 +103,12 @@ class Queue:
         return Claim(tasks, bool(took_suspect), int(suspects_waiting), int(first_fence))
 
     def mark_started(self, queue: str, consumer_id: str, raw: bytes) -> bool:
-        """Record that a suspect task starts, so a death while it runs counts against it; False (nothing
-        written) once `consumer_id`'s lease has lapsed or another instance holds the id."""
+        """Record that a suspect task starts (a death then counts); False if the lease lapsed or the id was taken."""
         keys = [self.keys.consumers(queue), self.keys.consumer_info(queue), self.keys.recoveries(queue)]
         return bool(self.redis.run("mark_started", keys, [consumer_id, self.instance, hashlib.sha1(raw).hexdigest()]))
 
     def claim_blocking(self, queue: str, consumer_id: str, timeout_s: float) -> tuple[bytes | None, int]:
-        """Block until a task can move from pending into this consumer's list (BLMOVE).
-
-        Returns the task and its fencing token; (WAKE_TOKEN, 0) when woken for a prioritized
-        task, (None, 0) on timeout.
-        """
+        """Block until a task moves from pending to this consumer: (task, fence), (WAKE_TOKEN, 0) or (None, 0)."""
         pending, processing = self.keys.pending(queue), self.keys.processing(queue, consumer_id)
         client: Any = self.client
         if isinstance(self.client, redis.RedisCluster):  # its pipelines retry on their own: two calls
@@ -142,13 +131,8 @@ class Queue:
         return int(self.redis.run("issue_fence", [self.keys.fence(queue)], [1]))
 
     def claim_receipts(self, claims: Sequence[tuple[str, int]], result_ttl_s: int) -> list[int]:
-        """Write the receipts of claimed tasks, (id, fencing token) each: per task 1 held by that claim,
-        3 held, its record created by the receipt, 0 a later claim holds it, 2 cancelled (it must not
-        run), -1 its record is not a hash.
-
-        One script for them all on one server; on Redis Cluster, where the records lie in many
-        slots, one script per task in one pipeline.
-        """
+        """Write claimed (id, fence)s' receipts: per task 1 held, 3 held, record new, 0 superseded, 2 cancelled."""
+        # One script on one server; one per task on Redis Cluster, where the records lie in many slots.
         keys = [self.keys.result(task_id) for task_id, _ in claims]
         if not isinstance(self.client, redis.RedisCluster):
             return [
@@ -167,26 +151,14 @@ class Queue:
         results: Sequence[ResultUpdate] = (),
         releases: Sequence[UniqueRelease | None] = (),
     ) -> list[bool]:
-        """Record results, then acknowledge tasks, in one round trip; flags say which were still held.
-
-        The results of one task's ack are its run's, held by it (see `ack_many_reporting`).
-        """
+        """Record results, then acknowledge tasks, in one round trip; flags say which were still held."""
         owner = (queue, consumer_id)
         if len(raws) == 1:
             results = [replace(result, held_by=result.held_by or (owner, raws[0])) for result in results]
-        return self.ack_many(results, {owner: raws}, releases={owner: releases})[owner]
-
-    def ack_many(
-        self,
-        results: Sequence[ResultUpdate],
-        raws_by_owner: Mapping[tuple[str, str], Sequence[bytes]],
-        releases: Mapping[tuple[str, str], Sequence[UniqueRelease | None]] | None = None,
-    ) -> dict[tuple[str, str], list[bool]]:
-        """Record results, then acknowledge the tasks of each (queue, consumer) list, in one round trip."""
-        report = self.ack_many_reporting(results, raws_by_owner, releases=releases)
+        report = self.ack_many_reporting(results, {owner: raws}, releases={owner: releases})
         if report.refused:
             raise next(iter(report.refused.values()))
-        return report.flags
+        return report.flags[owner]
 
     def ack_many_reporting(
         self,
@@ -194,23 +166,17 @@ class Queue:
         raws_by_owner: Mapping[tuple[str, str], Sequence[bytes]],
         releases: Mapping[tuple[str, str], Sequence[UniqueRelease | None]] | None = None,
     ) -> AckReport:
-        """Like `ack_many`, but a result write Redis refuses stops nothing: its index and error are reported.
-
-        `releases`, per owner, lists beside its tasks the uniqueness key each one's end frees (or
-        None): the ack frees it in the same script, only if that task was still held.
-
-        On one server all goes in one MULTI, results first, each one `held_by` a task written only
-        if its ack will find the task (see `_write_again_settled`). On Redis Cluster the results and
-        the acks live on different nodes, where one pipeline gives no order: the results are
-        written first (fenced only), each master that took some WAITs (on the same connection, all
-        masters at once) until a replica has them or `cluster_wait_ms` passed, then the acks.
-        """
+        """Record results, then acknowledge the tasks of each (queue, consumer) list; report what each write did."""
+        # `releases`, per owner, the uniqueness key each task's end frees, only if the ack finds it.
+        # One server: one MULTI, results first, each `held_by` write only if its ack will find the task.
+        # Redis Cluster: results and acks live on different nodes, so the results go first, each master
+        # WAITing for a replica (at most `cluster_wait_ms`), and then the acks.
         cluster = isinstance(self.client, redis.RedisCluster)
         pipe = self.client.pipeline(transaction=not cluster)
         written: list[Any] = []
         places: list[Place] = []
         unreplicated = 0
-        holds = [] if cluster else self._holds(results)
+        holds = [] if cluster else [None if r.held_by is None else self._held(*r.held_by) for r in results]
         if cluster and results and raws_by_owner:
             written, unreplicated = self.records.write_on_masters(results)
         else:
@@ -285,16 +251,8 @@ class Queue:
     def _with_result(
         self, script: str, held: Held, keys: list[str], args: list[Any], result: ResultUpdate | None
     ) -> bool:
-        """Run settle script `script` (settling the task `held` names) and write its run's record.
-
-        On one server both go in one transaction, the record first, written only if the consumer
-        still holds the task: a run whose task was reaped (or whose id another instance took) leaves
-        the record to the run holding it now, also before that run's claim wrote its token there.
-        By source: a NOSCRIPT re-run would come after the settle script, which took the task out of
-        the list. On Redis Cluster the list and the record lie in different slots: the record is
-        written first, as an ack's (see `ack_many_reporting`), its fence alone keeping a later
-        run's record, and the script follows with the history move of a write the record took.
-        """
+        """Run settle script `script` and write its run's record as an ack does (held, or first on a cluster)."""
+        # By source on one server: a NOSCRIPT re-run would come after the script that took the task.
         if result is None:
             return bool(self.redis.run(script, keys, args))
         cluster = isinstance(self.client, redis.RedisCluster)
@@ -320,12 +278,9 @@ class Queue:
     def return_unstarted(
         self, queue: str, consumer_id: str, raws: Sequence[bytes], withdrawn: Sequence[ResultUpdate] = ()
     ) -> int:
-        """Put claimed, never-started tasks back first among their priority, first one first; how many were held.
-
-        `withdrawn`: the receipts of their claims to withdraw in the same round trip, so that a cancel
-        while they wait cancels them outright (each fenced by its claim's token: one that another
-        claim has taken since is left alone).
-        """
+        """Put claimed, never-started tasks back first among their priority; return how many were held."""
+        # `withdrawn`: the receipts of their claims, withdrawn (fenced) in the same round trip so a cancel
+        # while they wait cancels them outright.
         if not raws:
             return 0
         keys = [
@@ -349,32 +304,11 @@ class Queue:
 
     def promote_due(self, queue: str, limit: int = 1000) -> Promotion:
         """Move due delayed tasks into pending, and dead-letter due members that are not tasks."""
-        keys = [
-            self.keys.delayed(queue),
-            self.keys.pending(queue),
-            self.keys.prioritized(queue),
-            self.keys.recoveries(queue),
-            self.keys.suspects(queue),
-            self.keys.dead(queue),
-        ]
+        keys = promote_due_keys(self.keys, queue)
         moved, next_due_ms, now_ms, malformed = self.redis.run(
             "promote_due", keys, [limit, WAKE_TOKEN, queue, UNDECODABLE_TYPE]
         )
         return Promotion(int(moved), int(next_due_ms), int(now_ms), int(malformed))
-
-    def _holds(self, updates: Sequence[ResultUpdate]) -> list[Held | None]:
-        """The hold of each update (None: not held), the keys of each processing list built once."""
-        owners: dict[tuple[str, str], Held] = {}
-        holds: list[Held | None] = []
-        for update in updates:
-            if update.held_by is None:
-                holds.append(None)
-                continue
-            owner, raw = update.held_by
-            of_owner = owners.get(owner) or owners.setdefault(owner, self._held(owner, raw))
-            keys = (of_owner.processing, of_owner.consumer_info)
-            holds.append(Held(*keys, raw, of_owner.consumer_id, of_owner.instance, of_owner.consumers))
-        return holds
 
     def _held(self, owner: tuple[str, str], raw: bytes) -> Held:
         """The hold of a write of the run that settles `raw` from the processing list of `owner`."""
@@ -403,15 +337,9 @@ class Queue:
     def _write_again_settled(
         self, updates: Sequence[ResultUpdate], holds: Sequence[Held | None], written: list[Any], settled: set[Held]
     ) -> None:
-        """Write again, unheld, each held write answered NOT_HELD whose task the script after it settled.
-
-        A held write goes before its task's settle script in one MULTI: one whose task was reaped
-        (or whose consumer id another instance took) writes nothing, answered NOT_HELD, and the
-        script finds nothing either. A write answered so while the script settled its task ran
-        after it, re-run by source after a NOSCRIPT (an ack batch runs by SHA, not to send the
-        source every flush): the script found the task, so the run held it. Only then does this
-        take a round trip. Fills in the new replies in `written`.
-        """
+        """Write again, unheld, each held write answered NOT_HELD whose task the script after it settled."""
+        # A held write re-run by source after a NOSCRIPT runs after its settle script, which took the task:
+        # the script found the task, so the run held it. Fills in the new replies in `written`.
         again = [i for i, hold in enumerate(holds) if hold in settled and written[i] == NOT_HELD]
         if not again:
             return
@@ -420,3 +348,15 @@ class Queue:
         sent = self.scripts.execute(pipe, self.client, raise_on_error=False)
         for index, reply in zip(again, replies_at(sent, places), strict=True):
             written[index] = reply
+
+
+def promote_due_keys(keys: Keys, queue: str) -> list[str]:
+    """The KEYS of promote_due for `queue`."""
+    return [
+        keys.delayed(queue),
+        keys.pending(queue),
+        keys.prioritized(queue),
+        keys.recoveries(queue),
+        keys.suspects(queue),
+        keys.dead(queue),
+    ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -127,7 +128,6 @@ CLAIMED_FENCE = "claimed_fence"
 # write need not carry the enqueue fields again).
 RECEIPT_OF_RECORD = 1
 
-
 # The fields a record may hold that only its own page and the API show: megabytes each, at most.
 WHOLE_RECORD_FIELDS = ("args", "kwargs", "return_value")
 # The fields of a record that a list of tasks reads and shows (all but WHOLE_RECORD_FIELDS).
@@ -198,11 +198,7 @@ RECORDED_HEADERS = (RETRY_OF_HEADER, PERIODIC_HEADER)
 
 
 def ready_fields(task: Task, arguments: Arguments) -> dict[str, str]:
-    """The fields the producer stores in a READY record: those not at their default, id not at all.
-
-    `Broker.get_result` fills the rest back in (READY_RECORD_DEFAULTS, the id from the key);
-    leaving them out saves ~115 B of Redis memory per queued task.
-    """
+    """The fields the producer stores in a READY record: those not at their default (~115 B saved per task), no id."""
     args_json = _json(arguments.args) if arguments.args else ""
     return ready_fields_of_json(task, args_json, _json(arguments.kwargs) if arguments.kwargs else "")
 
@@ -235,11 +231,7 @@ def started(
     *,
     record_exists: bool = False,
 ) -> ResultUpdate:
-    """The update written when an attempt starts: it claims the record for the run holding `fence`.
-
-    Unless the record is known to exist, it carries the enqueue fields too, which creates the
-    record for foreign producers (or one that expired while its task waited).
-    """
+    """The update claiming the record for the run holding `fence`, with the enqueue fields unless it exists."""
     fields = {} if record_exists else enqueued_fields(task, arguments)
     fields.update(
         {
@@ -308,10 +300,7 @@ def start_undone(task: Task, fence: int, ttl_s: int) -> ResultUpdate:
 
 
 def dropped_cancelled(task: Task, ttl_s: int, fence: int) -> ResultUpdate:
-    """Written when a consumer drops a cancelled task unrun: its record already reads CANCELLED, its index too now.
-
-    It empties `cancelled_waiting` (see lua/cancel.lua): the task has left its queue, its record may be deleted.
-    """
+    """Written when a consumer drops a cancelled task unrun: it has left its queue, its record may be deleted."""
     fields = {"status": CANCELLED, "cancelled_waiting": ""}
     return ResultUpdate(task.id, fields, ttl_s, fence=fence, queue=task.queue, task_type=task.type)
 
@@ -439,35 +428,12 @@ class ResultRecord:
 
     def as_json(self) -> dict[str, Any]:
         """A JSON-ready dict, as the API returns it (a foreign payload's NaN as null: strict readers refuse NaN)."""
-
-        def iso(value: datetime | None) -> str | None:
-            return value.isoformat() if value else None
-
-        fields: dict[str, Any] = {
-            "id": self.id,
-            "type": self.type,
-            "queue": self.queue,
-            "status": self.status,
-            "priority": self.priority,
-            "args": self.args,
-            "kwargs": self.kwargs,
-            "attempts": self.attempts,
-            "max_attempts": self.max_attempts,
-            "enqueued_at": iso(self.enqueued_at),
-            "run_after": iso(self.run_after),
-            "started_at": iso(self.started_at),
-            "last_attempted_at": iso(self.last_attempted_at),
-            "finished_at": iso(self.finished_at),
-            "return_value": self.return_value,
-            "worker_ids": self.worker_ids,
-            "errors": self.errors,
-            "dead_reason": self.dead_reason,
-            "cancelled_by": self.cancelled_by,
-            "cancelled_at": iso(self.cancelled_at),
-            "cancel_requested_at": iso(self.cancel_requested_at),
-            "progress": self.progress,
-            "retry_of": self.retry_of or None,
-            "periodic": self.periodic or None,
-            "retried_as": self.retried_as or None,
-        }
+        fields: dict[str, Any] = {}
+        for name in (f.name for f in dataclasses.fields(self) if f.name != "has_return_value"):
+            value = getattr(self, name)
+            if isinstance(value, datetime):
+                value = value.isoformat()
+            elif name in ("retry_of", "periodic", "retried_as"):
+                value = value or None
+            fields[name] = value
         return {name: finite(value) for name, value in fields.items()}

@@ -36,17 +36,12 @@ SPARE_MAX = 64
 
 
 class DirectCalls:
-    """Commands sent on connections of a lock-free stack, not through the client's pool and retry layers.
+    """Commands sent on connections of a lock-free stack, not through the client's pool and retry layers."""
 
-    redis-py's pool takes a lock and updates its connection counters on every get and every
-    release, and its client wraps each call in retry and event hooks: in a single enqueue that was
-    a third of the producer's CPU. A deque's pop and append are atomic, and a connection goes back
-    on the stack only after its reply was read whole (redis-py's connection closes itself on any
-    other error), so nothing is left unread on one. As the pool does, a connection taken from the
-    stack that the server closed meanwhile (idle timeout, restart) is opened again before the call.
-    The client's pool never sees these connections: its `close()` leaves them open until they are
-    collected. Only for clients whose connections never re-send a command (see `of`).
-    """
+    # redis-py's pool locks and counts on every get and release, and its client wraps each call in
+    # retry and event hooks: a third of a single enqueue's CPU. A connection goes back on the stack only
+    # after its reply was read whole, and one the server closed meanwhile is opened again. The client's
+    # pool never sees these connections. Only for clients that never re-send a command (see `of`).
 
     __slots__ = ("_connection_class", "_connection_kwargs", "_pid", "_spare")
 
@@ -59,11 +54,7 @@ class DirectCalls:
 
     @classmethod
     def of(cls, client: Any) -> DirectCalls | None:
-        """Direct calls on `client`; None for Redis Cluster (commands routed by slot) or a client that re-sends.
-
-        A connection of `connect()`'s clients has no retries: a call whose connection fails raises
-        and is never sent twice. A client configured to re-send keeps its own path.
-        """
+        """Direct calls on `client`; None for Redis Cluster (commands routed by slot) or a client that re-sends."""
         if not isinstance(client, redis.Redis):
             return None
         pool = client.connection_pool
@@ -113,7 +104,6 @@ LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
 # A line "-- include: NAME" in a script is replaced by lua/include/NAME.lua (helpers shared by scripts).
 _INCLUDE = re.compile(rb"^-- include: ([a-z_]+)$", re.MULTILINE)
 
-
 # Errors of a server (or cluster) state that passes: a lost connection, a node loading its data,
 # a failover under way, memory freed by eviction or expiry. Anything else a command or script
 # answers (a wrong argument, a value over the server's limits) fails the same way every time.
@@ -137,10 +127,7 @@ def is_transient(exc: BaseException) -> bool:
 
 
 class MisconfiguredKey(ResponseError):
-    """A script failed for what a key of ours holds (a wrong type and the like): a misconfiguration, not input.
-
-    The message names the script and each of its keys with the type it holds now.
-    """
+    """A script failed for what a key of ours holds (a wrong type, say); the message names the script and its keys."""
 
 
 def _misconfigured(read_type: Callable[[str], Any], name: str, keys: Sequence[str], exc: ResponseError) -> Exception:
@@ -228,13 +215,9 @@ class Scripts:
             pipe.execute_command("EVALSHA", self.shas[name], len(keys), *keys, *args)
 
     def execute(self, pipe: Any, client: Any, raise_on_error: bool = True) -> list[Any]:
-        """Execute a pipeline; re-run by source just those scripts the server did not have.
-
-        With `raise_on_error` False, a command's error is returned in its place instead. A re-run
-        meeting a passing server state (BUSY, LOADING, a lost connection) raises it whatever
-        `raise_on_error` says, as a MULTI meeting it aborts, for the caller to send the pipeline
-        again; the re-runs after it are not sent, as each may count on the ones before it.
-        """
+        """Execute a pipeline, re-running by source the scripts the server lacked; errors in place unless raised."""
+        # A re-run meeting a passing server state (BUSY, LOADING, a lost connection) raises it anyway, as a
+        # MULTI would abort, and the re-runs after it are not sent: each may count on the ones before it.
         queued: dict[int, tuple[str, tuple[str, ...], tuple[Any, ...]]] = vars(pipe).pop(_QUEUED_SCRIPTS, {})
         try:
             results: list[Any] = pipe.execute(raise_on_error=False)
@@ -265,13 +248,9 @@ _QUEUED_SCRIPTS = "_tasks_queued_scripts"
 
 
 def connect(url: str, cluster: bool = False, *, timeout_s: float = 15.0, resend: bool = True) -> Any:
-    """Open a Redis (or Redis Cluster) client for `url`; with `resend=False` it never re-sends a command.
-
-    redis-py's default `Retry` (on Cluster: re-resolve the slots, send again) silently re-sends a
-    command whose reply was lost: a claim or BLMOVE then moves tasks twice and the first call's
-    tasks sit unknown in the consumer's list, an LPUSH enqueues twice. The consumer's clients do
-    not re-send (it retries with backoff itself and knows what a lost reply means).
-    """
+    """Open a Redis (or Redis Cluster) client for `url`; with `resend=False` it never re-sends a command."""
+    # redis-py's default `Retry` re-sends a command whose reply was lost: a claim or BLMOVE then moves
+    # tasks twice, an LPUSH enqueues twice. The consumer retries with backoff itself and does not re-send.
     options: dict[str, Any] = {
         "socket_timeout": timeout_s,
         "socket_connect_timeout": min(5.0, timeout_s),
@@ -285,11 +264,7 @@ def connect(url: str, cluster: bool = False, *, timeout_s: float = 15.0, resend:
 
 
 class CommandPacker(HiredisRespSerializer):
-    """redis-py's hiredis packer without its pass over every argument in Python (hiredis takes them as they are).
-
-    A script call writing a flush's results has thousands of arguments; that pass cost twice what
-    hiredis does. Anything hiredis refuses goes the way redis-py packs it (and words its errors).
-    """
+    """redis-py's hiredis packer without its pass over every argument in Python (a flush has thousands)."""
 
     def pack(self, *args: Any) -> list[bytes]:
         first = args[0]
@@ -328,3 +303,11 @@ class ScriptClient:
         """Return the Redis server's clock in microseconds (as the scripts' `server_now_us`)."""
         seconds, micros = self.client.time()
         return int(seconds) * 1_000_000 + int(micros)
+
+
+class Role:
+    """A role of the broker: its operations over the shared client, keys and scripts."""
+
+    def __init__(self, redis: ScriptClient) -> None:
+        self.redis = redis
+        self.client, self.keys, self.scripts = redis.client, redis.keys, redis.scripts

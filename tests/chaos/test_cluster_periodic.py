@@ -44,7 +44,10 @@ def test_a_slot_claimed_by_a_consumer_that_died_before_firing_it_fires_once_by_a
     TaskType.objects.create(name="demo.echo", handler="demo.echo", queue="out")
     config = PeriodicConfig(name="hourly", task_type="demo.echo", schedule=Schedule(interval_s=3600))
     slot_ms = config.schedule.latest_at_or_before(broker.inspect.server_time_ms())
-    assert broker.periodic._claim_slot(config.name, slot_ms, "out").outcome == "claimed"  # then killed: no fire
+    claim = broker.scripts.run(
+        broker.client, "claim_periodic", [broker.keys.periodic_claim(config.name)], [slot_ms, "out"]
+    )
+    assert claim[0] == b"claimed"  # then killed: no fire
     for _ in range(2):  # the others, one after the other
         PeriodicLoop(broker, 2.0, 3600.0, load=lambda: [config]).run_once()
     assert [run.slot_ms for run in pushed_runs(broker, "out") if run.schedule == "hourly"] == [slot_ms]
