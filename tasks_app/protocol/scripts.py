@@ -11,10 +11,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-import hiredis
 import redis
 from redis.backoff import NoBackoff
-from redis.connection import HiredisRespSerializer
 from redis.exceptions import (
     ClusterError,
     ConnectionError as RedisConnectionError,
@@ -260,20 +258,7 @@ def connect(url: str, cluster: bool = False, *, timeout_s: float = 15.0, resend:
         options["retry"] = Retry(NoBackoff(), 0)
     if cluster:
         return redis.RedisCluster.from_url(url, **options)
-    return redis.Redis.from_url(url, command_packer=CommandPacker(), **options)
-
-
-class CommandPacker(HiredisRespSerializer):
-    """redis-py's hiredis packer without its pass over every argument in Python (a flush has thousands)."""
-
-    def pack(self, *args: Any) -> list[bytes]:
-        first = args[0]
-        if not isinstance(first, str) or " " in first:  # "SCRIPT LOAD": redis-py splits it
-            return list(super().pack(*args))
-        try:
-            return [hiredis.pack_command(args)]
-        except TypeError:
-            return list(super().pack(*args))
+    return redis.Redis.from_url(url, **options)
 
 
 class ScriptClient:
