@@ -77,11 +77,7 @@ Entry = ResultUpdate | _Ack | _Start
 def _flags_by_ack(
     by_owner: dict[Owner, list[_Ack]], flags: dict[Owner, list[bool]], *, resent: bool
 ) -> dict[int, bool | None]:
-    """Each ack's flag by its id(): True acked, False no longer held, None unknown.
-
-    A batch sent again after a failed send may have been applied by that send (its reply lost):
-    a task it no longer finds was acked then, or recovered meanwhile; which, nobody can tell.
-    """
+    """Each ack's flag by its id(): True acked, False no longer held, None unknown."""
     by_ack: dict[int, bool | None] = {
         id(item): flag for owner, items in by_owner.items() for item, flag in zip(items, flags[owner], strict=True)
     }
@@ -292,10 +288,7 @@ class AckBatcher:
         return {}
 
     def _record_acked_alone(self, update: ResultUpdate) -> None:
-        """Write the result of a task acked without it (Redis refused the two together, a large task's twice).
-
-        The ack found the task, so the run held it: written unheld, as is, else as a failure saying why.
-        """
+        """Write the result of a task acked without it (Redis refused the two together, a large task's twice)."""
         if (problem := self._write_unheld(update)) is not None:
             self._record_unstored(update, problem)
 
@@ -329,11 +322,7 @@ class AckBatcher:
     def _send(
         self, updates: list[ResultUpdate], acks: list[_Ack], starts: Sequence[_Start] = (), *, resent: bool = False
     ) -> dict[int, bool | None]:
-        """One round trip (retried through outages); the flag of each ack by its id() (`resent`: sent before).
-
-        A result write that Redis refuses (its reply is an error) stops no ack: the task of an
-        outcome refused this way is recorded FAILED with the reason instead.
-        """
+        """One round trip (retried through outages); the flag of each ack by its id() (`resent`: sent before)."""
         by_owner: dict[Owner, list[_Ack]] = {}
         for item in acks:
             by_owner.setdefault((item.queue, item.consumer_id), []).append(item)

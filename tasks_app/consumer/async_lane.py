@@ -124,10 +124,7 @@ class AsyncLane:
             return self._running
 
     def reserve(self) -> LaneSeat | None:
-        """Take a seat for a run, waiting while the lane is full; `submit` hands it to the run.
-
-        None if the consumer began to stop before a seat was free: the run must not start.
-        """
+        """Take a seat for a run, waiting while the lane is full; `submit` hands it to the run."""
         while not self._seats.acquire(timeout=SEAT_WAIT_S):
             if self.stopping():
                 return None
@@ -161,10 +158,7 @@ class AsyncLane:
             self._call_soon(loop, self._cancel_on_loop, flight)
 
     def take_hung(self, grace_s: float) -> list[HungFlight]:
-        """Take every run still going `grace_s` past its timeout or forced cancel (its loop is blocked), once each.
-
-        A run taken here is no longer settled by its own end: `settle_hung` settles it.
-        """
+        """Take every run still going `grace_s` past its timeout or forced cancel (its loop is blocked), once each."""
         return [(flight, error) for flight, error in self._hung(grace_s, time.monotonic()) if flight.take_settling()]
 
     def settle_hung(self, hung: list[HungFlight], grace_s: float) -> None:
@@ -367,14 +361,10 @@ class AsyncLane:
 
 # --- calls handed to the loop in batches -----------------------------------------------------------
 class LoopInbox:
-    """Callbacks handed to one event loop from any thread, called on it in the order given.
+    """Callbacks handed to one event loop from any thread, called on it in the order given."""
 
-    `call_soon_threadsafe` for each makes a handle and writes to the loop's wake-up socket every
-    time; while the loop is busy, callbacks come faster than it wakes, and one scheduled drain
-    takes them all. A callback is queued before the flag is read, and the drain clears the flag
-    before it takes callbacks: one that found the flag set is taken by the drain that is due, one
-    that found it clear schedules a drain of its own, so none is left waiting.
-    """
+    # One drain takes every callback queued while the loop was busy. A callback is queued before the
+    # flag is read and the drain clears the flag before taking callbacks, so none is left waiting.
 
     __slots__ = ("_calls", "_loop", "_scheduled")
 

@@ -83,11 +83,7 @@ NOT_A_RECORD = -1
 
 
 def with_receipts(broker: Broker, claimed: Sequence[Claimed], result_ttl_s: int) -> list[Claimed]:
-    """Write the receipts of freshly claimed tasks; return them decoded, each with its record's answer.
-
-    A task that cannot be decoded gets no receipt (its worker dead-letters it). If Redis cannot
-    be reached, no task has one: their workers then wait for their RUNNING writes instead.
-    """
+    """Write the receipts of freshly claimed tasks; return them decoded, each with its record's answer."""
     tasks = [_decoded(item.raw) for item in claimed]
     claims = [(task.id, item.fence) for item, task in zip(claimed, tasks, strict=True) if task is not None]
     try:
@@ -233,12 +229,7 @@ class Capacity:
 
 # --- the tasks held, and the suspect turn ----------------------------------------------------------
 class HeldTasks:
-    """Claimed tasks not yet let go of, counted per processing list (twins can be claimed at once).
-
-    A task leaves through `finished`, which gives back its room in the consumer (and the suspect turn,
-    if it was the suspect). At most one suspect (a task recovered from a consumer that died) is held
-    at a time, so a death can be pinned on it.
-    """
+    """Claimed tasks not yet let go of, counted per processing list (twins can be claimed at once)."""
 
     def __init__(self, capacity: Capacity) -> None:
         self.capacity = capacity
@@ -250,11 +241,7 @@ class HeldTasks:
 
     @contextlib.contextmanager
     def together(self) -> Iterator[None]:
-        """Give back the room of the tasks this thread finishes in the block at once, when it ends.
-
-        The ack batcher finishes a flush's tasks in one: its claimer then takes their room in one
-        claim, instead of a claim for each task as its room frees.
-        """
+        """Give back the room of the tasks this thread finishes in the block at once, when it ends."""
         if getattr(self._together, "room", None) is not None:  # nested: the outer block gives them back
             yield
             return
@@ -373,11 +360,7 @@ REGISTERED_RECHECK_S = 0.25
 
 
 class ClaimerLoop:
-    """Claims tasks of one queue while there is room: a batch at once, else one blocking move.
-
-    Every lease (and at once after a claim failed on the wire) it audits its processing list
-    against what the consumer holds, returning strays: tasks a claim moved whose reply was lost.
-    """
+    """Claims tasks of one queue while there is room: a batch at once, else one blocking move."""
 
     def __init__(
         self,
@@ -508,13 +491,9 @@ class ClaimerLoop:
         self.dispatch(with_receipts(self.broker, claimed, self._result_ttl_s))
 
     def reconcile(self) -> None:
-        """Return tasks that sit in our processing list unbeknown to us (a claim's lost reply).
-
-        Only this thread adds to this queue's processing list and to what the consumer holds of
-        it, so taking the held tasks first and listing second can only make us see fewer strays,
-        never a held task as one. Left alone a stray would wait, unstarted, until this consumer
-        stops.
-        """
+        """Return tasks that sit in our processing list unbeknown to us (a claim's lost reply)."""
+        # Only this thread adds to this list and to what we hold of it: taking the held tasks first
+        # and listing second can only miss strays, never take a held task for one.
         consumer_id = self.consumer_id()
         held = self.held.raws(self.queue, consumer_id)
         listed = self.broker.queue.held_by(self.queue, consumer_id)

@@ -104,10 +104,7 @@ class NotStarted(enum.Enum):
 
 
 async def as_current[T](context: TaskContext, start: Callable[[], Awaitable[T]]) -> T:
-    """Await what `start()` returns, with `context` as what `tasks_app.context.current()` returns in it.
-
-    Nothing is made before this coroutine begins: closed unstarted, it leaves no coroutine unawaited.
-    """
+    """Await what `start()` returns, with `context` as what `tasks_app.context.current()` returns in it."""
     with running(context):
         return await start()
 
@@ -438,11 +435,7 @@ class Executor:
         timed_out: Callable[[], BaseException | None] = lambda: None,
         begin: Callable[[], None] = no_start_check,
     ) -> Any:
-        """Call a handler with the task's arguments (and its context if it takes one, and as `context.current()`).
-
-        `begin` is called just before: what it raises (StartMissed, past its rate admission's start margin)
-        stops the run unstarted.
-        """
+        """Call a handler with the task's arguments (and its context if it takes one, and as `context.current()`)."""
         with running(context):
             if handler.django_task is not None:
                 return runner.run(handler.django_task, context, arguments, self.broker.records, timed_out, begin)
@@ -465,11 +458,7 @@ class Executor:
         arguments: Arguments,
         on_settled: Callable[[], None] | None,
     ) -> bool:
-        """Pass an async task's gates and start it on the lane; True if the lane settles it (and calls `on_settled`).
-
-        Its lane seat comes first: a rate admission is taken only once its run can begin at once, not
-        spent while it waits for room on a full lane (past its start margin).
-        """
+        """Pass an async task's gates and start it on the lane; True if the lane settles it (and calls `on_settled`)."""
         lane = self.async_lane
         assert lane is not None
         seat = lane.reserve()
@@ -524,13 +513,7 @@ class Executor:
         seat: LaneSeat,
         begin: Callable[[], None],
     ) -> bool:
-        """Hand the run to the lane in `seat`, watched; it calls `on_settled` once the task is settled (always True).
-
-        An async run is watched like a thread run (keyed by its RunControl): the housekeeping tick
-        tells it of cancels and writes its progress, and a forced cancel cancels its asyncio task.
-        It leaves the watch when it ends, its last progress written just before its outcome.
-        `begin` is called on the loop as the run begins (see `invoke_async`).
-        """
+        """Hand the run to the lane in `seat`, watched; it calls `on_settled` once the task is settled (always True)."""
         lane = self.async_lane
         assert lane is not None
         timeout_s = config.timeout_s or None
@@ -586,17 +569,9 @@ class Executor:
         timeout_s: float | None,
         begin: Callable[[], None] = no_start_check,
     ) -> Coroutine[Any, Any, Any]:
-        """The coroutine of an `async def` handler's run, cancelled with TaskTimeout at `timeout_s`.
-
-        It calls `begin` first, on its loop: what that raises (StartMissed, if the loop lets it begin
-        only past its rate admission's start margin) ends it before the handler is called.
-        The handler's own coroutine is made only as it begins: one closed before then (a forced
-        cancel, a loop that cannot take it) leaves no coroutine unawaited.
-
-        What calling the handler raises (arguments its signature does not take), or sending a
-        task_started receiver's error, is raised by the coroutine: the run fails as one that
-        raised, and is retried like any other, never dead-lettered as a settling failure.
-        """
+        """The coroutine of an `async def` handler's run, cancelled with TaskTimeout at `timeout_s`."""
+        # The handler's coroutine is made only as it begins: one closed before leaves none unawaited.
+        # What calling it raises fails the run like a raise (retried), never as a settling failure.
         if handler.django_task is None:
             return as_current(context, partial(_handler_run, handler, context, arguments, timeout_s, begin))
         try:

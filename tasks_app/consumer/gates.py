@@ -76,13 +76,10 @@ class RatePolicy:
 
     @classmethod
     def for_config(cls, config: TaskTypeConfig) -> RatePolicy:
-        """Derive the limiter parameters of a rate-limited type.
-
-        GCRA with emission interval T and tolerance tau admits at most L starts in any window of
-        length W whenever L*T - tau >= W. With burst b, tau = (b-1)*T + e (e = sigma/2, early
-        wake-ups) and T = (W + e + m) / (L - b + 1) give L*T - tau = W + m: handlers that begin
-        within the start margin m of their admissions start at most L times in any window W.
-        """
+        """Derive the limiter parameters of a rate-limited type."""
+        # GCRA admits at most L starts in any window W when L*T - tau >= W. With burst b,
+        # tau = (b-1)*T + e and T = (W + e + m) / (L - b + 1) give L*T - tau = W + m, so handlers
+        # that begin within the start margin m of their admissions start at most L times per W.
         limit = int(config.rate_limit or 0)
         if limit < 1:
             raise ValueError(f"task type {config.name!r} has no rate limit")

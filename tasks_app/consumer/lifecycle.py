@@ -66,11 +66,9 @@ LEASE_WAIT_S = 0.05
 
 
 def _own_broker(broker: Broker | None) -> Broker:
-    """The broker a consumer settles through: a new one, or a copy of one given that another consumer uses.
-
-    A broker carries its consumer's instance token, sent with every settle: one shared by two consumers
-    would carry the last one's only, and the other's settles would find their tasks no longer held.
-    """
+    """The broker a consumer settles through: a new one, or a copy of one given that another consumer uses."""
+    # A broker carries its consumer's instance token with every settle: one shared by two consumers
+    # would carry only the last one's, and the other's settles would find their tasks not held.
     if broker is None:
         return Broker.from_settings(resend=False)  # a lost claim reply is ours to reconcile
     return copy.copy(broker) if broker.queue.instance else broker
@@ -186,11 +184,7 @@ class Consumer:
 
     # --- identity --------------------------------------------------------------------------
     def register(self, consumer_id: str | None = None) -> None:
-        """Recover what an earlier run under this id left behind, then take a lease (see registration.py).
-
-        A run that exited cleanly left nothing (it deregistered); anything left belongs to a run
-        that died, so it is recovered as a dead consumer's tasks are: counted, via suspects.
-        """
+        """Recover what an earlier run under this id left behind, then take a lease (see registration.py)."""
         self.registration.register(consumer_id or self.consumer_id)
 
     def registered_on(self, queue: str) -> bool:
@@ -203,10 +197,7 @@ class Consumer:
         return self.registration.current()[1]
 
     def lease_lost(self, lost_id: str, queues: Sequence[str] | None = None) -> None:
-        """Our lease expired (or we were reaped) on `queues` (None: all): tombstone that id, register a new one.
-
-        Where the old id's lease still holds, it retires once its tasks there are settled (retiring.py).
-        """
+        """Our lease expired (or we were reaped) on `queues` (None: all): tombstone that id, register a new one."""
         with self.registration.lock:
             registered_id, registered = self.registration.current()
             lost_on = [queue for queue in registered if queues is None or queue in queues]
@@ -266,11 +257,7 @@ class Consumer:
                 self.guard.ran_one()
 
     def _lease_holds(self, claimed: Claimed) -> bool:
-        """Wait while the lease may have lapsed; True once it surely holds for `claimed`'s identity.
-
-        A task starts only under a lease renewed less than lease - margin ago: one that is not
-        renewed in time stays held here, and if the lease is lost it is the reaper's.
-        """
+        """Wait while the lease may have lapsed; True once it surely holds for `claimed`'s identity."""
         while (
             not self.lease.fresh(claimed.consumer_id)
             and claimed.consumer_id == self.consumer_id

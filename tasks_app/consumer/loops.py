@@ -94,11 +94,7 @@ MISCONFIGURED_PACE_S = 1.0
 
 
 def run_forever(loop: Loop, stop: threading.Event, misconfigured: Misconfigured | None = None) -> None:
-    """Call `loop.run_once()` until `stop` is set, backing off through Redis outages.
-
-    A misconfigured key (see `Misconfigured`) is said once per distinct error, and the loop goes on at the
-    pace its last pass asked for; a bug is said once, and the loop goes on each second.
-    """
+    """Call `loop.run_once()` until `stop` is set, backing off through Redis outages."""
     backoff_s, pace_s = 0.0, MISCONFIGURED_PACE_S
     problems: ProblemLog[str] = ProblemLog(logger)  # an outage or a bug is met at every pass: said once
     misconfigured = misconfigured or Misconfigured()
@@ -242,11 +238,7 @@ class GaveUp(Exception):
 
 
 class WriteRefused(Exception):
-    """A write kept failing on the wire while Redis answered other commands: it is the write.
-
-    Redis drops the connection of a command over its limits (a value over proto-max-bulk-len),
-    which looks like an outage; retrying such a write would never end.
-    """
+    """A write kept failing on the wire while Redis answered other commands: it is the write."""
 
 
 def next_backoff_s(previous_s: float) -> float:
@@ -269,13 +261,7 @@ def until_done[T](
     refused_after: int = 0,
     redis_answers: Callable[[], bool] = lambda: False,
 ) -> T:
-    """Run `call` until Redis accepts it; raise GaveUp once `give_up` is set.
-
-    Only transient errors are retried: any other error (a ResponseError, an encoding error)
-    would fail again the same way, so it is raised for the caller to settle. With
-    `refused_after`, a call failing that many times in a row while `redis_answers()` raises
-    WriteRefused.
-    """
+    """Run `call` until Redis accepts it; raise GaveUp once `give_up` is set."""
     backoff_s = 0.0
     failures = 0
     while True:
@@ -376,10 +362,7 @@ class HealthLoop:
 
 # --- burst mode ------------------------------------------------------------------------------------
 def nothing_to_claim(broker: Broker, queues: Sequence[str], registered: Collection[str] | None = None) -> bool:
-    """True once no queue has tasks in flight and only those it may not claim from have tasks waiting (logged).
-
-    `registered`: the queues the consumer may claim from (None: all of them).
-    """
+    """True once no queue has tasks in flight and only those it may not claim from have tasks waiting (logged)."""
     claimable = [queue for queue in queues if registered is None or queue in registered]
     stats = [broker.inspect.queue_stats(queue) for queue in queues]
     if any(s.processing or (s.queue in claimable and not s.paused and (s.pending or s.delayed)) for s in stats):

@@ -159,10 +159,7 @@ class ReaperLoop:
             self.reap(queue, consumer_id)
 
     def reap(self, queue: str, consumer_id: str, *, own_earlier_run: bool = False) -> int:
-        """Reap one consumer's list on one queue completely; return how many tasks moved.
-
-        With `own_earlier_run`, recover what an earlier run of this process's id left behind.
-        """
+        """Reap one consumer's list on one queue completely; return how many tasks moved."""
         moved = 0
         while True:
             outcome = self.broker.leases.reap(
@@ -272,10 +269,7 @@ def live_holders(broker: Broker, queues: Sequence[str], consumer_id: str) -> lis
 def wait_until_free(
     broker: Broker, queues: Sequence[str], consumer_id: str, stop: threading.Event, reached: Callable[[], None]
 ) -> None:
-    """Wait while another live process holds `consumer_id` on any of `queues`; raise GaveUp if `stop` is set.
-
-    `reached` is called at each answer from Redis: a consumer waiting for its id is alive (its health file stays fresh).
-    """
+    """Wait while another live process holds `consumer_id` on any of `queues`; raise GaveUp if `stop` is set."""
     waited = False
     while held := until_done(lambda: live_holders(broker, queues, consumer_id), what="register", give_up=stop):
         reached()
@@ -327,10 +321,7 @@ class Registration:
         return consumer_id, list(queues)
 
     def register(self, consumer_id: str) -> list[str]:
-        """Register `consumer_id` on every queue (it is the current id now); return them.
-
-        A key of ours that Redis refuses here (another type) fails the registration: a misconfiguration.
-        """
+        """Register `consumer_id` on every queue (it is the current id now); return them."""
         with self.lock:
             for queue in self.queues:
                 recover_earlier_run(self.reaper, queue, consumer_id)

@@ -57,11 +57,7 @@ MAX_DOUBLINGS = 1023
 
 
 def backoff_delay_s(attempt: int, base_s: float, rng: random.Random | None = None) -> float:
-    """Return the wait before the run after failed run `attempt` (1-based).
-
-    The ceiling doubles each attempt (base * 2^(attempt-1), capped at an hour); the wait is
-    drawn uniformly from its upper half, so failures that happened together spread out.
-    """
+    """Return the wait before the run after failed run `attempt` (1-based)."""
     ceiling = min(MAX_BACKOFF_S, base_s * 2.0 ** min(max(0, attempt - 1), MAX_DOUBLINGS))
     return (rng or random).uniform(ceiling / 2, ceiling)
 
@@ -457,11 +453,7 @@ class Settler:
             self._ack_lost(claimed, task)
 
     def start_again(self, claimed: Claimed, task: Task) -> bool:
-        """Send back a task whose handler could not begin within its rate admission's start margin (False).
-
-        Due at once, no attempt used, its record READY again: its gate asks the limiter anew, and the
-        admission it missed stays spent, so no window of the limit gains a start.
-        """
+        """Send back a task whose handler could not begin within its rate admission's start margin (False)."""
         if self.acks is not None:
             self.acks.barrier()  # its RUNNING record goes first
         self.defer(claimed, task, 0, "rate_start_missed", records.start_undone(task, claimed.fence, self.result_ttl_s))
@@ -485,12 +477,7 @@ class Settler:
     def drop_if_cancelled_while_held(
         self, claimed: Claimed, task: Task, config: TaskTypeConfig, on_settled: Callable[[], None] | None
     ) -> bool | None:
-        """Drop a receipted task that waited here unstarted for CANCEL_CHECK_S or more if it was cancelled meanwhile.
-
-        None if it was not (it goes on), else what `drop_cancelled` returned. Its receipt made a
-        cancel since then a request to this consumer, which runs no watch over waiting tasks: one
-        round trip, only for tasks that waited (a prefetch behind slow runs).
-        """
+        """Drop a receipted task that waited here unstarted for CANCEL_CHECK_S or more if it was cancelled meanwhile."""
         if claimed.receipt is None or time.monotonic() - claimed.claimed_at_s < CANCEL_CHECK_S:
             return None
         [mark] = self.redis(lambda: self.broker.control.cancel_marks(task.queue, [task.id]), "cancel_marks")
@@ -539,13 +526,9 @@ class Settler:
         )
 
     def _settle(self, what: str, move: Callable[[ResultUpdate | None], bool], update: ResultUpdate | None) -> bool:
-        """Move a task on (ack, retry, defer, dead letter) with its run's record `update` in one call; False if lost.
-
-        If Redis keeps refusing the two (over maxmemory, where a script's first write may not be
-        a record's), the move alone, which takes the task out of the list first; then the record,
-        fenced by the run (a later run's claim keeps its own). Refused too, the move raises, and
-        the last resort (see `dead_letter_after_error`) leaves the task listed at worst.
-        """
+        """Move a task on (ack, retry, defer, dead letter) with its run's record `update` in one call; False if lost."""
+        # If Redis keeps refusing the two (over maxmemory), the move alone, which takes the task out of
+        # the list first; then the record, fenced by the run. Refused too, the last resort settles it.
         try:
             return self.redis(lambda: move(update), what)
         except WriteRefused as exc:
@@ -609,12 +592,7 @@ class Settler:
 def record_reaped(
     broker: Broker, task_types: TaskTypeCache, queue: str, dead: list[bytes], *, give_up: threading.Event
 ) -> None:
-    """Count, log and record as failed the tasks of a dead consumer that the reaper dead-lettered.
-
-    The tasks are already dead letters, so no later pass records them: a write is retried
-    through an outage (until `give_up`), and one Redis refuses is logged without stopping the rest.
-    They failed for good, so a unique one frees its key (unique_until = finished).
-    """
+    """Count, log and record as failed the tasks of a dead consumer that the reaper dead-lettered."""
     reaped_logger = logging.getLogger("tasks_app.consumer.lifecycle")  # these lines were always the consumer's
     at_ms = int(time.time() * 1000)
     for raw in dead:

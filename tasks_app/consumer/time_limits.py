@@ -147,11 +147,7 @@ class RunClock:
 
 
 def call_with_clock(clock: RunClock, call: Callable[[], object]) -> tuple[object, BaseException | None]:
-    """Run `call` under `clock`; return its value and what it raised.
-
-    A forced cancel wins over whatever the handler did after it (a return, another exception); one
-    (or a timeout) that comes only once the handler has returned, before `finish`, changes nothing.
-    """
+    """Run `call` under `clock`; return its value and what it raised."""
     value: object = None
     raised: BaseException | None = None
     returned_at: float | None = None
@@ -180,11 +176,7 @@ def call_with_clock(clock: RunClock, call: Callable[[], object]) -> tuple[object
 
 
 async def within_timeout[T](awaitable: Awaitable[T], timeout_s: float | None) -> T:
-    """Await `awaitable`, cancelling it at `timeout_s` with TaskTimeout (its `finally` blocks run).
-
-    A run that swallowed the cancellation, or blocked the loop past its deadline, still fails for
-    its timeout, as a sync handler that catches TaskTimeout does.
-    """
+    """Await `awaitable`, cancelling it at `timeout_s` with TaskTimeout (its `finally` blocks run)."""
     async with asyncio.timeout(timeout_s) as scope:
         try:
             value = await awaitable
@@ -289,10 +281,7 @@ class LaneRuns(Protocol):
 
 
 class TimeLimits:
-    """The runs of an executor being watched: their time limits, forced cancels, cancel requests and progress.
-
-    Thread runs are keyed by their thread id, async runs by their RunControl.
-    """
+    """The runs of an executor being watched: their time limits, forced cancels, cancel requests and progress."""
 
     def __init__(self, settler: Settler, watch: RunWatch, lane: LaneRuns | None = None) -> None:
         self.settler = settler
@@ -355,14 +344,9 @@ class TimeLimits:
         return interrupted
 
     def fail_hung(self, grace_s: float, exit_within_s: float) -> int:
-        """Give up on every run still going `grace_s` after its TaskTimeout (failed) or forced cancel (cancelled).
-
-        For process mode only, where the process then exits (within `exit_within_s`): the
-        handler's thread is left to it, and its late outcome is never settled (the claim's fence
-        makes it harmless anyway). No retry is due before the process is gone. The runs are
-        settled on a thread of their own: Redis may be away, and the caller's other time limits
-        must not wait for it.
-        """
+        """Give up on every run still going `grace_s` after its TaskTimeout (failed) or forced cancel (cancelled)."""
+        # Process mode only: the process exits soon after, so no retry is due before it is gone, and
+        # the claim's fence makes the handler's late outcome harmless. Settled on a thread of its own.
         now = time.monotonic()
         with self._lock:
             hung = [run for run in self.running.values() if run.clock.abandon(grace_s, now)]
@@ -373,12 +357,7 @@ class TimeLimits:
         return len(hung) + len(hung_async)
 
     def interrupt_running(self, grace_s: float, exit_within_s: float) -> int:
-        """Give up on every run still going at the end of a stop's grace period (`grace_s`); how many.
-
-        Each is failed with TaskInterrupted (or the timeout or forced cancel due in it), so it uses
-        an attempt, and its late end is never settled. The process then exits (within
-        `exit_within_s`): no retry is due before. Settled on a thread of its own, as `fail_hung` does.
-        """
+        """Give up on every run still going at the end of a stop's grace period (`grace_s`); how many."""
         with self._lock:  # thread runs (an async one is stopped through its asyncio task)
             self._starts_closed = True  # a worker still passing its gates must not start its run after this
             runs = [run for run in self.running.values() if run.stop is None and run.clock.give_up()]
