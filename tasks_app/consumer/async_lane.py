@@ -1,20 +1,11 @@
 """The asyncio lane: `async def` handlers of a consumer run on one event loop, not a thread each.
 
-A worker thread takes one of the lane's `--async-concurrency` seats before the task's gates
-(waiting while the lane is full; if the consumer begins to stop meanwhile, the task goes back
-unstarted), so that a rate admission is taken only when its run can begin at once (a task
-deferred at a gate gives the seat back); then it checks the lease and records the start as for
-any task, so a run begins as soon as its start is written; it hands the coroutine here and moves
-on, the task giving back its room in the consumer. The outcome is settled
-through the same path as a sync run (results, retries, acks and fences): a success is handed to the
-ack batcher from the loop (that only queues it), anything else is settled on a small pool of
-threads, so the loop never waits on Redis. A task keeps its lane seat until its ack is written: a
-crash can re-run at most concurrency + prefetch + async concurrency tasks. A forced cancel
-(`cancel`) cancels the run's asyncio task: TaskCancelled where its coroutine awaits.
-
-Whatever a handler does to the loop, the lane goes on: a `loop.stop()` is logged and the loop run
-again (its runs go on); a loop closed by a handler (it can only be closed while stopped) fails the
-runs it held, and the next runs start on a new loop.
+A worker takes a lane seat before the task's gates (so a rate admission is spent only when the run
+can begin at once), records the start as for any task, hands the coroutine here and moves on. A
+success is handed to the ack batcher from the loop; anything else is settled on a small thread pool,
+so the loop never waits on Redis. A task keeps its seat until its ack is written: a crash re-runs at
+most concurrency + prefetch + async concurrency tasks. A handler's `loop.stop()` is logged and the
+loop run again; a loop it closed fails its runs, and the next ones start on a new loop.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """The gates a task passes before it starts: its type's rate limit, then its concurrency cap.
 
-Rate limits: a type's limit becomes GCRA parameters, and Redis takes one decision per task in
-one atomic script on the server clock (lua/rate_limit.lua), so the limit holds across every
-consumer. docs/PROTOCOL.md ("Rate limits") proves the bound.
+Rate limits: GCRA decided in one atomic script on the server clock (lua/rate_limit.lua), so the
+limit holds across every consumer; docs/PROTOCOL.md proves the bound.
 
-Concurrency caps (`max_running`): a capped type's task runs only while it holds one of the type's
-permits (a slot set, in Redis). A permit is held under this consumer's lease: taken with the
-lease's length, renewed by every heartbeat, released when the run ends. A consumer that dies stops
-renewing, so its permits lapse with its lease and the next script on that set evicts them. A task
-that finds no free permit is deferred into delayed (no attempt used) and queued as a waiter; each
-freed permit is handed to the oldest waiter, whose task is moved to pending at once. The
-deferral's due time (about TASKS_THROTTLE_RECHECK_S) is only the fallback for a wake that was
-lost. docs/PROTOCOL.md ("Concurrency caps") has the scripts.
+Concurrency caps (`max_running`): a run holds one of the type's permits under this consumer's lease
+(renewed by every heartbeat, lapsing with it). A task that finds none free is deferred, no attempt
+used, and queued as a waiter; a freed permit wakes the oldest waiter at once.
 """
 
 from __future__ import annotations

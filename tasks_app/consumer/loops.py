@@ -1,17 +1,10 @@
-"""Background loops of a consumer, each with a `run_once()` that tests can call directly; how they ride out
-Redis outages; its liveness and readiness, and the HTTP endpoint serving them and its metrics.
+"""Background loops of a consumer (each `run_once()` callable by tests), how they ride out Redis
+outages, its liveness and readiness, and the HTTP endpoint serving them and its metrics.
 
-Redis outages: a call is retried with backoff until Redis takes it (`until_done`); a deterministic
-error surfaces at once. A loop's pass that fails on a misconfigured key (see `Misconfigured`) is
-said once and makes the consumer unready until a pass goes through.
-
-Liveness is when the consumer last reached Redis (a file's mtime, `/healthz`); readiness
-(`/readyz`) adds that it read the task types and that no loop is misconfigured.
-
-Burst mode: a consumer started with `--burst` exits once it has nothing left it may claim. A
-paused queue counts as idle: its pending and delayed tasks wait for a resume that a burst run
-cannot wait for (as RQ's burst workers leave when suspended). So does a queue the consumer is not
-registered on. Tasks in flight on any queue still keep it running.
+A call is retried with backoff until Redis takes it (`until_done`); a deterministic error surfaces at
+once. A pass failing on a misconfigured key is said once and makes `/readyz` red until one passes.
+Burst mode exits once nothing is left to claim: paused queues, and queues the consumer is not
+registered on, count as idle.
 """
 
 from __future__ import annotations

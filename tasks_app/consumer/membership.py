@@ -1,24 +1,13 @@
 """A consumer's membership of its queues: its identity, its lease and heartbeat, its registration, the
 ids it retires, and the reaper that recovers what dead members held.
 
-Identity: a fixed `--consumer-id` restarted at once, or child `<id>-<n>` of a supervisor restarted
-while an orphan of the previous one still finishes its runs under that id, must not run beside
-that live holder (one could reap, return or ack the other's tasks). The lease entry names its
-holder (host, pid, pid namespace): a holder of this host whose process is gone (killed, crashed)
-is dead now, and the new run recovers its list at once; one still running, or on another host
-(which cannot be asked), is waited for until it deregisters or its lease lapses (then it is
-presumed dead).
+Identity: a restarted `--consumer-id` must not run beside a live holder of that id. A holder of this
+host whose process is gone is dead now (its list is recovered at once); any other is waited for
+until it deregisters or its lease lapses.
 
-Registration: registering on a queue recovers what an earlier run under the id left there, then
-takes the lease. The queues it is registered on are listed in the queue set (what the dashboard
-finds queues by) again once a lease, so a set deleted lists them again without a restart.
-
-Retiring: on Redis Cluster a consumer can lose its lease entry on one queue (a failover lost the
-write, its node was cut off for a lease) while it still holds the others. It then takes a new id
-on every queue, but what it started under the old id on the other queues still runs: there the
-old id's lease is renewed (each lease/3, like the heartbeat) until none of its tasks is held any
-more, then deregistered (what it had claimed but not started goes back to pending, uncounted). So
-no reaper recovers and re-runs those runs while they go on.
+Retiring: on Redis Cluster a consumer can lose its lease on one queue only. It takes a new id
+everywhere, and renews the old one where it still holds runs until they are settled, so no reaper
+re-runs them while they go on.
 """
 
 from __future__ import annotations

@@ -1,27 +1,17 @@
 r"""Process mode and stop signals: `runconsumer --processes N` starts N consumer processes and keeps them running.
 
-Each child is a fresh `runconsumer` (no fork: Django and Redis connections are never shared)
-with an id of its own, `<id>-<n>`; a replacement reuses it, so it recovers at once what a dead
-predecessor held. Each child beats on a file of its own that has no name (an unlinked temporary
-file passed as `/dev/fd/N`), so a supervisor killed with SIGKILL leaves nothing on disk, and
-holds the read end of a pipe whose write end only the supervisor has: at its EOF (the
-supervisor gone, however it died) the child stops claiming and stops gracefully. A child whose
-beat file stops advancing (wedged in C with the GIL held) is killed with SIGKILL and replaced.
+Each child is a fresh `runconsumer` (no fork) with an id of its own, `<id>-<n>`, which a replacement
+reuses to recover at once what its predecessor held. A child beats on an unlinked file (a SIGKILLed
+supervisor leaves nothing on disk) and holds the read end of a pipe only the supervisor writes: at
+its EOF the child stops gracefully. A child whose beat stops advancing is killed and replaced.
 
-A child leaves with a documented exit code, and its supervisor starts a replacement at once
-(`ProcessGuard`): `EXIT_RECYCLE` after `--max-tasks-per-child` runs or above
-`--max-memory-per-child` MB, `EXIT_HARD_LIMIT` after a handler outlived its timeout, or a forced
-cancel, by the grace period (`--timeout-grace`). Either way it stops claiming, returns what it had
-not started and lets its other running tasks finish. One that crashes is replaced after a backoff.
+A child leaves with `EXIT_RECYCLE` (`--max-tasks-per-child`, `--max-memory-per-child`) or
+`EXIT_HARD_LIMIT` (a handler outlived its timeout or forced cancel by `--timeout-grace`), and is
+replaced at once (`ProcessGuard`); one that crashes is replaced after a backoff.
 
-Stop signals, as in Celery and gunicorn: SIGTERM (and Ctrl-C's SIGINT) is a graceful stop and a
-second one exits at once; SIGQUIT (Ctrl-\) is that second signal at once. SIGHUP (its terminal
-closed) stops gracefully too, unless it was ignored when the process started (`nohup`). A child of
-a supervisor gets the same request twice, by two routes: Ctrl-C (or systemd) signals every process
-of the group, and its supervisor passes the signal on, as late as its load makes it. So a
-supervised child never exits at once on a later signal: only its supervisor, on a second signal to
-itself, decides that (and kills it). SIGTERM, SIGINT or SIGHUP to the supervisor stops every child
-gracefully, then it exits 0; a second signal, or SIGQUIT, kills them and exits 1 at once.
+Signals, as in Celery and gunicorn: SIGTERM, SIGINT and SIGHUP (unless ignored at start, `nohup`)
+stop gracefully, a second one exits at once, SIGQUIT exits at once. A supervised child gets each
+signal twice (from the group and from its supervisor), so only the supervisor acts on a second one.
 """
 
 from __future__ import annotations

@@ -1,27 +1,15 @@
 """What bounds a running handler, and what watches it: its time limits, cancels, progress, and forks it made.
 
 Soft time limits and forced cancels are TaskTimeout or TaskCancelled raised inside the run's own
-thread. CPython delivers such an exception between two bytecodes of the target thread: pure-Python
-code stops at once (its `finally` blocks and context managers run), a C call (time.sleep, a socket
-read) finishes first. The run stays held by its worker until the handler returns; only then is it
-settled, so a retry never overlaps it. In process mode a run that outlives the exception by a grace
-period is abandoned (`RunClock.abandon`), and its process replaced; a run still going when a stop's
-grace period ends is given up on too (`TimeLimits.interrupt_running`).
+thread, between two bytecodes (a C call finishes first). The run stays held by its worker until the
+handler returns, so a retry never overlaps it. In process mode a run that outlives the exception by
+a grace period is abandoned and its process replaced (`RunClock.abandon`).
 
-Running handlers learn of a cancel from `RunWatch`, which the housekeeping loop ticks: one round
-trip per queue with running tasks every CANCEL_CHECK_S (the ids' scores in `cancel_requests` and
-`cancel_forced`), no polling per task. The start of a run is its RUNNING write, which Redis turns
-down for a task cancelled before: the worker then acks it unrun (see settling.py). Progress set by
-handlers is written by the same tick, at most every PROGRESS_EVERY_S per task, and once more when
-the run ends.
+`RunWatch`, ticked by the housekeeping loop, reads cancels for every queue with running tasks in one
+round trip per CANCEL_CHECK_S and writes progress at most every PROGRESS_EVERY_S per task.
 
-A handler may fork (a bare `os.fork()`, `multiprocessing` with the fork start method). A child
-that execs or exits on its own never comes back. One that returns from the handler would go on
-as a copy of the consumer that kept only the forking thread: a worker's waited for work forever;
-the asyncio lane's ran its loop, shared with its parent (the same selector and wake-up socket),
-and settled runs its parent settles too (as failures: retried, they ran twice). It exits at once
-instead, with FORKED_CHILD_EXIT, having written nothing: a worker's as the handler returns (or
-raises), the lane's as its loop gets control back after the step that forked.
+A child a handler forked that returns from the handler would go on as a broken copy of the consumer
+and settle its parent's runs too: it exits at once with FORKED_CHILD_EXIT, having written nothing.
 """
 
 from __future__ import annotations
