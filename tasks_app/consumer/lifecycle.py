@@ -18,7 +18,7 @@ from redis.exceptions import RedisError
 from tasks_app import metrics
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.async_lane import AsyncLane
-from tasks_app.consumer.claiming import Capacity, Claimed, ClaimerLoop, HeldTasks, PauseWatch, withdrawals
+from tasks_app.consumer.claiming import Capacity, Claimed, ClaimerLoop, HeldTasks, PauseWatch, return_unstarted
 from tasks_app.consumer.executor import Executor, RateGate
 from tasks_app.consumer.gates import ConcurrencyGate, RateLimiter
 from tasks_app.consumer.loops import (
@@ -268,19 +268,10 @@ class Consumer:
         return claimed.consumer_id == self.consumer_id and self.lease.fresh(claimed.consumer_id)
 
     def _return_unstarted(self, claimed: list[Claimed], give_up: threading.Event | None = None) -> None:
-        by_owner: dict[tuple[str, str], list[Claimed]] = {}
-        for item in claimed:
-            by_owner.setdefault((item.queue, item.consumer_id), []).append(item)
-        for (queue, consumer_id), items in by_owner.items():
-            raws, withdrawn = [item.raw for item in items], withdrawals(items, settings.TASKS_RESULT_TTL)
-            try:
-                until_done(
-                    partial(self.broker.queue.return_unstarted, queue, consumer_id, raws, withdrawn),
-                    what="return_unstarted",
-                    give_up=give_up or self.give_up,
-                )
-            except GaveUp:
-                logger.error("could not return %d unstarted task(s); the lease will recover them", len(raws))
+        try:
+            return_unstarted(self.broker, claimed, settings.TASKS_RESULT_TTL, give_up or self.give_up)
+        except GaveUp:
+            logger.error("could not return %d unstarted task(s); the lease will recover them", len(claimed))
         self.held.finished(claimed)
 
     def start(self) -> None:
