@@ -80,24 +80,23 @@ class RunClock:
 
     def interrupt(self) -> bool:
         """Raise TaskTimeout in the run's thread, once, unless the handler already returned (or was cancelled)."""
-        with self.lock:
-            if self.returned or self.timeout_error is not None or self.cancel_error is not None:
-                return False
-            self.timeout_error = TaskTimeout(f"task exceeded its timeout of {self.timeout_s:g} s")
-            self.interrupted_monotonic = time.monotonic()
-            if self.armed:
-                _set_async_exc(self.thread_id, TaskTimeout)
-            return True
+        return self._raise_in_thread(TaskTimeout(f"task exceeded its timeout of {self.timeout_s:g} s"))
 
     def force_cancel(self) -> bool:
         """Raise TaskCancelled in the run's thread, once, unless the handler already returned (or timed out)."""
+        return self._raise_in_thread(TaskCancelled("the task was cancelled with force"))
+
+    def _raise_in_thread(self, error: TaskTimeout | TaskCancelled) -> bool:
         with self.lock:
             if self.returned or self.timeout_error is not None or self.cancel_error is not None:
                 return False
-            self.cancel_error = TaskCancelled("the task was cancelled with force")
-            self.forced_monotonic = self.interrupted_monotonic = time.monotonic()
+            self.interrupted_monotonic = time.monotonic()
+            if isinstance(error, TaskTimeout):
+                self.timeout_error = error
+            else:
+                self.cancel_error, self.forced_monotonic = error, self.interrupted_monotonic
             if self.armed:
-                _set_async_exc(self.thread_id, TaskCancelled)
+                _set_async_exc(self.thread_id, type(error))
             return True
 
     def abandon(self, grace_s: float, now_monotonic: float) -> bool:
