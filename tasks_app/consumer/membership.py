@@ -20,6 +20,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence, Sized
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +73,21 @@ class LeaseClock:
         return consumer_id == current_id and time.monotonic() - renewed_at < self.lease_s * (1 - LEASE_MARGIN_SHARE)
 
 
+def renew_at_pace[T](renew: Callable[[], T], problems: ProblemLog[str], name: str, lease_s: float) -> T | None:
+    """Renew a lease; None if Redis is away (said once), to be retried at twice the renewal pace."""
+    # Not run_forever's backoff (up to 5 s): after a Redis restart reapers wait only one lease of
+    # uptime, and a renewal still backing off past that would get this live consumer reaped.
+    try:
+        result = renew()
+    except RedisError as exc:
+        if misconfiguration(exc):
+            raise
+        redis_away(problems, name, exc, lease_s / 6)
+        return None
+    problems.recovered(name, "%s: works again", name)
+    return result
+
+
 class HeartbeatLoop:
     """Renews this consumer's lease every third of the lease, on its own connection."""
 
@@ -96,16 +112,10 @@ class HeartbeatLoop:
     def run_once(self) -> float:
         consumer_id, queues = self.registered()
         sent_at = time.monotonic()
-        try:
-            lost = self.broker.leases.renew_leases(queues, consumer_id, self.lease_ms, instance=self.instance)
-        except RedisError as exc:
-            if misconfiguration(exc):
-                raise
-            # Retry at twice the renewal pace instead of run_forever's backoff (up to 5 s):
-            # after a Redis restart reapers wait only one lease of uptime, and a heartbeat
-            # still backing off past that would get this live consumer reaped.
-            return redis_away(self._problems, self.name, exc, self.lease_ms / 6000)
-        self._problems.recovered(self.name, "%s: works again", self.name)
+        renewal = partial(self.broker.leases.renew_leases, queues, consumer_id, self.lease_ms, instance=self.instance)
+        lost = renew_at_pace(renewal, self._problems, self.name, self.lease_ms / 1000)
+        if lost is None:
+            return self.lease_ms / 6000
         if not lost:
             self.lease.renewed(consumer_id, sent_at)
             metrics.LEASE_RENEWALS.inc()
@@ -357,17 +367,12 @@ class RetiringIds:
                 self._queues[consumer_id] = list(queues)
 
     def run_once(self) -> float:
-        try:
-            self.renew()
-        except RedisError as exc:  # retried at twice the renewal pace, as the heartbeat is
-            if misconfiguration(exc):
-                raise
-            return redis_away(self._problems, self.name, exc, self.lease_s / 6)
-        self._problems.recovered(self.name, "%s: works again", self.name)
-        return self.lease_s / 3
+        done = renew_at_pace(self.renew, self._problems, self.name, self.lease_s)
+        return self.lease_s / 3 if done is not None else self.lease_s / 6
 
-    def renew(self, *, leaving: bool = False) -> None:
-        """Deregister each retiring id where it holds nothing (everywhere, if `leaving`); renew it elsewhere."""
+    def renew(self, *, leaving: bool = False) -> int:
+        """Deregister each retiring id where it holds nothing (everywhere, if `leaving`), renew it elsewhere; how many
+        ids were looked at."""
         with self._lock:
             retiring = {consumer_id: list(queues) for consumer_id, queues in self._queues.items()}
         for consumer_id, queues in retiring.items():
@@ -383,3 +388,4 @@ class RetiringIds:
                 self._queues[consumer_id] = [queue for queue in queues if queue not in left and queue not in lost]
                 if not self._queues[consumer_id]:
                     del self._queues[consumer_id]
+        return len(retiring)
