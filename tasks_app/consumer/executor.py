@@ -42,7 +42,6 @@ from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.async_lane import AsyncLane, Flight, LaneSeat
 from tasks_app.consumer.claiming import Claimed, PauseWatch
 from tasks_app.consumer.gates import Admission, ConcurrencyGate, check_start, key_token_of
-from tasks_app.consumer.loops import GaveUp
 from tasks_app.consumer.settling import Settler
 from tasks_app.consumer.time_limits import (
     RunClock,
@@ -161,16 +160,10 @@ class Executor:
     # --- entry points ----------------------------------------------------------------------
     def execute(self, claimed: Claimed, on_settled: Callable[[], None] | None = None) -> bool:
         """Run a claimed task to its end; True if the ack batcher settles it (and then calls `on_settled`)."""
-        try:
-            if self.pauses.return_if_paused(claimed):  # paused since it was claimed: it does not start
-                return False
-            return self._execute(claimed, on_settled)
-        except GaveUp:
-            raise
-        except BaseException as exc:  # a bug, a write Redis refuses, a handler's odd object: never leave it held
-            logger.exception("unexpected error settling a task of queue %s; dead-lettering it", claimed.queue)
-            self.settler.dead_letter_after_error(claimed, exc)
-            return False
+        # Paused since it was claimed: it does not start.
+        return self.settler.last_resort(
+            claimed, lambda: not self.pauses.return_if_paused(claimed) and self._execute(claimed, on_settled)
+        )
 
     def _execute(self, claimed: Claimed, on_settled: Callable[[], None] | None) -> bool:
         settler = self.settler
@@ -552,14 +545,13 @@ class Executor:
     def _settle_async(
         self, control: RunControl, claimed: Claimed, task: Task, config: TaskTypeConfig, *outcome: Any
     ) -> bool:
-        """Settle an async run's outcome, once it left the watch (see `Settler.settle_safely`)."""
-        try:
+        """Settle an async run's outcome, once it left the watch."""
+
+        def settle() -> bool:
             self.time_limits.end(control)
-        except Exception as exc:  # as `execute` does with a bug: the task is settled all the same
-            logger.exception("unexpected error ending the watch of an async task of queue %s", claimed.queue)
-            self.settler.dead_letter_after_error(claimed, exc)
-            return False
-        return self.settler.settle_safely(claimed, task, config, *outcome)
+            return self.settler.settle_outcome(claimed, task, config, *outcome)
+
+        return self.settler.last_resort(claimed, settle)
 
     def invoke_async(
         self,

@@ -95,6 +95,18 @@ def _formatted(error: BaseException) -> str:
         return f"{type(error).__qualname__} (its traceback cannot be shown: formatting it raised)\n"
 
 
+def _wrapped(claimed: Claimed, last_error: str, reason: str) -> Task:
+    """A task holding claimed bytes as they are (they are not a task, or not one we can settle) for its dead letter."""
+    return Task(
+        id=str(uuid.uuid4()),
+        type=UNDECODABLE_TYPE,
+        queue=claimed.queue,
+        payload=claimed.raw,
+        last_error=last_error,
+        dead_reason=reason,
+    )
+
+
 def _max_result_bytes() -> int:
     return int(settings.TASKS_MAX_RESULT_BYTES)
 
@@ -167,10 +179,10 @@ class Settler:
         self.fail(claimed, task, config, error, failure_traceback(error, raised), duration)
         return False
 
-    def settle_safely(self, claimed: Claimed, task: Task, config: TaskTypeConfig, *outcome: Any) -> bool:
-        """`settle_outcome`, dead-letting the task as a last resort if settling fails."""
+    def last_resort(self, claimed: Claimed, settle: Callable[[], bool]) -> bool:
+        """`settle()`, dead-lettering the task as a last resort if it fails; what `settle()` returned, else False."""
         try:
-            return self.settle_outcome(claimed, task, config, *outcome)
+            return settle()
         except GaveUp:
             raise
         except BaseException as exc:  # a bug, a write Redis refuses, a handler's odd object: never leave it held
@@ -256,20 +268,23 @@ class Settler:
                 task.dead_reason = f"permanent error on attempt {task.attempt}: {task.last_error}"
             else:
                 task.dead_reason = f"failed {task.attempt} of {max_attempts} attempts; last error: {task.last_error}"
-            held = self._dead_letter_failed(claimed, task, config, error_entry, failed_at_ms, duration_s)
+            release = self.release_of(task, config)
+            held = self._dead_letter_final(claimed, task, error_entry, failed_at_ms, release, task.type, duration_s)
+            self._log_event(task, "dead_lettered", duration_s, error=task.last_error)
         if not held:
             self._ack_lost(claimed, task)
 
-    def _dead_letter_failed(
+    def _dead_letter_final(
         self,
         claimed: Claimed,
         task: Task,
-        config: TaskTypeConfig,
         error_entry: dict[str, str],
         failed_at_ms: float,
-        duration_s: float | None,
+        release: UniqueRelease | None,
+        label: str,
+        duration_s: float | None = None,
     ) -> bool:
-        """Dead-letter a task whose run failed for the last time (its `dead_reason` set); False if it was lost."""
+        """Dead-letter a task with its FAILED record (its `dead_reason` set); False if it was lost."""
         update = records.attempt_failed(
             task,
             error_entry,
@@ -280,9 +295,8 @@ class Settler:
             fence=claimed.fence,
             run_s=duration_s,
         )
-        held = self._dead_letter_raw(claimed, encode_task(task), update, self.release_of(task, config))
-        metrics.TASKS_DEAD_LETTERED.labels(task.type, task.queue).inc()
-        self._log_event(task, "dead_lettered", duration_s, error=task.last_error)
+        held = self._dead_letter_raw(claimed, encode_task(task), update, release)
+        metrics.TASKS_DEAD_LETTERED.labels(label, task.queue).inc()
         return held
 
     def _retry(
@@ -326,17 +340,8 @@ class Settler:
         reason = clean_text(reason, MAX_ERROR_MESSAGE_BYTES)
         task.last_error = f"{error_name}: {reason}"
         task.dead_reason = reason
-        update = records.attempt_failed(
-            task,
-            records.error_record(error_name, reason),
-            now_ms(),
-            self.result_ttl_s,
-            final=True,
-            dead_reason=reason,
-            fence=claimed.fence,
-        )
-        held = self._dead_letter_raw(claimed, encode_task(task), update, release)
-        metrics.TASKS_DEAD_LETTERED.labels(self.type_label(task.type), task.queue).inc()
+        error_entry = records.error_record(error_name, reason)
+        held = self._dead_letter_final(claimed, task, error_entry, now_ms(), release, self.type_label(task.type))
         logger.warning(
             "task %s dead-lettered: %s",
             task.id,
@@ -402,27 +407,12 @@ class Settler:
             release = self.release_of(task, self.task_types.get(task.type))
             return encode_task(task), update, self.type_label(task.type), release
         except Exception:  # keep the bytes as they are, wrapped like undecodable ones
-            wrapped = Task(
-                id=str(uuid.uuid4()),
-                type=UNDECODABLE_TYPE,
-                queue=claimed.queue,
-                payload=claimed.raw,
-                last_error=reason,
-                dead_reason=reason,
-            )
-            return encode_task(wrapped), None, UNDECODABLE_TYPE, None
+            return encode_task(_wrapped(claimed, reason, reason)), None, UNDECODABLE_TYPE, None
 
     def dead_letter_undecodable(self, claimed: Claimed, problem: str) -> None:
         """Keep bytes that are not a task, wrapped in one, with the reason."""
         reason = f"undecodable task: {problem}"
-        wrapper = Task(
-            id=str(uuid.uuid4()),
-            type=UNDECODABLE_TYPE,
-            queue=claimed.queue,
-            payload=claimed.raw,
-            last_error=f"UndecodableTask: {problem}",
-            dead_reason=reason,
-        )
+        wrapper = _wrapped(claimed, f"UndecodableTask: {problem}", reason)
         held = self._dead_letter_raw(claimed, encode_task(wrapper), None)
         metrics.TASKS_DEAD_LETTERED.labels(UNDECODABLE_TYPE, claimed.queue).inc()
         logger.warning(
