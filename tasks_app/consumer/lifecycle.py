@@ -18,8 +18,8 @@ from redis.exceptions import RedisError
 from tasks_app import metrics
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.async_lane import AsyncLane
-from tasks_app.consumer.claiming import Capacity, Claimed, ClaimerLoop, HeldTasks, PauseWatch, return_unstarted
-from tasks_app.consumer.executor import Executor, RateGate
+from tasks_app.consumer.claiming import Capacity, Claimed, ClaimerLoop, HeldTasks, return_unstarted
+from tasks_app.consumer.executor import Executor, RateGate, build_executor
 from tasks_app.consumer.gates import ConcurrencyGate, RateLimiter
 from tasks_app.consumer.loops import (
     GaveUp,
@@ -49,9 +49,8 @@ from tasks_app.consumer.membership import (
 )
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.consumer.periodic_loop import scheduler_loops
-from tasks_app.consumer.settling import Settler, record_reaped
+from tasks_app.consumer.settling import record_reaped
 from tasks_app.consumer.supervisor import ProcessGuard, exit_within_s, install_stop_signals
-from tasks_app.consumer.time_limits import RunWatch, TimeLimits
 from tasks_app.protocol.broker import Broker
 from tasks_app.registry import Registry, registry as default_registry
 from tasks_app.task_types import TaskTypeCache
@@ -111,32 +110,27 @@ class Consumer:
         self._init_registration()
 
     def _executor(self, rate_gate: RateGate) -> Executor:
-        """The executor, and what it calls: its settler, its gates, its time limits (kept: the loops and the stop
-        drive them), the asyncio lane."""
-        ttl_s = settings.TASKS_RESULT_TTL
-        settler = Settler(self.broker, self.registry, self.task_types, ttl_s, acks=self.acks, give_up=self.give_up)
-        lane = AsyncLane(self.options.async_concurrency, self.capacity, self.claiming_stopped.is_set)
-        self.time_limits = TimeLimits(settler, RunWatch(self.broker, settler.record, ttl_s), lane)
+        """The executor, with its gates and the asyncio lane; its time limits are kept for the loops and the stop."""
         # Its permits are renewed with the lease, on the heartbeat's connection.
         concurrency = ConcurrencyGate(
             self.broker, self.heartbeat_broker, self.options.lease_s, settings.TASKS_THROTTLE_RECHECK_S, self.give_up
         )
         self.lease.on_renewal(concurrency.renew)
-        return Executor(
+        executor = build_executor(
             self.broker,
             self.registry,
             self.task_types,
             self.consumer_id,
-            ttl_s,
-            settler=settler,
-            time_limits=self.time_limits,
-            pauses=PauseWatch(self.broker, self.give_up, ttl_s),
-            acks=self.acks,
+            settings.TASKS_RESULT_TTL,
             rate_gate=rate_gate,
+            give_up=self.give_up,
+            acks=self.acks,
             concurrency=concurrency,
-            async_lane=lane,
+            async_lane=AsyncLane(self.options.async_concurrency, self.capacity, self.claiming_stopped.is_set),
             lease_check=self._lease_holds,  # again after the gates, just before the start
         )
+        self.time_limits = executor.time_limits
+        return executor
 
     def claimer(self, queue: str) -> ClaimerLoop:
         """The claimer of one of its queues."""
