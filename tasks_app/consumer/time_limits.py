@@ -296,8 +296,11 @@ class TimeLimits:
         """Stop watching a run that ended; write the progress it set since the last tick (before its outcome)."""
         with self._lock:
             run = self.running.pop(key, None)
-        last_progress = progress_update(run, self.settler.result_ttl_s) if run is not None else None
-        if last_progress is not None:
+        if run is not None:
+            self._write_last_progress(run)
+
+    def _write_last_progress(self, run: Running) -> None:
+        if (last_progress := progress_update(run, self.settler.result_ttl_s)) is not None:
             self.watch.record(last_progress)
 
     def tick(self) -> None:
@@ -376,10 +379,7 @@ class TimeLimits:
     def _settle_hung(self, hung: list[Running], hung_async: list[Any], grace_s: float, now: float) -> None:
         for run in hung:
             try:
-                if run.clock.cancel_error is not None:
-                    self._end_forced_run(run, grace_s, now)
-                else:
-                    self._fail_hung_run(run, grace_s, now)
+                self._settle_hung_run(run, grace_s, now)
             except Exception:  # its lease recovers it once the process is gone
                 logger.exception("could not settle hung task %s", run.task.id)
         if self.lane is not None:
@@ -399,32 +399,30 @@ class TimeLimits:
         if self.lane is not None:
             self.lane.fail_taken(flights, error)
 
-    def _fail_hung_run(self, run: Running, grace_s: float, now: float) -> None:
-        assert run.claimed is not None and run.config is not None and run.clock.timeout_error is not None
-        logger.error(
-            "task %s still running %g s past its timeout: failed, and its process will be replaced",
-            run.task.id,
-            grace_s,
-            extra={"task_id": run.task.id, "type": run.task.type, "queue": run.task.queue, "outcome": "hung"},
-        )
-        error = run.clock.timeout_error
-        duration_s = now - run.clock.started_monotonic
-        self.settler.fail(run.claimed, run.task, run.config, error, failure_traceback(error, None), duration_s)
-
-    def _end_forced_run(self, run: Running, grace_s: float, now: float) -> None:
-        """Settle a run still going `grace_s` after its forced cancel: CANCELLED; its process is then replaced."""
+    def _settle_hung_run(self, run: Running, grace_s: float, now: float) -> None:
+        """Settle a run still going `grace_s` after its timeout (failed) or forced cancel (cancelled)."""
         assert run.claimed is not None and run.config is not None
+        forced, timeout_error = run.clock.cancel_error is not None, run.clock.timeout_error
         logger.error(
-            "task %s still running %g s after a forced cancel: cancelled, and its process will be replaced",
+            "task %s still running %g s %s, and its process will be replaced",
             run.task.id,
             grace_s,
-            extra={"task_id": run.task.id, "type": run.task.type, "queue": run.task.queue, "outcome": "cancelled"},
+            "after a forced cancel: cancelled" if forced else "past its timeout: failed",
+            extra={
+                "task_id": run.task.id,
+                "type": run.task.type,
+                "queue": run.task.queue,
+                "outcome": "cancelled" if forced else "hung",
+            },
         )
-        last_progress = progress_update(run, self.settler.result_ttl_s)
-        if last_progress is not None:
-            self.watch.record(last_progress)
         duration_s = now - run.clock.started_monotonic
-        self.settler.end_cancelled(run.claimed, run.task, run.config, duration_s, None)
+        if forced:
+            self._write_last_progress(run)
+            self.settler.end_cancelled(run.claimed, run.task, run.config, duration_s, None)
+        else:
+            assert timeout_error is not None
+            traceback_text = failure_traceback(timeout_error, None)
+            self.settler.fail(run.claimed, run.task, run.config, timeout_error, traceback_text, duration_s)
 
 
 # --- forks -----------------------------------------------------------------------------------------
