@@ -65,9 +65,8 @@ from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
 
 logger = logging.getLogger("tasks_app.tasks")
 
-# A task of a disabled type waits this long before its type is looked at again; enabling the type
-# wakes it at once (see protocol/disabled.py), so a long wait costs nothing but keeps a big backlog
-# from being claimed and deferred again every few seconds.
+# A task of a disabled type waits this long (enabling the type wakes it at once): a big backlog is
+# not claimed and deferred again every few seconds.
 DISABLED_RECHECK_MS = 300_000
 # A task whose type's settings could not be read (the database away) is looked at again this soon.
 SETTINGS_RECHECK_MS = 5000
@@ -233,10 +232,8 @@ class Executor:
         config = self.task_types.get(task.type)
         needs_rows = config is None and (self.registry.get(task.type) is None or not self.task_types.loaded)
         if needs_rows:
-            # A row created since the last refresh (say, a new `@task`'s first enqueue) must not be
-            # missed: reload before calling the type unknown, or before trusting a handler's
-            # defaults while no row was ever read. Once per claim, not per task: a read begun
-            # after the claim holds every row its tasks' producers created.
+            # A row created since the last refresh (a new `@task`'s first enqueue) must not be missed.
+            # Once per claim: a read begun after the claim holds every row its producers created.
             if not self.task_types.holds_rows_since(claimed_at_s):
                 return None, SETTINGS_UNKNOWN
             config = self.task_types.get(task.type)
@@ -478,9 +475,8 @@ class Executor:
         the permit is released once the task is settled."""
 
         def settled() -> None:
-            # Once this process gave up on a hung run (which it cannot tell from the others here),
-            # that run may still go on until the process is gone: the permit stays held, renewed
-            # until then, and lapses with the lease after.
+            # Once this process gave up on a hung run, that run may go on until the process is gone:
+            # the permit stays held, and lapses with the lease after.
             if not self.settler.retry_floor_s:
                 release()
             if on_settled is not None:

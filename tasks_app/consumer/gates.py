@@ -37,12 +37,9 @@ from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
 logger = logging.getLogger(__name__)
 
 # --- rate limits -----------------------------------------------------------------------------------
-# Slack sigma: GCRA's emission interval is widened by sigma / (limit - burst + 1), which costs
-# at most 5% of the rate. Half of sigma lets a woken task start up to sigma/2 early (so the
-# normal lateness of a wake-up does not bounce it back to the queue); the other half, the start
-# margin (at least MIN_START_MARGIN_US), keeps every window of `rate_period` that much clear of an
-# extra start: an admitted task's handler must begin within it, or the task waits again unstarted
-# (StartMissed), so the limit holds at the handlers' starts, not only at the decisions.
+# Slack sigma widens GCRA's emission interval (at most 5% of the rate). Half lets a woken task start
+# up to sigma/2 early; the other half is the start margin: an admitted task's handler must begin
+# within it or wait again (StartMissed), so the limit holds at the handlers' starts.
 SLACK_FRACTION = 0.05
 MAX_SLACK_US = 50_000
 # CPython's thread switch interval (5 ms): a shorter margin would send back every task whose
@@ -50,9 +47,8 @@ MAX_SLACK_US = 50_000
 MIN_START_MARGIN_US = 5_000
 # Of the start margin, what calling the handler may take once its worker checked the time.
 CALL_ALLOWANCE_US = 1_000
-# How many values of a keyed limit holding turns a type notes at once: a change of the limit
-# follows up the deferred tasks of each (scanning the queues they wait in); those of further
-# values wait out their turns.
+# How many values of a keyed limit a type notes, so that a change of the limit follows up their
+# deferred tasks; those of further values wait out their turns.
 MAX_FOLLOWED_KEY_VALUES = 100
 
 
@@ -274,9 +270,8 @@ class ConcurrencyGate:
         metrics.CONCURRENCY_DECISIONS.labels(task.type, "allowed" if taken else "denied").inc()
         self._wake(woken)
         if taken:
-            # Renewed from now on, not before: just after a Redis restart a renewal puts back the
-            # holders it is sent, and must not create one whose permit was refused. A renewal that
-            # misses it meanwhile is harmless: the permit is good for a lease from its taking.
+            # Renewed only from now: a renewal after a Redis restart puts back the holders it is sent,
+            # and must not create one whose permit was refused. Taken, it is good for a lease anyway.
             with self._lock:
                 self._held[holder] = permits
         return holder if taken else None

@@ -217,9 +217,8 @@ class Settler:
         """Write `update` and ack the task (freeing `release` if it was still held); True if the ack batcher
         does it (and then calls `on_settled`)."""
         if self.acks is not None:
-            # Logged by the batcher's one thread once recorded (eight workers contending for the
-            # log handler's lock cost more than the line itself), after every task of its batch
-            # gave its room back: the claimer refills them while the lines are written.
+            # Logged by one thread after the flush (workers contending for the log handler's lock
+            # cost more than the line), once the batch's room is back for the claimer.
             def acked(held: bool | None) -> None:
                 if on_settled is not None:
                     on_settled()
