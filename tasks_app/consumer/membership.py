@@ -236,16 +236,14 @@ def deregister_everywhere(broker: Broker, queues: Sequence[str], consumer_id: st
 
 def holder_is_gone(info: dict[str, Any]) -> bool:
     """True if the holder registered from this host and pid namespace and its process no longer runs."""
-    pid = info.get("pid")
     if info.get("host") != socket.gethostname() or info.get("pid_ns", "") != pid_namespace():
         return False
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
-        return False
+    pid: int = info["pid"]
     if pid == os.getpid():
         return True  # an earlier process that had this pid (a restarted container): it is not running now
     try:
         os.kill(pid, 0)
-    except (ProcessLookupError, OverflowError):  # OverflowError: past the platform's pids, no process has it
+    except ProcessLookupError:
         return True
     except OSError:  # another user's process: alive
         return False
