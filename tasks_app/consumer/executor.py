@@ -78,10 +78,8 @@ SETTINGS_UNKNOWN = "the task types cannot be read"
 AFTER_GRACE = "passed its gates only after the grace period of the stop ended"
 INT32_MAX = 2**31 - 1  # the envelope's attempt field
 
+# Admits a task, or says how many ms it waits (the third argument: its `rate_limit_key` value's token).
 RateGate = Callable[[Task, TaskTypeConfig, str | None], Admission]
-"""Admits a task (its handler to begin by the admission's `start_by`), else says how many ms to
-wait before it may (the third argument: the token of the task's `rate_limit_key` value, None when
-the limit is not keyed)."""
 
 
 def count_run(attempt: int) -> int:
