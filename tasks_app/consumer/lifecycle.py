@@ -23,14 +23,13 @@ from tasks_app.consumer.executor import Executor, RateGate, build_executor
 from tasks_app.consumer.gates import ConcurrencyGate, RateLimiter
 from tasks_app.consumer.loops import (
     GaveUp,
-    HealthLoop,
     HousekeepingLoop,
     IdleCheck,
     Liveness,
     Loop,
     Misconfigured,
     SchedulerLoop,
-    TimeLimitLoop,
+    Ticker,
     misconfiguration,
     start_thread,
     until_done,
@@ -58,6 +57,7 @@ from tasks_app.task_types import TaskTypeCache
 logger = logging.getLogger(__name__)
 
 HEALTH_CHECK_S = 5.0
+TIME_LIMITS_TICK_S = 0.1
 # What a consumer exits with when a key of ours that it starts with is misconfigured (EX_CONFIG).
 EXIT_MISCONFIGURED = 78
 # How often a worker holding a task looks again whether the lease was renewed.
@@ -283,8 +283,9 @@ class Consumer:
             self.reaper,
             self.retiring,
             HousekeepingLoop(self._refresh_task_types, settings.TASKS_CONFIG_REFRESH_S, self.time_limits.tick),
-            TimeLimitLoop(self.guard.watching(self.time_limits.expire_overdue)),  # then hard limits, in process mode
-            HealthLoop(self.broker, self.liveness, HEALTH_CHECK_S),
+            # On a thread that waits on no Redis reply: an outage delays neither a TaskTimeout nor a hard limit.
+            Ticker("time-limits", TIME_LIMITS_TICK_S, self.time_limits.expire_overdue, self.guard.enforce_hard_limits),
+            Ticker("health", HEALTH_CHECK_S, self.broker.inspect.ping, self.liveness.beat),  # alive once Redis answers
             *scheduler_loops(self.broker, opts),
         ]
         self._threads = [start_thread(loop, self.loops_stopped, self.misconfigured) for loop in loops]

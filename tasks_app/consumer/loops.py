@@ -201,19 +201,18 @@ class HousekeepingLoop:
         return self.TICK_S
 
 
-class TimeLimitLoop:
-    """Enforces the running tasks' time limits every tick, on a thread that waits on no Redis reply:
-    a Redis outage (or a frozen server) delays neither a TaskTimeout nor a hard limit."""
+class Ticker:
+    """A loop that makes its calls, in order, every `every_s`."""
 
-    name = "time-limits"
-    TICK_S = 0.1
-
-    def __init__(self, enforce: Callable[[], object]) -> None:
-        self.enforce = enforce
+    def __init__(self, name: str, every_s: float, *calls: Callable[[], object]) -> None:
+        self.name = name
+        self.every_s = every_s
+        self.calls = calls
 
     def run_once(self) -> float:
-        self.enforce()
-        return self.TICK_S
+        for call in self.calls:
+            call()
+        return self.every_s
 
 
 # --- Redis outages ---------------------------------------------------------------------------------
@@ -278,6 +277,16 @@ def until_done[T](
 
 
 # --- liveness and readiness ------------------------------------------------------------------------
+def touch(path: Path, problems: ProblemLog[str], what: str) -> None:
+    """Give `path` a fresh mtime, saying once (as an error) while it cannot be touched."""
+    try:
+        path.touch()
+    except OSError as exc:
+        problems.failed(what, repr(exc), "cannot touch the %s %s: %s", what, path, exc, level=logging.ERROR)
+        return
+    problems.recovered(what, "%s %s touched again", what, path)
+
+
 class Liveness:
     """When a consumer last reached Redis (mirrored to a file's mtime if asked), and whether it may claim."""
 
@@ -300,17 +309,8 @@ class Liveness:
     def beat(self) -> None:
         """Record a successful check now (and touch the health file, saying once if it cannot be)."""
         self._last_ok = time.monotonic()
-        if self.path is None:
-            return
-        # Not the consumer's failure: one that cannot write it (no such directory, no permission) runs
-        # on, and `/healthz` still answers; its liveness probe sees the stale file.
-        try:
-            self.path.touch()  # an existing file gets a fresh mtime
-        except OSError as exc:
-            message = "cannot touch the health file %s: %s"
-            self._file_problem.failed("health file", repr(exc), message, self.path, exc, level=logging.ERROR)
-            return
-        self._file_problem.recovered("health file", "health file %s touched again", self.path)
+        if self.path is not None:  # one it cannot touch is not the consumer's failure: its probe sees a stale file
+            touch(self.path, self._file_problem, "health file")
 
     def age_s(self) -> float:
         """Seconds since the last successful check (infinite before the first)."""
@@ -337,22 +337,6 @@ class Liveness:
         ).encode()
 
 
-class HealthLoop:
-    """Pings Redis every few seconds and, when it answers, records the consumer as alive."""
-
-    name = "health"
-
-    def __init__(self, broker: Broker, liveness: Liveness, interval_s: float) -> None:
-        self.broker = broker
-        self.liveness = liveness
-        self.interval_s = interval_s
-
-    def run_once(self) -> float:
-        self.broker.inspect.ping()
-        self.liveness.beat()
-        return self.interval_s
-
-
 # --- burst mode ------------------------------------------------------------------------------------
 def nothing_to_claim(broker: Broker, queues: Sequence[str], registered: Collection[str] | None = None) -> bool:
     """True once no queue has tasks in flight and only those it may not claim from have tasks waiting (logged)."""
@@ -369,20 +353,13 @@ def nothing_to_claim(broker: Broker, queues: Sequence[str], registered: Collecti
 def _say_left(queue: QueueStats) -> None:
     """Say that `queue`'s waiting tasks are left: it is paused, or this consumer cannot claim from it."""
     if queue.paused:
-        logger.warning(
-            "burst: queue %s is paused with %d task(s) pending and %d delayed; leaving them for a resume",
-            queue.queue,
-            queue.pending,
-            queue.delayed,
-        )
+        message = "burst: queue %s is paused with %d task(s) pending and %d delayed; leaving them for a resume"
     else:
-        logger.warning(
+        message = (
             "burst: queue %s has %d task(s) pending and %d delayed that this consumer cannot claim "
-            "(it is not registered there); leaving them",
-            queue.queue,
-            queue.pending,
-            queue.delayed,
+            "(it is not registered there); leaving them"
         )
+    logger.warning(message, queue.queue, queue.pending, queue.delayed)
 
 
 class IdleCheck:

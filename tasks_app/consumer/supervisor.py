@@ -32,6 +32,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
+from tasks_app.consumer.loops import touch
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.problem_log import ProblemLog
 
@@ -254,13 +255,8 @@ class Supervisor:
                     return
             except FileNotFoundError:
                 return
-        try:  # a file it cannot write leaves the group's probe a stale file, never the group without its supervisor
-            self.health_file.touch()
-        except OSError as exc:
-            message = "cannot touch the group's health file %s: %s"
-            self._health_problem.failed("health file", repr(exc), message, self.health_file, exc, level=logging.ERROR)
-            return
-        self._health_problem.recovered("health file", "group's health file %s touched again", self.health_file)
+        # A file it cannot write leaves the group's probe a stale file, never the group without its supervisor.
+        touch(self.health_file, self._health_problem, "group's health file")
 
 
 # --- a child of the supervisor ---------------------------------------------------------------------
@@ -325,15 +321,6 @@ class ProcessGuard:
         if spent:
             self.leave(EXIT_RECYCLE, f"ran {limit} task(s) (--max-tasks-per-child): recycling")
 
-    def watching(self, watch: Callable[[], object]) -> Callable[[], int]:
-        """`watch` (the soft time limits of the running tasks), then `enforce_hard_limits`."""
-
-        def tick() -> int:
-            watch()
-            return self.enforce_hard_limits()
-
-        return tick
-
     def enforce_hard_limits(self) -> int:
         """Settle runs past their timeout or forced cancel plus grace, and leave; return how many (0 in thread mode)."""
         grace_s = self.options.hard_limit_grace_s
@@ -354,7 +341,8 @@ class ProcessGuard:
             if beat is not None:
                 if os.getppid() != self._parent:
                     self.leave(0, "its supervisor is gone: stopping")
-                self._touch(beat)
+                # A beat file it cannot touch must not end this thread: it must see its supervisor gone.
+                touch(beat, self._beat_problem, "beat file")
             self._check_memory()
 
     def _watch_lifeline(self) -> None:
@@ -369,17 +357,6 @@ class ProcessGuard:
             logger.error("cannot watch the supervisor's lifeline (fd %d): %s", fd, exc)
             return
         self.leave(0, "its supervisor is gone: stopping")
-
-    def _touch(self, beat: Path) -> None:
-        # A supervisor that crashed removed its beat files on its way out: this thread must live
-        # on to see it gone (one that is still there kills a child whose beat stops).
-        try:
-            beat.touch()
-        except OSError as exc:
-            message = "cannot touch the beat file %s: %s"
-            self._beat_problem.failed("beat", repr(exc), message, beat, exc, level=logging.ERROR)
-            return
-        self._beat_problem.recovered("beat", "beat file %s touched again", beat)
 
     def _check_memory(self) -> None:
         # Only after a run (as Celery does): a process over the limit from its start still runs a
