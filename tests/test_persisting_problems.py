@@ -10,7 +10,7 @@ from tasks_app.collectors import QueueCollector
 from tasks_app.consumer import loops as burst, periodic_loop
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.gates import ConcurrencyGate, RateLimiter
-from tasks_app.consumer.loops import run_forever, until_done
+from tasks_app.consumer.loops import run_forever, touch, until_done
 from tasks_app.consumer.membership import HeartbeatLoop, LeaseClock, RetiringIds
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.consumer.periodic_loop import CodeScheduleSync, PeriodicLoop
@@ -232,7 +232,7 @@ def test_concurrency_slots_that_cannot_be_renewed_are_logged_once(key_prefix, br
 def test_a_beat_file_that_cannot_be_touched_is_logged_once(tmp_path, caplog):
     guard = ProcessGuard(ConsumerOptions(), lambda *limits: 0, lambda code, reason: None)
     beat = tmp_path / "gone" / "beat"
-    attempt = partial(guard._touch, beat)
+    attempt = partial(touch, beat, guard._beat_problem, "beat file")
     said_once_then_its_end(caplog, attempt, "cannot touch the beat file", beat.parent.mkdir, "touched again")
 
 

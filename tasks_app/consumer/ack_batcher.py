@@ -1,20 +1,13 @@
 """Writes the results and acks of finished tasks from every worker thread in one round trip per flush.
 
-Workers hand their writes to one flusher thread and move on to the next task. The flusher takes
-whatever has queued up while its previous round trip was in flight (no deliberate wait, so an
-idle consumer adds no latency), writes every result record first and then acks the tasks, one
-script per processing list (on one server a run whose task was reaped writes no record). On
-Redis Cluster the acks wait until a replica of each master that took results has them, or
-TASKS_CLUSTER_WAIT_MS passed (counted, then acked anyway). A task keeps its room in the consumer until
-its ack is written, so a crash can only re-run tasks this consumer held: never more than
-concurrency + prefetch.
+The flusher takes whatever queued up during its previous round trip (no deliberate wait), writes
+every result record first, then acks each processing list's tasks. On Redis Cluster the acks wait
+(up to TASKS_CLUSTER_WAIT_MS) for a replica to hold the results. A task keeps its room in the
+consumer until its ack is written, so a crash re-runs at most concurrency + prefetch tasks.
 
-One entry never holds up the others: an update that cannot be encoded is replaced before it
-joins a batch, and a batch that Redis refuses (a deterministic error, or a write that keeps
-failing while Redis answers) is written again entry by entry, where the refused entry's task
-is acked with a record saying why its result could not be stored (a task Redis takes only acked
-alone, as a large one near maxmemory, gets its result written after the ack, the ack having found
-it). Connection errors are retried with backoff. Every ack's `done` is called, whatever happened.
+One entry never holds up the others: a batch Redis refuses is written again entry by entry, the
+refused entry's task acked with a record saying why its result could not be stored. Every ack's
+`done` is called, whatever happened.
 """
 
 from __future__ import annotations
@@ -77,11 +70,7 @@ Entry = ResultUpdate | _Ack | _Start
 def _flags_by_ack(
     by_owner: dict[Owner, list[_Ack]], flags: dict[Owner, list[bool]], *, resent: bool
 ) -> dict[int, bool | None]:
-    """Each ack's flag by its id(): True acked, False no longer held, None unknown.
-
-    A batch sent again after a failed send may have been applied by that send (its reply lost):
-    a task it no longer finds was acked then, or recovered meanwhile; which, nobody can tell.
-    """
+    """Each ack's flag by its id(): True acked, False no longer held, None unknown."""
     by_ack: dict[int, bool | None] = {
         id(item): flag for owner, items in by_owner.items() for item, flag in zip(items, flags[owner], strict=True)
     }
@@ -292,10 +281,7 @@ class AckBatcher:
         return {}
 
     def _record_acked_alone(self, update: ResultUpdate) -> None:
-        """Write the result of a task acked without it (Redis refused the two together, a large task's twice).
-
-        The ack found the task, so the run held it: written unheld, as is, else as a failure saying why.
-        """
+        """Write the result of a task acked without it (Redis refused the two together, a large task's twice)."""
         if (problem := self._write_unheld(update)) is not None:
             self._record_unstored(update, problem)
 
@@ -329,11 +315,7 @@ class AckBatcher:
     def _send(
         self, updates: list[ResultUpdate], acks: list[_Ack], starts: Sequence[_Start] = (), *, resent: bool = False
     ) -> dict[int, bool | None]:
-        """One round trip (retried through outages); the flag of each ack by its id() (`resent`: sent before).
-
-        A result write that Redis refuses (its reply is an error) stops no ack: the task of an
-        outcome refused this way is recorded FAILED with the reason instead.
-        """
+        """One round trip (retried through outages); the flag of each ack by its id() (`resent`: sent before)."""
         by_owner: dict[Owner, list[_Ack]] = {}
         for item in acks:
             by_owner.setdefault((item.queue, item.consumer_id), []).append(item)

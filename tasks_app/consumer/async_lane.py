@@ -1,20 +1,11 @@
 """The asyncio lane: `async def` handlers of a consumer run on one event loop, not a thread each.
 
-A worker thread takes one of the lane's `--async-concurrency` seats before the task's gates
-(waiting while the lane is full; if the consumer begins to stop meanwhile, the task goes back
-unstarted), so that a rate admission is taken only when its run can begin at once (a task
-deferred at a gate gives the seat back); then it checks the lease and records the start as for
-any task, so a run begins as soon as its start is written; it hands the coroutine here and moves
-on, the task giving back its room in the consumer. The outcome is settled
-through the same path as a sync run (results, retries, acks and fences): a success is handed to the
-ack batcher from the loop (that only queues it), anything else is settled on a small pool of
-threads, so the loop never waits on Redis. A task keeps its lane seat until its ack is written: a
-crash can re-run at most concurrency + prefetch + async concurrency tasks. A forced cancel
-(`cancel`) cancels the run's asyncio task: TaskCancelled where its coroutine awaits.
-
-Whatever a handler does to the loop, the lane goes on: a `loop.stop()` is logged and the loop run
-again (its runs go on); a loop closed by a handler (it can only be closed while stopped) fails the
-runs it held, and the next runs start on a new loop.
+A worker takes a lane seat before the task's gates (so a rate admission is spent only when the run
+can begin at once), records the start as for any task, hands the coroutine here and moves on. A
+success is handed to the ack batcher from the loop; anything else is settled on a small thread pool,
+so the loop never waits on Redis. A task keeps its seat until its ack is written: a crash re-runs at
+most concurrency + prefetch + async concurrency tasks. A handler's `loop.stop()` is logged and the
+loop run again; a loop it closed fails its runs, and the next ones start on a new loop.
 """
 
 from __future__ import annotations
@@ -124,10 +115,7 @@ class AsyncLane:
             return self._running
 
     def reserve(self) -> LaneSeat | None:
-        """Take a seat for a run, waiting while the lane is full; `submit` hands it to the run.
-
-        None if the consumer began to stop before a seat was free: the run must not start.
-        """
+        """Take a seat for a run, waiting while the lane is full; `submit` hands it to the run."""
         while not self._seats.acquire(timeout=SEAT_WAIT_S):
             if self.stopping():
                 return None
@@ -161,10 +149,7 @@ class AsyncLane:
             self._call_soon(loop, self._cancel_on_loop, flight)
 
     def take_hung(self, grace_s: float) -> list[HungFlight]:
-        """Take every run still going `grace_s` past its timeout or forced cancel (its loop is blocked), once each.
-
-        A run taken here is no longer settled by its own end: `settle_hung` settles it.
-        """
+        """Take every run still going `grace_s` past its timeout or forced cancel (its loop is blocked), once each."""
         return [(flight, error) for flight, error in self._hung(grace_s, time.monotonic()) if flight.take_settling()]
 
     def settle_hung(self, hung: list[HungFlight], grace_s: float) -> None:
@@ -367,14 +352,10 @@ class AsyncLane:
 
 # --- calls handed to the loop in batches -----------------------------------------------------------
 class LoopInbox:
-    """Callbacks handed to one event loop from any thread, called on it in the order given.
+    """Callbacks handed to one event loop from any thread, called on it in the order given."""
 
-    `call_soon_threadsafe` for each makes a handle and writes to the loop's wake-up socket every
-    time; while the loop is busy, callbacks come faster than it wakes, and one scheduled drain
-    takes them all. A callback is queued before the flag is read, and the drain clears the flag
-    before it takes callbacks: one that found the flag set is taken by the drain that is due, one
-    that found it clear schedules a drain of its own, so none is left waiting.
-    """
+    # One drain takes every callback queued while the loop was busy. A callback is queued before the
+    # flag is read and the drain clears the flag before taking callbacks, so none is left waiting.
 
     __slots__ = ("_calls", "_loop", "_scheduled")
 

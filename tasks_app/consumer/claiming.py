@@ -1,29 +1,13 @@
 """Claiming for a consumer: one claimer thread per queue fills the consumer's bounded room for tasks.
 
 A claimer takes room for a batch claim only; its blocking wait on an empty queue holds none, so a
-consumer on more queues than room for tasks still starts a task on any of them as soon as it is
-pushed. What it claims is a `Claimed` task: the exact bytes in its processing list, with its
-claim's token, held (`HeldTasks`) until it is settled.
+task pushed on any queue starts at once. Room: at most concurrency + prefetch tasks; the automatic
+prefetch holds what the consumer would start within PREFETCH_HORIZON_S at its recent pace.
 
-Room (backpressure): a consumer holds at most concurrency + prefetch tasks. With a fixed prefetch
-it always claims that far ahead. With the automatic prefetch (`runconsumer` default) the room
-beyond the running tasks follows the consumer's pace: it holds only what it would start within
-PREFETCH_HORIZON_S at its recent claim rate, at most AUTO_PREFETCH_MAX. A consumer draining a
-backlog of short tasks claims in large batches (fewer round trips per task); one running slow
-tasks prefetches nothing and leaves the queue to idle peers.
-
-Claim receipts let a worker start a claimed task without waiting for its RUNNING write. A cancel
-is decided on the task's record (`cancel.lua`), and so is the start of a run. Right after a claim,
-the claimer writes a receipt to the record of each task it moved, all in one round trip
-(`claim_receipts.lua`): Redis turns down the receipt of a task already cancelled (the worker drops
-it unrun), and a cancel that comes after an accepted receipt is a request to this consumer: a task
-that waited here unstarted for CANCEL_CHECK_S or more asks for one before its gates and its start,
-and a running handler sees it as `context.cancelled`. The RUNNING write that follows carries the
-receipt's token: it goes out with the next flush, usually merged with the run's outcome.
-
-Tasks of a queue paused after they were claimed go back unstarted (claims of it stop in
-lua/claim.lua), their receipts withdrawn: a cancel while the queue stays paused cancels them
-outright.
+Claim receipts: right after a claim, one round trip writes a receipt to each task's record
+(`claim_receipts.lua`). A task cancelled before is turned down (dropped unrun); a cancel after is a
+request to this consumer, so a worker can start a receipted task without waiting for its RUNNING
+write. Tasks of a queue paused since their claim go back unstarted, their receipts withdrawn.
 """
 
 from __future__ import annotations
@@ -36,6 +20,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
 from django.conf import settings
 from redis.exceptions import RedisError
@@ -83,11 +68,7 @@ NOT_A_RECORD = -1
 
 
 def with_receipts(broker: Broker, claimed: Sequence[Claimed], result_ttl_s: int) -> list[Claimed]:
-    """Write the receipts of freshly claimed tasks; return them decoded, each with its record's answer.
-
-    A task that cannot be decoded gets no receipt (its worker dead-letters it). If Redis cannot
-    be reached, no task has one: their workers then wait for their RUNNING writes instead.
-    """
+    """Write the receipts of freshly claimed tasks; return them decoded, each with its record's answer."""
     tasks = [_decoded(item.raw) for item in claimed]
     claims = [(task.id, item.fence) for item, task in zip(claimed, tasks, strict=True) if task is not None]
     try:
@@ -233,12 +214,7 @@ class Capacity:
 
 # --- the tasks held, and the suspect turn ----------------------------------------------------------
 class HeldTasks:
-    """Claimed tasks not yet let go of, counted per processing list (twins can be claimed at once).
-
-    A task leaves through `finished`, which gives back its room in the consumer (and the suspect turn,
-    if it was the suspect). At most one suspect (a task recovered from a consumer that died) is held
-    at a time, so a death can be pinned on it.
-    """
+    """Claimed tasks not yet let go of, counted per processing list (twins can be claimed at once)."""
 
     def __init__(self, capacity: Capacity) -> None:
         self.capacity = capacity
@@ -250,11 +226,7 @@ class HeldTasks:
 
     @contextlib.contextmanager
     def together(self) -> Iterator[None]:
-        """Give back the room of the tasks this thread finishes in the block at once, when it ends.
-
-        The ack batcher finishes a flush's tasks in one: its claimer then takes their room in one
-        claim, instead of a claim for each task as its room frees.
-        """
+        """Give back the room of the tasks this thread finishes in the block at once, when it ends."""
         if getattr(self._together, "room", None) is not None:  # nested: the outer block gives them back
             yield
             return
@@ -351,11 +323,20 @@ class PauseWatch:
 
     def return_unstarted(self, claimed: Claimed) -> None:
         """Put a claimed task back at the head of pending, unstarted, its receipt withdrawn."""
-        withdrawn = withdrawals([claimed], self.result_ttl_s)
+        return_unstarted(self.broker, [claimed], self.result_ttl_s, self.give_up)
+
+
+def return_unstarted(broker: Broker, claimed: Sequence[Claimed], ttl_s: int, give_up: threading.Event) -> None:
+    """Put claimed tasks back at the head of pending, unstarted, their receipts withdrawn."""
+    by_owner: dict[tuple[str, str], list[Claimed]] = {}
+    for item in claimed:
+        by_owner.setdefault((item.queue, item.consumer_id), []).append(item)
+    for (queue, consumer_id), items in by_owner.items():
+        raws, withdrawn = [item.raw for item in items], withdrawals(items, ttl_s)
         until_done(
-            lambda: self.broker.queue.return_unstarted(claimed.queue, claimed.consumer_id, [claimed.raw], withdrawn),
+            partial(broker.queue.return_unstarted, queue, consumer_id, raws, withdrawn),
             what="return_unstarted",
-            give_up=self.give_up,
+            give_up=give_up,
         )
 
 
@@ -373,11 +354,7 @@ REGISTERED_RECHECK_S = 0.25
 
 
 class ClaimerLoop:
-    """Claims tasks of one queue while there is room: a batch at once, else one blocking move.
-
-    Every lease (and at once after a claim failed on the wire) it audits its processing list
-    against what the consumer holds, returning strays: tasks a claim moved whose reply was lost.
-    """
+    """Claims tasks of one queue while there is room: a batch at once, else one blocking move."""
 
     def __init__(
         self,
@@ -508,13 +485,9 @@ class ClaimerLoop:
         self.dispatch(with_receipts(self.broker, claimed, self._result_ttl_s))
 
     def reconcile(self) -> None:
-        """Return tasks that sit in our processing list unbeknown to us (a claim's lost reply).
-
-        Only this thread adds to this queue's processing list and to what the consumer holds of
-        it, so taking the held tasks first and listing second can only make us see fewer strays,
-        never a held task as one. Left alone a stray would wait, unstarted, until this consumer
-        stops.
-        """
+        """Return tasks that sit in our processing list unbeknown to us (a claim's lost reply)."""
+        # Only this thread adds to this list and to what we hold of it: taking the held tasks first
+        # and listing second can only miss strays, never take a held task for one.
         consumer_id = self.consumer_id()
         held = self.held.raws(self.queue, consumer_id)
         listed = self.broker.queue.held_by(self.queue, consumer_id)

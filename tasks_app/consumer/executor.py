@@ -42,7 +42,6 @@ from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.async_lane import AsyncLane, Flight, LaneSeat
 from tasks_app.consumer.claiming import Claimed, PauseWatch
 from tasks_app.consumer.gates import Admission, ConcurrencyGate, check_start, key_token_of
-from tasks_app.consumer.loops import GaveUp
 from tasks_app.consumer.settling import Settler
 from tasks_app.consumer.time_limits import (
     RunClock,
@@ -66,9 +65,8 @@ from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
 
 logger = logging.getLogger("tasks_app.tasks")
 
-# A task of a disabled type waits this long before its type is looked at again; enabling the type
-# wakes it at once (see protocol/disabled.py), so a long wait costs nothing but keeps a big backlog
-# from being claimed and deferred again every few seconds.
+# A task of a disabled type waits this long (enabling the type wakes it at once): a big backlog is
+# not claimed and deferred again every few seconds.
 DISABLED_RECHECK_MS = 300_000
 # A task whose type's settings could not be read (the database away) is looked at again this soon.
 SETTINGS_RECHECK_MS = 5000
@@ -80,10 +78,8 @@ SETTINGS_UNKNOWN = "the task types cannot be read"
 AFTER_GRACE = "passed its gates only after the grace period of the stop ended"
 INT32_MAX = 2**31 - 1  # the envelope's attempt field
 
+# Admits a task, or says how many ms it waits (the third argument: its `rate_limit_key` value's token).
 RateGate = Callable[[Task, TaskTypeConfig, str | None], Admission]
-"""Admits a task (its handler to begin by the admission's `start_by`), else says how many ms to
-wait before it may (the third argument: the token of the task's `rate_limit_key` value, None when
-the limit is not keyed)."""
 
 
 def count_run(attempt: int) -> int:
@@ -104,10 +100,7 @@ class NotStarted(enum.Enum):
 
 
 async def as_current[T](context: TaskContext, start: Callable[[], Awaitable[T]]) -> T:
-    """Await what `start()` returns, with `context` as what `tasks_app.context.current()` returns in it.
-
-    Nothing is made before this coroutine begins: closed unstarted, it leaves no coroutine unawaited.
-    """
+    """Await what `start()` returns, with `context` as what `tasks_app.context.current()` returns in it."""
     with running(context):
         return await start()
 
@@ -164,16 +157,10 @@ class Executor:
     # --- entry points ----------------------------------------------------------------------
     def execute(self, claimed: Claimed, on_settled: Callable[[], None] | None = None) -> bool:
         """Run a claimed task to its end; True if the ack batcher settles it (and then calls `on_settled`)."""
-        try:
-            if self.pauses.return_if_paused(claimed):  # paused since it was claimed: it does not start
-                return False
-            return self._execute(claimed, on_settled)
-        except GaveUp:
-            raise
-        except BaseException as exc:  # a bug, a write Redis refuses, a handler's odd object: never leave it held
-            logger.exception("unexpected error settling a task of queue %s; dead-lettering it", claimed.queue)
-            self.settler.dead_letter_after_error(claimed, exc)
-            return False
+        # Paused since it was claimed: it does not start.
+        return self.settler.last_resort(
+            claimed, lambda: not self.pauses.return_if_paused(claimed) and self._execute(claimed, on_settled)
+        )
 
     def _execute(self, claimed: Claimed, on_settled: Callable[[], None] | None) -> bool:
         settler = self.settler
@@ -243,10 +230,8 @@ class Executor:
         config = self.task_types.get(task.type)
         needs_rows = config is None and (self.registry.get(task.type) is None or not self.task_types.loaded)
         if needs_rows:
-            # A row created since the last refresh (say, a new `@task`'s first enqueue) must not be
-            # missed: reload before calling the type unknown, or before trusting a handler's
-            # defaults while no row was ever read. Once per claim, not per task: a read begun
-            # after the claim holds every row its tasks' producers created.
+            # A row created since the last refresh (a new `@task`'s first enqueue) must not be missed.
+            # Once per claim: a read begun after the claim holds every row its producers created.
             if not self.task_types.holds_rows_since(claimed_at_s):
                 return None, SETTINGS_UNKNOWN
             config = self.task_types.get(task.type)
@@ -438,11 +423,7 @@ class Executor:
         timed_out: Callable[[], BaseException | None] = lambda: None,
         begin: Callable[[], None] = no_start_check,
     ) -> Any:
-        """Call a handler with the task's arguments (and its context if it takes one, and as `context.current()`).
-
-        `begin` is called just before: what it raises (StartMissed, past its rate admission's start margin)
-        stops the run unstarted.
-        """
+        """Call a handler with the task's arguments (and its context if it takes one, and as `context.current()`)."""
         with running(context):
             if handler.django_task is not None:
                 return runner.run(handler.django_task, context, arguments, self.broker.records, timed_out, begin)
@@ -465,11 +446,7 @@ class Executor:
         arguments: Arguments,
         on_settled: Callable[[], None] | None,
     ) -> bool:
-        """Pass an async task's gates and start it on the lane; True if the lane settles it (and calls `on_settled`).
-
-        Its lane seat comes first: a rate admission is taken only once its run can begin at once, not
-        spent while it waits for room on a full lane (past its start margin).
-        """
+        """Pass an async task's gates and start it on the lane; True if the lane settles it (and calls `on_settled`)."""
         lane = self.async_lane
         assert lane is not None
         seat = lane.reserve()
@@ -496,9 +473,8 @@ class Executor:
         the permit is released once the task is settled."""
 
         def settled() -> None:
-            # Once this process gave up on a hung run (which it cannot tell from the others here),
-            # that run may still go on until the process is gone: the permit stays held, renewed
-            # until then, and lapses with the lease after.
+            # Once this process gave up on a hung run, that run may go on until the process is gone:
+            # the permit stays held, and lapses with the lease after.
             if not self.settler.retry_floor_s:
                 release()
             if on_settled is not None:
@@ -524,13 +500,7 @@ class Executor:
         seat: LaneSeat,
         begin: Callable[[], None],
     ) -> bool:
-        """Hand the run to the lane in `seat`, watched; it calls `on_settled` once the task is settled (always True).
-
-        An async run is watched like a thread run (keyed by its RunControl): the housekeeping tick
-        tells it of cancels and writes its progress, and a forced cancel cancels its asyncio task.
-        It leaves the watch when it ends, its last progress written just before its outcome.
-        `begin` is called on the loop as the run begins (see `invoke_async`).
-        """
+        """Hand the run to the lane in `seat`, watched; it calls `on_settled` once the task is settled (always True)."""
         lane = self.async_lane
         assert lane is not None
         timeout_s = config.timeout_s or None
@@ -569,14 +539,13 @@ class Executor:
     def _settle_async(
         self, control: RunControl, claimed: Claimed, task: Task, config: TaskTypeConfig, *outcome: Any
     ) -> bool:
-        """Settle an async run's outcome, once it left the watch (see `Settler.settle_safely`)."""
-        try:
+        """Settle an async run's outcome, once it left the watch."""
+
+        def settle() -> bool:
             self.time_limits.end(control)
-        except Exception as exc:  # as `execute` does with a bug: the task is settled all the same
-            logger.exception("unexpected error ending the watch of an async task of queue %s", claimed.queue)
-            self.settler.dead_letter_after_error(claimed, exc)
-            return False
-        return self.settler.settle_safely(claimed, task, config, *outcome)
+            return self.settler.settle_outcome(claimed, task, config, *outcome)
+
+        return self.settler.last_resort(claimed, settle)
 
     def invoke_async(
         self,
@@ -586,17 +555,9 @@ class Executor:
         timeout_s: float | None,
         begin: Callable[[], None] = no_start_check,
     ) -> Coroutine[Any, Any, Any]:
-        """The coroutine of an `async def` handler's run, cancelled with TaskTimeout at `timeout_s`.
-
-        It calls `begin` first, on its loop: what that raises (StartMissed, if the loop lets it begin
-        only past its rate admission's start margin) ends it before the handler is called.
-        The handler's own coroutine is made only as it begins: one closed before then (a forced
-        cancel, a loop that cannot take it) leaves no coroutine unawaited.
-
-        What calling the handler raises (arguments its signature does not take), or sending a
-        task_started receiver's error, is raised by the coroutine: the run fails as one that
-        raised, and is retried like any other, never dead-lettered as a settling failure.
-        """
+        """The coroutine of an `async def` handler's run, cancelled with TaskTimeout at `timeout_s`."""
+        # The handler's coroutine is made only as it begins: one closed before leaves none unawaited.
+        # What calling it raises fails the run like a raise (retried), never as a settling failure.
         if handler.django_task is None:
             return as_current(context, partial(_handler_run, handler, context, arguments, timeout_s, begin))
         try:

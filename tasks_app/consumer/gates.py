@@ -1,17 +1,11 @@
 """The gates a task passes before it starts: its type's rate limit, then its concurrency cap.
 
-Rate limits: a type's limit becomes GCRA parameters, and Redis takes one decision per task in
-one atomic script on the server clock (lua/rate_limit.lua), so the limit holds across every
-consumer. docs/PROTOCOL.md ("Rate limits") proves the bound.
+Rate limits: GCRA decided in one atomic script on the server clock (lua/rate_limit.lua), so the
+limit holds across every consumer; docs/PROTOCOL.md proves the bound.
 
-Concurrency caps (`max_running`): a capped type's task runs only while it holds one of the type's
-permits (a slot set, in Redis). A permit is held under this consumer's lease: taken with the
-lease's length, renewed by every heartbeat, released when the run ends. A consumer that dies stops
-renewing, so its permits lapse with its lease and the next script on that set evicts them. A task
-that finds no free permit is deferred into delayed (no attempt used) and queued as a waiter; each
-freed permit is handed to the oldest waiter, whose task is moved to pending at once. The
-deferral's due time (about TASKS_THROTTLE_RECHECK_S) is only the fallback for a wake that was
-lost. docs/PROTOCOL.md ("Concurrency caps") has the scripts.
+Concurrency caps (`max_running`): a run holds one of the type's permits under this consumer's lease
+(renewed by every heartbeat, lapsing with it). A task that finds none free is deferred, no attempt
+used, and queued as a waiter; a freed permit wakes the oldest waiter at once.
 """
 
 from __future__ import annotations
@@ -43,12 +37,9 @@ from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
 logger = logging.getLogger(__name__)
 
 # --- rate limits -----------------------------------------------------------------------------------
-# Slack sigma: GCRA's emission interval is widened by sigma / (limit - burst + 1), which costs
-# at most 5% of the rate. Half of sigma lets a woken task start up to sigma/2 early (so the
-# normal lateness of a wake-up does not bounce it back to the queue); the other half, the start
-# margin (at least MIN_START_MARGIN_US), keeps every window of `rate_period` that much clear of an
-# extra start: an admitted task's handler must begin within it, or the task waits again unstarted
-# (StartMissed), so the limit holds at the handlers' starts, not only at the decisions.
+# Slack sigma widens GCRA's emission interval (at most 5% of the rate). Half lets a woken task start
+# up to sigma/2 early; the other half is the start margin: an admitted task's handler must begin
+# within it or wait again (StartMissed), so the limit holds at the handlers' starts.
 SLACK_FRACTION = 0.05
 MAX_SLACK_US = 50_000
 # CPython's thread switch interval (5 ms): a shorter margin would send back every task whose
@@ -56,9 +47,8 @@ MAX_SLACK_US = 50_000
 MIN_START_MARGIN_US = 5_000
 # Of the start margin, what calling the handler may take once its worker checked the time.
 CALL_ALLOWANCE_US = 1_000
-# How many values of a keyed limit holding turns a type notes at once: a change of the limit
-# follows up the deferred tasks of each (scanning the queues they wait in); those of further
-# values wait out their turns.
+# How many values of a keyed limit a type notes, so that a change of the limit follows up their
+# deferred tasks; those of further values wait out their turns.
 MAX_FOLLOWED_KEY_VALUES = 100
 
 
@@ -76,13 +66,10 @@ class RatePolicy:
 
     @classmethod
     def for_config(cls, config: TaskTypeConfig) -> RatePolicy:
-        """Derive the limiter parameters of a rate-limited type.
-
-        GCRA with emission interval T and tolerance tau admits at most L starts in any window of
-        length W whenever L*T - tau >= W. With burst b, tau = (b-1)*T + e (e = sigma/2, early
-        wake-ups) and T = (W + e + m) / (L - b + 1) give L*T - tau = W + m: handlers that begin
-        within the start margin m of their admissions start at most L times in any window W.
-        """
+        """Derive the limiter parameters of a rate-limited type."""
+        # GCRA admits at most L starts in any window W when L*T - tau >= W. With burst b,
+        # tau = (b-1)*T + e and T = (W + e + m) / (L - b + 1) give L*T - tau = W + m, so handlers
+        # that begin within the start margin m of their admissions start at most L times per W.
         limit = int(config.rate_limit or 0)
         if limit < 1:
             raise ValueError(f"task type {config.name!r} has no rate limit")
@@ -283,9 +270,8 @@ class ConcurrencyGate:
         metrics.CONCURRENCY_DECISIONS.labels(task.type, "allowed" if taken else "denied").inc()
         self._wake(woken)
         if taken:
-            # Renewed from now on, not before: just after a Redis restart a renewal puts back the
-            # holders it is sent, and must not create one whose permit was refused. A renewal that
-            # misses it meanwhile is harmless: the permit is good for a lease from its taking.
+            # Renewed only from now: a renewal after a Redis restart puts back the holders it is sent,
+            # and must not create one whose permit was refused. Taken, it is good for a lease anyway.
             with self._lock:
                 self._held[holder] = permits
         return holder if taken else None

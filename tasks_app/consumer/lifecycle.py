@@ -18,19 +18,18 @@ from redis.exceptions import RedisError
 from tasks_app import metrics
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.async_lane import AsyncLane
-from tasks_app.consumer.claiming import Capacity, Claimed, ClaimerLoop, HeldTasks, PauseWatch, withdrawals
-from tasks_app.consumer.executor import Executor, RateGate
+from tasks_app.consumer.claiming import Capacity, Claimed, ClaimerLoop, HeldTasks, return_unstarted
+from tasks_app.consumer.executor import Executor, RateGate, build_executor
 from tasks_app.consumer.gates import ConcurrencyGate, RateLimiter
 from tasks_app.consumer.loops import (
     GaveUp,
-    HealthLoop,
     HousekeepingLoop,
     IdleCheck,
     Liveness,
     Loop,
     Misconfigured,
     SchedulerLoop,
-    TimeLimitLoop,
+    Ticker,
     misconfiguration,
     start_thread,
     until_done,
@@ -49,9 +48,8 @@ from tasks_app.consumer.membership import (
 )
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.consumer.periodic_loop import scheduler_loops
-from tasks_app.consumer.settling import Settler, record_reaped
+from tasks_app.consumer.settling import record_reaped
 from tasks_app.consumer.supervisor import ProcessGuard, exit_within_s, install_stop_signals
-from tasks_app.consumer.time_limits import RunWatch, TimeLimits
 from tasks_app.protocol.broker import Broker
 from tasks_app.registry import Registry, registry as default_registry
 from tasks_app.task_types import TaskTypeCache
@@ -59,6 +57,7 @@ from tasks_app.task_types import TaskTypeCache
 logger = logging.getLogger(__name__)
 
 HEALTH_CHECK_S = 5.0
+TIME_LIMITS_TICK_S = 0.1
 # What a consumer exits with when a key of ours that it starts with is misconfigured (EX_CONFIG).
 EXIT_MISCONFIGURED = 78
 # How often a worker holding a task looks again whether the lease was renewed.
@@ -66,11 +65,9 @@ LEASE_WAIT_S = 0.05
 
 
 def _own_broker(broker: Broker | None) -> Broker:
-    """The broker a consumer settles through: a new one, or a copy of one given that another consumer uses.
-
-    A broker carries its consumer's instance token, sent with every settle: one shared by two consumers
-    would carry the last one's only, and the other's settles would find their tasks no longer held.
-    """
+    """The broker a consumer settles through: a new one, or a copy of one given that another consumer uses."""
+    # A broker carries its consumer's instance token with every settle: one shared by two consumers
+    # would carry only the last one's, and the other's settles would find their tasks not held.
     if broker is None:
         return Broker.from_settings(resend=False)  # a lost claim reply is ours to reconcile
     return copy.copy(broker) if broker.queue.instance else broker
@@ -113,32 +110,27 @@ class Consumer:
         self._init_registration()
 
     def _executor(self, rate_gate: RateGate) -> Executor:
-        """The executor, and what it calls: its settler, its gates, its time limits (kept: the loops and the stop
-        drive them), the asyncio lane."""
-        ttl_s = settings.TASKS_RESULT_TTL
-        settler = Settler(self.broker, self.registry, self.task_types, ttl_s, acks=self.acks, give_up=self.give_up)
-        lane = AsyncLane(self.options.async_concurrency, self.capacity, self.claiming_stopped.is_set)
-        self.time_limits = TimeLimits(settler, RunWatch(self.broker, settler.record, ttl_s), lane)
+        """The executor, with its gates and the asyncio lane; its time limits are kept for the loops and the stop."""
         # Its permits are renewed with the lease, on the heartbeat's connection.
         concurrency = ConcurrencyGate(
             self.broker, self.heartbeat_broker, self.options.lease_s, settings.TASKS_THROTTLE_RECHECK_S, self.give_up
         )
         self.lease.on_renewal(concurrency.renew)
-        return Executor(
+        executor = build_executor(
             self.broker,
             self.registry,
             self.task_types,
             self.consumer_id,
-            ttl_s,
-            settler=settler,
-            time_limits=self.time_limits,
-            pauses=PauseWatch(self.broker, self.give_up, ttl_s),
-            acks=self.acks,
+            settings.TASKS_RESULT_TTL,
             rate_gate=rate_gate,
+            give_up=self.give_up,
+            acks=self.acks,
             concurrency=concurrency,
-            async_lane=lane,
+            async_lane=AsyncLane(self.options.async_concurrency, self.capacity, self.claiming_stopped.is_set),
             lease_check=self._lease_holds,  # again after the gates, just before the start
         )
+        self.time_limits = executor.time_limits
+        return executor
 
     def claimer(self, queue: str) -> ClaimerLoop:
         """The claimer of one of its queues."""
@@ -186,11 +178,7 @@ class Consumer:
 
     # --- identity --------------------------------------------------------------------------
     def register(self, consumer_id: str | None = None) -> None:
-        """Recover what an earlier run under this id left behind, then take a lease (see registration.py).
-
-        A run that exited cleanly left nothing (it deregistered); anything left belongs to a run
-        that died, so it is recovered as a dead consumer's tasks are: counted, via suspects.
-        """
+        """Recover what an earlier run under this id left behind, then take a lease (see registration.py)."""
         self.registration.register(consumer_id or self.consumer_id)
 
     def registered_on(self, queue: str) -> bool:
@@ -203,10 +191,7 @@ class Consumer:
         return self.registration.current()[1]
 
     def lease_lost(self, lost_id: str, queues: Sequence[str] | None = None) -> None:
-        """Our lease expired (or we were reaped) on `queues` (None: all): tombstone that id, register a new one.
-
-        Where the old id's lease still holds, it retires once its tasks there are settled (retiring.py).
-        """
+        """Our lease expired (or we were reaped) on `queues` (None: all): tombstone that id, register a new one."""
         with self.registration.lock:
             registered_id, registered = self.registration.current()
             lost_on = [queue for queue in registered if queues is None or queue in queues]
@@ -266,11 +251,7 @@ class Consumer:
                 self.guard.ran_one()
 
     def _lease_holds(self, claimed: Claimed) -> bool:
-        """Wait while the lease may have lapsed; True once it surely holds for `claimed`'s identity.
-
-        A task starts only under a lease renewed less than lease - margin ago: one that is not
-        renewed in time stays held here, and if the lease is lost it is the reaper's.
-        """
+        """Wait while the lease may have lapsed; True once it surely holds for `claimed`'s identity."""
         while (
             not self.lease.fresh(claimed.consumer_id)
             and claimed.consumer_id == self.consumer_id
@@ -281,19 +262,10 @@ class Consumer:
         return claimed.consumer_id == self.consumer_id and self.lease.fresh(claimed.consumer_id)
 
     def _return_unstarted(self, claimed: list[Claimed], give_up: threading.Event | None = None) -> None:
-        by_owner: dict[tuple[str, str], list[Claimed]] = {}
-        for item in claimed:
-            by_owner.setdefault((item.queue, item.consumer_id), []).append(item)
-        for (queue, consumer_id), items in by_owner.items():
-            raws, withdrawn = [item.raw for item in items], withdrawals(items, settings.TASKS_RESULT_TTL)
-            try:
-                until_done(
-                    partial(self.broker.queue.return_unstarted, queue, consumer_id, raws, withdrawn),
-                    what="return_unstarted",
-                    give_up=give_up or self.give_up,
-                )
-            except GaveUp:
-                logger.error("could not return %d unstarted task(s); the lease will recover them", len(raws))
+        try:
+            return_unstarted(self.broker, claimed, settings.TASKS_RESULT_TTL, give_up or self.give_up)
+        except GaveUp:
+            logger.error("could not return %d unstarted task(s); the lease will recover them", len(claimed))
         self.held.finished(claimed)
 
     def start(self) -> None:
@@ -311,8 +283,9 @@ class Consumer:
             self.reaper,
             self.retiring,
             HousekeepingLoop(self._refresh_task_types, settings.TASKS_CONFIG_REFRESH_S, self.time_limits.tick),
-            TimeLimitLoop(self.guard.watching(self.time_limits.expire_overdue)),  # then hard limits, in process mode
-            HealthLoop(self.broker, self.liveness, HEALTH_CHECK_S),
+            # On a thread that waits on no Redis reply: an outage delays neither a TaskTimeout nor a hard limit.
+            Ticker("time-limits", TIME_LIMITS_TICK_S, self.time_limits.expire_overdue, self.guard.enforce_hard_limits),
+            Ticker("health", HEALTH_CHECK_S, self.broker.inspect.ping, self.liveness.beat),  # alive once Redis answers
             *scheduler_loops(self.broker, opts),
         ]
         self._threads = [start_thread(loop, self.loops_stopped, self.misconfigured) for loop in loops]

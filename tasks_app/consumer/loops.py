@@ -1,17 +1,10 @@
-"""Background loops of a consumer, each with a `run_once()` that tests can call directly; how they ride out
-Redis outages; its liveness and readiness, and the HTTP endpoint serving them and its metrics.
+"""Background loops of a consumer (each `run_once()` callable by tests), how they ride out Redis
+outages, its liveness and readiness, and the HTTP endpoint serving them and its metrics.
 
-Redis outages: a call is retried with backoff until Redis takes it (`until_done`); a deterministic
-error surfaces at once. A loop's pass that fails on a misconfigured key (see `Misconfigured`) is
-said once and makes the consumer unready until a pass goes through.
-
-Liveness is when the consumer last reached Redis (a file's mtime, `/healthz`); readiness
-(`/readyz`) adds that it read the task types and that no loop is misconfigured.
-
-Burst mode: a consumer started with `--burst` exits once it has nothing left it may claim. A
-paused queue counts as idle: its pending and delayed tasks wait for a resume that a burst run
-cannot wait for (as RQ's burst workers leave when suspended). So does a queue the consumer is not
-registered on. Tasks in flight on any queue still keep it running.
+A call is retried with backoff until Redis takes it (`until_done`); a deterministic error surfaces at
+once. A pass failing on a misconfigured key is said once and makes `/readyz` red until one passes.
+Burst mode exits once nothing is left to claim: paused queues, and queues the consumer is not
+registered on, count as idle.
 """
 
 from __future__ import annotations
@@ -94,11 +87,7 @@ MISCONFIGURED_PACE_S = 1.0
 
 
 def run_forever(loop: Loop, stop: threading.Event, misconfigured: Misconfigured | None = None) -> None:
-    """Call `loop.run_once()` until `stop` is set, backing off through Redis outages.
-
-    A misconfigured key (see `Misconfigured`) is said once per distinct error, and the loop goes on at the
-    pace its last pass asked for; a bug is said once, and the loop goes on each second.
-    """
+    """Call `loop.run_once()` until `stop` is set, backing off through Redis outages."""
     backoff_s, pace_s = 0.0, MISCONFIGURED_PACE_S
     problems: ProblemLog[str] = ProblemLog(logger)  # an outage or a bug is met at every pass: said once
     misconfigured = misconfigured or Misconfigured()
@@ -212,19 +201,18 @@ class HousekeepingLoop:
         return self.TICK_S
 
 
-class TimeLimitLoop:
-    """Enforces the running tasks' time limits every tick, on a thread that waits on no Redis reply:
-    a Redis outage (or a frozen server) delays neither a TaskTimeout nor a hard limit."""
+class Ticker:
+    """A loop that makes its calls, in order, every `every_s`."""
 
-    name = "time-limits"
-    TICK_S = 0.1
-
-    def __init__(self, enforce: Callable[[], object]) -> None:
-        self.enforce = enforce
+    def __init__(self, name: str, every_s: float, *calls: Callable[[], object]) -> None:
+        self.name = name
+        self.every_s = every_s
+        self.calls = calls
 
     def run_once(self) -> float:
-        self.enforce()
-        return self.TICK_S
+        for call in self.calls:
+            call()
+        return self.every_s
 
 
 # --- Redis outages ---------------------------------------------------------------------------------
@@ -242,11 +230,7 @@ class GaveUp(Exception):
 
 
 class WriteRefused(Exception):
-    """A write kept failing on the wire while Redis answered other commands: it is the write.
-
-    Redis drops the connection of a command over its limits (a value over proto-max-bulk-len),
-    which looks like an outage; retrying such a write would never end.
-    """
+    """A write kept failing on the wire while Redis answered other commands: it is the write."""
 
 
 def next_backoff_s(previous_s: float) -> float:
@@ -269,13 +253,7 @@ def until_done[T](
     refused_after: int = 0,
     redis_answers: Callable[[], bool] = lambda: False,
 ) -> T:
-    """Run `call` until Redis accepts it; raise GaveUp once `give_up` is set.
-
-    Only transient errors are retried: any other error (a ResponseError, an encoding error)
-    would fail again the same way, so it is raised for the caller to settle. With
-    `refused_after`, a call failing that many times in a row while `redis_answers()` raises
-    WriteRefused.
-    """
+    """Run `call` until Redis accepts it; raise GaveUp once `give_up` is set."""
     backoff_s = 0.0
     failures = 0
     while True:
@@ -299,6 +277,16 @@ def until_done[T](
 
 
 # --- liveness and readiness ------------------------------------------------------------------------
+def touch(path: Path, problems: ProblemLog[str], what: str) -> None:
+    """Give `path` a fresh mtime, saying once (as an error) while it cannot be touched."""
+    try:
+        path.touch()
+    except OSError as exc:
+        problems.failed(what, repr(exc), "cannot touch the %s %s: %s", what, path, exc, level=logging.ERROR)
+        return
+    problems.recovered(what, "%s %s touched again", what, path)
+
+
 class Liveness:
     """When a consumer last reached Redis (mirrored to a file's mtime if asked), and whether it may claim."""
 
@@ -321,17 +309,8 @@ class Liveness:
     def beat(self) -> None:
         """Record a successful check now (and touch the health file, saying once if it cannot be)."""
         self._last_ok = time.monotonic()
-        if self.path is None:
-            return
-        # Not the consumer's failure: one that cannot write it (no such directory, no permission) runs
-        # on, and `/healthz` still answers; its liveness probe sees the stale file.
-        try:
-            self.path.touch()  # an existing file gets a fresh mtime
-        except OSError as exc:
-            message = "cannot touch the health file %s: %s"
-            self._file_problem.failed("health file", repr(exc), message, self.path, exc, level=logging.ERROR)
-            return
-        self._file_problem.recovered("health file", "health file %s touched again", self.path)
+        if self.path is not None:  # one it cannot touch is not the consumer's failure: its probe sees a stale file
+            touch(self.path, self._file_problem, "health file")
 
     def age_s(self) -> float:
         """Seconds since the last successful check (infinite before the first)."""
@@ -358,28 +337,9 @@ class Liveness:
         ).encode()
 
 
-class HealthLoop:
-    """Pings Redis every few seconds and, when it answers, records the consumer as alive."""
-
-    name = "health"
-
-    def __init__(self, broker: Broker, liveness: Liveness, interval_s: float) -> None:
-        self.broker = broker
-        self.liveness = liveness
-        self.interval_s = interval_s
-
-    def run_once(self) -> float:
-        self.broker.inspect.ping()
-        self.liveness.beat()
-        return self.interval_s
-
-
 # --- burst mode ------------------------------------------------------------------------------------
 def nothing_to_claim(broker: Broker, queues: Sequence[str], registered: Collection[str] | None = None) -> bool:
-    """True once no queue has tasks in flight and only those it may not claim from have tasks waiting (logged).
-
-    `registered`: the queues the consumer may claim from (None: all of them).
-    """
+    """True once no queue has tasks in flight and only those it may not claim from have tasks waiting (logged)."""
     claimable = [queue for queue in queues if registered is None or queue in registered]
     stats = [broker.inspect.queue_stats(queue) for queue in queues]
     if any(s.processing or (s.queue in claimable and not s.paused and (s.pending or s.delayed)) for s in stats):
@@ -393,20 +353,13 @@ def nothing_to_claim(broker: Broker, queues: Sequence[str], registered: Collecti
 def _say_left(queue: QueueStats) -> None:
     """Say that `queue`'s waiting tasks are left: it is paused, or this consumer cannot claim from it."""
     if queue.paused:
-        logger.warning(
-            "burst: queue %s is paused with %d task(s) pending and %d delayed; leaving them for a resume",
-            queue.queue,
-            queue.pending,
-            queue.delayed,
-        )
+        message = "burst: queue %s is paused with %d task(s) pending and %d delayed; leaving them for a resume"
     else:
-        logger.warning(
+        message = (
             "burst: queue %s has %d task(s) pending and %d delayed that this consumer cannot claim "
-            "(it is not registered there); leaving them",
-            queue.queue,
-            queue.pending,
-            queue.delayed,
+            "(it is not registered there); leaving them"
         )
+    logger.warning(message, queue.queue, queue.pending, queue.delayed)
 
 
 class IdleCheck:

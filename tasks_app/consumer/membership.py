@@ -1,24 +1,13 @@
 """A consumer's membership of its queues: its identity, its lease and heartbeat, its registration, the
 ids it retires, and the reaper that recovers what dead members held.
 
-Identity: a fixed `--consumer-id` restarted at once, or child `<id>-<n>` of a supervisor restarted
-while an orphan of the previous one still finishes its runs under that id, must not run beside
-that live holder (one could reap, return or ack the other's tasks). The lease entry names its
-holder (host, pid, pid namespace): a holder of this host whose process is gone (killed, crashed)
-is dead now, and the new run recovers its list at once; one still running, or on another host
-(which cannot be asked), is waited for until it deregisters or its lease lapses (then it is
-presumed dead).
+Identity: a restarted `--consumer-id` must not run beside a live holder of that id. A holder of this
+host whose process is gone is dead now (its list is recovered at once); any other is waited for
+until it deregisters or its lease lapses.
 
-Registration: registering on a queue recovers what an earlier run under the id left there, then
-takes the lease. The queues it is registered on are listed in the queue set (what the dashboard
-finds queues by) again once a lease, so a set deleted lists them again without a restart.
-
-Retiring: on Redis Cluster a consumer can lose its lease entry on one queue (a failover lost the
-write, its node was cut off for a lease) while it still holds the others. It then takes a new id
-on every queue, but what it started under the old id on the other queues still runs: there the
-old id's lease is renewed (each lease/3, like the heartbeat) until none of its tasks is held any
-more, then deregistered (what it had claimed but not started goes back to pending, uncounted). So
-no reaper recovers and re-runs those runs while they go on.
+Retiring: on Redis Cluster a consumer can lose its lease on one queue only. It takes a new id
+everywhere, and renews the old one where it still holds runs until they are settled, so no reaper
+re-runs them while they go on.
 """
 
 from __future__ import annotations
@@ -31,6 +20,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence, Sized
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +73,21 @@ class LeaseClock:
         return consumer_id == current_id and time.monotonic() - renewed_at < self.lease_s * (1 - LEASE_MARGIN_SHARE)
 
 
+def renew_at_pace[T](renew: Callable[[], T], problems: ProblemLog[str], name: str, lease_s: float) -> T | None:
+    """Renew a lease; None if Redis is away (said once), to be retried at twice the renewal pace."""
+    # Not run_forever's backoff (up to 5 s): after a Redis restart reapers wait only one lease of
+    # uptime, and a renewal still backing off past that would get this live consumer reaped.
+    try:
+        result = renew()
+    except RedisError as exc:
+        if misconfiguration(exc):
+            raise
+        redis_away(problems, name, exc, lease_s / 6)
+        return None
+    problems.recovered(name, "%s: works again", name)
+    return result
+
+
 class HeartbeatLoop:
     """Renews this consumer's lease every third of the lease, on its own connection."""
 
@@ -107,16 +112,10 @@ class HeartbeatLoop:
     def run_once(self) -> float:
         consumer_id, queues = self.registered()
         sent_at = time.monotonic()
-        try:
-            lost = self.broker.leases.renew_leases(queues, consumer_id, self.lease_ms, instance=self.instance)
-        except RedisError as exc:
-            if misconfiguration(exc):
-                raise
-            # Retry at twice the renewal pace instead of run_forever's backoff (up to 5 s):
-            # after a Redis restart reapers wait only one lease of uptime, and a heartbeat
-            # still backing off past that would get this live consumer reaped.
-            return redis_away(self._problems, self.name, exc, self.lease_ms / 6000)
-        self._problems.recovered(self.name, "%s: works again", self.name)
+        renewal = partial(self.broker.leases.renew_leases, queues, consumer_id, self.lease_ms, instance=self.instance)
+        lost = renew_at_pace(renewal, self._problems, self.name, self.lease_ms / 1000)
+        if lost is None:
+            return self.lease_ms / 6000
         if not lost:
             self.lease.renewed(consumer_id, sent_at)
             metrics.LEASE_RENEWALS.inc()
@@ -159,10 +158,7 @@ class ReaperLoop:
             self.reap(queue, consumer_id)
 
     def reap(self, queue: str, consumer_id: str, *, own_earlier_run: bool = False) -> int:
-        """Reap one consumer's list on one queue completely; return how many tasks moved.
-
-        With `own_earlier_run`, recover what an earlier run of this process's id left behind.
-        """
+        """Reap one consumer's list on one queue completely; return how many tasks moved."""
         moved = 0
         while True:
             outcome = self.broker.leases.reap(
@@ -240,16 +236,14 @@ def deregister_everywhere(broker: Broker, queues: Sequence[str], consumer_id: st
 
 def holder_is_gone(info: dict[str, Any]) -> bool:
     """True if the holder registered from this host and pid namespace and its process no longer runs."""
-    pid = info.get("pid")
     if info.get("host") != socket.gethostname() or info.get("pid_ns", "") != pid_namespace():
         return False
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
-        return False
+    pid: int = info["pid"]
     if pid == os.getpid():
         return True  # an earlier process that had this pid (a restarted container): it is not running now
     try:
         os.kill(pid, 0)
-    except (ProcessLookupError, OverflowError):  # OverflowError: past the platform's pids, no process has it
+    except ProcessLookupError:
         return True
     except OSError:  # another user's process: alive
         return False
@@ -272,10 +266,7 @@ def live_holders(broker: Broker, queues: Sequence[str], consumer_id: str) -> lis
 def wait_until_free(
     broker: Broker, queues: Sequence[str], consumer_id: str, stop: threading.Event, reached: Callable[[], None]
 ) -> None:
-    """Wait while another live process holds `consumer_id` on any of `queues`; raise GaveUp if `stop` is set.
-
-    `reached` is called at each answer from Redis: a consumer waiting for its id is alive (its health file stays fresh).
-    """
+    """Wait while another live process holds `consumer_id` on any of `queues`; raise GaveUp if `stop` is set."""
     waited = False
     while held := until_done(lambda: live_holders(broker, queues, consumer_id), what="register", give_up=stop):
         reached()
@@ -327,10 +318,7 @@ class Registration:
         return consumer_id, list(queues)
 
     def register(self, consumer_id: str) -> list[str]:
-        """Register `consumer_id` on every queue (it is the current id now); return them.
-
-        A key of ours that Redis refuses here (another type) fails the registration: a misconfiguration.
-        """
+        """Register `consumer_id` on every queue (it is the current id now); return them."""
         with self.lock:
             for queue in self.queues:
                 recover_earlier_run(self.reaper, queue, consumer_id)
@@ -377,17 +365,12 @@ class RetiringIds:
                 self._queues[consumer_id] = list(queues)
 
     def run_once(self) -> float:
-        try:
-            self.renew()
-        except RedisError as exc:  # retried at twice the renewal pace, as the heartbeat is
-            if misconfiguration(exc):
-                raise
-            return redis_away(self._problems, self.name, exc, self.lease_s / 6)
-        self._problems.recovered(self.name, "%s: works again", self.name)
-        return self.lease_s / 3
+        done = renew_at_pace(self.renew, self._problems, self.name, self.lease_s)
+        return self.lease_s / 3 if done is not None else self.lease_s / 6
 
-    def renew(self, *, leaving: bool = False) -> None:
-        """Deregister each retiring id where it holds nothing (everywhere, if `leaving`); renew it elsewhere."""
+    def renew(self, *, leaving: bool = False) -> int:
+        """Deregister each retiring id where it holds nothing (everywhere, if `leaving`), renew it elsewhere; how many
+        ids were looked at."""
         with self._lock:
             retiring = {consumer_id: list(queues) for consumer_id, queues in self._queues.items()}
         for consumer_id, queues in retiring.items():
@@ -403,3 +386,4 @@ class RetiringIds:
                 self._queues[consumer_id] = [queue for queue in queues if queue not in left and queue not in lost]
                 if not self._queues[consumer_id]:
                     del self._queues[consumer_id]
+        return len(retiring)

@@ -35,11 +35,7 @@ EARLY_RETRY_MS = 100
 
 
 class PeriodicLoop:
-    """Fires the due slot of every enabled schedule and sleeps until the nearest next slot (or the refresh).
-
-    Rows are re-read every `refresh_s`, so admin edits arrive without a restart. Each due slot costs
-    this consumer one script call, which pushes the run only if no one did before.
-    """
+    """Fires the due slot of every enabled schedule and sleeps until the nearest next slot (or the refresh)."""
 
     name = "periodic"
 

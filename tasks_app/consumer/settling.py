@@ -57,11 +57,7 @@ MAX_DOUBLINGS = 1023
 
 
 def backoff_delay_s(attempt: int, base_s: float, rng: random.Random | None = None) -> float:
-    """Return the wait before the run after failed run `attempt` (1-based).
-
-    The ceiling doubles each attempt (base * 2^(attempt-1), capped at an hour); the wait is
-    drawn uniformly from its upper half, so failures that happened together spread out.
-    """
+    """Return the wait before the run after failed run `attempt` (1-based)."""
     ceiling = min(MAX_BACKOFF_S, base_s * 2.0 ** min(max(0, attempt - 1), MAX_DOUBLINGS))
     return (rng or random).uniform(ceiling / 2, ceiling)
 
@@ -97,6 +93,18 @@ def _formatted(error: BaseException) -> str:
         return "".join(traceback.format_exception(error))
     except BaseException:  # traceback shields from an Exception in __str__, not from SystemExit and its kin
         return f"{type(error).__qualname__} (its traceback cannot be shown: formatting it raised)\n"
+
+
+def _wrapped(claimed: Claimed, last_error: str, reason: str) -> Task:
+    """A task holding claimed bytes as they are (they are not a task, or not one we can settle) for its dead letter."""
+    return Task(
+        id=str(uuid.uuid4()),
+        type=UNDECODABLE_TYPE,
+        queue=claimed.queue,
+        payload=claimed.raw,
+        last_error=last_error,
+        dead_reason=reason,
+    )
 
 
 def _max_result_bytes() -> int:
@@ -171,10 +179,10 @@ class Settler:
         self.fail(claimed, task, config, error, failure_traceback(error, raised), duration)
         return False
 
-    def settle_safely(self, claimed: Claimed, task: Task, config: TaskTypeConfig, *outcome: Any) -> bool:
-        """`settle_outcome`, dead-letting the task as a last resort if settling fails."""
+    def last_resort(self, claimed: Claimed, settle: Callable[[], bool]) -> bool:
+        """`settle()`, dead-lettering the task as a last resort if it fails; what `settle()` returned, else False."""
         try:
-            return self.settle_outcome(claimed, task, config, *outcome)
+            return settle()
         except GaveUp:
             raise
         except BaseException as exc:  # a bug, a write Redis refuses, a handler's odd object: never leave it held
@@ -209,9 +217,8 @@ class Settler:
         """Write `update` and ack the task (freeing `release` if it was still held); True if the ack batcher
         does it (and then calls `on_settled`)."""
         if self.acks is not None:
-            # Logged by the batcher's one thread once recorded (eight workers contending for the
-            # log handler's lock cost more than the line itself), after every task of its batch
-            # gave its room back: the claimer refills them while the lines are written.
+            # Logged by one thread after the flush (workers contending for the log handler's lock
+            # cost more than the line), once the batch's room is back for the claimer.
             def acked(held: bool | None) -> None:
                 if on_settled is not None:
                     on_settled()
@@ -260,20 +267,23 @@ class Settler:
                 task.dead_reason = f"permanent error on attempt {task.attempt}: {task.last_error}"
             else:
                 task.dead_reason = f"failed {task.attempt} of {max_attempts} attempts; last error: {task.last_error}"
-            held = self._dead_letter_failed(claimed, task, config, error_entry, failed_at_ms, duration_s)
+            release = self.release_of(task, config)
+            held = self._dead_letter_final(claimed, task, error_entry, failed_at_ms, release, task.type, duration_s)
+            self._log_event(task, "dead_lettered", duration_s, error=task.last_error)
         if not held:
             self._ack_lost(claimed, task)
 
-    def _dead_letter_failed(
+    def _dead_letter_final(
         self,
         claimed: Claimed,
         task: Task,
-        config: TaskTypeConfig,
         error_entry: dict[str, str],
         failed_at_ms: float,
-        duration_s: float | None,
+        release: UniqueRelease | None,
+        label: str,
+        duration_s: float | None = None,
     ) -> bool:
-        """Dead-letter a task whose run failed for the last time (its `dead_reason` set); False if it was lost."""
+        """Dead-letter a task with its FAILED record (its `dead_reason` set); False if it was lost."""
         update = records.attempt_failed(
             task,
             error_entry,
@@ -284,9 +294,8 @@ class Settler:
             fence=claimed.fence,
             run_s=duration_s,
         )
-        held = self._dead_letter_raw(claimed, encode_task(task), update, self.release_of(task, config))
-        metrics.TASKS_DEAD_LETTERED.labels(task.type, task.queue).inc()
-        self._log_event(task, "dead_lettered", duration_s, error=task.last_error)
+        held = self._dead_letter_raw(claimed, encode_task(task), update, release)
+        metrics.TASKS_DEAD_LETTERED.labels(label, task.queue).inc()
         return held
 
     def _retry(
@@ -330,17 +339,8 @@ class Settler:
         reason = clean_text(reason, MAX_ERROR_MESSAGE_BYTES)
         task.last_error = f"{error_name}: {reason}"
         task.dead_reason = reason
-        update = records.attempt_failed(
-            task,
-            records.error_record(error_name, reason),
-            now_ms(),
-            self.result_ttl_s,
-            final=True,
-            dead_reason=reason,
-            fence=claimed.fence,
-        )
-        held = self._dead_letter_raw(claimed, encode_task(task), update, release)
-        metrics.TASKS_DEAD_LETTERED.labels(self.type_label(task.type), task.queue).inc()
+        error_entry = records.error_record(error_name, reason)
+        held = self._dead_letter_final(claimed, task, error_entry, now_ms(), release, self.type_label(task.type))
         logger.warning(
             "task %s dead-lettered: %s",
             task.id,
@@ -406,27 +406,12 @@ class Settler:
             release = self.release_of(task, self.task_types.get(task.type))
             return encode_task(task), update, self.type_label(task.type), release
         except Exception:  # keep the bytes as they are, wrapped like undecodable ones
-            wrapped = Task(
-                id=str(uuid.uuid4()),
-                type=UNDECODABLE_TYPE,
-                queue=claimed.queue,
-                payload=claimed.raw,
-                last_error=reason,
-                dead_reason=reason,
-            )
-            return encode_task(wrapped), None, UNDECODABLE_TYPE, None
+            return encode_task(_wrapped(claimed, reason, reason)), None, UNDECODABLE_TYPE, None
 
     def dead_letter_undecodable(self, claimed: Claimed, problem: str) -> None:
         """Keep bytes that are not a task, wrapped in one, with the reason."""
         reason = f"undecodable task: {problem}"
-        wrapper = Task(
-            id=str(uuid.uuid4()),
-            type=UNDECODABLE_TYPE,
-            queue=claimed.queue,
-            payload=claimed.raw,
-            last_error=f"UndecodableTask: {problem}",
-            dead_reason=reason,
-        )
+        wrapper = _wrapped(claimed, f"UndecodableTask: {problem}", reason)
         held = self._dead_letter_raw(claimed, encode_task(wrapper), None)
         metrics.TASKS_DEAD_LETTERED.labels(UNDECODABLE_TYPE, claimed.queue).inc()
         logger.warning(
@@ -457,11 +442,7 @@ class Settler:
             self._ack_lost(claimed, task)
 
     def start_again(self, claimed: Claimed, task: Task) -> bool:
-        """Send back a task whose handler could not begin within its rate admission's start margin (False).
-
-        Due at once, no attempt used, its record READY again: its gate asks the limiter anew, and the
-        admission it missed stays spent, so no window of the limit gains a start.
-        """
+        """Send back a task whose handler could not begin within its rate admission's start margin (False)."""
         if self.acks is not None:
             self.acks.barrier()  # its RUNNING record goes first
         self.defer(claimed, task, 0, "rate_start_missed", records.start_undone(task, claimed.fence, self.result_ttl_s))
@@ -485,12 +466,7 @@ class Settler:
     def drop_if_cancelled_while_held(
         self, claimed: Claimed, task: Task, config: TaskTypeConfig, on_settled: Callable[[], None] | None
     ) -> bool | None:
-        """Drop a receipted task that waited here unstarted for CANCEL_CHECK_S or more if it was cancelled meanwhile.
-
-        None if it was not (it goes on), else what `drop_cancelled` returned. Its receipt made a
-        cancel since then a request to this consumer, which runs no watch over waiting tasks: one
-        round trip, only for tasks that waited (a prefetch behind slow runs).
-        """
+        """Drop a receipted task that waited here unstarted for CANCEL_CHECK_S or more if it was cancelled meanwhile."""
         if claimed.receipt is None or time.monotonic() - claimed.claimed_at_s < CANCEL_CHECK_S:
             return None
         [mark] = self.redis(lambda: self.broker.control.cancel_marks(task.queue, [task.id]), "cancel_marks")
@@ -539,13 +515,9 @@ class Settler:
         )
 
     def _settle(self, what: str, move: Callable[[ResultUpdate | None], bool], update: ResultUpdate | None) -> bool:
-        """Move a task on (ack, retry, defer, dead letter) with its run's record `update` in one call; False if lost.
-
-        If Redis keeps refusing the two (over maxmemory, where a script's first write may not be
-        a record's), the move alone, which takes the task out of the list first; then the record,
-        fenced by the run (a later run's claim keeps its own). Refused too, the move raises, and
-        the last resort (see `dead_letter_after_error`) leaves the task listed at worst.
-        """
+        """Move a task on (ack, retry, defer, dead letter) with its run's record `update` in one call; False if lost."""
+        # If Redis keeps refusing the two (over maxmemory), the move alone, which takes the task out of
+        # the list first; then the record, fenced by the run. Refused too, the last resort settles it.
         try:
             return self.redis(lambda: move(update), what)
         except WriteRefused as exc:
@@ -609,12 +581,7 @@ class Settler:
 def record_reaped(
     broker: Broker, task_types: TaskTypeCache, queue: str, dead: list[bytes], *, give_up: threading.Event
 ) -> None:
-    """Count, log and record as failed the tasks of a dead consumer that the reaper dead-lettered.
-
-    The tasks are already dead letters, so no later pass records them: a write is retried
-    through an outage (until `give_up`), and one Redis refuses is logged without stopping the rest.
-    They failed for good, so a unique one frees its key (unique_until = finished).
-    """
+    """Count, log and record as failed the tasks of a dead consumer that the reaper dead-lettered."""
     reaped_logger = logging.getLogger("tasks_app.consumer.lifecycle")  # these lines were always the consumer's
     at_ms = int(time.time() * 1000)
     for raw in dead:

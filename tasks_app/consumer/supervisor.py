@@ -1,27 +1,17 @@
 r"""Process mode and stop signals: `runconsumer --processes N` starts N consumer processes and keeps them running.
 
-Each child is a fresh `runconsumer` (no fork: Django and Redis connections are never shared)
-with an id of its own, `<id>-<n>`; a replacement reuses it, so it recovers at once what a dead
-predecessor held. Each child beats on a file of its own that has no name (an unlinked temporary
-file passed as `/dev/fd/N`), so a supervisor killed with SIGKILL leaves nothing on disk, and
-holds the read end of a pipe whose write end only the supervisor has: at its EOF (the
-supervisor gone, however it died) the child stops claiming and stops gracefully. A child whose
-beat file stops advancing (wedged in C with the GIL held) is killed with SIGKILL and replaced.
+Each child is a fresh `runconsumer` (no fork) with an id of its own, `<id>-<n>`, which a replacement
+reuses to recover at once what its predecessor held. A child beats on an unlinked file (a SIGKILLed
+supervisor leaves nothing on disk) and holds the read end of a pipe only the supervisor writes: at
+its EOF the child stops gracefully. A child whose beat stops advancing is killed and replaced.
 
-A child leaves with a documented exit code, and its supervisor starts a replacement at once
-(`ProcessGuard`): `EXIT_RECYCLE` after `--max-tasks-per-child` runs or above
-`--max-memory-per-child` MB, `EXIT_HARD_LIMIT` after a handler outlived its timeout, or a forced
-cancel, by the grace period (`--timeout-grace`). Either way it stops claiming, returns what it had
-not started and lets its other running tasks finish. One that crashes is replaced after a backoff.
+A child leaves with `EXIT_RECYCLE` (`--max-tasks-per-child`, `--max-memory-per-child`) or
+`EXIT_HARD_LIMIT` (a handler outlived its timeout or forced cancel by `--timeout-grace`), and is
+replaced at once (`ProcessGuard`); one that crashes is replaced after a backoff.
 
-Stop signals, as in Celery and gunicorn: SIGTERM (and Ctrl-C's SIGINT) is a graceful stop and a
-second one exits at once; SIGQUIT (Ctrl-\) is that second signal at once. SIGHUP (its terminal
-closed) stops gracefully too, unless it was ignored when the process started (`nohup`). A child of
-a supervisor gets the same request twice, by two routes: Ctrl-C (or systemd) signals every process
-of the group, and its supervisor passes the signal on, as late as its load makes it. So a
-supervised child never exits at once on a later signal: only its supervisor, on a second signal to
-itself, decides that (and kills it). SIGTERM, SIGINT or SIGHUP to the supervisor stops every child
-gracefully, then it exits 0; a second signal, or SIGQUIT, kills them and exits 1 at once.
+Signals, as in Celery and gunicorn: SIGTERM, SIGINT and SIGHUP (unless ignored at start, `nohup`)
+stop gracefully, a second one exits at once, SIGQUIT exits at once. A supervised child gets each
+signal twice (from the group and from its supervisor), so only the supervisor acts on a second one.
 """
 
 from __future__ import annotations
@@ -42,6 +32,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
+from tasks_app.consumer.loops import touch
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.problem_log import ProblemLog
 
@@ -264,13 +255,8 @@ class Supervisor:
                     return
             except FileNotFoundError:
                 return
-        try:  # a file it cannot write leaves the group's probe a stale file, never the group without its supervisor
-            self.health_file.touch()
-        except OSError as exc:
-            message = "cannot touch the group's health file %s: %s"
-            self._health_problem.failed("health file", repr(exc), message, self.health_file, exc, level=logging.ERROR)
-            return
-        self._health_problem.recovered("health file", "group's health file %s touched again", self.health_file)
+        # A file it cannot write leaves the group's probe a stale file, never the group without its supervisor.
+        touch(self.health_file, self._health_problem, "group's health file")
 
 
 # --- a child of the supervisor ---------------------------------------------------------------------
@@ -335,15 +321,6 @@ class ProcessGuard:
         if spent:
             self.leave(EXIT_RECYCLE, f"ran {limit} task(s) (--max-tasks-per-child): recycling")
 
-    def watching(self, watch: Callable[[], object]) -> Callable[[], int]:
-        """`watch` (the soft time limits of the running tasks), then `enforce_hard_limits`."""
-
-        def tick() -> int:
-            watch()
-            return self.enforce_hard_limits()
-
-        return tick
-
     def enforce_hard_limits(self) -> int:
         """Settle runs past their timeout or forced cancel plus grace, and leave; return how many (0 in thread mode)."""
         grace_s = self.options.hard_limit_grace_s
@@ -364,7 +341,8 @@ class ProcessGuard:
             if beat is not None:
                 if os.getppid() != self._parent:
                     self.leave(0, "its supervisor is gone: stopping")
-                self._touch(beat)
+                # A beat file it cannot touch must not end this thread: it must see its supervisor gone.
+                touch(beat, self._beat_problem, "beat file")
             self._check_memory()
 
     def _watch_lifeline(self) -> None:
@@ -379,17 +357,6 @@ class ProcessGuard:
             logger.error("cannot watch the supervisor's lifeline (fd %d): %s", fd, exc)
             return
         self.leave(0, "its supervisor is gone: stopping")
-
-    def _touch(self, beat: Path) -> None:
-        # A supervisor that crashed removed its beat files on its way out: this thread must live
-        # on to see it gone (one that is still there kills a child whose beat stops).
-        try:
-            beat.touch()
-        except OSError as exc:
-            message = "cannot touch the beat file %s: %s"
-            self._beat_problem.failed("beat", repr(exc), message, beat, exc, level=logging.ERROR)
-            return
-        self._beat_problem.recovered("beat", "beat file %s touched again", beat)
 
     def _check_memory(self) -> None:
         # Only after a run (as Celery does): a process over the limit from its start still runs a

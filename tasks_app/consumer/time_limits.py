@@ -1,27 +1,15 @@
 """What bounds a running handler, and what watches it: its time limits, cancels, progress, and forks it made.
 
 Soft time limits and forced cancels are TaskTimeout or TaskCancelled raised inside the run's own
-thread. CPython delivers such an exception between two bytecodes of the target thread: pure-Python
-code stops at once (its `finally` blocks and context managers run), a C call (time.sleep, a socket
-read) finishes first. The run stays held by its worker until the handler returns; only then is it
-settled, so a retry never overlaps it. In process mode a run that outlives the exception by a grace
-period is abandoned (`RunClock.abandon`), and its process replaced; a run still going when a stop's
-grace period ends is given up on too (`TimeLimits.interrupt_running`).
+thread, between two bytecodes (a C call finishes first). The run stays held by its worker until the
+handler returns, so a retry never overlaps it. In process mode a run that outlives the exception by
+a grace period is abandoned and its process replaced (`RunClock.abandon`).
 
-Running handlers learn of a cancel from `RunWatch`, which the housekeeping loop ticks: one round
-trip per queue with running tasks every CANCEL_CHECK_S (the ids' scores in `cancel_requests` and
-`cancel_forced`), no polling per task. The start of a run is its RUNNING write, which Redis turns
-down for a task cancelled before: the worker then acks it unrun (see settling.py). Progress set by
-handlers is written by the same tick, at most every PROGRESS_EVERY_S per task, and once more when
-the run ends.
+`RunWatch`, ticked by the housekeeping loop, reads cancels for every queue with running tasks in one
+round trip per CANCEL_CHECK_S and writes progress at most every PROGRESS_EVERY_S per task.
 
-A handler may fork (a bare `os.fork()`, `multiprocessing` with the fork start method). A child
-that execs or exits on its own never comes back. One that returns from the handler would go on
-as a copy of the consumer that kept only the forking thread: a worker's waited for work forever;
-the asyncio lane's ran its loop, shared with its parent (the same selector and wake-up socket),
-and settled runs its parent settles too (as failures: retried, they ran twice). It exits at once
-instead, with FORKED_CHILD_EXIT, having written nothing: a worker's as the handler returns (or
-raises), the lane's as its loop gets control back after the step that forked.
+A child a handler forked that returns from the handler would go on as a broken copy of the consumer
+and settle its parent's runs too: it exits at once with FORKED_CHILD_EXIT, having written nothing.
 """
 
 from __future__ import annotations
@@ -92,24 +80,23 @@ class RunClock:
 
     def interrupt(self) -> bool:
         """Raise TaskTimeout in the run's thread, once, unless the handler already returned (or was cancelled)."""
-        with self.lock:
-            if self.returned or self.timeout_error is not None or self.cancel_error is not None:
-                return False
-            self.timeout_error = TaskTimeout(f"task exceeded its timeout of {self.timeout_s:g} s")
-            self.interrupted_monotonic = time.monotonic()
-            if self.armed:
-                _set_async_exc(self.thread_id, TaskTimeout)
-            return True
+        return self._raise_in_thread(TaskTimeout(f"task exceeded its timeout of {self.timeout_s:g} s"))
 
     def force_cancel(self) -> bool:
         """Raise TaskCancelled in the run's thread, once, unless the handler already returned (or timed out)."""
+        return self._raise_in_thread(TaskCancelled("the task was cancelled with force"))
+
+    def _raise_in_thread(self, error: TaskTimeout | TaskCancelled) -> bool:
         with self.lock:
             if self.returned or self.timeout_error is not None or self.cancel_error is not None:
                 return False
-            self.cancel_error = TaskCancelled("the task was cancelled with force")
-            self.forced_monotonic = self.interrupted_monotonic = time.monotonic()
+            self.interrupted_monotonic = time.monotonic()
+            if isinstance(error, TaskTimeout):
+                self.timeout_error = error
+            else:
+                self.cancel_error, self.forced_monotonic = error, self.interrupted_monotonic
             if self.armed:
-                _set_async_exc(self.thread_id, TaskCancelled)
+                _set_async_exc(self.thread_id, type(error))
             return True
 
     def abandon(self, grace_s: float, now_monotonic: float) -> bool:
@@ -147,11 +134,7 @@ class RunClock:
 
 
 def call_with_clock(clock: RunClock, call: Callable[[], object]) -> tuple[object, BaseException | None]:
-    """Run `call` under `clock`; return its value and what it raised.
-
-    A forced cancel wins over whatever the handler did after it (a return, another exception); one
-    (or a timeout) that comes only once the handler has returned, before `finish`, changes nothing.
-    """
+    """Run `call` under `clock`; return its value and what it raised."""
     value: object = None
     raised: BaseException | None = None
     returned_at: float | None = None
@@ -180,11 +163,7 @@ def call_with_clock(clock: RunClock, call: Callable[[], object]) -> tuple[object
 
 
 async def within_timeout[T](awaitable: Awaitable[T], timeout_s: float | None) -> T:
-    """Await `awaitable`, cancelling it at `timeout_s` with TaskTimeout (its `finally` blocks run).
-
-    A run that swallowed the cancellation, or blocked the loop past its deadline, still fails for
-    its timeout, as a sync handler that catches TaskTimeout does.
-    """
+    """Await `awaitable`, cancelling it at `timeout_s` with TaskTimeout (its `finally` blocks run)."""
     async with asyncio.timeout(timeout_s) as scope:
         try:
             value = await awaitable
@@ -289,10 +268,7 @@ class LaneRuns(Protocol):
 
 
 class TimeLimits:
-    """The runs of an executor being watched: their time limits, forced cancels, cancel requests and progress.
-
-    Thread runs are keyed by their thread id, async runs by their RunControl.
-    """
+    """The runs of an executor being watched: their time limits, forced cancels, cancel requests and progress."""
 
     def __init__(self, settler: Settler, watch: RunWatch, lane: LaneRuns | None = None) -> None:
         self.settler = settler
@@ -320,8 +296,11 @@ class TimeLimits:
         """Stop watching a run that ended; write the progress it set since the last tick (before its outcome)."""
         with self._lock:
             run = self.running.pop(key, None)
-        last_progress = progress_update(run, self.settler.result_ttl_s) if run is not None else None
-        if last_progress is not None:
+        if run is not None:
+            self._write_last_progress(run)
+
+    def _write_last_progress(self, run: Running) -> None:
+        if (last_progress := progress_update(run, self.settler.result_ttl_s)) is not None:
             self.watch.record(last_progress)
 
     def tick(self) -> None:
@@ -355,14 +334,9 @@ class TimeLimits:
         return interrupted
 
     def fail_hung(self, grace_s: float, exit_within_s: float) -> int:
-        """Give up on every run still going `grace_s` after its TaskTimeout (failed) or forced cancel (cancelled).
-
-        For process mode only, where the process then exits (within `exit_within_s`): the
-        handler's thread is left to it, and its late outcome is never settled (the claim's fence
-        makes it harmless anyway). No retry is due before the process is gone. The runs are
-        settled on a thread of their own: Redis may be away, and the caller's other time limits
-        must not wait for it.
-        """
+        """Give up on every run still going `grace_s` after its TaskTimeout (failed) or forced cancel (cancelled)."""
+        # Process mode only: the process exits soon after, so no retry is due before it is gone, and
+        # the claim's fence makes the handler's late outcome harmless. Settled on a thread of its own.
         now = time.monotonic()
         with self._lock:
             hung = [run for run in self.running.values() if run.clock.abandon(grace_s, now)]
@@ -373,12 +347,7 @@ class TimeLimits:
         return len(hung) + len(hung_async)
 
     def interrupt_running(self, grace_s: float, exit_within_s: float) -> int:
-        """Give up on every run still going at the end of a stop's grace period (`grace_s`); how many.
-
-        Each is failed with TaskInterrupted (or the timeout or forced cancel due in it), so it uses
-        an attempt, and its late end is never settled. The process then exits (within
-        `exit_within_s`): no retry is due before. Settled on a thread of its own, as `fail_hung` does.
-        """
+        """Give up on every run still going at the end of a stop's grace period (`grace_s`); how many."""
         with self._lock:  # thread runs (an async one is stopped through its asyncio task)
             self._starts_closed = True  # a worker still passing its gates must not start its run after this
             runs = [run for run in self.running.values() if run.stop is None and run.clock.give_up()]
@@ -410,10 +379,7 @@ class TimeLimits:
     def _settle_hung(self, hung: list[Running], hung_async: list[Any], grace_s: float, now: float) -> None:
         for run in hung:
             try:
-                if run.clock.cancel_error is not None:
-                    self._end_forced_run(run, grace_s, now)
-                else:
-                    self._fail_hung_run(run, grace_s, now)
+                self._settle_hung_run(run, grace_s, now)
             except Exception:  # its lease recovers it once the process is gone
                 logger.exception("could not settle hung task %s", run.task.id)
         if self.lane is not None:
@@ -433,32 +399,30 @@ class TimeLimits:
         if self.lane is not None:
             self.lane.fail_taken(flights, error)
 
-    def _fail_hung_run(self, run: Running, grace_s: float, now: float) -> None:
-        assert run.claimed is not None and run.config is not None and run.clock.timeout_error is not None
-        logger.error(
-            "task %s still running %g s past its timeout: failed, and its process will be replaced",
-            run.task.id,
-            grace_s,
-            extra={"task_id": run.task.id, "type": run.task.type, "queue": run.task.queue, "outcome": "hung"},
-        )
-        error = run.clock.timeout_error
-        duration_s = now - run.clock.started_monotonic
-        self.settler.fail(run.claimed, run.task, run.config, error, failure_traceback(error, None), duration_s)
-
-    def _end_forced_run(self, run: Running, grace_s: float, now: float) -> None:
-        """Settle a run still going `grace_s` after its forced cancel: CANCELLED; its process is then replaced."""
+    def _settle_hung_run(self, run: Running, grace_s: float, now: float) -> None:
+        """Settle a run still going `grace_s` after its timeout (failed) or forced cancel (cancelled)."""
         assert run.claimed is not None and run.config is not None
+        forced, timeout_error = run.clock.cancel_error is not None, run.clock.timeout_error
         logger.error(
-            "task %s still running %g s after a forced cancel: cancelled, and its process will be replaced",
+            "task %s still running %g s %s, and its process will be replaced",
             run.task.id,
             grace_s,
-            extra={"task_id": run.task.id, "type": run.task.type, "queue": run.task.queue, "outcome": "cancelled"},
+            "after a forced cancel: cancelled" if forced else "past its timeout: failed",
+            extra={
+                "task_id": run.task.id,
+                "type": run.task.type,
+                "queue": run.task.queue,
+                "outcome": "cancelled" if forced else "hung",
+            },
         )
-        last_progress = progress_update(run, self.settler.result_ttl_s)
-        if last_progress is not None:
-            self.watch.record(last_progress)
         duration_s = now - run.clock.started_monotonic
-        self.settler.end_cancelled(run.claimed, run.task, run.config, duration_s, None)
+        if forced:
+            self._write_last_progress(run)
+            self.settler.end_cancelled(run.claimed, run.task, run.config, duration_s, None)
+        else:
+            assert timeout_error is not None
+            traceback_text = failure_traceback(timeout_error, None)
+            self.settler.fail(run.claimed, run.task, run.config, timeout_error, traceback_text, duration_s)
 
 
 # --- forks -----------------------------------------------------------------------------------------
