@@ -22,6 +22,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 LIMITED = "test.record"
 SYNC_START, ASYNC_START, BLOCK_LOOP = "test.handler_start", "test.async_handler_start", "test.block_loop"
 DECISIONS = "taskqueue_rate_limit_decisions_total"
+DEFERRED = "taskqueue_tasks_deferred_total"
 YEAR_S = 365 * 86400
 
 
@@ -69,7 +70,10 @@ def test_limit_holds_in_every_window_across_three_consumers(broker, consumer_pro
     assert all(scrapes), [consumer.log() for consumer in consumers]
     allowed = sum(s.value(DECISIONS, type=LIMITED, decision="allowed") for s in scrapes)
     denied = sum(s.value(DECISIONS, type=LIMITED, decision="denied") for s in scrapes)
-    assert allowed == 200
+    # An admitted task whose handler could not begin within the start margin (a loaded machine) is
+    # deferred unstarted and asks again: each admission is one start or one such deferral.
+    missed = sum(s.value(DEFERRED, type=LIMITED, reason="rate_start_missed") for s in scrapes)
+    assert allowed == 200 + missed, f"{allowed} admitted, {missed} missed their start, {denied} denied"
     assert allowed + denied == len(decided)
     assert (allowed + denied) / 200 <= 3
 
