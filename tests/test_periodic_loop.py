@@ -75,6 +75,7 @@ def test_a_pass_computes_slots_only_for_the_schedules_due(broker, echo, monkeypa
     assert 0 < len(computed) <= 6
 
 
+@pytest.mark.alone  # a stall of a second between the pass and its script (load elsewhere) makes the slot late
 def test_a_long_pass_fires_the_slot_due_when_it_comes_to_a_schedule_not_the_one_due_at_its_start(broker, echo):
     class SlowToCompute(Schedule):
         def latest_at_or_before(self, now_ms: int) -> int | None:

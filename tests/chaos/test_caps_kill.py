@@ -29,6 +29,15 @@ def open_runs(broker: Broker, fleet: Fleet) -> Counter[int]:
     )
 
 
+def runs_going(broker: Broker, fleet: Fleet, timeout_s: float = 30) -> Counter[int]:
+    """The open runs once some capped run is going, from one read (a second read could find it ended)."""
+    deadline = time.monotonic() + timeout_s
+    while not (going := open_runs(broker, fleet)):
+        assert time.monotonic() < deadline, "a capped run to be going"
+        time.sleep(0.01)
+    return going
+
+
 def closed_at_kills(events: list[dict], killed_ms: dict[int, float]) -> list[dict]:
     """The events, with an end at its process's kill for every run a SIGKILL cut short."""
     ended = {(e["task_id"], e["pid"]) for e in events if e["event"] == "end"}
@@ -57,8 +66,7 @@ def test_a_cap_holds_while_consumers_holding_its_slots_are_killed_and_their_task
     killed_ms: dict[int, float] = {}
     for round_ in range(scaled(2, 8)):
         # A consumer in the middle of a capped run: it holds one of the slots when it dies.
-        wait_until(lambda: open_runs(broker, fleet), 30, interval_s=0.01, message="a capped run to be going")
-        pid = rng.choice(sorted(open_runs(broker, fleet)))
+        pid = rng.choice(sorted(runs_going(broker, fleet)))
         [victim] = [cid for cid, process in fleet.processes.items() if process.pid == pid]
         fleet.kill(victim)
         killed_ms[pid] = broker.inspect.server_time_ms()
