@@ -34,7 +34,11 @@ def test_an_outage_is_logged_once_per_loop_while_every_error_is_counted_and_its_
         url = f"http://127.0.0.1:{port}/metrics"
         wait_until(lambda: private.inspect.live_consumers("default"), 30, message="the consumer to register")
         server.kill()
-        wait_until(lambda: heartbeat_errors(url) >= 6, 30, message="six failed renewals")
+        wait_until(
+            lambda: heartbeat_errors(url) >= 6,
+            60,
+            message=lambda: f"six failed renewals (counted: {heartbeat_errors(url)}); log:\n{consumer.log()}",
+        )
         server.start()
         wait_until(lambda: "heartbeat: works again" in consumer.log(), 30, message="the renewal after the outage")
         log = consumer.log()

@@ -91,14 +91,18 @@ class ConsumerProcess:
 
 
 def wait_until(
-    condition: Callable[[], object], timeout_s: float, interval_s: float = 0.05, message: str = "condition"
+    condition: Callable[[], object],
+    timeout_s: float,
+    interval_s: float = 0.05,
+    message: str | Callable[[], str] = "condition",
 ) -> object:
-    """Poll `condition` until it is truthy; fail the test after `timeout_s`."""
+    """Poll `condition` until it is truthy; fail the test after `timeout_s` (`message` may be a callable)."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = condition()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {message}")
+            waited_for = message() if callable(message) else message
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {waited_for}")
         time.sleep(interval_s)
