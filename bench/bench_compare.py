@@ -1,4 +1,4 @@
-"""Run the same enqueue / footprint / drain / latency workloads against us and every Python peer.
+"""Run the same enqueue / footprint / drain / latency / idle workloads against us and every Python peer.
 
 The drains empty a backlog of no-ops, of tasks making one Redis round trip, and of async tasks
 making that round trip (on the systems that run `async def` tasks; "—" on the others).
@@ -37,6 +37,7 @@ FIGURES = [
     ("drain_async_redis_op_per_s", "drain, async handler with one Redis round trip (tasks/s)", True),
     ("latency_p50_ms", "idle latency p50 (ms)", False),
     ("latency_p99_ms", "idle latency p99 (ms)", False),
+    ("idle_commands_per_s", "Redis commands/s of one idle worker", False),
     ("bytes_per_task", "Redis bytes per queued task, all writes", False),
     ("bytes_per_task_queue_only", "Redis bytes per queued task, queue only", False),
     ("worker_rss_mb", "worker RSS after drain (MB)", False),

@@ -70,6 +70,19 @@ def rss_bytes(pid: int) -> int:
     return total
 
 
+def cpu_seconds(pid: int) -> float:
+    """Return the CPU time (user + system) a process and all its live descendants used, in seconds."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for one in [pid, *descendants(pid)]:
+        try:
+            fields = Path(f"/proc/{one}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / ticks
+
+
 def descendants(pid: int) -> list[int]:
     """Return the ids of every live descendant of a process."""
     children: dict[int, list[int]] = {}
@@ -126,6 +139,10 @@ class Worker:
     def rss_bytes(self) -> int:
         """Resident memory of the worker and its child processes."""
         return rss_bytes(self.process.pid)
+
+    def cpu_seconds(self) -> float:
+        """CPU time the worker and its child processes used so far."""
+        return cpu_seconds(self.process.pid)
 
     def stop(self, timeout_s: float = 15) -> None:
         """SIGTERM the worker's process group (or main process), SIGKILL the group if it lingers, close the log."""

@@ -1,4 +1,4 @@
-"""The workloads every queue runs the same way: enqueue, footprint, drains and latency.
+"""The workloads every queue runs the same way: enqueue, footprint, drains, latency and idle cost.
 
 The drains empty a backlog of no-ops, of tasks making one Redis round trip (INCR on a client
 the worker thread keeps) and, where the system runs `async def` tasks, of the same round trip
@@ -26,6 +26,9 @@ from support import Worker, emit, median, percentile, wait_for
 
 LATENCY_TASKS = 200
 LATENCY_GAP_S = 0.020
+# An idle worker's Redis commands are counted over this long, once it has settled for IDLE_SETTLE_S.
+IDLE_WINDOW_S = 10.0
+IDLE_SETTLE_S = 2.0
 
 
 @dataclass
@@ -202,6 +205,52 @@ def run_latency(system: System, client: redis.Redis, sizes: Sizes) -> dict[str, 
     return {"latency_p50_ms": round(median(samples), 2), "latency_p99_ms": round(percentile(samples, 0.99), 2)}
 
 
+def redis_commands(client: redis.Redis) -> int:
+    """Commands Redis has run so far, scripts' inner calls included, INFO (the measuring) excluded."""
+    stats = client.info("commandstats")
+    return sum(int(entry["calls"]) for name, entry in stats.items() if name != "cmdstat_info")
+
+
+def redis_cpu_s(client: redis.Redis) -> float:
+    """CPU seconds the Redis server has used so far."""
+    cpu = client.info("cpu")
+    return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+
+def idle_cost(client: redis.Redis, workers: list[Worker], window_s: float = IDLE_WINDOW_S) -> dict[str, float]:
+    """What idle `workers` cost over `window_s`: Redis commands/s and Redis CPU ms/s, and their own CPU ms/s."""
+    commands, redis_cpu = redis_commands(client), redis_cpu_s(client)
+    worker_cpu = sum(worker.cpu_seconds() for worker in workers)
+    time.sleep(window_s)
+    return {
+        "commands_per_s": (redis_commands(client) - commands) / window_s,
+        "redis_cpu_ms_per_s": 1000 * (redis_cpu_s(client) - redis_cpu) / window_s,
+        "worker_cpu_ms_per_s": 1000 * (sum(worker.cpu_seconds() for worker in workers) - worker_cpu) / window_s,
+    }
+
+
+def run_idle(system: System, client: redis.Redis, sizes: Sizes) -> dict[str, Any]:
+    """One idle worker, after a first task: Redis commands per second it causes (over IDLE_WINDOW_S)."""
+    _flush(client)
+    worker = system.start_worker()
+    try:
+        system.enqueue_probe(time.time())
+        wait_for(
+            lambda: client.llen(LATENCY_KEY) >= 1 or worker.check_alive(),
+            60,
+            f"{system.name}: the worker never ran the warm-up probe",
+        )
+        time.sleep(IDLE_SETTLE_S)
+        cost = idle_cost(client, [worker])
+    finally:
+        worker.stop()
+    _flush(client)
+    return {
+        "idle_commands_per_s": round(cost["commands_per_s"], 1),
+        "idle_worker_cpu_ms_per_s": round(cost["worker_cpu_ms_per_s"], 1),
+    }
+
+
 Workload = Callable[[System, redis.Redis, Sizes], dict[str, Any]]
 
 
@@ -227,6 +276,7 @@ WORKLOADS: dict[str, Workload] = {
     "drain_redis_op": drain_of("redis_op"),
     "drain_async_redis_op": drain_of("async_redis_op"),
     "latency": run_latency,
+    "idle": run_idle,
 }
 
 
