@@ -12,7 +12,6 @@ from tasks_app.admin_forms import ShownFieldsForm
 from tasks_app.models import ApiToken, PeriodicTask, TaskType
 from tasks_app.periodic.admin import PeriodicTaskAdmin
 from tasks_app.registry import registry
-from tasks_app.web.api_auth import fill_new_token
 
 # Tasks carry their type's name (queued, delayed, dead, in results) and producers enqueue by it:
 # a renamed row would leave them all behind, so a name is fixed once saved.
@@ -132,7 +131,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
             if user.is_authenticated and not user.is_superuser:
                 obj.user = user  # only a superuser mints tokens for someone else
             # Kept on the instance (not on this shared ModelAdmin) until response_add shows it.
-            obj.new_secret = fill_new_token(obj)  # type: ignore[attr-defined]
+            obj.secret = obj.new_secret()  # type: ignore[attr-defined]
         super().save_model(request, obj, form, change)
 
     def response_add(self, request: HttpRequest, obj: ApiToken, post_url_continue: str | None = None) -> HttpResponse:
@@ -144,7 +143,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
                 **self.admin_site.each_context(request),
                 "title": "API token created",
                 "token": obj,
-                "secret": obj.new_secret,  # type: ignore[attr-defined]
+                "secret": obj.secret,  # type: ignore[attr-defined]
                 "opts": self.opts,
             },
         )

@@ -1,6 +1,8 @@
 """Database models: task types (tuned in the admin, carrying the queue's permissions), API tokens, periodic tasks."""
 
+import hashlib
 import logging
+import secrets
 from datetime import datetime
 from typing import Any
 
@@ -229,6 +231,17 @@ class ApiToken(models.Model):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None
+
+    @staticmethod
+    def hash_of(secret: str) -> str:
+        """The SHA-256 hex digest under which a token is stored."""
+        return hashlib.sha256(secret.encode()).hexdigest()
+
+    def new_secret(self) -> str:
+        """Give this unsaved row a fresh secret, kept only as its hash; return the secret (shown once)."""
+        secret = secrets.token_urlsafe(32)
+        self.key_hash, self.key_prefix = self.hash_of(secret), secret[:8]
+        return secret
 
 
 def _local_now() -> datetime:

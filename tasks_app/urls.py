@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from tasks_app.web import api, browser, dashboard, queue_control, tasks
+from tasks_app.web import api, browser, dashboard, tasks
 
 app_name = "tasks_app"
 
@@ -12,13 +12,13 @@ urlpatterns = [
     path("tasks/dashboard/", dashboard.queue_dashboard, name="dashboard"),
     path("tasks/dashboard/series.json", dashboard.chart_series, name="dashboard-series"),
     path("tasks/dashboard/<str:queue>/dead/", dashboard.dead_letter_page, name="dead-letters"),
-    path("tasks/dashboard/<str:queue>/pause/", queue_control.pause_page, name="queue-pause"),
+    path("tasks/dashboard/<str:queue>/pause/", dashboard.pause_page, name="queue-pause"),
     path("tasks/<str:task_id>/", tasks.task_detail, name="task"),
     path("api/tasks/", api.create_task, name="api-tasks"),
     path("api/tasks/<str:task_id>/", api.task_record, name="api-task"),
     path("api/tasks/<str:task_id>/cancel/", api.cancel_task, name="api-task-cancel"),
     path("tasks/<str:task_id>/cancel/", tasks.cancel_task, name="task-cancel"),
-    path("api/queues/<str:queue>/", queue_control.api_queue, name="api-queue"),
-    path("api/queues/<str:queue>/pause/", queue_control.api_pause, name="api-queue-pause"),
-    path("api/queues/<str:queue>/resume/", queue_control.api_resume, name="api-queue-resume"),
+    path("api/queues/<str:queue>/", api.api_queue, name="api-queue"),
+    path("api/queues/<str:queue>/pause/", api.api_pause, name="api-queue-pause"),
+    path("api/queues/<str:queue>/resume/", api.api_resume, name="api-queue-resume"),
 ]

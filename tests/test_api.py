@@ -14,8 +14,8 @@ from django.utils import timezone
 from tasks_app import producer
 from tasks_app.models import ApiToken, TaskType
 from tasks_app.protocol.records import ResultRecord
-from tasks_app.web.api_auth import issue_token
 from tests.support.enqueued import enqueued_keys
+from tests.support.tokens import issue_token
 
 pytestmark = pytest.mark.django_db
 

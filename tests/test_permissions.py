@@ -12,7 +12,7 @@ from django.test import Client
 
 from tasks_app.models import ApiToken
 from tasks_app.protocol.broker import get_broker
-from tasks_app.web.api_auth import issue_token
+from tests.support.tokens import issue_token
 from tests.test_dead_letter_views import dead_url, make_dead
 from tests.test_views import errors_shown, post_enqueue
 

@@ -18,8 +18,8 @@ from tasks_app.collectors import QueueCollector
 from tasks_app.protocol.codec import decode_task
 from tasks_app.protocol.keys import MISSING_KEY_TOKEN, limit_key_token
 from tasks_app.protocol.limits import SlotSet, Waiter
-from tasks_app.web.api_auth import issue_token
 from tests.support.scrape import Scrape
+from tests.support.tokens import issue_token
 from tests.test_admin import form_data
 
 pytestmark = pytest.mark.django_db

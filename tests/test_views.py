@@ -16,7 +16,6 @@ from django.utils import timezone
 from tasks_app import producer
 from tasks_app.models import ApiToken, TaskType
 from tasks_app.protocol.records import ResultRecord, ResultUpdate
-from tasks_app.web.api_auth import hash_token
 from tests.support.enqueued import enqueued_keys
 
 pytestmark = pytest.mark.django_db
@@ -263,12 +262,12 @@ def test_admin_creates_a_token_shown_once_and_stores_only_its_hash(staff):
     secret = re.search(r'id="api-token"[^>]*value="([^"]+)"|value="([^"]+)" id="api-token"', html)
     secret = next(group for group in secret.groups() if group)
     row = ApiToken.objects.get()
-    assert row.key_hash == hash_token(secret) and secret not in row.key_hash and row.key_prefix == secret[:8]
+    assert row.key_hash == ApiToken.hash_of(secret) and secret not in row.key_hash and row.key_prefix == secret[:8]
     assert secret not in staff.get(f"/admin/tasks_app/apitoken/{row.pk}/change/").content.decode()
 
 
 def test_admin_revokes_tokens(staff):
-    from tasks_app.web.api_auth import issue_token
+    from tests.support.tokens import issue_token
 
     row, _ = issue_token(get_user_model().objects.get(username="boss"), "ci")
     staff.post("/admin/tasks_app/apitoken/", {"action": "revoke", "_selected_action": [row.pk]})
@@ -277,7 +276,7 @@ def test_admin_revokes_tokens(staff):
 
 
 def test_a_revoked_token_stays_revoked_when_its_change_form_is_saved_without_the_date(broker, client):
-    from tasks_app.web.api_auth import issue_token
+    from tests.support.tokens import issue_token
 
     owner = get_user_model().objects.create_user("owner", password="x", is_staff=True)
     owner.user_permissions.set(Permission.objects.filter(codename__in=["view_apitoken", "change_apitoken"]))

@@ -1,4 +1,4 @@
-"""The JSON API: enqueue a task, read its result record, cancel it. Bearer token or staff session (with CSRF)."""
+"""The JSON API: tasks (enqueue, read, cancel) and queues (read, pause, resume); bearer token or staff session."""
 
 from __future__ import annotations
 
@@ -13,23 +13,18 @@ from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.multipartparser import MultiPartParserError
 from django.middleware.csrf import CsrfViewMiddleware
+from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from redis.exceptions import RedisError
 
 from tasks_app import control, producer
-from tasks_app.models import CANCEL_PERMISSION, ENQUEUE_PERMISSION
+from tasks_app.models import CANCEL_PERMISSION, ENQUEUE_PERMISSION, PAUSE_QUEUE_PERMISSION, ApiToken
+from tasks_app.protocol.broker import get_broker
 from tasks_app.protocol.codec import MAX_JSON_DEPTH, JsonTooDeep, loads_bounded
+from tasks_app.protocol.keys import InvalidName, validate_name
 from tasks_app.protocol.records import datetime_of_ms
 from tasks_app.templatetags.tasks_display import url_or_empty
-from tasks_app.web.api_auth import AuthenticationFailed, authenticate
-from tasks_app.web.common import (
-    View,
-    body_limit,
-    body_within,
-    csrf_rejection,
-    load_record,
-    redis_error_json,
-)
+from tasks_app.web.common import View, body_limit, body_within, csrf_rejection, error, load_record, redis_error_json
 
 REQUEST_FIELDS = {"type", "args", "kwargs", "queue", "priority", "delay", "unique_key"}
 # A cancel's optional body: {"force": true}.
@@ -39,12 +34,8 @@ FORCE_WORDS = {"1", "true", "on"}
 logger = logging.getLogger(__name__)
 
 
-def error(status: int, message: str, **headers: str) -> JsonResponse:
-    """Return `{"error": message}` with an HTTP status."""
-    response = JsonResponse({"error": message}, status=status)
-    for name, value in headers.items():
-        response[name] = value
-    return response
+class AuthenticationFailed(Exception):
+    """A request with credentials that do not identify an active user."""
 
 
 class _CsrfCheck(CsrfViewMiddleware):
@@ -79,21 +70,22 @@ def api_view(methods: set[str], permission: str | None = None) -> Callable[[View
 
 def _denial(request: HttpRequest, permission: str | None) -> JsonResponse | None:
     """Why the caller may not use this view (401/403), or None; sets `request.user` to the caller."""
+    header = request.headers.get("Authorization")
     try:
-        credentials = authenticate(request)
+        user = getattr(request, "user", None) if header is None else _token_user(header)
     except AuthenticationFailed as exc:
         return error(401, str(exc), **{"WWW-Authenticate": 'Bearer error="invalid_token"'})
-    if credentials is None:
+    if user is None or not user.is_authenticated:
         return error(
             401,
             "authentication required: send 'Authorization: Bearer <token>' or log in",
             **{"WWW-Authenticate": "Bearer"},
         )
-    if not credentials.user.is_staff:
+    if not user.is_staff:
         return error(403, "only staff users may use the task API")
-    if permission is not None and not credentials.user.has_perm(permission):
+    if permission is not None and not user.has_perm(permission):
         return error(403, f"permission {permission} is required")
-    if not credentials.by_token and request.method not in {"GET", "HEAD", "OPTIONS"}:
+    if header is None and request.method not in {"GET", "HEAD", "OPTIONS"}:
         try:
             reason = csrf_rejection(request, _CsrfCheck)
         except (RequestDataTooBig, TooManyFieldsSent) as exc:  # it reads a form-typed body as a form
@@ -101,8 +93,24 @@ def _denial(request: HttpRequest, permission: str | None) -> JsonResponse | None
             return error(413 if isinstance(exc, RequestDataTooBig) else 400, message)
         if reason:
             return error(403, f"CSRF check failed: {reason}")
-    request.user = credentials.user  # a token acts as its user, in the view too
+    request.user = user  # a token acts as its user, in the view too
     return None
+
+
+def _token_user(header: str) -> Any:
+    """The user of an `Authorization: Bearer <token>` header; AuthenticationFailed unless an active one."""
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise AuthenticationFailed("malformed Authorization header: expected 'Bearer <token>'")
+    row = ApiToken.objects.select_related("user").filter(key_hash=ApiToken.hash_of(token.strip())).first()
+    if row is None:
+        raise AuthenticationFailed("invalid API token")
+    if not row.is_active:
+        raise AuthenticationFailed("API token revoked")
+    if not row.user.is_active:
+        raise AuthenticationFailed("the token's user is inactive")
+    ApiToken.objects.filter(pk=row.pk).update(last_used_at=timezone.now())
+    return row.user
 
 
 def _read_body(request: HttpRequest) -> dict[str, Any] | JsonResponse:
@@ -242,3 +250,40 @@ def cancel_task(request: HttpRequest, task_id: str) -> HttpResponse:
         },
         status=202 if running else 200,
     )
+
+
+def _queue_answer(request: HttpRequest, queue: str, paused: bool | None = None) -> HttpResponse:
+    """A queue's counts and whether (since when, by whom) it is paused, after pausing or resuming it if asked."""
+    try:
+        validate_name(queue, "queue")
+    except InvalidName as exc:
+        return error(400, str(exc))
+    changed = (
+        {} if paused is None else {"changed": control.set_queue_paused(queue, paused, by=request.user.get_username())}
+    )
+    broker = get_broker()
+    counts = broker.inspect.queue_stats(queue).as_dict()
+    counts.pop("consumers")
+    state = broker.control.pause_states([queue])[queue] or {}
+    since = datetime_of_ms(state["since_ms"]) if state.get("since_ms") is not None else None
+    return JsonResponse(
+        {**counts, "paused_since": since.isoformat() if since else None, "paused_by": state.get("by"), **changed}
+    )
+
+
+@api_view({"GET"})
+def api_queue(request: HttpRequest, queue: str) -> HttpResponse:
+    """A queue's counts and pause state."""
+    return _queue_answer(request, queue)
+
+
+@api_view({"POST"}, permission=PAUSE_QUEUE_PERMISSION)
+def api_pause(request: HttpRequest, queue: str) -> HttpResponse:
+    """Pause a queue: consumers stop claiming it within a second; enqueues are still accepted."""
+    return _queue_answer(request, queue, paused=True)
+
+
+@api_view({"POST"}, permission=PAUSE_QUEUE_PERMISSION)
+def api_resume(request: HttpRequest, queue: str) -> HttpResponse:
+    """Resume a paused queue."""
+    return _queue_answer(request, queue, paused=False)

@@ -89,6 +89,14 @@ def log_task_actions(request: HttpRequest, entries: Iterable[tuple[str, str, int
     )
 
 
+def error(status: int, message: str, **headers: str) -> JsonResponse:
+    """Return `{"error": message}` with an HTTP status."""
+    response = JsonResponse({"error": message}, status=status)
+    for name, value in headers.items():
+        response[name] = value
+    return response
+
+
 def redis_required(view: View) -> View:
     """Answer Redis away with a 503 saying so, and any other Redis error (a misconfigured key) with a 500 saying why."""
 
@@ -97,39 +105,31 @@ def redis_required(view: View) -> View:
         try:
             return view(request, *args, **kwargs)
         except RedisError as exc:
-            logger.error("staff page %s: %s", request.path, _problem(exc))
+            status, message = _redis_failure(exc)
+            logger.error("staff page %s: %s", request.path, message)
             if request.path.endswith(".json") or request.GET.get("format") == "json":
                 return redis_error_json(exc)
-            return _redis_error_page(request, exc)
+            if status == 500:
+                context = admin_context(request, "Redis answered with an error", message=message)
+                return render(request, "tasks_app/redis_refused.html", context, status=500)
+            context = admin_context(request, "Redis is unreachable", message=message, retry_s=REDIS_RETRY_AFTER_S)
+            response = render(request, "tasks_app/redis_away.html", context, status=503)
+            response["Retry-After"] = str(REDIS_RETRY_AFTER_S)
+            return response
 
     return wrapper
 
 
-def _redis_error_page(request: HttpRequest, exc: RedisError) -> HttpResponse:
-    if _misconfigured(exc):
-        context = admin_context(request, "Redis answered with an error", message=_problem(exc))
-        return render(request, "tasks_app/redis_refused.html", context, status=500)
-    context = admin_context(request, "Redis is unreachable", message=_problem(exc), retry_s=REDIS_RETRY_AFTER_S)
-    response = render(request, "tasks_app/redis_away.html", context, status=503)
-    response["Retry-After"] = str(REDIS_RETRY_AFTER_S)
-    return response
-
-
 def redis_error_json(exc: RedisError) -> JsonResponse:
     """The JSON answer (`{"error": ...}`) of a view Redis failed: 500 for a refusal, else 503 with Retry-After."""
-    if _misconfigured(exc):
-        return JsonResponse({"error": _problem(exc)}, status=500)
-    response = JsonResponse({"error": _problem(exc)}, status=503)
-    response["Retry-After"] = str(REDIS_RETRY_AFTER_S)
-    return response
+    status, message = _redis_failure(exc)
+    if status == 500:
+        return error(500, message)
+    return error(503, message, **{"Retry-After": str(REDIS_RETRY_AFTER_S)})
 
 
-def _problem(exc: RedisError) -> str:
-    if _misconfigured(exc):  # a key of ours of the wrong type, say: waiting does not cure it
-        return f"Redis answered with an error: {exc}"
-    return f"Redis is unreachable ({exc}); try again shortly."
-
-
-def _misconfigured(exc: RedisError) -> bool:
-    """Whether Redis answered with an error that waiting does not cure (see `is_transient`)."""
-    return isinstance(exc, ResponseError) and not is_transient(exc)
+def _redis_failure(exc: RedisError) -> tuple[int, str]:
+    """500 and why for an error that waiting does not cure (see `is_transient`), else 503 for Redis away."""
+    if isinstance(exc, ResponseError) and not is_transient(exc):  # a key of ours of the wrong type, say
+        return 500, f"Redis answered with an error: {exc}"
+    return 503, f"Redis is unreachable ({exc}); try again shortly."

@@ -1,4 +1,4 @@
-"""The queue dashboard and each queue's dead letters, with requeue and delete (logged in the admin log)."""
+"""The queue dashboard with its pause buttons, and each queue's dead letters, with requeue and delete (logged)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
-from django.views.decorators.http import require_http_methods
+from django.views.decorators.http import require_http_methods, require_POST
 
-from tasks_app.models import MANAGE_DEAD_LETTERS_PERMISSION
+from tasks_app.control import set_queue_paused
+from tasks_app.models import MANAGE_DEAD_LETTERS_PERMISSION, PAUSE_QUEUE_PERMISSION
 from tasks_app.periodic.status import schedule_statuses
 from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.inspection import DeadTask, QueueStats
@@ -104,6 +105,31 @@ def _queue_row(broker: Broker, queue: str, now_ms: int) -> QueueRow:
 
 @staff_member_required
 @redis_required
+@require_POST
+def pause_page(request: HttpRequest, queue: str) -> HttpResponse:
+    """The dashboard's pause / resume buttons (POST action=pause|resume, with CSRF)."""
+    if not request.user.has_perm(PAUSE_QUEUE_PERMISSION):
+        raise PermissionDenied(f"permission {PAUSE_QUEUE_PERMISSION} is required")
+    _require_valid(queue)
+    action = request.POST.get("action")
+    if action not in {"pause", "resume"}:
+        messages.error(request, "Unknown action.")
+    elif set_queue_paused(queue, action == "pause", by=request.user.get_username()):
+        messages.success(request, f"Queue {queue} {action}d.")
+    else:
+        messages.info(request, f"Queue {queue} was already {action}d.")
+    return redirect("tasks_app:dashboard")
+
+
+def _require_valid(queue: str) -> None:
+    try:
+        validate_name(queue, "queue")
+    except InvalidName as exc:
+        raise Http404(str(exc)) from None
+
+
+@staff_member_required
+@redis_required
 def chart_series(request: HttpRequest) -> JsonResponse:
     """The dashboard's chart data as JSON: per-minute series of the last hour, per queue and per type."""
     broker = get_broker()
@@ -115,10 +141,7 @@ def chart_series(request: HttpRequest) -> JsonResponse:
 @require_http_methods(["GET", "POST"])
 def dead_letter_page(request: HttpRequest, queue: str) -> HttpResponse:
     """List a queue's dead-lettered tasks; POST (permission manage_dead_letters) requeues or deletes some."""
-    try:
-        validate_name(queue, "queue")
-    except InvalidName as exc:
-        raise Http404(str(exc)) from None
+    _require_valid(queue)
     can_manage = request.user.has_perm(MANAGE_DEAD_LETTERS_PERMISSION)
     if request.method == "POST":
         if not can_manage:

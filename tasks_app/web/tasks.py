@@ -1,9 +1,10 @@
-"""Staff pages: the enqueue form (permission enqueue_task), a task's status page and its cancel button."""
+"""Staff pages: the enqueue form (permission enqueue_task), a task's status page, its origins and its cancel button."""
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -17,8 +18,9 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
 
 from tasks_app import control, producer
-from tasks_app.models import CANCEL_PERMISSION, ENQUEUE_PERMISSION
+from tasks_app.models import CANCEL_PERMISSION, ENQUEUE_PERMISSION, PeriodicTask
 from tasks_app.protocol.broker import get_broker
+from tasks_app.protocol.keys import NAME_PATTERN
 from tasks_app.protocol.records import ResultRecord
 from tasks_app.templatetags.tasks_display import url_or_empty
 from tasks_app.web.common import (
@@ -30,7 +32,6 @@ from tasks_app.web.common import (
     redis_required,
 )
 from tasks_app.web.forms import EnqueueForm, error_field
-from tasks_app.web.origins import task_origins
 
 REFRESH_S = 2
 # A task page shows at most this many characters of each value (args, kwargs, return value, traceback): the page
@@ -112,7 +113,7 @@ def task_detail(request: HttpRequest, task_id: str) -> HttpResponse:
             f"Task {record.id}",
             record=record,
             refresh_s=None if record.is_finished else REFRESH_S,
-            origins=task_origins(record),
+            origins=_origins(record),
             last_error=record.errors[-1] if record.errors else None,
             traceback=_shown(record.errors[-1].get("traceback", "") if record.errors else "", tail=True),
             args_json=_shown(_pretty(record.args)),
@@ -146,6 +147,35 @@ def cancel_task(request: HttpRequest, task_id: str) -> HttpResponse:
         else:
             messages.warning(request, f"Task {task_id} is running: it was asked to stop.")
     return redirect("tasks_app:task", task_id=task_id)
+
+
+@dataclass(frozen=True)
+class Origin:
+    """One line of the task page's "Origin" rows: a label, the linked text, and its URL ("" shows it unlinked)."""
+
+    label: str
+    text: str
+    url: str
+    note: str = ""  # why it is not linked, when that is not plain
+
+
+def _origins(record: ResultRecord) -> list[Origin]:
+    """The tasks a task retries or was retried as (while they have a record), and the schedule that fired it."""
+    origins = []
+    for label, task_id in (("Retry of", record.retry_of), ("Retried as", record.retried_as)):
+        if task_id and get_broker().records.get_result(task_id) is None:  # a bulk delete or the result TTL
+            origins.append(Origin(label, task_id, "", "its record has expired or was deleted"))
+        elif task_id:
+            origins.append(Origin(label, task_id, url_or_empty("tasks_app:task", task_id)))
+    name = record.periodic
+    # A foreign record's name may break the naming rule (a NUL, which PostgreSQL refuses in a query): no row has it.
+    if name and not NAME_PATTERN.fullmatch(name):
+        origins.append(Origin("Periodic schedule", name, "", "not a valid schedule name"))
+    elif name:
+        row = PeriodicTask.objects.filter(name=name).only("pk").first()
+        url = url_or_empty("admin:tasks_app_periodictask_change", str(row.pk)) if row else ""
+        origins.append(Origin("Periodic schedule", name, url))
+    return origins
 
 
 def _queue_pause(record: ResultRecord) -> dict[str, Any]:
