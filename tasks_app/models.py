@@ -12,7 +12,8 @@ from django.core.validators import MaxValueValidator, MinValueValidator, RegexVa
 from django.db import models, transaction
 from django.utils import timezone
 
-from tasks_app.periodic.validation import schedule_errors
+from tasks_app.periodic.schedule import schedule_errors
+from tasks_app.protocol.codec import MAX_JSON_DEPTH, compact_json, depth, encode_arguments, payload_of
 from tasks_app.protocol.keys import NAME_PATTERN, NAME_RULE
 from tasks_app.protocol.records import datetime_of_ms
 
@@ -343,6 +344,34 @@ class PeriodicTask(models.Model):
     def clean(self) -> None:
         """Reject a bad cron or time zone, both or neither of cron and interval, odd arguments or dates."""
         self.cron = (self.cron or "").strip()
-        errors = schedule_errors(self)
-        if errors:
+        fields = (self.interval_s, self.cron, self.timezone or "", self.start_at, self.end_at)
+        errors = {name: f"{text[0].upper()}{text[1:]}." for name, text in schedule_errors(*fields).items()}
+        if errors := {**errors, **argument_errors(self.args, self.kwargs)}:
             raise ValidationError(errors)
+
+
+def argument_errors(args: Any, kwargs: Any) -> dict[str, str]:
+    """Field name -> what is wrong with a schedule's arguments; empty if every run could carry them."""
+    errors: dict[str, str] = {}
+    if not isinstance(args, list):
+        errors["args"] = 'Arguments must be a JSON array, e.g. [1, "a"].'
+    if not isinstance(kwargs, dict):
+        errors["kwargs"] = 'Keyword arguments must be a JSON object, e.g. {"days": 7}.'
+    if errors:
+        return errors
+    # What the producer would refuse at every slot (NaN, a lone surrogate, too many bytes), said once
+    # here; and nesting refused at enqueue from outside (which the database may not even store).
+    sizes = {}
+    for name, value in (("args", args), ("kwargs", kwargs)):
+        if depth(value) > MAX_JSON_DEPTH:  # counted as the enqueue form and the API count it
+            errors[name] = f"JSON nested too deeply (at most {MAX_JSON_DEPTH} levels)."
+            continue
+        try:
+            sizes[name] = len(compact_json(value, allow_nan=False).encode())
+        except (TypeError, ValueError) as exc:
+            errors[name] = f"Not JSON that a task can carry (no NaN or Infinity, no lone surrogates): {exc}."
+    limit = settings.TASKS_MAX_PAYLOAD_BYTES
+    if not errors and (size := len(payload_of(*encode_arguments(args, kwargs)))) > limit:
+        largest = max(sizes, key=sizes.__getitem__)
+        errors[largest] = f"The arguments take {size} bytes, over the limit of {limit} (TASKS_MAX_PAYLOAD_BYTES)."
+    return errors

@@ -6,10 +6,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from tasks_app.models import PeriodicTask
+from tasks_app.models import PeriodicTask, argument_errors
 from tasks_app.periodic.problems import ScheduleProblems
 from tasks_app.periodic.schedule import InvalidSchedule, Schedule
-from tasks_app.periodic.validation import argument_errors
 from tasks_app.protocol.records import ms_of_datetime
 
 logger = logging.getLogger(__name__)

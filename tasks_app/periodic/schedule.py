@@ -1,4 +1,4 @@
-"""Slot arithmetic of a schedule: pure functions of time, the same on every consumer."""
+"""A schedule's validity and slot arithmetic: pure functions of time, the same on every consumer."""
 
 from __future__ import annotations
 
@@ -47,6 +47,25 @@ def zone(name: str) -> ZoneInfo:
         raise InvalidSchedule(f"unknown time zone {name!r}: use an IANA name such as UTC or Europe/Berlin") from None
 
 
+def schedule_errors(
+    interval_s: int | None, cron: str, timezone: str, start_at: object, end_at: object
+) -> dict[str, str]:
+    """Field name ("__all__" for the whole row) -> what is wrong; empty if these fields make a valid schedule."""
+    errors: dict[str, str] = {}
+    if bool(cron) == (interval_s is not None):
+        errors["__all__"] = "give either a cron expression or an interval in seconds (exactly one of the two)"
+    if cron and (error := cron_error(cron)):
+        errors["cron"] = error
+    try:
+        zone(timezone)
+    except InvalidSchedule as exc:
+        errors["timezone"] = str(exc)
+    # Compared only as dates: a value full_clean refused (a number from TASKS_PERIODIC) stays as given.
+    if isinstance(start_at, datetime) and isinstance(end_at, datetime) and end_at <= start_at:
+        errors["end_at"] = "the end must be after the start"
+    return errors
+
+
 @dataclass(frozen=True)
 class Schedule:
     """When a periodic task is due: every `interval_s` seconds or by `cron`, between start_at and end_at."""
@@ -58,15 +77,10 @@ class Schedule:
     end_at: datetime | None = None
 
     def __post_init__(self) -> None:
-        if bool(self.cron) == (self.interval_s is not None):
-            raise InvalidSchedule("give either a cron expression or an interval, not both or neither")
-        if self.interval_s is not None and self.interval_s < MIN_INTERVAL_S:
+        if errors := schedule_errors(self.interval_s, self.cron, self.timezone, self.start_at, self.end_at):
+            raise InvalidSchedule(" ".join(errors.values()))
+        if self.interval_s is not None and self.interval_s < MIN_INTERVAL_S:  # the model's field refuses it
             raise InvalidSchedule(f"the interval must be at least {MIN_INTERVAL_S} second")
-        if self.cron and (error := cron_error(self.cron)):
-            raise InvalidSchedule(error)
-        zone(self.timezone)
-        if self.start_at and self.end_at and self.end_at <= self.start_at:
-            raise InvalidSchedule("end_at must be after start_at")
 
     def describe(self) -> str:
         """The schedule in a few words, e.g. ``every 60 s`` or ``cron 0 3 * * * (Europe/Berlin)``."""
