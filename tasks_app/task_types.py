@@ -9,8 +9,11 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.db.models.signals import post_delete, post_save
+from django.dispatch import receiver
 from prometheus_client import Gauge
 
 from tasks_app.models import TIMEOUT_MIN_S, UNIQUE_FOR_MAX_S, TaskType
@@ -233,3 +236,9 @@ class RecentTaskTypes:
 
 
 recent_task_types = RecentTaskTypes()
+
+
+@receiver([post_save, post_delete], sender=TaskType, dispatch_uid="tasks_app.forget_task_type")
+def forget_task_type(sender: type[TaskType], instance: TaskType, **kwargs: Any) -> None:
+    """Make the next enqueue of this type in this process read its new settings."""
+    recent_task_types.forget(instance.name)

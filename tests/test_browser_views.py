@@ -167,7 +167,7 @@ def test_pages_go_on_through_tasks_of_one_enqueue_time_in_several_queues(staff, 
 
 
 def test_a_type_filter_goes_on_through_tasks_of_one_enqueue_time(staff, broker, monkeypatch):
-    monkeypatch.setattr("tasks_app.web.browser_query.CHUNK", 4)  # the run spans several windows
+    monkeypatch.setattr("tasks_app.web.browser.CHUNK", 4)  # the run spans several windows
     TaskType.objects.create(name="demo.fail", handler="demo.fail", queue="b")
     wanted = _enqueue(count=10)
     others = _enqueue("demo.fail", count=10)

@@ -1,4 +1,4 @@
-"""Every queue setting tasks_app reads has one default, the same in conf.py and scheduler_site."""
+"""Every queue setting tasks_app reads has one default, the same in apps.py and scheduler_site."""
 
 import json
 import os
@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tasks_app.conf import DEFAULTS
+from tasks_app.apps import DEFAULTS
 
 ROOT = Path(__file__).resolve().parent.parent
 READ = re.compile(r"\bsettings\.((?:REDIS|TASKS?)_[A-Z0-9_]+)")
@@ -16,7 +16,7 @@ READ = re.compile(r"\bsettings\.((?:REDIS|TASKS?)_[A-Z0-9_]+)")
 def test_every_queue_setting_tasks_app_reads_has_a_default():
     read = {name for path in (ROOT / "tasks_app").rglob("*.py") for name in READ.findall(path.read_text())}
     assert read, "no settings found: the pattern is out of date"
-    assert read <= DEFAULTS.keys(), f"no default in tasks_app/conf.py for {sorted(read - DEFAULTS.keys())}"
+    assert read <= DEFAULTS.keys(), f"no default in tasks_app/apps.py for {sorted(read - DEFAULTS.keys())}"
 
 
 def test_scheduler_site_defaults_are_those_of_conf():

@@ -310,7 +310,7 @@ def test_a_run_after_beyond_the_maximum_delay_is_refused(broker, settings):
 
 
 def test_the_form_and_the_producer_share_the_maximum_delay(settings):
-    from tasks_app.web.forms import EnqueueForm
+    from tasks_app.web.tasks import EnqueueForm
 
     assert EnqueueForm.base_fields["delay"].max_value == settings.TASKS_MAX_DELAY_S
 

@@ -1,27 +1,29 @@
-"""`tasks_app.backends.RedisBackend`: Django's tasks framework on this queue."""
+"""`tasks_app.backends.RedisBackend`: Django's tasks framework on this queue, its results read from result records."""
 
 from __future__ import annotations
 
 import logging
 import uuid
+from traceback import format_exception
 from typing import Any
 
 from django.core.checks import CheckMessage, Error, Warning
 from django.db import transaction
 from django.tasks import Task, TaskResult, TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
+from django.tasks.base import TaskError
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued, task_finished
 from django.utils import timezone
 
-from tasks_app.django_tasks.results import find_handler, task_error, task_result_from_record
+from tasks_app.models import TaskType
 from tasks_app.producer import EnqueueError, PreparedBatch, QueueUnavailable, TaskRequest, prepare, push as push_batch
 from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.codec import MAX_JSON_DEPTH
 from tasks_app.protocol.history import STATUSES
 from tasks_app.protocol.keys import NAME_PATTERN, InvalidName, validate_name
-from tasks_app.protocol.records import ResultRecord, datetime_of_ms
-from tasks_app.registry import registry
+from tasks_app.protocol.records import CANCELLED, ResultRecord, datetime_of_ms
+from tasks_app.registry import Handler, Registry, registry
 
 KNOWN_OPTIONS = {"ENQUEUE_ON_COMMIT"}
 
@@ -181,3 +183,69 @@ def _request(task: Task, result: TaskResult[Any, Any]) -> TaskRequest:
         task_id=result.id,
         fresh_id=True,  # a new uuid4: no retry of an earlier request to check
     )
+
+
+def find_handler(name: str, registry: Registry) -> Handler | None:
+    """Return the handler of the `@task` function `name`, loading it only if a TaskType row names it."""
+    handler = registry.get(name)
+    if handler is not None:
+        return handler if handler.django_task is not None else None
+    # A type name read from Redis is imported only when the database vouches for it; one that breaks the
+    # naming rule no row has (and a NUL in it PostgreSQL refuses in a query).
+    if not NAME_PATTERN.fullmatch(name) or not TaskType.objects.filter(handler=name).exists():
+        return None
+    return registry.load_django_task(name)
+
+
+def task_result_from_record(record: ResultRecord, task: Task, alias: str) -> TaskResult:
+    """Build Django's TaskResult from a result record (CANCELLED reads as FAILED with a TaskCancelled error)."""
+    errors = [  # a producer's entry may lack either field
+        TaskError(exception_class_path=error.get("exception_class_path", ""), traceback=error.get("traceback", ""))
+        for error in record.errors
+    ]
+    status = record.status
+    if status == CANCELLED:  # django.tasks has no cancelled status
+        status = TaskResultStatus.FAILED.value
+        errors.append(TaskError(exception_class_path=CANCELLED_ERROR_PATH, traceback=_cancelled_text(record)))
+    result: TaskResult = TaskResult(
+        task=_as_enqueued(task, record),
+        id=record.id,
+        status=TaskResultStatus(status),
+        enqueued_at=record.enqueued_at,
+        started_at=record.started_at,
+        finished_at=record.finished_at,
+        last_attempted_at=record.last_attempted_at,
+        args=record.args,
+        kwargs=record.kwargs,
+        backend=alias,
+        errors=errors,
+        worker_ids=list(record.worker_ids),
+    )
+    if record.has_return_value:
+        object.__setattr__(result, "_return_value", record.return_value)
+    return result
+
+
+CANCELLED_ERROR_PATH = "tasks_app.exceptions.TaskCancelled"
+
+
+def task_error(exc: BaseException) -> TaskError:
+    """Django's record of an exception: its class path and its formatted traceback."""
+    exception_type = type(exc)
+    return TaskError(
+        exception_class_path=f"{exception_type.__module__}.{exception_type.__qualname__}",
+        traceback="".join(format_exception(exc)),
+    )
+
+
+def _cancelled_text(record: ResultRecord) -> str:
+    by = f" by {record.cancelled_by}" if record.cancelled_by else ""
+    return f"tasks_app.exceptions.TaskCancelled: the task was cancelled{by}"
+
+
+def _as_enqueued(task: Task, record: ResultRecord) -> Task:
+    """The task with the priority, queue and run_after it was enqueued with."""
+    try:
+        return task.using(priority=record.priority, queue_name=record.queue or None, run_after=record.run_after)
+    except InvalidTask:  # this process's backend would not accept it; the function is what matters
+        return task

@@ -8,7 +8,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
 from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
 from django.tasks.signals import task_finished, task_started
@@ -16,9 +16,9 @@ from django.utils.json import normalize_json
 
 from tasks_app.consumer.time_limits import call_unforked, exit_if_forked, within_timeout
 from tasks_app.context import TaskContext as RunContext
-from tasks_app.django_tasks.backend import RedisBackend
-from tasks_app.django_tasks.results import task_error, task_result_from_record
+from tasks_app.django_tasks.backend import RedisBackend, task_error, task_result_from_record
 from tasks_app.protocol.codec import Arguments
+from tasks_app.protocol.history import Records
 from tasks_app.protocol.records import RUNNING, ResultRecord
 
 
@@ -39,45 +39,35 @@ class RunTaskContext(TaskContext):  # type: ignore[misc]
         self.run.set_progress(current, total, message)
 
 
-class ResultReader(Protocol):
-    """Reads a result record's text fields (the broker's records)."""
-
-    def get_result(self, task_id: str) -> dict[str, str] | None: ...
-
-
 def run(
     task: Task,
     context: RunContext,
     arguments: Arguments,
-    results: ResultReader,
+    results: Records,
     timed_out: Callable[[], BaseException | None] = lambda: None,
     begin: Callable[[], None] = lambda: None,
 ) -> Any:
     """Call a `@task` function as ImmediateBackend does; return its JSON-normalized value."""
     task_result = _started(task, context, arguments, results, begin)
     try:
-        args = (
-            (RunTaskContext(task_result=task_result, run=context), *arguments.args)
-            if task.takes_context
-            else arguments.args
-        )
+        args = _args(task, task_result, context, arguments)
         # A child the function forked exits as it returns: task_finished is not its to send.
-        raw_return_value = call_unforked(lambda: task.call(*args, **arguments.kwargs))
-        return_value = _json_value(raw_return_value)
-        _raise_if_timed_out(timed_out)
+        return_value = _json_value(call_unforked(lambda: task.call(*args, **arguments.kwargs)))
+        if (error := timed_out()) is not None:
+            raise error
     except KeyboardInterrupt:
         raise
     except BaseException as raised:
-        _record_failure(task_result, timed_out() or raised, context)
+        _finished(task_result, context, timed_out() or raised)
         raise
-    return _record_success(task_result, return_value)
+    return _finished(task_result, context, None, return_value)
 
 
 def start_async(
     task: Task,
     context: RunContext,
     arguments: Arguments,
-    results: ResultReader,
+    results: Records,
     timeout_s: float | None,
     begin: Callable[[], None] = lambda: None,
 ) -> Callable[[], Coroutine[Any, Any, Any]]:
@@ -95,28 +85,23 @@ async def _run_async(
     begin: Callable[[], None],
 ) -> Any:
     begin()
-    django_context = RunTaskContext(task_result=task_result, run=context)
-    args = (django_context, *arguments.args) if task.takes_context else arguments.args
+    args = _args(task, task_result, context, arguments)
     pid = os.getpid()
     try:
-        raw_return_value = await within_timeout(task.func(*args, **arguments.kwargs), timeout_s)
+        return_value = await within_timeout(task.func(*args, **arguments.kwargs), timeout_s)
         exit_if_forked(pid)  # a child the function forked: task_finished is not its to send
-        return_value = _json_value(raw_return_value)
+        return_value = _json_value(return_value)
     except KeyboardInterrupt:
         raise
     except BaseException as raised:
         exit_if_forked(pid)
-        _record_failure(task_result, raised, context)
+        _finished(task_result, context, raised)
         raise
-    return _record_success(task_result, return_value)
+    return _finished(task_result, context, None, return_value)
 
 
 def _started(
-    task: Task,
-    context: RunContext,
-    arguments: Arguments,
-    results: ResultReader,
-    begin: Callable[[], None] = lambda: None,
+    task: Task, context: RunContext, arguments: Arguments, results: Records, begin: Callable[[], None] = lambda: None
 ) -> TaskResult:
     """The run's TaskResult, read from its RUNNING record; task_started is sent once `begin()` returned."""
     fields = results.get_result(context.task_id) or {}
@@ -131,6 +116,12 @@ def _started(
     return task_result
 
 
+def _args(task: Task, task_result: TaskResult, context: RunContext, arguments: Arguments) -> tuple[Any, ...]:
+    if task.takes_context:
+        return (RunTaskContext(task_result=task_result, run=context), *arguments.args)
+    return tuple(arguments.args)
+
+
 def _json_value(raw_return_value: Any) -> Any:
     """The return value as stored: JSON-normalized, strict (NaN and infinities fail here, not after task_finished)."""
     return_value = normalize_json(raw_return_value)
@@ -138,31 +129,16 @@ def _json_value(raw_return_value: Any) -> Any:
     return return_value
 
 
-def _record_success(task_result: TaskResult, return_value: Any) -> Any:
-    object.__setattr__(task_result, "finished_at", _now())
-    object.__setattr__(task_result, "status", TaskResultStatus.SUCCESSFUL)
-    object.__setattr__(task_result, "_return_value", return_value)
-    task_finished.send(RedisBackend, task_result=task_result)
-    return return_value
-
-
-def _record_failure(task_result: TaskResult, exc: BaseException, context: RunContext) -> None:
-    """Add the run's error to `task_result` and send task_finished with the status get_result() shows next."""
-    task_result.errors.append(task_error(exc))
-    # What get_result() shows after this run: READY again while attempts remain.
-    if context.attempt < context.max_attempts:
-        object.__setattr__(task_result, "status", TaskResultStatus.READY)
+def _finished(task_result: TaskResult, context: RunContext, error: BaseException | None, value: Any = None) -> Any:
+    """Send task_finished with the status get_result() shows next (READY while attempts remain); return `value`."""
+    if error is None:
+        status = TaskResultStatus.SUCCESSFUL
+        object.__setattr__(task_result, "_return_value", value)
     else:
-        object.__setattr__(task_result, "finished_at", _now())
-        object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
+        task_result.errors.append(task_error(error))
+        status = TaskResultStatus.READY if context.attempt < context.max_attempts else TaskResultStatus.FAILED
+    if status != TaskResultStatus.READY:
+        object.__setattr__(task_result, "finished_at", datetime.now(tz=UTC))
+    object.__setattr__(task_result, "status", status)
     task_finished.send(RedisBackend, task_result=task_result)
-
-
-def _raise_if_timed_out(timed_out: Callable[[], BaseException | None]) -> None:
-    error = timed_out()
-    if error is not None:
-        raise error
-
-
-def _now() -> datetime:
-    return datetime.now(tz=UTC)
+    return value

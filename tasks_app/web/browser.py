@@ -2,23 +2,39 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
 from django.contrib import messages
 from django.contrib.admin.views.decorators import staff_member_required
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse, QueryDict
 from django.shortcuts import redirect, render
+from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_http_methods
 
 from tasks_app import producer
 from tasks_app.models import TaskType
 from tasks_app.protocol import history
-from tasks_app.protocol.broker import get_broker
-from tasks_app.protocol.records import ResultRecord
+from tasks_app.protocol.broker import Broker, get_broker
+from tasks_app.protocol.codec import finite
+from tasks_app.protocol.history import Entry
+from tasks_app.protocol.records import LISTED_FIELDS, WHOLE_RECORD_FIELDS, ResultRecord, ms_of_datetime
 from tasks_app.web import bulk
-from tasks_app.web.browser_query import PAGE_SIZES, RANGES, Filters, find_page, page_json, query_without, row_json
 from tasks_app.web.common import admin_context, redis_required
 
 REFRESH_S = 5
+PAGE_SIZES = (25, 50, 100, 200)
+DEFAULT_PAGE_SIZE = 50
+# Entries one page may read while looking for tasks of the wanted type (records read in chunks).
+SCAN_BUDGET = 5000
+CHUNK = 250
+# The longest id a cursor carries (`after`): longer ids are cut by no producer but an outside one.
+MAX_ID_CHARS = 10_000
+# Relative time ranges offered as presets.
+RANGES = {"15m": timedelta(minutes=15), "1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
 
 
 @staff_member_required
@@ -84,3 +100,227 @@ def _run_action(request: HttpRequest) -> None:
     messages.success(
         request, outcome.message + (f" {gone} selected task(s) no longer had a record, left." if gone else "")
     )
+
+
+@dataclass(frozen=True)
+class Filters:
+    """What the browser lists: each filter is a query-string parameter of the same name."""
+
+    status: str = ""
+    type: str = ""
+    queue: str = ""
+    q: str = ""
+    range: str = ""
+    since: datetime | None = None
+    until: datetime | None = None
+    before: float | None = None  # the cursor: entries enqueued strictly before this score (ms)...
+    seen: int = 0  # ...or at it too, but for the first `seen` of those (earlier pages showed them)...
+    after: str = ""  # ...those from this id on (in the index's order) of them, when given
+    size: int = DEFAULT_PAGE_SIZE
+    errors: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_query(cls, query: QueryDict) -> Filters:
+        """Read the filters; a value that does not parse is dropped with a message in `errors`."""
+        errors: list[str] = []
+        status = query.get("status", "")
+        if status and status not in history.STATUSES:
+            errors.append(f"Unknown status {status!r}.")
+            status = ""
+        preset = query.get("range", "")
+        if preset and preset not in RANGES:
+            errors.append(f"Unknown time range {preset!r}.")
+            preset = ""
+        return cls(
+            status=status,
+            type=query.get("type", "").strip()[:200],
+            queue=query.get("queue", "").strip()[:200],
+            q=query.get("q", "").strip()[:200],
+            range=preset,
+            since=_moment(query.get("since", ""), "since", errors),
+            until=_moment(query.get("until", ""), "until", errors),
+            before=_number(query.get("before", "")),
+            seen=_count(query.get("seen", "")),
+            after=query.get("after", "")[:MAX_ID_CHARS],
+            size=_size(query.get("size", "")),
+            errors=errors,
+        )
+
+    def bounds_ms(self, now: datetime) -> tuple[float | None, float | None]:
+        """The score range selected: (newer than, older than), either None for open."""
+        since = now - RANGES[self.range] if self.range else self.since
+        upper: list[float] = [ms_of_datetime(self.until)] if self.until else []
+        if self.before is not None:
+            upper.append(self.before)
+        return (ms_of_datetime(since) if since else None, min(upper) if upper else None)
+
+    def matches(self, record: ResultRecord) -> bool:
+        """Whether a record passes the filters the index alone cannot apply (its type; its status, kept current)."""
+        return (not self.type or record.type == self.type) and (not self.status or record.status == self.status)
+
+
+def _moment(text: str, name: str, errors: list[str]) -> datetime | None:
+    if not text:
+        return None
+    moment = _utc_moment(text)
+    if moment is None:
+        errors.append(f"{name} must be a date and time like 2026-12-01T14:30.")
+    return moment
+
+
+def _utc_moment(text: str) -> datetime | None:
+    """`text` as a time in UTC (as the form shows it); None unless it is one on the calendar."""
+    try:
+        moment = parse_datetime(text)  # None if not shaped like a time; ValueError for a 13th month
+        # Day 1 at +14:00 or day 9999 at -14:00 is off the calendar in UTC.
+        return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).astimezone(UTC) if moment else None
+    except (ValueError, OverflowError):
+        return None
+
+
+def _number(text: str) -> float | None:
+    """A cursor: any score but NaN, as an index holds them (a producer's record's 1e300 or inf too)."""
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if value == value else None
+
+
+def _digits(text: str) -> int | None:
+    """A count typed in a query: ASCII digits only (int() takes no "²", nor thousands of digits), else None."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
+
+
+def _count(text: str) -> int:
+    count = _digits(text)
+    return min(count, history.HISTORY_MAX) if count is not None else 0
+
+
+def _size(text: str) -> int:
+    size = _digits(text)
+    return size if size in PAGE_SIZES else DEFAULT_PAGE_SIZE
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of the browser: its tasks, the cursor of the next (older) page, and the total if known."""
+
+    records: list[tuple[ResultRecord, float]]
+    older: float | None
+    total: int | None
+    exhausted_budget: bool = False
+    older_seen: int = 0  # of the entries scored `older`, how many this page and the earlier ones showed
+    older_after: str = ""  # the id of the last of them
+    cut: bool = False  # a prefix search that read as many ids as a page holds: more may match
+
+
+def find_page(broker: Broker, filters: Filters, known: Sequence[str], now: datetime | None = None) -> Page:
+    """The tasks the filters select among the `known` queues, newest first, one page of them."""
+    queues = [filters.queue] if filters.queue else list(known)
+    lower, upper = filters.bounds_ms(now or datetime.now(UTC))
+    if filters.q:
+        return _search(broker, filters, queues, (lower, upper))
+    resumed = upper is not None and upper == filters.before
+    seen, after = (filters.seen, filters.after) if resumed else (0, "")
+    found: list[tuple[ResultRecord, float]] = []
+    examined = 0
+    chunk = CHUNK if filters.type else filters.size  # without a type nearly every entry is a row
+    while examined < SCAN_BUDGET:
+        window = broker.records.history_window(queues, filters.status or None, upper, lower, chunk, seen, after)
+        for entry, record in zip(window, _records(broker, window), strict=True):
+            seen, after, upper = seen + 1 if entry.score_ms == upper else 1, entry.task_id, entry.score_ms
+            if record is not None and filters.matches(record):
+                found.append((record, entry.score_ms))
+                if len(found) == filters.size:
+                    total = _total(broker, filters, queues, lower)
+                    return Page(found, upper, total, older_seen=seen, older_after=after)
+        examined += len(window)
+        if len(window) < chunk:
+            return Page(found, None, _total(broker, filters, queues, lower))
+    total = _total(broker, filters, queues, lower)
+    return Page(found, upper, total, exhausted_budget=True, older_seen=seen, older_after=after)
+
+
+def _records(broker: Broker, window: list[Entry]) -> list[ResultRecord | None]:
+    fields = broker.records.get_results((entry.task_id for entry in window), LISTED_FIELDS)
+    return [ResultRecord.from_fields(item) if item else None for item in fields]
+
+
+def _total(broker: Broker, filters: Filters, queues: list[str], lower: float | None) -> int | None:
+    """How many entries the index holds for these filters; None when a type or an end time narrows it."""
+    if filters.type or filters.until or filters.before is not None:
+        return None
+    return broker.records.history_count(queues, filters.status or None, lower)
+
+
+def _search(
+    broker: Broker,
+    filters: Filters,
+    queues: list[str],
+    bounds: tuple[float | None, float | None],
+) -> Page:
+    """`q` as an exact id (any task with a record, indexed or not), else as a prefix of ids in the index."""
+    exact = broker.records.get_result(filters.q)
+    if exact is not None:
+        record = ResultRecord.from_fields(exact)
+        keep = filters.matches(record) and (not filters.queue or record.queue == filters.queue)
+        return Page([(record, 0.0)] if keep else [], None, None)
+    entries = broker.records.history_by_prefix(queues, filters.q, filters.size)
+    lower, upper = bounds
+    rows = [
+        (record, entry.score_ms)
+        for entry, record in zip(entries, _records(broker, entries), strict=True)
+        if record
+        and filters.matches(record)
+        and (lower is None or entry.score_ms >= lower)
+        and (upper is None or entry.score_ms <= upper)
+    ]
+    return Page(rows, None, None, cut=len(entries) == filters.size)
+
+
+def query_without(query: QueryDict, *names: str) -> str:
+    """The query string without `names` (to build the links to other pages of the same filters)."""
+    kept = query.copy()
+    for name in names:
+        kept.pop(name, None)
+    return kept.urlencode()
+
+
+def page_json(page: Page) -> dict[str, Any]:
+    """A page of the browser as JSON (`?format=json`): its rows, the next cursor, what is known of the rest."""
+    return {
+        "tasks": [row_json(record, score) for record, score in page.records],
+        "older": finite(page.older),  # a producer's score of +inf: strict JSON has no Infinity
+        "older_seen": page.older_seen,
+        "older_after": page.older_after,
+        "total": page.total,
+        "cut": page.cut,
+    }
+
+
+def row_json(record: ResultRecord, score_ms: float) -> dict[str, Any]:
+    """A row of the browser as JSON: the record but its args, kwargs and return value; the run time; the last error."""
+    listed = {name: value for name, value in record.as_json().items() if name not in WHOLE_RECORD_FIELDS}
+    return {
+        **listed,
+        "duration_s": duration_s(record),
+        "error_line": error_line(record),
+        "cursor": finite(score_ms),
+    }
+
+
+def duration_s(record: ResultRecord) -> float | None:
+    """How long the task ran: from its first start to its finish (or to now while it runs); None if not started."""
+    if record.started_at is None:
+        return None
+    end = record.finished_at or (datetime.now(UTC) if record.status == "RUNNING" else None)
+    return max(0.0, (end - record.started_at).total_seconds()) if end else None
+
+
+def error_line(record: ResultRecord) -> str:
+    """The first line of the last error: the exception and its message, as a traceback's last line has them."""
+    if not record.errors:
+        return record.dead_reason.splitlines()[0] if record.dead_reason else ""
+    lines = [line for line in record.errors[-1].get("traceback", "").splitlines() if line.strip()]
+    return lines[-1].strip() if lines else record.errors[-1].get("exception_class_path", "")
