@@ -82,7 +82,12 @@ def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
         problems.append(Error("TASKS_RESULT_TTL must be a positive number of seconds", id="tasks_app.E003"))
     if not _within(settings.TASKS_MAX_PAYLOAD_BYTES, 1):
         problems.append(Error("TASKS_MAX_PAYLOAD_BYTES must be positive", id="tasks_app.E004"))
-    problems += _delay_and_dead_letter_problems()
+    if not _within(settings.TASKS_MAX_DELAY_S, 1):
+        problems.append(Error("TASKS_MAX_DELAY_S must be a positive number of seconds", id="tasks_app.E020"))
+    if not _within(settings.TASKS_DEAD_LETTER_MAX, 0):
+        problems.append(Error("TASKS_DEAD_LETTER_MAX must be 0 or more", id="tasks_app.E021"))
+    if not _within(settings.TASKS_DEAD_LETTER_MAX_AGE_S, 1):
+        problems.append(Error("TASKS_DEAD_LETTER_MAX_AGE_S must be a positive number of seconds", id="tasks_app.E022"))
     periodic: object = settings.TASKS_PERIODIC  # a project's settings.py may hold anything
     if not isinstance(periodic, dict):
         problems.append(Error("TASKS_PERIODIC must be a dict: schedule name -> entry", id="tasks_app.E051"))
@@ -99,17 +104,6 @@ def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
                 id="tasks_app.W001",
             )
         )
-    return problems
-
-
-def _delay_and_dead_letter_problems() -> list[CheckMessage]:
-    problems: list[CheckMessage] = []
-    if not _within(settings.TASKS_MAX_DELAY_S, 1):
-        problems.append(Error("TASKS_MAX_DELAY_S must be a positive number of seconds", id="tasks_app.E020"))
-    if not _within(settings.TASKS_DEAD_LETTER_MAX, 0):
-        problems.append(Error("TASKS_DEAD_LETTER_MAX must be 0 or more", id="tasks_app.E021"))
-    if not _within(settings.TASKS_DEAD_LETTER_MAX_AGE_S, 1):
-        problems.append(Error("TASKS_DEAD_LETTER_MAX_AGE_S must be a positive number of seconds", id="tasks_app.E022"))
     return problems
 
 

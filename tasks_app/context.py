@@ -20,28 +20,17 @@ class RunControl:
 
     def __init__(self) -> None:
         # Plain flags (a bool's write is atomic; nobody waits on them): one is built per run.
-        self._cancelled = False
-        self._forced = False
+        self.cancelled = False  # asked to stop (its consumer read a cancel request)
+        self.forced = False  # cancelled by force (its consumer is stopping it)
         self._lock = threading.Lock()
         self._progress: dict[str, Any] | None = None
         self._dirty = False
 
-    @property
-    def cancelled(self) -> bool:
-        return self._cancelled
-
-    @property
-    def forced(self) -> bool:
-        return self._forced
-
     def cancel(self) -> None:
-        """Mark the run as asked to stop (its consumer read a cancel request)."""
-        self._cancelled = True
+        self.cancelled = True
 
     def force(self) -> None:
-        """Mark the run as cancelled by force (its consumer is stopping it)."""
-        self._cancelled = True
-        self._forced = True
+        self.cancelled = self.forced = True
 
     def set_progress(self, progress: dict[str, Any]) -> None:
         """Keep the latest progress; the consumer writes it out, coalesced."""

@@ -64,9 +64,10 @@ class Registry:
         """Import handler modules, recording (not raising) the errors of those that fail."""
         for module in modules:
             try:
-                imported = importlib.import_module(module)
                 # `@django.tasks.task` functions of a handler module are handlers too.
-                self.add_django_tasks(vars(imported).values())
+                for candidate in vars(importlib.import_module(module)).values():
+                    if isinstance(candidate, Task):
+                        self.add_django_task(candidate)
             except Exception as exc:  # any error in user code must not stop the process
                 self.import_errors[module] = f"{type(exc).__name__}: {exc}"
                 logger.error("cannot import handler module %s: %s", module, exc)
@@ -79,12 +80,6 @@ class Registry:
         entry = Handler(name=task.module_path, func=task.func, takes_context=task.takes_context, django_task=task)
         self.add(entry)
         return entry
-
-    def add_django_tasks(self, candidates: Iterable[Any]) -> None:
-        """Register every `django.tasks.Task` among `candidates` (a handler module's globals)."""
-        for candidate in candidates:
-            if isinstance(candidate, Task):
-                self.add_django_task(candidate)
 
     def load_django_task(self, name: str) -> Handler | None:
         """Import the module of `name` and register the `django.tasks.Task` it names, if it is one."""

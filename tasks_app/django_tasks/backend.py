@@ -149,23 +149,17 @@ class RedisBackend(BaseTaskBackend):
             )
         if not isinstance(self.enqueue_on_commit, bool):
             messages.append(Error(f"{where} OPTIONS['ENQUEUE_ON_COMMIT'] must be True or False", id="tasks_app.E012"))
-        messages.extend(_check_redis(get_broker(), where))
-        return messages
-
-
-def _check_redis(broker: Broker, where: str) -> list[CheckMessage]:
-    # A warning, not an error: consumers start before Redis and reconnect with backoff.
-    try:
-        broker.inspect.ping()
-    except Exception as exc:  # any connection error means the same thing here
-        return [
-            Warning(
-                f"{where}: Redis at REDIS_URL does not answer: {exc}",
-                hint="Tasks cannot be enqueued until it does.",
-                id="tasks_app.W010",
+        try:  # a warning, not an error: consumers start before Redis and reconnect with backoff
+            get_broker().inspect.ping()
+        except Exception as exc:  # any connection error means the same thing here
+            messages.append(
+                Warning(
+                    f"{where}: Redis at REDIS_URL does not answer: {exc}",
+                    hint="Tasks cannot be enqueued until it does.",
+                    id="tasks_app.W010",
+                )
             )
-        ]
-    return []
+        return messages
 
 
 def _request(task: Task, result: TaskResult[Any, Any]) -> TaskRequest:
@@ -206,7 +200,9 @@ def task_result_from_record(record: ResultRecord, task: Task, alias: str) -> Tas
     status = record.status
     if status == CANCELLED:  # django.tasks has no cancelled status
         status = TaskResultStatus.FAILED.value
-        errors.append(TaskError(exception_class_path=CANCELLED_ERROR_PATH, traceback=_cancelled_text(record)))
+        by = f" by {record.cancelled_by}" if record.cancelled_by else ""
+        traceback = f"{CANCELLED_ERROR_PATH}: the task was cancelled{by}"
+        errors.append(TaskError(exception_class_path=CANCELLED_ERROR_PATH, traceback=traceback))
     result: TaskResult = TaskResult(
         task=_as_enqueued(task, record),
         id=record.id,
@@ -236,11 +232,6 @@ def task_error(exc: BaseException) -> TaskError:
         exception_class_path=f"{exception_type.__module__}.{exception_type.__qualname__}",
         traceback="".join(format_exception(exc)),
     )
-
-
-def _cancelled_text(record: ResultRecord) -> str:
-    by = f" by {record.cancelled_by}" if record.cancelled_by else ""
-    return f"tasks_app.exceptions.TaskCancelled: the task was cancelled{by}"
 
 
 def _as_enqueued(task: Task, record: ResultRecord) -> Task:

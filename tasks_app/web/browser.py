@@ -23,7 +23,7 @@ from tasks_app.protocol.codec import finite
 from tasks_app.protocol.history import Entry
 from tasks_app.protocol.records import LISTED_FIELDS, WHOLE_RECORD_FIELDS, ResultRecord, ms_of_datetime
 from tasks_app.web import bulk
-from tasks_app.web.common import admin_context, redis_required
+from tasks_app.web.common import admin_context, log_task_actions, redis_required
 
 REFRESH_S = 5
 PAGE_SIZES = (25, 50, 100, 200)
@@ -70,7 +70,7 @@ def task_browser(request: HttpRequest) -> HttpResponse:
             page_sizes=PAGE_SIZES,
             base_query=base_query,
             page_query=query_without(request.GET, "format"),
-            actions=bulk.allowed_actions(request),
+            actions=[action for action in bulk.ACTIONS.values() if request.user.has_perm(action.permission)],
             refresh_s=REFRESH_S,
         ),
     )
@@ -95,7 +95,7 @@ def _run_action(request: HttpRequest) -> None:
     except (producer.EnqueueError, producer.QueueUnavailable) as exc:
         messages.error(request, f"{action.label}: {exc}")
         return
-    bulk.log(request, outcome.logged)
+    log_task_actions(request, outcome.logged)
     gone = len(ids) - len(records)  # deleted or expired since the page was shown
     messages.success(
         request, outcome.message + (f" {gone} selected task(s) no longer had a record, left." if gone else "")

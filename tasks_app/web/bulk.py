@@ -10,7 +10,6 @@ from functools import partial
 
 from django.conf import settings
 from django.contrib.admin.models import ADDITION, CHANGE, DELETION
-from django.http import HttpRequest
 
 import tasks_app
 from tasks_app import producer
@@ -19,7 +18,6 @@ from tasks_app.protocol import history
 from tasks_app.protocol.broker import get_broker
 from tasks_app.protocol.control import CANCELLED, REQUESTED
 from tasks_app.protocol.records import FINISHED, RETRY_OF_HEADER, ResultRecord, ResultUpdate
-from tasks_app.web.common import log_task_actions
 
 # At most this many tasks are acted on at once (a page holds at most 200).
 MAX_SELECTED = 500
@@ -41,9 +39,9 @@ class Selection:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What an action did: the log entries to write (task, flag, message) and what to tell the user."""
+    """What an action did: the admin log entries to write (task id, type, flag, message) and what to tell the user."""
 
-    logged: list[tuple[ResultRecord, int, str]]
+    logged: list[tuple[str, str, int, str]]
     message: str
 
 
@@ -75,7 +73,7 @@ def retry(selection: Selection) -> Outcome:
     repeats = [i for i, task in zip(copy_ids, tasks, strict=True) if task is None or (task.duplicate and task.id == i)]
     held = len(records) - len(retried) - len(repeats)
     note = f" {held} not retried: a task of the same unique type and key is enqueued already." if held else ""
-    logged = [(record, ADDITION, f"Retried as task {task.id}") for record, task in retried]
+    logged = [(record.id, record.type, ADDITION, f"Retried as task {task.id}") for record, task in retried]
     return Outcome(logged, f"Enqueued {len(retried)} retry task(s).{note}{_repeats_note(repeats)}")
 
 
@@ -118,7 +116,8 @@ def delete(selection: Selection) -> Outcome:
     kept = len(records) - len(finished) + replies.count(history.KEPT)
     note = f" {kept} not finished (or cancelled, still in their queue), kept." if kept else ""
     return Outcome(
-        [(r, DELETION, "Deleted the task's record") for r in deleted], f"Deleted {len(deleted)} record(s).{note}"
+        [(r.id, r.type, DELETION, "Deleted the task's record") for r in deleted],
+        f"Deleted {len(deleted)} record(s).{note}",
     )
 
 
@@ -128,7 +127,7 @@ def cancel(selection: Selection, *, force: bool = False) -> Outcome:
     replies = tasks_app.cancel_many([r.id for r in records], cancelled_by=selection.actor, force=force)
     acted = {reply.task_id: reply.outcome for reply in replies if reply.outcome in (CANCELLED, REQUESTED)}
     what = "Cancel by force" if force else "Cancel"
-    logged = [(r, CHANGE, f"{what}: {acted[r.id]}") for r in records if r.id in acted]
+    logged = [(r.id, r.type, CHANGE, f"{what}: {acted[r.id]}") for r in records if r.id in acted]
     stopped = sum(outcome == REQUESTED for outcome in acted.values())
     note = f" {len(records) - len(acted)} already finished, left." if len(acted) < len(records) else ""
     how = "stopped by force" if force else "asked to stop"
@@ -150,13 +149,3 @@ ACTIONS: dict[str, BulkAction] = {
         BulkAction("delete", "Delete the records of selected finished tasks", DELETE_TASK_RECORDS_PERMISSION, delete),
     )
 }
-
-
-def allowed_actions(request: HttpRequest) -> list[BulkAction]:
-    """The actions this user may run."""
-    return [action for action in ACTIONS.values() if request.user.has_perm(action.permission)]
-
-
-def log(request: HttpRequest, logged: Sequence[tuple[ResultRecord, int, str]]) -> None:
-    """One admin log entry per task acted on."""
-    log_task_actions(request, ((record.id, record.type, flag, message) for record, flag, message in logged))

@@ -102,22 +102,14 @@ def chart_data(broker: Broker, queues: Sequence[str], now_s: float | None = None
     }
 
 
-# Colours of the lines, as the admin's palette has them (success, error, warning, info).
-COLOURS = {
-    "ok": "#2e7d32",
-    "failed": "#c62828",
-    "retried": "#ef6c00",
-    "backlog": "#1565c0",
-    "p50_ms": "#1565c0",
-    "p95_ms": "#8e24aa",
-}
-LABELS = {
-    "ok": "succeeded",
-    "failed": "failed",
-    "retried": "retried",
-    "backlog": "backlog",
-    "p50_ms": "p50",
-    "p95_ms": "p95",
+# Each line's colour, as the admin's palette has them (success, error, warning, info), and its label.
+LINES = {
+    "ok": ("#2e7d32", "succeeded"),
+    "failed": ("#c62828", "failed"),
+    "retried": ("#ef6c00", "retried"),
+    "backlog": ("#1565c0", "backlog"),
+    "p50_ms": ("#1565c0", "p50"),
+    "p95_ms": ("#8e24aa", "p95"),
 }
 
 WIDTH, HEIGHT, LEFT, BOTTOM, TOP = 360, 120, 44, 18, 8
@@ -148,11 +140,10 @@ def svg_chart(title: str, series: Series, unit: str = "") -> SafeString:
         step = plot_w / max(1, len(points) - 1)
         for run in _runs(points):
             xy = [(LEFT + i * step, TOP + plot_h - (value / top) * plot_h) for i, value in run]
-            parts.append(_mark(COLOURS.get(name, "#555"), xy))
+            parts.append(_mark(LINES[name][0], xy))
     parts.append("</svg>")
     legend = "".join(
-        f'<span class="tasks-legend" style="border-color: {COLOURS.get(name, "#555")}">'
-        f"{escape(LABELS.get(name, name))}</span>"
+        f'<span class="tasks-legend" style="border-color: {LINES[name][0]}">{escape(LINES[name][1])}</span>'
         for name in series
     )
     # Every text in it (titles, type and queue names) is escaped above.

@@ -25,7 +25,7 @@ from tasks_app.protocol.broker import get_broker
 from tasks_app.protocol.codec import PRIORITY_MAX, PRIORITY_MIN, JsonTooDeep, loads_bounded
 from tasks_app.protocol.keys import NAME_PATTERN
 from tasks_app.protocol.records import ResultRecord
-from tasks_app.registry import Registry, registry as default_registry
+from tasks_app.registry import registry
 from tasks_app.templatetags.tasks_display import url_or_empty
 from tasks_app.web.common import (
     admin_context,
@@ -43,15 +43,6 @@ SHOWN_CHARS = 20_000
 
 
 JSON_TEXTAREA = forms.Textarea(attrs={"rows": 3, "cols": 60, "class": "vLargeTextField", "spellcheck": "false"})
-
-
-def enqueueable_type_names(registry: Registry = default_registry) -> list[str]:
-    """Return the names of enabled task types whose handler is registered in this process."""
-    return [
-        row.name
-        for row in TaskType.objects.filter(enabled=True).only("name", "handler")
-        if registry.get(row.handler) is not None
-    ]
 
 
 def parse_json_field[T](text: str, expected: type[T], what: str) -> T:
@@ -118,10 +109,12 @@ class EnqueueForm(forms.Form):
         "window is not enqueued again (you are taken to the first one). Leave empty for a hash of the arguments.",
     )
 
-    def __init__(self, *args: Any, registry: Registry = default_registry, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        type_field = cast(forms.ChoiceField, self.fields["type"])
-        type_field.choices = [("", "---------"), *((n, n) for n in enqueueable_type_names(registry))]
+        # Enabled types whose handler this process has.
+        rows = TaskType.objects.filter(enabled=True).only("name", "handler")
+        names = [row.name for row in rows if registry.get(row.handler) is not None]
+        cast(forms.ChoiceField, self.fields["type"]).choices = [("", "---------"), *((n, n) for n in names)]
 
     def clean_args(self) -> list[Any]:
         return parse_json_field(self.cleaned_data["args"], list, "Args")
@@ -134,24 +127,15 @@ class EnqueueForm(forms.Form):
 
 
 # Which form field a producer error is about, by the start of its message.
-_ERROR_FIELDS = (
-    ("payload", "args"),
-    ("arguments", "args"),
-    ("args", "args"),
-    ("kwargs", "kwargs"),
-    ("invalid queue", "queue"),
-    ("priority", "priority"),
-    ("delay", "delay"),
-    ("unique_key", "unique_key"),
-    ("invalid task type", "type"),
-    ("unknown task type", "type"),
-    ("task type", "type"),
-)
-
-
-def error_field(message: str) -> str | None:
-    """Return the form field a producer's EnqueueError message is about (None: the whole form)."""
-    return next((name for start, name in _ERROR_FIELDS if message.startswith(start)), None)
+_ERROR_FIELDS = {
+    "args": ("payload", "arguments", "args"),
+    "kwargs": ("kwargs",),
+    "queue": ("invalid queue",),
+    "priority": ("priority",),
+    "delay": ("delay",),
+    "unique_key": ("unique_key",),
+    "type": ("invalid task type", "unknown task type", "task type"),
+}
 
 
 @csrf_exempt  # checked in the view, once the body is read within the payload limit
@@ -177,7 +161,8 @@ def enqueue_task(request: HttpRequest) -> HttpResponse:
                 unique_key=data["unique_key"],
             )[0]
         except producer.EnqueueError as exc:
-            form.add_error(error_field(str(exc)), str(exc))
+            field = next((name for name, starts in _ERROR_FIELDS.items() if str(exc).startswith(starts)), None)
+            form.add_error(field, str(exc))
         except producer.QueueUnavailable as exc:
             form.add_error(None, str(exc))
         else:
