@@ -41,6 +41,11 @@ UNIQUE_FOR_MAX_S = 86400 * 365
 kwarg_validator = RegexValidator(r"^[A-Za-z_][A-Za-z0-9_]*\Z", "Use the name of a keyword argument, e.g. tenant_id.")
 
 
+def name_field(help_text: str, **options: Any) -> "models.CharField[str, str]":
+    """A name that goes into Redis keys (a type, handler, queue or schedule): the names rule."""
+    return models.CharField(max_length=100, validators=[name_validator], help_text=help_text, **options)
+
+
 def optional_limit_field(help_text: str) -> models.PositiveIntegerField:
     """A throttle's limit: a positive count, empty for unlimited."""
     return models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)], help_text=help_text)
@@ -62,23 +67,9 @@ class TaskType(models.Model):
         WINDOW = "window", "The end of the window"
         FINISHED = "finished", "The task finishes (or the window ends)"
 
-    name = models.CharField(
-        max_length=100,
-        unique=True,
-        validators=[name_validator],
-        help_text="The type name producers enqueue, e.g. billing.send_invoice.",
-    )
-    handler = models.CharField(
-        max_length=100,
-        validators=[name_validator],
-        help_text="The registered handler that runs tasks of this type.",
-    )
-    queue = models.CharField(
-        max_length=100,
-        default="default",
-        validators=[name_validator],
-        help_text="Queue a task goes to when the producer does not name one.",
-    )
+    name = name_field("The type name producers enqueue, e.g. billing.send_invoice.", unique=True)
+    handler = name_field("The registered handler that runs tasks of this type.")
+    queue = name_field("Queue a task goes to when the producer does not name one.", default="default")
     enabled = models.BooleanField(
         default=True,
         help_text="Disabled types cannot be enqueued, and queued tasks of this type wait "
@@ -272,12 +263,7 @@ class PeriodicTask(models.Model):
         ADMIN = "admin", "Admin"
         CODE = "code", "Code (TASKS_PERIODIC)"
 
-    name = models.CharField(
-        max_length=100,
-        unique=True,
-        validators=[name_validator],
-        help_text="Name of the schedule, e.g. reports.nightly.",
-    )
+    name = name_field("Name of the schedule, e.g. reports.nightly.", unique=True)
     task_type = models.ForeignKey(
         TaskType,
         on_delete=models.PROTECT,
@@ -305,9 +291,7 @@ class PeriodicTask(models.Model):
     enabled = models.BooleanField(default=True, help_text="Disabled schedules fire nothing.")
     start_at = models.DateTimeField(null=True, blank=True, help_text="No run before this time.")
     end_at = models.DateTimeField(null=True, blank=True, help_text="No run after this time.")
-    queue = models.CharField(
-        max_length=100, blank=True, validators=[name_validator], help_text="Queue of the runs; empty: the type's queue."
-    )
+    queue = name_field("Queue of the runs; empty: the type's queue.", blank=True)
     priority = models.IntegerField(
         default=0, validators=[MinValueValidator(-100), MaxValueValidator(100)], help_text="-100..100, higher first."
     )

@@ -131,6 +131,7 @@ class Filters:
         if preset and preset not in RANGES:
             errors.append(f"Unknown time range {preset!r}.")
             preset = ""
+        size = _digits(query.get("size", ""), DEFAULT_PAGE_SIZE)
         return cls(
             status=status,
             type=query.get("type", "").strip()[:200],
@@ -140,9 +141,9 @@ class Filters:
             since=_moment(query.get("since", ""), "since", errors),
             until=_moment(query.get("until", ""), "until", errors),
             before=_number(query.get("before", "")),
-            seen=_count(query.get("seen", "")),
+            seen=min(_digits(query.get("seen", ""), 0), history.HISTORY_MAX),
             after=query.get("after", "")[:MAX_ID_CHARS],
-            size=_size(query.get("size", "")),
+            size=size if size in PAGE_SIZES else DEFAULT_PAGE_SIZE,
             errors=errors,
         )
 
@@ -160,22 +161,17 @@ class Filters:
 
 
 def _moment(text: str, name: str, errors: list[str]) -> datetime | None:
+    """`text` as a time in UTC (as the form shows it); None if empty, or with an error if not one on the calendar."""
     if not text:
         return None
-    moment = _utc_moment(text)
-    if moment is None:
-        errors.append(f"{name} must be a date and time like 2026-12-01T14:30.")
-    return moment
-
-
-def _utc_moment(text: str) -> datetime | None:
-    """`text` as a time in UTC (as the form shows it); None unless it is one on the calendar."""
     try:
         moment = parse_datetime(text)  # None if not shaped like a time; ValueError for a 13th month
-        # Day 1 at +14:00 or day 9999 at -14:00 is off the calendar in UTC.
-        return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).astimezone(UTC) if moment else None
+        if moment is not None:  # day 1 at +14:00 or day 9999 at -14:00 is off the calendar in UTC
+            return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).astimezone(UTC)
     except (ValueError, OverflowError):
-        return None
+        pass
+    errors.append(f"{name} must be a date and time like 2026-12-01T14:30.")
+    return None
 
 
 def _number(text: str) -> float | None:
@@ -187,19 +183,9 @@ def _number(text: str) -> float | None:
     return value if value == value else None
 
 
-def _digits(text: str) -> int | None:
-    """A count typed in a query: ASCII digits only (int() takes no "²", nor thousands of digits), else None."""
-    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
-
-
-def _count(text: str) -> int:
-    count = _digits(text)
-    return min(count, history.HISTORY_MAX) if count is not None else 0
-
-
-def _size(text: str) -> int:
-    size = _digits(text)
-    return size if size in PAGE_SIZES else DEFAULT_PAGE_SIZE
+def _digits(text: str, default: int) -> int:
+    """A count typed in a query: ASCII digits only (int() takes no "²", nor thousands of digits), else `default`."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else default
 
 
 @dataclass(frozen=True)
@@ -220,12 +206,13 @@ def find_page(broker: Broker, filters: Filters, known: Sequence[str], now: datet
     queues = [filters.queue] if filters.queue else list(known)
     lower, upper = filters.bounds_ms(now or datetime.now(UTC))
     if filters.q:
-        return _search(broker, filters, queues, (lower, upper))
+        return _search(broker, filters, queues, lower, upper)
     resumed = upper is not None and upper == filters.before
     seen, after = (filters.seen, filters.after) if resumed else (0, "")
     found: list[tuple[ResultRecord, float]] = []
     examined = 0
     chunk = CHUNK if filters.type else filters.size  # without a type nearly every entry is a row
+    total = _total(broker, filters, queues, lower)
     while examined < SCAN_BUDGET:
         window = broker.records.history_window(queues, filters.status or None, upper, lower, chunk, seen, after)
         for entry, record in zip(window, _records(broker, window), strict=True):
@@ -233,12 +220,10 @@ def find_page(broker: Broker, filters: Filters, known: Sequence[str], now: datet
             if record is not None and filters.matches(record):
                 found.append((record, entry.score_ms))
                 if len(found) == filters.size:
-                    total = _total(broker, filters, queues, lower)
                     return Page(found, upper, total, older_seen=seen, older_after=after)
         examined += len(window)
         if len(window) < chunk:
-            return Page(found, None, _total(broker, filters, queues, lower))
-    total = _total(broker, filters, queues, lower)
+            return Page(found, None, total)
     return Page(found, upper, total, exhausted_budget=True, older_seen=seen, older_after=after)
 
 
@@ -254,12 +239,7 @@ def _total(broker: Broker, filters: Filters, queues: list[str], lower: float | N
     return broker.records.history_count(queues, filters.status or None, lower)
 
 
-def _search(
-    broker: Broker,
-    filters: Filters,
-    queues: list[str],
-    bounds: tuple[float | None, float | None],
-) -> Page:
+def _search(broker: Broker, filters: Filters, queues: list[str], lower: float | None, upper: float | None) -> Page:
     """`q` as an exact id (any task with a record, indexed or not), else as a prefix of ids in the index."""
     exact = broker.records.get_result(filters.q)
     if exact is not None:
@@ -267,7 +247,6 @@ def _search(
         keep = filters.matches(record) and (not filters.queue or record.queue == filters.queue)
         return Page([(record, 0.0)] if keep else [], None, None)
     entries = broker.records.history_by_prefix(queues, filters.q, filters.size)
-    lower, upper = bounds
     rows = [
         (record, entry.score_ms)
         for entry, record in zip(entries, _records(broker, entries), strict=True)
