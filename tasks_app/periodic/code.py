@@ -67,14 +67,12 @@ def _sync_one(name: str, entry: Mapping[str, Any], registry: Registry) -> str:
         task_type = ensure_task_type(entry["task"], registry)
     except UnknownTaskType as exc:
         raise InvalidCodeSchedule(str(exc)) from None
-    for attempt in range(2):  # consumers starting together race to create the row: the loser updates it
-        try:
-            with transaction.atomic():
-                return _write_row(name, entry, task_type.name)
-        except IntegrityError:
-            if attempt:
-                raise
-    return "updated"  # not reached: the second attempt returns or raises
+    try:
+        with transaction.atomic():
+            return _write_row(name, entry, task_type.name)
+    except IntegrityError:  # consumers starting together race to create the row: the loser updates it
+        with transaction.atomic():
+            return _write_row(name, entry, task_type.name)
 
 
 def _write_row(name: str, entry: Mapping[str, Any], task_type: str) -> str:

@@ -57,18 +57,13 @@ class PeriodicConfig:
             priority=row.priority,
             catch_up=row.catch_up,
             enabled=row.enabled,
-            saved_ms=saved_ms_of(row),
+            saved_ms=ms_of_datetime(row.updated_at),
         )
 
     @property
     def target_queue(self) -> str | None:
         """The runs' queue: the row's own, else its type's as read with the row (None: as the producer reads it)."""
         return self.queue or self.type_queue or None
-
-
-def saved_ms_of(row: PeriodicTask) -> int:
-    """When the row was last saved (epoch ms; 0 if never)."""
-    return ms_of_datetime(row.updated_at) if row.updated_at else 0
 
 
 def load_configs(*, enabled_only: bool = True, problems: ScheduleProblems | None = None) -> list[PeriodicConfig]:
@@ -83,7 +78,7 @@ def load_configs(*, enabled_only: bool = True, problems: ScheduleProblems | None
             configs.append(PeriodicConfig.from_model(row))
         except InvalidSchedule as exc:
             message = "periodic task %s is not scheduled (said once until it changes): %s"
-            problems.failed(row.name, "schedule", saved_ms_of(row), str(exc), message, row.name, exc)
+            problems.failed(row.name, "schedule", ms_of_datetime(row.updated_at), str(exc), message, row.name, exc)
         else:
             problems.resolved(row.name, "schedule")
     problems.keep_only(names)

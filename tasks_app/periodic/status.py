@@ -10,7 +10,7 @@ from redis.exceptions import RedisError
 
 from tasks_app.models import PeriodicTask
 from tasks_app.periodic.config import PeriodicConfig
-from tasks_app.periodic.schedule import InvalidSchedule
+from tasks_app.periodic.schedule import InvalidSchedule, Schedule
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.periodic import PeriodicState
 from tasks_app.protocol.records import datetime_of_ms
@@ -40,12 +40,6 @@ def schedule_statuses(broker: Broker, rows: list[PeriodicTask] | None = None) ->
     """The status of each row (default: all), reading every schedule's state from Redis in one round trip."""
     if rows is None:
         rows = list(PeriodicTask.objects.select_related("task_type").order_by("name"))
-    configs: list[PeriodicConfig | InvalidSchedule] = []
-    for row in rows:
-        try:
-            configs.append(PeriodicConfig.from_model(row))
-        except InvalidSchedule as exc:
-            configs.append(exc)
     queues = [row.queue or row.task_type.queue for row in rows]
     states: list[PeriodicState | None]
     try:
@@ -57,33 +51,33 @@ def schedule_statuses(broker: Broker, rows: list[PeriodicTask] | None = None) ->
             raise
         states = [None] * len(rows)  # Redis away
     now_ms = int(time.time() * 1000)
-    return [
-        _status(row, queue, config, state, now_ms)
-        for row, queue, config, state in zip(rows, queues, configs, states, strict=True)
-    ]
+    return [_status(row, queue, state, now_ms) for row, queue, state in zip(rows, queues, states, strict=True)]
 
 
-def _status(
-    row: PeriodicTask, queue: str, config: PeriodicConfig | InvalidSchedule, state: PeriodicState | None, now_ms: int
-) -> ScheduleStatus:
-    next_ms = config.schedule.next_after(now_ms) if isinstance(config, PeriodicConfig) and row.enabled else None
-    state_error = "Redis unavailable" if state is None else ""
-    state = state or PeriodicState(None, None, "", None)
-    fired_ms, fired_at_ms = state.fired_slot_ms, state.fired_at_ms
+def _status(row: PeriodicTask, queue: str, state: PeriodicState | None, now_ms: int) -> ScheduleStatus:
+    schedule: Schedule | None = None
+    try:
+        schedule, error = PeriodicConfig.from_model(row).schedule, ""
+    except InvalidSchedule as exc:
+        error = str(exc)
+    next_ms = schedule.next_after(now_ms) if schedule and row.enabled else None
+    fired = state or PeriodicState(None, None, "", None)
     return ScheduleStatus(
         name=row.name,
         task_type=row.task_type.name,
         queue=queue,
-        schedule=config.schedule.describe()
-        if isinstance(config, PeriodicConfig)
-        else row.cron or f"{row.interval_s} s",
+        schedule=schedule.describe() if schedule else row.cron or f"{row.interval_s} s",
         enabled=row.enabled,
         source=row.source,
         catch_up=row.catch_up,
-        next_run=datetime_of_ms(next_ms) if next_ms is not None else None,
-        last_slot=datetime_of_ms(fired_ms) if fired_ms is not None else None,
-        last_task_id=state.task_id,
-        last_fired_at=datetime_of_ms(fired_at_ms) if fired_at_ms is not None else None,
-        error="" if isinstance(config, PeriodicConfig) else str(config),
-        state_error=state_error,
+        next_run=_moment(next_ms),
+        last_slot=_moment(fired.fired_slot_ms),
+        last_task_id=fired.task_id,
+        last_fired_at=_moment(fired.fired_at_ms),
+        error=error,
+        state_error="" if state else "Redis unavailable",
     )
+
+
+def _moment(ms: int | None) -> datetime | None:
+    return datetime_of_ms(ms) if ms is not None else None
