@@ -171,11 +171,10 @@ class TaskTypeCache:
         except Exception as exc:  # the database may be briefly away; stale settings beat none
             self._failed_at = began
             if self.loaded:
-                self._problem.failed("refresh", repr(exc), "cannot reload task types, keeping the last ones: %s", exc)
+                message = "cannot reload task types, keeping the last ones: %s"
             else:
-                self._problem.failed(
-                    "refresh", repr(exc), "cannot read the task types, claiming nothing until then: %s", exc
-                )
+                message = "cannot read the task types, claiming nothing until then: %s"
+            self._problem.failed("refresh", repr(exc), message, exc)
             return False
         self._problem.recovered("refresh", "task types reloaded again")
         before, self._configs, self.loaded, self.read_at = self._configs, configs, True, began

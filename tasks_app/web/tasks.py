@@ -220,7 +220,9 @@ def task_detail(request: HttpRequest, task_id: str) -> HttpResponse:
             kwargs_json=_shown(_pretty(record.kwargs)),
             return_json=_shown(_pretty(record.return_value)),
             can_cancel=not record.is_finished and request.user.has_perm(CANCEL_PERMISSION),
-            **_queue_pause(record),
+            # Whether a task that waits waits on a paused queue.
+            queue_paused=record.status == "READY"
+            and get_broker().control.pause_states([record.queue])[record.queue] is not None,
             progress_percent=_percent(record.progress),
         ),
     )
@@ -276,13 +278,6 @@ def _origins(record: ResultRecord) -> list[Origin]:
         url = url_or_empty("admin:tasks_app_periodictask_change", str(row.pk)) if row else ""
         origins.append(Origin("Periodic schedule", name, url))
     return origins
-
-
-def _queue_pause(record: ResultRecord) -> dict[str, Any]:
-    """Whether a task that waits waits on a paused queue."""
-    if record.status != "READY":
-        return {"queue_paused": False}
-    return {"queue_paused": get_broker().control.pause_states([record.queue])[record.queue] is not None}
 
 
 def _percent(progress: dict[str, Any] | None) -> float | None:
