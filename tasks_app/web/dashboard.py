@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
 from typing import Any
 
 from django.contrib import messages
@@ -20,7 +18,7 @@ from tasks_app.control import set_queue_paused
 from tasks_app.models import MANAGE_DEAD_LETTERS_PERMISSION, PAUSE_QUEUE_PERMISSION
 from tasks_app.periodic.status import schedule_statuses
 from tasks_app.protocol.broker import Broker, get_broker
-from tasks_app.protocol.inspection import DeadTask, QueueStats
+from tasks_app.protocol.inspection import DeadTask
 from tasks_app.protocol.keys import NAME_PATTERN, InvalidName, validate_name
 from tasks_app.protocol.records import LISTED_FIELDS, datetime_of_ms
 from tasks_app.task_types import unique_windows
@@ -30,47 +28,6 @@ from tasks_app.web.common import admin_context, log_task_actions, redis_required
 PAGE_SIZE = 50
 # Why a dead letter of a unique type was not requeued (the holder's id follows).
 HELD_KEY = "a task with the same uniqueness key is enqueued already"
-
-
-@dataclass(frozen=True)
-class ConsumerRow:
-    """A live consumer of one queue, as the dashboard shows it."""
-
-    id: str
-    host: str
-    pid: Any
-    in_flight: int
-    concurrency: Any
-    last_heartbeat: datetime | None
-    heartbeat_age_s: float | None
-    lease_deadline: datetime | None
-
-    @classmethod
-    def from_info(cls, info: dict[str, Any], now_ms: int) -> ConsumerRow:
-        """Build a row from `Broker.live_consumers`; the last heartbeat is the deadline minus the lease."""
-        deadline_ms, lease_ms = info["lease_deadline_ms"], info.get("lease_ms")
-        beat_ms = deadline_ms - lease_ms if lease_ms else None
-        return cls(
-            id=str(info.get("id", "")),
-            host=str(info.get("host", "")),
-            pid=info.get("pid", ""),
-            in_flight=info["in_flight"],
-            concurrency=info.get("concurrency", ""),
-            last_heartbeat=datetime_of_ms(beat_ms) if beat_ms is not None else None,
-            heartbeat_age_s=max(0.0, (now_ms - beat_ms) / 1000) if beat_ms is not None else None,
-            lease_deadline=datetime_of_ms(deadline_ms),
-        )
-
-
-@dataclass(frozen=True)
-class QueueRow:
-    """One queue's counts, consumers and throughput; a name no consumer could serve is shown, not linked."""
-
-    stats: QueueStats
-    consumers: list[ConsumerRow]
-    completed_last_minute: int
-    valid_name: bool
-    paused_by: str = ""
 
 
 @staff_member_required
@@ -92,15 +49,32 @@ def queue_dashboard(request: HttpRequest) -> HttpResponse:
     return render(request, "tasks_app/dashboard.html", context)
 
 
-def _queue_row(broker: Broker, queue: str, now_ms: int) -> QueueRow:
+def _queue_row(broker: Broker, queue: str, now_ms: int) -> dict[str, Any]:
+    """One queue's counts, consumers and throughput; a name no consumer could serve is shown, not linked."""
     stats = broker.inspect.queue_stats(queue)
-    return QueueRow(
-        stats,
-        [ConsumerRow.from_info(c, now_ms) for c in stats.consumers],
-        broker.inspect.completed_last_minute(queue),
-        NAME_PATTERN.fullmatch(queue) is not None,
-        (broker.control.pause_states([queue])[queue] or {}).get("by", ""),
-    )
+    return {
+        "stats": stats,
+        "consumers": [_consumer_row(info, now_ms) for info in stats.consumers],
+        "completed_last_minute": broker.inspect.completed_last_minute(queue),
+        "valid_name": NAME_PATTERN.fullmatch(queue) is not None,
+        "paused_by": (broker.control.pause_states([queue])[queue] or {}).get("by", ""),
+    }
+
+
+def _consumer_row(info: dict[str, Any], now_ms: int) -> dict[str, Any]:
+    """A live consumer from `Inspection.live_consumers`; its last heartbeat is the deadline minus the lease."""
+    deadline_ms, lease_ms = info["lease_deadline_ms"], info.get("lease_ms")
+    beat_ms = deadline_ms - lease_ms if lease_ms else None
+    return {
+        "id": info["id"],
+        "host": str(info.get("host", "")),
+        "pid": info.get("pid", ""),
+        "in_flight": info["in_flight"],
+        "concurrency": info.get("concurrency", ""),
+        "last_heartbeat": datetime_of_ms(beat_ms) if beat_ms is not None else None,
+        "heartbeat_age_s": max(0.0, (now_ms - beat_ms) / 1000) if beat_ms is not None else None,
+        "lease_deadline": datetime_of_ms(deadline_ms),
+    }
 
 
 @staff_member_required
