@@ -120,9 +120,8 @@ class RedisBackend(BaseTaskBackend):
             raise TaskResultDoesNotExist(result_id)
         record = ResultRecord.from_fields(fields)
         handler = find_handler(record.type, registry)
-        if handler is None:  # a record of a plain handler's task, not of a `@task` function
-            raise TaskResultDoesNotExist(result_id)
-        if record.status not in STATUSES:  # a producer's, no status of a run: no result Django can read
+        # A plain handler's task is not a `@task` function's; a producer's status is no run's Django can read.
+        if handler is None or record.status not in STATUSES:
             raise TaskResultDoesNotExist(result_id)
         return task_result_from_record(record, handler.django_task, self.alias)
 

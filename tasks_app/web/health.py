@@ -18,23 +18,21 @@ _problems: ProblemLog[str] = ProblemLog(logger)
 def check_web() -> dict[str, str]:
     """Check the database and Redis; map each to "ok" or the error met (logged once while it persists)."""
     checks: dict[str, str] = {}
-    try:
-        with connections["default"].cursor() as cursor:
-            cursor.execute("SELECT 1")
-        checks["database"] = "ok"
-    except Exception as exc:
-        checks["database"] = f"error: {exc}"
-    try:
-        get_broker().inspect.ping()
-        checks["redis"] = "ok"
-    except Exception as exc:
-        checks["redis"] = f"error: {exc}"
-    for name, state in checks.items():
-        if state == "ok":
-            _problems.recovered(name, "health check: %s ok again", name)
+    for name, probe in (("database", _ping_database), ("redis", lambda: get_broker().inspect.ping())):
+        try:
+            probe()
+        except Exception as exc:
+            checks[name] = f"error: {exc}"
+            _problems.failed(name, checks[name], "health check: %s %s", name, checks[name])
         else:
-            _problems.failed(name, state, "health check: %s %s", name, state)
+            checks[name] = "ok"
+            _problems.recovered(name, "health check: %s ok again", name)
     return checks
+
+
+def _ping_database() -> None:
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT 1")
 
 
 def healthz(request: HttpRequest) -> JsonResponse:
