@@ -70,7 +70,7 @@ def test_a_run_blocking_the_loop_past_its_hard_limit_is_failed_once():
     time.sleep(0.4)
     hung = lane.take_hung(0.2)
     assert len(hung) == 1 and lane.take_hung(0.2) == [], "taken once"
-    lane.settle_hung(hung, 0.2)
+    lane.fail_taken(hung, None)
     assert finished.is_set() and lane.running == 0
     [(value, error)] = outcomes
     assert value is None and isinstance(error, TaskTimeout)
@@ -130,7 +130,7 @@ def test_a_forced_run_blocking_the_loop_past_the_grace_is_settled_cancelled_once
     time.sleep(0.4)
     hung = lane.take_hung(0.3)
     assert len(hung) == 1 and lane.take_hung(0.3) == [], "given up on once"
-    lane.settle_hung(hung, 0.3)
+    lane.fail_taken(hung, None)
     assert finished.is_set() and isinstance(outcomes[0][1], TaskCancelled)
     time.sleep(1.0)
     assert len(outcomes) == 1, "its late end is not settled again"

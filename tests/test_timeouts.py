@@ -109,8 +109,10 @@ def test_a_forced_run_still_going_after_the_grace_is_abandoned_once():
     assert not clock.abandon(0.0, time.monotonic())  # neither timed out nor cancelled
     clock.thread_id = 0  # no thread to raise in: it stands for one stuck in a C call
     assert clock.force_cancel()
-    assert not clock.abandon(1.0, clock.forced_monotonic + 0.5)
-    assert clock.abandon(1.0, clock.forced_monotonic + 1.0) and not clock.abandon(1.0, clock.forced_monotonic + 2)
+    assert not clock.abandon(1.0, clock.interrupted_monotonic + 0.5)
+    assert clock.abandon(1.0, clock.interrupted_monotonic + 1.0) and not clock.abandon(
+        1.0, clock.interrupted_monotonic + 2
+    )
     assert clock.abandoned
 
 

@@ -72,9 +72,10 @@ class Flight:
 
 
 class LaneSeat:
-    """A seat on the lane taken before a run's start is written; given back unless a run took it."""
+    """A seat on `lane` taken before a run's start is written; given back unless a run took it."""
 
-    def __init__(self, seats: threading.BoundedSemaphore) -> None:
+    def __init__(self, lane: AsyncLane, seats: threading.BoundedSemaphore) -> None:
+        self.lane = lane
         self._seats: threading.BoundedSemaphore | None = seats
 
     def hand_to_run(self) -> None:
@@ -86,10 +87,6 @@ class LaneSeat:
         seats, self._seats = self._seats, None
         if seats is not None:
             seats.release()
-
-
-# A run given up on at its hard limit, with the error it is settled with.
-HungFlight = tuple[Flight, TaskCancelled | TaskTimeout]
 
 
 class AsyncLane:
@@ -122,7 +119,7 @@ class AsyncLane:
         if self.stopping():  # the stop may have come while the last wait ended
             self._seats.release()
             return None
-        return LaneSeat(self._seats)
+        return LaneSeat(self, self._seats)
 
     def submit(
         self, coroutine: Coroutine[Any, Any, Any], flight: Flight, on_settled: Callable[[], None], seat: LaneSeat
@@ -148,21 +145,20 @@ class AsyncLane:
         if loop is not None:
             self._call_soon(loop, self._cancel_on_loop, flight)
 
-    def take_hung(self, grace_s: float) -> list[HungFlight]:
+    def take_hung(self, grace_s: float) -> list[Flight]:
         """Take every run still going `grace_s` past its timeout or forced cancel (its loop is blocked), once each."""
-        return [(flight, error) for flight, error in self._hung(grace_s, time.monotonic()) if flight.take_settling()]
-
-    def settle_hung(self, hung: list[HungFlight], grace_s: float) -> None:
-        """Settle the runs `take_hung` took, each with its error."""
         now = time.monotonic()
-        for flight, error in hung:
+        with self._lock:
+            flights = [flight for flight in self._flights if self._hung_error(flight, grace_s, now)]
+        hung = [flight for flight in flights if flight.take_settling()]
+        for flight in hung:
             logger.error(
                 "an async task still runs %g s after %s was due in it (its event loop is blocked, or it "
                 "ignored the cancellation): given up on",
                 grace_s,
-                type(error).__name__,
+                type(self._hung_error(flight, grace_s, now)).__name__,
             )
-            self._settle(flight, None, error, now - flight.started)
+        return hung
 
     def take_unsettled(self) -> list[Flight]:
         """Take every run not settled yet, once each (its consumer leaves): `fail_taken` settles them."""
@@ -170,20 +166,11 @@ class AsyncLane:
             flights = list(self._flights)
         return [flight for flight in flights if flight.take_settling()]
 
-    def fail_taken(self, flights: list[Flight], error: BaseException) -> None:
-        """Settle runs taken from their own ends with `error` (or with the forced cancel or timeout due in them)."""
+    def fail_taken(self, flights: list[Flight], error: BaseException | None) -> None:
+        """Settle runs taken from their own ends with the forced cancel or timeout due in them, else `error`."""
         now = time.monotonic()
         for flight in flights:
             self._settle(flight, None, self._hung_error(flight, 0.0, now) or error, now - flight.started)
-
-    def _hung(self, grace_s: float, now: float) -> list[HungFlight]:
-        """The unsettled runs that outlived their forced cancel or timeout by `grace_s`, each with its error."""
-        with self._lock:
-            return [
-                (flight, error)
-                for flight in self._flights
-                if not flight.settled and (error := self._hung_error(flight, grace_s, now))
-            ]
 
     @staticmethod
     def _hung_error(flight: Flight, grace_s: float, now: float) -> TaskCancelled | TaskTimeout | None:

@@ -43,15 +43,7 @@ from tasks_app.consumer.async_lane import AsyncLane, Flight, LaneSeat
 from tasks_app.consumer.claiming import Claimed, PauseWatch
 from tasks_app.consumer.gates import Admission, ConcurrencyGate, check_start, key_token_of
 from tasks_app.consumer.settling import Settler
-from tasks_app.consumer.time_limits import (
-    RunClock,
-    Running,
-    RunWatch,
-    TimeLimits,
-    call_unforked,
-    call_with_clock,
-    within_timeout,
-)
+from tasks_app.consumer.time_limits import RunClock, Running, TimeLimits, call_unforked, call_with_clock, within_timeout
 from tasks_app.context import RunControl, TaskContext, running
 from tasks_app.django_tasks import runner
 from tasks_app.exceptions import ResultNotJson, ResultTooLarge
@@ -59,7 +51,7 @@ from tasks_app.protocol import records
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Arguments, Task, UndecodableTask, decode_payload, decode_task
 from tasks_app.protocol.keys import delayed_member
-from tasks_app.protocol.records import ResultUpdate, now_ms
+from tasks_app.protocol.records import now_ms
 from tasks_app.registry import Handler, Registry
 from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
 
@@ -82,15 +74,6 @@ INT32_MAX = 2**31 - 1  # the envelope's attempt field
 RateGate = Callable[[Task, TaskTypeConfig, str | None], Admission]
 
 
-def count_run(attempt: int) -> int:
-    """The run count of a task starting a run: a count below 0 reads as 0, one at int32's end stays there."""
-    return min(max(attempt, 0) + 1, INT32_MAX)
-
-
-def no_start_check() -> None:
-    """The start check of a run that no rate limit admitted: it may begin whenever its worker gets to it."""
-
-
 class NotStarted(enum.Enum):
     """Why a claimed task's run must not start."""
 
@@ -99,27 +82,8 @@ class NotStarted(enum.Enum):
     LEASE_LOST = "lease lost"  # the lease lapsed while the start was written: the reaper owns it
 
 
-async def as_current[T](context: TaskContext, start: Callable[[], Awaitable[T]]) -> T:
-    """Await what `start()` returns, with `context` as what `tasks_app.context.current()` returns in it."""
-    with running(context):
-        return await start()
-
-
-async def _handler_run(
-    handler: Handler, context: TaskContext, arguments: Arguments, timeout_s: float | None, begin: Callable[[], None]
-) -> Any:
-    """Call an `async def` handler once `begin()` let it begin, and await it under its timeout."""
-    begin()
-    args = (context, *arguments.args) if handler.takes_context else arguments.args
-    return await within_timeout(handler.func(*args, **arguments.kwargs), timeout_s)
-
-
-async def _raising(error: BaseException) -> NoReturn:
-    raise error
-
-
 class Executor:
-    """Runs claimed tasks on worker threads and has them settled in Redis."""
+    """Runs claimed tasks on worker threads (or the asyncio lane) and has them settled in Redis."""
 
     def __init__(
         self,
@@ -129,23 +93,25 @@ class Executor:
         worker_id: str,
         result_ttl_s: int,
         *,
-        settler: Settler,
-        time_limits: TimeLimits,
-        pauses: PauseWatch,
-        acks: AckBatcher | None = None,
         rate_gate: RateGate | None = None,
+        give_up: threading.Event | None = None,
+        acks: AckBatcher | None = None,
+        max_result_bytes: int | None = None,
         concurrency: ConcurrencyGate | None = None,
         async_lane: AsyncLane | None = None,
         lease_check: Callable[[Claimed], bool] | None = None,
     ) -> None:
+        give_up = give_up or threading.Event()
         self.broker = broker
         self.registry = registry
         self.task_types = task_types
         self.worker_id = worker_id
         self.result_ttl_s = result_ttl_s
-        self.settler = settler  # every write that moves a task on
-        self.time_limits = time_limits  # the runs watched for timeouts, cancels and progress
-        self.pauses = pauses  # puts back unstarted the tasks of a queue paused since their claim
+        self.settler = Settler(
+            broker, registry, task_types, result_ttl_s, acks=acks, give_up=give_up, max_result_bytes=max_result_bytes
+        )
+        self.time_limits = TimeLimits(self.settler, async_lane)
+        self.pauses = PauseWatch(broker, give_up, result_ttl_s)
         # With a batcher, a run's RUNNING record goes out with the next flush; without one, at once.
         self.acks = acks
         self.rate_gate = rate_gate
@@ -154,7 +120,6 @@ class Executor:
         self.async_lane = async_lane
         self.lease_check = lease_check  # waits while the claim's lease may have lapsed; False once lost
 
-    # --- entry points ----------------------------------------------------------------------
     def execute(self, claimed: Claimed, on_settled: Callable[[], None] | None = None) -> bool:
         """Run a claimed task to its end; True if the ack batcher settles it (and then calls `on_settled`)."""
         # Paused since it was claimed: it does not start.
@@ -173,7 +138,7 @@ class Executor:
             task.queue = claimed.queue
         config, problem = self._resolve(task, claimed.claimed_at_s)
         if claimed.receipt == records.START_REFUSED:  # cancelled before its claim: dropped, whatever its type
-            return settler.drop_cancelled(claimed, task, config, on_settled)
+            return settler.cancelled(claimed, task, config, on_settled)
         if problem == SETTINGS_UNKNOWN:
             # Its row may set limits, a timeout or another handler: running it with defaults would
             # ignore them, and calling its type unknown would dead-letter it.
@@ -182,8 +147,13 @@ class Executor:
         if config is None:
             settler.dead_letter(claimed, task, "UnknownTaskType", problem)
             return False
-        handler = self._handler_of(claimed, task, config)
+        # A TaskType row may name a `@django.tasks.task` function this process has not imported yet.
+        handler = self.registry.get(config.handler) or self.registry.load_django_task(config.handler)
         if handler is None:
+            reason = f"handler {config.handler!r} of task type {task.type!r} is not registered"
+            if self.registry.import_errors:
+                reason += f" (handler modules that failed to import: {self.registry.import_errors})"
+            settler.dead_letter(claimed, task, "HandlerNotRegistered", reason, config)
             return False
         if not config.enabled:
             settler.defer(claimed, task, DISABLED_RECHECK_MS, "disabled")
@@ -192,20 +162,41 @@ class Executor:
         try:
             arguments = decode_payload(task.payload)
         except UndecodableTask as exc:
-            settler.dead_letter_unrunnable(claimed, task, config, "InvalidPayload", str(exc))
+            settler.dead_letter(claimed, task, "InvalidPayload", str(exc), config)
             return False
         if (dropped := settler.drop_if_cancelled_while_held(claimed, task, config, on_settled)) is not None:
             return dropped  # before its gates: a task cancelled while it waited takes no rate or permit
+        seat = None
         if handler.is_async and self.async_lane is not None:
-            return self._execute_async(claimed, task, config, handler, arguments, on_settled)
-        holder = self._admit(claimed, task, config, arguments)
-        if holder is None:
-            return False
+            # Taken before the gates: a rate admission is spent only when the run can begin at once.
+            seat = self.async_lane.reserve()
+            if seat is None:
+                return self._return_stopping(claimed, "waited for room on the asyncio lane")
         try:
-            return self._run(claimed, task, config, handler, arguments, on_settled)
+            release = self._admit(claimed, task, config, arguments)
+            if release is None:
+                return False
+            if seat is not None:  # a run on the lane holds its permit until it is settled
+                on_settled = partial(self._settled, release, on_settled)
+            later = False
+            try:
+                later = self._run(claimed, task, config, handler, arguments, on_settled, seat)
+            finally:
+                if seat is None or not later:
+                    release()
+            return later
         finally:
-            if holder and self.concurrency is not None:
-                self.concurrency.release(holder)
+            if seat is not None:
+                seat.give_back()  # unless its run took it
+
+    def _settled(self, release: Callable[[], None], on_settled: Callable[[], None] | None) -> None:
+        """Release the permit of a lane's run once it is settled, then call `on_settled`."""
+        # Once this process gave up on a hung run, that run may go on until the process is gone:
+        # the permit stays held, and lapses with the lease after.
+        if not self.settler.retry_floor_s:
+            release()
+        if on_settled is not None:
+            on_settled()
 
     def _note_disabled(self, claimed: Claimed, task: Task) -> None:
         """Note a task just deferred for its disabled type, to be woken when the type is enabled."""
@@ -213,17 +204,6 @@ class Executor:
             self.broker.limits.note_disabled(claimed.queue, task.type, task.priority, claimed.raw, DISABLED_NOTE_TTL_MS)
         except RedisError as exc:  # it comes back at its recheck instead
             logger.debug("could not note a task of disabled type %s for its wake-up: %s", task.type, exc)
-
-    def _handler_of(self, claimed: Claimed, task: Task, config: TaskTypeConfig) -> Handler | None:
-        """The task's handler; None if none is registered under its name (the task is dead-lettered)."""
-        # A TaskType row may name a `@django.tasks.task` function this process has not imported yet.
-        handler = self.registry.get(config.handler) or self.registry.load_django_task(config.handler)
-        if handler is None:
-            reason = f"handler {config.handler!r} of task type {task.type!r} is not registered"
-            if self.registry.import_errors:
-                reason += f" (handler modules that failed to import: {self.registry.import_errors})"
-            self.settler.dead_letter_unrunnable(claimed, task, config, "HandlerNotRegistered", reason)
-        return handler
 
     def _resolve(self, task: Task, claimed_at_s: float) -> tuple[TaskTypeConfig | None, str]:
         """The task's settings; else None and why (SETTINGS_UNKNOWN: ask again later)."""
@@ -242,8 +222,10 @@ class Executor:
         return None, f"unknown task type {task.type!r}: no TaskType row and no handler of that name"
 
     # --- the gates -------------------------------------------------------------------------
-    def _admit(self, claimed: Claimed, task: Task, config: TaskTypeConfig, arguments: Arguments) -> str | None:
-        """Pass the rate limit, then take a concurrency permit; None: deferred, else its holder ("": uncapped)."""
+    def _admit(
+        self, claimed: Claimed, task: Task, config: TaskTypeConfig, arguments: Arguments
+    ) -> Callable[[], None] | None:
+        """Pass the rate limit, then take a concurrency permit; None: deferred, else what releases the permit."""
         if config.rate_limit and self.rate_gate is not None:
             key_token = key_token_of(config.rate_limit_key, arguments)
             admission = self.rate_gate(task, config, key_token)
@@ -254,13 +236,14 @@ class Executor:
             claimed.start_by = admission.start_by  # its handler begins by then, or it waits again
         gate = self.concurrency
         if not config.max_running or gate is None:
-            return ""
+            return _nothing
         permits = gate.permits_of(config, arguments)
         holder = gate.acquire(claimed, task, permits)
         if holder is None:
             self.settler.defer(claimed, task, gate.recheck_ms(), "max_running")
             gate.wait(claimed, task, permits)
-        return holder
+            return None
+        return partial(gate.release, holder)
 
     def _due_at_its_turn(self, claimed: Claimed, task: Task, key_token: str | None) -> None:
         """Bring a task the rate limit just deferred to its turn as its limiter holds it now (gone: due now)."""
@@ -287,7 +270,7 @@ class Executor:
         begins); return the task's attempt limit, or why it must not start."""
         if claimed.receipt == records.SUPERSEDED:
             return NotStarted.SUPERSEDED
-        task.attempt = count_run(task.attempt)
+        task.attempt = min(max(task.attempt, 0) + 1, INT32_MAX)  # below 0 reads as 0; int32's end stays there
         max_attempts = task.max_attempts or config.max_attempts
         started_ms = now_ms()
         started_update = records.started(
@@ -300,7 +283,13 @@ class Executor:
             claimed.fence,
             record_exists=claimed.receipt == records.RECEIPT_OF_RECORD,
         )
-        reply = self._write_start(claimed, handler, started_update)
+        if self.acks is None or handler.django_task is not None:  # a @task function reads its own record
+            reply = self.settler.redis(lambda: self.broker.records.record_result(started_update), "record_result")
+        elif claimed.receipt is not None:  # the receipt decided: it goes out with the next flush
+            self.acks.record(started_update)
+            reply = None
+        else:  # shares a flush with other workers' writes
+            reply = self.acks.record_start(started_update)
         if reply == records.START_REFUSED:
             return NotStarted.CANCELLED
         if reply == records.SUPERSEDED:
@@ -309,43 +298,15 @@ class Executor:
         # lost since is the reaper's to hand on, and this run's record is fenced off by then.
         if self.lease_check is not None and not self.lease_check(claimed):
             return NotStarted.LEASE_LOST
-        if claimed.suspect and not self._mark_suspect_started(claimed):
+        # A suspect's start is made durable before its handler runs (a death from now on is the
+        # task's fault); not if the lease lapsed first: the run must not start, the task is not blamed.
+        if claimed.suspect and not self.settler.redis(
+            lambda: self.broker.queue.mark_started(claimed.queue, claimed.consumer_id, claimed.raw), "mark_started"
+        ):
             return NotStarted.LEASE_LOST
         if claimed.start_by == math.inf:  # else counted as its handler begins (`_begin_admitted`), if it does
             _count_start(task, started_ms)
         return max_attempts
-
-    def _write_start(self, claimed: Claimed, handler: Handler, started_update: ResultUpdate) -> Any:
-        """Write a run's RUNNING update; Redis's reply (None: not waited for, the receipt decided)."""
-        if self.acks is not None and handler.django_task is None and claimed.receipt is not None:
-            self.acks.record(started_update)  # goes out with the next flush
-            return None
-        if self.acks is not None and handler.django_task is None:
-            return self.acks.record_start(started_update)  # shares a flush with other workers' writes
-        # A @task function reads its own record when it starts.
-        return self.settler.redis(lambda: self.broker.records.record_result(started_update), "record_result")
-
-    def _mark_suspect_started(self, claimed: Claimed) -> bool:
-        """Make a suspect's start durable before its handler runs (a death from now on is the task's
-        fault); False if the lease lapsed first: the run must not start, and the task is not blamed."""
-        return self.settler.redis(
-            lambda: self.broker.queue.mark_started(claimed.queue, claimed.consumer_id, claimed.raw), "mark_started"
-        )
-
-    def _not_started(
-        self,
-        why: NotStarted,
-        claimed: Claimed,
-        task: Task,
-        config: TaskTypeConfig,
-        on_settled: Callable[[], None] | None,
-    ) -> bool:
-        """Settle a task whose run must not start; True if the ack batcher settles it (and calls `on_settled`)."""
-        if why is NotStarted.CANCELLED:  # cancelled before it started
-            return self.settler.drop_cancelled(claimed, task, config, on_settled)
-        if why is NotStarted.SUPERSEDED:  # a later claim holds it: it runs there, never here as well
-            return self.settler.ack_settled(claimed, task, None, "superseded", None, on_settled)
-        return False  # its lease lapsed while the start was written: the reaper owns it now
 
     def _return_stopping(self, claimed: Claimed, waited: str) -> bool:
         """Put back unstarted a task that `waited` until the consumer stopped: it must not start now (False)."""
@@ -361,74 +322,71 @@ class Executor:
         config: TaskTypeConfig,
         handler: Handler,
         arguments: Arguments,
-        on_settled: Callable[[], None] | None = None,
-        lane_seat: LaneSeat | None = None,
+        on_settled: Callable[[], None] | None,
+        seat: LaneSeat | None,
     ) -> bool:
-        """Start a task that passed its gates: on the asyncio lane in `lane_seat` if given, else on this thread."""
+        """Start a task that passed its gates: on the asyncio lane in `seat` if given, else on this thread."""
         if self.time_limits.starts_closed:  # most such tasks are met here, before their start is written
             return self._return_stopping(claimed, AFTER_GRACE)
         if self.lease_check is not None and not self.lease_check(claimed):
             return False  # its lease was lost while it passed the gates: the reaper owns it now
         max_attempts = self._record_start(claimed, task, config, handler, arguments)
+        if max_attempts is NotStarted.CANCELLED:
+            return self.settler.cancelled(claimed, task, config, on_settled)
+        if max_attempts is NotStarted.SUPERSEDED:  # a later claim holds it: it runs there, never here as well
+            return self.settler.ack_settled(claimed, task, None, "superseded", None, on_settled)
         if isinstance(max_attempts, NotStarted):
-            return self._not_started(max_attempts, claimed, task, config, on_settled)
+            return False  # its lease lapsed while the start was written: the reaper owns it now
         context = TaskContext(
             task.id, task.type, task.queue, task.attempt, max_attempts, dict(task.headers), claimed.consumer_id
         )
         # A rate admission's start is checked, and counted, as its handler begins (see _record_start).
-        begin = partial(_begin_admitted, task, claimed.start_by) if claimed.start_by != math.inf else no_start_check
-        if lane_seat is not None:
-            return self._run_async(claimed, task, config, handler, context, arguments, on_settled, lane_seat, begin)
-        clock = RunClock(config.timeout_s or None)
-        run = Running(task, clock, context, claimed.fence, claimed, config)
-        key = threading.get_ident()
-        if not self.time_limits.begin(key, run):
+        begin = partial(_begin_admitted, task, claimed.start_by) if claimed.start_by != math.inf else _nothing
+        timeout_s = config.timeout_s or None
+        control = context.control
+        settle = partial(self._settle, control, claimed, task, config)
+        if seat is None:
+            clock = RunClock(timeout_s)
+            run = Running(task, clock, context, claimed.fence, claimed, config)
+        else:
+            flight = Flight(settle, timeout_s, partial(self._succeed_now, control, claimed, task, config))
+            run = Running(
+                task, RunClock(None), context, claimed.fence, claimed, config, partial(seat.lane.cancel, flight)
+            )
+        if not self.time_limits.begin(control, run):
             return self._return_stopping(claimed, AFTER_GRACE)
-        value, raised = self._call(handler, context, arguments, key, clock, begin)
+        if seat is not None:  # the lane settles it, and calls `on_settled` then
+            coroutine = self._coroutine(handler, context, arguments, timeout_s, begin)
+            seat.lane.submit(coroutine, flight, on_settled or _nothing, seat)
+            return True
+        metrics.BUSY_WORKERS.inc()
+        try:
+            # A child the handler forked exits as the handler returns: it must not settle the task too.
+            call = partial(self.invoke, handler, context, arguments, lambda: clock.timeout_error, begin)
+            value, raised = call_with_clock(clock, partial(call_unforked, call))
+        finally:
+            metrics.BUSY_WORKERS.dec()
+            self.time_limits.end(control)  # its last progress goes before the outcome: the batcher keeps the order
         if clock.abandoned:
             return False  # settled by the time limits when it outlived its hard limit
         duration = time.monotonic() - clock.started_monotonic
         error = clock.timeout_error or raised  # the timeout wins over whatever the handler did after it
         return self.settler.settle_outcome(claimed, task, config, value, error, raised, duration, on_settled)
 
-    def _call(
-        self,
-        handler: Handler,
-        context: TaskContext,
-        arguments: Arguments,
-        key: object,
-        clock: RunClock,
-        begin: Callable[[], None],
-    ) -> tuple[Any, BaseException | None]:
-        """Call the handler under its run's clock (watched under `key`); return its value and what it raised."""
-        metrics.BUSY_WORKERS.inc()
-        try:
-            # A child the handler forked exits as the handler returns: it must not settle the task too.
-            value, raised = call_with_clock(
-                clock,
-                lambda: call_unforked(
-                    lambda: self.invoke(handler, context, arguments, lambda: clock.timeout_error, begin)
-                ),
-            )
-        finally:
-            metrics.BUSY_WORKERS.dec()
-            self.time_limits.end(key)  # its last progress goes before the outcome: the batcher keeps the order
-        return value, raised
-
     def invoke(
         self,
         handler: Handler,
         context: TaskContext,
         arguments: Arguments,
-        timed_out: Callable[[], BaseException | None] = lambda: None,
-        begin: Callable[[], None] = no_start_check,
+        timed_out: Callable[[], BaseException | None],
+        begin: Callable[[], None],
     ) -> Any:
         """Call a handler with the task's arguments (and its context if it takes one, and as `context.current()`)."""
         with running(context):
             if handler.django_task is not None:
                 return runner.run(handler.django_task, context, arguments, self.broker.records, timed_out, begin)
             if handler.is_async:  # without an asyncio lane, on this thread
-                return asyncio.run(self.invoke_async(handler, context, arguments, None, begin))
+                return asyncio.run(self._coroutine(handler, context, arguments, None, begin))
             begin()
             args = (context, *arguments.args) if handler.takes_context else arguments.args
             value = handler.func(*args, **arguments.kwargs)
@@ -436,83 +394,44 @@ class Executor:
                 return asyncio.run(value)
             return value
 
-    # --- async runs ------------------------------------------------------------------------
-    def _execute_async(
+    def _coroutine(
         self,
-        claimed: Claimed,
-        task: Task,
-        config: TaskTypeConfig,
-        handler: Handler,
-        arguments: Arguments,
-        on_settled: Callable[[], None] | None,
-    ) -> bool:
-        """Pass an async task's gates and start it on the lane; True if the lane settles it (and calls `on_settled`)."""
-        lane = self.async_lane
-        assert lane is not None
-        seat = lane.reserve()
-        if seat is None:
-            return self._return_stopping(claimed, "waited for room on the asyncio lane")
-        try:
-            holder = self._admit(claimed, task, config, arguments)
-            if holder is None:
-                return False
-            run = partial(self._run, claimed, task, config, handler, arguments, lane_seat=seat)
-            if holder and self.concurrency is not None:
-                return self._run_releasing(run, on_settled, partial(self.concurrency.release, holder))
-            return run(on_settled)
-        finally:
-            seat.give_back()  # unless its run took it
-
-    def _run_releasing(
-        self,
-        run: Callable[[Callable[[], None] | None], bool],
-        on_settled: Callable[[], None] | None,
-        release: Callable[[], None],
-    ) -> bool:
-        """`run` (its `_run` given what to call once settled) of an async task holding a concurrency permit:
-        the permit is released once the task is settled."""
-
-        def settled() -> None:
-            # Once this process gave up on a hung run, that run may go on until the process is gone:
-            # the permit stays held, and lapses with the lease after.
-            if not self.settler.retry_floor_s:
-                release()
-            if on_settled is not None:
-                on_settled()
-
-        later = False
-        try:
-            later = run(settled)
-        finally:
-            if not later:
-                release()
-        return later
-
-    def _run_async(
-        self,
-        claimed: Claimed,
-        task: Task,
-        config: TaskTypeConfig,
         handler: Handler,
         context: TaskContext,
         arguments: Arguments,
-        on_settled: Callable[[], None] | None,
-        seat: LaneSeat,
+        timeout_s: float | None,
         begin: Callable[[], None],
-    ) -> bool:
-        """Hand the run to the lane in `seat`, watched; it calls `on_settled` once the task is settled (always True)."""
-        lane = self.async_lane
-        assert lane is not None
-        timeout_s = config.timeout_s or None
-        control = context.control
-        settle = partial(self._settle_async, control, claimed, task, config)
-        flight = Flight(settle, timeout_s, partial(self._succeed_now, control, claimed, task, config))
-        run = Running(task, RunClock(None), context, claimed.fence, claimed, config, partial(lane.cancel, flight))
-        if not self.time_limits.begin(control, run):
-            return self._return_stopping(claimed, AFTER_GRACE)
-        coroutine = self.invoke_async(handler, context, arguments, timeout_s, begin)
-        lane.submit(coroutine, flight, on_settled or (lambda: None), seat)
-        return True
+    ) -> Coroutine[Any, Any, Any]:
+        """The coroutine of an `async def` handler's run, cancelled with TaskTimeout at `timeout_s`."""
+        # The handler's coroutine is made only as it begins: one closed before leaves none unawaited.
+        # What calling it raises fails the run like a raise (retried), never as a settling failure.
+        start: Callable[[], Awaitable[Any]]
+        if handler.django_task is None:
+
+            async def start() -> Any:
+                begin()
+                args = (context, *arguments.args) if handler.takes_context else arguments.args
+                return await within_timeout(handler.func(*args, **arguments.kwargs), timeout_s)
+
+        else:
+            try:
+                with running(context):  # task_started, sent now, sees the run as current
+                    start = runner.start_async(
+                        handler.django_task, context, arguments, self.broker.records, timeout_s, begin
+                    )
+            except BaseException as exc:  # as call_with_clock catches a sync handler's
+                start = partial(_raising, exc)
+        return as_current(context, start)
+
+    # --- a lane's run settled ----------------------------------------------------------------
+    def _settle(self, control: RunControl, claimed: Claimed, task: Task, config: TaskTypeConfig, *outcome: Any) -> bool:
+        """Settle a lane's run's outcome, once it left the watch."""
+
+        def settle() -> bool:
+            self.time_limits.end(control)
+            return self.settler.settle_outcome(claimed, task, config, *outcome)
+
+        return self.settler.last_resort(claimed, settle)
 
     def _succeed_now(
         self,
@@ -524,7 +443,7 @@ class Executor:
         duration: float,
         on_settled: Callable[[], None],
     ) -> bool | None:
-        """Settle a success through the ack batcher without waiting; None if that cannot be done."""
+        """Settle a lane's success through the ack batcher without waiting; None if that cannot be done."""
         if self.acks is None:
             return None
         try:
@@ -533,41 +452,7 @@ class Executor:
             return None  # a failure: settled on a settling thread
         self.time_limits.end(control)  # the batcher only queues its progress write, before the ack
         metrics.of_run(task.type, task.queue).duration.observe(duration)
-        release = self.settler.release_of(task, config)
-        return self.settler.succeed(claimed, task, return_json, duration, on_settled, release)
-
-    def _settle_async(
-        self, control: RunControl, claimed: Claimed, task: Task, config: TaskTypeConfig, *outcome: Any
-    ) -> bool:
-        """Settle an async run's outcome, once it left the watch."""
-
-        def settle() -> bool:
-            self.time_limits.end(control)
-            return self.settler.settle_outcome(claimed, task, config, *outcome)
-
-        return self.settler.last_resort(claimed, settle)
-
-    def invoke_async(
-        self,
-        handler: Handler,
-        context: TaskContext,
-        arguments: Arguments,
-        timeout_s: float | None,
-        begin: Callable[[], None] = no_start_check,
-    ) -> Coroutine[Any, Any, Any]:
-        """The coroutine of an `async def` handler's run, cancelled with TaskTimeout at `timeout_s`."""
-        # The handler's coroutine is made only as it begins: one closed before leaves none unawaited.
-        # What calling it raises fails the run like a raise (retried), never as a settling failure.
-        if handler.django_task is None:
-            return as_current(context, partial(_handler_run, handler, context, arguments, timeout_s, begin))
-        try:
-            with running(context):  # task_started, sent now, sees the run as current
-                start = runner.start_async(
-                    handler.django_task, context, arguments, self.broker.records, timeout_s, begin
-                )
-        except BaseException as exc:  # as call_with_clock catches a sync handler's
-            start = partial(_raising, exc)
-        return as_current(context, start)
+        return self.settler.succeed(claimed, task, return_json, duration, on_settled, config)
 
     def async_running(self) -> int:
         """Tasks on the asyncio lane, not yet settled."""
@@ -577,6 +462,24 @@ class Executor:
         """Stop the asyncio lane's loop (once nothing runs on it)."""
         if self.async_lane is not None:
             self.async_lane.close()
+
+
+# The name lifecycle and the tests build an executor by.
+build_executor = Executor
+
+
+def _nothing() -> None:
+    """No permit to release, no start to check (no rate limit admitted the run), no one to tell."""
+
+
+async def _raising(error: BaseException) -> NoReturn:
+    raise error
+
+
+async def as_current[T](context: TaskContext, start: Callable[[], Awaitable[T]]) -> T:
+    """Await what `start()` returns, with `context` as what `tasks_app.context.current()` returns in it."""
+    with running(context):
+        return await start()
 
 
 def _begin_admitted(task: Task, start_by: float) -> None:
@@ -592,41 +495,3 @@ def _count_start(task: Task, started_ms: float) -> None:
     waited_since_ms = task.run_after_ms or task.enqueued_at_ms
     if waited_since_ms and task.attempt == 1:
         run_metrics.wait.observe(max(0.0, (started_ms - waited_since_ms) / 1000))
-
-
-def build_executor(
-    broker: Broker,
-    registry: Registry,
-    task_types: TaskTypeCache,
-    worker_id: str,
-    result_ttl_s: int,
-    *,
-    rate_gate: RateGate | None = None,
-    give_up: threading.Event | None = None,
-    acks: AckBatcher | None = None,
-    max_result_bytes: int | None = None,
-    concurrency: ConcurrencyGate | None = None,
-    async_lane: AsyncLane | None = None,
-    lease_check: Callable[[Claimed], bool] | None = None,
-) -> Executor:
-    """An executor with the settler, time limits and pause watch it needs, made from these."""
-    give_up = give_up or threading.Event()
-    settler = Settler(
-        broker, registry, task_types, result_ttl_s, acks=acks, give_up=give_up, max_result_bytes=max_result_bytes
-    )
-    time_limits = TimeLimits(settler, RunWatch(broker, settler.record, result_ttl_s), async_lane)
-    return Executor(
-        broker,
-        registry,
-        task_types,
-        worker_id,
-        result_ttl_s,
-        settler=settler,
-        time_limits=time_limits,
-        pauses=PauseWatch(broker, give_up, result_ttl_s),
-        acks=acks,
-        rate_gate=rate_gate,
-        concurrency=concurrency,
-        async_lane=async_lane,
-        lease_check=lease_check,
-    )

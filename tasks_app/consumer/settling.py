@@ -107,10 +107,6 @@ def _wrapped(claimed: Claimed, last_error: str, reason: str) -> Task:
     )
 
 
-def _max_result_bytes() -> int:
-    return int(settings.TASKS_MAX_RESULT_BYTES)
-
-
 class Settler:
     """Moves a task on once its run ended, or once it must not run: each write through outages, with its record."""
 
@@ -135,7 +131,7 @@ class Settler:
         # Set when the consumer stops: settling then gives up on an absent Redis (the lease
         # recovers the task); until then a finished task is never left in limbo.
         self.give_up = give_up or threading.Event()
-        self.max_result_bytes = max_result_bytes if max_result_bytes is not None else _max_result_bytes()
+        self.max_result_bytes = max_result_bytes or int(settings.TASKS_MAX_RESULT_BYTES)
         # No retry is due sooner (s): set once this process gave up on a hung run and is leaving,
         # so that no copy of a task starts elsewhere while its hung handler still runs here.
         self.retry_floor_s = 0.0
@@ -164,8 +160,13 @@ class Settler:
         on_settled: Callable[[], None] | None,
     ) -> bool:
         """Settle a run that returned `value` or failed with `error`; True if the ack batcher calls `on_settled`."""
-        if isinstance(error, StartMissed):  # its handler never began
-            return self.start_again(claimed, task)
+        if isinstance(error, StartMissed):  # its handler never began: sent back (its RUNNING record goes first)
+            if self.acks is not None:
+                self.acks.barrier()
+            self.defer(
+                claimed, task, 0, "rate_start_missed", records.start_undone(task, claimed.fence, self.result_ttl_s)
+            )
+            return False
         metrics.of_run(task.type, task.queue).duration.observe(duration)
         if error is None:
             try:
@@ -173,9 +174,9 @@ class Settler:
             except (ResultNotJson, ResultTooLarge) as exc:
                 error = exc
             else:
-                return self.succeed(claimed, task, return_json, duration, on_settled, self.release_of(task, config))
+                return self.succeed(claimed, task, return_json, duration, on_settled, config)
         if isinstance(error, TaskCancelled):
-            return self.end_cancelled(claimed, task, config, duration, on_settled)
+            return self.cancelled(claimed, task, config, on_settled, duration)
         self.fail(claimed, task, config, error, failure_traceback(error, raised), duration)
         return False
 
@@ -196,12 +197,13 @@ class Settler:
         task: Task,
         return_json: str,
         duration_s: float,
-        on_settled: Callable[[], None] | None = None,
-        release: UniqueRelease | None = None,
+        on_settled: Callable[[], None] | None,
+        config: TaskTypeConfig,
     ) -> bool:
         """Record a success and ack the task; True if the ack batcher does it (and then calls `on_settled`)."""
         update = records.succeeded(task, return_json, now_ms(), self.result_ttl_s, claimed.fence, run_s=duration_s)
         metrics.of_run(task.type, task.queue).succeeded.inc()
+        release = self.release_of(task, config)
         return self.ack_settled(claimed, task, update, "succeeded", duration_s, on_settled, release)
 
     def ack_settled(
@@ -260,8 +262,20 @@ class Settler:
         error_entry = records.error_record(error_path, task.last_traceback)
         failed_at_ms = now_ms()
         if retries_left(error, task.attempt, max_attempts):
-            delay_s = retry_delay_s(error, task.attempt, config.retry_backoff_s)
-            held = self._retry(claimed, task, delay_s, error_entry, failed_at_ms, duration_s)
+            delay_ms = int(max(retry_delay_s(error, task.attempt, config.retry_backoff_s), self.retry_floor_s) * 1000)
+            update = records.attempt_failed(
+                task,
+                error_entry,
+                failed_at_ms,
+                self.result_ttl_s,
+                final=False,
+                retry_at_ms=int(failed_at_ms) + delay_ms,
+                fence=claimed.fence,
+                run_s=duration_s,
+            )
+            held = self._retry_later(claimed, task, encode_task(task), delay_ms, update)
+            metrics.TASKS_RETRIED.labels(task.type, task.queue).inc()
+            self._log_event(task, "retried", duration_s, error=task.last_error, retry_in_s=delay_ms / 1000)
         else:
             if isinstance(error, PermanentError):
                 task.dead_reason = f"permanent error on attempt {task.attempt}: {task.last_error}"
@@ -298,48 +312,17 @@ class Settler:
         metrics.TASKS_DEAD_LETTERED.labels(label, task.queue).inc()
         return held
 
-    def _retry(
-        self,
-        claimed: Claimed,
-        task: Task,
-        delay_s: float,
-        error_entry: dict[str, str],
-        failed_at_ms: float,
-        duration_s: float | None,
-    ) -> bool:
-        """Put a failed task back in the delayed set, due in `delay_s`; False if it was lost."""
-        delay_ms = int(max(delay_s, self.retry_floor_s) * 1000)
-        update = records.attempt_failed(
-            task,
-            error_entry,
-            failed_at_ms,
-            self.result_ttl_s,
-            final=False,
-            retry_at_ms=int(failed_at_ms) + delay_ms,
-            fence=claimed.fence,
-            run_s=duration_s,
-        )
-        new_raw = encode_task(task)
-        held = self._settle(
-            "retry",
-            lambda result: self.broker.queue.retry_later(
-                claimed.queue, claimed.consumer_id, claimed.raw, new_raw, task.priority, delay_ms, result
-            ),
-            update,
-        )
-        metrics.TASKS_RETRIED.labels(task.type, task.queue).inc()
-        self._log_event(task, "retried", duration_s, error=task.last_error, retry_in_s=delay_ms / 1000)
-        return held
-
     # --- tasks that do not run -------------------------------------------------------------
     def dead_letter(
-        self, claimed: Claimed, task: Task, error_name: str, reason: str, release: UniqueRelease | None = None
+        self, claimed: Claimed, task: Task, error_name: str, reason: str, config: TaskTypeConfig | None = None
     ) -> None:
-        """Dead-letter a task that cannot run at all (no attempt is used)."""
+        """Dead-letter a task that cannot run at all (no attempt is used); of a known type (`config`), it failed
+        for good, so its unique key is freed."""
         reason = clean_text(reason, MAX_ERROR_MESSAGE_BYTES)
         task.last_error = f"{error_name}: {reason}"
         task.dead_reason = reason
         error_entry = records.error_record(error_name, reason)
+        release = self.release_of(task, config)
         held = self._dead_letter_final(claimed, task, error_entry, now_ms(), release, self.type_label(task.type))
         logger.warning(
             "task %s dead-lettered: %s",
@@ -355,12 +338,6 @@ class Settler:
         )
         if not held:
             self._ack_lost(claimed, task)
-
-    def dead_letter_unrunnable(
-        self, claimed: Claimed, task: Task, config: TaskTypeConfig, error_name: str, reason: str
-    ) -> None:
-        """Dead-letter a task of a known type that cannot run: it failed for good, so its unique key is freed."""
-        self.dead_letter(claimed, task, error_name, reason, self.release_of(task, config))
 
     def dead_letter_after_error(self, claimed: Claimed, error: BaseException) -> None:
         """The last resort: dead-letter a task whose settling failed, with the error as its reason."""
@@ -430,38 +407,29 @@ class Settler:
         """Put a task back in the delayed set without using an attempt (writing `record`, if given, with the move)."""
         # Unstarted again: its receipt is withdrawn, so that a cancel while it waits cancels it outright.
         withdrawn = record or withdrawal(claimed, task, self.result_ttl_s + wait_ms // 1000 + 1)
-        held = self._settle(
-            "defer",
-            lambda result: self.broker.queue.retry_later(
-                claimed.queue, claimed.consumer_id, claimed.raw, claimed.raw, task.priority, wait_ms, result
-            ),
-            withdrawn,
-        )
+        held = self._retry_later(claimed, task, claimed.raw, wait_ms, withdrawn, "defer")
         metrics.TASKS_DEFERRED.labels(task.type, task.queue, reason).inc()
         if not held:
             self._ack_lost(claimed, task)
 
-    def start_again(self, claimed: Claimed, task: Task) -> bool:
-        """Send back a task whose handler could not begin within its rate admission's start margin (False)."""
-        if self.acks is not None:
-            self.acks.barrier()  # its RUNNING record goes first
-        self.defer(claimed, task, 0, "rate_start_missed", records.start_undone(task, claimed.fence, self.result_ttl_s))
-        return False
-
     # --- cancels ---------------------------------------------------------------------------
-    def drop_cancelled(
+    def cancelled(
         self,
         claimed: Claimed,
         task: Task,
         config: TaskTypeConfig | None,
         on_settled: Callable[[], None] | None,
+        duration_s: float | None = None,
         update: ResultUpdate | None = None,
     ) -> bool:
-        """Ack a task cancelled before it started, unrun (`update`: its record's write, if it is not CANCELLED yet)."""
+        """Ack a cancelled task, CANCELLED and not retried: one cancelled before it started if `duration_s` is None
+        (`update`: its record's write, if it is not CANCELLED yet), else a run whose handler raised TaskCancelled."""
         metrics.TASKS_CANCELLED.labels(self.type_label(task.type), task.queue).inc()  # its type may be gone
+        if duration_s is not None:
+            update = records.cancelled(task, int(time.time() * 1000), self.result_ttl_s, claimed.fence)
         update = update or records.dropped_cancelled(task, self.result_ttl_s, claimed.fence)
-        release = self.release_of(task, config)
-        return self.ack_settled(claimed, task, update, "cancelled_before_start", None, on_settled, release)
+        outcome = "cancelled" if duration_s is not None else "cancelled_before_start"
+        return self.ack_settled(claimed, task, update, outcome, duration_s, on_settled, self.release_of(task, config))
 
     def drop_if_cancelled_while_held(
         self, claimed: Claimed, task: Task, config: TaskTypeConfig, on_settled: Callable[[], None] | None
@@ -473,21 +441,7 @@ class Settler:
         if mark == CancelMark.NONE:
             return None
         cancelled = records.cancelled(task, int(time.time() * 1000), self.result_ttl_s, claimed.fence)
-        return self.drop_cancelled(claimed, task, config, on_settled, cancelled)
-
-    def end_cancelled(
-        self,
-        claimed: Claimed,
-        task: Task,
-        config: TaskTypeConfig,
-        duration_s: float,
-        on_settled: Callable[[], None] | None,
-    ) -> bool:
-        """Settle a run whose handler raised TaskCancelled: CANCELLED, not retried."""
-        metrics.TASKS_CANCELLED.labels(task.type, task.queue).inc()
-        update = records.cancelled(task, int(time.time() * 1000), self.result_ttl_s, claimed.fence)
-        release = self.release_of(task, config)
-        return self.ack_settled(claimed, task, update, "cancelled", duration_s, on_settled, release)
+        return self.cancelled(claimed, task, config, on_settled, update=cancelled)
 
     # --- writes ----------------------------------------------------------------------------
     def release_of(self, task: Task, config: TaskTypeConfig | None) -> UniqueRelease | None:
@@ -537,6 +491,23 @@ class Settler:
             self.redis(lambda: self.broker.records.record_result(update), "record_result")
         except (WriteRefused, ResponseError) as exc:
             logger.error("the record of task %a was not written after its %s: %s", update.task_id, what, exc)
+
+    def _retry_later(
+        self,
+        claimed: Claimed,
+        task: Task,
+        new_raw: bytes,
+        delay_ms: int,
+        update: ResultUpdate | None,
+        what: str = "retry",
+    ) -> bool:
+        return self._settle(
+            what,
+            lambda result: self.broker.queue.retry_later(
+                claimed.queue, claimed.consumer_id, claimed.raw, new_raw, task.priority, delay_ms, result
+            ),
+            update,
+        )
 
     def _dead_letter_raw(
         self, claimed: Claimed, new_raw: bytes, update: ResultUpdate | None, release: UniqueRelease | None = None

@@ -5,9 +5,6 @@ thread, between two bytecodes (a C call finishes first). The run stays held by i
 handler returns, so a retry never overlaps it. In process mode a run that outlives the exception by
 a grace period is abandoned and its process replaced (`RunClock.abandon`).
 
-`RunWatch`, ticked by the housekeeping loop, reads cancels for every queue with running tasks in one
-round trip per CANCEL_CHECK_S and writes progress at most every PROGRESS_EVERY_S per task.
-
 A child a handler forked that returns from the handler would go on as a broken copy of the consumer
 and settle its parent's runs too: it exits at once with FORKED_CHILD_EXIT, having written nothing.
 """
@@ -21,15 +18,14 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol
 
 from tasks_app.consumer.claiming import Claimed
-from tasks_app.consumer.settling import CANCEL_CHECK_S, Settler, failure_traceback
+from tasks_app.consumer.settling import CANCEL_CHECK_S, Settler
 from tasks_app.context import TaskContext
 from tasks_app.exceptions import TaskCancelled, TaskInterrupted, TaskTimeout
-from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, compact_json
 from tasks_app.protocol.control import CancelMark
 from tasks_app.protocol.records import ResultUpdate
@@ -56,9 +52,8 @@ class RunClock:
     started_monotonic: float = field(default_factory=time.monotonic)
     # The timeout, once the watchdog raised it in the handler's thread.
     timeout_error: TaskTimeout | None = None
-    # A forced cancel, once raised in the handler's thread, and when (monotonic).
+    # A forced cancel, once raised in the handler's thread.
     cancel_error: TaskCancelled | None = None
-    forced_monotonic: float = 0.0
     # When the timeout or the forced cancel was raised in the thread (monotonic).
     interrupted_monotonic: float = 0.0
     returned: bool = False
@@ -94,7 +89,7 @@ class RunClock:
             if isinstance(error, TaskTimeout):
                 self.timeout_error = error
             else:
-                self.cancel_error, self.forced_monotonic = error, self.interrupted_monotonic
+                self.cancel_error = error
             if self.armed:
                 _set_async_exc(self.thread_id, type(error))
             return True
@@ -105,7 +100,7 @@ class RunClock:
             if self.returned or self.abandoned:
                 return False
             if self.cancel_error is not None:
-                self.abandoned = now_monotonic - self.forced_monotonic >= grace_s
+                self.abandoned = now_monotonic - self.interrupted_monotonic >= grace_s
             elif self.timeout_error is not None and self.timeout_s is not None:
                 self.abandoned = now_monotonic - self.started_monotonic >= self.timeout_s + grace_s
             return self.abandoned
@@ -199,85 +194,29 @@ class Running:
             self.clock.force_cancel()
 
 
-def progress_update(run: Running, ttl_s: int) -> ResultUpdate | None:
-    """The record update carrying the progress the handler set since the last one (None if it set none)."""
-    progress = run.context.control.take_progress() if run.context is not None else None
-    if progress is None:
-        return None
-    fields = {"progress": compact_json(progress)}
-    return ResultUpdate(run.task.id, fields, ttl_s, fence=run.fence, queue=run.task.queue, task_type=run.task.type)
-
-
-class RunWatch:
-    """Tells running handlers of cancel requests and writes their progress; ticked by the housekeeping loop."""
-
-    def __init__(self, broker: Broker, record: Callable[[ResultUpdate], object], result_ttl_s: int) -> None:
-        self.broker = broker
-        self.record = record
-        self.result_ttl_s = result_ttl_s
-        self._checked_at = self._progress_at = float("-inf")
-
-    def tick(self, runs: Sequence[Running]) -> None:
-        """Write due progress, and every CANCEL_CHECK_S mark the runs whose task someone cancelled."""
-        now = time.monotonic()
-        if now - self._progress_at >= PROGRESS_EVERY_S:
-            self._progress_at = now
-            for run in runs:
-                update = progress_update(run, self.result_ttl_s)
-                if update is not None:
-                    self.record(update)
-        if not runs or now - self._checked_at < CANCEL_CHECK_S:
-            return
-        self._checked_at = now
-        by_queue: dict[str, list[Running]] = {}
-        for run in runs:
-            if run.context is not None and not run.context.control.forced:
-                by_queue.setdefault(run.task.queue, []).append(run)
-        for queue_runs in by_queue.values():
-            for run, mark in self._marks(queue_runs):
-                self._tell(run, mark)
-
-    def _marks(self, runs: list[Running]) -> list[tuple[Running, CancelMark]]:
-        """What was asked of each of these runs of one queue."""
-        return list(
-            zip(runs, self.broker.control.cancel_marks(runs[0].task.queue, [run.task.id for run in runs]), strict=True)
-        )
-
-    @staticmethod
-    def _tell(run: Running, mark: CancelMark) -> None:
-        """Pass a cancel request on to its run: the flag it polls, and for a forced one, TaskCancelled."""
-        if run.context is None:
-            return
-        control = run.context.control
-        if mark == CancelMark.FORCED:
-            control.force()
-            run.force_stop()
-            logger.warning("task %s was cancelled with force while running: TaskCancelled raised in it", run.task.id)
-        elif mark == CancelMark.REQUESTED and not control.cancelled:
-            control.cancel()
-            logger.info("task %s was cancelled while running; its handler is told", run.task.id)
-
-
 class LaneRuns(Protocol):
     """The asyncio lane's runs, as time limits give up on them (see async_lane.py)."""
 
     def take_hung(self, grace_s: float) -> list[Any]: ...
-    def settle_hung(self, hung: list[Any], grace_s: float) -> None: ...
     def take_unsettled(self) -> list[Any]: ...
-    def fail_taken(self, flights: list[Any], error: BaseException) -> None: ...
+    def fail_taken(self, flights: list[Any], error: BaseException | None) -> None: ...
 
 
 class TimeLimits:
-    """The runs of an executor being watched: their time limits, forced cancels, cancel requests and progress."""
+    """The runs of an executor being watched: their time limits, forced cancels, cancel requests and progress.
 
-    def __init__(self, settler: Settler, watch: RunWatch, lane: LaneRuns | None = None) -> None:
+    Ticked by the housekeeping loop, it reads cancels for every queue with running tasks in one round
+    trip per CANCEL_CHECK_S and writes progress at most every PROGRESS_EVERY_S per task.
+    """
+
+    def __init__(self, settler: Settler, lane: LaneRuns | None = None) -> None:
         self.settler = settler
-        self.watch = watch
         self.lane = lane
         self.running: dict[object, Running] = {}
         self._lock = threading.Lock()
         self._starts_closed = False  # set (under the lock) when a stop's grace period ends: no run starts after
         self._hung_settlers: list[threading.Thread] = []  # threads settling the runs given up on
+        self._checked_at = self._progress_at = float("-inf")
 
     @property
     def starts_closed(self) -> bool:
@@ -297,17 +236,48 @@ class TimeLimits:
         with self._lock:
             run = self.running.pop(key, None)
         if run is not None:
-            self._write_last_progress(run)
+            self._write_progress(run)
 
-    def _write_last_progress(self, run: Running) -> None:
-        if (last_progress := progress_update(run, self.settler.result_ttl_s)) is not None:
-            self.watch.record(last_progress)
+    def _write_progress(self, run: Running) -> None:
+        """Write the progress the handler set since the last write, if any."""
+        progress = run.context.control.take_progress() if run.context is not None else None
+        if progress is not None:
+            task, ttl_s = run.task, self.settler.result_ttl_s
+            fields = {"progress": compact_json(progress)}
+            self.settler.record(
+                ResultUpdate(task.id, fields, ttl_s, fence=run.fence, queue=task.queue, task_type=task.type)
+            )
 
     def tick(self) -> None:
-        """Tell handlers of cancels and write their progress (the housekeeping tick)."""
+        """Write due progress, and every CANCEL_CHECK_S tell the runs whose task someone cancelled."""
         with self._lock:
             runs = list(self.running.values())
-        self.watch.tick(runs)
+        now = time.monotonic()
+        if now - self._progress_at >= PROGRESS_EVERY_S:
+            self._progress_at = now
+            for run in runs:
+                self._write_progress(run)
+        if not runs or now - self._checked_at < CANCEL_CHECK_S:
+            return
+        self._checked_at = now
+        by_queue: dict[str, list[Running]] = {}
+        for run in runs:
+            if run.context is not None and not run.context.control.forced:
+                by_queue.setdefault(run.task.queue, []).append(run)
+        for queue, queue_runs in by_queue.items():
+            marks = self.settler.broker.control.cancel_marks(queue, [run.task.id for run in queue_runs])
+            for run, mark in zip(queue_runs, marks, strict=True):
+                assert run.context is not None
+                control = run.context.control
+                if mark == CancelMark.FORCED:  # the flag it polls, and TaskCancelled raised where it runs
+                    control.force()
+                    run.force_stop()
+                    logger.warning(
+                        "task %s was cancelled with force while running: TaskCancelled raised in it", run.task.id
+                    )
+                elif mark == CancelMark.REQUESTED and not control.cancelled:
+                    control.cancel()
+                    logger.info("task %s was cancelled while running; its handler is told", run.task.id)
 
     def expire_overdue(self) -> int:
         """Raise TaskTimeout in every run past its timeout; each is settled once its handler returns."""
@@ -336,15 +306,26 @@ class TimeLimits:
     def fail_hung(self, grace_s: float, exit_within_s: float) -> int:
         """Give up on every run still going `grace_s` after its TaskTimeout (failed) or forced cancel (cancelled)."""
         # Process mode only: the process exits soon after, so no retry is due before it is gone, and
-        # the claim's fence makes the handler's late outcome harmless. Settled on a thread of its own.
+        # the claim's fence makes the handler's late outcome harmless.
         now = time.monotonic()
         with self._lock:
-            hung = [run for run in self.running.values() if run.clock.abandon(grace_s, now)]
-        hung_async = self.lane.take_hung(grace_s) if self.lane is not None else []
-        if not hung and not hung_async:
-            return 0
-        self._settle_apart(self._settle_hung, (hung, hung_async, grace_s, now), exit_within_s)
-        return len(hung) + len(hung_async)
+            runs = [run for run in self.running.values() if run.clock.abandon(grace_s, now)]
+        for run in runs:
+            forced = run.clock.cancel_error is not None
+            logger.error(
+                "task %s still running %g s %s, and its process will be replaced",
+                run.task.id,
+                grace_s,
+                "after a forced cancel: cancelled" if forced else "past its timeout: failed",
+                extra={
+                    "task_id": run.task.id,
+                    "type": run.task.type,
+                    "queue": run.task.queue,
+                    "outcome": "cancelled" if forced else "hung",
+                },
+            )
+        flights = self.lane.take_hung(grace_s) if self.lane is not None else []
+        return self._settle_apart(runs, flights, None, exit_within_s)
 
     def interrupt_running(self, grace_s: float, exit_within_s: float) -> int:
         """Give up on every run still going at the end of a stop's grace period (`grace_s`); how many."""
@@ -352,11 +333,8 @@ class TimeLimits:
             self._starts_closed = True  # a worker still passing its gates must not start its run after this
             runs = [run for run in self.running.values() if run.stop is None and run.clock.give_up()]
         flights = self.lane.take_unsettled() if self.lane is not None else []
-        if not runs and not flights:
-            return 0
         error = TaskInterrupted(f"the consumer stopped, and the run still went on {grace_s:g} s after the stop")
-        self._settle_apart(self._settle_interrupted, (runs, flights, error), exit_within_s)
-        return len(runs) + len(flights)
+        return self._settle_apart(runs, flights, error, exit_within_s)
 
     def wait_hung_settled(self, timeout_s: float) -> None:
         """Wait up to `timeout_s` for the runs given up on to be settled (before their tasks could be returned)."""
@@ -369,60 +347,34 @@ class TimeLimits:
         with self._lock:
             return sum(1 for run in self.running.values() if run.clock.abandoned)
 
-    def _settle_apart(self, settle: Callable[..., None], args: tuple[Any, ...], exit_within_s: float) -> None:
-        """Call `settle(*args)` on a thread of its own; no retry is due before this process is gone."""
+    def _settle_apart(
+        self, runs: list[Running], flights: list[Any], error: BaseException | None, exit_within_s: float
+    ) -> int:
+        """Settle runs given up on, on a thread of its own, each with the forced cancel or timeout due in it, else
+        `error`; how many. No retry is due before this process is gone."""
+        if not runs and not flights:
+            return 0
         self.settler.hold_retries(exit_within_s)
-        settler = threading.Thread(target=settle, args=args, name="hard-limits", daemon=True)
-        self._hung_settlers.append(settler)
-        settler.start()
 
-    def _settle_hung(self, hung: list[Running], hung_async: list[Any], grace_s: float, now: float) -> None:
-        for run in hung:
-            try:
-                self._settle_hung_run(run, grace_s, now)
-            except Exception:  # its lease recovers it once the process is gone
-                logger.exception("could not settle hung task %s", run.task.id)
-        if self.lane is not None:
-            self.lane.settle_hung(hung_async, grace_s)
+        def settle() -> None:
+            now = time.monotonic()
+            for run in runs:
+                assert run.claimed is not None and run.config is not None
+                clock = run.clock
+                due = clock.cancel_error or clock.timeout_error or error
+                try:
+                    self._write_progress(run)
+                    duration_s = now - clock.started_monotonic
+                    self.settler.settle_outcome(run.claimed, run.task, run.config, None, due, None, duration_s, None)
+                except Exception:  # its lease recovers it once the process is gone
+                    logger.exception("could not settle task %s, given up on", run.task.id)
+            if self.lane is not None:
+                self.lane.fail_taken(flights, error)
 
-    def _settle_interrupted(self, runs: list[Running], flights: list[Any], error: TaskInterrupted) -> None:
-        now = time.monotonic()
-        for run in runs:
-            assert run.claimed is not None and run.config is not None
-            clock = run.clock
-            due = clock.cancel_error or clock.timeout_error or error
-            try:
-                duration_s = now - clock.started_monotonic
-                self.settler.settle_outcome(run.claimed, run.task, run.config, None, due, None, duration_s, None)
-            except Exception:  # its lease recovers it once the process is gone
-                logger.exception("could not settle interrupted task %s", run.task.id)
-        if self.lane is not None:
-            self.lane.fail_taken(flights, error)
-
-    def _settle_hung_run(self, run: Running, grace_s: float, now: float) -> None:
-        """Settle a run still going `grace_s` after its timeout (failed) or forced cancel (cancelled)."""
-        assert run.claimed is not None and run.config is not None
-        forced, timeout_error = run.clock.cancel_error is not None, run.clock.timeout_error
-        logger.error(
-            "task %s still running %g s %s, and its process will be replaced",
-            run.task.id,
-            grace_s,
-            "after a forced cancel: cancelled" if forced else "past its timeout: failed",
-            extra={
-                "task_id": run.task.id,
-                "type": run.task.type,
-                "queue": run.task.queue,
-                "outcome": "cancelled" if forced else "hung",
-            },
-        )
-        duration_s = now - run.clock.started_monotonic
-        if forced:
-            self._write_last_progress(run)
-            self.settler.end_cancelled(run.claimed, run.task, run.config, duration_s, None)
-        else:
-            assert timeout_error is not None
-            traceback_text = failure_traceback(timeout_error, None)
-            self.settler.fail(run.claimed, run.task, run.config, timeout_error, traceback_text, duration_s)
+        thread = threading.Thread(target=settle, name="hard-limits", daemon=True)
+        self._hung_settlers.append(thread)
+        thread.start()
+        return len(runs) + len(flights)
 
 
 # --- forks -----------------------------------------------------------------------------------------
