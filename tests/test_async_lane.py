@@ -25,7 +25,9 @@ def recorded_flight(timeout_s=None) -> tuple[Flight, list]:
     """A flight whose settle records (value, error) in the list."""
     outcomes: list = []
 
-    def settle(value, error, raised, duration_s, on_settled) -> bool:
+    def settle(value, error, duration_s, on_settled, on_loop) -> bool | None:
+        if on_loop:
+            return None
         outcomes.append((value, error))
         return False
 

@@ -81,6 +81,13 @@ def _flags_by_ack(
     return by_ack
 
 
+def through_outages[T](broker: Broker, give_up: threading.Event, call: Callable[[], T], what: str) -> T:
+    """`call()` retried through outages; WriteRefused once Redis keeps refusing it while answering."""
+    return until_done(
+        call, what=what, give_up=give_up, refused_after=REFUSED_AFTER, redis_answers=broker.inspect.answers
+    )
+
+
 class AckBatcher:
     """A flusher thread that batches result writes and acks; `record`, `ack` and `barrier` feed it."""
 
@@ -142,16 +149,10 @@ class AckBatcher:
         self._wait(written)
 
     def _wait(self, written: threading.Event) -> None:
-        while self._flusher_alive():
+        """Wait for `written`; with no flusher thread, write batches from this thread until it opens (in order)."""
+        while self._thread is not None and self._thread.is_alive():
             if written.wait(0.5):
                 return
-        self._flush_in_place(written)
-
-    def _flusher_alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    def _flush_in_place(self, written: threading.Event) -> None:
-        """With no flusher thread, write batches from this thread until `written` opens (in order)."""
         with self._in_place:
             while not written.is_set() and self.flush_once(block_s=0):
                 pass
@@ -229,20 +230,16 @@ class AckBatcher:
         finally:  # whatever happened, every task's room comes back and every barrier opens
             with self._together():
                 for ack in acks:
-                    self._call_safely(ack.done, flags.get(id(ack)))
+                    try:
+                        ack.done(flags.get(id(ack)))
+                    except Exception:
+                        logger.exception("unexpected error after acknowledging a task")
             for item in batch:
                 if isinstance(item, threading.Event):
                     item.set()
                 elif isinstance(item, _Start):
                     item.written.set()
             self.lines.add([ack.log for ack in acks if ack.log is not None])
-
-    @staticmethod
-    def _call_safely[*Args](callback: Callable[[*Args], None], *args: *Args) -> None:
-        try:
-            callback(*args)
-        except Exception:
-            logger.exception("unexpected error after acknowledging a task")
 
     def _write_batch(self, entries: list[Entry]) -> dict[int, bool | None]:
         """Write a batch in one round trip; if it fails as a whole, write its entries one by one."""
@@ -275,25 +272,22 @@ class AckBatcher:
         for updates in plans:  # the failed batch may have been applied: a task gone is not known lost
             flags = self._try_send(updates, [entry], resent=True)
             if flags is not None:
-                if entry.update is not None and not updates and flags.get(id(entry)) is True:
-                    self._record_acked_alone(entry.update)
+                # Acked without its result (Redis refused the two together, a large task's twice): written now.
+                acked_alone = entry.update is not None and not updates and flags.get(id(entry)) is True
+                if acked_alone and entry.update and (problem := self._write_unheld(entry.update)) is not None:
+                    self._record_unstored(entry.update, problem)
                 return flags
         return {}
-
-    def _record_acked_alone(self, update: ResultUpdate) -> None:
-        """Write the result of a task acked without it (Redis refused the two together, a large task's twice)."""
-        if (problem := self._write_unheld(update)) is not None:
-            self._record_unstored(update, problem)
 
     def _write_unheld(self, update: ResultUpdate) -> Exception | None:
         """Write one result held by nothing, retried through outages; the error it was refused with, or None."""
         try:
-            refused = until_done(
-                lambda: self.broker.queue.ack_many_reporting([replace(update, held_by=None)], {}).refused,
-                what="record_result",
-                give_up=self.give_up,
-                refused_after=REFUSED_AFTER,
-                redis_answers=self.broker.inspect.answers,
+            unheld = [replace(update, held_by=None)]
+            refused = through_outages(
+                self.broker,
+                self.give_up,
+                lambda: self.broker.queue.ack_many_reporting(unheld, {}).refused,
+                "record_result",
             )
         except GaveUp:
             return None  # stopping: nothing more can be written
@@ -329,13 +323,7 @@ class AckBatcher:
             sends += 1
             return self.broker.queue.ack_many_reporting(merged, raws, releases=releases)
 
-        flags, refused, unreplicated, written = until_done(
-            send,
-            what="ack",
-            give_up=self.give_up,
-            refused_after=REFUSED_AFTER,
-            redis_answers=self.broker.inspect.answers,
-        )
+        flags, refused, unreplicated, written = through_outages(self.broker, self.give_up, send, "ack")
         if unreplicated:  # acked anyway: a lagging replica must not hold acks back
             metrics.RESULT_REPLICATION_TIMEOUTS.inc(unreplicated)
             logger.warning(

@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 from tasks_app.consumer.time_limits import exit_if_forked, guard_loop, unguard_loop
@@ -32,12 +33,9 @@ SETTLE_THREADS = 4
 # How often a worker waiting for a seat looks whether the consumer began to stop.
 SEAT_WAIT_S = 0.05
 
-Settle = Callable[[Any, BaseException | None, BaseException | None, float, Callable[[], None]], bool]
-"""Settles a run: (value, error, raised, duration, on_settled) -> True if `on_settled` is called later."""
-
-SucceedNow = Callable[[Any, float, Callable[[], None]], bool | None]
-"""Settles a success without waiting on Redis, on the loop: (value, duration, on_settled) -> as
-`Settle`, or None when it cannot (then the run is settled by `Settle` on a settling thread)."""
+Settle = Callable[[Any, BaseException | None, float, Callable[[], None], bool], bool | None]
+"""Settles a run: (value, raised, duration, on_settled, on_loop) -> True if `on_settled` is called later. On
+the loop, only a success that needs no wait on Redis; else None (it is settled on a settling thread)."""
 
 
 class WorkerRoom(Protocol):
@@ -53,7 +51,6 @@ class Flight:
 
     settle: Settle
     timeout_s: float | None
-    succeed_now: SucceedNow | None = None
     done: Callable[[], None] = lambda: None
     started: float = field(default_factory=time.monotonic)
     settled: bool = False
@@ -97,7 +94,6 @@ class AsyncLane:
         self.worker_room = worker_room
         self.stopping = stopping  # True once the consumer began to stop: a run waiting for a seat does not start
         self._seats = threading.BoundedSemaphore(concurrency)
-        self._running = 0
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._inbox: LoopInbox | None = None  # the runs handed to `_loop`, begun one batch per wake-up
@@ -109,7 +105,7 @@ class AsyncLane:
     def running(self) -> int:
         """Tasks handed to the lane and not yet settled."""
         with self._lock:
-            return self._running
+            return len(self._flights)
 
     def reserve(self) -> LaneSeat | None:
         """Take a seat for a run, waiting while the lane is full; `submit` hands it to the run."""
@@ -127,9 +123,8 @@ class AsyncLane:
         """Run `coroutine` on the loop in `seat` and settle its outcome as `flight` says."""
         seat.hand_to_run()
         flight.started = time.monotonic()
-        flight.done = self._done_callback(on_settled, flight)
+        flight.done = partial(self._done, on_settled, flight)
         with self._lock:
-            self._running += 1
             self._flights.add(flight)
             flight.loop = self._loop or self._start()
             inbox = self._inbox
@@ -160,10 +155,10 @@ class AsyncLane:
             )
         return hung
 
-    def take_unsettled(self) -> list[Flight]:
-        """Take every run not settled yet, once each (its consumer leaves): `fail_taken` settles them."""
+    def take_unsettled(self, loop: asyncio.AbstractEventLoop | None = None) -> list[Flight]:
+        """Take every run not settled yet (on `loop`, if given), once each: `fail_taken` settles them."""
         with self._lock:
-            flights = list(self._flights)
+            flights = [flight for flight in self._flights if loop is None or flight.loop is loop]
         return [flight for flight in flights if flight.take_settling()]
 
     def fail_taken(self, flights: list[Flight], error: BaseException | None) -> None:
@@ -247,9 +242,8 @@ class AsyncLane:
         with self._lock:
             if self._loop is closed:
                 self._loop, self._inbox = None, None
-            lost = [flight for flight in self._flights if flight.loop is closed]
         error = RuntimeError("the asyncio lane's event loop was closed (by a handler) while the task ran")
-        self.fail_taken([flight for flight in lost if flight.take_settling()], error)
+        self.fail_taken(self.take_unsettled(closed), error)
 
     def _begin(self, coroutine: Coroutine[Any, Any, Any], flight: Flight) -> None:
         """On the loop: start the run as an asyncio task, held here (the loop keeps only weak references)."""
@@ -272,9 +266,9 @@ class AsyncLane:
         if flight.take_settling():
             duration_s = time.monotonic() - flight.started
             later = None
-            if raised is None and flight.succeed_now is not None:
+            if raised is None:
                 try:
-                    later = flight.succeed_now(value, duration_s, flight.done)  # a success is only queued
+                    later = flight.settle(value, None, duration_s, flight.done, True)  # a success is only queued
                 except Exception:  # a bug: settled the slow way, which dead-letters as a last resort
                     logger.exception("unexpected error settling an async task on the loop")
             if later is not None:
@@ -316,25 +310,20 @@ class AsyncLane:
 
     def _settle(self, flight: Flight, value: Any, raised: BaseException | None, duration_s: float) -> None:
         try:
-            later = flight.settle(value, raised, raised, duration_s, flight.done)
+            later = flight.settle(value, raised, duration_s, flight.done, False)
         except Exception:  # settle dead-letters as a last resort; this is a bug: the lease recovers the task
             logger.exception("unexpected error settling an async task")
             later = False
         if not later:
             flight.done()
 
-    def _done_callback(self, on_settled: Callable[[], None], flight: Flight) -> Callable[[], None]:
-        """What runs once the task left the consumer's hands: its room and its seat are given back."""
-
-        def done() -> None:
-            self.worker_room.take_back()  # on_settled gives back room in the consumer: the room handed off
-            on_settled()
-            with self._lock:
-                self._running -= 1
-                self._flights.discard(flight)
-            self._seats.release()
-
-        return done
+    def _done(self, on_settled: Callable[[], None], flight: Flight) -> None:
+        """Once the task left the consumer's hands: its room and its seat are given back."""
+        self.worker_room.take_back()  # on_settled gives back room in the consumer: the room handed off
+        on_settled()
+        with self._lock:
+            self._flights.discard(flight)
+        self._seats.release()
 
 
 # --- calls handed to the loop in batches -----------------------------------------------------------

@@ -12,7 +12,7 @@ The path of one successful task, from its claim to its ack (eight modules):
    they turn away is deferred, no attempt used.
 5. executor: `_record_start` counts the attempt and writes its RUNNING record (with the ack
    batcher's next flush, when its receipt let it start at once).
-6. time_limits: `_call` runs the handler under its clock, watched for timeouts, cancels and
+6. time_limits: `_run` runs the handler under its clock, watched for timeouts, cancels and
    progress (an `async def` handler runs on the asyncio lane instead, async_lane).
 7. settling: the settler records its result and hands the ack to the ack batcher.
 8. ack_batcher: the flusher writes the result and the ack in one round trip with the other
@@ -44,7 +44,7 @@ from tasks_app.consumer.claiming import Claimed, PauseWatch
 from tasks_app.consumer.gates import Admission, ConcurrencyGate, check_start, key_token_of
 from tasks_app.consumer.settling import Settler
 from tasks_app.consumer.time_limits import RunClock, Running, TimeLimits, call_unforked, call_with_clock, within_timeout
-from tasks_app.context import RunControl, TaskContext, running
+from tasks_app.context import TaskContext, running
 from tasks_app.django_tasks import runner
 from tasks_app.exceptions import ResultNotJson, ResultTooLarge
 from tasks_app.protocol import records
@@ -96,7 +96,6 @@ class Executor:
         rate_gate: RateGate | None = None,
         give_up: threading.Event | None = None,
         acks: AckBatcher | None = None,
-        max_result_bytes: int | None = None,
         concurrency: ConcurrencyGate | None = None,
         async_lane: AsyncLane | None = None,
         lease_check: Callable[[Claimed], bool] | None = None,
@@ -107,9 +106,7 @@ class Executor:
         self.task_types = task_types
         self.worker_id = worker_id
         self.result_ttl_s = result_ttl_s
-        self.settler = Settler(
-            broker, registry, task_types, result_ttl_s, acks=acks, give_up=give_up, max_result_bytes=max_result_bytes
-        )
+        self.settler = Settler(broker, registry, task_types, result_ttl_s, acks=acks, give_up=give_up)
         self.time_limits = TimeLimits(self.settler, async_lane)
         self.pauses = PauseWatch(broker, give_up, result_ttl_s)
         # With a batcher, a run's RUNNING record goes out with the next flush; without one, at once.
@@ -343,17 +340,12 @@ class Executor:
         # A rate admission's start is checked, and counted, as its handler begins (see _record_start).
         begin = partial(_begin_admitted, task, claimed.start_by) if claimed.start_by != math.inf else _nothing
         timeout_s = config.timeout_s or None
-        control = context.control
-        settle = partial(self._settle, control, claimed, task, config)
-        if seat is None:
-            clock = RunClock(timeout_s)
-            run = Running(task, clock, context, claimed.fence, claimed, config)
-        else:
-            flight = Flight(settle, timeout_s, partial(self._succeed_now, control, claimed, task, config))
-            run = Running(
-                task, RunClock(None), context, claimed.fence, claimed, config, partial(seat.lane.cancel, flight)
-            )
-        if not self.time_limits.begin(control, run):
+        clock = RunClock(timeout_s if seat is None else None)  # a lane's run is timed on its loop
+        run = Running(task, clock, context, claimed, config)
+        if seat is not None:
+            flight = Flight(partial(self._settle_lane_run, run), timeout_s)
+            run.stop = partial(seat.lane.cancel, flight)
+        if not self.time_limits.begin(run):
             return self._return_stopping(claimed, AFTER_GRACE)
         if seat is not None:  # the lane settles it, and calls `on_settled` then
             coroutine = self._coroutine(handler, context, arguments, timeout_s, begin)
@@ -366,7 +358,8 @@ class Executor:
             value, raised = call_with_clock(clock, partial(call_unforked, call))
         finally:
             metrics.BUSY_WORKERS.dec()
-            self.time_limits.end(control)  # its last progress goes before the outcome: the batcher keeps the order
+            # Its last progress goes before the outcome: the batcher keeps the order.
+            self.time_limits.end(context.control)
         if clock.abandoned:
             return False  # settled by the time limits when it outlived its hard limit
         duration = time.monotonic() - clock.started_monotonic
@@ -423,36 +416,34 @@ class Executor:
                 start = partial(_raising, exc)
         return as_current(context, start)
 
-    # --- a lane's run settled ----------------------------------------------------------------
-    def _settle(self, control: RunControl, claimed: Claimed, task: Task, config: TaskTypeConfig, *outcome: Any) -> bool:
-        """Settle a lane's run's outcome, once it left the watch."""
+    def _settle_lane_run(
+        self,
+        run: Running,
+        value: Any,
+        raised: BaseException | None,
+        duration: float,
+        on_settled: Callable[[], None],
+        on_loop: bool,
+    ) -> bool | None:
+        """Settle a lane's run, once it left the watch. On the loop, only a success the ack batcher takes without
+        waiting (else None: a failure, settled on a settling thread)."""
+        claimed, task, config, control = run.claimed, run.task, run.config, run.context.control
+        if on_loop:
+            if self.acks is None:
+                return None
+            try:
+                return_json = records.result_json(value, self.settler.max_result_bytes)
+            except (ResultNotJson, ResultTooLarge):
+                return None
+            self.time_limits.end(control)  # the batcher only queues its progress write, before the ack
+            metrics.of_run(task.type, task.queue).duration.observe(duration)
+            return self.settler.succeed(claimed, task, return_json, duration, on_settled, config)
 
         def settle() -> bool:
             self.time_limits.end(control)
-            return self.settler.settle_outcome(claimed, task, config, *outcome)
+            return self.settler.settle_outcome(claimed, task, config, value, raised, raised, duration, on_settled)
 
         return self.settler.last_resort(claimed, settle)
-
-    def _succeed_now(
-        self,
-        control: RunControl,
-        claimed: Claimed,
-        task: Task,
-        config: TaskTypeConfig,
-        value: Any,
-        duration: float,
-        on_settled: Callable[[], None],
-    ) -> bool | None:
-        """Settle a lane's success through the ack batcher without waiting; None if that cannot be done."""
-        if self.acks is None:
-            return None
-        try:
-            return_json = records.result_json(value, self.settler.max_result_bytes)
-        except (ResultNotJson, ResultTooLarge):
-            return None  # a failure: settled on a settling thread
-        self.time_limits.end(control)  # the batcher only queues its progress write, before the ack
-        metrics.of_run(task.type, task.queue).duration.observe(duration)
-        return self.settler.succeed(claimed, task, return_json, duration, on_settled, config)
 
     def async_running(self) -> int:
         """Tasks on the asyncio lane, not yet settled."""

@@ -22,10 +22,10 @@ from django.conf import settings
 from redis.exceptions import ResponseError
 
 from tasks_app import metrics
-from tasks_app.consumer.ack_batcher import AckBatcher
+from tasks_app.consumer.ack_batcher import AckBatcher, through_outages
 from tasks_app.consumer.claiming import Claimed, withdrawal
 from tasks_app.consumer.gates import StartMissed
-from tasks_app.consumer.loops import REFUSED_AFTER, GaveUp, WriteRefused, until_done
+from tasks_app.consumer.loops import GaveUp, WriteRefused, until_done
 from tasks_app.exceptions import PermanentError, ResultNotJson, ResultTooLarge, Retry, TaskCancelled
 from tasks_app.models import TaskType
 from tasks_app.protocol import records
@@ -119,7 +119,6 @@ class Settler:
         *,
         acks: AckBatcher | None = None,
         give_up: threading.Event | None = None,
-        max_result_bytes: int | None = None,
     ) -> None:
         self.broker = broker
         self.registry = registry
@@ -131,7 +130,7 @@ class Settler:
         # Set when the consumer stops: settling then gives up on an absent Redis (the lease
         # recovers the task); until then a finished task is never left in limbo.
         self.give_up = give_up or threading.Event()
-        self.max_result_bytes = max_result_bytes or int(settings.TASKS_MAX_RESULT_BYTES)
+        self.max_result_bytes = int(settings.TASKS_MAX_RESULT_BYTES)
         # No retry is due sooner (s): set once this process gave up on a hung run and is leaving,
         # so that no copy of a task starts elsewhere while its hung handler still runs here.
         self.retry_floor_s = 0.0
@@ -260,8 +259,15 @@ class Settler:
         task.last_error = clean_text(f"{error_path}: {records.describe_error(error)}", MAX_ERROR_MESSAGE_BYTES)
         task.last_traceback = clean_text(traceback_text, self.max_result_bytes)
         error_entry = records.error_record(error_path, task.last_traceback)
-        failed_at_ms = now_ms()
-        if retries_left(error, task.attempt, max_attempts):
+        if not retries_left(error, task.attempt, max_attempts):
+            if isinstance(error, PermanentError):
+                task.dead_reason = f"permanent error on attempt {task.attempt}: {task.last_error}"
+            else:
+                task.dead_reason = f"failed {task.attempt} of {max_attempts} attempts; last error: {task.last_error}"
+            self._dead_letter_final(claimed, task, error_entry, config, duration_s)
+            self._log_event(task, "dead_lettered", duration_s, error=task.last_error)
+        else:
+            failed_at_ms = now_ms()
             delay_ms = int(max(retry_delay_s(error, task.attempt, config.retry_backoff_s), self.retry_floor_s) * 1000)
             update = records.attempt_failed(
                 task,
@@ -273,44 +279,32 @@ class Settler:
                 fence=claimed.fence,
                 run_s=duration_s,
             )
-            held = self._retry_later(claimed, task, encode_task(task), delay_ms, update)
+            self._retry_later(claimed, task, encode_task(task), delay_ms, update)
             metrics.TASKS_RETRIED.labels(task.type, task.queue).inc()
             self._log_event(task, "retried", duration_s, error=task.last_error, retry_in_s=delay_ms / 1000)
-        else:
-            if isinstance(error, PermanentError):
-                task.dead_reason = f"permanent error on attempt {task.attempt}: {task.last_error}"
-            else:
-                task.dead_reason = f"failed {task.attempt} of {max_attempts} attempts; last error: {task.last_error}"
-            release = self.release_of(task, config)
-            held = self._dead_letter_final(claimed, task, error_entry, failed_at_ms, release, task.type, duration_s)
-            self._log_event(task, "dead_lettered", duration_s, error=task.last_error)
-        if not held:
-            self._ack_lost(claimed, task)
 
     def _dead_letter_final(
         self,
         claimed: Claimed,
         task: Task,
         error_entry: dict[str, str],
-        failed_at_ms: float,
-        release: UniqueRelease | None,
-        label: str,
+        config: TaskTypeConfig | None,
         duration_s: float | None = None,
-    ) -> bool:
-        """Dead-letter a task with its FAILED record (its `dead_reason` set); False if it was lost."""
+    ) -> None:
+        """Dead-letter a task with its FAILED record (its `dead_reason` set)."""
         update = records.attempt_failed(
             task,
             error_entry,
-            failed_at_ms,
+            now_ms(),
             self.result_ttl_s,
             final=True,
             dead_reason=task.dead_reason,
             fence=claimed.fence,
             run_s=duration_s,
         )
-        held = self._dead_letter_raw(claimed, encode_task(task), update, release)
-        metrics.TASKS_DEAD_LETTERED.labels(label, task.queue).inc()
-        return held
+        if not self._dead_letter_raw(claimed, encode_task(task), update, self.release_of(task, config)):
+            self._ack_lost(claimed, task)
+        metrics.TASKS_DEAD_LETTERED.labels(self.type_label(task.type), task.queue).inc()
 
     # --- tasks that do not run -------------------------------------------------------------
     def dead_letter(
@@ -321,9 +315,7 @@ class Settler:
         reason = clean_text(reason, MAX_ERROR_MESSAGE_BYTES)
         task.last_error = f"{error_name}: {reason}"
         task.dead_reason = reason
-        error_entry = records.error_record(error_name, reason)
-        release = self.release_of(task, config)
-        held = self._dead_letter_final(claimed, task, error_entry, now_ms(), release, self.type_label(task.type))
+        self._dead_letter_final(claimed, task, records.error_record(error_name, reason), config)
         logger.warning(
             "task %s dead-lettered: %s",
             task.id,
@@ -336,8 +328,6 @@ class Settler:
                 "outcome": "dead_lettered",
             },
         )
-        if not held:
-            self._ack_lost(claimed, task)
 
     def dead_letter_after_error(self, claimed: Claimed, error: BaseException) -> None:
         """The last resort: dead-letter a task whose settling failed, with the error as its reason."""
@@ -407,10 +397,8 @@ class Settler:
         """Put a task back in the delayed set without using an attempt (writing `record`, if given, with the move)."""
         # Unstarted again: its receipt is withdrawn, so that a cancel while it waits cancels it outright.
         withdrawn = record or withdrawal(claimed, task, self.result_ttl_s + wait_ms // 1000 + 1)
-        held = self._retry_later(claimed, task, claimed.raw, wait_ms, withdrawn, "defer")
+        self._retry_later(claimed, task, claimed.raw, wait_ms, withdrawn, "defer")
         metrics.TASKS_DEFERRED.labels(task.type, task.queue, reason).inc()
-        if not held:
-            self._ack_lost(claimed, task)
 
     # --- cancels ---------------------------------------------------------------------------
     def cancelled(
@@ -460,13 +448,7 @@ class Settler:
 
     def redis[T](self, call: Callable[[], T], what: str) -> T:
         """Run a settling write through outages; WriteRefused once Redis keeps refusing it while answering."""
-        return until_done(
-            call,
-            what=what,
-            give_up=self.give_up,
-            refused_after=REFUSED_AFTER,
-            redis_answers=self.broker.inspect.answers,
-        )
+        return through_outages(self.broker, self.give_up, call, what)
 
     def _settle(self, what: str, move: Callable[[ResultUpdate | None], bool], update: ResultUpdate | None) -> bool:
         """Move a task on (ack, retry, defer, dead letter) with its run's record `update` in one call; False if lost."""
@@ -500,14 +482,16 @@ class Settler:
         delay_ms: int,
         update: ResultUpdate | None,
         what: str = "retry",
-    ) -> bool:
-        return self._settle(
+    ) -> None:
+        held = self._settle(
             what,
             lambda result: self.broker.queue.retry_later(
                 claimed.queue, claimed.consumer_id, claimed.raw, new_raw, task.priority, delay_ms, result
             ),
             update,
         )
+        if not held:
+            self._ack_lost(claimed, task)
 
     def _dead_letter_raw(
         self, claimed: Claimed, new_raw: bytes, update: ResultUpdate | None, release: UniqueRelease | None = None

@@ -24,7 +24,7 @@ from typing import Any, NoReturn, Protocol
 
 from tasks_app.consumer.claiming import Claimed
 from tasks_app.consumer.settling import CANCEL_CHECK_S, Settler
-from tasks_app.context import TaskContext
+from tasks_app.context import RunControl, TaskContext
 from tasks_app.exceptions import TaskCancelled, TaskInterrupted, TaskTimeout
 from tasks_app.protocol.codec import Task, compact_json
 from tasks_app.protocol.control import CancelMark
@@ -178,11 +178,10 @@ class Running:
 
     task: Task
     clock: RunClock
-    context: TaskContext | None = None
-    fence: int = 0
+    context: TaskContext
     # What a hard limit needs to settle the run from another thread (process mode).
-    claimed: Claimed | None = None
-    config: TaskTypeConfig | None = None
+    claimed: Claimed
+    config: TaskTypeConfig
     # How a forced cancel stops it (None: TaskCancelled raised in its thread, through its clock).
     stop: Callable[[], object] | None = None
 
@@ -212,7 +211,7 @@ class TimeLimits:
     def __init__(self, settler: Settler, lane: LaneRuns | None = None) -> None:
         self.settler = settler
         self.lane = lane
-        self.running: dict[object, Running] = {}
+        self.running: dict[RunControl, Running] = {}
         self._lock = threading.Lock()
         self._starts_closed = False  # set (under the lock) when a stop's grace period ends: no run starts after
         self._hung_settlers: list[threading.Thread] = []  # threads settling the runs given up on
@@ -223,29 +222,29 @@ class TimeLimits:
         """True once a stop's grace period ended: no run may start."""
         return self._starts_closed
 
-    def begin(self, key: object, run: Running) -> bool:
+    def begin(self, run: Running) -> bool:
         """Watch `run` as it starts; False if it must not start: a stop's grace period ended (see interrupt_running)."""
         with self._lock:
             if self._starts_closed:
                 return False
-            self.running[key] = run
+            self.running[run.context.control] = run
             return True
 
-    def end(self, key: object) -> None:
+    def end(self, control: RunControl) -> None:
         """Stop watching a run that ended; write the progress it set since the last tick (before its outcome)."""
         with self._lock:
-            run = self.running.pop(key, None)
+            run = self.running.pop(control, None)
         if run is not None:
             self._write_progress(run)
 
     def _write_progress(self, run: Running) -> None:
         """Write the progress the handler set since the last write, if any."""
-        progress = run.context.control.take_progress() if run.context is not None else None
+        progress = run.context.control.take_progress()
         if progress is not None:
             task, ttl_s = run.task, self.settler.result_ttl_s
             fields = {"progress": compact_json(progress)}
             self.settler.record(
-                ResultUpdate(task.id, fields, ttl_s, fence=run.fence, queue=task.queue, task_type=task.type)
+                ResultUpdate(task.id, fields, ttl_s, fence=run.claimed.fence, queue=task.queue, task_type=task.type)
             )
 
     def tick(self) -> None:
@@ -262,12 +261,11 @@ class TimeLimits:
         self._checked_at = now
         by_queue: dict[str, list[Running]] = {}
         for run in runs:
-            if run.context is not None and not run.context.control.forced:
+            if not run.context.control.forced:
                 by_queue.setdefault(run.task.queue, []).append(run)
         for queue, queue_runs in by_queue.items():
             marks = self.settler.broker.control.cancel_marks(queue, [run.task.id for run in queue_runs])
             for run, mark in zip(queue_runs, marks, strict=True):
-                assert run.context is not None
                 control = run.context.control
                 if mark == CancelMark.FORCED:  # the flag it polls, and TaskCancelled raised where it runs
                     control.force()
@@ -359,7 +357,6 @@ class TimeLimits:
         def settle() -> None:
             now = time.monotonic()
             for run in runs:
-                assert run.claimed is not None and run.config is not None
                 clock = run.clock
                 due = clock.cancel_error or clock.timeout_error or error
                 try:
