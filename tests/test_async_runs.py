@@ -154,7 +154,7 @@ def test_a_run_stopped_after_its_start_was_written_leaves_no_coroutine_unawaited
 
     def grace_ends_while_its_start_is_written(item: Any) -> bool:
         if next(checks, False) is False:
-            laned.time_limits._starts_closed = True  # what interrupt_running sets as a stop's grace period ends
+            laned.time_limits.starts_closed = True  # what interrupt_running sets as a stop's grace period ends
         return True
 
     laned.lease_check = grace_ends_while_its_start_is_written

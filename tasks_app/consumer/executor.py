@@ -154,7 +154,12 @@ class Executor:
             return False
         if not config.enabled:
             settler.defer(claimed, task, DISABLED_RECHECK_MS, "disabled")
-            self._note_disabled(claimed, task)
+            try:  # to be woken when the type is enabled
+                self.broker.limits.note_disabled(
+                    claimed.queue, task.type, task.priority, claimed.raw, DISABLED_NOTE_TTL_MS
+                )
+            except RedisError as exc:  # it comes back at its recheck instead
+                logger.debug("could not note a task of disabled type %s for its wake-up: %s", task.type, exc)
             return False
         try:
             arguments = decode_payload(task.payload)
@@ -194,13 +199,6 @@ class Executor:
             release()
         if on_settled is not None:
             on_settled()
-
-    def _note_disabled(self, claimed: Claimed, task: Task) -> None:
-        """Note a task just deferred for its disabled type, to be woken when the type is enabled."""
-        try:
-            self.broker.limits.note_disabled(claimed.queue, task.type, task.priority, claimed.raw, DISABLED_NOTE_TTL_MS)
-        except RedisError as exc:  # it comes back at its recheck instead
-            logger.debug("could not note a task of disabled type %s for its wake-up: %s", task.type, exc)
 
     def _resolve(self, task: Task, claimed_at_s: float) -> tuple[TaskTypeConfig | None, str]:
         """The task's settings; else None and why (SETTINGS_UNKNOWN: ask again later)."""

@@ -95,6 +95,11 @@ def _formatted(error: BaseException) -> str:
         return f"{type(error).__qualname__} (its traceback cannot be shown: formatting it raised)\n"
 
 
+def log_fields(task: Task, outcome: str) -> dict[str, Any]:
+    """The fields of a log line about `task` (its id, type, queue and attempt) and its `outcome`."""
+    return {"task_id": task.id, "type": task.type, "queue": task.queue, "attempt": task.attempt, "outcome": outcome}
+
+
 def _wrapped(claimed: Claimed, last_error: str, reason: str) -> Task:
     """A task holding claimed bytes as they are (they are not a task, or not one we can settle) for its dead letter."""
     return Task(
@@ -320,13 +325,7 @@ class Settler:
             "task %s dead-lettered: %s",
             task.id,
             reason,
-            extra={
-                "task_id": task.id,
-                "type": task.type,
-                "queue": task.queue,
-                "attempt": task.attempt,
-                "outcome": "dead_lettered",
-            },
+            extra=log_fields(task, "dead_lettered"),
         )
 
     def dead_letter_after_error(self, claimed: Claimed, error: BaseException) -> None:
@@ -335,7 +334,23 @@ class Settler:
             f"settling the task failed: {type(error).__name__}: {records.describe_error(error)}",
             MAX_ERROR_MESSAGE_BYTES,
         )
-        new_raw, update, label, release = self._last_resort_entry(claimed, reason)
+        try:
+            task = decode_task(claimed.raw)
+            task.last_error = task.dead_reason = reason
+            update: ResultUpdate | None = records.attempt_failed(
+                task,
+                records.error_record("SettleFailed", reason),
+                int(time.time() * 1000),
+                self.result_ttl_s,
+                final=True,
+                dead_reason=reason,
+                fence=claimed.fence,
+            )
+            release = self.release_of(task, self.task_types.get(task.type))
+            new_raw, label = encode_task(task), self.type_label(task.type)
+        except Exception:  # keep the bytes as they are, wrapped like undecodable ones
+            new_raw, label = encode_task(_wrapped(claimed, reason, reason)), UNDECODABLE_TYPE
+            update = release = None
         try:
             if self.acks is not None:
                 self.acks.barrier()  # a RUNNING write this run queued goes first
@@ -353,27 +368,6 @@ class Settler:
             )
             return
         metrics.TASKS_DEAD_LETTERED.labels(label, claimed.queue).inc()
-
-    def _last_resort_entry(
-        self, claimed: Claimed, reason: str
-    ) -> tuple[bytes, ResultUpdate | None, str, UniqueRelease | None]:
-        """The dead-letter entry, record update, metric label and key to free for a task whose settling failed."""
-        try:
-            task = decode_task(claimed.raw)
-            task.last_error = task.dead_reason = reason
-            update = records.attempt_failed(
-                task,
-                records.error_record("SettleFailed", reason),
-                int(time.time() * 1000),
-                self.result_ttl_s,
-                final=True,
-                dead_reason=reason,
-                fence=claimed.fence,
-            )
-            release = self.release_of(task, self.task_types.get(task.type))
-            return encode_task(task), update, self.type_label(task.type), release
-        except Exception:  # keep the bytes as they are, wrapped like undecodable ones
-            return encode_task(_wrapped(claimed, reason, reason)), None, UNDECODABLE_TYPE, None
 
     def dead_letter_undecodable(self, claimed: Claimed, problem: str) -> None:
         """Keep bytes that are not a task, wrapped in one, with the reason."""
@@ -511,7 +505,7 @@ class Settler:
             "its outcome here was not applied",
             task.id,
             claimed.consumer_id,
-            extra={"task_id": task.id, "type": task.type, "queue": task.queue, "outcome": "ack_lost"},
+            extra=log_fields(task, "ack_lost"),
         )
 
     def _log_event(self, task: Task, outcome: str, duration_s: float | None, **extra: Any) -> None:

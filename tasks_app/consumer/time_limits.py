@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn, Protocol
 
 from tasks_app.consumer.claiming import Claimed
-from tasks_app.consumer.settling import CANCEL_CHECK_S, Settler
+from tasks_app.consumer.settling import CANCEL_CHECK_S, Settler, log_fields
 from tasks_app.context import RunControl, TaskContext
 from tasks_app.exceptions import TaskCancelled, TaskInterrupted, TaskTimeout
 from tasks_app.protocol.codec import Task, compact_json
@@ -122,11 +122,6 @@ class RunClock:
             if self.armed and (self.timeout_error is not None or self.cancel_error is not None):
                 _set_async_exc(self.thread_id, None)
 
-    def pardon(self) -> None:
-        """Forget a timeout or forced cancel that came after the handler had returned (its value stands)."""
-        with self.lock:
-            self.timeout_error = self.cancel_error = None
-
 
 def call_with_clock(clock: RunClock, call: Callable[[], object]) -> tuple[object, BaseException | None]:
     """Run `call` under `clock`; return its value and what it raised."""
@@ -150,7 +145,8 @@ def call_with_clock(clock: RunClock, call: Callable[[], object]) -> tuple[object
         raised = raised or late
         clock.finish()
     if returned_at is not None and clock.interrupted_monotonic > returned_at:
-        clock.pardon()  # the run had ended: reporting it cancelled (or retrying it) would be wrong
+        with clock.lock:  # the run had ended: reporting it cancelled (or retrying it) would be wrong
+            clock.timeout_error = clock.cancel_error = None
         return value, None
     if clock.cancel_error is not None:
         return None, clock.cancel_error
@@ -213,19 +209,14 @@ class TimeLimits:
         self.lane = lane
         self.running: dict[RunControl, Running] = {}
         self._lock = threading.Lock()
-        self._starts_closed = False  # set (under the lock) when a stop's grace period ends: no run starts after
+        self.starts_closed = False  # set (under the lock) when a stop's grace period ends: no run starts after
         self._hung_settlers: list[threading.Thread] = []  # threads settling the runs given up on
         self._checked_at = self._progress_at = float("-inf")
-
-    @property
-    def starts_closed(self) -> bool:
-        """True once a stop's grace period ended: no run may start."""
-        return self._starts_closed
 
     def begin(self, run: Running) -> bool:
         """Watch `run` as it starts; False if it must not start: a stop's grace period ended (see interrupt_running)."""
         with self._lock:
-            if self._starts_closed:
+            if self.starts_closed:
                 return False
             self.running[run.context.control] = run
             return True
@@ -291,13 +282,7 @@ class TimeLimits:
                     "it stays held until the handler returns",
                     run.task.id,
                     run.clock.timeout_s,
-                    extra={
-                        "task_id": run.task.id,
-                        "type": run.task.type,
-                        "queue": run.task.queue,
-                        "attempt": run.task.attempt,
-                        "outcome": "timed_out",
-                    },
+                    extra=log_fields(run.task, "timed_out"),
                 )
         return interrupted
 
@@ -315,12 +300,7 @@ class TimeLimits:
                 run.task.id,
                 grace_s,
                 "after a forced cancel: cancelled" if forced else "past its timeout: failed",
-                extra={
-                    "task_id": run.task.id,
-                    "type": run.task.type,
-                    "queue": run.task.queue,
-                    "outcome": "cancelled" if forced else "hung",
-                },
+                extra=log_fields(run.task, "cancelled" if forced else "hung"),
             )
         flights = self.lane.take_hung(grace_s) if self.lane is not None else []
         return self._settle_apart(runs, flights, None, exit_within_s)
@@ -328,7 +308,7 @@ class TimeLimits:
     def interrupt_running(self, grace_s: float, exit_within_s: float) -> int:
         """Give up on every run still going at the end of a stop's grace period (`grace_s`); how many."""
         with self._lock:  # thread runs (an async one is stopped through its asyncio task)
-            self._starts_closed = True  # a worker still passing its gates must not start its run after this
+            self.starts_closed = True  # a worker still passing its gates must not start its run after this
             runs = [run for run in self.running.values() if run.stop is None and run.clock.give_up()]
         flights = self.lane.take_unsettled() if self.lane is not None else []
         error = TaskInterrupted(f"the consumer stopped, and the run still went on {grace_s:g} s after the stop")
