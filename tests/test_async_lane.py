@@ -7,6 +7,7 @@ import threading
 import time
 
 from tasks_app.consumer.async_lane import AsyncLane, Flight
+from tasks_app.consumer.time_limits import RunClock
 from tasks_app.exceptions import TaskCancelled, TaskTimeout
 
 
@@ -31,7 +32,7 @@ def recorded_flight(timeout_s=None) -> tuple[Flight, list]:
         outcomes.append((value, error))
         return False
 
-    return Flight(settle, timeout_s), outcomes
+    return Flight(settle, RunClock(timeout_s)), outcomes
 
 
 def submitted(lane: AsyncLane, coroutine, flight: Flight) -> threading.Event:
@@ -68,11 +69,13 @@ def test_a_run_blocking_the_loop_past_its_hard_limit_is_failed_once():
         time.sleep(1.0)  # a sync call inside async code: no cancellation can reach it
         return "late"
 
-    outcomes, finished = settled_runs(lane, blocks_the_loop(), timeout_s=0.1)
+    flight, outcomes = recorded_flight(timeout_s=0.1)
+    finished = submitted(lane, blocks_the_loop(), flight)
     time.sleep(0.4)
-    hung = lane.take_hung(0.2)
-    assert len(hung) == 1 and lane.take_hung(0.2) == [], "taken once"
-    lane.fail_taken(hung, None)
+    clock = flight.clock
+    assert clock.interrupt()  # what the time limits do at its timeout
+    assert clock.abandon(0.2, time.monotonic()) and not clock.abandon(0.2, time.monotonic()), "given up on once"
+    flight.settle_off_loop(None, clock.timeout_error, 0.4)
     assert finished.is_set() and lane.running == 0
     [(value, error)] = outcomes
     assert value is None and isinstance(error, TaskTimeout)
@@ -95,7 +98,7 @@ def test_a_forced_cancel_raises_task_cancelled_where_the_coroutine_awaits_and_wi
     flight, outcomes = recorded_flight()
     finished = submitted(lane, swallows_the_cancel(), flight)
     time.sleep(0.1)
-    lane.cancel(flight)
+    flight.cancel()
     assert finished.wait(5) and reached == ["cancelled"]
     [(value, error)] = outcomes
     assert value is None and isinstance(error, TaskCancelled)
@@ -110,7 +113,7 @@ def test_a_run_cancelled_with_force_before_it_began_never_begins():
         began.set()
 
     flight, outcomes = recorded_flight()
-    lane.cancel(flight)
+    flight.cancel()
     finished = submitted(lane, work(), flight)
     assert finished.wait(5) and not began.is_set()
     assert isinstance(outcomes[0][1], TaskCancelled)
@@ -127,12 +130,12 @@ def test_a_forced_run_blocking_the_loop_past_the_grace_is_settled_cancelled_once
     flight, outcomes = recorded_flight()
     finished = submitted(lane, blocks_the_loop(), flight)
     time.sleep(0.1)
-    lane.cancel(flight)
-    assert lane.take_hung(0.3) == [], "within the grace"
+    flight.cancel()
+    clock = flight.clock
+    assert not clock.abandon(0.3, time.monotonic()), "within the grace"
     time.sleep(0.4)
-    hung = lane.take_hung(0.3)
-    assert len(hung) == 1 and lane.take_hung(0.3) == [], "given up on once"
-    lane.fail_taken(hung, None)
+    assert clock.abandon(0.3, time.monotonic()) and not clock.abandon(0.3, time.monotonic()), "given up on once"
+    flight.settle_off_loop(None, clock.cancel_error, 0.5)
     assert finished.is_set() and isinstance(outcomes[0][1], TaskCancelled)
     time.sleep(1.0)
     assert len(outcomes) == 1, "its late end is not settled again"
@@ -289,7 +292,8 @@ def test_closing_the_lane_cancels_the_runs_left_on_it_their_finally_blocks_run_a
     flight, outcomes = recorded_flight()
     submitted(lane, outlives_the_stop(), flight)
     assert began.wait(5)
-    lane.fail_taken(lane.take_unsettled(), RuntimeError("given up on at the end of the grace"))
+    assert flight.clock.give_up()  # what the time limits do at the end of a stop's grace
+    flight.settle_off_loop(None, RuntimeError("given up on at the end of the grace"), 1.0)
     lane.close()
     assert cleaned_up.wait(5)
     assert [type(error) for _, error in outcomes] == [RuntimeError]  # settled once, by the stop

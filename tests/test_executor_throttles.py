@@ -255,6 +255,7 @@ def test_the_slot_of_an_async_run_given_up_on_while_it_hangs_is_held_until_its_p
     task_type(gated, "x.hangs", handler="x.blocks", timeout=0.1, max_attempts=1, max_running=1)
     slots = SlotSet("x.hangs", None, 1)
     assert gated.execute(claimed(broker, "t1", "x.hangs", 1.5)) is True  # handed to the lane
+    wait_until(lambda: gated.time_limits.expire_overdue() == 1, 5, interval_s=0.02, message="the timeout")
     wait_until(
         lambda: gated.time_limits.fail_hung(0.1, 5.0) == 1, 5, interval_s=0.02, message="the run to be given up on"
     )

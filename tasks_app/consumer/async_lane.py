@@ -11,6 +11,7 @@ loop run again; a loop it closed fails its runs, and the next ones start on a ne
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
@@ -18,11 +19,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
-from tasks_app.consumer.time_limits import exit_if_forked, guard_loop, unguard_loop
+from tasks_app.consumer.time_limits import RunClock, exit_if_forked, guard_loop, unguard_loop
 from tasks_app.exceptions import TaskCancelled, TaskTimeout
 
 logger = logging.getLogger(__name__)
@@ -47,25 +48,36 @@ class WorkerRoom(Protocol):
 
 @dataclass(eq=False)
 class Flight:
-    """One coroutine handed to the lane: what settles it, whether that was done, whether it was cancelled."""
+    """One coroutine handed to the lane: what settles it, and its clock (its timeout and forced cancel, and which
+    of its end or the time limits giving up on it settles it)."""
 
     settle: Settle
-    timeout_s: float | None
+    clock: RunClock
     done: Callable[[], None] = lambda: None
-    started: float = field(default_factory=time.monotonic)
-    settled: bool = False
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    # A forced cancel: when it was asked (monotonic, any thread), and whether it reached the run (on the loop).
-    force_requested_at: float | None = None
-    forced: bool = False
+    forced: bool = False  # the forced cancel reached the run (on the loop)
     task: asyncio.Task[None] | None = None
     loop: asyncio.AbstractEventLoop | None = None  # the loop it was handed to
 
-    def take_settling(self) -> bool:
-        """True for the one caller that settles this run (its end, or a hard limit)."""
-        with self.lock:
-            first, self.settled = not self.settled, True
-            return first
+    def cancel(self) -> None:
+        """Cancel the run for a forced cancel: TaskCancelled where it awaits (at once if it has not begun)."""
+        if self.clock.force_cancel() and self.loop is not None:
+            with contextlib.suppress(RuntimeError):  # "Event loop is closed": the lane fails its runs (`_replace`)
+                self.loop.call_soon_threadsafe(self._cancel_on_loop)
+
+    def _cancel_on_loop(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.forced = True
+            self.task.cancel()
+
+    def settle_off_loop(self, value: Any, raised: BaseException | None, duration_s: float) -> None:
+        """Settle the run on this thread (not the loop, which must not wait on Redis)."""
+        try:
+            later = self.settle(value, raised, duration_s, self.done, False)
+        except Exception:  # settle dead-letters as a last resort; this is a bug: the lease recovers the task
+            logger.exception("unexpected error settling an async task")
+            later = False
+        if not later:
+            self.done()
 
 
 class LaneSeat:
@@ -122,7 +134,6 @@ class AsyncLane:
     ) -> None:
         """Run `coroutine` on the loop in `seat` and settle its outcome as `flight` says."""
         seat.hand_to_run()
-        flight.started = time.monotonic()
         flight.done = partial(self._done, on_settled, flight)
         with self._lock:
             self._flights.add(flight)
@@ -132,57 +143,14 @@ class AsyncLane:
         if inbox is None or not inbox.put(self._begin, coroutine, flight):
             coroutine.close()  # a handler closed the loop: the lane fails the runs handed to it (`_replace`)
 
-    def cancel(self, flight: Flight) -> None:
-        """Cancel a run for a forced cancel: TaskCancelled where its coroutine awaits (at once if it has not begun)."""
-        flight.force_requested_at = time.monotonic()
-        with self._lock:
-            loop = flight.loop if flight in self._flights else None
-        if loop is not None:
-            self._call_soon(loop, self._cancel_on_loop, flight)
-
-    def take_hung(self, grace_s: float) -> list[Flight]:
-        """Take every run still going `grace_s` past its timeout or forced cancel (its loop is blocked), once each."""
-        now = time.monotonic()
-        with self._lock:
-            flights = [flight for flight in self._flights if self._hung_error(flight, grace_s, now)]
-        hung = [flight for flight in flights if flight.take_settling()]
-        for flight in hung:
-            logger.error(
-                "an async task still runs %g s after %s was due in it (its event loop is blocked, or it "
-                "ignored the cancellation): given up on",
-                grace_s,
-                type(self._hung_error(flight, grace_s, now)).__name__,
-            )
-        return hung
-
-    def take_unsettled(self, loop: asyncio.AbstractEventLoop | None = None) -> list[Flight]:
-        """Take every run not settled yet (on `loop`, if given), once each: `fail_taken` settles them."""
-        with self._lock:
-            flights = [flight for flight in self._flights if loop is None or flight.loop is loop]
-        return [flight for flight in flights if flight.take_settling()]
-
-    def fail_taken(self, flights: list[Flight], error: BaseException | None) -> None:
-        """Settle runs taken from their own ends with the forced cancel or timeout due in them, else `error`."""
-        now = time.monotonic()
-        for flight in flights:
-            self._settle(flight, None, self._hung_error(flight, 0.0, now) or error, now - flight.started)
-
-    @staticmethod
-    def _hung_error(flight: Flight, grace_s: float, now: float) -> TaskCancelled | TaskTimeout | None:
-        """What a run is settled with if it outlived its forced cancel or its timeout by `grace_s` (else None)."""
-        if flight.force_requested_at is not None and now - flight.force_requested_at >= grace_s:
-            return TaskCancelled("the task was cancelled with force")
-        if flight.timeout_s is not None and now - flight.started >= flight.timeout_s + grace_s:
-            return TaskTimeout(f"task exceeded its timeout of {flight.timeout_s:g} s")
-        return None
-
     def close(self) -> None:
         """Stop the loop and the settling threads (after the consumer waited for the running tasks)."""
         with self._lock:
             loop, self._loop, self._inbox = self._loop, None, None
             settlers, self._settlers = self._settlers, None
         if loop is not None:
-            self._call_soon(loop, self._cancel_then_stop, loop)
+            with contextlib.suppress(RuntimeError):  # "Event loop is closed" (by a handler)
+                loop.call_soon_threadsafe(self._cancel_then_stop, loop)
         if settlers is not None:
             settlers.shutdown(wait=False)
 
@@ -192,15 +160,6 @@ class AsyncLane:
         for task in list(self._tasks):
             task.cancel()
         loop.call_soon(loop.stop)
-
-    @staticmethod
-    def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[..., None], *args: Any) -> bool:
-        """Schedule `callback` on `loop` from any thread; False if a handler closed the loop."""
-        try:
-            loop.call_soon_threadsafe(callback, *args)
-        except RuntimeError:  # "Event loop is closed"
-            return False
-        return True
 
     def _start(self) -> asyncio.AbstractEventLoop:
         loop = asyncio.new_event_loop()
@@ -242,8 +201,15 @@ class AsyncLane:
         with self._lock:
             if self._loop is closed:
                 self._loop, self._inbox = None, None
+            lost = [flight for flight in self._flights if flight.loop is closed]
         error = RuntimeError("the asyncio lane's event loop was closed (by a handler) while the task ran")
-        self.fail_taken(self.take_unsettled(closed), error)
+        now = time.monotonic()
+        for flight in lost:
+            clock = flight.clock
+            if clock.give_up():
+                flight.settle_off_loop(
+                    None, clock.cancel_error or clock.timeout_error or error, now - clock.started_monotonic
+                )
 
     def _begin(self, coroutine: Coroutine[Any, Any, Any], flight: Flight) -> None:
         """On the loop: start the run as an asyncio task, held here (the loop keeps only weak references)."""
@@ -256,15 +222,15 @@ class AsyncLane:
             logger.exception("an async task could not be started on its event loop")
             run.close()
             coroutine.close()
-            if flight.take_settling():
-                self._settle_later(flight, None, exc, time.monotonic() - flight.started)
+            if flight.clock.finish():
+                self._settle_later(flight, None, exc, time.monotonic() - flight.clock.started_monotonic)
 
     async def _run(self, coroutine: Coroutine[Any, Any, Any], flight: Flight) -> None:
         pid = os.getpid()
         value, raised = await self._outcome(coroutine, flight)
         exit_if_forked(pid)  # a child its handler forked: the run is its parent's to settle
-        if flight.take_settling():
-            duration_s = time.monotonic() - flight.started
+        if flight.clock.finish():  # unless the time limits gave up on it first
+            duration_s = time.monotonic() - flight.clock.started_monotonic
             later = None
             if raised is None:
                 try:
@@ -281,7 +247,7 @@ class AsyncLane:
     async def _outcome(coroutine: Coroutine[Any, Any, Any], flight: Flight) -> tuple[Any, BaseException | None]:
         """Await the run; its value and what it raised (a forced cancel that reached it wins over both)."""
         flight.task = asyncio.current_task()
-        if flight.force_requested_at is not None:  # cancelled with force before it began
+        if flight.clock.cancel_error is not None:  # cancelled with force before it began
             coroutine.close()
         else:
             try:
@@ -294,28 +260,13 @@ class AsyncLane:
                     return value, None
         return None, TaskCancelled("the task was cancelled with force")
 
-    @staticmethod
-    def _cancel_on_loop(flight: Flight) -> None:
-        if flight.task is not None and not flight.task.done():
-            flight.forced = True
-            flight.task.cancel()
-
     def _settle_later(self, flight: Flight, value: Any, raised: BaseException | None, duration_s: float) -> None:
         """Settle a run on a settling thread, not on the loop (which must not wait on Redis)."""
         settlers = self._settlers
         if settlers is not None:
-            settlers.submit(self._settle, flight, value, raised, duration_s)
+            settlers.submit(flight.settle_off_loop, value, raised, duration_s)
         else:  # closed while it ran (past the grace period)
-            self._settle(flight, value, raised, duration_s)
-
-    def _settle(self, flight: Flight, value: Any, raised: BaseException | None, duration_s: float) -> None:
-        try:
-            later = flight.settle(value, raised, duration_s, flight.done, False)
-        except Exception:  # settle dead-letters as a last resort; this is a bug: the lease recovers the task
-            logger.exception("unexpected error settling an async task")
-            later = False
-        if not later:
-            flight.done()
+            flight.settle_off_loop(value, raised, duration_s)
 
     def _done(self, on_settled: Callable[[], None], flight: Flight) -> None:
         """Once the task left the consumer's hands: its room and its seat are given back."""

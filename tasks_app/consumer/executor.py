@@ -107,7 +107,7 @@ class Executor:
         self.worker_id = worker_id
         self.result_ttl_s = result_ttl_s
         self.settler = Settler(broker, registry, task_types, result_ttl_s, acks=acks, give_up=give_up)
-        self.time_limits = TimeLimits(self.settler, async_lane)
+        self.time_limits = TimeLimits(self.settler)
         self.pauses = PauseWatch(broker, give_up, result_ttl_s)
         # With a batcher, a run's RUNNING record goes out with the next flush; without one, at once.
         self.acks = acks
@@ -338,11 +338,11 @@ class Executor:
         # A rate admission's start is checked, and counted, as its handler begins (see _record_start).
         begin = partial(_begin_admitted, task, claimed.start_by) if claimed.start_by != math.inf else _nothing
         timeout_s = config.timeout_s or None
-        clock = RunClock(timeout_s if seat is None else None)  # a lane's run is timed on its loop
+        clock = RunClock(timeout_s)  # a lane's run is timed out on its loop: its clock only keeps the books
         run = Running(task, clock, context, claimed, config)
         if seat is not None:
-            flight = Flight(partial(self._settle_lane_run, run), timeout_s)
-            run.stop = partial(seat.lane.cancel, flight)
+            flight = Flight(partial(self._settle_lane_run, run), clock)
+            run.stop, run.settle_given_up = flight.cancel, partial(flight.settle_off_loop, None)
         if not self.time_limits.begin(run):
             return self._return_stopping(claimed, AFTER_GRACE)
         if seat is not None:  # the lane settles it, and calls `on_settled` then

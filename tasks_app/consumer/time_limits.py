@@ -3,7 +3,8 @@
 Soft time limits and forced cancels are TaskTimeout or TaskCancelled raised inside the run's own
 thread, between two bytecodes (a C call finishes first). The run stays held by its worker until the
 handler returns, so a retry never overlaps it. In process mode a run that outlives the exception by
-a grace period is abandoned and its process replaced (`RunClock.abandon`).
+a grace period is abandoned and its process replaced (`RunClock.abandon`). A run on the asyncio lane
+keeps the same books in its clock: its timeout is raised on its loop, and it is given up on alike.
 
 A child a handler forked that returns from the handler would go on as a broken copy of the consumer
 and settle its parent's runs too: it exits at once with FORKED_CHILD_EXIT, having written nothing.
@@ -20,7 +21,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, Protocol
+from typing import NoReturn
 
 from tasks_app.consumer.claiming import Claimed
 from tasks_app.consumer.settling import CANCEL_CHECK_S, Settler, log_fields
@@ -113,14 +114,16 @@ class RunClock:
             self.abandoned = True
             return True
 
-    def finish(self) -> None:
-        """Mark the handler returned (called by its own thread): no interrupt may arrive after this."""
+    def finish(self) -> bool:
+        """Mark the handler returned (called by its own thread): no interrupt may arrive after this. True the
+        first time, unless the run was given up on first (its end is then not settled)."""
         with self.lock:
             if self.returned:
-                return
+                return False
             self.returned = True
             if self.armed and (self.timeout_error is not None or self.cancel_error is not None):
                 _set_async_exc(self.thread_id, None)
+            return not self.abandoned
 
 
 def call_with_clock(clock: RunClock, call: Callable[[], object]) -> tuple[object, BaseException | None]:
@@ -178,8 +181,10 @@ class Running:
     # What a hard limit needs to settle the run from another thread (process mode).
     claimed: Claimed
     config: TaskTypeConfig
-    # How a forced cancel stops it (None: TaskCancelled raised in its thread, through its clock).
+    # A run on the asyncio lane: how a forced cancel stops it (else TaskCancelled is raised in its thread,
+    # through its clock), and how it is settled once given up on (else by the settler, from here).
     stop: Callable[[], object] | None = None
+    settle_given_up: Callable[[BaseException | None, float], None] | None = None
 
     def force_stop(self) -> None:
         """Stop the run for a forced cancel: TaskCancelled raised where it runs."""
@@ -189,14 +194,6 @@ class Running:
             self.clock.force_cancel()
 
 
-class LaneRuns(Protocol):
-    """The asyncio lane's runs, as time limits give up on them (see async_lane.py)."""
-
-    def take_hung(self, grace_s: float) -> list[Any]: ...
-    def take_unsettled(self) -> list[Any]: ...
-    def fail_taken(self, flights: list[Any], error: BaseException | None) -> None: ...
-
-
 class TimeLimits:
     """The runs of an executor being watched: their time limits, forced cancels, cancel requests and progress.
 
@@ -204,9 +201,8 @@ class TimeLimits:
     trip per CANCEL_CHECK_S and writes progress at most every PROGRESS_EVERY_S per task.
     """
 
-    def __init__(self, settler: Settler, lane: LaneRuns | None = None) -> None:
+    def __init__(self, settler: Settler) -> None:
         self.settler = settler
-        self.lane = lane
         self.running: dict[RunControl, Running] = {}
         self._lock = threading.Lock()
         self.starts_closed = False  # set (under the lock) when a stop's grace period ends: no run starts after
@@ -302,17 +298,15 @@ class TimeLimits:
                 "after a forced cancel: cancelled" if forced else "past its timeout: failed",
                 extra=log_fields(run.task, "cancelled" if forced else "hung"),
             )
-        flights = self.lane.take_hung(grace_s) if self.lane is not None else []
-        return self._settle_apart(runs, flights, None, exit_within_s)
+        return self._settle_apart(runs, None, exit_within_s)
 
     def interrupt_running(self, grace_s: float, exit_within_s: float) -> int:
         """Give up on every run still going at the end of a stop's grace period (`grace_s`); how many."""
-        with self._lock:  # thread runs (an async one is stopped through its asyncio task)
+        with self._lock:
             self.starts_closed = True  # a worker still passing its gates must not start its run after this
-            runs = [run for run in self.running.values() if run.stop is None and run.clock.give_up()]
-        flights = self.lane.take_unsettled() if self.lane is not None else []
+            runs = [run for run in self.running.values() if run.clock.give_up()]
         error = TaskInterrupted(f"the consumer stopped, and the run still went on {grace_s:g} s after the stop")
-        return self._settle_apart(runs, flights, error, exit_within_s)
+        return self._settle_apart(runs, error, exit_within_s)
 
     def wait_hung_settled(self, timeout_s: float) -> None:
         """Wait up to `timeout_s` for the runs given up on to be settled (before their tasks could be returned)."""
@@ -325,12 +319,10 @@ class TimeLimits:
         with self._lock:
             return sum(1 for run in self.running.values() if run.clock.abandoned)
 
-    def _settle_apart(
-        self, runs: list[Running], flights: list[Any], error: BaseException | None, exit_within_s: float
-    ) -> int:
+    def _settle_apart(self, runs: list[Running], error: BaseException | None, exit_within_s: float) -> int:
         """Settle runs given up on, on a thread of its own, each with the forced cancel or timeout due in it, else
         `error`; how many. No retry is due before this process is gone."""
-        if not runs and not flights:
+        if not runs:
             return 0
         self.settler.hold_retries(exit_within_s)
 
@@ -338,20 +330,20 @@ class TimeLimits:
             now = time.monotonic()
             for run in runs:
                 clock = run.clock
-                due = clock.cancel_error or clock.timeout_error or error
+                due, duration_s = clock.cancel_error or clock.timeout_error or error, now - clock.started_monotonic
+                if run.settle_given_up is not None:
+                    run.settle_given_up(due, duration_s)
+                    continue
                 try:
                     self._write_progress(run)
-                    duration_s = now - clock.started_monotonic
                     self.settler.settle_outcome(run.claimed, run.task, run.config, None, due, None, duration_s, None)
                 except Exception:  # its lease recovers it once the process is gone
                     logger.exception("could not settle task %s, given up on", run.task.id)
-            if self.lane is not None:
-                self.lane.fail_taken(flights, error)
 
         thread = threading.Thread(target=settle, name="hard-limits", daemon=True)
         self._hung_settlers.append(thread)
         thread.start()
-        return len(runs) + len(flights)
+        return len(runs)
 
 
 # --- forks -----------------------------------------------------------------------------------------
