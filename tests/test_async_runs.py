@@ -140,7 +140,7 @@ def test_a_run_cancelled_with_force_before_it_begins_leaves_no_coroutine_unawait
     assert laned.execute(claimed(broker, "h1", "x.holds")) is True
     assert laned.execute(claimed(broker, "t1", "x.cancelled", 1, 2)) is True  # behind h1: it has not begun
     [run] = [run for run in laned.time_limits.running.values() if run.task.id == "t1"]
-    run.context.control.force()  # what RunWatch does on a forced cancel
+    run.context.control.force()  # what the time limits do on a forced cancel
     run.force_stop()
     lane.free.set()
     wait_until(lambda: broker.records.get_result("t1")["status"] == "CANCELLED", 5, message="t1 to be cancelled")

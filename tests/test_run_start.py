@@ -186,7 +186,7 @@ def test_a_forced_cancel_that_lands_as_the_run_registers_ends_it_cancelled_not_d
     worker.start()
     assert registered.wait(5)
     [run] = list(executor.time_limits.running.values())
-    run.context.control.force()  # what RunWatch does on a forced cancel
+    run.context.control.force()  # what the time limits do on a forced cancel
     run.force_stop()
     worker.join(5)
 
