@@ -21,8 +21,9 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Protocol
+from typing import Any
 
+from tasks_app.consumer.claiming import Capacity
 from tasks_app.consumer.time_limits import RunClock, exit_if_forked, guard_loop, unguard_loop
 from tasks_app.exceptions import TaskCancelled, TaskTimeout
 
@@ -37,13 +38,6 @@ SEAT_WAIT_S = 0.05
 Settle = Callable[[Any, BaseException | None, float, Callable[[], None], bool], bool | None]
 """Settles a run: (value, raised, duration, on_settled, on_loop) -> True if `on_settled` is called later. On
 the loop, only a success that needs no wait on Redis; else None (it is settled on a settling thread)."""
-
-
-class WorkerRoom(Protocol):
-    """The consumer's room for tasks, of which a task handed to the lane gives back its share."""
-
-    def hand_off(self) -> None: ...
-    def take_back(self) -> None: ...
 
 
 @dataclass(eq=False)
@@ -101,9 +95,9 @@ class LaneSeat:
 class AsyncLane:
     """One event loop in a thread of its own, running up to `concurrency` coroutine handlers at once."""
 
-    def __init__(self, concurrency: int, worker_room: WorkerRoom, stopping: Callable[[], bool] = lambda: False) -> None:
+    def __init__(self, concurrency: int, worker_room: Capacity, stopping: Callable[[], bool] = lambda: False) -> None:
         self.concurrency = concurrency
-        self.worker_room = worker_room
+        self.worker_room = worker_room  # the consumer's room: a task handed to the lane gives back its share
         self.stopping = stopping  # True once the consumer began to stop: a run waiting for a seat does not start
         self._seats = threading.BoundedSemaphore(concurrency)
         self._lock = threading.Lock()
