@@ -39,7 +39,7 @@ logger = logging.getLogger(__name__)
 
 
 # --- a claimed task --------------------------------------------------------------------------------
-# Not frozen: two are built per task, and a frozen dataclass costs four times as much to build.
+# Not frozen: one is built per task, and a frozen dataclass costs four times as much to build.
 @dataclass(slots=True)
 class Claimed:
     """A task as claimed: the exact bytes in `consumer_id`'s processing list of `queue`."""
@@ -53,8 +53,8 @@ class Claimed:
     fence: int = 0
     # The task decoded from `raw` when its claim's receipt was written (None: not decoded yet).
     task: Task | None = field(default=None, compare=False)
-    # What the task's record answered the receipt (see receipts.py): None if none was written,
-    # START_REFUSED if the task was cancelled (it must not run), else it may start at once.
+    # What the task's record answered the receipt: None if none was written, START_REFUSED if
+    # the task was cancelled (it must not run), else it may start at once.
     receipt: int | None = field(default=None, compare=False)
     # When it was claimed (monotonic s): a task that waited here unstarted asks for cancels before it starts.
     claimed_at_s: float = field(default_factory=time.monotonic, compare=False)
@@ -67,53 +67,26 @@ class Claimed:
 NOT_A_RECORD = -1
 
 
-def with_receipts(broker: Broker, claimed: Sequence[Claimed], result_ttl_s: int) -> list[Claimed]:
-    """Write the receipts of freshly claimed tasks; return them decoded, each with its record's answer."""
-    tasks = [_decoded(item.raw) for item in claimed]
-    claims = [(task.id, item.fence) for item, task in zip(claimed, tasks, strict=True) if task is not None]
+def write_receipts(broker: Broker, claimed: Sequence[Claimed], result_ttl_s: int) -> None:
+    """Write the receipts of freshly claimed tasks: each is decoded and given its record's answer."""
+    for item in claimed:
+        with contextlib.suppress(UndecodableTask):
+            item.task = decode_task(item.raw)
+    claims = [(item.task.id, item.fence) for item in claimed if item.task is not None]
     try:
-        replies = iter(broker.queue.claim_receipts(claims, result_ttl_s) if claims else ())
+        replies = broker.queue.claim_receipts(claims, result_ttl_s) if claims else []
     except RedisError as exc:
         logger.warning(
             "could not write the claim receipts of %d task(s) (%s); they start unreceipted", len(claims), exc
         )
-        replies = iter([NOT_A_RECORD] * len(claims))
-    return [
-        Claimed(  # not dataclasses.replace: this is per task, and replace costs twice as much
-            item.queue,
-            item.consumer_id,
-            item.raw,
-            item.suspect,
-            item.fence,
-            task,
-            _receipt(next(replies)) if task is not None else None,
-            item.claimed_at_s,
-        )
-        for item, task in zip(claimed, tasks, strict=True)
-    ]
-
-
-def withdrawals(claimed: Sequence[Claimed], result_ttl_s: int) -> list[ResultUpdate]:
-    """The writes that withdraw the receipts of claimed tasks going back to wait unstarted."""
-    return [
-        update for item in claimed if item.task is not None and (update := withdrawal(item, item.task, result_ttl_s))
-    ]
+        replies = [NOT_A_RECORD] * len(claims)
+    for item, reply in zip((item for item in claimed if item.task is not None), replies, strict=True):
+        item.receipt = None if reply == NOT_A_RECORD else reply
 
 
 def withdrawal(claimed: Claimed, task: Task, ttl_s: int) -> ResultUpdate | None:
     """The write that withdraws the receipt of one claimed task (`task`, decoded) going back unstarted; None if none."""
     return records.receipt_withdrawn(task, claimed.fence, ttl_s) if claimed.receipt is not None else None
-
-
-def _receipt(reply: int) -> int | None:
-    return None if reply == NOT_A_RECORD else reply
-
-
-def _decoded(raw: bytes) -> Task | None:
-    try:
-        return decode_task(raw)
-    except UndecodableTask:
-        return None
 
 
 # --- room: how many tasks the consumer may hold ----------------------------------------------------
@@ -126,31 +99,6 @@ PACE_WINDOW_S = 0.1
 PACE_SMOOTHING_S = 0.3
 
 
-class Pace:
-    """Claims per second, measured over short windows and smoothed: slow to trust a burst, quick to see a lull."""
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self._window_start = clock()
-        self._count = 0
-        self.per_s = 0.0
-
-    def note(self, count: int) -> None:
-        """Count `count` claimed tasks."""
-        self._count += count
-
-    def update(self) -> bool:
-        """Close the current window if it is long enough; True if the pace was updated."""
-        now = self._clock()
-        elapsed = now - self._window_start
-        if elapsed < PACE_WINDOW_S:
-            return False
-        weight = min(1.0, elapsed / PACE_SMOOTHING_S)
-        self.per_s += weight * (self._count / elapsed - self.per_s)
-        self._window_start, self._count = now, 0
-        return True
-
-
 class Capacity:
     """Counts the tasks this consumer holds; claiming waits while it is full (backpressure)."""
 
@@ -158,11 +106,15 @@ class Capacity:
         """`prefetch` None: automatic, following the pace, up to AUTO_PREFETCH_MAX."""
         self.concurrency = concurrency
         self.prefetch_max = AUTO_PREFETCH_MAX if prefetch is None else prefetch
-        self._pace = Pace(clock) if prefetch is None else None
-        self.limit = concurrency + (0 if self._pace is not None else self.prefetch_max)
+        self.auto = prefetch is None
+        self.limit = concurrency + (0 if self.auto else self.prefetch_max)
         metrics.PREFETCH.set(self.limit - concurrency)
         self.in_use = 0
         self._cond = threading.Condition()
+        # Claims per second, measured over windows of at least PACE_WINDOW_S and smoothed: slow to
+        # trust a burst, quick to see a lull.
+        self._clock = clock
+        self._window_start, self._window_count, self._per_s = clock(), 0, 0.0
 
     def acquire(self, timeout_s: float) -> bool:
         """Take room for one task, waiting up to `timeout_s` for it to free up."""
@@ -182,9 +134,9 @@ class Capacity:
 
     def claimed(self, count: int) -> None:
         """Count tasks just claimed into the room taken for them (the pace of an automatic prefetch)."""
-        if self._pace is not None:
+        if self.auto:
             with self._cond:
-                self._pace.note(count)
+                self._window_count += count
 
     def hand_off(self) -> None:
         """Give back the room of a task that moved to the asyncio lane (which has seats of its own)."""
@@ -204,9 +156,13 @@ class Capacity:
             self._cond.notify_all()
 
     def _follow_pace(self) -> None:
-        if self._pace is None or not self._pace.update():
+        now = self._clock()
+        elapsed = now - self._window_start
+        if not self.auto or elapsed < PACE_WINDOW_S:
             return
-        prefetch = min(self.prefetch_max, int(self._pace.per_s * PREFETCH_HORIZON_S))
+        self._per_s += min(1.0, elapsed / PACE_SMOOTHING_S) * (self._window_count / elapsed - self._per_s)
+        self._window_start, self._window_count = now, 0
+        prefetch = min(self.prefetch_max, int(self._per_s * PREFETCH_HORIZON_S))
         self.limit = self.concurrency + prefetch
         metrics.PREFETCH.set(prefetch)
         self._cond.notify_all()
@@ -220,8 +176,7 @@ class HeldTasks:
         self.capacity = capacity
         self._counts: Counter[tuple[str, str, bytes]] = Counter()  # (queue, consumer id, task)
         self._lock = threading.Lock()
-        self._suspect_reserved = False
-        self._suspect_lock = threading.Lock()
+        self._suspect_turn_taken = False
         self._together = threading.local()  # room of tasks a thread finishes in a `together` block
 
     @contextlib.contextmanager
@@ -271,16 +226,13 @@ class HeldTasks:
 
     def take_suspect_turn(self) -> bool:
         """Take the turn to hold a suspect; False if it is taken."""
-        with self._suspect_lock:
-            if self._suspect_reserved:
-                return False
-            self._suspect_reserved = True
-            return True
+        with self._lock:
+            taken, self._suspect_turn_taken = self._suspect_turn_taken, True
+            return not taken
 
     def give_suspect_turn_back(self) -> None:
         """Give the turn to hold a suspect back."""
-        with self._suspect_lock:
-            self._suspect_reserved = False
+        self._suspect_turn_taken = False
 
 
 # --- tasks of a queue paused since their claim -----------------------------------------------------
@@ -291,20 +243,17 @@ PAUSE_STATE_MAX_AGE_S = 0.25
 class PauseWatch:
     """Whether a claimed task's queue was paused since, read from Redis at most every PAUSE_STATE_MAX_AGE_S."""
 
-    def __init__(
-        self, broker: Broker, give_up: threading.Event, result_ttl_s: int, max_age_s: float = PAUSE_STATE_MAX_AGE_S
-    ) -> None:
+    def __init__(self, broker: Broker, give_up: threading.Event, result_ttl_s: int) -> None:
         self.broker = broker
         self.give_up = give_up
         self.result_ttl_s = result_ttl_s
-        self.max_age_s = max_age_s
         self._seen: dict[str, tuple[bool, float]] = {}
 
     def paused(self, queue: str) -> bool:
-        """True if `queue` is paused (as of at most max_age_s ago; the last answer while Redis is away)."""
+        """True if `queue` is paused (as of at most PAUSE_STATE_MAX_AGE_S ago; the last answer while Redis is away)."""
         now = time.monotonic()
         seen = self._seen.get(queue)
-        if seen is not None and now - seen[1] < self.max_age_s:
+        if seen is not None and now - seen[1] < PAUSE_STATE_MAX_AGE_S:
             return seen[0]
         try:
             paused = self.broker.control.is_paused(queue)
@@ -332,7 +281,8 @@ def return_unstarted(broker: Broker, claimed: Sequence[Claimed], ttl_s: int, giv
     for item in claimed:
         by_owner.setdefault((item.queue, item.consumer_id), []).append(item)
     for (queue, consumer_id), items in by_owner.items():
-        raws, withdrawn = [item.raw for item in items], withdrawals(items, ttl_s)
+        raws = [item.raw for item in items]
+        withdrawn = [w for item in items if item.task is not None and (w := withdrawal(item, item.task, ttl_s))]
         until_done(
             partial(broker.queue.return_unstarted, queue, consumer_id, raws, withdrawn),
             what="return_unstarted",
@@ -341,16 +291,12 @@ def return_unstarted(broker: Broker, claimed: Sequence[Claimed], ttl_s: int, giv
 
 
 # --- the claimer -----------------------------------------------------------------------------------
-# How soon a claimer waiting on pending looks again for suspects it could not take yet.
-SUSPECT_RECHECK_S = 0.1
-# How soon a claimer whose lease lapsed tries again (the heartbeat renews it or gives it up).
-LEASE_RECHECK_S = 0.1
-# How soon a claimer of a paused queue looks again whether it was resumed.
-PAUSED_RECHECK_S = 0.25
-# How soon a claimer whose consumer never read the task types (the database away) looks again.
-SETTINGS_RECHECK_S = 0.25
-# How soon a claimer of a queue its consumer is not registered on (yet) looks again.
-REGISTERED_RECHECK_S = 0.25
+# How soon a claimer looks again for suspects it could not take yet (waiting on pending meanwhile),
+# or tries again under a lease that lapsed (the heartbeat renews it or gives it up).
+RETRY_SOON_S = 0.1
+# How soon a claimer that may not claim looks again: its queue paused, its consumer not registered
+# there (yet), or without the task types (the database away).
+RECHECK_S = 0.25
 
 
 class ClaimerLoop:
@@ -396,13 +342,13 @@ class ClaimerLoop:
 
     def run_once(self) -> float:
         if not self.registered_on(self.queue):
-            return REGISTERED_RECHECK_S  # no lease here to claim under: what it claimed could not be recovered
+            return RECHECK_S  # no lease here to claim under: what it claimed could not be recovered
         if self._uncertain or time.monotonic() >= self._audit_at:
             self.reconcile()
         if not self.types_loaded():
             # Its tasks could only be deferred until their settings are known: others may run them.
             # The housekeeping loop reads them again every TASKS_CONFIG_REFRESH_S.
-            return SETTINGS_RECHECK_S
+            return RECHECK_S
         if not self.room.acquire(timeout_s=0.5):
             return 0.0
         self._room_taken = 1 + self.room.acquire_up_to(self.room.limit - 1)
@@ -453,9 +399,9 @@ class ClaimerLoop:
             )
             return 0.0
         if outcome.paused:
-            return PAUSED_RECHECK_S
+            return RECHECK_S
         if outcome.lease_expired or not self.lease.fresh(consumer_id):
-            return LEASE_RECHECK_S  # no claim under a lapsed lease: the heartbeat renews it or gives it up
+            return RETRY_SOON_S  # no claim under a lapsed lease: the heartbeat renews it or gives it up
         # A blocking claim holds no room while it waits: with more queues than room for tasks, a claimer
         # holding some kept every other queue's tasks waiting until its wait timed out.
         self.room.release(self._room_taken)
@@ -466,7 +412,7 @@ class ClaimerLoop:
         """Block on pending for one task; it takes free room, or goes back first in its queue if none is left."""
         # Suspects waiting for this consumer's one suspect turn are claimed soon after it
         # frees; new pending tasks still wake the blocking claim at once.
-        block_s = min(self.block_s, SUSPECT_RECHECK_S) if suspects_waiting else self.block_s
+        block_s = min(self.block_s, RETRY_SOON_S) if suspects_waiting else self.block_s
         raw, fence = self.broker.queue.claim_blocking(self.queue, consumer_id, block_s)
         self._drop_wake = raw == WAKE_TOKEN
         if raw is None or raw == WAKE_TOKEN:
@@ -482,7 +428,8 @@ class ClaimerLoop:
     def _dispatch(self, claimed: list[Claimed]) -> None:
         """Write the claims' receipts to the tasks' records, then hand the tasks to the workers."""
         self.room.claimed(len(claimed))
-        self.dispatch(with_receipts(self.broker, claimed, self._result_ttl_s))
+        write_receipts(self.broker, claimed, self._result_ttl_s)
+        self.dispatch(claimed)
 
     def reconcile(self) -> None:
         """Return tasks that sit in our processing list unbeknown to us (a claim's lost reply)."""

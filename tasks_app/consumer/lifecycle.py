@@ -19,7 +19,7 @@ from tasks_app import metrics
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.async_lane import AsyncLane
 from tasks_app.consumer.claiming import Capacity, Claimed, ClaimerLoop, HeldTasks, return_unstarted
-from tasks_app.consumer.executor import Executor, RateGate, build_executor
+from tasks_app.consumer.executor import RateGate, build_executor
 from tasks_app.consumer.gates import ConcurrencyGate, RateLimiter
 from tasks_app.consumer.loops import (
     GaveUp,
@@ -87,50 +87,58 @@ class Consumer:
     ) -> None:
         options.validate()
         self.options = options
-        self.registry = registry
         self.broker = _own_broker(broker)
         # Its own connection, so busy workers never delay it; a hung renewal fails well within the lease.
         self.heartbeat_broker = heartbeat_broker or Broker.from_settings(
             prefix=self.broker.keys.prefix, timeout_s=options.lease_s * HEARTBEAT_TIMEOUT_SHARE, resend=False
         )
-        self.lease = LeaseClock(options.lease_s)
         self.base_id = options.consumer_id or default_consumer_id()
         self.consumer_id = self.base_id
+        self._generation = 0  # of the ids taken after a lost lease
+        # Sent with the lease, each renewal and each settle: another process registering this id refuses ours.
+        self.instance = self.broker.queue.instance = uuid.uuid4().hex
         self.capacity = Capacity(options.concurrency, options.prefetch)
+        self.held = HeldTasks(self.capacity)  # handed to workers and not let go of, and the suspect turn
         self.task_types = TaskTypeCache(age_gauge=metrics.TASK_TYPES_AGE)
-        self._init_thread_state()
+        self.work: queue_module.SimpleQueue[Claimed] = queue_module.SimpleQueue()
+        self.stop_requested, self.claiming_stopped = threading.Event(), threading.Event()
+        self.loops_stopped, self.workers_stop, self.give_up = threading.Event(), threading.Event(), threading.Event()
+        self._claimers: list[threading.Thread] = []
+        self._busy, self._busy_lock = 0, threading.Lock()
+        self.exit_code = 0  # what `leave` asks for (process mode)
         self.acks = AckBatcher(self.broker, self.give_up, together=self.held.together)
-        self.executor = self._executor(rate_gate or RateLimiter(self.broker, self.give_up, follows=self.task_types))
-        self.liveness = Liveness(
-            options.health_file,
-            max(3 * HEALTH_CHECK_S, options.lease_s),
-            self.task_types.age_s,
-            self.misconfigured.loops,
-        )
-        self._init_registration()
-
-    def _executor(self, rate_gate: RateGate) -> Executor:
-        """The executor, with its gates and the asyncio lane; its time limits are kept for the loops and the stop."""
         # Its permits are renewed with the lease, on the heartbeat's connection.
         concurrency = ConcurrencyGate(
-            self.broker, self.heartbeat_broker, self.options.lease_s, settings.TASKS_THROTTLE_RECHECK_S, self.give_up
+            self.broker, self.heartbeat_broker, options.lease_s, settings.TASKS_THROTTLE_RECHECK_S, self.give_up
         )
-        self.lease.on_renewal(concurrency.renew)
-        executor = build_executor(
+        self.lease = LeaseClock(options.lease_s, on_renewal=concurrency.renew)
+        self.executor = build_executor(
             self.broker,
-            self.registry,
+            registry,
             self.task_types,
             self.consumer_id,
             settings.TASKS_RESULT_TTL,
-            rate_gate=rate_gate,
+            rate_gate=rate_gate or RateLimiter(self.broker, self.give_up, follows=self.task_types),
             give_up=self.give_up,
             acks=self.acks,
             concurrency=concurrency,
-            async_lane=AsyncLane(self.options.async_concurrency, self.capacity, self.claiming_stopped.is_set),
+            async_lane=AsyncLane(options.async_concurrency, self.capacity, self.claiming_stopped.is_set),
             lease_check=self._lease_holds,  # again after the gates, just before the start
         )
-        self.time_limits = executor.time_limits
-        return executor
+        self.time_limits = self.executor.time_limits
+        self.guard = ProcessGuard(options, self.time_limits.fail_hung, self.leave)
+        self.misconfigured = Misconfigured()  # the loops whose last pass met a key of ours of another type
+        stale_after_s = max(3 * HEALTH_CHECK_S, options.lease_s)
+        self.liveness = Liveness(options.health_file, stale_after_s, self.task_types.age_s, self.misconfigured.loops)
+        # The reaper recovers an earlier run's tasks too, as the consumer registers.
+        recorder = partial(record_reaped, self.broker, self.task_types, give_up=self.stop_requested)
+        self.reaper = ReaperLoop(self.broker, options.queues, options.lease_s, recorder)
+        info = partial(process_info, options, self.capacity.prefetch_max, self.instance)
+        self.registration = Registration(self.broker, options.queues, self.reaper, self.lease, info)
+        # Ids left after a lease lost on some queues only, kept there while they hold tasks.
+        self.retiring = RetiringIds(self.heartbeat_broker, options.lease_s, self.held.raws, self.instance)
+        # Burst mode's question; the queues not registered on count as idle.
+        self._queues_idle = IdleCheck(self.broker, options.queues, lambda: self.registration.current()[1])
 
     def claimer(self, queue: str) -> ClaimerLoop:
         """The claimer of one of its queues."""
@@ -148,47 +156,15 @@ class Consumer:
             block_s=self.options.block_s,
         )
 
-    def _init_registration(self) -> None:
-        """Create the reaper (it recovers an earlier run's tasks too) and what registers the consumer on its queues."""
-        options = self.options
-        recorder = partial(record_reaped, self.broker, self.task_types, give_up=self.stop_requested)
-        self.reaper = ReaperLoop(self.broker, options.queues, options.lease_s, recorder)
-        info = partial(process_info, options, self.capacity.prefetch_max, self.instance)
-        self.registration = Registration(self.broker, options.queues, self.reaper, self.lease, info)
-
-    def _init_thread_state(self) -> None:
-        """Create what the consumer's threads share: the stop events, the threads, the tasks held, the suspect turn."""
-        self.work: queue_module.SimpleQueue[Claimed] = queue_module.SimpleQueue()
-        self._generation = 0  # of the ids taken after a lost lease
-        # Sent with the lease, each renewal and each settle: another process registering this id refuses ours.
-        self.instance = self.broker.queue.instance = uuid.uuid4().hex
-        self.stop_requested, self.claiming_stopped = threading.Event(), threading.Event()
-        self.loops_stopped, self.workers_stop, self.give_up = threading.Event(), threading.Event(), threading.Event()
-        self._threads: list[threading.Thread] = []
-        self._claimers: list[threading.Thread] = []
-        self._workers: list[threading.Thread] = []
-        self._busy, self._busy_lock = 0, threading.Lock()
-        self.held = HeldTasks(self.capacity)  # handed to workers and not let go of, and the suspect turn
-        # Ids left after a lease lost on some queues only, kept there while they hold tasks.
-        self.retiring = RetiringIds(self.heartbeat_broker, self.options.lease_s, self.held.raws, self.instance)
-        self.misconfigured = Misconfigured()  # the loops whose last pass met a key of ours of another type
-        self._queues_idle = IdleCheck(self.broker, self.options.queues, self._claimable)  # burst mode's question
-        self.exit_code = 0  # what `leave` asks for (process mode)
-        self.guard = ProcessGuard(self.options, lambda *limits: self.time_limits.fail_hung(*limits), self.leave)
-
     # --- identity --------------------------------------------------------------------------
     def register(self, consumer_id: str | None = None) -> None:
-        """Recover what an earlier run under this id left behind, then take a lease (see registration.py)."""
+        """Recover what an earlier run under this id left behind, then take a lease."""
         self.registration.register(consumer_id or self.consumer_id)
 
     def registered_on(self, queue: str) -> bool:
         """Whether the consumer holds a lease on `queue` under its id: claims there are recoverable."""
         consumer_id, queues = self.registration.current()
         return consumer_id == self.consumer_id and queue in queues
-
-    def _claimable(self) -> list[str]:
-        """The queues it may claim from: registered there (a burst counts the others idle)."""
-        return self.registration.current()[1]
 
     def lease_lost(self, lost_id: str, queues: Sequence[str] | None = None) -> None:
         """Our lease expired (or we were reaped) on `queues` (None: all): tombstone that id, register a new one."""
@@ -202,7 +178,8 @@ class Consumer:
             new_id = f"{self.base_id}.{self._generation}"
             message = "consumer %s lost its lease on %s (presumed dead there, or its renewal refused); continuing as %s"
             logger.error(message, lost_id, ",".join(lost_on), new_id)
-            until_done(lambda: self.registration.abandon(lost_id, registered), what="abandon", give_up=self.give_up)
+            # Tombstoned: reapers sweep what it held there.
+            until_done(lambda: self.broker.leases.abandon(registered, lost_id), what="abandon", give_up=self.give_up)
             # Register before publishing the new id: a claim under it unregistered would be refused (and the id lost).
             until_done(lambda: self.register(new_id), what="register", give_up=self.give_up)
             self.consumer_id = new_id
@@ -282,21 +259,19 @@ class Consumer:
             SchedulerLoop(self.broker, opts.queues, disabled=self.task_types.disabled),
             self.reaper,
             self.retiring,
-            HousekeepingLoop(self._refresh_task_types, settings.TASKS_CONFIG_REFRESH_S, self.time_limits.tick),
+            HousekeepingLoop(self.task_types.refresh, settings.TASKS_CONFIG_REFRESH_S, self.time_limits.tick),
             # On a thread that waits on no Redis reply: an outage delays neither a TaskTimeout nor a hard limit.
             Ticker("time-limits", TIME_LIMITS_TICK_S, self.time_limits.expire_overdue, self.guard.enforce_hard_limits),
             Ticker("health", HEALTH_CHECK_S, self.broker.inspect.ping, self.liveness.beat),  # alive once Redis answers
             *scheduler_loops(self.broker, opts),
         ]
-        self._threads = [start_thread(loop, self.loops_stopped, self.misconfigured) for loop in loops]
+        for loop in loops:
+            start_thread(loop, self.loops_stopped, self.misconfigured)
         self.acks.start()
         claimers = [self.claimer(queue) for queue in opts.queues]
         self._claimers = [start_thread(claimer, self.claiming_stopped, self.misconfigured) for claimer in claimers]
-        self._workers = [
-            threading.Thread(target=self._work, name=f"worker-{i}", daemon=True) for i in range(opts.concurrency)
-        ]
-        for worker in self._workers:
-            worker.start()
+        for i in range(opts.concurrency):
+            threading.Thread(target=self._work, name=f"worker-{i}", daemon=True).start()
         logger.info(
             "consumer %s started: queues=%s concurrency=%d prefetch=%s lease=%gs",
             self.consumer_id,
@@ -306,40 +281,32 @@ class Consumer:
             opts.lease_s,
         )
 
-    def _refresh_task_types(self) -> None:
-        self.task_types.refresh()
-        close_old_connections()
-
     def run(self) -> int:
         """Run until stopped (or, in burst mode, until the queues are idle); return the exit code."""
         try:
             self.start()
         except GaveUp:
             logger.warning("consumer %s stopped before it could register", self.consumer_id)
-            self.guard.stop()
-            return self.exit_code
+            exit_code = self.exit_code
         except RedisError as exc:
             if not misconfiguration(exc):
                 raise
-            logger.error(
-                "consumer %s cannot start: a key of ours holds what Redis refuses (misconfigured): %s",
-                self.consumer_id,
-                exc,
-            )
-            self.guard.stop()
-            return EXIT_MISCONFIGURED
-        while not self.stop_requested.wait(0.2):
-            if self.options.burst and self._idle():
-                logger.info("burst: nothing left to claim on queues %s; stopping", ",".join(self.options.queues))
-                break
-        return self.shutdown()
+            message = "consumer %s cannot start: a key of ours holds what Redis refuses (misconfigured): %s"
+            logger.error(message, self.consumer_id, exc)
+            exit_code = EXIT_MISCONFIGURED
+        else:
+            while not self.stop_requested.wait(0.2):
+                if self.options.burst and self._idle():
+                    logger.info("burst: nothing left to claim on queues %s; stopping", ",".join(self.options.queues))
+                    break
+            return self.shutdown()
+        self.guard.stop()
+        return exit_code
 
     def _idle(self) -> bool:
         with self._busy_lock:
             busy = self._busy
-        if busy or not self.work.empty():
-            return False
-        return self._queues_idle()
+        return not busy and self.work.empty() and self._queues_idle()
 
     def request_stop(self) -> None:
         """Ask for a graceful stop (what SIGTERM and SIGINT do)."""
@@ -362,13 +329,29 @@ class Consumer:
 
     # --- stopping --------------------------------------------------------------------------
     def shutdown(self) -> int:
-        """Stop claiming, return unstarted tasks, let running ones finish within the grace period (from now)."""
+        """Stop claiming, return unstarted tasks, let running ones finish within the grace period (from now), then
+        give up on those still running (each uses an attempt: a task outliving every grace period is not run for good).
+
+        With Redis away the return is given up once the grace period is over (the lease then
+        recovers those tasks) instead of holding the stop until Redis is back.
+        """
         grace_over = threading.Event()
         timer = threading.Timer(self.options.grace_s, grace_over.set)
         timer.daemon = True
         timer.start()
         self.claiming_stopped.set()
-        self._finish_within_grace(grace_over)
+        self._return_queued(grace_over)
+        while self._running() > 0 and not grace_over.wait(0.05):
+            pass
+        if still_running := self._running():
+            # No retry of theirs is due before this process is surely gone (as after a hard limit).
+            interrupted = self.time_limits.interrupt_running(self.options.grace_s, exit_within_s(self.options))
+            logger.warning(
+                "grace period over with %d task(s) still running: %d run(s) given up on, each failed with "
+                "TaskInterrupted (an attempt used)",
+                still_running,
+                interrupted,
+            )
         for thread in self._claimers:  # a claim landing meanwhile is returned by `dispatch`
             thread.join(timeout=self.options.block_s + 1)
         self._return_queued(grace_over)  # dispatched as the stop began
@@ -391,29 +374,10 @@ class Consumer:
         logger.info("consumer %s stopped", self.consumer_id)
         return self.exit_code
 
-    def _finish_within_grace(self, grace_over: threading.Event) -> None:
-        """Return the tasks that never started and let the running ones finish, until `grace_over`; then give
-        up on those still running (each uses an attempt: a task outliving every grace period is not run for good).
-
-        With Redis away the return is given up once the grace period is over (the lease then
-        recovers those tasks) instead of holding the stop until Redis is back.
-        """
-        self._return_queued(grace_over)
-        while not grace_over.is_set():
-            with self._busy_lock:
-                if self._busy + self.executor.async_running() <= self.time_limits.hung():  # not for hung ones
-                    return
-            grace_over.wait(0.05)
+    def _running(self) -> int:
+        """The runs still going, those of hung handlers aside (given up on already)."""
         with self._busy_lock:
-            still_running = self._busy + self.executor.async_running() - self.time_limits.hung()
-        # No retry of theirs is due before this process is surely gone (as after a hard limit).
-        interrupted = self.time_limits.interrupt_running(self.options.grace_s, exit_within_s(self.options))
-        logger.warning(
-            "grace period over with %d task(s) still running: %d run(s) given up on, each failed with "
-            "TaskInterrupted (an attempt used)",
-            still_running,
-            interrupted,
-        )
+            return self._busy + self.executor.async_running() - self.time_limits.hung()
 
     def _return_queued(self, grace_over: threading.Event) -> None:
         """Return the tasks handed to the workers that none has taken yet."""

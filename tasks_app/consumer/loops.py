@@ -23,6 +23,8 @@ from socketserver import ThreadingMixIn
 from typing import Any, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from django.conf import settings
+from django.db import close_old_connections
 from prometheus_client import REGISTRY, make_wsgi_app
 from prometheus_client.registry import CollectorRegistry
 from redis.exceptions import RedisError, ResponseError
@@ -32,7 +34,6 @@ from tasks_app.collectors import QueueCollector
 from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import finite
-from tasks_app.protocol.inspection import QueueStats
 from tasks_app.protocol.keys import UNDECODABLE_TYPE
 from tasks_app.protocol.queue import Promotion
 from tasks_app.protocol.scripts import is_transient
@@ -60,16 +61,11 @@ class Misconfigured:
         self._loops: set[str] = set()
         self._lock = threading.Lock()
 
-    def failed(self, loop: str) -> None:
-        """Note that `loop`'s last pass failed on a misconfigured key."""
-        with self._lock:
-            self._loops.add(loop)
-
-    def passed(self, loop: str) -> None:
-        """Note that `loop`'s last pass went through."""
-        if loop in self._loops:
+    def note(self, loop: str, *, failed: bool) -> None:
+        """Note whether `loop`'s last pass failed on a misconfigured key."""
+        if failed or loop in self._loops:
             with self._lock:
-                self._loops.discard(loop)
+                (self._loops.add if failed else self._loops.discard)(loop)
 
     def loops(self) -> list[str]:
         """The loops whose last pass failed on a misconfigured key."""
@@ -96,12 +92,12 @@ def run_forever(loop: Loop, stop: threading.Event, misconfigured: Misconfigured 
             sleep_s = loop.run_once()
             backoff_s, pace_s = 0.0, sleep_s or MISCONFIGURED_PACE_S
             problems.recovered(loop.name, "%s: works again", loop.name)
-            misconfigured.passed(loop.name)
+            misconfigured.note(loop.name, failed=False)
         except RedisError as exc:
             if misconfiguration(exc):
                 message = "%s: a key of ours holds what Redis refuses (misconfigured): %s"
                 problems.failed(loop.name, str(exc), message, loop.name, exc, level=logging.ERROR)
-                misconfigured.failed(loop.name)
+                misconfigured.note(loop.name, failed=True)
                 sleep_s = pace_s
             else:
                 sleep_s = backoff_s = redis_away(problems, loop.name, exc, next_backoff_s(backoff_s))
@@ -138,8 +134,6 @@ class SchedulerLoop:
         dead_letter_max_age_s: int | None = None,
         disabled: Callable[[str], bool] = lambda task_type: True,
     ) -> None:
-        from django.conf import settings
-
         self.broker = broker
         self.queues = list(queues)
         self.disabled = disabled  # whether a task type is disabled (its deferred tasks wait)
@@ -182,12 +176,13 @@ class SchedulerLoop:
 
 
 class HousekeepingLoop:
-    """Reloads task type settings and watches running tasks (cancel requests, progress)."""
+    """Reloads task type settings (then lets go of a database connection gone stale) and watches running tasks
+    (cancel requests, progress)."""
 
     name = "housekeeping"
     TICK_S = 0.1
 
-    def __init__(self, refresh: Callable[[], None], refresh_every_s: float, watch: Callable[[], object]) -> None:
+    def __init__(self, refresh: Callable[[], object], refresh_every_s: float, watch: Callable[[], object]) -> None:
         self.refresh = refresh
         self.refresh_every_s = refresh_every_s
         self.watch = watch
@@ -196,6 +191,7 @@ class HousekeepingLoop:
     def run_once(self) -> float:
         if time.monotonic() - self._refreshed_at >= self.refresh_every_s:
             self.refresh()
+            close_old_connections()
             self._refreshed_at = time.monotonic()
         self.watch()
         return self.TICK_S
@@ -338,51 +334,36 @@ class Liveness:
 
 
 # --- burst mode ------------------------------------------------------------------------------------
-def nothing_to_claim(broker: Broker, queues: Sequence[str], registered: Collection[str] | None = None) -> bool:
-    """True once no queue has tasks in flight and only those it may not claim from have tasks waiting (logged)."""
-    claimable = [queue for queue in queues if registered is None or queue in registered]
-    stats = [broker.inspect.queue_stats(queue) for queue in queues]
-    if any(s.processing or (s.queue in claimable and not s.paused and (s.pending or s.delayed)) for s in stats):
-        return False
-    for queue in stats:
-        if queue.pending or queue.delayed:
-            _say_left(queue)
-    return True
-
-
-def _say_left(queue: QueueStats) -> None:
-    """Say that `queue`'s waiting tasks are left: it is paused, or this consumer cannot claim from it."""
-    if queue.paused:
-        message = "burst: queue %s is paused with %d task(s) pending and %d delayed; leaving them for a resume"
-    else:
-        message = (
-            "burst: queue %s has %d task(s) pending and %d delayed that this consumer cannot claim "
-            "(it is not registered there); leaving them"
-        )
-    logger.warning(message, queue.queue, queue.pending, queue.delayed)
-
-
 class IdleCheck:
-    """`nothing_to_claim` as a burst consumer asks it at every tick: False while Redis is away, which is said once."""
+    """Whether a burst consumer's queues are idle, asked at every tick: False while Redis is away (said once)."""
 
-    def __init__(
-        self, broker: Broker, queues: Sequence[str], registered: Callable[[], Collection[str]] | None = None
-    ) -> None:
+    def __init__(self, broker: Broker, queues: Sequence[str], claimable: Callable[[], Collection[str]]) -> None:
         self.broker = broker
         self.queues = list(queues)
-        self.registered = registered  # the queues the consumer may claim from now (None: all)
+        self.claimable = claimable  # the queues the consumer may claim from now
         self._problem: ProblemLog[str] = ProblemLog(logger)
 
     def __call__(self) -> bool:
-        """True once the queues are idle (see `nothing_to_claim`); False if they cannot be checked."""
+        """True once no queue has tasks in flight and only those it may not claim from have tasks waiting (logged)."""
         try:
-            registered = self.registered() if self.registered is not None else None
-            idle = nothing_to_claim(self.broker, self.queues, registered)
+            claimable = self.claimable()
+            stats = [self.broker.inspect.queue_stats(queue) for queue in self.queues]
         except Exception as exc:
             self._problem.failed("check", repr(exc), "burst: cannot check the queues: %s", exc)
             return False
         self._problem.recovered("check", "burst: the queues can be checked again")
-        return idle
+        if any(s.processing or (s.queue in claimable and not s.paused and (s.pending or s.delayed)) for s in stats):
+            return False
+        for left in (s for s in stats if s.pending or s.delayed):
+            if left.paused:
+                message = "burst: queue %s is paused with %d task(s) pending and %d delayed; leaving them for a resume"
+            else:
+                message = (
+                    "burst: queue %s has %d task(s) pending and %d delayed that this consumer cannot claim "
+                    "(it is not registered there); leaving them"
+                )
+            logger.warning(message, left.queue, left.pending, left.delayed)
+        return True
 
 
 # --- the HTTP endpoint -----------------------------------------------------------------------------
@@ -414,41 +395,34 @@ class _QuietHandler(WSGIRequestHandler):
         """Do not log every scrape."""
 
 
-def make_app(liveness: Liveness | None, registry: CollectorRegistry = REGISTRY) -> Callable[..., Iterable[bytes]]:
+def make_app(liveness: Liveness, registry: CollectorRegistry = REGISTRY) -> Callable[..., Iterable[bytes]]:
     """Return a WSGI app serving `/healthz` and `/readyz` from `liveness` and metrics on every other path."""
     metrics_app: Callable[..., Iterable[bytes]] = make_wsgi_app(registry)
     checks: dict[str, Callable[[Liveness], bool]] = {"/healthz": Liveness.healthy, "/readyz": Liveness.ready}
 
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         check = checks.get(environ.get("PATH_INFO", ""))
-        if check is not None:
-            healthy = liveness is None or check(liveness)
-            body = liveness.report() if liveness is not None else b'{"status": "ok"}'
-            start_response(
-                "200 OK" if healthy else "503 Service Unavailable",
-                [("Content-Type", "application/json"), ("Content-Length", str(len(body)))],
-            )
-            return [body]
-        return metrics_app(environ, start_response)
+        if check is None:
+            return metrics_app(environ, start_response)
+        body = liveness.report()
+        start_response(
+            "200 OK" if check(liveness) else "503 Service Unavailable",
+            [("Content-Type", "application/json"), ("Content-Length", str(len(body)))],
+        )
+        return [body]
 
     return app
-
-
-def serve(
-    port: int, liveness: Liveness | None, addr: str = METRICS_HOST, registry: CollectorRegistry = REGISTRY
-) -> WSGIServer:
-    """Serve metrics and health on `addr:port` (an IPv4 or IPv6 address, or a host name) from a daemon thread."""
-    addr = addr.removeprefix("[").removesuffix("]")  # [::1] as in a URL
-    server_class = _ThreadingServer6 if ":" in addr else _ThreadingServer
-    server = make_server(addr, port, make_app(liveness, registry), server_class, handler_class=_QuietHandler)
-    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
-    return server
 
 
 def serve_consumer_metrics(
     liveness: Liveness, broker: Broker, queues: Sequence[str], port: int, addr: str = METRICS_HOST
 ) -> WSGIServer:
-    """Export the depths of a consumer's `queues` and serve metrics and its liveness on `port`."""
-    server = serve(port, liveness, addr)  # first: a port it cannot bind leaves nothing registered
+    """Serve metrics and `liveness` on `addr:port` (an IPv4 or IPv6 address, or a host name) from a daemon thread,
+    with the depths of a consumer's `queues`."""
+    addr = addr.removeprefix("[").removesuffix("]")  # [::1] as in a URL
+    server_class = _ThreadingServer6 if ":" in addr else _ThreadingServer
+    server = make_server(addr, port, make_app(liveness), server_class, handler_class=_QuietHandler)
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+    # Registered once the port is bound: a port it cannot bind leaves nothing registered.
     REGISTRY.register(QueueCollector(lambda: broker, list(queues)))
     return server

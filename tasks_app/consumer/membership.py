@@ -46,26 +46,22 @@ LEASE_MARGIN_SHARE = 1 / 6
 class LeaseClock:
     """When this consumer's lease was last renewed, and under which id, on the monotonic clock."""
 
-    def __init__(self, lease_s: float) -> None:
+    def __init__(self, lease_s: float, on_renewal: Callable[[], None] = lambda: None) -> None:
         self.lease_s = lease_s
+        # Called after each renewal: what else lives under the lease (concurrency permits) is renewed with it.
+        self.on_renewal = on_renewal
         # (consumer id, when its lease was last renewed), replaced whole: `fresh`, asked several
         # times per task by every worker, reads it without a lock (a lock held by a thread the
         # interpreter switches away from stalls every worker until that thread runs again).
         self._renewal: tuple[str, float] = ("", float("-inf"))
         self._lock = threading.Lock()  # one renewal at a time
-        self._on_renewal: list[Callable[[], None]] = []
-
-    def on_renewal(self, renew: Callable[[], None]) -> None:
-        """Call `renew` after each renewal: what else lives under the lease (concurrency permits) is renewed with it."""
-        self._on_renewal.append(renew)
 
     def renewed(self, consumer_id: str, sent_at: float) -> None:
         """Record a successful renewal whose request left at `sent_at` (the lease runs from then, or later)."""
         with self._lock:
             current_id, renewed_at = self._renewal
             self._renewal = (consumer_id, sent_at if consumer_id != current_id else max(renewed_at, sent_at))
-        for renew in self._on_renewal:
-            renew()
+        self.on_renewal()
 
     def fresh(self, consumer_id: str) -> bool:
         """True while the lease of `consumer_id` surely holds: renewed less than lease - margin ago."""
@@ -146,16 +142,12 @@ class ReaperLoop:
 
     def run_once(self) -> float:
         for queue in self.queues:
-            self._reap_queue(queue)
+            expired, tombstones, self._tombstone_offsets[queue] = self.broker.leases.reap_candidate_page(
+                queue, self._tombstone_offsets[queue]
+            )
+            for consumer_id in [*expired, *tombstones]:
+                self.reap(queue, consumer_id)
         return max(0.05, self.lease_s / 4)
-
-    def _reap_queue(self, queue: str) -> None:
-        """Reap the dead consumers of `queue` on this page."""
-        expired, tombstones, self._tombstone_offsets[queue] = self.broker.leases.reap_candidate_page(
-            queue, self._tombstone_offsets[queue]
-        )
-        for consumer_id in [*expired, *tombstones]:
-            self.reap(queue, consumer_id)
 
     def reap(self, queue: str, consumer_id: str, *, own_earlier_run: bool = False) -> int:
         """Reap one consumer's list on one queue completely; return how many tasks moved."""
@@ -210,18 +202,6 @@ def process_info(options: ConsumerOptions, prefetch_max: int, instance: str) -> 
         "prefetch": prefetch_max,
         "queues": options.queues,
     }
-
-
-def recover_earlier_run(reaper: ReaperLoop, queue: str, consumer_id: str) -> None:
-    """Recover what an earlier run under `consumer_id` left on `queue` (it did not exit cleanly)."""
-    recovered = reaper.reap(queue, consumer_id, own_earlier_run=True)
-    if recovered:
-        logger.warning(
-            "recovered %d task(s) left by an earlier run of %s on %s, which did not exit cleanly",
-            recovered,
-            consumer_id,
-            queue,
-        )
 
 
 def deregister_everywhere(broker: Broker, queues: Sequence[str], consumer_id: str, instance: str) -> None:
@@ -317,18 +297,20 @@ class Registration:
         consumer_id, queues = self._current
         return consumer_id, list(queues)
 
-    def register(self, consumer_id: str) -> list[str]:
-        """Register `consumer_id` on every queue (it is the current id now); return them."""
+    def register(self, consumer_id: str) -> None:
+        """Recover what an earlier run under `consumer_id` left behind, then register it on every queue (it is the
+        current id now)."""
         with self.lock:
             for queue in self.queues:
-                recover_earlier_run(self.reaper, queue, consumer_id)
+                if recovered := self.reaper.reap(queue, consumer_id, own_earlier_run=True):
+                    message = "recovered %d task(s) left by an earlier run of %s on %s, which did not exit cleanly"
+                    logger.warning(message, recovered, consumer_id, queue)
             sent_at = time.monotonic()
             lease_ms = int(self.lease.lease_s * 1000)
             self.broker.leases.register_leases(self.queues, consumer_id, lease_ms, self.info())
             self._current = (consumer_id, tuple(self.queues))
             self.lease.renewed(consumer_id, sent_at)
             self._listed_at = time.monotonic()
-            return list(self.queues)
 
     def run_once(self) -> float:
         """List the registered queues in the queue set again, once a lease."""
@@ -337,10 +319,6 @@ class Registration:
             self.broker.leases.list_queues(registered)
             self._listed_at = time.monotonic()
         return self.lease.lease_s / 3
-
-    def abandon(self, consumer_id: str, queues: Sequence[str]) -> None:
-        """Tombstone a lost id on `queues`, so reapers sweep what it held."""
-        self.broker.leases.abandon(queues, consumer_id)
 
 
 # --- retiring ids ----------------------------------------------------------------------------------
