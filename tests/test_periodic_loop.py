@@ -9,7 +9,7 @@ import pytest
 
 from tasks_app import metrics
 from tasks_app.consumer.options import ConsumerOptions
-from tasks_app.consumer.periodic_loop import CodeScheduleSync, PeriodicLoop, scheduler_loops
+from tasks_app.consumer.periodic_loop import PeriodicLoop, scheduler_loops
 from tasks_app.models import PeriodicTask, TaskType
 from tasks_app.periodic.config import PeriodicConfig
 from tasks_app.periodic.schedule import Schedule
@@ -177,11 +177,11 @@ def test_code_schedules_are_synced_before_the_first_pass_and_a_database_error_do
     broker, echo, settings, caplog
 ):
     settings.TASKS_PERIODIC = {"from.code": {"task": "demo.echo", "interval_s": 60}}
-    sync = CodeScheduleSync(loop_of(broker, config()))
+    sync = loop_of(broker, config())
     assert sync.run_once() > 0
     assert PeriodicTask.objects.get(name="from.code").source == "code"
     settings.TASKS_PERIODIC = {"broken": "not a dict"}
-    assert CodeScheduleSync(loop_of(broker, config("other"))).run_once() > 0
+    assert loop_of(broker, config("other")).run_once() > 0
     assert "TASKS_PERIODIC['broken'] is not scheduled" in caplog.text
 
 

@@ -7,13 +7,13 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tasks_app.collectors import QueueCollector
-from tasks_app.consumer import loops as burst, periodic_loop
+from tasks_app.consumer import periodic_loop
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.gates import ConcurrencyGate, RateLimiter
 from tasks_app.consumer.loops import run_forever, touch, until_done
 from tasks_app.consumer.membership import HeartbeatLoop, LeaseClock, RetiringIds
 from tasks_app.consumer.options import ConsumerOptions
-from tasks_app.consumer.periodic_loop import CodeScheduleSync, PeriodicLoop
+from tasks_app.consumer.periodic_loop import PeriodicLoop
 from tasks_app.consumer.supervisor import ProcessGuard
 from tasks_app.models import TaskType
 from tasks_app.periodic.config import PeriodicConfig
@@ -166,7 +166,7 @@ def test_code_schedules_that_cannot_be_synced_yet_are_logged_once(broker, caplog
         raise RuntimeError("the database is away")
 
     monkeypatch.setattr(periodic_loop, "sync_code_schedules", sync)
-    loop = CodeScheduleSync(PeriodicLoop(broker, 2.0, 60.0, load=tuple))
+    loop = PeriodicLoop(broker, 2.0, 60.0, load=tuple)
     said_once_then_its_end(
         caplog, loop.run_once, "cannot sync TASKS_PERIODIC", monkeypatch.undo, "TASKS_PERIODIC synced"
     )
@@ -248,7 +248,7 @@ def test_queue_stats_that_cannot_be_read_are_logged_once_per_outage_and_still_co
 
 def test_a_burst_consumer_that_cannot_check_its_queues_says_so_once(broker, caplog, monkeypatch):
     consumer = make_consumer(broker, burst=True)
-    monkeypatch.setattr(burst, "nothing_to_claim", lambda broker, queues, registered: Outage(9)())
+    monkeypatch.setattr(consumer._queues_idle, "claimable", lambda: Outage(9)())
     assert not consumer._idle(), "not idle while the queues cannot be checked"
     recovery = "burst: the queues can be checked again"
     said_once_then_its_end(caplog, consumer._idle, "burst: cannot check the queues", monkeypatch.undo, recovery)

@@ -35,7 +35,10 @@ EARLY_RETRY_MS = 100
 
 
 class PeriodicLoop:
-    """Fires the due slot of every enabled schedule and sleeps until the nearest next slot (or the refresh)."""
+    """Fires the due slot of every enabled schedule and sleeps until the nearest next slot (or the refresh).
+
+    Its first pass writes the TASKS_PERIODIC schedules to their rows (and each pass until that succeeds once).
+    """
 
     name = "periodic"
 
@@ -54,7 +57,9 @@ class PeriodicLoop:
         self.grace_ms = int(grace_s * 1000)
         # What is wrong with each schedule, logged once until it changes (not at every reload and slot).
         self._problems = ScheduleProblems(logger)
-        self._reload_problem: ProblemLog[str] = ProblemLog(logger)  # the database away at every refresh
+        # The database away at every refresh, or at every pass that has to sync the code schedules.
+        self._reload_problem: ProblemLog[str] = ProblemLog(logger)
+        self._synced = False
         self._load = load or functools.partial(load_configs, problems=self._problems)
         # Slots are computed on the Redis server's clock (the one the fire script decides on), so a
         # consumer whose own clock is off neither fires early nor finds every slot late.
@@ -76,6 +81,16 @@ class PeriodicLoop:
 
     def run_once(self) -> float:
         """Fire what is due; return the seconds until the nearest next slot, at most the refresh period."""
+        if not self._synced:
+            try:
+                sync_code_schedules(settings.TASKS_PERIODIC, self._registry)
+                self._synced = True
+                self._reload_problem.recovered("sync", "TASKS_PERIODIC synced to the database")
+            except Exception as exc:  # the database may be away: fire the schedules it has, sync later
+                message = "cannot sync TASKS_PERIODIC to the database yet: %s"
+                self._reload_problem.failed("sync", repr(exc), message, exc)
+            finally:
+                close_old_connections()
         if time.monotonic() >= self._next_load:
             self._reload()
         now_ms, read_at = self._clock_ms(), time.monotonic()
@@ -215,36 +230,11 @@ class PeriodicLoop:
         metrics.PERIODIC_PERIOD.labels(config.name).set((following_ms - reference_ms) / 1000)
 
 
-class CodeScheduleSync:
-    """Writes the TASKS_PERIODIC schedules to their rows once, before the first pass of the scheduler."""
-
-    def __init__(self, loop: PeriodicLoop, registry: Registry = default_registry) -> None:
-        self.loop = loop
-        self.name = loop.name
-        self._registry = registry
-        self._synced = False
-        self._sync_problem: ProblemLog[str] = ProblemLog(logger)
-
-    def run_once(self) -> float:
-        """Sync the code schedules (until it succeeds once), then run the scheduler's pass."""
-        if not self._synced:
-            try:
-                sync_code_schedules(settings.TASKS_PERIODIC, self._registry)
-                self._synced = True
-                self._sync_problem.recovered("sync", "TASKS_PERIODIC synced to the database")
-            except Exception as exc:  # the database may be away: fire the schedules it has, sync later
-                self._sync_problem.failed("sync", repr(exc), "cannot sync TASKS_PERIODIC to the database yet: %s", exc)
-            finally:
-                close_old_connections()
-        return self.loop.run_once()
-
-
-def scheduler_loops(broker: Broker, options: ConsumerOptions) -> list[CodeScheduleSync]:
+def scheduler_loops(broker: Broker, options: ConsumerOptions) -> list[PeriodicLoop]:
     """The periodic scheduler of a consumer, or none with `--no-scheduler`."""
     if not options.scheduler:
         return []
-    loop = PeriodicLoop(broker, settings.TASKS_CONFIG_REFRESH_S, settings.TASKS_PERIODIC_GRACE_S)
-    return [CodeScheduleSync(loop)]
+    return [PeriodicLoop(broker, settings.TASKS_CONFIG_REFRESH_S, settings.TASKS_PERIODIC_GRACE_S)]
 
 
 def _forget_metrics(name: str) -> None:
