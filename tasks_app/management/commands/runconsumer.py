@@ -4,9 +4,11 @@ import argparse
 import contextlib
 import gc
 import logging
+import math
 import os
 import socket
 import sys
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
@@ -23,32 +25,30 @@ from tasks_app.protocol.keys import validate_name
 MAX_PORT = 65535
 
 
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+ArgType = Callable[[str], Any]
 
 
-def non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"cannot be negative, got {value}")
-    return value
+def _bounded(name: str, low: float, high: float, problem: str, convert: ArgType = int) -> ArgType:
+    """An argparse type taking values from `low` to `high` (`problem` names the others); argparse names it for text
+    it cannot convert, hence `name`."""
+
+    def parse(text: str) -> Any:
+        value = convert(text)
+        if not low <= value <= high:  # also refuses nan and inf
+            raise argparse.ArgumentTypeError(problem.format(value=value, text=text))
+        return value
+
+    parse.__name__ = name
+    return parse
 
 
-def processes_arg(text: str) -> int:
-    value = int(text)
-    if not 1 <= value <= MAX_PROCESSES:
-        raise argparse.ArgumentTypeError(f"must be from 1 to {MAX_PROCESSES}, got {value}")
-    return value
-
-
-def port_arg(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= MAX_PORT:
-        raise argparse.ArgumentTypeError(f"must be a port from 0 to {MAX_PORT} (0: any free one), got {value}")
-    return value
+positive_int = _bounded("positive_int", 1, math.inf, "must be at least 1, got {value}")
+non_negative_int = _bounded("non_negative_int", 0, math.inf, "cannot be negative, got {value}")
+processes_arg = _bounded("processes_arg", 1, MAX_PROCESSES, f"must be from 1 to {MAX_PROCESSES}, got {{value}}")
+port_arg = _bounded("port_arg", 0, MAX_PORT, f"must be a port from 0 to {MAX_PORT} (0: any free one), got {{value}}")
+duration_arg = _bounded(
+    "duration_arg", 0, MAX_DURATION_S, f"must be a number of seconds from 0 to {MAX_DURATION_S}, got {{text}}", float
+)
 
 
 def host_arg(text: str) -> str:
@@ -64,13 +64,6 @@ def host_arg(text: str) -> str:
 
 def prefetch_arg(text: str) -> int | None:
     return None if text == "auto" else non_negative_int(text)
-
-
-def duration_arg(text: str) -> float:
-    value = float(text)
-    if not 0 <= value <= MAX_DURATION_S:  # also refuses nan and inf
-        raise argparse.ArgumentTypeError(f"must be a number of seconds from 0 to {MAX_DURATION_S}, got {text}")
-    return value
 
 
 class Command(BaseCommand):
