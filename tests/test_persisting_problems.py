@@ -111,17 +111,24 @@ def test_run_forever_logs_a_persisting_bug_once_with_its_traceback(caplog):
 
 
 # --- heartbeat and retiring ids ------------------------------------------------------------
-def test_the_heartbeat_logs_redis_away_once_and_its_renewal_after_it(key_prefix, broker, caplog):
-    loop = HeartbeatLoop(unreachable_broker(key_prefix), lambda: ("c1", ["q"]), LeaseClock(9.0), lambda *loss: None)
-    heal = partial(setattr, loop, "broker", broker)
-    said_once_then_its_end(caplog, loop.run_once, "heartbeat: redis error", heal, "heartbeat: works again")
+@pytest.mark.parametrize("name", ["heartbeat", "retiring"])
+def test_lease_renewals_log_redis_away_once_and_their_renewal_after_it(key_prefix, broker, caplog, name):
+    loop: HeartbeatLoop | RetiringIds
+    if name == "heartbeat":
+        loop = HeartbeatLoop(unreachable_broker(key_prefix), lambda: ("c1", ["q"]), LeaseClock(9.0), lambda *_: None)
+    else:
+        loop = RetiringIds(unreachable_broker(key_prefix), 60.0, lambda queue, consumer_id: [])
+        loop.retire("old", ["a"])
 
+    class HealingStop(RecordingStop):
+        def wait(self, timeout: float | None = None) -> bool:
+            if len(self.waits) == 3:  # three passes with Redis away, then two with it back
+                loop.broker = broker
+            return super().wait(timeout)
 
-def test_retiring_ids_log_redis_away_once(key_prefix, broker, caplog):
-    retiring = RetiringIds(unreachable_broker(key_prefix), 60.0, lambda queue, consumer_id: [])
-    retiring.retire("old", ["a"])
-    heal = partial(setattr, retiring, "broker", broker)
-    said_once_then_its_end(caplog, retiring.run_once, "retiring: redis error", heal, "retiring: works again")
+    run_forever(loop, HealingStop(stop_after=5))
+    assert len(lines(caplog, f"{name}: redis error")) == 1
+    assert len(lines(caplog, f"{name}: works again")) == 1
 
 
 # --- the periodic scheduler ------------------------------------------------------------------

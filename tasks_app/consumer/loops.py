@@ -43,7 +43,11 @@ logger = logging.getLogger(__name__)
 
 # --- the loops -------------------------------------------------------------------------------------
 class Loop(Protocol):
-    """One duty of a consumer: `run_once()` does a bit of it and says how long to sleep."""
+    """One duty of a consumer: `run_once()` does a bit of it and says how long to sleep.
+
+    One that renews a lease sets `max_backoff_s`: after a Redis restart reapers wait only one lease of
+    uptime, and a renewal still backing off past that (up to MAX_BACKOFF_S) would get a live consumer reaped.
+    """
 
     name: str
 
@@ -85,6 +89,7 @@ MISCONFIGURED_PACE_S = 1.0
 def run_forever(loop: Loop, stop: threading.Event, misconfigured: Misconfigured | None = None) -> None:
     """Call `loop.run_once()` until `stop` is set, backing off through Redis outages."""
     backoff_s, pace_s = 0.0, MISCONFIGURED_PACE_S
+    max_backoff_s = getattr(loop, "max_backoff_s", MAX_BACKOFF_S)
     problems: ProblemLog[str] = ProblemLog(logger)  # an outage or a bug is met at every pass: said once
     misconfigured = misconfigured or Misconfigured()
     while not stop.is_set():
@@ -100,7 +105,10 @@ def run_forever(loop: Loop, stop: threading.Event, misconfigured: Misconfigured 
                 misconfigured.note(loop.name, failed=True)
                 sleep_s = pace_s
             else:
-                sleep_s = backoff_s = redis_away(problems, loop.name, exc, next_backoff_s(backoff_s))
+                sleep_s = backoff_s = next_backoff_s(backoff_s, max_backoff_s)
+                metrics.REDIS_ERRORS.labels(loop.name).inc()
+                message = "%s: redis error: %s; retrying in %.1f s"
+                problems.failed(loop.name, "redis", message, loop.name, exc, sleep_s)
         except Exception as exc:  # a bug in one loop must not silently end it
             problem = f"{type(exc).__name__}: {exc}"
             problems.failed(loop.name, problem, "%s: unexpected error", loop.name, exc_info=True)
@@ -229,16 +237,9 @@ class WriteRefused(Exception):
     """A write kept failing on the wire while Redis answered other commands: it is the write."""
 
 
-def next_backoff_s(previous_s: float) -> float:
-    """Double the previous wait, with jitter, capped at MAX_BACKOFF_S."""
-    return min(MAX_BACKOFF_S, max(FIRST_BACKOFF_S, previous_s * 2)) * random.uniform(0.8, 1.2)
-
-
-def redis_away(problems: ProblemLog[str], name: str, exc: BaseException, retry_s: float) -> float:
-    """Count a Redis error of loop `name`, said once per outage (and as a reminder); return `retry_s`."""
-    metrics.REDIS_ERRORS.labels(name).inc()
-    problems.failed(name, "redis", "%s: redis error: %s; retrying in %.1f s", name, exc, retry_s)
-    return retry_s
+def next_backoff_s(previous_s: float, max_s: float = MAX_BACKOFF_S) -> float:
+    """Double the previous wait, with jitter, capped at `max_s`."""
+    return min(max_s, max(FIRST_BACKOFF_S, previous_s * 2)) * random.uniform(0.8, 1.2)
 
 
 def until_done[T](

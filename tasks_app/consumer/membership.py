@@ -20,16 +20,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence, Sized
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from tasks_app import metrics
-from tasks_app.consumer.loops import GaveUp, misconfiguration, redis_away, until_done
+from tasks_app.consumer.loops import GaveUp, until_done
 from tasks_app.consumer.options import ConsumerOptions
-from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.leases import LeaseHolder
 
@@ -69,21 +65,6 @@ class LeaseClock:
         return consumer_id == current_id and time.monotonic() - renewed_at < self.lease_s * (1 - LEASE_MARGIN_SHARE)
 
 
-def renew_at_pace[T](renew: Callable[[], T], problems: ProblemLog[str], name: str, lease_s: float) -> T | None:
-    """Renew a lease; None if Redis is away (said once), to be retried at twice the renewal pace."""
-    # Not run_forever's backoff (up to 5 s): after a Redis restart reapers wait only one lease of
-    # uptime, and a renewal still backing off past that would get this live consumer reaped.
-    try:
-        result = renew()
-    except RedisError as exc:
-        if misconfiguration(exc):
-            raise
-        redis_away(problems, name, exc, lease_s / 6)
-        return None
-    problems.recovered(name, "%s: works again", name)
-    return result
-
-
 class HeartbeatLoop:
     """Renews this consumer's lease every third of the lease, on its own connection."""
 
@@ -102,16 +83,13 @@ class HeartbeatLoop:
         self.instance = instance  # the token registered in the consumer's info (see heartbeat.lua)
         self.lease = lease
         self.lease_ms = int(lease.lease_s * 1000)
+        self.max_backoff_s = lease.lease_s / 6  # retried at twice its pace while Redis is away
         self.on_lost = on_lost
-        self._problems: ProblemLog[str] = ProblemLog(logger)
 
     def run_once(self) -> float:
         consumer_id, queues = self.registered()
         sent_at = time.monotonic()
-        renewal = partial(self.broker.leases.renew_leases, queues, consumer_id, self.lease_ms, instance=self.instance)
-        lost = renew_at_pace(renewal, self._problems, self.name, self.lease_ms / 1000)
-        if lost is None:
-            return self.lease_ms / 6000
+        lost = self.broker.leases.renew_leases(queues, consumer_id, self.lease_ms, instance=self.instance)
         if not lost:
             self.lease.renewed(consumer_id, sent_at)
             metrics.LEASE_RENEWALS.inc()
@@ -332,9 +310,9 @@ class RetiringIds:
         self.lease_s = lease_s
         self.instance = instance  # the consumer's renewal token (see heartbeat.lua)
         self.held = held  # (queue, consumer id) -> the tasks this consumer holds, claimed under it there
+        self.max_backoff_s = lease_s / 6  # renewals are retried at twice their pace while Redis is away
         self._queues: dict[str, list[str]] = {}
         self._lock = threading.Lock()
-        self._problems: ProblemLog[str] = ProblemLog(logger)
 
     def retire(self, consumer_id: str, queues: Sequence[str]) -> None:
         """Keep `consumer_id`'s lease on `queues` (where it was not lost) until its tasks there are settled."""
@@ -343,8 +321,8 @@ class RetiringIds:
                 self._queues[consumer_id] = list(queues)
 
     def run_once(self) -> float:
-        done = renew_at_pace(self.renew, self._problems, self.name, self.lease_s)
-        return self.lease_s / 3 if done is not None else self.lease_s / 6
+        self.renew()
+        return self.lease_s / 3
 
     def renew(self, *, leaving: bool = False) -> int:
         """Deregister each retiring id where it holds nothing (everywhere, if `leaving`), renew it elsewhere; how many
