@@ -47,7 +47,7 @@ def make_consumer(broker: Broker, **options: object) -> Consumer:
         **options,
     }
     consumer = Consumer(ConsumerOptions(**opts), broker=broker)  # type: ignore[arg-type]
-    consumer.register()
+    consumer.membership.register()
     consumer.task_types.refresh()  # as start() does: claimers wait until the task types were read
     return consumer
 
@@ -167,10 +167,10 @@ def test_a_lost_lease_releases_the_slots_and_moves_to_a_new_identity(broker, con
 
 
 def test_lease_lost_for_an_old_identity_changes_nothing(broker, consumer):
-    consumer.lease_lost("me")
-    consumer.lease_lost("me")  # a second thread reporting the same loss
+    consumer.membership.lease_lost("me")
+    consumer.membership.lease_lost("me")  # a second thread reporting the same loss
     assert consumer.consumer_id == "me.1"
-    consumer.lease_lost("me.1")
+    consumer.membership.lease_lost("me.1")
     assert consumer.consumer_id == "me.2"
     assert sorted(c["id"] for c in broker.inspect.live_consumers("q")) == ["me", "me.1", "me.2"]
 
@@ -300,7 +300,7 @@ def test_a_task_claimed_under_a_lost_identity_is_left_to_the_reaper(broker, cons
     with consumer_in_thread(queues=["q"], concurrency=1) as running:
         old_id = running.consumer_id
         wait_until(lambda: broker.inspect.live_consumers("q"), 5, message="the consumer to register")
-        running.lease_lost(old_id)  # as if the heartbeat found the lease gone
+        running.membership.lease_lost(old_id)  # as if the heartbeat found the lease gone
         raw = task_bytes("t")
         broker.client.lpush(broker.keys.processing("q", old_id), raw)  # claimed just before the loss
         running.capacity.acquire_up_to(1)

@@ -11,7 +11,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tasks_app import producer
 from tasks_app.consumer.loops import FIRST_BACKOFF_S, HousekeepingLoop, SchedulerLoop, run_forever, start_thread
-from tasks_app.consumer.membership import HeartbeatLoop, LeaseClock, ReaperLoop
+from tasks_app.consumer.membership import LeaseClock, Membership, ReaperLoop, RetiringIds
 from tasks_app.consumer.settling import record_reaped
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
@@ -64,6 +64,25 @@ def unreachable_broker(prefix: str) -> Broker:
     return Broker(connect("redis://127.0.0.1:1/0"), prefix)
 
 
+def heartbeat_of(broker: Broker, consumer_id: str, queues: list[str], lost: list) -> Membership:
+    """The heartbeat of `consumer_id` registered on `queues` (lease 9 s); a lost lease is recorded, not acted on."""
+    membership = Membership(
+        broker,
+        broker,
+        queues,
+        LeaseClock(9.0),
+        consumer_id,
+        reaper=ReaperLoop(broker, queues, 9.0, lambda queue, dead: None),
+        retiring=RetiringIds(broker, 9.0, lambda queue, consumer_id: []),
+        info=dict,
+        instance="",
+        give_up=threading.Event(),
+    )
+    membership._current = (consumer_id, tuple(queues))
+    membership.lease_lost = lambda *loss: lost.append(loss)  # type: ignore[method-assign]
+    return membership
+
+
 # --- run_forever --------------------------------------------------------------------------
 def test_run_forever_backs_off_through_redis_errors_and_resets_after_a_success():
     stop = RecordingStop()
@@ -102,8 +121,8 @@ def test_start_thread_runs_the_loop_until_stopped():
 # --- heartbeat ----------------------------------------------------------------------------
 def test_heartbeat_renews_a_held_lease_every_third_of_it(broker):
     register(broker, "c1", lease_ms=1000)
-    lost: list[str] = []
-    loop = HeartbeatLoop(broker, lambda: ("c1", ["q"]), LeaseClock(9.0), lost.append)
+    lost: list[tuple[str, list[str]]] = []
+    loop = heartbeat_of(broker, "c1", ["q"], lost)
     deadline_before = broker.client.zscore(broker.keys.consumers("q"), "c1")
     time.sleep(0.01)
     assert loop.run_once() == pytest.approx(3.0)
@@ -114,7 +133,7 @@ def test_heartbeat_renews_a_held_lease_every_third_of_it(broker):
 def test_heartbeat_reports_a_lost_lease_with_the_id_that_lost_it_and_where(broker):
     lost: list[tuple[str, list[str]]] = []
     broker.leases.heartbeat(["p"], "reaped-one", 9000, {})  # held on p; never registered on q: reaped there
-    loop = HeartbeatLoop(broker, lambda: ("reaped-one", ["p", "q"]), LeaseClock(9.0), lambda *loss: lost.append(loss))
+    loop = heartbeat_of(broker, "reaped-one", ["p", "q"], lost)
     loop.run_once()
     assert lost == [("reaped-one", ["q"])]
     assert broker.client.zscore(broker.keys.consumers("q"), "reaped-one") is None, "a lost lease is not retaken"
@@ -122,9 +141,7 @@ def test_heartbeat_reports_a_lost_lease_with_the_id_that_lost_it_and_where(broke
 
 def test_heartbeat_retries_at_twice_its_pace_at_most_when_redis_is_away(key_prefix):
     lost: list[tuple[str, list[str]]] = []
-    loop = HeartbeatLoop(
-        unreachable_broker(key_prefix), lambda: ("c1", ["q"]), LeaseClock(9.0), lambda *loss: lost.append(loss)
-    )
+    loop = heartbeat_of(unreachable_broker(key_prefix), "c1", ["q"], lost)
     stop = RecordingStop(stop_after=6)
     run_forever(loop, stop)
     assert len(stop.waits) == 6 and all(0 < wait <= 1.5 * 1.2 for wait in stop.waits), "a sixth of the lease"

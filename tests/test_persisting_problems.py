@@ -11,7 +11,7 @@ from tasks_app.consumer import periodic_loop
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.gates import ConcurrencyGate, RateLimiter
 from tasks_app.consumer.loops import run_forever, touch, until_done
-from tasks_app.consumer.membership import HeartbeatLoop, LeaseClock, RetiringIds
+from tasks_app.consumer.membership import Membership, RetiringIds
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.consumer.periodic_loop import PeriodicLoop
 from tasks_app.consumer.supervisor import ProcessGuard
@@ -24,7 +24,7 @@ from tasks_app.protocol.limits import SlotSet
 from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
 from tests.support.counters import sample
 from tests.test_consumer import make_consumer
-from tests.test_loops import RecordingStop, ScriptedLoop, unreachable_broker
+from tests.test_loops import RecordingStop, ScriptedLoop, heartbeat_of, unreachable_broker
 
 logger = logging.getLogger("tests.persisting")
 
@@ -113,9 +113,9 @@ def test_run_forever_logs_a_persisting_bug_once_with_its_traceback(caplog):
 # --- heartbeat and retiring ids ------------------------------------------------------------
 @pytest.mark.parametrize("name", ["heartbeat", "retiring"])
 def test_lease_renewals_log_redis_away_once_and_their_renewal_after_it(key_prefix, broker, caplog, name):
-    loop: HeartbeatLoop | RetiringIds
+    loop: Membership | RetiringIds
     if name == "heartbeat":
-        loop = HeartbeatLoop(unreachable_broker(key_prefix), lambda: ("c1", ["q"]), LeaseClock(9.0), lambda *_: None)
+        loop = heartbeat_of(unreachable_broker(key_prefix), "c1", ["q"], [])
     else:
         loop = RetiringIds(unreachable_broker(key_prefix), 60.0, lambda queue, consumer_id: [])
         loop.retire("old", ["a"])
@@ -123,7 +123,7 @@ def test_lease_renewals_log_redis_away_once_and_their_renewal_after_it(key_prefi
     class HealingStop(RecordingStop):
         def wait(self, timeout: float | None = None) -> bool:
             if len(self.waits) == 3:  # three passes with Redis away, then two with it back
-                loop.broker = broker
+                loop.broker = loop.heartbeat_broker = broker
             return super().wait(timeout)
 
     run_forever(loop, HealingStop(stop_after=5))

@@ -31,7 +31,7 @@ def _consumer(broker: Broker) -> Consumer:
         queues=["q"], concurrency=1, prefetch=0, lease_s=2.0, grace_s=0.2, block_s=0.1, consumer_id="me"
     )
     consumer = Consumer(options, broker=broker)
-    consumer.register()
+    consumer.membership.register()
     consumer.task_types.refresh()  # as start() does: claimers wait until the task types were read
     return consumer
 

@@ -91,7 +91,7 @@ def test_a_consumer_that_never_read_its_task_types_claims_nothing_until_it_can(b
     # Claiming them would only defer them, again every few seconds, while consumers that can run them wait.
     options = ConsumerOptions(queues=["q"], concurrency=1, prefetch=0, lease_s=2.0, block_s=0.1, consumer_id="me")
     consumer = Consumer(options, broker=broker)
-    consumer.register()
+    consumer.membership.register()
     claimer = consumer.claimer("q")
     try:
         push(broker, task_bytes("t1", "x.add", payload=encode_payload([1, 2], {})))

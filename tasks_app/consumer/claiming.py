@@ -27,7 +27,7 @@ from redis.exceptions import RedisError
 
 from tasks_app import metrics
 from tasks_app.consumer.loops import until_done
-from tasks_app.consumer.membership import LeaseClock
+from tasks_app.consumer.membership import Membership
 from tasks_app.protocol import records
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, UndecodableTask, decode_task
@@ -309,25 +309,17 @@ class ClaimerLoop:
         *,
         room: Capacity,
         held: HeldTasks,
-        lease: LeaseClock,
-        consumer_id: Callable[[], str],
-        registered_on: Callable[[str], bool],
-        lease_lost: Callable[[str, list[str]], None],
+        membership: Membership,
         types_loaded: Callable[[], bool],
         dispatch: Callable[[Sequence[Claimed]], None],
         block_s: float,
     ) -> None:
-        """`consumer_id`: the consumer's current id; `registered_on`: whether it holds a lease on a queue under
-        it; `lease_lost`: what to do when a claim finds the lease lapsed; `types_loaded`: whether the task types
-        were read once; `dispatch`: hands claimed tasks to the workers."""
+        """`types_loaded`: whether the task types were read once; `dispatch`: hands claimed tasks to the workers."""
         self.queue = queue
         self.broker = broker
         self.room = room
         self.held = held
-        self.lease = lease
-        self.consumer_id = consumer_id
-        self.registered_on = registered_on
-        self.lease_lost = lease_lost
+        self.membership = membership
         self.types_loaded = types_loaded
         self.dispatch = dispatch
         self.block_s = block_s
@@ -335,13 +327,13 @@ class ClaimerLoop:
         self._drop_wake = False
         # Set when a claim failed on the wire: Redis may have moved tasks we never heard of.
         self._uncertain = False
-        self._audit_at = time.monotonic() + lease.lease_s
+        self._audit_at = time.monotonic() + membership.lease.lease_s
         # Room taken for the claim in progress and not yet handed to a dispatched task.
         self._room_taken = 0
         self._result_ttl_s = int(settings.TASKS_RESULT_TTL)
 
     def run_once(self) -> float:
-        if not self.registered_on(self.queue):
+        if not self.membership.registered_on(self.queue):
             return RECHECK_S  # no lease here to claim under: what it claimed could not be recovered
         if self._uncertain or time.monotonic() >= self._audit_at:
             self.reconcile()
@@ -352,7 +344,7 @@ class ClaimerLoop:
         if not self.room.acquire(timeout_s=0.5):
             return 0.0
         self._room_taken = 1 + self.room.acquire_up_to(self.room.limit - 1)
-        consumer_id = self.consumer_id()
+        consumer_id = self.membership.consumer_id
         try:
             return self._take(self._claim(consumer_id), consumer_id)
         except BaseException as exc:
@@ -381,7 +373,7 @@ class ClaimerLoop:
         # Dispatch what the claim moved; with nothing moved, block on pending for one task.
         # Room not used by a dispatched task is left in self._room_taken for the caller to give back.
         if outcome is None:
-            self.lease_lost(consumer_id, [self.queue])
+            self.membership.lease_lost(consumer_id, [self.queue])
             return 0.0
         if outcome.tasks:
             self._room_taken -= len(outcome.tasks)
@@ -400,7 +392,7 @@ class ClaimerLoop:
             return 0.0
         if outcome.paused:
             return RECHECK_S
-        if outcome.lease_expired or not self.lease.fresh(consumer_id):
+        if outcome.lease_expired or not self.membership.lease.fresh(consumer_id):
             return RETRY_SOON_S  # no claim under a lapsed lease: the heartbeat renews it or gives it up
         # A blocking claim holds no room while it waits: with more queues than room for tasks, a claimer
         # holding some kept every other queue's tasks waiting until its wait timed out.
@@ -435,7 +427,7 @@ class ClaimerLoop:
         """Return tasks that sit in our processing list unbeknown to us (a claim's lost reply)."""
         # Only this thread adds to this list and to what we hold of it: taking the held tasks first
         # and listing second can only miss strays, never take a held task for one.
-        consumer_id = self.consumer_id()
+        consumer_id = self.membership.consumer_id
         held = self.held.raws(self.queue, consumer_id)
         listed = self.broker.queue.held_by(self.queue, consumer_id)
         strays = list((Counter(raw for raw in listed if raw != WAKE_TOKEN) - held).elements())
@@ -446,4 +438,4 @@ class ClaimerLoop:
                 "returned %d claimed task(s) whose claim reply was lost to the head of %s", returned, self.queue
             )
         self._uncertain = False
-        self._audit_at = time.monotonic() + self.lease.lease_s
+        self._audit_at = time.monotonic() + self.membership.lease.lease_s

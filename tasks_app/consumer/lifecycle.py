@@ -36,13 +36,11 @@ from tasks_app.consumer.loops import (
 )
 from tasks_app.consumer.membership import (
     HEARTBEAT_TIMEOUT_SHARE,
-    HeartbeatLoop,
     LeaseClock,
+    Membership,
     ReaperLoop,
-    Registration,
     RetiringIds,
     default_consumer_id,
-    deregister_everywhere,
     process_info,
     wait_until_free,
 )
@@ -92,11 +90,9 @@ class Consumer:
         self.heartbeat_broker = heartbeat_broker or Broker.from_settings(
             prefix=self.broker.keys.prefix, timeout_s=options.lease_s * HEARTBEAT_TIMEOUT_SHARE, resend=False
         )
-        self.base_id = options.consumer_id or default_consumer_id()
-        self.consumer_id = self.base_id
-        self._generation = 0  # of the ids taken after a lost lease
         # Sent with the lease, each renewal and each settle: another process registering this id refuses ours.
         self.instance = self.broker.queue.instance = uuid.uuid4().hex
+        base_id = options.consumer_id or default_consumer_id()  # a lost lease moves it on to <base>.<n>
         self.capacity = Capacity(options.concurrency, options.prefetch)
         self.held = HeldTasks(self.capacity)  # handed to workers and not let go of, and the suspect turn
         self.task_types = TaskTypeCache(age_gauge=metrics.TASK_TYPES_AGE)
@@ -116,7 +112,7 @@ class Consumer:
             self.broker,
             registry,
             self.task_types,
-            self.consumer_id,
+            base_id,
             settings.TASKS_RESULT_TTL,
             rate_gate=rate_gate or RateLimiter(self.broker, self.give_up, follows=self.task_types),
             give_up=self.give_up,
@@ -130,15 +126,25 @@ class Consumer:
         self.misconfigured = Misconfigured()  # the loops whose last pass met a key of ours of another type
         stale_after_s = max(3 * HEALTH_CHECK_S, options.lease_s)
         self.liveness = Liveness(options.health_file, stale_after_s, self.task_types.age_s, self.misconfigured.loops)
-        # The reaper recovers an earlier run's tasks too, as the consumer registers.
         recorder = partial(record_reaped, self.broker, self.task_types, give_up=self.stop_requested)
         self.reaper = ReaperLoop(self.broker, options.queues, options.lease_s, recorder)
-        info = partial(process_info, options, self.capacity.prefetch_max, self.instance)
-        self.registration = Registration(self.broker, options.queues, self.reaper, self.lease, info)
         # Ids left after a lease lost on some queues only, kept there while they hold tasks.
         self.retiring = RetiringIds(self.heartbeat_broker, options.lease_s, self.held.raws, self.instance)
+        self.membership = Membership(
+            self.broker,
+            self.heartbeat_broker,
+            options.queues,
+            self.lease,
+            base_id,
+            reaper=self.reaper,
+            retiring=self.retiring,
+            info=partial(process_info, options, self.capacity.prefetch_max, self.instance),
+            instance=self.instance,
+            give_up=self.give_up,
+            on_new_id=partial(setattr, self.executor, "worker_id"),  # its settles name the new id
+        )
         # Burst mode's question; the queues not registered on count as idle.
-        self._queues_idle = IdleCheck(self.broker, options.queues, lambda: self.registration.current()[1])
+        self._queues_idle = IdleCheck(self.broker, options.queues, lambda: self.membership.current()[1])
 
     def claimer(self, queue: str) -> ClaimerLoop:
         """The claimer of one of its queues."""
@@ -147,43 +153,16 @@ class Consumer:
             self.broker,
             room=self.capacity,
             held=self.held,
-            lease=self.lease,
-            consumer_id=lambda: self.consumer_id,
-            registered_on=self.registered_on,
-            lease_lost=self.lease_lost,
+            membership=self.membership,
             types_loaded=lambda: self.task_types.loaded,
             dispatch=self.dispatch,
             block_s=self.options.block_s,
         )
 
-    # --- identity --------------------------------------------------------------------------
-    def register(self, consumer_id: str | None = None) -> None:
-        """Recover what an earlier run under this id left behind, then take a lease."""
-        self.registration.register(consumer_id or self.consumer_id)
-
-    def registered_on(self, queue: str) -> bool:
-        """Whether the consumer holds a lease on `queue` under its id: claims there are recoverable."""
-        consumer_id, queues = self.registration.current()
-        return consumer_id == self.consumer_id and queue in queues
-
-    def lease_lost(self, lost_id: str, queues: Sequence[str] | None = None) -> None:
-        """Our lease expired (or we were reaped) on `queues` (None: all): tombstone that id, register a new one."""
-        with self.registration.lock:
-            registered_id, registered = self.registration.current()
-            lost_on = [queue for queue in registered if queues is None or queue in queues]
-            if lost_id != self.consumer_id or lost_id != registered_id or not lost_on:
-                return  # another thread already moved on, or a claim raced its registration there
-            self.retiring.retire(lost_id, [queue for queue in registered if queues and queue not in lost_on])
-            self._generation += 1
-            new_id = f"{self.base_id}.{self._generation}"
-            message = "consumer %s lost its lease on %s (presumed dead there, or its renewal refused); continuing as %s"
-            logger.error(message, lost_id, ",".join(lost_on), new_id)
-            # Tombstoned: reapers sweep what it held there.
-            until_done(lambda: self.broker.leases.abandon(registered, lost_id), what="abandon", give_up=self.give_up)
-            # Register before publishing the new id: a claim under it unregistered would be refused (and the id lost).
-            until_done(lambda: self.register(new_id), what="register", give_up=self.give_up)
-            self.consumer_id = new_id
-            self.executor.worker_id = new_id
+    @property
+    def consumer_id(self) -> str:
+        """The id it claims under: the one registered last."""
+        return self.membership.consumer_id
 
     # --- running ---------------------------------------------------------------------------
     def dispatch(self, claimed: Sequence[Claimed]) -> None:
@@ -251,11 +230,11 @@ class Consumer:
         self.guard.start()  # beating already: a child waiting for Redis is not wedged
         # A stop asked for while Redis is away, or the id is another live process's, ends the wait.
         wait_until_free(self.broker, self.options.queues, self.consumer_id, self.stop_requested, self.liveness.beat)
-        until_done(self.register, what="register", give_up=self.stop_requested)
+        until_done(self.membership.register, what="register", give_up=self.stop_requested)
         opts = self.options
         loops: list[Loop] = [
-            HeartbeatLoop(self.heartbeat_broker, self.registration.current, self.lease, self.lease_lost, self.instance),
-            self.registration,  # lists its queues in the queue set again
+            self.membership,  # the heartbeat
+            Ticker("registering", opts.lease_s / 3, self.membership.list_again),
             SchedulerLoop(self.broker, opts.queues, disabled=self.task_types.disabled),
             self.reaper,
             self.retiring,
@@ -363,8 +342,7 @@ class Consumer:
         self.acks.close(timeout_s=max(0.0, writes_by - time.monotonic()))
         self.loops_stopped.set()
         self.give_up.set()
-        registered_id, registered = self.registration.current()
-        deregister_everywhere(self.broker, registered, registered_id, self.instance)
+        self.membership.leave()
         try:
             self.retiring.renew(leaving=True)
         except Exception as exc:

@@ -65,40 +65,6 @@ class LeaseClock:
         return consumer_id == current_id and time.monotonic() - renewed_at < self.lease_s * (1 - LEASE_MARGIN_SHARE)
 
 
-class HeartbeatLoop:
-    """Renews this consumer's lease every third of the lease, on its own connection."""
-
-    name = "heartbeat"
-
-    def __init__(
-        self,
-        broker: Broker,
-        registered: Callable[[], tuple[str, list[str]]],
-        lease: LeaseClock,
-        on_lost: Callable[[str, list[str]], None],
-        instance: str = "",
-    ) -> None:
-        self.broker = broker
-        self.registered = registered  # the consumer's id, and the queues it is registered on under it
-        self.instance = instance  # the token registered in the consumer's info (see heartbeat.lua)
-        self.lease = lease
-        self.lease_ms = int(lease.lease_s * 1000)
-        self.max_backoff_s = lease.lease_s / 6  # retried at twice its pace while Redis is away
-        self.on_lost = on_lost
-
-    def run_once(self) -> float:
-        consumer_id, queues = self.registered()
-        sent_at = time.monotonic()
-        lost = self.broker.leases.renew_leases(queues, consumer_id, self.lease_ms, instance=self.instance)
-        if not lost:
-            self.lease.renewed(consumer_id, sent_at)
-            metrics.LEASE_RENEWALS.inc()
-        else:
-            metrics.LEASES_LOST.inc()
-            self.on_lost(consumer_id, lost)
-        return self.lease_ms / 3000
-
-
 class ReaperLoop:
     """Moves the tasks of consumers whose lease expired to their queue's suspects; never a live one's."""
 
@@ -182,16 +148,6 @@ def process_info(options: ConsumerOptions, prefetch_max: int, instance: str) -> 
     }
 
 
-def deregister_everywhere(broker: Broker, queues: Sequence[str], consumer_id: str, instance: str) -> None:
-    """Leave every queue cleanly, where this run (`instance`) still holds `consumer_id`; elsewhere the lease expires."""
-    for queue in queues:
-        try:
-            if broker.leases.deregister(queue, consumer_id, instance) < 0:
-                logger.warning("consumer id %s on %s is another process's now: left to it", consumer_id, queue)
-        except Exception as exc:
-            logger.error("could not deregister from %s (the lease will expire): %s", queue, exc)
-
-
 def holder_is_gone(info: dict[str, Any]) -> bool:
     """True if the holder registered from this host and pid namespace and its process no longer runs."""
     if info.get("host") != socket.gethostname() or info.get("pid_ns", "") != pid_namespace():
@@ -246,57 +202,125 @@ def wait_until_free(
         logger.warning("consumer id %s is free: starting", consumer_id)
 
 
-# --- registration ----------------------------------------------------------------------------------
-class Registration:
-    """A consumer's id and the queues it is registered on under it; `run_once` lists them in the queue set again."""
+# --- membership -----------------------------------------------------------------------------------
+class Membership:
+    """A consumer's id, the queues it is registered on under it, and its lease there.
 
-    name = "registering"
+    `run_once` is the heartbeat: it renews the lease every third of it, on its own connection. Where
+    the lease is lost, the consumer moves on to a new id (`lease_lost`).
+    """
+
+    name = "heartbeat"
 
     def __init__(
         self,
         broker: Broker,
+        heartbeat_broker: Broker,
         queues: Sequence[str],
-        reaper: ReaperLoop,
         lease: LeaseClock,
+        base_id: str,
+        *,
+        reaper: ReaperLoop,
+        retiring: RetiringIds,
         info: Callable[[], dict[str, Any]],
+        instance: str,
+        give_up: threading.Event,
+        on_new_id: Callable[[str], None] = lambda new_id: None,
     ) -> None:
         self.broker = broker
+        self.heartbeat_broker = heartbeat_broker
         self.queues = list(queues)
-        self.reaper = reaper
         self.lease = lease
+        self.lease_ms = int(lease.lease_s * 1000)
+        self.max_backoff_s = lease.lease_s / 6  # renewals are retried at twice their pace while Redis is away
+        self.base_id = base_id
+        self.reaper = reaper  # it recovers an earlier run's tasks too, as an id is registered
+        self.retiring = retiring
         self.info = info  # what the consumer registers beside its lease
-        # Held while the id, or the queues registered under it, change (the consumer's moving to a new id too).
+        self.instance = instance  # the token registered in the info, sent with each renewal (see heartbeat.lua)
+        self.give_up = give_up
+        self.on_new_id = on_new_id
+        self._generation = 0  # of the ids taken after a lost lease
+        # Held while the id, or the queues registered under it, change.
         self.lock = threading.RLock()
-        self._current: tuple[str, tuple[str, ...]] = ("", ())  # replaced whole: read without the lock
+        self._current: tuple[str, tuple[str, ...]] = (base_id, ())  # replaced whole: read without the lock
         self._listed_at = float("-inf")  # when the queues were last added to the queue set (monotonic s)
+
+    @property
+    def consumer_id(self) -> str:
+        """The id registered last (before the first registration: the one to register)."""
+        return self._current[0]
 
     def current(self) -> tuple[str, list[str]]:
         """The id registered last, and the queues it is registered on."""
         consumer_id, queues = self._current
         return consumer_id, list(queues)
 
-    def register(self, consumer_id: str) -> None:
-        """Recover what an earlier run under `consumer_id` left behind, then register it on every queue (it is the
-        current id now)."""
+    def registered_on(self, queue: str) -> bool:
+        """Whether the consumer holds a lease on `queue` under its id: claims there are recoverable."""
+        return queue in self._current[1]
+
+    def register(self, consumer_id: str | None = None) -> None:
+        """Recover what an earlier run under `consumer_id` (default: the current id) left behind, then register it
+        on every queue: it is the current id now."""
         with self.lock:
+            consumer_id = consumer_id or self.consumer_id
             for queue in self.queues:
                 if recovered := self.reaper.reap(queue, consumer_id, own_earlier_run=True):
                     message = "recovered %d task(s) left by an earlier run of %s on %s, which did not exit cleanly"
                     logger.warning(message, recovered, consumer_id, queue)
             sent_at = time.monotonic()
-            lease_ms = int(self.lease.lease_s * 1000)
-            self.broker.leases.register_leases(self.queues, consumer_id, lease_ms, self.info())
-            self._current = (consumer_id, tuple(self.queues))
+            self.broker.leases.register_leases(self.queues, consumer_id, self.lease_ms, self.info())
             self.lease.renewed(consumer_id, sent_at)
+            self._current = (consumer_id, tuple(self.queues))
             self._listed_at = time.monotonic()
 
     def run_once(self) -> float:
+        consumer_id, queues = self._current
+        sent_at = time.monotonic()
+        lost = self.heartbeat_broker.leases.renew_leases(queues, consumer_id, self.lease_ms, instance=self.instance)
+        if not lost:
+            self.lease.renewed(consumer_id, sent_at)
+            metrics.LEASE_RENEWALS.inc()
+        else:
+            metrics.LEASES_LOST.inc()
+            self.lease_lost(consumer_id, lost)
+        return self.lease.lease_s / 3
+
+    def list_again(self) -> None:
         """List the registered queues in the queue set again, once a lease."""
         registered = self._current[1]
         if registered and time.monotonic() - self._listed_at >= self.lease.lease_s:
             self.broker.leases.list_queues(registered)
             self._listed_at = time.monotonic()
-        return self.lease.lease_s / 3
+
+    def lease_lost(self, lost_id: str, queues: Sequence[str] | None = None) -> None:
+        """Our lease expired (or we were reaped) on `queues` (None: all): tombstone that id, register a new one."""
+        with self.lock:
+            registered_id, registered = self.current()
+            lost_on = [queue for queue in registered if queues is None or queue in queues]
+            if lost_id != registered_id or not lost_on:
+                return  # another thread already moved on, or a claim raced its registration there
+            self.retiring.retire(lost_id, [queue for queue in registered if queues and queue not in lost_on])
+            self._generation += 1
+            new_id = f"{self.base_id}.{self._generation}"
+            message = "consumer %s lost its lease on %s (presumed dead there, or its renewal refused); continuing as %s"
+            logger.error(message, lost_id, ",".join(lost_on), new_id)
+            # Tombstoned: reapers sweep what it held there.
+            until_done(lambda: self.broker.leases.abandon(registered, lost_id), what="abandon", give_up=self.give_up)
+            # Registered before it is the current id: a claim under it unregistered would be refused (and the id lost).
+            until_done(lambda: self.register(new_id), what="register", give_up=self.give_up)
+            self.on_new_id(new_id)
+
+    def leave(self) -> None:
+        """Leave every queue cleanly, where this run (`instance`) still holds the id; elsewhere the lease expires."""
+        consumer_id, queues = self._current
+        for queue in queues:
+            try:
+                if self.broker.leases.deregister(queue, consumer_id, self.instance) < 0:
+                    logger.warning("consumer id %s on %s is another process's now: left to it", consumer_id, queue)
+            except Exception as exc:
+                logger.error("could not deregister from %s (the lease will expire): %s", queue, exc)
 
 
 # --- retiring ids ----------------------------------------------------------------------------------

@@ -148,7 +148,7 @@ def test_tasks_moved_by_a_claim_whose_reply_was_lost_go_back_to_pending(broker):
     from tasks_app.consumer.options import ConsumerOptions
 
     consumer = Consumer(ConsumerOptions(consumer_id="unlucky", lease_s=10), broker=broker)
-    consumer.register()
+    consumer.membership.register()
     kept, lost = producer.enqueue("demo.echo", count=2)
     held_raw, lost_raw = broker.queue.claim("default", "unlucky", 2)
     consumer.dispatch([Claimed("default", "unlucky", held_raw)])  # the one whose reply arrived
