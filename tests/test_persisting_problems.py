@@ -142,7 +142,7 @@ def test_a_schedule_that_hits_a_bug_at_every_pass_is_logged_once_with_its_traceb
 ):
     TaskType.objects.create(name="demo.echo", handler="demo.echo", queue="persisting-out")
     loop = PeriodicLoop(broker, 2.0, 60.0, load=lambda: (config("buggy"),))
-    monkeypatch.setattr(loop, "_tend", lambda config, now_ms: 1 / 0)
+    monkeypatch.setattr(loop, "_look", lambda config, now_ms: 1 / 0)
     for _ in range(3):
         loop.run_once()
     [error] = lines(caplog, "periodic task buggy: unexpected error")

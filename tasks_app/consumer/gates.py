@@ -184,22 +184,19 @@ class RateLimiter:
         # One period of headroom: a note covers the denials of half a period (the other half is the
         # margin by which this clock may run ahead of the server's).
         try:
-            if self.broker.limits.rate_keyed(
+            noting = self.broker.limits.rate_keyed(
                 config.name, key_token, lives_us + policy.period_us, MAX_FOLLOWED_KEY_VALUES
-            ):
-                self._remember_note(noted, now_s + (lives_us + policy.period_us // 2) / 1e6)
+            )
         except Exception as exc:  # after a change, that value's tasks then wait out their turns
             message = "could not note the rate-limited value %s of %s: %s"
             self._note_problem.failed(config.name, str(exc), message, key_token, config.name, exc)
             return
         self._note_problem.recovered(config.name, "the rate-limited values of %s are noted again", config.name)
-
-    def _remember_note(self, noted: tuple[str, str], until_s: float) -> None:
-        with self._notes_lock:
-            if len(self._noted_until) >= 4 * MAX_FOLLOWED_KEY_VALUES:  # drop the notes whose time has passed
-                now_s = time.monotonic()
-                self._noted_until = {key: until for key, until in self._noted_until.items() if until > now_s}
-            self._noted_until[noted] = until_s
+        if noting:
+            with self._notes_lock:
+                if len(self._noted_until) >= 4 * MAX_FOLLOWED_KEY_VALUES:  # drop the notes whose time has passed
+                    self._noted_until = {key: until for key, until in self._noted_until.items() if until > now_s}
+                self._noted_until[noted] = now_s + (lives_us + policy.period_us // 2) / 1e6
 
     def _decide(
         self, config: TaskTypeConfig, task_id: str, queue: str, key_token: str | None, policy: RatePolicy | None = None
@@ -289,7 +286,8 @@ class ConcurrencyGate:
 
     def release(self, holder: str) -> None:
         """Give a run's permit back and wake one waiter per free permit; if Redis is away, the permit lapses."""
-        permits = self._forget(holder)
+        with self._lock:
+            permits = self._held.pop(holder, None)
         if permits is None:
             return
         try:
@@ -323,10 +321,6 @@ class ConcurrencyGate:
     def recheck_ms(self) -> int:
         """The fallback delay of a task waiting for a permit, spread so waiters do not all return at once."""
         return int(self.recheck_s * 1000 * random.uniform(0.5, 1.0))
-
-    def _forget(self, holder: str) -> SlotSet | None:
-        with self._lock:
-            return self._held.pop(holder, None)
 
     def _wake(self, woken: Sequence[Waiter]) -> None:
         for waiter in woken:

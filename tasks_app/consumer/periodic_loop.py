@@ -125,29 +125,28 @@ class PeriodicLoop:
             close_old_connections()
         self._next_load = time.monotonic() + self.refresh_s
         for gone in {c.name for c in self._configs} - {c.name for c in configs}:
-            _forget_metrics(gone)
+            for gauge in (metrics.PERIODIC_LATE, metrics.PERIODIC_PERIOD):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(gone)
             for remembered in (self._failing_since, self._next_look, self._following):
                 remembered.pop(gone, None)
         self._configs = configs
 
     def _look(self, config: PeriodicConfig, now_ms: int) -> int:
-        """Tend `config` if the time to look at it again has come (or its schedule changed); return that time."""
+        """If the time to look at `config` again has come (or its schedule changed), fire its due slot unless this
+        loop has seen it handled; return when to look at it again."""
         look = self._next_look.get(config.name)
         if look is None or look[0] != config.schedule or look[1] <= now_ms:
-            look = self._next_look[config.name] = (config.schedule, self._tend(config, now_ms))
+            due_ms = config.schedule.latest_at_or_before(now_ms)
+            retry_at_ms = None
+            if due_ms is not None and due_ms > self._handled.get(config.name, -1):
+                retry_at_ms = self._fire(config, due_ms, now_ms)
+            if retry_at_ms is None:
+                next_ms = config.schedule.next_after(now_ms)
+                retry_at_ms = next_ms if next_ms is not None else now_ms + int(self.refresh_s * 1000)
+            look = self._next_look[config.name] = (config.schedule, retry_at_ms)
         self._report_lateness(config, now_ms)
         return look[1]
-
-    def _tend(self, config: PeriodicConfig, now_ms: int) -> int:
-        """Fire `config`'s due slot if this loop has not seen it handled; return when to look at it again."""
-        schedule = config.schedule
-        due_ms = schedule.latest_at_or_before(now_ms)
-        if due_ms is not None and due_ms > self._handled.get(config.name, -1):
-            retry_at_ms = self._fire(config, due_ms, now_ms)
-            if retry_at_ms is not None:
-                return retry_at_ms
-        next_ms = schedule.next_after(now_ms)
-        return next_ms if next_ms is not None else now_ms + int(self.refresh_s * 1000)
 
     def _fire(self, config: PeriodicConfig, slot_ms: int, now_ms: int) -> int | None:
         """Run the fire script for one slot; return when to try again if it was early on the server's clock."""
@@ -235,9 +234,3 @@ def scheduler_loops(broker: Broker, options: ConsumerOptions) -> list[PeriodicLo
     if not options.scheduler:
         return []
     return [PeriodicLoop(broker, settings.TASKS_CONFIG_REFRESH_S, settings.TASKS_PERIODIC_GRACE_S)]
-
-
-def _forget_metrics(name: str) -> None:
-    for gauge in (metrics.PERIODIC_LATE, metrics.PERIODIC_PERIOD):
-        with contextlib.suppress(KeyError):
-            gauge.remove(name)

@@ -90,11 +90,6 @@ def describe_exit(returncode: int) -> str:
     return f"was killed by signal {-returncode} ({name})"
 
 
-def child_env() -> dict[str, str]:
-    """This process's environment, with its import path: a child imports what the supervisor did."""
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(os.path.abspath(entry) for entry in sys.path if entry)}
-
-
 class Supervisor:
     """Runs N consumer processes until stopped (or, in burst mode, until each has exited 0)."""
 
@@ -121,24 +116,20 @@ class Supervisor:
         signal.signal(signal.SIGQUIT, self._on_quit)
         logger.info("supervisor %d starting %d consumer process(es)", os.getpid(), len(self.children))
         try:
-            return self._watch()
+            while not (self._quit or self._second_signal()):
+                for child in self.children:
+                    self._tend(child)
+                self._refresh_health()
+                if all(child.process is None and (self._stopping or child.start_at < 0) for child in self.children):
+                    logger.info("supervisor %d: every consumer process has exited", os.getpid())
+                    return 0
+                time.sleep(TICK_S)
+            return self._kill_all()
         finally:
             for child in self.children:
                 child.beat_file.close()
             os.close(self._lifeline)
             os.close(self._lifeline_end)
-
-    def _watch(self) -> int:
-        while True:
-            if self._quit or self._second_signal():
-                return self._kill_all()
-            for child in self.children:
-                self._tend(child)
-            self._refresh_health()
-            if all(child.process is None and (self._stopping or child.start_at < 0) for child in self.children):
-                logger.info("supervisor %d: every consumer process has exited", os.getpid())
-                return 0
-            time.sleep(TICK_S)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals.append(time.monotonic())
@@ -191,8 +182,10 @@ class Supervisor:
         os.utime(child.beat_file.fileno(), ns=(0, 0))  # not beating yet
         child.beat_mtime = None
         argv = list(self.command(child.index, child.beat, self._lifeline))
+        # This process's environment, with its import path: a child imports what the supervisor did.
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(os.path.abspath(entry) for entry in sys.path if entry)}
         try:
-            child.process = subprocess.Popen(argv, env=child_env(), pass_fds=(child.beat_file.fileno(), self._lifeline))
+            child.process = subprocess.Popen(argv, env=env, pass_fds=(child.beat_file.fileno(), self._lifeline))
         except OSError as exc:  # fork refused (a process limit, memory): a crash at start, not the group's end
             self._back_off(child, lived_s=0.0)
             logger.error(
@@ -267,9 +260,6 @@ EXIT_MARGIN_S = 5.0
 # How often a child touches its beat file (its supervisor kills a child whose beat stops).
 BEAT_EVERY_S = 1.0
 
-Leave = Callable[[int, str], None]
-"""Asks the consumer to stop gracefully and exit with this code, logging the reason."""
-
 
 def rss_mb() -> float:
     """This process's resident memory in MB (its peak where /proc is absent)."""
@@ -290,10 +280,12 @@ def exit_within_s(options: ConsumerOptions) -> float:
 class ProcessGuard:
     """Watches a consumer for process mode: beats for its supervisor, recycles it, enforces hard limits."""
 
-    def __init__(self, options: ConsumerOptions, fail_hung: Callable[[float, float], int], leave: Leave) -> None:
+    def __init__(
+        self, options: ConsumerOptions, fail_hung: Callable[[float, float], int], leave: Callable[[int, str], None]
+    ) -> None:
         self.options = options
         self.fail_hung = fail_hung
-        self.leave = leave
+        self.leave = leave  # asks the consumer to stop gracefully and exit with this code, logging the reason
         self._ran = 0
         self._ran_lock = threading.Lock()
         # Told by the supervisor: a child orphaned while it started up has init for a parent already.
