@@ -1,6 +1,6 @@
 """`manage.py queuestats`: per queue pending / processing / delayed / dead, and live consumers."""
 
-import json
+from json import dumps
 from typing import Any
 
 from django.core.management.base import CommandParser
@@ -19,7 +19,7 @@ class Command(QueueCommand):
         broker = get_broker()
         stats = [broker.inspect.queue_stats(queue) for queue in broker.inspect.known_queues()]
         if json:
-            self.stdout.write(_dumps({"queues": [s.as_dict() for s in stats]}))
+            self.stdout.write(dumps({"queues": [s.as_dict() for s in stats]}, indent=2, sort_keys=True))
             return
         header = f"{'queue':<24}{'pending':>10}{'processing':>12}{'delayed':>10}{'dead':>8}{'consumers':>11}  state"
         self.stdout.write(header)
@@ -31,7 +31,3 @@ class Command(QueueCommand):
         for s in stats:
             for consumer in s.consumers:
                 self.stdout.write(f"  {s.queue}: consumer {consumer['id']} in flight {consumer['in_flight']}")
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, indent=2, sort_keys=True)
