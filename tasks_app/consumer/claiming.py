@@ -307,18 +307,18 @@ class ClaimerLoop:
         queue: str,
         broker: Broker,
         *,
-        room: Capacity,
         held: HeldTasks,
         membership: Membership,
         types_loaded: Callable[[], bool],
         dispatch: Callable[[Sequence[Claimed]], None],
         block_s: float,
     ) -> None:
-        """`types_loaded`: whether the task types were read once; `dispatch`: hands claimed tasks to the workers."""
+        """`held`: the tasks the consumer holds, in its room; `types_loaded`: whether the task types were read once;
+        `dispatch`: hands claimed tasks to the workers."""
         self.queue = queue
         self.broker = broker
-        self.room = room
         self.held = held
+        self.room = held.capacity
         self.membership = membership
         self.types_loaded = types_loaded
         self.dispatch = dispatch

@@ -151,7 +151,6 @@ class Consumer:
         return ClaimerLoop(
             queue,
             self.broker,
-            room=self.capacity,
             held=self.held,
             membership=self.membership,
             types_loaded=lambda: self.task_types.loaded,
@@ -292,7 +291,7 @@ class Consumer:
         self.stop_requested.set()
 
     def leave(self, exit_code: int, reason: str) -> None:
-        """Stop claiming now and stop gracefully, exiting with `exit_code` (process mode: see process_mode.py)."""
+        """Stop claiming now and stop gracefully, exiting with `exit_code` (process mode: see supervisor.py)."""
         if self.stop_requested.is_set():
             return  # already stopping: the first reason (or a signal's graceful stop) stands
         self.exit_code = exit_code

@@ -19,7 +19,7 @@ class ConsumerOptions:
 
     queues: list[str] = field(default_factory=lambda: ["default"])
     concurrency: int = 8
-    prefetch: int | None = None  # tasks claimed beyond the running ones; None: automatic (capacity.py)
+    prefetch: int | None = None  # tasks claimed beyond the running ones; None: automatic (claiming.py)
     lease_s: float = 30.0
     grace_s: float = 30.0
     consumer_id: str | None = None
@@ -27,7 +27,7 @@ class ConsumerOptions:
     block_s: float = 2.0
     health_file: str | None = None
     scheduler: bool = True  # run the periodic scheduler (runconsumer --no-scheduler: False)
-    # Process mode (see supervisor.py and process_mode.py): recycling, hard limits, the beat file.
+    # Process mode (see supervisor.py): recycling, hard limits, the beat file.
     max_tasks: int | None = None
     max_memory_mb: int | None = None
     hard_limit_grace_s: float | None = None
