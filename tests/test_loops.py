@@ -249,6 +249,7 @@ def test_reaping_a_live_or_unknown_consumer_moves_nothing(broker):
 
 
 # --- housekeeping -------------------------------------------------------------------------
+@pytest.mark.django_db  # after each refresh it lets go of a database connection gone stale
 def test_housekeeping_refreshes_on_its_period_and_watches_every_tick():
     refreshes: list[float] = []
     expiries: list[float] = []

@@ -138,17 +138,13 @@ class SchedulerLoop:
         broker: Broker,
         queues: Sequence[str],
         *,
-        dead_letter_max: int | None = None,
-        dead_letter_max_age_s: int | None = None,
         disabled: Callable[[str], bool] = lambda task_type: True,
     ) -> None:
         self.broker = broker
         self.queues = list(queues)
         self.disabled = disabled  # whether a task type is disabled (its deferred tasks wait)
-        self.dead_letter_max = settings.TASKS_DEAD_LETTER_MAX if dead_letter_max is None else dead_letter_max
-        self.dead_letter_max_age_s = (
-            settings.TASKS_DEAD_LETTER_MAX_AGE_S if dead_letter_max_age_s is None else dead_letter_max_age_s
-        )
+        self.dead_letter_max = settings.TASKS_DEAD_LETTER_MAX
+        self.dead_letter_max_age_s = settings.TASKS_DEAD_LETTER_MAX_AGE_S
         self._trimmed_at = float("-inf")
         self.result_ttl_s = int(settings.TASKS_RESULT_TTL)
 

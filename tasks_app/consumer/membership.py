@@ -348,9 +348,8 @@ class RetiringIds:
         self.renew()
         return self.lease_s / 3
 
-    def renew(self, *, leaving: bool = False) -> int:
-        """Deregister each retiring id where it holds nothing (everywhere, if `leaving`), renew it elsewhere; how many
-        ids were looked at."""
+    def renew(self, *, leaving: bool = False) -> None:
+        """Deregister each retiring id where it holds nothing (everywhere, if `leaving`), renew it elsewhere."""
         with self._lock:
             retiring = {consumer_id: list(queues) for consumer_id, queues in self._queues.items()}
         for consumer_id, queues in retiring.items():
@@ -366,4 +365,3 @@ class RetiringIds:
                 self._queues[consumer_id] = [queue for queue in queues if queue not in left and queue not in lost]
                 if not self._queues[consumer_id]:
                     del self._queues[consumer_id]
-        return len(retiring)

@@ -38,20 +38,22 @@ def dead_ids(broker, queue: str = "q") -> list[str]:
     return [decode_task(member).id for member, _ in broker.inspect.list_dead(queue, limit=1000)]
 
 
-def test_the_scheduler_keeps_only_the_newest_dead_letters(broker):
+def test_the_scheduler_keeps_only_the_newest_dead_letters(broker, settings):
     now_ms = broker.inspect.server_time_ms()
     for n in range(30):
         bury(broker, n, now_ms - (30 - n) * 1000)
-    loop = SchedulerLoop(broker, ["q"], dead_letter_max=10, dead_letter_max_age_s=30 * 86400)
+    settings.TASKS_DEAD_LETTER_MAX, settings.TASKS_DEAD_LETTER_MAX_AGE_S = 10, 30 * 86400
+    loop = SchedulerLoop(broker, ["q"])
     loop.run_once()
     assert dead_ids(broker) == [f"dead-{n}" for n in range(29, 19, -1)]
 
 
-def test_the_scheduler_drops_dead_letters_older_than_the_age_cap(broker):
+def test_the_scheduler_drops_dead_letters_older_than_the_age_cap(broker, settings):
     now_ms = broker.inspect.server_time_ms()
     for n, age_days in enumerate([400, 200, 181, 179, 10, 0]):
         bury(broker, n, now_ms - age_days * DAY_MS)
-    loop = SchedulerLoop(broker, ["q"], dead_letter_max=10_000, dead_letter_max_age_s=180 * 86400)
+    settings.TASKS_DEAD_LETTER_MAX, settings.TASKS_DEAD_LETTER_MAX_AGE_S = 10_000, 180 * 86400
+    loop = SchedulerLoop(broker, ["q"])
     assert loop.trim_dead_letters() == 3
     assert sorted(dead_ids(broker)) == ["dead-3", "dead-4", "dead-5"]
 
