@@ -158,20 +158,26 @@ class PeriodicLoop:
         firing = SlotFiring(slot_ms, previous_ms or 0, on_time_ms, config.catch_up, config.saved_ms)
         try:
             reply = self._fire_or_skip(config, firing)
-        except EnqueueError as exc:
-            self._not_fired(config, slot_ms, exc)
-            return None
-        except RedisError as exc:
-            if is_transient(exc):
+        except (EnqueueError, RedisError) as exc:
+            if isinstance(exc, RedisError) and is_transient(exc):
                 raise  # Redis away or busy: the loop's runner backs off
-            # This schedule's own key or arguments (a foreign key of another type): the others go on.
-            self._not_fired(config, slot_ms, exc)
+            # A run that cannot be enqueued, or this schedule's own key or arguments (a foreign key of
+            # another type): not retried by this consumer, the next slot tries again; the others go on.
+            message = "periodic task %s: slot %d not fired (said again only if this changes): %s"
+            self._problems.failed(config.name, "firing", config.saved_ms, str(exc), message, config.name, slot_ms, exc)
+            self._handled[config.name] = slot_ms
+            self._failing_since.setdefault(config.name, slot_ms)
             return None
         finally:
             close_old_connections()
         if reply.outcome == "early":  # the server's clock stepped back since it was read
             return now_ms + max(EARLY_RETRY_MS, slot_ms - reply.now_ms)
-        self._remember(config.name, reply)
+        self._handled[config.name] = reply.handled_slot_ms
+        self._fired[config.name] = reply.fired_slot_ms
+        self._failing_since.pop(config.name, None)
+        if reply.pushed:
+            metrics.PERIODIC_FIRED.labels(config.name).inc(2 if reply.outcome == "fired_and_caught_up" else 1)
+            logger.info("periodic task %s: %s slot %d", config.name, reply.outcome, reply.handled_slot_ms)
         return None
 
     def _fire_or_skip(self, config: PeriodicConfig, firing: SlotFiring) -> FireReply:
@@ -194,20 +200,6 @@ class PeriodicLoop:
             return self.broker.periodic.skip_periodic(config.target_queue or exc.queue, config.name, firing.slot_ms)
         self._problems.resolved(config.name, "firing")
         return reply
-
-    def _not_fired(self, config: PeriodicConfig, slot_ms: int, error: Exception) -> None:
-        message = "periodic task %s: slot %d not fired (said again only if this changes): %s"
-        self._problems.failed(config.name, "firing", config.saved_ms, str(error), message, config.name, slot_ms, error)
-        self._handled[config.name] = slot_ms  # not retried by this consumer; the next slot tries again
-        self._failing_since.setdefault(config.name, slot_ms)
-
-    def _remember(self, name: str, reply: FireReply) -> None:
-        self._handled[name] = reply.handled_slot_ms
-        self._fired[name] = reply.fired_slot_ms
-        self._failing_since.pop(name, None)
-        if reply.pushed:
-            metrics.PERIODIC_FIRED.labels(name).inc(2 if reply.outcome == "fired_and_caught_up" else 1)
-            logger.info("periodic task %s: %s slot %d", name, reply.outcome, reply.handled_slot_ms)
 
     def _report_lateness(self, config: PeriodicConfig, now_ms: int) -> None:
         """Set the gauges: how late the slot after the last fired one is, and the gap to it."""
