@@ -335,7 +335,11 @@ class ProcessGuard:
                     self.leave(0, "its supervisor is gone: stopping")
                 # A beat file it cannot touch must not end this thread: it must see its supervisor gone.
                 touch(beat, self._beat_problem, "beat file")
-            self._check_memory()
+            # Only after a run (as Celery does): a process over the limit from its start still runs a
+            # task, so a group whose every fresh process is over it goes on instead of only restarting.
+            limit = self.options.max_memory_mb
+            if limit is not None and self._ran and (used := rss_mb()) > limit:
+                self.leave(EXIT_RECYCLE, f"uses {used:.0f} MB, over --max-memory-per-child {limit} MB: recycling")
 
     def _watch_lifeline(self) -> None:
         """Leave once the supervisor's end of the lifeline pipe is closed: it exited, or was killed."""
@@ -349,13 +353,6 @@ class ProcessGuard:
             logger.error("cannot watch the supervisor's lifeline (fd %d): %s", fd, exc)
             return
         self.leave(0, "its supervisor is gone: stopping")
-
-    def _check_memory(self) -> None:
-        # Only after a run (as Celery does): a process over the limit from its start still runs a
-        # task, so a group whose every fresh process is over it goes on instead of only restarting.
-        limit = self.options.max_memory_mb
-        if limit is not None and self._ran and (used := rss_mb()) > limit:
-            self.leave(EXIT_RECYCLE, f"uses {used:.0f} MB, over --max-memory-per-child {limit} MB: recycling")
 
 
 # --- stop signals ----------------------------------------------------------------------------------
