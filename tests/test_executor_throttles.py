@@ -25,6 +25,7 @@ from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
 from tests.integration.test_rate_follow_ups import following
 from tests.support.claims import claim, push, register, task_bytes
 from tests.support.counters import sample
+from tests.support.executing import FlushedAcks, make_executor
 from tests.support.processes import wait_until
 from tests.test_async_lane import Slots
 from tests.test_executor import (  # noqa: F401 (fixtures)
@@ -42,11 +43,8 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def gated(broker, registry) -> Executor:  # noqa: F811 (the fixture above)
-    register(broker, CONSUMER, lease_ms=30_000)
     gate = ConcurrencyGate(broker, broker, lease_s=3, recheck_s=5, give_up=threading.Event())
-    return build_executor(
-        broker, registry, TaskTypeCache(), CONSUMER, result_ttl_s=60, rate_gate=RateLimiter(broker), concurrency=gate
-    )
+    return make_executor(broker, registry, concurrency=gate)
 
 
 def with_lane(broker: Broker, gated: Executor, lane: AsyncLane) -> Executor:
@@ -57,6 +55,7 @@ def with_lane(broker: Broker, gated: Executor, lane: AsyncLane) -> Executor:
         gated.task_types,
         CONSUMER,
         60,
+        acks=FlushedAcks(broker),
         rate_gate=gated.rate_gate,
         concurrency=gated.concurrency,
         async_lane=lane,
@@ -69,7 +68,7 @@ def pending_ids(broker) -> list[str]:
 
 def test_a_run_holds_a_slot_and_gives_it_back(broker, gated):
     task_type(gated, "x.add", max_running=1)
-    assert gated.execute(enqueued(broker, "t1", "x.add", 1, 2)) is False
+    assert gated.execute(enqueued(broker, "t1", "x.add", 1, 2)) is True
     assert broker.records.get_result("t1")["status"] == "SUCCESSFUL"
     assert broker.limits.slots_in_use(SlotSet("x.add", None, 1)) == 0
 
@@ -87,7 +86,7 @@ def test_no_free_slot_defers_without_an_attempt_and_a_freed_slot_wakes_the_task(
     assert [waiter.queue for waiter in woken] == ["q"]
     assert broker.limits.wake(woken[0]) and pending_ids(broker) == ["t1"] and delayed_tasks(broker) == []
     [raw] = claim(broker, CONSUMER, 1)
-    assert gated.execute(Claimed("q", CONSUMER, raw)) is False
+    assert gated.execute(Claimed("q", CONSUMER, raw)) is True
     assert broker.records.get_result("t1")["status"] == "SUCCESSFUL"  # the slot kept for it was its to take
 
 
@@ -178,8 +177,7 @@ def test_the_late_end_of_a_run_whose_consumer_was_presumed_dead_keeps_the_key_of
         )
     held, unique_key = held_unique_task(broker, "x.late")
     executor.execute(held)
-    if executor.acks is not None:
-        executor.acks.close()
+    executor.acks.close()
     # the re-run waits
     assert broker.inspect.queue_stats("q").pending == 1 and broker.queue.held_by("q", CONSUMER) == []
     assert broker.client.get(unique_key) == b"t1"
@@ -279,7 +277,9 @@ def test_a_task_denied_under_a_limit_removed_since_its_settings_were_read_is_due
         wait_until(lambda: not following(), 10, message="the removal to be followed up")
         return limiter(task, config, key_token)
 
-    stale = build_executor(broker, registry, types, CONSUMER, result_ttl_s=60, rate_gate=stale_gate)
+    stale = build_executor(
+        broker, registry, types, CONSUMER, result_ttl_s=60, acks=FlushedAcks(broker), rate_gate=stale_gate
+    )
     task_type(stale, "x.add", rate_limit=1, rate_period=60)
     assert limiter(Task(id="first", type="x.add", queue="q"), types.get("x.add")).wait_ms == 0
 
@@ -303,7 +303,9 @@ def test_a_task_denied_just_before_another_consumer_follows_a_change_up_takes_it
         wait_until(lambda: not following(), 10, message="the change to be followed up")
         return admission
 
-    racing = build_executor(broker, registry, types, CONSUMER, result_ttl_s=60, rate_gate=racing_gate)
+    racing = build_executor(
+        broker, registry, types, CONSUMER, result_ttl_s=60, acks=FlushedAcks(broker), rate_gate=racing_gate
+    )
     task_type(racing, "x.add", rate_limit=1, rate_period=60)
     assert limiter(Task(id="first", type="x.add", queue="q"), types.get("x.add")).wait_ms == 0
 
@@ -353,7 +355,7 @@ STARTED = "taskqueue_tasks_started_total"
 WAITS = "taskqueue_task_wait_seconds_count"
 
 
-@pytest.mark.parametrize("batched", [False, True], ids=["direct", "batched"])
+@pytest.mark.parametrize("batched", [False, True], ids=["flushed_at_once", "batched"])
 def test_a_handler_held_up_past_its_start_margin_waits_again_unstarted(broker, gated, batched):
     task_type(gated, "x.add", rate_limit=1, rate_period=1)
     if batched:
@@ -373,8 +375,7 @@ def test_a_handler_held_up_past_its_start_margin_waits_again_unstarted(broker, g
     before = start_counts("x.add")
 
     assert gated.execute(enqueued(broker, "t1", "x.add", 1, 2)) is False
-    if gated.acks is not None:
-        gated.acks.close()
+    gated.acks.close()
     assert_waits_again_unstarted(broker, gated, "t1", before)
 
 

@@ -22,6 +22,7 @@ from tasks_app.protocol.records import ResultRecord, ResultUpdate
 from tasks_app.registry import Handler, Registry
 from tasks_app.task_types import TaskTypeCache
 from tests.support.claims import claim, push, register, task_bytes
+from tests.support.executing import FlushedAcks
 from tests.support.midway import MovesMidway
 from tests.support.periodic import current_slot_ms
 
@@ -270,7 +271,7 @@ def test_a_foreign_task_without_an_enqueue_time_stays_in_the_history_index(broke
     registry = Registry()
     registry.add(Handler("demo.echo", lambda *a: list(a)))
     register(broker, "w", lease_ms=30_000)
-    executor = build_executor(broker, registry, TaskTypeCache(), "w", result_ttl_s=60)
+    executor = build_executor(broker, registry, TaskTypeCache(), "w", result_ttl_s=60, acks=FlushedAcks(broker))
     push(broker, task_bytes("t5", "demo.echo"))  # a plain LPUSH; enqueued_at_ms left at 0 (protobuf's default)
     [raw] = claim(broker, "w", 1)
     executor.execute(Claimed("q", "w", raw, fence=1))

@@ -19,6 +19,7 @@ from tasks_app.registry import Handler, Registry
 from tasks_app.task_types import TaskTypeCache
 from tests.support.claims import claim, push, register, task_bytes
 from tests.support.counters import sample
+from tests.support.executing import FlushedAcks
 
 pytestmark = pytest.mark.django_db
 
@@ -30,7 +31,7 @@ def executor(broker: Broker) -> Executor:
     registry = Registry()
     registry.add(Handler("x.add", lambda a, b: a + b))
     register(broker, CONSUMER, lease_ms=30_000)
-    return build_executor(broker, registry, TaskTypeCache(), CONSUMER, result_ttl_s=60)
+    return build_executor(broker, registry, TaskTypeCache(), CONSUMER, result_ttl_s=60, acks=FlushedAcks(broker))
 
 
 @pytest.fixture

@@ -94,8 +94,8 @@ class Executor:
         result_ttl_s: int,
         *,
         rate_gate: RateGate | None = None,
+        acks: AckBatcher,
         give_up: threading.Event | None = None,
-        acks: AckBatcher | None = None,
         concurrency: ConcurrencyGate | None = None,
         async_lane: AsyncLane | None = None,
         lease_check: Callable[[Claimed], bool] | None = None,
@@ -109,7 +109,6 @@ class Executor:
         self.settler = Settler(broker, registry, task_types, result_ttl_s, acks=acks, give_up=give_up)
         self.time_limits = TimeLimits(self.settler)
         self.pauses = PauseWatch(broker, give_up, result_ttl_s)
-        # With a batcher, a run's RUNNING record goes out with the next flush; without one, at once.
         self.acks = acks
         self.rate_gate = rate_gate
         self.concurrency = concurrency
@@ -278,7 +277,7 @@ class Executor:
             claimed.fence,
             record_exists=claimed.receipt == records.RECEIPT_OF_RECORD,
         )
-        if self.acks is None or handler.django_task is not None:  # a @task function reads its own record
+        if handler.django_task is not None:  # a @task function reads its own record
             reply = self.settler.redis(lambda: self.broker.records.record_result(started_update), "record_result")
         elif claimed.receipt is not None:  # the receipt decided: it goes out with the next flush
             self.acks.record(started_update)
@@ -427,8 +426,6 @@ class Executor:
         waiting (else None: a failure, settled on a settling thread)."""
         claimed, task, config, control = run.claimed, run.task, run.config, run.context.control
         if on_loop:
-            if self.acks is None:
-                return None
             try:
                 return_json = records.result_json(value, self.settler.max_result_bytes)
             except (ResultNotJson, ResultTooLarge):

@@ -122,15 +122,14 @@ class Settler:
         task_types: TaskTypeCache,
         result_ttl_s: int,
         *,
-        acks: AckBatcher | None = None,
+        acks: AckBatcher,
         give_up: threading.Event | None = None,
     ) -> None:
         self.broker = broker
         self.registry = registry
         self.task_types = task_types
         self.result_ttl_s = result_ttl_s
-        # With a batcher, RUNNING records and acks of successful runs go out in shared round
-        # trips and the worker moves on at once; without one, each is written before returning.
+        # RUNNING records and acks of successful runs go out in shared round trips: the worker moves on at once.
         self.acks = acks
         # Set when the consumer stops: settling then gives up on an absent Redis (the lease
         # recovers the task); until then a finished task is never left in limbo.
@@ -143,13 +142,6 @@ class Settler:
     def hold_retries(self, exit_within_s: float) -> None:
         """Make no retry due before `exit_within_s` from now: this process gave up on a run and is leaving."""
         self.retry_floor_s = max(self.retry_floor_s, exit_within_s)
-
-    def record(self, update: ResultUpdate) -> None:
-        """Write a record update (progress): with the batcher's next flush, else now."""
-        if self.acks is not None:
-            self.acks.record(update)
-        else:
-            self.broker.records.record_result(update)
 
     # --- a run's outcome -------------------------------------------------------------------
     def settle_outcome(
@@ -165,8 +157,7 @@ class Settler:
     ) -> bool:
         """Settle a run that returned `value` or failed with `error`; True if the ack batcher calls `on_settled`."""
         if isinstance(error, StartMissed):  # its handler never began: sent back (its RUNNING record goes first)
-            if self.acks is not None:
-                self.acks.barrier()
+            self.acks.barrier()
             self.defer(
                 claimed, task, 0, "rate_start_missed", records.start_undone(task, claimed.fence, self.result_ttl_s)
             )
@@ -220,31 +211,20 @@ class Settler:
         on_settled: Callable[[], None] | None,
         release: UniqueRelease | None = None,
     ) -> bool:
-        """Write `update` and ack the task (freeing `release` if it was still held); True if the ack batcher
-        does it (and then calls `on_settled`)."""
-        if self.acks is not None:
-            # Logged by one thread after the flush (workers contending for the log handler's lock
-            # cost more than the line), once the batch's room is back for the claimer.
-            def acked(held: bool | None) -> None:
-                if on_settled is not None:
-                    on_settled()
-                if held is False:
-                    self._ack_lost(claimed, task)
+        """Have the ack batcher write `update` and ack the task (freeing `release` if it was still held), then call
+        `on_settled`; True."""
 
-            log = partial(self._log_event, task, outcome, duration_s)
-            self.acks.ack(claimed.queue, claimed.consumer_id, claimed.raw, update, acked, log, release)
-            return True
-        held = self._settle(
-            "ack",
-            lambda result: self.broker.queue.ack(
-                claimed.queue, claimed.consumer_id, [claimed.raw], [result] if result else [], [release]
-            )[0],
-            update,
-        )
-        self._log_event(task, outcome, duration_s)
-        if not held:
-            self._ack_lost(claimed, task)
-        return False
+        def acked(held: bool | None) -> None:
+            if on_settled is not None:
+                on_settled()
+            if held is False:
+                self._ack_lost(claimed, task)
+
+        # Logged by one thread after the flush (workers contending for the log handler's lock
+        # cost more than the line), once the batch's room is back for the claimer.
+        log = partial(self._log_event, task, outcome, duration_s)
+        self.acks.ack(claimed.queue, claimed.consumer_id, claimed.raw, update, acked, log, release)
+        return True
 
     def fail(
         self,
@@ -256,8 +236,7 @@ class Settler:
         duration_s: float | None = None,
     ) -> None:
         """Retry a run that failed, or dead-letter it if it has no attempt left (or failed for good)."""
-        if self.acks is not None:
-            self.acks.barrier()  # this run's RUNNING record goes first
+        self.acks.barrier()  # this run's RUNNING record goes first
         max_attempts = task.max_attempts or config.max_attempts
         error_path = clean_text(f"{type(error).__module__}.{type(error).__qualname__}", MAX_ERROR_MESSAGE_BYTES)
         metrics.TASKS_FAILED.labels(task.type, task.queue).inc()
@@ -352,8 +331,7 @@ class Settler:
             new_raw, label = encode_task(_wrapped(claimed, reason, reason)), UNDECODABLE_TYPE
             update = release = None
         try:
-            if self.acks is not None:
-                self.acks.barrier()  # a RUNNING write this run queued goes first
+            self.acks.barrier()  # a RUNNING write this run queued goes first
             # The move alone first: it must not depend on a record write, which may be what failed.
             held = self._dead_letter_raw(claimed, new_raw, None, release)
             if held and update is not None:

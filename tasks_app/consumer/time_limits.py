@@ -230,7 +230,7 @@ class TimeLimits:
         if progress is not None:
             task, ttl_s = run.task, self.settler.result_ttl_s
             fields = {"progress": compact_json(progress)}
-            self.settler.record(
+            self.settler.acks.record(
                 ResultUpdate(task.id, fields, ttl_s, fence=run.claimed.fence, queue=task.queue, task_type=task.type)
             )
 

@@ -86,7 +86,7 @@ def test_a_retry_refused_for_memory_with_its_record_is_moved_alone_and_the_worke
     # refused every time. Bounded like an ack: after a few refusals with Redis answering, the move
     # goes alone (a script whose first write takes the task out of the list is let through), the
     # record after it; the task waits for its retry as planned, and the worker goes on.
-    with _filled_by_a_run(tmp_path, "fail") as client:
+    with _filled_by_a_run(tmp_path) as client:
         keys = Broker(client, "P").keys
         assert client.llen(keys.processing("q", "c1")) == 0 and client.zcard(keys.dead("q")) == 0
         [member] = client.zrange(keys.delayed("q"), 0, -1)
@@ -95,28 +95,19 @@ def test_a_retry_refused_for_memory_with_its_record_is_moved_alone_and_the_worke
         assert retried.last_error == "builtins.ValueError: failed with Redis full"
 
 
-def test_an_ack_without_the_batcher_refused_for_memory_ends_in_the_last_resort_not_retried_forever(tmp_path: Path):
-    # Settled in place (no ack batcher), a success's ack is refused with its record and alone (its
-    # script's first write is no removal): bounded, the last resort keeps the task as a dead letter.
-    with _filled_by_a_run(tmp_path, "succeed") as client:
-        keys = Broker(client, "P").keys
-        assert client.llen(keys.processing("q", "c1")) == 0 and client.zcard(keys.delayed("q")) == 0
-        [dead] = [decode_task(member) for member in client.zrange(keys.dead("q"), 0, -1)]
-        assert dead.id == "filled-1" and "WriteRefused" in dead.dead_reason
-
-
 @contextlib.contextmanager
-def _filled_by_a_run(tmp_path: Path, ending: str) -> Iterator[redis.Redis]:
-    """Run a task whose handler puts its private Redis over maxmemory, then fails or succeeds; yield the client."""
+def _filled_by_a_run(tmp_path: Path) -> Iterator[redis.Redis]:
+    """Run a task whose handler puts its private Redis over maxmemory, then fails; yield the client."""
     server = RedisServer(tmp_path).start()
     try:
         client = redis.Redis.from_url(server.url)
         broker = Broker(client, "P")
         registry = Registry()
-        registry.add(Handler("x.fills", lambda: _fill(client, ending)))
+        registry.add(Handler("x.fills", lambda: _fill(client)))
         TaskType.objects.create(name="x.fills", handler="x.fills", queue="q", max_attempts=3)
         give_up = threading.Event()
-        executor = build_executor(broker, registry, TaskTypeCache(), "c1", result_ttl_s=60, give_up=give_up)
+        acks = AckBatcher(broker, give_up)
+        executor = build_executor(broker, registry, TaskTypeCache(), "c1", result_ttl_s=60, acks=acks, give_up=give_up)
         _, raw, fence = running(broker, Task(id="filled-1", type="x.fills", queue="q"))
         settled: list[bool] = []
         worker = threading.Thread(target=lambda: settled.append(executor.execute(Claimed("q", "c1", raw, fence=fence))))
@@ -131,9 +122,7 @@ def _filled_by_a_run(tmp_path: Path, ending: str) -> Iterator[redis.Redis]:
         server.remove()
 
 
-def _fill(client: redis.Redis, ending: str) -> str:
+def _fill(client: redis.Redis) -> None:
     client.config_set("maxmemory-policy", "noeviction")
     client.config_set("maxmemory", 1)
-    if ending == "fail":
-        raise ValueError("failed with Redis full")
-    return "done"
+    raise ValueError("failed with Redis full")

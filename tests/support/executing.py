@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
-from tasks_app.consumer.async_lane import AsyncLane
+from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.claiming import Claimed
 from tasks_app.consumer.executor import Executor, build_executor
 from tasks_app.consumer.gates import RateLimiter
@@ -12,6 +13,7 @@ from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, decode_task, encode_payload
 from tasks_app.protocol.keys import split_delayed_member
+from tasks_app.protocol.records import ResultUpdate
 from tasks_app.registry import Registry
 from tasks_app.task_types import TaskTypeCache
 from tests.support.claims import claim, push, register, task_bytes
@@ -19,17 +21,28 @@ from tests.support.claims import claim, push, register, task_bytes
 CONSUMER = "worker-a"
 
 
-def make_executor(broker: Broker, registry: Registry, async_lane: AsyncLane | None = None) -> Executor:
-    """An executor of `registry`'s handlers for CONSUMER, registered with a 30 s lease on queue q."""
+class FlushedAcks(AckBatcher):
+    """An ack batcher with no flusher thread that writes each update and ack in place before returning."""
+
+    def __init__(self, broker: Broker, give_up: threading.Event | None = None) -> None:
+        super().__init__(broker, give_up or threading.Event())
+
+    def record(self, update: ResultUpdate) -> None:
+        super().record(update)
+        self.barrier()
+
+    def ack(self, *args: Any, **kwargs: Any) -> None:
+        super().ack(*args, **kwargs)
+        self.barrier()
+
+
+def make_executor(broker: Broker, registry: Registry, **options: Any) -> Executor:
+    """An executor of `registry`'s handlers for CONSUMER, registered with a 30 s lease on queue q (`options`: the
+    executor's, its rate gate a RateLimiter unless given)."""
     register(broker, CONSUMER, lease_ms=30_000)
+    options.setdefault("rate_gate", RateLimiter(broker))
     return build_executor(
-        broker,
-        registry,
-        TaskTypeCache(),
-        CONSUMER,
-        result_ttl_s=60,
-        rate_gate=RateLimiter(broker),
-        async_lane=async_lane,
+        broker, registry, TaskTypeCache(), CONSUMER, result_ttl_s=60, acks=FlushedAcks(broker), **options
     )
 
 
