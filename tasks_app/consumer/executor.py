@@ -338,10 +338,10 @@ class Executor:
         begin = partial(_begin_admitted, task, claimed.start_by) if claimed.start_by != math.inf else _nothing
         timeout_s = config.timeout_s or None
         clock = RunClock(timeout_s)  # a lane's run is timed out on its loop: its clock only keeps the books
-        run = Running(task, clock, context, claimed, config)
+        run = Running(task, clock, context, claimed, config, clock.force_cancel)
         if seat is not None:
             flight = Flight(partial(self._settle_lane_run, run), clock)
-            run.stop, run.settle_given_up = flight.cancel, partial(flight.settle_off_loop, None)
+            run.force_stop, run.settle_given_up = flight.cancel, partial(flight.settle_off_loop, None)
         if not self.time_limits.begin(run):
             return self._return_stopping(claimed, AFTER_GRACE)
         if seat is not None:  # the lane settles it, and calls `on_settled` then

@@ -181,17 +181,11 @@ class Running:
     # What a hard limit needs to settle the run from another thread (process mode).
     claimed: Claimed
     config: TaskTypeConfig
-    # A run on the asyncio lane: how a forced cancel stops it (else TaskCancelled is raised in its thread,
-    # through its clock), and how it is settled once given up on (else by the settler, from here).
-    stop: Callable[[], object] | None = None
+    # How a forced cancel stops it: TaskCancelled raised where it runs (in its thread, through its clock, or
+    # on the asyncio lane's loop).
+    force_stop: Callable[[], object]
+    # A run on the asyncio lane: how it is settled once given up on (else by the settler, from here).
     settle_given_up: Callable[[BaseException | None, float], None] | None = None
-
-    def force_stop(self) -> None:
-        """Stop the run for a forced cancel: TaskCancelled raised where it runs."""
-        if self.stop is not None:
-            self.stop()
-        else:
-            self.clock.force_cancel()
 
 
 class TimeLimits:
