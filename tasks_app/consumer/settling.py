@@ -490,15 +490,8 @@ class Settler:
         level = logging.INFO if outcome == "succeeded" else logging.WARNING
         if not logger.isEnabledFor(level):
             return
-        fields = {
-            "task_id": task.id,
-            "type": task.type,
-            "queue": task.queue,
-            "attempt": task.attempt,
-            "duration_s": round(duration_s, 6) if duration_s is not None else None,
-            "outcome": outcome,
-            **extra,
-        }
+        duration = round(duration_s, 6) if duration_s is not None else None
+        fields = {**log_fields(task, outcome), "duration_s": duration, **extra}
         # makeRecord + handle is what logger.log does, less its search of the stack for the caller's
         # file and line (no format of ours shows them): a line per task, thousands a second.
         args = (task.id, task.type, outcome, task.attempt)
