@@ -41,8 +41,6 @@ AckDone = Callable[[bool | None], None]
 """Called once an ack was written: True if the task was still held, False if it was lost,
 None if the consumer stopped before Redis could be reached (the lease recovers the task)."""
 
-Owner = tuple[str, str]
-
 
 @dataclass(slots=True)  # not frozen: one per task, and frozen costs four times as much to build
 class _Ack:
@@ -65,20 +63,6 @@ class _Start:
 
 
 Entry = ResultUpdate | _Ack | _Start
-
-
-def _flags_by_ack(
-    by_owner: dict[Owner, list[_Ack]], flags: dict[Owner, list[bool]], *, resent: bool
-) -> dict[int, bool | None]:
-    """Each ack's flag by its id(): True acked, False no longer held, None unknown."""
-    by_ack: dict[int, bool | None] = {
-        id(item): flag for owner, items in by_owner.items() for item, flag in zip(items, flags[owner], strict=True)
-    }
-    if resent and not all(by_ack.values()):
-        gone = sum(1 for flag in by_ack.values() if not flag)
-        logger.info("%d task(s) of a batch sent again after a failed send were acked by it or recovered", gone)
-        return {key: flag or None for key, flag in by_ack.items()}
-    return by_ack
 
 
 def through_outages[T](broker: Broker, give_up: threading.Event, call: Callable[[], T], what: str) -> T:
@@ -309,8 +293,9 @@ class AckBatcher:
     def _send(
         self, updates: list[ResultUpdate], acks: list[_Ack], starts: Sequence[_Start] = (), *, resent: bool = False
     ) -> dict[int, bool | None]:
-        """One round trip (retried through outages); the flag of each ack by its id() (`resent`: sent before)."""
-        by_owner: dict[Owner, list[_Ack]] = {}
+        """One round trip (retried through outages); the flag of each ack by its id(): True acked, False no longer
+        held, None unknown (`resent`: sent before, so that a task gone may have been acked by then)."""
+        by_owner: dict[tuple[str, str], list[_Ack]] = {}
         for item in acks:
             by_owner.setdefault((item.queue, item.consumer_id), []).append(item)
         raws = {owner: [item.raw for item in items] for owner, items in by_owner.items()}
@@ -338,7 +323,14 @@ class AckBatcher:
                 self._record_unstored(item.update, refused_of.pop(item.update.task_id))
         for task_id, exc in refused_of.items():
             logger.error("dropped a result update of task %a that Redis refused: %s", task_id, exc)
-        return _flags_by_ack(by_owner, flags, resent=resent or sends > 1)
+        by_ack: dict[int, bool | None] = {
+            id(item): flag for owner, items in by_owner.items() for item, flag in zip(items, flags[owner], strict=True)
+        }
+        if (resent or sends > 1) and not all(by_ack.values()):
+            gone = sum(1 for flag in by_ack.values() if not flag)
+            logger.info("%d task(s) of a batch sent again after a failed send were acked by it or recovered", gone)
+            return {key: flag or None for key, flag in by_ack.items()}
+        return by_ack
 
     def _record_unstored(self, update: ResultUpdate, problem: Exception) -> None:
         logger.error("the result of task %a could not be stored (%s); recording it as failed", update.task_id, problem)
