@@ -14,22 +14,21 @@ from django.db import OperationalError
 
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.claiming import Claimed
-from tasks_app.consumer.executor import Executor, build_executor
+from tasks_app.consumer.executor import Executor
 from tasks_app.context import TaskContext, current
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.keys import UNDECODABLE_TYPE
 from tasks_app.registry import Handler, Registry
-from tasks_app.task_types import TaskTypeCache
 from tests.support.claims import claim, push, register, task_bytes
 from tests.support.counters import sample
 from tests.support.executing import (
     CONSUMER,
-    FlushedAcks,
     assert_let_go,
     claimed,
     dead_tasks,
     delayed_tasks,
+    executor_of,
     make_executor,
     task_type,
 )
@@ -80,8 +79,10 @@ def registry() -> Registry:
 
 
 @pytest.fixture
-def executor(broker: Broker, registry: Registry) -> Executor:
-    return make_executor(broker, registry)
+def executor(broker: Broker, registry: Registry) -> Iterator[Executor]:
+    executor = make_executor(broker, registry)
+    yield executor
+    executor.close()
 
 
 # --- tasks that cannot run ----------------------------------------------------------------
@@ -189,8 +190,10 @@ def test_a_successful_run_is_acked_with_its_return_value(broker, executor):
 
 @pytest.mark.parametrize("handler", ["x.async_callable", "x.wraps_async"])
 def test_a_coroutine_from_an_async_callable_object_or_a_plain_wrapper_is_run_to_its_value(broker, executor, handler):
-    assert executor.registry.get("x.async_callable").is_async
-    assert executor.execute(claimed(broker, "t1", handler, 2, 3)) is True
+    assert executor.registry.get("x.async_callable").is_async  # on the asyncio lane; the wrapper on this thread
+    settled = threading.Event()
+    assert executor.execute(claimed(broker, "t1", handler, 2, 3), on_settled=settled.set) is True
+    assert settled.wait(5)
     record = broker.records.get_result("t1")
     assert record["status"] == "SUCCESSFUL" and json.loads(record["return_value"]) == 5
 
@@ -293,7 +296,7 @@ def test_an_outcome_for_a_task_no_longer_held_counts_an_ack_lost(broker, executo
 def test_a_suspect_has_its_start_recorded_before_its_handler_runs(broker, registry):
     seen: list[bool] = []
     register(broker, CONSUMER, lease_ms=30_000)
-    executor = build_executor(broker, registry, TaskTypeCache(), CONSUMER, result_ttl_s=60, acks=FlushedAcks(broker))
+    executor = executor_of(broker, registry, CONSUMER)
     item = claimed(broker, "t1", "x.probe")
 
     def probe() -> None:
@@ -311,7 +314,7 @@ def batched(broker: Broker, registry: Registry) -> Iterator[Executor]:
     register(broker, CONSUMER, lease_ms=30_000)
     acks = AckBatcher(broker, threading.Event())
     acks.start()
-    yield build_executor(broker, registry, TaskTypeCache(), CONSUMER, result_ttl_s=60, acks=acks)
+    yield executor_of(broker, registry, CONSUMER, acks=acks)
     acks.close(timeout_s=5)
 
 

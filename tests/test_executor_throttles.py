@@ -13,7 +13,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.async_lane import AsyncLane
 from tasks_app.consumer.claiming import Claimed
-from tasks_app.consumer.executor import Executor, build_executor
+from tasks_app.consumer.executor import Executor
 from tasks_app.consumer.gates import Admission, ConcurrencyGate, RateLimiter, RatePolicy
 from tasks_app.exceptions import TaskCancelled
 from tasks_app.models import TaskType
@@ -25,7 +25,7 @@ from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
 from tests.integration.test_rate_follow_ups import following
 from tests.support.claims import claim, push, register, task_bytes
 from tests.support.counters import sample
-from tests.support.executing import FlushedAcks, make_executor
+from tests.support.executing import executor_of, make_executor
 from tests.support.processes import wait_until
 from tests.test_async_lane import Slots
 from tests.test_executor import (  # noqa: F401 (fixtures)
@@ -49,13 +49,11 @@ def gated(broker, registry) -> Executor:  # noqa: F811 (the fixture above)
 
 def with_lane(broker: Broker, gated: Executor, lane: AsyncLane) -> Executor:
     """`gated`'s gates on a new executor that runs `async def` handlers on `lane`."""
-    return build_executor(
+    return executor_of(
         broker,
         gated.registry,
-        gated.task_types,
         CONSUMER,
-        60,
-        acks=FlushedAcks(broker),
+        gated.task_types,
         rate_gate=gated.rate_gate,
         concurrency=gated.concurrency,
         async_lane=lane,
@@ -166,12 +164,11 @@ def test_the_late_end_of_a_run_whose_consumer_was_presumed_dead_keeps_the_key_of
     executor.registry.add(Handler("x.late", presumed_dead_meanwhile))
     task_type(executor, "x.late", max_attempts=1, unique_for_s=600, unique_until="finished")
     if batched:
-        executor = build_executor(
+        executor = executor_of(
             broker,
             executor.registry,
-            executor.task_types,
             CONSUMER,
-            60,
+            executor.task_types,
             rate_gate=executor.rate_gate,
             acks=AckBatcher(broker, threading.Event()),
         )
@@ -277,9 +274,7 @@ def test_a_task_denied_under_a_limit_removed_since_its_settings_were_read_is_due
         wait_until(lambda: not following(), 10, message="the removal to be followed up")
         return limiter(task, config, key_token)
 
-    stale = build_executor(
-        broker, registry, types, CONSUMER, result_ttl_s=60, acks=FlushedAcks(broker), rate_gate=stale_gate
-    )
+    stale = executor_of(broker, registry, CONSUMER, types, rate_gate=stale_gate)
     task_type(stale, "x.add", rate_limit=1, rate_period=60)
     assert limiter(Task(id="first", type="x.add", queue="q"), types.get("x.add")).wait_ms == 0
 
@@ -303,9 +298,7 @@ def test_a_task_denied_just_before_another_consumer_follows_a_change_up_takes_it
         wait_until(lambda: not following(), 10, message="the change to be followed up")
         return admission
 
-    racing = build_executor(
-        broker, registry, types, CONSUMER, result_ttl_s=60, acks=FlushedAcks(broker), rate_gate=racing_gate
-    )
+    racing = executor_of(broker, registry, CONSUMER, types, rate_gate=racing_gate)
     task_type(racing, "x.add", rate_limit=1, rate_period=60)
     assert limiter(Task(id="first", type="x.add", queue="q"), types.get("x.add")).wait_ms == 0
 
@@ -359,12 +352,11 @@ WAITS = "taskqueue_task_wait_seconds_count"
 def test_a_handler_held_up_past_its_start_margin_waits_again_unstarted(broker, gated, batched):
     task_type(gated, "x.add", rate_limit=1, rate_period=1)
     if batched:
-        gated = build_executor(
+        gated = executor_of(
             broker,
             gated.registry,
-            gated.task_types,
             CONSUMER,
-            60,
+            gated.task_types,
             rate_gate=gated.rate_gate,
             concurrency=gated.concurrency,
             acks=AckBatcher(broker, threading.Event()),

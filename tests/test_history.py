@@ -9,7 +9,6 @@ import pytest
 from tasks_app import producer
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.claiming import Claimed
-from tasks_app.consumer.executor import build_executor
 from tasks_app.models import TaskType
 from tasks_app.periodic.config import PeriodicConfig
 from tasks_app.periodic.firing import fire_slot, run_id
@@ -20,9 +19,8 @@ from tasks_app.protocol.history import RECORDS_PER_CALL
 from tasks_app.protocol.periodic import SlotFiring
 from tasks_app.protocol.records import ResultRecord, ResultUpdate
 from tasks_app.registry import Handler, Registry
-from tasks_app.task_types import TaskTypeCache
 from tests.support.claims import claim, push, register, task_bytes
-from tests.support.executing import FlushedAcks
+from tests.support.executing import executor_of
 from tests.support.midway import MovesMidway
 from tests.support.periodic import current_slot_ms
 
@@ -271,7 +269,7 @@ def test_a_foreign_task_without_an_enqueue_time_stays_in_the_history_index(broke
     registry = Registry()
     registry.add(Handler("demo.echo", lambda *a: list(a)))
     register(broker, "w", lease_ms=30_000)
-    executor = build_executor(broker, registry, TaskTypeCache(), "w", result_ttl_s=60, acks=FlushedAcks(broker))
+    executor = executor_of(broker, registry, "w")
     push(broker, task_bytes("t5", "demo.echo"))  # a plain LPUSH; enqueued_at_ms left at 0 (protobuf's default)
     [raw] = claim(broker, "w", 1)
     executor.execute(Claimed("q", "w", raw, fence=1))

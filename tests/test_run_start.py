@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import Any
 
 import pytest
 
@@ -13,7 +12,6 @@ from tasks_app import metrics
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.async_lane import AsyncLane
 from tasks_app.consumer.claiming import Claimed
-from tasks_app.consumer.executor import Executor, build_executor
 from tasks_app.consumer.lifecycle import Consumer
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.models import TaskType
@@ -21,7 +19,7 @@ from tasks_app.protocol.broker import Broker
 from tasks_app.registry import Handler, Registry, registry as default_registry
 from tasks_app.task_types import TaskTypeCache
 from tests.support.claims import claim, push, register, task_bytes
-from tests.support.executing import FlushedAcks
+from tests.support.executing import NoWorkerSlots, executor_of
 from tests.support.processes import wait_until
 from tests.support.recording import recorded_runs
 
@@ -90,7 +88,7 @@ def test_a_run_whose_start_a_later_claim_turned_away_does_not_start(broker, rece
     later = broker.queue.issue_fence("q") + 1000  # meanwhile the task was claimed again (pushed twice, or reaped)
     assert broker.queue.claim_receipts([("t6", later)], 60) == [3]
     batcher = AckBatcher(broker, threading.Event())
-    executor = build_executor(broker, default_registry, TaskTypeCache(), "me", result_ttl_s=60, acks=batcher)
+    executor = executor_of(broker, default_registry, "me", acks=batcher)
     executor.execute(Claimed("q", "me", raw, fence=later - 1000, receipt=receipt))
     while batcher.flush_once(block_s=0):
         pass
@@ -99,18 +97,13 @@ def test_a_run_whose_start_a_later_claim_turned_away_does_not_start(broker, rece
     assert broker.queue.held_by("q", "me") == []  # acked unrun: the later claim runs it
 
 
-def _executor(broker: Broker, registry: Registry = default_registry, **options: Any) -> Executor:
-    """An executor for consumer "me" that settles each task before `execute` returns."""
-    return build_executor(broker, registry, TaskTypeCache(), "me", result_ttl_s=60, acks=FlushedAcks(broker), **options)
-
-
 def test_a_lease_lost_while_the_start_was_written_leaves_the_task_to_the_reaper_unrun(broker):
     register(broker, "me", lease_ms=30_000)
     push(broker, task_bytes("t7"))
     [raw] = claim(broker, "me", 1)
     # Held at the gates; lapsed while the RUNNING write waited for Redis (or the process was stopped).
     answers = iter([True, False])
-    executor = _executor(broker, lease_check=lambda item: next(answers))
+    executor = executor_of(broker, default_registry, "me", lease_check=lambda item: next(answers))
     assert executor.execute(Claimed("q", "me", raw, fence=1)) is False
     assert recorded_runs(broker) == [], "started after its lease was lost"
     assert broker.queue.held_by("q", "me") == [raw]  # the reaper hands it on
@@ -122,17 +115,12 @@ def test_a_suspect_whose_lease_lapsed_during_its_start_is_neither_run_nor_blamed
     [raw] = claim(broker, "me", 1)
     # The consumer's own clock still says held; on Redis's clock the lease has lapsed (the reaper's test).
     broker.client.zadd(broker.keys.consumers("q"), {"me": 0})
-    executor = _executor(broker, lease_check=lambda _: True)
+    executor = executor_of(broker, default_registry, "me", lease_check=lambda _: True)
     assert executor.execute(Claimed("q", "me", raw, suspect=True, fence=1)) is False
     assert recorded_runs(broker) == [], "started after its lease lapsed"
     marks = broker.client.hkeys(broker.keys.recoveries("q"))
     assert not [mark for mark in marks if mark.startswith(b"s:")], "marked as started: the reaper would blame it"
     assert broker.queue.held_by("q", "me") == [raw]
-
-
-class NoWorkerSlots:
-    def hand_off(self) -> None: ...
-    def take_back(self) -> None: ...
 
 
 def test_an_async_run_waiting_for_a_full_lane_does_not_start_once_its_lease_is_lost(broker):
@@ -147,7 +135,7 @@ def test_an_async_run_waiting_for_a_full_lane_does_not_start_once_its_lease_is_l
     registry.add(Handler("x.async", holds_the_lane))
     register(broker, "me", lease_ms=30_000)
     lane = AsyncLane(1, NoWorkerSlots())
-    executor = _executor(broker, registry, async_lane=lane, lease_check=lambda _: lease["held"])
+    executor = executor_of(broker, registry, "me", async_lane=lane, lease_check=lambda _: lease["held"])
     for name in ("t1", "t2"):
         push(broker, task_bytes(name, "x.async", payload=f'{{"args": ["{name}"]}}'.encode()))
     first, second = (Claimed("q", "me", raw, fence=n) for n, raw in enumerate(claim(broker, "me", 2), 1))
@@ -168,7 +156,7 @@ def test_a_forced_cancel_that_lands_as_the_run_registers_ends_it_cancelled_not_d
     registry = Registry()
     registry.add(Handler("x.ok", lambda: "done"))
     register(broker, "w", lease_ms=30_000)
-    executor = build_executor(broker, registry, TaskTypeCache(), "w", result_ttl_s=60, acks=FlushedAcks(broker))
+    executor = executor_of(broker, registry, "w")
     push(broker, task_bytes("t4", "x.ok"))
     [raw] = claim(broker, "w", 1)
     registered = threading.Event()
@@ -203,7 +191,7 @@ def test_a_task_belongs_to_the_queue_it_was_claimed_from(broker, envelope_queue)
     registry = Registry()
     registry.add(Handler("x.ok", lambda: "done"))
     register(broker, "w", lease_ms=30_000)
-    executor = build_executor(broker, registry, TaskTypeCache(), "w", result_ttl_s=60, acks=FlushedAcks(broker))
+    executor = executor_of(broker, registry, "w")
     push(broker, task_bytes("t7", "x.ok", queue=envelope_queue))
     [raw] = claim(broker, "w", 1)
     executor.execute(Claimed("q", "w", raw, fence=1))
@@ -219,7 +207,5 @@ def test_a_type_whose_row_allows_no_attempts_still_runs_its_tasks(broker):
     register(broker, "me", lease_ms=30_000)
     push(broker, task_bytes("t8"))
     [raw] = claim(broker, "me", 1)
-    build_executor(broker, default_registry, task_types, "me", result_ttl_s=60, acks=FlushedAcks(broker)).execute(
-        Claimed("q", "me", raw, fence=1)
-    )
+    executor_of(broker, default_registry, "me", task_types).execute(Claimed("q", "me", raw, fence=1))
     assert [run["task_id"] for run in recorded_runs(broker)] == ["t8"]

@@ -8,7 +8,7 @@ import pytest
 from django.db import OperationalError, connection
 
 from tasks_app.consumer.claiming import Claimed
-from tasks_app.consumer.executor import Executor, build_executor
+from tasks_app.consumer.executor import Executor
 from tasks_app.consumer.lifecycle import Consumer
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.models import TaskType
@@ -19,7 +19,7 @@ from tasks_app.registry import Handler, Registry
 from tasks_app.task_types import TaskTypeCache
 from tests.support.claims import claim, push, register, task_bytes
 from tests.support.counters import sample
-from tests.support.executing import FlushedAcks
+from tests.support.executing import executor_of
 
 pytestmark = pytest.mark.django_db
 
@@ -31,7 +31,7 @@ def executor(broker: Broker) -> Executor:
     registry = Registry()
     registry.add(Handler("x.add", lambda a, b: a + b))
     register(broker, CONSUMER, lease_ms=30_000)
-    return build_executor(broker, registry, TaskTypeCache(), CONSUMER, result_ttl_s=60, acks=FlushedAcks(broker))
+    return executor_of(broker, registry, CONSUMER)
 
 
 @pytest.fixture

@@ -95,9 +95,9 @@ class Executor:
         *,
         rate_gate: RateGate | None = None,
         acks: AckBatcher,
+        async_lane: AsyncLane,
         give_up: threading.Event | None = None,
         concurrency: ConcurrencyGate | None = None,
-        async_lane: AsyncLane | None = None,
         lease_check: Callable[[Claimed], bool] | None = None,
     ) -> None:
         give_up = give_up or threading.Event()
@@ -112,8 +112,7 @@ class Executor:
         self.acks = acks
         self.rate_gate = rate_gate
         self.concurrency = concurrency
-        # Where `async def` handlers run (without one, on the worker thread, to completion).
-        self.async_lane = async_lane
+        self.async_lane = async_lane  # where `async def` handlers run
         self.lease_check = lease_check  # waits while the claim's lease may have lapsed; False once lost
 
     def execute(self, claimed: Claimed, on_settled: Callable[[], None] | None = None) -> bool:
@@ -168,7 +167,7 @@ class Executor:
         if (dropped := settler.drop_if_cancelled_while_held(claimed, task, config, on_settled)) is not None:
             return dropped  # before its gates: a task cancelled while it waited takes no rate or permit
         seat = None
-        if handler.is_async and self.async_lane is not None:
+        if handler.is_async:
             # Taken before the gates: a rate admission is spent only when the run can begin at once.
             seat = self.async_lane.reserve()
             if seat is None:
@@ -375,8 +374,6 @@ class Executor:
         with running(context):
             if handler.django_task is not None:
                 return runner.run(handler.django_task, context, arguments, self.broker.records, timed_out, begin)
-            if handler.is_async:  # without an asyncio lane, on this thread
-                return asyncio.run(self._coroutine(handler, context, arguments, None, begin))
             begin()
             args = (context, *arguments.args) if handler.takes_context else arguments.args
             value = handler.func(*args, **arguments.kwargs)
@@ -442,12 +439,11 @@ class Executor:
 
     def async_running(self) -> int:
         """Tasks on the asyncio lane, not yet settled."""
-        return self.async_lane.running if self.async_lane is not None else 0
+        return self.async_lane.running
 
     def close(self) -> None:
         """Stop the asyncio lane's loop (once nothing runs on it)."""
-        if self.async_lane is not None:
-            self.async_lane.close()
+        self.async_lane.close()
 
 
 # The name lifecycle and the tests build an executor by.

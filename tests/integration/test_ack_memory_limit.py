@@ -13,16 +13,15 @@ import redis
 
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.claiming import Claimed
-from tasks_app.consumer.executor import build_executor
 from tasks_app.models import TaskType
 from tasks_app.protocol import records
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, decode_task
 from tasks_app.protocol.keys import split_delayed_member
 from tasks_app.registry import Handler, Registry
-from tasks_app.task_types import TaskTypeCache
 from tests.chaos.servers import RedisServer
 from tests.support.claims import running
+from tests.support.executing import executor_of
 
 pytestmark = pytest.mark.django_db
 
@@ -107,7 +106,7 @@ def _filled_by_a_run(tmp_path: Path) -> Iterator[redis.Redis]:
         TaskType.objects.create(name="x.fills", handler="x.fills", queue="q", max_attempts=3)
         give_up = threading.Event()
         acks = AckBatcher(broker, give_up)
-        executor = build_executor(broker, registry, TaskTypeCache(), "c1", result_ttl_s=60, acks=acks, give_up=give_up)
+        executor = executor_of(broker, registry, "c1", acks=acks, give_up=give_up)
         _, raw, fence = running(broker, Task(id="filled-1", type="x.fills", queue="q"))
         settled: list[bool] = []
         worker = threading.Thread(target=lambda: settled.append(executor.execute(Claimed("q", "c1", raw, fence=fence))))

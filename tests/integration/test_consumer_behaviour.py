@@ -125,10 +125,9 @@ def test_disabled_types_wait_without_using_attempts(broker, consumer_in_thread):
 
 def test_settings_are_read_from_memory_not_the_database_per_task(broker, django_assert_num_queries):
     from tasks_app.consumer.claiming import Claimed
-    from tasks_app.consumer.executor import build_executor
     from tasks_app.registry import registry
     from tasks_app.task_types import TaskTypeCache
-    from tests.support.executing import FlushedAcks
+    from tests.support.executing import executor_of
 
     TaskType.objects.create(name="cached", handler="demo.echo")
     cache = TaskTypeCache()
@@ -136,7 +135,7 @@ def test_settings_are_read_from_memory_not_the_database_per_task(broker, django_
     broker.leases.heartbeat(["default"], "inline", 10_000, {"lease_ms": 10_000})
     tasks = producer.enqueue("cached", count=5)
     claimed = broker.queue.claim("default", "inline", 5)
-    executor = build_executor(broker, registry, cache, "inline", 60, acks=FlushedAcks(broker))
+    executor = executor_of(broker, registry, "inline", cache)
     with django_assert_num_queries(0):
         for raw in claimed:
             executor.execute(Claimed("default", "inline", raw))

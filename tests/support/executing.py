@@ -6,6 +6,7 @@ import threading
 from typing import Any
 
 from tasks_app.consumer.ack_batcher import AckBatcher
+from tasks_app.consumer.async_lane import AsyncLane
 from tasks_app.consumer.claiming import Claimed
 from tasks_app.consumer.executor import Executor, build_executor
 from tasks_app.consumer.gates import RateLimiter
@@ -36,14 +37,28 @@ class FlushedAcks(AckBatcher):
         self.barrier()
 
 
+class NoWorkerSlots:
+    """The worker room of a consumer that counts none: tasks are claimed and run by hand."""
+
+    def hand_off(self) -> None: ...
+    def take_back(self) -> None: ...
+
+
+def executor_of(
+    broker: Broker, registry: Registry, consumer: str, task_types: TaskTypeCache | None = None, **options: Any
+) -> Executor:
+    """An executor of `registry`'s handlers for `consumer` (`options`: the executor's; unless given, FlushedAcks,
+    so that each task off the asyncio lane is settled before `execute` returns, and a lane of 4 seats)."""
+    options.setdefault("acks", FlushedAcks(broker))
+    options.setdefault("async_lane", AsyncLane(4, NoWorkerSlots()))
+    return build_executor(broker, registry, task_types or TaskTypeCache(), consumer, result_ttl_s=60, **options)
+
+
 def make_executor(broker: Broker, registry: Registry, **options: Any) -> Executor:
-    """An executor of `registry`'s handlers for CONSUMER, registered with a 30 s lease on queue q (`options`: the
-    executor's, its rate gate a RateLimiter unless given)."""
+    """`executor_of` CONSUMER, registered with a 30 s lease on queue q, its rate gate a RateLimiter unless given."""
     register(broker, CONSUMER, lease_ms=30_000)
     options.setdefault("rate_gate", RateLimiter(broker))
-    return build_executor(
-        broker, registry, TaskTypeCache(), CONSUMER, result_ttl_s=60, acks=FlushedAcks(broker), **options
-    )
+    return executor_of(broker, registry, CONSUMER, **options)
 
 
 def task_type(executor: Executor, name: str, **options: Any) -> None:
