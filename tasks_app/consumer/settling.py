@@ -79,14 +79,6 @@ def holds_unique_until_finished(task: Task, config: TaskTypeConfig | None) -> bo
     return bool(task.unique_digest) and config is not None and config.unique_until == TaskType.UniqueUntil.FINISHED
 
 
-def failure_traceback(error: BaseException, raised: BaseException | None) -> str:
-    """The traceback of a failed run: of `error`, and of what the handler raised if that differs (a timeout)."""
-    text = _formatted(error)
-    if raised is not None and raised is not error:
-        text += "\nThe handler, interrupted at its timeout, raised:\n" + _formatted(raised)
-    return text
-
-
 def _formatted(error: BaseException) -> str:
     """`error`'s traceback as text, or a line saying it cannot be shown (its own code raised while formatted)."""
     try:
@@ -139,10 +131,6 @@ class Settler:
         # so that no copy of a task starts elsewhere while its hung handler still runs here.
         self.retry_floor_s = 0.0
 
-    def hold_retries(self, exit_within_s: float) -> None:
-        """Make no retry due before `exit_within_s` from now: this process gave up on a run and is leaving."""
-        self.retry_floor_s = max(self.retry_floor_s, exit_within_s)
-
     # --- a run's outcome -------------------------------------------------------------------
     def settle_outcome(
         self,
@@ -155,14 +143,10 @@ class Settler:
         duration: float,
         on_settled: Callable[[], None] | None,
     ) -> bool:
-        """Settle a run that returned `value` or failed with `error`; True if the ack batcher calls `on_settled`."""
-        if isinstance(error, StartMissed):  # its handler never began: sent back (its RUNNING record goes first)
-            self.acks.barrier()
-            self.defer(
-                claimed, task, 0, "rate_start_missed", records.start_undone(task, claimed.fence, self.result_ttl_s)
-            )
-            return False
-        metrics.of_run(task.type, task.queue).duration.observe(duration)
+        """Settle a run that returned `value` or failed with `error` (retried, or dead-lettered if it has no attempt
+        left or failed for good); True if the ack batcher calls `on_settled`."""
+        if not isinstance(error, StartMissed):
+            metrics.of_run(task.type, task.queue).duration.observe(duration)
         if error is None:
             try:
                 return_json = records.result_json(value, self.max_result_bytes)
@@ -172,7 +156,44 @@ class Settler:
                 return self.succeed(claimed, task, return_json, duration, on_settled, config)
         if isinstance(error, TaskCancelled):
             return self.cancelled(claimed, task, config, on_settled, duration)
-        self.fail(claimed, task, config, error, failure_traceback(error, raised), duration)
+        self.acks.barrier()  # this run's RUNNING record goes first
+        if isinstance(error, StartMissed):  # its handler never began: sent back
+            self.defer(
+                claimed, task, 0, "rate_start_missed", records.start_undone(task, claimed.fence, self.result_ttl_s)
+            )
+            return False
+        traceback_text = _formatted(error)
+        if raised is not None and raised is not error:
+            traceback_text += "\nThe handler, interrupted at its timeout, raised:\n" + _formatted(raised)
+        max_attempts = task.max_attempts or config.max_attempts
+        error_path = clean_text(f"{type(error).__module__}.{type(error).__qualname__}", MAX_ERROR_MESSAGE_BYTES)
+        metrics.TASKS_FAILED.labels(task.type, task.queue).inc()
+        task.last_error = clean_text(f"{error_path}: {records.describe_error(error)}", MAX_ERROR_MESSAGE_BYTES)
+        task.last_traceback = clean_text(traceback_text, self.max_result_bytes)
+        error_entry = records.error_record(error_path, task.last_traceback)
+        if not retries_left(error, task.attempt, max_attempts):
+            if isinstance(error, PermanentError):
+                task.dead_reason = f"permanent error on attempt {task.attempt}: {task.last_error}"
+            else:
+                task.dead_reason = f"failed {task.attempt} of {max_attempts} attempts; last error: {task.last_error}"
+            self._dead_letter_final(claimed, task, error_entry, config, duration)
+            self._log_event(task, "dead_lettered", duration, error=task.last_error)
+            return False
+        failed_at_ms = now_ms()
+        delay_ms = int(max(retry_delay_s(error, task.attempt, config.retry_backoff_s), self.retry_floor_s) * 1000)
+        update = records.attempt_failed(
+            task,
+            error_entry,
+            failed_at_ms,
+            self.result_ttl_s,
+            final=False,
+            retry_at_ms=int(failed_at_ms) + delay_ms,
+            fence=claimed.fence,
+            run_s=duration,
+        )
+        self._retry_later(claimed, task, encode_task(task), delay_ms, update)
+        metrics.TASKS_RETRIED.labels(task.type, task.queue).inc()
+        self._log_event(task, "retried", duration, error=task.last_error, retry_in_s=delay_ms / 1000)
         return False
 
     def last_resort(self, claimed: Claimed, settle: Callable[[], bool]) -> bool:
@@ -225,47 +246,6 @@ class Settler:
         log = partial(self._log_event, task, outcome, duration_s)
         self.acks.ack(claimed.queue, claimed.consumer_id, claimed.raw, update, acked, log, release)
         return True
-
-    def fail(
-        self,
-        claimed: Claimed,
-        task: Task,
-        config: TaskTypeConfig,
-        error: BaseException,
-        traceback_text: str,
-        duration_s: float | None = None,
-    ) -> None:
-        """Retry a run that failed, or dead-letter it if it has no attempt left (or failed for good)."""
-        self.acks.barrier()  # this run's RUNNING record goes first
-        max_attempts = task.max_attempts or config.max_attempts
-        error_path = clean_text(f"{type(error).__module__}.{type(error).__qualname__}", MAX_ERROR_MESSAGE_BYTES)
-        metrics.TASKS_FAILED.labels(task.type, task.queue).inc()
-        task.last_error = clean_text(f"{error_path}: {records.describe_error(error)}", MAX_ERROR_MESSAGE_BYTES)
-        task.last_traceback = clean_text(traceback_text, self.max_result_bytes)
-        error_entry = records.error_record(error_path, task.last_traceback)
-        if not retries_left(error, task.attempt, max_attempts):
-            if isinstance(error, PermanentError):
-                task.dead_reason = f"permanent error on attempt {task.attempt}: {task.last_error}"
-            else:
-                task.dead_reason = f"failed {task.attempt} of {max_attempts} attempts; last error: {task.last_error}"
-            self._dead_letter_final(claimed, task, error_entry, config, duration_s)
-            self._log_event(task, "dead_lettered", duration_s, error=task.last_error)
-        else:
-            failed_at_ms = now_ms()
-            delay_ms = int(max(retry_delay_s(error, task.attempt, config.retry_backoff_s), self.retry_floor_s) * 1000)
-            update = records.attempt_failed(
-                task,
-                error_entry,
-                failed_at_ms,
-                self.result_ttl_s,
-                final=False,
-                retry_at_ms=int(failed_at_ms) + delay_ms,
-                fence=claimed.fence,
-                run_s=duration_s,
-            )
-            self._retry_later(claimed, task, encode_task(task), delay_ms, update)
-            metrics.TASKS_RETRIED.labels(task.type, task.queue).inc()
-            self._log_event(task, "retried", duration_s, error=task.last_error, retry_in_s=delay_ms / 1000)
 
     def _dead_letter_final(
         self,

@@ -318,7 +318,7 @@ class TimeLimits:
         `error`; how many. No retry is due before this process is gone."""
         if not runs:
             return 0
-        self.settler.hold_retries(exit_within_s)
+        self.settler.retry_floor_s = max(self.settler.retry_floor_s, exit_within_s)
 
         def settle() -> None:
             now = time.monotonic()
