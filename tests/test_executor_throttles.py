@@ -174,7 +174,7 @@ def test_the_late_end_of_a_run_whose_consumer_was_presumed_dead_keeps_the_key_of
         )
     held, unique_key = held_unique_task(broker, "x.late")
     executor.execute(held)
-    executor.acks.close()
+    executor.settler.acks.close()
     # the re-run waits
     assert broker.inspect.queue_stats("q").pending == 1 and broker.queue.held_by("q", CONSUMER) == []
     assert broker.client.get(unique_key) == b"t1"
@@ -367,7 +367,7 @@ def test_a_handler_held_up_past_its_start_margin_waits_again_unstarted(broker, g
     before = start_counts("x.add")
 
     assert gated.execute(enqueued(broker, "t1", "x.add", 1, 2)) is False
-    gated.acks.close()
+    gated.settler.acks.close()
     assert_waits_again_unstarted(broker, gated, "t1", before)
 
 

@@ -109,7 +109,6 @@ class Executor:
         self.settler = Settler(broker, registry, task_types, result_ttl_s, acks=acks, give_up=give_up)
         self.time_limits = TimeLimits(self.settler)
         self.pauses = PauseWatch(broker, give_up, result_ttl_s)
-        self.acks = acks
         self.rate_gate = rate_gate
         self.concurrency = concurrency
         self.async_lane = async_lane  # where `async def` handlers run
@@ -279,10 +278,10 @@ class Executor:
         if handler.django_task is not None:  # a @task function reads its own record
             reply = self.settler.redis(lambda: self.broker.records.record_result(started_update), "record_result")
         elif claimed.receipt is not None:  # the receipt decided: it goes out with the next flush
-            self.acks.record(started_update)
+            self.settler.acks.record(started_update)
             reply = None
         else:  # shares a flush with other workers' writes
-            reply = self.acks.record_start(started_update)
+            reply = self.settler.acks.record_start(started_update)
         if reply == records.START_REFUSED:
             return NotStarted.CANCELLED
         if reply == records.SUPERSEDED:
