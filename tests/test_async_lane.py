@@ -26,9 +26,9 @@ def recorded_flight(timeout_s=None) -> tuple[Flight, list]:
     """A flight whose settle records (value, error) in the list."""
     outcomes: list = []
 
-    def settle(value, error, duration_s, on_settled, on_loop) -> bool | None:
+    def settle(value, error, duration_s, on_settled, on_loop) -> bool:
         if on_loop:
-            return None
+            return False
         outcomes.append((value, error))
         return False
 

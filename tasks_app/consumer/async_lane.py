@@ -35,9 +35,9 @@ SETTLE_THREADS = 4
 # How often a worker waiting for a seat looks whether the consumer began to stop.
 SEAT_WAIT_S = 0.05
 
-Settle = Callable[[Any, BaseException | None, float, Callable[[], None], bool], bool | None]
+Settle = Callable[[Any, BaseException | None, float, Callable[[], None], bool], bool]
 """Settles a run: (value, raised, duration, on_settled, on_loop) -> True if `on_settled` is called later. On
-the loop, only a success that needs no wait on Redis; else None (it is settled on a settling thread)."""
+the loop, only a success that needs no wait on Redis (False: it is settled on a settling thread instead)."""
 
 
 @dataclass(eq=False)
@@ -225,16 +225,13 @@ class AsyncLane:
         exit_if_forked(pid)  # a child its handler forked: the run is its parent's to settle
         if flight.clock.finish():  # unless the time limits gave up on it first
             duration_s = time.monotonic() - flight.clock.started_monotonic
-            later = None
+            queued = False
             if raised is None:
                 try:
-                    later = flight.settle(value, None, duration_s, flight.done, True)  # a success is only queued
+                    queued = flight.settle(value, None, duration_s, flight.done, True)  # a success is only queued
                 except Exception:  # a bug: settled the slow way, which dead-letters as a last resort
                     logger.exception("unexpected error settling an async task on the loop")
-            if later is not None:
-                if not later:
-                    flight.done()
-            else:
+            if not queued:
                 self._settle_later(flight, value, raised, duration_s)
 
     @staticmethod

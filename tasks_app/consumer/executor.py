@@ -417,15 +417,15 @@ class Executor:
         duration: float,
         on_settled: Callable[[], None],
         on_loop: bool,
-    ) -> bool | None:
+    ) -> bool:
         """Settle a lane's run, once it left the watch. On the loop, only a success the ack batcher takes without
-        waiting (else None: a failure, settled on a settling thread)."""
+        waiting (else False: a failure, settled on a settling thread)."""
         claimed, task, config, control = run.claimed, run.task, run.config, run.context.control
         if on_loop:
             try:
                 return_json = records.result_json(value, self.settler.max_result_bytes)
             except (ResultNotJson, ResultTooLarge):
-                return None
+                return False
             self.time_limits.end(control)  # the batcher only queues its progress write, before the ack
             metrics.of_run(task.type, task.queue).duration.observe(duration)
             return self.settler.succeed(claimed, task, return_json, duration, on_settled, config)
