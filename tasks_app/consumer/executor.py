@@ -445,10 +445,6 @@ class Executor:
         self.async_lane.close()
 
 
-# The name lifecycle and the tests build an executor by.
-build_executor = Executor
-
-
 def _nothing() -> None:
     """No permit to release, no start to check (no rate limit admitted the run), no one to tell."""
 

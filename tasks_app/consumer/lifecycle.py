@@ -19,7 +19,7 @@ from tasks_app import metrics
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.async_lane import AsyncLane
 from tasks_app.consumer.claiming import Capacity, Claimed, ClaimerLoop, HeldTasks, return_unstarted
-from tasks_app.consumer.executor import RateGate, build_executor
+from tasks_app.consumer.executor import Executor, RateGate
 from tasks_app.consumer.gates import ConcurrencyGate, RateLimiter
 from tasks_app.consumer.loops import (
     GaveUp,
@@ -108,7 +108,7 @@ class Consumer:
             self.broker, self.heartbeat_broker, options.lease_s, settings.TASKS_THROTTLE_RECHECK_S, self.give_up
         )
         self.lease = LeaseClock(options.lease_s, on_renewal=concurrency.renew)
-        self.executor = build_executor(
+        self.executor = Executor(
             self.broker,
             registry,
             self.task_types,

@@ -8,7 +8,7 @@ from typing import Any
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.async_lane import AsyncLane
 from tasks_app.consumer.claiming import Claimed
-from tasks_app.consumer.executor import Executor, build_executor
+from tasks_app.consumer.executor import Executor
 from tasks_app.consumer.gates import RateLimiter
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
@@ -51,7 +51,7 @@ def executor_of(
     so that each task off the asyncio lane is settled before `execute` returns, and a lane of 4 seats)."""
     options.setdefault("acks", FlushedAcks(broker))
     options.setdefault("async_lane", AsyncLane(4, NoWorkerSlots()))
-    return build_executor(broker, registry, task_types or TaskTypeCache(), consumer, result_ttl_s=60, **options)
+    return Executor(broker, registry, task_types or TaskTypeCache(), consumer, result_ttl_s=60, **options)
 
 
 def make_executor(broker: Broker, registry: Registry, **options: Any) -> Executor:
