@@ -66,6 +66,10 @@ local first_fence = 0
 if #claimed > 0 then
   first_fence = issue_fences(KEYS[6], #claimed)
 end
+-- Read last, after this script's own pops: a consumer claiming on a tracked connection is told
+-- when another client pushes here (tracking.py).
+redis.call('LLEN', KEYS[1])
+redis.call('ZCARD', KEYS[2])
 table.insert(claimed, 1, first_fence)
 table.insert(claimed, 1, redis.call('LLEN', KEYS[5]))
 table.insert(claimed, 1, suspect and 1 or 0)

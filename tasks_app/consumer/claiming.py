@@ -26,14 +26,16 @@ from django.conf import settings
 from redis.exceptions import RedisError
 
 from tasks_app import metrics
-from tasks_app.consumer.loops import until_done
+from tasks_app.consumer.loops import Misconfigured, misconfiguration, until_done
 from tasks_app.consumer.membership import Membership
+from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol import records
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, UndecodableTask, decode_task
 from tasks_app.protocol.keys import WAKE_TOKEN
 from tasks_app.protocol.queue import Claim
 from tasks_app.protocol.records import ResultUpdate
+from tasks_app.protocol.tracking import KeyChanges
 
 logger = logging.getLogger(__name__)
 
@@ -300,7 +302,8 @@ RECHECK_S = 0.25
 
 
 class ClaimerLoop:
-    """Claims tasks of one queue while there is room: a batch at once, else one blocking move."""
+    """Claims tasks of one queue while there is room: a batch at once, else one blocking move (or, with
+    `claims` on a tracked connection, none: `OneClaimer` claims again when Redis says the queue changed)."""
 
     def __init__(
         self,
@@ -312,11 +315,14 @@ class ClaimerLoop:
         types_loaded: Callable[[], bool],
         dispatch: Callable[[Sequence[Claimed]], None],
         block_s: float,
+        claims: Broker | None = None,
     ) -> None:
         """`held`: the tasks the consumer holds, in its room; `types_loaded`: whether the task types were read once;
-        `dispatch`: hands claimed tasks to the workers."""
+        `dispatch`: hands claimed tasks to the workers; `claims`: the broker of a tracked connection, if any."""
         self.queue = queue
         self.broker = broker
+        self.claims = claims or broker
+        self.blocking = claims is None
         self.held = held
         self.room = held.capacity
         self.membership = membership
@@ -327,21 +333,21 @@ class ClaimerLoop:
         self._drop_wake = False
         # Set when a claim failed on the wire: Redis may have moved tasks we never heard of.
         self._uncertain = False
-        self._audit_at = time.monotonic() + membership.lease.lease_s
+        self.audit_at = time.monotonic() + membership.lease.lease_s
         # Room taken for the claim in progress and not yet handed to a dispatched task.
         self._room_taken = 0
         self._result_ttl_s = int(settings.TASKS_RESULT_TTL)
 
-    def run_once(self) -> float:
+    def run_once(self, room_wait_s: float = 0.5) -> float:
         if not self.membership.registered_on(self.queue):
             return RECHECK_S  # no lease here to claim under: what it claimed could not be recovered
-        if self._uncertain or time.monotonic() >= self._audit_at:
+        if self._uncertain or time.monotonic() >= self.audit_at:
             self.reconcile()
         if not self.types_loaded():
             # Its tasks could only be deferred until their settings are known: others may run them.
             # The housekeeping loop reads them again every TASKS_CONFIG_REFRESH_S.
             return RECHECK_S
-        if not self.room.acquire(timeout_s=0.5):
+        if not self.room.acquire(timeout_s=room_wait_s):
             return 0.0
         self._room_taken = 1 + self.room.acquire_up_to(self.room.limit - 1)
         consumer_id = self.membership.consumer_id
@@ -360,7 +366,7 @@ class ClaimerLoop:
         may_take_suspect = self.held.take_suspect_turn()
         outcome: Claim | None = None
         try:
-            outcome = self.broker.queue.claim_with_suspect(
+            outcome = self.claims.queue.claim_with_suspect(
                 self.queue, consumer_id, self._room_taken, drop_wake=self._drop_wake, allow_suspect=may_take_suspect
             )
             self._drop_wake = False
@@ -391,9 +397,11 @@ class ClaimerLoop:
             )
             return 0.0
         if outcome.paused:
-            return RECHECK_S
+            return RECHECK_S if self.blocking else math.inf  # the claim read the pause marker: its removal is told
         if outcome.lease_expired or not self.membership.lease.fresh(consumer_id):
             return RETRY_SOON_S  # no claim under a lapsed lease: the heartbeat renews it or gives it up
+        if not self.blocking:  # the claim read what it found empty: a task pushed there is told
+            return RETRY_SOON_S if outcome.suspects_waiting else math.inf
         # A blocking claim holds no room while it waits: with more queues than room for tasks, a claimer
         # holding some kept every other queue's tasks waiting until its wait timed out.
         self.room.release(self._room_taken)
@@ -438,4 +446,83 @@ class ClaimerLoop:
                 "returned %d claimed task(s) whose claim reply was lost to the head of %s", returned, self.queue
             )
         self._uncertain = False
-        self._audit_at = time.monotonic() + self.membership.lease.lease_s
+        self.audit_at = time.monotonic() + self.membership.lease.lease_s
+
+
+# --- one claimer for every queue -------------------------------------------------------------------
+# How long the one claimer waits for a change before it looks whether it is told to stop.
+CHANGE_WAIT_S = 0.5
+
+
+class OneClaimer:
+    """Claims for every queue on one thread and one tracked connection, whatever the number of queues.
+
+    A queue is claimed from again only when Redis says a key its last claim read changed (a task
+    pushed, a queue resumed, a suspect recovered) or when its claimer asked to look again at a time.
+    Queues are served in the consumer's order: after each claim that moved tasks, the first queue
+    comes first again, so `--queue high --queue low` takes from low only while high has none.
+    """
+
+    name = "claimer"
+
+    def __init__(
+        self, claimers: Sequence[ClaimerLoop], changes: KeyChanges, room: Capacity, misconfigured: Misconfigured
+    ) -> None:
+        self.claimers = list(claimers)
+        self.changes = changes
+        self.room = room
+        self.misconfigured = misconfigured
+        keys = self.claimers[0].broker.keys
+        self._claimer_of = {
+            key.encode(): claimer
+            for claimer in self.claimers
+            for key in (
+                keys.pending(claimer.queue),
+                keys.prioritized(claimer.queue),
+                keys.suspects(claimer.queue),
+                keys.paused(claimer.queue),
+            )
+        }
+        self._due = dict.fromkeys(self.claimers, 0.0)  # when each claims next (monotonic s; inf: when told)
+        self._problems: ProblemLog[str] = ProblemLog(logger)
+
+    def run_once(self) -> float:
+        self._told(self.changes.changed(0))
+        if not self.room.acquire(timeout_s=CHANGE_WAIT_S):
+            return 0.0
+        self.room.release()
+        for claimer in self.claimers:
+            now = time.monotonic()
+            if min(self._due[claimer], claimer.audit_at) > now:  # its audit of strays is due once a lease
+                continue
+            wait_s = self._claim(claimer)
+            self._due[claimer] = now + wait_s
+            if wait_s == 0.0:  # it moved tasks (or found no room): the first queue first again
+                return 0.0
+        wait_s = min(min(self._due[c], c.audit_at) for c in self.claimers) - time.monotonic()
+        if wait_s > 0:
+            self._told(self.changes.changed(min(wait_s, CHANGE_WAIT_S)))
+        return 0.0
+
+    def _claim(self, claimer: ClaimerLoop) -> float:
+        try:
+            wait_s = claimer.run_once(room_wait_s=0.0)
+        except RedisError as exc:
+            if not misconfiguration(exc):
+                raise
+            message = "%s: a key of ours holds what Redis refuses (misconfigured): %s"
+            self._problems.failed(claimer.name, str(exc), message, claimer.name, exc, level=logging.ERROR)
+            self.misconfigured.note(claimer.name, failed=True)
+            return CHANGE_WAIT_S
+        self._problems.recovered(claimer.name, "%s: works again", claimer.name)
+        self.misconfigured.note(claimer.name, failed=False)
+        return wait_s
+
+    def _told(self, changed: set[bytes] | None) -> None:
+        if changed is None:
+            self._due = dict.fromkeys(self.claimers, 0.0)
+            return
+        for key in changed:
+            claimer = self._claimer_of.get(key)
+            if claimer is not None:
+                self._due[claimer] = 0.0

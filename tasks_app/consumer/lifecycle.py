@@ -18,7 +18,7 @@ from redis.exceptions import RedisError
 from tasks_app import metrics
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.async_lane import AsyncLane
-from tasks_app.consumer.claiming import Capacity, Claimed, ClaimerLoop, HeldTasks, return_unstarted
+from tasks_app.consumer.claiming import Capacity, Claimed, ClaimerLoop, HeldTasks, OneClaimer, return_unstarted
 from tasks_app.consumer.executor import Executor, RateGate
 from tasks_app.consumer.gates import ConcurrencyGate, RateLimiter
 from tasks_app.consumer.loops import (
@@ -49,6 +49,7 @@ from tasks_app.consumer.periodic_loop import scheduler_loops
 from tasks_app.consumer.settling import record_reaped
 from tasks_app.consumer.supervisor import ProcessGuard, exit_within_s, install_stop_signals
 from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.tracking import KeyChanges
 from tasks_app.registry import Registry, registry as default_registry
 from tasks_app.task_types import TaskTypeCache
 
@@ -100,6 +101,7 @@ class Consumer:
         self.stop_requested, self.claiming_stopped = threading.Event(), threading.Event()
         self.loops_stopped, self.workers_stop, self.give_up = threading.Event(), threading.Event(), threading.Event()
         self._claimers: list[threading.Thread] = []
+        self._changes: KeyChanges | None = None  # the tracked connection the one claimer claims on
         self._busy, self._busy_lock = 0, threading.Lock()
         self.exit_code = 0  # what `leave` asks for (process mode)
         self.acks = AckBatcher(self.broker, self.give_up, together=self.held.together)
@@ -146,8 +148,8 @@ class Consumer:
         # Burst mode's question; the queues not registered on count as idle.
         self._queues_idle = IdleCheck(self.broker, options.queues, lambda: self.membership.current()[1])
 
-    def claimer(self, queue: str) -> ClaimerLoop:
-        """The claimer of one of its queues."""
+    def claimer(self, queue: str, claims: Broker | None = None) -> ClaimerLoop:
+        """The claimer of one of its queues (claiming through `claims`, a tracked connection's broker, if given)."""
         return ClaimerLoop(
             queue,
             self.broker,
@@ -156,7 +158,22 @@ class Consumer:
             types_loaded=lambda: self.task_types.loaded,
             dispatch=self.dispatch,
             block_s=self.options.block_s,
+            claims=claims,
         )
+
+    def _start_claiming(self) -> None:
+        """One claimer thread on one tracked connection for every queue; on Redis Cluster, one blocking per queue."""
+        queues = self.options.queues
+        if not KeyChanges.trackable(self.broker.client):
+            claimers = [self.claimer(queue) for queue in queues]
+            self._claimers = [start_thread(loop, self.claiming_stopped, self.misconfigured) for loop in claimers]
+            return
+        self._changes = KeyChanges(self.broker.client)
+        claims = Broker(self._changes.client, self.broker.keys.prefix, self.broker.scripts)
+        one = OneClaimer(
+            [self.claimer(queue, claims) for queue in queues], self._changes, self.capacity, self.misconfigured
+        )
+        self._claimers = [start_thread(one, self.claiming_stopped, self.misconfigured)]
 
     @property
     def consumer_id(self) -> str:
@@ -246,8 +263,7 @@ class Consumer:
         for loop in loops:
             start_thread(loop, self.loops_stopped, self.misconfigured)
         self.acks.start()
-        claimers = [self.claimer(queue) for queue in opts.queues]
-        self._claimers = [start_thread(claimer, self.claiming_stopped, self.misconfigured) for claimer in claimers]
+        self._start_claiming()
         for i in range(opts.concurrency):
             threading.Thread(target=self._work, name=f"worker-{i}", daemon=True).start()
         logger.info(
@@ -348,6 +364,8 @@ class Consumer:
             logger.error("could not deregister the ids left after a lost lease (their leases will expire): %s", exc)
         self.guard.stop()
         self.executor.close()
+        if self._changes is not None:
+            self._changes.close()
         logger.info("consumer %s stopped", self.consumer_id)
         return self.exit_code
 

@@ -1,10 +1,15 @@
-"""A consumer on more queues than it has slots: a task on any of them starts at once while it idles."""
+"""A consumer on many queues: a task on any of them starts at once while it idles, its threads and
+connections do not grow with the queues, and its queues are served in the order given."""
 
 import time
+from pathlib import Path
 
 import pytest
 
 from tasks_app import producer
+from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.scripts import connect
+from tests.chaos.servers import RedisServer
 from tests.support.processes import wait_until
 from tests.support.recording import recorded_runs
 
@@ -38,3 +43,53 @@ def test_a_task_on_each_of_fifty_queues_starts_at_once_on_an_idle_consumer_of_co
         waits_ms[queue] = run["start_ms"] - enqueued_ms
     late = {queue: round(wait_ms, 1) for queue, wait_ms in waits_ms.items() if wait_ms > PICK_UP_BOUND_MS}
     assert not late, f"tasks started more than {PICK_UP_BOUND_MS} ms after their enqueue: {late}"
+
+
+def threads_of(pid: int) -> int:
+    """The threads a process runs now."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("Threads:")))
+
+
+def settled_footprint(consumer, client, queues: list[str]) -> tuple[int, int]:
+    """(threads, Redis connections) of an idle consumer, once it registered on every queue and settled."""
+    private = Broker(client, consumer.prefix)
+    wait_until(
+        lambda: all(private.inspect.queue_stats(queue).consumers for queue in (queues[0], queues[-1])),
+        60,
+        message=lambda: f"the consumer to register ({consumer.log()})",
+    )
+    time.sleep(3)  # past a blocking claim's timeout and every loop's first pass
+    # Our own client holds one connection.
+    return threads_of(consumer.pid), int(client.info("clients")["connected_clients"]) - 1
+
+
+def test_threads_and_redis_connections_do_not_grow_with_the_queues(tmp_path: Path, key_prefix, consumer_process):
+    server = RedisServer(tmp_path).start()
+    try:
+        client = connect(server.url)
+        footprints = {}
+        for count in (1, 200):
+            queues = [f"many{index}" for index in range(count)]
+            queue_args = [arg for queue in queues for arg in ("--queue", queue)]
+            consumer = consumer_process("--concurrency", "2", *queue_args, REDIS_URL=server.url)
+            consumer.prefix = key_prefix
+            footprints[count] = settled_footprint(consumer, client, queues)
+            assert consumer.terminate(timeout_s=60) == 0, consumer.log()
+            wait_until(lambda: int(client.info("clients")["connected_clients"]) == 1, 10, message="its connections")
+        # A connection pool opens what its threads use at once, so connections are bounded by threads.
+        (threads_1, _), (threads_200, connections_200) = footprints[1], footprints[200]
+        assert threads_200 == threads_1, f"(threads, connections) by queue count: {footprints}"
+        assert connections_200 <= threads_1, f"(threads, connections) by queue count: {footprints}"
+    finally:
+        server.remove()
+
+
+def test_a_higher_queue_drains_before_a_lower_one_starts(broker, consumer_process):
+    for _ in range(20):
+        producer.enqueue("test.record", kwargs={"from_queue": "low"}, queue="low")
+        producer.enqueue("test.record", kwargs={"from_queue": "high"}, queue="high")
+    consumer = consumer_process("--concurrency", "1", "--queue", "high", "--queue", "low")
+    wait_until(lambda: len(recorded_runs(broker)) == 40, 60, message=lambda: f"every task to run ({consumer.log()})")
+    order = [run["from_queue"] for run in recorded_runs(broker)]
+    assert order == ["high"] * 20 + ["low"] * 20, order
