@@ -1,7 +1,8 @@
 """Producing: `Enqueuer` pushes tasks, their READY records and unique tasks, and announces their queues.
 
-On a single Redis server an enqueue is all or nothing. On Redis Cluster a task's READY record lies
-in another slot than its queue: the caller's ids are first claimed on their records, then the tasks
+One path for both kinds of server; only how its commands are grouped by hash slot differs. On a
+single Redis server an enqueue is all or nothing. On Redis Cluster a task's READY record lies in
+another slot than its queue: the caller's ids are first claimed on their records, then the tasks
 whose ids are free are pushed (docs/PROTOCOL.md, "Enqueue atomicity").
 """
 
@@ -60,7 +61,6 @@ class UniqueCalls(NamedTuple):
 
     scripts: list[int]
     records: list[int]
-    new_queues: set[str]  # the queues it announces
 
 
 class IdClaims(NamedTuple):
@@ -68,7 +68,7 @@ class IdClaims(NamedTuple):
 
     written: dict[str, bool]  # per id claimed: whether its record was written (else a run or cancel touched it)
     taken: set[str]  # ids whose record names another queue: nothing is pushed under them
-    refused: list[Exception]  # errors of the claims Redis refused: their ids are not pushed either
+    refused: dict[str, Exception]  # per id whose claim Redis refused, its error: nothing is pushed under it either
 
 
 class AnnouncedQueues:
@@ -188,7 +188,7 @@ def record_only_args(item: Enqueueable, result_ttl_s: int) -> list[Any]:
 
 
 class Enqueuer(Role):
-    """Enqueueing: all or nothing on one server; on Redis Cluster one call per queue and per record."""
+    """Enqueueing: one call or MULTI/EXEC on one server; on Redis Cluster one call per queue and per record."""
 
     def __init__(self, redis: ScriptClient, announced: AnnouncedQueues, history_max: int) -> None:
         super().__init__(redis)
@@ -204,65 +204,20 @@ class Enqueuer(Role):
         # queue, the key's holder for a unique task. On Redis Cluster some may be pushed when an error is raised.
         if not uniques and len(items) == 1 and self._enqueue_one(items[0], result_ttl_s):
             return [None]
-        new_queues = self.announced.missing(item.queue for item in items)
+        claimed, whole_later = IdClaims({}, set(), {}), set[str]()
         if isinstance(self.client, redis.RedisCluster):
-            outcomes = self._enqueue_on_cluster(items, uniques, result_ttl_s, new_queues)
-        else:
-            outcomes = self._enqueue_on_server(items, result_ttl_s, new_queues, uniques)
-        self.announced.add(new_queues)
-        return outcomes
-
-    def _enqueue_on_server(
-        self,
-        items: Sequence[Enqueueable],
-        result_ttl_s: int,
-        new_queues: set[str],
-        uniques: Sequence[UniqueEnqueueable],
-    ) -> list[str | None]:
-        # One enqueue_batch call, atomic on its own. Plain tasks are cheaper as native LPUSHes
-        # (no copy into Lua), and unique tasks need a script each: then the LPUSHes and the
-        # scripts (the first of each by source, so NOSCRIPT cannot split them) run in
-        # MULTI/EXEC, which Redis refuses whole when it is out of memory.
-        sections, keys, args = self._batch_call(items, result_ttl_s, new_queues)
-        others_at = [position for section in sections.values() for position in section.others_at]
-        if not uniques and not any(section.plain for section in sections.values()):
-            missed = not_pushed(self.redis.run("enqueue_batch", keys, args), others_at)
-            return _in_place(items, missed)
-        pipe = self.client.pipeline(transaction=True)
-        for queue, section in sections.items():
-            if section.plain:
-                pipe.lpush(self.keys.pending(queue), *section.plain)
-        batch_at = len(pipe)
-        if items:
-            pipe.eval(self.scripts.sources["enqueue_batch"], len(keys), *keys, *args)
-        calls = self._queue_uniques(pipe, uniques, result_ttl_s, first_by_source=True)
-        replies = pipe.execute()
-        missed = not_pushed(replies[batch_at], others_at) if items else []
-        holders = self._unique_holders(replies, calls)
-        self.announced.add(calls.new_queues)
-        return [*_in_place(items, missed), *holders]
-
-    def _batch_call(
-        self, items: Sequence[Enqueueable], result_ttl_s: int, new_queues: set[str]
-    ) -> tuple[dict[str, Section], list[str], list[Any]]:
-        """The sections of `items`, and the KEYS and ARGV of one enqueue_batch call (plain tasks left out)."""
-        sections = split_by_queue(items)
-        records = in_section_order(items, sections)
-        keys = [key for queue in sections for key in self._queue_section_keys(queue)]
-        keys += [self.keys.queues()] if new_queues else []
-        keys += [self.keys.result(item.task_id) for item in records]
-        args: list[Any] = [
-            WAKE_TOKEN,
-            ENQUEUED_IDS_KEEP_MS,
-            ENQUEUED_IDS_MAX,
-            "1" if new_queues else "0",
-            len(sections),
-            *history.header_args(self.history_max, result_ttl_s * 1000),
-        ]
-        for queue, section in sections.items():
-            args += section.args(queue, with_plain=False)
-        args += record_groups(records, result_ttl_s)
-        return sections, keys, args
+            # The caller's ids are claimed on their records first. A claim Redis refuses keeps its id's
+            # tasks back; the others are pushed, then its error is raised.
+            claims, whole_later = id_claims(items, [unique.item for unique in uniques])
+            claimed = self._claim_ids(claims, result_ttl_s) if claims else claimed
+        blocked = claimed.taken | claimed.refused.keys()
+        outcomes = [item.task_id if item.idempotent and item.task_id in blocked else None for item in items]
+        holders = [item.task_id if item.idempotent and item.task_id in blocked else None for item, *_ in uniques]
+        recorded = self._push(items, uniques, result_ttl_s, outcomes, holders, claimed)
+        self._settle_unique_records(uniques, holders, recorded, whole_later, result_ttl_s)
+        if claimed.refused:
+            raise next(iter(claimed.refused.values()))
+        return [*outcomes, *holders]
 
     def _enqueue_one(self, item: Enqueueable, result_ttl_s: int) -> bool:
         # The common single enqueue as a script call without the batch's sections (~15 % more
@@ -287,36 +242,16 @@ class Enqueuer(Role):
         self.redis.run_direct("enqueue_one", keys, args)
         return True
 
-    def _enqueue_on_cluster(
-        self,
-        items: Sequence[Enqueueable],
-        uniques: Sequence[UniqueEnqueueable],
-        result_ttl_s: int,
-        new_queues: set[str],
-    ) -> list[str | None]:
-        """Claim the caller's ids, then push: per task None (pushed) or the id in its place."""
-        # A claim Redis refuses keeps its id's tasks back; the others are pushed, then its error is raised.
-        claims, whole_later = id_claims(items, [unique.item for unique in uniques])
-        claimed = self._claim_ids(claims, result_ttl_s) if claims else IdClaims({}, set(), [])
-        blocked = claimed.taken | {item.task_id for item in claims if item.task_id not in claimed.written}
-        outcomes = [item.task_id if item.idempotent and item.task_id in blocked else None for item in items]
-        holders = [item.task_id if item.idempotent and item.task_id in blocked else None for item, *_ in uniques]
-        recorded = self._push(items, uniques, result_ttl_s, new_queues, outcomes, holders, claimed)
-        self._settle_unique_records(uniques, holders, recorded, whole_later, result_ttl_s)
-        if claimed.refused:
-            raise claimed.refused[0]
-        return [*outcomes, *holders]
-
     def _claim_ids(self, claims: Sequence[Enqueueable], result_ttl_s: int) -> IdClaims:
         """Write the records claiming caller's ids (unless a run or cancel touched them) in one round trip."""
         # A record naming another queue is left alone: its id is another task's, nothing is pushed under it.
         pipe = self.client.pipeline(transaction=False)
         for item in claims:
             self._queue_record(pipe, item, result_ttl_s)
-        claimed = IdClaims({}, set(), [])
+        claimed = IdClaims({}, set(), {})
         for item, reply in zip(claims, self.scripts.execute(pipe, self.client, raise_on_error=False), strict=True):
             if isinstance(reply, Exception):
-                claimed.refused.append(reply)
+                claimed.refused[item.task_id] = reply
             elif len(reply) > 2:
                 claimed.taken.add(item.task_id)
             else:
@@ -328,48 +263,63 @@ class Enqueuer(Role):
         items: Sequence[Enqueueable],
         uniques: Sequence[UniqueEnqueueable],
         result_ttl_s: int,
-        new_queues: set[str],
         outcomes: list[str | None],
         holders: list[str | None],
         claimed: IdClaims,
     ) -> list[bool]:
         """Push the tasks whose `outcomes` and `holders` are None, filling them in; per unique task: record written?"""
+        # One server: every queue's section and the records in one enqueue_batch call, atomic on its
+        # own. Plain tasks are cheaper as native LPUSHes (no copy into Lua); with them, unique tasks'
+        # scripts or queues to announce, the calls run in MULTI/EXEC (which Redis refuses whole when it
+        # is out of memory), the first of each script by source so NOSCRIPT cannot split them.
+        # Redis Cluster: one call per queue, and one per record (its own slot) beside or before it.
+        cluster = isinstance(self.client, redis.RedisCluster)
         free = [at for at, outcome in enumerate(outcomes) if outcome is None]
         free_uniques = [at for at, holder in enumerate(holders) if holder is None]
-        pipe = self.client.pipeline(transaction=False)
-        for item in items:
-            if item.result_key_fields and not item.idempotent:  # a generated id: its record beside its push
-                self._queue_record(pipe, item, result_ttl_s)
-        first_section, sections = self._queue_sections(pipe, [items[at] for at in free], result_ttl_s)
-        claimed_ids = claimed.written.keys() | claimed.taken
-        calls = self._queue_uniques(pipe, [uniques[at] for at in free_uniques], result_ttl_s, recorded=claimed_ids)
+        sections = split_by_queue([items[at] for at in free])
+        new_queues = self.announced.missing([*sections, *(uniques[at].item.queue for at in free_uniques)])
+        multi = not cluster and bool(free_uniques or new_queues or any(s.plain for s in sections.values()))
+        pipe = self.client.pipeline(transaction=multi)
+        head = [WAKE_TOKEN, ENQUEUED_IDS_KEEP_MS, ENQUEUED_IDS_MAX, "0"]
+        shape = history.header_args(self.history_max, result_ttl_s * 1000)
+        batches: list[tuple[int, list[int]]] = []  # per enqueue_batch call: its place, its tasks' positions
+        if cluster:
+            for item in items:
+                if item.result_key_fields and not item.idempotent:  # a generated id: its record beside its push
+                    self._queue_record(pipe, item, result_ttl_s)
+            for queue, section in sections.items():
+                batches.append((len(pipe), section.others_at))
+                args = [*head, 1, *shape, *section.args(queue)]
+                self.scripts.queue(pipe, "enqueue_batch", self._section_keys(queue), args)
+        elif sections:
+            for queue, section in sections.items():
+                if section.plain:
+                    pipe.lpush(self.keys.pending(queue), *section.plain)
+            records = in_section_order(items, sections)
+            keys = [key for queue in sections for key in self._section_keys(queue)]
+            keys += [self.keys.result(item.task_id) for item in records]
+            args = [*head, len(sections), *shape]
+            for queue, section in sections.items():
+                args += section.args(queue, with_plain=False)
+            args += record_groups(records, result_ttl_s)
+            batches.append((len(pipe), [at for section in sections.values() for at in section.others_at]))
+            self.scripts.queue(pipe, "enqueue_batch", keys, args, by_source=multi)
+        recorded_ids = claimed.written.keys() | claimed.taken
+        calls = self._queue_uniques(pipe, [uniques[at] for at in free_uniques], result_ttl_s, multi, recorded_ids)
         if new_queues:
-            self.redis.announce(pipe, new_queues)
+            self.redis.announce(pipe, new_queues, by_source=multi)
         replies = self.scripts.execute(pipe, self.client)
-        self.announced.add(calls.new_queues)
-        for section, reply in zip(sections, replies[first_section:], strict=False):
-            for position in not_pushed(reply, section.others_at):
+        self.announced.add(new_queues)
+        for at, others_at in batches:
+            for position in not_pushed(replies[at], others_at):
                 outcomes[free[position]] = items[free[position]].task_id
         recorded = [claimed.written.get(unique.item.task_id, False) for unique in uniques]
-        for at, holder, record_at in zip(
-            free_uniques, self._unique_holders(replies, calls), calls.records, strict=True
-        ):
-            holders[at] = holder
+        for at, script_at, record_at in zip(free_uniques, calls.scripts, calls.records, strict=True):
+            holders[at] = None if int(replies[script_at][0]) else reply_text(replies[script_at][1])
             recorded[at] = recorded[at] or (record_at >= 0 and bool(int(replies[record_at][1])))
         return recorded
 
-    def _queue_sections(self, pipe: Any, items: Sequence[Enqueueable], result_ttl_s: int) -> tuple[int, list[Section]]:
-        """Queue an enqueue_batch call per queue of `items` (no records); return the first's place and the sections."""
-        head = [WAKE_TOKEN, ENQUEUED_IDS_KEEP_MS, ENQUEUED_IDS_MAX, "0"]
-        shape = history.header_args(self.history_max, result_ttl_s * 1000)
-        sections = split_by_queue(items)
-        first = len(pipe)
-        for queue, section in sections.items():
-            keys = self._queue_section_keys(queue)
-            self.scripts.queue(pipe, "enqueue_batch", keys, [*head, 1, *shape, *section.args(queue)])
-        return first, list(sections.values())
-
-    def _queue_section_keys(self, queue: str) -> list[str]:
+    def _section_keys(self, queue: str) -> list[str]:
         return [
             self.keys.pending(queue),
             self.keys.prioritized(queue),
@@ -386,7 +336,7 @@ class Enqueuer(Role):
         whole_later: set[str],
         result_ttl_s: int,
     ) -> None:
-        """Delete the records written for unique tasks not pushed; write whole those that named only a queue."""
+        """Redis Cluster: delete the records written for unique tasks not pushed; write whole those naming a queue."""
         pairs = list(zip(uniques, holders, strict=True))
         kept = {unique.item.task_id for unique, holder in pairs if holder in (None, unique.item.task_id)}
         doomed = {unique.item.task_id for unique, wrote in zip(uniques, recorded, strict=True) if wrote} - kept
@@ -401,56 +351,35 @@ class Enqueuer(Role):
         self.scripts.execute(pipe, self.client)
 
     def _queue_uniques(
-        self,
-        pipe: Any,
-        uniques: Sequence[UniqueEnqueueable],
-        result_ttl_s: int,
-        *,
-        first_by_source: bool = False,
-        recorded: Set[str] = frozenset(),
+        self, pipe: Any, uniques: Sequence[UniqueEnqueueable], result_ttl_s: int, multi: bool, recorded: Set[str]
     ) -> UniqueCalls:
-        """Queue the `enqueue_unique` calls of `uniques`; return where they are (see `_unique_holders`)."""
-        # `first_by_source`: the first call goes as EVAL, loading the script for the others in a MULTI/EXEC.
+        """Queue the `enqueue_unique` calls of `uniques` (the first by source in a MULTI); say where they are."""
         # On Redis Cluster each record is written before its script (once per id), but for those in `recorded`.
         cluster = isinstance(self.client, redis.RedisCluster)
         index = history.header_args(self.history_max, result_ttl_s * 1000)
-        calls = UniqueCalls([], [], set())
+        calls = UniqueCalls([], [])
         recorded = set(recorded)
         for position, unique in enumerate(uniques):
             item = unique.item
-            keys = [self.keys.unique(item.queue, unique.digest), *self._queue_section_keys(item.queue)]
+            keys = [self.keys.unique(item.queue, unique.digest), *self._section_keys(item.queue)]
             record: list[str] = []
-            if cluster and item.result_key_fields and item.task_id not in recorded:
-                recorded.add(item.task_id)
-                self._queue_record(pipe, item, result_ttl_s)
-                calls.records.append(len(pipe) - 1)
-            elif cluster:
-                calls.records.append(-1)
-            else:
-                calls.records.append(-1)
+            calls.records.append(-1)
+            if not cluster:
                 record = [pair for field in item.result_key_fields.items() for pair in field]
                 keys += [self.keys.result(item.task_id)] if record else []
+            elif item.result_key_fields and item.task_id not in recorded:
+                recorded.add(item.task_id)
+                self._queue_record(pipe, item, result_ttl_s)
+                calls.records[-1] = len(pipe) - 1
             args = [item.task_id, unique.window_ms, WAKE_TOKEN, item.priority, item.delay_ms, item.raw]
             args += [result_ttl_s + item.delay_ms // 1000 + 1, "1" if item.idempotent else "0"]
             args += [ENQUEUED_IDS_KEEP_MS, ENQUEUED_IDS_MAX, *index, *record]
             calls.scripts.append(len(pipe))
-            self.scripts.queue(pipe, "enqueue_unique", keys, args, by_source=first_by_source and position == 0)
-        calls.new_queues.update(self.announced.missing(unique.item.queue for unique in uniques))
-        if calls.new_queues:
-            self.redis.announce(pipe, calls.new_queues, by_source=first_by_source)
+            self.scripts.queue(pipe, "enqueue_unique", keys, args, by_source=multi and position == 0)
         return calls
 
     def _queue_record(self, pipe: Any, item: Enqueueable, result_ttl_s: int) -> None:
         """Queue an enqueue_batch call writing `item`'s READY record alone (in its own slot on Redis Cluster)."""
-        args = record_only_args(item, result_ttl_s)
-        self.scripts.queue(pipe, "enqueue_batch", [self.keys.result(item.task_id)], args)
-
-    def _unique_holders(self, replies: Sequence[Any], calls: UniqueCalls) -> list[str | None]:
-        """Per task None (pushed) or the id enqueued in its place, from the replies of `_queue_uniques`'s calls."""
-        return [None if int(replies[at][0]) else reply_text(replies[at][1]) for at in calls.scripts]
-
-
-def _in_place(items: Sequence[Enqueueable], missed: Sequence[int]) -> list[str | None]:
-    """Per task of `items`: None (pushed), or its own id for one at a position in `missed` (enqueued before)."""
-    skipped = set(missed)
-    return [item.task_id if position in skipped else None for position, item in enumerate(items)]
+        self.scripts.queue(
+            pipe, "enqueue_batch", [self.keys.result(item.task_id)], record_only_args(item, result_ttl_s)
+        )
