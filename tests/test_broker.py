@@ -302,7 +302,7 @@ def test_dead_letters_can_be_listed_requeued_and_deleted(broker):
     entry = DeadRequeue(first, 0, first, "t1", ResultUpdate("t1", {"status": "READY"}, 60))
     assert broker.inspect.requeue_dead("q", [entry], broker.queue.issue_fence("q")) == [MOVED]
     assert broker.inspect.requeue_dead("q", [entry], broker.queue.issue_fence("q")) == [NOT_MOVED]
-    assert broker.inspect.delete_dead("q", [second]) == 1
+    assert broker.inspect.delete_dead_tasks("q", broker.inspect.list_dead_tasks("q")) == 1
     assert broker.inspect.list_dead("q") == []
     assert broker.client.lrange(broker.keys.pending("q"), 0, -1) == [first]
 

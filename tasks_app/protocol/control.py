@@ -15,7 +15,6 @@ from typing import Any
 
 from tasks_app.protocol import history, records
 from tasks_app.protocol.keys import NAME_PATTERN
-from tasks_app.protocol.records import stored_int
 from tasks_app.protocol.scripts import Role, reply_text
 
 # Cancel requests of running tasks are kept this long (a run outliving it is not told again).
@@ -72,28 +71,19 @@ class Control(Role):
         if running or filed:
             pipe = self.client.pipeline(transaction=False)
             for reply, unique_digest in filed:
-                self._file_cancelled(pipe, reply, unique_digest)
-            for reply in running:
-                self._file_cancel_request(pipe, reply, force)
+                # The task browser's history: READY to CANCELLED (another slot than the record).
+                args = history.status_move_args(reply.task_id, records.CANCELLED, "", history.INDEX_TTL_S)
+                self.scripts.queue(pipe, "history_move", history.index_keys(self.keys, reply.queue), args)
+                if unique_digest:  # a key its end frees (unique_until = finished): it ended, it will never run
+                    keys = [self.keys.unique(reply.queue, unique_digest)]
+                    self.scripts.queue(pipe, "release_unique", keys, [reply.task_id])
+            for reply in running:  # tell its consumer (and trim old requests)
+                forced = [self.keys.cancel_forced(reply.queue)] if force else []
+                for key in [self.keys.cancel_requests(reply.queue), *forced]:
+                    pipe.zadd(key, {reply.task_id: reply.at_ms})
+                    pipe.zremrangebyscore(key, "-inf", f"({reply.at_ms - CANCEL_REQUESTS_KEEP_MS}")
             self.scripts.execute(pipe, self.client)
         return replies
-
-    def _file_cancelled(self, pipe: Any, reply: CancelReply, unique_digest: str) -> None:
-        """Queue the writes of a task cancelled outright: its move in the history, and freeing its uniqueness key."""
-        # The task browser's history: READY to CANCELLED (another slot than the record).
-        args = history.status_move_args(reply.task_id, records.CANCELLED, "", history.INDEX_TTL_S)
-        self.scripts.queue(pipe, "history_move", history.index_keys(self.keys, reply.queue), args)
-        if unique_digest:  # a key its end frees (unique_until = finished): it ended, it will never run
-            self.scripts.queue(pipe, "release_unique", [self.keys.unique(reply.queue, unique_digest)], [reply.task_id])
-
-    def _file_cancel_request(self, pipe: Any, reply: CancelReply, force: bool) -> None:
-        """Queue the writes that tell a running task's consumer of its cancel (and trim old requests)."""
-        keys = [self.keys.cancel_requests(reply.queue)]
-        if force:
-            keys.append(self.keys.cancel_forced(reply.queue))
-        for key in keys:
-            pipe.zadd(key, {reply.task_id: reply.at_ms})
-            pipe.zremrangebyscore(key, "-inf", f"({reply.at_ms - CANCEL_REQUESTS_KEEP_MS}")
 
     def cancel_marks(self, queue: str, task_ids: Sequence[str]) -> list[CancelMark]:
         """What was asked of each of these (running) tasks of `queue`: two ZMSCOREs in one round trip."""
@@ -135,18 +125,9 @@ class Control(Role):
         return bool(self.client.exists(self.keys.paused(queue)))
 
     def pause_states(self, queues: Sequence[str]) -> dict[str, dict[str, Any] | None]:
-        """Per queue, its pause state ({"since_ms", "by"}) or None when it runs."""
-        if not queues:
-            return {}
+        """Per queue, its pause state ({"since_ms", "by"}, as `pause` wrote it) or None when it runs."""
         pipe = self.client.pipeline(transaction=False)
         for queue in queues:
             pipe.get(self.keys.paused(queue))
-        return {queue: _state(raw) for queue, raw in zip(queues, pipe.execute(), strict=True)}
-
-
-def _state(raw: bytes | None) -> dict[str, Any] | None:
-    """A paused key's state as we write it: `since_ms` an integer or None, `by` text."""
-    if raw is None:
-        return None
-    state = json.loads(raw) if raw else {}
-    return {"since_ms": stored_int(state.get("since_ms")), "by": state.get("by") or ""}
+        replies = pipe.execute() if queues else []
+        return {queue: None if raw is None else json.loads(raw) for queue, raw in zip(queues, replies, strict=True)}

@@ -163,8 +163,7 @@ class Inspection(Role):
 
     def known_queues(self) -> list[str]:
         """Return every queue that has seen a task or a consumer."""
-        key = self.keys.queues()
-        members = self.client.smembers(key)
+        members = self.client.smembers(self.keys.queues())
         return sorted(member.decode(errors="backslashreplace") for member in members)  # may hold any bytes
 
     def live_consumers(self, queue: str) -> list[dict[str, Any]]:
@@ -183,7 +182,12 @@ class Inspection(Role):
         """Count pending, in-flight, delayed and dead tasks of a queue, and list its consumers."""
         # One MULTI/EXEC reads every count, so a task moved meanwhile is counted once; a foreign name in the
         # queue set is read without it (its keys may lie in many Redis Cluster slots).
-        entries, holders = self._holders(queue)
+        listing = self.client.pipeline(transaction=False)
+        listing.zrange(self.keys.consumers(queue), 0, -1, withscores=True)
+        listing.zrange(self.keys.reaped(queue), 0, -1)  # the lists of reaped ids may hold its tasks too
+        entries, reaped = listing.execute()
+        holders = [member.decode(errors="backslashreplace") for member, _ in entries]
+        holders += [member.decode() for member in reaped]
         pipe = self.client.pipeline(transaction=NAME_PATTERN.fullmatch(queue) is not None)
         pipe.hgetall(self.keys.consumer_info(queue))
         for consumer_id in holders:
@@ -202,15 +206,6 @@ class Inspection(Role):
         processing = sum(lengths[: len(holders)])
         consumers = _consumer_rows(entries, info_raw, lengths[: len(entries)])
         return QueueStats(queue, waiting, processing, delayed, dead, consumers, bool(paused))
-
-    def _holders(self, queue: str) -> tuple[list[tuple[bytes, float]], list[str]]:
-        """The lease entries of `queue`, and every id whose processing list may hold its tasks (reaped ones too)."""
-        listing = self.client.pipeline(transaction=False)
-        listing.zrange(self.keys.consumers(queue), 0, -1, withscores=True)
-        listing.zrange(self.keys.reaped(queue), 0, -1)
-        entries, reaped = listing.execute()
-        holders = [member.decode(errors="backslashreplace") for member, _ in entries]
-        return entries, holders + [member.decode() for member in reaped]
 
     def sample_backlog(self, queue: str) -> int:
         """Store how many tasks of `queue` wait (pending, prioritized, suspects, delayed) in this minute's hash."""
@@ -235,49 +230,29 @@ class Inspection(Role):
 
     def dead_count(self, queue: str) -> int:
         """How many tasks of `queue` are dead-lettered."""
-        key = self.keys.dead(queue)
-        return int(self.client.zcard(key))
+        return int(self.client.zcard(self.keys.dead(queue)))
 
     def list_dead(self, queue: str, offset: int = 0, limit: int = 100) -> list[tuple[bytes, int]]:
         """Return dead-lettered tasks of a queue, newest first, with the time (ms) they died."""
-        key = self.keys.dead(queue)
-        entries = self.client.zrange(key, offset, offset + limit - 1, desc=True, withscores=True)
+        entries = self.client.zrange(self.keys.dead(queue), offset, offset + limit - 1, desc=True, withscores=True)
         return [(member, ms_of_score(score)) for member, score in entries]
 
-    def _dead_scored(self, queue: str, died_ms: Sequence[int], limit: int) -> list[tuple[bytes, int]]:
-        """The dead tasks of `queue` that died at each of `died_ms` (as `list_dead` reads it), `limit` each."""
-        key = self.keys.dead(queue)
-        pipe = self.client.pipeline(transaction=False)
-        for ms in died_ms:
-            # list_dead truncates a fractional score towards 0 and reads an infinite one as ±MAX_SCORE_MS.
-            low = "-inf" if ms <= -MAX_SCORE_MS else f"({ms - 1}"
-            high = "+inf" if ms >= MAX_SCORE_MS else f"({ms + 1}"
-            pipe.zrangebyscore(key, low, high, start=0, num=limit, withscores=True)
-        replies = pipe.execute()
-        return [(member, ms_of_score(score)) for entries in replies for member, score in entries]
-
-    def requeue_dead(self, queue: str, entries: Sequence[DeadRequeue], fence: int) -> list[int | str]:
+    def requeue_dead(
+        self, queue: str, entries: Sequence[DeadRequeue], fence: int, *, parked: bool = False
+    ) -> list[int | str]:
         """Move dead tasks back, with READY records: NOT_MOVED, MOVED, MOVED_WITHOUT_RECORD or the key's holder."""
         # On Redis Cluster the records lie in other slots: the tasks are parked in delayed instead, for the
-        # caller to write their records and then `_push_parked` them.
-        park_ms = REQUEUE_PARK_MS if isinstance(self.client, redis.RedisCluster) else 0
-        return self._requeue_call(self.keys.dead(queue), queue, entries, fence, park_ms)
-
-    def _push_parked(self, queue: str, entries: Sequence[DeadRequeue]) -> list[int | str]:
-        """Redis Cluster: push the tasks `requeue_dead` parked, those still parked (MOVED, else NOT_MOVED)."""
-        return self._requeue_call(self.keys.delayed(queue), queue, [entry.parked() for entry in entries], 0, 0)
-
-    def _requeue_call(
-        self, source: str, queue: str, entries: Sequence[DeadRequeue], fence: int, park_ms: int
-    ) -> list[int | str]:
-        """Run requeue_dead on `entries` taken from `source`, with their records on a single server."""
+        # caller to write their records and then push them (`parked`: those still parked, MOVED or NOT_MOVED).
         if not entries:
             return []
-        with_records = not isinstance(self.client, redis.RedisCluster)
+        cluster = isinstance(self.client, redis.RedisCluster)
+        source = self.keys.delayed(queue) if parked else self.keys.dead(queue)
+        park_ms = REQUEUE_PARK_MS if cluster and not parked else 0
+        entries = [entry.parked() for entry in entries] if parked else entries
         uniques = [self.keys.unique(queue, e.unique_digest) for e in entries if e.unique_window_ms > 0]
         args: list[Any] = [WAKE_TOKEN, park_ms, fence, len(history.STATUSES), *history.STATUSES, len(uniques)]
         for entry in entries:
-            fields = [part for pair in entry.record.fields.items() for part in pair] if with_records else []
+            fields = [] if cluster else [part for pair in entry.record.fields.items() for part in pair]
             args += (entry.member, entry.priority, entry.raw, entry.task_id, entry.record.ttl_s)
             args += (entry.unique_window_ms, len(fields) // 2, *fields)
         keys = [
@@ -290,7 +265,7 @@ class Inspection(Role):
             *history.index_keys(self.keys, queue),
             *uniques,
         ]
-        keys += [self.keys.result(entry.task_id) for entry in entries] if with_records else []
+        keys += [] if cluster else [self.keys.result(entry.task_id) for entry in entries]
         replies = self.redis.run("requeue_dead", keys, args)
         return [reply if isinstance(reply, int) else reply.decode(errors="backslashreplace") for reply in replies]
 
@@ -301,10 +276,14 @@ class Inspection(Role):
     def find_dead_tasks(self, queue: str, refs: Iterable[str]) -> list[DeadTask]:
         """Return the dead tasks of `queue` whose refs are given, reading only those that died at the refs' times."""
         wanted = set(refs)
-        died_ms = sorted({int(ref.partition(":")[0]) for ref in wanted if _REF.fullmatch(ref)})
-        scored = self._dead_scored(queue, died_ms, SCAN_PAGE) if died_ms else []
-        found = [dead for dead in (_decode(member, ms) for member, ms in scored) if dead.ref in wanted]
-        return list({dead.ref: dead for dead in found}.values())
+        pipe = self.client.pipeline(transaction=False)
+        for ms in sorted({int(ref.partition(":")[0]) for ref in wanted if _REF.fullmatch(ref)}):
+            # list_dead truncates a fractional score towards 0 and reads an infinite one as ±MAX_SCORE_MS.
+            low = "-inf" if ms <= -MAX_SCORE_MS else f"({ms - 1}"
+            high = "+inf" if ms >= MAX_SCORE_MS else f"({ms + 1}"
+            pipe.zrangebyscore(self.keys.dead(queue), low, high, start=0, num=SCAN_PAGE, withscores=True)
+        found = [_decode(member, ms_of_score(score)) for entries in pipe.execute() for member, score in entries]
+        return list({dead.ref: dead for dead in found if dead.ref in wanted}.values())
 
     def requeue_dead_tasks(
         self, queue: str, dead: Sequence[DeadTask], unique_windows: Mapping[str, UniqueWindow] | None = None
@@ -345,11 +324,11 @@ class Inspection(Role):
         for entry, reply in zip(parked, written, strict=True):
             if isinstance(reply, Exception):
                 logger.warning("requeued task %s without its READY record: Redis refused it (%s)", entry.task_id, reply)
-        self._push_parked(queue, parked)
+        self.requeue_dead(queue, parked, 0, parked=True)
 
     def delete_dead_tasks(self, queue: str, dead: Sequence[DeadTask]) -> int:
         """Delete dead tasks for good; return how many were deleted."""
-        return self.delete_dead(queue, [item.member for item in dead])
+        return int(self.client.zrem(self.keys.dead(queue), *(item.member for item in dead))) if dead else 0
 
     def trim_dead(self, queue: str, max_count: int, max_age_s: int) -> int:
         """Drop the oldest dead letters beyond `max_count` and those older than `max_age_s`; how many."""
@@ -359,10 +338,6 @@ class Inspection(Role):
             dropped += step
             if step < TRIM_BATCH:
                 return dropped
-
-    def delete_dead(self, queue: str, members: Sequence[bytes]) -> int:
-        """Delete dead-lettered tasks for good; return how many were deleted."""
-        return int(self.client.zrem(self.keys.dead(queue), *members)) if members else 0
 
     def server_time_ms(self) -> int:
         """Return the Redis server's clock in milliseconds."""

@@ -197,11 +197,6 @@ def limit_key_token(kwargs: Mapping[str, Any], name: str) -> str:
     return "#" + hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
-def consumer_id_of(member: bytes) -> str:
-    """A consumer id as a lease entry or a tombstone holds it."""
-    return member.decode()
-
-
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
 NAME_RULE = "1-100 characters from A-Z, a-z, 0-9 and _ . : -"
 

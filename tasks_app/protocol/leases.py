@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tasks_app.protocol.keys import WAKE_TOKEN, consumer_id_of
+from tasks_app.protocol.keys import WAKE_TOKEN
 from tasks_app.protocol.records import json_object
 from tasks_app.protocol.scripts import Role
 
@@ -49,44 +49,18 @@ class Leases(Role):
         self, queues: Sequence[str], consumer_id: str, lease_ms: int, register_info: dict[str, Any] | None = None
     ) -> bool:
         """Register or renew this consumer's lease on every queue; False if any was lost or had lapsed."""
-        return not self.lost_leases(queues, consumer_id, lease_ms, register_info)
+        return not self.renew_leases(queues, consumer_id, lease_ms, register_info=register_info)
 
-    def lost_leases(
+    def renew_leases(
         self,
         queues: Sequence[str],
         consumer_id: str,
         lease_ms: int,
-        register_info: dict[str, Any] | None = None,
         instance: str = "",
+        *,
+        register_info: dict[str, Any] | None = None,
     ) -> list[str]:
-        """Register or renew this consumer's lease on every queue; return those lost, lapsed or taken by another."""
-        pipe = self._heartbeats(queues, consumer_id, lease_ms, register_info, instance)
-        flags = self.scripts.execute(pipe, self.client)[: len(queues)]
-        return [queue for queue, held in zip(queues, flags, strict=True) if not held]
-
-    def renew_leases(self, queues: Sequence[str], consumer_id: str, lease_ms: int, instance: str = "") -> list[str]:
-        """Renew as `lost_leases` does; return the queues where the lease was lost."""
-        return self.lost_leases(queues, consumer_id, lease_ms, None, instance)
-
-    def register_leases(
-        self, queues: Sequence[str], consumer_id: str, lease_ms: int, register_info: dict[str, Any]
-    ) -> None:
-        """Register this consumer's lease on every queue, and list them in the queue set."""
-        self.scripts.execute(self._heartbeats(queues, consumer_id, lease_ms, register_info, ""), self.client)
-
-    def list_queues(self, queues: Sequence[str]) -> None:
-        """Add `queues` to the queue set again (registering lists them too: this is for a set deleted since)."""
-        self.redis.run("announce_queues", [self.keys.queues()], sorted(queues))
-
-    def _heartbeats(
-        self,
-        queues: Sequence[str],
-        consumer_id: str,
-        lease_ms: int,
-        register_info: dict[str, Any] | None,
-        instance: str,
-    ) -> Any:
-        """A pipeline of one heartbeat per queue (followed, when registering, by their entries in the queue set)."""
+        """Renew (or register, listing the queues in the queue set) the lease on every queue; return those lost."""
         info = json.dumps(register_info) if register_info is not None else ""
         pipe = self.client.pipeline(transaction=False)
         for queue in queues:
@@ -94,7 +68,18 @@ class Leases(Role):
             self.scripts.queue(pipe, "heartbeat", keys, [consumer_id, lease_ms, info, instance])
         if register_info is not None:
             self.redis.announce(pipe, queues)
-        return pipe
+        flags = self.scripts.execute(pipe, self.client)[: len(queues)]
+        return [queue for queue, held in zip(queues, flags, strict=True) if not held]
+
+    def register_leases(
+        self, queues: Sequence[str], consumer_id: str, lease_ms: int, register_info: dict[str, Any]
+    ) -> None:
+        """Register this consumer's lease on every queue, and list them in the queue set."""
+        self.renew_leases(queues, consumer_id, lease_ms, register_info=register_info)
+
+    def list_queues(self, queues: Sequence[str]) -> None:
+        """Add `queues` to the queue set again (registering lists them too: this is for a set deleted since)."""
+        self.redis.run("announce_queues", [self.keys.queues()], sorted(queues))
 
     def lease_holders(self, queues: Sequence[str], consumer_id: str) -> list[LeaseHolder]:
         """The lease entries `consumer_id` holds on `queues` (none where it holds no entry)."""
@@ -132,11 +117,6 @@ class Leases(Role):
         ]
         return int(self.redis.run("deregister", keys, [consumer_id, instance, WAKE_TOKEN]))
 
-    def reap_candidates(self, queue: str) -> tuple[list[str], list[str]]:
-        """Return consumers whose lease expired, and the newest reaped ids whose lists are not empty."""
-        expired, tombstones, _ = self.reap_candidate_page(queue, 0)
-        return expired, tombstones
-
     def reap_candidate_page(self, queue: str, tombstone_offset: int) -> tuple[list[str], list[str], int]:
         """Return expired consumers, reaped ids with tasks left (a page of tombstones per call), and the next offset."""
         out = self.redis.run(
@@ -144,7 +124,7 @@ class Leases(Role):
             [self.keys.consumers(queue), self.keys.reaped(queue)],
             [TOMBSTONE_PAGE, TOMBSTONE_KEEP_MS, tombstone_offset],
         )
-        ids, count = [consumer_id_of(item) for item in out[:-2]], int(out[-1])
+        ids, count = [item.decode() for item in out[:-2]], int(out[-1])
         split = ids.index("")
         expired = [cid for cid in ids[:split] if cid]
         tombstones = list(dict.fromkeys(cid for cid in ids[split + 1 :] if cid))
