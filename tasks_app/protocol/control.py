@@ -51,10 +51,7 @@ class Control(Role):
 
     def cancel_many(self, task_ids: Sequence[str], cancelled_by: str = "", force: bool = False) -> list[CancelReply]:
         """Cancel tasks by id in one round trip (two if some run; `force`: stopped by their consumer); never raises."""
-        pipe = self.client.pipeline(transaction=False)
-        for task_id in task_ids:
-            self.scripts.queue(pipe, "cancel", [self.keys.result(task_id)], [cancelled_by])
-        answers = self.scripts.execute(pipe, self.client)
+        answers = self.redis.run_many("cancel", [([self.keys.result(task_id)], [cancelled_by]) for task_id in task_ids])
         replies = [
             CancelReply(task_id, reply_text(outcome), reply_text(queue), reply_text(status), int(at_ms))
             for task_id, (outcome, queue, status, at_ms, *_) in zip(task_ids, answers, strict=True)

@@ -245,11 +245,9 @@ class Enqueuer(Role):
     def _claim_ids(self, claims: Sequence[Enqueueable], result_ttl_s: int) -> IdClaims:
         """Write the records claiming caller's ids (unless a run or cancel touched them) in one round trip."""
         # A record naming another queue is left alone: its id is another task's, nothing is pushed under it.
-        pipe = self.client.pipeline(transaction=False)
-        for item in claims:
-            self._queue_record(pipe, item, result_ttl_s)
+        calls = [([self.keys.result(item.task_id)], record_only_args(item, result_ttl_s)) for item in claims]
         claimed = IdClaims({}, set(), {})
-        for item, reply in zip(claims, self.scripts.execute(pipe, self.client, raise_on_error=False), strict=True):
+        for item, reply in zip(claims, self.redis.run_many("enqueue_batch", calls, False), strict=True):
             if isinstance(reply, Exception):
                 claimed.refused[item.task_id] = reply
             elif len(reply) > 2:

@@ -81,15 +81,10 @@ class Held(NamedTuple):
 
     processing: str  # its processing list
     consumer_info: str  # its queue's consumer info hash, where no other instance may have registered it
-    raw: bytes
+    consumers: str  # its queue's consumers zset: while the id is there, it was not reaped
     consumer_id: str
     instance: str
-    consumers: str = ""  # its queue's consumers zset: while the id is there, it was not reaped
-
-    @property
-    def settler(self) -> tuple[str, str, str, str, str]:
-        """The check's three keys (list, consumer info, consumers), consumer id and instance."""
-        return self.processing, self.consumer_info, self.consumers, self.consumer_id, self.instance
+    raw: bytes
 
 
 class Place(NamedTuple):
@@ -108,11 +103,6 @@ def index_keys(keys: Keys, queue: str) -> tuple[str, ...]:
 def header_args(history_max: int, ttl_ms: int) -> list[Any]:
     """What enqueue_batch takes after its first five arguments: the index's shape, cap and life."""
     return [len(STATUSES), history_max, ttl_ms, *STATUSES]
-
-
-def indexed(update: ResultUpdate) -> bool:
-    """Whether a result write changes where its task is filed (it sets a status, its queue known)."""
-    return bool(update.queue) and "status" in update.fields
 
 
 def status_move_args(task_id: str, status: str, enqueued_ms: str, ttl_s: int) -> list[Any]:
@@ -200,13 +190,7 @@ class Records(Role):
         if not tasks:
             return []
         keys = [self.keys.result(task_id) for _, task_id in tasks]
-        if isinstance(self.client, redis.RedisCluster):
-            pipe = self.client.pipeline(transaction=False)
-            for key in keys:
-                self.scripts.queue(pipe, "delete_finished", [key], [])
-            replies = [int(reply[0]) for reply in self.scripts.execute(pipe, self.client)]
-        else:
-            replies = [int(reply) for reply in self.redis.run("delete_finished", keys, [])]
+        replies = self.redis.run_on_records("delete_finished", keys, [], [])
         pipe = self.client.pipeline(transaction=False)
         for (queue, task_id), reply in zip(tasks, replies, strict=True):
             for key in index_keys(self.keys, queue) if reply in (DELETED, GONE) else ():
@@ -409,7 +393,7 @@ class Records(Role):
         if queue:
             keys = [*index_keys(self.keys, queue), self.keys.minute(queue, int(time.time()) // 60)]
             args = [len(STATUSES), *STATUSES, KEEP_MINUTES * 60]
-        lists = {hold.settler: 0 for hold in holds if hold is not None}
+        lists = {hold[:5]: 0 for hold in holds if hold is not None}  # the check's keys, consumer id and instance
         args.append(len(lists))
         for number, settler in enumerate(lists, start=1):
             lists[settler] = number
@@ -417,7 +401,7 @@ class Records(Role):
             args += settler[3:]
         for update, hold in zip(updates, holds or [None] * len(updates), strict=True):
             if lists:
-                args += (0, "") if hold is None else (lists[hold.settler], hold.raw)
+                args += (0, "") if hold is None else (lists[hold[:5]], hold.raw)
             keys.append(self.keys.result(update.task_id))
             args += (
                 update.ttl_s,
@@ -446,7 +430,7 @@ class Records(Role):
             moved = [update for update, reply in zip(updates, earlier, strict=True) if reply in (1, WRITTEN_AGAIN)]
             updates = [update for update, reply in zip(updates, earlier, strict=True) if reply == 1]
         for update in moved:
-            if indexed(update):
+            if update.queue and "status" in update.fields:  # it changes where its task is filed
                 keys = index_keys(self.keys, update.queue)
                 args = status_move_args(
                     update.task_id, update.fields["status"], update.fields.get("enqueued_at_ms", ""), update.ttl_s

@@ -83,12 +83,8 @@ class Leases(Role):
 
     def lease_holders(self, queues: Sequence[str], consumer_id: str) -> list[LeaseHolder]:
         """The lease entries `consumer_id` holds on `queues` (none where it holds no entry)."""
-        pipe = self.client.pipeline(transaction=False)
-        for queue in queues:
-            self.scripts.queue(
-                pipe, "lease_holder", [self.keys.consumers(queue), self.keys.consumer_info(queue)], [consumer_id]
-            )
-        entries = self.scripts.execute(pipe, self.client)
+        calls = [([self.keys.consumers(queue), self.keys.consumer_info(queue)], [consumer_id]) for queue in queues]
+        entries = self.redis.run_many("lease_holder", calls)
         return [
             LeaseHolder(queue, int(ms_left), json_object(info))
             for queue, (held, ms_left, info) in zip(queues, entries, strict=True)

@@ -210,12 +210,8 @@ class Limits(Role):
         """Extend every slot this consumer's runs hold (per (type, key token): holder tokens), in one round trip."""
         if not held:
             return 0
-        pipe = self.client.pipeline(transaction=False)
-        for (task_type, key_token), holders in held.items():
-            self.scripts.queue(
-                pipe, "renew_slots", [self.keys.running(task_type, key_token)], [lease_ms, idle_ms, *holders]
-            )
-        return sum(int(renewed) for renewed in self.scripts.execute(pipe, self.client))
+        calls = [([self.keys.running(*limiter)], [lease_ms, idle_ms, *holders]) for limiter, holders in held.items()]
+        return sum(int(renewed) for renewed in self.redis.run_many("renew_slots", calls))
 
     def wake(self, waiter: Waiter) -> bool:
         """Make a waiter's task due now and move it to pending; False if it was no longer delayed."""

@@ -132,16 +132,8 @@ class Queue(Role):
 
     def claim_receipts(self, claims: Sequence[tuple[str, int]], result_ttl_s: int) -> list[int]:
         """Write claimed (id, fence)s' receipts: per task 1 held, 3 held, record new, 0 superseded, 2 cancelled."""
-        # One script on one server; one per task on Redis Cluster, where the records lie in many slots.
         keys = [self.keys.result(task_id) for task_id, _ in claims]
-        if not isinstance(self.client, redis.RedisCluster):
-            return [
-                int(reply) for reply in self.redis.run("claim_receipts", keys, [result_ttl_s, *(t for _, t in claims)])
-            ]
-        pipe = self.client.pipeline(transaction=False)
-        for key, (_, token) in zip(keys, claims, strict=True):
-            self.scripts.queue(pipe, "claim_receipts", [key], [result_ttl_s, token])
-        return [int(replies[0]) for replies in self.scripts.execute(pipe, self.client)]
+        return self.redis.run_on_records("claim_receipts", keys, [result_ttl_s], [token for _, token in claims])
 
     def ack(
         self,
@@ -317,10 +309,10 @@ class Queue(Role):
         return Held(
             keys.processing(queue, consumer_id),
             keys.consumer_info(queue),
-            raw,
+            keys.consumers(queue),
             consumer_id,
             self.instance,
-            keys.consumers(queue),
+            raw,
         )
 
     def _acked(

@@ -274,6 +274,22 @@ class ScriptClient:
         """Run script `name` (see `Scripts.run`)."""
         return self.scripts.run(self.client, name, keys, args)
 
+    def run_many(
+        self, name: str, calls: Iterable[tuple[Sequence[str], Sequence[Any]]], raise_on_error: bool = True
+    ) -> list[Any]:
+        """Run script `name` once per (keys, args) of `calls`, in one round trip (see `Scripts.execute`)."""
+        pipe = self.client.pipeline(transaction=False)
+        for keys, args in calls:
+            self.scripts.queue(pipe, name, keys, args)
+        return self.scripts.execute(pipe, self.client, raise_on_error)
+
+    def run_on_records(self, name: str, keys: Sequence[str], shared: Sequence[Any], each: Sequence[Any]) -> list[int]:
+        """Script `name` on result records (`each`: an argument per record): one call, or one a record on a cluster."""
+        if not isinstance(self.client, redis.RedisCluster):
+            return [int(reply) for reply in self.run(name, keys, [*shared, *each])]
+        replies = self.run_many(name, [([key], [*shared, *each[at : at + 1]]) for at, key in enumerate(keys)])
+        return [int(reply[0]) for reply in replies]
+
     def run_direct(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """`run` past redis-py's pool and retry layers (see `DirectCalls`), for the hottest calls of a producer."""
         if self.direct is None:
