@@ -68,7 +68,7 @@ def test_a_run_holds_a_slot_and_gives_it_back(broker, gated):
     task_type(gated, "x.add", max_running=1)
     assert gated.execute(enqueued(broker, "t1", "x.add", 1, 2)) is True
     assert broker.records.get_result("t1")["status"] == "SUCCESSFUL"
-    assert broker.limits.slots_in_use(SlotSet("x.add", None, 1)) == 0
+    assert broker.client.zcard(broker.keys.running(*SlotSet("x.add", None, 1)[:2])) == 0
 
 
 def test_no_free_slot_defers_without_an_attempt_and_a_freed_slot_wakes_the_task(broker, gated):
@@ -213,7 +213,7 @@ def test_a_slot_taken_by_a_call_whose_reply_was_lost_goes_to_its_retry(broker):
     holder = gate.acquire(Claimed("q", CONSUMER, task_bytes("t1", "x.add")), task, slots)
     assert holder is not None  # the slot its first try took is its own, not a stranger's for a lease
     broker.limits.release_slot(slots, holder, 60_000, 3_000)
-    assert broker.limits.slots_in_use(slots) == 0
+    assert broker.client.zcard(broker.keys.running(*slots[:2])) == 0
 
 
 def test_the_unique_key_of_a_run_given_up_on_while_it_hangs_outlives_its_process(broker, gated):
@@ -257,7 +257,7 @@ def test_the_slot_of_an_async_run_given_up_on_while_it_hangs_is_held_until_its_p
     assert gated.time_limits.fail_hung(0.1, 5.0) == 0, "taken by one settling thread, not again at the next tick"
     wait_until(lambda: broker.records.get_result("t1")["status"] == "FAILED", 5, message="the run to be failed")
     # still running: its slot lapses with the lease once the process is gone
-    assert broker.limits.slots_in_use(slots) == 1
+    assert broker.client.zcard(broker.keys.running(*slots[:2])) == 1
     gated.close()
 
 

@@ -20,7 +20,7 @@ from tasks_app.protocol.codec import Task, UndecodableTask, decode_payload, deco
 from tasks_app.protocol.history import KEEP_MINUTES, Records
 from tasks_app.protocol.keys import NAME_PATTERN, UNDECODABLE_TYPE, WAKE_TOKEN, delayed_member
 from tasks_app.protocol.queue import THROUGHPUT_BUCKET_S, Queue
-from tasks_app.protocol.records import MAX_SCORE_MS, ResultUpdate, json_object, ms_of_score, stored_int
+from tasks_app.protocol.records import MAX_SCORE_MS, ResultUpdate, json_object, ms_of_score
 from tasks_app.protocol.scripts import Role, ScriptClient
 
 # Most dead letters one trim_dead call drops (about 5 ms of Redis time): see `trim_dead`.
@@ -159,7 +159,7 @@ class Inspection(Role):
         # A foreign name in the queue set ("", "}x") spreads its keys over a cluster's slots.
         cluster = isinstance(self.client, redis.RedisCluster)
         counts = self.client.mget_nonatomic(keys) if cluster else self.client.mget(keys)
-        return sum(stored_int(count) or 0 for count in counts)
+        return sum(int(count or 0) for count in counts)
 
     def known_queues(self) -> list[str]:
         """Return every queue that has seen a task or a consumer."""
@@ -226,7 +226,7 @@ class Inspection(Role):
         pipe = self.client.pipeline(transaction=False)
         for minute in minutes:
             pipe.hgetall(self.keys.minute(queue, minute))
-        return [_ints(raw) for raw in pipe.execute()]
+        return [{key.decode(): int(value) for key, value in raw.items()} for raw in pipe.execute()]
 
     def dead_count(self, queue: str) -> int:
         """How many tasks of `queue` are dead-lettered."""
@@ -361,10 +361,6 @@ class Inspection(Role):
         # With several target nodes redis-py answers one parsed CLUSTER INFO per node.
         replies = cast(dict[Any, dict[str, Any]], self.client.cluster_info(target_nodes=redis.RedisCluster.PRIMARIES))
         return all(info.get("cluster_state") == "ok" for info in replies.values())
-
-
-def _ints(raw: dict[bytes, bytes]) -> dict[str, int]:
-    return {key.decode(errors="backslashreplace"): stored_int(value) or 0 for key, value in raw.items()}
 
 
 def _decode(member: bytes, died_at_ms: int) -> DeadTask:

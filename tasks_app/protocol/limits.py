@@ -12,9 +12,9 @@ import hashlib
 import math
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
-from itertools import islice
+from itertools import batched
 from typing import Any, NamedTuple
 
 from tasks_app.protocol.codec import UndecodableTask, decode_task
@@ -166,7 +166,8 @@ class Limits(Role):
             return 0
         now_ms = self.redis.server_time_us() // 1000 if now else None
         moved = 0
-        for members in _batches(self.client.zscan_iter(self.keys.delayed(queue), count=RESCHEDULE_BATCH)):
+        scan = (member for member, _ in self.client.zscan_iter(self.keys.delayed(queue), count=RESCHEDULE_BATCH))
+        for members in batched(scan, RESCHEDULE_BATCH):
             keep()
             ids = _ids_of_type(members, task_type)
             if not ids:
@@ -222,10 +223,6 @@ class Limits(Role):
         changed, _ = self.scripts.execute(pipe, self.client)
         return bool(changed)
 
-    def slots_in_use(self, slots: SlotSet) -> int:
-        """How many of a slot set's slots are held or reserved now (expired holders included until evicted)."""
-        return int(self.client.zcard(self.keys.running(slots.task_type, slots.key_token)))
-
     def _slot_keys(self, slots: SlotSet) -> list[str]:
         return [
             self.keys.running(slots.task_type, slots.key_token),
@@ -254,14 +251,7 @@ class Limits(Role):
         return woken
 
 
-def _batches(members: Iterable[tuple[bytes, float]]) -> Iterator[list[bytes]]:
-    """The delayed members of a scan, RESCHEDULE_BATCH at a time."""
-    names = (member for member, _ in members)
-    while batch := list(islice(names, RESCHEDULE_BATCH)):
-        yield batch
-
-
-def _ids_of_type(members: list[bytes], task_type: str) -> dict[bytes, str]:
+def _ids_of_type(members: Iterable[bytes], task_type: str) -> dict[bytes, str]:
     """The task id of each delayed member that is a task of `task_type` (other members skipped)."""
     ids = {}
     for member in members:

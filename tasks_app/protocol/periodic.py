@@ -10,7 +10,6 @@ import redis
 from tasks_app.protocol import history
 from tasks_app.protocol.enqueue import Enqueueable, Enqueuer, record_only_args
 from tasks_app.protocol.keys import WAKE_TOKEN
-from tasks_app.protocol.records import stored_int
 from tasks_app.protocol.scripts import Role, ScriptClient, reply_text
 
 # What fire_periodic.lua says it did with a slot.
@@ -139,7 +138,7 @@ def _pushed(outcome: str, regular: Enqueueable, catch_up: Enqueueable | None) ->
 
 def _state(fields: Mapping[bytes, bytes]) -> PeriodicState:
     def ms(name: bytes) -> int | None:
-        return stored_int(fields.get(name))
+        return int(fields[name]) if name in fields else None
 
     task_id = fields.get(b"task_id", b"").decode(errors="backslashreplace")
     return PeriodicState(ms(b"slot_ms"), ms(b"fired_slot_ms"), task_id, ms(b"fired_at_ms"))

@@ -58,11 +58,6 @@ def ms_text(ms: float) -> str:
 READY_RECORD_DEFAULTS = {"status": "READY", "priority": "0", "args": "[]", "kwargs": "{}", "attempts": "0"}
 
 
-def stored_int(raw: bytes | str | int | None) -> int | None:
-    """A whole number our own scripts or commands stored (INCRBY, HSET, JSON); None for an absent key or field."""
-    return None if raw is None else int(raw)
-
-
 def json_object(raw: bytes) -> dict[str, Any]:
     """Parse a consumer's info as it registered it ("": none)."""
     return json.loads(raw) if raw else {}

@@ -147,17 +147,14 @@ def reply_text(value: Any) -> str:
     return value.decode(errors="backslashreplace") if isinstance(value, bytes) else str(value)
 
 
-def _expand_includes(source: bytes, directory: Path) -> bytes:
-    return _INCLUDE.sub(lambda match: (directory / "include" / f"{match[1].decode()}.lua").read_bytes(), source)
-
-
 class Scripts:
     """The Lua scripts of lua/, loaded once and run by SHA (reloaded after a Redis restart)."""
 
     def __init__(self, directory: Path = LUA_DIR) -> None:
-        self.sources = {
-            path.stem: _expand_includes(path.read_bytes(), directory) for path in sorted(directory.glob("*.lua"))
-        }
+        def include(match: re.Match[bytes]) -> bytes:
+            return (directory / "include" / f"{match[1].decode()}.lua").read_bytes()
+
+        self.sources = {path.stem: _INCLUDE.sub(include, path.read_bytes()) for path in sorted(directory.glob("*.lua"))}
         self.shas = {name: hashlib.sha1(src).hexdigest() for name, src in self.sources.items()}
 
     def run(self, client: Any, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
@@ -191,15 +188,6 @@ class Scripts:
         except NoScriptError:
             return by_source(self.sources[name], len(keys), *keys, *args)
 
-    def _run_again(self, client: Any, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """Run script `name` by source; a deterministic error is its reply (the runs before it are not undone)."""
-        try:
-            return client.eval(self.sources[name], len(keys), *keys, *args)
-        except ResponseError as exc:
-            if is_transient(exc):
-                raise
-            return exc
-
     def queue(self, pipe: Any, name: str, keys: Sequence[str], args: Sequence[Any], *, by_source: bool = False) -> None:
         """Add a run of script `name` to a pipeline (see `execute`); `by_source` sends EVAL, not EVALSHA."""
         # Remember the call by its position, so `execute` can re-run it without reading
@@ -220,8 +208,14 @@ class Scripts:
         try:
             results: list[Any] = pipe.execute(raise_on_error=False)
             for index, outcome in enumerate(results):
-                if isinstance(outcome, NoScriptError):
-                    results[index] = outcome = self._run_again(client, *queued[index])
+                if isinstance(outcome, NoScriptError):  # run by source; a deterministic error is its reply
+                    name, keys, args = queued[index]
+                    try:
+                        results[index] = outcome = client.eval(self.sources[name], len(keys), *keys, *args)
+                    except ResponseError as exc:
+                        if is_transient(exc):
+                            raise
+                        results[index] = outcome = exc
                 if isinstance(outcome, ResponseError) and index in queued:
                     results[index] = _misconfigured(client.type, *queued[index][:2], outcome)
         except RedisConnectionError:
