@@ -158,8 +158,12 @@ def prepare(requests: Sequence[TaskRequest], *, registry: Registry = default_reg
         if entry is None or entry[0] is not request:
             entry = prepared[id(request)] = (request, _prepare(request, configs, registry, now_ms))
         task, queue, priority, delay_ms, run_after_ms, record, window_ms = entry[1]
-        if request.task_id:
-            _check_one_queue(request.task_id, queue, queue_of_id)
+        # One id names one task, and one record: not tasks of two queues.
+        if request.task_id and (first := queue_of_id.setdefault(request.task_id, queue)) != queue:
+            raise EnqueueError(
+                f"task id {request.task_id!r:.120} is given to tasks of two queues, {first!r} and {queue!r}, in one"
+                " call: a task id names one task"
+            )
         task_id = task.id = request.task_id or new_task_id()
         if request.run_after is not None:
             batch.fixed_due.add(task_id)
@@ -202,9 +206,7 @@ def _due_from_now(batch: PreparedBatch) -> tuple[list[Enqueueable], list[UniqueE
         return batch.items, uniques
 
     def due(item: Enqueueable) -> Enqueueable:
-        if item.task_id not in batch.fixed_due:
-            return item
-        return item._replace(delay_ms=max(0, item.delay_ms - late_ms))
+        return item._replace(delay_ms=max(0, item.delay_ms - late_ms)) if item.task_id in batch.fixed_due else item
 
     return [due(item) for item in batch.items], [unique._replace(item=due(unique.item)) for unique in uniques]
 
@@ -263,16 +265,6 @@ def _check_task_id(task_id: str) -> None:
     if "/" in task_id or task_id in {".", ".."} or any(ord(char) < 32 or 127 <= ord(char) < 160 for char in task_id):
         raise EnqueueError(
             f"task_id cannot contain '/' or control characters, nor be '.' or '..', got {task_id!r:.120}"
-        )
-
-
-def _check_one_queue(task_id: str, queue: str, queue_of_id: dict[str, str]) -> None:
-    """Refuse a caller's id given to tasks of two queues in one call: one id names one task, and one record."""
-    first = queue_of_id.setdefault(task_id, queue)
-    if first != queue:
-        raise EnqueueError(
-            f"task id {task_id!r:.120} is given to tasks of two queues, {first!r} and {queue!r}, in one call:"
-            " a task id names one task"
         )
 
 

@@ -98,18 +98,19 @@ class AnnouncedQueues:
 
 @dataclass
 class Section:
-    """One queue's tasks: plain ones, the others as (id, priority, delay ms, task), the ids to file in its history."""
+    """One queue's tasks: plain ones, the others as (id, priority, delay ms, task), those to file in its history."""
 
     plain: list[bytes] = field(default_factory=list)
     others: list[Any] = field(default_factory=list)
-    history: list[str] = field(default_factory=list)
+    recorded: list[Enqueueable] = field(default_factory=list)  # with a READY record: filed in the history
     # The positions in the batch of the tasks in `others`, in order: the script names by them those it did not push.
     others_at: list[int] = field(default_factory=list)
 
     def args(self, queue: str, with_plain: bool = True) -> list[Any]:
         """The section's ARGV: queue name, plain tasks (if `with_plain`, else none), the others, the history ids."""
         plain = self.plain if with_plain else []
-        return [queue, len(plain), *plain, len(self.others) // 4, *self.others, len(self.history), *self.history]
+        history = [item.task_id for item in self.recorded]
+        return [queue, len(plain), *plain, len(self.others) // 4, *self.others, len(history), *history]
 
 
 def split_by_queue(items: Sequence[Enqueueable]) -> dict[str, Section]:
@@ -125,22 +126,13 @@ def split_by_queue(items: Sequence[Enqueueable]) -> dict[str, Section]:
         else:
             section.plain.append(item.raw)
         if item.result_key_fields:
-            section.history.append(item.task_id)
+            section.recorded.append(item)
     return by_queue
 
 
 def not_pushed(reply: Sequence[Any], others_at: Sequence[int]) -> list[int]:
     """The positions in the batch of the tasks an enqueue_batch call did not push, from its reply and `others_at`."""
     return [others_at[int(number) - 1] for number in reply[2:]]
-
-
-def in_section_order(items: Sequence[Enqueueable], by_queue: Mapping[str, Section]) -> list[Enqueueable]:
-    """The tasks with a READY record, by section and then in order: the order of the sections' history ids."""
-    recorded = [item for item in items if item.result_key_fields]
-    if len(by_queue) == 1:
-        return recorded
-    order = {queue: number for number, queue in enumerate(by_queue)}
-    return sorted(recorded, key=lambda item: order[item.queue])
 
 
 def id_claims(items: Sequence[Enqueueable], uniques: Sequence[Enqueueable]) -> tuple[list[Enqueueable], set[str]]:
@@ -293,7 +285,7 @@ class Enqueuer(Role):
             for queue, section in sections.items():
                 if section.plain:
                     pipe.lpush(self.keys.pending(queue), *section.plain)
-            records = in_section_order(items, sections)
+            records = [item for section in sections.values() for item in section.recorded]  # as the history ids
             keys = [key for queue in sections for key in self._section_keys(queue)]
             keys += [self.keys.result(item.task_id) for item in records]
             args = [*head, len(sections), *shape]
