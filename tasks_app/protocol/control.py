@@ -123,8 +123,5 @@ class Control(Role):
 
     def pause_states(self, queues: Sequence[str]) -> dict[str, dict[str, Any] | None]:
         """Per queue, its pause state ({"since_ms", "by"}, as `pause` wrote it) or None when it runs."""
-        pipe = self.client.pipeline(transaction=False)
-        for queue in queues:
-            pipe.get(self.keys.paused(queue))
-        replies = pipe.execute() if queues else []
+        replies = self.redis.each(queues, lambda pipe, queue: pipe.get(self.keys.paused(queue)))
         return {queue: None if raw is None else json.loads(raw) for queue, raw in zip(queues, replies, strict=True)}

@@ -216,12 +216,12 @@ class Records(Role):
         upper = "+inf" if max_ms is None else repr(max_ms) if seen else f"({max_ms!r}"
         lower = repr(min_ms) if min_ms is not None else "-inf"
         keys = [self._index_key(queue, status) for queue in queues]
-        pipe = self.client.pipeline(transaction=False)
-        for key in keys:
-            pipe.zrevrangebyscore(key, upper, lower, start=0, num=limit + seen, withscores=True)
+        windows = self.redis.each(
+            keys, lambda pipe, key: pipe.zrevrangebyscore(key, upper, lower, start=0, num=limit + seen, withscores=True)
+        )
         rows = [
             (float(score), member, queue)
-            for queue, replies in zip(queues, pipe.execute(), strict=True)
+            for queue, replies in zip(queues, windows, strict=True)
             for member, score in replies
         ]
         rows.sort(reverse=True)
@@ -233,33 +233,28 @@ class Records(Role):
 
     def history_count(self, queues: Sequence[str], status: str | None, min_ms: float | None) -> int:
         """How many entries of `queues` (of one status if given) are at least as new as `min_ms` (O(log n))."""
+        lower = repr(min_ms) if min_ms is not None else "-inf"
         keys = [self._index_key(queue, status) for queue in queues]
-        pipe = self.client.pipeline(transaction=False)
-        for key in keys:
-            pipe.zcount(key, repr(min_ms) if min_ms is not None else "-inf", "+inf")
-        return sum(pipe.execute())
+        return sum(self.redis.each(keys, lambda pipe, key: pipe.zcount(key, lower, "+inf")))
 
     def history_by_prefix(self, queues: Sequence[str], prefix: str, limit: int) -> list[Entry]:
         """Up to `limit` tasks of `queues` whose id starts with `prefix` (lexical range, O(log n))."""
+        # The byte FF, not the text "\xff" (sent as UTF-8 C3 BF, below the bytes of "€" or any emoji).
         lower = f"[{prefix}".encode()
         keys = [self.keys.history_ids(queue) for queue in queues]
-        pipe = self.client.pipeline(transaction=False)
-        for key in keys:
-            # The byte FF, not the text "\xff" (sent as UTF-8 C3 BF, below the bytes of "€" or any emoji).
-            pipe.zrangebylex(key, lower, lower + b"\xff", start=0, num=limit)
+        matches = self.redis.each(
+            keys, lambda pipe, key: pipe.zrangebylex(key, lower, lower + b"\xff", start=0, num=limit)
+        )
         found = {
             queue: [member.decode(errors="backslashreplace") for member in members]
-            for queue, members in zip(queues, pipe.execute(), strict=True)
+            for queue, members in zip(queues, matches, strict=True)
             if members
         }
-        keys = [self.keys.history(queue) for queue in found]
-        pipe = self.client.pipeline(transaction=False)
-        for key, ids in zip(keys, found.values(), strict=True):
-            pipe.zmscore(key, ids)
+        scores = self.redis.each(found, lambda pipe, queue: pipe.zmscore(self.keys.history(queue), found[queue]))
         scored = [
             Entry(queue, task_id, float(score or 0))
-            for queue, scores in zip(found, pipe.execute(), strict=True)
-            for task_id, score in zip(found[queue], scores, strict=True)
+            for queue, of_queue in zip(found, scores, strict=True)
+            for task_id, score in zip(found[queue], of_queue, strict=True)
         ]
         return sorted(scored, key=lambda entry: entry.score_ms, reverse=True)[:limit]
 
@@ -268,10 +263,7 @@ class Records(Role):
 
     def refresh_history_ttl(self, queue: str, ttl_s: int) -> None:
         """Give `queue`'s index keys the result time to live again (a status index made by a result write has none)."""
-        pipe = self.client.pipeline(transaction=False)
-        for key in index_keys(self.keys, queue):
-            pipe.pexpire(key, ttl_s * 1000)
-        pipe.execute()
+        self.redis.each(index_keys(self.keys, queue), lambda pipe, key: pipe.pexpire(key, ttl_s * 1000))
 
     def queue_writes(
         self, pipe: Any, updates: Sequence[ResultUpdate], *, by_source: bool = False, holds: Sequence[Held | None] = ()

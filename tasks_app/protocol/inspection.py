@@ -223,10 +223,8 @@ class Inspection(Role):
 
     def minute_counts(self, queue: str, minutes: Sequence[int]) -> list[dict[str, int]]:
         """The counters of `queue` for each of `minutes` (empty where nothing was counted)."""
-        pipe = self.client.pipeline(transaction=False)
-        for minute in minutes:
-            pipe.hgetall(self.keys.minute(queue, minute))
-        return [{key.decode(): int(value) for key, value in raw.items()} for raw in pipe.execute()]
+        counters = self.redis.each(minutes, lambda pipe, minute: pipe.hgetall(self.keys.minute(queue, minute)))
+        return [{key.decode(): int(value) for key, value in raw.items()} for raw in counters]
 
     def dead_count(self, queue: str) -> int:
         """How many tasks of `queue` are dead-lettered."""

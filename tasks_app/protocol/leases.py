@@ -95,10 +95,7 @@ class Leases(Role):
         """Tombstone an id whose lease was lost, so reapers sweep its lists even if its lease entry is gone."""
         # A blocking claim in flight can still move a task into such a list.
         now_ms = int(time.time() * 1000)
-        pipe = self.client.pipeline(transaction=False)
-        for queue in queues:
-            pipe.zadd(self.keys.reaped(queue), {consumer_id: now_ms}, nx=True)
-        pipe.execute()
+        self.redis.each(queues, lambda pipe, queue: pipe.zadd(self.keys.reaped(queue), {consumer_id: now_ms}, nx=True))
 
     def deregister(self, queue: str, consumer_id: str, instance: str = "") -> int:
         """Leave cleanly: put back what is held, uncounted, and drop the lease (-1: another instance has the id)."""
@@ -125,10 +122,7 @@ class Leases(Role):
         expired = [cid for cid in ids[:split] if cid]
         tombstones = list(dict.fromkeys(cid for cid in ids[split + 1 :] if cid))
         if tombstones:
-            pipe = self.client.pipeline(transaction=False)
-            for consumer_id in tombstones:
-                pipe.llen(self.keys.processing(queue, consumer_id))
-            lengths = pipe.execute()
+            lengths = self.redis.each(tombstones, lambda pipe, held_by: pipe.llen(self.keys.processing(queue, held_by)))
             tombstones = [cid for cid, length in zip(tombstones, lengths, strict=True) if length]
         next_offset = tombstone_offset + TOMBSTONE_PAGE
         return expired, tombstones, next_offset if next_offset < count else 0

@@ -116,10 +116,7 @@ class Periodic(Role):
     def periodic_states(self, schedules: Sequence[tuple[str, str]]) -> list[PeriodicState]:
         """The state of each (queue, schedule) in one round trip."""
         keys = [self.keys.periodic(queue, schedule) for queue, schedule in schedules]
-        pipe = self.client.pipeline(transaction=False)
-        for key in keys:
-            pipe.hgetall(key)
-        return [_state(fields) for fields in pipe.execute()]
+        return [_state(fields) for fields in self.redis.each(keys, lambda pipe, key: pipe.hgetall(key))]
 
 
 def _reply(reply: Sequence[Any]) -> FireReply:

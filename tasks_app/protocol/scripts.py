@@ -277,6 +277,13 @@ class ScriptClient:
             self.scripts.queue(pipe, name, keys, args)
         return self.scripts.execute(pipe, self.client, raise_on_error)
 
+    def each(self, items: Iterable[Any], command: Callable[[Any, Any], object]) -> list[Any]:
+        """Queue `command(pipe, item)` for each of `items` on a pipeline; return their replies, in one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        for item in items:
+            command(pipe, item)
+        return list(pipe.execute())
+
     def run_on_records(self, name: str, keys: Sequence[str], shared: Sequence[Any], each: Sequence[Any]) -> list[int]:
         """Script `name` on result records (`each`: an argument per record): one call, or one a record on a cluster."""
         if not isinstance(self.client, redis.RedisCluster):
