@@ -85,6 +85,7 @@ class Held(NamedTuple):
     consumer_id: str
     instance: str
     raw: bytes
+    queue: str
 
 
 class Place(NamedTuple):

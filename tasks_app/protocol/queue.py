@@ -160,9 +160,21 @@ class Queue(Role):
     ) -> AckReport:
         """Record results, then acknowledge the tasks of each (queue, consumer) list; report what each write did."""
         # `releases`, per owner, the uniqueness key each task's end frees, only if the ack finds it.
-        # One server: one MULTI, results first, each `held_by` write only if its ack will find the task.
-        # Redis Cluster: results and acks live on different nodes, so the results go first, each master
-        # WAITing for a replica (at most `cluster_wait_ms`), and then the acks.
+        acks = [self._ack_call(owner, raws, (releases or {}).get(owner, ())) for owner, raws in raws_by_owner.items()]
+        flags, written, unreplicated = self._settle(results, raws_by_owner, acks)
+        refused = {index: outcome for index, outcome in enumerate(written) if isinstance(outcome, Exception)}
+        return AckReport(flags, refused, unreplicated, tuple(written))
+
+    def _settle(
+        self,
+        results: Sequence[ResultUpdate],
+        raws_by_owner: Mapping[tuple[str, str], Sequence[bytes]],
+        settles: Sequence[tuple[str, list[str], list[Any]]],
+    ) -> tuple[dict[tuple[str, str], list[bool]], list[Any], int]:
+        """Write `results`, then settle (a call per owner): per owner held flags, each write's reply, unreplicated."""
+        # One server: one MULTI, results first, each `held_by` write only if the settle after it finds the task.
+        # Redis Cluster: results and processing lists live on different nodes, so the results go first, each
+        # master WAITing for a replica (at most `cluster_wait_ms`), and then the settles.
         cluster = isinstance(self.client, redis.RedisCluster)
         pipe = self.client.pipeline(transaction=not cluster)
         written: list[Any] = []
@@ -174,23 +186,25 @@ class Queue(Role):
         else:
             places = self.records.queue_writes(pipe, results, holds=holds)
         calls = len(pipe)
-        for owner, raws in raws_by_owner.items():
-            self._queue_ack(pipe, owner, raws, (releases or {}).get(owner, ()))
+        for name, keys, args in settles:
+            self.scripts.queue(pipe, name, keys, args)
         sent, written = self.records.execute_with_writes(pipe, results, places, written)
         outcomes = sent[calls : calls + len(raws_by_owner)]
         for outcome in outcomes:
             if isinstance(outcome, Exception):
                 raise outcome
-        flags = {owner: [bool(flag) for flag in flags] for owner, flags in zip(raws_by_owner, outcomes, strict=True)}
+        flags = {
+            owner: [bool(flag) for flag in (outcome if isinstance(outcome, list) else [outcome])]
+            for owner, outcome in zip(raws_by_owner, outcomes, strict=True)
+        }
         if any(holds) and NOT_HELD in written:
             self._write_again_settled(results, holds, written, self._acked(raws_by_owner, flags))
-        refused = {index: outcome for index, outcome in enumerate(written) if isinstance(outcome, Exception)}
-        return AckReport(flags, refused, unreplicated, tuple(written))
+        return flags, written, unreplicated
 
-    def _queue_ack(
-        self, pipe: Any, owner: tuple[str, str], raws: Sequence[bytes], releases: Sequence[UniqueRelease | None]
-    ) -> None:
-        """Queue the ack of one processing list's tasks, with the uniqueness keys their ends free."""
+    def _ack_call(
+        self, owner: tuple[str, str], raws: Sequence[bytes], releases: Sequence[UniqueRelease | None]
+    ) -> tuple[str, list[str], list[Any]]:
+        """The ack of one processing list's tasks, with the uniqueness keys their ends free."""
         queue, consumer_id = owner
         bucket = int(time.time()) // THROUGHPUT_BUCKET_S
         keys = [
@@ -204,7 +218,7 @@ class Queue(Role):
             if release is not None:
                 keys.append(self.keys.unique(queue, release.digest))
                 args += (position, release.task_id, release.after_ms)
-        self.scripts.queue(pipe, "ack", keys, args)
+        return "ack", keys, args
 
     def retry_later(
         self,
@@ -243,25 +257,16 @@ class Queue(Role):
     def _with_result(
         self, script: str, held: Held, keys: list[str], args: list[Any], result: ResultUpdate | None
     ) -> bool:
-        """Run settle script `script` and write its run's record as an ack does (held, or first on a cluster)."""
-        # By source on one server: a NOSCRIPT re-run would come after the script that took the task.
+        """Run settle script `script` on the task `held` names, writing its run's record as an ack does."""
         if result is None:
             return bool(self.redis.run(script, keys, args))
-        cluster = isinstance(self.client, redis.RedisCluster)
-        pipe = self.client.pipeline(transaction=not cluster)
-        written: list[Any] = []
-        places: list[Place] = []
-        if cluster:
-            written, _ = self.records.write_on_masters([result])
-        else:
-            places = self.records.queue_writes(pipe, [result], by_source=True, holds=[held])
-        settle_at = len(pipe)
-        self.scripts.queue(pipe, script, keys, args, by_source=not cluster)
-        sent, written = self.records.execute_with_writes(pipe, [result], places, written)
-        for reply in [sent[settle_at], *written]:
+        owner = (held.queue, held.consumer_id)
+        update = replace(result, held_by=(owner, held.raw))
+        flags, written, _ = self._settle([update], {owner: [held.raw]}, [(script, keys, args)])
+        for reply in written:
             if isinstance(reply, Exception):
                 raise reply
-        return bool(sent[settle_at])
+        return flags[owner][0]
 
     def held_by(self, queue: str, consumer_id: str) -> list[bytes]:
         """Return the tasks in a consumer's processing list."""
@@ -313,6 +318,7 @@ class Queue(Role):
             consumer_id,
             self.instance,
             raw,
+            queue,
         )
 
     def _acked(

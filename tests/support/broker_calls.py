@@ -35,8 +35,8 @@ def deleted_before_the_move(monkeypatch, broker, queue: str, task_id: str, shown
     [deleted] = [dead for dead in shown if dead.task_id == task_id]
     move = broker.inspect.requeue_dead
 
-    def deleted_first(*args):
+    def deleted_first(*args, **kwargs):
         broker.inspect.delete_dead_tasks(queue, [deleted])
-        return move(*args)
+        return move(*args, **kwargs)
 
     monkeypatch.setattr(broker.inspect, "requeue_dead", deleted_first)
