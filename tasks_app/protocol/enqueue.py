@@ -42,11 +42,6 @@ class Enqueueable(NamedTuple):
     # The caller chose the id: a task with this id enqueued to this queue recently is not pushed again.
     idempotent: bool = False
 
-    @property
-    def plain(self) -> bool:
-        """Priority 0, due now, no id to check: pushed as is."""
-        return not (self.priority or self.delay_ms > 0 or self.idempotent)
-
 
 class UniqueEnqueueable(NamedTuple):
     """A task to push only if no task of its type and uniqueness key was enqueued within its window."""
@@ -120,7 +115,7 @@ def split_by_queue(items: Sequence[Enqueueable]) -> dict[str, Section]:
         section = by_queue.get(item.queue)
         if section is None:
             section = by_queue[item.queue] = Section()
-        if item.priority or item.delay_ms > 0 or item.idempotent:  # not item.plain, inlined: runs per task
+        if item.priority or item.delay_ms > 0 or item.idempotent:  # else plain: priority 0, due now, no id to check
             section.others += (item.task_id if item.idempotent else "", item.priority, item.delay_ms, item.raw)
             section.others_at.append(position)
         else:
@@ -215,12 +210,9 @@ class Enqueuer(Role):
         # The common single enqueue as a script call without the batch's sections (~15 % more
         # tasks/s than a pipeline of two commands: the round trip is most of its cost). Its keys
         # lie in different slots, so not on Redis Cluster. False: not applicable, nothing written.
-        if (
-            not item.plain
-            or not item.result_key_fields
-            or item.queue not in self.announced
-            or isinstance(self.client, redis.RedisCluster)
-        ):
+        if item.priority or item.delay_ms > 0 or item.idempotent or not item.result_key_fields:
+            return False
+        if item.queue not in self.announced or isinstance(self.client, redis.RedisCluster):
             return False
         keys = [
             self.keys.result(item.task_id),

@@ -150,8 +150,7 @@ class Limits(Role):
                 # Read again under the lease: the follower that held it last may have done them all meanwhile.
                 for queue, mode in self.rate_follow_ups(task_type, key_token).items():
                     since_us = self.redis.server_time_us()
-                    reschedule = partial(self._reschedule, task_type=task_type, key_token=key_token, now=mode == "now")
-                    followed += reschedule(queue, keep=keep)
+                    followed += self._reschedule(queue, task_type, key_token, now=mode == "now", keep=keep)
                     self.rate_followed(task_type, key_token, queue, mode, since_us)
             finally:
                 self.rate_follower(task_type, key_token, token, 0)
@@ -183,11 +182,7 @@ class Limits(Role):
 
     def _limiter_keys(self, task_type: str, key_token: str | None) -> list[str]:
         keys = self.keys
-        return [
-            keys.rate(task_type, key_token),
-            keys.rate_queues(task_type, key_token),
-            keys.rate_follow_ups(task_type, key_token),
-        ]
+        return [key(task_type, key_token) for key in (keys.rate, keys.rate_queues, keys.rate_follow_ups)]
 
     def acquire_slot(
         self, slots: SlotSet, holder: str, waiter: Waiter, lease_ms: int, idle_ms: int
@@ -224,10 +219,9 @@ class Limits(Role):
         return bool(changed)
 
     def _slot_keys(self, slots: SlotSet) -> list[str]:
+        keys = self.keys
         return [
-            self.keys.running(slots.task_type, slots.key_token),
-            self.keys.running_waiters(slots.task_type, slots.key_token),
-            self.keys.running_waiting(slots.task_type, slots.key_token),
+            key(slots.task_type, slots.key_token) for key in (keys.running, keys.running_waiters, keys.running_waiting)
         ]
 
     def note_disabled(self, queue: str, task_type: str, priority: int, raw: bytes, ttl_ms: int) -> None:

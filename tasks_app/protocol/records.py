@@ -54,7 +54,7 @@ def ms_text(ms: float) -> str:
 
 
 # The fields a READY record may leave out, and the value each then has; the id is the key's suffix.
-# The producer stores only what differs (see results.ready_fields); get_result fills these back in.
+# The producer stores only what differs (see ready_fields_of_json); get_result fills these back in.
 READY_RECORD_DEFAULTS = {"status": "READY", "priority": "0", "args": "[]", "kwargs": "{}", "attempts": "0"}
 
 
@@ -182,7 +182,9 @@ def clean_text(text: str, max_bytes: int) -> str:
 
 def enqueued_fields(task: Task, arguments: Arguments) -> dict[str, str]:
     """Every field of a READY record: what a run's first write or a requeue sets."""
-    return {**READY_RECORD_DEFAULTS, "id": task.id, **ready_fields(task, arguments)}
+    args_json = _json(arguments.args) if arguments.args else ""
+    kwargs_json = _json(arguments.kwargs) if arguments.kwargs else ""
+    return {**READY_RECORD_DEFAULTS, "id": task.id, **ready_fields_of_json(task, args_json, kwargs_json)}
 
 
 # Headers a READY record keeps as fields of the same name: the task a retry from the task browser
@@ -192,14 +194,8 @@ PERIODIC_HEADER = "periodic"
 RECORDED_HEADERS = (RETRY_OF_HEADER, PERIODIC_HEADER)
 
 
-def ready_fields(task: Task, arguments: Arguments) -> dict[str, str]:
-    """The fields the producer stores in a READY record: those not at their default (~115 B saved per task), no id."""
-    args_json = _json(arguments.args) if arguments.args else ""
-    return ready_fields_of_json(task, args_json, _json(arguments.kwargs) if arguments.kwargs else "")
-
-
 def ready_fields_of_json(task: Task, args_json: str, kwargs_json: str) -> dict[str, str]:
-    """`ready_fields` of arguments already encoded as UTF-8-safe JSON texts ("" when empty)."""
+    """A READY record's fields but the id and those at their default (~115 B saved per task); JSON texts given."""
     fields = {"type": task.type, "queue": task.queue, "enqueued_at_ms": str(task.enqueued_at_ms)}
     if task.priority:
         fields["priority"] = str(task.priority)
