@@ -157,7 +157,8 @@ def prepare(requests: Sequence[TaskRequest], *, registry: Registry = default_reg
         entry = prepared.get(id(request))
         if entry is None or entry[0] is not request:
             entry = prepared[id(request)] = (request, _prepare(request, configs, registry, now_ms))
-        task, queue, priority, delay_ms, run_after_ms, record, window_ms = entry[1]
+        task, delay_ms, record, window_ms = entry[1]
+        queue = task.queue
         # One id names one task, and one record: not tasks of two queues.
         if request.task_id and (first := queue_of_id.setdefault(request.task_id, queue)) != queue:
             raise EnqueueError(
@@ -168,12 +169,12 @@ def prepare(requests: Sequence[TaskRequest], *, registry: Registry = default_reg
         if request.run_after is not None:
             batch.fixed_due.add(task_id)
         checked = bool(request.task_id) and not request.fresh_id  # a caller's id: a retry is a duplicate
-        item = Enqueueable(queue, encode_task(task), priority, delay_ms, record, task_id, checked)
+        item = Enqueueable(queue, encode_task(task), task.priority, delay_ms, record, task_id, checked)
         if window_ms:
             batch.uniques.append((len(batch.enqueued), UniqueEnqueueable(item, task.unique_digest, window_ms)))
         else:
             batch.items.append(item)
-        batch.enqueued.append(EnqueuedTask(task_id, request.type, queue, priority, now_ms, run_after_ms))
+        batch.enqueued.append(EnqueuedTask(task_id, request.type, queue, task.priority, now_ms, task.run_after_ms))
     return batch
 
 
@@ -220,13 +221,10 @@ def new_task_id() -> str:
 
 
 class _Prepared(NamedTuple):
-    """A validated request: its task without an id, where it goes, when, and the READY record its tasks share."""
+    """A validated request: its task without an id, when it is due, and the READY record its tasks share."""
 
     task: Task
-    queue: str
-    priority: int
-    delay_ms: int  # from Redis's now
-    run_after_ms: int  # the envelope's, on this producer's clock: for display only
+    delay_ms: int  # from Redis's now (the envelope's run_after_ms, on this producer's clock, is for display only)
     record: dict[str, str]
     unique_window_ms: int  # 0: not a unique task
 
@@ -237,13 +235,39 @@ def _prepare(request: TaskRequest, configs: dict[str, TaskTypeConfig], registry:
     if request.task_id is not None:
         _check_task_id(request.task_id)
     delay_ms = _delay_ms(request, now_ms)
-    task, args_json, kwargs_json = _build_task(request, config, now_ms, delay_ms)
+    args_json, kwargs_json, payload = _encoded_arguments(request)
+    queue = config.queue if request.queue is None or request.queue == "" else request.queue  # not `or`: 0 is refused
+    try:
+        validate_name(queue, "queue")
+    except InvalidName as exc:
+        raise EnqueueError(str(exc)) from None
+    if (
+        isinstance(request.priority, bool)
+        or not isinstance(request.priority, int)
+        or not PRIORITY_MIN <= request.priority <= PRIORITY_MAX
+    ):
+        raise EnqueueError(
+            f"priority must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX}, got {request.priority!r}"
+        )
+    task = Task(
+        type=request.type,
+        payload=payload,
+        queue=queue,
+        priority=request.priority,
+        enqueued_at_ms=now_ms,
+        run_after_ms=now_ms + delay_ms if delay_ms else 0,
+    )
+    try:
+        for key, value in request.headers.items():
+            task.headers[str(key)] = str(value)
+    except (AttributeError, ValueError) as exc:  # not a mapping, or a lone surrogate (UnicodeEncodeError)
+        raise EnqueueError(f"headers must map names to UTF-8 text: {exc}") from None
     task.unique_digest = unique_digest(request, config)
     record = records.ready_fields_of_json(task, args_json, kwargs_json)
     window_ms = config.unique_window_ms if task.unique_digest else 0
     if window_ms and config.unique_until == TaskType.UniqueUntil.FINISHED:
         record["unique_digest"] = task.unique_digest  # a cancel before it starts frees its key (it ended)
-    return _Prepared(task, task.queue, task.priority, delay_ms, task.run_after_ms, record, window_ms)
+    return _Prepared(task, delay_ms, record, window_ms)
 
 
 # Tasks one call enqueues at most: its script holds Redis meanwhile (about 0.2-0.4 s for this many),
@@ -298,38 +322,6 @@ def _task_type(name: str, registry: Registry) -> TaskTypeConfig:
     if registry.get(config.handler) is None:
         raise EnqueueError(f"task type {name!r} uses handler {config.handler!r}, which is not registered")
     return config
-
-
-def _build_task(request: TaskRequest, config: TaskTypeConfig, now_ms: int, delay_ms: int) -> tuple[Task, str, str]:
-    """The task without an id, and the JSON texts of its args and kwargs ("" when empty)."""
-    args_json, kwargs_json, payload = _encoded_arguments(request)
-    queue = config.queue if request.queue is None or request.queue == "" else request.queue  # not `or`: 0 is refused
-    try:
-        validate_name(queue, "queue")
-    except InvalidName as exc:
-        raise EnqueueError(str(exc)) from None
-    if (
-        isinstance(request.priority, bool)
-        or not isinstance(request.priority, int)
-        or not PRIORITY_MIN <= request.priority <= PRIORITY_MAX
-    ):
-        raise EnqueueError(
-            f"priority must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX}, got {request.priority!r}"
-        )
-    task = Task(
-        type=request.type,
-        payload=payload,
-        queue=queue,
-        priority=request.priority,
-        enqueued_at_ms=now_ms,
-        run_after_ms=now_ms + delay_ms if delay_ms else 0,
-    )
-    try:
-        for key, value in request.headers.items():
-            task.headers[str(key)] = str(value)
-    except (AttributeError, ValueError) as exc:  # not a mapping, or a lone surrogate (UnicodeEncodeError)
-        raise EnqueueError(f"headers must map names to UTF-8 text: {exc}") from None
-    return task, args_json, kwargs_json
 
 
 def _encoded_arguments(request: TaskRequest) -> tuple[str, str, bytes]:
