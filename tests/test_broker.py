@@ -232,7 +232,7 @@ def test_deregister_returns_what_is_held_and_drops_the_lease(broker):
     push(broker, make_task(1))
     broker.queue.claim("q", "c1", 1)
     assert broker.leases.deregister("q", "c1") == 1
-    assert broker.inspect.live_consumers("q") == []
+    assert broker.inspect.queue_stats("q").consumers == []
     assert broker.client.llen(broker.keys.pending("q")) == 1
 
 

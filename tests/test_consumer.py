@@ -160,7 +160,7 @@ def test_a_lost_lease_releases_the_slots_and_moves_to_a_new_identity(broker, con
     consumer.claimer("q").run_once()
     assert consumer.capacity.in_use == 0 and handed_to_workers(consumer) == []
     assert consumer.consumer_id == "me.1" and consumer.executor.worker_id == "me.1"
-    assert [c["id"] for c in broker.inspect.live_consumers("q")] == ["me.1"]
+    assert [c["id"] for c in broker.inspect.queue_stats("q").consumers] == ["me.1"]
     assert consumer.held.take_suspect_turn()
     consumer.claimer("q").run_once()
     assert broker.queue.held_by("q", "me.1") == [task_bytes("t")]
@@ -172,7 +172,7 @@ def test_lease_lost_for_an_old_identity_changes_nothing(broker, consumer):
     assert consumer.consumer_id == "me.1"
     consumer.membership.lease_lost("me.1")
     assert consumer.consumer_id == "me.2"
-    assert sorted(c["id"] for c in broker.inspect.live_consumers("q")) == ["me", "me.1", "me.2"]
+    assert sorted(c["id"] for c in broker.inspect.queue_stats("q").consumers) == ["me", "me.1", "me.2"]
 
 
 def test_one_suspect_at_a_time_and_its_slot_is_held_until_it_leaves(broker, consumer):
@@ -230,7 +230,7 @@ def test_shutdown_returns_unstarted_tasks_in_order_and_deregisters(broker, consu
     assert consumer.capacity.in_use == 3
     assert consumer.shutdown() == 0
     assert consumer.capacity.in_use == 0 and broker.queue.held_by("q", "me") == []
-    assert broker.inspect.live_consumers("q") == []
+    assert broker.inspect.queue_stats("q").consumers == []
     next_up = claim_all(broker)
     assert next_up == [task_bytes(f"t{n}") for n in range(5)], "the returned ones run first, in order"
 
@@ -299,7 +299,7 @@ def test_the_reapers_failed_records_ride_out_an_outage_and_one_refused_stops_non
 def test_a_task_claimed_under_a_lost_identity_is_left_to_the_reaper(broker, consumer_in_thread):
     with consumer_in_thread(queues=["q"], concurrency=1) as running:
         old_id = running.consumer_id
-        wait_until(lambda: broker.inspect.live_consumers("q"), 5, message="the consumer to register")
+        wait_until(lambda: broker.inspect.queue_stats("q").consumers, 5, message="the consumer to register")
         running.membership.lease_lost(old_id)  # as if the heartbeat found the lease gone
         raw = task_bytes("t")
         broker.client.lpush(broker.keys.processing("q", old_id), raw)  # claimed just before the loss

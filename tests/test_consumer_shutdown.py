@@ -38,7 +38,7 @@ def test_the_grace_period_counts_from_the_stop_even_while_a_claimer_is_slow_to_s
     finally:
         claimer_may_stop.set()
     stopping.join(10)
-    assert not stopping.is_alive() and broker.inspect.live_consumers("q") == []
+    assert not stopping.is_alive() and broker.inspect.queue_stats("q").consumers == []
 
 
 def record_of(broker, task) -> ResultRecord:

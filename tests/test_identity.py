@@ -61,13 +61,17 @@ def test_a_consumer_waits_while_a_live_process_holds_its_id_and_starts_once_it_l
     health_file = tmp_path / "healthy"
     with consumer_in_thread(consumer_id="fixed", health_file=str(health_file)):
         wait_until(lambda: "is held by a live process" in caplog.text, 10, message="the consumer to wait")
-        assert [c["pid"] for c in broker.inspect.live_consumers("default")] == [os.getppid()], "it took nothing over"
+        assert [c["pid"] for c in broker.inspect.queue_stats("default").consumers] == [os.getppid()], (
+            "it took nothing over"
+        )
         wait_until(health_file.exists, 5, message="the waiting consumer to show it is alive")
         beaten_at = health_file.stat().st_mtime_ns
         wait_until(lambda: health_file.stat().st_mtime_ns > beaten_at, 5, message="its health file to stay fresh")
         broker.leases.deregister("default", "fixed")
         wait_until(
-            lambda: [c["pid"] for c in broker.inspect.live_consumers("default")] == [os.getpid()], 10, message="start"
+            lambda: [c["pid"] for c in broker.inspect.queue_stats("default").consumers] == [os.getpid()],
+            10,
+            message="start",
         )
 
 
@@ -88,11 +92,11 @@ def test_a_consumer_whose_id_another_process_registered_moves_on_and_leaves_that
 ):
     # Say this process froze past its lease while a restart elsewhere took over its fixed id.
     with consumer_in_thread(consumer_id="fixed") as consumer:
-        wait_until(lambda: broker.inspect.live_consumers("default"), 10, message="the consumer to register")
+        wait_until(lambda: broker.inspect.queue_stats("default").consumers, 10, message="the consumer to register")
         broker.leases.heartbeat(["default"], "fixed", 60_000, holder(os.getppid(), instance="the restart"))
         wait_until(lambda: consumer.consumer_id == "fixed.1", 5, message="the consumer to take a new id")
     assert "lost its lease" in caplog.text
-    [other] = broker.inspect.live_consumers("default")
+    [other] = broker.inspect.queue_stats("default").consumers
     assert (other["id"], other["pid"]) == ("fixed", os.getppid()), "its lease was neither renewed nor dropped by us"
 
 
@@ -109,7 +113,7 @@ def test_a_run_whose_fixed_id_a_restart_took_meanwhile_leaves_the_restarts_claim
 ):
     raw = task_bytes("t", queue="default", payload=encode_payload([], {"hold_until": "go", "fail_until_attempt": 1}))
     with consumer_in_thread(consumer_id="fixed", concurrency=1, prefetch=0):
-        wait_until(lambda: broker.inspect.live_consumers("default"), 10, message="the consumer to register")
+        wait_until(lambda: broker.inspect.queue_stats("default").consumers, 10, message="the consumer to register")
         push(broker, raw, queue="default")
         wait_until(lambda: recorded_runs(broker), 10, message="the run to start")
         # The consumer froze past its lease: a restart took its fixed id, recovered its list and

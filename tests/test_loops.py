@@ -192,7 +192,7 @@ def test_reaper_recovers_only_consumers_whose_lease_expired(broker):
     assert broker.queue.held_by("q", "alive") == alive_holds
     assert broker.inspect.queue_stats("q").pending == 3  # the recovered ones wait as suspects
     assert sample("taskqueue_tasks_recovered_total", queue="q") == recovered_before + 3
-    assert [c["id"] for c in broker.inspect.live_consumers("q")] == ["alive"]
+    assert [c["id"] for c in broker.inspect.queue_stats("q").consumers] == ["alive"]
     assert ReaperLoop(broker, ["q"], 8.0, lambda q, d: None).run_once() == 2.0
 
 

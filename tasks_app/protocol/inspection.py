@@ -166,18 +166,6 @@ class Inspection(Role):
         members = self.client.smembers(self.keys.queues())
         return sorted(member.decode(errors="backslashreplace") for member in members)  # may hold any bytes
 
-    def live_consumers(self, queue: str) -> list[dict[str, Any]]:
-        """Return the consumers holding a lease on `queue`, with their info and in-flight count."""
-        entries = self.client.zrange(self.keys.consumers(queue), 0, -1, withscores=True)
-        if not entries:
-            return []
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hgetall(self.keys.consumer_info(queue))
-        for member, _ in entries:
-            pipe.llen(self.keys.processing(queue, member.decode(errors="backslashreplace")))
-        info_raw, *lengths = pipe.execute()
-        return _consumer_rows(entries, info_raw, lengths)
-
     def queue_stats(self, queue: str) -> QueueStats:
         """Count pending, in-flight, delayed and dead tasks of a queue, and list its consumers."""
         # One MULTI/EXEC reads every count, so a task moved meanwhile is counted once; a foreign name in the

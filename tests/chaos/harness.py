@@ -119,7 +119,7 @@ class Fleet:
         """Wait until every id holds a lease on the first queue."""
         wanted = set(consumer_ids)
         wait_until(
-            lambda: wanted <= {c["id"] for c in self.broker.inspect.live_consumers(self.queues[0])},
+            lambda: wanted <= {c["id"] for c in self.broker.inspect.queue_stats(self.queues[0]).consumers},
             timeout_s,
             interval_s=0.1,
             message=f"consumers {sorted(wanted)} to register",

@@ -84,6 +84,6 @@ def test_bad_input_is_dead_lettered_and_never_stops_the_consumer(chaos_broker, c
     assert sum(task.type == "_undecodable" for task in dead) == bad_garbage
     assert sum("unknown task type" in task.dead_reason for task in dead) == bad_unknown
     assert consumer.process.poll() is None, "the consumer exited"
-    assert [c["id"] for c in broker.inspect.live_consumers("default")] == ["steady"]
+    assert [c["id"] for c in broker.inspect.queue_stats("default").consumers] == ["steady"]
     log = consumer.log()
     assert "lost its lease" not in log and "unexpected error" not in log and "Traceback" not in log

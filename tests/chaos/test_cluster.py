@@ -60,7 +60,9 @@ def test_rate_limit_holds_across_consumers_on_a_cluster(cluster_broker, consumer
     broker = cluster_broker
     TaskType.objects.create(name="test.record", handler="test.record", rate_limit=5, rate_period=1.0)
     consumers = [consumer_process("--lease", "2", "--concurrency", "4") for _ in range(2)]
-    wait_until(lambda: len(broker.inspect.live_consumers("default")) == 2, 30, message="two consumers to register")
+    wait_until(
+        lambda: len(broker.inspect.queue_stats("default").consumers) == 2, 30, message="two consumers to register"
+    )
     # Each consumer's first run of the handler opens its Cluster connections: done by unlimited
     # warm-up runs, so that set-up cannot delay the start a limited run records.
     TaskType.objects.create(name="test.warm_up", handler="test.record")
@@ -102,7 +104,9 @@ def test_pause_and_concurrency_cap_hold_on_a_cluster(cluster_broker, consumer_pr
         *producer.enqueue("test.span", kwargs={"sleep_s": 0.2, "tenant": "a"}, count=scaled(8, 40)),
         *producer.enqueue("test.span", kwargs={"sleep_s": 0.2, "tenant": "b"}, count=scaled(8, 40)),
     ]
-    wait_until(lambda: len(broker.inspect.live_consumers("default")) == 2, 30, message="two consumers to register")
+    wait_until(
+        lambda: len(broker.inspect.queue_stats("default").consumers) == 2, 30, message="two consumers to register"
+    )
     time.sleep(1.5)
     assert spans(broker) == [] and broker.inspect.queue_stats("default").paused
 

@@ -113,7 +113,7 @@ def test_frozen_consumer_is_reaped_and_comes_back_under_a_new_id(chaos_broker, c
 
 def check_identities_after_thaw(fleet: Fleet, log: str, others_held: dict[str, set[str]], duplicates: set[str]) -> None:
     """The thawed consumer goes on under a new id; the others were never presumed dead nor ran a task twice."""
-    live = {c["id"] for c in fleet.broker.inspect.live_consumers("default")}
+    live = {c["id"] for c in fleet.broker.inspect.queue_stats("default").consumers}
     assert "consumer frozen lost its lease" in log and "continuing as frozen.1" in log
     assert {"frozen.1", "b", "c"} <= live and "frozen" not in live
     for cid in ("b", "c"):

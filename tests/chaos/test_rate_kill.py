@@ -25,7 +25,7 @@ def kill_and_replace(
     fleet: Fleet, rng: random.Random, current: dict[str, str], interrupted: set[tuple[str, str]]
 ) -> None:
     """SIGKILL one registered consumer at random, note (task, consumer id) for each task it held, start a successor."""
-    live = {c["id"] for c in fleet.broker.inspect.live_consumers(fleet.queues[0])}
+    live = {c["id"] for c in fleet.broker.inspect.queue_stats(fleet.queues[0]).consumers}
     names = sorted(name for name, consumer_id in current.items() if consumer_id in live)
     if not names:  # every one is still starting (or just replaced): try again at the next moment
         return

@@ -32,7 +32,9 @@ def ended(broker) -> list[dict]:
 def test_cap_of_two_holds_across_three_consumers_and_keeps_both_slots_busy(broker, consumer_process):
     TaskType.objects.create(name=CAPPED, handler=CAPPED, max_running=2)
     consumers = [consumer_process("--concurrency", "4", "--lease", "2", TASK_HANDLER_MODULES=MODULES) for _ in range(3)]
-    wait_until(lambda: len(broker.inspect.live_consumers("default")) == 3, 30, message="three consumers to register")
+    wait_until(
+        lambda: len(broker.inspect.queue_stats("default").consumers) == 3, 30, message="three consumers to register"
+    )
 
     enqueued = producer.enqueue(CAPPED, kwargs={"sleep_s": 0.3}, count=24)
     wait_until(lambda: len(ended(broker)) >= 24, 40, interval_s=0.2, message="all 24 tasks to end")
@@ -56,13 +58,13 @@ def test_slots_of_a_killed_consumer_free_when_its_lease_lapses_and_not_before(br
     other = consumer_process("--concurrency", "4", "--lease", "2", **env)
     rest = producer.enqueue(CAPPED, kwargs={"sleep_s": 0.1}, count=6)
     wait_until(
-        lambda: len(broker.inspect.live_consumers("default")) == 2, 30, message="the second consumer to register"
+        lambda: len(broker.inspect.queue_stats("default").consumers) == 2, 30, message="the second consumer to register"
     )
 
     time.sleep(3)  # over a lease: the holder's renewals keep its slots
     assert sorted(e["task_id"] for e in spans(broker)) == sorted(task.id for task in held)
     [lease_deadline_ms] = [
-        c["lease_deadline_ms"] for c in broker.inspect.live_consumers("default") if c["pid"] == holder.pid
+        c["lease_deadline_ms"] for c in broker.inspect.queue_stats("default").consumers if c["pid"] == holder.pid
     ]
     killed_ms = broker.inspect.server_time_ms()
     holder.kill()
@@ -142,7 +144,9 @@ def test_a_keyed_cap_holds_per_value_across_consumers_while_values_run_side_by_s
     env = {"TASK_HANDLER_MODULES": MODULES, "TASKS_THROTTLE_RECHECK_S": "1"}
     for _ in range(2):
         consumer_process("--concurrency", "6", "--lease", "2", **env)
-    wait_until(lambda: len(broker.inspect.live_consumers("default")) == 2, 30, message="two consumers to register")
+    wait_until(
+        lambda: len(broker.inspect.queue_stats("default").consumers) == 2, 30, message="two consumers to register"
+    )
     tenants = [*range(8), "a b", {"nested": [1]}]  # plain values, and values that are hashed into their key
     for tenant in tenants:
         producer.enqueue(CAPPED, kwargs={"sleep_s": 0.1, "tenant": tenant}, count=4)

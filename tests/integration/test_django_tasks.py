@@ -77,7 +77,7 @@ def test_takes_context_sees_attempts_one_two_three(broker, consumer_process):
 def test_run_after_is_honoured(broker, consumer_process):
     # The consumer is up before either task is enqueued, so the one due now never waits for it.
     consumer = consumer_process("--lease", "2", "--concurrency", "2", TASK_HANDLER_MODULES=HANDLER_MODULES)
-    wait_until(lambda: broker.inspect.live_consumers("default"), 60, message="the consumer to register")
+    wait_until(lambda: broker.inspect.queue_stats("default").consumers, 60, message="the consumer to register")
     run_after = datetime.now(tz=UTC) + timedelta(seconds=1.5)
     later = tasks.add.using(run_after=run_after).enqueue(1, 1)
     now = tasks.add.enqueue(2, 2)
@@ -150,7 +150,7 @@ def test_a_running_consumer_finds_a_new_task_before_its_next_settings_refresh(br
     consumer = consumer_process(
         "--lease", "2", TASK_HANDLER_MODULES="tests.support.handlers", TASKS_CONFIG_REFRESH_S="600"
     )
-    wait_until(lambda: broker.inspect.live_consumers("default"), 30, message="the consumer to start")
+    wait_until(lambda: broker.inspect.queue_stats("default").consumers, 30, message="the consumer to start")
 
     result = tasks.add.enqueue(5, 6)  # creates the TaskType row the consumer has not loaded yet
 

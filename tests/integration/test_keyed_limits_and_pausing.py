@@ -22,7 +22,9 @@ RECORD = "test.record"
 def test_keyed_rate_limit_runs_tenants_side_by_side(broker, consumer_process):
     TaskType.objects.create(name=RECORD, handler=RECORD, rate_limit=3, rate_period=1.0, rate_limit_key="tenant")
     consumers = [consumer_process("--concurrency", "4", "--lease", "2") for _ in range(2)]
-    wait_until(lambda: len(broker.inspect.live_consumers("default")) == 2, 30, message="two consumers to register")
+    wait_until(
+        lambda: len(broker.inspect.queue_stats("default").consumers) == 2, 30, message="two consumers to register"
+    )
 
     flood = producer.enqueue(RECORD, kwargs={"tenant": "a"}, count=9)  # tenant a floods first
     other = producer.enqueue(RECORD, kwargs={"tenant": "b"}, count=9)
@@ -55,7 +57,7 @@ def test_a_removed_keyed_limit_runs_the_deferred_tasks_of_every_value_at_once(br
 def test_paused_queue_starts_nothing_and_resuming_starts_at_once(broker, consumer_process):
     TaskType.objects.create(name=RECORD, handler=RECORD)
     consumer_process("--concurrency", "4", "--lease", "2")
-    wait_until(lambda: broker.inspect.live_consumers("default"), 30, message="the consumer to register")
+    wait_until(lambda: broker.inspect.queue_stats("default").consumers, 30, message="the consumer to register")
     time.sleep(0.5)  # idle: its claim is blocked on the empty pending list
 
     assert broker.control.pause("default", by="test")
@@ -64,7 +66,7 @@ def test_paused_queue_starts_nothing_and_resuming_starts_at_once(broker, consume
     enqueued = producer.enqueue(RECORD, count=10)  # enqueues are still accepted
     enqueued_at = time.monotonic()
     wait_until(
-        lambda: len(broker.inspect.live_consumers("default")) == 2, 30, message="the second consumer to register"
+        lambda: len(broker.inspect.queue_stats("default").consumers) == 2, 30, message="the second consumer to register"
     )
     time.sleep(max(1.0, enqueued_at + 3.0 - time.monotonic()))  # 3 s at least, 1 s of them with both
     stats = broker.inspect.queue_stats("default")

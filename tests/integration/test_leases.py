@@ -95,7 +95,7 @@ def test_a_consumer_that_cannot_renew_starts_nothing_more_and_its_tasks_run_else
         )
         with running(consumer):
             first_id = wait_until(
-                lambda: next(iter(broker.inspect.live_consumers("default")), None),
+                lambda: next(iter(broker.inspect.queue_stats("default").consumers), None),
                 10,
                 message="the consumer to register",
             )["id"]
@@ -124,7 +124,9 @@ def test_a_task_moved_into_a_lost_identitys_list_runs_even_when_its_lease_entry_
     # A failover that lost the lease entry: no lease, no tombstone, so no reaper looked there.
     with consumer_in_thread() as consumer:
         first_id = wait_until(
-            lambda: next(iter(broker.inspect.live_consumers("default")), None), 10, message="the consumer to register"
+            lambda: next(iter(broker.inspect.queue_stats("default").consumers), None),
+            10,
+            message="the consumer to register",
         )["id"]
         broker.client.zrem(broker.keys.consumers("default"), first_id)
         wait_until(lambda: consumer.consumer_id != first_id, 10, message="the consumer to take a new id")
@@ -147,6 +149,8 @@ def test_a_lease_lost_on_one_queue_only_leaves_the_runs_on_the_others_alone(brok
         wait_until(lambda: consumer.consumer_id != first_id, 10, message="the consumer to take a new id")
         wait_until(lambda: broker.records.get_result(long.id)["status"] == "SUCCESSFUL", 20, message="the long task")
         assert [run["task_id"] for run in recorded_runs(broker)] == [long.id], "it ran once"
-        wait_until(lambda: first_id not in [c["id"] for c in broker.inspect.live_consumers("a")], 10, message="retired")
+        wait_until(
+            lambda: first_id not in [c["id"] for c in broker.inspect.queue_stats("a").consumers], 10, message="retired"
+        )
         stats = broker.inspect.queue_stats("a")
         assert (stats.pending, stats.processing, [c["id"] for c in stats.consumers]) == (0, 0, [consumer.consumer_id])

@@ -28,7 +28,9 @@ def redis_now_ms(broker) -> float:
 def test_a_task_on_each_of_fifty_queues_starts_at_once_on_an_idle_consumer_of_concurrency_two(broker, consumer_process):
     queue_args = [arg for queue in QUEUES for arg in ("--queue", queue)]
     consumer = consumer_process("--concurrency", "2", "--consumer-id", "wide", *queue_args)
-    wait_until(lambda: len(broker.inspect.live_consumers(QUEUES[-1])) == 1, 30, message="the consumer to register")
+    wait_until(
+        lambda: len(broker.inspect.queue_stats(QUEUES[-1]).consumers) == 1, 30, message="the consumer to register"
+    )
     time.sleep(3)  # idle past a blocking claim's timeout (2 s), so every queue's wait has cycled once
     waits_ms: dict[str, float] = {}
     for queue in QUEUES:

@@ -68,7 +68,9 @@ def test_a_delete_racing_a_requeue_of_the_dead_task_keeps_the_record_of_the_task
 def test_pause_and_resume_flapping_while_three_consumers_drain_runs_each_task_once(broker, consumer_process):
     TaskType.objects.create(name="test.record", handler="test.record")
     consumers = [consumer_process("--concurrency", "4", "--lease", "2") for _ in range(3)]
-    wait_until(lambda: len(broker.inspect.live_consumers("default")) == 3, 30, message="the consumers to register")
+    wait_until(
+        lambda: len(broker.inspect.queue_stats("default").consumers) == 3, 30, message="the consumers to register"
+    )
     ids = [task.id for task in producer.enqueue("test.record", kwargs={"sleep_s": 0.05}, count=300)]
     flapping_ms = broker.inspect.server_time_ms()
     for flip in range(100):

@@ -32,7 +32,7 @@ def test_an_outage_is_logged_once_per_loop_while_every_error_is_counted_and_its_
         port = free_port()
         consumer = consumer_process("--lease", "2", "--metrics-port", str(port), REDIS_URL=server.url)
         url = f"http://127.0.0.1:{port}/metrics"
-        wait_until(lambda: private.inspect.live_consumers("default"), 30, message="the consumer to register")
+        wait_until(lambda: private.inspect.queue_stats("default").consumers, 30, message="the consumer to register")
         server.kill()
         wait_until(
             lambda: heartbeat_errors(url) >= 6,

@@ -17,7 +17,9 @@ def held(broker, consumer_id: str) -> int:
 
 def test_a_busy_consumer_of_slow_tasks_leaves_the_rest_to_a_consumer_that_joins_later(broker, consumer_process):
     first = consumer_process("--concurrency", "2", "--consumer-id", "first")
-    wait_until(lambda: len(broker.inspect.live_consumers("default")) == 1, 30, message="the first consumer to register")
+    wait_until(
+        lambda: len(broker.inspect.queue_stats("default").consumers) == 1, 30, message="the first consumer to register"
+    )
     # 6 s of work for the first alone: a second consumer starting slowly (a loaded machine) still finds some.
     tasks = producer.enqueue("test.record", kwargs={"sleep_s": 0.4}, count=30)
     wait_until(lambda: len(recorded_runs(broker)) >= 2, 20, message="the first consumer to start two")

@@ -139,7 +139,7 @@ def test_a_child_whose_supervisor_died_after_removing_its_beat_files_stops_by_it
         supervisor.kill()
         supervisor.wait(10)
         wait_until(lambda: not alive(child), 30, message="the orphan to stop")
-        assert broker.inspect.live_consumers("default") == [], "it left cleanly"
+        assert broker.inspect.queue_stats("default").consumers == [], "it left cleanly"
     finally:
         os.killpg(supervisor.pid, signal.SIGKILL)
 
@@ -197,10 +197,12 @@ def test_a_child_whose_supervisor_was_killed_while_it_started_stops_by_itself(br
     group.wait(10)
     try:
         wait_until(
-            lambda: broker.inspect.live_consumers("default") or not alive(child), 60, message="the child to be up"
+            lambda: broker.inspect.queue_stats("default").consumers or not alive(child),
+            60,
+            message="the child to be up",
         )
         wait_until(lambda: not alive(child), 30, message="the orphan to stop")
-        assert broker.inspect.live_consumers("default") == [], "it left cleanly"
+        assert broker.inspect.queue_stats("default").consumers == [], "it left cleanly"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(group.pid, signal.SIGKILL)

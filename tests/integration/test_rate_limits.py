@@ -44,7 +44,7 @@ def test_limit_holds_in_every_window_across_three_consumers(broker, consumer_pro
             consumer_process("--concurrency", "8", "--lease", "2", "--metrics-port", str(port)) for port in ports
         ]
         wait_until(
-            lambda: len(broker.inspect.live_consumers("default")) == 3, 30, message="three consumers to register"
+            lambda: len(broker.inspect.queue_stats("default").consumers) == 3, 30, message="three consumers to register"
         )
 
         enqueued = producer.enqueue(LIMITED, count=200)
@@ -88,7 +88,9 @@ def test_handlers_start_within_every_limit_across_three_consumers_with_their_loo
     TaskType.objects.create(name=BLOCK_LOOP, handler=BLOCK_LOOP)
     for _ in range(3):
         consumer_process("--concurrency", "4", "--lease", "2")
-    wait_until(lambda: len(broker.inspect.live_consumers("default")) == 3, 30, message="three consumers to register")
+    wait_until(
+        lambda: len(broker.inspect.queue_stats("default").consumers) == 3, 30, message="three consumers to register"
+    )
 
     limited = [*producer.enqueue(SYNC_START, kwargs={"tenant": "a"}, count=12)]
     limited += producer.enqueue(SYNC_START, kwargs={"tenant": "b"}, count=12)

@@ -59,7 +59,9 @@ def test_tasks_moved_by_a_claim_whose_reply_was_lost_still_run(cluster, lost):
         first = producer.enqueue("test.record", count=3) if lost == "claim script" else []
         with running(consumer):
             if lost == "BLMOVE":
-                wait_until(lambda: broker.inspect.live_consumers("default"), 10, message="the consumer to register")
+                wait_until(
+                    lambda: broker.inspect.queue_stats("default").consumers, 10, message="the consumer to register"
+                )
                 time.sleep(0.3)  # the claimer is blocked in BLMOVE now
                 first = producer.enqueue("test.record", count=1)
             wait_until(proxy.dropped.is_set, 10, message=f"a {lost} reply to be dropped")
@@ -88,7 +90,7 @@ def test_a_task_in_a_live_consumers_list_that_it_does_not_hold_is_returned_withi
     # The audit: whatever put it there (a lost reply no error told us of), it must not wait
     # until the consumer exits.
     with consumer_in_thread(lease_s=1.0) as consumer:
-        wait_until(lambda: broker.inspect.live_consumers("default"), 10, message="the consumer to register")
+        wait_until(lambda: broker.inspect.queue_stats("default").consumers, 10, message="the consumer to register")
         stray = encode_task(Task(id="stray-1", type="test.record", queue="default"))
         broker.client.lpush(broker.keys.processing("default", consumer.consumer_id), stray)
         wait_until(lambda: runs_per_task(broker)["stray-1"] == 1, 10, message="the stray task to run")

@@ -45,7 +45,7 @@ def test_a_killed_consumers_task_keeps_its_key_through_its_rerun_and_frees_it_at
     hold = f"{broker.keys.prefix}:{HOLD_KEY_SUFFIX}"
     broker.client.set(hold, 1)
     first = consumer_process("--concurrency", "1", "--prefetch", "1", *LEASE, TASK_HANDLER_MODULES=MODULES)
-    wait_until(lambda: len(broker.inspect.live_consumers("default")) == 1, 30, message="the first consumer")
+    wait_until(lambda: len(broker.inspect.queue_stats("default").consumers) == 1, 30, message="the first consumer")
     if while_ == "prefetched":  # a run ahead of it keeps the only worker: the unique task waits in the list
         [blocker] = producer.enqueue("plain.span", kwargs={"sleep_s": 2})
         wait_until(lambda: starts(broker, blocker.id), 15, message="the blocker to start")
