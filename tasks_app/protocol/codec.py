@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,26 +86,25 @@ def is_utf8_encodable(text: str) -> bool:
     return True
 
 
+def _mapped(value: Any, leaf: Callable[[Any], Any]) -> Any:
+    """A parsed JSON value with `leaf` applied to each scalar and each key."""
+    if isinstance(value, list):
+        return [_mapped(item, leaf) for item in value]
+    if isinstance(value, dict):
+        return {leaf(key): _mapped(item, leaf) for key, item in value.items()}
+    return leaf(value)
+
+
 def scrub_text(value: Any) -> Any:
     """Return a parsed JSON value whose strings carry no lone surrogate (written as escapes instead)."""
-    if isinstance(value, str):
-        return value.encode("utf-8", "backslashreplace").decode("utf-8")
-    if isinstance(value, list):
-        return [scrub_text(item) for item in value]
-    if isinstance(value, dict):
-        return {scrub_text(key): scrub_text(item) for key, item in value.items()}
-    return value
+    return _mapped(
+        value, lambda item: item.encode("utf-8", "backslashreplace").decode() if isinstance(item, str) else item
+    )
 
 
 def finite(value: Any) -> Any:
     """Return a parsed JSON value with NaN and infinities as None: strict JSON has neither (JSON.stringify's way)."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, list):
-        return [finite(item) for item in value]
-    if isinstance(value, dict):
-        return {key: finite(item) for key, item in value.items()}
-    return value
+    return _mapped(value, lambda item: None if isinstance(item, float) and not math.isfinite(item) else item)
 
 
 PRIORITY_MIN = -100
