@@ -303,10 +303,7 @@ class Enqueuer(Role):
 
     def _section_keys(self, queue: str) -> list[str]:
         return [
-            self.keys.pending(queue),
-            self.keys.prioritized(queue),
-            self.keys.delayed(queue),
-            self.keys.enqueued(queue),
+            *self.keys.queue_keys(queue, "pending prioritized delayed enqueued"),
             *history.index_keys(self.keys, queue),
         ]
 

@@ -241,16 +241,8 @@ class Inspection(Role):
             fields = [] if cluster else [part for pair in entry.record.fields.items() for part in pair]
             args += (entry.member, entry.priority, entry.raw, entry.task_id, entry.record.ttl_s)
             args += (entry.unique_window_ms, len(fields) // 2, *fields)
-        keys = [
-            source,
-            self.keys.pending(queue),
-            self.keys.prioritized(queue),
-            self.keys.cancel_requests(queue),
-            self.keys.cancel_forced(queue),
-            self.keys.delayed(queue),
-            *history.index_keys(self.keys, queue),
-            *uniques,
-        ]
+        keys = [source, *self.keys.queue_keys(queue, "pending prioritized cancel_requests cancel_forced delayed")]
+        keys += [*history.index_keys(self.keys, queue), *uniques]
         keys += [] if cluster else [self.keys.result(entry.task_id) for entry in entries]
         replies = self.redis.run("requeue_dead", keys, args)
         return [reply if isinstance(reply, int) else reply.decode(errors="backslashreplace") for reply in replies]

@@ -43,6 +43,13 @@ class Keys:
         """Return the key `name` of `queue`, e.g. ``ts:{default}:pending``."""
         return f"{self.prefix}:{{{queue}}}:{name}"
 
+    def queue_keys(self, queue: str, names: str, consumer_id: str = "") -> list[str]:
+        """The keys of `queue` named in `names` ("pending dead"), in order; "processing" is `consumer_id`'s list."""
+        return [
+            self.processing(queue, consumer_id) if n == "processing" else self.queue_key(queue, n)
+            for n in names.split()
+        ]
+
     def pending(self, queue: str) -> str:
         return self.queue_key(queue, "pending")
 

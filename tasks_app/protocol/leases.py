@@ -64,7 +64,7 @@ class Leases(Role):
         info = json.dumps(register_info) if register_info is not None else ""
         pipe = self.client.pipeline(transaction=False)
         for queue in queues:
-            keys = [self.keys.consumers(queue), self.keys.consumer_info(queue), self.keys.primary(queue)]
+            keys = self.keys.queue_keys(queue, "consumers consumer_info primary")
             self.scripts.queue(pipe, "heartbeat", keys, [consumer_id, lease_ms, info, instance])
         if register_info is not None:
             self.redis.announce(pipe, queues)
@@ -99,15 +99,8 @@ class Leases(Role):
 
     def deregister(self, queue: str, consumer_id: str, instance: str = "") -> int:
         """Leave cleanly: put back what is held, uncounted, and drop the lease (-1: another instance has the id)."""
-        keys = [
-            self.keys.consumers(queue),
-            self.keys.consumer_info(queue),
-            self.keys.processing(queue, consumer_id),
-            self.keys.pending(queue),
-            self.keys.recoveries(queue),
-            self.keys.suspects(queue),
-            self.keys.prioritized(queue),
-        ]
+        names = "consumers consumer_info processing pending recoveries suspects prioritized"
+        keys = self.keys.queue_keys(queue, names, consumer_id)
         return int(self.redis.run("deregister", keys, [consumer_id, instance, WAKE_TOKEN]))
 
     def reap_candidate_page(self, queue: str, tombstone_offset: int) -> tuple[list[str], list[str], int]:
@@ -131,17 +124,8 @@ class Leases(Role):
         self, queue: str, consumer_id: str, default_lease_ms: int, *, own_earlier_run: bool = False
     ) -> ReapOutcome:
         """Return a dead consumer's tasks to the suspects list, REAP_BATCH at most (`own_earlier_run`: lease or not)."""
-        keys = [
-            self.keys.consumers(queue),
-            self.keys.consumer_info(queue),
-            self.keys.reaped(queue),
-            self.keys.processing(queue, consumer_id),
-            self.keys.pending(queue),
-            self.keys.dead(queue),
-            self.keys.recoveries(queue),
-            self.keys.suspects(queue),
-            self.keys.primary(queue),
-        ]
+        names = "consumers consumer_info reaped processing pending dead recoveries suspects primary"
+        keys = self.keys.queue_keys(queue, names, consumer_id)
         args = [consumer_id, MAX_RECOVERIES, REAP_BATCH, WAKE_TOKEN, default_lease_ms, "1" if own_earlier_run else "0"]
         out = self.redis.run("reap", keys, args)
         return ReapOutcome(status=int(out[0]), requeued=int(out[1]), remaining=int(out[2]), dead_lettered=list(out[3:]))

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 from tasks_app.protocol.codec import UndecodableTask, decode_task
 from tasks_app.protocol.keys import NAME_PATTERN, UNDECODABLE_TYPE, WAKE_TOKEN, delayed_member, split_delayed_member
-from tasks_app.protocol.queue import promote_due_keys
+from tasks_app.protocol.queue import PROMOTE_DUE_KEYS
 from tasks_app.protocol.scripts import Role
 
 # How long a slot handed to a woken waiter is kept for it before anyone may take it.
@@ -211,7 +211,7 @@ class Limits(Role):
 
     def wake(self, waiter: Waiter) -> bool:
         """Make a waiter's task due now and move it to pending; False if it was no longer delayed."""
-        keys = promote_due_keys(self.keys, waiter.queue)
+        keys = self.keys.queue_keys(waiter.queue, PROMOTE_DUE_KEYS)
         pipe = self.client.pipeline(transaction=False)
         pipe.zadd(keys[0], {waiter.member: 0}, xx=True, ch=True)
         self.scripts.queue(pipe, "promote_due", keys, [100, WAKE_TOKEN, waiter.queue, UNDECODABLE_TYPE])

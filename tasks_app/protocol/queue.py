@@ -17,10 +17,12 @@ from typing import Any, NamedTuple
 import redis
 
 from tasks_app.protocol.history import NOT_HELD, Held, Place, Records, replies_at
-from tasks_app.protocol.keys import UNDECODABLE_TYPE, WAKE_TOKEN, Keys, delayed_member
+from tasks_app.protocol.keys import UNDECODABLE_TYPE, WAKE_TOKEN, delayed_member
 from tasks_app.protocol.records import ResultUpdate
 from tasks_app.protocol.scripts import Role, ScriptClient
 
+# The KEYS of promote_due.
+PROMOTE_DUE_KEYS = "delayed pending prioritized recoveries suspects dead"
 # Width of the buckets counting acknowledged tasks, for the dashboard's throughput.
 THROUGHPUT_BUCKET_S = 10
 
@@ -82,15 +84,8 @@ class Queue(Role):
         self, queue: str, consumer_id: str, max_tasks: int, *, drop_wake: bool = False, allow_suspect: bool = True
     ) -> Claim | None:
         """Like `claim`, first taking one suspect if allowed; nothing claimed, saying why, if lapsed or paused."""
-        keys = [
-            self.keys.pending(queue),
-            self.keys.prioritized(queue),
-            self.keys.processing(queue, consumer_id),
-            self.keys.consumers(queue),
-            self.keys.suspects(queue),
-            self.keys.fence(queue),
-            self.keys.paused(queue),
-        ]
+        names = "pending prioritized processing consumers suspects fence paused"
+        keys = self.keys.queue_keys(queue, names, consumer_id)
         args = [consumer_id, max_tasks, WAKE_TOKEN, "1" if drop_wake else "0", "1" if allow_suspect else "0"]
         claimed = self.redis.run("claim", keys, args)
         if claimed is None:
@@ -104,7 +99,7 @@ class Queue(Role):
 
     def mark_started(self, queue: str, consumer_id: str, raw: bytes) -> bool:
         """Record that a suspect task starts (a death then counts); False if the lease lapsed or the id was taken."""
-        keys = [self.keys.consumers(queue), self.keys.consumer_info(queue), self.keys.recoveries(queue)]
+        keys = self.keys.queue_keys(queue, "consumers consumer_info recoveries")
         return bool(self.redis.run("mark_started", keys, [consumer_id, self.instance, hashlib.sha1(raw).hexdigest()]))
 
     def claim_blocking(self, queue: str, consumer_id: str, timeout_s: float) -> tuple[bytes | None, int]:
@@ -280,14 +275,8 @@ class Queue(Role):
         # while they wait cancels them outright.
         if not raws:
             return 0
-        keys = [
-            self.keys.processing(queue, consumer_id),
-            self.keys.pending(queue),
-            self.keys.recoveries(queue),
-            self.keys.suspects(queue),
-            self.keys.consumer_info(queue),
-            self.keys.prioritized(queue),
-        ]
+        names = "processing pending recoveries suspects consumer_info prioritized"
+        keys = self.keys.queue_keys(queue, names, consumer_id)
         args = [consumer_id, self.instance, WAKE_TOKEN, *raws]
         if not withdrawn:
             return int(self.redis.run("return_unstarted", keys, args))
@@ -301,7 +290,7 @@ class Queue(Role):
 
     def promote_due(self, queue: str, limit: int = 1000) -> Promotion:
         """Move due delayed tasks into pending, and dead-letter due members that are not tasks."""
-        keys = promote_due_keys(self.keys, queue)
+        keys = self.keys.queue_keys(queue, PROMOTE_DUE_KEYS)
         moved, next_due_ms, now_ms, malformed = self.redis.run(
             "promote_due", keys, [limit, WAKE_TOKEN, queue, UNDECODABLE_TYPE]
         )
@@ -346,15 +335,3 @@ class Queue(Role):
         sent = self.scripts.execute(pipe, self.client, raise_on_error=False)
         for index, reply in zip(again, replies_at(sent, places), strict=True):
             written[index] = reply
-
-
-def promote_due_keys(keys: Keys, queue: str) -> list[str]:
-    """The KEYS of promote_due for `queue`."""
-    return [
-        keys.delayed(queue),
-        keys.pending(queue),
-        keys.prioritized(queue),
-        keys.recoveries(queue),
-        keys.suspects(queue),
-        keys.dead(queue),
-    ]
