@@ -94,35 +94,18 @@ class DeadTask:
     died_at: datetime | None
     task: Task | None
     died_ms: int = 0  # its score, as list_dead reads it
+    # What the page shows of it, from its task (undecodable bytes: from no task).
+    task_id: str = ""
+    type: str = UNDECODABLE_TYPE
+    attempts: int = 0
+    error: str = "not a task envelope"
+    reason: str = ""
+    traceback: str = ""
 
     @property
     def ref(self) -> str:
         """A stable handle for the member in forms: when it died (to find it there) and its SHA-1."""
         return f"{self.died_ms}:{hashlib.sha1(self.member).hexdigest()}"
-
-    @property
-    def task_id(self) -> str:
-        return self.task.id if self.task else ""
-
-    @property
-    def type(self) -> str:
-        return self.task.type if self.task else UNDECODABLE_TYPE
-
-    @property
-    def attempts(self) -> int:
-        return self.task.attempt if self.task else 0
-
-    @property
-    def error(self) -> str:
-        return self.task.last_error if self.task else "not a task envelope"
-
-    @property
-    def reason(self) -> str:
-        return self.task.dead_reason if self.task else ""
-
-    @property
-    def traceback(self) -> str:
-        return self.task.last_traceback if self.task else ""
 
     @property
     def requeueable(self) -> bool:
@@ -342,11 +325,13 @@ class Inspection(Role):
 
 
 def _decode(member: bytes, died_at_ms: int) -> DeadTask:
+    died_at = records.datetime_of_ms(died_at_ms)  # None past the calendar
     try:
-        task: Task | None = decode_task(member)
+        task = decode_task(member)
     except UndecodableTask:
-        task = None
-    return DeadTask(member, records.datetime_of_ms(died_at_ms), task, died_at_ms)  # None past the calendar
+        return DeadTask(member, died_at, None, died_at_ms)
+    shown = (task.id, task.type, task.attempt, task.last_error, task.dead_reason, task.last_traceback)
+    return DeadTask(member, died_at, task, died_at_ms, *shown)
 
 
 def fresh_copy(task: Task, queue: str) -> Task:
