@@ -226,7 +226,9 @@ class Records(Role):
             for member, score in replies
         ]
         rows.sort(reverse=True)
-        shown = _shown_ties(rows[:seen], max_ms, after)
+        # How many of the first rows earlier pages showed: ties scored max_ms (from `after` on, if given).
+        ties = [member.decode(errors="backslashreplace") for score, member, _ in rows[:seen] if score == max_ms]
+        shown = sum(1 for task_id in ties if not after or task_id >= after)
         return [
             Entry(queue, member.decode(errors="backslashreplace"), score)
             for score, member, queue in rows[shown : shown + limit]
@@ -457,12 +459,3 @@ def _named(fields: Sequence[str], reply: list[bytes | None] | Exception) -> dict
     if isinstance(reply, Exception):
         return reply
     return {name.encode(): value for name, value in zip(fields, reply, strict=True) if value is not None}
-
-
-def _shown_ties(first: list[tuple[float, bytes, str]], max_ms: float | None, after: str) -> int:
-    """How many of a window's `first` rows earlier pages showed: ties scored `max_ms` (from `after` on, if given)."""
-    return sum(
-        1
-        for score, member, _ in first
-        if score == max_ms and (not after or member.decode(errors="backslashreplace") >= after)
-    )
