@@ -90,14 +90,8 @@ class Control(Role):
         pipe.zmscore(self.keys.cancel_requests(queue), list(task_ids))
         pipe.zmscore(self.keys.cancel_forced(queue), list(task_ids))
         requested, forced = pipe.execute()
-        return [
-            CancelMark.FORCED
-            if by_force is not None
-            else CancelMark.REQUESTED
-            if asked is not None
-            else CancelMark.NONE
-            for asked, by_force in zip(requested, forced, strict=True)
-        ]
+        pairs = zip(requested, forced, strict=True)
+        return [CancelMark(2 if by_force is not None else int(asked is not None)) for asked, by_force in pairs]
 
     def release_unique(self, queue: str, digest: str, task_id: str, after_ms: int = 0) -> bool:
         """Free a uniqueness key if task `task_id` holds it (in `after_ms`, if its window ends later); True if so."""

@@ -79,10 +79,6 @@ def record_text_fields(task_id: str, record: dict[bytes, bytes] | Exception) -> 
     return {**READY_RECORD_DEFAULTS, **fields, "id": task_id}
 
 
-Holder = tuple[tuple[str, str], bytes]
-"""The task whose run wrote a result: its (queue, consumer) processing list and its bytes as claimed."""
-
-
 # Not frozen: several are built per run, and a frozen dataclass costs four times as much to build.
 @dataclass(slots=True)
 class ResultUpdate:
@@ -100,9 +96,9 @@ class ResultUpdate:
     queue: str = ""
     task_type: str = ""
     run_s: float | None = None  # how long the run took, for the duration charts
-    # Nor this: the task whose ack this write goes with, on one server written only while its
-    # consumer holds it (see Broker.ack_many_reporting).
-    held_by: Holder | None = None
+    # Nor this: the task whose settle this write goes with, its (queue, consumer) processing list and its
+    # bytes as claimed; on one server written only while its consumer holds it (see Queue.ack_many_reporting).
+    held_by: tuple[tuple[str, str], bytes] | None = None
 
 
 READY = TaskResultStatus.READY.value

@@ -195,10 +195,8 @@ class Scripts:
         vars(pipe).setdefault(_QUEUED_SCRIPTS, {})[len(pipe)] = (name, tuple(keys), tuple(args))
         # Through execute_command: ClusterPipeline blocks its evalsha() method, yet routes an
         # EVALSHA by its keys like any other command (all keys of a script share one slot).
-        if by_source:
-            pipe.execute_command("EVAL", self.sources[name], len(keys), *keys, *args)
-        else:
-            pipe.execute_command("EVALSHA", self.shas[name], len(keys), *keys, *args)
+        command, script = ("EVAL", self.sources[name]) if by_source else ("EVALSHA", self.shas[name])
+        pipe.execute_command(command, script, len(keys), *keys, *args)
 
     def execute(self, pipe: Any, client: Any, raise_on_error: bool = True) -> list[Any]:
         """Execute a pipeline, re-running by source the scripts the server lacked; errors in place unless raised."""
