@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 import re
 import time
@@ -20,7 +21,7 @@ from tasks_app.protocol.codec import Task, UndecodableTask, decode_payload, deco
 from tasks_app.protocol.history import KEEP_MINUTES, Records
 from tasks_app.protocol.keys import NAME_PATTERN, UNDECODABLE_TYPE, WAKE_TOKEN, delayed_member
 from tasks_app.protocol.queue import THROUGHPUT_BUCKET_S, Queue
-from tasks_app.protocol.records import MAX_SCORE_MS, ResultUpdate, json_object, ms_of_score
+from tasks_app.protocol.records import MAX_SCORE_MS, ResultUpdate, ms_of_score
 from tasks_app.protocol.scripts import Role, ScriptClient
 
 # Most dead letters one trim_dead call drops (about 5 ms of Redis time): see `trim_dead`.
@@ -113,19 +114,6 @@ class DeadTask:
         return self.task is not None and self.task.type != UNDECODABLE_TYPE
 
 
-def _consumer_rows(
-    entries: list[tuple[bytes, float]], info_raw: dict[bytes, bytes], in_flight: list[int]
-) -> list[dict[str, Any]]:
-    """One row per lease entry: the consumer's info, id, lease deadline and in-flight count."""
-    infos = {key.decode(errors="backslashreplace"): json_object(value) for key, value in info_raw.items()}
-    consumers = []
-    for (member, deadline_ms), count in zip(entries, in_flight, strict=True):
-        consumer_id = member.decode(errors="backslashreplace")
-        info = infos.get(consumer_id, {})
-        consumers.append({**info, "id": consumer_id, "lease_deadline_ms": ms_of_score(deadline_ms), "in_flight": count})
-    return consumers
-
-
 class Inspection(Role):
     """Queue stats, chart counters and dead-letter operations for the dashboard, the commands and housekeeping."""
 
@@ -175,7 +163,11 @@ class Inspection(Role):
         pending, wake_token_at, prioritized, suspects, delayed, dead, paused = lengths[len(holders) :]
         waiting = pending - (wake_token_at is not None) + prioritized + suspects
         processing = sum(lengths[: len(holders)])
-        consumers = _consumer_rows(entries, info_raw, lengths[: len(entries)])
+        infos = {key.decode(errors="backslashreplace"): json.loads(value) for key, value in info_raw.items()}
+        consumers = [
+            {**infos.get(held_by, {}), "id": held_by, "lease_deadline_ms": ms_of_score(deadline_ms), "in_flight": count}
+            for held_by, (_, deadline_ms), count in zip(holders, entries, lengths[: len(entries)], strict=False)
+        ]
         return QueueStats(queue, waiting, processing, delayed, dead, consumers, bool(paused))
 
     def sample_backlog(self, queue: str) -> int:
