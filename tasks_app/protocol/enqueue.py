@@ -51,13 +51,6 @@ class UniqueEnqueueable(NamedTuple):
     window_ms: int
 
 
-class UniqueCalls(NamedTuple):
-    """Where `_queue_uniques` put its calls in a pipeline: per task its script and its record's write (-1: none)."""
-
-    scripts: list[int]
-    records: list[int]
-
-
 class IdClaims(NamedTuple):
     """What claiming a call's caller ids on their records found."""
 
@@ -79,10 +72,6 @@ class AnnouncedQueues:
     def __contains__(self, queue: object) -> bool:
         added_at = self._added_at.get(queue) if isinstance(queue, str) else None
         return added_at is not None and self._clock() - added_at < self._again_s
-
-    def missing(self, queues: Iterable[str]) -> set[str]:
-        """Those of `queues` not added lately: the ones an enqueue adds to the set with its tasks."""
-        return {queue for queue in queues if queue not in self}
 
     def add(self, queues: Iterable[str]) -> None:
         """Remember `queues` as added to the set now."""
@@ -259,7 +248,9 @@ class Enqueuer(Role):
         free = [at for at, outcome in enumerate(outcomes) if outcome is None]
         free_uniques = [at for at, holder in enumerate(holders) if holder is None]
         sections = split_by_queue([items[at] for at in free])
-        new_queues = self.announced.missing([*sections, *(uniques[at].item.queue for at in free_uniques)])
+        new_queues = {
+            q for q in [*sections, *(uniques[at].item.queue for at in free_uniques)] if q not in self.announced
+        }
         multi = not cluster and bool(free_uniques or new_queues or any(s.plain for s in sections.values()))
         pipe = self.client.pipeline(transaction=multi)
         head = [WAKE_TOKEN, ENQUEUED_IDS_KEEP_MS, ENQUEUED_IDS_MAX, "0"]
@@ -296,7 +287,7 @@ class Enqueuer(Role):
             for position in not_pushed(replies[at], others_at):
                 outcomes[free[position]] = items[free[position]].task_id
         recorded = [claimed.written.get(unique.item.task_id, False) for unique in uniques]
-        for at, script_at, record_at in zip(free_uniques, calls.scripts, calls.records, strict=True):
+        for at, (script_at, record_at) in zip(free_uniques, calls, strict=True):
             holders[at] = None if int(replies[script_at][0]) else reply_text(replies[script_at][1])
             recorded[at] = recorded[at] or (record_at >= 0 and bool(int(replies[record_at][1])))
         return recorded
@@ -331,29 +322,29 @@ class Enqueuer(Role):
 
     def _queue_uniques(
         self, pipe: Any, uniques: Sequence[UniqueEnqueueable], result_ttl_s: int, multi: bool, recorded: Set[str]
-    ) -> UniqueCalls:
-        """Queue the `enqueue_unique` calls of `uniques` (the first by source in a MULTI); say where they are."""
+    ) -> list[tuple[int, int]]:
+        """Queue the `enqueue_unique` calls (the first by source in a MULTI): per task its place, its record's (-1)."""
         # On Redis Cluster each record is written before its script (once per id), but for those in `recorded`.
         cluster = isinstance(self.client, redis.RedisCluster)
         index = history.header_args(self.history_max, result_ttl_s * 1000)
-        calls = UniqueCalls([], [])
+        calls: list[tuple[int, int]] = []
         recorded = set(recorded)
         for position, unique in enumerate(uniques):
             item = unique.item
             keys = [self.keys.unique(item.queue, unique.digest), *self._section_keys(item.queue)]
             record: list[str] = []
-            calls.records.append(-1)
+            record_at = -1
             if not cluster:
                 record = [pair for field in item.result_key_fields.items() for pair in field]
                 keys += [self.keys.result(item.task_id)] if record else []
             elif item.result_key_fields and item.task_id not in recorded:
                 recorded.add(item.task_id)
                 self._queue_record(pipe, item, result_ttl_s)
-                calls.records[-1] = len(pipe) - 1
+                record_at = len(pipe) - 1
             args = [item.task_id, unique.window_ms, WAKE_TOKEN, item.priority, item.delay_ms, item.raw]
             args += [result_ttl_s + item.delay_ms // 1000 + 1, "1" if item.idempotent else "0"]
             args += [ENQUEUED_IDS_KEEP_MS, ENQUEUED_IDS_MAX, *index, *record]
-            calls.scripts.append(len(pipe))
+            calls.append((len(pipe), record_at))
             self.scripts.queue(pipe, "enqueue_unique", keys, args, by_source=multi and position == 0)
         return calls
 
