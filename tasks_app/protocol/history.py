@@ -64,6 +64,9 @@ NOT_HELD = 3
 # What record_result answers for a write the record already holds (sent again after a lost reply).
 WRITTEN_AGAIN = 4
 
+# Where a result write's reply is: the place of its call in a pipeline, its index in that call's reply.
+Place = tuple[int, int]
+
 # Replies of a master that is failing over, moved a slot or was demoted: write the results again.
 _NODE_STATE_REPLIES = (AskError, ClusterDownError, TryAgainError, ReadOnlyError, BusyLoadingError)
 
@@ -86,13 +89,6 @@ class Held(NamedTuple):
     instance: str
     raw: bytes
     queue: str
-
-
-class Place(NamedTuple):
-    """Where a result write's reply is: the position of its call in a pipeline, its index in that call's reply."""
-
-    position: int
-    offset: int
 
 
 @functools.lru_cache(maxsize=4096)  # built for every result write: once per queue instead
@@ -142,11 +138,8 @@ def counter_fields(update: ResultUpdate) -> list[str]:
 
 
 def replies_at(sent: Sequence[Any], places: Sequence[Place]) -> list[Any]:
-    """Each result write's reply: 1, 0, 2 or its error (the error of its whole call, if that failed)."""
-    return [
-        sent[place.position] if isinstance(sent[place.position], Exception) else sent[place.position][place.offset]
-        for place in places
-    ]
+    """Each result write's reply (1, 0, 2 or its whole call's error), by its call's place and its index in the call."""
+    return [sent[at] if isinstance(sent[at], Exception) else sent[at][offset] for at, offset in places]
 
 
 class Records(Role):
@@ -272,12 +265,12 @@ class Records(Role):
         self, pipe: Any, updates: Sequence[ResultUpdate], *, by_source: bool = False, holds: Sequence[Held | None] = ()
     ) -> list[Place]:
         """Queue the record_result calls of `updates` (each only while its hold holds); return their replies' places."""
-        places: list[Place] = [Place(0, 0)] * len(updates)
+        places: list[Place] = [(0, 0)] * len(updates)
         for queue, indexes in self._result_groups(updates):
             for start in range(0, len(indexes), RECORDS_PER_CALL):
                 chunk = indexes[start : start + RECORDS_PER_CALL]
                 for offset, index in enumerate(chunk):
-                    places[index] = Place(len(pipe), offset)
+                    places[index] = (len(pipe), offset)
                 chunk_holds = [holds[index] for index in chunk] if holds else []
                 self._queue_record_call(pipe, queue, [updates[index] for index in chunk], by_source, chunk_holds)
         return places

@@ -248,9 +248,7 @@ def connect(url: str, cluster: bool = False, *, timeout_s: float = 15.0, resend:
     }
     if not resend:
         options["retry"] = Retry(NoBackoff(), 0)
-    if cluster:
-        return redis.RedisCluster.from_url(url, **options)
-    return redis.Redis.from_url(url, **options)
+    return (redis.RedisCluster if cluster else redis.Redis).from_url(url, **options)
 
 
 class ScriptClient:
