@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 from google.protobuf.internal.encoder import _VarintBytes
 
-from tasks_app.protocol.codec import Task, UndecodableTask, decode_payload, decode_task, encode_payload, encode_task
+from tasks_app.protocol.codec import (
+    Task,
+    UndecodableTask,
+    decode_payload,
+    decode_task,
+    encode_arguments,
+    encode_task,
+    payload_of,
+)
 
 PROTO_DIR = Path(__file__).resolve().parent.parent / "proto"
 GENERATED_DIR = Path(__file__).resolve().parent.parent / "tasks_app"
@@ -71,10 +79,10 @@ def test_garbage_is_rejected(raw):
 
 
 def test_payload_round_trip_and_optional_members():
-    assert decode_payload(encode_payload([1, "a"], {"k": [True, None]})).kwargs == {"k": [True, None]}
+    assert decode_payload(payload_of(*encode_arguments([1, "a"], {"k": [True, None]}))).kwargs == {"k": [True, None]}
     assert decode_payload(b"").args == []
     assert decode_payload(b"{}").kwargs == {}
-    assert encode_payload([], {}) == b"{}"
+    assert payload_of(*encode_arguments([], {})) == b"{}"
 
 
 @pytest.mark.parametrize(
@@ -82,18 +90,21 @@ def test_payload_round_trip_and_optional_members():
 )
 def test_payload_is_the_compact_json_of_its_members(args, kwargs):
     body = {**({"args": list(args)} if args else {}), **({"kwargs": kwargs} if kwargs else {})}
-    assert encode_payload(args, kwargs) == json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+    assert (
+        payload_of(*encode_arguments(args, kwargs))
+        == json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+    )
 
 
 @pytest.mark.parametrize(("args", "kwargs"), [([float("nan")], {}), ([], {"k": float("inf")})])
 def test_payload_refuses_nan(args, kwargs):
     with pytest.raises(ValueError, match="Out of range float values"):
-        encode_payload(args, kwargs)
+        payload_of(*encode_arguments(args, kwargs))
 
 
 def test_payload_refuses_a_lone_surrogate():
     with pytest.raises(UnicodeEncodeError):
-        encode_payload(["\ud800"], {})
+        payload_of(*encode_arguments(["\ud800"], {}))
 
 
 @pytest.mark.parametrize("payload", [b"[1]", b'{"args": {}}', b'{"kwargs": []}', b"\xff", b"{"])

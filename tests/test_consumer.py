@@ -23,7 +23,7 @@ from tasks_app.consumer.claiming import Claimed
 from tasks_app.consumer.lifecycle import Consumer
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.protocol.broker import Broker
-from tasks_app.protocol.codec import encode_payload
+from tasks_app.protocol.codec import encode_arguments, payload_of
 from tasks_app.protocol.enqueue import Enqueueable
 from tasks_app.protocol.keys import WAKE_TOKEN
 from tasks_app.protocol.leases import MAX_RECOVERIES
@@ -237,7 +237,7 @@ def test_shutdown_returns_unstarted_tasks_in_order_and_deregisters(broker, consu
 
 def test_a_task_still_running_when_the_grace_period_ends_is_given_up_on_and_retried(broker, consumer_in_thread, caplog):
     with consumer_in_thread(queues=["q"], concurrency=1, grace_s=0.2):
-        push(broker, task_bytes("slow", payload=encode_payload([], {"sleep_s": 1.5})))
+        push(broker, task_bytes("slow", payload=payload_of(*encode_arguments([], {"sleep_s": 1.5}))))
         wait_until(lambda: recorded_runs(broker), 5, message="the slow task to start")
     stats = broker.inspect.queue_stats("q")
     assert (stats.pending, stats.processing, stats.delayed, stats.consumers) == (0, 0, 1, [])
@@ -312,7 +312,7 @@ def test_a_task_claimed_under_a_lost_identity_is_left_to_the_reaper(broker, cons
 
 def test_reconciling_never_returns_a_byte_identical_twin_that_is_still_held(broker, consumer_in_thread):
     # A foreign producer may push the same bytes twice: two claims, two runs, both held at once.
-    twin = task_bytes("twin", payload=encode_payload([], {"sleep_s": 0.4}))
+    twin = task_bytes("twin", payload=payload_of(*encode_arguments([], {"sleep_s": 0.4})))
     with consumer_in_thread(queues=["q"], concurrency=1, prefetch=1) as running:
         push(broker, twin, twin)
         wait_until(lambda: len(recorded_runs(broker)) == 2, 5, message="the second twin to start")

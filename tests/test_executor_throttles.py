@@ -18,7 +18,7 @@ from tasks_app.consumer.gates import Admission, ConcurrencyGate, RateLimiter, Ra
 from tasks_app.exceptions import TaskCancelled
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
-from tasks_app.protocol.codec import Task, decode_task, encode_payload
+from tasks_app.protocol.codec import Task, decode_task, encode_arguments, payload_of
 from tasks_app.protocol.limits import SlotSet, Waiter
 from tasks_app.registry import Handler
 from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
@@ -93,7 +93,7 @@ def test_each_key_value_has_a_cap_of_its_own(broker, gated):
     assert broker.limits.acquire_slot(SlotSet("x.kw", "a", 1), "busy", Waiter("q", b"+000other"), 3_000, 60_000)[0]
 
     def run(task_id: str, tenant: str) -> None:
-        raw = task_bytes(task_id, "x.kw", payload=encode_payload([1, 2], {"tenant": tenant}))
+        raw = task_bytes(task_id, "x.kw", payload=payload_of(*encode_arguments([1, 2], {"tenant": tenant})))
         push(broker, raw)
         [taken] = claim(broker, CONSUMER, 1)
         gated.execute(Claimed("q", CONSUMER, taken))
@@ -115,7 +115,10 @@ def test_a_task_of_a_queue_paused_after_its_claim_goes_back_unstarted(broker, ga
 
 @pytest.mark.parametrize(
     ("handler", "payload", "error"),
-    [("x.nowhere", encode_payload([], {}), "HandlerNotRegistered"), ("x.add", b"not json", "InvalidPayload")],
+    [
+        ("x.nowhere", payload_of(*encode_arguments([], {})), "HandlerNotRegistered"),
+        ("x.add", b"not json", "InvalidPayload"),
+    ],
 )
 def test_a_unique_task_dead_lettered_unrun_frees_its_key(broker, gated, handler, payload, error):
     task_type(gated, "x.once", handler=handler, unique_for_s=600, unique_until="finished")
@@ -224,7 +227,10 @@ def test_the_unique_key_of_a_run_given_up_on_while_it_hangs_outlives_its_process
     unique_key = broker.keys.unique("q", "d1")
     broker.client.set(unique_key, "t1", px=600_000)
     held = claimed(
-        broker, "t1", "x.stuck", raw=task_bytes("t1", "x.stuck", payload=encode_payload([1.5], {}), unique_digest="d1")
+        broker,
+        "t1",
+        "x.stuck",
+        raw=task_bytes("t1", "x.stuck", payload=payload_of(*encode_arguments([1.5], {})), unique_digest="d1"),
     )
     run = threading.Thread(target=gated.execute, args=(held,))
     run.start()

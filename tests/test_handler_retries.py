@@ -9,7 +9,7 @@ import pytest
 from tasks_app import PermanentError, Retry
 from tasks_app.consumer.executor import Executor
 from tasks_app.protocol.broker import Broker
-from tasks_app.protocol.codec import encode_payload
+from tasks_app.protocol.codec import encode_arguments, payload_of
 from tasks_app.registry import Handler, Registry
 from tests.support.claims import task_bytes
 from tests.support.executing import assert_let_go, claimed, dead_tasks, delayed_tasks, make_executor, task_type
@@ -51,7 +51,7 @@ def test_a_handler_asking_for_a_retry_runs_again_when_it_asked_with_an_attempt_u
 
 def test_a_handler_asking_for_a_retry_on_its_last_attempt_is_dead_lettered(broker, executor):
     task_type(executor, "x.retry_in", max_attempts=2)
-    raw = task_bytes("t1", "x.retry_in", payload=encode_payload([5], {}), attempt=1)
+    raw = task_bytes("t1", "x.retry_in", payload=payload_of(*encode_arguments([5], {})), attempt=1)
     executor.execute(claimed(broker, "t1", "x.retry_in", raw=raw))
     [dead] = dead_tasks(broker)
     assert dead.dead_reason.startswith("failed 2 of 2 attempts; last error: tasks_app.exceptions.Retry")

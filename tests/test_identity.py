@@ -9,7 +9,7 @@ import time
 import pytest
 
 from tasks_app.consumer.membership import default_consumer_id, holder_is_gone, live_holders, pid_namespace
-from tasks_app.protocol.codec import encode_payload
+from tasks_app.protocol.codec import encode_arguments, payload_of
 from tests.support.claims import push, task_bytes
 from tests.support.processes import wait_until
 from tests.support.recording import recorded_runs
@@ -111,7 +111,9 @@ def test_the_default_id_holds_only_characters_an_id_may_hold(monkeypatch):
 def test_a_run_whose_fixed_id_a_restart_took_meanwhile_leaves_the_restarts_claim_alone(
     broker, consumer_in_thread, caplog
 ):
-    raw = task_bytes("t", queue="default", payload=encode_payload([], {"hold_until": "go", "fail_until_attempt": 1}))
+    raw = task_bytes(
+        "t", queue="default", payload=payload_of(*encode_arguments([], {"hold_until": "go", "fail_until_attempt": 1}))
+    )
     with consumer_in_thread(consumer_id="fixed", concurrency=1, prefetch=0):
         wait_until(lambda: broker.inspect.queue_stats("default").consumers, 10, message="the consumer to register")
         push(broker, raw, queue="default")

@@ -11,7 +11,7 @@ import pytest
 from tasks_app import producer
 from tasks_app.logging import CONTINUATION_INDENT, ConsoleHandler, JsonFormatter, TextFormatter, held_lines
 from tasks_app.models import TaskType
-from tasks_app.protocol.codec import Task, encode_payload, encode_task
+from tasks_app.protocol.codec import Task, encode_arguments, encode_task, payload_of
 
 EVENT_FIELDS = {"task_id", "type", "queue", "attempt", "duration_s", "outcome"}
 
@@ -70,7 +70,12 @@ def test_log_level_warning_hides_successes(broker, consumer_process):
 @pytest.mark.django_db(transaction=True)
 def test_text_log_keeps_a_foreign_task_id_with_a_newline_on_one_line(broker, consumer_process):
     forged = "2026-01-01 00:00:00,000 INFO tasks_app.consumer everything is fine"
-    task = Task(id=f"evil\n{forged}\r\x1b[2J", type="no.such.type", queue="default", payload=encode_payload([], {}))
+    task = Task(
+        id=f"evil\n{forged}\r\x1b[2J",
+        type="no.such.type",
+        queue="default",
+        payload=payload_of(*encode_arguments([], {})),
+    )
     broker.client.lpush(broker.keys.pending("default"), encode_task(task))
     broker.client.sadd(broker.keys.queues(), "default")
 

@@ -13,7 +13,7 @@ from tasks_app.consumer.lifecycle import Consumer
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
-from tasks_app.protocol.codec import decode_task, encode_payload
+from tasks_app.protocol.codec import decode_task, encode_arguments, payload_of
 from tasks_app.protocol.keys import split_delayed_member
 from tasks_app.registry import Handler, Registry
 from tasks_app.task_types import TaskTypeCache
@@ -53,7 +53,7 @@ def break_the_database(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def claimed_one(broker: Broker, task_id: str, type_name: str) -> Claimed:
-    push(broker, task_bytes(task_id, type_name, payload=encode_payload([1, 2], {})))
+    push(broker, task_bytes(task_id, type_name, payload=payload_of(*encode_arguments([1, 2], {}))))
     [raw] = claim(broker, CONSUMER, 1)
     return Claimed("q", CONSUMER, raw)
 
@@ -95,7 +95,7 @@ def test_a_consumer_that_never_read_its_task_types_claims_nothing_until_it_can(b
     consumer.membership.register()
     claimer = consumer.claimer("q")
     try:
-        push(broker, task_bytes("t1", "x.add", payload=encode_payload([1, 2], {})))
+        push(broker, task_bytes("t1", "x.add", payload=payload_of(*encode_arguments([1, 2], {}))))
         reads = break_the_database(monkeypatch)
         consumer.task_types.refresh()  # what start() and then the housekeeping loop try
         assert claimer.run_once() > 0 and claimer.run_once() > 0  # waits, without asking the database itself

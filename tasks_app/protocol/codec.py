@@ -123,11 +123,6 @@ class Arguments:
     kwargs: dict[str, Any]
 
 
-def encode_payload(args: Sequence[Any], kwargs: Mapping[str, Any]) -> bytes:
-    """Serialize arguments into the UTF-8 JSON payload."""
-    return payload_of(*encode_arguments(args, kwargs))
-
-
 def encode_arguments(args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[str, str]:
     """The compact JSON texts of `args` and `kwargs`, "" for each that is empty (NaN refused)."""
     return (

@@ -170,10 +170,10 @@ def test_the_soft_limit_runs_the_handlers_finally_in_thread_mode(broker, consume
 
 
 def test_a_run_completes_the_record_whether_the_producer_wrote_one_or_not(broker, consumer_in_thread):
-    from tasks_app.protocol.codec import Task, encode_payload, encode_task
+    from tasks_app.protocol.codec import Task, encode_arguments, encode_task, payload_of
     from tasks_app.protocol.enqueue import Enqueueable
 
-    payload = encode_payload([1], {"note": "foreign"})
+    payload = payload_of(*encode_arguments([1], {"note": "foreign"}))
     raw = encode_task(Task(id="foreign-1", type="test.record", queue="default", payload=payload))
     broker.enqueuer.enqueue([Enqueueable(queue="default", raw=raw)], result_ttl_s=60)  # no READY record
     [ours] = producer.enqueue("test.record", args=[2], kwargs={"note": "ours"})

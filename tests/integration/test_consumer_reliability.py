@@ -11,7 +11,7 @@ from tasks_app import producer
 from tasks_app.consumer.lifecycle import Consumer
 from tasks_app.consumer.options import ConsumerOptions
 from tasks_app.protocol.broker import Broker
-from tasks_app.protocol.codec import decode_task, encode_payload
+from tasks_app.protocol.codec import decode_task, encode_arguments, payload_of
 from tasks_app.protocol.enqueue import Enqueueable
 from tasks_app.protocol.records import ResultRecord
 from tasks_app.protocol.scripts import connect
@@ -84,7 +84,7 @@ def test_sigterm_while_redis_is_down_exits_within_the_grace_period_leaving_the_t
     server = RedisServer(tmp_path, "--appendonly", "yes", "--appendfsync", "always").start()
     try:
         private = Broker(connect(server.url), key_prefix)
-        slow = encode_payload([], {"sleep_s": 3.0})  # the one running outlasts the grace period
+        slow = payload_of(*encode_arguments([], {"sleep_s": 3.0}))  # the one running outlasts the grace period
         raws = [task_bytes(f"t{n}", queue="default", payload=slow) for n in range(6)]
         private.enqueuer.enqueue([Enqueueable(queue="default", raw=raw) for raw in raws], result_ttl_s=60)
         args = ("--consumer-id", "cut-off", "--concurrency", "1", "--prefetch", "4", "--grace", "1")

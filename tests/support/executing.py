@@ -12,7 +12,7 @@ from tasks_app.consumer.executor import Executor
 from tasks_app.consumer.gates import RateLimiter
 from tasks_app.models import TaskType
 from tasks_app.protocol.broker import Broker
-from tasks_app.protocol.codec import Task, decode_task, encode_payload
+from tasks_app.protocol.codec import Task, decode_task, encode_arguments, payload_of
 from tasks_app.protocol.keys import split_delayed_member
 from tasks_app.protocol.records import ResultUpdate
 from tasks_app.registry import Registry
@@ -72,7 +72,7 @@ def claimed(
 ) -> Claimed:
     """Push one task and claim it for CONSUMER."""
     if raw is None:
-        raw = task_bytes(task_id, task_type_name, payload=encode_payload(list(args), {}), **fields)
+        raw = task_bytes(task_id, task_type_name, payload=payload_of(*encode_arguments(list(args), {})), **fields)
     push(broker, raw)
     [taken] = claim(broker, CONSUMER, 1)
     return Claimed("q", CONSUMER, taken)
