@@ -125,17 +125,16 @@ def id_claims(items: Sequence[Enqueueable], uniques: Sequence[Enqueueable]) -> t
     # them is pushed is known only after the push.
     claims: dict[str, Enqueueable] = {}
     for item in items:
-        if item.idempotent and item.result_key_fields and item.task_id not in claims:
-            claims[item.task_id] = item
+        if item.idempotent and item.result_key_fields:
+            claims.setdefault(item.task_id, item)
     of_items, repeated = set(claims), set()
     for item in uniques:
         if not (item.idempotent and item.result_key_fields) or item.task_id in of_items:
             continue
         if item.task_id in claims:
-            claims[item.task_id] = item._replace(result_key_fields={"queue": item.queue})
+            item = item._replace(result_key_fields={"queue": item.queue})
             repeated.add(item.task_id)
-        else:
-            claims[item.task_id] = item
+        claims[item.task_id] = item
     return list(claims.values()), repeated
 
 

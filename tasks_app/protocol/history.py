@@ -107,20 +107,6 @@ def status_move_args(task_id: str, status: str, enqueued_ms: str, ttl_s: int) ->
     return [task_id, status, enqueued_ms, ttl_s * 1000, *STATUSES]
 
 
-def outcome_of(update: ResultUpdate) -> str | None:
-    """Which counter a result write adds to: a success, a final failure, a retry; None for others."""
-    status = update.fields.get("status")
-    if not update.queue or status is None:
-        return None
-    if status == SUCCESSFUL:
-        return "ok"
-    if status == FAILED:
-        return "failed"
-    if status == READY and "run_after_ms" in update.fields and update.run_s is not None:
-        return "retried"
-    return None
-
-
 def bucket_of(duration_ms: float) -> int:
     """The index of the duration bucket `duration_ms` falls in."""
     return bisect.bisect_left(DURATION_BUCKETS_MS, duration_ms)
@@ -128,8 +114,12 @@ def bucket_of(duration_ms: float) -> int:
 
 def counter_fields(update: ResultUpdate) -> list[str]:
     """The fields of its queue's minute hash that a result write adds 1 to, if the record takes it."""
-    outcome = outcome_of(update)
-    if outcome is None:
+    # Its outcome: a success, a final failure or a retry; other writes count nothing.
+    status = update.fields.get("status", "")
+    outcome = {SUCCESSFUL: "ok", FAILED: "failed"}.get(status)
+    if status == READY and "run_after_ms" in update.fields and update.run_s is not None:
+        outcome = "retried"
+    if not update.queue or outcome is None:
         return []
     fields = [outcome, f"{outcome}|{update.task_type}"]
     if update.run_s is not None:
@@ -441,7 +431,7 @@ class Records(Role):
     def _uncount_unwritten(self, updates: Sequence[ResultUpdate], replies: Sequence[Any], minute: int) -> None:
         """Take back the counts of result writes the record did not take (ignored by their fence, or refused)."""
         unwritten = [update for update, reply in zip(updates, replies, strict=True) if reply != 1]
-        if any(outcome_of(update) for update in unwritten):
+        if any(counter_fields(update) for update in unwritten):
             pipe = self.client.pipeline(transaction=False)
             self._queue_minute_counts(pipe, unwritten, minute, sign=-1)
             pipe.execute()
