@@ -81,22 +81,10 @@ class Periodic(Role):
         else:
             keys += [self.keys.result(regular.task_id), self.keys.result(catch_up.task_id if catch_up else "-")]
             keys.append(self.keys.periodic_claim(schedule))
-        args: list[Any] = [
-            firing.slot_ms,
-            firing.previous_ms,
-            firing.on_time_ms,
-            firing.catch_up,
-            WAKE_TOKEN,
-            regular.priority,
-            regular.task_id,
-            regular.raw,
-            catch_up.task_id if catch_up else "",
-            catch_up.raw if catch_up else "",
-            result_ttl_s,
-            firing.saved_ms,
-            regular.queue,
-            elsewhere_ms,
-        ]
+        args: list[Any] = [firing.slot_ms, firing.previous_ms, firing.on_time_ms, firing.catch_up, WAKE_TOKEN]
+        args += [regular.priority, regular.task_id, regular.raw]
+        args += [catch_up.task_id, catch_up.raw] if catch_up else ["", ""]
+        args += [result_ttl_s, firing.saved_ms, regular.queue, elsewhere_ms]
         args += history.header_args(self.enqueuer.history_max, result_ttl_s * 1000)
         for name, value in regular.result_key_fields.items():
             args += (name, value)
