@@ -17,7 +17,7 @@ if __name__ == "__main__":
             workers = [system.start_worker() for _ in range(count)]
             try:
                 wait_for(
-                    lambda: len(system.broker.inspect.live_consumers(QUEUE)) >= len(system.consumer_ids),
+                    lambda: len(system.broker.inspect.queue_stats(QUEUE).consumers) >= len(system.consumer_ids),
                     300,
                     f"{count} consumers did not all register",
                     interval_s=0.2,

@@ -62,7 +62,7 @@ def _queue_row(broker: Broker, queue: str, now_ms: int) -> dict[str, Any]:
 
 
 def _consumer_row(info: dict[str, Any], now_ms: int) -> dict[str, Any]:
-    """A live consumer from `Inspection.live_consumers`; its last heartbeat is the deadline minus the lease."""
+    """A live consumer from `Inspection.queue_stats`; its last heartbeat is the deadline minus the lease."""
     deadline_ms, lease_ms = info["lease_deadline_ms"], info.get("lease_ms")
     beat_ms = deadline_ms - lease_ms if lease_ms else None
     return {
