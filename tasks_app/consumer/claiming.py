@@ -35,7 +35,7 @@ from tasks_app.protocol.codec import Task, UndecodableTask, decode_task
 from tasks_app.protocol.keys import WAKE_TOKEN
 from tasks_app.protocol.queue import Claim
 from tasks_app.protocol.records import ResultUpdate
-from tasks_app.protocol.tracking import KeyChanges
+from tasks_app.protocol.tracking import CHANGE_WAIT_S, KeyChanges
 
 logger = logging.getLogger(__name__)
 
@@ -450,10 +450,6 @@ class ClaimerLoop:
 
 
 # --- one claimer for every queue -------------------------------------------------------------------
-# How long the one claimer waits for a change before it looks whether it is told to stop.
-CHANGE_WAIT_S = 0.5
-
-
 class OneClaimer:
     """Claims for every queue on one thread and one tracked connection, whatever the number of queues.
 

@@ -101,7 +101,7 @@ class Consumer:
         self.stop_requested, self.claiming_stopped = threading.Event(), threading.Event()
         self.loops_stopped, self.workers_stop, self.give_up = threading.Event(), threading.Event(), threading.Event()
         self._claimers: list[threading.Thread] = []
-        self._changes: KeyChanges | None = None  # the tracked connection the one claimer claims on
+        self._changes: list[KeyChanges] = []  # the tracked connections of the claimer and the scheduler
         self._busy, self._busy_lock = 0, threading.Lock()
         self.exit_code = 0  # what `leave` asks for (process mode)
         self.acks = AckBatcher(self.broker, self.give_up, together=self.held.together)
@@ -161,18 +161,24 @@ class Consumer:
             claims=claims,
         )
 
+    def _key_changes(self) -> KeyChanges | None:
+        """A tracked connection of its own for a loop (see tracking.py); None where Redis cannot track for it."""
+        if not KeyChanges.trackable(self.broker.client):
+            return None
+        changes = KeyChanges(self.broker.client)
+        self._changes.append(changes)
+        return changes
+
     def _start_claiming(self) -> None:
         """One claimer thread on one tracked connection for every queue; on Redis Cluster, one blocking per queue."""
         queues = self.options.queues
-        if not KeyChanges.trackable(self.broker.client):
+        changes = self._key_changes()
+        if changes is None:
             claimers = [self.claimer(queue) for queue in queues]
             self._claimers = [start_thread(loop, self.claiming_stopped, self.misconfigured) for loop in claimers]
             return
-        self._changes = KeyChanges(self.broker.client)
-        claims = Broker(self._changes.client, self.broker.keys.prefix, self.broker.scripts)
-        one = OneClaimer(
-            [self.claimer(queue, claims) for queue in queues], self._changes, self.capacity, self.misconfigured
-        )
+        claims = Broker(changes.client, self.broker.keys.prefix, self.broker.scripts)
+        one = OneClaimer([self.claimer(queue, claims) for queue in queues], changes, self.capacity, self.misconfigured)
         self._claimers = [start_thread(one, self.claiming_stopped, self.misconfigured)]
 
     @property
@@ -251,7 +257,7 @@ class Consumer:
         loops: list[Loop] = [
             self.membership,  # the heartbeat
             Ticker("registering", opts.lease_s / 3, self.membership.list_again),
-            SchedulerLoop(self.broker, opts.queues, disabled=self.task_types.disabled),
+            SchedulerLoop(self.broker, opts.queues, disabled=self.task_types.disabled, changes=self._key_changes()),
             self.reaper,
             self.retiring,
             HousekeepingLoop(self.task_types.refresh, settings.TASKS_CONFIG_REFRESH_S, self.time_limits.tick),
@@ -364,8 +370,8 @@ class Consumer:
             logger.error("could not deregister the ids left after a lost lease (their leases will expire): %s", exc)
         self.guard.stop()
         self.executor.close()
-        if self._changes is not None:
-            self._changes.close()
+        for changes in self._changes:
+            changes.close()
         logger.info("consumer %s stopped", self.consumer_id)
         return self.exit_code
 

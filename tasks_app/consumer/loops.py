@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import random
 import socket
 import threading
@@ -37,6 +38,7 @@ from tasks_app.protocol.codec import finite
 from tasks_app.protocol.keys import UNDECODABLE_TYPE
 from tasks_app.protocol.queue import Promotion
 from tasks_app.protocol.scripts import is_transient
+from tasks_app.protocol.tracking import CHANGE_WAIT_S, KeyChanges
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +127,12 @@ def start_thread(loop: Loop, stop: threading.Event, misconfigured: Misconfigured
 
 
 class SchedulerLoop:
-    """Moves due delayed tasks into pending, waking when the next one is due; trims dead letters, samples backlogs."""
+    """Moves due delayed tasks into pending, waking when the next one is due; trims dead letters, samples backlogs.
+
+    With `changes` (a tracked connection, see tracking.py) it promotes on that connection, and looks at
+    a queue again only when its next task is due or Redis says its delayed tasks changed: idle, it
+    sends nothing. Without, it looks at every queue at least every MAX_SLEEP_S.
+    """
 
     name = "scheduler"
     MAX_SLEEP_S = 0.25
@@ -139,6 +146,7 @@ class SchedulerLoop:
         queues: Sequence[str],
         *,
         disabled: Callable[[str], bool] = lambda task_type: True,
+        changes: KeyChanges | None = None,
     ) -> None:
         self.broker = broker
         self.queues = list(queues)
@@ -147,24 +155,44 @@ class SchedulerLoop:
         self.dead_letter_max_age_s = settings.TASKS_DEAD_LETTER_MAX_AGE_S
         self._trimmed_at = float("-inf")
         self.result_ttl_s = int(settings.TASKS_RESULT_TTL)
+        self.changes = changes
+        self._promotions = broker if changes is None else Broker(changes.client, broker.keys.prefix, broker.scripts)
+        self._queue_of = {broker.keys.delayed(queue).encode(): queue for queue in self.queues}
+        self._due = dict.fromkeys(self.queues, 0.0)  # when each queue is looked at next (monotonic s)
 
     def run_once(self) -> float:
+        now = time.monotonic()
         sleep_s = self.MAX_SLEEP_S
-        for promotion in map(self._promote, self.queues):
+        for queue in self.queues:
+            if self._due[queue] > now:
+                continue
+            promotion = self._promote(queue)
             if promotion.moved + promotion.malformed >= self.BATCH:
-                sleep_s = 0.0
+                wait_s = 0.0
             elif promotion.next_due_ms >= 0:
-                sleep_s = min(sleep_s, max(0.0, (promotion.next_due_ms - promotion.now_ms) / 1000))
+                wait_s = max(0.0, (promotion.next_due_ms - promotion.now_ms) / 1000)
+            else:
+                wait_s = math.inf  # nothing delayed: told when a task is (tracked), else looked at within MAX_SLEEP_S
+            sleep_s = min(sleep_s, wait_s)
+            if self.changes is not None:
+                self._due[queue] = now + wait_s
         if time.monotonic() - self._trimmed_at >= self.TRIM_EVERY_S:
             self.trim_dead_letters()
             for queue in self.queues:
                 self.broker.inspect.sample_backlog(queue)  # the backlog chart's samples
                 self.broker.records.refresh_history_ttl(queue, ttl_s=self.result_ttl_s)
                 self.broker.limits.wake_enabled(queue, disabled=self.disabled)
-        return sleep_s
+        if self.changes is None:
+            return sleep_s
+        wait_s = min(min(self._due.values()), self._trimmed_at + self.TRIM_EVERY_S) - time.monotonic()
+        if wait_s > 0:
+            changed = self.changes.changed(min(wait_s, CHANGE_WAIT_S))
+            told = self.queues if changed is None else [self._queue_of[key] for key in changed if key in self._queue_of]
+            self._due.update(dict.fromkeys(told, 0.0))
+        return 0.0
 
     def _promote(self, queue: str) -> Promotion:
-        promotion = self.broker.queue.promote_due(queue, self.BATCH)
+        promotion = self._promotions.queue.promote_due(queue, self.BATCH)
         if promotion.malformed:
             metrics.TASKS_DEAD_LETTERED.labels(UNDECODABLE_TYPE, queue).inc(promotion.malformed)
             logger.warning("%d malformed delayed member(s) of queue %s dead-lettered", promotion.malformed, queue)

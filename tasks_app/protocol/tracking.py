@@ -16,6 +16,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 INVALIDATE_CHANNEL = "__redis__:invalidate"
+# How long a wait for changes lasts at most, so that its thread looks whether it is told to stop.
+CHANGE_WAIT_S = 0.5
 # What a connection to the same server as another client's takes from it.
 SERVER_OPTIONS = {
     "host",
