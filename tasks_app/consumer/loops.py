@@ -137,8 +137,10 @@ class SchedulerLoop:
     name = "scheduler"
     MAX_SLEEP_S = 0.25
     BATCH = 1000
-    # Dead letters are trimmed this often (a dead-letter set may exceed its caps by what dies meanwhile).
-    TRIM_EVERY_S = 5.0
+    # Its chores, each this often (s): tasks of types enabled again are woken; the backlog chart, which
+    # has a point a minute, is sampled; dead letters are trimmed (a dead-letter set may exceed its caps by
+    # what dies meanwhile) and the history index keys given their time to live again.
+    WAKE_EVERY_S, SAMPLE_EVERY_S, TRIM_EVERY_S = 5.0, 20.0, 60.0
 
     def __init__(
         self,
@@ -153,7 +155,7 @@ class SchedulerLoop:
         self.disabled = disabled  # whether a task type is disabled (its deferred tasks wait)
         self.dead_letter_max = settings.TASKS_DEAD_LETTER_MAX
         self.dead_letter_max_age_s = settings.TASKS_DEAD_LETTER_MAX_AGE_S
-        self._trimmed_at = float("-inf")
+        self._chores_at = dict.fromkeys((self.WAKE_EVERY_S, self.SAMPLE_EVERY_S, self.TRIM_EVERY_S), float("-inf"))
         self.result_ttl_s = int(settings.TASKS_RESULT_TTL)
         self.changes = changes
         self._promotions = broker if changes is None else Broker(changes.client, broker.keys.prefix, broker.scripts)
@@ -176,20 +178,33 @@ class SchedulerLoop:
             sleep_s = min(sleep_s, wait_s)
             if self.changes is not None:
                 self._due[queue] = now + wait_s
-        if time.monotonic() - self._trimmed_at >= self.TRIM_EVERY_S:
+        if self._chore_due(self.WAKE_EVERY_S):
+            for queue in self.queues:
+                self.broker.limits.wake_enabled(queue, disabled=self.disabled)
+        if self._chore_due(self.SAMPLE_EVERY_S):
+            for queue in self.queues:
+                self.broker.inspect.sample_backlog(queue)
+        if self._chore_due(self.TRIM_EVERY_S):
             self.trim_dead_letters()
             for queue in self.queues:
-                self.broker.inspect.sample_backlog(queue)  # the backlog chart's samples
                 self.broker.records.refresh_history_ttl(queue, ttl_s=self.result_ttl_s)
-                self.broker.limits.wake_enabled(queue, disabled=self.disabled)
         if self.changes is None:
             return sleep_s
-        wait_s = min(min(self._due.values()), self._trimmed_at + self.TRIM_EVERY_S) - time.monotonic()
+        next_chore_at = min(at + every_s for every_s, at in self._chores_at.items())
+        wait_s = min(min(self._due.values()), next_chore_at) - time.monotonic()
         if wait_s > 0:
             changed = self.changes.changed(min(wait_s, CHANGE_WAIT_S))
             told = self.queues if changed is None else [self._queue_of[key] for key in changed if key in self._queue_of]
             self._due.update(dict.fromkeys(told, 0.0))
         return 0.0
+
+    def _chore_due(self, every_s: float) -> bool:
+        """Whether the chore done every `every_s` is due; if so, it counts as done now."""
+        now = time.monotonic()
+        if now - self._chores_at[every_s] < every_s:
+            return False
+        self._chores_at[every_s] = now
+        return True
 
     def _promote(self, queue: str) -> Promotion:
         promotion = self._promotions.queue.promote_due(queue, self.BATCH)
@@ -200,7 +215,6 @@ class SchedulerLoop:
 
     def trim_dead_letters(self) -> int:
         """Apply the dead-letter caps (count and age) to every queue; return how many were dropped."""
-        self._trimmed_at = time.monotonic()
         trim = partial(
             self.broker.inspect.trim_dead, max_count=self.dead_letter_max, max_age_s=self.dead_letter_max_age_s
         )
