@@ -152,6 +152,12 @@ def test_queuestats_table(broker):
         # Before: `--metrics-host "$UNSET"` served metrics on every address instead of this host only.
         ["--metrics-port", "0", "--metrics-host", ""],
         ["--metrics-port", "0", "--metrics-host", "[]"],
+        # A weight must name a queue of the consumer, with a weight from 1 to 1000.
+        ["--queue", "a", "--weight", "b=2"],
+        ["--queue", "a", "--weight", "a=0"],
+        ["--queue", "a", "--weight", "a=1001"],
+        ["--queue", "a", "--weight", "a"],
+        ["--queue", "a", "--weight", "a=x"],
     ],
 )
 @pytest.mark.django_db

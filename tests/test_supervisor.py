@@ -58,6 +58,13 @@ def test_a_child_parses_back_the_supervisors_values_even_those_that_start_with_a
     assert (child["metrics_host"], child["grace"], child["supervisor_lifeline"]) == ("-x", 5.0, 7)
 
 
+def test_a_child_gets_the_queue_weights_as_typed():
+    argv = child_argv("--processes", "2", "--queue", "a:b", "--queue", "c", "--weight", "a:b=3")
+    parser = load_command_class("tasks_app", "runconsumer").create_parser("manage.py", "runconsumer")
+    child = vars(parser.parse_args(argv[argv.index("runconsumer") + 1 :]))
+    assert child["weights"] == ["a:b=3"]
+
+
 def test_children_of_a_group_asked_for_any_free_metrics_port_each_take_one():
     # Before: child n was given port 0 + n, a privileged port it could not bind (or, as root, took).
     argv = child_argv("--processes", "2", "--metrics-port", "0")

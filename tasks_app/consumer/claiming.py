@@ -15,10 +15,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -456,15 +457,23 @@ class OneClaimer:
     A queue is claimed from again only when Redis says a key its last claim read changed (a task
     pushed, a queue resumed, a suspect recovered) or when its claimer asked to look again at a time.
     Queues are served in the consumer's order: after each claim that moved tasks, the first queue
-    comes first again, so `--queue high --queue low` takes from low only while high has none.
+    comes first again, so `--queue high --queue low` takes from low only while high has none. With
+    weights, each round draws the order afresh, a queue coming first with odds proportional to its weight.
     """
 
     name = "claimer"
 
     def __init__(
-        self, claimers: Sequence[ClaimerLoop], changes: KeyChanges, room: Capacity, misconfigured: Misconfigured
+        self,
+        claimers: Sequence[ClaimerLoop],
+        changes: KeyChanges,
+        room: Capacity,
+        misconfigured: Misconfigured,
+        weights: Mapping[str, int] | None = None,
     ) -> None:
+        """`weights`: weighted order, by queue (1 for those not named); none: the claimers' order, strictly."""
         self.claimers = list(claimers)
+        self.weights = {claimer: (weights or {}).get(claimer.queue, 1) for claimer in claimers} if weights else None
         self.changes = changes
         self.room = room
         self.misconfigured = misconfigured
@@ -487,7 +496,7 @@ class OneClaimer:
         if not self.room.acquire(timeout_s=CHANGE_WAIT_S):
             return 0.0
         self.room.release()
-        for claimer in self.claimers:
+        for claimer in self._order():
             now = time.monotonic()
             if min(self._due[claimer], claimer.audit_at) > now:  # its audit of strays is due once a lease
                 continue
@@ -499,6 +508,14 @@ class OneClaimer:
         if wait_s > 0:
             self._told(self.changes.changed(min(wait_s, CHANGE_WAIT_S)))
         return 0.0
+
+    def _order(self) -> list[ClaimerLoop]:
+        """The claimers in the order of this round: as given, or drawn so that each comes first with odds
+        proportional to its weight (a random key u ** (1 / weight) per claimer, highest first)."""
+        if self.weights is None:
+            return self.claimers
+        weights = self.weights
+        return sorted(self.claimers, key=lambda claimer: random.random() ** (1 / weights[claimer]), reverse=True)
 
     def _claim(self, claimer: ClaimerLoop) -> float:
         try:

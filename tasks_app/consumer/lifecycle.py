@@ -174,11 +174,14 @@ class Consumer:
         queues = self.options.queues
         changes = self._key_changes()
         if changes is None:
+            if self.options.weights:
+                logger.warning("--weight has no effect here: on Redis Cluster each queue has a claimer of its own")
             claimers = [self.claimer(queue) for queue in queues]
             self._claimers = [start_thread(loop, self.claiming_stopped, self.misconfigured) for loop in claimers]
             return
         claims = Broker(changes.client, self.broker.keys.prefix, self.broker.scripts)
-        one = OneClaimer([self.claimer(queue, claims) for queue in queues], changes, self.capacity, self.misconfigured)
+        claimers = [self.claimer(queue, claims) for queue in queues]
+        one = OneClaimer(claimers, changes, self.capacity, self.misconfigured, self.options.weights)
         self._claimers = [start_thread(one, self.claiming_stopped, self.misconfigured)]
 
     @property

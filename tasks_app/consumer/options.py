@@ -11,6 +11,8 @@ MAX_CONCURRENCY = 1024
 MAX_PREFETCH = 1000
 MAX_ASYNC_CONCURRENCY = 100_000
 MAX_PROCESSES = 256
+# Highest weight of a queue in weighted order (`--weight Q=N`).
+MAX_WEIGHT = 1000
 
 
 @dataclass
@@ -18,6 +20,8 @@ class ConsumerOptions:
     """How a consumer runs; `runconsumer` flags map onto these one to one."""
 
     queues: list[str] = field(default_factory=lambda: ["default"])
+    # Weighted order (`--weight Q=N`, unnamed queues weigh 1); none: the queues in the order given.
+    weights: dict[str, int] = field(default_factory=dict)
     concurrency: int = 8
     prefetch: int | None = None  # tasks claimed beyond the running ones; None: automatic (claiming.py)
     lease_s: float = 30.0
@@ -48,6 +52,11 @@ class ConsumerOptions:
             raise ValueError("at least one queue is needed")
         for name in self.queues:
             validate_name(name, "queue")
+        for name, weight in self.weights.items():
+            if name not in self.queues:
+                raise ValueError(f"--weight names queue {name!r}, which is not among the consumer's queues")
+            if not 1 <= weight <= MAX_WEIGHT:
+                raise ValueError(f"the weight of queue {name!r} must be from 1 to {MAX_WEIGHT}, got {weight}")
         bounded = [("concurrency", self.concurrency, 1, MAX_CONCURRENCY)]
         bounded += [("async concurrency", self.async_concurrency, 1, MAX_ASYNC_CONCURRENCY)]
         if self.prefetch is not None:

@@ -95,3 +95,15 @@ def test_a_higher_queue_drains_before_a_lower_one_starts(broker, consumer_proces
     wait_until(lambda: len(recorded_runs(broker)) == 40, 60, message=lambda: f"every task to run ({consumer.log()})")
     order = [run["from_queue"] for run in recorded_runs(broker)]
     assert order == ["high"] * 20 + ["low"] * 20, order
+
+
+def test_weighted_queues_share_the_claims_by_their_weights(broker, consumer_process):
+    for _ in range(60):
+        producer.enqueue("test.record", kwargs={"from_queue": "low"}, queue="low")
+        producer.enqueue("test.record", kwargs={"from_queue": "high"}, queue="high")
+    args = ["--concurrency", "1", "--prefetch", "0", "--queue", "low", "--queue", "high", "--weight", "high=3"]
+    consumer = consumer_process(*args)
+    wait_until(lambda: len(recorded_runs(broker)) >= 60, 60, message=lambda: f"60 tasks to run ({consumer.log()})")
+    first = [run["from_queue"] for run in recorded_runs(broker)[:60]]
+    # Each claim takes high first with odds 3 in 4: 45 of 60 expected, 0.55-0.95 is 3.5 deviations each way.
+    assert 0.55 <= first.count("high") / 60 <= 0.95, first

@@ -66,6 +66,19 @@ def prefetch_arg(text: str) -> int | None:
     return None if text == "auto" else non_negative_int(text)
 
 
+def queue_weight(text: str) -> tuple[str, int]:
+    """`Q=N` as (Q, N); the text is kept as typed, so a supervisor passes it on to its children as it is."""
+    name, sep, weight = text.rpartition("=")
+    if not sep or not name or not weight.isdigit():
+        raise argparse.ArgumentTypeError(f"must be a queue and its weight, as high=3, got {text!r}")
+    return name, int(weight)
+
+
+def weight_arg(text: str) -> str:
+    queue_weight(text)
+    return text
+
+
 class Command(BaseCommand):
     help = "Claim and run tasks from the given queues until SIGTERM/SIGINT/SIGHUP (or, with --burst, until idle)."
 
@@ -145,6 +158,7 @@ def _consumer_options(options: dict[str, Any]) -> ConsumerOptions:
     supervised = options["supervisor_beat"] is not None
     return ConsumerOptions(
         queues=options["queues"] or ["default"],
+        weights=dict(map(queue_weight, options["weights"] or ())),
         concurrency=options["concurrency"],
         prefetch=options["prefetch"],
         lease_s=options["lease"],
@@ -217,6 +231,15 @@ def _add_run_arguments(parser: CommandParser) -> None:
         action="append",
         metavar="Q",
         help="Queue to consume (repeatable; default: default).",
+    )
+    parser.add_argument(
+        "--weight",
+        dest="weights",
+        action="append",
+        type=weight_arg,
+        metavar="Q=N",
+        help="Weighted order: each claim round takes queue Q first with odds proportional to N (repeatable; "
+        "queues not named weigh 1). Without it, queues are taken strictly in the order given.",
     )
     parser.add_argument("--concurrency", type=positive_int, default=8, help="Worker threads (default 8).")
     parser.add_argument(
