@@ -4,7 +4,8 @@ A consumer claims on one connection with tracking on (`CLIENT TRACKING ON REDIRE
 key its claim scripts read is remembered by Redis, which tells a second connection, subscribed to
 `__redis__:invalidate`, when another client changes it (an enqueue, a promotion of due delayed tasks,
 a resume). A key is told once, then forgotten until read again, so the messages are bounded by the
-claims. Idle, neither connection sends a command. Single server only: Redis Cluster tracks per node.
+claims. Idle, neither sends more than a health check every 30 s. Single server only: Redis Cluster
+tracks per node.
 """
 
 from __future__ import annotations
