@@ -5,10 +5,14 @@ from __future__ import annotations
 import logging
 import threading
 
+import pytest
+
 from tasks_app.consumer.lifecycle import EXIT_MISCONFIGURED, Consumer
 from tasks_app.consumer.loops import Liveness, Misconfigured, SchedulerLoop, start_thread
 from tasks_app.consumer.options import ConsumerOptions
+from tests.support.claims import push, task_bytes
 from tests.support.processes import wait_until
+from tests.support.recording import recorded_runs
 
 
 def test_a_wrong_typed_key_of_ours_is_said_once_and_keeps_readiness_red_until_it_is_fixed(broker, caplog):
@@ -41,4 +45,17 @@ def test_a_consumer_whose_lease_key_is_misconfigured_exits_at_start_saying_so(br
     )
     assert consumer.run() == EXIT_MISCONFIGURED
     [said] = [r.getMessage() for r in caplog.records if "cannot start" in r.getMessage()]
+    assert "misconfigured" in said and "WRONGTYPE" in said
+
+
+@pytest.mark.django_db
+def test_a_misconfigured_queue_leaves_the_consumers_other_queues_claimed(broker, consumer_in_thread, caplog):
+    # Its claimer serves every queue: the refused claim of one must not hold up the others.
+    broker.client.set(broker.keys.prioritized("bad"), "not a sorted set")  # WRONGTYPE for the claim's read
+    with consumer_in_thread(queues=["bad", "good"]) as consumer:
+        wait_until(lambda: "claimer:bad" in consumer.misconfigured.loops(), 10, message="the claim on bad to fail")
+        push(broker, task_bytes("on-good", queue="good"), queue="good")
+        wait_until(lambda: recorded_runs(broker), 10, message="the task on good to run")
+        assert "claimer:good" not in consumer.misconfigured.loops()
+    [said] = [r.getMessage() for r in caplog.records if "claimer:bad" in r.getMessage()]
     assert "misconfigured" in said and "WRONGTYPE" in said

@@ -523,9 +523,7 @@ class OneClaimer:
         except RedisError as exc:
             if not misconfiguration(exc):
                 raise
-            message = "%s: a key of ours holds what Redis refuses (misconfigured): %s"
-            self._problems.failed(claimer.name, str(exc), message, claimer.name, exc, level=logging.ERROR)
-            self.misconfigured.note(claimer.name, failed=True)
+            self.misconfigured.failed(claimer.name, exc, self._problems)
             return CHANGE_WAIT_S
         self._problems.recovered(claimer.name, "%s: works again", claimer.name)
         self.misconfigured.note(claimer.name, failed=False)

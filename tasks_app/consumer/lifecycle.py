@@ -49,7 +49,7 @@ from tasks_app.consumer.periodic_loop import scheduler_loops
 from tasks_app.consumer.settling import record_reaped
 from tasks_app.consumer.supervisor import ProcessGuard, exit_within_s, install_stop_signals
 from tasks_app.protocol.broker import Broker
-from tasks_app.protocol.tracking import KeyChanges
+from tasks_app.protocol.tracking import CHANGE_WAIT_S, KeyChanges
 from tasks_app.registry import Registry, registry as default_registry
 from tasks_app.task_types import TaskTypeCache
 
@@ -102,6 +102,7 @@ class Consumer:
         self.loops_stopped, self.workers_stop, self.give_up = threading.Event(), threading.Event(), threading.Event()
         self._claimers: list[threading.Thread] = []
         self._changes: list[KeyChanges] = []  # the tracked connections of the claimer and the scheduler
+        self._loops: list[threading.Thread] = []
         self._busy, self._busy_lock = 0, threading.Lock()
         self.exit_code = 0  # what `leave` asks for (process mode)
         self.acks = AckBatcher(self.broker, self.give_up, together=self.held.together)
@@ -269,8 +270,7 @@ class Consumer:
             Ticker("health", HEALTH_CHECK_S, self.broker.inspect.ping, self.liveness.beat),  # alive once Redis answers
             *scheduler_loops(self.broker, opts),
         ]
-        for loop in loops:
-            start_thread(loop, self.loops_stopped, self.misconfigured)
+        self._loops = [start_thread(loop, self.loops_stopped, self.misconfigured) for loop in loops]
         self.acks.start()
         self._start_claiming()
         for i in range(opts.concurrency):
@@ -373,8 +373,13 @@ class Consumer:
             logger.error("could not deregister the ids left after a lost lease (their leases will expire): %s", exc)
         self.guard.stop()
         self.executor.close()
-        for changes in self._changes:
-            changes.close()
+        # The tracked connections are closed once no loop waits on them (one held by Redis is left to the exit).
+        joined_by = time.monotonic() + 2 * CHANGE_WAIT_S
+        for thread in self._loops:
+            thread.join(timeout=max(0.0, joined_by - time.monotonic()))
+        if not any(thread.is_alive() for thread in self._loops):
+            for changes in self._changes:
+                changes.close()
         logger.info("consumer %s stopped", self.consumer_id)
         return self.exit_code
 

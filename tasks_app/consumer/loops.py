@@ -73,6 +73,12 @@ class Misconfigured:
             with self._lock:
                 (self._loops.add if failed else self._loops.discard)(loop)
 
+    def failed(self, loop: str, exc: BaseException, problems: ProblemLog[str]) -> None:
+        """Note that `loop`'s pass failed on a misconfigured key, said once through `problems`."""
+        message = "%s: a key of ours holds what Redis refuses (misconfigured): %s"
+        problems.failed(loop, str(exc), message, loop, exc, level=logging.ERROR)
+        self.note(loop, failed=True)
+
     def loops(self) -> list[str]:
         """The loops whose last pass failed on a misconfigured key."""
         with self._lock:
@@ -102,9 +108,7 @@ def run_forever(loop: Loop, stop: threading.Event, misconfigured: Misconfigured 
             misconfigured.note(loop.name, failed=False)
         except RedisError as exc:
             if misconfiguration(exc):
-                message = "%s: a key of ours holds what Redis refuses (misconfigured): %s"
-                problems.failed(loop.name, str(exc), message, loop.name, exc, level=logging.ERROR)
-                misconfigured.note(loop.name, failed=True)
+                misconfigured.failed(loop.name, exc, problems)
                 sleep_s = pace_s
             else:
                 sleep_s = backoff_s = next_backoff_s(backoff_s, max_backoff_s)
