@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import argparse
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -181,8 +182,9 @@ def _wait_first_progress(system: System, client: redis.Redis, total: int, worker
         time.sleep(0.001)
 
 
-def run_latency(system: System, client: redis.Redis, sizes: Sizes) -> dict[str, Any]:
-    """An idle worker; tasks enqueued 20 ms apart; start minus enqueue (ms), p50 and p99."""
+@contextmanager
+def idle_worker(system: System, client: redis.Redis, settle_s: float) -> Iterator[Worker]:
+    """A worker that ran one warm-up probe and then idled `settle_s`; stopped, and Redis flushed, after the block."""
     _flush(client)
     worker = system.start_worker()
     try:
@@ -192,16 +194,22 @@ def run_latency(system: System, client: redis.Redis, sizes: Sizes) -> dict[str, 
             60,
             f"{system.name}: the worker never ran the warm-up probe",
         )
-        time.sleep(1.0)  # let the worker settle into its idle wait
+        time.sleep(settle_s)  # let the worker settle into its idle wait
+        yield worker
+    finally:
+        worker.stop()
+    _flush(client)
+
+
+def run_latency(system: System, client: redis.Redis, sizes: Sizes) -> dict[str, Any]:
+    """An idle worker; tasks enqueued 20 ms apart; start minus enqueue (ms), p50 and p99."""
+    with idle_worker(system, client, settle_s=1.0):
         client.delete(LATENCY_KEY)
         for _ in range(LATENCY_TASKS):
             system.enqueue_probe(time.time())
             time.sleep(LATENCY_GAP_S)
         wait_for(lambda: client.llen(LATENCY_KEY) >= LATENCY_TASKS, 30, f"{system.name}: probes did not all run")
         samples = [float(value) for value in client.lrange(LATENCY_KEY, 0, -1)]
-    finally:
-        worker.stop()
-    _flush(client)
     return {"latency_p50_ms": round(median(samples), 2), "latency_p99_ms": round(percentile(samples, 0.99), 2)}
 
 
@@ -231,20 +239,8 @@ def idle_cost(client: redis.Redis, workers: list[Worker], window_s: float = IDLE
 
 def run_idle(system: System, client: redis.Redis, sizes: Sizes) -> dict[str, Any]:
     """One idle worker, after a first task: Redis commands per second it causes (over IDLE_WINDOW_S)."""
-    _flush(client)
-    worker = system.start_worker()
-    try:
-        system.enqueue_probe(time.time())
-        wait_for(
-            lambda: client.llen(LATENCY_KEY) >= 1 or worker.check_alive(),
-            60,
-            f"{system.name}: the worker never ran the warm-up probe",
-        )
-        time.sleep(IDLE_SETTLE_S)
+    with idle_worker(system, client, settle_s=IDLE_SETTLE_S) as worker:
         cost = idle_cost(client, [worker])
-    finally:
-        worker.stop()
-    _flush(client)
     return {
         "idle_commands_per_s": round(cost["commands_per_s"], 1),
         "idle_worker_cpu_ms_per_s": round(cost["worker_cpu_ms_per_s"], 1),
