@@ -180,7 +180,7 @@ class Consumer:
             claimers = [self.claimer(queue) for queue in queues]
             self._claimers = [start_thread(loop, self.claiming_stopped, self.misconfigured) for loop in claimers]
             return
-        claims = Broker(changes.client, self.broker.keys.prefix, self.broker.scripts)
+        claims = self.broker.over(changes.client)
         claimers = [self.claimer(queue, claims) for queue in queues]
         one = OneClaimer(claimers, changes, self.capacity, self.misconfigured, self.options.weights)
         self._claimers = [start_thread(one, self.claiming_stopped, self.misconfigured)]

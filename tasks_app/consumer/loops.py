@@ -162,7 +162,7 @@ class SchedulerLoop:
         self._chores_at = dict.fromkeys((self.WAKE_EVERY_S, self.SAMPLE_EVERY_S, self.TRIM_EVERY_S), float("-inf"))
         self.result_ttl_s = int(settings.TASKS_RESULT_TTL)
         self.changes = changes
-        self._promotions = broker if changes is None else Broker(changes.client, broker.keys.prefix, broker.scripts)
+        self._promotions = broker if changes is None else broker.over(changes.client)
         self._queue_of = {broker.keys.delayed(queue).encode(): queue for queue in self.queues}
         self._due = dict.fromkeys(self.queues, 0.0)  # when each queue is looked at next (monotonic s)
 

@@ -50,8 +50,12 @@ class Broker:
 
     def __copy__(self) -> Broker:
         """A broker on the same client and scripts with roles of its own (another consumer's instance token)."""
+        return self.over(self.client)
+
+    def over(self, client: Any) -> Broker:
+        """A broker on `client` (a connection of its own) with these keys, scripts and settings."""
         return Broker(
-            self.client,
+            client,
             self.keys.prefix,
             self.scripts,
             cluster_wait_ms=self.records.cluster_wait_ms,
