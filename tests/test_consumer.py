@@ -175,6 +175,14 @@ def test_lease_lost_for_an_old_identity_changes_nothing(broker, consumer):
     assert sorted(c["id"] for c in broker.inspect.queue_stats("q").consumers) == ["me", "me.1", "me.2"]
 
 
+def test_a_lease_lost_as_the_consumer_leaves_registers_no_new_id(broker, consumer):
+    # Before: the heartbeat's new id, registered just after the stop deregistered the old one, outlived the process.
+    consumer.membership.leave()
+    consumer.membership.lease_lost("me")
+    assert consumer.consumer_id == "me"
+    assert broker.inspect.queue_stats("q").consumers == []
+
+
 def test_one_suspect_at_a_time_and_its_slot_is_held_until_it_leaves(broker, consumer):
     fresh = task_bytes("fresh")
     push(broker, task_bytes("s1"), task_bytes("s2"))

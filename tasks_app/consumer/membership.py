@@ -245,6 +245,7 @@ class Membership:
         self.lock = threading.RLock()
         self._current: tuple[str, tuple[str, ...]] = (base_id, ())  # replaced whole: read without the lock
         self._listed_at = float("-inf")  # when the queues were last added to the queue set (monotonic s)
+        self._left = False  # once it left, a lease lost meanwhile registers no new id
 
     @property
     def consumer_id(self) -> str:
@@ -299,7 +300,7 @@ class Membership:
         with self.lock:
             registered_id, registered = self.current()
             lost_on = [queue for queue in registered if queues is None or queue in queues]
-            if lost_id != registered_id or not lost_on:
+            if self._left or lost_id != registered_id or not lost_on:
                 return  # another thread already moved on, or a claim raced its registration there
             self.retiring.retire(lost_id, [queue for queue in registered if queues and queue not in lost_on])
             self._generation += 1
@@ -314,7 +315,9 @@ class Membership:
 
     def leave(self) -> None:
         """Leave every queue cleanly, where this run (`instance`) still holds the id; elsewhere the lease expires."""
-        consumer_id, queues = self._current
+        with self.lock:  # after a new id a lost lease is taking: registered after this, it would outlive the process
+            self._left = True
+            consumer_id, queues = self._current
         for queue in queues:
             try:
                 if self.broker.leases.deregister(queue, consumer_id, self.instance) < 0:
