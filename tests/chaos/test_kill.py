@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -134,8 +134,9 @@ def test_kill_9_mid_batch_loses_nothing(chaos_broker, consumer_process):
 class SteadyLoad:
     """About 200 tasks/s of 5-100 ms each (10 every 50 ms): every consumer is always running some."""
 
-    def __init__(self, rng: random.Random) -> None:
+    def __init__(self, rng: random.Random, queues: Sequence[str] = ("default",)) -> None:
         self.durations = random.Random(rng.random())  # its own stream: the kill choices replay whatever the timing
+        self.queues = list(queues)
         self.task_ids: list[str] = []
         self._last_batch_at = 0.0
 
@@ -145,7 +146,11 @@ class SteadyLoad:
             return
         self._last_batch_at = time.monotonic()
         requests = [
-            TaskRequest("test.record", kwargs={"sleep_s": round(self.durations.uniform(0.005, 0.1), 3)})
+            TaskRequest(
+                "test.record",
+                kwargs={"sleep_s": round(self.durations.uniform(0.005, 0.1), 3)},
+                queue=self.durations.choice(self.queues),
+            )
             for _ in range(10)
         ]
         self.task_ids.extend(t.id for t in producer.enqueue_many(requests))
@@ -154,11 +159,12 @@ class SteadyLoad:
 def steady_load_with_kills(
     fleet: Fleet, rng: random.Random, current: dict[str, str], duration_s: float
 ) -> tuple[list[str], set[str], list[float]]:
-    """Enqueue ~200 tasks/s; every 0.5-3 s SIGKILL a random consumer while a handler of its runs, and respawn it.
+    """Enqueue ~200 tasks/s on the fleet's queues; every 0.5-3 s SIGKILL a random consumer while a handler of its
+    runs, and respawn it.
 
     Returns the task ids, the tasks running on the killed consumers, and each kill's recovery time.
     """
-    load = SteadyLoad(rng)
+    load = SteadyLoad(rng, fleet.queues)
     running_at_kills: set[str] = set()
     recovering: dict[str, None] = {}
     recovery_s: list[float] = []
@@ -187,32 +193,30 @@ def steady_load_with_kills(
     return load.task_ids, running_at_kills, recovery_s
 
 
-@pytest.mark.alone  # it bounds recovery at lease + 1 s after each kill: a loaded machine delays the reaper
-@pytest.mark.timeout(240)
-def test_random_kills_lose_nothing(chaos_broker, consumer_process):
-    """A steady load; at random moments a random consumer is SIGKILLed while its handlers run, and respawned."""
-    broker = chaos_broker
-    rng = seeded_rng("2-random-kills")
-    fleet = Fleet(consumer_process, broker, concurrency=8, prefetch=8)
+def random_kills(fleet: Fleet, scenario: str, duration_s: float) -> None:
+    """Three consumers under a steady load, one SIGKILLed at random moments while its handlers run, and respawned:
+    nothing is lost, only tasks held at a kill run twice, and each kill's tasks are back within lease + 1 s."""
+    broker = fleet.broker
+    rng = seeded_rng(scenario)
     current = {name: f"{name}0" for name in ("a", "b", "c")}
     for consumer_id in current.values():
         fleet.spawn(consumer_id)
     fleet.wait_registered(current.values())
 
-    task_ids, running_at_kills, recovery_s = steady_load_with_kills(fleet, rng, current, scaled(10, 90))
+    task_ids, running_at_kills, recovery_s = steady_load_with_kills(fleet, rng, current, duration_s)
     wait_finished(broker, task_ids, scaled(120, 600), fleet)
 
     result = tally(broker, task_ids)
     allowed = fleet.in_flight_at_kills
     Summary(
-        "2-random-kills",
+        scenario,
         len(task_ids),
         result.total_runs,
         len(result.lost),
         len(result.duplicates),
         len(allowed),
         max(recovery_s, default=None),
-        {"kills": len(fleet.killed_at), "running_at_kills": len(running_at_kills)},
+        {"kills": len(fleet.killed_at), "running_at_kills": len(running_at_kills), "queues": len(fleet.queues)},
     ).report()
     assert fleet.killed_at, "the run was too short to kill anything"
     assert result.lost == [], f"lost tasks: {result.lost[:10]}"
@@ -220,6 +224,21 @@ def test_random_kills_lose_nothing(chaos_broker, consumer_process):
         f"ran twice without being held by a killed consumer: {result.duplicates - allowed}"
     )
     assert max(recovery_s) <= LEASE_S + 1, f"a killed consumer's tasks took {max(recovery_s):.1f} s to be recovered"
+
+
+@pytest.mark.alone  # it bounds recovery at lease + 1 s after each kill: a loaded machine delays the reaper
+@pytest.mark.timeout(240)
+def test_random_kills_lose_nothing(chaos_broker, consumer_process):
+    random_kills(Fleet(consumer_process, chaos_broker, concurrency=8, prefetch=8), "2-random-kills", scaled(10, 90))
+
+
+@pytest.mark.alone  # as above; and its tasks spread over 100 queues that each consumer claims from
+@pytest.mark.timeout(300)
+def test_random_kills_on_a_hundred_queues_lose_nothing(chaos_broker, consumer_process):
+    queues = [f"q{n:03}" for n in range(100)]
+    fleet = Fleet(consumer_process, chaos_broker, queues, concurrency=4, prefetch=None)
+    random_kills(fleet, "2-random-kills-100-queues", scaled(10, 60))
+    assert settled_leftovers(chaos_broker, queues, dead=False) == {}, fleet.logs()
 
 
 @pytest.mark.timeout(240)
