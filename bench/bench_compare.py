@@ -119,16 +119,28 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def run_drivers(
+    peers: list[str], options: list[str] | None = None, timeout_s: float = 300
+) -> dict[str, dict[str, Any]]:
+    """Run our driver, then each peer's, with the same `options`; return their JSON lines by name."""
     pins = sections()
-    results: dict[str, dict[str, Any]] = {"ours": run_driver("ours", Path(sys.executable))}
-    for name in PEERS:
-        results[name] = run_driver(name, peer_python(name, pins[name]))
-    text = table(results)
+    results = {"ours": run_driver("ours", Path(sys.executable), options, timeout_s)}
+    for name in peers:
+        results[name] = run_driver(name, peer_python(name, pins[name]), options, timeout_s)
+    return results
+
+
+def publish(bench: str, text: str, record: dict[str, Any]) -> None:
+    """Print the table `text` on stderr, write it to .run/bench-<bench>.md, and print the JSON line."""
     print(text, file=sys.stderr, flush=True)
     RUN_DIR.mkdir(exist_ok=True)
-    (RUN_DIR / "bench-compare.md").write_text(text + "\n")
-    emit({"bench": "compare", "machine": machine(), "results": results})
+    (RUN_DIR / f"bench-{bench}.md").write_text(text + "\n")
+    emit({"bench": bench, "machine": machine(), **record})
+
+
+def main() -> None:
+    results = run_drivers(PEERS)
+    publish("compare", table(results), {"results": results})
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ class Sizes:
     batch: int = 1000
     footprint: int = 20000
     drain: int = 5000
+    memory: int = 1000000  # the memory workload's largest backlog (its levels: 10,000, 100,000, ... up to it)
 
 
 class System:
@@ -113,21 +114,53 @@ def run_enqueue(system: System, client: redis.Redis, sizes: Sizes) -> dict[str, 
     return {"enqueue_single_per_s": round(single), "enqueue_bulk_per_s": round(bulk) if bulk else None}
 
 
-def run_footprint(system: System, client: redis.Redis, sizes: Sizes) -> dict[str, Any]:
-    """Redis bytes per queued no-op task: INFO used_memory delta, and the queue structures alone."""
-    _flush(client)
-    system.enqueue_task()  # create the queue's keys so the delta counts tasks only
+def _used_memory(client: redis.Redis) -> int:
+    return int(client.info("memory")["used_memory"])
+
+
+def _primed(system: System, client: redis.Redis) -> int:
+    """Empty Redis but for one task (the queue's keys exist: a delta counts tasks only); return used_memory."""
     _flush(client)
     system.enqueue_task()
-    before = int(client.info("memory")["used_memory"])
+    _flush(client)
+    system.enqueue_task()
+    return _used_memory(client)
+
+
+def run_footprint(system: System, client: redis.Redis, sizes: Sizes) -> dict[str, Any]:
+    """Redis bytes per queued no-op task: INFO used_memory delta, and the queue structures alone."""
+    before = _primed(system, client)
     enqueue_backlog(system, sizes.footprint, sizes.batch)
-    after = int(client.info("memory")["used_memory"])
+    after = _used_memory(client)
     queue_only = system.queue_bytes(client)
     _flush(client)
     return {
         "bytes_per_task": round((after - before) / sizes.footprint, 1),
         "bytes_per_task_queue_only": round(queue_only / (sizes.footprint + 1), 1),
     }
+
+
+def memory_levels(largest: int) -> list[int]:
+    """10,000, 100,000, ... below `largest`, then `largest` itself."""
+    levels = []
+    level = 10000
+    while level < largest:
+        levels.append(level)
+        level *= 10
+    return [*levels, largest]
+
+
+def run_memory(system: System, client: redis.Redis, sizes: Sizes) -> dict[str, Any]:
+    """Redis bytes per waiting no-op task (INFO used_memory delta) at each of `memory_levels`, in one backlog."""
+    before = _primed(system, client)
+    per_task: dict[str, float] = {}
+    enqueued = 0
+    for level in memory_levels(sizes.memory):
+        enqueue_backlog(system, level - enqueued, sizes.batch)
+        enqueued = level
+        per_task[str(level)] = round((_used_memory(client) - before) / level, 1)
+    _flush(client)
+    return {"memory_bytes_per_task": per_task}
 
 
 def run_drain(
@@ -273,14 +306,17 @@ WORKLOADS: dict[str, Workload] = {
     "drain_async_redis_op": drain_of("async_redis_op"),
     "latency": run_latency,
     "idle": run_idle,
+    "memory": run_memory,
 }
+# What a driver runs unless told otherwise: the memory workload's million tasks are bench_memory.py's.
+DEFAULT_WORKLOADS = [name for name in WORKLOADS if name != "memory"]
 
 
 def parse_args() -> argparse.Namespace:
     """Command line of a driver: the Redis to use, the workloads and their sizes, and py-spy for the drains."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--redis-url", required=True)
-    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--workloads", default=",".join(DEFAULT_WORKLOADS))
     for name, default in vars(Sizes()).items():
         parser.add_argument(f"--{name}", type=int, default=default)
     profile = parser.add_argument_group("profiling (drain workloads only; see bench/profile_drain.py)")
