@@ -15,7 +15,7 @@ class Slots:
     def __init__(self) -> None:
         self.in_use = 1
 
-    def hand_off(self) -> None:
+    def release(self) -> None:
         self.in_use -= 1
 
     def take_back(self) -> None:

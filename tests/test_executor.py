@@ -82,7 +82,7 @@ def registry() -> Registry:
 def executor(broker: Broker, registry: Registry) -> Iterator[Executor]:
     executor = make_executor(broker, registry)
     yield executor
-    executor.close()
+    executor.async_lane.close()
 
 
 # --- tasks that cannot run ----------------------------------------------------------------

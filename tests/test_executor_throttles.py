@@ -264,7 +264,7 @@ def test_the_slot_of_an_async_run_given_up_on_while_it_hangs_is_held_until_its_p
     wait_until(lambda: broker.records.get_result("t1")["status"] == "FAILED", 5, message="the run to be failed")
     # still running: its slot lapses with the lease once the process is gone
     assert broker.client.zcard(broker.keys.running(*slots[:2])) == 1
-    gated.close()
+    gated.async_lane.close()
 
 
 def test_a_task_denied_under_a_limit_removed_since_its_settings_were_read_is_due_now(broker, registry):  # noqa: F811

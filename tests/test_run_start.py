@@ -146,10 +146,10 @@ def test_an_async_run_waiting_for_a_full_lane_does_not_start_once_its_lease_is_l
     lease["held"] = False  # lost while the second waited for room on the lane
     lane_free.set()
     waiting.join(5)
-    wait_until(lambda: executor.async_running() == 0, 5, message="the lane to empty")
+    wait_until(lambda: executor.async_lane.running == 0, 5, message="the lane to empty")
     assert started == ["t1"], "started on the lane after its lease was lost"
     assert broker.records.get_result("t2") is None and second.raw in broker.queue.held_by("q", "me")  # the reaper's
-    executor.close()
+    executor.async_lane.close()
 
 
 def test_a_forced_cancel_that_lands_as_the_run_registers_ends_it_cancelled_not_dead(broker, monkeypatch):

@@ -133,7 +133,7 @@ class AsyncLane:
             self._flights.add(flight)
             flight.loop = self._loop or self._start()
             inbox = self._inbox
-        self.worker_room.hand_off()
+        self.worker_room.release()  # the lane has seats of its own
         if inbox is None or not inbox.put(self._begin, coroutine, flight):
             coroutine.close()  # a handler closed the loop: the lane fails the runs handed to it (`_replace`)
 

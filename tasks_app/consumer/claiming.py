@@ -50,16 +50,11 @@ class Claimed:
     queue: str
     consumer_id: str
     raw: bytes
-    # Recovered from a consumer that died holding it: its start is recorded before it runs.
-    suspect: bool = False
-    # Fencing token issued with this claim: result writes of older runs of the task are ignored.
-    fence: int = 0
-    # The task decoded from `raw` when its claim's receipt was written (None: not decoded yet).
-    task: Task | None = field(default=None, compare=False)
-    # What the task's record answered the receipt: None if none was written, START_REFUSED if
-    # the task was cancelled (it must not run), else it may start at once.
+    suspect: bool = False  # recovered from a dead consumer: its start is recorded before it runs
+    fence: int = 0  # this claim's fencing token: result writes of older runs are ignored
+    task: Task | None = field(default=None, compare=False)  # decoded as its receipt was written
+    # The record's answer to the receipt: None if none was written, START_REFUSED if cancelled, else it may start.
     receipt: int | None = field(default=None, compare=False)
-    # When it was claimed (monotonic s): a task that waited here unstarted asks for cancels before it starts.
     claimed_at_s: float = field(default_factory=time.monotonic, compare=False)
     # By when (monotonic s) its handler must begin, set when its rate limit admits it (inf: no limit).
     start_by: float = field(default=math.inf, compare=False)
@@ -140,10 +135,6 @@ class Capacity:
         if self.auto:
             with self._cond:
                 self._window_count += count
-
-    def hand_off(self) -> None:
-        """Give back the room of a task that moved to the asyncio lane (which has seats of its own)."""
-        self.release(1)
 
     def take_back(self) -> None:
         """Count such a task again, at once, just before its room is given back as it leaves the consumer."""
@@ -269,13 +260,9 @@ class PauseWatch:
         """Put a claimed task of a paused queue back at the head of pending, unstarted; False if it runs."""
         if not self.paused(claimed.queue):
             return False
-        self.return_unstarted(claimed)
+        return_unstarted(self.broker, [claimed], self.result_ttl_s, self.give_up)
         logger.info("queue %s is paused: a claimed task went back to pending unstarted", claimed.queue)
         return True
-
-    def return_unstarted(self, claimed: Claimed) -> None:
-        """Put a claimed task back at the head of pending, unstarted, its receipt withdrawn."""
-        return_unstarted(self.broker, [claimed], self.result_ttl_s, self.give_up)
 
 
 def return_unstarted(broker: Broker, claimed: Sequence[Claimed], ttl_s: int, give_up: threading.Event) -> None:

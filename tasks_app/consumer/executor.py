@@ -1,25 +1,8 @@
 """Running one claimed task: decode, gate, call its handler, then ack, retry or dead-letter.
 
-The path of one successful task, from its claim to its ack (eight modules):
-
-1. claiming: a claimer moves it into this consumer's processing list, taking room for it, writes
-   its claim receipt and hands it to the workers (`Consumer.dispatch`, lifecycle).
-2. lifecycle: a worker takes it once this consumer's lease surely holds (membership's
-   `LeaseClock`) and calls `Executor.execute`.
-3. executor: it goes back unstarted if its queue was paused since its claim (claiming's
-   `PauseWatch`); else it is decoded and its type's settings and handler are resolved.
-4. executor: its gates, only for a type with a rate limit or a concurrency cap (gates); a task
-   they turn away is deferred, no attempt used.
-5. executor: `_record_start` counts the attempt and writes its RUNNING record (with the ack
-   batcher's next flush, when its receipt let it start at once).
-6. time_limits: `_run` runs the handler under its clock, watched for timeouts, cancels and
-   progress (an `async def` handler runs on the asyncio lane instead, async_lane).
-7. settling: the settler records its result and hands the ack to the ack batcher.
-8. ack_batcher: the flusher writes the result and the ack in one round trip with the other
-   workers' (riding out Redis outages, loops), then gives the task's room back (claiming).
-
-Whatever goes wrong while doing so, the task is settled (`execute` dead-letters it with the reason
-as a last resort): a task this consumer holds never stays in its processing list unsettled.
+docs/ARCHITECTURE.md follows one task from its claim to its ack through the modules of this package.
+Whatever goes wrong, the task is settled (`execute` dead-letters it with the reason as a last resort):
+a task this consumer holds never stays in its processing list unsettled.
 """
 
 from __future__ import annotations
@@ -40,7 +23,7 @@ from redis.exceptions import RedisError, ResponseError
 from tasks_app import metrics
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.async_lane import AsyncLane, Flight, LaneSeat
-from tasks_app.consumer.claiming import Claimed, PauseWatch
+from tasks_app.consumer.claiming import Claimed, PauseWatch, return_unstarted
 from tasks_app.consumer.gates import Admission, ConcurrencyGate, check_start, key_token_of
 from tasks_app.consumer.settling import Settler
 from tasks_app.consumer.time_limits import RunClock, Running, TimeLimits, call_unforked, call_with_clock, within_timeout
@@ -302,7 +285,7 @@ class Executor:
 
     def _return_stopping(self, claimed: Claimed, waited: str) -> bool:
         """Put back unstarted a task that `waited` until the consumer stopped: it must not start now (False)."""
-        self.pauses.return_unstarted(claimed)
+        return_unstarted(self.broker, [claimed], self.result_ttl_s, self.pauses.give_up)
         logger.info("stopping: a task that %s went back to pending unstarted", waited)
         return False
 
@@ -435,14 +418,6 @@ class Executor:
             return self.settler.settle_outcome(claimed, task, config, value, raised, raised, duration, on_settled)
 
         return self.settler.last_resort(claimed, settle)
-
-    def async_running(self) -> int:
-        """Tasks on the asyncio lane, not yet settled."""
-        return self.async_lane.running
-
-    def close(self) -> None:
-        """Stop the asyncio lane's loop (once nothing runs on it)."""
-        self.async_lane.close()
 
 
 def _nothing() -> None:

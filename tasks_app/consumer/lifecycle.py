@@ -372,7 +372,7 @@ class Consumer:
         except Exception as exc:
             logger.error("could not deregister the ids left after a lost lease (their leases will expire): %s", exc)
         self.guard.stop()
-        self.executor.close()
+        self.executor.async_lane.close()
         # The tracked connections are closed once no loop waits on them (one held by Redis is left to the exit).
         joined_by = time.monotonic() + 2 * CHANGE_WAIT_S
         for thread in self._loops:
@@ -386,7 +386,7 @@ class Consumer:
     def _running(self) -> int:
         """The runs still going, those of hung handlers aside (given up on already)."""
         with self._busy_lock:
-            return self._busy + self.executor.async_running() - self.time_limits.hung()
+            return self._busy + self.executor.async_lane.running - self.time_limits.hung()
 
     def _return_queued(self, grace_over: threading.Event) -> None:
         """Return the tasks handed to the workers that none has taken yet."""

@@ -45,11 +45,10 @@ logger = logging.getLogger(__name__)
 
 # --- the loops -------------------------------------------------------------------------------------
 class Loop(Protocol):
-    """One duty of a consumer: `run_once()` does a bit of it and says how long to sleep.
+    """One duty of a consumer: `run_once()` does a bit of it and says how long to sleep."""
 
-    One that renews a lease sets `max_backoff_s`: after a Redis restart reapers wait only one lease of
-    uptime, and a renewal still backing off past that (up to MAX_BACKOFF_S) would get a live consumer reaped.
-    """
+    # One that renews a lease sets `max_backoff_s`: after a Redis restart reapers wait only one lease of
+    # uptime, and a renewal backing off past that (up to MAX_BACKOFF_S) would get a live consumer reaped.
 
     name: str
 
@@ -57,11 +56,7 @@ class Loop(Protocol):
 
 
 class Misconfigured:
-    """The loops whose last pass failed on a key of ours that Redis refuses (another type): readiness is red meanwhile.
-
-    Only this system writes those keys, so such an error is a misconfiguration (another program writing
-    under our prefix), not a state to work around: the loop says it once and goes on at its pace.
-    """
+    """The loops whose last pass failed on a key of ours that Redis refuses (another type): not ready meanwhile."""
 
     def __init__(self) -> None:
         self._loops: set[str] = set()
@@ -133,9 +128,8 @@ def start_thread(loop: Loop, stop: threading.Event, misconfigured: Misconfigured
 class SchedulerLoop:
     """Moves due delayed tasks into pending, waking when the next one is due; trims dead letters, samples backlogs.
 
-    With `changes` (a tracked connection, see tracking.py) it promotes on that connection, and looks at
-    a queue again only when its next task is due or Redis says its delayed tasks changed: idle, it
-    sends nothing. Without, it looks at every queue at least every MAX_SLEEP_S.
+    With `changes` (a tracked connection) a queue is looked at only when its next task is due or Redis says
+    its delayed tasks changed: idle, it sends nothing. Without, every queue is looked at every MAX_SLEEP_S.
     """
 
     name = "scheduler"
@@ -226,8 +220,7 @@ class SchedulerLoop:
 
 
 class HousekeepingLoop:
-    """Reloads task type settings (then lets go of a database connection gone stale) and watches running tasks
-    (cancel requests, progress)."""
+    """Reloads task type settings (then lets go of a stale database connection) and watches running tasks."""
 
     name = "housekeeping"
     TICK_S = 0.1
@@ -336,8 +329,7 @@ class Liveness:
         task_types_age_s: Callable[[], float] | None = None,
         misconfigured: Callable[[], list[str]] | None = None,
     ) -> None:
-        """`task_types_age_s`: seconds since the task types were read (infinite before: nothing is claimed then);
-        `misconfigured`: the loops whose last pass failed on a key of ours of another type (see loops.py)."""
+        """`task_types_age_s`: since the task types were read (inf before); `misconfigured`: see Misconfigured."""
         self.path = Path(path) if path else None
         self.stale_after_s = stale_after_s
         self._last_ok = float("-inf")
