@@ -34,6 +34,7 @@ from tasks_app.protocol import records
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Arguments, Task, UndecodableTask, decode_payload, decode_task
 from tasks_app.protocol.keys import delayed_member
+from tasks_app.protocol.limits import SlotSet
 from tasks_app.protocol.records import now_ms
 from tasks_app.registry import Handler, Registry
 from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
@@ -212,7 +213,7 @@ class Executor:
         gate = self.concurrency
         if not config.max_running or gate is None:
             return _nothing
-        permits = gate.permits_of(config, arguments)
+        permits = SlotSet(config.name, key_token_of(config.max_running_key, arguments), int(config.max_running or 0))
         holder = gate.acquire(claimed, task, permits)
         if holder is None:
             self.settler.defer(claimed, task, gate.recheck_ms(), "max_running")

@@ -250,11 +250,6 @@ class ConcurrencyGate:
         self._lock = threading.Lock()
         self._renewal_problem: ProblemLog[str] = ProblemLog(logger)  # Redis away at every heartbeat
 
-    @staticmethod
-    def permits_of(config: TaskTypeConfig, arguments: Arguments) -> SlotSet:
-        """The set of permits (a slot set, in Redis) a task of a capped type needs one of."""
-        return SlotSet(config.name, key_token_of(config.max_running_key, arguments), int(config.max_running or 0))
-
     def acquire(self, claimed: Claimed, task: Task, permits: SlotSet) -> str | None:
         """Take a permit for `task`; its holder token, or None when none is free."""
         holder = uuid.uuid4().hex

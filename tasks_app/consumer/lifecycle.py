@@ -63,15 +63,6 @@ EXIT_MISCONFIGURED = 78
 LEASE_WAIT_S = 0.05
 
 
-def _own_broker(broker: Broker | None) -> Broker:
-    """The broker a consumer settles through: a new one, or a copy of one given that another consumer uses."""
-    # A broker carries its consumer's instance token with every settle: one shared by two consumers
-    # would carry only the last one's, and the other's settles would find their tasks not held.
-    if broker is None:
-        return Broker.from_settings(resend=False)  # a lost claim reply is ours to reconcile
-    return copy.copy(broker) if broker.queue.instance else broker
-
-
 class Consumer:
     """One consumer process: claims, runs, acknowledges, heartbeats, reaps and schedules."""
 
@@ -86,7 +77,10 @@ class Consumer:
     ) -> None:
         options.validate()
         self.options = options
-        self.broker = _own_broker(broker)
+        broker = broker or Broker.from_settings(resend=False)  # a lost claim reply is ours to reconcile
+        # A broker carries its consumer's instance token with every settle: one shared by two consumers
+        # would carry only the last one's, and the other's settles would find their tasks not held.
+        self.broker = copy.copy(broker) if broker.queue.instance else broker
         # Its own connection, so busy workers never delay it; a hung renewal fails well within the lease.
         self.heartbeat_broker = heartbeat_broker or Broker.from_settings(
             prefix=self.broker.keys.prefix, timeout_s=options.lease_s * HEARTBEAT_TIMEOUT_SHARE, resend=False

@@ -36,7 +36,6 @@ from tasks_app.problem_log import ProblemLog
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import finite
 from tasks_app.protocol.keys import UNDECODABLE_TYPE
-from tasks_app.protocol.queue import Promotion
 from tasks_app.protocol.scripts import is_transient
 from tasks_app.protocol.tracking import CHANGE_WAIT_S, KeyChanges
 
@@ -166,7 +165,10 @@ class SchedulerLoop:
         for queue in self.queues:
             if self._due[queue] > now:
                 continue
-            promotion = self._promote(queue)
+            promotion = self._promotions.queue.promote_due(queue, self.BATCH)
+            if promotion.malformed:
+                metrics.TASKS_DEAD_LETTERED.labels(UNDECODABLE_TYPE, queue).inc(promotion.malformed)
+                logger.warning("%d malformed delayed member(s) of queue %s dead-lettered", promotion.malformed, queue)
             if promotion.moved + promotion.malformed >= self.BATCH:
                 wait_s = 0.0
             elif promotion.next_due_ms >= 0:
@@ -203,13 +205,6 @@ class SchedulerLoop:
             return False
         self._chores_at[every_s] = now
         return True
-
-    def _promote(self, queue: str) -> Promotion:
-        promotion = self._promotions.queue.promote_due(queue, self.BATCH)
-        if promotion.malformed:
-            metrics.TASKS_DEAD_LETTERED.labels(UNDECODABLE_TYPE, queue).inc(promotion.malformed)
-            logger.warning("%d malformed delayed member(s) of queue %s dead-lettered", promotion.malformed, queue)
-        return promotion
 
     def trim_dead_letters(self) -> int:
         """Apply the dead-letter caps (count and age) to every queue; return how many were dropped."""

@@ -161,11 +161,7 @@ def holder_is_gone(info: dict[str, Any]) -> bool:
         return True
     except OSError:  # another user's process: alive
         return False
-    return _is_zombie(pid)  # killed, but not yet reaped by its parent
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
+    try:  # a zombie: killed, but not yet reaped by its parent
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
     except (OSError, IndexError):
         return False

@@ -116,7 +116,7 @@ class Supervisor:
         signal.signal(signal.SIGQUIT, self._on_quit)
         logger.info("supervisor %d starting %d consumer process(es)", os.getpid(), len(self.children))
         try:
-            while not (self._quit or self._second_signal()):
+            while not (self._quit or any(at - self._signals[0] >= SIGNAL_ECHO_S for at in self._signals[1:])):
                 for child in self.children:
                     self._tend(child)
                 self._refresh_health()
@@ -139,9 +139,6 @@ class Supervisor:
 
     def _on_quit(self, signum: int, frame: FrameType | None) -> None:
         self._quit = True
-
-    def _second_signal(self) -> bool:
-        return any(at - self._signals[0] >= SIGNAL_ECHO_S for at in self._signals[1:])
 
     def _kill_all(self) -> int:
         reason = "SIGQUIT" if self._quit else "second signal"
