@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from tasks_app.control import CANCELLED, FINISHED, REQUESTED, cancel_many
-from tasks_app.management.outages import QueueCommand
+from tasks_app.management.base import QueueCommand
 
 DONE = {CANCELLED: "cancelled (it will not run)", REQUESTED: "running: asked to stop"}
 FORCED = "running: stopped by force"

@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from tasks_app.management.outages import QueueCommand
+from tasks_app.management.base import QueueCommand, bounded_arg
 from tasks_app.producer import EnqueueError, QueueUnavailable, enqueue
 from tasks_app.protocol.codec import loads_bounded
 from tasks_app.protocol.keys import InvalidName, validate_name
@@ -31,11 +31,7 @@ def queue_name(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def task_count(text: str) -> int:
-    value = int(text)
-    if not 1 <= value <= MAX_COUNT:
-        raise argparse.ArgumentTypeError(f"must be from 1 to {MAX_COUNT}, got {value}")
-    return value
+task_count = bounded_arg("task_count", 1, MAX_COUNT, f"must be from 1 to {MAX_COUNT}, got {{value}}")
 
 
 class Command(QueueCommand):

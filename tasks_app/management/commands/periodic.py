@@ -6,8 +6,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.management.base import CommandError, CommandParser
 
-from tasks_app.management.outages import QueueCommand
-from tasks_app.management.parsing import OneLineParser
+from tasks_app.management.base import OneLineParser, QueueCommand
 from tasks_app.models import PeriodicTask
 from tasks_app.periodic.code import sync_code_schedules
 from tasks_app.periodic.config import PeriodicConfig

@@ -5,7 +5,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from tasks_app.control import set_queue_paused
-from tasks_app.management.outages import QueueCommand
+from tasks_app.management.base import QueueCommand
 from tasks_app.protocol.keys import InvalidName, validate_name
 
 

@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.management.base import CommandParser
 
-from tasks_app.management.outages import QueueCommand
+from tasks_app.management.base import QueueCommand
 from tasks_app.protocol.broker import get_broker
 
 

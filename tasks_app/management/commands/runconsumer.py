@@ -8,7 +8,6 @@ import math
 import os
 import socket
 import sys
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
@@ -17,36 +16,19 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from tasks_app.consumer.lifecycle import Consumer
-from tasks_app.consumer.loops import METRICS_HOST
+from tasks_app.consumer.loops import METRICS_HOST, serve_consumer_metrics
 from tasks_app.consumer.options import MAX_DURATION_S, MAX_PROCESSES, ConsumerOptions
-from tasks_app.management.parsing import with_one_line_errors
+from tasks_app.management.base import bounded_arg, with_one_line_errors
 from tasks_app.protocol.keys import validate_name
 
 MAX_PORT = 65535
 
 
-ArgType = Callable[[str], Any]
-
-
-def _bounded(name: str, low: float, high: float, problem: str, convert: ArgType = int) -> ArgType:
-    """An argparse type taking values from `low` to `high` (`problem` names the others); argparse names it for text
-    it cannot convert, hence `name`."""
-
-    def parse(text: str) -> Any:
-        value = convert(text)
-        if not low <= value <= high:  # also refuses nan and inf
-            raise argparse.ArgumentTypeError(problem.format(value=value, text=text))
-        return value
-
-    parse.__name__ = name
-    return parse
-
-
-positive_int = _bounded("positive_int", 1, math.inf, "must be at least 1, got {value}")
-non_negative_int = _bounded("non_negative_int", 0, math.inf, "cannot be negative, got {value}")
-processes_arg = _bounded("processes_arg", 1, MAX_PROCESSES, f"must be from 1 to {MAX_PROCESSES}, got {{value}}")
-port_arg = _bounded("port_arg", 0, MAX_PORT, f"must be a port from 0 to {MAX_PORT} (0: any free one), got {{value}}")
-duration_arg = _bounded(
+positive_int = bounded_arg("positive_int", 1, math.inf, "must be at least 1, got {value}")
+non_negative_int = bounded_arg("non_negative_int", 0, math.inf, "cannot be negative, got {value}")
+processes_arg = bounded_arg("processes_arg", 1, MAX_PROCESSES, f"must be from 1 to {MAX_PROCESSES}, got {{value}}")
+port_arg = bounded_arg("port_arg", 0, MAX_PORT, f"must be a port from 0 to {MAX_PORT} (0: any free one), got {{value}}")
+duration_arg = bounded_arg(
     "duration_arg", 0, MAX_DURATION_S, f"must be a number of seconds from 0 to {MAX_DURATION_S}, got {{text}}", float
 )
 
@@ -83,17 +65,7 @@ class Command(BaseCommand):
     help = "Claim and run tasks from the given queues until SIGTERM/SIGINT/SIGHUP (or, with --burst, until idle)."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        _add_run_arguments(parser)
-        _add_process_arguments(parser)
-        _add_observability_arguments(parser)
-        parser.add_argument(
-            "--burst",
-            action="store_true",
-            help="Exit 0 once the queues have nothing pending, in flight or delayed (paused queues count as idle).",
-        )
-        parser.add_argument(
-            "--no-scheduler", action="store_true", help="Do not fire periodic tasks from this consumer."
-        )
+        _add_arguments(parser)
 
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
         """Keep the parser: process mode passes the same flags on to its children."""
@@ -101,6 +73,8 @@ class Command(BaseCommand):
         return self.parser
 
     def handle(self, *args: Any, processes: int | None, metrics_port: int | None, **options: Any) -> None:
+        # Run from a command line (run_from_argv sets it): the process is the consumer's own.
+        own_process = getattr(self, "_called_from_command_line", False)
         consumer_options = _consumer_options(options)
         try:
             consumer_options.validate()
@@ -111,21 +85,22 @@ class Command(BaseCommand):
         else:
             consumer = Consumer(consumer_options)
             if metrics_port is not None:
-                _serve_metrics(consumer, metrics_port, options["metrics_host"])
+                host, queues = options["metrics_host"], consumer.options.queues
+                try:
+                    serve_consumer_metrics(consumer.liveness, consumer.broker, queues, metrics_port, host)
+                except OSError as exc:
+                    why = exc.strerror or exc
+                    raise CommandError(f"cannot serve metrics on port {metrics_port} of {host}: {why}") from None
             consumer.install_signal_handlers()
-            if self._own_process():
+            if own_process:
                 # What start-up built (Django, the handlers, the consumer) lives as long as the process:
                 # kept out of the collector, a full collection takes milliseconds instead of tens of them.
                 gc.freeze()
             exit_code = consumer.run()
-        if self._own_process():
+        if own_process:
             _exit_now(exit_code)
         if exit_code:
             raise SystemExit(exit_code)
-
-    def _own_process(self) -> bool:
-        """True when run from a command line (run_from_argv sets it): the process is the consumer's own."""
-        return bool(getattr(self, "_called_from_command_line", False))
 
 
 def _exit_now(exit_code: int) -> NoReturn:
@@ -191,15 +166,15 @@ def child_command(
     parser: CommandParser, options: dict[str, Any], metrics_port: int | None, index: int, beat: Path, lifeline: int
 ) -> list[str]:
     """The argv of consumer process `index` of a supervisor started with `options`."""
-    argv = [sys.executable, "-m", "django", "runconsumer", _flag("--consumer-id", f"{group_id(options)}-{index}")]
-    # The supervisor ran the system checks already.
-    argv += [_flag("--supervisor-beat", beat), _flag("--supervisor-pid", os.getpid())]
-    argv += [_flag("--supervisor-lifeline", lifeline)]
-    argv += [_flag("--settings", settings.SETTINGS_MODULE), "--skip-checks"]
+    argv = [sys.executable, "-m", "django", "runconsumer", f"--consumer-id={group_id(options)}-{index}"]
+    # Each flag and its value in one word, so a value that starts with a dash (`--queue=-urgent`) is not taken for
+    # a flag; the supervisor ran the system checks already.
+    argv += [f"--supervisor-beat={beat}", f"--supervisor-pid={os.getpid()}", f"--supervisor-lifeline={lifeline}"]
+    argv += [f"--settings={settings.SETTINGS_MODULE}", "--skip-checks"]
     if metrics_port is not None:  # 0: each takes any free port
-        argv += [_flag("--metrics-port", metrics_port + index if metrics_port else 0)]
+        argv += [f"--metrics-port={metrics_port + index if metrics_port else 0}"]
     if options["health_file"]:
-        argv += [_flag("--health-file", f"{options['health_file']}.{index}")]
+        argv += [f"--health-file={options['health_file']}.{index}"]
     for action in parser._actions:
         if action.dest in PER_CHILD_DESTS or action.dest == "settings" or not action.option_strings:
             continue
@@ -215,16 +190,11 @@ def _as_flags(action: argparse.Action, value: Any) -> list[str]:
     if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
         return [flag]
     if isinstance(action, argparse._AppendAction):
-        return [_flag(flag, element) for element in value]
-    return [_flag(flag, value)]
+        return [f"{flag}={element}" for element in value]
+    return [f"{flag}={value}"]
 
 
-def _flag(flag: str, value: object) -> str:
-    """`--flag=value` in one word: a value that starts with a dash (`--queue=-urgent`) is not taken for a flag."""
-    return f"{flag}={value}"
-
-
-def _add_run_arguments(parser: CommandParser) -> None:
+def _add_arguments(parser: CommandParser) -> None:
     parser.add_argument(
         "--queue",
         dest="queues",
@@ -265,9 +235,6 @@ def _add_run_arguments(parser: CommandParser) -> None:
         help="On SIGTERM, how long running tasks may take to finish (default 30).",
     )
     parser.add_argument("--consumer-id", help="Identity of this consumer (default: host-pid-random).")
-
-
-def _add_process_arguments(parser: CommandParser) -> None:
     parser.add_argument(
         "--processes",
         type=processes_arg,
@@ -300,9 +267,6 @@ def _add_process_arguments(parser: CommandParser) -> None:
     parser.add_argument("--supervisor-beat", help=argparse.SUPPRESS)
     parser.add_argument("--supervisor-pid", type=positive_int, help=argparse.SUPPRESS)
     parser.add_argument("--supervisor-lifeline", type=non_negative_int, help=argparse.SUPPRESS)
-
-
-def _add_observability_arguments(parser: CommandParser) -> None:
     parser.add_argument(
         "--metrics-port",
         type=port_arg,
@@ -322,12 +286,9 @@ def _add_observability_arguments(parser: CommandParser) -> None:
         metavar="PATH",
         help="Touch this file every few seconds while Redis answers (container liveness).",
     )
-
-
-def _serve_metrics(consumer: Consumer, port: int, host: str) -> None:
-    from tasks_app.consumer.loops import serve_consumer_metrics
-
-    try:
-        serve_consumer_metrics(consumer.liveness, consumer.broker, consumer.options.queues, port, host)
-    except OSError as exc:
-        raise CommandError(f"cannot serve metrics on port {port} of {host}: {exc.strerror or exc}") from None
+    parser.add_argument(
+        "--burst",
+        action="store_true",
+        help="Exit 0 once the queues have nothing pending, in flight or delayed (paused queues count as idle).",
+    )
+    parser.add_argument("--no-scheduler", action="store_true", help="Do not fire periodic tasks from this consumer.")

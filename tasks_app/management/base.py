@@ -1,14 +1,46 @@
-"""The base of the queue's thin commands: Redis or the database away, or stdout closed, is one line on stderr."""
+"""The base of the queue's commands: bad arguments, Redis or the database away, or stdout closed, in one line."""
 
+import argparse
 import os
 import sys
-from typing import Any
+from collections.abc import Callable
+from functools import partial
+from typing import Any, NoReturn
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import InterfaceError, OperationalError
 from redis.exceptions import RedisError
 
-from tasks_app.management.parsing import with_one_line_errors
+ArgType = Callable[[str], Any]
+
+
+def bounded_arg(name: str, low: float, high: float, problem: str, convert: ArgType = int) -> ArgType:
+    """An argparse type taking values from `low` to `high` (`problem` names others); `name` is for text not a number."""
+
+    def parse(text: str) -> Any:
+        value = convert(text)
+        if not low <= value <= high:  # also refuses nan and inf
+            raise argparse.ArgumentTypeError(problem.format(value=value, text=text))
+        return value
+
+    parse.__name__ = name
+    return parse
+
+
+class OneLineParser(CommandParser):
+    """A parser whose errors are one line ("manage.py X: error: ..."), not argparse's usage."""
+
+    def error(self, message: str) -> NoReturn:
+        """Exit 2 with one line naming the command and the error (raise CommandError when called from code)."""
+        if self.called_from_command_line:
+            self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        raise CommandError(f"Error: {message}")
+
+
+def with_one_line_errors(parser: CommandParser) -> CommandParser:
+    """Make the parser Django built for a command print its errors as one line; return it."""
+    parser.error = partial(OneLineParser.error, parser)  # type: ignore[method-assign, arg-type]
+    return parser
 
 
 class QueueCommand(BaseCommand):
