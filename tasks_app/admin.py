@@ -249,26 +249,25 @@ class PeriodicTaskAdmin(admin.ModelAdmin):
         return changelist
 
     @staticmethod
-    def _status(obj: PeriodicTask) -> ScheduleStatus | None:
-        return getattr(obj, "periodic_status", None)
+    def _status(obj: PeriodicTask) -> ScheduleStatus:
+        return obj.periodic_status  # type: ignore[attr-defined, no-any-return]
 
     @admin.display(description="Schedule")
     def schedule(self, obj: PeriodicTask) -> str:
-        status = self._status(obj)
-        return status.schedule if status else obj.cron or f"every {obj.interval_s} s"
+        return self._status(obj).schedule
 
     @admin.display(description="Next run")
     def next_run(self, obj: PeriodicTask) -> str:
         status = self._status(obj)
-        if status is None or (status.error and not status.next_run):
-            return f"invalid: {status.error}" if status and status.error else "-"
-        return f"{status.next_run:%Y-%m-%d %H:%M:%S} UTC" if status.next_run else "-"
+        if status.next_run:
+            return f"{status.next_run:%Y-%m-%d %H:%M:%S} UTC"
+        return f"invalid: {status.error}" if status.error else "-"
 
     @admin.display(description="Last fired run")
     def last_run(self, obj: PeriodicTask) -> str:
         status = self._status(obj)
-        if status is None or not status.last_task_id or status.last_slot is None:
-            return status.state_error if status and status.state_error else "-"
+        if not status.last_task_id or status.last_slot is None:
+            return status.state_error or "-"
         when = f"{status.last_slot:%Y-%m-%d %H:%M:%S} UTC"
         url = url_or_empty("tasks_app:task", status.last_task_id)  # "": an id no URL can hold
         return format_html('<a href="{}">{}</a>', url, when) if url else when

@@ -132,13 +132,11 @@ def enqueue_many(
 
 @dataclass(frozen=True)
 class PreparedBatch:
-    """Validated, encoded tasks ready for one push, and what `enqueue_many` returns for them."""
+    """Validated, encoded tasks ready for one push, in request order, and what `enqueue_many` returns for them."""
 
-    items: list[Enqueueable]
+    tasks: list[Enqueueable | UniqueEnqueueable]  # a unique type's task is pushed by a script of its own
     enqueued: list[EnqueuedTask]
     result_ttl_s: int
-    # Tasks of unique types, by their position in `enqueued` (not in `items`): pushed one script each.
-    uniques: list[tuple[int, UniqueEnqueueable]] = field(default_factory=list)
     # Ids of the tasks due at an absolute `run_after`: their delays shrink by the time until the push.
     fixed_due: set[str] = field(default_factory=set)
     prepared_at_s: float = field(default_factory=monotonic)
@@ -170,46 +168,37 @@ def prepare(requests: Sequence[TaskRequest], *, registry: Registry = default_reg
             batch.fixed_due.add(task_id)
         checked = bool(request.task_id) and not request.fresh_id  # a caller's id: a retry is a duplicate
         item = Enqueueable(queue, encode_task(task), task.priority, delay_ms, record, task_id, checked)
-        if window_ms:
-            batch.uniques.append((len(batch.enqueued), UniqueEnqueueable(item, task.unique_digest, window_ms)))
-        else:
-            batch.items.append(item)
+        batch.tasks.append(UniqueEnqueueable(item, task.unique_digest, window_ms) if window_ms else item)
         batch.enqueued.append(EnqueuedTask(task_id, request.type, queue, task.priority, now_ms, task.run_after_ms))
     return batch
 
 
 def push(batch: PreparedBatch, *, broker: Broker | None = None) -> list[EnqueuedTask]:
     """Push a prepared batch; return what was enqueued (duplicates carry the id of the task enqueued before)."""
+    late_ms = int((monotonic() - batch.prepared_at_s) * 1000) if batch.fixed_due else 0
+
+    def due(item: Enqueueable) -> Enqueueable:  # due at an absolute time: its delay counts from now, not `prepare`
+        return item._replace(delay_ms=max(0, item.delay_ms - late_ms)) if item.task_id in batch.fixed_due else item
+
+    items = [(at, due(task)) for at, task in enumerate(batch.tasks) if isinstance(task, Enqueueable)]
+    uniques = [
+        (at, t._replace(item=due(t.item))) for at, t in enumerate(batch.tasks) if isinstance(t, UniqueEnqueueable)
+    ]
     enqueued = list(batch.enqueued)
-    items, uniques = _due_from_now(batch)
-    unique_at = [position for position, _ in batch.uniques]
-    of_uniques = set(unique_at)
     try:
-        if items or uniques:
-            holders = (broker or get_broker()).enqueuer.enqueue(items, batch.result_ttl_s, uniques)
-            positions = [*(at for at in range(len(enqueued)) if at not in of_uniques), *unique_at]
-            for position, holder in zip(positions, holders, strict=True):
+        if batch.tasks:
+            pushed = (broker or get_broker()).enqueuer.enqueue(
+                [i for _, i in items], batch.result_ttl_s, [u for _, u in uniques]
+            )
+            for (position, task), holder in zip([*items, *uniques], pushed, strict=True):
                 if holder is not None:
                     enqueued[position] = replace(enqueued[position], id=holder, duplicate=True)
-                    if position in of_uniques:
+                    if isinstance(task, UniqueEnqueueable):
                         metrics.DUPLICATES_REFUSED.labels(enqueued[position].type).inc()
     except RedisError as exc:
         partly = "; some may be enqueued: retry with the same task ids" if settings.REDIS_CLUSTER else ""
         raise QueueUnavailable(f"cannot enqueue: Redis did not take the tasks ({exc}){partly}") from exc
     return enqueued
-
-
-def _due_from_now(batch: PreparedBatch) -> tuple[list[Enqueueable], list[UniqueEnqueueable]]:
-    """The batch's tasks, those due at an absolute time with their delays counted from now, not from `prepare`."""
-    uniques = [unique for _, unique in batch.uniques]
-    late_ms = int((monotonic() - batch.prepared_at_s) * 1000)
-    if late_ms <= 0 or not batch.fixed_due:
-        return batch.items, uniques
-
-    def due(item: Enqueueable) -> Enqueueable:
-        return item._replace(delay_ms=max(0, item.delay_ms - late_ms)) if item.task_id in batch.fixed_due else item
-
-    return [due(item) for item in batch.items], [unique._replace(item=due(unique.item)) for unique in uniques]
 
 
 def new_task_id() -> str:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import uuid
 
 from tasks_app.periodic.config import PeriodicConfig
-from tasks_app.producer import EnqueuedTask, PreparedBatch, TaskRequest, enqueue_many, prepare
+from tasks_app.producer import EnqueuedTask, TaskRequest, enqueue_many, prepare
 from tasks_app.protocol.broker import Broker
-from tasks_app.protocol.enqueue import Enqueueable
+from tasks_app.protocol.enqueue import UniqueEnqueueable
 from tasks_app.protocol.periodic import ELSEWHERE, FireReply, SlotFiring
 from tasks_app.protocol.records import PERIODIC_HEADER
 from tasks_app.registry import Registry, registry as default_registry
@@ -52,7 +52,7 @@ def _fire_into(
         catch_up = {**slot, CATCH_UP_HEADER: "1"}
         requests.append(_request(config, queue, catch_up, run_id(config.name, firing.slot_ms, "catch_up")))
     batch = prepare(requests, registry=registry)
-    runs = _in_request_order(batch)
+    runs = [task.item if isinstance(task, UniqueEnqueueable) else task for task in batch.tasks]
     return broker.periodic.fire_periodic(
         config.name, firing, runs[0], runs[1] if len(runs) > 1 else None, batch.result_ttl_s
     )
@@ -64,13 +64,6 @@ def run_now(
     """Enqueue one run of a schedule now, outside its slots (its state in Redis is not touched)."""
     request = _request(config, config.target_queue, {MANUAL_HEADER: "1"})
     return enqueue_many([request], broker=broker, registry=registry)[0]
-
-
-def _in_request_order(batch: PreparedBatch) -> list[Enqueueable]:
-    """The batch's tasks in the order of its requests, those of unique types among them."""
-    uniques = {position: unique.item for position, unique in batch.uniques}
-    ordinary = iter(batch.items)
-    return [uniques[position] if position in uniques else next(ordinary) for position in range(len(batch.enqueued))]
 
 
 def _request(

@@ -27,11 +27,9 @@ class ScheduleStatus:
     schedule: str
     enabled: bool
     source: str
-    catch_up: str
     next_run: datetime | None
     last_slot: datetime | None
     last_task_id: str
-    last_fired_at: datetime | None
     error: str  # why the row is not scheduled ("" when it is)
     state_error: str  # why its state (last run) is unknown: "Redis unavailable" ("" when known)
 
@@ -61,7 +59,7 @@ def _status(row: PeriodicTask, queue: str, state: PeriodicState | None, now_ms: 
     except InvalidSchedule as exc:
         error = str(exc)
     next_ms = schedule.next_after(now_ms) if schedule and row.enabled else None
-    fired = state or PeriodicState(None, None, "", None)
+    last_ms = state.fired_slot_ms if state else None
     return ScheduleStatus(
         name=row.name,
         task_type=row.task_type.name,
@@ -69,15 +67,9 @@ def _status(row: PeriodicTask, queue: str, state: PeriodicState | None, now_ms: 
         schedule=schedule.describe() if schedule else row.cron or f"{row.interval_s} s",
         enabled=row.enabled,
         source=row.source,
-        catch_up=row.catch_up,
-        next_run=_moment(next_ms),
-        last_slot=_moment(fired.fired_slot_ms),
-        last_task_id=fired.task_id,
-        last_fired_at=_moment(fired.fired_at_ms),
+        next_run=datetime_of_ms(next_ms) if next_ms is not None else None,
+        last_slot=datetime_of_ms(last_ms) if last_ms is not None else None,
+        last_task_id=state.task_id if state else "",
         error=error,
         state_error="" if state else "Redis unavailable",
     )
-
-
-def _moment(ms: int | None) -> datetime | None:
-    return datetime_of_ms(ms) if ms is not None else None
