@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 # While the same problem persists, a short reminder (with how often it recurred) is logged this often.
@@ -79,14 +79,7 @@ class ProblemLog[K: Hashable]:
         )
         return True
 
-    def keep_only(self, keys: Iterable[K]) -> None:
-        """Forget the problems of keys not among `keys` (gone): there is no recovery to log for them."""
-        kept = set(keys)
+    def keep_only(self, kept: Callable[[K], bool]) -> None:
+        """Forget the problems of keys not `kept` (gone): there is no recovery to log for them."""
         with self._lock:
-            for key in [key for key in self._open if key not in kept]:
-                del self._open[key]
-
-    def open_keys(self) -> list[K]:
-        """The keys with a problem now."""
-        with self._lock:
-            return list(self._open)
+            self._open = {key: seen for key, seen in self._open.items() if kept(key)}

@@ -50,6 +50,11 @@ class TaskTypeConfig:
     @classmethod
     def from_model(cls, row: TaskType) -> TaskTypeConfig:
         """Snapshot a TaskType row, a limit or window written past the admin's bounds read as the nearest bound."""
+        # A timeout of 0, NaN or infinity is none (NaN timed an async run out at once, and a thread run never).
+        timeout_s = max(row.timeout, TIMEOUT_MIN_S) if row.timeout and math.isfinite(row.timeout) else None
+        unique_for_s = row.unique_for_s
+        if unique_for_s is not None and not unique_for_s <= UNIQUE_FOR_MAX_S:  # 1e300, infinity, NaN
+            unique_for_s = float(UNIQUE_FOR_MAX_S)
         return cls(
             name=row.name,
             handler=row.handler,
@@ -61,8 +66,8 @@ class TaskTypeConfig:
             rate_algorithm=row.rate_algorithm,
             max_attempts=row.max_attempts,
             retry_backoff_s=row.retry_backoff,
-            timeout_s=_a_timeout(row.timeout),
-            unique_for_s=_within_unique_bound(row.unique_for_s),
+            timeout_s=timeout_s,
+            unique_for_s=unique_for_s,
             unique_until=row.unique_until,
             max_running=_at_least_one(row.max_running),
             rate_limit_key=row.rate_limit_key,
@@ -84,21 +89,6 @@ def _at_least_one(limit: int | None) -> int | None:
     """A rate limit or cap as the admin bounds it: empty is none, 0 (written past the admin) the strictest, 1."""
     # Read as none, a 0 meant to stop a type would let it run unthrottled.
     return None if limit is None else max(1, limit)
-
-
-def _a_timeout(timeout_s: float | None) -> float | None:
-    """A run's timeout as the admin bounds it: none for empty, 0, NaN or infinite, and one below it its least."""
-    # NaN timed an async run out at once and a thread run never: both now run without a limit.
-    if not timeout_s or not math.isfinite(timeout_s):
-        return None
-    return max(timeout_s, TIMEOUT_MIN_S)
-
-
-def _within_unique_bound(window_s: float | None) -> float | None:
-    """A unique window at most the admin's longest: one written past it (1e300, infinite, NaN) is read as that."""
-    if window_s is not None and not window_s <= UNIQUE_FOR_MAX_S:  # NaN too
-        return float(UNIQUE_FOR_MAX_S)
-    return window_s
 
 
 class UnknownTaskType(LookupError):

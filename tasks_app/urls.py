@@ -19,6 +19,6 @@ urlpatterns = [
     path("api/tasks/<str:task_id>/cancel/", api.cancel_task, name="api-task-cancel"),
     path("tasks/<str:task_id>/cancel/", tasks.cancel_task, name="task-cancel"),
     path("api/queues/<str:queue>/", api.api_queue, name="api-queue"),
-    path("api/queues/<str:queue>/pause/", api.api_pause, name="api-queue-pause"),
-    path("api/queues/<str:queue>/resume/", api.api_resume, name="api-queue-resume"),
+    path("api/queues/<str:queue>/pause/", api.api_pause, {"paused": True}, name="api-queue-pause"),
+    path("api/queues/<str:queue>/resume/", api.api_pause, {"paused": False}, name="api-queue-resume"),
 ]

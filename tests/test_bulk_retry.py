@@ -9,7 +9,7 @@ from django.contrib.admin.models import ADDITION, LogEntry
 from tasks_app import producer
 from tasks_app.protocol import records
 from tasks_app.protocol.records import ResultUpdate
-from tasks_app.web import bulk
+from tasks_app.web import browser
 
 pytestmark = pytest.mark.django_db
 
@@ -90,8 +90,8 @@ def test_a_repeat_is_known_by_the_enqueued_ids_once_the_copys_record_is_deleted(
 
 
 def test_the_copys_id_is_a_uuid_derived_from_the_task_and_the_retry_the_page_showed():
-    made = {bulk.retry_task_id(task, shown) for task in ("a", "b", "caf\udce9") for shown in ("", "a", "b")}
+    made = {browser.retry_task_id(task, shown) for task in ("a", "b", "caf\udce9") for shown in ("", "a", "b")}
     assert len(made) == 9
-    assert bulk.retry_task_id("a", "b") == bulk.retry_task_id("a", "b") != bulk.retry_task_id("a\0b", "")
+    assert browser.retry_task_id("a", "b") == browser.retry_task_id("a", "b") != browser.retry_task_id("a\0b", "")
     for task_id in made:
         assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-5[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", task_id)

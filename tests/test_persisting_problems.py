@@ -86,7 +86,7 @@ def test_a_different_problem_is_logged_at_once_and_keys_are_apart(caplog):
     problems.failed("a", "bug", "a: a bug", level=logging.ERROR)
     problems.failed("a", "bug", "a: a bug", level=logging.ERROR)
     assert [record.getMessage() for record in caplog.records] == ["a: redis away", "b: redis away", "a: a bug"]
-    problems.keep_only(["a"])
+    problems.keep_only(lambda key: key == "a")
     assert not problems.recovered("b", "b: back"), "a forgotten key has nothing to recover from"
 
 

@@ -26,6 +26,7 @@ from tasks_app.protocol.records import CANCELLED, ResultRecord, datetime_of_ms
 from tasks_app.registry import Handler, Registry, registry
 
 KNOWN_OPTIONS = {"ENQUEUE_ON_COMMIT"}
+NAME_HINT = "Use 1-100 characters from A-Z, a-z, 0-9 and _ . : -"
 
 logger = logging.getLogger(__name__)
 
@@ -127,36 +128,27 @@ class RedisBackend(BaseTaskBackend):
 
     def check(self, **kwargs: Any) -> list[CheckMessage]:
         """Report invalid queues and options, and a Redis that does not answer."""
-        messages: list[CheckMessage] = list(super().check(**kwargs))
-        where = f"TASKS[{self.alias!r}]"
-        for queue in sorted(self.queues):
-            if not isinstance(queue, str) or not NAME_PATTERN.fullmatch(queue):
-                messages.append(
-                    Error(
-                        f"{where} QUEUES has an invalid queue name {queue!r}",
-                        hint="Use 1-100 characters from A-Z, a-z, 0-9 and _ . : -",
-                        id="tasks_app.E010",
-                    )
-                )
-        for option in sorted(set(self.options) - KNOWN_OPTIONS):
-            messages.append(
-                Error(
-                    f"{where} OPTIONS has an unknown option {option!r}",
-                    hint=f"Known options: {', '.join(sorted(KNOWN_OPTIONS))}.",
-                    id="tasks_app.E011",
-                )
-            )
+        where, known = f"TASKS[{self.alias!r}]", f"Known options: {', '.join(sorted(KNOWN_OPTIONS))}."
+        bad_queues = [queue for queue in self.queues if not isinstance(queue, str) or not NAME_PATTERN.fullmatch(queue)]
+        messages: list[CheckMessage] = [
+            *super().check(**kwargs),
+            *(
+                Error(f"{where} QUEUES has an invalid queue name {queue!r}", hint=NAME_HINT, id="tasks_app.E010")
+                for queue in sorted(bad_queues)
+            ),
+            *(
+                Error(f"{where} OPTIONS has an unknown option {option!r}", hint=known, id="tasks_app.E011")
+                for option in sorted(set(self.options) - KNOWN_OPTIONS)
+            ),
+        ]
         if not isinstance(self.enqueue_on_commit, bool):
             messages.append(Error(f"{where} OPTIONS['ENQUEUE_ON_COMMIT'] must be True or False", id="tasks_app.E012"))
         try:  # a warning, not an error: consumers start before Redis and reconnect with backoff
             get_broker().inspect.ping()
         except Exception as exc:  # any connection error means the same thing here
+            hint = "Tasks cannot be enqueued until it does."
             messages.append(
-                Warning(
-                    f"{where}: Redis at REDIS_URL does not answer: {exc}",
-                    hint="Tasks cannot be enqueued until it does.",
-                    id="tasks_app.W010",
-                )
+                Warning(f"{where}: Redis at REDIS_URL does not answer: {exc}", hint=hint, id="tasks_app.W010")
             )
         return messages
 

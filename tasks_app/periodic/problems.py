@@ -37,4 +37,4 @@ class ScheduleProblems:
 
     def keep_only(self, names: Collection[str]) -> None:
         """Forget the problems of schedules not among `names` (deleted or disabled): nothing to recover from."""
-        self._log.keep_only(key for key in self._log.open_keys() if key[0] in names)
+        self._log.keep_only(lambda key: key[0] in names)

@@ -252,8 +252,19 @@ def cancel_task(request: HttpRequest, task_id: str) -> HttpResponse:
     )
 
 
+@api_view({"GET"})
+def api_queue(request: HttpRequest, queue: str) -> HttpResponse:
+    """A queue's counts and whether (since when, by whom) it is paused."""
+    return _queue_answer(request, queue)
+
+
+@api_view({"POST"}, permission=PAUSE_QUEUE_PERMISSION)
+def api_pause(request: HttpRequest, queue: str, paused: bool) -> HttpResponse:
+    """Pause a queue (consumers stop claiming it within a second; enqueues go on) or resume it; then as api_queue."""
+    return _queue_answer(request, queue, paused)
+
+
 def _queue_answer(request: HttpRequest, queue: str, paused: bool | None = None) -> HttpResponse:
-    """A queue's counts and whether (since when, by whom) it is paused, after pausing or resuming it if asked."""
     try:
         validate_name(queue, "queue")
     except InvalidName as exc:
@@ -269,21 +280,3 @@ def _queue_answer(request: HttpRequest, queue: str, paused: bool | None = None) 
     return JsonResponse(
         {**counts, "paused_since": since.isoformat() if since else None, "paused_by": state.get("by"), **changed}
     )
-
-
-@api_view({"GET"})
-def api_queue(request: HttpRequest, queue: str) -> HttpResponse:
-    """A queue's counts and pause state."""
-    return _queue_answer(request, queue)
-
-
-@api_view({"POST"}, permission=PAUSE_QUEUE_PERMISSION)
-def api_pause(request: HttpRequest, queue: str) -> HttpResponse:
-    """Pause a queue: consumers stop claiming it within a second; enqueues are still accepted."""
-    return _queue_answer(request, queue, paused=True)
-
-
-@api_view({"POST"}, permission=PAUSE_QUEUE_PERMISSION)
-def api_resume(request: HttpRequest, queue: str) -> HttpResponse:
-    """Resume a paused queue."""
-    return _queue_answer(request, queue, paused=False)

@@ -12,7 +12,7 @@ from tasks_app import control, producer
 from tasks_app.control import CANCELLED
 from tasks_app.models import TaskType
 from tasks_app.protocol.records import ResultRecord
-from tasks_app.web import bulk
+from tasks_app.web import browser
 from tests.support.enqueued import is_idle
 from tests.support.processes import wait_until
 from tests.support.recording import recorded_runs, runs_per_task
@@ -59,8 +59,8 @@ def test_a_delete_racing_a_requeue_of_the_dead_task_keeps_the_record_of_the_task
     assert (
         len(broker.inspect.requeue_dead_tasks("default", broker.inspect.list_dead_tasks("default")).moved) == 1
     )  # another operator
-    outcome = bulk.delete(bulk.Selection([seen], "user:late"))
-    assert outcome.message == "Deleted 0 record(s). 1 not finished (or cancelled, still in their queue), kept."
+    _, message = browser.delete(browser.Selection([seen], "user:late"))
+    assert message == "Deleted 0 record(s). 1 not finished (or cancelled, still in their queue), kept."
     assert record_of(broker, task_id).status == "READY", "the requeued task lost its record"
     assert task_id in {entry.task_id for entry in broker.records.history_window(["default"], "READY", None, None, 10)}
 
