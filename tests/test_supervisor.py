@@ -55,7 +55,7 @@ def test_a_child_parses_back_the_supervisors_values_even_those_that_start_with_a
     parser = load_command_class("tasks_app", "runconsumer").create_parser("manage.py", "runconsumer")
     child = vars(parser.parse_args(argv[argv.index("runconsumer") + 1 :]))
     assert (child["queues"], child["consumer_id"], child["health_file"]) == (["-urgent", "b"], "-grp-1", "-alive.1")
-    assert (child["metrics_host"], child["grace"], child["supervisor_lifeline"]) == ("-x", 5.0, 7)
+    assert (child["metrics_host"], child["grace_s"], child["supervisor_lifeline"]) == ("-x", 5.0, 7)
 
 
 def test_a_child_gets_the_queue_weights_as_typed():

@@ -66,13 +66,12 @@ class PeriodicConfig:
         return self.queue or self.type_queue or None
 
 
-def load_configs(*, enabled_only: bool = True, problems: ScheduleProblems | None = None) -> list[PeriodicConfig]:
-    """Snapshot the rows in one query; a row whose schedule is invalid (saved past the admin) is left out."""
+def load_configs(*, problems: ScheduleProblems | None = None) -> list[PeriodicConfig]:
+    """Snapshot the enabled rows in one query; a row whose schedule is invalid (saved past the admin) is left out."""
     problems = problems or ScheduleProblems(logger)
-    rows = PeriodicTask.objects.select_related("task_type").order_by("name")
     configs = []
     names = set()
-    for row in rows.filter(enabled=True) if enabled_only else rows:
+    for row in PeriodicTask.objects.filter(enabled=True).select_related("task_type").order_by("name"):
         names.add(row.name)
         try:
             configs.append(PeriodicConfig.from_model(row))

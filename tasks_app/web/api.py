@@ -34,10 +34,6 @@ FORCE_WORDS = {"1", "true", "on"}
 logger = logging.getLogger(__name__)
 
 
-class AuthenticationFailed(Exception):
-    """A request with credentials that do not identify an active user."""
-
-
 class _CsrfCheck(CsrfViewMiddleware):
     """Django's CSRF check, returning the reason for a failure instead of a page."""
 
@@ -71,10 +67,9 @@ def api_view(methods: set[str], permission: str | None = None) -> Callable[[View
 def _denial(request: HttpRequest, permission: str | None) -> JsonResponse | None:
     """Why the caller may not use this view (401/403), or None; sets `request.user` to the caller."""
     header = request.headers.get("Authorization")
-    try:
-        user = getattr(request, "user", None) if header is None else _token_user(header)
-    except AuthenticationFailed as exc:
-        return error(401, str(exc), **{"WWW-Authenticate": 'Bearer error="invalid_token"'})
+    user = getattr(request, "user", None) if header is None else _token_user(header)
+    if isinstance(user, str):
+        return error(401, user, **{"WWW-Authenticate": 'Bearer error="invalid_token"'})
     if user is None or not user.is_authenticated:
         return error(
             401,
@@ -98,17 +93,17 @@ def _denial(request: HttpRequest, permission: str | None) -> JsonResponse | None
 
 
 def _token_user(header: str) -> Any:
-    """The user of an `Authorization: Bearer <token>` header; AuthenticationFailed unless an active one."""
+    """The user of an `Authorization: Bearer <token>` header; unless an active one, why it is refused (a str)."""
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
-        raise AuthenticationFailed("malformed Authorization header: expected 'Bearer <token>'")
+        return "malformed Authorization header: expected 'Bearer <token>'"
     row = ApiToken.objects.select_related("user").filter(key_hash=ApiToken.hash_of(token.strip())).first()
     if row is None:
-        raise AuthenticationFailed("invalid API token")
+        return "invalid API token"
     if not row.is_active:
-        raise AuthenticationFailed("API token revoked")
+        return "API token revoked"
     if not row.user.is_active:
-        raise AuthenticationFailed("the token's user is inactive")
+        return "the token's user is inactive"
     ApiToken.objects.filter(pk=row.pk).update(last_used_at=timezone.now())
     return row.user
 

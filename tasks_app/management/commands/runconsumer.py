@@ -2,6 +2,7 @@
 
 import argparse
 import contextlib
+import dataclasses
 import gc
 import logging
 import math
@@ -129,27 +130,13 @@ def _run_group(parser: CommandParser, processes: int, metrics_port: int | None, 
 
 
 def _consumer_options(options: dict[str, Any]) -> ConsumerOptions:
-    """The consumer's options from the command's."""
-    supervised = options["supervisor_beat"] is not None
-    return ConsumerOptions(
-        queues=options["queues"] or ["default"],
-        weights=dict(map(queue_weight, options["weights"] or ())),
-        concurrency=options["concurrency"],
-        prefetch=options["prefetch"],
-        lease_s=options["lease"],
-        grace_s=options["grace"],
-        consumer_id=options["consumer_id"],
-        burst=options["burst"],
-        health_file=options["health_file"],
-        max_tasks=options["max_tasks_per_child"],
-        max_memory_mb=options["max_memory_per_child"],
-        hard_limit_grace_s=options["timeout_grace"] if supervised else None,
-        supervisor_beat=options["supervisor_beat"],
-        supervisor_pid=options["supervisor_pid"],
-        supervisor_lifeline=options["supervisor_lifeline"],
-        async_concurrency=options["async_concurrency"],
-        scheduler=not options["no_scheduler"],
-    )
+    """The consumer's options from the command's, whose flags are named (`dest`) for them."""
+    chosen = {field.name: options[field.name] for field in dataclasses.fields(ConsumerOptions) if field.name in options}
+    chosen["queues"] = options["queues"] or ["default"]
+    chosen["weights"] = dict(map(queue_weight, options["weights"] or ()))
+    if options["supervisor_beat"] is None:  # only a supervised consumer has hard time limits
+        chosen["hard_limit_grace_s"] = None
+    return ConsumerOptions(**chosen)
 
 
 # Flags a supervisor sets per child instead of passing its own on.
@@ -222,6 +209,7 @@ def _add_arguments(parser: CommandParser) -> None:
     )
     parser.add_argument(
         "--lease",
+        dest="lease_s",
         type=duration_arg,
         default=30.0,
         metavar="SECONDS",
@@ -229,6 +217,7 @@ def _add_arguments(parser: CommandParser) -> None:
     )
     parser.add_argument(
         "--grace",
+        dest="grace_s",
         type=duration_arg,
         default=30.0,
         metavar="SECONDS",
@@ -242,16 +231,22 @@ def _add_arguments(parser: CommandParser) -> None:
         help="Process mode: run N consumer processes under a supervisor, with hard time limits (see README).",
     )
     parser.add_argument(
-        "--max-tasks-per-child", type=positive_int, metavar="N", help="Recycle a consumer process after N tasks."
+        "--max-tasks-per-child",
+        dest="max_tasks",
+        type=positive_int,
+        metavar="N",
+        help="Recycle a consumer process after N tasks.",
     )
     parser.add_argument(
         "--max-memory-per-child",
+        dest="max_memory_mb",
         type=positive_int,
         metavar="MB",
         help="Recycle a consumer process whose resident memory exceeds MB.",
     )
     parser.add_argument(
         "--timeout-grace",
+        dest="hard_limit_grace_s",
         type=duration_arg,
         default=1.0,
         metavar="SECONDS",
@@ -291,4 +286,6 @@ def _add_arguments(parser: CommandParser) -> None:
         action="store_true",
         help="Exit 0 once the queues have nothing pending, in flight or delayed (paused queues count as idle).",
     )
-    parser.add_argument("--no-scheduler", action="store_true", help="Do not fire periodic tasks from this consumer.")
+    parser.add_argument(
+        "--no-scheduler", dest="scheduler", action="store_false", help="Do not fire periodic tasks from this consumer."
+    )
