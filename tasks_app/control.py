@@ -5,23 +5,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from tasks_app.exceptions import TaskAlreadyFinished, TaskNotFound
+# Re-exported (`X as X`) for the callers that cancel: the replies' outcomes and what cancel() raises.
+from tasks_app.exceptions import TaskAlreadyFinished as TaskAlreadyFinished, TaskNotFound as TaskNotFound
 from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.codec import is_utf8_encodable
-from tasks_app.protocol.control import CANCELLED, FINISHED, REQUESTED, UNKNOWN, CancelReply
-
-__all__ = [
-    "CANCELLED",
-    "FINISHED",
-    "REQUESTED",
-    "UNKNOWN",
-    "CancelReply",
-    "TaskAlreadyFinished",
-    "TaskNotFound",
-    "cancel",
-    "cancel_many",
-    "set_queue_paused",
-]
+from tasks_app.protocol.control import (
+    CANCELLED as CANCELLED,
+    FINISHED as FINISHED,
+    REQUESTED as REQUESTED,
+    UNKNOWN,
+    CancelReply,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -220,10 +220,6 @@ class ApiToken(models.Model):
     def __str__(self) -> str:
         return f"{self.name} ({self.key_prefix}…)"
 
-    @property
-    def is_active(self) -> bool:
-        return self.revoked_at is None
-
     @staticmethod
     def hash_of(secret: str) -> str:
         """The SHA-256 hex digest under which a token is stored."""

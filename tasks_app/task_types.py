@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -194,7 +193,6 @@ class RecentTaskTypes:
 
     def __init__(self) -> None:
         self._entries: dict[str, tuple[TaskTypeConfig, float]] = {}
-        self._lock = threading.Lock()
 
     def get(self, name: str, registry: Registry, max_age_s: float) -> TaskTypeConfig:
         """Return the settings of type `name`, creating its row on first use (see ensure_task_type)."""
@@ -203,25 +201,17 @@ class RecentTaskTypes:
             return entry[0]
         read_at = time.monotonic()
         config = ensure_task_type(name, registry)
-        if transaction.get_connection().in_atomic_block:
-            # Read (or created) inside the caller's transaction: kept once it commits, so a row its
-            # rollback removes (or settings it undoes) is not taken for the database's.
-            transaction.on_commit(functools.partial(self._keep, name, config, read_at))
-        else:
-            self._keep(name, config, read_at)
+        # Read (or created) inside the caller's transaction: kept once it commits, so a row its rollback
+        # removes (or settings it undoes) is not taken for the database's. A dict's item is set atomically.
+        transaction.on_commit(functools.partial(self._entries.__setitem__, name, (config, read_at)))
         return config
-
-    def _keep(self, name: str, config: TaskTypeConfig, read_at: float) -> None:
-        with self._lock:
-            self._entries[name] = (config, read_at)
 
     def forget(self, name: str | None = None) -> None:
         """Drop one type (or all) so the next enqueue reads the database."""
-        with self._lock:
-            if name is None:
-                self._entries.clear()
-            else:
-                self._entries.pop(name, None)
+        if name is None:
+            self._entries.clear()
+        else:
+            self._entries.pop(name, None)
 
 
 recent_task_types = RecentTaskTypes()

@@ -100,7 +100,7 @@ def _token_user(header: str) -> Any:
     row = ApiToken.objects.select_related("user").filter(key_hash=ApiToken.hash_of(token.strip())).first()
     if row is None:
         return "invalid API token"
-    if not row.is_active:
+    if row.revoked_at is not None:
         return "API token revoked"
     if not row.user.is_active:
         return "the token's user is inactive"
