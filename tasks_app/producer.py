@@ -105,7 +105,7 @@ def enqueue(
     broker: Broker | None = None,
 ) -> list[EnqueuedTask]:
     """Validate and enqueue `count` tasks of one type in one round trip; return what was pushed."""
-    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_BATCH:
+    if not _whole_from(count, 1, MAX_BATCH):
         raise EnqueueError(f"count must be an integer from 1 to {MAX_BATCH}, got {count!r}")
     request = TaskRequest(
         type=type_name,
@@ -230,11 +230,7 @@ def _prepare(request: TaskRequest, configs: dict[str, TaskTypeConfig], registry:
         validate_name(queue, "queue")
     except InvalidName as exc:
         raise EnqueueError(str(exc)) from None
-    if (
-        isinstance(request.priority, bool)
-        or not isinstance(request.priority, int)
-        or not PRIORITY_MIN <= request.priority <= PRIORITY_MAX
-    ):
+    if not _whole_from(request.priority, PRIORITY_MIN, PRIORITY_MAX):
         raise EnqueueError(
             f"priority must be an integer from {PRIORITY_MIN} to {PRIORITY_MAX}, got {request.priority!r}"
         )
@@ -264,6 +260,11 @@ def _prepare(request: TaskRequest, configs: dict[str, TaskTypeConfig], registry:
 MAX_BATCH = 10_000
 MAX_UNIQUE_KEY_CHARS = 1000
 MAX_TASK_ID_CHARS = 200
+
+
+def _whole_from(value: object, low: int, high: int) -> bool:
+    """Whether `value` is an int (not a bool) from `low` to `high`."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
 def _check_task_id(task_id: str) -> None:

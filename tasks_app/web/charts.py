@@ -184,20 +184,11 @@ def dashboard_charts(data: dict[str, Any]) -> dict[str, Any]:
         for name, series in data["queues"].items()
     ]
     busiest = sorted(data["types"].items(), key=lambda item: -item[1]["hour_total"])
-    types = [_type_charts(name, series, drawn=rank < MAX_TYPE_CHARTS) for rank, (name, series) in enumerate(busiest)]
+    types = [
+        {"name": name, **{total: series[total] for total in ("hour_total", "hour_p50_ms", "hour_p95_ms")}}
+        for name, series in busiest
+    ]
+    for row, (name, series) in zip(types[:MAX_TYPE_CHARTS], busiest, strict=False):  # the busiest drawn
+        row["outcomes"] = svg_chart(f"{printable(name)}: tasks per minute", {k: series[k] for k in OUTCOMES})
+        row["durations"] = svg_chart(f"{printable(name)}: duration", {k: series[k] for k in ("p50_ms", "p95_ms")}, "ms")
     return {"queue_charts": queues, "type_charts": types}
-
-
-def _type_charts(name: str, series: dict[str, Any], *, drawn: bool) -> dict[str, Any]:
-    """One type's row: its hour's totals and, if `drawn`, its outcome and duration charts."""
-    title = printable(name)
-    return {
-        "name": name,
-        "hour_total": series["hour_total"],
-        "hour_p50_ms": series["hour_p50_ms"],
-        "hour_p95_ms": series["hour_p95_ms"],
-        "outcomes": svg_chart(f"{title}: tasks per minute", {k: series[k] for k in OUTCOMES}) if drawn else None,
-        "durations": svg_chart(f"{title}: duration", {k: series[k] for k in ("p50_ms", "p95_ms")}, "ms")
-        if drawn
-        else None,
-    }
