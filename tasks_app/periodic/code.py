@@ -50,7 +50,7 @@ def sync_code_schedules(entries: Mapping[str, Mapping[str, Any]], registry: Regi
             report.refused[str(name)] = str(exc)
             logger.error("TASKS_PERIODIC[%r] is not scheduled: %s", name, exc)
             continue
-        {"created": report.created, "updated": report.updated, "unchanged": report.unchanged}[outcome].append(str(name))
+        getattr(report, outcome).append(str(name))
     stale = PeriodicTask.objects.filter(source=PeriodicTask.Source.CODE).exclude(name__in=[str(n) for n in entries])
     report.removed = sorted(stale.values_list("name", flat=True))
     stale.delete()

@@ -38,9 +38,8 @@ class Command(QueueCommand):
             self.stdout.write(_run(name))
         else:
             report = sync_code_schedules(settings.TASKS_PERIODIC, registry)
-            done = ("created", report.created), ("updated", report.updated), ("unchanged", report.unchanged)
-            for label, names in (*done, ("removed", report.removed)):
-                self.stdout.write(f"{label}: {', '.join(names) or '-'}")
+            for label in ("created", "updated", "unchanged", "removed"):
+                self.stdout.write(f"{label}: {', '.join(getattr(report, label)) or '-'}")
             if report.refused:
                 raise CommandError("; ".join(f"{name}: {why}" for name, why in report.refused.items()))
 
