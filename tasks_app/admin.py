@@ -18,6 +18,7 @@ from tasks_app.periodic.status import ScheduleStatus, schedule_statuses
 from tasks_app.protocol.broker import get_broker
 from tasks_app.registry import registry
 from tasks_app.templatetags.tasks_display import url_or_empty
+from tasks_app.web.common import admin_context
 
 # Tasks carry their type's name (queued, delayed, dead, in results) and producers enqueue by it:
 # a renamed row would leave them all behind, so a name is fixed once saved.
@@ -163,17 +164,9 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
     def response_add(self, request: HttpRequest, obj: ApiToken, post_url_continue: str | None = None) -> HttpResponse:
         """Show the new token once, on its own page (never in a cookie or the database)."""
-        return render(
-            request,
-            "tasks_app/token_created.html",
-            {
-                **self.admin_site.each_context(request),
-                "title": "API token created",
-                "token": obj,
-                "secret": obj.secret,  # type: ignore[attr-defined]
-                "opts": self.opts,
-            },
-        )
+        secret = obj.secret  # type: ignore[attr-defined]
+        context = admin_context(request, "API token created", token=obj, secret=secret, opts=self.opts)
+        return render(request, "tasks_app/token_created.html", context)
 
     @admin.action(description="Revoke selected API tokens")
     def revoke(self, request: HttpRequest, queryset: Any) -> None:
