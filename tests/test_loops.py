@@ -177,6 +177,27 @@ def test_scheduler_goes_again_at_once_while_a_full_batch_moved(broker):
     assert broker.inspect.queue_stats("q").pending == 3
 
 
+@pytest.mark.django_db
+def test_scheduler_wakes_deferred_types_once_read_then_only_when_one_is_enabled_again(broker, monkeypatch):
+    row = TaskType.objects.create(name="held.back", handler="demo.echo", enabled=False)
+    woken: list[str] = []
+    monkeypatch.setattr(broker.limits, "wake_enabled", lambda queue, disabled: woken.append(queue) or 0)
+    types = TaskTypeCache()
+    loop = SchedulerLoop(broker, ["a", "b"], types=types)
+    loop.run_once()
+    assert woken == [], "nothing is woken before the settings are read"
+    types.refresh()
+    loop.run_once()
+    loop.run_once()
+    assert woken == ["a", "b"], "once, on every queue, after the first read"
+    row.enabled = True
+    row.save()
+    types.refresh()
+    loop.run_once()
+    loop.run_once()
+    assert woken == ["a", "b", "a", "b"], "once more for the type enabled again, and no more while idle"
+
+
 # --- reaper -------------------------------------------------------------------------------
 def test_reaper_recovers_only_consumers_whose_lease_expired(broker):
     push(broker, *(task_bytes(f"t{n}") for n in range(4)))

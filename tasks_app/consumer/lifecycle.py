@@ -255,7 +255,7 @@ class Consumer:
         loops: list[Loop] = [
             self.membership,  # the heartbeat
             Ticker("registering", opts.lease_s / 3, self.membership.list_again),
-            SchedulerLoop(self.broker, opts.queues, disabled=self.task_types.disabled, changes=self._key_changes()),
+            SchedulerLoop(self.broker, opts.queues, types=self.task_types, changes=self._key_changes()),
             self.reaper,
             self.retiring,
             HousekeepingLoop(self.task_types.refresh, settings.TASKS_CONFIG_REFRESH_S, self.time_limits.tick),

@@ -38,6 +38,7 @@ from tasks_app.protocol.codec import finite
 from tasks_app.protocol.keys import UNDECODABLE_TYPE
 from tasks_app.protocol.scripts import is_transient
 from tasks_app.protocol.tracking import CHANGE_WAIT_S, KeyChanges
+from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -134,25 +135,30 @@ class SchedulerLoop:
     name = "scheduler"
     MAX_SLEEP_S = 0.25
     BATCH = 1000
-    # Its chores, each this often (s): tasks of types enabled again are woken; the backlog chart, which
-    # has a point a minute, is sampled; dead letters are trimmed (a dead-letter set may exceed its caps by
-    # what dies meanwhile) and the history index keys given their time to live again.
-    WAKE_EVERY_S, SAMPLE_EVERY_S, TRIM_EVERY_S = 5.0, 20.0, 60.0
+    # Its chores, each this often (s): the backlog chart, which has a point a minute, is sampled (at least
+    # once in any minute); dead letters are trimmed (a dead-letter set may exceed its caps by what dies
+    # meanwhile) and the history index keys given their time to live again.
+    SAMPLE_EVERY_S, TRIM_EVERY_S = 45.0, 60.0
 
     def __init__(
         self,
         broker: Broker,
         queues: Sequence[str],
         *,
-        disabled: Callable[[str], bool] = lambda task_type: True,
+        types: TaskTypeCache | None = None,
         changes: KeyChanges | None = None,
     ) -> None:
         self.broker = broker
         self.queues = list(queues)
-        self.disabled = disabled  # whether a task type is disabled (its deferred tasks wait)
+        # The tasks deferred while their type was disabled are woken once the settings are read, then
+        # whenever a refresh finds a type enabled again: idle, this costs Redis nothing.
+        self.types = types
+        self._wake = types is not None
+        if types is not None:
+            types.on_change.append(self._type_changed)
         self.dead_letter_max = settings.TASKS_DEAD_LETTER_MAX
         self.dead_letter_max_age_s = settings.TASKS_DEAD_LETTER_MAX_AGE_S
-        self._chores_at = dict.fromkeys((self.WAKE_EVERY_S, self.SAMPLE_EVERY_S, self.TRIM_EVERY_S), float("-inf"))
+        self._chores_at = dict.fromkeys((self.SAMPLE_EVERY_S, self.TRIM_EVERY_S), float("-inf"))
         self.result_ttl_s = int(settings.TASKS_RESULT_TTL)
         self.changes = changes
         self._promotions = broker if changes is None else broker.over(changes.client)
@@ -178,9 +184,14 @@ class SchedulerLoop:
             sleep_s = min(sleep_s, wait_s)
             if self.changes is not None:
                 self._due[queue] = now + wait_s
-        if self._chore_due(self.WAKE_EVERY_S):
-            for queue in self.queues:
-                self.broker.limits.wake_enabled(queue, disabled=self.disabled)
+        if self._wake and self.types is not None and self.types.loaded:
+            self._wake = False  # a change seen while it wakes sets it again
+            try:
+                for queue in self.queues:
+                    self.broker.limits.wake_enabled(queue, disabled=self.types.disabled)
+            except BaseException:
+                self._wake = True
+                raise
         if self._chore_due(self.SAMPLE_EVERY_S):
             for queue in self.queues:
                 self.broker.inspect.sample_backlog(queue)
@@ -197,6 +208,11 @@ class SchedulerLoop:
             told = self.queues if changed is None else [self._queue_of[key] for key in changed if key in self._queue_of]
             self._due.update(dict.fromkeys(told, 0.0))
         return 0.0
+
+    def _type_changed(self, config: TaskTypeConfig) -> None:
+        """Enabled again, or its row deleted (its tasks then run or are dead-lettered): wake what it deferred."""
+        if config.enabled or (self.types is not None and self.types.get(config.name) is None):
+            self._wake = True
 
     def _chore_due(self, every_s: float) -> bool:
         """Whether the chore done every `every_s` is due; if so, it counts as done now."""
