@@ -1,11 +1,4 @@
-"""`Broker`, the only code that talks to Redis: the protocol's roles over one client, keys and scripts.
-
-A caller takes the role it needs: `queue` (claim, ack, retry, dead letter), `enqueuer` (push,
-unique tasks), `leases`, `records` (result records, the history index), `limits` (rate limits,
-concurrency slots, disabled types), `control` (cancel, pause), `periodic` and `inspect` (stats,
-consumers, charts, dead letters). Each operation is one round trip or one script. See
-docs/PROTOCOL.md.
-"""
+"""`Broker`, the only code that talks to Redis: the protocol's roles over one client, keys and scripts."""
 
 from __future__ import annotations
 

@@ -211,7 +211,7 @@ class Enqueuer(Role):
         args += history.STATUSES
         for name, value in item.result_key_fields.items():
             args += (name, value)
-        self.redis.run_direct("enqueue_one", keys, args)
+        self.redis.run("enqueue_one", keys, args, direct=True)
         return True
 
     def _claim_ids(self, claims: Sequence[Enqueueable], result_ttl_s: int) -> IdClaims:

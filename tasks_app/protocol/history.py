@@ -1,10 +1,7 @@
-"""Result records in Redis: `Records` writes them, files each task in its queue's history index,
-counts it in the minute's chart counters, and reads them back.
+"""Result records in Redis: written, filed in the queue's history index, counted in the charts, read back.
 
-docs/PROTOCOL.md ("History index", "Chart counters") describes the keys. On one server
-record_result files and counts a write itself; on Redis Cluster, where the record lies in another
-slot, `history_move` and the counters go in the same round trip, and each master that took a
-flush's results WAITs for a replica before the acks.
+On one server record_result files and counts a write itself; on Redis Cluster (the record in another
+slot) `history_move` and the counters go in the same round trip, and each master WAITs for a replica.
 """
 
 from __future__ import annotations
@@ -164,8 +161,13 @@ class Records(Role):
         for task_id in storable:
             pipe.hmget(self.keys.result(task_id), fields) if fields else pipe.hgetall(self.keys.result(task_id))
         replies = pipe.execute(raise_on_error=False) if storable else []  # a producer's record of another type: none
-        if fields:
-            replies = [_named(fields, reply) for reply in replies]
+        if fields:  # HMGET's reply as HGETALL's: the fields the record has, by name
+            replies = [
+                r
+                if isinstance(r, Exception)
+                else {f.encode(): v for f, v in zip(fields, r, strict=True) if v is not None}
+                for r in replies
+            ]
         found = dict(zip(storable, replies, strict=True))
         return [record_text_fields(task_id, found[task_id]) if task_id in found else None for task_id in ids]
 
@@ -192,11 +194,8 @@ class Records(Role):
         seen: int = 0,
         after: str = "",
     ) -> list[Entry]:
-        """The newest `limit` entries of `queues` (of one status if given), scores in [min_ms, max_ms).
-
-        With `seen`, a page resumes inside a run of ties scored max_ms (ordered by id): the first
-        `seen` of them are skipped, counted from `after` (the last id shown) if given.
-        """
+        """The newest `limit` entries of `queues` (of one status if given), scores in [min_ms, max_ms)."""
+        # With `seen`, a page resumes inside ties scored max_ms: the first `seen` (from id `after` on) are skipped.
         upper = "+inf" if max_ms is None else repr(max_ms) if seen else f"({max_ms!r}"
         lower = repr(min_ms) if min_ms is not None else "-inf"
         keys = [self._index_key(queue, status) for queue in queues]
@@ -268,10 +267,7 @@ class Records(Role):
     def execute_with_writes(
         self, pipe: Any, updates: Sequence[ResultUpdate], places: Sequence[Place], earlier: Sequence[Any] = ()
     ) -> tuple[list[Any], list[Any]]:
-        """Execute `pipe` with the Redis Cluster side writes of `updates`; return its replies and each update's.
-
-        `earlier`: the replies of updates written before, all of them.
-        """
+        """Execute `pipe` with the Redis Cluster side writes of `updates` (`earlier`: all their replies, if written)."""
         cluster = isinstance(self.client, redis.RedisCluster)
         minute = int(time.time()) // 60
         if cluster:
@@ -399,10 +395,8 @@ class Records(Role):
     def _queue_cluster_side_writes(
         self, pipe: Any, updates: Sequence[ResultUpdate], earlier: Sequence[Any], minute: int
     ) -> None:
-        """Queue the history moves and chart counts a Redis Cluster record write cannot do itself (another slot).
-
-        With the writes' replies in (`earlier`), those the records took; else all, taken back after for those not taken.
-        """
+        """Queue the history moves and chart counts a Redis Cluster record write cannot do (another slot)."""
+        # With the writes' replies in (`earlier`), those the records took; else all, uncounted after if not taken.
         moved = updates
         if earlier:
             moved = [update for update, reply in zip(updates, earlier, strict=True) if reply in (1, WRITTEN_AGAIN)]
@@ -435,10 +429,3 @@ class Records(Role):
             pipe = self.client.pipeline(transaction=False)
             self._queue_minute_counts(pipe, unwritten, minute, sign=-1)
             pipe.execute()
-
-
-def _named(fields: Sequence[str], reply: list[bytes | None] | Exception) -> dict[bytes, bytes] | Exception:
-    """HMGET's reply as HGETALL's: the fields the record has, by name."""
-    if isinstance(reply, Exception):
-        return reply
-    return {name.encode(): value for name, value in zip(fields, reply, strict=True) if value is not None}

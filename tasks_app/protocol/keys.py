@@ -35,7 +35,7 @@ def split_delayed_member(member: bytes) -> tuple[int, bytes] | None:
 
 @dataclass(frozen=True)
 class Keys:
-    """Builds every Redis key; queue keys share the queue's hash tag."""
+    """Builds every Redis key (docs/PROTOCOL.md, "Keys"); queue keys share the queue's hash tag."""
 
     prefix: str
 
@@ -63,7 +63,6 @@ class Keys:
         return self.queue_key(queue, "dead")
 
     def enqueued(self, queue: str) -> str:
-        """Ids given by callers that were recently enqueued to `queue` (id -> server ms)."""
         return self.queue_key(queue, "enqueued")
 
     def processing(self, queue: str, consumer_id: str) -> str:
@@ -85,51 +84,39 @@ class Keys:
         return self.queue_key(queue, "suspects")
 
     def fence(self, queue: str) -> str:
-        """Counter issuing the fencing tokens of runs of `queue`'s tasks (see claim.lua)."""
         return self.queue_key(queue, "fence")
-
-    def primary(self, queue: str) -> str:
-        """Marker of the node serving this queue's slot and since when (reaping waits after a change)."""
-        return self.queue_key(queue, "primary")
 
     def completed(self, queue: str, bucket: int) -> str:
         """Counter of tasks acknowledged in one THROUGHPUT_BUCKET_S-long bucket (bucket = epoch s // width)."""
         return self.queue_key(queue, f"completed:{bucket}")
 
     def unique(self, queue: str, digest: str) -> str:
-        """Uniqueness lock of a task type and key on `queue`: the first task's id, expiring with its window."""
         return self.queue_key(queue, f"unique:{digest}")
 
     def cancel_requests(self, queue: str) -> str:
-        """Running tasks of `queue` asked to stop (task id -> server ms of the request)."""
         return self.queue_key(queue, "cancel_requests")
 
     def cancel_forced(self, queue: str) -> str:
-        """The running tasks of `queue` whose cancel was forced (task id -> server ms of the request)."""
         return self.queue_key(queue, "cancel_forced")
 
     def history(self, queue: str) -> str:
-        """Index of `queue`'s recent tasks: task id -> enqueue time (server ms), newest last."""
         return self.queue_key(queue, "history")
 
     def history_ids(self, queue: str) -> str:
-        """The same task ids, all scored 0, for prefix search by lexical range."""
         return self.queue_key(queue, "history:ids")
 
     def history_status(self, queue: str, status: str) -> str:
-        """Index of `queue`'s recent tasks whose record has `status`: task id -> enqueue time (ms)."""
         return self.queue_key(queue, f"history:{status}")
 
     def minute(self, queue: str, minute: int) -> str:
-        """Hash of `queue`'s counters over one minute (minute = epoch s // 60), for the charts."""
+        """Hash of `queue`'s chart counters over one minute (minute = epoch s // 60)."""
         return self.queue_key(queue, f"minute:{minute}")
 
     def periodic(self, queue: str, schedule: str) -> str:
-        """State of periodic schedule `schedule` firing into `queue`: last slot handled, last task fired."""
         return self.queue_key(queue, f"periodic:{schedule}")
 
     def periodic_claim(self, schedule: str) -> str:
-        """Slot claim of periodic schedule `schedule` (own hash tag): its latest slot claimed, the queue firing it."""
+        """Slot claim of periodic schedule `schedule`, under a hash tag of its own."""
         return f"{self.prefix}:periodic:{{{schedule}}}"
 
     def queues(self) -> str:
@@ -143,43 +130,34 @@ class Keys:
         return f"{self.prefix}:rate:{{{_limit_tag(task_type, key_token)}}}"
 
     def rate_queues(self, task_type: str, key_token: str | None = None) -> str:
-        """The queues whose delayed sets hold tasks with slots of that limiter: queue -> µs of its latest denial."""
         return f"{self.rate(task_type, key_token)}:queues"
 
     def rate_follow_ups(self, task_type: str, key_token: str | None = None) -> str:
-        """The queues whose tasks have yet to follow a changed limit: queue -> "slots" or "now"."""
         return f"{self.rate(task_type, key_token)}:follow_ups"
 
     def rate_keyed(self, task_type: str) -> str:
-        """The values of a type's keyed limit whose limiters hold slots: key token -> µs until which they may."""
         return f"{self.rate(task_type)}:keyed"
 
     def rate_follower(self, task_type: str, key_token: str | None = None) -> str:
-        """The lease of the one consumer bringing those tasks to the changed limit (its token)."""
         return f"{self.rate(task_type, key_token)}:follower"
 
     def disabled_types(self, queue: str) -> str:
-        """The types of `queue` some of whose tasks wait deferred while the type is disabled."""
         return self.queue_key(queue, "disabled_types")
 
     def disabled(self, queue: str, task_type: str) -> str:
-        """The delayed members of `queue` deferred while `task_type` was disabled (made due once it is enabled)."""
         return self.queue_key(queue, f"disabled:{task_type}")
 
     def paused(self, queue: str) -> str:
-        """Present while `queue` is paused (JSON: since_ms, by); claims of it are refused."""
         return self.queue_key(queue, "paused")
 
     def running(self, task_type: str, key_token: str | None = None) -> str:
-        """Holders of a capped type's (or key value's) slots: "h:<token>" or "w:<waiter>" -> deadline ms."""
+        """Holders of a capped type's (or key value's) slots."""
         return f"{self.prefix}:running:{{{_limit_tag(task_type, key_token)}}}"
 
     def running_waiters(self, task_type: str, key_token: str | None = None) -> str:
-        """Tasks waiting for one of those slots, in the order they first waited: waiter id -> order."""
         return f"{self.running(task_type, key_token)}:waiters"
 
     def running_waiting(self, task_type: str, key_token: str | None = None) -> str:
-        """Where each waiter sits while it waits: waiter id -> "<queue>\\n<delayed member>"."""
         return f"{self.running(task_type, key_token)}:waiting"
 
 

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks_app.protocol.keys import WAKE_TOKEN
-from tasks_app.protocol.records import json_object
 from tasks_app.protocol.scripts import Role
 
 # Each recovery of a task from a dead consumer is counted; past this it is dead-lettered.
@@ -86,7 +85,7 @@ class Leases(Role):
         calls = [([self.keys.consumers(queue), self.keys.consumer_info(queue)], [consumer_id]) for queue in queues]
         entries = self.redis.run_many("lease_holder", calls)
         return [
-            LeaseHolder(queue, int(ms_left), json_object(info))
+            LeaseHolder(queue, int(ms_left), json.loads(info) if info else {})
             for queue, (held, ms_left, info) in zip(queues, entries, strict=True)
             if int(held)
         ]

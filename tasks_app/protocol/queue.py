@@ -1,9 +1,7 @@
-"""The queue core: claiming tasks, acknowledging them, retrying, dead-lettering, returning unstarted ones,
-and promoting due delayed tasks, each one round trip or one script.
+"""The queue core: claim, ack, retry, dead-letter, return unstarted tasks, promote due ones (docs/PROTOCOL.md).
 
-Every key of a queue carries the hash tag ``{queue}``, so each queue script touches one Redis
-Cluster slot; every key a script touches is passed to it in KEYS. A settle's result record lies in
-a slot of its own: `Records` writes it, in the same round trip (see history.py). See docs/PROTOCOL.md.
+Each queue script touches one Redis Cluster slot (the queue's hash tag); a settle's result record lies
+in another, written by `Records` in the same round trip.
 """
 
 from __future__ import annotations
@@ -299,16 +297,8 @@ class Queue(Role):
     def _held(self, owner: tuple[str, str], raw: bytes) -> Held:
         """The hold of a write of the run that settles `raw` from the processing list of `owner`."""
         queue, consumer_id = owner
-        keys = self.keys
-        return Held(
-            keys.processing(queue, consumer_id),
-            keys.consumer_info(queue),
-            keys.consumers(queue),
-            consumer_id,
-            self.instance,
-            raw,
-            queue,
-        )
+        processing, info, consumers = self.keys.queue_keys(queue, "processing consumer_info consumers", consumer_id)
+        return Held(processing, info, consumers, consumer_id, self.instance, raw, queue)
 
     def _acked(
         self, raws_by_owner: Mapping[tuple[str, str], Sequence[bytes]], flags: dict[Any, list[bool]]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -56,11 +55,6 @@ def ms_text(ms: float) -> str:
 # The fields a READY record may leave out, and the value each then has; the id is the key's suffix.
 # The producer stores only what differs (see ready_fields_of_json); get_result fills these back in.
 READY_RECORD_DEFAULTS = {"status": "READY", "priority": "0", "args": "[]", "kwargs": "{}", "attempts": "0"}
-
-
-def json_object(raw: bytes) -> dict[str, Any]:
-    """Parse a consumer's info as it registered it ("": none)."""
-    return json.loads(raw) if raw else {}
 
 
 def record_text_fields(task_id: str, record: dict[bytes, bytes] | Exception) -> dict[str, str] | None:

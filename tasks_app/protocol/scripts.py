@@ -157,36 +157,21 @@ class Scripts:
         self.sources = {path.stem: _INCLUDE.sub(include, path.read_bytes()) for path in sorted(directory.glob("*.lua"))}
         self.shas = {name: hashlib.sha1(src).hexdigest() for name, src in self.sources.items()}
 
-    def run(self, client: Any, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """Run script `name` on `client`, loading it first if the server does not have it."""
+    def run(
+        self, client: Any, name: str, keys: Sequence[str], args: Sequence[Any], direct: DirectCalls | None = None
+    ) -> Any:
+        """Run script `name` on `client` (through `direct` if given), by source if the server does not have it."""
+        send = client.execute_command if direct is None else direct.call
         try:
-            return self._by_sha_first(client.evalsha, client.eval, name, keys, args)
+            try:
+                return send("EVALSHA", self.shas[name], len(keys), *keys, *args)
+            except NoScriptError:
+                return send("EVAL", self.sources[name], len(keys), *keys, *args)
         except RedisConnectionError:
             _replace_dead_default_node(client)
             raise
         except ResponseError as exc:
-            raise _misconfigured(client.type, name, keys, exc) from exc
-
-    def run_direct(self, direct: DirectCalls, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """`run` through `direct` (see `DirectCalls`)."""
-        try:
-            return self._by_sha_first(partial(direct.call, "EVALSHA"), partial(direct.call, "EVAL"), name, keys, args)
-        except ResponseError as exc:
-            raise _misconfigured(partial(direct.call, "TYPE"), name, keys, exc) from exc
-
-    def _by_sha_first(
-        self,
-        by_sha: Callable[..., Any],
-        by_source: Callable[..., Any],
-        name: str,
-        keys: Sequence[str],
-        args: Sequence[Any],
-    ) -> Any:
-        """Script `name` sent by its SHA, and by its source if the server does not have it."""
-        try:
-            return by_sha(self.shas[name], len(keys), *keys, *args)
-        except NoScriptError:
-            return by_source(self.sources[name], len(keys), *keys, *args)
+            raise _misconfigured(partial(send, "TYPE"), name, keys, exc) from exc
 
     def queue(self, pipe: Any, name: str, keys: Sequence[str], args: Sequence[Any], *, by_source: bool = False) -> None:
         """Add a run of script `name` to a pipeline (see `execute`); `by_source` sends EVAL, not EVALSHA."""
@@ -260,9 +245,9 @@ class ScriptClient:
         self.scripts = scripts
         self.direct = DirectCalls.of(client)
 
-    def run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """Run script `name` (see `Scripts.run`)."""
-        return self.scripts.run(self.client, name, keys, args)
+    def run(self, name: str, keys: Sequence[str], args: Sequence[Any], *, direct: bool = False) -> Any:
+        """Run script `name` (see `Scripts.run`); `direct`: past redis-py's pool and retry layers (`DirectCalls`)."""
+        return self.scripts.run(self.client, name, keys, args, self.direct if direct else None)
 
     def run_many(
         self, name: str, calls: Iterable[tuple[Sequence[str], Sequence[Any]]], raise_on_error: bool = True
@@ -286,12 +271,6 @@ class ScriptClient:
             return [int(reply) for reply in self.run(name, keys, [*shared, *each])]
         replies = self.run_many(name, [([key], [*shared, *each[at : at + 1]]) for at, key in enumerate(keys)])
         return [int(reply[0]) for reply in replies]
-
-    def run_direct(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """`run` past redis-py's pool and retry layers (see `DirectCalls`), for the hottest calls of a producer."""
-        if self.direct is None:
-            return self.run(name, keys, args)
-        return self.scripts.run_direct(self.direct, name, keys, args)
 
     def announce(self, pipe: Any, queues: Iterable[str], *, by_source: bool = False) -> None:
         """Add `queues` to the queue set on `pipe` (`announce_queues`)."""
