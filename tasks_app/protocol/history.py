@@ -76,18 +76,6 @@ class Entry(NamedTuple):
     score_ms: float
 
 
-class Held(NamedTuple):
-    """The condition of a run's record write (one server only): the settling consumer still holds its task."""
-
-    processing: str  # its processing list
-    consumer_info: str  # its queue's consumer info hash, where no other instance may have registered it
-    consumers: str  # its queue's consumers zset: while the id is there, it was not reaped
-    consumer_id: str
-    instance: str
-    raw: bytes
-    queue: str
-
-
 @functools.lru_cache(maxsize=4096)  # built for every result write: once per queue instead
 def index_keys(keys: Keys, queue: str) -> tuple[str, ...]:
     """The keys of `queue`'s history, as the scripts take them: all, ids, then one per status."""
@@ -251,17 +239,18 @@ class Records(Role):
         self.redis.each(index_keys(self.keys, queue), lambda pipe, key: pipe.pexpire(key, ttl_s * 1000))
 
     def queue_writes(
-        self, pipe: Any, updates: Sequence[ResultUpdate], *, by_source: bool = False, holds: Sequence[Held | None] = ()
+        self, pipe: Any, updates: Sequence[ResultUpdate], *, by_source: bool = False, instance: str | None = None
     ) -> list[Place]:
-        """Queue the record_result calls of `updates` (each only while its hold holds); return their replies' places."""
+        """Queue the record_result calls of `updates`; return their replies' places."""
+        # Given the settling consumer's `instance` (one server only), a write with `held_by` is made only
+        # while that consumer still holds its task: registered by that instance, not reaped.
         places: list[Place] = [(0, 0)] * len(updates)
         for queue, indexes in self._result_groups(updates):
             for start in range(0, len(indexes), RECORDS_PER_CALL):
                 chunk = indexes[start : start + RECORDS_PER_CALL]
                 for offset, index in enumerate(chunk):
                     places[index] = (len(pipe), offset)
-                chunk_holds = [holds[index] for index in chunk] if holds else []
-                self._queue_record_call(pipe, queue, [updates[index] for index in chunk], by_source, chunk_holds)
+                self._queue_record_call(pipe, queue, [updates[index] for index in chunk], by_source, instance)
         return places
 
     def execute_with_writes(
@@ -359,7 +348,7 @@ class Records(Role):
         return list(groups.items())
 
     def _queue_record_call(
-        self, pipe: Any, queue: str, updates: Sequence[ResultUpdate], by_source: bool, holds: Sequence[Held | None]
+        self, pipe: Any, queue: str, updates: Sequence[ResultUpdate], by_source: bool, instance: str | None
     ) -> None:
         """Queue one record_result call; given a queue (one server), it files and counts the writes it takes."""
         keys: list[str] = []
@@ -367,15 +356,16 @@ class Records(Role):
         if queue:
             keys = [*index_keys(self.keys, queue), self.keys.minute(queue, int(time.time()) // 60)]
             args = [len(STATUSES), *STATUSES, KEEP_MINUTES * 60]
-        lists = {hold[:5]: 0 for hold in holds if hold is not None}  # the check's keys, consumer id and instance
+        # The (queue, consumer) lists the held writes check, numbered from 1.
+        lists = {} if instance is None else {u.held_by[0]: 0 for u in updates if u.held_by is not None}
         args.append(len(lists))
-        for number, settler in enumerate(lists, start=1):
-            lists[settler] = number
-            keys += settler[:3]
-            args += settler[3:]
-        for update, hold in zip(updates, holds or [None] * len(updates), strict=True):
+        for number, (held_queue, consumer_id) in enumerate(lists, start=1):
+            lists[held_queue, consumer_id] = number
+            keys += self.keys.queue_keys(held_queue, "processing consumer_info consumers", consumer_id)
+            args += (consumer_id, instance)
+        for update in updates:
             if lists:
-                args += (0, "") if hold is None else (lists[hold[:5]], hold.raw)
+                args += (0, "") if update.held_by is None else (lists[update.held_by[0]], update.held_by[1])
             keys.append(self.keys.result(update.task_id))
             args += (
                 update.ttl_s,

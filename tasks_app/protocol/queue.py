@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import redis
 
-from tasks_app.protocol.history import NOT_HELD, Held, Place, Records, replies_at
+from tasks_app.protocol.history import NOT_HELD, Place, Records, replies_at
 from tasks_app.protocol.keys import UNDECODABLE_TYPE, WAKE_TOKEN, delayed_member
 from tasks_app.protocol.records import ResultUpdate
 from tasks_app.protocol.scripts import Role, ScriptClient
@@ -173,11 +173,10 @@ class Queue(Role):
         written: list[Any] = []
         places: list[Place] = []
         unreplicated = 0
-        holds = [] if cluster else [None if r.held_by is None else self._held(*r.held_by) for r in results]
         if cluster and results and raws_by_owner:
             written, unreplicated = self.records.write_on_masters(results)
         else:
-            places = self.records.queue_writes(pipe, results, holds=holds)
+            places = self.records.queue_writes(pipe, results, instance=None if cluster else self.instance)
         calls = len(pipe)
         for name, keys, args in settles:
             self.scripts.queue(pipe, name, keys, args)
@@ -190,8 +189,8 @@ class Queue(Role):
             owner: [bool(flag) for flag in (outcome if isinstance(outcome, list) else [outcome])]
             for owner, outcome in zip(raws_by_owner, outcomes, strict=True)
         }
-        if any(holds) and NOT_HELD in written:
-            self._write_again_settled(results, holds, written, self._acked(raws_by_owner, flags))
+        if not cluster and NOT_HELD in written:
+            self._write_again_settled(results, written, raws_by_owner, flags)
         return flags, written, unreplicated
 
     def _ack_call(
@@ -224,10 +223,9 @@ class Queue(Role):
         result: ResultUpdate | None = None,
     ) -> bool:
         """Move a claimed task to the delayed set, due `delay_ms` from now; False if it was lost."""
-        held = self._held((queue, consumer_id), raw)
-        keys = [held.processing, self.keys.delayed(queue), self.keys.recoveries(queue), held.consumer_info]
-        args = [raw, delayed_member(priority, new_raw), max(0, int(delay_ms)), consumer_id, held.instance]
-        return self._with_result("retry_later", held, keys, args, result)
+        keys = self.keys.queue_keys(queue, "processing delayed recoveries consumer_info", consumer_id)
+        args = [raw, delayed_member(priority, new_raw), max(0, int(delay_ms)), consumer_id, self.instance]
+        return self._with_result("retry_later", (queue, consumer_id), raw, keys, args, result)
 
     def dead_letter(
         self,
@@ -239,23 +237,27 @@ class Queue(Role):
         release: UniqueRelease | None = None,
     ) -> bool:
         """Move a claimed task to the dead-letter set (freeing `release` with it); False if it was lost."""
-        held = self._held((queue, consumer_id), raw)
-        keys = [held.processing, self.keys.dead(queue), self.keys.recoveries(queue), held.consumer_info]
-        args: list[Any] = [raw, new_raw, consumer_id, held.instance]
+        keys = self.keys.queue_keys(queue, "processing dead recoveries consumer_info", consumer_id)
+        args: list[Any] = [raw, new_raw, consumer_id, self.instance]
         if release is not None:
             keys.append(self.keys.unique(queue, release.digest))
             args += (release.task_id, release.after_ms)
-        return self._with_result("dead_letter", held, keys, args, result)
+        return self._with_result("dead_letter", (queue, consumer_id), raw, keys, args, result)
 
     def _with_result(
-        self, script: str, held: Held, keys: list[str], args: list[Any], result: ResultUpdate | None
+        self,
+        script: str,
+        owner: tuple[str, str],
+        raw: bytes,
+        keys: list[str],
+        args: list[Any],
+        result: ResultUpdate | None,
     ) -> bool:
-        """Run settle script `script` on the task `held` names, writing its run's record as an ack does."""
+        """Run settle script `script` on task `raw` of `owner`'s list, writing its run's record as an ack does."""
         if result is None:
             return bool(self.redis.run(script, keys, args))
-        owner = (held.queue, held.consumer_id)
-        update = replace(result, held_by=(owner, held.raw))
-        flags, written, _ = self._settle([update], {owner: [held.raw]}, [(script, keys, args)])
+        update = replace(result, held_by=(owner, raw))
+        flags, written, _ = self._settle([update], {owner: [raw]}, [(script, keys, args)])
         for reply in written:
             if isinstance(reply, Exception):
                 raise reply
@@ -294,30 +296,23 @@ class Queue(Role):
         )
         return Promotion(int(moved), int(next_due_ms), int(now_ms), int(malformed))
 
-    def _held(self, owner: tuple[str, str], raw: bytes) -> Held:
-        """The hold of a write of the run that settles `raw` from the processing list of `owner`."""
-        queue, consumer_id = owner
-        processing, info, consumers = self.keys.queue_keys(queue, "processing consumer_info consumers", consumer_id)
-        return Held(processing, info, consumers, consumer_id, self.instance, raw, queue)
-
-    def _acked(
-        self, raws_by_owner: Mapping[tuple[str, str], Sequence[bytes]], flags: dict[Any, list[bool]]
-    ) -> set[Held]:
-        """The tasks an ack found, as the holds of their runs' writes."""
-        return {
-            self._held(owner, raw)
-            for owner, raws in raws_by_owner.items()
-            for raw, flag in zip(raws, flags[owner], strict=True)
-            if flag
-        }
-
     def _write_again_settled(
-        self, updates: Sequence[ResultUpdate], holds: Sequence[Held | None], written: list[Any], settled: set[Held]
+        self,
+        updates: Sequence[ResultUpdate],
+        written: list[Any],
+        raws_by_owner: Mapping[tuple[str, str], Sequence[bytes]],
+        flags: Mapping[tuple[str, str], list[bool]],
     ) -> None:
         """Write again, unheld, each held write answered NOT_HELD whose task the script after it settled."""
         # A held write re-run by source after a NOSCRIPT runs after its settle script, which took the task:
         # the script found the task, so the run held it. Fills in the new replies in `written`.
-        again = [i for i, hold in enumerate(holds) if hold in settled and written[i] == NOT_HELD]
+        settled = {
+            (owner, raw)
+            for owner, raws in raws_by_owner.items()
+            for raw, took in zip(raws, flags[owner], strict=True)
+            if took
+        }
+        again = [i for i, update in enumerate(updates) if update.held_by in settled and written[i] == NOT_HELD]
         if not again:
             return
         pipe = self.client.pipeline(transaction=False)
