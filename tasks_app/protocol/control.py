@@ -1,8 +1,7 @@
 """Task control in Redis: cancelling through result records, cancel requests of running tasks, pausing queues.
 
-A cancel and a run's start are both decided on the task's result record (`record_result.lua`), so
-Redis orders them: either the task never runs, or the cancel becomes a request its consumer reads
-from the queue's `cancel_requests` (and `cancel_forced`).
+A cancel and a run's start are both decided on the task's result record, so either the task never
+runs, or the cancel becomes a request its consumer reads from `cancel_requests` (and `cancel_forced`).
 """
 
 from __future__ import annotations
@@ -99,8 +98,7 @@ class Control(Role):
 
     def pause(self, queue: str, by: str = "") -> bool:
         """Pause `queue` (kept in Redis, so it survives consumer restarts); False if it already was."""
-        seconds, micros = self.client.time()
-        state = json.dumps({"since_ms": int(seconds) * 1000 + int(micros) // 1000, "by": by})
+        state = json.dumps({"since_ms": self.redis.server_time_us() // 1000, "by": by})
         pipe = self.client.pipeline(transaction=False)
         pipe.set(self.keys.paused(queue), state, nx=True)
         self.redis.announce(pipe, [queue])

@@ -17,7 +17,7 @@ import redis
 from django.conf import settings
 
 from tasks_app.protocol import history, records
-from tasks_app.protocol.codec import Task, UndecodableTask, decode_payload, decode_task, encode_task
+from tasks_app.protocol.codec import Arguments, Task, UndecodableTask, decode_payload, decode_task, encode_task
 from tasks_app.protocol.history import KEEP_MINUTES, Records
 from tasks_app.protocol.keys import NAME_PATTERN, UNDECODABLE_TYPE, WAKE_TOKEN, delayed_member
 from tasks_app.protocol.queue import THROUGHPUT_BUCKET_S, Queue
@@ -126,10 +126,8 @@ class Inspection(Role):
         """Count the tasks of `queue` acknowledged in the last minute (whole buckets: 50-60 s)."""
         current = int(time.time()) // THROUGHPUT_BUCKET_S
         buckets = range(current - 60 // THROUGHPUT_BUCKET_S + 1, current + 1)
-        keys = [self.keys.completed(queue, bucket) for bucket in buckets]
-        # A foreign name in the queue set ("", "}x") spreads its keys over a cluster's slots.
-        cluster = isinstance(self.client, redis.RedisCluster)
-        counts = self.client.mget_nonatomic(keys) if cluster else self.client.mget(keys)
+        # One GET each: a foreign name in the queue set ("", "}x") spreads its keys over a cluster's slots.
+        counts = self.redis.each(buckets, lambda pipe, bucket: pipe.get(self.keys.completed(queue, bucket)))
         return sum(int(count or 0) for count in counts)
 
     def known_queues(self) -> list[str]:
@@ -242,13 +240,13 @@ class Inspection(Role):
         self, queue: str, dead: Sequence[DeadTask], unique_windows: Mapping[str, UniqueWindow] | None = None
     ) -> Requeued:
         """Move requeueable dead tasks back, with a READY record and their uniqueness key; say which moved."""
-        movable = [(item, fresh_copy(item.task, queue)) for item in dead if item.requeueable and item.task is not None]
+        movable = [(item, item.task) for item in dead if item.requeueable and item.task is not None]
         if not movable:
             return Requeued([], [])
         # Taken before the moves, so above every earlier run's token (their late writes are ignored)
         # and below the token of any claim of a task they push.
         fence = self.queue.issue_fence(queue)
-        entries = [_entry(item, task, fence, unique_windows or {}) for item, task in movable]
+        entries = [_requeue(item.member, task, queue, fence, unique_windows or {}) for item, task in movable]
         # The READY record is written with the move, never for a task the move did not take. It must
         # be there before the push: a consumer may claim the task the moment it is pushed, and its
         # receipt must not meet the record of the dead run (a cancel asked of it, say).
@@ -326,37 +324,26 @@ def _decode(member: bytes, died_at_ms: int) -> DeadTask:
     return DeadTask(member, died_at, task, died_at_ms, *shown)
 
 
-def fresh_copy(task: Task, queue: str) -> Task:
-    """Return the task as it should start again on `queue`: no attempts used, no error, due at once."""
+def _requeue(member: bytes, task: Task, queue: str, fence: int, windows: Mapping[str, UniqueWindow]) -> DeadRequeue:
+    """Dead `task` to move back to `queue` afresh (no attempt used, no error, due now) with its READY record."""
     fresh = Task()
     fresh.CopyFrom(task)
-    fresh.attempt = 0
     # A foreign envelope a reaper dead-lettered as pushed may name no queue, or another: its READY
     # record and history belong to the queue it goes back to, as a consumer would file it.
-    fresh.queue = queue
-    fresh.run_after_ms = 0
+    fresh.queue, fresh.attempt, fresh.run_after_ms = queue, 0, 0
     for name in ("last_error", "last_traceback", "dead_reason"):
         fresh.ClearField(name)
-    return fresh
-
-
-def _entry(item: DeadTask, task: Task, fence: int, unique_windows: Mapping[str, UniqueWindow]) -> DeadRequeue:
-    """The requeue of `item` as `task`, taking its uniqueness key if its type is unique and its envelope names one."""
-    unique = unique_windows.get(task.type) if task.unique_digest else None
-    record = _ready_again(task, fence, unique)
-    window_ms = unique.window_ms if unique is not None else 0
-    return DeadRequeue(item.member, task.priority, encode_task(task), task.id, record, task.unique_digest, window_ms)
-
-
-def _ready_again(task: Task, fence: int, unique: UniqueWindow | None) -> ResultUpdate:
     try:
-        arguments = decode_payload(task.payload)
+        arguments: Arguments | None = decode_payload(fresh.payload)
     except UndecodableTask:
         arguments = None
-    fields = records.enqueued_fields(task, arguments) if arguments else {"status": records.READY, "attempts": "0"}
-    # record_result cannot delete fields; empty ones read back as "not set".
-    # A requeue starts afresh: a cancel requested of an earlier run no longer applies.
+    fields = records.enqueued_fields(fresh, arguments) if arguments else {"status": records.READY, "attempts": "0"}
+    # record_result cannot delete fields: empty ones read back as "not set". A cancel asked of the dead run is void.
     fields.update({"finished_at_ms": "", "run_after_ms": "", "dead_reason": "", "cancel_requested_at_ms": ""})
+    # Its uniqueness key is taken if its type is unique and its envelope names one.
+    unique = windows.get(fresh.type) if fresh.unique_digest else None
     if unique is not None:  # a cancel before it starts frees the key it takes if its end does (see cancel.lua)
-        fields["unique_digest"] = task.unique_digest if unique.until_finished else ""
-    return ResultUpdate(task.id, fields, settings.TASKS_RESULT_TTL, fence=fence, queue=task.queue, task_type=task.type)
+        fields["unique_digest"] = fresh.unique_digest if unique.until_finished else ""
+    record = ResultUpdate(fresh.id, fields, settings.TASKS_RESULT_TTL, fence=fence, queue=queue, task_type=fresh.type)
+    window_ms = unique.window_ms if unique is not None else 0
+    return DeadRequeue(member, fresh.priority, encode_task(fresh), fresh.id, record, fresh.unique_digest, window_ms)

@@ -316,10 +316,6 @@ def _ms_to_datetime(value: str | None) -> datetime | None:
     return moment
 
 
-def _text(value: Any) -> str:
-    return str(scrub_text(str(value)))
-
-
 def _int(value: str | None, default: int | None = 0) -> int | None:
     try:
         return int(value) if value else default
@@ -375,14 +371,14 @@ class ResultRecord:
 
     @classmethod
     def from_fields(cls, raw: dict[str, str]) -> ResultRecord:
-        """Parse the text fields of a result hash; a field that does not parse reads as not set."""
+        """Parse a result hash as `get_result` reads it (escaped text); a field that does not parse reads as not set."""
         errors = _parsed(raw.get("errors"), list, [])
         return_text = raw.get("return_value")
         return cls(
-            id=_text(raw.get("id", "")),
-            type=_text(raw.get("type", "")),
-            queue=_text(raw.get("queue", "")),
-            status=_text(raw.get("status") or READY),
+            id=raw.get("id", ""),
+            type=raw.get("type", ""),
+            queue=raw.get("queue", ""),
+            status=raw.get("status") or READY,
             priority=_int(raw.get("priority")) or 0,
             args=_parsed(raw.get("args"), list, []),
             kwargs=_parsed(raw.get("kwargs"), dict, {}),
@@ -393,18 +389,18 @@ class ResultRecord:
             started_at=_ms_to_datetime(raw.get("started_at_ms")),
             last_attempted_at=_ms_to_datetime(raw.get("last_attempted_at_ms")),
             finished_at=_ms_to_datetime(raw.get("finished_at_ms")),
-            return_value=_parsed(return_text, object, _text(return_text)) if return_text is not None else None,
+            return_value=_parsed(return_text, object, return_text) if return_text is not None else None,
             has_return_value=return_text is not None,
-            worker_ids=[_text(item) for item in _parsed(raw.get("worker_ids"), list, [])],
-            errors=[{_text(k): _text(v) for k, v in item.items()} for item in errors if isinstance(item, dict)],
-            dead_reason=_text(raw.get("dead_reason", "")),
-            cancelled_by=_text(raw.get("cancelled_by", "")),
+            worker_ids=[str(item) for item in _parsed(raw.get("worker_ids"), list, [])],
+            errors=[{str(k): str(v) for k, v in item.items()} for item in errors if isinstance(item, dict)],
+            dead_reason=raw.get("dead_reason", ""),
+            cancelled_by=raw.get("cancelled_by", ""),
             cancelled_at=_ms_to_datetime(raw.get("cancelled_at_ms")),
             cancel_requested_at=_ms_to_datetime(raw.get("cancel_requested_at_ms")),
             progress=_parsed(raw.get("progress"), dict, None),
-            retry_of=_text(raw.get("retry_of", "")),
-            periodic=_text(raw.get("periodic", "")),
-            retried_as=_text(raw.get("retried_as", "")),
+            retry_of=raw.get("retry_of", ""),
+            periodic=raw.get("periodic", ""),
+            retried_as=raw.get("retried_as", ""),
         )
 
     def as_json(self) -> dict[str, Any]:
