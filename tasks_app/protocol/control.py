@@ -55,29 +55,24 @@ class Control(Role):
             CancelReply(task_id, reply_text(outcome), reply_text(queue), reply_text(status), int(at_ms))
             for task_id, (outcome, queue, status, at_ms, *_) in zip(task_ids, answers, strict=True)
         ]
-        # Only a record naming a queue ours could serve has its queue told: a foreign writer's name
-        # ("", "}x") may spread that queue's keys over a cluster's slots, failing every cancel's writes.
-        ours = [NAME_PATTERN.fullmatch(reply.queue) is not None for reply in replies]
-        running = [reply for reply, known in zip(replies, ours, strict=True) if known and reply.outcome == REQUESTED]
-        filed = [
-            (reply, reply_text(answer[4]) if len(answer) > 4 else "")
-            for reply, answer, known in zip(replies, answers, ours, strict=True)
-            if known and reply.outcome == CANCELLED
-        ]
-        if running or filed:
-            pipe = self.client.pipeline(transaction=False)
-            for reply, unique_digest in filed:
-                # The task browser's history: READY to CANCELLED (another slot than the record).
+        pipe = self.client.pipeline(transaction=False)
+        for reply, answer in zip(replies, answers, strict=True):
+            # Only a record naming a queue ours could serve has its queue told: a foreign writer's name
+            # ("", "}x") may spread that queue's keys over a cluster's slots, failing every cancel's writes.
+            if NAME_PATTERN.fullmatch(reply.queue) is None:
+                continue
+            if reply.outcome == CANCELLED:  # the task browser's history: READY to CANCELLED (another slot)
                 args = history.status_move_args(reply.task_id, records.CANCELLED, "", history.INDEX_TTL_S)
                 self.scripts.queue(pipe, "history_move", history.index_keys(self.keys, reply.queue), args)
-                if unique_digest:  # a key its end frees (unique_until = finished): it ended, it will never run
-                    keys = [self.keys.unique(reply.queue, unique_digest)]
+                if len(answer) > 4 and answer[4]:  # a key its end frees (unique_until = finished): it never runs
+                    keys = [self.keys.unique(reply.queue, reply_text(answer[4]))]
                     self.scripts.queue(pipe, "release_unique", keys, [reply.task_id])
-            for reply in running:  # tell its consumer (and trim old requests)
+            elif reply.outcome == REQUESTED:  # tell its consumer (and trim old requests)
                 forced = [self.keys.cancel_forced(reply.queue)] if force else []
                 for key in [self.keys.cancel_requests(reply.queue), *forced]:
                     pipe.zadd(key, {reply.task_id: reply.at_ms})
                     pipe.zremrangebyscore(key, "-inf", f"({reply.at_ms - CANCEL_REQUESTS_KEEP_MS}")
+        if len(pipe):
             self.scripts.execute(pipe, self.client)
         return replies
 

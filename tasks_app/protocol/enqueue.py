@@ -101,9 +101,7 @@ def split_by_queue(items: Sequence[Enqueueable]) -> dict[str, Section]:
     """Split tasks into one section per queue, keeping their order."""
     by_queue: dict[str, Section] = {}
     for position, item in enumerate(items):
-        section = by_queue.get(item.queue)
-        if section is None:
-            section = by_queue[item.queue] = Section()
+        section = by_queue.setdefault(item.queue, Section())
         if item.priority or item.delay_ms > 0 or item.idempotent:  # else plain: priority 0, due now, no id to check
             section.others += (item.task_id if item.idempotent else "", item.priority, item.delay_ms, item.raw)
             section.others_at.append(position)
@@ -112,11 +110,6 @@ def split_by_queue(items: Sequence[Enqueueable]) -> dict[str, Section]:
         if item.result_key_fields:
             section.recorded.append(item)
     return by_queue
-
-
-def not_pushed(reply: Sequence[Any], others_at: Sequence[int]) -> list[int]:
-    """The positions in the batch of the tasks an enqueue_batch call did not push, from its reply and `others_at`."""
-    return [others_at[int(number) - 1] for number in reply[2:]]
 
 
 def id_claims(items: Sequence[Enqueueable], uniques: Sequence[Enqueueable]) -> tuple[list[Enqueueable], set[str]]:
@@ -282,9 +275,9 @@ class Enqueuer(Role):
             self.redis.announce(pipe, new_queues, by_source=multi)
         replies = self.scripts.execute(pipe, self.client)
         self.announced.add(new_queues)
-        for at, others_at in batches:
-            for position in not_pushed(replies[at], others_at):
-                outcomes[free[position]] = items[free[position]].task_id
+        for at, others_at in batches:  # the reply numbers (from 1) the tasks of `others_at` it did not push
+            for position in (free[others_at[int(number) - 1]] for number in replies[at][2:]):
+                outcomes[position] = items[position].task_id
         recorded = [claimed.written.get(unique.item.task_id, False) for unique in uniques]
         for at, (script_at, record_at) in zip(free_uniques, calls, strict=True):
             holders[at] = None if int(replies[script_at][0]) else reply_text(replies[script_at][1])

@@ -278,8 +278,6 @@ class Queue(Role):
         names = "processing pending recoveries suspects consumer_info prioritized"
         keys = self.keys.queue_keys(queue, names, consumer_id)
         args = [consumer_id, self.instance, WAKE_TOKEN, *raws]
-        if not withdrawn:
-            return int(self.redis.run("return_unstarted", keys, args))
         pipe = self.client.pipeline(transaction=False)
         self.scripts.queue(pipe, "return_unstarted", keys, args)
         # A withdrawal Redis refuses (a producer's record of another type) only leaves that receipt standing.

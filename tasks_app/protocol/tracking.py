@@ -20,8 +20,17 @@ INVALIDATE_CHANNEL = "__redis__:invalidate"
 # How long a wait for changes lasts at most, so that its thread looks whether it is told to stop.
 CHANGE_WAIT_S = 0.5
 # What a connection to the same server as another client's takes from it.
-SERVER_OPTIONS = {"host", "port", "path", "db", "username", "password"}  # its address and credentials
-SERVER_OPTIONS |= {"socket_timeout", "socket_connect_timeout", "health_check_interval"}
+SERVER_OPTIONS = {
+    "host",
+    "port",
+    "path",
+    "db",
+    "username",
+    "password",
+    "socket_timeout",
+    "socket_connect_timeout",
+    "health_check_interval",
+}
 
 
 class KeyChanges:
