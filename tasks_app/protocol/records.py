@@ -308,12 +308,9 @@ def _ms_to_datetime(value: str | None) -> datetime | None:
         ms = float(value or "")
     except ValueError:
         return None
-    if ms != ms:  # NaN
+    if math.isnan(ms):
         return None
-    moment = datetime_of_ms(ms)
-    if moment is None:
-        return _LATEST if ms > 0 else _EARLIEST
-    return moment
+    return datetime_of_ms(ms) or (_LATEST if ms > 0 else _EARLIEST)
 
 
 def _int(value: str | None, default: int | None = 0) -> int | None:
