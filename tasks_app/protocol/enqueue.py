@@ -231,11 +231,11 @@ class Enqueuer(Role):
         claimed: IdClaims,
     ) -> list[bool]:
         """Push the tasks whose `outcomes` and `holders` are None, filling them in; per unique task: record written?"""
-        # One server: every queue's section and the records in one enqueue_batch call, atomic on its
-        # own. Plain tasks are cheaper as native LPUSHes (no copy into Lua); with them, unique tasks'
-        # scripts or queues to announce, the calls run in MULTI/EXEC (which Redis refuses whole when it
-        # is out of memory), the first of each script by source so NOSCRIPT cannot split them.
-        # Redis Cluster: one call per queue, and one per record (its own slot) beside or before it.
+        # One enqueue_batch call per queue, atomic on its own. One server: with the records of its tasks, its
+        # plain tasks as native LPUSHes (cheaper: no copy into Lua), and with them, a second queue, unique tasks'
+        # scripts or queues to announce, all in MULTI/EXEC (which Redis refuses whole when it is out of memory),
+        # the first of each script by source so NOSCRIPT cannot split them. Redis Cluster: each record in a
+        # call of its own (its own slot), beside or before its push.
         cluster = isinstance(self.client, redis.RedisCluster)
         free = [at for at, outcome in enumerate(outcomes) if outcome is None]
         free_uniques = [at for at, holder in enumerate(holders) if holder is None]
@@ -243,32 +243,23 @@ class Enqueuer(Role):
         new_queues = {
             q for q in [*sections, *(uniques[at].item.queue for at in free_uniques)] if q not in self.announced
         }
-        multi = not cluster and bool(free_uniques or new_queues or any(s.plain for s in sections.values()))
+        several = len(sections) > 1 or free_uniques or new_queues or any(s.plain for s in sections.values())
+        multi = not cluster and bool(several)
         pipe = self.client.pipeline(transaction=multi)
-        head = [WAKE_TOKEN, ENQUEUED_IDS_KEEP_MS, ENQUEUED_IDS_MAX, "0"]
+        head = [WAKE_TOKEN, ENQUEUED_IDS_KEEP_MS, ENQUEUED_IDS_MAX, "0", 1]
         shape = history.header_args(self.history_max, result_ttl_s * 1000)
         batches: list[tuple[int, list[int]]] = []  # per enqueue_batch call: its place, its tasks' positions
-        if cluster:
-            for item in items:
-                if item.result_key_fields and not item.idempotent:  # a generated id: its record beside its push
-                    self._queue_record(pipe, item, result_ttl_s)
-            for queue, section in sections.items():
-                batches.append((len(pipe), section.others_at))
-                args = [*head, 1, *shape, *section.args(queue)]
-                self.scripts.queue(pipe, "enqueue_batch", self._section_keys(queue), args)
-        elif sections:
-            for queue, section in sections.items():
-                if section.plain:
-                    pipe.lpush(self.keys.pending(queue), *section.plain)
-            records = [item for section in sections.values() for item in section.recorded]  # as the history ids
-            keys = [key for queue in sections for key in self._section_keys(queue)]
-            keys += [self.keys.result(item.task_id) for item in records]
-            args = [*head, len(sections), *shape]
-            for queue, section in sections.items():
-                args += section.args(queue, with_plain=False)
-            args += record_groups(records, result_ttl_s)
-            batches.append((len(pipe), [at for section in sections.values() for at in section.others_at]))
-            self.scripts.queue(pipe, "enqueue_batch", keys, args, by_source=multi)
+        for item in items if cluster else ():
+            if item.result_key_fields and not item.idempotent:  # a generated id: its record beside its push
+                self._queue_record(pipe, item, result_ttl_s)
+        for queue, section in sections.items():
+            records = [] if cluster else section.recorded
+            if section.plain and not cluster:
+                pipe.lpush(self.keys.pending(queue), *section.plain)
+            keys = [*self._section_keys(queue), *(self.keys.result(item.task_id) for item in records)]
+            args = [*head, *shape, *section.args(queue, with_plain=cluster), *record_groups(records, result_ttl_s)]
+            self.scripts.queue(pipe, "enqueue_batch", keys, args, by_source=multi and not batches)
+            batches.append((len(pipe) - 1, section.others_at))
         recorded_ids = claimed.written.keys() | claimed.taken
         calls = self._queue_uniques(pipe, [uniques[at] for at in free_uniques], result_ttl_s, multi, recorded_ids)
         if new_queues:
