@@ -4,7 +4,8 @@
 -- KEYS[1] history zset   KEYS[2] history ids zset   KEYS[3...] the status indexes, one per
 -- status named in ARGV[5...]
 -- ARGV[1] task id   ARGV[2] its new status   ARGV[3] enqueue time (ms), the score if the index
--- lacks the task   ARGV[4] time to live of the index keys (ms)   ARGV[5...] the status names.
+-- lacks the task   ARGV[4] time to live of the index keys (ms; 0: the record was deleted, the
+-- task leaves the index)   ARGV[5...] the status names.
 -- Not fenced like the record's write: sent where the record's reply is not known yet (a RUNNING
 -- write alone), a late write of a run that lost its claim can file the task under a stale status
 -- until the next change; the browser shows the record's own status. Where the reply is known (an
@@ -15,5 +16,9 @@
 -- include: history
 local h = history_keys(KEYS[1], KEYS[2], {unpack(ARGV, 5, #ARGV)}, 3)
 local function enqueued_ms() return int_arg(ARGV[3], 0, 0, 2 ^ 53) end
+if ARGV[4] == '0' then  -- the record's write deleted it (its type keeps none): so goes its entry
+  history_drop(h, {ARGV[1]})
+  return 1
+end
 history_move(h, ARGV[1], nil, ARGV[2], enqueued_ms, int_arg(ARGV[4], 604800000, 1, 2 ^ 53))
 return 1

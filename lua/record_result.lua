@@ -35,6 +35,8 @@
 -- record without one is READY) to that of the new one, keeping its enqueue-time score; one that
 -- sets the status the record has files it there and out of every other status's index (a
 -- refused receipt's CANCELLED, filed by the consumer's next write).
+-- A write with a time to live of 0 ends a task whose type keeps no record of that outcome: once
+-- it passes the checks above, it deletes the record and takes the task out of the history index.
 -- A write of a run that the record already holds (the same token, the status the record has,
 -- and the same time it was attempted, finished or is due again) was sent again after its reply
 -- was lost: its fields are set again, but it appends nothing, and it answers 4, so it is not
@@ -133,6 +135,11 @@ local function write_record(key, u)
       return 2
     end
     again = u.token == fence and new == old and written_before(key, u.pairs)
+  end
+  if u.ttl_s == 0 then  -- its type keeps no record of how it ended: the record and its entries go
+    redis.call('DEL', key)
+    if h then history_drop(h, {u.id}) end
+    return 1
   end
   -- The fields and the fence in one HSET.
   local pairs_to_set = u.pairs

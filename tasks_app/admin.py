@@ -50,6 +50,7 @@ FIELDSETS: Any = (
     ),
     ("Retries and timeout", {"fields": ("max_attempts", "retry_backoff", "timeout")}),
     ("Unique tasks", {"fields": ("unique_for_s", "unique_until")}),
+    ("Results", {"fields": ("keep_results", "result_ttl")}),
 )
 
 

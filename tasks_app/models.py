@@ -36,6 +36,7 @@ RATE_PERIOD_MAX_S = 86400 * 365
 # The longest unique window (s): the admin refuses more, and a row written past it (1e300, infinite) is read as it.
 TIMEOUT_MIN_S = 0.001  # the least timeout the admin takes
 UNIQUE_FOR_MAX_S = 86400 * 365
+RESULT_TTL_MAX_S = 86400 * 3650  # ten years: a PositiveIntegerField holds it everywhere
 
 # A limit key names a keyword argument of the handler.
 kwarg_validator = RegexValidator(r"^[A-Za-z_][A-Za-z0-9_]*\Z", "Use the name of a keyword argument, e.g. tenant_id.")
@@ -66,6 +67,11 @@ class TaskType(models.Model):
     class UniqueUntil(models.TextChoices):
         WINDOW = "window", "The end of the window"
         FINISHED = "finished", "The task finishes (or the window ends)"
+
+    class KeepResults(models.TextChoices):
+        ALWAYS = "always", "Always"
+        FAILURES = "failures", "Failures only"
+        NEVER = "never", "Never"
 
     name = name_field("The type name producers enqueue, e.g. billing.send_invoice.", unique=True)
     handler = name_field("The registered handler that runs tasks of this type.")
@@ -147,6 +153,20 @@ class TaskType(models.Model):
         "Key of the cap: the name of a keyword argument, e.g. tenant_id; the cap then applies "
         "to each value of it on its own (at most N at once per tenant). Needs a cap. Empty: one cap for "
         "the type."
+    )
+    keep_results = models.CharField(
+        max_length=10,
+        choices=KeepResults.choices,
+        default=KeepResults.ALWAYS,
+        help_text="Which result records are kept once a task ends: every one; only those of tasks that "
+        "failed (a success or a cancel leaves none); or none. A record lives while its task waits or "
+        "runs whatever this says.",
+    )
+    result_ttl = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(RESULT_TTL_MAX_S)],
+        help_text="Seconds a kept result record of this type lives. Empty: TASKS_RESULT_TTL.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

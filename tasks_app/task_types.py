@@ -45,6 +45,8 @@ class TaskTypeConfig:
     max_running: int | None = None
     rate_limit_key: str = ""
     max_running_key: str = ""
+    keep_results: str = TaskType.KeepResults.ALWAYS
+    result_ttl_s: int | None = None  # None: TASKS_RESULT_TTL
 
     @classmethod
     def from_model(cls, row: TaskType) -> TaskTypeConfig:
@@ -71,7 +73,16 @@ class TaskTypeConfig:
             max_running=_at_least_one(row.max_running),
             rate_limit_key=row.rate_limit_key,
             max_running_key=row.max_running_key,
+            keep_results=row.keep_results,
+            result_ttl_s=row.result_ttl,
         )
+
+    def kept_for_s(self, status: str, default_s: int) -> int:
+        """How long the record of a task of this type that ended with `status` is kept (s); 0: not kept."""
+        keep = self.keep_results
+        if keep == TaskType.KeepResults.NEVER or (keep == TaskType.KeepResults.FAILURES and status != "FAILED"):
+            return 0
+        return self.result_ttl_s or default_s
 
     @property
     def unique_window_ms(self) -> int:

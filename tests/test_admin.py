@@ -19,6 +19,7 @@ def form_data(**overrides):
         "rate_algorithm": "gcra",
         "max_attempts": "3",
         "retry_backoff": "2",
+        "keep_results": "always",
     }
     data.update(overrides)
     return data

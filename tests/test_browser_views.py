@@ -15,7 +15,7 @@ from tasks_app.models import TaskType
 from tasks_app.periodic.config import PeriodicConfig
 from tasks_app.periodic.firing import fire_slot, run_id
 from tasks_app.periodic.schedule import Schedule
-from tasks_app.protocol import records
+from tasks_app.protocol import history, records
 from tasks_app.protocol.codec import Arguments, Task
 from tasks_app.protocol.history import bucket_of
 from tasks_app.protocol.periodic import SlotFiring
@@ -340,3 +340,21 @@ def test_bulk_cancel_files_the_tasks_under_cancelled_and_logs_them(staff, broker
     assert _listed(staff.get("/tasks/?status=CANCELLED")) == [waiting]
     assert _listed(staff.get("/tasks/?status=READY")) == []
     assert list(LogEntry.objects.values_list("object_id", flat=True)) == [waiting]
+
+
+def test_the_browser_names_the_types_whose_ended_tasks_it_cannot_list(staff, broker):
+    TaskType.objects.create(name="kept.never", handler="demo.echo", keep_results="never")
+    TaskType.objects.create(name="kept.failures", handler="demo.echo", keep_results="failures")
+    TaskType.objects.create(name="kept.always", handler="demo.echo")
+    note = re.search(r'id="results-not-kept">(.*?)</p>', staff.get("/tasks/").content.decode(), re.S)
+    assert note is not None
+    assert "kept.failures (only failures kept), kept.never (no outcome kept)" in note.group(1)
+    assert "kept.always" not in note.group(1)
+
+
+def test_a_write_with_no_time_to_live_takes_its_task_out_of_the_history_on_a_cluster_too(staff, broker):
+    # On Redis Cluster the index is moved by history_move, apart from the record's write.
+    [task_id] = _enqueue()
+    keys = history.index_keys(broker.keys, "b")
+    broker.records.redis.run("history_move", list(keys), history.status_move_args(task_id, "SUCCESSFUL", "", 0))
+    assert all(broker.client.zscore(key, task_id) is None for key in keys)

@@ -86,8 +86,7 @@ local function history_move(h, id, old, new, fallback_score, ttl_ms)
     score = fallback_score()
     if not score or score <= 0 then score = server_now_ms() end
     history_add(h, id, score, new)
-    redis.pcall('PEXPIRE', h.all, ttl_ms)
-    redis.pcall('PEXPIRE', h.ids, ttl_ms)
+    history_expire(h, ttl_ms)  -- never shortened: a type with a short time to live keeps the others' entries
   elseif h.status[new] then
     redis.pcall('ZADD', h.status[new], score, id)
   end

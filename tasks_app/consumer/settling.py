@@ -217,7 +217,8 @@ class Settler:
         config: TaskTypeConfig,
     ) -> bool:
         """Record a success and ack the task; True if the ack batcher does it (and then calls `on_settled`)."""
-        update = records.succeeded(task, return_json, now_ms(), self.result_ttl_s, claimed.fence, run_s=duration_s)
+        kept_s = config.kept_for_s(records.SUCCESSFUL, self.result_ttl_s)
+        update = records.succeeded(task, return_json, now_ms(), kept_s, claimed.fence, run_s=duration_s)
         metrics.of_run(task.type, task.queue).succeeded.inc()
         release = self.release_of(task, config)
         return self.ack_settled(claimed, task, update, "succeeded", duration_s, on_settled, release)
@@ -260,7 +261,7 @@ class Settler:
             task,
             error_entry,
             now_ms(),
-            self.result_ttl_s,
+            self.kept_s(task, records.FAILED),
             final=True,
             dead_reason=task.dead_reason,
             fence=claimed.fence,
@@ -300,7 +301,7 @@ class Settler:
                 task,
                 records.error_record("SettleFailed", reason),
                 int(time.time() * 1000),
-                self.result_ttl_s,
+                self.kept_s(task, records.FAILED),
                 final=True,
                 dead_reason=reason,
                 fence=claimed.fence,
@@ -365,9 +366,10 @@ class Settler:
         """Ack a cancelled task, CANCELLED and not retried: one cancelled before it started if `duration_s` is None
         (`update`: its record's write, if it is not CANCELLED yet), else a run whose handler raised TaskCancelled."""
         metrics.TASKS_CANCELLED.labels(self.type_label(task.type), task.queue).inc()  # its type may be gone
+        kept_s = self.kept_s(task, records.CANCELLED)
         if duration_s is not None:
-            update = records.cancelled(task, int(time.time() * 1000), self.result_ttl_s, claimed.fence)
-        update = update or records.dropped_cancelled(task, self.result_ttl_s, claimed.fence)
+            update = records.cancelled(task, int(time.time() * 1000), kept_s, claimed.fence)
+        update = update or records.dropped_cancelled(task, kept_s, claimed.fence)
         outcome = "cancelled" if duration_s is not None else "cancelled_before_start"
         return self.ack_settled(claimed, task, update, outcome, duration_s, on_settled, self.release_of(task, config))
 
@@ -380,10 +382,17 @@ class Settler:
         [mark] = self.redis(lambda: self.broker.control.cancel_marks(task.queue, [task.id]), "cancel_marks")
         if mark == CancelMark.NONE:
             return None
-        cancelled = records.cancelled(task, int(time.time() * 1000), self.result_ttl_s, claimed.fence)
+        cancelled = records.cancelled(
+            task, int(time.time() * 1000), self.kept_s(task, records.CANCELLED), claimed.fence
+        )
         return self.cancelled(claimed, task, config, on_settled, update=cancelled)
 
     # --- writes ----------------------------------------------------------------------------
+    def kept_s(self, task: Task, status: str) -> int:
+        """How long the record of `task`, ended with `status`, is kept (s): its type's choice; 0 none."""
+        config = self.task_types.get(task.type)
+        return self.result_ttl_s if config is None else config.kept_for_s(status, self.result_ttl_s)
+
     def release_of(self, task: Task, config: TaskTypeConfig | None) -> UniqueRelease | None:
         """The uniqueness key that settling `task` for good frees, if its type holds keys until then."""
         if not holds_unique_until_finished(task, config):

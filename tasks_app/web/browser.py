@@ -81,6 +81,7 @@ def task_browser(request: HttpRequest) -> HttpResponse:
             statuses=history.STATUSES,
             queues=queues,
             types=TaskType.objects.values_list("name", flat=True),
+            not_kept=TaskType.objects.exclude(keep_results=TaskType.KeepResults.ALWAYS).order_by("name"),
             ranges=list(RANGES),
             page_sizes=PAGE_SIZES,
             base_query=base_query,
