@@ -26,10 +26,11 @@ end
 -- True while live consumers may not have renewed yet: Redis restarted, or this node took
 -- the slot over (its replication id is not the one heartbeats last marked), under a lease ago.
 local function holding(lease_ms)
-  if node_uptime_ms() < lease_ms then return true end
-  local replid = node_replid()
-  local since_ms = tonumber(redis.call('HGET', KEYS[9], 'since_ms'))
-  return redis.call('HGET', KEYS[9], 'replid') ~= replid or not since_ms or now_ms - since_ms < lease_ms
+  local uptime_ms, replid = node_state()
+  if uptime_ms < lease_ms then return true end
+  local marked = redis.call('HMGET', KEYS[9], 'replid', 'since_ms')
+  local since_ms = tonumber(marked[2])
+  return marked[1] ~= replid or not since_ms or now_ms - since_ms < lease_ms
 end
 
 redis.call('ZCARD', KEYS[3]); redis.call('LLEN', KEYS[4]); redis.call('LLEN', KEYS[5])

@@ -9,7 +9,7 @@
 -- include: node
 local lease_ms = int_arg(ARGV[1], 30000, 1, 86400000)
 local deadline = server_now_ms() + lease_ms
-local put_back = node_uptime_ms() < lease_ms
+local put_back = node_state() < lease_ms
 local renewed = 0
 for i = 3, #ARGV do
   if put_back then

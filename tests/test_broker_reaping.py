@@ -26,7 +26,7 @@ def test_reaping_returns_tasks_oldest_first_and_tombstones_the_consumer(broker):
     push(broker, *[make_task(n) for n in range(3)])
     broker.queue.claim("q", "c1", 3)
     expire(broker, "c1")
-    expired, _, _ = broker.leases.reap_candidate_page("q", 0)
+    [(expired, _, _)] = broker.leases.reap_candidate_pages(["q"], [0])
     assert expired == ["c1"]
     outcome = broker.leases.reap("q", "c1", LEASE_MS)
     assert (outcome.status, outcome.requeued, outcome.remaining) == (1, 3, 0)
@@ -58,7 +58,7 @@ def test_tasks_moved_into_a_tombstoned_list_are_swept_back(broker):
     # A blocking claim that was in flight when the consumer froze lands in its old list.
     push(broker, make_task(9))
     broker.queue.claim_blocking("q", "c1", 1)
-    _, tombstones, _ = broker.leases.reap_candidate_page("q", 0)
+    [(_, tombstones, _)] = broker.leases.reap_candidate_pages(["q"], [0])
     assert tombstones == ["c1"]
     assert broker.leases.reap("q", "c1", LEASE_MS).requeued == 1
     assert broker.client.llen(broker.keys.suspects("q")) == 1

@@ -1,8 +1,7 @@
--- This node's uptime and replication id, for the restart and failover guards (heartbeat, reap).
-local function node_uptime_ms()
-  local uptime_s = tonumber(string.match(redis.call('INFO', 'server'), 'uptime_in_seconds:(%d+)'))
-  return (uptime_s or 1e9) * 1000  -- unknown: long enough
-end
-local function node_replid()
-  return string.match(redis.call('INFO', 'replication'), 'master_replid:(%w+)') or ''
+-- This node's uptime (ms) and replication id, from one INFO call, for the restart and failover
+-- guards (heartbeat, reap, renew_slots).
+local function node_state()
+  local info = redis.call('INFO', 'server', 'replication')
+  local uptime_s = tonumber(string.match(info, 'uptime_in_seconds:(%d+)'))
+  return (uptime_s or 1e9) * 1000, string.match(info, 'master_replid:(%w+)') or ''  -- unknown uptime: long enough
 end

@@ -12,7 +12,7 @@ local SLOTS, WAITERS, WAITING = KEYS[1], KEYS[2], KEYS[3]
 -- their holders within a lease (renew_slots puts lost ones back then), as they renew their
 -- leases; until then nothing is evicted and no slot is given out. (Needs include node.)
 local function evict_expired(now_ms, lease_ms)
-  if node_uptime_ms() < lease_ms then return false end
+  if node_state() < lease_ms then return false end
   redis.call('ZREMRANGEBYSCORE', SLOTS, '-inf', now_ms)
   return true
 end

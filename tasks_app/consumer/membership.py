@@ -85,10 +85,10 @@ class ReaperLoop:
         self._tombstone_offsets = dict.fromkeys(self.queues, 0)
 
     def run_once(self) -> float:
-        for queue in self.queues:
-            expired, tombstones, self._tombstone_offsets[queue] = self.broker.leases.reap_candidate_page(
-                queue, self._tombstone_offsets[queue]
-            )
+        offsets = [self._tombstone_offsets[queue] for queue in self.queues]
+        pages = self.broker.leases.reap_candidate_pages(self.queues, offsets)
+        for queue, (expired, tombstones, next_offset) in zip(self.queues, pages, strict=True):
+            self._tombstone_offsets[queue] = next_offset
             for consumer_id in [*expired, *tombstones]:
                 self.reap(queue, consumer_id)
         return max(0.05, self.lease_s / 4)

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import redis
+
 from tasks_app.protocol.keys import WAKE_TOKEN
 from tasks_app.protocol.scripts import Role
 
@@ -61,13 +63,15 @@ class Leases(Role):
     ) -> list[str]:
         """Renew (or register, listing the queues in the queue set) the lease on every queue; return those lost."""
         info = json.dumps(register_info) if register_info is not None else ""
+        # One call for every queue on a single server; one a queue on Redis Cluster (its keys share a slot).
+        calls = [queues] if not isinstance(self.client, redis.RedisCluster) else [[queue] for queue in queues]
         pipe = self.client.pipeline(transaction=False)
-        for queue in queues:
-            keys = self.keys.queue_keys(queue, "consumers consumer_info primary")
+        for call in calls:
+            keys = [key for queue in call for key in self.keys.queue_keys(queue, "consumers consumer_info primary")]
             self.scripts.queue(pipe, "heartbeat", keys, [consumer_id, lease_ms, info, instance])
         if register_info is not None:
             self.redis.announce(pipe, queues)
-        flags = self.scripts.execute(pipe, self.client)[: len(queues)]
+        flags = [flag for reply in self.scripts.execute(pipe, self.client)[: len(calls)] for flag in reply]
         return [queue for queue, held in zip(queues, flags, strict=True) if not held]
 
     def register_leases(
@@ -102,13 +106,21 @@ class Leases(Role):
         keys = self.keys.queue_keys(queue, names, consumer_id)
         return int(self.redis.run("deregister", keys, [consumer_id, instance, WAKE_TOKEN]))
 
-    def reap_candidate_page(self, queue: str, tombstone_offset: int) -> tuple[list[str], list[str], int]:
-        """Return expired consumers, reaped ids with tasks left (a page of tombstones per call), and the next offset."""
-        out = self.redis.run(
-            "reap_candidates",
-            [self.keys.consumers(queue), self.keys.reaped(queue)],
-            [TOMBSTONE_PAGE, TOMBSTONE_KEEP_MS, tombstone_offset],
-        )
+    def reap_candidate_pages(
+        self, queues: Sequence[str], tombstone_offsets: Sequence[int]
+    ) -> list[tuple[list[str], list[str], int]]:
+        """Per queue: expired consumers, reaped ids with tasks left (a page of tombstones per call), the next offset."""
+        calls = [list(queues)] if not isinstance(self.client, redis.RedisCluster) else [[queue] for queue in queues]
+        offsets = dict(zip(queues, tombstone_offsets, strict=True))
+        pipe = self.client.pipeline(transaction=False)
+        for call in calls:
+            keys = [key for queue in call for key in (self.keys.consumers(queue), self.keys.reaped(queue))]
+            args = [TOMBSTONE_PAGE, TOMBSTONE_KEEP_MS, *(offsets[queue] for queue in call)]
+            self.scripts.queue(pipe, "reap_candidates", keys, args)
+        pages = [page for reply in self.scripts.execute(pipe, self.client) for page in reply]
+        return [self._candidates(queue, offsets[queue], out) for queue, out in zip(queues, pages, strict=True)]
+
+    def _candidates(self, queue: str, tombstone_offset: int, out: list[Any]) -> tuple[list[str], list[str], int]:
         ids, count = [item.decode() for item in out[:-2]], int(out[-1])
         split = ids.index("")
         expired = [cid for cid in ids[:split] if cid]
