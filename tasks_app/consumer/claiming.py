@@ -36,7 +36,7 @@ from tasks_app.protocol.codec import Task, UndecodableTask, decode_task
 from tasks_app.protocol.keys import WAKE_TOKEN
 from tasks_app.protocol.queue import Claim
 from tasks_app.protocol.records import ResultUpdate
-from tasks_app.protocol.tracking import CHANGE_WAIT_S, KeyChanges
+from tasks_app.protocol.tracking import CHANGE_WAIT_S, Changes
 
 logger = logging.getLogger(__name__)
 
@@ -453,7 +453,7 @@ class OneClaimer:
     def __init__(
         self,
         claimers: Sequence[ClaimerLoop],
-        changes: KeyChanges,
+        changes: Changes,
         room: Capacity,
         misconfigured: Misconfigured,
         weights: Mapping[str, int] | None = None,

@@ -10,7 +10,9 @@ import time
 import uuid
 from collections.abc import Sequence
 from functools import partial
+from typing import Any
 
+import redis
 from django.conf import settings
 from django.db import close_old_connections
 from redis.exceptions import RedisError
@@ -49,7 +51,7 @@ from tasks_app.consumer.periodic_loop import scheduler_loops
 from tasks_app.consumer.settling import record_reaped
 from tasks_app.consumer.supervisor import ProcessGuard, exit_within_s, install_stop_signals
 from tasks_app.protocol.broker import Broker
-from tasks_app.protocol.tracking import CHANGE_WAIT_S, KeyChanges
+from tasks_app.protocol.tracking import CHANGE_WAIT_S, Changes, ClusterKeyChanges, KeyChanges
 from tasks_app.registry import Registry, registry as default_registry
 from tasks_app.task_types import TaskTypeCache
 
@@ -95,7 +97,7 @@ class Consumer:
         self.stop_requested, self.claiming_stopped = threading.Event(), threading.Event()
         self.loops_stopped, self.workers_stop, self.give_up = threading.Event(), threading.Event(), threading.Event()
         self._claimers: list[threading.Thread] = []
-        self._changes: list[KeyChanges] = []  # the tracked connections of the claimer and the scheduler
+        self._changes: list[Changes] = []  # the tracked connections of the claimer and the scheduler
         self._loops: list[threading.Thread] = []
         self._busy, self._busy_lock = 0, threading.Lock()
         self.exit_code = 0  # what `leave` asks for (process mode)
@@ -156,21 +158,30 @@ class Consumer:
             claims=claims,
         )
 
-    def _key_changes(self) -> KeyChanges | None:
-        """A tracked connection of its own for a loop (see tracking.py); None where Redis cannot track for it."""
-        if not KeyChanges.trackable(self.broker.client):
+    def _key_changes(self, *names: str) -> Changes | None:
+        """What tells a loop of changes to the keys `names` of its queues (see tracking.py); None where Redis
+        cannot tell (an in-process fake)."""
+        client: Any = self.broker.client
+        changes: Changes
+        if isinstance(client, redis.RedisCluster):
+            keys = self.broker.keys
+            changes = ClusterKeyChanges(
+                client, [getattr(keys, name)(queue) for queue in self.options.queues for name in names]
+            )
+        elif KeyChanges.trackable(client):
+            changes = KeyChanges(client)
+        else:
             return None
-        changes = KeyChanges(self.broker.client)
         self._changes.append(changes)
         return changes
 
     def _start_claiming(self) -> None:
-        """One claimer thread on one tracked connection for every queue; on Redis Cluster, one blocking per queue."""
+        """One claimer thread for every queue, told of changes by Redis; blocking claimers, one a queue, on a fake."""
         queues = self.options.queues
-        changes = self._key_changes()
+        changes = self._key_changes("pending", "prioritized", "suspects", "paused")
         if changes is None:
             if self.options.weights:
-                logger.warning("--weight has no effect here: on Redis Cluster each queue has a claimer of its own")
+                logger.warning("--weight has no effect here: each queue has a claimer of its own")
             claimers = [self.claimer(queue) for queue in queues]
             self._claimers = [start_thread(loop, self.claiming_stopped, self.misconfigured) for loop in claimers]
             return
@@ -255,7 +266,7 @@ class Consumer:
         loops: list[Loop] = [
             self.membership,  # the heartbeat
             Ticker("registering", opts.lease_s / 3, self.membership.list_again),
-            SchedulerLoop(self.broker, opts.queues, types=self.task_types, changes=self._key_changes()),
+            SchedulerLoop(self.broker, opts.queues, types=self.task_types, changes=self._key_changes("delayed")),
             self.reaper,
             self.retiring,
             HousekeepingLoop(self.task_types.refresh, settings.TASKS_CONFIG_REFRESH_S, self.time_limits.tick),

@@ -37,7 +37,7 @@ from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import finite
 from tasks_app.protocol.keys import UNDECODABLE_TYPE
 from tasks_app.protocol.scripts import is_transient
-from tasks_app.protocol.tracking import CHANGE_WAIT_S, KeyChanges
+from tasks_app.protocol.tracking import CHANGE_WAIT_S, Changes
 from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
 
 logger = logging.getLogger(__name__)
@@ -146,7 +146,7 @@ class SchedulerLoop:
         queues: Sequence[str],
         *,
         types: TaskTypeCache | None = None,
-        changes: KeyChanges | None = None,
+        changes: Changes | None = None,
     ) -> None:
         self.broker = broker
         self.queues = list(queues)

@@ -4,12 +4,19 @@ A consumer claims on one connection with tracking on (`CLIENT TRACKING ON REDIRE
 key its claim scripts read is remembered by Redis, which tells a second connection, subscribed to
 `__redis__:invalidate`, when another client changes it (an enqueue, a promotion of due delayed tasks,
 a resume). A key is told once, then forgotten until read again, so the messages are bounded by the
-claims. Idle, neither sends more than a health check every 30 s. Single server only: Redis Cluster
-tracks per node.
+claims. Idle, neither sends more than a health check every 30 s.
+
+Redis Cluster tracks per node, so `ClusterKeyChanges` asks every primary to broadcast changes to the keys
+a loop waits on (`BCAST PREFIX`, no read needed): two connections and one thread per primary, whatever
+the number of queues.
 """
 
 from __future__ import annotations
 
+import queue as queue_module
+import threading
+import time
+from collections.abc import Iterable
 from typing import Any
 
 import redis
@@ -19,6 +26,9 @@ from redis.retry import Retry
 INVALIDATE_CHANNEL = "__redis__:invalidate"
 # How long a wait for changes lasts at most, so that its thread looks whether it is told to stop.
 CHANGE_WAIT_S = 0.5
+# How often a cluster watch checks that its tracking connection still stands (Redis says nothing if it drops),
+# and how often the watches are matched to the cluster's primaries again.
+WATCH_CHECK_S, TOPOLOGY_CHECK_S = 5.0, 10.0
 # What a connection to the same server as another client's takes from it.
 SERVER_OPTIONS = {
     "host",
@@ -109,3 +119,101 @@ class KeyChanges:
         if self._pubsub is not None:
             self._pubsub.close()
         self._pool.disconnect()
+
+
+class ClusterKeyChanges:
+    """On Redis Cluster: the keys among `watched` that any client changed, told by every primary node."""
+
+    def __init__(self, client: redis.RedisCluster, watched: Iterable[str]) -> None:
+        self.client = client  # claims and promotions go through the cluster client as ever
+        self._prefixes = sorted(set(watched))
+        self._told: queue_module.SimpleQueue[set[bytes] | None] = queue_module.SimpleQueue()
+        self._watches: dict[tuple[str, int], _NodeWatch] = {}
+        self._checked_at = float("-inf")
+
+    def changed(self, timeout_s: float) -> set[bytes] | None:
+        """The watched keys changed since the last call, waiting up to `timeout_s` for one; None: any may have."""
+        if time.monotonic() - self._checked_at >= TOPOLOGY_CHECK_S:
+            self._match_primaries()
+        keys: set[bytes] = set()
+        everything = False
+        try:
+            told = self._told.get(timeout=timeout_s)
+            while True:
+                if told is None:
+                    everything = True
+                else:
+                    keys |= told
+                told = self._told.get_nowait()
+        except queue_module.Empty:
+            pass
+        return None if everything else keys
+
+    def _match_primaries(self) -> None:
+        """A watch per primary the client knows now: new ones start (told as a change of everything), gone ones stop."""
+        self._checked_at = time.monotonic()
+        primaries = {(node.host, int(node.port)) for node in self.client.get_primaries()}
+        for address in set(self._watches) - primaries:
+            self._watches.pop(address).stop()
+        for address in primaries - set(self._watches):
+            options = self.client.nodes_manager.connection_kwargs
+            server = {k: v for k, v in options.items() if (k in SERVER_OPTIONS or k.startswith("ssl")) and k != "host"}
+            self._watches[address] = _NodeWatch({**server, "host": address[0], "port": address[1]}, self)
+
+    def close(self) -> None:
+        """Stop every watch (their threads end within CHANGE_WAIT_S)."""
+        for watch in self._watches.values():
+            watch.stop()
+
+
+class _NodeWatch:
+    """One primary's changes to the watched keys: a listener, a connection that set broadcast tracking, a thread."""
+
+    def __init__(self, server: dict[str, Any], owner: ClusterKeyChanges) -> None:
+        self.server = server
+        self.owner = owner
+        self._stop = threading.Event()
+        threading.Thread(target=self._run, name=f"tracking-{server['host']}:{server['port']}", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            listener = tracker = None
+            try:
+                listener, tracker = self._connect()
+                self.owner._told.put(None)  # anything may have changed while it was not watching
+                self._watch(listener, tracker)
+            except redis.RedisError:
+                self.owner._told.put(None)
+                self._stop.wait(1.0)  # the node may be failing over: the next topology check may stop this watch
+            finally:
+                for connection in (listener, tracker):
+                    if connection is not None:
+                        connection.close()
+
+    def _connect(self) -> tuple[Any, redis.Redis]:
+        # RESP2: redirected invalidations arrive as Pub/Sub messages (RESP3 makes them push replies).
+        listener = redis.Redis(**{**self.server, "protocol": 2, "single_connection_client": True}).pubsub()
+        listener.execute_command("CLIENT", "ID")
+        listener_id = int(listener.parse_response(timeout=5))
+        listener.subscribe(INVALIDATE_CHANNEL)
+        tracker = redis.Redis(**{**self.server, "single_connection_client": True})
+        prefixes = [arg for prefix in self.owner._prefixes for arg in ("PREFIX", prefix)]
+        tracker.execute_command("CLIENT", "TRACKING", "ON", "REDIRECT", listener_id, "BCAST", *prefixes)
+        return listener, tracker
+
+    def _watch(self, listener: Any, tracker: redis.Redis) -> None:
+        checked_at = time.monotonic()
+        while not self._stop.is_set():
+            message = listener.get_message(timeout=CHANGE_WAIT_S)
+            if message is not None and message["type"] == "message":
+                self.owner._told.put(None if message["data"] is None else set(message["data"]))
+            if time.monotonic() - checked_at >= WATCH_CHECK_S:
+                tracker.ping()  # tracking ends with its connection, silently: a dropped one raises here
+                checked_at = time.monotonic()
+
+
+# What a loop waits on for changes: one server's tracking, or every primary's broadcasts on Redis Cluster.
+Changes = KeyChanges | ClusterKeyChanges

@@ -32,14 +32,19 @@ def test_a_task_on_each_of_fifty_queues_starts_at_once_on_an_idle_consumer_of_co
         lambda: len(broker.inspect.queue_stats(QUEUES[-1]).consumers) == 1, 30, message="the consumer to register"
     )
     time.sleep(3)  # idle past a blocking claim's timeout (2 s), so every queue's wait has cycled once
+    assert_picked_up_at_once(broker, consumer, QUEUES)
+
+
+def assert_picked_up_at_once(broker, consumer, queues: list[str]) -> None:
+    """Enqueue a task on each queue in turn, each once the one before started: each starts within the bound."""
     waits_ms: dict[str, float] = {}
-    for queue in QUEUES:
+    for queue in queues:
         enqueued_ms = redis_now_ms(broker)
         (task,) = producer.enqueue("test.record", queue=queue)
         wait_until(
             lambda task=task: any(run["task_id"] == task.id for run in recorded_runs(broker)),
             10,
-            message=f"the task on {queue} to start ({consumer.log()})",
+            message=lambda queue=queue: f"the task on {queue} to start ({consumer.log()})",
         )
         run = next(run for run in recorded_runs(broker) if run["task_id"] == task.id)
         waits_ms[queue] = run["start_ms"] - enqueued_ms
