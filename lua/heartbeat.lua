@@ -1,8 +1,8 @@
 -- heartbeat: register a consumer or renew its live lease on one or more queues, on the server's clock.
--- KEYS: per queue three keys: its consumers zset (id -> lease deadline ms), its consumer info
--- hash (id -> JSON) and the primary marker hash of its slot (replid -> of the node that last
--- served it, since_ms -> when that node began to), read by reap to hold reaping after a
--- failover. On a single server one call renews every queue of a consumer; on Redis Cluster each
+-- KEYS[1] consumers zset (id -> lease deadline ms)   KEYS[2] consumer info hash (id -> JSON)
+-- KEYS[3] primary marker hash of the queue's slot (replid -> of the node that last served it,
+-- since_ms -> when that node began to), read by reap to hold reaping after a failover; then the
+-- same three keys of each further queue. On a single server one call renews every queue of a consumer; on Redis Cluster each
 -- call holds one queue (its keys share a slot).
 -- ARGV[1] consumer id   ARGV[2] lease ms   ARGV[3] info JSON to register with, or "" to renew
 -- ARGV[4] (renewals) the renewing process's instance token, or "": a renewal is refused when the

@@ -1,7 +1,8 @@
 -- reap_candidates: consumers whose lease expired, and reaped ids kept as tombstones, a page at a time,
 -- on one or more queues.
--- KEYS: per queue two keys: its consumers zset and its reaped zset (id -> time reaped, ms). On a
--- single server one call looks at every queue of a consumer; on Redis Cluster each call holds one.
+-- KEYS[1] consumers zset   KEYS[2] reaped zset (id -> time reaped, ms); then the same two keys of
+-- each further queue. On a single server one call looks at every queue of a consumer; on Redis
+-- Cluster each call holds one.
 -- ARGV[1] max ids (page size)   ARGV[2] how long tombstones are kept (ms)   ARGV[3...] per queue,
 -- the offset of a further page of tombstones, newest first (0: none; a multiple of the page size)
 -- Returns: per queue {expired ids..., "", tombstone ids..., "", number of tombstones}: the
