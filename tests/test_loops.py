@@ -249,6 +249,20 @@ def test_a_unique_task_the_reaper_dead_letters_frees_its_key(broker, foreign_rec
 
 
 @pytest.mark.django_db
+def test_a_task_the_reaper_dead_letters_keeps_no_record_if_its_type_keeps_none(broker):
+    TaskType.objects.create(name="x.forgotten", handler="x.forgotten", queue="q", keep_results="never")
+    task_types = TaskTypeCache()
+    task_types.refresh()
+    push(broker, task_bytes("poison", "x.forgotten"))
+    loop = ReaperLoop(broker, ["q"], 0.1, partial(record_reaped, broker, task_types, give_up=threading.Event()))
+    for victim in range(MAX_RECOVERIES + 1):
+        die_running(broker, f"victim-{victim}", SHORT_LEASE_MS)
+        loop.reap("q", f"victim-{victim}")
+    assert broker.inspect.queue_stats("q").dead == 1, "still dead-lettered"
+    assert broker.records.get_result("poison") is None
+
+
+@pytest.mark.django_db
 def test_a_foreign_envelope_the_reaper_dead_letters_is_filed_under_the_queue_it_died_in(broker):
     push(broker, task_bytes("poison", "x.foreign", queue="elsewhere"))  # its envelope names another queue
     loop = ReaperLoop(broker, ["q"], 0.1, partial(record_reaped, broker, TaskTypeCache(), give_up=threading.Event()))

@@ -507,9 +507,9 @@ def record_reaped(
             extra={"task_id": task.id, "type": task.type, "queue": queue, "outcome": "dead_lettered"},
         )
         error = records.error_record("ConsumerDied", task.dead_reason)
-        update = records.attempt_failed(
-            task, error, at_ms, settings.TASKS_RESULT_TTL, final=True, dead_reason=task.dead_reason
-        )
+        config, default_s = task_types.get(task.type), int(settings.TASKS_RESULT_TTL)
+        kept_s = default_s if config is None else config.kept_for_s(records.FAILED, default_s)
+        update = records.attempt_failed(task, error, at_ms, kept_s, final=True, dead_reason=task.dead_reason)
         try:
             until_done(partial(broker.records.record_result, update), what="record_result", give_up=give_up)
         except Exception as exc:
