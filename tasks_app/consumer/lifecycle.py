@@ -176,9 +176,13 @@ class Consumer:
         return changes
 
     def _start_claiming(self) -> None:
-        """One claimer thread for every queue, told of changes by Redis; blocking claimers, one a queue, on a fake."""
+        """One claimer thread for every queue, told of changes by Redis; on one queue, or where Redis cannot tell
+        (an in-process fake), a blocking claimer per queue."""
         queues = self.options.queues
-        changes = self._key_changes("pending", "prioritized", "suspects", "paused")
+        # Redis tells every consumer that read a queue of each push to it, and each then claims: with many
+        # consumers on one queue, a task would cost a claim per idle consumer. A blocking move is handed
+        # to one waiting consumer: on one queue, where a blocking claimer waits on nothing else, it is used.
+        changes = self._key_changes("pending", "prioritized", "suspects", "paused") if len(queues) > 1 else None
         if changes is None:
             if self.options.weights:
                 logger.warning("--weight has no effect here: each queue has a claimer of its own")

@@ -112,3 +112,30 @@ def test_weighted_queues_share_the_claims_by_their_weights(broker, consumer_proc
     first = [run["from_queue"] for run in recorded_runs(broker)[:60]]
     # Each claim takes high first with odds 3 in 4: 45 of 60 expected, 0.55-0.95 is 3.5 deviations each way.
     assert 0.55 <= first.count("high") / 60 <= 0.95, first
+
+
+def test_a_task_costs_one_claim_however_many_consumers_wait_on_its_queue(tmp_path: Path, key_prefix, consumer_process):
+    # Redis tells every consumer that read a queue of a push to it: told so, each idle consumer claimed,
+    # and a task cost a claim script per idle consumer. On one queue each, a blocking move hands it to one.
+    server = RedisServer(tmp_path).start()
+    try:
+        client = connect(server.url)
+        private = Broker(client, key_prefix)
+        consumers = [consumer_process("--concurrency", "2", REDIS_URL=server.url) for _ in range(6)]
+        wait_until(
+            lambda: len(private.inspect.queue_stats("default").consumers) == len(consumers),
+            60,
+            message=lambda: "the consumers to register\n" + "\n".join(each.log() for each in consumers),
+        )
+        time.sleep(3)  # every loop past its first pass
+        client.config_resetstat()
+        tasks = []
+        for _ in range(50):
+            tasks += producer.enqueue("test.record", broker=private)
+            time.sleep(0.01)
+        wait_until(lambda: len(recorded_runs(private)) == len(tasks), 30, message="every task to run")
+        scripts = client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+        # One consumer's task costs about six scripts in all (enqueue, claim, receipt, ack, ...).
+        assert scripts / len(tasks) < 10, f"{scripts / len(tasks):.1f} scripts per task with {len(consumers)} waiting"
+    finally:
+        server.remove()
