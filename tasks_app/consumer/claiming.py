@@ -319,6 +319,9 @@ class ClaimerLoop:
         self.block_s = block_s
         self.name = f"claimer:{queue}"
         self._drop_wake = False
+        # Blocking: while its waits time out with nothing, it waits again without a claim script in between,
+        # until this time (monotonic s): a full claim (suspects, the lease, the pause marker) once a third of a lease.
+        self._quiet_until = 0.0
         # Set when a claim failed on the wire: Redis may have moved tasks we never heard of.
         self._uncertain = False
         self.audit_at = time.monotonic() + membership.lease.lease_s
@@ -335,10 +338,12 @@ class ClaimerLoop:
             # Its tasks could only be deferred until their settings are known: others may run them.
             # The housekeeping loop reads them again every TASKS_CONFIG_REFRESH_S.
             return RECHECK_S
+        consumer_id = self.membership.consumer_id
+        if time.monotonic() < self._quiet_until and self.membership.lease.fresh(consumer_id):
+            return self._claim_blocking(consumer_id, 0, after_claim=False)  # a push, a suspect or a priority wakes it
         if not self.room.acquire(timeout_s=room_wait_s):
             return 0.0
         self._room_taken = 1 + self.room.acquire_up_to(self.room.limit - 1)
-        consumer_id = self.membership.consumer_id
         try:
             return self._take(self._claim(consumer_id), consumer_id)
         except BaseException as exc:
@@ -394,15 +399,20 @@ class ClaimerLoop:
         # holding some kept every other queue's tasks waiting until its wait timed out.
         self.room.release(self._room_taken)
         self._room_taken = 0
-        return self._claim_blocking(consumer_id, outcome.suspects_waiting)
+        return self._claim_blocking(consumer_id, outcome.suspects_waiting, after_claim=True)
 
-    def _claim_blocking(self, consumer_id: str, suspects_waiting: int) -> float:
+    def _claim_blocking(self, consumer_id: str, suspects_waiting: int, *, after_claim: bool) -> float:
         """Block on pending for one task; it takes free room, or goes back first in its queue if none is left."""
         # Suspects waiting for this consumer's one suspect turn are claimed soon after it
         # frees; new pending tasks still wake the blocking claim at once.
         block_s = min(self.block_s, RETRY_SOON_S) if suspects_waiting else self.block_s
         raw, fence = self.broker.queue.claim_blocking(self.queue, consumer_id, block_s)
         self._drop_wake = raw == WAKE_TOKEN
+        if raw is None and not suspects_waiting:  # nothing came: the next waits need no claim before them
+            if after_claim:
+                self._quiet_until = time.monotonic() + self.membership.lease.lease_s / 3
+            return 0.0
+        self._quiet_until = 0.0
         if raw is None or raw == WAKE_TOKEN:
             return 0.0
         if self.room.acquire_up_to(1):
