@@ -43,20 +43,28 @@ def route_through(broker: Broker, node_port: int, proxy: RedisProxy) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_tasks_moved_by_a_claim_whose_reply_was_lost_still_run(cluster):
+@pytest.mark.parametrize("lost", ["claim script", "BLMOVE"])
+def test_tasks_moved_by_a_claim_whose_reply_was_lost_still_run(cluster, lost):
     # Before: the client re-sent the command on its own after re-reading the slots; the first
     # call's tasks sat in the live consumer's list, unknown to it, until it exited.
     broker = get_broker()
     scripts = Scripts()
     broker.client.script_load(scripts.sources["claim"])
+    marker = scripts.shas["claim"].encode() if lost == "claim script" else b"BLMOVE"
     node = broker.client.get_node_from_key(broker.keys.pending("default"))
-    proxy = RedisProxy(node.port, drop_reply_to=scripts.shas["claim"].encode())
+    proxy = RedisProxy(node.port, drop_reply_to=marker)
     try:
         consumer = Consumer(ConsumerOptions(lease_s=30, block_s=0.5, concurrency=2, prefetch=2))
         route_through(consumer.broker, node.port, proxy)  # the consumer's own clients, as it connects
-        first = producer.enqueue("test.record", count=3)
+        first = producer.enqueue("test.record", count=3) if lost == "claim script" else []
         with running(consumer):
-            wait_until(proxy.dropped.is_set, 10, message="a claim's reply to be dropped")
+            if lost == "BLMOVE":
+                wait_until(
+                    lambda: broker.inspect.queue_stats("default").consumers, 10, message="the consumer to register"
+                )
+                time.sleep(0.3)  # the claimer is blocked in BLMOVE now
+                first = producer.enqueue("test.record", count=1)
+            wait_until(proxy.dropped.is_set, 10, message=f"a {lost} reply to be dropped")
             later = producer.enqueue("test.record", count=2)
             wanted = {task.id for task in [*first, *later]}
             wait_until(
