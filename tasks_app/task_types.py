@@ -148,6 +148,11 @@ class TaskTypeCache:
         config = self._configs.get(name)
         return not self.loaded or (config is not None and not config.enabled)
 
+    def kept_for_s(self, name: str, status: str, default_s: int) -> int:
+        """How long the record of a task of type `name` that ended with `status` is kept (s); 0: not kept."""
+        config = self._configs.get(name)
+        return default_s if config is None else config.kept_for_s(status, default_s)
+
     def age_s(self) -> float:
         """Seconds since the rows were last read (infinite before the first read)."""
         return time.monotonic() - self.read_at

@@ -390,8 +390,7 @@ class Settler:
     # --- writes ----------------------------------------------------------------------------
     def kept_s(self, task: Task, status: str) -> int:
         """How long the record of `task`, ended with `status`, is kept (s): its type's choice; 0 none."""
-        config = self.task_types.get(task.type)
-        return self.result_ttl_s if config is None else config.kept_for_s(status, self.result_ttl_s)
+        return self.task_types.kept_for_s(task.type, status, self.result_ttl_s)
 
     def release_of(self, task: Task, config: TaskTypeConfig | None) -> UniqueRelease | None:
         """The uniqueness key that settling `task` for good frees, if its type holds keys until then."""
@@ -507,8 +506,7 @@ def record_reaped(
             extra={"task_id": task.id, "type": task.type, "queue": queue, "outcome": "dead_lettered"},
         )
         error = records.error_record("ConsumerDied", task.dead_reason)
-        config, default_s = task_types.get(task.type), int(settings.TASKS_RESULT_TTL)
-        kept_s = default_s if config is None else config.kept_for_s(records.FAILED, default_s)
+        kept_s = task_types.kept_for_s(task.type, records.FAILED, int(settings.TASKS_RESULT_TTL))
         update = records.attempt_failed(task, error, at_ms, kept_s, final=True, dead_reason=task.dead_reason)
         try:
             until_done(partial(broker.records.record_result, update), what="record_result", give_up=give_up)

@@ -63,8 +63,7 @@ class Leases(Role):
     ) -> list[str]:
         """Renew (or register, listing the queues in the queue set) the lease on every queue; return those lost."""
         info = json.dumps(register_info) if register_info is not None else ""
-        # One call for every queue on a single server; one a queue on Redis Cluster (its keys share a slot).
-        calls = [queues] if not isinstance(self.client, redis.RedisCluster) else [[queue] for queue in queues]
+        calls = self._calls(queues)
         pipe = self.client.pipeline(transaction=False)
         for call in calls:
             keys = [key for queue in call for key in self.keys.queue_keys(queue, "consumers consumer_info primary")]
@@ -73,6 +72,11 @@ class Leases(Role):
             self.redis.announce(pipe, queues)
         flags = [flag for reply in self.scripts.execute(pipe, self.client)[: len(calls)] for flag in reply]
         return [queue for queue, held in zip(queues, flags, strict=True) if not held]
+
+    def _calls(self, queues: Sequence[str]) -> list[list[str]]:
+        """The queues of each call of a script that takes several queues' keys: all in one on a single server,
+        one a call on Redis Cluster (a queue's keys share a slot)."""
+        return [list(queues)] if not isinstance(self.client, redis.RedisCluster) else [[queue] for queue in queues]
 
     def register_leases(
         self, queues: Sequence[str], consumer_id: str, lease_ms: int, register_info: dict[str, Any]
@@ -110,7 +114,7 @@ class Leases(Role):
         self, queues: Sequence[str], tombstone_offsets: Sequence[int]
     ) -> list[tuple[list[str], list[str], int]]:
         """Per queue: expired consumers, reaped ids with tasks left (a page of tombstones per call), the next offset."""
-        calls = [list(queues)] if not isinstance(self.client, redis.RedisCluster) else [[queue] for queue in queues]
+        calls = self._calls(queues)
         offsets = dict(zip(queues, tombstone_offsets, strict=True))
         pipe = self.client.pipeline(transaction=False)
         for call in calls:

@@ -43,14 +43,18 @@ SERVER_OPTIONS = {
 }
 
 
+def server_options(connection_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """What a connection of our own to the server of `connection_kwargs` takes from them."""
+    return {k: v for k, v in connection_kwargs.items() if k in SERVER_OPTIONS or k.startswith("ssl")}
+
+
 class KeyChanges:
     """A tracked client for claims, and the keys other clients changed among those it read."""
 
     def __init__(self, client: redis.Redis) -> None:
         """Two connections of their own to the server of `client` (see `trackable`)."""
         pool = client.connection_pool
-        options = {k: v for k, v in pool.connection_kwargs.items() if k in SERVER_OPTIONS or k.startswith("ssl")}
-        options["connection_class"] = pool.connection_class
+        options = {**server_options(pool.connection_kwargs), "connection_class": pool.connection_class}
         # RESP2: redirected invalidations arrive as Pub/Sub messages (RESP3 makes them push replies).
         self._listener = redis.Redis(connection_pool=redis.ConnectionPool(**{**options, "protocol": 2}))
         self._pubsub: Any = None
@@ -155,10 +159,10 @@ class ClusterKeyChanges:
         primaries = {(node.host, int(node.port)) for node in self.client.get_primaries()}
         for address in set(self._watches) - primaries:
             self._watches.pop(address).stop()
+        server = server_options(self.client.nodes_manager.connection_kwargs)
         for address in primaries - set(self._watches):
-            options = self.client.nodes_manager.connection_kwargs
-            server = {k: v for k, v in options.items() if (k in SERVER_OPTIONS or k.startswith("ssl")) and k != "host"}
-            self._watches[address] = _NodeWatch({**server, "host": address[0], "port": address[1]}, self)
+            node = {**server, "host": address[0], "port": address[1]}
+            self._watches[address] = _NodeWatch(node, self._prefixes, self._told)
 
     def close(self) -> None:
         """Stop every watch (their threads end within CHANGE_WAIT_S)."""
@@ -169,9 +173,12 @@ class ClusterKeyChanges:
 class _NodeWatch:
     """One primary's changes to the watched keys: a listener, a connection that set broadcast tracking, a thread."""
 
-    def __init__(self, server: dict[str, Any], owner: ClusterKeyChanges) -> None:
+    def __init__(
+        self, server: dict[str, Any], prefixes: list[str], told: queue_module.SimpleQueue[set[bytes] | None]
+    ) -> None:
         self.server = server
-        self.owner = owner
+        self.prefixes = prefixes  # the watched keys
+        self.told = told  # where it puts the keys changed (None: any may have)
         self._stop = threading.Event()
         threading.Thread(target=self._run, name=f"tracking-{server['host']}:{server['port']}", daemon=True).start()
 
@@ -183,10 +190,10 @@ class _NodeWatch:
             listener = tracker = None
             try:
                 listener, tracker = self._connect()
-                self.owner._told.put(None)  # anything may have changed while it was not watching
+                self.told.put(None)  # anything may have changed while it was not watching
                 self._watch(listener, tracker)
             except redis.RedisError:
-                self.owner._told.put(None)
+                self.told.put(None)
                 self._stop.wait(1.0)  # the node may be failing over: the next topology check may stop this watch
             finally:
                 for connection in (listener, tracker):
@@ -200,7 +207,7 @@ class _NodeWatch:
         listener_id = int(listener.parse_response(timeout=5))
         listener.subscribe(INVALIDATE_CHANNEL)
         tracker = redis.Redis(**{**self.server, "single_connection_client": True})
-        prefixes = [arg for prefix in self.owner._prefixes for arg in ("PREFIX", prefix)]
+        prefixes = [arg for prefix in self.prefixes for arg in ("PREFIX", prefix)]
         tracker.execute_command("CLIENT", "TRACKING", "ON", "REDIRECT", listener_id, "BCAST", *prefixes)
         return listener, tracker
 
@@ -209,7 +216,7 @@ class _NodeWatch:
         while not self._stop.is_set():
             message = listener.get_message(timeout=CHANGE_WAIT_S)
             if message is not None and message["type"] == "message":
-                self.owner._told.put(None if message["data"] is None else set(message["data"]))
+                self.told.put(None if message["data"] is None else set(message["data"]))
             if time.monotonic() - checked_at >= WATCH_CHECK_S:
                 tracker.ping()  # tracking ends with its connection, silently: a dropped one raises here
                 checked_at = time.monotonic()
