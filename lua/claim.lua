@@ -49,7 +49,9 @@ local function take_prioritized(min, max)
   end
 end
 
-take_prioritized('-inf', '(' .. zero)
+-- A read, so tracking tells of the next add; an empty set is not searched.
+local prioritized = redis.call('ZCARD', KEYS[2]) > 0
+if prioritized then take_prioritized('-inf', '(' .. zero) end
 while want - #claimed > 0 do
   local items = redis.call('RPOP', KEYS[1], want - #claimed)
   if not items then break end
@@ -60,16 +62,19 @@ while want - #claimed > 0 do
     end
   end
 end
-take_prioritized('(' .. zero, '+inf')
+if prioritized then take_prioritized('(' .. zero, '+inf') end
 -- include: fence
 local first_fence = 0
 if #claimed > 0 then
   first_fence = issue_fences(KEYS[6], #claimed)
 end
--- Read last, after this script's own pops: a consumer claiming on a tracked connection is told
--- when another client pushes here (tracking.py).
-redis.call('LLEN', KEYS[1])
-redis.call('ZCARD', KEYS[2])
+-- Read last, after this script's own pops (a write ends a key's tracking): a consumer claiming on a
+-- tracked connection is told when another client pushes here (tracking.py). With nothing claimed, the
+-- reads above came after every write.
+if #claimed > 0 then
+  redis.call('LLEN', KEYS[1])
+  redis.call('ZCARD', KEYS[2])
+end
 table.insert(claimed, 1, first_fence)
 table.insert(claimed, 1, redis.call('LLEN', KEYS[5]))
 table.insert(claimed, 1, suspect and 1 or 0)

@@ -34,7 +34,7 @@ from tasks_app.protocol import records
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, UndecodableTask, decode_task
 from tasks_app.protocol.keys import WAKE_TOKEN
-from tasks_app.protocol.queue import Claim
+from tasks_app.protocol.queue import LONGEST_WAIT_S, Claim, WaitConnection
 from tasks_app.protocol.records import ResultUpdate
 from tasks_app.protocol.tracking import CHANGE_WAIT_S, Changes
 
@@ -304,13 +304,17 @@ class ClaimerLoop:
         dispatch: Callable[[Sequence[Claimed]], None],
         block_s: float,
         claims: Broker | None = None,
+        waits: WaitConnection | None = None,
     ) -> None:
         """`held`: the tasks the consumer holds, in its room; `types_loaded`: whether the task types were read once;
-        `dispatch`: hands claimed tasks to the workers; `claims`: the broker of a tracked connection, if any."""
+        `dispatch`: hands claimed tasks to the workers; `claims`: the broker of a tracked connection, if any;
+        `waits`: a connection for blocking claims that `interrupt` cuts short, if any."""
         self.queue = queue
         self.broker = broker
         self.claims = claims or broker
         self.blocking = claims is None
+        self.waits = waits
+        self._blocking_claims = broker if waits is None else broker.over(waits.client)
         self.held = held
         self.room = held.capacity
         self.membership = membership
@@ -320,7 +324,8 @@ class ClaimerLoop:
         self.name = f"claimer:{queue}"
         self._drop_wake = False
         # Blocking: while its waits time out with nothing, it waits again without a claim script in between,
-        # until this time (monotonic s): a full claim (suspects, the lease, the pause marker) once a third of a lease.
+        # until this time (monotonic s): a full claim (suspects, the lease, the pause marker) once a third of a
+        # lease, or once a lease on a connection a stop cuts short.
         self._quiet_until = 0.0
         # Set when a claim failed on the wire: Redis may have moved tasks we never heard of.
         self._uncertain = False
@@ -406,10 +411,15 @@ class ClaimerLoop:
         # Suspects waiting for this consumer's one suspect turn are claimed soon after it
         # frees; new pending tasks still wake the blocking claim at once.
         block_s = min(self.block_s, RETRY_SOON_S) if suspects_waiting else self.block_s
-        raw, fence = self.broker.queue.claim_blocking(self.queue, consumer_id, block_s)
+        if self.waits is not None and not suspects_waiting:  # a stop cuts the wait short: it may be long
+            if after_claim:  # a push, a suspect or a priority wakes it: the next full claim is a lease away
+                self._quiet_until = time.monotonic() + self.membership.lease.lease_s
+            quiet_s = min(self._quiet_until - time.monotonic(), self.membership.lease.fresh_for_s(consumer_id))
+            block_s = max(block_s, round(min(quiet_s, LONGEST_WAIT_S), 3))
+        raw, fence = self._blocking_claims.queue.claim_blocking(self.queue, consumer_id, block_s)
         self._drop_wake = raw == WAKE_TOKEN
         if raw is None and not suspects_waiting:  # nothing came: the next waits need no claim before them
-            if after_claim:
+            if after_claim and self.waits is None:
                 self._quiet_until = time.monotonic() + self.membership.lease.lease_s / 3
             return 0.0
         self._quiet_until = 0.0
@@ -422,6 +432,11 @@ class ClaimerLoop:
             # here, so it waits first in its queue for this consumer's next claim or another's.
             self.broker.queue.return_unstarted(self.queue, consumer_id, [raw])
         return 0.0
+
+    def interrupt(self) -> None:
+        """Cut a blocking claim short (the consumer stops)."""
+        if self.waits is not None:
+            self.waits.interrupt()
 
     def _dispatch(self, claimed: list[Claimed]) -> None:
         """Write the claims' receipts to the tasks' records, then hand the tasks to the workers."""

@@ -51,14 +51,17 @@ from tasks_app.consumer.periodic_loop import scheduler_loops
 from tasks_app.consumer.settling import record_reaped
 from tasks_app.consumer.supervisor import ProcessGuard, exit_within_s, install_stop_signals
 from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.queue import WaitConnection
 from tasks_app.protocol.tracking import CHANGE_WAIT_S, Changes, ClusterKeyChanges, KeyChanges
 from tasks_app.registry import Registry, registry as default_registry
 from tasks_app.task_types import TaskTypeCache
 
 logger = logging.getLogger(__name__)
 
-HEALTH_CHECK_S = 5.0
+HEALTH_CHECK_S = 10.0
 TIME_LIMITS_TICK_S = 0.1
+# How often a stop cuts the blocking claims short again while it waits for the claimers to end.
+INTERRUPT_AGAIN_S = 0.2
 # What a consumer exits with when a key of ours that it starts with is misconfigured (EX_CONFIG).
 EXIT_MISCONFIGURED = 78
 # How often a worker holding a task looks again whether the lease was renewed.
@@ -97,6 +100,7 @@ class Consumer:
         self.stop_requested, self.claiming_stopped = threading.Event(), threading.Event()
         self.loops_stopped, self.workers_stop, self.give_up = threading.Event(), threading.Event(), threading.Event()
         self._claimers: list[threading.Thread] = []
+        self._blocking: list[ClaimerLoop] = []  # the claimers whose blocking waits a stop cuts short
         self._changes: list[Changes] = []  # the tracked connections of the claimer and the scheduler
         self._loops: list[threading.Thread] = []
         self._busy, self._busy_lock = 0, threading.Lock()
@@ -123,7 +127,7 @@ class Consumer:
         self.time_limits = self.executor.time_limits
         self.guard = ProcessGuard(options, self.time_limits.fail_hung, self.leave)
         self.misconfigured = Misconfigured()  # the loops whose last pass met a key of ours of another type
-        stale_after_s = max(3 * HEALTH_CHECK_S, options.lease_s)
+        stale_after_s = max(2 * HEALTH_CHECK_S, options.lease_s)
         self.liveness = Liveness(options.health_file, stale_after_s, self.task_types.age_s, self.misconfigured.loops)
         recorder = partial(record_reaped, self.broker, self.task_types, give_up=self.stop_requested)
         self.reaper = ReaperLoop(self.broker, options.queues, options.lease_s, recorder)
@@ -145,8 +149,9 @@ class Consumer:
         # Burst mode's question; the queues not registered on count as idle.
         self._queues_idle = IdleCheck(self.broker, options.queues, lambda: self.membership.current()[1])
 
-    def claimer(self, queue: str, claims: Broker | None = None) -> ClaimerLoop:
-        """The claimer of one of its queues (claiming through `claims`, a tracked connection's broker, if given)."""
+    def claimer(self, queue: str, claims: Broker | None = None, waits: WaitConnection | None = None) -> ClaimerLoop:
+        """The claimer of one of its queues (claiming through `claims`, a tracked connection's broker, if given;
+        blocking on `waits`, a connection a stop cuts short, if given)."""
         return ClaimerLoop(
             queue,
             self.broker,
@@ -156,6 +161,7 @@ class Consumer:
             dispatch=self.dispatch,
             block_s=self.options.block_s,
             claims=claims,
+            waits=waits,
         )
 
     def _key_changes(self, *names: str) -> Changes | None:
@@ -186,7 +192,13 @@ class Consumer:
         if changes is None:
             if self.options.weights:
                 logger.warning("--weight has no effect here: each queue has a claimer of its own")
-            claimers = [self.claimer(queue) for queue in queues]
+            # On one server a stop cuts a blocking claim short, so an idle claimer may wait long.
+            one_server = KeyChanges.trackable(self.broker.client)
+            claimers = [
+                self.claimer(queue, waits=WaitConnection(self.broker.client) if one_server else None)
+                for queue in queues
+            ]
+            self._blocking = [claimer for claimer in claimers if claimer.waits is not None]
             self._claimers = [start_thread(loop, self.claiming_stopped, self.misconfigured) for loop in claimers]
             return
         claims = self.broker.over(changes.client)
@@ -352,6 +364,7 @@ class Consumer:
         timer.daemon = True
         timer.start()
         self.claiming_stopped.set()
+        self._interrupt_claims()
         self._return_queued(grace_over)
         while self._running() > 0 and not grace_over.wait(0.05):
             pass
@@ -364,8 +377,11 @@ class Consumer:
                 still_running,
                 interrupted,
             )
+        joined_by = time.monotonic() + self.options.block_s + 1
         for thread in self._claimers:  # a claim landing meanwhile is returned by `dispatch`
-            thread.join(timeout=self.options.block_s + 1)
+            while thread.is_alive() and time.monotonic() < joined_by:
+                self._interrupt_claims()  # again: a wait may have begun after the last interrupt
+                thread.join(timeout=INTERRUPT_AGAIN_S)
         self._return_queued(grace_over)  # dispatched as the stop began
         timer.cancel()
         # The runs given up on are settled, then finished tasks acked (not returned), within one wait for Redis.
@@ -389,8 +405,15 @@ class Consumer:
         if not any(thread.is_alive() for thread in self._loops):
             for changes in self._changes:
                 changes.close()
+        for claimer in self._blocking:
+            if claimer.waits is not None:
+                claimer.waits.close()
         logger.info("consumer %s stopped", self.consumer_id)
         return self.exit_code
+
+    def _interrupt_claims(self) -> None:
+        for claimer in self._blocking:
+            claimer.interrupt()
 
     def _running(self) -> int:
         """The runs still going, those of hung handlers aside (given up on already)."""

@@ -61,8 +61,14 @@ class LeaseClock:
 
     def fresh(self, consumer_id: str) -> bool:
         """True while the lease of `consumer_id` surely holds: renewed less than lease - margin ago."""
+        return self.fresh_for_s(consumer_id) > 0
+
+    def fresh_for_s(self, consumer_id: str) -> float:
+        """How long the lease of `consumer_id` surely holds from now without another renewal (s; 0 or less: not)."""
         current_id, renewed_at = self._renewal
-        return consumer_id == current_id and time.monotonic() - renewed_at < self.lease_s * (1 - LEASE_MARGIN_SHARE)
+        if consumer_id != current_id:
+            return 0.0
+        return renewed_at + self.lease_s * (1 - LEASE_MARGIN_SHARE) - time.monotonic()
 
 
 class ReaperLoop:
@@ -91,7 +97,7 @@ class ReaperLoop:
             self._tombstone_offsets[queue] = next_offset
             for consumer_id in [*expired, *tombstones]:
                 self.reap(queue, consumer_id)
-        return max(0.05, self.lease_s / 4)
+        return max(0.05, self.lease_s / 3)
 
     def reap(self, queue: str, consumer_id: str, *, own_earlier_run: bool = False) -> int:
         """Reap one consumer's list on one queue completely; return how many tasks moved."""

@@ -93,6 +93,8 @@ class PeriodicLoop:
                 close_old_connections()
         if time.monotonic() >= self._next_load:
             self._reload()
+        if not self._configs:
+            return max(MIN_SLEEP_S, self._next_load - time.monotonic())  # no schedule: no need of the server's clock
         now_ms, read_at = self._clock_ms(), time.monotonic()
         wake_ms = now_ms + int(self.refresh_s * 1000)
         for config in self._configs:

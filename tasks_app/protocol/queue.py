@@ -6,6 +6,7 @@ in another, written by `Records` in the same round trip.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 from collections.abc import Mapping, Sequence
@@ -13,16 +14,53 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from tasks_app.protocol.history import NOT_HELD, Place, Records, replies_at
 from tasks_app.protocol.keys import UNDECODABLE_TYPE, WAKE_TOKEN, delayed_member
 from tasks_app.protocol.records import ResultUpdate
 from tasks_app.protocol.scripts import Role, ScriptClient
+from tasks_app.protocol.tracking import server_options
 
 # The KEYS of promote_due.
 PROMOTE_DUE_KEYS = "delayed pending prioritized recoveries suspects dead"
 # Width of the buckets counting acknowledged tasks, for the dashboard's throughput.
 THROUGHPUT_BUCKET_S = 10
+# Longest blocking claim on a connection that can be cut short, and how much longer its socket waits for a reply.
+LONGEST_WAIT_S, SOCKET_MARGIN_S = 30.0, 5.0
+
+
+class WaitConnection:
+    """A connection of its own for one thread's blocking claims, which another thread cuts short (`interrupt`).
+
+    A wait that can be ended at once may be long (up to LONGEST_WAIT_S): an idle consumer then sends a
+    command every few seconds instead of every `block_s`, and still stops at once.
+    """
+
+    def __init__(self, client: redis.Redis) -> None:
+        pool = client.connection_pool
+        options = {**server_options(pool.connection_kwargs), "connection_class": pool.connection_class}
+        self._control = client
+        self._client_id: int | None = None
+        # No retry inside redis-py: a blocking move re-sent after a lost reply would move a second task.
+        own = {"max_connections": 1, "redis_connect_func": self._connected, "retry": Retry(NoBackoff(), 0)}
+        own["socket_timeout"] = LONGEST_WAIT_S + SOCKET_MARGIN_S
+        self.client = redis.Redis(connection_pool=redis.ConnectionPool(**{**options, **own}))
+
+    def _connected(self, connection: Any) -> None:
+        connection.on_connect()
+        connection.send_command("CLIENT", "ID")
+        self._client_id = int(connection.read_response())
+
+    def interrupt(self) -> None:
+        """End the blocking call in progress, if any, as its timeout would."""
+        if self._client_id is not None:
+            with contextlib.suppress(redis.RedisError):
+                self._control.client_unblock(self._client_id)
+
+    def close(self) -> None:
+        self.client.connection_pool.disconnect()
 
 
 @dataclass(frozen=True)
