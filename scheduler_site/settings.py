@@ -187,3 +187,8 @@ TASKS_PERIODIC: dict[str, dict[str, object]] = {}
 # A slot reached later than this (or than its period, if shorter) counts as missed: the catch-up
 # policy decides whether it runs.
 TASKS_PERIODIC_GRACE_S = float(os.environ.get("TASKS_PERIODIC_GRACE_S", "60"))
+
+# --- Tracing (the `otel` extra) ----------------------------------------------------------------
+# A run's `process` span is a "child" of its task's `send` span (one trace from the web request
+# to every run), or a root span with a "link" to it (a trace per run).
+TASKS_TRACE_PROPAGATION = os.environ.get("TASKS_TRACE_PROPAGATION", "child")

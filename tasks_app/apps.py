@@ -24,6 +24,7 @@ DEFAULTS: dict[str, Any] = {
     "TASKS_HISTORY_MAX": 100_000,
     "TASKS_PERIODIC": {},
     "TASKS_PERIODIC_GRACE_S": 60.0,
+    "TASKS_TRACE_PROPAGATION": "child",
 }
 
 # Modules of every installed app searched for handlers: `@handler` functions and, in Django's

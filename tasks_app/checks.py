@@ -7,6 +7,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
 
 from tasks_app.protocol.keys import NAME_PATTERN
+from tasks_app.tracing import PROPAGATIONS
 
 # Settings that must lie in a range, by check id: name, lowest, highest, unit, why (if not plain).
 _BOUNDED_SETTINGS: dict[str, tuple[str, float, float, str, str]] = {
@@ -45,6 +46,14 @@ def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
     periodic: object = settings.TASKS_PERIODIC  # a project's settings.py may hold anything
     if not isinstance(periodic, dict):
         problems.append(Error("TASKS_PERIODIC must be a dict: schedule name -> entry", id="tasks_app.E051"))
+    if settings.TASKS_TRACE_PROPAGATION not in PROPAGATIONS:
+        problems.append(
+            Error(
+                f"TASKS_TRACE_PROPAGATION must be one of {', '.join(map(repr, PROPAGATIONS))}",
+                hint="A run's span is the child of its task's send span, or linked to it.",
+                id="tasks_app.E070",
+            )
+        )
     for module, error in registry.import_errors.items():
         problems.append(
             Warning(

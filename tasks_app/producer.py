@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 from django.conf import settings
 from redis.exceptions import RedisError
 
-from tasks_app import metrics
+from tasks_app import metrics, tracing
 from tasks_app.models import TaskType
 from tasks_app.protocol import records
 from tasks_app.protocol.broker import Broker, get_broker
@@ -140,6 +140,12 @@ class PreparedBatch:
     # Ids of the tasks due at an absolute `run_after`: their delays shrink by the time until the push.
     fixed_due: set[str] = field(default_factory=set)
     prepared_at_s: float = field(default_factory=monotonic)
+    # One `send <queue>` span per queue, its context in the headers of the queue's tasks; ended once pushed.
+    sends: tracing.Sends = field(default_factory=tracing.Sends)
+
+    def sent(self, error: BaseException | None = None) -> None:
+        """End the batch's send spans: its tasks were pushed, or `error` stopped them."""
+        self.sends.end(((task.queue, task.id) for task in self.enqueued), error)
 
 
 def prepare(requests: Sequence[TaskRequest], *, registry: Registry = default_registry) -> PreparedBatch:
@@ -151,26 +157,44 @@ def prepare(requests: Sequence[TaskRequest], *, registry: Registry = default_reg
     prepared: dict[int, tuple[TaskRequest, _Prepared]] = {}
     queue_of_id: dict[str, str] = {}  # the queue of each caller's id in the call
     batch = PreparedBatch([], [], settings.TASKS_RESULT_TTL)
-    for request in requests:
-        entry = prepared.get(id(request))
-        if entry is None or entry[0] is not request:
-            entry = prepared[id(request)] = (request, _prepare(request, configs, registry, now_ms))
-        task, delay_ms, record, window_ms = entry[1]
-        queue = task.queue
-        # One id names one task, and one record: not tasks of two queues.
-        if request.task_id and (first := queue_of_id.setdefault(request.task_id, queue)) != queue:
-            raise EnqueueError(
-                f"task id {request.task_id!r:.120} is given to tasks of two queues, {first!r} and {queue!r}, in one"
-                " call: a task id names one task"
-            )
-        task_id = task.id = request.task_id or new_task_id()
-        if request.run_after is not None:
-            batch.fixed_due.add(task_id)
-        checked = bool(request.task_id) and not request.fresh_id  # a caller's id: a retry is a duplicate
-        item = Enqueueable(queue, encode_task(task), task.priority, delay_ms, record, task_id, checked)
-        batch.tasks.append(UniqueEnqueueable(item, task.unique_digest, window_ms) if window_ms else item)
-        batch.enqueued.append(EnqueuedTask(task_id, request.type, queue, task.priority, now_ms, task.run_after_ms))
+    try:
+        for request in requests:
+            _prepare_one(batch, request, prepared, queue_of_id, configs, registry, now_ms)
+    except BaseException as exc:  # nothing of the batch goes out
+        batch.sent(exc)
+        raise
     return batch
+
+
+def _prepare_one(
+    batch: PreparedBatch,
+    request: TaskRequest,
+    prepared: dict[int, tuple[TaskRequest, _Prepared]],
+    queue_of_id: dict[str, str],
+    configs: dict[str, TaskTypeConfig],
+    registry: Registry,
+    now_ms: int,
+) -> None:
+    """Validate, encode and add one request's task to `batch`."""
+    entry = prepared.get(id(request))
+    if entry is None or entry[0] is not request:
+        entry = prepared[id(request)] = (request, _prepare(request, configs, registry, now_ms))
+        batch.sends.stamp(entry[1].task.queue, entry[1].task.headers)
+    task, delay_ms, record, window_ms = entry[1]
+    queue = task.queue
+    # One id names one task, and one record: not tasks of two queues.
+    if request.task_id and (first := queue_of_id.setdefault(request.task_id, queue)) != queue:
+        raise EnqueueError(
+            f"task id {request.task_id!r:.120} is given to tasks of two queues, {first!r} and {queue!r}, in one"
+            " call: a task id names one task"
+        )
+    task_id = task.id = request.task_id or new_task_id()
+    if request.run_after is not None:
+        batch.fixed_due.add(task_id)
+    checked = bool(request.task_id) and not request.fresh_id  # a caller's id: a retry is a duplicate
+    item = Enqueueable(queue, encode_task(task), task.priority, delay_ms, record, task_id, checked)
+    batch.tasks.append(UniqueEnqueueable(item, task.unique_digest, window_ms) if window_ms else item)
+    batch.enqueued.append(EnqueuedTask(task_id, request.type, queue, task.priority, now_ms, task.run_after_ms))
 
 
 def push(batch: PreparedBatch, *, broker: Broker | None = None) -> list[EnqueuedTask]:
@@ -196,8 +220,10 @@ def push(batch: PreparedBatch, *, broker: Broker | None = None) -> list[Enqueued
                     if isinstance(task, UniqueEnqueueable):
                         metrics.DUPLICATES_REFUSED.labels(enqueued[position].type).inc()
     except RedisError as exc:
+        batch.sent(exc)
         partly = "; some may be enqueued: retry with the same task ids" if settings.REDIS_CLUSTER else ""
         raise QueueUnavailable(f"cannot enqueue: Redis did not take the tasks ({exc}){partly}") from exc
+    batch.sent()
     return enqueued
 
 

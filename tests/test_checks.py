@@ -127,3 +127,15 @@ def test_a_setting_of_the_wrong_type_or_nan_is_its_error_not_a_crash(settings, f
     # Before: a string or None raised a TypeError from the check itself; NaN passed, to fail at first use.
     setattr(settings, name, value)
     assert ids(checks.check_task_settings()) == [check_id]
+
+
+@pytest.mark.parametrize("propagation", ["sideways", "", None, "CHILD"])
+def test_an_unknown_trace_propagation_is_an_error(settings, fresh_registry, propagation):
+    settings.TASKS_TRACE_PROPAGATION = propagation
+    assert ids(checks.check_task_settings()) == ["tasks_app.E070"]
+
+
+@pytest.mark.parametrize("propagation", ["child", "link"])
+def test_both_trace_propagations_pass(settings, fresh_registry, propagation):
+    settings.TASKS_TRACE_PROPAGATION = propagation
+    assert checks.check_task_settings() == []

@@ -92,11 +92,14 @@ def test_the_wheel_holds_all_of_tasks_app_and_nothing_else(wheel):
     assert names == _package_files()
 
 
-def test_runtime_dependencies_hold_the_pins_of_requirements_txt():
+def test_runtime_dependencies_and_extras_hold_the_pins_of_requirements_txt():
     pins = dict(re.findall(r"^([A-Za-z0-9_.\[\]-]+)==(\S+)$", (ROOT / "requirements.txt").read_text(), re.M))
     pins = {canonicalize_name(name.split("[")[0]): version for name, version in pins.items()}
     assert PYPROJECT["project"]["requires-python"] == ">=3.12"
-    for dependency in map(Requirement, PYPROJECT["project"]["dependencies"]):
+    extras = PYPROJECT["project"]["optional-dependencies"].values()
+    for dependency in map(
+        Requirement, [*PYPROJECT["project"]["dependencies"], *(d for extra in extras for d in extra)]
+    ):
         pin = pins.get(canonicalize_name(dependency.name))
         assert pin is not None, f"{dependency.name} is not pinned in requirements.txt"
         assert dependency.specifier.contains(pin), f"{dependency} does not allow requirements.txt's {pin}"

@@ -20,16 +20,16 @@ from typing import Any, NoReturn
 
 from redis.exceptions import RedisError, ResponseError
 
-from tasks_app import metrics
+from tasks_app import metrics, tracing
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.async_lane import AsyncLane, Flight, LaneSeat
 from tasks_app.consumer.claiming import Claimed, PauseWatch, return_unstarted
-from tasks_app.consumer.gates import Admission, ConcurrencyGate, check_start, key_token_of
-from tasks_app.consumer.settling import Settler
+from tasks_app.consumer.gates import Admission, ConcurrencyGate, StartMissed, check_start, key_token_of
+from tasks_app.consumer.settling import Settler, retries_left
 from tasks_app.consumer.time_limits import RunClock, Running, TimeLimits, call_unforked, call_with_clock, within_timeout
 from tasks_app.context import TaskContext, running
 from tasks_app.django_tasks import runner
-from tasks_app.exceptions import ResultNotJson, ResultTooLarge
+from tasks_app.exceptions import ResultNotJson, ResultTooLarge, TaskCancelled
 from tasks_app.protocol import records
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Arguments, Task, UndecodableTask, decode_payload, decode_task
@@ -83,6 +83,7 @@ class Executor:
         give_up: threading.Event | None = None,
         concurrency: ConcurrencyGate | None = None,
         lease_check: Callable[[Claimed], bool] | None = None,
+        trace_links: bool = False,
     ) -> None:
         give_up = give_up or threading.Event()
         self.broker = broker
@@ -97,6 +98,7 @@ class Executor:
         self.concurrency = concurrency
         self.async_lane = async_lane  # where `async def` handlers run
         self.lease_check = lease_check  # waits while the claim's lease may have lapsed; False once lost
+        self.trace_links = trace_links  # a run's span links to its send span instead of being its child
 
     def execute(self, claimed: Claimed, on_settled: Callable[[], None] | None = None) -> bool:
         """Run a claimed task to its end; True if the ack batcher settles it (and then calls `on_settled`)."""
@@ -326,24 +328,32 @@ class Executor:
             run.force_stop, run.settle_given_up = flight.cancel, partial(flight.settle_off_loop, None)
         if not self.time_limits.begin(run):
             return self._return_stopping(claimed, AFTER_GRACE)
+        run.span = span = tracing.start_run(
+            task.headers, task.id, task.type, task.queue, task.attempt, claimed.consumer_id, self.trace_links
+        )
         if seat is not None:  # the lane settles it, and calls `on_settled` then
-            coroutine = self._coroutine(handler, context, arguments, timeout_s, begin)
+            coroutine = self._coroutine(handler, context, arguments, timeout_s, begin, span)
             seat.lane.submit(coroutine, flight, on_settled or _nothing, seat)
             return True
         metrics.BUSY_WORKERS.inc()
         try:
             # A child the handler forked exits as the handler returns: it must not settle the task too.
             call = partial(self.invoke, handler, context, arguments, lambda: clock.timeout_error, begin)
-            value, raised = call_with_clock(clock, partial(call_unforked, call))
+            with tracing.current(span):  # the handler's own spans nest under the run's
+                value, raised = call_with_clock(clock, partial(call_unforked, call))
         finally:
             metrics.BUSY_WORKERS.dec()
             # Its last progress goes before the outcome: the batcher keeps the order.
             self.time_limits.end(context.control)
-        if clock.abandoned:
-            return False  # settled by the time limits when it outlived its hard limit
+        if clock.abandoned:  # settled by the time limits when it outlived its hard limit
+            tracing.end_run(span, tracing.ABANDONED, clock.timeout_error or clock.cancel_error)
+            return False
         duration = time.monotonic() - clock.started_monotonic
         error = clock.timeout_error or raised  # the timeout wins over whatever the handler did after it
-        return self.settler.settle_outcome(claimed, task, config, value, error, raised, duration, on_settled)
+        try:
+            return self.settler.settle_outcome(claimed, task, config, value, error, raised, duration, on_settled)
+        finally:
+            tracing.end_run(span, _outcome(error, context), error)
 
     def invoke(
         self,
@@ -371,6 +381,7 @@ class Executor:
         arguments: Arguments,
         timeout_s: float | None,
         begin: Callable[[], None],
+        span: tracing.RunSpan | None = None,
     ) -> Coroutine[Any, Any, Any]:
         """The coroutine of an `async def` handler's run, cancelled with TaskTimeout at `timeout_s`."""
         # The handler's coroutine is made only as it begins: one closed before leaves none unawaited.
@@ -391,7 +402,7 @@ class Executor:
                     )
             except BaseException as exc:  # as call_with_clock catches a sync handler's
                 start = partial(_raising, exc)
-        return as_current(context, start)
+        return as_current(context, start, span)
 
     def _settle_lane_run(
         self,
@@ -412,11 +423,17 @@ class Executor:
                 return False
             self.time_limits.end(control)  # the batcher only queues its progress write, before the ack
             metrics.of_run(task.type, task.queue).duration.observe(duration)
-            return self.settler.succeed(claimed, task, return_json, duration, on_settled, config)
+            try:
+                return self.settler.succeed(claimed, task, return_json, duration, on_settled, config)
+            finally:
+                tracing.end_run(run.span, tracing.SUCCEEDED, None)
 
         def settle() -> bool:
             self.time_limits.end(control)
-            return self.settler.settle_outcome(claimed, task, config, value, raised, raised, duration, on_settled)
+            try:
+                return self.settler.settle_outcome(claimed, task, config, value, raised, raised, duration, on_settled)
+            finally:
+                tracing.end_run(run.span, _outcome(raised, run.context), raised)
 
         return self.settler.last_resort(claimed, settle)
 
@@ -429,10 +446,24 @@ async def _raising(error: BaseException) -> NoReturn:
     raise error
 
 
-async def as_current[T](context: TaskContext, start: Callable[[], Awaitable[T]]) -> T:
-    """Await what `start()` returns, with `context` as what `tasks_app.context.current()` returns in it."""
-    with running(context):
+async def as_current[T](
+    context: TaskContext, start: Callable[[], Awaitable[T]], span: tracing.RunSpan | None = None
+) -> T:
+    """Await what `start()` returns, with `context` as what `tasks_app.context.current()` returns in it (and
+    `span` as the current span)."""
+    with running(context), tracing.current(span):
         return await start()
+
+
+def _outcome(error: BaseException | None, context: TaskContext) -> str:
+    """What a run that ended with `error` comes to, as its span says."""
+    if error is None:
+        return tracing.SUCCEEDED
+    if isinstance(error, TaskCancelled):
+        return tracing.CANCELLED
+    if isinstance(error, StartMissed):  # its handler never began: sent back to wait
+        return tracing.DEFERRED
+    return tracing.RETRIED if retries_left(error, context.attempt, context.max_attempts) else tracing.DEAD_LETTERED
 
 
 def _begin_admitted(task: Task, start_by: float) -> None:

@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db import close_old_connections
 from redis.exceptions import RedisError
 
-from tasks_app import metrics
+from tasks_app import metrics, tracing
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.async_lane import AsyncLane
 from tasks_app.consumer.claiming import Capacity, Claimed, ClaimerLoop, HeldTasks, OneClaimer, return_unstarted
@@ -123,6 +123,7 @@ class Consumer:
             concurrency=concurrency,
             async_lane=AsyncLane(options.async_concurrency, self.capacity, self.claiming_stopped.is_set),
             lease_check=self._lease_holds,  # again after the gates, just before the start
+            trace_links=settings.TASKS_TRACE_PROPAGATION == tracing.LINK,
         )
         self.time_limits = self.executor.time_limits
         self.guard = ProcessGuard(options, self.time_limits.fail_hung, self.leave)

@@ -31,6 +31,7 @@ from tasks_app.protocol.codec import Task, compact_json
 from tasks_app.protocol.control import CancelMark
 from tasks_app.protocol.records import ResultUpdate
 from tasks_app.task_types import TaskTypeConfig
+from tasks_app.tracing import RunSpan
 
 logger = logging.getLogger("tasks_app.tasks")
 
@@ -186,6 +187,7 @@ class Running:
     force_stop: Callable[[], object]
     # A run on the asyncio lane: how it is settled once given up on (else by the settler, from here).
     settle_given_up: Callable[[BaseException | None, float], None] | None = None
+    span: RunSpan | None = None  # its `process` span, ended once it is settled
 
 
 class TimeLimits:

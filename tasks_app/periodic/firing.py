@@ -53,9 +53,18 @@ def _fire_into(
         requests.append(_request(config, queue, catch_up, run_id(config.name, firing.slot_ms, "catch_up")))
     batch = prepare(requests, registry=registry)
     runs = [task.item if isinstance(task, UniqueEnqueueable) else task for task in batch.tasks]
-    return broker.periodic.fire_periodic(
-        config.name, firing, runs[0], runs[1] if len(runs) > 1 else None, batch.result_ttl_s
-    )
+    try:
+        reply = broker.periodic.fire_periodic(
+            config.name, firing, runs[0], runs[1] if len(runs) > 1 else None, batch.result_ttl_s
+        )
+    except BaseException as exc:
+        batch.sent(exc)
+        raise
+    if reply.pushed:
+        batch.sent()
+    else:  # another consumer fired the slot: this call's span sent nothing
+        batch.sends.end([])
+    return reply
 
 
 def run_now(

@@ -8,7 +8,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple, cast
@@ -237,16 +237,21 @@ class Inspection(Role):
         return list({dead.ref: dead for dead in found if dead.ref in wanted}.values())
 
     def requeue_dead_tasks(
-        self, queue: str, dead: Sequence[DeadTask], unique_windows: Mapping[str, UniqueWindow] | None = None
+        self,
+        queue: str,
+        dead: Sequence[DeadTask],
+        unique_windows: Mapping[str, UniqueWindow] | None = None,
+        stamp: Callable[[MutableMapping[str, str]], None] = lambda headers: None,
     ) -> Requeued:
-        """Move requeueable dead tasks back, with a READY record and their uniqueness key; say which moved."""
+        """Move requeueable dead tasks back, with a READY record and their uniqueness key; say which moved.
+        `stamp` writes into each one's headers what its new run carries (the requeue's trace context)."""
         movable = [(item, item.task) for item in dead if item.requeueable and item.task is not None]
         if not movable:
             return Requeued([], [])
         # Taken before the moves, so above every earlier run's token (their late writes are ignored)
         # and below the token of any claim of a task they push.
         fence = self.queue.issue_fence(queue)
-        entries = [_requeue(item.member, task, queue, fence, unique_windows or {}) for item, task in movable]
+        entries = [_requeue(item.member, task, queue, fence, unique_windows or {}, stamp) for item, task in movable]
         # The READY record is written with the move, never for a task the move did not take. It must
         # be there before the push: a consumer may claim the task the moment it is pushed, and its
         # receipt must not meet the record of the dead run (a cancel asked of it, say).
@@ -324,10 +329,18 @@ def _decode(member: bytes, died_at_ms: int) -> DeadTask:
     return DeadTask(member, died_at, task, died_at_ms, *shown)
 
 
-def _requeue(member: bytes, task: Task, queue: str, fence: int, windows: Mapping[str, UniqueWindow]) -> DeadRequeue:
+def _requeue(
+    member: bytes,
+    task: Task,
+    queue: str,
+    fence: int,
+    windows: Mapping[str, UniqueWindow],
+    stamp: Callable[[MutableMapping[str, str]], None],
+) -> DeadRequeue:
     """Dead `task` to move back to `queue` afresh (no attempt used, no error, due now) with its READY record."""
     fresh = Task()
     fresh.CopyFrom(task)
+    stamp(fresh.headers)
     # A foreign envelope a reaper dead-lettered as pushed may name no queue, or another: its READY
     # record and history belong to the queue it goes back to, as a consumer would file it.
     fresh.queue, fresh.attempt, fresh.run_after_ms = queue, 0, 0

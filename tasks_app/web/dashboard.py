@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 from django.contrib import messages
@@ -14,6 +15,7 @@ from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
+from tasks_app import tracing
 from tasks_app.control import set_queue_paused
 from tasks_app.models import MANAGE_DEAD_LETTERS_PERMISSION, PAUSE_QUEUE_PERMISSION
 from tasks_app.periodic.status import schedule_statuses
@@ -175,9 +177,18 @@ def _act(request: HttpRequest, queue: str) -> None:
 
 def _requeue(request: HttpRequest, queue: str, found: Sequence[DeadTask], asked: int) -> None:
     """Requeue `found` (of `asked` selected), a unique type's task taking its key; say what was done."""
-    done = get_broker().inspect.requeue_dead_tasks(
-        queue, found, unique_windows=unique_windows(task.type for task in found)
-    )
+    sends = tracing.Sends()  # a requeue is a new send: its runs join the trace of this request
+    try:
+        done = get_broker().inspect.requeue_dead_tasks(
+            queue,
+            found,
+            unique_windows=unique_windows(task.type for task in found),
+            stamp=partial(tracing.restamp, sends=sends, queue=queue),
+        )
+    except BaseException as exc:
+        sends.end([], exc)
+        raise
+    sends.end((queue, task.task_id) for task in done.moved)
     _log(request, done.moved, CHANGE, f"Requeued dead-lettered task on queue {queue}")
     skipped = asked - len(done.moved) - len(done.held)
     held = "".join(f" Task {task.task_id:.200} not requeued: {HELD_KEY} ({holder:.200})." for task, holder in done.held)

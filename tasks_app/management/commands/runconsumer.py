@@ -16,6 +16,7 @@ from typing import Any, NoReturn
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from tasks_app import tracing
 from tasks_app.consumer.lifecycle import Consumer
 from tasks_app.consumer.loops import METRICS_HOST, serve_consumer_metrics
 from tasks_app.consumer.options import MAX_DURATION_S, MAX_PROCESSES, ConsumerOptions
@@ -107,6 +108,7 @@ class Command(BaseCommand):
 def _exit_now(exit_code: int) -> NoReturn:
     """End the process once the consumer has stopped, without joining threads its handlers left running."""
     # A thread a handler left running would keep the process alive beside the task's next run elsewhere.
+    tracing.flush()  # os._exit skips the exit handlers that would export the spans still buffered
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a handler may have closed or replaced it: exit all the same

@@ -1,0 +1,117 @@
+"""Send spans of the producer, one per call and queue, with their context in every envelope; the module without
+the API."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, StatusCode
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from tasks_app import producer
+from tasks_app.models import TaskType
+from tasks_app.producer import QueueUnavailable, TaskRequest
+from tasks_app.protocol.codec import decode_task
+from tests.support.span_export import in_memory
+from tests.test_dead_letter_views import dead_url, make_dead
+
+pytestmark = pytest.mark.django_db
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def exporter():
+    """The in-memory SDK of this process, emptied."""
+    spans = in_memory()
+    spans.clear()
+    return spans
+
+
+def _pending_headers(broker, queue: str) -> list[dict[str, str]]:
+    return [dict(decode_task(raw).headers) for raw in broker.client.lrange(broker.keys.pending(queue), 0, -1)]
+
+
+def _traceparent(span) -> str:
+    context = span.get_span_context()
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+
+
+def test_a_batch_makes_one_send_span_per_queue_and_every_task_carries_its_context(broker, exporter, echo_type):
+    TaskType.objects.create(name="mail.send", handler="demo.echo", queue="mail")
+    requests = [TaskRequest("web.echo", [n]) for n in range(3)] + [TaskRequest("mail.send", ["x"], headers={"a": "b"})]
+    with trace.get_tracer("tests").start_as_current_span("job") as parent:
+        enqueued = producer.enqueue_many(requests)
+    sends = {span.name: span for span in exporter.get_finished_spans() if span.kind == SpanKind.PRODUCER}
+    assert sorted(sends) == ["send mail", "send web"]
+    web, mail = sends["send web"], sends["send mail"]
+    for span in (web, mail):
+        assert span.parent.span_id == parent.get_span_context().span_id
+        assert span.attributes["messaging.system"] == "tasks_app"
+    assert web.attributes["messaging.batch.message_count"] == 3 and "messaging.message.id" not in web.attributes
+    assert mail.attributes["messaging.message.id"] == enqueued[3].id
+    assert "messaging.batch.message_count" not in mail.attributes
+    assert [h["traceparent"] for h in _pending_headers(broker, "web")] == [_traceparent(web)] * 3
+    assert _pending_headers(broker, "mail") == [{"a": "b", "traceparent": _traceparent(mail)}]
+
+
+def test_a_push_redis_refuses_ends_its_send_span_in_error(broker, exporter, echo_type, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise RedisConnectionError("gone")
+
+    monkeypatch.setattr(broker.enqueuer, "enqueue", refuse)
+    with pytest.raises(QueueUnavailable):
+        producer.enqueue("web.echo", [1], broker=broker)
+    [send] = exporter.get_finished_spans()
+    assert (send.name, send.status.status_code, send.attributes["error.type"]) == (
+        "send web",
+        StatusCode.ERROR,
+        "redis.exceptions.ConnectionError",
+    )
+
+
+def test_a_requeued_dead_letter_carries_the_requeue_requests_trace(staff, broker, exporter, echo_type):
+    with trace.get_tracer("tests").start_as_current_span("first request"):
+        task = make_dead(broker)
+    exporter.clear()
+    [dead] = broker.inspect.list_dead_tasks("web")
+    assert "traceparent" in dead.task.headers
+    with trace.get_tracer("tests").start_as_current_span("requeue request") as requeue:
+        assert staff.post(dead_url(), {"requeue_one": dead.ref}).status_code == 302
+    [send] = [span for span in exporter.get_finished_spans() if span.kind == SpanKind.PRODUCER]
+    assert (send.name, send.parent.span_id) == ("send web", requeue.get_span_context().span_id)
+    assert send.attributes["messaging.message.id"] == task.id
+    assert _pending_headers(broker, "web") == [{"traceparent": _traceparent(send)}]
+
+
+def test_without_the_api_nothing_is_traced_and_headers_are_left_alone():
+    script = textwrap.dedent(
+        """
+        import sys
+        sys.modules["opentelemetry"] = None  # as if the `otel` extra were not installed
+        from tasks_app import tracing
+        headers = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+        sends = tracing.Sends()
+        sends.stamp("q", headers)
+        sends.end([("q", "id")])
+        tracing.restamp(headers, sends, "q")
+        run = tracing.start_run(headers, "id", "t", "q", 1, "c", False)
+        with tracing.current(run):
+            pass
+        tracing.end_run(run, tracing.SUCCEEDED, None)
+        tracing.flush()
+        print(tracing.INSTALLED, run, headers)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [
+        "False",
+        "None",
+        "{'traceparent':",
+        "'00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'}",
+    ]
