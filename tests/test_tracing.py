@@ -9,15 +9,18 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from opentelemetry import trace
 from opentelemetry.trace import SpanKind, StatusCode
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from tasks_app import producer
 from tasks_app.models import TaskType
+from tasks_app.periodic.config import PeriodicConfig
+from tasks_app.periodic.firing import fire_slot, run_id
+from tasks_app.periodic.schedule import Schedule
 from tasks_app.producer import QueueUnavailable, TaskRequest
 from tasks_app.protocol.codec import decode_task
-from tests.support.span_export import in_memory
+from tasks_app.protocol.periodic import SlotFiring
+from tests.support.span_export import in_memory, tracer
 from tests.test_dead_letter_views import dead_url, make_dead
 
 pytestmark = pytest.mark.django_db
@@ -26,10 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture
 def exporter():
-    """The in-memory SDK of this process, emptied."""
-    spans = in_memory()
-    spans.clear()
-    return spans
+    """The queue's spans of this test, in memory."""
+    with in_memory() as spans:
+        yield spans
 
 
 def _pending_headers(broker, queue: str) -> list[dict[str, str]]:
@@ -44,7 +46,7 @@ def _traceparent(span) -> str:
 def test_a_batch_makes_one_send_span_per_queue_and_every_task_carries_its_context(broker, exporter, echo_type):
     TaskType.objects.create(name="mail.send", handler="demo.echo", queue="mail")
     requests = [TaskRequest("web.echo", [n]) for n in range(3)] + [TaskRequest("mail.send", ["x"], headers={"a": "b"})]
-    with trace.get_tracer("tests").start_as_current_span("job") as parent:
+    with tracer().start_as_current_span("job") as parent:
         enqueued = producer.enqueue_many(requests)
     sends = {span.name: span for span in exporter.get_finished_spans() if span.kind == SpanKind.PRODUCER}
     assert sorted(sends) == ["send mail", "send web"]
@@ -75,12 +77,12 @@ def test_a_push_redis_refuses_ends_its_send_span_in_error(broker, exporter, echo
 
 
 def test_a_requeued_dead_letter_carries_the_requeue_requests_trace(staff, broker, exporter, echo_type):
-    with trace.get_tracer("tests").start_as_current_span("first request"):
+    with tracer().start_as_current_span("first request"):
         task = make_dead(broker)
     exporter.clear()
     [dead] = broker.inspect.list_dead_tasks("web")
     assert "traceparent" in dead.task.headers
-    with trace.get_tracer("tests").start_as_current_span("requeue request") as requeue:
+    with tracer().start_as_current_span("requeue request") as requeue:
         assert staff.post(dead_url(), {"requeue_one": dead.ref}).status_code == 302
     [send] = [span for span in exporter.get_finished_spans() if span.kind == SpanKind.PRODUCER]
     assert (send.name, send.parent.span_id) == ("send web", requeue.get_span_context().span_id)
@@ -115,3 +117,17 @@ def test_without_the_api_nothing_is_traced_and_headers_are_left_alone():
         "{'traceparent':",
         "'00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'}",
     ]
+
+
+def test_a_fired_periodic_slot_sends_one_root_span_and_a_lost_race_sends_nothing(broker, exporter):
+    TaskType.objects.create(name="demo.echo", handler="demo.echo", queue="ticks")
+    config = PeriodicConfig(name="every.second", task_type="demo.echo", schedule=Schedule(interval_s=1), args=[1])
+    seconds, _ = broker.client.time()
+    slot = SlotFiring(seconds * 1000, seconds * 1000 - 1000, 60_000, "skip")
+    assert fire_slot(config, slot, broker).outcome == "fired"
+    assert fire_slot(config, slot, broker).outcome == "done"  # another consumer's turn at the same slot
+    fired, lost = exporter.get_finished_spans()
+    [run] = _pending_headers(broker, "ticks")
+    assert (fired.name, fired.parent, run["traceparent"]) == ("send ticks", None, _traceparent(fired))
+    assert fired.attributes["messaging.message.id"] == run_id("every.second", seconds * 1000)
+    assert lost.attributes["messaging.batch.message_count"] == 0

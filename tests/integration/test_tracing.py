@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from opentelemetry import baggage, context as otel_context, trace
+from opentelemetry import baggage, context as otel_context
 from opentelemetry.trace import SpanKind
 
 from tasks_app.models import TaskType
 from tasks_app.producer import enqueue
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, decode_task, encode_task
-from tests.support.span_export import SPANS_FILE, in_memory, read_spans
+from tests.support.span_export import SPANS_FILE, in_memory, read_spans, tracer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -43,17 +43,22 @@ def _ids(span: Any) -> tuple[str, str]:
     return f"{context.trace_id:032x}", f"{context.span_id:016x}"
 
 
-def _send_span(task_id: str) -> Any:
-    [send] = [span for span in in_memory().get_finished_spans() if span.kind == SpanKind.PRODUCER]
+@pytest.fixture
+def exporter():
+    """The queue's spans of this process (the test's), in memory."""
+    with in_memory() as spans:
+        yield spans
+
+
+def _send_span(exporter: Any, task_id: str) -> Any:
+    [send] = [span for span in exporter.get_finished_spans() if span.kind == SpanKind.PRODUCER]
     assert send.attributes["messaging.message.id"] == task_id
     return send
 
 
-def test_a_request_that_enqueues_a_retried_task_is_one_trace(staff, broker, consumer_process, tmp_path):
+def test_a_request_that_enqueues_a_retried_task_is_one_trace(staff, broker, consumer_process, tmp_path, exporter):
     TaskType.objects.create(name="traced.order", handler="tracing.nested", queue="traced", retry_backoff=0)
-    exporter = in_memory()
-    exporter.clear()
-    with trace.get_tracer("tests").start_as_current_span("POST /api/tasks/", kind=SpanKind.SERVER) as request:
+    with tracer().start_as_current_span("POST /api/tasks/", kind=SpanKind.SERVER) as request:
         token = otel_context.attach(baggage.set_baggage("tenant", "acme"))
         try:
             response = staff.post(
@@ -66,7 +71,7 @@ def test_a_request_that_enqueues_a_retried_task_is_one_trace(staff, broker, cons
     assert response.status_code == 201, response.content
     task_id = response.json()["id"]
     trace_id, request_id = _ids(request)
-    send = _send_span(task_id)
+    send = _send_span(exporter, task_id)
     send_trace, send_id = _ids(send)
     assert (send.name, send_trace, f"{send.parent.span_id:016x}") == ("send traced", trace_id, request_id)
     assert send.attributes["messaging.destination.name"] == "traced"
@@ -98,13 +103,11 @@ def test_a_request_that_enqueues_a_retried_task_is_one_trace(staff, broker, cons
     ]
 
 
-def test_link_propagation_links_each_run_to_the_send_span(broker, consumer_process, tmp_path):
+def test_link_propagation_links_each_run_to_the_send_span(broker, consumer_process, tmp_path, exporter):
     TaskType.objects.create(name="traced.link", handler="tracing.nested", queue="linked", retry_backoff=0)
-    exporter = in_memory()
-    exporter.clear()
-    with trace.get_tracer("tests").start_as_current_span("request"):
+    with tracer().start_as_current_span("request"):
         [task] = enqueue("traced.link", kwargs={"fail_attempts": 1})
-    send_trace, send_id = _ids(_send_span(task.id))
+    send_trace, send_id = _ids(_send_span(exporter, task.id))
 
     spans = _consume(consumer_process, tmp_path / "spans.jsonl", "--queue", "linked", TASKS_TRACE_PROPAGATION="link")
     runs = _named(spans, "process linked")
@@ -132,11 +135,10 @@ def test_a_foreign_envelope_with_a_traceparent_is_processed_in_that_trace(broker
     assert (inside["trace_id"], inside["parent_id"], inside["baggage_seen"]) == (trace_id, run["span_id"], "globex")
 
 
-def test_handler_spans_nest_in_process_mode_and_on_the_asyncio_lane(broker, consumer_process, tmp_path):
+def test_handler_spans_nest_in_process_mode_and_on_the_asyncio_lane(broker, consumer_process, tmp_path, exporter):
     for name, handler in (("traced.sync", "tracing.nested"), ("traced.async", "tracing.nested_async")):
         TaskType.objects.create(name=name, handler=handler, queue="modes")
-    in_memory().clear()
-    with trace.get_tracer("tests").start_as_current_span("request") as request:
+    with tracer().start_as_current_span("request") as request:
         enqueue("traced.sync", count=2)
         enqueue("traced.async", count=2)
     trace_id, _ = _ids(request)

@@ -7,17 +7,19 @@ their own, to show where a handler's spans nest.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, Tracer, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from tasks_app import tracing
 from tasks_app.registry import handler
 
 SPANS_FILE = "SPANS_FILE"
@@ -63,13 +65,34 @@ class FileExporter(SpanExporter):
 
 
 @functools.cache
-def in_memory() -> InMemorySpanExporter:
-    """Install the SDK with an in-memory exporter in this process (once: a provider is set once per process)."""
+def _memory() -> tuple[TracerProvider, InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    trace.set_tracer_provider(provider)
-    return exporter
+    return provider, exporter
+
+
+@contextlib.contextmanager
+def in_memory() -> Iterator[InMemorySpanExporter]:
+    """Trace the queue's spans of this process into memory meanwhile; the exporter starts empty.
+
+    The SDK is not made the global provider: that is set once per process, and would trace every later test
+    of this worker, writing trace headers into envelopes that other tests compare whole.
+    """
+    provider, exporter = _memory()
+    exporter.clear()
+    saved = tracing._tracer, tracing._recording
+    tracing._tracer = lambda: provider.get_tracer("tasks_app")  # type: ignore[method-assign,assignment]
+    tracing._recording = lambda: True
+    try:
+        yield exporter
+    finally:
+        tracing._tracer, tracing._recording = saved
+
+
+def tracer() -> Tracer:
+    """The tracer a test opens its own spans with (a request's, say), into the same memory."""
+    return _memory()[0].get_tracer("tests")
 
 
 def read_spans(path: os.PathLike[str] | str) -> list[dict[str, Any]]:
