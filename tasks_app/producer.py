@@ -159,42 +159,29 @@ def prepare(requests: Sequence[TaskRequest], *, registry: Registry = default_reg
     batch = PreparedBatch([], [], settings.TASKS_RESULT_TTL)
     try:
         for request in requests:
-            _prepare_one(batch, request, prepared, queue_of_id, configs, registry, now_ms)
+            entry = prepared.get(id(request))
+            if entry is None or entry[0] is not request:
+                entry = prepared[id(request)] = (request, _prepare(request, configs, registry, now_ms))
+                batch.sends.stamp(entry[1].task.queue, entry[1].task.headers)
+            task, delay_ms, record, window_ms = entry[1]
+            queue = task.queue
+            # One id names one task, and one record: not tasks of two queues.
+            if request.task_id and (first := queue_of_id.setdefault(request.task_id, queue)) != queue:
+                raise EnqueueError(
+                    f"task id {request.task_id!r:.120} is given to tasks of two queues, {first!r} and {queue!r}, in"
+                    " one call: a task id names one task"
+                )
+            task_id = task.id = request.task_id or new_task_id()
+            if request.run_after is not None:
+                batch.fixed_due.add(task_id)
+            checked = bool(request.task_id) and not request.fresh_id  # a caller's id: a retry is a duplicate
+            item = Enqueueable(queue, encode_task(task), task.priority, delay_ms, record, task_id, checked)
+            batch.tasks.append(UniqueEnqueueable(item, task.unique_digest, window_ms) if window_ms else item)
+            batch.enqueued.append(EnqueuedTask(task_id, request.type, queue, task.priority, now_ms, task.run_after_ms))
     except BaseException as exc:  # nothing of the batch goes out
-        batch.sent(exc)
+        batch.sends.end([], exc)
         raise
     return batch
-
-
-def _prepare_one(
-    batch: PreparedBatch,
-    request: TaskRequest,
-    prepared: dict[int, tuple[TaskRequest, _Prepared]],
-    queue_of_id: dict[str, str],
-    configs: dict[str, TaskTypeConfig],
-    registry: Registry,
-    now_ms: int,
-) -> None:
-    """Validate, encode and add one request's task to `batch`."""
-    entry = prepared.get(id(request))
-    if entry is None or entry[0] is not request:
-        entry = prepared[id(request)] = (request, _prepare(request, configs, registry, now_ms))
-        batch.sends.stamp(entry[1].task.queue, entry[1].task.headers)
-    task, delay_ms, record, window_ms = entry[1]
-    queue = task.queue
-    # One id names one task, and one record: not tasks of two queues.
-    if request.task_id and (first := queue_of_id.setdefault(request.task_id, queue)) != queue:
-        raise EnqueueError(
-            f"task id {request.task_id!r:.120} is given to tasks of two queues, {first!r} and {queue!r}, in one"
-            " call: a task id names one task"
-        )
-    task_id = task.id = request.task_id or new_task_id()
-    if request.run_after is not None:
-        batch.fixed_due.add(task_id)
-    checked = bool(request.task_id) and not request.fresh_id  # a caller's id: a retry is a duplicate
-    item = Enqueueable(queue, encode_task(task), task.priority, delay_ms, record, task_id, checked)
-    batch.tasks.append(UniqueEnqueueable(item, task.unique_digest, window_ms) if window_ms else item)
-    batch.enqueued.append(EnqueuedTask(task_id, request.type, queue, task.priority, now_ms, task.run_after_ms))
 
 
 def push(batch: PreparedBatch, *, broker: Broker | None = None) -> list[EnqueuedTask]:

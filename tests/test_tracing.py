@@ -119,6 +119,18 @@ def test_without_the_api_nothing_is_traced_and_headers_are_left_alone():
     ]
 
 
+def test_a_batch_refused_midway_ends_its_send_spans_in_error_having_sent_nothing(broker, exporter, echo_type):
+    with pytest.raises(producer.EnqueueError):
+        producer.enqueue_many([TaskRequest("web.echo", [1]), TaskRequest("no.such.type")])
+    [send] = exporter.get_finished_spans()
+    assert (send.name, send.status.status_code, send.attributes["messaging.batch.message_count"]) == (
+        "send web",
+        StatusCode.ERROR,
+        0,
+    )
+    assert broker.inspect.queue_stats("web").pending == 0
+
+
 def test_a_fired_periodic_slot_sends_one_root_span_and_a_lost_race_sends_nothing(broker, exporter):
     TaskType.objects.create(name="demo.echo", handler="demo.echo", queue="ticks")
     config = PeriodicConfig(name="every.second", task_type="demo.echo", schedule=Schedule(interval_s=1), args=[1])
