@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from django.db import transaction
 from opentelemetry.trace import SpanKind, StatusCode
 from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -20,6 +21,7 @@ from tasks_app.periodic.schedule import Schedule
 from tasks_app.producer import QueueUnavailable, TaskRequest
 from tasks_app.protocol.codec import decode_task
 from tasks_app.protocol.periodic import SlotFiring
+from tests.support import django_tasks
 from tests.support.span_export import in_memory, tracer
 from tests.test_dead_letter_views import dead_url, make_dead
 
@@ -143,3 +145,15 @@ def test_a_fired_periodic_slot_sends_one_root_span_and_a_lost_race_sends_nothing
     assert (fired.name, fired.parent, run["traceparent"]) == ("send ticks", None, _traceparent(fired))
     assert fired.attributes["messaging.message.id"] == run_id("every.second", seconds * 1000)
     assert lost.attributes["messaging.batch.message_count"] == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_django_task_enqueued_in_a_transaction_is_sent_when_it_commits(settings, broker, exporter):
+    settings.TASKS = {"default": {"BACKEND": "tasks_app.backends.RedisBackend", "QUEUES": []}}
+    with tracer().start_as_current_span("view") as view, transaction.atomic():
+        result = django_tasks.add.enqueue(1, 2)
+        assert [span.name for span in exporter.get_finished_spans()] == []  # nothing sent before the commit
+    [send] = [span for span in exporter.get_finished_spans() if span.kind == SpanKind.PRODUCER]
+    assert (send.name, send.parent.span_id) == ("send default", view.get_span_context().span_id)
+    assert send.attributes["messaging.message.id"] == result.id
+    assert [headers["traceparent"] for headers in _pending_headers(broker, "default")] == [_traceparent(send)]
