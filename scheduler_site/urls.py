@@ -3,11 +3,12 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from scheduler_site.metrics import metrics
 from tasks_app.web.health import healthz
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("", include("tasks_app.urls")),
     path("healthz", healthz, name="healthz"),
-    path("", include("django_prometheus.urls")),
+    path("metrics", metrics, name="prometheus-django-metrics"),
 ]

@@ -1,4 +1,4 @@
-"""Queue depths and live consumers, read from Redis when Prometheus scrapes (no polling thread)."""
+"""Queue depths, live consumers and what a scaler needs, read from Redis when Prometheus scrapes (no polling thread)."""
 
 from __future__ import annotations
 
@@ -23,8 +23,21 @@ STATES = ("pending", "processing", "delayed", "dead")
 # More queues than this are not exported: cardinality stays bounded whatever producers do.
 MAX_QUEUES = 200
 
-# What one read gives: the stats of each queue, and the server's ms.
+# What one read gives: the stats of each queue, and the server's ms they were read at.
 Read = tuple[list[QueueStats], int]
+# The scaler's gauges: the QueueStats field each exports, after the family name's suffix.
+SCALER_GAUGES = {
+    "waiting": (
+        "queue_waiting_tasks",
+        "Tasks a free worker could start now: pending, prioritized, recovered and due delayed ones.",
+    ),
+    "in_flight": ("queue_in_flight_tasks", "Tasks claimed by consumers whose lease is alive, running or about to."),
+    "oldest_waiting_age_s": (
+        "queue_oldest_waiting_age_seconds",
+        "How long the longest-waiting of the next tasks of pending, prioritized, recovered and due delayed has waited.",
+    ),
+    "workers": ("queue_workers", "Worker threads (--concurrency) of the consumers whose lease is alive, summed."),
+}
 
 
 class QueueCollector(Collector):
@@ -46,7 +59,7 @@ class QueueCollector(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         """Read every known queue from Redis, within the time budget."""
         started = time.monotonic()
-        depth, live, paused, up, duration = self._families()
+        depth, live, paused, up, duration, *scaler = self._families()
         read = self._read()
         stats, now_ms = read if read is not None else ([], 0)
         for item in stats:
@@ -55,9 +68,11 @@ class QueueCollector(Collector):
             # A consumer past its deadline is dead even before a reaper has removed it.
             live.add_metric([item.queue], sum(1 for c in item.consumers if c["lease_deadline_ms"] > now_ms))
             paused.add_metric([item.queue], 1 if item.paused else 0)
+            for family, field in zip(scaler, SCALER_GAUGES, strict=True):
+                family.add_metric([item.queue], getattr(item, field))
         up.add_metric([], 0 if read is None else 1)
         duration.add_metric([], time.monotonic() - started)
-        yield from (depth, live, paused, up, duration)
+        yield from (depth, live, paused, up, duration, *scaler)
 
     def _read(self) -> Read | None:
         with self._lock:
@@ -83,7 +98,8 @@ class QueueCollector(Collector):
         queues = sorted(
             set(self.queues) | {name for name in broker.inspect.known_queues() if NAME_PATTERN.fullmatch(name)}
         )
-        return [broker.inspect.queue_stats(queue) for queue in queues[:MAX_QUEUES]], broker.inspect.server_time_ms()
+        now_ms = broker.inspect.server_time_ms()
+        return [broker.inspect.queue_stats(queue, now_ms) for queue in queues[:MAX_QUEUES]], now_ms
 
     @staticmethod
     def _families() -> tuple[GaugeMetricFamily, ...]:
@@ -102,4 +118,5 @@ class QueueCollector(Collector):
             ),
             GaugeMetricFamily(f"{prefix}_queue_stats_up", "1 if this scrape read the queue depths from Redis."),
             GaugeMetricFamily(f"{prefix}_queue_stats_duration_seconds", "Time this scrape spent reading Redis."),
+            *(GaugeMetricFamily(f"{prefix}_{name}", text, labels=["queue"]) for name, text in SCALER_GAUGES.values()),
         )

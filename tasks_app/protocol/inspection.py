@@ -43,7 +43,7 @@ _REF = re.compile(r"-?[0-9]{1,19}:[0-9a-f]{40}")
 
 @dataclass(frozen=True)
 class QueueStats:
-    """Sizes of one queue's parts and its live consumers."""
+    """Sizes of one queue's parts and its consumers, and what a scaler reads: work waiting, in flight, and workers."""
 
     queue: str
     pending: int
@@ -52,6 +52,10 @@ class QueueStats:
     dead: int
     consumers: list[dict[str, Any]]
     paused: bool = False
+    waiting: int = 0  # pending and due delayed tasks: what a free worker could start now
+    in_flight: int = 0  # in the processing lists of consumers whose lease is alive
+    oldest_waiting_age_s: float = 0.0  # how long the next task of each waiting part has waited, the longest
+    workers: int = 0  # the worker threads (--concurrency) of consumers whose lease is alive
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -135,8 +139,10 @@ class Inspection(Role):
         members = self.client.smembers(self.keys.queues())
         return sorted(member.decode(errors="backslashreplace") for member in members)  # may hold any bytes
 
-    def queue_stats(self, queue: str) -> QueueStats:
-        """Count pending, in-flight, delayed and dead tasks of a queue, and list its consumers."""
+    def queue_stats(self, queue: str, now_ms: int | None = None) -> QueueStats:
+        """Count pending, in-flight, delayed and dead tasks of a queue, list its consumers, and read the scaler's
+        gauges at `now_ms` (the server's clock; read here when not given)."""
+        now_ms = self.server_time_ms() if now_ms is None else now_ms
         # One MULTI/EXEC reads every count, so a task moved meanwhile is counted once; a foreign name in the
         # queue set is read without it (its keys may lie in many Redis Cluster slots).
         listing = self.client.pipeline(transaction=False)
@@ -157,16 +163,42 @@ class Inspection(Role):
         pipe.zcard(self.keys.delayed(queue))
         pipe.zcard(self.keys.dead(queue))
         pipe.exists(self.keys.paused(queue))
+        pipe.zcount(self.keys.delayed(queue), "-inf", now_ms)
+        self._queue_heads(pipe, queue, now_ms)
         info_raw, *lengths = pipe.execute()
-        pending, wake_token_at, prioritized, suspects, delayed, dead, paused = lengths[len(holders) :]
-        waiting = pending - (wake_token_at is not None) + prioritized + suspects
+        counts, heads = lengths[len(holders) : len(holders) + 8], lengths[len(holders) + 8 :]
+        pending, wake_token_at, prioritized, suspects, delayed, dead, paused, due = counts
+        queued = pending - (wake_token_at is not None) + prioritized + suspects
         processing = sum(lengths[: len(holders)])
         infos = {key.decode(errors="backslashreplace"): json.loads(value) for key, value in info_raw.items()}
         consumers = [
             {**infos.get(held_by, {}), "id": held_by, "lease_deadline_ms": ms_of_score(deadline_ms), "in_flight": count}
             for held_by, (_, deadline_ms), count in zip(holders, entries, lengths[: len(entries)], strict=False)
         ]
-        return QueueStats(queue, waiting, processing, delayed, dead, consumers, bool(paused))
+        # A consumer past its deadline is dead even before a reaper has removed it. Its info may be gone
+        # already: it deregistered between the two reads.
+        live = [consumer for consumer in consumers if consumer["lease_deadline_ms"] > now_ms]
+        return QueueStats(
+            queue,
+            queued,
+            processing,
+            delayed,
+            dead,
+            consumers,
+            bool(paused),
+            waiting=queued + due,
+            in_flight=sum(consumer["in_flight"] for consumer in live),
+            oldest_waiting_age_s=_oldest_waiting_age_s(heads, now_ms),
+            workers=sum(consumer.get("concurrency", 0) for consumer in live),
+        )
+
+    def _queue_heads(self, pipe: Any, queue: str, now_ms: int) -> None:
+        """Queue the reads of the next task of each waiting part: pending (two: a wake token may be its head),
+        prioritized and suspects; then the earliest due delayed member with its score."""
+        pipe.lrange(self.keys.pending(queue), -2, -1)
+        pipe.zrange(self.keys.prioritized(queue), 0, 0)
+        pipe.lrange(self.keys.suspects(queue), -1, -1)
+        pipe.zrangebyscore(self.keys.delayed(queue), "-inf", now_ms, start=0, num=1, withscores=True)
 
     def sample_backlog(self, queue: str) -> int:
         """Store how many tasks of `queue` wait (pending, prioritized, suspects, delayed) in this minute's hash."""
@@ -317,6 +349,22 @@ class Inspection(Role):
         # With several target nodes redis-py answers one parsed CLUSTER INFO per node.
         replies = cast(dict[Any, dict[str, Any]], self.client.cluster_info(target_nodes=redis.RedisCluster.PRIMARIES))
         return all(info.get("cluster_state") == "ok" for info in replies.values())
+
+
+def _oldest_waiting_age_s(heads: Sequence[Any], now_ms: int) -> float:
+    """Seconds the longest-waiting of the parts' next tasks has waited (0: none waits), from `_queue_heads`' replies."""
+    pending, prioritized, suspects, due = heads
+    since_ms = [ms_of_score(score) for _, score in due]  # a due delayed task waits from its due time (server clock)
+    for raw in [*pending, *prioritized, *suspects]:
+        try:
+            task = decode_task(raw)
+        except UndecodableTask:
+            continue  # a wake token, or bytes a consumer will dead-letter: no task waits there
+        # From its enqueue or due time, on its producer's clock; an envelope that names neither is not timed.
+        started_ms = max(task.enqueued_at_ms, task.run_after_ms)
+        if started_ms > 0:
+            since_ms.append(started_ms)
+    return max(0.0, (now_ms - min(since_ms)) / 1000) if since_ms else 0.0
 
 
 def _decode(member: bytes, died_at_ms: int) -> DeadTask:
