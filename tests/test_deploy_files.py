@@ -16,20 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 from django.core.management import load_command_class
-from django.test import Client
-from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
-from tasks_app.collectors import QueueCollector
+from tests.support.scrape import METRIC_NAME, exported_names
 
 ROOT = Path(__file__).resolve().parent.parent
-SUFFIXES = {
-    "counter": ("_total", "_created"),
-    "histogram": ("_bucket", "_sum", "_count", "_created"),
-    "summary": ("_sum", "_count", "_created"),
-    "gauge": ("",),
-}
-METRIC_NAME = re.compile(r"\b(?:taskqueue|django)_[a-zA-Z0-9_]+")
 
 
 def dockerfile_instructions() -> list[tuple[str, str]]:
@@ -46,19 +36,6 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
 
 def compose() -> dict:
     return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
-
-
-def exported_names(broker) -> set[str]:
-    """Every series name the consumer and the web app export, from real scrapes."""
-    registry = CollectorRegistry()
-    registry.register(QueueCollector(lambda: broker))
-    text = generate_latest(REGISTRY).decode() + generate_latest(registry).decode()
-    text += Client(HTTP_HOST="localhost").get("/metrics").content.decode()
-    names = set()
-    for family in text_string_to_metric_families(text):
-        names.update(family.name + suffix for suffix in SUFFIXES.get(family.type, ("",)))
-        names.update(sample.name for sample in family.samples)
-    return names
 
 
 # --- Dockerfile -----------------------------------------------------------------------------

@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+import re
 import urllib.error
 import urllib.request
 
+from django.test import Client
+from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+
+from tasks_app.collectors import QueueCollector
+
+# The series a family of each type exposes, after its name.
+SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "histogram": ("_bucket", "_sum", "_count", "_created"),
+    "summary": ("_sum", "_count", "_created"),
+    "gauge": ("",),
+}
+# A metric name of ours or django-prometheus' in a PromQL expression.
+METRIC_NAME = re.compile(r"\b(?:taskqueue|django)_[a-zA-Z0-9_]+")
 
 
 def http_get(url: str) -> tuple[int, bytes]:
@@ -41,3 +56,16 @@ def scrape(url: str) -> Scrape | None:
     """Scrape a `/metrics` URL; None when it does not answer 200."""
     status, body = http_get(url)
     return Scrape(body.decode()) if status == 200 else None
+
+
+def exported_names(broker) -> set[str]:
+    """Every series name the consumer and the web app export, from real scrapes."""
+    registry = CollectorRegistry()
+    registry.register(QueueCollector(lambda: broker))
+    text = generate_latest(REGISTRY).decode() + generate_latest(registry).decode()
+    text += Client(HTTP_HOST="localhost").get("/metrics").content.decode()
+    names = set()
+    for family in text_string_to_metric_families(text):
+        names.update(family.name + suffix for suffix in SUFFIXES.get(family.type, ("",)))
+        names.update(sample.name for sample in family.samples)
+    return names
