@@ -8,6 +8,8 @@ CustomResourceDefinition is kept in tests/schemas/.
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -227,6 +229,16 @@ def test_the_keda_trigger_is_the_documented_formula_on_metrics_the_code_exports(
         # Zero replicas only when nothing waits or runs; no answer is an error, not a zero.
         assert spec["minReplicaCount"] == 0 and float(metadata["activationThreshold"]) == 0
         assert metadata["ignoreNullValues"] == "false"
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (apt-get install prometheus)")
+def test_promtool_parses_every_keda_query(tmp_path):
+    queries = [s["spec"]["triggers"][0]["metadata"]["query"] for s in of_kind("ScaledObject")]
+    recorded = [{"record": f"keda:query{i}", "expr": query} for i, query in enumerate(queries)]
+    rules = {"groups": [{"name": "keda", "rules": recorded}]}
+    (tmp_path / "keda.yml").write_text(yaml.safe_dump(rules))
+    result = subprocess.run(["promtool", "check", "rules", "keda.yml"], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 # --- web and migrations ------------------------------------------------------------------------
