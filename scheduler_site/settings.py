@@ -180,6 +180,11 @@ TASKS_THROTTLE_RECHECK_S = float(os.environ.get("TASKS_THROTTLE_RECHECK_S", "5")
 # At most this many recent tasks per queue are kept in the history index behind the task browser.
 TASKS_HISTORY_MAX = int(os.environ.get("TASKS_HISTORY_MAX", "100000"))
 
+# --- Workflows ---------------------------------------------------------------------------------
+# A workflow (chain, group, chord) holds at most this many tasks, nested at most this deep.
+TASKS_WORKFLOW_MAX_TASKS = int(os.environ.get("TASKS_WORKFLOW_MAX_TASKS", "20000"))
+TASKS_WORKFLOW_MAX_DEPTH = int(os.environ.get("TASKS_WORKFLOW_MAX_DEPTH", "10"))
+
 # --- Periodic tasks ----------------------------------------------------------------------------
 # Schedules declared in code, written to PeriodicTask rows (source "code") when consumers start:
 # {"reports.nightly": {"task": "reports.build", "cron": "0 3 * * *", "timezone": "Europe/Berlin"}}.

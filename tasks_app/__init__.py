@@ -10,6 +10,7 @@ from tasks_app.exceptions import (
     TaskTimeout,
 )
 from tasks_app.registry import handler
+from tasks_app.workflows import cancel_workflow, chain, chord, get_workflow, group, step
 
 __all__ = [
     "PermanentError",
@@ -20,5 +21,11 @@ __all__ = [
     "TaskTimeout",
     "cancel",
     "cancel_many",
+    "cancel_workflow",
+    "chain",
+    "chord",
+    "get_workflow",
+    "group",
     "handler",
+    "step",
 ]

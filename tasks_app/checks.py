@@ -23,6 +23,8 @@ _BOUNDED_SETTINGS: dict[str, tuple[str, float, float, str, str]] = {
     "E040": ("TASKS_THROTTLE_RECHECK_S", 0.1, 3600, " seconds", "Tasks waiting for a slot look again this often."),
     "E050": ("TASKS_PERIODIC_GRACE_S", 0, 7 * 86400, " seconds", "A slot reached later than this counts as missed."),
     "E060": ("TASKS_HISTORY_MAX", 1, 10_000_000, " tasks", "Each queue's history index keeps this many tasks."),
+    "E070": ("TASKS_WORKFLOW_MAX_TASKS", 1, 100_000, " tasks", "A workflow is stored and started by one script."),
+    "E071": ("TASKS_WORKFLOW_MAX_DEPTH", 1, 100, " levels", "Its scripts walk the tree recursively."),
 }
 
 

@@ -16,7 +16,8 @@ from typing import Any, NamedTuple
 from django.conf import settings
 from redis.exceptions import RedisError
 
-from tasks_app import metrics, tracing
+import tasks_app.metrics as metrics  # not `from tasks_app`: the package re-exports workflows, which use this module
+import tasks_app.tracing as tracing
 from tasks_app.models import TaskType
 from tasks_app.protocol import records
 from tasks_app.protocol.broker import Broker, get_broker
@@ -72,6 +73,8 @@ class TaskRequest:
     fresh_id: bool = False
     # Unique task types: what makes two tasks the same (default: the type, args and kwargs).
     unique_key: str | None = None
+    # A workflow's step: True, it gets only its own arguments, not the steps' before it (`tasks_app.workflows`).
+    immutable: bool = False
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import Any
 from django.conf import settings
 from redis.exceptions import ResponseError
 
-from tasks_app import metrics
+from tasks_app import metrics, workflows
 from tasks_app.consumer.ack_batcher import AckBatcher, through_outages
 from tasks_app.consumer.claiming import Claimed, withdrawal
 from tasks_app.consumer.gates import StartMissed
@@ -35,6 +35,7 @@ from tasks_app.protocol.control import CancelMark
 from tasks_app.protocol.keys import UNDECODABLE_TYPE
 from tasks_app.protocol.queue import UniqueRelease
 from tasks_app.protocol.records import ResultUpdate, clean_text, now_ms
+from tasks_app.protocol.workflows import Owner
 from tasks_app.registry import Registry
 from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
 
@@ -220,6 +221,7 @@ class Settler:
         kept_s = config.kept_for_s(records.SUCCESSFUL, self.result_ttl_s)
         update = records.succeeded(task, return_json, now_ms(), kept_s, claimed.fence, run_s=duration_s)
         metrics.of_run(task.type, task.queue).succeeded.inc()
+        self.workflow_end(claimed, task, workflows.SUCCESSFUL, return_json)
         release = self.release_of(task, config)
         return self.ack_settled(claimed, task, update, "succeeded", duration_s, on_settled, release)
 
@@ -267,6 +269,7 @@ class Settler:
             fence=claimed.fence,
             run_s=duration_s,
         )
+        self.workflow_end(claimed, task, workflows.FAILED, workflows.failed_value(task.id, task.last_error, ""))
         if not self._dead_letter_raw(claimed, encode_task(task), update, self.release_of(task, config)):
             self._ack_lost(claimed, task)
         metrics.TASKS_DEAD_LETTERED.labels(self.type_label(task.type), task.queue).inc()
@@ -371,6 +374,7 @@ class Settler:
             update = records.cancelled(task, int(time.time() * 1000), kept_s, claimed.fence)
         update = update or records.dropped_cancelled(task, kept_s, claimed.fence)
         outcome = "cancelled" if duration_s is not None else "cancelled_before_start"
+        self.workflow_end(claimed, task, workflows.CANCELLED, workflows.failed_value(task.id, "", workflows.CANCELLED))
         return self.ack_settled(claimed, task, update, outcome, duration_s, on_settled, self.release_of(task, config))
 
     def drop_if_cancelled_while_held(
@@ -388,6 +392,13 @@ class Settler:
         return self.cancelled(claimed, task, config, on_settled, update=cancelled)
 
     # --- writes ----------------------------------------------------------------------------
+    def workflow_end(self, claimed: Claimed, task: Task, outcome: str, value_json: str) -> None:
+        """Record the end of a workflow's task, while this run owns it, and push what it started: before the ack,
+        so a kill in between leaves the task to be settled, and recorded, again."""
+        if workflows.is_member(task.headers):
+            owner = Owner(claimed.queue, claimed.consumer_id, claimed.raw)
+            self.redis(lambda: workflows.task_ended(self.broker, task.headers, outcome, value_json, owner), "workflow")
+
     def kept_s(self, task: Task, status: str) -> int:
         """How long the record of `task`, ended with `status`, is kept (s): its type's choice; 0 none."""
         return self.task_types.kept_for_s(task.type, status, self.result_ttl_s)
@@ -512,6 +523,16 @@ def record_reaped(
             until_done(partial(broker.records.record_result, update), what="record_result", give_up=give_up)
         except Exception as exc:
             reaped_logger.error("could not record dead-lettered task %s as failed: %s", task.id, exc)
+        if workflows.is_member(task.headers):  # it failed for good: its workflow learns it (no run owns it now)
+            value = workflows.failed_value(task.id, task.last_error or task.dead_reason, workflows.FAILED)
+            try:
+                until_done(
+                    partial(workflows.task_ended, broker, task.headers, workflows.FAILED, value),
+                    what="workflow",
+                    give_up=give_up,
+                )
+            except Exception as exc:
+                reaped_logger.error("could not record dead-lettered task %s in its workflow: %s", task.id, exc)
         # Whether or not its record could be written: the task is dead either way.
         if holds_unique_until_finished(task, task_types.get(task.type)):
             try:

@@ -14,6 +14,7 @@ from tasks_app.protocol.limits import Limits
 from tasks_app.protocol.periodic import Periodic
 from tasks_app.protocol.queue import Queue
 from tasks_app.protocol.scripts import ScriptClient, Scripts, connect
+from tasks_app.protocol.workflows import Workflows
 
 
 class Broker:
@@ -40,6 +41,7 @@ class Broker:
         self.control = Control(redis)
         self.periodic = Periodic(redis, self.enqueuer)
         self.inspect = Inspection(redis, self.queue, self.records)
+        self.workflows = Workflows(redis, self.queue)
 
     def __copy__(self) -> Broker:
         """A broker on the same client and scripts with roles of its own (another consumer's instance token)."""

@@ -125,6 +125,11 @@ class Keys:
     def result(self, task_id: str) -> str:
         return f"{self.prefix}:result:{task_id}"
 
+    def workflow(self, workflow_id: str) -> list[str]:
+        """The keys of one workflow, under a hash tag of its own, in the order of WORKFLOW_KEYS."""
+        base = f"{self.prefix}:wf:{{{workflow_id}}}"
+        return [base, *(f"{base}:{name}" for name in WORKFLOW_KEYS[1:])]
+
     def rate(self, task_type: str, key_token: str | None = None) -> str:
         """The GCRA state of a type, or of one value of its `rate_limit_key` (see `limit_key_token`)."""
         return f"{self.prefix}:rate:{{{_limit_tag(task_type, key_token)}}}"
@@ -159,6 +164,10 @@ class Keys:
 
     def running_waiting(self, task_type: str, key_token: str | None = None) -> str:
         return f"{self.running(task_type, key_token)}:waiting"
+
+
+# The keys of a workflow (`Keys.workflow`), as its scripts take them (lua/include/workflow.lua).
+WORKFLOW_KEYS = ("meta", "nodes", "steps", "starts", "results", "outcomes", "failed", "fired")
 
 
 def _limit_tag(task_type: str, key_token: str | None) -> str:

@@ -1,0 +1,191 @@
+"""Workflows on a real Redis with consumers in threads: the shapes, inputs, policies, validation, reading."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import tests.support.workflow_handlers  # noqa: F401  (registers the workflow handlers in this process)
+from tasks_app import workflows
+from tasks_app.producer import TaskRequest
+from tasks_app.workflows import WorkflowError, chain, chord, group
+from tests.support.processes import wait_until
+from tests.support.workflow_handlers import runs_key
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def runs(broker) -> list[dict]:
+    return [json.loads(line) for line in broker.client.lrange(runs_key(), 0, -1)]
+
+
+def ended(broker, workflow_id: str, status: str = workflows.SUCCESSFUL, timeout_s: float = 30):
+    wait_until(
+        lambda: workflows.get_workflow(workflow_id).status == status,
+        timeout_s,
+        message=lambda: f"workflow {status}: {workflows.get_workflow(workflow_id)}",
+    )
+    return workflows.get_workflow(workflow_id)
+
+
+def test_a_chain_passes_each_return_value_to_the_next_step(broker, consumer_in_thread):
+    flow = chain(
+        TaskRequest("wf.value", args=[1]),
+        TaskRequest("wf.add", args=[10]),
+        TaskRequest("wf.add", args=[100]),
+        TaskRequest("wf.value", args=["own"], immutable=True),
+    )
+    with consumer_in_thread():
+        handle = flow.enqueue()
+        state = ended(broker, handle.id)
+    assert [r["args"] for r in runs(broker)] == [[1], [1, 10], [11, 100], ["own"]]
+    assert state.result == "own"
+    assert state.counts == {workflows.SUCCESSFUL: 4}
+    assert [m.task_id for m in state.members] == [workflows.task_id_of(handle.id, f"0.{n}") for n in range(4)]
+
+
+def test_a_chord_calls_back_once_with_the_results_in_member_order(broker, consumer_in_thread):
+    flow = chord([TaskRequest("wf.value", args=[n]) for n in range(20)], then=TaskRequest("wf.collect", args=["x"]))
+    with consumer_in_thread(concurrency=8):
+        handle = flow.enqueue()
+        state = ended(broker, handle.id)
+    [callback] = [r for r in runs(broker) if r["type"] == "wf.collect"]
+    assert callback["args"] == [list(range(20)), "x"]
+    assert state.callback_ids == [workflows.task_id_of(handle.id, "0.1")]
+    assert len(state.member_ids) == 20
+    assert state.result == 20
+
+
+def test_nesting_a_chain_in_a_chord_and_a_chord_in_a_chain(broker, consumer_in_thread):
+    inner = chord(
+        [chain(TaskRequest("wf.value", args=[n]), TaskRequest("wf.add", args=[1])) for n in range(3)],
+        then=TaskRequest("wf.collect"),
+    )
+    flow = chain(TaskRequest("wf.value", args=["start"]), inner, TaskRequest("wf.add", args=[1000]))
+    with consumer_in_thread(concurrency=4):
+        state = ended(broker, flow.enqueue().id)
+    collected = [r["args"] for r in runs(broker) if r["type"] == "wf.collect"]
+    # Each chain's first step gets the step before the chord's value, then its own argument.
+    assert collected == [[[1, 2, 3]]]
+    assert state.result == 1003
+    assert state.tree["children"][1]["kind"] == "chain"
+    assert state.tree["children"][1]["children"][0]["kind"] == "group"
+
+
+def test_an_unknown_type_in_the_tenth_member_enqueues_nothing(broker):
+    members = [TaskRequest("wf.value", args=[n]) for n in range(9)] + [TaskRequest("no.such.type")]
+    with pytest.raises(WorkflowError, match=r"step 0\.0\.9 .*no\.such\.type"):
+        chord(members, then=TaskRequest("wf.collect")).enqueue()
+    assert list(broker.client.scan_iter(match=f"{broker.keys.prefix}:*")) == []
+
+
+@pytest.mark.parametrize(
+    ("flow", "problem"),
+    [
+        (lambda: group(), "is empty"),
+        (lambda: chain(TaskRequest("wf.value", args=[object()])), "JSON"),
+        (lambda: chain(TaskRequest("wf.value", task_id="mine")), "derive from the workflow"),
+        (lambda: chain("wf.value"), "a step is a TaskRequest"),
+        (lambda: chain(TaskRequest("wf.value"), on_failure="ignore"), "on_failure"),
+        (lambda: group(*[TaskRequest("wf.value")] * 10_001), "over 10000"),
+    ],
+)
+def test_a_bad_workflow_is_refused_whole(broker, flow, problem):
+    with pytest.raises(WorkflowError, match=problem):
+        flow().enqueue()
+    assert list(broker.client.scan_iter(match=f"{broker.keys.prefix}:*")) == []
+
+
+def test_limits_of_size_and_depth_are_settings(broker, settings):
+    settings.TASKS_WORKFLOW_MAX_TASKS = 5
+    with pytest.raises(WorkflowError, match="TASKS_WORKFLOW_MAX_TASKS"):
+        group(*[TaskRequest("wf.value")] * 6).enqueue()
+    settings.TASKS_WORKFLOW_MAX_DEPTH = 2
+    with pytest.raises(WorkflowError, match="TASKS_WORKFLOW_MAX_DEPTH"):
+        chain(chain(chain(TaskRequest("wf.value")))).enqueue()
+    assert list(broker.client.scan_iter(match=f"{broker.keys.prefix}:*")) == []
+
+
+def test_enqueue_again_with_the_same_id_pushes_nothing_twice(broker):
+    flow = group(TaskRequest("wf.value", args=[1]), TaskRequest("wf.value", args=[2]))
+    first = flow.enqueue(workflow_id="wf-1")
+    again = flow.enqueue(workflow_id="wf-1")
+    assert first == again
+    assert broker.client.llen(broker.keys.pending("default")) == 2
+    with pytest.raises(WorkflowError, match="names another workflow"):
+        group(TaskRequest("wf.value", args=[3])).enqueue(workflow_id="wf-1")
+
+
+def test_a_callback_input_over_the_payload_limit_fails_the_workflow(broker, settings, consumer_in_thread):
+    settings.TASKS_MAX_PAYLOAD_BYTES = 2000
+    flow = chord([TaskRequest("wf.value", args=["x" * 600]) for _ in range(4)], then=TaskRequest("wf.collect"))
+    with consumer_in_thread():
+        state = ended(broker, flow.enqueue().id, workflows.FAILED)
+    assert "over TASKS_MAX_PAYLOAD_BYTES" in state.error
+    assert state.failed_task_id == workflows.task_id_of(state.id, "0.1")
+    assert not [r for r in runs(broker) if r["type"] == "wf.collect"]
+
+
+def test_a_failed_step_stops_its_chain_and_its_requeue_goes_on(broker, consumer_in_thread):
+    steps = [TaskRequest("wf.add", args=[n]) for n in range(5)]
+    steps[0] = TaskRequest("wf.value", args=[0])
+    steps[2] = TaskRequest("wf.fails_until_fixed", args=[2])
+    with consumer_in_thread():
+        handle = chain(*steps).enqueue()
+        state = ended(broker, handle.id, workflows.FAILED)
+        assert state.failed_task_id == workflows.task_id_of(handle.id, "0.2")
+        assert "not fixed yet" in state.error
+        assert state.counts == {workflows.SUCCESSFUL: 2, workflows.FAILED: 1, workflows.WAITING: 2}
+        broker.client.set(f"{broker.keys.prefix}:test:fixed", 1)
+        dead = broker.inspect.list_dead_tasks("default")
+        assert [d.task.id for d in dead if d.task] == [state.failed_task_id]
+        broker.inspect.requeue_dead_tasks("default", dead)
+        state = ended(broker, handle.id)
+    assert [r["args"] for r in runs(broker)] == [[0], [0, 1], [1, 2], [1, 2], [2, 3], [5, 4]]
+    assert state.result == 9
+
+
+def test_continue_puts_an_error_entry_in_the_failed_members_place(broker, consumer_in_thread):
+    members = [TaskRequest("wf.value", args=[n]) for n in range(10)]
+    members[4] = TaskRequest("wf.fails_until_fixed", args=[4])
+    with consumer_in_thread(concurrency=4):
+        handle = chord(members, then=TaskRequest("wf.collect"), on_failure="continue").enqueue()
+        state = ended(broker, handle.id)
+    [callback] = [r["args"][0] for r in runs(broker) if r["type"] == "wf.collect"]
+    failed_id = workflows.task_id_of(handle.id, "0.0.4")
+    error = {"exception_class": "tasks_app.exceptions.PermanentError", "message": "not fixed yet", "task_id": failed_id}
+    assert callback == [0, 1, 2, 3, {"error": error}, 5, 6, 7, 8, 9]
+    assert state.counts == {workflows.SUCCESSFUL: 10, workflows.FAILED: 1}
+
+
+def test_a_cancelled_workflow_starts_nothing_more(broker, consumer_in_thread):
+    flow = chain(TaskRequest("wf.value", args=[1]), TaskRequest("wf.hold", args=[2]), TaskRequest("wf.value", args=[3]))
+    with consumer_in_thread():
+        handle = flow.enqueue()
+        wait_until(lambda: any(r["type"] == "wf.hold" for r in runs(broker)), 30, message="the second step to start")
+        cancelled = workflows.cancel_workflow(handle.id, cancelled_by="test")
+        assert cancelled.task_ids == [workflows.task_id_of(handle.id, "0.1")]
+        broker.client.set(f"{broker.keys.prefix}:test:release", 1)
+        wait_until(
+            lambda: workflows.get_workflow(handle.id).counts.get(workflows.SUCCESSFUL) == 2, 30, message="the hold"
+        )
+    state = workflows.get_workflow(handle.id)
+    assert state.status == workflows.CANCELLED
+    assert [r["args"] for r in runs(broker)] == [[1], [1, 2]]
+    assert state.counts == {workflows.SUCCESSFUL: 2, workflows.WAITING: 1}
+    assert workflows.cancel_workflow(handle.id).cancelled is False
+
+
+def test_a_cancelled_member_fails_a_stop_chord(broker, consumer_in_thread):
+    flow = chord([TaskRequest("wf.value", args=[n], delay_s=1) for n in range(3)], then=TaskRequest("wf.collect"))
+    handle = flow.enqueue()
+    from tasks_app import cancel
+
+    cancel(handle.task_ids["0.0.1"])
+    with consumer_in_thread():
+        state = ended(broker, handle.id, workflows.FAILED)
+        wait_until(lambda: workflows.get_workflow(handle.id).counts.get(workflows.SUCCESSFUL) == 2, 30)
+    assert state.failed_task_id == handle.task_ids["0.0.1"]
+    assert "TaskCancelled" in state.error
+    assert not [r for r in runs(broker) if r["type"] == "wf.collect"]
