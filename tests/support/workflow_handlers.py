@@ -9,6 +9,7 @@ before its ack).
 import json
 import os
 import signal
+import time
 from typing import Any
 
 from tasks_app import PermanentError, workflows
@@ -33,9 +34,10 @@ def _note(context: Any, *args: Any) -> None:
 
 
 @handler("wf.value", takes_context=True)
-def value(context: Any, *args: Any) -> Any:
-    """Return the last argument (a chain step's own, after the input it got)."""
+def value(context: Any, *args: Any, sleep_s: float = 0.0) -> Any:
+    """Return the last argument (a chain step's own, after the input it got), after `sleep_s`."""
     _note(context, *args)
+    time.sleep(float(sleep_s))
     return args[-1]
 
 
