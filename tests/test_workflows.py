@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from django.test import Client
 
 import tests.support.workflow_handlers  # noqa: F401  (registers the workflow handlers in this process)
 from tasks_app import workflows
@@ -189,3 +190,45 @@ def test_a_cancelled_member_fails_a_stop_chord(broker, consumer_in_thread):
     assert state.failed_task_id == handle.task_ids["0.0.1"]
     assert "TaskCancelled" in state.error
     assert not [r for r in runs(broker) if r["type"] == "wf.collect"]
+
+
+def test_the_workflow_command_shows_and_cancels(broker):
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    handle = chord([TaskRequest("wf.value", args=[n]) for n in range(3)], then=TaskRequest("wf.collect")).enqueue()
+    out = StringIO()
+    call_command("workflow", "show", handle.id, stdout=out)
+    shown = json.loads(out.getvalue())
+    assert shown["status"] == workflows.RUNNING
+    assert shown["counts"] == {"READY": 3, workflows.WAITING: 1}
+    assert shown["callback_ids"] == [handle.task_ids["0.1"]]
+    out = StringIO()
+    call_command("workflow", "cancel", handle.id, stdout=out)
+    assert "3 started task(s) asked to stop" in out.getvalue()
+    assert workflows.get_workflow(handle.id).status == workflows.CANCELLED
+    assert {broker.records.get_result(handle.task_ids[f"0.0.{n}"])["status"] for n in range(3)} == {"CANCELLED"}
+    with pytest.raises(CommandError, match="already ended"):
+        call_command("workflow", "cancel", handle.id, stdout=StringIO())
+    with pytest.raises(CommandError, match="no workflow"):
+        call_command("workflow", "show", "nope", stdout=StringIO())
+
+
+def test_the_api_reads_and_cancels_a_workflow(broker, staff):
+    handle = chain(TaskRequest("wf.value", args=[1]), TaskRequest("wf.add", args=[2])).enqueue()
+    answer = staff.get(f"/api/workflows/{handle.id}/")
+    assert answer.status_code == 200
+    assert answer.json()["tree"]["children"][0] == {
+        "path": "0.0",
+        "kind": "task",
+        "task_id": handle.task_ids["0.0"],
+        "type": "wf.value",
+        "status": "READY",
+    }
+    answer = staff.post(f"/api/workflows/{handle.id}/cancel/")
+    assert answer.status_code == 200
+    assert answer.json()["cancelled_task_ids"] == [handle.task_ids["0.0"]]
+    assert staff.post(f"/api/workflows/{handle.id}/cancel/").status_code == 409
+    assert staff.get("/api/workflows/nope/").status_code == 404
+    assert Client().get(f"/api/workflows/{handle.id}/").status_code == 401

@@ -1,4 +1,4 @@
-"""The JSON API: tasks (enqueue, read, cancel) and queues (read, pause, resume); bearer token or staff session."""
+"""The JSON API: tasks (enqueue, read, cancel), workflows (read, cancel), queues (read, pause); token auth."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 from redis.exceptions import RedisError
 
-from tasks_app import control, producer
+from tasks_app import control, producer, workflows
 from tasks_app.models import CANCEL_PERMISSION, ENQUEUE_PERMISSION, PAUSE_QUEUE_PERMISSION, ApiToken
 from tasks_app.protocol.broker import get_broker
 from tasks_app.protocol.codec import MAX_JSON_DEPTH, JsonTooDeep, loads_bounded
@@ -245,6 +245,27 @@ def cancel_task(request: HttpRequest, task_id: str) -> HttpResponse:
         },
         status=202 if running else 200,
     )
+
+
+@api_view({"GET"})
+def workflow_state(request: HttpRequest, workflow_id: str) -> HttpResponse:
+    """Return a workflow's status, counts and tree as JSON; 404 if it is unknown or expired."""
+    try:
+        return JsonResponse(workflows.get_workflow(workflow_id).as_json())
+    except workflows.WorkflowError as exc:
+        return error(404, str(exc))
+
+
+@api_view({"POST"}, permission=CANCEL_PERMISSION)
+def cancel_workflow(request: HttpRequest, workflow_id: str) -> HttpResponse:
+    """Cancel a workflow: 200 with the tasks asked to stop, 404 if unknown, 409 if it ended already."""
+    try:
+        cancelled = workflows.cancel_workflow(workflow_id, cancelled_by=f"user:{request.user.get_username()}")
+    except workflows.WorkflowError as exc:
+        return error(404, str(exc))
+    if not cancelled.cancelled:
+        return error(409, f"workflow {workflow_id!r} already ended ({cancelled.status})")
+    return JsonResponse({"id": workflow_id, "status": cancelled.status, "cancelled_task_ids": cancelled.task_ids})
 
 
 @api_view({"GET"})
