@@ -9,9 +9,10 @@
 -- hold   ARGV[5] time to live (s) of the keys once the workflow ends   ARGV[6] (with KEYS[9]) the
 -- task as claimed   ARGV[7] consumer id   ARGV[8] the settling process's instance token
 -- Returns: {1, path, input, ...} recorded, with the tasks to push now (input "": none);
--- {2, path, input, ...} recorded before, with the tasks that end started; {0} no such workflow
--- (expired); {-1} the run no longer owns its task (not in the list, or another instance
--- registered the consumer id): nothing written.
+-- {2, path, input, ...} recorded before, with the tasks that end started and whose own end is not
+-- recorded yet; {0} no such workflow (expired), or no task at that path (a foreign header);
+-- {-1} the run no longer owns its task (not in the list, or another instance registered the
+-- consumer id): nothing written.
 -- A task that failed under "stop" is kept in the failed hash and ends the workflow FAILED; its
 -- later success (requeued from the dead letters, retried) is recorded and the workflow goes on.
 -- A workflow CANCELLED records ends and starts nothing.
@@ -19,15 +20,17 @@
 -- include: args
 -- include: instance
 -- include: workflow
-if redis.call('EXISTS', KEYS[1]) == 0 then return {0} end
+if redis.call('HGET', KEYS[2], ARGV[1]) ~= 't' then return {0} end
 if KEYS[9] and (other_instance(KEYS[10], ARGV[7], ARGV[8]) or not redis.call('LPOS', KEYS[9], ARGV[6])) then
   return {-1}
 end
 local path, outcome, value = ARGV[1], ARGV[2], ARGV[3]
 local fired = redis.call('HGET', KEYS[8], path)
-if fired then
+if fired then  -- a task started then that has ended since was pushed: its id may have left `enqueued`
   local paths = {}
-  for started in string.gmatch(fired, '%S+') do table.insert(paths, started) end
+  for started in string.gmatch(fired, '%S+') do
+    if redis.call('HEXISTS', KEYS[6], started) == 0 then table.insert(paths, started) end
+  end
   return wf_reply(2, paths)
 end
 if redis.call('HEXISTS', KEYS[6], path) == 1 then return {2} end

@@ -25,7 +25,12 @@ from redis.exceptions import RedisError
 
 from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.keys import InvalidName, validate_name
-from tasks_app.protocol.records import datetime_of_ms, ms_of_datetime
+from tasks_app.protocol.records import (
+    WORKFLOW_HEADER,
+    WORKFLOW_PATH_HEADER,
+    datetime_of_ms,
+    ms_of_datetime,
+)
 from tasks_app.protocol.workflows import NO_WORKFLOW, NOT_OWNED, Owner, Started
 
 if TYPE_CHECKING:
@@ -33,9 +38,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# Envelope headers naming a task's workflow and its place in the tree.
-WORKFLOW_HEADER = "workflow"
-PATH_HEADER = "workflow_path"
 # Task ids are uuid5(NAMESPACE_URL, "workflow:<workflow id>/<path>"): fixed by the workflow.
 TASK_ID_NAME = "workflow:{}/{}"
 MAX_GROUP_MEMBERS = 10_000
@@ -217,14 +219,15 @@ def _request_of(node: Any, path: str) -> TaskRequest:
         )
     if node.task_id is not None:
         raise WorkflowError(f"step {path} names a task id: a workflow's task ids derive from the workflow")
-    if any(name in (node.headers or {}) for name in (WORKFLOW_HEADER, PATH_HEADER)):
-        raise WorkflowError(f"step {path} sets header {WORKFLOW_HEADER!r} or {PATH_HEADER!r}: they are the workflow's")
+    if any(name in (node.headers or {}) for name in (WORKFLOW_HEADER, WORKFLOW_PATH_HEADER)):
+        reserved = f"{WORKFLOW_HEADER!r} or {WORKFLOW_PATH_HEADER!r}"
+        raise WorkflowError(f"step {path} sets header {reserved}: those are the workflow's")
     return node
 
 
 def _addressed(request: TaskRequest, workflow_id: str, path: str) -> TaskRequest:
     """The request with its fixed id and the headers naming its workflow and place."""
-    headers = {**(request.headers or {}), WORKFLOW_HEADER: workflow_id, PATH_HEADER: path}
+    headers = {**(request.headers or {}), WORKFLOW_HEADER: workflow_id, WORKFLOW_PATH_HEADER: path}
     return replace(request, task_id=task_id_of(workflow_id, path), headers=headers)
 
 
@@ -306,7 +309,7 @@ def _fail_if_refused(broker: Broker, workflow_id: str, request: TaskRequest) -> 
 
 
 def _fail(broker: Broker, workflow_id: str, request: TaskRequest, problem: str) -> None:
-    path = request.headers.get(PATH_HEADER, "")
+    path = request.headers.get(WORKFLOW_PATH_HEADER, "")
     reason = f"step {path} ({request.type}) cannot be pushed: {problem}"
     logger.error("workflow %s failed: %s", workflow_id, reason)
     broker.workflows.stop(workflow_id, FAILED, reason, int(settings.TASKS_RESULT_TTL), path)
@@ -323,7 +326,7 @@ def task_ended(
 ) -> None:
     """Record a workflow task's end (SUCCESSFUL with its return value's JSON, or FAILED / CANCELLED with an error
     entry's), then push what it started; idempotent, so a settle run again after a kill repeats it safely."""
-    workflow_id, path = headers.get(WORKFLOW_HEADER, ""), headers.get(PATH_HEADER, "")
+    workflow_id, path = headers.get(WORKFLOW_HEADER, ""), headers.get(WORKFLOW_PATH_HEADER, "")
     try:  # a foreign producer's headers: an id that would break a key names no workflow
         validate_name(workflow_id)
     except InvalidName:

@@ -10,6 +10,7 @@ from django.test import Client
 import tests.support.workflow_handlers  # noqa: F401  (registers the workflow handlers in this process)
 from tasks_app import workflows
 from tasks_app.producer import TaskRequest
+from tasks_app.protocol import workflows as workflows_protocol
 from tasks_app.workflows import WorkflowError, chain, chord, group
 from tests.support.processes import wait_until
 from tests.support.workflow_handlers import runs_key
@@ -232,3 +233,67 @@ def test_the_api_reads_and_cancels_a_workflow(broker, staff):
     assert staff.post(f"/api/workflows/{handle.id}/cancel/").status_code == 409
     assert staff.get("/api/workflows/nope/").status_code == 404
     assert Client().get(f"/api/workflows/{handle.id}/").status_code == 401
+
+
+# --- the script that records an end, driven directly -------------------------------------------
+def _end(broker, workflow_id: str, path: str, value: object = 1, owner=None):
+    return broker.workflows.end(
+        workflow_id, path, workflows.SUCCESSFUL, json.dumps(value), max_input_bytes=10_000, ttl_s=60, owner=owner
+    )
+
+
+def test_an_end_recorded_twice_answers_the_same_starts_and_counts_once(broker):
+    handle = chord([TaskRequest("wf.value", args=[n]) for n in range(3)], then=TaskRequest("wf.collect")).enqueue()
+    assert _end(broker, handle.id, "0.0.0", "a") == (workflows_protocol.RECORDED, [])
+    assert _end(broker, handle.id, "0.0.0", "again") == (workflows_protocol.RECORDED_BEFORE, [])
+    _end(broker, handle.id, "0.0.2", "c")
+    first = _end(broker, handle.id, "0.0.1", "b")
+    assert first == (workflows_protocol.RECORDED, [workflows_protocol.Started("0.1", '["a","b","c"]')])
+    assert _end(broker, handle.id, "0.0.1", "b") == (workflows_protocol.RECORDED_BEFORE, first.started)
+    assert _end(broker, handle.id, "0.0.2", "c").started == []  # it started nothing
+    assert _end(broker, handle.id, "0.1", 3).started == []
+    # Once the callback ended, a late repeat of the last member's end answers nothing to push.
+    assert _end(broker, handle.id, "0.0.1", "b") == (workflows_protocol.RECORDED_BEFORE, [])
+    assert workflows.get_workflow(handle.id).status == workflows.SUCCESSFUL
+    assert 0 < broker.client.ttl(broker.keys.workflow(handle.id)[0]) <= 60
+
+
+def test_members_ending_at_once_start_the_callback_once(broker):
+    from concurrent.futures import ThreadPoolExecutor
+
+    members = [TaskRequest("wf.value", args=[n]) for n in range(200)]
+    handle = chord(members, then=TaskRequest("wf.collect")).enqueue()
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda n: _end(broker, handle.id, f"0.0.{n}", n), range(200)))
+    [callback] = [answer.started for answer in answers if answer.started]
+    assert callback == [workflows_protocol.Started("0.1", json.dumps(list(range(200)), separators=(",", ":")))]
+
+
+def test_an_end_of_a_run_that_lost_its_task_records_nothing(broker):
+    handle = chain(TaskRequest("wf.value", args=[1]), TaskRequest("wf.value", args=[2])).enqueue()
+    owner = workflows_protocol.Owner("default", "c1", b"not in the list")
+    assert _end(broker, handle.id, "0.0", owner=owner).code == workflows_protocol.NOT_OWNED
+    broker.client.rpush(broker.keys.processing("default", "c1"), b"the task")
+    owner = workflows_protocol.Owner("default", "c1", b"the task")
+    assert _end(broker, handle.id, "0.0", owner=owner) == (workflows_protocol.RECORDED, [("0.1", "1")])
+
+
+def test_an_end_naming_no_task_of_the_workflow_records_nothing(broker):
+    handle = chain(TaskRequest("wf.value", args=[1]), TaskRequest("wf.value", args=[2])).enqueue()
+    for path in ("0", "0.7", "", "x"):
+        assert _end(broker, handle.id, path).code == workflows_protocol.NO_WORKFLOW
+    assert _end(broker, "no-such-workflow", "0.0").code == workflows_protocol.NO_WORKFLOW
+    assert workflows.get_workflow(handle.id).counts == {"READY": 1, workflows.WAITING: 1}
+
+
+def test_a_retry_from_the_task_browser_ends_the_failed_place(broker, staff, consumer_in_thread):
+    flow = chain(TaskRequest("wf.fails_until_fixed", args=[1]), TaskRequest("wf.add", args=[2]))
+    with consumer_in_thread():
+        handle = flow.enqueue()
+        ended(broker, handle.id, workflows.FAILED)
+        broker.client.set(f"{broker.keys.prefix}:test:fixed", 1)
+        form = {"action": "retry", "task": [handle.task_ids["0.0"]], f"retried_as:{handle.task_ids['0.0']}": ""}
+        assert staff.post("/tasks/?status=FAILED", form).status_code == 302
+        state = ended(broker, handle.id)
+    assert state.result == 3
+    assert [r["args"] for r in runs(broker)] == [[1], [1], [1, 2]]

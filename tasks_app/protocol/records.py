@@ -120,7 +120,7 @@ LISTED_FIELDS = (
     *("id", "type", "queue", "status", "priority", "attempts", "max_attempts", "worker_ids", "errors"),
     *("enqueued_at_ms", "run_after_ms", "started_at_ms", "last_attempted_at_ms", "finished_at_ms"),
     *("dead_reason", "cancelled_by", "cancelled_at_ms", "cancel_requested_at_ms", "progress"),
-    *("retry_of", "periodic", "retried_as"),
+    *("retry_of", "periodic", "retried_as", "workflow", "workflow_path"),
 )
 
 # What a cut text ends with, so that a reader sees it was cut.
@@ -178,10 +178,12 @@ def enqueued_fields(task: Task, arguments: Arguments) -> dict[str, str]:
 
 
 # Headers a READY record keeps as fields of the same name: the task a retry from the task browser
-# copies, and the periodic schedule that fired the task.
+# copies, the periodic schedule that fired the task, and the workflow it belongs to and its place there.
 RETRY_OF_HEADER = "retry_of"
 PERIODIC_HEADER = "periodic"
-RECORDED_HEADERS = (RETRY_OF_HEADER, PERIODIC_HEADER)
+WORKFLOW_HEADER = "workflow"
+WORKFLOW_PATH_HEADER = "workflow_path"
+RECORDED_HEADERS = (RETRY_OF_HEADER, PERIODIC_HEADER, WORKFLOW_HEADER, WORKFLOW_PATH_HEADER)
 
 
 def ready_fields_of_json(task: Task, args_json: str, kwargs_json: str) -> dict[str, str]:
@@ -361,6 +363,8 @@ class ResultRecord:
     retry_of: str = ""  # the task this one retries (enqueued from the task browser)
     periodic: str = ""  # the periodic schedule that fired this task
     retried_as: str = ""  # the latest retry of this task
+    workflow: str = ""  # the workflow this task belongs to (`tasks_app.workflows`)
+    workflow_path: str = ""  # its place in that workflow's tree
 
     @property
     def is_finished(self) -> bool:
@@ -398,6 +402,8 @@ class ResultRecord:
             retry_of=raw.get("retry_of", ""),
             periodic=raw.get("periodic", ""),
             retried_as=raw.get("retried_as", ""),
+            workflow=raw.get("workflow", ""),
+            workflow_path=raw.get("workflow_path", ""),
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -407,7 +413,7 @@ class ResultRecord:
             value = getattr(self, name)
             if isinstance(value, datetime):
                 value = value.isoformat()
-            elif name in ("retry_of", "periodic", "retried_as"):
+            elif name in ("retry_of", "periodic", "retried_as", "workflow", "workflow_path"):
                 value = value or None
             fields[name] = value
         return {name: finite(value) for name, value in fields.items()}

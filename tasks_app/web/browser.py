@@ -34,6 +34,8 @@ from tasks_app.protocol.records import (
     LISTED_FIELDS,
     RETRY_OF_HEADER,
     WHOLE_RECORD_FIELDS,
+    WORKFLOW_HEADER,
+    WORKFLOW_PATH_HEADER,
     ResultRecord,
     ResultUpdate,
     ms_of_datetime,
@@ -384,7 +386,7 @@ def _enqueue_copies(records: Sequence[ResultRecord], copy_ids: Sequence[str]) ->
             kwargs=r.kwargs,
             queue=r.queue,
             priority=r.priority,
-            headers={RETRY_OF_HEADER: r.id},
+            headers={RETRY_OF_HEADER: r.id, **_workflow_headers(r)},
             task_id=copy_id,
             fresh_id=False,  # the caller's id: a repeat of it is a duplicate
         )
@@ -393,6 +395,13 @@ def _enqueue_copies(records: Sequence[ResultRecord], copy_ids: Sequence[str]) ->
     ]
     pushed = iter(producer.enqueue_many(requests))
     return [None if found else next(pushed) for found in made]
+
+
+def _workflow_headers(record: ResultRecord) -> dict[str, str]:
+    """The headers that make a retry of a workflow's task end that task's place in it (a stopped workflow goes on)."""
+    if not record.workflow:
+        return {}
+    return {WORKFLOW_HEADER: record.workflow, WORKFLOW_PATH_HEADER: record.workflow_path}
 
 
 def _repeats_note(repeats: Sequence[str]) -> str:

@@ -81,7 +81,7 @@ _task_ended = workflows.task_ended
 
 
 def _killable_task_ended(broker: Any, headers: Any, *args: Any, **kwargs: Any) -> None:
-    path = headers.get(workflows.PATH_HEADER, "")
+    path = headers.get(workflows.WORKFLOW_PATH_HEADER, "")
     client = broker.client
     if client.get(kill_key("before")) == path.encode() and client.delete(kill_key("before")):
         os.kill(os.getpid(), signal.SIGKILL)
