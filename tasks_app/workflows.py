@@ -87,11 +87,12 @@ def group(*members: Any, on_failure: Policy = "stop") -> Group:
 
 
 def chord(members: Group | Iterable[Any], then: Any, *, on_failure: Policy = "stop") -> Chain:
-    """Run `members` at once, then `then` once with the list of their values: `chain(group(members), then)`."""
-    members_group = members if isinstance(members, Group) else group(tuple(members), on_failure=on_failure)
-    if isinstance(members, Group) and members.on_failure != on_failure:
-        members_group = replace(members, on_failure=on_failure)
-    return chain(members_group, then, on_failure=on_failure)
+    """Run `members` at once, then `then` once with the list of their values: `chain(group(members), then)`.
+
+    The chord's `on_failure` is its members' group's too (a given group takes it)."""
+    if isinstance(members, Group):
+        return chain(replace(members, on_failure=on_failure), then, on_failure=on_failure)
+    return chain(group(tuple(members), on_failure=on_failure), then, on_failure=on_failure)
 
 
 def step(task: DjangoTask, *args: Any, immutable: bool = False, **kwargs: Any) -> TaskRequest:
@@ -453,9 +454,13 @@ def _valid_id(workflow_id: str) -> bool:
 
 
 def _is_callback(path: str, nodes: Mapping[str, str]) -> bool:
-    """Whether a task runs after a group in a chain (a chord's callback)."""
-    parent, _, position = path.rpartition(".")
-    return bool(parent) and int(position) > 0 and nodes[f"{parent}.{int(position) - 1}"].startswith("g")
+    """Whether a task is, or is inside, a step that follows a group in a chain (a chord's callback)."""
+    while "." in path:
+        parent, _, position = path.rpartition(".")
+        if nodes[parent].startswith("c") and int(position) > 0 and nodes[f"{parent}.{int(position) - 1}"][0] == "g":
+            return True
+        path = parent
+    return False
 
 
 def _tree(path: str, nodes: Mapping[str, str], members: Mapping[str, Member]) -> dict[str, Any]:

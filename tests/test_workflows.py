@@ -297,3 +297,37 @@ def test_a_retry_from_the_task_browser_ends_the_failed_place(broker, staff, cons
         state = ended(broker, handle.id)
     assert state.result == 3
     assert [r["args"] for r in runs(broker)] == [[1], [1], [1, 2]]
+
+
+def test_django_tasks_are_steps_with_their_arguments(broker, consumer_in_thread):
+    from tasks_app.workflows import step
+    from tests.support import django_tasks
+
+    flow = chain(step(django_tasks.add, 1, 2), step(django_tasks.add, 10), django_tasks.echo)
+    with consumer_in_thread():
+        state = ended(broker, flow.enqueue().id)
+    assert state.result["args"] == [13]
+
+
+def test_a_callback_that_is_a_chain_counts_as_callbacks(broker):
+    flow = chord([TaskRequest("wf.value", args=[1])], then=chain(TaskRequest("wf.collect"), TaskRequest("wf.add")))
+    state = workflows.get_workflow(flow.enqueue().id)
+    assert [m.path for m in state.members if m.callback] == ["0.1.0", "0.1.1"]
+
+
+def test_a_workflow_containing_itself_is_refused(broker):
+    from dataclasses import replace
+
+    loop = chain(TaskRequest("wf.value"))
+    object.__setattr__(loop, "nodes", (*loop.nodes, replace(loop)))
+    object.__setattr__(loop.nodes[1], "nodes", (loop,))
+    with pytest.raises(WorkflowError, match="contains itself"):
+        loop.enqueue()
+
+
+def test_async_members_end_their_places_too(broker, consumer_in_thread):
+    flow = chord([TaskRequest("wf.async_value", args=[n]) for n in range(5)], then=TaskRequest("wf.collect"))
+    with consumer_in_thread(async_concurrency=4):
+        state = ended(broker, flow.enqueue().id)
+    assert state.result == 5
+    assert [r["args"] for r in runs(broker) if r["type"] == "wf.collect"] == [[[0, 1, 2, 3, 4]]]

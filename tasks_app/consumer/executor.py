@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 
 from redis.exceptions import RedisError, ResponseError
 
-from tasks_app import metrics, tracing
+from tasks_app import metrics, tracing, workflows
 from tasks_app.consumer.ack_batcher import AckBatcher
 from tasks_app.consumer.async_lane import AsyncLane, Flight, LaneSeat
 from tasks_app.consumer.claiming import Claimed, PauseWatch, return_unstarted
@@ -416,6 +416,8 @@ class Executor:
         """Settle a lane's run, once it left the watch. On the loop, only a success the ack batcher takes without
         waiting (else False: a failure, settled on a settling thread)."""
         claimed, task, config, control = run.claimed, run.task, run.config, run.context.control
+        if on_loop and workflows.is_member(task.headers):
+            return False  # recording its end in its workflow waits on Redis: not on the loop
         if on_loop:
             try:
                 return_json = records.result_json(value, self.settler.max_result_bytes)

@@ -41,6 +41,13 @@ def value(context: Any, *args: Any, sleep_s: float = 0.0) -> Any:
     return args[-1]
 
 
+@handler("wf.async_value", takes_context=True)
+async def async_value(context: Any, *args: Any) -> Any:
+    """`wf.value` on the asyncio lane."""
+    _note(context, *args)
+    return args[-1]
+
+
 @handler("wf.add", takes_context=True)
 def add(context: Any, total: int, n: int) -> int:
     """Add `n` to what the step before returned."""
