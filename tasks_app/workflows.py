@@ -158,7 +158,7 @@ def enqueue(root: Workflow, *, workflow_id: str | None = None, broker: Broker | 
             raise WorkflowError(f"workflow id {workflow_id!r} names another workflow")
         push_started(broker, workflow_id, started, requests)
     except RedisError as exc:
-        problem = f"cannot enqueue the workflow: Redis did not take it ({exc}); retry with its id"
+        problem = f"cannot enqueue the workflow: Redis did not take it ({exc}); retry with workflow_id={workflow_id!r}"
         raise QueueUnavailable(problem) from exc
     return EnqueuedWorkflow(workflow_id, {path: task_id_of(workflow_id, path) for path in requests})
 

@@ -15,7 +15,7 @@ from tests.support.workflow_handlers import kill_key, runs_key
 
 pytestmark = [pytest.mark.chaos, pytest.mark.django_db(transaction=True)]
 
-MEMBERS = 100
+MEMBERS = scaled(100, 1000)
 DUPLICATED = 10
 QUEUES = ("wf-a", "wf-b")
 HANDLERS = "tests.support.handlers,tests.support.workflow_handlers"
