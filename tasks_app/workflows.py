@@ -23,6 +23,7 @@ from django.conf import settings
 from django.tasks import Task as DjangoTask
 from redis.exceptions import RedisError
 
+from tasks_app.exceptions import TaskCancelled
 from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.keys import InvalidName, validate_name
 from tasks_app.protocol.records import (
@@ -45,7 +46,8 @@ POLICIES = ("stop", "continue")
 # Statuses of a workflow, and of a task of one not pushed yet.
 RUNNING, SUCCESSFUL, FAILED, CANCELLED = "RUNNING", "SUCCESSFUL", "FAILED", "CANCELLED"
 WAITING = "WAITING"
-CANCELLED_ERROR_CLASS = "tasks_app.exceptions.TaskCancelled"
+# The error of a cancelled task's place, as a failed run's `last_error` reads.
+CANCELLED_ERROR = f"{TaskCancelled.__module__}.{TaskCancelled.__qualname__}: the task was cancelled"
 
 Policy = Literal["stop", "continue"]
 
@@ -101,14 +103,13 @@ def step(task: DjangoTask, *args: Any, immutable: bool = False, **kwargs: Any) -
     from tasks_app.registry import registry
 
     registry.add_django_task(task)  # a handler now, as its enqueue() would make it
-    run_after = task.run_after
     return TaskRequest(
         type=task.module_path,
         args=args,
         kwargs=kwargs,
         queue=task.queue_name,
         priority=int(task.priority),
-        run_after=run_after,
+        run_after=task.run_after,
         immutable=immutable,
     )
 
@@ -347,10 +348,8 @@ def task_ended(
     push_started(broker, workflow_id, recorded.started)
 
 
-def failed_value(task_id: str, last_error: str, outcome: str) -> str:
-    """The error entry (JSON) of a task that failed for good ("module.Class: message") or was cancelled."""
-    if outcome == CANCELLED:
-        return json.dumps(error_entry(CANCELLED_ERROR_CLASS, "the task was cancelled", task_id))
+def failed_value(task_id: str, last_error: str) -> str:
+    """The error entry (JSON) of a task that failed for good with `last_error` ("module.Class: message")."""
     exception_class, _, message = last_error.partition(": ")
     return json.dumps(error_entry(exception_class, message, task_id))
 

@@ -269,7 +269,7 @@ class Settler:
             fence=claimed.fence,
             run_s=duration_s,
         )
-        self.workflow_end(claimed, task, workflows.FAILED, workflows.failed_value(task.id, task.last_error, ""))
+        self.workflow_end(claimed, task, workflows.FAILED, workflows.failed_value(task.id, task.last_error))
         if not self._dead_letter_raw(claimed, encode_task(task), update, self.release_of(task, config)):
             self._ack_lost(claimed, task)
         metrics.TASKS_DEAD_LETTERED.labels(self.type_label(task.type), task.queue).inc()
@@ -374,7 +374,8 @@ class Settler:
             update = records.cancelled(task, int(time.time() * 1000), kept_s, claimed.fence)
         update = update or records.dropped_cancelled(task, kept_s, claimed.fence)
         outcome = "cancelled" if duration_s is not None else "cancelled_before_start"
-        self.workflow_end(claimed, task, workflows.CANCELLED, workflows.failed_value(task.id, "", workflows.CANCELLED))
+        cancelled_entry = workflows.failed_value(task.id, workflows.CANCELLED_ERROR)
+        self.workflow_end(claimed, task, workflows.CANCELLED, cancelled_entry)
         return self.ack_settled(claimed, task, update, outcome, duration_s, on_settled, self.release_of(task, config))
 
     def drop_if_cancelled_while_held(
@@ -524,7 +525,7 @@ def record_reaped(
         except Exception as exc:
             reaped_logger.error("could not record dead-lettered task %s as failed: %s", task.id, exc)
         if workflows.is_member(task.headers):  # it failed for good: its workflow learns it (no run owns it now)
-            value = workflows.failed_value(task.id, task.last_error or task.dead_reason, workflows.FAILED)
+            value = workflows.failed_value(task.id, task.last_error or task.dead_reason)
             try:
                 until_done(
                     partial(workflows.task_ended, broker, task.headers, workflows.FAILED, value),
