@@ -149,16 +149,16 @@ def test_a_failed_step_stops_its_chain_and_its_requeue_goes_on(broker, consumer_
 
 
 def test_continue_puts_an_error_entry_in_the_failed_members_place(broker, consumer_in_thread):
-    members = [TaskRequest("wf.value", args=[n]) for n in range(10)]
-    members[4] = TaskRequest("wf.fails_until_fixed", args=[4])
-    with consumer_in_thread(concurrency=4):
+    members = [TaskRequest("wf.value", args=[n]) for n in range(100)]
+    members[40] = TaskRequest("wf.fails_until_fixed", args=[40])
+    with consumer_in_thread(concurrency=8):
         handle = chord(members, then=TaskRequest("wf.collect"), on_failure="continue").enqueue()
-        state = ended(broker, handle.id)
+        state = ended(broker, handle.id, timeout_s=60)
     [callback] = [r["args"][0] for r in runs(broker) if r["type"] == "wf.collect"]
-    failed_id = workflows.task_id_of(handle.id, "0.0.4")
+    failed_id = workflows.task_id_of(handle.id, "0.0.40")
     error = {"exception_class": "tasks_app.exceptions.PermanentError", "message": "not fixed yet", "task_id": failed_id}
-    assert callback == [0, 1, 2, 3, {"error": error}, 5, 6, 7, 8, 9]
-    assert state.counts == {workflows.SUCCESSFUL: 10, workflows.FAILED: 1}
+    assert callback == [*range(40), {"error": error}, *range(41, 100)]
+    assert state.counts == {workflows.SUCCESSFUL: 100, workflows.FAILED: 1}
 
 
 def test_a_cancelled_workflow_starts_nothing_more(broker, consumer_in_thread):
@@ -331,3 +331,11 @@ def test_async_members_end_their_places_too(broker, consumer_in_thread):
         state = ended(broker, flow.enqueue().id)
     assert state.result == 5
     assert [r["args"] for r in runs(broker) if r["type"] == "wf.collect"] == [[[0, 1, 2, 3, 4]]]
+
+
+def test_a_step_pushed_after_a_cancel_raced_its_start_is_cancelled_too(broker):
+    handle = chain(TaskRequest("wf.value", args=[1]), TaskRequest("wf.value", args=[2])).enqueue()
+    recorded = _end(broker, handle.id, "0.0")  # its consumer recorded the end, and is about to push step 2
+    assert workflows.cancel_workflow(handle.id).task_ids == [handle.task_ids["0.1"]]  # no record of it yet
+    workflows.push_started(broker, handle.id, recorded.started)
+    assert broker.records.get_result(handle.task_ids["0.1"])["status"] == "CANCELLED"
