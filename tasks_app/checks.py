@@ -53,7 +53,7 @@ def check_task_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
             Error(
                 f"TASKS_TRACE_PROPAGATION must be one of {', '.join(map(repr, PROPAGATIONS))}",
                 hint="A run's span is the child of its task's send span, or linked to it.",
-                id="tasks_app.E070",
+                id="tasks_app.E080",
             )
         )
     for module, error in registry.import_errors.items():

@@ -132,7 +132,7 @@ def test_a_setting_of_the_wrong_type_or_nan_is_its_error_not_a_crash(settings, f
 @pytest.mark.parametrize("propagation", ["sideways", "", None, "CHILD"])
 def test_an_unknown_trace_propagation_is_an_error(settings, fresh_registry, propagation):
     settings.TASKS_TRACE_PROPAGATION = propagation
-    assert ids(checks.check_task_settings()) == ["tasks_app.E070"]
+    assert ids(checks.check_task_settings()) == ["tasks_app.E080"]
 
 
 @pytest.mark.parametrize("propagation", ["child", "link"])
