@@ -137,8 +137,9 @@ class SchedulerLoop:
     BATCH = 1000
     # Its chores, each this often (s): the backlog chart, which has a point a minute, is sampled (at least
     # once in any minute); dead letters are trimmed (a dead-letter set may exceed its caps by what dies
-    # meanwhile) and the history index keys given their time to live again.
-    SAMPLE_EVERY_S, TRIM_EVERY_S = 45.0, 60.0
+    # meanwhile); the history index keys are given their time to live again (days, by default: a key a result
+    # write made without one gets it within ten minutes).
+    SAMPLE_EVERY_S, TRIM_EVERY_S, TTL_EVERY_S = 45.0, 60.0, 600.0
 
     def __init__(
         self,
@@ -158,7 +159,7 @@ class SchedulerLoop:
             types.on_change.append(self._type_changed)
         self.dead_letter_max = settings.TASKS_DEAD_LETTER_MAX
         self.dead_letter_max_age_s = settings.TASKS_DEAD_LETTER_MAX_AGE_S
-        self._chores_at = dict.fromkeys((self.SAMPLE_EVERY_S, self.TRIM_EVERY_S), float("-inf"))
+        self._chores_at = dict.fromkeys((self.SAMPLE_EVERY_S, self.TRIM_EVERY_S, self.TTL_EVERY_S), float("-inf"))
         self.result_ttl_s = int(settings.TASKS_RESULT_TTL)
         self.changes = changes
         self._promotions = broker if changes is None else broker.over(changes.client)
@@ -197,6 +198,7 @@ class SchedulerLoop:
                 self.broker.inspect.sample_backlog(queue)
         if self._chore_due(self.TRIM_EVERY_S):
             self.trim_dead_letters()
+        if self._chore_due(self.TTL_EVERY_S):
             for queue in self.queues:
                 self.broker.records.refresh_history_ttl(queue, ttl_s=self.result_ttl_s)
         if self.changes is None:
