@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from tasks_app.web import api, browser, dashboard, tasks
+from tasks_app.web import api, browser, dashboard, tasks, workflows
 
 app_name = "tasks_app"
 
@@ -13,6 +13,8 @@ urlpatterns = [
     path("tasks/dashboard/series.json", dashboard.chart_series, name="dashboard-series"),
     path("tasks/dashboard/<str:queue>/dead/", dashboard.dead_letter_page, name="dead-letters"),
     path("tasks/dashboard/<str:queue>/pause/", dashboard.pause_page, name="queue-pause"),
+    path("tasks/workflows/<str:workflow_id>/", workflows.workflow_detail, name="workflow"),
+    path("tasks/workflows/<str:workflow_id>/cancel/", workflows.cancel_workflow, name="workflow-cancel"),
     path("tasks/<str:task_id>/", tasks.task_detail, name="task"),
     path("api/tasks/", api.create_task, name="api-tasks"),
     path("api/tasks/<str:task_id>/", api.task_record, name="api-task"),

@@ -35,6 +35,7 @@ from tasks_app.web.common import (
     load_record,
     redis_required,
 )
+from tasks_app.web.workflows import place_of
 
 REFRESH_S = 2
 # A task page shows at most this many characters of each value (args, kwargs, return value, traceback): the page
@@ -214,6 +215,7 @@ def task_detail(request: HttpRequest, task_id: str) -> HttpResponse:
             record=record,
             refresh_s=None if record.is_finished else REFRESH_S,
             origins=_origins(record),
+            workflow=place_of(record),
             last_error=record.errors[-1] if record.errors else None,
             traceback=_shown(record.errors[-1].get("traceback", "") if record.errors else "", tail=True),
             args_json=_shown(_pretty(record.args)),
