@@ -429,7 +429,7 @@ def get_workflow(workflow_id: str, *, broker: Broker | None = None) -> WorkflowS
         counts[member.status] = counts.get(member.status, 0) + 1
     meta = data.meta
     failed_path = meta.get("failed_path")
-    ordered = sorted(members.values(), key=lambda m: [int(part) for part in m.path.split(".")])
+    ordered = sorted(members.values(), key=lambda m: tree_order(m.path))
     return WorkflowState(
         id=workflow_id,
         status=meta["status"],
@@ -442,6 +442,20 @@ def get_workflow(workflow_id: str, *, broker: Broker | None = None) -> WorkflowS
         tree=_tree("0", data.nodes, members),
         result=json.loads(data.result) if data.result is not None and meta["status"] == SUCCESSFUL else None,
     )
+
+
+def task_ids(workflow_id: str, *, broker: Broker | None = None) -> list[str]:
+    """The ids of a workflow's tasks in tree order, read from its own keys; WorkflowError if there is no workflow."""
+    broker = broker or get_broker()
+    paths = broker.workflows.task_paths(workflow_id) if _valid_id(workflow_id) else []
+    if not paths:
+        raise WorkflowError(f"no workflow {workflow_id!r:.120} (never enqueued, or expired)")
+    return [task_id_of(workflow_id, path) for path in sorted(paths, key=tree_order)]
+
+
+def tree_order(path: str) -> list[int]:
+    """The sort key of a path: a node before its children, children in their order."""
+    return [int(part) for part in path.split(".")]
 
 
 def _valid_id(workflow_id: str) -> bool:

@@ -1,4 +1,4 @@
-"""The workflow page, its cancel button and a task page's workflow part."""
+"""The workflow page, its cancel button, a task page's workflow part and the browser's workflow filter."""
 
 from __future__ import annotations
 
@@ -135,3 +135,29 @@ def test_a_task_of_an_expired_workflow_names_it_unlinked(staff, broker):
     broker.client.delete(*broker.keys.workflow(handle.id))
     html = _page(staff, f"/tasks/{handle.task_ids['0.0.0']}/")
     assert "its record has expired" in html and 'id="task-workflow-link"' not in html
+
+
+def test_the_browser_lists_a_workflows_tasks_in_tree_order(staff, broker):
+    handle = _chord(4).enqueue()
+    _chord(2).enqueue()  # another workflow's tasks are not listed
+    listed = re.findall(r'class="task-row" data-task="([^"]+)"', _page(staff, f"/tasks/?workflow={handle.id}"))
+    # The callback is not pushed yet: it has no record.
+    assert listed == [handle.task_ids[f"0.0.{n}"] for n in range(4)]
+    assert _page(staff, f"/tasks/?workflow={handle.id}&status=RUNNING").count('class="task-row"') == 0
+    first = re.findall(r'class="task-row" data-task="([^"]+)"', _page(staff, f"/tasks/?workflow={handle.id}&size=25"))
+    assert first == listed
+
+
+def test_the_browser_pages_through_a_workflows_tasks(staff, broker):
+    handle = _chord(60).enqueue()
+    html = _page(staff, f"/tasks/?workflow={handle.id}&size=25")
+    seen = re.findall(r'class="task-row" data-task="([^"]+)"', html)
+    while (more := re.search(r'href="\?([^"]+)" id="page-next"', html)) is not None:
+        html = _page(staff, "/tasks/?" + more.group(1).replace("&amp;", "&"))
+        seen += re.findall(r'class="task-row" data-task="([^"]+)"', html)
+    assert seen == [handle.task_ids[f"0.0.{n}"] for n in range(60)]
+
+
+def test_the_browser_refuses_a_workflow_id_that_cannot_be_one(staff, broker):
+    html = _page(staff, "/tasks/?workflow=bad%20id")
+    assert "workflow id" in html.lower() and "errornote" in html

@@ -118,6 +118,10 @@ class Workflows(Role):
             return []
         return [reply_text(t) for t in self.client.hmget(self.keys.workflow(workflow_id)[2], list(paths))]
 
+    def task_paths(self, workflow_id: str) -> list[str]:
+        """The paths of a workflow's tasks, in no order (none if there is no such workflow)."""
+        return [reply_text(p) for p in self.client.hkeys(self.keys.workflow(workflow_id)[2])]
+
     def status(self, workflow_id: str) -> str | None:
         """A workflow's status (RUNNING, SUCCESSFUL, FAILED, CANCELLED), None if there is none."""
         value = self.client.hget(self.keys.workflow(workflow_id)[0], "status")

@@ -22,13 +22,13 @@ from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_http_methods
 
 import tasks_app
-from tasks_app import producer
+from tasks_app import producer, workflows
 from tasks_app.models import CANCEL_PERMISSION, DELETE_TASK_RECORDS_PERMISSION, ENQUEUE_PERMISSION, TaskType
 from tasks_app.protocol import history
 from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.codec import finite
 from tasks_app.protocol.control import CANCELLED, REQUESTED
-from tasks_app.protocol.history import Entry
+from tasks_app.protocol.keys import InvalidName, validate_name
 from tasks_app.protocol.records import (
     FINISHED,
     LISTED_FIELDS,
@@ -127,6 +127,7 @@ class Filters:
     type: str = ""
     queue: str = ""
     q: str = ""
+    workflow: str = ""  # a workflow's id: its tasks, in tree order (`after` then names the last one shown)
     range: str = ""
     since: datetime | None = None
     until: datetime | None = None
@@ -148,12 +149,20 @@ class Filters:
         if preset and preset not in RANGES:
             errors.append(f"Unknown time range {preset!r}.")
             preset = ""
+        workflow = query.get("workflow", "").strip()[:200]
+        try:
+            if workflow:
+                validate_name(workflow, "workflow id")
+        except InvalidName as exc:
+            errors.append(f"{exc}.")
+            workflow = ""
         size = _digits(query.get("size", ""), DEFAULT_PAGE_SIZE)
         return cls(
             status=status,
             type=query.get("type", "").strip()[:200],
             queue=query.get("queue", "").strip()[:200],
             q=query.get("q", "").strip()[:200],
+            workflow=workflow,
             range=preset,
             since=_moment(query.get("since", ""), "since", errors),
             until=_moment(query.get("until", ""), "until", errors),
@@ -213,6 +222,7 @@ class Page:
     older: float | None
     total: int | None
     exhausted_budget: bool = False
+    next_after: str = ""  # a workflow's tasks: the id of the last one this page read, the next page's `after`
     older_seen: int = 0  # of the entries scored `older`, how many this page and the earlier ones showed
     older_after: str = ""  # the id of the last of them
     cut: bool = False  # a prefix search that read as many ids as a page holds: more may match
@@ -222,6 +232,8 @@ def find_page(broker: Broker, filters: Filters, known: Sequence[str], now: datet
     """The tasks the filters select among the `known` queues, newest first, one page of them."""
     queues = [filters.queue] if filters.queue else list(known)
     lower, upper = filters.bounds_ms(now or datetime.now(UTC))
+    if filters.workflow:
+        return _workflow_page(broker, filters, lower, upper)
     if filters.q:
         return _search(broker, filters, queues, lower, upper)
     resumed = upper is not None and upper == filters.before
@@ -232,7 +244,7 @@ def find_page(broker: Broker, filters: Filters, known: Sequence[str], now: datet
     total = _total(broker, filters, queues, lower)
     while examined < SCAN_BUDGET:
         window = broker.records.history_window(queues, filters.status or None, upper, lower, chunk, seen, after)
-        for entry, record in zip(window, _records(broker, window), strict=True):
+        for entry, record in zip(window, _records(broker, [e.task_id for e in window]), strict=True):
             seen, after, upper = seen + 1 if entry.score_ms == upper else 1, entry.task_id, entry.score_ms
             if record is not None and filters.matches(record):
                 found.append((record, entry.score_ms))
@@ -244,9 +256,38 @@ def find_page(broker: Broker, filters: Filters, known: Sequence[str], now: datet
     return Page(found, upper, total, exhausted_budget=True, older_seen=seen, older_after=after)
 
 
-def _records(broker: Broker, window: list[Entry]) -> list[ResultRecord | None]:
-    fields = broker.records.get_results((entry.task_id for entry in window), LISTED_FIELDS)
+def _records(broker: Broker, task_ids: list[str]) -> list[ResultRecord | None]:
+    fields = broker.records.get_results(task_ids, LISTED_FIELDS)
     return [ResultRecord.from_fields(item) if item else None for item in fields]
+
+
+def _workflow_page(broker: Broker, filters: Filters, lower: float | None, upper: float | None) -> Page:
+    """A workflow's tasks with a record that pass the filters, in tree order, from the one after `after` on.
+
+    The workflow's own keys list its tasks: no index is read."""
+    try:
+        ids = workflows.task_ids(filters.workflow, broker=broker)
+    except workflows.WorkflowError:
+        return Page([], None, 0)
+    start = ids.index(filters.after) + 1 if filters.after in ids else 0
+    found: list[tuple[ResultRecord, float]] = []
+    for first in range(start, min(len(ids), start + SCAN_BUDGET), CHUNK):
+        chunk = ids[first : first + CHUNK]
+        for task_id, record in zip(chunk, _records(broker, chunk), strict=True):
+            score_ms = ms_of_datetime(record.enqueued_at) if record and record.enqueued_at else 0.0
+            if (
+                record is not None
+                and filters.matches(record)
+                and (not filters.queue or record.queue == filters.queue)
+                and (lower is None or score_ms >= lower)
+                and (upper is None or score_ms <= upper)
+            ):
+                found.append((record, score_ms))
+                if len(found) == filters.size:
+                    return Page(found, None, None, next_after=task_id if ids[-1] != task_id else "")
+    end = min(len(ids), start + SCAN_BUDGET)
+    more = end < len(ids)
+    return Page(found, None, None, exhausted_budget=more, next_after=ids[end - 1] if more else "")
 
 
 def _total(broker: Broker, filters: Filters, queues: list[str], lower: float | None) -> int | None:
@@ -266,7 +307,7 @@ def _search(broker: Broker, filters: Filters, queues: list[str], lower: float | 
     entries = broker.records.history_by_prefix(queues, filters.q, filters.size)
     rows = [
         (record, entry.score_ms)
-        for entry, record in zip(entries, _records(broker, entries), strict=True)
+        for entry, record in zip(entries, _records(broker, [e.task_id for e in entries]), strict=True)
         if record
         and filters.matches(record)
         and (lower is None or entry.score_ms >= lower)
