@@ -4,8 +4,8 @@
 -- ARGV[1] digest of the tree   ARGV[2] time to live (s) of the keys once the workflow ends
 -- ARGV[3] number of tasks, then per node: path, spec ("t", "g <n> <policy>", "c <n> <policy>"),
 -- and its envelope template ("" for a group or chain)
--- Returns: {1, path, input, ...} created, with the tasks to push now (input "": none);
--- {2, path, input, ...} created earlier from the same tree (a retried enqueue), with the tasks it
+-- Returns: {1, "", path, input, ...} created, with the tasks to push now (input "": none);
+-- {2, "", path, input, ...} created earlier from the same tree (a retried enqueue), with the tasks it
 -- started then; {0} a workflow of this id exists with another tree (nothing written).
 
 -- include: args

@@ -8,9 +8,10 @@
 -- ARGV[3] its value: the return value's JSON, or an error entry's   ARGV[4] bytes an input may
 -- hold   ARGV[5] time to live (s) of the keys once the workflow ends   ARGV[6] (with KEYS[9]) the
 -- task as claimed   ARGV[7] consumer id   ARGV[8] the settling process's instance token
--- Returns: {1, path, input, ...} recorded, with the tasks to push now (input "": none);
--- {2, path, input, ...} recorded before, with the tasks that end started and whose own end is not
--- recorded yet; {0} no such workflow (expired), or no task at that path (a foreign header);
+-- Returns: {1, ended, path, input, ...} recorded, with the tasks to push now (input "": none) and
+-- the status this end ended the workflow with (ended "": it did not end it);
+-- {2, "", path, input, ...} recorded before, with the tasks that end started and whose own end is
+-- not recorded yet; {0} no such workflow (expired), or no task at that path (a foreign header);
 -- {-1} the run no longer owns its task (not in the list, or another instance registered the
 -- consumer id): nothing written.
 -- A task that failed under "stop" is kept in the failed hash and ends the workflow FAILED; its
@@ -58,7 +59,7 @@ if outcome == 'SUCCESSFUL' then
   wf_ended(path, value)
 else
   if redis.call('HEXISTS', KEYS[7], path) == 1 then return {2} end
-  if not wf_failed(path, value) then return {1} end
+  if not wf_failed(path, value) then return {1, wf_now_ended} end
   redis.call('HSET', KEYS[6], path, outcome)
 end
 redis.call('HSET', KEYS[8], path, table.concat(wf_pushes, ' '))

@@ -70,6 +70,19 @@ PERIODIC_LATE = Gauge(
 PERIODIC_PERIOD = Gauge(
     f"{PREFIX}_periodic_period_seconds", "Gap between a schedule's last fired slot and the next.", ["schedule"]
 )
+WORKFLOWS_STARTED = Counter(
+    f"{PREFIX}_workflows_started", "Workflows stored and started by an enqueue (a repeated enqueue of one is not)."
+)
+WORKFLOWS_FINISHED = Counter(
+    f"{PREFIX}_workflows_finished",
+    "Workflows that ended, by status: SUCCESSFUL, FAILED or CANCELLED "
+    "(a FAILED one that goes on, or is then cancelled, counts again when it ends).",
+    ["status"],
+)
+WORKFLOW_STEPS_FIRED = Counter(
+    f"{PREFIX}_workflow_steps_fired",
+    "Tasks a workflow started when the tasks they wait for ended: chains' next steps, chords' callbacks.",
+)
 
 
 class RunMetrics(NamedTuple):

@@ -24,6 +24,7 @@ from django.tasks import Task as DjangoTask
 from redis.exceptions import RedisError
 
 from tasks_app.exceptions import TaskCancelled
+from tasks_app.metrics import WORKFLOW_STEPS_FIRED, WORKFLOWS_FINISHED, WORKFLOWS_STARTED
 from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.keys import InvalidName, validate_name
 from tasks_app.protocol.records import (
@@ -32,7 +33,7 @@ from tasks_app.protocol.records import (
     datetime_of_ms,
     ms_of_datetime,
 )
-from tasks_app.protocol.workflows import NO_WORKFLOW, NOT_OWNED, Owner, Started
+from tasks_app.protocol.workflows import CREATED, NO_WORKFLOW, NOT_OWNED, RECORDED, Owner, Started
 
 if TYPE_CHECKING:
     from tasks_app.producer import TaskRequest
@@ -157,6 +158,8 @@ def enqueue(root: Workflow, *, workflow_id: str | None = None, broker: Broker | 
         )
         if code == NO_WORKFLOW:
             raise WorkflowError(f"workflow id {workflow_id!r} names another workflow")
+        if code == CREATED:
+            WORKFLOWS_STARTED.inc()
         push_started(broker, workflow_id, started, requests)
     except RedisError as exc:
         problem = f"cannot enqueue the workflow: Redis did not take it ({exc}); retry with workflow_id={workflow_id!r}"
@@ -314,7 +317,9 @@ def _fail(broker: Broker, workflow_id: str, request: TaskRequest, problem: str) 
     path = request.headers.get(WORKFLOW_PATH_HEADER, "")
     reason = f"step {path} ({request.type}) cannot be pushed: {problem}"
     logger.error("workflow %s failed: %s", workflow_id, reason)
-    broker.workflows.stop(workflow_id, FAILED, reason, int(settings.TASKS_RESULT_TTL), path)
+    code, _ = broker.workflows.stop(workflow_id, FAILED, reason, int(settings.TASKS_RESULT_TTL), path)
+    if code == 1:
+        WORKFLOWS_FINISHED.labels(FAILED).inc()
 
 
 # --- a task's end, recorded by the consumer that settles it ------------------------------------
@@ -345,6 +350,10 @@ def task_ended(
     )
     if recorded.code == NOT_OWNED:
         return
+    if recorded.code == RECORDED:
+        WORKFLOW_STEPS_FIRED.inc(len(recorded.started))
+    if recorded.ended:
+        WORKFLOWS_FINISHED.labels(recorded.ended).inc()
     push_started(broker, workflow_id, recorded.started)
 
 
@@ -506,6 +515,7 @@ def cancel_workflow(workflow_id: str, *, cancelled_by: str = "", broker: Broker 
         raise WorkflowError(f"no workflow {workflow_id!r:.120} (never enqueued, or expired)")
     if code != 1:
         return CancelledWorkflow(workflow_id, rest[0], False)
+    WORKFLOWS_FINISHED.labels(CANCELLED).inc()
     task_ids = [task_id_of(workflow_id, path) for path in rest]
     if task_ids:
         broker.control.cancel_many(task_ids, cancelled_by or "workflow cancelled")

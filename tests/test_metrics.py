@@ -21,8 +21,9 @@ from tests.support.ports import free_port
 from tests.support.processes import wait_until
 from tests.support.scrape import Scrape, http_get
 
-# "schedule": periodic task names, a set bounded by the rows of PeriodicTask like types are by TaskType.
-ALLOWED_LABELS = {"type", "queue", "reason", "decision", "loop", "schedule"}
+# "schedule": periodic task names, a set bounded by the rows of PeriodicTask like types are by TaskType; "status": a
+# workflow's end (SUCCESSFUL, FAILED, CANCELLED).
+ALLOWED_LABELS = {"type", "queue", "reason", "decision", "loop", "schedule", "status"}
 
 
 def declared() -> list[MetricWrapperBase]:

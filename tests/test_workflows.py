@@ -244,16 +244,18 @@ def _end(broker, workflow_id: str, path: str, value: object = 1, owner=None):
 
 def test_an_end_recorded_twice_answers_the_same_starts_and_counts_once(broker):
     handle = chord([TaskRequest("wf.value", args=[n]) for n in range(3)], then=TaskRequest("wf.collect")).enqueue()
-    assert _end(broker, handle.id, "0.0.0", "a") == (workflows_protocol.RECORDED, [])
-    assert _end(broker, handle.id, "0.0.0", "again") == (workflows_protocol.RECORDED_BEFORE, [])
+    assert _end(broker, handle.id, "0.0.0", "a") == (workflows_protocol.RECORDED, [], "")
+    assert _end(broker, handle.id, "0.0.0", "again") == (workflows_protocol.RECORDED_BEFORE, [], "")
     _end(broker, handle.id, "0.0.2", "c")
     first = _end(broker, handle.id, "0.0.1", "b")
-    assert first == (workflows_protocol.RECORDED, [workflows_protocol.Started("0.1", '["a","b","c"]')])
-    assert _end(broker, handle.id, "0.0.1", "b") == (workflows_protocol.RECORDED_BEFORE, first.started)
+    assert first == (workflows_protocol.RECORDED, [workflows_protocol.Started("0.1", '["a","b","c"]')], "")
+    assert _end(broker, handle.id, "0.0.1", "b") == (workflows_protocol.RECORDED_BEFORE, first.started, "")
     assert _end(broker, handle.id, "0.0.2", "c").started == []  # it started nothing
-    assert _end(broker, handle.id, "0.1", 3).started == []
+    # The callback's end ends the workflow, and says so once.
+    assert _end(broker, handle.id, "0.1", 3) == (workflows_protocol.RECORDED, [], workflows.SUCCESSFUL)
+    assert _end(broker, handle.id, "0.1", 3) == (workflows_protocol.RECORDED_BEFORE, [], "")
     # Once the callback ended, a late repeat of the last member's end answers nothing to push.
-    assert _end(broker, handle.id, "0.0.1", "b") == (workflows_protocol.RECORDED_BEFORE, [])
+    assert _end(broker, handle.id, "0.0.1", "b") == (workflows_protocol.RECORDED_BEFORE, [], "")
     assert workflows.get_workflow(handle.id).status == workflows.SUCCESSFUL
     assert 0 < broker.client.ttl(broker.keys.workflow(handle.id)[0]) <= 60
 
@@ -275,7 +277,7 @@ def test_an_end_of_a_run_that_lost_its_task_records_nothing(broker):
     assert _end(broker, handle.id, "0.0", owner=owner).code == workflows_protocol.NOT_OWNED
     broker.client.rpush(broker.keys.processing("default", "c1"), b"the task")
     owner = workflows_protocol.Owner("default", "c1", b"the task")
-    assert _end(broker, handle.id, "0.0", owner=owner) == (workflows_protocol.RECORDED, [("0.1", "1")])
+    assert _end(broker, handle.id, "0.0", owner=owner) == (workflows_protocol.RECORDED, [("0.1", "1")], "")
 
 
 def test_an_end_naming_no_task_of_the_workflow_records_nothing(broker):
@@ -339,3 +341,45 @@ def test_a_step_pushed_after_a_cancel_raced_its_start_is_cancelled_too(broker):
     assert workflows.cancel_workflow(handle.id).task_ids == [handle.task_ids["0.1"]]  # no record of it yet
     workflows.push_started(broker, handle.id, recorded.started)
     assert broker.records.get_result(handle.task_ids["0.1"])["status"] == "CANCELLED"
+
+
+def _counted() -> dict[str, float]:
+    from prometheus_client import REGISTRY
+
+    def value(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(f"taskqueue_{name}_total", labels) or 0.0
+
+    return {
+        "started": value("workflows_started"),
+        "fired": value("workflow_steps_fired"),
+        **{status: value("workflows_finished", status=status) for status in ("SUCCESSFUL", "FAILED", "CANCELLED")},
+    }
+
+
+def _grown(before: dict[str, float]) -> dict[str, float]:
+    return {name: count - before[name] for name, count in _counted().items() if count != before[name]}
+
+
+def test_metrics_count_starts_steps_fired_and_ends_once(broker, consumer_in_thread):
+    before = _counted()
+    flow = chord([TaskRequest("wf.value", args=[n]) for n in range(3)], then=TaskRequest("wf.collect"))
+    handle = flow.enqueue(workflow_id="metered")
+    flow.enqueue(workflow_id="metered")  # a repeat stores nothing: not counted
+    with consumer_in_thread():
+        ended(broker, handle.id)
+    assert _grown(before) == {"started": 1, "fired": 1, "SUCCESSFUL": 1}
+    # The end of a member recorded again (a re-run after a kill) counts nothing.
+    headers = {"workflow": handle.id, "workflow_path": "0.0.0"}
+    workflows.task_ended(broker, headers, workflows.SUCCESSFUL, "0")
+    assert _grown(before) == {"started": 1, "fired": 1, "SUCCESSFUL": 1}
+
+
+def test_metrics_count_a_failed_and_a_cancelled_workflow(broker, consumer_in_thread):
+    before = _counted()
+    with consumer_in_thread():
+        failed = chain(TaskRequest("wf.value", args=[1]), TaskRequest("wf.fails_until_fixed", args=[2])).enqueue()
+        ended(broker, failed.id, workflows.FAILED)
+    held = chain(TaskRequest("wf.value", args=[1], delay_s=600), TaskRequest("wf.value")).enqueue()
+    workflows.cancel_workflow(held.id)
+    workflows.cancel_workflow(held.id)  # ended already: not counted again
+    assert _grown(before) == {"started": 2, "fired": 1, "FAILED": 1, "CANCELLED": 1}

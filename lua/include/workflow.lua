@@ -14,6 +14,7 @@
 local wf_pushes = {}  -- task paths started by this call, in order
 local wf_max_input = 0  -- bytes an input may hold (TASKS_MAX_PAYLOAD_BYTES), set by the script
 local wf_ttl_s = 0  -- the keys' time to live once the workflow ended, set by the script
+local wf_now_ended = ''  -- the status this call ended the workflow with ('': it did not end it)
 
 local function wf_parent(path)
   return string.match(path, '^(.*)%.%d+$')
@@ -33,6 +34,7 @@ end
 
 local function wf_end_workflow(status, now_ms)
   redis.call('HSET', KEYS[1], 'status', status, 'ended_ms', now_ms)
+  wf_now_ended = status
   wf_keys_expire(wf_ttl_s)
 end
 
@@ -117,9 +119,10 @@ local function wf_failed(path, entry)
   end
 end
 
--- The reply of a script that started tasks: {code, path, input, path, input, ...}.
+-- The reply of a script that started tasks: {code, ended, path, input, path, input, ...}, `ended`
+-- the status this call ended the workflow with ('' if it did not).
 local function wf_reply(code, paths)
-  local reply = {code}
+  local reply = {code, wf_now_ended}
   for first = 1, #paths, 1000 do
     local fields = {unpack(paths, first, math.min(#paths, first + 999))}
     local inputs = redis.call('HMGET', KEYS[4], unpack(fields))

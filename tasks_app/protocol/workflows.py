@@ -15,6 +15,8 @@ import redis
 from tasks_app.protocol.queue import Queue
 from tasks_app.protocol.scripts import Role, ScriptClient, reply_text
 
+# What workflow_create answers: stored now (2: stored before from the same tree; 0: another tree has the id).
+CREATED = 1
 # What workflow_end answers.
 RECORDED = 1  # recorded now
 RECORDED_BEFORE = 2  # recorded by an earlier call: its starts are answered again
@@ -30,10 +32,12 @@ class Started(NamedTuple):
 
 
 class Recorded(NamedTuple):
-    """What recording a task's end did (RECORDED, RECORDED_BEFORE, NO_WORKFLOW, NOT_OWNED) and what it started."""
+    """What recording a task's end did (RECORDED, RECORDED_BEFORE, NO_WORKFLOW, NOT_OWNED), what it started, and
+    the status it ended the workflow with ("": it did not end it)."""
 
     code: int
     started: list[Started]
+    ended: str = ""
 
 
 class Owner(NamedTuple):
@@ -64,7 +68,7 @@ def _text(values: Any) -> Any:
 
 
 def _started(reply: Sequence[Any]) -> list[Started]:
-    pairs = [reply_text(item) for item in reply[1:]]
+    pairs = [reply_text(item) for item in reply[2:]]
     return [Started(path, value[1:] if value else None) for path, value in zip(pairs[::2], pairs[1::2], strict=True)]
 
 
@@ -104,7 +108,7 @@ class Workflows(Role):
             keys += [self.keys.processing(owner.queue, owner.consumer_id), self.keys.consumer_info(owner.queue)]
             args += [owner.raw, owner.consumer_id, self.queue.instance]
         reply = self.redis.run("workflow_end", keys, args)
-        return Recorded(int(reply[0]), _started(reply))
+        return Recorded(int(reply[0]), _started(reply), reply_text(reply[1]) if len(reply) > 1 else "")
 
     def stop(self, workflow_id: str, status: str, reason: str, ttl_s: int, path: str = "") -> tuple[int, list[str]]:
         """End a running (or failed, for a cancel) workflow with `status`: (1 stopped, 2 ended already, 0 none; the
