@@ -1,4 +1,4 @@
-"""What the benchmark's tasks do, for every system: a no-op, a latency probe, one Redis round trip.
+"""What the benchmark's tasks do, for every system: a no-op, a latency probe, one Redis round trip, a chord's callback.
 
 Standard library only at import time: redis-py (in every venv) is imported when a task first runs.
 """
@@ -13,6 +13,7 @@ from typing import Any
 
 LATENCY_KEY = "bench:latency"
 OPS_KEY = "bench:ops"
+CHORD_KEY = "bench:chord"
 _local = threading.local()
 _async_clients: dict[int, Any] = {}
 
@@ -36,6 +37,12 @@ def record_start(enqueued_at: float) -> bool:
 
 def noop() -> bool:
     """Do nothing."""
+    return True
+
+
+def chord_done(results: list[Any]) -> bool:
+    """A chord's callback: record how many member results it got."""
+    _thread_client().set(CHORD_KEY, len(results))
     return True
 
 

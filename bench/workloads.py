@@ -21,7 +21,7 @@ from typing import Any
 
 import redis
 
-from probe import LATENCY_KEY, OPS_KEY
+from probe import CHORD_KEY, LATENCY_KEY, OPS_KEY
 from spy import DEFAULT_RATE, SpyOptions, profiled
 from support import Worker, emit, median, percentile, wait_for
 
@@ -42,6 +42,7 @@ class Sizes:
     footprint: int = 20000
     drain: int = 5000
     memory: int = 1000000  # the memory workload's largest backlog (its levels: 10,000, 100,000, ... up to it)
+    chord: int = 1000  # members of the chord workload's chord
 
 
 class System:
@@ -49,6 +50,7 @@ class System:
 
     name = "?"
     has_bulk = True
+    has_chord = False
     # The kinds of task (probe.py's function names) the system runs; "async_redis_op" where it runs `async def`.
     kinds: frozenset[str] = frozenset({"noop", "redis_op"})
 
@@ -65,6 +67,10 @@ class System:
 
     def enqueue_probe(self, enqueued_at: float) -> None:
         """Enqueue a task whose handler records its start time minus `enqueued_at` (see probe.py)."""
+        raise NotImplementedError
+
+    def enqueue_chord(self, members: int) -> None:
+        """Enqueue a chord of `members` no-op tasks whose callback is probe.chord_done (where `has_chord`)."""
         raise NotImplementedError
 
     def start_worker(self) -> Worker:
@@ -280,6 +286,69 @@ def run_idle(system: System, client: redis.Redis, sizes: Sizes) -> dict[str, Any
     }
 
 
+CHORD_ROUNDS = 3
+
+
+def run_chord(system: System, client: redis.Redis, sizes: Sizes) -> dict[str, Any]:
+    """A chord of `sizes.chord` no-op members and its callback beside as many plain no-ops: Redis bytes per member
+    while they wait, and tasks/s from the enqueue to the last one done on a warm worker (best of CHORD_ROUNDS)."""
+    if not system.has_chord:
+        return {"chord_per_s": None}
+    members = sizes.chord
+    plain_bytes = _waiting_bytes(client, system, lambda: enqueue_backlog(system, members + 1, sizes.batch))
+    chord_bytes = _waiting_bytes(client, system, lambda: system.enqueue_chord(members))
+    plain_s, chord_s = [], []
+    for _ in range(CHORD_ROUNDS):
+        plain_s.append(_on_warm_worker(system, client, lambda: _plain_run(system, client, members + 1, sizes.batch)))
+        chord_s.append(_on_warm_worker(system, client, lambda: _chord_run(system, client, members)))
+    return {
+        "chord_members": members,
+        "plain_per_s": round((members + 1) / min(plain_s)),
+        "chord_per_s": round((members + 1) / min(chord_s)),
+        "plain_bytes_per_task": round(plain_bytes / (members + 1), 1),
+        "chord_bytes_per_member": round(chord_bytes / members, 1),
+    }
+
+
+def _waiting_bytes(client: redis.Redis, system: System, enqueue: Callable[[], None]) -> int:
+    """Redis bytes (INFO used_memory delta) that `enqueue` adds with no worker running."""
+    before = _primed(system, client)
+    enqueue()
+    added = _used_memory(client) - before
+    _flush(client)
+    return added
+
+
+def _on_warm_worker(system: System, client: redis.Redis, timed: Callable[[], float]) -> float:
+    """Start a worker on an empty Redis, wait until it has run one task, then run `timed`; its seconds."""
+    _flush(client)
+    worker = system.start_worker()
+    try:
+        system.enqueue_task()
+        wait_for(lambda: system.outstanding(client, 1) == 0, 60, f"{system.name}: the warm-up task did not run")
+        return timed()
+    finally:
+        worker.stop()
+        _flush(client)
+
+
+def _plain_run(system: System, client: redis.Redis, count: int, batch: int) -> float:
+    started = time.perf_counter()
+    enqueue_backlog(system, count, batch)
+    wait_for(lambda: system.outstanding(client, count + 1) == 0, 120, f"{system.name}: plain tasks left", 0.001)
+    return time.perf_counter() - started
+
+
+def _chord_run(system: System, client: redis.Redis, members: int) -> float:
+    started = time.perf_counter()
+    system.enqueue_chord(members)
+    wait_for(lambda: client.exists(CHORD_KEY) == 1, 120, f"{system.name}: the chord's callback did not run", 0.001)
+    elapsed = time.perf_counter() - started
+    if int(client.get(CHORD_KEY) or 0) != members:
+        raise RuntimeError(f"{system.name}: the callback got {client.get(CHORD_KEY)!r} results, not {members}")
+    return elapsed
+
+
 Workload = Callable[[System, redis.Redis, Sizes], dict[str, Any]]
 
 
@@ -307,9 +376,11 @@ WORKLOADS: dict[str, Workload] = {
     "latency": run_latency,
     "idle": run_idle,
     "memory": run_memory,
+    "chord": run_chord,
 }
-# What a driver runs unless told otherwise: the memory workload's million tasks are bench_memory.py's.
-DEFAULT_WORKLOADS = [name for name in WORKLOADS if name != "memory"]
+# What a driver runs unless told otherwise: the memory workload's million tasks are bench_memory.py's, the chord
+# bench_workflow.py's.
+DEFAULT_WORKLOADS = [name for name in WORKLOADS if name not in ("memory", "chord")]
 
 
 def parse_args() -> argparse.Namespace:

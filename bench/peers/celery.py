@@ -30,6 +30,7 @@ OTHER_KEYS = (
 class Celery(System):
     name = "celery"
     has_bulk = False
+    has_chord = True
 
     def __init__(self, redis_url: str) -> None:
         super().__init__(redis_url)
@@ -44,6 +45,11 @@ class Celery(System):
 
     def enqueue_probe(self, enqueued_at: float) -> None:
         self.app.record_start.delay(enqueued_at)
+
+    def enqueue_chord(self, members: int) -> None:
+        from celery import chord
+
+        chord(self.tasks["noop"].s() for _ in range(members))(self.app.chord_done.s())
 
     def start_worker(self) -> Worker:
         return Worker(

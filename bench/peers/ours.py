@@ -20,6 +20,7 @@ class Ours(System):
     """This project: one runconsumer with its default concurrency (8) and automatic prefetch."""
 
     name = "ours"
+    has_chord = True
     kinds = frozenset({"noop", "redis_op", "async_redis_op"})
 
     def __init__(self, redis_url: str) -> None:
@@ -41,6 +42,13 @@ class Ours(System):
 
     def enqueue_probe(self, enqueued_at: float) -> None:
         self.producer.enqueue("bench.probe", [enqueued_at], queue=QUEUE, broker=self.broker)
+
+    def enqueue_chord(self, members: int) -> None:
+        from tasks_app.workflows import chord
+
+        member = self.producer.TaskRequest(type="bench.noop", queue=QUEUE)
+        callback = self.producer.TaskRequest(type="bench.chord_done", queue=QUEUE)
+        chord([member] * members, then=callback).enqueue(broker=self.broker)
 
     def start_worker(self) -> Worker:
         consumer_id = f"bench-{len(self.consumer_ids) + 1}"

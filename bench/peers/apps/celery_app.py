@@ -11,3 +11,4 @@ app.conf.update(broker_connection_retry_on_startup=True, worker_hijack_root_logg
 noop = app.task(name="noop")(probe.noop)
 record_start = app.task(name="record_start")(probe.record_start)
 redis_op = app.task(name="redis_op")(probe.redis_op)
+chord_done = app.task(name="chord_done")(probe.chord_done)
