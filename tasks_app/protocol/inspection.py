@@ -200,15 +200,18 @@ class Inspection(Role):
         pipe.lrange(self.keys.suspects(queue), -1, -1)
         pipe.zrangebyscore(self.keys.delayed(queue), "-inf", now_ms, start=0, num=1, withscores=True)
 
-    def sample_backlog(self, queue: str) -> int:
-        """Store how many tasks of `queue` wait (pending, prioritized, suspects, delayed) in this minute's hash."""
+    def sample_backlog(self, queue: str) -> int | None:
+        """Store how many tasks of `queue` wait (pending, prioritized, suspects, delayed) in this minute's hash,
+        unless a consumer of the queue did this minute already (then None): one sample a minute is its point."""
+        key = self.keys.minute(queue, int(time.time()) // 60)
+        if self.client.hexists(key, "backlog"):
+            return None
         pipe = self.client.pipeline(transaction=False)
         pipe.llen(self.keys.pending(queue))
         pipe.zcard(self.keys.prioritized(queue))
         pipe.llen(self.keys.suspects(queue))
         pipe.zcard(self.keys.delayed(queue))
         backlog = int(sum(pipe.execute()))
-        key = self.keys.minute(queue, int(time.time()) // 60)
         pipe.hset(key, "backlog", backlog)
         pipe.expire(key, KEEP_MINUTES * 60)
         pipe.execute()
