@@ -17,8 +17,8 @@ pytestmark = pytest.mark.django_db(transaction=True)  # commands are counted on 
 
 # What an idle consumer may cost Redis, scripts' inner commands included (about 2.3 a second here).
 IDLE_COMMANDS_PER_S = 3.0
-# Long enough to hold several of each of its periods (heartbeat, reaper, full claim: a third of a lease to a lease).
-WINDOW_S = 30.0
+# Two of its heartbeats and reaper looks (every 10 s) and up to one full claim (once a lease): about 45 commands.
+WINDOW_S = 20.0
 # Within it a stop has cut the consumer's blocking claim short: uncut, it lasts up to LONGEST_WAIT_S.
 STOP_CUTS_WAIT_S = 2.0
 
