@@ -510,9 +510,11 @@ class OneClaimer:
         self.room.release()
         for claimer in self._order():
             now = time.monotonic()
-            if min(self._due[claimer], claimer.audit_at) > now:  # its audit of strays is due once a lease
+            if self._due[claimer] > now:
+                if claimer.audit_at <= now:  # its audit of strays, once a lease: Redis tells of pushes meanwhile
+                    self._guarded(claimer, claimer.reconcile)
                 continue
-            wait_s = self._claim(claimer)
+            wait_s = self._guarded(claimer, partial(claimer.run_once, room_wait_s=0.0))
             self._due[claimer] = now + wait_s
             if wait_s == 0.0:  # it moved tasks (or found no room): the first queue first again
                 return 0.0
@@ -529,9 +531,10 @@ class OneClaimer:
         weights = self.weights
         return sorted(self.claimers, key=lambda claimer: random.random() ** (1 / weights[claimer]), reverse=True)
 
-    def _claim(self, claimer: ClaimerLoop) -> float:
+    def _guarded(self, claimer: ClaimerLoop, call: Callable[[], float | None]) -> float:
+        """`call` of `claimer` (its claim, or its audit); a key of ours of another type is noted, not raised."""
         try:
-            wait_s = claimer.run_once(room_wait_s=0.0)
+            wait_s = call() or 0.0
         except RedisError as exc:
             if not misconfiguration(exc):
                 raise
