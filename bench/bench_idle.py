@@ -6,11 +6,9 @@ import time
 from ours import our_system
 from peers.ours import QUEUE
 from support import emit, wait_for
-from workloads import IDLE_SETTLE_S, idle_cost
+from workloads import IDLE_COST_WINDOW_S, IDLE_SETTLE_S, idle_cost
 
 COUNTS = tuple(int(n) for n in os.environ.get("BENCH_IDLE_COUNTS", "1,10,100").split(","))
-# Two leases of a consumer's default 30 s: every period of its own (heartbeat, reaper, full claim) shows whole.
-WINDOW_S = 60.0
 
 if __name__ == "__main__":
     figures: dict[str, dict[str, float]] = {}
@@ -25,7 +23,7 @@ if __name__ == "__main__":
                     interval_s=0.2,
                 )
                 time.sleep(IDLE_SETTLE_S)
-                cost = idle_cost(client, workers, window_s=WINDOW_S)
+                cost = idle_cost(client, workers, window_s=IDLE_COST_WINDOW_S)
             finally:
                 for worker in workers:
                     worker.stop()

@@ -10,7 +10,7 @@ import django_env
 from ours import our_system
 from probe import LATENCY_KEY
 from support import ROOT, Worker, emit, median, percentile, wait_for
-from workloads import IDLE_SETTLE_S, LATENCY_GAP_S, idle_cost
+from workloads import IDLE_COST_WINDOW_S, IDLE_SETTLE_S, LATENCY_GAP_S, idle_cost
 
 COUNTS = tuple(int(n) for n in os.environ.get("BENCH_QUEUE_COUNTS", "1,10,200,1000").split(","))
 PROBES = 100
@@ -41,7 +41,7 @@ if __name__ == "__main__":
                 time.sleep(IDLE_SETTLE_S)
                 threads = threads_of(worker.pid)
                 connections = int(client.info("clients")["connected_clients"]) - ours
-                cost = idle_cost(client, [worker])
+                cost = idle_cost(client, [worker], window_s=IDLE_COST_WINDOW_S)
                 client.delete(LATENCY_KEY)
                 for _ in range(PROBES):
                     queue = random.choice(queues)

@@ -29,6 +29,9 @@ LATENCY_TASKS = 200
 LATENCY_GAP_S = 0.020
 # An idle worker's Redis commands are counted over this long, once it has settled for IDLE_SETTLE_S.
 IDLE_WINDOW_S = 10.0
+# What bench_idle and bench_queues count an idle consumer over: two leases of its default 30 s, so that every
+# period of its own (heartbeat, reaper, full claim, audit) shows whole.
+IDLE_COST_WINDOW_S = 60.0
 IDLE_SETTLE_S = 2.0
 
 
