@@ -99,20 +99,12 @@ def chord(members: Group | Iterable[Any], then: Any, *, on_failure: Policy = "st
 
 
 def step(task: DjangoTask, *args: Any, immutable: bool = False, **kwargs: Any) -> TaskRequest:
-    """A `django.tasks` task with its arguments, as a workflow's step."""
-    from tasks_app.producer import TaskRequest
+    """A `django.tasks` task with its arguments, as a workflow's step (the request its enqueue() would make)."""
+    from tasks_app.django_tasks.backend import task_request
     from tasks_app.registry import registry
 
     registry.add_django_task(task)  # a handler now, as its enqueue() would make it
-    return TaskRequest(
-        type=task.module_path,
-        args=args,
-        kwargs=kwargs,
-        queue=task.queue_name,
-        priority=int(task.priority),
-        run_after=task.run_after,
-        immutable=immutable,
-    )
+    return task_request(task, args, kwargs, immutable=immutable)
 
 
 @dataclass(frozen=True)

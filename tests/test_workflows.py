@@ -311,6 +311,27 @@ def test_django_tasks_are_steps_with_their_arguments(broker, consumer_in_thread)
     assert state.result["args"] == [13]
 
 
+def test_a_django_task_step_is_the_request_its_enqueue_would_make(settings):
+    # Before: a step kept a naive run_after (allowed with USE_TZ = False), which its enqueue() makes aware.
+    from datetime import datetime, timedelta
+
+    from django.utils import timezone
+
+    from tasks_app.workflows import step
+    from tests.support import django_tasks
+
+    settings.USE_TZ = False
+    run_after = datetime.now() + timedelta(minutes=1)
+    request = step(django_tasks.add.using(run_after=run_after, priority=5), 1, immutable=True)
+    assert request.run_after == timezone.make_aware(run_after)
+    assert (request.type, request.args, request.priority, request.immutable) == (
+        django_tasks.add.module_path,
+        (1,),
+        5,
+        True,
+    )
+
+
 def test_a_callback_that_is_a_chain_counts_as_callbacks(broker):
     flow = chord([TaskRequest("wf.value", args=[1])], then=chain(TaskRequest("wf.collect"), TaskRequest("wf.add")))
     state = workflows.get_workflow(flow.enqueue().id)

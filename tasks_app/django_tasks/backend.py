@@ -155,18 +155,23 @@ class RedisBackend(BaseTaskBackend):
 
 def _request(task: Task, result: TaskResult[Any, Any]) -> TaskRequest:
     """The producer's request for a django.tasks task, under the (fresh) id of its result."""
+    # fresh_id: a new uuid4, so no retry of an earlier request to check.
+    return task_request(task, result.args, result.kwargs, task_id=result.id, fresh_id=True)
+
+
+def task_request(task: Task, args: Any, kwargs: Any, **fields: Any) -> TaskRequest:
+    """The producer's request for a django.tasks task with its arguments (`fields`: the request's other fields)."""
     run_after = task.run_after
     if run_after is not None and timezone.is_naive(run_after):  # allowed only with USE_TZ = False
         run_after = timezone.make_aware(run_after)
     return TaskRequest(
         type=task.module_path,
-        args=result.args,
-        kwargs=result.kwargs,
+        args=args,
+        kwargs=kwargs,
         queue=task.queue_name,
         priority=int(task.priority),  # Django allows a whole float (5.0); validate_task checked it
         run_after=run_after,
-        task_id=result.id,
-        fresh_id=True,  # a new uuid4: no retry of an earlier request to check
+        **fields,
     )
 
 
