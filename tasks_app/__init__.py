@@ -1,14 +1,7 @@
 """A reliable, rate-limited task queue for Django on Redis."""
 
 from tasks_app.control import cancel, cancel_many
-from tasks_app.exceptions import (
-    PermanentError,
-    Retry,
-    TaskAlreadyFinished,
-    TaskCancelled,
-    TaskNotFound,
-    TaskTimeout,
-)
+from tasks_app.exceptions import PermanentError, Retry, TaskAlreadyFinished, TaskCancelled, TaskNotFound, TaskTimeout
 from tasks_app.registry import handler
 from tasks_app.workflows import cancel_workflow, chain, chord, get_workflow, group, step
 

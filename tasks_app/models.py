@@ -22,19 +22,17 @@ logger = logging.getLogger(__name__)
 # \Z, not $: "$" also matches before a final line end, which no key may hold (the producer refuses it).
 name_validator = RegexValidator(rf"^{NAME_PATTERN.pattern}\Z", f"Use {NAME_RULE}.")
 
-# Permissions (declared on TaskType): enqueue, requeue or delete dead letters, cancel, pause queues,
-# delete task records.
+# The permissions TaskType.Meta declares.
 ENQUEUE_PERMISSION = "tasks_app.enqueue_task"
 MANAGE_DEAD_LETTERS_PERMISSION = "tasks_app.manage_dead_letters"
 CANCEL_PERMISSION = "tasks_app.cancel_task"
 PAUSE_QUEUE_PERMISSION = "tasks_app.pause_queue"
 DELETE_TASK_RECORDS_PERMISSION = "tasks_app.delete_task_records"
 
-# The rate period's bounds (s): the admin refuses others, and a row written around it is read as the nearest.
+# Bounds (s) the admin holds fields to; a row written past them (`QuerySet.update()`) is read as the nearest.
 RATE_PERIOD_MIN_S = 0.001
 RATE_PERIOD_MAX_S = 86400 * 365
-# The longest unique window (s): the admin refuses more, and a row written past it (1e300, infinite) is read as it.
-TIMEOUT_MIN_S = 0.001  # the least timeout the admin takes
+TIMEOUT_MIN_S = 0.001
 UNIQUE_FOR_MAX_S = 86400 * 365
 RESULT_TTL_MAX_S = 86400 * 3650  # ten years: a PositiveIntegerField holds it everywhere
 
@@ -193,8 +191,7 @@ class TaskType(models.Model):
                 self.periodic_tasks.filter(queue="").update(updated_at=saved_now())
 
     def clean(self) -> None:
-        """Reject settings that do not fit together: a burst over its limit, a key without its limit, and
-        a unique task's end without its window."""
+        """Reject settings that do not fit together (a burst over its limit, a key or an end without its limit)."""
         errors: dict[str, str] = {}
         if self.rate_limit is not None and self.rate_burst > self.rate_limit:
             errors["rate_burst"] = (

@@ -29,6 +29,7 @@ from tasks_app.protocol.codec import (
     argument_problem,
     encode_arguments,
     encode_task,
+    is_utf8_encodable,
     payload_of,
 )
 from tasks_app.protocol.enqueue import Enqueueable, UniqueEnqueueable
@@ -67,9 +68,8 @@ class TaskRequest:
     run_after: datetime | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
     task_id: str | None = None
-    # True when `task_id` was just made for this task (a fresh random id, as a backend issuing ids does): not a
-    # key to know a retried request by, so it is pushed unchecked, as a generated id is (no read of its record,
-    # no entry in the queue's enqueued ids). False: the caller's id, a retry of which is a duplicate.
+    # True: `task_id` was just made (as a backend issuing ids does), so it is pushed unchecked like a generated
+    # id. False: the caller's id, a retry of which is a duplicate.
     fresh_id: bool = False
     # Unique task types: what makes two tasks the same (default: the type, args and kwargs).
     unique_key: str | None = None
@@ -87,9 +87,8 @@ class EnqueuedTask:
     priority: int
     enqueued_at_ms: int
     run_after_ms: int
-    # Nothing was pushed: a unique type's task was already enqueued within its window, or the caller's
-    # id is taken: a task with it was enqueued to its queue lately (or earlier in the same call), or
-    # its record names another queue. `id` is that task's.
+    # Nothing was pushed: a unique type's task is enqueued within its window, or the caller's id is taken
+    # (lately, earlier in the call, or by a record of another queue). `id` is that task's.
     duplicate: bool = False
 
 
@@ -155,8 +154,7 @@ def prepare(requests: Sequence[TaskRequest], *, registry: Registry = default_reg
     """Validate and encode every request without touching Redis; raise EnqueueError on the first bad one."""
     now_ms = int(time.time() * 1000)
     configs: dict[str, TaskTypeConfig] = {}
-    # A request object repeated in `requests` (as `enqueue(count=N)` does) is validated and
-    # encoded once; each of its tasks then costs a fresh id and one serialization.
+    # A request object repeated (as `enqueue(count=N)` does) is validated once; each task costs an id and an encode.
     prepared: dict[int, tuple[TaskRequest, _Prepared]] = {}
     queue_of_id: dict[str, str] = {}  # the queue of each caller's id in the call
     batch = PreparedBatch([], [], settings.TASKS_RESULT_TTL)
@@ -285,11 +283,7 @@ def _whole_from(value: object, low: int, high: int) -> bool:
 
 def _check_task_id(task_id: str) -> None:
     """Refuse a caller's task id that is not 1 to MAX_TASK_ID_CHARS characters of UTF-8 text without "/"."""
-    try:
-        valid = isinstance(task_id, str) and 1 <= len(task_id) <= MAX_TASK_ID_CHARS and bool(task_id.encode())
-    except UnicodeEncodeError:  # a lone surrogate
-        valid = False
-    if not valid:
+    if not (isinstance(task_id, str) and 1 <= len(task_id) <= MAX_TASK_ID_CHARS and is_utf8_encodable(task_id)):
         raise EnqueueError(f"task_id must be 1 to {MAX_TASK_ID_CHARS} characters of UTF-8 text, got {task_id!r:.120}")
     # Its task page and API URL could not name it; a control character (NUL) no PostgreSQL text holds.
     if "/" in task_id or task_id in {".", ".."} or any(ord(char) < 32 or 127 <= ord(char) < 160 for char in task_id):
@@ -300,19 +294,18 @@ def _check_task_id(task_id: str) -> None:
 
 def unique_digest(request: TaskRequest, config: TaskTypeConfig) -> str:
     """The digest naming a unique task's key: of its type and `unique_key`, or of its type and arguments."""
-    if request.unique_key is not None:
-        if not isinstance(request.unique_key, str) or not 1 <= len(request.unique_key) <= MAX_UNIQUE_KEY_CHARS:
-            raise EnqueueError(f"unique_key must be a string of 1 to {MAX_UNIQUE_KEY_CHARS} characters")
-        if not config.unique_for_s:
-            raise EnqueueError(f"unique_key given, but task type {request.type!r} is not unique (no unique_for_s)")
+    key = request.unique_key
+    if key is not None and (not isinstance(key, str) or not 1 <= len(key) <= MAX_UNIQUE_KEY_CHARS):
+        raise EnqueueError(f"unique_key must be a string of 1 to {MAX_UNIQUE_KEY_CHARS} characters")
     if not config.unique_for_s:
+        if key is not None:
+            raise EnqueueError(f"unique_key given, but task type {request.type!r} is not unique (no unique_for_s)")
         return ""
-    if request.unique_key is not None:
-        identity = "k\x00" + request.unique_key
+    if key is None:
+        arguments = json.dumps([list(request.args), dict(request.kwargs)], sort_keys=True, separators=(",", ":"))
+        identity = "a\x00" + arguments
     else:
-        identity = "a\x00" + json.dumps(
-            [list(request.args), dict(request.kwargs)], sort_keys=True, separators=(",", ":")
-        )
+        identity = "k\x00" + key
     data = f"{request.type}\x00{identity}".encode("utf-8", "surrogatepass")
     return hashlib.sha256(data).hexdigest()[:32]
 

@@ -96,8 +96,7 @@ class TaskTypeConfig:
 
 
 def _at_least_one(limit: int | None) -> int | None:
-    """A rate limit or cap as the admin bounds it: empty is none, 0 (written past the admin) the strictest, 1."""
-    # Read as none, a 0 meant to stop a type would let it run unthrottled.
+    # A 0 written past the admin is read as the strictest limit, 1: read as none, it would let a type run unthrottled.
     return None if limit is None else max(1, limit)
 
 
@@ -112,10 +111,9 @@ def ensure_task_type(name: str, registry: Registry) -> TaskTypeConfig:
         return TaskTypeConfig.from_model(row)
     if registry.get(name) is None:
         raise UnknownTaskType(f"unknown task type {name!r}: no TaskType row and no handler of that name")
-    defaults = TaskTypeConfig.default_for(name)
     try:
         with transaction.atomic():
-            row = TaskType.objects.create(name=name, handler=defaults.handler, queue=defaults.queue)
+            row = TaskType.objects.create(name=name, handler=name)
     except IntegrityError:  # another process created it first
         row = TaskType.objects.get(name=name)
     return TaskTypeConfig.from_model(row)
@@ -129,13 +127,11 @@ class TaskTypeCache:
         self._configs: dict[str, TaskTypeConfig] = {}
         if age_gauge is not None:
             age_gauge.set_function(self.age_s)
-        # False until the rows were read once: before that no type's settings are known.
-        self.loaded = False
-        # When the last successful refresh began (monotonic s): its rows include every row created before then.
+        self.loaded = False  # until the rows were read once, no type's settings are known
+        # When the last successful refresh began (monotonic s): it read every row created before then.
         self.read_at = float("-inf")
-        self._failed_at = float("-inf")  # when the last failed refresh began
-        # Called with each type whose settings a refresh found changed (not on the first read);
-        # a type whose row was deleted, with its last settings less the rate limit.
+        self._failed_at = float("-inf")
+        # Called with each type a refresh found changed (a deleted row's: its last settings less the rate limit).
         self.on_change: list[Callable[[TaskTypeConfig], None]] = []
         self._problem: ProblemLog[str] = ProblemLog(logger)  # the database away at every refresh
 
@@ -169,8 +165,7 @@ class TaskTypeCache:
         """Reload every row; on a database error keep serving the last snapshot and return False."""
         began = time.monotonic()
         try:
-            # Without the time stamps, which no setting needs: a malformed one (SQLite takes any text
-            # a raw UPDATE writes) would fail the read of every row, and the consumer would claim nothing.
+            # Without the time stamps: a malformed one (a raw UPDATE on SQLite) would fail the read of every row.
             rows = TaskType.objects.all().defer("created_at", "updated_at")
             configs = {row.name: TaskTypeConfig.from_model(row) for row in rows}
         except Exception as exc:  # the database may be briefly away; stale settings beat none
@@ -196,12 +191,8 @@ def unique_windows(names: Iterable[str]) -> dict[str, UniqueWindow]:
     """The uniqueness windows of the named types that are unique, as the database has them now."""
     rows = TaskType.objects.filter(name__in=set(names)).defer("created_at", "updated_at")
     configs = [TaskTypeConfig.from_model(row) for row in rows]
-    until_finished = TaskType.UniqueUntil.FINISHED
-    return {
-        config.name: UniqueWindow(config.unique_window_ms, config.unique_until == until_finished)
-        for config in configs
-        if config.unique_window_ms
-    }
+    finished = TaskType.UniqueUntil.FINISHED
+    return {c.name: UniqueWindow(c.unique_window_ms, c.unique_until == finished) for c in configs if c.unique_window_ms}
 
 
 class RecentTaskTypes:

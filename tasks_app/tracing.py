@@ -1,9 +1,7 @@
 """OpenTelemetry spans: `send <queue>` for every enqueue, `process <queue>` for every run, linked by the envelope.
 
-Only the OpenTelemetry API is used: the project's own SDK set-up (or `opentelemetry-instrument`) decides
-where spans go. Without the `otel` extra every function here does nothing. With the API but no SDK no span
-is made: the context that came with a task is only passed on, to the tasks its handler enqueues.
-The attributes follow OpenTelemetry's messaging conventions; docs/tracing.md shows a trace.
+Only the API is used: the project's SDK decides where spans go; without the `otel` extra nothing happens, and
+without an SDK a task's context is only passed on to the tasks its handler enqueues (docs/tracing.md).
 """
 
 from __future__ import annotations
@@ -49,7 +47,7 @@ FLUSH_TIMEOUT_MS = 5000
 
 @functools.cache
 def _tracer() -> Any:
-    # Asked for at the first span, not at import; a provider set after that is used too (the API's proxy).
+    # At the first span, not at import; a provider set later is used too (the API's proxy).
     return trace.get_tracer("tasks_app")
 
 
@@ -65,10 +63,7 @@ def _fields(propagator: Any) -> frozenset[str]:
 
 
 class Sends:
-    """The send spans of one enqueue call: one per queue, started as its first task is built, ended by the push.
-
-    Every task of a queue carries its queue's span context, so one call costs one span per queue, not per task.
-    """
+    """The send spans of one enqueue call: one per queue (not per task), begun at its first task, ended by the push."""
 
     __slots__ = ("_headers", "_spans")
 
@@ -130,8 +125,7 @@ def restamp(headers: MutableMapping[str, str], sends: Sends, queue: str) -> None
 
 
 class RunSpan(NamedTuple):
-    """A run's `process` span (None without an SDK), and the context its handler runs in (the span, and the
-    producer's baggage)."""
+    """A run's `process` span (None without an SDK), and its handler's context (with the producer's baggage)."""
 
     span: Any
     context: Any

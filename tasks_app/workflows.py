@@ -1,12 +1,8 @@
 """Workflows: chains, groups and chords of tasks, whose next step or callback is pushed exactly once.
 
-A workflow is a tree: `chain(a, b, c)` runs its steps one after another, each getting the previous
-step's return value as its first argument; `group(a, b, c)` runs its members at once and ends with
-the list of their return values; `chord(members, then=callback)` is `chain(group(members), callback)`.
-`.enqueue()` validates the whole tree, stores it in the workflow's own keys and pushes the tasks that
-start at once. Each task carries its workflow id and path in its envelope's headers; the consumer
-that settles it records its end in one script (`lua/workflow_end.lua`) before its ack, and pushes
-what that end started, with ids derived from the workflow: a repeated end pushes nothing twice.
+A task carries its workflow id and path in its headers; the consumer that settles it records its end
+(`lua/workflow_end.lua`) before its ack, then pushes what that end started under ids derived from the
+workflow, so a repeated end pushes nothing twice.
 """
 
 from __future__ import annotations
@@ -15,6 +11,7 @@ import hashlib
 import json
 import logging
 import uuid
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
@@ -27,12 +24,7 @@ from tasks_app.exceptions import TaskCancelled
 from tasks_app.metrics import WORKFLOW_STEPS_FIRED, WORKFLOWS_FINISHED, WORKFLOWS_STARTED
 from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.keys import InvalidName, validate_name
-from tasks_app.protocol.records import (
-    WORKFLOW_HEADER,
-    WORKFLOW_PATH_HEADER,
-    datetime_of_ms,
-    ms_of_datetime,
-)
+from tasks_app.protocol.records import WORKFLOW_HEADER, WORKFLOW_PATH_HEADER, datetime_of_ms, ms_of_datetime
 from tasks_app.protocol.workflows import CREATED, NO_WORKFLOW, NOT_OWNED, RECORDED, Owner, Started
 
 if TYPE_CHECKING:
@@ -40,8 +32,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# Task ids are uuid5(NAMESPACE_URL, "workflow:<workflow id>/<path>"): fixed by the workflow.
-TASK_ID_NAME = "workflow:{}/{}"
 MAX_GROUP_MEMBERS = 10_000
 POLICIES = ("stop", "continue")
 # Statuses of a workflow, and of a task of one not pushed yet.
@@ -65,8 +55,32 @@ class Workflow:
     on_failure: Policy = "stop"
 
     def enqueue(self, *, workflow_id: str | None = None, broker: Broker | None = None) -> EnqueuedWorkflow:
-        """Validate the whole workflow, store it and push the tasks that start at once."""
-        return enqueue(self, workflow_id=workflow_id, broker=broker)
+        """Validate the whole workflow (nothing is pushed on an error), store it and push the tasks that start at once.
+
+        With `workflow_id` given, a repeat of the same call (after a lost reply) pushes nothing twice."""
+        from tasks_app.producer import QueueUnavailable
+
+        workflow_id = workflow_id or str(uuid.uuid4())
+        try:
+            validate_name(workflow_id, "workflow id")
+        except InvalidName as exc:
+            raise WorkflowError(str(exc)) from None
+        nodes, requests = _flatten(self, workflow_id)
+        digest = hashlib.sha256(json.dumps(nodes).encode()).hexdigest()
+        broker = broker or get_broker()
+        try:
+            code, started = broker.workflows.create(
+                workflow_id, digest, nodes, len(requests), int(settings.TASKS_RESULT_TTL)
+            )
+            if code == NO_WORKFLOW:
+                raise WorkflowError(f"workflow id {workflow_id!r} names another workflow")
+            if code == CREATED:
+                WORKFLOWS_STARTED.inc()
+            push_started(broker, workflow_id, started, requests)
+        except RedisError as exc:
+            problem = f"Redis did not take it ({exc}); retry with workflow_id={workflow_id!r}"
+            raise QueueUnavailable(f"cannot enqueue the workflow: {problem}") from exc
+        return EnqueuedWorkflow(workflow_id, {path: task_id_of(workflow_id, path) for path in requests})
 
 
 class Chain(Workflow):
@@ -90,9 +104,7 @@ def group(*members: Any, on_failure: Policy = "stop") -> Group:
 
 
 def chord(members: Group | Iterable[Any], then: Any, *, on_failure: Policy = "stop") -> Chain:
-    """Run `members` at once, then `then` once with the list of their values: `chain(group(members), then)`.
-
-    The chord's `on_failure` is its members' group's too (a given group takes it)."""
+    """`chain(group(members), then)`: `then` runs once with the list of the members' values; `on_failure` is both's."""
     if isinstance(members, Group):
         return chain(replace(members, on_failure=on_failure), then, on_failure=on_failure)
     return chain(group(tuple(members), on_failure=on_failure), then, on_failure=on_failure)
@@ -120,8 +132,8 @@ class EnqueuedWorkflow:
 
 
 def task_id_of(workflow_id: str, path: str) -> str:
-    """The fixed id of the task at `path` of a workflow."""
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, TASK_ID_NAME.format(workflow_id, path)))
+    """The fixed id of the task at `path` of a workflow: derived from both, so a repeated push is known."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"workflow:{workflow_id}/{path}"))
 
 
 def error_entry(exception_class: str, message: str, task_id: str) -> dict[str, Any]:
@@ -130,35 +142,6 @@ def error_entry(exception_class: str, message: str, task_id: str) -> dict[str, A
 
 
 # --- enqueueing ------------------------------------------------------------------------------
-def enqueue(root: Workflow, *, workflow_id: str | None = None, broker: Broker | None = None) -> EnqueuedWorkflow:
-    """Validate `root` whole (nothing is pushed on an error), store it and push the tasks that start at once.
-
-    With `workflow_id` given, a repeat of the same call (after a lost reply) pushes nothing twice."""
-    from tasks_app.producer import QueueUnavailable
-
-    workflow_id = workflow_id or str(uuid.uuid4())
-    try:
-        validate_name(workflow_id, "workflow id")
-    except InvalidName as exc:
-        raise WorkflowError(str(exc)) from None
-    nodes, requests = _flatten(root, workflow_id)
-    digest = hashlib.sha256(json.dumps(nodes).encode()).hexdigest()
-    broker = broker or get_broker()
-    try:
-        code, started = broker.workflows.create(
-            workflow_id, digest, nodes, len(requests), int(settings.TASKS_RESULT_TTL)
-        )
-        if code == NO_WORKFLOW:
-            raise WorkflowError(f"workflow id {workflow_id!r} names another workflow")
-        if code == CREATED:
-            WORKFLOWS_STARTED.inc()
-        push_started(broker, workflow_id, started, requests)
-    except RedisError as exc:
-        problem = f"cannot enqueue the workflow: Redis did not take it ({exc}); retry with workflow_id={workflow_id!r}"
-        raise QueueUnavailable(problem) from exc
-    return EnqueuedWorkflow(workflow_id, {path: task_id_of(workflow_id, path) for path in requests})
-
-
 def _flatten(root: Workflow, workflow_id: str) -> tuple[list[tuple[str, str, str]], dict[str, TaskRequest]]:
     """The nodes of a workflow (path, spec, template) and its tasks by path, all validated; WorkflowError if not."""
     from tasks_app.producer import EnqueueError, prepare
@@ -192,7 +175,6 @@ def _flatten(root: Workflow, workflow_id: str) -> tuple[list[tuple[str, str, str
 
 
 def _spec(node: Workflow, path: str, ancestors: tuple[int, ...]) -> str:
-    """The spec of a chain or group node, as the scripts read it; WorkflowError for a bad one."""
     kind = "group" if isinstance(node, Group) else "chain"
     if id(node) in ancestors:
         raise WorkflowError(f"the {kind} at {path} contains itself")
@@ -223,13 +205,11 @@ def _request_of(node: Any, path: str) -> TaskRequest:
 
 
 def _addressed(request: TaskRequest, workflow_id: str, path: str) -> TaskRequest:
-    """The request with its fixed id and the headers naming its workflow and place."""
     headers = {**(request.headers or {}), WORKFLOW_HEADER: workflow_id, WORKFLOW_PATH_HEADER: path}
     return replace(request, task_id=task_id_of(workflow_id, path), headers=headers)
 
 
 def _template(request: TaskRequest) -> str:
-    """A step's envelope template, JSON: what its push needs besides its input."""
     return json.dumps(
         {
             "type": request.type,
@@ -280,7 +260,15 @@ def push_started(
         try:
             batch = prepare(chunk)
         except EnqueueError:  # one step is refused: it fails the workflow, the others are pushed
-            chunk = [r for r in chunk if _fail_if_refused(broker, workflow_id, r)]
+            kept = []
+            for request in chunk:
+                try:
+                    prepare([request])
+                except EnqueueError as exc:
+                    _fail(broker, workflow_id, request, str(exc))
+                else:
+                    kept.append(request)
+            chunk = kept
             batch = prepare(chunk)
         try:
             pushed = push(batch, broker=broker)
@@ -291,18 +279,6 @@ def push_started(
                 _fail(broker, workflow_id, request, f"its unique key is held by task {task.id}")
     if broker.workflows.status(workflow_id) == CANCELLED:  # cancelled while these were pushed: they stop too
         broker.control.cancel_many([r.task_id for r in requests if r.task_id], "workflow cancelled")
-
-
-def _fail_if_refused(broker: Broker, workflow_id: str, request: TaskRequest) -> bool:
-    """True if the producer takes `request`; else fail the workflow naming the step, and False."""
-    from tasks_app.producer import EnqueueError, prepare
-
-    try:
-        prepare([request])
-    except EnqueueError as exc:
-        _fail(broker, workflow_id, request, str(exc))
-        return False
-    return True
 
 
 def _fail(broker: Broker, workflow_id: str, request: TaskRequest, problem: str) -> None:
@@ -323,12 +299,9 @@ def is_member(headers: Mapping[str, str]) -> bool:
 def task_ended(
     broker: Broker, headers: Mapping[str, str], outcome: str, value_json: str, owner: Owner | None = None
 ) -> None:
-    """Record a workflow task's end (SUCCESSFUL with its return value's JSON, or FAILED / CANCELLED with an error
-    entry's), then push what it started; idempotent, so a settle run again after a kill repeats it safely."""
+    """Record a workflow task's end (its value's or error entry's JSON), then push what it started; idempotent."""
     workflow_id, path = headers.get(WORKFLOW_HEADER, ""), headers.get(WORKFLOW_PATH_HEADER, "")
-    try:  # a foreign producer's headers: an id that would break a key names no workflow
-        validate_name(workflow_id)
-    except InvalidName:
+    if not _valid_id(workflow_id):  # a foreign producer's headers: an id that would break a key names no workflow
         logger.warning("a task names workflow %r, which cannot be one: its end is not recorded", workflow_id[:120])
         return
     recorded = broker.workflows.end(
@@ -425,9 +398,7 @@ def get_workflow(workflow_id: str, *, broker: Broker | None = None) -> WorkflowS
         )
         for path, template in data.steps.items()
     }
-    counts: dict[str, int] = {}
-    for member in members.values():
-        counts[member.status] = counts.get(member.status, 0) + 1
+    counts = dict(Counter(member.status for member in members.values()))
     meta = data.meta
     failed_path = meta.get("failed_path")
     ordered = sorted(members.values(), key=lambda m: tree_order(m.path))
