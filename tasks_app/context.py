@@ -23,8 +23,7 @@ class RunControl:
         self.cancelled = False  # asked to stop (its consumer read a cancel request)
         self.forced = False  # cancelled by force (its consumer is stopping it)
         self._lock = threading.Lock()
-        self._progress: dict[str, Any] | None = None
-        self._dirty = False
+        self._progress: dict[str, Any] | None = None  # set since the consumer last took it
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -35,15 +34,13 @@ class RunControl:
     def set_progress(self, progress: dict[str, Any]) -> None:
         """Keep the latest progress; the consumer writes it out, coalesced."""
         with self._lock:
-            self._progress, self._dirty = progress, True
+            self._progress = progress
 
     def take_progress(self) -> dict[str, Any] | None:
         """Return the progress set since the last call (None if none was)."""
         with self._lock:
-            if not self._dirty:
-                return None
-            self._dirty = False
-            return self._progress
+            progress, self._progress = self._progress, None
+            return progress
 
 
 def _finite(value: float) -> bool:

@@ -27,8 +27,7 @@ def _escape(match: re.Match[str]) -> str:
 
 def escape_control(text: str) -> str:
     """Return `text` with every control character written as a backslash escape (one line)."""
-    # Every character the pattern matches is one str.isprintable() refuses: a line without them
-    # (nearly all) is checked in C and returned as it is.
+    # str.isprintable() refuses every character the pattern matches: most lines are checked in C and kept.
     return text if text.isprintable() else _CONTROL.sub(_escape, text)
 
 

@@ -101,14 +101,13 @@ _run_metrics: dict[tuple[str, str], RunMetrics] = {}
 
 def of_run(task_type: str, queue: str) -> RunMetrics:
     """The per-run metrics of `task_type` on `queue`."""
-    found = _run_metrics.get((task_type, queue))
+    labels = (task_type, queue)
+    found = _run_metrics.get(labels)
     if found is None:
-        labels = (task_type, queue)
-        found = RunMetrics(
+        found = _run_metrics[labels] = RunMetrics(
             TASKS_STARTED.labels(*labels),
             TASKS_SUCCEEDED.labels(*labels),
             TASK_DURATION.labels(*labels),
             TASK_WAIT.labels(*labels),
         )
-        _run_metrics[labels] = found
     return found

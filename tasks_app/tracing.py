@@ -33,14 +33,12 @@ SYSTEM = "tasks_app"  # messaging.system: the queue's own protocol, not Redis's
 CHILD, LINK = "child", "link"
 PROPAGATIONS = (CHILD, LINK)
 # What ended a run, as `tasks_app.task.outcome` says.
-SUCCEEDED, RETRIED, DEAD_LETTERED, CANCELLED, DEFERRED, ABANDONED = (
-    "succeeded",
-    "retried",
-    "dead_lettered",
-    "cancelled",
-    "deferred",
-    "abandoned",
-)
+SUCCEEDED = "succeeded"
+RETRIED = "retried"
+DEAD_LETTERED = "dead_lettered"
+CANCELLED = "cancelled"
+DEFERRED = "deferred"
+ABANDONED = "abandoned"
 _FAILURES = (RETRIED, DEAD_LETTERED, ABANDONED)
 FLUSH_TIMEOUT_MS = 5000
 
