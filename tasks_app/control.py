@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from tasks_app.exceptions import TaskAlreadyFinished as TaskAlreadyFinished, TaskNotFound as TaskNotFound
 from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.codec import is_utf8_encodable
-from tasks_app.protocol.control import (
+from tasks_app.protocol.history import (
     CANCELLED as CANCELLED,
     FINISHED as FINISHED,
     REQUESTED as REQUESTED,

@@ -18,7 +18,7 @@ from tasks_app import control, producer
 from tasks_app.context import MAX_PROGRESS_MESSAGE_CHARS, progress_value
 from tasks_app.models import TaskType
 from tasks_app.protocol import records
-from tasks_app.protocol.control import CancelMark
+from tasks_app.protocol.history import CancelMark
 from tasks_app.protocol.records import ResultUpdate
 from tests.support import django_tasks as tasks
 

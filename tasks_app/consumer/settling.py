@@ -31,7 +31,7 @@ from tasks_app.models import TaskType
 from tasks_app.protocol import records
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, UndecodableTask, decode_task, encode_task
-from tasks_app.protocol.control import CancelMark
+from tasks_app.protocol.history import CancelMark
 from tasks_app.protocol.keys import UNDECODABLE_TYPE
 from tasks_app.protocol.queue import UniqueRelease
 from tasks_app.protocol.records import ResultUpdate, clean_text, now_ms

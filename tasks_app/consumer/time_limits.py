@@ -28,7 +28,7 @@ from tasks_app.consumer.settling import CANCEL_CHECK_S, Settler, log_fields
 from tasks_app.context import RunControl, TaskContext
 from tasks_app.exceptions import TaskCancelled, TaskInterrupted, TaskTimeout
 from tasks_app.protocol.codec import Task, compact_json
-from tasks_app.protocol.control import CancelMark
+from tasks_app.protocol.history import CancelMark
 from tasks_app.protocol.records import ResultUpdate
 from tasks_app.task_types import TaskTypeConfig
 from tasks_app.tracing import RunSpan

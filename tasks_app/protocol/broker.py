@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks_app.protocol.control import Control
 from tasks_app.protocol.enqueue import AnnouncedQueues, Enqueuer
-from tasks_app.protocol.history import CLUSTER_WAIT_MS, HISTORY_MAX, Records
+from tasks_app.protocol.history import CLUSTER_WAIT_MS, HISTORY_MAX, Control, Records
 from tasks_app.protocol.inspection import Inspection
 from tasks_app.protocol.keys import Keys
 from tasks_app.protocol.leases import Leases

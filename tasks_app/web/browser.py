@@ -27,7 +27,7 @@ from tasks_app.models import CANCEL_PERMISSION, DELETE_TASK_RECORDS_PERMISSION, 
 from tasks_app.protocol import history
 from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.codec import finite
-from tasks_app.protocol.control import CANCELLED, REQUESTED
+from tasks_app.protocol.history import CANCELLED, REQUESTED
 from tasks_app.protocol.keys import InvalidName, validate_name
 from tasks_app.protocol.records import (
     FINISHED,
