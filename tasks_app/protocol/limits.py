@@ -1,9 +1,7 @@
 """Throttles on Redis: rate limits, the tasks they defer, concurrency caps' slots, and disabled types.
 
-docs/PROTOCOL.md ("Rate limits", "Concurrency caps") describes the keys. After a limit changes,
-`Limits.follow_up` brings the tasks deferred under it to the new slots, one consumer at a time under
-a lease. Tasks deferred while their type is disabled are noted, so enabling it makes them due at once
-instead of each recheck claiming and deferring the whole backlog again.
+docs/PROTOCOL.md ("Rate limits", "Concurrency caps") describes the keys. Tasks deferred while their
+type is disabled are noted, so enabling it makes them due at once.
 """
 
 from __future__ import annotations
@@ -15,18 +13,16 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from itertools import batched
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from tasks_app.protocol.codec import UndecodableTask, decode_task
-from tasks_app.protocol.keys import NAME_PATTERN, UNDECODABLE_TYPE, WAKE_TOKEN, delayed_member, split_delayed_member
+from tasks_app.protocol.keys import UNDECODABLE_TYPE, WAKE_TOKEN, delayed_member, split_delayed_member
 from tasks_app.protocol.queue import PROMOTE_DUE_KEYS
 from tasks_app.protocol.scripts import Role
 
 # How long a slot handed to a woken waiter is kept for it before anyone may take it.
 WAKE_RESERVE_MS = 5000
-# Members taken from a type's set per call of wake_enabled.
 WAKE_BATCH = 1000
-# Delayed members read, decoded and moved per round trip while rescheduling.
 RESCHEDULE_BATCH = 1000
 # How long a follower holds its lease without renewing it (it renews at every batch).
 FOLLOWER_LEASE_MS = 30_000
@@ -65,14 +61,6 @@ class Waiter(NamedTuple):
     @property
     def id(self) -> str:
         return hashlib.sha1(self.entry).hexdigest()
-
-    @classmethod
-    def parse(cls, entry: bytes) -> Waiter | None:
-        """Read a woken waiter; None for one no consumer of ours wrote (its queue is not a valid name)."""
-        queue, sep, member = entry.partition(b"\n")
-        name = queue.decode(errors="replace")
-        # A foreign name ("}x") may spread the queue's keys over a cluster's slots: no wake could move it.
-        return cls(name, member) if sep and member and NAME_PATTERN.fullmatch(name) else None
 
 
 class Limits(Role):
@@ -131,9 +119,7 @@ class Limits(Role):
 
     def bring_forward(self, queue: str, due_ms: Mapping[bytes, int]) -> int:
         """Make delayed members of `queue` due at the given ms, never later, never added back; how many moved."""
-        if not due_ms:
-            return 0
-        return int(self.client.zadd(self.keys.delayed(queue), dict(due_ms), xx=True, lt=True, ch=True))
+        return int(self.client.zadd(self.keys.delayed(queue), dict(due_ms), xx=True, lt=True, ch=True)) if due_ms else 0
 
     def follow_up(
         self, task_type: str, key_token: str | None, give_up: threading.Event, lease_ms: int = FOLLOWER_LEASE_MS
@@ -147,7 +133,7 @@ class Limits(Role):
                     break
                 continue
             try:
-                # Read again under the lease: the follower that held it last may have done them all meanwhile.
+                # Read again under the lease: the last holder may have done them all meanwhile.
                 for queue, mode in self.rate_follow_ups(task_type, key_token).items():
                     since_us = self.redis.server_time_us()
                     followed += self._reschedule(queue, task_type, key_token, now=mode == "now", keep=keep)
@@ -261,5 +247,6 @@ def _ids_of_type(members: Iterable[bytes], task_type: str) -> dict[bytes, str]:
     return ids
 
 
-def _waiters(entries: Sequence[Any]) -> list[Waiter]:
-    return [waiter for waiter in map(Waiter.parse, entries) if waiter is not None]
+def _waiters(entries: Sequence[bytes]) -> list[Waiter]:
+    """The woken waiters of their entries ("<queue>\\n<member>")."""
+    return [Waiter(queue.decode(), member) for queue, _, member in (entry.partition(b"\n") for entry in entries)]

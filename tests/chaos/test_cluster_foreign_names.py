@@ -12,8 +12,6 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 
-from tasks_app.protocol.limits import SlotSet, Waiter
-
 pytestmark = [pytest.mark.chaos, pytest.mark.django_db(transaction=True)]
 
 SPLIT_NAMES = ["", "}x"]  # every key of such a queue lies in a slot of its own
@@ -45,19 +43,3 @@ def test_a_record_naming_a_foreign_queue_spoils_no_other_cancel_on_a_cluster(clu
 
     assert [reply.outcome for reply in replies] == ["cancelled", "requested", "requested"]
     assert broker.control.cancel_marks("default", ["ours"]) == [2]  # its consumer is told, and stops it
-
-
-@pytest.mark.timeout(60)
-def test_a_woken_waiter_naming_a_foreign_queue_is_dropped_on_a_cluster(cluster_broker):
-    broker = cluster_broker
-    slots = SlotSet("capped", None, 2)
-    ours = Waiter.of("default", 0, b"task")
-    broker.client.zadd(broker.keys.running_waiters("capped"), {"foreign": 1, ours.id: 2})
-    broker.client.hset(broker.keys.running_waiting("capped"), mapping={"foreign": b"}x\n+000task", ours.id: ours.entry})
-    broker.client.zadd(broker.keys.delayed("default"), {ours.member: 10**15})
-
-    woken = broker.limits.release_slot(slots, "gone", idle_ms=60_000, lease_ms=1)
-
-    assert [broker.limits.wake(waiter) for waiter in woken] == [True]
-    assert woken == [ours]
-    assert broker.inspect.queue_stats("default").pending == 1
