@@ -14,6 +14,7 @@ from django.tasks import TaskResultStatus
 
 from tasks_app.exceptions import ResultNotJson, ResultTooLarge
 from tasks_app.protocol.codec import Arguments, Task, compact_json, finite, is_utf8_encodable, loads_bounded, scrub_text
+from tasks_app.protocol.scripts import reply_text
 
 
 def datetime_of_ms(ms: float) -> datetime | None:
@@ -26,7 +27,7 @@ def datetime_of_ms(ms: float) -> datetime | None:
         return None
 
 
-# The largest whole ms a score is read as: +inf from a producer's record must not overflow int().
+# The largest whole ms a score is read as: a producer's +inf must not overflow int().
 MAX_SCORE_MS = 2**63 - 1
 
 
@@ -52,8 +53,7 @@ def ms_text(ms: float) -> str:
     return str(ms) if isinstance(ms, int) else f"{ms:.3f}"
 
 
-# The fields a READY record may leave out, and the value each then has; the id is the key's suffix.
-# The producer stores only what differs (see ready_fields_of_json); get_result fills these back in.
+# The fields a READY record may leave out, and the value each then has (get_result fills them in).
 READY_RECORD_DEFAULTS = {"status": "READY", "priority": "0", "args": "[]", "kwargs": "{}", "attempts": "0"}
 
 
@@ -65,11 +65,8 @@ def record_text_fields(task_id: str, record: dict[bytes, bytes] | Exception) -> 
         raise record
     if not record:
         return None
-    # Bytes a foreign producer wrote need not be UTF-8: shown with escapes, never an error.
-    fields = {
-        key.decode(errors="backslashreplace"): value.decode(errors="backslashreplace") for key, value in record.items()
-    }
-    # The key names the task: an `id` field naming another (a foreign writer's) must not send a cancel there.
+    # A producer's bytes need not be UTF-8; the key, not an `id` field, names the task.
+    fields = {reply_text(key): reply_text(value) for key, value in record.items()}
     return {**READY_RECORD_DEFAULTS, **fields, "id": task_id}
 
 
@@ -83,15 +80,14 @@ class ResultUpdate:
     ttl_s: int
     append_worker_id: str | None = None
     append_error: dict[str, str] | None = None
-    # Fencing token of the run this update belongs to (0: not of a run, written unconditionally);
-    # ignored once a run with a higher token wrote to the record.
+    # Fencing token of its run (0: none, written unconditionally); ignored once a higher one wrote.
     fence: int = 0
-    # Not written to the record: where the history index and the charts file the update.
+    # Not written: where the history index and the charts file the update, and the run's duration.
     queue: str = ""
     task_type: str = ""
-    run_s: float | None = None  # how long the run took, for the duration charts
-    # Nor this: the task whose settle this write goes with, its (queue, consumer) processing list and its
-    # bytes as claimed; on one server written only while its consumer holds it (see Queue.ack_many_reporting).
+    run_s: float | None = None
+    # Nor this: the (queue, consumer) list and claimed bytes of the task whose settle this write goes
+    # with; on one server written only while its consumer holds it (see Queue.ack_many_reporting).
     held_by: tuple[tuple[str, str], bytes] | None = None
 
 
@@ -104,13 +100,11 @@ CANCELLED = "CANCELLED"
 FINISHED = {SUCCESSFUL, FAILED, CANCELLED}
 # What record_result answers when a run's first write finds the task cancelled: it must not start.
 START_REFUSED = 2
-# What claim_receipts and record_result answer when a later claim's token is on the record: the
-# task is another claim's now (this consumer was presumed dead, or the task was pushed twice).
+# What claim_receipts and record_result answer when a later claim's token is on the record.
 SUPERSEDED = 0
 # Set by a claim's receipt (claim_receipts.lua) to its fencing token; empty while no consumer holds the task.
 CLAIMED_FENCE = "claimed_fence"
-# What claim_receipts answers for a task its claim holds whose record it found (whose RUNNING
-# write need not carry the enqueue fields again).
+# What claim_receipts answers for a held task whose record it found (its RUNNING write omits the enqueue fields).
 RECEIPT_OF_RECORD = 1
 
 # The fields a record may hold that only its own page and the API show: megabytes each, at most.
@@ -131,7 +125,7 @@ def _json(value: Any) -> str:
     text = compact_json(value)
     if is_utf8_encodable(text):
         return text
-    # Lone surrogates (a foreign payload's "\ud800") cannot be sent to Redis as UTF-8: escape them.
+    # Lone surrogates (a payload's "\ud800") cannot be sent as UTF-8: escaped.
     return compact_json(value, ensure_ascii=True)
 
 
@@ -177,8 +171,7 @@ def enqueued_fields(task: Task, arguments: Arguments) -> dict[str, str]:
     return {**READY_RECORD_DEFAULTS, "id": task.id, **ready_fields_of_json(task, args_json, kwargs_json)}
 
 
-# Headers a READY record keeps as fields of the same name: the task a retry from the task browser
-# copies, the periodic schedule that fired the task, and the workflow it belongs to and its place there.
+# Headers a READY record keeps as fields of the same name: a retry's original, the periodic schedule, the workflow.
 RETRY_OF_HEADER = "retry_of"
 PERIODIC_HEADER = "periodic"
 WORKFLOW_HEADER = "workflow"
@@ -197,7 +190,7 @@ def ready_fields_of_json(task: Task, args_json: str, kwargs_json: str) -> dict[s
         fields["kwargs"] = kwargs_json
     if task.run_after_ms:
         fields["run_after_ms"] = str(task.run_after_ms)
-    for header in RECORDED_HEADERS:  # where the task came from: a retry's original, a periodic schedule
+    for header in RECORDED_HEADERS:
         if header in task.headers:
             fields[header] = task.headers[header]
     return fields
@@ -333,6 +326,13 @@ def _parsed(value: str | None, expected: type, default: Any) -> Any:
     return parsed if isinstance(parsed, expected) else default
 
 
+# The record's fields read as text; of these, the links to other things are null in JSON when empty.
+_LINK_FIELDS = ("retry_of", "periodic", "retried_as", "workflow", "workflow_path")
+_TEXT_FIELDS = ("id", "type", "queue", "dead_reason", "cancelled_by", *_LINK_FIELDS)
+_TIME_FIELDS: tuple[str, ...] = ("enqueued_at", "run_after", "started_at", "last_attempted_at", "finished_at")
+_TIME_FIELDS += ("cancelled_at", "cancel_requested_at")
+
+
 @dataclass(frozen=True)
 class ResultRecord:
     """A task's result record as read back from Redis."""
@@ -375,35 +375,21 @@ class ResultRecord:
         """Parse a result hash as `get_result` reads it (escaped text); a field that does not parse reads as not set."""
         errors = _parsed(raw.get("errors"), list, [])
         return_text = raw.get("return_value")
+        values: dict[str, Any] = {name: raw.get(name, "") for name in _TEXT_FIELDS}
+        values |= {name: _ms_to_datetime(raw.get(f"{name}_ms")) for name in _TIME_FIELDS}
         return cls(
-            id=raw.get("id", ""),
-            type=raw.get("type", ""),
-            queue=raw.get("queue", ""),
+            **values,
             status=raw.get("status") or READY,
             priority=_int(raw.get("priority")) or 0,
             args=_parsed(raw.get("args"), list, []),
             kwargs=_parsed(raw.get("kwargs"), dict, {}),
             attempts=_int(raw.get("attempts")) or 0,
             max_attempts=_int(raw.get("max_attempts"), None),
-            enqueued_at=_ms_to_datetime(raw.get("enqueued_at_ms")),
-            run_after=_ms_to_datetime(raw.get("run_after_ms")),
-            started_at=_ms_to_datetime(raw.get("started_at_ms")),
-            last_attempted_at=_ms_to_datetime(raw.get("last_attempted_at_ms")),
-            finished_at=_ms_to_datetime(raw.get("finished_at_ms")),
             return_value=_parsed(return_text, object, return_text) if return_text is not None else None,
             has_return_value=return_text is not None,
             worker_ids=[str(item) for item in _parsed(raw.get("worker_ids"), list, [])],
             errors=[{str(k): str(v) for k, v in item.items()} for item in errors if isinstance(item, dict)],
-            dead_reason=raw.get("dead_reason", ""),
-            cancelled_by=raw.get("cancelled_by", ""),
-            cancelled_at=_ms_to_datetime(raw.get("cancelled_at_ms")),
-            cancel_requested_at=_ms_to_datetime(raw.get("cancel_requested_at_ms")),
             progress=_parsed(raw.get("progress"), dict, None),
-            retry_of=raw.get("retry_of", ""),
-            periodic=raw.get("periodic", ""),
-            retried_as=raw.get("retried_as", ""),
-            workflow=raw.get("workflow", ""),
-            workflow_path=raw.get("workflow_path", ""),
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -413,7 +399,7 @@ class ResultRecord:
             value = getattr(self, name)
             if isinstance(value, datetime):
                 value = value.isoformat()
-            elif name in ("retry_of", "periodic", "retried_as", "workflow", "workflow_path"):
+            elif name in _LINK_FIELDS:
                 value = value or None
             fields[name] = value
         return {name: finite(value) for name, value in fields.items()}

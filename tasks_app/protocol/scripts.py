@@ -28,18 +28,15 @@ from redis.retry import Retry
 
 from tasks_app.protocol.keys import Keys
 
-# Idle connections kept for the next calls (one per thread enqueueing at once, up to this); more are closed
-# when given back, so a burst of threads leaves no more open than this.
+# Idle connections kept for the next calls; more are closed when given back.
 SPARE_MAX = 64
 
 
 class DirectCalls:
     """Commands sent on connections of a lock-free stack, not through the client's pool and retry layers."""
 
-    # redis-py's pool locks and counts on every get and release, and its client wraps each call in
-    # retry and event hooks: a third of a single enqueue's CPU. A connection goes back on the stack only
-    # after its reply was read whole, and one the server closed meanwhile is opened again. The client's
-    # pool never sees these connections. Only for clients that never re-send a command (see `of`).
+    # redis-py's pool locks on every get and release and wraps each call in retry and event hooks: a
+    # third of a single enqueue's CPU. A connection goes back on the stack only after its whole reply.
 
     __slots__ = ("_connection_class", "_connection_kwargs", "_pid", "_spare")
 
@@ -60,7 +57,7 @@ class DirectCalls:
         return cls(client) if sample.retry.get_retries() == 0 else None
 
     def call(self, *args: Any) -> Any:
-        """Send one command and return its reply; error replies, lost connections and timeouts raise as in redis-py."""
+        """Send one command and return its reply; errors raise as in redis-py."""
         connection = self._connection()
         try:
             connection.send_command(*args)
@@ -83,7 +80,7 @@ class DirectCalls:
         except IndexError:
             return self._connection_class(**self._connection_kwargs)
         try:
-            if connection.can_read():  # the server closed it (or, never, left a reply): start afresh
+            if connection.can_read():  # the server closed it: start afresh
                 connection.disconnect()
         except (RedisConnectionError, RedisTimeoutError, OSError):
             connection.disconnect()
@@ -102,9 +99,7 @@ LUA_DIR = Path(__file__).resolve().parent.parent / "lua"
 # A line "-- include: NAME" in a script is replaced by lua/include/NAME.lua (helpers shared by scripts).
 _INCLUDE = re.compile(rb"^-- include: ([a-z_]+)$", re.MULTILINE)
 
-# Errors of a server (or cluster) state that passes: a lost connection, a node loading its data,
-# a failover under way, memory freed by eviction or expiry. Anything else a command or script
-# answers (a wrong argument, a value over the server's limits) fails the same way every time.
+# Errors of a server (or cluster) state that passes: anything else fails the same way every time.
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     RedisConnectionError,
     RedisTimeoutError,
@@ -136,7 +131,7 @@ def _misconfigured(read_type: Callable[[str], Any], name: str, keys: Sequence[st
     for key in keys:
         try:
             kind = read_type(key)
-        except Exception as type_exc:  # the report must not hide the error it reports
+        except Exception as type_exc:  # must not hide the error it reports
             kind = f"unknown ({type_exc})"
         types.append(f"{key} ({kind.decode() if isinstance(kind, bytes) else kind})")
     return MisconfiguredKey(f"script {name} failed: {exc}; its keys: {', '.join(types) or 'none'}")
@@ -175,18 +170,15 @@ class Scripts:
 
     def queue(self, pipe: Any, name: str, keys: Sequence[str], args: Sequence[Any], *, by_source: bool = False) -> None:
         """Add a run of script `name` to a pipeline (see `execute`); `by_source` sends EVAL, not EVALSHA."""
-        # Remember the call by its position, so `execute` can re-run it without reading
-        # redis-py internals (a Redis Cluster pipeline keeps its commands elsewhere).
+        # Remembered by position, so `execute` can re-run it without redis-py internals.
         vars(pipe).setdefault(_QUEUED_SCRIPTS, {})[len(pipe)] = (name, tuple(keys), tuple(args))
-        # Through execute_command: ClusterPipeline blocks its evalsha() method, yet routes an
-        # EVALSHA by its keys like any other command (all keys of a script share one slot).
+        # ClusterPipeline blocks evalsha(), yet routes an EVALSHA sent as a command by its keys.
         command, script = ("EVAL", self.sources[name]) if by_source else ("EVALSHA", self.shas[name])
         pipe.execute_command(command, script, len(keys), *keys, *args)
 
     def execute(self, pipe: Any, client: Any, raise_on_error: bool = True) -> list[Any]:
         """Execute a pipeline, re-running by source the scripts the server lacked; errors in place unless raised."""
-        # A re-run meeting a passing server state (BUSY, LOADING, a lost connection) raises it anyway, as a
-        # MULTI would abort, and the re-runs after it are not sent: each may count on the ones before it.
+        # A re-run meeting a transient error raises it, sending no later re-run: each may count on those before.
         queued: dict[int, tuple[str, tuple[str, ...], tuple[Any, ...]]] = vars(pipe).pop(_QUEUED_SCRIPTS, {})
         try:
             results: list[Any] = pipe.execute(raise_on_error=False)
@@ -224,8 +216,7 @@ _QUEUED_SCRIPTS = "_tasks_queued_scripts"
 
 def connect(url: str, cluster: bool = False, *, timeout_s: float = 15.0, resend: bool = True) -> Any:
     """Open a Redis (or Redis Cluster) client for `url`; with `resend=False` it never re-sends a command."""
-    # redis-py's default `Retry` re-sends a command whose reply was lost: a claim or BLMOVE then moves
-    # tasks twice, an LPUSH enqueues twice. The consumer retries with backoff itself and does not re-send.
+    # redis-py's default `Retry` re-sends a command whose reply was lost: a claim would move tasks twice.
     options: dict[str, Any] = {
         "socket_timeout": timeout_s,
         "socket_connect_timeout": min(5.0, timeout_s),

@@ -1,14 +1,8 @@
-"""Which of the keys a connection read were changed since by another client: Redis client-side tracking.
+"""Which keys another client changed since a connection read them: Redis client-side tracking.
 
-A consumer claims on one connection with tracking on (`CLIENT TRACKING ON REDIRECT <id> NOLOOP`): every
-key its claim scripts read is remembered by Redis, which tells a second connection, subscribed to
-`__redis__:invalidate`, when another client changes it (an enqueue, a promotion of due delayed tasks,
-a resume). A key is told once, then forgotten until read again, so the messages are bounded by the
-claims. Idle, neither sends more than a health check every 30 s.
-
-Redis Cluster tracks per node, so `ClusterKeyChanges` asks every primary to broadcast changes to the keys
-a loop waits on (`BCAST PREFIX`, no read needed): two connections and one thread per primary, whatever
-the number of queues.
+A consumer claims on a connection with tracking on (`REDIRECT <listener> NOLOOP`); Redis tells the
+listener, subscribed to `__redis__:invalidate`, once per key read, so messages are bounded by claims.
+On Redis Cluster every primary broadcasts changes to the watched keys instead (`BCAST PREFIX`).
 """
 
 from __future__ import annotations
@@ -24,23 +18,13 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 INVALIDATE_CHANNEL = "__redis__:invalidate"
-# How long a wait for changes lasts at most, so that its thread looks whether it is told to stop.
+# Longest wait for changes, so its thread sees a stop soon.
 CHANGE_WAIT_S = 0.5
-# How often a cluster watch checks that its tracking connection still stands (Redis says nothing if it drops),
-# and how often the watches are matched to the cluster's primaries again.
+# How often a cluster watch pings its tracking connection (Redis says nothing if it drops), and how
+# often the watches are matched to the cluster's primaries again.
 WATCH_CHECK_S, TOPOLOGY_CHECK_S = 5.0, 10.0
-# What a connection to the same server as another client's takes from it.
-SERVER_OPTIONS = {
-    "host",
-    "port",
-    "path",
-    "db",
-    "username",
-    "password",
-    "socket_timeout",
-    "socket_connect_timeout",
-    "health_check_interval",
-}
+SERVER_OPTIONS = {"host", "port", "path", "db", "username", "password"}
+SERVER_OPTIONS |= {"socket_timeout", "socket_connect_timeout", "health_check_interval"}
 
 
 def server_options(connection_kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -60,7 +44,7 @@ class KeyChanges:
         self._pubsub: Any = None
         self._listener_id = 0
         self._everything = True  # every key may have changed unseen: (re)connected, or Redis flushed
-        # One connection, used by one thread; tracking is set at each (re)connect: a new one tracks nothing yet.
+        # One connection for one thread; tracking is set at each (re)connect.
         self._pool = redis.ConnectionPool(
             **{**options, "max_connections": 1, "redis_connect_func": self._track, "retry": Retry(NoBackoff(), 0)}
         )
@@ -68,7 +52,7 @@ class KeyChanges:
 
     @staticmethod
     def trackable(client: Any) -> bool:
-        """Whether `client` talks to one real Redis server (not a Redis Cluster, not an in-process fake)."""
+        """Whether `client` talks to one real Redis server (not a cluster, not a fake)."""
         connection_classes = (redis.Connection, redis.SSLConnection, redis.UnixDomainSocketConnection)
         return isinstance(client, redis.Redis) and client.connection_pool.connection_class in connection_classes
 
@@ -103,7 +87,6 @@ class KeyChanges:
         return keys
 
     def _listen(self) -> bool:
-        """Connect the listener if it is not; True if it was not."""
         if self._pubsub is not None:
             return False
         pubsub = self._listener.pubsub()
@@ -129,7 +112,7 @@ class ClusterKeyChanges:
     """On Redis Cluster: the keys among `watched` that any client changed, told by every primary node."""
 
     def __init__(self, client: redis.RedisCluster, watched: Iterable[str]) -> None:
-        self.client = client  # claims and promotions go through the cluster client as ever
+        self.client = client
         self._prefixes = sorted(set(watched))
         self._told: queue_module.SimpleQueue[set[bytes] | None] = queue_module.SimpleQueue()
         self._watches: dict[tuple[str, int], _NodeWatch] = {}
@@ -154,7 +137,6 @@ class ClusterKeyChanges:
         return None if everything else keys
 
     def _match_primaries(self) -> None:
-        """A watch per primary the client knows now: new ones start (told as a change of everything), gone ones stop."""
         self._checked_at = time.monotonic()
         primaries = {(node.host, int(node.port)) for node in self.client.get_primaries()}
         for address in set(self._watches) - primaries:
@@ -177,8 +159,8 @@ class _NodeWatch:
         self, server: dict[str, Any], prefixes: list[str], told: queue_module.SimpleQueue[set[bytes] | None]
     ) -> None:
         self.server = server
-        self.prefixes = prefixes  # the watched keys
-        self.told = told  # where it puts the keys changed (None: any may have)
+        self.prefixes = prefixes
+        self.told = told  # the keys changed (None: any may have)
         self._stop = threading.Event()
         threading.Thread(target=self._run, name=f"tracking-{server['host']}:{server['port']}", daemon=True).start()
 
@@ -201,7 +183,6 @@ class _NodeWatch:
                         connection.close()
 
     def _connect(self) -> tuple[Any, redis.Redis]:
-        # RESP2: redirected invalidations arrive as Pub/Sub messages (RESP3 makes them push replies).
         listener = redis.Redis(**{**self.server, "protocol": 2, "single_connection_client": True}).pubsub()
         listener.execute_command("CLIENT", "ID")
         listener_id = int(listener.parse_response(timeout=5))
