@@ -1,9 +1,7 @@
 """Producing: `Enqueuer` pushes tasks, their READY records and unique tasks, and announces their queues.
 
-One path for both kinds of server; only how its commands are grouped by hash slot differs. On a
-single Redis server an enqueue is all or nothing. On Redis Cluster a task's READY record lies in
-another slot than its queue: the caller's ids are first claimed on their records, then the tasks
-whose ids are free are pushed (docs/PROTOCOL.md, "Enqueue atomicity").
+On a single Redis server an enqueue is all or nothing. On Redis Cluster a READY record lies in another
+slot than its queue: the caller's ids are claimed on their records first (docs/PROTOCOL.md, "Enqueue atomicity").
 """
 
 from __future__ import annotations
@@ -21,17 +19,15 @@ from tasks_app.protocol import history
 from tasks_app.protocol.keys import WAKE_TOKEN
 from tasks_app.protocol.scripts import Role, ScriptClient, reply_text
 
-# How long a producer trusts its last SADD of a queue. The set can be deleted or rewritten behind
-# it (an operator, a restore); a queue is then listed again within this time.
+# How long a producer trusts its last SADD of a queue (the set may be deleted behind it).
 ANNOUNCE_AGAIN_S = 60.0
-# Ids given by callers are remembered per queue this long and up to this many, so a retry of a
-# partly enqueued batch (Redis Cluster) or of one whose reply was lost does not push them twice.
+# Caller's ids remembered per queue, so a retry after a lost reply does not push them twice.
 ENQUEUED_IDS_KEEP_MS = 24 * 3600 * 1000
 ENQUEUED_IDS_MAX = 100_000
 
 
 class Enqueueable(NamedTuple):
-    """A serialized task ready to push, with where it goes, when (from Redis's now) and its READY record."""
+    """A serialized task ready to push: where, when (from Redis's now), and its READY record."""
 
     queue: str
     raw: bytes
@@ -56,7 +52,7 @@ class IdClaims(NamedTuple):
 
     written: dict[str, bool]  # per id claimed: whether its record was written (else a run or cancel touched it)
     taken: set[str]  # ids whose record names another queue: nothing is pushed under them
-    refused: dict[str, Exception]  # per id whose claim Redis refused, its error: nothing is pushed under it either
+    refused: dict[str, Exception]  # ids whose claim Redis refused, with its error: nothing pushed either
 
 
 class AnnouncedQueues:
@@ -86,9 +82,8 @@ class Section:
 
     plain: list[bytes] = field(default_factory=list)
     others: list[Any] = field(default_factory=list)
-    recorded: list[Enqueueable] = field(default_factory=list)  # with a READY record: filed in the history
-    # The positions in the batch of the tasks in `others`, in order: the script names by them those it did not push.
-    others_at: list[int] = field(default_factory=list)
+    recorded: list[Enqueueable] = field(default_factory=list)
+    others_at: list[int] = field(default_factory=list)  # the batch positions of `others`, as the script names them
 
     def args(self, queue: str, with_plain: bool = True) -> list[Any]:
         """The section's ARGV: queue name, plain tasks (if `with_plain`, else none), the others, the history ids."""
@@ -114,8 +109,7 @@ def split_by_queue(items: Sequence[Enqueueable]) -> dict[str, Section]:
 
 def id_claims(items: Sequence[Enqueueable], uniques: Sequence[Enqueueable]) -> tuple[list[Enqueueable], set[str]]:
     """Redis Cluster: per caller's id, the READY record claiming it before any push; and the ids written whole later."""
-    # An id given only to several unique tasks is claimed by a record naming its queue alone: which of
-    # them is pushed is known only after the push.
+    # An id given only to several unique tasks is claimed by a record naming its queue alone.
     claims: dict[str, Enqueueable] = {}
     for item in items:
         if item.idempotent and item.result_key_fields:
@@ -151,7 +145,6 @@ def record_groups(items: Sequence[Enqueueable], result_ttl_s: int) -> list[Any]:
 
 def record_only_args(item: Enqueueable, result_ttl_s: int) -> list[Any]:
     """The ARGV of an enqueue_batch call that writes `item`'s READY record alone (its own slot on Redis Cluster)."""
-    # No queue section and no history index: the wake token and the id memory are never read.
     return ["", 0, 1, "0", 0, 0, 1, 1, *record_groups([item], result_ttl_s)]
 
 
@@ -160,22 +153,19 @@ class Enqueuer(Role):
 
     def __init__(self, redis: ScriptClient, announced: AnnouncedQueues, history_max: int) -> None:
         super().__init__(redis)
-        # Queues this process added to the queue set lately: one SADD per queue a minute, not per enqueue.
-        self.announced = announced
-        self.history_max = history_max  # the cap of each queue's history index
+        self.announced = announced  # one SADD per queue a minute, not per enqueue
+        self.history_max = history_max
 
     def enqueue(
         self, items: Sequence[Enqueueable], result_ttl_s: int, uniques: Sequence[UniqueEnqueueable] = ()
     ) -> list[str | None]:
         """Write each task's READY record and push them and `uniques`: per task None (pushed) or the id in its place."""
-        # The id in a task's place: its own for a caller's id enqueued lately or whose record names another
-        # queue, the key's holder for a unique task. On Redis Cluster some may be pushed when an error is raised.
+        # On Redis Cluster some may be pushed when an error is raised.
         if not uniques and len(items) == 1 and self._enqueue_one(items[0], result_ttl_s):
             return [None]
         claimed, whole_later = IdClaims({}, set(), {}), set[str]()
         if isinstance(self.client, redis.RedisCluster):
-            # The caller's ids are claimed on their records first. A claim Redis refuses keeps its id's
-            # tasks back; the others are pushed, then its error is raised.
+            # A claim Redis refuses keeps its id's tasks back; the others are pushed, then it is raised.
             claims, whole_later = id_claims(items, [unique.item for unique in uniques])
             claimed = self._claim_ids(claims, result_ttl_s) if claims else claimed
         blocked = claimed.taken | claimed.refused.keys()
@@ -188,9 +178,8 @@ class Enqueuer(Role):
         return [*outcomes, *holders]
 
     def _enqueue_one(self, item: Enqueueable, result_ttl_s: int) -> bool:
-        # The common single enqueue as a script call without the batch's sections (~15 % more
-        # tasks/s than a pipeline of two commands: the round trip is most of its cost). Its keys
-        # lie in different slots, so not on Redis Cluster. False: not applicable, nothing written.
+        # The common single enqueue as one script call (~15 % more tasks/s than a pipeline of two
+        # commands); not on Redis Cluster (its keys lie in different slots). False: nothing written.
         if item.priority or item.delay_ms > 0 or item.idempotent or not item.result_key_fields:
             return False
         if item.queue not in self.announced or isinstance(self.client, redis.RedisCluster):
@@ -209,7 +198,6 @@ class Enqueuer(Role):
 
     def _claim_ids(self, claims: Sequence[Enqueueable], result_ttl_s: int) -> IdClaims:
         """Write the records claiming caller's ids (unless a run or cancel touched them) in one round trip."""
-        # A record naming another queue is left alone: its id is another task's, nothing is pushed under it.
         calls = [([self.keys.result(item.task_id)], record_only_args(item, result_ttl_s)) for item in claims]
         claimed = IdClaims({}, set(), {})
         for item, reply in zip(claims, self.redis.run_many("enqueue_batch", calls, False), strict=True):
@@ -231,11 +219,9 @@ class Enqueuer(Role):
         claimed: IdClaims,
     ) -> list[bool]:
         """Push the tasks whose `outcomes` and `holders` are None, filling them in; per unique task: record written?"""
-        # One enqueue_batch call per queue, atomic on its own. One server: with the records of its tasks, its
-        # plain tasks as native LPUSHes (cheaper: no copy into Lua), and with them, a second queue, unique tasks'
-        # scripts or queues to announce, all in MULTI/EXEC (which Redis refuses whole when it is out of memory),
-        # the first of each script by source so NOSCRIPT cannot split them. Redis Cluster: each record in a
-        # call of its own (its own slot), beside or before its push.
+        # One enqueue_batch call per queue. One server: plain tasks as native LPUSHes, and several calls in
+        # MULTI/EXEC (refused whole when out of memory), the first of each script by source so NOSCRIPT cannot
+        # split them. Redis Cluster: each record in a call of its own (its own slot), beside or before its push.
         cluster = isinstance(self.client, redis.RedisCluster)
         free = [at for at, outcome in enumerate(outcomes) if outcome is None]
         free_uniques = [at for at, holder in enumerate(holders) if holder is None]
@@ -248,7 +234,7 @@ class Enqueuer(Role):
         pipe = self.client.pipeline(transaction=multi)
         head = [WAKE_TOKEN, ENQUEUED_IDS_KEEP_MS, ENQUEUED_IDS_MAX, "0", 1]
         shape = history.header_args(self.history_max, result_ttl_s * 1000)
-        batches: list[tuple[int, list[int]]] = []  # per enqueue_batch call: its place, its tasks' positions
+        batches: list[tuple[int, list[int]]] = []  # per call: its place, its tasks' positions
         for item in items if cluster else ():
             if item.result_key_fields and not item.idempotent:  # a generated id: its record beside its push
                 self._queue_record(pipe, item, result_ttl_s)
@@ -307,7 +293,6 @@ class Enqueuer(Role):
         self, pipe: Any, uniques: Sequence[UniqueEnqueueable], result_ttl_s: int, multi: bool, recorded: Set[str]
     ) -> list[tuple[int, int]]:
         """Queue the `enqueue_unique` calls (the first by source in a MULTI): per task its place, its record's (-1)."""
-        # On Redis Cluster each record is written before its script (once per id), but for those in `recorded`.
         cluster = isinstance(self.client, redis.RedisCluster)
         index = history.header_args(self.history_max, result_ttl_s * 1000)
         calls: list[tuple[int, int]] = []

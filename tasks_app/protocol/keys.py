@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,15 @@ def split_delayed_member(member: bytes) -> tuple[int, bytes] | None:
     return int(prefix), member[4:]
 
 
+def _queue_key(name: str) -> Callable[[Keys, str], str]:
+    """The method of `Keys` building a queue's key `name`."""
+
+    def key(self: Keys, queue: str) -> str:
+        return self.queue_key(queue, name)
+
+    return key
+
+
 @dataclass(frozen=True)
 class Keys:
     """Builds every Redis key (docs/PROTOCOL.md, "Keys"); queue keys share the queue's hash tag."""
@@ -50,41 +59,26 @@ class Keys:
             for n in names.split()
         ]
 
-    def pending(self, queue: str) -> str:
-        return self.queue_key(queue, "pending")
-
-    def prioritized(self, queue: str) -> str:
-        return self.queue_key(queue, "prioritized")
-
-    def delayed(self, queue: str) -> str:
-        return self.queue_key(queue, "delayed")
-
-    def dead(self, queue: str) -> str:
-        return self.queue_key(queue, "dead")
-
-    def enqueued(self, queue: str) -> str:
-        return self.queue_key(queue, "enqueued")
+    pending = _queue_key("pending")
+    prioritized = _queue_key("prioritized")
+    delayed = _queue_key("delayed")
+    dead = _queue_key("dead")
+    enqueued = _queue_key("enqueued")
+    consumers = _queue_key("consumers")
+    consumer_info = _queue_key("consumer_info")
+    reaped = _queue_key("reaped")
+    recoveries = _queue_key("recoveries")
+    suspects = _queue_key("suspects")
+    fence = _queue_key("fence")
+    cancel_requests = _queue_key("cancel_requests")
+    cancel_forced = _queue_key("cancel_forced")
+    history = _queue_key("history")
+    history_ids = _queue_key("history:ids")
+    disabled_types = _queue_key("disabled_types")
+    paused = _queue_key("paused")
 
     def processing(self, queue: str, consumer_id: str) -> str:
         return self.queue_key(queue, f"processing:{consumer_id}")
-
-    def consumers(self, queue: str) -> str:
-        return self.queue_key(queue, "consumers")
-
-    def consumer_info(self, queue: str) -> str:
-        return self.queue_key(queue, "consumer_info")
-
-    def reaped(self, queue: str) -> str:
-        return self.queue_key(queue, "reaped")
-
-    def recoveries(self, queue: str) -> str:
-        return self.queue_key(queue, "recoveries")
-
-    def suspects(self, queue: str) -> str:
-        return self.queue_key(queue, "suspects")
-
-    def fence(self, queue: str) -> str:
-        return self.queue_key(queue, "fence")
 
     def completed(self, queue: str, bucket: int) -> str:
         """Counter of tasks acknowledged in one THROUGHPUT_BUCKET_S-long bucket (bucket = epoch s // width)."""
@@ -92,18 +86,6 @@ class Keys:
 
     def unique(self, queue: str, digest: str) -> str:
         return self.queue_key(queue, f"unique:{digest}")
-
-    def cancel_requests(self, queue: str) -> str:
-        return self.queue_key(queue, "cancel_requests")
-
-    def cancel_forced(self, queue: str) -> str:
-        return self.queue_key(queue, "cancel_forced")
-
-    def history(self, queue: str) -> str:
-        return self.queue_key(queue, "history")
-
-    def history_ids(self, queue: str) -> str:
-        return self.queue_key(queue, "history:ids")
 
     def history_status(self, queue: str, status: str) -> str:
         return self.queue_key(queue, f"history:{status}")
@@ -118,6 +100,9 @@ class Keys:
     def periodic_claim(self, schedule: str) -> str:
         """Slot claim of periodic schedule `schedule`, under a hash tag of its own."""
         return f"{self.prefix}:periodic:{{{schedule}}}"
+
+    def disabled(self, queue: str, task_type: str) -> str:
+        return self.queue_key(queue, f"disabled:{task_type}")
 
     def queues(self) -> str:
         return f"{self.prefix}:queues"
@@ -134,6 +119,10 @@ class Keys:
         """The GCRA state of a type, or of one value of its `rate_limit_key` (see `limit_key_token`)."""
         return f"{self.prefix}:rate:{{{_limit_tag(task_type, key_token)}}}"
 
+    def running(self, task_type: str, key_token: str | None = None) -> str:
+        """Holders of a capped type's (or key value's) slots."""
+        return f"{self.prefix}:running:{{{_limit_tag(task_type, key_token)}}}"
+
     def rate_queues(self, task_type: str, key_token: str | None = None) -> str:
         return f"{self.rate(task_type, key_token)}:queues"
 
@@ -145,19 +134,6 @@ class Keys:
 
     def rate_follower(self, task_type: str, key_token: str | None = None) -> str:
         return f"{self.rate(task_type, key_token)}:follower"
-
-    def disabled_types(self, queue: str) -> str:
-        return self.queue_key(queue, "disabled_types")
-
-    def disabled(self, queue: str, task_type: str) -> str:
-        return self.queue_key(queue, f"disabled:{task_type}")
-
-    def paused(self, queue: str) -> str:
-        return self.queue_key(queue, "paused")
-
-    def running(self, task_type: str, key_token: str | None = None) -> str:
-        """Holders of a capped type's (or key value's) slots."""
-        return f"{self.prefix}:running:{{{_limit_tag(task_type, key_token)}}}"
 
     def running_waiters(self, task_type: str, key_token: str | None = None) -> str:
         return f"{self.running(task_type, key_token)}:waiters"
