@@ -21,29 +21,28 @@ from tasks_app.protocol.codec import Arguments, Task, UndecodableTask, decode_pa
 from tasks_app.protocol.history import KEEP_MINUTES, Records
 from tasks_app.protocol.keys import NAME_PATTERN, UNDECODABLE_TYPE, WAKE_TOKEN, delayed_member
 from tasks_app.protocol.queue import THROUGHPUT_BUCKET_S, Queue
-from tasks_app.protocol.records import MAX_SCORE_MS, ResultUpdate, ms_of_score
+from tasks_app.protocol.records import ResultUpdate, ms_of_score
 from tasks_app.protocol.scripts import Role, ScriptClient
 
-# Most dead letters one trim_dead call drops (about 5 ms of Redis time): see `trim_dead`.
+# Most dead letters one trim_dead call drops (about 5 ms of Redis time).
 TRIM_BATCH = 10_000
 # Redis Cluster: how long a requeue parks its tasks in delayed while their READY records are written
 # on other masters (a requeuer that dies meanwhile leaves them to be promoted then).
 REQUEUE_PARK_MS = 60_000
-# What requeue_dead answers per task: not moved (no longer dead), moved, moved without its READY record
-# (else the id of the task holding its uniqueness key: it stays dead).
+# What requeue_dead answers per task (else the id of the task holding its uniqueness key: it stays dead).
 NOT_MOVED, MOVED, MOVED_WITHOUT_RECORD = 0, 1, 2
 
 logger = logging.getLogger(__name__)
 
-# At most how many dead letters of one time (ms) an action finds: one promotion may dead-letter thousands.
+# At most how many dead letters of one ms an action finds: one promotion may dead-letter thousands.
 SCAN_PAGE = 500
-# A dead letter's ref: the ms it died at (list_dead's reading of its score), then the SHA-1 of the member.
+# A dead letter's ref: the ms it died at, then the SHA-1 of the member.
 _REF = re.compile(r"-?[0-9]{1,19}:[0-9a-f]{40}")
 
 
 @dataclass(frozen=True)
 class QueueStats:
-    """Sizes of one queue's parts and its consumers, and what a scaler reads: work waiting, in flight, and workers."""
+    """Sizes of one queue's parts, its consumers, and what a scaler reads."""
 
     queue: str
     pending: int
@@ -98,8 +97,8 @@ class DeadTask:
     member: bytes
     died_at: datetime | None
     task: Task | None
-    died_ms: int = 0  # its score, as list_dead reads it
-    # What the page shows of it, from its task (undecodable bytes: from no task).
+    died_ms: int = 0
+    # What the page shows of it (undecodable bytes: from no task).
     task_id: str = ""
     type: str = UNDECODABLE_TYPE
     attempts: int = 0
@@ -123,8 +122,8 @@ class Inspection(Role):
 
     def __init__(self, redis: ScriptClient, queue: Queue, records: Records) -> None:
         super().__init__(redis)
-        self.queue = queue  # a requeue's fencing token
-        self.records = records  # a requeue's READY records, on Redis Cluster
+        self.queue = queue
+        self.records = records
 
     def completed_last_minute(self, queue: str) -> int:
         """Count the tasks of `queue` acknowledged in the last minute (whole buckets: 50-60 s)."""
@@ -140,11 +139,10 @@ class Inspection(Role):
         return sorted(member.decode(errors="backslashreplace") for member in members)  # may hold any bytes
 
     def queue_stats(self, queue: str, now_ms: int | None = None) -> QueueStats:
-        """Count pending, in-flight, delayed and dead tasks of a queue, list its consumers, and read the scaler's
-        gauges at `now_ms` (the server's clock; read here when not given)."""
+        """Count a queue's tasks in each part, list its consumers, read the scaler's gauges at server time `now_ms`."""
         now_ms = self.server_time_ms() if now_ms is None else now_ms
-        # One MULTI/EXEC reads every count, so a task moved meanwhile is counted once; a foreign name in the
-        # queue set is read without it (its keys may lie in many Redis Cluster slots).
+        # One MULTI/EXEC reads every count, so a task moved meanwhile is counted once; not for a foreign
+        # name in the queue set (its keys may lie in many Redis Cluster slots).
         listing = self.client.pipeline(transaction=False)
         listing.zrange(self.keys.consumers(queue), 0, -1, withscores=True)
         listing.zrange(self.keys.reaped(queue), 0, -1)  # the lists of reaped ids may hold its tasks too
@@ -172,11 +170,10 @@ class Inspection(Role):
         processing = sum(lengths[: len(holders)])
         infos = {key.decode(errors="backslashreplace"): json.loads(value) for key, value in info_raw.items()}
         consumers = [
-            {**infos.get(held_by, {}), "id": held_by, "lease_deadline_ms": ms_of_score(deadline_ms), "in_flight": count}
+            {**infos.get(held_by, {}), "id": held_by, "lease_deadline_ms": int(deadline_ms), "in_flight": count}
             for held_by, (_, deadline_ms), count in zip(holders, entries, lengths[: len(entries)], strict=False)
         ]
-        # A consumer past its deadline is dead even before a reaper has removed it. Its info may be gone
-        # already: it deregistered between the two reads.
+        # A consumer past its deadline is dead even before a reaper removed it.
         live = [consumer for consumer in consumers if consumer["lease_deadline_ms"] > now_ms]
         return QueueStats(
             queue,
@@ -193,16 +190,14 @@ class Inspection(Role):
         )
 
     def _queue_heads(self, pipe: Any, queue: str, now_ms: int) -> None:
-        """Queue the reads of the next task of each waiting part: pending (two: a wake token may be its head),
-        prioritized and suspects; then the earliest due delayed member with its score."""
+        """Queue the reads of the next task of each waiting part (two of pending: a wake token may be its head)."""
         pipe.lrange(self.keys.pending(queue), -2, -1)
         pipe.zrange(self.keys.prioritized(queue), 0, 0)
         pipe.lrange(self.keys.suspects(queue), -1, -1)
         pipe.zrangebyscore(self.keys.delayed(queue), "-inf", now_ms, start=0, num=1, withscores=True)
 
     def sample_backlog(self, queue: str) -> int | None:
-        """Store how many tasks of `queue` wait (pending, prioritized, suspects, delayed) in this minute's hash,
-        unless a consumer of the queue did this minute already (then None): one sample a minute is its point."""
+        """Store how many tasks of `queue` wait in this minute's hash, unless one was this minute (then None)."""
         key = self.keys.minute(queue, int(time.time()) // 60)
         if self.client.hexists(key, "backlog"):
             return None
@@ -229,14 +224,14 @@ class Inspection(Role):
     def list_dead(self, queue: str, offset: int = 0, limit: int = 100) -> list[tuple[bytes, int]]:
         """Return dead-lettered tasks of a queue, newest first, with the time (ms) they died."""
         entries = self.client.zrange(self.keys.dead(queue), offset, offset + limit - 1, desc=True, withscores=True)
-        return [(member, ms_of_score(score)) for member, score in entries]
+        return [(member, int(score)) for member, score in entries]
 
     def requeue_dead(
         self, queue: str, entries: Sequence[DeadRequeue], fence: int, *, parked: bool = False
     ) -> list[int | str]:
         """Move dead tasks back, with READY records: NOT_MOVED, MOVED, MOVED_WITHOUT_RECORD or the key's holder."""
-        # On Redis Cluster the records lie in other slots: the tasks are parked in delayed instead, for the
-        # caller to write their records and then push them (`parked`: those still parked, MOVED or NOT_MOVED).
+        # On Redis Cluster the records lie in other slots: the tasks are parked in delayed for the caller
+        # to write their records, then push them (`parked`: those still parked).
         if not entries:
             return []
         cluster = isinstance(self.client, redis.RedisCluster)
@@ -264,11 +259,8 @@ class Inspection(Role):
         wanted = set(refs)
         pipe = self.client.pipeline(transaction=False)
         for ms in sorted({int(ref.partition(":")[0]) for ref in wanted if _REF.fullmatch(ref)}):
-            # list_dead truncates a fractional score towards 0 and reads an infinite one as ±MAX_SCORE_MS.
-            low = "-inf" if ms <= -MAX_SCORE_MS else f"({ms - 1}"
-            high = "+inf" if ms >= MAX_SCORE_MS else f"({ms + 1}"
-            pipe.zrangebyscore(self.keys.dead(queue), low, high, start=0, num=SCAN_PAGE, withscores=True)
-        found = [_decode(member, ms_of_score(score)) for entries in pipe.execute() for member, score in entries]
+            pipe.zrangebyscore(self.keys.dead(queue), ms, ms, start=0, num=SCAN_PAGE, withscores=True)
+        found = [_decode(member, int(score)) for entries in pipe.execute() for member, score in entries]
         return list({dead.ref: dead for dead in found if dead.ref in wanted}.values())
 
     def requeue_dead_tasks(
@@ -278,8 +270,7 @@ class Inspection(Role):
         unique_windows: Mapping[str, UniqueWindow] | None = None,
         stamp: Callable[[MutableMapping[str, str]], None] = lambda headers: None,
     ) -> Requeued:
-        """Move requeueable dead tasks back, with a READY record and their uniqueness key; say which moved.
-        `stamp` writes into each one's headers what its new run carries (the requeue's trace context)."""
+        """Move requeueable dead tasks back, with a READY record and uniqueness key (`stamp`: into their headers)."""
         movable = [(item, item.task) for item in dead if item.requeueable and item.task is not None]
         if not movable:
             return Requeued([], [])
@@ -287,9 +278,8 @@ class Inspection(Role):
         # and below the token of any claim of a task they push.
         fence = self.queue.issue_fence(queue)
         entries = [_requeue(item.member, task, queue, fence, unique_windows or {}, stamp) for item, task in movable]
-        # The READY record is written with the move, never for a task the move did not take. It must
-        # be there before the push: a consumer may claim the task the moment it is pushed, and its
-        # receipt must not meet the record of the dead run (a cancel asked of it, say).
+        # The READY record is written with the move, never for a task the move did not take, and before
+        # the push: a claim's receipt must not meet the record of the dead run (a cancel asked of it, say).
         replies = self.requeue_dead(queue, entries, fence)
         for entry, reply in zip(entries, replies, strict=True):
             if reply == MOVED_WITHOUT_RECORD:
@@ -355,15 +345,15 @@ class Inspection(Role):
 
 
 def _oldest_waiting_age_s(heads: Sequence[Any], now_ms: int) -> float:
-    """Seconds the longest-waiting of the parts' next tasks has waited (0: none waits), from `_queue_heads`' replies."""
+    """Seconds the longest-waiting of the parts' next tasks has waited (0: none), from `_queue_heads`' replies."""
     pending, prioritized, suspects, due = heads
     since_ms = [ms_of_score(score) for _, score in due]  # a due delayed task waits from its due time (server clock)
     for raw in [*pending, *prioritized, *suspects]:
         try:
             task = decode_task(raw)
         except UndecodableTask:
-            continue  # a wake token, or bytes a consumer will dead-letter: no task waits there
-        # From its enqueue or due time, on its producer's clock; an envelope that names neither is not timed.
+            continue  # a wake token, or bytes a consumer will dead-letter
+        # From its enqueue or due time, on its producer's clock.
         started_ms = max(task.enqueued_at_ms, task.run_after_ms)
         if started_ms > 0:
             since_ms.append(started_ms)
@@ -392,8 +382,7 @@ def _requeue(
     fresh = Task()
     fresh.CopyFrom(task)
     stamp(fresh.headers)
-    # A foreign envelope a reaper dead-lettered as pushed may name no queue, or another: its READY
-    # record and history belong to the queue it goes back to, as a consumer would file it.
+    # A foreign envelope may name no queue, or another: its record belongs to the queue it goes back to.
     fresh.queue, fresh.attempt, fresh.run_after_ms = queue, 0, 0
     for name in ("last_error", "last_traceback", "dead_reason"):
         fresh.ClearField(name)
@@ -402,11 +391,10 @@ def _requeue(
     except UndecodableTask:
         arguments = None
     fields = records.enqueued_fields(fresh, arguments) if arguments else {"status": records.READY, "attempts": "0"}
-    # record_result cannot delete fields: empty ones read back as "not set". A cancel asked of the dead run is void.
+    # Empty fields read back as "not set"; a cancel asked of the dead run is void.
     fields.update({"finished_at_ms": "", "run_after_ms": "", "dead_reason": "", "cancel_requested_at_ms": ""})
-    # Its uniqueness key is taken if its type is unique and its envelope names one.
     unique = windows.get(fresh.type) if fresh.unique_digest else None
-    if unique is not None:  # a cancel before it starts frees the key it takes if its end does (see cancel.lua)
+    if unique is not None:  # a cancel before it starts frees the key if its end does (see cancel.lua)
         fields["unique_digest"] = fresh.unique_digest if unique.until_finished else ""
     record = ResultUpdate(fresh.id, fields, settings.TASKS_RESULT_TTL, fence=fence, queue=queue, task_type=fresh.type)
     window_ms = unique.window_ms if unique is not None else 0
