@@ -15,7 +15,7 @@ from tasks_app.task_pb2 import Task as Task
 # Deeper arguments are refused at enqueue; deeper values read from Redis are shown as text.
 MAX_JSON_DEPTH = 64
 
-# One encoder per option pair, built once: `json.dumps` with options builds one per call.
+# Built once: `json.dumps` with options builds an encoder per call.
 _COMPACT_ENCODERS = {
     (ensure_ascii, allow_nan): json.JSONEncoder(separators=(",", ":"), ensure_ascii=ensure_ascii, allow_nan=allow_nan)
     for ensure_ascii in (False, True)
@@ -51,11 +51,10 @@ def depth(value: Any) -> int:
 
 def argument_problem(value: list[Any] | dict[str, Any], text: str = "", max_depth: int = MAX_JSON_DEPTH) -> str | None:
     """Say why JSON-encodable `value` would not reach a handler as given (too deep, a key not a string), or None."""
-    # Given `text`, its JSON, the walk is skipped when its brackets rule both out.
     if not value:
         return None
     if text and text.count("{") <= isinstance(value, dict) and text.count("[") + text.count("{") <= max_depth:
-        return None
+        return None  # its JSON `text` rules both out
     # JSON writes the keys 1 and True as "1" and "true": the handler would get other keys, or lose a value.
     for item, level in _containers(value, (list, tuple, dict)):
         if level > max_depth:

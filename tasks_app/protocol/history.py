@@ -41,8 +41,7 @@ from tasks_app.protocol.scripts import Role, ScriptClient, reply_text
 
 STATUSES: tuple[str, ...] = (*(status.value for status in TaskResultStatus), records.CANCELLED)
 HISTORY_MAX = 100_000
-# Time to live given to index keys where the result TTL is not at hand (a cancel); the consumers'
-# schedulers set the result TTL again every few seconds.
+# Time to live of index keys where the result TTL is not at hand (a cancel); consumers set it again soon.
 INDEX_TTL_S = 7 * 24 * 3600
 # What delete_finished answers per task: no record, deleted, kept (see lua/delete_finished.lua).
 GONE, DELETED, KEPT = 0, 1, 2
@@ -54,8 +53,7 @@ DURATION_BUCKETS_MS: tuple[float, ...] = (
 )  # fmt: skip
 OUTCOMES = ("ok", "failed", "retried")
 
-# Redis Cluster: how long a master's WAIT for one replica to have a flush's results may take
-# (TASKS_CLUSTER_WAIT_MS), and how often each master's replica count is read again.
+# Redis Cluster: how long a master's WAIT for a replica may take, and how often its replica count is read.
 CLUSTER_WAIT_MS = 100
 REPLICA_CHECK_S = 10.0
 
@@ -66,7 +64,7 @@ NOT_HELD = 3
 # What record_result answers for a write the record already holds (sent again after a lost reply).
 WRITTEN_AGAIN = 4
 
-# Where a result write's reply is: the place of its call in a pipeline, its index in that call's reply.
+# Where a result write's reply is: its call's place in a pipeline, its index in that call's reply.
 Place = tuple[int, int]
 
 # Replies of a master that is failing over, moved a slot or was demoted: write the results again.
@@ -103,8 +101,7 @@ def bucket_of(duration_ms: float) -> int:
 
 
 def counter_fields(update: ResultUpdate) -> list[str]:
-    """The fields of its queue's minute hash that a result write adds 1 to, if the record takes it."""
-    # Its outcome: a success, a final failure or a retry; other writes count nothing.
+    """The fields of its queue's minute hash that a result write adds 1 to: a success, a final failure or a retry."""
     status = update.fields.get("status", "")
     outcome = {records.SUCCESSFUL: "ok", records.FAILED: "failed"}.get(status)
     if status == records.READY and "run_after_ms" in update.fields and update.run_s is not None:
@@ -128,7 +125,7 @@ class Records(Role):
     def __init__(self, redis: ScriptClient, cluster_wait_ms: int = CLUSTER_WAIT_MS) -> None:
         super().__init__(redis)
         self.cluster_wait_ms = cluster_wait_ms
-        # Redis Cluster: per master name, whether it had a replica and when that was read.
+        # Redis Cluster: per master, whether it had a replica and when that was read.
         self._replica_checks: dict[str, tuple[bool, float]] = {}
         self._masters_pool: ThreadPoolExecutor | None = None
         self._masters_with_scripts: set[str] = set()
@@ -148,7 +145,7 @@ class Records(Role):
     def get_results(self, task_ids: Iterable[str], fields: Sequence[str] | None = None) -> list[dict[str, str] | None]:
         """The result records of several tasks (only `fields`, if given) in one round trip, as `get_result`."""
         ids = list(task_ids)
-        # An id that is not valid Unicode (a lone surrogate) cannot be a key: it names no task.
+        # An id with a lone surrogate cannot be a key: it names no task.
         storable = [task_id for task_id in ids if is_utf8_encodable(task_id)]
         pipe = self.client.pipeline(transaction=False)
         for task_id in storable:
@@ -188,7 +185,7 @@ class Records(Role):
         after: str = "",
     ) -> list[Entry]:
         """The newest `limit` entries of `queues` (of one status if given), scores in [min_ms, max_ms)."""
-        # With `seen`, a page resumes inside ties scored max_ms: the first `seen` (from id `after` on) are skipped.
+        # With `seen`, a page resumes inside ties scored max_ms, skipping the first `seen` (from id `after` on).
         upper = "+inf" if max_ms is None else repr(max_ms) if seen else f"({max_ms!r}"
         lower = repr(min_ms) if min_ms is not None else "-inf"
         keys = [self._index_key(queue, status) for queue in queues]
@@ -201,7 +198,6 @@ class Records(Role):
             for member, score in replies
         ]
         rows.sort(reverse=True)
-        # How many of the first rows earlier pages showed: ties scored max_ms (from `after` on, if given).
         ties = [member.decode(errors="backslashreplace") for score, member, _ in rows[:seen] if score == max_ms]
         shown = sum(1 for task_id in ties if not after or task_id >= after)
         return [
@@ -247,8 +243,7 @@ class Records(Role):
         self, pipe: Any, updates: Sequence[ResultUpdate], *, by_source: bool = False, instance: str | None = None
     ) -> list[Place]:
         """Queue the record_result calls of `updates`; return their replies' places."""
-        # Given the settling consumer's `instance` (one server only), a write with `held_by` is made only
-        # while that consumer still holds its task: registered by that instance, not reaped.
+        # Given the settling consumer's `instance` (one server), a `held_by` write is made only while it holds the task.
         places: list[Place] = [(0, 0)] * len(updates)
         for queue, indexes in self._result_groups(updates):
             for start in range(0, len(indexes), RECORDS_PER_CALL):
@@ -297,9 +292,8 @@ class Records(Role):
 
     def _write_on_master(self, node: Any, updates: list[ResultUpdate]) -> tuple[list[Any], int]:
         """Write `updates` on `node` and WAIT there for a replica; return the replies and 1 if the WAIT timed out."""
-        # WAIT counts the writes of its own connection: it goes in the writes' pipeline, on the
-        # node's own client. A lost node, a moved slot or a failed WAIT raise ClusterError, so
-        # the caller writes the results again (on the new master) and waits again.
+        # WAIT counts its own connection's writes: it goes in their pipeline. A lost node, a moved slot
+        # or a failed WAIT raise ClusterError, so the caller writes the results again on the new master.
         client = self.client.get_redis_connection(node)
         waits = self._has_replica(node.name, client)
         replies: list[Any] = [None] * len(updates)
@@ -344,7 +338,6 @@ class Records(Role):
 
     def _result_groups(self, updates: Sequence[ResultUpdate]) -> list[tuple[str, list[int]]]:
         """The updates' indexes by the queue whose history their call files them in ("": none)."""
-        # Every update of a run carries its queue, so the writes of one task keep their order.
         if isinstance(self.client, redis.RedisCluster):
             return [("", [index]) for index in range(len(updates))]
         groups: dict[str, list[int]] = {}
@@ -361,7 +354,6 @@ class Records(Role):
         if queue:
             keys = [*index_keys(self.keys, queue), self.keys.minute(queue, int(time.time()) // 60)]
             args = [len(STATUSES), *STATUSES, KEEP_MINUTES * 60]
-        # The (queue, consumer) lists the held writes check, numbered from 1.
         lists = {} if instance is None else {u.held_by[0]: 0 for u in updates if u.held_by is not None}
         args.append(len(lists))
         for number, (held_queue, consumer_id) in enumerate(lists, start=1):
@@ -391,7 +383,7 @@ class Records(Role):
         self, pipe: Any, updates: Sequence[ResultUpdate], earlier: Sequence[Any], minute: int
     ) -> None:
         """Queue the history moves and chart counts a Redis Cluster record write cannot do (another slot)."""
-        # With the writes' replies in (`earlier`), those the records took; else all, uncounted after if not taken.
+        # Given the writes' replies (`earlier`), those the records took; else all, uncounted after if not taken.
         moved = updates
         if earlier:
             moved = [update for update, reply in zip(updates, earlier, strict=True) if reply in (1, WRITTEN_AGAIN)]
@@ -426,7 +418,7 @@ class Records(Role):
             pipe.execute()
 
 
-# Cancel requests of running tasks are kept this long (a run outliving it is not told again).
+# Cancel requests of running tasks are kept this long.
 CANCEL_REQUESTS_KEEP_MS = 24 * 3600 * 1000
 
 # Outcomes of a cancel (`CancelReply.outcome`).
@@ -467,8 +459,7 @@ class Control(Role):
         ]
         pipe = self.client.pipeline(transaction=False)
         for reply, answer in zip(replies, answers, strict=True):
-            # Only a record naming a queue ours could serve has its queue told: a foreign writer's name
-            # ("", "}x") may spread that queue's keys over a cluster's slots, failing every cancel's writes.
+            # A foreign record's queue name ("", "}x") may spread its keys over a cluster's slots: not told.
             if NAME_PATTERN.fullmatch(reply.queue) is None:
                 continue
             if reply.outcome == CANCELLED:  # the task browser's history: READY to CANCELLED (another slot)

@@ -13,14 +13,11 @@ import redis
 from tasks_app.protocol.keys import WAKE_TOKEN
 from tasks_app.protocol.scripts import Role
 
-# Each recovery of a task from a dead consumer is counted; past this it is dead-lettered.
+# Recoveries of a task from dead consumers before it is dead-lettered.
 MAX_RECOVERIES = 3
-
 REAP_BATCH = 1000
-
 # Tombstones examined per reaper pass: the newest page, and one more page in turn.
 TOMBSTONE_PAGE = 100
-
 TOMBSTONE_KEEP_MS = 24 * 3600 * 1000
 
 
@@ -74,8 +71,7 @@ class Leases(Role):
         return [queue for queue, held in zip(queues, flags, strict=True) if not held]
 
     def _calls(self, queues: Sequence[str]) -> list[list[str]]:
-        """The queues of each call of a script that takes several queues' keys: all in one on a single server,
-        one a call on Redis Cluster (a queue's keys share a slot)."""
+        """The queues of each call of a script taking several queues' keys: all at once, or one a call on a cluster."""
         return [list(queues)] if not isinstance(self.client, redis.RedisCluster) else [[queue] for queue in queues]
 
     def register_leases(
@@ -99,8 +95,7 @@ class Leases(Role):
         ]
 
     def abandon(self, queues: Sequence[str], consumer_id: str) -> None:
-        """Tombstone an id whose lease was lost, so reapers sweep its lists even if its lease entry is gone."""
-        # A blocking claim in flight can still move a task into such a list.
+        """Tombstone an id whose lease was lost, so reapers sweep its lists (a blocking claim may still fill them)."""
         now_ms = int(time.time() * 1000)
         self.redis.each(queues, lambda pipe, queue: pipe.zadd(self.keys.reaped(queue), {consumer_id: now_ms}, nx=True))
 

@@ -12,7 +12,6 @@ from tasks_app.protocol.enqueue import Enqueueable, Enqueuer, record_only_args
 from tasks_app.protocol.keys import WAKE_TOKEN
 from tasks_app.protocol.scripts import Role, ScriptClient, reply_text
 
-# What fire_periodic.lua says it did with a slot.
 PUSHED_OUTCOMES = frozenset({"fired", "caught_up", "fired_and_caught_up"})
 # The slot is claimed for another queue (`FireReply.queue`): fire it there.
 ELSEWHERE = "elsewhere"
@@ -57,7 +56,7 @@ class Periodic(Role):
 
     def __init__(self, redis: ScriptClient, enqueuer: Enqueuer) -> None:
         super().__init__(redis)
-        self.enqueuer = enqueuer  # whose queue set announcements and history cap a firing shares
+        self.enqueuer = enqueuer  # its queue announcements and history cap
 
     def fire_periodic(
         self, schedule: str, firing: SlotFiring, regular: Enqueueable, catch_up: Enqueueable | None, result_ttl_s: int
@@ -68,7 +67,7 @@ class Periodic(Role):
         keys += history.index_keys(self.keys, queue)
         on_cluster = isinstance(self.client, redis.RedisCluster)
         elsewhere_ms = 0
-        if on_cluster:  # the slot claim lies in a hash slot of its own: claimed first, in its own call
+        if on_cluster:  # the slot claim lies in a hash slot of its own: claimed first
             outcome, claimed, before_ms, now_ms = self.redis.run(
                 "claim_periodic", [self.keys.periodic_claim(schedule)], [firing.slot_ms, queue]
             )
@@ -108,7 +107,6 @@ class Periodic(Role):
 
 
 def _reply(reply: Sequence[Any]) -> FireReply:
-    """A FireReply from what fire_periodic or skip_periodic answered."""
     outcome, now_ms, handled_ms, fired_ms, *claimed = reply
     return FireReply(
         reply_text(outcome), int(now_ms), int(handled_ms), int(fired_ms), reply_text(claimed[0]) if claimed else ""
@@ -116,7 +114,6 @@ def _reply(reply: Sequence[Any]) -> FireReply:
 
 
 def _pushed(outcome: str, regular: Enqueueable, catch_up: Enqueueable | None) -> list[Enqueueable]:
-    """The runs the fire script pushed for `outcome`, oldest first."""
     runs = [catch_up] if catch_up is not None and outcome in ("caught_up", "fired_and_caught_up") else []
     return [*runs, regular] if outcome in ("fired", "fired_and_caught_up") else runs
 

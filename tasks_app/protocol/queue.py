@@ -1,7 +1,7 @@
 """The queue core: claim, ack, retry, dead-letter, return unstarted tasks, promote due ones (docs/PROTOCOL.md).
 
-Each queue script touches one Redis Cluster slot (the queue's hash tag); a settle's result record lies
-in another, written by `Records` in the same round trip.
+Each queue script touches one Redis Cluster slot (the queue's hash tag); a settle's result record,
+in another, is written by `Records` in the same round trip.
 """
 
 from __future__ import annotations
@@ -23,19 +23,17 @@ from tasks_app.protocol.records import ResultUpdate
 from tasks_app.protocol.scripts import Role, ScriptClient
 from tasks_app.protocol.tracking import server_options
 
-# The KEYS of promote_due.
 PROMOTE_DUE_KEYS = "delayed pending prioritized recoveries suspects dead"
 # Width of the buckets counting acknowledged tasks, for the dashboard's throughput.
 THROUGHPUT_BUCKET_S = 10
-# Longest blocking claim on a connection that can be cut short, and how much longer its socket waits for a reply.
+# Longest blocking claim on a connection that can be cut short, and the margin of its socket's timeout.
 LONGEST_WAIT_S, SOCKET_MARGIN_S = 30.0, 5.0
 
 
 class WaitConnection:
     """A connection of its own for one thread's blocking claims, which another thread cuts short (`interrupt`).
 
-    A wait that can be ended at once may be long (up to LONGEST_WAIT_S): an idle consumer then sends a
-    command every few seconds instead of every `block_s`, and still stops at once.
+    A wait that can be ended at once may be long, so an idle consumer sends few commands and still stops at once.
     """
 
     def __init__(self, client: redis.Redis) -> None:
@@ -68,11 +66,11 @@ class Claim:
     """What one claim moved into a consumer's processing list."""
 
     tasks: list[bytes]
-    took_suspect: bool  # the first task is a suspect: recovered from a consumer that died holding it
+    took_suspect: bool  # the first task is a suspect: recovered from a dead consumer
     suspects_waiting: int  # suspects still in the queue's suspects list
     first_fence: int = 0  # fencing token of tasks[0]; tasks[i] holds first_fence + i
-    lease_expired: bool = False  # nothing was claimed: the lease lapsed and has not been renewed
-    paused: bool = False  # nothing was claimed: the queue is paused
+    lease_expired: bool = False  # nothing claimed: the lease lapsed
+    paused: bool = False  # nothing claimed: the queue is paused
 
 
 class Promotion(NamedTuple):
@@ -89,7 +87,7 @@ class UniqueRelease(NamedTuple):
 
     digest: str
     task_id: str
-    after_ms: int = 0  # 0: now; else in that many ms (a process that gave up on a hung run frees it once gone)
+    after_ms: int = 0  # 0: now; else in that many ms (a hung run's key, once its process is gone)
 
 
 class AckReport(NamedTuple):
@@ -107,8 +105,8 @@ class Queue(Role):
     def __init__(self, redis: ScriptClient, records: Records) -> None:
         super().__init__(redis)
         self.records = records
-        # The token the consumer using this broker registers its ids with ("": none, unchecked): settling
-        # a task of an id another instance registered since settles nothing (see lua/include/settle.lua).
+        # The token its consumer registers its ids with ("": unchecked): settling a task of an id another
+        # instance registered since settles nothing (see lua/include/settle.lua).
         self.instance = ""
 
     def claim(self, queue: str, consumer_id: str, max_tasks: int, *, drop_wake: bool = False) -> list[bytes] | None:
@@ -147,8 +145,8 @@ class Queue(Role):
             if raw is None or raw == WAKE_TOKEN:
                 return raw, 0
             return raw, self.issue_fence(queue)
-        # One round trip: Redis runs the fence script on this connection as soon as the move
-        # returns (a token issued after a timeout or a wake is a harmless gap in the sequence).
+        # One round trip: the fence script runs as soon as the move returns (a token issued after a
+        # timeout or a wake is a harmless gap).
         pipe = client.pipeline(transaction=False)
         pipe.blmove(pending, processing, timeout_s, "RIGHT", "LEFT")
         self.scripts.queue(pipe, "issue_fence", [self.keys.fence(queue)], [1])
@@ -190,7 +188,6 @@ class Queue(Role):
         releases: Mapping[tuple[str, str], Sequence[UniqueRelease | None]] | None = None,
     ) -> AckReport:
         """Record results, then acknowledge the tasks of each (queue, consumer) list; report what each write did."""
-        # `releases`, per owner, the uniqueness key each task's end frees, only if the ack finds it.
         acks = [self._ack_call(owner, raws, (releases or {}).get(owner, ())) for owner, raws in raws_by_owner.items()]
         flags, written, unreplicated = self._settle(results, raws_by_owner, acks)
         refused = {index: outcome for index, outcome in enumerate(written) if isinstance(outcome, Exception)}
@@ -204,8 +201,7 @@ class Queue(Role):
     ) -> tuple[dict[tuple[str, str], list[bool]], list[Any], int]:
         """Write `results`, then settle (a call per owner): per owner held flags, each write's reply, unreplicated."""
         # One server: one MULTI, results first, each `held_by` write only if the settle after it finds the task.
-        # Redis Cluster: results and processing lists live on different nodes, so the results go first, each
-        # master WAITing for a replica (at most `cluster_wait_ms`), and then the settles.
+        # Redis Cluster: the results go first, each master WAITing for a replica, then the settles.
         cluster = isinstance(self.client, redis.RedisCluster)
         pipe = self.client.pipeline(transaction=not cluster)
         written: list[Any] = []
@@ -309,8 +305,7 @@ class Queue(Role):
         self, queue: str, consumer_id: str, raws: Sequence[bytes], withdrawn: Sequence[ResultUpdate] = ()
     ) -> int:
         """Put claimed, never-started tasks back first among their priority; return how many were held."""
-        # `withdrawn`: the receipts of their claims, withdrawn (fenced) in the same round trip so a cancel
-        # while they wait cancels them outright.
+        # `withdrawn`: their claims' receipts, withdrawn in the same round trip so a cancel cancels them outright.
         if not raws:
             return 0
         names = "processing pending recoveries suspects consumer_info prioritized"
@@ -318,7 +313,6 @@ class Queue(Role):
         args = [consumer_id, self.instance, WAKE_TOKEN, *raws]
         pipe = self.client.pipeline(transaction=False)
         self.scripts.queue(pipe, "return_unstarted", keys, args)
-        # A withdrawal Redis refuses (a producer's record of another type) only leaves that receipt standing.
         sent, _ = self.records.execute_with_writes(pipe, withdrawn, self.records.queue_writes(pipe, withdrawn))
         if isinstance(sent[0], Exception):
             raise sent[0]
@@ -341,7 +335,7 @@ class Queue(Role):
     ) -> None:
         """Write again, unheld, each held write answered NOT_HELD whose task the script after it settled."""
         # A held write re-run by source after a NOSCRIPT runs after its settle script, which took the task:
-        # the script found the task, so the run held it. Fills in the new replies in `written`.
+        # the run held it.
         settled = {
             (owner, raw)
             for owner, raws in raws_by_owner.items()

@@ -209,14 +209,8 @@ def started(
 ) -> ResultUpdate:
     """The update claiming the record for the run holding `fence`, with the enqueue fields unless it exists."""
     fields = {} if record_exists else enqueued_fields(task, arguments)
-    fields.update(
-        {
-            "status": RUNNING,
-            "attempts": str(task.attempt),
-            "max_attempts": str(max_attempts),
-            "last_attempted_at_ms": ms_text(now_ms),
-        }
-    )
+    fields |= {"status": RUNNING, "attempts": str(task.attempt), "max_attempts": str(max_attempts)}
+    fields["last_attempted_at_ms"] = ms_text(now_ms)
     if task.attempt == 1:
         fields["started_at_ms"] = ms_text(now_ms)
     return ResultUpdate(

@@ -32,8 +32,7 @@ class Started(NamedTuple):
 
 
 class Recorded(NamedTuple):
-    """What recording a task's end did (RECORDED, RECORDED_BEFORE, NO_WORKFLOW, NOT_OWNED), what it started, and
-    the status it ended the workflow with ("": it did not end it)."""
+    """What recording a task's end did (RECORDED...), what it started, and the workflow's end status ("": none)."""
 
     code: int
     started: list[Started]
@@ -77,7 +76,7 @@ class Workflows(Role):
 
     def __init__(self, redis_client: ScriptClient, queue: Queue) -> None:
         super().__init__(redis_client)
-        self.queue = queue  # its instance token checks the run that settles a task
+        self.queue = queue  # its instance token
 
     def create(
         self, workflow_id: str, digest: str, nodes: Sequence[tuple[str, str, str]], tasks: int, ttl_s: int
