@@ -141,19 +141,16 @@ class Queue(Role):
         pending, processing = self.keys.pending(queue), self.keys.processing(queue, consumer_id)
         client: Any = self.client
         if isinstance(self.client, redis.RedisCluster):  # its pipelines retry on their own: two calls
-            raw = client.blmove(pending, processing, timeout_s, "RIGHT", "LEFT")
-            if raw is None or raw == WAKE_TOKEN:
-                return raw, 0
-            return raw, self.issue_fence(queue)
-        # One round trip: the fence script runs as soon as the move returns (a token issued after a
-        # timeout or a wake is a harmless gap).
-        pipe = client.pipeline(transaction=False)
-        pipe.blmove(pending, processing, timeout_s, "RIGHT", "LEFT")
-        self.scripts.queue(pipe, "issue_fence", [self.keys.fence(queue)], [1])
-        moved, fence = self.scripts.execute(pipe, client)
-        if moved is None or moved == WAKE_TOKEN:
-            return moved, 0
-        return moved, int(fence)
+            moved = client.blmove(pending, processing, timeout_s, "RIGHT", "LEFT")
+            fence = 0 if moved is None or moved == WAKE_TOKEN else self.issue_fence(queue)
+        else:
+            # One round trip: the fence script runs as soon as the move returns (a token issued after a
+            # timeout or a wake is a harmless gap).
+            pipe = client.pipeline(transaction=False)
+            pipe.blmove(pending, processing, timeout_s, "RIGHT", "LEFT")
+            self.scripts.queue(pipe, "issue_fence", [self.keys.fence(queue)], [1])
+            moved, fence = self.scripts.execute(pipe, client)
+        return (moved, 0) if moved is None or moved == WAKE_TOKEN else (moved, int(fence))
 
     def issue_fence(self, queue: str) -> int:
         """Issue one fencing token of `queue`: higher than every token issued before it."""
