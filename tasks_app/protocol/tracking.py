@@ -23,6 +23,7 @@ CHANGE_WAIT_S = 0.5
 # How often a cluster watch pings its tracking connection (Redis says nothing if it drops), and how
 # often the watches are matched to the cluster's primaries again.
 WATCH_CHECK_S, TOPOLOGY_CHECK_S = 5.0, 10.0
+# What a connection to the same server as another client's takes from it: where, who, and timeouts.
 SERVER_OPTIONS = {"host", "port", "path", "db", "username", "password"}
 SERVER_OPTIONS |= {"socket_timeout", "socket_connect_timeout", "health_check_interval"}
 
