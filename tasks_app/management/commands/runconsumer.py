@@ -67,7 +67,8 @@ class Command(BaseCommand):
     help = "Claim and run tasks from the given queues until SIGTERM/SIGINT/SIGHUP (or, with --burst, until idle)."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        _add_arguments(parser)
+        for flag, help_text, options in FLAGS:
+            parser.add_argument(flag, help=help_text, **options)
 
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
         """Keep the parser: process mode passes the same flags on to its children."""
@@ -183,111 +184,89 @@ def _as_flags(action: argparse.Action, value: Any) -> list[str]:
     return [f"{flag}={value}"]
 
 
-def _add_arguments(parser: CommandParser) -> None:
-    parser.add_argument(
+# Every flag, its help and its other add_argument options; `dest` is the ConsumerOptions field it sets.
+FLAGS: list[tuple[str, str, dict[str, Any]]] = [
+    (
         "--queue",
-        dest="queues",
-        action="append",
-        metavar="Q",
-        help="Queue to consume (repeatable; default: default).",
-    )
-    parser.add_argument(
+        "Queue to consume (repeatable; default: default).",
+        {"dest": "queues", "action": "append", "metavar": "Q"},
+    ),
+    (
         "--weight",
-        dest="weights",
-        action="append",
-        type=weight_arg,
-        metavar="Q=N",
-        help="Weighted order: each claim round takes queue Q first with odds proportional to N (repeatable; "
+        "Weighted order: each claim round takes queue Q first with odds proportional to N (repeatable; "
         "queues not named weigh 1). Without it, queues are taken strictly in the order given.",
-    )
-    parser.add_argument("--concurrency", type=positive_int, default=8, help="Worker threads (default 8).")
-    parser.add_argument(
+        {"dest": "weights", "action": "append", "type": weight_arg, "metavar": "Q=N"},
+    ),
+    ("--concurrency", "Worker threads (default 8).", {"type": positive_int, "default": 8}),
+    (
         "--prefetch",
-        type=prefetch_arg,
-        default=None,
-        metavar="N|auto",
-        help="Tasks claimed beyond the running ones: a fixed number, or auto (default): what the consumer "
+        "Tasks claimed beyond the running ones: a fixed number, or auto (default): what the consumer "
         "starts in about 20 ms at its recent pace, up to 64.",
-    )
-    parser.add_argument(
+        {"type": prefetch_arg, "default": None, "metavar": "N|auto"},
+    ),
+    (
         "--lease",
-        dest="lease_s",
-        type=duration_arg,
-        default=30.0,
-        metavar="SECONDS",
-        help="Lease: how long after its last heartbeat a silent consumer is presumed dead.",
-    )
-    parser.add_argument(
+        "Lease: how long after its last heartbeat a silent consumer is presumed dead.",
+        {"dest": "lease_s", "type": duration_arg, "default": 30.0, "metavar": "SECONDS"},
+    ),
+    (
         "--grace",
-        dest="grace_s",
-        type=duration_arg,
-        default=30.0,
-        metavar="SECONDS",
-        help="On SIGTERM, how long running tasks may take to finish (default 30).",
-    )
-    parser.add_argument("--consumer-id", help="Identity of this consumer (default: host-pid-random).")
-    parser.add_argument(
+        "On SIGTERM, how long running tasks may take to finish (default 30).",
+        {"dest": "grace_s", "type": duration_arg, "default": 30.0, "metavar": "SECONDS"},
+    ),
+    ("--consumer-id", "Identity of this consumer (default: host-pid-random).", {}),
+    (
         "--processes",
-        type=processes_arg,
-        metavar="N",
-        help="Process mode: run N consumer processes under a supervisor, with hard time limits (see README).",
-    )
-    parser.add_argument(
+        "Process mode: run N consumer processes under a supervisor, with hard time limits (see README).",
+        {"type": processes_arg, "metavar": "N"},
+    ),
+    (
         "--max-tasks-per-child",
-        dest="max_tasks",
-        type=positive_int,
-        metavar="N",
-        help="Recycle a consumer process after N tasks.",
-    )
-    parser.add_argument(
+        "Recycle a consumer process after N tasks.",
+        {"dest": "max_tasks", "type": positive_int, "metavar": "N"},
+    ),
+    (
         "--max-memory-per-child",
-        dest="max_memory_mb",
-        type=positive_int,
-        metavar="MB",
-        help="Recycle a consumer process whose resident memory exceeds MB.",
-    )
-    parser.add_argument(
+        "Recycle a consumer process whose resident memory exceeds MB.",
+        {"dest": "max_memory_mb", "type": positive_int, "metavar": "MB"},
+    ),
+    (
         "--timeout-grace",
-        dest="hard_limit_grace_s",
-        type=duration_arg,
-        default=1.0,
-        metavar="SECONDS",
-        help="Process mode: how long a handler may run past its timeout before its process is replaced (default 1).",
-    )
-    parser.add_argument(
+        "Process mode: how long a handler may run past its timeout before its process is replaced (default 1).",
+        {"dest": "hard_limit_grace_s", "type": duration_arg, "default": 1.0, "metavar": "SECONDS"},
+    ),
+    (
         "--async-concurrency",
-        type=positive_int,
-        default=100,
-        metavar="N",
-        help="async def handlers running at once on the consumer's event loop (default 100).",
-    )
-    parser.add_argument("--supervisor-beat", help=argparse.SUPPRESS)
-    parser.add_argument("--supervisor-pid", type=positive_int, help=argparse.SUPPRESS)
-    parser.add_argument("--supervisor-lifeline", type=non_negative_int, help=argparse.SUPPRESS)
-    parser.add_argument(
+        "async def handlers running at once on the consumer's event loop (default 100).",
+        {"type": positive_int, "default": 100, "metavar": "N"},
+    ),
+    ("--supervisor-beat", argparse.SUPPRESS, {}),
+    ("--supervisor-pid", argparse.SUPPRESS, {"type": positive_int}),
+    ("--supervisor-lifeline", argparse.SUPPRESS, {"type": non_negative_int}),
+    (
         "--metrics-port",
-        type=port_arg,
-        metavar="P",
-        help="Serve /metrics, /healthz (liveness) and /readyz (readiness) on this port (0: any free one).",
-    )
-    parser.add_argument(
+        "Serve /metrics, /healthz (liveness) and /readyz (readiness) on this port (0: any free one).",
+        {"type": port_arg, "metavar": "P"},
+    ),
+    (
         "--metrics-host",
-        type=host_arg,
-        default=METRICS_HOST,
-        metavar="ADDR",
-        help=f"Address the metrics port binds (default {METRICS_HOST}: this host only; "
-        "0.0.0.0 when the scraper runs in another container or host; IPv6 too: ::1, or :: for every address).",
-    )
-    parser.add_argument(
+        f"Address the metrics port binds (default {METRICS_HOST}: this host only; 0.0.0.0 when the scraper runs "
+        "in another container or host; IPv6 too: ::1, or :: for every address).",
+        {"type": host_arg, "default": METRICS_HOST, "metavar": "ADDR"},
+    ),
+    (
         "--health-file",
-        metavar="PATH",
-        help="Touch this file every few seconds while Redis answers (container liveness).",
-    )
-    parser.add_argument(
+        "Touch this file every few seconds while Redis answers (container liveness).",
+        {"metavar": "PATH"},
+    ),
+    (
         "--burst",
-        action="store_true",
-        help="Exit 0 once the queues have nothing pending, in flight or delayed (paused queues count as idle).",
-    )
-    parser.add_argument(
-        "--no-scheduler", dest="scheduler", action="store_false", help="Do not fire periodic tasks from this consumer."
-    )
+        "Exit 0 once the queues have nothing pending, in flight or delayed (paused queues count as idle).",
+        {"action": "store_true"},
+    ),
+    (
+        "--no-scheduler",
+        "Do not fire periodic tasks from this consumer.",
+        {"dest": "scheduler", "action": "store_false"},
+    ),
+]
