@@ -1,13 +1,9 @@
 """Writes the results and acks of finished tasks from every worker thread in one round trip per flush.
 
-The flusher takes whatever queued up during its previous round trip (no deliberate wait), writes
-every result record first, then acks each processing list's tasks. On Redis Cluster the acks wait
-(up to TASKS_CLUSTER_WAIT_MS) for a replica to hold the results. A task keeps its room in the
-consumer until its ack is written, so a crash re-runs at most concurrency + prefetch tasks.
-
-One entry never holds up the others: a batch Redis refuses is written again entry by entry, the
-refused entry's task acked with a record saying why its result could not be stored. Every ack's
-`done` is called, whatever happened.
+The flusher takes whatever queued up during its previous round trip, writes every result record
+first, then the acks (on Redis Cluster, once a replica holds the results). A task keeps its room
+until its ack is written, so a crash re-runs at most concurrency + prefetch tasks. A batch Redis
+refuses is written again entry by entry, a refused result replaced by a record saying why.
 """
 
 from __future__ import annotations
@@ -34,12 +30,10 @@ from tasks_app.protocol.records import ResultUpdate
 
 logger = logging.getLogger(__name__)
 
-# --- the flusher -----------------------------------------------------------------------------------
 MAX_BATCH = 512
 
+# Called once an ack was written: True if the task was still held, False if lost, None if unknown (stopping).
 AckDone = Callable[[bool | None], None]
-"""Called once an ack was written: True if the task was still held, False if it was lost,
-None if the consumer stopped before Redis could be reached (the lease recovers the task)."""
 
 
 @dataclass(slots=True)  # not frozen: one per task, and frozen costs four times as much to build
@@ -86,12 +80,11 @@ class AckBatcher:
         self.give_up = give_up
         self.max_batch = max_batch
         self._together = together  # the block the `done`s of a flush are called in (their room freed at once)
-        self.lines = OutcomeLines()  # each ack's `log`, called after its flush by a thread of its own
+        self.lines = OutcomeLines()
         self._entries: queue_module.SimpleQueue[Entry | threading.Event | None] = queue_module.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._in_place = threading.Lock()  # one thread at a time writes batches when no flusher runs
 
-    # --- producers (worker threads) --------------------------------------------------------
     def record(self, update: ResultUpdate) -> None:
         """Write a result update with the next flush (before anything submitted after it)."""
         if storable(update):
@@ -109,8 +102,7 @@ class AckBatcher:
         log: Callable[[], None] | None = None,
         release: UniqueRelease | None = None,
     ) -> None:
-        """Write `update`, then ack the task (freeing `release` if it is still held), with the next flush;
-        `done` is called afterwards, then `log`."""
+        """Write `update`, then ack the task (freeing `release`), with the next flush; then call `done`, then `log`."""
         if update is not None:  # written with the ack, held by its task (the update is this ack's alone)
             update.held_by = ((queue, consumer_id), raw)
         if update is not None and not storable(update):
@@ -141,7 +133,6 @@ class AckBatcher:
             while not written.is_set() and self.flush_once(block_s=0):
                 pass
 
-    # --- the flusher -----------------------------------------------------------------------
     def start(self) -> None:
         """Start the flusher thread (and the one writing the acks' log lines)."""
         self.lines.start()
@@ -200,9 +191,7 @@ class AckBatcher:
 
     def _write(self, batch: list[Entry | threading.Event]) -> None:
         starts: list[Entry | threading.Event] = [item for item in batch if isinstance(item, _Start)]
-        if starts and len(starts) < len(batch):
-            # Handlers wait for their start: write those first, so no ack's replica WAIT (and no
-            # large batch of results) stands between a rate-limit admission and the handler.
+        if starts and len(starts) < len(batch):  # handlers wait for their start: no ack's replica WAIT before it
             self._write(starts)
             batch = [item for item in batch if not isinstance(item, _Start)]
         entries = [item for item in batch if not isinstance(item, threading.Event)]
@@ -293,8 +282,7 @@ class AckBatcher:
     def _send(
         self, updates: list[ResultUpdate], acks: list[_Ack], starts: Sequence[_Start] = (), *, resent: bool = False
     ) -> dict[int, bool | None]:
-        """One round trip (retried through outages); the flag of each ack by its id(): True acked, False no longer
-        held, None unknown (`resent`: sent before, so that a task gone may have been acked by then)."""
+        """One round trip (through outages); each ack's flag by its id() (`resent`: a task gone may be acked)."""
         by_owner: dict[tuple[str, str], list[_Ack]] = {}
         for item in acks:
             by_owner.setdefault((item.queue, item.consumer_id), []).append(item)
@@ -339,7 +327,6 @@ class AckBatcher:
             logger.error("could not record the failure of task %a either: %s", update.task_id, again)
 
 
-# --- result updates before they are written --------------------------------------------------------
 # Cap of the reason stored when a result could not be written.
 MAX_REASON_BYTES = 4096
 
@@ -404,7 +391,6 @@ def unstored_result(update: ResultUpdate, problem: str) -> ResultUpdate:
     )
 
 
-# --- outcome lines, written off the flusher thread -------------------------------------------------
 Line = Callable[[], None]
 
 

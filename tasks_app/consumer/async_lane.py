@@ -1,11 +1,8 @@
 """The asyncio lane: `async def` handlers of a consumer run on one event loop, not a thread each.
 
-A worker takes a lane seat before the task's gates (so a rate admission is spent only when the run
-can begin at once), records the start as for any task, hands the coroutine here and moves on. A
-success is handed to the ack batcher from the loop; anything else is settled on a small thread pool,
-so the loop never waits on Redis. A task keeps its seat until its ack is written: a crash re-runs at
-most concurrency + prefetch + async concurrency tasks. A handler's `loop.stop()` is logged and the
-loop run again; a loop it closed fails its runs, and the next ones start on a new loop.
+A success is handed to the ack batcher from the loop; anything else is settled on a small thread
+pool, so the loop never waits on Redis. A task keeps its seat until its ack is written. A handler's
+`loop.stop()` is logged and the loop run again; a loop it closed fails its runs, and a new one starts.
 """
 
 from __future__ import annotations
@@ -29,21 +26,18 @@ from tasks_app.exceptions import TaskCancelled, TaskTimeout
 
 logger = logging.getLogger(__name__)
 
-# --- the lane --------------------------------------------------------------------------------------
 # Threads settling the runs that cannot be settled on the loop (failures make round trips).
 SETTLE_THREADS = 4
 # How often a worker waiting for a seat looks whether the consumer began to stop.
 SEAT_WAIT_S = 0.05
 
+# (value, raised, duration, on_settled, on_loop) -> True if `on_settled` is called later (see Executor).
 Settle = Callable[[Any, BaseException | None, float, Callable[[], None], bool], bool]
-"""Settles a run: (value, raised, duration, on_settled, on_loop) -> True if `on_settled` is called later. On
-the loop, only a success that needs no wait on Redis (False: it is settled on a settling thread instead)."""
 
 
 @dataclass(eq=False)
 class Flight:
-    """One coroutine handed to the lane: what settles it, and its clock (its timeout and forced cancel, and which
-    of its end or the time limits giving up on it settles it)."""
+    """One coroutine handed to the lane: what settles it, and its clock."""
 
     settle: Settle
     clock: RunClock
@@ -97,8 +91,8 @@ class AsyncLane:
 
     def __init__(self, concurrency: int, worker_room: Capacity, stopping: Callable[[], bool] = lambda: False) -> None:
         self.concurrency = concurrency
-        self.worker_room = worker_room  # the consumer's room: a task handed to the lane gives back its share
-        self.stopping = stopping  # True once the consumer began to stop: a run waiting for a seat does not start
+        self.worker_room = worker_room  # a task handed to the lane gives back its share of the consumer's room
+        self.stopping = stopping  # then a run waiting for a seat does not start
         self._seats = threading.BoundedSemaphore(concurrency)
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -149,8 +143,7 @@ class AsyncLane:
             settlers.shutdown(wait=False)
 
     def _cancel_then_stop(self, loop: asyncio.AbstractEventLoop) -> None:
-        """On the loop: cancel the runs still on it (given up on, settled already: their `finally` blocks
-        run), then stop it once they had that turn, so none is left pending when the loop is dropped."""
+        """On the loop: cancel the runs still on it (settled already), then stop it once they had that turn."""
         for task in list(self._tasks):
             task.cancel()
         loop.call_soon(loop.stop)
@@ -268,7 +261,6 @@ class AsyncLane:
         self._seats.release()
 
 
-# --- calls handed to the loop in batches -----------------------------------------------------------
 class LoopInbox:
     """Callbacks handed to one event loop from any thread, called on it in the order given."""
 

@@ -1,13 +1,9 @@
-"""Claiming for a consumer: one claimer thread per queue fills the consumer's bounded room for tasks.
+"""Claiming: claimers fill the consumer's bounded room (concurrency + prefetch) with tasks of its queues.
 
-A claimer takes room for a batch claim only; its blocking wait on an empty queue holds none, so a
-task pushed on any queue starts at once. Room: at most concurrency + prefetch tasks; the automatic
-prefetch holds what the consumer would start within PREFETCH_HORIZON_S at its recent pace.
-
-Claim receipts: right after a claim, one round trip writes a receipt to each task's record
-(`claim_receipts.lua`). A task cancelled before is turned down (dropped unrun); a cancel after is a
-request to this consumer, so a worker can start a receipted task without waiting for its RUNNING
-write. Tasks of a queue paused since their claim go back unstarted, their receipts withdrawn.
+A blocking wait on an empty queue holds no room, so a task pushed on any queue starts at once.
+Right after a claim one round trip writes a receipt to each task's record: a task cancelled before
+is dropped unrun, a cancel after is a request to this consumer, so a receipted task starts without
+waiting for its RUNNING write.
 """
 
 from __future__ import annotations
@@ -41,9 +37,7 @@ from tasks_app.protocol.tracking import CHANGE_WAIT_S, Changes
 logger = logging.getLogger(__name__)
 
 
-# --- a claimed task --------------------------------------------------------------------------------
-# Not frozen: one is built per task, and a frozen dataclass costs four times as much to build.
-@dataclass(slots=True)
+@dataclass(slots=True)  # not frozen: one per task, and frozen costs four times as much to build
 class Claimed:
     """A task as claimed: the exact bytes in `consumer_id`'s processing list of `queue`."""
 
@@ -53,15 +47,13 @@ class Claimed:
     suspect: bool = False  # recovered from a dead consumer: its start is recorded before it runs
     fence: int = 0  # this claim's fencing token: result writes of older runs are ignored
     task: Task | None = field(default=None, compare=False)  # decoded as its receipt was written
-    # The record's answer to the receipt: None if none was written, START_REFUSED if cancelled, else it may start.
-    receipt: int | None = field(default=None, compare=False)
+    receipt: int | None = field(default=None, compare=False)  # the record's answer (START_REFUSED: cancelled)
     claimed_at_s: float = field(default_factory=time.monotonic, compare=False)
-    # By when (monotonic s) its handler must begin, set when its rate limit admits it (inf: no limit).
+    # By when (monotonic s) its handler must begin, once its rate limit admits it.
     start_by: float = field(default=math.inf, compare=False)
 
 
-# --- claim receipts --------------------------------------------------------------------------------
-# What claim_receipts answers for a record that is not a hash: no receipt (the RUNNING write decides).
+# What claim_receipts answers where there is no record: no receipt (the RUNNING write decides).
 NOT_A_RECORD = -1
 
 
@@ -87,12 +79,10 @@ def withdrawal(claimed: Claimed, task: Task, ttl_s: int) -> ResultUpdate | None:
     return records.receipt_withdrawn(task, claimed.fence, ttl_s) if claimed.receipt is not None else None
 
 
-# --- room: how many tasks the consumer may hold ----------------------------------------------------
-# An automatic prefetch holds what the consumer starts in about this long at its recent pace...
+# An automatic prefetch holds what the consumer starts in about this long at its recent pace, at most 64,
+# the pace measured over windows at least PACE_WINDOW_S long and smoothed over PACE_SMOOTHING_S.
 PREFETCH_HORIZON_S = 0.02
-# ...and never more than this many tasks beyond the running ones.
 AUTO_PREFETCH_MAX = 64
-# The pace is measured over windows at least this long, smoothed with this time constant.
 PACE_WINDOW_S = 0.1
 PACE_SMOOTHING_S = 0.3
 
@@ -109,8 +99,6 @@ class Capacity:
         metrics.PREFETCH.set(self.limit - concurrency)
         self.in_use = 0
         self._cond = threading.Condition()
-        # Claims per second, measured over windows of at least PACE_WINDOW_S and smoothed: slow to
-        # trust a burst, quick to see a lull.
         self._clock = clock
         self._window_start, self._window_count, self._per_s = clock(), 0, 0.0
 
@@ -143,11 +131,10 @@ class Capacity:
 
     def release(self, count: int = 1) -> None:
         """Give room back."""
-        if count <= 0:
-            return
-        with self._cond:
-            self.in_use -= count
-            self._cond.notify_all()
+        if count > 0:
+            with self._cond:
+                self.in_use -= count
+                self._cond.notify_all()
 
     def _follow_pace(self) -> None:
         now = self._clock()
@@ -162,7 +149,6 @@ class Capacity:
         self._cond.notify_all()
 
 
-# --- the tasks held, and the suspect turn ----------------------------------------------------------
 class HeldTasks:
     """Claimed tasks not yet let go of, counted per processing list (twins can be claimed at once)."""
 
@@ -229,7 +215,6 @@ class HeldTasks:
         self._suspect_turn_taken = False
 
 
-# --- tasks of a queue paused since their claim -----------------------------------------------------
 # How old the pause state of a queue a worker acts on may be.
 PAUSE_STATE_MAX_AGE_S = 0.25
 
@@ -244,7 +229,7 @@ class PauseWatch:
         self._seen: dict[str, tuple[bool, float]] = {}
 
     def paused(self, queue: str) -> bool:
-        """True if `queue` is paused (as of at most PAUSE_STATE_MAX_AGE_S ago; the last answer while Redis is away)."""
+        """True if `queue` is paused, as of PAUSE_STATE_MAX_AGE_S ago at most (while Redis is away: as last seen)."""
         now = time.monotonic()
         seen = self._seen.get(queue)
         if seen is not None and now - seen[1] < PAUSE_STATE_MAX_AGE_S:
@@ -280,18 +265,14 @@ def return_unstarted(broker: Broker, claimed: Sequence[Claimed], ttl_s: int, giv
         )
 
 
-# --- the claimer -----------------------------------------------------------------------------------
-# How soon a claimer looks again for suspects it could not take yet (waiting on pending meanwhile),
-# or tries again under a lease that lapsed (the heartbeat renews it or gives it up).
+# How soon a claimer looks again for suspects it could not take yet, or under a lease that lapsed.
 RETRY_SOON_S = 0.1
-# How soon a claimer that may not claim looks again: its queue paused, its consumer not registered
-# there (yet), or without the task types (the database away).
+# How soon a claimer that may not claim looks again: queue paused, not registered there, no task types yet.
 RECHECK_S = 0.25
 
 
 class ClaimerLoop:
-    """Claims tasks of one queue while there is room: a batch at once, else one blocking move (or, with
-    `claims` on a tracked connection, none: `OneClaimer` claims again when Redis says the queue changed)."""
+    """Claims tasks of one queue while there is room: a batch at once, else one blocking move (none if tracked)."""
 
     def __init__(
         self,
@@ -306,9 +287,7 @@ class ClaimerLoop:
         claims: Broker | None = None,
         waits: WaitConnection | None = None,
     ) -> None:
-        """`held`: the tasks the consumer holds, in its room; `types_loaded`: whether the task types were read once;
-        `dispatch`: hands claimed tasks to the workers; `claims`: the broker of a tracked connection, if any;
-        `waits`: a connection for blocking claims that `interrupt` cuts short, if any."""
+        """`claims`: a tracked connection's broker; `waits`: a connection for blocking claims a stop cuts short."""
         self.queue = queue
         self.broker = broker
         self.claims = claims or broker
@@ -323,15 +302,11 @@ class ClaimerLoop:
         self.block_s = block_s
         self.name = f"claimer:{queue}"
         self._drop_wake = False
-        # Blocking: while its waits time out with nothing, it waits again without a claim script in between,
-        # until this time (monotonic s): a full claim (suspects, the lease, the pause marker) once a third of a
-        # lease, or once a lease on a connection a stop cuts short.
+        # While blocking waits time out empty, it waits again with no claim script between until then (monotonic s).
         self._quiet_until = 0.0
-        # Set when a claim failed on the wire: Redis may have moved tasks we never heard of.
-        self._uncertain = False
+        self._uncertain = False  # a claim failed on the wire: Redis may have moved tasks we never heard of
         self.audit_at = time.monotonic() + membership.lease.lease_s
-        # Room taken for the claim in progress and not yet handed to a dispatched task.
-        self._room_taken = 0
+        self._room_taken = 0  # for the claim in progress, not yet handed to a dispatched task
         self._result_ttl_s = int(settings.TASKS_RESULT_TTL)
 
     def run_once(self, room_wait_s: float = 0.5) -> float:
@@ -339,9 +314,7 @@ class ClaimerLoop:
             return RECHECK_S  # no lease here to claim under: what it claimed could not be recovered
         if self._uncertain or time.monotonic() >= self.audit_at:
             self.reconcile()
-        if not self.types_loaded():
-            # Its tasks could only be deferred until their settings are known: others may run them.
-            # The housekeeping loop reads them again every TASKS_CONFIG_REFRESH_S.
+        if not self.types_loaded():  # its tasks could only be deferred: others may run them
             return RECHECK_S
         consumer_id = self.membership.consumer_id
         if time.monotonic() < self._quiet_until and self.membership.lease.fresh(consumer_id):
@@ -374,8 +347,7 @@ class ClaimerLoop:
                 self.held.give_suspect_turn_back()
 
     def _take(self, outcome: Claim | None, consumer_id: str) -> float:
-        # Dispatch what the claim moved; with nothing moved, block on pending for one task.
-        # Room not used by a dispatched task is left in self._room_taken for the caller to give back.
+        """Dispatch what the claim moved; with nothing moved, block on pending for one task."""
         if outcome is None:
             self.membership.lease_lost(consumer_id, [self.queue])
             return 0.0
@@ -408,8 +380,7 @@ class ClaimerLoop:
 
     def _claim_blocking(self, consumer_id: str, suspects_waiting: int, *, after_claim: bool) -> float:
         """Block on pending for one task; it takes free room, or goes back first in its queue if none is left."""
-        # Suspects waiting for this consumer's one suspect turn are claimed soon after it
-        # frees; new pending tasks still wake the blocking claim at once.
+        # Suspects waiting for this consumer's one suspect turn are claimed soon after it frees.
         block_s = min(self.block_s, RETRY_SOON_S) if suspects_waiting else self.block_s
         if self.waits is not None and not suspects_waiting:  # a stop cuts the wait short: it may be long
             if after_claim:  # a push, a suspect or a priority wakes it: the next full claim is a lease away
@@ -428,8 +399,7 @@ class ClaimerLoop:
         if self.room.acquire_up_to(1):
             self._dispatch([Claimed(self.queue, consumer_id, raw, fence=fence)])
         else:
-            # Other queues' claims took the room while this one waited: the task never started
-            # here, so it waits first in its queue for this consumer's next claim or another's.
+            # Other queues' claims took the room while this one waited: it goes back first in its queue.
             self.broker.queue.return_unstarted(self.queue, consumer_id, [raw])
         return 0.0
 
@@ -446,8 +416,7 @@ class ClaimerLoop:
 
     def reconcile(self) -> None:
         """Return tasks that sit in our processing list unbeknown to us (a claim's lost reply)."""
-        # Only this thread adds to this list and to what we hold of it: taking the held tasks first
-        # and listing second can only miss strays, never take a held task for one.
+        # Only this thread adds to this list: held first, listed second can miss strays, never take a held task.
         consumer_id = self.membership.consumer_id
         held = self.held.raws(self.queue, consumer_id)
         listed = self.broker.queue.held_by(self.queue, consumer_id)
@@ -462,15 +431,12 @@ class ClaimerLoop:
         self.audit_at = time.monotonic() + self.membership.lease.lease_s
 
 
-# --- one claimer for every queue -------------------------------------------------------------------
 class OneClaimer:
     """Claims for every queue on one thread and one tracked connection, whatever the number of queues.
 
-    A queue is claimed from again only when Redis says a key its last claim read changed (a task
-    pushed, a queue resumed, a suspect recovered) or when its claimer asked to look again at a time.
-    Queues are served in the consumer's order: after each claim that moved tasks, the first queue
-    comes first again, so `--queue high --queue low` takes from low only while high has none. With
-    weights, each round draws the order afresh, a queue coming first with odds proportional to its weight.
+    A queue is claimed from again only when Redis says a key its last claim read changed, or when its
+    claimer asked to. After each claim that moved tasks the first queue comes first again (with weights,
+    a queue comes first with odds proportional to its weight).
     """
 
     name = "claimer"
@@ -483,7 +449,6 @@ class OneClaimer:
         misconfigured: Misconfigured,
         weights: Mapping[str, int] | None = None,
     ) -> None:
-        """`weights`: weighted order, by queue (1 for those not named); none: the claimers' order, strictly."""
         self.claimers = list(claimers)
         self.weights = {claimer: (weights or {}).get(claimer.queue, 1) for claimer in claimers} if weights else None
         self.changes = changes
@@ -524,8 +489,7 @@ class OneClaimer:
         return 0.0
 
     def _order(self) -> list[ClaimerLoop]:
-        """The claimers in the order of this round: as given, or drawn so that each comes first with odds
-        proportional to its weight (a random key u ** (1 / weight) per claimer, highest first)."""
+        """The claimers in this round's order: as given, or by a random key u ** (1 / weight), highest first."""
         if self.weights is None:
             return self.claimers
         weights = self.weights

@@ -1,8 +1,6 @@
 """Running one claimed task: decode, gate, call its handler, then ack, retry or dead-letter.
 
-docs/ARCHITECTURE.md follows one task from its claim to its ack through the modules of this package.
-Whatever goes wrong, the task is settled (`execute` dead-letters it with the reason as a last resort):
-a task this consumer holds never stays in its processing list unsettled.
+Whatever goes wrong, the task is settled (dead-lettered with the reason as a last resort).
 """
 
 from __future__ import annotations
@@ -41,16 +39,14 @@ from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
 
 logger = logging.getLogger("tasks_app.tasks")
 
-# A task of a disabled type waits this long (enabling the type wakes it at once): a big backlog is
-# not claimed and deferred again every few seconds.
+# A task of a disabled type waits this long (enabling the type wakes it at once), its note a while longer.
 DISABLED_RECHECK_MS = 300_000
 # A task whose type's settings could not be read (the database away) is looked at again this soon.
 SETTINGS_RECHECK_MS = 5000
-# How long the note of a task deferred for its disabled type outlives the last such deferral.
 DISABLED_NOTE_TTL_MS = 2 * DISABLED_RECHECK_MS
 SETTINGS_UNKNOWN = "the task types cannot be read"
-# Why a task whose worker was still passing its gates (rate limit, max_running, its start) when a stop's
-# grace period ended goes back unstarted: a run starting then would be abandoned by the exiting process.
+# A task still passing its gates as a stop's grace period ends goes back unstarted: the exiting process would
+# abandon its run.
 AFTER_GRACE = "passed its gates only after the grace period of the stop ended"
 INT32_MAX = 2**31 - 1  # the envelope's attempt field
 
@@ -96,13 +92,12 @@ class Executor:
         self.pauses = PauseWatch(broker, give_up, result_ttl_s)
         self.rate_gate = rate_gate
         self.concurrency = concurrency
-        self.async_lane = async_lane  # where `async def` handlers run
+        self.async_lane = async_lane
         self.lease_check = lease_check  # waits while the claim's lease may have lapsed; False once lost
         self.trace_links = trace_links  # a run's span links to its send span instead of being its child
 
     def execute(self, claimed: Claimed, on_settled: Callable[[], None] | None = None) -> bool:
-        """Run a claimed task to its end; True if the ack batcher settles it (and then calls `on_settled`)."""
-        # Paused since it was claimed: it does not start.
+        """Run a claimed task to its end (unless paused since its claim); True if the ack batcher settles it."""
         return self.settler.last_resort(
             claimed, lambda: not self.pauses.return_if_paused(claimed) and self._execute(claimed, on_settled)
         )
@@ -119,9 +114,7 @@ class Executor:
         config, problem = self._resolve(task, claimed.claimed_at_s)
         if claimed.receipt == records.START_REFUSED:  # cancelled before its claim: dropped, whatever its type
             return settler.cancelled(claimed, task, config, on_settled)
-        if problem == SETTINGS_UNKNOWN:
-            # Its row may set limits, a timeout or another handler: running it with defaults would
-            # ignore them, and calling its type unknown would dead-letter it.
+        if problem == SETTINGS_UNKNOWN:  # neither run with defaults its row may change nor dead-lettered as unknown
             settler.defer(claimed, task, SETTINGS_RECHECK_MS, "settings_unknown")
             return False
         if config is None:
@@ -152,8 +145,7 @@ class Executor:
         if (dropped := settler.drop_if_cancelled_while_held(claimed, task, config, on_settled)) is not None:
             return dropped  # before its gates: a task cancelled while it waited takes no rate or permit
         seat = None
-        if handler.is_async:
-            # Taken before the gates: a rate admission is spent only when the run can begin at once.
+        if handler.is_async:  # a seat before the gates: a rate admission is spent only if the run can begin at once
             seat = self.async_lane.reserve()
             if seat is None:
                 return self._return_stopping(claimed, "waited for room on the asyncio lane")
@@ -175,9 +167,7 @@ class Executor:
                 seat.give_back()  # unless its run took it
 
     def _settled(self, release: Callable[[], None], on_settled: Callable[[], None] | None) -> None:
-        """Release the permit of a lane's run once it is settled, then call `on_settled`."""
-        # Once this process gave up on a hung run, that run may go on until the process is gone:
-        # the permit stays held, and lapses with the lease after.
+        """Release the permit of a lane's run once it is settled (not a hung one's: it lapses), then `on_settled`."""
         if not self.settler.retry_floor_s:
             release()
         if on_settled is not None:
@@ -187,9 +177,7 @@ class Executor:
         """The task's settings; else None and why (SETTINGS_UNKNOWN: ask again later)."""
         config = self.task_types.get(task.type)
         needs_rows = config is None and (self.registry.get(task.type) is None or not self.task_types.loaded)
-        if needs_rows:
-            # A row created since the last refresh (a new `@task`'s first enqueue) must not be missed.
-            # Once per claim: a read begun after the claim holds every row its producers created.
+        if needs_rows:  # a row created since the last refresh: read once after the claim holds it
             if not self.task_types.holds_rows_since(claimed_at_s):
                 return None, SETTINGS_UNKNOWN
             config = self.task_types.get(task.type)
@@ -199,7 +187,6 @@ class Executor:
             return TaskTypeConfig.default_for(task.type), ""
         return None, f"unknown task type {task.type!r}: no TaskType row and no handler of that name"
 
-    # --- the gates -------------------------------------------------------------------------
     def _admit(
         self, claimed: Claimed, task: Task, config: TaskTypeConfig, arguments: Arguments
     ) -> Callable[[], None] | None:
@@ -224,9 +211,10 @@ class Executor:
         return partial(gate.release, holder)
 
     def _due_at_its_turn(self, claimed: Claimed, task: Task, key_token: str | None) -> None:
-        """Bring a task the rate limit just deferred to its turn as its limiter holds it now (gone: due now)."""
-        # A follow-up of a change made since the denial (by another consumer, or by this one's
-        # refresh after its settings were read) may have scanned the delayed set before this landed.
+        """Bring a task the rate limit just deferred to its turn as its limiter holds it now (gone: due now).
+
+        A follow-up of a limit changed since the denial may have scanned the delayed set before it landed.
+        """
         try:
             due_us, now_us = self.settler.redis(
                 lambda: self.broker.limits.rate_deferred(task.type, key_token, task.id, claimed.queue), "defer"
@@ -240,12 +228,10 @@ class Executor:
         member = delayed_member(task.priority, claimed.raw)
         self.settler.redis(lambda: self.broker.limits.bring_forward(claimed.queue, {member: due_ms}), "defer")
 
-    # --- the start -------------------------------------------------------------------------
     def _record_start(
         self, claimed: Claimed, task: Task, config: TaskTypeConfig, handler: Handler, arguments: Arguments
     ) -> int | NotStarted:
-        """Count the attempt and record its start (RUNNING record, metrics: a rate admission's once its handler
-        begins); return the task's attempt limit, or why it must not start."""
+        """Count the attempt and record its start; return the task's attempt limit, or why it must not start."""
         if claimed.receipt == records.SUPERSEDED:
             return NotStarted.SUPERSEDED
         task.attempt = min(max(task.attempt, 0) + 1, INT32_MAX)  # below 0 reads as 0; int32's end stays there
@@ -272,12 +258,10 @@ class Executor:
             return NotStarted.CANCELLED
         if reply == records.SUPERSEDED:
             return NotStarted.SUPERSEDED
-        # The write may have waited for Redis (or this process been stopped meanwhile): a lease
-        # lost since is the reaper's to hand on, and this run's record is fenced off by then.
+        # The write may have waited for Redis: a lease lost since is the reaper's, this record fenced off.
         if self.lease_check is not None and not self.lease_check(claimed):
             return NotStarted.LEASE_LOST
-        # A suspect's start is made durable before its handler runs (a death from now on is the
-        # task's fault); not if the lease lapsed first: the run must not start, the task is not blamed.
+        # A suspect's start is durable before its handler runs: a death from now on is the task's fault.
         if claimed.suspect and not self.settler.redis(
             lambda: self.broker.queue.mark_started(claimed.queue, claimed.consumer_id, claimed.raw), "mark_started"
         ):
@@ -292,7 +276,6 @@ class Executor:
         logger.info("stopping: a task that %s went back to pending unstarted", waited)
         return False
 
-    # --- the run ---------------------------------------------------------------------------
     def _run(
         self,
         claimed: Claimed,
@@ -337,13 +320,11 @@ class Executor:
             return True
         metrics.BUSY_WORKERS.inc()
         try:
-            # A child the handler forked exits as the handler returns: it must not settle the task too.
             call = partial(self.invoke, handler, context, arguments, lambda: clock.timeout_error, begin)
             with tracing.current(span):  # the handler's own spans nest under the run's
                 value, raised = call_with_clock(clock, partial(call_unforked, call))
         finally:
             metrics.BUSY_WORKERS.dec()
-            # Its last progress goes before the outcome: the batcher keeps the order.
             self.time_limits.end(context.control)
         if clock.abandoned:  # settled by the time limits when it outlived its hard limit
             tracing.end_run(span, tracing.ABANDONED, clock.timeout_error or clock.cancel_error)
@@ -385,7 +366,6 @@ class Executor:
     ) -> Coroutine[Any, Any, Any]:
         """The coroutine of an `async def` handler's run, cancelled with TaskTimeout at `timeout_s`."""
         # The handler's coroutine is made only as it begins: one closed before leaves none unawaited.
-        # What calling it raises fails the run like a raise (retried), never as a settling failure.
         start: Callable[[], Awaitable[Any]]
         if handler.django_task is None:
 
@@ -413,8 +393,7 @@ class Executor:
         on_settled: Callable[[], None],
         on_loop: bool,
     ) -> bool:
-        """Settle a lane's run, once it left the watch. On the loop, only a success the ack batcher takes without
-        waiting (else False: a failure, settled on a settling thread)."""
+        """Settle a lane's run; on the loop, only a success the batcher takes without waiting (else False)."""
         claimed, task, config, control = run.claimed, run.task, run.config, run.context.control
         if on_loop and workflows.is_member(task.headers):
             return False  # recording its end in its workflow waits on Redis: not on the loop
@@ -451,8 +430,7 @@ async def _raising(error: BaseException) -> NoReturn:
 async def as_current[T](
     context: TaskContext, start: Callable[[], Awaitable[T]], span: tracing.RunSpan | None = None
 ) -> T:
-    """Await what `start()` returns, with `context` as what `tasks_app.context.current()` returns in it (and
-    `span` as the current span)."""
+    """Await what `start()` returns, with `context` and `span` current."""
     with running(context), tracing.current(span):
         return await start()
 

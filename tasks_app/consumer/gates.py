@@ -1,11 +1,7 @@
-"""The gates a task passes before it starts: its type's rate limit, then its concurrency cap.
+"""The gates a task passes before it starts: its type's rate limit (GCRA on the server clock), then its concurrency cap.
 
-Rate limits: GCRA decided in one atomic script on the server clock (lua/rate_limit.lua), so the
-limit holds across every consumer; docs/PROTOCOL.md proves the bound.
-
-Concurrency caps (`max_running`): a run holds one of the type's permits under this consumer's lease
-(renewed by every heartbeat, lapsing with it). A task that finds none free is deferred, no attempt
-used, and queued as a waiter; a freed permit wakes the oldest waiter at once.
+A run holds one of its type's permits under this consumer's lease; a task that finds none free is
+deferred, no attempt used, and queued as a waiter that a freed permit wakes.
 """
 
 from __future__ import annotations
@@ -36,7 +32,6 @@ from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
 
 logger = logging.getLogger(__name__)
 
-# --- rate limits -----------------------------------------------------------------------------------
 # Slack sigma widens GCRA's emission interval (at most 5% of the rate). Half lets a woken task start
 # up to sigma/2 early; the other half is the start margin: an admitted task's handler must begin
 # within it or wait again (StartMissed), so the limit holds at the handlers' starts.
@@ -47,8 +42,7 @@ MAX_SLACK_US = 50_000
 MIN_START_MARGIN_US = 5_000
 # Of the start margin, what calling the handler may take once its worker checked the time.
 CALL_ALLOWANCE_US = 1_000
-# How many values of a keyed limit a type notes, so that a change of the limit follows up their
-# deferred tasks; those of further values wait out their turns.
+# How many values of a keyed limit a type notes, so that a change of the limit moves their deferred tasks.
 MAX_FOLLOWED_KEY_VALUES = 100
 
 
@@ -61,8 +55,7 @@ class RatePolicy:
     period_us: int
     emission_us: int
     tolerance_us: int
-    # How long after its admission a task's handler may begin (see SLACK_FRACTION).
-    start_margin_us: int
+    start_margin_us: int  # how long after its admission a task's handler may begin
 
     @classmethod
     def for_config(cls, config: TaskTypeConfig) -> RatePolicy:
@@ -108,8 +101,8 @@ def check_start(start_by: float) -> None:
 
 
 def _bounded_period_s(period_s: float) -> float:
-    """The period within the admin's bounds: a row updated around them (0, 1e300, NaN) must not fail every task."""
-    if period_s != period_s:  # NaN: no period at all, read as the strictest
+    """The period within the admin's bounds (NaN read as the strictest)."""
+    if period_s != period_s:
         return RATE_PERIOD_MAX_S
     return min(max(period_s, RATE_PERIOD_MIN_S), RATE_PERIOD_MAX_S)
 
@@ -123,13 +116,10 @@ class RateLimiter:
         self.broker = broker
         if follows is not None:  # a limit changed in the admin moves the tasks waiting for it at once
             follows.on_change.append(self.follow)
-        # Set when the consumer stops: a gate waiting out a Redis outage then raises GaveUp and
-        # the task stays in the processing list, where the lease recovers it. Never lost.
-        self.give_up = give_up or threading.Event()
+        self.give_up = give_up or threading.Event()  # set: a wait for Redis raises GaveUp, the lease recovers
         # Until when (monotonic s) each (type, key token) of a keyed limit is known noted by `rate_keyed`.
         self._noted_until: dict[tuple[str, str], float] = {}
         self._notes_lock = threading.Lock()
-        # Per type, a failure to note its values (Redis away, a misconfigured key) met at every denial.
         self._note_problem: ProblemLog[str] = ProblemLog(logger)
 
     def __call__(self, task: Task, config: TaskTypeConfig, key_token: str | None = None) -> Admission:
@@ -157,8 +147,7 @@ class RateLimiter:
         except Exception as exc:  # those values follow at their next decisions (removed: run at their turns)
             logger.warning("could not read the rate-limited values of %s: %s", config.name, exc)
             values = []
-        # Whichever consumer the change listed queues for, every one that noticed it follows them
-        # up (one at a time, see follow_up): if that one dies, another finishes.
+        # Every consumer that noticed the change follows it up (one at a time): if one dies, another finishes.
         if changed := [key_token for key_token in [None, *values] if self._notice(config, key_token)]:
             self._start_following(config.name, changed)
 
@@ -181,8 +170,7 @@ class RateLimiter:
         noted, now_s = (config.name, key_token), time.monotonic()
         if self._noted_until.get(noted, 0.0) >= now_s + lives_us / 1e6:
             return  # an earlier note still covers this denial's turn
-        # One period of headroom: a note covers the denials of half a period (the other half is the
-        # margin by which this clock may run ahead of the server's).
+        # One period of headroom: half for denials, half for this clock running ahead of the server's.
         try:
             noting = self.broker.limits.rate_keyed(
                 config.name, key_token, lives_us + policy.period_us, MAX_FOLLOWED_KEY_VALUES
@@ -223,7 +211,6 @@ class RateLimiter:
             logger.info("rate limit of %s changed: %d waiting task(s) moved to their new turns", task_type, moved)
 
 
-# --- concurrency caps ------------------------------------------------------------------------------
 # Idle permit sets and waiter lists expire after this long (at least), counted from their last write.
 MIN_IDLE_KEEP_MS = 60_000
 
@@ -240,8 +227,7 @@ class ConcurrencyGate:
         self, broker: Broker, renew_broker: Broker, lease_s: float, recheck_s: float, give_up: threading.Event
     ) -> None:
         self.broker = broker
-        # The heartbeat's own connection: renewals go out right after the lease's, never behind a busy worker.
-        self.renew_broker = renew_broker
+        self.renew_broker = renew_broker  # the heartbeat's own connection: never behind a busy worker
         self.lease_ms = int(lease_s * 1000)
         self.recheck_s = recheck_s
         self.idle_ms = max(MIN_IDLE_KEEP_MS, 4 * self.lease_ms, int(4000 * recheck_s))
@@ -261,9 +247,7 @@ class ConcurrencyGate:
         )
         metrics.CONCURRENCY_DECISIONS.labels(task.type, "allowed" if taken else "denied").inc()
         self._wake(woken)
-        if taken:
-            # Renewed only from now: a renewal after a Redis restart puts back the holders it is sent,
-            # and must not create one whose permit was refused. Taken, it is good for a lease anyway.
+        if taken:  # renewed only now: a renewal after a Redis restart puts back a permit, never makes one
             with self._lock:
                 self._held[holder] = permits
         return holder if taken else None

@@ -60,12 +60,9 @@ logger = logging.getLogger(__name__)
 
 HEALTH_CHECK_S = 10.0
 TIME_LIMITS_TICK_S = 0.1
-# How often a stop cuts the blocking claims short again while it waits for the claimers to end.
-INTERRUPT_AGAIN_S = 0.2
-# What a consumer exits with when a key of ours that it starts with is misconfigured (EX_CONFIG).
-EXIT_MISCONFIGURED = 78
-# How often a worker holding a task looks again whether the lease was renewed.
-LEASE_WAIT_S = 0.05
+INTERRUPT_AGAIN_S = 0.2  # how often a stop cuts the blocking claims short again
+EXIT_MISCONFIGURED = 78  # EX_CONFIG: a key of ours that it starts with is misconfigured
+LEASE_WAIT_S = 0.05  # how often a worker holding a task looks again whether the lease was renewed
 
 
 class Consumer:
@@ -83,8 +80,7 @@ class Consumer:
         options.validate()
         self.options = options
         broker = broker or Broker.from_settings(resend=False)  # a lost claim reply is ours to reconcile
-        # A broker carries its consumer's instance token with every settle: one shared by two consumers
-        # would carry only the last one's, and the other's settles would find their tasks not held.
+        # A broker carries its consumer's instance token with every settle: never shared by two consumers.
         self.broker = copy.copy(broker) if broker.queue.instance else broker
         # Its own connection, so busy workers never delay it; a hung renewal fails well within the lease.
         self.heartbeat_broker = heartbeat_broker or Broker.from_settings(
@@ -94,19 +90,18 @@ class Consumer:
         self.instance = self.broker.queue.instance = uuid.uuid4().hex
         base_id = options.consumer_id or default_consumer_id()  # a lost lease moves it on to <base>.<n>
         self.capacity = Capacity(options.concurrency, options.prefetch)
-        self.held = HeldTasks(self.capacity)  # handed to workers and not let go of, and the suspect turn
+        self.held = HeldTasks(self.capacity)
         self.task_types = TaskTypeCache(age_gauge=metrics.TASK_TYPES_AGE)
         self.work: queue_module.SimpleQueue[Claimed] = queue_module.SimpleQueue()
         self.stop_requested, self.claiming_stopped = threading.Event(), threading.Event()
         self.loops_stopped, self.workers_stop, self.give_up = threading.Event(), threading.Event(), threading.Event()
         self._claimers: list[threading.Thread] = []
         self._blocking: list[ClaimerLoop] = []  # the claimers whose blocking waits a stop cuts short
-        self._changes: list[Changes] = []  # the tracked connections of the claimer and the scheduler
+        self._changes: list[Changes] = []  # tracked connections
         self._loops: list[threading.Thread] = []
         self._busy, self._busy_lock = 0, threading.Lock()
         self.exit_code = 0  # what `leave` asks for (process mode)
         self.acks = AckBatcher(self.broker, self.give_up, together=self.held.together)
-        # Its permits are renewed with the lease, on the heartbeat's connection.
         concurrency = ConcurrencyGate(
             self.broker, self.heartbeat_broker, options.lease_s, settings.TASKS_THROTTLE_RECHECK_S, self.give_up
         )
@@ -127,12 +122,11 @@ class Consumer:
         )
         self.time_limits = self.executor.time_limits
         self.guard = ProcessGuard(options, self.time_limits.fail_hung, self.leave)
-        self.misconfigured = Misconfigured()  # the loops whose last pass met a key of ours of another type
+        self.misconfigured = Misconfigured()
         stale_after_s = max(2 * HEALTH_CHECK_S, options.lease_s)
         self.liveness = Liveness(options.health_file, stale_after_s, self.task_types.age_s, self.misconfigured.loops)
         recorder = partial(record_reaped, self.broker, self.task_types, give_up=self.stop_requested)
         self.reaper = ReaperLoop(self.broker, options.queues, options.lease_s, recorder)
-        # Ids left after a lease lost on some queues only, kept there while they hold tasks.
         self.retiring = RetiringIds(self.heartbeat_broker, options.lease_s, self.held.raws, self.instance)
         self.membership = Membership(
             self.broker,
@@ -147,12 +141,10 @@ class Consumer:
             give_up=self.give_up,
             on_new_id=partial(setattr, self.executor, "worker_id"),  # its settles name the new id
         )
-        # Burst mode's question; the queues not registered on count as idle.
         self._queues_idle = IdleCheck(self.broker, options.queues, lambda: self.membership.current()[1])
 
     def claimer(self, queue: str, claims: Broker | None = None, waits: WaitConnection | None = None) -> ClaimerLoop:
-        """The claimer of one of its queues (claiming through `claims`, a tracked connection's broker, if given;
-        blocking on `waits`, a connection a stop cuts short, if given)."""
+        """The claimer of one of its queues (see ClaimerLoop)."""
         return ClaimerLoop(
             queue,
             self.broker,
@@ -166,8 +158,7 @@ class Consumer:
         )
 
     def _key_changes(self, *names: str) -> Changes | None:
-        """What tells a loop of changes to the keys `names` of its queues (see tracking.py); None where Redis
-        cannot tell (an in-process fake)."""
+        """What tells a loop of changes to the keys `names` of its queues; None where Redis cannot tell (a fake)."""
         client: Any = self.broker.client
         changes: Changes
         if isinstance(client, redis.RedisCluster):
@@ -183,12 +174,9 @@ class Consumer:
         return changes
 
     def _start_claiming(self) -> None:
-        """One claimer thread for every queue, told of changes by Redis; on one queue, or where Redis cannot tell
-        (an in-process fake), a blocking claimer per queue."""
+        """One claimer thread for every queue, told of changes by Redis; on one queue, a blocking claimer."""
         queues = self.options.queues
-        # Redis tells every consumer that read a queue of each push to it, and each then claims: with many
-        # consumers on one queue, a task would cost a claim per idle consumer. A blocking move is handed
-        # to one waiting consumer: on one queue, where a blocking claimer waits on nothing else, it is used.
+        # Tracking tells every idle consumer of a push, where a blocking move wakes only one: on one queue it wins.
         changes = self._key_changes("pending", "prioritized", "suspects", "paused") if len(queues) > 1 else None
         if changes is None:
             if self.options.weights:
@@ -212,7 +200,6 @@ class Consumer:
         """The id it claims under: the one registered last."""
         return self.membership.consumer_id
 
-    # --- running ---------------------------------------------------------------------------
     def dispatch(self, claimed: Sequence[Claimed]) -> None:
         """Hand claimed tasks to the workers (or straight back, if we are stopping)."""
         self.held.took(claimed)
@@ -228,8 +215,7 @@ class Consumer:
                 claimed = self.work.get(timeout=0.2)
             except queue_module.Empty:
                 continue
-            if not self._lease_holds(claimed):
-                # Claimed under an identity whose lease was lost: the reaper owns it now.
+            if not self._lease_holds(claimed):  # claimed under an id whose lease was lost: the reaper's now
                 self.held.finished([claimed])
                 continue
             with self._busy_lock:  # read where the stop counts the running: it waits for this run, or we see it
@@ -352,14 +338,9 @@ class Consumer:
             self.request_stop, self.options.grace_s, supervised=self.options.supervisor_beat is not None
         )
 
-    # --- stopping --------------------------------------------------------------------------
     def shutdown(self) -> int:
-        """Stop claiming, return unstarted tasks, let running ones finish within the grace period (from now), then
-        give up on those still running (each uses an attempt: a task outliving every grace period is not run for good).
-
-        With Redis away the return is given up once the grace period is over (the lease then
-        recovers those tasks) instead of holding the stop until Redis is back.
-        """
+        """Stop claiming, return unstarted tasks, let running ones finish within the grace period, then give up on
+        those still running (each uses an attempt). With Redis away, the lease recovers what could not be returned."""
         grace_over = threading.Event()
         timer = threading.Timer(self.options.grace_s, grace_over.set)
         timer.daemon = True

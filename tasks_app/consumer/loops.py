@@ -1,10 +1,6 @@
-"""Background loops of a consumer (each `run_once()` callable by tests), how they ride out Redis
-outages, its liveness and readiness, and the HTTP endpoint serving them and its metrics.
+"""A consumer's background loops, how they ride out Redis outages, its liveness and readiness, and its HTTP endpoint.
 
-A call is retried with backoff until Redis takes it (`until_done`); a deterministic error surfaces at
-once. A pass failing on a misconfigured key is said once and makes `/readyz` red until one passes.
-Burst mode exits once nothing is left to claim: paused queues, and queues the consumer is not
-registered on, count as idle.
+A pass failing on a misconfigured key is said once and makes `/readyz` red until one passes.
 """
 
 from __future__ import annotations
@@ -18,7 +14,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Sequence
-from functools import partial
 from pathlib import Path
 from socketserver import ThreadingMixIn
 from typing import Any, Protocol
@@ -47,9 +42,7 @@ logger = logging.getLogger(__name__)
 class Loop(Protocol):
     """One duty of a consumer: `run_once()` does a bit of it and says how long to sleep."""
 
-    # One that renews a lease sets `max_backoff_s`: after a Redis restart reapers wait only one lease of
-    # uptime, and a renewal backing off past that (up to MAX_BACKOFF_S) would get a live consumer reaped.
-
+    # One that renews a lease sets `max_backoff_s`: backing off past a lease would get a live consumer reaped.
     name: str
 
     def run_once(self) -> float: ...
@@ -64,7 +57,7 @@ class Misconfigured:
 
     def note(self, loop: str, *, failed: bool) -> None:
         """Note whether `loop`'s last pass failed on a misconfigured key."""
-        if failed or loop in self._loops:
+        if failed or loop in self._loops:  # (no lock taken on the common path)
             with self._lock:
                 (self._loops.add if failed else self._loops.discard)(loop)
 
@@ -126,19 +119,13 @@ def start_thread(loop: Loop, stop: threading.Event, misconfigured: Misconfigured
 
 
 class SchedulerLoop:
-    """Moves due delayed tasks into pending, waking when the next one is due; trims dead letters, samples backlogs.
-
-    With `changes` (a tracked connection) a queue is looked at only when its next task is due or Redis says
-    its delayed tasks changed: idle, it sends nothing. Without, every queue is looked at every MAX_SLEEP_S.
-    """
+    """Moves due delayed tasks into pending, trims dead letters, samples backlogs; idle and tracked, it is silent."""
 
     name = "scheduler"
     MAX_SLEEP_S = 0.25
     BATCH = 1000
-    # Its chores, each this often (s): the backlog chart, which has a point a minute, is sampled (at least
-    # once in any minute); dead letters are trimmed (a dead-letter set may exceed its caps by what dies
-    # meanwhile); the history index keys are given their time to live again (days, by default: a key a result
-    # write made without one gets it within ten minutes).
+    # Its chores, each this often (s): backlog samples (the chart has a point a minute), dead-letter trims, and
+    # the history index keys' time to live (a key a result write made without one gets it within ten minutes).
     SAMPLE_EVERY_S, TRIM_EVERY_S, TTL_EVERY_S = 45.0, 60.0, 600.0
 
     def __init__(
@@ -151,8 +138,7 @@ class SchedulerLoop:
     ) -> None:
         self.broker = broker
         self.queues = list(queues)
-        # The tasks deferred while their type was disabled are woken once the settings are read, then
-        # whenever a refresh finds a type enabled again: idle, this costs Redis nothing.
+        # Tasks deferred while their type was disabled wake once the settings are read, then as a type is enabled.
         self.types = types
         self._wake = types is not None
         if types is not None:
@@ -226,10 +212,8 @@ class SchedulerLoop:
 
     def trim_dead_letters(self) -> int:
         """Apply the dead-letter caps (count and age) to every queue; return how many were dropped."""
-        trim = partial(
-            self.broker.inspect.trim_dead, max_count=self.dead_letter_max, max_age_s=self.dead_letter_max_age_s
-        )
-        return sum(map(trim, self.queues))
+        trim = self.broker.inspect.trim_dead
+        return sum(trim(q, max_count=self.dead_letter_max, max_age_s=self.dead_letter_max_age_s) for q in self.queues)
 
 
 class HousekeepingLoop:
@@ -270,10 +254,10 @@ class Ticker:
 # --- Redis outages ---------------------------------------------------------------------------------
 FIRST_BACKOFF_S = 0.1
 MAX_BACKOFF_S = 5.0
-# Failures in a row, with Redis answering PING (a cluster serving all its keys), after which a write
-# is taken as refused: a cluster failing over answers PING yet refuses writes for seconds.
+# Failures in a row, with Redis answering PING, after which a write is taken as refused (not 1: a cluster
+# failing over answers PING yet refuses writes for seconds).
 REFUSED_AFTER = 3
-# Per `what`, the outage a retried call met, said by the first call to meet it and ended by the first one through.
+# Per `what`, the outage a retried call met, said once.
 _OUTAGES: ProblemLog[str] = ProblemLog(logger)
 
 
@@ -342,7 +326,6 @@ class Liveness:
         task_types_age_s: Callable[[], float] | None = None,
         misconfigured: Callable[[], list[str]] | None = None,
     ) -> None:
-        """`task_types_age_s`: since the task types were read (inf before); `misconfigured`: see Misconfigured."""
         self.path = Path(path) if path else None
         self.stale_after_s = stale_after_s
         self._last_ok = float("-inf")
@@ -351,9 +334,9 @@ class Liveness:
         self._file_problem: ProblemLog[str] = ProblemLog(logger)  # met at every beat while it lasts
 
     def beat(self) -> None:
-        """Record a successful check now (and touch the health file, saying once if it cannot be)."""
+        """Record a successful check now, and touch the health file (one it cannot touch goes stale)."""
         self._last_ok = time.monotonic()
-        if self.path is not None:  # one it cannot touch is not the consumer's failure: its probe sees a stale file
+        if self.path is not None:
             touch(self.path, self._file_problem, "health file")
 
     def age_s(self) -> float:
@@ -392,7 +375,7 @@ class IdleCheck:
         self._problem: ProblemLog[str] = ProblemLog(logger)
 
     def __call__(self) -> bool:
-        """True once no queue has tasks in flight and only those it may not claim from have tasks waiting (logged)."""
+        """True once no queue has tasks in flight and only those it may not claim from have tasks waiting."""
         try:
             claimable = self.claimable()
             stats = [self.broker.inspect.queue_stats(queue) for queue in self.queues]
@@ -465,8 +448,7 @@ def make_app(liveness: Liveness, registry: CollectorRegistry = REGISTRY) -> Call
 def serve_consumer_metrics(
     liveness: Liveness, broker: Broker, queues: Sequence[str], port: int, addr: str = METRICS_HOST
 ) -> WSGIServer:
-    """Serve metrics and `liveness` on `addr:port` (an IPv4 or IPv6 address, or a host name) from a daemon thread,
-    with the depths of a consumer's `queues`."""
+    """Serve metrics, with the depths of `queues`, and `liveness` on `addr:port` from a daemon thread."""
     addr = addr.removeprefix("[").removesuffix("]")  # [::1] as in a URL
     server_class = _ThreadingServer6 if ":" in addr else _ThreadingServer
     server = make_server(addr, port, make_app(liveness), server_class, handler_class=_QuietHandler)

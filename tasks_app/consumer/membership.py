@@ -1,13 +1,8 @@
-"""A consumer's membership of its queues: its identity, its lease and heartbeat, its registration, the
-ids it retires, and the reaper that recovers what dead members held.
+"""A consumer's membership of its queues: its identity, lease and heartbeat, registration, retiring ids, and the reaper.
 
-Identity: a restarted `--consumer-id` must not run beside a live holder of that id. A holder of this
-host whose process is gone is dead now (its list is recovered at once); any other is waited for
-until it deregisters or its lease lapses.
-
-Retiring: on Redis Cluster a consumer can lose its lease on one queue only. It takes a new id
-everywhere, and renews the old one where it still holds runs until they are settled, so no reaper
-re-runs them while they go on.
+A restarted `--consumer-id` waits for a live holder of that id (one of this host whose process is
+gone is dead now). A consumer that lost its lease on some queues only takes a new id and renews the
+old one where it still holds runs, so no reaper re-runs them while they go on.
 """
 
 from __future__ import annotations
@@ -31,9 +26,7 @@ from tasks_app.protocol.leases import LeaseHolder
 
 logger = logging.getLogger(__name__)
 
-# --- the lease ----------------------------------------------------------------------------
-# A renewal's socket and connect timeouts, as a share of the lease: a hung renewal fails fast
-# and is retried (at the same pace) well before the lease runs out.
+# A renewal's socket timeouts, as a share of the lease: a hung renewal fails and is retried well within it.
 HEARTBEAT_TIMEOUT_SHARE = 1 / 6
 # Tasks start only while the last renewal is younger than the lease less this share of it.
 LEASE_MARGIN_SHARE = 1 / 6
@@ -44,11 +37,9 @@ class LeaseClock:
 
     def __init__(self, lease_s: float, on_renewal: Callable[[], None] = lambda: None) -> None:
         self.lease_s = lease_s
-        # Called after each renewal: what else lives under the lease (concurrency permits) is renewed with it.
-        self.on_renewal = on_renewal
-        # (consumer id, when its lease was last renewed), replaced whole: `fresh`, asked several
-        # times per task by every worker, reads it without a lock (a lock held by a thread the
-        # interpreter switches away from stalls every worker until that thread runs again).
+        self.on_renewal = on_renewal  # renews what else lives under the lease (concurrency permits)
+        # (consumer id, when last renewed), replaced whole: `fresh`, asked several times per task by every
+        # worker, reads it without a lock (one held by a thread switched away from stalls every worker).
         self._renewal: tuple[str, float] = ("", float("-inf"))
         self._lock = threading.Lock()  # one renewal at a time
 
@@ -64,7 +55,7 @@ class LeaseClock:
         return self.fresh_for_s(consumer_id) > 0
 
     def fresh_for_s(self, consumer_id: str) -> float:
-        """How long the lease of `consumer_id` surely holds from now without another renewal (s; 0 or less: not)."""
+        """How long the lease of `consumer_id` surely holds from now without a renewal (s; 0 or less: not)."""
         current_id, renewed_at = self._renewal
         if consumer_id != current_id:
             return 0.0
@@ -87,7 +78,6 @@ class ReaperLoop:
         self.queues = list(queues)
         self.lease_s = lease_s
         self.on_dead_lettered = on_dead_lettered
-        # Per queue, the page of tombstones to examine next (besides the newest, every time).
         self._tombstone_offsets = dict.fromkeys(self.queues, 0)
 
     def run_once(self) -> float:
@@ -111,16 +101,14 @@ class ReaperLoop:
             moved += outcome.requeued + len(outcome.dead_lettered)
             if outcome.requeued:
                 metrics.TASKS_RECOVERED.labels(queue).inc(outcome.requeued)
-                logger.warning(
-                    "recovered %d task(s) of dead consumer %s on queue %s", outcome.requeued, consumer_id, queue
-                )
+                message = "recovered %d task(s) of dead consumer %s on queue %s"
+                logger.warning(message, outcome.requeued, consumer_id, queue)
             if outcome.dead_lettered:
                 self.on_dead_lettered(queue, outcome.dead_lettered)
             if not outcome.remaining:
                 return moved
 
 
-# --- identity --------------------------------------------------------------------------------------
 # How often a consumer waiting for its id looks again whether the holder let go.
 HOLDER_RECHECK_S = 0.25
 
@@ -134,13 +122,13 @@ def pid_namespace() -> str:
 
 
 def default_consumer_id() -> str:
-    """`<host>-<pid>-<6 hex>`, the host's name cut to the characters an id may hold (reapers skip any other id)."""
+    """`<host>-<pid>-<6 hex>`, the host's name cut to the characters an id may hold."""
     host = re.sub(r"[^A-Za-z0-9_.:-]", "-", socket.gethostname())[:120] or "host"
     return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 def process_info(options: ConsumerOptions, prefetch_max: int, instance: str) -> dict[str, Any]:
-    """What a consumer registers beside its lease: who it is (`instance`: its renewals' token), and how it runs."""
+    """What a consumer registers beside its lease: who it is, and how it runs."""
     return {
         "instance": instance,
         "host": socket.gethostname(),
@@ -204,13 +192,8 @@ def wait_until_free(
         logger.warning("consumer id %s is free: starting", consumer_id)
 
 
-# --- membership -----------------------------------------------------------------------------------
 class Membership:
-    """A consumer's id, the queues it is registered on under it, and its lease there.
-
-    `run_once` is the heartbeat: it renews the lease every third of it, on its own connection. Where
-    the lease is lost, the consumer moves on to a new id (`lease_lost`).
-    """
+    """A consumer's id, the queues it is registered on, and its lease there; `run_once` is the heartbeat."""
 
     name = "heartbeat"
 
@@ -238,12 +221,11 @@ class Membership:
         self.base_id = base_id
         self.reaper = reaper  # it recovers an earlier run's tasks too, as an id is registered
         self.retiring = retiring
-        self.info = info  # what the consumer registers beside its lease
-        self.instance = instance  # the token registered in the info, sent with each renewal (see heartbeat.lua)
+        self.info = info
+        self.instance = instance  # the token sent with each renewal (see heartbeat.lua)
         self.give_up = give_up
         self.on_new_id = on_new_id
         self._generation = 0  # of the ids taken after a lost lease
-        # Held while the id, or the queues registered under it, change.
         self.lock = threading.RLock()
         self._current: tuple[str, tuple[str, ...]] = (base_id, ())  # replaced whole: read without the lock
         self._listed_at = float("-inf")  # when the queues were last added to the queue set (monotonic s)
@@ -264,8 +246,7 @@ class Membership:
         return queue in self._current[1]
 
     def register(self, consumer_id: str | None = None) -> None:
-        """Recover what an earlier run under `consumer_id` (default: the current id) left behind, then register it
-        on every queue: it is the current id now."""
+        """Recover what an earlier run under `consumer_id` (default: the current) left, then register it everywhere."""
         with self.lock:
             consumer_id = consumer_id or self.consumer_id
             for queue in self.queues:
@@ -309,7 +290,6 @@ class Membership:
             new_id = f"{self.base_id}.{self._generation}"
             message = "consumer %s lost its lease on %s (presumed dead there, or its renewal refused); continuing as %s"
             logger.error(message, lost_id, ",".join(lost_on), new_id)
-            # Tombstoned: reapers sweep what it held there.
             until_done(lambda: self.broker.leases.abandon(registered, lost_id), what="abandon", give_up=self.give_up)
             # Registered before it is the current id: a claim under it unregistered would be refused (and the id lost).
             until_done(lambda: self.register(new_id), what="register", give_up=self.give_up)
@@ -328,7 +308,6 @@ class Membership:
                 logger.error("could not deregister from %s (the lease will expire): %s", queue, exc)
 
 
-# --- retiring ids ----------------------------------------------------------------------------------
 class RetiringIds:
     """Renews a lost id's leases on the queues where it still holds tasks, and deregisters it once it holds none."""
 
@@ -337,7 +316,7 @@ class RetiringIds:
     def __init__(self, broker: Broker, lease_s: float, held: Callable[[str, str], Sized], instance: str = "") -> None:
         self.broker = broker
         self.lease_s = lease_s
-        self.instance = instance  # the consumer's renewal token (see heartbeat.lua)
+        self.instance = instance
         self.held = held  # (queue, consumer id) -> the tasks this consumer holds, claimed under it there
         self.max_backoff_s = lease_s / 6  # renewals are retried at twice their pace while Redis is away
         self._queues: dict[str, list[str]] = {}

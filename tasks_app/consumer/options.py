@@ -6,12 +6,10 @@ from tasks_app.protocol.keys import validate_name
 
 # Longest lease or grace period (s): beyond it a thread's join or wait overflows the platform's time_t.
 MAX_DURATION_S = 7 * 86400
-# Bounds of the counts: a thread each (concurrency), tasks held ahead, coroutines, processes of a group.
 MAX_CONCURRENCY = 1024
 MAX_PREFETCH = 1000
 MAX_ASYNC_CONCURRENCY = 100_000
 MAX_PROCESSES = 256
-# Highest weight of a queue in weighted order (`--weight Q=N`).
 MAX_WEIGHT = 1000
 
 
@@ -20,7 +18,6 @@ class ConsumerOptions:
     """How a consumer runs; `runconsumer` flags map onto these one to one."""
 
     queues: list[str] = field(default_factory=lambda: ["default"])
-    # Weighted order (`--weight Q=N`, unnamed queues weigh 1); none: the queues in the order given.
     weights: dict[str, int] = field(default_factory=dict)
     concurrency: int = 8
     prefetch: int | None = None  # tasks claimed beyond the running ones; None: automatic (claiming.py)
@@ -30,7 +27,7 @@ class ConsumerOptions:
     burst: bool = False
     block_s: float = 2.0
     health_file: str | None = None
-    scheduler: bool = True  # run the periodic scheduler (runconsumer --no-scheduler: False)
+    scheduler: bool = True
     # Process mode (see supervisor.py): recycling, hard limits, the beat file.
     max_tasks: int | None = None
     max_memory_mb: int | None = None
@@ -38,12 +35,10 @@ class ConsumerOptions:
     supervisor_beat: str | None = None
     supervisor_pid: int | None = None  # the process that started this one (its parent once it is gone: init)
     supervisor_lifeline: int | None = None  # a pipe's read end: at its EOF the supervisor is gone
-    # Coroutine handlers running at once on the consumer's event loop (async_lane.py).
     async_concurrency: int = 100
 
     def __post_init__(self) -> None:
-        # A queue named twice (`--queue a --queue a`) is one queue: two claimers of one queue under one id
-        # would each take the other's fresh claims for strays of a lost reply and return them, to run twice.
+        # A queue named twice is one queue: two claimers under one id would each return the other's claims as strays.
         self.queues = list(dict.fromkeys(self.queues))
 
     def validate(self) -> None:

@@ -28,17 +28,13 @@ from tasks_app.registry import Registry, registry as default_registry
 
 logger = logging.getLogger(__name__)
 
-# Never wake sooner than this after a pass (a slot is fired once its time has come on the server).
 MIN_SLEEP_S = 0.005
 # A slot the script found still ahead (the server clock stepped back) is tried again no sooner than this.
 EARLY_RETRY_MS = 100
 
 
 class PeriodicLoop:
-    """Fires the due slot of every enabled schedule and sleeps until the nearest next slot (or the refresh).
-
-    Its first pass writes the TASKS_PERIODIC schedules to their rows (and each pass until that succeeds once).
-    """
+    """Fires the due slot of every enabled schedule, sleeping until the nearest next slot; syncs TASKS_PERIODIC."""
 
     name = "periodic"
 
@@ -55,14 +51,11 @@ class PeriodicLoop:
         self.broker = broker
         self.refresh_s = refresh_s
         self.grace_ms = int(grace_s * 1000)
-        # What is wrong with each schedule, logged once until it changes (not at every reload and slot).
-        self._problems = ScheduleProblems(logger)
-        # The database away at every refresh, or at every pass that has to sync the code schedules.
+        self._problems = ScheduleProblems(logger)  # what is wrong with each schedule, said once
         self._reload_problem: ProblemLog[str] = ProblemLog(logger)
         self._synced = False
         self._load = load or functools.partial(load_configs, problems=self._problems)
-        # Slots are computed on the Redis server's clock (the one the fire script decides on), so a
-        # consumer whose own clock is off neither fires early nor finds every slot late.
+        # Slots are computed on the Redis server's clock, the one the fire script decides on.
         self._clock_ms = clock_ms or broker.inspect.server_time_ms
         self._registry = registry
         self._configs: Sequence[PeriodicConfig] = ()
@@ -70,11 +63,9 @@ class PeriodicLoop:
         # Per schedule, the last slot handled and the last one fired, as Redis last told.
         self._handled: dict[str, int] = {}
         self._fired: dict[str, int] = {}
-        # Per schedule this loop could not fire (EnqueueError, a refused script), the first slot it
-        # failed since its last reply: what lateness counts from when no fired run is known.
+        # Per schedule it could not fire, the first slot failed since: lateness counts from it if none fired.
         self._failing_since: dict[str, int] = {}
-        # Per schedule, when to look at it again (and for which schedule that was computed): a pass
-        # computes slots only for the schedules due, however many there are.
+        # Per schedule, when to look at it again: a pass computes slots only for the schedules due.
         self._next_look: dict[str, tuple[Schedule, int]] = {}
         # Per schedule, the slot after the lateness gauges' reference slot, keyed by schedule and reference.
         self._following: dict[str, tuple[tuple[Schedule, int], int | None]] = {}
@@ -98,8 +89,7 @@ class PeriodicLoop:
         now_ms, read_at = self._clock_ms(), time.monotonic()
         wake_ms = now_ms + int(self.refresh_s * 1000)
         for config in self._configs:
-            # The server's now as the pass goes on: a long pass (or a pause of this process in it)
-            # must not fire a slot that newer ones have already followed.
+            # The server's now as the pass goes on: a long pass must not fire a slot newer ones followed.
             at_ms = now_ms + int((time.monotonic() - read_at) * 1000)
             try:
                 wake_ms = min(wake_ms, self._look(config, at_ms))
@@ -135,8 +125,7 @@ class PeriodicLoop:
         self._configs = configs
 
     def _look(self, config: PeriodicConfig, now_ms: int) -> int:
-        """If the time to look at `config` again has come (or its schedule changed), fire its due slot unless this
-        loop has seen it handled; return when to look at it again."""
+        """Fire `config`'s due slot if it is time to look at it and the slot is not handled; when to look again."""
         look = self._next_look.get(config.name)
         if look is None or look[0] != config.schedule or look[1] <= now_ms:
             due_ms = config.schedule.latest_at_or_before(now_ms)
@@ -163,8 +152,7 @@ class PeriodicLoop:
         except (EnqueueError, RedisError) as exc:
             if isinstance(exc, RedisError) and is_transient(exc):
                 raise  # Redis away or busy: the loop's runner backs off
-            # A run that cannot be enqueued, or this schedule's own key or arguments (a foreign key of
-            # another type): not retried by this consumer, the next slot tries again; the others go on.
+            # Not retried by this consumer: the next slot tries again; the other schedules go on.
             message = "periodic task %s: slot %d not fired (said again only if this changes): %s"
             self._problems.failed(config.name, "firing", config.saved_ms, str(exc), message, config.name, slot_ms, exc)
             self._handled[config.name] = slot_ms
@@ -206,9 +194,7 @@ class PeriodicLoop:
     def _report_lateness(self, config: PeriodicConfig, now_ms: int) -> None:
         """Set the gauges: how late the slot after the last fired one is, and the gap to it."""
         reference_ms = self._fired.get(config.name, -1)
-        if reference_ms < 0:
-            # A consumer started since the schedule last fired, if it cannot fire it either, knows no
-            # fired run: count from its first failed slot, not the last (which would read on time).
+        if reference_ms < 0:  # no fired run known: count from the first failed slot (the last would read on time)
             reference_ms = self._failing_since.get(config.name, self._handled.get(config.name, -1))
         key = (config.schedule, reference_ms)
         cached = self._following.get(config.name)

@@ -1,8 +1,6 @@
 """Settling a run in Redis: ack, retry later, defer, dead-letter or cancel, with the metrics and log line of each.
 
-Whatever goes wrong while settling, the task is settled here at last (`dead_letter_after_error`):
-a task this consumer holds never stays in its processing list unsettled. When a failed task runs
-again is the retry policy below (exponential backoff with jitter, or the delay its handler asked for).
+Whatever goes wrong while settling, the task is dead-lettered at last (`dead_letter_after_error`).
 """
 
 from __future__ import annotations
@@ -41,8 +39,7 @@ from tasks_app.task_types import TaskTypeCache, TaskTypeConfig
 
 logger = logging.getLogger("tasks_app.tasks")
 
-# Metric label of task types that are neither a TaskType row nor a registered handler: a type
-# name read from Redis must not create a label set of its own.
+# Metric label of a type that is neither a TaskType row nor a handler: no label set per name read from Redis.
 UNKNOWN_TYPE_LABEL = "_unknown"
 # The message of a task's outcome line: its id, type, outcome and attempt.
 LOG_EVENT_FORMAT = "task %s %s %s (attempt %d)"
@@ -51,9 +48,7 @@ MAX_ERROR_MESSAGE_BYTES = 16 * 1024
 # A task that waited here unstarted this long asks for cancels before it starts (see claim receipts).
 CANCEL_CHECK_S = 0.25
 
-# --- the retry policy ----------------------------------------------------------------------
 MAX_BACKOFF_S = 3600.0
-# The largest power of two a float holds: an envelope may allow far more attempts than that.
 MAX_DOUBLINGS = 1023
 
 
@@ -94,7 +89,7 @@ def log_fields(task: Task, outcome: str) -> dict[str, Any]:
 
 
 def _wrapped(claimed: Claimed, last_error: str, reason: str) -> Task:
-    """A task holding claimed bytes as they are (they are not a task, or not one we can settle) for its dead letter."""
+    """A task holding claimed bytes as they are, for their dead letter."""
     return Task(
         id=str(uuid.uuid4()),
         type=UNDECODABLE_TYPE,
@@ -122,17 +117,13 @@ class Settler:
         self.registry = registry
         self.task_types = task_types
         self.result_ttl_s = result_ttl_s
-        # RUNNING records and acks of successful runs go out in shared round trips: the worker moves on at once.
         self.acks = acks
-        # Set when the consumer stops: settling then gives up on an absent Redis (the lease
-        # recovers the task); until then a finished task is never left in limbo.
+        # Set when the consumer stops: settling then gives up on an absent Redis (the lease recovers the task).
         self.give_up = give_up or threading.Event()
         self.max_result_bytes = int(settings.TASKS_MAX_RESULT_BYTES)
-        # No retry is due sooner (s): set once this process gave up on a hung run and is leaving,
-        # so that no copy of a task starts elsewhere while its hung handler still runs here.
+        # No retry is due sooner (s): set once this process gave up on a hung run and is leaving.
         self.retry_floor_s = 0.0
 
-    # --- a run's outcome -------------------------------------------------------------------
     def settle_outcome(
         self,
         claimed: Claimed,
@@ -144,8 +135,7 @@ class Settler:
         duration: float,
         on_settled: Callable[[], None] | None,
     ) -> bool:
-        """Settle a run that returned `value` or failed with `error` (retried, or dead-lettered if it has no attempt
-        left or failed for good); True if the ack batcher calls `on_settled`."""
+        """Settle a run that returned `value` or failed with `error`; True if the ack batcher calls `on_settled`."""
         if not isinstance(error, StartMissed):
             metrics.of_run(task.type, task.queue).duration.observe(duration)
         if error is None:
@@ -235,8 +225,7 @@ class Settler:
         on_settled: Callable[[], None] | None,
         release: UniqueRelease | None = None,
     ) -> bool:
-        """Have the ack batcher write `update` and ack the task (freeing `release` if it was still held), then call
-        `on_settled`; True."""
+        """Have the ack batcher write `update`, ack the task (freeing `release`), then call `on_settled`; True."""
 
         def acked(held: bool | None) -> None:
             if on_settled is not None:
@@ -244,8 +233,7 @@ class Settler:
             if held is False:
                 self._ack_lost(claimed, task)
 
-        # Logged by one thread after the flush (workers contending for the log handler's lock
-        # cost more than the line), once the batch's room is back for the claimer.
+        # Logged by one thread after the flush: workers contending for the log handler's lock cost more.
         log = partial(self._log_event, task, outcome, duration_s)
         self.acks.ack(claimed.queue, claimed.consumer_id, claimed.raw, update, acked, log, release)
         return True
@@ -274,22 +262,15 @@ class Settler:
             self._ack_lost(claimed, task)
         metrics.TASKS_DEAD_LETTERED.labels(self.type_label(task.type), task.queue).inc()
 
-    # --- tasks that do not run -------------------------------------------------------------
     def dead_letter(
         self, claimed: Claimed, task: Task, error_name: str, reason: str, config: TaskTypeConfig | None = None
     ) -> None:
-        """Dead-letter a task that cannot run at all (no attempt is used); of a known type (`config`), it failed
-        for good, so its unique key is freed."""
+        """Dead-letter a task that cannot run at all (no attempt used), freeing the unique key of a known type."""
         reason = clean_text(reason, MAX_ERROR_MESSAGE_BYTES)
         task.last_error = f"{error_name}: {reason}"
         task.dead_reason = reason
         self._dead_letter_final(claimed, task, records.error_record(error_name, reason), config)
-        logger.warning(
-            "task %s dead-lettered: %s",
-            task.id,
-            reason,
-            extra=log_fields(task, "dead_lettered"),
-        )
+        logger.warning("task %s dead-lettered: %s", task.id, reason, extra=log_fields(task, "dead_lettered"))
 
     def dead_letter_after_error(self, claimed: Claimed, error: BaseException) -> None:
         """The last resort: dead-letter a task whose settling failed, with the error as its reason."""
@@ -351,12 +332,11 @@ class Settler:
         self, claimed: Claimed, task: Task, wait_ms: int, reason: str, record: ResultUpdate | None = None
     ) -> None:
         """Put a task back in the delayed set without using an attempt (writing `record`, if given, with the move)."""
-        # Unstarted again: its receipt is withdrawn, so that a cancel while it waits cancels it outright.
+        # Its receipt withdrawn: a cancel while it waits cancels it outright.
         withdrawn = record or withdrawal(claimed, task, self.result_ttl_s + wait_ms // 1000 + 1)
         self._retry_later(claimed, task, claimed.raw, wait_ms, withdrawn, "defer")
         metrics.TASKS_DEFERRED.labels(task.type, task.queue, reason).inc()
 
-    # --- cancels ---------------------------------------------------------------------------
     def cancelled(
         self,
         claimed: Claimed,
@@ -366,8 +346,7 @@ class Settler:
         duration_s: float | None = None,
         update: ResultUpdate | None = None,
     ) -> bool:
-        """Ack a cancelled task, CANCELLED and not retried: one cancelled before it started if `duration_s` is None
-        (`update`: its record's write, if it is not CANCELLED yet), else a run whose handler raised TaskCancelled."""
+        """Ack a cancelled task (before it started if `duration_s` is None, else its handler raised TaskCancelled)."""
         metrics.TASKS_CANCELLED.labels(self.type_label(task.type), task.queue).inc()  # its type may be gone
         kept_s = self.kept_s(task, records.CANCELLED)
         if duration_s is not None:
@@ -381,7 +360,7 @@ class Settler:
     def drop_if_cancelled_while_held(
         self, claimed: Claimed, task: Task, config: TaskTypeConfig, on_settled: Callable[[], None] | None
     ) -> bool | None:
-        """Drop a receipted task that waited here unstarted for CANCEL_CHECK_S or more if it was cancelled meanwhile."""
+        """Drop a receipted task that waited here CANCEL_CHECK_S or more if it was cancelled meanwhile."""
         if claimed.receipt is None or time.monotonic() - claimed.claimed_at_s < CANCEL_CHECK_S:
             return None
         [mark] = self.redis(lambda: self.broker.control.cancel_marks(task.queue, [task.id]), "cancel_marks")
@@ -392,10 +371,8 @@ class Settler:
         )
         return self.cancelled(claimed, task, config, on_settled, update=cancelled)
 
-    # --- writes ----------------------------------------------------------------------------
     def workflow_end(self, claimed: Claimed, task: Task, outcome: str, value_json: str) -> None:
-        """Record the end of a workflow's task, while this run owns it, and push what it started: before the ack,
-        so a kill in between leaves the task to be settled, and recorded, again."""
+        """Record the end of a workflow's task while this run owns it: before the ack, so a kill re-records it."""
         if workflows.is_member(task.headers):
             owner = Owner(claimed.queue, claimed.consumer_id, claimed.raw)
             self.redis(lambda: workflows.task_ended(self.broker, task.headers, outcome, value_json, owner), "workflow")
@@ -408,8 +385,7 @@ class Settler:
         """The uniqueness key that settling `task` for good frees, if its type holds keys until then."""
         if not holds_unique_until_finished(task, config):
             return None
-        # Once this process gave up on a hung run, such a run may still go on until the process is
-        # gone: the key is freed only then, as no retry is due sooner.
+        # A hung run given up on may go on until the process is gone: the key is freed only then.
         return UniqueRelease(task.unique_digest, task.id, math.ceil(self.retry_floor_s * 1000))
 
     def type_label(self, type_name: str) -> str:
@@ -424,8 +400,7 @@ class Settler:
 
     def _settle(self, what: str, move: Callable[[ResultUpdate | None], bool], update: ResultUpdate | None) -> bool:
         """Move a task on (ack, retry, defer, dead letter) with its run's record `update` in one call; False if lost."""
-        # If Redis keeps refusing the two (over maxmemory), the move alone, which takes the task out of
-        # the list first; then the record, fenced by the run. Refused too, the last resort settles it.
+        # If Redis keeps refusing the two (over maxmemory): the move alone, then the record, fenced by the run.
         try:
             return self.redis(lambda: move(update), what)
         except WriteRefused as exc:
@@ -492,8 +467,7 @@ class Settler:
             return
         duration = round(duration_s, 6) if duration_s is not None else None
         fields = {**log_fields(task, outcome), "duration_s": duration, **extra}
-        # makeRecord + handle is what logger.log does, less its search of the stack for the caller's
-        # file and line (no format of ours shows them): a line per task, thousands a second.
+        # logger.log less its search of the stack for the caller (no format of ours shows it): thousands a second.
         args = (task.id, task.type, outcome, task.attempt)
         logger.handle(logger.makeRecord(logger.name, level, "", 0, LOG_EVENT_FORMAT, args, None, extra=fields))
 
@@ -520,24 +494,19 @@ def record_reaped(
         error = records.error_record("ConsumerDied", task.dead_reason)
         kept_s = task_types.kept_for_s(task.type, records.FAILED, int(settings.TASKS_RESULT_TTL))
         update = records.attempt_failed(task, error, at_ms, kept_s, final=True, dead_reason=task.dead_reason)
-        try:
-            until_done(partial(broker.records.record_result, update), what="record_result", give_up=give_up)
-        except Exception as exc:
-            reaped_logger.error("could not record dead-lettered task %s as failed: %s", task.id, exc)
+        # Each write whether or not the one before it could be made: the task is dead either way.
+        writes: list[tuple[str, Callable[[], object], str]] = [
+            ("record_result", partial(broker.records.record_result, update), "could not record %s as failed: %s")
+        ]
         if workflows.is_member(task.headers):  # it failed for good: its workflow learns it (no run owns it now)
             value = workflows.failed_value(task.id, task.last_error or task.dead_reason)
-            try:
-                until_done(
-                    partial(workflows.task_ended, broker, task.headers, workflows.FAILED, value),
-                    what="workflow",
-                    give_up=give_up,
-                )
-            except Exception as exc:
-                reaped_logger.error("could not record dead-lettered task %s in its workflow: %s", task.id, exc)
-        # Whether or not its record could be written: the task is dead either way.
+            ended = partial(workflows.task_ended, broker, task.headers, workflows.FAILED, value)
+            writes.append(("workflow", ended, "could not record %s in its workflow: %s"))
         if holds_unique_until_finished(task, task_types.get(task.type)):
+            release = partial(broker.control.release_unique, queue, task.unique_digest, task.id)
+            writes.append(("release_unique", release, "could not free the uniqueness key of %s: %s"))
+        for what, write, failure in writes:
             try:
-                release = partial(broker.control.release_unique, queue, task.unique_digest, task.id)
-                until_done(release, what="release_unique", give_up=give_up)
+                until_done(write, what=what, give_up=give_up)
             except Exception as exc:
-                reaped_logger.error("could not free the uniqueness key of dead-lettered task %s: %s", task.id, exc)
+                reaped_logger.error(failure, f"dead-lettered task {task.id}", exc)

@@ -1,17 +1,9 @@
-r"""Process mode and stop signals: `runconsumer --processes N` starts N consumer processes and keeps them running.
+"""Process mode and stop signals: `runconsumer --processes N` starts N consumer processes and keeps them running.
 
-Each child is a fresh `runconsumer` (no fork) with an id of its own, `<id>-<n>`, which a replacement
-reuses to recover at once what its predecessor held. A child beats on an unlinked file (a SIGKILLed
-supervisor leaves nothing on disk) and holds the read end of a pipe only the supervisor writes: at
-its EOF the child stops gracefully. A child whose beat stops advancing is killed and replaced.
-
-A child leaves with `EXIT_RECYCLE` (`--max-tasks-per-child`, `--max-memory-per-child`) or
-`EXIT_HARD_LIMIT` (a handler outlived its timeout or forced cancel by `--timeout-grace`), and is
-replaced at once (`ProcessGuard`); one that crashes is replaced after a backoff.
-
-Signals, as in Celery and gunicorn: SIGTERM, SIGINT and SIGHUP (unless ignored at start, `nohup`)
-stop gracefully, a second one exits at once, SIGQUIT exits at once. A supervised child gets each
-signal twice (from the group and from its supervisor), so only the supervisor acts on a second one.
+Each child is a fresh `runconsumer` with the id `<id>-<n>`, which its replacement reuses to recover at
+once what it held. A child beats on an unlinked file (killed and replaced once the beat stops) and
+stops at the EOF of a pipe only the supervisor writes. Signals as in Celery and gunicorn: SIGTERM,
+SIGINT and SIGHUP stop gracefully, a second one (or SIGQUIT) exits at once.
 """
 
 from __future__ import annotations
@@ -38,7 +30,6 @@ from tasks_app.problem_log import ProblemLog
 
 logger = logging.getLogger(__name__)
 
-# --- the supervisor --------------------------------------------------------------------------------
 # A child whose beat is older than this is wedged: killed and replaced.
 STALL_S = 10.0
 # How long a child may take to start beating (Django's start-up on a loaded machine).
@@ -53,8 +44,8 @@ HEALTH_EVERY_S = 1.0
 # Where a process names its own open files (a container's /dev may lack the fd link; /proc then has it).
 FD_DIR = Path("/dev/fd") if Path("/dev/fd").is_dir() else Path("/proc/self/fd")
 
+# The argv of child `n`, which touches the given beat file and watches the lifeline fd for EOF.
 ChildCommand = Callable[[int, Path, int], Sequence[str]]
-"""The argv of child `n`, which touches the given beat file and watches the lifeline fd for EOF."""
 
 
 @dataclass
@@ -67,8 +58,7 @@ class Child:
     started_at: float = 0.0
     backoff_s: float = 0.0
     start_at: float = 0.0
-    # Sent SIGTERM since the group began stopping.
-    told: bool = False
+    told: bool = False  # sent SIGTERM since the group began stopping
     # The beat file's last mtime seen (ns), and when (monotonic): a wall-clock step never looks like a stall.
     beat_mtime: int | None = None
     beat_seen_at: float = 0.0
@@ -167,12 +157,8 @@ class Supervisor:
         if returncode is not None:
             self._exited(child, returncode)
         elif self._stalled(child):
-            logger.error(
-                "consumer process %d (pid %d) stopped beating for %g s (wedged): killing it",
-                child.index,
-                child.process.pid,
-                STALL_S,
-            )
+            message = "consumer process %d (pid %d) stopped beating for %g s (wedged): killing it"
+            logger.error(message, child.index, child.process.pid, STALL_S)
             child.process.kill()
 
     def _start(self, child: Child) -> None:
@@ -185,9 +171,8 @@ class Supervisor:
             child.process = subprocess.Popen(argv, env=env, pass_fds=(child.beat_file.fileno(), self._lifeline))
         except OSError as exc:  # fork refused (a process limit, memory): a crash at start, not the group's end
             self._back_off(child, lived_s=0.0)
-            logger.error(
-                "consumer process %d could not start: %s; trying again in %.1f s", child.index, exc, child.backoff_s
-            )
+            message = "consumer process %d could not start: %s; trying again in %.1f s"
+            logger.error(message, child.index, exc, child.backoff_s)
             return
         child.started_at = time.monotonic()
         logger.info("consumer process %d started (pid %d)", child.index, child.process.pid)
@@ -217,14 +202,8 @@ class Supervisor:
             child.backoff_s, child.start_at = 0.0, time.monotonic()
             return
         self._back_off(child, lived_s)
-        logger.error(
-            "consumer process %d (pid %d) %s after %.1f s; replacing it in %.1f s",
-            child.index,
-            pid,
-            describe_exit(returncode),
-            lived_s,
-            child.backoff_s,
-        )
+        message = "consumer process %d (pid %d) %s after %.1f s; replacing it in %.1f s"
+        logger.error(message, child.index, pid, describe_exit(returncode), lived_s, child.backoff_s)
 
     @staticmethod
     def _back_off(child: Child, lived_s: float) -> None:
@@ -249,7 +228,6 @@ class Supervisor:
         touch(self.health_file, self._health_problem, "group's health file")
 
 
-# --- a child of the supervisor ---------------------------------------------------------------------
 EXIT_RECYCLE = 75
 EXIT_HARD_LIMIT = 76
 # Beyond the waits of a leaving consumer's shutdown, what its exit may take at most (s).
@@ -269,8 +247,7 @@ def rss_mb() -> float:
 
 
 def exit_within_s(options: ConsumerOptions) -> float:
-    """How long a consumer that leaves may still take to exit: Consumer.shutdown waits for its
-    claimers (block_s + 1), its running tasks (grace_s) and its last acks (grace_s + 5)."""
+    """How long a leaving consumer may take to exit: its claimers, running tasks and last acks (see shutdown)."""
     return options.block_s + 1 + options.grace_s + options.grace_s + 5 + EXIT_MARGIN_S
 
 
@@ -330,10 +307,8 @@ class ProcessGuard:
             if beat is not None:
                 if os.getppid() != self._parent:
                     self.leave(0, "its supervisor is gone: stopping")
-                # A beat file it cannot touch must not end this thread: it must see its supervisor gone.
                 touch(beat, self._beat_problem, "beat file")
-            # Only after a run (as Celery does): a process over the limit from its start still runs a
-            # task, so a group whose every fresh process is over it goes on instead of only restarting.
+            # Only after a run, as in Celery: a group whose every fresh process is over it still runs tasks.
             limit = self.options.max_memory_mb
             if limit is not None and self._ran and (used := rss_mb()) > limit:
                 self.leave(EXIT_RECYCLE, f"uses {used:.0f} MB, over --max-memory-per-child {limit} MB: recycling")
@@ -352,7 +327,6 @@ class ProcessGuard:
         self.leave(0, "its supervisor is gone: stopping")
 
 
-# --- stop signals ----------------------------------------------------------------------------------
 # The consumer's own logger: these lines were always the consumer's.
 stop_logger = logging.getLogger("tasks_app.consumer.lifecycle")
 
@@ -367,8 +341,7 @@ def graceful_signals() -> list[signal.Signals]:
 
 
 def install_stop_signals(request_stop: Callable[[], None], grace_s: float, *, supervised: bool = False) -> None:
-    """Graceful signals call `request_stop` once; one SIGNAL_ECHO_S later exits now, unless `supervised`; SIGQUIT
-    exits now (its supervisor passes on SIGTERM only, so a child's SIGQUIT is always meant)."""
+    """Graceful signals call `request_stop`; a second one exits now unless `supervised`; SIGQUIT exits now."""
     first_signal_at: list[float] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

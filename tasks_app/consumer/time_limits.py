@@ -1,13 +1,8 @@
 """What bounds a running handler, and what watches it: its time limits, cancels, progress, and forks it made.
 
-Soft time limits and forced cancels are TaskTimeout or TaskCancelled raised inside the run's own
-thread, between two bytecodes (a C call finishes first). The run stays held by its worker until the
-handler returns, so a retry never overlaps it. In process mode a run that outlives the exception by
-a grace period is abandoned and its process replaced (`RunClock.abandon`). A run on the asyncio lane
-keeps the same books in its clock: its timeout is raised on its loop, and it is given up on alike.
-
-A child a handler forked that returns from the handler would go on as a broken copy of the consumer
-and settle its parent's runs too: it exits at once with FORKED_CHILD_EXIT, having written nothing.
+Timeouts and forced cancels are raised inside the run's own thread; the run stays held until the
+handler returns, so a retry never overlaps it. In process mode a run that outlives that by a grace
+period is abandoned and its process replaced. A child a handler forked exits as the handler returns.
 """
 
 from __future__ import annotations
@@ -39,7 +34,7 @@ PROGRESS_EVERY_S = 0.25
 
 
 def _set_async_exc(thread_id: int, exc_type: type[BaseException] | None) -> None:
-    # None clears an exception not yet delivered (the run returned in the meantime).
+    """Raise `exc_type` in a thread at its next bytecode; None clears one not yet delivered."""
     ctypes.pythonapi.PyThreadState_SetAsyncExc(
         ctypes.c_ulong(thread_id), ctypes.py_object(exc_type) if exc_type is not None else ctypes.c_void_p(0)
     )
@@ -52,17 +47,12 @@ class RunClock:
     timeout_s: float | None
     thread_id: int = field(default_factory=threading.get_ident)
     started_monotonic: float = field(default_factory=time.monotonic)
-    # The timeout, once the watchdog raised it in the handler's thread.
-    timeout_error: TaskTimeout | None = None
-    # A forced cancel, once raised in the handler's thread.
-    cancel_error: TaskCancelled | None = None
-    # When the timeout or the forced cancel was raised in the thread (monotonic).
-    interrupted_monotonic: float = 0.0
+    timeout_error: TaskTimeout | None = None  # once raised in the handler's thread
+    cancel_error: TaskCancelled | None = None  # a forced cancel, once raised there
+    interrupted_monotonic: float = 0.0  # when either was
     returned: bool = False
-    # Settled while its handler still ran (a hard limit or a forced cancel in process mode, or a stop).
-    abandoned: bool = False
-    # Set by call_with_clock once an exception raised in the thread is sure to be caught there.
-    armed: bool = False
+    abandoned: bool = False  # settled while its handler still ran (a hard limit or a stop)
+    armed: bool = False  # an exception raised in the thread is sure to be caught by call_with_clock
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def overdue(self, now_monotonic: float) -> bool:
@@ -116,8 +106,7 @@ class RunClock:
             return True
 
     def finish(self) -> bool:
-        """Mark the handler returned (called by its own thread): no interrupt may arrive after this. True the
-        first time, unless the run was given up on first (its end is then not settled)."""
+        """Mark the handler returned (by its own thread): no interrupt arrives after; True unless settled already."""
         with self.lock:
             if self.returned:
                 return False
@@ -182,27 +171,21 @@ class Running:
     # What a hard limit needs to settle the run from another thread (process mode).
     claimed: Claimed
     config: TaskTypeConfig
-    # How a forced cancel stops it: TaskCancelled raised where it runs (in its thread, through its clock, or
-    # on the asyncio lane's loop).
-    force_stop: Callable[[], object]
+    force_stop: Callable[[], object]  # raises TaskCancelled where it runs (its thread, or the lane's loop)
     # A run on the asyncio lane: how it is settled once given up on (else by the settler, from here).
     settle_given_up: Callable[[BaseException | None, float], None] | None = None
     span: RunSpan | None = None  # its `process` span, ended once it is settled
 
 
 class TimeLimits:
-    """The runs of an executor being watched: their time limits, forced cancels, cancel requests and progress.
-
-    Ticked by the housekeeping loop, it reads cancels for every queue with running tasks in one round
-    trip per CANCEL_CHECK_S and writes progress at most every PROGRESS_EVERY_S per task.
-    """
+    """The runs of an executor being watched: their time limits, forced cancels, cancel requests and progress."""
 
     def __init__(self, settler: Settler) -> None:
         self.settler = settler
         self.running: dict[RunControl, Running] = {}
         self._lock = threading.Lock()
         self.starts_closed = False  # set (under the lock) when a stop's grace period ends: no run starts after
-        self._hung_settlers: list[threading.Thread] = []  # threads settling the runs given up on
+        self._hung_settlers: list[threading.Thread] = []
         self._checked_at = self._progress_at = float("-inf")
 
     def begin(self, run: Running) -> bool:
@@ -221,7 +204,6 @@ class TimeLimits:
             self._write_progress(run)
 
     def _write_progress(self, run: Running) -> None:
-        """Write the progress the handler set since the last write, if any."""
         progress = run.context.control.take_progress()
         if progress is not None:
             task, ttl_s = run.task, self.settler.result_ttl_s
@@ -280,8 +262,7 @@ class TimeLimits:
 
     def fail_hung(self, grace_s: float, exit_within_s: float) -> int:
         """Give up on every run still going `grace_s` after its TaskTimeout (failed) or forced cancel (cancelled)."""
-        # Process mode only: the process exits soon after, so no retry is due before it is gone, and
-        # the claim's fence makes the handler's late outcome harmless.
+        # Process mode only: no retry is due before the process is gone; the fence voids a late outcome.
         now = time.monotonic()
         with self._lock:
             runs = [run for run in self.running.values() if run.clock.abandon(grace_s, now)]
@@ -316,8 +297,7 @@ class TimeLimits:
             return sum(1 for run in self.running.values() if run.clock.abandoned)
 
     def _settle_apart(self, runs: list[Running], error: BaseException | None, exit_within_s: float) -> int:
-        """Settle runs given up on, on a thread of its own, each with the forced cancel or timeout due in it, else
-        `error`; how many. No retry is due before this process is gone."""
+        """Settle runs given up on, on a thread of its own; how many. No retry is due before this process is gone."""
         if not runs:
             return 0
         self.settler.retry_floor_s = max(self.settler.retry_floor_s, exit_within_s)
@@ -342,7 +322,6 @@ class TimeLimits:
         return len(runs)
 
 
-# --- forks -----------------------------------------------------------------------------------------
 # EX_SOFTWARE: the handler that forked returned into the consumer, a bug of the handler.
 FORKED_CHILD_EXIT = 70
 
