@@ -353,12 +353,11 @@ class Consumer:
         if still_running := self._running():
             # No retry of theirs is due before this process is surely gone (as after a hard limit).
             interrupted = self.time_limits.interrupt_running(self.options.grace_s, exit_within_s(self.options))
-            logger.warning(
+            message = (
                 "grace period over with %d task(s) still running: %d run(s) given up on, each failed with "
-                "TaskInterrupted (an attempt used)",
-                still_running,
-                interrupted,
+                "TaskInterrupted (an attempt used)"
             )
+            logger.warning(message, still_running, interrupted)
         joined_by = time.monotonic() + self.options.block_s + 1
         for thread in self._claimers:  # a claim landing meanwhile is returned by `dispatch`
             while thread.is_alive() and time.monotonic() < joined_by:

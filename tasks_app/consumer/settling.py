@@ -304,11 +304,8 @@ class Settler:
         except GaveUp:
             raise
         except Exception:
-            logger.exception(
-                "could not dead-letter a task of queue %s; it stays held until the lease of consumer %s is lost",
-                claimed.queue,
-                claimed.consumer_id,
-            )
+            message = "could not dead-letter a task of queue %s; it stays held until the lease of consumer %s is lost"
+            logger.exception(message, claimed.queue, claimed.consumer_id)
             return
         metrics.TASKS_DEAD_LETTERED.labels(label, claimed.queue).inc()
 
@@ -318,13 +315,9 @@ class Settler:
         wrapper = _wrapped(claimed, f"UndecodableTask: {problem}", reason)
         held = self._dead_letter_raw(claimed, encode_task(wrapper), None)
         metrics.TASKS_DEAD_LETTERED.labels(UNDECODABLE_TYPE, claimed.queue).inc()
-        logger.warning(
-            "%d undecodable bytes on queue %s dead-lettered: %s",
-            len(claimed.raw),
-            claimed.queue,
-            problem,
-            extra={"task_id": wrapper.id, "queue": claimed.queue, "outcome": "dead_lettered"},
-        )
+        extra = {"task_id": wrapper.id, "queue": claimed.queue, "outcome": "dead_lettered"}
+        message = "%d undecodable bytes on queue %s dead-lettered: %s"
+        logger.warning(message, len(claimed.raw), claimed.queue, problem, extra=extra)
         if not held:
             metrics.ACKS_LOST.labels(claimed.queue).inc()
 
@@ -453,13 +446,11 @@ class Settler:
 
     def _ack_lost(self, claimed: Claimed, task: Task) -> None:
         metrics.ACKS_LOST.labels(claimed.queue).inc()
-        logger.warning(
+        message = (
             "task %s was no longer held by consumer %s (its lease expired and it was recovered); "
-            "its outcome here was not applied",
-            task.id,
-            claimed.consumer_id,
-            extra=log_fields(task, "ack_lost"),
+            "its outcome here was not applied"
         )
+        logger.warning(message, task.id, claimed.consumer_id, extra=log_fields(task, "ack_lost"))
 
     def _log_event(self, task: Task, outcome: str, duration_s: float | None, **extra: Any) -> None:
         level = logging.INFO if outcome == "succeeded" else logging.WARNING
@@ -485,12 +476,8 @@ def record_reaped(
             continue
         task.queue = queue  # an envelope's empty or other queue: where it died wins, as for a run
         metrics.TASKS_DEAD_LETTERED.labels(task.type, queue).inc()
-        reaped_logger.error(
-            "task %s dead-lettered: %s",
-            task.id,
-            task.dead_reason,
-            extra={"task_id": task.id, "type": task.type, "queue": queue, "outcome": "dead_lettered"},
-        )
+        extra = {"task_id": task.id, "type": task.type, "queue": queue, "outcome": "dead_lettered"}
+        reaped_logger.error("task %s dead-lettered: %s", task.id, task.dead_reason, extra=extra)
         error = records.error_record("ConsumerDied", task.dead_reason)
         kept_s = task_types.kept_for_s(task.type, records.FAILED, int(settings.TASKS_RESULT_TTL))
         update = records.attempt_failed(task, error, at_ms, kept_s, final=True, dead_reason=task.dead_reason)

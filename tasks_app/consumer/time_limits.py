@@ -251,13 +251,11 @@ class TimeLimits:
         for run in overdue:
             if run.clock.interrupt():
                 interrupted += 1
-                logger.warning(
+                message = (
                     "task %s exceeded its timeout of %g s: TaskTimeout raised in its handler; "
-                    "it stays held until the handler returns",
-                    run.task.id,
-                    run.clock.timeout_s,
-                    extra=log_fields(run.task, "timed_out"),
+                    "it stays held until the handler returns"
                 )
+                logger.warning(message, run.task.id, run.clock.timeout_s, extra=log_fields(run.task, "timed_out"))
         return interrupted
 
     def fail_hung(self, grace_s: float, exit_within_s: float) -> int:
