@@ -482,18 +482,19 @@ def record_reaped(
         kept_s = task_types.kept_for_s(task.type, records.FAILED, int(settings.TASKS_RESULT_TTL))
         update = records.attempt_failed(task, error, at_ms, kept_s, final=True, dead_reason=task.dead_reason)
         # Each write whether or not the one before it could be made: the task is dead either way.
+        record = partial(broker.records.record_result, update)
         writes: list[tuple[str, Callable[[], object], str]] = [
-            ("record_result", partial(broker.records.record_result, update), "could not record %s as failed: %s")
+            ("record_result", record, "could not record dead-lettered task %s as failed: %s")
         ]
         if workflows.is_member(task.headers):  # it failed for good: its workflow learns it (no run owns it now)
             value = workflows.failed_value(task.id, task.last_error or task.dead_reason)
             ended = partial(workflows.task_ended, broker, task.headers, workflows.FAILED, value)
-            writes.append(("workflow", ended, "could not record %s in its workflow: %s"))
+            writes.append(("workflow", ended, "could not record dead-lettered task %s in its workflow: %s"))
         if holds_unique_until_finished(task, task_types.get(task.type)):
             release = partial(broker.control.release_unique, queue, task.unique_digest, task.id)
-            writes.append(("release_unique", release, "could not free the uniqueness key of %s: %s"))
+            writes.append(("release_unique", release, "could not free the uniqueness key of dead-lettered task %s: %s"))
         for what, write, failure in writes:
             try:
                 until_done(write, what=what, give_up=give_up)
             except Exception as exc:
-                reaped_logger.error(failure, f"dead-lettered task {task.id}", exc)
+                reaped_logger.error(failure, task.id, exc)
