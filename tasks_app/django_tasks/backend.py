@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from contextlib import suppress
 from traceback import format_exception
 from typing import Any
 
@@ -26,6 +27,7 @@ from tasks_app.protocol.records import CANCELLED, ResultRecord, datetime_of_ms
 from tasks_app.registry import Handler, Registry, registry
 
 KNOWN_OPTIONS = {"ENQUEUE_ON_COMMIT"}
+CANCELLED_ERROR_PATH = "tasks_app.exceptions.TaskCancelled"
 NAME_HINT = "Use 1-100 characters from A-Z, a-z, 0-9 and _ . : -"
 
 logger = logging.getLogger(__name__)
@@ -58,9 +60,10 @@ class RedisBackend(BaseTaskBackend):
         """Validate, then push the task now, or when the current transaction commits."""
         self.validate_task(task)
         result = self._ready_result(task, args, kwargs)
+        # Everything is checked here, inside the caller's transaction; only the push waits. fresh_id: a new uuid4.
+        request = task_request(task, result.args, result.kwargs, task_id=result.id, fresh_id=True)
         try:
-            # Everything is checked here, inside the caller's transaction; only the push waits.
-            batch = prepare([_request(task, result)], registry=registry)
+            batch = prepare([request], registry=registry)
         except EnqueueError as exc:
             raise InvalidTask(str(exc)) from None
         broker = get_broker()
@@ -153,12 +156,6 @@ class RedisBackend(BaseTaskBackend):
         return messages
 
 
-def _request(task: Task, result: TaskResult[Any, Any]) -> TaskRequest:
-    """The producer's request for a django.tasks task, under the (fresh) id of its result."""
-    # fresh_id: a new uuid4, so no retry of an earlier request to check.
-    return task_request(task, result.args, result.kwargs, task_id=result.id, fresh_id=True)
-
-
 def task_request(task: Task, args: Any, kwargs: Any, **fields: Any) -> TaskRequest:
     """The producer's request for a django.tasks task with its arguments (`fields`: the request's other fields)."""
     run_after = task.run_after
@@ -199,8 +196,11 @@ def task_result_from_record(record: ResultRecord, task: Task, alias: str) -> Tas
         by = f" by {record.cancelled_by}" if record.cancelled_by else ""
         traceback = f"{CANCELLED_ERROR_PATH}: the task was cancelled{by}"
         errors.append(TaskError(exception_class_path=CANCELLED_ERROR_PATH, traceback=traceback))
+    # The task as it was enqueued; this process's backend may refuse that: the function is what matters.
+    with suppress(InvalidTask):
+        task = task.using(priority=record.priority, queue_name=record.queue or None, run_after=record.run_after)
     result: TaskResult = TaskResult(
-        task=_as_enqueued(task, record),
+        task=task,
         id=record.id,
         status=TaskResultStatus(status),
         enqueued_at=record.enqueued_at,
@@ -218,9 +218,6 @@ def task_result_from_record(record: ResultRecord, task: Task, alias: str) -> Tas
     return result
 
 
-CANCELLED_ERROR_PATH = "tasks_app.exceptions.TaskCancelled"
-
-
 def task_error(exc: BaseException) -> TaskError:
     """Django's record of an exception: its class path and its formatted traceback."""
     exception_type = type(exc)
@@ -228,11 +225,3 @@ def task_error(exc: BaseException) -> TaskError:
         exception_class_path=f"{exception_type.__module__}.{exception_type.__qualname__}",
         traceback="".join(format_exception(exc)),
     )
-
-
-def _as_enqueued(task: Task, record: ResultRecord) -> Task:
-    """The task with the priority, queue and run_after it was enqueued with."""
-    try:
-        return task.using(priority=record.priority, queue_name=record.queue or None, run_after=record.run_after)
-    except InvalidTask:  # this process's backend would not accept it; the function is what matters
-        return task

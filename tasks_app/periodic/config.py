@@ -24,8 +24,7 @@ class PeriodicConfig:
     args: list[Any] = field(default_factory=list)
     kwargs: dict[str, Any] = field(default_factory=dict)
     queue: str = ""  # empty: the task type's queue
-    # The task type's queue as read with the row, so a move of the type reaches the scheduler in
-    # the same snapshot as the save it makes to the rows that follow it (see TaskType.save).
+    # The type's queue read with the row: a move of the type reaches the scheduler with its rows (TaskType.save).
     type_queue: str = ""
     priority: int = 0
     catch_up: str = PeriodicTask.CatchUp.SKIP
@@ -35,17 +34,10 @@ class PeriodicConfig:
     @classmethod
     def from_model(cls, row: PeriodicTask) -> PeriodicConfig:
         """Snapshot a row; raise InvalidSchedule if its schedule cannot produce slots or its arguments are not JSON."""
-        # Saved past the admin (a shell, a migration, raw SQL: text that is not JSON loads as a string):
-        # firing it with other arguments than the row's would run a job nobody asked for.
+        # A row saved past the admin (raw SQL): firing other arguments than the row's would run a job nobody asked for.
         if errors := argument_errors(row.args, row.kwargs):
             raise InvalidSchedule(" ".join(errors.values()))
-        schedule = Schedule(
-            interval_s=row.interval_s,
-            cron=(row.cron or "").strip(),
-            timezone=row.timezone,
-            start_at=row.start_at,
-            end_at=row.end_at,
-        )
+        schedule = Schedule(row.interval_s, (row.cron or "").strip(), row.timezone, row.start_at, row.end_at)
         return cls(
             name=row.name,
             task_type=row.task_type.name,
@@ -70,9 +62,8 @@ def load_configs(*, problems: ScheduleProblems | None = None) -> list[PeriodicCo
     """Snapshot the enabled rows in one query; a row whose schedule is invalid (saved past the admin) is left out."""
     problems = problems or ScheduleProblems(logger)
     configs = []
-    names = set()
-    for row in PeriodicTask.objects.filter(enabled=True).select_related("task_type").order_by("name"):
-        names.add(row.name)
+    rows = list(PeriodicTask.objects.filter(enabled=True).select_related("task_type").order_by("name"))
+    for row in rows:
         try:
             configs.append(PeriodicConfig.from_model(row))
         except InvalidSchedule as exc:
@@ -80,5 +71,5 @@ def load_configs(*, problems: ScheduleProblems | None = None) -> list[PeriodicCo
             problems.failed(row.name, "schedule", ms_of_datetime(row.updated_at), str(exc), message, row.name, exc)
         else:
             problems.resolved(row.name, "schedule")
-    problems.keep_only(names)
+    problems.keep_only({row.name for row in rows})
     return configs

@@ -12,15 +12,13 @@ from tasks_app.protocol.periodic import ELSEWHERE, FireReply, SlotFiring
 from tasks_app.protocol.records import PERIODIC_HEADER
 from tasks_app.registry import Registry, registry as default_registry
 
-# Headers every periodic run carries: the schedule and its slot (ms); a catch-up run (standing
-# for the slots missed before that one, or up to it) also the catch-up mark, a manual run the manual one.
+# Headers of periodic runs: the schedule and its slot (ms); a catch-up or a manual run's mark.
 SCHEDULE_HEADER = PERIODIC_HEADER
 SLOT_HEADER = "periodic_slot_ms"
 CATCH_UP_HEADER = "periodic_catch_up"
 MANUAL_HEADER = "periodic_manual"
 
-# Task ids of periodic runs are UUIDs derived from (schedule, slot, kind): a replay of a slot can
-# only ever name the same task.
+# Run ids derive from (schedule, slot, kind): a replay of a slot can only name the same task.
 _RUN_IDS = uuid.UUID("5d1f4f0e-7c53-4a4e-9a43-7b0d3f6c9e21")
 
 
@@ -30,11 +28,7 @@ def run_id(schedule: str, slot_ms: int, kind: str = "run") -> str:
 
 
 def fire_slot(
-    config: PeriodicConfig,
-    firing: SlotFiring,
-    broker: Broker,
-    *,
-    registry: Registry = default_registry,
+    config: PeriodicConfig, firing: SlotFiring, broker: Broker, *, registry: Registry = default_registry
 ) -> FireReply:
     """Fire one slot of a schedule (and one catch-up run when its policy says so); raise EnqueueError if invalid."""
     reply = _fire_into(config.target_queue, config, firing, broker, registry)
@@ -67,12 +61,9 @@ def _fire_into(
     return reply
 
 
-def run_now(
-    config: PeriodicConfig, broker: Broker | None = None, registry: Registry = default_registry
-) -> EnqueuedTask:
+def run_now(config: PeriodicConfig) -> EnqueuedTask:
     """Enqueue one run of a schedule now, outside its slots (its state in Redis is not touched)."""
-    request = _request(config, config.target_queue, {MANUAL_HEADER: "1"})
-    return enqueue_many([request], broker=broker, registry=registry)[0]
+    return enqueue_many([_request(config, config.target_queue, {MANUAL_HEADER: "1"})])[0]
 
 
 def _request(

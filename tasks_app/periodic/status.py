@@ -41,9 +41,7 @@ def schedule_statuses(broker: Broker, rows: list[PeriodicTask] | None = None) ->
     queues = [row.queue or row.task_type.queue for row in rows]
     states: list[PeriodicState | None]
     try:
-        states = list(
-            broker.periodic.periodic_states([(queue, row.name) for queue, row in zip(queues, rows, strict=True)])
-        )
+        states = list(broker.periodic.periodic_states(list(zip(queues, [row.name for row in rows], strict=True))))
     except RedisError as exc:
         if not is_transient(exc):
             raise

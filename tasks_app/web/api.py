@@ -27,8 +27,7 @@ from tasks_app.templatetags.tasks_display import url_or_empty
 from tasks_app.web.common import View, body_limit, body_within, csrf_rejection, error, load_record, redis_error_json
 
 REQUEST_FIELDS = {"type", "args", "kwargs", "queue", "priority", "delay", "unique_key"}
-# A cancel's optional body: {"force": true}.
-MAX_CANCEL_BODY_BYTES = 1024
+MAX_CANCEL_BODY_BYTES = 1024  # its optional body: {"force": true}
 FORCE_WORDS = {"1", "true", "on"}
 
 logger = logging.getLogger(__name__)
@@ -109,6 +108,7 @@ def _token_user(header: str) -> Any:
 
 
 def _read_body(request: HttpRequest) -> dict[str, Any] | JsonResponse:
+    """The enqueue request's body as a dict of known fields, or the 400/413 answer saying what is wrong."""
     limit = body_limit()
     data = body_within(request, limit)
     if data is None:
@@ -160,7 +160,6 @@ def create_task(request: HttpRequest) -> HttpResponse:
 
 def _enqueued_answer(request: HttpRequest, task: producer.EnqueuedTask) -> HttpResponse:
     """201 with the task just enqueued; for a duplicate, 200 with the task holding its key, as its record says now."""
-    # The holder of a duplicate may have an id no URL can name (a "/", from before ids were checked).
     path = url_or_empty("tasks_app:api-task", task.id)
     location = request.build_absolute_uri(path) if path else None
     answer = {
@@ -177,9 +176,8 @@ def _enqueued_answer(request: HttpRequest, task: producer.EnqueuedTask) -> HttpR
         held = holder.as_json()
         answer.update({name: held[name] for name in ("priority", "status", "enqueued_at", "run_after")})
         answer.update({name: held[name] for name in ("type", "queue") if held[name]})  # else the request's
-    response = JsonResponse(
-        {**answer, "url": location, "duplicate": task.duplicate}, status=200 if task.duplicate else 201
-    )
+    answer.update(url=location, duplicate=task.duplicate)
+    response = JsonResponse(answer, status=200 if task.duplicate else 201)
     if location:
         response["Location"] = location
     return response
@@ -285,14 +283,13 @@ def _queue_answer(request: HttpRequest, queue: str, paused: bool | None = None) 
         validate_name(queue, "queue")
     except InvalidName as exc:
         return error(400, str(exc))
-    changed = (
-        {} if paused is None else {"changed": control.set_queue_paused(queue, paused, by=request.user.get_username())}
-    )
+    changed = None if paused is None else control.set_queue_paused(queue, paused, by=request.user.get_username())
     broker = get_broker()
-    counts = broker.inspect.queue_stats(queue).as_dict()
-    counts.pop("consumers")
+    answer = broker.inspect.queue_stats(queue).as_dict()
+    answer.pop("consumers")
     state = broker.control.pause_states([queue])[queue] or {}
-    since = datetime_of_ms(state["since_ms"]) if state.get("since_ms") is not None else None
-    return JsonResponse(
-        {**counts, "paused_since": since.isoformat() if since else None, "paused_by": state.get("by"), **changed}
-    )
+    answer["paused_since"] = _iso(state["since_ms"]) if state.get("since_ms") is not None else None
+    answer["paused_by"] = state.get("by")
+    if changed is not None:
+        answer["changed"] = changed
+    return JsonResponse(answer)

@@ -1,5 +1,4 @@
-"""The task browser `/tasks/`: recent tasks of every queue, filtered and paged from the history index, and its bulk
-actions, each with its permission and one admin log entry per task."""
+"""The task browser `/tasks/`: recent tasks filtered and paged from the history index, and its bulk actions."""
 
 from __future__ import annotations
 
@@ -45,12 +44,11 @@ from tasks_app.web.common import admin_context, log_task_actions, redis_required
 REFRESH_S = 5
 PAGE_SIZES = (25, 50, 100, 200)
 DEFAULT_PAGE_SIZE = 50
-# Entries one page may read while looking for tasks of the wanted type (records read in chunks).
+# Entries one page may read looking for tasks of the wanted type, in chunks.
 SCAN_BUDGET = 5000
 CHUNK = 250
-# The longest id a cursor carries (`after`): longer ids are cut by no producer but an outside one.
+# The longest id a cursor carries (`after`).
 MAX_ID_CHARS = 10_000
-# Relative time ranges offered as presets.
 RANGES = {"15m": timedelta(minutes=15), "1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
 
 
@@ -182,12 +180,21 @@ class Filters:
         return (ms_of_datetime(since) if since else None, min(upper) if upper else None)
 
     def matches(self, record: ResultRecord) -> bool:
-        """Whether a record passes the filters the index alone cannot apply (its type; its status, kept current)."""
+        """Whether a record passes the filters the index cannot apply (its type; its status, kept current)."""
         return (not self.type or record.type == self.type) and (not self.status or record.status == self.status)
+
+    def admits(self, record: ResultRecord, score_ms: float, lower: float | None, upper: float | None) -> bool:
+        """Whether a record read outside the index passes every filter, its score within (lower, upper)."""
+        return (
+            self.matches(record)
+            and (not self.queue or record.queue == self.queue)
+            and (lower is None or score_ms >= lower)
+            and (upper is None or score_ms <= upper)
+        )
 
 
 def _moment(text: str, name: str, errors: list[str]) -> datetime | None:
-    """`text` as a time in UTC (as the form shows it); None if empty, or with an error if not one on the calendar."""
+    """`text` as a time in UTC; None if empty, or with an error if not one on the calendar."""
     if not text:
         return None
     try:
@@ -201,7 +208,7 @@ def _moment(text: str, name: str, errors: list[str]) -> datetime | None:
 
 
 def _number(text: str) -> float | None:
-    """A cursor: any score but NaN, as an index holds them (a producer's record's 1e300 or inf too)."""
+    """A cursor: any score but NaN (a producer's record may score 1e300 or inf)."""
     try:
         value = float(text)
     except ValueError:
@@ -210,7 +217,7 @@ def _number(text: str) -> float | None:
 
 
 def _digits(text: str, default: int) -> int:
-    """A count typed in a query: ASCII digits only (int() takes no "²", nor thousands of digits), else `default`."""
+    """A count typed in a query: ASCII digits only (int() takes "²" and thousands of digits), else `default`."""
     return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else default
 
 
@@ -222,10 +229,10 @@ class Page:
     older: float | None
     total: int | None
     exhausted_budget: bool = False
-    next_after: str = ""  # a workflow's tasks: the id of the last one this page read, the next page's `after`
-    older_seen: int = 0  # of the entries scored `older`, how many this page and the earlier ones showed
+    next_after: str = ""  # a workflow's page: the next page's `after`
+    older_seen: int = 0  # of the entries scored `older`, how many were shown
     older_after: str = ""  # the id of the last of them
-    cut: bool = False  # a prefix search that read as many ids as a page holds: more may match
+    cut: bool = False  # a prefix search that filled a page: more may match
 
 
 def find_page(broker: Broker, filters: Filters, known: Sequence[str], now: datetime | None = None) -> Page:
@@ -241,7 +248,9 @@ def find_page(broker: Broker, filters: Filters, known: Sequence[str], now: datet
     found: list[tuple[ResultRecord, float]] = []
     examined = 0
     chunk = CHUNK if filters.type else filters.size  # without a type nearly every entry is a row
-    total = _total(broker, filters, queues, lower)
+    # A type or an end time narrows what the index counts.
+    narrowed = filters.type or filters.until or filters.before is not None
+    total = None if narrowed else broker.records.history_count(queues, filters.status or None, lower)
     while examined < SCAN_BUDGET:
         window = broker.records.history_window(queues, filters.status or None, upper, lower, chunk, seen, after)
         for entry, record in zip(window, _records(broker, [e.task_id for e in window]), strict=True):
@@ -262,9 +271,7 @@ def _records(broker: Broker, task_ids: list[str]) -> list[ResultRecord | None]:
 
 
 def _workflow_page(broker: Broker, filters: Filters, lower: float | None, upper: float | None) -> Page:
-    """A workflow's tasks with a record that pass the filters, in tree order, from the one after `after` on.
-
-    The workflow's own keys list its tasks: no index is read."""
+    """A workflow's tasks that pass the filters, in tree order, from the one after `after` on (no index read)."""
     try:
         ids = workflows.task_ids(filters.workflow, broker=broker)
     except workflows.WorkflowError:
@@ -275,13 +282,7 @@ def _workflow_page(broker: Broker, filters: Filters, lower: float | None, upper:
         chunk = ids[first : first + CHUNK]
         for task_id, record in zip(chunk, _records(broker, chunk), strict=True):
             score_ms = ms_of_datetime(record.enqueued_at) if record and record.enqueued_at else 0.0
-            if (
-                record is not None
-                and filters.matches(record)
-                and (not filters.queue or record.queue == filters.queue)
-                and (lower is None or score_ms >= lower)
-                and (upper is None or score_ms <= upper)
-            ):
+            if record is not None and filters.admits(record, score_ms, lower, upper):
                 found.append((record, score_ms))
                 if len(found) == filters.size:
                     return Page(found, None, None, next_after=task_id if ids[-1] != task_id else "")
@@ -290,28 +291,17 @@ def _workflow_page(broker: Broker, filters: Filters, lower: float | None, upper:
     return Page(found, None, None, exhausted_budget=more, next_after=ids[end - 1] if more else "")
 
 
-def _total(broker: Broker, filters: Filters, queues: list[str], lower: float | None) -> int | None:
-    """How many entries the index holds for these filters; None when a type or an end time narrows it."""
-    if filters.type or filters.until or filters.before is not None:
-        return None
-    return broker.records.history_count(queues, filters.status or None, lower)
-
-
 def _search(broker: Broker, filters: Filters, queues: list[str], lower: float | None, upper: float | None) -> Page:
     """`q` as an exact id (any task with a record, indexed or not), else as a prefix of ids in the index."""
     exact = broker.records.get_result(filters.q)
     if exact is not None:
         record = ResultRecord.from_fields(exact)
-        keep = filters.matches(record) and (not filters.queue or record.queue == filters.queue)
-        return Page([(record, 0.0)] if keep else [], None, None)
+        return Page([(record, 0.0)] if filters.admits(record, 0.0, None, None) else [], None, None)
     entries = broker.records.history_by_prefix(queues, filters.q, filters.size)
     rows = [
         (record, entry.score_ms)
         for entry, record in zip(entries, _records(broker, [e.task_id for e in entries]), strict=True)
-        if record
-        and filters.matches(record)
-        and (lower is None or entry.score_ms >= lower)
-        and (upper is None or entry.score_ms <= upper)
+        if record and filters.admits(record, entry.score_ms, lower, upper)
     ]
     return Page(rows, None, None, cut=len(entries) == filters.size)
 
@@ -363,9 +353,8 @@ def error_line(record: ResultRecord) -> str:
     return lines[-1].strip() if lines else record.errors[-1].get("exception_class_path", "")
 
 
-# At most this many tasks are acted on at once (a page holds at most 200).
-MAX_SELECTED = 500
-# The namespace of retry ids (uuid5): fixed, or a request repeated across a change would enqueue a second copy.
+MAX_SELECTED = 500  # a page holds at most 200
+# Fixed, or a request repeated across a change of it would enqueue a second copy.
 RETRY_ID_NAMESPACE = uuid.UUID("5f0c0b52-8e0a-4c51-9a7e-3d1b2f64a9c1")
 # A repeated request's copies named in its answer; more are counted.
 NAMED_REPEATS = 3
@@ -377,7 +366,6 @@ class Selection:
 
     records: Sequence[ResultRecord]
     actor: str  # "user:<name>"
-    # Each task's `retried_as` as the page showed it, by task id (missing: none shown).
     shown_retried_as: Mapping[str, str] = field(default_factory=dict)
 
 
@@ -439,14 +427,11 @@ def _enqueue_copies(records: Sequence[ResultRecord], copy_ids: Sequence[str]) ->
 
 
 def _workflow_headers(record: ResultRecord) -> dict[str, str]:
-    """The headers that make a retry of a workflow's task end that task's place in it (a stopped workflow goes on)."""
-    if not record.workflow:
-        return {}
-    return {WORKFLOW_HEADER: record.workflow, WORKFLOW_PATH_HEADER: record.workflow_path}
+    """Headers that make a retry of a workflow's task settle its place in it (a stopped workflow goes on)."""
+    return {WORKFLOW_HEADER: record.workflow, WORKFLOW_PATH_HEADER: record.workflow_path} if record.workflow else {}
 
 
 def _repeats_note(repeats: Sequence[str]) -> str:
-    """What the answer says of the tasks a repeated request retried already ("" when none)."""
     if not repeats:
         return ""
     more = len(repeats) - NAMED_REPEATS
@@ -462,9 +447,8 @@ def delete(selection: Selection) -> Outcome:
     deleted = [r for r, reply in zip(finished, replies, strict=True) if reply == history.DELETED]
     kept = len(records) - len(finished) + replies.count(history.KEPT)
     note = f" {kept} not finished (or cancelled, still in their queue), kept." if kept else ""
-    return [
-        (r.id, r.type, DELETION, "Deleted the task's record") for r in deleted
-    ], f"Deleted {len(deleted)} record(s).{note}"
+    logged = [(r.id, r.type, DELETION, "Deleted the task's record") for r in deleted]
+    return logged, f"Deleted {len(deleted)} record(s).{note}"
 
 
 def cancel(selection: Selection, *, force: bool = False) -> Outcome:
@@ -480,7 +464,6 @@ def cancel(selection: Selection, *, force: bool = False) -> Outcome:
     return (logged, f"Cancelled {len(acted) - stopped} task(s); {stopped} running one(s) {how}.{note}")
 
 
-# The actions offered, in this order; an action is one entry.
 ACTIONS: dict[str, BulkAction] = {
     action.name: action
     for action in (

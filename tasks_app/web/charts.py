@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from django.utils.html import escape
@@ -39,67 +39,41 @@ def percentile_ms(buckets: Mapping[int, int], share: float) -> float | None:
     return None
 
 
-@dataclass
-class TypeTotals:
-    """One task type's outcome series and each minute's duration histogram, both summed over queues."""
-
-    series: Series
-    minute_buckets: list[dict[int, int]]
-
-    def as_json(self) -> dict[str, Any]:
-        """The type's series with its p50/p95 per minute, and the hour's totals."""
-        hour_buckets: dict[int, int] = {}
-        for buckets in self.minute_buckets:
-            for index, count in buckets.items():
-                hour_buckets[index] = hour_buckets.get(index, 0) + count
-        return {
-            **self.series,
-            "p50_ms": [percentile_ms(buckets, 0.5) for buckets in self.minute_buckets],
-            "p95_ms": [percentile_ms(buckets, 0.95) for buckets in self.minute_buckets],
-            "hour_p50_ms": percentile_ms(hour_buckets, 0.5),
-            "hour_p95_ms": percentile_ms(hour_buckets, 0.95),
-            "hour_total": sum(v or 0 for kind in OUTCOMES for v in self.series[kind]),
-        }
-
-
-def _type_totals(types: dict[str, TypeTotals], minute_index: int, counts: Mapping[str, int]) -> None:
-    """Add one queue-minute's per-type fields into `types` (minute `minute_index` of the window)."""
-    for field, amount in counts.items():
-        kind, _, rest = field.partition("|")
-        if not rest:
-            continue
-        if kind == "d":
-            task_type, _, bucket = rest.rpartition("|")
-            if bucket.isdecimal() and len(bucket) <= 3:  # a bucket index (int() takes no "²", nor 5,000 digits)
-                buckets = types.setdefault(task_type, _new_type()).minute_buckets[minute_index]
-                buckets[int(bucket)] = buckets.get(int(bucket), 0) + amount  # the type may run in other queues
-            continue
-        if kind in OUTCOMES:
-            series = types.setdefault(rest, _new_type()).series[kind]
-            series[minute_index] = (series[minute_index] or 0) + amount  # counts start at 0
-
-
-def _new_type() -> TypeTotals:
-    return TypeTotals({name: [0] * WINDOW_MINUTES for name in OUTCOMES}, [{} for _ in range(WINDOW_MINUTES)])
+def _type_json(series: Series, minute_buckets: list[Counter[int]]) -> dict[str, Any]:
+    """A type's outcome series with its p50/p95 per minute, and the hour's totals."""
+    hour_buckets = sum(minute_buckets, Counter[int]())
+    return {
+        **series,
+        "p50_ms": [percentile_ms(buckets, 0.5) for buckets in minute_buckets],
+        "p95_ms": [percentile_ms(buckets, 0.95) for buckets in minute_buckets],
+        "hour_p50_ms": percentile_ms(hour_buckets, 0.5),
+        "hour_p95_ms": percentile_ms(hour_buckets, 0.95),
+        "hour_total": sum(v or 0 for kind in OUTCOMES for v in series[kind]),
+    }
 
 
 def chart_data(broker: Broker, queues: Sequence[str], now_s: float | None = None) -> dict[str, Any]:
     """The last hour per minute: per queue outcomes and backlog, per type outcomes and p50/p95 durations."""
     current = int(now_s if now_s is not None else time.time()) // 60
     minutes = list(range(current - WINDOW_MINUTES + 1, current + 1))
-    counted = {queue: broker.inspect.minute_counts(queue, minutes) for queue in queues}
     by_queue: dict[str, Series] = {}
-    types: dict[str, TypeTotals] = {}
-    for queue, rows in counted.items():
+    # Per type, summed over queues: its outcome series and each minute's duration histogram.
+    series: defaultdict[str, Series] = defaultdict(lambda: {name: [0] * WINDOW_MINUTES for name in OUTCOMES})
+    buckets: defaultdict[str, list[Counter[int]]] = defaultdict(lambda: [Counter() for _ in range(WINDOW_MINUTES)])
+    for queue in queues:
+        rows = broker.inspect.minute_counts(queue, minutes)
         by_queue[queue] = {name: [row.get(name, 0) for row in rows] for name in OUTCOMES}
         by_queue[queue]["backlog"] = [row.get("backlog") for row in rows]
         for index, row in enumerate(rows):
-            _type_totals(types, index, row)
-    return {
-        "minutes": [minute * 60 for minute in minutes],
-        "queues": by_queue,
-        "types": {name: totals.as_json() for name, totals in sorted(types.items())},
-    }
+            for field, amount in row.items():
+                kind, _, rest = field.partition("|")
+                task_type, _, bucket = rest.rpartition("|")
+                if kind == "d" and bucket.isdecimal() and len(bucket) <= 3:  # int() takes "²" and 5,000 digits
+                    buckets[task_type][index][int(bucket)] += amount
+                elif kind in OUTCOMES and rest:
+                    series[rest][kind][index] = (series[rest][kind][index] or 0) + amount
+    types = {name: _type_json(series[name], buckets[name]) for name in sorted(series.keys() | buckets.keys())}
+    return {"minutes": [minute * 60 for minute in minutes], "queues": by_queue, "types": types}
 
 
 # Each line's colour, as the admin's palette has them (success, error, warning, info), and its label.

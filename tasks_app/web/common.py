@@ -1,4 +1,4 @@
-"""What the staff pages share: the admin context, the answers when Redis is away or refuses, reading a task's record."""
+"""What the staff pages share: the admin context, body limits, answers when Redis fails, a task's record."""
 
 from __future__ import annotations
 
@@ -33,12 +33,10 @@ def admin_context(request: HttpRequest, title: str, **extra: Any) -> dict[str, A
     return {**admin.site.each_context(request), "title": title, **extra}
 
 
-# Room for what surrounds the arguments (the JSON of an API call, a form's other fields) before a
-# body counts as oversize.
+# Room for what surrounds the arguments (an API call's JSON, a form's other fields).
 ENVELOPE_ALLOWANCE_BYTES = 64 * 1024
-# A body may hold this many bytes per byte of its arguments' compact UTF-8 JSON (the payload the
-# producer measures): URL encoding writes a byte as up to three, JSON's \uXXXX escapes (json.dumps'
-# default) six for a two-byte character, and what a client types or sends may hold whitespace.
+# Body bytes per byte of the arguments' compact UTF-8 JSON: URL encoding writes a byte as up to three,
+# JSON's \uXXXX six for a two-byte character, and a client may add whitespace.
 BODY_ENCODING_FACTOR = 4
 
 
@@ -78,7 +76,7 @@ def log_task_actions(request: HttpRequest, entries: Iterable[tuple[str, str, int
             LogEntry(
                 user_id=request.user.pk,
                 content_type=None,
-                # PostgreSQL's text holds no NUL, which a foreign envelope's id or type may.
+                # PostgreSQL's text holds no NUL, which a producer's id or type may.
                 object_id=escape_control(task_id)[:200],
                 object_repr=escape_control(f"{task_type} {task_id}")[:200],
                 action_flag=flag,
@@ -91,10 +89,7 @@ def log_task_actions(request: HttpRequest, entries: Iterable[tuple[str, str, int
 
 def error(status: int, message: str, **headers: str) -> JsonResponse:
     """Return `{"error": message}` with an HTTP status."""
-    response = JsonResponse({"error": message}, status=status)
-    for name, value in headers.items():
-        response[name] = value
-    return response
+    return JsonResponse({"error": message}, status=status, headers=headers)
 
 
 def redis_required(view: View) -> View:

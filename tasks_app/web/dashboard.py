@@ -28,7 +28,6 @@ from tasks_app.web.charts import chart_data, dashboard_charts
 from tasks_app.web.common import admin_context, log_task_actions, redis_required
 
 PAGE_SIZE = 50
-# Why a dead letter of a unique type was not requeued (the holder's id follows).
 HELD_KEY = "a task with the same uniqueness key is enqueued already"
 
 
@@ -41,18 +40,12 @@ def queue_dashboard(request: HttpRequest) -> HttpResponse:
     queues = broker.inspect.known_queues()
     rows = [_queue_row(broker, queue, now_ms) for queue in queues]
     charts = dashboard_charts(chart_data(broker, queues))
-    context = admin_context(
-        request,
-        "Queue dashboard",
-        queues=rows,
-        schedules=schedule_statuses(broker),
-        **charts,
-    )
+    context = admin_context(request, "Queue dashboard", queues=rows, schedules=schedule_statuses(broker), **charts)
     return render(request, "tasks_app/dashboard.html", context)
 
 
 def _queue_row(broker: Broker, queue: str, now_ms: int) -> dict[str, Any]:
-    """One queue's counts, consumers and throughput; a name no consumer could serve is shown, not linked."""
+    """One queue's counts, consumers and throughput; a producer's name no consumer could serve is not linked."""
     stats = broker.inspect.queue_stats(queue)
     return {
         "stats": stats,
@@ -64,7 +57,7 @@ def _queue_row(broker: Broker, queue: str, now_ms: int) -> dict[str, Any]:
 
 
 def _consumer_row(info: dict[str, Any], now_ms: int) -> dict[str, Any]:
-    """A live consumer from `Inspection.queue_stats`; its last heartbeat is the deadline minus the lease."""
+    """A live consumer; its last heartbeat is its lease's deadline minus the lease."""
     deadline_ms, lease_ms = info["lease_deadline_ms"], info.get("lease_ms")
     beat_ms = deadline_ms - lease_ms if lease_ms else None
     return {
@@ -124,34 +117,23 @@ def dead_letter_page(request: HttpRequest, queue: str) -> HttpResponse:
             raise PermissionDenied(f"permission {MANAGE_DEAD_LETTERS_PERMISSION} is required")
         _act(request, queue)
         return redirect(request.get_full_path())
-    listed = _dead_listing(queue, request.GET.get("page"))
-    return render(
-        request,
-        "tasks_app/dead_letters.html",
-        admin_context(
-            request,
-            f"Dead letters of queue {queue}",
-            queue=queue,
-            can_manage=can_manage,
-            **listed,
-        ),
-    )
-
-
-def _dead_listing(queue: str, page_number: str | None) -> dict[str, Any]:
-    """One page of a queue's dead letters, their total, and which of them still have a result record."""
     broker = get_broker()
     total = broker.inspect.dead_count(queue)
-    page = Paginator(range(total), PAGE_SIZE).get_page(page_number)
+    page = Paginator(range(total), PAGE_SIZE).get_page(request.GET.get("page"))
     tasks = broker.inspect.list_dead_tasks(queue, (page.number - 1) * PAGE_SIZE, PAGE_SIZE)
     records = broker.records.get_results((task.task_id for task in tasks), LISTED_FIELDS)
-    return {
-        "dead_tasks": tasks,
+    context = admin_context(
+        request,
+        f"Dead letters of queue {queue}",
+        queue=queue,
+        can_manage=can_manage,
+        dead_tasks=tasks,
         # Dead letters outlive result records (TASKS_DEAD_LETTER_MAX_AGE_S): link the tasks that still have one.
-        "recorded_ids": {task.task_id for task, fields in zip(tasks, records, strict=True) if fields},
-        "page": page,
-        "total": total,
-    }
+        recorded_ids={task.task_id for task, fields in zip(tasks, records, strict=True) if fields},
+        page=page,
+        total=total,
+    )
+    return render(request, "tasks_app/dead_letters.html", context)
 
 
 def _act(request: HttpRequest, queue: str) -> None:
@@ -169,10 +151,10 @@ def _act(request: HttpRequest, queue: str) -> None:
     found = get_broker().inspect.find_dead_tasks(queue, refs)
     if action == "requeue":
         _requeue(request, queue, found, len(refs))
-    else:
-        deleted = get_broker().inspect.delete_dead_tasks(queue, found)
-        _log(request, found, DELETION, f"Deleted dead-lettered task from queue {queue}")
-        messages.success(request, f"Deleted {deleted} task(s).")
+        return
+    deleted = get_broker().inspect.delete_dead_tasks(queue, found)
+    _log(request, found, DELETION, f"Deleted dead-lettered task from queue {queue}")
+    messages.success(request, f"Deleted {deleted} task(s).")
 
 
 def _requeue(request: HttpRequest, queue: str, found: Sequence[DeadTask], asked: int) -> None:
@@ -192,15 +174,10 @@ def _requeue(request: HttpRequest, queue: str, found: Sequence[DeadTask], asked:
     _log(request, done.moved, CHANGE, f"Requeued dead-lettered task on queue {queue}")
     skipped = asked - len(done.moved) - len(done.held)
     held = "".join(f" Task {task.task_id:.200} not requeued: {HELD_KEY} ({holder:.200})." for task, holder in done.held)
+    note = f" {skipped} could not be requeued (no longer dead, or undecodable)." if skipped else ""
     report = messages.warning if held else messages.success
-    report(
-        request,
-        f"Requeued {len(done.moved)} task(s)."
-        + held
-        + (f" {skipped} could not be requeued (no longer dead, or undecodable)." if skipped else ""),
-    )
+    report(request, f"Requeued {len(done.moved)} task(s).{held}{note}")
 
 
 def _log(request: HttpRequest, tasks: Sequence[DeadTask], flag: int, message: str) -> None:
-    """Record one admin log entry per dead-lettered task acted on."""
     log_task_actions(request, ((task.task_id or task.ref, task.type, flag, message) for task in tasks))

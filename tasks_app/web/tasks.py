@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from django import forms
 from django.conf import settings
@@ -27,21 +26,12 @@ from tasks_app.protocol.keys import NAME_PATTERN
 from tasks_app.protocol.records import ResultRecord
 from tasks_app.registry import registry
 from tasks_app.templatetags.tasks_display import url_or_empty
-from tasks_app.web.common import (
-    admin_context,
-    body_limit,
-    body_within,
-    csrf_rejection,
-    load_record,
-    redis_required,
-)
+from tasks_app.web.common import admin_context, body_limit, body_within, csrf_rejection, load_record, redis_required
 from tasks_app.web.workflows import place_of
 
 REFRESH_S = 2
-# A task page shows at most this many characters of each value (args, kwargs, return value, traceback): the page
-# reloads every REFRESH_S while the task runs, and a value may be megabytes. The JSON API has them whole.
+# Characters of each value a task page shows: it reloads every REFRESH_S and a value may be megabytes.
 SHOWN_CHARS = 20_000
-
 
 JSON_TEXTAREA = forms.Textarea(attrs={"rows": 3, "cols": 60, "class": "vLargeTextField", "spellcheck": "false"})
 
@@ -112,7 +102,6 @@ class EnqueueForm(forms.Form):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # Enabled types whose handler this process has.
         rows = TaskType.objects.filter(enabled=True).only("name", "handler")
         names = [row.name for row in rows if registry.get(row.handler) is not None]
         cast(forms.ChoiceField, self.fields["type"]).choices = [("", "---------"), *((n, n) for n in names)]
@@ -179,18 +168,15 @@ def _read_form(request: HttpRequest) -> HttpResponse | None:
     """Read the form's body within the payload limit (not DATA_UPLOAD_MAX_MEMORY_SIZE), then check CSRF."""
     limit = body_limit()
     data = body_within(request, limit)
-    if data is None:
-        return _oversize(request, f"The form is over the limit of {limit} bytes")
-    request._body = data  # as `request.body` keeps what it read: POST is parsed from it
-    try:
-        request.POST  # noqa: B018 (parsed here, where its errors are answered)
-    except RequestDataTooBig:  # multipart/form-data: Django caps its fields at DATA_UPLOAD_MAX_MEMORY_SIZE
-        return _oversize(request, "The form's fields are over DATA_UPLOAD_MAX_MEMORY_SIZE (send it URL-encoded)")
-    rejection: HttpResponse | None = csrf_rejection(request)
-    return rejection
-
-
-def _oversize(request: HttpRequest, reason: str) -> HttpResponse:
+    reason = f"The form is over the limit of {limit} bytes"
+    if data is not None:
+        request._body = data  # as `request.body` keeps what it read: POST is parsed from it
+        try:
+            request.POST  # noqa: B018 (parsed here, where its errors are answered)
+            rejection: HttpResponse | None = csrf_rejection(request)
+            return rejection
+        except RequestDataTooBig:  # multipart/form-data: Django caps its fields at DATA_UPLOAD_MAX_MEMORY_SIZE
+            reason = "The form's fields are over DATA_UPLOAD_MAX_MEMORY_SIZE (send it URL-encoded)"
     message = (
         f"{reason}: its arguments may take up to {settings.TASKS_MAX_PAYLOAD_BYTES} bytes of JSON "
         "(TASKS_MAX_PAYLOAD_BYTES). Nothing was enqueued."
@@ -222,7 +208,6 @@ def task_detail(request: HttpRequest, task_id: str) -> HttpResponse:
             kwargs_json=_shown(_pretty(record.kwargs)),
             return_json=_shown(_pretty(record.return_value)),
             can_cancel=not record.is_finished and request.user.has_perm(CANCEL_PERMISSION),
-            # Whether a task that waits waits on a paused queue.
             queue_paused=record.status == "READY"
             and get_broker().control.pause_states([record.queue])[record.queue] is not None,
             progress_percent=_percent(record.progress),
@@ -246,21 +231,19 @@ def cancel_task(request: HttpRequest, task_id: str) -> HttpResponse:
     else:
         if reply.outcome == control.CANCELLED:
             messages.success(request, f"Task {task_id} cancelled: it will not run.")
-        elif force:
-            messages.warning(request, f"Task {task_id} is running: it is being stopped by force.")
         else:
-            messages.warning(request, f"Task {task_id} is running: it was asked to stop.")
+            how = "it is being stopped by force" if force else "it was asked to stop"
+            messages.warning(request, f"Task {task_id} is running: {how}.")
     return redirect("tasks_app:task", task_id=task_id)
 
 
-@dataclass(frozen=True)
-class Origin:
-    """One line of the task page's "Origin" rows: a label, the linked text, and its URL ("" shows it unlinked)."""
+class Origin(NamedTuple):
+    """One "Origin" row of a task page: a label, the text, its URL ("": unlinked) and why not linked."""
 
     label: str
     text: str
     url: str
-    note: str = ""  # why it is not linked, when that is not plain
+    note: str = ""
 
 
 def _origins(record: ResultRecord) -> list[Origin]:
@@ -272,7 +255,7 @@ def _origins(record: ResultRecord) -> list[Origin]:
         elif task_id:
             origins.append(Origin(label, task_id, url_or_empty("tasks_app:task", task_id)))
     name = record.periodic
-    # A foreign record's name may break the naming rule (a NUL, which PostgreSQL refuses in a query): no row has it.
+    # A producer's record may name no valid schedule (a NUL, which PostgreSQL refuses in a query).
     if name and not NAME_PATTERN.fullmatch(name):
         origins.append(Origin("Periodic schedule", name, "", "not a valid schedule name"))
     elif name:
@@ -299,7 +282,7 @@ def _pretty(value: Any) -> str:
 
 
 def _shown(text: str, *, tail: bool = False) -> dict[str, Any]:
-    """`text` as a page shows it: its first (`tail`: last) SHOWN_CHARS characters, and its length when cut."""
+    """Its first (`tail`: last) SHOWN_CHARS characters, and its length when cut."""
     if len(text) <= SHOWN_CHARS:
         return {"text": text, "cut_of": None}
     return {"text": text[-SHOWN_CHARS:] if tail else text[:SHOWN_CHARS], "cut_of": len(text)}

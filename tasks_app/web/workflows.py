@@ -18,10 +18,9 @@ from tasks_app.protocol.records import ResultRecord, datetime_of_ms
 from tasks_app.web.common import admin_context, redis_required
 
 REFRESH_S = 2
-# A page shows at most this many children of one chain or group (a group may hold 10,000): the page reloads every
-# REFRESH_S while the workflow runs. The JSON API has the whole tree.
+# Children of one chain or group a page shows (a group may hold 10,000; the page reloads every REFRESH_S).
 SHOWN_CHILDREN = 200
-# A task page shows at most this many of the other tasks of its group or chain, and of the callbacks.
+# Other tasks of its group or chain, and callbacks, a task page shows.
 SHOWN_NEIGHBOURS = 50
 # The order of the counts on the page; a status not listed follows in name order.
 STATUS_ORDER = ("WAITING", "READY", "RUNNING", "SUCCESSFUL", "FAILED", "CANCELLED")
@@ -31,7 +30,10 @@ STATUS_ORDER = ("WAITING", "READY", "RUNNING", "SUCCESSFUL", "FAILED", "CANCELLE
 @redis_required
 def workflow_detail(request: HttpRequest, workflow_id: str) -> HttpResponse:
     """Show a workflow's status, counts and tree, each task linked to its page; it updates itself while it runs."""
-    state = _state(workflow_id)
+    try:
+        state = workflows.get_workflow(workflow_id)
+    except workflows.WorkflowError as exc:
+        raise Http404(str(exc)) from None
     ended = state.status != workflows.RUNNING
     return render(
         request,
@@ -44,7 +46,7 @@ def workflow_detail(request: HttpRequest, workflow_id: str) -> HttpResponse:
             started_at=datetime_of_ms(state.created_at_ms),
             ended_at=None if state.ended_at_ms is None else datetime_of_ms(state.ended_at_ms),
             failed=next((m for m in state.members if m.task_id == state.failed_task_id), None),
-            counts=sorted(state.counts.items(), key=lambda item: _status_rank(item[0])),
+            counts=sorted(state.counts.items(), key=_status_rank),
             refresh_s=None if ended else REFRESH_S,
             can_cancel=state.status in (workflows.RUNNING, workflows.FAILED)
             and request.user.has_perm(CANCEL_PERMISSION),
@@ -70,14 +72,8 @@ def cancel_workflow(request: HttpRequest, workflow_id: str) -> HttpResponse:
     return redirect("tasks_app:workflow", workflow_id=workflow_id)
 
 
-def _state(workflow_id: str) -> workflows.WorkflowState:
-    try:
-        return workflows.get_workflow(workflow_id)
-    except workflows.WorkflowError as exc:
-        raise Http404(str(exc)) from None
-
-
-def _status_rank(status: str) -> tuple[int, str]:
+def _status_rank(item: tuple[str, int]) -> tuple[int, str]:
+    status = item[0]
     return (STATUS_ORDER.index(status) if status in STATUS_ORDER else len(STATUS_ORDER), status)
 
 
@@ -95,7 +91,7 @@ def shown_tree(node: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Place:
-    """A task's place in its workflow, as its page shows it; `state` None when the workflow is gone (expired)."""
+    """A task's place in its workflow, as its page shows it; `state` None when the workflow has expired."""
 
     workflow_id: str
     path: str
@@ -103,13 +99,12 @@ class Place:
     parent_kind: str = ""  # "group" or "chain"
     neighbours: list[workflows.Member] = field(default_factory=list)  # the others of its group or chain
     more_neighbours: int = 0
-    callbacks: list[workflows.Member] = field(default_factory=list)  # the workflow's callbacks (not this task)
+    callbacks: list[workflows.Member] = field(default_factory=list)  # but this task
     more_callbacks: int = 0
 
 
 def place_of(record: ResultRecord) -> Place | None:
-    """Where a task stands in its workflow (None for a task of none): its path, its group's or chain's other tasks and
-    their statuses, the workflow's callbacks."""
+    """Where a task stands in its workflow (None for a task of none): its path, its neighbours, the callbacks."""
     if not record.workflow:
         return None
     try:
@@ -133,7 +128,7 @@ def place_of(record: ResultRecord) -> Place | None:
 
 
 def _node_at(tree: dict[str, Any], path: str) -> dict[str, Any] | None:
-    """The node of `tree` at `path` (None if the path names none: a foreign record's)."""
+    """The node of `tree` at `path` (None if it names none: a producer's record may hold any path)."""
     node = tree
     for position in path.split(".")[1:]:
         children = node.get("children", [])

@@ -17,6 +17,7 @@ MAX_COUNT = 1_000_000
 
 
 def json_value(text: str) -> Any:
+    """Parse an argument given as JSON."""
     try:
         return loads_bounded(text)
     except ValueError as exc:  # JsonTooDeep too: deeper arguments would be refused anyway
@@ -24,7 +25,7 @@ def json_value(text: str) -> Any:
 
 
 def queue_name(text: str) -> str:
-    # Checked here: the producer reads "" as no queue (the form's empty field), and `--queue "$UNSET"` is a mistake.
+    """A valid queue name: the producer reads "" as none, but `--queue "$UNSET"` is a mistake."""
     try:
         return validate_name(text, "queue")
     except InvalidName as exc:
@@ -66,19 +67,7 @@ class Command(QueueCommand):
             help="Unique task types: what makes tasks the same (default: the type and arguments).",
         )
 
-    def handle(
-        self,
-        *args: Any,
-        type: str,
-        task_args: Any,
-        kwargs: Any,
-        queue: str | None,
-        priority: int,
-        delay: float,
-        count: int,
-        unique_key: str | None,
-        **options: Any,
-    ) -> None:
+    def handle(self, *args: Any, type: str, task_args: Any, kwargs: Any, count: int, **options: Any) -> None:
         duplicates = 0
         # One script per chunk: one script of millions of tasks would block Redis for minutes.
         for done in range(0, max(count, 1), CHUNK_TASKS):
@@ -87,11 +76,11 @@ class Command(QueueCommand):
                     type,
                     task_args,
                     kwargs,
-                    queue=queue,
-                    priority=priority,
-                    delay_s=delay,
+                    queue=options["queue"],
+                    priority=options["priority"],
+                    delay_s=options["delay"],
                     count=min(CHUNK_TASKS, count - done),
-                    unique_key=unique_key,
+                    unique_key=options["unique_key"],
                 )
             except (EnqueueError, QueueUnavailable) as exc:
                 raise CommandError(
