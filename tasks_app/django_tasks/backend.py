@@ -105,13 +105,8 @@ class RedisBackend(BaseTaskBackend):
         try:
             self._push(batch, broker, result)
         except QueueUnavailable as exc:
-            logger.error(
-                "Task %s (%s) was not enqueued after its transaction committed: %s",
-                result.id,
-                result.task.module_path,
-                exc,
-                exc_info=exc,
-            )
+            message = "Task %s (%s) was not enqueued after its transaction committed: %s"
+            logger.error(message, result.id, result.task.module_path, exc, exc_info=exc)
             result.errors.append(task_error(exc))
             object.__setattr__(result, "status", TaskResultStatus.FAILED)
             object.__setattr__(result, "finished_at", timezone.now())

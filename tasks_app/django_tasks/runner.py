@@ -7,7 +7,6 @@ import os
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from functools import partial
 from typing import Any
 
 from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus
@@ -73,31 +72,24 @@ def start_async(
 ) -> Callable[[], Coroutine[Any, Any, Any]]:
     """Send task_started for a run of an `async def` `@task` function; return what makes the coroutine that runs it."""
     task_result = _started(task, context, arguments, results)
-    return partial(_run_async, task, task_result, context, arguments, timeout_s, begin)
 
+    async def run_async() -> Any:
+        begin()
+        args = _args(task, task_result, context, arguments)
+        pid = os.getpid()
+        try:
+            return_value = await within_timeout(task.func(*args, **arguments.kwargs), timeout_s)
+            exit_if_forked(pid)  # a child the function forked: task_finished is not its to send
+            return_value = _json_value(return_value)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as raised:
+            exit_if_forked(pid)
+            _finished(task_result, context, raised)
+            raise
+        return _finished(task_result, context, None, return_value)
 
-async def _run_async(
-    task: Task,
-    task_result: TaskResult,
-    context: RunContext,
-    arguments: Arguments,
-    timeout_s: float | None,
-    begin: Callable[[], None],
-) -> Any:
-    begin()
-    args = _args(task, task_result, context, arguments)
-    pid = os.getpid()
-    try:
-        return_value = await within_timeout(task.func(*args, **arguments.kwargs), timeout_s)
-        exit_if_forked(pid)  # a child the function forked: task_finished is not its to send
-        return_value = _json_value(return_value)
-    except KeyboardInterrupt:
-        raise
-    except BaseException as raised:
-        exit_if_forked(pid)
-        _finished(task_result, context, raised)
-        raise
-    return _finished(task_result, context, None, return_value)
+    return run_async
 
 
 def _started(

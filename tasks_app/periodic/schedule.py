@@ -98,14 +98,12 @@ class Schedule:
                 return None
             return anchor_ms + (now_ms - anchor_ms) // interval_ms * interval_ms
         # Slots strictly before the next whole second are those at or before now (slots are whole seconds).
-        slot = _cron_next(self.cron, self._local(now_ms // 1000 * 1000 + 1000), reverse=True)
-        if slot is None:
-            return None
-        slot_ms = _ms(slot)
-        return slot_ms if self.start_at is None or slot_ms >= _ms(self.start_at) else None
+        slot_ms = _cron_next(self.cron, self._local(now_ms // 1000 * 1000 + 1000), reverse=True)
+        return slot_ms if slot_ms is not None and slot_ms >= self._anchor_ms() else None
 
     def next_after(self, now_ms: int) -> int | None:
         """The first slot strictly after `now_ms` (not before start_at); None once end_at has passed or past 9999."""
+        slot_ms: int | None
         if self.interval_s is not None:
             interval_ms, anchor_ms = self.interval_s * 1000, self._anchor_ms()
             slot_ms = (
@@ -114,27 +112,20 @@ class Schedule:
         else:
             start_ms = max(now_ms, _ms(self.start_at) - 1) if self.start_at else now_ms
             try:
-                slot = _cron_next(self.cron, self._local(start_ms))
+                slot_ms = _cron_next(self.cron, self._local(start_ms))
             except OverflowError:  # the next match is after the year 9999 (a start parked at its end)
                 return None
-            if slot is None:
-                return None
-            slot_ms = _ms(slot)
-        if self.end_at is not None and slot_ms > _ms(self.end_at):
+        if slot_ms is None or (self.end_at is not None and slot_ms > _ms(self.end_at)):
             return None
         return slot_ms
 
     def previous_before(self, slot_ms: int) -> int | None:
         """The slot before `slot_ms`; None if none is at or after start_at (one before the start was never due)."""
         if self.interval_s is not None:
-            before_ms = slot_ms - self.interval_s * 1000
-        else:
-            # The slot strictly before: from the last millisecond of the previous second backwards.
-            before = _cron_next(self.cron, self._local(slot_ms - 1), reverse=True)
-            if before is None:
-                return None
-            before_ms = _ms(before)
-        return before_ms if before_ms >= self._anchor_ms() else None
+            before_ms: int | None = slot_ms - self.interval_s * 1000
+        else:  # the slot strictly before: from the last millisecond of the previous second backwards
+            before_ms = _cron_next(self.cron, self._local(slot_ms - 1), reverse=True)
+        return before_ms if before_ms is not None and before_ms >= self._anchor_ms() else None
 
     def _anchor_ms(self) -> int:
         return _ms(self.start_at) if self.start_at is not None else 0
@@ -143,15 +134,15 @@ class Schedule:
         return datetime.fromtimestamp(epoch_ms / 1000, UTC).astimezone(zone(self.timezone))
 
 
-def _cron_next(cron: str, start: datetime, reverse: bool = False) -> datetime | None:
-    """The match of `cron` after (or before) `start`; None if there is none within cronsim's 50 years."""
+def _cron_next(cron: str, start: datetime, reverse: bool = False) -> int | None:
+    """The match of `cron` after (or before) `start`, epoch ms; None if there is none within cronsim's 50 years."""
     fields = cron.split()
     at_local_time = not fields[-5].startswith("*") and not fields[-4].startswith("*")
     try:
         match = next(CronSim(cron, _wall_clock(start) if at_local_time else start, reverse=reverse))
     except StopIteration:  # a row saved before never-matching crons were refused
         return None
-    return _first_shown(match, start.tzinfo) if at_local_time else match
+    return _ms(_first_shown(match, start.tzinfo) if at_local_time else match)
 
 
 def _wall_clock(moment: datetime) -> datetime:

@@ -47,18 +47,15 @@ def when(moment: datetime | None) -> str:
     """Show a time with seconds and its age ("12:34:56 12 s ago"), the full timestamp (µs, UTC) on hover."""
     if moment is None:
         return "—"
-    full = moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f UTC")
+    utc = moment.astimezone(UTC)
+    today = abs((datetime.now(UTC) - moment).total_seconds()) < 20 * 3600
     return format_html(
         '<time datetime="{}" title="{}" data-age>{} <span class="tasks-age">{}</span></time>',
         moment.isoformat(),
-        full,
-        moment.astimezone(UTC).strftime("%H:%M:%S" if _today(moment) else "%Y-%m-%d %H:%M:%S"),
+        utc.strftime("%Y-%m-%d %H:%M:%S.%f UTC"),
+        utc.strftime("%H:%M:%S" if today else "%Y-%m-%d %H:%M:%S"),
         age(moment),
     )
-
-
-def _today(moment: datetime) -> bool:
-    return abs((datetime.now(UTC) - moment).total_seconds()) < 20 * 3600
 
 
 def age(moment: datetime, now: datetime | None = None) -> str:

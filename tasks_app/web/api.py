@@ -70,11 +70,8 @@ def _denial(request: HttpRequest, permission: str | None) -> JsonResponse | None
     if isinstance(user, str):
         return error(401, user, **{"WWW-Authenticate": 'Bearer error="invalid_token"'})
     if user is None or not user.is_authenticated:
-        return error(
-            401,
-            "authentication required: send 'Authorization: Bearer <token>' or log in",
-            **{"WWW-Authenticate": "Bearer"},
-        )
+        message = "authentication required: send 'Authorization: Bearer <token>' or log in"
+        return error(401, message, **{"WWW-Authenticate": "Bearer"})
     if not user.is_staff:
         return error(403, "only staff users may use the task API")
     if permission is not None and not user.has_perm(permission):
@@ -112,11 +109,8 @@ def _read_body(request: HttpRequest) -> dict[str, Any] | JsonResponse:
     limit = body_limit()
     data = body_within(request, limit)
     if data is None:
-        return error(
-            413,
-            f"request body is over the limit of {limit} bytes "
-            f"(arguments may take up to TASKS_MAX_PAYLOAD_BYTES={settings.TASKS_MAX_PAYLOAD_BYTES})",
-        )
+        payload = f"arguments may take up to TASKS_MAX_PAYLOAD_BYTES={settings.TASKS_MAX_PAYLOAD_BYTES}"
+        return error(413, f"request body is over the limit of {limit} bytes ({payload})")
     try:
         body = loads_bounded(data or b"null", MAX_JSON_DEPTH + 1)  # the arguments sit in the body
     except JsonTooDeep:
@@ -202,15 +196,16 @@ def _read_force(request: HttpRequest) -> bool | JsonResponse:
     declared = request.headers.get("Content-Length") or "0"
     if not declared.isdigit() or int(declared) > MAX_CANCEL_BODY_BYTES:
         return error(413, f"a cancel's body is at most {MAX_CANCEL_BODY_BYTES} bytes")
-    if request.content_type == "multipart/form-data":  # its stream may have been read (CSRF): not its body
+    # A multipart stream may have been read (CSRF): not its body. JSON sent as a form (curl -d) is JSON.
+    if request.content_type == "multipart/form-data" or (
+        request.content_type == "application/x-www-form-urlencoded" and not request.body.lstrip().startswith(b"{")
+    ):
         try:
             return request.POST.get("force", "").lower() in FORCE_WORDS
         except MultiPartParserError as exc:
             return error(400, f"request body is not valid form data: {exc}")
     if not request.body.strip():
         return False
-    if request.content_type == "application/x-www-form-urlencoded" and not request.body.lstrip().startswith(b"{"):
-        return request.POST.get("force", "").lower() in FORCE_WORDS
     try:
         body = loads_bounded(request.body, 1)
     except ValueError as exc:

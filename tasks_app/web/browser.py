@@ -66,7 +66,6 @@ def task_browser(request: HttpRequest) -> HttpResponse:
     page = find_page(broker, filters, queues)
     if request.GET.get("format") == "json":
         return JsonResponse(page_json(page))
-    base_query = query_without(request.GET, "before", "seen", "after", "format")
     return render(
         request,
         "tasks_app/browser.html",
@@ -84,7 +83,7 @@ def task_browser(request: HttpRequest) -> HttpResponse:
             not_kept=TaskType.objects.exclude(keep_results=TaskType.KeepResults.ALWAYS).order_by("name"),
             ranges=list(RANGES),
             page_sizes=PAGE_SIZES,
-            base_query=base_query,
+            base_query=query_without(request.GET, "before", "seen", "after", "format"),
             page_query=query_without(request.GET, "format"),
             actions=[action for action in ACTIONS.values() if request.user.has_perm(action.permission)],
             refresh_s=REFRESH_S,
@@ -107,11 +106,10 @@ def _run_action(request: HttpRequest) -> None:
         return
     shown = {r.id: request.POST.get(f"retried_as:{r.id}", "") for r in records}  # each row's, as the page showed it
     try:
-        outcome = action.run(Selection(records, f"user:{request.user.get_username()}", shown))
+        logged, message = action.run(Selection(records, f"user:{request.user.get_username()}", shown))
     except (producer.EnqueueError, producer.QueueUnavailable) as exc:
         messages.error(request, f"{action.label}: {exc}")
         return
-    logged, message = outcome
     log_task_actions(request, logged)
     gone = len(ids) - len(records)  # deleted or expired since the page was shown
     messages.success(request, message + (f" {gone} selected task(s) no longer had a record, left." if gone else ""))

@@ -112,9 +112,6 @@ class EnqueueForm(forms.Form):
     def clean_kwargs(self) -> dict[str, Any]:
         return parse_json_field(self.cleaned_data["kwargs"], dict, "Kwargs")
 
-    def clean_unique_key(self) -> str | None:
-        return self.cleaned_data["unique_key"] or None
-
 
 # Which form field a producer error is about, by the start of its message.
 _ERROR_FIELDS = {
@@ -148,7 +145,7 @@ def enqueue_task(request: HttpRequest) -> HttpResponse:
                 queue=data["queue"] or None,
                 priority=data["priority"],
                 delay_s=data["delay"],
-                unique_key=data["unique_key"],
+                unique_key=data["unique_key"] or None,
             )[0]
         except producer.EnqueueError as exc:
             field = next((name for name, starts in _ERROR_FIELDS.items() if str(exc).startswith(starts)), None)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 from django.contrib import messages
@@ -89,42 +88,29 @@ def shown_tree(node: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-@dataclass(frozen=True)
-class Place:
-    """A task's place in its workflow, as its page shows it; `state` None when the workflow has expired."""
-
-    workflow_id: str
-    path: str
-    state: workflows.WorkflowState | None
-    parent_kind: str = ""  # "group" or "chain"
-    neighbours: list[workflows.Member] = field(default_factory=list)  # the others of its group or chain
-    more_neighbours: int = 0
-    callbacks: list[workflows.Member] = field(default_factory=list)  # but this task
-    more_callbacks: int = 0
-
-
-def place_of(record: ResultRecord) -> Place | None:
+def place_of(record: ResultRecord) -> dict[str, Any] | None:
     """Where a task stands in its workflow (None for a task of none): its path, its neighbours, the callbacks."""
     if not record.workflow:
         return None
+    place: dict[str, Any] = {"workflow_id": record.workflow, "path": record.workflow_path}
     try:
         state = workflows.get_workflow(record.workflow)
     except workflows.WorkflowError:
-        return Place(record.workflow, record.workflow_path, None)
+        return place  # the workflow has expired
     parent = record.workflow_path.rpartition(".")[0]
     spec = _node_at(state.tree, parent) if parent else None
+    # The others of its group or chain, and the callbacks, but this task.
     neighbours = [m for m in state.members if m.path.rpartition(".")[0] == parent and m.path != record.workflow_path]
     callbacks = [m for m in state.members if m.callback and m.path != record.workflow_path]
-    return Place(
-        record.workflow,
-        record.workflow_path,
-        state,
-        parent_kind=spec["kind"] if spec else "",
-        neighbours=neighbours[:SHOWN_NEIGHBOURS],
-        more_neighbours=max(0, len(neighbours) - SHOWN_NEIGHBOURS),
-        callbacks=callbacks[:SHOWN_NEIGHBOURS],
-        more_callbacks=max(0, len(callbacks) - SHOWN_NEIGHBOURS),
-    )
+    return {
+        **place,
+        "state": state,
+        "parent_kind": spec["kind"] if spec else "",  # "group" or "chain"
+        "neighbours": neighbours[:SHOWN_NEIGHBOURS],
+        "more_neighbours": max(0, len(neighbours) - SHOWN_NEIGHBOURS),
+        "callbacks": callbacks[:SHOWN_NEIGHBOURS],
+        "more_callbacks": max(0, len(callbacks) - SHOWN_NEIGHBOURS),
+    }
 
 
 def _node_at(tree: dict[str, Any], path: str) -> dict[str, Any] | None:
