@@ -228,16 +228,8 @@ def cancel_task(request: HttpRequest, task_id: str) -> HttpResponse:
     except control.TaskAlreadyFinished as exc:
         return error(409, str(exc))
     running = reply.outcome == control.REQUESTED
-    return JsonResponse(
-        {
-            "id": task_id,
-            "outcome": reply.outcome,
-            "status": reply.status,
-            "cancel_requested": running,
-            "forced": running and force,
-        },
-        status=202 if running else 200,
-    )
+    answer = {"id": task_id, "outcome": reply.outcome, "status": reply.status, "cancel_requested": running}
+    return JsonResponse({**answer, "forced": running and force}, status=202 if running else 200)
 
 
 @api_view({"GET"})

@@ -7,8 +7,8 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from django.utils.html import escape
-from django.utils.safestring import SafeString, mark_safe
+from django.template.loader import render_to_string
+from django.utils.safestring import SafeString
 
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.history import DURATION_BUCKETS_MS, OUTCOMES
@@ -87,6 +87,7 @@ LINES = {
 }
 
 WIDTH, HEIGHT, LEFT, BOTTOM, TOP = 360, 120, 44, 18, 8
+FRAME = {"width": WIDTH, "height": HEIGHT, "left": LEFT, "top": TOP, "bottom": HEIGHT - BOTTOM}
 
 
 def _label(value: float, unit: str) -> str:
@@ -100,30 +101,14 @@ def svg_chart(title: str, series: Series, unit: str = "") -> SafeString:
     values = [v for points in series.values() for v in points if v is not None]
     top = max(values, default=0) or 1
     plot_w, plot_h = WIDTH - LEFT - 4, HEIGHT - BOTTOM - TOP
-    parts = [
-        f'<svg class="tasks-chart" role="img" viewBox="0 0 {WIDTH} {HEIGHT}" width="{WIDTH}" height="{HEIGHT}">',
-        f"<title>{escape(title)}</title>",
-        f'<line x1="{LEFT}" y1="{TOP + plot_h}" x2="{WIDTH - 4}" y2="{TOP + plot_h}" class="tasks-axis"/>',
-        f'<line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{TOP + plot_h}" class="tasks-axis"/>',
-        f'<text x="{LEFT - 4}" y="{TOP + 8}" text-anchor="end">{escape(_label(top, unit))}</text>',
-        f'<text x="{LEFT - 4}" y="{TOP + plot_h}" text-anchor="end">0</text>',
-        f'<text x="{LEFT}" y="{HEIGHT - 4}">-60 min</text>',
-        f'<text x="{WIDTH - 4}" y="{HEIGHT - 4}" text-anchor="end">now</text>',
-    ]
+    marks = []  # a run of points as a line; a lone one (between gaps) as a dot: a line of one point shows nothing
     for name, points in series.items():
         step = plot_w / max(1, len(points) - 1)
         for run in _runs(points):
             xy = [(LEFT + i * step, TOP + plot_h - (value / top) * plot_h) for i, value in run]
-            parts.append(_mark(LINES[name][0], xy))
-    parts.append("</svg>")
-    legend = "".join(
-        f'<span class="tasks-legend" style="border-color: {LINES[name][0]}">{escape(LINES[name][1])}</span>'
-        for name in series
-    )
-    # Every text in it (titles, type and queue names) is escaped above.
-    return mark_safe(
-        f'<figure class="tasks-figure">{"".join(parts)}<figcaption>{escape(title)} {legend}</figcaption></figure>'
-    )
+            marks.append((LINES[name][0], [(f"{x:.1f}", f"{y:.1f}") for x, y in xy]))
+    context = {"frame": FRAME, "title": title, "top_label": _label(top, unit), "marks": marks}
+    return render_to_string("tasks_app/_chart.html", {**context, "legend": [LINES[name] for name in series]})
 
 
 def _runs(points: Sequence[float | None]) -> list[list[tuple[int, float]]]:
@@ -136,15 +121,6 @@ def _runs(points: Sequence[float | None]) -> list[list[tuple[int, float]]]:
         else:
             runs[-1].append((index, value))
     return [run for run in runs if run]
-
-
-def _mark(colour: str, xy: list[tuple[float, float]]) -> str:
-    """A run of points as a line; a lone one (a minute between gaps) as a dot, as a line of one point shows nothing."""
-    if len(xy) == 1:
-        [(x, y)] = xy
-        return f'<circle class="tasks-point" cx="{x:.1f}" cy="{y:.1f}" r="2.5" fill="{colour}"/>'
-    coords = " ".join(f"{x:.1f},{y:.1f}" for x, y in xy)
-    return f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{coords}"/>'
 
 
 def dashboard_charts(data: dict[str, Any]) -> dict[str, Any]:

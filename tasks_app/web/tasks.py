@@ -47,10 +47,8 @@ def parse_json_field[T](text: str, expected: type[T], what: str) -> T:
     except ValueError as exc:
         raise forms.ValidationError(f"Invalid JSON: {exc}", code="invalid_json") from None
     if not isinstance(value, expected):
-        raise forms.ValidationError(
-            f"{what} must be a JSON {'array' if expected is list else 'object'}, got {type(value).__name__}",
-            code="wrong_type",
-        )
+        kind = "array" if expected is list else "object"
+        raise forms.ValidationError(f"{what} must be a JSON {kind}, got {type(value).__name__}", code="wrong_type")
     return value
 
 
