@@ -127,12 +127,11 @@ class RedisBackend(BaseTaskBackend):
     def check(self, **kwargs: Any) -> list[CheckMessage]:
         """Report invalid queues and options, and a Redis that does not answer."""
         where, known = f"TASKS[{self.alias!r}]", f"Known options: {', '.join(sorted(KNOWN_OPTIONS))}."
-        bad_queues = [queue for queue in self.queues if not isinstance(queue, str) or not NAME_PATTERN.fullmatch(queue)]
         messages: list[CheckMessage] = [
             *super().check(**kwargs),
             *(
                 Error(f"{where} QUEUES has an invalid queue name {queue!r}", hint=NAME_HINT, id="tasks_app.E010")
-                for queue in sorted(bad_queues)
+                for queue in sorted(q for q in self.queues if not isinstance(q, str) or not NAME_PATTERN.fullmatch(q))
             ),
             *(
                 Error(f"{where} OPTIONS has an unknown option {option!r}", hint=known, id="tasks_app.E011")

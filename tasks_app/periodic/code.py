@@ -77,10 +77,8 @@ def _sync_one(name: str, entry: Mapping[str, Any], registry: Registry) -> str:
 
 def _write_row(name: str, entry: Mapping[str, Any], task_type: str) -> str:
     """Write one entry's row; return "created", "updated" or "unchanged"."""
-    row = PeriodicTask.objects.select_for_update().filter(name=name).first()
-    created = row is None
-    if row is None:
-        row = PeriodicTask(name=name)
+    row = PeriodicTask.objects.select_for_update().filter(name=name).first() or PeriodicTask(name=name)
+    created = row.pk is None
     before = _owned_values(row)
     defaults = PeriodicTask()
     for attr in ENTRY_FIELDS:

@@ -43,8 +43,8 @@ def _fire_into(
     slot = {SLOT_HEADER: str(firing.slot_ms)}
     requests = [_request(config, queue, slot, run_id(config.name, firing.slot_ms, "run"))]
     if config.catch_up == "once":
-        catch_up = {**slot, CATCH_UP_HEADER: "1"}
-        requests.append(_request(config, queue, catch_up, run_id(config.name, firing.slot_ms, "catch_up")))
+        catch_up_id = run_id(config.name, firing.slot_ms, "catch_up")
+        requests.append(_request(config, queue, {**slot, CATCH_UP_HEADER: "1"}, catch_up_id))
     batch = prepare(requests, registry=registry)
     runs = [task.item if isinstance(task, UniqueEnqueueable) else task for task in batch.tasks]
     try:

@@ -15,8 +15,8 @@ logger = logging.getLogger(__name__)
 _problems: ProblemLog[str] = ProblemLog(logger)
 
 
-def check_web() -> dict[str, str]:
-    """Check the database and Redis; map each to "ok" or the error met (logged once while it persists)."""
+def healthz(request: HttpRequest) -> JsonResponse:
+    """Answer 200 when the database and Redis are reachable, else 503; only staff see each check's state."""
     checks: dict[str, str] = {}
     for name, probe in (("database", _ping_database), ("redis", lambda: get_broker().inspect.ping())):
         try:
@@ -27,20 +27,14 @@ def check_web() -> dict[str, str]:
         else:
             checks[name] = "ok"
             _problems.recovered(name, "health check: %s ok again", name)
-    return checks
-
-
-def _ping_database() -> None:
-    with connections["default"].cursor() as cursor:
-        cursor.execute("SELECT 1")
-
-
-def healthz(request: HttpRequest) -> JsonResponse:
-    """Answer 200 when the database and Redis are reachable, else 503; only staff see each check's state."""
-    checks = check_web()
     healthy = all(state == "ok" for state in checks.values())
     body: dict[str, object] = {"status": "ok" if healthy else "unavailable"}
     user = getattr(request, "user", None)
     if user is not None and user.is_active and user.is_staff:
         body["checks"] = checks  # error text may name hosts and credentials' users: not for everyone
     return JsonResponse(body, status=200 if healthy else 503)
+
+
+def _ping_database() -> None:
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT 1")

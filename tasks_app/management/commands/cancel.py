@@ -10,7 +10,7 @@ from tasks_app.control import CANCELLED, FINISHED, REQUESTED, cancel_many
 from tasks_app.management.base import QueueCommand
 
 DONE = {CANCELLED: "cancelled (it will not run)", REQUESTED: "running: asked to stop"}
-FORCED = "running: stopped by force"
+FORCED = {**DONE, REQUESTED: "running: stopped by force"}
 
 
 def cli_user() -> str:
@@ -36,12 +36,10 @@ class Command(QueueCommand):
 
     def handle(self, *args: Any, ids: list[str], by: str, force: bool, **options: Any) -> None:
         replies = cancel_many(ids, cancelled_by=by or f"cli:{cli_user()}", force=force)
-        problems = []
+        problems, done = [], FORCED if force else DONE
         for reply in replies:
-            if reply.outcome == REQUESTED and force:
-                self.stdout.write(f"{reply.task_id} {FORCED}")
-            elif reply.outcome in DONE:
-                self.stdout.write(f"{reply.task_id} {DONE[reply.outcome]}")
+            if reply.outcome in done:
+                self.stdout.write(f"{reply.task_id} {done[reply.outcome]}")
             elif reply.outcome == FINISHED:
                 problems.append(f"task {reply.task_id} already finished ({reply.status})")
             else:

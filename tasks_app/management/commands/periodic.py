@@ -32,8 +32,7 @@ class Command(QueueCommand):
 
     def handle(self, *args: Any, action: str, name: str = "", **options: Any) -> None:
         if action == "list":
-            for line in _table(schedule_statuses(get_broker())):
-                self.stdout.write(line)
+            self.stdout.write("\n".join(_table(schedule_statuses(get_broker()))))
         elif action == "run":
             self.stdout.write(_run(name))
         else:
