@@ -41,7 +41,9 @@ def percentile_ms(buckets: Mapping[int, int], share: float) -> float | None:
 
 def _type_json(series: Series, minute_buckets: list[Counter[int]]) -> dict[str, Any]:
     """A type's outcome series with its p50/p95 per minute, and the hour's totals."""
-    hour_buckets = sum(minute_buckets, Counter[int]())
+    hour_buckets: Counter[int] = Counter()
+    for buckets in minute_buckets:
+        hour_buckets.update(buckets)  # not `+`, which would drop a negative count midway
     return {
         **series,
         "p50_ms": [percentile_ms(buckets, 0.5) for buckets in minute_buckets],
