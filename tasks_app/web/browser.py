@@ -233,10 +233,10 @@ class Page:
     cut: bool = False  # a prefix search that filled a page: more may match
 
 
-def find_page(broker: Broker, filters: Filters, known: Sequence[str], now: datetime | None = None) -> Page:
+def find_page(broker: Broker, filters: Filters, known: Sequence[str]) -> Page:
     """The tasks the filters select among the `known` queues, newest first, one page of them."""
     queues = [filters.queue] if filters.queue else list(known)
-    lower, upper = filters.bounds_ms(now or datetime.now(UTC))
+    lower, upper = filters.bounds_ms(datetime.now(UTC))
     if filters.workflow:
         return _workflow_page(broker, filters, lower, upper)
     if filters.q:
