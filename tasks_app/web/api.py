@@ -24,7 +24,7 @@ from tasks_app.protocol.codec import MAX_JSON_DEPTH, JsonTooDeep, loads_bounded
 from tasks_app.protocol.keys import InvalidName, validate_name
 from tasks_app.protocol.records import datetime_of_ms
 from tasks_app.templatetags.tasks_display import url_or_empty
-from tasks_app.web.common import View, body_limit, body_within, csrf_rejection, error, load_record, redis_error_json
+from tasks_app.web.common import View, csrf_rejection, enqueue_body, error, load_record, redis_error_json
 
 REQUEST_FIELDS = {"type", "args", "kwargs", "queue", "priority", "delay", "unique_key"}
 MAX_CANCEL_BODY_BYTES = 1024  # its optional body: {"force": true}
@@ -106,8 +106,7 @@ def _token_user(header: str) -> Any:
 
 def _read_body(request: HttpRequest) -> dict[str, Any] | JsonResponse:
     """The enqueue request's body as a dict of known fields, or the 400/413 answer saying what is wrong."""
-    limit = body_limit()
-    data = body_within(request, limit)
+    data, limit = enqueue_body(request)
     if data is None:
         payload = f"arguments may take up to TASKS_MAX_PAYLOAD_BYTES={settings.TASKS_MAX_PAYLOAD_BYTES}"
         return error(413, f"request body is over the limit of {limit} bytes ({payload})")

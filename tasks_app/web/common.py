@@ -40,18 +40,14 @@ ENVELOPE_ALLOWANCE_BYTES = 64 * 1024
 BODY_ENCODING_FACTOR = 4
 
 
-def body_limit() -> int:
-    """The most bytes an enqueue request's body may hold: its arguments as encoded, and room around them."""
-    return BODY_ENCODING_FACTOR * settings.TASKS_MAX_PAYLOAD_BYTES + ENVELOPE_ALLOWANCE_BYTES
-
-
-def body_within(request: HttpRequest, limit: int) -> bytes | None:
-    """The request's body, None if it is over `limit` bytes."""
+def enqueue_body(request: HttpRequest) -> tuple[bytes | None, int]:
+    """An enqueue request's body (None if over the limit) and that limit: the arguments as encoded, and room."""
+    limit = BODY_ENCODING_FACTOR * settings.TASKS_MAX_PAYLOAD_BYTES + ENVELOPE_ALLOWANCE_BYTES
     declared = request.headers.get("Content-Length") or "0"
     if declared.isdigit() and int(declared) > limit:
-        return None
+        return None, limit
     data = request.read(limit + 1)
-    return data if len(data) <= limit else None
+    return (data if len(data) <= limit else None), limit
 
 
 def csrf_rejection(request: HttpRequest, check: type[CsrfViewMiddleware] = CsrfViewMiddleware) -> Any:

@@ -26,7 +26,7 @@ from tasks_app.protocol.keys import NAME_PATTERN
 from tasks_app.protocol.records import ResultRecord
 from tasks_app.registry import registry
 from tasks_app.templatetags.tasks_display import url_or_empty
-from tasks_app.web.common import admin_context, body_limit, body_within, csrf_rejection, load_record, redis_required
+from tasks_app.web.common import admin_context, csrf_rejection, enqueue_body, load_record, redis_required
 from tasks_app.web.workflows import place_of
 
 REFRESH_S = 2
@@ -161,8 +161,7 @@ def enqueue_task(request: HttpRequest) -> HttpResponse:
 
 def _read_form(request: HttpRequest) -> HttpResponse | None:
     """Read the form's body within the payload limit (not DATA_UPLOAD_MAX_MEMORY_SIZE), then check CSRF."""
-    limit = body_limit()
-    data = body_within(request, limit)
+    data, limit = enqueue_body(request)
     reason = f"The form is over the limit of {limit} bytes"
     if data is not None:
         request._body = data  # as `request.body` keeps what it read: POST is parsed from it
