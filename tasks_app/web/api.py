@@ -153,7 +153,7 @@ def create_task(request: HttpRequest) -> HttpResponse:
 
 def _enqueued_answer(request: HttpRequest, task: producer.EnqueuedTask) -> HttpResponse:
     """201 with the task just enqueued; for a duplicate, 200 with the task holding its key, as its record says now."""
-    path = url_or_empty("tasks_app:api-task", task.id)
+    path = url_or_empty("tasks_app:api-task", task.id)  # a duplicate's holder may have an id no URL names
     location = request.build_absolute_uri(path) if path else None
     answer = {
         "id": task.id,

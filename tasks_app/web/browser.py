@@ -215,7 +215,7 @@ def _number(text: str) -> float | None:
 
 
 def _digits(text: str, default: int) -> int:
-    """A count typed in a query: ASCII digits only (int() takes "²" and thousands of digits), else `default`."""
+    """A count typed in a query: ASCII digits only (int() takes no "²", nor thousands of digits), else `default`."""
     return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else default
 
 
@@ -364,7 +364,7 @@ class Selection:
 
     records: Sequence[ResultRecord]
     actor: str  # "user:<name>"
-    shown_retried_as: Mapping[str, str] = field(default_factory=dict)
+    shown_retried_as: Mapping[str, str] = field(default_factory=dict)  # by task id, as the page showed them
 
 
 # What an action did: the admin log entries to write (task id, type, flag, message) and what to tell the user.

@@ -70,7 +70,7 @@ def chart_data(broker: Broker, queues: Sequence[str], now_s: float | None = None
             for field, amount in row.items():
                 kind, _, rest = field.partition("|")
                 task_type, _, bucket = rest.rpartition("|")
-                if kind == "d" and bucket.isdecimal() and len(bucket) <= 3:  # int() takes "²" and 5,000 digits
+                if kind == "d" and bucket.isdecimal() and len(bucket) <= 3:  # int() takes no "²", nor 5,000 digits
                     buckets[task_type][index][int(bucket)] += amount
                 elif kind in OUTCOMES and rest:
                     series[rest][kind][index] = (series[rest][kind][index] or 0) + amount

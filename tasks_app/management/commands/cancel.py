@@ -36,7 +36,8 @@ class Command(QueueCommand):
 
     def handle(self, *args: Any, ids: list[str], by: str, force: bool, **options: Any) -> None:
         replies = cancel_many(ids, cancelled_by=by or f"cli:{cli_user()}", force=force)
-        problems, done = [], FORCED if force else DONE
+        done = FORCED if force else DONE
+        problems = []
         for reply in replies:
             if reply.outcome in done:
                 self.stdout.write(f"{reply.task_id} {done[reply.outcome]}")
