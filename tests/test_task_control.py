@@ -332,3 +332,53 @@ def test_a_requeue_from_the_dead_letters_forgets_the_cancel_requests_of_the_earl
         if dead.task
     ] == [task.id]
     assert broker.control.cancel_marks("web", [task.id]) == [CancelMark.NONE]
+
+
+def mark_waiting(broker: Any, task_id: str, queue: str = "web", task_type: str = "web.echo") -> tuple[str, bytes]:
+    """Write a waiting task's mark as an enqueue does (docs/PROTOCOL.md, "Waiting marks"); return its place."""
+    bucket, mark = broker.keys.waiting_mark(task_id)
+    broker.client.hset(bucket, mark, f"{queue} {task_type}")
+    return bucket, mark
+
+
+def test_a_waiting_mark_reads_ready_with_its_queue_and_type_until_the_receipt_replaces_it(broker, echo_type):
+    bucket, mark = mark_waiting(broker, "w-1")
+    assert {k: v for k, v in broker.records.get_result("w-1").items() if k in ("status", "queue", "type", "id")} == {
+        "status": "READY",
+        "queue": "web",
+        "type": "web.echo",
+        "id": "w-1",
+    }
+    assert broker.records.get_results(["w-1", "none"], ["status", "queue"])[0]["queue"] == "web"
+    assert broker.queue.claim_receipts([("w-1", 5)], 60, [("web", "web.echo")]) == [3]
+    assert broker.client.hget(bucket, mark) is None
+    record = broker.records.get_result("w-1")
+    assert (record["status"], record["queue"], record["type"], record["fence"]) == ("READY", "web", "web.echo", "5")
+    assert tasks_app.cancel("w-1").outcome == tasks_app.control.REQUESTED  # its consumer is told
+    assert broker.control.cancel_marks("web", ["w-1"]) == [CancelMark.REQUESTED]
+
+
+def test_a_cancel_of_a_waiting_mark_makes_a_cancelled_record_its_claim_then_refuses(broker, echo_type):
+    bucket, mark = mark_waiting(broker, "w-2")
+    reply = tasks_app.cancel("w-2", cancelled_by="ops")
+    assert (reply.outcome, reply.queue, reply.status) == (tasks_app.control.CANCELLED, "web", "CANCELLED")
+    assert broker.client.hget(bucket, mark) is None
+    record = broker.records.get_result("w-2")
+    assert (record["status"], record["type"], record["cancelled_by"], record["cancelled_waiting"]) == (
+        "CANCELLED",
+        "web.echo",
+        "ops",
+        "1",
+    )
+    assert broker.client.ttl(broker.keys.result("w-2")) > 0
+    assert broker.queue.claim_receipts([("w-2", 5)], 60, [("web", "web.echo")]) == [records.START_REFUSED]
+    assert start_run(broker, "w-2", 5) == records.START_REFUSED
+    assert tasks_app.cancel_many(["w-3"])[0].outcome == tasks_app.control.UNKNOWN  # no record, no mark
+
+
+def test_a_claim_between_reading_the_mark_and_the_cancel_leaves_a_request(broker, echo_type):
+    # The receipt creates the record before the mark goes: the cancel finds a claimed record.
+    mark_waiting(broker, "w-4")
+    assert broker.queue.claim_receipts([("w-4", 7)], 60, [("web", "web.echo")]) == [3]
+    assert tasks_app.cancel("w-4").outcome == tasks_app.control.REQUESTED
+    assert start_run(broker, "w-4", 7) == 1

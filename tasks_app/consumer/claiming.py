@@ -62,9 +62,11 @@ def write_receipts(broker: Broker, claimed: Sequence[Claimed], result_ttl_s: int
     for item in claimed:
         with contextlib.suppress(UndecodableTask):
             item.task = decode_task(item.raw)
-    claims = [(item.task.id, item.fence) for item in claimed if item.task is not None]
+    decoded = [item for item in claimed if item.task is not None]
+    claims = [(item.task.id, item.fence) for item in decoded if item.task is not None]
+    named = [(item.queue, item.task.type) for item in decoded if item.task is not None]
     try:
-        replies = broker.queue.claim_receipts(claims, result_ttl_s) if claims else []
+        replies = broker.queue.claim_receipts(claims, result_ttl_s, named) if claims else []
     except RedisError as exc:
         logger.warning(
             "could not write the claim receipts of %d task(s) (%s); they start unreceipted", len(claims), exc

@@ -35,13 +35,14 @@ from redis.exceptions import (
 
 from tasks_app.protocol import records
 from tasks_app.protocol.codec import is_utf8_encodable
-from tasks_app.protocol.keys import NAME_PATTERN, Keys
+from tasks_app.protocol.keys import NAME_PATTERN, Keys, split_waiting_mark
 from tasks_app.protocol.records import ResultUpdate, record_text_fields
 from tasks_app.protocol.scripts import Role, ScriptClient, reply_text
 
 STATUSES: tuple[str, ...] = (*(status.value for status in TaskResultStatus), records.CANCELLED)
 HISTORY_MAX = 100_000
-# Time to live of index keys where the result TTL is not at hand (a cancel); consumers set it again soon.
+# Time to live of index keys, and of a record a cancel makes from a waiting mark, where the result TTL is not
+# at hand; consumers (the drop of the cancelled task) set it again soon.
 INDEX_TTL_S = 7 * 24 * 3600
 # What delete_finished answers per task: no record, deleted, kept (see lua/delete_finished.lua).
 GONE, DELETED, KEPT = 0, 1, 2
@@ -144,21 +145,28 @@ class Records(Role):
 
     def get_results(self, task_ids: Iterable[str], fields: Sequence[str] | None = None) -> list[dict[str, str] | None]:
         """The result records of several tasks (only `fields`, if given) in one round trip, as `get_result`."""
+        # A task without a record that waits has a mark: it answers READY with its queue and type.
         ids = list(task_ids)
         # An id with a lone surrogate cannot be a key: it names no task.
         storable = [task_id for task_id in ids if is_utf8_encodable(task_id)]
         pipe = self.client.pipeline(transaction=False)
         for task_id in storable:
             pipe.hmget(self.keys.result(task_id), fields) if fields else pipe.hgetall(self.keys.result(task_id))
+            pipe.hget(*self.keys.waiting_mark(task_id))
         replies = pipe.execute(raise_on_error=False) if storable else []  # a producer's record of another type: none
+        records, marks = replies[0::2], replies[1::2]
         if fields:  # HMGET's reply as HGETALL's: the fields the record has, by name
-            replies = [
+            records = [
                 r
                 if isinstance(r, Exception)
                 else {f.encode(): v for f, v in zip(fields, r, strict=True) if v is not None}
-                for r in replies
+                for r in records
             ]
-        found = dict(zip(storable, replies, strict=True))
+        for at, mark in enumerate(marks):
+            if not records[at] and isinstance(mark, bytes):
+                queue, task_type = split_waiting_mark(mark)
+                records[at] = {b"status": b"READY", b"queue": queue.encode(), b"type": task_type.encode()}
+        found = dict(zip(storable, records, strict=True))
         return [record_text_fields(task_id, found[task_id]) if task_id in found else None for task_id in ids]
 
     def delete_finished(self, tasks: Sequence[tuple[str, str]]) -> list[int]:
@@ -452,7 +460,8 @@ class Control(Role):
 
     def cancel_many(self, task_ids: Sequence[str], cancelled_by: str = "", force: bool = False) -> list[CancelReply]:
         """Cancel tasks by id in one round trip (two if some run; `force`: stopped by their consumer); never raises."""
-        answers = self.redis.run_many("cancel", [([self.keys.result(task_id)], [cancelled_by]) for task_id in task_ids])
+        answers = self.redis.run_many("cancel", self._cancel_calls(task_ids, cancelled_by))
+        cluster = isinstance(self.client, redis.RedisCluster)
         replies = [
             CancelReply(task_id, reply_text(outcome), reply_text(queue), reply_text(status), int(at_ms))
             for task_id, (outcome, queue, status, at_ms, *_) in zip(task_ids, answers, strict=True)
@@ -463,6 +472,8 @@ class Control(Role):
             if NAME_PATTERN.fullmatch(reply.queue) is None:
                 continue
             if reply.outcome == CANCELLED:  # the task browser's history: READY to CANCELLED (another slot)
+                if cluster:  # its mark, if it had one (a lost delete is harmless: the record is read first)
+                    pipe.hdel(*self.keys.waiting_mark(reply.task_id))
                 args = status_move_args(reply.task_id, records.CANCELLED, "", INDEX_TTL_S)
                 self.scripts.queue(pipe, "history_move", index_keys(self.keys, reply.queue), args)
                 if len(answer) > 4 and answer[4]:  # a key its end frees (unique_until = finished): it never runs
@@ -476,6 +487,20 @@ class Control(Role):
         if len(pipe):
             self.scripts.execute(pipe, self.client)
         return replies
+
+    def _cancel_calls(self, task_ids: Sequence[str], cancelled_by: str) -> list[tuple[list[str], list[Any]]]:
+        """The cancel calls: the mark read inside (one server) or first, its queue and type passed (Redis Cluster)."""
+        marks = [self.keys.waiting_mark(task_id) for task_id in task_ids]
+        if not isinstance(self.client, redis.RedisCluster):
+            return [
+                ([self.keys.result(task_id), bucket], [cancelled_by, INDEX_TTL_S, mark])
+                for task_id, (bucket, mark) in zip(task_ids, marks, strict=True)
+            ]
+        named = self.redis.each(marks, lambda pipe, mark: pipe.hget(*mark))
+        return [
+            ([self.keys.result(task_id)], [cancelled_by, INDEX_TTL_S, *split_waiting_mark(value or b" ")])
+            for task_id, value in zip(task_ids, named, strict=True)
+        ]
 
     def cancel_marks(self, queue: str, task_ids: Sequence[str]) -> list[CancelMark]:
         """What was asked of each of these (running) tasks of `queue`: two ZMSCOREs in one round trip."""

@@ -13,6 +13,18 @@ from typing import Any
 # (field number 0 does not exist in protobuf), dropped wherever it is met.
 WAKE_TOKEN = b"\x00wake"
 
+
+def waiting_mark_value(queue: str, task_type: str) -> str:
+    """The value of a waiting task's mark: its queue and type, a space between (names never hold one)."""
+    return f"{queue} {task_type}"
+
+
+def split_waiting_mark(value: bytes) -> tuple[str, str]:
+    """The queue and type a waiting mark's value names."""
+    queue, _, task_type = value.decode(errors="backslashreplace").partition(" ")
+    return queue, task_type
+
+
 # Type of the envelope that wraps bytes that are not a task in the dead letters (as the executor's).
 UNDECODABLE_TYPE = "_undecodable"
 
@@ -109,6 +121,11 @@ class Keys:
 
     def result(self, task_id: str) -> str:
         return f"{self.prefix}:result:{task_id}"
+
+    def waiting_mark(self, task_id: str) -> tuple[str, bytes]:
+        """The bucket hash and field of a waiting task's mark (docs/PROTOCOL.md, "Waiting marks")."""
+        digest = hashlib.sha1(task_id.encode("utf-8", "surrogatepass"), usedforsecurity=False).digest()
+        return f"{self.prefix}:waiting:{digest[:2].hex()}", digest[2:10]
 
     def workflow(self, workflow_id: str) -> list[str]:
         """The keys of one workflow, under a hash tag of its own, in the order of WORKFLOW_KEYS."""

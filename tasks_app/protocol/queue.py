@@ -156,10 +156,28 @@ class Queue(Role):
         """Issue one fencing token of `queue`: higher than every token issued before it."""
         return int(self.redis.run("issue_fence", [self.keys.fence(queue)], [1]))
 
-    def claim_receipts(self, claims: Sequence[tuple[str, int]], result_ttl_s: int) -> list[int]:
-        """Write claimed (id, fence)s' receipts: per task 1 held, 3 held, record new, 0 superseded, 2 cancelled."""
+    def claim_receipts(
+        self, claims: Sequence[tuple[str, int]], result_ttl_s: int, named: Sequence[tuple[str, str]] = ()
+    ) -> list[int]:
+        """Write claimed (id, fence)s' receipts, drop their marks: 1 or 3 held, 0 superseded, 2 cancelled."""
+        # `named`: each task's (queue, type), written to a record the receipt creates.
+        named = named or [("", "")] * len(claims)
+        marks = [self.keys.waiting_mark(task_id) for task_id, _ in claims]
         keys = [self.keys.result(task_id) for task_id, _ in claims]
-        return self.redis.run_on_records("claim_receipts", keys, [result_ttl_s], [token for _, token in claims])
+        if not isinstance(self.client, redis.RedisCluster):
+            args: list[Any] = [result_ttl_s, 1]
+            for (_, token), (_, mark), (queue, task_type) in zip(claims, marks, named, strict=True):
+                args += (token, mark, queue, task_type)
+            replies = self.redis.run("claim_receipts", [*keys, *(bucket for bucket, _ in marks)], args)
+            return [int(reply) for reply in replies]
+        # Redis Cluster: a call per record (its own slot), the marks dropped in the same round trip.
+        pipe = self.client.pipeline(transaction=False)
+        for key, (_, token), (queue, task_type) in zip(keys, claims, named, strict=True):
+            self.scripts.queue(pipe, "claim_receipts", [key], [result_ttl_s, 0, token, "", queue, task_type])
+        for bucket, mark in marks:
+            pipe.hdel(bucket, mark)
+        replies = self.scripts.execute(pipe, self.client)
+        return [int(reply[0]) for reply in replies[: len(keys)]]
 
     def ack(
         self,
