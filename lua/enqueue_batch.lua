@@ -1,26 +1,23 @@
--- enqueue_batch: push a batch of tasks, write their READY records and add them to their queues'
--- history indexes, all or nothing.
--- KEYS[1] to KEYS[k] for the first queue section, k more for each further one: pending list,
+-- enqueue_batch: push a batch of tasks and write the READY records of those that keep one, all
+-- or nothing.
+-- KEYS[1] to KEYS[4] for the first queue section, 4 more for each further one: pending list,
 -- prioritized zset, delayed zset, enqueued ids zset (task id -> server ms, for ids given by the
--- caller), and if ARGV[6] = s > 0 the history zset, the history ids zset and s status indexes
--- (k = 4, or 6 + s); then, if ARGV[4] is "1", the queue set; then the result hashes of the READY records.
+-- caller); then, if ARGV[4] is "1", the queue set; then the result hashes of the READY records.
 -- ARGV[1] wake token   ARGV[2] how long enqueued ids are remembered (ms)   ARGV[3] at most how
 -- many are remembered per queue   ARGV[4] "1" to add the queue names to the queue set
--- ARGV[5] q, the number of queue sections   ARGV[6] s, the number of status indexes of each
--- section (0: no history index)   ARGV[7] at most how many tasks a queue's history keeps
--- ARGV[8] its time to live (ms)   ARGV[9] to ARGV[8 + s] the status names of those indexes;
--- then each section: queue name, n, n tasks with priority 0, due now and no id to check; m,
--- then m groups of 4: id to check ("" none), priority (-100..100), delay ms (0 = due now),
--- task; h, then h task ids to add to the history as READY. Then the records: groups of
--- (number of keys, time to live s, p, then p field/value pairs) until the end, their keys in the
--- order of the sections' history ids (the record of the j-th id of them all is the j-th key).
+-- ARGV[5] q, the number of queue sections; then each section: queue name, n, n tasks with
+-- priority 0, due now and no id to check; m, then m groups of 4: id to check ("" none), priority
+-- (-100..100), delay ms (0 = due now), task; h, then h ids of tasks with a record. Then the
+-- records: groups of (number of keys, time to live s, p, then p field/value pairs) until the end,
+-- their keys in the order of the sections' record ids (the record of the j-th id of them all is
+-- the j-th key). Waiting marks are not written here: the caller sends them beside this call.
 -- Returns: {tasks pushed, records written, then the position of each task not pushed, counted
 -- from 1 over the id-checked groups of all sections; for a call of records alone, the number of
 -- each record key left alone because its record names another queue than the one its fields name}. A task whose id was enqueued to its queue
 -- before, or earlier in this call (to a task of any section), or whose record (the key of its id
--- among the history ids) names another queue, is not pushed, and neither its record nor its
--- history entry is written: one id given to several tasks of a call keeps the first one's (a
--- record beyond the history ids is written whatever was pushed). A call without queue sections (Redis Cluster,
+-- among the record ids) names another queue, is not pushed, and neither is its record written:
+-- one id given to several tasks of a call keeps the first one's (a record beyond the record ids
+-- is written whatever was pushed). A call without queue sections (Redis Cluster,
 -- where a record lies in another slot than its queue and is written beside or before its push)
 -- writes a record only where no run or cancel touched it (no `fence`, status READY or none), so a
 -- retried request whose task was pushed before never rewrites its record, and never over a
@@ -32,14 +29,11 @@
 
 -- include: args
 -- include: priority
--- include: history
 -- include: task_ids
 local now_ms = server_now_ms()
 local keep_ms = int_arg(ARGV[2], 86400000, 0, 2 ^ 53)
 local keep_max = int_arg(ARGV[3], 100000, 1, 2 ^ 53)
-local index, after_index = history_args(6)
-local indexes = index.count
-local stride = indexes > 0 and 6 + indexes or 4
+local stride = 4
 local sections = int_arg(ARGV[5], 0, 0, #KEYS / stride)
 -- The queue keys' types, checked before the first push (all or nothing).
 for s = 1, sections do
@@ -51,11 +45,11 @@ end
 local not_pushed = {}  -- positions, over the call's id-checked groups, of the tasks not pushed
 local pushes = {}  -- id checked -> how many of its tasks the call pushed and did not file yet
 local section_of = {}  -- id checked -> the section of its first task in the call
-local filed = {}  -- per history id of the call, in order: whether its record and entry are written
+local filed = {}  -- per record id of the call, in order: whether its record is written
 local first_record = stride * sections + (ARGV[4] == '1' and 2 or 1)
 local queue_set = ARGV[4] == '1' and KEYS[stride * sections + 1]
 if queue_set then redis.call('SCARD', queue_set) end  -- its type, checked before the first push
-local recorded = 0  -- history ids (so record keys) of the sections before this one
+local recorded = 0  -- record ids (so record keys) of the sections before this one
 
 -- Whether the next task of `id` listed with a record is filed: one whose id was not checked
 -- always; else one of those the call pushed (the first tasks of the id, in order).
@@ -67,16 +61,9 @@ local function file_next(id)
   return true
 end
 
--- Add section s's h task ids from ARGV[from...] (those to file) to its history, then trim it.
-local function add_history(s, from, h_count)
-  local ids = {}
-  for i = from, from + h_count - 1 do
-    filed[#filed + 1] = file_next(ARGV[i])
-    if filed[#filed] then ids[#ids + 1] = ARGV[i] end
-  end
-  if indexes == 0 or #ids == 0 then return end
-  local base = stride * (s - 1)
-  history_enqueued(history_keys(KEYS[base + 5], KEYS[base + 6], index.names, base + 7), ids, index.max, index.ttl_ms)
+-- Note which of the h record ids from ARGV[from...] have their record written.
+local function file_records(from, h_count)
+  for i = from, from + h_count - 1 do filed[#filed + 1] = file_next(ARGV[i]) end
 end
 
 local pushed = 0
@@ -89,7 +76,7 @@ local function push_plain(pending, first, last)
 end
 
 -- The record key of each id checked among m groups from ARGV[from...], from the section's h
--- history ids at ARGV[h_at + 1...] (the j-th history id of the call has the j-th record key).
+-- record ids at ARGV[h_at + 1...] (the j-th record id of the call has the j-th record key).
 local function records_of(from, m, h_at, h_count)
   local keys = {}
   for g = 1, m do
@@ -132,7 +119,7 @@ local function push_other(s, name, record_key, id, priority, delay_ms, task)
   return true, false
 end
 
-local at = after_index
+local at = 6
 local checked = 0  -- id-checked groups of the sections before this one
 for s = 1, sections do
   local name, plain = ARGV[at], int_arg(ARGV[at + 1], 0, 0, #ARGV - at - 1)
@@ -151,7 +138,7 @@ for s = 1, sections do
     woke = woke or prioritized
   end
   checked = checked + others
-  add_history(s, h_at + 1, h_count)
+  file_records(h_at + 1, h_count)
   recorded = recorded + h_count
   at = h_at + 1 + h_count
   if woke and redis.call('LLEN', KEYS[stride * (s - 1) + 1]) == 0 then

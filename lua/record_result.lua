@@ -3,7 +3,8 @@
 -- count the writes the records take in the queue's chart counters.
 -- ARGV[1] s, the number of status indexes (0: no history index, no chart counters)   ARGV[2] to
 -- ARGV[1 + s] the status names of those indexes; if s > 0, ARGV[2 + s] the chart counters' time
--- to live (s); then g, the number of processing lists that hold writes of the call (0: none),
+-- to live (s), ARGV[3 + s] the cap of the history index and ARGV[4 + s] the age (ms) of its
+-- entries at most, to which it is trimmed as tasks enter it (0: not trimmed); then g, the number of processing lists that hold writes of the call (0: none),
 -- and per list two arguments: the id of the consumer settling its tasks and its process's
 -- instance token ("": unchecked); then one group per record: if g > 0, first j (0: not held,
 -- else the list 1..g holding it) and its task as claimed ("" if not held), then its time to live
@@ -55,6 +56,7 @@ local counters = nil  -- the chart counters hash, and the increments of its fiel
 if indexes > 0 then
   h = history_keys(KEYS[1], KEYS[2], {unpack(ARGV, 2, 1 + indexes)}, 3)
   counters = {key = KEYS[3 + indexes], ttl_s = int_arg(ARGV[2 + indexes], 7200, 1, 2 ^ 31), add = {}, names = {}}
+  history_trim_on_entry(h, int_arg(ARGV[3 + indexes], 0, 0, 2 ^ 53), int_arg(ARGV[4 + indexes], 0, 0, 2 ^ 53))
 end
 
 -- Count the fields ARGV[first .. first + n - 1] once more (their write was taken).
@@ -171,7 +173,7 @@ local function write_record(key, u)
 end
 
 local replies = {}
-local lists_at = indexes > 0 and 3 + indexes or 2
+local lists_at = indexes > 0 and 5 + indexes or 2
 local first_list = indexes > 0 and 4 + indexes or 1
 local lists = int_arg(ARGV[lists_at], 0, 0,
   math.min(math.floor((#ARGV - lists_at) / 2), math.floor((#KEYS - first_list + 1) / 3)))

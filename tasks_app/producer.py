@@ -176,7 +176,10 @@ def prepare(requests: Sequence[TaskRequest], *, registry: Registry = default_reg
             if request.run_after is not None:
                 batch.fixed_due.add(task_id)
             checked = bool(request.task_id) and not request.fresh_id  # a caller's id: a retry is a duplicate
-            item = Enqueueable(queue, encode_task(task), task.priority, delay_ms, record, task_id, checked)
+            # A generated id: a waiting mark. A caller's id may be asked for its arguments before it starts (as
+            # django.tasks' results are): a READY record.
+            marked = not request.task_id
+            item = Enqueueable(queue, encode_task(task), task.priority, delay_ms, record, task_id, checked, marked)
             batch.tasks.append(UniqueEnqueueable(item, task.unique_digest, window_ms) if window_ms else item)
             batch.enqueued.append(EnqueuedTask(task_id, request.type, queue, task.priority, now_ms, task.run_after_ms))
     except BaseException as exc:  # nothing of the batch goes out

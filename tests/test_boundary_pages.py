@@ -16,6 +16,7 @@ from tasks_app.models import TaskType
 from tasks_app.protocol.history import DURATION_BUCKETS_MS
 from tasks_app.templatetags.tasks_display import url_or_empty
 from tasks_app.web.charts import percentile_ms
+from tests.support.enqueued import file_ready
 
 pytestmark = pytest.mark.django_db
 
@@ -52,7 +53,7 @@ def test_a_task_whose_id_names_another_page_is_listed_unlinked(staff, broker, ta
     TaskType.objects.create(name="web.echo", handler="demo.echo", queue="web")
     producer.enqueue_many([producer.TaskRequest("web.echo", [1], task_id=task_id)])
     assert url_or_empty("tasks_app:task", task_id) == ""
-    page = staff.get("/tasks/").content.decode()
+    page = staff.get("/tasks/?status=READY").content.decode()  # waiting: read from its queue
     assert f">{task_id}</" in page and f'href="/tasks/{task_id}/">{task_id}</a>' not in page
 
 
@@ -83,6 +84,7 @@ def test_a_record_whose_id_field_names_another_task_is_shown_and_acted_on_under_
     # Before: the `id` field won over the key, so cancelling this row (or deleting it) hit the other task.
     TaskType.objects.create(name="web.echo", handler="demo.echo", queue="web")
     [other] = producer.enqueue("web.echo", [1])
+    file_ready(broker, [other.id], "web")  # listed in the history, as an old producer's task
     fields = {"id": other.id, "type": "web.echo", "queue": "web", "status": "READY"}
     broker.client.hset(broker.keys.result("foreign"), mapping=fields)
     broker.client.zadd(broker.keys.history("web"), {"foreign": time.time() * 1000 + 1000})

@@ -16,22 +16,28 @@ from tasks_app.periodic.config import PeriodicConfig
 from tasks_app.periodic.firing import fire_slot, run_id
 from tasks_app.periodic.schedule import Schedule
 from tasks_app.protocol import history, records
+from tasks_app.protocol.broker import get_broker
 from tasks_app.protocol.codec import Arguments, Task
 from tasks_app.protocol.history import bucket_of
 from tasks_app.protocol.periodic import SlotFiring
 from tasks_app.protocol.records import ResultUpdate
 from tasks_app.templatetags.tasks_display import age, when
 from tasks_app.web.charts import chart_data
+from tests.support.enqueued import file_ready
 from tests.support.periodic import current_slot_ms
 
 pytestmark = pytest.mark.django_db
 
 
 def _enqueue(type_name="demo.echo", queue="b", count=1, **kwargs):
-    return [task.id for task in producer.enqueue(type_name, queue=queue, count=count, **kwargs)]
+    """Enqueue tasks filed in the history as READY (as old producers' were): the tests of paging and filters."""
+    ids = [task.id for task in producer.enqueue(type_name, queue=queue, count=count, **kwargs)]
+    file_ready(get_broker(), ids, queue)
+    return ids
 
 
 def _set_status(broker, task_id, status, queue="b", **fields):
+    broker.client.hdel(*broker.keys.waiting_mark(task_id))  # as its claim would
     extra = {"finished_at_ms": str(int(time.time() * 1000))} if status in records.FINISHED else {}
     broker.records.record_result(ResultUpdate(task_id, {"status": status, **extra, **fields}, 60, queue=queue))
 
@@ -62,10 +68,11 @@ def test_periodic_runs_and_unique_tasks_are_listed_ready_before_any_consumer_run
     assert fire_slot(config, SlotFiring(slot_ms, slot_ms - 1000, 60_000, "skip"), broker).pushed
     unique, duplicate = producer.enqueue("demo.echo", [1], queue="b", count=2)
     assert duplicate.duplicate
-    expected = [unique.id, run_id("tick", slot_ms)]
-    assert _listed(staff.get("/tasks/")) == expected
+    expected = [unique.id, run_id("tick", slot_ms)]  # read from the queue: pending newest first
+    assert _listed(staff.get("/tasks/?status=READY")) == expected
     assert _listed(staff.get("/tasks/?status=READY&queue=b")) == expected
-    assert "2 tasks in the history" in staff.get("/tasks/").content.decode()
+    page = staff.get("/tasks/?status=READY").content.decode()
+    assert "2 tasks waiting" in page and 'id="waiting-note"' in page
 
 
 def test_status_filter(staff, broker):
@@ -163,7 +170,8 @@ def test_pages_go_on_through_tasks_of_one_enqueue_time_in_several_queues(staff, 
     _same_enqueue_time(broker, ids[20:], "c")
     rows = _all_pages(staff, "size=25")
     assert sorted(rows) == sorted(ids) and len(rows) == 40
-    assert _all_pages(staff, "size=25&status=READY") == rows
+    waiting = _all_pages(staff, "size=25&status=READY")  # read from the queues, in their order
+    assert sorted(waiting) == sorted(rows) and len(waiting) == 40
 
 
 def test_a_type_filter_goes_on_through_tasks_of_one_enqueue_time(staff, broker, monkeypatch):
@@ -261,7 +269,7 @@ def test_user_data_is_escaped(staff, broker):
 
 
 def test_the_cap_of_the_index_drops_the_oldest_from_the_browser(staff, broker):
-    broker.enqueuer.history_max = 3
+    broker.records.history_max = 3
     ids = [_enqueue()[0] for _ in range(5)]
     assert _listed(staff.get("/tasks/")) == ids[:1:-1]
 
@@ -356,5 +364,5 @@ def test_a_write_with_no_time_to_live_takes_its_task_out_of_the_history_on_a_clu
     # On Redis Cluster the index is moved by history_move, apart from the record's write.
     [task_id] = _enqueue()
     keys = history.index_keys(broker.keys, "b")
-    broker.records.redis.run("history_move", list(keys), history.status_move_args(task_id, "SUCCESSFUL", "", 0))
+    broker.records.redis.run("history_move", list(keys), history.status_move_args(task_id, "SUCCESSFUL", "", 0, (0, 0)))
     assert all(broker.client.zscore(key, task_id) is None for key in keys)

@@ -7,9 +7,9 @@ import pytest
 from django.contrib.admin.models import ADDITION, LogEntry
 
 from tasks_app import producer
-from tasks_app.protocol import records
 from tasks_app.protocol.records import ResultUpdate
 from tasks_app.web import browser
+from tests.support.enqueued import waiting_record, waiting_records
 
 pytestmark = pytest.mark.django_db
 
@@ -18,9 +18,13 @@ pytestmark = pytest.mark.django_db
 def failed(broker) -> str:
     """A failed task of queue b (still pending: nothing runs it), whose copies the tests count."""
     task_id = producer.enqueue("demo.echo", args=["x"], queue="b")[0].id
-    broker.records.record_result(
-        ResultUpdate(task_id, {"status": "FAILED", "finished_at_ms": str(int(time.time() * 1000))}, 60, queue="b")
-    )
+    fields = {
+        **waiting_record(broker, task_id, "b"),
+        "status": "FAILED",
+        "finished_at_ms": str(int(time.time() * 1000)),
+    }
+    broker.records.record_result(ResultUpdate(task_id, fields, 60, queue="b"))  # as its run wrote it
+    broker.client.hdel(*broker.keys.waiting_mark(task_id))  # as its claim did
     return task_id
 
 
@@ -37,9 +41,8 @@ def _told(response) -> list[str]:
 
 
 def _copies(broker, original: str) -> list[str]:
-    """The ids of the tasks of queue b that retry `original`."""
-    ids = [entry.task_id for entry in broker.records.history_window(["b"], None, None, None, 100)]
-    return [i for i in ids if records.ResultRecord.from_fields(broker.records.get_result(i)).retry_of == original]
+    """The ids of the tasks waiting in queue b that retry `original`."""
+    return [task_id for task_id, fields in waiting_records(broker, "b").items() if fields.get("retry_of") == original]
 
 
 def test_the_same_retry_posted_twice_enqueues_one_copy_and_the_second_answer_says_so(staff, broker, failed):

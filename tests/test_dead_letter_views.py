@@ -26,6 +26,7 @@ def make_dead(broker, type_name: str = "web.echo", error: str = "builtins.Runtim
     broker.leases.heartbeat(["web"], "c-dead", 5000, {"lease_ms": 5000})
     [raw] = broker.queue.claim("web", "c-dead", 1)
     task = decode_task(raw)
+    broker.client.hdel(*broker.keys.waiting_mark(task.id))  # as the claim's receipt would
     task.attempt, task.last_error, task.last_traceback = 3, error, "Traceback (most recent call last): ..."
     task.dead_reason = "failed 3 of 3 attempts"
     broker.queue.dead_letter(

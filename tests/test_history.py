@@ -14,12 +14,13 @@ from tasks_app.periodic.config import PeriodicConfig
 from tasks_app.periodic.firing import fire_slot, run_id
 from tasks_app.periodic.schedule import Schedule
 from tasks_app.protocol import history, records
-from tasks_app.protocol.broker import Broker
+from tasks_app.protocol.broker import Broker, get_broker
 from tasks_app.protocol.history import RECORDS_PER_CALL
 from tasks_app.protocol.periodic import SlotFiring
 from tasks_app.protocol.records import ResultRecord, ResultUpdate
 from tasks_app.registry import Handler, Registry
 from tests.support.claims import claim, push, register, task_bytes
+from tests.support.enqueued import file_ready
 from tests.support.executing import executor_of
 from tests.support.midway import MovesMidway
 from tests.support.periodic import current_slot_ms
@@ -52,23 +53,30 @@ def _assert_indexed_ready(broker, queue, expected):
         assert 0 < broker.client.pttl(key) <= RESULT_TTL_MS
 
 
-def test_enqueued_tasks_are_indexed_ready_newest_last(broker):
+def test_enqueued_tasks_enter_the_index_at_their_first_write_not_before(broker):
     first = producer.enqueue("demo.echo", queue="h")[0].id  # a new queue: enqueue_batch
     rest = [task.id for task in producer.enqueue("demo.echo", queue="h", count=3)]
     single = producer.enqueue("demo.echo", queue="h")[0].id  # a known queue: enqueue_one
     expected = [first, *rest, single]
+    assert all(not broker.client.exists(key) for key in history.index_keys(broker.keys, "h"))  # a mark each
+    file_ready(broker, expected, "h")
     _assert_indexed_ready(broker, "h", expected)
 
 
-def test_an_enqueue_gives_the_index_its_time_to_live_again_only_once_it_has_run_down(broker):
-    producer.enqueue("demo.echo", queue="h", count=2)
-    producer.enqueue("demo.echo", queue="h")  # a known queue: enqueue_one
+def _enqueue_filed(queue: str, count: int = 1) -> list[str]:
+    ids = [task.id for task in producer.enqueue("demo.echo", queue=queue, count=count)]
+    file_ready(get_broker(), ids, queue)
+    return ids
+
+
+def test_a_first_write_gives_the_index_its_time_to_live_again_only_once_it_has_run_down(broker):
+    _enqueue_filed("h", 2)
     keys = history.index_keys(broker.keys, "h")
     broker.client.pexpire(keys[2], 60_000)  # a status index whose time to live a write cut short
-    producer.enqueue("demo.echo", queue="h")  # the index was given its TTL just now: nothing rewritten
+    _enqueue_filed("h")  # the index was given its TTL just now: nothing rewritten
     assert broker.client.pttl(keys[2]) <= 60_000
     broker.client.pexpire(keys[0], RESULT_TTL_MS - 3_600_000)  # run down by an hour, beyond the 10 min slack
-    producer.enqueue("demo.echo", queue="h")
+    _enqueue_filed("h")
     for key in keys[:3]:
         assert RESULT_TTL_MS - 60_000 < broker.client.pttl(key) <= RESULT_TTL_MS
 
@@ -102,18 +110,18 @@ def test_a_run_that_reports_progress_and_ends_at_once_is_filed_and_counted(broke
 
 
 def test_the_cap_drops_the_oldest_entries(broker):
-    broker.enqueuer.history_max = 3
-    ids = [producer.enqueue("demo.echo", queue="h")[0].id for _ in range(5)]
+    broker.records.history_max = 3
+    ids = [_enqueue_filed("h")[0] for _ in range(5)]
     assert _ids(broker, broker.keys.history("h")) == ids[2:]
     assert _ids(broker, broker.keys.history_status("h", "READY")) == ids[2:]
     assert sorted(_ids(broker, broker.keys.history_ids("h"))) == sorted(ids[2:])
 
 
 def test_entries_older_than_the_result_ttl_drop_out(broker, settings):
-    old = producer.enqueue("demo.echo", queue="h")[0].id
+    old = _enqueue_filed("h")[0]
     aged_ms = (time.time() - settings.TASKS_RESULT_TTL - 60) * 1000
     broker.client.zadd(broker.keys.history("h"), {old: aged_ms})
-    new = producer.enqueue("demo.echo", queue="h")[0].id
+    new = _enqueue_filed("h")[0]
     assert _ids(broker, broker.keys.history("h")) == [new]
     assert _ids(broker, broker.keys.history_status("h", "READY")) == [new]
 
@@ -164,8 +172,8 @@ def test_periodic_and_unique_enqueues_keep_the_cap_and_drop_aged_entries(broker,
 
 
 def test_window_prefix_and_delete(broker):
-    ids = [task.id for task in producer.enqueue("demo.echo", queue="h", count=4)]
-    other = producer.enqueue("demo.echo", queue="h2")[0].id
+    ids = _enqueue_filed("h", 4)
+    other = _enqueue_filed("h2")[0]
     window = broker.records.history_window(["h", "h2"], None, None, None, 3)
     assert [entry.task_id for entry in window] == [other, ids[3], ids[2]]
     older = broker.records.history_window(["h", "h2"], "READY", window[-1].score_ms, None, 10)
@@ -183,14 +191,16 @@ def test_window_prefix_and_delete(broker):
 def test_a_prefix_finds_ids_that_go_on_with_any_character(broker):
     ids = ["tâche-a", "tâche-€", "tâche-\U0001f600", "tâchf"]
     producer.enqueue_many([producer.TaskRequest("demo.echo", queue="h", task_id=task_id) for task_id in ids])
+    file_ready(broker, ids, "h")
     assert sorted(entry.task_id for entry in broker.records.history_by_prefix(["h"], "tâche-", 10)) == sorted(ids[:3])
 
 
 def test_a_foreign_index_key_loses_only_index_entries(broker):
-    producer.enqueue("demo.echo", queue="h")
+    _enqueue_filed("h")
     broker.client.delete(broker.keys.history_status("h", "READY"))
     broker.client.set(broker.keys.history_status("h", "READY"), "not a zset")
     task = producer.enqueue("demo.echo", queue="h")[0]
+    file_ready(broker, [task.id], "h")
     assert broker.records.get_result(task.id)["type"] == "demo.echo"
     assert task.id in _ids(broker, broker.keys.history("h"))
 

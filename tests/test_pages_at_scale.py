@@ -11,6 +11,7 @@ from tasks_app import producer
 from tasks_app.protocol.broker import get_broker
 from tasks_app.protocol.codec import Task, encode_task
 from tasks_app.protocol.records import ResultUpdate
+from tests.support.enqueued import file_ready
 
 pytestmark = pytest.mark.django_db
 
@@ -95,6 +96,7 @@ def test_acting_on_dead_letters_reads_only_the_selected_ones_not_the_whole_set(s
 def test_lists_of_tasks_read_no_arguments_or_return_values(staff, broker, replies_read):
     arg = "x" * (MB - 100)  # within TASKS_MAX_PAYLOAD_BYTES
     tasks = [producer.enqueue("demo.echo", args=[arg], kwargs={"k": 1}, queue="q")[0] for _ in range(20)]
+    file_ready(broker, [task.id for task in tasks], "q")  # READY records with their arguments, as old producers wrote
     broker.client.hset(broker.keys.result(tasks[0].id), "return_value", json.dumps(arg))
     _fill_dead(broker, "q", 20, "tb")
     for dead in get_broker().inspect.list_dead_tasks("q"):  # dead letters of tasks whose records are kept
@@ -116,21 +118,21 @@ def test_lists_of_tasks_read_no_arguments_or_return_values(staff, broker, replie
 
 
 def test_a_status_filter_pages_through_ties_while_shown_tasks_move_on(staff, broker):
-    """A foreign producer's tasks of one millisecond, READY; a consumer takes some of those page 1 showed."""
+    """A foreign producer's tasks of one millisecond, RUNNING; some of those page 1 showed finish."""
     ids = [f"t{i:04d}" for i in range(300)]
     pipe = broker.client.pipeline(transaction=False)
     pipe.sadd(broker.keys.queues(), "q")
     for task_id in ids:
-        for key in (broker.keys.history("q"), broker.keys.history_status("q", "READY")):
+        for key in (broker.keys.history("q"), broker.keys.history_status("q", "RUNNING")):
             pipe.zadd(key, {task_id: 1_800_000_000_000})
-        pipe.hset(broker.keys.result(task_id), mapping={"type": "demo.echo", "queue": "q", "status": "READY"})
+        pipe.hset(broker.keys.result(task_id), mapping={"type": "demo.echo", "queue": "q", "status": "RUNNING"})
     pipe.execute()
-    page = staff.get("/tasks/?status=READY&format=json").json()
+    page = staff.get("/tasks/?status=RUNNING&format=json").json()
     listed = [row["id"] for row in page["tasks"]]
     for task_id in listed[:30]:
-        broker.records.record_result(ResultUpdate(task_id, {"status": "RUNNING"}, 60, queue="q"))
+        broker.records.record_result(ResultUpdate(task_id, {"status": "SUCCESSFUL"}, 60, queue="q"))
     while page["older"] is not None:
         cursor = f"before={page['older']}&seen={page['older_seen']}&after={page.get('older_after', '')}"
-        page = staff.get(f"/tasks/?status=READY&format=json&{cursor}").json()
+        page = staff.get(f"/tasks/?status=RUNNING&format=json&{cursor}").json()
         listed += [row["id"] for row in page["tasks"]]
-    assert sorted(listed) == ids  # each once: none that stayed READY skipped
+    assert sorted(listed) == ids  # each once: none that stayed RUNNING skipped

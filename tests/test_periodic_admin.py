@@ -13,6 +13,7 @@ from tasks_app.periodic.status import schedule_statuses
 from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.periodic import SlotFiring
 from tasks_app.protocol.scripts import connect
+from tests.support.enqueued import waiting_record
 from tests.support.periodic import pushed_runs
 
 pytestmark = pytest.mark.django_db
@@ -157,7 +158,7 @@ def test_periodic_run_enqueues_one_ordinary_task_now(broker, echo):
     out = StringIO()
     call_command("periodic", "run", "ok.job", stdout=out)
     task_id = out.getvalue().strip()
-    assert broker.records.get_result(task_id)["args"] == "[7]"
+    assert waiting_record(broker, task_id, broker.records.get_result(task_id)["queue"])["args"] == "[7]"
     # outside the schedule
     assert broker.periodic.periodic_states([("periodic-out", "ok.job")])[0].fired_slot_ms is None
 

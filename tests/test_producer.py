@@ -10,7 +10,7 @@ from tasks_app.models import TaskType
 from tasks_app.producer import EnqueueError, TaskRequest, enqueue, enqueue_many
 from tasks_app.protocol.codec import decode_payload, decode_task
 from tasks_app.protocol.records import ResultRecord
-from tests.support.enqueued import enqueued_keys
+from tests.support.enqueued import enqueued_keys, waiting_record
 
 pytestmark = pytest.mark.django_db
 
@@ -33,7 +33,7 @@ def nested(levels: int) -> list:
     return value
 
 
-def test_enqueue_pushes_a_task_and_a_ready_record(broker):
+def test_enqueue_pushes_a_task_and_a_waiting_mark(broker):
     [task] = enqueue("demo.echo", [1, 2], {"k": "v"}, headers={"trace": "abc"})
     [raw] = broker.client.lrange(broker.keys.pending("default"), 0, -1)
     decoded = decode_task(raw)
@@ -41,7 +41,8 @@ def test_enqueue_pushes_a_task_and_a_ready_record(broker):
     assert decode_payload(decoded.payload).args == [1, 2]
     assert dict(decoded.headers) == {"trace": "abc"}
     record = ResultRecord.from_fields(broker.records.get_result(task.id))
-    assert (record.status, record.args, record.kwargs) == ("READY", [1, 2], {"k": "v"})
+    assert (record.status, record.queue, record.type) == ("READY", "default", "demo.echo")
+    assert not broker.client.exists(broker.keys.result(task.id))
 
 
 def test_first_enqueue_of_a_handler_name_creates_its_task_type(broker):
@@ -83,7 +84,7 @@ def test_priority_goes_to_the_prioritized_set(broker):
 
 def test_arguments_nested_64_levels_deep_reach_the_record_whole(broker):
     [task] = enqueue("demo.echo", nested(64), {"k": nested(63)})  # the args array and the kwargs object count
-    record = ResultRecord.from_fields(broker.records.get_result(task.id))
+    record = ResultRecord.from_fields(waiting_record(broker, task.id, "default"))
     assert (record.args, record.kwargs) == (nested(64), {"k": nested(63)})
 
 
@@ -201,13 +202,19 @@ def test_a_type_read_in_a_transaction_is_kept_once_it_commits_never_after_a_roll
     assert TaskType.objects.filter(name="demo.echo").exists()
 
 
-def test_a_ready_record_stores_only_fields_off_their_default_and_reads_back_whole(broker, settings):
+def test_a_mark_and_a_ready_record_store_only_fields_off_their_default_and_read_back_whole(broker, settings):
     [first] = enqueue("demo.echo")
-    [plain] = enqueue("demo.echo")  # a known queue: record and push in one script call
-    [full] = enqueue("demo.echo", [1], {"k": "v"}, priority=5, delay_s=60)
+    [plain] = enqueue("demo.echo")  # a known queue: mark and push in one script call
+    # A caller's id keeps a READY record (its id is checked against it).
+    request = TaskRequest("demo.echo", [1], {"k": "v"}, priority=5, delay_s=60, task_id="full-1")
+    [full] = enqueue_many([request])
     for task in (first, plain):
-        assert set(broker.client.hkeys(broker.keys.result(task.id))) == {b"type", b"queue", b"enqueued_at_ms"}
-        assert 0 < broker.client.ttl(broker.keys.result(task.id)) <= settings.TASKS_RESULT_TTL
+        bucket, mark = broker.keys.waiting_mark(task.id)
+        assert broker.client.hget(bucket, mark) == b"default demo.echo"
+        assert not broker.client.exists(broker.keys.result(task.id))
+    fields = {b"type", b"queue", b"enqueued_at_ms", b"priority", b"args", b"kwargs", b"run_after_ms"}
+    assert set(broker.client.hkeys(broker.keys.result(full.id))) == fields
+    assert 0 < broker.client.ttl(broker.keys.result(full.id)) <= settings.TASKS_RESULT_TTL + 61
     assert [decode_task(raw).id for raw in broker.client.lrange(broker.keys.pending("default"), 0, -1)] == [
         plain.id,
         first.id,
@@ -224,7 +231,7 @@ def test_a_ready_record_stores_only_fields_off_their_default_and_reads_back_whol
         record.attempts,
         record.run_after,
     ) == (plain.id, "demo.echo", "default", "READY", 0, [], {}, 0, None)
-    assert record.enqueued_at == datetime.fromtimestamp(plain.enqueued_at_ms / 1000, tz=UTC)
+    assert record.enqueued_at is None  # a mark holds no time: the record has it once the task starts
     record = ResultRecord.from_fields(broker.records.get_result(full.id))
     assert (record.id, record.status, record.priority, record.args, record.kwargs) == (
         full.id,

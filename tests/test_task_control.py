@@ -30,8 +30,9 @@ def cancel_url(task_id: str) -> str:
 
 
 def start_run(broker: Any, task_id: str, fence: int) -> int:
-    """What a consumer's first write of a run does; returns record_result's reply."""
-    return broker.records.record_result(ResultUpdate(task_id, {"status": records.RUNNING}, 60, fence=fence))
+    """What a consumer's first write of a run does (with the task's queue and type); returns record_result's reply."""
+    fields = {"status": records.RUNNING, "queue": "web", "type": "web.echo"}
+    return broker.records.record_result(ResultUpdate(task_id, fields, 60, fence=fence))
 
 
 def test_the_api_answers_a_duplicate_with_200_and_the_first_id(staff, broker, echo_type):
@@ -147,7 +148,8 @@ def test_the_start_gate_refuses_cancelled_tasks_and_later_runs_of_cancel_request
 def test_claim_receipts_make_a_later_cancel_a_request_to_the_consumer_that_holds_the_task(broker, echo_type):
     cancelled, held, deferred, retried = (task.id for task in producer.enqueue("web.echo", count=4))
     tasks_app.cancel(cancelled)
-    assert broker.queue.claim_receipts([(cancelled, 5), (held, 6), (deferred, 7), (retried, 8)], 60) == [2, 1, 1, 1]
+    claims = [(cancelled, 5), (held, 6), (deferred, 7), (retried, 8)]
+    assert broker.queue.claim_receipts(claims, 60, [("web", "web.echo")] * 4) == [2, 3, 3, 3]
     # Claimed, not started: the cancel asks the consumer, whose start then goes through.
     assert tasks_app.cancel(held).outcome == tasks_app.control.REQUESTED
     assert broker.records.get_result(held)["status"] == "READY" and broker.control.cancel_marks("web", [held]) == [True]
@@ -164,7 +166,7 @@ def test_claim_receipts_make_a_later_cancel_a_request_to_the_consumer_that_holds
 
 def test_a_dropped_task_is_filed_cancelled_and_a_foreign_key_gets_no_receipt(broker, echo_type):
     task = producer.enqueue("web.echo")[0]
-    assert broker.queue.claim_receipts([(task.id, 5)], 60) == [1]
+    assert broker.queue.claim_receipts([(task.id, 5)], 60, [("web", "web.echo")]) == [3]
     tasks_app.cancel(task.id)
     assert broker.queue.claim_receipts([(task.id, 6)], 60) == [2]  # the record reads CANCELLED, its index not yet
     broker.records.record_result(records.dropped_cancelled(task, 60, 6))  # what the consumer writes as it drops it

@@ -16,7 +16,7 @@ from django.utils import timezone
 from tasks_app import producer
 from tasks_app.models import ApiToken, TaskType
 from tasks_app.protocol.records import ResultRecord, ResultUpdate
-from tests.support.enqueued import enqueued_keys
+from tests.support.enqueued import enqueued_keys, file_ready, waiting_record
 
 pytestmark = pytest.mark.django_db
 
@@ -116,7 +116,7 @@ def test_the_form_takes_what_the_payload_limit_takes_not_djangos_upload_limit(st
     accepted = post_enqueue(staff, url_encoded=True, args='["' + "é" * 15_000 + '"]')  # 30,000 bytes, 90,000 sent
     assert accepted.status_code == 302, errors_shown(accepted)
     task_id = accepted["Location"].rstrip("/").rsplit("/", 1)[-1]
-    assert ResultRecord.from_fields(broker.records.get_result(task_id)).args == ["é" * 15_000]
+    assert ResultRecord.from_fields(waiting_record(broker, task_id, "web")).args == ["é" * 15_000]
 
     over = post_enqueue(staff, url_encoded=True, args='["' + "x" * 50_000 + '"]')
     assert over.status_code == 200
@@ -148,7 +148,9 @@ def test_valid_form_enqueues_and_redirects_to_the_task_page(staff, broker, echo_
     assert response.status_code == 302, errors_shown(response)
     task_id = response["Location"].rstrip("/").rsplit("/", 1)[-1]
     assert response["Location"] == reverse("tasks_app:task", args=[task_id])
-    record = ResultRecord.from_fields(broker.records.get_result(task_id))
+    record = ResultRecord.from_fields(
+        {**broker.records.get_result(task_id), **waiting_record(broker, task_id, "other")}
+    )
     assert (record.type, record.queue, record.priority, record.args, record.kwargs, record.status) == (
         "web.echo",
         "other",
@@ -191,8 +193,15 @@ def test_task_page_of_an_unknown_task_is_404(staff, broker):
     assert staff.get("/tasks/no-such-task/").status_code == 404
 
 
+def test_a_waiting_task_page_shows_its_mark_and_says_the_rest_shows_once_it_starts(staff, broker, echo_type):
+    [task] = producer.enqueue("web.echo", [1])
+    html = staff.get(f"/tasks/{task.id}/").content.decode()
+    assert 'id="task-waiting"' in html and "web.echo" in html and "READY" in html
+
+
 def test_unfinished_task_page_refreshes_itself_and_escapes_arguments(staff, broker, echo_type):
     [task] = producer.enqueue("web.echo", ["<script>alert(1)</script>"])
+    file_ready(broker, [task.id], "web")  # a READY record with the arguments, as an old producer wrote
     html = staff.get(f"/tasks/{task.id}/").content.decode()
     assert "tasks_app/live.js" in html and "data-live-done" not in html and "READY" in html
     assert "<script>alert(1)" not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
@@ -361,6 +370,7 @@ def test_a_record_with_garbage_fields_renders_on_the_task_page_and_in_the_api(st
 
 def test_a_foreign_key_of_another_type_at_a_record_reads_as_no_record_in_every_page(staff, broker):
     listed = producer.enqueue("demo.echo", queue="b")[0].id
+    file_ready(broker, [listed], "b")
     broker.client.set(broker.keys.result("not-a-hash"), "a foreign producer's result string")
     now_ms = time.time() * 1000
     broker.client.zadd(broker.keys.history("b"), {"not-a-hash": now_ms})

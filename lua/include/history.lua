@@ -24,11 +24,13 @@ local function history_drop(h, members)
   for _, key in ipairs(h.status_keys) do redis.pcall('ZREM', key, unpack(members)) end
 end
 
--- Drop entries older than ttl_ms and, once more than max/1000 over the cap, the oldest beyond
--- it (amortized); at most 1000 of each per call.
+-- Drop entries older than ttl_ms (nil: none) and, once more than max/1000 over the cap, the
+-- oldest beyond it (amortized); at most 1000 of each per call.
 local function history_trim(h, now_ms, ttl_ms, max)
-  local aged = redis.pcall('ZRANGEBYSCORE', h.all, '-inf', '(' .. (now_ms - ttl_ms), 'LIMIT', 0, 1000)
-  if type(aged) == 'table' then history_drop(h, aged) end
+  if ttl_ms then
+    local aged = redis.pcall('ZRANGEBYSCORE', h.all, '-inf', '(' .. (now_ms - ttl_ms), 'LIMIT', 0, 1000)
+    if type(aged) == 'table' then history_drop(h, aged) end
+  end
   local size = redis.pcall('ZCARD', h.all)
   if type(size) == 'number' and size - max > math.floor(max / 1000) then
     local oldest = redis.pcall('ZRANGE', h.all, 0, math.min(size - max, 1000) - 1)
@@ -58,6 +60,13 @@ end
 -- them: s (the number of status indexes, 0 for no index), the cap, the time to live (ms) and s
 -- status names (at most `most` of them: the status index keys the script was given). Returns them
 -- as a table, and the position of the first argument after them.
+-- Trim the index as tasks enter it (history_move): to `max` entries (0: not trimmed) and, if
+-- `max_age_ms` > 0, to those that young.
+local function history_trim_on_entry(h, max, max_age_ms)
+  if max > 0 then h.max = max end
+  if max_age_ms > 0 then h.max_age_ms = max_age_ms end
+end
+
 local function history_args(at, most)
   local count = int_arg(ARGV[at], 0, 0, math.max(0, math.min(#ARGV - at - 2, most or 2 ^ 53)))
   local shape = {count = count, max = int_arg(ARGV[at + 1], 100000, 1, 2 ^ 53),
@@ -77,15 +86,17 @@ end
 -- Move a task from the index of status `old` (nil: unknown, so from every other) to that of
 -- `new`, keeping its score (the status indexes' time to live is refreshed by the consumers'
 -- schedulers and each enqueue, not here: this runs for every result write);
--- a task the index lacks (an outside producer's) is added with the score `fallback_score()`, its
--- enqueue time: or now, when that is unknown (nil) or 0 (protobuf's "not set"; at the epoch the
--- next trim would drop it at once).
+-- a task the index lacks (one with a waiting mark, or an outside producer's) is added with the
+-- score `fallback_score()`, its enqueue time: or now, when that is unknown (nil) or 0 (protobuf's
+-- "not set"; at the epoch the next trim would drop it at once), and the index is trimmed to its
+-- cap h.max and age h.max_age_ms (when set: tasks enter the index here, not at enqueue).
 local function history_move(h, id, old, new, fallback_score, ttl_ms)
   local score = redis.pcall('ZSCORE', h.all, id)
   if type(score) ~= 'string' then
     score = fallback_score()
     if not score or score <= 0 then score = server_now_ms() end
     history_add(h, id, score, new)
+    if h.max then history_trim(h, server_now_ms(), h.max_age_ms, h.max) end
     history_expire(h, ttl_ms)  -- never shortened: a type with a short time to live keeps the others' entries
   elseif h.status[new] then
     redis.pcall('ZADD', h.status[new], score, id)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tasks_app.protocol.enqueue import AnnouncedQueues, Enqueuer
-from tasks_app.protocol.history import CLUSTER_WAIT_MS, HISTORY_MAX, Control, Records
+from tasks_app.protocol.history import CLUSTER_WAIT_MS, HISTORY_MAX, INDEX_TTL_S, Control, Records
 from tasks_app.protocol.inspection import Inspection
 from tasks_app.protocol.keys import Keys
 from tasks_app.protocol.leases import Leases
@@ -27,12 +27,13 @@ class Broker:
         *,
         cluster_wait_ms: int = CLUSTER_WAIT_MS,
         history_max: int = HISTORY_MAX,
+        history_ttl_s: int = INDEX_TTL_S,
     ) -> None:
         self.client = client
         self.keys = Keys(prefix)
         self.scripts = scripts or Scripts()
         redis = ScriptClient(client, self.keys, self.scripts)
-        self.records = Records(redis, cluster_wait_ms)
+        self.records = Records(redis, cluster_wait_ms, history_max, history_ttl_s)
         self.queue = Queue(redis, self.records)
         self.enqueuer = Enqueuer(redis, AnnouncedQueues(), history_max)
         self.leases = Leases(redis)
@@ -53,7 +54,8 @@ class Broker:
             self.keys.prefix,
             self.scripts,
             cluster_wait_ms=self.records.cluster_wait_ms,
-            history_max=self.enqueuer.history_max,
+            history_max=self.records.history_max,
+            history_ttl_s=self.records.history_ttl_s,
         )
 
     @classmethod
@@ -67,6 +69,7 @@ class Broker:
             prefix or settings.TASKS_KEY_PREFIX,
             cluster_wait_ms=settings.TASKS_CLUSTER_WAIT_MS,
             history_max=settings.TASKS_HISTORY_MAX,
+            history_ttl_s=settings.TASKS_RESULT_TTL,
         )
 
 

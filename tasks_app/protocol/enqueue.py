@@ -1,7 +1,9 @@
-"""Producing: `Enqueuer` pushes tasks, their READY records and unique tasks, and announces their queues.
+"""Producing: `Enqueuer` pushes tasks with their waiting marks or READY records, and announces their queues.
 
-On a single Redis server an enqueue is all or nothing. On Redis Cluster a READY record lies in another
-slot than its queue: the caller's ids are claimed on their records first (docs/PROTOCOL.md, "Enqueue atomicity").
+A task with an id the producer generated gets a waiting mark (`waiting_mark`); a unique task or one whose id
+the caller chose (django.tasks' result ids, a caller's retry key) gets a READY record. On a single Redis
+server an enqueue is all or nothing. On Redis Cluster marks and records lie in other slots than their queue:
+the caller's ids are claimed on their records first (docs/PROTOCOL.md, "Enqueue atomicity").
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any, NamedTuple
 import redis
 
 from tasks_app.protocol import history
-from tasks_app.protocol.keys import WAKE_TOKEN
+from tasks_app.protocol.keys import WAKE_TOKEN, Keys, waiting_mark_value
 from tasks_app.protocol.scripts import Role, ScriptClient, reply_text
 
 # How long a producer trusts its last SADD of a queue (the set may be deleted behind it).
@@ -27,7 +29,7 @@ ENQUEUED_IDS_MAX = 100_000
 
 
 class Enqueueable(NamedTuple):
-    """A serialized task ready to push: where, when (from Redis's now), and its READY record."""
+    """A serialized task ready to push: where, when (from Redis's now), and its READY record's fields."""
 
     queue: str
     raw: bytes
@@ -37,6 +39,8 @@ class Enqueueable(NamedTuple):
     task_id: str = ""
     # The caller chose the id: a task with this id enqueued to this queue recently is not pushed again.
     idempotent: bool = False
+    # A waiting mark (queue and type) instead of the READY record of `result_key_fields`.
+    waiting_mark: bool = False
 
 
 class UniqueEnqueueable(NamedTuple):
@@ -78,7 +82,7 @@ class AnnouncedQueues:
 
 @dataclass
 class Section:
-    """One queue's tasks: plain ones, the others as (id, priority, delay ms, task), those to file in its history."""
+    """One queue's tasks: plain ones, the others as (id, priority, delay ms, task), those with a READY record."""
 
     plain: list[bytes] = field(default_factory=list)
     others: list[Any] = field(default_factory=list)
@@ -86,10 +90,10 @@ class Section:
     others_at: list[int] = field(default_factory=list)  # the batch positions of `others`, as the script names them
 
     def args(self, queue: str, with_plain: bool = True) -> list[Any]:
-        """The section's ARGV: queue name, plain tasks (if `with_plain`, else none), the others, the history ids."""
+        """The section's ARGV: queue name, plain tasks (if `with_plain`, else none), the others, the record ids."""
         plain = self.plain if with_plain else []
-        history = [item.task_id for item in self.recorded]
-        return [queue, len(plain), *plain, len(self.others) // 4, *self.others, len(history), *history]
+        recorded = [item.task_id for item in self.recorded]
+        return [queue, len(plain), *plain, len(self.others) // 4, *self.others, len(recorded), *recorded]
 
 
 def split_by_queue(items: Sequence[Enqueueable]) -> dict[str, Section]:
@@ -102,9 +106,19 @@ def split_by_queue(items: Sequence[Enqueueable]) -> dict[str, Section]:
             section.others_at.append(position)
         else:
             section.plain.append(item.raw)
-        if item.result_key_fields:
+        if item.result_key_fields and not item.waiting_mark:
             section.recorded.append(item)
     return by_queue
+
+
+def marks_by_bucket(keys: Keys, items: Iterable[Enqueueable]) -> dict[str, dict[bytes, str]]:
+    """The waiting marks of the tasks that have one, per bucket hash."""
+    buckets: dict[str, dict[bytes, str]] = {}
+    for item in items:
+        if item.result_key_fields and item.waiting_mark:
+            bucket, mark = keys.waiting_mark(item.task_id)
+            buckets.setdefault(bucket, {})[mark] = waiting_mark_value(item.queue, item.result_key_fields["type"])
+    return buckets
 
 
 def id_claims(items: Sequence[Enqueueable], uniques: Sequence[Enqueueable]) -> tuple[list[Enqueueable], set[str]]:
@@ -145,7 +159,7 @@ def record_groups(items: Sequence[Enqueueable], result_ttl_s: int) -> list[Any]:
 
 def record_only_args(item: Enqueueable, result_ttl_s: int) -> list[Any]:
     """The ARGV of an enqueue_batch call that writes `item`'s READY record alone (its own slot on Redis Cluster)."""
-    return ["", 0, 1, "0", 0, 0, 1, 1, *record_groups([item], result_ttl_s)]
+    return ["", 0, 1, "0", 0, *record_groups([item], result_ttl_s)]
 
 
 class Enqueuer(Role):
@@ -159,7 +173,7 @@ class Enqueuer(Role):
     def enqueue(
         self, items: Sequence[Enqueueable], result_ttl_s: int, uniques: Sequence[UniqueEnqueueable] = ()
     ) -> list[str | None]:
-        """Write each task's READY record and push them and `uniques`: per task None (pushed) or the id in its place."""
+        """Push the tasks and `uniques` with their marks or records: per task None (pushed) or the id in its place."""
         # On Redis Cluster some may be pushed when an error is raised.
         if not uniques and len(items) == 1 and self._enqueue_one(items[0], result_ttl_s):
             return [None]
@@ -180,20 +194,13 @@ class Enqueuer(Role):
     def _enqueue_one(self, item: Enqueueable, result_ttl_s: int) -> bool:
         # The common single enqueue as one script call (~15 % more tasks/s than a pipeline of two
         # commands); not on Redis Cluster (its keys lie in different slots). False: nothing written.
-        if item.priority or item.delay_ms > 0 or item.idempotent or not item.result_key_fields:
+        if item.priority or item.delay_ms > 0 or not (item.waiting_mark and item.result_key_fields):
             return False
         if item.queue not in self.announced or isinstance(self.client, redis.RedisCluster):
             return False
-        keys = [
-            self.keys.result(item.task_id),
-            self.keys.pending(item.queue),
-            *history.index_keys(self.keys, item.queue),
-        ]
-        args: list[Any] = [result_ttl_s, item.raw, len(history.STATUSES), item.task_id, self.history_max]
-        args += history.STATUSES
-        for name, value in item.result_key_fields.items():
-            args += (name, value)
-        self.redis.run("enqueue_one", keys, args, direct=True)
+        bucket, mark = self.keys.waiting_mark(item.task_id)
+        args = [item.raw, mark, waiting_mark_value(item.queue, item.result_key_fields["type"])]
+        self.redis.run("enqueue_one", [self.keys.pending(item.queue), bucket], args, direct=True)
         return True
 
     def _claim_ids(self, claims: Sequence[Enqueueable], result_ttl_s: int) -> IdClaims:
@@ -219,31 +226,35 @@ class Enqueuer(Role):
         claimed: IdClaims,
     ) -> list[bool]:
         """Push the tasks whose `outcomes` and `holders` are None, filling them in; per unique task: record written?"""
-        # One enqueue_batch call per queue. One server: plain tasks as native LPUSHes, and several calls in
-        # MULTI/EXEC (refused whole when out of memory), the first of each script by source so NOSCRIPT cannot
-        # split them. Redis Cluster: each record in a call of its own (its own slot), beside or before its push.
+        # One enqueue_batch call per queue. One server: waiting marks (one HSET per bucket) and plain tasks as
+        # native commands, and several calls in MULTI/EXEC (refused whole when out of memory), the first of each
+        # script by source so NOSCRIPT cannot split them. Redis Cluster: marks before the pushes, each record in
+        # a call of its own (its own slot), beside or before its push.
         cluster = isinstance(self.client, redis.RedisCluster)
         free = [at for at, outcome in enumerate(outcomes) if outcome is None]
         free_uniques = [at for at, holder in enumerate(holders) if holder is None]
-        sections = split_by_queue([items[at] for at in free])
+        free_items = [items[at] for at in free]
+        sections = split_by_queue(free_items)
+        marks = marks_by_bucket(self.keys, free_items)
         new_queues = {
             q for q in [*sections, *(uniques[at].item.queue for at in free_uniques)] if q not in self.announced
         }
-        several = len(sections) > 1 or free_uniques or new_queues or any(s.plain for s in sections.values())
+        several = len(sections) > 1 or free_uniques or new_queues or marks or any(s.plain for s in sections.values())
         multi = not cluster and bool(several)
         pipe = self.client.pipeline(transaction=multi)
         head = [WAKE_TOKEN, ENQUEUED_IDS_KEEP_MS, ENQUEUED_IDS_MAX, "0", 1]
-        shape = history.header_args(self.history_max, result_ttl_s * 1000)
         batches: list[tuple[int, list[int]]] = []  # per call: its place, its tasks' positions
+        for bucket, fields in marks.items():
+            pipe.hset(bucket, mapping=fields)
         for item in items if cluster else ():
-            if item.result_key_fields and not item.idempotent:  # a generated id: its record beside its push
+            if item.result_key_fields and not (item.idempotent or item.waiting_mark):  # its record beside its push
                 self._queue_record(pipe, item, result_ttl_s)
         for queue, section in sections.items():
             records = [] if cluster else section.recorded
             if section.plain and not cluster:
                 pipe.lpush(self.keys.pending(queue), *section.plain)
             keys = [*self._section_keys(queue), *(self.keys.result(item.task_id) for item in records)]
-            args = [*head, *shape, *section.args(queue, with_plain=cluster), *record_groups(records, result_ttl_s)]
+            args = [*head, *section.args(queue, with_plain=cluster), *record_groups(records, result_ttl_s)]
             self.scripts.queue(pipe, "enqueue_batch", keys, args, by_source=multi and not batches)
             batches.append((len(pipe) - 1, section.others_at))
         recorded_ids = claimed.written.keys() | claimed.taken
@@ -262,10 +273,7 @@ class Enqueuer(Role):
         return recorded
 
     def _section_keys(self, queue: str) -> list[str]:
-        return [
-            *self.keys.queue_keys(queue, "pending prioritized delayed enqueued"),
-            *history.index_keys(self.keys, queue),
-        ]
+        return self.keys.queue_keys(queue, "pending prioritized delayed enqueued")
 
     def _settle_unique_records(
         self,
@@ -300,6 +308,7 @@ class Enqueuer(Role):
         for position, unique in enumerate(uniques):
             item = unique.item
             keys = [self.keys.unique(item.queue, unique.digest), *self._section_keys(item.queue)]
+            keys += history.index_keys(self.keys, item.queue)  # a unique task is filed READY as it is pushed
             record: list[str] = []
             record_at = -1
             if not cluster:

@@ -91,9 +91,10 @@ def header_args(history_max: int, ttl_ms: int) -> list[Any]:
     return [len(STATUSES), history_max, ttl_ms, *STATUSES]
 
 
-def status_move_args(task_id: str, status: str, enqueued_ms: str, ttl_s: int) -> list[Any]:
+def status_move_args(task_id: str, status: str, enqueued_ms: str, ttl_s: int, trim: Sequence[int]) -> list[Any]:
     """The ARGV of history_move: a task filed under `status` (scored `enqueued_ms` if the index lacks it)."""
-    return [task_id, status, enqueued_ms, ttl_s * 1000, *STATUSES]
+    # `trim`: the index's cap and age limit (ms) it is trimmed to as the task enters it (0, 0: not trimmed).
+    return [task_id, status, enqueued_ms, ttl_s * 1000, *trim, *STATUSES]
 
 
 def bucket_of(duration_ms: float) -> int:
@@ -123,9 +124,18 @@ def replies_at(sent: Sequence[Any], places: Sequence[Place]) -> list[Any]:
 class Records(Role):
     """Writing result records (each filed in the history and counted in the charts) and reading them back."""
 
-    def __init__(self, redis: ScriptClient, cluster_wait_ms: int = CLUSTER_WAIT_MS) -> None:
+    def __init__(
+        self,
+        redis: ScriptClient,
+        cluster_wait_ms: int = CLUSTER_WAIT_MS,
+        history_max: int = HISTORY_MAX,
+        history_ttl_s: int = INDEX_TTL_S,
+    ) -> None:
         super().__init__(redis)
         self.cluster_wait_ms = cluster_wait_ms
+        # A queue's index is trimmed to these as tasks enter it (at their first write).
+        self.history_max = history_max
+        self.history_ttl_s = history_ttl_s
         # Redis Cluster: per master, whether it had a replica and when that was read.
         self._replica_checks: dict[str, tuple[bool, float]] = {}
         self._masters_pool: ThreadPoolExecutor | None = None
@@ -361,7 +371,7 @@ class Records(Role):
         args: list[Any] = [0]
         if queue:
             keys = [*index_keys(self.keys, queue), self.keys.minute(queue, int(time.time()) // 60)]
-            args = [len(STATUSES), *STATUSES, KEEP_MINUTES * 60]
+            args = [len(STATUSES), *STATUSES, KEEP_MINUTES * 60, *self._trim_args()]
         lists = {} if instance is None else {u.held_by[0]: 0 for u in updates if u.held_by is not None}
         args.append(len(lists))
         for number, (held_queue, consumer_id) in enumerate(lists, start=1):
@@ -399,11 +409,15 @@ class Records(Role):
         for update in moved:
             if update.queue and "status" in update.fields:  # it changes where its task is filed
                 keys = index_keys(self.keys, update.queue)
+                enqueued_ms = update.fields.get("enqueued_at_ms", "")
                 args = status_move_args(
-                    update.task_id, update.fields["status"], update.fields.get("enqueued_at_ms", ""), update.ttl_s
+                    update.task_id, update.fields["status"], enqueued_ms, update.ttl_s, self._trim_args()
                 )
                 self.scripts.queue(pipe, "history_move", keys, args)
         self._queue_minute_counts(pipe, updates, minute)
+
+    def _trim_args(self) -> list[int]:
+        return [self.history_max, self.history_ttl_s * 1000]
 
     def _queue_minute_counts(self, pipe: Any, updates: Sequence[ResultUpdate], minute: int, sign: int = 1) -> None:
         """Add (`sign` -1: take back) the counters of `updates` to `minute`'s hashes, last in a pipeline."""
@@ -474,7 +488,7 @@ class Control(Role):
             if reply.outcome == CANCELLED:  # the task browser's history: READY to CANCELLED (another slot)
                 if cluster:  # its mark, if it had one (a lost delete is harmless: the record is read first)
                     pipe.hdel(*self.keys.waiting_mark(reply.task_id))
-                args = status_move_args(reply.task_id, records.CANCELLED, "", INDEX_TTL_S)
+                args = status_move_args(reply.task_id, records.CANCELLED, "", INDEX_TTL_S, (0, 0))
                 self.scripts.queue(pipe, "history_move", index_keys(self.keys, reply.queue), args)
                 if len(answer) > 4 and answer[4]:  # a key its end frees (unique_until = finished): it never runs
                     keys = [self.keys.unique(reply.queue, reply_text(answer[4]))]

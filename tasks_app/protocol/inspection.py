@@ -19,7 +19,7 @@ from django.conf import settings
 from tasks_app.protocol import history, records
 from tasks_app.protocol.codec import Arguments, Task, UndecodableTask, decode_payload, decode_task, encode_task
 from tasks_app.protocol.history import KEEP_MINUTES, Records
-from tasks_app.protocol.keys import NAME_PATTERN, UNDECODABLE_TYPE, WAKE_TOKEN, delayed_member
+from tasks_app.protocol.keys import NAME_PATTERN, UNDECODABLE_TYPE, WAKE_TOKEN, delayed_member, split_delayed_member
 from tasks_app.protocol.queue import THROUGHPUT_BUCKET_S, Queue
 from tasks_app.protocol.records import ResultUpdate, ms_of_score
 from tasks_app.protocol.scripts import Role, ScriptClient
@@ -38,6 +38,15 @@ logger = logging.getLogger(__name__)
 SCAN_PAGE = 500
 # A dead letter's ref: the ms it died at, then the SHA-1 of the member.
 _REF = re.compile(r"-?[0-9]{1,19}:[0-9a-f]{40}")
+
+
+class WaitingTask(NamedTuple):
+    """A task as it waits in a queue: the part holding it (pending, prioritized, delayed), its bytes, its due ms."""
+
+    queue: str
+    part: str
+    raw: bytes
+    due_ms: float  # delayed only (0: due now)
 
 
 @dataclass(frozen=True)
@@ -211,6 +220,46 @@ class Inspection(Role):
         pipe.expire(key, KEEP_MINUTES * 60)
         pipe.execute()
         return backlog
+
+    def waiting_tasks(self, queues: Sequence[str], offset: int, limit: int) -> tuple[list[WaitingTask], int]:
+        """Up to `limit` waiting tasks of `queues` from `offset` on, read from the queues, and how many wait."""
+        # Per queue in order: pending newest first, then prioritized highest first, then delayed soonest due.
+        parts = [(q, part) for q in queues for part in ("pending", "prioritized", "delayed")]
+        pipe = self.client.pipeline(transaction=False)
+        for queue, part in parts:
+            key = self.keys.queue_key(queue, part)
+            pipe.llen(key) if part == "pending" else pipe.zcard(key)
+        sizes = [int(size) for size in pipe.execute()]
+        slices: list[tuple[str, str, int, int]] = []  # (queue, part, first, last) to read
+        skip, left = offset, limit
+        for (queue, part), size in zip(parts, sizes, strict=True):
+            if skip >= size:
+                skip -= size
+                continue
+            if left > 0:
+                take = min(size - skip, left)
+                slices.append((queue, part, skip, skip + take - 1))
+                left -= take
+            skip = 0
+        pipe = self.client.pipeline(transaction=False)
+        for queue, part, first, last in slices:
+            key = self.keys.queue_key(queue, part)
+            if part == "pending":
+                pipe.lrange(key, first, last)
+            elif part == "prioritized":
+                pipe.zrevrange(key, first, last)
+            else:
+                pipe.zrange(key, first, last, withscores=True)
+        found: list[WaitingTask] = []
+        for (queue, part, _, _), members in zip(slices, pipe.execute() if slices else [], strict=True):
+            for member in members:
+                due_ms = 0.0
+                if part == "delayed":
+                    member, due_ms = member
+                    member = (split_delayed_member(member) or (0, b""))[1]
+                if member and member != WAKE_TOKEN:
+                    found.append(WaitingTask(queue, part, member, due_ms))
+        return found, sum(sizes)
 
     def minute_counts(self, queue: str, minutes: Sequence[int]) -> list[dict[str, int]]:
         """The counters of `queue` for each of `minutes` (empty where nothing was counted)."""

@@ -122,10 +122,14 @@ class Keys:
     def result(self, task_id: str) -> str:
         return f"{self.prefix}:result:{task_id}"
 
+    def waiting(self, bucket: str) -> str:
+        """A bucket hash of waiting marks, `bucket` 4 hex digits."""
+        return f"{self.prefix}:waiting:{bucket}"
+
     def waiting_mark(self, task_id: str) -> tuple[str, bytes]:
         """The bucket hash and field of a waiting task's mark (docs/PROTOCOL.md, "Waiting marks")."""
         digest = hashlib.sha1(task_id.encode("utf-8", "surrogatepass"), usedforsecurity=False).digest()
-        return f"{self.prefix}:waiting:{digest[:2].hex()}", digest[2:10]
+        return self.waiting(digest[:2].hex()), digest[2:10]
 
     def workflow(self, workflow_id: str) -> list[str]:
         """The keys of one workflow, under a hash tag of its own, in the order of WORKFLOW_KEYS."""

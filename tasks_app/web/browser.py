@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
@@ -25,18 +25,21 @@ from tasks_app import producer, workflows
 from tasks_app.models import CANCEL_PERMISSION, DELETE_TASK_RECORDS_PERMISSION, ENQUEUE_PERMISSION, TaskType
 from tasks_app.protocol import history
 from tasks_app.protocol.broker import Broker, get_broker
-from tasks_app.protocol.codec import finite
+from tasks_app.protocol.codec import UndecodableTask, decode_payload, decode_task, finite
 from tasks_app.protocol.history import CANCELLED, REQUESTED
+from tasks_app.protocol.inspection import WaitingTask
 from tasks_app.protocol.keys import InvalidName, validate_name
 from tasks_app.protocol.records import (
     FINISHED,
     LISTED_FIELDS,
+    READY,
     RETRY_OF_HEADER,
     WHOLE_RECORD_FIELDS,
     WORKFLOW_HEADER,
     WORKFLOW_PATH_HEADER,
     ResultRecord,
     ResultUpdate,
+    enqueued_fields,
     ms_of_datetime,
 )
 from tasks_app.web.common import admin_context, log_task_actions, redis_required
@@ -75,7 +78,8 @@ def task_browser(request: HttpRequest) -> HttpResponse:
             filters=filters,
             page=page,
             rows=[{**row_json(record, score), "record": record} for record, score in page.records],
-            history_max=broker.enqueuer.history_max,
+            history_max=broker.records.history_max,
+            waiting=filters.status == READY and not (filters.workflow or filters.q),
             older_cursor=repr(page.older) if page.older is not None else "",
             statuses=history.STATUSES,
             queues=queues,
@@ -236,6 +240,8 @@ class Page:
 def find_page(broker: Broker, filters: Filters, known: Sequence[str]) -> Page:
     """The tasks the filters select among the `known` queues, newest first, one page of them."""
     queues = [filters.queue] if filters.queue else list(known)
+    if filters.status == READY and not (filters.workflow or filters.q):  # `seen` is its offset, not a cursor
+        return _waiting_page(broker, filters, queues, *replace(filters, before=None).bounds_ms(datetime.now(UTC)))
     lower, upper = filters.bounds_ms(datetime.now(UTC))
     if filters.workflow:
         return _workflow_page(broker, filters, lower, upper)
@@ -266,6 +272,42 @@ def find_page(broker: Broker, filters: Filters, known: Sequence[str]) -> Page:
 def _records(broker: Broker, task_ids: list[str]) -> list[ResultRecord | None]:
     fields = broker.records.get_results(task_ids, LISTED_FIELDS)
     return [ResultRecord.from_fields(item) if item else None for item in fields]
+
+
+def _waiting_page(
+    broker: Broker, filters: Filters, queues: list[str], lower: float | None, upper: float | None
+) -> Page:
+    """Waiting tasks read from the queues themselves (not the history), from offset `seen` on."""
+    # Their rows show what the envelope holds, with the status of the record or mark (a cancel's CANCELLED).
+    found: list[tuple[ResultRecord, float]] = []
+    offset, total = filters.seen, None
+    narrowed = filters.type or lower is not None or upper is not None
+    chunk = CHUNK if narrowed else filters.size
+    for _ in range(0, SCAN_BUDGET, chunk):
+        waiting, waiting_total = broker.inspect.waiting_tasks(queues, offset, chunk)
+        total = None if narrowed else waiting_total
+        rows = [_waiting_row(item) for item in waiting]
+        statuses = broker.records.get_results([row.id for row, _ in rows if row], ["status"])
+        for at, (row, score_ms) in enumerate(rows):
+            row = row and replace(row, status=(statuses.pop(0) or {}).get("status", READY))
+            if row is not None and filters.admits(row, score_ms, lower, upper):
+                found.append((row, score_ms))
+                if len(found) == filters.size:
+                    return Page(found, 0.0, total, older_seen=offset + at + 1)
+        offset += len(rows)
+        if len(waiting) < chunk:
+            return Page(found, None, total)
+    return Page(found, 0.0, total, exhausted_budget=True, older_seen=offset)
+
+
+def _waiting_row(item: WaitingTask) -> tuple[ResultRecord | None, float]:
+    """A waiting task's row from its envelope, scored by its enqueue time; None if it does not decode."""
+    try:
+        task = decode_task(item.raw)
+        fields = enqueued_fields(task, decode_payload(task.payload))
+    except UndecodableTask:
+        return None, 0.0
+    return ResultRecord.from_fields(fields), float(task.enqueued_at_ms)
 
 
 def _workflow_page(broker: Broker, filters: Filters, lower: float | None, upper: float | None) -> Page:

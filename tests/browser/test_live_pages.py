@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 from tasks_app import producer
+from tasks_app.protocol.broker import get_broker
 from tests.browser.test_web_flow import log_in
+from tests.support.enqueued import file_ready
 
 # One worker runs the browser tests one after another: two Chromiums at once only slow each other.
 pytestmark = [pytest.mark.browser, pytest.mark.xdist_group("browser"), pytest.mark.django_db(transaction=True)]
@@ -18,8 +20,10 @@ def fast_refresh(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _held_back(count: int) -> list[str]:
-    """Enqueue tasks due in an hour: their records are what the browser lists."""
-    return [t.id for t in producer.enqueue("demo.echo", queue="ops", count=count, delay_s=3600)]
+    """Enqueue tasks due in an hour with READY records in the history (as old producers did): what the browser lists."""
+    ids = [t.id for t in producer.enqueue("demo.echo", queue="ops", count=count, delay_s=3600)]
+    file_ready(get_broker(), ids, "ops")
+    return ids
 
 
 def _next_refresh(page) -> None:

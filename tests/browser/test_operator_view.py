@@ -10,8 +10,10 @@ import pytest
 from tasks_app import producer
 from tasks_app.models import TaskType
 from tasks_app.protocol import records
+from tasks_app.protocol.broker import get_broker
 from tasks_app.protocol.records import ResultUpdate
 from tests.browser.test_web_flow import log_in
+from tests.support.enqueued import file_ready, waiting_records
 from tests.support.processes import wait_until
 
 # One worker runs the browser tests one after another: two Chromiums at once only slow each other.
@@ -32,8 +34,10 @@ def _finished(broker, task_id: str, status: str, error: str = "") -> None:
 
 
 def _held_back(type_name: str, count: int = 1, **kwargs) -> list[str]:
-    """Enqueue tasks due in an hour: their records are what the browser shows."""
-    return [t.id for t in producer.enqueue(type_name, queue="ops", count=count, delay_s=3600, **kwargs)]
+    """Enqueue tasks due in an hour with READY records in the history (as old producers did): what the browser shows."""
+    ids = [t.id for t in producer.enqueue(type_name, queue="ops", count=count, delay_s=3600, **kwargs)]
+    file_ready(get_broker(), ids, "ops", ttl_s=600)
+    return ids
 
 
 def test_the_failed_filter_and_an_id_prefix_search(page, snap, live_server, broker):
@@ -164,6 +168,7 @@ def test_an_id_prefix_search_says_when_more_ids_match_and_keeps_the_time_range(p
 
     ids = [f"batch-{n:03d}" for n in range(30)]
     producer.enqueue_many([producer.TaskRequest("demo.echo", queue="ops", delay_s=3600, task_id=i) for i in ids])
+    file_ready(broker, ids, "ops")
     two_hours_ago_ms = (time.time() - 7200) * 1000
     broker.client.zadd(broker.keys.history("ops"), {ids[1]: two_hours_ago_ms}, xx=True)
     log_in(page, live_server.url)
@@ -227,9 +232,9 @@ def test_a_bulk_action_says_how_many_selected_tasks_were_gone_meanwhile(page, li
 
 
 def _copies_of(broker, original: str) -> list[str]:
-    """The ids of the tasks of queue ops that retry `original`, oldest first."""
-    ids = [entry.task_id for entry in broker.records.history_window(["ops"], None, None, None, 100)][::-1]
-    return [i for i in ids if records.ResultRecord.from_fields(broker.records.get_result(i)).retry_of == original]
+    """The ids of the tasks waiting in queue ops that retry `original`, oldest first (pending is pushed at its head)."""
+    waiting = reversed(waiting_records(broker, "ops").items())
+    return [task_id for task_id, fields in waiting if fields.get("retry_of") == original]
 
 
 def test_the_retry_form_sent_twice_enqueues_one_copy_and_a_retry_of_it_another(page, snap, live_server, broker):
