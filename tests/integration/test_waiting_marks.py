@@ -3,10 +3,13 @@
 import time
 
 import pytest
+import redis
 
-from tasks_app import cancel, producer
+from tasks_app import cancel, cancel_many, producer
+from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, encode_arguments, encode_task, payload_of
 from tasks_app.protocol.records import ResultRecord
+from tests.chaos.servers import RedisClusterServers
 from tests.support.processes import wait_until
 from tests.support.recording import recorded_runs
 
@@ -65,3 +68,27 @@ def test_an_old_producers_task_with_a_ready_record_and_no_mark_is_taken_and_run(
         record = wait_finished(broker, "old-1")
     assert (record.status, record.args, record.attempts) == ("SUCCESSFUL", [3], 1)
     assert [run["task_id"] for run in recorded_runs(broker)] == ["old-1"]
+
+
+def test_on_a_cluster_marks_are_written_read_dropped_by_receipts_and_cancelled(tmp_path, settings):
+    settings.REDIS_CLUSTER = True
+    cluster = RedisClusterServers(tmp_path).start()
+    try:
+        broker = Broker(redis.RedisCluster.from_url(cluster.url), "marks")
+        tasks = producer.enqueue_many(
+            [producer.TaskRequest("demo.echo", [n], queue="A") for n in range(20)], broker=broker
+        )
+        [single] = producer.enqueue("demo.echo", queue="A", broker=broker)
+        ids = [task.id for task in [*tasks, single]]
+        assert all(record_of(broker, task_id).status == "READY" for task_id in ids)
+        assert all(not broker.client.exists(broker.keys.result(task_id)) for task_id in ids)
+        held, doomed = ids[:10], ids[10:]
+        assert broker.queue.claim_receipts([(i, 5) for i in held], 60, [("A", "demo.echo")] * 10) == [3] * 10
+        assert all(broker.client.hget(*broker.keys.waiting_mark(i)) is None for i in held)
+        assert [reply.outcome for reply in cancel_many(doomed, broker=broker)] == ["cancelled"] * len(doomed)
+        assert all(broker.client.hget(*broker.keys.waiting_mark(i)) is None for i in doomed)
+        assert {record_of(broker, i).status for i in doomed} == {"CANCELLED"}
+        assert broker.queue.claim_receipts([(doomed[0], 6)], 60, [("A", "demo.echo")]) == [2]
+        assert cancel_many([held[0]], broker=broker)[0].outcome == "requested"
+    finally:
+        cluster.remove()
