@@ -10,6 +10,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.test import Client
 
+import tasks_app
 from tasks_app import producer
 from tasks_app.models import TaskType
 from tasks_app.periodic.config import PeriodicConfig
@@ -366,3 +367,20 @@ def test_a_write_with_no_time_to_live_takes_its_task_out_of_the_history_on_a_clu
     keys = history.index_keys(broker.keys, "b")
     broker.records.redis.run("history_move", list(keys), history.status_move_args(task_id, "SUCCESSFUL", "", 0, (0, 0)))
     assert all(broker.client.zscore(key, task_id) is None for key in keys)
+
+
+def test_the_ready_view_lists_waiting_tasks_from_the_queues_themselves(staff, broker):
+    [plain] = producer.enqueue("demo.echo", queue="w")
+    [urgent] = producer.enqueue("demo.sleep", [0], queue="w", priority=5)
+    [later] = producer.enqueue("demo.echo", queue="w", delay_s=60)
+    page = staff.get("/tasks/?status=READY&queue=w&format=json").json()
+    assert [(row["id"], row["type"], row["status"]) for row in page["tasks"]] == [
+        (plain.id, "demo.echo", "READY"),
+        (urgent.id, "demo.sleep", "READY"),
+        (later.id, "demo.echo", "READY"),
+    ]
+    assert page["total"] == 3 and page["tasks"][1]["priority"] == 5 and page["tasks"][2]["run_after"]
+    assert _listed(staff.get("/tasks/?status=READY&type=demo.sleep")) == [urgent.id]
+    assert not broker.client.exists(broker.keys.history("w"))  # none of them is in the history yet
+    tasks_app.cancel(plain.id)  # still in its queue until a consumer drops it: not READY any more
+    assert _listed(staff.get("/tasks/?status=READY&queue=w")) == [urgent.id, later.id]

@@ -25,7 +25,7 @@ from tasks_app import producer, workflows
 from tasks_app.models import CANCEL_PERMISSION, DELETE_TASK_RECORDS_PERMISSION, ENQUEUE_PERMISSION, TaskType
 from tasks_app.protocol import history
 from tasks_app.protocol.broker import Broker, get_broker
-from tasks_app.protocol.codec import UndecodableTask, decode_payload, decode_task, finite
+from tasks_app.protocol.codec import Arguments, UndecodableTask, decode_task, finite
 from tasks_app.protocol.history import CANCELLED, REQUESTED
 from tasks_app.protocol.inspection import WaitingTask
 from tasks_app.protocol.keys import InvalidName, validate_name
@@ -304,9 +304,9 @@ def _waiting_row(item: WaitingTask) -> tuple[ResultRecord | None, float]:
     """A waiting task's row from its envelope, scored by its enqueue time; None if it does not decode."""
     try:
         task = decode_task(item.raw)
-        fields = enqueued_fields(task, decode_payload(task.payload))
     except UndecodableTask:
         return None, 0.0
+    fields = enqueued_fields(task, Arguments([], {}))  # a row shows no arguments: its payload is not parsed
     return ResultRecord.from_fields(fields), float(task.enqueued_at_ms)
 
 
