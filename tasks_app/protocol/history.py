@@ -473,7 +473,7 @@ class Control(Role):
     """Cancels and cancel requests (one round trip each, two for a running task's), pausing queues."""
 
     def cancel_many(self, task_ids: Sequence[str], cancelled_by: str = "", force: bool = False) -> list[CancelReply]:
-        """Cancel tasks by id in one round trip (two if some run; `force`: stopped by their consumer); never raises."""
+        """Cancel tasks by id in a round trip (+1 if some run, +1 on Cluster; `force`: by their consumer)."""
         answers = self.redis.run_many("cancel", self._cancel_calls(task_ids, cancelled_by))
         cluster = isinstance(self.client, redis.RedisCluster)
         replies = [
