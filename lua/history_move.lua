@@ -24,4 +24,5 @@ if ARGV[4] == '0' then  -- the record's write deleted it (its type keeps none): 
   return 1
 end
 history_move(h, ARGV[1], nil, ARGV[2], enqueued_ms, int_arg(ARGV[4], 604800000, 1, 2 ^ 53))
+history_trim_entered(h)
 return 1

@@ -231,6 +231,7 @@ for key_index = first_record, #KEYS do
     end
   end
 end
+if h then history_trim_entered(h) end
 -- One increment per field.
 if counters and #counters.names > 0 then
   for _, name in ipairs(counters.names) do redis.pcall('HINCRBY', counters.key, name, counters.add[name]) end

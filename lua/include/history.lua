@@ -56,17 +56,22 @@ local function history_expire(h, ttl_ms)
   for _, key in ipairs(h.status_keys) do redis.pcall('PEXPIRE', key, ttl_ms) end
 end
 
--- The index arguments from ARGV[at] on, as tasks_app/protocol/history.py's header_args writes
--- them: s (the number of status indexes, 0 for no index), the cap, the time to live (ms) and s
--- status names (at most `most` of them: the status index keys the script was given). Returns them
--- as a table, and the position of the first argument after them.
 -- Trim the index as tasks enter it (history_move): to `max` entries (0: not trimmed) and, if
--- `max_age_ms` > 0, to those that young.
+-- `max_age_ms` > 0, to those that young; once a call, by history_trim_entered.
 local function history_trim_on_entry(h, max, max_age_ms)
   if max > 0 then h.max = max end
   if max_age_ms > 0 then h.max_age_ms = max_age_ms end
 end
 
+-- Trim the index once if tasks entered it in this call (one trim per flush, not per task).
+local function history_trim_entered(h)
+  if h.entered and h.max then history_trim(h, server_now_ms(), h.max_age_ms, h.max) end
+end
+
+-- The index arguments from ARGV[at] on, as tasks_app/protocol/history.py's header_args writes
+-- them: s (the number of status indexes, 0 for no index), the cap, the time to live (ms) and s
+-- status names (at most `most` of them: the status index keys the script was given). Returns them
+-- as a table, and the position of the first argument after them.
 local function history_args(at, most)
   local count = int_arg(ARGV[at], 0, 0, math.max(0, math.min(#ARGV - at - 2, most or 2 ^ 53)))
   local shape = {count = count, max = int_arg(ARGV[at + 1], 100000, 1, 2 ^ 53),
@@ -89,14 +94,13 @@ end
 -- a task the index lacks (one with a waiting mark, or an outside producer's) is added with the
 -- score `fallback_score()`, its enqueue time: or now, when that is unknown (nil) or 0 (protobuf's
 -- "not set"; at the epoch the next trim would drop it at once), and the index is trimmed to its
--- cap h.max and age h.max_age_ms (when set: tasks enter the index here, not at enqueue).
+-- cap h.max and age h.max_age_ms by history_trim_entered (tasks enter the index here, not at enqueue).
 local function history_move(h, id, old, new, fallback_score, ttl_ms)
   local score = redis.pcall('ZSCORE', h.all, id)
   if type(score) ~= 'string' then
     score = fallback_score()
     if not score or score <= 0 then score = server_now_ms() end
-    history_add(h, id, score, new)
-    if h.max then history_trim(h, server_now_ms(), h.max_age_ms, h.max) end
+    h.entered = history_add(h, id, score, new) or h.entered
     history_expire(h, ttl_ms)  -- never shortened: a type with a short time to live keeps the others' entries
   elseif h.status[new] then
     redis.pcall('ZADD', h.status[new], score, id)
