@@ -73,9 +73,11 @@ def test_a_cap_holds_while_consumers_holding_its_slots_are_killed_and_their_task
         del fleet.processes[victim]
         fleet.spawn(f"{victim}-{round_}")
 
-    wait_until(
-        lambda: set(statuses(broker, tasks).values()) == {"SUCCESSFUL"}, scaled(60, 300), message="every task to end"
-    )
+    def unfinished() -> str:  # what a timeout shows: the statuses not SUCCESSFUL, and where the queue's tasks are
+        left = Counter(status for status in statuses(broker, tasks).values() if status != "SUCCESSFUL")
+        return f"every task to end; not yet: {dict(left)}; {broker.inspect.queue_stats('default')}"
+
+    wait_until(lambda: set(statuses(broker, tasks).values()) == {"SUCCESSFUL"}, scaled(60, 300), message=unfinished)
     events = spans(broker)
     assert {e["task_id"] for e in events if e["event"] == "end"} == set(tasks)
     assert most_at_once(closed_at_kills(events, killed_ms)) <= CAP, fleet.logs()
