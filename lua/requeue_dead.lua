@@ -104,6 +104,7 @@ while at + 6 <= #ARGV do
   record_key = record_key + 1
   at = at + 7 + 2 * pairs_count
 end
+history_trim_entered(h)
 -- A consumer with nothing to do blocks on the pending list only: a token there wakes it.
 if woke and redis.call('LLEN', KEYS[2]) == 0 then
   redis.call('LPUSH', KEYS[2], ARGV[1])

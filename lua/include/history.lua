@@ -63,9 +63,12 @@ local function history_trim_on_entry(h, max, max_age_ms)
   if max_age_ms > 0 then h.max_age_ms = max_age_ms end
 end
 
--- Trim the index once if tasks entered it in this call (one trim per flush, not per task).
+-- Once a call in which tasks entered the index (a flush, not each task): trim it if asked to,
+-- and renew its keys' time to live.
 local function history_trim_entered(h)
-  if h.entered and h.max then history_trim(h, server_now_ms(), h.max_age_ms, h.max) end
+  if not h.entered then return end
+  if h.max then history_trim(h, server_now_ms(), h.max_age_ms, h.max) end
+  history_expire(h, h.expire_ms)
 end
 
 -- The index arguments from ARGV[at] on, as tasks_app/protocol/history.py's header_args writes
@@ -100,8 +103,12 @@ local function history_move(h, id, old, new, fallback_score, ttl_ms)
   if type(score) ~= 'string' then
     score = fallback_score()
     if not score or score <= 0 then score = server_now_ms() end
-    h.entered = history_add(h, id, score, new) or h.entered
-    history_expire(h, ttl_ms)  -- never shortened: a type with a short time to live keeps the others' entries
+    if history_add(h, id, score, new) then
+      h.entered = true
+      -- The keys' time to live is renewed once a call (history_trim_entered), to the longest asked:
+      -- never shortened, so a type with a short time to live keeps the others' entries.
+      h.expire_ms = math.max(h.expire_ms or 0, ttl_ms)
+    end
   elseif h.status[new] then
     redis.pcall('ZADD', h.status[new], score, id)
   end
