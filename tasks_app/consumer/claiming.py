@@ -62,9 +62,9 @@ def write_receipts(broker: Broker, claimed: Sequence[Claimed], result_ttl_s: int
     for item in claimed:
         with contextlib.suppress(UndecodableTask):
             item.task = decode_task(item.raw)
-    decoded = [item for item in claimed if item.task is not None]
-    claims = [(item.task.id, item.fence) for item in decoded if item.task is not None]
-    named = [(item.queue, item.task.type) for item in decoded if item.task is not None]
+    decoded = [(item, item.task) for item in claimed if item.task is not None]
+    claims = [(task.id, item.fence) for item, task in decoded]
+    named = [(item.queue, task.type) for item, task in decoded]
     try:
         replies = broker.queue.claim_receipts(claims, result_ttl_s, named) if claims else []
     except RedisError as exc:
@@ -72,7 +72,7 @@ def write_receipts(broker: Broker, claimed: Sequence[Claimed], result_ttl_s: int
             "could not write the claim receipts of %d task(s) (%s); they start unreceipted", len(claims), exc
         )
         replies = [NOT_A_RECORD] * len(claims)
-    for item, reply in zip((item for item in claimed if item.task is not None), replies, strict=True):
+    for (item, _), reply in zip(decoded, replies, strict=True):
         item.receipt = None if reply == NOT_A_RECORD else reply
 
 
