@@ -384,3 +384,10 @@ def test_the_ready_view_lists_waiting_tasks_from_the_queues_themselves(staff, br
     assert not broker.client.exists(broker.keys.history("w"))  # none of them is in the history yet
     tasks_app.cancel(plain.id)  # still in its queue until a consumer drops it: not READY any more
     assert _listed(staff.get("/tasks/?status=READY&queue=w")) == [urgent.id, later.id]
+
+
+def test_the_ready_view_lists_prioritized_tasks_in_the_order_they_are_claimed(staff):
+    [low] = producer.enqueue("demo.echo", queue="w", priority=2)
+    [high] = producer.enqueue("demo.echo", queue="w", priority=9)
+    [low_later] = producer.enqueue("demo.echo", queue="w", priority=2)
+    assert _listed(staff.get("/tasks/?status=READY&queue=w")) == [high.id, low.id, low_later.id]

@@ -246,10 +246,8 @@ class Inspection(Role):
             key = self.keys.queue_key(queue, part)
             if part == "pending":
                 pipe.lrange(key, first, last)
-            elif part == "prioritized":
-                pipe.zrevrange(key, first, last)
-            else:
-                pipe.zrange(key, first, last, withscores=True)
+            else:  # prioritized in claim order (a lower score is a higher priority); delayed soonest due
+                pipe.zrange(key, first, last, withscores=part == "delayed")
         found: list[WaitingTask] = []
         for (queue, part, _, _), members in zip(slices, pipe.execute() if slices else [], strict=True):
             for member in members:
