@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from time import monotonic  # not time.monotonic: tests replace this module's `time` to skew its clock
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from django.conf import settings
 from redis.exceptions import RedisError
@@ -195,19 +195,20 @@ def push(batch: PreparedBatch, *, broker: Broker | None = None) -> list[Enqueued
     def due(item: Enqueueable) -> Enqueueable:  # due at an absolute time: its delay counts from now, not `prepare`
         return item._replace(delay_ms=max(0, item.delay_ms - late_ms)) if item.task_id in batch.fixed_due else item
 
-    items = [task for task in batch.tasks if isinstance(task, Enqueueable)]
     uniques = [task for task in batch.tasks if isinstance(task, UniqueEnqueueable)]
+    items = [t for t in batch.tasks if isinstance(t, Enqueueable)] if uniques else cast(list[Enqueueable], batch.tasks)
     if batch.fixed_due:
         items, uniques = [due(item) for item in items], [u._replace(item=due(u.item)) for u in uniques]
     enqueued = list(batch.enqueued)
     try:
         if batch.tasks:
             pushed = (broker or get_broker()).enqueuer.enqueue(items, batch.result_ttl_s, uniques)
-            # The batch's positions in the order of `pushed`: the plain tasks', then the unique ones'.
-            positions = [at for at, task in enumerate(batch.tasks) if isinstance(task, Enqueueable)]
-            positions += [at for at, task in enumerate(batch.tasks) if isinstance(task, UniqueEnqueueable)]
-            for index, holder in ((index, holder) for index, holder in enumerate(pushed) if holder is not None):
-                position = positions[index]
+            duplicates = [(index, holder) for index, holder in enumerate(pushed) if holder is not None]
+            if duplicates:  # the batch's positions in the order of `pushed`: the plain tasks', then the unique ones'
+                tasks = batch.tasks
+                in_pushed_order = sorted(range(len(tasks)), key=lambda at: isinstance(tasks[at], UniqueEnqueueable))
+            for index, holder in duplicates:
+                position = in_pushed_order[index]
                 enqueued[position] = enqueued[position]._replace(id=holder, duplicate=True)
                 if index >= len(items):
                     metrics.DUPLICATES_REFUSED.labels(enqueued[position].type).inc()

@@ -319,6 +319,23 @@ def test_a_bad_request_among_requests_alike_is_refused_and_nothing_is_pushed(bro
     assert enqueued_keys(broker) == []
 
 
+def test_duplicates_in_a_batch_of_plain_and_unique_tasks_are_told_at_their_own_positions(broker):
+    TaskType.objects.create(name="once", handler="demo.echo", queue="mix", unique_for_s=60)
+    [held] = enqueue("once", [1])
+    enqueue_many([TaskRequest("demo.echo", [0], queue="mix", task_id="known")])
+    tasks = enqueue_many(
+        [
+            TaskRequest("once", [1]),  # its uniqueness key is held
+            TaskRequest("demo.echo", [2], queue="mix"),
+            TaskRequest("demo.echo", [3], queue="mix", task_id="known"),  # the caller's id, enqueued before
+            TaskRequest("once", [4]),
+        ]
+    )
+    assert [task.duplicate for task in tasks] == [True, False, True, False]
+    assert (tasks[0].id, tasks[2].id) == (held.id, "known")
+    assert [task.type for task in tasks] == ["once", "demo.echo", "demo.echo", "once"]
+
+
 def test_an_unreachable_redis_is_a_clear_error(settings):
     from tasks_app.producer import QueueUnavailable
 

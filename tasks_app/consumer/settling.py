@@ -140,7 +140,9 @@ class Settler:
         if not isinstance(error, StartMissed):
             metrics.of_run(task.type, task.queue).duration.observe(duration)
         if error is None:
-            return self.succeed(claimed, task, return_json or "null", duration, on_settled, config)  # JSON beside no error
+            return self.succeed(
+                claimed, task, return_json or "null", duration, on_settled, config
+            )  # JSON beside no error
         if isinstance(error, TaskCancelled):
             return self.cancelled(claimed, task, config, on_settled, duration)
         self.acks.barrier()  # this run's RUNNING record goes first

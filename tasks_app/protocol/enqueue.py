@@ -100,7 +100,7 @@ def split_by_queue(items: Sequence[Enqueueable]) -> dict[str, Section]:
     """Split tasks into one section per queue, keeping their order."""
     by_queue: dict[str, Section] = {}
     for position, item in enumerate(items):
-        section = by_queue.setdefault(item.queue, Section())
+        section = by_queue.get(item.queue) or by_queue.setdefault(item.queue, Section())
         if item.priority or item.delay_ms > 0 or item.idempotent:  # else plain: priority 0, due now, no id to check
             section.others += (item.task_id if item.idempotent else "", item.priority, item.delay_ms, item.raw)
             section.others_at.append(position)

@@ -129,7 +129,7 @@ class Keys:
     def waiting_mark(self, task_id: str) -> tuple[str, bytes]:
         """The bucket hash and field of a waiting task's mark (docs/PROTOCOL.md, "Waiting marks")."""
         digest = hashlib.sha1(task_id.encode("utf-8", "surrogatepass"), usedforsecurity=False).digest()
-        return self.waiting(digest[:2].hex()), digest[2:10]
+        return f"{self.prefix}:waiting:{digest[:2].hex()}", digest[2:10]  # self.waiting's, once a task: inlined
 
     def workflow(self, workflow_id: str) -> list[str]:
         """The keys of one workflow, under a hash tag of its own, in the order of WORKFLOW_KEYS."""
