@@ -406,7 +406,12 @@ def test_a_blocking_claim_writes_its_receipt_and_drops_the_mark_in_its_own_round
     assert (decode_task(second.raw).id, second.receipt) == (cancelled.id, records.START_REFUSED)
     assert second.fence > first.fence
     assert broker.queue.held_and_staged("web", "c1") == ([second.raw, first.raw], [])
-    assert broker.queue.claim_blocking("web", "c1", 0.01, 60) == (None, 0, None)
+    assert broker.queue.claim_blocking("web", "c1", 0.01, 60) == (None, 0, None, False)
+    # Claimed from a paused queue too (the consumer returns it unstarted), saying so.
+    assert first.queue_open and second.queue_open
+    broker.control.pause("web")
+    producer.enqueue("web.echo")
+    assert not broker.queue.claim_blocking("web", "c1", 1, 60).queue_open
 
 
 def test_a_blocking_claim_leaves_the_receipt_of_an_id_it_cannot_read_to_claim_receipts(broker):

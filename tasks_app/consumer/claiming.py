@@ -49,6 +49,7 @@ class Claimed:
     task: Task | None = field(default=None, compare=False)  # decoded as its receipt was written
     receipt: int | None = field(default=None, compare=False)  # the record's answer (START_REFUSED: cancelled)
     claimed_at_s: float = field(default_factory=time.monotonic, compare=False)
+    open_at_s: float = field(default=-math.inf, compare=False)  # when its claim saw its queue not paused
     # By when (monotonic s) its handler must begin, once its rate limit admits it.
     start_by: float = field(default=math.inf, compare=False)
 
@@ -252,7 +253,7 @@ class PauseWatch:
 
     def return_if_paused(self, claimed: Claimed) -> bool:
         """Put a claimed task of a paused queue back at the head of pending, unstarted; False if it runs."""
-        if not self.paused(claimed.queue):
+        if time.monotonic() - claimed.open_at_s < PAUSE_STATE_MAX_AGE_S or not self.paused(claimed.queue):
             return False
         return_unstarted(self.broker, [claimed], self.result_ttl_s, self.give_up)
         logger.info("queue %s is paused: a claimed task went back to pending unstarted", claimed.queue)
@@ -407,11 +408,14 @@ class ClaimerLoop:
         if raw is None or raw == WAKE_TOKEN:
             return 0.0
         item = Claimed(self.queue, consumer_id, raw, fence=claim.fence)
+        if claim.queue_open:  # its start needs no look at the pause marker for a while
+            item.open_at_s = item.claimed_at_s
         if claim.receipt is not None:  # the claim wrote it (one server): the task is only decoded
             item.task = decoded(raw)
             item.receipt = None if claim.receipt == NOT_A_RECORD else claim.receipt
         if self.room.acquire_up_to(1):
             self._dispatch([item], receipted=claim.receipt is not None)
+            time.sleep(0)  # a worker takes it at once, not when this thread next waits on Redis
         else:
             # Other queues' claims took the room while this one waited: it goes back first in its queue.
             withdrawn = withdrawal(item, item.task, self._result_ttl_s) if item.task is not None else None

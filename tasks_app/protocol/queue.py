@@ -83,6 +83,7 @@ class BlockingClaim(NamedTuple):
     raw: bytes | None
     fence: int = 0
     receipt: int | None = None  # claim_receipts' answer, if the claim wrote it; None: the caller writes it
+    queue_open: bool = False  # the claim saw its queue not paused
 
 
 class Promotion(NamedTuple):
@@ -161,12 +162,13 @@ class Queue(Role):
         pipe = client.pipeline(transaction=False)
         pipe.blmove(pending, staging, timeout_s, "RIGHT", "LEFT")
         args = [self.keys.prefix, result_ttl_s, WAKE_TOKEN, queue]
-        self.scripts.queue(pipe, "claim_staged", [staging, processing, self.keys.fence(queue)], args)
+        keys = [staging, processing, self.keys.fence(queue), self.keys.paused(queue)]
+        self.scripts.queue(pipe, "claim_staged", keys, args)
         _, staged = self.scripts.execute(pipe, client)
         if not staged or staged[0] == WAKE_TOKEN:
             return BlockingClaim(staged[0] if staged else None)
-        raw, fence, receipt = staged
-        return BlockingClaim(raw, int(fence), None if receipt == RECEIPT_UNREAD else int(receipt))
+        raw, fence, receipt, queue_open = staged
+        return BlockingClaim(raw, int(fence), None if receipt == RECEIPT_UNREAD else int(receipt), bool(queue_open))
 
     def issue_fence(self, queue: str) -> int:
         """Issue one fencing token of `queue`: higher than every token issued before it."""
