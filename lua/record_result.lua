@@ -80,7 +80,7 @@ local function file_under(key, task_id, old, status, ttl_s, read)
     if read then return tonumber(read.enqueued_at_ms) end
     return tonumber(redis.call('HGET', key, 'enqueued_at_ms'))
   end
-  history_move(h, task_id, old, status, enqueued, ttl_s * 1000)
+  history_move(h, task_id, old, status, enqueued, ttl_s * 1000, read ~= nil and read.first)
 end
 
 -- The JSON list `text` with `item` appended; a list that is not JSON (a producer's) is started afresh.
@@ -126,7 +126,8 @@ local function write_record(key, u)
   if u.token or new then
     local current = redis.call('HMGET', key, 'fence', 'status', 'cancel_requested_at_ms', 'worker_ids',
                                'enqueued_at_ms')
-    read = {worker_ids = sets.worker_ids or current[4], enqueued_at_ms = sets.enqueued_at_ms or current[5]}
+    read = {worker_ids = sets.worker_ids or current[4], enqueued_at_ms = sets.enqueued_at_ms or current[5],
+            first = not current[2]}  -- its first status write: the index most likely lacks the task
     local fence = stored_int(current[1]) or 0
     old = current[2] or 'READY'
     if u.token and u.token < fence then

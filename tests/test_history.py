@@ -158,6 +158,18 @@ def test_unique_tasks_are_indexed_ready_when_pushed_and_duplicates_are_not(broke
     assert 0 < broker.client.pttl(broker.keys.history_status("h", "READY")) <= RESULT_TTL_MS
 
 
+def test_a_task_filed_at_enqueue_leaves_ready_at_its_first_write_with_its_score(broker, consumer_in_thread):
+    _unique_echo_on_h()
+    filed = producer.enqueue("demo.echo", [1])[0].id  # a unique task: READY in the index, its record without a status
+    score = broker.client.zscore(broker.keys.history("h"), filed)
+    with consumer_in_thread(queues=["h"]):
+        _wait_status(broker, [filed], "SUCCESSFUL")
+    assert _ids(broker, broker.keys.history_status("h", "READY")) == []
+    assert _ids(broker, broker.keys.history_status("h", "SUCCESSFUL")) == [filed]
+    assert broker.client.zscore(broker.keys.history_status("h", "SUCCESSFUL"), filed) == score
+    assert _ids(broker, broker.keys.history("h")) == [filed]
+
+
 def test_periodic_and_unique_enqueues_keep_the_cap_and_drop_aged_entries(broker, settings):
     _unique_echo_on_h()
     broker.enqueuer.history_max = 3

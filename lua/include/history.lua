@@ -98,18 +98,26 @@ end
 -- score `fallback_score()`, its enqueue time: or now, when that is unknown (nil) or 0 (protobuf's
 -- "not set"; at the epoch the next trim would drop it at once), and the index is trimmed to its
 -- cap h.max and age h.max_age_ms by history_trim_entered (tasks enter the index here, not at enqueue).
-local function history_move(h, id, old, new, fallback_score, ttl_ms)
-  local score = redis.pcall('ZSCORE', h.all, id)
+-- A task added here with a known `old` is in no other status index: entries leave them with
+-- `history` (history_drop), so nothing is removed. `first`: the record had no status yet, so the
+-- index most likely lacks the task: the add is tried first, without a ZSCORE that finds nothing.
+local function history_move(h, id, old, new, fallback_score, ttl_ms, first)
+  local score = nil
+  if not first then score = redis.pcall('ZSCORE', h.all, id) end
   if type(score) ~= 'string' then
-    score = fallback_score()
-    if not score or score <= 0 then score = server_now_ms() end
-    if history_add(h, id, score, new) then
+    local entering = fallback_score()
+    if not entering or entering <= 0 then entering = server_now_ms() end
+    if history_add(h, id, entering, new) then
       h.entered = true
       -- The keys' time to live is renewed once a call (history_trim_entered), to the longest asked:
       -- never shortened, so a type with a short time to live keeps the others' entries.
       h.expire_ms = math.max(h.expire_ms or 0, ttl_ms)
+      if old ~= nil then return end
+    elseif first then
+      score = redis.pcall('ZSCORE', h.all, id)  -- filed already (a unique task, a periodic run)
     end
-  elseif h.status[new] then
+  end
+  if type(score) == 'string' and h.status[new] then
     redis.pcall('ZADD', h.status[new], score, id)
   end
   if old == nil then
