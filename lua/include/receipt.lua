@@ -10,10 +10,11 @@ local function write_receipt(key, token, ttl_s, queue, task_type)
   if type(current) ~= 'table' or current.err then return -1 end
   if token < (stored_int(current[1]) or 0) then return 0 end
   if cancelled_before_start(key, current[2] or 'READY', current[3]) then return 2 end
-  redis.call('HSET', key, 'claimed_fence', token, 'fence', token)
-  if not current[5] and queue ~= '' then
-    redis.call('HSET', key, 'queue', queue, 'type', task_type)
+  local fields = {'claimed_fence', token, 'fence', token}
+  if not current[5] and queue ~= '' then  -- one HSET for both
+    fields[5], fields[6], fields[7], fields[8] = 'queue', queue, 'type', task_type
   end
+  redis.call('HSET', key, unpack(fields))
   redis.call('EXPIRE', key, ttl_s)
   -- 1 only for a record that holds the task's own fields (a producer's READY record or a run's
   -- write): one an earlier receipt created holds only the fences, queue and type.
