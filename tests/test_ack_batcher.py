@@ -202,7 +202,7 @@ def test_a_batch_sent_again_after_its_reply_was_lost_appends_counts_and_reports_
         task = decode_task(raw)
         task.attempt = 1
         fence = 10 + index
-        batcher.record(records.started(task, None, "c7", 1000.5, 3, 60, fence, record_exists=True))  # type: ignore[arg-type]
+        batcher.record(records.started(task, None, "c7", 1000.5, 3, 60, fence, receipt=records.RECEIPT_OF_RECORD))  # type: ignore[arg-type]
         ending = (
             records.succeeded(task, "null", 2000.5, 60, fence, run_s=0.1)
             if index == 0

@@ -245,7 +245,7 @@ class Executor:
             max_attempts,
             self.result_ttl_s,
             claimed.fence,
-            record_exists=claimed.receipt == records.RECEIPT_OF_RECORD,
+            receipt=claimed.receipt,
         )
         if handler.django_task is not None:  # a @task function reads its own record
             reply = self.settler.redis(lambda: self.broker.records.record_result(started_update), "record_result")

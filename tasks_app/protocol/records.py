@@ -106,6 +106,8 @@ SUPERSEDED = 0
 CLAIMED_FENCE = "claimed_fence"
 # What claim_receipts answers for a held task whose record it found (its RUNNING write omits the enqueue fields).
 RECEIPT_OF_RECORD = 1
+# What it answers for one whose record it created, or an earlier receipt did: fences, queue and type alone.
+RECEIPT_OF_BARE_RECORD = 3
 
 # The fields a record may hold that only its own page and the API show: megabytes each, at most.
 WHOLE_RECORD_FIELDS = ("args", "kwargs", "return_value")
@@ -166,9 +168,14 @@ def clean_text(text: str, max_bytes: int) -> str:
 
 def enqueued_fields(task: Task, arguments: Arguments) -> dict[str, str]:
     """Every field of a READY record: what a run's first write or a requeue sets."""
+    return {**READY_RECORD_DEFAULTS, "id": task.id, **ready_fields(task, arguments)}
+
+
+def ready_fields(task: Task, arguments: Arguments) -> dict[str, str]:
+    """A READY record's fields but the id and those at their default: what readers cannot fill in."""
     args_json = _json(arguments.args) if arguments.args else ""
     kwargs_json = _json(arguments.kwargs) if arguments.kwargs else ""
-    return {**READY_RECORD_DEFAULTS, "id": task.id, **ready_fields_of_json(task, args_json, kwargs_json)}
+    return ready_fields_of_json(task, args_json, kwargs_json)
 
 
 # Headers a READY record keeps as fields of the same name: a retry's original, the periodic schedule, the workflow.
@@ -205,10 +212,18 @@ def started(
     ttl_s: int,
     fence: int,
     *,
-    record_exists: bool = False,
+    receipt: int | None = None,
 ) -> ResultUpdate:
-    """The update claiming the record for the run holding `fence`, with the enqueue fields unless it exists."""
-    fields = {} if record_exists else enqueued_fields(task, arguments)
+    """The update claiming the record for the run holding `fence`, with the enqueue fields its record lacks.
+
+    `receipt`: what the claim's receipt answered (None: none was written, the record may hold anything).
+    """
+    if receipt == RECEIPT_OF_RECORD:
+        fields = {}
+    elif receipt == RECEIPT_OF_BARE_RECORD:  # the defaults and the id are what readers fill in
+        fields = ready_fields(task, arguments)
+    else:
+        fields = enqueued_fields(task, arguments)
     fields |= {"status": RUNNING, "attempts": str(task.attempt), "max_attempts": str(max_attempts)}
     fields["last_attempted_at_ms"] = ms_text(now_ms)
     if task.attempt == 1:

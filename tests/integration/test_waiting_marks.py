@@ -38,6 +38,9 @@ def test_a_waiting_task_reads_ready_from_its_mark_until_a_consumer_runs_it(broke
         finished = [wait_finished(broker, task_id) for task_id in ids]
     assert [(r.status, r.attempts) for r in finished] == [("SUCCESSFUL", 1)] * 5
     assert (finished[3].args, finished[3].enqueued_at is not None) == ([2], True)  # the run wrote the rest
+    # On a record its receipt made, the run stores no default and no id: readers fill them in.
+    assert not {b"id", b"priority", b"args", b"kwargs"} & broker.client.hgetall(broker.keys.result(delayed.id)).keys()
+    assert (finished[4].id, finished[4].args, finished[4].kwargs, finished[4].priority) == (delayed.id, [], {}, 0)
     assert all(broker.client.hget(*broker.keys.waiting_mark(task_id)) is None for task_id in ids)
     assert sorted(
         entry.task_id for entry in broker.records.history_window(["default"], None, None, None, 10)
