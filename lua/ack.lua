@@ -18,10 +18,12 @@
 -- include: instance
 local n = int_arg(ARGV[1], 0, 0, #ARGV - 3)
 local elsewhere = other_instance(KEYS[4], ARGV[2], ARGV[3])
+-- Most often no task of the queue was recovered: no digest to compute, no mark to clear.
+local recoveries = redis.call('EXISTS', KEYS[2]) == 1 and KEYS[2]
 local flags = {}
 local acked = 0
 for i = 1, n do
-  flags[i] = elsewhere and 0 or settle_claimed(ARGV[3 + i], KEYS[2], false)
+  flags[i] = elsewhere and 0 or settle_claimed(ARGV[3 + i], recoveries, false)
   acked = acked + flags[i]
 end
 for j = 5, #KEYS do
