@@ -39,14 +39,26 @@ if ARGV[5] == '1' and want > 0 then
   if suspect then claimed[1] = suspect end
 end
 
+-- `command` on `key` with every item of `items`, in order; unpack is limited to a few thousand
+-- values, so in chunks.
+local function on_all(command, key, items)
+  for from = 1, #items, 1000 do
+    redis.call(command, key, unpack(items, from, math.min(#items, from + 999)))
+  end
+end
+
+-- Push tasks just popped onto the processing list, one call for many (each on the head in turn,
+-- as with an LPUSH a task), and count them claimed.
+local function hold(items)
+  on_all('LPUSH', KEYS[3], items)
+  for _, item in ipairs(items) do claimed[#claimed + 1] = item end
+end
+
 local function take_prioritized(min, max)
   if want - #claimed <= 0 then return end
   local items = redis.call('ZRANGE', KEYS[2], min, max, 'BYSCORE', 'LIMIT', 0, want - #claimed)
-  for _, item in ipairs(items) do
-    redis.call('ZREM', KEYS[2], item)
-    redis.call('LPUSH', KEYS[3], item)
-    claimed[#claimed + 1] = item
-  end
+  on_all('ZREM', KEYS[2], items)
+  hold(items)
 end
 
 -- A read, so tracking tells of the next add; an empty set is not searched.
@@ -55,12 +67,11 @@ if prioritized then take_prioritized('-inf', '(' .. zero) end
 while want - #claimed > 0 do
   local items = redis.call('RPOP', KEYS[1], want - #claimed)
   if not items then break end
+  local tasks = {}
   for _, item in ipairs(items) do
-    if item ~= ARGV[3] then
-      redis.call('LPUSH', KEYS[3], item)
-      claimed[#claimed + 1] = item
-    end
+    if item ~= ARGV[3] then tasks[#tasks + 1] = item end
   end
+  hold(tasks)
 end
 if prioritized then take_prioritized('(' .. zero, '+inf') end
 -- include: fence
