@@ -11,7 +11,7 @@ from typing import Any
 import redis
 
 from tasks_app.protocol.keys import WAKE_TOKEN
-from tasks_app.protocol.scripts import Role
+from tasks_app.protocol.scripts import Role, ScriptClient
 
 # Recoveries of a task from dead consumers before it is dead-lettered.
 MAX_RECOVERIES = 3
@@ -43,6 +43,13 @@ class ReapOutcome:
 class Leases(Role):
     """Consumer leases: heartbeats, registering, giving a lease up, and reaping dead consumers' tasks."""
 
+    def __init__(self, redis: ScriptClient) -> None:
+        super().__init__(redis)
+        # (consumer id, instance, queue) -> the deadline (ms) its last renewal here wrote; queue -> the replication id
+        # under which a heartbeat last checked its primary marker. A renewal that finds both unchanged is one write.
+        self._deadlines: dict[tuple[str, str, str], int] = {}
+        self._marked: dict[str, bytes] = {}
+
     def heartbeat(
         self, queues: Sequence[str], consumer_id: str, lease_ms: int, register_info: dict[str, Any] | None = None
     ) -> bool:
@@ -60,15 +67,31 @@ class Leases(Role):
     ) -> list[str]:
         """Renew (or register, listing the queues in the queue set) the lease on every queue; return those lost."""
         info = json.dumps(register_info) if register_info is not None else ""
+        # Only the same process (its instance) may take the one-write renewal its last renewal left it.
+        renewer = (consumer_id, instance or str((register_info or {}).get("instance", "")))
         calls = self._calls(queues)
         pipe = self.client.pipeline(transaction=False)
         for call in calls:
             keys = [key for queue in call for key in self.keys.queue_keys(queue, "consumers consumer_info primary")]
-            self.scripts.queue(pipe, "heartbeat", keys, [consumer_id, lease_ms, info, instance])
+            # What this process's last renewal left, passed where it is one for the whole call (see heartbeat.lua).
+            deadlines = {self._deadlines.get((*renewer, queue), "") for queue in call}
+            marked = {self._marked.get(queue, b"") for queue in call}
+            last_deadline = deadlines.pop() if len(deadlines) == 1 else ""
+            args = [consumer_id, lease_ms, info, instance, last_deadline, marked.pop() if len(marked) == 1 else b""]
+            self.scripts.queue(pipe, "heartbeat", keys, args)
         if register_info is not None:
             self.redis.announce(pipe, queues)
-        flags = [flag for reply in self.scripts.execute(pipe, self.client)[: len(calls)] for flag in reply]
-        return [queue for queue, held in zip(queues, flags, strict=True) if not held]
+        lost: list[str] = []
+        for call, reply in zip(calls, self.scripts.execute(pipe, self.client)[: len(calls)], strict=True):
+            *held, deadline_ms, replid = reply
+            for queue, holds in zip(call, held, strict=True):
+                self._marked[queue] = replid
+                if holds:
+                    self._deadlines[(*renewer, queue)] = int(deadline_ms)
+                else:
+                    self._deadlines.pop((*renewer, queue), None)
+                    lost.append(queue)
+        return lost
 
     def _calls(self, queues: Sequence[str]) -> list[list[str]]:
         """The queues of each call of a script taking several queues' keys: all at once, or one a call on a cluster."""
