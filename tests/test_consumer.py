@@ -330,6 +330,18 @@ def test_reconciling_never_returns_a_byte_identical_twin_that_is_still_held(brok
     assert len(recorded_runs(broker)) == 2, "the running twin was returned to pending and ran again"
 
 
+def test_a_claimer_audits_its_list_only_after_a_claim(broker, consumer_in_thread):
+    # Only a claim adds to a processing list: an idle queue's claimer has no strays to look for.
+    with consumer_in_thread(queues=["q"], concurrency=1) as running:
+        wait_until(lambda: broker.inspect.queue_stats("q").consumers, 5, message="the consumer to register")
+        claimer = running.claimer("q")
+        assert claimer.audit_at == math.inf
+        claimer.run_once()  # a claim that finds nothing, then a blocking wait of its own
+        assert claimer.audit_at < math.inf
+        claimer.reconcile()
+        assert claimer.audit_at == math.inf
+
+
 # --- the in-thread consumer fixture -------------------------------------------------------
 def _crash_in_shutdown(running: Any) -> None:
     shutdown = running.shutdown

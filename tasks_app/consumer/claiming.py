@@ -307,7 +307,8 @@ class ClaimerLoop:
         # While blocking waits time out empty, it waits again with no claim script between until then (monotonic s).
         self._quiet_until = 0.0
         self._uncertain = False  # a claim failed on the wire: Redis may have moved tasks we never heard of
-        self.audit_at = time.monotonic() + membership.lease.lease_s
+        self._audit_at = time.monotonic() + membership.lease.lease_s
+        self._claimed_since_audit = False  # only a claim adds to our processing list: without one, no strays
         self._room_taken = 0  # for the claim in progress, not yet handed to a dispatched task
         self._result_ttl_s = int(settings.TASKS_RESULT_TTL)
 
@@ -337,6 +338,7 @@ class ClaimerLoop:
         # The consumer's one suspect turn is held for the claim script only, unless it took a
         # suspect: held through a blocking claim, it kept every other queue's suspects waiting.
         may_take_suspect = self.held.take_suspect_turn()
+        self._claimed_since_audit = True
         outcome: Claim | None = None
         try:
             outcome = self.claims.queue.claim_with_suspect(
@@ -389,6 +391,7 @@ class ClaimerLoop:
                 self._quiet_until = time.monotonic() + self.membership.lease.lease_s
             quiet_s = min(self._quiet_until - time.monotonic(), self.membership.lease.fresh_for_s(consumer_id))
             block_s = max(block_s, round(min(quiet_s, LONGEST_WAIT_S), 3))
+        self._claimed_since_audit = True
         raw, fence = self._blocking_claims.queue.claim_blocking(self.queue, consumer_id, block_s)
         self._drop_wake = raw == WAKE_TOKEN
         if raw is None and not suspects_waiting:  # nothing came: the next waits need no claim before them
@@ -416,6 +419,11 @@ class ClaimerLoop:
         write_receipts(self.broker, claimed, self._result_ttl_s)
         self.dispatch(claimed)
 
+    @property
+    def audit_at(self) -> float:
+        """When its audit of strays is due (monotonic s): once a lease, and only after a claim."""
+        return self._audit_at if self._claimed_since_audit else math.inf
+
     def reconcile(self) -> None:
         """Return tasks that sit in our processing list unbeknown to us (a claim's lost reply)."""
         # Only this thread adds to this list: held first, listed second can miss strays, never take a held task.
@@ -430,7 +438,8 @@ class ClaimerLoop:
                 "returned %d claimed task(s) whose claim reply was lost to the head of %s", returned, self.queue
             )
         self._uncertain = False
-        self.audit_at = time.monotonic() + self.membership.lease.lease_s
+        self._claimed_since_audit = False
+        self._audit_at = time.monotonic() + self.membership.lease.lease_s
 
 
 class OneClaimer:
@@ -478,7 +487,7 @@ class OneClaimer:
         for claimer in self._order():
             now = time.monotonic()
             if self._due[claimer] > now:
-                if claimer.audit_at <= now:  # its audit of strays, once a lease: Redis tells of pushes meanwhile
+                if claimer.audit_at <= now:  # its audit of strays: Redis tells of pushes meanwhile
                     self._guarded(claimer, claimer.reconcile)
                 continue
             wait_s = self._guarded(claimer, partial(claimer.run_once, room_wait_s=0.0))
