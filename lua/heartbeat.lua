@@ -4,6 +4,8 @@
 -- since_ms -> when that node began to), read by reap to hold reaping after a failover; then the
 -- same three keys of each further queue. On a single server one call renews every queue of a consumer; on Redis Cluster each
 -- call holds one queue (its keys share a slot).
+-- KEYS[3n + 1] (single server, optional) the lease index zset (id -> its latest deadline ms), written
+-- when a lease is held, so that reapers need look at the queues only once a deadline there passed.
 -- ARGV[1] consumer id   ARGV[2] lease ms   ARGV[3] info JSON to register with, or "" to renew
 -- ARGV[4] (renewals) the renewing process's instance token, or "": a renewal is refused when the
 -- registered info names another instance (a process frozen past its lease whose id another
@@ -73,8 +75,13 @@ local function renew(consumers, info, primary)
 end
 
 local held = {}
+local any_held = false
 for at = 1, #KEYS - 2, 3 do
   held[#held + 1] = renew(KEYS[at], KEYS[at + 1], KEYS[at + 2])
+  any_held = any_held or held[#held] == 1
+end
+if #KEYS % 3 == 1 and any_held then
+  redis.call('ZADD', KEYS[#KEYS], deadline_ms, ARGV[1])
 end
 held[#held + 1] = deadline_ms
 held[#held + 1] = replid

@@ -217,6 +217,64 @@ def test_reaper_recovers_only_consumers_whose_lease_expired(broker):
     assert ReaperLoop(broker, ["q"], 9.0, lambda q, d: None).run_once() == 3.0
 
 
+def counted_looks(monkeypatch, broker: Broker) -> list[list[str]]:
+    """The queues of each look the reapers on `broker` make at every queue of theirs."""
+    looks: list[list[str]] = []
+    look = broker.leases.reap_candidate_pages
+
+    def counted(queues, offsets):
+        looks.append(list(queues))
+        return look(queues, offsets)
+
+    monkeypatch.setattr(broker.leases, "reap_candidate_pages", counted)
+    return looks
+
+
+def test_an_idle_reaper_looks_at_its_queues_once_a_lease_yet_at_once_when_a_lease_lapses(broker, monkeypatch):
+    looks = counted_looks(monkeypatch, broker)
+    register(broker, "alive", 30_000)
+    loop = ReaperLoop(broker, ["q", "r"], 0.3, lambda queue, dead: None)
+    loop.run_once()
+    loop.run_once()
+    assert len(looks) == 1, "no deadline in the lease index passed: the queues are not looked at"
+    time.sleep(0.3)
+    loop.run_once()
+    assert len(looks) == 2, "and once a lease in any case"
+    push(broker, task_bytes("t"))
+    register(broker, "dying", SHORT_LEASE_MS)
+    claim(broker, "dying", 1)
+    loop.run_once()
+    assert len(looks) == 2
+    time.sleep(SHORT_LEASE_MS / 1000 + 0.02)
+    loop.run_once()
+    assert len(looks) == 3 and broker.queue.held_by("q", "dying") == [], "its lapse is seen in the index at once"
+
+
+def test_several_consumers_on_a_queue_each_reap_the_one_that_died_from_the_lease_index(broker, monkeypatch):
+    # Whichever consumer dies, the others' reapers see its deadline pass in the one index they all read.
+    looks = counted_looks(monkeypatch, broker)
+    for name in ("a", "b", "c"):
+        register(broker, name, 30_000)
+    reapers = {name: ReaperLoop(broker, ["q"], 9.0, lambda queue, dead: None) for name in ("a", "b", "c")}
+    for reaper in reapers.values():
+        reaper.run_once()  # the first look, at start
+    push(broker, task_bytes("t"))
+    register(broker, "a", SHORT_LEASE_MS)  # "a" renews once more with a short lease, claims, and dies
+    claim(broker, "a", 1)
+    time.sleep(SHORT_LEASE_MS / 1000 + 0.02)
+    reapers["b"].run_once()
+    assert broker.queue.held_by("q", "a") == [] and len(looks) == 4
+    assert [c["id"] for c in broker.inspect.queue_stats("q").consumers] == ["b", "c"]
+
+
+@pytest.mark.django_db
+def test_a_consumer_that_leaves_cleanly_leaves_the_lease_index(broker, consumer_in_thread):
+    with consumer_in_thread(queues=["q", "r"]) as consumer:
+        consumer_id = consumer.consumer_id
+        assert broker.client.zscore(broker.keys.leases(), consumer_id) is not None
+    assert broker.client.zscore(broker.keys.leases(), consumer_id) is None, "no reaper need look for it"
+
+
 def test_reaper_dead_letters_a_task_that_keeps_killing_its_consumers(broker):
     push(broker, task_bytes("poison"))
     dead_lettered: list[tuple[str, list[bytes]]] = []

@@ -119,6 +119,10 @@ class Keys:
     def queues(self) -> str:
         return f"{self.prefix}:queues"
 
+    def leases(self) -> str:
+        """Every consumer's latest lease deadline, whatever its queues: what a reaper looks at first (one server)."""
+        return f"{self.prefix}:leases"
+
     def result(self, task_id: str) -> str:
         return f"{self.prefix}:result:{task_id}"
 

@@ -73,6 +73,8 @@ class Leases(Role):
         pipe = self.client.pipeline(transaction=False)
         for call in calls:
             keys = [key for queue in call for key in self.keys.queue_keys(queue, "consumers consumer_info primary")]
+            if self.indexed:
+                keys.append(self.keys.leases())
             # What this process's last renewal left, passed where it is one for the whole call (see heartbeat.lua).
             deadlines = {self._deadlines.get((*renewer, queue), "") for queue in call}
             marked = {self._marked.get(queue, b"") for queue in call}
@@ -95,7 +97,21 @@ class Leases(Role):
 
     def _calls(self, queues: Sequence[str]) -> list[list[str]]:
         """The queues of each call of a script taking several queues' keys: all at once, or one a call on a cluster."""
-        return [list(queues)] if not isinstance(self.client, redis.RedisCluster) else [[queue] for queue in queues]
+        return [list(queues)] if self.indexed else [[queue] for queue in queues]
+
+    @property
+    def indexed(self) -> bool:
+        """Whether heartbeats keep the lease index, which spares reapers their look at every queue (one server)."""
+        return not isinstance(self.client, redis.RedisCluster)
+
+    def lapsed_recently(self, window_ms: int) -> int:
+        """How many consumers' latest lease deadlines passed within the last `window_ms` (the lease index)."""
+        return int(self.redis.run("lapsed_leases", [self.keys.leases()], [window_ms, TOMBSTONE_KEEP_MS]))
+
+    def unlist(self, consumer_id: str) -> None:
+        """Drop a consumer that left every queue cleanly from the lease index: no reaper need look for it."""
+        if self.indexed:
+            self.client.zrem(self.keys.leases(), consumer_id)
 
     def register_leases(
         self, queues: Sequence[str], consumer_id: str, lease_ms: int, register_info: dict[str, Any]
