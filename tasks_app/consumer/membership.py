@@ -66,8 +66,9 @@ class ReaperLoop:
     """Moves the tasks of consumers whose lease expired to their queue's suspects; never a live one's.
 
     On one server it looks at its queues only when the lease index says a deadline passed within the
-    last lease, once a lease in any case (tasks a late claim put in a reaped consumer's list, consumers
-    that keep no index entry), and again after a look that left something to do.
+    last lease, at its start, once a lease among the consumers of the same queues (tasks a late claim
+    put in a reaped consumer's list, consumers that keep no index entry), and again after a look that
+    left something to do.
     """
 
     name = "reaper"
@@ -90,7 +91,6 @@ class ReaperLoop:
     def run_once(self) -> float:
         try:
             if self._look_due():
-                self._look_by = time.monotonic() + self.lease_s
                 self.look()
         except BaseException:
             self._look_by = float("-inf")  # Redis away, perhaps restarting: leases lapsed meanwhile are looked for
@@ -99,10 +99,14 @@ class ReaperLoop:
 
     def _look_due(self) -> bool:
         leases = self.broker.leases
-        if not leases.indexed or self._held_off or time.monotonic() >= self._look_by:
-            return True
-        if any(self._tombstone_offsets.values()):  # pages of tombstones still to go through
-            return True
+        if not leases.indexed or self._held_off or any(self._tombstone_offsets.values()):
+            return True  # no index (Redis Cluster), reaping held off, or pages of tombstones still to go through
+        if time.monotonic() >= self._look_by:
+            first = self._look_by == float("-inf")
+            self._look_by = time.monotonic() + self.lease_s
+            # The look once a lease is one consumer's at a time among those of the same queues.
+            if first or leases.take_turn("reaper", self.queues, int(self.lease_s * 1000)):
+                return True
         return leases.lapsed_recently(int(self.lease_s * 1000)) > 0
 
     def look(self) -> None:

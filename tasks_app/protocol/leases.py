@@ -19,6 +19,8 @@ REAP_BATCH = 1000
 # Tombstones examined per reaper pass: the newest page, and one more page in turn.
 TOMBSTONE_PAGE = 100
 TOMBSTONE_KEEP_MS = 24 * 3600 * 1000
+# A turn at a chore lasts this share of the chore's period.
+TURN_SHARE = 0.9
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,12 @@ class Leases(Role):
     def lapsed_recently(self, window_ms: int) -> int:
         """How many consumers' latest lease deadlines passed within the last `window_ms` (the lease index)."""
         return int(self.redis.run("lapsed_leases", [self.keys.leases()], [window_ms, TOMBSTONE_KEEP_MS]))
+
+    def take_turn(self, chore: str, queues: Sequence[str], period_ms: int) -> bool:
+        """Whether this consumer does `chore`, due every `period_ms`, now for every consumer of exactly `queues`."""
+        # Held for most of a period: the next period's turn goes to whichever consumer asks first after it.
+        hold_ms = max(1, int(period_ms * TURN_SHARE))
+        return bool(self.client.set(self.keys.turn(chore, queues), 1, nx=True, px=hold_ms))
 
     def unlist(self, consumer_id: str) -> None:
         """Drop a consumer that left every queue cleanly from the lease index: no reaper need look for it."""
