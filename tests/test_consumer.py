@@ -330,13 +330,24 @@ def test_reconciling_never_returns_a_byte_identical_twin_that_is_still_held(brok
     assert len(recorded_runs(broker)) == 2, "the running twin was returned to pending and ran again"
 
 
-def test_a_claimer_audits_its_list_only_after_a_claim(broker, consumer_in_thread):
+def test_a_claimer_audits_its_list_only_after_a_claim_that_may_have_moved_tasks(
+    broker, consumer_in_thread, monkeypatch
+):
     # Only a claim adds to a processing list: an idle queue's claimer has no strays to look for.
     with consumer_in_thread(queues=["q"], concurrency=1) as running:
         wait_until(lambda: broker.inspect.queue_stats("q").consumers, 5, message="the consumer to register")
         claimer = running.claimer("q")
-        assert claimer.audit_at == math.inf
-        claimer.run_once()  # a claim that finds nothing, then a blocking wait of its own
+        claimer.run_once()  # a claim that finds nothing, then a blocking wait that times out
+        assert claimer.audit_at == math.inf, "claims answered with nothing moved nothing"
+
+        def lost_reply(*args, **kwargs):
+            raise RedisConnectionError("the reply was lost")
+
+        monkeypatch.setattr(claimer.broker.queue, "claim_with_suspect", lost_reply)
+        monkeypatch.setattr(claimer.broker.queue, "claim_blocking", lost_reply)
+        with pytest.raises(RedisConnectionError):
+            claimer.run_once()
+        monkeypatch.undo()
         assert claimer.audit_at < math.inf
         claimer.reconcile()
         assert claimer.audit_at == math.inf

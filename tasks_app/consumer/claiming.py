@@ -308,7 +308,8 @@ class ClaimerLoop:
         self._quiet_until = 0.0
         self._uncertain = False  # a claim failed on the wire: Redis may have moved tasks we never heard of
         self._audit_at = time.monotonic() + membership.lease.lease_s
-        self._claimed_since_audit = False  # only a claim adds to our processing list: without one, no strays
+        # Only a claim adds to our processing list, and one answered "nothing" added nothing: else, no strays.
+        self._claimed_since_audit = False
         self._room_taken = 0  # for the claim in progress, not yet handed to a dispatched task
         self._result_ttl_s = int(settings.TASKS_RESULT_TTL)
 
@@ -338,7 +339,6 @@ class ClaimerLoop:
         # The consumer's one suspect turn is held for the claim script only, unless it took a
         # suspect: held through a blocking claim, it kept every other queue's suspects waiting.
         may_take_suspect = self.held.take_suspect_turn()
-        self._claimed_since_audit = True
         outcome: Claim | None = None
         try:
             outcome = self.claims.queue.claim_with_suspect(
@@ -349,6 +349,7 @@ class ClaimerLoop:
         finally:
             if may_take_suspect and not (outcome is not None and outcome.took_suspect):
                 self.held.give_suspect_turn_back()
+            self._claimed_since_audit = self._claimed_since_audit or outcome is None or bool(outcome.tasks)
 
     def _take(self, outcome: Claim | None, consumer_id: str) -> float:
         """Dispatch what the claim moved; with nothing moved, block on pending for one task."""
@@ -391,8 +392,9 @@ class ClaimerLoop:
                 self._quiet_until = time.monotonic() + self.membership.lease.lease_s
             quiet_s = min(self._quiet_until - time.monotonic(), self.membership.lease.fresh_for_s(consumer_id))
             block_s = max(block_s, round(min(quiet_s, LONGEST_WAIT_S), 3))
-        self._claimed_since_audit = True
+        unaudited, self._claimed_since_audit = self._claimed_since_audit, True  # until it is answered
         raw, fence = self._blocking_claims.queue.claim_blocking(self.queue, consumer_id, block_s)
+        self._claimed_since_audit = unaudited or raw is not None
         self._drop_wake = raw == WAKE_TOKEN
         if raw is None and not suspects_waiting:  # nothing came: the next waits need no claim before them
             if after_claim and self.waits is None:
