@@ -308,7 +308,7 @@ class ClaimerLoop:
         self._quiet_until = 0.0
         self._uncertain = False  # a claim failed on the wire: Redis may have moved tasks we never heard of
         self._audit_at = time.monotonic() + membership.lease.lease_s
-        # Only a claim adds to our processing list, and one answered "nothing" added nothing: else, no strays.
+        # Only a claim adds to our processing list, and a claim script answered "nothing" added nothing.
         self._claimed_since_audit = False
         self._room_taken = 0  # for the claim in progress, not yet handed to a dispatched task
         self._result_ttl_s = int(settings.TASKS_RESULT_TTL)
@@ -392,9 +392,9 @@ class ClaimerLoop:
                 self._quiet_until = time.monotonic() + self.membership.lease.lease_s
             quiet_s = min(self._quiet_until - time.monotonic(), self.membership.lease.fresh_for_s(consumer_id))
             block_s = max(block_s, round(min(quiet_s, LONGEST_WAIT_S), 3))
-        unaudited, self._claimed_since_audit = self._claimed_since_audit, True  # until it is answered
+        # A blocking claim's reply can be lost with no error told (a wait cut short): it always makes the audit due.
+        self._claimed_since_audit = True
         raw, fence = self._blocking_claims.queue.claim_blocking(self.queue, consumer_id, block_s)
-        self._claimed_since_audit = unaudited or raw is not None
         self._drop_wake = raw == WAKE_TOKEN
         if raw is None and not suspects_waiting:  # nothing came: the next waits need no claim before them
             if after_claim and self.waits is None:
