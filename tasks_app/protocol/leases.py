@@ -99,7 +99,7 @@ class Leases(Role):
 
     def _calls(self, queues: Sequence[str]) -> list[list[str]]:
         """The queues of each call of a script taking several queues' keys: all at once, or one a call on a cluster."""
-        return [list(queues)] if self.indexed else [[queue] for queue in queues]
+        return [list(queues)] if not isinstance(self.client, redis.RedisCluster) else [[queue] for queue in queues]
 
     @property
     def indexed(self) -> bool:
