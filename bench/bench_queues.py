@@ -14,7 +14,7 @@ from workloads import IDLE_COST_WINDOW_S, IDLE_SETTLE_S, LATENCY_GAP_S, idle_cos
 
 COUNTS = tuple(int(n) for n in os.environ.get("BENCH_QUEUE_COUNTS", "1,10,200,1000").split(","))
 PROBES = 100
-FIRST_CLAIM_S = 0.01  # a consumer's first claim of each of its queues, at its start, on a loaded machine
+FIRST_CLAIM_S = 0.05  # a consumer's first claim of each of its queues, at its start, on a loaded machine
 
 
 def threads_of(pid: int) -> int:
