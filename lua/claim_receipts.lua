@@ -5,41 +5,25 @@
 -- ARGV[1] time to live of the records (s)   ARGV[2] "1" if the bucket hashes follow in KEYS
 -- then per task 4 arguments: the fencing token of its claim, its mark's field (with the bucket
 -- hashes), its queue and its type ("" if unknown)
--- Per task: a record whose fence is above the token belongs to a later claim (nothing written);
--- a cancelled task's receipt is refused (include/start_gate.lua: nothing written, or the record
--- made CANCELLED); else claimed_fence and fence are set to the token, which the run's RUNNING
--- write then carries (never refused). A missing record is created with those two fields, and its
--- queue and type (so a cancel can tell its consumer); the RUNNING write then fills in the rest.
--- The mark goes after that: a task always has a record or a mark.
+-- Per task (include/receipt.lua): a record whose fence is above the token belongs to a later
+-- claim (nothing written); a cancelled task's receipt is refused (include/start_gate.lua: nothing
+-- written, or the record made CANCELLED); else claimed_fence and fence are set to the token,
+-- which the run's RUNNING write then carries (never refused). A missing record is created with
+-- those two fields, and its queue and type (so a cancel can tell its consumer); the RUNNING
+-- write then fills in the rest. The mark goes after that: a task always has a record or a mark.
 -- Returns: one reply per task: 1 held by this claim, 3 held, its record created here, 0 a later
 -- claim holds it, 2 refused (the task was cancelled: it must not run), -1 not a record (a key a
 -- producer wrote as another type: nothing done).
 
 -- include: args
 -- include: start_gate
+-- include: receipt
 local ttl_s = int_arg(ARGV[1], 604800, 1, 2 ^ 31)
 local n = ARGV[2] == '1' and #KEYS / 2 or #KEYS
 local replies = {}
 for i = 1, n do
-  local key, at = KEYS[i], 4 * i - 1
-  local token = tonumber(ARGV[at]) or 0
-  local current = redis.pcall('HMGET', key, 'fence', 'status', 'cancel_requested_at_ms', 'enqueued_at_ms', 'queue')
-  if type(current) ~= 'table' or current.err then
-    replies[i] = -1
-  elseif token < (stored_int(current[1]) or 0) then
-    replies[i] = 0
-  elseif cancelled_before_start(key, current[2] or 'READY', current[3]) then
-    replies[i] = 2
-  else
-    -- 1 only for a record that holds the task's own fields (a producer's READY record or a run's
-    -- write): one an earlier receipt created holds only the fences, queue and type.
-    replies[i] = current[4] and 1 or 3
-    redis.call('HSET', key, 'claimed_fence', token, 'fence', token)
-    if not current[5] and (ARGV[at + 2] or '') ~= '' then
-      redis.call('HSET', key, 'queue', ARGV[at + 2], 'type', ARGV[at + 3] or '')
-    end
-    redis.call('EXPIRE', key, ttl_s)
-  end
+  local at = 4 * i - 1
+  replies[i] = write_receipt(KEYS[i], tonumber(ARGV[at]) or 0, ttl_s, ARGV[at + 2] or '', ARGV[at + 3] or '')
   if n < #KEYS then redis.call('HDEL', KEYS[n + i], ARGV[at + 1]) end
 end
 return replies

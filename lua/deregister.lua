@@ -1,7 +1,7 @@
 -- deregister: a consumer leaving cleanly gives back what it holds and drops its lease.
 -- KEYS[1] consumers zset   KEYS[2] consumer info hash   KEYS[3] processing list   KEYS[4] pending
 -- KEYS[5] recoveries hash   KEYS[6] suspects list (for tasks recovered from a dead consumer before)
--- KEYS[7] prioritized zset
+-- KEYS[7] prioritized zset   KEYS[8] staging list (see claim_staged.lua: its tasks go back too)
 -- ARGV[1] consumer id   ARGV[2] the leaving process's instance token ("": unchecked)
 -- ARGV[3] wake token (pushed if a task went to prioritized while pending is empty)
 -- Returns: how many tasks went back where they wait first (see include/put_back.lua: the head of
@@ -20,6 +20,8 @@ if other_instance(KEYS[2], ARGV[1], ARGV[2]) then
   return -1
 end
 redis.call('HLEN', KEYS[5]); redis.call('LLEN', KEYS[4]); redis.call('LLEN', KEYS[6]); redis.call('ZCARD', KEYS[7])
+redis.call('LLEN', KEYS[3])
+while redis.call('RPOPLPUSH', KEYS[8], KEYS[3]) do end
 local returned = 0
 local prioritized = false
 while true do

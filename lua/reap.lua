@@ -3,6 +3,8 @@
 -- KEYS[4] processing list of the dead consumer   KEYS[5] pending list   KEYS[6] dead zset
 -- KEYS[7] recoveries hash (sha1 of task -> times recovered; "s:" .. sha1 -> started as a suspect)
 -- KEYS[8] suspects list   KEYS[9] primary marker hash (replid, since_ms: see heartbeat)
+-- KEYS[10] staging list of the dead consumer (a task a blocking claim moved there, its script
+-- behind it not run: see claim_staged.lua); its tasks join the processing list first
 -- ARGV[1] consumer id   ARGV[2] max recoveries before dead-lettering   ARGV[3] max tasks moved
 -- ARGV[4] wake token (dropped)   ARGV[5] default lease ms (when the consumer left no info, or
 -- none that is a lease: see lease_of)
@@ -34,7 +36,7 @@ local function holding(lease_ms)
 end
 
 redis.call('ZCARD', KEYS[3]); redis.call('LLEN', KEYS[4]); redis.call('LLEN', KEYS[5])
-redis.call('ZCARD', KEYS[6]); redis.call('HLEN', KEYS[7]); redis.call('LLEN', KEYS[8])
+redis.call('ZCARD', KEYS[6]); redis.call('HLEN', KEYS[7]); redis.call('LLEN', KEYS[8]); redis.call('LLEN', KEYS[10])
 local deadline = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
 if ARGV[6] == '1' then
   redis.call('ZREM', KEYS[1], ARGV[1])
@@ -58,6 +60,7 @@ local function with_string_field(message, number, value)
   return message .. string_field(number, value)
 end
 
+while redis.call('RPOPLPUSH', KEYS[10], KEYS[4]) do end
 local result = {1, 0, 0}
 local max_recoveries = tonumber(ARGV[2])
 for _ = 1, tonumber(ARGV[3]) do

@@ -1,7 +1,7 @@
 -- return_unstarted: put claimed tasks that never started back where they wait first (see
 -- include/put_back.lua: the head of pending, or first among their priority in prioritized), or
 -- at the head of the suspects list, for a task recovered from a dead consumer before.
--- KEYS[1] processing list of this consumer   KEYS[2] pending list   KEYS[3] recoveries hash
+-- KEYS[1] processing (or staging) list of this consumer   KEYS[2] pending list   KEYS[3] recoveries hash
 -- KEYS[4] suspects list   KEYS[5] consumer info hash   KEYS[6] prioritized zset
 -- ARGV[1] consumer id   ARGV[2] the returning process's instance token ("": unchecked)
 -- ARGV[3] wake token (pushed if a task went to prioritized while pending is empty)

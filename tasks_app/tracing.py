@@ -76,7 +76,8 @@ class Sends:
         carrier = self._headers.get(queue)
         if carrier is None and not _recording():  # the current context only passes through
             carrier = self._headers[queue] = {}
-            propagate.inject(carrier)
+            if otel_context.get_current():  # else there is nothing to pass on
+                propagate.inject(carrier)
         elif carrier is None:
             span = _tracer().start_span(
                 f"send {queue}",

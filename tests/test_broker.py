@@ -79,7 +79,7 @@ def test_claim_without_a_lease_takes_nothing(broker):
 def test_prioritized_enqueue_wakes_a_blocked_claim_and_the_token_is_dropped(broker):
     register(broker, "c1")
     push(broker, make_task(1, priority=3), priority=3)
-    assert broker.queue.claim_blocking("q", "c1", 1) == (WAKE_TOKEN, 0)
+    assert broker.queue.claim_blocking("q", "c1", 1, 60) == (WAKE_TOKEN, 0, None, False)
     assert ids(broker.queue.claim("q", "c1", 5, drop_wake=True)) == ["task-1"]
     assert broker.client.lrange(broker.keys.processing("q", "c1"), 0, -1) == [make_task(1, priority=3)]
 

@@ -59,7 +59,7 @@ def test_tasks_moved_into_a_tombstoned_list_are_swept_back(broker):
     broker.leases.reap("q", "c1", LEASE_MS)
     # A blocking claim that was in flight when the consumer froze lands in its old list.
     push(broker, make_task(9))
-    broker.queue.claim_blocking("q", "c1", 1)
+    broker.queue.claim_blocking("q", "c1", 1, 60)
     [(_, tombstones, _)] = broker.leases.reap_candidate_pages(["q"], [0])
     assert tombstones == ["c1"]
     assert broker.leases.reap("q", "c1", LEASE_MS).requeued == 1
@@ -323,3 +323,36 @@ def test_a_one_write_renewal_still_sees_what_changed_since_the_last(broker, chan
         assert broker.client.zscore(broker.keys.consumers("r"), "c1") == theirs != deadline, "theirs is left alone"
     elif change == "renewed elsewhere":
         assert broker.client.zscore(broker.keys.consumers("r"), "c1") == deadline
+
+
+def test_a_task_left_staged_by_a_consumer_that_died_is_recovered(broker):
+    # Killed between the blocking move and the script behind it: the task sits in its staging list.
+    register(broker, "c1")
+    push(broker, make_task(1))
+    broker.client.lmove(broker.keys.pending("q"), broker.keys.staging("q", "c1"), "RIGHT", "LEFT")
+    expire(broker, "c1")
+    assert [expired for expired, _, _ in broker.leases.reap_candidate_pages(["q"], [0])] == [["c1"]]
+    assert broker.leases.reap("q", "c1", LEASE_MS).requeued == 1
+    assert ids(broker.client.lrange(broker.keys.suspects("q"), 0, -1)) == ["task-1"]
+    assert broker.client.llen(broker.keys.staging("q", "c1")) == 0
+
+
+def test_a_task_staged_in_a_tombstoned_list_is_swept_back(broker):
+    register(broker, "c1")
+    expire(broker, "c1")
+    broker.leases.reap("q", "c1", LEASE_MS)
+    broker.client.lpush(broker.keys.staging("q", "c1"), make_task(9))
+    [(_, tombstones, _)] = broker.leases.reap_candidate_pages(["q"], [0])
+    assert tombstones == ["c1"]
+    assert broker.leases.reap("q", "c1", LEASE_MS).requeued == 1
+    assert ids(broker.client.lrange(broker.keys.suspects("q"), 0, -1)) == ["task-9"]
+
+
+def test_a_clean_exit_returns_a_staged_task_too(broker):
+    register(broker, "c1")
+    push(broker, make_task(1), make_task(2))
+    assert len(broker.queue.claim("q", "c1", 1)) == 1
+    broker.client.lmove(broker.keys.pending("q"), broker.keys.staging("q", "c1"), "RIGHT", "LEFT")
+    assert broker.leases.deregister("q", "c1") == 2
+    assert sorted(ids(broker.client.lrange(broker.keys.pending("q"), 0, -1))) == ["task-1", "task-2"]
+    assert broker.queue.held_and_staged("q", "c1") == ([], [])

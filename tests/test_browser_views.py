@@ -386,7 +386,7 @@ def test_the_ready_view_lists_waiting_tasks_from_the_queues_themselves(staff, br
     assert _listed(staff.get("/tasks/?status=READY&queue=w")) == [urgent.id, later.id]
 
 
-def test_the_ready_view_lists_prioritized_tasks_in_the_order_they_are_claimed(staff):
+def test_the_ready_view_lists_prioritized_tasks_in_the_order_they_are_claimed(staff, broker):
     [low] = producer.enqueue("demo.echo", queue="w", priority=2)
     [high] = producer.enqueue("demo.echo", queue="w", priority=9)
     [low_later] = producer.enqueue("demo.echo", queue="w", priority=2)

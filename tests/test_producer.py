@@ -280,6 +280,62 @@ def test_tasks_of_one_repeated_request_get_their_own_ids_and_canonical_bytes(bro
     assert all((decode_payload(t.payload).kwargs, dict(t.headers)) == ({"k": "v"}, {"trace": "t"}) for t in decoded)
 
 
+def test_requests_alike_but_for_their_arguments_each_reach_redis_whole_with_a_mark(broker):
+    requests = [TaskRequest("demo.echo", [n], {"n": n}, queue="alike", headers={"h": "1"}) for n in range(300)]
+    requests += [TaskRequest("demo.echo", [n], queue="alike", priority=3) for n in range(3)]
+    requests.append(TaskRequest("demo.sleep", [0], queue="alike", headers={"h": "2"}))
+    tasks = enqueue_many(requests)
+    raws = broker.client.lrange(broker.keys.pending("alike"), 0, -1)
+    raws += broker.client.zrange(broker.keys.prioritized("alike"), 0, -1)
+    decoded = {task.id: task for task in map(decode_task, raws)}
+    assert len(decoded) == len(requests) == len({task.id for task in tasks})
+    for request, task in zip(requests, tasks, strict=True):
+        envelope = decoded[task.id]
+        assert (envelope.type, envelope.priority, dict(envelope.headers)) == (
+            request.type,
+            request.priority,
+            dict(request.headers),
+        )
+        assert decode_payload(envelope.payload).args == list(request.args)
+        assert decode_payload(envelope.payload).kwargs == dict(request.kwargs)
+        record = ResultRecord.from_fields(broker.records.get_result(task.id))  # from its mark, written with it
+        assert (record.status, record.queue, record.type) == ("READY", "alike", request.type)
+        assert not broker.client.exists(broker.keys.result(task.id))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        TaskRequest("demo.echo", ["\ud800"], queue="alike"),  # a lone surrogate
+        TaskRequest("demo.echo", [float("nan")], queue="alike"),
+        TaskRequest("demo.echo", [{1: "x"}], queue="alike"),
+        TaskRequest("demo.echo", [1], queue="alike", priority=True),
+        TaskRequest("demo.echo", [1], queue="alike", task_id="a/b"),
+    ],
+)
+def test_a_bad_request_among_requests_alike_is_refused_and_nothing_is_pushed(broker, bad):
+    with pytest.raises(EnqueueError):
+        enqueue_many([TaskRequest("demo.echo", [1], queue="alike", priority=1), bad])
+    assert enqueued_keys(broker) == []
+
+
+def test_duplicates_in_a_batch_of_plain_and_unique_tasks_are_told_at_their_own_positions(broker):
+    TaskType.objects.create(name="once", handler="demo.echo", queue="mix", unique_for_s=60)
+    [held] = enqueue("once", [1])
+    enqueue_many([TaskRequest("demo.echo", [0], queue="mix", task_id="known")])
+    tasks = enqueue_many(
+        [
+            TaskRequest("once", [1]),  # its uniqueness key is held
+            TaskRequest("demo.echo", [2], queue="mix"),
+            TaskRequest("demo.echo", [3], queue="mix", task_id="known"),  # the caller's id, enqueued before
+            TaskRequest("once", [4]),
+        ]
+    )
+    assert [task.duplicate for task in tasks] == [True, False, True, False]
+    assert (tasks[0].id, tasks[2].id) == (held.id, "known")
+    assert [task.type for task in tasks] == ["once", "demo.echo", "demo.echo", "once"]
+
+
 def test_an_unreachable_redis_is_a_clear_error(settings):
     from tasks_app.producer import QueueUnavailable
 

@@ -18,6 +18,7 @@ from tasks_app import control, producer
 from tasks_app.context import MAX_PROGRESS_MESSAGE_CHARS, progress_value
 from tasks_app.models import TaskType
 from tasks_app.protocol import records
+from tasks_app.protocol.codec import Task, decode_task, encode_task
 from tasks_app.protocol.history import CancelMark
 from tasks_app.protocol.records import ResultUpdate
 from tests.support import django_tasks as tasks
@@ -384,3 +385,39 @@ def test_a_claim_between_reading_the_mark_and_the_cancel_leaves_a_request(broker
     assert broker.queue.claim_receipts([("w-4", 7)], 60, [("web", "web.echo")]) == [3]
     assert tasks_app.cancel("w-4").outcome == tasks_app.control.REQUESTED
     assert start_run(broker, "w-4", 7) == 1
+
+
+def test_a_blocking_claim_writes_its_receipt_and_drops_the_mark_in_its_own_round_trip(broker, echo_type):
+    waiting, cancelled = producer.enqueue("web.echo", count=2)
+    tasks_app.cancel(cancelled.id)
+    bucket, mark = broker.keys.waiting_mark(waiting.id)
+    assert broker.client.hget(bucket, mark) is not None
+    first = broker.queue.claim_blocking("web", "c1", 1, 60)
+    assert (decode_task(first.raw).id, first.receipt) == (waiting.id, 3)
+    assert broker.client.hget(bucket, mark) is None
+    record = broker.records.get_result(waiting.id)
+    assert (record["status"], record["queue"], record["type"], record["fence"]) == (
+        "READY",
+        "web",
+        "web.echo",
+        str(first.fence),
+    )
+    second = broker.queue.claim_blocking("web", "c1", 1, 60)
+    assert (decode_task(second.raw).id, second.receipt) == (cancelled.id, records.START_REFUSED)
+    assert second.fence > first.fence
+    assert broker.queue.held_and_staged("web", "c1") == ([second.raw, first.raw], [])
+    assert broker.queue.claim_blocking("web", "c1", 0.01, 60) == (None, 0, None, False)
+    # Claimed from a paused queue too (the consumer returns it unstarted), saying so.
+    assert first.queue_open and second.queue_open
+    broker.control.pause("web")
+    producer.enqueue("web.echo")
+    assert not broker.queue.claim_blocking("web", "c1", 1, 60).queue_open
+
+
+def test_a_blocking_claim_leaves_the_receipt_of_an_id_it_cannot_read_to_claim_receipts(broker):
+    raw = encode_task(Task(id="tâche", type="web.echo", queue="web"))
+    broker.client.lpush(broker.keys.pending("web"), raw)
+    claim = broker.queue.claim_blocking("web", "c1", 1, 60)
+    assert (claim.raw, claim.receipt) == (raw, None) and claim.fence > 0
+    assert not broker.client.exists(broker.keys.result("tâche"))
+    assert broker.queue.held_by("web", "c1") == [raw]

@@ -157,3 +157,14 @@ def test_a_django_task_enqueued_in_a_transaction_is_sent_when_it_commits(setting
     assert (send.name, send.parent.span_id) == ("send default", view.get_span_context().span_id)
     assert send.attributes["messaging.message.id"] == result.id
     assert [headers["traceparent"] for headers in _pending_headers(broker, "default")] == [_traceparent(send)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_django_task_whose_transaction_rolls_back_ends_its_send_span_having_sent_nothing(settings, broker, exporter):
+    settings.TASKS = {"default": {"BACKEND": "tasks_app.backends.RedisBackend", "QUEUES": []}}
+    with tracer().start_as_current_span("view"), transaction.atomic():
+        django_tasks.add.enqueue(1, 2)
+        transaction.set_rollback(True)  # as a view that failed
+    [send] = [span for span in exporter.get_finished_spans() if span.kind == SpanKind.PRODUCER]
+    assert (send.name, send.attributes["messaging.batch.message_count"]) == ("send default", 0)
+    assert _pending_headers(broker, "default") == []

@@ -49,6 +49,7 @@ class Claimed:
     task: Task | None = field(default=None, compare=False)  # decoded as its receipt was written
     receipt: int | None = field(default=None, compare=False)  # the record's answer (START_REFUSED: cancelled)
     claimed_at_s: float = field(default_factory=time.monotonic, compare=False)
+    open_at_s: float = field(default=-math.inf, compare=False)  # when its claim saw its queue not paused
     # By when (monotonic s) its handler must begin, once its rate limit admits it.
     start_by: float = field(default=math.inf, compare=False)
 
@@ -57,14 +58,21 @@ class Claimed:
 NOT_A_RECORD = -1
 
 
+def decoded(raw: bytes) -> Task | None:
+    """The task `raw` holds; None if it is undecodable (its run dead-letters it)."""
+    try:
+        return decode_task(raw)
+    except UndecodableTask:
+        return None
+
+
 def write_receipts(broker: Broker, claimed: Sequence[Claimed], result_ttl_s: int) -> None:
     """Write the receipts of freshly claimed tasks: each is decoded and given its record's answer."""
     for item in claimed:
-        with contextlib.suppress(UndecodableTask):
-            item.task = decode_task(item.raw)
-    decoded = [(item, item.task) for item in claimed if item.task is not None]
-    claims = [(task.id, item.fence) for item, task in decoded]
-    named = [(item.queue, task.type) for item, task in decoded]
+        item.task = decoded(item.raw)
+    decoded_items = [(item, item.task) for item in claimed if item.task is not None]
+    claims = [(task.id, item.fence) for item, task in decoded_items]
+    named = [(item.queue, task.type) for item, task in decoded_items]
     try:
         replies = broker.queue.claim_receipts(claims, result_ttl_s, named) if claims else []
     except RedisError as exc:
@@ -72,7 +80,7 @@ def write_receipts(broker: Broker, claimed: Sequence[Claimed], result_ttl_s: int
             "could not write the claim receipts of %d task(s) (%s); they start unreceipted", len(claims), exc
         )
         replies = [NOT_A_RECORD] * len(claims)
-    for (item, _), reply in zip(decoded, replies, strict=True):
+    for (item, _), reply in zip(decoded_items, replies, strict=True):
         item.receipt = None if reply == NOT_A_RECORD else reply
 
 
@@ -245,7 +253,7 @@ class PauseWatch:
 
     def return_if_paused(self, claimed: Claimed) -> bool:
         """Put a claimed task of a paused queue back at the head of pending, unstarted; False if it runs."""
-        if not self.paused(claimed.queue):
+        if time.monotonic() - claimed.open_at_s < PAUSE_STATE_MAX_AGE_S or not self.paused(claimed.queue):
             return False
         return_unstarted(self.broker, [claimed], self.result_ttl_s, self.give_up)
         logger.info("queue %s is paused: a claimed task went back to pending unstarted", claimed.queue)
@@ -394,7 +402,8 @@ class ClaimerLoop:
             block_s = max(block_s, round(min(quiet_s, LONGEST_WAIT_S), 3))
         # A blocking claim's reply can be lost with no error told (a wait cut short): it always makes the audit due.
         self._claimed_since_audit = True
-        raw, fence = self._blocking_claims.queue.claim_blocking(self.queue, consumer_id, block_s)
+        claim = self._blocking_claims.queue.claim_blocking(self.queue, consumer_id, block_s, self._result_ttl_s)
+        raw = claim.raw
         self._drop_wake = raw == WAKE_TOKEN
         if raw is None and not suspects_waiting:  # nothing came: the next waits need no claim before them
             if after_claim and self.waits is None:
@@ -403,11 +412,19 @@ class ClaimerLoop:
         self._quiet_until = 0.0
         if raw is None or raw == WAKE_TOKEN:
             return 0.0
+        item = Claimed(self.queue, consumer_id, raw, fence=claim.fence)
+        if claim.queue_open:  # its start needs no look at the pause marker for a while
+            item.open_at_s = item.claimed_at_s
+        if claim.receipt is not None:  # the claim wrote it (one server): the task is only decoded
+            item.task = decoded(raw)
+            item.receipt = None if claim.receipt == NOT_A_RECORD else claim.receipt
         if self.room.acquire_up_to(1):
-            self._dispatch([Claimed(self.queue, consumer_id, raw, fence=fence)])
+            self._dispatch([item], receipted=claim.receipt is not None)
+            time.sleep(0)  # a worker takes it at once, not when this thread next waits on Redis
         else:
             # Other queues' claims took the room while this one waited: it goes back first in its queue.
-            self.broker.queue.return_unstarted(self.queue, consumer_id, [raw])
+            withdrawn = withdrawal(item, item.task, self._result_ttl_s) if item.task is not None else None
+            self.broker.queue.return_unstarted(self.queue, consumer_id, [raw], [withdrawn] if withdrawn else [])
         return 0.0
 
     def interrupt(self) -> None:
@@ -415,10 +432,11 @@ class ClaimerLoop:
         if self.waits is not None:
             self.waits.interrupt()
 
-    def _dispatch(self, claimed: list[Claimed]) -> None:
-        """Write the claims' receipts to the tasks' records, then hand the tasks to the workers."""
+    def _dispatch(self, claimed: list[Claimed], *, receipted: bool = False) -> None:
+        """Write the claims' receipts (unless the claim did), then hand the tasks to the workers."""
         self.room.claimed(len(claimed))
-        write_receipts(self.broker, claimed, self._result_ttl_s)
+        if not receipted:
+            write_receipts(self.broker, claimed, self._result_ttl_s)
         self.dispatch(claimed)
 
     @property
@@ -427,15 +445,18 @@ class ClaimerLoop:
         return self._audit_at if self._claimed_since_audit else math.inf
 
     def reconcile(self) -> None:
-        """Return tasks that sit in our processing list unbeknown to us (a claim's lost reply)."""
+        """Return tasks that sit in our processing or staging list unbeknown to us (a claim's lost reply)."""
         # Only this thread adds to this list: held first, listed second can miss strays, never take a held task.
         consumer_id = self.membership.consumer_id
         held = self.held.raws(self.queue, consumer_id)
-        listed = self.broker.queue.held_by(self.queue, consumer_id)
+        listed, staged = self.broker.queue.held_and_staged(self.queue, consumer_id)
         strays = list((Counter(raw for raw in listed if raw != WAKE_TOKEN) - held).elements())
         self._drop_wake = self._drop_wake or WAKE_TOKEN in listed
+        # A task a blocking move staged without the script behind it (see claim_blocking): never receipted.
+        returned = self.broker.queue.return_unstarted(self.queue, consumer_id, staged, staged=True)
         if strays:
-            returned = self.broker.queue.return_unstarted(self.queue, consumer_id, strays)
+            returned += self.broker.queue.return_unstarted(self.queue, consumer_id, strays)
+        if returned:
             logger.warning(
                 "returned %d claimed task(s) whose claim reply was lost to the head of %s", returned, self.queue
             )

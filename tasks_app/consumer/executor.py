@@ -330,9 +330,10 @@ class Executor:
             tracing.end_run(span, tracing.ABANDONED, clock.timeout_error or clock.cancel_error)
             return False
         duration = time.monotonic() - clock.started_monotonic
-        error = clock.timeout_error or raised  # the timeout wins over whatever the handler did after it
+        # The timeout wins over whatever the handler did after it; a value that cannot be stored fails the run.
+        return_json, error = self.settler.stored(value, clock.timeout_error or raised)
         try:
-            return self.settler.settle_outcome(claimed, task, config, value, error, raised, duration, on_settled)
+            return self.settler.settle_outcome(claimed, task, config, return_json, error, raised, duration, on_settled)
         finally:
             tracing.end_run(span, _outcome(error, context), error)
 
@@ -411,10 +412,13 @@ class Executor:
 
         def settle() -> bool:
             self.time_limits.end(control)
+            return_json, error = self.settler.stored(value, raised)
             try:
-                return self.settler.settle_outcome(claimed, task, config, value, raised, raised, duration, on_settled)
+                return self.settler.settle_outcome(
+                    claimed, task, config, return_json, error, raised, duration, on_settled
+                )
             finally:
-                tracing.end_run(run.span, _outcome(raised, run.context), raised)
+                tracing.end_run(run.span, _outcome(error, run.context), error)
 
         return self.settler.last_resort(claimed, settle)
 

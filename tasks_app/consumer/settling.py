@@ -129,22 +129,20 @@ class Settler:
         claimed: Claimed,
         task: Task,
         config: TaskTypeConfig,
-        value: Any,
+        return_json: str | None,
         error: BaseException | None,
         raised: BaseException | None,
         duration: float,
         on_settled: Callable[[], None] | None,
     ) -> bool:
-        """Settle a run that returned `value` or failed with `error`; True if the ack batcher calls `on_settled`."""
+        """Settle a run that returned `return_json` (see `stored`) or failed with `error`; True if the ack batcher
+        calls `on_settled`."""
         if not isinstance(error, StartMissed):
             metrics.of_run(task.type, task.queue).duration.observe(duration)
         if error is None:
-            try:
-                return_json = records.result_json(value, self.max_result_bytes)
-            except (ResultNotJson, ResultTooLarge) as exc:
-                error = exc
-            else:
-                return self.succeed(claimed, task, return_json, duration, on_settled, config)
+            return self.succeed(
+                claimed, task, return_json or "null", duration, on_settled, config
+            )  # JSON beside no error
         if isinstance(error, TaskCancelled):
             return self.cancelled(claimed, task, config, on_settled, duration)
         self.acks.barrier()  # this run's RUNNING record goes first
@@ -186,6 +184,16 @@ class Settler:
         metrics.TASKS_RETRIED.labels(task.type, task.queue).inc()
         self._log_event(task, "retried", duration, error=task.last_error, retry_in_s=delay_ms / 1000)
         return False
+
+    def stored(self, value: Any, error: BaseException | None) -> tuple[str | None, BaseException | None]:
+        """A run's return value as its record stores it, or the error that fails the run: its own, or that the value
+        cannot be stored."""
+        if error is not None:
+            return None, error
+        try:
+            return records.result_json(value, self.max_result_bytes), None
+        except (ResultNotJson, ResultTooLarge) as exc:
+            return None, exc
 
     def last_resort(self, claimed: Claimed, settle: Callable[[], bool]) -> bool:
         """`settle()`, dead-lettering the task as a last resort if it fails; what `settle()` returned, else False."""

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
+import weakref
 from contextlib import suppress
 from traceback import format_exception
 from typing import Any
@@ -68,7 +70,10 @@ class RedisBackend(BaseTaskBackend):
             raise InvalidTask(str(exc)) from None
         broker = get_broker()
         if self.enqueue_on_commit and transaction.get_connection().in_atomic_block:
-            transaction.on_commit(lambda: self._push_after_commit(batch, broker, result))
+            push_later = functools.partial(self._push_after_commit, batch, broker, result)
+            # Django drops the hook if the transaction rolls back: the send span then ends, having sent nothing.
+            weakref.finalize(push_later, batch.sends.end, [])
+            transaction.on_commit(push_later)
         else:
             self._push(batch, broker, result)  # a QueueUnavailable reaches the caller
         return result

@@ -49,7 +49,9 @@ def depth(value: Any) -> int:
     return max(level for _, level in _containers(value, (list, dict)))
 
 
-def argument_problem(value: list[Any] | dict[str, Any], text: str = "", max_depth: int = MAX_JSON_DEPTH) -> str | None:
+def argument_problem(
+    value: Sequence[Any] | dict[str, Any], text: str = "", max_depth: int = MAX_JSON_DEPTH
+) -> str | None:
     """Say why JSON-encodable `value` would not reach a handler as given (too deep, a key not a string), or None."""
     if not value:
         return None

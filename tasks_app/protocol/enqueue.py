@@ -100,7 +100,7 @@ def split_by_queue(items: Sequence[Enqueueable]) -> dict[str, Section]:
     """Split tasks into one section per queue, keeping their order."""
     by_queue: dict[str, Section] = {}
     for position, item in enumerate(items):
-        section = by_queue.setdefault(item.queue, Section())
+        section = by_queue.get(item.queue) or by_queue.setdefault(item.queue, Section())
         if item.priority or item.delay_ms > 0 or item.idempotent:  # else plain: priority 0, due now, no id to check
             section.others += (item.task_id if item.idempotent else "", item.priority, item.delay_ms, item.raw)
             section.others_at.append(position)
@@ -111,14 +111,13 @@ def split_by_queue(items: Sequence[Enqueueable]) -> dict[str, Section]:
     return by_queue
 
 
-def marks_by_bucket(keys: Keys, items: Iterable[Enqueueable]) -> dict[str, dict[bytes, str]]:
-    """The waiting marks of the tasks that have one, per bucket hash."""
-    buckets: dict[str, dict[bytes, str]] = {}
-    for item in items:
-        if item.result_key_fields and item.waiting_mark:
-            bucket, mark = keys.waiting_mark(item.task_id)
-            buckets.setdefault(bucket, {})[mark] = waiting_mark_value(item.queue, item.result_key_fields["type"])
-    return buckets
+def waiting_marks(keys: Keys, items: Iterable[Enqueueable]) -> list[tuple[str, bytes, str]]:
+    """The waiting marks of the tasks that have one: bucket hash, field and value."""
+    return [
+        (*keys.waiting_mark(item.task_id), waiting_mark_value(item.queue, item.result_key_fields["type"]))
+        for item in items
+        if item.waiting_mark and item.result_key_fields
+    ]
 
 
 def id_claims(items: Sequence[Enqueueable], uniques: Sequence[Enqueueable]) -> tuple[list[Enqueueable], set[str]]:
@@ -231,16 +230,16 @@ class Enqueuer(Role):
         claimed: IdClaims,
     ) -> list[bool]:
         """Push the tasks whose `outcomes` and `holders` are None, filling them in; per unique task: record written?"""
-        # One enqueue_batch call per queue. One server: waiting marks (one HSET per bucket) and plain tasks as
-        # native commands, and several calls in MULTI/EXEC (refused whole when out of memory), the first of each
-        # script by source so NOSCRIPT cannot split them. Redis Cluster: marks before the pushes, each record in
-        # a call of its own (its own slot), beside or before its push.
+        # One enqueue_batch call per queue. One server: plain tasks as native commands, the waiting marks in one
+        # mark_waiting call, and several calls in MULTI/EXEC (refused whole when out of memory), the first of each
+        # script by source so NOSCRIPT cannot split them. Redis Cluster: marks (one HSET each) before the pushes,
+        # each record in a call of its own (its own slot), beside or before its push.
         cluster = isinstance(self.client, redis.RedisCluster)
         free = [at for at, outcome in enumerate(outcomes) if outcome is None]
         free_uniques = [at for at, holder in enumerate(holders) if holder is None]
         free_items = [items[at] for at in free]
         sections = split_by_queue(free_items)
-        marks = marks_by_bucket(self.keys, free_items)
+        marks = waiting_marks(self.keys, free_items)
         new_queues = {
             q for q in [*sections, *(uniques[at].item.queue for at in free_uniques)] if q not in self.announced
         }
@@ -249,8 +248,8 @@ class Enqueuer(Role):
         pipe = self.client.pipeline(transaction=multi)
         head = [WAKE_TOKEN, ENQUEUED_IDS_KEEP_MS, ENQUEUED_IDS_MAX, "0", 1]
         batches: list[tuple[int, list[int]]] = []  # per call: its place, its tasks' positions
-        for bucket, fields in marks.items():
-            pipe.hset(bucket, mapping=fields)
+        for bucket, mark, value in marks if cluster else ():  # before the pushes: a receipt deletes a mark
+            pipe.hset(bucket, mark, value)
         for item in items if cluster else ():
             if item.result_key_fields and not (item.idempotent or item.waiting_mark):  # its record beside its push
                 self._queue_record(pipe, item, result_ttl_s)
@@ -264,6 +263,9 @@ class Enqueuer(Role):
             batches.append((len(pipe) - 1, section.others_at))
         recorded_ids = claimed.written.keys() | claimed.taken
         calls = self._queue_uniques(pipe, [uniques[at] for at in free_uniques], result_ttl_s, multi, recorded_ids)
+        if marks and not cluster:
+            pairs = [part for _, mark, value in marks for part in (mark, value)]
+            self.scripts.queue(pipe, "mark_waiting", [bucket for bucket, _, _ in marks], pairs, by_source=True)
         if new_queues:
             self.redis.announce(pipe, new_queues, by_source=multi)
         replies = self.scripts.execute(pipe, self.client)

@@ -65,9 +65,9 @@ class Keys:
         return f"{self.prefix}:{{{queue}}}:{name}"
 
     def queue_keys(self, queue: str, names: str, consumer_id: str = "") -> list[str]:
-        """The keys of `queue` named in `names` ("pending dead"), in order; "processing" is `consumer_id`'s list."""
+        """The keys of `queue` named in `names` ("pending dead"), in order; "processing", "staging": `consumer_id`'s."""
         return [
-            self.processing(queue, consumer_id) if n == "processing" else self.queue_key(queue, n)
+            self.queue_key(queue, f"{n}:{consumer_id}") if n in ("processing", "staging") else self.queue_key(queue, n)
             for n in names.split()
         ]
 
@@ -91,6 +91,10 @@ class Keys:
 
     def processing(self, queue: str, consumer_id: str) -> str:
         return self.queue_key(queue, f"processing:{consumer_id}")
+
+    def staging(self, queue: str, consumer_id: str) -> str:
+        """Where a blocking claim moves a task, for the script behind it to move on into processing (one server)."""
+        return self.queue_key(queue, f"staging:{consumer_id}")
 
     def completed(self, queue: str, bucket: int) -> str:
         """Counter of tasks acknowledged in one THROUGHPUT_BUCKET_S-long bucket (bucket = epoch s // width)."""
@@ -138,7 +142,7 @@ class Keys:
     def waiting_mark(self, task_id: str) -> tuple[str, bytes]:
         """The bucket hash and field of a waiting task's mark (docs/PROTOCOL.md, "Waiting marks")."""
         digest = hashlib.sha1(task_id.encode("utf-8", "surrogatepass"), usedforsecurity=False).digest()
-        return self.waiting(digest[:2].hex()), digest[2:10]
+        return f"{self.prefix}:waiting:{digest[:2].hex()}", digest[2:10]  # self.waiting's, once a task: inlined
 
     def workflow(self, workflow_id: str) -> list[str]:
         """The keys of one workflow, under a hash tag of its own, in the order of WORKFLOW_KEYS."""

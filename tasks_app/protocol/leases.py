@@ -148,7 +148,7 @@ class Leases(Role):
 
     def deregister(self, queue: str, consumer_id: str, instance: str = "") -> int:
         """Leave cleanly: put back what is held, uncounted, and drop the lease (-1: another instance has the id)."""
-        names = "consumers consumer_info processing pending recoveries suspects prioritized"
+        names = "consumers consumer_info processing pending recoveries suspects prioritized staging"
         keys = self.keys.queue_keys(queue, names, consumer_id)
         return int(self.redis.run("deregister", keys, [consumer_id, instance, WAKE_TOKEN]))
 
@@ -172,8 +172,14 @@ class Leases(Role):
         expired = [cid for cid in ids[:split] if cid]
         tombstones = list(dict.fromkeys(cid for cid in ids[split + 1 :] if cid))
         if tombstones:
-            lengths = self.redis.each(tombstones, lambda pipe, held_by: pipe.llen(self.keys.processing(queue, held_by)))
-            tombstones = [cid for cid, length in zip(tombstones, lengths, strict=True) if length]
+            # What a blocking claim in flight as its consumer froze moved there (staged, or on into processing).
+            lists = [
+                key for cid in tombstones for key in (self.keys.processing(queue, cid), self.keys.staging(queue, cid))
+            ]
+            lengths = self.redis.each(lists, lambda pipe, key: pipe.llen(key))
+            tombstones = [
+                cid for cid, held, staged in zip(tombstones, lengths[::2], lengths[1::2], strict=True) if held or staged
+            ]
         next_offset = tombstone_offset + TOMBSTONE_PAGE
         return expired, tombstones, next_offset if next_offset < count else 0
 
@@ -181,7 +187,7 @@ class Leases(Role):
         self, queue: str, consumer_id: str, default_lease_ms: int, *, own_earlier_run: bool = False
     ) -> ReapOutcome:
         """Return a dead consumer's tasks to the suspects list, REAP_BATCH at most (`own_earlier_run`: lease or not)."""
-        names = "consumers consumer_info reaped processing pending dead recoveries suspects primary"
+        names = "consumers consumer_info reaped processing pending dead recoveries suspects primary staging"
         keys = self.keys.queue_keys(queue, names, consumer_id)
         args = [consumer_id, MAX_RECOVERIES, REAP_BATCH, WAKE_TOKEN, default_lease_ms, "1" if own_earlier_run else "0"]
         out = self.redis.run("reap", keys, args)

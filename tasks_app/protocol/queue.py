@@ -73,6 +73,19 @@ class Claim:
     paused: bool = False  # nothing claimed: the queue is paused
 
 
+# What claim_staged answers for an envelope whose id it could not read: its receipt is left to claim_receipts.
+RECEIPT_UNREAD = -2
+
+
+class BlockingClaim(NamedTuple):
+    """What one blocking claim took: a task (with its fence, and its receipt when written), a wake token, or None."""
+
+    raw: bytes | None
+    fence: int = 0
+    receipt: int | None = None  # claim_receipts' answer, if the claim wrote it; None: the caller writes it
+    queue_open: bool = False  # the claim saw its queue not paused
+
+
 class Promotion(NamedTuple):
     """What one promote_due call did."""
 
@@ -136,21 +149,26 @@ class Queue(Role):
         keys = self.keys.queue_keys(queue, "consumers consumer_info recoveries")
         return bool(self.redis.run("mark_started", keys, [consumer_id, self.instance, hashlib.sha1(raw).hexdigest()]))
 
-    def claim_blocking(self, queue: str, consumer_id: str, timeout_s: float) -> tuple[bytes | None, int]:
-        """Block until a task moves from pending to this consumer: (task, fence), (WAKE_TOKEN, 0) or (None, 0)."""
+    def claim_blocking(self, queue: str, consumer_id: str, timeout_s: float, result_ttl_s: int) -> BlockingClaim:
+        """Block until a task moves from pending to this consumer; with one server, its receipt written too."""
         pending, processing = self.keys.pending(queue), self.keys.processing(queue, consumer_id)
         client: Any = self.client
         if isinstance(self.client, redis.RedisCluster):  # its pipelines retry on their own: two calls
             moved = client.blmove(pending, processing, timeout_s, "RIGHT", "LEFT")
             fence = 0 if moved is None or moved == WAKE_TOKEN else self.issue_fence(queue)
-        else:
-            # One round trip: the fence script runs as soon as the move returns (a token issued after a
-            # timeout or a wake is a harmless gap).
-            pipe = client.pipeline(transaction=False)
-            pipe.blmove(pending, processing, timeout_s, "RIGHT", "LEFT")
-            self.scripts.queue(pipe, "issue_fence", [self.keys.fence(queue)], [1])
-            moved, fence = self.scripts.execute(pipe, client)
-        return (moved, 0) if moved is None or moved == WAKE_TOKEN else (moved, int(fence))
+            return BlockingClaim(moved, fence)
+        # One round trip: the script after the move runs as soon as it returns (see lua/claim_staged.lua).
+        staging = self.keys.staging(queue, consumer_id)
+        pipe = client.pipeline(transaction=False)
+        pipe.blmove(pending, staging, timeout_s, "RIGHT", "LEFT")
+        args = [self.keys.prefix, result_ttl_s, WAKE_TOKEN, queue]
+        keys = [staging, processing, self.keys.fence(queue), self.keys.paused(queue)]
+        self.scripts.queue(pipe, "claim_staged", keys, args)
+        _, staged = self.scripts.execute(pipe, client)
+        if not staged or staged[0] == WAKE_TOKEN:
+            return BlockingClaim(staged[0] if staged else None)
+        raw, fence, receipt, queue_open = staged
+        return BlockingClaim(raw, int(fence), None if receipt == RECEIPT_UNREAD else int(receipt), bool(queue_open))
 
     def issue_fence(self, queue: str) -> int:
         """Issue one fencing token of `queue`: higher than every token issued before it."""
@@ -316,14 +334,29 @@ class Queue(Role):
         """Return the tasks in a consumer's processing list."""
         return list(self.client.lrange(self.keys.processing(queue, consumer_id), 0, -1))
 
+    def held_and_staged(self, queue: str, consumer_id: str) -> tuple[list[bytes], list[bytes]]:
+        """The tasks in a consumer's processing list, and those in its staging list, in one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.lrange(self.keys.processing(queue, consumer_id), 0, -1)
+        pipe.lrange(self.keys.staging(queue, consumer_id), 0, -1)
+        held, staged = pipe.execute()
+        return list(held), list(staged)
+
     def return_unstarted(
-        self, queue: str, consumer_id: str, raws: Sequence[bytes], withdrawn: Sequence[ResultUpdate] = ()
+        self,
+        queue: str,
+        consumer_id: str,
+        raws: Sequence[bytes],
+        withdrawn: Sequence[ResultUpdate] = (),
+        *,
+        staged: bool = False,
     ) -> int:
         """Put claimed, never-started tasks back first among their priority; return how many were held."""
         # `withdrawn`: their claims' receipts, withdrawn in the same round trip so a cancel cancels them outright.
+        # `staged`: tasks in the staging list (see claim_blocking) rather than the processing list.
         if not raws:
             return 0
-        names = "processing pending recoveries suspects consumer_info prioritized"
+        names = f"{'staging' if staged else 'processing'} pending recoveries suspects consumer_info prioritized"
         keys = self.keys.queue_keys(queue, names, consumer_id)
         args = [consumer_id, self.instance, WAKE_TOKEN, *raws]
         pipe = self.client.pipeline(transaction=False)

@@ -86,14 +86,19 @@ def test_a_consumers_clients_never_resend_a_command_by_themselves(cluster):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_task_in_a_live_consumers_list_that_it_does_not_hold_is_returned_within_a_lease(broker, consumer_in_thread):
-    # The audit: whatever put it there (a lost reply no error told us of), it must not wait
-    # until the consumer exits.
+@pytest.mark.parametrize("where", ["processing", "staging"])
+def test_a_task_in_a_live_consumers_list_that_it_does_not_hold_is_returned_within_a_lease(
+    broker, consumer_in_thread, where
+):
+    # The audit: whatever put it there (a lost reply no error told us of; a script behind a blocking
+    # move that failed, for a staged task), it must not wait until the consumer exits.
     with consumer_in_thread(lease_s=1.0) as consumer:
         wait_until(lambda: broker.inspect.queue_stats("default").consumers, 10, message="the consumer to register")
         stray = encode_task(Task(id="stray-1", type="test.record", queue="default"))
-        broker.client.lpush(broker.keys.processing("default", consumer.consumer_id), stray)
+        broker.client.lpush(getattr(broker.keys, where)("default", consumer.consumer_id), stray)
         wait_until(lambda: runs_per_task(broker)["stray-1"] == 1, 10, message="the stray task to run")
+        time.sleep(0.5)
+    assert runs_per_task(broker) == {"stray-1": 1}
 
 
 @pytest.mark.django_db(transaction=True)
@@ -192,3 +197,16 @@ def test_a_suspect_of_one_queue_runs_while_the_consumers_other_queues_are_idle(b
     broker.client.rpush(broker.keys.suspects("b"), suspect)
     with consumer_in_thread(queues=["a1", "a2", "a3", "b"], block_s=2.0):
         wait_until(lambda: runs_per_task(broker)["suspect-1"] == 1, 8, message="the suspect to run")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_task_a_killed_consumer_left_between_its_move_and_its_receipt_runs_once(broker, consumer_in_thread):
+    # kill -9 after `BLMOVE pending staging`, before the script behind it: the task sits staged.
+    [task] = producer.enqueue("test.record")
+    broker.leases.heartbeat(["default"], "frozen", 300, {"lease_ms": 300})
+    broker.client.lmove(broker.keys.pending("default"), broker.keys.staging("default", "frozen"), "RIGHT", "LEFT")
+    with consumer_in_thread(lease_s=1.0):
+        wait_until(lambda: runs_per_task(broker)[task.id] == 1, 10, message="the staged task to be recovered and run")
+        time.sleep(0.5)
+    assert runs_per_task(broker) == {task.id: 1}
+    assert broker.queue.held_and_staged("default", "frozen") == ([], [])

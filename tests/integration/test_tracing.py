@@ -103,6 +103,16 @@ def test_a_request_that_enqueues_a_retried_task_is_one_trace(staff, broker, cons
     ]
 
 
+def test_a_run_whose_value_cannot_be_stored_ends_its_span_as_the_failure_it_is(broker, consumer_process, tmp_path):
+    TaskType.objects.create(name="traced.unstorable", handler="test.not_json", queue="traced", max_attempts=1)
+    [task] = enqueue("traced.unstorable")
+    [run] = _named(_consume(consumer_process, tmp_path / "spans.jsonl", "--queue", "traced"), "process traced")
+    assert run["attributes"]["tasks_app.task.outcome"] == "dead_lettered"
+    assert run["attributes"]["error.type"] == "tasks_app.exceptions.ResultNotJson"
+    assert (run["status"], run["events"]) == ("ERROR", ["exception"])
+    assert broker.records.get_result(task.id)["status"] == "FAILED"  # and dead-lettered
+
+
 def test_link_propagation_links_each_run_to_the_send_span(broker, consumer_process, tmp_path, exporter):
     TaskType.objects.create(name="traced.link", handler="tracing.nested", queue="linked", retry_backoff=0)
     with tracer().start_as_current_span("request"):
