@@ -14,6 +14,7 @@ from workloads import IDLE_COST_WINDOW_S, IDLE_SETTLE_S, LATENCY_GAP_S, idle_cos
 
 COUNTS = tuple(int(n) for n in os.environ.get("BENCH_QUEUE_COUNTS", "1,10,200,1000").split(","))
 PROBES = 100
+FIRST_CLAIM_S = 0.05  # a consumer's first claim of each of its queues, at its start, on a loaded machine
 
 
 def threads_of(pid: int) -> int:
@@ -38,7 +39,7 @@ if __name__ == "__main__":
                     f"the consumer on {count} queues did not register",
                     interval_s=0.2,
                 )
-                time.sleep(IDLE_SETTLE_S)
+                time.sleep(IDLE_SETTLE_S + count * FIRST_CLAIM_S)  # every queue's first claim done
                 threads = threads_of(worker.pid)
                 connections = int(client.info("clients")["connected_clients"]) - ours
                 cost = idle_cost(client, [worker], window_s=IDLE_COST_WINDOW_S)

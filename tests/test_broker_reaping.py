@@ -9,6 +9,8 @@ from tasks_app.protocol.broker import Broker
 from tasks_app.protocol.codec import Task, decode_task, encode_task
 from tasks_app.protocol.keys import WAKE_TOKEN
 from tasks_app.protocol.leases import MAX_RECOVERIES
+from tasks_app.protocol.scripts import connect
+from tests.chaos.servers import RedisServer
 from tests.support.broker_calls import LEASE_MS, expire, ids, make_task, push, register
 
 
@@ -267,6 +269,60 @@ def test_a_frozen_run_settles_nothing_in_the_list_of_a_restart_that_took_its_id(
     waiting += broker.client.lrange(broker.keys.suspects("q"), 0, -1)
     assert raw not in waiting, "nor is it queued again"
     assert broker.queue.ack("q", "x", [raw]) == [True]
+
+
+def commands_per_queue_of_a_renewal(broker, queues) -> float:
+    """Redis commands one renewal of `queues` runs per queue (its script's inner calls), beyond those of one queue."""
+
+    def calls() -> int:  # the INFO reading them counts in the next reading
+        return sum(int(entry["calls"]) for entry in broker.client.info("commandstats").values())
+
+    before = calls()
+    assert broker.leases.renew_leases(queues, "c1", 60_000, "ours") == []
+    after = calls()
+    assert broker.leases.renew_leases(queues[:1], "c1", 60_000, "ours") == []
+    return ((after - before) - (calls() - after)) / (len(queues) - 1)
+
+
+def test_a_renewal_of_an_unchanged_lease_is_one_write_a_queue(tmp_path, key_prefix):
+    server = RedisServer(tmp_path).start()  # its commands counted alone
+    try:
+        broker = Broker(connect(server.url), key_prefix)
+        queues = [f"q{n}" for n in range(10)]
+        broker.leases.heartbeat(queues, "c1", 60_000, {"lease_ms": 60_000, "instance": "ours"})
+        assert commands_per_queue_of_a_renewal(broker, queues) == 1
+        # Another process has no last renewal to compare with: it checks everything.
+        assert commands_per_queue_of_a_renewal(Broker(connect(server.url), key_prefix), queues) >= 4
+    finally:
+        server.remove()
+
+
+@pytest.mark.parametrize("change", ["reaped", "lapsed", "registered elsewhere", "renewed elsewhere"])
+def test_a_one_write_renewal_still_sees_what_changed_since_the_last(broker, change):
+    queues = ["q", "r"]
+    broker.leases.heartbeat(queues, "c1", 60_000, {"lease_ms": 60_000, "instance": "ours"})
+    assert broker.leases.renew_leases(queues, "c1", 60_000, "ours") == []
+    other = Broker.from_settings()  # another process
+    if change == "reaped":
+        expire(broker, "c1", "r")
+        assert broker.leases.reap("r", "c1", 60_000).status == 1
+    elif change == "lapsed":
+        expire(broker, "c1", "r")
+    elif change == "registered elsewhere":
+        other.leases.heartbeat(["r"], "c1", 60_000, {"lease_ms": 60_000, "instance": "theirs"})
+        theirs = broker.client.zscore(broker.keys.consumers("r"), "c1")
+        time.sleep(0.005)  # a renewal of ours would write a later deadline
+    else:  # this process's own renewal whose reply was lost: the lease holds
+        broker.client.zadd(
+            broker.keys.consumers("r"), {"c1": broker.client.zscore(broker.keys.consumers("r"), "c1") + 5}
+        )
+    lost = broker.leases.renew_leases(queues, "c1", 60_000, "ours")
+    assert lost == ([] if change == "renewed elsewhere" else ["r"])
+    deadline = broker.client.zscore(broker.keys.consumers("q"), "c1")
+    if change == "registered elsewhere":
+        assert broker.client.zscore(broker.keys.consumers("r"), "c1") == theirs != deadline, "theirs is left alone"
+    elif change == "renewed elsewhere":
+        assert broker.client.zscore(broker.keys.consumers("r"), "c1") == deadline
 
 
 def test_a_task_left_staged_by_a_consumer_that_died_is_recovered(broker):

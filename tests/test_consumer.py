@@ -330,6 +330,28 @@ def test_reconciling_never_returns_a_byte_identical_twin_that_is_still_held(brok
     assert len(recorded_runs(broker)) == 2, "the running twin was returned to pending and ran again"
 
 
+def test_a_claimer_audits_its_list_only_after_a_claim_that_may_have_moved_tasks(
+    broker, consumer_in_thread, monkeypatch
+):
+    # Only a claim adds to a processing list: an idle queue's claimer has no strays to look for.
+    with consumer_in_thread(queues=["q", "r"], concurrency=1) as running:
+        wait_until(lambda: broker.inspect.queue_stats("q").consumers, 5, message="the consumer to register")
+        claimer = running.claimer("q", running.broker)  # as the one claimer of several queues makes it
+        claimer.run_once()  # a claim that finds nothing
+        assert claimer.audit_at == math.inf, "a claim answered with nothing moved nothing"
+
+        def lost_reply(*args, **kwargs):
+            raise RedisConnectionError("the reply was lost")
+
+        monkeypatch.setattr(claimer.broker.queue, "claim_with_suspect", lost_reply)
+        with pytest.raises(RedisConnectionError):
+            claimer.run_once()
+        monkeypatch.undo()
+        assert claimer.audit_at < math.inf
+        claimer.reconcile()
+        assert claimer.audit_at == math.inf
+
+
 # --- the in-thread consumer fixture -------------------------------------------------------
 def _crash_in_shutdown(running: Any) -> None:
     shutdown = running.shutdown

@@ -370,3 +370,9 @@ def test_the_backlog_is_sampled_once_a_minute_however_many_consumers_sample_it(b
     producer.enqueue("demo.echo", queue="h", count=3)
     assert broker.inspect.sample_backlog("h") is None
     assert broker.inspect.minute_counts("h", [int(time.time()) // 60])[0]["backlog"] == 2
+
+
+def test_an_empty_queues_backlog_is_sampled_as_zero(broker):
+    # An empty queue, what most of a consumer's queues are, is one EXISTS and no count.
+    assert broker.inspect.sample_backlog("empty") == 0
+    assert broker.inspect.minute_counts("empty", [int(time.time()) // 60])[0]["backlog"] == 0

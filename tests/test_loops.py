@@ -20,6 +20,7 @@ from tasks_app.protocol.scripts import connect
 from tasks_app.task_types import TaskTypeCache
 from tests.support.claims import claim, die_running, push, register, task_bytes
 from tests.support.counters import sample
+from tests.support.processes import wait_until
 
 SHORT_LEASE_MS = 100
 
@@ -215,6 +216,88 @@ def test_reaper_recovers_only_consumers_whose_lease_expired(broker):
     assert sample("taskqueue_tasks_recovered_total", queue="q") == recovered_before + 3
     assert [c["id"] for c in broker.inspect.queue_stats("q").consumers] == ["alive"]
     assert ReaperLoop(broker, ["q"], 9.0, lambda q, d: None).run_once() == 3.0
+
+
+def counted_looks(monkeypatch, broker: Broker) -> list[list[str]]:
+    """The queues of each look the reapers on `broker` make at every queue of theirs."""
+    looks: list[list[str]] = []
+    look = broker.leases.reap_candidate_pages
+
+    def counted(queues, offsets):
+        looks.append(list(queues))
+        return look(queues, offsets)
+
+    monkeypatch.setattr(broker.leases, "reap_candidate_pages", counted)
+    return looks
+
+
+def test_an_idle_reaper_looks_at_its_queues_once_a_lease_yet_at_once_when_a_lease_lapses(broker, monkeypatch):
+    looks = counted_looks(monkeypatch, broker)
+    register(broker, "alive", 30_000)
+    loop = ReaperLoop(broker, ["q", "r"], 0.3, lambda queue, dead: None)
+    loop.run_once()
+    loop.run_once()
+    assert len(looks) == 1, "no deadline in the lease index passed: the queues are not looked at"
+    time.sleep(0.3)
+    loop.run_once()
+    assert len(looks) == 2, "and once a lease in any case"
+    push(broker, task_bytes("t"))
+    register(broker, "dying", SHORT_LEASE_MS)
+    claim(broker, "dying", 1)
+    loop.run_once()
+    assert len(looks) == 2
+    time.sleep(SHORT_LEASE_MS / 1000 + 0.02)
+    loop.run_once()
+    assert len(looks) == 3 and broker.queue.held_by("q", "dying") == [], "its lapse is seen in the index at once"
+
+
+def test_the_consumer_holding_the_turn_dies_and_another_reaps_it_within_its_lease(broker, monkeypatch):
+    # Whichever consumer dies, the others' reapers see its deadline pass in the one index they all read.
+    looks = counted_looks(monkeypatch, broker)
+    for name in ("a", "b", "c"):
+        register(broker, name, 30_000)
+    reapers = {name: ReaperLoop(broker, ["q"], 9.0, lambda queue, dead: None) for name in ("a", "b", "c")}
+    for reaper in reapers.values():
+        reaper.run_once()  # the first look, at start
+    assert broker.leases.take_turn("reaper", ["q"], 9_000), "a holds the turn at the look once a lease"
+    push(broker, task_bytes("t"))
+    register(broker, "a", SHORT_LEASE_MS)  # "a" renews once more with a short lease, claims, and dies
+    claim(broker, "a", 1)
+    time.sleep(SHORT_LEASE_MS / 1000 + 0.02)
+    reapers["b"].run_once()
+    assert broker.queue.held_by("q", "a") == [] and len(looks) == 4
+    assert [c["id"] for c in broker.inspect.queue_stats("q").consumers] == ["b", "c"]
+
+
+def test_consumers_of_the_same_queues_take_turns_at_the_look_once_a_lease(broker, monkeypatch):
+    looks = counted_looks(monkeypatch, broker)
+    reapers = [ReaperLoop(broker, queues, 0.3, lambda queue, dead: None) for queues in (["q", "r"], ["r", "q"])]
+    for reaper in reapers:
+        reaper.run_once()  # each looks at its start
+    time.sleep(0.3)
+    for reaper in reapers:
+        reaper.run_once()
+    assert len(looks) == 3, "one of them looked for the both of them"
+    time.sleep(0.3)
+    reapers[1].run_once()  # the other died holding the turn: it lapses within the lease
+    assert len(looks) == 4
+
+
+def test_consumers_of_the_same_queues_take_turns_at_the_schedulers_chores(broker, monkeypatch):
+    sampled: list[str] = []
+    monkeypatch.setattr(broker.inspect, "sample_backlog", sampled.append)
+    loops = [SchedulerLoop(broker, ["q", "r"]), SchedulerLoop(broker, ["r", "q"]), SchedulerLoop(broker, ["q"])]
+    for loop in loops:
+        loop.run_once()
+    assert sampled == ["q", "r", "q"], "one sample of each queue per consumers of the same queues"
+
+
+@pytest.mark.django_db
+def test_a_consumer_that_leaves_cleanly_leaves_the_lease_index(broker, consumer_in_thread):
+    with consumer_in_thread(queues=["q", "r"]) as consumer:
+        consumer_id = consumer.consumer_id
+        wait_until(lambda: broker.client.zscore(broker.keys.leases(), consumer_id), 5, message="it to register")
+    assert broker.client.zscore(broker.keys.leases(), consumer_id) is None, "no reaper need look for it"
 
 
 def test_reaper_dead_letters_a_task_that_keeps_killing_its_consumers(broker):

@@ -315,7 +315,9 @@ class ClaimerLoop:
         # While blocking waits time out empty, it waits again with no claim script between until then (monotonic s).
         self._quiet_until = 0.0
         self._uncertain = False  # a claim failed on the wire: Redis may have moved tasks we never heard of
-        self.audit_at = time.monotonic() + membership.lease.lease_s
+        self._audit_at = time.monotonic() + membership.lease.lease_s
+        # Only a claim adds to our processing list, and a claim script answered "nothing" added nothing.
+        self._claimed_since_audit = False
         self._room_taken = 0  # for the claim in progress, not yet handed to a dispatched task
         self._result_ttl_s = int(settings.TASKS_RESULT_TTL)
 
@@ -355,6 +357,7 @@ class ClaimerLoop:
         finally:
             if may_take_suspect and not (outcome is not None and outcome.took_suspect):
                 self.held.give_suspect_turn_back()
+            self._claimed_since_audit = self._claimed_since_audit or outcome is None or bool(outcome.tasks)
 
     def _take(self, outcome: Claim | None, consumer_id: str) -> float:
         """Dispatch what the claim moved; with nothing moved, block on pending for one task."""
@@ -397,6 +400,8 @@ class ClaimerLoop:
                 self._quiet_until = time.monotonic() + self.membership.lease.lease_s
             quiet_s = min(self._quiet_until - time.monotonic(), self.membership.lease.fresh_for_s(consumer_id))
             block_s = max(block_s, round(min(quiet_s, LONGEST_WAIT_S), 3))
+        # A blocking claim's reply can be lost with no error told (a wait cut short): it always makes the audit due.
+        self._claimed_since_audit = True
         claim = self._blocking_claims.queue.claim_blocking(self.queue, consumer_id, block_s, self._result_ttl_s)
         raw = claim.raw
         self._drop_wake = raw == WAKE_TOKEN
@@ -434,6 +439,11 @@ class ClaimerLoop:
             write_receipts(self.broker, claimed, self._result_ttl_s)
         self.dispatch(claimed)
 
+    @property
+    def audit_at(self) -> float:
+        """When its audit of strays is due (monotonic s): once a lease, and only after a claim."""
+        return self._audit_at if self._claimed_since_audit else math.inf
+
     def reconcile(self) -> None:
         """Return tasks that sit in our processing or staging list unbeknown to us (a claim's lost reply)."""
         # Only this thread adds to this list: held first, listed second can miss strays, never take a held task.
@@ -451,7 +461,8 @@ class ClaimerLoop:
                 "returned %d claimed task(s) whose claim reply was lost to the head of %s", returned, self.queue
             )
         self._uncertain = False
-        self.audit_at = time.monotonic() + self.membership.lease.lease_s
+        self._claimed_since_audit = False
+        self._audit_at = time.monotonic() + self.membership.lease.lease_s
 
 
 class OneClaimer:
@@ -499,7 +510,7 @@ class OneClaimer:
         for claimer in self._order():
             now = time.monotonic()
             if self._due[claimer] > now:
-                if claimer.audit_at <= now:  # its audit of strays, once a lease: Redis tells of pushes meanwhile
+                if claimer.audit_at <= now:  # its audit of strays: Redis tells of pushes meanwhile
                     self._guarded(claimer, claimer.reconcile)
                 continue
             wait_s = self._guarded(claimer, partial(claimer.run_once, room_wait_s=0.0))

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 from socketserver import ThreadingMixIn
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from django.conf import settings
@@ -126,7 +126,8 @@ class SchedulerLoop:
     BATCH = 1000
     # Its chores, each this often (s): backlog samples (the chart has a point a minute), dead-letter trims, and
     # the history index keys' time to live (a key a result write made without one gets it within ten minutes).
-    SAMPLE_EVERY_S, TRIM_EVERY_S, TTL_EVERY_S = 45.0, 60.0, 600.0
+    # Each period one consumer of the same queues does a chore: the first to take its turn.
+    CHORES_EVERY_S: ClassVar[dict[str, float]] = {"backlog": 45.0, "dead-letters": 60.0, "history-ttl": 600.0}
 
     def __init__(
         self,
@@ -145,7 +146,7 @@ class SchedulerLoop:
             types.on_change.append(self._type_changed)
         self.dead_letter_max = settings.TASKS_DEAD_LETTER_MAX
         self.dead_letter_max_age_s = settings.TASKS_DEAD_LETTER_MAX_AGE_S
-        self._chores_at = dict.fromkeys((self.SAMPLE_EVERY_S, self.TRIM_EVERY_S, self.TTL_EVERY_S), float("-inf"))
+        self._chores_at = dict.fromkeys(self.CHORES_EVERY_S, float("-inf"))
         self.result_ttl_s = int(settings.TASKS_RESULT_TTL)
         self.changes = changes
         self._promotions = broker if changes is None else broker.over(changes.client)
@@ -179,17 +180,17 @@ class SchedulerLoop:
             except BaseException:
                 self._wake = True
                 raise
-        if self._chore_due(self.SAMPLE_EVERY_S):
+        if self._chore_due("backlog"):
             for queue in self.queues:
                 self.broker.inspect.sample_backlog(queue)
-        if self._chore_due(self.TRIM_EVERY_S):
+        if self._chore_due("dead-letters"):
             self.trim_dead_letters()
-        if self._chore_due(self.TTL_EVERY_S):
+        if self._chore_due("history-ttl"):
             for queue in self.queues:
                 self.broker.records.refresh_history_ttl(queue, ttl_s=self.result_ttl_s)
         if self.changes is None:
             return sleep_s
-        next_chore_at = min(at + every_s for every_s, at in self._chores_at.items())
+        next_chore_at = min(at + self.CHORES_EVERY_S[chore] for chore, at in self._chores_at.items())
         wait_s = min(min(self._due.values()), next_chore_at) - time.monotonic()
         if wait_s > 0:
             changed = self.changes.changed(min(wait_s, CHANGE_WAIT_S))
@@ -202,13 +203,14 @@ class SchedulerLoop:
         if config.enabled or (self.types is not None and self.types.get(config.name) is None):
             self._wake = True
 
-    def _chore_due(self, every_s: float) -> bool:
-        """Whether the chore done every `every_s` is due; if so, it counts as done now."""
+    def _chore_due(self, chore: str) -> bool:
+        """Whether `chore` is due and this consumer's turn; once due, it counts as done now (by us or another)."""
         now = time.monotonic()
-        if now - self._chores_at[every_s] < every_s:
+        every_s = self.CHORES_EVERY_S[chore]
+        if now - self._chores_at[chore] < every_s:
             return False
-        self._chores_at[every_s] = now
-        return True
+        self._chores_at[chore] = now
+        return self.broker.leases.take_turn(chore, self.queues, int(every_s * 1000))
 
     def trim_dead_letters(self) -> int:
         """Apply the dead-letter caps (count and age) to every queue; return how many were dropped."""

@@ -63,7 +63,13 @@ class LeaseClock:
 
 
 class ReaperLoop:
-    """Moves the tasks of consumers whose lease expired to their queue's suspects; never a live one's."""
+    """Moves the tasks of consumers whose lease expired to their queue's suspects; never a live one's.
+
+    On one server it looks at its queues only when the lease index says a deadline passed within the
+    last lease, at its start, once a lease among the consumers of the same queues (tasks a late claim
+    put in a reaped consumer's list, consumers that keep no index entry), and again after a look that
+    left something to do.
+    """
 
     name = "reaper"
 
@@ -79,15 +85,39 @@ class ReaperLoop:
         self.lease_s = lease_s
         self.on_dead_lettered = on_dead_lettered
         self._tombstone_offsets = dict.fromkeys(self.queues, 0)
+        self._look_by = float("-inf")  # when a look at every queue is due anyway (monotonic s)
+        self._held_off = False  # a reap waited for live consumers to renew after a restart or failover
 
     def run_once(self) -> float:
+        try:
+            if self._look_due():
+                self.look()
+        except BaseException:
+            self._look_by = float("-inf")  # Redis away, perhaps restarting: leases lapsed meanwhile are looked for
+            raise
+        return max(0.05, self.lease_s / 3)
+
+    def _look_due(self) -> bool:
+        leases = self.broker.leases
+        if not leases.indexed or self._held_off or any(self._tombstone_offsets.values()):
+            return True  # no index (Redis Cluster), reaping held off, or pages of tombstones still to go through
+        if time.monotonic() >= self._look_by:
+            first = self._look_by == float("-inf")
+            self._look_by = time.monotonic() + self.lease_s
+            # The look once a lease is one consumer's at a time among those of the same queues.
+            if first or leases.take_turn("reaper", self.queues, int(self.lease_s * 1000)):
+                return True
+        return leases.lapsed_recently(int(self.lease_s * 1000)) > 0
+
+    def look(self) -> None:
+        """Look at every queue for expired consumers and tombstones with tasks, and reap them."""
         offsets = [self._tombstone_offsets[queue] for queue in self.queues]
         pages = self.broker.leases.reap_candidate_pages(self.queues, offsets)
+        self._held_off = False
         for queue, (expired, tombstones, next_offset) in zip(self.queues, pages, strict=True):
             self._tombstone_offsets[queue] = next_offset
             for consumer_id in [*expired, *tombstones]:
                 self.reap(queue, consumer_id)
-        return max(0.05, self.lease_s / 3)
 
     def reap(self, queue: str, consumer_id: str, *, own_earlier_run: bool = False) -> int:
         """Reap one consumer's list on one queue completely; return how many tasks moved."""
@@ -96,6 +126,7 @@ class ReaperLoop:
             outcome = self.broker.leases.reap(
                 queue, consumer_id, int(self.lease_s * 1000), own_earlier_run=own_earlier_run
             )
+            self._held_off = self._held_off or outcome.status == -2
             if outcome.status != 1:
                 return moved
             moved += outcome.requeued + len(outcome.dead_lettered)
@@ -300,12 +331,21 @@ class Membership:
         with self.lock:  # after a new id a lost lease is taking: registered after this, it would outlive the process
             self._left = True
             consumer_id, queues = self._current
+        left_all = True
         for queue in queues:
             try:
                 if self.broker.leases.deregister(queue, consumer_id, self.instance) < 0:
                     logger.warning("consumer id %s on %s is another process's now: left to it", consumer_id, queue)
+                    left_all = False
             except Exception as exc:
                 logger.error("could not deregister from %s (the lease will expire): %s", queue, exc)
+                left_all = False
+        if not left_all:
+            return  # its lease index entry lapses, and reapers look at its queues
+        try:
+            self.broker.leases.unlist(consumer_id)
+        except Exception as exc:
+            logger.error("could not leave the lease index (reapers will look once its lease lapses): %s", exc)
 
 
 class RetiringIds:

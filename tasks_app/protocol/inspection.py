@@ -208,14 +208,20 @@ class Inspection(Role):
     def sample_backlog(self, queue: str) -> int | None:
         """Store how many tasks of `queue` wait in this minute's hash, unless one was this minute (then None)."""
         key = self.keys.minute(queue, int(time.time()) // 60)
-        if self.client.hexists(key, "backlog"):
-            return None
+        parts = self.keys.queue_keys(queue, "pending prioritized suspects delayed")
         pipe = self.client.pipeline(transaction=False)
-        pipe.llen(self.keys.pending(queue))
-        pipe.zcard(self.keys.prioritized(queue))
-        pipe.llen(self.keys.suspects(queue))
-        pipe.zcard(self.keys.delayed(queue))
-        backlog = int(sum(pipe.execute()))
+        pipe.hexists(key, "backlog")
+        pipe.exists(*parts)  # an empty queue, most of them, needs no count
+        sampled, nonempty = pipe.execute()
+        if sampled:
+            return None
+        backlog = 0
+        if nonempty:
+            pipe.llen(parts[0])
+            pipe.zcard(parts[1])
+            pipe.llen(parts[2])
+            pipe.zcard(parts[3])
+            backlog = int(sum(pipe.execute()))
         pipe.hset(key, "backlog", backlog)
         pipe.expire(key, KEEP_MINUTES * 60)
         pipe.execute()

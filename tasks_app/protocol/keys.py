@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,6 +122,15 @@ class Keys:
 
     def queues(self) -> str:
         return f"{self.prefix}:queues"
+
+    def turn(self, chore: str, queues: Sequence[str]) -> str:
+        """Held by the consumer doing `chore` now for every consumer of exactly `queues` (in any order)."""
+        digest = hashlib.sha1("\n".join(sorted(queues)).encode()).hexdigest()[:16]
+        return f"{self.prefix}:turn:{chore}:{digest}"
+
+    def leases(self) -> str:
+        """Every consumer's latest lease deadline, whatever its queues: what a reaper looks at first (one server)."""
+        return f"{self.prefix}:leases"
 
     def result(self, task_id: str) -> str:
         return f"{self.prefix}:result:{task_id}"

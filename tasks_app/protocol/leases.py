@@ -11,7 +11,7 @@ from typing import Any
 import redis
 
 from tasks_app.protocol.keys import WAKE_TOKEN
-from tasks_app.protocol.scripts import Role
+from tasks_app.protocol.scripts import Role, ScriptClient
 
 # Recoveries of a task from dead consumers before it is dead-lettered.
 MAX_RECOVERIES = 3
@@ -19,6 +19,8 @@ REAP_BATCH = 1000
 # Tombstones examined per reaper pass: the newest page, and one more page in turn.
 TOMBSTONE_PAGE = 100
 TOMBSTONE_KEEP_MS = 24 * 3600 * 1000
+# A turn at a chore lasts this share of the chore's period.
+TURN_SHARE = 0.9
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,13 @@ class ReapOutcome:
 class Leases(Role):
     """Consumer leases: heartbeats, registering, giving a lease up, and reaping dead consumers' tasks."""
 
+    def __init__(self, redis: ScriptClient) -> None:
+        super().__init__(redis)
+        # (consumer id, instance, queue) -> the deadline (ms) its last renewal here wrote; queue -> the replication id
+        # under which a heartbeat last checked its primary marker. A renewal that finds both unchanged is one write.
+        self._deadlines: dict[tuple[str, str, str], int] = {}
+        self._marked: dict[str, bytes] = {}
+
     def heartbeat(
         self, queues: Sequence[str], consumer_id: str, lease_ms: int, register_info: dict[str, Any] | None = None
     ) -> bool:
@@ -60,19 +69,57 @@ class Leases(Role):
     ) -> list[str]:
         """Renew (or register, listing the queues in the queue set) the lease on every queue; return those lost."""
         info = json.dumps(register_info) if register_info is not None else ""
+        # Only the same process (its instance) may take the one-write renewal its last renewal left it.
+        renewer = (consumer_id, instance or str((register_info or {}).get("instance", "")))
         calls = self._calls(queues)
         pipe = self.client.pipeline(transaction=False)
         for call in calls:
             keys = [key for queue in call for key in self.keys.queue_keys(queue, "consumers consumer_info primary")]
-            self.scripts.queue(pipe, "heartbeat", keys, [consumer_id, lease_ms, info, instance])
+            if self.indexed:
+                keys.append(self.keys.leases())
+            # What this process's last renewal left, passed where it is one for the whole call (see heartbeat.lua).
+            deadlines = {self._deadlines.get((*renewer, queue), "") for queue in call}
+            marked = {self._marked.get(queue, b"") for queue in call}
+            last_deadline = deadlines.pop() if len(deadlines) == 1 else ""
+            args = [consumer_id, lease_ms, info, instance, last_deadline, marked.pop() if len(marked) == 1 else b""]
+            self.scripts.queue(pipe, "heartbeat", keys, args)
         if register_info is not None:
             self.redis.announce(pipe, queues)
-        flags = [flag for reply in self.scripts.execute(pipe, self.client)[: len(calls)] for flag in reply]
-        return [queue for queue, held in zip(queues, flags, strict=True) if not held]
+        lost: list[str] = []
+        for call, reply in zip(calls, self.scripts.execute(pipe, self.client)[: len(calls)], strict=True):
+            *held, deadline_ms, replid = reply
+            for queue, holds in zip(call, held, strict=True):
+                self._marked[queue] = replid
+                if holds:
+                    self._deadlines[(*renewer, queue)] = int(deadline_ms)
+                else:
+                    self._deadlines.pop((*renewer, queue), None)
+                    lost.append(queue)
+        return lost
 
     def _calls(self, queues: Sequence[str]) -> list[list[str]]:
         """The queues of each call of a script taking several queues' keys: all at once, or one a call on a cluster."""
         return [list(queues)] if not isinstance(self.client, redis.RedisCluster) else [[queue] for queue in queues]
+
+    @property
+    def indexed(self) -> bool:
+        """Whether heartbeats keep the lease index, which spares reapers their look at every queue (one server)."""
+        return not isinstance(self.client, redis.RedisCluster)
+
+    def lapsed_recently(self, window_ms: int) -> int:
+        """How many consumers' latest lease deadlines passed within the last `window_ms` (the lease index)."""
+        return int(self.redis.run("lapsed_leases", [self.keys.leases()], [window_ms, TOMBSTONE_KEEP_MS]))
+
+    def take_turn(self, chore: str, queues: Sequence[str], period_ms: int) -> bool:
+        """Whether this consumer does `chore`, due every `period_ms`, now for every consumer of exactly `queues`."""
+        # Held for most of a period: the next period's turn goes to whichever consumer asks first after it.
+        hold_ms = max(1, int(period_ms * TURN_SHARE))
+        return bool(self.client.set(self.keys.turn(chore, queues), 1, nx=True, px=hold_ms))
+
+    def unlist(self, consumer_id: str) -> None:
+        """Drop a consumer that left every queue cleanly from the lease index: no reaper need look for it."""
+        if self.indexed:
+            self.client.zrem(self.keys.leases(), consumer_id)
 
     def register_leases(
         self, queues: Sequence[str], consumer_id: str, lease_ms: int, register_info: dict[str, Any]
