@@ -219,6 +219,21 @@ def test_a_redis_error_mid_claim_releases_everything_then_reconciles_the_lost_re
     assert broker.queue.held_by("q", "me") == [stray] and set(consumer.held.raws("q", "me")) == {stray}
 
 
+def test_a_redis_error_in_a_wait_with_no_claim_before_it_reconciles_at_the_next_turn(broker):
+    impatient = Broker(redis.Redis.from_url(settings.REDIS_URL, socket_timeout=0.1), broker.keys.prefix)
+    consumer = make_consumer(impatient, block_s=1.0)
+    loop = consumer.claimer("q")
+    loop._quiet_until = time.monotonic() + 60  # as after a wait that timed out empty: the next waits straight away
+    with pytest.raises(RedisError):
+        loop.run_once()
+    stray = task_bytes("moved-but-never-heard-of")
+    push(broker, stray)
+    claim(broker, "me", 1)  # what a move whose reply was lost leaves behind
+    loop._quiet_until = 0.0
+    loop.run_once()
+    assert [item.raw for item in handed_to_workers(consumer)] == [stray], "returned at once, not a lease later"
+
+
 # --- dispatch and shutdown ----------------------------------------------------------------
 def test_dispatch_while_stopping_returns_the_tasks_at_once(broker, consumer):
     push(broker, task_bytes("a"), task_bytes("b"))

@@ -330,7 +330,11 @@ class ClaimerLoop:
             return RECHECK_S
         consumer_id = self.membership.consumer_id
         if time.monotonic() < self._quiet_until and self.membership.lease.fresh(consumer_id):
-            return self._claim_blocking(consumer_id, 0, after_claim=False)  # a push, a suspect or a priority wakes it
+            try:
+                return self._claim_blocking(consumer_id, 0, after_claim=False)  # a push, suspect or priority wakes it
+            except RedisError:
+                self._uncertain = True  # its move may have happened unheard of: the next turn audits first
+                raise
         if not self.room.acquire(timeout_s=room_wait_s):
             return 0.0
         self._room_taken = 1 + self.room.acquire_up_to(self.room.limit - 1)
