@@ -135,14 +135,12 @@ class Settler:
         duration: float,
         on_settled: Callable[[], None] | None,
     ) -> bool:
-        """Settle a run that returned `return_json` (see `stored`) or failed with `error`; True if the ack batcher
-        calls `on_settled`."""
+        """Settle a run whose value `stored` made `return_json`, or that failed with `error`; True if the ack
+        batcher calls `on_settled`."""
         if not isinstance(error, StartMissed):
             metrics.of_run(task.type, task.queue).duration.observe(duration)
-        if error is None:
-            return self.succeed(
-                claimed, task, return_json or "null", duration, on_settled, config
-            )  # JSON beside no error
+        if error is None:  # `stored` gave its JSON
+            return self.succeed(claimed, task, return_json or "null", duration, on_settled, config)
         if isinstance(error, TaskCancelled):
             return self.cancelled(claimed, task, config, on_settled, duration)
         self.acks.barrier()  # this run's RUNNING record goes first

@@ -198,8 +198,8 @@ class Enqueuer(Role):
         if item.queue not in self.announced or isinstance(self.client, redis.RedisCluster):
             return False
         if item.waiting_mark:
-            key, mark = self.keys.waiting_mark(item.task_id)
-            args = [item.raw, 0, mark, waiting_mark_value(item.queue, item.result_key_fields["type"])]
+            [(key, mark, value)] = waiting_marks(self.keys, [item])
+            args = [item.raw, 0, mark, value]
         else:
             key, args = self.keys.result(item.task_id), [item.raw, result_ttl_s]
             for name, value in item.result_key_fields.items():

@@ -66,9 +66,9 @@ class Keys:
 
     def queue_keys(self, queue: str, names: str, consumer_id: str = "") -> list[str]:
         """The keys of `queue` named in `names` ("pending dead"), in order; "processing", "staging": `consumer_id`'s."""
+        of_consumer = {"processing": self.processing, "staging": self.staging}
         return [
-            self.queue_key(queue, f"{n}:{consumer_id}") if n in ("processing", "staging") else self.queue_key(queue, n)
-            for n in names.split()
+            of_consumer[n](queue, consumer_id) if n in of_consumer else self.queue_key(queue, n) for n in names.split()
         ]
 
     pending = _queue_key("pending")
@@ -142,7 +142,7 @@ class Keys:
     def waiting_mark(self, task_id: str) -> tuple[str, bytes]:
         """The bucket hash and field of a waiting task's mark (docs/PROTOCOL.md, "Waiting marks")."""
         digest = hashlib.sha1(task_id.encode("utf-8", "surrogatepass"), usedforsecurity=False).digest()
-        return f"{self.prefix}:waiting:{digest[:2].hex()}", digest[2:10]  # self.waiting's, once a task: inlined
+        return self.waiting(digest[:2].hex()), digest[2:10]
 
     def workflow(self, workflow_id: str) -> list[str]:
         """The keys of one workflow, under a hash tag of its own, in the order of WORKFLOW_KEYS."""
